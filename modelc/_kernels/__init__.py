@@ -1,0 +1,1 @@
+"""Compiled Cython kernels (built from ``cyx/``). Import through ``modelc.runtime.backend``."""

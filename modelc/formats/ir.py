@@ -1,0 +1,221 @@
+"""The one in-memory model IR that every format reader produces and the packer consumes.
+
+Conventions (shared by every layer above):
+
+* Tensor names are canonical GGUF-style names (``token_embd.weight``,
+  ``blk.{i}.attn_q.weight``, ``output_norm.weight``...), whatever the source format.
+  ``modelc.formats.names`` maps Hugging Face names onto them.
+* Shapes are numpy (row-major, outermost first) order.  A linear weight is
+  ``(out_features, in_features)``, as in ``torch.nn.Linear`` and in GGUF.
+* LLaMA Q/K projection rows use the GGUF ("interleaved pairs") RoPE layout; readers
+  of Hugging Face checkpoints permute them at load (``hparams.rope_style`` records
+  what the runtime must do).
+* A block-quantized tensor's ``data()`` is ``uint8`` of shape ``(rows, row_bytes)``
+  holding the raw GGML blocks of each row; ``shape`` stays the logical shape.
+* Tensors are loaded lazily (``Tensor.data()``), so the packer can stream a model
+  tensor by tensor and never hold more than one in memory.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+
+
+class DType(enum.StrEnum):
+    """Element types. The block-quantized ones are GGML's, bit for bit."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    F64 = "f64"
+    I8 = "i8"
+    I16 = "i16"
+    I32 = "i32"
+    I64 = "i64"
+    U8 = "u8"
+    BOOL = "bool"
+    Q4_0 = "q4_0"
+    Q4_1 = "q4_1"
+    Q5_0 = "q5_0"
+    Q5_1 = "q5_1"
+    Q8_0 = "q8_0"
+    Q2_K = "q2_k"
+    Q3_K = "q3_k"
+    Q4_K = "q4_k"
+    Q5_K = "q5_k"
+    Q6_K = "q6_k"
+    # modelc's own pack-time quantization: per-row symmetric int8 with an f32 scale
+    # at the start of each row (row = 4 + cols bytes).
+    INT8 = "int8"
+
+    @property
+    def is_block_quantized(self) -> bool:
+        return self in BLOCK_SIZES
+
+    @property
+    def is_quantized(self) -> bool:
+        return self in BLOCK_SIZES or self is DType.INT8
+
+
+# block-quantized dtype -> (elements per block, bytes per block); equal to gguf.GGML_QUANT_SIZES
+BLOCK_SIZES: dict[DType, tuple[int, int]] = {
+    DType.Q4_0: (32, 18),
+    DType.Q4_1: (32, 20),
+    DType.Q5_0: (32, 22),
+    DType.Q5_1: (32, 24),
+    DType.Q8_0: (32, 34),
+    DType.Q2_K: (256, 84),
+    DType.Q3_K: (256, 110),
+    DType.Q4_K: (256, 144),
+    DType.Q5_K: (256, 176),
+    DType.Q6_K: (256, 210),
+}
+
+NUMPY_DTYPES: dict[DType, np.dtype[Any]] = {
+    DType.F32: np.dtype(np.float32),
+    DType.F16: np.dtype(np.float16),
+    DType.BF16: np.dtype(np.uint16),  # raw bf16 bits; dequantize with formats.quants
+    DType.F64: np.dtype(np.float64),
+    DType.I8: np.dtype(np.int8),
+    DType.I16: np.dtype(np.int16),
+    DType.I32: np.dtype(np.int32),
+    DType.I64: np.dtype(np.int64),
+    DType.U8: np.dtype(np.uint8),
+    DType.BOOL: np.dtype(np.bool_),
+}
+
+
+def row_bytes(dtype: DType, cols: int) -> int:
+    """Bytes one row of ``cols`` elements occupies in ``dtype``."""
+    if dtype in BLOCK_SIZES:
+        bs, ts = BLOCK_SIZES[dtype]
+        if cols % bs:
+            raise ValueError(f"{dtype} rows need a multiple of {bs} columns, got {cols}")
+        return cols // bs * ts
+    if dtype is DType.INT8:
+        return 4 + cols
+    return cols * NUMPY_DTYPES[dtype].itemsize
+
+
+def nbytes(dtype: DType, shape: tuple[int, ...]) -> int:
+    """Bytes a tensor of this dtype and logical shape occupies."""
+    if not shape:
+        return row_bytes(dtype, 1)
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    return rows * row_bytes(dtype, shape[-1])
+
+
+@dataclass(slots=True)
+class Tensor:
+    """One named tensor whose bytes are produced on demand (memory-mapped where possible)."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    loader: Callable[[], np.ndarray[Any, Any]] = field(repr=False)
+
+    def data(self) -> np.ndarray[Any, Any]:
+        """Plain dtypes: an array of ``shape`` and ``NUMPY_DTYPES[dtype]``; quantized: uint8 ``(rows, row_bytes)``."""
+        return self.loader()
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.dtype, self.shape)
+
+
+class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
+    type: str = "none"  # "none" | "linear" | "llama3" | "yarn"
+    factor: float = 1.0
+    original_max_position: int = 0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+
+class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Hyper-parameters; each architecture documents which fields it needs."""
+
+    n_vocab: int = 0
+    n_ctx: int = 0  # trained context length
+    n_embd: int = 0
+    n_layer: int = 0
+    n_head: int = 0
+    n_head_kv: int = 0
+    n_ff: int = 0
+    head_dim: int = 0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_style: str = "interleaved"  # "interleaved" (GGUF/llama.cpp NORM) | "neox"
+    rope_scaling: RopeScaling = msgspec.field(default_factory=RopeScaling)
+    tie_embeddings: bool = False
+    activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"
+    n_token_types: int = 0  # bert
+    pooling: str = ""  # bert: "mean" | "cls"
+    normalize_embeddings: bool = False
+    layer_sizes: list[int] = msgspec.field(default_factory=list)  # mlp
+
+
+class TokenizerSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Everything needed to rebuild the tokenizer, from GGUF metadata or tokenizer.json.
+
+    ``model`` follows GGUF's ``tokenizer.ggml.model``: ``gpt2`` (byte-level BPE),
+    ``llama`` (SentencePiece BPE with byte fallback), ``bert`` (WordPiece), or
+    ``hf`` when ``hf_json`` (a tokenizer.json text) is the whole definition.
+    """
+
+    model: str
+    pre: str = ""
+    tokens: list[str] = msgspec.field(default_factory=list)
+    scores: list[float] = msgspec.field(default_factory=list)
+    token_types: list[int] = msgspec.field(default_factory=list)
+    merges: list[str] = msgspec.field(default_factory=list)
+    bos_id: int | None = None
+    eos_id: int | None = None
+    eot_id: int | None = None
+    pad_id: int | None = None
+    unk_id: int | None = None
+    sep_id: int | None = None
+    cls_id: int | None = None
+    mask_id: int | None = None
+    add_bos: bool = False
+    add_eos: bool = False
+    add_space_prefix: bool = False
+    hf_json: str | None = None
+
+
+class SourceInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    path: str
+    format: str  # "gguf" | "safetensors" | "pytorch" | "onnx" | "hf-dir"
+    size: int = 0
+    sha256: str = ""
+
+
+@dataclass
+class ModelIR:
+    """A model read from any format: architecture, hyper-parameters, lazy tensors, tokenizer."""
+
+    architecture: str  # "llama" | "gpt2" | "bert" | "mlp" | "tokenizer"
+    hparams: HParams
+    tensors: dict[str, Tensor]
+    source: SourceInfo
+    tokenizer: TokenizerSpec | None = None
+    chat_template: str | None = None
+    # generation defaults (bos/eos already in tokenizer): temperature, top_p, ...
+    generation: dict[str, Any] = field(default_factory=dict)
+    # ONNX execution plan (see formats.onnx), stored verbatim in the manifest
+    graph: dict[str, Any] | None = None
+    # remaining source metadata worth keeping (msgpack-serialisable values only)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_params(self) -> int:
+        return sum(t.n_elements for t in self.tensors.values())

@@ -1,0 +1,4 @@
+"""Synchronous numerical runtime: kernels, architectures, tokenizer, sampling, KV cache.
+
+Knows nothing of requests, HTTP or trio.
+"""

@@ -1,0 +1,112 @@
+"""The kernel backend interface.
+
+Every architecture computes through a :class:`Backend`, never through kernels
+directly, so the CPU (Cython), reference (numpy) and future Metal/CUDA backends
+are interchangeable, and a generated model-specialised module can replace the
+runtime while keeping the same kernels.
+
+Array conventions: float32, C-contiguous; shapes are commented on each method.
+``out`` arguments, where given, are preallocated buffers written in place and
+returned, so the decode loop allocates nothing per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from modelc.formats.ir import DType
+
+F32Array = np.ndarray[Any, np.dtype[np.float32]]
+
+
+@dataclass(frozen=True, slots=True)
+class Weight:
+    """A weight matrix as held in memory: quantized weights stay quantized.
+
+    ``data`` is float32/float16 of ``shape`` for plain dtypes, and uint8
+    ``(rows, row_bytes)`` raw blocks for quantized ones; ``shape`` is the
+    logical ``(out_features, in_features)``.
+    """
+
+    dtype: DType
+    shape: tuple[int, int]
+    data: np.ndarray[Any, Any]
+
+
+class Backend(Protocol):
+    name: str
+
+    def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
+        """``x @ dequant(w).T``: x (n, in) -> (n, out). Computed from the blocks directly."""
+        ...
+
+    def get_rows(self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None) -> F32Array:
+        """Dequantized rows ``ids`` of ``w`` (an embedding lookup): (len(ids), in)."""
+        ...
+
+    def rms_norm(self, x: F32Array, weight: F32Array, eps: float, out: F32Array | None = None) -> F32Array:
+        """x (n, d) -> x / rms(x) * weight."""
+        ...
+
+    def layer_norm(
+        self, x: F32Array, weight: F32Array, bias: F32Array, eps: float, out: F32Array | None = None
+    ) -> F32Array:
+        """x (n, d) -> (x - mean) / std * weight + bias."""
+        ...
+
+    def rope(
+        self, x: F32Array, positions: np.ndarray[Any, Any], inv_freq: F32Array, neox: bool
+    ) -> F32Array:
+        """In place: x (n, n_heads, head_dim) rotated at ``positions`` (n,), int64.
+
+        ``inv_freq`` (rot_dim/2,) already includes any RoPE scaling.  ``neox`` rotates
+        halves (GPT-NeoX/HF layout); otherwise adjacent pairs (GGUF/llama.cpp NORM).
+        """
+        ...
+
+    def attention(
+        self,
+        q: F32Array,
+        k: F32Array,
+        v: F32Array,
+        q_pos0: int,
+        scale: float,
+        out: F32Array | None = None,
+    ) -> F32Array:
+        """Causal attention for one sequence over its own cache.
+
+        q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd) with n_head % n_head_kv == 0
+        (grouped-query).  Query i sits at absolute position ``q_pos0 + i`` and sees
+        cache positions ``0 .. q_pos0 + i``.  Returns (n_q, n_head, hd).
+        """
+        ...
+
+    def softmax(self, x: F32Array) -> F32Array:
+        """In place, over the last axis of x (n, d)."""
+        ...
+
+    def silu_mul(self, gate: F32Array, up: F32Array, out: F32Array | None = None) -> F32Array:
+        """silu(gate) * up, elementwise (n, d)."""
+        ...
+
+    def gelu(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        """GELU, tanh approximation, elementwise."""
+        ...
+
+
+def get_backend(name: str = "auto") -> Backend:
+    """``cpu`` (compiled Cython kernels), ``numpy`` (reference twins), or ``auto`` (cpu if built)."""
+    if name in ("auto", "cpu"):
+        try:
+            from modelc.runtime.backends.cpu import CpuBackend
+        except ImportError:
+            if name == "cpu":
+                raise
+        else:
+            return CpuBackend()
+    from modelc.runtime.backends.numpy_ref import NumpyBackend
+
+    return NumpyBackend()
