@@ -1,0 +1,234 @@
+"""Summaries of an open artifact for ``modelc inspect``: JSON, text, model card, size table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from modelc.artifact.reader import Artifact
+from modelc.artifact.transform import SIZE_TABLE_TYPES, bits_per_weight, estimated_size
+from modelc.formats.ir import DType
+
+
+def human_count(n: int) -> str:
+    for unit, div in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def human_bytes(n: float) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _n(shape: list[int]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def by_dtype(art: Artifact) -> dict[str, dict[str, int]]:
+    """dtype -> {tensors, params, bytes}, largest parameter share first."""
+    out: dict[str, dict[str, int]] = {}
+    for e in art.manifest.tensors:
+        d = out.setdefault(e.dtype, {"tensors": 0, "params": 0, "bytes": 0})
+        d["tensors"] += 1
+        d["params"] += _n(e.shape)
+        d["bytes"] += e.stored_nbytes
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["params"]))
+
+
+def quant_label(art: Artifact) -> str:
+    counts = by_dtype(art)
+    if not counts:
+        return "-"
+    names = list(counts)
+    return names[0] + (f" (+{', '.join(names[1:])})" if len(names) > 1 else "")
+
+
+def _short_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """Metadata values small enough to show (long arrays and texts are left out)."""
+    out: dict[str, Any] = {}
+    for k, v in meta.items():
+        if isinstance(v, (list, dict)) and len(v) > 16:
+            continue
+        if isinstance(v, str) and len(v) > 500:
+            continue
+        if isinstance(v, bytes):
+            continue
+        out[k] = v
+    return out
+
+
+def summary(art: Artifact, name: str, *, tensors: bool = False) -> dict[str, Any]:
+    """Everything ``inspect --json`` prints."""
+    m = art.manifest
+    tok = m.tokenizer
+    out: dict[str, Any] = {
+        "name": name,
+        "path": str(art.path),
+        "architecture": m.architecture,
+        "n_params": art.n_params,
+        "params": human_count(art.n_params),
+        "size": art.size,
+        "quantization": {
+            "summary": quant_label(art),
+            "by_dtype": by_dtype(art),
+            "quantized": any(DType(e.dtype).is_quantized for e in m.tensors),
+        },
+        "compression": m.pack.compression,
+        "pack": msgspec.to_builtins(m.pack),
+        "hparams": msgspec.to_builtins(m.hparams),
+        "tokenizer": None
+        if tok is None
+        else {
+            "model": tok.model,
+            "pre": tok.pre,
+            "n_tokens": len(tok.tokens),
+            "bos_id": tok.bos_id,
+            "eos_id": tok.eos_id,
+            "add_bos": tok.add_bos,
+            "add_eos": tok.add_eos,
+        },
+        "has_chat_template": bool(m.chat_template),
+        "chat_template": m.chat_template,
+        "generation": m.generation,
+        "source": msgspec.to_builtins(m.source),
+        "created": m.created,
+        "format_version": m.format_version,
+        "modelc_version": m.modelc_version,
+        "n_tensors": len(m.tensors),
+        "has_graph": m.graph is not None,
+        "metadata": _short_meta(m.metadata),
+    }
+    if tensors:
+        out["tensors"] = [msgspec.to_builtins(e) for e in m.tensors]
+    return out
+
+
+def summary_text(art: Artifact, name: str, *, tensors: bool = False) -> str:
+    m = art.manifest
+    h = m.hparams
+    lines = [
+        f"{name}",
+        f"  path           {art.path}",
+        f"  architecture   {m.architecture}",
+        f"  parameters     {human_count(art.n_params)} ({art.n_params:,})",
+        f"  size           {human_bytes(art.size)}",
+        f"  quantization   {quant_label(art)}",
+        f"  compression    {m.pack.compression}"
+        + (f" (level {m.pack.compression_level})" if m.pack.compression != "none" else ""),
+    ]
+    if m.pack.quantize:
+        lines.append(
+            f"  packed with    --quantize {m.pack.quantize} ({m.pack.quantized_tensors} tensors)"
+        )
+    if m.pack.prune_threshold is not None:
+        lines.append(
+            f"  pruned         |w| < {m.pack.prune_threshold} ({m.pack.pruned_weights:,} weights)"
+        )
+    if h.n_layer:
+        lines.append(
+            f"  shape          {h.n_layer} layers, n_embd {h.n_embd}, {h.n_head} heads"
+            + (f" ({h.n_head_kv} kv)" if h.n_head_kv else "")
+            + f", ctx {h.n_ctx}, vocab {h.n_vocab}"
+        )
+    if m.tokenizer:
+        t = m.tokenizer
+        lines.append(
+            f"  tokenizer      {t.model}{'/' + t.pre if t.pre else ''}, {len(t.tokens)} tokens"
+        )
+    lines.append(f"  chat template  {'yes' if m.chat_template else 'no'}")
+    lines.append(f"  source         {m.source.format} {m.source.path}")
+    lines.append(f"  created        {m.created} (modelc {m.modelc_version})")
+    if tensors:
+        lines.append("")
+        for e in m.tensors:
+            lines.append(
+                f"  {e.name:40s} {e.dtype:6s} {e.shape!s:20s} {human_bytes(e.stored_nbytes)}"
+            )
+    return "\n".join(lines)
+
+
+def quant_sizes(art: Artifact) -> list[tuple[str, float, int]]:
+    """(dtype, bits per weight, total bytes) for each type in the size table."""
+    ts = [(e.name, DType(e.dtype), tuple(e.shape)) for e in art.manifest.tensors]
+    return [(d.value, bits_per_weight(d), estimated_size(ts, d)) for d in SIZE_TABLE_TYPES]
+
+
+def quant_sizes_table(art: Artifact) -> str:
+    current = sum(e.nbytes for e in art.manifest.tensors)
+    rows = [["TYPE", "BITS/WEIGHT", "SIZE", "VS NOW"]]
+    for name, bits, size in quant_sizes(art):
+        rows.append(
+            [name, f"{bits:.2f}", human_bytes(size), f"{size / current:.2f}x" if current else "-"]
+        )
+    rows.append(["(now)", "", human_bytes(current), "1.00x"])
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    text = "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+    return text + "\n(weight matrices in the type; norms, biases and 1-D tensors as f32)"
+
+
+def model_card(art: Artifact, name: str) -> str:
+    """A markdown model card."""
+    m = art.manifest
+    h = msgspec.to_builtins(m.hparams)
+    out = [
+        f"# {name}",
+        "",
+        f"A `{m.architecture}` model with {human_count(art.n_params)} parameters, packed by modelc "
+        f"{m.modelc_version} on {m.created}.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| Architecture | `{m.architecture}` |",
+        f"| Parameters | {human_count(art.n_params)} ({art.n_params:,}) |",
+        f"| File size | {human_bytes(art.size)} |",
+        f"| Quantization | {quant_label(art)} |",
+        f"| Compression | {m.pack.compression} |",
+        f"| Chat template | {'yes' if m.chat_template else 'no'} |",
+        f"| Source | {m.source.format}: `{m.source.path}` |",
+        "",
+        "## Hyper-parameters",
+        "",
+        "| name | value |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in h.items()],
+        "",
+        "## Tensors by type",
+        "",
+        "| type | tensors | parameters | bytes |",
+        "|---|---|---|---|",
+        *[
+            f"| {k} | {v['tensors']} | {v['params']:,} | {human_bytes(v['bytes'])} |"
+            for k, v in by_dtype(art).items()
+        ],
+    ]
+    if m.tokenizer:
+        t = m.tokenizer
+        out += [
+            "",
+            "## Tokenizer",
+            "",
+            f"{t.model}{' (' + t.pre + ')' if t.pre else ''}, {len(t.tokens)} tokens; "
+            f"BOS {t.bos_id}, EOS {t.eos_id}; add BOS: {t.add_bos}, add EOS: {t.add_eos}.",
+        ]
+    if m.chat_template:
+        out += ["", "## Chat template", "", "```jinja", m.chat_template.strip(), "```"]
+    out += [
+        "",
+        "## Usage",
+        "",
+        "```sh",
+        f"modelc inspect {name}",
+        f"modelc tokenize {name} 'Hello world'",
+        "```",
+    ]
+    return "\n".join(out)

@@ -1,0 +1,113 @@
+"""Pack-time weight transforms: dequantize to f32, prune, quantize, and size estimates.
+
+Only *weight matrices* are transformed: 2-D float tensors (f32/f16/bf16/f64) that are
+not norms or biases.  Tensors already stored in a GGML block-quantized type stay as
+they are; 1-D tensors, norms, biases and integer tensors are never touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UsageError
+from modelc.formats.ir import BLOCK_SIZES, NUMPY_DTYPES, DType, nbytes
+
+FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16, DType.F64})
+
+
+def is_weight_matrix(name: str, dtype: DType, shape: tuple[int, ...]) -> bool:
+    """True for the tensors ``--quantize`` and ``--prune`` apply to."""
+    return (
+        len(shape) == 2
+        and dtype in FLOAT_DTYPES
+        and "norm" not in name
+        and not name.endswith(".bias")
+        and min(shape) > 0
+    )
+
+
+def can_store_as(target: DType, shape: tuple[int, ...]) -> bool:
+    """Whether a 2-D tensor of ``shape`` fits ``target``'s block size."""
+    if target in BLOCK_SIZES:
+        return shape[-1] % BLOCK_SIZES[target][0] == 0
+    return True
+
+
+def to_f32(
+    data: np.ndarray[Any, Any], dtype: DType, shape: tuple[int, ...]
+) -> np.ndarray[Any, Any]:
+    """Any tensor's data as float32 of its logical shape (quantized and bf16 dequantized)."""
+    if dtype is DType.F32:
+        return data.reshape(shape)
+    if dtype is DType.BF16:
+        bits = np.ascontiguousarray(data).reshape(shape).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    if dtype.is_quantized:
+        from modelc.formats.quants import dequantize
+
+        return dequantize(data, dtype, shape).reshape(shape)
+    return np.asarray(data, dtype=np.float32).reshape(shape)
+
+
+def prune(x: np.ndarray[Any, Any], threshold: float) -> tuple[np.ndarray[Any, Any], int]:
+    """Zero the entries with ``|x| < threshold``; returns the new array and how many were zeroed."""
+    mask = np.abs(x) < threshold
+    n = int(np.count_nonzero(mask & (x != 0)))
+    if not n:
+        return x, 0
+    out = np.array(x, copy=True)
+    out[mask] = 0
+    return out, n
+
+
+def quantize(x: np.ndarray[Any, Any], target: DType) -> np.ndarray[Any, Any]:
+    """Quantize a 2-D float array (any float dtype) to ``target``; f16 stays an f16 array."""
+    if target is DType.F16:
+        return np.asarray(x, dtype=np.float16)
+    from modelc.formats.quants import quantize as q
+
+    return q(np.ascontiguousarray(x, dtype=np.float32), target)
+
+
+def target_dtype(method: str) -> DType:
+    from modelc.artifact.format import QUANT_METHODS
+
+    if method not in QUANT_METHODS:
+        raise UsageError(
+            f"unknown quantization {method!r}; choose one of {', '.join(QUANT_METHODS)}"
+        )
+    return DType(QUANT_METHODS[method])
+
+
+SIZE_TABLE_TYPES = (DType.F32, DType.F16, DType.Q8_0, DType.INT8, DType.Q4_0, DType.Q4_1)
+
+
+def estimated_size(tensors: list[tuple[str, DType, tuple[int, ...]]], target: DType) -> int:
+    """Bytes of all tensors if the weight matrices were stored as ``target`` (others as f32).
+
+    A tensor already block-quantized counts as a weight matrix; f32/f16 apply to every
+    float tensor.  Integer tensors keep their own size.
+    """
+    total = 0
+    for name, dtype, shape in tensors:
+        plain_float = dtype in FLOAT_DTYPES or dtype.is_quantized
+        if not plain_float:
+            total += nbytes(dtype, shape)
+            continue
+        matrix = len(shape) == 2 and (dtype.is_quantized or is_weight_matrix(name, dtype, shape))
+        if target in (DType.F32, DType.F16) or (matrix and can_store_as(target, shape)):
+            total += nbytes(target, shape)
+        else:
+            total += nbytes(DType.F32, shape)
+    return total
+
+
+def bits_per_weight(target: DType) -> float:
+    if target in BLOCK_SIZES:
+        bs, ts = BLOCK_SIZES[target]
+        return ts * 8 / bs
+    if target is DType.INT8:
+        return 8.0
+    return NUMPY_DTYPES[target].itemsize * 8.0

