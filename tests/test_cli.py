@@ -1,0 +1,287 @@
+"""The modelc CLI, run as a real subprocess with MODELC_HOME / MODELC_CACHE in temp dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from tests import assets
+
+ASSET_CACHE = assets.assets_dir() / "cache"
+
+
+class Cli:
+    def __init__(self, home: Path, cache: Path, cwd: Path) -> None:
+        self.env = {**os.environ, "MODELC_HOME": str(home), "MODELC_CACHE": str(cache)}
+        self.env.pop("MODELC_CONFIG", None)
+        self.cwd = cwd
+
+    def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "modelc.cli", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.cwd,
+            timeout=300,
+            check=False,
+        )
+        if ok:
+            assert proc.returncode == 0, (
+                f"modelc {' '.join(args)} -> {proc.returncode}\n{proc.stderr}"
+            )
+        return proc
+
+    def fails(self, *args: str, match: str) -> str:
+        """Run, expect exit 2 with one clean error line matching ``match``."""
+        proc = self(*args, ok=False)
+        err = proc.stderr
+        assert proc.returncode == 2, (args, proc.returncode, err)
+        assert "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith("modelc"), err
+        import re
+
+        assert re.search(match, err), (match, err)
+        return err
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
+
+
+@pytest.fixture
+def asset_cli(tmp_path: Path) -> Cli:
+    """A CLI whose download cache is the shared test-asset cache (catalog pulls need no network)."""
+    return Cli(tmp_path / "home", ASSET_CACHE, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def smol() -> Path:
+    return assets.smollm2_gguf()
+
+
+def _mlp(path: Path) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    w = {
+        "fc1.weight": rng.standard_normal((64, 32), dtype=np.float32),
+        "fc1.bias": rng.standard_normal(64, dtype=np.float32),
+        "fc2.weight": rng.standard_normal((8, 64), dtype=np.float32),
+    }
+    save_file(w, str(path))
+    return w
+
+
+def _listing(cli: Cli) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = json.loads(cli("list", "--json").stdout)
+    return out
+
+
+def test_version_and_help(cli: Cli) -> None:
+    assert cli("--version").stdout.strip() == "modelc 0.1.0"
+    assert "pack" in cli("--help").stdout
+
+
+def test_inspect_catalog_name_pulls_smollm2(asset_cli: Cli) -> None:
+    """`modelc inspect smollm2-135m --json` on an empty store pulls (from the download cache)."""
+    info = json.loads(asset_cli("inspect", "smollm2-135m", "--json").stdout)
+    assert info["architecture"] == "llama"
+    assert 134.4e6 < info["n_params"] < 134.6e6 and info["params"] == "134.5M"
+    q = info["quantization"]
+    assert q["summary"].startswith("q4_1") and set(q["by_dtype"]) == {"q4_1", "q8_0", "f32"}
+    assert info["has_chat_template"] and "<|im_start|>" in info["chat_template"]
+    assert info["tokenizer"]["model"] == "gpt2" and info["tokenizer"]["n_tokens"] == 49152
+    assert [e["name"] for e in _listing(asset_cli)] == ["smollm2-135m"]
+    # second use: straight from the store
+    assert json.loads(asset_cli("inspect", "smollm2-135m", "--json").stdout)["path"] == info["path"]
+
+
+def test_pack_inspect_verify_export_smollm2(cli: Cli, smol: Path, tmp_path: Path) -> None:
+    out = cli("pack", str(smol), "--name", "smol:q41").stdout
+    assert "smol:q41" in out and "llama" in out
+    [entry] = _listing(cli)
+    assert entry["name"] == "smol" and entry["version"] == "q41" and entry["current"]
+    assert entry["architecture"] == "llama" and entry["quantization"] == "q4_1 (+q8_0, f32)"
+    table = cli("list").stdout
+    assert "134.5M" in table and "smol" in table
+    assert "ok smol" in cli("verify", "smol").stdout
+    assert "ok smol:q41" in cli("verify", "--all").stdout
+    card = cli("inspect", "smol", "--readme").stdout
+    assert card.startswith("# smol") and "| Architecture | `llama` |" in card and "```jinja" in card
+    sizes = cli("inspect", "smol", "--quant-sizes").stdout
+    rows = {ln.split()[0]: ln.split() for ln in sizes.splitlines()[1:7]}
+    assert list(rows) == ["f32", "f16", "q8_0", "int8", "q4_0", "q4_1"]
+    assert rows["f32"][2:4] == ["538.1", "MB"]  # 134.5M weights * 4 bytes
+    text = cli("inspect", "smol").stdout
+    assert "llama" in text and "chat template  yes" in text
+    exported = tmp_path / "smol.safetensors"
+    cli("export", "smol", "-o", str(exported))
+    back = load_file(str(exported))
+    assert len(back) == 272 and back["token_embd.weight"].shape == (49152, 576)
+    assert back["token_embd.weight"].dtype == np.float32
+
+
+def test_pack_to_file_compress_quantize_round_trip(cli: Cli, tmp_path: Path) -> None:
+    w = _mlp(tmp_path / "m.safetensors")
+    out = tmp_path / "m.modelc"
+    cli(
+        "pack",
+        "m.safetensors",
+        "-o",
+        str(out),
+        "--compress",
+        "--quantize",
+        "fp16",
+        "--prune",
+        "0.01",
+    )
+    info = json.loads(cli("inspect", str(out), "--json").stdout)
+    assert info["compression"] == "zstd" and info["pack"]["quantize"] == "fp16"
+    assert info["pack"]["prune_threshold"] == 0.01 and info["architecture"] == "mlp"
+    assert _listing(cli) == []  # -o writes a file, not a store entry
+    cli("verify", str(out))
+    cli("export", str(out), "-o", "back.safetensors")
+    back = load_file(str(tmp_path / "back.safetensors"))
+    want = w["fc1.weight"].astype(np.float16)
+    want[np.abs(w["fc1.weight"]) < 0.01] = 0
+    np.testing.assert_array_equal(back["layers.0.weight"], want)
+    np.testing.assert_array_equal(back["layers.0.bias"], w["fc1.bias"])
+
+
+def test_store_commands(cli: Cli, tmp_path: Path) -> None:
+    _mlp(tmp_path / "m.safetensors")
+    assert "packed m:latest" in cli("pack", "m.safetensors").stdout  # name from the file name
+    cli("pack", "m.safetensors", "--name", "m:v2")
+    assert {(e["version"], e["current"]) for e in _listing(cli)} == {
+        ("latest", False),
+        ("v2", True),
+    }
+    cli.fails("rm", "m", match=r"'m' has 2 versions \(latest, v2\)")
+    cli("switch", "m", "latest")
+    assert [e["version"] for e in _listing(cli) if e["current"]] == ["latest"]
+    cli.fails("switch", "m", "v3", match="no version 'v3'")
+    cli("cp", "m:v2", "copy")
+    cli.fails("cp", "m", "copy:v2", match="already exists")
+    found = json.loads(cli("search", "copy", "--json").stdout)
+    assert [(e["name"], e["version"]) for e in found] == [("copy", "v2")]
+    assert len(json.loads(cli("search", "arch:mlp", "<1M", "--json").stdout)) == 3
+    assert json.loads(cli("search", ">1M", "--json").stdout) == []
+    assert "removed m:v2" in cli("rm", "m:v2").stdout
+    assert "removed m:latest" in cli("rm", "m").stdout
+    cli("pack", "m.safetensors", "--name", "m:a")
+    cli("pack", "m.safetensors", "--name", "m:b")
+    assert len(cli("rm", "m", "--all").stdout.splitlines()) == 2
+    assert [e["name"] for e in _listing(cli)] == ["copy"]
+    cli.fails("rm", "nothing", match="no model named 'nothing'")
+
+
+def test_bad_inputs_exit_2_one_line_store_unchanged(cli: Cli, tmp_path: Path) -> None:
+    _mlp(tmp_path / "m.safetensors")
+    cli("pack", "m.safetensors", "--name", "good")
+    before = _listing(cli)
+    (tmp_path / "random.bin").write_bytes(np.random.default_rng(0).bytes(4096))
+    (tmp_path / "corrupt.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
+    (tmp_path / "short.safetensors").write_bytes((tmp_path / "m.safetensors").read_bytes()[:300])
+    (tmp_path / "tiny").write_bytes(b"abc")
+    cli("pack", "m.safetensors", "-o", "ok.modelc")
+    data = (tmp_path / "ok.modelc").read_bytes()
+    (tmp_path / "trunc.modelc").write_bytes(data[: len(data) // 2])
+    cli.fails("pack", "random.bin", "--name", "r", match="random.bin")
+    cli.fails("pack", "corrupt.gguf", "--name", "c", match="corrupt.gguf")
+    cli.fails("pack", "short.safetensors", "--name", "s", match="short.safetensors")
+    cli.fails("pack", "tiny", match="too short")
+    cli.fails("pack", "nope.gguf", match="no such file")
+    cli.fails("inspect", "trunc.modelc", match="truncated")
+    cli.fails("verify", "trunc.modelc", match="truncated")
+    cli.fails("inspect", "no-such-model", match="not in the store")
+    cli.fails("pack", "m.safetensors", "--name", "bad/name", match="invalid model name")
+    cli.fails("pack", "m.safetensors", "--quantize", "q3", match="invalid choice")
+    cli.fails("pack", "m.safetensors", "--level", "99", match="level")
+    cli.fails("pack", "m.safetensors", "-o", "x.modelc", "--name", "x", match="not both")
+    cli.fails("export", "good", "-o", "out.bin", match="safetensors")
+    cli.fails("verify", match="MODEL or --all")
+    cli.fails("frobnicate", match="invalid choice")
+    cli.fails("pull", "not-a-model", match="neither a catalog model")
+    cli.fails("pull", "http://127.0.0.1:9/x.gguf", match="cannot connect")
+    cli.fails("search", ">big", match="bad size filter")
+    cli.fails("completions", "tcsh", match="invalid choice")
+    assert _listing(cli) == before
+    home = Path(cli.env["MODELC_HOME"])
+    assert not [p for p in home.rglob("*") if p.name.endswith(".tmp")]
+    (home / "config.toml").write_text("[server]\nport = 'eighty'\n")
+    cli.fails("list", match=r"config.toml: bad value for 'server.port'")
+
+
+def test_corrupted_byte_fails_verify_naming_the_tensor(cli: Cli, tmp_path: Path) -> None:
+    _mlp(tmp_path / "m.safetensors")
+    cli("pack", "m.safetensors", "--name", "m")
+    meta = json.loads(cli("inspect", "m", "--json", "--tensors").stdout)
+    entry = next(t for t in meta["tensors"] if t["name"] == "layers.1.weight")
+    path = Path(meta["path"])
+    raw = bytearray(path.read_bytes())
+    raw[64 + entry["offset"] + 3] ^= 0x10
+    path.write_bytes(bytes(raw))
+    cli.fails("verify", "m", match=r"checksum mismatch in tensor layers\.1\.weight")
+    proc = cli("verify", "--all", ok=False)
+    assert proc.returncode == 2 and "FAILED m:latest" in proc.stdout
+
+
+def test_raw_file_model_argument_is_cached(cli: Cli, tmp_path: Path) -> None:
+    _mlp(tmp_path / "m.safetensors")
+    a = json.loads(cli("inspect", "m.safetensors", "--json").stdout)
+    b = json.loads(cli("inspect", str(tmp_path / "m.safetensors"), "--json").stdout)
+    assert a["path"] == b["path"] and Path(a["path"]).parent.name == "packed"
+    assert _listing(cli) == []
+
+
+def test_tokenize_smollm2_gguf(cli: Cli, smol: Path) -> None:
+    ids = json.loads(cli("tokenize", str(smol), "Hello world").stdout)
+    assert ids == [19556, 905]  # SmolLM2 adds no BOS (add_bos false)
+    assert json.loads(cli("tokenize", str(smol), "").stdout) == []
+    spaces = json.loads(cli("tokenize", str(smol), "   ").stdout)
+    assert spaces and all(isinstance(i, int) for i in spaces)
+    assert json.loads(cli("tokenize", str(smol), "a\\nb").stdout) != json.loads(
+        cli("tokenize", str(smol), "a\nb").stdout
+    )  # no escape processing
+
+
+def test_tokenize_vocab_only_gguf_matches_vectors(cli: Cli) -> None:
+    vocab = assets.vocab_dir() / "ggml-vocab-gpt-2.gguf"
+    inp = (vocab.parent / "ggml-vocab-gpt-2.gguf.inp").read_text(encoding="utf-8")
+    out = (vocab.parent / "ggml-vocab-gpt-2.gguf.out").read_text(encoding="utf-8")
+    texts = inp.split("\n__ggml_vocab_test__\n")[:-1]
+    expected = out.strip("\n").split("\n")
+    for text, want in list(zip(texts, expected, strict=False))[:6]:
+        got = json.loads(cli("tokenize", str(vocab), text).stdout)
+        assert got == [int(x) for x in want.split()], repr(text)
+
+
+def test_tokenize_without_tokenizer(cli: Cli, tmp_path: Path) -> None:
+    _mlp(tmp_path / "m.safetensors")
+    cli.fails("tokenize", "m.safetensors", "hi", match="has no tokenizer")
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completions(cli: Cli, shell: str) -> None:
+    script = cli("completions", shell).stdout
+    for cmd in (
+        "pack",
+        "inspect",
+        "tokenize",
+        "quantize",
+        "--version" if shell != "fish" else "-l json",
+    ):
+        assert cmd in script
+    if shell != "fish":
+        proc = subprocess.run(
+            ["bash", "-n"], input=script, text=True, capture_output=True, check=False
+        )
+        assert proc.returncode == 0, proc.stderr
