@@ -1,0 +1,173 @@
+# cython: language_level=3
+"""Cython wrappers over the C kernels in ``mc_quant.h`` and ``mc_ops.h``.
+
+Every wrapper releases the GIL around its C call.  Shapes and dtypes are checked
+by ``modelc.runtime.backends.cpu``; here only what would corrupt memory is checked.
+Weights arrive as uint8 ``(rows, row_bytes)`` views whatever their dtype.
+"""
+
+from libc.stdint cimport int64_t, uint8_t
+
+
+cdef extern from "mc_quant.h" nogil:
+    int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                  int n, float *y, int simd, int nth, int exact)
+    void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
+                     int nids, float *out)
+    int mc_simd_best()
+    int mc_has_openmp()
+    int mc_num_procs()
+
+cdef extern from "mc_ops.h" nogil:
+    void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps, int nth)
+    void mc_layer_norm(const float *x, const float *w, const float *b, float *y, int n, int d,
+                       float eps, int nth)
+    void mc_rope(float *x, const int64_t *pos, const float *inv_freq, int n, int n_heads, int hd,
+                 int half, int neox)
+    void mc_softmax(float *x, int n, int d)
+    void mc_silu_mul(const float *g, const float *u, float *out, int64_t length)
+    void mc_gelu(const float *x, float *out, int64_t length)
+    void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
+                      int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
+                      int nth)
+
+# type codes of mc_common.h
+F32 = 0
+F16 = 1
+Q4_0 = 2
+Q4_1 = 3
+Q5_0 = 4
+Q8_0 = 5
+Q4_K = 6
+Q6_K = 7
+INT8 = 8
+
+SIMD_SCALAR = 0
+SIMD_AVX2 = 1
+SIMD_NEON = 2
+
+
+def simd_best():
+    """The best SIMD level this CPU runs (0 scalar, 1 AVX2, 2 NEON)."""
+    return mc_simd_best()
+
+
+def has_openmp():
+    return bool(mc_has_openmp())
+
+
+def num_procs():
+    return mc_num_procs()
+
+
+def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, float[:, ::1] out,
+           int simd, int nth, bint exact=False):
+    """out (n, M) = x (n, K) @ W^T; W (M, row_bytes) raw rows of type ``wtype``.
+
+    ``exact`` keeps x in float32 (dequantize each weight row once, float dots);
+    otherwise x is quantized to int8 blocks and the dots are integer.
+    """
+    cdef int M = W.shape[0]
+    cdef int n = x.shape[0]
+    cdef int rc
+    cdef int64_t stride = W.strides[0]
+    if x.shape[1] != K or out.shape[0] != n or out.shape[1] != M:
+        raise ValueError("matmul: shape mismatch")
+    if n == 0 or M == 0:
+        return
+    with nogil:
+        rc = mc_matmul(wtype, &W[0, 0], stride, M, K, &x[0, 0], n, &out[0, 0], simd, nth, exact)
+    if rc == -1:
+        raise ValueError(f"matmul: unsupported weight type code {wtype}")
+    if rc == -2:
+        raise MemoryError("matmul: activation buffer")
+
+
+def get_rows(int wtype, const uint8_t[:, ::1] W, int K, const int64_t[::1] ids, float[:, ::1] out):
+    """out (len(ids), K) = dequantized rows ``ids`` of W."""
+    cdef int nids = ids.shape[0]
+    cdef int64_t stride = W.strides[0]
+    cdef int i
+    if out.shape[0] != nids or out.shape[1] != K:
+        raise ValueError("get_rows: shape mismatch")
+    for i in range(nids):
+        if ids[i] < 0 or ids[i] >= W.shape[0]:
+            raise IndexError(f"get_rows: id {ids[i]} out of range 0..{W.shape[0] - 1}")
+    if nids == 0:
+        return
+    with nogil:
+        mc_get_rows(wtype, &W[0, 0], stride, K, &ids[0], nids, &out[0, 0])
+
+
+def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, float[:, ::1] out, int nth):
+    cdef int n = x.shape[0], d = x.shape[1]
+    if w.shape[0] != d or out.shape[0] != n or out.shape[1] != d:
+        raise ValueError("rms_norm: shape mismatch")
+    if n == 0:
+        return
+    with nogil:
+        mc_rms_norm(&x[0, 0], &w[0], &out[0, 0], n, d, eps, nth)
+
+
+def layer_norm(const float[:, ::1] x, const float[::1] w, const float[::1] b, float eps,
+               float[:, ::1] out, int nth):
+    cdef int n = x.shape[0], d = x.shape[1]
+    if w.shape[0] != d or b.shape[0] != d or out.shape[0] != n or out.shape[1] != d:
+        raise ValueError("layer_norm: shape mismatch")
+    if n == 0:
+        return
+    with nogil:
+        mc_layer_norm(&x[0, 0], &w[0], &b[0], &out[0, 0], n, d, eps, nth)
+
+
+def rope(float[:, :, ::1] x, const int64_t[::1] pos, const float[::1] inv_freq, bint neox):
+    cdef int n = x.shape[0], nh = x.shape[1], hd = x.shape[2], half = inv_freq.shape[0]
+    if pos.shape[0] != n or 2 * half > hd or half > 512:
+        raise ValueError("rope: shape mismatch")
+    if n == 0 or half == 0:
+        return
+    with nogil:
+        mc_rope(&x[0, 0, 0], &pos[0], &inv_freq[0], n, nh, hd, half, neox)
+
+
+def softmax(float[:, ::1] x):
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return
+    with nogil:
+        mc_softmax(&x[0, 0], x.shape[0], x.shape[1])
+
+
+def silu_mul(const float[::1] g, const float[::1] u, float[::1] out):
+    if g.shape[0] != u.shape[0] or out.shape[0] != g.shape[0]:
+        raise ValueError("silu_mul: shape mismatch")
+    if g.shape[0] == 0:
+        return
+    with nogil:
+        mc_silu_mul(&g[0], &u[0], &out[0], g.shape[0])
+
+
+def gelu(const float[::1] x, float[::1] out):
+    if out.shape[0] != x.shape[0]:
+        raise ValueError("gelu: shape mismatch")
+    if x.shape[0] == 0:
+        return
+    with nogil:
+        mc_gelu(&x[0], &out[0], x.shape[0])
+
+
+def attention(const float[:, :, ::1] q, const float[:, :, ::1] k, const float[:, :, ::1] v,
+              int q_pos0, float scale, float[:, :, ::1] out, int nth):
+    """out (n_q, n_head, hd): causal GQA of q over cache rows k, v (n_kv, n_head_kv, hd)."""
+    cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
+    cdef int n_kv = k.shape[0], nkh = k.shape[1]
+    if (k.shape[2] != hd or v.shape[0] != n_kv or v.shape[1] != nkh or v.shape[2] != hd
+            or nkh == 0 or nh % nkh != 0 or hd > 512 or q_pos0 < 0
+            or out.shape[0] != n_q or out.shape[1] != nh or out.shape[2] != hd):
+        raise ValueError("attention: shape mismatch")
+    if n_q == 0 or nh == 0 or hd == 0:
+        return
+    if n_kv == 0:
+        raise ValueError("attention: empty KV cache")
+    with nogil:
+        mc_attention(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0], n_q, nh, n_kv, nkh,
+                     hd, q_pos0, scale, nth)

@@ -1,0 +1,132 @@
+/* Shared definitions for modelc's C kernels: type codes, fp16, activation blocks.
+ *
+ * Weight blocks are GGML's, bit for bit (see ggml-common.h); they are read
+ * through byte offsets with memcpy so no alignment is assumed.
+ */
+#ifndef MC_COMMON_H
+#define MC_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define MC_X86 1
+#include <immintrin.h>
+#define MC_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+#if defined(__aarch64__)
+#define MC_NEON 1
+#include <arm_neon.h>
+#endif
+
+/* weight type codes (mirrored in kernels.pyx) */
+enum {
+    MC_F32 = 0,
+    MC_F16 = 1,
+    MC_Q4_0 = 2,
+    MC_Q4_1 = 3,
+    MC_Q5_0 = 4,
+    MC_Q8_0 = 5,
+    MC_Q4_K = 6,
+    MC_Q6_K = 7,
+    MC_INT8 = 8,
+};
+
+/* SIMD levels */
+enum { MC_SIMD_SCALAR = 0, MC_SIMD_AVX2 = 1, MC_SIMD_NEON = 2 };
+
+/* Activation block for the 32-element weight types: x ~= d * qs, s = d * sum(qs). */
+typedef struct {
+    float d;
+    float s;
+    int8_t qs[32];
+} mc_q8;
+
+/* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */
+typedef struct {
+    float d;
+    int8_t qs[256];
+    int16_t bsums[16]; /* sum of qs over each 16 elements */
+} mc_q8k;
+
+static inline float mc_f32_from_bits(uint32_t w) {
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+}
+
+static inline uint32_t mc_f32_to_bits(float f) {
+    uint32_t w;
+    memcpy(&w, &f, 4);
+    return w;
+}
+
+/* IEEE half -> float, exact for every input (normals, subnormals, inf, nan). */
+static inline float mc_fp16_to_fp32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16;
+    const uint32_t sign = w & UINT32_C(0x80000000);
+    const uint32_t two_w = w + w;
+    const uint32_t exp_offset = UINT32_C(0xE0) << 23;
+    const float exp_scale = 0x1.0p-112f;
+    const float normalized = mc_f32_from_bits((two_w >> 4) + exp_offset) * exp_scale;
+    const uint32_t magic_mask = UINT32_C(126) << 23;
+    const float denormalized = mc_f32_from_bits((two_w >> 17) | magic_mask) - 0.5f;
+    const uint32_t cutoff = UINT32_C(1) << 27;
+    const uint32_t result =
+        sign | (two_w < cutoff ? mc_f32_to_bits(denormalized) : mc_f32_to_bits(normalized));
+    return mc_f32_from_bits(result);
+}
+
+static inline float mc_load_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return mc_fp16_to_fp32(h);
+}
+
+static inline float mc_load_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+static inline int mc_imin(int a, int b) { return a < b ? a : b; }
+
+/* Best SIMD level this CPU runs. */
+static int mc_simd_best(void) {
+#if defined(MC_X86)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return MC_SIMD_AVX2;
+    return MC_SIMD_SCALAR;
+#elif defined(MC_NEON)
+    return MC_SIMD_NEON;
+#else
+    return MC_SIMD_SCALAR;
+#endif
+}
+
+static int mc_has_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int mc_num_procs(void) {
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 1;
+#endif
+}
+
+#endif /* MC_COMMON_H */

@@ -1,0 +1,165 @@
+/* Float32 kernels: norms, RoPE, softmax, activations, attention over a KV cache.
+ *
+ * Reductions accumulate in double where the row is summed once (norms,
+ * softmax), so results agree with numpy's pairwise sums to ~1e-7 relative.
+ */
+#ifndef MC_OPS_H
+#define MC_OPS_H
+
+#include "mc_common.h"
+
+/* y (n, d) = x / sqrt(mean(x^2) + eps) * w */
+static void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps,
+                        int nth) {
+    const int use = (int64_t)n * d < 65536 ? 1 : nth;
+    (void)use;
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *xr = x + (size_t)i * d;
+        float *yr = y + (size_t)i * d;
+        double ss = 0.0;
+        for (int j = 0; j < d; j++) ss += (double)xr[j] * xr[j];
+        const float s = (float)(1.0 / sqrt(ss / d + (double)eps));
+        for (int j = 0; j < d; j++) yr[j] = xr[j] * s * w[j];
+    }
+}
+
+/* y (n, d) = (x - mean) / sqrt(var + eps) * w + b */
+static void mc_layer_norm(const float *x, const float *w, const float *b, float *y, int n, int d,
+                          float eps, int nth) {
+    const int use = (int64_t)n * d < 65536 ? 1 : nth;
+    (void)use;
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *xr = x + (size_t)i * d;
+        float *yr = y + (size_t)i * d;
+        double sum = 0.0;
+        for (int j = 0; j < d; j++) sum += xr[j];
+        const double mean = sum / d;
+        double var = 0.0;
+        for (int j = 0; j < d; j++) {
+            const double c = xr[j] - mean;
+            var += c * c;
+        }
+        const float rstd = (float)(1.0 / sqrt(var / d + (double)eps));
+        const float m = (float)mean;
+        for (int j = 0; j < d; j++) yr[j] = (xr[j] - m) * rstd * w[j] + b[j];
+    }
+}
+
+/* In place: x (n, n_heads, hd); pairs rotated by pos * inv_freq[i], i < half.
+ * neox: pairs (i, i + half); else adjacent pairs (2i, 2i + 1). */
+static void mc_rope(float *x, const int64_t *pos, const float *inv_freq, int n, int n_heads,
+                    int hd, int half, int neox) {
+    float cs[512], sn[512]; /* half <= 512 checked by the caller */
+    for (int t = 0; t < n; t++) {
+        const float p = (float)pos[t];
+        for (int i = 0; i < half; i++) {
+            const float th = p * inv_freq[i]; /* float32 product, as numpy / HF */
+            cs[i] = (float)cos((double)th);
+            sn[i] = (float)sin((double)th);
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * hd;
+            if (neox) {
+                for (int i = 0; i < half; i++) {
+                    const float a = v[i], b = v[i + half];
+                    v[i] = a * cs[i] - b * sn[i];
+                    v[i + half] = a * sn[i] + b * cs[i];
+                }
+            } else {
+                for (int i = 0; i < half; i++) {
+                    const float a = v[2 * i], b = v[2 * i + 1];
+                    v[2 * i] = a * cs[i] - b * sn[i];
+                    v[2 * i + 1] = a * sn[i] + b * cs[i];
+                }
+            }
+        }
+    }
+}
+
+/* In place over rows of x (n, d) */
+static void mc_softmax(float *x, int n, int d) {
+    for (int i = 0; i < n; i++) {
+        float *r = x + (size_t)i * d;
+        float m = -INFINITY;
+        for (int j = 0; j < d; j++) m = r[j] > m ? r[j] : m;
+        double sum = 0.0;
+        for (int j = 0; j < d; j++) {
+            r[j] = expf(r[j] - m);
+            sum += r[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j < d; j++) r[j] *= inv;
+    }
+}
+
+/* out = silu(g) * u over `len` elements */
+static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len) {
+    for (int64_t i = 0; i < len; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* out = gelu_tanh(x) over `len` elements */
+static void mc_gelu(const float *x, float *out, int64_t len) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < len; i++) {
+        const float v = x[i];
+        out[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+    }
+}
+
+#define MC_ATT_CHUNK 64
+
+/* Causal grouped-query attention of one sequence over its cache.
+ * q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd); out (n_q, n_head, hd).
+ * Query i sees cache rows 0 .. q_pos0 + i (clipped to n_kv).  Online softmax in
+ * chunks of MC_ATT_CHUNK keys; the only scratch is on the stack (hd <= 512). */
+static void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
+                         int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
+                         int nth) {
+    const int group = n_head / n_head_kv;
+    const int total = n_q * n_head;
+    const int64_t work = (int64_t)total * (q_pos0 + n_q) * hd;
+    const int use = work < 32768 ? 1 : nth;
+    (void)use;
+#pragma omp parallel for num_threads(use) schedule(dynamic, 4)
+    for (int idx = 0; idx < total; idx++) {
+        const int i = idx / n_head, h = idx % n_head, kh = h / group;
+        const float *qi = q + (size_t)idx * hd;
+        float acc[512];
+        float s[MC_ATT_CHUNK];
+        float m = -INFINITY, l = 0.0f;
+        const int T = mc_imin(q_pos0 + i + 1, n_kv);
+        for (int j = 0; j < hd; j++) acc[j] = 0.0f;
+        for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+            const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
+            float cmax = -INFINITY;
+            for (int c = 0; c < cnt; c++) {
+                const float *kt = k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+                float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+                for (int j = 0; j < hd; j++) d += qi[j] * kt[j];
+                s[c] = d * scale;
+                cmax = s[c] > cmax ? s[c] : cmax;
+            }
+            if (cmax > m) {
+                const float corr = expf(m - cmax); /* 0 when m is -inf */
+                l *= corr;
+                for (int j = 0; j < hd; j++) acc[j] *= corr;
+                m = cmax;
+            }
+            for (int c = 0; c < cnt; c++) {
+                const float p = expf(s[c] - m);
+                const float *vt = v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+                l += p;
+#pragma omp simd
+                for (int j = 0; j < hd; j++) acc[j] += p * vt[j];
+            }
+        }
+        float *o = out + (size_t)idx * hd;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int j = 0; j < hd; j++) o[j] = acc[j] * inv;
+    }
+}
+
+#endif /* MC_OPS_H */

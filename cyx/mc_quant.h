@@ -1,0 +1,825 @@
+/* Quantized matrix products y = x @ W^T straight from GGML blocks.
+ *
+ * Strategy (as llama.cpp): each activation row x is quantized once per call to
+ * int8 blocks (mc_q8 per 32 elements, mc_q8k per 256 for the K-quants), then
+ * every weight block meets its activation block in an integer dot product
+ * (AVX2 maddubs/madd, NEON mull/padal, or scalar C), scaled by the two block
+ * scales.  F32/F16 weights use a float FMA path on the unquantized x.
+ *
+ * Work split: output rows are divided across OpenMP threads; inside a thread a
+ * tile of weight rows meets a tile of activation rows, so each weight row is
+ * read from memory once per call for the whole batch.
+ */
+#ifndef MC_QUANT_H
+#define MC_QUANT_H
+
+#include "mc_common.h"
+
+/* ---------------------------------------------------------------- layout */
+
+/* elements per block and bytes per block of each weight type (INT8: per row) */
+static int mc_block_elems(int t) {
+    switch (t) {
+    case MC_Q4_0: case MC_Q4_1: case MC_Q5_0: case MC_Q8_0: return 32;
+    case MC_Q4_K: case MC_Q6_K: return 256;
+    default: return 1;
+    }
+}
+
+static int mc_block_bytes(int t) {
+    switch (t) {
+    case MC_F32: return 4;
+    case MC_F16: return 2;
+    case MC_Q4_0: return 18;
+    case MC_Q4_1: return 20;
+    case MC_Q5_0: return 22;
+    case MC_Q8_0: return 34;
+    case MC_Q4_K: return 144;
+    case MC_Q6_K: return 210;
+    default: return 1;
+    }
+}
+
+/* ------------------------------------------------- activation quantization */
+
+/* x (K,) -> ceil(K/32) mc_q8 blocks; a partial last block is zero padded. */
+static void mc_quantize_q8(const float *x, int K, mc_q8 *out) {
+    const int nb = (K + 31) / 32;
+    for (int i = 0; i < nb; i++) {
+        const int cnt = mc_imin(32, K - 32 * i);
+        const float *xb = x + 32 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < cnt; j++) {
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const int q = j < cnt ? (int)nearbyintf(xb[j] * id) : 0;
+            out[i].qs[j] = (int8_t)q;
+            sum += q;
+        }
+        out[i].d = d;
+        out[i].s = d * (float)sum;
+    }
+}
+
+/* x (K,), K % 256 == 0 -> K/256 mc_q8k blocks. */
+static void mc_quantize_q8k(const float *x, int K, mc_q8k *out) {
+    const int nb = K / 256;
+    for (int i = 0; i < nb; i++) {
+        const float *xb = x + 256 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < 256; j++) {
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int j = 16 * g; j < 16 * g + 16; j++) {
+                const int q = (int)nearbyintf(xb[j] * id);
+                out[i].qs[j] = (int8_t)q;
+                sum += q;
+            }
+            out[i].bsums[g] = (int16_t)sum;
+        }
+        out[i].d = d;
+    }
+}
+
+/* ------------------------------------------------------- dequantization */
+
+static inline void mc_q4k_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* One row of K elements of type t at `row` -> y (K,) float32. */
+static void mc_dequant_row(int t, const uint8_t *row, int K, float *y) {
+    switch (t) {
+    case MC_F32:
+        memcpy(y, row, (size_t)K * 4);
+        return;
+    case MC_F16:
+        for (int i = 0; i < K; i++) y[i] = mc_load_f16(row + 2 * i);
+        return;
+    case MC_INT8: {
+        const float s = mc_load_f32(row);
+        const int8_t *q = (const int8_t *)(row + 4);
+        for (int i = 0; i < K; i++) y[i] = s * (float)q[i];
+        return;
+    }
+    default: break;
+    }
+    const int nb = K / mc_block_elems(t);
+    const int bb = mc_block_bytes(t);
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *b = row + (size_t)i * bb;
+        switch (t) {
+        case MC_Q4_0: {
+            const float d = mc_load_f16(b);
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)((b[2 + j] & 0xF) - 8);
+                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+            }
+            y += 32;
+            break;
+        }
+        case MC_Q4_1: {
+            const float d = mc_load_f16(b), m = mc_load_f16(b + 2);
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)(b[4 + j] & 0xF) + m;
+                y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+            }
+            y += 32;
+            break;
+        }
+        case MC_Q5_0: {
+            const float d = mc_load_f16(b);
+            uint32_t qh;
+            memcpy(&qh, b + 2, 4);
+            for (int j = 0; j < 16; j++) {
+                const int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+                y[j] = d * (float)(((b[6 + j] & 0xF) | (h0 << 4)) - 16);
+                y[j + 16] = d * (float)(((b[6 + j] >> 4) | (h1 << 4)) - 16);
+            }
+            y += 32;
+            break;
+        }
+        case MC_Q8_0: {
+            const float d = mc_load_f16(b);
+            for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
+            y += 32;
+            break;
+        }
+        case MC_Q4_K: {
+            const float d = mc_load_f16(b), dmin = mc_load_f16(b + 2);
+            const uint8_t *sc = b + 4, *q = b + 16;
+            for (int j = 0; j < 4; j++) {
+                uint8_t s0, m0, s1, m1;
+                mc_q4k_scale_min(2 * j, sc, &s0, &m0);
+                mc_q4k_scale_min(2 * j + 1, sc, &s1, &m1);
+                const float d1 = d * s0, mm1 = dmin * m0, d2 = d * s1, mm2 = dmin * m1;
+                for (int l = 0; l < 32; l++) y[l] = d1 * (float)(q[l] & 0xF) - mm1;
+                for (int l = 0; l < 32; l++) y[32 + l] = d2 * (float)(q[l] >> 4) - mm2;
+                y += 64;
+                q += 32;
+            }
+            break;
+        }
+        case MC_Q6_K: {
+            const float d = mc_load_f16(b + 208);
+            const uint8_t *ql = b, *qh = b + 128;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            for (int n = 0; n < 2; n++) {
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    y[l] = d * (float)sc[is] * (float)q1;
+                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+                }
+                y += 128;
+                ql += 64;
+                qh += 32;
+                sc += 8;
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* ------------------------------------------------------ scalar dot products */
+/* Each returns dot(W row, x row); `x` is the quantized (or float) activation row. */
+
+typedef float (*mc_dot_fn)(int K, const uint8_t *w, const void *x);
+
+static float mc_dot_q4_0_scalar(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    float sum = 0.0f;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        int s = 0;
+        for (int j = 0; j < 16; j++) {
+            s += ((b[2 + j] & 0xF) - 8) * x[i].qs[j];
+            s += ((b[2 + j] >> 4) - 8) * x[i].qs[j + 16];
+        }
+        sum += mc_load_f16(b) * x[i].d * (float)s;
+    }
+    return sum;
+}
+
+static float mc_dot_q4_1_scalar(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    float sum = 0.0f;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 20 * i;
+        int s = 0;
+        for (int j = 0; j < 16; j++) {
+            s += (b[4 + j] & 0xF) * x[i].qs[j];
+            s += (b[4 + j] >> 4) * x[i].qs[j + 16];
+        }
+        sum += mc_load_f16(b) * x[i].d * (float)s + mc_load_f16(b + 2) * x[i].s;
+    }
+    return sum;
+}
+
+static float mc_dot_q5_0_scalar(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    float sum = 0.0f;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 22 * i;
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        int s = 0;
+        for (int j = 0; j < 16; j++) {
+            const int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+            s += (((b[6 + j] & 0xF) | (h0 << 4)) - 16) * x[i].qs[j];
+            s += (((b[6 + j] >> 4) | (h1 << 4)) - 16) * x[i].qs[j + 16];
+        }
+        sum += mc_load_f16(b) * x[i].d * (float)s;
+    }
+    return sum;
+}
+
+static float mc_dot_q8_0_scalar(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    float sum = 0.0f;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        int s = 0;
+        for (int j = 0; j < 32; j++) s += (int8_t)b[2 + j] * x[i].qs[j];
+        sum += mc_load_f16(b) * x[i].d * (float)s;
+    }
+    return sum;
+}
+
+static float mc_dot_int8_scalar(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    const int8_t *q = (const int8_t *)(w + 4);
+    float sum = 0.0f;
+    for (int i = 0; i < (K + 31) / 32; i++) {
+        const int cnt = mc_imin(32, K - 32 * i);
+        int s = 0;
+        for (int j = 0; j < cnt; j++) s += q[32 * i + j] * x[i].qs[j];
+        sum += x[i].d * (float)s;
+    }
+    return sum * mc_load_f32(w);
+}
+
+static float mc_dot_q4_k_scalar(int K, const uint8_t *w, const void *xv) {
+    const mc_q8k *x = (const mc_q8k *)xv;
+    float sum = 0.0f;
+    for (int i = 0; i < K / 256; i++) {
+        const uint8_t *b = w + 144 * i;
+        const uint8_t *q = b + 16;
+        const int8_t *y = x[i].qs;
+        int si = 0, sm = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            mc_q4k_scale_min(j, b + 4, &sc, &m);
+            const uint8_t *qq = q + 32 * (j / 2);
+            const int shift = (j & 1) * 4;
+            int s = 0;
+            for (int l = 0; l < 32; l++) s += ((qq[l] >> shift) & 0xF) * y[32 * j + l];
+            si += sc * s;
+            sm += m * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+        }
+        sum += x[i].d * (mc_load_f16(b) * (float)si - mc_load_f16(b + 2) * (float)sm);
+    }
+    return sum;
+}
+
+static float mc_dot_q6_k_scalar(int K, const uint8_t *w, const void *xv) {
+    const mc_q8k *x = (const mc_q8k *)xv;
+    float sum = 0.0f;
+    for (int i = 0; i < K / 256; i++) {
+        const uint8_t *b = w + 210 * i;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const int8_t *y = x[i].qs;
+        int si = 0;
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+            const int8_t *s8 = sc + 8 * n;
+            const int8_t *yy = y + 128 * n;
+            int a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                a[is + 0] += ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) * yy[l];
+                a[is + 2] += ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) * yy[l + 32];
+                a[is + 4] += ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) * yy[l + 64];
+                a[is + 6] += ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) * yy[l + 96];
+            }
+            for (int k = 0; k < 8; k++) si += s8[k] * a[k];
+        }
+        int corr = 0;
+        for (int k = 0; k < 16; k++) corr += sc[k] * x[i].bsums[k];
+        sum += mc_load_f16(b + 208) * x[i].d * (float)(si - 32 * corr);
+    }
+    return sum;
+}
+
+static float mc_dot_f32_scalar(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= K; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += mc_load_f32(w + 4 * (i + j)) * x[i + j];
+    float sum = 0.0f;
+    for (; i < K; i++) sum += mc_load_f32(w + 4 * i) * x[i];
+    for (int j = 0; j < 8; j++) sum += acc[j];
+    return sum;
+}
+
+static float mc_dot_f16_scalar(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= K; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += mc_load_f16(w + 2 * (i + j)) * x[i + j];
+    float sum = 0.0f;
+    for (; i < K; i++) sum += mc_load_f16(w + 2 * i) * x[i];
+    for (int j = 0; j < 8; j++) sum += acc[j];
+    return sum;
+}
+
+/* --------------------------------------------------------------- AVX2 dots */
+#if defined(MC_X86)
+
+MC_AVX2 static inline float mc_hsum256(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+MC_AVX2 static inline float mc_h16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* signed x signed int8, 32 lanes -> 8 int32 partial sums */
+MC_AVX2 static inline __m256i mc_dot_i8(__m256i a, __m256i b) {
+    const __m256i ax = _mm256_sign_epi8(a, a);
+    const __m256i sb = _mm256_sign_epi8(b, a);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sb), _mm256_set1_epi16(1));
+}
+
+/* unsigned (<128) x signed int8 -> 8 int32 partial sums */
+MC_AVX2 static inline __m256i mc_dot_u8(__m256i ua, __m256i b) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ua, b), _mm256_set1_epi16(1));
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles first, then high nibbles */
+MC_AVX2 static inline __m256i mc_nibbles32(const uint8_t *p) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0xF));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set */
+MC_AVX2 static inline __m256i mc_bits32(const uint8_t *p) {
+    uint32_t x32;
+    memcpy(&x32, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+MC_AVX2 static float mc_dot_q4_0_avx2(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i off = _mm256_set1_epi8(8);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(mc_dot_i8(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+    }
+    return mc_hsum256(acc);
+}
+
+MC_AVX2 static float mc_dot_q4_1_avx2(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 20 * i;
+        const __m256i qw = mc_nibbles32(b + 4);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(mc_dot_u8(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+        summ += mc_h16(b + 2) * x[i].s;
+    }
+    return mc_hsum256(acc) + summ;
+}
+
+MC_AVX2 static float mc_dot_q5_0_avx2(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i f0 = _mm256_set1_epi8((char)0xF0);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 22 * i;
+        __m256i qw = mc_nibbles32(b + 6);
+        /* high bit clear -> value - 16 == nibble | 0xF0 as int8 */
+        qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(mc_dot_i8(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+    }
+    return mc_hsum256(acc);
+}
+
+MC_AVX2 static float mc_dot_q8_0_avx2(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(mc_dot_i8(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+    }
+    return mc_hsum256(acc);
+}
+
+MC_AVX2 static float mc_dot_int8_avx2(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    const int8_t *q = (const int8_t *)(w + 4);
+    __m256 acc = _mm256_setzero_ps();
+    const int nb = K / 32;
+    for (int i = 0; i < nb; i++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(mc_dot_i8(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d), p, acc);
+    }
+    float sum = mc_hsum256(acc);
+    if (K % 32) {
+        int s = 0;
+        for (int j = 0; j < K % 32; j++) s += q[32 * nb + j] * x[nb].qs[j];
+        sum += x[nb].d * (float)s;
+    }
+    return sum * mc_load_f32(w);
+}
+
+MC_AVX2 static float mc_dot_q4_k_avx2(int K, const uint8_t *w, const void *xv) {
+    const mc_q8k *x = (const mc_q8k *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int i = 0; i < K / 256; i++) {
+        const uint8_t *b = w + 144 * i;
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) mc_q4k_scale_min(j, b + 4, &sc[j], &mn[j]);
+        const uint8_t *q = b + 16;
+        const int8_t *y = x[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+            const __m256i lo = _mm256_and_si256(q4, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            const __m256i p0 =
+                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * j)));
+            const __m256i p1 =
+                _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 64 * j + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1])));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), _mm256_cvtepi32_ps(sumi), acc);
+        int sm = 0;
+        for (int j = 0; j < 8; j++) sm += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+        summ += mc_h16(b + 2) * x[i].d * (float)sm;
+    }
+    return mc_hsum256(acc) - summ;
+}
+
+MC_AVX2 static inline __m256i mc_scale2(int8_t a, int8_t b) {
+    return _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a));
+}
+
+MC_AVX2 static float mc_dot_q6_k_avx2(int K, const uint8_t *w, const void *xv) {
+    const mc_q8k *x = (const mc_q8k *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    for (int i = 0; i < K / 256; i++) {
+        const uint8_t *b = w + 210 * i;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                               _mm256_and_si256(qh, m30));
+            const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            const int8_t *y = x[i].qs + 128 * n;
+            const int8_t *s = sc + 8 * n;
+            const __m256i p1 = _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)y));
+            const __m256i p2 = _mm256_maddubs_epi16(q2, _mm256_loadu_si256((const __m256i *)(y + 32)));
+            const __m256i p3 = _mm256_maddubs_epi16(q3, _mm256_loadu_si256((const __m256i *)(y + 64)));
+            const __m256i p4 = _mm256_maddubs_epi16(q4, _mm256_loadu_si256((const __m256i *)(y + 96)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, mc_scale2(s[0], s[1])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p2, mc_scale2(s[2], s[3])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p3, mc_scale2(s[4], s[5])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p4, mc_scale2(s[6], s[7])));
+        }
+        /* the -32 offset of every q: subtract 32 * sum_k sc[k] * bsums[k] */
+        const __m128i b16 = _mm_loadu_si128((const __m128i *)x[i].bsums);
+        const __m128i b16h = _mm_loadu_si128((const __m128i *)(x[i].bsums + 8));
+        const __m128i s16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)sc));
+        const __m128i s16h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
+        const __m256i corr = _mm256_set_m128i(_mm_madd_epi16(b16h, s16h), _mm_madd_epi16(b16, s16));
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b + 208) * x[i].d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return mc_hsum256(acc);
+}
+
+MC_AVX2 static float mc_dot_f32_avx2(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    const float *wf = (const float *)w; /* loadu: no alignment needed */
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= K; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= K; i += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i), _mm256_loadu_ps(x + i), a0);
+    float sum = mc_hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < K; i++) sum += mc_load_f32(w + 4 * i) * x[i];
+    return sum;
+}
+
+MC_AVX2 static float mc_dot_f16_avx2(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= K; i += 16) {
+        const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i)));
+        const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i + 16)));
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
+    }
+    for (; i + 8 <= K; i += 8) {
+        const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i)));
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
+    }
+    float sum = mc_hsum256(_mm256_add_ps(a0, a1));
+    for (; i < K; i++) sum += mc_h16(w + 2 * i) * x[i];
+    return sum;
+}
+
+#endif /* MC_X86 */
+
+/* --------------------------------------------------------------- NEON dots */
+#if defined(MC_NEON)
+
+/* sum of a[j]*b[j] over 32 int8 lanes (a0|a1, b0|b1) */
+static inline int32_t mc_neon_dot32(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1) {
+    int16x8_t p0 = vmull_s8(vget_low_s8(a0), vget_low_s8(b0));
+    int16x8_t p1 = vmull_s8(vget_high_s8(a0), vget_high_s8(b0));
+    int16x8_t p2 = vmull_s8(vget_low_s8(a1), vget_low_s8(b1));
+    int16x8_t p3 = vmull_s8(vget_high_s8(a1), vget_high_s8(b1));
+    int32x4_t s = vpaddlq_s16(p0);
+    s = vpadalq_s16(s, p1);
+    s = vpadalq_s16(s, p2);
+    s = vpadalq_s16(s, p3);
+    return vaddvq_s32(s);
+}
+
+static float mc_dot_q4_0_neon(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    float sum = 0.0f;
+    const uint8x16_t m4 = vdupq_n_u8(0xF);
+    const int8x16_t s8 = vdupq_n_s8(8);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        const uint8x16_t v = vld1q_u8(b + 2);
+        const int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), s8);
+        const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), s8);
+        const int32_t s = mc_neon_dot32(lo, hi, vld1q_s8(x[i].qs), vld1q_s8(x[i].qs + 16));
+        sum += mc_load_f16(b) * x[i].d * (float)s;
+    }
+    return sum;
+}
+
+static float mc_dot_q4_1_neon(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    float sum = 0.0f;
+    const uint8x16_t m4 = vdupq_n_u8(0xF);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 20 * i;
+        const uint8x16_t v = vld1q_u8(b + 4);
+        const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(v, m4));
+        const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+        const int32_t s = mc_neon_dot32(lo, hi, vld1q_s8(x[i].qs), vld1q_s8(x[i].qs + 16));
+        sum += mc_load_f16(b) * x[i].d * (float)s + mc_load_f16(b + 2) * x[i].s;
+    }
+    return sum;
+}
+
+static float mc_dot_q8_0_neon(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    float sum = 0.0f;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const int8_t *q = (const int8_t *)(b + 2);
+        const int32_t s =
+            mc_neon_dot32(vld1q_s8(q), vld1q_s8(q + 16), vld1q_s8(x[i].qs), vld1q_s8(x[i].qs + 16));
+        sum += mc_load_f16(b) * x[i].d * (float)s;
+    }
+    return sum;
+}
+
+static float mc_dot_f32_neon(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    const float *wf = (const float *)w;
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 8 <= K; i += 8) {
+        a0 = vfmaq_f32(a0, vld1q_f32(wf + i), vld1q_f32(x + i));
+        a1 = vfmaq_f32(a1, vld1q_f32(wf + i + 4), vld1q_f32(x + i + 4));
+    }
+    float sum = vaddvq_f32(vaddq_f32(a0, a1));
+    for (; i < K; i++) sum += wf[i] * x[i];
+    return sum;
+}
+
+#endif /* MC_NEON */
+
+/* ----------------------------------------------------------------- dispatch */
+
+static mc_dot_fn mc_pick_dot(int t, int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_AVX2) {
+        switch (t) {
+        case MC_F32: return mc_dot_f32_avx2;
+        case MC_F16: return mc_dot_f16_avx2;
+        case MC_Q4_0: return mc_dot_q4_0_avx2;
+        case MC_Q4_1: return mc_dot_q4_1_avx2;
+        case MC_Q5_0: return mc_dot_q5_0_avx2;
+        case MC_Q8_0: return mc_dot_q8_0_avx2;
+        case MC_Q4_K: return mc_dot_q4_k_avx2;
+        case MC_Q6_K: return mc_dot_q6_k_avx2;
+        case MC_INT8: return mc_dot_int8_avx2;
+        default: return NULL;
+        }
+    }
+#endif
+#if defined(MC_NEON)
+    if (simd == MC_SIMD_NEON) {
+        switch (t) {
+        case MC_F32: return mc_dot_f32_neon;
+        case MC_Q4_0: return mc_dot_q4_0_neon;
+        case MC_Q4_1: return mc_dot_q4_1_neon;
+        case MC_Q8_0: return mc_dot_q8_0_neon;
+        default: break; /* the rest use the scalar C path */
+        }
+    }
+#endif
+    (void)simd;
+    switch (t) {
+    case MC_F32: return mc_dot_f32_scalar;
+    case MC_F16: return mc_dot_f16_scalar;
+    case MC_Q4_0: return mc_dot_q4_0_scalar;
+    case MC_Q4_1: return mc_dot_q4_1_scalar;
+    case MC_Q5_0: return mc_dot_q5_0_scalar;
+    case MC_Q8_0: return mc_dot_q8_0_scalar;
+    case MC_Q4_K: return mc_dot_q4_k_scalar;
+    case MC_Q6_K: return mc_dot_q6_k_scalar;
+    case MC_INT8: return mc_dot_int8_scalar;
+    default: return NULL;
+    }
+}
+
+/* Row tiles: MC_TR weight rows x MC_TN activation rows per inner step. */
+#define MC_TR 16
+#define MC_TN 32
+
+static mc_dot_fn mc_pick_dot_f32(int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_AVX2) return mc_dot_f32_avx2;
+#endif
+#if defined(MC_NEON)
+    if (simd == MC_SIMD_NEON) return mc_dot_f32_neon;
+#endif
+    (void)simd;
+    return mc_dot_f32_scalar;
+}
+
+/* y (n, M) = x (n, K) @ W^T, W = M rows of `row_stride` bytes of type t.
+ *
+ * exact == 0: activations quantized to int8 blocks, integer dot products (fast).
+ * exact != 0: activations stay float32; each weight row is dequantized once into
+ *             a per-thread row buffer and meets every x row in a float dot product
+ *             (the result of x @ dequant(W)^T up to float32 summation order).
+ * Returns 0, -1 for an unknown type, -2 when out of memory. */
+static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                     int n, float *y, int simd, int nth, int exact) {
+    if (mc_pick_dot(t, simd) == NULL) return -1;
+    if (t == MC_F32 || t == MC_F16) exact = 0; /* already float paths */
+    if (nth < 1) nth = 1;
+    const double work = (double)M * K * n;
+    const int use = work < 65536.0 ? 1 : nth;
+    const int ntiles = (M + MC_TR - 1) / MC_TR;
+    int failed = 0;
+    (void)use;
+    if (exact) {
+        const mc_dot_fn dot = mc_pick_dot_f32(simd);
+#pragma omp parallel num_threads(use)
+        {
+            float *wrow = (float *)malloc((size_t)K * sizeof(float));
+            if (wrow == NULL) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(static)
+            for (int tile = 0; tile < ntiles; tile++) {
+                if (wrow == NULL) continue;
+                const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
+                for (int r = r0; r < r1; r++) {
+                    mc_dequant_row(t, W + (size_t)r * row_stride, K, wrow);
+                    for (int j = 0; j < n; j++)
+                        y[(size_t)j * M + r] = dot(K, (const uint8_t *)wrow, x + (size_t)j * K);
+                }
+            }
+            free(wrow);
+        }
+        return failed ? -2 : 0;
+    }
+    const mc_dot_fn dot = mc_pick_dot(t, simd);
+    /* quantize the activations once */
+    void *xq = NULL;
+    size_t xstride; /* bytes per quantized activation row */
+    const void *xbase;
+    if (t == MC_F32 || t == MC_F16) {
+        xstride = (size_t)K * sizeof(float);
+        xbase = x;
+    } else if (t == MC_Q4_K || t == MC_Q6_K) {
+        xstride = (size_t)(K / 256) * sizeof(mc_q8k);
+        xq = malloc(xstride * (size_t)n);
+        if (xq == NULL) return -2;
+        for (int j = 0; j < n; j++)
+            mc_quantize_q8k(x + (size_t)j * K, K, (mc_q8k *)((char *)xq + xstride * j));
+        xbase = xq;
+    } else {
+        xstride = (size_t)((K + 31) / 32) * sizeof(mc_q8);
+        xq = malloc(xstride * (size_t)n);
+        if (xq == NULL) return -2;
+        for (int j = 0; j < n; j++)
+            mc_quantize_q8(x + (size_t)j * K, K, (mc_q8 *)((char *)xq + xstride * j));
+        xbase = xq;
+    }
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int tile = 0; tile < ntiles; tile++) {
+        const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
+        for (int j0 = 0; j0 < n; j0 += MC_TN) {
+            const int j1 = mc_imin(n, j0 + MC_TN);
+            for (int r = r0; r < r1; r++) {
+                const uint8_t *wr = W + (size_t)r * row_stride;
+                for (int j = j0; j < j1; j++)
+                    y[(size_t)j * M + r] = dot(K, wr, (const char *)xbase + xstride * j);
+            }
+        }
+    }
+    free(xq);
+    return 0;
+}
+
+/* out (nids, K) = dequantized rows ids of W */
+static void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
+                        int nids, float *out) {
+    for (int i = 0; i < nids; i++)
+        mc_dequant_row(t, W + (size_t)ids[i] * row_stride, K, out + (size_t)i * K);
+}
+
+#endif /* MC_QUANT_H */

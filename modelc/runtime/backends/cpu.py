@@ -1,0 +1,214 @@
+"""The CPU backend: compiled C kernels (``cyx/``) behind Cython wrappers that release the GIL.
+
+Matrix products run straight from the quantized blocks (Q4_0, Q4_1, Q5_0, Q8_0,
+Q4_K, Q6_K, INT8) or from F16/F32 rows; other weight dtypes fall back to the
+numpy reference (dequantize, then BLAS).
+
+Environment:
+
+* ``MODELC_THREADS``  OpenMP threads for the kernels (default: all cores).
+* ``MODELC_SIMD``     ``auto`` (default), ``scalar``, ``avx2`` or ``neon``: which code
+  path the kernels take; ``scalar`` forces the portable C path.
+* ``MODELC_MATMUL``   ``fast`` (default) or ``exact``.  ``fast`` quantizes the activations
+  to int8 blocks (32 elements, or 256 for K-quants) and takes integer dot products, as
+  llama.cpp does: about 0.5-1% relative error on a matmul output.  ``exact`` keeps the
+  activations in float32 and dequantizes each weight row once per call: the result is
+  ``x @ dequant(W).T`` to float32 rounding (use it for parity with a float reference).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import ConfigError
+from modelc.formats.ir import DType, row_bytes
+from modelc.runtime.backend import F32Array, Weight
+from modelc.runtime.backends.numpy_ref import NumpyBackend
+
+_k: Any = importlib.import_module("modelc._kernels.kernels")
+
+# DType -> type code of cyx/mc_common.h
+TYPE_CODES: dict[DType, int] = {
+    DType.F32: _k.F32,
+    DType.F16: _k.F16,
+    DType.Q4_0: _k.Q4_0,
+    DType.Q4_1: _k.Q4_1,
+    DType.Q5_0: _k.Q5_0,
+    DType.Q8_0: _k.Q8_0,
+    DType.Q4_K: _k.Q4_K,
+    DType.Q6_K: _k.Q6_K,
+    DType.INT8: _k.INT8,
+}
+
+SIMD_LEVELS = {"scalar": _k.SIMD_SCALAR, "avx2": _k.SIMD_AVX2, "neon": _k.SIMD_NEON}
+
+
+def default_threads() -> int:
+    """``MODELC_THREADS`` if set, else every core."""
+    env = os.environ.get("MODELC_THREADS", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError as e:
+            raise ConfigError(
+                f"MODELC_THREADS={env!r} is not a whole number; unset it or give e.g. 4"
+            ) from e
+        if n < 1:
+            raise ConfigError(f"MODELC_THREADS={n} must be at least 1")
+        return n
+    return max(1, int(_k.num_procs()) if _k.has_openmp() else 1)
+
+
+def simd_level(name: str | None = None) -> int:
+    """The SIMD code path for ``name`` (default ``MODELC_SIMD``, else ``auto``)."""
+    name = (name or os.environ.get("MODELC_SIMD", "") or "auto").strip().lower()
+    best = int(_k.simd_best())
+    if name == "auto":
+        return best
+    if name not in SIMD_LEVELS:
+        raise ConfigError(f"MODELC_SIMD={name!r}: choose one of auto, scalar, avx2, neon")
+    level = SIMD_LEVELS[name]
+    if level not in (_k.SIMD_SCALAR, best):
+        raise ConfigError(f"MODELC_SIMD={name!r}: this CPU does not run that code path; use auto")
+    return int(level)
+
+
+def matmul_mode(name: str | None = None) -> bool:
+    """True for ``exact`` (float activations), False for ``fast`` (int8 activations)."""
+    name = (name or os.environ.get("MODELC_MATMUL", "") or "fast").strip().lower()
+    if name not in ("fast", "exact"):
+        raise ConfigError(f"MODELC_MATMUL={name!r}: choose fast or exact")
+    return name == "exact"
+
+
+def _raw_rows(w: Weight) -> np.ndarray[Any, Any]:
+    """The weight as uint8 (rows, row_bytes), the layout every C kernel reads."""
+    data = np.asarray(w.data)
+    if not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data)
+    rows, cols = w.shape
+    raw = data.view(np.uint8).reshape(rows, -1)
+    if raw.shape[1] != row_bytes(w.dtype, cols):
+        raise ValueError(
+            f"weight {w.dtype} {w.shape}: rows hold {raw.shape[1]} bytes, expected {row_bytes(w.dtype, cols)}"
+        )
+    return raw
+
+
+def _f32(a: np.ndarray[Any, Any]) -> F32Array:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+class CpuBackend:
+    """Compiled kernels.
+
+    ``threads``, ``simd`` and ``matmul`` default to ``MODELC_THREADS``, ``MODELC_SIMD``
+    and ``MODELC_MATMUL`` (see the module docstring).
+    """
+
+    name = "cpu"
+
+    def __init__(
+        self, threads: int | None = None, simd: str | None = None, matmul: str | None = None
+    ) -> None:
+        self.threads = threads if threads is not None else default_threads()
+        if self.threads < 1:
+            raise ConfigError(f"threads={self.threads} must be at least 1")
+        self.simd = simd_level(simd)
+        self.exact = matmul_mode(matmul)
+        self._fallback = NumpyBackend()
+
+    def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
+        code = TYPE_CODES.get(w.dtype)
+        if code is None:
+            return self._fallback.matmul(w, x, out)
+        x = _f32(x)  # (n, in)
+        rows, cols = w.shape
+        if out is None:
+            out = np.empty((x.shape[0], rows), dtype=np.float32)  # (n, out)
+        _k.matmul(code, _raw_rows(w), cols, x, out, self.simd, self.threads, self.exact)
+        return out
+
+    def get_rows(
+        self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
+    ) -> F32Array:
+        code = TYPE_CODES.get(w.dtype)
+        if code is None:
+            return self._fallback.get_rows(w, ids, out)
+        idx = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if out is None:
+            out = np.empty((idx.shape[0], w.shape[1]), dtype=np.float32)  # (len(ids), in)
+        _k.get_rows(code, _raw_rows(w), w.shape[1], idx, out)
+        return out
+
+    def rms_norm(
+        self, x: F32Array, weight: F32Array, eps: float, out: F32Array | None = None
+    ) -> F32Array:
+        x = _f32(x)
+        if out is None:
+            out = np.empty_like(x)
+        _k.rms_norm(x, _f32(weight), eps, out, self.threads)
+        return out
+
+    def layer_norm(
+        self,
+        x: F32Array,
+        weight: F32Array,
+        bias: F32Array,
+        eps: float,
+        out: F32Array | None = None,
+    ) -> F32Array:
+        x = _f32(x)
+        if out is None:
+            out = np.empty_like(x)
+        _k.layer_norm(x, _f32(weight), _f32(bias), eps, out, self.threads)
+        return out
+
+    def rope(
+        self, x: F32Array, positions: np.ndarray[Any, Any], inv_freq: F32Array, neox: bool
+    ) -> F32Array:
+        buf = _f32(x)  # (n, n_heads, head_dim); a copy only if x is not contiguous
+        _k.rope(buf, np.ascontiguousarray(positions, dtype=np.int64), _f32(inv_freq), neox)
+        if buf is not x:
+            x[...] = buf
+        return x
+
+    def attention(
+        self,
+        q: F32Array,
+        k: F32Array,
+        v: F32Array,
+        q_pos0: int,
+        scale: float,
+        out: F32Array | None = None,
+    ) -> F32Array:
+        q = _f32(q)
+        if out is None:
+            out = np.empty_like(q)  # (n_q, n_head, hd)
+        _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads)
+        return out
+
+    def softmax(self, x: F32Array) -> F32Array:
+        buf = _f32(x)
+        _k.softmax(buf.reshape(-1, buf.shape[-1]))
+        if buf is not x:
+            x[...] = buf
+        return x
+
+    def silu_mul(self, gate: F32Array, up: F32Array, out: F32Array | None = None) -> F32Array:
+        gate, up = _f32(gate), _f32(up)
+        if out is None:
+            out = np.empty_like(gate)
+        _k.silu_mul(gate.reshape(-1), up.reshape(-1), out.reshape(-1))
+        return out
+
+    def gelu(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        x = _f32(x)
+        if out is None:
+            out = np.empty_like(x)
+        _k.gelu(x.reshape(-1), out.reshape(-1))
+        return out

@@ -1,0 +1,182 @@
+"""The numpy reference backend: readable twins of every compiled kernel.
+
+Each method is the plain mathematical definition, computed in float32 (sums in
+float64 where numpy would otherwise lose precision).  Quantized weights are
+dequantized to float32 first, so ``matmul`` here is the exact ``x @ W.T`` that
+the compiled kernels approximate (they also quantize the activations).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UnsupportedError
+from modelc.formats.ir import DType
+from modelc.runtime.backend import F32Array, Weight
+
+
+def _dequantize_blocks(
+    data: np.ndarray[Any, Any], dtype: DType, shape: tuple[int, int]
+) -> F32Array:
+    """uint8 (rows, row_bytes) GGML blocks -> float32 (rows, cols)."""
+    try:  # modelc's own dequantizer, where built; else gguf-py's (the llama.cpp reference)
+        quants = importlib.import_module("modelc.formats.quants")
+    except ImportError:
+        quants = None
+    if quants is not None:
+        return np.asarray(quants.dequantize(data, dtype, shape), dtype=np.float32)
+    import gguf
+
+    try:
+        qtype = gguf.GGMLQuantizationType[dtype.name]
+    except KeyError as e:
+        raise UnsupportedError(f"cannot dequantize {dtype}: no GGML type of that name") from e
+    out = gguf.quants.dequantize(np.ascontiguousarray(data, dtype=np.uint8), qtype)
+    return np.asarray(out, dtype=np.float32).reshape(shape)
+
+
+def dequantize_rows(dtype: DType, data: np.ndarray[Any, Any], cols: int) -> F32Array:
+    """Rows of a weight as stored (any dtype the IR knows) -> float32 (rows, cols)."""
+    rows = data.shape[0]
+    if dtype is DType.F32:
+        return np.asarray(data, dtype=np.float32).reshape(rows, cols)
+    if dtype is DType.F16:
+        return np.asarray(data).view(np.float16).reshape(rows, cols).astype(np.float32)
+    if dtype is DType.BF16:
+        bits = np.asarray(data).view(np.uint16).reshape(rows, cols).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    if dtype is DType.INT8:
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, 4 + cols)
+        scale = raw[:, :4].copy().view(np.float32)  # (rows, 1)
+        q = raw[:, 4:].view(np.int8)  # (rows, cols)
+        return q.astype(np.float32) * scale
+    if dtype.is_block_quantized:
+        return _dequantize_blocks(
+            np.asarray(data).view(np.uint8).reshape(rows, -1), dtype, (rows, cols)
+        )
+    raise UnsupportedError(f"weights of dtype {dtype} cannot be used in a matrix product")
+
+
+def dequantize_weight(w: Weight) -> F32Array:
+    """The whole weight as float32 (out, in)."""
+    return dequantize_rows(w.dtype, w.data, w.shape[1])
+
+
+def _put(value: np.ndarray[Any, Any], out: F32Array | None) -> F32Array:
+    if out is None:
+        return np.ascontiguousarray(value, dtype=np.float32)
+    out[...] = value
+    return out
+
+
+class NumpyBackend:
+    """Reference kernels in numpy.
+
+    ``cache_dequantized`` keeps each weight's float32 copy after its first use
+    (keyed by the identity of its data array), trading memory for speed.
+    """
+
+    name = "numpy"
+
+    def __init__(self, cache_dequantized: bool = True) -> None:
+        self._cache: dict[int, tuple[np.ndarray[Any, Any], F32Array]] | None = (
+            {} if cache_dequantized else None
+        )
+
+    def _dense(self, w: Weight) -> F32Array:
+        if self._cache is None:
+            return dequantize_weight(w)
+        hit = self._cache.get(id(w.data))
+        if hit is not None and hit[0] is w.data:
+            return hit[1]
+        dense = dequantize_weight(w)
+        self._cache[id(w.data)] = (w.data, dense)
+        return dense
+
+    def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
+        # x (n, in) @ W.T (in, out) -> (n, out)
+        return _put(np.asarray(x, dtype=np.float32) @ self._dense(w).T, out)
+
+    def get_rows(
+        self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
+    ) -> F32Array:
+        rows = np.asarray(w.data)[np.asarray(ids, dtype=np.int64)]  # (len(ids), row as stored)
+        return _put(dequantize_rows(w.dtype, rows, w.shape[1]), out)
+
+    def rms_norm(
+        self, x: F32Array, weight: F32Array, eps: float, out: F32Array | None = None
+    ) -> F32Array:
+        ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)  # (n, 1)
+        scale = (1.0 / np.sqrt(ms + eps)).astype(np.float32)
+        return _put(x * scale * weight, out)
+
+    def layer_norm(
+        self,
+        x: F32Array,
+        weight: F32Array,
+        bias: F32Array,
+        eps: float,
+        out: F32Array | None = None,
+    ) -> F32Array:
+        x64 = x.astype(np.float64)
+        mean = x64.mean(axis=-1, keepdims=True)
+        var = np.square(x64 - mean).mean(axis=-1, keepdims=True)
+        rstd = (1.0 / np.sqrt(var + eps)).astype(np.float32)
+        return _put((x - mean.astype(np.float32)) * rstd * weight + bias, out)
+
+    def rope(
+        self, x: F32Array, positions: np.ndarray[Any, Any], inv_freq: F32Array, neox: bool
+    ) -> F32Array:
+        half = inv_freq.shape[0]
+        theta = np.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]  # (n, half)
+        cos = np.cos(theta.astype(np.float64)).astype(np.float32)[:, None, :]  # (n, 1, half)
+        sin = np.sin(theta.astype(np.float64)).astype(np.float32)[:, None, :]
+        if neox:
+            a, b = x[..., :half].copy(), x[..., half : 2 * half].copy()
+            x[..., :half] = a * cos - b * sin
+            x[..., half : 2 * half] = a * sin + b * cos
+        else:
+            a, b = x[..., 0 : 2 * half : 2].copy(), x[..., 1 : 2 * half : 2].copy()
+            x[..., 0 : 2 * half : 2] = a * cos - b * sin
+            x[..., 1 : 2 * half : 2] = a * sin + b * cos
+        return x
+
+    def attention(
+        self,
+        q: F32Array,
+        k: F32Array,
+        v: F32Array,
+        q_pos0: int,
+        scale: float,
+        out: F32Array | None = None,
+    ) -> F32Array:
+        n_q, n_head, hd = q.shape
+        n_kv, n_head_kv, _ = k.shape
+        group = n_head // n_head_kv
+        # query i sees cache rows t <= q_pos0 + i
+        visible = np.arange(n_kv)[None, :] <= (q_pos0 + np.arange(n_q))[:, None]  # (n_q, n_kv)
+        res = np.empty((n_q, n_head, hd), dtype=np.float32)
+        for h in range(n_head):
+            kh = h // group
+            scores = (q[:, h, :] @ k[:, kh, :].T) * np.float32(scale)  # (n_q, n_kv)
+            scores = np.where(visible, scores, -np.inf)
+            probs = self.softmax(scores.astype(np.float32))
+            res[:, h, :] = probs @ v[:, kh, :]
+        return _put(res, out)
+
+    def softmax(self, x: F32Array) -> F32Array:
+        x -= x.max(axis=-1, keepdims=True)
+        np.exp(x, out=x)
+        x /= x.sum(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
+        return x
+
+    def silu_mul(self, gate: F32Array, up: F32Array, out: F32Array | None = None) -> F32Array:
+        with np.errstate(over="ignore"):
+            return _put(gate / (np.float32(1.0) + np.exp(-gate)) * up, out)
+
+    def gelu(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        c = np.float32(np.sqrt(2.0 / np.pi))
+        return _put(0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x**3))), out)

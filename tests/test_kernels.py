@@ -1,0 +1,385 @@
+"""Every compiled kernel (CpuBackend, cyx/) against its numpy twin (NumpyBackend).
+
+Tolerances, and why:
+
+* Dequantization / ``get_rows``: bit-exact against ``gguf.quants.dequantize``
+  (the llama.cpp reference); the C code performs the same float32 operations.
+* Quantized ``matmul`` against a twin that quantizes the activations exactly as
+  the kernel does (int8 per 32 or per 256, round half to even) and then multiplies
+  in float64: relative error <= 1e-5.  This holds the integer dot products to the
+  exact arithmetic; what remains is float32 accumulation order.
+* Quantized ``matmul`` against the float32 reference ``x @ dequant(W).T``:
+  relative (Frobenius) error <= 1e-2 for the 32-element types and 1.2e-2 for the
+  K-quants on random data, 2e-2 on real SmolLM2 tensors and hidden states (measured
+  0.4-1.2%: real activations have outlier channels, so max|x|/std(x) is larger).  Quantizing x to int8 with scale d = max|x|/127 adds uniform noise of
+  standard deviation d/sqrt(12) per element, so for Gaussian x the expected
+  relative error is about max|x| / (127 sqrt(12) std(x)): ~2.3/440 = 5.2e-3 for
+  blocks of 32 and ~3/440 = 6.8e-3 for blocks of 256 (measured: 4-6e-3, 5-8e-3).
+* ``matmul="exact"`` (float activations) against the reference: 1e-5, every dtype.
+* F32/F16 ``matmul`` and the float kernels (norms, RoPE, softmax, SiLU, GELU,
+  attention): 1e-5 relative (float32 rounding and summation order).
+
+Every test runs the AVX2 (or NEON) path and the forced portable scalar path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from modelc.errors import ConfigError
+from modelc.formats.ir import DType
+from modelc.runtime.backend import Weight
+from modelc.runtime.backends.cpu import CpuBackend
+from modelc.runtime.backends.numpy_ref import NumpyBackend, dequantize_weight
+from tests import assets
+
+MATMUL_DTYPES = [
+    DType.F32,
+    DType.F16,
+    DType.Q4_0,
+    DType.Q4_1,
+    DType.Q5_0,
+    DType.Q8_0,
+    DType.Q4_K,
+    DType.Q6_K,
+    DType.INT8,
+]
+K_QUANTS = {DType.Q4_K, DType.Q6_K}
+BATCHES = (1, 3, 8, 17)
+REF = NumpyBackend()
+
+
+@pytest.fixture(params=["auto", "scalar"])
+def cpu(request: pytest.FixtureRequest) -> CpuBackend:
+    return CpuBackend(simd=request.param)
+
+
+def rel_err(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b.astype(np.float64)))
+
+
+def make_weight(dtype: DType, rows: int, cols: int, rng: np.random.Generator) -> Weight:
+    """A random weight in ``dtype``, laid out as the IR holds it."""
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    if dtype is DType.F32:
+        return Weight(dtype, (rows, cols), w)
+    if dtype is DType.F16:
+        return Weight(dtype, (rows, cols), w.astype(np.float16))
+    if dtype is DType.INT8:
+        scale = (np.abs(w).max(axis=1, keepdims=True) / 127).astype(np.float32)  # (rows, 1)
+        q = np.round(w / scale).astype(np.int8)
+        return Weight(
+            dtype, (rows, cols), np.concatenate([scale.view(np.uint8), q.view(np.uint8)], 1)
+        )
+    if dtype in K_QUANTS:
+        # gguf-py cannot quantize K-quants: random blocks with sane f16 scales
+        bs, ts = {DType.Q4_K: (256, 144), DType.Q6_K: (256, 210)}[dtype]
+        raw = rng.integers(0, 256, (rows, cols // bs, ts), dtype=np.uint8)
+        if dtype is DType.Q4_K:
+            raw[:, :, 0:2] = np.frombuffer(np.float16(0.02).tobytes(), np.uint8)  # d
+            raw[:, :, 2:4] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # dmin
+        else:
+            raw[:, :, 208:210] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)  # d
+        return Weight(dtype, (rows, cols), raw.reshape(rows, -1))
+    return Weight(dtype, (rows, cols), gguf_quantize(w, gguf.GGMLQuantizationType[dtype.name]))
+
+
+def quantized_activations(x: np.ndarray[Any, Any], dtype: DType) -> np.ndarray[Any, Any]:
+    """The numpy twin of the kernels' activation quantization, dequantized again: (n, K) f32."""
+    n, k = x.shape
+    bs = 256 if dtype in K_QUANTS else 32
+    pad = -k % bs
+    xb = np.pad(x, ((0, 0), (0, pad))).reshape(n, -1, bs)  # (n, blocks, bs)
+    d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.round(xb * inv)  # half to even, as nearbyintf
+    return (q * d).astype(np.float32).reshape(n, -1)[:, :k]
+
+
+def cols_for(dtype: DType) -> int:
+    return 100 if dtype in (DType.INT8, DType.F32, DType.F16) else 512
+
+
+# ----------------------------------------------------------------- quantized rows
+
+
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+def test_get_rows_matches_reference_dequantization(dtype: DType) -> None:
+    rng = np.random.default_rng(1)
+    w = make_weight(dtype, 37, cols_for(dtype), rng)
+    ids = np.array([0, 36, 5, 5, 17], dtype=np.int64)
+    got = CpuBackend().get_rows(w, ids)
+    np.testing.assert_array_equal(got, REF.get_rows(w, ids))
+    if dtype.is_block_quantized:
+        full = gguf_dequantize(w.data, gguf.GGMLQuantizationType[dtype.name])
+        np.testing.assert_array_equal(got, full[ids])
+
+
+def test_get_rows_rejects_bad_id() -> None:
+    w = make_weight(DType.Q8_0, 4, 32, np.random.default_rng(0))
+    with pytest.raises(IndexError):
+        CpuBackend().get_rows(w, np.array([4]))
+
+
+# ----------------------------------------------------------------------- matmul
+
+
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+def test_matmul_exact_against_quantized_activation_twin(cpu: CpuBackend, dtype: DType) -> None:
+    rng = np.random.default_rng(2)
+    w = make_weight(dtype, 67, cols_for(dtype), rng)
+    dense = dequantize_weight(w).astype(np.float64)
+    for n in BATCHES:
+        x = rng.standard_normal((n, w.shape[1])).astype(np.float32)
+        xq = x if dtype in (DType.F32, DType.F16) else quantized_activations(x, dtype)
+        want = xq.astype(np.float64) @ dense.T
+        assert rel_err(cpu.matmul(w, x), want) <= 1e-5, (dtype, n)
+
+
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+def test_matmul_against_f32_reference(cpu: CpuBackend, dtype: DType) -> None:
+    rng = np.random.default_rng(3)
+    w = make_weight(dtype, 67, cols_for(dtype), rng)
+    tol = 1e-5 if dtype in (DType.F32, DType.F16) else 1.2e-2 if dtype in K_QUANTS else 1e-2
+    for n in BATCHES:
+        x = rng.standard_normal((n, w.shape[1])).astype(np.float32)
+        assert rel_err(cpu.matmul(w, x), REF.matmul(w, x)) <= tol, (dtype, n)
+
+
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+@pytest.mark.parametrize("simd", ["auto", "scalar"])
+def test_exact_matmul_against_f32_reference(simd: str, dtype: DType) -> None:
+    rng = np.random.default_rng(16)
+    w = make_weight(dtype, 67, cols_for(dtype), rng)
+    exact = CpuBackend(simd=simd, matmul="exact")
+    for n in BATCHES:
+        x = rng.standard_normal((n, w.shape[1])).astype(np.float32)
+        assert rel_err(exact.matmul(w, x), REF.matmul(w, x)) <= 1e-5, (dtype, n)
+
+
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+def test_batched_matmul_equals_one_row_at_a_time(dtype: DType) -> None:
+    rng = np.random.default_rng(4)
+    w = make_weight(dtype, 45, cols_for(dtype), rng)
+    x = rng.standard_normal((17, w.shape[1])).astype(np.float32)
+    cpu = CpuBackend()
+    batched = cpu.matmul(w, x)
+    single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(17)])
+    np.testing.assert_array_equal(batched, single)
+
+
+def test_matmul_threads_give_identical_results() -> None:
+    rng = np.random.default_rng(5)
+    w = make_weight(DType.Q4_1, 1000, 576, rng)
+    x = rng.standard_normal((8, 576)).astype(np.float32)
+    np.testing.assert_array_equal(
+        CpuBackend(threads=1).matmul(w, x), CpuBackend(threads=2).matmul(w, x)
+    )
+
+
+def test_simd_and_scalar_paths_agree() -> None:
+    rng = np.random.default_rng(6)
+    for dtype in MATMUL_DTYPES:
+        w = make_weight(dtype, 33, cols_for(dtype), rng)
+        x = rng.standard_normal((3, w.shape[1])).astype(np.float32)
+        fast, slow = CpuBackend(simd="auto").matmul(w, x), CpuBackend(simd="scalar").matmul(w, x)
+        assert rel_err(fast, slow.astype(np.float64)) <= 1e-6, dtype
+
+
+def test_matmul_writes_into_out_and_tolerates_readonly_weights() -> None:
+    rng = np.random.default_rng(7)
+    w = make_weight(DType.Q8_0, 40, 64, rng)
+    w.data.flags.writeable = False
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    out = np.full((3, 40), np.nan, dtype=np.float32)
+    assert CpuBackend().matmul(w, x, out) is out
+    assert rel_err(out, REF.matmul(w, x)) <= 1e-2
+
+
+def test_unsupported_dtype_falls_back_to_reference() -> None:
+    rng = np.random.default_rng(8)
+    dense = rng.standard_normal((9, 64)).astype(np.float32)
+    w = Weight(DType.Q5_1, (9, 64), gguf_quantize(dense, gguf.GGMLQuantizationType.Q5_1))
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(CpuBackend().matmul(w, x), REF.matmul(w, x), rtol=1e-6)
+
+
+def test_matmul_rejects_mismatched_shapes() -> None:
+    w = make_weight(DType.Q8_0, 4, 64, np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        CpuBackend().matmul(w, np.zeros((2, 32), dtype=np.float32))
+
+
+# ------------------------------------------------------------ environment knobs
+
+
+def test_env_selects_scalar_path_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODELC_SIMD", "scalar")
+    monkeypatch.setenv("MODELC_THREADS", "3")
+    monkeypatch.setenv("MODELC_MATMUL", "exact")
+    b = CpuBackend()
+    assert (b.simd, b.threads, b.exact) == (0, 3, True)
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("MODELC_THREADS", "lots"),
+        ("MODELC_THREADS", "0"),
+        ("MODELC_SIMD", "sse9"),
+        ("MODELC_MATMUL", "turbo"),
+    ],
+)
+def test_bad_env_raises_config_error(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError, match=var):
+        CpuBackend()
+
+
+# -------------------------------------------------------------- real SmolLM2
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> dict[str, Weight | np.ndarray[Any, Any]]:
+    reader = gguf.GGUFReader(assets.smollm2_gguf())
+    want = {
+        "token_embd.weight",
+        "blk.0.attn_norm.weight",
+        "blk.0.attn_q.weight",
+        "blk.0.attn_k.weight",
+        "blk.0.ffn_down.weight",
+    }
+    out: dict[str, Weight | np.ndarray[Any, Any]] = {}
+    for t in reader.tensors:
+        if t.name not in want:
+            continue
+        if t.tensor_type == gguf.GGMLQuantizationType.F32:
+            out[t.name] = np.asarray(t.data, dtype=np.float32)
+        else:
+            cols, rows = (int(s) for s in t.shape)
+            out[t.name] = Weight(DType[t.tensor_type.name], (rows, cols), np.asarray(t.data))
+    return out
+
+
+def REF_DENSE(w: Weight) -> np.ndarray[Any, Any]:
+    return REF._dense(w).astype(np.float64)
+
+
+def test_real_smollm2_tensors(cpu: CpuBackend, smollm2: dict[str, Any]) -> None:
+    embd: Weight = smollm2["token_embd.weight"]
+    assert embd.dtype is DType.Q8_0
+    ids = np.array([1, 504, 2260, 28, 49151, 17, 9, 3000], dtype=np.int64)
+    x = cpu.get_rows(embd, ids)  # (8, 576) real activations
+    full = gguf_dequantize(np.asarray(embd.data)[ids], gguf.GGMLQuantizationType.Q8_0)
+    np.testing.assert_array_equal(x, full)
+    h = cpu.rms_norm(x, smollm2["blk.0.attn_norm.weight"], 1e-5)
+    np.testing.assert_allclose(
+        h, REF.rms_norm(x, smollm2["blk.0.attn_norm.weight"], 1e-5), rtol=1e-5, atol=1e-6
+    )
+    rng_ffn = np.random.default_rng(9).standard_normal((8, 1536)).astype(np.float32)
+    exact = CpuBackend(simd=("scalar" if cpu.simd == 0 else "auto"), matmul="exact")
+    head = Weight(DType.Q8_0, (4096, 576), np.asarray(embd.data)[:4096])  # part of the tied head
+    for w, act in [
+        (smollm2["blk.0.attn_q.weight"], h),
+        (smollm2["blk.0.attn_k.weight"], h),
+        (smollm2["blk.0.ffn_down.weight"], rng_ffn),
+        (head, h),
+    ]:
+        assert w.dtype in (DType.Q4_1, DType.Q8_0)
+        for n in BATCHES:
+            a = np.ascontiguousarray(np.resize(act, (n, act.shape[1])))
+            got = cpu.matmul(w, a)
+            want = quantized_activations(a, w.dtype).astype(np.float64) @ REF_DENSE(w).T
+            assert rel_err(got, want) <= 1e-5
+            assert rel_err(got, REF.matmul(w, a)) <= 2e-2
+            assert rel_err(exact.matmul(w, a), REF.matmul(w, a)) <= 1e-5
+
+
+# ------------------------------------------------------------- float kernels
+
+
+def test_rms_norm_and_layer_norm(cpu: CpuBackend) -> None:
+    rng = np.random.default_rng(10)
+    for n, d in [(1, 576), (3, 37), (17, 384)]:
+        x = (rng.standard_normal((n, d)) * 3 + 0.5).astype(np.float32)
+        w = rng.standard_normal(d).astype(np.float32)
+        b = rng.standard_normal(d).astype(np.float32)
+        np.testing.assert_allclose(
+            cpu.rms_norm(x, w, 1e-6), REF.rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-6
+        )
+        got = cpu.layer_norm(x, w, b, 1e-12)
+        np.testing.assert_allclose(got, REF.layer_norm(x, w, b, 1e-12), rtol=1e-5, atol=1e-5)
+        out = np.empty_like(x)
+        assert cpu.rms_norm(x, w, 1e-6, out=out) is out
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope(cpu: CpuBackend, neox: bool) -> None:
+    rng = np.random.default_rng(11)
+    for n, heads, hd, rot in [(1, 9, 64, 64), (3, 3, 64, 64), (17, 4, 80, 32)]:
+        x = rng.standard_normal((n, heads, hd)).astype(np.float32)
+        pos = rng.integers(0, 8192, n).astype(np.int64)
+        inv_freq = (1.0 / 100000.0 ** (np.arange(0, rot, 2) / rot)).astype(np.float32)
+        want = REF.rope(x.copy(), pos, inv_freq, neox)
+        got = x.copy()
+        assert cpu.rope(got, pos, inv_freq, neox) is got
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[..., rot:], x[..., rot:])  # past rot_dim untouched
+
+
+def test_rope_on_strided_view_is_in_place(cpu: CpuBackend) -> None:
+    rng = np.random.default_rng(12)
+    qkv = rng.standard_normal((5, 12, 64)).astype(np.float32)
+    q = qkv[:, :9]  # not contiguous
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, 64, 2) / 64)).astype(np.float32)
+    pos = np.arange(5)
+    want = REF.rope(q.copy(), pos, inv_freq, False)
+    cpu.rope(q, pos, inv_freq, False)
+    np.testing.assert_allclose(qkv[:, :9], want, rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_silu_gelu(cpu: CpuBackend) -> None:
+    rng = np.random.default_rng(13)
+    for n, d in [(1, 49152), (3, 7), (17, 100)]:
+        x = (rng.standard_normal((n, d)) * 20).astype(np.float32)
+        x[0, 0] = -np.inf  # masked entry
+        got = cpu.softmax(x.copy())
+        np.testing.assert_allclose(got, REF.softmax(x.copy()), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=1e-5)
+        g, u = x.copy(), rng.standard_normal((n, d)).astype(np.float32)
+        g[0, 0] = -200.0
+        np.testing.assert_allclose(cpu.silu_mul(g, u), REF.silu_mul(g, u), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(cpu.gelu(g), REF.gelu(g), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("n_q", "q_pos0", "n_kv"), [(1, 0, 1), (1, 149, 150), (3, 40, 43), (17, 0, 17), (8, 120, 128)]
+)
+def test_attention(cpu: CpuBackend, n_q: int, q_pos0: int, n_kv: int) -> None:
+    rng = np.random.default_rng(14)
+    n_head, n_head_kv, hd = 9, 3, 64
+    q = rng.standard_normal((n_q, n_head, hd)).astype(np.float32)
+    k = rng.standard_normal((n_kv, n_head_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_kv, n_head_kv, hd)).astype(np.float32)
+    scale = 1.0 / np.sqrt(hd)
+    want = REF.attention(q, k, v, q_pos0, scale)
+    out = np.empty_like(q)
+    assert cpu.attention(q, k, v, q_pos0, scale, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_prefill_equals_decode_steps(cpu: CpuBackend) -> None:
+    rng = np.random.default_rng(15)
+    q = rng.standard_normal((6, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((6, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((6, 2, 32)).astype(np.float32)
+    full = cpu.attention(q, k, v, 0, 0.2)
+    for i in range(6):
+        step = cpu.attention(q[i : i + 1], k[: i + 1], v[: i + 1], i, 0.2)
+        np.testing.assert_allclose(step[0], full[i], rtol=1e-6, atol=1e-6)
