@@ -161,7 +161,7 @@ def _add_pack_flags(p: argparse.ArgumentParser) -> None:
 
 # ----------------------------------------------------------------------------- commands
 def cmd_pack(args: argparse.Namespace) -> int:
-    from modelc.artifact import write_artifact
+    from modelc.artifact import is_artifact, load_artifact, write_artifact
     from modelc.formats import load_model
     from modelc.pull import derive_name
     from modelc.store import parse_ref
@@ -173,7 +173,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
         raise UsageError("give either -o FILE or --name NAME, not both")
     if not args.output:
         parse_ref(args.name or derive_name(src))  # check the name before the slow part
-    ir = load_model(src)
+    # a .modelc source is re-packed (e.g. to quantize or compress it)
+    ir = load_artifact(src) if is_artifact(src) else load_model(src)
     with pack_progress(f"packing {src.name}") as prog:
         if args.output:
             out = Path(args.output)
