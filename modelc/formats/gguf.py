@@ -1,0 +1,350 @@
+"""GGUF reader: a memory-mapped GGUF file -> :class:`ModelIR`.
+
+GGUF layout (v2/v3, little-endian): magic ``GGUF``, version, tensor count, metadata
+key/value count, the key/values, one info record per tensor (name, dims in GGML ``ne``
+order = innermost first, ggml type, offset into the data section), padding to
+``general.alignment``, then the tensor data.  Parsing is done by ``gguf.GGUFReader``;
+this module bounds-checks what it reads, maps GGML types onto :class:`DType`, and turns
+the ``{arch}.*`` / ``tokenizer.*`` metadata into :class:`HParams` / :class:`TokenizerSpec`.
+
+Tensor loaders return views into the reader's memory map (no copies).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.gguf_reader import ReaderField
+
+from modelc.errors import ArchitectureError, FormatError, UnsupportedError
+from modelc.formats.ir import (
+    DType,
+    HParams,
+    ModelIR,
+    RopeScaling,
+    SourceInfo,
+    Tensor,
+    TokenizerSpec,
+    row_bytes,
+)
+
+__all__ = ["load_gguf"]
+
+SUPPORTED_ARCHS = ("llama", "gpt2", "bert")
+
+GGML_TO_DTYPE: dict[GGMLQuantizationType, DType] = {
+    GGMLQuantizationType.F32: DType.F32,
+    GGMLQuantizationType.F16: DType.F16,
+    GGMLQuantizationType.BF16: DType.BF16,
+    GGMLQuantizationType.F64: DType.F64,
+    GGMLQuantizationType.I8: DType.I8,
+    GGMLQuantizationType.I16: DType.I16,
+    GGMLQuantizationType.I32: DType.I32,
+    GGMLQuantizationType.I64: DType.I64,
+    GGMLQuantizationType.Q4_0: DType.Q4_0,
+    GGMLQuantizationType.Q4_1: DType.Q4_1,
+    GGMLQuantizationType.Q5_0: DType.Q5_0,
+    GGMLQuantizationType.Q5_1: DType.Q5_1,
+    GGMLQuantizationType.Q8_0: DType.Q8_0,
+    GGMLQuantizationType.Q2_K: DType.Q2_K,
+    GGMLQuantizationType.Q3_K: DType.Q3_K,
+    GGMLQuantizationType.Q4_K: DType.Q4_K,
+    GGMLQuantizationType.Q5_K: DType.Q5_K,
+    GGMLQuantizationType.Q6_K: DType.Q6_K,
+}
+
+# bert.pooling_type values (llama.cpp enum llama_pooling_type)
+POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+
+# arrays with more elements than this are not copied into ModelIR.metadata
+MAX_METADATA_ARRAY = 64
+
+
+class _PastEnd(Exception):
+    """Raised by the bounds-checked reader; turned into FormatError by load_gguf."""
+
+
+class _CheckedReader(GGUFReader):  # type: ignore[misc]
+    """GGUFReader that refuses to read past the end of the file (it would silently truncate)."""
+
+    def _get(
+        self, offset: int, dtype: Any, count: int = 1, override_order: Any = None
+    ) -> np.ndarray[Any, Any]:
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > self.data.size:
+            raise _PastEnd(f"the file ends at byte {self.data.size} but data is read up to {end}")
+        out: np.ndarray[Any, Any] = super()._get(offset, dtype, count, override_order)
+        return out
+
+    def _get_field_parts(
+        self, orig_offs: int, raw_type: int
+    ) -> tuple[int, list[np.ndarray[Any, Any]], list[int], list[Any]]:
+        """Arrays in one piece: a numeric view, or an object array of decoded strings.
+
+        GGUFReader makes two numpy views per array element, which takes seconds for a
+        100k-token vocabulary; here ``parts[data[0]]`` is the whole array.
+        """
+        if raw_type != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)  # type: ignore[no-any-return]
+        itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        sub = GGUFValueType(int(itype[0]))
+        count, offs = int(alen[0]), orig_offs + 12
+        values: np.ndarray[Any, Any]
+        if sub == GGUFValueType.STRING:
+            strings, offs = self._read_strings(offs, count)
+            values = np.empty(count, dtype=object)
+            values[:] = strings
+        elif sub in self.gguf_scalar_to_np:
+            values = self._get(offs, self.gguf_scalar_to_np[sub], count)
+            offs += int(values.nbytes)
+        else:
+            raise ValueError(f"unsupported GGUF array element type {sub.name}")
+        return offs - orig_offs, [itype, alen, values], [2], [GGUFValueType.ARRAY, sub]
+
+    def _read_strings(self, offs: int, count: int) -> tuple[list[str], int]:
+        mv, size = self.data.data, int(self.data.size)
+        out: list[str] = []
+        for _ in range(count):
+            if offs + 8 > size:
+                raise _PastEnd(f"a string array runs past the end of the file ({size} bytes)")
+            n = int.from_bytes(mv[offs : offs + 8], "little")
+            if offs + 8 + n > size:
+                raise _PastEnd(f"a string array runs past the end of the file ({size} bytes)")
+            out.append(str(mv[offs + 8 : offs + 8 + n], "utf-8", "replace"))
+            offs += 8 + n
+        return out, offs
+
+    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+        for field in fields:
+            _, name_data, _, dims, raw_dtype, offset = field.parts
+            name = bytes(name_data).decode("utf-8", "replace")
+            try:
+                qtype = GGMLQuantizationType(int(raw_dtype[0]))
+            except ValueError as e:
+                raise UnsupportedError(
+                    f"tensor {name} has unknown GGML type id {int(raw_dtype[0])}"
+                ) from e
+            if qtype not in GGML_TO_DTYPE:
+                raise UnsupportedError(
+                    f"tensor {name} uses GGML type {qtype.name}, which modelc does not support "
+                    f"(supported: {', '.join(t.name for t in GGML_TO_DTYPE)}); "
+                    "re-quantize the model to one of those types"
+                )
+            bs, ts = GGML_QUANT_SIZES[qtype]
+            n_elems = int(np.prod(dims.astype(np.int64))) if len(dims) else 1
+            end = int(start_offs) + int(offset[0]) + n_elems * ts // bs
+            if end > self.data.size:
+                raise FormatError(f"tensor {name} points past the end of the file")
+        super()._build_tensors(start_offs, fields)
+
+
+def load_gguf(path: str | Path) -> ModelIR:
+    """Read a GGUF file (memory-mapped) into the IR; vocab-only files load as ``tokenizer``."""
+    p = Path(path)
+    reader = _open(p)
+    fields: dict[str, ReaderField] = reader.fields
+    meta = {k: _field_value(f) for k, f in fields.items() if not k.startswith("GGUF.")}
+    tensors = {t.name: _tensor(t) for t in reader.tensors}
+    found = str(meta.get("general.architecture", ""))
+    if not tensors:
+        arch = "tokenizer"
+    elif found in SUPPORTED_ARCHS:
+        arch = found
+    else:
+        raise ArchitectureError(
+            f"GGUF general.architecture is {found!r}; modelc runs {', '.join(SUPPORTED_ARCHS)} only",
+            path=p,
+        )
+    tokenizer = _tokenizer_spec(fields) if "tokenizer.ggml.model" in fields else None
+    hparams = _hparams(found, meta, tensors, tokenizer)
+    template = meta.get("tokenizer.chat_template")
+    return ModelIR(
+        architecture=arch,
+        hparams=hparams,
+        tensors=tensors,
+        source=SourceInfo(path=str(p), format="gguf", size=p.stat().st_size),
+        tokenizer=tokenizer,
+        chat_template=template if isinstance(template, str) else None,
+        metadata={
+            k: v
+            for k, v in meta.items()
+            if v is not None
+            and not k.startswith("tokenizer.ggml.")
+            and k != "tokenizer.chat_template"
+        },
+    )
+
+
+def _open(p: Path) -> Any:
+    try:
+        return _CheckedReader(p, "r")
+    except (FormatError, UnsupportedError) as e:
+        raise type(e)(str(e), path=p) from e
+    except FileNotFoundError as e:
+        raise FormatError("no such file", path=p) from e
+    except (
+        _PastEnd,
+        ValueError,
+        IndexError,
+        KeyError,
+        OverflowError,
+        TypeError,
+        UnicodeDecodeError,
+        struct.error,
+        OSError,
+        MemoryError,
+    ) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise FormatError(
+            f"not a readable GGUF file (truncated or corrupt: {detail}); re-download or re-convert it",
+            path=p,
+        ) from e
+
+
+def _field_value(f: ReaderField) -> Any:
+    """Scalar/string value of a metadata field; small arrays as lists; big arrays as None."""
+    if not f.types:
+        return None
+    if f.types[0] == GGUFValueType.ARRAY:
+        values = _array(f)
+        return values if len(values) <= MAX_METADATA_ARRAY else None
+    if f.types[0] == GGUFValueType.STRING:
+        return _str(f.parts[-1])
+    return f.parts[-1].tolist()[0]
+
+
+def _array(f: ReaderField) -> list[Any]:
+    """The elements of an array field as read by :class:`_CheckedReader` (one part)."""
+    return list(f.parts[f.data[0]].tolist())
+
+
+def _str(part: np.ndarray[Any, Any]) -> str:
+    return part.tobytes().decode("utf-8", "replace")
+
+
+def _tensor(t: Any) -> Tensor:
+    dtype = GGML_TO_DTYPE[t.tensor_type]
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    data: np.ndarray[Any, Any] = np.asarray(t.data)  # a view of the memory map
+    loader: Callable[[], np.ndarray[Any, Any]]
+    if dtype.is_block_quantized:
+        rb = row_bytes(dtype, shape[-1] if shape else 1)
+        view = data.reshape(-1, rb)  # (rows, row_bytes)
+        loader = lambda: view  # noqa: E731
+    elif dtype is DType.BF16:
+        view = data.view(np.uint16).reshape(shape)
+        loader = lambda: view  # noqa: E731
+    else:
+        view = data.reshape(shape)
+        loader = lambda: view  # noqa: E731
+    return Tensor(name=t.name, dtype=dtype, shape=shape, loader=loader)
+
+
+def _tokenizer_spec(fields: dict[str, ReaderField]) -> TokenizerSpec:
+    def get(key: str) -> Any:
+        f = fields.get("tokenizer.ggml." + key)
+        return _field_value(f) if f is not None and f.types[0] != GGUFValueType.ARRAY else None
+
+    def arr(key: str) -> list[Any]:
+        f = fields.get("tokenizer.ggml." + key)
+        return _array(f) if f is not None and f.types[0] == GGUFValueType.ARRAY else []
+
+    def tid(key: str) -> int | None:
+        v = get(key)
+        return int(v) if v is not None else None
+
+    model = str(get("model"))
+    return TokenizerSpec(
+        model=model,
+        pre=str(get("pre") or ""),
+        tokens=arr("tokens"),
+        scores=[float(x) for x in arr("scores")],
+        token_types=[int(x) for x in arr("token_type")],
+        merges=arr("merges"),
+        bos_id=tid("bos_token_id"),
+        eos_id=tid("eos_token_id"),
+        eot_id=tid("eot_token_id"),
+        pad_id=tid("padding_token_id"),
+        unk_id=tid("unknown_token_id"),
+        sep_id=tid("seperator_token_id")
+        if get("seperator_token_id") is not None
+        else tid("separator_token_id"),
+        cls_id=tid("cls_token_id"),
+        mask_id=tid("mask_token_id"),
+        # llama.cpp defaults: spm adds BOS, bert adds CLS/SEP, byte-level BPE adds nothing
+        add_bos=bool(
+            get("add_bos_token") if get("add_bos_token") is not None else model in ("llama", "bert")
+        ),
+        add_eos=bool(get("add_eos_token") if get("add_eos_token") is not None else model == "bert"),
+        add_space_prefix=bool(
+            get("add_space_prefix") if get("add_space_prefix") is not None else model == "llama"
+        ),
+    )
+
+
+def _hparams(
+    arch: str, meta: dict[str, Any], tensors: dict[str, Tensor], tok: TokenizerSpec | None
+) -> HParams:
+    def m(key: str, default: Any = None) -> Any:
+        v = meta.get(f"{arch}.{key}")
+        return default if v is None else v
+
+    n_embd = int(m("embedding_length", 0))
+    n_head = int(m("attention.head_count", 0))
+    n_vocab = int(m("vocab_size", 0)) or (len(tok.tokens) if tok else 0)
+    if not n_vocab and "token_embd.weight" in tensors:
+        n_vocab = tensors["token_embd.weight"].shape[0]
+    hp = HParams(
+        n_vocab=n_vocab,
+        n_ctx=int(m("context_length", 0)),
+        n_embd=n_embd,
+        n_layer=int(m("block_count", 0)),
+        n_head=n_head,
+        n_head_kv=int(m("attention.head_count_kv", n_head))
+        if not isinstance(m("attention.head_count_kv"), list)
+        else n_head,
+        n_ff=int(m("feed_forward_length", 0)),
+        head_dim=int(m("attention.key_length", 0)) or (n_embd // n_head if n_head else 0),
+        tie_embeddings="output.weight" not in tensors,
+    )
+    if arch == "llama":
+        hp.norm_eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
+        hp.rope_theta = float(m("rope.freq_base", 10000.0))
+        hp.rope_style = "interleaved"
+        hp.activation = "silu"
+        hp.rope_scaling = _rope_scaling(m)
+    elif arch == "gpt2":
+        hp.norm_eps = float(m("attention.layer_norm_epsilon", 1e-5))
+        hp.activation = "gelu_tanh"
+    elif arch == "bert":
+        hp.norm_eps = float(m("attention.layer_norm_epsilon", 1e-12))
+        hp.activation = "gelu"
+        n_types = meta.get("tokenizer.ggml.token_type_count")
+        if n_types is None and "token_types.weight" in tensors:
+            n_types = tensors["token_types.weight"].shape[0]
+        hp.n_token_types = int(n_types or 0)
+        hp.pooling = POOLING_TYPES.get(int(m("pooling_type", 1)), "mean")
+        hp.normalize_embeddings = True
+    return hp
+
+
+def _rope_scaling(m: Callable[[str, Any], Any]) -> RopeScaling:
+    kind = str(m("rope.scaling.type", "none"))
+    factor = m("rope.scaling.factor", None)
+    if factor is None and m("rope.scale_linear", None) is not None:  # older GGUF key
+        kind, factor = "linear", m("rope.scale_linear", 1.0)
+    if kind not in ("linear", "yarn", "llama3") or factor is None:
+        return RopeScaling()
+    return RopeScaling(
+        type=kind,
+        factor=float(factor),
+        original_max_position=int(m("rope.scaling.original_context_length", 0)),
+        low_freq_factor=float(m("rope.scaling.low_freq_factor", 1.0)),
+        high_freq_factor=float(m("rope.scaling.high_freq_factor", 4.0)),
+    )

@@ -1,0 +1,506 @@
+"""Tokenizers rebuilt from a :class:`TokenizerSpec`, on the Hugging Face ``tokenizers`` library.
+
+The HF library does the merging; this module reproduces llama.cpp's ``llama_tokenize``
+around it so GGUF models tokenize exactly as llama.cpp does:
+
+* special tokens are split out of the text first (user-defined tokens always, control
+  tokens only with ``parse_special``), longest first, like ``tokenizer_st_partition``;
+* ``gpt2``: byte-level BPE over llama.cpp's pre-tokenizer regexes (chosen by ``pre``);
+* ``llama``: SentencePiece BPE by scores with byte fallback; spaces become ``▁`` and a
+  leading space is added to text that starts the prompt or follows a special token
+  when ``add_space_prefix`` is set;
+* ``bert``: WordPiece (GGUF stores word-initial pieces as ``▁word`` and continuations bare);
+* ``hf``: a tokenizer.json as is.
+
+Decoding concatenates each token's bytes (:meth:`Tokenizer.token_to_piece`) and decodes
+UTF-8 once, so a character split across tokens is never garbled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from modelc.errors import TokenizerError
+from modelc.formats.ir import TokenizerSpec
+
+__all__ = ["IncrementalDecoder", "Tokenizer", "from_tokenizer_json"]
+
+# GGUF tokenizer.ggml.token_type values
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_CJK = "[一-龥ࠀ-一가-퟿]+"
+# letters as in deepseek-llm's tokenizer.json; \u escapes keep the code points NFC would fold
+_DEEPSEEK_LETTERS = "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"
+
+# llama.cpp pre-tokenizer regexes (llm_tokenizer_bpe), applied one after the other
+PRE_REGEXES: dict[str, list[str]] = {
+    "gpt-2": [_GPT2],
+    "mpt": [_GPT2],
+    "olmo": [_GPT2],
+    "phi-2": [_GPT2],
+    "roberta-bpe": [_GPT2],
+    "llama3": [_LLAMA3],
+    "llama-bpe": [_LLAMA3],
+    "llama-v3": [_LLAMA3],
+    "falcon3": [_LLAMA3],
+    "dbrx": [_LLAMA3],
+    "smaug-bpe": [_LLAMA3],
+    "qwen2": [_QWEN2],
+    "stablelm2": [_QWEN2],
+    "megrez": [_QWEN2],
+    "qwen35": [_QWEN35],
+    "starcoder": [r"\p{N}", _GPT2],
+    "refact": [r"\p{N}", _GPT2],
+    "command-r": [r"\p{N}", _GPT2],
+    "smollm": [r"\p{N}", _GPT2],
+    "codeshell": [r"\p{N}", _GPT2],
+    "exaone": [r"\p{N}", _GPT2],
+    "minerva-7b": [r"\p{N}", _GPT2],
+    "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"],
+    "deepseek-llm": [
+        "[\r\n]",
+        _DEEPSEEK_LETTERS,
+        r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+        r"\s+$",
+        _CJK,
+        r"\p{N}+",
+    ],
+    "deepseek-coder": ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"],
+    "default": [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
+}
+IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "falcon3", "tekken"}
+
+# texts llama.cpp treats as end-of-generation when present in the vocabulary
+EOG_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+    "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>",
+)  # fmt: skip
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class Tokenizer:
+    """Text <-> token ids for one model (see module docstring for the rules)."""
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        self.spec = spec
+        self.model = spec.model
+        if spec.model == "hf":
+            self._init_hf(spec)
+        else:
+            if not spec.tokens:
+                raise TokenizerError(f"tokenizer model {spec.model!r} has no token list")
+            self.tokens = list(spec.tokens)
+            n = len(self.tokens)
+            types = list(spec.token_types) if len(spec.token_types) == n else [NORMAL] * n
+            self.types = types
+            if spec.model == "gpt2":
+                self._hf = _byte_level_bpe(spec)
+            elif spec.model == "llama":
+                self._hf = _spm_bpe(spec)
+            elif spec.model == "bert":
+                self._hf = _wordpiece(spec)
+            else:
+                raise TokenizerError(
+                    f"tokenizer model {spec.model!r} is not supported "
+                    "(supported: gpt2, llama, bert, hf)"
+                )
+        self.n_vocab = len(self.tokens)
+        self._pieces = [self._piece(i) for i in range(self.n_vocab)]
+        self._id_of = {t: i for i, t in enumerate(self.tokens)}
+        self._user = self._special_texts(parse_special=False)
+        self._all_special = self._special_texts(parse_special=True)
+
+    # ------------------------------------------------------------------ construction
+    def _init_hf(self, spec: TokenizerSpec) -> None:
+        if not spec.hf_json:
+            raise TokenizerError("tokenizer model 'hf' needs the tokenizer.json text (hf_json)")
+        try:
+            data = json.loads(spec.hf_json)
+            added = data.pop("added_tokens", None) or []
+            data["post_processor"] = None
+            self._hf = HFTokenizer.from_str(json.dumps(data))
+        except Exception as e:  # the library raises plain Exception subclasses
+            raise TokenizerError(f"cannot build the tokenizer from tokenizer.json: {e}") from e
+        vocab: dict[str, int] = self._hf.get_vocab(with_added_tokens=False)
+        for a in added:
+            vocab.setdefault(a["content"], int(a["id"]))
+        n = max(vocab.values()) + 1 if vocab else 0
+        self.tokens = [f"[UNUSED_{i}]" for i in range(n)]
+        self.types = [UNUSED] * n
+        for text, i in vocab.items():
+            self.tokens[i] = text
+            self.types[i] = NORMAL
+        mtype = data.get("model", {}).get("type", "")
+        self._hf_kind = _hf_kind(data)
+        for i, t in enumerate(self.tokens):
+            if self._hf_kind == "spm" and _BYTE_TOKEN.fullmatch(t):
+                self.types[i] = BYTE
+        for a in added:
+            self.types[int(a["id"])] = CONTROL if a.get("special") else USER_DEFINED
+        self._hf_model_type = mtype
+
+    def _special_texts(self, parse_special: bool) -> list[tuple[str, int]]:
+        kinds = {USER_DEFINED} | ({CONTROL, UNKNOWN} if parse_special else set())
+        out = [
+            (t, i)
+            for i, (t, ty) in enumerate(zip(self.tokens, self.types, strict=True))
+            if ty in kinds and t
+        ]
+        out.sort(key=lambda p: len(p[0]), reverse=True)
+        return out
+
+    def _piece(self, i: int) -> bytes:
+        """The bytes token ``i`` stands for (control tokens: their text)."""
+        text, ty = self.tokens[i], self.types[i]
+        if ty in (CONTROL, UNKNOWN, USER_DEFINED):
+            return text.encode()
+        if ty == UNUSED:
+            return b""
+        kind = self._hf_kind if self.model == "hf" else self.model
+        if ty == BYTE or (kind == "spm" and _BYTE_TOKEN.fullmatch(text)):
+            m = _BYTE_TOKEN.fullmatch(text)
+            if m:
+                return bytes([int(m.group(1), 16)])
+        if kind == "gpt2":
+            try:
+                return bytes(_BYTE_DECODER[c] for c in text)
+            except KeyError:
+                return text.encode()
+        if kind in ("llama", "spm", "bert"):
+            return text.replace("\u2581", " ").encode()
+        if kind == "wordpiece":
+            return text[2:].encode() if text.startswith("##") else b" " + text.encode()
+        return text.encode()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def vocab_size(self) -> int:
+        return self.n_vocab
+
+    @property
+    def bos_id(self) -> int | None:
+        if self.model == "bert" and self.spec.bos_id is None:
+            return self.spec.cls_id
+        return self.spec.bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        if self.model == "bert" and self.spec.eos_id is None:
+            return self.spec.sep_id
+        return self.spec.eos_id
+
+    @property
+    def eot_ids(self) -> set[int]:
+        """Every id that ends generation: eos, eot and llama.cpp's end-of-generation texts."""
+        ids = {i for i in (self.spec.eos_id, self.spec.eot_id) if i is not None}
+        ids |= {self._id_of[t] for t in EOG_TEXTS if t in self._id_of}
+        return ids
+
+    # ------------------------------------------------------------------ encode
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text`` (``add_special``: BOS/EOS per the spec, as llama_tokenize)."""
+        out: list[int] = []
+        if add_special and self.spec.add_bos and self.bos_id is not None:
+            out.append(self.bos_id)
+        specials = self._all_special if parse_special else self._user
+        prev_special = True
+        for frag in _partition(text, specials) if text else []:
+            if isinstance(frag, int):
+                out.append(frag)
+                prev_special = True
+                continue
+            if self.model == "llama" and self.spec.add_space_prefix and prev_special:
+                frag = " " + frag
+            out.extend(self._hf.encode(frag, add_special_tokens=False).ids)
+            prev_special = False
+        if add_special and self.spec.add_eos and self.eos_id is not None:
+            out.append(self.eos_id)
+        return out
+
+    # ------------------------------------------------------------------ decode
+    def _check(self, i: int) -> None:
+        if not 0 <= i < self.n_vocab:
+            raise TokenizerError(
+                f"token id {i} is out of range (vocabulary has {self.n_vocab} tokens)"
+            )
+
+    def token_to_piece(self, token_id: int) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 character)."""
+        self._check(token_id)
+        return self._pieces[token_id]
+
+    def _render(self, ids: Iterable[int], skip_special: bool, first: bool) -> bytes:
+        parts: list[bytes] = []
+        for i in ids:
+            self._check(i)
+            if skip_special and self.types[i] == CONTROL:
+                continue
+            piece = self._pieces[i]
+            if (
+                first
+                and self._strips_leading_space
+                and self.types[i] not in (CONTROL, USER_DEFINED)
+            ):
+                piece = piece.removeprefix(b" ")
+            first = False
+            parts.append(piece)
+        return b"".join(parts)
+
+    @property
+    def _strips_leading_space(self) -> bool:
+        if self.model == "llama":
+            return self.spec.add_space_prefix
+        return self.model == "bert" or (self.model == "hf" and self._hf_kind == "wordpiece")
+
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
+        return self._render(ids, skip_special, first=True).decode("utf-8", "replace")
+
+    def incremental_decoder(self, skip_special: bool = False) -> IncrementalDecoder:
+        return IncrementalDecoder(self, skip_special)
+
+
+class IncrementalDecoder:
+    """Feed ids as they are generated; get text deltas that never split a UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special
+        self._buf = b""
+        self._first = True
+
+    def feed(self, ids: int | Iterable[int]) -> str:
+        seq = [ids] if isinstance(ids, int) else list(ids)
+        if not seq:
+            return ""
+        self._buf += self._tok._render(seq, self._skip, self._first)
+        self._first = False
+        cut = _complete_prefix_len(self._buf)
+        out, self._buf = self._buf[:cut], self._buf[cut:]
+        return out.decode("utf-8", "replace")
+
+    def flush(self) -> str:
+        """Whatever is left (an incomplete character becomes U+FFFD)."""
+        out, self._buf = self._buf, b""
+        return out.decode("utf-8", "replace")
+
+
+def _complete_prefix_len(buf: bytes) -> int:
+    """Length of ``buf`` without a trailing incomplete UTF-8 sequence."""
+    for back in range(1, min(4, len(buf)) + 1):
+        b = buf[-back]
+        if b & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = (
+                2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+            )
+            return len(buf) - back if need > back else len(buf)
+    return len(buf)
+
+
+def _partition(text: str, specials: list[tuple[str, int]]) -> list[str | int]:
+    """Split ``text`` at special-token texts, longest first (llama.cpp tokenizer_st_partition)."""
+    frags: list[str | int] = [text]
+    for tok, tid in specials:
+        if not any(isinstance(f, str) and tok in f for f in frags):
+            continue
+        new: list[str | int] = []
+        for f in frags:
+            if isinstance(f, int) or tok not in f:
+                new.append(f)
+                continue
+            pieces = f.split(tok)
+            for k, p in enumerate(pieces):
+                if k:
+                    new.append(tid)
+                if p:
+                    new.append(p)
+        frags = new
+    return frags
+
+
+def _split_merge(m: str) -> tuple[str, str]:
+    pos = m.find(" ", 1)
+    if pos < 0:
+        raise TokenizerError(f"malformed BPE merge {m!r} (expected 'left right')")
+    return m[:pos], m[pos + 1 :]
+
+
+def _byte_level_bpe(spec: TokenizerSpec) -> HFTokenizer:
+    vocab = {t: i for i, t in enumerate(spec.tokens)}
+    merges = [_split_merge(m) for m in spec.merges]
+    pre = spec.pre if spec.pre in PRE_REGEXES else "default"
+    tok = HFTokenizer(
+        models.BPE(vocab, merges, fuse_unk=False, ignore_merges=spec.pre in IGNORE_MERGES)
+    )
+    splits: list[Any] = [
+        pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[pre]
+    ]
+    splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(splits)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _spm_bpe(spec: TokenizerSpec) -> HFTokenizer:
+    """llama.cpp's SPM: merge the adjacent pair whose join is the highest-scoring token."""
+    vocab = {t: i for i, t in enumerate(spec.tokens)}
+    scores = spec.scores if len(spec.scores) == len(spec.tokens) else [0.0] * len(spec.tokens)
+    ranked: list[tuple[float, int, str, str]] = []
+    for t, i in vocab.items():
+        for k in range(1, len(t)):
+            left, right = t[:k], t[k:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[i], i, left, right))
+    ranked.sort()
+    unk = spec.tokens[spec.unk_id] if spec.unk_id is not None else None
+    tok = HFTokenizer(
+        models.BPE(
+            vocab,
+            [(a, b) for _, _, a, b in ranked],
+            unk_token=unk,
+            byte_fallback=True,
+            fuse_unk=True,
+        )
+    )
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    return tok
+
+
+def _wordpiece(spec: TokenizerSpec) -> HFTokenizer:
+    """llama.cpp's WPM; GGUF pieces ``▁word`` -> ``word``, bare continuations -> ``##cont``."""
+    vocab: dict[str, int] = {}
+    for i, (t, ty) in enumerate(
+        zip(spec.tokens, spec.token_types or [NORMAL] * len(spec.tokens), strict=True)
+    ):
+        if ty == CONTROL or (t.startswith("[") and t.endswith("]")):
+            vocab[t] = i
+        elif t.startswith("\u2581"):
+            vocab[t[1:]] = i
+        else:
+            vocab["##" + t] = i
+    unk = spec.tokens[spec.unk_id] if spec.unk_id is not None else "[UNK]"
+    tok = HFTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=1 << 20))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return tok
+
+
+def _hf_kind(data: dict[str, Any]) -> str:
+    """Which piece rule a tokenizer.json follows: gpt2 (byte-level), spm, wordpiece, or plain."""
+    model = data.get("model") or {}
+    if model.get("type") == "WordPiece":
+        return "wordpiece"
+    text = json.dumps({k: data.get(k) for k in ("pre_tokenizer", "decoder")})
+    if '"ByteLevel"' in text:
+        return "gpt2"
+    if model.get("byte_fallback") or "\u2581" in text or '"Metaspace"' in text:
+        return "spm"
+    return "plain"
+
+
+def from_tokenizer_json(
+    path: str | Path, tokenizer_config: dict[str, Any] | None = None
+) -> Tokenizer:
+    """Build a tokenizer from a Hugging Face ``tokenizer.json`` (+ tokenizer_config.json values)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"cannot read tokenizer.json: {e}", path=p) from e
+    return Tokenizer(spec_from_tokenizer_json(data, text, tokenizer_config or {}))
+
+
+def spec_from_tokenizer_json(
+    data: dict[str, Any], text: str, config: dict[str, Any]
+) -> TokenizerSpec:
+    """A ``hf`` TokenizerSpec: special ids from tokenizer_config, BOS/EOS adding from the post-processor."""
+    ids: dict[str, int] = (
+        dict((data.get("model") or {}).get("vocab") or {})
+        if isinstance((data.get("model") or {}).get("vocab"), dict)
+        else {}
+    )
+    for a in data.get("added_tokens") or []:
+        ids[a["content"]] = int(a["id"])
+
+    def tid(key: str) -> int | None:
+        v = config.get(key)
+        if isinstance(v, dict):
+            v = v.get("content")
+        return ids.get(v) if isinstance(v, str) else None
+
+    prefix, suffix = _template_specials(data.get("post_processor"), ids)
+    bos = prefix if prefix is not None else tid("bos_token")
+    eos = tid("eos_token")
+    return TokenizerSpec(
+        model="hf",
+        hf_json=text,
+        bos_id=bos,
+        eos_id=eos if eos is not None or suffix is None else suffix,
+        pad_id=tid("pad_token"),
+        unk_id=tid("unk_token"),
+        sep_id=tid("sep_token"),
+        cls_id=tid("cls_token"),
+        mask_id=tid("mask_token"),
+        add_bos=prefix is not None,
+        add_eos=suffix is not None and (eos is None or suffix == eos),
+    )
+
+
+def _template_specials(pp: Any, ids: dict[str, int]) -> tuple[int | None, int | None]:
+    """(first, last) special id the post-processor adds around a single sequence."""
+    if not isinstance(pp, dict):
+        return None, None
+    if pp.get("type") == "Sequence":
+        for sub in pp.get("processors") or []:
+            got = _template_specials(sub, ids)
+            if got != (None, None):
+                return got
+        return None, None
+    if pp.get("type") in ("BertProcessing", "RobertaProcessing"):
+        return int(pp["cls"][1]), int(pp["sep"][1])
+    if pp.get("type") == "TemplateProcessing":
+        single = pp.get("single") or []
+        first = single[0].get("SpecialToken", {}).get("id") if single else None
+        last = single[-1].get("SpecialToken", {}).get("id") if len(single) > 1 else None
+        return (ids.get(first) if first else None), (ids.get(last) if last else None)
+    return None, None
