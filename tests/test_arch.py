@@ -66,7 +66,8 @@ def test_minilm_is_bert_with_22_7m_params() -> None:
         "pooler.bias",
     }
     tok = ir.tokenizer
-    assert tok is not None and (tok.cls_id, tok.sep_id, tok.pad_id, tok.unk_id, tok.mask_id) == (
+    assert tok is not None and tok.hf_json == (d / "tokenizer.json").read_text(encoding="utf-8")
+    assert (tok.cls_id, tok.sep_id, tok.pad_id, tok.unk_id, tok.mask_id) == (
         101,
         102,
         0,

@@ -463,3 +463,27 @@ def test_onnx_constant_folded_and_reshape(tmp_path: Path) -> None:
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     want = _reference(p, x)
     np.testing.assert_allclose(run_plan(ir.graph, _weights(ir), {"x": x})["y"], want, rtol=1e-6)
+
+
+def test_hf_tokenizer_built_from_vocab_txt(tmp_path: Path) -> None:
+    """A BERT dir without tokenizer.json gets an equivalent one built from vocab.txt."""
+    from tokenizers import Tokenizer
+
+    from tests.assets import minilm_dir
+
+    src = minilm_dir()
+    d = tmp_path / "minilm"
+    d.mkdir()
+    for f in src.iterdir():
+        if f.name != "tokenizer.json":
+            (d / f.name).symlink_to(f)
+    ir = load_hf_dir(d)
+    assert ir.tokenizer is not None and ir.tokenizer.hf_json is not None
+    assert (ir.tokenizer.cls_id, ir.tokenizer.sep_id, ir.tokenizer.unk_id) == (101, 102, 100)
+    assert ir.metadata["max_seq_length"] == 256
+    built = Tokenizer.from_str(ir.tokenizer.hf_json)
+    ref = Tokenizer.from_file(str(src / "tokenizer.json"))
+    ref.no_padding()
+    text = "Hello, World! Unbelievable tokenization of naive cafe text."
+    assert built.encode(text).ids == ref.encode(text).ids
+    assert built.encode(text).ids[0] == 101

@@ -125,10 +125,17 @@ def read_tokenizer(d: Path, config: dict[str, Any]) -> tuple[TokenizerSpec | Non
         template = (d / "chat_template.jinja").read_text(encoding="utf-8")
     template = template if isinstance(template, str) else None
     tok_path = d / "tokenizer.json"
-    if not tok_path.is_file():
+    text = (
+        tok_path.read_text(encoding="utf-8")
+        if tok_path.is_file()
+        else _tokenizer_json_from_vocab(d, tcfg)
+    )
+    if text is None:
         return None, template
-    text = tok_path.read_text(encoding="utf-8")
-    tok = _read_json(tok_path)
+    try:
+        tok = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FormatError(f"tokenizer.json is not valid JSON ({e})", path=tok_path) from e
     if not isinstance(tok, dict):
         raise FormatError("tokenizer.json is not a JSON object", path=tok_path)
     ids: dict[str, int] = {}
@@ -158,6 +165,27 @@ def read_tokenizer(d: Path, config: dict[str, Any]) -> tuple[TokenizerSpec | Non
     if isinstance(tcfg.get("add_eos_token"), bool):
         spec["add_eos"] = tcfg["add_eos_token"]
     return TokenizerSpec(model="hf", hf_json=text, **spec), template
+
+
+def _tokenizer_json_from_vocab(d: Path, tcfg: dict[str, Any]) -> str | None:
+    """Build tokenizer.json text from a slow tokenizer's files: BERT vocab.txt or GPT-2 vocab.json + merges.txt."""
+    from tokenizers.implementations import (  # type: ignore[attr-defined]
+        BertWordPieceTokenizer,
+        ByteLevelBPETokenizer,
+    )
+
+    try:
+        if (d / "vocab.txt").is_file():
+            bert = BertWordPieceTokenizer(
+                str(d / "vocab.txt"), lowercase=bool(tcfg.get("do_lower_case", True))
+            )
+            return str(bert._tokenizer.to_str())
+        if (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
+            bpe = ByteLevelBPETokenizer(str(d / "vocab.json"), str(d / "merges.txt"))
+            return str(bpe._tokenizer.to_str())
+    except Exception as e:  # the tokenizers library raises plain Exception subclasses
+        raise FormatError(f"cannot build a tokenizer from the vocabulary files: {e}", path=d) from e
+    return None
 
 
 def _post_processor_adds(tok: dict[str, Any], ids: dict[str, int], bos_id: int | None) -> bool:
@@ -218,4 +246,7 @@ def load_hf_dir(path: str | Path) -> ModelIR:
         if pooling:
             ir.hparams.pooling = pooling
         ir.hparams.normalize_embeddings = normalize
+        max_len = _json_dict(d / "sentence_bert_config.json").get("max_seq_length")
+        if isinstance(max_len, int):
+            ir.metadata["max_seq_length"] = max_len
     return ir

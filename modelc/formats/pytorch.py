@@ -156,19 +156,19 @@ class _ZipStorages:
     """Storages of one checkpoint, memory-mapped from the zip members on first use."""
 
     def __init__(self, path: Path, zf: zipfile.ZipFile, prefix: str) -> None:
-        self.path, self.zf, self.prefix = path, zf, prefix
+        self.path, self.prefix = path, prefix
+        self.infos = {i.filename: i for i in zf.infolist()}
         self.cache: dict[str, _Storage] = {}
         self.arrays: dict[str, np.ndarray[Any, Any]] = {}
 
     def get(self, key: str, dtype: DType, numel: int) -> _Storage:
         if key not in self.cache:
             name = f"{self.prefix}data/{key}"
-            try:
-                info = self.zf.getinfo(name)
-            except KeyError:
+            info = self.infos.get(name)
+            if info is None:
                 raise FormatError(
                     f"storage member {name!r} is missing from the zip", path=self.path
-                ) from None
+                )
             need = numel * NUMPY_DTYPES[dtype].itemsize
             if info.file_size < need:
                 raise FormatError(
@@ -181,7 +181,7 @@ class _ZipStorages:
     def array(self, st: _Storage) -> np.ndarray[Any, Any]:
         if st.key in self.arrays:
             return self.arrays[st.key]
-        info = self.zf.getinfo(f"{self.prefix}data/{st.key}")
+        info = self.infos[f"{self.prefix}data/{st.key}"]
         dtype = NUMPY_DTYPES[st.dtype]
         nbytes = st.numel * dtype.itemsize
         if info.compress_type == zipfile.ZIP_STORED:
@@ -197,7 +197,8 @@ class _ZipStorages:
             else:
                 arr = np.memmap(self.path, dtype=dtype, mode="r", offset=start, shape=(st.numel,))
         else:  # a re-zipped checkpoint: read the member
-            arr = np.frombuffer(self.zf.read(info)[:nbytes], dtype=dtype)
+            with zipfile.ZipFile(self.path) as zf:
+                arr = np.frombuffer(zf.read(info)[:nbytes], dtype=dtype)
         self.arrays[st.key] = arr
         return arr
 
@@ -242,18 +243,8 @@ def read_pytorch(path: str | Path) -> dict[str, Tensor]:
     if not zipfile.is_zipfile(path):
         raise FormatError(_LEGACY_HINT, path=path)
     try:
-        zf = zipfile.ZipFile(path)
-        pkls = [n for n in zf.namelist() if n.endswith("data.pkl") and n.count("/") == 1]
-        if not pkls:
-            raise FormatError("zip has no <name>/data.pkl member; " + _LEGACY_HINT, path=path)
-        prefix = pkls[0][: -len("data.pkl")]
-        if (
-            prefix + "byteorder" in zf.namelist()
-            and zf.read(prefix + "byteorder").strip() != b"little"
-        ):
-            raise UnsupportedError("big-endian PyTorch checkpoints are not supported", path=path)
-        storages = _ZipStorages(path, zf, prefix)
-        obj = _SafeUnpickler(zf.read(pkls[0]), storages).load()
+        with zipfile.ZipFile(path) as zf:
+            obj = _unpickle(path, zf)
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise FormatError(f"cannot read PyTorch checkpoint: {e}", path=path) from e
     except (pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError) as e:
@@ -267,6 +258,19 @@ def read_pytorch(path: str | Path) -> dict[str, Tensor]:
     if not refs:
         raise FormatError("checkpoint holds no tensors", path=path)
     return {name: _tensor(name, ref, path) for name, ref in refs.items()}
+
+
+def _unpickle(path: Path, zf: zipfile.ZipFile) -> Any:
+    """Run the restricted unpickler over ``<prefix>/data.pkl``."""
+    names = zf.namelist()
+    pkls = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
+    if not pkls:
+        raise FormatError("zip has no <name>/data.pkl member; " + _LEGACY_HINT, path=path)
+    prefix = pkls[0][: -len("data.pkl")]
+    if prefix + "byteorder" in names and zf.read(prefix + "byteorder").strip() != b"little":
+        raise UnsupportedError("big-endian PyTorch checkpoints are not supported", path=path)
+    storages = _ZipStorages(path, zf, prefix)
+    return _SafeUnpickler(zf.read(pkls[0]), storages).load()
 
 
 def _tensor(name: str, ref: _TensorRef, path: Path) -> Tensor:
