@@ -122,11 +122,16 @@ def test_pack_inspect_verify_export_smollm2(cli: Cli, smol: Path, tmp_path: Path
     assert rows["f32"][2:4] == ["538.1", "MB"]  # 134.5M weights * 4 bytes
     text = cli("inspect", "smol").stdout
     assert "llama" in text and "chat template  yes" in text
+
+
+@pytest.mark.slow
+def test_export_smollm2(cli: Cli, smol: Path, tmp_path: Path) -> None:
     exported = tmp_path / "smol.safetensors"
-    cli("export", "smol", "-o", str(exported))
+    cli("export", str(smol), "-o", str(exported))
     back = load_file(str(exported))
     assert len(back) == 272 and back["token_embd.weight"].shape == (49152, 576)
     assert back["token_embd.weight"].dtype == np.float32
+    assert back["output_norm.weight"].dtype == np.float32
 
 
 def test_pack_to_file_compress_quantize_round_trip(cli: Cli, tmp_path: Path) -> None:
@@ -285,3 +290,39 @@ def test_completions(cli: Cli, shell: str) -> None:
             ["bash", "-n"], input=script, text=True, capture_output=True, check=False
         )
         assert proc.returncode == 0, proc.stderr
+
+
+def test_interrupted_pack_exits_130_and_leaves_nothing(cli: Cli, smol: Path) -> None:
+    import signal
+    import time
+
+    store = Path(cli.env["MODELC_HOME"]) / "models"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "modelc.cli",
+            "pack",
+            str(smol),
+            "--name",
+            "s",
+            "--compress",
+            "--level",
+            "6",
+        ],
+        env=cli.env,
+        cwd=cli.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(store.rglob("*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(store.rglob("*.tmp")), "pack never started writing"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not [p for p in store.rglob("*") if p.is_file()]
+    assert _listing(cli) == []

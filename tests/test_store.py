@@ -168,8 +168,9 @@ def test_search(store: Store, tmp_path: Path) -> None:
     assert names("arch:mlp >10K") == ["big-mlp"]
     assert names("<10K") == ["small-mlp"]
     assert names(">=640") == ["big-mlp", "small-mlp"]
-    assert names("<100KB") == ["big-mlp", "small-mlp"]
-    assert names(">10KB") == ["big-mlp"]
+    assert names("<100KB") == ["small-mlp"]
+    assert names(">100KB") == ["big-mlp"]
+    assert names("<1MB") == ["big-mlp", "small-mlp"]
     assert names("quant:q8_0") == ["big-mlp"]
     assert names("llama") == []
     with pytest.raises(UsageError, match="bad size filter"):
