@@ -283,3 +283,20 @@ def test_tied_lm_head_dropped_when_config_ties(tmp_path: Path) -> None:
     ir = load_hf_dir(d)
     assert ir.hparams.tie_embeddings and "output.weight" not in ir.tensors
     assert ir.metadata["dropped_tensors"] == ["lm_head.weight"]
+
+
+def test_single_file_uses_config_beside_it(tmp_path: Path) -> None:
+    d = minilm_dir()
+    ir = load_model(d / "model.safetensors")
+    assert ir.architecture == "bert" and ir.hparams.n_head == 12  # from config.json, not guessed
+    assert "hparams_guessed" not in ir.metadata
+    (tmp_path / "model.safetensors").symlink_to(d / "model.safetensors")
+    alone = load_model(tmp_path / "model.safetensors")
+    assert alone.metadata["hparams_guessed"] and alone.hparams.n_head == 6  # 384 / 64: a guess
+    assert alone.tensors.keys() == ir.tensors.keys()
+    gpt2 = load_model(FIX / "gpt2-bin" / "pytorch_model.bin")
+    assert (
+        gpt2.hparams.n_head == 4
+        and gpt2.hparams.tie_embeddings
+        and "output.weight" not in gpt2.tensors
+    )

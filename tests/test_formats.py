@@ -295,6 +295,18 @@ def test_strided_and_offset_views(tmp_path: Path) -> None:
     np.testing.assert_array_equal(raw["t"].data(), np.array([[2, 4, 6], [3, 5, 7]], np.float32))
     with pytest.raises(FormatError, match=r"views\.bin: tensor 'bad' reaches outside its storage"):
         raw["bad"].data()
+    _torch_like_zip(
+        p, _torch_pickle({"neg": (0, (-1, 3), (3, 1))}, 12), {"archive/data/0": storage.tobytes()}
+    )
+    with pytest.raises(FormatError, match=r"views\.bin: tensor with size \(-1, 3\)"):
+        read_pytorch(p)
+    # BUILD (setstate) on a rebuilt tensor cannot rewire it
+    payload = (
+        _torch_pickle({"t": (0, (3,), (1,))}, 12)[:-2] + b"}" + _op("storage") + _op(5) + b"sbu."
+    )
+    _torch_like_zip(p, payload, {"archive/data/0": storage.tobytes()})
+    with pytest.raises(UnsafePickleError, match=r"views\.bin: .*set the state of a _TensorRef"):
+        read_pytorch(p)
 
 
 # --- Hugging Face directories -------------------------------------------------------------
@@ -487,3 +499,21 @@ def test_hf_tokenizer_built_from_vocab_txt(tmp_path: Path) -> None:
     text = "Hello, World! Unbelievable tokenization of naive cafe text."
     assert built.encode(text).ids == ref.encode(text).ids
     assert built.encode(text).ids[0] == 101
+
+
+def test_onnx_with_hf_transformer_names_maps_like_hf(tmp_path: Path) -> None:
+    """ONNX initializers named like a HF GPT-2 give the same canonical tensors as the HF dir."""
+    raw, _ = read_safetensors(FIX / "gpt2-st" / "model.safetensors")
+    inits = [numpy_helper.from_array(np.asarray(t.data()), name) for name, t in raw.items()]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "gpt2",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        inits,
+    )
+    p = tmp_path / "gpt2.onnx"
+    onnx.save(helper.make_model(graph), str(p))
+    ir = load_onnx(p)
+    assert ir.architecture == "gpt2" and ir.graph is None
+    assert _tensors(ir) == _tensors(load_hf_dir(FIX / "gpt2-st"))

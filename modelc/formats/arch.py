@@ -22,8 +22,10 @@ layer in forward order, weights ``(out, in)``; ``hparams.layer_sizes`` is
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import gguf
@@ -468,6 +470,16 @@ def _required(arch: str, hp: HParams) -> list[str]:
     if arch == "llama" and not hp.tie_embeddings:
         req.append("output.weight")
     return req
+
+
+def sibling_config(path: Path) -> dict[str, Any] | None:
+    """The ``config.json`` next to a weights file, if it is a readable HF config (has model_type)."""
+    cfg_path = path.parent / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return cfg if isinstance(cfg, dict) and isinstance(cfg.get("model_type"), str) else None
 
 
 def build_model_ir(

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from modelc.errors import FormatError, UnsafePickleError, UnsupportedError
-from modelc.formats.arch import build_model_ir
+from modelc.formats.arch import build_model_ir, sibling_config
 from modelc.formats.ir import NUMPY_DTYPES, DType, ModelIR, SourceInfo, Tensor
 
 _STORAGES: dict[str, DType | None] = {
@@ -50,12 +50,19 @@ _LEGACY_HINT = (
 )
 
 
-@dataclass(frozen=True)
+def _refuse_setstate(obj: object) -> None:
+    raise UnsafePickleError(f"pickle tried to set the state of a {type(obj).__name__}; refused")
+
+
+@dataclass(frozen=True, slots=True)
 class _StorageType:
     """Stand-in for ``torch.FloatStorage`` etc.: carries the dtype, refuses to be called."""
 
     name: str
     dtype: DType | None
+
+    def __setstate__(self, state: object) -> None:
+        _refuse_setstate(self)
 
     def __call__(self, *args: object) -> None:
         raise UnsafePickleError(
@@ -63,23 +70,29 @@ class _StorageType:
         )
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Storage:
     key: str
     dtype: DType
     numel: int
     reader: _ZipStorages = field(repr=False)
 
+    def __setstate__(self, state: object) -> None:
+        _refuse_setstate(self)
+
     def array(self) -> np.ndarray[Any, Any]:
         return self.reader.array(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _TensorRef:
     storage: _Storage
     offset: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
+
+    def __setstate__(self, state: object) -> None:
+        _refuse_setstate(self)
 
 
 def _rebuild_tensor_v2(
@@ -93,9 +106,10 @@ def _rebuild_tensor_v2(
 ) -> _TensorRef:
     if not isinstance(storage, _Storage):
         raise UnsafePickleError("torch._utils._rebuild_tensor_v2 called without a storage")
-    return _TensorRef(
-        storage, int(storage_offset), tuple(int(s) for s in size), tuple(int(s) for s in stride)
-    )
+    shape, strides = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+    if len(shape) != len(strides) or min(shape, default=0) < 0:
+        raise FormatError(f"tensor with size {shape} and stride {strides} is malformed")
+    return _TensorRef(storage, int(storage_offset), shape, strides)
 
 
 def _rebuild_parameter(
@@ -245,6 +259,10 @@ def read_pytorch(path: str | Path) -> dict[str, Tensor]:
     try:
         with zipfile.ZipFile(path) as zf:
             obj = _unpickle(path, zf)
+    except FormatError as e:
+        if e.path is None:  # raised inside the unpickler, which does not know the file
+            raise type(e)(str(e), path=path) from e
+        raise
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise FormatError(f"cannot read PyTorch checkpoint: {e}", path=path) from e
     except (pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError) as e:
@@ -281,12 +299,11 @@ def _tensor(name: str, ref: _TensorRef, path: Path) -> Tensor:
 
 
 def load_pytorch(path: str | Path) -> ModelIR:
-    """Read a single zip-format PyTorch checkpoint; the architecture is inferred from tensor names/shapes."""
+    """Read a single zip-format PyTorch checkpoint (with a ``config.json`` beside it, if any)."""
     path = Path(path)
     raw = read_pytorch(path)
-    return build_model_ir(
-        raw, None, SourceInfo(path=str(path), format="pytorch", size=path.stat().st_size)
-    )
+    source = SourceInfo(path=str(path), format="pytorch", size=path.stat().st_size)
+    return build_model_ir(raw, sibling_config(path), source)
 
 
 assert sys.byteorder == "little", "modelc reads little-endian tensor data in place"

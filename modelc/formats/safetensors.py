@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from modelc.errors import FormatError, UnsupportedError
-from modelc.formats.arch import build_model_ir
+from modelc.formats.arch import build_model_ir, sibling_config
 from modelc.formats.ir import NUMPY_DTYPES, DType, ModelIR, SourceInfo, Tensor
 
 DTYPES: dict[str, DType] = {
@@ -161,10 +161,10 @@ def _loader(mapped: _Mapped, begin: int, end: int, dtype: DType, shape: tuple[in
 
 
 def load_safetensors(path: str | Path) -> ModelIR:
-    """Read a single ``.safetensors`` file; the architecture is inferred from tensor names and shapes."""
+    """Read a single ``.safetensors`` file (with a ``config.json`` beside it, if any, for hyper-parameters)."""
     path = Path(path)
     raw, meta = read_safetensors(path)
     source = SourceInfo(path=str(path), format="safetensors", size=path.stat().st_size)
     return build_model_ir(
-        raw, None, source, metadata={"safetensors_metadata": meta} if meta else None
+        raw, sibling_config(path), source, metadata={"safetensors_metadata": meta} if meta else None
     )
