@@ -13,6 +13,7 @@ Everything is seeded, tiny (each file < 300 KB) and written from scratch:
 * ``ops.onnx``: one graph touching every op the plan executor supports;
 * ``gpt2-st/`` (HF dir, safetensors), ``gpt2-bin/`` (HF dir, pytorch_model.bin with tied
   lm_head/wte sharing one storage), ``gpt2_golden.npz`` (block-0 c_attn output);
+* ``gpt2_golden.npz`` / ``llama_golden.npz`` also hold Hugging Face logits for ``GOLDEN_TOKENS``;
 * ``llama-st/`` (LlamaForCausalLM, safetensors in two shards + index),
   ``llama-bin/`` (same weights, pytorch_model.bin in two shards + index),
   ``llama_golden.npz`` (block-0 q/k after Hugging Face RoPE);
@@ -43,6 +44,7 @@ CORPUS = [
     "hello world, this is a tiny tokenizer for modelc tests",
     "models are compiled into one file and served locally",
 ] * 20
+GOLDEN_TOKENS = [5, 17, 42, 99, 3, 250]  # full-model logits for these are stored with each LM
 
 
 class MLP(torch.nn.Module):
@@ -224,7 +226,11 @@ def make_gpt2() -> None:
     x = torch.randn(4, 32)
     with torch.no_grad():
         qkv = model.transformer.h[0].attn.c_attn(x)
-    np.savez(OUT / "gpt2_golden.npz", x=x.numpy(), qkv=qkv.numpy())
+        logits = model(torch.tensor([GOLDEN_TOKENS])).logits[0]
+    np.savez(
+        OUT / "gpt2_golden.npz", x=x.numpy(), qkv=qkv.numpy(), tokens=np.array(GOLDEN_TOKENS),
+        logits=logits.numpy(),
+    )
 
 
 def make_llama() -> None:
@@ -304,7 +310,11 @@ def make_llama() -> None:
         k = attn.k_proj(x).view(1, 4, -1, hd).transpose(1, 2)
         cos, sin = model.model.rotary_emb(x, pos)
         qr, kr = apply_rotary_pos_emb(q, k, cos, sin)
-    np.savez(OUT / "llama_golden.npz", x=x[0].numpy(), q=qr[0].numpy(), k=kr[0].numpy())
+        logits = model(torch.tensor([GOLDEN_TOKENS])).logits[0]
+    np.savez(
+        OUT / "llama_golden.npz", x=x[0].numpy(), q=qr[0].numpy(), k=kr[0].numpy(),
+        tokens=np.array(GOLDEN_TOKENS), logits=logits.numpy(),
+    )
 
 
 class _Boom:
@@ -321,9 +331,8 @@ def make_malicious() -> None:
     # The marker path is relative so the test can run it in a temp cwd and look for the file.
     payload = pickle.dumps({"fc.weight": _Boom("MODELC_PWNED")}, protocol=2)
     with zipfile.ZipFile(OUT / "malicious.bin", "w", zipfile.ZIP_STORED) as zf:
-        zf.writestr("archive/data.pkl", payload)
-        zf.writestr("archive/version", "3\n")
-        zf.writestr("archive/byteorder", "little")
+        for name, data in (("data.pkl", payload), ("version", b"3\n"), ("byteorder", b"little")):
+            zf.writestr(zipfile.ZipInfo(f"archive/{name}", date_time=(2024, 1, 1, 0, 0, 0)), data)
 
 
 def main() -> None:

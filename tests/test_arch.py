@@ -300,3 +300,18 @@ def test_single_file_uses_config_beside_it(tmp_path: Path) -> None:
         and gpt2.hparams.tie_embeddings
         and "output.weight" not in gpt2.tensors
     )
+
+
+@pytest.mark.parametrize("name", ["gpt2-st", "gpt2-bin", "llama-st", "llama-bin"])
+def test_canonical_weights_reproduce_hf_logits(name: str) -> None:
+    """End to end: our names + load-time transforms, run by modelc's numpy runtime, give HF's logits."""
+    from modelc.runtime.arch import build
+    from modelc.runtime.backends.numpy_ref import NumpyBackend
+    from modelc.runtime.model import LanguageModel, SeqChunk
+
+    golden = np.load(FIX / f"{name.split('-')[0]}_golden.npz")
+    model = build(load_hf_dir(FIX / name), NumpyBackend())
+    assert isinstance(model, LanguageModel)
+    tokens = [int(t) for t in golden["tokens"]]
+    logits = model.forward([SeqChunk(model.new_cache(), tokens, tuple(range(len(tokens))))])
+    np.testing.assert_allclose(logits, golden["logits"], rtol=1e-4, atol=1e-5)
