@@ -61,6 +61,9 @@ GGML_TO_DTYPE: dict[GGMLQuantizationType, DType] = {
 # bert.pooling_type values (llama.cpp enum llama_pooling_type)
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
+# byte-level BPE pre-tokenizers for which llama.cpp adds BOS unless add_bos_token says otherwise
+BOS_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "tekken", "chameleon"}
+
 # arrays with more elements than this are not copied into ModelIR.metadata
 MAX_METADATA_ARRAY = 64
 
@@ -260,9 +263,10 @@ def _tokenizer_spec(fields: dict[str, ReaderField]) -> TokenizerSpec:
         return int(v) if v is not None else None
 
     model = str(get("model"))
+    pre = str(get("pre") or "")
     return TokenizerSpec(
         model=model,
-        pre=str(get("pre") or ""),
+        pre=pre,
         tokens=arr("tokens"),
         scores=[float(x) for x in arr("scores")],
         token_types=[int(x) for x in arr("token_type")],
@@ -278,14 +282,15 @@ def _tokenizer_spec(fields: dict[str, ReaderField]) -> TokenizerSpec:
         cls_id=tid("cls_token_id"),
         mask_id=tid("mask_token_id"),
         # llama.cpp defaults: spm adds BOS, bert adds CLS/SEP, byte-level BPE adds nothing
-        add_bos=bool(
-            get("add_bos_token") if get("add_bos_token") is not None else model in ("llama", "bert")
-        ),
-        add_eos=bool(get("add_eos_token") if get("add_eos_token") is not None else model == "bert"),
-        add_space_prefix=bool(
-            get("add_space_prefix") if get("add_space_prefix") is not None else model == "llama"
-        ),
+        add_bos=_flag(get("add_bos_token"), model in ("llama", "bert") or pre in BOS_PRE),
+        add_eos=_flag(get("add_eos_token"), model == "bert"),
+        add_space_prefix=_flag(get("add_space_prefix"), model == "llama"),
     )
+
+
+def _flag(value: Any, default: bool) -> bool:
+    """A GGUF boolean key, or llama.cpp's default for this vocabulary when it is absent."""
+    return default if value is None else bool(value)
 
 
 def _hparams(

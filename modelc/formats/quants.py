@@ -267,7 +267,10 @@ def quantize(x: Array, dtype: DType) -> Array:
     if x.ndim != 2:
         x = x.reshape(-1, x.shape[-1] if x.ndim else 1)
     rows, cols = x.shape
-    rb = row_bytes(dtype, cols)  # raises ValueError for a bad column count
+    try:
+        rb = row_bytes(dtype, cols)
+    except ValueError as e:
+        raise UnsupportedError(f"cannot quantize a ({rows}, {cols}) tensor: {e}") from e
     if dtype is DType.INT8:
         d = np.abs(x).max(axis=1, keepdims=True) / F32(127)
         q = _roundf(x * _inverse(d)).clip(-127, 127).astype(np.int8).view(U8)

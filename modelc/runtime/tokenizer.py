@@ -113,6 +113,8 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# the HF WordPiece decoder's cleanup: no space before punctuation and contractions
+_WORDPIECE_CLEANUP = re.compile(r" ([.?!,]|'(?:s|m|ve|re)\b|n't\b)")
 
 
 class Tokenizer:
@@ -154,7 +156,8 @@ class Tokenizer:
         try:
             data = json.loads(spec.hf_json)
             added = data.pop("added_tokens", None) or []
-            data["post_processor"] = None
+            # BOS/EOS come from the spec; modelc never pads or truncates in the tokenizer
+            data["post_processor"] = data["padding"] = data["truncation"] = None
             self._hf = HFTokenizer.from_str(json.dumps(data))
         except Exception as e:  # the library raises plain Exception subclasses
             raise TokenizerError(f"cannot build the tokenizer from tokenizer.json: {e}") from e
@@ -291,7 +294,12 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
-        return self._render(ids, skip_special, first=True).decode("utf-8", "replace")
+        text = self._render(ids, skip_special, first=True).decode("utf-8", "replace")
+        if self.model == "bert" or (self.model == "hf" and self._hf_kind == "wordpiece"):
+            text = _WORDPIECE_CLEANUP.sub(
+                lambda m: m.group(1), text
+            )  # "hello , world" -> "hello, world"
+        return text
 
     def incremental_decoder(self, skip_special: bool = False) -> IncrementalDecoder:
         return IncrementalDecoder(self, skip_special)

@@ -1,0 +1,212 @@
+"""Tokenizer: llama.cpp's test-tokenizer-0 vectors, SmolLM2, a HF tokenizer.json, decoding."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+
+from modelc.errors import TokenizerError
+from modelc.formats.gguf import load_gguf
+from modelc.formats.ir import TokenizerSpec
+from modelc.runtime.tokenizer import Tokenizer, from_tokenizer_json
+from tests import assets
+
+# every llama.cpp vocabulary with test vectors that modelc tokenizes 100% like llama.cpp
+VOCABS = [
+    "gpt-2",
+    "llama-spm",
+    "llama-bpe",
+    "bert-bge",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "starcoder",
+    "falcon",
+    "deepseek-coder",
+    "deepseek-llm",
+    pytest.param("command-r", marks=pytest.mark.slow),  # 256k tokens: ~5 s to build
+    "mpt",
+    "refact",
+]
+BYTE_EXACT = [
+    "gpt-2",
+    "llama-spm",
+    "llama-bpe",
+    "phi-3",
+    "qwen2",
+    "falcon",
+    "deepseek-llm",
+    "command-r",
+]
+SEP = "\n__ggml_vocab_test__\n"
+
+
+@cache
+def vocab(name: str) -> Tokenizer:
+    spec = load_gguf(assets.vocab_dir() / f"ggml-vocab-{name}.gguf").tokenizer
+    assert spec is not None
+    return Tokenizer(spec)
+
+
+def vectors(name: str) -> list[tuple[str, list[int]]]:
+    """llama.cpp test-tokenizer-0 format: inputs separated (and ended) by SEP, one id line each."""
+    base = assets.vocab_dir() / f"ggml-vocab-{name}.gguf"
+    raw = Path(f"{base}.inp").read_text(encoding="utf-8")
+    inputs = raw.split(SEP)
+    assert inputs[-1] == ""
+    lines = Path(f"{base}.out").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(inputs) - 1
+    return [(s, [int(x) for x in line.split()]) for s, line in zip(inputs[:-1], lines, strict=True)]
+
+
+@cache
+def smollm2() -> Tokenizer:
+    spec = load_gguf(assets.smollm2_gguf()).tokenizer
+    assert spec is not None
+    return Tokenizer(spec)
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_llama_cpp_vectors(name: str) -> None:
+    tok = vocab(name)
+    cases = vectors(name)
+    assert len(cases) >= 40
+    failed = [
+        (s, want, got) for s, want in cases if (got := tok.encode(s, add_special=False)) != want
+    ]
+    assert not failed, f"{len(failed)}/{len(cases)} differ, first: {failed[0]!r}"
+
+
+@pytest.mark.parametrize("name", BYTE_EXACT)
+def test_decode_inverts_encode(name: str) -> None:
+    tok = vocab(name)
+    for s, _ in vectors(name):
+        assert tok.decode(tok.encode(s, add_special=False)) == s
+
+
+def test_add_special_follows_the_spec() -> None:
+    spm = vocab("llama-spm")  # add_bos true, add_eos false
+    assert spm.encode("Hello world") == [1, 15043, 3186]
+    assert spm.encode("Hello world", add_special=False) == [15043, 3186]
+    assert spm.encode("") == [1] and spm.encode("", add_special=False) == []
+    bert = vocab("bert-bge")  # [CLS] text [SEP]
+    assert bert.encode("hello world") == [101, 7592, 2088, 102]
+    gpt2 = vocab("gpt-2")  # no BOS for plain GPT-2
+    assert gpt2.encode("Hello world") == gpt2.encode("Hello world", add_special=False)
+    assert vocab("llama-bpe").encode("Hi")[0] == 128000  # llama-bpe adds BOS by default
+
+
+def test_special_tokens_parse_only_when_asked() -> None:
+    tok = smollm2()
+    text = "<|im_start|>user\nHi<|im_end|>"
+    parsed = tok.encode(text, add_special=False, parse_special=True)
+    assert parsed[0] == 1 and parsed[-1] == 2 and parsed.count(1) == 1
+    plain = tok.encode(text, add_special=False)
+    assert 1 not in plain and 2 not in plain
+    assert tok.decode(plain) == text
+    assert tok.decode(parsed) == text and tok.decode(parsed, skip_special=True) == "user\nHi"
+    spm = vocab("llama-spm")  # text after a special token gets the SentencePiece space prefix
+    assert spm.encode("<s>Hi", add_special=False, parse_special=True) == [
+        1,
+        *spm.encode("Hi", add_special=False),
+    ]
+
+
+def test_smollm2_round_trip_and_ids() -> None:
+    tok = smollm2()
+    assert tok.n_vocab == tok.vocab_size == 49152
+    assert (tok.bos_id, tok.eos_id) == (1, 2) and tok.eot_ids == {0, 2}
+    for s in [
+        "Hello, world!",
+        "  indented\n\tcode()",
+        "naïve café 🦙 世界",
+        "1234567 + 89 = ?",
+        "",
+    ]:
+        ids = tok.encode(s)
+        assert tok.decode(ids) == s
+        assert b"".join(tok.token_to_piece(i) for i in ids) == s.encode()
+    assert tok.encode("Hello") == [19556]
+
+
+@pytest.mark.parametrize("which", ["smollm2", "llama-spm"])
+def test_incremental_decoder_never_splits_a_character(which: str) -> None:
+    tok = smollm2() if which == "smollm2" else vocab("llama-spm")
+    text = "Hi 🦙🚀 世界 ñ 👨‍👩‍👧 end"
+    ids = tok.encode(text, add_special=False)
+    pieces = [tok.token_to_piece(i) for i in ids]
+    assert any(_is_partial(p) for p in pieces)  # some characters really are split across tokens
+    dec = tok.incremental_decoder()
+    deltas = [dec.feed(i) for i in ids]
+    deltas.append(dec.flush())
+    assert "".join(deltas) == tok.decode(ids) == text
+    assert all("\ufffd" not in d for d in deltas)
+    assert "" in deltas[:-1]  # a delta was held back until its character completed
+
+
+def _is_partial(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def test_incremental_decoder_flushes_an_incomplete_tail() -> None:
+    tok = smollm2()
+    ids = tok.encode("🦙", add_special=False)
+    assert len(ids) >= 2
+    dec = tok.incremental_decoder()
+    assert dec.feed(ids[:-1]) == ""
+    assert dec.flush() == "\ufffd"  # the incomplete character, replaced
+    assert dec.flush() == ""
+
+
+def test_out_of_range_ids() -> None:
+    tok = smollm2()
+    for bad in (-1, 49152, 10**9):
+        with pytest.raises(TokenizerError, match="out of range"):
+            tok.decode([5, bad])
+        with pytest.raises(TokenizerError, match="out of range"):
+            tok.token_to_piece(bad)
+        with pytest.raises(TokenizerError, match="out of range"):
+            tok.incremental_decoder().feed([bad])
+
+
+def test_unsupported_vocabularies() -> None:
+    spec = load_gguf(assets.vocab_dir() / "ggml-vocab-nomic-bert-moe.gguf").tokenizer
+    assert spec is not None and spec.model == "t5"
+    with pytest.raises(TokenizerError, match="'t5' is not supported"):
+        Tokenizer(spec)
+    with pytest.raises(TokenizerError, match="no token list"):
+        Tokenizer(TokenizerSpec(model="gpt2"))
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json"):
+        Tokenizer(TokenizerSpec(model="hf", hf_json="{not json"))
+
+
+def test_hf_tokenizer_json_matches_the_library() -> None:
+    model = assets.minilm_dir()
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    tok = from_tokenizer_json(model / "tokenizer.json", config)
+    ref = HFTokenizer.from_file(str(model / "tokenizer.json"))
+    ref.no_padding()
+    ref.no_truncation()
+    assert tok.spec.add_bos and tok.spec.add_eos and tok.bos_id == 101 and tok.eos_id == 102
+    texts = [
+        "Hello world!",
+        "Äpfel und Birnen [SEP] x [MASK]",
+        "",
+        "  spaced   out  ",
+        "日本語のテキスト",
+        "don't",
+    ]
+    for s in texts:
+        want = ref.encode(s).ids
+        assert tok.encode(s, parse_special=True) == want, s
+        assert tok.decode(want, skip_special=True) == ref.decode(want), s
+    assert tok.encode("[SEP]") == [101, 1031, 19802, 1033, 102]  # not parsed unless asked
+    assert tok.n_vocab == ref.get_vocab_size()
