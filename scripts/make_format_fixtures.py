@@ -228,7 +228,10 @@ def make_gpt2() -> None:
         qkv = model.transformer.h[0].attn.c_attn(x)
         logits = model(torch.tensor([GOLDEN_TOKENS])).logits[0]
     np.savez(
-        OUT / "gpt2_golden.npz", x=x.numpy(), qkv=qkv.numpy(), tokens=np.array(GOLDEN_TOKENS),
+        OUT / "gpt2_golden.npz",
+        x=x.numpy(),
+        qkv=qkv.numpy(),
+        tokens=np.array(GOLDEN_TOKENS),
         logits=logits.numpy(),
     )
 
@@ -312,8 +315,12 @@ def make_llama() -> None:
         qr, kr = apply_rotary_pos_emb(q, k, cos, sin)
         logits = model(torch.tensor([GOLDEN_TOKENS])).logits[0]
     np.savez(
-        OUT / "llama_golden.npz", x=x[0].numpy(), q=qr[0].numpy(), k=kr[0].numpy(),
-        tokens=np.array(GOLDEN_TOKENS), logits=logits.numpy(),
+        OUT / "llama_golden.npz",
+        x=x[0].numpy(),
+        q=qr[0].numpy(),
+        k=kr[0].numpy(),
+        tokens=np.array(GOLDEN_TOKENS),
+        logits=logits.numpy(),
     )
 
 
