@@ -48,7 +48,7 @@ def _has_openmp() -> bool:
 
 
 def _flags() -> tuple[list[str], list[str]]:
-    compile_args = ["-O3", "-fno-strict-aliasing", "-std=gnu11"]
+    compile_args = ["-O3", "-fno-strict-aliasing", "-std=gnu11", "-ffp-contract=off"]
     link_args: list[str] = []
     if sys.platform == "win32":
         return ["/O2", "/openmp"], []

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
+#if !defined(_WIN32)
+#include <unistd.h>
 #endif
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -122,8 +122,9 @@ static int mc_has_openmp(void) {
 }
 
 static int mc_num_procs(void) {
-#ifdef _OPENMP
-    return omp_get_num_procs();
+#if defined(_SC_NPROCESSORS_ONLN)
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 #else
     return 1;
 #endif

@@ -7,13 +7,12 @@
 #define MC_OPS_H
 
 #include "mc_common.h"
+#include "mc_pool.h"
 
 /* y (n, d) = x / sqrt(mean(x^2) + eps) * w */
 static void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps,
                         int nth) {
-    const int use = (int64_t)n * d < 65536 ? 1 : nth;
-    (void)use;
-#pragma omp parallel for num_threads(use) schedule(static)
+    (void)nth; /* a norm is memory-bound and cheap next to the matmuls around it */
     for (int i = 0; i < n; i++) {
         const float *xr = x + (size_t)i * d;
         float *yr = y + (size_t)i * d;
@@ -27,9 +26,7 @@ static void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, 
 /* y (n, d) = (x - mean) / sqrt(var + eps) * w + b */
 static void mc_layer_norm(const float *x, const float *w, const float *b, float *y, int n, int d,
                           float eps, int nth) {
-    const int use = (int64_t)n * d < 65536 ? 1 : nth;
-    (void)use;
-#pragma omp parallel for num_threads(use) schedule(static)
+    (void)nth; /* a norm is memory-bound and cheap next to the matmuls around it */
     for (int i = 0; i < n; i++) {
         const float *xr = x + (size_t)i * d;
         float *yr = y + (size_t)i * d;
@@ -110,56 +107,65 @@ static void mc_gelu(const float *x, float *out, int64_t len) {
 
 #define MC_ATT_CHUNK 64
 
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    int n_q, n_head, n_kv, n_head_kv, hd, q_pos0;
+    float scale;
+} mc_att_job;
+
+/* one (query, head) pair: online softmax over its visible keys in chunks */
+static void mc_attention_one(void *ctx, int idx) {
+    const mc_att_job *jb = (const mc_att_job *)ctx;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv;
+    const int i = idx / jb->n_head, h = idx % jb->n_head, kh = h / (jb->n_head / n_head_kv);
+    const float *qi = jb->q + (size_t)idx * hd;
+    float acc[512]; /* (hd,) running sum of p * v */
+    float s[MC_ATT_CHUNK];
+    float m = -INFINITY, l = 0.0f;
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    for (int j = 0; j < hd; j++) acc[j] = 0.0f;
+    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+        const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
+        float cmax = -INFINITY;
+        for (int c = 0; c < cnt; c++) {
+            const float *kt = jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+            for (int j = 0; j < hd; j++) d += qi[j] * kt[j];
+            s[c] = d * jb->scale;
+            cmax = s[c] > cmax ? s[c] : cmax;
+        }
+        if (cmax > m) {
+            const float corr = expf(m - cmax); /* 0 when m is -inf */
+            l *= corr;
+            for (int j = 0; j < hd; j++) acc[j] *= corr;
+            m = cmax;
+        }
+        for (int c = 0; c < cnt; c++) {
+            const float p = expf(s[c] - m);
+            const float *vt = jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            l += p;
+#pragma omp simd
+            for (int j = 0; j < hd; j++) acc[j] += p * vt[j];
+        }
+    }
+    float *o = jb->out + (size_t)idx * hd;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int j = 0; j < hd; j++) o[j] = acc[j] * inv;
+}
+
 /* Causal grouped-query attention of one sequence over its cache.
  * q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd); out (n_q, n_head, hd).
- * Query i sees cache rows 0 .. q_pos0 + i (clipped to n_kv).  Online softmax in
- * chunks of MC_ATT_CHUNK keys; the only scratch is on the stack (hd <= 512). */
+ * Query i sees cache rows 0 .. q_pos0 + i (clipped to n_kv).  The only
+ * scratch is on the stack (hd <= 512); (query, head) pairs run in parallel. */
 static void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
                          int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
                          int nth) {
-    const int group = n_head / n_head_kv;
+    mc_att_job jb = {q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0, scale};
     const int total = n_q * n_head;
     const int64_t work = (int64_t)total * (q_pos0 + n_q) * hd;
-    const int use = work < 32768 ? 1 : nth;
-    (void)use;
-#pragma omp parallel for num_threads(use) schedule(dynamic, 4)
-    for (int idx = 0; idx < total; idx++) {
-        const int i = idx / n_head, h = idx % n_head, kh = h / group;
-        const float *qi = q + (size_t)idx * hd;
-        float acc[512];
-        float s[MC_ATT_CHUNK];
-        float m = -INFINITY, l = 0.0f;
-        const int T = mc_imin(q_pos0 + i + 1, n_kv);
-        for (int j = 0; j < hd; j++) acc[j] = 0.0f;
-        for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
-            const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
-            float cmax = -INFINITY;
-            for (int c = 0; c < cnt; c++) {
-                const float *kt = k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
-                float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-                for (int j = 0; j < hd; j++) d += qi[j] * kt[j];
-                s[c] = d * scale;
-                cmax = s[c] > cmax ? s[c] : cmax;
-            }
-            if (cmax > m) {
-                const float corr = expf(m - cmax); /* 0 when m is -inf */
-                l *= corr;
-                for (int j = 0; j < hd; j++) acc[j] *= corr;
-                m = cmax;
-            }
-            for (int c = 0; c < cnt; c++) {
-                const float p = expf(s[c] - m);
-                const float *vt = v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
-                l += p;
-#pragma omp simd
-                for (int j = 0; j < hd; j++) acc[j] += p * vt[j];
-            }
-        }
-        float *o = out + (size_t)idx * hd;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int j = 0; j < hd; j++) o[j] = acc[j] * inv;
-    }
+    mc_parallel(work < 65536 ? 1 : nth, total, mc_attention_one, &jb);
 }
 
 #endif /* MC_OPS_H */

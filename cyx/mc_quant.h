@@ -14,6 +14,7 @@
 #define MC_QUANT_H
 
 #include "mc_common.h"
+#include "mc_pool.h"
 
 /* ---------------------------------------------------------------- layout */
 
@@ -598,6 +599,219 @@ MC_AVX2 static float mc_dot_f16_avx2(int K, const uint8_t *w, const void *xv) {
     return sum;
 }
 
+/* ---- four activation rows per weight row: unpack each weight block once.
+ * Each row's arithmetic is exactly the single-row kernel's, so results are
+ * bit-identical to four separate calls. */
+
+typedef void (*mc_dot4_fn)(int K, const uint8_t *w, const void *x, size_t xstride, float *out);
+
+#define MC_X4(r) ((const mc_q8 *)((const char *)x + (r) * xstride))
+#define MC_XK4(r) ((const mc_q8k *)((const char *)x + (r) * xstride))
+
+/* signed 32-lane weight vector `qw` against row r's block i */
+#define MC_ACC_I8(r, qw, ax, dw)                                                                   \
+    do {                                                                                           \
+        const mc_q8 *xb = MC_X4(r) + i;                                                            \
+        const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb->qs), qw);       \
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));  \
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps((dw) * xb->d), _mm256_cvtepi32_ps(p), acc[r]);     \
+    } while (0)
+
+MC_AVX2 static void mc_dot4_q8_0_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const float dw = mc_h16(b);
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
+        const __m256i ax = _mm256_sign_epi8(qw, qw);
+        MC_ACC_I8(0, qw, ax, dw);
+        MC_ACC_I8(1, qw, ax, dw);
+        MC_ACC_I8(2, qw, ax, dw);
+        MC_ACC_I8(3, qw, ax, dw);
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+}
+
+MC_AVX2 static void mc_dot4_q4_0_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const __m256i off = _mm256_set1_epi8(8);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        const float dw = mc_h16(b);
+        const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
+        const __m256i ax = _mm256_sign_epi8(qw, qw);
+        MC_ACC_I8(0, qw, ax, dw);
+        MC_ACC_I8(1, qw, ax, dw);
+        MC_ACC_I8(2, qw, ax, dw);
+        MC_ACC_I8(3, qw, ax, dw);
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+}
+
+MC_AVX2 static void mc_dot4_q5_0_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const __m256i f0 = _mm256_set1_epi8((char)0xF0);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 22 * i;
+        const float dw = mc_h16(b);
+        __m256i qw = mc_nibbles32(b + 6);
+        qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
+        const __m256i ax = _mm256_sign_epi8(qw, qw);
+        MC_ACC_I8(0, qw, ax, dw);
+        MC_ACC_I8(1, qw, ax, dw);
+        MC_ACC_I8(2, qw, ax, dw);
+        MC_ACC_I8(3, qw, ax, dw);
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+}
+
+MC_AVX2 static void mc_dot4_int8_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    /* the ragged tail and the row scale go through the single-row kernel's code */
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const int8_t *q = (const int8_t *)(w + 4);
+    const int nb = K / 32;
+    for (int i = 0; i < nb; i++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        const __m256i ax = _mm256_sign_epi8(qw, qw);
+        MC_ACC_I8(0, qw, ax, 1.0f);
+        MC_ACC_I8(1, qw, ax, 1.0f);
+        MC_ACC_I8(2, qw, ax, 1.0f);
+        MC_ACC_I8(3, qw, ax, 1.0f);
+    }
+    for (int r = 0; r < 4; r++) {
+        float sum = mc_hsum256(acc[r]);
+        if (K % 32) {
+            int s = 0;
+            for (int j = 0; j < K % 32; j++) s += q[32 * nb + j] * MC_X4(r)[nb].qs[j];
+            sum += MC_X4(r)[nb].d * (float)s;
+        }
+        out[r] = sum * mc_load_f32(w);
+    }
+}
+
+#define MC_ACC_U8(r, qw, dw, mw)                                                                   \
+    do {                                                                                           \
+        const mc_q8 *xb = MC_X4(r) + i;                                                            \
+        const __m256i p = _mm256_madd_epi16(                                                       \
+            _mm256_maddubs_epi16(qw, _mm256_loadu_si256((const __m256i *)xb->qs)),                 \
+            _mm256_set1_epi16(1));                                                                 \
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps((dw) * xb->d), _mm256_cvtepi32_ps(p), acc[r]);     \
+        summ[r] += (mw) * xb->s;                                                                   \
+    } while (0)
+
+MC_AVX2 static void mc_dot4_q4_1_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    float summ[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 20 * i;
+        const float dw = mc_h16(b), mw = mc_h16(b + 2);
+        const __m256i qw = mc_nibbles32(b + 4);
+        MC_ACC_U8(0, qw, dw, mw);
+        MC_ACC_U8(1, qw, dw, mw);
+        MC_ACC_U8(2, qw, dw, mw);
+        MC_ACC_U8(3, qw, dw, mw);
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]) + summ[r];
+}
+
+MC_AVX2 static void mc_dot4_q4_k_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    float summ[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int i = 0; i < K / 256; i++) {
+        const uint8_t *b = w + 144 * i;
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) mc_q4k_scale_min(j, b + 4, &sc[j], &mn[j]);
+        const float dw = mc_h16(b), dmw = mc_h16(b + 2);
+        __m256i lo[4], hi[4];
+        for (int j = 0; j < 4; j++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j));
+            lo[j] = _mm256_and_si256(q4, m4);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+        }
+        for (int r = 0; r < 4; r++) {
+            const mc_q8k *xb = MC_XK4(r) + i;
+            const int8_t *y = xb->qs;
+            __m256i sumi = _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                const __m256i p0 =
+                    _mm256_maddubs_epi16(lo[j], _mm256_loadu_si256((const __m256i *)(y + 64 * j)));
+                const __m256i p1 = _mm256_maddubs_epi16(
+                    hi[j], _mm256_loadu_si256((const __m256i *)(y + 64 * j + 32)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j])));
+                sumi = _mm256_add_epi32(sumi,
+                                        _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1])));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            int sm = 0;
+            for (int j = 0; j < 8; j++) sm += mn[j] * (xb->bsums[2 * j] + xb->bsums[2 * j + 1]);
+            summ[r] += dmw * xb->d * (float)sm;
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]) - summ[r];
+}
+
+MC_AVX2 static void mc_dot4_q6_k_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    for (int i = 0; i < K / 256; i++) {
+        const uint8_t *b = w + 210 * i;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float dw = mc_h16(b + 208);
+        __m256i qv[2][4], sv[2][4];
+        for (int n = 0; n < 2; n++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32));
+            qv[n][0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            qv[n][1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            qv[n][2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                       _mm256_and_si256(qh, m30));
+            qv[n][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            for (int k = 0; k < 4; k++) sv[n][k] = mc_scale2(sc[8 * n + 2 * k], sc[8 * n + 2 * k + 1]);
+        }
+        const __m128i s16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)sc));
+        const __m128i s16h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
+        for (int r = 0; r < 4; r++) {
+            const mc_q8k *xb = MC_XK4(r) + i;
+            __m256i sumi = _mm256_setzero_si256();
+            for (int n = 0; n < 2; n++) {
+                const int8_t *y = xb->qs + 128 * n;
+                for (int k = 0; k < 4; k++) {
+                    const __m256i p = _mm256_maddubs_epi16(
+                        qv[n][k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv[n][k]));
+                }
+            }
+            const __m128i b16 = _mm_loadu_si128((const __m128i *)xb->bsums);
+            const __m128i b16h = _mm_loadu_si128((const __m128i *)(xb->bsums + 8));
+            const __m256i corr =
+                _mm256_set_m128i(_mm_madd_epi16(b16h, s16h), _mm_madd_epi16(b16, s16));
+            sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+}
+
 #endif /* MC_X86 */
 
 /* --------------------------------------------------------------- NEON dots */
@@ -721,9 +935,83 @@ static mc_dot_fn mc_pick_dot(int t, int simd) {
     }
 }
 
+static mc_dot4_fn mc_pick_dot4(int t, int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_AVX2) {
+        switch (t) {
+        case MC_Q4_0: return mc_dot4_q4_0_avx2;
+        case MC_Q4_1: return mc_dot4_q4_1_avx2;
+        case MC_Q5_0: return mc_dot4_q5_0_avx2;
+        case MC_Q8_0: return mc_dot4_q8_0_avx2;
+        case MC_Q4_K: return mc_dot4_q4_k_avx2;
+        case MC_Q6_K: return mc_dot4_q6_k_avx2;
+        case MC_INT8: return mc_dot4_int8_avx2;
+        default: return NULL;
+        }
+    }
+#endif
+    (void)t;
+    (void)simd;
+    return NULL;
+}
+
 /* Row tiles: MC_TR weight rows x MC_TN activation rows per inner step. */
 #define MC_TR 16
 #define MC_TN 32
+
+typedef struct {
+    int t, M, K, n, failed;
+    const uint8_t *W;
+    int64_t row_stride;
+    const float *x;     /* (n, K) float activations (exact path, F32/F16) */
+    const void *xbase;  /* quantized (or float) activation rows */
+    size_t xstride;     /* bytes between activation rows in xbase */
+    float *y;           /* (n, M) */
+    mc_dot_fn dot;
+    mc_dot4_fn dot4;
+} mc_matmul_job;
+
+/* one tile of MC_TR weight rows against all activation rows */
+static void mc_matmul_chunk(void *ctx, int tile) {
+    mc_matmul_job *jb = (mc_matmul_job *)ctx;
+    const int M = jb->M, K = jb->K, n = jb->n;
+    const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
+    float *y = jb->y;
+    for (int j0 = 0; j0 < n; j0 += MC_TN) {
+        const int j1 = mc_imin(n, j0 + MC_TN);
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
+            int j = j0;
+            if (jb->dot4 != NULL) {
+                for (; j + 4 <= j1; j += 4) {
+                    float o[4];
+                    jb->dot4(K, wr, (const char *)jb->xbase + jb->xstride * j, jb->xstride, o);
+                    for (int u = 0; u < 4; u++) y[(size_t)(j + u) * M + r] = o[u];
+                }
+            }
+            for (; j < j1; j++)
+                y[(size_t)j * M + r] = jb->dot(K, wr, (const char *)jb->xbase + jb->xstride * j);
+        }
+    }
+}
+
+/* exact path: dequantize each weight row once, float dots against every x row */
+static void mc_matmul_exact_chunk(void *ctx, int tile) {
+    mc_matmul_job *jb = (mc_matmul_job *)ctx;
+    const int M = jb->M, K = jb->K, n = jb->n;
+    const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
+    float *wrow = (float *)malloc((size_t)K * sizeof(float));
+    if (wrow == NULL) {
+        jb->failed = 1;
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        mc_dequant_row(jb->t, jb->W + (size_t)r * jb->row_stride, K, wrow);
+        for (int j = 0; j < n; j++)
+            jb->y[(size_t)j * M + r] = jb->dot(K, (const uint8_t *)wrow, jb->x + (size_t)j * K);
+    }
+    free(wrow);
+}
 
 static mc_dot_fn mc_pick_dot_f32(int simd) {
 #if defined(MC_X86)
@@ -740,77 +1028,54 @@ static mc_dot_fn mc_pick_dot_f32(int simd) {
  *
  * exact == 0: activations quantized to int8 blocks, integer dot products (fast).
  * exact != 0: activations stay float32; each weight row is dequantized once into
- *             a per-thread row buffer and meets every x row in a float dot product
- *             (the result of x @ dequant(W)^T up to float32 summation order).
+ *             a row buffer and meets every x row in a float dot product (the
+ *             result of x @ dequant(W)^T up to float32 summation order).
+ * Work is split in tiles of MC_TR output rows over up to nth threads.
  * Returns 0, -1 for an unknown type, -2 when out of memory. */
 static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                      int n, float *y, int simd, int nth, int exact) {
-    if (mc_pick_dot(t, simd) == NULL) return -1;
+    mc_matmul_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.t = t;
+    jb.M = M;
+    jb.K = K;
+    jb.n = n;
+    jb.W = W;
+    jb.row_stride = row_stride;
+    jb.x = x;
+    jb.y = y;
+    jb.dot = mc_pick_dot(t, simd);
+    if (jb.dot == NULL) return -1;
     if (t == MC_F32 || t == MC_F16) exact = 0; /* already float paths */
-    if (nth < 1) nth = 1;
-    const double work = (double)M * K * n;
-    const int use = work < 65536.0 ? 1 : nth;
     const int ntiles = (M + MC_TR - 1) / MC_TR;
-    int failed = 0;
-    (void)use;
+    const int use = (double)M * K * n < 65536.0 ? 1 : nth;
     if (exact) {
-        const mc_dot_fn dot = mc_pick_dot_f32(simd);
-#pragma omp parallel num_threads(use)
-        {
-            float *wrow = (float *)malloc((size_t)K * sizeof(float));
-            if (wrow == NULL) {
-#pragma omp atomic write
-                failed = 1;
-            }
-#pragma omp for schedule(static)
-            for (int tile = 0; tile < ntiles; tile++) {
-                if (wrow == NULL) continue;
-                const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
-                for (int r = r0; r < r1; r++) {
-                    mc_dequant_row(t, W + (size_t)r * row_stride, K, wrow);
-                    for (int j = 0; j < n; j++)
-                        y[(size_t)j * M + r] = dot(K, (const uint8_t *)wrow, x + (size_t)j * K);
-                }
-            }
-            free(wrow);
-        }
-        return failed ? -2 : 0;
+        jb.dot = mc_pick_dot_f32(simd);
+        mc_parallel(use, ntiles, mc_matmul_exact_chunk, &jb);
+        return jb.failed ? -2 : 0;
     }
-    const mc_dot_fn dot = mc_pick_dot(t, simd);
+    jb.dot4 = mc_pick_dot4(t, simd);
     /* quantize the activations once */
     void *xq = NULL;
-    size_t xstride; /* bytes per quantized activation row */
-    const void *xbase;
     if (t == MC_F32 || t == MC_F16) {
-        xstride = (size_t)K * sizeof(float);
-        xbase = x;
+        jb.xstride = (size_t)K * sizeof(float);
+        jb.xbase = x;
     } else if (t == MC_Q4_K || t == MC_Q6_K) {
-        xstride = (size_t)(K / 256) * sizeof(mc_q8k);
-        xq = malloc(xstride * (size_t)n);
+        jb.xstride = (size_t)(K / 256) * sizeof(mc_q8k);
+        xq = malloc(jb.xstride * (size_t)n);
         if (xq == NULL) return -2;
         for (int j = 0; j < n; j++)
-            mc_quantize_q8k(x + (size_t)j * K, K, (mc_q8k *)((char *)xq + xstride * j));
-        xbase = xq;
+            mc_quantize_q8k(x + (size_t)j * K, K, (mc_q8k *)((char *)xq + jb.xstride * j));
+        jb.xbase = xq;
     } else {
-        xstride = (size_t)((K + 31) / 32) * sizeof(mc_q8);
-        xq = malloc(xstride * (size_t)n);
+        jb.xstride = (size_t)((K + 31) / 32) * sizeof(mc_q8);
+        xq = malloc(jb.xstride * (size_t)n);
         if (xq == NULL) return -2;
         for (int j = 0; j < n; j++)
-            mc_quantize_q8(x + (size_t)j * K, K, (mc_q8 *)((char *)xq + xstride * j));
-        xbase = xq;
+            mc_quantize_q8(x + (size_t)j * K, K, (mc_q8 *)((char *)xq + jb.xstride * j));
+        jb.xbase = xq;
     }
-#pragma omp parallel for num_threads(use) schedule(static)
-    for (int tile = 0; tile < ntiles; tile++) {
-        const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
-        for (int j0 = 0; j0 < n; j0 += MC_TN) {
-            const int j1 = mc_imin(n, j0 + MC_TN);
-            for (int r = r0; r < r1; r++) {
-                const uint8_t *wr = W + (size_t)r * row_stride;
-                for (int j = j0; j < j1; j++)
-                    y[(size_t)j * M + r] = dot(K, wr, (const char *)xbase + xstride * j);
-            }
-        }
-    }
+    mc_parallel(use, ntiles, mc_matmul_chunk, &jb);
     free(xq);
     return 0;
 }

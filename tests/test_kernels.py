@@ -383,3 +383,18 @@ def test_attention_prefill_equals_decode_steps(cpu: CpuBackend) -> None:
     for i in range(6):
         step = cpu.attention(q[i : i + 1], k[: i + 1], v[: i + 1], i, 0.2)
         np.testing.assert_allclose(step[0], full[i], rtol=1e-6, atol=1e-6)
+
+
+def test_concurrent_calls_from_python_threads() -> None:
+    """The GIL is released: calls from several threads share the pool safely."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(17)
+    w = make_weight(DType.Q4_1, 2000, 576, rng)
+    xs = [rng.standard_normal((n, 576)).astype(np.float32) for n in (1, 3, 8, 17) * 4]
+    cpu = CpuBackend(threads=2)
+    serial = [cpu.matmul(w, x) for x in xs]
+    with ThreadPoolExecutor(4) as ex:
+        parallel = list(ex.map(lambda x: cpu.matmul(w, x), xs))
+    for a, b in zip(serial, parallel, strict=True):
+        np.testing.assert_array_equal(a, b)

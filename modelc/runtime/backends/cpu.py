@@ -6,7 +6,10 @@ numpy reference (dequantize, then BLAS).
 
 Environment:
 
-* ``MODELC_THREADS``  OpenMP threads for the kernels (default: all cores).
+* ``MODELC_THREADS``  threads for the kernels (default: every core this process may use).
+  The kernels run on a small pthread pool (``cyx/mc_pool.h``) that hands out chunks of
+  rows; on a machine busier than its cores this degrades to one thread's speed
+  instead of stalling on a barrier as an OpenMP region would.
 * ``MODELC_SIMD``     ``auto`` (default), ``scalar``, ``avx2`` or ``neon``: which code
   path the kernels take; ``scalar`` forces the portable C path.
 * ``MODELC_MATMUL``   ``fast`` (default) or ``exact``.  ``fast`` quantizes the activations
@@ -60,7 +63,10 @@ def default_threads() -> int:
         if n < 1:
             raise ConfigError(f"MODELC_THREADS={n} must be at least 1")
         return n
-    return max(1, int(_k.num_procs()) if _k.has_openmp() else 1)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def simd_level(name: str | None = None) -> int:

@@ -1,0 +1,204 @@
+/* A small thread pool for the kernels, in place of an OpenMP parallel region.
+ *
+ * Why not `#pragma omp parallel for`: an OpenMP region ends in a barrier that
+ * waits for every thread of the team, including one the OS has not scheduled
+ * yet.  On a busy machine (more runnable threads than cores) that costs a
+ * scheduler time slice per call: a 50 us GEMV measured 8-20 ms with 2 threads.
+ *
+ * Here the work is split into chunks that threads claim one at a time from an
+ * atomic counter, and the caller returns as soon as every chunk is done: a
+ * worker that wakes late finds nothing left and goes back to sleep, so a busy
+ * machine degrades to single-threaded speed instead of stalling.
+ *
+ * Protocol: `state` packs (job generation << 32 | chunks left).  A thread owns
+ * chunk `left - 1` of generation g only if its compare-and-swap from (g, left)
+ * to (g, left - 1) succeeds; the job's fields stay valid until all its chunks
+ * are done, which needs that thread's chunk.  `done` counts finished chunks.
+ */
+#ifndef MC_POOL_H
+#define MC_POOL_H
+
+#include "mc_common.h"
+
+typedef void (*mc_chunk_fn)(void *ctx, int chunk);
+
+#if defined(_WIN32)
+
+static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
+    (void)nth;
+    for (int c = 0; c < nchunks; c++) fn(ctx, c);
+}
+
+#else
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MC_POOL_MAX 256
+#define MC_SPIN_ROUNDS 4000 /* polls of `state` before a worker sleeps */
+
+typedef struct {
+    _Atomic uint64_t state; /* gen << 32 | chunks left */
+    _Atomic int done;       /* chunks finished in the current job */
+    _Atomic int sleepers;   /* workers blocked on `cv` */
+    mc_chunk_fn fn;
+    void *ctx;
+    int nworkers;
+    pid_t pid;
+    pthread_mutex_t job_mu; /* one job at a time */
+    pthread_mutex_t mu;     /* guards sleeping on cv */
+    pthread_cond_t cv;
+    pthread_t threads[MC_POOL_MAX];
+} mc_pool;
+
+static mc_pool *mc_the_pool = NULL;
+
+/* Stall back-off: a job whose caller waited > 1 ms, and longer than it worked,
+ * for a descheduled worker to finish a chunk marks the machine oversubscribed;
+ * the next `mc_solo_left` jobs then run on the caller alone (64, doubling while
+ * stalls persist, up to 4096), after which threads are tried again. */
+static _Atomic int mc_solo_left = 0;
+static _Atomic int mc_backoff = 64;
+
+static inline double mc_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static pthread_mutex_t mc_pool_create_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static inline void mc_cpu_relax(void) {
+#if defined(MC_X86)
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Claim and run chunks of the current job until none are left. */
+static void mc_pool_work(mc_pool *p) {
+    uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
+    for (;;) {
+        const uint32_t left = (uint32_t)s;
+        if (left == 0) return;
+        if (atomic_compare_exchange_weak_explicit(&p->state, &s, s - 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            p->fn(p->ctx, (int)left - 1);
+            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+            s = atomic_load_explicit(&p->state, memory_order_acquire);
+        }
+    }
+}
+
+static void *mc_pool_main(void *arg) {
+    mc_pool *p = (mc_pool *)arg;
+    uint32_t seen = (uint32_t)(atomic_load(&p->state) >> 32);
+    for (;;) {
+        int spins = 0;
+        uint64_t s;
+        while ((uint32_t)((s = atomic_load_explicit(&p->state, memory_order_acquire)) >> 32) ==
+               seen) {
+            if (++spins < MC_SPIN_ROUNDS) {
+                mc_cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while ((uint32_t)(atomic_load(&p->state) >> 32) == seen)
+                pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
+            pthread_mutex_unlock(&p->mu);
+            spins = 0;
+        }
+        seen = (uint32_t)(s >> 32);
+        mc_pool_work(p);
+    }
+    return NULL;
+}
+
+/* The pool with at least `nworkers` workers (created, or grown, on demand). */
+static mc_pool *mc_pool_get(int nworkers) {
+    if (nworkers > MC_POOL_MAX) nworkers = MC_POOL_MAX;
+    mc_pool *p = mc_the_pool;
+    if (p != NULL && p->pid == getpid() && p->nworkers >= nworkers) return p;
+    pthread_mutex_lock(&mc_pool_create_mu);
+    p = mc_the_pool;
+    if (p == NULL || p->pid != getpid()) { /* first use, or a forked child: a fresh pool */
+        p = (mc_pool *)calloc(1, sizeof(mc_pool));
+        if (p == NULL) {
+            pthread_mutex_unlock(&mc_pool_create_mu);
+            return NULL;
+        }
+        atomic_init(&p->state, 0);
+        atomic_init(&p->done, 0);
+        atomic_init(&p->sleepers, 0);
+        p->pid = getpid();
+        pthread_mutex_init(&p->job_mu, NULL);
+        pthread_mutex_init(&p->mu, NULL);
+        pthread_cond_init(&p->cv, NULL);
+        mc_the_pool = p;
+    }
+    pthread_mutex_lock(&p->job_mu); /* no job runs while workers are added */
+    while (p->nworkers < nworkers) {
+        if (pthread_create(&p->threads[p->nworkers], NULL, mc_pool_main, p) != 0) break;
+        pthread_detach(p->threads[p->nworkers]);
+        p->nworkers++;
+    }
+    pthread_mutex_unlock(&p->job_mu);
+    pthread_mutex_unlock(&mc_pool_create_mu);
+    return p;
+}
+
+/* Run fn(ctx, c) for c in [0, nchunks) on up to nth threads (the caller included). */
+static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
+    mc_pool *p = NULL;
+    if (nth > 1 && nchunks > 1) {
+        if (atomic_load_explicit(&mc_solo_left, memory_order_relaxed) > 0)
+            atomic_fetch_sub_explicit(&mc_solo_left, 1, memory_order_relaxed);
+        else
+            p = mc_pool_get(nth - 1);
+    }
+    if (p == NULL || pthread_mutex_trylock(&p->job_mu) != 0) {
+        /* single-threaded, or another thread's job holds the pool: run inline */
+        for (int c = 0; c < nchunks; c++) fn(ctx, c);
+        return;
+    }
+    const double t0 = mc_now();
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    const uint64_t gen = (atomic_load(&p->state) >> 32) + 1;
+    atomic_store(&p->state, (gen << 32) | (uint32_t)nchunks); /* seq_cst: ordered before the sleepers load */
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    mc_pool_work(p);
+    const double t1 = mc_now();
+    int spins = 0;
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < nchunks) {
+        if (++spins < 1000)
+            mc_cpu_relax();
+        else
+            sched_yield();
+    }
+    pthread_mutex_unlock(&p->job_mu);
+    if (spins >= 1000) {
+        const double waited = mc_now() - t1, worked = t1 - t0;
+        if (waited > 1e-3 && waited > worked) {
+            const int b = atomic_load(&mc_backoff);
+            atomic_store(&mc_solo_left, b);
+            atomic_store(&mc_backoff, b < 4096 ? 2 * b : 4096);
+        }
+    } else {
+        atomic_store(&mc_backoff, 64);
+    }
+}
+
+#endif /* _WIN32 */
+
+#endif /* MC_POOL_H */
