@@ -315,3 +315,19 @@ def test_canonical_weights_reproduce_hf_logits(name: str) -> None:
     tokens = [int(t) for t in golden["tokens"]]
     logits = model.forward([SeqChunk(model.new_cache(), tokens, tuple(range(len(tokens))))])
     np.testing.assert_allclose(logits, golden["logits"], rtol=1e-4, atol=1e-5)
+
+
+def test_config_disagreeing_with_tensors(tmp_path: Path) -> None:
+    import shutil
+
+    d = tmp_path / "bad"
+    shutil.copytree(FIX / "llama-st", d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": 4}))
+    with pytest.raises(
+        ArchitectureError,
+        match=r"expect blk\.0\.attn_k\.weight of shape \[32, 32\], but it is \[16, 32\]",
+    ):
+        load_hf_dir(d)
+    (d / "config.json").write_text(json.dumps({**cfg, "vocab_size": 320}))
+    assert load_hf_dir(d).hparams.n_vocab == 300  # the embedding rows win

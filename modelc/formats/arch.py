@@ -444,7 +444,33 @@ def canonicalize(
     missing = [n for n in _required(arch, hparams) if n not in out]
     if missing:
         raise _arch_error(names, f"{arch} model is missing tensors {missing[:6]}")
+    _check_shapes(arch, hparams, out)
     return out, dropped
+
+
+def _check_shapes(arch: str, hp: HParams, t: Mapping[str, Tensor]) -> None:
+    """Hyper-parameters must agree with the tensors (a wrong config.json fails here, not mid-forward)."""
+    emb = t["token_embd.weight"].shape
+    if hp.n_vocab != emb[0]:
+        hp.n_vocab = emb[0]  # padded or trimmed vocabularies: the tensor is the truth
+    want = {"token_embd.weight": (emb[0], hp.n_embd)}
+    if arch == "llama":
+        want["blk.0.attn_q.weight"] = (hp.n_head * hp.head_dim, hp.n_embd)
+        want["blk.0.attn_k.weight"] = (hp.n_head_kv * hp.head_dim, hp.n_embd)
+        want["blk.0.ffn_gate.weight"] = (hp.n_ff, hp.n_embd)
+    elif arch == "gpt2":
+        want["blk.0.attn_qkv.weight"] = (3 * hp.n_embd, hp.n_embd)
+        want["blk.0.ffn_up.weight"] = (hp.n_ff, hp.n_embd)
+    else:
+        want["blk.0.attn_q.weight"] = (hp.n_embd, hp.n_embd)
+        want["blk.0.ffn_up.weight"] = (hp.n_ff, hp.n_embd)
+    for name, shape in want.items():
+        if name in t and tuple(t[name].shape) != shape:
+            raise ArchitectureError(
+                f"{arch} hyper-parameters (n_embd={hp.n_embd}, n_head={hp.n_head}, "
+                f"n_head_kv={hp.n_head_kv}, head_dim={hp.head_dim}, n_ff={hp.n_ff}) expect {name} "
+                f"of shape {list(shape)}, but it is {list(t[name].shape)}; check config.json"
+            )
 
 
 def _required(arch: str, hp: HParams) -> list[str]:
