@@ -7,9 +7,9 @@ Usage::
 Each pack runs in a fresh subprocess (``--child``) that records, besides its wall
 time:
 
-* ``peak RSS``: VmHWM, the kernel's high-water mark of resident memory.  It includes
-  the *file-backed* pages of the memory-mapped source, which count as resident once
-  read even though they are page cache the kernel can drop at any time;
+* ``peak RSS``: VmHWM, the kernel's high-water mark of resident memory, including the
+  *file-backed* pages of the memory-mapped source (the writer hands those back with
+  ``madvise(MADV_DONTNEED)`` after each ~4 MB block, so they do not pile up);
 * ``peak anon``: the highest RssAnon (private heap memory) seen by a thread
   sampling ``/proc/self/status`` every 2 ms; this is the memory packing really
   allocates, and the number that must stay near the largest tensor;
@@ -154,13 +154,13 @@ def main() -> None:
             r = rows[-1]
             print(f"{label}: peak anon {r['peak_anon'] / MB:.0f} MB", file=sys.stderr)
     print(
-        "| case | model | largest tensor | output | time | peak RSS (VmHWM) | peak anon (before pack) | peak file-backed |"
+        "| case | model | largest tensor | output | time | peak RSS, VmHWM (before pack) | peak anon (before pack) | peak file-backed |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['label']} | {r['model_bytes'] / MB:.0f} MB | {r['largest_tensor'] / MB:.0f} MB "
-            f"| {r['out_bytes'] / MB:.0f} MB | {r['seconds']:.1f} s | {r['peak_rss'] / MB:.0f} MB "
+            f"| {r['out_bytes'] / MB:.0f} MB | {r['seconds']:.1f} s | {r['peak_rss'] / MB:.0f} MB ({r['base_rss'] / MB:.0f} MB) "
             f"| {r['peak_anon'] / MB:.0f} MB ({r['base_anon'] / MB:.0f} MB) | {r['peak_file'] / MB:.0f} MB |"
         )
 

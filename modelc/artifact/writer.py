@@ -1,9 +1,10 @@
 """Write a :class:`ModelIR` to a ``.modelc`` file, streaming one tensor at a time.
 
-Peak memory stays near the largest tensor (times a small factor while it is being
-pruned, quantized or compressed), never the model size: each tensor is loaded from
-its (usually memory-mapped) source, transformed, checksummed, written and dropped
-before the next one.  The file is written to a temp file in the destination
+Peak memory stays far below the model size: each tensor is read from its (usually
+memory-mapped) source in row blocks of about 4 MB, each block pruned, quantized,
+checksummed, compressed (one zstd frame per tensor, fed block by block) and written,
+and the source pages of a written block are handed back to the kernel.  Measured in
+``bench/pack_memory.py`` / ``bench/RESULTS.md``.  The file is written to a temp file in the destination
 directory, fsynced and renamed, so a failed or interrupted pack leaves nothing.
 """
 
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import mmap
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -89,36 +91,115 @@ def _checked_data(t: Tensor, source: str) -> np.ndarray[Any, Any]:
     return data
 
 
-def _transform(
-    t: Tensor, data: np.ndarray[Any, Any], opts: PackOptions, info: PackInfo
-) -> tuple[DType, np.ndarray[Any, Any]]:
-    """Apply prune and quantize to one tensor; return its stored dtype and data."""
-    if not is_weight_matrix(t.name, t.dtype, t.shape):
-        return t.dtype, data
-    dtype = t.dtype
-    target = target_dtype(opts.quantize) if opts.quantize else None
-    if target is not None and (target is dtype or not can_store_as(target, t.shape)):
-        target = None
-    if not opts.prune and target is None:
-        return dtype, data
-    if dtype is DType.BF16:
-        data = to_f32(data, dtype, t.shape)
-    if opts.prune:
-        data, n = prune(data, opts.prune)
-        info.pruned_weights += n
-    if target is not None:
-        info.quantized_tensors += 1
-        return target, quantize(data, target)
-    if dtype is DType.BF16:  # pruned only: back to bf16 bits, exact since values came from bf16
-        data = (np.ascontiguousarray(data, dtype=np.float32).view(np.uint32) >> 16).astype(
-            np.uint16
-        )
-    return dtype, data
+_CHUNK_BYTES = 1 << 22  # tensors are transformed and written in row blocks of about 4 MB
+
+
+def _target(t: Tensor, opts: PackOptions) -> DType | None:
+    """The dtype ``--quantize`` turns this tensor into, or None to keep its own."""
+    if not opts.quantize or not is_weight_matrix(t.name, t.dtype, t.shape):
+        return None
+    target = target_dtype(opts.quantize)
+    if target is t.dtype or not can_store_as(target, t.shape):
+        return None
+    return target
+
+
+def _chunks(
+    t: Tensor,
+    data: np.ndarray[Any, Any],
+    target: DType | None,
+    opts: PackOptions,
+    info: PackInfo,
+) -> Iterator[np.ndarray[Any, Any]]:
+    """The tensor's stored bytes as row blocks, pruned and quantized block by block.
+
+    Working on ~16 MB of rows at a time keeps the transform's temporaries small: peak
+    memory is one block, not a multiple of the tensor.  Untransformed tensors are
+    yielded as views of the (memory-mapped) source.
+    """
+    if data.size == 0:
+        return
+    rows_view = data.reshape(data.shape[0], -1) if data.ndim >= 2 else data.reshape(1, -1)
+    transform = target is not None or (opts.prune and is_weight_matrix(t.name, t.dtype, t.shape))
+    row_nbytes = max(1, rows_view.shape[1] * (4 if transform else rows_view.itemsize))
+    step = max(1, _CHUNK_BYTES // row_nbytes)
+    for r0 in range(0, rows_view.shape[0], step):
+        src = x = rows_view[r0 : r0 + step]
+        if not transform:
+            yield x
+            _drop_source_pages(src)
+            continue
+        if t.dtype is DType.BF16:
+            x = to_f32(x, DType.BF16, x.shape)
+        if opts.prune:
+            x, n = prune(x, opts.prune)
+            info.pruned_weights += n
+        if target is not None:
+            yield quantize(x, target)
+        elif t.dtype is DType.BF16:  # pruned only: back to bf16 bits, exact (values came from bf16)
+            yield (np.ascontiguousarray(x, dtype=np.float32).view(np.uint32) >> 16).astype(
+                np.uint16
+            )
+        else:
+            yield x
+        _drop_source_pages(src)
+
+
+def _drop_source_pages(data: np.ndarray[Any, Any]) -> None:
+    """Let the kernel unmap a written tensor's pages from a memory-mapped source.
+
+    Pages of a read-only file mapping count as resident once touched, so without this
+    packing a memory-mapped model would look like it needs the model's size in RAM.
+    ``MADV_DONTNEED`` on a file mapping only drops this process's page-table entries
+    (the data is re-read from the page cache if touched again); best effort.
+    """
+    base: Any = data
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    if base is None or not hasattr(mmap, "MADV_DONTNEED") or len(base) == 0 or data.nbytes == 0:
+        return
+    try:
+        origin = np.frombuffer(base, np.uint8, count=1).ctypes.data
+        offset = data.ctypes.data - origin
+        start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(len(base), offset + data.nbytes)
+        if 0 <= start < end:
+            base.madvise(mmap.MADV_DONTNEED, start, end - start)
+    except (ValueError, OSError, BufferError):
+        pass
 
 
 def _as_bytes(data: np.ndarray[Any, Any]) -> memoryview:
     arr = np.ascontiguousarray(data)
     return arr.reshape(-1).view(np.uint8).data
+
+
+def _write_tensor(
+    f: BinaryIO,
+    t: Tensor,
+    chunks: Iterator[np.ndarray[Any, Any]],
+    n: int,
+    compressor: zstandard.ZstdCompressor | None,
+) -> tuple[int, str]:
+    """Stream one tensor's chunks to ``f`` (one zstd frame if compressing); return (stored bytes, checksum)."""
+    h = hashlib.blake2b(digest_size=16)
+    cobj = compressor.compressobj(size=n) if compressor is not None and n else None
+    stored = raw = 0
+    for chunk in chunks:
+        b = _as_bytes(chunk)
+        raw += b.nbytes
+        out: bytes | memoryview = cobj.compress(b) if cobj is not None else b
+        if len(out):
+            f.write(out)
+            h.update(out)
+            stored += len(out) if isinstance(out, bytes) else out.nbytes
+    if cobj is not None:
+        tail = cobj.flush()
+        f.write(tail)
+        h.update(tail)
+        stored += len(tail)
+    assert raw == n, (t.name, raw, n)
+    return stored, h.hexdigest()
 
 
 def write_artifact(
@@ -147,15 +228,13 @@ def write_artifact(
         pos = 0  # relative to the data area
         for t in ir.tensors.values():
             data = _checked_data(t, ir.source.path)
-            dtype, data = _transform(t, data, opts, info)
-            raw = _as_bytes(data)
-            n = raw.nbytes
-            stored: bytes | memoryview = raw
-            if opts.compress and n:
-                stored = compressor.compress(raw)
-            digest = hashlib.blake2b(stored, digest_size=16).hexdigest()
-            f.write(stored)
-            size = len(stored) if isinstance(stored, bytes) else stored.nbytes
+            target = _target(t, opts)
+            dtype = target or t.dtype
+            if target is not None:
+                info.quantized_tensors += 1
+            n = nbytes(dtype, t.shape)
+            comp = compressor if opts.compress and n else None
+            size, digest = _write_tensor(f, t, _chunks(t, data, target, opts, info), n, comp)
             entries.append(
                 TensorEntry(
                     name=t.name,
@@ -165,11 +244,11 @@ def write_artifact(
                     nbytes=n,
                     stored_nbytes=size,
                     checksum=digest,
-                    compression="zstd" if opts.compress and n else "none",
+                    compression="zstd" if comp is not None else "none",
                 )
             )
             pos = _pad(f, pos + size)
-            del data, raw, stored
+            del data
             done += t.nbytes
             if progress:
                 progress(done, total, t.name)
