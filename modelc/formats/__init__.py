@@ -25,7 +25,8 @@ def detect_format(path: Path) -> str:
         raise FormatError(f"file is too short ({len(head)} bytes) to be a model", path=path)
     if head[:4] == b"GGUF":
         return "gguf"
-    if head[:4] == b"PK\x03\x04":
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        # zip checkpoints; a bare pickle (legacy torch.save) goes there too for its re-save hint
         return "pytorch"
     if head[:8] == b"MODELC\x00\x01":
         return "modelc"

@@ -4,7 +4,7 @@ Conventions (shared by every layer above):
 
 * Tensor names are canonical GGUF-style names (``token_embd.weight``,
   ``blk.{i}.attn_q.weight``, ``output_norm.weight``...), whatever the source format.
-  ``modelc.formats.names`` maps Hugging Face names onto them.
+  ``modelc.formats.arch`` maps Hugging Face names onto them.
 * Shapes are numpy (row-major, outermost first) order.  A linear weight is
   ``(out_features, in_features)``, as in ``torch.nn.Linear`` and in GGUF.
 * LLaMA Q/K projection rows use the GGUF ("interleaved pairs") RoPE layout; readers
