@@ -7,12 +7,13 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from tokenizers import Regex, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from modelc.errors import TokenizerError
 from modelc.formats.gguf import load_gguf
 from modelc.formats.ir import TokenizerSpec
-from modelc.runtime.tokenizer import Tokenizer, from_tokenizer_json
+from modelc.runtime.tokenizer import PRE_REGEXES, Tokenizer, from_tokenizer_json
 from tests import assets
 
 # every llama.cpp vocabulary with test vectors that modelc tokenizes 100% like llama.cpp
@@ -140,12 +141,16 @@ def test_incremental_decoder_never_splits_a_character(which: str) -> None:
     ids = tok.encode(text, add_special=False)
     pieces = [tok.token_to_piece(i) for i in ids]
     assert any(_is_partial(p) for p in pieces)  # some characters really are split across tokens
-    dec = tok.incremental_decoder()
+    dec = tok.incremental_decoder(strip_leading_space=True)
     deltas = [dec.feed(i) for i in ids]
     deltas.append(dec.flush())
     assert "".join(deltas) == tok.decode(ids) == text
     assert all("\ufffd" not in d for d in deltas)
     assert "" in deltas[:-1]  # a delta was held back until its character completed
+    # a continuation keeps the SentencePiece word-initial space
+    cont = tok.incremental_decoder()
+    streamed = "".join(cont.feed(i) for i in ids) + cont.flush()
+    assert streamed == (" " + text if which == "llama-spm" else text)
 
 
 def _is_partial(piece: bytes) -> bool:
@@ -175,6 +180,13 @@ def test_out_of_range_ids() -> None:
             tok.token_to_piece(bad)
         with pytest.raises(TokenizerError, match="out of range"):
             tok.incremental_decoder().feed([bad])
+
+
+def test_every_pre_tokenizer_regex_compiles() -> None:
+    for name, regexes in PRE_REGEXES.items():
+        for rx in regexes:
+            pre_tokenizers.Split(Regex(rx), behavior="isolated")  # raises on a bad pattern
+        assert regexes, name
 
 
 def test_unsupported_vocabularies() -> None:

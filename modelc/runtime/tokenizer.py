@@ -53,42 +53,51 @@ _CJK = "[一-龥ࠀ-一가-퟿]+"
 # letters as in deepseek-llm's tokenizer.json; \u escapes keep the code points NFC would fold
 _DEEPSEEK_LETTERS = "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"
 
-# llama.cpp pre-tokenizer regexes (llm_tokenizer_bpe), applied one after the other
-PRE_REGEXES: dict[str, list[str]] = {
-    "gpt-2": [_GPT2],
-    "mpt": [_GPT2],
-    "olmo": [_GPT2],
-    "phi-2": [_GPT2],
-    "roberta-bpe": [_GPT2],
-    "llama3": [_LLAMA3],
-    "llama-bpe": [_LLAMA3],
-    "llama-v3": [_LLAMA3],
-    "falcon3": [_LLAMA3],
-    "dbrx": [_LLAMA3],
-    "smaug-bpe": [_LLAMA3],
-    "qwen2": [_QWEN2],
-    "stablelm2": [_QWEN2],
-    "megrez": [_QWEN2],
-    "qwen35": [_QWEN35],
-    "starcoder": [r"\p{N}", _GPT2],
-    "refact": [r"\p{N}", _GPT2],
-    "command-r": [r"\p{N}", _GPT2],
-    "smollm": [r"\p{N}", _GPT2],
-    "codeshell": [r"\p{N}", _GPT2],
-    "exaone": [r"\p{N}", _GPT2],
-    "minerva-7b": [r"\p{N}", _GPT2],
-    "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"],
-    "deepseek-llm": [
-        "[\r\n]",
-        _DEEPSEEK_LETTERS,
-        r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
-        r"\s+$",
-        _CJK,
-        r"\p{N}+",
-    ],
-    "deepseek-coder": ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"],
-    "default": [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
-}
+
+def _letter_cases(suffix: str) -> str:
+    """Mistral/GPT-4o word rule: optional non-letter, cased letters, then ``suffix``."""
+    upper, lower = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+    lead = r"[^\r\n\p{L}\p{N}]?"
+    return f"{lead}{upper}*{lower}+{suffix}|{lead}{upper}+{lower}*{suffix}"
+
+
+_TEKKEN = _letter_cases("") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_GPT4O = (
+    _letter_cases("(?i:'s|'t|'re|'ve|'m|'ll|'d)?")
+    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_DEEPSEEK3 = [
+    r"\p{N}{1,3}",
+    "[一-龥぀-ゟ゠-ヿ]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+]
+_BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
+
+# llama.cpp's pre-tokenizer regexes (llm_tokenizer_bpe) by tokenizer.ggml.pre, applied in turn
+_PRE_GROUPS: list[tuple[tuple[str, ...], list[str]]] = [
+    (("gpt-2", "mpt", "olmo", "phi-2", "roberta-bpe", "jais"), [_GPT2]),
+    (("llama3", "llama-bpe", "llama-v3", "falcon3", "dbrx", "smaug-bpe", "chatglm-bpe"), [_LLAMA3]),
+    (("qwen2", "stablelm2", "megrez"), [_QWEN2]),
+    (("qwen35",), [_QWEN35]),
+    (
+        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"),
+        [r"\p{N}", _GPT2],
+    ),
+    (("falcon",), [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"]),
+    (
+        ("deepseek-llm",),
+        ["[\r\n]", _DEEPSEEK_LETTERS, r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", _CJK, r"\p{N}+"],
+    ),
+    (("deepseek-coder",), ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"]),
+    (("deepseek-v3",), _DEEPSEEK3),
+    (("tekken",), [_TEKKEN]),
+    (("gpt-4o",), [_GPT4O]),
+    (("poro-chat", "bloom", "gpt3-finnish"), [_BLOOM]),
+    (("viking",), [_BLOOM, r"\p{N}"]),
+    (("default",), [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"]),
+]
+PRE_REGEXES: dict[str, list[str]] = {name: rx for names, rx in _PRE_GROUPS for name in names}
 IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "falcon3", "tekken"}
 
 # texts llama.cpp treats as end-of-generation when present in the vocabulary
@@ -301,18 +310,26 @@ class Tokenizer:
             )  # "hello , world" -> "hello, world"
         return text
 
-    def incremental_decoder(self, skip_special: bool = False) -> IncrementalDecoder:
-        return IncrementalDecoder(self, skip_special)
+    def incremental_decoder(
+        self, skip_special: bool = False, strip_leading_space: bool = False
+    ) -> IncrementalDecoder:
+        return IncrementalDecoder(self, skip_special, strip_leading_space)
 
 
 class IncrementalDecoder:
-    """Feed ids as they are generated; get text deltas that never split a UTF-8 character."""
+    """Feed ids as they are generated; get text deltas that never split a UTF-8 character.
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+    By default the ids continue a prompt, so a SentencePiece ``▁word`` keeps its space;
+    ``strip_leading_space=True`` decodes a whole text the way :meth:`Tokenizer.decode` does.
+    """
+
+    def __init__(
+        self, tokenizer: Tokenizer, skip_special: bool = False, strip_leading_space: bool = False
+    ) -> None:
         self._tok = tokenizer
         self._skip = skip_special
         self._buf = b""
-        self._first = True
+        self._first = strip_leading_space
 
     def feed(self, ids: int | Iterable[int]) -> str:
         seq = [ids] if isinstance(ids, int) else list(ids)
