@@ -254,6 +254,7 @@ def _entry_json(e: ModelEntry) -> dict[str, Any]:
         "quantization": e.quantization,
         "compression": e.compression,
         "created": e.created,
+        "error": e.error,
     }
 
 

@@ -64,6 +64,7 @@ class ModelEntry:
     quantization: str
     compression: str
     created: str
+    error: str | None = None  # set when the file cannot be opened (`modelc verify` says why)
 
     @property
     def ref(self) -> str:
@@ -71,7 +72,22 @@ class ModelEntry:
 
 
 def entry_for(path: Path, name: str, version: str, current: bool) -> ModelEntry:
-    art = open_artifact(path)
+    try:
+        art = open_artifact(path)
+    except ModelcError as e:  # list it anyway, so the user can see and rm it
+        return ModelEntry(
+            name=name,
+            version=version,
+            path=path,
+            current=current,
+            architecture="unreadable",
+            n_params=0,
+            size=path.stat().st_size,
+            quantization="-",
+            compression="-",
+            created="",
+            error=str(e),
+        )
     try:
         pack = art.manifest.pack
         return ModelEntry(

@@ -348,3 +348,17 @@ def test_store_ir_round_trip_keeps_hparams(store: Store) -> None:
     p = store.add(ir, "eye")
     m = open_artifact(p).manifest
     assert m.hparams.layer_sizes == [2, 2] and m.metadata == {"note": "hi"}
+
+
+def test_unreadable_entry_is_listed_and_fails_verify(store: Store, src: Path) -> None:
+    store.add(load_model(src), "ok")
+    p = store.add(load_model(src), "broken")
+    p.write_bytes(p.read_bytes()[:200])
+    entries = {e.name: e for e in store.list_models()}
+    assert entries["ok"].error is None
+    assert entries["broken"].architecture == "unreadable"
+    assert entries["broken"].error and "truncated" in entries["broken"].error
+    results = dict(store.verify_all())
+    assert results["ok:latest"] is None
+    assert results["broken:latest"] is not None and "truncated" in str(results["broken:latest"])
+    assert store.rm("broken") == ["broken:latest"]

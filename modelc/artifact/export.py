@@ -2,8 +2,8 @@
 
 Quantized tensors (GGML blocks, int8) are dequantized to F32; plain tensors keep
 their dtype (bf16 as BF16).  The file is written by hand, tensor by tensor (the
-format is an 8-byte header length, a JSON header, then the raw bytes), so memory
-stays near one tensor; output is atomic.
+format is an 8-byte header length, a JSON header, then the raw bytes) in row blocks
+of about 4 MB, so memory stays small even for large tensors; output is atomic.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ _ST_DTYPES: dict[DType, str] = {
     DType.U8: "U8",
     DType.BOOL: "BOOL",
 }
+
+
+_CHUNK_BYTES = 1 << 22
 
 
 def _export_dtype(dtype: DType) -> DType:
@@ -59,9 +62,14 @@ def export_safetensors(ir: ModelIR, out: str | Path) -> int:
         f.write(blob)
         for t in ir.tensors.values():
             data = t.data()
-            if t.dtype.is_quantized:
-                data = to_f32(data, t.dtype, t.shape)
-            arr = np.ascontiguousarray(data)
-            f.write(arr.reshape(-1).view(np.uint8).data)
-            del data, arr
+            if data.size == 0:
+                continue
+            rows = data.reshape(data.shape[0], -1) if data.ndim >= 2 else data.reshape(1, -1)
+            step = max(1, _CHUNK_BYTES // max(1, rows.shape[1] * 4))
+            for r0 in range(0, rows.shape[0], step):
+                block = rows[r0 : r0 + step]
+                if t.dtype.is_quantized:  # row blocks: never the whole tensor in f32
+                    block = to_f32(block, t.dtype, (block.shape[0], t.shape[-1]))
+                f.write(np.ascontiguousarray(block).reshape(-1).view(np.uint8).data)
+            del data, rows
     return len(ir.tensors)
