@@ -55,6 +55,9 @@ def _flags() -> tuple[list[str], list[str]]:
     if platform.machine().lower() in ("x86_64", "amd64"):
         # Baseline stays portable; AVX2/FMA code paths carry target attributes.
         compile_args += ["-msse3"]
+    if sys.platform != "win32":
+        compile_args.append("-pthread")  # the kernels' thread pool (cyx/mc_pool.h)
+        link_args.append("-pthread")
     if _has_openmp():
         compile_args.append("-fopenmp")
         link_args.append("-fopenmp")

@@ -88,7 +88,7 @@ def main() -> None:
             for n in (1, 8):
                 x = rng.standard_normal((n, cols)).astype(np.float32)
                 out = np.empty((n, rows), dtype=np.float32)
-                dt = time_call(lambda b=b, x=x, out=out: b.matmul(w, x, out), args.seconds)
+                dt = time_call(lambda b=b, w=w, x=x, out=out: b.matmul(w, x, out), args.seconds)
                 gflops = 2.0 * rows * cols * n / dt / 1e9
                 print(
                     f"{rows:>8}x{cols:<9} {dtype.value:>5} {name:>10} {n:>2} {dt * 1e6:>9.0f} "

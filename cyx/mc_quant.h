@@ -209,6 +209,8 @@ static void mc_dequant_row(int t, const uint8_t *row, int K, float *y) {
 /* Each returns dot(W row, x row); `x` is the quantized (or float) activation row. */
 
 typedef float (*mc_dot_fn)(int K, const uint8_t *w, const void *x);
+/* one weight row against 4 activation rows `xstride` bytes apart -> out[0..3] */
+typedef void (*mc_dot4_fn)(int K, const uint8_t *w, const void *x, size_t xstride, float *out);
 
 static float mc_dot_q4_0_scalar(int K, const uint8_t *w, const void *xv) {
     const mc_q8 *x = (const mc_q8 *)xv;
@@ -602,8 +604,6 @@ MC_AVX2 static float mc_dot_f16_avx2(int K, const uint8_t *w, const void *xv) {
 /* ---- four activation rows per weight row: unpack each weight block once.
  * Each row's arithmetic is exactly the single-row kernel's, so results are
  * bit-identical to four separate calls. */
-
-typedef void (*mc_dot4_fn)(int K, const uint8_t *w, const void *x, size_t xstride, float *out);
 
 #define MC_X4(r) ((const mc_q8 *)((const char *)x + (r) * xstride))
 #define MC_XK4(r) ((const mc_q8k *)((const char *)x + (r) * xstride))

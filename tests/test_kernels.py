@@ -398,3 +398,42 @@ def test_concurrent_calls_from_python_threads() -> None:
         parallel = list(ex.map(lambda x: cpu.matmul(w, x), xs))
     for a, b in zip(serial, parallel, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _run_simd_check(tmp_path: Any, cc: str, runner: list[str]) -> None:
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which(cc) is None or (runner and shutil.which(runner[0]) is None):
+        pytest.skip(f"{cc} {' '.join(runner)} not installed")
+    root = Path(__file__).resolve().parents[1]
+    exe = tmp_path / "check_simd"
+    subprocess.run(
+        [
+            cc,
+            "-O2",
+            "-std=gnu11",
+            "-ffp-contract=off",
+            f"-I{root / 'cyx'}",
+            str(root / "cyx" / "check_simd.c"),
+            "-o",
+            str(exe),
+            "-lm",
+            "-lpthread",
+        ],
+        check=True,
+    )
+    r = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(" ok") == 18, r.stdout
+
+
+def test_c_simd_check_native(tmp_path: Any) -> None:
+    _run_simd_check(tmp_path, "cc", [])
+
+
+def test_c_simd_check_neon_under_qemu(tmp_path: Any) -> None:
+    _run_simd_check(
+        tmp_path, "aarch64-linux-gnu-gcc", ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+    )
