@@ -1,0 +1,122 @@
+"""The messages between the HTTP server and the engine (the scheduler).
+
+The server translates an HTTP request into a :class:`GenerationRequest` (prompt
+already tokenized, sampling settled, constraint compiled-or-described) and calls
+``engine.submit(req)``, which returns a :class:`RequestHandle` at once (or raises
+:class:`~modelc.errors.CapacityError` when the queue is full, or a
+:class:`~modelc.errors.UsageError` for a prompt that cannot fit).  The handle is an
+async iterator of :class:`TokenEvent` ending with exactly one :class:`FinishEvent`;
+``handle.cancel()`` (or leaving the ``async with``) removes the request from the
+batch at the next step and frees its KV memory.  Nothing else crosses the boundary:
+handlers hold no generation logic.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from modelc.runtime.sampling import SamplingParams
+
+
+class ConstraintKind(enum.StrEnum):
+    REGEX = "regex"
+    JSON_SCHEMA = "json_schema"  # value: the schema as a JSON text
+    JSON_OBJECT = "json_object"  # any JSON object; value unused
+    GRAMMAR = "grammar"  # value: a GBNF or Lark grammar text (llguidance detects which)
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    kind: ConstraintKind
+    value: str = ""
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    constraint: Constraint | None = None
+    deadline: float | None = None  # trio.current_time() deadline; None = none
+    speculative: bool = True  # allow speculative decoding when the engine has it on
+    ignore_eos: bool = False
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # EOS/EOT or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    CANCELLED = "cancelled"  # client gone or handle.cancel()
+    TIMEOUT = "timeout"  # deadline passed
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token_id: int
+    text: str  # the UTF-8-safe text delta this token completes (may be "")
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    reason: FinishReason
+    text: str = ""  # any held-back text released at the end (stop-string look-ahead)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    time_to_first_token: float | None = None  # seconds from submit
+    total_time: float = 0.0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    error: str | None = None
+
+
+Event = TokenEvent | FinishEvent
+
+
+class RequestHandle(Protocol):
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    def cancel(self) -> None:
+        """Idempotent; the engine drops the request at its next step."""
+        ...
+
+
+@dataclass(slots=True)
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    kv_bytes_used: int = 0
+    kv_bytes_budget: int = 0
+    prefix_cache_hits: int = 0  # requests that reused cached prefix blocks
+    prefix_cache_tokens: int = 0  # prompt tokens skipped thanks to the cache
+    steps: int = 0
+    last_batch_size: int = 0
+    tokens_generated: int = 0
+    prompt_tokens: int = 0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    """What the server may call. Built by ``modelc.engine.build_engine(model_path, options)``."""
+
+    model_name: str
+    architecture: str
+
+    def submit(self, req: GenerationRequest) -> RequestHandle: ...
+
+    async def embed(self, batch: Sequence[Sequence[int]]) -> np.ndarray[Any, Any]:
+        """Pooled embeddings (len(batch), d) for an embedding model (runs in a worker thread)."""
+        ...
+
+    def stats(self) -> EngineStats: ...
