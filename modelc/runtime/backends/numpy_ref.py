@@ -8,34 +8,14 @@ the compiled kernels approximate (they also quantize the activations).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import DType
+from modelc.formats.quants import dequantize
 from modelc.runtime.backend import F32Array, Weight
-
-
-def _dequantize_blocks(
-    data: np.ndarray[Any, Any], dtype: DType, shape: tuple[int, int]
-) -> F32Array:
-    """uint8 (rows, row_bytes) GGML blocks -> float32 (rows, cols)."""
-    try:  # modelc's own dequantizer, where built; else gguf-py's (the llama.cpp reference)
-        quants = importlib.import_module("modelc.formats.quants")
-    except ImportError:
-        quants = None
-    if quants is not None:
-        return np.asarray(quants.dequantize(data, dtype, shape), dtype=np.float32)
-    import gguf
-
-    try:
-        qtype = gguf.GGMLQuantizationType[dtype.name]
-    except KeyError as e:
-        raise UnsupportedError(f"cannot dequantize {dtype}: no GGML type of that name") from e
-    out = gguf.quants.dequantize(np.ascontiguousarray(data, dtype=np.uint8), qtype)
-    return np.asarray(out, dtype=np.float32).reshape(shape)
 
 
 def dequantize_rows(dtype: DType, data: np.ndarray[Any, Any], cols: int) -> F32Array:
@@ -43,21 +23,9 @@ def dequantize_rows(dtype: DType, data: np.ndarray[Any, Any], cols: int) -> F32A
     rows = data.shape[0]
     if dtype is DType.F32:
         return np.asarray(data, dtype=np.float32).reshape(rows, cols)
-    if dtype is DType.F16:
-        return np.asarray(data).view(np.float16).reshape(rows, cols).astype(np.float32)
-    if dtype is DType.BF16:
-        bits = np.asarray(data).view(np.uint16).reshape(rows, cols).astype(np.uint32) << 16
-        return bits.view(np.float32)
-    if dtype is DType.INT8:
-        raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, 4 + cols)
-        scale = raw[:, :4].copy().view(np.float32)  # (rows, 1)
-        q = raw[:, 4:].view(np.int8)  # (rows, cols)
-        return q.astype(np.float32) * scale
-    if dtype.is_block_quantized:
-        return _dequantize_blocks(
-            np.asarray(data).view(np.uint8).reshape(rows, -1), dtype, (rows, cols)
-        )
-    raise UnsupportedError(f"weights of dtype {dtype} cannot be used in a matrix product")
+    if not (dtype.is_quantized or dtype in (DType.F16, DType.BF16)):
+        raise UnsupportedError(f"weights of dtype {dtype} cannot be used in a matrix product")
+    return np.asarray(dequantize(data, dtype, (rows, cols)), dtype=np.float32)
 
 
 def dequantize_weight(w: Weight) -> F32Array:
