@@ -91,7 +91,7 @@ def pack_progress(label: str) -> Iterator[Callable[[int, int, str], None] | None
         task = prog.add_task(label, total=None)
 
         def update(done: int, total: int, name: str) -> None:
-            prog.update(task, completed=done, total=total, description=f"{label} {name}")
+            prog.update(task, completed=done, total=total, description=f"{label} {name[:24]:24s}")
 
         yield update
 
@@ -541,7 +541,7 @@ COMMANDS: list[Callable[[Any], None]] = [
 ]
 
 # "module:function" registration functions of commands defined elsewhere (run, generate, bench)
-EXTENSIONS: list[str] = []
+EXTENSIONS: list[str] = ["modelc.cli_generate:register"]
 
 
 def build_parser() -> Parser:
@@ -552,7 +552,13 @@ def build_parser() -> Parser:
         add(sub)
     for spec in EXTENSIONS:
         mod, _, fn = spec.partition(":")
-        getattr(importlib.import_module(mod), fn)(sub)
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue  # that command is not installed
+        getattr(module, fn)(sub)
     return parser
 
 
