@@ -189,6 +189,11 @@ def test_every_pre_tokenizer_regex_compiles() -> None:
         assert regexes, name
 
 
+def test_invalid_unicode_text() -> None:
+    with pytest.raises(TokenizerError, match="not valid Unicode"):
+        smollm2().encode("a\ud800b")
+
+
 def test_unsupported_vocabularies() -> None:
     spec = load_gguf(assets.vocab_dir() / "ggml-vocab-nomic-bert-moe.gguf").tokenizer
     assert spec is not None and spec.model == "t5"

@@ -141,6 +141,7 @@ class Tokenizer:
             n = len(self.tokens)
             types = list(spec.token_types) if len(spec.token_types) == n else [NORMAL] * n
             self.types = types
+            self.kind = {"gpt2": "gpt2", "llama": "spm", "bert": "bert"}.get(spec.model, "")
             if spec.model == "gpt2":
                 self._hf = _byte_level_bpe(spec)
             elif spec.model == "llama":
@@ -179,14 +180,12 @@ class Tokenizer:
         for text, i in vocab.items():
             self.tokens[i] = text
             self.types[i] = NORMAL
-        mtype = data.get("model", {}).get("type", "")
-        self._hf_kind = _hf_kind(data)
+        self.kind = _hf_kind(data)
         for i, t in enumerate(self.tokens):
-            if self._hf_kind == "spm" and _BYTE_TOKEN.fullmatch(t):
+            if self.kind == "spm" and _BYTE_TOKEN.fullmatch(t):
                 self.types[i] = BYTE
         for a in added:
             self.types[int(a["id"])] = CONTROL if a.get("special") else USER_DEFINED
-        self._hf_model_type = mtype
 
     def _special_texts(self, parse_special: bool) -> list[tuple[str, int]]:
         kinds = {USER_DEFINED} | ({CONTROL, UNKNOWN} if parse_special else set())
@@ -205,19 +204,17 @@ class Tokenizer:
             return text.encode()
         if ty == UNUSED:
             return b""
-        kind = self._hf_kind if self.model == "hf" else self.model
-        if ty == BYTE or (kind == "spm" and _BYTE_TOKEN.fullmatch(text)):
-            m = _BYTE_TOKEN.fullmatch(text)
-            if m:
-                return bytes([int(m.group(1), 16)])
-        if kind == "gpt2":
+        m = _BYTE_TOKEN.fullmatch(text) if ty == BYTE or self.kind == "spm" else None
+        if m:
+            return bytes([int(m.group(1), 16)])
+        if self.kind == "gpt2":
             try:
                 return bytes(_BYTE_DECODER[c] for c in text)
             except KeyError:
                 return text.encode()
-        if kind in ("llama", "spm", "bert"):
+        if self.kind in ("spm", "bert"):  # GGUF bert pieces: "▁word" starts a word
             return text.replace("\u2581", " ").encode()
-        if kind == "wordpiece":
+        if self.kind == "wordpiece":
             return text[2:].encode() if text.startswith("##") else b" " + text.encode()
         return text.encode()
 
@@ -248,6 +245,12 @@ class Tokenizer:
     # ------------------------------------------------------------------ encode
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of ``text`` (``add_special``: BOS/EOS per the spec, as llama_tokenize)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise TokenizerError(
+                f"text is not valid Unicode ({e.reason} at index {e.start}); send UTF-8 text"
+            ) from e
         out: list[int] = []
         if add_special and self.spec.add_bos and self.bos_id is not None:
             out.append(self.bos_id)
@@ -299,15 +302,13 @@ class Tokenizer:
     def _strips_leading_space(self) -> bool:
         if self.model == "llama":
             return self.spec.add_space_prefix
-        return self.model == "bert" or (self.model == "hf" and self._hf_kind == "wordpiece")
+        return self.kind in ("bert", "wordpiece")
 
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
         text = self._render(ids, skip_special, first=True).decode("utf-8", "replace")
-        if self.model == "bert" or (self.model == "hf" and self._hf_kind == "wordpiece"):
-            text = _WORDPIECE_CLEANUP.sub(
-                lambda m: m.group(1), text
-            )  # "hello , world" -> "hello, world"
+        if self.kind in ("bert", "wordpiece"):  # "hello , world" -> "hello, world"
+            text = _WORDPIECE_CLEANUP.sub(lambda m: m.group(1), text)
         return text
 
     def incremental_decoder(
