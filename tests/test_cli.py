@@ -326,3 +326,27 @@ def test_interrupted_pack_exits_130_and_leaves_nothing(cli: Cli, smol: Path) -> 
     assert "Traceback" not in err
     assert not [p for p in store.rglob("*") if p.is_file()]
     assert _listing(cli) == []
+
+
+def test_malicious_pickle_refused_nothing_runs(cli: Cli, tmp_path: Path) -> None:
+    import zipfile
+
+    marker = tmp_path / "pwned"
+    # protocol-0 pickle: os.system("touch <marker>"), the classic __reduce__ payload
+    payload = f"cos\nsystem\n(S'touch {marker}'\ntR.".encode()
+    evil = tmp_path / "pytorch_model.bin"
+    with zipfile.ZipFile(evil, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", payload)
+        zf.writestr("archive/version", "3\n")
+    cli.fails("pack", str(evil), "--name", "evil", match=r"pytorch_model\.bin.*(refus|not allowed)")
+    cli.fails("inspect", str(evil), match="pytorch_model.bin")
+    assert not marker.exists()
+    assert _listing(cli) == []
+
+
+def test_pull_catalog_name(asset_cli: Cli) -> None:
+    out = asset_cli("pull", "smollm2-135m", "--name", "smol:v1").stdout
+    assert out.startswith("pulled smol:v1")
+    [entry] = _listing(asset_cli)
+    assert (entry["name"], entry["version"], entry["architecture"]) == ("smol", "v1", "llama")
+    asset_cli.fails("pull", "smollm2-135m", "--sha256", "0" * 64, match="catalog models are pinned")
