@@ -350,3 +350,19 @@ def test_pull_catalog_name(asset_cli: Cli) -> None:
     [entry] = _listing(asset_cli)
     assert (entry["name"], entry["version"], entry["architecture"]) == ("smol", "v1", "llama")
     asset_cli.fails("pull", "smollm2-135m", "--sha256", "0" * 64, match="catalog models are pinned")
+
+
+def test_config_pack_defaults_and_store_path(cli: Cli, tmp_path: Path) -> None:
+    _mlp(tmp_path / "m.safetensors")
+    home = Path(cli.env["MODELC_HOME"])
+    home.mkdir(parents=True)
+    elsewhere = tmp_path / "my-store"
+    (home / "config.toml").write_text(
+        f'[store]\npath = "{elsewhere}"\n[pack]\ncompress = true\nquantize = "fp16"\n'
+    )
+    cli("pack", "m.safetensors", "--name", "a")
+    cli("pack", "m.safetensors", "--name", "b", "--no-compress", "--quantize", "int8")
+    info = {e["name"]: e for e in _listing(cli)}
+    assert info["a"]["compression"] == "zstd-3" and info["a"]["quantization"].startswith("f16")
+    assert info["b"]["compression"] == "none" and info["b"]["quantization"].startswith("int8")
+    assert Path(str(info["a"]["path"])).is_relative_to(elsewhere)
