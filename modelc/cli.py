@@ -29,7 +29,7 @@ from modelc.artifact.inspect import human_bytes, human_count
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
 if TYPE_CHECKING:
-    from modelc.artifact import Artifact
+    from modelc.artifact import Artifact, PackOptions
     from modelc.config import Config
     from modelc.store import ModelEntry, Store
 
@@ -120,7 +120,7 @@ def download_progress(label: str) -> Iterator[Callable[[int, int | None], None] 
         yield update
 
 
-def _pack_options(args: argparse.Namespace) -> Any:
+def _pack_options(args: argparse.Namespace) -> PackOptions:
     from modelc.artifact import PackOptions
 
     cfg = _config().pack

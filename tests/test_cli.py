@@ -366,3 +366,11 @@ def test_config_pack_defaults_and_store_path(cli: Cli, tmp_path: Path) -> None:
     assert info["a"]["compression"] == "zstd-3" and info["a"]["quantization"].startswith("f16")
     assert info["b"]["compression"] == "none" and info["b"]["quantization"].startswith("int8")
     assert Path(str(info["a"]["path"])).is_relative_to(elsewhere)
+
+
+def test_pack_minilm_hf_dir_as_bert(cli: Cli) -> None:
+    cli("pack", str(assets.minilm_dir()), "--name", "minilm")
+    info = json.loads(cli("inspect", "minilm", "--json").stdout)
+    assert info["architecture"] == "bert" and info["params"] == "22.7M"
+    assert info["tokenizer"] is not None and info["quantization"]["summary"] == "f32"
+    assert "ok minilm" in cli("verify", "minilm").stdout
