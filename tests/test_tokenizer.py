@@ -11,6 +11,7 @@ from tokenizers import Regex, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from modelc.errors import TokenizerError
+from modelc.formats import load_model
 from modelc.formats.gguf import load_gguf
 from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.tokenizer import PRE_REGEXES, Tokenizer, from_tokenizer_json
@@ -203,6 +204,32 @@ def test_unsupported_vocabularies() -> None:
         Tokenizer(TokenizerSpec(model="gpt2"))
     with pytest.raises(TokenizerError, match=r"tokenizer\.json"):
         Tokenizer(TokenizerSpec(model="hf", hf_json="{not json"))
+
+
+@pytest.mark.parametrize("fixture", ["llama-st", "gpt2-st"])
+def test_hf_dir_byte_level_tokenizers(fixture: str) -> None:
+    d = Path(__file__).parent / "fixtures" / "formats" / fixture
+    ir = load_model(d)
+    assert ir.tokenizer is not None and ir.tokenizer.model == "hf"
+    tok = Tokenizer(ir.tokenizer)
+    ref = HFTokenizer.from_file(str(d / "tokenizer.json"))
+    added = [t for t in ref.get_added_tokens_decoder().values() if t.special]
+    for s in ["Hello world!", "  two  spaces", "héllo wörld 🦙", "<|im_start|>user\nhi<|im_end|>"]:
+        want = ref.encode(s, add_special_tokens=False).ids
+        assert tok.encode(s, add_special=False, parse_special=True) == want, s
+        assert tok.decode(want) == s
+        if not any(a.content in s for a in added):
+            assert tok.encode(s, add_special=False) == want
+    first = tok.encode("Hi")
+    assert (first[0] == tok.bos_id) == ir.tokenizer.add_bos
+
+
+def test_hf_bert_dir_adds_cls_and_sep() -> None:
+    ir = load_model(assets.minilm_dir())  # tokenizer_config names [CLS]/[SEP], not bos/eos
+    assert ir.tokenizer is not None
+    tok = Tokenizer(ir.tokenizer)
+    assert tok.encode("Hello world!") == [101, 7592, 2088, 999, 102]
+    assert tok.decode(tok.encode("Hello world!"), skip_special=True) == "hello world!"
 
 
 def test_hf_tokenizer_json_matches_the_library() -> None:

@@ -10,6 +10,7 @@ around it so GGUF models tokenize exactly as llama.cpp does:
   leading space is added to text that starts the prompt or follows a special token
   when ``add_space_prefix`` is set;
 * ``bert``: WordPiece (GGUF stores word-initial pieces as ``▁word`` and continuations bare);
+  ``add_special`` always wraps the text in [CLS] ... [SEP], as llama.cpp does;
 * ``hf``: a tokenizer.json as is.
 
 Decoding concatenates each token's bytes (:meth:`Tokenizer.token_to_piece`) and decodes
@@ -34,6 +35,8 @@ __all__ = ["IncrementalDecoder", "Tokenizer", "from_tokenizer_json"]
 
 # GGUF tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# piece kinds of BERT-style vocabularies (GGUF "bert": ▁word + bare continuations; HF: ##cont)
+WORDPIECE = ("bert", "wordpiece")
 
 _CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -225,15 +228,21 @@ class Tokenizer:
 
     @property
     def bos_id(self) -> int | None:
-        if self.model == "bert" and self.spec.bos_id is None:
+        if self.kind in WORDPIECE and self.spec.cls_id is not None:
             return self.spec.cls_id
         return self.spec.bos_id
 
     @property
     def eos_id(self) -> int | None:
-        if self.model == "bert" and self.spec.eos_id is None:
+        if self.kind in WORDPIECE and self.spec.sep_id is not None:
             return self.spec.sep_id
         return self.spec.eos_id
+
+    def _adds(self) -> tuple[bool, bool]:
+        """(BOS, EOS) that ``add_special`` adds; BERT-style always gets [CLS] ... [SEP]."""
+        if self.kind in WORDPIECE:
+            return True, True
+        return self.spec.add_bos, self.spec.add_eos
 
     @property
     def eot_ids(self) -> set[int]:
@@ -252,7 +261,8 @@ class Tokenizer:
                 f"text is not valid Unicode ({e.reason} at index {e.start}); send UTF-8 text"
             ) from e
         out: list[int] = []
-        if add_special and self.spec.add_bos and self.bos_id is not None:
+        add_bos, add_eos = self._adds() if add_special else (False, False)
+        if add_bos and self.bos_id is not None:
             out.append(self.bos_id)
         specials = self._all_special if parse_special else self._user
         prev_special = True
@@ -265,7 +275,7 @@ class Tokenizer:
                 frag = " " + frag
             out.extend(self._hf.encode(frag, add_special_tokens=False).ids)
             prev_special = False
-        if add_special and self.spec.add_eos and self.eos_id is not None:
+        if add_eos and self.eos_id is not None:
             out.append(self.eos_id)
         return out
 
@@ -302,12 +312,12 @@ class Tokenizer:
     def _strips_leading_space(self) -> bool:
         if self.model == "llama":
             return self.spec.add_space_prefix
-        return self.kind in ("bert", "wordpiece")
+        return self.kind in WORDPIECE
 
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
         text = self._render(ids, skip_special, first=True).decode("utf-8", "replace")
-        if self.kind in ("bert", "wordpiece"):  # "hello , world" -> "hello, world"
+        if self.kind in WORDPIECE:  # "hello , world" -> "hello, world"
             text = _WORDPIECE_CLEANUP.sub(lambda m: m.group(1), text)
         return text
 
