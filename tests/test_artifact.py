@@ -369,6 +369,20 @@ def test_lying_tensor_offset_and_size(tiny: tuple[Path, Any], tmp_path: Path) ->
     def dtype(m: Any) -> None:
         m.tensors[0].dtype = "q9_9"
 
+    def negative(m: Any) -> None:
+        m.tensors[0].stored_nbytes = -5
+
+    _rewrite_manifest(good, tmp_path / "n.modelc", negative)
+    with pytest.raises(FormatError, match=r"corrupt \.modelc manifest"):
+        open_artifact(tmp_path / "n.modelc")
+
+    def huge(m: Any) -> None:
+        m.tensors[0].shape = [2**31, 2**31]
+
+    _rewrite_manifest(good, tmp_path / "x.modelc", huge)
+    with pytest.raises(FormatError, match="implausible shape"):
+        open_artifact(tmp_path / "x.modelc")
+
     _rewrite_manifest(good, tmp_path / "d.modelc", dtype)
     with pytest.raises(UnsupportedError, match="q9_9"):
         open_artifact(tmp_path / "d.modelc")

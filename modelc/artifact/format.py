@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -111,15 +111,18 @@ class Header:
         return cls(version, flags, m_off, m_len, d_off, d_len, m_crc)
 
 
+NonNegative = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+
+
 class TensorEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One row of the tensor table."""
 
     name: str
     dtype: str  # a DType value
-    shape: list[int]
-    offset: int  # relative to the header's data_offset, a multiple of ALIGNMENT
-    nbytes: int  # bytes of the tensor in memory (uncompressed)
-    stored_nbytes: int  # bytes in the file (== nbytes unless compressed)
+    shape: list[NonNegative]
+    offset: NonNegative  # relative to the header's data_offset, a multiple of ALIGNMENT
+    nbytes: NonNegative  # bytes of the tensor in memory (uncompressed)
+    stored_nbytes: NonNegative  # bytes in the file (== nbytes unless compressed)
     checksum: str  # blake2b-128 hex of the stored bytes
     compression: str = "none"  # "none" | "zstd"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import mmap
 import zlib
 from dataclasses import dataclass, field
@@ -170,8 +171,8 @@ def _check_tensors(p: Path, h: Header, m: Manifest, size: int) -> None:
             dtype = DType(e.dtype)
         except ValueError as err:
             raise UnsupportedError(f"tensor {e.name}: unknown dtype {e.dtype!r}", path=p) from err
-        if any(d < 0 for d in e.shape):
-            raise FormatError(f"tensor {e.name}: negative dimension in shape {e.shape}", path=p)
+        if math.prod(e.shape) > 2**48:
+            raise FormatError(f"tensor {e.name}: implausible shape {e.shape}", path=p)
         try:
             want = nbytes(dtype, tuple(e.shape))
         except ValueError as err:
