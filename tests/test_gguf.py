@@ -261,6 +261,20 @@ def test_tensor_offset_past_the_end(tmp_path: Path) -> None:
         load_gguf(lie)
 
 
+def test_tensor_with_absurd_dims(tmp_path: Path) -> None:
+    good = _tiny_llama(tmp_path / "good.gguf")
+    reader = gguf.GGUFReader(good)
+    field = next(t for t in reader.tensors if t.name == "output_norm.weight").field
+    pos = field.offset + sum(int(p.nbytes) for p in field.parts[:3])  # the u64 dims
+    del reader, field
+    data = bytearray(good.read_bytes())
+    data[pos : pos + 8] = (2**62).to_bytes(8, "little")
+    bad = tmp_path / "dims.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"output_norm\.weight points past the end"):
+        load_gguf(bad)
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="no such file"):
         load_gguf(tmp_path / "nope.gguf")

@@ -12,6 +12,7 @@ Tensor loaders return views into the reader's memory map (no copies).
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -140,7 +141,7 @@ class _CheckedReader(GGUFReader):  # type: ignore[misc]
                     "re-quantize the model to one of those types"
                 )
             bs, ts = GGML_QUANT_SIZES[qtype]
-            n_elems = int(np.prod(dims.astype(np.int64))) if len(dims) else 1
+            n_elems = math.prod(int(d) for d in dims)  # Python ints: no overflow on garbage
             end = int(start_offs) + int(offset[0]) + n_elems * ts // bs
             if end > self.data.size:
                 raise FormatError(f"tensor {name} points past the end of the file")
