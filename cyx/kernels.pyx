@@ -13,7 +13,7 @@ cdef extern from "mc_quant.h" nogil:
     int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                   int n, float *y, int simd, int nth, int exact)
     void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
-                     int nids, float *out)
+                     int nids, float *out, int simd)
     int mc_simd_best()
     int mc_has_openmp()
     int mc_num_procs()
@@ -83,7 +83,8 @@ def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, flo
         raise MemoryError("matmul: activation buffer")
 
 
-def get_rows(int wtype, const uint8_t[:, ::1] W, int K, const int64_t[::1] ids, float[:, ::1] out):
+def get_rows(int wtype, const uint8_t[:, ::1] W, int K, const int64_t[::1] ids, float[:, ::1] out,
+             int simd=0):
     """out (len(ids), K) = dequantized rows ``ids`` of W."""
     cdef int nids = ids.shape[0]
     cdef int64_t stride = W.strides[0]
@@ -96,7 +97,7 @@ def get_rows(int wtype, const uint8_t[:, ::1] W, int K, const int64_t[::1] ids, 
     if nids == 0:
         return
     with nogil:
-        mc_get_rows(wtype, &W[0, 0], stride, K, &ids[0], nids, &out[0, 0])
+        mc_get_rows(wtype, &W[0, 0], stride, K, &ids[0], nids, &out[0, 0], simd)
 
 
 def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, float[:, ::1] out, int nth):

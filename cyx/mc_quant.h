@@ -601,6 +601,114 @@ MC_AVX2 static float mc_dot_f16_avx2(int K, const uint8_t *w, const void *xv) {
     return sum;
 }
 
+/* ---- dequantization with AVX2: bit-identical to mc_dequant_row (same float ops) */
+
+/* y[0..cnt) = d * q + m, cnt a multiple of 8 */
+MC_AVX2 static inline void mc_i8_affine_avx2(const int8_t *q, int cnt, float d, float m, float *y) {
+    const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    for (int i = 0; i < cnt; i += 8) {
+        const __m256 f =
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_mul_ps(vd, f), vm));
+    }
+}
+
+/* y[0..cnt) = d * q, cnt a multiple of 8 */
+MC_AVX2 static inline void mc_i8_scale_avx2(const int8_t *q, int cnt, float d, float *y) {
+    const __m256 vd = _mm256_set1_ps(d);
+    for (int i = 0; i < cnt; i += 8) {
+        const __m256 f =
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(vd, f));
+    }
+}
+
+/* returns 0 when the type has no AVX2 dequantizer (the caller uses the scalar one) */
+MC_AVX2 static int mc_dequant_row_avx2(int t, const uint8_t *row, int K, float *y) {
+    int8_t tmp[32];
+    switch (t) {
+    case MC_Q4_0:
+        for (int i = 0; i < K / 32; i++, y += 32) {
+            const uint8_t *b = row + 18 * i;
+            _mm256_storeu_si256((__m256i *)tmp,
+                                _mm256_sub_epi8(mc_nibbles32(b + 2), _mm256_set1_epi8(8)));
+            mc_i8_scale_avx2(tmp, 32, mc_h16(b), y);
+        }
+        return 1;
+    case MC_Q4_1:
+        for (int i = 0; i < K / 32; i++, y += 32) {
+            const uint8_t *b = row + 20 * i;
+            _mm256_storeu_si256((__m256i *)tmp, mc_nibbles32(b + 4));
+            mc_i8_affine_avx2(tmp, 32, mc_h16(b), mc_h16(b + 2), y);
+        }
+        return 1;
+    case MC_Q5_0:
+        for (int i = 0; i < K / 32; i++, y += 32) {
+            const uint8_t *b = row + 22 * i;
+            const __m256i hi = _mm256_andnot_si256(mc_bits32(b + 2), _mm256_set1_epi8((char)0xF0));
+            _mm256_storeu_si256((__m256i *)tmp, _mm256_or_si256(mc_nibbles32(b + 6), hi));
+            mc_i8_scale_avx2(tmp, 32, mc_h16(b), y);
+        }
+        return 1;
+    case MC_Q8_0:
+        for (int i = 0; i < K / 32; i++, y += 32) {
+            const uint8_t *b = row + 34 * i;
+            mc_i8_scale_avx2((const int8_t *)(b + 2), 32, mc_h16(b), y);
+        }
+        return 1;
+    case MC_Q4_K: {
+        const __m256i m4 = _mm256_set1_epi8(0xF);
+        for (int i = 0; i < K / 256; i++) {
+            const uint8_t *b = row + 144 * i;
+            const float d = mc_h16(b), dmin = mc_h16(b + 2);
+            for (int j = 0; j < 4; j++, y += 64) {
+                uint8_t s0, m0, s1, m1;
+                mc_q4k_scale_min(2 * j, b + 4, &s0, &m0);
+                mc_q4k_scale_min(2 * j + 1, b + 4, &s1, &m1);
+                const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j));
+                _mm256_storeu_si256((__m256i *)tmp, _mm256_and_si256(q4, m4));
+                mc_i8_affine_avx2(tmp, 32, d * s0, -(dmin * m0), y);
+                _mm256_storeu_si256((__m256i *)tmp, _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4));
+                mc_i8_affine_avx2(tmp, 32, d * s1, -(dmin * m1), y + 32);
+            }
+        }
+        return 1;
+    }
+    case MC_Q6_K: {
+        const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+        const __m256i o32 = _mm256_set1_epi8(32);
+        for (int i = 0; i < K / 256; i++) {
+            const uint8_t *b = row + 210 * i;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            const float d = mc_h16(b + 208);
+            for (int n = 0; n < 2; n++, y += 128) {
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
+                const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
+                const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32));
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                       _mm256_and_si256(qh, m30));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+                for (int k = 0; k < 4; k++) {
+                    _mm256_storeu_si256((__m256i *)tmp, _mm256_sub_epi8(q[k], o32));
+                    const int8_t *s = sc + 8 * n + 2 * k;
+                    mc_i8_scale_avx2(tmp, 16, d * (float)s[0], y + 32 * k);
+                    mc_i8_scale_avx2(tmp + 16, 16, d * (float)s[1], y + 32 * k + 16);
+                }
+            }
+        }
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+
 /* ---- four activation rows per weight row: unpack each weight block once.
  * Each row's arithmetic is exactly the single-row kernel's, so results are
  * bit-identical to four separate calls. */
@@ -890,6 +998,15 @@ static float mc_dot_f32_neon(int K, const uint8_t *w, const void *xv) {
 
 #endif /* MC_NEON */
 
+/* dequantize one row with the fastest path `simd` allows */
+static void mc_dequant_row_simd(int t, const uint8_t *row, int K, float *y, int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_AVX2 && mc_dequant_row_avx2(t, row, K, y)) return;
+#endif
+    (void)simd;
+    mc_dequant_row(t, row, K, y);
+}
+
 /* ----------------------------------------------------------------- dispatch */
 
 static mc_dot_fn mc_pick_dot(int t, int simd) {
@@ -960,7 +1077,7 @@ static mc_dot4_fn mc_pick_dot4(int t, int simd) {
 #define MC_TN 32
 
 typedef struct {
-    int t, M, K, n, failed;
+    int t, M, K, n, failed, simd;
     const uint8_t *W;
     int64_t row_stride;
     const float *x;     /* (n, K) float activations (exact path, F32/F16) */
@@ -1006,7 +1123,7 @@ static void mc_matmul_exact_chunk(void *ctx, int tile) {
         return;
     }
     for (int r = r0; r < r1; r++) {
-        mc_dequant_row(jb->t, jb->W + (size_t)r * jb->row_stride, K, wrow);
+        mc_dequant_row_simd(jb->t, jb->W + (size_t)r * jb->row_stride, K, wrow, jb->simd);
         for (int j = 0; j < n; j++)
             jb->y[(size_t)j * M + r] = jb->dot(K, (const uint8_t *)wrow, jb->x + (size_t)j * K);
     }
@@ -1044,6 +1161,7 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
     jb.row_stride = row_stride;
     jb.x = x;
     jb.y = y;
+    jb.simd = simd;
     jb.dot = mc_pick_dot(t, simd);
     if (jb.dot == NULL) return -1;
     if (t == MC_F32 || t == MC_F16) exact = 0; /* already float paths */
@@ -1082,9 +1200,9 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
 
 /* out (nids, K) = dequantized rows ids of W */
 static void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
-                        int nids, float *out) {
+                        int nids, float *out, int simd) {
     for (int i = 0; i < nids; i++)
-        mc_dequant_row(t, W + (size_t)ids[i] * row_stride, K, out + (size_t)i * K);
+        mc_dequant_row_simd(t, W + (size_t)ids[i] * row_stride, K, out + (size_t)i * K, simd);
 }
 
 #endif /* MC_QUANT_H */

@@ -110,11 +110,11 @@ def cols_for(dtype: DType) -> int:
 
 
 @pytest.mark.parametrize("dtype", MATMUL_DTYPES)
-def test_get_rows_matches_reference_dequantization(dtype: DType) -> None:
+def test_get_rows_matches_reference_dequantization(cpu: CpuBackend, dtype: DType) -> None:
     rng = np.random.default_rng(1)
     w = make_weight(dtype, 37, cols_for(dtype), rng)
     ids = np.array([0, 36, 5, 5, 17], dtype=np.int64)
-    got = CpuBackend().get_rows(w, ids)
+    got = cpu.get_rows(w, ids)
     np.testing.assert_array_equal(got, REF.get_rows(w, ids))
     if dtype.is_block_quantized:
         full = gguf_dequantize(w.data, gguf.GGMLQuantizationType[dtype.name])

@@ -148,7 +148,7 @@ class CpuBackend:
         idx = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         if out is None:
             out = np.empty((idx.shape[0], w.shape[1]), dtype=np.float32)  # (len(ids), in)
-        _k.get_rows(code, _raw_rows(w), w.shape[1], idx, out)
+        _k.get_rows(code, _raw_rows(w), w.shape[1], idx, out, self.simd)
         return out
 
     def rms_norm(
