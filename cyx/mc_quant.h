@@ -567,19 +567,61 @@ MC_AVX2 static float mc_dot_f32_avx2(int K, const uint8_t *w, const void *xv) {
     const float *x = (const float *)xv;
     const float *wf = (const float *)w; /* loadu: no alignment needed */
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 32 <= K; i += 32) {
+    for (; i + 16 <= K; i += 16) {
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i), _mm256_loadu_ps(x + i), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i + 24), _mm256_loadu_ps(x + i + 24), a3);
     }
     for (; i + 8 <= K; i += 8)
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i), _mm256_loadu_ps(x + i), a0);
-    float sum = mc_hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    float sum = mc_hsum256(_mm256_add_ps(a0, a1));
     for (; i < K; i++) sum += mc_load_f32(w + 4 * i) * x[i];
     return sum;
+}
+
+/* 4 rows of x against one f32 (f16 when `half`) weight row; per row exactly
+ * the single-row kernel's arithmetic */
+MC_AVX2 static inline void mc_dot4_float_avx2(int K, const uint8_t *w, const void *xv,
+                                              size_t xstride, float *out, int half) {
+    const float *x[4];
+    for (int r = 0; r < 4; r++) x[r] = (const float *)((const char *)xv + r * xstride);
+    __m256 a0[4], a1[4];
+    for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= K; i += 16) {
+        __m256 w0, w1;
+        if (half) {
+            w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i)));
+            w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i + 16)));
+        } else {
+            w0 = _mm256_loadu_ps((const float *)w + i);
+            w1 = _mm256_loadu_ps((const float *)w + i + 8);
+        }
+        for (int r = 0; r < 4; r++) {
+            a0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[r] + i), a0[r]);
+            a1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[r] + i + 8), a1[r]);
+        }
+    }
+    for (; i + 8 <= K; i += 8) {
+        const __m256 w0 = half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i)))
+                               : _mm256_loadu_ps((const float *)w + i);
+        for (int r = 0; r < 4; r++) a0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[r] + i), a0[r]);
+    }
+    for (int r = 0; r < 4; r++) {
+        float sum = mc_hsum256(_mm256_add_ps(a0[r], a1[r]));
+        for (int j = i; j < K; j++) sum += (half ? mc_h16(w + 2 * j) : mc_load_f32(w + 4 * j)) * x[r][j];
+        out[r] = sum;
+    }
+}
+
+MC_AVX2 static void mc_dot4_f32_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                     float *out) {
+    mc_dot4_float_avx2(K, w, x, xstride, out, 0);
+}
+
+MC_AVX2 static void mc_dot4_f16_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
+                                     float *out) {
+    mc_dot4_float_avx2(K, w, x, xstride, out, 1);
 }
 
 MC_AVX2 static float mc_dot_f16_avx2(int K, const uint8_t *w, const void *xv) {
@@ -1063,6 +1105,8 @@ static mc_dot4_fn mc_pick_dot4(int t, int simd) {
         case MC_Q4_K: return mc_dot4_q4_k_avx2;
         case MC_Q6_K: return mc_dot4_q6_k_avx2;
         case MC_INT8: return mc_dot4_int8_avx2;
+        case MC_F32: return mc_dot4_f32_avx2;
+        case MC_F16: return mc_dot4_f16_avx2;
         default: return NULL;
         }
     }
@@ -1124,7 +1168,15 @@ static void mc_matmul_exact_chunk(void *ctx, int tile) {
     }
     for (int r = r0; r < r1; r++) {
         mc_dequant_row_simd(jb->t, jb->W + (size_t)r * jb->row_stride, K, wrow, jb->simd);
-        for (int j = 0; j < n; j++)
+        int j = 0;
+        if (jb->dot4 != NULL) {
+            for (; j + 4 <= n; j += 4) {
+                float o[4];
+                jb->dot4(K, (const uint8_t *)wrow, jb->x + (size_t)j * K, (size_t)K * sizeof(float), o);
+                for (int u = 0; u < 4; u++) jb->y[(size_t)(j + u) * M + r] = o[u];
+            }
+        }
+        for (; j < n; j++)
             jb->y[(size_t)j * M + r] = jb->dot(K, (const uint8_t *)wrow, jb->x + (size_t)j * K);
     }
     free(wrow);
@@ -1169,6 +1221,7 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
     const int use = (double)M * K * n < 65536.0 ? 1 : nth;
     if (exact) {
         jb.dot = mc_pick_dot_f32(simd);
+        jb.dot4 = mc_pick_dot4(MC_F32, simd);
         mc_parallel(use, ntiles, mc_matmul_exact_chunk, &jb);
         return jb.failed ? -2 : 0;
     }

@@ -164,11 +164,12 @@ def test_exact_matmul_against_f32_reference(simd: str, dtype: DType) -> None:
 
 
 @pytest.mark.parametrize("dtype", MATMUL_DTYPES)
-def test_batched_matmul_equals_one_row_at_a_time(dtype: DType) -> None:
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_batched_matmul_equals_one_row_at_a_time(mode: str, dtype: DType) -> None:
     rng = np.random.default_rng(4)
     w = make_weight(dtype, 45, cols_for(dtype), rng)
     x = rng.standard_normal((17, w.shape[1])).astype(np.float32)
-    cpu = CpuBackend()
+    cpu = CpuBackend(matmul=mode)
     batched = cpu.matmul(w, x)
     single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(17)])
     np.testing.assert_array_equal(batched, single)
