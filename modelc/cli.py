@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import modelc
-from modelc.artifact.inspect import human_bytes, human_count
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
 if TYPE_CHECKING:
@@ -56,6 +55,18 @@ def _store() -> Store:
     from modelc.store import Store
 
     return Store(_config().store_dir)
+
+
+def human_bytes(n: float) -> str:
+    from modelc.artifact.inspect import human_bytes as hb  # lazy: keeps `modelc --version` fast
+
+    return hb(n)
+
+
+def human_count(n: int) -> str:
+    from modelc.artifact.inspect import human_count as hc
+
+    return hc(n)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -132,9 +143,11 @@ def _pack_options(args: argparse.Namespace) -> PackOptions:
     )
 
 
-def _add_pack_flags(p: argparse.ArgumentParser) -> None:
-    from modelc.artifact.format import QUANT_METHODS
+# = modelc.artifact.format.QUANT_METHODS (kept here so building the parser imports no numpy)
+QUANTIZE_CHOICES = ("fp16", "int8", "int4", "q8_0", "q4_0")
 
+
+def _add_pack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compress",
         action=argparse.BooleanOptionalAction,
@@ -146,7 +159,7 @@ def _add_pack_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--quantize",
-        choices=list(QUANT_METHODS),
+        choices=list(QUANTIZE_CHOICES),
         default=None,
         help="quantize weight matrices (int4 is stored as GGML Q4_1 blocks)",
     )

@@ -85,6 +85,18 @@ def _listing(cli: Cli) -> list[dict[str, object]]:
     return out
 
 
+def test_quantize_choices_agree() -> None:
+    import typing
+
+    from modelc.artifact.format import QUANT_METHODS
+    from modelc.cli import QUANTIZE_CHOICES
+    from modelc.config import PackConfig
+
+    assert tuple(QUANT_METHODS) == QUANTIZE_CHOICES
+    literal = typing.get_args(typing.get_type_hints(PackConfig)["quantize"])[0]
+    assert typing.get_args(literal) == QUANTIZE_CHOICES
+
+
 def test_version_and_help(cli: Cli) -> None:
     assert cli("--version").stdout.strip() == "modelc 0.1.0"
     assert "pack" in cli("--help").stdout
