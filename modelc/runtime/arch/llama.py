@@ -1,0 +1,163 @@
+"""LLaMA family: RMSNorm, RoPE, grouped-query attention, SiLU-gated MLP, tied or untied head.
+
+Tensors (GGUF names): token_embd, output_norm, output (absent when tied), and per block
+attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down.
+Q/K rows are in the GGUF interleaved-pair RoPE layout unless ``hparams.rope_style`` is
+``neox``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from modelc.errors import UnsupportedError, UsageError
+from modelc.formats.ir import HParams, ModelIR, RopeScaling
+from modelc.runtime.backend import Backend, F32Array, Weight
+from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.model import (
+    Scratch,
+    SeqChunk,
+    TensorSource,
+    chunk_positions,
+    logit_row_index,
+)
+
+
+def rope_inv_freq(rot_dim: int, theta: float, scaling: RopeScaling) -> F32Array:
+    """Per-pair inverse frequencies (rot_dim/2,), with linear or llama3 scaling applied."""
+    inv = 1.0 / theta ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
+    kind = scaling.type or "none"
+    if kind == "none" or (kind == "linear" and scaling.factor == 1.0):
+        pass
+    elif kind == "linear":
+        inv = inv / scaling.factor
+    elif kind == "llama3":
+        old = scaling.original_max_position or 8192
+        low_wl = old / scaling.low_freq_factor
+        high_wl = old / scaling.high_freq_factor
+        wl = 2 * math.pi / inv
+        smooth = (old / wl - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        mid = (1 - smooth) * inv / scaling.factor + smooth * inv
+        inv = np.where(wl > low_wl, inv / scaling.factor, np.where(wl < high_wl, inv, mid))
+    else:
+        raise UnsupportedError(f"RoPE scaling {kind!r} is not supported (only linear and llama3)")
+    return inv.astype(np.float32)
+
+
+@dataclass(slots=True)
+class Block:
+    attn_norm: F32Array  # (d,)
+    wq: Weight  # (n_head*hd, d)
+    wk: Weight  # (n_head_kv*hd, d)
+    wv: Weight  # (n_head_kv*hd, d)
+    wo: Weight  # (d, n_head*hd)
+    ffn_norm: F32Array  # (d,)
+    w_gate: Weight  # (ff, d)
+    w_up: Weight  # (ff, d)
+    w_down: Weight  # (d, ff)
+
+
+class Llama:
+    architecture = "llama"
+
+    def __init__(self, ir: ModelIR, backend: Backend) -> None:
+        hp = ir.hparams
+        self.hparams: HParams = hp
+        self.be = backend
+        src = TensorSource(ir)
+        self.tok_embd = src.weight("token_embd.weight")  # (vocab, d)
+        self.n_vocab = hp.n_vocab or self.tok_embd.shape[0]
+        self.d = hp.n_embd or self.tok_embd.shape[1]
+        self.n_head = hp.n_head
+        self.n_head_kv = hp.n_head_kv or hp.n_head
+        self.head_dim = hp.head_dim or self.d // self.n_head
+        self.n_ctx = hp.n_ctx or 2048
+        self.eps = hp.norm_eps
+        self.blocks = [
+            Block(
+                attn_norm=src.vec(f"blk.{i}.attn_norm.weight"),
+                wq=src.weight(f"blk.{i}.attn_q.weight"),
+                wk=src.weight(f"blk.{i}.attn_k.weight"),
+                wv=src.weight(f"blk.{i}.attn_v.weight"),
+                wo=src.weight(f"blk.{i}.attn_output.weight"),
+                ffn_norm=src.vec(f"blk.{i}.ffn_norm.weight"),
+                w_gate=src.weight(f"blk.{i}.ffn_gate.weight"),
+                w_up=src.weight(f"blk.{i}.ffn_up.weight"),
+                w_down=src.weight(f"blk.{i}.ffn_down.weight"),
+            )
+            for i in range(hp.n_layer)
+        ]
+        self.output_norm = src.vec("output_norm.weight")
+        self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
+        self.neox = hp.rope_style == "neox"
+        self.inv_freq = rope_inv_freq(self.head_dim, hp.rope_theta, hp.rope_scaling)
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
+        self.scratch = Scratch()
+
+    def new_cache(
+        self,
+        mode: KVMode | str = KVMode.F32,
+        *,
+        max_tokens: int | None = None,
+        hot_window: int = 256,
+        budget: KVBudget | None = None,
+    ) -> KVCache:
+        return KVCache(
+            self.kv_shape, max_tokens or self.n_ctx, mode, hot_window=hot_window, budget=budget
+        )
+
+    def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
+        be, hd, nh, nkv = self.be, self.head_dim, self.n_head, self.n_head_kv
+        ids, pos, slices = chunk_positions(batch)
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise UsageError(f"token id out of range 0..{self.n_vocab - 1}")
+        for c in batch:
+            c.cache.reserve(c.cache.n + len(c.tokens))
+        n = len(ids)
+        x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, self.d)))  # (n, d)
+        h = self.scratch.get("h", (n, self.d))  # (n, d)
+        attn = self.scratch.get("attn", (n, nh, hd))  # (n, n_head, hd)
+        for li, b in enumerate(self.blocks):
+            h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
+            q = be.matmul(b.wq, h, out=self.scratch.get("q", (n, nh * hd))).reshape(n, nh, hd)
+            k = be.matmul(b.wk, h, out=self.scratch.get("k", (n, nkv * hd))).reshape(n, nkv, hd)
+            v = be.matmul(b.wv, h, out=self.scratch.get("v", (n, nkv * hd))).reshape(n, nkv, hd)
+            be.rope(q, pos, self.inv_freq, self.neox)
+            be.rope(k, pos, self.inv_freq, self.neox)
+            for c, sl in zip(batch, slices, strict=True):
+                p0 = c.cache.n
+                c.cache.write(li, p0, k[sl], v[sl])
+                kk, vv = c.cache.read(li, p0 + len(c.tokens))  # (n_kv, n_head_kv, hd)
+                attn[sl] = be.attention(q[sl], kk, vv, p0, self.scale, out=attn[sl])
+            x += be.matmul(b.wo, attn.reshape(n, nh * hd), out=self.scratch.get("o", (n, self.d)))
+            h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
+            ff = b.w_gate.shape[0]
+            g = be.matmul(b.w_gate, h, out=self.scratch.get("gate", (n, ff)))  # (n, ff)
+            u = be.matmul(b.w_up, h, out=self.scratch.get("up", (n, ff)))  # (n, ff)
+            g = be.silu_mul(g, u, out=g)
+            x += be.matmul(b.w_down, g, out=self.scratch.get("o", (n, self.d)))
+        for c in batch:
+            c.cache.advance(len(c.tokens))
+        rows = logit_row_index(batch, slices)
+        if len(rows) == 0:
+            return np.zeros((0, self.n_vocab), np.float32)
+        hl = be.rms_norm(np.ascontiguousarray(x[rows]), self.output_norm, self.eps)  # (r, d)
+        return be.matmul(self.output, hl)  # (r, vocab), a fresh array the caller may keep
+
+    def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
+        """Drop tokens after the anchors; re-rotate the moved keys by ``-n_discard``."""
+        cache.shift(n_keep, n_discard)
+        delta = np.full(max(cache.n - n_keep, 0), -n_discard, np.int64)
+
+        def rerotate(k: F32Array) -> None:
+            self.be.rope(k, delta[: len(k)], self.inv_freq, self.neox)
+
+        if cache.n > n_keep:
+            cache.update_keys(n_keep, rerotate)

@@ -1,0 +1,196 @@
+"""The small contract every architecture exports (see ``modelc.runtime.arch``).
+
+A language model processes a **batch** of :class:`SeqChunk` per step: each chunk is
+one sequence's next tokens (a prefill chunk or a single decode token) together with
+that sequence's :class:`~modelc.runtime.kv_cache.KVCache`.  All chunks' tokens are
+concatenated into one ``(n_tokens, d)`` activation matrix, so every weight matrix is
+read once per step for the whole batch; attention runs per sequence over its own
+cache.  Token ``i`` of a chunk sits at position ``cache.n + i``.
+
+An embedding model maps token-id sequences to pooled vectors; a tensor model (MLP,
+ONNX plan) maps input arrays to output arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from modelc.errors import FormatError, UnsupportedError
+from modelc.formats.ir import DType, HParams, ModelIR
+from modelc.runtime.backend import F32Array, Weight
+from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode
+
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
+
+
+@dataclass(slots=True)
+class SeqChunk:
+    """One sequence's tokens for this step.
+
+    ``logit_rows``: indices into ``tokens`` whose next-token logits are returned;
+    ``None`` means the last token only (the usual case), ``()`` none (a prefill
+    chunk that is not the prompt's last).
+    """
+
+    cache: KVCache
+    tokens: Sequence[int] | IntArray
+    logit_rows: tuple[int, ...] | None = None
+
+    def rows(self) -> tuple[int, ...]:
+        return (len(self.tokens) - 1,) if self.logit_rows is None else self.logit_rows
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """A causal LM: llama, gpt2."""
+
+    architecture: str
+    hparams: HParams
+    n_vocab: int
+    n_ctx: int
+
+    def new_cache(
+        self,
+        mode: KVMode | str = KVMode.F32,
+        *,
+        max_tokens: int | None = None,
+        hot_window: int = 256,
+        budget: KVBudget | None = None,
+    ) -> KVCache:
+        """An empty cache for one sequence (``max_tokens`` defaults to ``n_ctx``)."""
+        ...
+
+    def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
+        """Run one step; append every chunk to its cache; logits (sum of rows, n_vocab)."""
+        ...
+
+    def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
+        """Drop ``n_discard`` tokens after the first ``n_keep`` (see kv_cache)."""
+        ...
+
+
+@runtime_checkable
+class EmbeddingModel(Protocol):
+    """An encoder producing one pooled vector per input sequence: bert."""
+
+    architecture: str
+    hparams: HParams
+
+    def embed(
+        self,
+        batch: Sequence[Sequence[int]],
+        token_types: Sequence[Sequence[int]] | None = None,
+    ) -> F32Array:
+        """Pooled (and, if the model says so, L2-normalised) embeddings (batch, d)."""
+        ...
+
+
+@runtime_checkable
+class TensorModel(Protocol):
+    """Array in, array out: mlp and ONNX plans."""
+
+    architecture: str
+
+    def run(self, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]: ...
+
+
+# --- helpers shared by the architectures ----------------------------------------------
+
+
+def _plain_f32(ir: ModelIR, name: str) -> F32Array:
+    t = ir.tensors[name]
+    data = t.data()
+    if t.dtype is DType.BF16:
+        data = (np.asarray(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    elif t.dtype.is_quantized:
+        raise UnsupportedError(f"{name}: expected a plain float tensor, got {t.dtype}")
+    return np.ascontiguousarray(data, dtype=np.float32).reshape(t.shape)
+
+
+@dataclass(slots=True)
+class TensorSource:
+    """Typed access to an IR's tensors with clear errors for missing ones."""
+
+    ir: ModelIR
+    used: set[str] = field(default_factory=set)
+
+    def has(self, name: str) -> bool:
+        return name in self.ir.tensors
+
+    def _get(self, name: str) -> None:
+        if name not in self.ir.tensors:
+            raise FormatError(
+                f"{self.ir.architecture} model is missing tensor {name!r}; "
+                "the file is incomplete or not this architecture",
+                path=self.ir.source.path,
+            )
+        self.used.add(name)
+
+    def vec(self, name: str) -> F32Array:
+        """A norm weight or bias, f32."""
+        self._get(name)
+        return _plain_f32(self.ir, name).reshape(-1)
+
+    def weight(self, name: str) -> Weight:
+        """A matrix (out, in), kept in its stored (possibly quantized) dtype."""
+        self._get(name)
+        t = self.ir.tensors[name]
+        if len(t.shape) != 2:
+            raise FormatError(
+                f"{name}: expected a matrix, got shape {t.shape}", path=self.ir.source.path
+            )
+        shape = (int(t.shape[0]), int(t.shape[1]))
+        if t.dtype in (DType.F32, DType.F16):
+            return Weight(t.dtype, shape, np.ascontiguousarray(t.data()).reshape(shape))
+        if t.dtype.is_quantized:
+            return Weight(t.dtype, shape, np.ascontiguousarray(t.data()))
+        return Weight(DType.F32, shape, _plain_f32(self.ir, name).reshape(shape))
+
+    def array(self, name: str) -> F32Array:
+        """A plain tensor of any shape, f32."""
+        self._get(name)
+        return _plain_f32(self.ir, name)
+
+
+class Scratch:
+    """Grow-only f32 buffers reused across steps: ``get(name, shape)`` is a view."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, F32Array] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> F32Array:
+        n = int(np.prod(shape))
+        buf = self._bufs.get(name)
+        if buf is None or buf.size < n:
+            buf = np.empty(max(n, 2 * buf.size if buf is not None else n), np.float32)
+            self._bufs[name] = buf
+        return buf[:n].reshape(shape)
+
+
+def chunk_positions(batch: Sequence[SeqChunk]) -> tuple[IntArray, IntArray, list[slice]]:
+    """Concatenated token ids (N,), their positions (N,), and each chunk's row slice."""
+    ids, pos, slices = [], [], []
+    start = 0
+    seen: set[int] = set()
+    for c in batch:
+        n = len(c.tokens)
+        if n == 0:
+            raise ValueError("empty chunk in batch")
+        if id(c.cache) in seen:
+            raise ValueError("a sequence appears twice in one batch")
+        seen.add(id(c.cache))
+        ids.append(np.asarray(c.tokens, np.int64))
+        pos.append(np.arange(c.cache.n, c.cache.n + n, dtype=np.int64))
+        slices.append(slice(start, start + n))
+        start += n
+    return np.concatenate(ids), np.concatenate(pos), slices
+
+
+def logit_row_index(batch: Sequence[SeqChunk], slices: list[slice]) -> IntArray:
+    """Rows of the (N, d) activations whose logits the batch asks for, in order."""
+    rows = [sl.start + r for c, sl in zip(batch, slices, strict=True) for r in c.rows()]
+    return np.asarray(rows, np.int64)

@@ -1,0 +1,190 @@
+"""Token sampling: a chain of small logit processors built once per request.
+
+Order of the chain (each step is skipped when its setting is neutral):
+
+1. ``logit_bias``                  added to the raw logits (token id -> bias)
+2. repetition penalty              over the last ``repeat_last_n`` tokens (prompt included),
+                                   llama.cpp / CTRL style: positive logits divided, negative multiplied
+3. presence / frequency penalties  over the generated tokens (OpenAI semantics)
+4. temperature == 0                greedy: argmax of the processed logits, no randomness
+5. temperature, top-k, top-p, min-p, then a draw from the per-request seeded RNG
+
+Log-probabilities (the chosen token's and the top-N alternatives) come from the raw
+model logits (log-softmax before any processing), as OpenAI reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UsageError
+from modelc.runtime.backend import F32Array
+
+Processor = Callable[[F32Array], None]  # in place on logits (n_vocab,)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """What a request asks of the sampler (and, in generate.py, of the loop)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    logprobs: int | None = None  # top-N alternatives to report (0 = the chosen token only)
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # EOS/EOT: the caller fills these
+
+    def validate(self, n_vocab: int) -> None:
+        """Raise UsageError naming the first out-of-range setting."""
+        checks: list[tuple[bool, str]] = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (
+                self.repetition_penalty > 0,
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+            ),
+            (self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"),
+            (
+                -2 <= self.presence_penalty <= 2,
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
+            ),
+            (
+                -2 <= self.frequency_penalty <= 2,
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
+            ),
+            (self.max_tokens >= 0, f"max_tokens must be >= 0, got {self.max_tokens}"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= 20,
+                f"logprobs must be in [0, 20], got {self.logprobs}",
+            ),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise UsageError(msg)
+        for tok, bias in self.logit_bias.items():
+            if not 0 <= int(tok) < n_vocab:
+                raise UsageError(
+                    f"logit_bias token id {tok} is outside the vocabulary 0..{n_vocab - 1}"
+                )
+            if not -100 <= bias <= 100:
+                raise UsageError(
+                    f"logit_bias values must be in [-100, 100], got {bias} for token {tok}"
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    token: int
+    logprob: float  # of ``token`` under the raw model distribution
+    top: tuple[tuple[int, float], ...] = ()  # top-N (token, logprob), best first
+
+
+def log_softmax(logits: F32Array) -> np.ndarray[Any, np.dtype[np.float64]]:
+    x = logits.astype(np.float64)
+    x -= x.max()
+    x -= np.log(np.exp(x).sum())
+    return x
+
+
+class Sampler:
+    """Built once per request; ``sample(logits)`` then ``accept(token)`` per step."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, prompt: Sequence[int] = ()) -> None:
+        params.validate(n_vocab)
+        self.p = params
+        self.n_vocab = n_vocab
+        self.rng = np.random.default_rng(params.seed)
+        self.history: list[int] = list(prompt)  # prompt + generated
+        self.counts = np.zeros(n_vocab, np.int32)  # generated-token counts
+        self.chain: list[Processor] = self._build_chain()
+        self._work: F32Array = np.empty(n_vocab, np.float32)
+
+    def _build_chain(self) -> list[Processor]:
+        p, chain = self.p, []
+        if p.logit_bias:
+            ids = np.fromiter(p.logit_bias.keys(), np.int64)
+            vals = np.fromiter(p.logit_bias.values(), np.float32)
+            chain.append(lambda x: np.add.at(x, ids, vals))
+        if p.repetition_penalty != 1.0 and p.repeat_last_n > 0:
+            chain.append(self._repetition)
+        if p.presence_penalty or p.frequency_penalty:
+            chain.append(self._presence_frequency)
+        return chain
+
+    def _repetition(self, x: F32Array) -> None:
+        recent = np.unique(np.asarray(self.history[-self.p.repeat_last_n :], np.int64))
+        if len(recent) == 0:
+            return
+        v = x[recent]
+        x[recent] = np.where(v > 0, v / self.p.repetition_penalty, v * self.p.repetition_penalty)
+
+    def _presence_frequency(self, x: F32Array) -> None:
+        c = self.counts
+        x -= (c * self.p.frequency_penalty + (c > 0) * self.p.presence_penalty).astype(np.float32)
+
+    def process(self, logits: F32Array) -> F32Array:
+        """The processed logits (a copy): bias and penalties applied."""
+        x = self._work
+        x[...] = logits
+        for f in self.chain:
+            f(x)
+        return x
+
+    def probs(self, x: F32Array) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """Sampling distribution (n_vocab,) after temperature, top-k, top-p, min-p."""
+        p = self.p
+        z = x.astype(np.float64) / p.temperature
+        z -= z.max()
+        probs = np.exp(z)
+        if 0 < p.top_k < self.n_vocab:
+            kth = np.partition(probs, -p.top_k)[-p.top_k]
+            probs[probs < kth] = 0.0
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cum = np.cumsum(probs[order])
+            # keep the smallest prefix whose mass reaches top_p (at least one token)
+            n_keep = int(np.searchsorted(cum, p.top_p, side="left")) + 1
+            probs[order[n_keep:]] = 0.0
+            probs /= probs.sum()
+        if p.min_p > 0.0:
+            probs[probs < p.min_p * probs.max()] = 0.0
+            probs /= probs.sum()
+        return probs
+
+    def sample(self, logits: F32Array) -> Sample:
+        """Choose the next token from raw logits (n_vocab,)."""
+        x = self.process(logits)
+        if self.p.temperature == 0:
+            tok = int(np.argmax(x))
+        else:
+            probs = self.probs(x)
+            tok = int(self.rng.choice(self.n_vocab, p=probs))
+        if self.p.logprobs is None:
+            return Sample(tok, float("nan"))
+        lp = log_softmax(logits)
+        top: tuple[tuple[int, float], ...] = ()
+        if self.p.logprobs:
+            idx = np.argpartition(-lp, self.p.logprobs)[: self.p.logprobs]
+            idx = idx[np.argsort(-lp[idx], kind="stable")]
+            top = tuple((int(i), float(lp[i])) for i in idx)
+        return Sample(tok, float(lp[tok]), top)
+
+    def accept(self, token: int) -> None:
+        """Record a generated token (for the penalties)."""
+        self.history.append(token)
+        self.counts[token] += 1

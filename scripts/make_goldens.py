@@ -1,0 +1,259 @@
+"""Regenerate the numeric golden references in tests/golden/ with Hugging Face transformers.
+
+Run with the reference venv (torch 2.13 + transformers 5.x), from the repository root:
+
+    /root/.cache/modelc-ref-venv/bin/python scripts/make_goldens.py [smollm2] [gpt2] [minilm]
+
+The test assets are located (and fetched if needed) by the project venv
+(``.venv/bin/python -m tests.assets`` / ``-m tests.gen_gpt2``), so this script and the
+tests use the same files.
+
+* smollm2: the real Q4_1 GGUF, dequantized to f32 by transformers (``gguf_file=``, which
+  also undoes the GGUF Q/K RoPE permutation); per prompt the top-10 next-token ids and
+  log-probabilities, and a 32-token greedy continuation (EOS does not stop it).
+* gpt2: the numpy-generated random GPT-2 of ``tests/gen_gpt2.py`` loaded into
+  ``GPT2LMHeadModel``; same outputs.  Also writes ``pytorch_model.bin`` of the same
+  weights into ``<assets>/gpt2-random-bin/`` for the PyTorch reader's tests.
+* minilm: all-MiniLM-L6-v2 ``BertModel``, mean-pooled over the attention mask and
+  L2-normalised (the sentence-transformers recipe).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+TOP_N = 10
+N_GREEDY = 32
+
+SMOLLM2_RAW_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a",
+    "def fibonacci(n):\n",
+    "The quick brown fox jumps over the",
+    "1, 2, 3, 4, 5,",
+    "Water boils at a temperature of",
+    "In 1492, Christopher Columbus",
+    "The three primary colors are",
+    "import numpy as np\n\nx = np.",
+    "Photosynthesis is the process by which",
+    "Q: What is 12 times 12?\nA:",
+    "My favourite food is",
+    "The largest planet in the solar system is",
+    "<html>\n<head>\n<title>",
+    "Machine learning is a field of",
+    "Le chat est sur la",
+    "To make a cup of tea, first",
+    "SELECT name, age FROM users WHERE",
+    "The mitochondria is the",
+    "Roses are red, violets are",
+    "A",
+    "Hello! How are you doing today? I am",
+]
+SMOLLM2_CHATS: list[list[dict[str, str]]] = [
+    [{"role": "user", "content": "What is the capital of Germany?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Name three fruits."},
+    ],
+    [
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello! How can I help you?"},
+        {"role": "user", "content": "Tell me a fun fact about cats."},
+    ],
+]
+
+MINILM_SENTENCES = [
+    "This is an example sentence.",
+    "Each sentence is converted into a vector.",
+    "The cat sits outside.",
+    "A man is playing guitar.",
+    "I love pasta with tomato sauce!",
+    "The new movie is awesome.",
+    "Quantum computers use qubits instead of bits.",
+    "How do I reset my password?",
+    "Paris",
+    "The weather today is sunny with a light breeze from the west, perfect for a long walk in the park.",
+]
+
+
+def project_python(code: str) -> str:
+    """Run a snippet in the project venv (which knows where the test assets live)."""
+    out = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-c", code],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def next_token_record(logits: torch.Tensor) -> dict[str, Any]:
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    top = torch.topk(logp, TOP_N)
+    return {
+        "top_ids": [int(i) for i in top.indices],
+        "top_logprobs": [round(float(v), 6) for v in top.values],
+    }
+
+
+@torch.no_grad()
+def greedy(model: Any, ids: list[int]) -> tuple[list[int], float]:
+    """32 greedy tokens (EOS does not stop), and the smallest top-1/top-2 logit margin seen."""
+    out = model(torch.tensor([ids]), use_cache=True)
+    past = out.past_key_values
+    logits = out.logits[0, -1]
+    gen: list[int] = []
+    margin = float("inf")
+    for _ in range(N_GREEDY):
+        top2 = torch.topk(logits, 2).values
+        margin = min(margin, float(top2[0] - top2[1]))
+        tok = int(torch.argmax(logits))
+        gen.append(tok)
+        out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1]
+    return gen, margin
+
+
+@torch.no_grad()
+def lm_record(model: Any, ids: list[int], **extra: Any) -> dict[str, Any]:
+    logits = model(torch.tensor([ids])).logits[0, -1]
+    gen, margin = greedy(model, ids)
+    return {
+        **extra,
+        "prompt_ids": ids,
+        **next_token_record(logits),
+        "greedy": gen,
+        "min_greedy_margin": round(margin, 5),
+    }
+
+
+def write(name: str, data: dict[str, Any]) -> None:
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    path = GOLDEN / name
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {path} ({path.stat().st_size} bytes)")
+
+
+def make_smollm2() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(project_python("from tests.assets import smollm2_gguf; print(smollm2_gguf())"))
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
+    records = []
+    for p in SMOLLM2_RAW_PROMPTS:
+        ids = tok(p, add_special_tokens=False).input_ids
+        rec = lm_record(model, ids, prompt=p)
+        rec["greedy_text"] = tok.decode(
+            rec["greedy"], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        records.append(rec)
+    for msgs in SMOLLM2_CHATS:
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        ids = tok(text, add_special_tokens=False).input_ids
+        records.append(lm_record(model, ids, chat=msgs, prompt=text))
+        print(repr(text))
+    write(
+        "smollm2.json",
+        {
+            "model": gguf.name,
+            "reference": f"transformers {__import__('transformers').__version__}, "
+            f"torch {torch.__version__}, f32 dequantized GGUF",
+            "records": records,
+        },
+    )
+
+
+def make_gpt2() -> None:
+    from transformers import GPT2LMHeadModel
+
+    d = Path(
+        project_python("from tests.gen_gpt2 import ensure_gpt2_random; print(ensure_gpt2_random())")
+    )
+    model = GPT2LMHeadModel.from_pretrained(d, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(7)
+    records = []
+    for i, n in enumerate([1, 2, 3, 5, 8, 13, 17, 21, 30, 40, 4, 9, 11, 16, 25, 33, 6, 7, 12, 50]):
+        while True:
+            ids = [int(t) for t in torch.randint(0, 50257, (n,), generator=gen)]
+            if i % 4 == 0:  # some prompts of common (low-id) tokens
+                ids = [int(t) % 2000 for t in ids]
+            rec = lm_record(model, ids)
+            # a random model has near-ties no f32 implementation decides reliably: redraw
+            if rec["min_greedy_margin"] >= 2e-3:
+                break
+        records.append(rec)
+    write(
+        "gpt2_random.json",
+        {
+            "model": "tests/gen_gpt2.py SEED weights",
+            "reference": f"transformers {__import__('transformers').__version__}, "
+            f"torch {torch.__version__}, GPT2LMHeadModel f32",
+            "records": records,
+        },
+    )
+    bin_dir = d.parent / "gpt2-random-bin"
+    bin_dir.mkdir(exist_ok=True)
+    shutil.copy(d / "config.json", bin_dir / "config.json")
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    torch.save(sd, bin_dir / "pytorch_model.bin")
+    print(f"wrote {bin_dir / 'pytorch_model.bin'}")
+
+
+@torch.no_grad()
+def make_minilm() -> None:
+    from transformers import AutoTokenizer, BertModel
+
+    d = Path(project_python("from tests.assets import minilm_dir; print(minilm_dir())"))
+    tok = AutoTokenizer.from_pretrained(d)
+    model = BertModel.from_pretrained(d, dtype=torch.float32).eval()
+    enc = tok(MINILM_SENTENCES, padding=True, return_tensors="pt")
+    hidden = model(**enc).last_hidden_state  # (batch, seq, 384)
+    mask = enc["attention_mask"].unsqueeze(-1).float()
+    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    emb = torch.nn.functional.normalize(pooled, p=2, dim=1)
+    records = []
+    for i, s in enumerate(MINILM_SENTENCES):
+        n = int(enc["attention_mask"][i].sum())
+        records.append(
+            {
+                "sentence": s,
+                "input_ids": [int(t) for t in enc["input_ids"][i, :n]],
+                "token_type_ids": [int(t) for t in enc["token_type_ids"][i, :n]],
+                "embedding": [round(float(v), 7) for v in emb[i]],
+            }
+        )
+    write(
+        "minilm.json",
+        {
+            "model": "all-MiniLM-L6-v2",
+            "reference": f"transformers {__import__('transformers').__version__}, "
+            f"torch {torch.__version__}, BertModel f32, mean pooling + L2 normalisation",
+            "records": records,
+        },
+    )
+
+
+def main() -> None:
+    torch.set_grad_enabled(False)
+    which = sys.argv[1:] or ["smollm2", "gpt2", "minilm"]
+    for w in which:
+        {"smollm2": make_smollm2, "gpt2": make_gpt2, "minilm": make_minilm}[w]()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Shared helpers for the runtime tests: golden files, backends, log-softmax, greedy loops."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.runtime.backend import Backend
+from modelc.runtime.kv_cache import KVCache
+from modelc.runtime.model import LanguageModel, SeqChunk
+
+GOLDEN = Path(__file__).parent / "golden"
+# golden tolerance of the issue: top-10 next-token log-probabilities within 2e-3
+LOGPROB_TOL = 2e-3
+
+
+def golden(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((GOLDEN / name).read_text())
+    return data
+
+
+def make_backend(name: str) -> Backend:
+    """``numpy`` (reference twins) or ``cpu-exact`` (compiled kernels, f32 activations)."""
+    if name == "numpy":
+        from modelc.runtime.backends.numpy_ref import NumpyBackend
+
+        return NumpyBackend()
+    try:
+        from modelc.runtime.backends.cpu import CpuBackend
+    except ImportError as e:
+        pytest.skip(f"compiled kernels not built ({e}); run pip install -e .")
+    return CpuBackend(matmul="exact" if name == "cpu-exact" else "fast")
+
+
+def log_softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    z = x.astype(np.float64)
+    z -= z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def prompt_logprob_error(
+    model: LanguageModel, rec: dict[str, Any], cache: KVCache
+) -> tuple[float, int]:
+    """Max |logprob - golden| over the golden top-10 ids after the prompt; our top-1 id."""
+    logits = model.forward([SeqChunk(cache, rec["prompt_ids"])])[0]
+    lp = log_softmax(logits)
+    err = float(np.max(np.abs(lp[rec["top_ids"]] - np.asarray(rec["top_logprobs"]))))
+    return err, int(np.argmax(logits))
+
+
+def greedy(model: LanguageModel, cache: KVCache, first: int, n: int) -> list[int]:
+    """``n`` greedy tokens starting with ``first`` (already chosen), prompt in ``cache``."""
+    out = [first]
+    while len(out) < n:
+        out.append(int(np.argmax(model.forward([SeqChunk(cache, [out[-1]])])[0])))
+    return out
+
+
+def check_record(
+    model: LanguageModel, rec: dict[str, Any], mode: str = "f32"
+) -> tuple[float, list[int]]:
+    cache = model.new_cache(mode, hot_window=16)
+    err, top1 = prompt_logprob_error(model, rec, cache)
+    return err, greedy(model, cache, top1, len(rec["greedy"]))
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
+    """Index of the first differing token (len if equal)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))

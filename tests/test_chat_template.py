@@ -1,0 +1,79 @@
+"""Chat templates: the real SmolLM2 template (vs transformers' rendering), sandboxing, fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelc.errors import UsageError
+from modelc.formats import load_model
+from modelc.runtime.chat_template import plain_chat, render_chat
+from tests.assets import smollm2_gguf
+from tests.runtime_support import golden
+
+
+@pytest.fixture(scope="module")
+def smollm2_template() -> str:
+    ir = load_model(smollm2_gguf())
+    assert ir.chat_template
+    return ir.chat_template
+
+
+def test_smollm2_template_matches_transformers(smollm2_template: str) -> None:
+    chats = [r for r in golden("smollm2.json")["records"] if "chat" in r]
+    assert len(chats) >= 4
+    for r in chats:
+        # the golden prompt text is transformers' apply_chat_template output
+        assert render_chat(smollm2_template, r["chat"], add_generation_prompt=True) == r["prompt"]
+
+
+def test_generation_prompt_flag(smollm2_template: str) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    with_gp = render_chat(smollm2_template, msgs, add_generation_prompt=True)
+    without = render_chat(smollm2_template, msgs, add_generation_prompt=False)
+    assert with_gp == without + "<|im_start|>assistant\n"
+
+
+def test_variables_tools_bos_eos_and_tojson() -> None:
+    tpl = (
+        "{{ bos_token }}{% if tools %}{{ tools | tojson }}|{% endif %}"
+        "{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}"
+        "{% if add_generation_prompt %}>{% endif %}{{ eos_token }}"
+    )
+    out = render_chat(
+        tpl,
+        [{"role": "user", "content": "é<b>"}],
+        tools=[{"name": "f", "x": "<é>"}],
+        bos_token="<s>",
+        eos_token="</s>",
+    )
+    assert out == '<s>[{"name": "f", "x": "<é>"}]|user=é<b>;></s>'
+
+
+def test_raise_exception_becomes_usage_error() -> None:
+    tpl = "{% if messages[0].role != 'system' %}{{ raise_exception('first must be system') }}{% endif %}"
+    with pytest.raises(UsageError, match="first must be system"):
+        render_chat(tpl, [{"role": "user", "content": "x"}])
+
+
+def test_sandbox_blocks_attribute_escapes() -> None:
+    tpl = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(UsageError):
+        render_chat(tpl, [{"role": "user", "content": "x"}])
+    mutate = "{% set _ = messages.append(1) %}x"
+    with pytest.raises(UsageError, match="unsafe"):
+        render_chat(mutate, [{"role": "user", "content": "x"}])
+
+
+def test_syntax_error_is_usage_error() -> None:
+    with pytest.raises(UsageError, match="does not parse"):
+        render_chat("{% for m in messages %}", [{"role": "user", "content": "x"}])
+
+
+def test_plain_fallback() -> None:
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert render_chat(None, msgs) == "system: be brief\nuser: hi\nassistant:"
+    assert plain_chat(msgs, add_generation_prompt=False) == "system: be brief\nuser: hi\n"
+    with pytest.raises(UsageError):
+        render_chat(None, [])
+    with pytest.raises(UsageError):
+        render_chat(None, [{"content": "no role"}])
