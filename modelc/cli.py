@@ -477,7 +477,11 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 def add_tokenize(sub: Any) -> None:
     p = sub.add_parser("tokenize", help="print the token ids of TEXT as a JSON list")
     p.add_argument("model", metavar="MODEL", help="any MODEL, or a (vocab-only) GGUF path")
-    p.add_argument("text", metavar="TEXT", help="taken verbatim (no escape processing)")
+    p.add_argument(
+        "text",
+        metavar="TEXT",
+        help="taken verbatim (no escape processing), even if it starts with '-'",
+    )
     p.set_defaults(func=cmd_tokenize)
 
 
@@ -576,8 +580,12 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 3 and argv[0] == "tokenize" and not argv[1].startswith("-"):
+        # `tokenize MODEL TEXT`: TEXT verbatim, even "-x" or "--help" (argparse would parse it)
+        args = argparse.Namespace(func=cmd_tokenize, model=argv[1], text=argv[2])
+    else:
+        args = build_parser().parse_args(argv)
     func: CommandFn = args.func
     try:
         return func(args)

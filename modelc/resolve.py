@@ -89,7 +89,7 @@ def resolve_model(
     if name in CATALOG and not store.versions(name):
         from modelc.pull import pull
 
-        _, path = pull(name, store, pack_progress=progress, quiet=quiet)
+        _, path = pull(name, store, name=arg, pack_progress=progress, quiet=quiet)
         return path
     if store.versions(name):
         return store.resolve(arg)  # raises: names the missing version

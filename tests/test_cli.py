@@ -265,6 +265,8 @@ def test_tokenize_smollm2_gguf(cli: Cli, smol: Path) -> None:
     assert json.loads(cli("tokenize", str(smol), "").stdout) == []
     spaces = json.loads(cli("tokenize", str(smol), "   ").stdout)
     assert spaces and all(isinstance(i, int) for i in spaces)
+    dash = json.loads(cli("tokenize", str(smol), "-h").stdout)
+    assert dash == json.loads(cli("tokenize", str(smol), "--", "-h").stdout) and len(dash) >= 1
     assert json.loads(cli("tokenize", str(smol), "a\\nb").stdout) != json.loads(
         cli("tokenize", str(smol), "a\nb").stdout
     )  # no escape processing
