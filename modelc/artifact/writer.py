@@ -113,7 +113,7 @@ def _chunks(
 ) -> Iterator[np.ndarray[Any, Any]]:
     """The tensor's stored bytes as row blocks, pruned and quantized block by block.
 
-    Working on ~16 MB of rows at a time keeps the transform's temporaries small: peak
+    Working on ~4 MB of rows at a time keeps the transform's temporaries small: peak
     memory is one block, not a multiple of the tensor.  Untransformed tensors are
     yielded as views of the (memory-mapped) source.
     """
