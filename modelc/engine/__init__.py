@@ -1,0 +1,65 @@
+"""The engine: the scheduler that owns generation (see :mod:`modelc.engine.scheduler`).
+
+``engine = build_engine(model, EngineOptions(...))`` loads the model; then
+``await nursery.start(engine.run)`` starts the scheduler task, and the server calls
+``engine.submit(request)`` / ``engine.embed(batch)`` / ``engine.stats()``
+(the contract is :mod:`modelc.engine.api`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modelc.engine.options import EngineOptions
+from modelc.engine.scheduler import LLMEngine
+from modelc.errors import UnsupportedError
+from modelc.formats.ir import ModelIR
+from modelc.runtime.backend import Backend, get_backend
+from modelc.runtime.model import EmbeddingModel, LanguageModel
+
+__all__ = ["EngineOptions", "LLMEngine", "build_engine"]
+
+
+def _backend(threads: int | None) -> Backend:
+    if threads is None:
+        return get_backend()
+    try:
+        from modelc.runtime.backends.cpu import CpuBackend
+    except ImportError:
+        return get_backend()
+    return CpuBackend(threads=threads)
+
+
+def build_engine(
+    model: str | Path | ModelIR,
+    options: EngineOptions | None = None,
+    *,
+    model_name: str | None = None,
+) -> LLMEngine:
+    """An engine for a model path / store or catalog name / loaded IR (not started yet)."""
+    from modelc.engine.speculative import MLPDraftWeights
+    from modelc.runtime.arch import build
+    from modelc.runtime.tokenizer import Tokenizer
+
+    opt = options or EngineOptions()
+    opt.validate()
+    if isinstance(model, ModelIR):
+        ir = model
+    else:
+        from modelc.resolve import load_ir
+
+        ir = load_ir(str(model))
+    backend = _backend(opt.threads)
+    runtime = build(ir, backend)
+    if not isinstance(runtime, (LanguageModel, EmbeddingModel)):
+        raise UnsupportedError(
+            f"{ir.architecture} models are neither language nor embedding models; "
+            "the engine cannot serve them",
+            path=ir.source.path,
+        )
+    tok = Tokenizer(ir.tokenizer) if ir.tokenizer is not None else None
+    mlp = None
+    if isinstance(runtime, LanguageModel) and MLPDraftWeights.has(ir):
+        mlp = MLPDraftWeights.from_ir(ir, backend)
+    name = model_name or (Path(str(ir.source.path)).stem if ir.source.path else ir.architecture)
+    return LLMEngine(runtime, tok, opt, model_name=name, mlp_draft=mlp)

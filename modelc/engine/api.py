@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import trio
 
 from modelc.runtime.sampling import SamplingParams
 
@@ -120,3 +121,7 @@ class Engine(Protocol):
         ...
 
     def stats(self) -> EngineStats: ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The scheduler task: ``await nursery.start(engine.run)``; runs until cancelled."""
+        ...

@@ -1,0 +1,76 @@
+"""Engine options (the server exposes them as ``modelc run`` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from modelc.engine.speculative import DraftKind
+from modelc.errors import UsageError
+from modelc.runtime.kv_cache import KVMode
+
+
+@dataclass(slots=True)
+class EngineOptions:
+    max_concurrent: int = 8  # sequences decoding at once (--max-concurrent)
+    queue_size: int = 64  # requests waiting beyond those; more are refused (--queue-size)
+    max_context: int | None = None  # tokens per sequence; default: the model's context
+    kv_cache: str = "f32"  # f32 | int8 | mixed (--kv-cache)
+    kv_hot_window: int = 256  # mixed: recent tokens kept exact
+    kv_budget_bytes: int | None = None  # default: every running sequence can fill its context
+    context_shift: bool = False  # drop old tokens instead of refusing / stopping at the context
+    anchor_tokens: int = 4  # tokens kept at the start on a context shift (--anchor-tokens)
+    prefill_chunk: int = (
+        256  # prompt tokens per sequence per step; 0 = whole prompt (--prefill-chunk)
+    )
+    step_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
+    prefix_cache_bytes: int = 256 << 20  # RAM for the prefix cache; 0 = off
+    prefix_block_tokens: int = 32
+    speculative: bool = True
+    spec_gamma: int = 4  # draft tokens verified per step
+    draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
+    threads: int | None = None  # kernel threads; default MODELC_THREADS or every core
+
+    def validate(self) -> None:
+        """UsageError naming the first bad option."""
+        checks: list[tuple[bool, str]] = [
+            (
+                self.max_concurrent >= 1,
+                f"--max-concurrent must be at least 1, got {self.max_concurrent}",
+            ),
+            (self.queue_size >= 0, f"--queue-size must be >= 0, got {self.queue_size}"),
+            (
+                self.max_context is None or self.max_context >= 2,
+                f"--max-context must be at least 2, got {self.max_context}",
+            ),
+            (
+                self.kv_cache in {m.value for m in KVMode},
+                f"--kv-cache must be f32, int8 or mixed, got {self.kv_cache!r}",
+            ),
+            (
+                self.kv_hot_window >= 1,
+                f"the KV hot window must be at least 1, got {self.kv_hot_window}",
+            ),
+            (self.anchor_tokens >= 0, f"--anchor-tokens must be >= 0, got {self.anchor_tokens}"),
+            (self.prefill_chunk >= 0, f"--prefill-chunk must be >= 0, got {self.prefill_chunk}"),
+            (
+                self.step_tokens >= 1,
+                f"the step token budget must be at least 1, got {self.step_tokens}",
+            ),
+            (self.prefix_cache_bytes >= 0, "the prefix cache budget must be >= 0 bytes"),
+            (self.prefix_block_tokens >= 1, "prefix cache blocks need at least 1 token"),
+            (
+                0 <= self.spec_gamma <= 16,
+                f"the speculative draft length must be in 0..16, got {self.spec_gamma}",
+            ),
+            (
+                self.draft in {d.value for d in DraftKind},
+                f"the draft must be prompt-lookup, ngram or mlp, got {self.draft!r}",
+            ),
+            (
+                self.threads is None or self.threads >= 1,
+                f"--threads must be at least 1, got {self.threads}",
+            ),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise UsageError(msg)

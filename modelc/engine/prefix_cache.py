@@ -1,0 +1,152 @@
+"""Prefix cache: keys/values of prompt blocks shared between requests.
+
+A prompt is cut into blocks of ``block_tokens`` tokens.  Block ``i`` is keyed by a
+chained hash ``h_i = H(h_{i-1} || tokens of block i)``, so a key names the whole
+prefix up to and including its block (two prompts share a key exactly when they share
+every token up to there).  Each block stores its keys and values for every layer as
+f32 ``(n_layer, block_tokens, n_head_kv, head_dim)``.
+
+* :meth:`PrefixCache.match` finds the longest run of cached blocks a prompt starts
+  with and takes a reference on each (a referenced block is never evicted);
+  :meth:`PrefixCache.load` copies them into a fresh sequence cache and
+  :meth:`PrefixCache.release` drops the references.
+* :meth:`PrefixCache.insert` copies the full blocks of a computed prompt out of a
+  sequence cache (blocks already present are only touched).
+* Unreferenced blocks are evicted least-recently-used first when the RAM budget
+  would be exceeded.  A match touches the deepest block first and the root last, so
+  leaves age out before the prefixes they hang from.
+
+At least one prompt token is always left to compute, since the step needs that
+token's logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from modelc.runtime.backend import F32Array
+from modelc.runtime.kv_cache import KVCache, KVShape
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    key: bytes
+    k: F32Array  # (n_layer, block_tokens, n_head_kv, head_dim)
+    v: F32Array  # (n_layer, block_tokens, n_head_kv, head_dim)
+    refs: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
+
+
+@dataclass(slots=True)
+class PrefixStats:
+    queries: int = 0
+    hits: int = 0  # queries that reused at least one block
+    hit_tokens: int = 0
+    inserted_blocks: int = 0
+    evicted_blocks: int = 0
+
+
+@dataclass(slots=True)
+class PrefixCache:
+    shape: KVShape
+    budget_bytes: int
+    block_tokens: int = 32
+    blocks: OrderedDict[bytes, Block] = field(default_factory=OrderedDict)  # LRU order
+    bytes_used: int = 0
+    stats: PrefixStats = field(default_factory=PrefixStats)
+
+    def block_keys(self, tokens: Sequence[int], n_blocks: int) -> list[bytes]:
+        keys, prev = [], b""
+        bt = self.block_tokens
+        for i in range(n_blocks):
+            chunk = np.asarray(tokens[i * bt : (i + 1) * bt], np.int64).tobytes()
+            prev = hashlib.blake2b(prev + chunk, digest_size=16).digest()
+            keys.append(prev)
+        return keys
+
+    def match(self, tokens: Sequence[int]) -> list[Block]:
+        """The cached blocks ``tokens`` starts with (referenced; give them back with release)."""
+        self.stats.queries += 1
+        if self.budget_bytes <= 0:
+            return []
+        found: list[Block] = []
+        for key in self.block_keys(tokens, (len(tokens) - 1) // self.block_tokens):
+            b = self.blocks.get(key)
+            if b is None:
+                break
+            found.append(b)
+        for b in reversed(found):
+            b.refs += 1
+            self.blocks.move_to_end(b.key)
+        if found:
+            self.stats.hits += 1
+            self.stats.hit_tokens += len(found) * self.block_tokens
+        return found
+
+    def release(self, blocks: Sequence[Block]) -> None:
+        for b in blocks:
+            b.refs -= 1
+            assert b.refs >= 0
+
+    def load(self, blocks: Sequence[Block], cache: KVCache) -> int:
+        """Copy ``blocks`` into the empty ``cache`` (positions 0..); the tokens loaded."""
+        if not blocks:
+            return 0
+        assert cache.n == 0
+        n = len(blocks) * self.block_tokens
+        cache.reserve(n)
+        for layer in range(self.shape.n_layer):
+            k = np.concatenate([b.k[layer] for b in blocks])  # (n, n_head_kv, head_dim)
+            v = np.concatenate([b.v[layer] for b in blocks])
+            cache.write(layer, 0, k, v)
+        cache.advance(n)
+        return n
+
+    def insert(self, tokens: Sequence[int], cache: KVCache) -> int:
+        """Store the full blocks of ``tokens`` (whose KV is in ``cache``); blocks added."""
+        if self.budget_bytes <= 0:
+            return 0
+        n_blocks = min(len(tokens), cache.n) // self.block_tokens
+        keys = self.block_keys(tokens, n_blocks)
+        missing = [i for i, key in enumerate(keys) if key not in self.blocks]
+        bt, sh = self.block_tokens, self.shape
+        per_block = 2 * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * 4
+        new: dict[bytes, Block] = {}
+        if missing:
+            layers = [cache.read(layer, n_blocks * bt) for layer in range(sh.n_layer)]
+            for i in missing:
+                if not self._make_room(per_block + len(new) * per_block):
+                    break
+                sl = slice(i * bt, (i + 1) * bt)
+                k = np.stack([kk[sl] for kk, _ in layers])  # (n_layer, bt, h, d), copies
+                v = np.stack([vv[sl] for _, vv in layers])
+                new[keys[i]] = Block(keys[i], k, v)
+        for key in reversed(keys):  # deepest first, so the root ends up most recent
+            if key in new:
+                self.blocks[key] = new[key]
+                self.bytes_used += new[key].nbytes
+            elif key in self.blocks:
+                self.blocks.move_to_end(key)
+        self.stats.inserted_blocks += len(new)
+        return len(new)
+
+    def _make_room(self, nbytes: int) -> bool:
+        if nbytes > self.budget_bytes:
+            return False
+        victims = iter([k for k, b in self.blocks.items() if b.refs == 0])
+        while self.bytes_used + nbytes > self.budget_bytes:
+            key = next(victims, None)
+            if key is None:
+                return False
+            b = self.blocks.pop(key)
+            self.bytes_used -= b.nbytes
+            self.stats.evicted_blocks += 1
+        return True

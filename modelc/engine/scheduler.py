@@ -1,0 +1,508 @@
+"""The Trio scheduler: one task that owns every request from arrival to its last token.
+
+``await nursery.start(engine.run)`` starts it.  ``engine.submit(req)`` (from any task
+of the same Trio run) validates the request, compiles its constraint, looks up the
+prefix cache and queues it in the :class:`~modelc.engine.policy.Policy`, or raises
+at once (CapacityError: queue full; UsageError: bad prompt, constraint or
+settings).  It returns a handle whose events arrive through a bounded memory
+channel (bounded by the request's own ``max_tokens + 1`` events, so delivering
+never blocks the loop on a slow reader).
+
+Each loop iteration:
+
+1. requests cancelled (``handle.cancel()``, the reader gone) or past their deadline
+   leave: their KV cache is freed and they get their :class:`FinishEvent`;
+2. running decoders get speculative drafts, and context limits are applied;
+3. ``policy.schedule()`` plans the step; the step (prefix-cache loads, one batched
+   ``model.forward``, constraint masks, sampling / draft verification, prefix-cache
+   inserts) runs in a worker thread, one step at a time;
+4. back on the event loop the new tokens are detokenized, checked against stop
+   tokens / stop strings / limits and delivered; ``policy.update`` closes the step.
+
+A request cancelled while a step runs leaves right after it: its tokens from that
+step are dropped.  Nothing else is stopped by it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import trio
+
+from modelc.engine.api import (
+    EngineStats,
+    Event,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+)
+from modelc.engine.constraints import ConstraintState, build_lltokenizer
+from modelc.engine.options import EngineOptions
+from modelc.engine.policy import Policy, ScheduledSeq, SeqResult, StepPlan, StepResult
+from modelc.engine.prefix_cache import Block, PrefixCache
+from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
+from modelc.errors import ModelcError, UnsupportedError, UsageError
+from modelc.runtime.generate import IncrementalDecoder, StopMatcher
+from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode
+from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
+from modelc.runtime.sampling import Sample, Sampler
+from modelc.runtime.tokenizer import Tokenizer
+
+
+@dataclass(eq=False)
+class _Request:
+    req: GenerationRequest
+    send: trio.MemorySendChannel[Event]
+    tokens: list[int]  # prompt + generated; tokens[:cache.n] are in the KV cache
+    prompt_len: int
+    prompt_tokens: int  # as submitted (before any context shift)
+    sampler: Sampler
+    submitted: float
+    constraint: ConstraintState | None = None
+    drafter: Drafter | None = None
+    detok: IncrementalDecoder | None = None
+    stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
+    cache: KVCache | None = None
+    prefix_blocks: list[Block] = field(default_factory=list)
+    cached_tokens: int = 0
+    prefix_inserted: bool = False
+    prefix_loaded: bool = False
+    stop_matched: bool = False
+    draft: list[int] = field(default_factory=list)
+    completion: int = 0
+    first_token_at: float | None = None
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    cancelled: bool = False
+
+
+class _Handle:
+    """What ``submit`` returns: async-iterate the events; ``cancel()`` to stop early."""
+
+    def __init__(
+        self, request_id: str, recv: trio.MemoryReceiveChannel[Event], engine: LLMEngine
+    ) -> None:
+        self.request_id = request_id
+        self._recv = recv
+        self._engine = engine
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        async for ev in self._recv:
+            yield ev
+            if isinstance(ev, FinishEvent):
+                return
+
+    def cancel(self) -> None:
+        self._engine._cancel(self.request_id)
+
+    async def __aenter__(self) -> _Handle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+        self._recv.close()
+
+
+def kv_cost_fn(model: LanguageModel, mode: KVMode, hot_window: int, max_context: int) -> Any:
+    """Bytes a cache of ``n`` tokens holds (KVCache grows in BLOCK-token steps)."""
+    sh = model.kv_shape  # type: ignore[attr-defined]
+    h, d, layers = sh.n_head_kv, sh.head_dim, sh.n_layer
+
+    def cost(n: int) -> int:
+        cap = min(max_context, -(-n // BLOCK) * BLOCK)
+        b = cap * sh.bytes_per_token(mode)
+        if mode is not KVMode.F32:
+            b += 2 * cap * h * d * 4  # dequantization scratch
+        if mode is KVMode.MIXED:
+            b += 2 * layers * hot_window * h * d * 4  # exact ring buffers
+        return int(b)
+
+    return cost
+
+
+class LLMEngine:
+    """The engine for a language model (or an embedding model: ``embed`` only)."""
+
+    def __init__(
+        self,
+        model: LanguageModel | EmbeddingModel,
+        tokenizer: Tokenizer | None,
+        options: EngineOptions,
+        *,
+        model_name: str = "model",
+        mlp_draft: MLPDraftWeights | None = None,
+    ) -> None:
+        options.validate()
+        self.model = model
+        self.tok = tokenizer
+        self.opt = options
+        self.model_name = model_name
+        self.architecture = model.architecture
+        self._lock = trio.Lock()  # one compute at a time (steps and embeddings)
+        self._reqs: dict[str, _Request] = {}
+        self._wake = trio.Event()
+        self._stats = EngineStats()
+        self._lltok: Any = None
+        self._mlp = mlp_draft
+        self._running = False
+        if not isinstance(model, LanguageModel):
+            self.lm: LanguageModel | None = None
+            return
+        self.lm = model
+        self.max_context = min(options.max_context or model.n_ctx, model.n_ctx)
+        self.mode = KVMode(options.kv_cache)
+        self.kv_cost = kv_cost_fn(model, self.mode, options.kv_hot_window, self.max_context)
+        self.policy = Policy(
+            max_concurrent=options.max_concurrent,
+            queue_size=options.queue_size,
+            max_context=self.max_context,
+            step_tokens=options.step_tokens,
+            prefill_chunk=options.prefill_chunk,
+            kv_budget=options.kv_budget_bytes,
+            kv_cost=self.kv_cost,
+        )
+        self.kv_budget = KVBudget(self.policy.kv_budget)
+        # mixed caches would reload exact hot-window rows as dequantized ones: no sharing
+        prefix_bytes = 0 if self.mode is KVMode.MIXED else options.prefix_cache_bytes
+        self.prefix = PrefixCache(
+            model.kv_shape,  # type: ignore[attr-defined]
+            prefix_bytes,
+            options.prefix_block_tokens,
+        )
+        if options.speculative and options.draft == "mlp" and mlp_draft is None:
+            raise UsageError("--draft mlp needs draft.* tensors in the model; this one has none")
+
+    # -- the server's side ------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        s = self._stats
+        if self.lm is not None:
+            s.running, s.waiting = len(self.policy.running), len(self.policy.waiting)
+            s.kv_bytes_used, s.kv_bytes_budget = self.kv_budget.used, self.kv_budget.limit
+            ps = self.prefix.stats
+            s.prefix_cache_hits, s.prefix_cache_tokens = ps.hits, ps.hit_tokens
+            s.extra.update(
+                prefix_cache_bytes=self.prefix.bytes_used,
+                prefix_cache_blocks=len(self.prefix.blocks),
+                prefix_cache_evicted=ps.evicted_blocks,
+                spec_acceptance=s.spec_accepted / s.spec_drafted if s.spec_drafted else 0.0,
+                kv_cache=self.mode.value,
+            )
+        return s
+
+    async def embed(self, batch: Sequence[Sequence[int]]) -> np.ndarray[Any, Any]:
+        if not isinstance(self.model, EmbeddingModel):
+            raise UnsupportedError(
+                f"{self.model_name} is a {self.architecture} language model; it makes no embeddings"
+            )
+        model = self.model
+        async with self._lock:
+            return await trio.to_thread.run_sync(model.embed, batch)
+
+    def submit(self, req: GenerationRequest) -> _Handle:
+        """Queue ``req``; raises CapacityError / UsageError at once (see module docstring)."""
+        if self.lm is None:
+            raise UnsupportedError(
+                f"{self.model_name} is a {self.architecture} model; it does not generate text"
+            )
+        if not self._running:
+            raise UsageError("the engine is not running; start it with nursery.start(engine.run)")
+        lm, p = self.lm, req.sampling
+        prompt = [int(t) for t in req.prompt_ids]
+        if not prompt:
+            raise UsageError("the prompt is empty (no tokens); give some text or a BOS token")
+        if min(prompt) < 0 or max(prompt) >= lm.n_vocab:
+            raise UsageError(f"prompt token ids must be in 0..{lm.n_vocab - 1}")
+        if req.request_id in self._reqs:
+            raise UsageError(f"request id {req.request_id!r} is already in use")
+        n_prompt = len(prompt)
+        if n_prompt >= self.max_context:
+            if not self.opt.context_shift:
+                raise UsageError(
+                    f"the prompt has {n_prompt} tokens but the context holds {self.max_context}; "
+                    "shorten it or turn context shifting on"
+                )
+            keep = min(self.opt.anchor_tokens, self.max_context // 4)
+            prompt = prompt[:keep] + prompt[n_prompt - (self.max_context // 2 - keep) :]
+        sampler = Sampler(p, lm.n_vocab, prompt)
+        constraint = None
+        if req.constraint is not None:
+            constraint = ConstraintState(self._llg_tokenizer(), req.constraint, lm.n_vocab)
+        blocks = self.prefix.match(prompt)
+        cached = min(len(blocks) * self.prefix.block_tokens, len(prompt) - 1)
+        try:
+            self.policy.add(req.request_id, len(prompt), p.max_tokens, cached)
+        except ModelcError:
+            self.prefix.release(blocks)
+            raise
+        send, recv = trio.open_memory_channel[Event](p.max_tokens + 2)
+        use_spec = self.opt.speculative and req.speculative and constraint is None
+        r = _Request(
+            req,
+            send,
+            prompt,
+            len(prompt),
+            n_prompt,
+            sampler,
+            trio.current_time(),
+            constraint=constraint,
+            drafter=make_drafter(self.opt.draft, self._mlp)
+            if use_spec and self.opt.spec_gamma
+            else None,
+            detok=IncrementalDecoder(self.tok) if self.tok is not None else None,
+            stops=StopMatcher(p.stop),
+            prefix_blocks=blocks,
+            cached_tokens=cached,
+        )
+        self._reqs[req.request_id] = r
+        self._stats.prompt_tokens += n_prompt
+        self._wake.set()
+        return _Handle(req.request_id, recv, self)
+
+    def _llg_tokenizer(self) -> Any:
+        if self._lltok is None:
+            if self.tok is None or self.lm is None:
+                raise UnsupportedError("constrained decoding needs the model's tokenizer")
+            self._lltok = build_lltokenizer(
+                self.tok, self.lm.n_vocab, set(self._stop_ids_default())
+            )
+        return self._lltok
+
+    def _stop_ids_default(self) -> list[int]:
+        return sorted(self.tok.eot_ids) if self.tok is not None else []
+
+    def _cancel(self, request_id: str) -> None:
+        r = self._reqs.get(request_id)
+        if r is not None:
+            r.cancelled = True
+            self._wake.set()
+
+    # -- the loop ---------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The scheduler task: ``await nursery.start(engine.run)``; runs until cancelled."""
+        self._running = True
+        task_status.started()
+        try:
+            while True:
+                await trio.lowlevel.checkpoint()
+                self._reap()
+                plan = StepPlan(())
+                if self.lm is not None and self.policy.has_work:
+                    self._prepare()
+                    plan = self.policy.schedule()
+                if not plan:
+                    await self._idle()
+                    continue
+                try:
+                    async with self._lock:
+                        out = await trio.to_thread.run_sync(self._step_sync, plan)
+                except Exception as e:  # a failed step ends its requests, not the engine
+                    msg = str(e) if isinstance(e, ModelcError) else f"{type(e).__name__}: {e}"
+                    for s in plan.seqs:
+                        self._finish(s.request_id, FinishReason.ERROR, error=msg)
+                    continue
+                self._deliver(plan, out)
+        finally:
+            self._running = False
+            for rid in list(self._reqs):
+                self._finish(rid, FinishReason.ERROR, error="the engine stopped")
+
+    async def _idle(self) -> None:
+        deadlines = [r.req.deadline for r in self._reqs.values() if r.req.deadline is not None]
+        self._wake = trio.Event()
+        with trio.move_on_at(min(deadlines, default=math.inf)):
+            await self._wake.wait()
+
+    def _reap(self) -> None:
+        now = trio.current_time()
+        for rid, r in list(self._reqs.items()):
+            if r.cancelled:
+                self._finish(rid, FinishReason.CANCELLED)
+            elif r.req.deadline is not None and now >= r.req.deadline:
+                self._finish(rid, FinishReason.TIMEOUT)
+
+    def _prepare(self) -> None:
+        """Context limits and speculative drafts of the running decoders."""
+        lm, gamma = self.lm, self.opt.spec_gamma
+        assert lm is not None
+        for rid, st in list(self.policy.running.items()):
+            r = self._reqs[rid]
+            if st.prefilling or r.cache is None:
+                continue
+            if len(r.tokens) > self.max_context:  # the next decode would not fit
+                if not self.opt.context_shift:
+                    self._finish(rid, FinishReason.LENGTH)
+                    continue
+                keep = min(self.opt.anchor_tokens, r.cache.n - 1)
+                discard = max(1, (r.cache.n - keep) // 2)
+                lm.shift_context(r.cache, keep, discard)
+                del r.tokens[keep : keep + discard]
+                self.policy.shifted(rid, discard)
+            r.draft = []
+            if r.drafter is not None:
+                room = min(
+                    gamma,
+                    r.req.sampling.max_tokens - r.completion - 1,
+                    self.max_context - len(r.tokens),
+                )
+                if room > 0:
+                    r.draft = r.drafter.propose(r.tokens, room)[:room]
+                self.policy.set_draft(rid, len(r.draft))
+
+    def _step_sync(self, plan: StepPlan) -> list[list[Sample]]:
+        """Worker thread: one batched forward and the sampling it feeds."""
+        lm = self.lm
+        assert lm is not None
+        batch, reqs = [], []
+        for s in plan.seqs:
+            r = self._reqs[s.request_id]
+            if s.admitted:
+                r.cache = lm.new_cache(
+                    self.mode,
+                    max_tokens=self.max_context,
+                    hot_window=self.opt.kv_hot_window,
+                    budget=self.kv_budget,
+                )
+                self.prefix.load(
+                    r.prefix_blocks[: r.cached_tokens // self.prefix.block_tokens], r.cache
+                )
+                self.prefix.release(r.prefix_blocks)
+                r.prefix_blocks = []
+                r.prefix_loaded = True
+            assert r.cache is not None and r.cache.n == s.start, (s, r.cache and r.cache.n)
+            feed = r.tokens[s.start : s.start + s.n_tokens - s.n_draft] + r.draft[: s.n_draft]
+            rows = tuple(range(len(feed) - s.n_draft - 1, len(feed))) if s.sample else ()
+            batch.append(SeqChunk(r.cache, feed, rows))
+            reqs.append(r)
+        logits = lm.forward(batch)  # (sum of rows, n_vocab)
+        out: list[list[Sample]] = []
+        row = 0
+        for s, r, chunk in zip(plan.seqs, reqs, batch, strict=True):
+            assert r.cache is not None
+            if not r.prefix_inserted and r.cache.n >= r.prompt_len:
+                self.prefix.insert(r.tokens[: r.prompt_len], r.cache)
+                r.prefix_inserted = True
+            if not s.sample:
+                out.append([])
+                continue
+            mine = logits[row : row + len(chunk.rows())]
+            row += len(chunk.rows())
+            out.append(self._sample(r, s, mine))
+        return out
+
+    def _sample(self, r: _Request, s: ScheduledSeq, logits: np.ndarray[Any, Any]) -> list[Sample]:
+        assert r.cache is not None
+        if s.n_draft:
+            samples = verify(r.sampler, logits, r.draft[: s.n_draft])
+            # keep the KV of the known token and the accepted drafts only
+            r.cache.truncate(s.start + s.n_tokens - s.n_draft + len(samples) - 1)
+            r.spec_drafted += s.n_draft
+            r.spec_accepted += len(samples) - 1
+            return samples
+        x = logits[-1].copy()
+        if r.constraint is not None:
+            r.constraint.mask(x)
+        smp = r.sampler.sample(x)
+        r.sampler.accept(smp.token)
+        if r.constraint is not None:
+            r.constraint.accept(smp.token)
+        return [smp]
+
+    def _deliver(self, plan: StepPlan, out: list[list[Sample]]) -> None:
+        results = []
+        now = trio.current_time()
+        for s, samples in zip(plan.seqs, out, strict=True):
+            r = self._reqs.get(s.request_id)
+            if r is None or r.cache is None:
+                continue
+            if r.cancelled:
+                self._finish(s.request_id, FinishReason.CANCELLED)
+                continue
+            self._stats.spec_drafted += s.n_draft
+            self._stats.spec_accepted += max(0, len(samples) - 1) if s.n_draft else 0
+            reason = None
+            for smp in samples:
+                reason = self._emit(r, smp, now)
+                if reason is not None:
+                    break
+            if reason is not None:
+                self._finish(s.request_id, reason)
+                continue
+            results.append(SeqResult(s.request_id, r.cache.n, len(samples)))
+        self.policy.update(StepResult(tuple(results)))
+        self._stats.steps += 1
+        self._stats.last_batch_size = len(plan.seqs)
+
+    def _emit(self, r: _Request, smp: Sample, now: float) -> FinishReason | None:
+        """Deliver one token; the finish reason if it ends the request."""
+        tok, p = smp.token, r.req.sampling
+        r.tokens.append(tok)
+        r.completion += 1
+        self._stats.tokens_generated += 1
+        if r.first_token_at is None:
+            r.first_token_at = now
+        if tok in p.stop_token_ids and not r.req.ignore_eos:
+            return FinishReason.STOP
+        text = r.detok.push(tok) if r.detok is not None else ""
+        text, matched = r.stops.push(text)
+        r.stop_matched = matched
+        reason = None
+        if matched or (r.constraint is not None and r.constraint.done):
+            reason = FinishReason.STOP
+        elif r.completion >= p.max_tokens or (
+            len(r.tokens) > self.max_context and not self.opt.context_shift
+        ):
+            reason = FinishReason.LENGTH
+        top = smp.top
+        lp = None if math.isnan(smp.logprob) else smp.logprob
+        self._send(r, TokenEvent(tok, text, lp, top))
+        return reason
+
+    def _send(self, r: _Request, ev: Event) -> None:
+        try:
+            r.send.send_nowait(ev)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+            r.cancelled = True  # nobody reads any more
+
+    def _finish(self, rid: str, reason: FinishReason, *, error: str | None = None) -> None:
+        r = self._reqs.pop(rid, None)
+        if r is None:
+            return
+        if self.lm is not None:
+            self.policy.abort(rid)
+        if r.cache is not None:
+            r.cache.free()
+            r.cache = None
+        self.prefix.release(r.prefix_blocks)
+        r.prefix_blocks = []
+        tail = ""
+        if reason in (FinishReason.STOP, FinishReason.LENGTH) and not r.stop_matched:
+            # as modelc generate: release held-back text unless it completes a stop string
+            tail, matched = r.stops.push(r.detok.flush()) if r.detok is not None else ("", False)
+            tail += "" if matched else r.stops.flush()
+        now = trio.current_time()
+        self._send(
+            r,
+            FinishEvent(
+                reason,
+                tail,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion,
+                cached_tokens=r.cached_tokens if r.prefix_loaded else 0,
+                time_to_first_token=None
+                if r.first_token_at is None
+                else r.first_token_at - r.submitted,
+                total_time=now - r.submitted,
+                spec_drafted=r.spec_drafted,
+                spec_accepted=r.spec_accepted,
+                error=error,
+            ),
+        )
+        r.send.close()
