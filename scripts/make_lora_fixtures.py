@@ -55,6 +55,7 @@ def make(name: str, base: str, seed: int, **lora: Any) -> None:
     cfg_path = d / "adapter_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["base_model_name_or_path"] = f"tests/fixtures/formats/{base}"  # not this machine's path
+    cfg["target_modules"] = sorted(cfg["target_modules"])  # PEFT keeps a set: fix the order
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     with torch.no_grad():
         unmerged = [peft_model(torch.tensor([s])).logits[0].numpy() for s in SEQUENCES]
