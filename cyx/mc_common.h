@@ -98,6 +98,23 @@ static inline float mc_load_f32(const uint8_t *p) {
 
 static inline int mc_imin(int a, int b) { return a < b ? a : b; }
 
+/* Per-thread scratch that grows and is kept: the decode loop allocates nothing
+ * once the buffers have reached their working size.  `slot` keeps a caller's
+ * buffer apart from the one the same thread uses while running a chunk. */
+#define MC_SCRATCH_SLOTS 2
+static _Thread_local void *mc_scratch_buf[MC_SCRATCH_SLOTS];
+static _Thread_local size_t mc_scratch_cap[MC_SCRATCH_SLOTS];
+
+static void *mc_scratch(int slot, size_t bytes) {
+    if (bytes > mc_scratch_cap[slot]) {
+        void *p = realloc(mc_scratch_buf[slot], bytes);
+        if (p == NULL) return NULL;
+        mc_scratch_buf[slot] = p;
+        mc_scratch_cap[slot] = bytes;
+    }
+    return mc_scratch_buf[slot];
+}
+
 /* Best SIMD level this CPU runs. */
 static int mc_simd_best(void) {
 #if defined(MC_X86)

@@ -56,8 +56,9 @@ typedef struct {
 
 static mc_pool *mc_the_pool = NULL;
 
-/* Stall back-off: a job whose caller waited > 1 ms, and longer than it worked,
- * for a descheduled worker to finish a chunk marks the machine oversubscribed;
+/* Stall back-off: a job whose caller waited > 0.5 ms, and over a quarter of the
+ * time it worked, for a descheduled worker to finish its chunk (in a healthy run
+ * that wait is one chunk, microseconds) marks the machine oversubscribed;
  * the next `mc_solo_left` jobs then run on the caller alone (64, doubling while
  * stalls persist, up to 4096), after which threads are tried again. */
 static _Atomic int mc_solo_left = 0;
@@ -189,7 +190,7 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
     pthread_mutex_unlock(&p->job_mu);
     if (spins >= 1000) {
         const double waited = mc_now() - t1, worked = t1 - t0;
-        if (waited > 1e-3 && waited > worked) {
+        if (waited > 5e-4 && waited > 0.25 * worked) {
             const int b = atomic_load(&mc_backoff);
             atomic_store(&mc_solo_left, b);
             atomic_store(&mc_backoff, b < 4096 ? 2 * b : 4096);

@@ -1156,12 +1156,22 @@ static void mc_matmul_chunk(void *ctx, int tile) {
     }
 }
 
+/* quantize activation row j into the job's buffer */
+static void mc_quantize_chunk(void *ctx, int j) {
+    mc_matmul_job *jb = (mc_matmul_job *)ctx;
+    char *dst = (char *)jb->xbase + jb->xstride * j;
+    if (jb->t == MC_Q4_K || jb->t == MC_Q6_K)
+        mc_quantize_q8k(jb->x + (size_t)j * jb->K, jb->K, (mc_q8k *)dst);
+    else
+        mc_quantize_q8(jb->x + (size_t)j * jb->K, jb->K, (mc_q8 *)dst);
+}
+
 /* exact path: dequantize each weight row once, float dots against every x row */
 static void mc_matmul_exact_chunk(void *ctx, int tile) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
     const int M = jb->M, K = jb->K, n = jb->n;
     const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
-    float *wrow = (float *)malloc((size_t)K * sizeof(float));
+    float *wrow = (float *)mc_scratch(1, (size_t)K * sizeof(float));
     if (wrow == NULL) {
         jb->failed = 1;
         return;
@@ -1179,7 +1189,6 @@ static void mc_matmul_exact_chunk(void *ctx, int tile) {
         for (; j < n; j++)
             jb->y[(size_t)j * M + r] = jb->dot(K, (const uint8_t *)wrow, jb->x + (size_t)j * K);
     }
-    free(wrow);
 }
 
 static mc_dot_fn mc_pick_dot_f32(int simd) {
@@ -1226,28 +1235,19 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
         return jb.failed ? -2 : 0;
     }
     jb.dot4 = mc_pick_dot4(t, simd);
-    /* quantize the activations once */
-    void *xq = NULL;
+    /* quantize the activations once (rows in parallel when there are many) */
     if (t == MC_F32 || t == MC_F16) {
         jb.xstride = (size_t)K * sizeof(float);
         jb.xbase = x;
-    } else if (t == MC_Q4_K || t == MC_Q6_K) {
-        jb.xstride = (size_t)(K / 256) * sizeof(mc_q8k);
-        xq = malloc(jb.xstride * (size_t)n);
-        if (xq == NULL) return -2;
-        for (int j = 0; j < n; j++)
-            mc_quantize_q8k(x + (size_t)j * K, K, (mc_q8k *)((char *)xq + jb.xstride * j));
-        jb.xbase = xq;
     } else {
-        jb.xstride = (size_t)((K + 31) / 32) * sizeof(mc_q8);
-        xq = malloc(jb.xstride * (size_t)n);
+        jb.xstride = (t == MC_Q4_K || t == MC_Q6_K) ? (size_t)(K / 256) * sizeof(mc_q8k)
+                                                    : (size_t)((K + 31) / 32) * sizeof(mc_q8);
+        void *xq = mc_scratch(0, jb.xstride * (size_t)n);
         if (xq == NULL) return -2;
-        for (int j = 0; j < n; j++)
-            mc_quantize_q8(x + (size_t)j * K, K, (mc_q8 *)((char *)xq + jb.xstride * j));
         jb.xbase = xq;
+        mc_parallel(n >= 16 ? nth : 1, n, mc_quantize_chunk, &jb);
     }
     mc_parallel(use, ntiles, mc_matmul_chunk, &jb);
-    free(xq);
     return 0;
 }
 
