@@ -28,6 +28,9 @@ from modelc.runtime.backend import F32Array
 from modelc.runtime.tokenizer import CONTROL, Tokenizer
 
 _BITS = np.arange(32, dtype=np.uint32)
+# compact JSON (no free whitespace), so a sampled object cannot wander off in blank
+# space before it closes; a schema's own "x-guidance" options still apply on top
+_JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
 
 
 class _VocabForLLG:
@@ -71,9 +74,9 @@ def grammar_text(c: Constraint) -> str:
                 raise UsageError(f"the JSON schema is not valid JSON: {e}") from e
             if not isinstance(schema, (dict, bool)):
                 raise UsageError("a JSON schema must be a JSON object (or true/false)")
-            return str(llg.LLMatcher.grammar_from_json_schema(json.dumps(schema)))
+            return str(llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), _JSON_DEFAULTS))
         if c.kind is ConstraintKind.JSON_OBJECT:
-            return str(llg.LLMatcher.grammar_from_json_schema('{"type": "object"}'))
+            return str(llg.LLMatcher.grammar_from_json_schema('{"type": "object"}', _JSON_DEFAULTS))
         if c.kind is ConstraintKind.GRAMMAR:
             return str(llg.grammar_from("grammar", c.value))  # GBNF or Lark, detected
     except ValueError as e:

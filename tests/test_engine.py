@@ -1,0 +1,367 @@
+"""The engine on the real SmolLM2 GGUF: batching, cancellation, prefix cache, speculation,
+constraints and admission (pytest-trio: trio_mode is on)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+import trio
+
+from modelc.engine import EngineOptions, LLMEngine, build_engine
+from modelc.engine.api import (
+    Constraint,
+    ConstraintKind,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+)
+from modelc.errors import CapacityError, UsageError
+from modelc.formats import load_model
+from modelc.formats.ir import DType, ModelIR, Tensor
+from modelc.runtime.generate import generate
+from modelc.runtime.kv_cache import KVMode
+from modelc.runtime.sampling import SamplingParams
+from tests.assets import smollm2_gguf
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "1, 2, 3, 4, 5,",
+    "Water boils at",
+    "The three primary colors are red,",
+    "import numpy as np\nx = np.",
+    "Q: What is the largest planet in the solar system?\nA:",
+]
+
+
+@pytest.fixture(scope="module")
+def ir() -> ModelIR:
+    return load_model(smollm2_gguf())
+
+
+def make(ir: ModelIR, **kw: Any) -> LLMEngine:
+    return build_engine(ir, EngineOptions(**kw))
+
+
+@asynccontextmanager
+async def running(eng: LLMEngine) -> AsyncIterator[LLMEngine]:
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        yield eng
+        n.cancel_scope.cancel()
+
+
+def params(eng: LLMEngine, max_tokens: int = 12, temperature: float = 0.0, **kw: Any) -> SamplingParams:
+    assert eng.tok is not None
+    return SamplingParams(
+        temperature=temperature,
+        max_tokens=max_tokens,
+        stop_token_ids=sorted(eng.tok.eot_ids),
+        **kw,
+    )
+
+
+def ids(eng: LLMEngine, text: str) -> list[int]:
+    assert eng.tok is not None
+    return eng.tok.encode(text)
+
+
+async def collect(handle: Any) -> tuple[list[int], str, FinishEvent]:
+    toks, text, fin = [], "", None
+    async for ev in handle:
+        if isinstance(ev, TokenEvent):
+            toks.append(ev.token_id)
+            text += ev.text
+        else:
+            fin = ev
+            text += ev.text
+    assert fin is not None
+    return toks, text, fin
+
+
+def alone(eng: LLMEngine, prompt: Sequence[int], p: SamplingParams) -> list[int]:
+    """The plain single-sequence loop of modelc generate (no engine)."""
+    assert eng.lm is not None and eng.tok is not None
+    return [t for t, _ in generate(eng.lm, eng.tok, prompt, p)]
+
+
+async def test_batched_equals_alone(ir: ModelIR) -> None:
+    eng = make(ir)
+    p = params(eng)
+    expected = [alone(eng, ids(eng, t), p) for t in PROMPTS]
+    results: dict[int, tuple[list[int], str, FinishEvent]] = {}
+    async with running(eng):
+
+        async def one(i: int) -> None:
+            results[i] = await collect(eng.submit(GenerationRequest(f"r{i}", ids(eng, PROMPTS[i]), p)))
+
+        async with trio.open_nursery() as n:
+            for i in range(len(PROMPTS)):
+                n.start_soon(one, i)
+        steps = eng.stats().steps
+    assert eng.tok is not None
+    for i, exp in enumerate(expected):
+        toks, text, fin = results[i]
+        assert toks == exp, PROMPTS[i]
+        assert text == eng.tok.decode(toks)
+        assert fin.completion_tokens == len(toks) and fin.prompt_tokens == len(ids(eng, PROMPTS[i]))
+    # they really ran together: far fewer steps than tokens
+    assert steps < sum(len(e) for e in expected) // 2
+    assert eng.stats().kv_bytes_used == 0
+
+
+async def test_cancel_mid_generation(ir: ModelIR) -> None:
+    eng = make(ir, speculative=False)
+    p = params(eng, max_tokens=24)
+    keep = [ids(eng, PROMPTS[0]), ids(eng, PROMPTS[2])]
+    expected = [alone(eng, k, p) for k in keep]
+    async with running(eng):
+        handles = [eng.submit(GenerationRequest(f"k{i}", k, p)) for i, k in enumerate(keep)]
+        victim = eng.submit(GenerationRequest("victim", ids(eng, PROMPTS[1]), p))
+        got: list[Any] = [None, None]
+
+        async def keep_one(i: int) -> None:
+            got[i] = await collect(handles[i])
+
+        async with trio.open_nursery() as n:
+            for i in range(2):
+                n.start_soon(keep_one, i)
+            seen = 0
+            after_cancel: list[Any] = []
+            async for ev in victim:
+                if seen < 4:
+                    assert isinstance(ev, TokenEvent)
+                    seen += 1
+                    if seen == 4:
+                        r = eng._reqs["victim"]
+                        assert r.cache is not None
+                        victim_bytes = r.cache.nbytes
+                        used_before = eng.kv_budget.used
+                        reserved_before = eng.policy.kv_reserved
+                        steps_at_cancel = eng.stats().steps
+                        victim.cancel()
+                        victim.cancel()  # idempotent
+                else:
+                    after_cancel.append(ev)
+            # it left within one step, with no token after the cancel
+            assert len(after_cancel) == 1 and isinstance(after_cancel[0], FinishEvent)
+            assert after_cancel[0].reason is FinishReason.CANCELLED
+            assert eng.stats().steps <= steps_at_cancel + 1
+            assert "victim" not in eng.policy and "victim" not in eng._reqs
+            # its KV memory went back to the budget (the others' caches are the only users)
+            assert eng.kv_budget.used == used_before - victim_bytes
+            assert eng.kv_budget.used == sum(
+                r.cache.nbytes for r in eng._reqs.values() if r.cache is not None
+            )
+            assert eng.policy.kv_reserved < reserved_before
+    for i in range(2):
+        assert got[i][0] == expected[i]
+    assert eng.kv_budget.used == 0 and eng.policy.kv_reserved == 0
+
+
+async def test_deadline_times_out(ir: ModelIR) -> None:
+    eng = make(ir)
+    async with running(eng):
+        h = eng.submit(
+            GenerationRequest("d", ids(eng, PROMPTS[0]), params(eng, max_tokens=200), deadline=trio.current_time() + 0.3)
+        )
+        toks, _, fin = await collect(h)
+    assert fin.reason is FinishReason.TIMEOUT and len(toks) < 200
+    assert eng.kv_budget.used == 0
+
+
+async def test_prefix_cache_skips_shared_prefill(ir: ModelIR) -> None:
+    eng = make(ir, speculative=False)
+    system = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly and politely." for i in range(40))
+    a_ids = ids(eng, system + "\nQuestion: what is two plus two?\nAnswer:")
+    b_ids = ids(eng, system + "\nQuestion: name a color.\nAnswer:")
+    shared = next(i for i, (x, y) in enumerate(zip(a_ids, b_ids, strict=False)) if x != y)
+    assert shared > 256
+    p = params(eng, max_tokens=8)
+    expected_b = alone(eng, b_ids, p)
+    async with running(eng):
+        _, _, fa = await collect(eng.submit(GenerationRequest("a", a_ids, p)))
+        before = eng.stats().prefix_cache_tokens
+        tb, _, fb = await collect(eng.submit(GenerationRequest("b", b_ids, p)))
+    assert fa.cached_tokens == 0
+    block = eng.prefix.block_tokens
+    assert fb.cached_tokens == shared // block * block
+    assert eng.stats().prefix_cache_tokens - before == fb.cached_tokens
+    assert eng.stats().prefix_cache_hits >= 1
+    assert tb == expected_b
+
+
+@pytest.mark.parametrize("draft", ["prompt-lookup", "ngram"])
+async def test_speculative_greedy_identical(ir: ModelIR, draft: str) -> None:
+    code = "def area(width, height):\n    result = width * height\n    return result\n"
+    prompt = f"Rename width to w in this code.\n{code}\nNew code:\n"
+    plain = make(ir, speculative=False)
+    p = params(plain, max_tokens=24)
+    expected = alone(plain, ids(plain, prompt), p)
+    eng = make(ir, speculative=True, draft=draft)
+    async with running(eng):
+        toks, _, fin = await collect(eng.submit(GenerationRequest("s", ids(eng, prompt), p)))
+    assert toks == expected
+    assert fin.spec_drafted > 0 and fin.spec_accepted > 0
+    st = eng.stats()
+    assert st.spec_accepted == fin.spec_accepted
+    assert st.extra["spec_acceptance"] == pytest.approx(fin.spec_accepted / fin.spec_drafted)
+
+
+async def test_mlp_draft_from_draft_tensors(ir: ModelIR) -> None:
+    rng = np.random.default_rng(0)
+    d, hidden, vocab = ir.hparams.n_embd, 16, ir.tensors["token_embd.weight"].shape[0]
+    fc = rng.standard_normal((hidden, d)).astype(np.float32)
+    out = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    tensors = dict(ir.tensors)
+    tensors["draft.fc.weight"] = Tensor("draft.fc.weight", DType.F32, fc.shape, lambda: fc)
+    tensors["draft.out.weight"] = Tensor("draft.out.weight", DType.F32, out.shape, lambda: out)
+    eng = make(dataclasses.replace(ir, tensors=tensors), draft="mlp")
+    p = params(eng, max_tokens=10)
+    expected = alone(eng, ids(eng, PROMPTS[3]), p)
+    async with running(eng):
+        toks, _, fin = await collect(eng.submit(GenerationRequest("m", ids(eng, PROMPTS[3]), p)))
+    assert toks == expected and fin.spec_drafted > 0
+    with pytest.raises(UsageError, match="draft"):
+        make(ir, draft="mlp")
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+async def json_runs(ir: ModelIR, n: int) -> None:
+    eng = make(ir, max_concurrent=8)
+    c = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(PERSON))
+    prompt = ids(eng, "Describe a person as JSON with a name and an age:\n")
+    texts: dict[int, tuple[str, FinishEvent]] = {}
+    async with running(eng):
+
+        async def one(i: int) -> None:
+            p = params(eng, max_tokens=40, temperature=1.0, seed=i)
+            _, text, fin = await collect(eng.submit(GenerationRequest(f"j{i}", prompt, p, constraint=c)))
+            texts[i] = (text, fin)
+
+        async with trio.open_nursery() as nur:
+            for i in range(n):
+                nur.start_soon(one, i)
+    ok = 0
+    for text, fin in texts.values():
+        assert fin.reason is FinishReason.STOP, (text, fin)
+        jsonschema.validate(json.loads(text), PERSON)
+        ok += 1
+    assert ok == n
+
+
+async def test_json_schema_constrained(ir: ModelIR) -> None:
+    await json_runs(ir, 4)
+
+
+@pytest.mark.slow
+async def test_json_schema_constrained_50_of_50(ir: ModelIR) -> None:
+    await json_runs(ir, 50)
+
+
+async def test_regex_grammar_and_json_object(ir: ModelIR) -> None:
+    eng = make(ir)
+    prompt = ids(eng, "My phone number is")
+    cases = [
+        (Constraint(ConstraintKind.REGEX, r"[0-9]{3}-[0-9]{4}"), lambda t: re.fullmatch(r"[0-9]{3}-[0-9]{4}", t)),
+        (Constraint(ConstraintKind.GRAMMAR, 'root ::= "yes" | "no"'), lambda t: t in ("yes", "no")),
+        (Constraint(ConstraintKind.GRAMMAR, 'start: "a"+ "b"'), lambda t: re.fullmatch("a+b", t)),
+        (Constraint(ConstraintKind.JSON_OBJECT), lambda t: isinstance(json.loads(t), dict)),
+    ]
+    async with running(eng):
+        for i, (c, check) in enumerate(cases):
+            p = params(eng, max_tokens=30, temperature=1.0, seed=i)
+            _, text, fin = await collect(eng.submit(GenerationRequest(f"g{i}", prompt, p, constraint=c)))
+            assert fin.reason is FinishReason.STOP and check(text), (c, text)
+
+
+async def test_invalid_constraints_refused(ir: ModelIR) -> None:
+    eng = make(ir)
+    p = params(eng)
+    prompt = ids(eng, "x")
+    bad = [
+        Constraint(ConstraintKind.JSON_SCHEMA, '{"type": "objectx"}'),
+        Constraint(ConstraintKind.JSON_SCHEMA, "{not json"),
+        Constraint(ConstraintKind.REGEX, "a(b"),
+        Constraint(ConstraintKind.GRAMMAR, "root ::= ( unclosed"),
+    ]
+    async with running(eng):
+        for i, c in enumerate(bad):
+            with pytest.raises(UsageError, match="constraint|schema"):
+                eng.submit(GenerationRequest(f"b{i}", prompt, p, constraint=c))
+        assert eng.stats().waiting == 0 and not eng._reqs
+
+
+async def test_queue_full_and_context_limits(ir: ModelIR) -> None:
+    eng = make(ir, max_concurrent=1, queue_size=1, max_context=64, speculative=False)
+    p = params(eng, max_tokens=30)
+    async with running(eng):
+        h1 = eng.submit(GenerationRequest("q1", ids(eng, "Hello"), p))
+        h2 = eng.submit(GenerationRequest("q2", ids(eng, "Hello"), p))
+        with pytest.raises(CapacityError, match="queue full"):
+            eng.submit(GenerationRequest("q3", ids(eng, "Hello"), p))
+        long = list(range(100, 200))
+        with pytest.raises(UsageError, match="context holds 64"):
+            eng.submit(GenerationRequest("long", long, p))
+        with pytest.raises(UsageError, match="already in use"):
+            eng.submit(GenerationRequest("q1", ids(eng, "Hello"), p))
+        await collect(h1)
+        await collect(h2)
+    shifting = make(ir, max_context=64, context_shift=True, anchor_tokens=4, speculative=False)
+    async with running(shifting):
+        toks, _, fin = await collect(shifting.submit(GenerationRequest("long", long, params(eng, max_tokens=50))))
+    assert len(toks) == 50 and fin.reason is FinishReason.LENGTH and fin.prompt_tokens == 100
+    # without shifting, generation stops at the context
+    async with running(eng):
+        toks, _, fin = await collect(eng.submit(GenerationRequest("c", list(range(100, 150)), params(eng, max_tokens=50))))
+    assert fin.reason is FinishReason.LENGTH and 50 + len(toks) == 65
+
+
+async def test_stop_string_and_kv_modes(ir: ModelIR) -> None:
+    for mode in ("int8", "mixed"):
+        eng = make(ir, kv_cache=mode)
+        async with running(eng):
+            toks, text, fin = await collect(eng.submit(GenerationRequest("m", ids(eng, PROMPTS[0]), params(eng))))
+        assert len(toks) == 12 and eng.stats().extra["kv_cache"] == mode
+    eng = make(ir)
+    async with running(eng):
+        toks, text, fin = await collect(
+            eng.submit(GenerationRequest("s", ids(eng, PROMPTS[0]), params(eng, stop=["."])))
+        )
+    assert fin.reason is FinishReason.STOP and text == " Paris"  # greedy: " Paris.\n\n..."
+
+
+def test_kv_cost_matches_cache(ir: ModelIR) -> None:
+    for mode in KVMode:
+        eng = make(ir, kv_cache=mode.value, max_context=1024)
+        assert eng.lm is not None
+        for n in (1, 256, 300, 1024):
+            c = eng.lm.new_cache(mode, max_tokens=1024, hot_window=256)
+            c.reserve(n)
+            assert eng.kv_cost(n) == c.nbytes, (mode, n)
+
+
+async def test_submit_needs_running_engine(ir: ModelIR) -> None:
+    eng = make(ir)
+    with pytest.raises(UsageError, match="not running"):
+        eng.submit(GenerationRequest("x", [1, 2], params(eng)))
