@@ -82,53 +82,63 @@ def _tty() -> bool:
     return sys.stderr.isatty()
 
 
-@contextmanager
-def pack_progress(label: str) -> Iterator[Callable[[int, int, str], None] | None]:
-    """A rich progress bar on stderr for packing (None when stderr is not a terminal)."""
-    if not _tty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+class _Bars:
+    """Rich progress bars on stderr, one live display for all tasks of a command."""
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as prog:
-        task = prog.add_task(label, total=None)
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress
+
+    def pack(self, label: str) -> Callable[[int, int, str], None]:
+        task = self.progress.add_task(label, total=None)
 
         def update(done: int, total: int, name: str) -> None:
-            prog.update(task, completed=done, total=total, description=f"{label} {name[:24]:24s}")
+            self.progress.update(
+                task, completed=done, total=total, description=f"{label} {name[:24]:24s}"
+            )
 
-        yield update
+        return update
+
+    def download(self, label: str) -> Callable[[int, int | None], None]:
+        task = self.progress.add_task(label, total=None)
+
+        def update(done: int, total: int | None) -> None:
+            self.progress.update(task, completed=done, total=total)
+
+        return update
 
 
 @contextmanager
-def download_progress(label: str) -> Iterator[Callable[[int, int | None], None] | None]:
+def progress_bars() -> Iterator[_Bars | None]:
+    """Progress bars when stderr is a terminal, else None (no output at all)."""
     if not _tty():
         yield None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
+        TimeRemainingColumn(),
         console=Console(stderr=True),
         transient=True,
     ) as prog:
-        task = prog.add_task(label, total=None)
+        yield _Bars(prog)
 
-        def update(done: int, total: int | None) -> None:
-            prog.update(task, completed=done, total=total)
 
-        yield update
+@contextmanager
+def pack_progress(label: str) -> Iterator[Callable[[int, int, str], None] | None]:
+    with progress_bars() as bars:
+        yield bars.pack(label) if bars else None
 
 
 def _pack_options(args: argparse.Namespace) -> PackOptions:
@@ -229,7 +239,9 @@ def add_pack(sub: Any) -> None:
 def cmd_pull(args: argparse.Namespace) -> int:
     from modelc.pull import pull
 
-    with download_progress(f"pulling {args.model}") as dprog, pack_progress("packing") as pprog:
+    with progress_bars() as bars:
+        dprog = bars.download(f"pulling {args.model}") if bars else None
+        pprog = bars.pack("packing") if bars else None
         ref, path = pull(
             args.model,
             _store(),
@@ -238,7 +250,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             opts=_pack_options(args),
             download_progress=dprog,
             pack_progress=pprog,
-            quiet=not _tty(),
+            quiet=True,
         )
     print(f"pulled {ref} ({human_bytes(path.stat().st_size)})")
     return 0
@@ -368,7 +380,7 @@ def _resolve(arg: str) -> Path:
     from modelc.resolve import resolve_model
 
     with pack_progress(f"packing {Path(arg).name}") as prog:
-        return resolve_model(arg, store=_store(), config=_config(), progress=prog, quiet=not _tty())
+        return resolve_model(arg, store=_store(), config=_config(), progress=prog, quiet=True)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -558,7 +570,7 @@ COMMANDS: list[Callable[[Any], None]] = [
 ]
 
 # "module:function" registration functions of commands defined elsewhere (run, generate, bench)
-EXTENSIONS: list[str] = ["modelc.cli_generate:register"]
+EXTENSIONS: list[str] = ["modelc.cli_generate:register", "modelc.cli_run:register"]
 
 
 def build_parser() -> Parser:
