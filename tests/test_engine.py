@@ -61,7 +61,9 @@ async def running(eng: LLMEngine) -> AsyncIterator[LLMEngine]:
         n.cancel_scope.cancel()
 
 
-def params(eng: LLMEngine, max_tokens: int = 12, temperature: float = 0.0, **kw: Any) -> SamplingParams:
+def params(
+    eng: LLMEngine, max_tokens: int = 12, temperature: float = 0.0, **kw: Any
+) -> SamplingParams:
     assert eng.tok is not None
     return SamplingParams(
         temperature=temperature,
@@ -103,7 +105,9 @@ async def test_batched_equals_alone(ir: ModelIR) -> None:
     async with running(eng):
 
         async def one(i: int) -> None:
-            results[i] = await collect(eng.submit(GenerationRequest(f"r{i}", ids(eng, PROMPTS[i]), p)))
+            results[i] = await collect(
+                eng.submit(GenerationRequest(f"r{i}", ids(eng, PROMPTS[i]), p))
+            )
 
         async with trio.open_nursery() as n:
             for i in range(len(PROMPTS)):
@@ -173,7 +177,12 @@ async def test_deadline_times_out(ir: ModelIR) -> None:
     eng = make(ir)
     async with running(eng):
         h = eng.submit(
-            GenerationRequest("d", ids(eng, PROMPTS[0]), params(eng, max_tokens=200), deadline=trio.current_time() + 0.3)
+            GenerationRequest(
+                "d",
+                ids(eng, PROMPTS[0]),
+                params(eng, max_tokens=200),
+                deadline=trio.current_time() + 0.3,
+            )
         )
         toks, _, fin = await collect(h)
     assert fin.reason is FinishReason.TIMEOUT and len(toks) < 200
@@ -182,7 +191,9 @@ async def test_deadline_times_out(ir: ModelIR) -> None:
 
 async def test_prefix_cache_skips_shared_prefill(ir: ModelIR) -> None:
     eng = make(ir, speculative=False)
-    system = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly and politely." for i in range(40))
+    system = "You are a careful assistant. " + " ".join(
+        f"Rule {i}: answer briefly and politely." for i in range(40)
+    )
     a_ids = ids(eng, system + "\nQuestion: what is two plus two?\nAnswer:")
     b_ids = ids(eng, system + "\nQuestion: name a color.\nAnswer:")
     shared = next(i for i, (x, y) in enumerate(zip(a_ids, b_ids, strict=False)) if x != y)
@@ -256,7 +267,9 @@ async def json_runs(ir: ModelIR, n: int) -> None:
 
         async def one(i: int) -> None:
             p = params(eng, max_tokens=40, temperature=1.0, seed=i)
-            _, text, fin = await collect(eng.submit(GenerationRequest(f"j{i}", prompt, p, constraint=c)))
+            _, text, fin = await collect(
+                eng.submit(GenerationRequest(f"j{i}", prompt, p, constraint=c))
+            )
             texts[i] = (text, fin)
 
         async with trio.open_nursery() as nur:
@@ -283,7 +296,10 @@ async def test_regex_grammar_and_json_object(ir: ModelIR) -> None:
     eng = make(ir)
     prompt = ids(eng, "My phone number is")
     cases = [
-        (Constraint(ConstraintKind.REGEX, r"[0-9]{3}-[0-9]{4}"), lambda t: re.fullmatch(r"[0-9]{3}-[0-9]{4}", t)),
+        (
+            Constraint(ConstraintKind.REGEX, r"[0-9]{3}-[0-9]{4}"),
+            lambda t: re.fullmatch(r"[0-9]{3}-[0-9]{4}", t),
+        ),
         (Constraint(ConstraintKind.GRAMMAR, 'root ::= "yes" | "no"'), lambda t: t in ("yes", "no")),
         (Constraint(ConstraintKind.GRAMMAR, 'start: "a"+ "b"'), lambda t: re.fullmatch("a+b", t)),
         (Constraint(ConstraintKind.JSON_OBJECT), lambda t: isinstance(json.loads(t), dict)),
@@ -291,7 +307,9 @@ async def test_regex_grammar_and_json_object(ir: ModelIR) -> None:
     async with running(eng):
         for i, (c, check) in enumerate(cases):
             p = params(eng, max_tokens=30, temperature=1.0, seed=i)
-            _, text, fin = await collect(eng.submit(GenerationRequest(f"g{i}", prompt, p, constraint=c)))
+            _, text, fin = await collect(
+                eng.submit(GenerationRequest(f"g{i}", prompt, p, constraint=c))
+            )
             assert fin.reason is FinishReason.STOP and check(text), (c, text)
 
 
@@ -307,7 +325,7 @@ async def test_invalid_constraints_refused(ir: ModelIR) -> None:
     ]
     async with running(eng):
         for i, c in enumerate(bad):
-            with pytest.raises(UsageError, match="constraint|schema"):
+            with pytest.raises(UsageError, match=r"constraint|schema"):
                 eng.submit(GenerationRequest(f"b{i}", prompt, p, constraint=c))
         assert eng.stats().waiting == 0 and not eng._reqs
 
@@ -329,11 +347,15 @@ async def test_queue_full_and_context_limits(ir: ModelIR) -> None:
         await collect(h2)
     shifting = make(ir, max_context=64, context_shift=True, anchor_tokens=4, speculative=False)
     async with running(shifting):
-        toks, _, fin = await collect(shifting.submit(GenerationRequest("long", long, params(eng, max_tokens=50))))
+        toks, _, fin = await collect(
+            shifting.submit(GenerationRequest("long", long, params(eng, max_tokens=50)))
+        )
     assert len(toks) == 50 and fin.reason is FinishReason.LENGTH and fin.prompt_tokens == 100
     # without shifting, generation stops at the context
     async with running(eng):
-        toks, _, fin = await collect(eng.submit(GenerationRequest("c", list(range(100, 150)), params(eng, max_tokens=50))))
+        toks, _, fin = await collect(
+            eng.submit(GenerationRequest("c", list(range(100, 150)), params(eng, max_tokens=50)))
+        )
     assert fin.reason is FinishReason.LENGTH and 50 + len(toks) == 65
 
 
@@ -341,7 +363,9 @@ async def test_stop_string_and_kv_modes(ir: ModelIR) -> None:
     for mode in ("int8", "mixed"):
         eng = make(ir, kv_cache=mode)
         async with running(eng):
-            toks, text, fin = await collect(eng.submit(GenerationRequest("m", ids(eng, PROMPTS[0]), params(eng))))
+            toks, text, fin = await collect(
+                eng.submit(GenerationRequest("m", ids(eng, PROMPTS[0]), params(eng)))
+            )
         assert len(toks) == 12 and eng.stats().extra["kv_cache"] == mode
     eng = make(ir)
     async with running(eng):
@@ -365,3 +389,14 @@ async def test_submit_needs_running_engine(ir: ModelIR) -> None:
     eng = make(ir)
     with pytest.raises(UsageError, match="not running"):
         eng.submit(GenerationRequest("x", [1, 2], params(eng)))
+
+
+async def test_max_tokens_zero(ir: ModelIR) -> None:
+    eng = make(ir)
+    async with running(eng):
+        toks, text, fin = await collect(
+            eng.submit(GenerationRequest("z", [1, 2, 3], params(eng, max_tokens=0)))
+        )
+    assert (
+        toks == [] and text == "" and fin.reason is FinishReason.LENGTH and fin.prompt_tokens == 3
+    )

@@ -17,7 +17,9 @@ def run_step(p: Policy, plan: StepPlan, finished: tuple[str, ...] = ()) -> list[
     res = []
     for s in plan.seqs:
         computed = s.start + s.n_tokens - s.n_draft
-        res.append(SeqResult(s.request_id, computed, 1 if s.sample else 0, s.request_id in finished))
+        res.append(
+            SeqResult(s.request_id, computed, 1 if s.sample else 0, s.request_id in finished)
+        )
     return p.update(StepResult(tuple(res)))
 
 
@@ -32,7 +34,10 @@ def test_decode_first_then_chunked_prefill_under_budget() -> None:
     p.add("long", 100, 10)
     plan = p.schedule()
     # the running stream gets its decode token, the long prompt one chunk
-    assert [(s.request_id, s.n_tokens, s.sample) for s in plan.seqs] == [("a", 1, True), ("long", 32, False)]
+    assert [(s.request_id, s.n_tokens, s.sample) for s in plan.seqs] == [
+        ("a", 1, True),
+        ("long", 32, False),
+    ]
     run_step(p, plan)
     chunks = []
     while p.seq("long").prefilling:
@@ -192,7 +197,7 @@ def test_prefix_cache_match_load_refcount_and_lru() -> None:
     c = [70 + i for i in range(8)]
     assert pc.insert(c, filled_cache(c)) == 2  # evicts unreferenced blocks, oldest first
     assert pc.stats.evicted_blocks == 2 and pc.bytes_used <= 3 * block_bytes
-    assert len(pc.match(c + [1])) == 2
+    assert len(pc.match([*c, 1])) == 2
 
 
 def test_prefix_cache_off() -> None:

@@ -30,7 +30,7 @@ from modelc.runtime.tokenizer import CONTROL, Tokenizer
 _BITS = np.arange(32, dtype=np.uint32)
 # compact JSON (no free whitespace), so a sampled object cannot wander off in blank
 # space before it closes; a schema's own "x-guidance" options still apply on top
-_JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
+_JSON_DEFAULTS: Any = {"whitespace_flexible": False}
 
 
 class _VocabForLLG:

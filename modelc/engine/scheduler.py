@@ -47,7 +47,7 @@ from modelc.engine.policy import Policy, ScheduledSeq, SeqResult, StepPlan, Step
 from modelc.engine.prefix_cache import Block, PrefixCache
 from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
 from modelc.errors import ModelcError, UnsupportedError, UsageError
-from modelc.runtime.generate import IncrementalDecoder, StopMatcher
+from modelc.runtime.generate import StopMatcher, StreamDecoder
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler
@@ -65,7 +65,7 @@ class _Request:
     submitted: float
     constraint: ConstraintState | None = None
     drafter: Drafter | None = None
-    detok: IncrementalDecoder | None = None
+    detok: StreamDecoder | None = None
     stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
     cache: KVCache | None = None
     prefix_blocks: list[Block] = field(default_factory=list)
@@ -235,6 +235,11 @@ class LLMEngine:
         constraint = None
         if req.constraint is not None:
             constraint = ConstraintState(self._llg_tokenizer(), req.constraint, lm.n_vocab)
+        if p.max_tokens == 0:  # nothing to generate: finished before it starts
+            send0, recv0 = trio.open_memory_channel[Event](1)
+            send0.send_nowait(FinishEvent(FinishReason.LENGTH, prompt_tokens=n_prompt))
+            send0.close()
+            return _Handle(req.request_id, recv0, self)
         blocks = self.prefix.match(prompt)
         cached = min(len(blocks) * self.prefix.block_tokens, len(prompt) - 1)
         try:
@@ -256,7 +261,7 @@ class LLMEngine:
             drafter=make_drafter(self.opt.draft, self._mlp)
             if use_spec and self.opt.spec_gamma
             else None,
-            detok=IncrementalDecoder(self.tok) if self.tok is not None else None,
+            detok=self.tok.incremental_decoder() if self.tok is not None else None,
             stops=StopMatcher(p.stop),
             prefix_blocks=blocks,
             cached_tokens=cached,
@@ -450,7 +455,7 @@ class LLMEngine:
             r.first_token_at = now
         if tok in p.stop_token_ids and not r.req.ignore_eos:
             return FinishReason.STOP
-        text = r.detok.push(tok) if r.detok is not None else ""
+        text = r.detok.feed(tok) if r.detok is not None else ""
         text, matched = r.stops.push(text)
         r.stop_matched = matched
         reason = None
