@@ -29,7 +29,7 @@ cdef extern from "mc_ops.h" nogil:
     void mc_gelu(const float *x, float *out, int64_t length)
     void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                      int nth)
+                      int nth, int simd)
 
 # type codes of mc_common.h
 F32 = 0
@@ -157,7 +157,7 @@ def gelu(const float[::1] x, float[::1] out):
 
 
 def attention(const float[:, :, ::1] q, const float[:, :, ::1] k, const float[:, :, ::1] v,
-              int q_pos0, float scale, float[:, :, ::1] out, int nth):
+              int q_pos0, float scale, float[:, :, ::1] out, int nth, int simd=0):
     """out (n_q, n_head, hd): causal GQA of q over cache rows k, v (n_kv, n_head_kv, hd)."""
     cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
     cdef int n_kv = k.shape[0], nkh = k.shape[1]
@@ -171,4 +171,4 @@ def attention(const float[:, :, ::1] q, const float[:, :, ::1] k, const float[:,
         raise ValueError("attention: empty KV cache")
     with nogil:
         mc_attention(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0], n_q, nh, n_kv, nkh,
-                     hd, q_pos0, scale, nth)
+                     hd, q_pos0, scale, nth, simd)

@@ -112,7 +112,66 @@ typedef struct {
     float *out;
     int n_q, n_head, n_kv, n_head_kv, hd, q_pos0;
     float scale;
+    int simd;
 } mc_att_job;
+
+#if defined(MC_X86)
+MC_AVX2 static inline float mc_hsum256_ops(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* AVX2 twin of mc_attention_one for hd % 8 == 0 */
+MC_AVX2 static void mc_attention_one_avx2(const void *ctx, int idx) {
+    const mc_att_job *jb = (const mc_att_job *)ctx;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv;
+    const int i = idx / jb->n_head, h = idx % jb->n_head, kh = h / (jb->n_head / n_head_kv);
+    const float *qi = jb->q + (size_t)idx * hd;
+    __m256 acc[64]; /* hd / 8 <= 64 */
+    float s[MC_ATT_CHUNK];
+    float m = -INFINITY, l = 0.0f;
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    const int nv = hd / 8;
+    for (int j = 0; j < nv; j++) acc[j] = _mm256_setzero_ps();
+    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+        const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
+        float cmax = -INFINITY;
+        for (int c = 0; c < cnt; c++) {
+            const float *kt = jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+            int j = 0;
+            for (; j + 16 <= hd; j += 16) {
+                d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j), _mm256_loadu_ps(kt + j), d0);
+                d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j + 8), _mm256_loadu_ps(kt + j + 8), d1);
+            }
+            if (j < hd) d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j), _mm256_loadu_ps(kt + j), d0);
+            s[c] = mc_hsum256_ops(_mm256_add_ps(d0, d1)) * jb->scale;
+            cmax = s[c] > cmax ? s[c] : cmax;
+        }
+        if (cmax > m) {
+            const __m256 corr = _mm256_set1_ps(expf(m - cmax)); /* 0 when m is -inf */
+            l *= expf(m - cmax);
+            for (int j = 0; j < nv; j++) acc[j] = _mm256_mul_ps(acc[j], corr);
+            m = cmax;
+        }
+        for (int c = 0; c < cnt; c++) {
+            const float p = expf(s[c] - m);
+            const float *vt = jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            const __m256 vp = _mm256_set1_ps(p);
+            l += p;
+            for (int j = 0; j < nv; j++)
+                acc[j] = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+        }
+    }
+    float *o = jb->out + (size_t)idx * hd;
+    const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+    for (int j = 0; j < nv; j++) _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(acc[j], inv));
+}
+
+static void mc_attention_one_avx2_fn(void *ctx, int idx) { mc_attention_one_avx2(ctx, idx); }
+#endif
 
 /* one (query, head) pair: online softmax over its visible keys in chunks */
 static void mc_attention_one(void *ctx, int idx) {
@@ -161,11 +220,15 @@ static void mc_attention_one(void *ctx, int idx) {
  * scratch is on the stack (hd <= 512); (query, head) pairs run in parallel. */
 static void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
                          int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                         int nth) {
-    mc_att_job jb = {q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0, scale};
+                         int nth, int simd) {
+    mc_att_job jb = {q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0, scale, simd};
     const int total = n_q * n_head;
     const int64_t work = (int64_t)total * (q_pos0 + n_q) * hd;
-    mc_parallel(work < 65536 ? 1 : nth, total, mc_attention_one, &jb);
+    mc_chunk_fn fn = mc_attention_one;
+#if defined(MC_X86)
+    if (simd == MC_SIMD_AVX2 && hd % 8 == 0) fn = mc_attention_one_avx2_fn;
+#endif
+    mc_parallel(work < 65536 ? 1 : nth, total, fn, &jb);
 }
 
 #endif /* MC_OPS_H */

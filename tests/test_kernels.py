@@ -417,7 +417,7 @@ def _run_simd_check(tmp_path: Any, cc: str, runner: list[str]) -> None:
             "-std=gnu11",
             "-ffp-contract=off",
             f"-I{root / 'cyx'}",
-            str(root / "cyx" / "check_simd.c"),
+            str(root / "cyx" / "check_simd_impl.c"),
             "-o",
             str(exe),
             "-lm",

@@ -195,7 +195,7 @@ class CpuBackend:
         q = _f32(q)
         if out is None:
             out = np.empty_like(q)  # (n_q, n_head, hd)
-        _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads)
+        _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads, self.simd)
         return out
 
     def softmax(self, x: F32Array) -> F32Array:
