@@ -1,0 +1,173 @@
+"""``modelc run [MODEL]``: serve one model over HTTP (OpenAI, native and Ollama APIs).
+
+Registered into the main CLI by ``register(subparsers)`` (``modelc.cli.EXTENSIONS``).
+With no MODEL it serves the configured ``default_model`` (``smollm2-135m``); a catalog
+name not yet in the store is pulled first, with a progress bar on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from modelc.errors import UsageError
+
+
+def _resolve(arg: str) -> Path:
+    from modelc.catalog import CATALOG
+    from modelc.cli import _config, _store, progress_bars
+    from modelc.resolve import resolve_model
+
+    store = _store()
+    with progress_bars() as bars:
+        if arg in CATALOG and not store.versions(arg) and not Path(arg).exists():
+            from modelc.pull import pull
+
+            dl = bars.download(f"pulling {arg}") if bars else None
+            pk = bars.pack(f"packing {arg}") if bars else None
+            _, path = pull(arg, store, download_progress=dl, pack_progress=pk)
+            return path
+        return resolve_model(
+            arg,
+            store=store,
+            config=_config(),
+            progress=bars.pack(f"packing {arg}") if bars else None,
+        )
+
+
+def _model_id(arg: str) -> str:
+    p = Path(arg).expanduser()
+    if p.exists():
+        return p.stem if p.is_file() else p.name
+    return arg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from modelc.cli import _config
+    from modelc.engine.options import EngineOptions
+    from modelc.server.serve import ServeOptions, serve
+
+    cfg = _config()
+    arg = args.model or cfg.default_model
+    for flag, v, lo in (
+        ("--rate-limit", args.rate_limit, 0),
+        ("--grace", args.grace, 0),
+    ):
+        if v < lo:
+            raise UsageError(f"{flag} must be >= {lo}, got {v}")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    given = {
+        "max_concurrent": args.max_concurrent,
+        "queue_size": args.queue_size,
+        "max_context": args.max_context,
+        "kv_cache": args.kv_cache,
+        "anchor_tokens": args.anchor_tokens,
+        "prefill_chunk": args.prefill_chunk,
+        "threads": args.threads,
+    }
+    engine = EngineOptions(**{k: v for k, v in given.items() if v is not None})
+    engine.context_shift = args.context_shift
+    engine.validate()
+    path = _resolve(arg)
+    opts = ServeOptions(
+        model_path=path,
+        model_id=_model_id(arg),
+        model_arg=arg,
+        host=args.host or cfg.server.host,
+        port=cfg.server.port if args.port is None else args.port,
+        api_key=args.api_key,
+        rate_limit=args.rate_limit,
+        grace=args.grace,
+        lora_dirs=[Path(d).expanduser() for d in args.lora_dir],
+        engine=engine,
+    )
+    return serve(opts)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``run`` subcommand to the main CLI's subparsers."""
+    p = subparsers.add_parser("run", help="serve a model over HTTP (OpenAI / native / Ollama APIs)")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        default=None,
+        help="store name, catalog name or model path (default: config default_model)",
+    )
+    p.add_argument("--host", default=None, help="bind address (default from config: 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=None, help="port (default from config: 8080; 0 = any free port)"
+    )
+    p.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sequences generating at once (engine default 8)",
+    )
+    p.add_argument(
+        "--queue-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests waiting beyond those; more get 503 (engine default 64)",
+    )
+    p.add_argument(
+        "--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'"
+    )
+    p.add_argument(
+        "--rate-limit",
+        type=int,
+        default=0,
+        metavar="N",
+        help="at most N requests per minute per client address (0 = off)",
+    )
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sequence (default: the model's)",
+    )
+    p.add_argument(
+        "--kv-cache", default=None, choices=["f32", "int8", "mixed"], help="KV-cache storage"
+    )
+    p.add_argument(
+        "--anchor-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens kept at the start on a context shift",
+    )
+    p.add_argument(
+        "--context-shift",
+        action="store_true",
+        help="drop old tokens instead of stopping at the context",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompt tokens per sequence per step (0 = whole prompt)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, metavar="N", help="kernel threads (default: all cores)"
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds running streams get to finish on SIGINT/SIGTERM (30)",
+    )
+    p.add_argument(
+        "--lora-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="allow /lora/load of adapters under DIR (repeatable)",
+    )
+    p.set_defaults(func=cmd_run)

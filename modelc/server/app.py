@@ -1,0 +1,94 @@
+"""The Quart-trio application factory.
+
+:func:`create_app` wires the per-app context (state, metrics, rate limiter), the
+request hooks (request id, API key, rate limit, access log, per-endpoint metrics),
+the single error handler that turns every exception into an OpenAI error object
+(:func:`modelc.server.errors.to_error`), and the route blueprints.  Quart's response
+timeout is off, so long streams are never cut.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from importlib import resources
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+
+from modelc.server import auth
+from modelc.server.context import AppContext, ctx
+from modelc.server.errors import to_error
+from modelc.server.logging import AccessRecord, logger
+from modelc.server.metrics import CONTENT_TYPE, Metrics
+from modelc.server.state import ServerState
+
+MAX_BODY = 8 * 1024 * 1024
+
+
+def create_app(state: ServerState) -> QuartTrio:
+    from modelc.server import routes_native, routes_ollama, routes_openai
+    from modelc.server.openapi import openapi_document
+
+    app = QuartTrio("modelc.server")
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # streams may run as long as generation does
+        BODY_TIMEOUT=60,
+        MAX_CONTENT_LENGTH=MAX_BODY,
+        PROVIDE_AUTOMATIC_OPTIONS=True,
+    )
+    metrics = Metrics(lambda: state.engine.stats() if state.engine is not None else None)
+    app.extensions["modelc"] = AppContext(state, metrics, auth.RateLimiter(state.rate_limit))
+
+    @app.before_request
+    async def _before() -> None:
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        client = request.remote_addr or "?"
+        g.access = AccessRecord(rid[:64], request.method, request.path, client, time.perf_counter())
+        if request.path in auth.EXEMPT or request.method == "OPTIONS":
+            return
+        c = ctx()
+        auth.check_api_key(
+            c.state.api_key, request.headers.get("Authorization"), request.headers.get("X-Api-Key")
+        )
+        c.limiter.check(client)
+
+    @app.after_request
+    async def _after(resp: Response) -> Response:
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        ctx().metrics.requests.labels(endpoint=rule, status=str(resp.status_code)).inc()
+        rec: AccessRecord | None = g.get("access")
+        if rec is not None:
+            resp.headers["X-Request-Id"] = rec.request_id
+            if not rec.streaming:
+                rec.write(resp.status_code, time.perf_counter())
+        return resp
+
+    @app.errorhandler(Exception)
+    async def _error(exc: Exception) -> Response:
+        status, payload, headers = to_error(exc)
+        if status >= 500:
+            logger().error(
+                "handler_error", path=request.path, error=repr(exc), exc_info=status == 500
+            )
+        return Response(payload, status=status, headers=headers, content_type="application/json")
+
+    @app.get("/metrics")
+    async def _metrics() -> Response:
+        return Response(ctx().metrics.render(), content_type=CONTENT_TYPE)
+
+    @app.get("/")
+    async def _index() -> Response:
+        page = resources.files("modelc.server").joinpath("static/chat.html").read_bytes()
+        return Response(page, content_type="text/html; charset=utf-8")
+
+    doc = openapi_document()
+
+    @app.get("/openapi.json")
+    async def _openapi() -> Response:
+        return Response(doc, content_type="application/json")
+
+    app.register_blueprint(routes_openai.bp)
+    app.register_blueprint(routes_native.bp)
+    app.register_blueprint(routes_ollama.bp)
+    return app

@@ -1,0 +1,323 @@
+"""Translation between request bodies and engine messages, and event collection.
+
+Nothing here generates: prompts are rendered and tokenized, sampling settings and
+constraints are built into :class:`~modelc.engine.api.GenerationRequest`, and the
+engine's events are gathered (:func:`collect`) or relayed (:class:`EventStream`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from modelc.engine.api import (
+    Constraint,
+    ConstraintKind,
+    Engine,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    RequestHandle,
+    TokenEvent,
+)
+from modelc.errors import ModelcError
+from modelc.runtime.chat_template import render_chat
+from modelc.runtime.sampling import SamplingParams
+from modelc.server import tools as tooling
+from modelc.server.errors import ParamError
+from modelc.server.metrics import Metrics
+from modelc.server.schemas import ChatMessage, ResponseFormat, Tool
+from modelc.server.state import ModelInfo
+
+FINISH = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "stop",
+    FinishReason.TIMEOUT: "length",
+}
+
+
+class GenerationFailed(ModelcError):
+    """The engine reported an error for a request."""
+
+    http_status = 500
+    error_type = "server_error"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise ParamError(
+                        f"content part type {part.type!r} is not supported (text only)",
+                        param=f"messages[{i}].content[{j}].type",
+                    )
+                texts.append(part.text)
+            content = "".join(texts)
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
+        d["content"] = content or ""
+        if m.name:
+            d["name"] = m.name
+        if m.tool_calls:
+            calls: list[dict[str, Any]] = []
+            for c in m.tool_calls:
+                try:
+                    args: Any = json.loads(c.function.arguments)
+                except json.JSONDecodeError:
+                    args = c.function.arguments
+                calls.append(
+                    {"type": "function", "function": {"name": c.function.name, "arguments": args}}
+                )
+            d["tool_calls"] = calls
+            if not d["content"]:
+                d["content"] = "\n".join(
+                    "<tool_call>\n"
+                    + json.dumps(
+                        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                    )
+                    + "\n</tool_call>"
+                    for c in calls
+                )
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
+
+
+def chat_prompt(
+    info: ModelInfo,
+    messages: Sequence[ChatMessage] | list[dict[str, Any]],
+    tools: list[Tool] | None = None,
+) -> tuple[str, list[int]]:
+    """The rendered prompt and its token ids (the template adds any BOS itself)."""
+    msgs: list[dict[str, Any]] = [
+        m if isinstance(m, dict) else message_dicts([m])[0] for m in messages
+    ]
+    tool_list = None
+    if tools:
+        if tooling.template_uses_tools(info.chat_template):
+            tool_list = tooling.tool_dicts(tools)
+        else:
+            sys_text = tooling.system_prompt(tools)
+            if msgs and msgs[0]["role"] == "system":
+                msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']}\n\n{sys_text}"}
+            else:
+                msgs.insert(0, {"role": "system", "content": sys_text})
+    text = render_chat(
+        info.chat_template,
+        msgs,
+        add_generation_prompt=True,
+        tools=tool_list,
+        bos_token=info.bos_text,
+        eos_token=info.eos_text,
+    )
+    return text, info.tok().encode(text, add_special=not info.chat_template)
+
+
+def response_constraint(fmt: ResponseFormat | None) -> Constraint | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint(ConstraintKind.JSON_OBJECT)
+    if fmt.json_schema is None or fmt.json_schema.schema is None:
+        raise ParamError(
+            "response_format json_schema needs json_schema.schema (a JSON Schema object)",
+            param="response_format.json_schema",
+        )
+    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(fmt.json_schema.schema))
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else [s for s in stop if s]
+
+
+def logit_bias(bias: dict[str, float] | None, n_vocab: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for k, v in (bias or {}).items():
+        try:
+            tok = int(k)
+        except ValueError:
+            raise ParamError(
+                f"logit_bias keys must be token ids, got {k!r}", param="logit_bias"
+            ) from None
+        if not 0 <= tok < n_vocab:
+            raise ParamError(
+                f"logit_bias token id {tok} is outside the vocabulary 0..{n_vocab - 1}",
+                param="logit_bias",
+            )
+        out[tok] = v
+    return out
+
+
+def check_budget(
+    info: ModelInfo, n_prompt: int, max_tokens: int | None, param: str = "max_tokens"
+) -> int:
+    """The max_tokens to use: the request's, or what is left of the context."""
+    room = info.n_ctx - n_prompt
+    if room <= 0:
+        raise ParamError(
+            f"the prompt is {n_prompt} tokens but the context is {info.n_ctx}; shorten the prompt",
+            param="messages" if param == "max_tokens" else param,
+        )
+    if max_tokens is None:
+        return room
+    return min(max_tokens, room)
+
+
+def make_requests(
+    base_id: str,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    n: int,
+    constraint: Constraint | None = None,
+    ignore_eos: bool = False,
+) -> list[GenerationRequest]:
+    reqs = []
+    for i in range(n):
+        sp = dataclasses.replace(
+            sampling,
+            stop=list(sampling.stop),
+            stop_token_ids=list(sampling.stop_token_ids),
+            logit_bias=dict(sampling.logit_bias),
+            seed=sampling.seed + i if sampling.seed is not None else None,
+        )
+        reqs.append(
+            GenerationRequest(
+                request_id=f"{base_id}-{i}",
+                prompt_ids=list(prompt_ids),
+                sampling=sp,
+                constraint=constraint,
+                ignore_eos=ignore_eos,
+            )
+        )
+    return reqs
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Everything one engine request produced."""
+
+    text: str = ""
+    tokens: list[TokenEvent] = field(default_factory=list)
+    finish: FinishEvent | None = None
+
+    @property
+    def reason(self) -> str:
+        assert self.finish is not None
+        return FINISH.get(self.finish.reason, "stop")
+
+    @property
+    def cum_logprob(self) -> float:
+        return sum(
+            t.logprob for t in self.tokens if t.logprob is not None and not math.isnan(t.logprob)
+        )
+
+
+def submit_all(engine: Engine, reqs: list[GenerationRequest]) -> list[RequestHandle]:
+    """Submit every request, or none: a refusal cancels those already queued."""
+    handles: list[RequestHandle] = []
+    try:
+        for r in reqs:
+            handles.append(engine.submit(r))
+    except BaseException:
+        for h in handles:
+            h.cancel()
+        raise
+    return handles
+
+
+async def collect(handle: RequestHandle, metrics: Metrics) -> Outcome:
+    out = Outcome()
+    parts: list[str] = []
+    metrics.active.inc()
+    try:
+        async for ev in handle:
+            if isinstance(ev, TokenEvent):
+                out.tokens.append(ev)
+                parts.append(ev.text)
+            else:
+                parts.append(ev.text)
+                out.finish = ev
+    finally:
+        handle.cancel()
+        metrics.active.dec()
+    out.text = "".join(parts)
+    if out.finish is None:
+        raise GenerationFailed("the engine ended the request without a finish event")
+    metrics.finished(out.finish)
+    if out.finish.reason is FinishReason.ERROR:
+        raise GenerationFailed(f"generation failed: {out.finish.error or 'engine error'}")
+    return out
+
+
+async def collect_all(handles: list[RequestHandle], metrics: Metrics) -> list[Outcome]:
+    results: list[Outcome | None] = [None] * len(handles)
+
+    async def one(i: int) -> None:
+        results[i] = await collect(handles[i], metrics)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for i in range(len(handles)):
+                nursery.start_soon(one, i)
+    finally:
+        for h in handles:
+            h.cancel()
+    return [r for r in results if r is not None]
+
+
+class EventStream:
+    """Relays a handle's events through a channel so the reader can wait with a timeout.
+
+    A pump task in the app's nursery reads the handle; :meth:`next` returns the next
+    event, or None when ``timeout`` passes first (the caller sends a ``: ping``).
+    :meth:`close` cancels the engine request (client gone or stream done).
+    """
+
+    def __init__(self, handle: RequestHandle, nursery: trio.Nursery, metrics: Metrics) -> None:
+        self.handle = handle
+        self.metrics = metrics
+        self.send, self.recv = trio.open_memory_channel[TokenEvent | FinishEvent](math.inf)
+        metrics.active.inc()
+        self._closed = False
+        nursery.start_soon(self._pump)
+
+    async def _pump(self) -> None:
+        async with self.send:
+            async for ev in self.handle:
+                self.send.send_nowait(ev)
+                if isinstance(ev, FinishEvent):
+                    self.metrics.finished(ev)
+
+    async def next(self, timeout: float) -> TokenEvent | FinishEvent | None:
+        with trio.move_on_after(timeout):
+            try:
+                return await self.recv.receive()
+            except trio.EndOfChannel:
+                raise GenerationFailed(
+                    "the engine ended the request without a finish event"
+                ) from None
+        return None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.handle.cancel()
+            self.metrics.active.dec()

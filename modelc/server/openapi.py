@@ -1,0 +1,131 @@
+"""``/openapi.json``, generated from the same msgspec Structs the handlers decode and encode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+import modelc
+from modelc.server import schemas as s
+
+# (method, path, request body, response body, summary); None response body = a stream only
+ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
+    (
+        "post",
+        "/v1/chat/completions",
+        s.ChatCompletionRequest,
+        s.ChatCompletion,
+        "OpenAI chat completion (SSE of ChatCompletionChunk when stream)",
+    ),
+    (
+        "post",
+        "/v1/completions",
+        s.CompletionRequest,
+        s.Completion,
+        "OpenAI text completion (SSE when stream)",
+    ),
+    (
+        "post",
+        "/v1/embeddings",
+        s.EmbeddingRequest,
+        s.EmbeddingResponse,
+        "OpenAI embeddings (float or base64)",
+    ),
+    ("get", "/v1/models", None, s.ModelList, "The served model"),
+    ("get", "/v1/models/{model}", None, s.ModelCard, "One model by id"),
+    ("post", "/complete", s.NativeCompleteRequest, s.NativeCompleteResponse, "Complete a prompt"),
+    ("post", "/chat", s.NativeChatRequest, s.NativeChatResponse, "Chat reply"),
+    ("post", "/chat/stream", s.NativeChatRequest, s.NativeStreamEvent, "Chat reply as SSE events"),
+    ("post", "/infer", s.InferRequest, s.InferResponse, "Batched tensor inference (MLP models)"),
+    (
+        "post",
+        "/embeddings",
+        s.NativeEmbeddingRequest,
+        s.NativeEmbeddingResponse,
+        "Embeddings (llama.cpp names accepted)",
+    ),
+    ("post", "/tokenize", s.TokenizeRequest, s.TokenizeResponse, "Text or messages to token ids"),
+    ("post", "/detokenize", s.DetokenizeRequest, s.DetokenizeResponse, "Token ids to text"),
+    ("get", "/health", None, s.HealthResponse, "Liveness: 200 ok, 503 while loading"),
+    ("get", "/info", None, s.InfoResponse, "Model information"),
+    ("get", "/props", None, s.PropsResponse, "Server properties (llama.cpp)"),
+    ("get", "/api/version", None, s.VersionResponse, "Server version"),
+    ("get", "/v1/system", None, s.SystemResponse, "Host information"),
+    (
+        "post",
+        "/lora/load",
+        s.LoraLoadRequest,
+        s.LoraResponse,
+        "Load a LoRA adapter from an allowed directory",
+    ),
+    ("post", "/lora/unload", s.LoraUnloadRequest, s.LoraResponse, "Unload LoRA adapters"),
+    (
+        "post",
+        "/api/generate",
+        s.OllamaGenerateRequest,
+        s.OllamaGenerateChunk,
+        "Ollama generate (NDJSON when stream)",
+    ),
+    (
+        "post",
+        "/api/chat",
+        s.OllamaChatRequest,
+        s.OllamaChatChunk,
+        "Ollama chat (NDJSON when stream)",
+    ),
+    ("post", "/api/embed", s.OllamaEmbedRequest, s.OllamaEmbedResponse, "Ollama embeddings"),
+    ("get", "/api/tags", None, s.OllamaTags, "Ollama model list"),
+]
+
+
+def _ref(t: type[Any]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{t.__name__}"}
+
+
+def openapi_document() -> bytes:
+    types = {t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None}
+    types.add(s.ErrorResponse)
+    ordered = sorted(types, key=lambda t: t.__name__)
+    _, components = msgspec.json.schema_components(
+        ordered, ref_template="#/components/schemas/{name}"
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    error = {
+        "description": "error",
+        "content": {"application/json": {"schema": _ref(s.ErrorResponse)}},
+    }
+    for method, path, req, resp, summary in ROUTES:
+        op: dict[str, Any] = {
+            "summary": summary,
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": _ref(resp)}},
+                }
+                if resp is not None
+                else {"description": "OK"},
+                "4XX": error,
+                "5XX": error,
+            },
+        }
+        if req is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": _ref(req)}},
+            }
+        if "{model}" in path:
+            op["parameters"] = [
+                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+            ]
+        paths.setdefault(path, {})[method] = op
+    doc = {
+        "openapi": "3.1.0",
+        "info": {"title": "modelc", "version": modelc.__version__},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+    return msgspec.json.encode(doc)

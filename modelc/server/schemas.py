@@ -1,0 +1,655 @@
+"""Every request and response body, as msgspec Structs with their limits declared once.
+
+Request Structs reject wrong types and out-of-range values at decode time (the
+server turns a :class:`msgspec.ValidationError` into a 400 naming the field); fields
+that clients commonly send but that do not change the result (``user``,
+``parallel_tool_calls``, ``store``, ``metadata`` ...) are accepted and ignored.
+Decoders are built once, in :data:`DECODERS`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+# --- shared limits -----------------------------------------------------------------------
+Text = Annotated[str, Meta(max_length=1_000_000)]
+ShortText = Annotated[str, Meta(max_length=256)]
+Name = Annotated[str, Meta(max_length=256)]
+TokenId = Annotated[int, Meta(ge=0, le=(1 << 31) - 1)]
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+TopK = Annotated[int, Meta(ge=0, le=1_000_000)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+RepPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
+MaxTokens = Annotated[int, Meta(ge=0, le=1_048_576)]
+NChoices = Annotated[int, Meta(ge=1, le=16)]
+Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+StopList = Annotated[list[ShortText], Meta(max_length=16)]
+Stop = ShortText | StopList | None
+LogitBias = Annotated[dict[str, Bias], Meta(max_length=1024)]
+
+ROLES = ("system", "user", "assistant", "tool", "developer", "function")
+Role = Literal["system", "user", "assistant", "tool", "developer", "function"]
+
+
+class Req(Struct, kw_only=True, omit_defaults=True):
+    """Base of request bodies."""
+
+
+class Resp(Struct, kw_only=True):
+    """Base of response bodies."""
+
+
+# --- errors ------------------------------------------------------------------------------
+class ErrorDetail(Resp):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(Resp):
+    error: ErrorDetail
+
+
+# --- chat --------------------------------------------------------------------------------
+class ContentPart(Req):
+    type: Annotated[str, Meta(max_length=32)]
+    text: Text | None = None
+
+
+class FunctionCall(Req):
+    name: Name
+    arguments: Text = "{}"
+
+
+class ToolCall(Req):
+    function: FunctionCall
+    id: Name | None = None
+    type: Literal["function"] = "function"
+    index: int | None = None
+
+
+class ChatMessage(Req):
+    role: Role
+    content: Text | Annotated[list[ContentPart], Meta(max_length=256)] | None = None
+    name: Name | None = None
+    tool_calls: Annotated[list[ToolCall], Meta(max_length=64)] | None = None
+    tool_call_id: Name | None = None
+
+
+Messages = Annotated[list[ChatMessage], Meta(min_length=1, max_length=2048)]
+
+
+class FunctionDef(Req):
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Req):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Req):
+    name: Name
+
+
+class NamedToolChoice(Req):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaSpec(Req):
+    name: Annotated[str, Meta(max_length=64)] = "response"
+    schema: dict[str, Any] | None = None
+    description: Text | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Req):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StreamOptions(Req):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(Req):
+    messages: Messages
+    model: Name | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: NChoices = 1
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepPenalty = 1.0
+    logit_bias: LogitBias | None = None
+    logprobs: bool = False
+    top_logprobs: TopLogprobs | None = None
+    stop: Stop = None
+    seed: Seed | None = None
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    user: Name | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: Name | None = None
+    ignore_eos: bool = False
+
+
+class ToolCallOut(Resp):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+class ChatMessageOut(Resp):
+    role: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class TopLogprob(Resp):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(Resp):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Resp):
+    content: list[TokenLogprob] | None
+
+
+class ChatChoice(Resp):
+    index: int
+    message: ChatMessageOut
+    finish_reason: str
+    logprobs: ChoiceLogprobs | None = None
+
+
+class PromptTokensDetails(Resp):
+    cached_tokens: int = 0
+
+
+class Usage(Resp):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class ChatCompletion(Resp):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: str = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class ToolCallDelta(Resp, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: dict[str, str] | None = None
+
+
+class ChatDelta(Resp, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(Resp):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(Resp):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: str = "chat.completion.chunk"
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+# --- completions -------------------------------------------------------------------------
+PromptItem = Text | TokenId | Annotated[list[TokenId], Meta(max_length=1_000_000)]
+Prompt = Text | Annotated[list[PromptItem], Meta(min_length=1, max_length=1_000_000)]
+
+
+class CompletionRequest(Req):
+    prompt: Prompt
+    model: Name | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: NChoices = 1
+    best_of: NChoices | None = None
+    echo: bool = False
+    suffix: Text | None = None
+    max_tokens: MaxTokens | None = 16
+    max_completion_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepPenalty = 1.0
+    logit_bias: LogitBias | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    stop: Stop = None
+    seed: Seed | None = None
+    user: Name | None = None
+    response_format: ResponseFormat | None = None
+    ignore_eos: bool = False
+
+
+class CompletionLogprobs(Resp):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(Resp):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: CompletionLogprobs | None = None
+
+
+class Completion(Resp):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    object: str = "text_completion"
+    system_fingerprint: str | None = None
+
+
+# --- embeddings --------------------------------------------------------------------------
+EmbedInput = (
+    Text
+    | Annotated[
+        list[Text | TokenId | Annotated[list[TokenId], Meta(max_length=100_000)]],
+        Meta(min_length=1, max_length=2048),
+    ]
+)
+
+
+class EmbeddingRequest(Req):
+    input: EmbedInput
+    model: Name | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Meta(ge=1, le=65536)] | None = None
+    user: Name | None = None
+
+
+class EmbeddingData(Resp):
+    index: int
+    embedding: list[float] | str
+    object: str = "embedding"
+
+
+class EmbeddingUsage(Resp):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(Resp):
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+    object: str = "list"
+
+
+# --- models ------------------------------------------------------------------------------
+class ModelCard(Resp):
+    id: str
+    created: int
+    owned_by: str
+    root: str
+    object: str = "model"
+    max_model_len: int | None = None
+
+
+class ModelList(Resp):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+# --- native ------------------------------------------------------------------------------
+class NativeOptions(Req):
+    max_tokens: MaxTokens = 256
+    temperature: Temperature = 0.8
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0
+    repetition_penalty: RepPenalty = 1.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: LogitBias | None = None
+    stop: Stop = None
+    seed: Seed | None = None
+
+
+class NativeCompleteRequest(NativeOptions, kw_only=True):
+    prompt: Text
+
+
+class NativeChatRequest(NativeOptions, kw_only=True):
+    messages: Messages
+
+
+class NativeUsage(Resp):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    time_to_first_token: float | None = None
+    total_time: float = 0.0
+
+
+class NativeCompleteResponse(Resp):
+    text: str
+    finish_reason: str
+    usage: NativeUsage
+    model: str
+
+
+class NativeMessage(Resp):
+    role: str
+    content: str
+
+
+class NativeChatResponse(Resp):
+    message: NativeMessage
+    finish_reason: str
+    usage: NativeUsage
+    model: str
+
+
+class NativeStreamEvent(Resp, omit_defaults=True):
+    delta: str = ""
+    finish_reason: str | None = None
+    usage: NativeUsage | None = None
+
+
+class InferRequest(Req):
+    inputs: Annotated[
+        list[Annotated[list[float], Meta(max_length=1_000_000)]],
+        Meta(min_length=1, max_length=4096),
+    ]
+    input_name: Name | None = None
+
+
+class InferResponse(Resp):
+    outputs: list[list[float]]
+    model: str
+
+
+class NativeEmbeddingRequest(Req):
+    input: EmbedInput | None = None
+    content: EmbedInput | None = None  # llama.cpp's field name
+
+
+class NativeEmbeddingResponse(Resp):
+    embeddings: list[list[float]]
+    model: str
+    prompt_tokens: int
+
+
+class TokenizeRequest(Req):
+    content: Text | None = None  # llama.cpp
+    prompt: Text | None = None  # vLLM
+    messages: Messages | None = None  # vLLM chat form
+    add_special: bool | None = None  # llama.cpp
+    add_special_tokens: bool | None = None  # vLLM
+    add_generation_prompt: bool = True
+    with_pieces: bool = False
+    model: Name | None = None
+
+
+class TokenPiece(Resp):
+    id: int
+    piece: str
+
+
+class TokenizeResponse(Resp):
+    tokens: list[int | TokenPiece]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeRequest(Req):
+    tokens: Annotated[list[TokenId], Meta(max_length=1_000_000)]
+    model: Name | None = None
+
+
+class DetokenizeResponse(Resp):
+    content: str  # llama.cpp
+    prompt: str  # vLLM
+
+
+class HealthResponse(Resp):
+    status: str
+
+
+class InfoResponse(Resp):
+    model: str
+    architecture: str
+    path: str
+    n_ctx: int
+    n_vocab: int
+    parameters: int
+    file_size: int
+    chat_template: bool
+    capabilities: list[str]
+    version: str
+
+
+class GenerationSettings(Resp):
+    n_ctx: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+
+
+class PropsResponse(Resp):
+    model_path: str
+    model: str
+    architecture: str
+    total_slots: int
+    chat_template: str
+    default_generation_settings: GenerationSettings
+    build_info: str
+
+
+class VersionResponse(Resp):
+    version: str
+    git_sha: str
+
+
+class SystemResponse(Resp):
+    platform: str
+    python: str
+    cpu_count: int
+    memory_total: int
+    memory_available: int
+    kernels: str
+
+
+class LoraLoadRequest(Req):
+    path: Annotated[str, Meta(min_length=1, max_length=4096)]
+    scale: Annotated[float, Meta(ge=-10.0, le=10.0)] = 1.0
+
+
+class LoraUnloadRequest(Req):
+    path: Annotated[str, Meta(max_length=4096)] | None = None
+
+
+class LoraResponse(Resp):
+    status: str
+    adapters: list[str]
+
+
+# --- Ollama ------------------------------------------------------------------------------
+class OllamaOptions(Req):
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    num_predict: Annotated[int, Meta(ge=-2, le=1_048_576)] | None = None
+    repeat_penalty: RepPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: Seed | None = None
+    stop: StopList | None = None
+    num_ctx: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
+
+
+class OllamaGenerateRequest(Req):
+    model: Name
+    prompt: Text = ""
+    system: Text | None = None
+    stream: bool = True
+    raw: bool = False
+    format: Literal["json"] | dict[str, Any] | None = None
+    options: OllamaOptions | None = None
+    keep_alive: Annotated[str, Meta(max_length=32)] | int | None = None
+
+
+class OllamaMessageIn(Req):
+    role: Role
+    content: Text = ""
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class OllamaChatRequest(Req):
+    model: Name
+    messages: Annotated[list[OllamaMessageIn], Meta(max_length=2048)]
+    stream: bool = True
+    format: Literal["json"] | dict[str, Any] | None = None
+    options: OllamaOptions | None = None
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    keep_alive: Annotated[str, Meta(max_length=32)] | int | None = None
+
+
+class OllamaGenerateChunk(Resp, omit_defaults=True):
+    model: str
+    created_at: str
+    response: str
+    done: bool
+    done_reason: str | None = None
+    prompt_eval_count: int | None = None
+    eval_count: int | None = None
+    total_duration: int | None = None
+
+
+class OllamaMessage(Resp):
+    role: str
+    content: str
+
+
+class OllamaChatChunk(Resp, omit_defaults=True):
+    model: str
+    created_at: str
+    message: OllamaMessage
+    done: bool
+    done_reason: str | None = None
+    prompt_eval_count: int | None = None
+    eval_count: int | None = None
+    total_duration: int | None = None
+
+
+class OllamaEmbedRequest(Req):
+    model: Name
+    input: Text | Annotated[list[Text], Meta(min_length=1, max_length=2048)]
+    truncate: bool = True
+
+
+class OllamaEmbedResponse(Resp):
+    model: str
+    embeddings: list[list[float]]
+    prompt_eval_count: int
+
+
+class OllamaModelDetails(Resp):
+    format: str
+    family: str
+    parameter_size: str
+    quantization_level: str
+
+
+class OllamaModel(Resp):
+    name: str
+    model: str
+    modified_at: str
+    size: int
+    digest: str
+    details: OllamaModelDetails
+
+
+class OllamaTags(Resp):
+    models: list[OllamaModel]
+
+
+REQUEST_TYPES: tuple[type[Req], ...] = (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    NativeCompleteRequest,
+    NativeChatRequest,
+    InferRequest,
+    NativeEmbeddingRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+    LoraLoadRequest,
+    LoraUnloadRequest,
+    OllamaGenerateRequest,
+    OllamaChatRequest,
+    OllamaEmbedRequest,
+)
+
+DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
+    t: msgspec.json.Decoder(t) for t in REQUEST_TYPES
+}
+ENCODER = msgspec.json.Encoder()

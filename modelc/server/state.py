@@ -1,0 +1,149 @@
+"""What the app knows about the served model, and the engine once it is running.
+
+:class:`ServerState` is created before the model is loaded (``/health`` answers 503
+while :attr:`ServerState.engine` is None); :func:`load_model_info` reads the
+artifact's manifest (tokenizer, chat template, sizes) without touching the weights.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelc.artifact import open_artifact
+from modelc.engine.api import Engine
+from modelc.errors import ModelNotFoundError, TokenizerError
+from modelc.runtime.tokenizer import Tokenizer
+from modelc.server.errors import LoadingError
+
+TEXT_ARCHS = ("llama", "gpt2")
+EMBED_ARCHS = ("bert",)
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    model_id: str
+    path: Path
+    architecture: str
+    n_ctx: int
+    n_vocab: int
+    n_params: int
+    file_size: int
+    created: int
+    tokenizer: Tokenizer | None
+    chat_template: str | None
+    bos_text: str = ""
+    eos_text: str = ""
+    stop_ids: list[int] = field(default_factory=list)
+    quantization: str = ""
+
+    @property
+    def generates(self) -> bool:
+        return self.architecture in TEXT_ARCHS
+
+    @property
+    def embeds(self) -> bool:
+        return self.architecture in EMBED_ARCHS
+
+    def capabilities(self) -> list[str]:
+        caps = []
+        if self.generates:
+            caps += ["completion", "chat", "tools"]
+        if self.embeds:
+            caps.append("embedding")
+        if self.architecture == "mlp":
+            caps.append("infer")
+        return caps
+
+    def tok(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise TokenizerError(
+                f"model {self.model_id!r} has no tokenizer; this endpoint needs one"
+            )
+        return self.tokenizer
+
+
+def load_model_info(path: Path, model_id: str) -> ModelInfo:
+    """Read the manifest of a ``.modelc`` file (no weights are read)."""
+    art = open_artifact(path)
+    try:
+        m = art.manifest
+        n_params = art.n_params
+    finally:
+        art.close()
+    spec = m.tokenizer
+    tok = Tokenizer(spec) if spec is not None else None
+
+    def text(i: int | None) -> str:
+        return (
+            spec.tokens[i]
+            if spec is not None and i is not None and 0 <= i < len(spec.tokens)
+            else ""
+        )
+
+    stop_ids = sorted({i for i in (spec.eos_id, spec.eot_id) if i is not None}) if spec else []
+    if tok is not None:
+        stop_ids = sorted(set(stop_ids) | set(tok.eot_ids))
+    st = path.stat()
+    return ModelInfo(
+        model_id=model_id,
+        path=path,
+        architecture=m.architecture,
+        n_ctx=m.hparams.n_ctx or 2048,
+        n_vocab=m.hparams.n_vocab or (len(spec.tokens) if spec else 0),
+        n_params=n_params,
+        file_size=st.st_size,
+        created=int(st.st_mtime),
+        tokenizer=tok,
+        chat_template=m.chat_template,
+        bos_text=text(spec.bos_id) if spec else "",
+        eos_text=text(spec.eos_id) if spec else "",
+        stop_ids=stop_ids,
+        quantization=str(m.pack.quantize or m.source.format),
+    )
+
+
+@dataclass(slots=True)
+class ServerState:
+    """Shared by every handler; ``engine`` is None while the model loads."""
+
+    model_arg: str
+    info: ModelInfo | None = None
+    engine: Engine | None = None
+    api_key: str | None = None
+    rate_limit: int = 0  # requests per minute per client address; 0 = off
+    max_concurrent: int = 0
+    lora_dirs: list[Path] = field(default_factory=list)
+    lora_loaded: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    ping_interval: float = 10.0
+    draining: bool = False
+
+    def ready(self) -> tuple[ModelInfo, Engine]:
+        if self.info is None or self.engine is None:
+            raise LoadingError("the model is still loading; retry in a moment (see /health)")
+        return self.info, self.engine
+
+    def model(self) -> ModelInfo:
+        if self.info is None:
+            raise LoadingError("the model is still loading; retry in a moment (see /health)")
+        return self.info
+
+    def check_model(self, requested: str | None) -> ModelInfo:
+        """The loaded model, if ``requested`` names it (or is empty)."""
+        info = self.model()
+        if requested and requested not in self.aliases(info):
+            raise ModelNotFoundError(
+                f"the model {requested!r} is not served here; this server serves "
+                f"{info.model_id!r} (see /v1/models)"
+            )
+        return info
+
+    def aliases(self, info: ModelInfo) -> set[str]:
+        a = {info.model_id, self.model_arg, info.path.name, info.path.stem, str(info.path)}
+        if ":" in info.model_id:
+            a.add(info.model_id.split(":", 1)[0])
+        else:
+            a.add(f"{info.model_id}:latest")
+        return a

@@ -1,0 +1,120 @@
+"""Real ``modelc run`` servers for the server tests (subprocesses on a free port).
+
+Import the fixtures into a test module (``from tests.server_fixtures import smol_server``);
+each is started once per session and stopped with SIGTERM at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.assets import minilm_dir, smollm2_gguf
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One ``modelc run`` subprocess; ``url`` is its base address."""
+
+    def __init__(self, model: str, *extra: str, home: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._home = tempfile.TemporaryDirectory(prefix="modelc-srv-") if home is None else None
+        env = dict(os.environ)
+        env["MODELC_HOME"] = str(home or self._home.name)  # type: ignore[union-attr]
+        env.setdefault("MODELC_THREADS", "1")
+        self.log_path = Path(env["MODELC_HOME"]) / "server.log"
+        self._log = self.log_path.open("wb")
+        cmd = [
+            sys.executable,
+            "-m",
+            "modelc.cli",
+            "run",
+            model,
+            "--port",
+            str(self.port),
+            "--threads",
+            "1",
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()[-4000:]}")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        if self._home is not None:
+            self._home.cleanup()
+        return self.proc.returncode
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+        if m is None:
+            raise KeyError(f"no metric {name}")
+        return float(m.group(1))
+
+
+def start(model: str, *extra: str) -> Server:
+    srv = Server(model, *extra)
+    try:
+        srv.wait_ready()
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
+
+
+@pytest.fixture(scope="session")
+def smol_server() -> Iterator[Server]:
+    srv = start(str(smollm2_gguf()), "--max-concurrent", "4")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def minilm_server() -> Iterator[Server]:
+    srv = start(str(minilm_dir()))
+    yield srv
+    srv.stop()

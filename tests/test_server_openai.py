@@ -1,0 +1,281 @@
+"""The official ``openai`` client against ``modelc run`` on SmolLM2 and MiniLM."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.server_fixtures import Server, minilm_server, smol_server
+
+__all__ = ["minilm_server", "smol_server"]
+
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(smol_server: Server) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def model_id(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def test_models_list_and_retrieve(client: openai.OpenAI, model_id: str) -> None:
+    models = client.models.list()
+    assert len(models.data) == 1 and models.data[0].object == "model"
+    card = client.models.retrieve(model_id)
+    assert card.id == model_id
+    assert card.model_extra and card.model_extra["root"].endswith(".modelc")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_chat_plain(client: openai.OpenAI, model_id: str) -> None:
+    r = client.chat.completions.create(model=model_id, messages=MSG, max_tokens=8, temperature=0)
+    assert r.object == "chat.completion" and len(r.choices) == 1
+    c = r.choices[0]
+    assert c.message.role == "assistant" and c.message.content
+    assert c.finish_reason in ("stop", "length")
+    assert r.usage is not None and r.usage.completion_tokens <= 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    again = client.chat.completions.create(
+        model=model_id, messages=MSG, max_tokens=8, temperature=0
+    )
+    assert again.choices[0].message.content == c.message.content  # greedy is deterministic
+
+
+def test_chat_streamed_matches_plain(client: openai.OpenAI, model_id: str) -> None:
+    plain = client.chat.completions.create(
+        model=model_id, messages=MSG, max_tokens=8, temperature=0
+    )
+    stream = client.chat.completions.create(
+        model=model_id,
+        messages=MSG,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finals == [plain.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_chat_n3_seeded(client: openai.OpenAI, model_id: str) -> None:
+    r = client.chat.completions.create(
+        model=model_id, messages=MSG, max_tokens=6, temperature=1.0, n=3, seed=7
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content is not None for c in r.choices)
+    assert r.usage is not None and 3 <= r.usage.completion_tokens <= 18
+
+
+def test_chat_logprobs(client: openai.OpenAI, model_id: str) -> None:
+    r = client.chat.completions.create(
+        model=model_id, messages=MSG, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.content
+    assert len(lp.content) == r.usage.completion_tokens  # type: ignore[union-attr]
+    for t in lp.content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert t.logprob == pytest.approx(t.top_logprobs[0].logprob, abs=1e-4)
+    assert (
+        "".join(t.token for t in lp.content).strip() in (r.choices[0].message.content or "") + " "
+    )
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def test_chat_tools_required(client: openai.OpenAI, model_id: str) -> None:
+    r = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice="required",
+        max_tokens=40,
+        temperature=0,
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c.message
+    calls = c.message.tool_calls
+    assert calls and calls[0].type == "function" and calls[0].function.name == "get_weather"
+    args = json.loads(calls[0].function.arguments)
+    assert isinstance(args, dict) and isinstance(args["city"], str)
+
+
+def test_chat_tools_named_streamed(client: openai.OpenAI, model_id: str) -> None:
+    stream = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Weather in Rome please"}],
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+    )
+    name, args, finish = "", "", None
+    for ch in stream:
+        for d in ch.choices:
+            for tc in d.delta.tool_calls or []:
+                name += (tc.function.name or "") if tc.function else ""
+                args += (tc.function.arguments or "") if tc.function else ""
+            finish = d.finish_reason or finish
+    assert name == "get_weather" and finish == "tool_calls"
+    assert "city" in json.loads(args)
+
+
+def test_chat_json_schema(client: openai.OpenAI, model_id: str) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Give me a person as JSON."}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": schema},
+        },
+        max_tokens=40,
+        temperature=0,
+    )
+    obj = json.loads(r.choices[0].message.content or "")
+    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+
+
+def test_completions_echo_suffix(client: openai.OpenAI, model_id: str) -> None:
+    prompt = "The sky is"
+    r = client.completions.create(
+        model=model_id, prompt=prompt, max_tokens=4, temperature=0, echo=True, suffix="<END>"
+    )
+    text = r.choices[0].text
+    assert text.startswith(prompt) and text.endswith("<END>") and len(text) > len(prompt) + 5
+    assert r.object == "text_completion"
+
+
+def test_completions_best_of(client: openai.OpenAI, model_id: str) -> None:
+    r = client.completions.create(
+        model=model_id,
+        prompt="Once upon a time",
+        max_tokens=4,
+        temperature=1.0,
+        n=1,
+        best_of=3,
+        seed=3,
+        logprobs=1,
+    )
+    assert len(r.choices) == 1
+    lp = r.choices[0].logprobs
+    assert (
+        lp is not None
+        and lp.token_logprobs
+        and all(x is not None and x <= 0 for x in lp.token_logprobs)
+    )
+    assert r.usage is not None and r.usage.completion_tokens <= 12  # all three were generated
+
+
+def test_completions_batch_and_token_prompt(
+    client: openai.OpenAI, model_id: str, smol_server: Server
+) -> None:
+    r = client.completions.create(
+        model=model_id, prompt=["Hello", "One, two,"], max_tokens=3, temperature=0
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    single = client.completions.create(
+        model=model_id, prompt="One, two,", max_tokens=3, temperature=0
+    )
+    assert r.choices[1].text == single.choices[0].text
+    ids = httpx.post(f"{smol_server.url}/tokenize", json={"content": "One, two,"}).json()["tokens"]
+    by_ids = client.completions.create(model=model_id, prompt=ids, max_tokens=3, temperature=0)
+    assert by_ids.choices[0].text == single.choices[0].text
+
+
+def test_completions_stream(client: openai.OpenAI, model_id: str) -> None:
+    plain = client.completions.create(
+        model=model_id, prompt="Paris is", max_tokens=5, temperature=0
+    )
+    text = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=model_id, prompt="Paris is", max_tokens=5, temperature=0, stream=True
+        )
+        if c.choices
+    )
+    assert text == plain.choices[0].text
+
+
+def test_embeddings_refused_for_llm(client: openai.OpenAI, model_id: str) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=model_id, input="hi")
+    assert "embedding model" in e.value.body["message"]  # type: ignore[index]
+
+
+# --- MiniLM ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def eclient(minilm_server: Server) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{minilm_server.url}/v1", api_key="unused", max_retries=0, timeout=120
+    )
+
+
+def test_embeddings_float_and_base64(eclient: openai.OpenAI) -> None:
+    mid = eclient.models.list().data[0].id
+    texts = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stock markets fell today."]
+    r = eclient.embeddings.create(model=mid, input=texts, encoding_format="float")
+    assert [d.index for d in r.data] == [0, 1, 2]
+    v = np.array([d.embedding for d in r.data])
+    assert v.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-3)  # all-MiniLM-L6-v2 normalizes
+    sims = v @ v.T
+    assert sims[0, 1] > sims[0, 2] + 0.2  # the two cat sentences are closer
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 0
+    b = eclient.embeddings.with_raw_response.create(
+        model=mid, input=texts[0], encoding_format="base64"
+    )
+    raw = b.http_response.json()["data"][0]["embedding"]
+    vb = np.frombuffer(base64.b64decode(raw), "<f4")
+    assert np.allclose(vb, v[0], atol=1e-6)
+    # the client decodes base64 itself when no format is asked for
+    auto = eclient.embeddings.create(model=mid, input=texts[0])
+    assert np.allclose(auto.data[0].embedding, v[0], atol=1e-6)
+
+
+def test_minilm_models_and_chat_refused(eclient: openai.OpenAI) -> None:
+    mid = eclient.models.list().data[0].id
+    assert eclient.models.retrieve(mid).id == mid
+    with pytest.raises(openai.BadRequestError):
+        eclient.chat.completions.create(model=mid, messages=MSG, max_tokens=2)
