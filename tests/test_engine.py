@@ -332,7 +332,7 @@ async def test_invalid_constraints_refused(ir: ModelIR) -> None:
 
 async def test_queue_full_and_context_limits(ir: ModelIR) -> None:
     eng = make(ir, max_concurrent=1, queue_size=1, max_context=64, speculative=False)
-    p = params(eng, max_tokens=30)
+    p = params(eng, max_tokens=4)
     async with running(eng):
         h1 = eng.submit(GenerationRequest("q1", ids(eng, "Hello"), p))
         h2 = eng.submit(GenerationRequest("q2", ids(eng, "Hello"), p))
