@@ -24,9 +24,9 @@ cdef extern from "mc_ops.h" nogil:
                        float eps, int nth)
     void mc_rope(float *x, const int64_t *pos, const float *inv_freq, int n, int n_heads, int hd,
                  int half, int neox)
-    void mc_softmax(float *x, int n, int d)
-    void mc_silu_mul(const float *g, const float *u, float *out, int64_t length)
-    void mc_gelu(const float *x, float *out, int64_t length)
+    void mc_softmax(float *x, int n, int d, int simd)
+    void mc_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd)
+    void mc_gelu(const float *x, float *out, int64_t length, int simd)
     void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
                       int nth, int simd)
@@ -131,29 +131,29 @@ def rope(float[:, :, ::1] x, const int64_t[::1] pos, const float[::1] inv_freq, 
         mc_rope(&x[0, 0, 0], &pos[0], &inv_freq[0], n, nh, hd, half, neox)
 
 
-def softmax(float[:, ::1] x):
+def softmax(float[:, ::1] x, int simd=0):
     if x.shape[0] == 0 or x.shape[1] == 0:
         return
     with nogil:
-        mc_softmax(&x[0, 0], x.shape[0], x.shape[1])
+        mc_softmax(&x[0, 0], x.shape[0], x.shape[1], simd)
 
 
-def silu_mul(const float[::1] g, const float[::1] u, float[::1] out):
+def silu_mul(const float[::1] g, const float[::1] u, float[::1] out, int simd=0):
     if g.shape[0] != u.shape[0] or out.shape[0] != g.shape[0]:
         raise ValueError("silu_mul: shape mismatch")
     if g.shape[0] == 0:
         return
     with nogil:
-        mc_silu_mul(&g[0], &u[0], &out[0], g.shape[0])
+        mc_silu_mul(&g[0], &u[0], &out[0], g.shape[0], simd)
 
 
-def gelu(const float[::1] x, float[::1] out):
+def gelu(const float[::1] x, float[::1] out, int simd=0):
     if out.shape[0] != x.shape[0]:
         raise ValueError("gelu: shape mismatch")
     if x.shape[0] == 0:
         return
     with nogil:
-        mc_gelu(&x[0], &out[0], x.shape[0])
+        mc_gelu(&x[0], &out[0], x.shape[0], simd)
 
 
 def attention(const float[:, :, ::1] q, const float[:, :, ::1] k, const float[:, :, ::1] v,

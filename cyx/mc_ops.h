@@ -75,8 +75,97 @@ static void mc_rope(float *x, const int64_t *pos, const float *inv_freq, int n, 
     }
 }
 
+#if defined(MC_X86)
+/* exp(x) for 8 floats: Cephes' expf (range reduction by ln 2, degree-5
+ * polynomial), about 1 ulp; inputs below -88.38 give ~0, above 88.38 clamp. */
+MC_AVX2 static inline __m256 mc_exp256(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+    fx = _mm256_floor_ps(fx);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, z, x);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(0x7f));
+    e = _mm256_slli_epi32(e, 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+MC_AVX2 static void mc_softmax_avx2(float *x, int n, int d) {
+    for (int i = 0; i < n; i++) {
+        float *r = x + (size_t)i * d;
+        float m = -INFINITY;
+        for (int j = 0; j < d; j++) m = r[j] > m ? r[j] : m;
+        const __m256 vm = _mm256_set1_ps(m);
+        double sum = 0.0;
+        int j = 0;
+        for (; j + 8 <= d; j += 8) {
+            const __m256 e = mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(r + j), vm));
+            _mm256_storeu_ps(r + j, e);
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps(e, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            sum += _mm_cvtss_f32(h);
+        }
+        for (; j < d; j++) {
+            r[j] = expf(r[j] - m);
+            sum += r[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (j = 0; j < d; j++) r[j] *= inv;
+    }
+}
+
+MC_AVX2 static void mc_silu_mul_avx2(const float *g, const float *u, float *out, int64_t len) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = mc_exp256(_mm256_sub_ps(zero, gv));
+        const __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < len; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* gelu_tanh with tanh(z) = 1 - 2 / (exp(2z) + 1) */
+MC_AVX2 static void mc_gelu_avx2(const float *x, float *out, int64_t len) {
+    const __m256 c = _mm256_set1_ps(0.7978845608028654f), k = _mm256_set1_ps(0.044715f);
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f), half = _mm256_set1_ps(0.5f);
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+        const __m256 z = _mm256_mul_ps(c, _mm256_fmadd_ps(k, v3, v));
+        const __m256 e = mc_exp256(_mm256_mul_ps(two, z));
+        const __m256 th = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, th)));
+    }
+    const float cs = 0.7978845608028654f;
+    for (; i < len; i++) {
+        const float v = x[i];
+        out[i] = 0.5f * v * (1.0f + tanhf(cs * (v + 0.044715f * v * v * v)));
+    }
+}
+#endif
+
 /* In place over rows of x (n, d) */
-static void mc_softmax(float *x, int n, int d) {
+static void mc_softmax(float *x, int n, int d, int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_AVX2) {
+        mc_softmax_avx2(x, n, d);
+        return;
+    }
+#endif
+    (void)simd;
     for (int i = 0; i < n; i++) {
         float *r = x + (size_t)i * d;
         float m = -INFINITY;
@@ -92,12 +181,26 @@ static void mc_softmax(float *x, int n, int d) {
 }
 
 /* out = silu(g) * u over `len` elements */
-static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len) {
+static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len, int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_AVX2) {
+        mc_silu_mul_avx2(g, u, out, len);
+        return;
+    }
+#endif
+    (void)simd;
     for (int64_t i = 0; i < len; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 /* out = gelu_tanh(x) over `len` elements */
-static void mc_gelu(const float *x, float *out, int64_t len) {
+static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_AVX2) {
+        mc_gelu_avx2(x, out, len);
+        return;
+    }
+#endif
+    (void)simd;
     const float c = 0.7978845608028654f; /* sqrt(2/pi) */
     for (int64_t i = 0; i < len; i++) {
         const float v = x[i];

@@ -109,6 +109,13 @@ def _f32(a: np.ndarray[Any, Any]) -> F32Array:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _flat(out: F32Array) -> F32Array:
+    """A 1-D view of a caller's ``out`` (which must be C-contiguous to be written in place)."""
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be a C-contiguous float32 array")
+    return out.reshape(-1)
+
+
 class CpuBackend:
     """Compiled kernels.
 
@@ -200,7 +207,7 @@ class CpuBackend:
 
     def softmax(self, x: F32Array) -> F32Array:
         buf = _f32(x)
-        _k.softmax(buf.reshape(-1, buf.shape[-1]))
+        _k.softmax(buf.reshape(-1, buf.shape[-1]), self.simd)
         if buf is not x:
             x[...] = buf
         return x
@@ -209,12 +216,12 @@ class CpuBackend:
         gate, up = _f32(gate), _f32(up)
         if out is None:
             out = np.empty_like(gate)
-        _k.silu_mul(gate.reshape(-1), up.reshape(-1), out.reshape(-1))
+        _k.silu_mul(gate.reshape(-1), up.reshape(-1), _flat(out), self.simd)
         return out
 
     def gelu(self, x: F32Array, out: F32Array | None = None) -> F32Array:
         x = _f32(x)
         if out is None:
             out = np.empty_like(x)
-        _k.gelu(x.reshape(-1), out.reshape(-1))
+        _k.gelu(x.reshape(-1), _flat(out), self.simd)
         return out
