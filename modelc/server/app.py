@@ -13,11 +13,11 @@ import time
 import uuid
 from importlib import resources
 
-from quart import Response, g, request
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from modelc.server import auth
-from modelc.server.context import AppContext, ctx
+from modelc.server.context import ACCESS, AppContext, ctx
 from modelc.server.errors import to_error
 from modelc.server.logging import AccessRecord, logger
 from modelc.server.metrics import CONTENT_TYPE, Metrics
@@ -44,7 +44,9 @@ def create_app(state: ServerState) -> QuartTrio:
     async def _before() -> None:
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         client = request.remote_addr or "?"
-        g.access = AccessRecord(rid[:64], request.method, request.path, client, time.perf_counter())
+        ACCESS.set(
+            AccessRecord(rid[:64], request.method, request.path, client, time.perf_counter())
+        )
         if request.path in auth.EXEMPT or request.method == "OPTIONS":
             return
         c = ctx()
@@ -57,7 +59,7 @@ def create_app(state: ServerState) -> QuartTrio:
     async def _after(resp: Response) -> Response:
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         ctx().metrics.requests.labels(endpoint=rule, status=str(resp.status_code)).inc()
-        rec: AccessRecord | None = g.get("access")
+        rec = ACCESS.get(None)
         if rec is not None:
             resp.headers["X-Request-Id"] = rec.request_id
             if not rec.streaming:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import trio
-from quart import Response, current_app, g, request, stream_with_context
+from quart import Response, current_app, request, stream_with_context
 
 from modelc.errors import ModelcError
 from modelc.server import sse
@@ -37,8 +38,12 @@ def nursery() -> trio.Nursery:
     return cast(trio.Nursery, current_app.nursery)  # type: ignore[attr-defined]
 
 
+ACCESS: ContextVar[AccessRecord] = ContextVar("modelc_access")
+
+
 def record() -> AccessRecord:
-    return cast(AccessRecord, g.access)
+    """This request's access-log record (a context variable: streams run in the handler's task)."""
+    return ACCESS.get()
 
 
 async def body(kind: type[T]) -> T:
