@@ -18,6 +18,9 @@ cdef extern from "mc_quant.h" nogil:
     int mc_has_openmp()
     int mc_num_procs()
 
+cdef extern from "mc_pool.h" nogil:
+    void mc_pool_backoff(int on)
+
 cdef extern from "mc_ops.h" nogil:
     void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps, int nth)
     void mc_layer_norm(const float *x, const float *w, const float *b, float *y, int n, int d,
@@ -50,6 +53,11 @@ SIMD_NEON = 2
 def simd_best():
     """The best SIMD level this CPU runs (0 scalar, 1 AVX2, 2 NEON)."""
     return mc_simd_best()
+
+
+def pool_backoff(bint on):
+    """Turn the thread pool's stall back-off on or off (see mc_pool.h); for benchmarks."""
+    mc_pool_backoff(on)
 
 
 def has_openmp():

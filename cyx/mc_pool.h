@@ -62,6 +62,7 @@ static mc_pool *mc_the_pool = NULL;
  * the next `mc_solo_left` jobs then run on the caller alone (64, doubling while
  * stalls persist, up to 4096), after which threads are tried again. */
 static _Atomic int mc_solo_left = 0;
+static _Atomic int mc_backoff_on = 1; /* mc_pool_backoff(0) turns it off (benchmarks) */
 static _Atomic int mc_backoff = 64;
 
 static inline double mc_now(void) {
@@ -188,7 +189,7 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
             sched_yield();
     }
     pthread_mutex_unlock(&p->job_mu);
-    if (spins >= 1000) {
+    if (spins >= 1000 && atomic_load(&mc_backoff_on)) {
         const double waited = mc_now() - t1, worked = t1 - t0;
         if (waited > 5e-4 && waited > 0.25 * worked) {
             const int b = atomic_load(&mc_backoff);
@@ -201,5 +202,16 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
 }
 
 #endif /* _WIN32 */
+
+/* Enable (1) or disable (0) the stall back-off; clears any back-off in force. */
+static void mc_pool_backoff(int on) {
+#if !defined(_WIN32)
+    atomic_store(&mc_backoff_on, on);
+    atomic_store(&mc_solo_left, 0);
+    atomic_store(&mc_backoff, 64);
+#else
+    (void)on;
+#endif
+}
 
 #endif /* MC_POOL_H */
