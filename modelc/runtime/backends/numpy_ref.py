@@ -40,6 +40,9 @@ def _put(value: np.ndarray[Any, Any], out: F32Array | None) -> F32Array:
     return out
 
 
+_CACHE_MAX = 4096  # dequantized weights kept (a model has a few hundred)
+
+
 class NumpyBackend:
     """Reference kernels in numpy.
 
@@ -61,6 +64,8 @@ class NumpyBackend:
         if hit is not None and hit[0] is w.data:
             return hit[1]
         dense = dequantize_weight(w)
+        if len(self._cache) >= _CACHE_MAX:  # weights made afresh per call: do not grow forever
+            self._cache.clear()
         self._cache[id(w.data)] = (w.data, dense)
         return dense
 
