@@ -23,9 +23,11 @@ token's logits.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -54,6 +56,22 @@ class PrefixStats:
     evicted_blocks: int = 0
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _locked(
+    fn: Callable[Concatenate[PrefixCache, P], R],
+) -> Callable[Concatenate[PrefixCache, P], R]:
+    """Submissions (event loop) and steps (worker thread) both use the cache."""
+
+    def wrapper(self: PrefixCache, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.lock:
+            return fn(self, *args, **kwargs)
+
+    return wrapper
+
+
 @dataclass(slots=True)
 class PrefixCache:
     shape: KVShape
@@ -62,6 +80,7 @@ class PrefixCache:
     blocks: OrderedDict[bytes, Block] = field(default_factory=OrderedDict)  # LRU order
     bytes_used: int = 0
     stats: PrefixStats = field(default_factory=PrefixStats)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def block_keys(self, tokens: Sequence[int], n_blocks: int) -> list[bytes]:
         keys, prev = [], b""
@@ -72,6 +91,7 @@ class PrefixCache:
             keys.append(prev)
         return keys
 
+    @_locked
     def match(self, tokens: Sequence[int]) -> list[Block]:
         """The cached blocks ``tokens`` starts with (referenced; give them back with release)."""
         self.stats.queries += 1
@@ -91,11 +111,13 @@ class PrefixCache:
             self.stats.hit_tokens += len(found) * self.block_tokens
         return found
 
+    @_locked
     def release(self, blocks: Sequence[Block]) -> None:
         for b in blocks:
             b.refs -= 1
             assert b.refs >= 0
 
+    @_locked
     def load(self, blocks: Sequence[Block], cache: KVCache) -> int:
         """Copy ``blocks`` into the empty ``cache`` (positions 0..); the tokens loaded."""
         if not blocks:
@@ -110,6 +132,7 @@ class PrefixCache:
         cache.advance(n)
         return n
 
+    @_locked
     def insert(self, tokens: Sequence[int], cache: KVCache) -> int:
         """Store the full blocks of ``tokens`` (whose KV is in ``cache``); blocks added."""
         if self.budget_bytes <= 0:

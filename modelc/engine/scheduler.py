@@ -361,7 +361,7 @@ class LLMEngine:
                     r.draft = r.drafter.propose(r.tokens, room)[:room]
                 self.policy.set_draft(rid, len(r.draft))
 
-    def _step_sync(self, plan: StepPlan) -> list[list[Sample]]:
+    def _step_sync(self, plan: StepPlan) -> list[list[Sample] | ModelcError]:
         """Worker thread: one batched forward and the sampling it feeds."""
         lm = self.lm
         assert lm is not None
@@ -387,7 +387,7 @@ class LLMEngine:
             batch.append(SeqChunk(r.cache, feed, rows))
             reqs.append(r)
         logits = lm.forward(batch)  # (sum of rows, n_vocab)
-        out: list[list[Sample]] = []
+        out: list[list[Sample] | ModelcError] = []
         row = 0
         for s, r, chunk in zip(plan.seqs, reqs, batch, strict=True):
             assert r.cache is not None
@@ -399,7 +399,10 @@ class LLMEngine:
                 continue
             mine = logits[row : row + len(chunk.rows())]
             row += len(chunk.rows())
-            out.append(self._sample(r, s, mine))
+            try:
+                out.append(self._sample(r, s, mine))
+            except ModelcError as e:  # this request's constraint / sampler failed: it alone ends
+                out.append(e)
         return out
 
     def _sample(self, r: _Request, s: ScheduledSeq, logits: np.ndarray[Any, Any]) -> list[Sample]:
@@ -420,7 +423,7 @@ class LLMEngine:
             r.constraint.accept(smp.token)
         return [smp]
 
-    def _deliver(self, plan: StepPlan, out: list[list[Sample]]) -> None:
+    def _deliver(self, plan: StepPlan, out: list[list[Sample] | ModelcError]) -> None:
         results = []
         now = trio.current_time()
         for s, samples in zip(plan.seqs, out, strict=True):
@@ -429,6 +432,9 @@ class LLMEngine:
                 continue
             if r.cancelled:
                 self._finish(s.request_id, FinishReason.CANCELLED)
+                continue
+            if isinstance(samples, ModelcError):
+                self._finish(s.request_id, FinishReason.ERROR, error=str(samples))
                 continue
             self._stats.spec_drafted += s.n_draft
             self._stats.spec_accepted += max(0, len(samples) - 1) if s.n_draft else 0
