@@ -7,9 +7,10 @@ import pytest
 
 from modelc.engine.policy import Policy, SeqResult, StepPlan, StepResult
 from modelc.engine.prefix_cache import PrefixCache
-from modelc.engine.speculative import NGramDraft, PromptLookup
+from modelc.engine.speculative import NGramDraft, PromptLookup, verify
 from modelc.errors import CapacityError, UsageError
 from modelc.runtime.kv_cache import KVCache, KVShape
+from modelc.runtime.sampling import Sampler, SamplingParams
 
 
 def run_step(p: Policy, plan: StepPlan, finished: tuple[str, ...] = ()) -> list[str]:
@@ -217,3 +218,31 @@ def test_prompt_lookup_and_ngram_drafts() -> None:
     ng = NGramDraft(n=2)
     assert ng.propose([1, 2, 3, 1, 2], 3) == [3, 1, 2]
     assert ng.propose([5, 6], 2) == []
+
+
+def test_rejection_sampling_keeps_the_distribution() -> None:
+    logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05], np.float32))
+    target = np.exp(logits) / np.exp(logits).sum()
+    rows = np.stack([logits, logits])  # (draft + 1, vocab)
+    n = 20000
+    for draft in (0, 3):  # a likely and an unlikely draft token
+        sampler = Sampler(SamplingParams(temperature=1.0, seed=draft), 5)
+        first = np.zeros(5)
+        accepted = 0
+        for _ in range(n):
+            out = verify(sampler, rows, [draft])
+            first[out[0].token] += 1
+            accepted += len(out) == 2
+        assert np.abs(first / n - target).max() < 0.015, (draft, first / n)
+        assert abs(accepted / n - target[draft]) < 0.015
+
+
+def test_greedy_verify_accepts_matching_drafts() -> None:
+    rows = np.zeros((4, 6), np.float32)
+    for i, t in enumerate([2, 4, 1, 5]):
+        rows[i, t] = 1.0
+    s = Sampler(SamplingParams(temperature=0.0), 6)
+    assert [x.token for x in verify(s, rows, [2, 4, 0])] == [2, 4, 1]  # third draft wrong
+    s = Sampler(SamplingParams(temperature=0.0), 6)
+    assert [x.token for x in verify(s, rows, [2, 4, 1])] == [2, 4, 1, 5]  # all right + bonus
+    assert s.history == [2, 4, 1, 5]
