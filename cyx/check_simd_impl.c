@@ -38,13 +38,17 @@ int main(void) {
         }
         float *x = malloc(sizeof(float) * K * N), *y0 = malloc(4 * M * N), *y1 = malloc(4 * M * N);
         for (int i = 0; i < K * N; i++) x[i] = frnd();
+        const int levels[2] = {mc_simd_best(), mc_simd_best() == MC_SIMD_VNNI ? MC_SIMD_AVX2 : -1};
+        for (int li = 0; li < 2; li++)
         for (int exact = 0; exact < 2; exact++) {
+            if (levels[li] < 0) continue;
             mc_matmul(t, W, rb, M, K, x, N, y0, MC_SIMD_SCALAR, 1, exact);
-            mc_matmul(t, W, rb, M, K, x, N, y1, mc_simd_best(), 3, exact);
+            mc_matmul(t, W, rb, M, K, x, N, y1, levels[li], 3, exact);
             double num = 0, den = 0;
             for (int i = 0; i < M * N; i++) { num += (y0[i] - y1[i]) * (double)(y0[i] - y1[i]); den += (double)y0[i] * y0[i]; }
             double rel = sqrt(num / den);
-            printf("type %d exact %d: rel diff simd vs scalar %.2e %s\n", t, exact, rel, rel < 1e-5 ? "ok" : "BAD");
+            printf("type %d simd %d exact %d: rel diff vs scalar %.2e %s\n", t, levels[li], exact, rel,
+                   rel < 1e-5 ? "ok" : "BAD");
             bad += !(rel < 1e-5);
         }
         free(W); free(x); free(y0); free(y1);

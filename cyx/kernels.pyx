@@ -48,10 +48,11 @@ INT8 = 8
 SIMD_SCALAR = 0
 SIMD_AVX2 = 1
 SIMD_NEON = 2
+SIMD_VNNI = 3
 
 
 def simd_best():
-    """The best SIMD level this CPU runs (0 scalar, 1 AVX2, 2 NEON)."""
+    """The best SIMD level this CPU runs (0 scalar, 1 AVX2, 2 NEON, 3 AVX2 + AVX512-VNNI)."""
     return mc_simd_best()
 
 

@@ -19,6 +19,7 @@
 #define MC_X86 1
 #include <immintrin.h>
 #define MC_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define MC_VNNI __attribute__((target("avx2,fma,f16c,avx512vnni,avx512vl")))
 #endif
 
 #if defined(__aarch64__)
@@ -39,8 +40,9 @@ enum {
     MC_INT8 = 8,
 };
 
-/* SIMD levels */
-enum { MC_SIMD_SCALAR = 0, MC_SIMD_AVX2 = 1, MC_SIMD_NEON = 2 };
+/* SIMD levels; VNNI = AVX2 plus AVX512-VNNI dot products on 256-bit registers */
+enum { MC_SIMD_SCALAR = 0, MC_SIMD_AVX2 = 1, MC_SIMD_NEON = 2, MC_SIMD_VNNI = 3 };
+#define MC_IS_AVX2(simd) ((simd) == MC_SIMD_AVX2 || (simd) == MC_SIMD_VNNI)
 
 /* Activation block for the 32-element weight types: x ~= d * qs, s = d * sum(qs). */
 typedef struct {
@@ -120,8 +122,11 @@ static int mc_simd_best(void) {
 #if defined(MC_X86)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+        __builtin_cpu_supports("f16c")) {
+        if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
+            return MC_SIMD_VNNI;
         return MC_SIMD_AVX2;
+    }
     return MC_SIMD_SCALAR;
 #elif defined(MC_NEON)
     return MC_SIMD_NEON;

@@ -160,7 +160,7 @@ MC_AVX2 static void mc_gelu_avx2(const float *x, float *out, int64_t len) {
 /* In place over rows of x (n, d) */
 static void mc_softmax(float *x, int n, int d, int simd) {
 #if defined(MC_X86)
-    if (simd == MC_SIMD_AVX2) {
+    if (MC_IS_AVX2(simd)) {
         mc_softmax_avx2(x, n, d);
         return;
     }
@@ -183,7 +183,7 @@ static void mc_softmax(float *x, int n, int d, int simd) {
 /* out = silu(g) * u over `len` elements */
 static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len, int simd) {
 #if defined(MC_X86)
-    if (simd == MC_SIMD_AVX2) {
+    if (MC_IS_AVX2(simd)) {
         mc_silu_mul_avx2(g, u, out, len);
         return;
     }
@@ -195,7 +195,7 @@ static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len,
 /* out = gelu_tanh(x) over `len` elements */
 static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
 #if defined(MC_X86)
-    if (simd == MC_SIMD_AVX2) {
+    if (MC_IS_AVX2(simd)) {
         mc_gelu_avx2(x, out, len);
         return;
     }
@@ -329,7 +329,7 @@ static void mc_attention(const float *q, const float *k, const float *v, float *
     const int64_t work = (int64_t)total * (q_pos0 + n_q) * hd;
     mc_chunk_fn fn = mc_attention_one;
 #if defined(MC_X86)
-    if (simd == MC_SIMD_AVX2 && hd % 8 == 0) fn = mc_attention_one_avx2_fn;
+    if (MC_IS_AVX2(simd) && hd % 8 == 0) fn = mc_attention_one_avx2_fn;
 #endif
     mc_parallel(work < 65536 ? 1 : nth, total, fn, &jb);
 }

@@ -377,18 +377,6 @@ MC_AVX2 static inline float mc_h16(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* signed x signed int8, 32 lanes -> 8 int32 partial sums */
-MC_AVX2 static inline __m256i mc_dot_i8(__m256i a, __m256i b) {
-    const __m256i ax = _mm256_sign_epi8(a, a);
-    const __m256i sb = _mm256_sign_epi8(b, a);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sb), _mm256_set1_epi16(1));
-}
-
-/* unsigned (<128) x signed int8 -> 8 int32 partial sums */
-MC_AVX2 static inline __m256i mc_dot_u8(__m256i ua, __m256i b) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(ua, b), _mm256_set1_epi16(1));
-}
-
 /* 16 bytes of nibbles -> 32 bytes: low nibbles first, then high nibbles */
 MC_AVX2 static inline __m256i mc_nibbles32(const uint8_t *p) {
     const __m128i t = _mm_loadu_si128((const __m128i *)p);
@@ -406,83 +394,25 @@ MC_AVX2 static inline __m256i mc_bits32(const uint8_t *p) {
     return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
 }
 
-MC_AVX2 static float mc_dot_q4_0_avx2(int K, const uint8_t *w, const void *xv) {
-    const mc_q8 *x = (const mc_q8 *)xv;
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i off = _mm256_set1_epi8(8);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 18 * i;
-        const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(mc_dot_i8(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
-    }
-    return mc_hsum256(acc);
-}
+#define MC_X4(r) ((const mc_q8 *)((const char *)x + (r) * xstride))
+#define MC_XK4(r) ((const mc_q8k *)((const char *)x + (r) * xstride))
 
-MC_AVX2 static float mc_dot_q4_1_avx2(int K, const uint8_t *w, const void *xv) {
-    const mc_q8 *x = (const mc_q8 *)xv;
-    __m256 acc = _mm256_setzero_ps();
-    float summ = 0.0f;
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 20 * i;
-        const __m256i qw = mc_nibbles32(b + 4);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(mc_dot_u8(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
-        summ += mc_h16(b + 2) * x[i].s;
-    }
-    return mc_hsum256(acc) + summ;
-}
+/* the 32-element-block integer kernels, for AVX2 and for AVX512-VNNI (256-bit) */
+#define MC_TGT MC_AVX2
+#define MC_SFX(name) name##_avx2
+#define MC_SUM_U8I8(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+#include "mc_quant_x86.h"
+#undef MC_TGT
+#undef MC_SFX
+#undef MC_SUM_U8I8
 
-MC_AVX2 static float mc_dot_q5_0_avx2(int K, const uint8_t *w, const void *xv) {
-    const mc_q8 *x = (const mc_q8 *)xv;
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i f0 = _mm256_set1_epi8((char)0xF0);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 22 * i;
-        __m256i qw = mc_nibbles32(b + 6);
-        /* high bit clear -> value - 16 == nibble | 0xF0 as int8 */
-        qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(mc_dot_i8(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
-    }
-    return mc_hsum256(acc);
-}
-
-MC_AVX2 static float mc_dot_q8_0_avx2(int K, const uint8_t *w, const void *xv) {
-    const mc_q8 *x = (const mc_q8 *)xv;
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 34 * i;
-        const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(mc_dot_i8(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
-    }
-    return mc_hsum256(acc);
-}
-
-MC_AVX2 static float mc_dot_int8_avx2(int K, const uint8_t *w, const void *xv) {
-    const mc_q8 *x = (const mc_q8 *)xv;
-    const int8_t *q = (const int8_t *)(w + 4);
-    __m256 acc = _mm256_setzero_ps();
-    const int nb = K / 32;
-    for (int i = 0; i < nb; i++) {
-        const __m256i qw = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(mc_dot_i8(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d), p, acc);
-    }
-    float sum = mc_hsum256(acc);
-    if (K % 32) {
-        int s = 0;
-        for (int j = 0; j < K % 32; j++) s += q[32 * nb + j] * x[nb].qs[j];
-        sum += x[nb].d * (float)s;
-    }
-    return sum * mc_load_f32(w);
-}
+#define MC_TGT MC_VNNI
+#define MC_SFX(name) name##_vnni
+#define MC_SUM_U8I8(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+#include "mc_quant_x86.h"
+#undef MC_TGT
+#undef MC_SFX
+#undef MC_SUM_U8I8
 
 MC_AVX2 static float mc_dot_q4_k_avx2(int K, const uint8_t *w, const void *xv) {
     const mc_q8k *x = (const mc_q8k *)xv;
@@ -755,124 +685,6 @@ MC_AVX2 static int mc_dequant_row_avx2(int t, const uint8_t *row, int K, float *
  * Each row's arithmetic is exactly the single-row kernel's, so results are
  * bit-identical to four separate calls. */
 
-#define MC_X4(r) ((const mc_q8 *)((const char *)x + (r) * xstride))
-#define MC_XK4(r) ((const mc_q8k *)((const char *)x + (r) * xstride))
-
-/* signed 32-lane weight vector `qw` against row r's block i */
-#define MC_ACC_I8(r, qw, ax, dw)                                                                   \
-    do {                                                                                           \
-        const mc_q8 *xb = MC_X4(r) + i;                                                            \
-        const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb->qs), qw);       \
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));  \
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps((dw) * xb->d), _mm256_cvtepi32_ps(p), acc[r]);     \
-    } while (0)
-
-MC_AVX2 static void mc_dot4_q8_0_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 34 * i;
-        const float dw = mc_h16(b);
-        const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_ACC_I8(0, qw, ax, dw);
-        MC_ACC_I8(1, qw, ax, dw);
-        MC_ACC_I8(2, qw, ax, dw);
-        MC_ACC_I8(3, qw, ax, dw);
-    }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
-}
-
-MC_AVX2 static void mc_dot4_q4_0_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    const __m256i off = _mm256_set1_epi8(8);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 18 * i;
-        const float dw = mc_h16(b);
-        const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_ACC_I8(0, qw, ax, dw);
-        MC_ACC_I8(1, qw, ax, dw);
-        MC_ACC_I8(2, qw, ax, dw);
-        MC_ACC_I8(3, qw, ax, dw);
-    }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
-}
-
-MC_AVX2 static void mc_dot4_q5_0_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    const __m256i f0 = _mm256_set1_epi8((char)0xF0);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 22 * i;
-        const float dw = mc_h16(b);
-        __m256i qw = mc_nibbles32(b + 6);
-        qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_ACC_I8(0, qw, ax, dw);
-        MC_ACC_I8(1, qw, ax, dw);
-        MC_ACC_I8(2, qw, ax, dw);
-        MC_ACC_I8(3, qw, ax, dw);
-    }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
-}
-
-MC_AVX2 static void mc_dot4_int8_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    /* the ragged tail and the row scale go through the single-row kernel's code */
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    const int8_t *q = (const int8_t *)(w + 4);
-    const int nb = K / 32;
-    for (int i = 0; i < nb; i++) {
-        const __m256i qw = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_ACC_I8(0, qw, ax, 1.0f);
-        MC_ACC_I8(1, qw, ax, 1.0f);
-        MC_ACC_I8(2, qw, ax, 1.0f);
-        MC_ACC_I8(3, qw, ax, 1.0f);
-    }
-    for (int r = 0; r < 4; r++) {
-        float sum = mc_hsum256(acc[r]);
-        if (K % 32) {
-            int s = 0;
-            for (int j = 0; j < K % 32; j++) s += q[32 * nb + j] * MC_X4(r)[nb].qs[j];
-            sum += MC_X4(r)[nb].d * (float)s;
-        }
-        out[r] = sum * mc_load_f32(w);
-    }
-}
-
-#define MC_ACC_U8(r, qw, dw, mw)                                                                   \
-    do {                                                                                           \
-        const mc_q8 *xb = MC_X4(r) + i;                                                            \
-        const __m256i p = _mm256_madd_epi16(                                                       \
-            _mm256_maddubs_epi16(qw, _mm256_loadu_si256((const __m256i *)xb->qs)),                 \
-            _mm256_set1_epi16(1));                                                                 \
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps((dw) * xb->d), _mm256_cvtepi32_ps(p), acc[r]);     \
-        summ[r] += (mw) * xb->s;                                                                   \
-    } while (0)
-
-MC_AVX2 static void mc_dot4_q4_1_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    float summ[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 20 * i;
-        const float dw = mc_h16(b), mw = mc_h16(b + 2);
-        const __m256i qw = mc_nibbles32(b + 4);
-        MC_ACC_U8(0, qw, dw, mw);
-        MC_ACC_U8(1, qw, dw, mw);
-        MC_ACC_U8(2, qw, dw, mw);
-        MC_ACC_U8(3, qw, dw, mw);
-    }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]) + summ[r];
-}
 
 MC_AVX2 static void mc_dot4_q4_k_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
                                       float *out) {
@@ -1171,7 +983,7 @@ static float mc_dot_f16_neon(int K, const uint8_t *w, const void *xv) {
 /* dequantize one row with the fastest path `simd` allows */
 static void mc_dequant_row_simd(int t, const uint8_t *row, int K, float *y, int simd) {
 #if defined(MC_X86)
-    if (simd == MC_SIMD_AVX2 && mc_dequant_row_avx2(t, row, K, y)) return;
+    if (MC_IS_AVX2(simd) && mc_dequant_row_avx2(t, row, K, y)) return;
 #endif
     (void)simd;
     mc_dequant_row(t, row, K, y);
@@ -1181,7 +993,17 @@ static void mc_dequant_row_simd(int t, const uint8_t *row, int K, float *y, int 
 
 static mc_dot_fn mc_pick_dot(int t, int simd) {
 #if defined(MC_X86)
-    if (simd == MC_SIMD_AVX2) {
+    if (simd == MC_SIMD_VNNI) {
+        switch (t) {
+        case MC_Q4_0: return mc_dot_q4_0_vnni;
+        case MC_Q4_1: return mc_dot_q4_1_vnni;
+        case MC_Q5_0: return mc_dot_q5_0_vnni;
+        case MC_Q8_0: return mc_dot_q8_0_vnni;
+        case MC_INT8: return mc_dot_int8_vnni;
+        default: break; /* the rest: the AVX2 kernels */
+        }
+    }
+    if (MC_IS_AVX2(simd)) {
         switch (t) {
         case MC_F32: return mc_dot_f32_avx2;
         case MC_F16: return mc_dot_f16_avx2;
@@ -1229,7 +1051,17 @@ static mc_dot_fn mc_pick_dot(int t, int simd) {
 
 static mc_dot4_fn mc_pick_dot4(int t, int simd) {
 #if defined(MC_X86)
-    if (simd == MC_SIMD_AVX2) {
+    if (simd == MC_SIMD_VNNI) {
+        switch (t) {
+        case MC_Q4_0: return mc_dot4_q4_0_vnni;
+        case MC_Q4_1: return mc_dot4_q4_1_vnni;
+        case MC_Q5_0: return mc_dot4_q5_0_vnni;
+        case MC_Q8_0: return mc_dot4_q8_0_vnni;
+        case MC_INT8: return mc_dot4_int8_vnni;
+        default: break;
+        }
+    }
+    if (MC_IS_AVX2(simd)) {
         switch (t) {
         case MC_Q4_0: return mc_dot4_q4_0_avx2;
         case MC_Q4_1: return mc_dot4_q4_1_avx2;
@@ -1326,7 +1158,7 @@ static void mc_matmul_exact_chunk(void *ctx, int tile) {
 
 static mc_dot_fn mc_pick_dot_f32(int simd) {
 #if defined(MC_X86)
-    if (simd == MC_SIMD_AVX2) return mc_dot_f32_avx2;
+    if (MC_IS_AVX2(simd)) return mc_dot_f32_avx2;
 #endif
 #if defined(MC_NEON)
     if (simd == MC_SIMD_NEON) return mc_dot_f32_neon;

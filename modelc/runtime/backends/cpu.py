@@ -10,8 +10,8 @@ Environment:
   The kernels run on a small pthread pool (``cyx/mc_pool.h``) that hands out chunks of
   rows; on a machine busier than its cores this degrades to one thread's speed
   instead of stalling on a barrier as an OpenMP region would.
-* ``MODELC_SIMD``     ``auto`` (default), ``scalar``, ``avx2`` or ``neon``: which code
-  path the kernels take; ``scalar`` forces the portable C path.
+* ``MODELC_SIMD``     ``auto`` (default), ``scalar``, ``avx2``, ``avx512vnni`` or ``neon``:
+  which code path the kernels take; ``scalar`` forces the portable C path.
 * ``MODELC_MATMUL``   ``fast`` (default) or ``exact``.  ``fast`` quantizes the activations
   to int8 blocks (32 elements, or 256 for K-quants) and takes integer dot products, as
   llama.cpp does: about 0.5-1% relative error on a matmul output.  ``exact`` keeps the
@@ -47,7 +47,21 @@ TYPE_CODES: dict[DType, int] = {
     DType.INT8: _k.INT8,
 }
 
-SIMD_LEVELS = {"scalar": _k.SIMD_SCALAR, "avx2": _k.SIMD_AVX2, "neon": _k.SIMD_NEON}
+SIMD_LEVELS = {
+    "scalar": _k.SIMD_SCALAR,
+    "avx2": _k.SIMD_AVX2,
+    "neon": _k.SIMD_NEON,
+    "avx512vnni": _k.SIMD_VNNI,  # AVX2 kernels with VNNI integer dot products
+}
+
+
+def available_simd() -> list[str]:
+    """The code paths this CPU runs, fastest first (``scalar`` always)."""
+    best = int(_k.simd_best())
+    names = [n for n, v in SIMD_LEVELS.items() if v == best]
+    if best == _k.SIMD_VNNI:
+        names.append("avx2")
+    return [*names, "scalar"] if best != _k.SIMD_SCALAR else ["scalar"]
 
 
 def default_threads() -> int:
@@ -76,11 +90,12 @@ def simd_level(name: str | None = None) -> int:
     if name == "auto":
         return best
     if name not in SIMD_LEVELS:
-        raise ConfigError(f"MODELC_SIMD={name!r}: choose one of auto, scalar, avx2, neon")
-    level = SIMD_LEVELS[name]
-    if level not in (_k.SIMD_SCALAR, best):
-        raise ConfigError(f"MODELC_SIMD={name!r}: this CPU does not run that code path; use auto")
-    return int(level)
+        raise ConfigError(f"MODELC_SIMD={name!r}: choose one of auto, {', '.join(SIMD_LEVELS)}")
+    if name not in available_simd():
+        raise ConfigError(
+            f"MODELC_SIMD={name!r}: this CPU runs only {', '.join(available_simd())}; use auto"
+        )
+    return int(SIMD_LEVELS[name])
 
 
 def matmul_mode(name: str | None = None) -> bool:

@@ -1,0 +1,216 @@
+/* The 32-element-block integer dot kernels, included twice by mc_quant.h:
+ * once for AVX2 (MC_SUM_U8I8 = maddubs + madd) and once for AVX512-VNNI on
+ * 256-bit registers (MC_SUM_U8I8 = vpdpbusd).  Every product stays far from
+ * int16 saturation (|w| <= 128, |x| <= 127, pairs <= 32512), so both builds give
+ * bit-identical results.  No include guard, on purpose.
+ *
+ * Expects: MC_TGT (target attribute), MC_SFX(name) (name suffix),
+ * MC_SUM_U8I8(u8, i8) -> 8 int32 sums of 4 products each (u8 unsigned).
+ */
+
+/* signed x signed int8, 32 lanes -> 8 int32 partial sums */
+MC_TGT static inline __m256i MC_SFX(mc_dot_i8)(__m256i a, __m256i b) {
+    const __m256i ax = _mm256_sign_epi8(a, a);
+    const __m256i sb = _mm256_sign_epi8(b, a);
+    return MC_SUM_U8I8(ax, sb);
+}
+
+/* unsigned (<128) x signed int8 -> 8 int32 partial sums */
+MC_TGT static inline __m256i MC_SFX(mc_dot_u8)(__m256i ua, __m256i b) {
+    return MC_SUM_U8I8(ua, b);
+}
+
+MC_TGT static float MC_SFX(mc_dot_q4_0)(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i off = _mm256_set1_epi8(8);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_i8)(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+    }
+    return mc_hsum256(acc);
+}
+
+MC_TGT static float MC_SFX(mc_dot_q4_1)(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 20 * i;
+        const __m256i qw = mc_nibbles32(b + 4);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_u8)(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+        summ += mc_h16(b + 2) * x[i].s;
+    }
+    return mc_hsum256(acc) + summ;
+}
+
+MC_TGT static float MC_SFX(mc_dot_q5_0)(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i f0 = _mm256_set1_epi8((char)0xF0);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 22 * i;
+        __m256i qw = mc_nibbles32(b + 6);
+        /* high bit clear -> value - 16 == nibble | 0xF0 as int8 */
+        qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_i8)(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+    }
+    return mc_hsum256(acc);
+}
+
+MC_TGT static float MC_SFX(mc_dot_q8_0)(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_i8)(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+    }
+    return mc_hsum256(acc);
+}
+
+MC_TGT static float MC_SFX(mc_dot_int8)(int K, const uint8_t *w, const void *xv) {
+    const mc_q8 *x = (const mc_q8 *)xv;
+    const int8_t *q = (const int8_t *)(w + 4);
+    __m256 acc = _mm256_setzero_ps();
+    const int nb = K / 32;
+    for (int i = 0; i < nb; i++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_i8)(qw, qx));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d), p, acc);
+    }
+    float sum = mc_hsum256(acc);
+    if (K % 32) {
+        int s = 0;
+        for (int j = 0; j < K % 32; j++) s += q[32 * nb + j] * x[nb].qs[j];
+        sum += x[nb].d * (float)s;
+    }
+    return sum * mc_load_f32(w);
+}
+
+/* signed 32-lane weight vector `qw` against row r's block i */
+#define MC_ACC_I8(r, qw, ax, dw)                                                                   \
+    do {                                                                                           \
+        const mc_q8 *xb = MC_X4(r) + i;                                                            \
+        const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb->qs), qw);       \
+        const __m256i p = MC_SUM_U8I8(ax, sy);  \
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps((dw) * xb->d), _mm256_cvtepi32_ps(p), acc[r]);     \
+    } while (0)
+
+MC_TGT static void MC_SFX(mc_dot4_q8_0)(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const float dw = mc_h16(b);
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
+        const __m256i ax = _mm256_sign_epi8(qw, qw);
+        MC_ACC_I8(0, qw, ax, dw);
+        MC_ACC_I8(1, qw, ax, dw);
+        MC_ACC_I8(2, qw, ax, dw);
+        MC_ACC_I8(3, qw, ax, dw);
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+}
+
+MC_TGT static void MC_SFX(mc_dot4_q4_0)(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const __m256i off = _mm256_set1_epi8(8);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        const float dw = mc_h16(b);
+        const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
+        const __m256i ax = _mm256_sign_epi8(qw, qw);
+        MC_ACC_I8(0, qw, ax, dw);
+        MC_ACC_I8(1, qw, ax, dw);
+        MC_ACC_I8(2, qw, ax, dw);
+        MC_ACC_I8(3, qw, ax, dw);
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+}
+
+MC_TGT static void MC_SFX(mc_dot4_q5_0)(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const __m256i f0 = _mm256_set1_epi8((char)0xF0);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 22 * i;
+        const float dw = mc_h16(b);
+        __m256i qw = mc_nibbles32(b + 6);
+        qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
+        const __m256i ax = _mm256_sign_epi8(qw, qw);
+        MC_ACC_I8(0, qw, ax, dw);
+        MC_ACC_I8(1, qw, ax, dw);
+        MC_ACC_I8(2, qw, ax, dw);
+        MC_ACC_I8(3, qw, ax, dw);
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+}
+
+MC_TGT static void MC_SFX(mc_dot4_int8)(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    /* the ragged tail and the row scale go through the single-row kernel's code */
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const int8_t *q = (const int8_t *)(w + 4);
+    const int nb = K / 32;
+    for (int i = 0; i < nb; i++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+        const __m256i ax = _mm256_sign_epi8(qw, qw);
+        MC_ACC_I8(0, qw, ax, 1.0f);
+        MC_ACC_I8(1, qw, ax, 1.0f);
+        MC_ACC_I8(2, qw, ax, 1.0f);
+        MC_ACC_I8(3, qw, ax, 1.0f);
+    }
+    for (int r = 0; r < 4; r++) {
+        float sum = mc_hsum256(acc[r]);
+        if (K % 32) {
+            int s = 0;
+            for (int j = 0; j < K % 32; j++) s += q[32 * nb + j] * MC_X4(r)[nb].qs[j];
+            sum += MC_X4(r)[nb].d * (float)s;
+        }
+        out[r] = sum * mc_load_f32(w);
+    }
+}
+
+#define MC_ACC_U8(r, qw, dw, mw)                                                                   \
+    do {                                                                                           \
+        const mc_q8 *xb = MC_X4(r) + i;                                                            \
+        const __m256i p = MC_SUM_U8I8(qw, _mm256_loadu_si256((const __m256i *)xb->qs));          \
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps((dw) * xb->d), _mm256_cvtepi32_ps(p), acc[r]);     \
+        summ[r] += (mw) * xb->s;                                                                   \
+    } while (0)
+
+MC_TGT static void MC_SFX(mc_dot4_q4_1)(int K, const uint8_t *w, const void *x, size_t xstride,
+                                      float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    float summ[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 20 * i;
+        const float dw = mc_h16(b), mw = mc_h16(b + 2);
+        const __m256i qw = mc_nibbles32(b + 4);
+        MC_ACC_U8(0, qw, dw, mw);
+        MC_ACC_U8(1, qw, dw, mw);
+        MC_ACC_U8(2, qw, dw, mw);
+        MC_ACC_U8(3, qw, dw, mw);
+    }
+    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]) + summ[r];
+}
+
+#undef MC_ACC_I8
+#undef MC_ACC_U8
