@@ -55,6 +55,7 @@ class Server:
             "1",
             *extra,
         ]
+        self.health: list[tuple[int, str]] = []  # /health answers seen while starting
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
@@ -68,11 +69,13 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()[-4000:]}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                r = httpx.get(f"{self.url}/health", timeout=2)
+                self.health.append((r.status_code, r.json()["status"]))
+                if r.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.02)
         raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()[-4000:]}")
 
     def stop(self, timeout: float = 60.0) -> int:

@@ -107,6 +107,8 @@ def to_error(exc: BaseException) -> tuple[int, bytes, dict[str, str]]:
         return exc.http_status, error_body(str(exc), exc.error_type, param, code), headers
     if isinstance(exc, HTTPException):
         status = exc.code or 500
+        if status == 413:  # the unread body is still on the wire: do not reuse the connection
+            headers["Connection"] = "close"
         return (
             status,
             error_body(

@@ -1,0 +1,205 @@
+"""Life cycle: loading, graceful SIGTERM with streams running, client disconnects,
+API key, rate limit and backpressure, on real ``modelc run`` subprocesses."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.assets import smollm2_gguf
+from tests.server_fixtures import Server, smol_server, start
+
+__all__ = ["smol_server"]
+
+
+def _stream_body(max_tokens: int) -> dict[str, object]:
+    return {
+        "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+
+
+@pytest.mark.slow
+def test_sigterm_lets_four_streams_finish() -> None:
+    srv = Server(str(smollm2_gguf()), "--max-concurrent", "4", "--grace", "120")
+    try:
+        srv.wait_ready()
+        first = threading.Barrier(5, timeout=120)
+        results: list[dict[str, object]] = [{} for _ in range(4)]
+
+        def run(i: int) -> None:
+            res = results[i]
+            text, finish, done, got_first = "", None, False, False
+            try:
+                with httpx.stream(
+                    "POST", f"{srv.url}/v1/chat/completions", json=_stream_body(24), timeout=120
+                ) as r:
+                    res["status"] = r.status_code
+                    for line in r.iter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        data = line[6:]
+                        if data == "[DONE]":
+                            done = True
+                            continue
+                        ch = json.loads(data)["choices"][0]
+                        text += ch["delta"].get("content") or ""
+                        finish = ch["finish_reason"] or finish
+                        if text and not got_first:
+                            got_first = True
+                            first.wait()
+            except Exception as e:  # reported below
+                res["error"] = repr(e)
+            res.update(text=text, finish=finish, done=done)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        first.wait()  # all four are streaming
+        srv.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(150)
+        code = srv.proc.wait(60)
+        for res in results:
+            assert "error" not in res, res
+            assert res["status"] == 200 and res["done"] is True, res
+            assert res["finish"] == "length" and res["text"], res
+        assert code == 0, srv.log()[-3000:]
+        assert "SIGTERM" in srv.log()
+    finally:
+        srv.stop()
+
+
+def _open_stream(url: str, max_tokens: int) -> socket.socket:
+    """A raw HTTP/1.1 streaming request; returns the socket after the first data event."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(_stream_body(max_tokens)).encode()
+    s = socket.create_connection((host, int(port)), timeout=60)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    buf = b""
+    while buf.count(b"data: ") < 3:  # role chunk + two content chunks
+        chunk = s.recv(65536)
+        assert chunk, buf
+        buf += chunk
+    assert b" 200 " in buf.split(b"\r\n", 1)[0]
+    return s
+
+
+def test_client_disconnect_frees_slot(smol_server: Server) -> None:
+    before = smol_server.metric("modelc_tokens_generated_total")
+    s = _open_stream(smol_server.url, 400)
+    assert smol_server.metric("modelc_requests_active") >= 1
+    s.close()  # the client goes away mid-stream
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (
+            smol_server.metric("modelc_requests_active") == 0
+            and smol_server.metric("modelc_engine_running") == 0
+            and smol_server.metric("modelc_engine_queued") == 0
+        ):
+            break
+        time.sleep(0.1)
+    assert smol_server.metric("modelc_requests_active") == 0
+    assert smol_server.metric("modelc_engine_running") == 0
+    generated = smol_server.metric("modelc_tokens_generated_total") - before
+    assert generated < 400  # cancelled, not run to max_tokens
+    # the server still answers
+    r = httpx.post(
+        f"{smol_server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60
+    )
+    assert r.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[Server]:
+    srv = start(
+        str(smollm2_gguf()),
+        "--api-key",
+        "s3cret",
+        "--rate-limit",
+        "12",
+        "--max-concurrent",
+        "1",
+        "--queue-size",
+        "0",
+    )
+    yield srv
+    srv.stop()
+
+
+AUTH = {"Authorization": "Bearer s3cret"}
+
+
+def test_health_is_503_while_loading(guarded: Server) -> None:
+    seen = guarded.health
+    assert seen[-1] == (200, "ok")
+    assert (503, "loading") in seen
+
+
+def test_api_key(guarded: Server) -> None:
+    url = guarded.url
+    r = httpx.get(f"{url}/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert httpx.get(f"{url}/v1/models", headers=AUTH).status_code == 200
+    assert httpx.get(f"{url}/health").status_code == 200  # probes are exempt
+    assert httpx.get(f"{url}/metrics").status_code == 200
+
+
+def test_backpressure_503(guarded: Server) -> None:
+    s = _open_stream_auth(guarded.url)
+    try:
+        r = httpx.post(
+            f"{guarded.url}/v1/completions",
+            json={"prompt": "Hi", "max_tokens": 1},
+            headers=AUTH,
+            timeout=60,
+        )
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] == "1"
+        assert r.json()["error"]["type"] == "server_overloaded"
+    finally:
+        s.close()
+
+
+def _open_stream_auth(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(_stream_body(300)).encode()
+    s = socket.create_connection((host, int(port)), timeout=60)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+        b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    buf = b""
+    while b"data: " not in buf:
+        chunk = s.recv(65536)
+        assert chunk, buf
+        buf += chunk
+    return s
+
+
+def test_rate_limit_429(guarded: Server) -> None:
+    codes = [httpx.get(f"{guarded.url}/v1/models", headers=AUTH).status_code for _ in range(14)]
+    assert 429 in codes and codes[0] == 200
+    r = httpx.get(f"{guarded.url}/v1/models", headers=AUTH)
+    assert r.status_code == 429
+    assert int(r.headers["Retry-After"]) >= 1
+    assert r.json()["error"]["type"] == "rate_limit_error"
+    assert httpx.get(f"{guarded.url}/health").status_code == 200  # probes are exempt
