@@ -13,6 +13,11 @@ A drafter proposes up to ``gamma`` tokens that follow a sequence; the engine fee
   from ``p`` with ``d_i`` removed (the normalised ``max(p - q, 0)``).  Every emitted
   token is distributed exactly as the target's ``p``.
 
+The engine drafts only for requests without a constraint (a grammar would have to
+check each draft token first) and never past ``max_tokens`` or the context.
+Acceptance is counted per request (``FinishEvent.spec_drafted`` / ``spec_accepted``)
+and in ``EngineStats``.
+
 Drafters (all per request, built from its prompt):
 
 * :class:`PromptLookup` (default): find the latest earlier occurrence of the
