@@ -24,7 +24,7 @@ from modelc.engine.api import (
     GenerationRequest,
     TokenEvent,
 )
-from modelc.errors import CapacityError, UsageError
+from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats import load_model
 from modelc.formats.ir import DType, ModelIR, Tensor
 from modelc.runtime.generate import generate
@@ -400,3 +400,40 @@ async def test_max_tokens_zero(ir: ModelIR) -> None:
     assert (
         toks == [] and text == "" and fin.reason is FinishReason.LENGTH and fin.prompt_tokens == 3
     )
+
+
+async def test_embedding_engine() -> None:
+    from tests.assets import minilm_dir
+
+    eng = build_engine(minilm_dir(), EngineOptions())
+    async with running(eng):
+        v = await eng.embed([[101, 7592, 102], [101, 2088, 2003, 102]])
+        assert v.shape == (2, 384) and np.isfinite(v).all()
+        with pytest.raises(UnsupportedError, match="does not generate"):
+            eng.submit(GenerationRequest("x", [1], SamplingParams()))
+
+
+async def test_waiting_cancel_reader_gone_and_shutdown(ir: ModelIR) -> None:
+    eng = make(ir, max_concurrent=1, speculative=False)
+    p = params(eng, max_tokens=6)
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        first = eng.submit(GenerationRequest("first", ids(eng, PROMPTS[0]), p))
+        queued = eng.submit(GenerationRequest("queued", ids(eng, PROMPTS[1]), p))
+        queued.cancel()  # still waiting: leaves without ever running
+        toks, _, fin = await collect(queued)
+        assert toks == [] and fin.reason is FinishReason.CANCELLED
+        async with eng.submit(GenerationRequest("gone", ids(eng, PROMPTS[2]), p)) as h:
+            async for ev in h:
+                assert isinstance(ev, TokenEvent)
+                break  # the reader leaves after one token: the request is cancelled
+        await collect(first)
+        while "gone" in eng._reqs:
+            await trio.sleep(0.01)
+        last = eng.submit(
+            GenerationRequest("last", ids(eng, PROMPTS[3]), params(eng, max_tokens=100))
+        )
+        n.cancel_scope.cancel()  # the engine stops: the request still gets its FinishEvent
+    toks, _, fin = await collect(last)
+    assert fin.reason is FinishReason.ERROR and fin.error == "the engine stopped"
+    assert eng.kv_budget.used == 0 and not eng.policy.has_work
