@@ -42,8 +42,8 @@ int main(void) {
         for (int li = 0; li < 2; li++)
         for (int exact = 0; exact < 2; exact++) {
             if (levels[li] < 0) continue;
-            mc_matmul(t, W, rb, M, K, x, N, y0, MC_SIMD_SCALAR, 1, exact);
-            mc_matmul(t, W, rb, M, K, x, N, y1, levels[li], 3, exact);
+            mc_matmul(t, W, rb, M, K, x, N, y0, MC_SIMD_SCALAR, 1, exact ? 0.0f : 1e38f);
+            mc_matmul(t, W, rb, M, K, x, N, y1, levels[li], 3, exact ? 0.0f : 1e38f);
             double num = 0, den = 0;
             for (int i = 0; i < M * N; i++) { num += (y0[i] - y1[i]) * (double)(y0[i] - y1[i]); den += (double)y0[i] * y0[i]; }
             double rel = sqrt(num / den);

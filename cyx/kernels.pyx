@@ -11,7 +11,7 @@ from libc.stdint cimport int64_t, uint8_t
 
 cdef extern from "mc_quant.h" nogil:
     int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
-                  int n, float *y, int simd, int nth, int exact)
+                  int n, float *y, int simd, int nth, float tol)
     void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
                      int nids, float *out, int simd)
     int mc_simd_best()
@@ -70,11 +70,13 @@ def num_procs():
 
 
 def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, float[:, ::1] out,
-           int simd, int nth, bint exact=False):
+           int simd, int nth, float tol=1e38):
     """out (n, M) = x (n, K) @ W^T; W (M, row_bytes) raw rows of type ``wtype``.
 
-    ``exact`` keeps x in float32 (dequantize each weight row once, float dots);
-    otherwise x is quantized to int8 blocks and the dots are integer.
+    ``tol`` 0 keeps x in float32 (dequantize each weight row once, float dots);
+    otherwise x is quantized to int8 blocks and the dots are integer, unless that
+    quantization is estimated to add a relative RMS error above ``tol`` to some
+    row of x, when the call keeps x in float32 too (see mc_quant.h).
     """
     cdef int M = W.shape[0]
     cdef int n = x.shape[0]
@@ -85,7 +87,7 @@ def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, flo
     if n == 0 or M == 0:
         return
     with nogil:
-        rc = mc_matmul(wtype, &W[0, 0], stride, M, K, &x[0, 0], n, &out[0, 0], simd, nth, exact)
+        rc = mc_matmul(wtype, &W[0, 0], stride, M, K, &x[0, 0], n, &out[0, 0], simd, nth, tol)
     if rc == -1:
         raise ValueError(f"matmul: unsupported weight type code {wtype}")
     if rc == -2:

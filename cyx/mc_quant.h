@@ -1167,16 +1167,36 @@ static mc_dot_fn mc_pick_dot_f32(int simd) {
     return mc_dot_f32_scalar;
 }
 
+/* Relative RMS error that quantizing x row j introduced: sqrt(sum_b n_b d_b^2 / 12 / sum x^2),
+ * rounding error being uniform in +-d/2 (an estimate: exact for no single value). */
+static double mc_act_noise(const mc_matmul_job *jb, int j) {
+    const float *xr = jb->x + (size_t)j * jb->K;
+    const char *q = (const char *)jb->xbase + jb->xstride * j;
+    double sig = 0.0, noise = 0.0;
+    for (int i = 0; i < jb->K; i++) sig += (double)xr[i] * xr[i];
+    if (jb->t == MC_Q4_K || jb->t == MC_Q6_K) {
+        const mc_q8k *b = (const mc_q8k *)q;
+        for (int i = 0; i < jb->K / 256; i++) noise += 256.0 * b[i].d * b[i].d;
+    } else {
+        const mc_q8 *b = (const mc_q8 *)q;
+        for (int i = 0; i < (jb->K + 31) / 32; i++) noise += 32.0 * b[i].d * b[i].d;
+    }
+    return sig > 0.0 ? sqrt(noise / 12.0 / sig) : 0.0;
+}
+
 /* y (n, M) = x (n, K) @ W^T, W = M rows of `row_stride` bytes of type t.
  *
- * exact == 0: activations quantized to int8 blocks, integer dot products (fast).
- * exact != 0: activations stay float32; each weight row is dequantized once into
- *             a row buffer and meets every x row in a float dot product (the
- *             result of x @ dequant(W)^T up to float32 summation order).
+ * tol == 0 ("exact"): activations stay float32; each weight row is dequantized
+ *     once into a row buffer and meets every x row in a float dot product (the
+ *     result of x @ dequant(W)^T up to float32 summation order).
+ * tol > 0: activations are quantized to int8 blocks and the dots are integer
+ *     (fast), unless quantizing some row of x is estimated to add a relative RMS
+ *     error above tol (activations with outliers), then the call takes the exact
+ *     path.  A huge tol ("fast") always takes the integer path.
  * Work is split in tiles of MC_TR output rows over up to nth threads.
  * Returns 0, -1 for an unknown type, -2 when out of memory. */
 static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
-                     int n, float *y, int simd, int nth, int exact) {
+                     int n, float *y, int simd, int nth, float tol) {
     mc_matmul_job jb;
     memset(&jb, 0, sizeof jb);
     jb.t = t;
@@ -1190,27 +1210,31 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
     jb.simd = simd;
     jb.dot = mc_pick_dot(t, simd);
     if (jb.dot == NULL) return -1;
-    if (t == MC_F32 || t == MC_F16) exact = 0; /* already float paths */
     const int ntiles = (M + MC_TR - 1) / MC_TR;
     const int use = (double)M * K * n < 65536.0 ? 1 : nth;
+    int exact = !(tol > 0.0f) && t != MC_F32 && t != MC_F16; /* F32/F16: float paths already */
+    if (!exact) {
+        jb.dot4 = mc_pick_dot4(t, simd);
+        /* quantize the activations once (rows in parallel when there are many) */
+        if (t == MC_F32 || t == MC_F16) {
+            jb.xstride = (size_t)K * sizeof(float);
+            jb.xbase = x;
+        } else {
+            jb.xstride = (t == MC_Q4_K || t == MC_Q6_K) ? (size_t)(K / 256) * sizeof(mc_q8k)
+                                                        : (size_t)((K + 31) / 32) * sizeof(mc_q8);
+            void *xq = mc_scratch(0, jb.xstride * (size_t)n);
+            if (xq == NULL) return -2;
+            jb.xbase = xq;
+            mc_parallel(n >= 16 ? nth : 1, n, mc_quantize_chunk, &jb);
+            if (tol < 1e30f)
+                for (int j = 0; j < n && !exact; j++) exact = mc_act_noise(&jb, j) > tol;
+        }
+    }
     if (exact) {
         jb.dot = mc_pick_dot_f32(simd);
         jb.dot4 = mc_pick_dot4(MC_F32, simd);
         mc_parallel(use, ntiles, mc_matmul_exact_chunk, &jb);
         return jb.failed ? -2 : 0;
-    }
-    jb.dot4 = mc_pick_dot4(t, simd);
-    /* quantize the activations once (rows in parallel when there are many) */
-    if (t == MC_F32 || t == MC_F16) {
-        jb.xstride = (size_t)K * sizeof(float);
-        jb.xbase = x;
-    } else {
-        jb.xstride = (t == MC_Q4_K || t == MC_Q6_K) ? (size_t)(K / 256) * sizeof(mc_q8k)
-                                                    : (size_t)((K + 31) / 32) * sizeof(mc_q8);
-        void *xq = mc_scratch(0, jb.xstride * (size_t)n);
-        if (xq == NULL) return -2;
-        jb.xbase = xq;
-        mc_parallel(n >= 16 ? nth : 1, n, mc_quantize_chunk, &jb);
     }
     mc_parallel(use, ntiles, mc_matmul_chunk, &jb);
     return 0;

@@ -176,6 +176,24 @@ def test_batched_matmul_equals_one_row_at_a_time(mode: str, dtype: DType) -> Non
     np.testing.assert_array_equal(batched, single)
 
 
+@pytest.mark.parametrize("dtype", [DType.Q4_1, DType.Q8_0, DType.Q4_K, DType.INT8])
+def test_balanced_mode_picks_int8_or_float_activations(dtype: DType) -> None:
+    """Gaussian rows quantize to ~0.5% error: int8 path; a row with an outlier: float path."""
+    rng = np.random.default_rng(18)
+    w = make_weight(dtype, 50, 512, rng)
+    fast, exact = CpuBackend(matmul="fast"), CpuBackend(matmul="exact")
+    balanced = CpuBackend(matmul="balanced")
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    np.testing.assert_array_equal(balanced.matmul(w, x), fast.matmul(w, x))
+    x[1, 7] = 400.0  # its block's scale swamps the other 31 (or 255) values
+    np.testing.assert_array_equal(balanced.matmul(w, x), exact.matmul(w, x))
+    assert (
+        rel_err(fast.matmul(w, x), REF.matmul(w, x))
+        > 1e-2
+        > rel_err(balanced.matmul(w, x), REF.matmul(w, x))
+    )
+
+
 def test_matmul_threads_give_identical_results() -> None:
     rng = np.random.default_rng(5)
     w = make_weight(DType.Q4_1, 1000, 576, rng)
@@ -234,7 +252,9 @@ def test_env_selects_scalar_path_and_threads(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("MODELC_THREADS", "3")
     monkeypatch.setenv("MODELC_MATMUL", "exact")
     b = CpuBackend()
-    assert (b.simd, b.threads, b.exact) == (0, 3, True)
+    assert (b.simd, b.threads, b.exact, b.tol) == (0, 3, True, 0.0)
+    monkeypatch.setenv("MODELC_MATMUL", "balanced")
+    assert CpuBackend().tol == 0.01
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,14 @@ Environment:
   instead of stalling on a barrier as an OpenMP region would.
 * ``MODELC_SIMD``     ``auto`` (default), ``scalar``, ``avx2``, ``avx512vnni`` or ``neon``:
   which code path the kernels take; ``scalar`` forces the portable C path.
-* ``MODELC_MATMUL``   ``fast`` (default) or ``exact``.  ``fast`` quantizes the activations
-  to int8 blocks (32 elements, or 256 for K-quants) and takes integer dot products, as
-  llama.cpp does: about 0.5-1% relative error on a matmul output.  ``exact`` keeps the
-  activations in float32 and dequantizes each weight row once per call: the result is
-  ``x @ dequant(W).T`` to float32 rounding (use it for parity with a float reference).
+* ``MODELC_MATMUL``   ``fast`` (default), ``balanced`` or ``exact``.  ``fast`` quantizes the
+  activations to int8 blocks (32 elements, or 256 for K-quants) and takes integer dot
+  products, as llama.cpp does: about 0.5-1% relative error on a matmul output, more
+  where activations have outlier channels.  ``exact`` keeps the activations in float32
+  and dequantizes each weight row once per call: the result is ``x @ dequant(W).T`` to
+  float32 rounding (use it for parity with a float reference).  ``balanced`` takes the
+  int8 path unless quantizing the activations is estimated to add more than
+  ``BALANCED_TOL`` relative RMS error to some row, and the exact path then.
 """
 
 from __future__ import annotations
@@ -98,12 +101,16 @@ def simd_level(name: str | None = None) -> int:
     return int(SIMD_LEVELS[name])
 
 
-def matmul_mode(name: str | None = None) -> bool:
-    """True for ``exact`` (float activations), False for ``fast`` (int8 activations)."""
+BALANCED_TOL = 0.01  # relative RMS activation-quantization error "balanced" accepts
+MATMUL_TOLS = {"fast": 1e38, "balanced": BALANCED_TOL, "exact": 0.0}
+
+
+def matmul_tol(name: str | None = None) -> float:
+    """The kernels' activation-quantization tolerance for a ``MODELC_MATMUL`` mode name."""
     name = (name or os.environ.get("MODELC_MATMUL", "") or "fast").strip().lower()
-    if name not in ("fast", "exact"):
-        raise ConfigError(f"MODELC_MATMUL={name!r}: choose fast or exact")
-    return name == "exact"
+    if name not in MATMUL_TOLS:
+        raise ConfigError(f"MODELC_MATMUL={name!r}: choose one of {', '.join(MATMUL_TOLS)}")
+    return MATMUL_TOLS[name]
 
 
 def _raw_rows(w: Weight) -> np.ndarray[Any, Any]:
@@ -147,7 +154,8 @@ class CpuBackend:
         if self.threads < 1:
             raise ConfigError(f"threads={self.threads} must be at least 1")
         self.simd = simd_level(simd)
-        self.exact = matmul_mode(matmul)
+        self.tol = matmul_tol(matmul)
+        self.exact = self.tol == 0.0
         self._fallback = NumpyBackend()
 
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
@@ -158,7 +166,7 @@ class CpuBackend:
         rows, cols = w.shape
         if out is None:
             out = np.empty((x.shape[0], rows), dtype=np.float32)  # (n, out)
-        _k.matmul(code, _raw_rows(w), cols, x, out, self.simd, self.threads, self.exact)
+        _k.matmul(code, _raw_rows(w), cols, x, out, self.simd, self.threads, self.tol)
         return out
 
     def get_rows(
