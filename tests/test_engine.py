@@ -437,3 +437,14 @@ async def test_waiting_cancel_reader_gone_and_shutdown(ir: ModelIR) -> None:
     toks, _, fin = await collect(last)
     assert fin.reason is FinishReason.ERROR and fin.error == "the engine stopped"
     assert eng.kv_budget.used == 0 and not eng.policy.has_work
+
+
+async def test_grammar_end_stops_without_stop_ids(ir: ModelIR) -> None:
+    eng = make(ir)
+    c = Constraint(ConstraintKind.GRAMMAR, 'root ::= "yes" | "no"')
+    p = SamplingParams(temperature=1.0, seed=3, max_tokens=10)  # no stop_token_ids given
+    async with running(eng):
+        _, text, fin = await collect(
+            eng.submit(GenerationRequest("g", ids(eng, "Answer:"), p, constraint=c))
+        )
+    assert fin.reason is FinishReason.STOP and text in ("yes", "no")

@@ -151,6 +151,8 @@ class LLMEngine:
         self._wake = trio.Event()
         self._stats = EngineStats()
         self._lltok: Any = None
+        # end-of-generation ids: what a grammar allows once it is complete
+        self._eog: frozenset[int] = frozenset(tokenizer.eot_ids if tokenizer is not None else ())
         self._mlp = mlp_draft
         self._running = False
         if not isinstance(model, LanguageModel):
@@ -275,13 +277,8 @@ class LLMEngine:
         if self._lltok is None:
             if self.tok is None or self.lm is None:
                 raise UnsupportedError("constrained decoding needs the model's tokenizer")
-            self._lltok = build_lltokenizer(
-                self.tok, self.lm.n_vocab, set(self._stop_ids_default())
-            )
+            self._lltok = build_lltokenizer(self.tok, self.lm.n_vocab, set(self._eog))
         return self._lltok
-
-    def _stop_ids_default(self) -> list[int]:
-        return sorted(self.tok.eot_ids) if self.tok is not None else []
 
     def _cancel(self, request_id: str) -> None:
         r = self._reqs.get(request_id)
@@ -459,7 +456,8 @@ class LLMEngine:
         self._stats.tokens_generated += 1
         if r.first_token_at is None:
             r.first_token_at = now
-        if tok in p.stop_token_ids and not r.req.ignore_eos:
+        grammar_eos = r.constraint is not None and r.constraint.done and tok in self._eog
+        if grammar_eos or (tok in p.stop_token_ids and not r.req.ignore_eos):
             return FinishReason.STOP
         text = r.detok.feed(tok) if r.detok is not None else ""
         text, matched = r.stops.push(text)
