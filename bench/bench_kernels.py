@@ -1,8 +1,9 @@
 """Matmul kernel timings on SmolLM2-sized matrices: GEMV (n=1) and batch-8 GEMM.
 
 Reports GFLOP/s (2*M*K*n per call) and GB/s of weight traffic (weight bytes per
-call / time) for the CPU backend (fast int8-activation path, exact float path,
-forced scalar path) and the numpy reference.
+call / time) for the CPU backend (fast int8-activation path, balanced, exact float
+path, forced scalar path) and the numpy reference (float32 BLAS on weights
+dequantized once; set OPENBLAS_NUM_THREADS to match --threads).
 
     .venv/bin/python bench/bench_kernels.py [--seconds 0.3] [--threads N] [--quick]
 """
@@ -66,6 +67,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     backends: dict[str, Backend] = {
         "cpu": CpuBackend(threads=args.threads),
+        "cpu-balanced": CpuBackend(threads=args.threads, matmul="balanced"),
         "cpu-exact": CpuBackend(threads=args.threads, matmul="exact"),
         "cpu-scalar": CpuBackend(threads=args.threads, simd="scalar"),
         "numpy": NumpyBackend(),
@@ -75,7 +77,7 @@ def main() -> None:
         shapes = SHAPES[:4]
         backends = {k: backends[k] for k in ("cpu", "numpy")}
     threads = backends["cpu"].threads  # type: ignore[attr-defined]
-    print(f"threads={threads}")
+    print(f"threads={threads} simd={backends['cpu'].simd}")  # type: ignore[attr-defined]
     print(
         f"{'shape':>18} {'dtype':>5} {'backend':>10} {'n':>2} {'us/call':>9} {'GFLOP/s':>8} {'GB/s':>6}"
     )
