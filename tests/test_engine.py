@@ -98,7 +98,7 @@ def alone(eng: LLMEngine, prompt: Sequence[int], p: SamplingParams) -> list[int]
 
 
 async def test_batched_equals_alone(ir: ModelIR) -> None:
-    eng = make(ir)
+    eng = make(ir, spec_max_running=8)  # drafts verified inside the batch too
     p = params(eng)
     expected = [alone(eng, ids(eng, t), p) for t in PROMPTS]
     results: dict[int, tuple[list[int], str, FinishEvent]] = {}

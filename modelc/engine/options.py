@@ -27,6 +27,8 @@ class EngineOptions:
     prefix_block_tokens: int = 32
     speculative: bool = True
     spec_gamma: int = 4  # draft tokens verified per step
+    spec_max_running: int = 4  # draft only while at most this many sequences run (a big
+    # batch already keeps the cores busy, so verifying drafts would only add work)
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
     threads: int | None = None  # kernel threads; default MODELC_THREADS or every core
 
@@ -61,6 +63,10 @@ class EngineOptions:
             (
                 0 <= self.spec_gamma <= 16,
                 f"the speculative draft length must be in 0..16, got {self.spec_gamma}",
+            ),
+            (
+                self.spec_max_running >= 1,
+                f"spec_max_running must be at least 1, got {self.spec_max_running}",
             ),
             (
                 self.draft in {d.value for d in DraftKind},

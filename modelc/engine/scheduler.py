@@ -348,7 +348,7 @@ class LLMEngine:
                 del r.tokens[keep : keep + discard]
                 self.policy.shifted(rid, discard)
             r.draft = []
-            if r.drafter is not None:
+            if r.drafter is not None and len(self.policy.running) <= self.opt.spec_max_running:
                 room = min(
                     gamma,
                     r.req.sampling.max_tokens - r.completion - 1,
