@@ -53,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for flag, v, lo in (
         ("--rate-limit", args.rate_limit, 0),
         ("--grace", args.grace, 0),
+        ("--ping-interval", args.ping_interval, 0.01),
     ):
         if v < lo:
             raise UsageError(f"{flag} must be >= {lo}, got {v}")
@@ -80,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         rate_limit=args.rate_limit,
         grace=args.grace,
+        ping_interval=args.ping_interval,
         lora_dirs=[Path(d).expanduser() for d in args.lora_dir],
         engine=engine,
     )
@@ -162,6 +164,13 @@ def register(subparsers: Any) -> None:
         default=30.0,
         metavar="S",
         help="seconds running streams get to finish on SIGINT/SIGTERM (30)",
+    )
+    p.add_argument(
+        "--ping-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="send an SSE ': ping' comment after S seconds without a token (10)",
     )
     p.add_argument(
         "--lora-dir",

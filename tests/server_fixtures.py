@@ -34,7 +34,7 @@ def free_port() -> int:
 class Server:
     """One ``modelc run`` subprocess; ``url`` is its base address."""
 
-    def __init__(self, model: str, *extra: str, home: Path | None = None) -> None:
+    def __init__(self, model: str | None, *extra: str, home: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._home = tempfile.TemporaryDirectory(prefix="modelc-srv-") if home is None else None
@@ -48,7 +48,7 @@ class Server:
             "-m",
             "modelc.cli",
             "run",
-            model,
+            *([model] if model else []),
             "--port",
             str(self.port),
             "--threads",
@@ -99,7 +99,7 @@ class Server:
         return float(m.group(1))
 
 
-def start(model: str, *extra: str) -> Server:
+def start(model: str | None, *extra: str) -> Server:
     srv = Server(model, *extra)
     try:
         srv.wait_ready()
@@ -111,7 +111,8 @@ def start(model: str, *extra: str) -> Server:
 
 @pytest.fixture(scope="session")
 def smol_server() -> Iterator[Server]:
-    srv = start(str(smollm2_gguf()), "--max-concurrent", "4")
+    # pings every 50 ms: streams in every test carry ': ping' comments clients must skip
+    srv = start(str(smollm2_gguf()), "--max-concurrent", "4", "--ping-interval", "0.05")
     yield srv
     srv.stop()
 

@@ -203,3 +203,32 @@ def test_rate_limit_429(guarded: Server) -> None:
     assert int(r.headers["Retry-After"]) >= 1
     assert r.json()["error"]["type"] == "rate_limit_error"
     assert httpx.get(f"{guarded.url}/health").status_code == 200  # probes are exempt
+
+
+def test_ping_comments_while_prompt_is_processed(smol_server: Server) -> None:
+    long_prompt = "Summarize this. " + "The quick brown fox jumps over the lazy dog. " * 40
+    body = {"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 2, "stream": True}
+    with httpx.stream(
+        "POST", f"{smol_server.url}/v1/chat/completions", json=body, timeout=120
+    ) as r:
+        lines = [x for x in r.iter_lines() if x]
+    first_content = next(
+        i for i, x in enumerate(lines) if '"content":"' in x and '"content":""' not in x
+    )
+    assert ": ping" in lines[:first_content]  # sent while the prompt was being processed
+    assert lines[-1] == "data: [DONE]"
+
+
+def test_run_without_model_serves_default() -> None:
+    smollm2_gguf()  # sets MODELC_CACHE to the test cache, where the pinned wheel already is
+    srv = start(None)  # fresh MODELC_HOME: an empty store
+    try:
+        models = httpx.get(f"{srv.url}/v1/models").json()["data"]
+        assert models[0]["id"] == "smollm2-135m"
+        assert "/models/smollm2-135m/" in models[0]["root"]  # pulled into the store
+        r = httpx.post(
+            f"{srv.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60
+        )
+        assert r.status_code == 200
+    finally:
+        assert srv.stop() == 0

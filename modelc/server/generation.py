@@ -32,6 +32,7 @@ from modelc.runtime.chat_template import render_chat
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import tools as tooling
 from modelc.server.errors import ParamError
+from modelc.server.logging import logger
 from modelc.server.metrics import Metrics
 from modelc.server.schemas import ChatMessage, ResponseFormat, Tool
 from modelc.server.state import ModelInfo
@@ -301,10 +302,16 @@ class EventStream:
 
     async def _pump(self) -> None:
         async with self.send:
-            async for ev in self.handle:
-                self.send.send_nowait(ev)
-                if isinstance(ev, FinishEvent):
-                    self.metrics.finished(ev)
+            try:
+                async for ev in self.handle:
+                    self.send.send_nowait(ev)
+                    if isinstance(ev, FinishEvent):
+                        self.metrics.finished(ev)
+            except Exception as e:  # one failing request must not take the app's nursery down
+                logger().error("engine_stream_error", error=repr(e))
+                self.send.send_nowait(
+                    FinishEvent(FinishReason.ERROR, error=f"{type(e).__name__}: {e}")
+                )
 
     async def next(self, timeout: float) -> TokenEvent | FinishEvent | None:
         with trio.move_on_after(timeout):

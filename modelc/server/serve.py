@@ -35,6 +35,7 @@ class ServeOptions:
     api_key: str | None = None
     rate_limit: int = 0
     grace: float = 30.0
+    ping_interval: float = 10.0
     lora_dirs: list[Path] = field(default_factory=list)
     engine: EngineOptions = field(default_factory=EngineOptions)
 
@@ -77,6 +78,7 @@ async def serve_async(opts: ServeOptions) -> None:
         rate_limit=opts.rate_limit,
         max_concurrent=opts.engine.max_concurrent,
         lora_dirs=list(opts.lora_dirs),
+        ping_interval=opts.ping_interval,
     )
     app = create_app(state)
     cfg = HypercornConfig()
@@ -85,6 +87,7 @@ async def serve_async(opts: ServeOptions) -> None:
     cfg.graceful_timeout = opts.grace
     cfg.accesslog = None
     cfg.errorlog = "-"
+    cfg.loglevel = "WARNING"
     shutdown = trio.Event()
 
     async with trio.open_nursery() as nursery:
