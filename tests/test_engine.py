@@ -121,6 +121,7 @@ async def test_batched_equals_alone(ir: ModelIR) -> None:
         assert fin.completion_tokens == len(toks) and fin.prompt_tokens == len(ids(eng, PROMPTS[i]))
     # they really ran together: far fewer steps than tokens
     assert steps < sum(len(e) for e in expected) // 2
+    assert eng.stats().spec_drafted > 0
     assert eng.stats().kv_bytes_used == 0
 
 
