@@ -449,3 +449,30 @@ async def test_grammar_end_stops_without_stop_ids(ir: ModelIR) -> None:
             eng.submit(GenerationRequest("g", ids(eng, "Answer:"), p, constraint=c))
         )
     assert fin.reason is FinishReason.STOP and text in ("yes", "no")
+
+
+@pytest.mark.parametrize("name", ["gpt2-st", "llama-st"])
+async def test_tiny_architectures_batched_chunked_cached(name: str) -> None:
+    """Every language architecture: tiny prefill chunks, prefix reuse and batching change nothing."""
+    from pathlib import Path
+
+    tiny = load_model(Path(__file__).parent / "fixtures" / "formats" / name)
+    eng = build_engine(tiny, EngineOptions(prefill_chunk=3, step_tokens=8, prefix_block_tokens=4))
+    assert eng.lm is not None
+    rng = np.random.default_rng(1)
+    shared = rng.integers(0, eng.lm.n_vocab, 9).tolist()
+    prompts = [shared + rng.integers(0, eng.lm.n_vocab, n).tolist() for n in (1, 4, 7, 2)]
+    p = SamplingParams(temperature=0.0, max_tokens=6)
+    expected = [alone(eng, q, p) for q in prompts]
+    got: dict[int, Any] = {}
+    async with running(eng):
+        got[0] = await collect(eng.submit(GenerationRequest("first", prompts[0], p)))
+
+        async def one(i: int) -> None:
+            got[i] = await collect(eng.submit(GenerationRequest(f"r{i}", prompts[i], p)))
+
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                n.start_soon(one, i)
+    assert [got[i][0] for i in range(4)] == expected
+    assert all(got[i][2].cached_tokens == 8 for i in (1, 2, 3))

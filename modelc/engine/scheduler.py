@@ -43,12 +43,12 @@ from modelc.engine.api import (
 )
 from modelc.engine.constraints import ConstraintState, build_lltokenizer
 from modelc.engine.options import EngineOptions
-from modelc.engine.policy import Policy, ScheduledSeq, SeqResult, StepPlan, StepResult
+from modelc.engine.policy import KVCost, Policy, ScheduledSeq, SeqResult, StepPlan, StepResult
 from modelc.engine.prefix_cache import Block, PrefixCache
 from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
 from modelc.errors import ModelcError, UnsupportedError, UsageError
 from modelc.runtime.generate import StopMatcher, StreamDecoder
-from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode
+from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler
 from modelc.runtime.tokenizer import Tokenizer
@@ -111,9 +111,13 @@ class _Handle:
         self._recv.close()
 
 
-def kv_cost_fn(model: LanguageModel, mode: KVMode, hot_window: int, max_context: int) -> Any:
+def kv_shape(model: LanguageModel) -> KVShape:
+    return model.new_cache(KVMode.F32, max_tokens=1).shape
+
+
+def kv_cost_fn(model: LanguageModel, mode: KVMode, hot_window: int, max_context: int) -> KVCost:
     """Bytes a cache of ``n`` tokens holds (KVCache grows in BLOCK-token steps)."""
-    sh = model.kv_shape  # type: ignore[attr-defined]
+    sh = kv_shape(model)
     h, d, layers = sh.n_head_kv, sh.head_dim, sh.n_layer
 
     def cost(n: int) -> int:
@@ -174,11 +178,7 @@ class LLMEngine:
         self.kv_budget = KVBudget(self.policy.kv_budget)
         # mixed caches would reload exact hot-window rows as dequantized ones: no sharing
         prefix_bytes = 0 if self.mode is KVMode.MIXED else options.prefix_cache_bytes
-        self.prefix = PrefixCache(
-            model.kv_shape,  # type: ignore[attr-defined]
-            prefix_bytes,
-            options.prefix_block_tokens,
-        )
+        self.prefix = PrefixCache(kv_shape(model), prefix_bytes, options.prefix_block_tokens)
         if options.speculative and options.draft == "mlp" and mlp_draft is None:
             raise UsageError("--draft mlp needs draft.* tensors in the model; this one has none")
 
