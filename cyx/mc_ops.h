@@ -259,8 +259,13 @@ MC_AVX2 static void mc_attention_one_avx2(const void *ctx, int idx) {
             for (int j = 0; j < nv; j++) acc[j] = _mm256_mul_ps(acc[j], corr);
             m = cmax;
         }
+        int c8 = 0;
+        for (; c8 + 8 <= cnt; c8 += 8)
+            _mm256_storeu_ps(s + c8, mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + c8),
+                                                             _mm256_set1_ps(m))));
+        for (; c8 < cnt; c8++) s[c8] = expf(s[c8] - m);
         for (int c = 0; c < cnt; c++) {
-            const float p = expf(s[c] - m);
+            const float p = s[c];
             const float *vt = jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
             const __m256 vp = _mm256_set1_ps(p);
             l += p;
