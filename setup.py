@@ -1,19 +1,17 @@
 """Build the Cython kernels in ``cyx/`` into ``modelc._kernels``.
 
-OpenMP is used where the compiler has it (probed by compiling a tiny program);
-without it the kernels build single-threaded.  SIMD paths (AVX2/FMA on x86-64,
-NEON on arm64) are compiled with per-function target attributes and chosen at
-run time, so one build runs on any CPU of its architecture.
+The kernels run on their own pthread pool (``cyx/mc_pool.h``); OpenMP is used
+only for ``#pragma omp simd`` hints (``-fopenmp-simd``, no OpenMP runtime).  SIMD
+paths (AVX2/FMA/F16C and AVX512-VNNI on x86-64, NEON on arm64) are compiled with
+per-function target attributes and chosen at run time, so one build runs on any
+CPU of its architecture.  ``-ffp-contract=off`` keeps every code path's float
+arithmetic as written, so batched and single-row results are bit-identical.
 """
 
 from __future__ import annotations
 
-import os
 import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -21,30 +19,6 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 HERE = Path(__file__).parent.resolve()
-
-
-def _compiler() -> str:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
-
-
-def _has_openmp() -> bool:
-    if os.environ.get("MODELC_NO_OPENMP"):
-        return False
-    if sys.platform == "win32":
-        return True
-    src = "#include <omp.h>\nint main(void){return omp_get_max_threads() > 0 ? 0 : 1;}\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        c = Path(tmp) / "t.c"
-        c.write_text(src)
-        try:
-            r = subprocess.run(
-                [_compiler(), "-fopenmp", str(c), "-o", str(Path(tmp) / "t")],
-                capture_output=True,
-                timeout=60,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-        return r.returncode == 0
 
 
 def _flags() -> tuple[list[str], list[str]]:
@@ -55,14 +29,8 @@ def _flags() -> tuple[list[str], list[str]]:
     if platform.machine().lower() in ("x86_64", "amd64"):
         # Baseline stays portable; AVX2/FMA code paths carry target attributes.
         compile_args += ["-msse3"]
-    if sys.platform != "win32":
-        compile_args.append("-pthread")  # the kernels' thread pool (cyx/mc_pool.h)
-        link_args.append("-pthread")
-    if _has_openmp():
-        compile_args.append("-fopenmp")
-        link_args.append("-fopenmp")
-    else:
-        print("modelc setup: OpenMP not available, kernels build single-threaded", file=sys.stderr)
+    compile_args += ["-pthread", "-fopenmp-simd"]  # thread pool; omp simd hints only
+    link_args.append("-pthread")
     return compile_args, link_args
 
 

@@ -15,7 +15,6 @@ cdef extern from "mc_quant.h" nogil:
     void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
                      int nids, float *out, int simd)
     int mc_simd_best()
-    int mc_has_openmp()
     int mc_num_procs()
 
 cdef extern from "mc_pool.h" nogil:
@@ -59,10 +58,6 @@ def simd_best():
 def pool_backoff(bint on):
     """Turn the thread pool's stall back-off on or off (see mc_pool.h); for benchmarks."""
     mc_pool_backoff(on)
-
-
-def has_openmp():
-    return bool(mc_has_openmp())
 
 
 def num_procs():

@@ -135,14 +135,6 @@ static int mc_simd_best(void) {
 #endif
 }
 
-static int mc_has_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
 static int mc_num_procs(void) {
 #if defined(_SC_NPROCESSORS_ONLN)
     const long n = sysconf(_SC_NPROCESSORS_ONLN);

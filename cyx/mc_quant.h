@@ -6,9 +6,10 @@
  * (AVX2 maddubs/madd, NEON mull/padal, or scalar C), scaled by the two block
  * scales.  F32/F16 weights use a float FMA path on the unquantized x.
  *
- * Work split: output rows are divided across OpenMP threads; inside a thread a
- * tile of weight rows meets a tile of activation rows, so each weight row is
- * read from memory once per call for the whole batch.
+ * Work split: tiles of MC_TR output rows are handed to the threads of the pool
+ * (mc_pool.h); inside a tile each weight row meets every activation row (four
+ * at a time where a 4-row kernel exists), so each weight row is read from
+ * memory once per call for the whole batch.
  */
 #ifndef MC_QUANT_H
 #define MC_QUANT_H
