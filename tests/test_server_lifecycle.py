@@ -42,7 +42,7 @@ def test_sigterm_lets_four_streams_finish() -> None:
             text, finish, done, got_first = "", None, False, False
             try:
                 with httpx.stream(
-                    "POST", f"{srv.url}/v1/chat/completions", json=_stream_body(24), timeout=120
+                    "POST", f"{srv.url}/v1/chat/completions", json=_stream_body(48), timeout=120
                 ) as r:
                     res["status"] = r.status_code
                     for line in r.iter_lines():
@@ -67,15 +67,31 @@ def test_sigterm_lets_four_streams_finish() -> None:
             t.start()
         first.wait()  # all four are streaming
         srv.proc.send_signal(signal.SIGTERM)
+        refused_while_streaming = False
+        while any(t.is_alive() for t in threads):
+            try:
+                httpx.get(f"{srv.url}/health", timeout=1)
+            except httpx.ConnectError:
+                refused_while_streaming = any(t.is_alive() for t in threads)
+                break
+            time.sleep(0.05)
         for t in threads:
             t.join(150)
         code = srv.proc.wait(60)
+        assert refused_while_streaming  # stopped accepting, kept streaming
         for res in results:
             assert "error" not in res, res
             assert res["status"] == 200 and res["done"] is True, res
             assert res["finish"] == "length" and res["text"], res
         assert code == 0, srv.log()[-3000:]
         assert "SIGTERM" in srv.log()
+        # the JSON access log has one line per stream, written when the stream ended
+        records = [json.loads(x) for x in srv.log().splitlines() if x.startswith("{")]
+        streams = [r for r in records if r["endpoint"] == "/v1/chat/completions"]
+        assert len(streams) == 4
+        for r in streams:
+            assert r["status"] == 200 and r["completion_tokens"] == 48 and r["prompt_tokens"] > 10
+            assert r["ttft_s"] > 0 and r["total_s"] >= r["ttft_s"] and len(r["request_id"]) == 32
     finally:
         srv.stop()
 
