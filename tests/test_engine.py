@@ -92,9 +92,13 @@ async def collect(handle: Any) -> tuple[list[int], str, FinishEvent]:
 
 
 def alone(eng: LLMEngine, prompt: Sequence[int], p: SamplingParams) -> list[int]:
-    """The plain single-sequence loop of modelc generate (no engine)."""
+    """The plain single-sequence loop of modelc generate (no engine).
+
+    That loop yields a final stop token (EOS); the engine ends on it without a TokenEvent.
+    """
     assert eng.lm is not None and eng.tok is not None
-    return [t for t, _ in generate(eng.lm, eng.tok, prompt, p)]
+    toks = [t for t, _ in generate(eng.lm, eng.tok, prompt, p)]
+    return toks[:-1] if toks and toks[-1] in p.stop_token_ids else toks
 
 
 async def test_batched_equals_alone(ir: ModelIR) -> None:

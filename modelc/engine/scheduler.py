@@ -19,6 +19,11 @@ Each loop iteration:
 4. back on the event loop the new tokens are detokenized, checked against stop
    tokens / stop strings / limits and delivered; ``policy.update`` closes the step.
 
+A stop token (EOS/EOT in ``stop_token_ids``, or the end-of-generation token a
+completed grammar allows) ends the request without a TokenEvent of its own; it is
+counted in ``completion_tokens``.  Text held back for a possible stop string is
+released in the FinishEvent.
+
 A request cancelled while a step runs leaves right after it: its tokens from that
 step are dropped.  Nothing else is stopped by it.
 """
