@@ -121,8 +121,21 @@ static void *mc_pool_main(void *arg) {
     return NULL;
 }
 
+static void mc_pool_atfork_child(void);
+static void mc_pool_register_atfork(void) { pthread_atfork(NULL, NULL, mc_pool_atfork_child); }
+
+/* In a forked child the workers are gone and the locks may be held by threads
+ * that no longer exist: start over (the parent's pool memory is left alone). */
+static void mc_pool_atfork_child(void) {
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    mc_pool_create_mu = fresh;
+    mc_the_pool = NULL;
+}
+
 /* The pool with at least `nworkers` workers (created, or grown, on demand). */
 static mc_pool *mc_pool_get(int nworkers) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, mc_pool_register_atfork);
     if (nworkers > MC_POOL_MAX) nworkers = MC_POOL_MAX;
     mc_pool *p = mc_the_pool;
     if (p != NULL && p->pid == getpid() && p->nworkers >= nworkers) return p;

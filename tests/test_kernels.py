@@ -469,3 +469,18 @@ def test_c_simd_check_neon_under_qemu(tmp_path: Any) -> None:
     _run_simd_check(
         tmp_path, "aarch64-linux-gnu-gcc", ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
     )
+
+
+def test_kernels_work_in_a_forked_child() -> None:
+    """The thread pool starts afresh in a child process (its workers do not survive fork)."""
+    import multiprocessing
+
+    rng = np.random.default_rng(19)
+    w = make_weight(DType.Q8_0, 3000, 256, rng)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    cpu = CpuBackend(threads=2)
+    want = cpu.matmul(w, x)  # the parent's pool exists now
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(cpu.matmul, (w, x))
+    np.testing.assert_array_equal(got, want)
