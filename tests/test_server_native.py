@@ -197,3 +197,29 @@ def test_native_and_ollama_embeddings(minilm_server: Server) -> None:
     dims = httpx.post(f"{url}/v1/embeddings", json={"input": texts[0], "dimensions": 64}).json()
     v = np.array(dims["data"][0]["embedding"])
     assert v.shape == (64,) and abs(np.linalg.norm(v) - 1) < 1e-4
+
+
+# --- MLP: /infer -------------------------------------------------------------------------
+def test_infer_mlp_batch() -> None:
+    from pathlib import Path
+
+    from tests.server_fixtures import start
+
+    fixtures = Path(__file__).parent / "fixtures" / "formats"
+    golden = np.load(fixtures / "mlp_golden.npz")
+    srv = start(str(fixtures / "mlp.safetensors"))
+    try:
+        r = httpx.post(f"{srv.url}/infer", json={"inputs": golden["x"].tolist()}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert np.allclose(r.json()["outputs"], golden["y"], atol=1e-5)
+        assert httpx.get(f"{srv.url}/info").json()["capabilities"] == ["infer"]
+        bad = httpx.post(f"{srv.url}/infer", json={"inputs": [[1.0, 2.0]]})
+        assert bad.status_code == 400 and "8 features" in bad.json()["error"]["message"]
+        ragged = httpx.post(f"{srv.url}/infer", json={"inputs": [[1.0] * 8, [1.0]]})
+        assert ragged.status_code == 400 and ragged.json()["error"]["param"] == "inputs"
+        chat = httpx.post(
+            f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+        )
+        assert chat.status_code == 400
+    finally:
+        assert srv.stop() == 0

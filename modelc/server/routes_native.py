@@ -192,7 +192,7 @@ async def infer() -> Response:
     if len(widths) != 1:
         raise ParamError("every row of inputs must have the same length", param="inputs")
     x = np.asarray(req.inputs, np.float32)  # (batch, n_in)
-    y = np.asarray(await run(x), np.float32)  # (batch, n_out)
+    y = np.asarray(await run(x, req.input_name), np.float32)  # (batch, n_out)
     return json_response(InferResponse(y.tolist(), info.model_id))
 
 

@@ -19,7 +19,9 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from modelc.engine.api import Engine
 from modelc.engine.options import EngineOptions
+from modelc.runtime.model import TensorModel
 from modelc.server import logging as slog
 from modelc.server.app import create_app
 from modelc.server.state import ServerState, load_model_info
@@ -49,14 +51,28 @@ async def _load(opts: ServeOptions, state: ServerState, nursery: trio.Nursery) -
     from modelc.engine import build_engine
 
     info = await trio.to_thread.run_sync(load_model_info, opts.model_path, opts.model_id)
-    engine = await trio.to_thread.run_sync(
-        partial(build_engine, opts.model_path, opts.engine, model_name=opts.model_id)
-    )
+    engine: Engine
+    if info.architecture == "mlp":  # arrays in, arrays out: /infer only
+        engine = await trio.to_thread.run_sync(_tensor_engine, opts.model_path, opts.model_id)
+    else:
+        engine = await trio.to_thread.run_sync(
+            partial(build_engine, opts.model_path, opts.engine, model_name=opts.model_id)
+        )
     if opts.engine.max_context:
         info.n_ctx = min(info.n_ctx, opts.engine.max_context)
     await nursery.start(engine.run)
     state.info, state.engine = info, engine
     _say(f"model {opts.model_id} ({info.architecture}) ready")
+
+
+def _tensor_engine(path: Path, name: str) -> Engine:
+    from modelc.artifact import load_artifact
+    from modelc.runtime.arch import build
+    from modelc.server.tensor import TensorEngine
+
+    model = build(load_artifact(path))
+    assert isinstance(model, TensorModel)
+    return TensorEngine(model, name)
 
 
 async def _signals(shutdown: trio.Event, state: ServerState, nursery: trio.Nursery) -> None:
