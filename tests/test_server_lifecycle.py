@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +18,9 @@ from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, smol_server, start
 
 __all__ = ["smol_server"]
+
+
+LORA_DIR = Path(__file__).parent / "fixtures" / "lora"
 
 
 def _stream_body(max_tokens: int) -> dict[str, object]:
@@ -152,12 +156,31 @@ def guarded() -> Iterator[Server]:
         "1",
         "--queue-size",
         "0",
+        "--lora-dir",
+        str(LORA_DIR),
     )
     yield srv
     srv.stop()
 
 
 AUTH = {"Authorization": "Bearer s3cret"}
+
+
+def test_lora_only_from_allowed_dirs(guarded: Server) -> None:
+    url = guarded.url
+    r = httpx.post(f"{url}/lora/load", json={"path": "/etc"}, headers=AUTH)
+    assert r.status_code == 403 and "outside the allowed" in r.json()["error"]["message"]
+    r = httpx.post(
+        f"{url}/lora/load",
+        json={"path": str(LORA_DIR / "llama" / ".." / ".." / "..")},
+        headers=AUTH,
+    )
+    assert r.status_code == 403  # no escaping with ..
+    r = httpx.post(f"{url}/lora/load", json={"path": str(LORA_DIR / "missing")}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "path"
+    # the engine has no hot-swap hook yet: a clear 501, not a crash
+    r = httpx.post(f"{url}/lora/load", json={"path": str(LORA_DIR / "llama")}, headers=AUTH)
+    assert r.status_code == 501 and "LoRA" in r.json()["error"]["message"]
 
 
 def test_health_is_503_while_loading(guarded: Server) -> None:
