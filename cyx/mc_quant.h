@@ -981,6 +981,61 @@ static float mc_dot_f16_neon(int K, const uint8_t *w, const void *xv) {
 
 #endif /* MC_NEON */
 
+/* ------------------------------------------------ single weight elements */
+
+/* Element i of a row of type t (a quantized type), as mc_dequant_row computes it. */
+static float mc_elem(int t, const uint8_t *row, int i) {
+    switch (t) {
+    case MC_Q4_0: {
+        const uint8_t *b = row + 18 * (i / 32);
+        const int j = i % 32;
+        const int q = j < 16 ? (b[2 + j] & 0xF) : (b[2 + j - 16] >> 4);
+        return mc_load_f16(b) * (float)(q - 8);
+    }
+    case MC_Q4_1: {
+        const uint8_t *b = row + 20 * (i / 32);
+        const int j = i % 32;
+        const int q = j < 16 ? (b[4 + j] & 0xF) : (b[4 + j - 16] >> 4);
+        return mc_load_f16(b) * (float)q + mc_load_f16(b + 2);
+    }
+    case MC_Q5_0: {
+        const uint8_t *b = row + 22 * (i / 32);
+        const int j = i % 32;
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        const int nib = j < 16 ? (b[6 + j] & 0xF) : (b[6 + j - 16] >> 4);
+        return mc_load_f16(b) * (float)((nib | (int)(((qh >> j) & 1) << 4)) - 16);
+    }
+    case MC_Q8_0: {
+        const uint8_t *b = row + 34 * (i / 32);
+        return mc_load_f16(b) * (float)(int8_t)b[2 + i % 32];
+    }
+    case MC_INT8:
+        return mc_load_f32(row) * (float)((const int8_t *)(row + 4))[i];
+    case MC_Q4_K: {
+        const uint8_t *b = row + 144 * (i / 256);
+        const int e = i % 256, jj = e / 64, l = e % 64;
+        uint8_t sc, m;
+        mc_q4k_scale_min(2 * jj + (l >= 32), b + 4, &sc, &m);
+        const uint8_t qb = b[16 + 32 * jj + l % 32];
+        const int q = l < 32 ? (qb & 0xF) : (qb >> 4);
+        return mc_load_f16(b) * sc * (float)q - mc_load_f16(b + 2) * m;
+    }
+    case MC_Q6_K: {
+        const uint8_t *b = row + 210 * (i / 256);
+        const int e = i % 256, n = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+        const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * n;
+        const int lo = (quarter & 1) ? ql[l + 32] : ql[l];
+        const int nib = quarter < 2 ? (lo & 0xF) : (lo >> 4);
+        const int q = (nib | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
+        return mc_load_f16(b + 208) * (float)sc[l / 16 + 2 * quarter] * (float)q;
+    }
+    default:
+        return 0.0f;
+    }
+}
+
 /* dequantize one row with the fastest path `simd` allows */
 static void mc_dequant_row_simd(int t, const uint8_t *row, int K, float *y, int simd) {
 #if defined(MC_X86)
@@ -1096,7 +1151,19 @@ typedef struct {
     float *y;           /* (n, M) */
     mc_dot_fn dot;
     mc_dot4_fn dot4;
+    struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
 } mc_matmul_job;
+
+/* Outlier decomposition (as LLM.int8()): the few activations of a row far above
+ * its RMS are taken out before int8 quantization, so they no longer set their
+ * block's scale, and added back in float: y += x_i * W[r, i]. */
+#define MC_OUTL_MAX 4        /* per activation row */
+#define MC_OUTL_SIGMA 6.0f  /* |x_i| > MC_OUTL_SIGMA * rms(x) */
+struct mc_outl {
+    int n;
+    int idx[MC_OUTL_MAX];
+    float val[MC_OUTL_MAX];
+};
 
 /* one tile of MC_TR weight rows against all activation rows */
 static void mc_matmul_chunk(void *ctx, int tile) {
@@ -1118,6 +1185,13 @@ static void mc_matmul_chunk(void *ctx, int tile) {
             }
             for (; j < j1; j++)
                 y[(size_t)j * M + r] = jb->dot(K, wr, (const char *)jb->xbase + jb->xstride * j);
+            if (jb->outl != NULL)
+                for (j = j0; j < j1; j++) {
+                    const struct mc_outl *o = jb->outl + j;
+                    float c = 0.0f;
+                    for (int k = 0; k < o->n; k++) c += o->val[k] * mc_elem(jb->t, wr, o->idx[k]);
+                    if (o->n) y[(size_t)j * M + r] += c;
+                }
         }
     }
 }
@@ -1126,10 +1200,42 @@ static void mc_matmul_chunk(void *ctx, int tile) {
 static void mc_quantize_chunk(void *ctx, int j) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
     char *dst = (char *)jb->xbase + jb->xstride * j;
+    const int K = jb->K;
+    const float *xr = jb->x + (size_t)j * K;
+    if (jb->outl != NULL) {
+        struct mc_outl *o = jb->outl + j;
+        o->n = 0;
+        double ss = 0.0;
+        for (int i = 0; i < K; i++) ss += (double)xr[i] * xr[i];
+        const float thr = MC_OUTL_SIGMA * (float)sqrt(ss / K);
+        /* the MC_OUTL_MAX largest |x_i| above thr, kept sorted by |x| descending */
+        for (int i = 0; i < K; i++) {
+            const float a = fabsf(xr[i]);
+            if (!(a > thr) || (o->n == MC_OUTL_MAX && a <= fabsf(o->val[MC_OUTL_MAX - 1])))
+                continue;
+            int k = o->n < MC_OUTL_MAX ? o->n++ : MC_OUTL_MAX - 1;
+            for (; k > 0 && fabsf(o->val[k - 1]) < a; k--) {
+                o->val[k] = o->val[k - 1];
+                o->idx[k] = o->idx[k - 1];
+            }
+            o->val[k] = xr[i];
+            o->idx[k] = i;
+        }
+        if (o->n) {
+            float *tmp = (float *)mc_scratch(1, (size_t)K * sizeof(float));
+            if (tmp != NULL) {
+                memcpy(tmp, xr, (size_t)K * sizeof(float));
+                for (int k = 0; k < o->n; k++) tmp[o->idx[k]] = 0.0f;
+                xr = tmp;
+            } else {
+                o->n = 0;
+            }
+        }
+    }
     if (jb->t == MC_Q4_K || jb->t == MC_Q6_K)
-        mc_quantize_q8k(jb->x + (size_t)j * jb->K, jb->K, (mc_q8k *)dst);
+        mc_quantize_q8k(xr, K, (mc_q8k *)dst);
     else
-        mc_quantize_q8(jb->x + (size_t)j * jb->K, jb->K, (mc_q8 *)dst);
+        mc_quantize_q8(xr, K, (mc_q8 *)dst);
 }
 
 /* exact path: dequantize each weight row once, float dots against every x row */
@@ -1223,9 +1329,13 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
         } else {
             jb.xstride = (t == MC_Q4_K || t == MC_Q6_K) ? (size_t)(K / 256) * sizeof(mc_q8k)
                                                         : (size_t)((K + 31) / 32) * sizeof(mc_q8);
-            void *xq = mc_scratch(0, jb.xstride * (size_t)n);
+            const int outl = tol < 1e30f; /* balanced: outlier decomposition */
+            const size_t qbytes = jb.xstride * (size_t)n;
+            const size_t obytes = outl ? sizeof(struct mc_outl) * (size_t)n : 0;
+            char *xq = (char *)mc_scratch(0, qbytes + obytes + 64);
             if (xq == NULL) return -2;
             jb.xbase = xq;
+            jb.outl = outl ? (struct mc_outl *)(xq + ((qbytes + 63) & ~(size_t)63)) : NULL;
             mc_parallel(n >= 16 ? nth : 1, n, mc_quantize_chunk, &jb);
             if (tol < 1e30f)
                 for (int j = 0; j < n && !exact; j++) exact = mc_act_noise(&jb, j) > tol;

@@ -176,22 +176,30 @@ def test_batched_matmul_equals_one_row_at_a_time(mode: str, dtype: DType) -> Non
     np.testing.assert_array_equal(batched, single)
 
 
-@pytest.mark.parametrize("dtype", [DType.Q4_1, DType.Q8_0, DType.Q4_K, DType.INT8])
-def test_balanced_mode_picks_int8_or_float_activations(dtype: DType) -> None:
-    """Gaussian rows quantize to ~0.5% error: int8 path; a row with an outlier: float path."""
+@pytest.mark.parametrize("dtype", [d for d in MATMUL_DTYPES if d.is_quantized])
+def test_balanced_mode(dtype: DType) -> None:
+    """Gaussian rows: the int8 path.  A few outliers: taken out of the int8 rows and
+    added back in float (twin below).  Many outliers: the float (exact) path."""
     rng = np.random.default_rng(18)
     w = make_weight(dtype, 50, 512, rng)
+    dense = dequantize_weight(w).astype(np.float64)
     fast, exact = CpuBackend(matmul="fast"), CpuBackend(matmul="exact")
     balanced = CpuBackend(matmul="balanced")
     x = rng.standard_normal((3, 512)).astype(np.float32)
     np.testing.assert_array_equal(balanced.matmul(w, x), fast.matmul(w, x))
-    x[1, 7] = 400.0  # its block's scale swamps the other 31 (or 255) values
+
+    # each swamps its block's scale; positions reach every nibble / quarter layout
+    x[1, 7], x[1, 300], x[2, 117], x[2, 400] = 400.0, -250.0, 90.0, 60.0
+    outl = np.zeros_like(x)
+    for i, j in [(1, 7), (1, 300), (2, 117), (2, 400)]:
+        outl[i, j] = x[i, j]
+    want = quantized_activations(x - outl, dtype).astype(np.float64) @ dense.T + outl @ dense.T
+    got = balanced.matmul(w, x)
+    assert rel_err(got, want) <= 1e-5
+    assert rel_err(fast.matmul(w, x), REF.matmul(w, x)) > 1e-2 > rel_err(got, REF.matmul(w, x))
+
+    x[0, ::32] = 300.0  # 16 outliers: more than the 4 a row may set aside
     np.testing.assert_array_equal(balanced.matmul(w, x), exact.matmul(w, x))
-    assert (
-        rel_err(fast.matmul(w, x), REF.matmul(w, x))
-        > 1e-2
-        > rel_err(balanced.matmul(w, x), REF.matmul(w, x))
-    )
 
 
 def test_matmul_threads_give_identical_results() -> None:

@@ -18,8 +18,12 @@ Environment:
   where activations have outlier channels.  ``exact`` keeps the activations in float32
   and dequantizes each weight row once per call: the result is ``x @ dequant(W).T`` to
   float32 rounding (use it for parity with a float reference).  ``balanced`` takes the
-  int8 path unless quantizing the activations is estimated to add more than
-  ``BALANCED_TOL`` relative RMS error to some row, and the exact path then.
+  int8 path with outlier decomposition (up to 4 activations per row above 6x its RMS
+  are kept out of the int8 blocks and added back in float, as LLM.int8() does) unless
+  quantizing the rest is still estimated to add more than ``BALANCED_TOL`` relative RMS
+  error to some row, and the exact path then.  Measured on SmolLM2-135M Q4_1, one
+  thread, vs ``exact``: fast ~105 tok/s decode, max top-10 log-prob error 0.59;
+  balanced ~88 tok/s, 0.11; exact ~40 tok/s.
 """
 
 from __future__ import annotations
