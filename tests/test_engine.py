@@ -206,13 +206,23 @@ async def test_prefix_cache_skips_shared_prefill(ir: ModelIR) -> None:
     p = params(eng, max_tokens=8)
     expected_b = alone(eng, b_ids, p)
     async with running(eng):
-        _, _, fa = await collect(eng.submit(GenerationRequest("a", a_ids, p)))
+        # a 40-token answer crosses at least one block boundary
+        pa = params(eng, max_tokens=40)
+        ta, _, fa = await collect(eng.submit(GenerationRequest("a", a_ids, pa, ignore_eos=True)))
         before = eng.stats().prefix_cache_tokens
         tb, _, fb = await collect(eng.submit(GenerationRequest("b", b_ids, p)))
+        after_b = eng.stats().prefix_cache_tokens
+        # the next chat turn: prompt + answer + more; the answer's KV is reused too
+        c_ids = a_ids + ta + ids(eng, " Thanks. And three plus three?")
+        _, _, fc = await collect(eng.submit(GenerationRequest("c", c_ids, p)))
+    assert len(ta) == 40
+    n_kv = len(a_ids) + len(ta) - 1  # the last token was sampled, never fed
+    assert fc.cached_tokens == n_kv // eng.prefix.block_tokens * eng.prefix.block_tokens
+    assert fc.cached_tokens > len(a_ids) // eng.prefix.block_tokens * eng.prefix.block_tokens
     assert fa.cached_tokens == 0
     block = eng.prefix.block_tokens
     assert fb.cached_tokens == shared // block * block
-    assert eng.stats().prefix_cache_tokens - before == fb.cached_tokens
+    assert after_b - before == fb.cached_tokens
     assert eng.stats().prefix_cache_hits >= 1
     assert tb == expected_b
 

@@ -78,6 +78,7 @@ class _Request:
     prefix_inserted: bool = False
     prefix_loaded: bool = False
     stop_matched: bool = False
+    shifted: bool = False  # a context shift happened: the KV no longer matches a fresh run
     draft: list[int] = field(default_factory=list)
     completion: int = 0
     first_token_at: float | None = None
@@ -352,6 +353,7 @@ class LLMEngine:
                 lm.shift_context(r.cache, keep, discard)
                 del r.tokens[keep : keep + discard]
                 self.policy.shifted(rid, discard)
+                r.shifted = True
             r.draft = []
             if r.drafter is not None and len(self.policy.running) <= self.opt.spec_max_running:
                 room = min(
@@ -492,6 +494,9 @@ class LLMEngine:
         if self.lm is not None:
             self.policy.abort(rid)
         if r.cache is not None:
+            if reason in (FinishReason.STOP, FinishReason.LENGTH) and not r.shifted:
+                # prompt + answer: the next turn of a chat starts with both
+                self.prefix.insert(r.tokens, r.cache)
             r.cache.free()
             r.cache = None
         self.prefix.release(r.prefix_blocks)
