@@ -10,8 +10,10 @@ f32 ``(n_layer, block_tokens, n_head_kv, head_dim)``.
   with and takes a reference on each (a referenced block is never evicted);
   :meth:`PrefixCache.load` copies them into a fresh sequence cache and
   :meth:`PrefixCache.release` drops the references.
-* :meth:`PrefixCache.insert` copies the full blocks of a computed prompt out of a
-  sequence cache (blocks already present are only touched).
+* :meth:`PrefixCache.insert` copies the full blocks of a computed sequence out of its
+  cache (blocks already present are only touched).  The engine inserts a prompt when
+  its prefill completes and prompt + answer when the request finishes, so the next
+  turn of a chat reuses both.
 * Unreferenced blocks are evicted least-recently-used first when the RAM budget
   would be exceeded.  A match touches the deepest block first and the root last, so
   leaves age out before the prefixes they hang from.
