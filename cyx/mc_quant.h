@@ -682,6 +682,76 @@ MC_AVX2 static int mc_dequant_row_avx2(int t, const uint8_t *row, int K, float *
     }
 }
 
+/* ---- exact path without the row buffer: a weight block is dequantized in
+ * registers with mc_dequant_row_avx2's operations and meets float x with
+ * mc_dot_f32_avx2's accumulation order, so the result is bit-identical to
+ * dequantizing the row and calling mc_dot_f32_avx2 (which the batched exact
+ * path does). */
+
+MC_AVX2 static inline void mc_fma_block32(__m256i q, __m256 vd, int affine, __m256 vm,
+                                          const float *x, __m256 *a0, __m256 *a1) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m256 w0 = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+    __m256 w1 = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+    __m256 w2 = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+    __m256 w3 = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+    if (affine) {
+        w0 = _mm256_add_ps(w0, vm);
+        w1 = _mm256_add_ps(w1, vm);
+        w2 = _mm256_add_ps(w2, vm);
+        w3 = _mm256_add_ps(w3, vm);
+    }
+    *a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), *a0);
+    *a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), *a1);
+    *a0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), *a0);
+    *a1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), *a1);
+}
+
+MC_AVX2 static float mc_fdot_q4_0_avx2(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        const __m256i q = _mm256_sub_epi8(mc_nibbles32(b + 2), _mm256_set1_epi8(8));
+        mc_fma_block32(q, _mm256_set1_ps(mc_h16(b)), 0, a0, x + 32 * i, &a0, &a1);
+    }
+    return mc_hsum256(_mm256_add_ps(a0, a1));
+}
+
+MC_AVX2 static float mc_fdot_q4_1_avx2(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 20 * i;
+        mc_fma_block32(mc_nibbles32(b + 4), _mm256_set1_ps(mc_h16(b)), 1,
+                       _mm256_set1_ps(mc_h16(b + 2)), x + 32 * i, &a0, &a1);
+    }
+    return mc_hsum256(_mm256_add_ps(a0, a1));
+}
+
+MC_AVX2 static float mc_fdot_q5_0_avx2(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 22 * i;
+        const __m256i hi = _mm256_andnot_si256(mc_bits32(b + 2), _mm256_set1_epi8((char)0xF0));
+        const __m256i q = _mm256_or_si256(mc_nibbles32(b + 6), hi);
+        mc_fma_block32(q, _mm256_set1_ps(mc_h16(b)), 0, a0, x + 32 * i, &a0, &a1);
+    }
+    return mc_hsum256(_mm256_add_ps(a0, a1));
+}
+
+MC_AVX2 static float mc_fdot_q8_0_avx2(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+        mc_fma_block32(q, _mm256_set1_ps(mc_h16(b)), 0, a0, x + 32 * i, &a0, &a1);
+    }
+    return mc_hsum256(_mm256_add_ps(a0, a1));
+}
+
 /* ---- four activation rows per weight row: unpack each weight block once.
  * Each row's arithmetic is exactly the single-row kernel's, so results are
  * bit-identical to four separate calls. */
@@ -1151,6 +1221,7 @@ typedef struct {
     float *y;           /* (n, M) */
     mc_dot_fn dot;
     mc_dot4_fn dot4;
+    mc_dot_fn fdot;       /* exact path, few x rows: fused dequant + dot, or NULL */
     struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
 } mc_matmul_job;
 
@@ -1249,6 +1320,12 @@ static void mc_matmul_exact_chunk(void *ctx, int tile) {
         return;
     }
     for (int r = r0; r < r1; r++) {
+        if (jb->fdot != NULL && n < 4) { /* same arithmetic as below, no row buffer */
+            for (int j = 0; j < n; j++)
+                jb->y[(size_t)j * M + r] =
+                    jb->fdot(K, jb->W + (size_t)r * jb->row_stride, jb->x + (size_t)j * K);
+            continue;
+        }
         mc_dequant_row_simd(jb->t, jb->W + (size_t)r * jb->row_stride, K, wrow, jb->simd);
         int j = 0;
         if (jb->dot4 != NULL) {
@@ -1261,6 +1338,24 @@ static void mc_matmul_exact_chunk(void *ctx, int tile) {
         for (; j < n; j++)
             jb->y[(size_t)j * M + r] = jb->dot(K, (const uint8_t *)wrow, jb->x + (size_t)j * K);
     }
+}
+
+/* the exact path's fused single-row kernel, where one exists */
+static mc_dot_fn mc_pick_fdot(int t, int simd) {
+#if defined(MC_X86)
+    if (MC_IS_AVX2(simd)) {
+        switch (t) {
+        case MC_Q4_0: return mc_fdot_q4_0_avx2;
+        case MC_Q4_1: return mc_fdot_q4_1_avx2;
+        case MC_Q5_0: return mc_fdot_q5_0_avx2;
+        case MC_Q8_0: return mc_fdot_q8_0_avx2;
+        default: break;
+        }
+    }
+#endif
+    (void)t;
+    (void)simd;
+    return NULL;
 }
 
 static mc_dot_fn mc_pick_dot_f32(int simd) {
@@ -1344,6 +1439,7 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
     if (exact) {
         jb.dot = mc_pick_dot_f32(simd);
         jb.dot4 = mc_pick_dot4(MC_F32, simd);
+        jb.fdot = mc_pick_fdot(t, simd);
         mc_parallel(use, ntiles, mc_matmul_exact_chunk, &jb);
         return jb.failed ? -2 : 0;
     }
