@@ -707,6 +707,77 @@ MC_AVX2 static inline void mc_fma_block32(__m256i q, __m256 vd, int affine, __m2
     *a1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), *a1);
 }
 
+/* as mc_fma_block32, elements 0-15 scaled by vd0 and 16-31 by vd1 (Q6_K) */
+MC_AVX2 static inline void mc_fma_block32_2s(__m256i q, __m256 vd0, __m256 vd1, const float *x,
+                                             __m256 *a0, __m256 *a1) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m256 w0 = _mm256_mul_ps(vd0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+    const __m256 w1 =
+        _mm256_mul_ps(vd0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+    const __m256 w2 = _mm256_mul_ps(vd1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+    const __m256 w3 =
+        _mm256_mul_ps(vd1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+    *a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), *a0);
+    *a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), *a1);
+    *a0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), *a0);
+    *a1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), *a1);
+}
+
+MC_AVX2 static float mc_fdot_q4_k_avx2(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int i = 0; i < K / 256; i++) {
+        const uint8_t *b = w + 144 * i;
+        const float d = mc_h16(b), dmin = mc_h16(b + 2);
+        for (int j = 0; j < 4; j++) {
+            uint8_t s0, m0, s1, m1;
+            mc_q4k_scale_min(2 * j, b + 4, &s0, &m0);
+            mc_q4k_scale_min(2 * j + 1, b + 4, &s1, &m1);
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j));
+            const float *xx = x + 256 * i + 64 * j;
+            mc_fma_block32(_mm256_and_si256(q4, m4), _mm256_set1_ps(d * s0), 1,
+                           _mm256_set1_ps(-(dmin * m0)), xx, &a0, &a1);
+            mc_fma_block32(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), _mm256_set1_ps(d * s1),
+                           1, _mm256_set1_ps(-(dmin * m1)), xx + 32, &a0, &a1);
+        }
+    }
+    return mc_hsum256(_mm256_add_ps(a0, a1));
+}
+
+MC_AVX2 static float mc_fdot_q6_k_avx2(int K, const uint8_t *w, const void *xv) {
+    const float *x = (const float *)xv;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    const __m256i o32 = _mm256_set1_epi8(32);
+    for (int i = 0; i < K / 256; i++) {
+        const uint8_t *b = w + 210 * i;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = mc_h16(b + 208);
+        for (int n = 0; n < 2; n++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                   _mm256_and_si256(qh, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            for (int k = 0; k < 4; k++) {
+                const int8_t *s2 = sc + 8 * n + 2 * k;
+                mc_fma_block32_2s(_mm256_sub_epi8(q[k], o32), _mm256_set1_ps(d * (float)s2[0]),
+                                  _mm256_set1_ps(d * (float)s2[1]), x + 256 * i + 128 * n + 32 * k,
+                                  &a0, &a1);
+            }
+        }
+    }
+    return mc_hsum256(_mm256_add_ps(a0, a1));
+}
+
 MC_AVX2 static float mc_fdot_q4_0_avx2(int K, const uint8_t *w, const void *xv) {
     const float *x = (const float *)xv;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -1349,6 +1420,8 @@ static mc_dot_fn mc_pick_fdot(int t, int simd) {
         case MC_Q4_1: return mc_fdot_q4_1_avx2;
         case MC_Q5_0: return mc_fdot_q5_0_avx2;
         case MC_Q8_0: return mc_fdot_q8_0_avx2;
+        case MC_Q4_K: return mc_fdot_q4_k_avx2;
+        case MC_Q6_K: return mc_fdot_q6_k_avx2;
         default: break;
         }
     }
