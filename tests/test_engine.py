@@ -392,12 +392,13 @@ async def test_stop_string_and_kv_modes(ir: ModelIR) -> None:
 
 def test_kv_cost_matches_cache(ir: ModelIR) -> None:
     for mode in KVMode:
-        eng = make(ir, kv_cache=mode.value, max_context=1024)
-        assert eng.lm is not None
-        for n in (1, 256, 300, 1024):
-            c = eng.lm.new_cache(mode, max_tokens=1024, hot_window=256)
-            c.reserve(n)
-            assert eng.kv_cost(n) == c.nbytes, (mode, n)
+        for ctx in (1024, 1000):
+            eng = make(ir, kv_cache=mode.value, max_context=ctx, kv_hot_window=128)
+            assert eng.lm is not None
+            for n in (1, 256, 300, 999):
+                c = eng.lm.new_cache(mode, max_tokens=ctx, hot_window=128)
+                c.reserve(n)
+                assert eng.kv_cost(n) == c.nbytes, (mode, ctx, n)
 
 
 async def test_submit_needs_running_engine(ir: ModelIR) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import trio
@@ -52,11 +52,19 @@ from modelc.engine.policy import KVCost, Policy, ScheduledSeq, SeqResult, StepPl
 from modelc.engine.prefix_cache import Block, PrefixCache
 from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
 from modelc.errors import ModelcError, UnsupportedError, UsageError
-from modelc.runtime.generate import StopMatcher, StreamDecoder
+from modelc.runtime.generate import StopMatcher
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler
 from modelc.runtime.tokenizer import Tokenizer
+
+
+class StreamDecoder(Protocol):
+    """The tokenizer's incremental decoder: ids in, UTF-8-safe text deltas out."""
+
+    def feed(self, ids: int) -> str: ...
+
+    def flush(self) -> str: ...
 
 
 @dataclass(eq=False)
@@ -122,18 +130,26 @@ def kv_shape(model: LanguageModel) -> KVShape:
 
 
 def kv_cost_fn(model: LanguageModel, mode: KVMode, hot_window: int, max_context: int) -> KVCost:
-    """Bytes a cache of ``n`` tokens holds (KVCache grows in BLOCK-token steps)."""
-    sh = kv_shape(model)
-    h, d, layers = sh.n_head_kv, sh.head_dim, sh.n_layer
+    """Bytes a cache of ``n`` tokens holds.
+
+    A KVCache grows in BLOCK-token steps and its size is affine in its capacity
+    (storage and dequantization scratch per slot, plus fixed ring buffers), so two
+    small probe caches give the exact cost of any size.
+    """
+
+    shape = kv_shape(model)
+
+    def probe(cap: int) -> int:
+        c = KVCache(shape, 2 * BLOCK, mode, hot_window=hot_window)
+        c.reserve(cap)
+        return c.nbytes
+
+    one, two = probe(BLOCK), probe(2 * BLOCK)
+    per_block, fixed = two - one, 2 * one - two
 
     def cost(n: int) -> int:
         cap = min(max_context, -(-n // BLOCK) * BLOCK)
-        b = cap * sh.bytes_per_token(mode)
-        if mode is not KVMode.F32:
-            b += 2 * cap * h * d * 4  # dequantization scratch
-        if mode is KVMode.MIXED:
-            b += 2 * layers * hot_window * h * d * 4  # exact ring buffers
-        return int(b)
+        return fixed + cap * per_block // BLOCK  # per_block is a whole multiple of BLOCK
 
     return cost
 
