@@ -1,4 +1,4 @@
-/* The 32-element-block integer dot kernels, included twice by mc_quant.h:
+/* The 32-element-block integer dot kernels, included twice by mc_dot_avx2.h:
  * once for AVX2 (MC_SUM_U8I8 = maddubs + madd) and once for AVX512-VNNI on
  * 256-bit registers (MC_SUM_U8I8 = vpdpbusd).  Every product stays far from
  * int16 saturation (|w| <= 128, |x| <= 127, pairs <= 32512), so both builds give

@@ -1,0 +1,258 @@
+/* GGML block layouts: sizes, int8 activation blocks, row and element dequantization. */
+#ifndef MC_BLOCKS_H
+#define MC_BLOCKS_H
+
+#include "mc_common.h"
+
+/* ---------------------------------------------------------------- layout */
+
+/* elements per block and bytes per block of each weight type (INT8: per row) */
+static int mc_block_elems(int t) {
+    switch (t) {
+    case MC_Q4_0: case MC_Q4_1: case MC_Q5_0: case MC_Q8_0: return 32;
+    case MC_Q4_K: case MC_Q6_K: return 256;
+    default: return 1;
+    }
+}
+
+static int mc_block_bytes(int t) {
+    switch (t) {
+    case MC_F32: return 4;
+    case MC_F16: return 2;
+    case MC_Q4_0: return 18;
+    case MC_Q4_1: return 20;
+    case MC_Q5_0: return 22;
+    case MC_Q8_0: return 34;
+    case MC_Q4_K: return 144;
+    case MC_Q6_K: return 210;
+    default: return 1;
+    }
+}
+
+/* ------------------------------------------------- activation quantization */
+
+/* x (K,) -> ceil(K/32) mc_q8 blocks; a partial last block is zero padded. */
+static void mc_quantize_q8(const float *x, int K, mc_q8 *out) {
+    const int nb = (K + 31) / 32;
+    for (int i = 0; i < nb; i++) {
+        const int cnt = mc_imin(32, K - 32 * i);
+        const float *xb = x + 32 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < cnt; j++) {
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const int q = j < cnt ? (int)nearbyintf(xb[j] * id) : 0;
+            out[i].qs[j] = (int8_t)q;
+            sum += q;
+        }
+        out[i].d = d;
+        out[i].s = d * (float)sum;
+    }
+}
+
+/* x (K,), K % 256 == 0 -> K/256 mc_q8k blocks. */
+static void mc_quantize_q8k(const float *x, int K, mc_q8k *out) {
+    const int nb = K / 256;
+    for (int i = 0; i < nb; i++) {
+        const float *xb = x + 256 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < 256; j++) {
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int j = 16 * g; j < 16 * g + 16; j++) {
+                const int q = (int)nearbyintf(xb[j] * id);
+                out[i].qs[j] = (int8_t)q;
+                sum += q;
+            }
+            out[i].bsums[g] = (int16_t)sum;
+        }
+        out[i].d = d;
+    }
+}
+
+/* ------------------------------------------------------- dequantization */
+
+static inline void mc_q4k_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* One row of K elements of type t at `row` -> y (K,) float32. */
+static void mc_dequant_row(int t, const uint8_t *row, int K, float *y) {
+    switch (t) {
+    case MC_F32:
+        memcpy(y, row, (size_t)K * 4);
+        return;
+    case MC_F16:
+        for (int i = 0; i < K; i++) y[i] = mc_load_f16(row + 2 * i);
+        return;
+    case MC_INT8: {
+        const float s = mc_load_f32(row);
+        const int8_t *q = (const int8_t *)(row + 4);
+        for (int i = 0; i < K; i++) y[i] = s * (float)q[i];
+        return;
+    }
+    default: break;
+    }
+    const int nb = K / mc_block_elems(t);
+    const int bb = mc_block_bytes(t);
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *b = row + (size_t)i * bb;
+        switch (t) {
+        case MC_Q4_0: {
+            const float d = mc_load_f16(b);
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)((b[2 + j] & 0xF) - 8);
+                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+            }
+            y += 32;
+            break;
+        }
+        case MC_Q4_1: {
+            const float d = mc_load_f16(b), m = mc_load_f16(b + 2);
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)(b[4 + j] & 0xF) + m;
+                y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+            }
+            y += 32;
+            break;
+        }
+        case MC_Q5_0: {
+            const float d = mc_load_f16(b);
+            uint32_t qh;
+            memcpy(&qh, b + 2, 4);
+            for (int j = 0; j < 16; j++) {
+                const int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+                y[j] = d * (float)(((b[6 + j] & 0xF) | (h0 << 4)) - 16);
+                y[j + 16] = d * (float)(((b[6 + j] >> 4) | (h1 << 4)) - 16);
+            }
+            y += 32;
+            break;
+        }
+        case MC_Q8_0: {
+            const float d = mc_load_f16(b);
+            for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
+            y += 32;
+            break;
+        }
+        case MC_Q4_K: {
+            const float d = mc_load_f16(b), dmin = mc_load_f16(b + 2);
+            const uint8_t *sc = b + 4, *q = b + 16;
+            for (int j = 0; j < 4; j++) {
+                uint8_t s0, m0, s1, m1;
+                mc_q4k_scale_min(2 * j, sc, &s0, &m0);
+                mc_q4k_scale_min(2 * j + 1, sc, &s1, &m1);
+                const float d1 = d * s0, mm1 = dmin * m0, d2 = d * s1, mm2 = dmin * m1;
+                for (int l = 0; l < 32; l++) y[l] = d1 * (float)(q[l] & 0xF) - mm1;
+                for (int l = 0; l < 32; l++) y[32 + l] = d2 * (float)(q[l] >> 4) - mm2;
+                y += 64;
+                q += 32;
+            }
+            break;
+        }
+        case MC_Q6_K: {
+            const float d = mc_load_f16(b + 208);
+            const uint8_t *ql = b, *qh = b + 128;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            for (int n = 0; n < 2; n++) {
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    y[l] = d * (float)sc[is] * (float)q1;
+                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+                }
+                y += 128;
+                ql += 64;
+                qh += 32;
+                sc += 8;
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ dot kernels */
+/* Each returns dot(W row, x row); `x` is the quantized (or float) activation row. */
+
+typedef float (*mc_dot_fn)(int K, const uint8_t *w, const void *x);
+/* one weight row against 4 activation rows `xstride` bytes apart -> out[0..3] */
+typedef void (*mc_dot4_fn)(int K, const uint8_t *w, const void *x, size_t xstride, float *out);
+
+/* ------------------------------------------------ single weight elements */
+
+/* Element i of a row of type t (a quantized type), as mc_dequant_row computes it. */
+static float mc_elem(int t, const uint8_t *row, int i) {
+    switch (t) {
+    case MC_Q4_0: {
+        const uint8_t *b = row + 18 * (i / 32);
+        const int j = i % 32;
+        const int q = j < 16 ? (b[2 + j] & 0xF) : (b[2 + j - 16] >> 4);
+        return mc_load_f16(b) * (float)(q - 8);
+    }
+    case MC_Q4_1: {
+        const uint8_t *b = row + 20 * (i / 32);
+        const int j = i % 32;
+        const int q = j < 16 ? (b[4 + j] & 0xF) : (b[4 + j - 16] >> 4);
+        return mc_load_f16(b) * (float)q + mc_load_f16(b + 2);
+    }
+    case MC_Q5_0: {
+        const uint8_t *b = row + 22 * (i / 32);
+        const int j = i % 32;
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        const int nib = j < 16 ? (b[6 + j] & 0xF) : (b[6 + j - 16] >> 4);
+        return mc_load_f16(b) * (float)((nib | (int)(((qh >> j) & 1) << 4)) - 16);
+    }
+    case MC_Q8_0: {
+        const uint8_t *b = row + 34 * (i / 32);
+        return mc_load_f16(b) * (float)(int8_t)b[2 + i % 32];
+    }
+    case MC_INT8:
+        return mc_load_f32(row) * (float)((const int8_t *)(row + 4))[i];
+    case MC_Q4_K: {
+        const uint8_t *b = row + 144 * (i / 256);
+        const int e = i % 256, jj = e / 64, l = e % 64;
+        uint8_t sc, m;
+        mc_q4k_scale_min(2 * jj + (l >= 32), b + 4, &sc, &m);
+        const uint8_t qb = b[16 + 32 * jj + l % 32];
+        const int q = l < 32 ? (qb & 0xF) : (qb >> 4);
+        return mc_load_f16(b) * sc * (float)q - mc_load_f16(b + 2) * m;
+    }
+    case MC_Q6_K: {
+        const uint8_t *b = row + 210 * (i / 256);
+        const int e = i % 256, n = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+        const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * n;
+        const int lo = (quarter & 1) ? ql[l + 32] : ql[l];
+        const int nib = quarter < 2 ? (lo & 0xF) : (lo >> 4);
+        const int q = (nib | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
+        return mc_load_f16(b + 208) * (float)sc[l / 16 + 2 * quarter] * (float)q;
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+#endif /* MC_BLOCKS_H */
