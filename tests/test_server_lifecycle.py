@@ -69,6 +69,8 @@ def test_sigterm_lets_four_streams_finish() -> None:
         threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
+        idle = httpx.Client()  # a keep-alive connection left open must not hold the exit
+        assert idle.get(f"{srv.url}/health").status_code == 200
         first.wait()  # all four are streaming
         srv.proc.send_signal(signal.SIGTERM)
         refused_while_streaming = False
@@ -81,7 +83,10 @@ def test_sigterm_lets_four_streams_finish() -> None:
             time.sleep(0.05)
         for t in threads:
             t.join(150)
+        streams_done = time.monotonic()
         code = srv.proc.wait(60)
+        assert time.monotonic() - streams_done < 10  # not the 120 s grace
+        idle.close()
         assert refused_while_streaming  # stopped accepting, kept streaming
         for res in results:
             assert "error" not in res, res

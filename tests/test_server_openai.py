@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import httpx
 import numpy as np
@@ -188,24 +189,28 @@ def test_completions_echo_suffix(client: openai.OpenAI, model_id: str) -> None:
 
 
 def test_completions_best_of(client: openai.OpenAI, model_id: str) -> None:
-    r = client.completions.create(
-        model=model_id,
-        prompt="Once upon a time",
-        max_tokens=4,
-        temperature=1.0,
-        n=1,
-        best_of=3,
-        seed=3,
-        logprobs=1,
-    )
-    assert len(r.choices) == 1
-    lp = r.choices[0].logprobs
+    kw: dict[str, Any] = {
+        "model": model_id,
+        "prompt": "Once upon a time",
+        "max_tokens": 4,
+        "temperature": 1.0,
+        "seed": 5,
+    }
+    # the same three candidates (seeds 5, 6, 7), all returned, with their log-probabilities
+    all3 = client.completions.create(n=3, logprobs=0, **kw)
+    scores = [sum(c.logprobs.token_logprobs) for c in all3.choices]  # type: ignore[arg-type, union-attr]
+    best = all3.choices[scores.index(max(scores))].text
+    r = client.completions.create(n=1, best_of=3, **kw)
+    assert len(r.choices) == 1 and r.choices[0].text == best
+    assert r.choices[0].logprobs is None  # not asked for
+    assert r.usage is not None and r.usage.completion_tokens == all3.usage.completion_tokens  # type: ignore[union-attr]
+    with_lp = client.completions.create(n=1, best_of=3, logprobs=1, **kw)
+    lp = with_lp.choices[0].logprobs
     assert (
         lp is not None
         and lp.token_logprobs
         and all(x is not None and x <= 0 for x in lp.token_logprobs)
     )
-    assert r.usage is not None and r.usage.completion_tokens <= 12  # all three were generated
 
 
 def test_completions_batch_and_token_prompt(

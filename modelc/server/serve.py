@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -65,6 +66,24 @@ async def _load(opts: ServeOptions, state: ServerState, nursery: trio.Nursery) -
     _say(f"model {opts.model_id} ({info.architecture}) ready")
 
 
+class _InFlight:
+    """ASGI wrapper counting HTTP requests whose handler (or stream) is still running."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.in_flight = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
 def _tensor_engine(path: Path, name: str) -> Engine:
     from modelc.artifact import load_artifact
     from modelc.runtime.arch import build
@@ -110,9 +129,25 @@ async def serve_async(opts: ServeOptions) -> None:
         nursery.start_soon(_signals, shutdown, state, nursery)
 
         async def http(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-            await hypercorn_serve(app, cfg, shutdown_trigger=shutdown.wait, task_status=task_status)
+            with trio.CancelScope() as scope:
+                http_scope.append(scope)
+                await hypercorn_serve(
+                    counted, cfg, shutdown_trigger=shutdown.wait, task_status=task_status
+                )
             nursery.cancel_scope.cancel()  # streams are done (or out of grace): stop the engine
 
+        async def drain() -> None:
+            # Hypercorn keeps idle keep-alive connections open until its graceful timeout;
+            # end as soon as no request is in flight instead.
+            await shutdown.wait()
+            with trio.move_on_after(opts.grace):
+                while counted.in_flight:
+                    await trio.sleep(0.05)
+            http_scope[0].cancel()
+
+        http_scope: list[trio.CancelScope] = []
+        counted = _InFlight(app)
+        nursery.start_soon(drain)
         binds = await nursery.start(http)
         for b in binds:
             _say(f"listening on {b}")
