@@ -284,3 +284,31 @@ def test_minilm_models_and_chat_refused(eclient: openai.OpenAI) -> None:
     assert eclient.models.retrieve(mid).id == mid
     with pytest.raises(openai.BadRequestError):
         eclient.chat.completions.create(model=mid, messages=MSG, max_tokens=2)
+
+
+def test_stop_and_logit_bias(client: openai.OpenAI, model_id: str, smol_server: Server) -> None:
+    kw: dict[str, Any] = {
+        "model": model_id,
+        "prompt": "1, 2, 3, 4,",
+        "max_tokens": 10,
+        "temperature": 0,
+    }
+    full = client.completions.create(**kw).choices[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    cut = client.completions.create(stop=[stop], **kw).choices[0]
+    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
+    # a +100 bias on one token makes greedy decoding pick it every time
+    tid = httpx.post(f"{smol_server.url}/tokenize", json={"content": " banana"}).json()["tokens"]
+    assert len(tid) == 1
+    r = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "hi", "name": "alice"}],  # type: ignore[list-item]
+        max_tokens=3,
+        temperature=0,
+        logit_bias={str(tid[0]): 100},
+        user="u1",
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1},
+    )
+    assert r.choices[0].message.content == " banana" * 3
