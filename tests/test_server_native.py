@@ -223,3 +223,73 @@ def test_infer_mlp_batch() -> None:
         assert chat.status_code == 400
     finally:
         assert srv.stop() == 0
+
+
+def test_ollama_chat_tools_and_format(c: httpx.Client) -> None:
+    name = c.get("/api/tags").json()["models"][0]["name"]
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    call_schema = {
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_weather"},
+            "arguments": tool["function"]["parameters"],
+        },
+        "required": ["name", "arguments"],
+    }
+    r = c.post(
+        "/api/chat",
+        json={
+            "model": name,
+            "stream": False,
+            "tools": [tool],
+            "format": call_schema,
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+            "options": {"temperature": 0, "num_predict": 40},
+        },
+    )
+    msg = r.json()["message"]
+    assert msg["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert isinstance(msg["tool_calls"][0]["function"]["arguments"]["city"], str)
+    # format "json" alone: any JSON object
+    r = c.post(
+        "/api/generate",
+        json={
+            "model": name,
+            "prompt": "A person as JSON",
+            "format": "json",
+            "stream": False,
+            "options": {"temperature": 0, "num_predict": 30},
+        },
+    )
+    assert r.status_code == 200 and r.json()["response"].lstrip().startswith("{")
+
+
+def test_chat_stream_n2(c: httpx.Client) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "n": 2,
+        "temperature": 0,
+        "stream": True,
+    }
+    finished: dict[int, str] = {}
+    text: dict[int, str] = {0: "", 1: ""}
+    with c.stream("POST", "/v1/chat/completions", json=body) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                for ch in json.loads(line[6:])["choices"]:
+                    text[ch["index"]] += ch["delta"].get("content") or ""
+                    if ch["finish_reason"]:
+                        finished[ch["index"]] = ch["finish_reason"]
+    assert finished == {0: "length", 1: "length"}
+    assert text[0] == text[1] and text[0]  # greedy: both choices agree

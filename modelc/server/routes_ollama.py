@@ -17,6 +17,7 @@ from quart import Blueprint, Response
 from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, TokenEvent
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
+from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, nursery, record, stream_response
 from modelc.server.generation import (
     FINISH,
@@ -35,6 +36,7 @@ from modelc.server.schemas import (
     OllamaChatRequest,
     OllamaEmbedRequest,
     OllamaEmbedResponse,
+    OllamaFunctionCall,
     OllamaGenerateChunk,
     OllamaGenerateRequest,
     OllamaMessage,
@@ -42,6 +44,7 @@ from modelc.server.schemas import (
     OllamaModelDetails,
     OllamaOptions,
     OllamaTags,
+    OllamaToolCall,
 )
 from modelc.server.state import ModelInfo
 
@@ -199,9 +202,26 @@ async def chat() -> Response:
     )
     return json_response(
         OllamaChatChunk(
-            model, _now(), OllamaMessage("assistant", out.text), True, **_done_fields(out.finish)
+            model, _now(), _reply(out.text, bool(req.tools)), True, **_done_fields(out.finish)
         )
     )
+
+
+def _reply(text: str, tools: bool) -> OllamaMessage:
+    """The assistant message; with tools, a tool call in the text becomes ``tool_calls``."""
+    if tools:
+        content, calls = tooling.parse_tool_calls(text)
+        parsed = []
+        for c in calls:
+            try:
+                args = json.loads(c.function.arguments)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(args, dict):
+                parsed.append(OllamaToolCall(OllamaFunctionCall(c.function.name, args)))
+        if parsed:
+            return OllamaMessage("assistant", content or "", parsed)
+    return OllamaMessage("assistant", text)
 
 
 @bp.post("/api/embed")

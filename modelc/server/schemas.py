@@ -584,9 +584,19 @@ class OllamaGenerateChunk(Resp, omit_defaults=True):
     total_duration: int | None = None
 
 
-class OllamaMessage(Resp):
+class OllamaFunctionCall(Resp):
+    name: str
+    arguments: dict[str, Any]
+
+
+class OllamaToolCall(Resp):
+    function: OllamaFunctionCall
+
+
+class OllamaMessage(Resp, omit_defaults=True):
     role: str
     content: str
+    tool_calls: list[OllamaToolCall] | None = None
 
 
 class OllamaChatChunk(Resp, omit_defaults=True):
