@@ -51,10 +51,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             bos_token=token_text(spec.bos_id),
             eos_token=token_text(spec.eos_id),
         )
-        ids = tok.encode(text, add_special=False)
+        ids = tok.encode(text, add_special=False, parse_special=True)
     else:
         ids = tok.encode(args.prompt, add_special=True)
-    stop_ids = sorted({i for i in (spec.eos_id, spec.eot_id) if i is not None})
+    stop_ids = sorted(tok.eot_ids)
     params = SamplingParams(
         temperature=args.temperature,
         seed=args.seed,

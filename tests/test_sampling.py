@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from modelc.errors import UsageError
+from modelc.runtime.generate import StopMatcher
 from modelc.runtime.sampling import Sampler, SamplingParams, log_softmax
 
 V = 50
@@ -144,3 +145,39 @@ def test_distribution_matches_softmax() -> None:
 def test_bad_settings_raise_usage_error(params: SamplingParams) -> None:
     with pytest.raises(UsageError):
         Sampler(params, V)
+
+
+# --- stop strings (generate.StopMatcher) ---------------------------------------------
+
+
+def run_stops(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:
+    m = StopMatcher(stops)
+    out = []
+    for p in pieces:
+        text, hit = m.push(p)
+        out.append(text)
+        if hit:
+            return out, True
+    out.append(m.flush())
+    return out, False
+
+
+def test_stop_string_cuts_before_match_across_pieces() -> None:
+    out, hit = run_stops(["END"], ["hello E", "N", "D and more"])
+    assert hit and "".join(out) == "hello "
+    # the partial "E" / "EN" was held back, never streamed
+    assert out == ["hello ", "", ""]
+
+
+def test_partial_match_released_when_it_fails() -> None:
+    out, hit = run_stops(["END"], ["ab E", "Nx", "y"])
+    assert not hit and out == ["ab ", "ENx", "y", ""]
+
+
+def test_earliest_of_several_stops_and_flush() -> None:
+    out, hit = run_stops(["xyz", "b"], ["aab", "xyz"])
+    assert hit and "".join(out) == "aa"
+    out, hit = run_stops(["\n\n"], ["line\n"])
+    assert not hit and out == ["line", "\n"]  # flushed at the end
+    out, hit = run_stops([], ["a", "b"])
+    assert out == ["a", "b", ""] and not hit

@@ -5,9 +5,9 @@ iterator of ``(token_id, text_delta)``; afterwards ``finish_reason``, ``samples`
 (log-probabilities when asked for) and ``stats`` are set.  The engine drives the
 batched ``forward`` itself; this loop is for one sequence (``modelc generate``).
 
-Text: deltas are cut from the tokenizer's own decoding (the "prefix offset" method:
-decode a short window of ids and emit what grew, holding back an incomplete UTF-8
-character), so their concatenation is the decoded text.  Stop strings: the output is
+Text: deltas come from the tokenizer's incremental decoder (which never splits a UTF-8
+character and keeps a continuation's leading space), so their concatenation is the
+decoded text of the generated ids.  Stop strings: the output is
 cut before the first match, and text that could be the start of a stop string is held
 back until it is known not to be.  A stop token (EOS/EOT, ``params.stop_token_ids``)
 ends generation and contributes no text.  When the cache is full the context is
@@ -17,7 +17,7 @@ shifted: the first ``n_keep`` tokens stay, half of the rest is dropped.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,8 +27,16 @@ from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler, SamplingParams
 
 
+class StreamDecoder(Protocol):
+    def feed(self, ids: int | Iterable[int]) -> str: ...
+
+    def flush(self) -> str: ...
+
+
 class TextDecoder(Protocol):
-    def decode(self, ids: Sequence[int]) -> str: ...
+    """What the loop needs of a tokenizer (``modelc.runtime.tokenizer.Tokenizer``)."""
+
+    def incremental_decoder(self) -> StreamDecoder: ...
 
 
 @dataclass(slots=True)
@@ -48,32 +56,6 @@ class GenerationStats:
         # the first token comes from the prefill logits
         n = max(self.generated_tokens - 1, 0)
         return n / self.decode_s if self.decode_s > 0 else 0.0
-
-
-class IncrementalDecoder:
-    """Token ids in, text deltas out; their concatenation is ``decode(all ids)``."""
-
-    def __init__(self, tokenizer: TextDecoder) -> None:
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.prefix = 0  # ids[prefix:read] decode to text already emitted (context window)
-        self.read = 0
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        before = self.tok.decode(self.ids[self.prefix : self.read])
-        after = self.tok.decode(self.ids[self.prefix :])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.prefix, self.read = self.read, len(self.ids)
-            return after[len(before) :]
-        return ""
-
-    def flush(self) -> str:
-        """Whatever is still held back (an incomplete character at the very end)."""
-        before = self.tok.decode(self.ids[self.prefix : self.read])
-        after = self.tok.decode(self.ids[self.prefix :])
-        self.prefix = self.read = len(self.ids)
-        return after[len(before) :]
 
 
 class StopMatcher:
@@ -174,7 +156,7 @@ class Generation:
             self.finish_reason = "length"
             return
         stop_ids = set(params.stop_token_ids)
-        detok = IncrementalDecoder(self.tok)
+        detok = self.tok.incremental_decoder()
         stops = StopMatcher(params.stop)
         s = self._prefill()
         while True:
@@ -186,7 +168,7 @@ class Generation:
                 self.finish_reason = "stop"
                 yield tok, stops.push(detok.flush())[0] + stops.flush()
                 return
-            text, matched = stops.push(detok.push(tok))
+            text, matched = stops.push(detok.feed(tok))
             if matched:
                 self.finish_reason = "stop"
                 yield tok, text

@@ -8,9 +8,11 @@ Storage modes (:class:`KVMode`):
 
 * ``f32``: exact.
 * ``int8``: every token's key/value vector is stored per head as int8 with one f32
-  scale (symmetric, ``scale = max|x| / 127``): ``(slots, n_head_kv, head_dim)`` int8
-  plus ``(slots, n_head_kv)`` f32.  Attention reads the dequantized values, including
-  for the tokens written in the same step.
+  scale per group of ``GROUP`` (32) elements, symmetric (``scale = max|x| / 127``):
+  ``(slots, n_head_kv, head_dim)`` int8 plus ``(slots, n_head_kv, head_dim/32)`` f32, the
+  granularity of GGML's Q8_0 (one scale per whole head was measured to flip far more
+  greedy tokens: keys have outlier channels).  Attention reads the dequantized values,
+  including for the tokens written in the same step.
 * ``mixed``: int8 for everything plus an f32 ring buffer holding the most recent
   ``hot_window`` tokens exactly; attention reads exact values for the hot window and
   dequantized ones for older tokens.
@@ -41,6 +43,7 @@ from modelc.errors import CapacityError, UsageError
 from modelc.runtime.backend import F32Array
 
 BLOCK = 256
+GROUP = 32  # int8 elements per scale (a whole head when head_dim is not a multiple)
 
 
 class KVMode(enum.StrEnum):
@@ -55,9 +58,16 @@ class KVShape:
     n_head_kv: int
     head_dim: int
 
+    @property
+    def group(self) -> int:
+        return GROUP if self.head_dim % GROUP == 0 else self.head_dim
+
     def bytes_per_token(self, mode: KVMode) -> int:
         """Bytes one token occupies in the cache (keys + values, all layers), ring excluded."""
-        per_head = self.head_dim * 4 if mode is KVMode.F32 else self.head_dim + 4
+        if mode is KVMode.F32:
+            per_head = self.head_dim * 4
+        else:
+            per_head = self.head_dim + 4 * (self.head_dim // self.group)
         return 2 * self.n_layer * self.n_head_kv * per_head
 
 
@@ -85,20 +95,30 @@ class KVBudget:
         assert self.used >= 0
 
 
-def quantize_int8(x: F32Array) -> tuple[np.ndarray[Any, np.dtype[np.int8]], F32Array]:
-    """x (n, h, d) f32 -> int8 (n, h, d) and scales (n, h): symmetric per token per head."""
-    amax = np.max(np.abs(x), axis=-1)  # (n, h)
-    scale = (amax / 127.0).astype(np.float32)
+def quantize_int8(
+    x: F32Array, group: int = GROUP
+) -> tuple[np.ndarray[Any, np.dtype[np.int8]], F32Array]:
+    """x (n, h, d) f32 -> int8 (n, h, d) and scales (n, h, d/group), symmetric per group."""
+    n, h, d = x.shape
+    xg = x.reshape(n, h, d // group, group)
+    scale = (np.max(np.abs(xg), axis=-1) / 127.0).astype(np.float32)  # (n, h, g)
     inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
-    q = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8)
-    return q, scale
+    q = np.clip(np.rint(xg * inv[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(n, h, d), scale
 
 
 def dequantize_int8(
     q: np.ndarray[Any, np.dtype[np.int8]], scale: F32Array, out: F32Array
 ) -> F32Array:
-    """int8 (n, h, d) * scales (n, h) -> out (n, h, d) f32."""
-    np.multiply(q, scale[..., None], out=out, casting="unsafe")
+    """int8 (n, h, d) * scales (n, h, g) -> out (n, h, d) f32."""
+    n, h, d = q.shape
+    g = scale.shape[-1]
+    np.multiply(
+        q.reshape(n, h, g, d // g),
+        scale[..., None],
+        out=out.reshape(n, h, g, d // g),
+        casting="unsafe",
+    )
     return out
 
 
@@ -109,7 +129,8 @@ class _Store:
         self.mode, self.h, self.d, self.hot = mode, h, d, hot
         self.f32: F32Array = np.zeros((0, h, d), np.float32)  # (slots, h, d)  f32 mode
         self.q = np.zeros((0, h, d), np.int8)  # (slots, h, d)  int8 / mixed
-        self.scale: F32Array = np.zeros((0, h), np.float32)  # (slots, h)
+        self.group = GROUP if d % GROUP == 0 else d
+        self.scale: F32Array = np.zeros((0, h, d // self.group), np.float32)  # (slots, h, g)
         # mixed: exact copies of the last `hot` positions, slot = pos % hot
         self.ring: F32Array = np.zeros((hot if mode is KVMode.MIXED else 0, h, d), np.float32)
         self.ring_pos = np.full(len(self.ring), -1, np.int64)  # position each ring slot holds
@@ -122,7 +143,7 @@ class _Store:
         else:
             q = np.zeros((cap, self.h, self.d), np.int8)
             q[: len(self.q)] = self.q
-            s = np.zeros((cap, self.h), np.float32)
+            s = np.zeros((cap, self.h, self.d // self.group), np.float32)
             s[: len(self.scale)] = self.scale
             self.q, self.scale = q, s
 
@@ -132,7 +153,7 @@ class _Store:
         if self.mode is KVMode.F32:
             self.f32[pos : pos + n] = x
             return
-        self.q[pos : pos + n], self.scale[pos : pos + n] = quantize_int8(x)
+        self.q[pos : pos + n], self.scale[pos : pos + n] = quantize_int8(x, self.group)
         if self.mode is KVMode.MIXED:
             first = max(0, n - self.hot)
             for i in range(first, n):  # at most `hot` rows

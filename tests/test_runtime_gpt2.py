@@ -1,0 +1,91 @@
+"""A randomly initialised GPT-2 (real 50257-token vocabulary) against transformers' goldens.
+
+The weights are made by tests/gen_gpt2.py with numpy (deterministic, no torch) and
+saved as a Hugging Face safetensors directory; scripts/make_goldens.py loads the same
+files into ``GPT2LMHeadModel``.  The PyTorch ``.bin`` copy it writes is checked when present.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.formats import load_model
+from modelc.runtime.arch import GPT2, build
+from modelc.runtime.model import SeqChunk
+from tests.gen_gpt2 import ensure_gpt2_random
+from tests.runtime_support import LOGPROB_TOL, check_record, first_divergence, golden, make_backend
+
+RECORDS: list[dict[str, Any]] = golden("gpt2_random.json")["records"]
+
+
+def build_gpt2(path: Path, backend: str = "numpy") -> GPT2:
+    m = build(load_model(path), make_backend(backend))
+    assert isinstance(m, GPT2)
+    return m
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT2:
+    return build_gpt2(ensure_gpt2_random())
+
+
+def test_all_prompts_match_transformers(model: GPT2) -> None:
+    assert len(RECORDS) >= 20
+    for i, r in enumerate(RECORDS):
+        err, gen = check_record(model, r)
+        assert err <= LOGPROB_TOL, f"prompt {i}: top-10 logprob error {err:.2e}"
+        assert gen == r["greedy"], f"prompt {i}: diverges at {first_divergence(gen, r['greedy'])}"
+
+
+def test_cpu_kernels_match_transformers() -> None:
+    m = build_gpt2(ensure_gpt2_random(), "cpu-exact")
+    for i, r in enumerate(RECORDS[:8]):
+        err, gen = check_record(m, r)
+        assert err <= LOGPROB_TOL, f"prompt {i}: top-10 logprob error {err:.2e}"
+        assert gen == r["greedy"]
+
+
+def test_pytorch_bin_copy_matches_transformers() -> None:
+    bin_dir = ensure_gpt2_random().parent / "gpt2-random-bin"
+    if not (bin_dir / "pytorch_model.bin").exists():
+        pytest.skip(
+            f"{bin_dir} is written by scripts/make_goldens.py gpt2 (reference venv with torch)"
+        )
+    m = build_gpt2(bin_dir)
+    for r in RECORDS[:5]:
+        err, gen = check_record(m, r)
+        assert err <= LOGPROB_TOL and gen == r["greedy"]
+
+
+def test_batched_equals_one_at_a_time(model: GPT2) -> None:
+    """8 sequences, mixed prefill chunks and decode steps; all logits within 1e-4."""
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(0, model.n_vocab, n).tolist() for n in (2, 9, 5, 14, 1, 7, 11, 4)]
+    ref = [model.forward([SeqChunk(model.new_cache(), s, tuple(range(len(s))))]) for s in seqs]
+    caches = [model.new_cache() for _ in seqs]
+    done = [0] * 8
+    out: list[list[np.ndarray]] = [[] for _ in seqs]
+    while any(d < len(s) for d, s in zip(done, seqs, strict=True)):
+        batch, who = [], []
+        for j, s in enumerate(seqs):
+            if done[j] < len(s):
+                n = 1 + (j % 3) * (done[j] == 0) * 2  # first chunk 1, 3 or 5 tokens, then decode
+                part = s[done[j] : done[j] + n]
+                batch.append(SeqChunk(caches[j], part, tuple(range(len(part)))))
+                who.append((j, len(part)))
+                done[j] += len(part)
+        logits = model.forward(batch)
+        row = 0
+        for j, n in who:
+            out[j].append(logits[row : row + n])
+            row += n
+    for j in range(8):
+        np.testing.assert_allclose(np.concatenate(out[j]), ref[j], rtol=0, atol=1e-4)
+
+
+def test_context_is_bounded_by_learned_positions(model: GPT2) -> None:
+    assert model.new_cache(max_tokens=10_000).max_tokens == model.n_ctx == 256
