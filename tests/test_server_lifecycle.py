@@ -4,8 +4,11 @@ API key, rate limit and backpressure, on real ``modelc run`` subprocesses."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -276,3 +279,27 @@ def test_run_without_model_serves_default() -> None:
         assert r.status_code == 200
     finally:
         assert srv.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["/no/such.gguf"], "no such file or directory"),
+        (["tests/fixtures/formats/malicious.bin"], "refusing to load"),
+        (["tests/fixtures/formats/mlp.safetensors", "--max-concurrent", "0"], "--max-concurrent"),
+        (["tests/fixtures/formats/mlp.safetensors", "--port", "70000"], "--port"),
+        (["tests/fixtures/formats/mlp.safetensors", "--kv-cache", "f8"], "--kv-cache"),
+    ],
+)
+def test_run_usage_errors(args: list[str], message: str, tmp_path: Path) -> None:
+    env = {**os.environ, "MODELC_HOME": str(tmp_path)}
+    p = subprocess.run(
+        [sys.executable, "-m", "modelc.cli", "run", *args],
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and message in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
