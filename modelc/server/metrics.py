@@ -56,6 +56,11 @@ class _EngineCollector(Collector):
         }
         for name, (doc, v) in counters.items():
             yield CounterMetricFamily(name, doc, value=float(v))
+        for key, v in sorted(s.extra.items()):  # engine-specific numbers, as gauges
+            if isinstance(v, int | float) and not isinstance(v, bool) and key.isidentifier():
+                yield GaugeMetricFamily(
+                    f"modelc_engine_{key}", f"engine stat {key}", value=float(v)
+                )
         yield GaugeMetricFamily(
             "modelc_spec_acceptance_ratio",
             "accepted / drafted speculative tokens",
