@@ -1,0 +1,128 @@
+"""Server pieces that need no running server: tool-call parsing, rate limiting, errors, app config."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from modelc.errors import CapacityError, ModelNotFoundError
+from modelc.server.auth import RateLimiter, check_api_key
+from modelc.server.errors import AuthError, RateLimitError, to_error
+from modelc.server.schemas import DECODERS, ChatCompletionRequest, NamedFunction, NamedToolChoice
+from modelc.server.tools import choice_constraint, may_be_call, parse_tool_calls
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        (
+            '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>',
+            None,
+            [("f", {"x": 1})],
+        ),
+        ('Sure. <tool_call>{"name": "f", "arguments": {}}</tool_call>', "Sure.", [("f", {})]),
+        (
+            '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"y": "z"}}</tool_call>',
+            None,
+            [("a", {}), ("b", {"y": "z"})],
+        ),
+        (
+            '<tool_call>{"name": "f", "arguments": {"x": 2}}',
+            None,
+            [("f", {"x": 2})],
+        ),  # unclosed at EOS
+        ('{"name": "f", "arguments": {"q": "v"}}', None, [("f", {"q": "v"})]),
+        ('  [{"name": "f", "parameters": {"q": 1}}]', None, [("f", {"q": 1})]),
+        ('{"name": "f", "arguments": "{\\"k\\": 3}"}', None, [("f", {"k": 3})]),
+        ("plain answer", "plain answer", []),
+        ('{"not": "a call"}', '{"not": "a call"}', []),
+        ("<tool_call>{broken</tool_call>", "<tool_call>{broken</tool_call>", []),
+    ],
+)
+def test_parse_tool_calls(
+    text: str, content: str | None, calls: list[tuple[str, dict[str, object]]]
+) -> None:
+    got_content, got = parse_tool_calls(text)
+    assert got_content == content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in got] == calls
+    assert all(c.id.startswith("call_") and c.type == "function" for c in got)
+
+
+def test_may_be_call() -> None:
+    assert may_be_call("") and may_be_call("  ") and may_be_call("<tool") and may_be_call(' {"na')
+    assert may_be_call("<tool_call>{") and not may_be_call("Hello") and not may_be_call("<b>")
+
+
+def test_choice_constraint_schema() -> None:
+    req = DECODERS[ChatCompletionRequest].decode(
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object"}},
+                    },
+                    {"type": "function", "function": {"name": "g"}},
+                ],
+            }
+        ).encode()
+    )
+    assert req.tools is not None
+    assert choice_constraint(req.tools, "auto") is None
+    named = choice_constraint(req.tools, NamedToolChoice("function", NamedFunction("g")))
+    assert named is not None and json.loads(named.value)["properties"]["name"] == {"const": "g"}
+    required = choice_constraint(req.tools, "required")
+    assert required is not None and len(json.loads(required.value)["anyOf"]) == 2
+
+
+def test_rate_limiter_window() -> None:
+    rl = RateLimiter(3)
+    for t in (0.0, 1.0, 2.0):
+        rl.check("a", now=t)
+    rl.check("b", now=2.0)  # per client address
+    with pytest.raises(RateLimitError) as e:
+        rl.check("a", now=30.0)
+    assert e.value.retry_after == 30
+    rl.check("a", now=60.5)  # the first hit left the window
+    RateLimiter(0).check("a")  # off
+
+
+def test_api_key() -> None:
+    check_api_key(None, None, None)
+    check_api_key("k", "Bearer k", None)
+    check_api_key("k", None, "k")
+    for auth in (None, "Bearer x", "Basic k", "k"):
+        with pytest.raises(AuthError):
+            check_api_key("k", auth, None)
+
+
+def test_to_error_mapping() -> None:
+    try:
+        DECODERS[ChatCompletionRequest].decode(b'{"messages": [{"role": "user"}], "n": 99}')
+    except msgspec.ValidationError as e:
+        status, body, _ = to_error(e)
+    assert status == 400 and json.loads(body)["error"]["param"] == "n"
+    status, body, headers = to_error(CapacityError("queue full"))
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert json.loads(body)["error"] == {
+        "message": "queue full",
+        "type": "server_overloaded",
+        "param": None,
+        "code": None,
+    }
+    status, body, _ = to_error(ModelNotFoundError("nope"))
+    assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+    status, body, _ = to_error(RuntimeError("secret internals"))
+    assert status == 500 and "secret" not in body.decode()
+
+
+def test_app_has_no_response_timeout() -> None:
+    from modelc.server.app import create_app
+    from modelc.server.state import ServerState
+
+    app = create_app(ServerState("x"))
+    assert app.config["RESPONSE_TIMEOUT"] is None  # Quart's 60 s would cut long streams
+    assert app.config["MAX_CONTENT_LENGTH"] == 8 * 1024 * 1024
