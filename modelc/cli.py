@@ -570,7 +570,11 @@ COMMANDS: list[Callable[[Any], None]] = [
 ]
 
 # "module:function" registration functions of commands defined elsewhere (run, generate, bench)
-EXTENSIONS: list[str] = ["modelc.cli_generate:register", "modelc.cli_run:register"]
+EXTENSIONS: list[str] = [
+    "modelc.cli_generate:register",
+    "modelc.cli_run:register",
+    "modelc.cli_bench:register",
+]
 
 
 def build_parser() -> Parser:

@@ -1,0 +1,328 @@
+"""A load generator of streaming SSE clients for any OpenAI-compatible server.
+
+For each concurrency level ``c`` it keeps ``c`` clients busy until ``requests``
+requests have finished (a bounded loop: never more than ``requests`` per level),
+each a streaming ``/v1/completions`` (or ``/v1/chat/completions``) request with a
+prompt of about ``prompt_len`` tokens of random words (unique per request, so no
+server can answer from a prefix cache) and ``max_tokens`` output tokens
+(``ignore_eos``, which modelc and llama.cpp both honour, keeps the length fixed).
+
+Per request it records the time to first token (TTFT), the gaps between streamed
+tokens (ITL), the time per output token after the first (TPOT) and the end-to-end
+latency (E2E). Only loopback servers are accepted: this is a benchmark, not a load
+test of someone else's machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import trio
+
+from modelc.bench.offline import WORDS
+from modelc.errors import ModelcError, UsageError
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+
+class ServerUnreachableError(ModelcError):
+    """The benchmark target did not answer."""
+
+
+@dataclass
+class RequestTrace:
+    ok: bool
+    start: float
+    end: float
+    stamps: list[float] = field(default_factory=list)  # arrival of each token chunk
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    error: str = ""
+
+    @property
+    def ttft(self) -> float | None:
+        return self.stamps[0] - self.start if self.stamps else None
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2 or not self.stamps:
+            return None
+        return (self.end - self.stamps[0]) / (self.output_tokens - 1)
+
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+
+
+@dataclass
+class Dist:
+    """mean, p50, p90, p99 of a latency in milliseconds (NaN when there is no sample)."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    n: int
+
+    @classmethod
+    def of(cls, xs: Sequence[float]) -> Dist:
+        if not xs:
+            nan = math.nan
+            return cls(nan, nan, nan, nan, 0)
+        s = sorted(x * 1000.0 for x in xs)
+
+        def pct(p: float) -> float:  # linear interpolation, as numpy's default
+            k = (len(s) - 1) * p / 100.0
+            lo, hi = math.floor(k), math.ceil(k)
+            return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+        return cls(sum(s) / len(s), pct(50), pct(90), pct(99), len(s))
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    requests: int
+    completed: int
+    errors: int
+    wall_s: float
+    request_throughput: float  # completed requests / s
+    output_tps: float  # output tokens / s, all streams together
+    input_tokens: int
+    output_tokens: int
+    ttft: Dist
+    tpot: Dist
+    itl: Dist
+    e2e: Dist
+    error_samples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoadResult:
+    url: str
+    endpoint: str
+    model: str
+    prompt_len: int
+    max_tokens: int
+    levels: list[LevelResult]
+
+
+def _check_loopback(url: str) -> tuple[str, str]:
+    """(base URL, endpoint path) for a loopback ``url``; anything else is a UsageError."""
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise UsageError(f"--url {url!r}: give an http://HOST:PORT address")
+    host = u.hostname
+    loop = host == "localhost"
+    if not loop:
+        try:
+            loop = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loop = False
+    if not loop:
+        raise UsageError(
+            f"--url {url!r}: only loopback servers (127.0.0.1, ::1, localhost) may be load-tested"
+        )
+    path = u.path.rstrip("/")
+    endpoint = ""
+    for ep in (CHAT, COMPLETIONS):
+        if path.endswith(ep):
+            endpoint, path = ep, path[: -len(ep)]
+            break
+    base = f"{u.scheme}://{u.netloc}{path}"
+    return base, endpoint
+
+
+def make_prompt(n_words: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+async def discover_model(client: httpx.AsyncClient, base: str) -> str:
+    """The first model id the server lists (``default`` if it lists none)."""
+    try:
+        r = await client.get(f"{base}/v1/models", timeout=10)
+    except httpx.TransportError as e:
+        raise ServerUnreachableError(
+            f"cannot reach {base} ({type(e).__name__}: {e or 'no answer'}); is the server running?"
+        ) from e
+    if r.status_code != 200:
+        return "default"
+    try:
+        data = r.json().get("data") or []
+        return str(data[0]["id"]) if data else "default"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "default"
+
+
+async def probe(url: str, timeout: float = 10.0) -> str:
+    """Check ``url`` is a reachable loopback server; the model id it lists first."""
+    base, _ = _check_loopback(url)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        return await discover_model(client, base)
+
+
+async def one_request(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], chat: bool, timeout: float
+) -> RequestTrace:
+    tr = RequestTrace(ok=False, start=time.perf_counter(), end=0.0)
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=body, timeout=timeout) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                tr.error = f"HTTP {r.status_code}: {text[:200]}"
+                return tr
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank lines, ': ping' comments, event: lines
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    tr.error = f"stream error: {str(obj['error'])[:200]}"
+                    return tr
+                usage = obj.get("usage")
+                if usage:
+                    tr.output_tokens = int(usage.get("completion_tokens") or 0)
+                    tr.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                for ch in obj.get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+                    if ch.get("finish_reason") is None or piece:
+                        tr.stamps.append(time.perf_counter())
+                        chunks += 1
+        tr.ok = True
+    except httpx.HTTPError as e:
+        tr.error = f"{type(e).__name__}: {e}"[:200]
+    except (ValueError, KeyError) as e:
+        tr.error = f"bad stream data: {e}"[:200]
+    finally:
+        tr.end = time.perf_counter()
+        if tr.output_tokens == 0:
+            tr.output_tokens = chunks
+    return tr
+
+
+def summarize(c: int, n: int, traces: list[RequestTrace], wall: float) -> LevelResult:
+    ok = [t for t in traces if t.ok]
+    out_tokens = sum(t.output_tokens for t in ok)
+    return LevelResult(
+        concurrency=c,
+        requests=n,
+        completed=len(ok),
+        errors=len(traces) - len(ok),
+        wall_s=wall,
+        request_throughput=len(ok) / wall if wall > 0 else 0.0,
+        output_tps=out_tokens / wall if wall > 0 else 0.0,
+        input_tokens=sum(t.prompt_tokens for t in ok),
+        output_tokens=out_tokens,
+        ttft=Dist.of([x for t in ok if (x := t.ttft) is not None]),
+        tpot=Dist.of([x for t in ok if (x := t.tpot) is not None]),
+        itl=Dist.of([g for t in ok for g in t.itl()]),
+        e2e=Dist.of([t.e2e for t in ok]),
+        error_samples=sorted({t.error for t in traces if not t.ok})[:5],
+    )
+
+
+async def run_level(
+    client: httpx.AsyncClient,
+    url: str,
+    c: int,
+    requests: int,
+    body: Callable[[], dict[str, Any]],
+    chat: bool,
+    timeout: float,
+    on_done: Callable[[int, RequestTrace], None] | None,
+) -> LevelResult:
+    """``requests`` requests, ``c`` at a time."""
+    traces: list[RequestTrace] = []
+    next_i = 0
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < requests:
+            next_i += 1
+            tr = await one_request(client, url, body(), chat, timeout)
+            traces.append(tr)
+            if on_done is not None:
+                on_done(c, tr)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(c, requests)):
+            nursery.start_soon(worker)
+    return summarize(c, requests, traces, time.perf_counter() - t0)
+
+
+async def run_load(
+    url: str,
+    *,
+    concurrency: Sequence[int] = (1, 4, 8),
+    requests: int = 16,
+    prompt_len: int = 128,
+    max_tokens: int = 64,
+    model: str | None = None,
+    chat: bool | None = None,
+    timeout: float = 600.0,
+    seed: int = 0,
+    on_done: Callable[[int, RequestTrace], None] | None = None,
+) -> LoadResult:
+    """Drive the server at ``url`` at each concurrency level in turn (see the module doc)."""
+    if requests < 1 or prompt_len < 1 or max_tokens < 1 or not concurrency:
+        raise UsageError("--requests, --prompt-len and --max-tokens must be >= 1")
+    if any(c < 1 for c in concurrency):
+        raise UsageError("--concurrency levels must be >= 1")
+    base, endpoint = _check_loopback(url)
+    if chat is not None:
+        endpoint = CHAT if chat else COMPLETIONS
+    endpoint = endpoint or COMPLETIONS
+    is_chat = endpoint == CHAT
+    limits = httpx.Limits(
+        max_connections=max(concurrency) + 2, max_keepalive_connections=max(concurrency) + 2
+    )
+    rng = random.Random(seed)
+    levels: list[LevelResult] = []
+
+    def body(name: str) -> dict[str, Any]:
+        text = make_prompt(prompt_len, rng)
+        b: dict[str, Any] = {
+            "model": name,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+        if is_chat:
+            b["messages"] = [{"role": "user", "content": text}]
+        else:
+            b["prompt"] = text
+        return b
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        name = model or await discover_model(client, base)
+        for c in concurrency:
+            lvl = await run_level(
+                client, base + endpoint, c, requests, lambda: body(name), is_chat, timeout, on_done
+            )
+            if lvl.completed == 0 and all(
+                s.startswith(("ConnectError", "ConnectTimeout")) for s in lvl.error_samples
+            ):
+                raise ServerUnreachableError(
+                    f"cannot reach {base}: {lvl.error_samples[0] if lvl.error_samples else 'no answer'}"
+                )
+            levels.append(lvl)
+    return LoadResult(base, endpoint, name, prompt_len, max_tokens, levels)

@@ -1,0 +1,248 @@
+"""Offline benchmark of one model through the runtime's batch API (no engine, no HTTP).
+
+* **load**: *cold* is a fresh Python subprocess that imports modelc and opens the
+  artifact and builds the runtime model (the OS page cache may still hold the file: a
+  page-cache drop needs root); *warm* is a second open in this process.
+* **prefill**: one ``forward`` of a whole prompt of each length (fresh KV cache), best of
+  ``reps``; tokens/s = length / time.
+* **decode**: ``batch`` sequences, each prefilled with a short prompt, then ``steps``
+  greedy steps of one ``forward`` over all of them; tokens/s = batch * steps / time.
+* **peak RSS**: this process's high-water mark (``VmHWM``) after the run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UnsupportedError, UsageError
+
+# Varied English words (mostly one token each with a leading space in BPE vocabularies).
+WORDS = tuple(
+    [
+        "river",
+        "stone",
+        "light",
+        "garden",
+        "window",
+        "market",
+        "winter",
+        "music",
+        "paper",
+        "silver",
+        "forest",
+        "ocean",
+        "morning",
+        "table",
+        "letter",
+        "bridge",
+        "summer",
+        "yellow",
+        "mountain",
+        "simple",
+        "number",
+        "island",
+        "station",
+        "little",
+        "village",
+        "orange",
+        "moment",
+        "engine",
+        "quiet",
+        "history",
+        "doctor",
+        "animal",
+        "thunder",
+        "kitchen",
+    ]
+)
+
+
+@dataclass
+class OfflineResult:
+    model: str
+    architecture: str
+    backend: str
+    threads: int
+    matmul: str
+    load_cold_s: float  # open + build in a fresh process
+    load_warm_s: float  # the same, second time in this process
+    import_s: float  # importing the runtime in a fresh process (not in load_cold_s)
+    prefill_tps: dict[int, float] = field(default_factory=dict)  # prompt length -> tok/s
+    decode_tps: dict[int, float] = field(default_factory=dict)  # batch -> aggregate tok/s
+    decode_steps: int = 0
+    peak_rss_mb: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["prefill_tps"] = {str(k): v for k, v in self.prefill_tps.items()}
+        d["decode_tps"] = {str(k): v for k, v in self.decode_tps.items()}
+        return d
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """The process's peak resident set (``VmHWM``) in MB (1e6 bytes); 0 if unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except OSError:
+        pass
+    import resource
+
+    if pid == "self":
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+    return 0.0
+
+
+def prompt_tokens(
+    n: int, vocab: int, encode: Callable[[str], list[int]] | None, seed: int
+) -> list[int]:
+    """Exactly ``n`` token ids of varied text (random ids when there is no tokenizer)."""
+    rng = np.random.default_rng(seed)
+    if encode is not None:
+        ids: list[int] = []
+        while len(ids) < n:
+            ids += encode(" " + " ".join(rng.choice(WORDS, size=max(64, n)).tolist()))
+        return ids[:n]
+    return [int(t) for t in rng.integers(100, vocab, size=n)]
+
+
+_COLD = """
+import json, sys, time
+t0 = time.perf_counter()
+from modelc.artifact import load_artifact
+from modelc.runtime.arch import build
+from modelc.runtime.backends.cpu import CpuBackend
+t1 = time.perf_counter()
+ir = load_artifact(sys.argv[1])
+model = build(ir, CpuBackend(threads=int(sys.argv[2]), matmul=sys.argv[3]))
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1}))
+"""
+
+
+def cold_load_s(path: Path, threads: int, matmul: str) -> tuple[float, float]:
+    """(import, open + build) seconds for ``path`` in a fresh interpreter."""
+    r = subprocess.run(
+        [sys.executable, "-c", _COLD, str(path), str(threads), matmul],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if r.returncode != 0:
+        raise UnsupportedError(f"cold load of {path} failed: {r.stderr.strip()[-400:]}")
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    return float(d["import_s"]), float(d["open_s"])
+
+
+def run_offline(
+    model_arg: str,
+    *,
+    prompt_lens: Sequence[int] = (128, 512, 2048),
+    batches: Sequence[int] = (1, 2, 4, 8),
+    steps: int = 32,
+    reps: int = 2,
+    threads: int | None = None,
+    matmul: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> OfflineResult:
+    """Measure ``model_arg`` (a path, store or catalog name; see :mod:`modelc.resolve`)."""
+    from modelc.artifact import load_artifact
+    from modelc.resolve import resolve_model
+    from modelc.runtime.arch import GPT2, Llama, build
+    from modelc.runtime.backends.cpu import CpuBackend, default_threads, matmul_tol
+    from modelc.runtime.model import SeqChunk
+    from modelc.runtime.tokenizer import Tokenizer
+
+    say = progress or (lambda _s: None)
+    if steps < 1 or reps < 1:
+        raise UsageError("--steps and --reps must be at least 1")
+    if any(n < 1 for n in prompt_lens) or any(b < 1 for b in batches):
+        raise UsageError("prompt lengths and batch sizes must be at least 1")
+    threads = threads or default_threads()
+    mode = (matmul or "").strip().lower() or None
+    matmul_tol(mode)  # validates the name
+    import os
+
+    mode_name = mode or os.environ.get("MODELC_MATMUL", "").strip().lower() or "fast"
+
+    say("resolving model")
+    path = resolve_model(model_arg)
+    say("cold load (fresh process)")
+    imp, cold = cold_load_s(path, threads, mode_name)
+    backend = CpuBackend(threads=threads, matmul=mode)
+    model = build(load_artifact(path), backend)  # first open in this process
+    del model
+    t1 = time.perf_counter()
+    ir = load_artifact(path)
+    model = build(ir, backend)
+    warm = time.perf_counter() - t1
+    if not isinstance(model, (Llama, GPT2)):
+        raise UnsupportedError(
+            f"{model_arg} is a {ir.architecture} model; `modelc bench` measures language models"
+        )
+    encode = None
+    if ir.tokenizer is not None:
+        tok = Tokenizer(ir.tokenizer)
+
+        def encode(s: str) -> list[int]:
+            return list(tok.encode(s, add_special=False))
+
+    res = OfflineResult(
+        model=model_arg,
+        architecture=ir.architecture,
+        backend=backend.name,
+        threads=threads,
+        matmul=mode_name,
+        load_cold_s=cold,
+        load_warm_s=warm,
+        import_s=imp,
+        decode_steps=steps,
+    )
+    longest = max([*prompt_lens, 16 + steps])
+    if longest > model.n_ctx:
+        raise UsageError(f"prompt length {longest} exceeds the model's context {model.n_ctx}")
+
+    # warm-up: touch every weight page and the kernels' thread pool
+    model.forward(
+        [SeqChunk(model.new_cache(max_tokens=64), prompt_tokens(16, model.n_vocab, encode, 0))]
+    )
+
+    for n in prompt_lens:
+        ids = prompt_tokens(n, model.n_vocab, encode, seed=n)
+        best = float("inf")
+        for r in range(reps):
+            say(f"prefill {n} tokens ({r + 1}/{reps})")
+            cache = model.new_cache(max_tokens=n)
+            t = time.perf_counter()
+            model.forward([SeqChunk(cache, ids)])
+            best = min(best, time.perf_counter() - t)
+        res.prefill_tps[n] = n / best
+
+    for b in batches:
+        say(f"decode batch {b}")
+        caches = [model.new_cache(max_tokens=16 + steps + 1) for _ in range(b)]
+        logits = model.forward(
+            [
+                SeqChunk(c, prompt_tokens(16, model.n_vocab, encode, seed=100 + i))
+                for i, c in enumerate(caches)
+            ]
+        )  # (b, vocab)
+        nxt = np.argmax(logits, axis=1)
+        t = time.perf_counter()
+        for _ in range(steps):
+            logits = model.forward([SeqChunk(c, [int(nxt[i])]) for i, c in enumerate(caches)])
+            nxt = np.argmax(logits, axis=1)
+        res.decode_tps[b] = b * steps / (time.perf_counter() - t)
+
+    res.peak_rss_mb = peak_rss_mb()
+    return res

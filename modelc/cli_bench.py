@@ -1,0 +1,159 @@
+"""``modelc bench``: offline model benchmark, or ``--url`` load test of a running server.
+
+Registered into the main CLI by ``register(subparsers)`` (``modelc.cli.EXTENSIONS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from modelc.errors import UsageError
+
+
+def _ints(flag: str, s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError as e:
+        raise UsageError(f"{flag} takes comma-separated integers, got {s!r}") from e
+    if not vals or any(v < 1 for v in vals):
+        raise UsageError(f"{flag} takes positive integers, got {s!r}")
+    return vals
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.url:
+        return _cmd_load(args)
+    if not args.model:
+        raise UsageError("give a MODEL to benchmark offline, or --url URL to load-test a server")
+    from modelc.bench.offline import run_offline
+    from modelc.bench.report import offline_table
+
+    err = _console()
+    with err.status("benchmarking") as status:
+        res = run_offline(
+            args.model,
+            prompt_lens=_ints("--prompt-lens", args.prompt_lens),
+            batches=_ints("--batches", args.batches),
+            steps=args.steps,
+            reps=args.reps,
+            threads=args.threads,
+            matmul=args.matmul,
+            progress=lambda s: status.update(s),
+        )
+    if args.json:
+        sys.stdout.write(json.dumps(res.to_json(), indent=2) + "\n")
+    else:
+        from rich.console import Console
+
+        Console().print(offline_table(res))
+    return 0
+
+
+def _cmd_load(args: argparse.Namespace) -> int:
+    import trio
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from modelc.bench.loadgen import RequestTrace, probe, run_load
+    from modelc.bench.report import load_json, load_table, plot_load
+
+    levels = _ints("--concurrency", args.concurrency)
+    for flag, v in (
+        ("--requests", args.requests),
+        ("--prompt-len", args.prompt_len),
+        ("--max-tokens", args.max_tokens),
+    ):
+        if v < 1:
+            raise UsageError(f"{flag} must be >= 1, got {v}")
+    listed = trio.run(probe, args.url)  # reachable? (one-line error, exit 2, if not)
+    name = args.model_name or args.model or listed
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("errors {task.fields[errors]}"),
+        TimeElapsedColumn(),
+        console=_console(),
+        transient=args.json,
+    )
+    tasks = {
+        c: progress.add_task(f"concurrency {c}", total=args.requests, errors=0) for c in levels
+    }
+    errors = dict.fromkeys(levels, 0)
+
+    def on_done(c: int, tr: RequestTrace) -> None:
+        errors[c] += 0 if tr.ok else 1
+        progress.update(tasks[c], advance=1, errors=errors[c])
+
+    with progress:
+        res = trio.run(
+            lambda: run_load(
+                args.url,
+                concurrency=levels,
+                requests=args.requests,
+                prompt_len=args.prompt_len,
+                max_tokens=args.max_tokens,
+                model=name,
+                chat=args.chat,
+                timeout=args.timeout,
+                on_done=on_done,
+            )
+        )
+    if args.plot:
+        plot_load(res, Path(args.plot))
+    if args.json:
+        sys.stdout.write(json.dumps(load_json(res), indent=2) + "\n")
+    else:
+        from rich.console import Console
+
+        Console().print(load_table(res))
+        if args.plot:
+            sys.stderr.write(f"plot written to {args.plot}\n")
+    for lv in res.levels:
+        for e in lv.error_samples:
+            sys.stderr.write(f"modelc bench: concurrency {lv.concurrency}: {e}\n")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``bench`` subcommand to the main CLI's subparsers."""
+    p = subparsers.add_parser(
+        "bench", help="benchmark a model offline, or load-test a server with --url"
+    )
+    p.add_argument(
+        "model", metavar="MODEL", nargs="?", default=None, help="model to measure offline"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    g = p.add_argument_group("offline (MODEL)")
+    g.add_argument("--prompt-lens", default="128,512,2048", metavar="L,..", help="prefill lengths")
+    g.add_argument("--batches", default="1,2,4,8", metavar="B,..", help="decode batch sizes")
+    g.add_argument("--steps", type=int, default=32, metavar="N", help="decode steps per batch (32)")
+    g.add_argument(
+        "--reps", type=int, default=2, metavar="N", help="prefill repeats, best kept (2)"
+    )
+    g.add_argument("--threads", type=int, default=None, metavar="N", help="kernel threads")
+    g.add_argument(
+        "--matmul", default=None, choices=["fast", "balanced", "exact"], help="MODELC_MATMUL mode"
+    )
+    h = p.add_argument_group("load test (--url)")
+    h.add_argument("--url", default=None, help="an OpenAI-compatible server on loopback")
+    h.add_argument("--concurrency", default="1,4,8", metavar="C,..", help="client counts (1,4,8)")
+    h.add_argument("--requests", type=int, default=16, metavar="N", help="requests per level (16)")
+    h.add_argument(
+        "--prompt-len", type=int, default=128, metavar="L", help="prompt words (~tokens)"
+    )
+    h.add_argument("--max-tokens", type=int, default=64, metavar="M", help="output tokens (64)")
+    h.add_argument("--model", dest="model_name", default=None, metavar="NAME", help="model field")
+    h.add_argument("--chat", action="store_true", default=None, help="use /v1/chat/completions")
+    h.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (600)")
+    h.add_argument("--plot", default=None, metavar="PNG", help="latency vs throughput plot")
+    p.set_defaults(func=cmd_bench)
