@@ -89,3 +89,18 @@ def test_batched_equals_one_at_a_time(model: GPT2) -> None:
 
 def test_context_is_bounded_by_learned_positions(model: GPT2) -> None:
     assert model.new_cache(max_tokens=10_000).max_tokens == model.n_ctx == 256
+
+
+def test_bad_metadata_is_a_format_error() -> None:
+    import msgspec
+
+    from modelc.errors import FormatError
+
+    ir = load_model(ensure_gpt2_random())
+    ir.hparams = msgspec.structs.replace(ir.hparams, n_head=0)
+    with pytest.raises(FormatError, match="attention heads"):
+        build(ir, make_backend("numpy"))
+    ir = load_model(ensure_gpt2_random())
+    del ir.tensors["blk.1.ffn_up.weight"]
+    with pytest.raises(FormatError, match=r"blk\.1\.ffn_up\.weight"):
+        build(ir, make_backend("numpy"))

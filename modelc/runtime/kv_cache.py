@@ -214,18 +214,21 @@ class KVCache:
         if self.mode is KVMode.MIXED and hot_window <= 0:
             raise UsageError(f"mixed KV cache needs a positive hot window, got {hot_window}")
         self.max_tokens = max_tokens
+        self.hot_window = hot_window if self.mode is KVMode.MIXED else 0
         self.budget = budget
+        self._charged = 0
+        self._empty()
+        self._charge()
+
+    def _empty(self) -> None:
+        h, d, hot = self.shape.n_head_kv, self.shape.head_dim, self.hot_window
         self.n = 0
         self.capacity = 0
-        self._charged = 0
-        h, d = shape.n_head_kv, shape.head_dim
-        hot = hot_window if self.mode is KVMode.MIXED else 0
-        self._k = [_Store(self.mode, h, d, hot) for _ in range(shape.n_layer)]
-        self._v = [_Store(self.mode, h, d, hot) for _ in range(shape.n_layer)]
+        self._k = [_Store(self.mode, h, d, hot) for _ in range(self.shape.n_layer)]
+        self._v = [_Store(self.mode, h, d, hot) for _ in range(self.shape.n_layer)]
         # dequantization scratch for one layer's K and V (int8 / mixed): (capacity, h, d)
         self._scratch_k: F32Array = np.zeros((0, h, d), np.float32)
         self._scratch_v: F32Array = np.zeros((0, h, d), np.float32)
-        self._charge()
 
     # -- memory ----------------------------------------------------------------------
     @property
@@ -245,14 +248,12 @@ class KVCache:
         self._charged = new
 
     def free(self) -> None:
-        """Drop all storage and give its bytes back to the budget."""
+        """Drop all storage (the cache is empty and unbudgeted after) and give its bytes back."""
         if self.budget is not None:
             self.budget.release(self._charged)
-        self._charged = 0
-        self.__init__(  # type: ignore[misc]
-            self.shape, self.max_tokens, self.mode, hot_window=self._k[0].hot or 256
-        )
         self.budget = None
+        self._charged = 0
+        self._empty()
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for ``n_tokens`` cached tokens in total (grows in blocks)."""
@@ -267,8 +268,8 @@ class KVCache:
         extra = (cap - self.capacity) * self.shape.bytes_per_token(self.mode)
         if self.mode is not KVMode.F32:
             extra += 2 * (cap - self.capacity) * self.shape.n_head_kv * self.shape.head_dim * 4
-        if self.budget is not None and self.budget.used + extra > self.budget.limit:
-            self.budget.reserve(extra)  # raises CapacityError before allocating
+        if self.budget is not None and extra > self.budget.free:
+            self.budget.reserve(extra)  # raises CapacityError before anything is allocated
         for s in (*self._k, *self._v):
             s.grow(cap)
         if self.mode is not KVMode.F32:

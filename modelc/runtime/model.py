@@ -156,6 +156,23 @@ class TensorSource:
         return _plain_f32(self.ir, name)
 
 
+def check_heads(ir: ModelIR, n_head: int, n_head_kv: int, d: int) -> None:
+    """Raise FormatError unless the head counts are usable for a width ``d``."""
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or d % n_head:
+        raise FormatError(
+            f"{ir.architecture} model has unusable attention heads "
+            f"(n_head={n_head}, n_head_kv={n_head_kv}, n_embd={d}); the metadata is wrong",
+            path=ir.source.path,
+        )
+
+
+def check_rows(ir: ModelIR, name: str, w: Weight, rows: int) -> None:
+    if w.shape[0] != rows:
+        raise FormatError(
+            f"{name} has {w.shape[0]} rows, the hyper-parameters say {rows}", path=ir.source.path
+        )
+
+
 class Scratch:
     """Grow-only f32 buffers reused across steps: ``get(name, shape)`` is a view."""
 

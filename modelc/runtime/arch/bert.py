@@ -23,7 +23,7 @@ import numpy as np
 from modelc.errors import UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.backend import Backend, F32Array, Weight
-from modelc.runtime.model import Scratch, TensorSource
+from modelc.runtime.model import Scratch, TensorSource, check_heads
 
 
 def erf(x: F32Array) -> F32Array:
@@ -104,6 +104,7 @@ class Bert:
         self.d = hp.n_embd or self.tok_embd.shape[1]
         self.n_vocab = hp.n_vocab or self.tok_embd.shape[0]
         self.n_head = hp.n_head
+        check_heads(ir, self.n_head, self.n_head, self.d)
         self.head_dim = self.d // self.n_head
         self.n_ctx = len(self.pos_embd)
         self.eps = hp.norm_eps

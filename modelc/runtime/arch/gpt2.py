@@ -22,6 +22,7 @@ from modelc.runtime.model import (
     Scratch,
     SeqChunk,
     TensorSource,
+    check_heads,
     chunk_positions,
     logit_row_index,
 )
@@ -56,6 +57,7 @@ class GPT2:
         self.n_vocab = hp.n_vocab or self.tok_embd.shape[0]
         self.d = hp.n_embd or self.tok_embd.shape[1]
         self.n_head = hp.n_head
+        check_heads(ir, self.n_head, self.n_head, self.d)
         self.head_dim = self.d // self.n_head
         self.n_ctx = min(hp.n_ctx or len(self.pos_embd), len(self.pos_embd))
         self.eps = hp.norm_eps

@@ -22,6 +22,8 @@ from modelc.runtime.model import (
     Scratch,
     SeqChunk,
     TensorSource,
+    check_heads,
+    check_rows,
     chunk_positions,
     logit_row_index,
 )
@@ -76,6 +78,7 @@ class Llama:
         self.d = hp.n_embd or self.tok_embd.shape[1]
         self.n_head = hp.n_head
         self.n_head_kv = hp.n_head_kv or hp.n_head
+        check_heads(ir, self.n_head, self.n_head_kv, self.n_head * (hp.head_dim or 1))
         self.head_dim = hp.head_dim or self.d // self.n_head
         self.n_ctx = hp.n_ctx or 2048
         self.eps = hp.norm_eps
@@ -93,6 +96,10 @@ class Llama:
             )
             for i in range(hp.n_layer)
         ]
+        for i, b in enumerate(self.blocks):
+            check_rows(ir, f"blk.{i}.attn_q.weight", b.wq, self.n_head * self.head_dim)
+            check_rows(ir, f"blk.{i}.attn_k.weight", b.wk, self.n_head_kv * self.head_dim)
+            check_rows(ir, f"blk.{i}.attn_v.weight", b.wv, self.n_head_kv * self.head_dim)
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
