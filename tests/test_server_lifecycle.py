@@ -186,9 +186,12 @@ def test_lora_only_from_allowed_dirs(guarded: Server) -> None:
     assert r.status_code == 403  # no escaping with ..
     r = httpx.post(f"{url}/lora/load", json={"path": str(LORA_DIR / "missing")}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == "path"
-    # the engine has no hot-swap hook yet: a clear 501, not a crash
+    # an adapter made for another model: a clear 400 naming the mismatch, not a crash
     r = httpx.post(f"{url}/lora/load", json={"path": str(LORA_DIR / "llama")}, headers=AUTH)
-    assert r.status_code == 501 and "LoRA" in r.json()["error"]["message"]
+    assert r.status_code == 400, r.text
+    assert "made for a different base model" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=AUTH)
+    assert r.status_code == 200
 
 
 def test_health_is_503_while_loading(guarded: Server) -> None:

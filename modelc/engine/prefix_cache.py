@@ -83,9 +83,12 @@ class PrefixCache:
     bytes_used: int = 0
     stats: PrefixStats = field(default_factory=PrefixStats)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # the weights' identity: changed when a LoRA adapter is applied or removed, so
+    # blocks computed with other weights are never matched again (LRU evicts them)
+    salt: bytes = b""
 
     def block_keys(self, tokens: Sequence[int], n_blocks: int) -> list[bytes]:
-        keys, prev = [], b""
+        keys, prev = [], self.salt
         bt = self.block_tokens
         for i in range(n_blocks):
             chunk = np.asarray(tokens[i * bt : (i + 1) * bt], np.int64).tobytes()

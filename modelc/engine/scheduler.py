@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -54,6 +55,13 @@ from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, ve
 from modelc.errors import ModelcError, UnsupportedError, UsageError
 from modelc.runtime.generate import StopMatcher
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.lora import (
+    AppliedLora,
+    apply_adapter,
+    load_adapter,
+    remove_adapter,
+    scale_adapter,
+)
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler
 from modelc.runtime.tokenizer import Tokenizer
@@ -181,6 +189,7 @@ class LLMEngine:
         self._eog: frozenset[int] = frozenset(tokenizer.eot_ids if tokenizer is not None else ())
         self._mlp = mlp_draft
         self._running = False
+        self._loras: list[AppliedLora] = []  # applied adapters, oldest first
         if not isinstance(model, LanguageModel):
             self.lm: LanguageModel | None = None
             return
@@ -220,6 +229,37 @@ class LLMEngine:
                 kv_cache=self.mode.value,
             )
         return s
+
+    async def load_lora(self, path: Path, scale: float = 1.0) -> None:
+        """Merge a PEFT adapter into the weights between two steps (hot swap)."""
+        adapter = await trio.to_thread.run_sync(load_adapter, path)
+        if scale != 1.0:
+            adapter = scale_adapter(adapter, scale)
+        async with self._lock:
+            applied = await trio.to_thread.run_sync(apply_adapter, self.model, adapter)
+            self._loras.append(applied)
+            self._reweighted()
+
+    async def unload_lora(self, path: str | None = None) -> None:
+        """Remove one adapter (by path) or all of them, newest first; base weights come back exactly."""
+        async with self._lock:
+            keep = [a for a in self._loras if path is not None and a.adapter.path != path]
+            if path is not None and len(keep) == len(self._loras):
+                raise UsageError(f"no adapter {path} is loaded")
+            # stacked adapters come off in reverse order: take off everything above the
+            # target too, then put the kept ones back on
+            for applied in reversed(self._loras):
+                remove_adapter(self.model, applied)
+            self._loras = []
+            for applied in keep:
+                self._loras.append(apply_adapter(self.model, applied.adapter))
+            self._reweighted()
+
+    def _reweighted(self) -> None:
+        if self.lm is not None:
+            self.prefix.salt = (
+                b"lora:" + ",".join(f"{a.adapter.path}@{id(a)}" for a in self._loras).encode()
+            )
 
     async def embed(self, batch: Sequence[Sequence[int]]) -> np.ndarray[Any, Any]:
         if not isinstance(self.model, EmbeddingModel):

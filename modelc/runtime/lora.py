@@ -29,6 +29,7 @@ was.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -317,6 +318,12 @@ def _delta(model: LanguageModel | EmbeddingModel, layer: LoraLayer) -> F32Array:
             b = llama_permute(b, model.hparams.n_head_kv or model.hparams.n_head)
     out: F32Array = (b @ layer.a) * np.float32(layer.scale)
     return out
+
+
+def scale_adapter(adapter: LoraAdapter, factor: float) -> LoraAdapter:
+    """The same adapter with every layer's scale multiplied by ``factor`` (a user strength)."""
+    layers = tuple(dataclasses.replace(la, scale=la.scale * factor) for la in adapter.layers)
+    return dataclasses.replace(adapter, layers=layers)
 
 
 def apply_adapter(model: LanguageModel | EmbeddingModel, adapter: LoraAdapter) -> AppliedLora:
