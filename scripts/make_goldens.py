@@ -12,8 +12,8 @@ tests use the same files.
   also undoes the GGUF Q/K RoPE permutation); per prompt the top-10 next-token ids and
   log-probabilities, and a 32-token greedy continuation (EOS does not stop it).
 * gpt2: the numpy-generated random GPT-2 of ``tests/gen_gpt2.py`` loaded into
-  ``GPT2LMHeadModel``; same outputs.  Also writes ``pytorch_model.bin`` of the same
-  weights into ``<assets>/gpt2-random-bin/`` for the PyTorch reader's tests.
+  ``GPT2LMHeadModel``; same outputs.  Also checks that the torch-free
+  ``pytorch_model.bin`` copy (``<assets>/gpt2-random-bin/``) loads in torch bit for bit.
 * minilm: all-MiniLM-L6-v2 ``BertModel``, mean-pooled over the attention mask and
   L2-normalised (the sentence-transformers recipe).
 """
@@ -21,7 +21,6 @@ tests use the same files.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -206,12 +205,16 @@ def make_gpt2() -> None:
             "records": records,
         },
     )
-    bin_dir = d.parent / "gpt2-random-bin"
-    bin_dir.mkdir(exist_ok=True)
-    shutil.copy(d / "config.json", bin_dir / "config.json")
-    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    torch.save(sd, bin_dir / "pytorch_model.bin")
-    print(f"wrote {bin_dir / 'pytorch_model.bin'}")
+    # the torch-free .bin copy (tests/gen_gpt2.py) must be what torch.load reads
+    bin_dir = Path(
+        project_python(
+            "from tests.gen_gpt2 import ensure_gpt2_random_bin; print(ensure_gpt2_random_bin())"
+        )
+    )
+    sd = torch.load(bin_dir / "pytorch_model.bin", weights_only=True)
+    ref = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    assert set(sd) == set(ref) and all(torch.equal(sd[k], ref[k]) for k in ref), "bad .bin"
+    print(f"checked {bin_dir / 'pytorch_model.bin'} with torch.load")
 
 
 @torch.no_grad()

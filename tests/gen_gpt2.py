@@ -6,13 +6,19 @@ transformers' ``GPT2LMHeadModel``) see identical numbers.  The directory is a Hu
 Face model directory (``config.json`` + ``model.safetensors`` with the tensor names
 ``save_pretrained`` writes), kept in the test-asset cache, never in the repository.
 
-Run ``python -m tests.gen_gpt2`` to (re)create it.
+A copy as a PyTorch ``pytorch_model.bin`` (the zip format of ``torch.save``) is written
+beside it, also without torch (:func:`write_torch_zip`); the golden script checks that
+``torch.load`` reads it back bit for bit.
+
+Run ``python -m tests.gen_gpt2`` to (re)create them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +83,70 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     return w
 
 
+def gpt2_random_bin_dir() -> Path:
+    return assets_dir() / "gpt2-random-bin"
+
+
+def _pickle_str(s: str) -> bytes:
+    b = s.encode()
+    return b"X" + struct.pack("<I", len(b)) + b  # BINUNICODE
+
+
+def _pickle_int(i: int) -> bytes:
+    return b"J" + struct.pack("<i", i)  # BININT
+
+
+def _pickle_int_tuple(xs: tuple[int, ...]) -> bytes:
+    return b"(" + b"".join(_pickle_int(x) for x in xs) + b"t"  # MARK ... TUPLE
+
+
+def write_torch_zip(tensors: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
+    """Write float32 tensors as ``torch.save(OrderedDict)`` does (zip, pickle protocol 2).
+
+    The pickle is written opcode by opcode: each tensor is
+    ``torch._utils._rebuild_tensor_v2(storage, 0, size, stride, False, OrderedDict())``
+    with its storage a persistent id ``("storage", torch.FloatStorage, key, "cpu", numel)``
+    whose bytes are ``archive/data/<key>``.
+    """
+    ordered_dict = b"ccollections\nOrderedDict\n)R"  # GLOBAL, EMPTY_TUPLE, REDUCE
+    pk = [b"\x80\x02", ordered_dict, b"("]  # PROTO 2, the dict, MARK
+    for key, (name, arr) in enumerate(tensors.items()):
+        arr = np.ascontiguousarray(arr, dtype="<f4")
+        stride = tuple(int(s) // 4 for s in arr.strides) if arr.ndim else ()
+        pk += [
+            _pickle_str(name),
+            b"ctorch._utils\n_rebuild_tensor_v2\n(",
+            b"(" + _pickle_str("storage") + b"ctorch\nFloatStorage\n",
+            _pickle_str(str(key)) + _pickle_str("cpu") + _pickle_int(arr.size) + b"tQ",  # BINPERSID
+            _pickle_int(0),
+            _pickle_int_tuple(tuple(int(d) for d in arr.shape)),
+            _pickle_int_tuple(stride),
+            b"\x89",  # NEWFALSE (requires_grad)
+            ordered_dict,  # backward hooks
+            b"tR",  # TUPLE, REDUCE
+        ]
+    pk.append(b"u.")  # SETITEMS, STOP
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", b"".join(pk))
+        z.writestr("archive/byteorder", "little")
+        for key, arr in enumerate(tensors.values()):
+            z.writestr(f"archive/data/{key}", np.ascontiguousarray(arr, dtype="<f4").tobytes())
+        z.writestr("archive/version", "3\n")
+    os.replace(tmp, path)
+
+
+def ensure_gpt2_random_bin() -> Path:
+    """The same model as a ``pytorch_model.bin`` directory; created if missing."""
+    dest = gpt2_random_bin_dir()
+    if (dest / "pytorch_model.bin").exists() and (dest / "config.json").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    write_torch_zip(make_weights(), dest / "pytorch_model.bin")
+    (dest / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    return dest
+
+
 def ensure_gpt2_random() -> Path:
     """Create the model directory if it is missing; return it."""
     from safetensors.numpy import save_file
@@ -94,3 +164,4 @@ def ensure_gpt2_random() -> Path:
 
 if __name__ == "__main__":
     print(ensure_gpt2_random())
+    print(ensure_gpt2_random_bin())
