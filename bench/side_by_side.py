@@ -1,0 +1,302 @@
+"""modelc against llama.cpp in one run: same GGUF, same thread count, same machine.
+
+    .venv/bin/python -m bench.side_by_side [--threads 2] [--modes fast,exact] [--no-write]
+
+For SmolLM2-135M-Instruct Q4_1 (``tests.assets.smollm2_gguf()``) it measures
+
+* offline: prefill tokens/s of one 512-token prompt, decode tokens/s at batch 1 and
+  batch 8 -- modelc through ``modelc bench --json`` (the runtime's batch API, a fresh
+  process per matmul mode), llama.cpp through its server's ``/completion`` timings;
+* HTTP: aggregate output tokens/s and TTFT p50 of 8 concurrent streaming clients
+  (``modelc.bench.loadgen``, the same client for both) against ``modelc run
+  --max-concurrent 8`` and llama.cpp's server with 8 parallel slots, each server in its
+  own process, whose peak RSS (``VmHWM``) is read after the load;
+
+then prints a Markdown table of modelc / llama.cpp ratios per matmul mode and writes
+it, with the command, date and machine load, into the "Side by side" section of
+``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from bench.llamacpp_peer import LlamaCppClient, LlamaCppServer
+from modelc.bench.loadgen import LevelResult, run_load
+from modelc.bench.offline import peak_rss_mb, prompt_tokens
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+@dataclass
+class Side:
+    name: str
+    prefill: float = 0.0  # tok/s, 512-token prompt
+    decode_b1: float = 0.0  # tok/s
+    decode_b8: float = 0.0  # aggregate tok/s
+    http_tps: float = 0.0  # aggregate output tok/s, 8 streams
+    ttft_p50_ms: float = 0.0
+    rss_mb: float = 0.0  # server peak RSS
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_level(url: str, args: argparse.Namespace, model: str | None) -> LevelResult:
+    async def go() -> LevelResult:
+        # warm-up: one short request, not measured
+        await run_load(url, concurrency=[1], requests=1, prompt_len=8, max_tokens=4, model=model)
+        r = await run_load(
+            url,
+            concurrency=[args.streams],
+            requests=args.requests,
+            prompt_len=args.prompt_len,
+            max_tokens=args.max_tokens,
+            model=model,
+            seed=1,
+        )
+        return r.levels[0]
+
+    lvl = trio.run(go)
+    if lvl.errors:
+        raise RuntimeError(f"{url}: {lvl.errors} requests failed: {lvl.error_samples}")
+    return lvl
+
+
+def run_modelc(gguf: Path, mode: str, args: argparse.Namespace, log_dir: Path) -> Side:
+    side = Side(f"modelc ({mode})")
+    env = dict(os.environ, MODELC_THREADS=str(args.threads), MODELC_MATMUL=mode)
+    cmd = [PY, "-m", "modelc.cli", "bench", str(gguf), "--json", "--threads", str(args.threads)]
+    cmd += ["--matmul", mode, "--prompt-lens", str(args.prefill_len), "--batches", "1,8"]
+    cmd += ["--steps", str(args.decode_steps), "--reps", "2"]
+    print(f"[side-by-side] {mode}: {shlex.join(cmd[1:])}", file=sys.stderr)
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"modelc bench failed:\n{out.stderr[-2000:]}")
+    off = json.loads(out.stdout)
+    side.prefill = off["prefill_tps"][str(args.prefill_len)]
+    side.decode_b1 = off["decode_tps"]["1"]
+    side.decode_b8 = off["decode_tps"]["8"]
+    side.extra["offline_rss_mb"] = off["peak_rss_mb"]
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (log_dir / f"modelc-{mode}.log").open("wb")
+    srv = subprocess.Popen(
+        [
+            *(PY, "-m", "modelc.cli", "run", str(gguf), "--port", str(port)),
+            *("--threads", str(args.threads), "--max-concurrent", str(args.streams)),
+            *("--max-context", str(args.ctx_per_seq)),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if srv.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"modelc run did not start; see {log.name}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        print(f"[side-by-side] {mode}: {args.streams} HTTP streams", file=sys.stderr)
+        lvl = load_level(url, args, None)
+        side.http_tps, side.ttft_p50_ms = lvl.output_tps, lvl.ttft.p50
+        side.extra["http"] = lvl
+        side.rss_mb = peak_rss_mb(srv.pid)
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            srv.wait(60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
+        log.close()
+    return side
+
+
+def run_llamacpp(gguf: Path, args: argparse.Namespace, log_dir: Path, enc: Any) -> Side:
+    side = Side("llama.cpp")
+    n_ctx = args.ctx_per_seq * args.streams
+    with LlamaCppServer(gguf, args.threads, args.streams, n_ctx, log=log_dir / "llamacpp.log") as s:
+        c = LlamaCppClient(s.url)
+        print("[side-by-side] llama.cpp: offline", file=sys.stderr)
+        c.completion([1, 2, 3], 4)  # warm-up
+        side.prefill = c.prefill_tps(prompt_tokens(args.prefill_len, 49152, enc, args.prefill_len))
+        short = [prompt_tokens(16, 49152, enc, 100 + i) for i in range(8)]
+        side.decode_b1 = c.decode_tps(short[:1], args.decode_steps)
+        side.decode_b8 = c.decode_tps(short, args.decode_steps)
+        print(f"[side-by-side] llama.cpp: {args.streams} HTTP streams", file=sys.stderr)
+        lvl = load_level(s.url, args, None)
+        side.http_tps, side.ttft_p50_ms = lvl.output_tps, lvl.ttft.p50
+        side.extra["http"] = lvl
+        side.rss_mb = s.peak_rss_mb()
+    return side
+
+
+ROWS = (
+    # label, attribute, higher is better, target ratio
+    ("decode tok/s, batch 1", "decode_b1", True, 0.7),
+    (None, "prefill", True, 0.5),
+    ("decode tok/s, batch 8 (offline)", "decode_b8", True, None),
+    (None, "http_tps", True, 1.0),
+    (None, "ttft_p50_ms", False, None),
+    ("server peak RSS, MB", "rss_mb", False, 1.5),
+)
+
+
+def table(sides: list[Side], peer: Side, args: argparse.Namespace) -> str:
+    labels = {
+        "prefill": f"prefill tok/s, {args.prefill_len}-token prompt",
+        "http_tps": f"HTTP output tok/s, {args.streams} streams (aggregate)",
+        "ttft_p50_ms": f"TTFT p50 ms under {args.streams} streams",
+    }
+    head = ["measurement", "llama.cpp"]
+    for s in sides:
+        head += [s.name, "ratio"]
+    head.append("target (ratio)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, attr, higher, target in ROWS:
+        row = [label or labels[attr], f"{getattr(peer, attr):,.1f}"]
+        for s in sides:
+            r = getattr(s, attr) / getattr(peer, attr) if getattr(peer, attr) else float("nan")
+            ok = (
+                ""
+                if target is None
+                else (" ✓" if (r >= target if higher else r <= target) else " ✗")
+            )
+            row += [f"{getattr(s, attr):,.1f}", f"{r:.2f}x{ok}"]
+        row.append("-" if target is None else (f">= {target}x" if higher else f"<= {target}x"))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def write_results(md: str) -> None:
+    path = ROOT / "bench" / "RESULTS.md"
+    text = path.read_text() if path.exists() else ""
+    start = text.find("## Side by side")
+    if start < 0:
+        text = text.rstrip() + "\n\n" + md.rstrip() + "\n"
+    else:
+        nxt = text.find("\n## ", start + 3)
+        end = len(text) if nxt < 0 else nxt + 1
+        text = text[:start] + md.rstrip() + "\n" + ("\n" + text[end:] if nxt >= 0 else "")
+    path.write_text(text)
+
+
+def main() -> int:
+    from tests.assets import smollm2_gguf
+
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--gguf", default=None, help="default: SmolLM2-135M-Instruct Q4_1 (tests.assets)"
+    )
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--modes", default="fast,exact", help="MODELC_MATMUL modes to run modelc in")
+    ap.add_argument("--prefill-len", type=int, default=512)
+    ap.add_argument("--decode-steps", type=int, default=64)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=16, help="HTTP requests (two per stream)")
+    ap.add_argument("--prompt-len", type=int, default=128, help="HTTP prompt words (~tokens)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="HTTP output tokens per request")
+    ap.add_argument("--ctx-per-seq", type=int, default=1024, help="context per sequence/slot")
+    ap.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    args = ap.parse_args()
+
+    from modelc.formats import load_model
+    from modelc.runtime.tokenizer import Tokenizer
+
+    gguf = Path(args.gguf) if args.gguf else smollm2_gguf()
+    spec = load_model(gguf).tokenizer
+    assert spec is not None
+    tok = Tokenizer(spec)
+
+    def enc(s: str) -> list[int]:
+        return list(tok.encode(s, add_special=False))
+
+    load_before = os.getloadavg()
+    started = dt.datetime.now(dt.UTC)
+    with tempfile.TemporaryDirectory(prefix="modelc-sbs-") as d:
+        log_dir = Path(d)
+        peer = run_llamacpp(gguf, args, log_dir, enc)
+        sides = [
+            run_modelc(gguf, m.strip(), args, log_dir) for m in args.modes.split(",") if m.strip()
+        ]
+    load_after = os.getloadavg()
+    secs = (dt.datetime.now(dt.UTC) - started).total_seconds()
+    tbl = table(sides, peer, args)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    cmd = ".venv/bin/python -m bench.side_by_side " + shlex.join(sys.argv[1:])
+    md = f"""## Side by side: modelc vs llama.cpp (SmolLM2-135M-Instruct Q4_1, {args.threads} threads)
+
+Command (run {started:%Y-%m-%d %H:%M} UTC, {secs:.0f} s, at commit {commit}; {cpu}, {os.cpu_count()} cores;
+load average before {load_before[0]:.2f} / after {load_after[0]:.2f}, other jobs share the machine):
+
+```sh
+{cmd.strip()}
+```
+
+Same GGUF file, same thread count for both; llama.cpp is the `xllamacpp` wheel's server
+(in its own process, {args.streams} slots, {args.ctx_per_seq} tokens of context each), modelc is
+`modelc run --max-concurrent {args.streams} --max-context {args.ctx_per_seq}` for HTTP and
+`modelc bench --json` for the offline rows, once per matmul mode (`MODELC_MATMUL`).
+Ratios are modelc / llama.cpp (for TTFT and RSS lower is better). Offline decode:
+{args.decode_steps} greedy steps after a 16-token prompt; llama.cpp's speeds are its own
+`timings` (batch 8: tokens over the longest generation phase of 8 concurrent requests).
+HTTP: {args.requests} streaming `/v1/completions` requests, {args.streams} at a time, ~{args.prompt_len}-token
+random-word prompts, {args.max_tokens} output tokens (`ignore_eos`), the same load generator
+(`modelc.bench.loadgen`) for both; RSS is the server process's `VmHWM` after the load.
+
+{tbl}
+"""
+    print(md)
+    if not args.no_write:
+        write_results(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
