@@ -284,6 +284,29 @@ def test_cli_generate_prints_exactly_the_greedy_text() -> None:
     assert b"tok/s" in res.stderr
 
 
+def test_cli_generate_chat_stops_at_end_of_turn(tokenizer: Tokenizer) -> None:
+    r = RECORDS[22]  # "What is the capital of Germany?": greedy reply then <|im_end|> (id 2)
+    n = r["greedy"].index(2)
+    cmd = [
+        sys.executable,
+        "-m",
+        "modelc.cli",
+        "generate",
+        str(smollm2_gguf()),
+        r["chat"][0]["content"],
+    ]
+    env = {**os.environ, "MODELC_MATMUL": "exact"}
+    res = subprocess.run(
+        [*cmd, "--chat", "--max-tokens", "32", "--temperature", "0"],
+        capture_output=True,
+        timeout=300,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr.decode()
+    assert res.stdout.decode("utf-8") == tokenizer.decode(r["greedy"][:n])
+    assert b"finish: stop" in res.stderr
+
+
 def test_cli_generate_rejects_bad_input(tmp_path: Path) -> None:
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 4)
