@@ -1,0 +1,120 @@
+"""``modelc bench``: offline on SmolLM2, the load generator against a real ``modelc run``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from modelc.bench.loadgen import Dist
+from tests.assets import smollm2_gguf
+from tests.server_fixtures import Server, free_port, start
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def modelc(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, MODELC_HOME=str(home), MODELC_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "modelc.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_offline_json_on_smollm2(tmp_path: Path) -> None:
+    r = modelc(
+        "bench", str(smollm2_gguf()), "--json", "--prompt-lens", "8,24", "--batches", "1,3",
+        "--steps", "3", "--reps", "1", "--threads", "1", "--matmul", "exact", home=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["architecture"] == "llama" and d["threads"] == 1 and d["matmul"] == "exact"
+    assert set(d["prefill_tps"]) == {"8", "24"} and set(d["decode_tps"]) == {"1", "3"}
+    for v in [*d["prefill_tps"].values(), *d["decode_tps"].values()]:
+        assert v > 0
+    assert d["load_cold_s"] > 0 and d["load_warm_s"] > 0 and d["import_s"] > 0
+    # the model's weights alone are ~97 MB, all resident after decoding
+    assert 90 < d["peak_rss_mb"] < 4000
+
+
+def test_offline_bad_args(tmp_path: Path) -> None:
+    r = modelc("bench", str(smollm2_gguf()), "--batches", "0", home=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "modelc: error: --batches takes positive integers, got '0'"
+    ]
+    r = modelc("bench", home=tmp_path)
+    assert r.returncode == 2 and "give a MODEL" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = start(str(smollm2_gguf()), "--max-concurrent", "4")
+    yield srv
+    srv.stop()
+
+
+def test_dist_matches_numpy_percentiles() -> None:
+    rng = np.random.default_rng(0)
+    xs = rng.exponential(0.05, size=101).tolist()
+    d = Dist.of(xs)
+    want = np.percentile(np.asarray(xs) * 1000, [50, 90, 99])
+    assert np.allclose([d.p50, d.p90, d.p99], want) and d.n == 101
+    assert np.isclose(d.mean, np.mean(xs) * 1000)
+    assert np.isnan(Dist.of([]).p50)
+
+
+def test_loadgen_against_modelc_run(server: Server, tmp_path: Path) -> None:
+    plot = tmp_path / "lat.png"
+    r = modelc(
+        "bench", "--url", server.url, "--concurrency", "1,3", "--requests", "3",
+        "--prompt-len", "12", "--max-tokens", "5", "--plot", str(plot), "--json", home=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["endpoint"] == "/v1/completions" and d["model"] == "SmolLM2-135M-Instruct.Q4_1"
+    assert [lv["concurrency"] for lv in d["levels"]] == [1, 3]
+    for lv in d["levels"]:
+        assert lv["completed"] == 3 and lv["errors"] == 0
+        assert lv["output_tokens"] == 15  # ignore_eos: exactly max_tokens each
+        assert lv["input_tokens"] >= 3 * 12
+        assert lv["output_tps"] > 0 and lv["request_throughput"] > 0
+        for k in ("ttft", "tpot", "itl", "e2e"):
+            s = lv[k]
+            assert 0 < s["p50"] <= s["p90"] <= s["p99"], (k, s)
+            assert s["mean"] > 0
+        assert lv["ttft"]["p50"] < lv["e2e"]["p50"]
+        assert lv["itl"]["n"] == 3 * 4  # 5 tokens per stream, 4 gaps
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_loadgen_chat_table(server: Server, tmp_path: Path) -> None:
+    r = modelc(
+        "bench", "--url", server.url + "/v1/chat/completions", "--concurrency", "2",
+        "--requests", "2", "--prompt-len", "6", "--max-tokens", "3", home=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "/v1/chat/completions" in r.stdout and "TTFT ms" in r.stdout and "2/0" in r.stdout
+
+
+def test_loadgen_unreachable(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    r = modelc("bench", "--url", url, "--requests", "2", home=tmp_path, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"modelc: error: cannot reach {url}"), r.stderr
+
+
+def test_loadgen_refuses_remote_hosts(tmp_path: Path) -> None:
+    r = modelc("bench", "--url", "http://192.0.2.1:8080", home=tmp_path, timeout=60)
+    assert r.returncode == 2 and "only loopback servers" in r.stderr
