@@ -131,11 +131,20 @@ class Llama:
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, self.d)))  # (n, d)
         h = self.scratch.get("h", (n, self.d))  # (n, d)
         attn = self.scratch.get("attn", (n, nh, hd))  # (n, n_head, hd)
+        attn2 = attn.reshape(n, nh * hd)
+        # every buffer fetched once per step, not once per layer (Scratch.get costs ~2 us)
+        qb = self.scratch.get("q", (n, nh * hd))
+        kb = self.scratch.get("k", (n, nkv * hd))
+        vb = self.scratch.get("v", (n, nkv * hd))
+        ob = self.scratch.get("o", (n, self.d))
+        ff = self.blocks[0].w_gate.shape[0] if self.blocks else 0
+        gb = self.scratch.get("gate", (n, ff))  # (n, ff)
+        ub = self.scratch.get("up", (n, ff))  # (n, ff)
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q = be.matmul(b.wq, h, out=self.scratch.get("q", (n, nh * hd))).reshape(n, nh, hd)
-            k = be.matmul(b.wk, h, out=self.scratch.get("k", (n, nkv * hd))).reshape(n, nkv, hd)
-            v = be.matmul(b.wv, h, out=self.scratch.get("v", (n, nkv * hd))).reshape(n, nkv, hd)
+            q = be.matmul(b.wq, h, out=qb).reshape(n, nh, hd)
+            k = be.matmul(b.wk, h, out=kb).reshape(n, nkv, hd)
+            v = be.matmul(b.wv, h, out=vb).reshape(n, nkv, hd)
             be.rope(q, pos, self.inv_freq, self.neox)
             be.rope(k, pos, self.inv_freq, self.neox)
             for c, sl in zip(batch, slices, strict=True):
@@ -143,13 +152,15 @@ class Llama:
                 c.cache.write(li, p0, k[sl], v[sl])
                 kk, vv = c.cache.read(li, p0 + len(c.tokens))  # (n_kv, n_head_kv, hd)
                 attn[sl] = be.attention(q[sl], kk, vv, p0, self.scale, out=attn[sl])
-            x += be.matmul(b.wo, attn.reshape(n, nh * hd), out=self.scratch.get("o", (n, self.d)))
+            x += be.matmul(b.wo, attn2, out=ob)
             h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
-            ff = b.w_gate.shape[0]
-            g = be.matmul(b.w_gate, h, out=self.scratch.get("gate", (n, ff)))  # (n, ff)
-            u = be.matmul(b.w_up, h, out=self.scratch.get("up", (n, ff)))  # (n, ff)
+            if b.w_gate.shape[0] != ff:  # a model whose layers differ in FFN width
+                ff = b.w_gate.shape[0]
+                gb, ub = self.scratch.get("gate", (n, ff)), self.scratch.get("up", (n, ff))
+            g = be.matmul(b.w_gate, h, out=gb)  # (n, ff)
+            u = be.matmul(b.w_up, h, out=ub)  # (n, ff)
             g = be.silu_mul(g, u, out=g)
-            x += be.matmul(b.w_down, g, out=self.scratch.get("o", (n, self.d)))
+            x += be.matmul(b.w_down, g, out=ob)
         for c in batch:
             c.cache.advance(len(c.tokens))
         rows = logit_row_index(batch, slices)
