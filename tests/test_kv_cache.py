@@ -130,3 +130,14 @@ def test_update_keys_applies_in_place_every_layer() -> None:
             after = c.read(layer, 10)[0]
             np.testing.assert_array_equal(after[:6], before[layer][:6])
             np.testing.assert_allclose(after[6:], -before[layer][6:], atol=0.02)
+
+
+def test_mixed_truncate_then_rewrite_reads_the_new_values() -> None:
+    c = KVCache(SHAPE, 64, KVMode.MIXED, hot_window=6)
+    fill(c, rand(20, 1), rand(20, 2))
+    c.truncate(5)
+    k2, v2 = rand(20, 3), rand(20, 4)
+    fill(c, k2, v2)  # one chunk longer than the hot window
+    kk, vv = c.read(0, 25)
+    np.testing.assert_allclose(kk[5:], k2, atol=0.05)  # no stale exact rows from before
+    np.testing.assert_array_equal(kk[19:], k2[14:])  # the hot window is exact

@@ -190,6 +190,10 @@ class _Store:
                     self.ring[slot] = row
                     self.ring_pos[slot] = p - (src - dst)
 
+    def forget_from(self, n: int) -> None:
+        """Invalidate exact ring copies of positions >= n (after a truncation)."""
+        self.ring_pos[self.ring_pos >= n] = -1
+
     @property
     def nbytes(self) -> int:
         return int(self.f32.nbytes + self.q.nbytes + self.scale.nbytes + self.ring.nbytes)
@@ -301,6 +305,8 @@ class KVCache:
         """Forget tokens from position ``n`` on (speculation rollback, prefix reuse)."""
         if not 0 <= n <= self.n:
             raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
+        for st in (*self._k, *self._v):
+            st.forget_from(n)
         self.n = n
 
     # -- context shift ---------------------------------------------------------------
