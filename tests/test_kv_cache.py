@@ -138,6 +138,6 @@ def test_mixed_truncate_then_rewrite_reads_the_new_values() -> None:
     c.truncate(5)
     k2, v2 = rand(20, 3), rand(20, 4)
     fill(c, k2, v2)  # one chunk longer than the hot window
-    kk, vv = c.read(0, 25)
+    kk, _ = c.read(0, 25)
     np.testing.assert_allclose(kk[5:], k2, atol=0.05)  # no stale exact rows from before
     np.testing.assert_array_equal(kk[19:], k2[14:])  # the hot window is exact
