@@ -51,6 +51,14 @@ typedef struct {
     int8_t qs[32];
 } mc_q8;
 
+/* One block of 8 activation rows, for the batched kernels: the rows' mc_q8 fields
+ * side by side (32-byte aligned when the array is). */
+typedef struct {
+    float d[8];
+    float s[8];
+    int8_t qs[8][32];
+} mc_q8x8;
+
 /* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */
 typedef struct {
     float d;

@@ -122,6 +122,32 @@ static mc_dot4_fn mc_pick_dot4(int t, int simd) {
     return NULL;
 }
 
+static mc_dot8_fn mc_pick_dot8(int t, int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_VNNI) {
+        switch (t) {
+        case MC_Q4_0: return mc_dot8_q4_0_vnni;
+        case MC_Q4_1: return mc_dot8_q4_1_vnni;
+        case MC_Q5_0: return mc_dot8_q5_0_vnni;
+        case MC_Q8_0: return mc_dot8_q8_0_vnni;
+        default: return NULL;
+        }
+    }
+    if (MC_IS_AVX2(simd)) {
+        switch (t) {
+        case MC_Q4_0: return mc_dot8_q4_0_avx2;
+        case MC_Q4_1: return mc_dot8_q4_1_avx2;
+        case MC_Q5_0: return mc_dot8_q5_0_avx2;
+        case MC_Q8_0: return mc_dot8_q8_0_avx2;
+        default: return NULL;
+        }
+    }
+#endif
+    (void)t;
+    (void)simd;
+    return NULL;
+}
+
 /* Row tiles: MC_TR weight rows x MC_TN activation rows per inner step. */
 #define MC_TR 16
 #define MC_TN 32
@@ -136,6 +162,8 @@ typedef struct {
     float *y;           /* (n, M) */
     mc_dot_fn dot;
     mc_dot4_fn dot4;
+    mc_dot8_fn dot8;      /* 8 x rows at once (32-element types), or NULL */
+    const mc_q8x8 *xp;    /* (n / 8, K / 32): the mc_q8 rows repacked for dot8 */
     mc_dot_fn fdot;       /* exact path, few x rows: fused dequant + dot, or NULL */
     struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
 } mc_matmul_job;
@@ -162,6 +190,14 @@ static void mc_matmul_chunk(void *ctx, int tile) {
         for (int r = r0; r < r1; r++) {
             const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
             int j = j0;
+            if (jb->dot8 != NULL) { /* j0 is a multiple of 8 */
+                const int nb = (K + 31) / 32;
+                for (; j + 8 <= j1; j += 8) {
+                    float o[8];
+                    jb->dot8(K, wr, jb->xp + (size_t)(j / 8) * nb, o);
+                    for (int u = 0; u < 8; u++) y[(size_t)(j + u) * M + r] = o[u];
+                }
+            }
             if (jb->dot4 != NULL) {
                 for (; j + 4 <= j1; j += 4) {
                     float o[4];
@@ -342,15 +378,33 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
             jb.xstride = (t == MC_Q4_K || t == MC_Q6_K) ? (size_t)(K / 256) * sizeof(mc_q8k)
                                                         : (size_t)((K + 31) / 32) * sizeof(mc_q8);
             const int outl = tol < 1e30f; /* balanced: outlier decomposition */
-            const size_t qbytes = jb.xstride * (size_t)n;
+            const size_t qbytes = (jb.xstride * (size_t)n + 63) & ~(size_t)63;
             const size_t obytes = outl ? sizeof(struct mc_outl) * (size_t)n : 0;
-            char *xq = (char *)mc_scratch(0, qbytes + obytes + 64);
+            jb.dot8 = n >= 8 && K % 32 == 0 ? mc_pick_dot8(t, simd) : NULL;
+            const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8;
+            const size_t dbytes = jb.dot8 != NULL ? ngrp * nb * sizeof(mc_q8x8) : 0;
+            char *xq = (char *)mc_scratch(0, qbytes + ((obytes + 63) & ~(size_t)63) + dbytes + 64);
             if (xq == NULL) return -2;
             jb.xbase = xq;
-            jb.outl = outl ? (struct mc_outl *)(xq + ((qbytes + 63) & ~(size_t)63)) : NULL;
+            jb.outl = outl ? (struct mc_outl *)(xq + qbytes) : NULL;
             mc_parallel(n >= 16 ? nth : 1, n, mc_quantize_chunk, &jb);
             if (tol < 1e30f)
                 for (int j = 0; j < n && !exact; j++) exact = mc_act_noise(&jb, j) > tol;
+            if (jb.dot8 != NULL && !exact) { /* each group of 8 rows, block by block */
+                const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(size_t)63));
+                mc_q8x8 *xp = (mc_q8x8 *)((at + 63) & ~(uintptr_t)63); /* aligned loads */
+                for (size_t g = 0; g < ngrp; g++)
+                    for (int u = 0; u < 8; u++) {
+                        const mc_q8 *xr = (const mc_q8 *)(xq + jb.xstride * (g * 8 + u));
+                        for (size_t i = 0; i < nb; i++) {
+                            mc_q8x8 *o = xp + g * nb + i;
+                            o->d[u] = xr[i].d;
+                            o->s[u] = xr[i].s;
+                            memcpy(o->qs[u], xr[i].qs, 32);
+                        }
+                    }
+                jb.xp = xp;
+            }
         }
     }
     if (exact) {

@@ -164,16 +164,19 @@ def test_exact_matmul_against_f32_reference(simd: str, dtype: DType) -> None:
         assert rel_err(exact.matmul(w, x), REF.matmul(w, x)) <= 1e-5, (dtype, n)
 
 
+@pytest.mark.parametrize("simd", available_simd())
 @pytest.mark.parametrize("dtype", MATMUL_DTYPES)
 @pytest.mark.parametrize("mode", ["fast", "exact"])
-def test_batched_matmul_equals_one_row_at_a_time(mode: str, dtype: DType) -> None:
+def test_batched_matmul_equals_one_row_at_a_time(mode: str, dtype: DType, simd: str) -> None:
+    """Every batch kernel (8 rows, 4 rows, 1 row; 41 rows = 5 x 8 + 1) keeps each row's arithmetic."""
     rng = np.random.default_rng(4)
     w = make_weight(dtype, 45, cols_for(dtype), rng)
-    x = rng.standard_normal((17, w.shape[1])).astype(np.float32)
-    cpu = CpuBackend(matmul=mode)
+    x = rng.standard_normal((41, w.shape[1])).astype(np.float32)
+    cpu = CpuBackend(matmul=mode, simd=simd)
     batched = cpu.matmul(w, x)
-    single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(17)])
+    single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(41)])
     np.testing.assert_array_equal(batched, single)
+    np.testing.assert_array_equal(cpu.matmul(w, x[3:15]), single[3:15])  # 8 + 4
 
 
 @pytest.mark.parametrize("dtype", [d for d in MATMUL_DTYPES if d.is_quantized])
@@ -222,7 +225,7 @@ def test_simd_and_scalar_paths_agree() -> None:
     if {"avx2", "avx512vnni"} <= set(available_simd()):  # same integer sums, same float ops
         for dtype in MATMUL_DTYPES:
             w = make_weight(dtype, 33, cols_for(dtype), rng)
-            x = rng.standard_normal((5, w.shape[1])).astype(np.float32)
+            x = rng.standard_normal((13, w.shape[1])).astype(np.float32)
             np.testing.assert_array_equal(
                 CpuBackend(simd="avx2").matmul(w, x), CpuBackend(simd="avx512vnni").matmul(w, x)
             )
