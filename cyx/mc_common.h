@@ -57,6 +57,7 @@ typedef struct {
     float d[8];
     float s[8];
     int8_t qs[8][32];
+    int32_t corr[8][8]; /* VNNI, symmetric weight types: -c * (sum of each 4 qs), c the offset */
 } mc_q8x8;
 
 /* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */

@@ -44,7 +44,9 @@ MC_AVX2 static inline __m256i mc_bits32(const uint8_t *p) {
 #define MC_TGT MC_AVX2
 #define MC_SFX(name) name##_avx2
 #define MC_SUM_U8I8(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+#define MC_DPBUSD 0
 #include "mc_quant_x86.h"
+#undef MC_DPBUSD
 #undef MC_TGT
 #undef MC_SFX
 #undef MC_SUM_U8I8
@@ -52,7 +54,9 @@ MC_AVX2 static inline __m256i mc_bits32(const uint8_t *p) {
 #define MC_TGT MC_VNNI
 #define MC_SFX(name) name##_vnni
 #define MC_SUM_U8I8(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+#define MC_DPBUSD 1
 #include "mc_quant_x86.h"
+#undef MC_DPBUSD
 #undef MC_TGT
 #undef MC_SFX
 #undef MC_SUM_U8I8

@@ -187,17 +187,30 @@ static void mc_matmul_chunk(void *ctx, int tile) {
     float *y = jb->y;
     for (int j0 = 0; j0 < n; j0 += MC_TN) {
         const int j1 = mc_imin(n, j0 + MC_TN);
-        for (int r = r0; r < r1; r++) {
-            const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
-            int j = j0;
-            if (jb->dot8 != NULL) { /* j0 is a multiple of 8 */
-                const int nb = (K + 31) / 32;
-                for (; j + 8 <= j1; j += 8) {
+        int jr = j0; /* rows from jr on: the 4-row and 1-row kernels */
+        if (jb->dot8 != NULL) {
+            /* each group of 8 x rows (j0 is a multiple of 8) meets every weight row of the
+             * tile while it sits in L1 */
+            const int nb = K / 32;
+            jr = j0 + ((j1 - j0) & ~7);
+            for (int j = j0; j < jr; j += 8) {
+                const mc_q8x8 *xg = jb->xp + (size_t)(j / 8) * nb;
+                for (int r = r0; r < r1; r++) {
+                    const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
+#if defined(MC_X86)
+                    if (j == j0 && r + 1 < r1) /* the next weight row, while this one works */
+                        for (int64_t o = 0; o < jb->row_stride; o += 64)
+                            _mm_prefetch((const char *)wr + jb->row_stride + o, _MM_HINT_T0);
+#endif
                     float o[8];
-                    jb->dot8(K, wr, jb->xp + (size_t)(j / 8) * nb, o);
+                    jb->dot8(K, wr, xg, o);
                     for (int u = 0; u < 8; u++) y[(size_t)(j + u) * M + r] = o[u];
                 }
             }
+        }
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
+            int j = jr;
             if (jb->dot4 != NULL) {
                 for (; j + 4 <= j1; j += 4) {
                     float o[4];
@@ -393,6 +406,12 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
             if (jb.dot8 != NULL && !exact) { /* each group of 8 rows, block by block */
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(size_t)63));
                 mc_q8x8 *xp = (mc_q8x8 *)((at + 63) & ~(uintptr_t)63); /* aligned loads */
+                /* the weight offset of mc_dot8_*_vnni's unsigned weights */
+                const int off = simd != MC_SIMD_VNNI ? 0
+                                : t == MC_Q4_0             ? 8
+                                : t == MC_Q5_0             ? 16
+                                : t == MC_Q8_0             ? 128
+                                                           : 0;
                 for (size_t g = 0; g < ngrp; g++)
                     for (int u = 0; u < 8; u++) {
                         const mc_q8 *xr = (const mc_q8 *)(xq + jb.xstride * (g * 8 + u));
@@ -401,6 +420,9 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
                             o->d[u] = xr[i].d;
                             o->s[u] = xr[i].s;
                             memcpy(o->qs[u], xr[i].qs, 32);
+                            for (int k = 0; k < 8 && off != 0; k++)
+                                o->corr[u][k] = -off * (xr[i].qs[4 * k] + xr[i].qs[4 * k + 1] +
+                                                        xr[i].qs[4 * k + 2] + xr[i].qs[4 * k + 3]);
                         }
                     }
                 jb.xp = xp;

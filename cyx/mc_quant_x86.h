@@ -276,6 +276,51 @@ MC_TGT static void MC_SFX(mc_dot8_q4_1)(int K, const uint8_t *w, const void *xp,
     MC_DOT8_OUT(s);
 }
 
+#if MC_DPBUSD
+/* VNNI: the weights offset to unsigned (q + c, c = 8, 16 or 128) meet x in vpdpbusd,
+ * which starts from the row's precomputed lanes -c * (sum of each 4 x values): the
+ * int32 lanes are exactly the signed kernels' (integer sums), without a sign fix-up
+ * per row. */
+#define MC_PAIR_OFF(r)                                                                             \
+    _mm256_dpbusd_epi32(_mm256_load_si256((const __m256i *)xb[i].corr[r]), qu, MC_XQ(r))
+
+MC_TGT static void MC_SFX(mc_dot8_q4_0)(int K, const uint8_t *w, const void *xp, float *out) {
+    static const float zero[8];
+    MC_DOT8_DECL;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        const __m256i qu = mc_nibbles32(b + 2);
+        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_OFF);
+    }
+    MC_DOT8_OUT(zero);
+}
+
+MC_TGT static void MC_SFX(mc_dot8_q5_0)(int K, const uint8_t *w, const void *xp, float *out) {
+    static const float zero[8];
+    MC_DOT8_DECL;
+    const __m256i h = _mm256_set1_epi8(0x10);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 22 * i;
+        const __m256i qu =
+            _mm256_or_si256(mc_nibbles32(b + 6), _mm256_and_si256(mc_bits32(b + 2), h));
+        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_OFF);
+    }
+    MC_DOT8_OUT(zero);
+}
+
+MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp, float *out) {
+    static const float zero[8];
+    MC_DOT8_DECL;
+    const __m256i c = _mm256_set1_epi8((char)0x80);
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const __m256i qu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), c);
+        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_OFF);
+    }
+    MC_DOT8_OUT(zero);
+}
+#undef MC_PAIR_OFF
+#else
 MC_TGT static void MC_SFX(mc_dot8_q4_0)(int K, const uint8_t *w, const void *xp, float *out) {
     static const float zero[8];
     MC_DOT8_DECL;
@@ -314,6 +359,8 @@ MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp,
     }
     MC_DOT8_OUT(zero);
 }
+
+#endif /* MC_DPBUSD */
 
 #undef MC_DOT8_DECL
 #undef MC_DOT8_STEP
