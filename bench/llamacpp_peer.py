@@ -52,7 +52,11 @@ class LlamaCppClient:
             best = max(best, float(t["prompt_n"]) / (float(t["prompt_ms"]) / 1000.0))
         return best
 
-    def decode_tps(self, prompts: list[list[int]], n_predict: int) -> float:
+    def decode_tps(self, prompts: list[list[int]], n_predict: int, reps: int = 2) -> float:
+        """Best of ``reps`` runs of :meth:`decode_once`."""
+        return max(self.decode_once(prompts, n_predict) for _ in range(reps))
+
+    def decode_once(self, prompts: list[list[int]], n_predict: int) -> float:
         """Generated tokens/s, all ``len(prompts)`` sequences decoding together.
 
         One stream: llama.cpp's ``predicted_per_second``.  Several: they share the
@@ -66,6 +70,31 @@ class LlamaCppClient:
             outs = list(ex.map(lambda p: self.completion(p, n_predict), prompts))
         n = sum(int(o["timings"]["predicted_n"]) for o in outs)
         return n / (max(float(o["timings"]["predicted_ms"]) for o in outs) / 1000.0)
+
+
+class LlamaCppPeer:
+    """llama.cpp's server in *this* process (the first draft's API, used by ``bench_e2e.py``).
+
+    Prefer :class:`LlamaCppServer` + :class:`LlamaCppClient` when memory matters: here the
+    peer's RSS is mixed with the caller's.
+    """
+
+    def __init__(
+        self, gguf: str | Path, threads: int, n_parallel: int = 8, n_ctx: int = 8192
+    ) -> None:
+        self._server = _start(str(gguf), threads, n_parallel, n_ctx)
+        self.url = str(self._server.listening_address).rstrip("/")
+        self._client = LlamaCppClient(self.url)
+
+    def completion(self, prompt: list[int] | str, n_predict: int) -> dict[str, Any]:
+        return self._client.completion(prompt, n_predict)
+
+    def prefill_tps(self, prompt_ids: list[int]) -> float:
+        return self._client.prefill_tps(prompt_ids, reps=1)
+
+    def decode_tps(self, prompt_ids: list[int], n_predict: int, streams: int) -> float:
+        """One run: ``streams`` copies of the prompt decoding together."""
+        return self._client.decode_once([prompt_ids] * streams, n_predict)
 
 
 class LlamaCppServer:
@@ -126,9 +155,7 @@ class LlamaCppServer:
             self.proc.wait()
 
 
-def _serve(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> None:
-    import os
-
+def _start(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> Any:
     import xllamacpp as x
 
     p = x.CommonParams()
@@ -139,7 +166,13 @@ def _serve(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> None:
     p.n_ctx = n_ctx
     p.warmup = True
     p.cache_prompt = False
-    server = x.Server(p)
+    return x.Server(p)
+
+
+def _serve(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> None:
+    import os
+
+    server = _start(gguf, threads, n_parallel, n_ctx)
     url = str(server.listening_address).rstrip("/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the model loads in the background

@@ -138,7 +138,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--batches", default="1,2,4,8", metavar="B,..", help="decode batch sizes")
     g.add_argument("--steps", type=int, default=32, metavar="N", help="decode steps per batch (32)")
     g.add_argument(
-        "--reps", type=int, default=2, metavar="N", help="prefill repeats, best kept (2)"
+        "--reps", type=int, default=2, metavar="N", help="repeats of each measurement, best kept (2)"
     )
     g.add_argument("--threads", type=int, default=None, metavar="N", help="kernel threads")
     g.add_argument(
