@@ -217,33 +217,48 @@ MC_TGT static void MC_SFX(mc_dot4_q4_1)(int K, const uint8_t *w, const void *x, 
 
 /* ---- eight activation rows per weight row: the batched kernels.
  * `xp`: those rows' mc_q8 blocks repacked by block (struct mc_q8x8: the 8 scales d,
- * the 8 sums s, then the 8 rows' int8 values), so every load is at a fixed offset
- * from one pointer, one vector multiply makes a weight block's 8 scale products and
- * one multiply-add Q4_1's 8 min terms.  Per row the arithmetic is exactly the
+ * the 8 sums s, the 8 rows' int8 values), so every load is at a fixed offset from
+ * one pointer.  The blocks go 16 at a time: first one vector multiply per block
+ * makes its 8 scale products dw * d_r (and Q4_1's 8 min terms), stored; then each
+ * row's integer dot meets its product by a broadcast load, so a pair costs one
+ * integer dot, one convert and one FMA.  Per row the arithmetic is exactly the
  * single-row kernel's (same products, same order, no contraction), so results are
  * bit-identical to eight separate calls. */
-#define MC_DOT8_DECL                                                                               \
+#define MC_DOT8_CHUNK 16
+
+/* Loop over the weight row's blocks of BYTES bytes (block pointer `b`, index `i`):
+ * SCALES sets `dwv` (and may add the min terms), PREP unpacks the weight block,
+ * PAIR(r) gives row r's 8 int32 sums. */
+#define MC_DOT8_LOOP(BYTES, SCALES, PREP, PAIR)                                                    \
     const mc_q8x8 *xb = (const mc_q8x8 *)xp;                                                       \
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,         \
            a7 = a0;                                                                                \
-    float dd[8] __attribute__((aligned(32)))
-
-/* the 8 rows' products with one weight block: PAIR(r) -> 8 int32 sums of row r */
-#define MC_DOT8_STEP(dwv, PAIR)                                                                    \
-    do {                                                                                           \
-        const __m256 dw_ = dwv;                                                                    \
-        MC_DOT8_ROW(a0, 0, PAIR);                                                                  \
-        MC_DOT8_ROW(a1, 1, PAIR);                                                                  \
-        MC_DOT8_ROW(a2, 2, PAIR);                                                                  \
-        MC_DOT8_ROW(a3, 3, PAIR);                                                                  \
-        MC_DOT8_ROW(a4, 4, PAIR);                                                                  \
-        MC_DOT8_ROW(a5, 5, PAIR);                                                                  \
-        MC_DOT8_ROW(a6, 6, PAIR);                                                                  \
-        MC_DOT8_ROW(a7, 7, PAIR);                                                                  \
-    } while (0)
+    float pd[MC_DOT8_CHUNK][8] __attribute__((aligned(32)));                                       \
+    const int nb = K / 32;                                                                         \
+    for (int i0 = 0; i0 < nb; i0 += MC_DOT8_CHUNK) {                                               \
+        const int i1 = mc_imin(nb, i0 + MC_DOT8_CHUNK);                                            \
+        for (int i = i0; i < i1; i++) {                                                            \
+            const uint8_t *b = w + (BYTES) * i;                                                    \
+            __m256 dwv;                                                                            \
+            SCALES;                                                                                \
+            _mm256_store_ps(pd[i - i0], _mm256_mul_ps(dwv, _mm256_load_ps(xb[i].d)));              \
+        }                                                                                          \
+        for (int i = i0; i < i1; i++) {                                                            \
+            const uint8_t *b = w + (BYTES) * i;                                                    \
+            const float *p = pd[i - i0];                                                           \
+            PREP;                                                                                  \
+            MC_DOT8_ROW(a0, 0, PAIR);                                                              \
+            MC_DOT8_ROW(a1, 1, PAIR);                                                              \
+            MC_DOT8_ROW(a2, 2, PAIR);                                                              \
+            MC_DOT8_ROW(a3, 3, PAIR);                                                              \
+            MC_DOT8_ROW(a4, 4, PAIR);                                                              \
+            MC_DOT8_ROW(a5, 5, PAIR);                                                              \
+            MC_DOT8_ROW(a6, 6, PAIR);                                                              \
+            MC_DOT8_ROW(a7, 7, PAIR);                                                              \
+        }                                                                                          \
+    }
 #define MC_DOT8_ROW(a, r, PAIR)                                                                    \
-    a = _mm256_fmadd_ps(_mm256_mul_ps(dw_, _mm256_broadcast_ss(xb[i].d + (r))),                    \
-                        _mm256_cvtepi32_ps(PAIR(r)), a)
+    a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (r)), _mm256_cvtepi32_ps(PAIR(r)), a)
 
 #define MC_DOT8_OUT(s)                                                                             \
     do {                                                                                           \
@@ -260,21 +275,21 @@ MC_TGT static void MC_SFX(mc_dot4_q4_1)(int K, const uint8_t *w, const void *x, 
 #define MC_XQ(r) _mm256_load_si256((const __m256i *)xb[i].qs[r])
 #define MC_PAIR_U8(r) MC_SUM_U8I8(qw, MC_XQ(r))
 #define MC_PAIR_I8(r) MC_SUM_U8I8(ax, _mm256_sign_epi8(MC_XQ(r), qw))
+#define MC_DW dwv = _mm256_set1_ps(mc_h16(b))
 
 MC_TGT static void MC_SFX(mc_dot8_q4_1)(int K, const uint8_t *w, const void *xp, float *out) {
-    MC_DOT8_DECL;
     __m256 summ = _mm256_setzero_ps();
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 20 * i;
-        summ = _mm256_add_ps(summ,
-                             _mm256_mul_ps(_mm256_set1_ps(mc_h16(b + 2)), _mm256_load_ps(xb[i].s)));
-        const __m256i qw = mc_nibbles32(b + 4);
-        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_U8);
-    }
+    MC_DOT8_LOOP(20,
+                 MC_DW;
+                 summ = _mm256_add_ps(summ, _mm256_mul_ps(_mm256_set1_ps(mc_h16(b + 2)),
+                                                          _mm256_load_ps(xb[i].s))),
+                 const __m256i qw = mc_nibbles32(b + 4), MC_PAIR_U8)
     float s[8];
     _mm256_storeu_ps(s, summ);
     MC_DOT8_OUT(s);
 }
+
+static const float MC_SFX(mc_zero8)[8];
 
 #if MC_DPBUSD
 /* VNNI: the weights offset to unsigned (q + c, c = 8, 16 or 128) meet x in vpdpbusd,
@@ -285,87 +300,58 @@ MC_TGT static void MC_SFX(mc_dot8_q4_1)(int K, const uint8_t *w, const void *xp,
     _mm256_dpbusd_epi32(_mm256_load_si256((const __m256i *)xb[i].corr[r]), qu, MC_XQ(r))
 
 MC_TGT static void MC_SFX(mc_dot8_q4_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    static const float zero[8];
-    MC_DOT8_DECL;
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 18 * i;
-        const __m256i qu = mc_nibbles32(b + 2);
-        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_OFF);
-    }
-    MC_DOT8_OUT(zero);
+    MC_DOT8_LOOP(18, MC_DW, const __m256i qu = mc_nibbles32(b + 2), MC_PAIR_OFF)
+    MC_DOT8_OUT(MC_SFX(mc_zero8));
 }
 
 MC_TGT static void MC_SFX(mc_dot8_q5_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    static const float zero[8];
-    MC_DOT8_DECL;
     const __m256i h = _mm256_set1_epi8(0x10);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 22 * i;
-        const __m256i qu =
-            _mm256_or_si256(mc_nibbles32(b + 6), _mm256_and_si256(mc_bits32(b + 2), h));
-        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_OFF);
-    }
-    MC_DOT8_OUT(zero);
+    MC_DOT8_LOOP(22, MC_DW,
+                 const __m256i qu = _mm256_or_si256(mc_nibbles32(b + 6),
+                                                    _mm256_and_si256(mc_bits32(b + 2), h)),
+                 MC_PAIR_OFF)
+    MC_DOT8_OUT(MC_SFX(mc_zero8));
 }
 
 MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    static const float zero[8];
-    MC_DOT8_DECL;
     const __m256i c = _mm256_set1_epi8((char)0x80);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 34 * i;
-        const __m256i qu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), c);
-        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_OFF);
-    }
-    MC_DOT8_OUT(zero);
+    MC_DOT8_LOOP(34, MC_DW,
+                 const __m256i qu =
+                     _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), c),
+                 MC_PAIR_OFF)
+    MC_DOT8_OUT(MC_SFX(mc_zero8));
 }
 #undef MC_PAIR_OFF
 #else
 MC_TGT static void MC_SFX(mc_dot8_q4_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    static const float zero[8];
-    MC_DOT8_DECL;
     const __m256i off = _mm256_set1_epi8(8);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 18 * i;
-        const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_I8);
-    }
-    MC_DOT8_OUT(zero);
+    MC_DOT8_LOOP(18, MC_DW,
+                 const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
+                 const __m256i ax = _mm256_sign_epi8(qw, qw), MC_PAIR_I8)
+    MC_DOT8_OUT(MC_SFX(mc_zero8));
 }
 
 MC_TGT static void MC_SFX(mc_dot8_q5_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    static const float zero[8];
-    MC_DOT8_DECL;
     const __m256i f0 = _mm256_set1_epi8((char)0xF0);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 22 * i;
-        __m256i qw = mc_nibbles32(b + 6);
-        qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_I8);
-    }
-    MC_DOT8_OUT(zero);
+    MC_DOT8_LOOP(22, MC_DW,
+                 const __m256i qw = _mm256_or_si256(mc_nibbles32(b + 6),
+                                                    _mm256_andnot_si256(mc_bits32(b + 2), f0));
+                 const __m256i ax = _mm256_sign_epi8(qw, qw), MC_PAIR_I8)
+    MC_DOT8_OUT(MC_SFX(mc_zero8));
 }
 
 MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    static const float zero[8];
-    MC_DOT8_DECL;
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 34 * i;
-        const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_DOT8_STEP(_mm256_set1_ps(mc_h16(b)), MC_PAIR_I8);
-    }
-    MC_DOT8_OUT(zero);
+    MC_DOT8_LOOP(34, MC_DW,
+                 const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
+                 const __m256i ax = _mm256_sign_epi8(qw, qw), MC_PAIR_I8)
+    MC_DOT8_OUT(MC_SFX(mc_zero8));
 }
-
 #endif /* MC_DPBUSD */
 
-#undef MC_DOT8_DECL
-#undef MC_DOT8_STEP
+#undef MC_DOT8_LOOP
 #undef MC_DOT8_ROW
 #undef MC_DOT8_OUT
 #undef MC_XQ
 #undef MC_PAIR_U8
 #undef MC_PAIR_I8
+#undef MC_DW
