@@ -43,12 +43,13 @@ def median_time(fn: Callable[[], object], reps: int) -> float:
 
 
 class Timed:
-    """Wraps a backend and adds up the seconds spent inside its calls."""
+    """Wraps a backend and adds up the seconds spent inside its calls (per method too)."""
 
     def __init__(self, be: CpuBackend) -> None:
         self.be = be
         self.spent = 0.0
         self.calls = 0
+        self.by_name: dict[str, float] = {}
 
     def __getattr__(self, name: str) -> Any:
         f = getattr(self.be, name)
@@ -60,8 +61,10 @@ class Timed:
             try:
                 return f(*a, **k)
             finally:
-                self.spent += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.spent += dt
                 self.calls += 1
+                self.by_name[name] = self.by_name.get(name, 0.0) + dt
 
         return wrapped
 
@@ -79,11 +82,11 @@ def main() -> None:
     be = CpuBackend(threads=args.threads, matmul=args.matmul)
     model: Any = build(load_model(path), be)
     rng = np.random.default_rng(0)
-    prompt = rng.integers(100, 40000, 512).tolist()
+    prompt = rng.integers(100, 40000, 800).tolist()
     print(f"load average {os.getloadavg()[0]:.2f}  threads={args.threads} matmul={args.matmul}")
 
     def prefill() -> None:
-        model.forward([SeqChunk(model.new_cache(max_tokens=600), prompt)])
+        model.forward([SeqChunk(model.new_cache(max_tokens=600), prompt[:512])])
 
     def decode(batch: int) -> float:
         caches = [model.new_cache(max_tokens=64) for _ in range(batch)]
@@ -103,26 +106,32 @@ def main() -> None:
         f"  b8 {res['decode_b8']:6.1f} tok/s  (b8/b1 {res['decode_b8'] / res['decode_b1']:.2f}x)"
     )
     if args.split:
-        timed = Timed(be)
-        model.be = timed
-        cache = model.new_cache(max_tokens=64)
-        model.forward([SeqChunk(cache, prompt[:8])])
-        timed.spent, timed.calls = 0.0, 0
-        t0 = time.perf_counter()
-        for s in range(args.steps):
-            model.forward([SeqChunk(cache, [prompt[200 + s]])])
-        wall = (time.perf_counter() - t0) / args.steps
-        model.be = be
-        print(
-            f"batch-1 step {wall * 1e3:.2f} ms: backend calls {timed.spent / args.steps * 1e3:.2f} ms"
-            f" ({timed.calls // args.steps} calls), rest {(wall - timed.spent / args.steps) * 1e3:.2f} ms"
-        )
+        for label, batch, n_tok in (("batch-1 step", 1, 1), ("batch-8 step", 8, 1), ("prefill 512", 1, 512)):
+            timed = Timed(be)
+            model.be = timed
+            caches = [model.new_cache(max_tokens=600) for _ in range(batch)]
+            if n_tok == 1:
+                model.forward([SeqChunk(c, prompt[:8]) for c in caches])
+            reps = args.steps if n_tok == 1 else 1
+            timed.spent, timed.calls, timed.by_name = 0.0, 0, {}
+            t0 = time.perf_counter()
+            for s in range(reps):
+                model.forward([SeqChunk(c, prompt[200 + s : 200 + s + n_tok]) for c in caches])
+            wall = (time.perf_counter() - t0) / reps
+            model.be = be
+            parts = "  ".join(
+                f"{k} {v / reps * 1e3:.2f}" for k, v in sorted(timed.by_name.items(), key=lambda kv: -kv[1])
+            )
+            print(
+                f"{label} {wall * 1e3:.2f} ms: backend {timed.spent / reps * 1e3:.2f} ms"
+                f" ({timed.calls // reps} calls: {parts}), rest {(wall - timed.spent / reps) * 1e3:.2f} ms"
+            )
     if not args.no_peer:
         from bench.llamacpp_peer import LlamaCppPeer
 
         peer = LlamaCppPeer(path, args.threads, n_parallel=1, n_ctx=2048)
         peer.prefill_tps(prompt[:64])
-        pf = statistics.median(peer.prefill_tps(prompt) for _ in range(args.reps))
+        pf = statistics.median(peer.prefill_tps(prompt[:512]) for _ in range(args.reps))
         dc = statistics.median(
             peer.decode_tps(prompt[:32], 8 * args.steps, 1) for _ in range(args.reps)
         )

@@ -11,7 +11,7 @@
  * machine degrades to single-threaded speed instead of stalling.
  *
  * Protocol: `state` packs (job generation << 32 | chunks left).  A thread owns
- * chunk `left - 1` of generation g only if its compare-and-swap from (g, left)
+ * chunk `nchunks - left` of generation g only if its compare-and-swap from (g, left)
  * to (g, left - 1) succeeds; the job's fields stay valid until all its chunks
  * are done, which needs that thread's chunk.  `done` counts finished chunks.
  */
@@ -46,6 +46,7 @@ typedef struct {
     _Atomic int sleepers;   /* workers blocked on `cv` */
     mc_chunk_fn fn;
     void *ctx;
+    int nchunks; /* of the current job */
     int nworkers;
     pid_t pid;
     pthread_mutex_t job_mu; /* one job at a time */
@@ -88,7 +89,7 @@ static void mc_pool_work(mc_pool *p) {
         if (left == 0) return;
         if (atomic_compare_exchange_weak_explicit(&p->state, &s, s - 1, memory_order_acq_rel,
                                                   memory_order_acquire)) {
-            p->fn(p->ctx, (int)left - 1);
+            p->fn(p->ctx, p->nchunks - (int)left); /* ascending: memory streams forward */
             atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
             s = atomic_load_explicit(&p->state, memory_order_acquire);
         }
@@ -184,6 +185,7 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
     const double t0 = mc_now();
     p->fn = fn;
     p->ctx = ctx;
+    p->nchunks = nchunks;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     const uint64_t gen = (atomic_load(&p->state) >> 32) + 1;
     atomic_store(&p->state, (gen << 32) | (uint32_t)nchunks); /* seq_cst: ordered before the sleepers load */

@@ -6,7 +6,8 @@
  * (AVX2 maddubs/madd, NEON mull/padal, or scalar C), scaled by the two block
  * scales.  F32/F16 weights use a float FMA path on the unquantized x.
  *
- * Work split: tiles of MC_TR output rows are handed to the threads of the pool
+ * Work split: tiles of output rows (MC_TR, or longer runs for a few x rows) are
+ * handed to the threads of the pool in ascending order
  * (mc_pool.h); inside a tile each weight row meets every activation row (four
  * at a time where a 4-row kernel exists), so each weight row is read from
  * memory once per call for the whole batch.
@@ -154,6 +155,7 @@ static mc_dot8_fn mc_pick_dot8(int t, int simd) {
 
 typedef struct {
     int t, M, K, n, failed, simd;
+    int tr; /* weight rows per tile (a chunk of the pool) */
     const uint8_t *W;
     int64_t row_stride;
     const float *x;     /* (n, K) float activations (exact path, F32/F16) */
@@ -179,11 +181,11 @@ struct mc_outl {
     float val[MC_OUTL_MAX];
 };
 
-/* one tile of MC_TR weight rows against all activation rows */
+/* one tile of jb->tr weight rows against all activation rows */
 static void mc_matmul_chunk(void *ctx, int tile) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
     const int M = jb->M, K = jb->K, n = jb->n;
-    const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
+    const int r0 = tile * jb->tr, r1 = mc_imin(M, r0 + jb->tr);
     float *y = jb->y;
     for (int j0 = 0; j0 < n; j0 += MC_TN) {
         const int j1 = mc_imin(n, j0 + MC_TN);
@@ -197,11 +199,6 @@ static void mc_matmul_chunk(void *ctx, int tile) {
                 const mc_q8x8 *xg = jb->xp + (size_t)(j / 8) * nb;
                 for (int r = r0; r < r1; r++) {
                     const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
-#if defined(MC_X86)
-                    if (j == j0 && r + 1 < r1) /* the next weight row, while this one works */
-                        for (int64_t o = 0; o < jb->row_stride; o += 64)
-                            _mm_prefetch((const char *)wr + jb->row_stride + o, _MM_HINT_T0);
-#endif
                     float o[8];
                     jb->dot8(K, wr, xg, o);
                     for (int u = 0; u < 8; u++) y[(size_t)(j + u) * M + r] = o[u];
@@ -277,7 +274,7 @@ static void mc_quantize_chunk(void *ctx, int j) {
 static void mc_matmul_exact_chunk(void *ctx, int tile) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
     const int M = jb->M, K = jb->K, n = jb->n;
-    const int r0 = tile * MC_TR, r1 = mc_imin(M, r0 + MC_TR);
+    const int r0 = tile * jb->tr, r1 = mc_imin(M, r0 + jb->tr);
     float *wrow = (float *)mc_scratch(1, (size_t)K * sizeof(float));
     if (wrow == NULL) {
         jb->failed = 1;
@@ -361,7 +358,7 @@ static double mc_act_noise(const mc_matmul_job *jb, int j) {
  *     (fast), unless quantizing some row of x is estimated to add a relative RMS
  *     error above tol (activations with outliers), then the call takes the exact
  *     path.  A huge tol ("fast") always takes the integer path.
- * Work is split in tiles of MC_TR output rows over up to nth threads.
+ * Work is split in tiles of jb.tr output rows over up to nth threads.
  * Returns 0, -1 for an unknown type, -2 when out of memory. */
 static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                      int n, float *y, int simd, int nth, float tol) {
@@ -378,8 +375,17 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
     jb.simd = simd;
     jb.dot = mc_pick_dot(t, simd);
     if (jb.dot == NULL) return -1;
-    const int ntiles = (M + MC_TR - 1) / MC_TR;
     const int use = (double)M * K * n < 65536.0 ? 1 : nth;
+    /* Few x rows: each weight byte is used a few times, so the call streams the
+     * weights from memory; long ascending runs (about 4 tiles per thread) keep the
+     * hardware prefetchers going.  Many rows: MC_TR-row tiles that stay in L1. */
+    jb.tr = MC_TR;
+    if (n < 8) {
+        const int want = (M + 4 * use - 1) / (4 * use);
+        jb.tr = ((want + MC_TR - 1) / MC_TR) * MC_TR;
+        if (jb.tr < MC_TR) jb.tr = MC_TR;
+    }
+    const int ntiles = (M + jb.tr - 1) / jb.tr;
     int exact = !(tol > 0.0f) && t != MC_F32 && t != MC_F16; /* F32/F16: float paths already */
     if (!exact) {
         jb.dot4 = mc_pick_dot4(t, simd);
