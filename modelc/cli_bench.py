@@ -64,7 +64,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from modelc.bench.loadgen import RequestTrace, probe, run_load
-    from modelc.bench.report import load_json, load_table, plot_load
+    from modelc.bench.report import load_json, load_markdown, load_table, plot_load
 
     levels = _ints("--concurrency", args.concurrency)
     for flag, v in (
@@ -83,7 +83,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
         TextColumn("errors {task.fields[errors]}"),
         TimeElapsedColumn(),
         console=_console(),
-        transient=args.json,
+        transient=args.json or args.markdown,
     )
     tasks = {
         c: progress.add_task(f"concurrency {c}", total=args.requests, errors=0) for c in levels
@@ -112,6 +112,8 @@ def _cmd_load(args: argparse.Namespace) -> int:
         plot_load(res, Path(args.plot))
     if args.json:
         sys.stdout.write(json.dumps(load_json(res), indent=2) + "\n")
+    elif args.markdown:
+        sys.stdout.write(load_markdown(res) + "\n")
     else:
         from rich.console import Console
 
@@ -138,7 +140,11 @@ def register(subparsers: Any) -> None:
     g.add_argument("--batches", default="1,2,4,8", metavar="B,..", help="decode batch sizes")
     g.add_argument("--steps", type=int, default=32, metavar="N", help="decode steps per batch (32)")
     g.add_argument(
-        "--reps", type=int, default=2, metavar="N", help="repeats of each measurement, best kept (2)"
+        "--reps",
+        type=int,
+        default=2,
+        metavar="N",
+        help="repeats of each measurement, best kept (2)",
     )
     g.add_argument("--threads", type=int, default=None, metavar="N", help="kernel threads")
     g.add_argument(
@@ -156,4 +162,5 @@ def register(subparsers: Any) -> None:
     h.add_argument("--chat", action="store_true", default=None, help="use /v1/chat/completions")
     h.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (600)")
     h.add_argument("--plot", default=None, metavar="PNG", help="latency vs throughput plot")
+    h.add_argument("--markdown", action="store_true", help="print a Markdown table")
     p.set_defaults(func=cmd_bench)

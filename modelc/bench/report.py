@@ -62,6 +62,20 @@ def load_table(r: LoadResult) -> Table:
     return t
 
 
+def load_markdown(r: LoadResult) -> str:
+    """The load result as a Markdown table (p50 / p90 / p99 in ms)."""
+    head = "| concurrency | ok / errors | req/s | output tok/s | TTFT p50 / p90 / p99 | TPOT p50 / p90 / p99 | ITL p50 / p90 / p99 | E2E p50 / p90 / p99 |"
+    lines = [head, "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for lv in r.levels:
+        ds = (lv.ttft, lv.tpot, lv.itl, lv.e2e)
+        cells = [" / ".join(_f(v, 0) for v in (d.p50, d.p90, d.p99)) for d in ds]
+        lines.append(
+            f"| {lv.concurrency} | {lv.completed} / {lv.errors} | {_f(lv.request_throughput, 2)} "
+            f"| {_f(lv.output_tps)} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines)
+
+
 def _clean(x: Any) -> Any:
     """NaN -> None so the JSON is standard."""
     if isinstance(x, float) and math.isnan(x):
@@ -110,7 +124,9 @@ def plot_load(r: LoadResult, path: Path) -> None:
         ax.set_title(label)
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{r.model} @ {r.url}{r.endpoint}: prompt ~{r.prompt_len}, {r.max_tokens} out")
+    fig.suptitle(
+        f"{Path(r.model).name} @ {r.url}{r.endpoint}: prompt ~{r.prompt_len}, {r.max_tokens} out"
+    )
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=100)
