@@ -199,6 +199,8 @@ static void mc_dequant_row(int t, const uint8_t *row, int K, float *y) {
 typedef float (*mc_dot_fn)(int K, const uint8_t *w, const void *x);
 /* one weight row against 4 activation rows `xstride` bytes apart -> out[0..3] */
 typedef void (*mc_dot4_fn)(int K, const uint8_t *w, const void *x, size_t xstride, float *out);
+/* 4 weight rows `st` bytes apart against one activation row */
+typedef void (*mc_dotr4_fn)(int K, const uint8_t *w, size_t st, const void *x, float *out);
 /* 8 activation rows, repacked as K/32 mc_q8x8 */
 typedef void (*mc_dot8_fn)(int K, const uint8_t *w, const void *xp, float *out);
 

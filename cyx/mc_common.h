@@ -51,13 +51,15 @@ typedef struct {
     int8_t qs[32];
 } mc_q8;
 
-/* One block of 8 activation rows, for the batched kernels: the rows' mc_q8 fields
- * side by side (32-byte aligned when the array is). */
+/* One block of 8 activation rows, for the batched kernels (mc_quant_x86.h): d, s and
+ * cs in lane order 0 2 4 6 1 3 5 7; lo[p] / hi[p]: elements 0-15 / 16-31 of rows
+ * 2p and 2p+1 side by side.  Every field is 32-byte aligned when the array is. */
 typedef struct {
     float d[8];
     float s[8];
-    int8_t qs[8][32];
-    int32_t corr[8][8]; /* VNNI, symmetric weight types: -c * (sum of each 4 qs), c the offset */
+    int32_t cs[8]; /* c * sum(qs): the weight offset c of the kernel times the row's int sum */
+    int8_t lo[4][32];
+    int8_t hi[4][32];
 } mc_q8x8;
 
 /* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */

@@ -95,25 +95,43 @@ static mc_dot4_fn mc_pick_dot4(int t, int simd) {
 #if defined(MC_X86)
     if (simd == MC_SIMD_VNNI) {
         switch (t) {
-        case MC_Q4_0: return mc_dot4_q4_0_vnni;
-        case MC_Q4_1: return mc_dot4_q4_1_vnni;
-        case MC_Q5_0: return mc_dot4_q5_0_vnni;
-        case MC_Q8_0: return mc_dot4_q8_0_vnni;
         case MC_INT8: return mc_dot4_int8_vnni;
         default: break;
         }
     }
     if (MC_IS_AVX2(simd)) {
         switch (t) {
-        case MC_Q4_0: return mc_dot4_q4_0_avx2;
-        case MC_Q4_1: return mc_dot4_q4_1_avx2;
-        case MC_Q5_0: return mc_dot4_q5_0_avx2;
-        case MC_Q8_0: return mc_dot4_q8_0_avx2;
         case MC_Q4_K: return mc_dot4_q4_k_avx2;
         case MC_Q6_K: return mc_dot4_q6_k_avx2;
         case MC_INT8: return mc_dot4_int8_avx2;
         case MC_F32: return mc_dot4_f32_avx2;
         case MC_F16: return mc_dot4_f16_avx2;
+        default: return NULL;
+        }
+    }
+#endif
+    (void)t;
+    (void)simd;
+    return NULL;
+}
+
+static mc_dotr4_fn mc_pick_dotr4(int t, int simd) {
+#if defined(MC_X86)
+    if (simd == MC_SIMD_VNNI) {
+        switch (t) {
+        case MC_Q4_0: return mc_dotr4_q4_0_vnni;
+        case MC_Q4_1: return mc_dotr4_q4_1_vnni;
+        case MC_Q5_0: return mc_dotr4_q5_0_vnni;
+        case MC_Q8_0: return mc_dotr4_q8_0_vnni;
+        default: return NULL;
+        }
+    }
+    if (MC_IS_AVX2(simd)) {
+        switch (t) {
+        case MC_Q4_0: return mc_dotr4_q4_0_avx2;
+        case MC_Q4_1: return mc_dotr4_q4_1_avx2;
+        case MC_Q5_0: return mc_dotr4_q5_0_avx2;
+        case MC_Q8_0: return mc_dotr4_q8_0_avx2;
         default: return NULL;
         }
     }
@@ -165,6 +183,7 @@ typedef struct {
     mc_dot_fn dot;
     mc_dot4_fn dot4;
     mc_dot8_fn dot8;      /* 8 x rows at once (32-element types), or NULL */
+    mc_dotr4_fn dotr4;    /* 4 weight rows at once against one x row, or NULL */
     const mc_q8x8 *xp;    /* (n / 8, K / 32): the mc_q8 rows repacked for dot8 */
     mc_dot_fn fdot;       /* exact path, few x rows: fused dequant + dot, or NULL */
     struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
@@ -181,6 +200,19 @@ struct mc_outl {
     float val[MC_OUTL_MAX];
 };
 
+/* balanced mode: add back the outliers of x rows [j0, j1) for weight rows [ra, rb) */
+static void mc_outlier_rows(const mc_matmul_job *jb, int ra, int rb, int j0, int j1) {
+    for (int r = ra; r < rb; r++) {
+        const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
+        for (int j = j0; j < j1; j++) {
+            const struct mc_outl *o = jb->outl + j;
+            float c = 0.0f;
+            for (int k = 0; k < o->n; k++) c += o->val[k] * mc_elem(jb->t, wr, o->idx[k]);
+            if (o->n) jb->y[(size_t)j * jb->M + r] += c;
+        }
+    }
+}
+
 /* one tile of jb->tr weight rows against all activation rows */
 static void mc_matmul_chunk(void *ctx, int tile) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
@@ -195,17 +227,31 @@ static void mc_matmul_chunk(void *ctx, int tile) {
              * tile while it sits in L1 */
             const int nb = K / 32;
             jr = j0 + ((j1 - j0) & ~7);
+            if (j1 - jr >= 2) jr = j1; /* the padded last group */
             for (int j = j0; j < jr; j += 8) {
                 const mc_q8x8 *xg = jb->xp + (size_t)(j / 8) * nb;
+                const int nu = mc_imin(8, jr - j);
                 for (int r = r0; r < r1; r++) {
                     const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
                     float o[8];
                     jb->dot8(K, wr, xg, o);
-                    for (int u = 0; u < 8; u++) y[(size_t)(j + u) * M + r] = o[u];
+                    for (int u = 0; u < nu; u++) y[(size_t)(j + u) * M + r] = o[u];
                 }
             }
         }
-        for (int r = r0; r < r1; r++) {
+        int r = r0;
+        if (jb->dotr4 != NULL && jr < j1)
+            for (; r + 4 <= r1; r += 4) {
+                const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
+                for (int j = jr; j < j1; j++) {
+                    float o[4];
+                    jb->dotr4(K, wr, (size_t)jb->row_stride,
+                              (const char *)jb->xbase + jb->xstride * j, o);
+                    for (int u = 0; u < 4; u++) y[(size_t)j * M + r + u] = o[u];
+                }
+                if (jb->outl != NULL) mc_outlier_rows(jb, r, r + 4, j0, j1);
+            }
+        for (; r < r1; r++) {
             const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
             int j = jr;
             if (jb->dot4 != NULL) {
@@ -217,13 +263,7 @@ static void mc_matmul_chunk(void *ctx, int tile) {
             }
             for (; j < j1; j++)
                 y[(size_t)j * M + r] = jb->dot(K, wr, (const char *)jb->xbase + jb->xstride * j);
-            if (jb->outl != NULL)
-                for (j = j0; j < j1; j++) {
-                    const struct mc_outl *o = jb->outl + j;
-                    float c = 0.0f;
-                    for (int k = 0; k < o->n; k++) c += o->val[k] * mc_elem(jb->t, wr, o->idx[k]);
-                    if (o->n) y[(size_t)j * M + r] += c;
-                }
+            if (jb->outl != NULL) mc_outlier_rows(jb, r, r + 1, j0, j1);
         }
     }
 }
@@ -399,8 +439,10 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
             const int outl = tol < 1e30f; /* balanced: outlier decomposition */
             const size_t qbytes = (jb.xstride * (size_t)n + 63) & ~(size_t)63;
             const size_t obytes = outl ? sizeof(struct mc_outl) * (size_t)n : 0;
-            jb.dot8 = n >= 8 && K % 32 == 0 ? mc_pick_dot8(t, simd) : NULL;
-            const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8;
+            jb.dot8 = n >= 2 && K % 32 == 0 ? mc_pick_dot8(t, simd) : NULL;
+            jb.dotr4 = K % 32 == 0 ? mc_pick_dotr4(t, simd) : NULL;
+            /* groups of 8 rows; a last group of 2-7 rows is padded with zero rows */
+            const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8 + (n % 8 >= 2);
             const size_t dbytes = jb.dot8 != NULL ? ngrp * nb * sizeof(mc_q8x8) : 0;
             char *xq = (char *)mc_scratch(0, qbytes + ((obytes + 63) & ~(size_t)63) + dbytes + 64);
             if (xq == NULL) return -2;
@@ -412,23 +454,25 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
             if (jb.dot8 != NULL && !exact) { /* each group of 8 rows, block by block */
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(size_t)63));
                 mc_q8x8 *xp = (mc_q8x8 *)((at + 63) & ~(uintptr_t)63); /* aligned loads */
-                /* the weight offset of mc_dot8_*_vnni's unsigned weights */
-                const int off = simd != MC_SIMD_VNNI ? 0
-                                : t == MC_Q4_0             ? 8
-                                : t == MC_Q5_0             ? 16
-                                : t == MC_Q8_0             ? 128
-                                                           : 0;
+                /* the unsigned-weight offset of mc_dot8_* (Q8_0: VNNI only) */
+                const int off = t == MC_Q4_0   ? 8
+                                : t == MC_Q5_0 ? 16
+                                : t == MC_Q8_0 ? (simd == MC_SIMD_VNNI ? 128 : 0)
+                                               : 0;
+                static const int lane[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* row -> lane */
+                memset(xp, 0, ngrp * nb * sizeof(mc_q8x8));             /* padding rows */
                 for (size_t g = 0; g < ngrp; g++)
-                    for (int u = 0; u < 8; u++) {
+                    for (int u = 0; u < 8 && g * 8 + u < (size_t)n; u++) {
                         const mc_q8 *xr = (const mc_q8 *)(xq + jb.xstride * (g * 8 + u));
                         for (size_t i = 0; i < nb; i++) {
                             mc_q8x8 *o = xp + g * nb + i;
-                            o->d[u] = xr[i].d;
-                            o->s[u] = xr[i].s;
-                            memcpy(o->qs[u], xr[i].qs, 32);
-                            for (int k = 0; k < 8 && off != 0; k++)
-                                o->corr[u][k] = -off * (xr[i].qs[4 * k] + xr[i].qs[4 * k + 1] +
-                                                        xr[i].qs[4 * k + 2] + xr[i].qs[4 * k + 3]);
+                            int sum = 0;
+                            for (int k = 0; k < 32; k++) sum += xr[i].qs[k];
+                            o->d[lane[u]] = xr[i].d;
+                            o->s[lane[u]] = xr[i].s;
+                            o->cs[lane[u]] = off * sum;
+                            memcpy(o->lo[u / 2] + 16 * (u % 2), xr[i].qs, 16);
+                            memcpy(o->hi[u / 2] + 16 * (u % 2), xr[i].qs + 16, 16);
                         }
                     }
                 jb.xp = xp;

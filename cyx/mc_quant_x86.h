@@ -20,38 +20,54 @@ MC_TGT static inline __m256i MC_SFX(mc_dot_u8)(__m256i ua, __m256i b) {
     return MC_SUM_U8I8(ua, b);
 }
 
+
+/* Every 32-element-block kernel, single-row or 8-row, computes per row and block the
+ * exact integer dot s of the block's ints, then acc = fma(dw * dx, (float)s, acc) in
+ * block order (Q4_1 adds sum(mw * sx) kept apart and added at the end), so a row's
+ * result does not depend on how many rows share the call. */
+
+MC_TGT static inline int MC_SFX(mc_hsum_i32)(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+MC_TGT static inline float MC_SFX(mc_fma1)(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+#define MC_BLOCK_ACC(acc, dd, p) acc = MC_SFX(mc_fma1)(dd, (float)MC_SFX(mc_hsum_i32)(p), acc)
+
 MC_TGT static float MC_SFX(mc_dot_q4_0)(int K, const uint8_t *w, const void *xv) {
     const mc_q8 *x = (const mc_q8 *)xv;
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f;
     const __m256i off = _mm256_set1_epi8(8);
     for (int i = 0; i < K / 32; i++) {
         const uint8_t *b = w + 18 * i;
         const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_i8)(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+        MC_BLOCK_ACC(acc, mc_h16(b) * x[i].d, MC_SFX(mc_dot_i8)(qw, qx));
     }
-    return mc_hsum256(acc);
+    return acc;
 }
 
 MC_TGT static float MC_SFX(mc_dot_q4_1)(int K, const uint8_t *w, const void *xv) {
     const mc_q8 *x = (const mc_q8 *)xv;
-    __m256 acc = _mm256_setzero_ps();
-    float summ = 0.0f;
+    float acc = 0.0f, summ = 0.0f;
     for (int i = 0; i < K / 32; i++) {
         const uint8_t *b = w + 20 * i;
         const __m256i qw = mc_nibbles32(b + 4);
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_u8)(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+        MC_BLOCK_ACC(acc, mc_h16(b) * x[i].d, MC_SFX(mc_dot_u8)(qw, qx));
         summ += mc_h16(b + 2) * x[i].s;
     }
-    return mc_hsum256(acc) + summ;
+    return acc + summ;
 }
 
 MC_TGT static float MC_SFX(mc_dot_q5_0)(int K, const uint8_t *w, const void *xv) {
     const mc_q8 *x = (const mc_q8 *)xv;
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f;
     const __m256i f0 = _mm256_set1_epi8((char)0xF0);
     for (int i = 0; i < K / 32; i++) {
         const uint8_t *b = w + 22 * i;
@@ -59,24 +75,86 @@ MC_TGT static float MC_SFX(mc_dot_q5_0)(int K, const uint8_t *w, const void *xv)
         /* high bit clear -> value - 16 == nibble | 0xF0 as int8 */
         qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_i8)(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+        MC_BLOCK_ACC(acc, mc_h16(b) * x[i].d, MC_SFX(mc_dot_i8)(qw, qx));
     }
-    return mc_hsum256(acc);
+    return acc;
 }
 
 MC_TGT static float MC_SFX(mc_dot_q8_0)(int K, const uint8_t *w, const void *xv) {
     const mc_q8 *x = (const mc_q8 *)xv;
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f;
     for (int i = 0; i < K / 32; i++) {
         const uint8_t *b = w + 34 * i;
         const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256 p = _mm256_cvtepi32_ps(MC_SFX(mc_dot_i8)(qw, qx));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), p, acc);
+        MC_BLOCK_ACC(acc, mc_h16(b) * x[i].d, MC_SFX(mc_dot_i8)(qw, qx));
     }
-    return mc_hsum256(acc);
+    return acc;
 }
+#undef MC_BLOCK_ACC
+
+/* ---- four weight rows against one activation row: the single-row arithmetic for each
+ * (exact block sums, then fma(dw * dx, s, acc) in block order), four chains in the
+ * lanes of one vector so the FMA latency is paid once for four rows. */
+MC_TGT static inline __m128 MC_SFX(mc_h16x4)(const uint8_t *w, size_t st, size_t off) {
+    uint16_t h[4];
+    for (int r = 0; r < 4; r++) memcpy(h + r, w + r * st + off, 2);
+    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)h));
+}
+
+/* four rows' 8-lane int sums -> one vector of their four totals */
+MC_TGT static inline __m128i MC_SFX(mc_sum4_i32)(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+#define MC_DOTR4(BYTES, DOFF, BLOCKDOT, MIN)                                                       \
+    const mc_q8 *x = (const mc_q8 *)xv;                                                            \
+    __m128 acc = _mm_setzero_ps(), summ = _mm_setzero_ps();                                        \
+    for (int i = 0; i < K / 32; i++) {                                                             \
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);                           \
+        const uint8_t *b0 = w + (BYTES) * i;                                                       \
+        const __m128i is = MC_SFX(mc_sum4_i32)(BLOCKDOT(b0), BLOCKDOT(b0 + st),                    \
+                                               BLOCKDOT(b0 + 2 * st), BLOCKDOT(b0 + 3 * st));      \
+        const __m128 dd = _mm_mul_ps(MC_SFX(mc_h16x4)(w, st, (BYTES) * i + (DOFF)),                \
+                                     _mm_set1_ps(x[i].d));                                         \
+        acc = _mm_fmadd_ps(dd, _mm_cvtepi32_ps(is), acc);                                          \
+        if (MIN)                                                                                   \
+            summ = _mm_add_ps(summ, _mm_mul_ps(MC_SFX(mc_h16x4)(w, st, (BYTES) * i + 2),           \
+                                               _mm_set1_ps(x[i].s)));                              \
+    }                                                                                              \
+    _mm_storeu_ps(out, MIN ? _mm_add_ps(acc, summ) : acc)
+
+#define MC_BD_Q4_1(b) MC_SFX(mc_dot_u8)(mc_nibbles32((b) + 4), qx)
+#define MC_BD_Q4_0(b) MC_SFX(mc_dot_i8)(_mm256_sub_epi8(mc_nibbles32((b) + 2), _mm256_set1_epi8(8)), qx)
+#define MC_BD_Q5_0(b)                                                                              \
+    MC_SFX(mc_dot_i8)(_mm256_or_si256(mc_nibbles32((b) + 6),                                       \
+                                      _mm256_andnot_si256(mc_bits32((b) + 2),                      \
+                                                          _mm256_set1_epi8((char)0xF0))),          \
+                      qx)
+#define MC_BD_Q8_0(b) MC_SFX(mc_dot_i8)(_mm256_loadu_si256((const __m256i *)((b) + 2)), qx)
+
+MC_TGT static void MC_SFX(mc_dotr4_q4_1)(int K, const uint8_t *w, size_t st, const void *xv,
+                                         float *out) {
+    MC_DOTR4(20, 0, MC_BD_Q4_1, 1);
+}
+MC_TGT static void MC_SFX(mc_dotr4_q4_0)(int K, const uint8_t *w, size_t st, const void *xv,
+                                         float *out) {
+    MC_DOTR4(18, 0, MC_BD_Q4_0, 0);
+}
+MC_TGT static void MC_SFX(mc_dotr4_q5_0)(int K, const uint8_t *w, size_t st, const void *xv,
+                                         float *out) {
+    MC_DOTR4(22, 0, MC_BD_Q5_0, 0);
+}
+MC_TGT static void MC_SFX(mc_dotr4_q8_0)(int K, const uint8_t *w, size_t st, const void *xv,
+                                         float *out) {
+    MC_DOTR4(34, 0, MC_BD_Q8_0, 0);
+}
+#undef MC_DOTR4
+#undef MC_BD_Q4_1
+#undef MC_BD_Q4_0
+#undef MC_BD_Q5_0
+#undef MC_BD_Q8_0
 
 MC_TGT static float MC_SFX(mc_dot_int8)(int K, const uint8_t *w, const void *xv) {
     const mc_q8 *x = (const mc_q8 *)xv;
@@ -107,60 +185,6 @@ MC_TGT static float MC_SFX(mc_dot_int8)(int K, const uint8_t *w, const void *xv)
         acc[r] = _mm256_fmadd_ps(_mm256_set1_ps((dw) * xb->d), _mm256_cvtepi32_ps(p), acc[r]);     \
     } while (0)
 
-MC_TGT static void MC_SFX(mc_dot4_q8_0)(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 34 * i;
-        const float dw = mc_h16(b);
-        const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_ACC_I8(0, qw, ax, dw);
-        MC_ACC_I8(1, qw, ax, dw);
-        MC_ACC_I8(2, qw, ax, dw);
-        MC_ACC_I8(3, qw, ax, dw);
-    }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
-}
-
-MC_TGT static void MC_SFX(mc_dot4_q4_0)(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    const __m256i off = _mm256_set1_epi8(8);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 18 * i;
-        const float dw = mc_h16(b);
-        const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_ACC_I8(0, qw, ax, dw);
-        MC_ACC_I8(1, qw, ax, dw);
-        MC_ACC_I8(2, qw, ax, dw);
-        MC_ACC_I8(3, qw, ax, dw);
-    }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
-}
-
-MC_TGT static void MC_SFX(mc_dot4_q5_0)(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    const __m256i f0 = _mm256_set1_epi8((char)0xF0);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 22 * i;
-        const float dw = mc_h16(b);
-        __m256i qw = mc_nibbles32(b + 6);
-        qw = _mm256_or_si256(qw, _mm256_andnot_si256(mc_bits32(b + 2), f0));
-        const __m256i ax = _mm256_sign_epi8(qw, qw);
-        MC_ACC_I8(0, qw, ax, dw);
-        MC_ACC_I8(1, qw, ax, dw);
-        MC_ACC_I8(2, qw, ax, dw);
-        MC_ACC_I8(3, qw, ax, dw);
-    }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
-}
-
 MC_TGT static void MC_SFX(mc_dot4_int8)(int K, const uint8_t *w, const void *x, size_t xstride,
                                       float *out) {
     /* the ragged tail and the row scale go through the single-row kernel's code */
@@ -187,171 +211,122 @@ MC_TGT static void MC_SFX(mc_dot4_int8)(int K, const uint8_t *w, const void *x, 
     }
 }
 
-#define MC_ACC_U8(r, qw, dw, mw)                                                                   \
-    do {                                                                                           \
-        const mc_q8 *xb = MC_X4(r) + i;                                                            \
-        const __m256i p = MC_SUM_U8I8(qw, _mm256_loadu_si256((const __m256i *)xb->qs));          \
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps((dw) * xb->d), _mm256_cvtepi32_ps(p), acc[r]);     \
-        summ[r] += (mw) * xb->s;                                                                   \
-    } while (0)
-
-MC_TGT static void MC_SFX(mc_dot4_q4_1)(int K, const uint8_t *w, const void *x, size_t xstride,
-                                      float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    float summ[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 20 * i;
-        const float dw = mc_h16(b), mw = mc_h16(b + 2);
-        const __m256i qw = mc_nibbles32(b + 4);
-        MC_ACC_U8(0, qw, dw, mw);
-        MC_ACC_U8(1, qw, dw, mw);
-        MC_ACC_U8(2, qw, dw, mw);
-        MC_ACC_U8(3, qw, dw, mw);
-    }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]) + summ[r];
-}
-
 #undef MC_ACC_I8
-#undef MC_ACC_U8
 
 /* ---- eight activation rows per weight row: the batched kernels.
- * `xp`: those rows' mc_q8 blocks repacked by block (struct mc_q8x8: the 8 scales d,
- * the 8 sums s, the 8 rows' int8 values), so every load is at a fixed offset from
- * one pointer.  The blocks go 16 at a time: first one vector multiply per block
- * makes its 8 scale products dw * d_r (and Q4_1's 8 min terms), stored; then each
- * row's integer dot meets its product by a broadcast load, so a pair costs one
- * integer dot, one convert and one FMA.  Per row the arithmetic is exactly the
- * single-row kernel's (same products, same order, no contraction), so results are
- * bit-identical to eight separate calls. */
-#define MC_DOT8_CHUNK 16
+ * `xp`: the rows' mc_q8 blocks repacked (struct mc_q8x8): rows paired, elements 0-15
+ * of rows 2p and 2p+1 in the two 128-bit halves of `lo[p]`, elements 16-31 in
+ * `hi[p]`.  The weight block's elements 0-15 (and 16-31) are broadcast to both
+ * halves, so two integer dots fill one vector with 4 partial sums of each row of a
+ * pair; three horizontal adds leave the 8 rows' exact block sums in one vector, in
+ * lane order 0 2 4 6 1 3 5 7 (the order of d, s and cs).  Then one convert and one
+ * FMA per block serve all 8 rows: the single-row kernels' arithmetic, lane by lane.
+ * Weights are unsigned here: q + c (c = 8 for Q4_0, 16 for Q5_0, 128 for Q8_0 with
+ * VNNI), and cs holds c * sum(x) to take back. */
+#if MC_DPBUSD
+#define MC_PAIRDOT(wl, wh, xl, xh)                                                                 \
+    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wl, xl), wh, xh)
+#else
+#define MC_PAIRDOT(wl, wh, xl, xh) _mm256_add_epi32(MC_SUM_U8I8(wl, xl), MC_SUM_U8I8(wh, xh))
+#endif
+#define MC_XL(p) _mm256_load_si256((const __m256i *)xb[i].lo[p])
+#define MC_XH(p) _mm256_load_si256((const __m256i *)xb[i].hi[p])
 
-/* Loop over the weight row's blocks of BYTES bytes (block pointer `b`, index `i`):
- * SCALES sets `dwv` (and may add the min terms), PREP unpacks the weight block,
- * PAIR(r) gives row r's 8 int32 sums. */
-#define MC_DOT8_LOOP(BYTES, SCALES, PREP, PAIR)                                                    \
-    const mc_q8x8 *xb = (const mc_q8x8 *)xp;                                                       \
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,         \
-           a7 = a0;                                                                                \
-    float pd[MC_DOT8_CHUNK][8] __attribute__((aligned(32)));                                       \
-    const int nb = K / 32;                                                                         \
-    for (int i0 = 0; i0 < nb; i0 += MC_DOT8_CHUNK) {                                               \
-        const int i1 = mc_imin(nb, i0 + MC_DOT8_CHUNK);                                            \
-        for (int i = i0; i < i1; i++) {                                                            \
-            const uint8_t *b = w + (BYTES) * i;                                                    \
-            __m256 dwv;                                                                            \
-            SCALES;                                                                                \
-            _mm256_store_ps(pd[i - i0], _mm256_mul_ps(dwv, _mm256_load_ps(xb[i].d)));              \
-        }                                                                                          \
-        for (int i = i0; i < i1; i++) {                                                            \
-            const uint8_t *b = w + (BYTES) * i;                                                    \
-            const float *p = pd[i - i0];                                                           \
-            PREP;                                                                                  \
-            MC_DOT8_ROW(a0, 0, PAIR);                                                              \
-            MC_DOT8_ROW(a1, 1, PAIR);                                                              \
-            MC_DOT8_ROW(a2, 2, PAIR);                                                              \
-            MC_DOT8_ROW(a3, 3, PAIR);                                                              \
-            MC_DOT8_ROW(a4, 4, PAIR);                                                              \
-            MC_DOT8_ROW(a5, 5, PAIR);                                                              \
-            MC_DOT8_ROW(a6, 6, PAIR);                                                              \
-            MC_DOT8_ROW(a7, 7, PAIR);                                                              \
-        }                                                                                          \
-    }
-#define MC_DOT8_ROW(a, r, PAIR)                                                                    \
-    a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (r)), _mm256_cvtepi32_ps(PAIR(r)), a)
+/* the 8 rows' exact int sums with unsigned weight halves wl, wh */
+#define MC_ROWSUMS_U8(wl, wh)                                                                      \
+    _mm256_hadd_epi32(_mm256_hadd_epi32(MC_PAIRDOT(wl, wh, MC_XL(0), MC_XH(0)),                    \
+                                        MC_PAIRDOT(wl, wh, MC_XL(1), MC_XH(1))),                   \
+                      _mm256_hadd_epi32(MC_PAIRDOT(wl, wh, MC_XL(2), MC_XH(2)),                    \
+                                        MC_PAIRDOT(wl, wh, MC_XL(3), MC_XH(3))))
 
-#define MC_DOT8_OUT(s)                                                                             \
-    do {                                                                                           \
-        out[0] = mc_hsum256(a0) + (s)[0];                                                          \
-        out[1] = mc_hsum256(a1) + (s)[1];                                                          \
-        out[2] = mc_hsum256(a2) + (s)[2];                                                          \
-        out[3] = mc_hsum256(a3) + (s)[3];                                                          \
-        out[4] = mc_hsum256(a4) + (s)[4];                                                          \
-        out[5] = mc_hsum256(a5) + (s)[5];                                                          \
-        out[6] = mc_hsum256(a6) + (s)[6];                                                          \
-        out[7] = mc_hsum256(a7) + (s)[7];                                                          \
-    } while (0)
+#define MC_DOT8_ACC(isum, dw)                                                                      \
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dw), _mm256_load_ps(xb[i].d)),              \
+                          _mm256_cvtepi32_ps(isum), acc)
 
-#define MC_XQ(r) _mm256_load_si256((const __m256i *)xb[i].qs[r])
-#define MC_PAIR_U8(r) MC_SUM_U8I8(qw, MC_XQ(r))
-#define MC_PAIR_I8(r) MC_SUM_U8I8(ax, _mm256_sign_epi8(MC_XQ(r), qw))
-#define MC_DW dwv = _mm256_set1_ps(mc_h16(b))
+/* out[row] from the lane-ordered vector */
+MC_TGT static inline void MC_SFX(mc_dot8_out)(__m256 v, float *out) {
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    out[0] = l[0], out[2] = l[1], out[4] = l[2], out[6] = l[3];
+    out[1] = l[4], out[3] = l[5], out[5] = l[6], out[7] = l[7];
+}
+
+MC_TGT static inline __m256i MC_SFX(mc_bcast128)(const uint8_t *p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+}
 
 MC_TGT static void MC_SFX(mc_dot8_q4_1)(int K, const uint8_t *w, const void *xp, float *out) {
-    __m256 summ = _mm256_setzero_ps();
-    MC_DOT8_LOOP(20,
-                 MC_DW;
-                 summ = _mm256_add_ps(summ, _mm256_mul_ps(_mm256_set1_ps(mc_h16(b + 2)),
-                                                          _mm256_load_ps(xb[i].s))),
-                 const __m256i qw = mc_nibbles32(b + 4), MC_PAIR_U8)
-    float s[8];
-    _mm256_storeu_ps(s, summ);
-    MC_DOT8_OUT(s);
+    const mc_q8x8 *xb = (const mc_q8x8 *)xp;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps(), summ = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 20 * i;
+        const __m256i t = MC_SFX(mc_bcast128)(b + 4);
+        const __m256i wl = _mm256_and_si256(t, m4), wh = _mm256_and_si256(_mm256_srli_epi16(t, 4), m4);
+        MC_DOT8_ACC(MC_ROWSUMS_U8(wl, wh), mc_h16(b));
+        summ = _mm256_add_ps(summ, _mm256_mul_ps(_mm256_set1_ps(mc_h16(b + 2)), _mm256_load_ps(xb[i].s)));
+    }
+    MC_SFX(mc_dot8_out)(_mm256_add_ps(acc, summ), out);
 }
 
-static const float MC_SFX(mc_zero8)[8];
-
-#if MC_DPBUSD
-/* VNNI: the weights offset to unsigned (q + c, c = 8, 16 or 128) meet x in vpdpbusd,
- * which starts from the row's precomputed lanes -c * (sum of each 4 x values): the
- * int32 lanes are exactly the signed kernels' (integer sums), without a sign fix-up
- * per row. */
-#define MC_PAIR_OFF(r)                                                                             \
-    _mm256_dpbusd_epi32(_mm256_load_si256((const __m256i *)xb[i].corr[r]), qu, MC_XQ(r))
-
 MC_TGT static void MC_SFX(mc_dot8_q4_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    MC_DOT8_LOOP(18, MC_DW, const __m256i qu = mc_nibbles32(b + 2), MC_PAIR_OFF)
-    MC_DOT8_OUT(MC_SFX(mc_zero8));
+    const mc_q8x8 *xb = (const mc_q8x8 *)xp;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 18 * i;
+        const __m256i t = MC_SFX(mc_bcast128)(b + 2);
+        const __m256i wl = _mm256_and_si256(t, m4), wh = _mm256_and_si256(_mm256_srli_epi16(t, 4), m4);
+        const __m256i cs = _mm256_load_si256((const __m256i *)xb[i].cs);
+        MC_DOT8_ACC(_mm256_sub_epi32(MC_ROWSUMS_U8(wl, wh), cs), mc_h16(b));
+    }
+    MC_SFX(mc_dot8_out)(acc, out);
 }
 
 MC_TGT static void MC_SFX(mc_dot8_q5_0)(int K, const uint8_t *w, const void *xp, float *out) {
+    const mc_q8x8 *xb = (const mc_q8x8 *)xp;
     const __m256i h = _mm256_set1_epi8(0x10);
-    MC_DOT8_LOOP(22, MC_DW,
-                 const __m256i qu = _mm256_or_si256(mc_nibbles32(b + 6),
-                                                    _mm256_and_si256(mc_bits32(b + 2), h)),
-                 MC_PAIR_OFF)
-    MC_DOT8_OUT(MC_SFX(mc_zero8));
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 22 * i;
+        const __m256i q = _mm256_or_si256(mc_nibbles32(b + 6), _mm256_and_si256(mc_bits32(b + 2), h));
+        const __m256i wl = _mm256_permute4x64_epi64(q, 0x44), wh = _mm256_permute4x64_epi64(q, 0xEE);
+        const __m256i cs = _mm256_load_si256((const __m256i *)xb[i].cs);
+        MC_DOT8_ACC(_mm256_sub_epi32(MC_ROWSUMS_U8(wl, wh), cs), mc_h16(b));
+    }
+    MC_SFX(mc_dot8_out)(acc, out);
 }
 
 MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp, float *out) {
+    const mc_q8x8 *xb = (const mc_q8x8 *)xp;
+    __m256 acc = _mm256_setzero_ps();
+#if MC_DPBUSD
     const __m256i c = _mm256_set1_epi8((char)0x80);
-    MC_DOT8_LOOP(34, MC_DW,
-                 const __m256i qu =
-                     _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), c),
-                 MC_PAIR_OFF)
-    MC_DOT8_OUT(MC_SFX(mc_zero8));
-}
-#undef MC_PAIR_OFF
-#else
-MC_TGT static void MC_SFX(mc_dot8_q4_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    const __m256i off = _mm256_set1_epi8(8);
-    MC_DOT8_LOOP(18, MC_DW,
-                 const __m256i qw = _mm256_sub_epi8(mc_nibbles32(b + 2), off);
-                 const __m256i ax = _mm256_sign_epi8(qw, qw), MC_PAIR_I8)
-    MC_DOT8_OUT(MC_SFX(mc_zero8));
-}
-
-MC_TGT static void MC_SFX(mc_dot8_q5_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    const __m256i f0 = _mm256_set1_epi8((char)0xF0);
-    MC_DOT8_LOOP(22, MC_DW,
-                 const __m256i qw = _mm256_or_si256(mc_nibbles32(b + 6),
-                                                    _mm256_andnot_si256(mc_bits32(b + 2), f0));
-                 const __m256i ax = _mm256_sign_epi8(qw, qw), MC_PAIR_I8)
-    MC_DOT8_OUT(MC_SFX(mc_zero8));
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const __m256i wl = _mm256_xor_si256(MC_SFX(mc_bcast128)(b + 2), c);
+        const __m256i wh = _mm256_xor_si256(MC_SFX(mc_bcast128)(b + 18), c);
+        const __m256i cs = _mm256_load_si256((const __m256i *)xb[i].cs);
+        MC_DOT8_ACC(_mm256_sub_epi32(MC_ROWSUMS_U8(wl, wh), cs), mc_h16(b));
+    }
+#else /* signed weights: maddubs(|w|, sign(x, w)), the sign fix-up per row pair */
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b = w + 34 * i;
+        const __m256i wl = MC_SFX(mc_bcast128)(b + 2), wh = MC_SFX(mc_bcast128)(b + 18);
+        const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
+#define MC_SP(p)                                                                                   \
+    MC_PAIRDOT(al, ah, _mm256_sign_epi8(MC_XL(p), wl), _mm256_sign_epi8(MC_XH(p), wh))
+        const __m256i isum = _mm256_hadd_epi32(_mm256_hadd_epi32(MC_SP(0), MC_SP(1)),
+                                               _mm256_hadd_epi32(MC_SP(2), MC_SP(3)));
+#undef MC_SP
+        MC_DOT8_ACC(isum, mc_h16(b));
+    }
+#endif
+    MC_SFX(mc_dot8_out)(acc, out);
 }
 
-MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp, float *out) {
-    MC_DOT8_LOOP(34, MC_DW,
-                 const __m256i qw = _mm256_loadu_si256((const __m256i *)(b + 2));
-                 const __m256i ax = _mm256_sign_epi8(qw, qw), MC_PAIR_I8)
-    MC_DOT8_OUT(MC_SFX(mc_zero8));
-}
-#endif /* MC_DPBUSD */
-
-#undef MC_DOT8_LOOP
-#undef MC_DOT8_ROW
-#undef MC_DOT8_OUT
-#undef MC_XQ
-#undef MC_PAIR_U8
-#undef MC_PAIR_I8
-#undef MC_DW
+#undef MC_PAIRDOT
+#undef MC_XL
+#undef MC_XH
+#undef MC_ROWSUMS_U8
+#undef MC_DOT8_ACC
