@@ -415,7 +415,7 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
     jb.simd = simd;
     jb.dot = mc_pick_dot(t, simd);
     if (jb.dot == NULL) return -1;
-    const int use = (double)M * K * n < 65536.0 ? 1 : nth;
+    const int use = (double)M * K * n < 262144.0 ? 1 : nth; /* ~10 us: not worth a wake-up */
     /* Few x rows: each weight byte is used a few times, so the call streams the
      * weights from memory; long ascending runs (about 4 tiles per thread) keep the
      * hardware prefetchers going.  Many rows: MC_TR-row tiles that stay in L1. */

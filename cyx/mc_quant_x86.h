@@ -97,9 +97,16 @@ MC_TGT static float MC_SFX(mc_dot_q8_0)(int K, const uint8_t *w, const void *xv)
  * (exact block sums, then fma(dw * dx, s, acc) in block order), four chains in the
  * lanes of one vector so the FMA latency is paid once for four rows. */
 MC_TGT static inline __m128 MC_SFX(mc_h16x4)(const uint8_t *w, size_t st, size_t off) {
-    uint16_t h[4];
-    for (int r = 0; r < 4; r++) memcpy(h + r, w + r * st + off, 2);
-    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)h));
+    uint16_t h0, h1, h2, h3; /* into a register lane by lane: no store-to-load round trip */
+    memcpy(&h0, w + off, 2);
+    memcpy(&h1, w + st + off, 2);
+    memcpy(&h2, w + 2 * st + off, 2);
+    memcpy(&h3, w + 3 * st + off, 2);
+    __m128i h = _mm_cvtsi32_si128(h0);
+    h = _mm_insert_epi16(h, h1, 1);
+    h = _mm_insert_epi16(h, h2, 2);
+    h = _mm_insert_epi16(h, h3, 3);
+    return _mm_cvtph_ps(h);
 }
 
 /* four rows' 8-lane int sums -> one vector of their four totals */
@@ -114,6 +121,10 @@ MC_TGT static inline __m128i MC_SFX(mc_sum4_i32)(__m256i p0, __m256i p1, __m256i
     for (int i = 0; i < K / 32; i++) {                                                             \
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);                           \
         const uint8_t *b0 = w + (BYTES) * i;                                                       \
+        { /* prefetch the next 4 rows, 128 bytes a block (4 row streams outrun the hardware) */ \
+            _mm_prefetch((const char *)w + 4 * st + 128 * i, _MM_HINT_T0);                         \
+            _mm_prefetch((const char *)w + 4 * st + 128 * i + 64, _MM_HINT_T0);                    \
+        }                                                                                          \
         const __m128i is = MC_SFX(mc_sum4_i32)(BLOCKDOT(b0), BLOCKDOT(b0 + st),                    \
                                                BLOCKDOT(b0 + 2 * st), BLOCKDOT(b0 + 3 * st));      \
         const __m128 dd = _mm_mul_ps(MC_SFX(mc_h16x4)(w, st, (BYTES) * i + (DOFF)),                \
