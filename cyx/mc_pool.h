@@ -39,6 +39,9 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
 
 #define MC_POOL_MAX 256
 #define MC_SPIN_ROUNDS 4000 /* polls of `state` before a worker sleeps */
+#ifndef MC_STALL_S
+#define MC_STALL_S 1e-4 /* a wait this long for a descheduled worker counts as a stall */
+#endif
 
 typedef struct {
     _Atomic uint64_t state; /* gen << 32 | chunks left */
@@ -57,7 +60,7 @@ typedef struct {
 
 static mc_pool *mc_the_pool = NULL;
 
-/* Stall back-off: a job whose caller waited > 0.5 ms, and over a quarter of the
+/* Stall back-off: a job whose caller waited > MC_STALL_S (0.1 ms), and over half the
  * time it worked, for a descheduled worker to finish its chunk (in a healthy run
  * that wait is one chunk, microseconds) marks the machine oversubscribed;
  * the next `mc_solo_left` jobs then run on the caller alone (64, doubling while
@@ -206,7 +209,7 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
     pthread_mutex_unlock(&p->job_mu);
     if (spins >= 1000 && atomic_load(&mc_backoff_on)) {
         const double waited = mc_now() - t1, worked = t1 - t0;
-        if (waited > 5e-4 && waited > 0.25 * worked) {
+        if (waited > MC_STALL_S && waited > 0.5 * worked) {
             const int b = atomic_load(&mc_backoff);
             atomic_store(&mc_solo_left, b);
             atomic_store(&mc_backoff, b < 4096 ? 2 * b : 4096);
