@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import os
 import subprocess
 import sys
 import time
@@ -107,6 +108,7 @@ class LlamaCppServer:
         n_parallel: int = 8,
         n_ctx: int = 8192,
         log: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.cmd = [
             sys.executable,
@@ -120,13 +122,19 @@ class LlamaCppServer:
             str(n_ctx),
         ]
         self.log = log
+        self.env = {**os.environ, **(env or {})}
         self.url = ""
         self.pid = 0
 
     def __enter__(self) -> LlamaCppServer:
         err = self.log.open("wb") if self.log else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+            self.cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=self.env,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -170,8 +178,6 @@ def _start(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> Any:
 
 
 def _serve(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> None:
-    import os
-
     server = _start(gguf, threads, n_parallel, n_ctx)
     url = str(server.listening_address).rstrip("/")
     deadline = time.monotonic() + 120
