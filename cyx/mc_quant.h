@@ -389,15 +389,42 @@ static double mc_act_noise(const mc_matmul_job *jb, int j) {
     return sig > 0.0 ? sqrt(noise / 12.0 / sig) : 0.0;
 }
 
+static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                     int n, float *y, int simd, int nth, float tol);
+
+/* balanced mode, some rows (not all) too noisy for int8: recompute those rows on the
+ * exact path (gathered, then scattered back), as each would be alone */
+static int mc_matmul_redo_exact(const mc_matmul_job *jb, int nth, float tol) {
+    const int n = jb->n, K = jb->K, M = jb->M;
+    int *rows = (int *)malloc(sizeof(int) * (size_t)n);
+    int m = 0;
+    if (rows == NULL) return -2;
+    for (int j = 0; j < n; j++)
+        if (mc_act_noise(jb, j) > tol) rows[m++] = j;
+    float *xs = (float *)malloc(sizeof(float) * (size_t)m * ((size_t)K + (size_t)M));
+    if (xs == NULL) {
+        free(rows);
+        return -2;
+    }
+    float *ys = xs + (size_t)m * K;
+    for (int u = 0; u < m; u++) memcpy(xs + (size_t)u * K, jb->x + (size_t)rows[u] * K, sizeof(float) * K);
+    const int rc = mc_matmul(jb->t, jb->W, jb->row_stride, M, K, xs, m, ys, jb->simd, nth, 0.0f);
+    for (int u = 0; u < m && rc == 0; u++)
+        memcpy(jb->y + (size_t)rows[u] * M, ys + (size_t)u * M, sizeof(float) * M);
+    free(xs);
+    free(rows);
+    return rc;
+}
+
 /* y (n, M) = x (n, K) @ W^T, W = M rows of `row_stride` bytes of type t.
  *
  * tol == 0 ("exact"): activations stay float32; each weight row is dequantized
  *     once into a row buffer and meets every x row in a float dot product (the
  *     result of x @ dequant(W)^T up to float32 summation order).
  * tol > 0: activations are quantized to int8 blocks and the dots are integer
- *     (fast), unless quantizing some row of x is estimated to add a relative RMS
- *     error above tol (activations with outliers), then the call takes the exact
- *     path.  A huge tol ("fast") always takes the integer path.
+ *     (fast), except for the rows of x whose quantization is estimated to add a
+ *     relative RMS error above tol (activations with outliers): those rows take the
+ *     exact path, each row's result the same as alone.  A huge tol ("fast") always takes the integer path.
  * Work is split in tiles of jb.tr output rows over up to nth threads.
  * Returns 0, -1 for an unknown type, -2 when out of memory. */
 static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
@@ -427,6 +454,7 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
     }
     const int ntiles = (M + jb.tr - 1) / jb.tr;
     int exact = !(tol > 0.0f) && t != MC_F32 && t != MC_F16; /* F32/F16: float paths already */
+    int nnoisy = 0; /* balanced: rows whose quantization would add more than tol */
     if (!exact) {
         jb.dot4 = mc_pick_dot4(t, simd);
         /* quantize the activations once (rows in parallel when there are many) */
@@ -449,8 +477,10 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
             jb.xbase = xq;
             jb.outl = outl ? (struct mc_outl *)(xq + qbytes) : NULL;
             mc_parallel(n >= 16 ? nth : 1, n, mc_quantize_chunk, &jb);
-            if (tol < 1e30f)
-                for (int j = 0; j < n && !exact; j++) exact = mc_act_noise(&jb, j) > tol;
+            if (tol < 1e30f) { /* balanced: each row decides for itself */
+                for (int j = 0; j < n; j++) nnoisy += mc_act_noise(&jb, j) > tol;
+                exact = nnoisy == n;
+            }
             if (jb.dot8 != NULL && !exact) { /* each group of 8 rows, block by block */
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(size_t)63));
                 mc_q8x8 *xp = (mc_q8x8 *)((at + 63) & ~(uintptr_t)63); /* aligned loads */
@@ -487,6 +517,7 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
         return jb.failed ? -2 : 0;
     }
     mc_parallel(use, ntiles, mc_matmul_chunk, &jb);
+    if (nnoisy > 0) return mc_matmul_redo_exact(&jb, nth, tol);
     return 0;
 }
 

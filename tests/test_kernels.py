@@ -202,7 +202,15 @@ def test_balanced_mode(dtype: DType) -> None:
     assert rel_err(fast.matmul(w, x), REF.matmul(w, x)) > 1e-2 > rel_err(got, REF.matmul(w, x))
 
     x[0, ::32] = 300.0  # 16 outliers: more than the 4 a row may set aside
-    np.testing.assert_array_equal(balanced.matmul(w, x), exact.matmul(w, x))
+    np.testing.assert_array_equal(balanced.matmul(w, x)[0], exact.matmul(w, x)[0])
+
+    # each row decides alone: in a batch of 11, row 0 takes the float path, the rest int8
+    xb = np.concatenate([x, rng.standard_normal((8, 512)).astype(np.float32)])  # (11, 512)
+    got = balanced.matmul(w, xb)
+    for i in range(len(xb)):
+        np.testing.assert_array_equal(got[i], balanced.matmul(w, xb[i : i + 1])[0])
+    np.testing.assert_array_equal(got[0], exact.matmul(w, xb[:1])[0])
+    np.testing.assert_array_equal(got[3:], fast.matmul(w, xb[3:]))
 
 
 def test_matmul_threads_give_identical_results() -> None:
