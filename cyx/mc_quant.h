@@ -200,14 +200,29 @@ struct mc_outl {
     float val[MC_OUTL_MAX];
 };
 
-/* balanced mode: add back the outliers of x rows [j0, j1) for weight rows [ra, rb) */
+/* balanced mode: add back the outliers of x rows [j0, j1) for weight rows [ra, rb).
+ * Rows of x share their outlier channels, so each weight row dequantizes each distinct
+ * outlier position once. */
 static void mc_outlier_rows(const mc_matmul_job *jb, int ra, int rb, int j0, int j1) {
+    int pos[MC_TN * MC_OUTL_MAX], slot[MC_TN][MC_OUTL_MAX], np = 0;
+    for (int j = j0; j < j1; j++) { /* j1 - j0 <= MC_TN */
+        const struct mc_outl *o = jb->outl + j;
+        for (int k = 0; k < o->n; k++) {
+            int u = 0;
+            while (u < np && pos[u] != o->idx[k]) u++;
+            if (u == np) pos[np++] = o->idx[k];
+            slot[j - j0][k] = u;
+        }
+    }
+    if (np == 0) return;
     for (int r = ra; r < rb; r++) {
         const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
+        float wv[MC_TN * MC_OUTL_MAX];
+        for (int u = 0; u < np; u++) wv[u] = mc_elem(jb->t, wr, pos[u]);
         for (int j = j0; j < j1; j++) {
             const struct mc_outl *o = jb->outl + j;
             float c = 0.0f;
-            for (int k = 0; k < o->n; k++) c += o->val[k] * mc_elem(jb->t, wr, o->idx[k]);
+            for (int k = 0; k < o->n; k++) c += o->val[k] * wv[slot[j - j0][k]];
             if (o->n) jb->y[(size_t)j * jb->M + r] += c;
         }
     }
