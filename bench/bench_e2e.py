@@ -94,7 +94,7 @@ def main() -> None:
         t0 = time.perf_counter()
         for s in range(args.steps):
             model.forward([SeqChunk(c, [prompt[100 + s + i]]) for i, c in enumerate(caches)])
-        return batch * args.steps / (time.perf_counter() - t0)
+        return float(batch * args.steps / (time.perf_counter() - t0))
 
     prefill()
     res: dict[str, float] = {}
@@ -106,7 +106,11 @@ def main() -> None:
         f"  b8 {res['decode_b8']:6.1f} tok/s  (b8/b1 {res['decode_b8'] / res['decode_b1']:.2f}x)"
     )
     if args.split:
-        for label, batch, n_tok in (("batch-1 step", 1, 1), ("batch-8 step", 8, 1), ("prefill 512", 1, 512)):
+        for label, batch, n_tok in (
+            ("batch-1 step", 1, 1),
+            ("batch-8 step", 8, 1),
+            ("prefill 512", 1, 512),
+        ):
             timed = Timed(be)
             model.be = timed
             caches = [model.new_cache(max_tokens=600) for _ in range(batch)]
@@ -120,7 +124,8 @@ def main() -> None:
             wall = (time.perf_counter() - t0) / reps
             model.be = be
             parts = "  ".join(
-                f"{k} {v / reps * 1e3:.2f}" for k, v in sorted(timed.by_name.items(), key=lambda kv: -kv[1])
+                f"{k} {v / reps * 1e3:.2f}"
+                for k, v in sorted(timed.by_name.items(), key=lambda kv: -kv[1])
             )
             print(
                 f"{label} {wall * 1e3:.2f} ms: backend {timed.spent / reps * 1e3:.2f} ms"

@@ -20,12 +20,23 @@ Environment:
   a row buffer reused by every row of a batch): the result is ``x @ dequant(W).T`` to
   float32 rounding (use it for parity with a float reference).  ``balanced`` takes the
   int8 path with outlier decomposition (up to 4 activations per row above 6x its RMS
-  are kept out of the int8 blocks and added back in float, as LLM.int8() does) unless
-  quantizing the rest is still estimated to add more than ``BALANCED_TOL`` relative RMS
-  error to some row, and the exact path then.  Measured on SmolLM2-135M Q4_1 (3 prompts,
-  24 greedy tokens, one thread, on a shared machine): max top-10 log-prob error against
-  ``exact`` 0.59 for fast, 0.11 for balanced; decode speed fast : balanced : exact
-  about 1 : 0.85 : 0.58.
+  are kept out of the int8 blocks and added back in float, as LLM.int8() does); a row
+  whose quantization is still estimated to add more than ``BALANCED_TOL`` relative RMS
+  error takes the exact path (each row decides alone, so a batch gives every row the
+  result it gets alone).  Accuracy on SmolLM2-135M Q4_1 (3 prompts, 24 greedy tokens):
+  max top-10 log-prob error against ``exact`` 0.59 for fast, 0.11 for balanced.  Speed
+  (same model, 2 threads, 2-core machine shared with other jobs, ``bench/bench_e2e.py``):
+  prefill 512 tokens / decode batch 1 / batch 8 in tok/s: fast ~370 / ~90 / ~278,
+  balanced ~147 / ~53 / ~124, exact ~94 / ~40 / ~71.  ``fast`` stays the default: balanced
+  costs ~40% at batch 1 and over half the throughput in batches and prefill, where many
+  rows of SmolLM2's activations carry outliers.
+
+Kernels (``cyx/mc_quant*.h``): every 32-element-block kernel computes each block's exact
+integer dot and then one FMA ``acc = fma(dw * dx, s, acc)`` in block order, so a row's
+result is the same whether it runs alone, in a 4-weight-row kernel (single x rows) or in
+the 8-row batched kernel (x rows paired in vector halves) -- batched equals alone, bit
+for bit.  Row tiles are handed to the threads in ascending order so weights stream
+forward from memory.
 """
 
 from __future__ import annotations
