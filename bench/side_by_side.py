@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,7 +236,9 @@ def write_results(md: str) -> None:
     else:
         nxt = text.find("\n## ", start + 3)
         end = len(text) if nxt < 0 else nxt + 1
-        text = text[:start] + md.rstrip() + "\n" + ("\n" + text[end:] if nxt >= 0 else "")
+        notes = text.find("\n### Notes", start, end)  # hand-written notes survive a re-run
+        keep = text[notes:end].rstrip() + "\n" if notes >= 0 else ""
+        text = text[:start] + md.rstrip() + "\n" + keep + ("\n" + text[end:] if nxt >= 0 else "")
     path.write_text(text)
 
 
@@ -273,6 +276,15 @@ def main() -> int:
         return list(tok.encode(s, add_special=False))
 
     load_before = os.getloadavg()
+    loads: list[float] = []
+    stop = threading.Event()
+
+    def sample_load() -> None:
+        while not stop.wait(5.0):
+            loads.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample_load, daemon=True)
+    sampler.start()
     started = dt.datetime.now(dt.UTC)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     peers: dict[str, list[Side]] = {c: [] for c in LLAMA_CONFIGS}
@@ -288,7 +300,9 @@ def main() -> int:
     peer_cfgs = [best(v) for v in peers.values()]
     peer = best(peer_cfgs)  # the stronger llama.cpp, measurement by measurement
     sides = [best(runs[m]) for m in modes]
+    stop.set()
     load_after = os.getloadavg()
+    loads = loads or [load_after[0]]
     secs = (dt.datetime.now(dt.UTC) - started).total_seconds()
     tbl = table(sides, peer, args)
     cfg_tbl = "\n".join(
@@ -321,7 +335,8 @@ def main() -> int:
     md = f"""## Side by side: modelc vs llama.cpp (SmolLM2-135M-Instruct Q4_1, {args.threads} threads)
 
 Command (run {started:%Y-%m-%d %H:%M} UTC, {secs:.0f} s, at commit {commit}; {cpu}, {os.cpu_count()} cores;
-load average before {load_before[0]:.2f} / after {load_after[0]:.2f}, other jobs share the machine):
+1-minute load average {load_before[0]:.2f} before, {min(loads):.2f} / {sum(loads) / len(loads):.2f} / {max(loads):.2f}
+min / mean / max during the run (sampled every 5 s); other jobs share the machine):
 
 ```sh
 {cmd.strip()}
