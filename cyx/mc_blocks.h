@@ -201,6 +201,9 @@ typedef float (*mc_dot_fn)(int K, const uint8_t *w, const void *x);
 typedef void (*mc_dot4_fn)(int K, const uint8_t *w, const void *x, size_t xstride, float *out);
 /* 4 weight rows `st` bytes apart against one activation row */
 typedef void (*mc_dotr4_fn)(int K, const uint8_t *w, size_t st, const void *x, float *out);
+/* two weight rows `st` bytes apart against 8 activation rows */
+typedef void (*mc_dot8x2_fn)(int K, const uint8_t *w, size_t st, const void *xp, float *out0,
+                             float *out1);
 /* 8 activation rows, repacked as K/32 mc_q8x8 */
 typedef void (*mc_dot8_fn)(int K, const uint8_t *w, const void *xp, float *out);
 

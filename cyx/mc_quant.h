@@ -183,6 +183,7 @@ typedef struct {
     mc_dot_fn dot;
     mc_dot4_fn dot4;
     mc_dot8_fn dot8;      /* 8 x rows at once (32-element types), or NULL */
+    mc_dot8x2_fn dot8x2;  /* the same for two weight rows, or NULL */
     mc_dotr4_fn dotr4;    /* 4 weight rows at once against one x row, or NULL */
     const mc_q8x8 *xp;    /* (n / 8, K / 32): the mc_q8 rows repacked for dot8 */
     mc_dot_fn fdot;       /* exact path, few x rows: fused dequant + dot, or NULL */
@@ -246,7 +247,18 @@ static void mc_matmul_chunk(void *ctx, int tile) {
             for (int j = j0; j < jr; j += 8) {
                 const mc_q8x8 *xg = jb->xp + (size_t)(j / 8) * nb;
                 const int nu = mc_imin(8, jr - j);
-                for (int r = r0; r < r1; r++) {
+                int r = r0;
+                if (jb->dot8x2 != NULL)
+                    for (; r + 2 <= r1; r += 2) {
+                        const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
+                        float o[8], o1[8];
+                        jb->dot8x2(K, wr, (size_t)jb->row_stride, xg, o, o1);
+                        for (int u = 0; u < nu; u++) {
+                            y[(size_t)(j + u) * M + r] = o[u];
+                            y[(size_t)(j + u) * M + r + 1] = o1[u];
+                        }
+                    }
+                for (; r < r1; r++) {
                     const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
                     float o[8];
                     jb->dot8(K, wr, xg, o);
@@ -484,6 +496,10 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
             const size_t obytes = outl ? sizeof(struct mc_outl) * (size_t)n : 0;
             jb.dot8 = n >= 2 && K % 32 == 0 ? mc_pick_dot8(t, simd) : NULL;
             jb.dotr4 = K % 32 == 0 ? mc_pick_dotr4(t, simd) : NULL;
+#if defined(MC_X86)
+            if (jb.dot8 != NULL && t == MC_Q4_1)
+                jb.dot8x2 = simd == MC_SIMD_VNNI ? mc_dot8x2_q4_1_vnni : NULL;
+#endif
             /* groups of 8 rows; a last group of 2-7 rows is padded with zero rows */
             const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8 + (n % 8 >= 2);
             const size_t dbytes = jb.dot8 != NULL ? ngrp * nb * sizeof(mc_q8x8) : 0;

@@ -280,6 +280,37 @@ MC_TGT static void MC_SFX(mc_dot8_q4_1)(int K, const uint8_t *w, const void *xp,
     MC_SFX(mc_dot8_out)(_mm256_add_ps(acc, summ), out);
 }
 
+#if MC_DPBUSD /* with 16 registers (AVX2) it gains nothing */
+/* two weight rows (`st` bytes apart) against the same 8 x rows: each x load serves both */
+MC_TGT static void MC_SFX(mc_dot8x2_q4_1)(int K, const uint8_t *w, size_t st, const void *xp,
+                                          float *out0, float *out1) {
+    const mc_q8x8 *xb = (const mc_q8x8 *)xp;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc0 = _mm256_setzero_ps(), summ0 = acc0, acc1 = acc0, summ1 = acc0;
+    for (int i = 0; i < K / 32; i++) {
+        const uint8_t *b0 = w + 20 * i, *b1 = b0 + st;
+        const __m256i t0 = MC_SFX(mc_bcast128)(b0 + 4), t1 = MC_SFX(mc_bcast128)(b1 + 4);
+        const __m256i wl0 = _mm256_and_si256(t0, m4), wh0 = _mm256_and_si256(_mm256_srli_epi16(t0, 4), m4);
+        const __m256i wl1 = _mm256_and_si256(t1, m4), wh1 = _mm256_and_si256(_mm256_srli_epi16(t1, 4), m4);
+        __m256i u0[4], u1[4];
+        for (int p = 0; p < 4; p++) {
+            const __m256i xl = MC_XL(p), xh = MC_XH(p);
+            u0[p] = MC_PAIRDOT(wl0, wh0, xl, xh);
+            u1[p] = MC_PAIRDOT(wl1, wh1, xl, xh);
+        }
+        const __m256i i0 = _mm256_hadd_epi32(_mm256_hadd_epi32(u0[0], u0[1]), _mm256_hadd_epi32(u0[2], u0[3]));
+        const __m256i i1 = _mm256_hadd_epi32(_mm256_hadd_epi32(u1[0], u1[1]), _mm256_hadd_epi32(u1[2], u1[3]));
+        const __m256 d = _mm256_load_ps(xb[i].d), s = _mm256_load_ps(xb[i].s);
+        acc0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(mc_h16(b0)), d), _mm256_cvtepi32_ps(i0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(mc_h16(b1)), d), _mm256_cvtepi32_ps(i1), acc1);
+        summ0 = _mm256_add_ps(summ0, _mm256_mul_ps(_mm256_set1_ps(mc_h16(b0 + 2)), s));
+        summ1 = _mm256_add_ps(summ1, _mm256_mul_ps(_mm256_set1_ps(mc_h16(b1 + 2)), s));
+    }
+    MC_SFX(mc_dot8_out)(_mm256_add_ps(acc0, summ0), out0);
+    MC_SFX(mc_dot8_out)(_mm256_add_ps(acc1, summ1), out1);
+}
+#endif
+
 MC_TGT static void MC_SFX(mc_dot8_q4_0)(int K, const uint8_t *w, const void *xp, float *out) {
     const mc_q8x8 *xb = (const mc_q8x8 *)xp;
     const __m256i m4 = _mm256_set1_epi8(0xF);
