@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -90,7 +92,8 @@ def test_chat_page_streams_reply(smol_server: Server) -> None:
     assert CHROMIUM is not None
     port = free_port()
     url = f"{smol_server.url}/?q=Hello&max_tokens=8&temperature=0"
-    with tempfile.TemporaryDirectory() as profile:
+    # chromium's helper processes may still write to the profile as it exits
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [
                 CHROMIUM,
@@ -98,12 +101,17 @@ def test_chat_page_streams_reply(smol_server: Server) -> None:
                 "--no-sandbox",
                 "--disable-gpu",
                 "--disable-dev-shm-usage",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
                 f"--remote-debugging-port={port}",
                 f"--user-data-dir={profile}",
                 url,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stopped as a whole below
         )
         try:
             deadline = time.monotonic() + 60
@@ -133,8 +141,12 @@ def test_chat_page_streams_reply(smol_server: Server) -> None:
             finally:
                 cdp.close()
         finally:
-            proc.terminate()
-            proc.wait(10)
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
     expected = httpx.post(
         f"{smol_server.url}/v1/chat/completions",
         json={
