@@ -13,7 +13,7 @@ import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -50,6 +50,11 @@ class GenerationFailed(ModelcError):
 
     http_status = 500
     error_type = "server_error"
+
+
+def raise_failed(ev: FinishEvent) -> NoReturn:
+    """Raise :class:`GenerationFailed` for a finish event whose reason is an error."""
+    raise GenerationFailed(f"generation failed: {ev.error or 'engine error'}")
 
 
 def new_id(prefix: str) -> str:
@@ -264,7 +269,7 @@ async def collect(handle: RequestHandle, metrics: Metrics) -> Outcome:
         raise GenerationFailed("the engine ended the request without a finish event")
     metrics.finished(out.finish)
     if out.finish.reason is FinishReason.ERROR:
-        raise GenerationFailed(f"generation failed: {out.finish.error or 'engine error'}")
+        raise_failed(out.finish)
     return out
 
 

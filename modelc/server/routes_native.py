@@ -22,13 +22,13 @@ from modelc.server.errors import ForbiddenError, NotImplementedFeature, ParamErr
 from modelc.server.generation import (
     FINISH,
     EventStream,
-    GenerationFailed,
     chat_prompt,
     check_budget,
     collect_all,
     logit_bias,
     make_requests,
     new_id,
+    raise_failed,
     stop_list,
     submit_all,
 )
@@ -162,7 +162,7 @@ async def _native_stream(st: EventStream, ping: float) -> AsyncIterator[bytes]:
                     yield sse.event(NativeStreamEvent(delta=ev.text))
             else:
                 if ev.reason.value == "error":
-                    raise GenerationFailed(f"generation failed: {ev.error or 'engine error'}")
+                    raise_failed(ev)
                 record().add(ev.prompt_tokens, ev.completion_tokens, ev.time_to_first_token)
                 yield sse.event(
                     NativeStreamEvent(

@@ -7,14 +7,14 @@ map onto the same sampling settings as the OpenAI endpoints.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 from quart import Blueprint, Response
 
-from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, TokenEvent
+from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, RequestHandle, TokenEvent
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
 from modelc.server import tools as tooling
@@ -22,12 +22,12 @@ from modelc.server.context import body, ctx, json_response, nursery, record, str
 from modelc.server.generation import (
     FINISH,
     EventStream,
-    GenerationFailed,
     chat_prompt,
     check_budget,
     collect_all,
     make_requests,
     new_id,
+    raise_failed,
     submit_all,
 )
 from modelc.server.routes_openai import _require_text, embed_inputs, require_embed
@@ -81,13 +81,54 @@ def _format(fmt: str | dict[str, Any] | None) -> Constraint | None:
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(fmt))
 
 
-def _done_fields(f: FinishEvent) -> dict[str, Any]:
+def _done_fields(f: FinishEvent | None) -> dict[str, Any]:
+    if f is None:
+        return {}
     return {
         "done_reason": FINISH.get(f.reason, "stop"),
         "prompt_eval_count": f.prompt_tokens,
         "eval_count": f.completion_tokens,
         "total_duration": int(f.total_time * 1e9),
     }
+
+
+ChunkFn = Callable[[str, FinishEvent | None], OllamaGenerateChunk | OllamaChatChunk]
+
+
+async def _answer(handle: RequestHandle, stream: bool, chunk: ChunkFn) -> Response:
+    """One generation as Ollama answers it: NDJSON chunks, or the final chunk alone.
+
+    ``chunk(text, finish)`` builds a chunk; ``finish`` is None until the last one.
+    """
+    c = ctx()
+    if stream:
+        st = EventStream(handle, nursery(), c.metrics)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    ev = await st.next(3600.0)
+                    if ev is None:
+                        continue
+                    if isinstance(ev, TokenEvent):
+                        if ev.text:
+                            yield sse.ndjson(chunk(ev.text, None))
+                        continue
+                    if ev.reason.value == "error":
+                        raise_failed(ev)
+                    record().add(ev.prompt_tokens, ev.completion_tokens, ev.time_to_first_token)
+                    yield sse.ndjson(chunk(ev.text, ev))
+                    return
+            finally:
+                st.close()
+
+        return stream_response(chunks(), sse.NDJSON_HEADERS)
+    out = (await collect_all([handle], c.metrics))[0]
+    assert out.finish is not None
+    record().add(
+        out.finish.prompt_tokens, out.finish.completion_tokens, out.finish.time_to_first_token
+    )
+    return json_response(chunk(out.text, out.finish))
 
 
 @bp.post("/api/generate")
@@ -109,40 +150,11 @@ async def generate() -> Response:
     reqs = make_requests(
         new_id("gen"), ids, _sampling(req.options, info, len(ids)), 1, _format(req.format)
     )
-    handle = submit_all(engine, reqs)[0]
-    model = req.model
-    if req.stream:
-        st = EventStream(handle, nursery(), c.metrics)
 
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                while True:
-                    ev = await st.next(3600.0)
-                    if ev is None:
-                        continue
-                    if isinstance(ev, TokenEvent):
-                        if ev.text:
-                            yield sse.ndjson(OllamaGenerateChunk(model, _now(), ev.text, False))
-                        continue
-                    if ev.reason.value == "error":
-                        raise GenerationFailed(f"generation failed: {ev.error or 'engine error'}")
-                    record().add(ev.prompt_tokens, ev.completion_tokens, ev.time_to_first_token)
-                    yield sse.ndjson(
-                        OllamaGenerateChunk(model, _now(), ev.text, True, **_done_fields(ev))
-                    )
-                    return
-            finally:
-                st.close()
+    def chunk(text: str, f: FinishEvent | None) -> OllamaGenerateChunk:
+        return OllamaGenerateChunk(req.model, _now(), text, f is not None, **_done_fields(f))
 
-        return stream_response(chunks(), sse.NDJSON_HEADERS)
-    out = (await collect_all([handle], c.metrics))[0]
-    assert out.finish is not None
-    record().add(
-        out.finish.prompt_tokens, out.finish.completion_tokens, out.finish.time_to_first_token
-    )
-    return json_response(
-        OllamaGenerateChunk(model, _now(), out.text, True, **_done_fields(out.finish))
-    )
+    return await _answer(submit_all(engine, reqs)[0], req.stream, chunk)
 
 
 @bp.post("/api/chat")
@@ -159,52 +171,13 @@ async def chat() -> Response:
     reqs = make_requests(
         new_id("chat"), ids, _sampling(req.options, info, len(ids)), 1, _format(req.format)
     )
-    handle = submit_all(engine, reqs)[0]
-    model = req.model
-    if req.stream:
-        st = EventStream(handle, nursery(), c.metrics)
+    tool_calls = bool(req.tools) and not req.stream  # streamed text is relayed as it comes
 
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                while True:
-                    ev = await st.next(3600.0)
-                    if ev is None:
-                        continue
-                    if isinstance(ev, TokenEvent):
-                        if ev.text:
-                            yield sse.ndjson(
-                                OllamaChatChunk(
-                                    model, _now(), OllamaMessage("assistant", ev.text), False
-                                )
-                            )
-                        continue
-                    if ev.reason.value == "error":
-                        raise GenerationFailed(f"generation failed: {ev.error or 'engine error'}")
-                    record().add(ev.prompt_tokens, ev.completion_tokens, ev.time_to_first_token)
-                    yield sse.ndjson(
-                        OllamaChatChunk(
-                            model,
-                            _now(),
-                            OllamaMessage("assistant", ev.text),
-                            True,
-                            **_done_fields(ev),
-                        )
-                    )
-                    return
-            finally:
-                st.close()
+    def chunk(text: str, f: FinishEvent | None) -> OllamaChatChunk:
+        msg = _reply(text, tool_calls)
+        return OllamaChatChunk(req.model, _now(), msg, f is not None, **_done_fields(f))
 
-        return stream_response(chunks(), sse.NDJSON_HEADERS)
-    out = (await collect_all([handle], c.metrics))[0]
-    assert out.finish is not None
-    record().add(
-        out.finish.prompt_tokens, out.finish.completion_tokens, out.finish.time_to_first_token
-    )
-    return json_response(
-        OllamaChatChunk(
-            model, _now(), _reply(out.text, bool(req.tools)), True, **_done_fields(out.finish)
-        )
-    )
+    return await _answer(submit_all(engine, reqs)[0], req.stream, chunk)
 
 
 def _reply(text: str, tools: bool) -> OllamaMessage:

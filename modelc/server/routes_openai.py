@@ -26,6 +26,7 @@ from modelc.server.generation import (
     logit_bias,
     make_requests,
     new_id,
+    raise_failed,
     response_constraint,
     stop_list,
     submit_all,
@@ -279,12 +280,6 @@ async def _chat_stream(
     finally:
         for st in streams:
             st.close()
-
-
-def raise_failed(ev: FinishEvent) -> None:
-    from modelc.server.generation import GenerationFailed
-
-    raise GenerationFailed(f"generation failed: {ev.error or 'engine error'}")
 
 
 # --- completions -------------------------------------------------------------------------
