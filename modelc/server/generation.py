@@ -172,6 +172,41 @@ def logit_bias(bias: dict[str, float] | None, n_vocab: int) -> dict[int, float]:
     return out
 
 
+def check_ids(ids: list[int], info: ModelInfo, param: str) -> None:
+    """Reject token ids outside the vocabulary (400 naming ``param``)."""
+    bad = [i for i in ids if i >= info.n_vocab]
+    if bad:
+        raise ParamError(
+            f"token id {bad[0]} is outside the vocabulary 0..{info.n_vocab - 1}", param=param
+        )
+
+
+def embed_inputs(inp: Any, info: ModelInfo, param: str = "input") -> list[list[int]]:
+    """Token-id lists for an embeddings ``input`` (string, strings, ids or id lists)."""
+    tok = info.tok()
+    items: list[Any] = [inp] if isinstance(inp, str) else list(inp)
+    if items and all(isinstance(x, int) for x in items):
+        items = [items]
+    batch = []
+    for j, x in enumerate(items):
+        if isinstance(x, str):
+            ids = tok.encode(x, add_special=True)
+        elif isinstance(x, list):
+            ids = [int(t) for t in x]
+            check_ids(ids, info, f"{param}[{j}]")
+        else:
+            raise ParamError(f"{param} mixes strings and token ids; send one kind", param=param)
+        if not ids:
+            raise ParamError(f"{param}[{j}] is empty", param=f"{param}[{j}]")
+        if len(ids) > info.n_ctx:
+            raise ParamError(
+                f"{param}[{j}] is {len(ids)} tokens; the model takes at most {info.n_ctx}",
+                param=f"{param}[{j}]",
+            )
+        batch.append(ids)
+    return batch
+
+
 def check_budget(
     info: ModelInfo, n_prompt: int, max_tokens: int | None, param: str = "max_tokens"
 ) -> int:

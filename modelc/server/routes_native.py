@@ -25,6 +25,7 @@ from modelc.server.generation import (
     chat_prompt,
     check_budget,
     collect_all,
+    embed_inputs,
     logit_bias,
     make_requests,
     new_id,
@@ -32,7 +33,6 @@ from modelc.server.generation import (
     stop_list,
     submit_all,
 )
-from modelc.server.routes_openai import _require_text, embed_inputs, require_embed
 from modelc.server.schemas import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -111,8 +111,7 @@ async def _one(
 @bp.post("/complete")
 async def complete() -> Response:
     req = await body(NativeCompleteRequest)
-    info, engine = ctx().state.ready()
-    _require_text(info)
+    info, engine = ctx().state.serve(None, "text")
     ids = info.tok().encode(req.prompt, add_special=True)
     text, fin = await _one(engine, ids, _sampling(req, info, len(ids)), "cmpl")
     return json_response(
@@ -123,8 +122,7 @@ async def complete() -> Response:
 @bp.post("/chat")
 async def chat() -> Response:
     req = await body(NativeChatRequest)
-    info, engine = ctx().state.ready()
-    _require_text(info)
+    info, engine = ctx().state.serve(None, "text")
     _, ids = chat_prompt(info, req.messages)
     text, fin = await _one(engine, ids, _sampling(req, info, len(ids)), "chat")
     return json_response(
@@ -141,8 +139,7 @@ async def chat() -> Response:
 async def chat_stream() -> Response:
     c = ctx()
     req = await body(NativeChatRequest)
-    info, engine = c.state.ready()
-    _require_text(info)
+    info, engine = c.state.serve(None, "text")
     _, ids = chat_prompt(info, req.messages)
     handle = submit_all(
         engine, make_requests(new_id("chat"), ids, _sampling(req, info, len(ids)), 1)
@@ -199,8 +196,7 @@ async def infer() -> Response:
 @bp.post("/embeddings")
 async def embeddings() -> Response:
     req = await body(NativeEmbeddingRequest)
-    info, engine = ctx().state.ready()
-    require_embed(info)
+    info, engine = ctx().state.serve(None, "embed")
     inp = req.input if req.input is not None else req.content
     if inp is None:
         raise ParamError("give 'input' (or llama.cpp's 'content')", param="input")

@@ -25,12 +25,12 @@ from modelc.server.generation import (
     chat_prompt,
     check_budget,
     collect_all,
+    embed_inputs,
     make_requests,
     new_id,
     raise_failed,
     submit_all,
 )
-from modelc.server.routes_openai import _require_text, embed_inputs, require_embed
 from modelc.server.schemas import (
     OllamaChatChunk,
     OllamaChatRequest,
@@ -135,9 +135,7 @@ async def _answer(handle: RequestHandle, stream: bool, chunk: ChunkFn) -> Respon
 async def generate() -> Response:
     c = ctx()
     req = await body(OllamaGenerateRequest)
-    info, engine = c.state.ready()
-    c.state.check_model(req.model)
-    _require_text(info)
+    info, engine = c.state.serve(req.model, "text")
     if req.raw or not info.chat_template:
         text = (f"{req.system}\n\n" if req.system else "") + req.prompt
         ids = info.tok().encode(text, add_special=True)
@@ -161,9 +159,7 @@ async def generate() -> Response:
 async def chat() -> Response:
     c = ctx()
     req = await body(OllamaChatRequest)
-    info, engine = c.state.ready()
-    c.state.check_model(req.model)
-    _require_text(info)
+    info, engine = c.state.serve(req.model, "text")
     msgs = [{"role": m.role, "content": m.content} for m in req.messages]
     if not msgs:
         msgs = [{"role": "user", "content": ""}]
@@ -201,9 +197,7 @@ def _reply(text: str, tools: bool) -> OllamaMessage:
 async def embed() -> Response:
     c = ctx()
     req = await body(OllamaEmbedRequest)
-    info, engine = c.state.ready()
-    c.state.check_model(req.model)
-    require_embed(info)
+    info, engine = c.state.serve(req.model, "embed")
     batch = embed_inputs(req.input, info)
     if req.truncate:
         batch = [b[: info.n_ctx] for b in batch]

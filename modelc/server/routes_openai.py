@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import numpy as np
 from quart import Blueprint, Response
@@ -22,7 +21,9 @@ from modelc.server.generation import (
     Outcome,
     chat_prompt,
     check_budget,
+    check_ids,
     collect_all,
+    embed_inputs,
     logit_bias,
     make_requests,
     new_id,
@@ -84,15 +85,6 @@ def _chat_logprobs(info: ModelInfo, events: list[TokenEvent]) -> ChoiceLogprobs:
     return ChoiceLogprobs(content)
 
 
-def _require_text(info: ModelInfo) -> None:
-    if not info.generates:
-        raise ParamError(
-            f"model {info.model_id!r} is a {info.architecture} model and does not generate text; "
-            "serve a llama or gpt2 model (e.g. smollm2-135m) for this endpoint",
-            param="model",
-        )
-
-
 def _sampling(
     req: ChatCompletionRequest | CompletionRequest,
     info: ModelInfo,
@@ -121,9 +113,7 @@ def _sampling(
 async def chat_completions() -> Response:
     c = ctx()
     req = await body(ChatCompletionRequest)
-    info, engine = c.state.ready()
-    c.state.check_model(req.model)
-    _require_text(info)
+    info, engine = c.state.serve(req.model, "text")
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs needs logprobs: true", param="top_logprobs")
     choice = req.tool_choice
@@ -292,7 +282,7 @@ def _prompts(req: CompletionRequest, info: ModelInfo) -> list[tuple[str, list[in
         return [(str(x), tok.encode(str(x), add_special=True)) for x in p]
     if all(isinstance(x, int) for x in p):
         ids = [int(x) for x in p]  # type: ignore[arg-type]
-        _check_ids(ids, info, "prompt")
+        check_ids(ids, info, "prompt")
         return [(tok.decode(ids), ids)]
     if all(isinstance(x, list) for x in p):
         out = []
@@ -300,21 +290,13 @@ def _prompts(req: CompletionRequest, info: ModelInfo) -> list[tuple[str, list[in
             ids = list(x)  # type: ignore[arg-type]
             if not ids:
                 raise ParamError(f"prompt[{j}] is an empty token list", param=f"prompt[{j}]")
-            _check_ids(ids, info, f"prompt[{j}]")
+            check_ids(ids, info, f"prompt[{j}]")
             out.append((tok.decode(ids), ids))
         return out
     raise ParamError(
         "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
         param="prompt",
     )
-
-
-def _check_ids(ids: list[int], info: ModelInfo, param: str) -> None:
-    bad = [i for i in ids if i >= info.n_vocab]
-    if bad:
-        raise ParamError(
-            f"token id {bad[0]} is outside the vocabulary 0..{info.n_vocab - 1}", param=param
-        )
 
 
 def _completion_logprobs(
@@ -336,9 +318,7 @@ def _completion_logprobs(
 async def completions() -> Response:
     c = ctx()
     req = await body(CompletionRequest)
-    info, engine = c.state.ready()
-    c.state.check_model(req.model)
-    _require_text(info)
+    info, engine = c.state.serve(req.model, "text")
     best_of = req.best_of or req.n
     if best_of < req.n:
         raise ParamError(f"best_of ({best_of}) must be >= n ({req.n})", param="best_of")
@@ -474,48 +454,11 @@ async def _completion_stream(
 
 
 # --- embeddings --------------------------------------------------------------------------
-def embed_inputs(inp: Any, info: ModelInfo, param: str = "input") -> list[list[int]]:
-    """Token-id lists for an embeddings ``input`` (string, strings, ids or id lists)."""
-    tok = info.tok()
-    items: list[Any] = [inp] if isinstance(inp, str) else list(inp)
-    if items and all(isinstance(x, int) for x in items):
-        items = [items]
-    batch = []
-    for j, x in enumerate(items):
-        if isinstance(x, str):
-            ids = tok.encode(x, add_special=True)
-        elif isinstance(x, list):
-            ids = [int(t) for t in x]
-            _check_ids(ids, info, f"{param}[{j}]")
-        else:
-            raise ParamError(f"{param} mixes strings and token ids; send one kind", param=param)
-        if not ids:
-            raise ParamError(f"{param}[{j}] is empty", param=f"{param}[{j}]")
-        if len(ids) > info.n_ctx:
-            raise ParamError(
-                f"{param}[{j}] is {len(ids)} tokens; the model takes at most {info.n_ctx}",
-                param=f"{param}[{j}]",
-            )
-        batch.append(ids)
-    return batch
-
-
-def require_embed(info: ModelInfo) -> None:
-    if not info.embeds:
-        raise ParamError(
-            f"model {info.model_id!r} is a {info.architecture} model; embeddings need an "
-            "embedding model (serve e.g. minilm-l6)",
-            param="model",
-        )
-
-
 @bp.post("/v1/embeddings")
 async def embeddings() -> Response:
     c = ctx()
     req = await body(EmbeddingRequest)
-    info, engine = c.state.ready()
-    c.state.check_model(req.model)
-    require_embed(info)
+    info, engine = c.state.serve(req.model, "embed")
     batch = embed_inputs(req.input, info)
     vecs = np.asarray(await engine.embed(batch), np.float32)  # (len(batch), d)
     if req.dimensions is not None:

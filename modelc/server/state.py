@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from modelc.artifact import open_artifact
 from modelc.engine.api import Engine
 from modelc.errors import ModelNotFoundError, TokenizerError
 from modelc.runtime.tokenizer import Tokenizer
-from modelc.server.errors import LoadingError
+from modelc.server.errors import LoadingError, ParamError
 
 TEXT_ARCHS = ("llama", "gpt2")
 EMBED_ARCHS = ("bert",)
@@ -129,6 +130,30 @@ class ServerState:
         if self.info is None:
             raise LoadingError("the model is still loading; retry in a moment (see /health)")
         return self.info
+
+    def serve(
+        self, requested: str | None, need: Literal["text", "embed"]
+    ) -> tuple[ModelInfo, Engine]:
+        """The loaded model and engine for a generation or embedding endpoint.
+
+        503 while loading, 404 if ``requested`` names another model, 400 if the model
+        cannot do what the endpoint ``need``s (generate text, or embed).
+        """
+        info, engine = self.ready()
+        self.check_model(requested)
+        if need == "text" and not info.generates:
+            raise ParamError(
+                f"model {info.model_id!r} is a {info.architecture} model and does not generate "
+                "text; serve a llama or gpt2 model (e.g. smollm2-135m) for this endpoint",
+                param="model",
+            )
+        if need == "embed" and not info.embeds:
+            raise ParamError(
+                f"model {info.model_id!r} is a {info.architecture} model; embeddings need an "
+                "embedding model (serve e.g. minilm-l6)",
+                param="model",
+            )
+        return info, engine
 
     def check_model(self, requested: str | None) -> ModelInfo:
         """The loaded model, if ``requested`` names it (or is empty)."""
