@@ -360,7 +360,7 @@ random-word prompts, {args.max_tokens} output tokens (`ignore_eos`), the same lo
 
 The llama.cpp column is, measurement by measurement, the better of two configurations
 (the wheel is built with OpenMP, whose threads spin at barriers: with other jobs on the
-machine `OMP_WAIT_POLICY=passive` is often much faster), each the best of its rounds:
+machine `OMP_WAIT_POLICY=passive` is sometimes much faster, sometimes slower), each the best of its rounds:
 
 {cfg_tbl}
 """
