@@ -34,7 +34,7 @@ from modelc.server import tools as tooling
 from modelc.server.errors import ParamError
 from modelc.server.logging import logger
 from modelc.server.metrics import Metrics
-from modelc.server.schemas import ChatMessage, ResponseFormat, Tool
+from modelc.server.schemas import ChatMessage, ResponseFormat, Sampling, Tool
 from modelc.server.state import ModelInfo
 
 FINISH = {
@@ -220,6 +220,27 @@ def check_budget(
     if max_tokens is None:
         return room
     return min(max_tokens, room)
+
+
+def sampling_params(
+    o: Sampling, info: ModelInfo, max_tokens: int, logprobs: int | None = None
+) -> SamplingParams:
+    """The engine's sampling settings for a request's :class:`Sampling` fields."""
+    return SamplingParams(
+        temperature=o.temperature,
+        top_k=o.top_k,
+        top_p=o.top_p,
+        min_p=o.min_p,
+        repetition_penalty=o.repetition_penalty,
+        presence_penalty=o.presence_penalty,
+        frequency_penalty=o.frequency_penalty,
+        logit_bias=logit_bias(o.logit_bias, info.n_vocab),
+        seed=o.seed,
+        logprobs=logprobs,
+        max_tokens=max_tokens,
+        stop=stop_list(o.stop),
+        stop_token_ids=list(info.stop_ids),
+    )
 
 
 def make_requests(

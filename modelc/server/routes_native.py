@@ -26,11 +26,10 @@ from modelc.server.generation import (
     check_budget,
     collect_all,
     embed_inputs,
-    logit_bias,
     make_requests,
     new_id,
     raise_failed,
-    stop_list,
+    sampling_params,
     submit_all,
 )
 from modelc.server.schemas import (
@@ -68,20 +67,7 @@ DEFAULTS = NativeOptions()
 
 
 def _sampling(o: NativeOptions, info: ModelInfo, n_prompt: int) -> SamplingParams:
-    return SamplingParams(
-        temperature=o.temperature,
-        top_k=o.top_k,
-        top_p=o.top_p,
-        min_p=o.min_p,
-        repetition_penalty=o.repetition_penalty,
-        presence_penalty=o.presence_penalty,
-        frequency_penalty=o.frequency_penalty,
-        logit_bias=logit_bias(o.logit_bias, info.n_vocab),
-        seed=o.seed,
-        max_tokens=check_budget(info, n_prompt, o.max_tokens),
-        stop=stop_list(o.stop),
-        stop_token_ids=list(info.stop_ids),
-    )
+    return sampling_params(o, info, check_budget(info, n_prompt, o.max_tokens))
 
 
 def _usage(f: FinishEvent) -> NativeUsage:

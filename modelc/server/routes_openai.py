@@ -10,7 +10,6 @@ import numpy as np
 from quart import Blueprint, Response
 
 from modelc.engine.api import FinishEvent, TokenEvent
-from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
 from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, nursery, record, stream_response
@@ -24,12 +23,11 @@ from modelc.server.generation import (
     check_ids,
     collect_all,
     embed_inputs,
-    logit_bias,
     make_requests,
     new_id,
     raise_failed,
     response_constraint,
-    stop_list,
+    sampling_params,
     submit_all,
 )
 from modelc.server.schemas import (
@@ -85,29 +83,6 @@ def _chat_logprobs(info: ModelInfo, events: list[TokenEvent]) -> ChoiceLogprobs:
     return ChoiceLogprobs(content)
 
 
-def _sampling(
-    req: ChatCompletionRequest | CompletionRequest,
-    info: ModelInfo,
-    max_tokens: int,
-    logprobs: int | None,
-) -> SamplingParams:
-    return SamplingParams(
-        temperature=req.temperature,
-        top_k=req.top_k,
-        top_p=req.top_p,
-        min_p=req.min_p,
-        repetition_penalty=req.repetition_penalty,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        logit_bias=logit_bias(req.logit_bias, info.n_vocab),
-        seed=req.seed,
-        logprobs=logprobs,
-        max_tokens=max_tokens,
-        stop=stop_list(req.stop),
-        stop_token_ids=list(info.stop_ids),
-    )
-
-
 # --- chat --------------------------------------------------------------------------------
 @bp.post("/v1/chat/completions")
 async def chat_completions() -> Response:
@@ -127,7 +102,7 @@ async def chat_completions() -> Response:
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = check_budget(info, len(ids), limit)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    sampling = _sampling(req, info, max_tokens, logprobs)
+    sampling = sampling_params(req, info, max_tokens, logprobs)
     cid = new_id("chatcmpl")
     handles = submit_all(
         engine, make_requests(cid, ids, sampling, req.n, constraint, req.ignore_eos)
@@ -336,7 +311,7 @@ async def completions() -> Response:
     try:
         for j, (_, ids) in enumerate(prompts):
             max_tokens = check_budget(info, len(ids), limit, param="prompt")
-            sampling = _sampling(req, info, max_tokens, logprobs)
+            sampling = sampling_params(req, info, max_tokens, logprobs)
             handles.append(
                 submit_all(
                     engine,

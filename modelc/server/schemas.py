@@ -58,6 +58,22 @@ class ErrorResponse(Resp):
     error: ErrorDetail
 
 
+# --- sampling ----------------------------------------------------------------------------
+class Sampling(Req):
+    """Sampling fields of every generation request (OpenAI's defaults)."""
+
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepPenalty = 1.0
+    logit_bias: LogitBias | None = None
+    stop: Stop = None
+    seed: Seed | None = None
+
+
 # --- chat --------------------------------------------------------------------------------
 class ContentPart(Req):
     type: Annotated[str, Meta(max_length=32)]
@@ -127,7 +143,7 @@ class StreamOptions(Req):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(Req):
+class ChatCompletionRequest(Sampling, kw_only=True):
     messages: Messages
     model: Name | None = None
     stream: bool = False
@@ -135,18 +151,8 @@ class ChatCompletionRequest(Req):
     n: NChoices = 1
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
-    top_k: TopK = 0
-    min_p: MinP = 0.0
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    repetition_penalty: RepPenalty = 1.0
-    logit_bias: LogitBias | None = None
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = None
-    stop: Stop = None
-    seed: Seed | None = None
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -250,7 +256,7 @@ PromptItem = Text | TokenId | Annotated[list[TokenId], Meta(max_length=1_000_000
 Prompt = Text | Annotated[list[PromptItem], Meta(min_length=1, max_length=1_000_000)]
 
 
-class CompletionRequest(Req):
+class CompletionRequest(Sampling, kw_only=True):
     prompt: Prompt
     model: Name | None = None
     stream: bool = False
@@ -261,17 +267,7 @@ class CompletionRequest(Req):
     suffix: Text | None = None
     max_tokens: MaxTokens | None = 16
     max_completion_tokens: MaxTokens | None = None
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
-    top_k: TopK = 0
-    min_p: MinP = 0.0
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    repetition_penalty: RepPenalty = 1.0
-    logit_bias: LogitBias | None = None
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
-    stop: Stop = None
-    seed: Seed | None = None
     user: Name | None = None
     response_format: ResponseFormat | None = None
     ignore_eos: bool = False
@@ -353,18 +349,9 @@ class ModelList(Resp):
 
 
 # --- native ------------------------------------------------------------------------------
-class NativeOptions(Req):
-    max_tokens: MaxTokens = 256
+class NativeOptions(Sampling, kw_only=True):
     temperature: Temperature = 0.8
-    top_p: TopP = 1.0
-    top_k: TopK = 0
-    min_p: MinP = 0.0
-    repetition_penalty: RepPenalty = 1.0
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    logit_bias: LogitBias | None = None
-    stop: Stop = None
-    seed: Seed | None = None
+    max_tokens: MaxTokens = 256
 
 
 class NativeCompleteRequest(NativeOptions, kw_only=True):
