@@ -144,7 +144,7 @@ def run_modelc(gguf: Path, mode: str, args: argparse.Namespace, log_dir: Path) -
 
 
 # llama.cpp's configurations: the wheel is built with OpenMP, whose threads spin at
-# barriers; on a machine shared with other jobs the passive policy is often much faster.
+# barriers; on a machine shared with other jobs the passive policy can be much faster.
 LLAMA_CONFIGS: dict[str, dict[str, str]] = {
     "default": {},
     "OMP_WAIT_POLICY=passive": {"OMP_WAIT_POLICY": "passive"},
