@@ -99,8 +99,7 @@ async def chat_completions() -> Response:
     constraint = tooling.choice_constraint(tools, choice) if tools else None
     if constraint is None:
         constraint = response_constraint(req.response_format)
-    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    max_tokens = check_budget(info, len(ids), limit)
+    max_tokens = check_budget(info, len(ids), req.token_limit)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     sampling = sampling_params(req, info, max_tokens, logprobs)
     cid = new_id("chatcmpl")
@@ -111,7 +110,6 @@ async def chat_completions() -> Response:
     model = info.model_id
     rec = record()
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         streams = [EventStream(h, nursery(), c.metrics) for h in handles]
         return stream_response(
             _chat_stream(
@@ -123,7 +121,7 @@ async def chat_completions() -> Response:
                 len(ids),
                 tools is not None,
                 req.logprobs,
-                include_usage,
+                req.include_usage,
                 c.state.ping_interval,
             ),
             sse.HEADERS,
@@ -302,7 +300,6 @@ async def completions() -> Response:
     prompts = _prompts(req, info)
     if len(prompts) * best_of > 64:
         raise ParamError("at most 64 generations per request (prompts x best_of)", param="prompt")
-    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = req.logprobs if req.logprobs is not None else (0 if best_of > req.n else None)
     constraint = response_constraint(req.response_format)
     cid = new_id("cmpl")
@@ -310,7 +307,7 @@ async def completions() -> Response:
     handles = []
     try:
         for j, (_, ids) in enumerate(prompts):
-            max_tokens = check_budget(info, len(ids), limit, param="prompt")
+            max_tokens = check_budget(info, len(ids), req.token_limit, param="prompt")
             sampling = sampling_params(req, info, max_tokens, logprobs)
             handles.append(
                 submit_all(
@@ -327,7 +324,6 @@ async def completions() -> Response:
     rec = record()
     rec.prompt_tokens = n_prompt
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         streams = [[EventStream(h, nursery(), c.metrics) for h in hs] for hs in handles]
         return stream_response(
             _completion_stream(
@@ -338,7 +334,7 @@ async def completions() -> Response:
                 cid,
                 created,
                 n_prompt,
-                include_usage,
+                req.include_usage,
                 c.state.ping_interval,
             ),
             sse.HEADERS,

@@ -143,25 +143,43 @@ class StreamOptions(Req):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(Sampling, kw_only=True):
-    messages: Messages
+class OpenAIGeneration(Sampling, kw_only=True):
+    """Fields shared by ``/v1/chat/completions`` and ``/v1/completions``."""
+
     model: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: NChoices = 1
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
+    response_format: ResponseFormat | None = None
+    user: Name | None = None
+    ignore_eos: bool = False
+
+    @property
+    def token_limit(self) -> int | None:
+        """``max_completion_tokens``, else ``max_tokens`` (None: up to the context)."""
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(OpenAIGeneration, kw_only=True):
+    messages: Messages
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = None
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    user: Name | None = None
     store: bool | None = None
     metadata: dict[str, Any] | None = None
     service_tier: Name | None = None
-    ignore_eos: bool = False
 
 
 class ToolCallOut(Resp):
@@ -256,21 +274,13 @@ PromptItem = Text | TokenId | Annotated[list[TokenId], Meta(max_length=1_000_000
 Prompt = Text | Annotated[list[PromptItem], Meta(min_length=1, max_length=1_000_000)]
 
 
-class CompletionRequest(Sampling, kw_only=True):
+class CompletionRequest(OpenAIGeneration, kw_only=True):
     prompt: Prompt
-    model: Name | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: NChoices = 1
+    max_tokens: MaxTokens | None = 16
     best_of: NChoices | None = None
     echo: bool = False
     suffix: Text | None = None
-    max_tokens: MaxTokens | None = 16
-    max_completion_tokens: MaxTokens | None = None
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
-    user: Name | None = None
-    response_format: ResponseFormat | None = None
-    ignore_eos: bool = False
 
 
 class CompletionLogprobs(Resp):
