@@ -14,6 +14,8 @@ from typing import Any
 
 import structlog
 
+from modelc.engine.api import FinishEvent
+
 
 def configure(level: int = logging.INFO) -> None:
     structlog.configure(
@@ -48,9 +50,12 @@ class AccessRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     written: bool = False
 
-    def add(self, prompt_tokens: int, completion_tokens: int, ttft: float | None) -> None:
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
+    def add(self, f: FinishEvent, *, prompt: bool = True) -> None:
+        """Count a finished generation (its prompt too, unless the caller counts prompts)."""
+        if prompt:
+            self.prompt_tokens += f.prompt_tokens
+        self.completion_tokens += f.completion_tokens
+        ttft = f.time_to_first_token
         if ttft is not None and (self.ttft_s is None or ttft < self.ttft_s):
             self.ttft_s = ttft
 

@@ -88,9 +88,7 @@ async def _one(
         await collect_all(submit_all(engine, make_requests(new_id(prefix), ids, sp, 1)), c.metrics)
     )[0]
     assert out.finish is not None
-    record().add(
-        out.finish.prompt_tokens, out.finish.completion_tokens, out.finish.time_to_first_token
-    )
+    record().add(out.finish)
     return out.text, out.finish
 
 
@@ -146,7 +144,7 @@ async def _native_stream(st: EventStream, ping: float) -> AsyncIterator[bytes]:
             else:
                 if ev.reason.value == "error":
                     raise_failed(ev)
-                record().add(ev.prompt_tokens, ev.completion_tokens, ev.time_to_first_token)
+                record().add(ev)
                 yield sse.event(
                     NativeStreamEvent(
                         delta=ev.text, finish_reason=FINISH.get(ev.reason, "stop"), usage=_usage(ev)

@@ -116,7 +116,7 @@ async def _answer(handle: RequestHandle, stream: bool, chunk: ChunkFn) -> Respon
                         continue
                     if ev.reason.value == "error":
                         raise_failed(ev)
-                    record().add(ev.prompt_tokens, ev.completion_tokens, ev.time_to_first_token)
+                    record().add(ev)
                     yield sse.ndjson(chunk(ev.text, ev))
                     return
             finally:
@@ -125,9 +125,7 @@ async def _answer(handle: RequestHandle, stream: bool, chunk: ChunkFn) -> Respon
         return stream_response(chunks(), sse.NDJSON_HEADERS)
     out = (await collect_all([handle], c.metrics))[0]
     assert out.finish is not None
-    record().add(
-        out.finish.prompt_tokens, out.finish.completion_tokens, out.finish.time_to_first_token
-    )
+    record().add(out.finish)
     return json_response(chunk(out.text, out.finish))
 
 

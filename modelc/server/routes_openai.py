@@ -130,7 +130,7 @@ async def chat_completions() -> Response:
     choices = []
     for i, o in enumerate(outs):
         assert o.finish is not None
-        rec.add(0, o.finish.completion_tokens, o.finish.time_to_first_token)
+        rec.add(o.finish, prompt=False)
         content: str | None = o.text
         calls = None
         reason = o.reason
@@ -233,7 +233,7 @@ async def _chat_stream(
                 yield chunk(i, ChatDelta(), reason)
                 completion += ev.completion_tokens
                 cached = max(cached, ev.cached_tokens)
-                rec.add(0, ev.completion_tokens, ev.time_to_first_token)
+                rec.add(ev, prompt=False)
                 break
             st.close()
         if include_usage:
@@ -347,7 +347,7 @@ async def completions() -> Response:
             outs = sorted(outs, key=lambda o: o.cum_logprob, reverse=True)[: req.n]
         for o in outs:
             assert o.finish is not None
-            rec.add(0, o.finish.completion_tokens, o.finish.time_to_first_token)
+            rec.add(o.finish, prompt=False)
             prefix = ptext if req.echo else ""
             text = prefix + o.text + (req.suffix or "")
             lp = (
@@ -407,7 +407,7 @@ async def _completion_stream(
                         yield chunk(idx, tail)
                     yield chunk(idx, "", FINISH.get(ev.reason, "stop"))
                     completion += ev.completion_tokens
-                    rec.add(0, ev.completion_tokens, ev.time_to_first_token)
+                    rec.add(ev, prompt=False)
                     break
                 st.close()
                 idx += 1
