@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -30,7 +30,9 @@ from modelc.engine.api import (
 from modelc.errors import ModelcError
 from modelc.runtime.chat_template import render_chat
 from modelc.runtime.sampling import SamplingParams
+from modelc.server import sse
 from modelc.server import tools as tooling
+from modelc.server.context import record
 from modelc.server.errors import ParamError
 from modelc.server.logging import logger
 from modelc.server.metrics import Metrics
@@ -389,3 +391,36 @@ class EventStream:
             self._closed = True
             self.handle.cancel()
             self.metrics.active.dec()
+
+
+async def relay(
+    st: EventStream,
+    ping: float | None,
+    token: Callable[[str], bytes],
+    finish: Callable[[FinishEvent], list[bytes]],
+) -> AsyncIterator[bytes]:
+    """One request's events as a byte stream, closing ``st`` at the end.
+
+    ``token(text)`` for each token with text, then the ``finish(event)`` chunks once the
+    finish event is logged; an engine error raises :class:`GenerationFailed`.  Every
+    ``ping`` seconds without an event sends ``sse.PING`` (None: wait without pinging).
+    """
+    try:
+        while True:
+            ev = await st.next(3600.0 if ping is None else ping)
+            if ev is None:
+                if ping is not None:
+                    yield sse.PING
+                continue
+            if isinstance(ev, TokenEvent):
+                if ev.text:
+                    yield token(ev.text)
+                continue
+            if ev.reason.value == "error":
+                raise_failed(ev)
+            record().add(ev)
+            for b in finish(ev):
+                yield b
+            return
+    finally:
+        st.close()

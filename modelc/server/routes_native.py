@@ -14,7 +14,7 @@ import psutil
 from quart import Blueprint, Response
 
 import modelc
-from modelc.engine.api import Engine, FinishEvent, TokenEvent
+from modelc.engine.api import Engine, FinishEvent
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
 from modelc.server.context import body, ctx, json_response, nursery, record, stream_response
@@ -28,7 +28,7 @@ from modelc.server.generation import (
     embed_inputs,
     make_requests,
     new_id,
-    raise_failed,
+    relay,
     sampling_params,
     submit_all,
 )
@@ -132,28 +132,14 @@ async def chat_stream() -> Response:
     return stream_response(_native_stream(st, c.state.ping_interval), sse.HEADERS)
 
 
-async def _native_stream(st: EventStream, ping: float) -> AsyncIterator[bytes]:
-    try:
-        while True:
-            ev = await st.next(ping)
-            if ev is None:
-                yield sse.PING
-            elif isinstance(ev, TokenEvent):
-                if ev.text:
-                    yield sse.event(NativeStreamEvent(delta=ev.text))
-            else:
-                if ev.reason.value == "error":
-                    raise_failed(ev)
-                record().add(ev)
-                yield sse.event(
-                    NativeStreamEvent(
-                        delta=ev.text, finish_reason=FINISH.get(ev.reason, "stop"), usage=_usage(ev)
-                    )
-                )
-                yield sse.DONE
-                return
-    finally:
-        st.close()
+def _native_stream(st: EventStream, ping: float) -> AsyncIterator[bytes]:
+    def finish(f: FinishEvent) -> list[bytes]:
+        last = NativeStreamEvent(
+            delta=f.text, finish_reason=FINISH.get(f.reason, "stop"), usage=_usage(f)
+        )
+        return [sse.event(last), sse.DONE]
+
+    return relay(st, ping, lambda text: sse.event(NativeStreamEvent(delta=text)), finish)
 
 
 @bp.post("/infer")

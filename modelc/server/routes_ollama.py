@@ -7,14 +7,14 @@ map onto the same sampling settings as the OpenAI endpoints.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 from quart import Blueprint, Response
 
-from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, RequestHandle, TokenEvent
+from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, RequestHandle
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
 from modelc.server import tools as tooling
@@ -28,7 +28,7 @@ from modelc.server.generation import (
     embed_inputs,
     make_requests,
     new_id,
-    raise_failed,
+    relay,
     submit_all,
 )
 from modelc.server.schemas import (
@@ -104,25 +104,13 @@ async def _answer(handle: RequestHandle, stream: bool, chunk: ChunkFn) -> Respon
     if stream:
         st = EventStream(handle, nursery(), c.metrics)
 
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                while True:
-                    ev = await st.next(3600.0)
-                    if ev is None:
-                        continue
-                    if isinstance(ev, TokenEvent):
-                        if ev.text:
-                            yield sse.ndjson(chunk(ev.text, None))
-                        continue
-                    if ev.reason.value == "error":
-                        raise_failed(ev)
-                    record().add(ev)
-                    yield sse.ndjson(chunk(ev.text, ev))
-                    return
-            finally:
-                st.close()
-
-        return stream_response(chunks(), sse.NDJSON_HEADERS)
+        chunks = relay(
+            st,
+            None,
+            lambda text: sse.ndjson(chunk(text, None)),
+            lambda f: [sse.ndjson(chunk(f.text, f))],
+        )
+        return stream_response(chunks, sse.NDJSON_HEADERS)
     out = (await collect_all([handle], c.metrics))[0]
     assert out.finish is not None
     record().add(out.finish)
