@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from quart import Blueprint, Response
 
-from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, RequestHandle
+from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
 from modelc.server import tools as tooling
@@ -39,6 +39,7 @@ from modelc.server.schemas import (
     OllamaFunctionCall,
     OllamaGenerateChunk,
     OllamaGenerateRequest,
+    OllamaGeneration,
     OllamaMessage,
     OllamaModel,
     OllamaModelDetails,
@@ -95,17 +96,26 @@ def _done_fields(f: FinishEvent | None) -> dict[str, Any]:
 ChunkFn = Callable[[str, FinishEvent | None], OllamaGenerateChunk | OllamaChatChunk]
 
 
-async def _answer(handle: RequestHandle, stream: bool, chunk: ChunkFn) -> Response:
-    """One generation as Ollama answers it: NDJSON chunks, or the final chunk alone.
+async def _answer(
+    req: OllamaGeneration,
+    info: ModelInfo,
+    engine: Engine,
+    ids: list[int],
+    prefix: str,
+    chunk: ChunkFn,
+) -> Response:
+    """Generate from ``ids`` and answer as Ollama does: NDJSON chunks, or the final chunk alone.
 
     ``chunk(text, finish)`` builds a chunk; ``finish`` is None until the last one.
     """
     c = ctx()
-    if stream:
-        st = EventStream(handle, nursery(), c.metrics)
-
+    reqs = make_requests(
+        new_id(prefix), ids, _sampling(req.options, info, len(ids)), 1, _format(req.format)
+    )
+    handle = submit_all(engine, reqs)[0]
+    if req.stream:
         chunks = relay(
-            st,
+            EventStream(handle, nursery(), c.metrics),
             None,
             lambda text: sse.ndjson(chunk(text, None)),
             lambda f: [sse.ndjson(chunk(f.text, f))],
@@ -131,14 +141,11 @@ async def generate() -> Response:
         )
         msgs.append({"role": "user", "content": req.prompt})
         _, ids = chat_prompt(info, msgs)
-    reqs = make_requests(
-        new_id("gen"), ids, _sampling(req.options, info, len(ids)), 1, _format(req.format)
-    )
 
     def chunk(text: str, f: FinishEvent | None) -> OllamaGenerateChunk:
         return OllamaGenerateChunk(req.model, _now(), text, f is not None, **_done_fields(f))
 
-    return await _answer(submit_all(engine, reqs)[0], req.stream, chunk)
+    return await _answer(req, info, engine, ids, "gen", chunk)
 
 
 @bp.post("/api/chat")
@@ -150,16 +157,13 @@ async def chat() -> Response:
     if not msgs:
         msgs = [{"role": "user", "content": ""}]
     _, ids = chat_prompt(info, msgs, req.tools)
-    reqs = make_requests(
-        new_id("chat"), ids, _sampling(req.options, info, len(ids)), 1, _format(req.format)
-    )
     tool_calls = bool(req.tools) and not req.stream  # streamed text is relayed as it comes
 
     def chunk(text: str, f: FinishEvent | None) -> OllamaChatChunk:
         msg = _reply(text, tool_calls)
         return OllamaChatChunk(req.model, _now(), msg, f is not None, **_done_fields(f))
 
-    return await _answer(submit_all(engine, reqs)[0], req.stream, chunk)
+    return await _answer(req, info, engine, ids, "chat", chunk)
 
 
 def _reply(text: str, tools: bool) -> OllamaMessage:

@@ -543,15 +543,20 @@ class OllamaOptions(Req):
     num_ctx: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
 
 
-class OllamaGenerateRequest(Req):
+class OllamaGeneration(Req):
+    """Fields shared by ``/api/generate`` and ``/api/chat``."""
+
     model: Name
-    prompt: Text = ""
-    system: Text | None = None
     stream: bool = True
-    raw: bool = False
     format: Literal["json"] | dict[str, Any] | None = None
     options: OllamaOptions | None = None
     keep_alive: Annotated[str, Meta(max_length=32)] | int | None = None
+
+
+class OllamaGenerateRequest(OllamaGeneration, kw_only=True):
+    prompt: Text = ""
+    system: Text | None = None
+    raw: bool = False
 
 
 class OllamaMessageIn(Req):
@@ -560,14 +565,9 @@ class OllamaMessageIn(Req):
     tool_calls: list[dict[str, Any]] | None = None
 
 
-class OllamaChatRequest(Req):
-    model: Name
+class OllamaChatRequest(OllamaGeneration, kw_only=True):
     messages: Annotated[list[OllamaMessageIn], Meta(max_length=2048)]
-    stream: bool = True
-    format: Literal["json"] | dict[str, Any] | None = None
-    options: OllamaOptions | None = None
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
-    keep_alive: Annotated[str, Meta(max_length=32)] | int | None = None
 
 
 class OllamaGenerateChunk(Resp, omit_defaults=True):
