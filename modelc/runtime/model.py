@@ -19,10 +19,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from modelc.errors import FormatError, UnsupportedError
+from modelc.errors import FormatError, UnsupportedError, UsageError
 from modelc.formats.ir import DType, HParams, ModelIR
-from modelc.runtime.backend import F32Array, Weight
-from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode
+from modelc.runtime.backend import Backend, F32Array, Weight
+from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -211,3 +211,64 @@ def logit_row_index(batch: Sequence[SeqChunk], slices: list[slice]) -> IntArray:
     """Rows of the (N, d) activations whose logits the batch asks for, in order."""
     rows = [sl.start + r for c, sl in zip(batch, slices, strict=True) for r in c.rows()]
     return np.asarray(rows, np.int64)
+
+
+def begin_step(batch: Sequence[SeqChunk], n_vocab: int) -> tuple[IntArray, IntArray, list[slice]]:
+    """Check a step's token ids and make room in every cache: ``chunk_positions`` + checks."""
+    ids, pos, slices = chunk_positions(batch)
+    if ids.min() < 0 or ids.max() >= n_vocab:
+        raise UsageError(f"token id out of range 0..{n_vocab - 1}")
+    for c in batch:
+        c.cache.reserve(c.cache.n + len(c.tokens))
+    return ids, pos, slices
+
+
+def attend(
+    be: Backend,
+    batch: Sequence[SeqChunk],
+    slices: list[slice],
+    layer: int,
+    q: F32Array,
+    k: F32Array,
+    v: F32Array,
+    scale: float,
+    out: F32Array,
+) -> None:
+    """One layer's attention: each sequence writes its new K/V (n, n_head_kv, hd) to its
+    own cache and attends over it; results go to ``out`` (n, n_head, hd)."""
+    for c, sl in zip(batch, slices, strict=True):
+        p0 = c.cache.n
+        c.cache.write(layer, p0, k[sl], v[sl])
+        kk, vv = c.cache.read(layer, p0 + len(c.tokens))  # (n_kv, n_head_kv, hd)
+        out[sl] = be.attention(np.ascontiguousarray(q[sl]), kk, vv, p0, scale, out=out[sl])
+
+
+def end_step(batch: Sequence[SeqChunk], slices: list[slice]) -> IntArray:
+    """Advance every cache past its chunk; the activation rows whose logits are wanted."""
+    for c in batch:
+        c.cache.advance(len(c.tokens))
+    return logit_row_index(batch, slices)
+
+
+class CausalLM:
+    """What llama and gpt2 share beyond their forward pass: per-sequence caches."""
+
+    kv_shape: KVShape
+    n_ctx: int
+
+    def new_cache(
+        self,
+        mode: KVMode | str = KVMode.F32,
+        *,
+        max_tokens: int | None = None,
+        hot_window: int = 256,
+        budget: KVBudget | None = None,
+    ) -> KVCache:
+        """An empty cache for one sequence, at most ``n_ctx`` tokens long."""
+        return KVCache(
+            self.kv_shape,
+            min(max_tokens or self.n_ctx, self.n_ctx),
+            mode,
+            hot_window=hot_window,
+            budget=budget,
+        )

@@ -17,14 +17,16 @@ import numpy as np
 from modelc.errors import UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.backend import Backend, F32Array, Weight
-from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import (
+    CausalLM,
     Scratch,
     SeqChunk,
     TensorSource,
+    attend,
+    begin_step,
     check_heads,
-    chunk_positions,
-    logit_row_index,
+    end_step,
 )
 
 
@@ -44,7 +46,7 @@ class Block:
     b_down: F32Array  # (d,)
 
 
-class GPT2:
+class GPT2(CausalLM):
     architecture = "gpt2"
 
     def __init__(self, ir: ModelIR, backend: Backend) -> None:
@@ -85,33 +87,13 @@ class GPT2:
         self.kv_shape = KVShape(len(self.blocks), self.n_head, self.head_dim)
         self.scratch = Scratch()
 
-    def new_cache(
-        self,
-        mode: KVMode | str = KVMode.F32,
-        *,
-        max_tokens: int | None = None,
-        hot_window: int = 256,
-        budget: KVBudget | None = None,
-    ) -> KVCache:
-        return KVCache(
-            self.kv_shape,
-            min(max_tokens or self.n_ctx, self.n_ctx),
-            mode,
-            hot_window=hot_window,
-            budget=budget,
-        )
-
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
         be, d, nh, hd = self.be, self.d, self.n_head, self.head_dim
-        ids, pos, slices = chunk_positions(batch)
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise UsageError(f"token id out of range 0..{self.n_vocab - 1}")
-        if pos.max() >= len(self.pos_embd):
+        if any(c.cache.n + len(c.tokens) > len(self.pos_embd) for c in batch):
             raise UsageError(
                 f"GPT-2 context is {len(self.pos_embd)} tokens; the sequence is longer"
             )
-        for c in batch:
-            c.cache.reserve(c.cache.n + len(c.tokens))
+        ids, pos, slices = begin_step(batch, self.n_vocab)
         n = len(ids)
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, d)))  # (n, d)
         x += self.pos_embd[pos]
@@ -124,12 +106,7 @@ class GPT2:
             q = qkv[:, :d].reshape(n, nh, hd)
             k = np.ascontiguousarray(qkv[:, d : 2 * d]).reshape(n, nh, hd)
             v = np.ascontiguousarray(qkv[:, 2 * d :]).reshape(n, nh, hd)
-            for c, sl in zip(batch, slices, strict=True):
-                p0 = c.cache.n
-                c.cache.write(li, p0, k[sl], v[sl])
-                kk, vv = c.cache.read(li, p0 + len(c.tokens))
-                qs = np.ascontiguousarray(q[sl])
-                attn[sl] = be.attention(qs, kk, vv, p0, self.scale, out=attn[sl])
+            attend(be, batch, slices, li, q, k, v, self.scale, attn)
             o = be.matmul(b.wo, attn.reshape(n, d), out=self.scratch.get("o", (n, d)))
             x += o
             x += b.bo
@@ -140,9 +117,7 @@ class GPT2:
             u = be.gelu(u, out=u)
             x += be.matmul(b.w_down, u, out=self.scratch.get("o", (n, d)))
             x += b.b_down
-        for c in batch:
-            c.cache.advance(len(c.tokens))
-        rows = logit_row_index(batch, slices)
+        rows = end_step(batch, slices)
         if len(rows) == 0:
             return np.zeros((0, self.n_vocab), np.float32)
         hl = be.layer_norm(np.ascontiguousarray(x[rows]), self.out_w, self.out_b, self.eps)

@@ -14,18 +14,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from modelc.errors import UnsupportedError, UsageError
+from modelc.errors import UnsupportedError
 from modelc.formats.ir import HParams, ModelIR, RopeScaling
 from modelc.runtime.backend import Backend, F32Array, Weight
-from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import (
+    CausalLM,
     Scratch,
     SeqChunk,
     TensorSource,
+    attend,
+    begin_step,
     check_heads,
     check_rows,
-    chunk_positions,
-    logit_row_index,
+    end_step,
 )
 
 
@@ -65,7 +67,7 @@ class Block:
     w_down: Weight  # (d, ff)
 
 
-class Llama:
+class Llama(CausalLM):
     architecture = "llama"
 
     def __init__(self, ir: ModelIR, backend: Backend) -> None:
@@ -108,25 +110,9 @@ class Llama:
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
         self.scratch = Scratch()
 
-    def new_cache(
-        self,
-        mode: KVMode | str = KVMode.F32,
-        *,
-        max_tokens: int | None = None,
-        hot_window: int = 256,
-        budget: KVBudget | None = None,
-    ) -> KVCache:
-        return KVCache(
-            self.kv_shape, max_tokens or self.n_ctx, mode, hot_window=hot_window, budget=budget
-        )
-
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
         be, hd, nh, nkv = self.be, self.head_dim, self.n_head, self.n_head_kv
-        ids, pos, slices = chunk_positions(batch)
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise UsageError(f"token id out of range 0..{self.n_vocab - 1}")
-        for c in batch:
-            c.cache.reserve(c.cache.n + len(c.tokens))
+        ids, pos, slices = begin_step(batch, self.n_vocab)
         n = len(ids)
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, self.d)))  # (n, d)
         h = self.scratch.get("h", (n, self.d))  # (n, d)
@@ -147,11 +133,7 @@ class Llama:
             v = be.matmul(b.wv, h, out=vb).reshape(n, nkv, hd)
             be.rope(q, pos, self.inv_freq, self.neox)
             be.rope(k, pos, self.inv_freq, self.neox)
-            for c, sl in zip(batch, slices, strict=True):
-                p0 = c.cache.n
-                c.cache.write(li, p0, k[sl], v[sl])
-                kk, vv = c.cache.read(li, p0 + len(c.tokens))  # (n_kv, n_head_kv, hd)
-                attn[sl] = be.attention(q[sl], kk, vv, p0, self.scale, out=attn[sl])
+            attend(be, batch, slices, li, q, k, v, self.scale, attn)
             x += be.matmul(b.wo, attn2, out=ob)
             h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.w_gate.shape[0] != ff:  # a model whose layers differ in FFN width
@@ -161,9 +143,7 @@ class Llama:
             u = be.matmul(b.w_up, h, out=ub)  # (n, ff)
             g = be.silu_mul(g, u, out=g)
             x += be.matmul(b.w_down, g, out=ob)
-        for c in batch:
-            c.cache.advance(len(c.tokens))
-        rows = logit_row_index(batch, slices)
+        rows = end_step(batch, slices)
         if len(rows) == 0:
             return np.zeros((0, self.n_vocab), np.float32)
         hl = be.rms_norm(np.ascontiguousarray(x[rows]), self.output_norm, self.eps)  # (r, d)
