@@ -7,6 +7,7 @@ Weights arrive as uint8 ``(rows, row_bytes)`` views whatever their dtype.
 """
 
 from libc.stdint cimport int64_t, uint8_t
+from libc.stdlib cimport free, malloc
 
 
 cdef extern from "mc_quant.h" nogil:
@@ -32,6 +33,10 @@ cdef extern from "mc_ops.h" nogil:
     void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
                       int nth, int simd)
+    int mc_attention_batch(int n_seq, const float *const *qs, const float *const *ks,
+                           const float *const *vs, float *const *outs, const int *n_qs,
+                           const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
+                           int hd, float scale, int nth, int simd)
 
 # type codes of mc_common.h
 F32 = 0
@@ -178,3 +183,58 @@ def attention(const float[:, :, ::1] q, const float[:, :, ::1] k, const float[:,
     with nogil:
         mc_attention(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0], n_q, nh, n_kv, nkh,
                      hd, q_pos0, scale, nth, simd)
+
+
+def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list outs, int nth,
+                    int simd=0):
+    """``attention`` for every sequence i at once: outs[i] from qs[i] over ks[i], vs[i].
+
+    All sequences share n_head, n_head_kv and hd; one pool job covers every
+    (sequence, query, head) item.  The caller keeps the arrays alive.
+    """
+    cdef int n_seq = len(qs), i, rc = 0
+    if len(ks) != n_seq or len(vs) != n_seq or len(q_pos0s) != n_seq or len(outs) != n_seq:
+        raise ValueError("attention_batch: lists of different lengths")
+    if n_seq == 0:
+        return
+    cdef const float[:, :, ::1] q, k, v
+    cdef float[:, :, ::1] o
+    cdef int nh = qs[0].shape[1], hd = qs[0].shape[2], nkh = ks[0].shape[1]
+    if nkh == 0 or nh % nkh != 0 or hd > 512:
+        raise ValueError("attention_batch: shape mismatch")
+    cdef const float **qp = <const float **>malloc(n_seq * sizeof(float *))
+    cdef const float **kp = <const float **>malloc(n_seq * sizeof(float *))
+    cdef const float **vp = <const float **>malloc(n_seq * sizeof(float *))
+    cdef float **op = <float **>malloc(n_seq * sizeof(float *))
+    cdef int *ints = <int *>malloc(3 * n_seq * sizeof(int))
+    try:
+        if qp == NULL or kp == NULL or vp == NULL or op == NULL or ints == NULL:
+            raise MemoryError("attention_batch: pointer tables")
+        for i in range(n_seq):
+            q, k, v, o = qs[i], ks[i], vs[i], outs[i]
+            if (q.shape[1] != nh or q.shape[2] != hd or k.shape[1] != nkh or k.shape[2] != hd
+                    or v.shape[0] != k.shape[0] or v.shape[1] != nkh or v.shape[2] != hd
+                    or o.shape[0] != q.shape[0] or o.shape[1] != nh or o.shape[2] != hd
+                    or q_pos0s[i] < 0):
+                raise ValueError(f"attention_batch: shape mismatch in sequence {i}")
+            if q.shape[0] > 0 and k.shape[0] == 0:
+                raise ValueError(f"attention_batch: empty KV cache in sequence {i}")
+            # a null pointer for an empty sequence: it contributes no work items
+            qp[i] = &q[0, 0, 0] if q.shape[0] > 0 else NULL
+            op[i] = &o[0, 0, 0] if q.shape[0] > 0 else NULL
+            kp[i] = &k[0, 0, 0] if k.shape[0] > 0 else NULL
+            vp[i] = &v[0, 0, 0] if k.shape[0] > 0 else NULL
+            ints[i] = q.shape[0]
+            ints[n_seq + i] = k.shape[0]
+            ints[2 * n_seq + i] = q_pos0s[i]
+        with nogil:
+            rc = mc_attention_batch(n_seq, qp, kp, vp, op, &ints[0], &ints[n_seq],
+                                    &ints[2 * n_seq], nh, nkh, hd, scale, nth, simd)
+        if rc == -2:
+            raise MemoryError("attention_batch: job table")
+    finally:
+        free(qp)
+        free(kp)
+        free(vp)
+        free(op)
+        free(ints)

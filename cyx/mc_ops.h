@@ -339,4 +339,61 @@ static void mc_attention(const float *q, const float *k, const float *v, float *
     mc_parallel(work < 65536 ? 1 : nth, total, fn, &jb);
 }
 
+typedef struct {
+    const mc_att_job *jobs; /* (n_seq,) one per sequence */
+    const int *offs;        /* (n_seq + 1,) first work item of each sequence */
+    int n_seq;
+    mc_chunk_fn fn;
+} mc_att_batch;
+
+/* work item idx of the whole batch -> its sequence's (query, head) pair */
+static void mc_attention_batch_one(void *ctx, int idx) {
+    const mc_att_batch *b = (const mc_att_batch *)ctx;
+    int lo = 0, hi = b->n_seq - 1; /* last s with offs[s] <= idx */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (b->offs[mid] <= idx)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    b->fn((void *)&b->jobs[lo], idx - b->offs[lo]);
+}
+
+/* mc_attention for n_seq sequences at once, each over its own cache: every
+ * (sequence, query, head) triple is one work item of a single pool job, so a
+ * decode step of many short sequences wakes the pool once, not once per
+ * sequence.  Per item the math is mc_attention's, so results are identical.
+ * Returns 0, or -2 when the job table cannot be allocated. */
+static int mc_attention_batch(int n_seq, const float *const *qs, const float *const *ks,
+                              const float *const *vs, float *const *outs, const int *n_qs,
+                              const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
+                              int hd, float scale, int nth, int simd) {
+    mc_att_job *jobs = (mc_att_job *)malloc(sizeof(mc_att_job) * (size_t)n_seq);
+    int *offs = (int *)malloc(sizeof(int) * ((size_t)n_seq + 1));
+    if (jobs == NULL || offs == NULL) {
+        free(jobs);
+        free(offs);
+        return -2;
+    }
+    int64_t work = 0;
+    offs[0] = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const mc_att_job jb = {qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head,
+                               n_kvs[s], n_head_kv, hd, q_pos0s[s], scale, simd};
+        jobs[s] = jb;
+        offs[s + 1] = offs[s] + n_qs[s] * n_head;
+        work += (int64_t)n_qs[s] * n_head * (q_pos0s[s] + n_qs[s]) * hd;
+    }
+    mc_att_batch b = {jobs, offs, n_seq, mc_attention_one};
+#if defined(MC_X86)
+    if (MC_IS_AVX2(simd) && hd % 8 == 0) b.fn = mc_attention_one_avx2_fn;
+#endif
+    if (offs[n_seq] > 0)
+        mc_parallel(work < 65536 ? 1 : nth, offs[n_seq], mc_attention_batch_one, &b);
+    free(jobs);
+    free(offs);
+    return 0;
+}
+
 #endif /* MC_OPS_H */

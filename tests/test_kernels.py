@@ -436,6 +436,31 @@ def test_attention_prefill_equals_decode_steps(cpu: CpuBackend) -> None:
         np.testing.assert_allclose(step[0], full[i], rtol=1e-6, atol=1e-6)
 
 
+def test_attention_batch_equals_per_sequence_attention(cpu: CpuBackend) -> None:
+    """One batched call over prefill chunks and single decode tokens of mixed lengths
+    (GQA) gives each sequence exactly what its own ``attention`` call gives."""
+    rng = np.random.default_rng(16)
+    n_head, n_head_kv, hd, scale = 9, 3, 64, 0.125
+    shapes = [(17, 0), (1, 149), (5, 40), (1, 0), (1, 7), (64, 64)]  # (n_q, q_pos0)
+    qs = [rng.standard_normal((n, n_head, hd)).astype(np.float32) for n, _ in shapes]
+    ks = [rng.standard_normal((n + p0, n_head_kv, hd)).astype(np.float32) for n, p0 in shapes]
+    vs = [rng.standard_normal((n + p0, n_head_kv, hd)).astype(np.float32) for n, p0 in shapes]
+    p0s = [p0 for _, p0 in shapes]
+    outs = [np.full_like(q, np.nan) for q in qs]
+    got = cpu.attention_batch(qs, ks, vs, p0s, scale, outs=outs)
+    assert all(g is o for g, o in zip(got, outs, strict=True))
+    want_ref = REF.attention_batch(qs, ks, vs, p0s, scale)
+    for i, (q, k, v, p0) in enumerate(zip(qs, ks, vs, p0s, strict=True)):
+        np.testing.assert_array_equal(got[i], cpu.attention(q, k, v, p0, scale), err_msg=f"seq {i}")
+        np.testing.assert_allclose(got[i], want_ref[i], rtol=1e-5, atol=1e-5, err_msg=f"seq {i}")
+    # without outs: fresh arrays, same values
+    for g, w in zip(cpu.attention_batch(qs, ks, vs, p0s, scale), got, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert cpu.attention_batch([], [], [], [], scale) == []
+    with pytest.raises(ValueError, match="sequence 1"):
+        cpu.attention_batch(qs[:2], [ks[0], ks[0][:, :1]], vs[:2], p0s[:2], scale)
+
+
 def test_concurrent_calls_from_python_threads() -> None:
     """The GIL is released: calls from several threads share the pool safely."""
     from concurrent.futures import ThreadPoolExecutor

@@ -12,6 +12,7 @@ returned, so the decode loop allocates nothing per token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,6 +86,23 @@ class Backend(Protocol):
         q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd) with n_head % n_head_kv == 0
         (grouped-query).  Query i sits at absolute position ``q_pos0 + i`` and sees
         cache positions ``0 .. q_pos0 + i``.  Returns (n_q, n_head, hd).
+        """
+        ...
+
+    def attention_batch(
+        self,
+        qs: Sequence[F32Array],
+        ks: Sequence[F32Array],
+        vs: Sequence[F32Array],
+        q_pos0s: Sequence[int],
+        scale: float,
+        outs: Sequence[F32Array] | None = None,
+    ) -> list[F32Array]:
+        """:meth:`attention` for several sequences at once, each over its own cache.
+
+        Entry i of every list belongs to sequence i; all share n_head, n_head_kv and
+        hd.  Equal to one ``attention(qs[i], ks[i], vs[i], q_pos0s[i], scale, outs[i])``
+        per sequence; a backend may run them as one job (one decode step's layer).
         """
         ...
 

@@ -235,12 +235,18 @@ def attend(
     out: F32Array,
 ) -> None:
     """One layer's attention: each sequence writes its new K/V (n, n_head_kv, hd) to its
-    own cache and attends over it; results go to ``out`` (n, n_head, hd)."""
+    own cache, then one ``attention_batch`` call attends every sequence over its cache;
+    results go to ``out`` (n, n_head, hd)."""
+    ks, vs, p0s = [], [], []
     for c, sl in zip(batch, slices, strict=True):
         p0 = c.cache.n
         c.cache.write(layer, p0, k[sl], v[sl])
         kk, vv = c.cache.read(layer, p0 + len(c.tokens))  # (n_kv, n_head_kv, hd)
-        out[sl] = be.attention(np.ascontiguousarray(q[sl]), kk, vv, p0, scale, out=out[sl])
+        ks.append(kk)
+        vs.append(vv)
+        p0s.append(p0)
+    qs = [np.ascontiguousarray(q[sl]) for sl in slices]  # each (n, n_head, hd)
+    be.attention_batch(qs, ks, vs, p0s, scale, outs=[out[sl] for sl in slices])  # in place
 
 
 def end_step(batch: Sequence[SeqChunk], slices: list[slice]) -> IntArray:

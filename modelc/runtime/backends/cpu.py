@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -258,6 +259,33 @@ class CpuBackend:
             out = np.empty_like(q)  # (n_q, n_head, hd)
         _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads, self.simd)
         return out
+
+    def attention_batch(
+        self,
+        qs: Sequence[F32Array],
+        ks: Sequence[F32Array],
+        vs: Sequence[F32Array],
+        q_pos0s: Sequence[int],
+        scale: float,
+        outs: Sequence[F32Array] | None = None,
+    ) -> list[F32Array]:
+        q_list = [_f32(q) for q in qs]
+        out_list = (
+            [np.empty_like(q) for q in q_list]  # each (n_q, n_head, hd)
+            if outs is None
+            else list(outs)
+        )
+        _k.attention_batch(
+            q_list,
+            [_f32(k) for k in ks],
+            [_f32(v) for v in vs],
+            [int(p) for p in q_pos0s],
+            scale,
+            out_list,
+            self.threads,
+            self.simd,
+        )
+        return out_list
 
     def softmax(self, x: F32Array) -> F32Array:
         buf = _f32(x)

@@ -8,6 +8,7 @@ the compiled kernels approximate (they also quantize the activations).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -139,6 +140,25 @@ class NumpyBackend:
             probs = self.softmax(scores.astype(np.float32))
             res[:, h, :] = probs @ v[:, kh, :]
         return _put(res, out)
+
+    def attention_batch(
+        self,
+        qs: Sequence[F32Array],
+        ks: Sequence[F32Array],
+        vs: Sequence[F32Array],
+        q_pos0s: Sequence[int],
+        scale: float,
+        outs: Sequence[F32Array] | None = None,
+    ) -> list[F32Array]:
+        if outs is None:
+            return [
+                self.attention(q, k, v, p0, scale)
+                for q, k, v, p0 in zip(qs, ks, vs, q_pos0s, strict=True)
+            ]
+        return [
+            self.attention(q, k, v, p0, scale, out=o)
+            for q, k, v, p0, o in zip(qs, ks, vs, q_pos0s, outs, strict=True)
+        ]
 
     def softmax(self, x: F32Array) -> F32Array:
         x -= x.max(axis=-1, keepdims=True)
