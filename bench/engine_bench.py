@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from modelc.bench.offline import prompt_tokens
 from modelc.engine import EngineOptions, LLMEngine, build_engine
 from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.formats import load_model
@@ -63,25 +64,8 @@ def greedy(n: int) -> SamplingParams:
 def words(n_tokens: int, eng: LLMEngine, seed: int) -> list[int]:
     """A prompt of exactly ``n_tokens`` tokens of varied English-ish text."""
     assert eng.tok is not None
-    rng = np.random.default_rng(seed)
-    vocab = [
-        "river",
-        "stone",
-        "light",
-        "garden",
-        "window",
-        "market",
-        "winter",
-        "music",
-        "paper",
-        "silver",
-        "forest",
-        "ocean",
-    ]
-    ids: list[int] = []
-    while len(ids) < n_tokens:
-        ids += eng.tok.encode(" ".join(rng.choice(vocab, 50)) + ". ", add_special=False)
-    return ids[:n_tokens]
+    tok = eng.tok
+    return prompt_tokens(n_tokens, tok.n_vocab, lambda t: tok.encode(t, add_special=False), seed)
 
 
 async def with_engine(ir: ModelIR, opts: EngineOptions, body: Any) -> Any:
