@@ -13,6 +13,9 @@ from libc.stdlib cimport free, malloc
 cdef extern from "mc_quant.h" nogil:
     int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                   int n, float *y, int simd, int nth, float tol)
+    int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
+                        const int *Ms, int K, const float *x, int n, float *const *ys, int simd,
+                        int nth, float tol)
     void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
                      int nids, float *out, int simd)
     int mc_simd_best()
@@ -92,6 +95,51 @@ def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, flo
         raise ValueError(f"matmul: unsupported weight type code {wtype}")
     if rc == -2:
         raise MemoryError("matmul: activation buffer")
+
+
+def matmul_multi(int wtype, list Ws, int K, const float[:, ::1] x, list outs, int simd, int nth,
+                 float tol=1e38):
+    """outs[s] (n, M_s) = x (n, K) @ Ws[s]^T for weights of one type sharing x (at most 16).
+
+    Each result equals ``matmul``'s; in fast mode x is quantized once and all the
+    products run as one pool job.
+    """
+    cdef int nw = len(Ws), s, rc = 0, n = x.shape[0]
+    cdef const uint8_t[:, ::1] w
+    cdef float[:, ::1] o
+    if nw != len(outs) or nw > 16:
+        raise ValueError("matmul_multi: one output per weight, at most 16")
+    if nw == 0 or n == 0:
+        return
+    if x.shape[1] != K:
+        raise ValueError("matmul_multi: shape mismatch")
+    cdef const uint8_t **wp = <const uint8_t **>malloc(nw * sizeof(uint8_t *))
+    cdef float **yp = <float **>malloc(nw * sizeof(float *))
+    cdef int64_t *strides = <int64_t *>malloc(nw * sizeof(int64_t))
+    cdef int *ms = <int *>malloc(nw * sizeof(int))
+    try:
+        if wp == NULL or yp == NULL or strides == NULL or ms == NULL:
+            raise MemoryError("matmul_multi: tables")
+        for s in range(nw):
+            w = Ws[s]
+            o = outs[s]
+            if w.shape[0] == 0 or o.shape[0] != n or o.shape[1] != w.shape[0]:
+                raise ValueError("matmul_multi: shape mismatch")
+            wp[s] = &w[0, 0]
+            yp[s] = &o[0, 0]
+            strides[s] = w.strides[0]
+            ms[s] = w.shape[0]
+        with nogil:
+            rc = mc_matmul_multi(wtype, nw, wp, strides, ms, K, &x[0, 0], n, yp, simd, nth, tol)
+    finally:
+        free(wp)
+        free(yp)
+        free(strides)
+        free(ms)
+    if rc == -1:
+        raise ValueError(f"matmul_multi: unsupported weight type code {wtype}")
+    if rc == -2:
+        raise MemoryError("matmul_multi: activation buffer")
 
 
 def get_rows(int wtype, const uint8_t[:, ::1] W, int K, const int64_t[::1] ids, float[:, ::1] out,

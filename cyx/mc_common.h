@@ -62,6 +62,16 @@ typedef struct {
     int8_t hi[4][32];
 } mc_q8x8;
 
+/* One block of 8 activation rows for the VNNI GEMM (mc_gemm_vnni.h): q[p] holds
+ * elements 4p..4p+3 of rows 0..7, row j in bytes 4j..4j+3; d, s, cs indexed by row. */
+typedef struct {
+    int8_t q[8][32];
+    float d[8];
+    float s[8];
+    int32_t cs[8]; /* c * sum(qs) for the weight offset c of the type */
+    int32_t pad[8];
+} mc_q8t8;
+
 /* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */
 typedef struct {
     float d;
@@ -114,7 +124,7 @@ static inline int mc_imin(int a, int b) { return a < b ? a : b; }
 /* Per-thread scratch that grows and is kept: the decode loop allocates nothing
  * once the buffers have reached their working size.  `slot` keeps a caller's
  * buffer apart from the one the same thread uses while running a chunk. */
-#define MC_SCRATCH_SLOTS 2
+#define MC_SCRATCH_SLOTS 3
 static _Thread_local void *mc_scratch_buf[MC_SCRATCH_SLOTS];
 static _Thread_local size_t mc_scratch_cap[MC_SCRATCH_SLOTS];
 

@@ -10,7 +10,10 @@
  * handed to the threads of the pool in ascending order
  * (mc_pool.h); inside a tile each weight row meets every activation row (four
  * at a time where a 4-row kernel exists), so each weight row is read from
- * memory once per call for the whole batch.
+ * memory once per call for the whole batch.  With AVX512-VNNI, groups of 8 activation
+ * rows go through the GEMM of mc_gemm_vnni.h instead (4 weight rows x 8 x rows per
+ * step, no horizontal sums), and mc_matmul_multi runs the products of several weights
+ * that share one x (Q, K, V; gate, up) as one pool job.
  */
 #ifndef MC_QUANT_H
 #define MC_QUANT_H
@@ -20,6 +23,7 @@
 #include "mc_dot_avx2.h"
 #include "mc_dot_neon.h"
 #include "mc_dot_scalar.h"
+#include "mc_gemm_vnni.h"
 #include "mc_pool.h"
 
 /* dequantize one row with the fastest path `simd` allows */
@@ -143,15 +147,7 @@ static mc_dotr4_fn mc_pick_dotr4(int t, int simd) {
 
 static mc_dot8_fn mc_pick_dot8(int t, int simd) {
 #if defined(MC_X86)
-    if (simd == MC_SIMD_VNNI) {
-        switch (t) {
-        case MC_Q4_0: return mc_dot8_q4_0_vnni;
-        case MC_Q4_1: return mc_dot8_q4_1_vnni;
-        case MC_Q5_0: return mc_dot8_q5_0_vnni;
-        case MC_Q8_0: return mc_dot8_q8_0_vnni;
-        default: return NULL;
-        }
-    }
+    /* VNNI: the GEMM of mc_gemm_vnni.h instead */
     if (MC_IS_AVX2(simd)) {
         switch (t) {
         case MC_Q4_0: return mc_dot8_q4_0_avx2;
@@ -183,9 +179,9 @@ typedef struct {
     mc_dot_fn dot;
     mc_dot4_fn dot4;
     mc_dot8_fn dot8;      /* 8 x rows at once (32-element types), or NULL */
-    mc_dot8x2_fn dot8x2;  /* the same for two weight rows, or NULL */
+    int gemm;             /* VNNI GEMM (mc_gemm_vnni.h) for the groups of 8 x rows */
     mc_dotr4_fn dotr4;    /* 4 weight rows at once against one x row, or NULL */
-    const mc_q8x8 *xp;    /* (n / 8, K / 32): the mc_q8 rows repacked for dot8 */
+    const void *xp;       /* (n / 8, K / 32): the mc_q8 rows repacked (mc_q8x8 or mc_q8t8) */
     mc_dot_fn fdot;       /* exact path, few x rows: fused dequant + dot, or NULL */
     struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
 } mc_matmul_job;
@@ -245,19 +241,9 @@ static void mc_matmul_chunk(void *ctx, int tile) {
             jr = j0 + ((j1 - j0) & ~7);
             if (j1 - jr >= 2) jr = j1; /* the padded last group */
             for (int j = j0; j < jr; j += 8) {
-                const mc_q8x8 *xg = jb->xp + (size_t)(j / 8) * nb;
+                const mc_q8x8 *xg = (const mc_q8x8 *)jb->xp + (size_t)(j / 8) * nb;
                 const int nu = mc_imin(8, jr - j);
                 int r = r0;
-                if (jb->dot8x2 != NULL)
-                    for (; r + 2 <= r1; r += 2) {
-                        const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
-                        float o[8], o1[8];
-                        jb->dot8x2(K, wr, (size_t)jb->row_stride, xg, o, o1);
-                        for (int u = 0; u < nu; u++) {
-                            y[(size_t)(j + u) * M + r] = o[u];
-                            y[(size_t)(j + u) * M + r + 1] = o1[u];
-                        }
-                    }
                 for (; r < r1; r++) {
                     const uint8_t *wr = jb->W + (size_t)r * jb->row_stride;
                     float o[8];
@@ -294,6 +280,76 @@ static void mc_matmul_chunk(void *ctx, int tile) {
         }
     }
 }
+
+#if defined(MC_X86)
+/* Rows of x per pass over a tile's weights: their packed groups stay in L2 while each
+ * 4 weight rows are unpacked once per pass. */
+#define MC_GEMM_JR 128
+
+/* the VNNI GEMM over one tile of weight rows: groups of 8 x rows through mc_gemm_4x8,
+ * the x rows past them (at most one) through the 4-row single-x kernel */
+MC_VNNI static void mc_matmul_gemm_chunk(void *ctx, int tile) {
+    mc_matmul_job *jb = (mc_matmul_job *)ctx;
+    const int M = jb->M, K = jb->K, n = jb->n, nb = K / 32, t = jb->t;
+    const int r0 = tile * jb->tr, r1 = mc_imin(M, r0 + jb->tr);
+    const int ngrp = n / 8 + (n % 8 >= 2), jg = mc_imin(n, 8 * ngrp); /* rows in groups */
+    const size_t st = (size_t)jb->row_stride;
+    /* two buffers of 4 unpacked rows and their scales: one computed, one filled */
+    const size_t wbytes = 4 * mc_gemm_row_bytes(nb), sbytes = (size_t)32 * nb;
+    char *buf = (char *)mc_scratch(2, 2 * (wbytes + sbytes) + 64);
+    if (buf == NULL) {
+        jb->failed = 1;
+        return;
+    }
+    uint8_t *wbuf[2];
+    float *dbuf[2], *mbuf[2];
+    wbuf[0] = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* aligned stores */
+    wbuf[1] = wbuf[0] + wbytes;
+    for (int b = 0; b < 2; b++) {
+        dbuf[b] = (float *)(wbuf[0] + 2 * wbytes + (size_t)b * sbytes);
+        mbuf[b] = dbuf[b] + 4 * nb;
+    }
+    float *y = jb->y;
+    for (int ja = 0; ja < jg; ja += MC_GEMM_JR) {
+        const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
+        int cur = 0;
+        mc_gemm_unpack4(t, jb->W + (size_t)r0 * st, st, mc_imin(4, r1 - r0), nb, wbuf[0], dbuf[0],
+                        mbuf[0]);
+        for (int r = r0; r < r1; r += 4) {
+            const int nr = mc_imin(4, r1 - r), nx = r + 4 < r1; /* next rows to unpack */
+            for (int j = ja; j < jb1; j += 8) {
+                __m256 res[4];
+                float o[4][8];
+                const mc_q8t8 *xg = (const mc_q8t8 *)jb->xp + (size_t)(j / 8) * nb;
+                if (j == ja && nx)
+                    mc_gemm_4x8_next(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res,
+                                     jb->W + (size_t)(r + 4) * st, st, mc_imin(4, r1 - r - 4),
+                                     wbuf[1 - cur], dbuf[1 - cur], mbuf[1 - cur]);
+                else
+                    mc_gemm_4x8(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res);
+                const int nu = mc_imin(8, n - j);
+                for (int u = 0; u < nr; u++) {
+                    _mm256_storeu_ps(o[u], res[u]);
+                    for (int v = 0; v < nu; v++) y[(size_t)(j + v) * M + r + u] = o[u][v];
+                }
+            }
+            cur = 1 - cur;
+        }
+    }
+    for (int j = jg; j < n; j++) { /* a lone last x row */
+        const void *xr = (const char *)jb->xbase + jb->xstride * j;
+        int r = r0;
+        for (; r + 4 <= r1; r += 4) {
+            float o[4];
+            jb->dotr4(K, jb->W + (size_t)r * jb->row_stride, (size_t)jb->row_stride, xr, o);
+            for (int u = 0; u < 4; u++) y[(size_t)j * M + r + u] = o[u];
+        }
+        for (; r < r1; r++) y[(size_t)j * M + r] = jb->dot(K, jb->W + (size_t)r * jb->row_stride, xr);
+    }
+    if (jb->outl != NULL)
+        for (int j0 = 0; j0 < n; j0 += MC_TN) mc_outlier_rows(jb, r0, r1, j0, mc_imin(n, j0 + MC_TN));
+}
+#endif
 
 /* quantize activation row j into the job's buffer */
 static void mc_quantize_chunk(void *ctx, int j) {
@@ -333,6 +389,10 @@ static void mc_quantize_chunk(void *ctx, int j) {
     }
     if (jb->t == MC_Q4_K || jb->t == MC_Q6_K)
         mc_quantize_q8k(xr, K, (mc_q8k *)dst);
+#if defined(MC_X86)
+    else if (MC_IS_AVX2(jb->simd))
+        mc_quantize_q8_avx2(xr, K, (mc_q8 *)dst);
+#endif
     else
         mc_quantize_q8(xr, K, (mc_q8 *)dst);
 }
@@ -454,77 +514,65 @@ static int mc_matmul_redo_exact(const mc_matmul_job *jb, int nth, float tol) {
  *     exact path, each row's result the same as alone.  A huge tol ("fast") always takes the integer path.
  * Work is split in tiles of jb.tr output rows over up to nth threads.
  * Returns 0, -1 for an unknown type, -2 when out of memory. */
-static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
-                     int n, float *y, int simd, int nth, float tol) {
-    mc_matmul_job jb;
-    memset(&jb, 0, sizeof jb);
-    jb.t = t;
-    jb.M = M;
-    jb.K = K;
-    jb.n = n;
-    jb.W = W;
-    jb.row_stride = row_stride;
-    jb.x = x;
-    jb.y = y;
-    jb.simd = simd;
-    jb.dot = mc_pick_dot(t, simd);
-    if (jb.dot == NULL) return -1;
-    const int use = (double)M * K * n < 262144.0 ? 1 : nth; /* ~10 us: not worth a wake-up */
-    /* Few x rows: each weight byte is used a few times, so the call streams the
-     * weights from memory; long ascending runs (about 4 tiles per thread) keep the
-     * hardware prefetchers going.  Many rows: MC_TR-row tiles that stay in L1. */
-    jb.tr = MC_TR;
-    if (n < 8) {
-        const int want = (M + 4 * use - 1) / (4 * use);
-        jb.tr = ((want + MC_TR - 1) / MC_TR) * MC_TR;
-        if (jb.tr < MC_TR) jb.tr = MC_TR;
-    }
-    const int ntiles = (M + jb.tr - 1) / jb.tr;
-    int exact = !(tol > 0.0f) && t != MC_F32 && t != MC_F16; /* F32/F16: float paths already */
-    int nnoisy = 0; /* balanced: rows whose quantization would add more than tol */
-    if (!exact) {
-        jb.dot4 = mc_pick_dot4(t, simd);
+/* Activations for the fast and balanced paths: x quantized once (and packed for the
+ * batched kernels) into the job's buffers; the kernels picked.  `*exact` starts as
+ * whether the call is exact and becomes 1 when every row is too noisy for int8
+ * (balanced), `*nnoisy` counts those rows.  jb: t, K, n, x, simd, dot set.
+ * Returns 0 or -2 (out of memory). */
+static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int *nnoisy) {
+    const int t = jb->t, K = jb->K, n = jb->n, simd = jb->simd;
+    const float *x = jb->x;
+    if (!*exact) {
+        jb->dot4 = mc_pick_dot4(t, simd);
         /* quantize the activations once (rows in parallel when there are many) */
         if (t == MC_F32 || t == MC_F16) {
-            jb.xstride = (size_t)K * sizeof(float);
-            jb.xbase = x;
+            jb->xstride = (size_t)K * sizeof(float);
+            jb->xbase = x;
         } else {
-            jb.xstride = (t == MC_Q4_K || t == MC_Q6_K) ? (size_t)(K / 256) * sizeof(mc_q8k)
+            jb->xstride = (t == MC_Q4_K || t == MC_Q6_K) ? (size_t)(K / 256) * sizeof(mc_q8k)
                                                         : (size_t)((K + 31) / 32) * sizeof(mc_q8);
             const int outl = tol < 1e30f; /* balanced: outlier decomposition */
-            const size_t qbytes = (jb.xstride * (size_t)n + 63) & ~(size_t)63;
+            const size_t qbytes = (jb->xstride * (size_t)n + 63) & ~(size_t)63;
             const size_t obytes = outl ? sizeof(struct mc_outl) * (size_t)n : 0;
-            jb.dot8 = n >= 2 && K % 32 == 0 ? mc_pick_dot8(t, simd) : NULL;
-            jb.dotr4 = K % 32 == 0 ? mc_pick_dotr4(t, simd) : NULL;
+            jb->dotr4 = K % 32 == 0 ? mc_pick_dotr4(t, simd) : NULL;
 #if defined(MC_X86)
-            if (jb.dot8 != NULL && t == MC_Q4_1)
-                jb.dot8x2 = simd == MC_SIMD_VNNI ? mc_dot8x2_q4_1_vnni : NULL;
+            jb->gemm = n >= 2 && K % 32 == 0 && simd == MC_SIMD_VNNI && mc_gemm_type(t);
 #endif
+            jb->dot8 = n >= 2 && K % 32 == 0 && !jb->gemm ? mc_pick_dot8(t, simd) : NULL;
             /* groups of 8 rows; a last group of 2-7 rows is padded with zero rows */
             const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8 + (n % 8 >= 2);
-            const size_t dbytes = jb.dot8 != NULL ? ngrp * nb * sizeof(mc_q8x8) : 0;
+            const size_t dbytes = jb->gemm     ? ngrp * nb * sizeof(mc_q8t8)
+                                  : jb->dot8 ? ngrp * nb * sizeof(mc_q8x8)
+                                            : 0;
             char *xq = (char *)mc_scratch(0, qbytes + ((obytes + 63) & ~(size_t)63) + dbytes + 64);
             if (xq == NULL) return -2;
-            jb.xbase = xq;
-            jb.outl = outl ? (struct mc_outl *)(xq + qbytes) : NULL;
-            mc_parallel(n >= 16 ? nth : 1, n, mc_quantize_chunk, &jb);
+            jb->xbase = xq;
+            jb->outl = outl ? (struct mc_outl *)(xq + qbytes) : NULL;
+            mc_parallel(n >= 16 ? nth : 1, n, mc_quantize_chunk, jb);
             if (tol < 1e30f) { /* balanced: each row decides for itself */
-                for (int j = 0; j < n; j++) nnoisy += mc_act_noise(&jb, j) > tol;
-                exact = nnoisy == n;
+                for (int j = 0; j < n; j++) *nnoisy += mc_act_noise(jb, j) > tol;
+                *exact = *nnoisy == n;
             }
-            if (jb.dot8 != NULL && !exact) { /* each group of 8 rows, block by block */
+#if defined(MC_X86)
+            if (jb->gemm && !*exact) {
+                const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(uintptr_t)63));
+                mc_q8t8 *xp = (mc_q8t8 *)((at + 63) & ~(uintptr_t)63);
+                for (size_t g = 0; g < ngrp; g++)
+                    mc_gemm_pack8(xq + jb->xstride * g * 8, jb->xstride, mc_imin(8, n - (int)g * 8),
+                                  (int)nb, mc_gemm_offset(t), xp + g * nb);
+                jb->xp = xp;
+            }
+#endif
+            if (jb->dot8 != NULL && !*exact) { /* each group of 8 rows, block by block */
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(size_t)63));
                 mc_q8x8 *xp = (mc_q8x8 *)((at + 63) & ~(uintptr_t)63); /* aligned loads */
-                /* the unsigned-weight offset of mc_dot8_* (Q8_0: VNNI only) */
-                const int off = t == MC_Q4_0   ? 8
-                                : t == MC_Q5_0 ? 16
-                                : t == MC_Q8_0 ? (simd == MC_SIMD_VNNI ? 128 : 0)
-                                               : 0;
+                /* the unsigned-weight offset of mc_dot8_* (AVX2: Q8_0 stays signed) */
+                const int off = t == MC_Q8_0 ? 0 : mc_gemm_offset(t);
                 static const int lane[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* row -> lane */
                 memset(xp, 0, ngrp * nb * sizeof(mc_q8x8));             /* padding rows */
                 for (size_t g = 0; g < ngrp; g++)
                     for (int u = 0; u < 8 && g * 8 + u < (size_t)n; u++) {
-                        const mc_q8 *xr = (const mc_q8 *)(xq + jb.xstride * (g * 8 + u));
+                        const mc_q8 *xr = (const mc_q8 *)(xq + jb->xstride * (g * 8 + u));
                         for (size_t i = 0; i < nb; i++) {
                             mc_q8x8 *o = xp + g * nb + i;
                             int sum = 0;
@@ -536,10 +584,64 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
                             memcpy(o->hi[u / 2] + 16 * (u % 2), xr[i].qs + 16, 16);
                         }
                     }
-                jb.xp = xp;
+                jb->xp = xp;
             }
         }
     }
+    return 0;
+}
+
+/* Tiles of jb->tr weight rows.  Few x rows, or the GEMM (which unpacks each 4 weight
+ * rows once for all x rows): each weight byte is read from memory once, so long
+ * ascending runs (about 4 tiles per thread) keep the hardware prefetchers going.  The
+ * other kernels with many x rows: MC_TR-row tiles that stay in L1 while every group of
+ * x rows meets them.  Returns the number of tiles. */
+static int mc_matmul_tiles(mc_matmul_job *jb, int use, int exact) {
+    jb->tr = MC_TR;
+    if (jb->n < 8 || (jb->gemm && !exact)) {
+        const int want = (jb->M + 4 * use - 1) / (4 * use);
+        jb->tr = ((want + MC_TR - 1) / MC_TR) * MC_TR;
+        if (jb->tr < MC_TR) jb->tr = MC_TR;
+    }
+    return (jb->M + jb->tr - 1) / jb->tr;
+}
+
+/* the fast and balanced paths' kernel for one tile of a prepared job */
+static void mc_matmul_tile(void *ctx, int tile) {
+#if defined(MC_X86)
+    if (((mc_matmul_job *)ctx)->gemm) {
+        mc_matmul_gemm_chunk(ctx, tile);
+        return;
+    }
+#endif
+    mc_matmul_chunk(ctx, tile);
+}
+
+/* a job for x (n, K) against weights of type t: -1 when no kernel takes type t */
+static int mc_job_init(mc_matmul_job *jb, int t, int K, int n, const float *x, int simd) {
+    memset(jb, 0, sizeof *jb);
+    jb->t = t;
+    jb->K = K;
+    jb->n = n;
+    jb->x = x;
+    jb->simd = simd;
+    jb->dot = mc_pick_dot(t, simd);
+    return jb->dot == NULL ? -1 : 0;
+}
+
+static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                     int n, float *y, int simd, int nth, float tol) {
+    mc_matmul_job jb;
+    if (mc_job_init(&jb, t, K, n, x, simd) != 0) return -1;
+    jb.M = M;
+    jb.W = W;
+    jb.row_stride = row_stride;
+    jb.y = y;
+    const int use = (double)M * K * n < 262144.0 ? 1 : nth; /* ~10 us: not worth a wake-up */
+    int exact = !(tol > 0.0f) && t != MC_F32 && t != MC_F16; /* F32/F16: float paths already */
+    int nnoisy = 0; /* balanced: rows whose quantization would add more than tol */
+    if (mc_matmul_prep(&jb, nth, tol, &exact, &nnoisy) != 0) return -2;
+    const int ntiles = mc_matmul_tiles(&jb, use, exact);
     if (exact) {
         jb.dot = mc_pick_dot_f32(simd);
         jb.dot4 = mc_pick_dot4(MC_F32, simd);
@@ -547,8 +649,64 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
         mc_parallel(use, ntiles, mc_matmul_exact_chunk, &jb);
         return jb.failed ? -2 : 0;
     }
-    mc_parallel(use, ntiles, mc_matmul_chunk, &jb);
+    mc_parallel(use, ntiles, mc_matmul_tile, &jb);
+    if (jb.failed) return -2;
     if (nnoisy > 0) return mc_matmul_redo_exact(&jb, nth, tol);
+    return 0;
+}
+
+typedef struct {
+    mc_matmul_job *jobs; /* one per weight, sharing the prepared activations */
+    const int *offs;     /* (nw + 1,) first tile of each weight */
+    int nw;
+} mc_matmul_multi_job;
+
+static void mc_matmul_multi_tile(void *ctx, int c) {
+    const mc_matmul_multi_job *mj = (const mc_matmul_multi_job *)ctx;
+    int s = 0;
+    while (s + 1 < mj->nw && mj->offs[s + 1] <= c) s++;
+    mc_matmul_tile(&mj->jobs[s], c - mj->offs[s]);
+}
+
+#define MC_MULTI_MAX 16
+
+/* ys[s] (n, Ms[s]) = x (n, K) @ Ws[s]^T for nw weights of one type t: the products
+ * of one activation that several weights share (attention's Q, K and V; the MLP's gate
+ * and up).  Fast mode: x is quantized and packed once and every weight's tiles go to
+ * the pool as one job; each result is bit-identical to mc_matmul's.  The exact and
+ * balanced modes, and F32/F16 weights, run mc_matmul per weight.  Returns as mc_matmul. */
+static int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
+                           const int *Ms, int K, const float *x, int n, float *const *ys,
+                           int simd, int nth, float tol) {
+    if (!(tol >= 1e30f) || t == MC_F32 || t == MC_F16 || nw < 2 || nw > MC_MULTI_MAX) {
+        for (int s = 0; s < nw; s++) {
+            const int rc = mc_matmul(t, Ws[s], strides[s], Ms[s], K, x, n, ys[s], simd, nth, tol);
+            if (rc != 0) return rc;
+        }
+        return 0;
+    }
+    mc_matmul_job jb;
+    if (mc_job_init(&jb, t, K, n, x, simd) != 0) return -1;
+    int exact = 0, nnoisy = 0;
+    if (mc_matmul_prep(&jb, nth, tol, &exact, &nnoisy) != 0) return -2;
+    double work = 0.0;
+    for (int s = 0; s < nw; s++) work += (double)Ms[s] * K * n;
+    const int use = work < 262144.0 ? 1 : nth;
+    mc_matmul_job jobs[MC_MULTI_MAX];
+    int offs[MC_MULTI_MAX + 1];
+    offs[0] = 0;
+    for (int s = 0; s < nw; s++) {
+        jobs[s] = jb;
+        jobs[s].W = Ws[s];
+        jobs[s].row_stride = strides[s];
+        jobs[s].M = Ms[s];
+        jobs[s].y = ys[s];
+        offs[s + 1] = offs[s] + mc_matmul_tiles(&jobs[s], use, 0);
+    }
+    mc_matmul_multi_job mj = {jobs, offs, nw};
+    mc_parallel(use, offs[nw], mc_matmul_multi_tile, &mj);
+    for (int s = 0; s < nw; s++)
+        if (jobs[s].failed) return -2;
     return 0;
 }
 

@@ -224,6 +224,7 @@ MC_TGT static void MC_SFX(mc_dot4_int8)(int K, const uint8_t *w, const void *x, 
 
 #undef MC_ACC_I8
 
+#if !MC_DPBUSD /* VNNI: the GEMM of mc_gemm_vnni.h */
 /* ---- eight activation rows per weight row: the batched kernels.
  * `xp`: the rows' mc_q8 blocks repacked (struct mc_q8x8): rows paired, elements 0-15
  * of rows 2p and 2p+1 in the two 128-bit halves of `lo[p]`, elements 16-31 in
@@ -232,14 +233,9 @@ MC_TGT static void MC_SFX(mc_dot4_int8)(int K, const uint8_t *w, const void *x, 
  * pair; three horizontal adds leave the 8 rows' exact block sums in one vector, in
  * lane order 0 2 4 6 1 3 5 7 (the order of d, s and cs).  Then one convert and one
  * FMA per block serve all 8 rows: the single-row kernels' arithmetic, lane by lane.
- * Weights are unsigned here: q + c (c = 8 for Q4_0, 16 for Q5_0, 128 for Q8_0 with
- * VNNI), and cs holds c * sum(x) to take back. */
-#if MC_DPBUSD
-#define MC_PAIRDOT(wl, wh, xl, xh)                                                                 \
-    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wl, xl), wh, xh)
-#else
+ * Weights are unsigned here: q + c (c = 8 for Q4_0, 16 for Q5_0; Q8_0 stays signed),
+ * and cs holds c * sum(x) to take back. */
 #define MC_PAIRDOT(wl, wh, xl, xh) _mm256_add_epi32(MC_SUM_U8I8(wl, xl), MC_SUM_U8I8(wh, xh))
-#endif
 #define MC_XL(p) _mm256_load_si256((const __m256i *)xb[i].lo[p])
 #define MC_XH(p) _mm256_load_si256((const __m256i *)xb[i].hi[p])
 
@@ -280,36 +276,6 @@ MC_TGT static void MC_SFX(mc_dot8_q4_1)(int K, const uint8_t *w, const void *xp,
     MC_SFX(mc_dot8_out)(_mm256_add_ps(acc, summ), out);
 }
 
-#if MC_DPBUSD /* with 16 registers (AVX2) it gains nothing */
-/* two weight rows (`st` bytes apart) against the same 8 x rows: each x load serves both */
-MC_TGT static void MC_SFX(mc_dot8x2_q4_1)(int K, const uint8_t *w, size_t st, const void *xp,
-                                          float *out0, float *out1) {
-    const mc_q8x8 *xb = (const mc_q8x8 *)xp;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc0 = _mm256_setzero_ps(), summ0 = acc0, acc1 = acc0, summ1 = acc0;
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b0 = w + 20 * i, *b1 = b0 + st;
-        const __m256i t0 = MC_SFX(mc_bcast128)(b0 + 4), t1 = MC_SFX(mc_bcast128)(b1 + 4);
-        const __m256i wl0 = _mm256_and_si256(t0, m4), wh0 = _mm256_and_si256(_mm256_srli_epi16(t0, 4), m4);
-        const __m256i wl1 = _mm256_and_si256(t1, m4), wh1 = _mm256_and_si256(_mm256_srli_epi16(t1, 4), m4);
-        __m256i u0[4], u1[4];
-        for (int p = 0; p < 4; p++) {
-            const __m256i xl = MC_XL(p), xh = MC_XH(p);
-            u0[p] = MC_PAIRDOT(wl0, wh0, xl, xh);
-            u1[p] = MC_PAIRDOT(wl1, wh1, xl, xh);
-        }
-        const __m256i i0 = _mm256_hadd_epi32(_mm256_hadd_epi32(u0[0], u0[1]), _mm256_hadd_epi32(u0[2], u0[3]));
-        const __m256i i1 = _mm256_hadd_epi32(_mm256_hadd_epi32(u1[0], u1[1]), _mm256_hadd_epi32(u1[2], u1[3]));
-        const __m256 d = _mm256_load_ps(xb[i].d), s = _mm256_load_ps(xb[i].s);
-        acc0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(mc_h16(b0)), d), _mm256_cvtepi32_ps(i0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(mc_h16(b1)), d), _mm256_cvtepi32_ps(i1), acc1);
-        summ0 = _mm256_add_ps(summ0, _mm256_mul_ps(_mm256_set1_ps(mc_h16(b0 + 2)), s));
-        summ1 = _mm256_add_ps(summ1, _mm256_mul_ps(_mm256_set1_ps(mc_h16(b1 + 2)), s));
-    }
-    MC_SFX(mc_dot8_out)(_mm256_add_ps(acc0, summ0), out0);
-    MC_SFX(mc_dot8_out)(_mm256_add_ps(acc1, summ1), out1);
-}
-#endif
 
 MC_TGT static void MC_SFX(mc_dot8_q4_0)(int K, const uint8_t *w, const void *xp, float *out) {
     const mc_q8x8 *xb = (const mc_q8x8 *)xp;
@@ -342,16 +308,7 @@ MC_TGT static void MC_SFX(mc_dot8_q5_0)(int K, const uint8_t *w, const void *xp,
 MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp, float *out) {
     const mc_q8x8 *xb = (const mc_q8x8 *)xp;
     __m256 acc = _mm256_setzero_ps();
-#if MC_DPBUSD
-    const __m256i c = _mm256_set1_epi8((char)0x80);
-    for (int i = 0; i < K / 32; i++) {
-        const uint8_t *b = w + 34 * i;
-        const __m256i wl = _mm256_xor_si256(MC_SFX(mc_bcast128)(b + 2), c);
-        const __m256i wh = _mm256_xor_si256(MC_SFX(mc_bcast128)(b + 18), c);
-        const __m256i cs = _mm256_load_si256((const __m256i *)xb[i].cs);
-        MC_DOT8_ACC(_mm256_sub_epi32(MC_ROWSUMS_U8(wl, wh), cs), mc_h16(b));
-    }
-#else /* signed weights: maddubs(|w|, sign(x, w)), the sign fix-up per row pair */
+    /* signed weights: maddubs(|w|, sign(x, w)), the sign fix-up per row pair */
     for (int i = 0; i < K / 32; i++) {
         const uint8_t *b = w + 34 * i;
         const __m256i wl = MC_SFX(mc_bcast128)(b + 2), wh = MC_SFX(mc_bcast128)(b + 18);
@@ -363,7 +320,6 @@ MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp,
 #undef MC_SP
         MC_DOT8_ACC(isum, mc_h16(b));
     }
-#endif
     MC_SFX(mc_dot8_out)(acc, out);
 }
 
@@ -372,3 +328,4 @@ MC_TGT static void MC_SFX(mc_dot8_q8_0)(int K, const uint8_t *w, const void *xp,
 #undef MC_XH
 #undef MC_ROWSUMS_U8
 #undef MC_DOT8_ACC
+#endif /* !MC_DPBUSD */

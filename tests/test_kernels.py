@@ -179,6 +179,53 @@ def test_batched_matmul_equals_one_row_at_a_time(mode: str, dtype: DType, simd: 
     np.testing.assert_array_equal(cpu.matmul(w, x[3:15]), single[3:15])  # 8 + 4
 
 
+@pytest.mark.parametrize("simd", available_simd())
+@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q8_0])
+def test_batched_matmul_over_many_groups(dtype: DType, simd: str) -> None:
+    """More x rows than one pass of the GEMM takes (128): 17 groups of 8 and a lone row."""
+    rng = np.random.default_rng(5)
+    w = make_weight(dtype, 23, 96, rng)  # 3 blocks: an odd count
+    x = rng.standard_normal((137, 96)).astype(np.float32)
+    cpu = CpuBackend(simd=simd)
+    single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(137)])
+    np.testing.assert_array_equal(cpu.matmul(w, x), single)
+    assert rel_err(single, REF.matmul(w, quantized_activations(x, dtype))) <= 1e-5
+
+
+@pytest.mark.parametrize("simd", available_simd())
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+@pytest.mark.parametrize("mode", ["fast", "balanced", "exact"])
+@pytest.mark.parametrize("n", [1, 8, 13])
+def test_matmul_many_equals_separate_calls(n: int, mode: str, dtype: DType, simd: str) -> None:
+    """Q, K and V style: one shared x, weights of different heights, one call."""
+    rng = np.random.default_rng(6)
+    ws = [make_weight(dtype, rows, cols_for(dtype), rng) for rows in (64, 16, 16)]
+    x = rng.standard_normal((n, cols_for(dtype))).astype(np.float32)
+    cpu = CpuBackend(matmul=mode, simd=simd)
+    outs = [np.full((n, w.shape[0]), np.nan, np.float32) for w in ws]
+    got = cpu.matmul_many(ws, x, outs)
+    for g, o, w in zip(got, outs, ws, strict=True):
+        assert g is o  # written in place
+        np.testing.assert_array_equal(g, cpu.matmul(w, x))
+    fresh = cpu.matmul_many(ws, x)
+    for g, w in zip(fresh, ws, strict=True):
+        np.testing.assert_array_equal(g, cpu.matmul(w, x))
+
+
+def test_matmul_many_mixed_types_and_errors() -> None:
+    rng = np.random.default_rng(7)
+    cpu = CpuBackend()
+    ws = [make_weight(DType.Q4_1, 32, 64, rng), make_weight(DType.Q8_0, 8, 64, rng)]
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    for g, w in zip(cpu.matmul_many(ws, x), ws, strict=True):  # one call per type
+        np.testing.assert_array_equal(g, cpu.matmul(w, x))
+    with pytest.raises(ValueError, match="2 weights but 1 outputs"):
+        cpu.matmul_many(ws, x, [np.empty((3, 32), np.float32)])
+    with pytest.raises(ValueError, match="shape mismatch"):
+        cpu.matmul_many(ws[:1] * 2, x[:, :32])
+    assert rel_err(cpu.matmul_many(ws, x)[0], REF.matmul_many(ws, x)[0]) <= 1e-2
+
+
 @pytest.mark.parametrize("dtype", [d for d in MATMUL_DTYPES if d.is_quantized])
 def test_balanced_mode(dtype: DType) -> None:
     """Gaussian rows: the int8 path.  A few outliers: taken out of the int8 rows and

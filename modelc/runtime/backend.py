@@ -44,6 +44,13 @@ class Backend(Protocol):
         """``x @ dequant(w).T``: x (n, in) -> (n, out). Computed from the blocks directly."""
         ...
 
+    def matmul_many(
+        self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
+    ) -> list[F32Array]:
+        """``matmul(w, x)`` for each of ``ws`` (one shared x, e.g. Q, K and V): each result
+        equal to the single call's, computed together where the backend can."""
+        ...
+
     def get_rows(
         self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
     ) -> F32Array:

@@ -167,11 +167,17 @@ class Bert:
         x = be.layer_norm(x, self.emb_ln_w, self.emb_ln_b, self.eps, out=x)
         attn = self.scratch.get("attn", (n, nh, hd))  # (n, n_head, hd)
         for b in self.blocks:
-            q = be.matmul(b.wq, x, out=self.scratch.get("q", (n, d)))
+            q, k, v = be.matmul_many(
+                (b.wq, b.wk, b.wv),
+                x,
+                (
+                    self.scratch.get("q", (n, d)),
+                    self.scratch.get("k", (n, d)),
+                    self.scratch.get("v", (n, d)),
+                ),
+            )
             q += b.bq
-            k = be.matmul(b.wk, x, out=self.scratch.get("k", (n, d)))
             k += b.bk
-            v = be.matmul(b.wv, x, out=self.scratch.get("v", (n, d)))
             v += b.bv
             q3, k3, v3 = (t.reshape(n, nh, hd) for t in (q, k, v))
             for sl in slices:  # bidirectional attention within each sequence

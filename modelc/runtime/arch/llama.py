@@ -128,9 +128,8 @@ class Llama(CausalLM):
         ub = self.scratch.get("up", (n, ff))  # (n, ff)
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q = be.matmul(b.wq, h, out=qb).reshape(n, nh, hd)
-            k = be.matmul(b.wk, h, out=kb).reshape(n, nkv, hd)
-            v = be.matmul(b.wv, h, out=vb).reshape(n, nkv, hd)
+            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
+            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
             be.rope(q, pos, self.inv_freq, self.neox)
             be.rope(k, pos, self.inv_freq, self.neox)
             attend(be, batch, slices, li, q, k, v, self.scale, attn)
@@ -139,8 +138,7 @@ class Llama(CausalLM):
             if b.w_gate.shape[0] != ff:  # a model whose layers differ in FFN width
                 ff = b.w_gate.shape[0]
                 gb, ub = self.scratch.get("gate", (n, ff)), self.scratch.get("up", (n, ff))
-            g = be.matmul(b.w_gate, h, out=gb)  # (n, ff)
-            u = be.matmul(b.w_up, h, out=ub)  # (n, ff)
+            g, u = be.matmul_many((b.w_gate, b.w_up), h, (gb, ub))  # (n, ff) each
             g = be.silu_mul(g, u, out=g)
             x += be.matmul(b.w_down, g, out=ob)
         rows = end_step(batch, slices)

@@ -201,6 +201,38 @@ class CpuBackend:
         _k.matmul(code, self._rows(w), cols, x, out, self.simd, self.threads, self.tol)
         return out
 
+    def matmul_many(
+        self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
+    ) -> list[F32Array]:
+        """One C call when the weights share a quantized type and the input width (fast
+        mode: x quantized once, one pool job); else one ``matmul`` each."""
+        outs = list(outs) if outs is not None else [None] * len(ws)
+        if len(outs) != len(ws):
+            raise ValueError(f"matmul_many: {len(ws)} weights but {len(outs)} outputs")
+        code = TYPE_CODES.get(ws[0].dtype) if ws else None
+        if (
+            code is None
+            or len(ws) > 16
+            or any(w.dtype is not ws[0].dtype or w.shape[1] != ws[0].shape[1] for w in ws)
+        ):
+            return [self.matmul(w, x, o) for w, o in zip(ws, outs, strict=True)]
+        x = _f32(x)  # (n, in)
+        res = [
+            np.empty((x.shape[0], w.shape[0]), dtype=np.float32) if o is None else o
+            for w, o in zip(ws, outs, strict=True)
+        ]  # each (n, out)
+        _k.matmul_multi(
+            code,
+            [self._rows(w) for w in ws],
+            ws[0].shape[1],
+            x,
+            res,
+            self.simd,
+            self.threads,
+            self.tol,
+        )
+        return res
+
     def get_rows(
         self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
     ) -> F32Array:

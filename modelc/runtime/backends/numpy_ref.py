@@ -74,6 +74,11 @@ class NumpyBackend:
         # x (n, in) @ W.T (in, out) -> (n, out)
         return _put(np.asarray(x, dtype=np.float32) @ self._dense(w).T, out)
 
+    def matmul_many(
+        self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
+    ) -> list[F32Array]:
+        return [self.matmul(w, x, o) for w, o in zip(ws, outs or [None] * len(ws), strict=True)]
+
     def get_rows(
         self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
     ) -> F32Array:
