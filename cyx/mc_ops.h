@@ -210,14 +210,13 @@ static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
 
 /* ---- attention over a KV cache -------------------------------------------------
  *
- * One work item is one query row and a group of g query heads that share a KV head
- * (grouped-query attention): each cache row of that KV head is loaded (and, for an
- * f16 cache, converted) once for all g heads.  Every head keeps its own online
- * softmax, and its arithmetic is the same, in the same order, whatever g is, so the
- * result of a head does not depend on how heads are grouped into items (g = 1 is
- * the plain one-head-per-item kernel).  K/V rows are f32 or IEEE f16 (`kv_f16`);
- * f16 -> f32 conversion is exact, so an f16 cache gives what its values widened to
- * f32 would give. */
+ * An f32 cache: one work item is one (query row, query head) pair.  An f16 cache
+ * (IEEE half, `kv_f16`): one work item is one query row and a group of g query heads
+ * that share a KV head (grouped-query attention), so each cache row of that KV head
+ * is loaded and converted once for all g heads.  Every head keeps its own online
+ * softmax with the f32 kernel's arithmetic in the same order, and f16 -> f32
+ * conversion is exact, so an f16 cache gives bit for bit what its values widened to
+ * f32 give, whatever g is. */
 
 #define MC_ATT_CHUNK 64
 #define MC_ATT_GMAX 16  /* query heads per work item at most */
@@ -231,7 +230,7 @@ typedef struct {
     float scale;
     int simd;
     int kv_f16;
-    int gs;    /* query heads per work item (1 .. group) */
+    int gs;    /* query heads per work item (1 .. group); 1 for f32 */
     int n_sub; /* items per (query, KV head): ceil(group / gs) */
 } mc_att_job;
 
@@ -245,9 +244,8 @@ static inline int mc_att_item(const mc_att_job *jb, int idx, int *i, int *kh, in
     return mc_imin(jb->gs, group - sub * jb->gs);
 }
 
-/* cache row `row` (of hd elements) as f32: the row itself, or converted into buf */
-static inline const float *mc_att_row(const void *base, int f16, size_t row, int hd, float *buf) {
-    if (!f16) return (const float *)base + row * (size_t)hd;
+/* f16 cache row `row` (of hd elements) converted into buf */
+static inline const float *mc_att_row(const void *base, size_t row, int hd, float *buf) {
     const uint16_t *h = (const uint16_t *)base + row * (size_t)hd;
     for (int j = 0; j < hd; j++) buf[j] = mc_fp16_to_fp32(h[j]);
     return buf;
@@ -262,19 +260,72 @@ MC_AVX2 static inline float mc_hsum256_ops(__m256 v) {
 }
 
 /* mc_att_row for hd % 8 == 0 with F16C */
-MC_AVX2 static inline const float *mc_att_row_avx2(const void *base, int f16, size_t row, int hd,
+MC_AVX2 static inline const float *mc_att_row_avx2(const void *base, size_t row, int hd,
                                                    float *buf) {
-    if (!f16) return (const float *)base + row * (size_t)hd;
     const uint16_t *h = (const uint16_t *)base + row * (size_t)hd;
     for (int j = 0; j < hd; j += 8)
         _mm256_storeu_ps(buf + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
     return buf;
 }
 
-/* AVX2 twin of mc_attention_item for hd % 8 == 0 */
-MC_AVX2 static void mc_attention_item_avx2(const void *ctx, int idx) {
+/* AVX2 twin of mc_attention_one for hd % 8 == 0 */
+MC_AVX2 static void mc_attention_one_avx2(const void *ctx, int idx) {
     const mc_att_job *jb = (const mc_att_job *)ctx;
-    const int hd = jb->hd, n_head_kv = jb->n_head_kv, f16 = jb->kv_f16, nv = hd / 8;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv;
+    const int i = idx / jb->n_head, h = idx % jb->n_head, kh = h / (jb->n_head / n_head_kv);
+    const float *qi = jb->q + (size_t)idx * hd;
+    __m256 acc[64]; /* hd / 8 <= 64 */
+    float s[MC_ATT_CHUNK];
+    float m = -INFINITY, l = 0.0f;
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    const int nv = hd / 8;
+    for (int j = 0; j < nv; j++) acc[j] = _mm256_setzero_ps();
+    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+        const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
+        float cmax = -INFINITY;
+        for (int c = 0; c < cnt; c++) {
+            const float *kt = (const float *)jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+            int j = 0;
+            for (; j + 16 <= hd; j += 16) {
+                d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j), _mm256_loadu_ps(kt + j), d0);
+                d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j + 8), _mm256_loadu_ps(kt + j + 8), d1);
+            }
+            if (j < hd) d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j), _mm256_loadu_ps(kt + j), d0);
+            s[c] = mc_hsum256_ops(_mm256_add_ps(d0, d1)) * jb->scale;
+            cmax = s[c] > cmax ? s[c] : cmax;
+        }
+        if (cmax > m) {
+            const __m256 corr = _mm256_set1_ps(expf(m - cmax)); /* 0 when m is -inf */
+            l *= expf(m - cmax);
+            for (int j = 0; j < nv; j++) acc[j] = _mm256_mul_ps(acc[j], corr);
+            m = cmax;
+        }
+        int c8 = 0;
+        for (; c8 + 8 <= cnt; c8 += 8)
+            _mm256_storeu_ps(s + c8, mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + c8),
+                                                             _mm256_set1_ps(m))));
+        for (; c8 < cnt; c8++) s[c8] = expf(s[c8] - m);
+        for (int c = 0; c < cnt; c++) {
+            const float p = s[c];
+            const float *vt = (const float *)jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            const __m256 vp = _mm256_set1_ps(p);
+            l += p;
+            for (int j = 0; j < nv; j++)
+                acc[j] = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+        }
+    }
+    float *o = jb->out + (size_t)idx * hd;
+    const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+    for (int j = 0; j < nv; j++) _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(acc[j], inv));
+}
+
+static void mc_attention_one_avx2_fn(void *ctx, int idx) { mc_attention_one_avx2(ctx, idx); }
+
+/* AVX2 twin of mc_attention_f16 for hd % 8 == 0 */
+MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
+    const mc_att_job *jb = (const mc_att_job *)ctx;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv, nv = hd / 8;
     int i, kh, h0;
     const int g = mc_att_item(jb, idx, &i, &kh, &h0);
     const float *qi = jb->q + ((size_t)i * jb->n_head + h0) * hd; /* (g, hd) */
@@ -292,7 +343,7 @@ MC_AVX2 static void mc_attention_item_avx2(const void *ctx, int idx) {
         for (int a = 0; a < g; a++) cmax[a] = -INFINITY;
         for (int c = 0; c < cnt; c++) {
             const float *kt =
-                mc_att_row_avx2(jb->k, f16, (size_t)(t0 + c) * n_head_kv + kh, hd, kbuf);
+                mc_att_row_avx2(jb->k, (size_t)(t0 + c) * n_head_kv + kh, hd, kbuf);
             for (int a = 0; a < g; a++) {
                 const float *qa = qi + (size_t)a * hd;
                 __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
@@ -325,7 +376,7 @@ MC_AVX2 static void mc_attention_item_avx2(const void *ctx, int idx) {
         }
         for (int c = 0; c < cnt; c++) {
             const float *vt =
-                mc_att_row_avx2(jb->v, f16, (size_t)(t0 + c) * n_head_kv + kh, hd, vbuf);
+                mc_att_row_avx2(jb->v, (size_t)(t0 + c) * n_head_kv + kh, hd, vbuf);
             for (int a = 0; a < g; a++) {
                 __m256 *acc_a = acc + (size_t)a * nv;
                 const float p = s[a][c];
@@ -344,13 +395,54 @@ MC_AVX2 static void mc_attention_item_avx2(const void *ctx, int idx) {
     }
 }
 
-static void mc_attention_item_avx2_fn(void *ctx, int idx) { mc_attention_item_avx2(ctx, idx); }
+static void mc_attention_f16_avx2_fn(void *ctx, int idx) { mc_attention_f16_avx2(ctx, idx); }
 #endif
 
-/* one work item: online softmax of its g heads over their visible keys, in chunks */
-static void mc_attention_item(void *ctx, int idx) {
+/* one (query, head) pair: online softmax over its visible keys in chunks */
+static void mc_attention_one(void *ctx, int idx) {
     const mc_att_job *jb = (const mc_att_job *)ctx;
-    const int hd = jb->hd, n_head_kv = jb->n_head_kv, f16 = jb->kv_f16;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv;
+    const int i = idx / jb->n_head, h = idx % jb->n_head, kh = h / (jb->n_head / n_head_kv);
+    const float *qi = jb->q + (size_t)idx * hd;
+    float acc[512]; /* (hd,) running sum of p * v */
+    float s[MC_ATT_CHUNK];
+    float m = -INFINITY, l = 0.0f;
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    for (int j = 0; j < hd; j++) acc[j] = 0.0f;
+    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+        const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
+        float cmax = -INFINITY;
+        for (int c = 0; c < cnt; c++) {
+            const float *kt = (const float *)jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+            for (int j = 0; j < hd; j++) d += qi[j] * kt[j];
+            s[c] = d * jb->scale;
+            cmax = s[c] > cmax ? s[c] : cmax;
+        }
+        if (cmax > m) {
+            const float corr = expf(m - cmax); /* 0 when m is -inf */
+            l *= corr;
+            for (int j = 0; j < hd; j++) acc[j] *= corr;
+            m = cmax;
+        }
+        for (int c = 0; c < cnt; c++) {
+            const float p = expf(s[c] - m);
+            const float *vt = (const float *)jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            l += p;
+#pragma omp simd
+            for (int j = 0; j < hd; j++) acc[j] += p * vt[j];
+        }
+    }
+    float *o = jb->out + (size_t)idx * hd;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int j = 0; j < hd; j++) o[j] = acc[j] * inv;
+}
+
+/* f16 cache, one work item: mc_attention_one for each of its g heads, in step */
+static void mc_attention_f16(void *ctx, int idx) {
+    const mc_att_job *jb = (const mc_att_job *)ctx;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv;
     int i, kh, h0;
     const int g = mc_att_item(jb, idx, &i, &kh, &h0);
     const float *qi = jb->q + ((size_t)i * jb->n_head + h0) * hd; /* (g, hd) */
@@ -367,7 +459,7 @@ static void mc_attention_item(void *ctx, int idx) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
         for (int a = 0; a < g; a++) cmax[a] = -INFINITY;
         for (int c = 0; c < cnt; c++) {
-            const float *kt = mc_att_row(jb->k, f16, (size_t)(t0 + c) * n_head_kv + kh, hd, kbuf);
+            const float *kt = mc_att_row(jb->k, (size_t)(t0 + c) * n_head_kv + kh, hd, kbuf);
             for (int a = 0; a < g; a++) {
                 const float *qa = qi + (size_t)a * hd;
                 float d = 0.0f;
@@ -387,7 +479,7 @@ static void mc_attention_item(void *ctx, int idx) {
             }
         }
         for (int c = 0; c < cnt; c++) {
-            const float *vt = mc_att_row(jb->v, f16, (size_t)(t0 + c) * n_head_kv + kh, hd, vbuf);
+            const float *vt = mc_att_row(jb->v, (size_t)(t0 + c) * n_head_kv + kh, hd, vbuf);
             for (int a = 0; a < g; a++) {
                 float *acc_a = acc + (size_t)a * hd;
                 const float p = expf(s[a][c] - m[a]);
@@ -404,23 +496,26 @@ static void mc_attention_item(void *ctx, int idx) {
     }
 }
 
-/* heads per work item: whole KV-head groups (each K/V row read once per query row)
- * when that still gives every thread an item, else one head per item.  Results are
- * the same either way. */
-static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, int nth) {
+/* heads per work item: one for f32; for f16 whole KV-head groups (each K/V row
+ * converted once per query row) when that still gives every thread an item, else
+ * one.  Results are the same either way. */
+static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, int kv_f16,
+                             int nth) {
+    if (!kv_f16) return 1;
     const int group = n_head / n_head_kv;
     const int gs = mc_imin(mc_imin(group, MC_ATT_GMAX), MC_ATT_ACC / hd);
     const int n_sub = (group + gs - 1) / gs;
     return rows * n_head_kv * n_sub >= nth ? gs : 1;
 }
 
-static mc_chunk_fn mc_att_fn(int hd, int simd) {
+static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 #if defined(MC_X86)
-    if (MC_IS_AVX2(simd) && hd % 8 == 0) return mc_attention_item_avx2_fn;
+    if (MC_IS_AVX2(simd) && hd % 8 == 0)
+        return kv_f16 ? mc_attention_f16_avx2_fn : mc_attention_one_avx2_fn;
 #endif
     (void)hd;
     (void)simd;
-    return mc_attention_item;
+    return kv_f16 ? mc_attention_f16 : mc_attention_one;
 }
 
 static mc_att_job mc_att_make(const float *q, const void *k, const void *v, float *out, int n_q,
@@ -442,10 +537,10 @@ static void mc_attention(const float *q, const void *k, const void *v, float *ou
                          int kv_f16, int nth, int simd) {
     const int64_t work = (int64_t)n_q * n_head * (q_pos0 + n_q) * hd;
     const int nt = work < 65536 ? 1 : nth;
-    const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, nt);
+    const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt);
     const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
                                       scale, kv_f16, gs, simd);
-    mc_parallel(nt, n_q * n_head_kv * jb.n_sub, mc_att_fn(hd, simd), (void *)&jb);
+    mc_parallel(nt, n_q * n_head_kv * jb.n_sub, mc_att_fn(hd, kv_f16, simd), (void *)&jb);
 }
 
 typedef struct {
@@ -492,14 +587,14 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
         rows += n_qs[s];
     }
     const int nt = work < 65536 ? 1 : nth;
-    const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, nt);
+    const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, kv_f16, nt);
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
         jobs[s] = mc_att_make(qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head, n_kvs[s], n_head_kv,
                               hd, q_pos0s[s], scale, kv_f16, gs, simd);
         offs[s + 1] = offs[s] + n_qs[s] * n_head_kv * jobs[s].n_sub;
     }
-    mc_att_batch b = {jobs, offs, n_seq, mc_att_fn(hd, simd)};
+    mc_att_batch b = {jobs, offs, n_seq, mc_att_fn(hd, kv_f16, simd)};
     if (offs[n_seq] > 0) mc_parallel(nt, offs[n_seq], mc_attention_batch_one, &b);
     free(jobs);
     free(offs);
