@@ -221,6 +221,7 @@ static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
 #define MC_ATT_CHUNK 64
 #define MC_ATT_GMAX 16  /* query heads per work item at most */
 #define MC_ATT_ACC 4096 /* floats of running sums per work item: g * hd <= MC_ATT_ACC */
+#define MC_ATT_BUF 4096 /* floats of f16 rows converted at a time (AVX2 kernel) */
 
 typedef struct {
     const float *q;     /* (n_q, n_head, hd) */
@@ -322,7 +323,17 @@ MC_AVX2 static void mc_attention_one_avx2(const void *ctx, int idx) {
 
 static void mc_attention_one_avx2_fn(void *ctx, int idx) { mc_attention_one_avx2(ctx, idx); }
 
-/* AVX2 twin of mc_attention_f16 for hd % 8 == 0 */
+/* rows t0 .. t0 + rn - 1 of KV head kh of an f16 cache, converted into buf (rn, hd) */
+MC_AVX2 static inline void mc_att_rows_avx2(const void *base, int t0, int rn, int n_head_kv,
+                                            int kh, int hd, float *buf) {
+    for (int c = 0; c < rn; c++) mc_att_row_avx2(base, (size_t)(t0 + c) * n_head_kv + kh, hd,
+                                                 buf + (size_t)c * hd);
+}
+
+/* AVX2 twin of mc_attention_f16 for hd % 8 == 0.  Cache rows are converted a block
+ * at a time (up to MC_ATT_BUF floats); each head then runs over the block with its
+ * running sums in registers (a fixed 8 columns across all rows of the block), which
+ * adds the same terms in the same order as mc_attention_one_avx2. */
 MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
     const mc_att_job *jb = (const mc_att_job *)ctx;
     const int hd = jb->hd, n_head_kv = jb->n_head_kv, nv = hd / 8;
@@ -331,7 +342,8 @@ MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
     const float *qi = jb->q + ((size_t)i * jb->n_head + h0) * hd; /* (g, hd) */
     __m256 acc[MC_ATT_ACC / 8]; /* (g, hd / 8) running sums of p * v */
     float s[MC_ATT_GMAX][MC_ATT_CHUNK], m[MC_ATT_GMAX], l[MC_ATT_GMAX], cmax[MC_ATT_GMAX];
-    float kbuf[512], vbuf[512];
+    float buf[MC_ATT_BUF]; /* (R, hd) converted K or V rows */
+    const int R = mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / hd);
     const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
     for (int a = 0; a < g; a++) {
         m[a] = -INFINITY;
@@ -341,22 +353,26 @@ MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
     for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
         for (int a = 0; a < g; a++) cmax[a] = -INFINITY;
-        for (int c = 0; c < cnt; c++) {
-            const float *kt =
-                mc_att_row_avx2(jb->k, (size_t)(t0 + c) * n_head_kv + kh, hd, kbuf);
+        for (int r0 = 0; r0 < cnt; r0 += R) {
+            const int rn = mc_imin(R, cnt - r0);
+            mc_att_rows_avx2(jb->k, t0 + r0, rn, n_head_kv, kh, hd, buf);
             for (int a = 0; a < g; a++) {
                 const float *qa = qi + (size_t)a * hd;
-                __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
-                int j = 0;
-                for (; j + 16 <= hd; j += 16) {
-                    d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j), _mm256_loadu_ps(kt + j), d0);
-                    d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j + 8), _mm256_loadu_ps(kt + j + 8),
-                                         d1);
+                for (int c = 0; c < rn; c++) {
+                    const float *kt = buf + (size_t)c * hd;
+                    __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+                    int j = 0;
+                    for (; j + 16 <= hd; j += 16) {
+                        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j), _mm256_loadu_ps(kt + j), d0);
+                        d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j + 8),
+                                             _mm256_loadu_ps(kt + j + 8), d1);
+                    }
+                    if (j < hd)
+                        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j), _mm256_loadu_ps(kt + j), d0);
+                    const float sc = mc_hsum256_ops(_mm256_add_ps(d0, d1)) * jb->scale;
+                    s[a][r0 + c] = sc;
+                    cmax[a] = sc > cmax[a] ? sc : cmax[a];
                 }
-                if (j < hd)
-                    d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j), _mm256_loadu_ps(kt + j), d0);
-                s[a][c] = mc_hsum256_ops(_mm256_add_ps(d0, d1)) * jb->scale;
-                cmax[a] = s[a][c] > cmax[a] ? s[a][c] : cmax[a];
             }
         }
         for (int a = 0; a < g; a++) {
@@ -373,17 +389,37 @@ MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
                 _mm256_storeu_ps(sa + c8, mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(sa + c8),
                                                                   _mm256_set1_ps(m[a]))));
             for (; c8 < cnt; c8++) sa[c8] = expf(sa[c8] - m[a]);
+            for (int c = 0; c < cnt; c++) l[a] += sa[c];
         }
-        for (int c = 0; c < cnt; c++) {
-            const float *vt =
-                mc_att_row_avx2(jb->v, (size_t)(t0 + c) * n_head_kv + kh, hd, vbuf);
+        for (int r0 = 0; r0 < cnt; r0 += R) {
+            const int rn = mc_imin(R, cnt - r0);
+            mc_att_rows_avx2(jb->v, t0 + r0, rn, n_head_kv, kh, hd, buf);
             for (int a = 0; a < g; a++) {
                 __m256 *acc_a = acc + (size_t)a * nv;
-                const float p = s[a][c];
-                const __m256 vp = _mm256_set1_ps(p);
-                l[a] += p;
-                for (int j = 0; j < nv; j++)
-                    acc_a[j] = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 8 * j), acc_a[j]);
+                const float *pa = s[a] + r0;
+                int j = 0;
+                for (; j + 4 <= nv; j += 4) {
+                    __m256 x0 = acc_a[j], x1 = acc_a[j + 1], x2 = acc_a[j + 2], x3 = acc_a[j + 3];
+                    const float *vt = buf + 8 * j;
+                    for (int c = 0; c < rn; c++, vt += hd) {
+                        const __m256 vp = _mm256_set1_ps(pa[c]);
+                        x0 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt), x0);
+                        x1 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 8), x1);
+                        x2 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 16), x2);
+                        x3 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 24), x3);
+                    }
+                    acc_a[j] = x0;
+                    acc_a[j + 1] = x1;
+                    acc_a[j + 2] = x2;
+                    acc_a[j + 3] = x3;
+                }
+                for (; j < nv; j++) {
+                    __m256 x = acc_a[j];
+                    for (int c = 0; c < rn; c++)
+                        x = _mm256_fmadd_ps(_mm256_set1_ps(pa[c]),
+                                            _mm256_loadu_ps(buf + (size_t)c * hd + 8 * j), x);
+                    acc_a[j] = x;
+                }
             }
         }
     }

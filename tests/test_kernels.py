@@ -463,7 +463,9 @@ def test_attention_batch_equals_per_sequence_attention(cpu: CpuBackend) -> None:
 
 # f16 KV cache: (n_head, n_head_kv, hd, n_q, q_pos0) covering GQA groups of 3, MQA with a
 # group larger than one work item holds (32 heads of 128: two items of 16), hd not a
-# multiple of 8 (scalar kernel on every path), decode rows and prefill chunks.
+# multiple of 8 (scalar kernel on every path), hd/8 not a multiple of 4 (40), rows
+# converted in blocks smaller than a 64-row chunk (hd 128: 32 rows, hd 512: 8 rows),
+# decode rows and prefill chunks.
 F16_ATT_SHAPES = [
     (9, 3, 64, 1, 0),
     (9, 3, 64, 1, 200),
@@ -471,6 +473,8 @@ F16_ATT_SHAPES = [
     (32, 1, 128, 1, 90),
     (6, 2, 20, 5, 11),
     (4, 4, 32, 3, 64),
+    (6, 2, 40, 3, 70),
+    (2, 1, 512, 2, 100),
 ]
 
 
