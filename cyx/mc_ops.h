@@ -248,7 +248,12 @@ static inline int mc_att_item(const mc_att_job *jb, int idx, int *i, int *kh, in
 /* f16 cache row `row` (of hd elements) converted into buf */
 static inline const float *mc_att_row(const void *base, size_t row, int hd, float *buf) {
     const uint16_t *h = (const uint16_t *)base + row * (size_t)hd;
-    for (int j = 0; j < hd; j++) buf[j] = mc_fp16_to_fp32(h[j]);
+    int j = 0;
+#if defined(MC_NEON)
+    for (; j + 4 <= hd; j += 4)
+        vst1q_f32(buf + j, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + j))));
+#endif
+    for (; j < hd; j++) buf[j] = mc_fp16_to_fp32(h[j]);
     return buf;
 }
 
