@@ -6,7 +6,7 @@ by ``modelc.runtime.backends.cpu``; here only what would corrupt memory is check
 Weights arrive as uint8 ``(rows, row_bytes)`` views whatever their dtype.
 """
 
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 
 
@@ -33,13 +33,13 @@ cdef extern from "mc_ops.h" nogil:
     void mc_softmax(float *x, int n, int d, int simd)
     void mc_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd)
     void mc_gelu(const float *x, float *out, int64_t length, int simd)
-    void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
+    void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                      int nth, int simd)
-    int mc_attention_batch(int n_seq, const float *const *qs, const float *const *ks,
-                           const float *const *vs, float *const *outs, const int *n_qs,
+                      int kv_f16, int nth, int simd)
+    int mc_attention_batch(int n_seq, const float *const *qs, const void *const *ks,
+                           const void *const *vs, float *const *outs, const int *n_qs,
                            const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
-                           int hd, float scale, int nth, int simd)
+                           int hd, float scale, int kv_f16, int nth, int simd)
 
 # type codes of mc_common.h
 F32 = 0
@@ -215,69 +215,112 @@ def gelu(const float[::1] x, float[::1] out, int simd=0):
         mc_gelu(&x[0], &out[0], x.shape[0], simd)
 
 
+cdef int _attention_check(int n_q, int nh, int hd, int n_kv, int nkh, int k2, int v0, int v1,
+                          int v2, int q_pos0, int o0, int o1, int o2) except -1:
+    if (k2 != hd or v0 != n_kv or v1 != nkh or v2 != hd or nkh == 0 or nh % nkh != 0
+            or hd > 512 or q_pos0 < 0 or o0 != n_q or o1 != nh or o2 != hd):
+        raise ValueError("attention: shape mismatch")
+    if n_kv == 0 and n_q > 0 and nh > 0 and hd > 0:
+        raise ValueError("attention: empty KV cache")
+    return 0
+
+
 def attention(const float[:, :, ::1] q, const float[:, :, ::1] k, const float[:, :, ::1] v,
               int q_pos0, float scale, float[:, :, ::1] out, int nth, int simd=0):
     """out (n_q, n_head, hd): causal GQA of q over cache rows k, v (n_kv, n_head_kv, hd)."""
     cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
     cdef int n_kv = k.shape[0], nkh = k.shape[1]
-    if (k.shape[2] != hd or v.shape[0] != n_kv or v.shape[1] != nkh or v.shape[2] != hd
-            or nkh == 0 or nh % nkh != 0 or hd > 512 or q_pos0 < 0
-            or out.shape[0] != n_q or out.shape[1] != nh or out.shape[2] != hd):
-        raise ValueError("attention: shape mismatch")
+    _attention_check(n_q, nh, hd, n_kv, nkh, k.shape[2], v.shape[0], v.shape[1], v.shape[2],
+                     q_pos0, out.shape[0], out.shape[1], out.shape[2])
     if n_q == 0 or nh == 0 or hd == 0:
         return
-    if n_kv == 0:
-        raise ValueError("attention: empty KV cache")
     with nogil:
         mc_attention(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0], n_q, nh, n_kv, nkh,
-                     hd, q_pos0, scale, nth, simd)
+                     hd, q_pos0, scale, 0, nth, simd)
+
+
+def attention_f16(const float[:, :, ::1] q, const uint16_t[:, :, ::1] k,
+                  const uint16_t[:, :, ::1] v, int q_pos0, float scale, float[:, :, ::1] out,
+                  int nth, int simd=0):
+    """``attention`` over an f16 cache: k, v are float16 arrays viewed as uint16."""
+    cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
+    cdef int n_kv = k.shape[0], nkh = k.shape[1]
+    _attention_check(n_q, nh, hd, n_kv, nkh, k.shape[2], v.shape[0], v.shape[1], v.shape[2],
+                     q_pos0, out.shape[0], out.shape[1], out.shape[2])
+    if n_q == 0 or nh == 0 or hd == 0:
+        return
+    with nogil:
+        mc_attention(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0], n_q, nh, n_kv, nkh,
+                     hd, q_pos0, scale, 1, nth, simd)
 
 
 def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list outs, int nth,
-                    int simd=0):
+                    int simd=0, bint kv_f16=False):
     """``attention`` for every sequence i at once: outs[i] from qs[i] over ks[i], vs[i].
 
-    All sequences share n_head, n_head_kv and hd; one pool job covers every
-    (sequence, query, head) item.  The caller keeps the arrays alive.
+    All sequences share n_head, n_head_kv and hd; one pool job covers every work
+    item.  With ``kv_f16`` every ks[i], vs[i] is a float16 array viewed as uint16.
+    The caller keeps the arrays alive.
     """
     cdef int n_seq = len(qs), i, rc = 0
     if len(ks) != n_seq or len(vs) != n_seq or len(q_pos0s) != n_seq or len(outs) != n_seq:
         raise ValueError("attention_batch: lists of different lengths")
     if n_seq == 0:
         return
-    cdef const float[:, :, ::1] q, k, v
+    cdef const float[:, :, ::1] q
+    cdef const float[:, :, ::1] k32
+    cdef const float[:, :, ::1] v32
+    cdef const uint16_t[:, :, ::1] k16
+    cdef const uint16_t[:, :, ::1] v16
     cdef float[:, :, ::1] o
     cdef int nh = qs[0].shape[1], hd = qs[0].shape[2], nkh = ks[0].shape[1]
+    cdef int n_kv, kd, v0, v1, v2
+    cdef const void *kptr
+    cdef const void *vptr
     if nkh == 0 or nh % nkh != 0 or hd > 512:
         raise ValueError("attention_batch: shape mismatch")
     cdef const float **qp = <const float **>malloc(n_seq * sizeof(float *))
-    cdef const float **kp = <const float **>malloc(n_seq * sizeof(float *))
-    cdef const float **vp = <const float **>malloc(n_seq * sizeof(float *))
+    cdef const void **kp = <const void **>malloc(n_seq * sizeof(void *))
+    cdef const void **vp = <const void **>malloc(n_seq * sizeof(void *))
     cdef float **op = <float **>malloc(n_seq * sizeof(float *))
     cdef int *ints = <int *>malloc(3 * n_seq * sizeof(int))
     try:
         if qp == NULL or kp == NULL or vp == NULL or op == NULL or ints == NULL:
             raise MemoryError("attention_batch: pointer tables")
         for i in range(n_seq):
-            q, k, v, o = qs[i], ks[i], vs[i], outs[i]
-            if (q.shape[1] != nh or q.shape[2] != hd or k.shape[1] != nkh or k.shape[2] != hd
-                    or v.shape[0] != k.shape[0] or v.shape[1] != nkh or v.shape[2] != hd
+            q, o = qs[i], outs[i]
+            if kv_f16:
+                k16, v16 = ks[i], vs[i]
+                n_kv, kd, v0, v1, v2 = k16.shape[0], k16.shape[2], v16.shape[0], v16.shape[1], v16.shape[2]
+                if k16.shape[1] != nkh:
+                    raise ValueError(f"attention_batch: shape mismatch in sequence {i}")
+                kptr = &k16[0, 0, 0] if n_kv > 0 else NULL
+                vptr = &v16[0, 0, 0] if n_kv > 0 else NULL
+            else:
+                k32, v32 = ks[i], vs[i]
+                n_kv, kd, v0, v1, v2 = k32.shape[0], k32.shape[2], v32.shape[0], v32.shape[1], v32.shape[2]
+                if k32.shape[1] != nkh:
+                    raise ValueError(f"attention_batch: shape mismatch in sequence {i}")
+                kptr = &k32[0, 0, 0] if n_kv > 0 else NULL
+                vptr = &v32[0, 0, 0] if n_kv > 0 else NULL
+            if (q.shape[1] != nh or q.shape[2] != hd or kd != hd
+                    or v0 != n_kv or v1 != nkh or v2 != hd
                     or o.shape[0] != q.shape[0] or o.shape[1] != nh or o.shape[2] != hd
                     or q_pos0s[i] < 0):
                 raise ValueError(f"attention_batch: shape mismatch in sequence {i}")
-            if q.shape[0] > 0 and k.shape[0] == 0:
+            if q.shape[0] > 0 and n_kv == 0:
                 raise ValueError(f"attention_batch: empty KV cache in sequence {i}")
             # a null pointer for an empty sequence: it contributes no work items
             qp[i] = &q[0, 0, 0] if q.shape[0] > 0 else NULL
             op[i] = &o[0, 0, 0] if q.shape[0] > 0 else NULL
-            kp[i] = &k[0, 0, 0] if k.shape[0] > 0 else NULL
-            vp[i] = &v[0, 0, 0] if k.shape[0] > 0 else NULL
+            kp[i] = kptr
+            vp[i] = vptr
             ints[i] = q.shape[0]
-            ints[n_seq + i] = k.shape[0]
+            ints[n_seq + i] = n_kv
             ints[2 * n_seq + i] = q_pos0s[i]
         with nogil:
             rc = mc_attention_batch(n_seq, qp, kp, vp, op, &ints[0], &ints[n_seq],
-                                    &ints[2 * n_seq], nh, nkh, hd, scale, nth, simd)
+                                    &ints[2 * n_seq], nh, nkh, hd, scale, kv_f16, nth, simd)
         if rc == -2:
             raise MemoryError("attention_batch: job table")
     finally:

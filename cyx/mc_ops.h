@@ -208,15 +208,54 @@ static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
     }
 }
 
+/* ---- attention over a KV cache -------------------------------------------------
+ *
+ * An f32 cache: one work item is one (query row, query head) pair.  An f16 cache
+ * (IEEE half, `kv_f16`): one work item is one query row and a group of g query heads
+ * that share a KV head (grouped-query attention), so each cache row of that KV head
+ * is loaded and converted once for all g heads.  Every head keeps its own online
+ * softmax with the f32 kernel's arithmetic in the same order, and f16 -> f32
+ * conversion is exact, so an f16 cache gives bit for bit what its values widened to
+ * f32 give, whatever g is. */
+
 #define MC_ATT_CHUNK 64
+#define MC_ATT_GMAX 16  /* query heads per work item at most */
+#define MC_ATT_ACC 4096 /* floats of running sums per work item: g * hd <= MC_ATT_ACC */
+#define MC_ATT_BUF 4096 /* floats of f16 rows converted at a time (AVX2 kernel) */
 
 typedef struct {
-    const float *q, *k, *v;
-    float *out;
+    const float *q;     /* (n_q, n_head, hd) */
+    const void *k, *v;  /* (n_kv, n_head_kv, hd), f32 or f16 */
+    float *out;         /* (n_q, n_head, hd) */
     int n_q, n_head, n_kv, n_head_kv, hd, q_pos0;
     float scale;
     int simd;
+    int kv_f16;
+    int gs;    /* query heads per work item (1 .. group); 1 for f32 */
+    int n_sub; /* items per (query, KV head): ceil(group / gs) */
 } mc_att_job;
+
+/* the heads of work item idx: query row *i, KV head *kh, heads h0 .. h0 + g - 1 */
+static inline int mc_att_item(const mc_att_job *jb, int idx, int *i, int *kh, int *h0) {
+    const int group = jb->n_head / jb->n_head_kv, per_row = jb->n_head_kv * jb->n_sub;
+    const int r = idx % per_row, sub = r % jb->n_sub;
+    *i = idx / per_row;
+    *kh = r / jb->n_sub;
+    *h0 = *kh * group + sub * jb->gs;
+    return mc_imin(jb->gs, group - sub * jb->gs);
+}
+
+/* f16 cache row `row` (of hd elements) converted into buf */
+static inline const float *mc_att_row(const void *base, size_t row, int hd, float *buf) {
+    const uint16_t *h = (const uint16_t *)base + row * (size_t)hd;
+    int j = 0;
+#if defined(MC_NEON)
+    for (; j + 4 <= hd; j += 4)
+        vst1q_f32(buf + j, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + j))));
+#endif
+    for (; j < hd; j++) buf[j] = mc_fp16_to_fp32(h[j]);
+    return buf;
+}
 
 #if defined(MC_X86)
 MC_AVX2 static inline float mc_hsum256_ops(__m256 v) {
@@ -224,6 +263,15 @@ MC_AVX2 static inline float mc_hsum256_ops(__m256 v) {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     return _mm_cvtss_f32(r);
+}
+
+/* mc_att_row for hd % 8 == 0 with F16C */
+MC_AVX2 static inline const float *mc_att_row_avx2(const void *base, size_t row, int hd,
+                                                   float *buf) {
+    const uint16_t *h = (const uint16_t *)base + row * (size_t)hd;
+    for (int j = 0; j < hd; j += 8)
+        _mm256_storeu_ps(buf + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
+    return buf;
 }
 
 /* AVX2 twin of mc_attention_one for hd % 8 == 0 */
@@ -242,7 +290,7 @@ MC_AVX2 static void mc_attention_one_avx2(const void *ctx, int idx) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
         float cmax = -INFINITY;
         for (int c = 0; c < cnt; c++) {
-            const float *kt = jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            const float *kt = (const float *)jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
             __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
             int j = 0;
             for (; j + 16 <= hd; j += 16) {
@@ -266,7 +314,7 @@ MC_AVX2 static void mc_attention_one_avx2(const void *ctx, int idx) {
         for (; c8 < cnt; c8++) s[c8] = expf(s[c8] - m);
         for (int c = 0; c < cnt; c++) {
             const float p = s[c];
-            const float *vt = jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            const float *vt = (const float *)jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
             const __m256 vp = _mm256_set1_ps(p);
             l += p;
             for (int j = 0; j < nv; j++)
@@ -279,6 +327,116 @@ MC_AVX2 static void mc_attention_one_avx2(const void *ctx, int idx) {
 }
 
 static void mc_attention_one_avx2_fn(void *ctx, int idx) { mc_attention_one_avx2(ctx, idx); }
+
+/* rows t0 .. t0 + rn - 1 of KV head kh of an f16 cache, converted into buf (rn, hd) */
+MC_AVX2 static inline void mc_att_rows_avx2(const void *base, int t0, int rn, int n_head_kv,
+                                            int kh, int hd, float *buf) {
+    for (int c = 0; c < rn; c++) mc_att_row_avx2(base, (size_t)(t0 + c) * n_head_kv + kh, hd,
+                                                 buf + (size_t)c * hd);
+}
+
+/* AVX2 twin of mc_attention_f16 for hd % 8 == 0.  Cache rows are converted a block
+ * at a time (up to MC_ATT_BUF floats); each head then runs over the block with its
+ * running sums in registers (a fixed 8 columns across all rows of the block), which
+ * adds the same terms in the same order as mc_attention_one_avx2. */
+MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
+    const mc_att_job *jb = (const mc_att_job *)ctx;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv, nv = hd / 8;
+    int i, kh, h0;
+    const int g = mc_att_item(jb, idx, &i, &kh, &h0);
+    const float *qi = jb->q + ((size_t)i * jb->n_head + h0) * hd; /* (g, hd) */
+    __m256 acc[MC_ATT_ACC / 8]; /* (g, hd / 8) running sums of p * v */
+    float s[MC_ATT_GMAX][MC_ATT_CHUNK], m[MC_ATT_GMAX], l[MC_ATT_GMAX], cmax[MC_ATT_GMAX];
+    float buf[MC_ATT_BUF]; /* (R, hd) converted K or V rows */
+    const int R = mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / hd);
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    for (int a = 0; a < g; a++) {
+        m[a] = -INFINITY;
+        l[a] = 0.0f;
+    }
+    for (int j = 0; j < g * nv; j++) acc[j] = _mm256_setzero_ps();
+    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+        const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
+        for (int a = 0; a < g; a++) cmax[a] = -INFINITY;
+        for (int r0 = 0; r0 < cnt; r0 += R) {
+            const int rn = mc_imin(R, cnt - r0);
+            mc_att_rows_avx2(jb->k, t0 + r0, rn, n_head_kv, kh, hd, buf);
+            for (int a = 0; a < g; a++) {
+                const float *qa = qi + (size_t)a * hd;
+                for (int c = 0; c < rn; c++) {
+                    const float *kt = buf + (size_t)c * hd;
+                    __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+                    int j = 0;
+                    for (; j + 16 <= hd; j += 16) {
+                        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j), _mm256_loadu_ps(kt + j), d0);
+                        d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j + 8),
+                                             _mm256_loadu_ps(kt + j + 8), d1);
+                    }
+                    if (j < hd)
+                        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j), _mm256_loadu_ps(kt + j), d0);
+                    const float sc = mc_hsum256_ops(_mm256_add_ps(d0, d1)) * jb->scale;
+                    s[a][r0 + c] = sc;
+                    cmax[a] = sc > cmax[a] ? sc : cmax[a];
+                }
+            }
+        }
+        for (int a = 0; a < g; a++) {
+            __m256 *acc_a = acc + (size_t)a * nv;
+            if (cmax[a] > m[a]) {
+                const __m256 corr = _mm256_set1_ps(expf(m[a] - cmax[a])); /* 0 when m is -inf */
+                l[a] *= expf(m[a] - cmax[a]);
+                for (int j = 0; j < nv; j++) acc_a[j] = _mm256_mul_ps(acc_a[j], corr);
+                m[a] = cmax[a];
+            }
+            float *sa = s[a];
+            int c8 = 0;
+            for (; c8 + 8 <= cnt; c8 += 8)
+                _mm256_storeu_ps(sa + c8, mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(sa + c8),
+                                                                  _mm256_set1_ps(m[a]))));
+            for (; c8 < cnt; c8++) sa[c8] = expf(sa[c8] - m[a]);
+            for (int c = 0; c < cnt; c++) l[a] += sa[c];
+        }
+        for (int r0 = 0; r0 < cnt; r0 += R) {
+            const int rn = mc_imin(R, cnt - r0);
+            mc_att_rows_avx2(jb->v, t0 + r0, rn, n_head_kv, kh, hd, buf);
+            for (int a = 0; a < g; a++) {
+                __m256 *acc_a = acc + (size_t)a * nv;
+                const float *pa = s[a] + r0;
+                int j = 0;
+                for (; j + 4 <= nv; j += 4) {
+                    __m256 x0 = acc_a[j], x1 = acc_a[j + 1], x2 = acc_a[j + 2], x3 = acc_a[j + 3];
+                    const float *vt = buf + 8 * j;
+                    for (int c = 0; c < rn; c++, vt += hd) {
+                        const __m256 vp = _mm256_set1_ps(pa[c]);
+                        x0 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt), x0);
+                        x1 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 8), x1);
+                        x2 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 16), x2);
+                        x3 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 24), x3);
+                    }
+                    acc_a[j] = x0;
+                    acc_a[j + 1] = x1;
+                    acc_a[j + 2] = x2;
+                    acc_a[j + 3] = x3;
+                }
+                for (; j < nv; j++) {
+                    __m256 x = acc_a[j];
+                    for (int c = 0; c < rn; c++)
+                        x = _mm256_fmadd_ps(_mm256_set1_ps(pa[c]),
+                                            _mm256_loadu_ps(buf + (size_t)c * hd + 8 * j), x);
+                    acc_a[j] = x;
+                }
+            }
+        }
+    }
+    for (int a = 0; a < g; a++) {
+        float *o = jb->out + ((size_t)i * jb->n_head + h0 + a) * hd;
+        const __m256 inv = _mm256_set1_ps(l[a] > 0.0f ? 1.0f / l[a] : 0.0f);
+        for (int j = 0; j < nv; j++)
+            _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(acc[a * nv + j], inv));
+    }
+}
+
+static void mc_attention_f16_avx2_fn(void *ctx, int idx) { mc_attention_f16_avx2(ctx, idx); }
 #endif
 
 /* one (query, head) pair: online softmax over its visible keys in chunks */
@@ -296,7 +454,7 @@ static void mc_attention_one(void *ctx, int idx) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
         float cmax = -INFINITY;
         for (int c = 0; c < cnt; c++) {
-            const float *kt = jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            const float *kt = (const float *)jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
             float d = 0.0f;
 #pragma omp simd reduction(+ : d)
             for (int j = 0; j < hd; j++) d += qi[j] * kt[j];
@@ -311,7 +469,7 @@ static void mc_attention_one(void *ctx, int idx) {
         }
         for (int c = 0; c < cnt; c++) {
             const float p = expf(s[c] - m);
-            const float *vt = jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
+            const float *vt = (const float *)jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
             l += p;
 #pragma omp simd
             for (int j = 0; j < hd; j++) acc[j] += p * vt[j];
@@ -322,21 +480,108 @@ static void mc_attention_one(void *ctx, int idx) {
     for (int j = 0; j < hd; j++) o[j] = acc[j] * inv;
 }
 
-/* Causal grouped-query attention of one sequence over its cache.
- * q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd); out (n_q, n_head, hd).
- * Query i sees cache rows 0 .. q_pos0 + i (clipped to n_kv).  The only
- * scratch is on the stack (hd <= 512); (query, head) pairs run in parallel. */
-static void mc_attention(const float *q, const float *k, const float *v, float *out, int n_q,
-                         int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                         int nth, int simd) {
-    mc_att_job jb = {q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0, scale, simd};
-    const int total = n_q * n_head;
-    const int64_t work = (int64_t)total * (q_pos0 + n_q) * hd;
-    mc_chunk_fn fn = mc_attention_one;
+/* f16 cache, one work item: mc_attention_one for each of its g heads, in step */
+static void mc_attention_f16(void *ctx, int idx) {
+    const mc_att_job *jb = (const mc_att_job *)ctx;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv;
+    int i, kh, h0;
+    const int g = mc_att_item(jb, idx, &i, &kh, &h0);
+    const float *qi = jb->q + ((size_t)i * jb->n_head + h0) * hd; /* (g, hd) */
+    float acc[MC_ATT_ACC]; /* (g, hd) running sums of p * v */
+    float s[MC_ATT_GMAX][MC_ATT_CHUNK], m[MC_ATT_GMAX], l[MC_ATT_GMAX], cmax[MC_ATT_GMAX];
+    float kbuf[512], vbuf[512];
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    for (int a = 0; a < g; a++) {
+        m[a] = -INFINITY;
+        l[a] = 0.0f;
+    }
+    for (int j = 0; j < g * hd; j++) acc[j] = 0.0f;
+    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+        const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
+        for (int a = 0; a < g; a++) cmax[a] = -INFINITY;
+        for (int c = 0; c < cnt; c++) {
+            const float *kt = mc_att_row(jb->k, (size_t)(t0 + c) * n_head_kv + kh, hd, kbuf);
+            for (int a = 0; a < g; a++) {
+                const float *qa = qi + (size_t)a * hd;
+                float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+                for (int j = 0; j < hd; j++) d += qa[j] * kt[j];
+                s[a][c] = d * jb->scale;
+                cmax[a] = s[a][c] > cmax[a] ? s[a][c] : cmax[a];
+            }
+        }
+        for (int a = 0; a < g; a++) {
+            if (cmax[a] > m[a]) {
+                float *acc_a = acc + (size_t)a * hd;
+                const float corr = expf(m[a] - cmax[a]); /* 0 when m is -inf */
+                l[a] *= corr;
+                for (int j = 0; j < hd; j++) acc_a[j] *= corr;
+                m[a] = cmax[a];
+            }
+        }
+        for (int c = 0; c < cnt; c++) {
+            const float *vt = mc_att_row(jb->v, (size_t)(t0 + c) * n_head_kv + kh, hd, vbuf);
+            for (int a = 0; a < g; a++) {
+                float *acc_a = acc + (size_t)a * hd;
+                const float p = expf(s[a][c] - m[a]);
+                l[a] += p;
+#pragma omp simd
+                for (int j = 0; j < hd; j++) acc_a[j] += p * vt[j];
+            }
+        }
+    }
+    for (int a = 0; a < g; a++) {
+        float *o = jb->out + ((size_t)i * jb->n_head + h0 + a) * hd;
+        const float inv = l[a] > 0.0f ? 1.0f / l[a] : 0.0f;
+        for (int j = 0; j < hd; j++) o[j] = acc[a * hd + j] * inv;
+    }
+}
+
+/* heads per work item: one for f32; for f16 whole KV-head groups (each K/V row
+ * converted once per query row) when that still gives every thread an item, else
+ * one.  Results are the same either way. */
+static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, int kv_f16,
+                             int nth) {
+    if (!kv_f16) return 1;
+    const int group = n_head / n_head_kv;
+    const int gs = mc_imin(mc_imin(group, MC_ATT_GMAX), MC_ATT_ACC / hd);
+    const int n_sub = (group + gs - 1) / gs;
+    return rows * n_head_kv * n_sub >= nth ? gs : 1;
+}
+
+static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 #if defined(MC_X86)
-    if (MC_IS_AVX2(simd) && hd % 8 == 0) fn = mc_attention_one_avx2_fn;
+    if (MC_IS_AVX2(simd) && hd % 8 == 0)
+        return kv_f16 ? mc_attention_f16_avx2_fn : mc_attention_one_avx2_fn;
 #endif
-    mc_parallel(work < 65536 ? 1 : nth, total, fn, &jb);
+    (void)hd;
+    (void)simd;
+    return kv_f16 ? mc_attention_f16 : mc_attention_one;
+}
+
+static mc_att_job mc_att_make(const float *q, const void *k, const void *v, float *out, int n_q,
+                              int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
+                              int kv_f16, int gs, int simd) {
+    const int group = n_head / n_head_kv;
+    const mc_att_job jb = {q,     k,      v,      out,       n_q,
+                           n_head, n_kv, n_head_kv, hd,     q_pos0,
+                           scale, simd,  kv_f16,    gs,     (group + gs - 1) / gs};
+    return jb;
+}
+
+/* Causal grouped-query attention of one sequence over its cache.
+ * q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd), f32 or (kv_f16) IEEE f16;
+ * out (n_q, n_head, hd).  Query i sees cache rows 0 .. q_pos0 + i (clipped to
+ * n_kv).  The only scratch is on the stack (hd <= 512); work items run in parallel. */
+static void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
+                         int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
+                         int kv_f16, int nth, int simd) {
+    const int64_t work = (int64_t)n_q * n_head * (q_pos0 + n_q) * hd;
+    const int nt = work < 65536 ? 1 : nth;
+    const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt);
+    const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
+                                      scale, kv_f16, gs, simd);
+    mc_parallel(nt, n_q * n_head_kv * jb.n_sub, mc_att_fn(hd, kv_f16, simd), (void *)&jb);
 }
 
 typedef struct {
@@ -346,7 +591,7 @@ typedef struct {
     mc_chunk_fn fn;
 } mc_att_batch;
 
-/* work item idx of the whole batch -> its sequence's (query, head) pair */
+/* work item idx of the whole batch -> its sequence's work item */
 static void mc_attention_batch_one(void *ctx, int idx) {
     const mc_att_batch *b = (const mc_att_batch *)ctx;
     int lo = 0, hi = b->n_seq - 1; /* last s with offs[s] <= idx */
@@ -360,15 +605,16 @@ static void mc_attention_batch_one(void *ctx, int idx) {
     b->fn((void *)&b->jobs[lo], idx - b->offs[lo]);
 }
 
-/* mc_attention for n_seq sequences at once, each over its own cache: every
- * (sequence, query, head) triple is one work item of a single pool job, so a
- * decode step of many short sequences wakes the pool once, not once per
- * sequence.  Per item the math is mc_attention's, so results are identical.
- * Returns 0, or -2 when the job table cannot be allocated. */
-static int mc_attention_batch(int n_seq, const float *const *qs, const float *const *ks,
-                              const float *const *vs, float *const *outs, const int *n_qs,
+/* mc_attention for n_seq sequences at once, each over its own cache: every work
+ * item of every sequence is one item of a single pool job, so a decode step of
+ * many short sequences wakes the pool once, not once per sequence.  Per head the
+ * math is mc_attention's, so results are identical.  Returns 0, or -2 when the
+ * job table cannot be allocated. */
+static int mc_attention_batch(int n_seq, const float *const *qs, const void *const *ks,
+                              const void *const *vs, float *const *outs, const int *n_qs,
                               const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
-                              int hd, float scale, int nth, int simd) {
+                              int hd, float scale, int kv_f16, int nth, int simd) {
+    if (n_seq <= 0) return 0;
     mc_att_job *jobs = (mc_att_job *)malloc(sizeof(mc_att_job) * (size_t)n_seq);
     int *offs = (int *)malloc(sizeof(int) * ((size_t)n_seq + 1));
     if (jobs == NULL || offs == NULL) {
@@ -376,21 +622,21 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const float *co
         free(offs);
         return -2;
     }
-    int64_t work = 0;
+    int64_t work = 0, rows = 0;
+    for (int s = 0; s < n_seq; s++) {
+        work += (int64_t)n_qs[s] * n_head * (q_pos0s[s] + n_qs[s]) * hd;
+        rows += n_qs[s];
+    }
+    const int nt = work < 65536 ? 1 : nth;
+    const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, kv_f16, nt);
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
-        const mc_att_job jb = {qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head,
-                               n_kvs[s], n_head_kv, hd, q_pos0s[s], scale, simd};
-        jobs[s] = jb;
-        offs[s + 1] = offs[s] + n_qs[s] * n_head;
-        work += (int64_t)n_qs[s] * n_head * (q_pos0s[s] + n_qs[s]) * hd;
+        jobs[s] = mc_att_make(qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head, n_kvs[s], n_head_kv,
+                              hd, q_pos0s[s], scale, kv_f16, gs, simd);
+        offs[s + 1] = offs[s] + n_qs[s] * n_head_kv * jobs[s].n_sub;
     }
-    mc_att_batch b = {jobs, offs, n_seq, mc_attention_one};
-#if defined(MC_X86)
-    if (MC_IS_AVX2(simd) && hd % 8 == 0) b.fn = mc_attention_one_avx2_fn;
-#endif
-    if (offs[n_seq] > 0)
-        mc_parallel(work < 65536 ? 1 : nth, offs[n_seq], mc_attention_batch_one, &b);
+    mc_att_batch b = {jobs, offs, n_seq, mc_att_fn(hd, kv_f16, simd)};
+    if (offs[n_seq] > 0) mc_parallel(nt, offs[n_seq], mc_attention_batch_one, &b);
     free(jobs);
     free(offs);
     return 0;

@@ -134,7 +134,10 @@ def register(subparsers: Any) -> None:
         help="tokens per sequence (default: the model's)",
     )
     p.add_argument(
-        "--kv-cache", default=None, choices=["f32", "int8", "mixed"], help="KV-cache storage"
+        "--kv-cache",
+        default=None,
+        choices=["f32", "f16", "int8", "mixed"],
+        help="KV-cache storage (default f16; f32 is exact, int8/mixed are smaller)",
     )
     p.add_argument(
         "--anchor-tokens",

@@ -28,7 +28,7 @@ from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats import load_model
 from modelc.formats.ir import DType, ModelIR, Tensor
 from modelc.runtime.generate import generate
-from modelc.runtime.kv_cache import KVMode
+from modelc.runtime.kv_cache import BLOCK, KVMode
 from modelc.runtime.sampling import SamplingParams
 from tests.assets import smollm2_gguf
 
@@ -92,12 +92,14 @@ async def collect(handle: Any) -> tuple[list[int], str, FinishEvent]:
 
 
 def alone(eng: LLMEngine, prompt: Sequence[int], p: SamplingParams) -> list[int]:
-    """The plain single-sequence loop of modelc generate (no engine).
+    """The plain single-sequence loop of modelc generate (no engine), over a cache of the
+    engine's KV mode (f16 by default).
 
     That loop yields a final stop token (EOS); the engine ends on it without a TokenEvent.
     """
     assert eng.lm is not None and eng.tok is not None
-    toks = [t for t, _ in generate(eng.lm, eng.tok, prompt, p)]
+    cache = eng.lm.new_cache(eng.mode, max_tokens=eng.max_context)
+    toks = [t for t, _ in generate(eng.lm, eng.tok, prompt, p, cache=cache)]
     return toks[:-1] if toks and toks[-1] in p.stop_token_ids else toks
 
 
@@ -187,6 +189,7 @@ async def test_deadline_times_out(ir: ModelIR) -> None:
                 ids(eng, PROMPTS[0]),
                 params(eng, max_tokens=200),
                 deadline=trio.current_time() + 0.3,
+                ignore_eos=True,  # greedy text may end (EOS) before the deadline
             )
         )
         toks, _, fin = await collect(h)
@@ -374,8 +377,47 @@ async def test_queue_full_and_context_limits(ir: ModelIR) -> None:
     assert fin.reason is FinishReason.LENGTH and 50 + len(toks) == 65
 
 
+def test_engine_kv_cache_defaults_to_f16(ir: ModelIR) -> None:
+    eng = make(ir)
+    assert EngineOptions().kv_cache == "f16" and eng.mode is KVMode.F16
+    assert eng.stats().extra["kv_cache"] == "f16"
+    assert eng.lm is not None
+    # a token costs half of what it costs in f32: 30 layers x 3 KV heads x 64 x 2 (K, V) x 2 B
+    assert eng.kv_cost(BLOCK) == BLOCK * 30 * 3 * 64 * 2 * 2
+    assert make(ir, kv_cache="f32").kv_cost(BLOCK) == 2 * eng.kv_cost(BLOCK)
+
+
+async def test_f16_prefix_blocks_and_context_shift(ir: ModelIR) -> None:
+    """f16 prefix-cache blocks hold what the cache held (half the bytes of f32 blocks) and
+    a prompt reusing them generates what the plain loop over an f16 cache generates; a
+    context shift over an f16 cache runs to max_tokens."""
+    eng = make(ir, speculative=False)
+    prompt = ids(eng, " ".join(PROMPTS))
+    assert len(prompt) > 2 * eng.prefix.block_tokens
+    p = params(eng, max_tokens=10)
+    expected = alone(eng, prompt, p)
+    async with running(eng):
+        first, _, f1 = await collect(eng.submit(GenerationRequest("a", prompt, p)))
+        again, _, f2 = await collect(eng.submit(GenerationRequest("b", prompt, p)))
+    assert first == again == expected
+    assert f1.cached_tokens == 0 and f2.cached_tokens >= eng.prefix.block_tokens
+    blocks = list(eng.prefix.blocks.values())
+    assert blocks and all(b.k.dtype == b.v.dtype == np.float16 for b in blocks)
+    per_block = 2 * 30 * eng.prefix.block_tokens * 3 * 64 * 2
+    assert eng.prefix.bytes_used == len(blocks) * per_block
+    shifting = make(ir, max_context=64, context_shift=True, speculative=False)
+    assert shifting.mode is KVMode.F16
+    async with running(shifting):
+        toks, _, fin = await collect(
+            shifting.submit(
+                GenerationRequest("long", list(range(100, 150)), params(shifting, max_tokens=24))
+            )
+        )
+    assert len(toks) == 24 and fin.reason is FinishReason.LENGTH
+
+
 async def test_stop_string_and_kv_modes(ir: ModelIR) -> None:
-    for mode in ("int8", "mixed"):
+    for mode in ("f32", "int8", "mixed"):
         eng = make(ir, kv_cache=mode)
         async with running(eng):
             toks, text, fin = await collect(
@@ -491,3 +533,37 @@ async def test_tiny_architectures_batched_chunked_cached(name: str) -> None:
                 n.start_soon(one, i)
     assert [got[i][0] for i in range(4)] == expected
     assert all(got[i][2].cached_tokens == 8 for i in (1, 2, 3))
+
+
+@pytest.mark.parametrize("mode", [KVMode.F32, KVMode.F16, KVMode.INT8])
+def test_prefix_blocks_round_trip_every_layer(mode: KVMode) -> None:
+    """Blocks copied out of a cache load back into a fresh one as every layer's own values
+    (an int8 cache dequantizes each layer into one shared scratch buffer, so each read is
+    copied before the next)."""
+    from modelc.engine.prefix_cache import PrefixCache
+    from modelc.runtime.kv_cache import KVCache, KVShape
+
+    shape = KVShape(n_layer=3, n_head_kv=2, head_dim=32)
+    rng = np.random.default_rng(4)
+    src = KVCache(shape, 64, mode)
+    src.reserve(20)
+    for layer in range(3):
+        x = rng.standard_normal((20, 2, 32)).astype(np.float32) + 10 * layer
+        src.write(layer, 0, x, -x)
+    src.advance(20)
+    pc = PrefixCache(shape, 1 << 20, block_tokens=8)
+    tokens = list(range(21))
+    assert pc.insert(tokens, src) == 2
+    assert pc.bytes_used == 2 * 2 * 3 * 8 * 2 * 32 * np.dtype(src.dtype).itemsize
+    blocks = pc.match(tokens)
+    dst = KVCache(shape, 64, mode)
+    assert pc.load(blocks, dst) == 16
+    for layer in range(3):
+        want_k, want_v = (a[:16].copy() for a in src.read(layer, 16))
+        got_k, got_v = dst.read(layer, 16)
+        if mode is KVMode.INT8:  # re-quantizing dequantized values moves them by < 1 step
+            np.testing.assert_allclose(got_k, want_k, atol=0.2)
+            np.testing.assert_allclose(got_v, want_v, atol=0.2)
+        else:
+            np.testing.assert_array_equal(got_k, want_k)
+            np.testing.assert_array_equal(got_v, want_v)

@@ -508,6 +508,75 @@ def test_attention_batch_equals_per_sequence_attention(cpu: CpuBackend) -> None:
         cpu.attention_batch(qs[:2], [ks[0], ks[0][:, :1]], vs[:2], p0s[:2], scale)
 
 
+# f16 KV cache: (n_head, n_head_kv, hd, n_q, q_pos0) covering GQA groups of 3, MQA with a
+# group larger than one work item holds (32 heads of 128: two items of 16), hd not a
+# multiple of 8 (scalar kernel on every path), hd/8 not a multiple of 4 (40), rows
+# converted in blocks smaller than a 64-row chunk (hd 128: 32 rows, hd 512: 8 rows),
+# decode rows and prefill chunks.
+F16_ATT_SHAPES = [
+    (9, 3, 64, 1, 0),
+    (9, 3, 64, 1, 200),
+    (9, 3, 64, 7, 40),
+    (32, 1, 128, 1, 90),
+    (6, 2, 20, 5, 11),
+    (4, 4, 32, 3, 64),
+    (6, 2, 40, 3, 70),
+    (2, 1, 512, 2, 100),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize(("n_head", "n_head_kv", "hd", "n_q", "q_pos0"), F16_ATT_SHAPES)
+def test_attention_f16_cache(
+    cpu: CpuBackend, threads: int, n_head: int, n_head_kv: int, hd: int, n_q: int, q_pos0: int
+) -> None:
+    """An f16 cache is read directly.  f16 -> f32 widening is exact and each head's
+    arithmetic is the f32 kernel's, so the result is bit for bit the f32 kernel's on the
+    widened cache, whether the heads of a KV head share one work item (threads=1) or
+    get one each (threads=4 with fewer grouped items than threads); and within 1e-5 of
+    the numpy twin."""
+    be = CpuBackend(threads=threads, simd=next(k for k, v in SIMD_LEVELS.items() if v == cpu.simd))
+    rng = np.random.default_rng(18)
+    n_kv = q_pos0 + n_q
+    q = rng.standard_normal((n_q, n_head, hd)).astype(np.float32)
+    k = (rng.standard_normal((n_kv, n_head_kv, hd)) * 3).astype(np.float16)
+    v = rng.standard_normal((n_kv, n_head_kv, hd)).astype(np.float16)
+    scale = 1.0 / np.sqrt(hd)
+    got = be.attention(q, k, v, q_pos0, scale)
+    k32, v32 = k.astype(np.float32), v.astype(np.float32)
+    np.testing.assert_array_equal(got, be.attention(q, k32, v32, q_pos0, scale))
+    np.testing.assert_allclose(got, REF.attention(q, k, v, q_pos0, scale), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        REF.attention(q, k, v, q_pos0, scale), REF.attention(q, k32, v32, q_pos0, scale)
+    )
+
+
+def test_attention_batch_f16_equals_per_sequence(cpu: CpuBackend) -> None:
+    """A batch of f16 caches: each sequence gets exactly its own ``attention`` result.
+    A batch mixing f16 and f32 caches is computed in f32 (widened), same values."""
+    rng = np.random.default_rng(19)
+    n_head, n_head_kv, hd, scale = 9, 3, 64, 0.125
+    shapes = [(17, 0), (1, 149), (5, 40), (1, 0), (1, 7), (64, 64)]  # (n_q, q_pos0)
+    qs = [rng.standard_normal((n, n_head, hd)).astype(np.float32) for n, _ in shapes]
+    ks = [rng.standard_normal((n + p0, n_head_kv, hd)).astype(np.float16) for n, p0 in shapes]
+    vs = [rng.standard_normal((n + p0, n_head_kv, hd)).astype(np.float16) for n, p0 in shapes]
+    p0s = [p0 for _, p0 in shapes]
+    got = cpu.attention_batch(qs, ks, vs, p0s, scale)
+    for i, (q, k, v, p0) in enumerate(zip(qs, ks, vs, p0s, strict=True)):
+        np.testing.assert_array_equal(got[i], cpu.attention(q, k, v, p0, scale), err_msg=f"seq {i}")
+    mixed_k = [k.astype(np.float32) if i % 2 else k for i, k in enumerate(ks)]
+    for g, w in zip(cpu.attention_batch(qs, mixed_k, vs, p0s, scale), got, strict=True):
+        np.testing.assert_array_equal(g, w)
+    # a strided f16 array is copied to a contiguous one first: same result
+    big = rng.standard_normal((80, n_head_kv, hd)).astype(np.float16)
+    strided = big[::2]  # (40, n_head_kv, hd), not contiguous
+    q1 = qs[1][:1]
+    np.testing.assert_array_equal(
+        cpu.attention(q1, strided, strided, 39, scale),
+        cpu.attention(q1, strided.copy(), strided.copy(), 39, scale),
+    )
+
+
 def test_concurrent_calls_from_python_threads() -> None:
     """The GIL is released: calls from several threads share the pool safely."""
     from concurrent.futures import ThreadPoolExecutor

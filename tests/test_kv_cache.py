@@ -141,3 +141,58 @@ def test_mixed_truncate_then_rewrite_reads_the_new_values() -> None:
     kk, _ = c.read(0, 25)
     np.testing.assert_allclose(kk[5:], k2, atol=0.05)  # no stale exact rows from before
     np.testing.assert_array_equal(kk[19:], k2[14:])  # the hot window is exact
+
+
+def test_f16_stores_half_precision_and_reads_the_storage_itself() -> None:
+    c = KVCache(SHAPE, 1000, KVMode.F16)
+    k, v = rand(30, 1) * 10, rand(30, 2)
+    fill(c, k, v)
+    kk, vv = c.read(1, 30)
+    assert kk.dtype == vv.dtype == np.float16 == c.dtype
+    # written rounded to nearest (numpy's f32 -> f16 cast), read back as is
+    assert np.array_equal(kk, (k + 1).astype(np.float16))
+    assert np.array_equal(vv, (v - 1).astype(np.float16))
+    assert np.abs(kk.astype(np.float32) - (k + 1)).max() <= np.abs(k + 1).max() * 2.0**-11
+    # a view of the storage, not a copy: a later write shows through an earlier read
+    c.reserve(31)
+    c.write(1, 30, np.full((1, 3, 8), 7, np.float32), np.zeros((1, 3, 8), np.float32))
+    assert np.shares_memory(c.read(1, 31)[0], kk)
+    assert c.read(1, 31)[0][30, 0, 0] == 7
+    # f16 values read back from a cache (the prefix cache) are written unchanged
+    d = KVCache(SHAPE, 1000, KVMode.F16)
+    d.reserve(30)
+    d.write(1, 0, kk, vv)
+    assert np.array_equal(d.read(1, 30)[0], kk)
+    assert KVCache(SHAPE, 10, KVMode.F32).dtype == KVCache(SHAPE, 10, KVMode.INT8).dtype
+
+
+def test_f16_memory_is_half_of_f32_with_no_scratch() -> None:
+    assert SHAPE.bytes_per_token(KVMode.F16) * 2 == SHAPE.bytes_per_token(KVMode.F32)
+    assert SHAPE.bytes_per_token(KVMode.F16) == 2 * SHAPE.n_layer * 3 * 8 * 2
+    b = KVBudget(10 * 1024 * 1024)
+    c = KVCache(SHAPE, 4 * BLOCK, KVMode.F16, budget=b)
+    c.reserve(BLOCK + 1)
+    assert c.capacity == 2 * BLOCK
+    assert c.nbytes == 2 * BLOCK * SHAPE.bytes_per_token(KVMode.F16) == b.used
+    c.free()
+    assert b.used == 0
+
+
+def test_f16_update_keys_and_truncate() -> None:
+    c = KVCache(SHAPE, 64, KVMode.F16)
+    fill(c, rand(10), rand(10, 1))
+    before = c.read(0, 10)[0].astype(np.float32)
+
+    def scale(x: np.ndarray) -> None:
+        assert x.dtype == np.float32  # the function sees f32
+        x *= 1.5
+
+    c.update_keys(4, scale)
+    after = c.read(0, 10)[0]
+    assert after.dtype == np.float16
+    assert np.array_equal(after[:4], before[:4].astype(np.float16))
+    assert np.array_equal(after[4:], (before[4:] * 1.5).astype(np.float16))
+    c.truncate(6)
+    fill(c, rand(3, 5), rand(3, 6))
+    assert c.n == 9
+    assert np.array_equal(c.read(0, 9)[0][6:], (rand(3, 5) + 0).astype(np.float16))

@@ -14,7 +14,7 @@ class EngineOptions:
     max_concurrent: int = 8  # sequences decoding at once (--max-concurrent)
     queue_size: int = 64  # requests waiting beyond those; more are refused (--queue-size)
     max_context: int | None = None  # tokens per sequence; default: the model's context
-    kv_cache: str = "f32"  # f32 | int8 | mixed (--kv-cache)
+    kv_cache: str = "f16"  # f32 | f16 | int8 | mixed (--kv-cache); f16 as llama.cpp
     kv_hot_window: int = 256  # mixed: recent tokens kept exact
     kv_budget_bytes: int | None = None  # default: every running sequence can fill its context
     context_shift: bool = False  # drop old tokens instead of refusing / stopping at the context
@@ -46,7 +46,7 @@ class EngineOptions:
             ),
             (
                 self.kv_cache in {m.value for m in KVMode},
-                f"--kv-cache must be f32, int8 or mixed, got {self.kv_cache!r}",
+                f"--kv-cache must be f32, f16, int8 or mixed, got {self.kv_cache!r}",
             ),
             (
                 self.kv_hot_window >= 1,

@@ -4,7 +4,9 @@ A prompt is cut into blocks of ``block_tokens`` tokens.  Block ``i`` is keyed by
 chained hash ``h_i = H(h_{i-1} || tokens of block i)``, so a key names the whole
 prefix up to and including its block (two prompts share a key exactly when they share
 every token up to there).  Each block stores its keys and values for every layer as
-f32 ``(n_layer, block_tokens, n_head_kv, head_dim)``.
+``(n_layer, block_tokens, n_head_kv, head_dim)`` in the dtype the cache reads back
+(float16 for an f16 cache, so a block costs what it costs in the cache, float32
+otherwise).
 
 * :meth:`PrefixCache.match` finds the longest run of cached blocks a prompt starts
   with and takes a reference on each (a referenced block is never evicted);
@@ -33,15 +35,15 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
-from modelc.runtime.backend import F32Array
+from modelc.runtime.backend import KVArray
 from modelc.runtime.kv_cache import KVCache, KVShape
 
 
 @dataclass(slots=True, eq=False)
 class Block:
     key: bytes
-    k: F32Array  # (n_layer, block_tokens, n_head_kv, head_dim)
-    v: F32Array  # (n_layer, block_tokens, n_head_kv, head_dim)
+    k: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
+    v: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
     refs: int = 0
 
     @property
@@ -146,17 +148,23 @@ class PrefixCache:
         keys = self.block_keys(tokens, n_blocks)
         missing = [i for i, key in enumerate(keys) if key not in self.blocks]
         bt, sh = self.block_tokens, self.shape
-        per_block = 2 * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * 4
+        dtype = cache.dtype
+        per_block = 2 * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * dtype.itemsize
         new: dict[bytes, Block] = {}
-        if missing:
-            layers = [cache.read(layer, n_blocks * bt) for layer in range(sh.n_layer)]
-            for i in missing:
-                if not self._make_room(per_block + len(new) * per_block):
-                    break
-                sl = slice(i * bt, (i + 1) * bt)
-                k = np.stack([kk[sl] for kk, _ in layers])  # (n_layer, bt, h, d), copies
-                v = np.stack([vv[sl] for _, vv in layers])
-                new[keys[i]] = Block(keys[i], k, v)
+        for i in missing:
+            if not self._make_room(per_block + len(new) * per_block):
+                break
+            blk = (sh.n_layer, bt, sh.n_head_kv, sh.head_dim)
+            new[keys[i]] = Block(keys[i], np.empty(blk, dtype), np.empty(blk, dtype))
+        if new:
+            # one read per layer, copied out at once: an int8 cache dequantizes every
+            # layer into the same scratch buffer
+            for layer in range(sh.n_layer):
+                kk, vv = cache.read(layer, n_blocks * bt)  # (n, n_head_kv, head_dim)
+                for i, key in enumerate(keys):
+                    if key in new:
+                        new[key].k[layer] = kk[i * bt : (i + 1) * bt]
+                        new[key].v[layer] = vv[i * bt : (i + 1) * bt]
         for key in reversed(keys):  # deepest first, so the root ends up most recent
             if key in new:
                 self.blocks[key] = new[key]

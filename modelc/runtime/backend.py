@@ -6,6 +6,7 @@ are interchangeable, and a generated model-specialised module can replace the
 runtime while keeping the same kernels.
 
 Array conventions: float32, C-contiguous; shapes are commented on each method.
+Attention's keys and values may also be float16 (an f16 KV cache, read as is).
 ``out`` arguments, where given, are preallocated buffers written in place and
 returned, so the decode loop allocates nothing per token.
 """
@@ -21,6 +22,8 @@ import numpy as np
 from modelc.formats.ir import DType
 
 F32Array = np.ndarray[Any, np.dtype[np.float32]]
+F16Array = np.ndarray[Any, np.dtype[np.float16]]
+KVArray = F32Array | F16Array  # keys or values read from a KV cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +85,8 @@ class Backend(Protocol):
     def attention(
         self,
         q: F32Array,
-        k: F32Array,
-        v: F32Array,
+        k: KVArray,
+        v: KVArray,
         q_pos0: int,
         scale: float,
         out: F32Array | None = None,
@@ -92,15 +95,17 @@ class Backend(Protocol):
 
         q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd) with n_head % n_head_kv == 0
         (grouped-query).  Query i sits at absolute position ``q_pos0 + i`` and sees
-        cache positions ``0 .. q_pos0 + i``.  Returns (n_q, n_head, hd).
+        cache positions ``0 .. q_pos0 + i``.  Returns (n_q, n_head, hd).  k and v are
+        float32 or float16 (an f16 cache); float16 is computed as its exact float32
+        widening, read without converting the whole cache first where the backend can.
         """
         ...
 
     def attention_batch(
         self,
         qs: Sequence[F32Array],
-        ks: Sequence[F32Array],
-        vs: Sequence[F32Array],
+        ks: Sequence[KVArray],
+        vs: Sequence[KVArray],
         q_pos0s: Sequence[int],
         scale: float,
         outs: Sequence[F32Array] | None = None,

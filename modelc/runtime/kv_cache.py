@@ -1,4 +1,4 @@
-"""Per-sequence key/value cache, with f32, int8 and mixed storage, and memory accounting.
+"""Per-sequence key/value cache, with f32, f16, int8 and mixed storage, and memory accounting.
 
 A :class:`KVCache` holds, for one sequence and every layer, the keys and values of
 the tokens seen so far: cache slot ``i`` is absolute position ``i`` (positions stay
@@ -7,6 +7,11 @@ compact after a context shift, see below).
 Storage modes (:class:`KVMode`):
 
 * ``f32``: exact.
+* ``f16``: IEEE half precision (round to nearest even on write), 2 bytes an element,
+  llama.cpp's and Ollama's default.  :meth:`KVCache.read` returns the float16 storage
+  itself; the attention kernels read it directly (widening each element exactly), so
+  decode attention reads half the bytes of ``f32``.  Values beyond +-65504 would
+  become infinite; keys and values of the supported models are far below that.
 * ``int8``: every token's key/value vector is stored per head as int8 with one f32
   scale per group of ``GROUP`` (32) elements, symmetric (``scale = max|x| / 127``):
   ``(slots, n_head_kv, head_dim)`` int8 plus ``(slots, n_head_kv, head_dim/32)`` f32, the
@@ -26,8 +31,8 @@ keeps the first ``n_keep`` "anchor" tokens, drops the next ``n_discard`` and mov
 rest down, so positions stay compact (``0 .. n-1``).  Keys of a RoPE model were
 rotated at their old positions; the architecture's ``shift_context`` re-rotates
 the moved keys by ``-n_discard`` through :meth:`KVCache.update_keys` (rotations
-compose additively, so this is exact up to rounding; for int8 storage the keys are
-re-quantized).
+compose additively, so this is exact up to rounding; for f16 and int8 storage the
+keys are rotated in f32 and stored again, rounded to the storage type).
 """
 
 from __future__ import annotations
@@ -40,16 +45,24 @@ from typing import Any
 import numpy as np
 
 from modelc.errors import CapacityError, UsageError
-from modelc.runtime.backend import F32Array
+from modelc.runtime.backend import F16Array, F32Array, KVArray
 
 BLOCK = 256
 GROUP = 32  # int8 elements per scale (a whole head when head_dim is not a multiple)
 
 
 class KVMode(enum.StrEnum):
+    """How a cache stores keys and values (``--kv-cache``)."""
+
     F32 = "f32"
+    F16 = "f16"
     INT8 = "int8"
     MIXED = "mixed"
+
+    @property
+    def quantized(self) -> bool:
+        """int8 storage, read back through a dequantization scratch."""
+        return self in (KVMode.INT8, KVMode.MIXED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +79,8 @@ class KVShape:
         """Bytes one token occupies in the cache (keys + values, all layers), ring excluded."""
         if mode is KVMode.F32:
             per_head = self.head_dim * 4
+        elif mode is KVMode.F16:
+            per_head = self.head_dim * 2
         else:
             per_head = self.head_dim + 4 * (self.head_dim // self.group)
         return 2 * self.n_layer * self.n_head_kv * per_head
@@ -128,6 +143,7 @@ class _Store:
     def __init__(self, mode: KVMode, h: int, d: int, hot: int) -> None:
         self.mode, self.h, self.d, self.hot = mode, h, d, hot
         self.f32: F32Array = np.zeros((0, h, d), np.float32)  # (slots, h, d)  f32 mode
+        self.f16: F16Array = np.zeros((0, h, d), np.float16)  # (slots, h, d)  f16 mode
         self.q = np.zeros((0, h, d), np.int8)  # (slots, h, d)  int8 / mixed
         self.group = GROUP if d % GROUP == 0 else d
         self.scale: F32Array = np.zeros((0, h, d // self.group), np.float32)  # (slots, h, g)
@@ -140,6 +156,10 @@ class _Store:
             new = np.zeros((cap, self.h, self.d), np.float32)
             new[: len(self.f32)] = self.f32
             self.f32 = new
+        elif self.mode is KVMode.F16:
+            half = np.zeros((cap, self.h, self.d), np.float16)
+            half[: len(self.f16)] = self.f16
+            self.f16 = half
         else:
             q = np.zeros((cap, self.h, self.d), np.int8)
             q[: len(self.q)] = self.q
@@ -147,12 +167,16 @@ class _Store:
             s[: len(self.scale)] = self.scale
             self.q, self.scale = q, s
 
-    def write(self, pos: int, x: F32Array) -> None:
-        """x (n, h, d) at positions pos .. pos+n-1."""
+    def write(self, pos: int, x: KVArray) -> None:
+        """x (n, h, d) at positions pos .. pos+n-1 (f32, or f16 as read back from a cache)."""
         n = len(x)
         if self.mode is KVMode.F32:
             self.f32[pos : pos + n] = x
             return
+        if self.mode is KVMode.F16:
+            self.f16[pos : pos + n] = x  # rounds to nearest even
+            return
+        x = x.astype(np.float32, copy=False)
         self.q[pos : pos + n], self.scale[pos : pos + n] = quantize_int8(x, self.group)
         if self.mode is KVMode.MIXED:
             first = max(0, n - self.hot)
@@ -161,10 +185,12 @@ class _Store:
                 self.ring[slot] = x[i]
                 self.ring_pos[slot] = pos + i
 
-    def read(self, n: int, scratch: F32Array) -> F32Array:
-        """Positions 0 .. n-1 as f32 (n, h, d): a view (f32) or written into scratch."""
+    def read(self, n: int, scratch: F32Array) -> KVArray:
+        """Positions 0 .. n-1 (n, h, d): a view (f32, f16) or dequantized into scratch (f32)."""
         if self.mode is KVMode.F32:
             return self.f32[:n]
+        if self.mode is KVMode.F16:
+            return self.f16[:n]
         out = dequantize_int8(self.q[:n], self.scale[:n], scratch[:n])
         if self.mode is KVMode.MIXED:
             for p in range(max(0, n - self.hot), n):
@@ -176,6 +202,9 @@ class _Store:
         """Move slots src..src+n-1 to dst..dst+n-1 (dst < src)."""
         if self.mode is KVMode.F32:
             self.f32[dst : dst + n] = self.f32[src : src + n]
+            return
+        if self.mode is KVMode.F16:
+            self.f16[dst : dst + n] = self.f16[src : src + n]
             return
         self.q[dst : dst + n] = self.q[src : src + n]
         self.scale[dst : dst + n] = self.scale[src : src + n]
@@ -196,7 +225,9 @@ class _Store:
 
     @property
     def nbytes(self) -> int:
-        return int(self.f32.nbytes + self.q.nbytes + self.scale.nbytes + self.ring.nbytes)
+        return int(
+            self.f32.nbytes + self.f16.nbytes + self.q.nbytes + self.scale.nbytes + self.ring.nbytes
+        )
 
 
 class KVCache:
@@ -270,13 +301,13 @@ class KVCache:
             return
         cap = min(self.max_tokens, -(-n_tokens // BLOCK) * BLOCK)
         extra = (cap - self.capacity) * self.shape.bytes_per_token(self.mode)
-        if self.mode is not KVMode.F32:
+        if self.mode.quantized:
             extra += 2 * (cap - self.capacity) * self.shape.n_head_kv * self.shape.head_dim * 4
         if self.budget is not None and extra > self.budget.free:
             self.budget.reserve(extra)  # raises CapacityError before anything is allocated
         for s in (*self._k, *self._v):
             s.grow(cap)
-        if self.mode is not KVMode.F32:
+        if self.mode.quantized:
             h, d = self.shape.n_head_kv, self.shape.head_dim
             self._scratch_k = np.zeros((cap, h, d), np.float32)
             self._scratch_v = np.zeros((cap, h, d), np.float32)
@@ -284,14 +315,26 @@ class KVCache:
         self._charge()
 
     # -- the forward pass ------------------------------------------------------------
-    def write(self, layer: int, pos: int, k: F32Array, v: F32Array) -> None:
-        """k, v (n, n_head_kv, head_dim) at positions pos .. pos+n-1 (room reserved)."""
+    def write(self, layer: int, pos: int, k: KVArray, v: KVArray) -> None:
+        """k, v (n, n_head_kv, head_dim) at positions pos .. pos+n-1 (room reserved).
+
+        f32, or f16 values read back from a cache (the prefix cache stores what
+        :meth:`read` returns); stored rounded to the cache's mode."""
         assert pos + len(k) <= self.capacity
         self._k[layer].write(pos, k)
         self._v[layer].write(pos, v)
 
-    def read(self, layer: int, n: int) -> tuple[F32Array, F32Array]:
-        """Keys and values of positions 0 .. n-1, f32 (n, n_head_kv, head_dim) each."""
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """What :meth:`read` returns: float16 for an f16 cache, float32 otherwise."""
+        return np.dtype(np.float16 if self.mode is KVMode.F16 else np.float32)
+
+    def read(self, layer: int, n: int) -> tuple[KVArray, KVArray]:
+        """Keys and values of positions 0 .. n-1, (n, n_head_kv, head_dim) each.
+
+        Views of the storage for f32 and f16 caches (float16 for f16: no copy, the
+        attention kernels read it as is); for int8 and mixed, f32 values dequantized
+        into a scratch buffer that the next ``read`` of any layer overwrites."""
         return (
             self._k[layer].read(n, self._scratch_k),
             self._v[layer].read(n, self._scratch_v),
@@ -327,6 +370,6 @@ class KVCache:
             if st.mode is KVMode.F32:
                 fn(st.f32[start : self.n])
                 continue
-            x = st.read(self.n, self._scratch_k)[start:].copy()
+            x = st.read(self.n, self._scratch_k)[start:].astype(np.float32)  # a copy
             fn(x)
             st.write(start, x)

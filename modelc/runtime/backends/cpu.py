@@ -50,7 +50,7 @@ import numpy as np
 
 from modelc.errors import ConfigError
 from modelc.formats.ir import DType, row_bytes
-from modelc.runtime.backend import F32Array, Weight
+from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 
 _k: Any = importlib.import_module("modelc._kernels.kernels")
@@ -147,6 +147,15 @@ def _raw_rows(w: Weight) -> np.ndarray[Any, Any]:
 
 def _f32(a: np.ndarray[Any, Any]) -> F32Array:
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _is_f16(a: np.ndarray[Any, Any]) -> bool:
+    return bool(a.dtype == np.float16)
+
+
+def _u16(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.uint16]]:
+    """A float16 array's bits as a C-contiguous uint16 view (what the f16 kernels take)."""
+    return np.ascontiguousarray(a).view(np.uint16)
 
 
 def _flat(out: F32Array) -> F32Array:
@@ -280,8 +289,8 @@ class CpuBackend:
     def attention(
         self,
         q: F32Array,
-        k: F32Array,
-        v: F32Array,
+        k: KVArray,
+        v: KVArray,
         q_pos0: int,
         scale: float,
         out: F32Array | None = None,
@@ -289,14 +298,17 @@ class CpuBackend:
         q = _f32(q)
         if out is None:
             out = np.empty_like(q)  # (n_q, n_head, hd)
-        _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads, self.simd)
+        if _is_f16(k) and _is_f16(v):
+            _k.attention_f16(q, _u16(k), _u16(v), q_pos0, scale, out, self.threads, self.simd)
+        else:
+            _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads, self.simd)
         return out
 
     def attention_batch(
         self,
         qs: Sequence[F32Array],
-        ks: Sequence[F32Array],
-        vs: Sequence[F32Array],
+        ks: Sequence[KVArray],
+        vs: Sequence[KVArray],
         q_pos0s: Sequence[int],
         scale: float,
         outs: Sequence[F32Array] | None = None,
@@ -307,15 +319,19 @@ class CpuBackend:
             if outs is None
             else list(outs)
         )
+        # f16 caches are read as is; any f32 one in the batch makes it all f32
+        f16 = all(_is_f16(a) for a in (*ks, *vs))
+        conv = _u16 if f16 else _f32
         _k.attention_batch(
             q_list,
-            [_f32(k) for k in ks],
-            [_f32(v) for v in vs],
+            [conv(k) for k in ks],
+            [conv(v) for v in vs],
             [int(p) for p in q_pos0s],
             scale,
             out_list,
             self.threads,
             self.simd,
+            f16,
         )
         return out_list
 

@@ -16,7 +16,7 @@ import numpy as np
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import DType
 from modelc.formats.quants import dequantize
-from modelc.runtime.backend import F32Array, Weight
+from modelc.runtime.backend import F32Array, KVArray, Weight
 
 
 def dequantize_rows(dtype: DType, data: np.ndarray[Any, Any], cols: int) -> F32Array:
@@ -126,14 +126,15 @@ class NumpyBackend:
     def attention(
         self,
         q: F32Array,
-        k: F32Array,
-        v: F32Array,
+        k: KVArray,
+        v: KVArray,
         q_pos0: int,
         scale: float,
         out: F32Array | None = None,
     ) -> F32Array:
         n_q, n_head, hd = q.shape
         n_kv, n_head_kv, _ = k.shape
+        k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)  # f16 cache
         group = n_head // n_head_kv
         # query i sees cache rows t <= q_pos0 + i
         visible = np.arange(n_kv)[None, :] <= (q_pos0 + np.arange(n_q))[:, None]  # (n_q, n_kv)
@@ -149,8 +150,8 @@ class NumpyBackend:
     def attention_batch(
         self,
         qs: Sequence[F32Array],
-        ks: Sequence[F32Array],
-        vs: Sequence[F32Array],
+        ks: Sequence[KVArray],
+        vs: Sequence[KVArray],
         q_pos0s: Sequence[int],
         scale: float,
         outs: Sequence[F32Array] | None = None,

@@ -1,0 +1,75 @@
+"""Decode attention over f32 and f16 KV caches: one engine step's attention on SmolLM2 shapes.
+
+Every layer (30) of 8 sequences of 64-300 cached tokens (9 query heads, 3 KV heads of
+64) attends one new token per sequence through ``CpuBackend.attention_batch``, the call
+the engine makes per layer.  Each layer has its own caches (as in the engine), so the
+K/V bytes come from memory, not from cache lines the previous layer left warm.
+
+    .venv/bin/python bench/bench_attention.py [--threads 2] [--reps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from modelc.runtime.backends.cpu import CpuBackend
+from modelc.runtime.kv_cache import KVCache, KVMode, KVShape
+
+N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM = 30, 9, 3, 64
+LENGTHS = (64, 100, 140, 180, 220, 260, 280, 300)
+
+
+def step_ms(be: CpuBackend, mode: KVMode, reps: int) -> tuple[float, float]:
+    """Median and best milliseconds of one decode step's attention (all layers)."""
+    rng = np.random.default_rng(0)
+    shape = KVShape(N_LAYER, N_HEAD_KV, HEAD_DIM)
+    caches = []
+    for n in LENGTHS:
+        c = KVCache(shape, 4096, mode)
+        c.reserve(n)
+        for layer in range(N_LAYER):
+            kv = rng.standard_normal((2, n, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
+            c.write(layer, 0, kv[0], kv[1])
+        c.advance(n)
+        caches.append(c)
+    qs = [rng.standard_normal((1, N_HEAD, HEAD_DIM)).astype(np.float32) for _ in LENGTHS]
+    outs = [np.empty_like(q) for q in qs]
+    p0s = [n - 1 for n in LENGTHS]
+    scale = 1.0 / HEAD_DIM**0.5
+
+    def step() -> None:
+        for layer in range(N_LAYER):
+            kvs = [c.read(layer, c.n) for c in caches]
+            be.attention_batch(qs, [k for k, _ in kvs], [v for _, v in kvs], p0s, scale, outs)
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3, min(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    be = CpuBackend(threads=args.threads)
+    shape = KVShape(N_LAYER, N_HEAD_KV, HEAD_DIM)
+    print(
+        f"8 sequences x {LENGTHS[0]}-{LENGTHS[-1]} tokens, {N_LAYER} layers, {args.threads} threads"
+    )
+    for mode in (KVMode.F32, KVMode.F16):
+        med, best = step_ms(be, mode, args.reps)
+        kib = shape.bytes_per_token(mode) * sum(LENGTHS) / 1024
+        print(f"{mode.value}: {med:.2f} ms median, {best:.2f} ms best; K/V read {kib:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
