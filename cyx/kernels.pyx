@@ -40,6 +40,10 @@ cdef extern from "mc_ops.h" nogil:
                            const void *const *vs, float *const *outs, const int *n_qs,
                            const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
                            int hd, float scale, int kv_f16, int nth, int simd)
+    int mc_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
+                            void *const *kst, void *const *vst, const int *starts,
+                            const int *counts, float *out, int n_head, int n_head_kv, int hd,
+                            float scale, int kv_f16, int nth, int simd)
 
 # type codes of mc_common.h
 F32 = 0
@@ -329,3 +333,71 @@ def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list o
         free(vp)
         free(op)
         free(ints)
+
+
+def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
+                     const float[:, :, ::1] v_new, list k_stores, list v_stores, list starts,
+                     list counts, float scale, float[:, :, ::1] out, int nth, int simd=0,
+                     bint kv_f16=False):
+    """Write each sequence's new K/V rows into its cache storage, then attend (one pool job).
+
+    Sequence s owns ``counts[s]`` consecutive rows of q, k_new, v_new and out; its rows
+    go to positions ``starts[s]`` .. of ``k_stores[s]`` / ``v_stores[s]`` ((capacity,
+    n_head_kv, hd) float32, or float16 viewed as uint16 when ``kv_f16``), and its queries
+    attend over positions 0 .. starts[s] + counts[s] - 1, as ``attention_batch`` does.
+    """
+    cdef int n_seq = len(k_stores), s, rc = 0, total = 0, st, cnt, cap
+    cdef int nrows = q.shape[0], nh = q.shape[1], hd = q.shape[2], nkh = k_new.shape[1]
+    if len(v_stores) != n_seq or len(starts) != n_seq or len(counts) != n_seq:
+        raise ValueError("attention_append: lists of different lengths")
+    if (k_new.shape[0] != nrows or v_new.shape[0] != nrows or v_new.shape[1] != nkh
+            or k_new.shape[2] != hd or v_new.shape[2] != hd or out.shape[0] != nrows
+            or out.shape[1] != nh or out.shape[2] != hd or nkh == 0 or nh % nkh != 0
+            or hd > 512):
+        raise ValueError("attention_append: shape mismatch")
+    if n_seq == 0 or nrows == 0:
+        return
+    cdef const float[:, :, ::1] k32
+    cdef const float[:, :, ::1] v32
+    cdef const uint16_t[:, :, ::1] k16
+    cdef const uint16_t[:, :, ::1] v16
+    cdef void **kp = <void **>malloc(n_seq * sizeof(void *))
+    cdef void **vp = <void **>malloc(n_seq * sizeof(void *))
+    cdef int *ints = <int *>malloc(2 * n_seq * sizeof(int))
+    try:
+        if kp == NULL or vp == NULL or ints == NULL:
+            raise MemoryError("attention_append: pointer tables")
+        for s in range(n_seq):
+            st, cnt = starts[s], counts[s]
+            if kv_f16:
+                k16, v16 = k_stores[s], v_stores[s]
+                cap = k16.shape[0]
+                if (k16.shape[1] != nkh or k16.shape[2] != hd or v16.shape[0] != cap
+                        or v16.shape[1] != nkh or v16.shape[2] != hd):
+                    raise ValueError(f"attention_append: storage shape in sequence {s}")
+                kp[s] = <void *>&k16[0, 0, 0] if cap > 0 else NULL
+                vp[s] = <void *>&v16[0, 0, 0] if cap > 0 else NULL
+            else:
+                k32, v32 = k_stores[s], v_stores[s]
+                cap = k32.shape[0]
+                if (k32.shape[1] != nkh or k32.shape[2] != hd or v32.shape[0] != cap
+                        or v32.shape[1] != nkh or v32.shape[2] != hd):
+                    raise ValueError(f"attention_append: storage shape in sequence {s}")
+                kp[s] = <void *>&k32[0, 0, 0] if cap > 0 else NULL
+                vp[s] = <void *>&v32[0, 0, 0] if cap > 0 else NULL
+            if st < 0 or cnt < 0 or st + cnt > cap or (st + cnt == 0 and cnt > 0):
+                raise ValueError(f"attention_append: sequence {s} does not fit its storage")
+            ints[s], ints[n_seq + s] = st, cnt
+            total += cnt
+        if total != nrows:
+            raise ValueError("attention_append: counts do not add up to the rows of q")
+        with nogil:
+            rc = mc_attention_append(n_seq, &q[0, 0, 0], &k_new[0, 0, 0], &v_new[0, 0, 0], kp, vp,
+                                     ints, ints + n_seq, &out[0, 0, 0], nh, nkh, hd, scale,
+                                     kv_f16, nth, simd)
+    finally:
+        free(kp)
+        free(vp)
+        free(ints)
+    if rc == -2:
+        raise MemoryError("attention_append: job table")

@@ -107,6 +107,34 @@ static inline float mc_fp16_to_fp32(uint16_t h) {
     return mc_f32_from_bits(result);
 }
 
+/* float -> IEEE half, rounding to nearest even (overflow -> inf, nan kept a nan): the
+ * conversion numpy's astype(float16) and F16C's vcvtps2ph make. */
+static inline uint16_t mc_fp32_to_fp16(float f) {
+    const uint32_t x = mc_f32_to_bits(f);
+    const uint16_t sign = (uint16_t)((x & UINT32_C(0x80000000)) >> 16);
+    const uint32_t e = x & UINT32_C(0x7f800000);
+    uint32_t m = x & UINT32_C(0x007fffff);
+    if (e >= UINT32_C(0x47800000)) { /* inf, nan, or too large */
+        if (e == UINT32_C(0x7f800000) && m != 0) {
+            const uint16_t r = (uint16_t)(0x7c00u + (m >> 13));
+            return (uint16_t)(sign | (r == 0x7c00u ? 0x7c01u : r));
+        }
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (e <= UINT32_C(0x38000000)) { /* a subnormal half, or zero */
+        if (e < UINT32_C(0x33000000)) return sign;
+        const uint32_t ex = e >> 23;
+        uint32_t sig = UINT32_C(0x00800000) + m;
+        sig >>= (113 - ex);
+        if ((sig & UINT32_C(0x3fff)) != UINT32_C(0x1000) || (x & UINT32_C(0x7ff)))
+            sig += UINT32_C(0x1000);
+        return (uint16_t)(sign + (uint16_t)(sig >> 13));
+    }
+    const uint16_t hexp = (uint16_t)((e - UINT32_C(0x38000000)) >> 13);
+    if ((m & UINT32_C(0x3fff)) != UINT32_C(0x1000)) m += UINT32_C(0x1000);
+    return (uint16_t)(sign + hexp + (uint16_t)(m >> 13)); /* a carry rounds into the exponent */
+}
+
 static inline float mc_load_f16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);

@@ -642,4 +642,69 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
     return 0;
 }
 
+/* y (n,) = x as IEEE half, rounding to nearest even */
+#if defined(MC_X86)
+MC_AVX2 static void mc_f32_to_f16_avx2(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) y[i] = mc_fp32_to_fp16(x[i]);
+}
+#endif
+
+static void mc_f32_to_f16(const float *x, uint16_t *y, int64_t n, int simd) {
+#if defined(MC_X86)
+    if (MC_IS_AVX2(simd)) {
+        mc_f32_to_f16_avx2(x, y, n);
+        return;
+    }
+#endif
+    (void)simd;
+    for (int64_t i = 0; i < n; i++) y[i] = mc_fp32_to_fp16(x[i]);
+}
+
+/* One layer's decode/prefill attention for n_seq sequences with their new K/V.
+ * Sequence s owns counts[s] consecutive rows of q, k_new, v_new and out (q, out:
+ * (rows, n_head, hd); k_new, v_new: (rows, n_head_kv, hd)).  Its new K/V rows are
+ * first written at positions starts[s] .. of its cache storage kst[s] / vst[s]
+ * ((capacity, n_head_kv, hd), f32, or IEEE half when kv_f16, rounded to nearest even),
+ * then its queries attend over positions 0 .. starts[s] + counts[s] - 1 exactly as
+ * mc_attention_batch does.  The caller checks that every sequence fits its storage.
+ * Returns 0 or -2 (out of memory). */
+static int mc_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
+                               void *const *kst, void *const *vst, const int *starts,
+                               const int *counts, float *out, int n_head, int n_head_kv, int hd,
+                               float scale, int kv_f16, int nth, int simd) {
+    if (n_seq <= 0) return 0;
+    const float **qs = (const float **)malloc(sizeof(float *) * (size_t)n_seq);
+    float **outs = (float **)malloc(sizeof(float *) * (size_t)n_seq);
+    int *n_kvs = (int *)malloc(sizeof(int) * (size_t)n_seq);
+    if (qs == NULL || outs == NULL || n_kvs == NULL) {
+        free(qs), free(outs), free(n_kvs);
+        return -2;
+    }
+    const size_t qrow = (size_t)n_head * hd, kvrow = (size_t)n_head_kv * hd;
+    size_t r = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const size_t cnt = (size_t)counts[s], at = (size_t)starts[s] * kvrow;
+        if (kv_f16) {
+            mc_f32_to_f16(k_new + r * kvrow, (uint16_t *)kst[s] + at, (int64_t)(cnt * kvrow), simd);
+            mc_f32_to_f16(v_new + r * kvrow, (uint16_t *)vst[s] + at, (int64_t)(cnt * kvrow), simd);
+        } else {
+            memcpy((float *)kst[s] + at, k_new + r * kvrow, sizeof(float) * cnt * kvrow);
+            memcpy((float *)vst[s] + at, v_new + r * kvrow, sizeof(float) * cnt * kvrow);
+        }
+        qs[s] = q + r * qrow;
+        outs[s] = out + r * qrow;
+        n_kvs[s] = starts[s] + counts[s];
+        r += cnt;
+    }
+    const int rc = mc_attention_batch(n_seq, qs, (const void *const *)kst, (const void *const *)vst,
+                                      outs, counts, n_kvs, starts, n_head, n_head_kv, hd, scale,
+                                      kv_f16, nth, simd);
+    free(qs), free(outs), free(n_kvs);
+    return rc;
+}
+
 #endif /* MC_OPS_H */

@@ -25,6 +25,7 @@ portable scalar path.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import gguf
@@ -506,6 +507,78 @@ def test_attention_batch_equals_per_sequence_attention(cpu: CpuBackend) -> None:
     assert cpu.attention_batch([], [], [], [], scale) == []
     with pytest.raises(ValueError, match="sequence 1"):
         cpu.attention_batch(qs[:2], [ks[0], ks[0][:, :1]], vs[:2], p0s[:2], scale)
+
+
+@pytest.mark.parametrize("kv", [np.float32, np.float16])
+def test_attention_append_writes_then_attends(cpu: CpuBackend, kv: type) -> None:
+    """The new rows land in each store exactly as numpy's assignment puts them (f16: round
+    to nearest even), and each sequence gets what attention_batch gives over its stores."""
+    rng = np.random.default_rng(17)
+    n_head, n_head_kv, hd, scale = 9, 3, 64, 0.125
+    shapes = [(17, 0), (1, 149), (5, 40), (1, 7), (64, 64)]  # (new rows, cached rows)
+    rows = sum(n for n, _ in shapes)
+    starts, counts = [p0 for _, p0 in shapes], [n for n, _ in shapes]
+
+    def stores() -> list[list[np.ndarray[Any, Any]]]:  # 3 spare slots each
+        g = np.random.default_rng(18)
+        return [
+            [g.standard_normal((n + p0 + 3, n_head_kv, hd)).astype(kv) for _ in range(2)]
+            for n, p0 in shapes
+        ]
+
+    q = rng.standard_normal((rows, n_head, hd)).astype(np.float32)
+    k_new = rng.standard_normal((rows, n_head_kv, hd)).astype(np.float32)
+    v_new = rng.standard_normal((rows, n_head_kv, hd)).astype(np.float32)
+
+    def run(be: Any, k: np.ndarray[Any, Any], st: list[list[Any]], out: Any) -> Any:
+        ks, vs = [s[0] for s in st], [s[1] for s in st]
+        return be.attention_append(q, k, v_new, ks, vs, starts, counts, scale, out)
+
+    # the stored rows: conversion edge cases (subnormal, underflow, overflow, ties, inf)
+    edge = k_new.copy()
+    edge[0, 0, :6] = [1e-6, -3e-8, 70000.0, 2049.0, 2051.0, np.inf]
+    got_st, want_st = stores(), stores()
+    r = 0
+    with np.errstate(over="ignore"):
+        for (n, p0), (wk, wv) in zip(shapes, want_st, strict=True):
+            wk[p0 : p0 + n], wv[p0 : p0 + n] = edge[r : r + n], v_new[r : r + n]
+            r += n
+        run(cpu, edge, got_st, np.empty_like(q))
+    for i, (g, w) in enumerate(zip(got_st, want_st, strict=True)):
+        np.testing.assert_array_equal(g[0].view(np.uint8), w[0].view(np.uint8), err_msg=f"seq {i}")
+        np.testing.assert_array_equal(g[1].view(np.uint8), w[1].view(np.uint8), err_msg=f"seq {i}")
+
+    # the attention: as attention_batch over the stores once written, and the reference
+    st = stores()
+    out = np.full_like(q, np.nan)
+    assert run(cpu, k_new, st, out) is out
+    bounds = np.cumsum([0, *counts])
+    want = cpu.attention_batch(
+        [q[a:b] for a, b in itertools.pairwise(bounds)],
+        [s[0][: p0 + n] for s, (n, p0) in zip(st, shapes, strict=True)],
+        [s[1][: p0 + n] for s, (n, p0) in zip(st, shapes, strict=True)],
+        starts,
+        scale,
+    )
+    np.testing.assert_array_equal(out, np.concatenate(want))
+    ref = run(REF, k_new, stores(), np.empty_like(q))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_append_rejects_bad_input(cpu: CpuBackend) -> None:
+    q = np.zeros((3, 4, 8), np.float32)
+    kv = np.zeros((3, 2, 8), np.float32)
+    st = [np.zeros((4, 2, 8), np.float32)]
+    with pytest.raises(ValueError, match="does not fit"):
+        cpu.attention_append(q, kv, kv, st, st, [2], [3], 1.0, np.empty_like(q))
+    with pytest.raises(ValueError, match="add up"):
+        cpu.attention_append(q, kv, kv, st, st, [0], [2], 1.0, np.empty_like(q))
+    with pytest.raises(ValueError, match="all be float32 or all float16"):
+        cpu.attention_append(q, kv, kv, st, [st[0].astype(np.float16)], [0], [3], 1.0, q.copy())
+    with pytest.raises(ValueError, match="storage shape"):
+        cpu.attention_append(
+            q, kv, kv, st, [np.zeros((3, 2, 8), np.float32)], [0], [3], 1.0, q.copy()
+        )
 
 
 # f16 KV cache: (n_head, n_head_kv, hd, n_q, q_pos0) covering GQA groups of 3, MQA with a

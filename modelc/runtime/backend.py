@@ -118,6 +118,27 @@ class Backend(Protocol):
         """
         ...
 
+    def attention_append(
+        self,
+        q: F32Array,
+        k_new: F32Array,
+        v_new: F32Array,
+        k_stores: Sequence[KVArray],
+        v_stores: Sequence[KVArray],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        scale: float,
+        out: F32Array,
+    ) -> F32Array:
+        """One layer's attention over caches held as plain arrays: sequence i owns
+        ``counts[i]`` consecutive rows of q (rows, n_head, hd), k_new and v_new (rows,
+        n_head_kv, hd) and out; its new K/V rows are stored at positions ``starts[i]`` ..
+        of ``k_stores[i]`` / ``v_stores[i]`` ((capacity, n_head_kv, hd), f32 or f16, all of
+        one dtype; f16 rounds to nearest even), then its queries attend over positions
+        0 .. starts[i] + counts[i] - 1.  Equal to writing the rows and calling
+        :meth:`attention_batch` on the stores' prefixes."""
+        ...
+
     def softmax(self, x: F32Array) -> F32Array:
         """In place, over the last axis of x (n, d)."""
         ...

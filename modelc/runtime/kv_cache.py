@@ -329,6 +329,17 @@ class KVCache:
         """What :meth:`read` returns: float16 for an f16 cache, float32 otherwise."""
         return np.dtype(np.float16 if self.mode is KVMode.F16 else np.float32)
 
+    def storage(self, layer: int) -> tuple[KVArray, KVArray] | None:
+        """Layer ``layer``'s K and V storage itself, (capacity, n_head_kv, head_dim) each, for
+        a backend to write new rows into and read in place (``attention_append``); ``None``
+        for the quantized modes, whose rows go through :meth:`write` and :meth:`read`."""
+        k, v = self._k[layer], self._v[layer]
+        if self.mode is KVMode.F32:
+            return k.f32, v.f32
+        if self.mode is KVMode.F16:
+            return k.f16, v.f16
+        return None
+
     def read(self, layer: int, n: int) -> tuple[KVArray, KVArray]:
         """Keys and values of positions 0 .. n-1, (n, n_head_kv, head_dim) each.
 

@@ -235,8 +235,25 @@ def attend(
     out: F32Array,
 ) -> None:
     """One layer's attention: each sequence writes its new K/V (n, n_head_kv, hd) to its
-    own cache, then one ``attention_batch`` call attends every sequence over its cache;
-    results go to ``out`` (n, n_head, hd)."""
+    own cache, then every sequence attends over its cache in one backend call; results go
+    to ``out`` (n, n_head, hd).  Caches held as plain f32/f16 arrays take one
+    ``attention_append`` call (writes included); quantized ones write, read back, then
+    ``attention_batch``."""
+    stores = [c.cache.storage(layer) for c in batch]
+    dtypes = {st[0].dtype for st in stores if st is not None}
+    if None not in stores and len(dtypes) == 1:
+        be.attention_append(
+            q,
+            k,
+            v,
+            [st[0] for st in stores if st is not None],
+            [st[1] for st in stores if st is not None],
+            [c.cache.n for c in batch],
+            [len(c.tokens) for c in batch],
+            scale,
+            out,
+        )
+        return
     ks, vs, p0s = [], [], []
     for c, sl in zip(batch, slices, strict=True):
         p0 = c.cache.n

@@ -335,6 +335,39 @@ class CpuBackend:
         )
         return out_list
 
+    def attention_append(
+        self,
+        q: F32Array,
+        k_new: F32Array,
+        v_new: F32Array,
+        k_stores: Sequence[KVArray],
+        v_stores: Sequence[KVArray],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        scale: float,
+        out: F32Array,
+    ) -> F32Array:
+        f16 = all(_is_f16(a) for a in (*k_stores, *v_stores))
+        if not f16 and not all(a.dtype == np.float32 for a in (*k_stores, *v_stores)):
+            raise ValueError("attention_append: K/V stores must all be float32 or all float16")
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be a C-contiguous float32 array")
+        _k.attention_append(
+            _f32(q),
+            _f32(k_new),
+            _f32(v_new),
+            [a.view(np.uint16) if f16 else a for a in k_stores],
+            [a.view(np.uint16) if f16 else a for a in v_stores],
+            list(starts),
+            list(counts),
+            scale,
+            out,
+            self.threads,
+            self.simd,
+            f16,
+        )
+        return out
+
     def softmax(self, x: F32Array) -> F32Array:
         buf = _f32(x)
         _k.softmax(buf.reshape(-1, buf.shape[-1]), self.simd)

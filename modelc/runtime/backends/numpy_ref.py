@@ -166,6 +166,26 @@ class NumpyBackend:
             for q, k, v, p0, o in zip(qs, ks, vs, q_pos0s, outs, strict=True)
         ]
 
+    def attention_append(
+        self,
+        q: F32Array,
+        k_new: F32Array,
+        v_new: F32Array,
+        k_stores: Sequence[KVArray],
+        v_stores: Sequence[KVArray],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        scale: float,
+        out: F32Array,
+    ) -> F32Array:
+        r = 0
+        for ks, vs, p0, n in zip(k_stores, v_stores, starts, counts, strict=True):
+            ks[p0 : p0 + n] = k_new[r : r + n]  # an f16 store rounds to nearest even
+            vs[p0 : p0 + n] = v_new[r : r + n]
+            self.attention(q[r : r + n], ks[: p0 + n], vs[: p0 + n], p0, scale, out=out[r : r + n])
+            r += n
+        return out
+
     def softmax(self, x: F32Array) -> F32Array:
         x -= x.max(axis=-1, keepdims=True)
         np.exp(x, out=x)
