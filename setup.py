@@ -46,6 +46,8 @@ def extensions() -> list[Extension]:
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                 extra_compile_args=cargs,
                 extra_link_args=largs,
+                # the C kernels live in headers: any change rebuilds the extension
+                depends=[str(p.relative_to(HERE)) for p in sorted((HERE / "cyx").glob("*.h"))],
             )
         )
     return cythonize(
