@@ -210,13 +210,12 @@ static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
 
 /* ---- attention over a KV cache -------------------------------------------------
  *
- * An f32 cache: one work item is one (query row, query head) pair.  An f16 cache
- * (IEEE half, `kv_f16`): one work item is one query row and a group of g query heads
- * that share a KV head (grouped-query attention), so each cache row of that KV head
- * is loaded and converted once for all g heads.  Every head keeps its own online
- * softmax with the f32 kernel's arithmetic in the same order, and f16 -> f32
- * conversion is exact, so an f16 cache gives bit for bit what its values widened to
- * f32 give, whatever g is. */
+ * One work item is one query row and a group of g query heads that share a KV head
+ * (grouped-query attention), so each cache row of that KV head is loaded (f16:
+ * converted) once for all g heads; the portable f32 kernel takes one head per item.
+ * Every head keeps its own online softmax in a fixed order, and f16 -> f32 conversion
+ * is exact, so an f16 cache gives bit for bit what its values widened to f32 give,
+ * whatever g is, on the same code path (AVX2 or portable). */
 
 #define MC_ATT_CHUNK 64
 #define MC_ATT_GMAX 16  /* query heads per work item at most */
@@ -265,6 +264,13 @@ MC_AVX2 static inline float mc_hsum256_ops(__m256 v) {
     return _mm_cvtss_f32(r);
 }
 
+MC_AVX2 static inline float mc_hmax256(__m256 v) {
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_max_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
 /* mc_att_row for hd % 8 == 0 with F16C */
 MC_AVX2 static inline const float *mc_att_row_avx2(const void *base, size_t row, int hd,
                                                    float *buf) {
@@ -274,59 +280,6 @@ MC_AVX2 static inline const float *mc_att_row_avx2(const void *base, size_t row,
     return buf;
 }
 
-/* AVX2 twin of mc_attention_one for hd % 8 == 0 */
-MC_AVX2 static void mc_attention_one_avx2(const void *ctx, int idx) {
-    const mc_att_job *jb = (const mc_att_job *)ctx;
-    const int hd = jb->hd, n_head_kv = jb->n_head_kv;
-    const int i = idx / jb->n_head, h = idx % jb->n_head, kh = h / (jb->n_head / n_head_kv);
-    const float *qi = jb->q + (size_t)idx * hd;
-    __m256 acc[64]; /* hd / 8 <= 64 */
-    float s[MC_ATT_CHUNK];
-    float m = -INFINITY, l = 0.0f;
-    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
-    const int nv = hd / 8;
-    for (int j = 0; j < nv; j++) acc[j] = _mm256_setzero_ps();
-    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
-        const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
-        float cmax = -INFINITY;
-        for (int c = 0; c < cnt; c++) {
-            const float *kt = (const float *)jb->k + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
-            __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
-            int j = 0;
-            for (; j + 16 <= hd; j += 16) {
-                d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j), _mm256_loadu_ps(kt + j), d0);
-                d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j + 8), _mm256_loadu_ps(kt + j + 8), d1);
-            }
-            if (j < hd) d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + j), _mm256_loadu_ps(kt + j), d0);
-            s[c] = mc_hsum256_ops(_mm256_add_ps(d0, d1)) * jb->scale;
-            cmax = s[c] > cmax ? s[c] : cmax;
-        }
-        if (cmax > m) {
-            const __m256 corr = _mm256_set1_ps(expf(m - cmax)); /* 0 when m is -inf */
-            l *= expf(m - cmax);
-            for (int j = 0; j < nv; j++) acc[j] = _mm256_mul_ps(acc[j], corr);
-            m = cmax;
-        }
-        int c8 = 0;
-        for (; c8 + 8 <= cnt; c8 += 8)
-            _mm256_storeu_ps(s + c8, mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + c8),
-                                                             _mm256_set1_ps(m))));
-        for (; c8 < cnt; c8++) s[c8] = expf(s[c8] - m);
-        for (int c = 0; c < cnt; c++) {
-            const float p = s[c];
-            const float *vt = (const float *)jb->v + ((size_t)(t0 + c) * n_head_kv + kh) * hd;
-            const __m256 vp = _mm256_set1_ps(p);
-            l += p;
-            for (int j = 0; j < nv; j++)
-                acc[j] = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 8 * j), acc[j]);
-        }
-    }
-    float *o = jb->out + (size_t)idx * hd;
-    const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
-    for (int j = 0; j < nv; j++) _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(acc[j], inv));
-}
-
-static void mc_attention_one_avx2_fn(void *ctx, int idx) { mc_attention_one_avx2(ctx, idx); }
 
 /* rows t0 .. t0 + rn - 1 of KV head kh of an f16 cache, converted into buf (rn, hd) */
 MC_AVX2 static inline void mc_att_rows_avx2(const void *base, int t0, int rn, int n_head_kv,
@@ -335,21 +288,43 @@ MC_AVX2 static inline void mc_att_rows_avx2(const void *base, int t0, int rn, in
                                                  buf + (size_t)c * hd);
 }
 
-/* AVX2 twin of mc_attention_f16 for hd % 8 == 0.  Cache rows are converted a block
- * at a time (up to MC_ATT_BUF floats); each head then runs over the block with its
- * running sums in registers (a fixed 8 columns across all rows of the block), which
- * adds the same terms in the same order as mc_attention_one_avx2. */
-MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
+/* 4 keys' scores against one query head: per key one FMA chain over hd in 8-wide
+ * pieces, then ((d0 + d1) + (d2 + d3)) + ((d4 + d5) + (d6 + d7)) of its 8 lanes (two
+ * rounds of horizontal adds shared by the 4 keys, then the halves). */
+MC_AVX2 static inline __m128 mc_att_dot4(const float *q, const float *k0, const float *k1,
+                                         const float *k2, const float *k3, int hd) {
+    __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+    for (int j = 0; j < hd; j += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + j);
+        d0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), d0);
+        d1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), d1);
+        d2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), d2);
+        d3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), d3);
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(d0, d1), _mm256_hadd_ps(d2, d3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* AVX2 attention for hd % 8 == 0, f32 or f16 cache: one work item is one query row and
+ * g query heads sharing a KV head.  Per block of cache rows (f16: converted into buf
+ * first; f32: read in place) each head scores 4 keys at a time (mc_att_dot4), then
+ * keeps the online softmax of mc_attention_one in the same order: per chunk of
+ * MC_ATT_CHUNK keys the running max, rescale, exp, and the p * v sums in registers
+ * (8 columns at a time across the block's rows).  A head's result does not depend on
+ * g or on the cache's storage type (f16 -> f32 is exact). */
+MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
     const mc_att_job *jb = (const mc_att_job *)ctx;
-    const int hd = jb->hd, n_head_kv = jb->n_head_kv, nv = hd / 8;
+    const int hd = jb->hd, n_head_kv = jb->n_head_kv, nv = hd / 8, f16 = jb->kv_f16;
+    const size_t rs = (size_t)n_head_kv * hd; /* floats (or halves) between cache rows */
     int i, kh, h0;
     const int g = mc_att_item(jb, idx, &i, &kh, &h0);
     const float *qi = jb->q + ((size_t)i * jb->n_head + h0) * hd; /* (g, hd) */
     __m256 acc[MC_ATT_ACC / 8]; /* (g, hd / 8) running sums of p * v */
-    float s[MC_ATT_GMAX][MC_ATT_CHUNK], m[MC_ATT_GMAX], l[MC_ATT_GMAX], cmax[MC_ATT_GMAX];
-    float buf[MC_ATT_BUF]; /* (R, hd) converted K or V rows */
-    const int R = mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / hd);
+    float s[MC_ATT_GMAX][MC_ATT_CHUNK + 4], m[MC_ATT_GMAX], l[MC_ATT_GMAX], cmax[MC_ATT_GMAX];
+    float buf[MC_ATT_BUF]; /* (R, hd) converted K or V rows (f16) */
+    const int R = f16 ? mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / hd) : MC_ATT_CHUNK;
     const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    const __m128 sc4 = _mm_set1_ps(jb->scale);
     for (int a = 0; a < g; a++) {
         m[a] = -INFINITY;
         l[a] = 0.0f;
@@ -357,30 +332,35 @@ MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
     for (int j = 0; j < g * nv; j++) acc[j] = _mm256_setzero_ps();
     for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
-        for (int a = 0; a < g; a++) cmax[a] = -INFINITY;
         for (int r0 = 0; r0 < cnt; r0 += R) {
             const int rn = mc_imin(R, cnt - r0);
-            mc_att_rows_avx2(jb->k, t0 + r0, rn, n_head_kv, kh, hd, buf);
+            const float *kb; /* row c of the block at kb + c * ks */
+            size_t ks;
+            if (f16) {
+                mc_att_rows_avx2(jb->k, t0 + r0, rn, n_head_kv, kh, hd, buf);
+                kb = buf, ks = (size_t)hd;
+            } else {
+                kb = (const float *)jb->k + (size_t)(t0 + r0) * rs + (size_t)kh * hd, ks = rs;
+            }
             for (int a = 0; a < g; a++) {
                 const float *qa = qi + (size_t)a * hd;
-                for (int c = 0; c < rn; c++) {
-                    const float *kt = buf + (size_t)c * hd;
-                    __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
-                    int j = 0;
-                    for (; j + 16 <= hd; j += 16) {
-                        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j), _mm256_loadu_ps(kt + j), d0);
-                        d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j + 8),
-                                             _mm256_loadu_ps(kt + j + 8), d1);
-                    }
-                    if (j < hd)
-                        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + j), _mm256_loadu_ps(kt + j), d0);
-                    const float sc = mc_hsum256_ops(_mm256_add_ps(d0, d1)) * jb->scale;
-                    s[a][r0 + c] = sc;
-                    cmax[a] = sc > cmax[a] ? sc : cmax[a];
+                for (int c = 0; c < rn; c += 4) { /* past rn: the last row again, unused */
+                    const float *k0 = kb + (size_t)c * ks;
+                    const float *k1 = kb + (size_t)mc_imin(c + 1, rn - 1) * ks;
+                    const float *k2 = kb + (size_t)mc_imin(c + 2, rn - 1) * ks;
+                    const float *k3 = kb + (size_t)mc_imin(c + 3, rn - 1) * ks;
+                    _mm_storeu_ps(s[a] + r0 + c, _mm_mul_ps(mc_att_dot4(qa, k0, k1, k2, k3, hd), sc4));
                 }
             }
         }
         for (int a = 0; a < g; a++) {
+            float *sa = s[a];
+            __m256 mx = _mm256_set1_ps(-INFINITY);
+            int c8 = 0;
+            for (; c8 + 8 <= cnt; c8 += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sa + c8));
+            float cm = mc_hmax256(mx);
+            for (; c8 < cnt; c8++) cm = sa[c8] > cm ? sa[c8] : cm;
+            cmax[a] = cm;
             __m256 *acc_a = acc + (size_t)a * nv;
             if (cmax[a] > m[a]) {
                 const __m256 corr = _mm256_set1_ps(expf(m[a] - cmax[a])); /* 0 when m is -inf */
@@ -388,25 +368,38 @@ MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
                 for (int j = 0; j < nv; j++) acc_a[j] = _mm256_mul_ps(acc_a[j], corr);
                 m[a] = cmax[a];
             }
-            float *sa = s[a];
-            int c8 = 0;
-            for (; c8 + 8 <= cnt; c8 += 8)
-                _mm256_storeu_ps(sa + c8, mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(sa + c8),
-                                                                  _mm256_set1_ps(m[a]))));
-            for (; c8 < cnt; c8++) sa[c8] = expf(sa[c8] - m[a]);
-            for (int c = 0; c < cnt; c++) l[a] += sa[c];
+            /* p = exp(s - m), summed 8 lanes wide, then the lanes, then the tail */
+            __m256 ps = _mm256_setzero_ps();
+            for (c8 = 0; c8 + 8 <= cnt; c8 += 8) {
+                const __m256 e = mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(sa + c8), _mm256_set1_ps(m[a])));
+                _mm256_storeu_ps(sa + c8, e);
+                ps = _mm256_add_ps(ps, e);
+            }
+            float lsum = mc_hsum256_ops(ps);
+            for (; c8 < cnt; c8++) {
+                sa[c8] = expf(sa[c8] - m[a]);
+                lsum += sa[c8];
+            }
+            l[a] += lsum;
         }
         for (int r0 = 0; r0 < cnt; r0 += R) {
             const int rn = mc_imin(R, cnt - r0);
-            mc_att_rows_avx2(jb->v, t0 + r0, rn, n_head_kv, kh, hd, buf);
+            const float *vb;
+            size_t vs;
+            if (f16) {
+                mc_att_rows_avx2(jb->v, t0 + r0, rn, n_head_kv, kh, hd, buf);
+                vb = buf, vs = (size_t)hd;
+            } else {
+                vb = (const float *)jb->v + (size_t)(t0 + r0) * rs + (size_t)kh * hd, vs = rs;
+            }
             for (int a = 0; a < g; a++) {
                 __m256 *acc_a = acc + (size_t)a * nv;
                 const float *pa = s[a] + r0;
                 int j = 0;
                 for (; j + 4 <= nv; j += 4) {
                     __m256 x0 = acc_a[j], x1 = acc_a[j + 1], x2 = acc_a[j + 2], x3 = acc_a[j + 3];
-                    const float *vt = buf + 8 * j;
-                    for (int c = 0; c < rn; c++, vt += hd) {
+                    const float *vt = vb + 8 * j;
+                    for (int c = 0; c < rn; c++, vt += vs) {
                         const __m256 vp = _mm256_set1_ps(pa[c]);
                         x0 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt), x0);
                         x1 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 8), x1);
@@ -422,7 +415,7 @@ MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
                     __m256 x = acc_a[j];
                     for (int c = 0; c < rn; c++)
                         x = _mm256_fmadd_ps(_mm256_set1_ps(pa[c]),
-                                            _mm256_loadu_ps(buf + (size_t)c * hd + 8 * j), x);
+                                            _mm256_loadu_ps(vb + (size_t)c * vs + 8 * j), x);
                     acc_a[j] = x;
                 }
             }
@@ -436,7 +429,7 @@ MC_AVX2 static void mc_attention_f16_avx2(const void *ctx, int idx) {
     }
 }
 
-static void mc_attention_f16_avx2_fn(void *ctx, int idx) { mc_attention_f16_avx2(ctx, idx); }
+static void mc_attention_grp_avx2_fn(void *ctx, int idx) { mc_attention_grp_avx2(ctx, idx); }
 #endif
 
 /* one (query, head) pair: online softmax over its visible keys in chunks */
@@ -541,8 +534,8 @@ static void mc_attention_f16(void *ctx, int idx) {
  * converted once per query row) when that still gives every thread an item, else
  * one.  Results are the same either way. */
 static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, int kv_f16,
-                             int nth) {
-    if (!kv_f16) return 1;
+                             int nth, int simd) {
+    if (!kv_f16 && !(MC_IS_AVX2(simd) && hd % 8 == 0)) return 1; /* mc_attention_one */
     const int group = n_head / n_head_kv;
     const int gs = mc_imin(mc_imin(group, MC_ATT_GMAX), MC_ATT_ACC / hd);
     const int n_sub = (group + gs - 1) / gs;
@@ -551,8 +544,7 @@ static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, in
 
 static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 #if defined(MC_X86)
-    if (MC_IS_AVX2(simd) && hd % 8 == 0)
-        return kv_f16 ? mc_attention_f16_avx2_fn : mc_attention_one_avx2_fn;
+    if (MC_IS_AVX2(simd) && hd % 8 == 0) return mc_attention_grp_avx2_fn;
 #endif
     (void)hd;
     (void)simd;
@@ -578,7 +570,7 @@ static void mc_attention(const float *q, const void *k, const void *v, float *ou
                          int kv_f16, int nth, int simd) {
     const int64_t work = (int64_t)n_q * n_head * (q_pos0 + n_q) * hd;
     const int nt = work < 65536 ? 1 : nth;
-    const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt);
+    const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt, simd);
     const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
                                       scale, kv_f16, gs, simd);
     mc_parallel(nt, n_q * n_head_kv * jb.n_sub, mc_att_fn(hd, kv_f16, simd), (void *)&jb);
@@ -628,7 +620,7 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
         rows += n_qs[s];
     }
     const int nt = work < 65536 ? 1 : nth;
-    const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, kv_f16, nt);
+    const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, kv_f16, nt, simd);
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
         jobs[s] = mc_att_make(qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head, n_kvs[s], n_head_kv,
