@@ -288,6 +288,18 @@ MC_AVX2 static inline void mc_att_rows_avx2(const void *base, int t0, int rn, in
                                                  buf + (size_t)c * hd);
 }
 
+/* Prefetch rows t0 .. t0 + rn - 1 of KV head kh (hd elements of esize bytes each) of a
+ * cache: a decode step's K/V come from memory (the weights streamed since pushed them
+ * out of cache), and one head's slices of the rows are too sparse for the hardware
+ * prefetcher to run ahead. */
+static inline void mc_att_prefetch(const void *base, int t0, int rn, int n_head_kv, int kh,
+                                   int hd, int esize) {
+    const size_t row = (size_t)n_head_kv * hd * esize, len = (size_t)hd * esize;
+    const char *p = (const char *)base + (size_t)t0 * row + (size_t)kh * len;
+    for (int c = 0; c < rn; c++, p += row)
+        for (size_t b = 0; b < len; b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
 /* 4 keys' scores against one query head: per key one FMA chain over hd in 8-wide
  * pieces, then ((d0 + d1) + (d2 + d3)) + ((d4 + d5) + (d6 + d7)) of its 8 lanes (two
  * rounds of horizontal adds shared by the 4 keys, then the halves). */
@@ -330,8 +342,14 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
         l[a] = 0.0f;
     }
     for (int j = 0; j < g * nv; j++) acc[j] = _mm256_setzero_ps();
+    const int es = f16 ? 2 : 4;
+    mc_att_prefetch(jb->k, 0, mc_imin(MC_ATT_CHUNK, T), n_head_kv, kh, hd, es);
     for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
+        /* this chunk's V (used after its scores), the next chunk's K */
+        mc_att_prefetch(jb->v, t0, cnt, n_head_kv, kh, hd, es);
+        if (t0 + cnt < T)
+            mc_att_prefetch(jb->k, t0 + cnt, mc_imin(MC_ATT_CHUNK, T - t0 - cnt), n_head_kv, kh, hd, es);
         for (int r0 = 0; r0 < cnt; r0 += R) {
             const int rn = mc_imin(R, cnt - r0);
             const float *kb; /* row c of the block at kb + c * ks */
