@@ -163,6 +163,15 @@ static mc_dot8_fn mc_pick_dot8(int t, int simd) {
     return NULL;
 }
 
+/* Fewest x rows for the 8-row kernels (GEMM, dot8), whose groups are padded to 8: below
+ * it each x row takes the 4-weight-row kernel.  SmolLM2's layers, 2 threads: 2 rows
+ * 4.9 ms vs 8.8 padded, 3: 6.7 vs 8.9, 4: 8.6 vs 9.2, 5: 10.5 vs 9.4; each row one by
+ * one adds ~1.9 ms, a padded group ~4. */
+#define MC_BATCH_MIN_ROWS 5
+/* x rows past the last full group of 8 that go through a padded group (fewer: one by one;
+ * 8 + 3 rows: 14.2 ms one by one, 12.5 padded) */
+#define MC_PAD_MIN_ROWS 3
+
 /* Row tiles: MC_TR weight rows x MC_TN activation rows per inner step. */
 #define MC_TR 16
 #define MC_TN 32
@@ -239,7 +248,7 @@ static void mc_matmul_chunk(void *ctx, int tile) {
              * tile while it sits in L1 */
             const int nb = K / 32;
             jr = j0 + ((j1 - j0) & ~7);
-            if (j1 - jr >= 2) jr = j1; /* the padded last group */
+            if (j1 - jr >= MC_PAD_MIN_ROWS) jr = j1; /* the padded last group */
             for (int j = j0; j < jr; j += 8) {
                 const mc_q8x8 *xg = (const mc_q8x8 *)jb->xp + (size_t)(j / 8) * nb;
                 const int nu = mc_imin(8, jr - j);
@@ -287,12 +296,12 @@ static void mc_matmul_chunk(void *ctx, int tile) {
 #define MC_GEMM_JR 128
 
 /* the VNNI GEMM over one tile of weight rows: groups of 8 x rows through mc_gemm_4x8,
- * the x rows past them (at most one) through the 4-row single-x kernel */
+ * the x rows past them (at most MC_PAD_MIN_ROWS - 1) through the 4-row single-x kernel */
 MC_VNNI static void mc_matmul_gemm_chunk(void *ctx, int tile) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
     const int M = jb->M, K = jb->K, n = jb->n, nb = K / 32, t = jb->t;
     const int r0 = tile * jb->tr, r1 = mc_imin(M, r0 + jb->tr);
-    const int ngrp = n / 8 + (n % 8 >= 2), jg = mc_imin(n, 8 * ngrp); /* rows in groups */
+    const int ngrp = n / 8 + (n % 8 >= MC_PAD_MIN_ROWS), jg = mc_imin(n, 8 * ngrp); /* rows in groups */
     const size_t st = (size_t)jb->row_stride;
     /* two buffers of 4 unpacked rows and their scales: one computed, one filled */
     const size_t wbytes = 4 * mc_gemm_row_bytes(nb), sbytes = (size_t)32 * nb;
@@ -336,7 +345,7 @@ MC_VNNI static void mc_matmul_gemm_chunk(void *ctx, int tile) {
             cur = 1 - cur;
         }
     }
-    for (int j = jg; j < n; j++) { /* a lone last x row */
+    for (int j = jg; j < n; j++) { /* the x rows past the groups (fewer than MC_PAD_MIN_ROWS) */
         const void *xr = (const char *)jb->xbase + jb->xstride * j;
         int r = r0;
         for (; r + 4 <= r1; r += 4) {
@@ -536,11 +545,11 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
             const size_t obytes = outl ? sizeof(struct mc_outl) * (size_t)n : 0;
             jb->dotr4 = K % 32 == 0 ? mc_pick_dotr4(t, simd) : NULL;
 #if defined(MC_X86)
-            jb->gemm = n >= 2 && K % 32 == 0 && simd == MC_SIMD_VNNI && mc_gemm_type(t);
+            jb->gemm = n >= MC_BATCH_MIN_ROWS && K % 32 == 0 && simd == MC_SIMD_VNNI && mc_gemm_type(t);
 #endif
-            jb->dot8 = n >= 2 && K % 32 == 0 && !jb->gemm ? mc_pick_dot8(t, simd) : NULL;
-            /* groups of 8 rows; a last group of 2-7 rows is padded with zero rows */
-            const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8 + (n % 8 >= 2);
+            jb->dot8 = n >= MC_BATCH_MIN_ROWS && K % 32 == 0 && !jb->gemm ? mc_pick_dot8(t, simd) : NULL;
+            /* groups of 8 rows; a last group of MC_PAD_MIN_ROWS-7 rows is padded with zero rows */
+            const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8 + (n % 8 >= MC_PAD_MIN_ROWS);
             const size_t dbytes = jb->gemm     ? ngrp * nb * sizeof(mc_q8t8)
                                   : jb->dot8 ? ngrp * nb * sizeof(mc_q8x8)
                                             : 0;

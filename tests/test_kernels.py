@@ -177,7 +177,10 @@ def test_batched_matmul_equals_one_row_at_a_time(mode: str, dtype: DType, simd: 
     batched = cpu.matmul(w, x)
     single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(41)])
     np.testing.assert_array_equal(batched, single)
-    np.testing.assert_array_equal(cpu.matmul(w, x[3:15]), single[3:15])  # 8 + 4
+    np.testing.assert_array_equal(cpu.matmul(w, x[3:15]), single[3:15])  # 8 + 4 (padded)
+    np.testing.assert_array_equal(cpu.matmul(w, x[3:13]), single[3:13])  # 8 + 2 one by one
+    for n in (2, 4, 5):  # one by one, one by one, one padded group
+        np.testing.assert_array_equal(cpu.matmul(w, x[:n]), single[:n])
 
 
 @pytest.mark.parametrize("simd", available_simd())
