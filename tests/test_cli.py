@@ -322,7 +322,7 @@ def test_interrupted_pack_exits_130_and_leaves_nothing(cli: Cli, smol: Path) -> 
             "s",
             "--compress",
             "--level",
-            "6",
+            "19",  # slow (seconds for this file), so SIGINT surely lands mid-pack
         ],
         env=cli.env,
         cwd=cli.cwd,
