@@ -230,13 +230,22 @@ typedef struct {
     float scale;
     int simd;
     int kv_f16;
-    int gs;    /* query heads per work item (1 .. group); 1 for f32 */
-    int n_sub; /* items per (query, KV head): ceil(group / gs) */
+    int gs;    /* query heads per work item */
+    int n_sub; /* items per (query, KV head): ceil(group / gs); 1 when kvs > 1 */
+    int kvs;   /* KV heads per work item (AVX2 kernel only; > 1: gs = kvs * group) */
 } mc_att_job;
 
 /* the heads of work item idx: query row *i, KV head *kh, heads h0 .. h0 + g - 1 */
 static inline int mc_att_item(const mc_att_job *jb, int idx, int *i, int *kh, int *h0) {
-    const int group = jb->n_head / jb->n_head_kv, per_row = jb->n_head_kv * jb->n_sub;
+    const int group = jb->n_head / jb->n_head_kv;
+    if (jb->kvs > 1) { /* KV heads kh .. kh + kvs - 1 and all their query heads */
+        const int per_row = jb->n_head_kv / jb->kvs;
+        *i = idx / per_row;
+        *kh = idx % per_row * jb->kvs;
+        *h0 = *kh * group;
+        return jb->kvs * group;
+    }
+    const int per_row = jb->n_head_kv * jb->n_sub;
     const int r = idx % per_row, sub = r % jb->n_sub;
     *i = idx / per_row;
     *kh = r / jb->n_sub;
@@ -327,6 +336,7 @@ MC_AVX2 static inline __m128 mc_att_dot4(const float *q, const float *k0, const 
 MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
     const mc_att_job *jb = (const mc_att_job *)ctx;
     const int hd = jb->hd, n_head_kv = jb->n_head_kv, nv = hd / 8, f16 = jb->kv_f16;
+    const int group = jb->n_head / n_head_kv, W = jb->kvs * hd; /* the item's slice of a row */
     const size_t rs = (size_t)n_head_kv * hd; /* floats (or halves) between cache rows */
     int i, kh, h0;
     const int g = mc_att_item(jb, idx, &i, &kh, &h0);
@@ -334,7 +344,7 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
     __m256 acc[MC_ATT_ACC / 8]; /* (g, hd / 8) running sums of p * v */
     float s[MC_ATT_GMAX][MC_ATT_CHUNK + 4], m[MC_ATT_GMAX], l[MC_ATT_GMAX], cmax[MC_ATT_GMAX];
     float buf[MC_ATT_BUF]; /* (R, hd) converted K or V rows (f16) */
-    const int R = f16 ? mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / hd) : MC_ATT_CHUNK;
+    const int R = f16 ? mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / W) : MC_ATT_CHUNK;
     const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
     const __m128 sc4 = _mm_set1_ps(jb->scale);
     for (int a = 0; a < g; a++) {
@@ -343,30 +353,31 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
     }
     for (int j = 0; j < g * nv; j++) acc[j] = _mm256_setzero_ps();
     const int es = f16 ? 2 : 4;
-    mc_att_prefetch(jb->k, 0, mc_imin(MC_ATT_CHUNK, T), n_head_kv, kh, hd, es);
+    /* as (row, slice) pairs: the slice of kvs KV heads is contiguous in a row */
+    const int pn = n_head_kv / jb->kvs, pk = kh / jb->kvs;
+    mc_att_prefetch(jb->k, 0, mc_imin(MC_ATT_CHUNK, T), pn, pk, W, es);
     for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
         /* this chunk's V (used after its scores), the next chunk's K */
-        mc_att_prefetch(jb->v, t0, cnt, n_head_kv, kh, hd, es);
-        if (t0 + cnt < T)
-            mc_att_prefetch(jb->k, t0 + cnt, mc_imin(MC_ATT_CHUNK, T - t0 - cnt), n_head_kv, kh, hd, es);
+        mc_att_prefetch(jb->v, t0, cnt, pn, pk, W, es);
+        if (t0 + cnt < T) mc_att_prefetch(jb->k, t0 + cnt, mc_imin(MC_ATT_CHUNK, T - t0 - cnt), pn, pk, W, es);
         for (int r0 = 0; r0 < cnt; r0 += R) {
             const int rn = mc_imin(R, cnt - r0);
             const float *kb; /* row c of the block at kb + c * ks */
             size_t ks;
             if (f16) {
-                mc_att_rows_avx2(jb->k, t0 + r0, rn, n_head_kv, kh, hd, buf);
-                kb = buf, ks = (size_t)hd;
+                mc_att_rows_avx2(jb->k, t0 + r0, rn, pn, pk, W, buf);
+                kb = buf, ks = (size_t)W;
             } else {
                 kb = (const float *)jb->k + (size_t)(t0 + r0) * rs + (size_t)kh * hd, ks = rs;
             }
             for (int a = 0; a < g; a++) {
-                const float *qa = qi + (size_t)a * hd;
+                const float *qa = qi + (size_t)a * hd, *ka = kb + (size_t)(a / group) * hd;
                 for (int c = 0; c < rn; c += 4) { /* past rn: the last row again, unused */
-                    const float *k0 = kb + (size_t)c * ks;
-                    const float *k1 = kb + (size_t)mc_imin(c + 1, rn - 1) * ks;
-                    const float *k2 = kb + (size_t)mc_imin(c + 2, rn - 1) * ks;
-                    const float *k3 = kb + (size_t)mc_imin(c + 3, rn - 1) * ks;
+                    const float *k0 = ka + (size_t)c * ks;
+                    const float *k1 = ka + (size_t)mc_imin(c + 1, rn - 1) * ks;
+                    const float *k2 = ka + (size_t)mc_imin(c + 2, rn - 1) * ks;
+                    const float *k3 = ka + (size_t)mc_imin(c + 3, rn - 1) * ks;
                     _mm_storeu_ps(s[a] + r0 + c, _mm_mul_ps(mc_att_dot4(qa, k0, k1, k2, k3, hd), sc4));
                 }
             }
@@ -405,18 +416,18 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
             const float *vb;
             size_t vs;
             if (f16) {
-                mc_att_rows_avx2(jb->v, t0 + r0, rn, n_head_kv, kh, hd, buf);
-                vb = buf, vs = (size_t)hd;
+                mc_att_rows_avx2(jb->v, t0 + r0, rn, pn, pk, W, buf);
+                vb = buf, vs = (size_t)W;
             } else {
                 vb = (const float *)jb->v + (size_t)(t0 + r0) * rs + (size_t)kh * hd, vs = rs;
             }
             for (int a = 0; a < g; a++) {
                 __m256 *acc_a = acc + (size_t)a * nv;
-                const float *pa = s[a] + r0;
+                const float *pa = s[a] + r0, *va = vb + (size_t)(a / group) * hd;
                 int j = 0;
                 for (; j + 4 <= nv; j += 4) {
                     __m256 x0 = acc_a[j], x1 = acc_a[j + 1], x2 = acc_a[j + 2], x3 = acc_a[j + 3];
-                    const float *vt = vb + 8 * j;
+                    const float *vt = va + 8 * j;
                     for (int c = 0; c < rn; c++, vt += vs) {
                         const __m256 vp = _mm256_set1_ps(pa[c]);
                         x0 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt), x0);
@@ -433,7 +444,7 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
                     __m256 x = acc_a[j];
                     for (int c = 0; c < rn; c++)
                         x = _mm256_fmadd_ps(_mm256_set1_ps(pa[c]),
-                                            _mm256_loadu_ps(vb + (size_t)c * vs + 8 * j), x);
+                                            _mm256_loadu_ps(va + (size_t)c * vs + 8 * j), x);
                     acc_a[j] = x;
                 }
             }
@@ -560,6 +571,19 @@ static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, in
     return rows * n_head_kv * n_sub >= nth ? gs : 1;
 }
 
+/* KV heads per work item: all of a query row's (each cache row then read as one
+ * contiguous slice, which the hardware prefetcher follows) when the AVX2 kernel runs and
+ * there are still 2 items per thread, else one. */
+static int mc_att_kv_span(int n_head, int n_head_kv, int hd, int64_t rows, int nth, int simd) {
+    const int group = n_head / n_head_kv;
+    if (!(MC_IS_AVX2(simd) && hd % 8 == 0)) return 1;
+    for (int kvs = n_head_kv; kvs > 1; kvs--)
+        if (n_head_kv % kvs == 0 && kvs * group <= MC_ATT_GMAX && kvs * group * hd <= MC_ATT_ACC &&
+            kvs * hd <= MC_ATT_BUF && rows * (n_head_kv / kvs) >= 2 * nth)
+            return kvs;
+    return 1;
+}
+
 static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 #if defined(MC_X86)
     if (MC_IS_AVX2(simd) && hd % 8 == 0) return mc_attention_grp_avx2_fn;
@@ -571,12 +595,17 @@ static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 
 static mc_att_job mc_att_make(const float *q, const void *k, const void *v, float *out, int n_q,
                               int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                              int kv_f16, int gs, int simd) {
+                              int kv_f16, int gs, int kvs, int simd) {
     const int group = n_head / n_head_kv;
-    const mc_att_job jb = {q,     k,      v,      out,       n_q,
-                           n_head, n_kv, n_head_kv, hd,     q_pos0,
-                           scale, simd,  kv_f16,    gs,     (group + gs - 1) / gs};
+    const mc_att_job jb = {q,      k,    v,         out, n_q,    n_head,
+                           n_kv,   n_head_kv, hd, q_pos0, scale, simd,
+                           kv_f16, kvs > 1 ? kvs * group : gs, kvs > 1 ? 1 : (group + gs - 1) / gs, kvs};
     return jb;
+}
+
+/* work items of one sequence of n_q query rows */
+static inline int mc_att_items(const mc_att_job *jb, int n_q) {
+    return n_q * (jb->n_head_kv / jb->kvs) * jb->n_sub;
 }
 
 /* Causal grouped-query attention of one sequence over its cache.
@@ -589,9 +618,10 @@ static void mc_attention(const float *q, const void *k, const void *v, float *ou
     const int64_t work = (int64_t)n_q * n_head * (q_pos0 + n_q) * hd;
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt, simd);
+    const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, n_q, nt, simd);
     const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
-                                      scale, kv_f16, gs, simd);
-    mc_parallel(nt, n_q * n_head_kv * jb.n_sub, mc_att_fn(hd, kv_f16, simd), (void *)&jb);
+                                      scale, kv_f16, gs, kvs, simd);
+    mc_parallel(nt, mc_att_items(&jb, n_q), mc_att_fn(hd, kv_f16, simd), (void *)&jb);
 }
 
 typedef struct {
@@ -639,11 +669,12 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
     }
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, kv_f16, nt, simd);
+    const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, rows, nt, simd);
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
         jobs[s] = mc_att_make(qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head, n_kvs[s], n_head_kv,
-                              hd, q_pos0s[s], scale, kv_f16, gs, simd);
-        offs[s + 1] = offs[s] + n_qs[s] * n_head_kv * jobs[s].n_sub;
+                              hd, q_pos0s[s], scale, kv_f16, gs, kvs, simd);
+        offs[s + 1] = offs[s] + mc_att_items(&jobs[s], n_qs[s]);
     }
     mc_att_batch b = {jobs, offs, n_seq, mc_att_fn(hd, kv_f16, simd)};
     if (offs[n_seq] > 0) mc_parallel(nt, offs[n_seq], mc_attention_batch_one, &b);
