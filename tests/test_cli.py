@@ -322,9 +322,12 @@ def test_interrupted_pack_exits_130_and_leaves_nothing(cli: Cli, smol: Path) -> 
             "s",
             "--compress",
             "--level",
-            "19",  # slow (seconds for this file), so SIGINT surely lands mid-pack
+            "6",
         ],
         env=cli.env,
+        # a job started in the background by a non-interactive shell inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler: restore the default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         cwd=cli.cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
