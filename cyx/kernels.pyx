@@ -13,6 +13,9 @@ from libc.stdlib cimport free, malloc
 cdef extern from "mc_quant.h" nogil:
     int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                   int n, float *y, int simd, int nth, float tol)
+    int mc_matmul_tab(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                      int n, float *y, int simd, int nth, float tol, const void *tab)
+    void mc_q8_0_table(const uint8_t *W, int64_t row_stride, int M, int K, void *out)
     int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
                         const int *Ms, int K, const float *x, int n, float *const *ys, int simd,
                         int nth, float tol)
@@ -77,13 +80,14 @@ def num_procs():
 
 
 def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, float[:, ::1] out,
-           int simd, int nth, float tol=1e38):
+           int simd, int nth, float tol=1e38, const uint8_t[:, ::1] tab=None):
     """out (n, M) = x (n, K) @ W^T; W (M, row_bytes) raw rows of type ``wtype``.
 
     ``tol`` 0 keeps x in float32 (dequantize each weight row once, float dots);
     otherwise x is quantized to int8 blocks and the dots are integer, unless that
     quantization is estimated to add a relative RMS error above ``tol`` to some
-    row of x, when the call keeps x in float32 too (see mc_quant.h).
+    row of x, when the call keeps x in float32 too (see mc_quant.h).  ``tab``: for Q8_0,
+    ``q8_0_table(W, K)`` (results unchanged; the batched kernel reads W in place).
     """
     cdef int M = W.shape[0]
     cdef int n = x.shape[0]
@@ -93,12 +97,32 @@ def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, flo
         raise ValueError("matmul: shape mismatch")
     if n == 0 or M == 0:
         return
+    cdef const void *tp = NULL
+    if tab is not None:
+        if wtype != Q8_0 or tab.shape[0] != M or tab.shape[1] != (K // 32) * 8:
+            raise ValueError("matmul: table does not match the weights")
+        tp = &tab[0, 0]
     with nogil:
-        rc = mc_matmul(wtype, &W[0, 0], stride, M, K, &x[0, 0], n, &out[0, 0], simd, nth, tol)
+        rc = mc_matmul_tab(wtype, &W[0, 0], stride, M, K, &x[0, 0], n, &out[0, 0], simd, nth, tol,
+                           tp)
     if rc == -1:
         raise ValueError(f"matmul: unsupported weight type code {wtype}")
     if rc == -2:
         raise MemoryError("matmul: activation buffer")
+
+
+def q8_0_table(const uint8_t[:, ::1] W, int K):
+    """(M, K / 32 * 8) bytes: per Q8_0 block its scale as float32 and 128 times its int sum."""
+    import numpy as np
+    cdef int M = W.shape[0]
+    if K % 32 or W.shape[1] < (K // 32) * 34:
+        raise ValueError("q8_0_table: not Q8_0 rows of K elements")
+    out = np.empty((M, (K // 32) * 8), np.uint8)
+    cdef uint8_t[:, ::1] o = out
+    if M > 0 and K > 0:
+        with nogil:
+            mc_q8_0_table(&W[0, 0], W.strides[0], M, K, &o[0, 0])
+    return out
 
 
 def matmul_multi(int wtype, list Ws, int K, const float[:, ::1] x, list outs, int simd, int nth,

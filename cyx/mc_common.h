@@ -72,6 +72,13 @@ typedef struct {
     int32_t pad[8];
 } mc_q8t8;
 
+/* Per Q8_0 block, for the VNNI GEMM's table (mc_gemm_vnni.h): the scale as float and
+ * 128 times the block's int sum. */
+typedef struct {
+    float d;
+    int32_t wc;
+} mc_q8tab;
+
 /* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */
 typedef struct {
     float d;

@@ -32,6 +32,25 @@ static inline int mc_gemm_type(int t) {
 
 #if defined(MC_X86)
 
+/* acc += dpbusd(x, the dword at p broadcast): the broadcast as the instruction's own
+ * {1to8} memory operand (GCC 12 does not fold _mm256_set1_epi32 into it) */
+MC_VNNI static inline __attribute__((always_inline)) __m256i
+mc_dpbusd_bcst(__m256i acc, __m256i x, const int32_t *p) {
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*p));
+    return acc;
+}
+
+/* x0 .. x7: the 8 activation vectors of block xb (mc_q8t8) */
+#define MC_GEMM_LOAD_X(xb)                                                                         \
+    const __m256i x0 = _mm256_load_si256((const __m256i *)(xb)->q[0]);                             \
+    const __m256i x1 = _mm256_load_si256((const __m256i *)(xb)->q[1]);                             \
+    const __m256i x2 = _mm256_load_si256((const __m256i *)(xb)->q[2]);                             \
+    const __m256i x3 = _mm256_load_si256((const __m256i *)(xb)->q[3]);                             \
+    const __m256i x4 = _mm256_load_si256((const __m256i *)(xb)->q[4]);                             \
+    const __m256i x5 = _mm256_load_si256((const __m256i *)(xb)->q[5]);                             \
+    const __m256i x6 = _mm256_load_si256((const __m256i *)(xb)->q[6]);                             \
+    const __m256i x7 = _mm256_load_si256((const __m256i *)(xb)->q[7])
+
 /* Weight rows between the rows being unpacked and those prefetched (measured on SmolLM2's
  * layers at 8 x rows: 4 and 8 best, 0 -37%, 16-128 -6 to -14%). */
 #ifndef MC_GEMM_AHEAD
@@ -109,10 +128,12 @@ MC_VNNI static void mc_gemm_unpack4(int t, const uint8_t *w, size_t st, int nr, 
 
 /* Pack 8 activation rows (mc_q8 blocks, `xstride` bytes apart; rows past `nr` are
  * zero) into nb mc_q8t8 blocks, with cs = c * sum(x) for the weight offset c: per
- * block an 8 x 8 transpose of the rows' dwords. */
+ * block an 8 x 8 transpose of the rows' dwords.  `plus128`: the ints stored as unsigned
+ * x + 128 (for mc_gemm_q8raw_4x8, whose weights are the signed operand). */
 MC_VNNI static void mc_gemm_pack8(const void *xbase, size_t xstride, int nr, int nb, int c,
-                                  mc_q8t8 *out) {
+                                  int plus128, mc_q8t8 *out) {
     const __m256i ones = _mm256_set1_epi8(1), cv = _mm256_set1_epi32(c);
+    const __m256i flip = _mm256_set1_epi8(plus128 ? (char)0x80 : 0); /* x + 128 as unsigned */
     for (int i = 0; i < nb; i++) {
         mc_q8t8 *o = out + i;
         __m256i r[8];
@@ -144,7 +165,7 @@ MC_VNNI static void mc_gemm_pack8(const void *xbase, size_t xstride, int nr, int
         };
         __m256i sum = _mm256_setzero_si256(); /* lane j: row j's sum of its 32 ints */
         for (int q = 0; q < 8; q++) {
-            _mm256_store_si256((__m256i *)o->q[q], p[q]);
+            _mm256_store_si256((__m256i *)o->q[q], _mm256_xor_si256(p[q], flip));
             sum = _mm256_dpbusd_epi32(sum, ones, p[q]);
         }
         _mm256_store_si256((__m256i *)o->cs, _mm256_mullo_epi32(sum, cv));
@@ -161,14 +182,7 @@ mc_gemm_4x8_body(int t, int nb, const uint8_t *wb, const float *dw, const float 
     __m256 m0 = a0, m1 = a0, m2 = a0, m3 = a0;
     for (int i = 0; i < nb; i++) {
         const mc_q8t8 *xb = xg + i;
-        const __m256i x0 = _mm256_load_si256((const __m256i *)xb->q[0]);
-        const __m256i x1 = _mm256_load_si256((const __m256i *)xb->q[1]);
-        const __m256i x2 = _mm256_load_si256((const __m256i *)xb->q[2]);
-        const __m256i x3 = _mm256_load_si256((const __m256i *)xb->q[3]);
-        const __m256i x4 = _mm256_load_si256((const __m256i *)xb->q[4]);
-        const __m256i x5 = _mm256_load_si256((const __m256i *)xb->q[5]);
-        const __m256i x6 = _mm256_load_si256((const __m256i *)xb->q[6]);
-        const __m256i x7 = _mm256_load_si256((const __m256i *)xb->q[7]);
+        MC_GEMM_LOAD_X(xb);
         const __m256 dx = _mm256_load_ps(xb->d);
         const __m256i cs = _mm256_load_si256((const __m256i *)xb->cs);
         const size_t at = (size_t)64 * (i >> 1) + (size_t)16 * (i & 1);
@@ -241,6 +255,46 @@ MC_VNNI static void mc_gemm_4x8_next(int t, int nb, const uint8_t *wb, const flo
     default: MC_G_NEXT(MC_Q8_0); break;
     }
 #undef MC_G_NEXT
+}
+
+/* Q8_0 weights with a table (mc_q8tab per block: the scale as float, 128 times the
+ * block's int sum), made once per weight matrix: the GEMM then reads the weights'
+ * ints straight from their blocks as the signed operand of vpdpbusd (broadcast from
+ * memory), against activations packed as x + 128, and takes back 128 sum(q): no
+ * unpacking.  The block sums are the same exact integers as the other kernels'. */
+MC_VNNI static void mc_gemm_q8raw_4x8(int nb, const uint8_t *w, size_t st, int nr,
+                                      const mc_q8tab *tab, const mc_q8t8 *xg, __m256 res[4]) {
+    const uint8_t *w0 = w, *w1 = w + st * (nr > 1), *w2 = w + st * (nr > 2 ? 2 : nr - 1);
+    const uint8_t *w3 = w + st * (size_t)(nr - 1);
+    const mc_q8tab *t0 = tab, *t1 = tab + (size_t)nb * (nr > 1), *t2 = tab + (size_t)nb * (nr > 2 ? 2 : nr - 1);
+    const mc_q8tab *t3 = tab + (size_t)nb * (nr - 1);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i < nb; i++) {
+        const mc_q8t8 *xb = xg + i;
+        MC_GEMM_LOAD_X(xb);
+        const __m256 dx = _mm256_load_ps(xb->d);
+#define MC_Q8R_ROW(wr, tr, acc)                                                                    \
+    do {                                                                                           \
+        const int32_t *q = (const int32_t *)(wr + 34 * (size_t)i + 2);                             \
+        _mm_prefetch((const char *)(wr) + MC_GEMM_AHEAD * st + 34 * (size_t)i, _MM_HINT_T0);      \
+        __m256i s0 = mc_dpbusd_bcst(_mm256_setzero_si256(), x0, q);                                \
+        __m256i s1 = mc_dpbusd_bcst(_mm256_setzero_si256(), x1, q + 1);                            \
+        s0 = mc_dpbusd_bcst(s0, x2, q + 2);                                                        \
+        s1 = mc_dpbusd_bcst(s1, x3, q + 3);                                                        \
+        s0 = mc_dpbusd_bcst(s0, x4, q + 4);                                                        \
+        s1 = mc_dpbusd_bcst(s1, x5, q + 5);                                                        \
+        s0 = mc_dpbusd_bcst(s0, x6, q + 6);                                                        \
+        s1 = mc_dpbusd_bcst(s1, x7, q + 7);                                                        \
+        const __m256i s = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_set1_epi32(tr[i].wc)); \
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(tr[i].d), dx), _mm256_cvtepi32_ps(s), acc); \
+    } while (0)
+        MC_Q8R_ROW(w0, t0, a0);
+        MC_Q8R_ROW(w1, t1, a1);
+        MC_Q8R_ROW(w2, t2, a2);
+        MC_Q8R_ROW(w3, t3, a3);
+#undef MC_Q8R_ROW
+    }
+    res[0] = a0, res[1] = a1, res[2] = a2, res[3] = a3;
 }
 
 #endif /* MC_X86 */

@@ -189,6 +189,7 @@ typedef struct {
     mc_dot4_fn dot4;
     mc_dot8_fn dot8;      /* 8 x rows at once (32-element types), or NULL */
     int gemm;             /* VNNI GEMM (mc_gemm_vnni.h) for the groups of 8 x rows */
+    const mc_q8tab *tab;  /* Q8_0 with the GEMM: the weights' table (mc_q8_0_table), or NULL */
     mc_dotr4_fn dotr4;    /* 4 weight rows at once against one x row, or NULL */
     const void *xp;       /* (n / 8, K / 32): the mc_q8 rows repacked (mc_q8x8 or mc_q8t8) */
     mc_dot_fn fdot;       /* exact path, few x rows: fused dequant + dot, or NULL */
@@ -319,7 +320,24 @@ MC_VNNI static void mc_matmul_gemm_chunk(void *ctx, int tile) {
         mbuf[b] = dbuf[b] + 4 * nb;
     }
     float *y = jb->y;
-    for (int ja = 0; ja < jg; ja += MC_GEMM_JR) {
+    for (int ja = 0; ja < jg && jb->tab != NULL; ja += MC_GEMM_JR) { /* Q8_0 with its table */
+        const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
+        for (int r = r0; r < r1; r += 4) {
+            const int nr = mc_imin(4, r1 - r);
+            for (int j = ja; j < jb1; j += 8) {
+                __m256 res[4];
+                float o[4][8];
+                mc_gemm_q8raw_4x8(nb, jb->W + (size_t)r * st, st, nr, jb->tab + (size_t)r * nb,
+                                  (const mc_q8t8 *)jb->xp + (size_t)(j / 8) * nb, res);
+                const int nu = mc_imin(8, n - j);
+                for (int u = 0; u < nr; u++) {
+                    _mm256_storeu_ps(o[u], res[u]);
+                    for (int v = 0; v < nu; v++) y[(size_t)(j + v) * M + r + u] = o[u][v];
+                }
+            }
+        }
+    }
+    for (int ja = 0; ja < jg && jb->tab == NULL; ja += MC_GEMM_JR) {
         const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
         int cur = 0;
         mc_gemm_unpack4(t, jb->W + (size_t)r0 * st, st, mc_imin(4, r1 - r0), nb, wbuf[0], dbuf[0],
@@ -566,9 +584,10 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
             if (jb->gemm && !*exact) {
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(uintptr_t)63));
                 mc_q8t8 *xp = (mc_q8t8 *)((at + 63) & ~(uintptr_t)63);
+                const int raw = jb->tab != NULL; /* mc_gemm_q8raw_4x8: x + 128, no offset */
                 for (size_t g = 0; g < ngrp; g++)
                     mc_gemm_pack8(xq + jb->xstride * g * 8, jb->xstride, mc_imin(8, n - (int)g * 8),
-                                  (int)nb, mc_gemm_offset(t), xp + g * nb);
+                                  (int)nb, raw ? 0 : mc_gemm_offset(t), raw, xp + g * nb);
                 jb->xp = xp;
             }
 #endif
@@ -642,10 +661,13 @@ static int mc_job_init(mc_matmul_job *jb, int t, int K, int n, const float *x, i
     return jb->dot == NULL ? -1 : 0;
 }
 
-static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
-                     int n, float *y, int simd, int nth, float tol) {
+/* mc_matmul with, for Q8_0, the weights' table (mc_q8_0_table; NULL: none): the GEMM
+ * then reads the weights' ints in place instead of unpacking them (same results). */
+static int mc_matmul_tab(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                         int n, float *y, int simd, int nth, float tol, const mc_q8tab *tab) {
     mc_matmul_job jb;
     if (mc_job_init(&jb, t, K, n, x, simd) != 0) return -1;
+    jb.tab = t == MC_Q8_0 && simd == MC_SIMD_VNNI ? tab : NULL;
     jb.M = M;
     jb.W = W;
     jb.row_stride = row_stride;
@@ -666,6 +688,25 @@ static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, 
     if (jb.failed) return -2;
     if (nnoisy > 0) return mc_matmul_redo_exact(&jb, nth, tol);
     return 0;
+}
+
+static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                     int n, float *y, int simd, int nth, float tol) {
+    return mc_matmul_tab(t, W, row_stride, M, K, x, n, y, simd, nth, tol, NULL);
+}
+
+/* out (M, K / 32): each Q8_0 block's scale as float and 128 times its int sum */
+static void mc_q8_0_table(const uint8_t *W, int64_t row_stride, int M, int K, void *outv) {
+    mc_q8tab *out = (mc_q8tab *)outv;
+    const int nb = K / 32;
+    for (int r = 0; r < M; r++)
+        for (int i = 0; i < nb; i++) {
+            const uint8_t *b = W + (size_t)r * row_stride + 34 * (size_t)i;
+            int sum = 0;
+            for (int k = 0; k < 32; k++) sum += (int8_t)b[2 + k];
+            out[(size_t)r * nb + i].d = mc_load_f16(b);
+            out[(size_t)r * nb + i].wc = 128 * sum;
+        }
 }
 
 typedef struct {

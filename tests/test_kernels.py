@@ -216,6 +216,26 @@ def test_matmul_many_equals_separate_calls(n: int, mode: str, dtype: DType, simd
         np.testing.assert_array_equal(g, cpu.matmul(w, x))
 
 
+def test_q8_0_table_path_is_bit_identical() -> None:
+    """Batched Q8_0 with the per-block table (the VNNI GEMM reading the weights in place)
+    gives what the unpacking GEMM gives; a table of the wrong shape is refused."""
+    from modelc._kernels import kernels as kk
+
+    rng = np.random.default_rng(8)
+    w = make_weight(DType.Q8_0, 37, 96, rng)
+    x = rng.standard_normal((13, 96)).astype(np.float32)
+    raw = np.ascontiguousarray(w.data)
+    tab = kk.q8_0_table(raw, 96)
+    assert tab.shape == (37, 3 * 8)
+    simd = SIMD_LEVELS[available_simd()[0]]
+    with_tab, without = np.empty((13, 37), np.float32), np.empty((13, 37), np.float32)
+    kk.matmul(kk.Q8_0, raw, 96, x, with_tab, simd, 2, 1e38, tab)
+    kk.matmul(kk.Q8_0, raw, 96, x, without, simd, 2, 1e38, None)
+    np.testing.assert_array_equal(with_tab, without)
+    with pytest.raises(ValueError, match="table does not match"):
+        kk.matmul(kk.Q8_0, raw, 96, x, without, simd, 2, 1e38, np.ascontiguousarray(tab[:, :8]))
+
+
 def test_matmul_many_mixed_types_and_errors() -> None:
     rng = np.random.default_rng(7)
     cpu = CpuBackend()

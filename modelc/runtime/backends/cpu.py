@@ -186,6 +186,8 @@ class CpuBackend:
         self._fallback = NumpyBackend()
         # id(weight data) -> (that data, its uint8 row view): the view costs ~1.5 us a call
         self._raw: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
+        # id(Q8_0 weight data) -> (that data, its q8_0_table) for batched matmuls
+        self._tabs: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
 
     def _rows(self, w: Weight) -> np.ndarray[Any, Any]:
         hit = self._raw.get(id(w.data))
@@ -207,8 +209,27 @@ class CpuBackend:
         rows, cols = w.shape
         if out is None:
             out = np.empty((x.shape[0], rows), dtype=np.float32)  # (n, out)
-        _k.matmul(code, self._rows(w), cols, x, out, self.simd, self.threads, self.tol)
+        raw = self._rows(w)
+        tab = self._q8_table(w, raw) if w.dtype is DType.Q8_0 and x.shape[0] >= 5 else None
+        _k.matmul(code, raw, cols, x, out, self.simd, self.threads, self.tol, tab)
         return out
+
+    def _q8_table(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """A Q8_0 weight's per-block table for the batched VNNI kernel, made on first use
+        (8 bytes a block: the output head of SmolLM2 7 MB); None where that kernel is not
+        used (other SIMD levels, exact/balanced mode) or the weight is not held as is."""
+        if self.simd != SIMD_LEVELS["avx512vnni"] or self.tol < 1e30 or w.shape[1] % 32:
+            return None
+        hit = self._tabs.get(id(w.data))
+        if hit is not None and hit[0] is w.data:
+            return hit[1]
+        if not np.shares_memory(raw, w.data):  # made per call: not worth a table
+            return None
+        tab: np.ndarray[Any, Any] = _k.q8_0_table(raw, w.shape[1])
+        if len(self._tabs) >= 64:
+            self._tabs.clear()
+        self._tabs[id(w.data)] = (w.data, tab)
+        return tab
 
     def matmul_many(
         self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
