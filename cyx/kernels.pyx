@@ -282,6 +282,20 @@ def attention_f16(const float[:, :, ::1] q, const uint16_t[:, :, ::1] k,
                      hd, q_pos0, scale, 1, nth, simd)
 
 
+cdef const void *_kv_data(object a, bint f16, int *shape) except? NULL:
+    """A K or V array's data (NULL when it has no rows) and (rows, heads, dim) into
+    shape: C-contiguous float32, or float16 viewed as uint16 when ``f16``."""
+    cdef const float[:, :, ::1] a32
+    cdef const uint16_t[:, :, ::1] a16
+    if f16:
+        a16 = a
+        shape[0], shape[1], shape[2] = a16.shape[0], a16.shape[1], a16.shape[2]
+        return &a16[0, 0, 0] if shape[0] > 0 else NULL
+    a32 = a
+    shape[0], shape[1], shape[2] = a32.shape[0], a32.shape[1], a32.shape[2]
+    return &a32[0, 0, 0] if shape[0] > 0 else NULL
+
+
 def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list outs, int nth,
                     int simd=0, bint kv_f16=False):
     """``attention`` for every sequence i at once: outs[i] from qs[i] over ks[i], vs[i].
@@ -296,15 +310,10 @@ def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list o
     if n_seq == 0:
         return
     cdef const float[:, :, ::1] q
-    cdef const float[:, :, ::1] k32
-    cdef const float[:, :, ::1] v32
-    cdef const uint16_t[:, :, ::1] k16
-    cdef const uint16_t[:, :, ::1] v16
     cdef float[:, :, ::1] o
     cdef int nh = qs[0].shape[1], hd = qs[0].shape[2], nkh = ks[0].shape[1]
-    cdef int n_kv, kd, v0, v1, v2
-    cdef const void *kptr
-    cdef const void *vptr
+    cdef int kshape[3]
+    cdef int vshape[3]
     if nkh == 0 or nh % nkh != 0 or hd > 512:
         raise ValueError("attention_batch: shape mismatch")
     cdef const float **qp = <const float **>malloc(n_seq * sizeof(float *))
@@ -317,34 +326,20 @@ def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list o
             raise MemoryError("attention_batch: pointer tables")
         for i in range(n_seq):
             q, o = qs[i], outs[i]
-            if kv_f16:
-                k16, v16 = ks[i], vs[i]
-                n_kv, kd, v0, v1, v2 = k16.shape[0], k16.shape[2], v16.shape[0], v16.shape[1], v16.shape[2]
-                if k16.shape[1] != nkh:
-                    raise ValueError(f"attention_batch: shape mismatch in sequence {i}")
-                kptr = &k16[0, 0, 0] if n_kv > 0 else NULL
-                vptr = &v16[0, 0, 0] if n_kv > 0 else NULL
-            else:
-                k32, v32 = ks[i], vs[i]
-                n_kv, kd, v0, v1, v2 = k32.shape[0], k32.shape[2], v32.shape[0], v32.shape[1], v32.shape[2]
-                if k32.shape[1] != nkh:
-                    raise ValueError(f"attention_batch: shape mismatch in sequence {i}")
-                kptr = &k32[0, 0, 0] if n_kv > 0 else NULL
-                vptr = &v32[0, 0, 0] if n_kv > 0 else NULL
-            if (q.shape[1] != nh or q.shape[2] != hd or kd != hd
-                    or v0 != n_kv or v1 != nkh or v2 != hd
+            kp[i] = _kv_data(ks[i], kv_f16, kshape)
+            vp[i] = _kv_data(vs[i], kv_f16, vshape)
+            if (kshape[1] != nkh or q.shape[1] != nh or q.shape[2] != hd or kshape[2] != hd
+                    or vshape[0] != kshape[0] or vshape[1] != nkh or vshape[2] != hd
                     or o.shape[0] != q.shape[0] or o.shape[1] != nh or o.shape[2] != hd
                     or q_pos0s[i] < 0):
                 raise ValueError(f"attention_batch: shape mismatch in sequence {i}")
-            if q.shape[0] > 0 and n_kv == 0:
+            if q.shape[0] > 0 and kshape[0] == 0:
                 raise ValueError(f"attention_batch: empty KV cache in sequence {i}")
             # a null pointer for an empty sequence: it contributes no work items
             qp[i] = &q[0, 0, 0] if q.shape[0] > 0 else NULL
             op[i] = &o[0, 0, 0] if q.shape[0] > 0 else NULL
-            kp[i] = kptr
-            vp[i] = vptr
             ints[i] = q.shape[0]
-            ints[n_seq + i] = n_kv
+            ints[n_seq + i] = kshape[0]
             ints[2 * n_seq + i] = q_pos0s[i]
         with nogil:
             rc = mc_attention_batch(n_seq, qp, kp, vp, op, &ints[0], &ints[n_seq],
@@ -381,10 +376,8 @@ def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
         raise ValueError("attention_append: shape mismatch")
     if n_seq == 0 or nrows == 0:
         return
-    cdef const float[:, :, ::1] k32
-    cdef const float[:, :, ::1] v32
-    cdef const uint16_t[:, :, ::1] k16
-    cdef const uint16_t[:, :, ::1] v16
+    cdef int kshape[3]
+    cdef int vshape[3]
     cdef void **kp = <void **>malloc(n_seq * sizeof(void *))
     cdef void **vp = <void **>malloc(n_seq * sizeof(void *))
     cdef int *ints = <int *>malloc(2 * n_seq * sizeof(int))
@@ -393,22 +386,12 @@ def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
             raise MemoryError("attention_append: pointer tables")
         for s in range(n_seq):
             st, cnt = starts[s], counts[s]
-            if kv_f16:
-                k16, v16 = k_stores[s], v_stores[s]
-                cap = k16.shape[0]
-                if (k16.shape[1] != nkh or k16.shape[2] != hd or v16.shape[0] != cap
-                        or v16.shape[1] != nkh or v16.shape[2] != hd):
-                    raise ValueError(f"attention_append: storage shape in sequence {s}")
-                kp[s] = <void *>&k16[0, 0, 0] if cap > 0 else NULL
-                vp[s] = <void *>&v16[0, 0, 0] if cap > 0 else NULL
-            else:
-                k32, v32 = k_stores[s], v_stores[s]
-                cap = k32.shape[0]
-                if (k32.shape[1] != nkh or k32.shape[2] != hd or v32.shape[0] != cap
-                        or v32.shape[1] != nkh or v32.shape[2] != hd):
-                    raise ValueError(f"attention_append: storage shape in sequence {s}")
-                kp[s] = <void *>&k32[0, 0, 0] if cap > 0 else NULL
-                vp[s] = <void *>&v32[0, 0, 0] if cap > 0 else NULL
+            kp[s] = <void *>_kv_data(k_stores[s], kv_f16, kshape)
+            vp[s] = <void *>_kv_data(v_stores[s], kv_f16, vshape)
+            cap = kshape[0]
+            if (kshape[1] != nkh or kshape[2] != hd or vshape[0] != cap or vshape[1] != nkh
+                    or vshape[2] != hd):
+                raise ValueError(f"attention_append: storage shape in sequence {s}")
             if st < 0 or cnt < 0 or st + cnt > cap or (st + cnt == 0 and cnt > 0):
                 raise ValueError(f"attention_append: sequence {s} does not fit its storage")
             ints[s], ints[n_seq + s] = st, cnt

@@ -20,6 +20,28 @@
 #include <immintrin.h>
 #define MC_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define MC_VNNI __attribute__((target("avx2,fma,f16c,avx512vnni,avx512vl")))
+
+/* horizontal sum / max / int sum of a 256-bit vector */
+MC_AVX2 static inline float mc_hsum256(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+MC_AVX2 static inline float mc_hmax256(__m256 v) {
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_max_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+MC_AVX2 static inline int mc_hsum256_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
 #endif
 
 #if defined(__aarch64__)

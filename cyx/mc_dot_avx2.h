@@ -7,13 +7,6 @@
 /* --------------------------------------------------------------- AVX2 dots */
 #if defined(MC_X86)
 
-MC_AVX2 static inline float mc_hsum256(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
 MC_AVX2 static inline float mc_h16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -47,12 +40,9 @@ MC_AVX2 static void mc_quantize_q8_avx2(const float *x, int K, mc_q8 *out) {
         const float *xb = x + 32 * i;
         const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
         const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float amax = _mm_cvtss_f32(h);
+        const float amax = mc_hmax256(
+            _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                          _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3))));
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m256 vid = _mm256_set1_ps(id);
@@ -61,17 +51,14 @@ MC_AVX2 static void mc_quantize_q8_avx2(const float *x, int K, mc_q8 *out) {
         const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
         const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
         const __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
-        const __m256i sum4 = _mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3));
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        const int sum = mc_hsum256_i32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
         /* packs interleave the 128-bit halves: q0 q1 q2 q3 lanes -> one fixing permute */
         const __m256i p16a = _mm256_packs_epi32(q0, q1), p16b = _mm256_packs_epi32(q2, q3);
         const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
         const __m256i fixed = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)out[i].qs, fixed);
         out[i].d = d;
-        out[i].s = d * (float)_mm_cvtsi128_si32(t);
+        out[i].s = d * (float)sum;
     }
     if (K % 32) mc_quantize_q8(x + 32 * nb, K - 32 * nb, out + nb);
 }

@@ -266,20 +266,6 @@ static inline const float *mc_att_row(const void *base, size_t row, int hd, floa
 }
 
 #if defined(MC_X86)
-MC_AVX2 static inline float mc_hsum256_ops(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-MC_AVX2 static inline float mc_hmax256(__m256 v) {
-    __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_max_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
 /* mc_att_row for hd % 8 == 0 with F16C */
 MC_AVX2 static inline const float *mc_att_row_avx2(const void *base, size_t row, int hd,
                                                    float *buf) {
@@ -289,12 +275,19 @@ MC_AVX2 static inline const float *mc_att_row_avx2(const void *base, size_t row,
     return buf;
 }
 
-
-/* rows t0 .. t0 + rn - 1 of KV head kh of an f16 cache, converted into buf (rn, hd) */
-MC_AVX2 static inline void mc_att_rows_avx2(const void *base, int t0, int rn, int n_head_kv,
-                                            int kh, int hd, float *buf) {
-    for (int c = 0; c < rn; c++) mc_att_row_avx2(base, (size_t)(t0 + c) * n_head_kv + kh, hd,
-                                                 buf + (size_t)c * hd);
+/* Rows t0 .. t0 + rn - 1 of slice `pk` (of `w` elements; `pn` slices a row) of a K or V
+ * cache as floats: an f16 cache's converted into buf (rn, w), an f32 cache's read in
+ * place.  Returns row 0; *stride: floats between rows. */
+MC_AVX2 static inline const float *mc_att_block(const void *base, int f16, int t0, int rn, int pn,
+                                                int pk, int w, float *buf, size_t *stride) {
+    if (f16) {
+        for (int c = 0; c < rn; c++)
+            mc_att_row_avx2(base, (size_t)(t0 + c) * pn + pk, w, buf + (size_t)c * w);
+        *stride = (size_t)w;
+        return buf;
+    }
+    *stride = (size_t)pn * w;
+    return (const float *)base + (size_t)t0 * pn * w + (size_t)pk * w;
 }
 
 /* Prefetch rows t0 .. t0 + rn - 1 of KV head kh (hd elements of esize bytes each) of a
@@ -327,23 +320,22 @@ MC_AVX2 static inline __m128 mc_att_dot4(const float *q, const float *k0, const 
 }
 
 /* AVX2 attention for hd % 8 == 0, f32 or f16 cache: one work item is one query row and
- * g query heads sharing a KV head.  Per block of cache rows (f16: converted into buf
- * first; f32: read in place) each head scores 4 keys at a time (mc_att_dot4), then
- * keeps the online softmax of mc_attention_one in the same order: per chunk of
- * MC_ATT_CHUNK keys the running max, rescale, exp, and the p * v sums in registers
+ * g query heads sharing a KV head, or (kvs > 1) all the heads of kvs adjacent KV heads.
+ * Per block of cache rows (mc_att_block) each head scores 4 keys at a time
+ * (mc_att_dot4), then keeps an online softmax per head, as mc_attention_one does: per
+ * chunk of MC_ATT_CHUNK keys the running max, rescale, exp, and the p * v sums in registers
  * (8 columns at a time across the block's rows).  A head's result does not depend on
  * g or on the cache's storage type (f16 -> f32 is exact). */
 MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
     const mc_att_job *jb = (const mc_att_job *)ctx;
     const int hd = jb->hd, n_head_kv = jb->n_head_kv, nv = hd / 8, f16 = jb->kv_f16;
     const int group = jb->n_head / n_head_kv, W = jb->kvs * hd; /* the item's slice of a row */
-    const size_t rs = (size_t)n_head_kv * hd; /* floats (or halves) between cache rows */
     int i, kh, h0;
     const int g = mc_att_item(jb, idx, &i, &kh, &h0);
     const float *qi = jb->q + ((size_t)i * jb->n_head + h0) * hd; /* (g, hd) */
     __m256 acc[MC_ATT_ACC / 8]; /* (g, hd / 8) running sums of p * v */
-    float s[MC_ATT_GMAX][MC_ATT_CHUNK + 4], m[MC_ATT_GMAX], l[MC_ATT_GMAX], cmax[MC_ATT_GMAX];
-    float buf[MC_ATT_BUF]; /* (R, hd) converted K or V rows (f16) */
+    float s[MC_ATT_GMAX][MC_ATT_CHUNK + 4], m[MC_ATT_GMAX], l[MC_ATT_GMAX];
+    float buf[MC_ATT_BUF]; /* (R, W) converted K or V rows (f16) */
     const int R = f16 ? mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / W) : MC_ATT_CHUNK;
     const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
     const __m128 sc4 = _mm_set1_ps(jb->scale);
@@ -363,14 +355,8 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
         if (t0 + cnt < T) mc_att_prefetch(jb->k, t0 + cnt, mc_imin(MC_ATT_CHUNK, T - t0 - cnt), pn, pk, W, es);
         for (int r0 = 0; r0 < cnt; r0 += R) {
             const int rn = mc_imin(R, cnt - r0);
-            const float *kb; /* row c of the block at kb + c * ks */
-            size_t ks;
-            if (f16) {
-                mc_att_rows_avx2(jb->k, t0 + r0, rn, pn, pk, W, buf);
-                kb = buf, ks = (size_t)W;
-            } else {
-                kb = (const float *)jb->k + (size_t)(t0 + r0) * rs + (size_t)kh * hd, ks = rs;
-            }
+            size_t ks; /* row c of the block at kb + c * ks */
+            const float *kb = mc_att_block(jb->k, f16, t0 + r0, rn, pn, pk, W, buf, &ks);
             for (int a = 0; a < g; a++) {
                 const float *qa = qi + (size_t)a * hd, *ka = kb + (size_t)(a / group) * hd;
                 for (int c = 0; c < rn; c += 4) { /* past rn: the last row again, unused */
@@ -389,13 +375,12 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
             for (; c8 + 8 <= cnt; c8 += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sa + c8));
             float cm = mc_hmax256(mx);
             for (; c8 < cnt; c8++) cm = sa[c8] > cm ? sa[c8] : cm;
-            cmax[a] = cm;
             __m256 *acc_a = acc + (size_t)a * nv;
-            if (cmax[a] > m[a]) {
-                const __m256 corr = _mm256_set1_ps(expf(m[a] - cmax[a])); /* 0 when m is -inf */
-                l[a] *= expf(m[a] - cmax[a]);
+            if (cm > m[a]) {
+                const __m256 corr = _mm256_set1_ps(expf(m[a] - cm)); /* 0 when m is -inf */
+                l[a] *= expf(m[a] - cm);
                 for (int j = 0; j < nv; j++) acc_a[j] = _mm256_mul_ps(acc_a[j], corr);
-                m[a] = cmax[a];
+                m[a] = cm;
             }
             /* p = exp(s - m), summed 8 lanes wide, then the lanes, then the tail */
             __m256 ps = _mm256_setzero_ps();
@@ -404,7 +389,7 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
                 _mm256_storeu_ps(sa + c8, e);
                 ps = _mm256_add_ps(ps, e);
             }
-            float lsum = mc_hsum256_ops(ps);
+            float lsum = mc_hsum256(ps);
             for (; c8 < cnt; c8++) {
                 sa[c8] = expf(sa[c8] - m[a]);
                 lsum += sa[c8];
@@ -413,14 +398,8 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
         }
         for (int r0 = 0; r0 < cnt; r0 += R) {
             const int rn = mc_imin(R, cnt - r0);
-            const float *vb;
             size_t vs;
-            if (f16) {
-                mc_att_rows_avx2(jb->v, t0 + r0, rn, pn, pk, W, buf);
-                vb = buf, vs = (size_t)W;
-            } else {
-                vb = (const float *)jb->v + (size_t)(t0 + r0) * rs + (size_t)kh * hd, vs = rs;
-            }
+            const float *vb = mc_att_block(jb->v, f16, t0 + r0, rn, pn, pk, W, buf, &vs);
             for (int a = 0; a < g; a++) {
                 __m256 *acc_a = acc + (size_t)a * nv;
                 const float *pa = s[a] + r0, *va = vb + (size_t)(a / group) * hd;
@@ -559,9 +538,9 @@ static void mc_attention_f16(void *ctx, int idx) {
     }
 }
 
-/* heads per work item: one for f32; for f16 whole KV-head groups (each K/V row
- * converted once per query row) when that still gives every thread an item, else
- * one.  Results are the same either way. */
+/* heads per work item: one for the portable f32 kernel; otherwise whole KV-head groups
+ * (each K/V row loaded or converted once per query row) when that still gives every
+ * thread an item, else one.  Results are the same either way. */
 static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, int kv_f16,
                              int nth, int simd) {
     if (!kv_f16 && !(MC_IS_AVX2(simd) && hd % 8 == 0)) return 1; /* mc_attention_one */

@@ -298,69 +298,73 @@ static void mc_matmul_chunk(void *ctx, int tile) {
 
 /* the VNNI GEMM over one tile of weight rows: groups of 8 x rows through mc_gemm_4x8,
  * the x rows past them (at most MC_PAD_MIN_ROWS - 1) through the 4-row single-x kernel */
+/* res[u] lane v -> y[(j + v) * M + r + u] for u < nr, v < nu */
+MC_VNNI static inline void mc_gemm_store(float *y, int M, int r, int nr, int j, int nu,
+                                         const __m256 res[4]) {
+    float o[4][8];
+    for (int u = 0; u < nr; u++) {
+        _mm256_storeu_ps(o[u], res[u]);
+        for (int v = 0; v < nu; v++) y[(size_t)(j + v) * M + r + u] = o[u][v];
+    }
+}
+
 MC_VNNI static void mc_matmul_gemm_chunk(void *ctx, int tile) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
     const int M = jb->M, K = jb->K, n = jb->n, nb = K / 32, t = jb->t;
     const int r0 = tile * jb->tr, r1 = mc_imin(M, r0 + jb->tr);
     const int ngrp = n / 8 + (n % 8 >= MC_PAD_MIN_ROWS), jg = mc_imin(n, 8 * ngrp); /* rows in groups */
     const size_t st = (size_t)jb->row_stride;
-    /* two buffers of 4 unpacked rows and their scales: one computed, one filled */
-    const size_t wbytes = 4 * mc_gemm_row_bytes(nb), sbytes = (size_t)32 * nb;
-    char *buf = (char *)mc_scratch(2, 2 * (wbytes + sbytes) + 64);
-    if (buf == NULL) {
-        jb->failed = 1;
-        return;
-    }
-    uint8_t *wbuf[2];
-    float *dbuf[2], *mbuf[2];
-    wbuf[0] = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* aligned stores */
-    wbuf[1] = wbuf[0] + wbytes;
-    for (int b = 0; b < 2; b++) {
-        dbuf[b] = (float *)(wbuf[0] + 2 * wbytes + (size_t)b * sbytes);
-        mbuf[b] = dbuf[b] + 4 * nb;
-    }
+    const mc_q8t8 *xp = (const mc_q8t8 *)jb->xp;
     float *y = jb->y;
-    for (int ja = 0; ja < jg && jb->tab != NULL; ja += MC_GEMM_JR) { /* Q8_0 with its table */
-        const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
-        for (int r = r0; r < r1; r += 4) {
-            const int nr = mc_imin(4, r1 - r);
-            for (int j = ja; j < jb1; j += 8) {
-                __m256 res[4];
-                float o[4][8];
-                mc_gemm_q8raw_4x8(nb, jb->W + (size_t)r * st, st, nr, jb->tab + (size_t)r * nb,
-                                  (const mc_q8t8 *)jb->xp + (size_t)(j / 8) * nb, res);
-                const int nu = mc_imin(8, n - j);
-                for (int u = 0; u < nr; u++) {
-                    _mm256_storeu_ps(o[u], res[u]);
-                    for (int v = 0; v < nu; v++) y[(size_t)(j + v) * M + r + u] = o[u][v];
+    if (jb->tab != NULL) { /* Q8_0 with its table: the weights' ints read in place */
+        for (int ja = 0; ja < jg; ja += MC_GEMM_JR) {
+            const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
+            for (int r = r0; r < r1; r += 4) {
+                const int nr = mc_imin(4, r1 - r);
+                for (int j = ja; j < jb1; j += 8) {
+                    __m256 res[4];
+                    mc_gemm_q8raw_4x8(nb, jb->W + (size_t)r * st, st, nr, jb->tab + (size_t)r * nb,
+                                      xp + (size_t)(j / 8) * nb, res);
+                    mc_gemm_store(y, M, r, nr, j, mc_imin(8, n - j), res);
                 }
             }
         }
-    }
-    for (int ja = 0; ja < jg && jb->tab == NULL; ja += MC_GEMM_JR) {
-        const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
-        int cur = 0;
-        mc_gemm_unpack4(t, jb->W + (size_t)r0 * st, st, mc_imin(4, r1 - r0), nb, wbuf[0], dbuf[0],
-                        mbuf[0]);
-        for (int r = r0; r < r1; r += 4) {
-            const int nr = mc_imin(4, r1 - r), nx = r + 4 < r1; /* next rows to unpack */
-            for (int j = ja; j < jb1; j += 8) {
-                __m256 res[4];
-                float o[4][8];
-                const mc_q8t8 *xg = (const mc_q8t8 *)jb->xp + (size_t)(j / 8) * nb;
-                if (j == ja && nx)
-                    mc_gemm_4x8_next(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res,
-                                     jb->W + (size_t)(r + 4) * st, st, mc_imin(4, r1 - r - 4),
-                                     wbuf[1 - cur], dbuf[1 - cur], mbuf[1 - cur]);
-                else
-                    mc_gemm_4x8(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res);
-                const int nu = mc_imin(8, n - j);
-                for (int u = 0; u < nr; u++) {
-                    _mm256_storeu_ps(o[u], res[u]);
-                    for (int v = 0; v < nu; v++) y[(size_t)(j + v) * M + r + u] = o[u][v];
+    } else {
+        /* two buffers of 4 unpacked rows and their scales: one computed, one filled */
+        const size_t wbytes = 4 * mc_gemm_row_bytes(nb), sbytes = (size_t)32 * nb;
+        char *buf = (char *)mc_scratch(2, 2 * (wbytes + sbytes) + 64);
+        if (buf == NULL) {
+            jb->failed = 1;
+            return;
+        }
+        uint8_t *wbuf[2];
+        float *dbuf[2], *mbuf[2];
+        wbuf[0] = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* aligned stores */
+        wbuf[1] = wbuf[0] + wbytes;
+        for (int b = 0; b < 2; b++) {
+            dbuf[b] = (float *)(wbuf[0] + 2 * wbytes + (size_t)b * sbytes);
+            mbuf[b] = dbuf[b] + 4 * nb;
+        }
+        for (int ja = 0; ja < jg; ja += MC_GEMM_JR) {
+            const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
+            int cur = 0;
+            mc_gemm_unpack4(t, jb->W + (size_t)r0 * st, st, mc_imin(4, r1 - r0), nb, wbuf[0],
+                            dbuf[0], mbuf[0]);
+            for (int r = r0; r < r1; r += 4) {
+                const int nr = mc_imin(4, r1 - r), nx = r + 4 < r1; /* next rows to unpack */
+                for (int j = ja; j < jb1; j += 8) {
+                    __m256 res[4];
+                    const mc_q8t8 *xg = xp + (size_t)(j / 8) * nb;
+                    if (j == ja && nx)
+                        mc_gemm_4x8_next(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res,
+                                         jb->W + (size_t)(r + 4) * st, st, mc_imin(4, r1 - r - 4),
+                                         wbuf[1 - cur], dbuf[1 - cur], mbuf[1 - cur]);
+                    else
+                        mc_gemm_4x8(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res);
+                    mc_gemm_store(y, M, r, nr, j, mc_imin(8, n - j), res);
                 }
+                cur = 1 - cur;
             }
-            cur = 1 - cur;
         }
     }
     for (int j = jg; j < n; j++) { /* the x rows past the groups (fewer than MC_PAD_MIN_ROWS) */

@@ -26,18 +26,11 @@ MC_TGT static inline __m256i MC_SFX(mc_dot_u8)(__m256i ua, __m256i b) {
  * block order (Q4_1 adds sum(mw * sx) kept apart and added at the end), so a row's
  * result does not depend on how many rows share the call. */
 
-MC_TGT static inline int MC_SFX(mc_hsum_i32)(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
 MC_TGT static inline float MC_SFX(mc_fma1)(float a, float b, float c) {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 
-#define MC_BLOCK_ACC(acc, dd, p) acc = MC_SFX(mc_fma1)(dd, (float)MC_SFX(mc_hsum_i32)(p), acc)
+#define MC_BLOCK_ACC(acc, dd, p) acc = MC_SFX(mc_fma1)(dd, (float)mc_hsum256_i32(p), acc)
 
 MC_TGT static float MC_SFX(mc_dot_q4_0)(int K, const uint8_t *w, const void *xv) {
     const mc_q8 *x = (const mc_q8 *)xv;

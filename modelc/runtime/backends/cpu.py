@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -56,6 +56,8 @@ from modelc.runtime.backends.numpy_ref import NumpyBackend
 _k: Any = importlib.import_module("modelc._kernels.kernels")
 
 # DType -> type code of cyx/mc_common.h
+T = TypeVar("T")
+
 TYPE_CODES: dict[DType, int] = {
     DType.F32: _k.F32,
     DType.F16: _k.F16,
@@ -158,6 +160,26 @@ def _u16(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.uint16]]:
     return np.ascontiguousarray(a).view(np.uint16)
 
 
+def _memo(
+    cache: dict[int, tuple[np.ndarray[Any, Any], T]],
+    data: np.ndarray[Any, Any],
+    limit: int,
+    make: Callable[[], tuple[T, bool]],
+) -> T:
+    """What ``make`` derives from a weight's ``data``, kept per array (by identity, the
+    array itself held so its id is not reused) when ``make`` says it may be; the cache is
+    emptied at ``limit`` entries (weights made afresh per call must not grow it forever)."""
+    hit = cache.get(id(data))
+    if hit is not None and hit[0] is data:
+        return hit[1]
+    value, keep = make()
+    if keep:
+        if len(cache) >= limit:
+            cache.clear()
+        cache[id(data)] = (data, value)
+    return value
+
+
 def _flat(out: F32Array) -> F32Array:
     """A 1-D view of a caller's ``out`` (which must be C-contiguous to be written in place)."""
     if not out.flags.c_contiguous:
@@ -187,19 +209,14 @@ class CpuBackend:
         # id(weight data) -> (that data, its uint8 row view): the view costs ~1.5 us a call
         self._raw: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
         # id(Q8_0 weight data) -> (that data, its q8_0_table) for batched matmuls
-        self._tabs: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
+        self._tabs: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = {}
 
     def _rows(self, w: Weight) -> np.ndarray[Any, Any]:
-        hit = self._raw.get(id(w.data))
-        if hit is not None and hit[0] is w.data:
-            return hit[1]
-        raw = _raw_rows(w)
-        if not np.shares_memory(raw, w.data):  # a copy would go stale if w.data changes
-            return raw
-        if len(self._raw) >= 4096:  # weights made afresh per call: do not grow forever
-            self._raw.clear()
-        self._raw[id(w.data)] = (w.data, raw)
-        return raw
+        def make() -> tuple[np.ndarray[Any, Any], bool]:
+            raw = _raw_rows(w)
+            return raw, np.shares_memory(raw, w.data)  # a copy would go stale if w.data changes
+
+        return _memo(self._raw, w.data, 4096, make)
 
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
         code = TYPE_CODES.get(w.dtype)
@@ -220,16 +237,13 @@ class CpuBackend:
         used (other SIMD levels, exact/balanced mode) or the weight is not held as is."""
         if self.simd != SIMD_LEVELS["avx512vnni"] or self.tol < 1e30 or w.shape[1] % 32:
             return None
-        hit = self._tabs.get(id(w.data))
-        if hit is not None and hit[0] is w.data:
-            return hit[1]
-        if not np.shares_memory(raw, w.data):  # made per call: not worth a table
-            return None
-        tab: np.ndarray[Any, Any] = _k.q8_0_table(raw, w.shape[1])
-        if len(self._tabs) >= 64:
-            self._tabs.clear()
-        self._tabs[id(w.data)] = (w.data, tab)
-        return tab
+
+        def make() -> tuple[np.ndarray[Any, Any] | None, bool]:
+            if not np.shares_memory(raw, w.data):  # made per call: not worth a table
+                return None, False
+            return _k.q8_0_table(raw, w.shape[1]), True
+
+        return _memo(self._tabs, w.data, 64, make)
 
     def matmul_many(
         self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
