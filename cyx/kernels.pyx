@@ -253,35 +253,6 @@ cdef int _attention_check(int n_q, int nh, int hd, int n_kv, int nkh, int k2, in
     return 0
 
 
-def attention(const float[:, :, ::1] q, const float[:, :, ::1] k, const float[:, :, ::1] v,
-              int q_pos0, float scale, float[:, :, ::1] out, int nth, int simd=0):
-    """out (n_q, n_head, hd): causal GQA of q over cache rows k, v (n_kv, n_head_kv, hd)."""
-    cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
-    cdef int n_kv = k.shape[0], nkh = k.shape[1]
-    _attention_check(n_q, nh, hd, n_kv, nkh, k.shape[2], v.shape[0], v.shape[1], v.shape[2],
-                     q_pos0, out.shape[0], out.shape[1], out.shape[2])
-    if n_q == 0 or nh == 0 or hd == 0:
-        return
-    with nogil:
-        mc_attention(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0], n_q, nh, n_kv, nkh,
-                     hd, q_pos0, scale, 0, nth, simd)
-
-
-def attention_f16(const float[:, :, ::1] q, const uint16_t[:, :, ::1] k,
-                  const uint16_t[:, :, ::1] v, int q_pos0, float scale, float[:, :, ::1] out,
-                  int nth, int simd=0):
-    """``attention`` over an f16 cache: k, v are float16 arrays viewed as uint16."""
-    cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
-    cdef int n_kv = k.shape[0], nkh = k.shape[1]
-    _attention_check(n_q, nh, hd, n_kv, nkh, k.shape[2], v.shape[0], v.shape[1], v.shape[2],
-                     q_pos0, out.shape[0], out.shape[1], out.shape[2])
-    if n_q == 0 or nh == 0 or hd == 0:
-        return
-    with nogil:
-        mc_attention(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0], n_q, nh, n_kv, nkh,
-                     hd, q_pos0, scale, 1, nth, simd)
-
-
 cdef const void *_kv_data(object a, bint f16, int *shape) except? NULL:
     """A K or V array's data (NULL when it has no rows) and (rows, heads, dim) into
     shape: C-contiguous float32, or float16 viewed as uint16 when ``f16``."""
@@ -294,6 +265,24 @@ cdef const void *_kv_data(object a, bint f16, int *shape) except? NULL:
     a32 = a
     shape[0], shape[1], shape[2] = a32.shape[0], a32.shape[1], a32.shape[2]
     return &a32[0, 0, 0] if shape[0] > 0 else NULL
+
+
+def attention(const float[:, :, ::1] q, k, v, int q_pos0, float scale, float[:, :, ::1] out,
+              int nth, int simd=0, bint kv_f16=False):
+    """out (n_q, n_head, hd): causal GQA of q over cache rows k, v (n_kv, n_head_kv, hd):
+    float32, or (``kv_f16``) float16 arrays viewed as uint16."""
+    cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
+    cdef int kshape[3]
+    cdef int vshape[3]
+    cdef const void *kp = _kv_data(k, kv_f16, kshape)
+    cdef const void *vp = _kv_data(v, kv_f16, vshape)
+    _attention_check(n_q, nh, hd, kshape[0], kshape[1], kshape[2], vshape[0], vshape[1],
+                     vshape[2], q_pos0, out.shape[0], out.shape[1], out.shape[2])
+    if n_q == 0 or nh == 0 or hd == 0:
+        return
+    with nogil:
+        mc_attention(&q[0, 0, 0], kp, vp, &out[0, 0, 0], n_q, nh, kshape[0], kshape[1], hd,
+                     q_pos0, scale, kv_f16, nth, simd)
 
 
 def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list outs, int nth,

@@ -334,7 +334,7 @@ class CpuBackend:
         if out is None:
             out = np.empty_like(q)  # (n_q, n_head, hd)
         if _is_f16(k) and _is_f16(v):
-            _k.attention_f16(q, _u16(k), _u16(v), q_pos0, scale, out, self.threads, self.simd)
+            _k.attention(q, _u16(k), _u16(v), q_pos0, scale, out, self.threads, self.simd, True)
         else:
             _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads, self.simd)
         return out
