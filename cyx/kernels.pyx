@@ -13,16 +13,18 @@ from libc.stdlib cimport free, malloc
 cdef extern from "mc_quant.h" nogil:
     int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                   int n, float *y, int simd, int nth, float tol)
-    int mc_matmul_tab(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
-                      int n, float *y, int simd, int nth, float tol, const void *tab)
-    void mc_q8_0_table(const uint8_t *W, int64_t row_stride, int M, int K, void *out)
+    int mc_matmul_aux(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                      int n, float *y, int simd, int nth, float tol, const void *aux)
+    void mc_gemm_repack(int t, const uint8_t *W, int64_t row_stride, int M, int K, void *out)
+    size_t mc_repack_block_bytes(int t)
     int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
                         const int *Ms, int K, const float *x, int n, float *const *ys, int simd,
-                        int nth, float tol)
+                        int nth, float tol, const void *const *auxs)
     void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
                      int nids, float *out, int simd)
     int mc_simd_best()
     int mc_num_procs()
+    int mc_release_pages(const void *p, size_t n)
 
 cdef extern from "mc_pool.h" nogil:
     void mc_pool_backoff(int on)
@@ -79,15 +81,27 @@ def num_procs():
     return mc_num_procs()
 
 
+cdef const void *_aux_ptr(int wtype, const uint8_t[:, ::1] aux, int M, int K) except? NULL:
+    """A weight's ``repack`` (M rows of K) as ``aux``; NULL for None."""
+    if aux is None:
+        return NULL
+    cdef int nb = K // 32
+    cdef size_t per = mc_repack_block_bytes(wtype)
+    ok = per and aux.shape[0] == (M + 7) // 8 and aux.shape[1] == <Py_ssize_t>(nb * per)
+    if not ok or K % 32:
+        raise ValueError("matmul: GEMM data does not match the weights")
+    return &aux[0, 0]
+
+
 def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, float[:, ::1] out,
-           int simd, int nth, float tol=1e38, const uint8_t[:, ::1] tab=None):
+           int simd, int nth, float tol=1e38, const uint8_t[:, ::1] aux=None):
     """out (n, M) = x (n, K) @ W^T; W (M, row_bytes) raw rows of type ``wtype``.
 
     ``tol`` 0 keeps x in float32 (dequantize each weight row once, float dots);
     otherwise x is quantized to int8 blocks and the dots are integer, unless that
     quantization is estimated to add a relative RMS error above ``tol`` to some
-    row of x, when the call keeps x in float32 too (see mc_quant.h).  ``tab``: for Q8_0,
-    ``q8_0_table(W, K)`` (results unchanged; the batched kernel reads W in place).
+    row of x, when the call keeps x in float32 too (see mc_quant.h).  ``aux``: the
+    weight's ``repack`` for the VNNI kernels (Q4_1, Q8_0; results unchanged).
     """
     cdef int M = W.shape[0]
     cdef int n = x.shape[0]
@@ -97,13 +111,9 @@ def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, flo
         raise ValueError("matmul: shape mismatch")
     if n == 0 or M == 0:
         return
-    cdef const void *tp = NULL
-    if tab is not None:
-        if wtype != Q8_0 or tab.shape[0] != M or tab.shape[1] != (K // 32) * 8:
-            raise ValueError("matmul: table does not match the weights")
-        tp = &tab[0, 0]
+    cdef const void *tp = _aux_ptr(wtype, aux, M, K)
     with nogil:
-        rc = mc_matmul_tab(wtype, &W[0, 0], stride, M, K, &x[0, 0], n, &out[0, 0], simd, nth, tol,
+        rc = mc_matmul_aux(wtype, &W[0, 0], stride, M, K, &x[0, 0], n, &out[0, 0], simd, nth, tol,
                            tp)
     if rc == -1:
         raise ValueError(f"matmul: unsupported weight type code {wtype}")
@@ -111,26 +121,40 @@ def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, flo
         raise MemoryError("matmul: activation buffer")
 
 
-def q8_0_table(const uint8_t[:, ::1] W, int K):
-    """(M, K / 32 * 8) bytes: per Q8_0 block its scale as float32 and 128 times its int sum."""
+def repack(int wtype, const uint8_t[:, ::1] W, int K):
+    """((M + 7) / 8, K / 32 * block bytes): Q4_1 (160 bytes a block of 8 rows) or Q8_0
+    (272) rows repacked 8 at a time for the VNNI kernels (mc_gemm_repack)."""
     import numpy as np
     cdef int M = W.shape[0]
-    if K % 32 or W.shape[1] < (K // 32) * 34:
-        raise ValueError("q8_0_table: not Q8_0 rows of K elements")
-    out = np.empty((M, (K // 32) * 8), np.uint8)
+    cdef size_t per = mc_repack_block_bytes(wtype)
+    if per == 0:
+        raise ValueError(f"repack: weight type code {wtype} is not repacked")
+    if K % 32 or W.shape[1] < (K // 32) * (20 if wtype == Q4_1 else 34):
+        raise ValueError("repack: rows do not hold K elements of their type")
+    out = np.empty(((M + 7) // 8, (K // 32) * per), np.uint8)
     cdef uint8_t[:, ::1] o = out
     if M > 0 and K > 0:
         with nogil:
-            mc_q8_0_table(&W[0, 0], W.strides[0], M, K, &o[0, 0])
+            mc_gemm_repack(wtype, &W[0, 0], W.strides[0], M, K, &o[0, 0])
     return out
 
 
+def release_pages(const uint8_t[:, ::1] W):
+    """Let the OS reclaim the whole pages of a read-only file mapping W (weights a
+    repacked copy has replaced; their contents stay, read back on a later touch).
+    Returns whether it was done."""
+    if W.shape[0] == 0 or W.shape[1] == 0:
+        return False
+    cdef size_t n = <size_t>(W.shape[0] - 1) * <size_t>W.strides[0] + <size_t>W.shape[1]
+    return mc_release_pages(&W[0, 0], n) == 0
+
+
 def matmul_multi(int wtype, list Ws, int K, const float[:, ::1] x, list outs, int simd, int nth,
-                 float tol=1e38):
+                 float tol=1e38, list auxs=None):
     """outs[s] (n, M_s) = x (n, K) @ Ws[s]^T for weights of one type sharing x (at most 16).
 
     Each result equals ``matmul``'s; in fast mode x is quantized once and all the
-    products run as one pool job.
+    products run as one pool job.  ``auxs``: each weight's ``aux`` (see ``matmul``) or None.
     """
     cdef int nw = len(Ws), s, rc = 0, n = x.shape[0]
     cdef const uint8_t[:, ::1] w
@@ -141,12 +165,15 @@ def matmul_multi(int wtype, list Ws, int K, const float[:, ::1] x, list outs, in
         return
     if x.shape[1] != K:
         raise ValueError("matmul_multi: shape mismatch")
+    if auxs is not None and len(auxs) != nw:
+        raise ValueError("matmul_multi: one aux per weight")
     cdef const uint8_t **wp = <const uint8_t **>malloc(nw * sizeof(uint8_t *))
     cdef float **yp = <float **>malloc(nw * sizeof(float *))
     cdef int64_t *strides = <int64_t *>malloc(nw * sizeof(int64_t))
     cdef int *ms = <int *>malloc(nw * sizeof(int))
+    cdef const void **ap = <const void **>malloc(nw * sizeof(void *))
     try:
-        if wp == NULL or yp == NULL or strides == NULL or ms == NULL:
+        if wp == NULL or yp == NULL or strides == NULL or ms == NULL or ap == NULL:
             raise MemoryError("matmul_multi: tables")
         for s in range(nw):
             w = Ws[s]
@@ -157,9 +184,12 @@ def matmul_multi(int wtype, list Ws, int K, const float[:, ::1] x, list outs, in
             yp[s] = &o[0, 0]
             strides[s] = w.strides[0]
             ms[s] = w.shape[0]
+            ap[s] = _aux_ptr(wtype, auxs[s], ms[s], K) if auxs is not None else NULL
         with nogil:
-            rc = mc_matmul_multi(wtype, nw, wp, strides, ms, K, &x[0, 0], n, yp, simd, nth, tol)
+            rc = mc_matmul_multi(wtype, nw, wp, strides, ms, K, &x[0, 0], n, yp, simd, nth, tol,
+                                 ap if auxs is not None else NULL)
     finally:
+        free(ap)
         free(wp)
         free(yp)
         free(strides)

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #if !defined(_WIN32)
+#include <sys/mman.h>
 #include <unistd.h>
 #endif
 
@@ -94,12 +95,24 @@ typedef struct {
     int32_t pad[8];
 } mc_q8t8;
 
-/* Per Q8_0 block, for the VNNI GEMM's table (mc_gemm_vnni.h): the scale as float and
- * 128 times the block's int sum. */
+/* Q8_0 weights repacked for the VNNI GEMM (mc_gemm_vnni.h), 8 rows interleaved: per
+ * block, vector v (32 bytes) holds in dword lane j the ints 4v .. 4v+3 of row j as
+ * unsigned q + 128, then the 8 rows' f16 scales (34 bytes a row and block, as the
+ * original). */
 typedef struct {
-    float d;
-    int32_t wc;
-} mc_q8tab;
+    uint8_t qs[256];
+    uint16_t d[8];
+} mc_q80x8;
+
+/* Q4_1 weights repacked for the VNNI GEMM (mc_gemm_vnni.h), 8 rows interleaved: per
+ * block of 32 columns, vector v (32 bytes) holds in dword lane j the 4 bytes 4v .. 4v+3
+ * of row j's block (low nibbles: elements 4v + b, high: 16 + 4v + b), then the 8 rows'
+ * f16 scales and mins.  20 bytes a row and block, as the original. */
+typedef struct {
+    uint8_t qs[128];
+    uint16_t d[8];
+    uint16_t m[8];
+} mc_q41x8;
 
 /* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */
 typedef struct {
@@ -219,6 +232,24 @@ static int mc_num_procs(void) {
     return n > 0 ? (int)n : 1;
 #else
     return 1;
+#endif
+}
+
+/* Ask the kernel to reclaim the whole pages inside [p, p + n) of a file mapping (their
+ * contents stay: a later read faults them back in).  For weights that a repacked copy
+ * has replaced.  Returns 0, or -1 where not supported or refused. */
+static int mc_release_pages(const void *p, size_t n) {
+#if defined(MADV_PAGEOUT) && defined(_SC_PAGESIZE)
+    const long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0) return -1;
+    const uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+    const uintptr_t b = ((uintptr_t)p + n) & ~((uintptr_t)ps - 1);
+    if (b <= a) return 0;
+    return madvise((void *)a, (size_t)(b - a), MADV_PAGEOUT) == 0 ? 0 : -1;
+#else
+    (void)p;
+    (void)n;
+    return -1;
 #endif
 }
 

@@ -189,9 +189,11 @@ typedef struct {
     mc_dot4_fn dot4;
     mc_dot8_fn dot8;      /* 8 x rows at once (32-element types), or NULL */
     int gemm;             /* VNNI GEMM (mc_gemm_vnni.h) for the groups of 8 x rows */
-    const mc_q8tab *tab;  /* Q8_0 with the GEMM: the weights' table (mc_q8_0_table), or NULL */
+    const void *ilv;      /* with the GEMM: the Q4_1 or Q8_0 weights repacked 8 rows to a group
+                           * (mc_gemm_repack), or NULL */
     mc_dotr4_fn dotr4;    /* 4 weight rows at once against one x row, or NULL */
-    const void *xp;       /* (n / 8, K / 32): the mc_q8 rows repacked (mc_q8x8 or mc_q8t8) */
+    const void *xp;       /* (n / 8, K / 32): the mc_q8 rows repacked (mc_q8x8 or mc_q8t8); with
+                           * repacked Q8_0 weights (n, K / 32) ints: 128 x each block's sum */
     mc_dot_fn fdot;       /* exact path, few x rows: fused dequant + dot, or NULL */
     struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
 } mc_matmul_job;
@@ -316,20 +318,38 @@ MC_VNNI static void mc_matmul_gemm_chunk(void *ctx, int tile) {
     const size_t st = (size_t)jb->row_stride;
     const mc_q8t8 *xp = (const mc_q8t8 *)jb->xp;
     float *y = jb->y;
-    if (jb->tab != NULL) { /* Q8_0 with its table: the weights' ints read in place */
-        for (int ja = 0; ja < jg; ja += MC_GEMM_JR) {
-            const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
-            for (int r = r0; r < r1; r += 4) {
-                const int nr = mc_imin(4, r1 - r);
-                for (int j = ja; j < jb1; j += 8) {
-                    __m256 res[4];
-                    mc_gemm_q8raw_4x8(nb, jb->W + (size_t)r * st, st, nr, jb->tab + (size_t)r * nb,
-                                      xp + (size_t)(j / 8) * nb, res);
-                    mc_gemm_store(y, M, r, nr, j, mc_imin(8, n - j), res);
+    if (jb->ilv != NULL) { /* repacked weights: every x row through the 8 x 8 kernels (tiles
+                            * start at multiples of 8 rows) */
+        for (int r = r0; r < r1; r += 8) {
+            const int nr = mc_imin(8, r1 - r);
+            for (int j = 0; j < n; j += 8) {
+                const int na = mc_imin(8, n - j);
+                const mc_q8 *xr[8];
+                const int32_t *cx[8]; /* Q8_0: 128 times each x block's int sum (mc_matmul_prep) */
+                for (int a = 0; a < na; a++) {
+                    xr[a] = (const mc_q8 *)((const char *)jb->xbase + jb->xstride * (size_t)(j + a));
+                    cx[a] = (const int32_t *)jb->xp + (size_t)(j + a) * nb;
+                }
+                __m256 res[8];
+                if (t == MC_Q8_0)
+                    mc_gemm_q80x8(na, nb, (const mc_q80x8 *)jb->ilv + (size_t)(r / 8) * nb, xr, cx, res);
+                else
+                    mc_gemm_q41x8(na, nb, (const mc_q41x8 *)jb->ilv + (size_t)(r / 8) * nb, xr, res);
+                for (int a = 0; a < na; a++) {
+                    float *yo = y + (size_t)(j + a) * M + r;
+                    if (nr == 8) {
+                        _mm256_storeu_ps(yo, res[a]);
+                    } else {
+                        float o[8];
+                        _mm256_storeu_ps(o, res[a]);
+                        memcpy(yo, o, sizeof(float) * (size_t)nr);
+                    }
                 }
             }
         }
-    } else {
+        return;
+    }
+    {
         /* two buffers of 4 unpacked rows and their scales: one computed, one filled */
         const size_t wbytes = 4 * mc_gemm_row_bytes(nb), sbytes = (size_t)32 * nb;
         char *buf = (char *)mc_scratch(2, 2 * (wbytes + sbytes) + 64);
@@ -567,12 +587,14 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
             const size_t obytes = outl ? sizeof(struct mc_outl) * (size_t)n : 0;
             jb->dotr4 = K % 32 == 0 ? mc_pick_dotr4(t, simd) : NULL;
 #if defined(MC_X86)
-            jb->gemm = n >= MC_BATCH_MIN_ROWS && K % 32 == 0 && simd == MC_SIMD_VNNI && mc_gemm_type(t);
+            jb->gemm = (n >= MC_BATCH_MIN_ROWS || jb->ilv != NULL) && K % 32 == 0 &&
+                       simd == MC_SIMD_VNNI && mc_gemm_type(t); /* repacked Q4_1: any n */
 #endif
             jb->dot8 = n >= MC_BATCH_MIN_ROWS && K % 32 == 0 && !jb->gemm ? mc_pick_dot8(t, simd) : NULL;
             /* groups of 8 rows; a last group of MC_PAD_MIN_ROWS-7 rows is padded with zero rows */
             const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8 + (n % 8 >= MC_PAD_MIN_ROWS);
-            const size_t dbytes = jb->gemm     ? ngrp * nb * sizeof(mc_q8t8)
+            const size_t dbytes = jb->ilv != NULL ? (t == MC_Q8_0 ? sizeof(int32_t) * nb * (size_t)n : 0)
+                                  : jb->gemm  ? ngrp * nb * sizeof(mc_q8t8)
                                   : jb->dot8 ? ngrp * nb * sizeof(mc_q8x8)
                                             : 0;
             char *xq = (char *)mc_scratch(0, qbytes + ((obytes + 63) & ~(size_t)63) + dbytes + 64);
@@ -587,11 +609,21 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
 #if defined(MC_X86)
             if (jb->gemm && !*exact) {
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(uintptr_t)63));
-                mc_q8t8 *xp = (mc_q8t8 *)((at + 63) & ~(uintptr_t)63);
-                const int raw = jb->tab != NULL; /* mc_gemm_q8raw_4x8: x + 128, no offset */
-                for (size_t g = 0; g < ngrp; g++)
-                    mc_gemm_pack8(xq + jb->xstride * g * 8, jb->xstride, mc_imin(8, n - (int)g * 8),
-                                  (int)nb, raw ? 0 : mc_gemm_offset(t), raw, xp + g * nb);
+                char *xp = (char *)((at + 63) & ~(uintptr_t)63);
+                if (jb->ilv == NULL) {
+                    for (size_t g = 0; g < ngrp; g++)
+                        mc_gemm_pack8(xq + jb->xstride * g * 8, jb->xstride, mc_imin(8, n - (int)g * 8),
+                                      (int)nb, mc_gemm_offset(t), (mc_q8t8 *)xp + g * nb);
+                } else if (t == MC_Q8_0) { /* 128 times each block's int sum, for the weights' + 128 */
+                    int32_t *cx = (int32_t *)xp;
+                    for (int j = 0; j < n; j++)
+                        for (size_t i = 0; i < nb; i++) {
+                            const mc_q8 *b = (const mc_q8 *)(xq + jb->xstride * (size_t)j) + i;
+                            int sum = 0;
+                            for (int k = 0; k < 32; k++) sum += b->qs[k];
+                            cx[(size_t)j * nb + i] = 128 * sum;
+                        }
+                }
                 jb->xp = xp;
             }
 #endif
@@ -665,13 +697,20 @@ static int mc_job_init(mc_matmul_job *jb, int t, int K, int n, const float *x, i
     return jb->dot == NULL ? -1 : 0;
 }
 
-/* mc_matmul with, for Q8_0, the weights' table (mc_q8_0_table; NULL: none): the GEMM
- * then reads the weights' ints in place instead of unpacking them (same results). */
-static int mc_matmul_tab(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
-                         int n, float *y, int simd, int nth, float tol, const mc_q8tab *tab) {
+/* The GEMM's per-weight data `aux` (NULL: none) into a job: Q4_1 or Q8_0 weights
+ * repacked 8 rows to a group (mc_gemm_repack), which the GEMM then reads instead of W,
+ * with the same results.  Fast mode only (the balanced mode's outlier rows read W). */
+static void mc_job_aux(mc_matmul_job *jb, const void *aux, float tol) {
+    if (aux == NULL || jb->simd != MC_SIMD_VNNI || !(tol >= 1e30f)) return;
+    if (jb->t == MC_Q8_0 || jb->t == MC_Q4_1) jb->ilv = aux;
+}
+
+/* mc_matmul with the weights' GEMM data `aux` (mc_job_aux; NULL: none) */
+static int mc_matmul_aux(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+                         int n, float *y, int simd, int nth, float tol, const void *aux) {
     mc_matmul_job jb;
     if (mc_job_init(&jb, t, K, n, x, simd) != 0) return -1;
-    jb.tab = t == MC_Q8_0 && simd == MC_SIMD_VNNI ? tab : NULL;
+    mc_job_aux(&jb, aux, tol);
     jb.M = M;
     jb.W = W;
     jb.row_stride = row_stride;
@@ -696,21 +735,7 @@ static int mc_matmul_tab(int t, const uint8_t *W, int64_t row_stride, int M, int
 
 static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                      int n, float *y, int simd, int nth, float tol) {
-    return mc_matmul_tab(t, W, row_stride, M, K, x, n, y, simd, nth, tol, NULL);
-}
-
-/* out (M, K / 32): each Q8_0 block's scale as float and 128 times its int sum */
-static void mc_q8_0_table(const uint8_t *W, int64_t row_stride, int M, int K, void *outv) {
-    mc_q8tab *out = (mc_q8tab *)outv;
-    const int nb = K / 32;
-    for (int r = 0; r < M; r++)
-        for (int i = 0; i < nb; i++) {
-            const uint8_t *b = W + (size_t)r * row_stride + 34 * (size_t)i;
-            int sum = 0;
-            for (int k = 0; k < 32; k++) sum += (int8_t)b[2 + k];
-            out[(size_t)r * nb + i].d = mc_load_f16(b);
-            out[(size_t)r * nb + i].wc = 128 * sum;
-        }
+    return mc_matmul_aux(t, W, row_stride, M, K, x, n, y, simd, nth, tol, NULL);
 }
 
 typedef struct {
@@ -735,16 +760,20 @@ static void mc_matmul_multi_tile(void *ctx, int c) {
  * balanced modes, and F32/F16 weights, run mc_matmul per weight.  Returns as mc_matmul. */
 static int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
                            const int *Ms, int K, const float *x, int n, float *const *ys,
-                           int simd, int nth, float tol) {
+                           int simd, int nth, float tol, const void *const *auxs) {
     if (!(tol >= 1e30f) || t == MC_F32 || t == MC_F16 || nw < 2 || nw > MC_MULTI_MAX) {
         for (int s = 0; s < nw; s++) {
-            const int rc = mc_matmul(t, Ws[s], strides[s], Ms[s], K, x, n, ys[s], simd, nth, tol);
+            const int rc = mc_matmul_aux(t, Ws[s], strides[s], Ms[s], K, x, n, ys[s], simd, nth,
+                                         tol, auxs != NULL ? auxs[s] : NULL);
             if (rc != 0) return rc;
         }
         return 0;
     }
     mc_matmul_job jb;
     if (mc_job_init(&jb, t, K, n, x, simd) != 0) return -1;
+    int all = auxs != NULL; /* the GEMM data: for every weight or none (one x packing) */
+    for (int s = 0; all && s < nw; s++) all = auxs[s] != NULL;
+    mc_job_aux(&jb, all ? auxs[0] : NULL, tol);
     int exact = 0, nnoisy = 0;
     if (mc_matmul_prep(&jb, nth, tol, &exact, &nnoisy) != 0) return -2;
     double work = 0.0;
@@ -759,6 +788,7 @@ static int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_
         jobs[s].row_stride = strides[s];
         jobs[s].M = Ms[s];
         jobs[s].y = ys[s];
+        if (all) mc_job_aux(&jobs[s], auxs[s], tol);
         offs[s + 1] = offs[s] + mc_matmul_tiles(&jobs[s], use, 0);
     }
     mc_matmul_multi_job mj = {jobs, offs, nw};

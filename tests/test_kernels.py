@@ -26,6 +26,8 @@ portable scalar path.
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 from typing import Any
 
 import gguf
@@ -216,24 +218,62 @@ def test_matmul_many_equals_separate_calls(n: int, mode: str, dtype: DType, simd
         np.testing.assert_array_equal(g, cpu.matmul(w, x))
 
 
-def test_q8_0_table_path_is_bit_identical() -> None:
-    """Batched Q8_0 with the per-block table (the VNNI GEMM reading the weights in place)
-    gives what the unpacking GEMM gives; a table of the wrong shape is refused."""
+@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1])
+def test_gemm_aux_path_is_bit_identical(dtype: DType) -> None:
+    """Q8_0 and Q4_1 repacked 8 rows to a group (weights as vpdpbusd's vector operand, no
+    unpacking through memory) give what the unpacking GEMM gives, for x row counts
+    around the 8 x 8 tiles; data of the wrong shape is refused."""
     from modelc._kernels import kernels as kk
 
     rng = np.random.default_rng(8)
-    w = make_weight(DType.Q8_0, 37, 96, rng)
-    x = rng.standard_normal((13, 96)).astype(np.float32)
+    code = kk.Q8_0 if dtype is DType.Q8_0 else kk.Q4_1
+    w = make_weight(dtype, 37, 96, rng)
     raw = np.ascontiguousarray(w.data)
-    tab = kk.q8_0_table(raw, 96)
-    assert tab.shape == (37, 3 * 8)
+    aux = kk.repack(code, raw, 96)
+    per = 272 if dtype is DType.Q8_0 else 160  # bytes a block of 8 rows
+    assert aux.shape == (5, 3 * per)  # 37 rows: 5 groups of 8, the last padded
     simd = SIMD_LEVELS[available_simd()[0]]
-    with_tab, without = np.empty((13, 37), np.float32), np.empty((13, 37), np.float32)
-    kk.matmul(kk.Q8_0, raw, 96, x, with_tab, simd, 2, 1e38, tab)
-    kk.matmul(kk.Q8_0, raw, 96, x, without, simd, 2, 1e38, None)
-    np.testing.assert_array_equal(with_tab, without)
-    with pytest.raises(ValueError, match="table does not match"):
-        kk.matmul(kk.Q8_0, raw, 96, x, without, simd, 2, 1e38, np.ascontiguousarray(tab[:, :8]))
+    for n in (1, 3, 5, 8, 13, 17):
+        x = rng.standard_normal((n, 96)).astype(np.float32)
+        with_aux, without = np.empty((n, 37), np.float32), np.empty((n, 37), np.float32)
+        kk.matmul(code, raw, 96, x, with_aux, simd, 2, 1e38, aux)
+        kk.matmul(code, raw, 96, x, without, simd, 2, 1e38, None)
+        np.testing.assert_array_equal(with_aux, without)
+        outs = [np.empty((n, 37), np.float32), np.empty((n, 37), np.float32)]
+        kk.matmul_multi(code, [raw, raw], 96, x, outs, simd, 2, 1e38, [aux, aux])
+        np.testing.assert_array_equal(outs[0], without)
+        np.testing.assert_array_equal(outs[1], without)
+    with pytest.raises(ValueError, match="GEMM data does not match"):
+        kk.matmul(code, raw, 96, x, without, simd, 2, 1e38, np.ascontiguousarray(aux[:, :8]))
+
+
+@pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
+@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1])
+def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> None:
+    """Weights read from a file mapping (as GGUF and .modelc files are): the backend
+    repacks them on first use, hands the file's pages back to the OS, and the mapping
+    still reads the same bytes; results equal the unpacking kernels' for 1-9 x rows."""
+    from modelc._kernels import kernels as kk
+    from modelc.runtime.backends.cpu import _file_mapped
+
+    rng = np.random.default_rng(9)
+    w = make_weight(dtype, 4096, 256, rng)  # 160-ish pages of rows
+    raw = np.ascontiguousarray(w.data)
+    path = tmp_path / "w.bin"
+    raw.tofile(path)
+    mapped = np.memmap(path, np.uint8, "r", shape=raw.shape)
+    assert _file_mapped(mapped) and not _file_mapped(raw)
+    cpu = CpuBackend(simd="avx512vnni")
+    code = kk.Q8_0 if dtype is DType.Q8_0 else kk.Q4_1
+    for n in (1, 2, 5, 8, 9):
+        x = rng.standard_normal((n, 256)).astype(np.float32)
+        want = np.empty((n, 4096), np.float32)
+        kk.matmul(code, raw, 256, x, want, cpu.simd, 2, 1e38, None)  # no repacked copy
+        np.testing.assert_array_equal(cpu.matmul(Weight(dtype, w.shape, mapped), x), want)
+    np.testing.assert_array_equal(np.asarray(mapped), raw)  # the pages read back intact
+    if sys.platform == "linux":  # MADV_PAGEOUT (Linux 5.4+)
+        assert kk.release_pages(mapped)
+        np.testing.assert_array_equal(np.asarray(mapped), raw)
 
 
 def test_matmul_many_mixed_types_and_errors() -> None:

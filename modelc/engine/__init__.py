@@ -15,7 +15,7 @@ from modelc.engine.scheduler import LLMEngine
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import ModelIR
 from modelc.runtime.backend import Backend, get_backend
-from modelc.runtime.model import EmbeddingModel, LanguageModel
+from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
 
 __all__ = ["EngineOptions", "LLMEngine", "build_engine"]
 
@@ -57,6 +57,10 @@ def build_engine(
             "the engine cannot serve them",
             path=ir.source.path,
         )
+    if isinstance(runtime, LanguageModel):
+        # one token through every layer now, not in the first request: the backend makes
+        # what it derives from the weights on first use (repacked copies, tables)
+        runtime.forward([SeqChunk(runtime.new_cache(max_tokens=1), [0])])
     tok = Tokenizer(ir.tokenizer) if ir.tokenizer is not None else None
     mlp = None
     if isinstance(runtime, LanguageModel) and MLPDraftWeights.has(ir):

@@ -42,6 +42,7 @@ forward from memory.
 from __future__ import annotations
 
 import importlib
+import mmap
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -180,6 +181,19 @@ def _memo(
     return value
 
 
+def _file_mapped(a: np.ndarray[Any, Any]) -> bool:
+    """Whether ``a`` is a read-only view of a file mapping (np.memmap, mmap.mmap), whose
+    pages the OS can drop and read back: never true of memory the process owns."""
+    if a.flags.writeable:
+        return False
+    base: Any = a
+    while base is not None:
+        if isinstance(base, np.memmap | mmap.mmap):
+            return True
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return False
+
+
 def _flat(out: F32Array) -> F32Array:
     """A 1-D view of a caller's ``out`` (which must be C-contiguous to be written in place)."""
     if not out.flags.c_contiguous:
@@ -208,8 +222,8 @@ class CpuBackend:
         self._fallback = NumpyBackend()
         # id(weight data) -> (that data, its uint8 row view): the view costs ~1.5 us a call
         self._raw: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
-        # id(Q8_0 weight data) -> (that data, its q8_0_table) for batched matmuls
-        self._tabs: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = {}
+        # id(weight data) -> (that data, its data for the batched VNNI kernel, or None)
+        self._aux: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = {}
 
     def _rows(self, w: Weight) -> np.ndarray[Any, Any]:
         def make() -> tuple[np.ndarray[Any, Any], bool]:
@@ -227,23 +241,35 @@ class CpuBackend:
         if out is None:
             out = np.empty((x.shape[0], rows), dtype=np.float32)  # (n, out)
         raw = self._rows(w)
-        tab = self._q8_table(w, raw) if w.dtype is DType.Q8_0 and x.shape[0] >= 5 else None
-        _k.matmul(code, raw, cols, x, out, self.simd, self.threads, self.tol, tab)
+        _k.matmul(
+            code, raw, cols, x, out, self.simd, self.threads, self.tol, self._gemm_aux(w, raw)
+        )
         return out
 
-    def _q8_table(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """A Q8_0 weight's per-block table for the batched VNNI kernel, made on first use
-        (8 bytes a block: the output head of SmolLM2 7 MB); None where that kernel is not
-        used (other SIMD levels, exact/balanced mode) or the weight is not held as is."""
-        if self.simd != SIMD_LEVELS["avx512vnni"] or self.tol < 1e30 or w.shape[1] % 32:
+    def _gemm_aux(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """A Q4_1 or Q8_0 weight repacked 8 rows to a group for the VNNI kernels, made on
+        first use (as large as the weight).  Fast mode then reads only the copy, so the
+        pages of a file mapping are handed back to the OS (read again only for what else
+        touches the rows, such as a tied embedding's lookups).  None where those kernels
+        are not used (other types and SIMD levels, exact/balanced mode) or the weight is
+        not held as is."""
+        if (
+            w.dtype not in (DType.Q8_0, DType.Q4_1)
+            or self.simd != SIMD_LEVELS["avx512vnni"]
+            or self.tol < 1e30
+            or w.shape[1] % 32
+        ):
             return None
 
         def make() -> tuple[np.ndarray[Any, Any] | None, bool]:
-            if not np.shares_memory(raw, w.data):  # made per call: not worth a table
+            if not np.shares_memory(raw, w.data):  # made per call: not worth it
                 return None, False
-            return _k.q8_0_table(raw, w.shape[1]), True
+            copy = _k.repack(TYPE_CODES[w.dtype], raw, w.shape[1])
+            if _file_mapped(raw):
+                _k.release_pages(raw)
+            return copy, True
 
-        return _memo(self._tabs, w.data, 64, make)
+        return _memo(self._aux, w.data, 4096, make)
 
     def matmul_many(
         self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
@@ -274,6 +300,7 @@ class CpuBackend:
             self.simd,
             self.threads,
             self.tol,
+            [self._gemm_aux(w, self._rows(w)) for w in ws],
         )
         return res
 
