@@ -304,9 +304,11 @@ mc_gemm_q41x8_body(int nb, const mc_q41x8 *w, const mc_q8 *const x[8], __m256 re
     for (int a = 0; a < 8; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb; i++) {
         const mc_q41x8 *b = w + i;
-        _mm_prefetch((const char *)(b + 4), _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 4) + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 4) + 128, _MM_HINT_T0);
+        /* 16 blocks (2.5 KB) ahead: measured on SmolLM2's layers at 1 and 8 x rows, 4 -> 8
+         * blocks -4%, -> 16 another -2 to -4%, 32 no better */
+        _mm_prefetch((const char *)(b + 16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + 16) + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + 16) + 128, _MM_HINT_T0);
         const __m256i q0 = _mm256_loadu_si256((const __m256i *)b->qs); /* numpy's 16-byte alignment */
         const __m256i q1 = _mm256_loadu_si256((const __m256i *)(b->qs + 32));
         const __m256i q2 = _mm256_loadu_si256((const __m256i *)(b->qs + 64));

@@ -474,8 +474,9 @@ class LLMEngine:
             r.spec_drafted += s.n_draft
             r.spec_accepted += len(samples) - 1
             return samples
-        x = logits[-1].copy()
+        x = logits[-1]
         if r.constraint is not None:
+            x = x.copy()  # masked in place
             r.constraint.mask(x)
         smp = r.sampler.sample(x)
         r.sampler.accept(smp.token)

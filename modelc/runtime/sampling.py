@@ -167,8 +167,8 @@ class Sampler:
         return probs
 
     def sample(self, logits: F32Array) -> Sample:
-        """Choose the next token from raw logits (n_vocab,)."""
-        x = self.process(logits)
+        """Choose the next token from raw logits (n_vocab,), which are not modified."""
+        x = self.process(logits) if self.chain else logits  # nothing to apply: no copy
         if self.p.temperature == 0:
             tok = int(np.argmax(x))
         else:
