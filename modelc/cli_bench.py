@@ -48,6 +48,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             reps=args.reps,
             threads=args.threads,
             matmul=args.matmul,
+            kv_cache=args.kv_cache,
             progress=lambda s: status.update(s),
         )
     if args.json:
@@ -149,6 +150,12 @@ def register(subparsers: Any) -> None:
     g.add_argument("--threads", type=int, default=None, metavar="N", help="kernel threads")
     g.add_argument(
         "--matmul", default=None, choices=["fast", "balanced", "exact"], help="MODELC_MATMUL mode"
+    )
+    g.add_argument(
+        "--kv-cache",
+        default="f16",
+        choices=["f32", "f16", "int8", "mixed"],
+        help="KV-cache storage (f16, as `modelc run`)",
     )
     h = p.add_argument_group("load test (--url)")
     h.add_argument("--url", default=None, help="an OpenAI-compatible server on loopback")

@@ -39,6 +39,7 @@ def test_offline_json_on_smollm2(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["architecture"] == "llama" and d["threads"] == 1 and d["matmul"] == "exact"
+    assert d["kv_cache"] == "f16"  # as `modelc run`
     assert set(d["prefill_tps"]) == {"8", "24"} and set(d["decode_tps"]) == {"1", "3"}
     for v in [*d["prefill_tps"].values(), *d["decode_tps"].values()]:
         assert v > 0

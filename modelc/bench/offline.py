@@ -9,6 +9,8 @@
   greedy steps of one ``forward`` over all of them, best of ``reps`` such runs (each
   continuing the same sequences); tokens/s = batch * steps / time.
 * **peak RSS**: this process's high-water mark (``VmHWM``) after the run.
+
+Prefill and decode use a ``kv_cache`` KV cache (f16 by default, as ``modelc run``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class OfflineResult:
     backend: str
     threads: int
     matmul: str
+    kv_cache: str  # KV-cache storage of the prefill and decode rows
     load_cold_s: float  # open + build in a fresh process
     load_warm_s: float  # the same, second time in this process
     import_s: float  # importing the runtime in a fresh process (not in load_cold_s)
@@ -154,6 +157,7 @@ def run_offline(
     reps: int = 2,
     threads: int | None = None,
     matmul: str | None = None,
+    kv_cache: str = "f16",
     progress: Callable[[str], None] | None = None,
 ) -> OfflineResult:
     """Measure ``model_arg`` (a path, store or catalog name; see :mod:`modelc.resolve`)."""
@@ -180,11 +184,11 @@ def run_offline(
     path = resolve_model(model_arg)
     say("cold load (fresh process)")
     imp, cold = cold_load_s(path, threads, mode_name)
-    backend = CpuBackend(threads=threads, matmul=mode)
-    model = build(load_artifact(path), backend)  # first open in this process
-    del model
+    model = build(load_artifact(path), CpuBackend(threads=threads, matmul=mode))  # first open
+    del model  # with its backend (and what that derived from the weights)
     t1 = time.perf_counter()
     ir = load_artifact(path)
+    backend = CpuBackend(threads=threads, matmul=mode)
     model = build(ir, backend)
     warm = time.perf_counter() - t1
     if not isinstance(model, (Llama, GPT2)):
@@ -204,6 +208,7 @@ def run_offline(
         backend=backend.name,
         threads=threads,
         matmul=mode_name,
+        kv_cache=kv_cache,
         load_cold_s=cold,
         load_warm_s=warm,
         import_s=imp,
@@ -215,7 +220,12 @@ def run_offline(
 
     # warm-up: touch every weight page and the kernels' thread pool
     model.forward(
-        [SeqChunk(model.new_cache(max_tokens=64), prompt_tokens(16, model.n_vocab, encode, 0))]
+        [
+            SeqChunk(
+                model.new_cache(kv_cache, max_tokens=64),
+                prompt_tokens(16, model.n_vocab, encode, 0),
+            )
+        ]
     )
 
     for n in prompt_lens:
@@ -223,14 +233,14 @@ def run_offline(
         best = float("inf")
         for r in range(reps):
             say(f"prefill {n} tokens ({r + 1}/{reps})")
-            cache = model.new_cache(max_tokens=n)
+            cache = model.new_cache(kv_cache, max_tokens=n)
             t = time.perf_counter()
             model.forward([SeqChunk(cache, ids)])
             best = min(best, time.perf_counter() - t)
         res.prefill_tps[n] = n / best
 
     for b in batches:
-        caches = [model.new_cache(max_tokens=16 + steps * reps + 1) for _ in range(b)]
+        caches = [model.new_cache(kv_cache, max_tokens=16 + steps * reps + 1) for _ in range(b)]
         logits = model.forward(
             [
                 SeqChunk(c, prompt_tokens(16, model.n_vocab, encode, seed=100 + i))

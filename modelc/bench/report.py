@@ -21,7 +21,7 @@ def _f(x: float, nd: int = 1) -> str:
 def offline_table(r: OfflineResult) -> Table:
     t = Table(
         title=f"{Path(r.model).name}: {r.architecture}, {r.backend}, "
-        f"{r.threads} threads, matmul {r.matmul}"
+        f"{r.threads} threads, matmul {r.matmul}, KV cache {r.kv_cache}"
     )
     t.add_column("measurement")
     t.add_column("value", justify="right")
