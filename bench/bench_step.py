@@ -28,7 +28,16 @@ from modelc.runtime.backends.cpu import SIMD_LEVELS, TYPE_CODES, CpuBackend
 from modelc.runtime.model import SeqChunk
 from tests import assets
 
-OPS = ("matmul", "matmul_many", "attention_append", "rms_norm", "rope", "silu_mul", "get_rows")
+OPS = (
+    "matmul",
+    "matmul_many",
+    "attention_append",
+    "rms_norm",
+    "rope_angles",
+    "rope",
+    "silu_mul",
+    "get_rows",
+)
 
 
 def instrument(be: CpuBackend, totals: collections.Counter[str]) -> None:

@@ -20,8 +20,8 @@ cdef extern from "mc_quant.h" nogil:
     int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
                         const int *Ms, int K, const float *x, int n, float *const *ys, int simd,
                         int nth, float tol, const void *const *auxs)
-    void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
-                     int nids, float *out, int simd)
+    int mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
+                    int nids, float *out, int simd, const void *aux)
     int mc_simd_best()
     int mc_num_procs()
     int mc_release_pages(const void *p, size_t n)
@@ -33,7 +33,9 @@ cdef extern from "mc_ops.h" nogil:
     void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps, int nth)
     void mc_layer_norm(const float *x, const float *w, const float *b, float *y, int n, int d,
                        float eps, int nth)
-    void mc_rope(float *x, const int64_t *pos, const float *inv_freq, int n, int n_heads, int hd,
+    void mc_rope_table(const int64_t *pos, const float *inv_freq, int n, int half, float *cs,
+                       float *sn)
+    void mc_rope_apply(float *x, const float *cs, const float *sn, int n, int n_heads, int hd,
                  int half, int neox)
     void mc_softmax(float *x, int n, int d, int simd)
     void mc_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd)
@@ -201,11 +203,13 @@ def matmul_multi(int wtype, list Ws, int K, const float[:, ::1] x, list outs, in
 
 
 def get_rows(int wtype, const uint8_t[:, ::1] W, int K, const int64_t[::1] ids, float[:, ::1] out,
-             int simd=0):
-    """out (len(ids), K) = dequantized rows ``ids`` of W."""
-    cdef int nids = ids.shape[0]
+             int simd=0, const uint8_t[:, ::1] aux=None):
+    """out (len(ids), K) = dequantized rows ``ids`` of W; read from W's ``repack`` when
+    ``aux`` is given (the same values)."""
+    cdef int nids = ids.shape[0], rc
     cdef int64_t stride = W.strides[0]
     cdef int i
+    cdef const void *ap = _aux_ptr(wtype, aux, W.shape[0], K)
     if out.shape[0] != nids or out.shape[1] != K:
         raise ValueError("get_rows: shape mismatch")
     for i in range(nids):
@@ -214,7 +218,9 @@ def get_rows(int wtype, const uint8_t[:, ::1] W, int K, const int64_t[::1] ids, 
     if nids == 0:
         return
     with nogil:
-        mc_get_rows(wtype, &W[0, 0], stride, K, &ids[0], nids, &out[0, 0], simd)
+        rc = mc_get_rows(wtype, &W[0, 0], stride, K, &ids[0], nids, &out[0, 0], simd, ap)
+    if rc != 0:
+        raise MemoryError("get_rows: row buffer")
 
 
 def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, float[:, ::1] out, int nth):
@@ -238,14 +244,27 @@ def layer_norm(const float[:, ::1] x, const float[::1] w, const float[::1] b, fl
         mc_layer_norm(&x[0, 0], &w[0], &b[0], &out[0, 0], n, d, eps, nth)
 
 
-def rope(float[:, :, ::1] x, const int64_t[::1] pos, const float[::1] inv_freq, bint neox):
-    cdef int n = x.shape[0], nh = x.shape[1], hd = x.shape[2], half = inv_freq.shape[0]
-    if pos.shape[0] != n or 2 * half > hd or half > 512:
+def rope_table(const int64_t[::1] pos, const float[::1] inv_freq):
+    """(cos, sin), each (n, half) float32: RoPE's angles pos[t] * inv_freq[i]."""
+    import numpy as np
+    cdef int n = pos.shape[0], half = inv_freq.shape[0]
+    cs, sn = np.empty((n, half), np.float32), np.empty((n, half), np.float32)
+    cdef float[:, ::1] c = cs, s = sn
+    if n > 0 and half > 0:
+        with nogil:
+            mc_rope_table(&pos[0], &inv_freq[0], n, half, &c[0, 0], &s[0, 0])
+    return cs, sn
+
+
+def rope(float[:, :, ::1] x, const float[:, ::1] cs, const float[:, ::1] sn, bint neox):
+    """In place: x (n, heads, hd) rotated by ``rope_table``'s angles (n, half)."""
+    cdef int n = x.shape[0], nh = x.shape[1], hd = x.shape[2], half = cs.shape[1]
+    if cs.shape[0] != n or sn.shape[0] != n or sn.shape[1] != half or 2 * half > hd:
         raise ValueError("rope: shape mismatch")
     if n == 0 or half == 0:
         return
     with nogil:
-        mc_rope(&x[0, 0, 0], &pos[0], &inv_freq[0], n, nh, hd, half, neox)
+        mc_rope_apply(&x[0, 0, 0], &cs[0, 0], &sn[0, 0], n, nh, hd, half, neox)
 
 
 def softmax(float[:, ::1] x, int simd=0):

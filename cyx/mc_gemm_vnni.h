@@ -44,26 +44,50 @@ static inline size_t mc_repack_block_bytes(int t) {
     return t == MC_Q4_1 ? sizeof(mc_q41x8) : t == MC_Q8_0 ? sizeof(mc_q80x8) : 0;
 }
 
+/* Move one row of K / 32 blocks between its original bytes `row` and lane j of a
+ * repacked group `grp` (mc_gemm_repack's layout), either way (`pack`): the scale (and
+ * Q4_1's min) and dword v of the ints (Q4_1: 4 bytes of nibbles; Q8_0: 4 ints, stored
+ * as unsigned q + 128) into / out of vector v. */
+static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int pack) {
+    const int q41 = t == MC_Q4_1, bs = q41 ? 20 : 34, nv = q41 ? 4 : 8, hb = q41 ? 4 : 2;
+    const uint8_t flip = q41 ? 0 : 0x80;
+    const size_t ob = mc_repack_block_bytes(t);
+    for (int i = 0; i < nb; i++) {
+        uint8_t *o = grp + ob * (size_t)i, *b = row + (size_t)bs * i;
+        uint8_t *d = (uint8_t *)(q41 ? ((mc_q41x8 *)o)->d : ((mc_q80x8 *)o)->d) + 2 * j;
+        uint8_t *m = q41 ? (uint8_t *)((mc_q41x8 *)o)->m + 2 * j : NULL;
+        if (pack) {
+            memcpy(d, b, 2);
+            if (m != NULL) memcpy(m, b + 2, 2);
+        } else {
+            memcpy(b, d, 2);
+            if (m != NULL) memcpy(b + 2, m, 2);
+        }
+        for (int v = 0; v < nv; v++)
+            for (int k = 0; k < 4; k++) {
+                uint8_t *p = o + 32 * v + 4 * j + k, *q = b + hb + 4 * v + k;
+                if (pack) *p = *q ^ flip;
+                else *q = *p ^ flip;
+            }
+    }
+}
+
 /* Q4_1 or Q8_0 rows (`st` bytes apart) repacked 8 at a time (out: ceil(M / 8) groups of
  * K / 32 blocks of mc_repack_block_bytes(t); a last group past row M - 1 repeats that
- * row): per row j and block, the scale (and Q4_1's min) into lane j, and dword v of the
- * ints (Q4_1: 4 bytes of nibbles; Q8_0: 4 ints as unsigned q + 128) into vector v. */
+ * row), as the repacked kernels read them. */
 static void mc_gemm_repack(int t, const uint8_t *W, int64_t st, int M, int K, void *out) {
-    const int nb = K / 32, q41 = t == MC_Q4_1, bs = q41 ? 20 : 34, nv = q41 ? 4 : 8;
-    const size_t ob = mc_repack_block_bytes(t);
+    const int nb = K / 32;
     for (int g = 0; g < (M + 7) / 8; g++)
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *row = W + (size_t)st * (size_t)mc_imin(8 * g + j, M - 1);
-            for (int i = 0; i < nb; i++) {
-                uint8_t *o = (uint8_t *)out + ob * ((size_t)g * nb + i);
-                const uint8_t *b = row + (size_t)bs * i, *q = b + (q41 ? 4 : 2);
-                uint16_t *d = q41 ? ((mc_q41x8 *)o)->d : ((mc_q80x8 *)o)->d;
-                memcpy(d + j, b, 2);
-                if (q41) memcpy(((mc_q41x8 *)o)->m + j, b + 2, 2);
-                for (int v = 0; v < nv; v++)
-                    for (int k = 0; k < 4; k++) o[32 * v + 4 * j + k] = q[4 * v + k] ^ (q41 ? 0 : 0x80);
-            }
-        }
+        for (int j = 0; j < 8; j++)
+            mc_repack_lane(t, (uint8_t *)W + (size_t)st * (size_t)mc_imin(8 * g + j, M - 1),
+                           (uint8_t *)out + mc_repack_block_bytes(t) * (size_t)g * nb, j, nb, 1);
+}
+
+/* Row r of repacked weights (mc_gemm_repack) back in its original bytes, into row. */
+static void mc_repack_row(int t, const void *rp, int K, int r, uint8_t *row) {
+    const int nb = K / 32;
+    mc_repack_lane(t, row, (uint8_t *)rp + mc_repack_block_bytes(t) * (size_t)(r / 8) * nb, r % 8,
+                   nb, 0);
 }
 
 #if defined(MC_X86)

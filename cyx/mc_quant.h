@@ -798,11 +798,23 @@ static int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_
     return 0;
 }
 
-/* out (nids, K) = dequantized rows ids of W */
-static void mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
-                        int nids, float *out, int simd) {
-    for (int i = 0; i < nids; i++)
-        mc_dequant_row_simd(t, W + (size_t)ids[i] * row_stride, K, out + (size_t)i * K, simd);
+/* out (nids, K) = dequantized rows ids of W, or (aux not NULL) of the same weights
+ * repacked (mc_gemm_repack: each row put back in its bytes first, so the values are the
+ * same).  Returns 0, or -2 when out of memory. */
+static int mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
+                       int nids, float *out, int simd, const void *aux) {
+    uint8_t *row = NULL;
+    if (aux != NULL && (row = (uint8_t *)malloc((size_t)(K / 32) * 34)) == NULL) return -2;
+    for (int i = 0; i < nids; i++) {
+        const uint8_t *src = W + (size_t)ids[i] * row_stride;
+        if (row != NULL) {
+            mc_repack_row(t, aux, K, (int)ids[i], row);
+            src = row;
+        }
+        mc_dequant_row_simd(t, src, K, out + (size_t)i * K, simd);
+    }
+    free(row);
+    return 0;
 }
 
 #endif /* MC_QUANT_H */

@@ -243,6 +243,11 @@ def test_gemm_aux_path_is_bit_identical(dtype: DType) -> None:
         kk.matmul_multi(code, [raw, raw], 96, x, outs, simd, 2, 1e38, [aux, aux])
         np.testing.assert_array_equal(outs[0], without)
         np.testing.assert_array_equal(outs[1], without)
+    ids = np.array([0, 7, 8, 36, 17, 36], np.int64)  # the padded last group's row too
+    rows_aux, rows = np.empty((6, 96), np.float32), np.empty((6, 96), np.float32)
+    kk.get_rows(code, raw, 96, ids, rows_aux, simd, aux)  # each row put back, then dequantized
+    kk.get_rows(code, raw, 96, ids, rows, simd, None)
+    np.testing.assert_array_equal(rows_aux, rows)
     with pytest.raises(ValueError, match="GEMM data does not match"):
         kk.matmul(code, raw, 96, x, without, simd, 2, 1e38, np.ascontiguousarray(aux[:, :8]))
 
@@ -270,6 +275,10 @@ def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> 
         want = np.empty((n, 4096), np.float32)
         kk.matmul(code, raw, 256, x, want, cpu.simd, 2, 1e38, None)  # no repacked copy
         np.testing.assert_array_equal(cpu.matmul(Weight(dtype, w.shape, mapped), x), want)
+    ids = np.array([3, 4095, 1000], np.int64)  # a tied embedding's lookups: from the copy
+    np.testing.assert_array_equal(
+        cpu.get_rows(Weight(dtype, w.shape, mapped), ids), REF.get_rows(w, ids)
+    )
     np.testing.assert_array_equal(np.asarray(mapped), raw)  # the pages read back intact
     if sys.platform == "linux":  # MADV_PAGEOUT (Linux 5.4+)
         assert kk.release_pages(mapped)
@@ -488,9 +497,12 @@ def test_rope(cpu: CpuBackend, neox: bool) -> None:
         x = rng.standard_normal((n, heads, hd)).astype(np.float32)
         pos = rng.integers(0, 8192, n).astype(np.int64)
         inv_freq = (1.0 / 100000.0 ** (np.arange(0, rot, 2) / rot)).astype(np.float32)
-        want = REF.rope(x.copy(), pos, inv_freq, neox)
+        want = REF.rope(x.copy(), REF.rope_angles(pos, inv_freq), neox)
         got = x.copy()
-        assert cpu.rope(got, pos, inv_freq, neox) is got
+        angles = cpu.rope_angles(pos, inv_freq)
+        for a, b in zip(angles, REF.rope_angles(pos, inv_freq), strict=True):
+            np.testing.assert_array_equal(a, b)  # the same float32 cos / sin
+        assert cpu.rope(got, angles, neox) is got
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got[..., rot:], x[..., rot:])  # past rot_dim untouched
 
@@ -501,8 +513,8 @@ def test_rope_on_strided_view_is_in_place(cpu: CpuBackend) -> None:
     q = qkv[:, :9]  # not contiguous
     inv_freq = (1.0 / 10000.0 ** (np.arange(0, 64, 2) / 64)).astype(np.float32)
     pos = np.arange(5)
-    want = REF.rope(q.copy(), pos, inv_freq, False)
-    cpu.rope(q, pos, inv_freq, False)
+    want = REF.rope(q.copy(), REF.rope_angles(pos, inv_freq), False)
+    cpu.rope(q, cpu.rope_angles(pos, inv_freq), False)
     np.testing.assert_allclose(qkv[:, :9], want, rtol=1e-5, atol=1e-5)
 
 

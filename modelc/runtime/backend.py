@@ -72,13 +72,19 @@ class Backend(Protocol):
         """x (n, d) -> (x - mean) / std * weight + bias."""
         ...
 
-    def rope(
-        self, x: F32Array, positions: np.ndarray[Any, Any], inv_freq: F32Array, neox: bool
-    ) -> F32Array:
-        """In place: x (n, n_heads, head_dim) rotated at ``positions`` (n,), int64.
+    def rope_angles(
+        self, positions: np.ndarray[Any, Any], inv_freq: F32Array
+    ) -> tuple[F32Array, F32Array]:
+        """cos and sin (n, rot_dim/2) of ``positions`` (n,) x ``inv_freq`` (rot_dim/2,),
+        which already includes any RoPE scaling: made once a step, every layer's Q and K
+        rotate by them."""
+        ...
 
-        ``inv_freq`` (rot_dim/2,) already includes any RoPE scaling.  ``neox`` rotates
-        halves (GPT-NeoX/HF layout); otherwise adjacent pairs (GGUF/llama.cpp NORM).
+    def rope(self, x: F32Array, angles: tuple[F32Array, F32Array], neox: bool) -> F32Array:
+        """In place: x (n, n_heads, head_dim) rotated by ``rope_angles`` of its positions.
+
+        ``neox`` rotates halves (GPT-NeoX/HF layout); otherwise adjacent pairs
+        (GGUF/llama.cpp NORM); dimensions past rot_dim are left as they are.
         """
         ...
 

@@ -126,12 +126,13 @@ class Llama(CausalLM):
         ff = self.blocks[0].w_gate.shape[0] if self.blocks else 0
         gb = self.scratch.get("gate", (n, ff))  # (n, ff)
         ub = self.scratch.get("up", (n, ff))  # (n, ff)
+        angles = be.rope_angles(pos, self.inv_freq)  # the same for every layer
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
             q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            be.rope(q, pos, self.inv_freq, self.neox)
-            be.rope(k, pos, self.inv_freq, self.neox)
+            be.rope(q, angles, self.neox)
+            be.rope(k, angles, self.neox)
             attend(be, batch, slices, li, q, k, v, self.scale, attn)
             x += be.matmul(b.wo, attn2, out=ob)
             h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
@@ -153,7 +154,7 @@ class Llama(CausalLM):
         delta = np.full(max(cache.n - n_keep, 0), -n_discard, np.int64)
 
         def rerotate(k: F32Array) -> None:
-            self.be.rope(k, delta[: len(k)], self.inv_freq, self.neox)
+            self.be.rope(k, self.be.rope_angles(delta[: len(k)], self.inv_freq), self.neox)
 
         if cache.n > n_keep:
             cache.update_keys(n_keep, rerotate)

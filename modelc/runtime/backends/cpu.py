@@ -313,7 +313,11 @@ class CpuBackend:
         idx = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         if out is None:
             out = np.empty((idx.shape[0], w.shape[1]), dtype=np.float32)  # (len(ids), in)
-        _k.get_rows(code, self._rows(w), w.shape[1], idx, out, self.simd)
+        # a tied embedding whose matmuls made a repacked copy: its file pages went back to the
+        # OS, so the rows come from the copy (the same values) rather than from the disk
+        made = self._aux.get(id(w.data))
+        aux = made[1] if made is not None and made[0] is w.data else None
+        _k.get_rows(code, self._rows(w), w.shape[1], idx, out, self.simd, aux)
         return out
 
     def rms_norm(
@@ -339,11 +343,15 @@ class CpuBackend:
         _k.layer_norm(x, _f32(weight), _f32(bias), eps, out, self.threads)
         return out
 
-    def rope(
-        self, x: F32Array, positions: np.ndarray[Any, Any], inv_freq: F32Array, neox: bool
-    ) -> F32Array:
+    def rope_angles(
+        self, positions: np.ndarray[Any, Any], inv_freq: F32Array
+    ) -> tuple[F32Array, F32Array]:
+        cs, sn = _k.rope_table(np.ascontiguousarray(positions, dtype=np.int64), _f32(inv_freq))
+        return cs, sn
+
+    def rope(self, x: F32Array, angles: tuple[F32Array, F32Array], neox: bool) -> F32Array:
         buf = _f32(x)  # (n, n_heads, head_dim); a copy only if x is not contiguous
-        _k.rope(buf, np.ascontiguousarray(positions, dtype=np.int64), _f32(inv_freq), neox)
+        _k.rope(buf, angles[0], angles[1], neox)
         if buf is not x:
             x[...] = buf
         return x

@@ -106,13 +106,16 @@ class NumpyBackend:
         rstd = (1.0 / np.sqrt(var + eps)).astype(np.float32)
         return _put((x - mean.astype(np.float32)) * rstd * weight + bias, out)
 
-    def rope(
-        self, x: F32Array, positions: np.ndarray[Any, Any], inv_freq: F32Array, neox: bool
-    ) -> F32Array:
-        half = inv_freq.shape[0]
+    def rope_angles(
+        self, positions: np.ndarray[Any, Any], inv_freq: F32Array
+    ) -> tuple[F32Array, F32Array]:
         theta = np.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]  # (n, half)
-        cos = np.cos(theta.astype(np.float64)).astype(np.float32)[:, None, :]  # (n, 1, half)
-        sin = np.sin(theta.astype(np.float64)).astype(np.float32)[:, None, :]
+        th = theta.astype(np.float64)
+        return np.cos(th).astype(np.float32), np.sin(th).astype(np.float32)
+
+    def rope(self, x: F32Array, angles: tuple[F32Array, F32Array], neox: bool) -> F32Array:
+        half = angles[0].shape[1]
+        cos, sin = angles[0][:, None, :], angles[1][:, None, :]  # (n, 1, half)
         if neox:
             a, b = x[..., :half].copy(), x[..., half : 2 * half].copy()
             x[..., :half] = a * cos - b * sin
