@@ -167,15 +167,19 @@ def test_exact_matmul_against_f32_reference(simd: str, dtype: DType) -> None:
         assert rel_err(exact.matmul(w, x), REF.matmul(w, x)) <= 1e-5, (dtype, n)
 
 
+@pytest.mark.parametrize("repack", [False, True])
 @pytest.mark.parametrize("simd", available_simd())
 @pytest.mark.parametrize("dtype", MATMUL_DTYPES)
 @pytest.mark.parametrize("mode", ["fast", "exact"])
-def test_batched_matmul_equals_one_row_at_a_time(mode: str, dtype: DType, simd: str) -> None:
-    """Every batch kernel (8 rows, 4 rows, 1 row; 41 rows = 5 x 8 + 1) keeps each row's arithmetic."""
+def test_batched_matmul_equals_one_row_at_a_time(
+    mode: str, dtype: DType, simd: str, repack: bool
+) -> None:
+    """Every batch kernel (8 rows, 4 rows, 1 row; 41 rows = 5 x 8 + 1), on the weights as
+    stored or repacked (Q4_1, Q8_0 on VNNI), keeps each row's arithmetic."""
     rng = np.random.default_rng(4)
     w = make_weight(dtype, 45, cols_for(dtype), rng)
     x = rng.standard_normal((41, w.shape[1])).astype(np.float32)
-    cpu = CpuBackend(matmul=mode, simd=simd)
+    cpu = CpuBackend(matmul=mode, simd=simd, repack=repack)
     batched = cpu.matmul(w, x)
     single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(41)])
     np.testing.assert_array_equal(batched, single)
@@ -192,7 +196,7 @@ def test_batched_matmul_over_many_groups(dtype: DType, simd: str) -> None:
     rng = np.random.default_rng(5)
     w = make_weight(dtype, 23, 96, rng)  # 3 blocks: an odd count
     x = rng.standard_normal((137, 96)).astype(np.float32)
-    cpu = CpuBackend(simd=simd)
+    cpu = CpuBackend(simd=simd, repack=True)
     single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(137)])
     np.testing.assert_array_equal(cpu.matmul(w, x), single)
     assert rel_err(single, REF.matmul(w, quantized_activations(x, dtype))) <= 1e-5
@@ -203,11 +207,12 @@ def test_batched_matmul_over_many_groups(dtype: DType, simd: str) -> None:
 @pytest.mark.parametrize("mode", ["fast", "balanced", "exact"])
 @pytest.mark.parametrize("n", [1, 8, 13])
 def test_matmul_many_equals_separate_calls(n: int, mode: str, dtype: DType, simd: str) -> None:
-    """Q, K and V style: one shared x, weights of different heights, one call."""
+    """Q, K and V style: one shared x, weights of different heights, one call (repacked
+    where the backend repacks)."""
     rng = np.random.default_rng(6)
     ws = [make_weight(dtype, rows, cols_for(dtype), rng) for rows in (64, 16, 16)]
     x = rng.standard_normal((n, cols_for(dtype))).astype(np.float32)
-    cpu = CpuBackend(matmul=mode, simd=simd)
+    cpu = CpuBackend(matmul=mode, simd=simd, repack=True)
     outs = [np.full((n, w.shape[0]), np.nan, np.float32) for w in ws]
     got = cpu.matmul_many(ws, x, outs)
     for g, o, w in zip(got, outs, ws, strict=True):
@@ -268,17 +273,18 @@ def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> 
     raw.tofile(path)
     mapped = np.memmap(path, np.uint8, "r", shape=raw.shape)
     assert _file_mapped(mapped) and not _file_mapped(raw)
-    cpu = CpuBackend(simd="avx512vnni")
+    cpu = CpuBackend(simd="avx512vnni")  # repacks what is file-mapped, not what is in memory
+    assert cpu._gemm_aux(w, raw) is None
     code = kk.Q8_0 if dtype is DType.Q8_0 else kk.Q4_1
     for n in (1, 2, 5, 8, 9):
         x = rng.standard_normal((n, 256)).astype(np.float32)
         want = np.empty((n, 4096), np.float32)
         kk.matmul(code, raw, 256, x, want, cpu.simd, 2, 1e38, None)  # no repacked copy
         np.testing.assert_array_equal(cpu.matmul(Weight(dtype, w.shape, mapped), x), want)
+    wm = Weight(dtype, w.shape, mapped)
+    assert cpu._gemm_aux(wm, cpu._rows(wm)) is not None  # the mapped weight's copy was made
     ids = np.array([3, 4095, 1000], np.int64)  # a tied embedding's lookups: from the copy
-    np.testing.assert_array_equal(
-        cpu.get_rows(Weight(dtype, w.shape, mapped), ids), REF.get_rows(w, ids)
-    )
+    np.testing.assert_array_equal(cpu.get_rows(wm, ids), REF.get_rows(w, ids))
     np.testing.assert_array_equal(np.asarray(mapped), raw)  # the pages read back intact
     if sys.platform == "linux":  # MADV_PAGEOUT (Linux 5.4+)
         assert kk.release_pages(mapped)
@@ -354,9 +360,10 @@ def test_simd_and_scalar_paths_agree() -> None:
         for dtype in MATMUL_DTYPES:
             w = make_weight(dtype, 33, cols_for(dtype), rng)
             x = rng.standard_normal((13, w.shape[1])).astype(np.float32)
-            np.testing.assert_array_equal(
-                CpuBackend(simd="avx2").matmul(w, x), CpuBackend(simd="avx512vnni").matmul(w, x)
-            )
+            want = CpuBackend(simd="avx2").matmul(w, x)
+            for repack in (False, True):
+                got = CpuBackend(simd="avx512vnni", repack=repack).matmul(w, x)
+                np.testing.assert_array_equal(got, want)
 
 
 def test_matmul_writes_into_out_and_tolerates_readonly_weights() -> None:

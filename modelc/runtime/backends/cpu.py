@@ -205,13 +205,20 @@ class CpuBackend:
     """Compiled kernels.
 
     ``threads``, ``simd`` and ``matmul`` default to ``MODELC_THREADS``, ``MODELC_SIMD``
-    and ``MODELC_MATMUL`` (see the module docstring).
+    and ``MODELC_MATMUL`` (see the module docstring).  ``repack``: whether Q4_1 and Q8_0
+    weights are repacked for the VNNI kernels (fast mode); by default only weights read
+    from a file mapping, whose pages are then handed back, so memory does not double
+    (weights held in memory, such as a compressed artifact's, keep the unpacking kernels).
     """
 
     name = "cpu"
 
     def __init__(
-        self, threads: int | None = None, simd: str | None = None, matmul: str | None = None
+        self,
+        threads: int | None = None,
+        simd: str | None = None,
+        matmul: str | None = None,
+        repack: bool | None = None,
     ) -> None:
         self.threads = threads if threads is not None else default_threads()
         if self.threads < 1:
@@ -219,6 +226,7 @@ class CpuBackend:
         self.simd = simd_level(simd)
         self.tol = matmul_tol(matmul)
         self.exact = self.tol == 0.0
+        self.repack = repack
         self._fallback = NumpyBackend()
         # id(weight data) -> (that data, its uint8 row view): the view costs ~1.5 us a call
         self._raw: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
@@ -258,14 +266,18 @@ class CpuBackend:
             or self.simd != SIMD_LEVELS["avx512vnni"]
             or self.tol < 1e30
             or w.shape[1] % 32
+            or self.repack is False
         ):
             return None
 
         def make() -> tuple[np.ndarray[Any, Any] | None, bool]:
             if not np.shares_memory(raw, w.data):  # made per call: not worth it
                 return None, False
+            mapped = _file_mapped(raw)
+            if not mapped and self.repack is None:  # a copy would double its memory
+                return None, True
             copy = _k.repack(TYPE_CODES[w.dtype], raw, w.shape[1])
-            if _file_mapped(raw):
+            if mapped:
                 _k.release_pages(raw)
             return copy, True
 
