@@ -17,6 +17,7 @@ cdef extern from "mc_quant.h" nogil:
                       int n, float *y, int simd, int nth, float tol, const void *aux)
     void mc_gemm_repack(int t, const uint8_t *W, int64_t row_stride, int M, int K, void *out)
     size_t mc_repack_block_bytes(int t)
+    int mc_repack_simd(int t, int simd)
     int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
                         const int *Ms, int K, const float *x, int n, float *const *ys, int simd,
                         int nth, float tol, const void *const *auxs)
@@ -121,6 +122,11 @@ def matmul(int wtype, const uint8_t[:, ::1] W, int K, const float[:, ::1] x, flo
         raise ValueError(f"matmul: unsupported weight type code {wtype}")
     if rc == -2:
         raise MemoryError("matmul: activation buffer")
+
+
+def repack_simd(int wtype, int simd):
+    """Whether SIMD level ``simd`` has kernels for ``repack``ed weights of type ``wtype``."""
+    return mc_repack_simd(wtype, simd) != 0
 
 
 def repack(int wtype, const uint8_t[:, ::1] W, int K):

@@ -44,6 +44,13 @@ static inline size_t mc_repack_block_bytes(int t) {
     return t == MC_Q4_1 ? sizeof(mc_q41x8) : t == MC_Q8_0 ? sizeof(mc_q80x8) : 0;
 }
 
+/* whether SIMD level simd has kernels for weights of type t repacked: Q4_1 and Q8_0 with
+ * VNNI, Q4_1 with AVX2 (Q8_0's products overflow vpmaddubsw's 16 bits there) */
+static inline int mc_repack_simd(int t, int simd) {
+    return (simd == MC_SIMD_VNNI && (t == MC_Q4_1 || t == MC_Q8_0)) ||
+           (simd == MC_SIMD_AVX2 && t == MC_Q4_1);
+}
+
 /* Move one row of K / 32 blocks between its original bytes `row` and lane j of a
  * repacked group `grp` (mc_gemm_repack's layout), either way (`pack`): the scale (and
  * Q4_1's min) and dword v of the ints (Q4_1: 4 bytes of nibbles; Q8_0: 4 ints, stored
@@ -315,67 +322,137 @@ MC_VNNI static void mc_gemm_4x8_next(int t, int nb, const uint8_t *wb, const flo
 #undef MC_G_NEXT
 }
 
-/* Q4_1 repacked 8 rows to a group (mc_q41x8) x na <= 8 activation rows (mc_q8 blocks
- * at x[0 .. na - 1]): per block the 4 vectors of nibbles are split into 8 vectors of unsigned
- * bytes in registers (lane j: weight row j), and each activation row's dwords are the
- * broadcast operand, so no weight is unpacked through memory.  res[a] lane j = weight
- * row j's result for activation row a, with the single-row kernels' arithmetic: the exact
- * block sum, acc = fma(dw * dx, s, acc) in block order, sum(mw * sx) apart, added last. */
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q41x8_body(int nb, const mc_q41x8 *w, const mc_q8 *const x[8], __m256 res[8], const int na) {
+/* ---- Kernels on repacked weights (mc_gemm_repack): 8 weight rows x na <= 8 x rows.
+ * Each takes the x rows' mc_q8 blocks x[0 .. na - 1] (and, for Q8_0, cx[a][i] = 128 times
+ * the int sum of row a's block i) and writes y[a * ldy + j] for weight rows j < nr, with
+ * the single-row kernels' arithmetic: the exact block sum s, acc = fma(dw * dx, s, acc)
+ * in block order, Q4_1's sum(mw * sx) apart and added last. */
+typedef void (*mc_repacked_fn)(int na, int nb, const void *w, const mc_q8 *const x[8],
+                               const int32_t *const cx[8], float *y, size_t ldy, int nr);
+
+/* block b's nibbles as unsigned bytes, u[k] to meet the x dword k (elements 4k .. 4k + 3):
+ * u[v] the low nibbles (elements 4v + c), u[4 + v] the high (16 + 4v + c); lane j: row j */
+MC_AVX2 static inline __attribute__((always_inline)) void mc_q41x8_split(const mc_q41x8 *b,
+                                                                         __m256i u[8]) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 f[8];
-    for (int a = 0; a < 8; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++) {
-        const mc_q41x8 *b = w + i;
-        /* 16 blocks (2.5 KB) ahead: measured on SmolLM2's layers at 1 and 8 x rows, 4 -> 8
-         * blocks -4%, -> 16 another -2 to -4%, 32 no better */
-        _mm_prefetch((const char *)(b + 16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 16) + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 16) + 128, _MM_HINT_T0);
-        const __m256i q0 = _mm256_loadu_si256((const __m256i *)b->qs); /* numpy's 16-byte alignment */
-        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(b->qs + 32));
-        const __m256i q2 = _mm256_loadu_si256((const __m256i *)(b->qs + 64));
-        const __m256i q3 = _mm256_loadu_si256((const __m256i *)(b->qs + 96));
-        const __m256i l0 = _mm256_and_si256(q0, m4), h0 = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
-        const __m256i l1 = _mm256_and_si256(q1, m4), h1 = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
-        const __m256i l2 = _mm256_and_si256(q2, m4), h2 = _mm256_and_si256(_mm256_srli_epi16(q2, 4), m4);
-        const __m256i l3 = _mm256_and_si256(q3, m4), h3 = _mm256_and_si256(_mm256_srli_epi16(q3, 4), m4);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        for (int a = 0; a < na; a++) { /* unrolled: the f[a] stay in registers */
-            const mc_q8 *xq = x[a] + i;
-            const int32_t *xd = (const int32_t *)xq->qs;
-            __m256i s = mc_dpbusd_bcst(_mm256_setzero_si256(), l0, xd);
-            __m256i t = mc_dpbusd_bcst(_mm256_setzero_si256(), h0, xd + 4);
-            s = mc_dpbusd_bcst(s, l1, xd + 1);
-            t = mc_dpbusd_bcst(t, h1, xd + 5);
-            s = mc_dpbusd_bcst(s, l2, xd + 2);
-            t = mc_dpbusd_bcst(t, h2, xd + 6);
-            s = mc_dpbusd_bcst(s, l3, xd + 3);
-            t = mc_dpbusd_bcst(t, h3, xd + 7);
-            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)),
-                                   _mm256_cvtepi32_ps(_mm256_add_epi32(s, t)), f[a]);
-        }
+    for (int v = 0; v < 4; v++) { /* numpy's arrays: 16-byte alignment */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * v));
+        u[v] = _mm256_and_si256(q, m4);
+        u[4 + v] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
     }
-    __m256 m[8]; /* the mins' terms, in block order (from L1: the group was just read) */
-    for (int a = 0; a < 8; a++) m[a] = _mm256_setzero_ps();
+}
+
+/* sum over k < 8 of vpdpbusd(u[k], the x dword xd[k] broadcast), in two chains */
+MC_VNNI static inline __attribute__((always_inline)) __m256i mc_dpbusd8(const __m256i u[8],
+                                                                        const int32_t *xd) {
+    __m256i s = mc_dpbusd_bcst(_mm256_setzero_si256(), u[0], xd);
+    __m256i t = mc_dpbusd_bcst(_mm256_setzero_si256(), u[1], xd + 1);
+    for (int k = 2; k < 8; k += 2) {
+        s = mc_dpbusd_bcst(s, u[k], xd + k);
+        t = mc_dpbusd_bcst(t, u[k + 1], xd + k + 1);
+    }
+    return _mm256_add_epi32(s, t);
+}
+
+/* r (lane j: weight row j) into y[j] for j < nr */
+MC_AVX2 static inline __attribute__((always_inline)) void mc_x8_store(__m256 r, float *y, int nr) {
+    if (nr == 8) {
+        _mm256_storeu_ps(y, r);
+    } else {
+        float o[8];
+        _mm256_storeu_ps(o, r);
+        memcpy(y, o, sizeof(float) * (size_t)nr);
+    }
+}
+
+/* the mins' terms added to f[a] (in block order; the group is in L1 by now), stored */
+MC_AVX2 static inline __attribute__((always_inline)) void
+mc_q41x8_finish(int nb, const mc_q41x8 *w, const mc_q8 *const x[8], const __m256 f[8], float *y,
+                size_t ldy, int nr, const int na) {
+    __m256 m[8];
+    for (int a = 0; a < na; a++) m[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb; i++) {
         const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[i].m));
         for (int a = 0; a < na; a++) m[a] = _mm256_add_ps(m[a], _mm256_mul_ps(mw, _mm256_set1_ps(x[a][i].s)));
     }
-    for (int a = 0; a < na; a++) res[a] = _mm256_add_ps(f[a], m[a]);
+    for (int a = 0; a < na; a++) mc_x8_store(_mm256_add_ps(f[a], m[a]), y + (size_t)a * ldy, nr);
 }
 
+/* the first 3 cache lines of the block 16 blocks (2.5 KB) ahead: measured on SmolLM2's
+ * layers at 1 and 8 x rows, 4 -> 8 blocks -4%, -> 16 another -2 to -4%, 32 no better */
+#define MC_Q41X8_PREFETCH(b)                                                                       \
+    do {                                                                                           \
+        _mm_prefetch((const char *)((b) + 16), _MM_HINT_T0);                                       \
+        _mm_prefetch((const char *)((b) + 16) + 64, _MM_HINT_T0);                                  \
+        _mm_prefetch((const char *)((b) + 16) + 128, _MM_HINT_T0);                                 \
+    } while (0)
 
-/* Q8_0 repacked 8 rows to a group (mc_q80x8: ints as unsigned q + 128) x na <= 8
- * activation rows (mc_q8 blocks at x[0 .. na - 1]; cx[a][i] = 128 times the int sum of
- * row a's block i): the weights are vpdpbusd's vector operand (lane j: weight row j),
- * the activation dwords its broadcast one, and 128 sum(x) is taken back, so each block
- * sum is the exact integer of the single-row kernels; acc = fma(dw * dx, s, acc) in
- * block order. */
+/* Q4_1, VNNI: the nibbles split in registers are vpdpbusd's vector operand, each x row's
+ * dwords its broadcast operand, folded into the instruction: 64 vpdpbusd a block of 8 x 8
+ * and no unpacking through memory. */
 MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q80x8_body(int nb, const mc_q80x8 *w, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   __m256 res[8], const int na) {
+mc_gemm_q41x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    const mc_q41x8 *w = (const mc_q41x8 *)wv;
+    (void)cx;
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const mc_q41x8 *b = w + i;
+        MC_Q41X8_PREFETCH(b);
+        __m256i u[8];
+        mc_q41x8_split(b, u);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        for (int a = 0; a < na; a++) { /* unrolled: the f[a] stay in registers */
+            const mc_q8 *xq = x[a] + i;
+            const __m256i s = mc_dpbusd8(u, (const int32_t *)xq->qs);
+            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s),
+                                   f[a]);
+        }
+    }
+    mc_q41x8_finish(nb, w, x, f, y, ldy, nr, na);
+}
+
+/* Q4_1, AVX2 without VNNI: vpmaddubsw of the nibbles and the broadcast x dwords (each 16-bit
+ * lane at most 2 x 15 x 127, the 8 of a block at most 30480: no saturation), summed in 16
+ * bits, then vpmaddwd into the same exact block sums. */
+MC_AVX2 static inline __attribute__((always_inline)) void
+mc_gemm_q41x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
+                        const int32_t *const cx[8], float *y, size_t ldy, int nr, const int na) {
+    const mc_q41x8 *w = (const mc_q41x8 *)wv;
+    (void)cx;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const mc_q41x8 *b = w + i;
+        MC_Q41X8_PREFETCH(b);
+        __m256i u[8];
+        mc_q41x8_split(b, u);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        for (int a = 0; a < na; a++) {
+            const mc_q8 *xq = x[a] + i;
+            const int32_t *xd = (const int32_t *)xq->qs;
+            __m256i s = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(xd[0]));
+            __m256i t = _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(xd[1]));
+            for (int k = 2; k < 8; k += 2) {
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(xd[k])));
+                t = _mm256_add_epi16(t, _mm256_maddubs_epi16(u[k + 1], _mm256_set1_epi32(xd[k + 1])));
+            }
+            const __m256i s32 = _mm256_madd_epi16(_mm256_add_epi16(s, t), ones);
+            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s32),
+                                   f[a]);
+        }
+    }
+    mc_q41x8_finish(nb, w, x, f, y, ldy, nr, na);
+}
+
+/* Q8_0, VNNI (weights stored as unsigned q + 128): the weights are vpdpbusd's vector
+ * operand, the x dwords its broadcast one, and 128 sum(x) is taken back. */
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_q80x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    const mc_q80x8 *w = (const mc_q80x8 *)wv;
     __m256 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb; i++) {
@@ -386,44 +463,33 @@ mc_gemm_q80x8_body(int nb, const mc_q80x8 *w, const mc_q8 *const x[8], const int
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
         for (int a = 0; a < na; a++) {
             const mc_q8 *xq = x[a] + i;
-            const int32_t *xd = (const int32_t *)xq->qs;
-            __m256i s = mc_dpbusd_bcst(_mm256_setzero_si256(), q[0], xd);
-            __m256i t = mc_dpbusd_bcst(_mm256_setzero_si256(), q[1], xd + 1);
-            s = mc_dpbusd_bcst(s, q[2], xd + 2);
-            t = mc_dpbusd_bcst(t, q[3], xd + 3);
-            s = mc_dpbusd_bcst(s, q[4], xd + 4);
-            t = mc_dpbusd_bcst(t, q[5], xd + 5);
-            s = mc_dpbusd_bcst(s, q[6], xd + 6);
-            t = mc_dpbusd_bcst(t, q[7], xd + 7);
-            const __m256i st = _mm256_sub_epi32(_mm256_add_epi32(s, t), _mm256_set1_epi32(cx[a][i]));
+            const __m256i st = _mm256_sub_epi32(mc_dpbusd8(q, (const int32_t *)xq->qs),
+                                                _mm256_set1_epi32(cx[a][i]));
             f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(st), f[a]);
         }
     }
-    for (int a = 0; a < na; a++) res[a] = f[a];
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
-/* the 8-row-group kernels specialized per activation row count (1 .. 8) */
-#define MC_GEMM_X8_NA(body, na, ...)                                                               \
-    switch (na) {                                                                                  \
-    case 1: body(__VA_ARGS__, 1); break;                                                           \
-    case 2: body(__VA_ARGS__, 2); break;                                                           \
-    case 3: body(__VA_ARGS__, 3); break;                                                           \
-    case 4: body(__VA_ARGS__, 4); break;                                                           \
-    case 5: body(__VA_ARGS__, 5); break;                                                           \
-    case 6: body(__VA_ARGS__, 6); break;                                                           \
-    case 7: body(__VA_ARGS__, 7); break;                                                           \
-    default: body(__VA_ARGS__, 8); break;                                                          \
+/* the kernels specialized per x row count (1 .. 8), as mc_repacked_fn */
+#define MC_REPACKED_FN(target, name, body)                                                        \
+    target static void name(int na, int nb, const void *w, const mc_q8 *const x[8],                \
+                            const int32_t *const cx[8], float *y, size_t ldy, int nr) {            \
+        switch (na) {                                                                              \
+        case 1: body(nb, w, x, cx, y, ldy, nr, 1); break;                                          \
+        case 2: body(nb, w, x, cx, y, ldy, nr, 2); break;                                          \
+        case 3: body(nb, w, x, cx, y, ldy, nr, 3); break;                                          \
+        case 4: body(nb, w, x, cx, y, ldy, nr, 4); break;                                          \
+        case 5: body(nb, w, x, cx, y, ldy, nr, 5); break;                                          \
+        case 6: body(nb, w, x, cx, y, ldy, nr, 6); break;                                          \
+        case 7: body(nb, w, x, cx, y, ldy, nr, 7); break;                                          \
+        default: body(nb, w, x, cx, y, ldy, nr, 8); break;                                         \
+        }                                                                                          \
     }
 
-MC_VNNI static void mc_gemm_q41x8(int na, int nb, const mc_q41x8 *w, const mc_q8 *const x[8],
-                                  __m256 res[8]) {
-    MC_GEMM_X8_NA(mc_gemm_q41x8_body, na, nb, w, x, res)
-}
-
-MC_VNNI static void mc_gemm_q80x8(int na, int nb, const mc_q80x8 *w, const mc_q8 *const x[8],
-                                  const int32_t *const cx[8], __m256 res[8]) {
-    MC_GEMM_X8_NA(mc_gemm_q80x8_body, na, nb, w, x, cx, res)
-}
+MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)
+MC_REPACKED_FN(MC_AVX2, mc_gemm_q41x8_avx2, mc_gemm_q41x8_avx2_body)
+MC_REPACKED_FN(MC_VNNI, mc_gemm_q80x8, mc_gemm_q80x8_body)
 
 #endif /* MC_X86 */
 #endif /* MC_GEMM_VNNI_H */

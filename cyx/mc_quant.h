@@ -237,6 +237,28 @@ static void mc_outlier_rows(const mc_matmul_job *jb, int ra, int rb, int j0, int
     }
 }
 
+#if defined(MC_X86)
+/* One tile of weight rows [r0, r1) (r0 a multiple of 8) on repacked weights: each group of
+ * 8 rows meets every group of up to 8 x rows through `fn` while it sits in L1. */
+static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacked_fn fn) {
+    const int M = jb->M, n = jb->n, nb = jb->K / 32;
+    const size_t gbytes = mc_repack_block_bytes(jb->t) * (size_t)nb; /* one group of 8 rows */
+    for (int r = r0; r < r1; r += 8) {
+        const void *wg = (const char *)jb->ilv + gbytes * (size_t)(r / 8);
+        for (int j = 0; j < n; j += 8) {
+            const int na = mc_imin(8, n - j);
+            const mc_q8 *xr[8];
+            const int32_t *cx[8]; /* Q8_0: 128 times each x block's int sum (mc_matmul_prep) */
+            for (int a = 0; a < na; a++) {
+                xr[a] = (const mc_q8 *)((const char *)jb->xbase + jb->xstride * (size_t)(j + a));
+                cx[a] = (const int32_t *)jb->xp + (size_t)(j + a) * nb;
+            }
+            fn(na, nb, wg, xr, cx, jb->y + (size_t)j * M + r, (size_t)M, mc_imin(8, r1 - r));
+        }
+    }
+}
+#endif
+
 /* one tile of jb->tr weight rows against all activation rows */
 static void mc_matmul_chunk(void *ctx, int tile) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
@@ -318,37 +340,6 @@ MC_VNNI static void mc_matmul_gemm_chunk(void *ctx, int tile) {
     const size_t st = (size_t)jb->row_stride;
     const mc_q8t8 *xp = (const mc_q8t8 *)jb->xp;
     float *y = jb->y;
-    if (jb->ilv != NULL) { /* repacked weights: every x row through the 8 x 8 kernels (tiles
-                            * start at multiples of 8 rows) */
-        for (int r = r0; r < r1; r += 8) {
-            const int nr = mc_imin(8, r1 - r);
-            for (int j = 0; j < n; j += 8) {
-                const int na = mc_imin(8, n - j);
-                const mc_q8 *xr[8];
-                const int32_t *cx[8]; /* Q8_0: 128 times each x block's int sum (mc_matmul_prep) */
-                for (int a = 0; a < na; a++) {
-                    xr[a] = (const mc_q8 *)((const char *)jb->xbase + jb->xstride * (size_t)(j + a));
-                    cx[a] = (const int32_t *)jb->xp + (size_t)(j + a) * nb;
-                }
-                __m256 res[8];
-                if (t == MC_Q8_0)
-                    mc_gemm_q80x8(na, nb, (const mc_q80x8 *)jb->ilv + (size_t)(r / 8) * nb, xr, cx, res);
-                else
-                    mc_gemm_q41x8(na, nb, (const mc_q41x8 *)jb->ilv + (size_t)(r / 8) * nb, xr, res);
-                for (int a = 0; a < na; a++) {
-                    float *yo = y + (size_t)(j + a) * M + r;
-                    if (nr == 8) {
-                        _mm256_storeu_ps(yo, res[a]);
-                    } else {
-                        float o[8];
-                        _mm256_storeu_ps(o, res[a]);
-                        memcpy(yo, o, sizeof(float) * (size_t)nr);
-                    }
-                }
-            }
-        }
-        return;
-    }
     {
         /* two buffers of 4 unpacked rows and their scales: one computed, one filled */
         const size_t wbytes = 4 * mc_gemm_row_bytes(nb), sbytes = (size_t)32 * nb;
@@ -587,10 +578,12 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
             const size_t obytes = outl ? sizeof(struct mc_outl) * (size_t)n : 0;
             jb->dotr4 = K % 32 == 0 ? mc_pick_dotr4(t, simd) : NULL;
 #if defined(MC_X86)
-            jb->gemm = (n >= MC_BATCH_MIN_ROWS || jb->ilv != NULL) && K % 32 == 0 &&
-                       simd == MC_SIMD_VNNI && mc_gemm_type(t); /* repacked Q4_1: any n */
+            jb->gemm = n >= MC_BATCH_MIN_ROWS && jb->ilv == NULL && K % 32 == 0 &&
+                       simd == MC_SIMD_VNNI && mc_gemm_type(t);
 #endif
-            jb->dot8 = n >= MC_BATCH_MIN_ROWS && K % 32 == 0 && !jb->gemm ? mc_pick_dot8(t, simd) : NULL;
+            jb->dot8 = n >= MC_BATCH_MIN_ROWS && K % 32 == 0 && !jb->gemm && jb->ilv == NULL
+                           ? mc_pick_dot8(t, simd)
+                           : NULL;
             /* groups of 8 rows; a last group of MC_PAD_MIN_ROWS-7 rows is padded with zero rows */
             const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8 + (n % 8 >= MC_PAD_MIN_ROWS);
             const size_t dbytes = jb->ilv != NULL ? (t == MC_Q8_0 ? sizeof(int32_t) * nb * (size_t)n : 0)
@@ -607,7 +600,7 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
                 *exact = *nnoisy == n;
             }
 #if defined(MC_X86)
-            if (jb->gemm && !*exact) {
+            if ((jb->gemm || jb->ilv != NULL) && !*exact) {
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(uintptr_t)63));
                 char *xp = (char *)((at + 63) & ~(uintptr_t)63);
                 if (jb->ilv == NULL) {
@@ -666,7 +659,7 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
  * x rows meets them.  Returns the number of tiles. */
 static int mc_matmul_tiles(mc_matmul_job *jb, int use, int exact) {
     jb->tr = MC_TR;
-    if (jb->n < 8 || (jb->gemm && !exact)) {
+    if (jb->n < 8 || ((jb->gemm || jb->ilv != NULL) && !exact)) {
         const int want = (jb->M + MC_RUNS_PER_THREAD * use - 1) / (MC_RUNS_PER_THREAD * use);
         jb->tr = ((want + MC_TR - 1) / MC_TR) * MC_TR;
         if (jb->tr < MC_TR) jb->tr = MC_TR;
@@ -677,7 +670,16 @@ static int mc_matmul_tiles(mc_matmul_job *jb, int use, int exact) {
 /* the fast and balanced paths' kernel for one tile of a prepared job */
 static void mc_matmul_tile(void *ctx, int tile) {
 #if defined(MC_X86)
-    if (((mc_matmul_job *)ctx)->gemm) {
+    const mc_matmul_job *jb = (const mc_matmul_job *)ctx;
+    if (jb->ilv != NULL) { /* repacked weights (mc_job_aux) */
+        const mc_repacked_fn fn = jb->t == MC_Q8_0         ? mc_gemm_q80x8
+                                  : jb->simd == MC_SIMD_VNNI ? mc_gemm_q41x8
+                                                             : mc_gemm_q41x8_avx2;
+        const int r0 = tile * jb->tr;
+        mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn);
+        return;
+    }
+    if (jb->gemm) {
         mc_matmul_gemm_chunk(ctx, tile);
         return;
     }
@@ -697,12 +699,12 @@ static int mc_job_init(mc_matmul_job *jb, int t, int K, int n, const float *x, i
     return jb->dot == NULL ? -1 : 0;
 }
 
-/* The GEMM's per-weight data `aux` (NULL: none) into a job: Q4_1 or Q8_0 weights
- * repacked 8 rows to a group (mc_gemm_repack), which the GEMM then reads instead of W,
- * with the same results.  Fast mode only (the balanced mode's outlier rows read W). */
+/* The GEMM's per-weight data `aux` (NULL: none) into a job: weights repacked 8 rows to a
+ * group (mc_gemm_repack) where mc_repack_simd has kernels for them, which then read it
+ * instead of W, with the same results.  Fast mode only (the balanced mode's outlier rows
+ * read W). */
 static void mc_job_aux(mc_matmul_job *jb, const void *aux, float tol) {
-    if (aux == NULL || jb->simd != MC_SIMD_VNNI || !(tol >= 1e30f)) return;
-    if (jb->t == MC_Q8_0 || jb->t == MC_Q4_1) jb->ilv = aux;
+    if (aux != NULL && tol >= 1e30f && mc_repack_simd(jb->t, jb->simd)) jb->ilv = aux;
 }
 
 /* mc_matmul with the weights' GEMM data `aux` (mc_job_aux; NULL: none) */

@@ -223,11 +223,15 @@ def test_matmul_many_equals_separate_calls(n: int, mode: str, dtype: DType, simd
         np.testing.assert_array_equal(g, cpu.matmul(w, x))
 
 
-@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1])
-def test_gemm_aux_path_is_bit_identical(dtype: DType) -> None:
-    """Q8_0 and Q4_1 repacked 8 rows to a group (weights as vpdpbusd's vector operand, no
-    unpacking through memory) give what the unpacking GEMM gives, for x row counts
-    around the 8 x 8 tiles; data of the wrong shape is refused."""
+@pytest.mark.parametrize(
+    ("dtype", "simd_name"),
+    [(DType.Q8_0, "avx512vnni"), (DType.Q4_1, "avx512vnni"), (DType.Q4_1, "avx2")],
+)
+def test_gemm_aux_path_is_bit_identical(dtype: DType, simd_name: str) -> None:
+    """Q8_0 and Q4_1 repacked 8 rows to a group (weights as the vector operand of vpdpbusd,
+    or of vpmaddubsw on AVX2; no unpacking through memory) give what the kernels on the
+    weights as stored give, for x row counts around the 8 x 8 tiles; data of the wrong
+    shape is refused."""
     from modelc._kernels import kernels as kk
 
     rng = np.random.default_rng(8)
@@ -237,7 +241,10 @@ def test_gemm_aux_path_is_bit_identical(dtype: DType) -> None:
     aux = kk.repack(code, raw, 96)
     per = 272 if dtype is DType.Q8_0 else 160  # bytes a block of 8 rows
     assert aux.shape == (5, 3 * per)  # 37 rows: 5 groups of 8, the last padded
-    simd = SIMD_LEVELS[available_simd()[0]]
+    if simd_name not in available_simd():
+        pytest.skip(f"needs {simd_name}")
+    simd = SIMD_LEVELS[simd_name]
+    assert kk.repack_simd(code, simd) and not kk.repack_simd(kk.Q8_0, SIMD_LEVELS["avx2"])
     for n in (1, 3, 5, 8, 13, 17):
         x = rng.standard_normal((n, 96)).astype(np.float32)
         with_aux, without = np.empty((n, 37), np.float32), np.empty((n, 37), np.float32)
@@ -361,8 +368,8 @@ def test_simd_and_scalar_paths_agree() -> None:
             w = make_weight(dtype, 33, cols_for(dtype), rng)
             x = rng.standard_normal((13, w.shape[1])).astype(np.float32)
             want = CpuBackend(simd="avx2").matmul(w, x)
-            for repack in (False, True):
-                got = CpuBackend(simd="avx512vnni", repack=repack).matmul(w, x)
+            for simd, repack in [("avx512vnni", False), ("avx512vnni", True), ("avx2", True)]:
+                got = CpuBackend(simd=simd, repack=repack).matmul(w, x)
                 np.testing.assert_array_equal(got, want)
 
 

@@ -255,15 +255,16 @@ class CpuBackend:
         return out
 
     def _gemm_aux(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """A Q4_1 or Q8_0 weight repacked 8 rows to a group for the VNNI kernels, made on
-        first use (as large as the weight).  Fast mode then reads only the copy, so the
+        """A weight repacked 8 rows to a group for the kernels that read it (Q4_1 and Q8_0
+        with VNNI, Q4_1 with AVX2), made on first use (as large as the weight).  Fast mode then reads only the copy, so the
         pages of a file mapping are handed back to the OS (read again only for what else
         touches the rows, such as a tied embedding's lookups).  None where those kernels
         are not used (other types and SIMD levels, exact/balanced mode) or the weight is
         not held as is."""
+        code = TYPE_CODES.get(w.dtype)
         if (
-            w.dtype not in (DType.Q8_0, DType.Q4_1)
-            or self.simd != SIMD_LEVELS["avx512vnni"]
+            code is None
+            or not _k.repack_simd(code, self.simd)
             or self.tol < 1e30
             or w.shape[1] % 32
             or self.repack is False
@@ -276,7 +277,7 @@ class CpuBackend:
             mapped = _file_mapped(raw)
             if not mapped and self.repack is None:  # a copy would double its memory
                 return None, True
-            copy = _k.repack(TYPE_CODES[w.dtype], raw, w.shape[1])
+            copy = _k.repack(code, raw, w.shape[1])
             if mapped:
                 _k.release_pages(raw)
             return copy, True
