@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from modelc.formats import load_model
+from modelc.formats.ir import DType
 from modelc.runtime.arch import build
-from modelc.runtime.backends.cpu import SIMD_LEVELS, TYPE_CODES, CpuBackend
+from modelc.runtime.backends.cpu import TYPE_CODES, CpuBackend
 from modelc.runtime.model import SeqChunk
 from tests import assets
 
@@ -88,12 +89,12 @@ def decode_steps(path: str, rounds: int, n_steps: int, ops: bool) -> None:
         print(f"round {r + 1}: 8/1 ratio {8 * med[1] / med[8]:.2f}x")
 
 
-def repack_vs_unpack(path: str, rows: list[int], reps: int) -> None:
+def repack_vs_unpack(path: str, rows: list[int], reps: int, simd: str | None) -> None:
     from modelc._kernels import kernels as kk
 
-    be = CpuBackend()
-    if be.simd != SIMD_LEVELS["avx512vnni"]:
-        raise SystemExit("--repack: the repacked kernels need AVX512-VNNI")
+    be = CpuBackend(simd=simd)
+    if not kk.repack_simd(TYPE_CODES[DType.Q4_1], be.simd):
+        raise SystemExit("--repack: this SIMD level has no kernels for repacked weights")
     model: Any = build(load_model(path), be)
     weights = [
         w for b in model.blocks for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)
@@ -101,7 +102,10 @@ def repack_vs_unpack(path: str, rows: list[int], reps: int) -> None:
     weights.append(model.output)
     raws = [be._rows(w) for w in weights]
     codes = [TYPE_CODES[w.dtype] for w in weights]
-    packed = [kk.repack(c, r, w.shape[1]) for c, r, w in zip(codes, raws, weights, strict=True)]
+    packed = [  # None where this SIMD level has no kernel for the type (Q8_0 on AVX2)
+        kk.repack(c, r, w.shape[1]) if kk.repack_simd(c, be.simd) else None
+        for c, r, w in zip(codes, raws, weights, strict=True)
+    ]
     rng = np.random.default_rng(0)
 
     def run(xs: dict[int, np.ndarray[Any, Any]], outs: list[Any], use: bool) -> tuple[float, float]:
@@ -149,10 +153,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="decode steps a measurement")
     ap.add_argument("--ops", action="store_true", help="time each backend call")
     ap.add_argument("--repack", default=None, help="row counts, e.g. 1,2,4,8: repacked vs not")
+    ap.add_argument("--simd", default=None, help="SIMD level for --repack (avx512vnni, avx2)")
     args = ap.parse_args()
     path = args.model or str(assets.smollm2_gguf())
     if args.repack:
-        repack_vs_unpack(path, [int(v) for v in args.repack.split(",")], 15)
+        repack_vs_unpack(path, [int(v) for v in args.repack.split(",")], 15, args.simd)
     else:
         decode_steps(path, args.rounds, args.steps, args.ops)
 
