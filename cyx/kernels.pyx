@@ -6,6 +6,8 @@ by ``modelc.runtime.backends.cpu``; here only what would corrupt memory is check
 Weights arrive as uint8 ``(rows, row_bytes)`` views whatever their dtype.
 """
 
+from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release,
+                             PyObject_GetBuffer)
 from libc.stdint cimport int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 
@@ -308,18 +310,24 @@ cdef int _attention_check(int n_q, int nh, int hd, int n_kv, int nkh, int k2, in
     return 0
 
 
-cdef const void *_kv_data(object a, bint f16, int *shape) except? NULL:
+cdef const void *_kv_data(object a, bint f16, int *shape, bint writable=False) except? NULL:
     """A K or V array's data (NULL when it has no rows) and (rows, heads, dim) into
-    shape: C-contiguous float32, or float16 viewed as uint16 when ``f16``."""
-    cdef const float[:, :, ::1] a32
-    cdef const uint16_t[:, :, ::1] a16
-    if f16:
-        a16 = a
-        shape[0], shape[1], shape[2] = a16.shape[0], a16.shape[1], a16.shape[2]
-        return &a16[0, 0, 0] if shape[0] > 0 else NULL
-    a32 = a
-    shape[0], shape[1], shape[2] = a32.shape[0], a32.shape[1], a32.shape[2]
-    return &a32[0, 0, 0] if shape[0] > 0 else NULL
+    shape: C-contiguous float32, or float16 (or its uint16 view) when ``f16``.  Through
+    the buffer protocol (no memoryview object: ~1 us less a call, 16 calls a layer at 8
+    sequences); the caller holds ``a`` for as long as it uses the pointer."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (PyBUF_WRITABLE if writable else 0))
+    try:
+        fmt = (<bytes>view.format).lstrip(b"<=@")
+        if view.ndim != 3 or (fmt not in (b"e", b"H") if f16 else fmt != b"f"):
+            raise ValueError(
+                f"K/V stores must all be float32 or all float16 (rows, heads, dim) arrays; "
+                f"expected {'float16' if f16 else 'float32'}, got {view.ndim} dims of "
+                f"{fmt.decode()!r}")
+        shape[0], shape[1], shape[2] = view.shape[0], view.shape[1], view.shape[2]
+        return view.buf if shape[0] > 0 else NULL
+    finally:
+        PyBuffer_Release(&view)
 
 
 def attention(const float[:, :, ::1] q, k, v, int q_pos0, float scale, float[:, :, ::1] out,
@@ -406,7 +414,7 @@ def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
 
     Sequence s owns ``counts[s]`` consecutive rows of q, k_new, v_new and out; its rows
     go to positions ``starts[s]`` .. of ``k_stores[s]`` / ``v_stores[s]`` ((capacity,
-    n_head_kv, hd) float32, or float16 viewed as uint16 when ``kv_f16``), and its queries
+    n_head_kv, hd) float32, or float16 when ``kv_f16``), and its queries
     attend over positions 0 .. starts[s] + counts[s] - 1, as ``attention_batch`` does.
     """
     cdef int n_seq = len(k_stores), s, rc = 0, total = 0, st, cnt, cap
@@ -430,8 +438,8 @@ def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
             raise MemoryError("attention_append: pointer tables")
         for s in range(n_seq):
             st, cnt = starts[s], counts[s]
-            kp[s] = <void *>_kv_data(k_stores[s], kv_f16, kshape)
-            vp[s] = <void *>_kv_data(v_stores[s], kv_f16, vshape)
+            kp[s] = <void *>_kv_data(k_stores[s], kv_f16, kshape, True)  # the new rows go in
+            vp[s] = <void *>_kv_data(v_stores[s], kv_f16, vshape, True)
             cap = kshape[0]
             if (kshape[1] != nkh or kshape[2] != hd or vshape[0] != cap or vshape[1] != nkh
                     or vshape[2] != hd):

@@ -430,17 +430,15 @@ class CpuBackend:
         scale: float,
         out: F32Array,
     ) -> F32Array:
-        f16 = all(_is_f16(a) for a in (*k_stores, *v_stores))
-        if not f16 and not all(a.dtype == np.float32 for a in (*k_stores, *v_stores)):
-            raise ValueError("attention_append: K/V stores must all be float32 or all float16")
         if not out.flags.c_contiguous:
             raise ValueError("out must be a C-contiguous float32 array")
+        f16 = bool(k_stores) and _is_f16(k_stores[0])  # the kernel checks every store's type
         _k.attention_append(
             _f32(q),
             _f32(k_new),
             _f32(v_new),
-            [a.view(np.uint16) if f16 else a for a in k_stores],
-            [a.view(np.uint16) if f16 else a for a in v_stores],
+            list(k_stores),
+            list(v_stores),
             list(starts),
             list(counts),
             scale,
