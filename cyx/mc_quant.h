@@ -189,8 +189,8 @@ typedef struct {
     mc_dot4_fn dot4;
     mc_dot8_fn dot8;      /* 8 x rows at once (32-element types), or NULL */
     int gemm;             /* VNNI GEMM (mc_gemm_vnni.h) for the groups of 8 x rows */
-    const void *ilv;      /* with the GEMM: the Q4_1 or Q8_0 weights repacked 8 rows to a group
-                           * (mc_gemm_repack), or NULL */
+    const void *ilv;      /* the weights repacked 8 rows to a group (mc_gemm_repack), read
+                           * instead of W by the repacked kernels (mc_job_aux), or NULL */
     mc_dotr4_fn dotr4;    /* 4 weight rows at once against one x row, or NULL */
     const void *xp;       /* (n / 8, K / 32): the mc_q8 rows repacked (mc_q8x8 or mc_q8t8); with
                            * repacked Q8_0 weights (n, K / 32) ints: 128 x each block's sum */
@@ -340,42 +340,40 @@ MC_VNNI static void mc_matmul_gemm_chunk(void *ctx, int tile) {
     const size_t st = (size_t)jb->row_stride;
     const mc_q8t8 *xp = (const mc_q8t8 *)jb->xp;
     float *y = jb->y;
-    {
-        /* two buffers of 4 unpacked rows and their scales: one computed, one filled */
-        const size_t wbytes = 4 * mc_gemm_row_bytes(nb), sbytes = (size_t)32 * nb;
-        char *buf = (char *)mc_scratch(2, 2 * (wbytes + sbytes) + 64);
-        if (buf == NULL) {
-            jb->failed = 1;
-            return;
-        }
-        uint8_t *wbuf[2];
-        float *dbuf[2], *mbuf[2];
-        wbuf[0] = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* aligned stores */
-        wbuf[1] = wbuf[0] + wbytes;
-        for (int b = 0; b < 2; b++) {
-            dbuf[b] = (float *)(wbuf[0] + 2 * wbytes + (size_t)b * sbytes);
-            mbuf[b] = dbuf[b] + 4 * nb;
-        }
-        for (int ja = 0; ja < jg; ja += MC_GEMM_JR) {
-            const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
-            int cur = 0;
-            mc_gemm_unpack4(t, jb->W + (size_t)r0 * st, st, mc_imin(4, r1 - r0), nb, wbuf[0],
-                            dbuf[0], mbuf[0]);
-            for (int r = r0; r < r1; r += 4) {
-                const int nr = mc_imin(4, r1 - r), nx = r + 4 < r1; /* next rows to unpack */
-                for (int j = ja; j < jb1; j += 8) {
-                    __m256 res[4];
-                    const mc_q8t8 *xg = xp + (size_t)(j / 8) * nb;
-                    if (j == ja && nx)
-                        mc_gemm_4x8_next(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res,
-                                         jb->W + (size_t)(r + 4) * st, st, mc_imin(4, r1 - r - 4),
-                                         wbuf[1 - cur], dbuf[1 - cur], mbuf[1 - cur]);
-                    else
-                        mc_gemm_4x8(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res);
-                    mc_gemm_store(y, M, r, nr, j, mc_imin(8, n - j), res);
-                }
-                cur = 1 - cur;
+    /* two buffers of 4 unpacked rows and their scales: one computed, one filled */
+    const size_t wbytes = 4 * mc_gemm_row_bytes(nb), sbytes = (size_t)32 * nb;
+    char *buf = (char *)mc_scratch(2, 2 * (wbytes + sbytes) + 64);
+    if (buf == NULL) {
+        jb->failed = 1;
+        return;
+    }
+    uint8_t *wbuf[2];
+    float *dbuf[2], *mbuf[2];
+    wbuf[0] = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* aligned stores */
+    wbuf[1] = wbuf[0] + wbytes;
+    for (int b = 0; b < 2; b++) {
+        dbuf[b] = (float *)(wbuf[0] + 2 * wbytes + (size_t)b * sbytes);
+        mbuf[b] = dbuf[b] + 4 * nb;
+    }
+    for (int ja = 0; ja < jg; ja += MC_GEMM_JR) {
+        const int jb1 = mc_imin(jg, ja + MC_GEMM_JR);
+        int cur = 0;
+        mc_gemm_unpack4(t, jb->W + (size_t)r0 * st, st, mc_imin(4, r1 - r0), nb, wbuf[0],
+                        dbuf[0], mbuf[0]);
+        for (int r = r0; r < r1; r += 4) {
+            const int nr = mc_imin(4, r1 - r), nx = r + 4 < r1; /* next rows to unpack */
+            for (int j = ja; j < jb1; j += 8) {
+                __m256 res[4];
+                const mc_q8t8 *xg = xp + (size_t)(j / 8) * nb;
+                if (j == ja && nx)
+                    mc_gemm_4x8_next(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res,
+                                     jb->W + (size_t)(r + 4) * st, st, mc_imin(4, r1 - r - 4),
+                                     wbuf[1 - cur], dbuf[1 - cur], mbuf[1 - cur]);
+                else
+                    mc_gemm_4x8(t, nb, wbuf[cur], dbuf[cur], mbuf[cur], xg, res);
+                mc_gemm_store(y, M, r, nr, j, mc_imin(8, n - j), res);
             }
+            cur = 1 - cur;
         }
     }
     for (int j = jg; j < n; j++) { /* the x rows past the groups (fewer than MC_PAD_MIN_ROWS) */
