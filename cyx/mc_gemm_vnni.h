@@ -45,10 +45,9 @@ static inline size_t mc_repack_block_bytes(int t) {
 }
 
 /* whether SIMD level simd has kernels for weights of type t repacked: Q4_1 and Q8_0 with
- * VNNI, Q4_1 with AVX2 (Q8_0's products overflow vpmaddubsw's 16 bits there) */
+ * VNNI or AVX2 */
 static inline int mc_repack_simd(int t, int simd) {
-    return (simd == MC_SIMD_VNNI && (t == MC_Q4_1 || t == MC_Q8_0)) ||
-           (simd == MC_SIMD_AVX2 && t == MC_Q4_1);
+    return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && (t == MC_Q4_1 || t == MC_Q8_0);
 }
 
 /* Move one row of K / 32 blocks between its original bytes `row` and lane j of a
@@ -471,6 +470,40 @@ mc_gemm_q80x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
+/* Q8_0, AVX2 without VNNI: the signed products by the sign trick, vpmaddubsw(|q|, x with
+ * q's signs) (each 16-bit pair at most 2 x 128 x 127: no saturation), widened by vpmaddwd
+ * before summing; the exact sum(q x) with no offset to take back (cx unused). */
+MC_AVX2 static inline __attribute__((always_inline)) void
+mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
+                        const int32_t *const cx[8], float *y, size_t ldy, int nr, const int na) {
+    const mc_q80x8 *w = (const mc_q80x8 *)wv;
+    (void)cx;
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const mc_q80x8 *b = w + i;
+        for (int c = 0; c < (int)sizeof *b; c += 64) _mm_prefetch((const char *)(b + 3) + c, _MM_HINT_T0);
+        __m256i q[8], aq[8]; /* the signed ints and their magnitudes */
+        for (int v = 0; v < 8; v++) {
+            q[v] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * v)), flip);
+            aq[v] = _mm256_abs_epi8(q[v]);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        for (int a = 0; a < na; a++) {
+            const mc_q8 *xq = x[a] + i;
+            const int32_t *xd = (const int32_t *)xq->qs;
+            __m256i s = _mm256_setzero_si256();
+            for (int v = 0; v < 8; v++) {
+                const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(xd[v]), q[v]);
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aq[v], sx), ones));
+            }
+            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s), f[a]);
+        }
+    }
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+}
+
 /* the kernels specialized per x row count (1 .. 8), as mc_repacked_fn */
 #define MC_REPACKED_FN(target, name, body)                                                        \
     target static void name(int na, int nb, const void *w, const mc_q8 *const x[8],                \
@@ -490,6 +523,7 @@ mc_gemm_q80x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q41x8_avx2, mc_gemm_q41x8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q80x8, mc_gemm_q80x8_body)
+MC_REPACKED_FN(MC_AVX2, mc_gemm_q80x8_avx2, mc_gemm_q80x8_avx2_body)
 
 #endif /* MC_X86 */
 #endif /* MC_GEMM_VNNI_H */

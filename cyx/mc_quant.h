@@ -605,7 +605,8 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
                     for (size_t g = 0; g < ngrp; g++)
                         mc_gemm_pack8(xq + jb->xstride * g * 8, jb->xstride, mc_imin(8, n - (int)g * 8),
                                       (int)nb, mc_gemm_offset(t), (mc_q8t8 *)xp + g * nb);
-                } else if (t == MC_Q8_0) { /* 128 times each block's int sum, for the weights' + 128 */
+                } else if (t == MC_Q8_0 && simd == MC_SIMD_VNNI) { /* 128 x each block's int sum,
+                                                                    * for the weights' + 128 */
                     int32_t *cx = (int32_t *)xp;
                     for (int j = 0; j < n; j++)
                         for (size_t i = 0; i < nb; i++) {
@@ -670,9 +671,9 @@ static void mc_matmul_tile(void *ctx, int tile) {
 #if defined(MC_X86)
     const mc_matmul_job *jb = (const mc_matmul_job *)ctx;
     if (jb->ilv != NULL) { /* repacked weights (mc_job_aux) */
-        const mc_repacked_fn fn = jb->t == MC_Q8_0         ? mc_gemm_q80x8
-                                  : jb->simd == MC_SIMD_VNNI ? mc_gemm_q41x8
-                                                             : mc_gemm_q41x8_avx2;
+        const int vnni = jb->simd == MC_SIMD_VNNI;
+        const mc_repacked_fn fn = jb->t == MC_Q8_0 ? (vnni ? mc_gemm_q80x8 : mc_gemm_q80x8_avx2)
+                                                   : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
         const int r0 = tile * jb->tr;
         mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn);
         return;

@@ -255,8 +255,8 @@ class CpuBackend:
         return out
 
     def _gemm_aux(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """A weight repacked 8 rows to a group for the kernels that read it (Q4_1 and Q8_0
-        with VNNI, Q4_1 with AVX2), made on first use (as large as the weight).  Fast mode then reads only the copy, so the
+        """A weight repacked 8 rows to a group for the kernels that read it (Q4_1 and Q8_0,
+        VNNI or AVX2), made on first use (as large as the weight).  Fast mode then reads only the copy, so the
         pages of a file mapping are handed back to the OS (read again only for what else
         touches the rows, such as a tied embedding's lookups).  None where those kernels
         are not used (other types and SIMD levels, exact/balanced mode) or the weight is
