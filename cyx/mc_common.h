@@ -74,6 +74,13 @@ typedef struct {
     int8_t qs[32];
 } mc_q8;
 
+/* the exact int sum of an activation block's 32 ints */
+static inline int mc_q8_isum(const mc_q8 *b) {
+    int sum = 0;
+    for (int k = 0; k < 32; k++) sum += b->qs[k];
+    return sum;
+}
+
 /* One block of 8 activation rows, for the batched kernels (mc_quant_x86.h): d, s and
  * cs in lane order 0 2 4 6 1 3 5 7; lo[p] / hi[p]: elements 0-15 / 16-31 of rows
  * 2p and 2p+1 side by side.  Every field is 32-byte aligned when the array is. */

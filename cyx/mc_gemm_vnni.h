@@ -386,64 +386,56 @@ mc_q41x8_finish(int nb, const mc_q41x8 *w, const mc_q8 *const x[8], const __m256
         _mm_prefetch((const char *)((b) + 16) + 128, _MM_HINT_T0);                                 \
     } while (0)
 
-/* Q4_1, VNNI: the nibbles split in registers are vpdpbusd's vector operand, each x row's
- * dwords its broadcast operand, folded into the instruction: 64 vpdpbusd a block of 8 x 8
- * and no unpacking through memory. */
+/* sum over k < 8 of vpmaddubsw(u[k], the x dword xd[k] broadcast), for nibbles u (each
+ * 16-bit lane at most 2 x 15 x 127, the 8 of a block at most 30480: no saturation), then
+ * vpmaddwd into the block sums: the AVX2 twin of mc_dpbusd8 for Q4_1 */
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_maddubs8(const __m256i u[8],
+                                                                         const int32_t *xd) {
+    __m256i s = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(xd[0]));
+    __m256i t = _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(xd[1]));
+    for (int k = 2; k < 8; k += 2) {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(xd[k])));
+        t = _mm256_add_epi16(t, _mm256_maddubs_epi16(u[k + 1], _mm256_set1_epi32(xd[k + 1])));
+    }
+    return _mm256_madd_epi16(_mm256_add_epi16(s, t), _mm256_set1_epi16(1));
+}
+
+/* The Q4_1 kernels' body, `dot8` (mc_dpbusd8 or mc_maddubs8) giving the exact block sums
+ * of the 8 weight rows for one x row: per block the nibbles split in registers (the
+ * weights are the vector operand, each x row's dwords the broadcast one, no unpacking
+ * through memory), acc = fma(dw * dx, s, acc), the mins' terms added last. */
+#define MC_Q41X8_BODY(dot8)                                                                        \
+    const mc_q41x8 *w = (const mc_q41x8 *)wv;                                                      \
+    (void)cx;                                                                                      \
+    __m256 f[8];                                                                                   \
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();                                       \
+    for (int i = 0; i < nb; i++) {                                                                 \
+        const mc_q41x8 *b = w + i;                                                                 \
+        MC_Q41X8_PREFETCH(b);                                                                      \
+        __m256i u[8];                                                                              \
+        mc_q41x8_split(b, u);                                                                      \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));                \
+        for (int a = 0; a < na; a++) { /* unrolled: the f[a] stay in registers */                 \
+            const mc_q8 *xq = x[a] + i;                                                            \
+            const __m256i s = dot8(u, (const int32_t *)xq->qs);                                    \
+            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s), \
+                                   f[a]);                                                          \
+        }                                                                                          \
+    }                                                                                              \
+    mc_q41x8_finish(nb, w, x, f, y, ldy, nr, na)
+
+/* Q4_1, VNNI: 64 vpdpbusd a block of 8 x 8, the x dwords folded into the instruction */
 MC_VNNI static inline __attribute__((always_inline)) void
 mc_gemm_q41x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
                    float *y, size_t ldy, int nr, const int na) {
-    const mc_q41x8 *w = (const mc_q41x8 *)wv;
-    (void)cx;
-    __m256 f[8];
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++) {
-        const mc_q41x8 *b = w + i;
-        MC_Q41X8_PREFETCH(b);
-        __m256i u[8];
-        mc_q41x8_split(b, u);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        for (int a = 0; a < na; a++) { /* unrolled: the f[a] stay in registers */
-            const mc_q8 *xq = x[a] + i;
-            const __m256i s = mc_dpbusd8(u, (const int32_t *)xq->qs);
-            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s),
-                                   f[a]);
-        }
-    }
-    mc_q41x8_finish(nb, w, x, f, y, ldy, nr, na);
+    MC_Q41X8_BODY(mc_dpbusd8);
 }
 
-/* Q4_1, AVX2 without VNNI: vpmaddubsw of the nibbles and the broadcast x dwords (each 16-bit
- * lane at most 2 x 15 x 127, the 8 of a block at most 30480: no saturation), summed in 16
- * bits, then vpmaddwd into the same exact block sums. */
+/* Q4_1, AVX2 without VNNI: vpmaddubsw + vpmaddwd into the same exact block sums */
 MC_AVX2 static inline __attribute__((always_inline)) void
 mc_gemm_q41x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
                         const int32_t *const cx[8], float *y, size_t ldy, int nr, const int na) {
-    const mc_q41x8 *w = (const mc_q41x8 *)wv;
-    (void)cx;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 f[8];
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++) {
-        const mc_q41x8 *b = w + i;
-        MC_Q41X8_PREFETCH(b);
-        __m256i u[8];
-        mc_q41x8_split(b, u);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        for (int a = 0; a < na; a++) {
-            const mc_q8 *xq = x[a] + i;
-            const int32_t *xd = (const int32_t *)xq->qs;
-            __m256i s = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(xd[0]));
-            __m256i t = _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(xd[1]));
-            for (int k = 2; k < 8; k += 2) {
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(xd[k])));
-                t = _mm256_add_epi16(t, _mm256_maddubs_epi16(u[k + 1], _mm256_set1_epi32(xd[k + 1])));
-            }
-            const __m256i s32 = _mm256_madd_epi16(_mm256_add_epi16(s, t), ones);
-            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s32),
-                                   f[a]);
-        }
-    }
-    mc_q41x8_finish(nb, w, x, f, y, ldy, nr, na);
+    MC_Q41X8_BODY(mc_maddubs8);
 }
 
 /* Q8_0, VNNI (weights stored as unsigned q + 128): the weights are vpdpbusd's vector

@@ -608,13 +608,10 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
                 } else if (t == MC_Q8_0 && simd == MC_SIMD_VNNI) { /* 128 x each block's int sum,
                                                                     * for the weights' + 128 */
                     int32_t *cx = (int32_t *)xp;
-                    for (int j = 0; j < n; j++)
-                        for (size_t i = 0; i < nb; i++) {
-                            const mc_q8 *b = (const mc_q8 *)(xq + jb->xstride * (size_t)j) + i;
-                            int sum = 0;
-                            for (int k = 0; k < 32; k++) sum += b->qs[k];
-                            cx[(size_t)j * nb + i] = 128 * sum;
-                        }
+                    for (int j = 0; j < n; j++) {
+                        const mc_q8 *xr = (const mc_q8 *)(xq + jb->xstride * (size_t)j);
+                        for (size_t i = 0; i < nb; i++) cx[(size_t)j * nb + i] = 128 * mc_q8_isum(xr + i);
+                    }
                 }
                 jb->xp = xp;
             }
@@ -631,11 +628,9 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
                         const mc_q8 *xr = (const mc_q8 *)(xq + jb->xstride * (g * 8 + u));
                         for (size_t i = 0; i < nb; i++) {
                             mc_q8x8 *o = xp + g * nb + i;
-                            int sum = 0;
-                            for (int k = 0; k < 32; k++) sum += xr[i].qs[k];
                             o->d[lane[u]] = xr[i].d;
                             o->s[lane[u]] = xr[i].s;
-                            o->cs[lane[u]] = off * sum;
+                            o->cs[lane[u]] = off * mc_q8_isum(xr + i);
                             memcpy(o->lo[u / 2] + 16 * (u % 2), xr[i].qs, 16);
                             memcpy(o->hi[u / 2] + 16 * (u % 2), xr[i].qs + 16, 16);
                         }
