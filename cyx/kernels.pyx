@@ -8,7 +8,7 @@ Weights arrive as uint8 ``(rows, row_bytes)`` views whatever their dtype.
 
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
-from libc.stdint cimport int64_t, uint8_t, uint16_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 
 
@@ -312,14 +312,14 @@ cdef int _attention_check(int n_q, int nh, int hd, int n_kv, int nkh, int k2, in
 
 cdef const void *_kv_data(object a, bint f16, int *shape, bint writable=False) except? NULL:
     """A K or V array's data (NULL when it has no rows) and (rows, heads, dim) into
-    shape: C-contiguous float32, or float16 (or its uint16 view) when ``f16``.  Through
+    shape: C-contiguous float32, or float16 when ``f16``.  Through
     the buffer protocol (no memoryview object: ~1 us less a call, 16 calls a layer at 8
     sequences); the caller holds ``a`` for as long as it uses the pointer."""
     cdef Py_buffer view
     PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (PyBUF_WRITABLE if writable else 0))
     try:
         fmt = (<bytes>view.format).lstrip(b"<=@")
-        if view.ndim != 3 or (fmt not in (b"e", b"H") if f16 else fmt != b"f"):
+        if view.ndim != 3 or fmt != (b"e" if f16 else b"f"):
             raise ValueError(
                 f"K/V stores must all be float32 or all float16 (rows, heads, dim) arrays; "
                 f"expected {'float16' if f16 else 'float32'}, got {view.ndim} dims of "
@@ -333,7 +333,7 @@ cdef const void *_kv_data(object a, bint f16, int *shape, bint writable=False) e
 def attention(const float[:, :, ::1] q, k, v, int q_pos0, float scale, float[:, :, ::1] out,
               int nth, int simd=0, bint kv_f16=False):
     """out (n_q, n_head, hd): causal GQA of q over cache rows k, v (n_kv, n_head_kv, hd):
-    float32, or (``kv_f16``) float16 arrays viewed as uint16."""
+    C-contiguous float32, or (``kv_f16``) float16."""
     cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
     cdef int kshape[3]
     cdef int vshape[3]
@@ -353,7 +353,7 @@ def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list o
     """``attention`` for every sequence i at once: outs[i] from qs[i] over ks[i], vs[i].
 
     All sequences share n_head, n_head_kv and hd; one pool job covers every work
-    item.  With ``kv_f16`` every ks[i], vs[i] is a float16 array viewed as uint16.
+    item.  With ``kv_f16`` every ks[i], vs[i] is a C-contiguous float16 array.
     The caller keeps the arrays alive.
     """
     cdef int n_seq = len(qs), i, rc = 0

@@ -156,9 +156,9 @@ def _is_f16(a: np.ndarray[Any, Any]) -> bool:
     return bool(a.dtype == np.float16)
 
 
-def _u16(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.uint16]]:
-    """A float16 array's bits as a C-contiguous uint16 view (what the f16 kernels take)."""
-    return np.ascontiguousarray(a).view(np.uint16)
+def _f16(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float16]]:
+    """A float16 array, C-contiguous (what the f16 kernels take)."""
+    return np.ascontiguousarray(a, dtype=np.float16)
 
 
 def _memo(
@@ -382,7 +382,7 @@ class CpuBackend:
         if out is None:
             out = np.empty_like(q)  # (n_q, n_head, hd)
         if _is_f16(k) and _is_f16(v):
-            _k.attention(q, _u16(k), _u16(v), q_pos0, scale, out, self.threads, self.simd, True)
+            _k.attention(q, _f16(k), _f16(v), q_pos0, scale, out, self.threads, self.simd, True)
         else:
             _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads, self.simd)
         return out
@@ -404,7 +404,7 @@ class CpuBackend:
         )
         # f16 caches are read as is; any f32 one in the batch makes it all f32
         f16 = all(_is_f16(a) for a in (*ks, *vs))
-        conv = _u16 if f16 else _f32
+        conv = _f16 if f16 else _f32
         _k.attention_batch(
             q_list,
             [conv(k) for k in ks],
