@@ -161,6 +161,14 @@ def _f16(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float16]]:
     return np.ascontiguousarray(a, dtype=np.float16)
 
 
+def _memo_hit(
+    cache: dict[int, tuple[np.ndarray[Any, Any], T]], data: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], T] | None:
+    """The entry ``_memo`` keeps for ``data`` (this very array), or None."""
+    hit = cache.get(id(data))
+    return hit if hit is not None and hit[0] is data else None
+
+
 def _memo(
     cache: dict[int, tuple[np.ndarray[Any, Any], T]],
     data: np.ndarray[Any, Any],
@@ -170,8 +178,8 @@ def _memo(
     """What ``make`` derives from a weight's ``data``, kept per array (by identity, the
     array itself held so its id is not reused) when ``make`` says it may be; the cache is
     emptied at ``limit`` entries (weights made afresh per call must not grow it forever)."""
-    hit = cache.get(id(data))
-    if hit is not None and hit[0] is data:
+    hit = _memo_hit(cache, data)
+    if hit is not None:
         return hit[1]
     value, keep = make()
     if keep:
@@ -206,9 +214,9 @@ class CpuBackend:
 
     ``threads``, ``simd`` and ``matmul`` default to ``MODELC_THREADS``, ``MODELC_SIMD``
     and ``MODELC_MATMUL`` (see the module docstring).  ``repack``: whether Q4_1 and Q8_0
-    weights are repacked for the VNNI kernels (fast mode); by default only weights read
-    from a file mapping, whose pages are then handed back, so memory does not double
-    (weights held in memory, such as a compressed artifact's, keep the unpacking kernels).
+    weights are repacked for the VNNI / AVX2 kernels (fast mode); by default only weights
+    read from a file mapping, whose pages are then handed back, so memory does not double
+    (weights held in memory, such as a compressed artifact's, keep the other kernels).
     """
 
     name = "cpu"
@@ -230,7 +238,7 @@ class CpuBackend:
         self._fallback = NumpyBackend()
         # id(weight data) -> (that data, its uint8 row view): the view costs ~1.5 us a call
         self._raw: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
-        # id(weight data) -> (that data, its data for the batched VNNI kernel, or None)
+        # id(weight data) -> (that data, its repacked copy, or None: see _gemm_aux)
         self._aux: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = {}
 
     def _rows(self, w: Weight) -> np.ndarray[Any, Any]:
@@ -256,11 +264,11 @@ class CpuBackend:
 
     def _gemm_aux(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
         """A weight repacked 8 rows to a group for the kernels that read it (Q4_1 and Q8_0,
-        VNNI or AVX2), made on first use (as large as the weight).  Fast mode then reads only the copy, so the
-        pages of a file mapping are handed back to the OS (read again only for what else
-        touches the rows, such as a tied embedding's lookups).  None where those kernels
-        are not used (other types and SIMD levels, exact/balanced mode) or the weight is
-        not held as is."""
+        VNNI or AVX2), made on first use (as large as the weight).  Fast mode then reads
+        only the copy, so the pages of a file mapping are handed back to the OS (read again
+        only for what else touches the rows, such as a tied embedding's lookups).  None
+        where those kernels are not used (other types and SIMD levels, exact/balanced
+        mode), the weight is not held as is, or (``repack`` unset) it is not file-mapped."""
         code = TYPE_CODES.get(w.dtype)
         if (
             code is None
@@ -328,8 +336,8 @@ class CpuBackend:
             out = np.empty((idx.shape[0], w.shape[1]), dtype=np.float32)  # (len(ids), in)
         # a tied embedding whose matmuls made a repacked copy: its file pages went back to the
         # OS, so the rows come from the copy (the same values) rather than from the disk
-        made = self._aux.get(id(w.data))
-        aux = made[1] if made is not None and made[0] is w.data else None
+        made = _memo_hit(self._aux, w.data)
+        aux = made[1] if made is not None else None
         _k.get_rows(code, self._rows(w), w.shape[1], idx, out, self.simd, aux)
         return out
 
