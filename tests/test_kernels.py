@@ -38,7 +38,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from modelc.errors import ConfigError
 from modelc.formats.ir import DType
-from modelc.runtime.backend import Weight
+from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.cpu import SIMD_LEVELS, CpuBackend, available_simd
 from modelc.runtime.backends.numpy_ref import NumpyBackend, dequantize_weight
 from tests import assets
@@ -578,16 +578,23 @@ def test_attention_prefill_equals_decode_steps(cpu: CpuBackend) -> None:
         np.testing.assert_allclose(step[0], full[i], rtol=1e-6, atol=1e-6)
 
 
+def attention_batch_case(
+    rng: np.random.Generator, kv_dtype: type[np.floating[Any]]
+) -> tuple[list[F32Array], list[np.ndarray[Any, Any]], list[np.ndarray[Any, Any]], list[int]]:
+    """Prefill chunks and single decode tokens of mixed lengths (9 query heads over 3 KV
+    heads of 64): qs, ks, vs (caches of ``kv_dtype``) and each sequence's q_pos0."""
+    shapes = [(17, 0), (1, 149), (5, 40), (1, 0), (1, 7), (64, 64)]  # (n_q, q_pos0)
+    qs = [rng.standard_normal((n, 9, 64)).astype(np.float32) for n, _ in shapes]
+    ks = [rng.standard_normal((n + p0, 3, 64)).astype(kv_dtype) for n, p0 in shapes]
+    vs = [rng.standard_normal((n + p0, 3, 64)).astype(kv_dtype) for n, p0 in shapes]
+    return qs, ks, vs, [p0 for _, p0 in shapes]
+
+
 def test_attention_batch_equals_per_sequence_attention(cpu: CpuBackend) -> None:
     """One batched call over prefill chunks and single decode tokens of mixed lengths
     (GQA) gives each sequence exactly what its own ``attention`` call gives."""
-    rng = np.random.default_rng(16)
-    n_head, n_head_kv, hd, scale = 9, 3, 64, 0.125
-    shapes = [(17, 0), (1, 149), (5, 40), (1, 0), (1, 7), (64, 64)]  # (n_q, q_pos0)
-    qs = [rng.standard_normal((n, n_head, hd)).astype(np.float32) for n, _ in shapes]
-    ks = [rng.standard_normal((n + p0, n_head_kv, hd)).astype(np.float32) for n, p0 in shapes]
-    vs = [rng.standard_normal((n + p0, n_head_kv, hd)).astype(np.float32) for n, p0 in shapes]
-    p0s = [p0 for _, p0 in shapes]
+    qs, ks, vs, p0s = attention_batch_case(np.random.default_rng(16), np.float32)
+    scale = 0.125
     outs = [np.full_like(q, np.nan) for q in qs]
     got = cpu.attention_batch(qs, ks, vs, p0s, scale, outs=outs)
     assert all(g is o for g, o in zip(got, outs, strict=True))
@@ -722,12 +729,8 @@ def test_attention_batch_f16_equals_per_sequence(cpu: CpuBackend) -> None:
     """A batch of f16 caches: each sequence gets exactly its own ``attention`` result.
     A batch mixing f16 and f32 caches is computed in f32 (widened), same values."""
     rng = np.random.default_rng(19)
-    n_head, n_head_kv, hd, scale = 9, 3, 64, 0.125
-    shapes = [(17, 0), (1, 149), (5, 40), (1, 0), (1, 7), (64, 64)]  # (n_q, q_pos0)
-    qs = [rng.standard_normal((n, n_head, hd)).astype(np.float32) for n, _ in shapes]
-    ks = [rng.standard_normal((n + p0, n_head_kv, hd)).astype(np.float16) for n, p0 in shapes]
-    vs = [rng.standard_normal((n + p0, n_head_kv, hd)).astype(np.float16) for n, p0 in shapes]
-    p0s = [p0 for _, p0 in shapes]
+    qs, ks, vs, p0s = attention_batch_case(rng, np.float16)
+    n_head_kv, hd, scale = 3, 64, 0.125
     got = cpu.attention_batch(qs, ks, vs, p0s, scale)
     for i, (q, k, v, p0) in enumerate(zip(qs, ks, vs, p0s, strict=True)):
         np.testing.assert_array_equal(got[i], cpu.attention(q, k, v, p0, scale), err_msg=f"seq {i}")
