@@ -2,7 +2,10 @@
 
 Run with the reference venv (torch 2.13 + transformers 5.x), from the repository root:
 
-    /root/.cache/modelc-ref-venv/bin/python scripts/make_goldens.py [smollm2] [gpt2] [minilm]
+    /root/.cache/modelc-ref-venv/bin/python scripts/make_goldens.py \
+        [smollm2] [chat] [gpt2] [minilm]
+
+(no argument: all four).
 
 The test assets are located (and fetched if needed) by the project venv
 (``.venv/bin/python -m tests.assets`` / ``-m tests.gen_gpt2``), so this script and the
@@ -11,6 +14,12 @@ tests use the same files.
 * smollm2: the real Q4_1 GGUF, dequantized to f32 by transformers (``gguf_file=``, which
   also undoes the GGUF Q/K RoPE permutation); per prompt the top-10 next-token ids and
   log-probabilities, and a 32-token greedy continuation (EOS does not stop it).
+* chat: the same SmolLM2 model on the cases of ``tests/fixtures/chat_cases.json``
+  (``tests/golden/smollm2_chat.json``): per chat the prompt rendered by the GGUF's own chat
+  template (``apply_chat_template(..., add_generation_prompt=True)``), its ids, and a greedy
+  answer of at most ``max_new_tokens`` tokens that stops after EOS (``<|im_end|>``, kept as
+  the last id), with ``finish`` ("stop"/"length") and the per-step top-1/top-2 logit
+  margins; the same for each raw prompt, tokenized with ``add_special_tokens=True``.
 * gpt2: the numpy-generated random GPT-2 of ``tests/gen_gpt2.py`` loaded into
   ``GPT2LMHeadModel``; same outputs.  Also checks that the torch-free
   ``pytorch_model.bin`` copy (``<assets>/gpt2-random-bin/``) loads in torch bit for bit.
@@ -30,6 +39,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
+CHAT_CASES = ROOT / "tests" / "fixtures" / "chat_cases.json"
 TOP_N = 10
 N_GREEDY = 32
 
@@ -107,34 +117,55 @@ def next_token_record(logits: torch.Tensor) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def greedy(model: Any, ids: list[int]) -> tuple[list[int], float]:
-    """32 greedy tokens (EOS does not stop), and the smallest top-1/top-2 logit margin seen."""
+def greedy(
+    model: Any, ids: list[int], n: int = N_GREEDY, eos: int | None = None
+) -> tuple[list[int], list[float]]:
+    """Greedy decoding with an explicit KV cache: up to ``n`` new tokens, stopping after
+    ``eos`` (kept as the last id) when given; and the top-1/top-2 logit margin of each step."""
     out = model(torch.tensor([ids]), use_cache=True)
     past = out.past_key_values
     logits = out.logits[0, -1]
     gen: list[int] = []
-    margin = float("inf")
-    for _ in range(N_GREEDY):
+    margins: list[float] = []
+    while True:
         top2 = torch.topk(logits, 2).values
-        margin = min(margin, float(top2[0] - top2[1]))
+        margins.append(float(top2[0] - top2[1]))
         tok = int(torch.argmax(logits))
         gen.append(tok)
+        if len(gen) == n or tok == eos:
+            return gen, margins
         out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
         past = out.past_key_values
         logits = out.logits[0, -1]
-    return gen, margin
 
 
 @torch.no_grad()
 def lm_record(model: Any, ids: list[int], **extra: Any) -> dict[str, Any]:
     logits = model(torch.tensor([ids])).logits[0, -1]
-    gen, margin = greedy(model, ids)
+    gen, margins = greedy(model, ids)
     return {
         **extra,
         "prompt_ids": ids,
         **next_token_record(logits),
         "greedy": gen,
-        "min_greedy_margin": round(margin, 5),
+        "min_greedy_margin": round(min(margins), 5),
+    }
+
+
+def answer_record(tok: Any, model: Any, ids: list[int], n: int) -> dict[str, Any]:
+    """Greedy answer of at most ``n`` tokens that stops after EOS (the chat golden's fields)."""
+    gen, margins = greedy(model, ids, n, eos=tok.eos_token_id)
+    stopped = gen[-1] == tok.eos_token_id
+    return {
+        "answer_ids": gen,
+        "answer_text": tok.decode(
+            gen[:-1] if stopped else gen,
+            skip_special_tokens=False,
+            clean_up_tokenization_spaces=False,
+        ),
+        "finish": "stop" if stopped else "length",
+        "min_margin": round(min(margins), 5),
+        "margins": [round(m, 4) for m in margins],
     }
 
 
@@ -145,7 +176,8 @@ def write(name: str, data: dict[str, Any]) -> None:
     print(f"wrote {path} ({path.stat().st_size} bytes)")
 
 
-def make_smollm2() -> None:
+def load_smollm2() -> tuple[Path, Any, Any]:
+    """The SmolLM2 test GGUF's path, and its tokenizer and f32-dequantized model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(project_python("from tests.assets import smollm2_gguf; print(smollm2_gguf())"))
@@ -153,6 +185,11 @@ def make_smollm2() -> None:
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     ).eval()
+    return gguf, tok, model
+
+
+def make_smollm2() -> None:
+    gguf, tok, model = load_smollm2()
     records = []
     for p in SMOLLM2_RAW_PROMPTS:
         ids = tok(p, add_special_tokens=False).input_ids
@@ -173,6 +210,54 @@ def make_smollm2() -> None:
             "reference": f"transformers {__import__('transformers').__version__}, "
             f"torch {torch.__version__}, f32 dequantized GGUF",
             "records": records,
+        },
+    )
+
+
+def make_chat() -> None:
+    cases = json.loads(CHAT_CASES.read_text())
+    n = cases["max_new_tokens"]
+    gguf, tok, model = load_smollm2()
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2, (
+        tok.eos_token,
+        tok.eos_token_id,
+    )
+    chats = []
+    for case in cases["chats"]:
+        msgs = case["messages"]
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        ids = tok(text, add_special_tokens=False).input_ids
+        direct = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        direct = direct if isinstance(direct, list) else direct["input_ids"]
+        assert list(direct) == ids, (case["id"], direct, ids)
+        rec = {
+            "id": case["id"],
+            "prompt": text,
+            "prompt_ids": ids,
+            **answer_record(tok, model, ids, n),
+        }
+        chats.append(rec)
+        print(f"{case['id']}: {rec['finish']} {rec['min_margin']} {rec['answer_text']!r}")
+    raw = []
+    for p in cases["raw"]:
+        ids = tok(p, add_special_tokens=True).input_ids
+        plain = tok(p, add_special_tokens=False).input_ids
+        rec = {"prompt": p, "prompt_ids": ids}
+        if plain != ids:  # the tokenizer added special tokens (a BOS) of its own
+            rec["prompt_ids_no_special"] = plain
+        rec.update(answer_record(tok, model, ids, n))
+        raw.append(rec)
+        print(f"{p!r}: {rec['finish']} {rec['min_margin']} {rec['answer_text']!r}")
+    write(
+        "smollm2_chat.json",
+        {
+            "model": gguf.name,
+            "reference": f"transformers {__import__('transformers').__version__}, "
+            f"torch {torch.__version__}, f32 dequantized GGUF, greedy with KV cache",
+            "max_new_tokens": n,
+            "eos_id": tok.eos_token_id,
+            "chats": chats,
+            "raw": raw,
         },
     )
 
@@ -253,9 +338,9 @@ def make_minilm() -> None:
 
 def main() -> None:
     torch.set_grad_enabled(False)
-    which = sys.argv[1:] or ["smollm2", "gpt2", "minilm"]
+    which = sys.argv[1:] or ["smollm2", "chat", "gpt2", "minilm"]
     for w in which:
-        {"smollm2": make_smollm2, "gpt2": make_gpt2, "minilm": make_minilm}[w]()
+        {"smollm2": make_smollm2, "chat": make_chat, "gpt2": make_gpt2, "minilm": make_minilm}[w]()
 
 
 if __name__ == "__main__":
