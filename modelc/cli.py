@@ -389,17 +389,33 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     art: Artifact = open_artifact(_resolve(args.model))
     try:
+        sampling = _sampling_defaults(art) if art.manifest.tokenizer is not None else None
         if args.readme:
             print(insp.model_card(art, args.model))
         elif args.quant_sizes:
             print(insp.quant_sizes_table(art))
         elif args.json:
-            print(json.dumps(insp.summary(art, args.model, tensors=args.tensors), indent=2))
+            doc = insp.summary(art, args.model, tensors=args.tensors, sampling=sampling)
+            print(json.dumps(doc, indent=2))
         else:
-            print(insp.summary_text(art, args.model, tensors=args.tensors))
+            print(insp.summary_text(art, args.model, tensors=args.tensors, sampling=sampling))
     finally:
         art.close()
     return 0
+
+
+def _sampling_defaults(art: Artifact) -> dict[str, Any]:
+    """The sampling defaults ``modelc run`` would use for this model, with their sources."""
+    from modelc.runtime.prompt import SamplingDefaults, model_sampling
+
+    cfg = _config()
+    m = art.manifest
+    d = SamplingDefaults.resolve(
+        model_sampling(m.generation, m.metadata),
+        cfg.sampling.given(),
+        max_tokens=cfg.sampling.max_tokens or SamplingDefaults.resolve().max_tokens,
+    )
+    return {**d.as_dict(), "sources": dict(d.origin)}
 
 
 def add_inspect(sub: Any) -> None:

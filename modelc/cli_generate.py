@@ -1,9 +1,11 @@
 """``modelc generate MODEL PROMPT``: stream generated text to the terminal, no server.
 
-Standard output is the generated text only, exactly as the tokenizer decodes it;
-progress and statistics go to standard error.  Registered into the main CLI by
-``register(subparsers)`` (``modelc.cli.EXTENSIONS``); ``python -m modelc.cli_generate``
-runs it standalone.
+It runs the same engine as ``modelc run`` (same prompt rules, sampling defaults, KV
+cache and stop handling), with one request in flight, so a greedy or seeded answer here
+is the answer the server gives for the same messages and settings.  Standard output is
+the generated text only; progress and statistics go to standard error.  Registered into
+the main CLI by ``register(subparsers)`` (``modelc.cli.EXTENSIONS``); ``python -m
+modelc.cli_generate`` runs it standalone.
 """
 
 from __future__ import annotations
@@ -14,66 +16,81 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from modelc.errors import ModelcError, TokenizerError, UnsupportedError, UsageError
+import trio
+
+from modelc.errors import ModelcError, TokenizerError, UsageError
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from modelc.resolve import load_ir
-    from modelc.runtime.arch import GPT2, Llama, build
-    from modelc.runtime.chat_template import render_chat
-    from modelc.runtime.generate import generate
-    from modelc.runtime.sampling import SamplingParams
-    from modelc.runtime.tokenizer import Tokenizer
+    from modelc.config import load_config
+    from modelc.engine import EngineOptions, build_engine
+    from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 
-    if args.max_tokens < 0:
+    if args.max_tokens is not None and args.max_tokens < 0:
         raise UsageError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    cfg = load_config()
     t0 = time.perf_counter()
-    ir = load_ir(args.model)
-    if ir.tokenizer is None:
-        raise TokenizerError(f"{args.model} has no tokenizer, so it cannot generate text")
-    model = build(ir)
-    if not isinstance(model, (Llama, GPT2)):
-        raise UnsupportedError(
-            f"{args.model} is a {ir.architecture} model, which does not generate text "
-            "(use a llama or gpt2 model)"
+    opt = EngineOptions(max_concurrent=1, queue_size=0, sampling=cfg.sampling.given())
+    if args.kv_cache:
+        opt.kv_cache = args.kv_cache
+    if cfg.sampling.max_tokens:
+        opt.max_tokens = cfg.sampling.max_tokens
+    eng = build_engine(args.model, opt)
+    if eng.lm is None or eng.prompt is None:
+        raise TokenizerError(
+            f"{args.model} is a {eng.architecture} model without a tokenizer or an LM head; "
+            "it does not generate text (use a llama or gpt2 model)"
         )
-    spec = ir.tokenizer
-    tok = Tokenizer(spec)
+    pf = eng.prompt
     if args.chat:
-
-        def token_text(i: int | None) -> str:
-            return spec.tokens[i] if i is not None and 0 <= i < len(spec.tokens) else ""
-
-        text = render_chat(
-            ir.chat_template,
-            [{"role": "user", "content": args.prompt}],
-            add_generation_prompt=True,
-            bos_token=token_text(spec.bos_id),
-            eos_token=token_text(spec.eos_id),
-        )
-        ids = tok.encode(text, add_special=False, parse_special=True)
+        msgs = [{"role": "system", "content": args.system}] if args.system else []
+        msgs.append({"role": "user", "content": args.prompt})
+        ids = pf.chat(msgs).ids
     else:
-        ids = tok.encode(args.prompt, add_special=True)
-    stop_ids = sorted(tok.eot_ids)
-    params = SamplingParams(
-        temperature=args.temperature,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-        stop_token_ids=stop_ids,
-    )
+        ids = pf.encode(args.prompt)
+    given = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repeat_penalty,
+    }
+    params = pf.defaults.params(given, max_tokens=args.max_tokens, stop=args.stop, seed=args.seed)
     load_s = time.perf_counter() - t0
-    gen = generate(model, tok, ids, params)
     out = sys.stdout.buffer
-    for _, delta in gen:
-        if delta:
-            out.write(delta.encode("utf-8", "surrogatepass"))
-            out.flush()
-    st = gen.stats
+    finish: list[FinishEvent] = []
+
+    refused: list[ModelcError] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(eng.run)
+            try:
+                async with eng.submit(GenerationRequest("generate", ids, params)) as handle:
+                    async for ev in handle:
+                        if ev.text:
+                            out.write(ev.text.encode("utf-8", "surrogatepass"))
+                            out.flush()
+                        if not isinstance(ev, TokenEvent):
+                            finish.append(ev)
+            except ModelcError as e:  # refused at submit (a bad setting, a prompt too long)
+                refused.append(e)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    if refused:
+        raise refused[0]
+    f = finish[0]
+    if f.error:
+        raise UsageError(f"generation failed: {f.error}")
+    ttft = f.time_to_first_token or 0.0
+    decode_s = f.total_time - ttft
+    tps = (f.completion_tokens - 1) / decode_s if decode_s > 0 and f.completion_tokens > 1 else 0.0
     sys.stderr.write(
-        f"\n[modelc] {ir.architecture} via {model.be.name}: load {load_s:.2f}s, "
-        f"prompt {st.prompt_tokens} tok in {st.prefill_s:.2f}s ({st.prefill_tps:.1f} tok/s), "
-        f"generated {st.generated_tokens} tok ({st.decode_tps:.1f} tok/s), "
-        f"finish: {gen.finish_reason}\n"
+        f"\n[modelc] {eng.architecture}: load {load_s:.2f}s, prompt {f.prompt_tokens} tok "
+        f"(first token after {ttft:.2f}s), generated {f.completion_tokens} tok "
+        f"({tps:.1f} tok/s), finish: {f.reason.value}\n"
     )
     return 0
 
@@ -84,16 +101,38 @@ def register(subparsers: Any) -> None:
     p.add_argument("model", metavar="MODEL", help="a model name, catalog name or model path")
     p.add_argument("prompt", metavar="PROMPT", help="taken verbatim")
     p.add_argument(
-        "--chat", action="store_true", help="wrap PROMPT as a user message in the chat template"
+        "--chat",
+        action="store_true",
+        help="send PROMPT as a user message through the chat template",
+    )
+    p.add_argument("--system", default=None, metavar="TEXT", help="with --chat: a system message")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N tokens (default: at the end of the turn, at most the server's cap)",
     )
     p.add_argument(
-        "--max-tokens", type=int, default=256, metavar="N", help="stop after N tokens (256)"
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="0 = greedy (default: the model's, else 0.8 as llama-server)",
     )
-    p.add_argument(
-        "--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)"
-    )
+    p.add_argument("--top-k", type=int, default=None, metavar="K")
+    p.add_argument("--top-p", type=float, default=None, metavar="P")
+    p.add_argument("--min-p", type=float, default=None, metavar="P")
+    p.add_argument("--repeat-penalty", type=float, default=None, metavar="R")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string")
     p.add_argument(
         "--seed", type=int, default=None, metavar="S", help="RNG seed (same seed, same text)"
+    )
+    p.add_argument(
+        "--kv-cache",
+        choices=("f32", "f16", "int8", "mixed"),
+        default=None,
+        help="KV cache type (default f16, as modelc run)",
     )
     p.set_defaults(func=cmd_generate)
 

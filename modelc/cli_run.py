@@ -70,6 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     }
     engine = EngineOptions(**{k: v for k, v in given.items() if v is not None})
     engine.context_shift = args.context_shift
+    engine.sampling = cfg.sampling.given()
+    max_tokens = args.max_tokens if args.max_tokens is not None else cfg.sampling.max_tokens
+    if max_tokens is not None:
+        engine.max_tokens = max_tokens
     engine.validate()
     path = _resolve(arg)
     opts = ServeOptions(
@@ -125,6 +129,14 @@ def register(subparsers: Any) -> None:
         default=0,
         metavar="N",
         help="at most N requests per minute per client address (0 = off)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a request without max_tokens stops at the end of its turn or after N tokens "
+        "(default 4096, or [sampling] max_tokens in config.toml)",
     )
     p.add_argument(
         "--max-context",

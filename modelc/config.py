@@ -36,11 +36,33 @@ class PackConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     quantize: Literal["fp16", "int8", "int4", "q8_0", "q4_0"] | None = None
 
 
+class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The server's sampling defaults: used where a request and the model say nothing
+    (unset keys fall back to llama-server's defaults)."""
+
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0, le=10)] | None = None
+    repeat_last_n: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    presence_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, msgspec.Meta(ge=-2, le=2)] | None = None
+    # a request without max_tokens stops at the end of its turn or after this many tokens
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+    def given(self) -> dict[str, float | int]:
+        """The keys set in the file (max_tokens excluded)."""
+        d = msgspec.structs.asdict(self)
+        return {k: v for k, v in d.items() if v is not None and k != "max_tokens"}
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     default_model: str = "smollm2-135m"
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     pack: PackConfig = msgspec.field(default_factory=PackConfig)
+    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
     path: str | None = None  # the file this was read from (not a key in the file)
 
     @property

@@ -24,10 +24,16 @@ class ModelcError(Exception):
 
 
 class UsageError(ModelcError):
-    """A wrong flag, argument or request value."""
+    """A wrong flag, argument or request value (``param``: the request field, if one)."""
 
     http_status = 400
     error_type = "invalid_request_error"
+
+    def __init__(
+        self, message: str, *, path: str | Path | None = None, param: str | None = None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.param = param
 
 
 class ConfigError(ModelcError):

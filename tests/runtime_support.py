@@ -13,6 +13,7 @@ import pytest
 from modelc.runtime.backend import Backend
 from modelc.runtime.kv_cache import KVCache
 from modelc.runtime.model import LanguageModel, SeqChunk
+from modelc.runtime.sampling import Sampler, SamplingParams
 
 GOLDEN = Path(__file__).parent / "golden"
 # golden tolerance of the issue: top-10 next-token log-probabilities within 2e-3
@@ -72,3 +73,28 @@ def check_record(
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     """Index of the first differing token (len if equal)."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+
+def decode_alone(
+    model: LanguageModel,
+    cache: KVCache,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    stop_ids: Sequence[int] = (),
+) -> list[int]:
+    """A reference for the engine: the plain one-sequence loop (whole-prompt prefill, one
+    forward per token, the same sampler), returning the ids generated before a stop id
+    or ``params.max_tokens`` (default: until the cache is full)."""
+    sampler = Sampler(params, model.n_vocab, prompt)
+    limit = params.max_tokens if params.max_tokens is not None else cache.max_tokens - len(prompt)
+    logits = model.forward([SeqChunk(cache, list(prompt))])[0]
+    out: list[int] = []
+    while len(out) < limit:
+        s = sampler.sample(logits)
+        sampler.accept(s.token)
+        if s.token in stop_ids:
+            break
+        out.append(s.token)
+        if len(out) < limit:
+            logits = model.forward([SeqChunk(cache, [s.token])])[0]
+    return out

@@ -34,14 +34,20 @@ def free_port() -> int:
 class Server:
     """One ``modelc run`` subprocess; ``url`` is its base address."""
 
-    def __init__(self, model: str | None, *extra: str, home: Path | None = None) -> None:
+    def __init__(
+        self,
+        model: str | None,
+        *extra: str,
+        home: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._home = tempfile.TemporaryDirectory(prefix="modelc-srv-") if home is None else None
-        env = dict(os.environ)
-        env["MODELC_HOME"] = str(home or self._home.name)  # type: ignore[union-attr]
-        env.setdefault("MODELC_THREADS", "1")
-        self.log_path = Path(env["MODELC_HOME"]) / "server.log"
+        penv = {**os.environ, **(env or {})}
+        penv["MODELC_HOME"] = str(home or self._home.name)  # type: ignore[union-attr]
+        penv.setdefault("MODELC_THREADS", "1")
+        self.log_path = Path(penv["MODELC_HOME"]) / "server.log"
         self._log = self.log_path.open("wb")
         cmd = [
             sys.executable,
@@ -57,7 +63,7 @@ class Server:
         ]
         self.health: list[tuple[int, str]] = []  # /health answers seen while starting
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+            cmd, cwd=ROOT, env=penv, stdout=self._log, stderr=subprocess.STDOUT
         )
 
     def log(self) -> str:
@@ -99,8 +105,8 @@ class Server:
         return float(m.group(1))
 
 
-def start(model: str | None, *extra: str) -> Server:
-    srv = Server(model, *extra)
+def start(model: str | None, *extra: str, env: dict[str, str] | None = None) -> Server:
+    srv = Server(model, *extra, env=env)
     try:
         srv.wait_ready()
     except BaseException:

@@ -27,10 +27,10 @@ from modelc.engine.api import (
 from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats import load_model
 from modelc.formats.ir import DType, ModelIR, Tensor
-from modelc.runtime.generate import generate
 from modelc.runtime.kv_cache import BLOCK, KVMode
 from modelc.runtime.sampling import SamplingParams
 from tests.assets import smollm2_gguf
+from tests.runtime_support import decode_alone
 
 PROMPTS = [
     "The capital of France is",
@@ -92,15 +92,12 @@ async def collect(handle: Any) -> tuple[list[int], str, FinishEvent]:
 
 
 def alone(eng: LLMEngine, prompt: Sequence[int], p: SamplingParams) -> list[int]:
-    """The plain single-sequence loop of modelc generate (no engine), over a cache of the
-    engine's KV mode (f16 by default).
-
-    That loop yields a final stop token (EOS); the engine ends on it without a TokenEvent.
-    """
-    assert eng.lm is not None and eng.tok is not None
+    """The reference one-sequence loop (no engine), over a cache of the engine's KV mode
+    (f16 by default), stopping on the model's end-of-generation ids as the engine does."""
+    assert eng.lm is not None and eng.prompt is not None
     cache = eng.lm.new_cache(eng.mode, max_tokens=eng.max_context)
-    toks = [t for t, _ in generate(eng.lm, eng.tok, prompt, p, cache=cache)]
-    return toks[:-1] if toks and toks[-1] in p.stop_token_ids else toks
+    stops = sorted(eng.prompt.eog_ids | set(p.stop_token_ids))
+    return decode_alone(eng.lm, cache, prompt, p, stops)
 
 
 async def test_batched_equals_alone(ir: ModelIR) -> None:

@@ -15,13 +15,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
+from modelc.engine import EngineOptions, LLMEngine, build_engine
+from modelc.engine.api import FinishEvent, FinishReason, GenerationRequest
 from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import Llama, build
 from modelc.runtime.arch.llama import rope_inv_freq
-from modelc.runtime.generate import generate
 from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.model import SeqChunk
 from modelc.runtime.sampling import SamplingParams
@@ -306,56 +308,79 @@ def tokenizer(ir: ModelIR) -> Tokenizer:
     return Tokenizer(ir.tokenizer)
 
 
-def test_generate_streams_the_greedy_text(model: Llama, tokenizer: Tokenizer) -> None:
+def exact_engine(ir: ModelIR, **kw: Any) -> LLMEngine:
+    """The engine on the compiled kernels in f32-activation mode, f32 KV, as the goldens."""
+    opts = EngineOptions(kv_cache="f32", speculative=False, **kw)
+    return build_engine(ir, opts, backend=make_backend("cpu-exact"))
+
+
+async def engine_run(
+    eng: LLMEngine, prompt: list[int], p: SamplingParams, ignore_eos: bool = False
+) -> tuple[list[int], str, FinishEvent]:
+    """One request through the engine: (token ids, text, finish event)."""
+    toks, text, fin = [], "", None
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        async for ev in eng.submit(GenerationRequest("r", prompt, p, ignore_eos=ignore_eos)):
+            text += ev.text
+            if isinstance(ev, FinishEvent):
+                fin = ev
+            else:
+                toks.append(ev.token_id)
+        n.cancel_scope.cancel()
+    assert fin is not None
+    return toks, text, fin
+
+
+async def test_engine_streams_the_greedy_text(ir: ModelIR) -> None:
     r = RECORDS[0]
-    gen = generate(model, tokenizer, r["prompt_ids"], SamplingParams(temperature=0, max_tokens=32))
-    pairs = list(gen)
-    assert [t for t, _ in pairs] == r["greedy"]
-    assert "".join(d for _, d in pairs) == r["greedy_text"]  # transformers' decode
-    assert gen.finish_reason == "length"
-    assert gen.stats.generated_tokens == 32 and gen.stats.prompt_tokens == len(r["prompt_ids"])
+    eng = exact_engine(ir)
+    p = SamplingParams(temperature=0, max_tokens=32)
+    toks, text, fin = await engine_run(eng, r["prompt_ids"], p, ignore_eos=True)
+    assert toks == r["greedy"]
+    assert text == r["greedy_text"]  # transformers' decode
+    assert fin.reason is FinishReason.LENGTH
+    assert fin.completion_tokens == 32 and fin.prompt_tokens == len(r["prompt_ids"])
 
 
-def test_generate_stop_string_and_stop_token(model: Llama, tokenizer: Tokenizer) -> None:
+async def test_engine_stop_string_and_stop_token(ir: ModelIR) -> None:
     r = RECORDS[0]
     text = r["greedy_text"]
     stop = text[12:16]
-    params = SamplingParams(temperature=0, max_tokens=32, stop=[stop])
-    gen = generate(model, tokenizer, r["prompt_ids"], params)
-    out = "".join(d for _, d in gen)
-    assert out == text[: text.find(stop)] and gen.finish_reason == "stop"
+    eng = exact_engine(ir)
+    p = SamplingParams(temperature=0, max_tokens=32, stop=[stop])
+    _, out, fin = await engine_run(eng, r["prompt_ids"], p)
+    assert out == text[: text.find(stop)] and fin.reason is FinishReason.STOP
     # the 5th greedy token declared a stop token: generation ends there, without its text
-    params = SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[r["greedy"][4]])
-    gen = generate(model, tokenizer, r["prompt_ids"], params)
-    pairs = list(gen)
-    assert [t for t, _ in pairs] == r["greedy"][:5] and gen.finish_reason == "stop"
-    assert "".join(d for _, d in pairs) == tokenizer.decode(r["greedy"][:4])
+    p = SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[r["greedy"][4]])
+    toks, out, fin = await engine_run(eng, r["prompt_ids"], p)
+    assert toks == r["greedy"][:4] and fin.reason is FinishReason.STOP
+    assert fin.completion_tokens == 5  # the stop token counts, as OpenAI's usage does
+    assert eng.tok is not None and out == eng.tok.decode(r["greedy"][:4])
 
 
-def test_generate_sampling_is_seeded(model: Llama, tokenizer: Tokenizer) -> None:
+async def test_engine_sampling_is_seeded(ir: ModelIR) -> None:
     ids = RECORDS[1]["prompt_ids"]
+    eng = exact_engine(ir)
 
-    def run(seed: int) -> list[int]:
+    async def run(seed: int) -> list[int]:
         p = SamplingParams(temperature=1.0, top_p=0.95, seed=seed, max_tokens=8, logprobs=3)
-        return [t for t, _ in generate(model, tokenizer, ids, p)]
+        return (await engine_run(eng, ids, p, ignore_eos=True))[0]
 
-    a = run(11)
-    assert a == run(11)
-    assert a != run(12) or a != run(13)
+    a = await run(11)
+    assert a == await run(11)
+    assert a != await run(12) or a != await run(13)
 
 
-def test_generation_continues_past_the_cache_limit(model: Llama, tokenizer: Tokenizer) -> None:
+async def test_generation_continues_past_the_context_when_shifting(ir: ModelIR) -> None:
     r = RECORDS[0]
-    cache = model.new_cache(max_tokens=24)
-    params = SamplingParams(temperature=0, max_tokens=40)
-    gen = generate(model, tokenizer, r["prompt_ids"], params, cache=cache, n_keep=4)
-    ids = [t for t, _ in gen]
-    assert len(ids) == 40 and gen.finish_reason == "length"
-    assert gen.stats.context_shifts >= 2
-    assert cache.n <= 24
+    eng = exact_engine(ir, max_context=24, context_shift=True, anchor_tokens=4)
+    p = SamplingParams(temperature=0, max_tokens=40)
+    toks, _, fin = await engine_run(eng, r["prompt_ids"], p, ignore_eos=True)
+    assert len(toks) == 40 and fin.reason is FinishReason.LENGTH
     # before the first shift the tokens are the plain greedy continuation
     n_before = 24 - len(r["prompt_ids"]) + 1
-    assert ids[:n_before] == r["greedy"][:n_before]
+    assert toks[:n_before] == r["greedy"][:n_before]
 
 
 def test_cli_generate_prints_exactly_the_greedy_text() -> None:
@@ -364,7 +389,7 @@ def test_cli_generate_prints_exactly_the_greedy_text() -> None:
     cmd = [sys.executable, "-m", "modelc.cli", "generate", str(smollm2_gguf()), r["prompt"]]
     env = {**os.environ, "MODELC_MATMUL": "exact"}  # f32 activations, as the golden
     res = subprocess.run(
-        [*cmd, "--max-tokens", "32", "--temperature", "0"],
+        [*cmd, "--max-tokens", "32", "--temperature", "0", "--kv-cache", "f32"],
         capture_output=True,
         timeout=300,
         env=env,
@@ -388,7 +413,7 @@ def test_cli_generate_chat_stops_at_end_of_turn(tokenizer: Tokenizer) -> None:
     ]
     env = {**os.environ, "MODELC_MATMUL": "exact"}
     res = subprocess.run(
-        [*cmd, "--chat", "--max-tokens", "32", "--temperature", "0"],
+        [*cmd, "--chat", "--max-tokens", "32", "--temperature", "0", "--kv-cache", "f32"],
         capture_output=True,
         timeout=300,
         env=env,

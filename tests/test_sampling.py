@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from modelc.engine.output import StopMatcher
 from modelc.errors import UsageError
-from modelc.runtime.generate import StopMatcher
 from modelc.runtime.sampling import Sampler, SamplingParams, log_softmax
 
 V = 50
@@ -61,6 +61,17 @@ def test_min_p_drops_tokens_below_fraction_of_best() -> None:
     x = np.full(V, -30.0, np.float32)
     x[[1, 2, 3]] = np.log([0.6, 0.3, 0.1])
     assert set(draws(SamplingParams(min_p=0.4, seed=4), x)) == {1, 2}  # 0.1 < 0.4*0.6
+
+
+def test_filters_choose_before_temperature_as_llama_cpp() -> None:
+    x = np.full(V, -30.0, np.float32)
+    x[[1, 2, 3]] = np.log([0.6, 0.3, 0.1])
+    # at T=1, min-p 0.4 keeps 1 and 2 only; temperature 3 flattens what is left (had it come
+    # first, 3 would pass: 0.1**(1/3) is 0.55 of 0.6**(1/3))
+    got = draws(SamplingParams(min_p=0.4, temperature=3.0, seed=4), x, n=400)
+    assert set(got) == {1, 2}
+    share = got[2] / 400  # tempered: 0.3**(1/3) / (0.6**(1/3) + 0.3**(1/3)) = 0.44
+    assert share == pytest.approx(0.44, abs=0.06)
 
 
 def test_temperature_sharpens_and_flattens() -> None:

@@ -3,7 +3,8 @@
 Chromium is driven over the DevTools protocol (a small websocket client on wsproto):
 the page is opened with ``?q=...``, which sends the message on load; the test polls the
 DOM until the page marks the reply done, and checks the streamed text against a
-non-streamed request with the same settings.
+non-streamed request with the same settings, and the prompt's token count (the page
+shows the stream's usage) against llama.cpp's for the same conversation.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import pytest
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Ping, Request, TextMessage
 
+from bench.llamacpp_peer import LlamaCppServer
+from tests.peers import llamacpp
 from tests.server_fixtures import Server, free_port, smol_server
 
-__all__ = ["smol_server"]
+__all__ = ["llamacpp", "smol_server"]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -88,7 +91,7 @@ class CDP:
 @pytest.mark.skipif(
     CHROMIUM is None, reason="needs Debian's chromium (apt-get install -y chromium)"
 )
-def test_chat_page_streams_reply(smol_server: Server) -> None:
+def test_chat_page_streams_reply(smol_server: Server, llamacpp: LlamaCppServer) -> None:
     assert CHROMIUM is not None
     port = free_port()
     url = f"{smol_server.url}/?q=Hello&max_tokens=8&temperature=0"
@@ -139,6 +142,7 @@ def test_chat_page_streams_reply(smol_server: Server) -> None:
                 assert state == "done", log
                 reply = cdp.eval("document.getElementById('reply-1').textContent")
                 chunks = int(cdp.eval("document.body.dataset.chunks || '0'"))
+                prompt_tokens = int(cdp.eval("document.body.dataset.promptTokens || '-1'"))
             finally:
                 cdp.close()
         finally:
@@ -162,3 +166,12 @@ def test_chat_page_streams_reply(smol_server: Server) -> None:
     # the reply arrived in pieces, each shown as it came (the "streaming" state itself may be
     # over before the first poll: 8 tokens take ~50 ms)
     assert "you: Hello" in log and chunks >= 2, (chunks, states)
+    # the page's conversation is fed to the model as llama.cpp feeds it (its own template
+    # and tokenizer on the same GGUF)
+    messages = [{"role": "user", "content": "Hello"}]
+    text = httpx.post(f"{llamacpp.url}/apply-template", json={"messages": messages}).json()
+    ref = httpx.post(
+        f"{llamacpp.url}/tokenize",
+        json={"content": text["prompt"], "add_special": True, "parse_special": True},
+    ).json()["tokens"]
+    assert prompt_tokens == len(ref) == expected.json()["usage"]["prompt_tokens"]

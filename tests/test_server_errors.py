@@ -32,7 +32,6 @@ def chat_cases() -> list[Case]:
         ("temperature", -0.1),
         ("temperature", 2.5),
         ("temperature", "hot"),
-        ("temperature", None),
         ("top_p", 0),
         ("top_p", 1.5),
         ("top_p", [1]),

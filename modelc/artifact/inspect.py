@@ -65,8 +65,15 @@ def _short_meta(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def summary(art: Artifact, name: str, *, tensors: bool = False) -> dict[str, Any]:
-    """Everything ``inspect --json`` prints."""
+def summary(
+    art: Artifact,
+    name: str,
+    *,
+    tensors: bool = False,
+    sampling: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything ``inspect --json`` prints (``sampling``: the defaults in effect, with
+    their sources, as the CLI resolves them)."""
     m = art.manifest
     tok = m.tokenizer
     out: dict[str, Any] = {
@@ -98,6 +105,7 @@ def summary(art: Artifact, name: str, *, tensors: bool = False) -> dict[str, Any
         "has_chat_template": bool(m.chat_template),
         "chat_template": m.chat_template,
         "generation": m.generation,
+        "sampling_defaults": sampling,
         "source": msgspec.to_builtins(m.source),
         "created": m.created,
         "format_version": m.format_version,
@@ -111,7 +119,9 @@ def summary(art: Artifact, name: str, *, tensors: bool = False) -> dict[str, Any
     return out
 
 
-def summary_text(art: Artifact, name: str, *, tensors: bool = False) -> str:
+def summary_text(
+    art: Artifact, name: str, *, tensors: bool = False, sampling: dict[str, Any] | None = None
+) -> str:
     m = art.manifest
     h = m.hparams
     lines = [
@@ -144,6 +154,14 @@ def summary_text(art: Artifact, name: str, *, tensors: bool = False) -> str:
             f"  tokenizer      {t.model}{'/' + t.pre if t.pre else ''}, {len(t.tokens)} tokens"
         )
     lines.append(f"  chat template  {'yes' if m.chat_template else 'no'}")
+    if sampling:
+        src = sampling.get("sources", {})
+        shown = [
+            f"{k} {v}" + (f" ({src[k]})" if src.get(k) and src[k] != "llama-server" else "")
+            for k, v in sampling.items()
+            if k != "sources"
+        ]
+        lines.append(f"  sampling       {', '.join(shown)}")
     lines.append(f"  source         {m.source.format} {m.source.path}")
     lines.append(f"  created        {m.created} (modelc {m.modelc_version})")
     if tensors:

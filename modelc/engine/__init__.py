@@ -35,11 +35,13 @@ def build_engine(
     options: EngineOptions | None = None,
     *,
     model_name: str | None = None,
+    backend: Backend | None = None,
 ) -> LLMEngine:
-    """An engine for a model path / store or catalog name / loaded IR (not started yet)."""
+    """An engine for a model path / store or catalog name / loaded IR (not started yet);
+    ``backend``: the compute backend (default: the CPU kernels with ``options.threads``)."""
     from modelc.engine.speculative import MLPDraftWeights
     from modelc.runtime.arch import build
-    from modelc.runtime.tokenizer import Tokenizer
+    from modelc.runtime.prompt import PromptFormat
 
     opt = options or EngineOptions()
     opt.validate()
@@ -49,7 +51,7 @@ def build_engine(
         from modelc.resolve import load_ir
 
         ir = load_ir(str(model))
-    backend = _backend(opt.threads)
+    backend = backend or _backend(opt.threads)
     runtime = build(ir, backend)
     if not isinstance(runtime, (LanguageModel, EmbeddingModel)):
         raise UnsupportedError(
@@ -61,9 +63,20 @@ def build_engine(
         # one token through every layer now, not in the first request: the backend makes
         # what it derives from the weights on first use (repacked copies, tables)
         runtime.forward([SeqChunk(runtime.new_cache(max_tokens=1), [0])])
-    tok = Tokenizer(ir.tokenizer) if ir.tokenizer is not None else None
+    prompt = (
+        PromptFormat.build(
+            ir.tokenizer,
+            ir.chat_template,
+            generation=ir.generation,
+            metadata=ir.metadata,
+            config=opt.sampling,
+            max_tokens=opt.max_tokens,
+        )
+        if ir.tokenizer is not None
+        else None
+    )
     mlp = None
     if isinstance(runtime, LanguageModel) and MLPDraftWeights.has(ir):
         mlp = MLPDraftWeights.from_ir(ir, backend)
     name = model_name or (Path(str(ir.source.path)).stem if ir.source.path else ir.architecture)
-    return LLMEngine(runtime, tok, opt, model_name=name, mlp_draft=mlp)
+    return LLMEngine(runtime, prompt, opt, model_name=name, mlp_draft=mlp)

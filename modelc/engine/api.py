@@ -1,11 +1,15 @@
 """The messages between the HTTP server and the engine (the scheduler).
 
-The server translates an HTTP request into a :class:`GenerationRequest` (prompt
-already tokenized, sampling settled, constraint compiled-or-described) and calls
+The engine owns the model's :class:`~modelc.runtime.prompt.PromptFormat`
+(``engine.prompt``: tokenizer, chat template, end-of-generation ids, sampling
+defaults).  A caller (an HTTP route, ``modelc generate``) builds the prompt ids and
+the sampling settings with it, puts them in a :class:`GenerationRequest` and calls
 ``engine.submit(req)``, which returns a :class:`RequestHandle` at once (or raises
 :class:`~modelc.errors.CapacityError` when the queue is full, or a
-:class:`~modelc.errors.UsageError` for a prompt that cannot fit).  The handle is an
-async iterator of :class:`TokenEvent` ending with exactly one :class:`FinishEvent`;
+:class:`~modelc.errors.UsageError` for a prompt that cannot fit).  The engine adds
+the model's end-of-generation ids to every request and caps one without
+``max_tokens``.  The handle yields :class:`TokenEvent` s ending with exactly one
+:class:`FinishEvent` (``async for``, or ``await handle.next_event()``);
 ``handle.cancel()`` (or leaving the ``async with``) removes the request from the
 batch at the next step and frees its KV memory.  Nothing else crosses the boundary:
 handlers hold no generation logic.
@@ -21,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
+from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 
 
@@ -86,6 +91,11 @@ class RequestHandle(Protocol):
 
     def __aiter__(self) -> AsyncIterator[Event]: ...
 
+    async def next_event(self) -> Event:
+        """The next event; safe to cancel (nothing is lost).  Raises trio.EndOfChannel
+        after the FinishEvent."""
+        ...
+
     def cancel(self) -> None:
         """Idempotent; the engine drops the request at its next step."""
         ...
@@ -113,6 +123,7 @@ class Engine(Protocol):
 
     model_name: str
     architecture: str
+    prompt: PromptFormat | None  # None: a model without a tokenizer
 
     def submit(self, req: GenerationRequest) -> RequestHandle: ...
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from modelc.engine.speculative import DraftKind
 from modelc.errors import UsageError
 from modelc.runtime.kv_cache import KVMode
+from modelc.runtime.prompt import DEFAULT_MAX_TOKENS
 
 
 @dataclass(slots=True)
@@ -31,6 +33,9 @@ class EngineOptions:
     # batch already keeps the cores busy, so verifying drafts would only add work)
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
     threads: int | None = None  # kernel threads; default MODELC_THREADS or every core
+    max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
+    # the server's sampling defaults (config.toml [sampling]); the model's own come first
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         """UsageError naming the first bad option."""
@@ -72,6 +77,7 @@ class EngineOptions:
                 self.draft in {d.value for d in DraftKind},
                 f"the draft must be prompt-lookup, ngram or mlp, got {self.draft!r}",
             ),
+            (self.max_tokens >= 1, f"--max-tokens must be at least 1, got {self.max_tokens}"),
             (
                 self.threads is None or self.threads >= 1,
                 f"--threads must be at least 1, got {self.threads}",

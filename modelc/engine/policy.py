@@ -158,17 +158,21 @@ class Policy:
         if request_id in self:
             raise UsageError(f"request id {request_id!r} is already in use")
         if prompt_len < 1:
-            raise UsageError("the prompt is empty (no tokens); give some text or a BOS token")
+            raise UsageError(
+                "the prompt is empty (no tokens); give some text or a BOS token", param="prompt"
+            )
         if prompt_len >= self.max_context:
             raise UsageError(
                 f"the prompt has {prompt_len} tokens but the context holds {self.max_context}; "
-                "shorten it or turn context shifting on"
+                "shorten it or turn context shifting on",
+                param="prompt",
             )
         if self._need(prompt_len, max_new) > self.kv_budget:
             raise UsageError(
                 f"a sequence of {min(prompt_len + max_new, self.max_context)} tokens needs "
                 f"{self._need(prompt_len, max_new)} bytes of KV memory, more than the whole budget "
-                f"({self.kv_budget}); lower max_tokens or raise the KV memory budget"
+                f"({self.kv_budget}); lower max_tokens or raise the KV memory budget",
+                param="max_tokens",
             )
         free_slots = self.max_concurrent - len(self.running)
         if len(self.waiting) >= self.queue_size + max(free_slots, 0):

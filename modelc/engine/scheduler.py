@@ -34,7 +34,7 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import trio
@@ -49,11 +49,11 @@ from modelc.engine.api import (
 )
 from modelc.engine.constraints import ConstraintState, build_lltokenizer
 from modelc.engine.options import EngineOptions
+from modelc.engine.output import TextOutput
 from modelc.engine.policy import KVCost, Policy, ScheduledSeq, SeqResult, StepPlan, StepResult
 from modelc.engine.prefix_cache import Block, PrefixCache
 from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
 from modelc.errors import ModelcError, UnsupportedError, UsageError
-from modelc.runtime.generate import StopMatcher
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.lora import (
     AppliedLora,
@@ -63,16 +63,8 @@ from modelc.runtime.lora import (
     scale_adapter,
 )
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
+from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import Sample, Sampler
-from modelc.runtime.tokenizer import Tokenizer
-
-
-class StreamDecoder(Protocol):
-    """The tokenizer's incremental decoder: ids in, UTF-8-safe text deltas out."""
-
-    def feed(self, ids: int) -> str: ...
-
-    def flush(self) -> str: ...
 
 
 @dataclass(eq=False)
@@ -82,18 +74,18 @@ class _Request:
     tokens: list[int]  # prompt + generated; tokens[:cache.n] are in the KV cache
     prompt_len: int
     prompt_tokens: int  # as submitted (before any context shift)
+    max_new: int  # generated tokens allowed (the request's max_tokens, or the default cap)
+    stop_ids: frozenset[int]  # ids that end the request (end of generation + its own)
     sampler: Sampler
     submitted: float
+    output: TextOutput
     constraint: ConstraintState | None = None
     drafter: Drafter | None = None
-    detok: StreamDecoder | None = None
-    stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
     cache: KVCache | None = None
     prefix_blocks: list[Block] = field(default_factory=list)
     cached_tokens: int = 0
     prefix_inserted: bool = False
     prefix_loaded: bool = False
-    stop_matched: bool = False
     shifted: bool = False  # a context shift happened: the KV no longer matches a fresh run
     draft: list[int] = field(default_factory=list)
     completion: int = 0
@@ -121,6 +113,9 @@ class _Handle:
             yield ev
             if isinstance(ev, FinishEvent):
                 return
+
+    async def next_event(self) -> Event:
+        return await self._recv.receive()
 
     def cancel(self) -> None:
         self._engine._cancel(self.request_id)
@@ -168,7 +163,7 @@ class LLMEngine:
     def __init__(
         self,
         model: LanguageModel | EmbeddingModel,
-        tokenizer: Tokenizer | None,
+        prompt: PromptFormat | None,
         options: EngineOptions,
         *,
         model_name: str = "model",
@@ -176,7 +171,8 @@ class LLMEngine:
     ) -> None:
         options.validate()
         self.model = model
-        self.tok = tokenizer
+        self.prompt = prompt  # tokenizer, chat template, end-of-generation ids, defaults
+        self.tok = prompt.tokenizer if prompt is not None else None
         self.opt = options
         self.model_name = model_name
         self.architecture = model.architecture
@@ -185,8 +181,8 @@ class LLMEngine:
         self._wake = trio.Event()
         self._stats = EngineStats()
         self._lltok: Any = None
-        # end-of-generation ids: what a grammar allows once it is complete
-        self._eog: frozenset[int] = frozenset(tokenizer.eot_ids if tokenizer is not None else ())
+        # end-of-generation ids: end every request, and a grammar allows them once complete
+        self._eog: frozenset[int] = prompt.eog_ids if prompt is not None else frozenset()
         self._mlp = mlp_draft
         self._running = False
         self._loras: list[AppliedLora] = []  # applied adapters, oldest first
@@ -281,9 +277,11 @@ class LLMEngine:
         lm, p = self.lm, req.sampling
         prompt = [int(t) for t in req.prompt_ids]
         if not prompt:
-            raise UsageError("the prompt is empty (no tokens); give some text or a BOS token")
+            raise UsageError(
+                "the prompt is empty (no tokens); give some text or a BOS token", param="prompt"
+            )
         if min(prompt) < 0 or max(prompt) >= lm.n_vocab:
-            raise UsageError(f"prompt token ids must be in 0..{lm.n_vocab - 1}")
+            raise UsageError(f"prompt token ids must be in 0..{lm.n_vocab - 1}", param="prompt")
         if req.request_id in self._reqs:
             raise UsageError(f"request id {req.request_id!r} is already in use")
         n_prompt = len(prompt)
@@ -291,15 +289,17 @@ class LLMEngine:
             if not self.opt.context_shift:
                 raise UsageError(
                     f"the prompt has {n_prompt} tokens but the context holds {self.max_context}; "
-                    "shorten it or turn context shifting on"
+                    "shorten it or turn context shifting on",
+                    param="prompt",
                 )
             keep = min(self.opt.anchor_tokens, self.max_context // 4)
             prompt = prompt[:keep] + prompt[n_prompt - (self.max_context // 2 - keep) :]
+        max_new = self._max_new(p.max_tokens, len(prompt))
         sampler = Sampler(p, lm.n_vocab, prompt)
         constraint = None
         if req.constraint is not None:
             constraint = ConstraintState(self._llg_tokenizer(), req.constraint, lm.n_vocab)
-        if p.max_tokens == 0:  # nothing to generate: finished before it starts
+        if max_new == 0:  # nothing to generate: finished before it starts
             send0, recv0 = trio.open_memory_channel[Event](1)
             send0.send_nowait(FinishEvent(FinishReason.LENGTH, prompt_tokens=n_prompt))
             send0.close()
@@ -307,11 +307,11 @@ class LLMEngine:
         blocks = self.prefix.match(prompt)
         cached = min(len(blocks) * self.prefix.block_tokens, len(prompt) - 1)
         try:
-            self.policy.add(req.request_id, len(prompt), p.max_tokens, cached)
+            self.policy.add(req.request_id, len(prompt), max_new, cached)
         except ModelcError:
             self.prefix.release(blocks)
             raise
-        send, recv = trio.open_memory_channel[Event](p.max_tokens + 2)
+        send, recv = trio.open_memory_channel[Event](max_new + 2)
         use_spec = self.opt.speculative and req.speculative and constraint is None
         r = _Request(
             req,
@@ -319,14 +319,15 @@ class LLMEngine:
             prompt,
             len(prompt),
             n_prompt,
+            max_new,
+            frozenset() if req.ignore_eos else self._eog | frozenset(p.stop_token_ids),
             sampler,
             trio.current_time(),
+            TextOutput(self.tok.incremental_decoder() if self.tok is not None else None, p.stop),
             constraint=constraint,
             drafter=make_drafter(self.opt.draft, self._mlp)
             if use_spec and self.opt.spec_gamma
             else None,
-            detok=self.tok.incremental_decoder() if self.tok is not None else None,
-            stops=StopMatcher(p.stop),
             prefix_blocks=blocks,
             cached_tokens=cached,
         )
@@ -341,6 +342,16 @@ class LLMEngine:
                 raise UnsupportedError("constrained decoding needs the model's tokenizer")
             self._lltok = build_lltokenizer(self.tok, self.lm.n_vocab, set(self._eog))
         return self._lltok
+
+    def _max_new(self, requested: int | None, n_prompt: int) -> int:
+        """Tokens a request may generate: its max_tokens, else the default cap, within the
+        context (unless the context shifts)."""
+        cap = self.prompt.defaults.max_tokens if self.prompt is not None else self.opt.max_tokens
+        n = cap if requested is None else requested
+        if n < 0:
+            raise UsageError(f"max_tokens must be >= 0, got {n}", param="max_tokens")
+        # the last token is sampled, never fed: a full context yields one more
+        return n if self.opt.context_shift else min(n, self.max_context - n_prompt + 1)
 
     def _cancel(self, request_id: str) -> None:
         r = self._reqs.get(request_id)
@@ -414,7 +425,7 @@ class LLMEngine:
             if r.drafter is not None and len(self.policy.running) <= self.opt.spec_max_running:
                 room = min(
                     gamma,
-                    r.req.sampling.max_tokens - r.completion - 1,
+                    r.max_new - r.completion - 1,
                     self.max_context - len(r.tokens),
                 )
                 if room > 0:
@@ -514,22 +525,20 @@ class LLMEngine:
 
     def _emit(self, r: _Request, smp: Sample, now: float) -> FinishReason | None:
         """Deliver one token; the finish reason if it ends the request."""
-        tok, p = smp.token, r.req.sampling
+        tok = smp.token
         r.tokens.append(tok)
         r.completion += 1
         self._stats.tokens_generated += 1
         if r.first_token_at is None:
             r.first_token_at = now
         grammar_eos = r.constraint is not None and r.constraint.done and tok in self._eog
-        if grammar_eos or (tok in p.stop_token_ids and not r.req.ignore_eos):
+        if grammar_eos or tok in r.stop_ids:
             return FinishReason.STOP
-        text = r.detok.feed(tok) if r.detok is not None else ""
-        text, matched = r.stops.push(text)
-        r.stop_matched = matched
+        text = r.output.push(tok)
         reason = None
-        if matched or (r.constraint is not None and r.constraint.done):
+        if r.output.matched or (r.constraint is not None and r.constraint.done):
             reason = FinishReason.STOP
-        elif r.completion >= p.max_tokens or (
+        elif r.completion >= r.max_new or (
             len(r.tokens) > self.max_context and not self.opt.context_shift
         ):
             reason = FinishReason.LENGTH
@@ -558,11 +567,8 @@ class LLMEngine:
             r.cache = None
         self.prefix.release(r.prefix_blocks)
         r.prefix_blocks = []
-        tail = ""
-        if reason in (FinishReason.STOP, FinishReason.LENGTH) and not r.stop_matched:
-            # as modelc generate: release held-back text unless it completes a stop string
-            tail, matched = r.stops.push(r.detok.flush()) if r.detok is not None else ("", False)
-            tail += "" if matched else r.stops.flush()
+        # held-back text is released unless it completes a stop string
+        tail = r.output.close() if reason in (FinishReason.STOP, FinishReason.LENGTH) else ""
         now = trio.current_time()
         self._send(
             r,

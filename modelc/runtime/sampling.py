@@ -7,7 +7,9 @@ Order of the chain (each step is skipped when its setting is neutral):
                                    llama.cpp / CTRL style: positive logits divided, negative multiplied
 3. presence / frequency penalties  over the generated tokens (OpenAI semantics)
 4. temperature == 0                greedy: argmax of the processed logits, no randomness
-5. temperature, top-k, top-p, min-p, then a draw from the per-request seeded RNG
+5. top-k, top-p, min-p on the untempered distribution, then temperature over the tokens
+   left and a draw from the per-request seeded RNG (llama.cpp's order: its sampler chain
+   puts temperature last, so its defaults mean the same here)
 
 Log-probabilities (the chosen token's and the top-N alternatives) come from the raw
 model logits (log-softmax before any processing), as OpenAI reports them.
@@ -42,9 +44,10 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     logprobs: int | None = None  # top-N alternatives to report (0 = the chosen token only)
-    max_tokens: int = 256
+    max_tokens: int | None = None  # None: until end of turn (the engine caps it)
     stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)  # EOS/EOT: the caller fills these
+    # ids that end generation besides the model's own end-of-generation ids (the engine adds those)
+    stop_token_ids: list[int] = field(default_factory=list)
 
     def validate(self, n_vocab: int) -> None:
         """Raise UsageError naming the first out-of-range setting."""
@@ -66,7 +69,10 @@ class SamplingParams:
                 -2 <= self.frequency_penalty <= 2,
                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
             ),
-            (self.max_tokens >= 0, f"max_tokens must be >= 0, got {self.max_tokens}"),
+            (
+                self.max_tokens is None or self.max_tokens >= 0,
+                f"max_tokens must be >= 0, got {self.max_tokens}",
+            ),
             (
                 self.logprobs is None or 0 <= self.logprobs <= 20,
                 f"logprobs must be in [0, 20], got {self.logprobs}",
@@ -145,9 +151,10 @@ class Sampler:
         return x
 
     def probs(self, x: F32Array) -> np.ndarray[Any, np.dtype[np.float64]]:
-        """Sampling distribution (n_vocab,) after temperature, top-k, top-p, min-p."""
+        """Sampling distribution (n_vocab,): top-k, top-p and min-p choose the tokens from
+        the untempered distribution, then temperature reshapes it over those."""
         p = self.p
-        z = x.astype(np.float64) / p.temperature
+        z = x.astype(np.float64)
         z -= z.max()
         probs = np.exp(z)
         if 0 < p.top_k < self.n_vocab:
@@ -163,7 +170,10 @@ class Sampler:
             probs /= probs.sum()
         if p.min_p > 0.0:
             probs[probs < p.min_p * probs.max()] = 0.0
-            probs /= probs.sum()
+        if p.temperature != 1.0:
+            keep = probs > 0
+            probs[keep] = np.exp(z[keep] / p.temperature)
+        probs /= probs.sum()
         return probs
 
     def sample(self, logits: F32Array) -> Sample:

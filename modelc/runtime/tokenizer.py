@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +245,16 @@ class Tokenizer:
         return self.spec.add_bos, self.spec.add_eos
 
     @property
+    def adds_bos(self) -> bool:
+        """Whether ``encode(add_special=True)`` puts a BOS first."""
+        return self._adds()[0] and self.bos_id is not None
+
+    def control_texts(self) -> list[str]:
+        """Texts of the tokens only ``parse_special`` splits out (control/unknown), longest first."""
+        user = {t for t, _ in self._user}
+        return [t for t, _ in self._all_special if t not in user]
+
+    @property
     def eot_ids(self) -> set[int]:
         """Every id that ends generation: eos, eot and llama.cpp's end-of-generation texts."""
         ids = {i for i in (self.spec.eos_id, self.spec.eot_id) if i is not None}
@@ -252,8 +262,19 @@ class Tokenizer:
         return ids
 
     # ------------------------------------------------------------------ encode
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Token ids of ``text`` (``add_special``: BOS/EOS per the spec, as llama_tokenize)."""
+    def encode(
+        self,
+        text: str,
+        add_special: bool = True,
+        parse_special: bool = False,
+        literals: Mapping[str, str] | None = None,
+    ) -> list[int]:
+        """Token ids of ``text`` (``add_special``: BOS/EOS per the spec, as llama_tokenize).
+
+        ``literals`` maps placeholder characters to texts put back after special tokens
+        are split out: the texts are tokenized as text even when they spell a special
+        token (a chat message's own ``<|im_end|>``, see :mod:`modelc.runtime.prompt`).
+        """
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
@@ -271,6 +292,9 @@ class Tokenizer:
                 out.append(frag)
                 prev_special = True
                 continue
+            if literals:
+                for mark, original in literals.items():
+                    frag = frag.replace(mark, original)
             if self.model == "llama" and self.spec.add_space_prefix and prev_special:
                 frag = " " + frag
             out.extend(self._hf.encode(frag, add_special_tokens=False).ids)

@@ -27,7 +27,7 @@ MAX_BODY = 8 * 1024 * 1024
 
 
 def create_app(state: ServerState) -> QuartTrio:
-    from modelc.server import routes_native, routes_ollama, routes_openai
+    from modelc.server import routes_llama, routes_native, routes_ollama, routes_openai
     from modelc.server.openapi import openapi_document
 
     app = QuartTrio("modelc.server")
@@ -92,5 +92,6 @@ def create_app(state: ServerState) -> QuartTrio:
 
     app.register_blueprint(routes_openai.bp)
     app.register_blueprint(routes_native.bp)
+    app.register_blueprint(routes_llama.bp)
     app.register_blueprint(routes_ollama.bp)
     return app

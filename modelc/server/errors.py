@@ -14,7 +14,7 @@ import re
 import msgspec
 from werkzeug.exceptions import HTTPException
 
-from modelc.errors import CapacityError, ModelcError, ModelNotFoundError
+from modelc.errors import CapacityError, ModelcError, ModelNotFoundError, UsageError
 from modelc.server.schemas import ENCODER, ErrorDetail, ErrorResponse
 
 
@@ -103,7 +103,7 @@ def to_error(exc: BaseException) -> tuple[int, bytes, dict[str, str]]:
         if isinstance(exc, RateLimitError):
             headers["Retry-After"] = str(exc.retry_after)
         code = "model_not_found" if isinstance(exc, ModelNotFoundError) else None
-        param = exc.param if isinstance(exc, ParamError) else None
+        param = exc.param if isinstance(exc, UsageError) else None
         return exc.http_status, error_body(str(exc), exc.error_type, param, code), headers
     if isinstance(exc, HTTPException):
         status = exc.code or 500
@@ -124,12 +124,8 @@ def to_error(exc: BaseException) -> tuple[int, bytes, dict[str, str]]:
     return 500, error_body("internal server error; see the server log", "server_error"), headers
 
 
-class ParamError(ModelcError):
+class ParamError(UsageError):
     """A request value that is well-typed but not acceptable; names its field."""
 
-    http_status = 400
-    error_type = "invalid_request_error"
-
     def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param=param)

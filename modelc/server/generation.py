@@ -1,25 +1,30 @@
-"""Translation between request bodies and engine messages, and event collection.
+"""From a request body to engine requests, and the one loop that answers them.
 
-Nothing here generates: prompts are rendered and tokenized, sampling settings and
-constraints are built into :class:`~modelc.engine.api.GenerationRequest`, and the
-engine's events are gathered (:func:`collect`) or relayed (:class:`EventStream`).
+A route parses its body, then uses the helpers here: :func:`chat_ids` / :func:`text_ids`
+build the prompt with the engine's :class:`~modelc.runtime.prompt.PromptFormat` (the
+only place prompts are made), :func:`sampling` settles the sampling settings from the
+request and the model's defaults, :func:`submit_all` queues the engine requests, and
+:func:`respond` answers: either it collects every result and renders one body, or it
+streams the events.  Both go through the route's :class:`Renderer`, one per API dialect
+(OpenAI chat and completions, Ollama, llama.cpp, native), as llama.cpp's server renders
+one task result per dialect.  Nothing here generates.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
+import msgspec
 import trio
+from quart import Response
 
 from modelc.engine.api import (
     Constraint,
-    ConstraintKind,
     Engine,
     FinishEvent,
     FinishReason,
@@ -27,16 +32,12 @@ from modelc.engine.api import (
     RequestHandle,
     TokenEvent,
 )
-from modelc.errors import ModelcError
-from modelc.runtime.chat_template import render_chat
+from modelc.errors import ModelcError, UsageError
+from modelc.runtime.prompt import SAMPLING_FIELDS
 from modelc.runtime.sampling import SamplingParams
-from modelc.server import sse
-from modelc.server import tools as tooling
-from modelc.server.context import record
+from modelc.server.context import ctx, json_response, record, stream_response
 from modelc.server.errors import ParamError
-from modelc.server.logging import logger
 from modelc.server.metrics import Metrics
-from modelc.server.schemas import ChatMessage, ResponseFormat, Sampling, Tool
 from modelc.server.state import ModelInfo
 
 FINISH = {
@@ -63,120 +64,43 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        content = m.content
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise ParamError(
-                        f"content part type {part.type!r} is not supported (text only)",
-                        param=f"messages[{i}].content[{j}].type",
-                    )
-                texts.append(part.text)
-            content = "".join(texts)
-        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
-        d["content"] = content or ""
-        if m.name:
-            d["name"] = m.name
-        if m.tool_calls:
-            calls: list[dict[str, Any]] = []
-            for c in m.tool_calls:
-                try:
-                    args: Any = json.loads(c.function.arguments)
-                except json.JSONDecodeError:
-                    args = c.function.arguments
-                calls.append(
-                    {"type": "function", "function": {"name": c.function.name, "arguments": args}}
-                )
-            d["tool_calls"] = calls
-            if not d["content"]:
-                d["content"] = "\n".join(
-                    "<tool_call>\n"
-                    + json.dumps(
-                        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                    )
-                    + "\n</tool_call>"
-                    for c in calls
-                )
-        if m.tool_call_id:
-            d["tool_call_id"] = m.tool_call_id
-        out.append(d)
-    return out
+# --- prompts -----------------------------------------------------------------------------
+def plain(obj: Any) -> Any:
+    """Request Structs (messages, tools) as plain JSON values."""
+    return msgspec.to_builtins(obj)
 
 
-def chat_prompt(
+def chat_ids(
     info: ModelInfo,
-    messages: Sequence[ChatMessage] | list[dict[str, Any]],
-    tools: list[Tool] | None = None,
-) -> tuple[str, list[int]]:
-    """The rendered prompt and its token ids (the template adds any BOS itself)."""
-    msgs: list[dict[str, Any]] = [
-        m if isinstance(m, dict) else message_dicts([m])[0] for m in messages
-    ]
-    tool_list = None
-    if tools:
-        if tooling.template_uses_tools(info.chat_template):
-            tool_list = tooling.tool_dicts(tools)
-        else:
-            sys_text = tooling.system_prompt(tools)
-            if msgs and msgs[0]["role"] == "system":
-                msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']}\n\n{sys_text}"}
-            else:
-                msgs.insert(0, {"role": "system", "content": sys_text})
-    text = render_chat(
-        info.chat_template,
-        msgs,
-        add_generation_prompt=True,
-        tools=tool_list,
-        bos_token=info.bos_text,
-        eos_token=info.eos_text,
-    )
-    return text, info.tok().encode(text, add_special=not info.chat_template)
-
-
-def response_constraint(fmt: ResponseFormat | None) -> Constraint | None:
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return Constraint(ConstraintKind.JSON_OBJECT)
-    if fmt.json_schema is None or fmt.json_schema.schema is None:
-        raise ParamError(
-            "response_format json_schema needs json_schema.schema (a JSON Schema object)",
-            param="response_format.json_schema",
+    messages: Sequence[Any],
+    tools: Sequence[Any] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """The engine's prompt ids for a conversation (messages as Structs or dicts)."""
+    return (
+        info.fmt()
+        .chat(
+            plain(list(messages)),
+            tools=plain(list(tools)) if tools else None,
+            add_generation_prompt=add_generation_prompt,
         )
-    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(fmt.json_schema.schema))
+        .ids
+    )
 
 
-def stop_list(stop: str | list[str] | None) -> list[str]:
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else [s for s in stop if s]
-
-
-def logit_bias(bias: dict[str, float] | None, n_vocab: int) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for k, v in (bias or {}).items():
-        try:
-            tok = int(k)
-        except ValueError:
-            raise ParamError(
-                f"logit_bias keys must be token ids, got {k!r}", param="logit_bias"
-            ) from None
-        if not 0 <= tok < n_vocab:
-            raise ParamError(
-                f"logit_bias token id {tok} is outside the vocabulary 0..{n_vocab - 1}",
-                param="logit_bias",
-            )
-        out[tok] = v
-    return out
+def text_ids(info: ModelInfo, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
+    """A raw prompt's ids (special tokens parsed, as llama.cpp), or checked token ids."""
+    if isinstance(prompt, str):
+        return info.fmt().encode(prompt)
+    ids = [int(t) for t in prompt]
+    check_ids(ids, info, param)
+    return ids
 
 
 def check_ids(ids: list[int], info: ModelInfo, param: str) -> None:
     """Reject token ids outside the vocabulary (400 naming ``param``)."""
-    bad = [i for i in ids if i >= info.n_vocab]
+    bad = [i for i in ids if not 0 <= i < info.n_vocab]
     if bad:
         raise ParamError(
             f"token id {bad[0]} is outside the vocabulary 0..{info.n_vocab - 1}", param=param
@@ -209,82 +133,120 @@ def embed_inputs(inp: Any, info: ModelInfo, param: str = "input") -> list[list[i
     return batch
 
 
-def check_budget(
-    info: ModelInfo, n_prompt: int, max_tokens: int | None, param: str = "max_tokens"
-) -> int:
-    """The max_tokens to use: the request's, or what is left of the context."""
-    room = info.n_ctx - n_prompt
-    if room <= 0:
-        raise ParamError(
-            f"the prompt is {n_prompt} tokens but the context is {info.n_ctx}; shorten the prompt",
-            param="messages" if param == "max_tokens" else param,
-        )
-    if max_tokens is None:
-        return room
-    return min(max_tokens, room)
+# --- sampling ----------------------------------------------------------------------------
+def stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else [s for s in stop if s]
 
 
-def sampling_params(
-    o: Sampling, info: ModelInfo, max_tokens: int, logprobs: int | None = None
+def logit_bias(bias: Mapping[str, float] | None, n_vocab: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for k, v in (bias or {}).items():
+        try:
+            tok = int(k)
+        except ValueError:
+            raise ParamError(
+                f"logit_bias keys must be token ids, got {k!r}", param="logit_bias"
+            ) from None
+        if not 0 <= tok < n_vocab:
+            raise ParamError(
+                f"logit_bias token id {tok} is outside the vocabulary 0..{n_vocab - 1}",
+                param="logit_bias",
+            )
+        out[tok] = v
+    return out
+
+
+def sampling(
+    info: ModelInfo,
+    given: Any,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None = None,
+    **overrides: Any,
 ) -> SamplingParams:
-    """The engine's sampling settings for a request's :class:`Sampling` fields."""
-    return SamplingParams(
-        temperature=o.temperature,
-        top_k=o.top_k,
-        top_p=o.top_p,
-        min_p=o.min_p,
-        repetition_penalty=o.repetition_penalty,
-        presence_penalty=o.presence_penalty,
-        frequency_penalty=o.frequency_penalty,
-        logit_bias=logit_bias(o.logit_bias, info.n_vocab),
-        seed=o.seed,
-        logprobs=logprobs,
+    """The request's sampling settings over the model's defaults.
+
+    ``given``: an object whose attributes named like :data:`SAMPLING_FIELDS` (plus
+    ``stop``, ``seed``, ``logit_bias`` when present) hold the request's values, None
+    where it gave none; ``overrides`` take precedence (a dialect's own field names).
+    """
+    values = {k: getattr(given, k, None) for k in SAMPLING_FIELDS}
+    values.update({k: v for k, v in overrides.items() if k in SAMPLING_FIELDS})
+    return info.fmt().defaults.params(
+        values,
         max_tokens=max_tokens,
-        stop=stop_list(o.stop),
-        stop_token_ids=list(info.stop_ids),
+        stop=stop_list(overrides.get("stop", getattr(given, "stop", None))),
+        seed=overrides.get("seed", getattr(given, "seed", None)),
+        logit_bias=logit_bias(getattr(given, "logit_bias", None), info.n_vocab),
+        logprobs=logprobs,
     )
 
 
 def make_requests(
     base_id: str,
     prompt_ids: list[int],
-    sampling: SamplingParams,
-    n: int,
+    params: SamplingParams,
+    n: int = 1,
     constraint: Constraint | None = None,
     ignore_eos: bool = False,
 ) -> list[GenerationRequest]:
-    reqs = []
-    for i in range(n):
-        sp = dataclasses.replace(
-            sampling,
-            stop=list(sampling.stop),
-            stop_token_ids=list(sampling.stop_token_ids),
-            logit_bias=dict(sampling.logit_bias),
-            seed=sampling.seed + i if sampling.seed is not None else None,
+    """``n`` requests for one prompt (seeds ``seed``, ``seed + 1`` ... when seeded)."""
+    return [
+        GenerationRequest(
+            request_id=f"{base_id}-{i}",
+            prompt_ids=list(prompt_ids),
+            sampling=dataclasses.replace(
+                params,
+                stop=list(params.stop),
+                stop_token_ids=list(params.stop_token_ids),
+                logit_bias=dict(params.logit_bias),
+                seed=params.seed + i if params.seed is not None else None,
+            ),
+            constraint=constraint,
+            ignore_eos=ignore_eos,
         )
-        reqs.append(
-            GenerationRequest(
-                request_id=f"{base_id}-{i}",
-                prompt_ids=list(prompt_ids),
-                sampling=sp,
-                constraint=constraint,
-                ignore_eos=ignore_eos,
-            )
-        )
-    return reqs
+        for i in range(n)
+    ]
 
 
+def submit_all(
+    engine: Engine, reqs: list[GenerationRequest], prompt_param: str = "prompt"
+) -> list[RequestHandle]:
+    """Submit every request, or none: a refusal cancels those already queued.
+
+    The engine names a bad prompt ``prompt``; ``prompt_param`` is the request's own
+    field for it (``messages`` for a chat).
+    """
+    handles: list[RequestHandle] = []
+    try:
+        for r in reqs:
+            handles.append(engine.submit(r))
+    except UsageError as e:
+        for h in handles:
+            h.cancel()
+        if e.param == "prompt" and prompt_param != "prompt":
+            e.param = prompt_param
+        raise
+    except BaseException:
+        for h in handles:
+            h.cancel()
+        raise
+    return handles
+
+
+# --- answering ---------------------------------------------------------------------------
 @dataclass(slots=True)
 class Outcome:
     """Everything one engine request produced."""
 
     text: str = ""
     tokens: list[TokenEvent] = field(default_factory=list)
-    finish: FinishEvent | None = None
+    finish: FinishEvent = field(default_factory=lambda: FinishEvent(FinishReason.ERROR))
 
     @property
     def reason(self) -> str:
-        assert self.finish is not None
         return FINISH.get(self.finish.reason, "stop")
 
     @property
@@ -294,40 +256,64 @@ class Outcome:
         )
 
 
-def submit_all(engine: Engine, reqs: list[GenerationRequest]) -> list[RequestHandle]:
-    """Submit every request, or none: a refusal cancels those already queued."""
-    handles: list[RequestHandle] = []
-    try:
-        for r in reqs:
-            handles.append(engine.submit(r))
-    except BaseException:
-        for h in handles:
-            h.cancel()
-        raise
-    return handles
+class Renderer(Protocol):
+    """One API dialect's answer for the results of one request (``n`` engine requests).
+
+    Streaming: ``start(i)`` before choice ``i``'s events, ``token(i, ev)`` per token,
+    ``finish(i, ev)`` at its end, ``end()`` after every choice; each returns the byte
+    chunks to send.  ``ping`` is sent while nothing happens (None: nothing).
+    Not streaming: ``body(outcomes)`` is the response object.
+    """
+
+    headers: dict[str, str]
+    ping: bytes | None
+
+    def start(self, i: int) -> list[bytes]: ...
+
+    def token(self, i: int, ev: TokenEvent) -> list[bytes]: ...
+
+    def finish(self, i: int, ev: FinishEvent) -> list[bytes]: ...
+
+    def end(self) -> list[bytes]: ...
+
+    def body(self, outs: list[Outcome]) -> Any: ...
+
+
+async def respond(
+    handles: list[RequestHandle], r: Renderer, *, stream: bool, n_prompt: int
+) -> Response:
+    """Answer with ``r``: one body once every handle finished, or a stream of events."""
+    c = ctx()
+    record().prompt_tokens = n_prompt
+    if stream:
+        return stream_response(_stream(handles, r, c.metrics, c.state.ping_interval), r.headers)
+    outs = await collect_all(handles, c.metrics)
+    return json_response(r.body(outs))
 
 
 async def collect(handle: RequestHandle, metrics: Metrics) -> Outcome:
     out = Outcome()
     parts: list[str] = []
+    finish: FinishEvent | None = None
     metrics.active.inc()
     try:
         async for ev in handle:
+            parts.append(ev.text)
             if isinstance(ev, TokenEvent):
                 out.tokens.append(ev)
-                parts.append(ev.text)
             else:
-                parts.append(ev.text)
-                out.finish = ev
+                finish = ev
     finally:
         handle.cancel()
         metrics.active.dec()
     out.text = "".join(parts)
-    if out.finish is None:
+    if finish is None:
         raise GenerationFailed("the engine ended the request without a finish event")
-    metrics.finished(out.finish)
-    if out.finish.reason is FinishReason.ERROR:
-        raise_failed(out.finish)
+    out.finish = finish
+    metrics.finished(finish)
+    if finish.reason is FinishReason.ERROR:
+        raise_failed(finish)
+    record().add(finish, prompt=False)
     return out
 
 
@@ -347,80 +333,47 @@ async def collect_all(handles: list[RequestHandle], metrics: Metrics) -> list[Ou
     return [r for r in results if r is not None]
 
 
-class EventStream:
-    """Relays a handle's events through a channel so the reader can wait with a timeout.
-
-    A pump task in the app's nursery reads the handle; :meth:`next` returns the next
-    event, or None when ``timeout`` passes first (the caller sends a ``: ping``).
-    :meth:`close` cancels the engine request (client gone or stream done).
-    """
-
-    def __init__(self, handle: RequestHandle, nursery: trio.Nursery, metrics: Metrics) -> None:
-        self.handle = handle
-        self.metrics = metrics
-        self.send, self.recv = trio.open_memory_channel[TokenEvent | FinishEvent](math.inf)
-        metrics.active.inc()
-        self._closed = False
-        nursery.start_soon(self._pump)
-
-    async def _pump(self) -> None:
-        async with self.send:
-            try:
-                async for ev in self.handle:
-                    self.send.send_nowait(ev)
-                    if isinstance(ev, FinishEvent):
-                        self.metrics.finished(ev)
-            except Exception as e:  # one failing request must not take the app's nursery down
-                logger().error("engine_stream_error", error=repr(e))
-                self.send.send_nowait(
-                    FinishEvent(FinishReason.ERROR, error=f"{type(e).__name__}: {e}")
-                )
-
-    async def next(self, timeout: float) -> TokenEvent | FinishEvent | None:
-        with trio.move_on_after(timeout):
-            try:
-                return await self.recv.receive()
-            except trio.EndOfChannel:
-                raise GenerationFailed(
-                    "the engine ended the request without a finish event"
-                ) from None
-        return None
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.handle.cancel()
-            self.metrics.active.dec()
+async def _next(handle: RequestHandle, wait: float) -> TokenEvent | FinishEvent | None:
+    """The handle's next event, or None after ``wait`` seconds without one."""
+    with trio.move_on_after(wait):
+        try:
+            return await handle.next_event()
+        except trio.EndOfChannel:
+            raise GenerationFailed("the engine ended the request without a finish event") from None
+    return None
 
 
-async def relay(
-    st: EventStream,
-    ping: float | None,
-    token: Callable[[str], bytes],
-    finish: Callable[[FinishEvent], list[bytes]],
+async def _stream(
+    handles: list[RequestHandle], r: Renderer, metrics: Metrics, ping: float
 ) -> AsyncIterator[bytes]:
-    """One request's events as a byte stream, closing ``st`` at the end.
-
-    ``token(text)`` for each token with text, then the ``finish(event)`` chunks once the
-    finish event is logged; an engine error raises :class:`GenerationFailed`.  Every
-    ``ping`` seconds without an event sends ``sse.PING`` (None: wait without pinging).
-    """
+    """The one stream loop: every streamed answer of every dialect comes out of here."""
+    rec = record()
+    metrics.active.inc(len(handles))
+    wait = ping if r.ping is not None else math.inf
     try:
-        while True:
-            ev = await st.next(3600.0 if ping is None else ping)
-            if ev is None:
-                if ping is not None:
-                    yield sse.PING
-                continue
-            if isinstance(ev, TokenEvent):
-                if ev.text:
-                    yield token(ev.text)
-                continue
-            if ev.reason.value == "error":
-                raise_failed(ev)
-            record().add(ev)
-            for b in finish(ev):
+        for i, h in enumerate(handles):
+            for b in r.start(i):
                 yield b
-            return
+            while True:
+                ev = await _next(h, wait)
+                if ev is None:
+                    assert r.ping is not None
+                    yield r.ping
+                elif isinstance(ev, TokenEvent):
+                    for b in r.token(i, ev):
+                        yield b
+                else:
+                    metrics.finished(ev)
+                    if ev.reason is FinishReason.ERROR:
+                        raise_failed(ev)
+                    rec.add(ev, prompt=False)
+                    for b in r.finish(i, ev):
+                        yield b
+                    break
+            h.cancel()
+        for b in r.end():
+            yield b
     finally:
-        st.close()
+        for h in handles:
+            h.cancel()
+        metrics.active.dec(len(handles))

@@ -47,6 +47,13 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
     ),
     ("post", "/tokenize", s.TokenizeRequest, s.TokenizeResponse, "Text or messages to token ids"),
     ("post", "/detokenize", s.DetokenizeRequest, s.DetokenizeResponse, "Token ids to text"),
+    (
+        "post",
+        "/apply-template",
+        s.ApplyTemplateRequest,
+        s.ApplyTemplateResponse,
+        "The prompt text a chat request renders (llama.cpp)",
+    ),
     ("get", "/health", None, s.HealthResponse, "Liveness: 200 ok, 503 while loading"),
     ("get", "/info", None, s.InfoResponse, "Model information"),
     ("get", "/props", None, s.PropsResponse, "Server properties (llama.cpp)"),
@@ -76,6 +83,13 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
     ),
     ("post", "/api/embed", s.OllamaEmbedRequest, s.OllamaEmbedResponse, "Ollama embeddings"),
     ("get", "/api/tags", None, s.OllamaTags, "Ollama model list"),
+    (
+        "post",
+        "/api/show",
+        s.OllamaShowRequest,
+        s.OllamaShowResponse,
+        "Ollama model details, template and sampling defaults",
+    ),
 ]
 
 

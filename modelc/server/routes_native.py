@@ -6,7 +6,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,28 +14,23 @@ import psutil
 from quart import Blueprint, Response
 
 import modelc
-from modelc.engine.api import Engine, FinishEvent
-from modelc.runtime.sampling import SamplingParams
+from modelc.engine.api import Engine, FinishEvent, TokenEvent
 from modelc.server import sse
-from modelc.server.context import body, ctx, json_response, nursery, record, stream_response
+from modelc.server.context import body, ctx, json_response, record
 from modelc.server.errors import ForbiddenError, NotImplementedFeature, ParamError
 from modelc.server.generation import (
     FINISH,
-    EventStream,
-    chat_prompt,
-    check_budget,
-    collect_all,
+    Outcome,
+    chat_ids,
     embed_inputs,
     make_requests,
     new_id,
-    relay,
-    sampling_params,
+    respond,
+    sampling,
     submit_all,
+    text_ids,
 )
 from modelc.server.schemas import (
-    DetokenizeRequest,
-    DetokenizeResponse,
-    GenerationSettings,
     HealthResponse,
     InferRequest,
     InferResponse,
@@ -53,21 +48,11 @@ from modelc.server.schemas import (
     NativeOptions,
     NativeStreamEvent,
     NativeUsage,
-    PropsResponse,
     SystemResponse,
-    TokenizeRequest,
-    TokenizeResponse,
-    TokenPiece,
     VersionResponse,
 )
-from modelc.server.state import ModelInfo
 
 bp = Blueprint("native", __name__)
-DEFAULTS = NativeOptions()
-
-
-def _sampling(o: NativeOptions, info: ModelInfo, n_prompt: int) -> SamplingParams:
-    return sampling_params(o, info, check_budget(info, n_prompt, o.max_tokens))
 
 
 def _usage(f: FinishEvent) -> NativeUsage:
@@ -80,66 +65,66 @@ def _usage(f: FinishEvent) -> NativeUsage:
     )
 
 
-async def _one(
-    engine: Engine, ids: list[int], sp: SamplingParams, prefix: str
-) -> tuple[str, FinishEvent]:
-    c = ctx()
-    out = (
-        await collect_all(submit_all(engine, make_requests(new_id(prefix), ids, sp, 1)), c.metrics)
-    )[0]
-    assert out.finish is not None
-    record().add(out.finish)
-    return out.text, out.finish
+@dataclass(slots=True)
+class NativeRenderer:
+    """``/complete`` and ``/chat`` bodies; ``/chat/stream`` events (``delta``, then usage)."""
+
+    model: str
+    chat: bool
+    headers: dict[str, str] = field(default_factory=lambda: sse.HEADERS)
+    ping: bytes | None = sse.PING
+
+    def start(self, i: int) -> list[bytes]:
+        return []
+
+    def token(self, i: int, ev: TokenEvent) -> list[bytes]:
+        return [sse.event(NativeStreamEvent(delta=ev.text))] if ev.text else []
+
+    def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
+        last = NativeStreamEvent(
+            delta=ev.text, finish_reason=FINISH.get(ev.reason, "stop"), usage=_usage(ev)
+        )
+        return [sse.event(last)]
+
+    def end(self) -> list[bytes]:
+        return [sse.DONE]
+
+    def body(self, outs: list[Outcome]) -> NativeCompleteResponse | NativeChatResponse:
+        o = outs[0]
+        if self.chat:
+            msg = NativeMessage("assistant", o.text)
+            return NativeChatResponse(msg, o.reason, _usage(o.finish), self.model)
+        return NativeCompleteResponse(o.text, o.reason, _usage(o.finish), self.model)
+
+
+async def _answer(req: NativeOptions, ids: list[int], chat: bool, stream: bool) -> Response:
+    info, engine = ctx().state.serve(None, "text")
+    params = sampling(info, req, max_tokens=req.max_tokens)
+    handles = submit_all(engine, make_requests(new_id("chat" if chat else "cmpl"), ids, params))
+    return await respond(
+        handles, NativeRenderer(info.model_id, chat), stream=stream, n_prompt=len(ids)
+    )
 
 
 @bp.post("/complete")
 async def complete() -> Response:
     req = await body(NativeCompleteRequest)
-    info, engine = ctx().state.serve(None, "text")
-    ids = info.tok().encode(req.prompt, add_special=True)
-    text, fin = await _one(engine, ids, _sampling(req, info, len(ids)), "cmpl")
-    return json_response(
-        NativeCompleteResponse(text, FINISH.get(fin.reason, "stop"), _usage(fin), info.model_id)
-    )
+    info = ctx().state.serve(None, "text")[0]
+    return await _answer(req, text_ids(info, req.prompt), chat=False, stream=False)
 
 
 @bp.post("/chat")
 async def chat() -> Response:
     req = await body(NativeChatRequest)
-    info, engine = ctx().state.serve(None, "text")
-    _, ids = chat_prompt(info, req.messages)
-    text, fin = await _one(engine, ids, _sampling(req, info, len(ids)), "chat")
-    return json_response(
-        NativeChatResponse(
-            NativeMessage("assistant", text),
-            FINISH.get(fin.reason, "stop"),
-            _usage(fin),
-            info.model_id,
-        )
-    )
+    info = ctx().state.serve(None, "text")[0]
+    return await _answer(req, chat_ids(info, req.messages), chat=True, stream=False)
 
 
 @bp.post("/chat/stream")
 async def chat_stream() -> Response:
-    c = ctx()
     req = await body(NativeChatRequest)
-    info, engine = c.state.serve(None, "text")
-    _, ids = chat_prompt(info, req.messages)
-    handle = submit_all(
-        engine, make_requests(new_id("chat"), ids, _sampling(req, info, len(ids)), 1)
-    )[0]
-    st = EventStream(handle, nursery(), c.metrics)
-    return stream_response(_native_stream(st, c.state.ping_interval), sse.HEADERS)
-
-
-def _native_stream(st: EventStream, ping: float) -> AsyncIterator[bytes]:
-    def finish(f: FinishEvent) -> list[bytes]:
-        last = NativeStreamEvent(
-            delta=f.text, finish_reason=FINISH.get(f.reason, "stop"), usage=_usage(f)
-        )
-        return [sse.event(last), sse.DONE]
-
-    return relay(st, ping, lambda text: sse.event(NativeStreamEvent(delta=text)), finish)
+    info = ctx().state.serve(None, "text")[0]
+    return await _answer(req, chat_ids(info, req.messages), chat=True, stream=True)
 
 
 @bp.post("/infer")
@@ -177,43 +162,6 @@ async def embeddings() -> Response:
     return json_response(NativeEmbeddingResponse(vecs.tolist(), info.model_id, n))
 
 
-@bp.post("/tokenize")
-async def tokenize() -> Response:
-    req = await body(TokenizeRequest)
-    info = ctx().state.model()
-    tok = info.tok()
-    add = req.add_special if req.add_special is not None else req.add_special_tokens
-    if req.messages is not None:
-        _, ids = chat_prompt(info, req.messages)
-    else:
-        text = req.content if req.content is not None else req.prompt
-        if text is None:
-            raise ParamError(
-                "give 'content' (llama.cpp), 'prompt' or 'messages' (vLLM)", param="content"
-            )
-        ids = tok.encode(text, add_special=True if add is None else add)
-    tokens: list[int | TokenPiece] = (
-        [TokenPiece(i, tok.token_to_piece(i).decode("utf-8", "replace")) for i in ids]
-        if req.with_pieces
-        else list(ids)
-    )
-    return json_response(TokenizeResponse(tokens, len(ids), info.n_ctx))
-
-
-@bp.post("/detokenize")
-async def detokenize() -> Response:
-    req = await body(DetokenizeRequest)
-    info = ctx().state.model()
-    tok = info.tok()
-    bad = [i for i in req.tokens if i >= tok.vocab_size]
-    if bad:
-        raise ParamError(
-            f"token id {bad[0]} is outside the vocabulary 0..{tok.vocab_size - 1}", param="tokens"
-        )
-    text = tok.decode(req.tokens)
-    return json_response(DetokenizeResponse(text, text))
-
-
 @bp.get("/health")
 async def health() -> Response:
     s = ctx().state
@@ -239,35 +187,6 @@ async def info_() -> Response:
             bool(info.chat_template),
             info.capabilities(),
             modelc.__version__,
-        )
-    )
-
-
-@bp.get("/props")
-async def props() -> Response:
-    s = ctx().state
-    info = s.model()
-    d = DEFAULTS
-    settings = GenerationSettings(
-        info.n_ctx,
-        d.max_tokens,
-        d.temperature,
-        d.top_p,
-        d.top_k,
-        d.min_p,
-        d.repetition_penalty,
-        d.presence_penalty,
-        d.frequency_penalty,
-    )
-    return json_response(
-        PropsResponse(
-            str(info.path),
-            info.model_id,
-            info.architecture,
-            s.max_concurrent,
-            info.chat_template or "",
-            settings,
-            f"modelc {modelc.__version__}",
         )
     )
 

@@ -60,15 +60,17 @@ class ErrorResponse(Resp):
 
 # --- sampling ----------------------------------------------------------------------------
 class Sampling(Req):
-    """Sampling fields of every generation request (OpenAI's defaults)."""
+    """Sampling fields of every generation request; None: the model's default (see
+    :class:`~modelc.runtime.prompt.SamplingDefaults`)."""
 
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
-    top_k: TopK = 0
-    min_p: MinP = 0.0
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    repetition_penalty: RepPenalty = 1.0
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepPenalty | None = None
+    repeat_last_n: Annotated[int, Meta(ge=0, le=1_048_576)] | None = None
     logit_bias: LogitBias | None = None
     stop: Stop = None
     seed: Seed | None = None
@@ -158,7 +160,7 @@ class OpenAIGeneration(Sampling, kw_only=True):
 
     @property
     def token_limit(self) -> int | None:
-        """``max_completion_tokens``, else ``max_tokens`` (None: up to the context)."""
+        """``max_completion_tokens``, else ``max_tokens`` (None: to the end of the turn)."""
         return (
             self.max_completion_tokens
             if self.max_completion_tokens is not None
@@ -180,6 +182,7 @@ class ChatCompletionRequest(OpenAIGeneration, kw_only=True):
     store: bool | None = None
     metadata: dict[str, Any] | None = None
     service_tier: Name | None = None
+    return_token_ids: bool = False  # vLLM: prompt_token_ids and each choice's token_ids
 
 
 class ToolCallOut(Resp):
@@ -216,6 +219,7 @@ class ChatChoice(Resp):
     message: ChatMessageOut
     finish_reason: str
     logprobs: ChoiceLogprobs | None = None
+    token_ids: list[int] | None = None
 
 
 class PromptTokensDetails(Resp):
@@ -237,6 +241,7 @@ class ChatCompletion(Resp):
     usage: Usage
     object: str = "chat.completion"
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class ToolCallDelta(Resp, omit_defaults=True):
@@ -276,11 +281,11 @@ Prompt = Text | Annotated[list[PromptItem], Meta(min_length=1, max_length=1_000_
 
 class CompletionRequest(OpenAIGeneration, kw_only=True):
     prompt: Prompt
-    max_tokens: MaxTokens | None = 16
     best_of: NChoices | None = None
     echo: bool = False
     suffix: Text | None = None
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    return_token_ids: bool = False  # vLLM: prompt_token_ids and token_ids in each choice
 
 
 class CompletionLogprobs(Resp):
@@ -295,6 +300,8 @@ class CompletionChoice(Resp):
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class Completion(Resp):
@@ -360,8 +367,7 @@ class ModelList(Resp):
 
 # --- native ------------------------------------------------------------------------------
 class NativeOptions(Sampling, kw_only=True):
-    temperature: Temperature = 0.8
-    max_tokens: MaxTokens = 256
+    max_tokens: MaxTokens | None = None
 
 
 class NativeCompleteRequest(NativeOptions, kw_only=True):
@@ -433,11 +439,23 @@ class TokenizeRequest(Req):
     content: Text | None = None  # llama.cpp
     prompt: Text | None = None  # vLLM
     messages: Messages | None = None  # vLLM chat form
-    add_special: bool | None = None  # llama.cpp
-    add_special_tokens: bool | None = None  # vLLM
+    add_special: bool | None = None  # llama.cpp (default false)
+    add_special_tokens: bool | None = None  # vLLM (default true)
+    parse_special: bool = True  # llama.cpp: control-token texts become their ids
     add_generation_prompt: bool = True
     with_pieces: bool = False
     model: Name | None = None
+
+
+class ApplyTemplateRequest(Req):
+    messages: Messages
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    add_generation_prompt: bool = True
+    model: Name | None = None
+
+
+class ApplyTemplateResponse(Resp):
+    prompt: str
 
 
 class TokenPiece(Resp):
@@ -478,24 +496,36 @@ class InfoResponse(Resp):
     version: str
 
 
-class GenerationSettings(Resp):
-    n_ctx: int
-    max_tokens: int
+class SamplingSettings(Resp):
+    """The defaults in effect (llama.cpp's ``params`` names, plus OpenAI's where they differ)."""
+
     temperature: float
-    top_p: float
     top_k: int
+    top_p: float
     min_p: float
-    repetition_penalty: float
+    repeat_penalty: float
+    repeat_last_n: int
     presence_penalty: float
     frequency_penalty: float
+    max_tokens: int  # the cap for a request without max_tokens (it stops at end of turn)
+    n_predict: int
+    sources: dict[str, str]  # setting -> "model" | "config" | "llama-server"
+
+
+class GenerationSettings(Resp):
+    n_ctx: int
+    params: SamplingSettings
 
 
 class PropsResponse(Resp):
     model_path: str
     model: str
+    model_alias: str
     architecture: str
     total_slots: int
     chat_template: str
+    bos_token: str
+    eos_token: str
     default_generation_settings: GenerationSettings
     build_info: str
 
@@ -579,6 +609,7 @@ class OllamaGenerateChunk(Resp, omit_defaults=True):
     prompt_eval_count: int | None = None
     eval_count: int | None = None
     total_duration: int | None = None
+    context: list[int] | None = None  # prompt + response token ids (final chunk)
 
 
 class OllamaFunctionCall(Resp):
@@ -639,6 +670,32 @@ class OllamaTags(Resp):
     models: list[OllamaModel]
 
 
+class OllamaShowRequest(Req):
+    model: Name | None = None
+    name: Name | None = None  # older clients
+    verbose: bool = False
+
+
+class OllamaShowDetails(Resp):
+    parent_model: str
+    format: str
+    family: str
+    families: list[str]
+    parameter_size: str
+    quantization_level: str
+
+
+class OllamaShowResponse(Resp):
+    modelfile: str
+    parameters: str  # Modelfile PARAMETER lines: the sampling defaults in effect
+    template: str
+    details: OllamaShowDetails
+    model_info: dict[str, Any]
+    capabilities: list[str]
+    modified_at: str
+    license: str = ""
+
+
 REQUEST_TYPES: tuple[type[Req], ...] = (
     ChatCompletionRequest,
     CompletionRequest,
@@ -649,11 +706,13 @@ REQUEST_TYPES: tuple[type[Req], ...] = (
     NativeEmbeddingRequest,
     TokenizeRequest,
     DetokenizeRequest,
+    ApplyTemplateRequest,
     LoraLoadRequest,
     LoraUnloadRequest,
     OllamaGenerateRequest,
     OllamaChatRequest,
     OllamaEmbedRequest,
+    OllamaShowRequest,
 )
 
 DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {

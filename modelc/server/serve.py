@@ -61,6 +61,7 @@ async def _load(opts: ServeOptions, state: ServerState, nursery: trio.Nursery) -
         )
     if opts.engine.max_context:
         info.n_ctx = min(info.n_ctx, opts.engine.max_context)
+    info.prompt = engine.prompt  # one tokenizer, template and set of defaults: the engine's
     await nursery.start(engine.run)
     state.info, state.engine = info, engine
     _say(f"model {opts.model_id} ({info.architecture}) ready")

@@ -15,6 +15,7 @@ from typing import Literal
 from modelc.artifact import open_artifact
 from modelc.engine.api import Engine
 from modelc.errors import ModelNotFoundError, TokenizerError
+from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
 from modelc.server.errors import LoadingError, ParamError
 
@@ -24,6 +25,8 @@ EMBED_ARCHS = ("bert",)
 
 @dataclass(slots=True)
 class ModelInfo:
+    """The served model's facts; ``prompt`` is the engine's (set once the model is loaded)."""
+
     model_id: str
     path: Path
     architecture: str
@@ -32,12 +35,8 @@ class ModelInfo:
     n_params: int
     file_size: int
     created: int
-    tokenizer: Tokenizer | None
-    chat_template: str | None
-    bos_text: str = ""
-    eos_text: str = ""
-    stop_ids: list[int] = field(default_factory=list)
     quantization: str = ""
+    prompt: PromptFormat | None = None
 
     @property
     def generates(self) -> bool:
@@ -46,6 +45,10 @@ class ModelInfo:
     @property
     def embeds(self) -> bool:
         return self.architecture in EMBED_ARCHS
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.prompt.template if self.prompt is not None else None
 
     def capabilities(self) -> list[str]:
         caps = []
@@ -57,12 +60,16 @@ class ModelInfo:
             caps.append("infer")
         return caps
 
-    def tok(self) -> Tokenizer:
-        if self.tokenizer is None:
+    def fmt(self) -> PromptFormat:
+        """The engine's prompt format (tokenizer, template, defaults); 400 without one."""
+        if self.prompt is None:
             raise TokenizerError(
                 f"model {self.model_id!r} has no tokenizer; this endpoint needs one"
             )
-        return self.tokenizer
+        return self.prompt
+
+    def tok(self) -> Tokenizer:
+        return self.fmt().tokenizer
 
 
 def load_model_info(path: Path, model_id: str) -> ModelInfo:
@@ -74,18 +81,6 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
     finally:
         art.close()
     spec = m.tokenizer
-    tok = Tokenizer(spec) if spec is not None else None
-
-    def text(i: int | None) -> str:
-        return (
-            spec.tokens[i]
-            if spec is not None and i is not None and 0 <= i < len(spec.tokens)
-            else ""
-        )
-
-    stop_ids = sorted({i for i in (spec.eos_id, spec.eot_id) if i is not None}) if spec else []
-    if tok is not None:
-        stop_ids = sorted(set(stop_ids) | set(tok.eot_ids))
     st = path.stat()
     return ModelInfo(
         model_id=model_id,
@@ -96,11 +91,6 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
         n_params=n_params,
         file_size=st.st_size,
         created=int(st.st_mtime),
-        tokenizer=tok,
-        chat_template=m.chat_template,
-        bos_text=text(spec.bos_id) if spec else "",
-        eos_text=text(spec.eos_id) if spec else "",
-        stop_ids=stop_ids,
         quantization=str(m.pack.quantize or m.source.format),
     )
 

@@ -17,6 +17,7 @@ import trio
 from modelc.engine.api import EngineStats, GenerationRequest, RequestHandle
 from modelc.errors import UsageError
 from modelc.runtime.model import TensorModel
+from modelc.runtime.prompt import PromptFormat
 
 
 class TensorEngine:
@@ -24,6 +25,7 @@ class TensorEngine:
         self.model = model
         self.model_name = model_name
         self.architecture = model.architecture
+        self.prompt: PromptFormat | None = None  # no text in or out
         self._lock = trio.Lock()
         self._stats = EngineStats()
 

@@ -1,7 +1,8 @@
-"""Tool calling: offering tools to the model, constraining and parsing its calls.
+"""Tool calling: constraining and parsing the model's calls.
 
-The tools go to the chat template as ``tools``; a template that does not use them
-gets them as a Hermes-style system prompt instead.  The model answers a call as
+(Offering the tools is the prompt format's job: :meth:`~modelc.runtime.prompt.PromptFormat.chat`
+passes them to the template, or as a Hermes-style system prompt to a template that does
+not take them.)  The model answers a call as
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (SmolLM2, Hermes,
 Qwen) or as a bare JSON object with ``name`` and ``arguments``; :func:`parse_tool_calls`
 accepts both.  ``tool_choice`` ``required`` or a named function compiles to a JSON
@@ -20,37 +21,6 @@ from modelc.server.errors import ParamError
 from modelc.server.schemas import FunctionCall, NamedToolChoice, Tool, ToolCallOut
 
 _CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-
-HERMES_PROMPT = (
-    "You are a function calling AI model. You are provided with function signatures within "
-    "<tools></tools> XML tags. You may call one or more functions to assist with the user query. "
-    "Don't make assumptions about what values to plug into functions. Here are the available "
-    "tools: <tools> {tools} </tools> For each function call return a json object with function "
-    "name and arguments within <tool_call></tool_call> XML tags as follows:\n"
-    '<tool_call>\n{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
-)
-
-
-def tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": t.function.name,
-                "description": t.function.description or "",
-                "parameters": t.function.parameters or {"type": "object", "properties": {}},
-            },
-        }
-        for t in tools
-    ]
-
-
-def template_uses_tools(template: str | None) -> bool:
-    return bool(template) and "tools" in (template or "")
-
-
-def system_prompt(tools: list[Tool]) -> str:
-    return HERMES_PROMPT.format(tools=json.dumps(tool_dicts(tools), ensure_ascii=False))
 
 
 def _call_schema(t: Tool) -> dict[str, Any]:

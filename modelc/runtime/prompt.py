@@ -1,0 +1,432 @@
+"""How one model's text becomes token ids and back: the rules every entry point shares.
+
+:class:`PromptFormat` holds the model's tokenizer, chat template, end-of-generation ids
+and sampling defaults.  The engine builds one per model and every entry point (the
+OpenAI, Ollama, llama.cpp-style and native routes, the chat page, ``modelc generate``)
+goes through it, so they cannot disagree about a prompt.
+
+Chat prompts (:meth:`PromptFormat.chat`) follow llama.cpp's server:
+
+* the template renders the messages (developer -> system, text content parts joined
+  by newlines, a final assistant message is continued rather than closed);
+* control tokens the *template* writes (``<|im_start|>``...) become their special ids;
+  BOS is added when the tokenizer says so (a template's own leading BOS text is then
+  dropped, so it is never there twice);
+* text the *client* sent stays text: a message containing ``<|im_end|>`` is tokenized
+  as those characters and cannot end its own turn.  (llama.cpp's server parses such
+  text as the control token; here the control texts in message fields are marked
+  before rendering and tokenized as plain text after it.)
+
+Raw prompts (:meth:`PromptFormat.encode`) parse special tokens, as llama.cpp's
+``/completion`` and ``/v1/completions`` do: a client writing its own template gets it.
+
+Sampling defaults (:class:`SamplingDefaults`): a request's value, else the model's
+recommendation (GGUF ``general.sampling.*``, HF ``generation_config.json``), else the
+server's configuration, else llama-server's defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelc.errors import UsageError
+from modelc.formats.ir import TokenizerSpec
+from modelc.runtime.chat_template import render_chat
+from modelc.runtime.sampling import SamplingParams
+from modelc.runtime.tokenizer import Tokenizer
+
+__all__ = [
+    "LLAMA_SERVER_DEFAULTS",
+    "ChatPrompt",
+    "PromptFormat",
+    "SamplingDefaults",
+    "model_sampling",
+]
+
+# llama-server's defaults (common/common.h, common_params_sampling)
+LLAMA_SERVER_DEFAULTS: dict[str, float | int] = {
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "repetition_penalty": 1.0,
+    "repeat_last_n": 64,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+SAMPLING_FIELDS = tuple(LLAMA_SERVER_DEFAULTS)
+DEFAULT_MAX_TOKENS = 4096  # a request without max_tokens stops at end of turn or here
+# GGUF general.sampling.* keys -> SamplingParams fields
+GGUF_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+    "general.sampling.penalty_last_n": "repeat_last_n",
+}
+_VALID: dict[str, Any] = {
+    "temperature": lambda v: 0 <= v <= 10,
+    "top_k": lambda v: v >= 0 and float(v).is_integer(),
+    "top_p": lambda v: 0 < v <= 1,
+    "min_p": lambda v: 0 <= v <= 1,
+    "repetition_penalty": lambda v: 0 < v <= 10,
+    "repeat_last_n": lambda v: v >= 0 and float(v).is_integer(),
+    "presence_penalty": lambda v: -2 <= v <= 2,
+    "frequency_penalty": lambda v: -2 <= v <= 2,
+}
+_INTEGER = {"top_k", "repeat_last_n"}
+
+
+def _clean(values: Mapping[str, Any]) -> dict[str, float | int]:
+    """The valid sampling settings among ``values`` (others are ignored)."""
+    out: dict[str, float | int] = {}
+    for k, v in values.items():
+        if k not in _VALID or isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if v != v or not _VALID[k](v):  # NaN or out of range
+            continue
+        out[k] = int(v) if k in _INTEGER else float(v)
+    return out
+
+
+def model_sampling(generation: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A model's own sampling recommendation: ``generation`` (HF generation_config values,
+    or what a GGUF reader put there) and any GGUF ``general.sampling.*`` metadata."""
+    found = {GGUF_SAMPLING_KEYS[k]: v for k, v in metadata.items() if k in GGUF_SAMPLING_KEYS}
+    found.update(generation)
+    return _clean(found)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    """The sampling settings a request gets for the fields it leaves out.
+
+    ``values`` holds every field of :data:`SAMPLING_FIELDS`; ``origin`` says where each
+    came from (``model``, ``config`` or ``llama-server``).  ``max_tokens`` caps a request
+    that gives no limit of its own (it still stops at the end of its turn).
+    """
+
+    values: Mapping[str, float | int]
+    origin: Mapping[str, str]
+    max_tokens: int = DEFAULT_MAX_TOKENS
+
+    @classmethod
+    def resolve(
+        cls,
+        model: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> SamplingDefaults:
+        """Model recommendation over the server's config over llama-server's defaults."""
+        values: dict[str, float | int] = dict(LLAMA_SERVER_DEFAULTS)
+        origin = dict.fromkeys(values, "llama-server")
+        for name, layer in (("config", _clean(config or {})), ("model", _clean(model or {}))):
+            values.update(layer)
+            origin.update(dict.fromkeys(layer, name))
+        if max_tokens < 1:
+            raise UsageError(f"the default max_tokens must be at least 1, got {max_tokens}")
+        return cls(values, origin, max_tokens)
+
+    def params(
+        self,
+        given: Mapping[str, Any] | None = None,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        stop_token_ids: Iterable[int] = (),
+        logit_bias: Mapping[int, float] | None = None,
+        seed: int | None = None,
+        logprobs: int | None = None,
+    ) -> SamplingParams:
+        """SamplingParams from a request's ``given`` settings (None or absent: the default).
+
+        ``max_tokens`` None means: until the end of the turn, at most ``self.max_tokens``.
+        """
+        g = given or {}
+        vals = {k: (g[k] if g.get(k) is not None else self.values[k]) for k in SAMPLING_FIELDS}
+        return SamplingParams(
+            temperature=float(vals["temperature"]),
+            top_k=int(vals["top_k"]),
+            top_p=float(vals["top_p"]),
+            min_p=float(vals["min_p"]),
+            repetition_penalty=float(vals["repetition_penalty"]),
+            repeat_last_n=int(vals["repeat_last_n"]),
+            presence_penalty=float(vals["presence_penalty"]),
+            frequency_penalty=float(vals["frequency_penalty"]),
+            logit_bias=dict(logit_bias or {}),
+            seed=seed,
+            logprobs=logprobs,
+            max_tokens=max_tokens,
+            stop=[s for s in stop if s],
+            stop_token_ids=list(stop_token_ids),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.values, "max_tokens": self.max_tokens}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A rendered conversation: the template's text and the ids the model is fed."""
+
+    text: str
+    ids: list[int]
+
+
+# tool offering for templates that do not take ``tools`` (Hermes style, as SmolLM2 and
+# Qwen were trained); the model answers with <tool_call>{...}</tool_call>
+HERMES_PROMPT = (
+    "You are a function calling AI model. You are provided with function signatures within "
+    "<tools></tools> XML tags. You may call one or more functions to assist with the user query. "
+    "Don't make assumptions about what values to plug into functions. Here are the available "
+    "tools: <tools> {tools} </tools> For each function call return a json object with function "
+    "name and arguments within <tool_call></tool_call> XML tags as follows:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
+)
+
+
+def _call_text(calls: Sequence[Mapping[str, Any]]) -> str:
+    return "\n".join(
+        "<tool_call>\n"
+        + json.dumps(
+            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+            ensure_ascii=False,
+        )
+        + "\n</tool_call>"
+        for c in calls
+    )
+
+
+@dataclass(slots=True)
+class PromptFormat:
+    """The model's tokenizer, chat template, end-of-generation ids and sampling defaults."""
+
+    tokenizer: Tokenizer
+    template: str | None = None
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults.resolve)
+    extra_stop_ids: frozenset[int] = frozenset()
+    eog_ids: frozenset[int] = field(init=False)
+    bos_text: str = field(init=False)
+    eos_text: str = field(init=False)
+    _control: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        tok = self.tokenizer
+        self.eog_ids = frozenset(tok.eot_ids) | self.extra_stop_ids
+        self.bos_text = self._text(tok.bos_id)
+        self.eos_text = self._text(tok.eos_id)
+        self._control = tok.control_texts()
+
+    @classmethod
+    def build(
+        cls,
+        spec: TokenizerSpec,
+        template: str | None = None,
+        *,
+        generation: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> PromptFormat:
+        """From a model's tokenizer spec, chat template and metadata (``generation``:
+        generation_config values; ``config``: the server's sampling settings)."""
+        gen = dict(generation or {})
+        stops = gen.get("stop_token_ids")
+        extra = frozenset(
+            i for i in (stops if isinstance(stops, list) else []) if isinstance(i, int)
+        )
+        defaults = SamplingDefaults.resolve(
+            model_sampling(gen, metadata or {}), config, max_tokens=max_tokens
+        )
+        return cls(Tokenizer(spec), template, defaults, extra)
+
+    def _text(self, i: int | None) -> str:
+        tok = self.tokenizer
+        return tok.tokens[i] if i is not None and 0 <= i < tok.n_vocab else ""
+
+    # -- raw prompts ----------------------------------------------------------------
+    def encode(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        """A raw prompt's ids, as llama.cpp tokenizes a completion prompt."""
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # -- chat -----------------------------------------------------------------------
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> ChatPrompt:
+        """The prompt for a conversation (see the module docstring for the rules).
+
+        ``messages``: dicts with ``role``, ``content`` (a string, or a list of
+        ``{"type": "text", "text": ...}`` parts), and optionally ``name``,
+        ``tool_calls`` (OpenAI shape; arguments as a JSON text or an object) and
+        ``tool_call_id``.  ``tools``: OpenAI tool objects.
+        """
+        msgs = [self._message(i, m) for i, m in enumerate(messages)]
+        tool_list = [dict(t) for t in tools] if tools else None
+        if tool_list and not self._template_has("tools"):
+            offer = HERMES_PROMPT.format(tools=json.dumps(tool_list, ensure_ascii=False))
+            if msgs and msgs[0]["role"] == "system":
+                msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']}\n\n{offer}"}
+            else:
+                msgs.insert(0, {"role": "system", "content": offer})
+            tool_list = None
+        prefill = ""
+        last = msgs[-1] if msgs else None
+        if (
+            add_generation_prompt
+            and last is not None
+            and last["role"] == "assistant"
+            and not last.get("tool_calls")
+            and len(msgs) > 1
+        ):  # continue the final assistant message (llama.cpp's assistant prefill)
+            prefill = str(last["content"])
+            msgs = msgs[:-1]
+        guard = _Guard(self._control, [*_strings(msgs), prefill], self.template or "")
+        text = self._render(guard.protect(msgs), tool_list, add_generation_prompt)
+        text += guard.protect(prefill)
+        add_bos = self.tokenizer.adds_bos
+        if add_bos and self.bos_text and text.startswith(self.bos_text):
+            text = text[len(self.bos_text) :]  # the tokenizer adds it: never twice
+        ids = self.tokenizer.encode(
+            text, add_special=False, parse_special=True, literals=guard.originals
+        )
+        if add_bos and self.tokenizer.bos_id is not None:
+            ids.insert(0, self.tokenizer.bos_id)
+        return ChatPrompt(guard.restore(text), ids)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt text of a conversation (llama.cpp's ``/apply-template``)."""
+        return self.chat(messages, tools=tools, add_generation_prompt=add_generation_prompt).text
+
+    def _template_has(self, word: str) -> bool:
+        return bool(self.template) and word in (self.template or "")
+
+    def _message(self, i: int, m: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise UsageError(
+                f"message {i} must be an object with a 'role' and 'content'", param=f"messages[{i}]"
+            )
+        role = m["role"]
+        d: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, Mapping) or part.get("type") != "text":
+                    kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                    raise UsageError(
+                        f"messages[{i}].content[{j}] is of type {kind!r}; only text parts are "
+                        "supported",
+                        param=f"messages[{i}].content[{j}].type",
+                    )
+                parts.append(str(part.get("text") or ""))
+            content = "\n".join(parts)
+        d["content"] = content if isinstance(content, str) else ""
+        for key in ("name", "tool_call_id"):
+            if m.get(key):
+                d[key] = m[key]
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function") or {}
+                args = fn.get("arguments", {})
+                if isinstance(args, str):
+                    with contextlib.suppress(json.JSONDecodeError):
+                        args = json.loads(args)
+                calls.append(
+                    {
+                        "type": "function",
+                        "function": {"name": fn.get("name", ""), "arguments": args},
+                    }
+                )
+            d["tool_calls"] = calls
+            if not d["content"] and not self._template_has("tool_calls"):
+                d["content"] = _call_text(calls)  # the template would drop them
+        return d
+
+    def _render(
+        self,
+        msgs: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> str:
+        return render_chat(
+            self.template,
+            msgs,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            bos_token=self.bos_text,
+            eos_token=self.eos_text,
+        )
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+class _Guard:
+    """Keeps a client's control-token texts from being parsed as control tokens.
+
+    :meth:`protect` replaces each control-token text found in a message by a private-use
+    character that occurs nowhere in the conversation or the template; the tokenizer
+    then splits the rendered prompt at the template's control tokens only and puts the
+    originals back (``originals``) before tokenizing each text piece as text.
+    """
+
+    def __init__(self, control: Sequence[str], texts: Sequence[str], template: str) -> None:
+        self.control = [t for t in control if any(t in s for s in texts)]
+        used = {c for s in [*texts, template] for c in s if ord(c) >= _PRIVATE}
+        free = (chr(cp) for cp in range(_PRIVATE, 0x10FFFE) if chr(cp) not in used)
+        self.markers: dict[str, str] = {}
+        for t in self.control:
+            m = next(free, None)
+            if m is None:
+                raise UsageError("the conversation uses every private-use character")
+            self.markers[t] = m
+        self.originals = {m: t for t, m in self.markers.items()}
+
+    def protect(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for t in self.control:  # longest first
+                if t in value:
+                    value = value.replace(t, self.markers[t])
+            return value
+        if isinstance(value, Mapping):
+            return {k: self.protect(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.protect(v) for v in value]
+        return value
+
+    def restore(self, text: str) -> str:
+        for m, t in self.originals.items():
+            text = text.replace(m, t)
+        return text
+
+
+_PRIVATE = 0xF0000  # supplementary private use area A

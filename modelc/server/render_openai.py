@@ -1,0 +1,264 @@
+"""The OpenAI dialect: chat.completion(.chunk) and text_completion bodies from engine results.
+
+:class:`ChatRenderer` and :class:`CompletionRenderer` implement
+:class:`~modelc.server.generation.Renderer`; the routes in :mod:`routes_openai` only
+parse, submit and hand the handles over.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, TokenEvent
+from modelc.server import sse
+from modelc.server import tools as tooling
+from modelc.server.errors import ParamError
+from modelc.server.generation import FINISH, Outcome
+from modelc.server.schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatMessageOut,
+    ChoiceLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    PromptTokensDetails,
+    ResponseFormat,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
+from modelc.server.state import ModelInfo
+
+
+def response_constraint(fmt: ResponseFormat | None) -> Constraint | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint(ConstraintKind.JSON_OBJECT)
+    if fmt.json_schema is None or fmt.json_schema.schema is None:
+        raise ParamError(
+            "response_format json_schema needs json_schema.schema (a JSON Schema object)",
+            param="response_format.json_schema",
+        )
+    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(fmt.json_schema.schema))
+
+
+def usage(outs: list[FinishEvent], prompt_tokens: int) -> Usage:
+    completion = sum(f.completion_tokens for f in outs)
+    cached = max((f.cached_tokens for f in outs), default=0)
+    return Usage(prompt_tokens, completion, prompt_tokens + completion, PromptTokensDetails(cached))
+
+
+def _piece(info: ModelInfo, tok_id: int) -> tuple[str, list[int]]:
+    raw = info.tok().token_to_piece(tok_id)
+    return raw.decode("utf-8", "replace"), list(raw)
+
+
+@dataclass(slots=True)
+class _Base:
+    info: ModelInfo
+    cid: str
+    created: int
+    prompt_ids: list[int]
+    include_usage: bool = False
+    return_token_ids: bool = False
+    headers: dict[str, str] = field(default_factory=lambda: sse.HEADERS)
+    ping: bytes | None = sse.PING
+    finished: list[FinishEvent] = field(default_factory=list)
+
+    @property
+    def model(self) -> str:
+        return self.info.model_id
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+
+@dataclass(slots=True)
+class ChatRenderer(_Base):
+    """``/v1/chat/completions``; with tools, a call in the text becomes ``tool_calls``."""
+
+    tools: bool = False
+    logprobs: bool = False
+    _held: str = ""  # streamed text that may still be a tool call
+    _holding: bool = False
+
+    def _logprobs(self, events: list[TokenEvent]) -> ChoiceLogprobs:
+        content = []
+        for ev in events:
+            s, b = _piece(self.info, ev.token_id)
+            tops = [TopLogprob(*_piece_lp(self.info, t, lp)) for t, lp in ev.top_logprobs]
+            content.append(TokenLogprob(s, ev.logprob if ev.logprob is not None else 0.0, b, tops))
+        return ChoiceLogprobs(content)
+
+    def body(self, outs: list[Outcome]) -> ChatCompletion:
+        choices = []
+        for i, o in enumerate(outs):
+            content: str | None = o.text
+            calls = None
+            reason = o.reason
+            if self.tools:
+                content, found = tooling.parse_tool_calls(o.text)
+                if found:
+                    calls, reason = found, "tool_calls"
+            lp = self._logprobs(o.tokens) if self.logprobs else None
+            ids = [t.token_id for t in o.tokens] if self.return_token_ids else None
+            msg = ChatMessageOut("assistant", content, calls)
+            choices.append(ChatChoice(i, msg, reason, lp, ids))
+        return ChatCompletion(
+            self.cid,
+            self.created,
+            self.model,
+            choices,
+            usage([o.finish for o in outs], self.n_prompt),
+            prompt_token_ids=self.prompt_ids if self.return_token_ids else None,
+        )
+
+    def _chunk(
+        self, i: int, delta: ChatDelta, finish: str | None = None, lp: ChoiceLogprobs | None = None
+    ) -> bytes:
+        choice = ChatChunkChoice(i, delta, finish, lp)
+        return sse.event(ChatCompletionChunk(self.cid, self.created, self.model, [choice]))
+
+    def start(self, i: int) -> list[bytes]:
+        self._held, self._holding = "", self.tools
+        return [self._chunk(i, ChatDelta(role="assistant", content=""))]
+
+    def token(self, i: int, ev: TokenEvent) -> list[bytes]:
+        lp = self._logprobs([ev]) if self.logprobs else None
+        text = ev.text
+        if self._holding:
+            self._held += text
+            if tooling.may_be_call(self._held):
+                return []
+            self._holding = False
+            text, self._held = self._held, ""
+        return [self._chunk(i, ChatDelta(content=text), None, lp)] if text or lp else []
+
+    def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
+        self.finished.append(ev)
+        held = self._held + ev.text
+        reason = FINISH.get(ev.reason, "stop")
+        out: list[bytes] = []
+        calls = tooling.parse_tool_calls(held)[1] if self._holding and held else []
+        if calls:
+            content = tooling.parse_tool_calls(held)[0]
+            if content:
+                out.append(self._chunk(i, ChatDelta(content=content)))
+            for k, call in enumerate(calls):
+                head = ToolCallDelta(
+                    k, call.id, "function", {"name": call.function.name, "arguments": ""}
+                )
+                args = ToolCallDelta(k, function={"arguments": call.function.arguments})
+                out.append(self._chunk(i, ChatDelta(tool_calls=[head])))
+                out.append(self._chunk(i, ChatDelta(tool_calls=[args])))
+            reason = "tool_calls"
+        elif held:
+            out.append(self._chunk(i, ChatDelta(content=held)))
+        out.append(self._chunk(i, ChatDelta(), reason))
+        return out
+
+    def end(self) -> list[bytes]:
+        out = []
+        if self.include_usage:
+            u = usage(self.finished, self.n_prompt)
+            out.append(
+                sse.event(ChatCompletionChunk(self.cid, self.created, self.model, [], usage=u))
+            )
+        return [*out, sse.DONE]
+
+
+def _piece_lp(info: ModelInfo, tok_id: int, lp: float) -> tuple[str, float, list[int]]:
+    s, b = _piece(info, tok_id)
+    return s, lp, b
+
+
+@dataclass(slots=True)
+class CompletionRenderer(_Base):
+    """``/v1/completions``: ``per_prompt`` engine requests for each of ``prompts``
+    (text, ids); ``n`` choices each (the best ``n`` by log-probability when
+    ``per_prompt`` > ``n``, i.e. ``best_of``); ``echo``, ``suffix``, logprobs."""
+
+    prompts: list[tuple[str, list[int]]] = field(default_factory=list)
+    per_prompt: int = 1
+    n: int = 1
+    echo: bool = False
+    suffix: str = ""
+    logprobs: bool = False
+    _offset: int = 0
+
+    def _logprobs(self, events: list[TokenEvent], offset: int) -> CompletionLogprobs:
+        tokens, lps, tops, offs = [], [], [], []
+        for ev in events:
+            s = _piece(self.info, ev.token_id)[0]
+            tokens.append(s)
+            lps.append(ev.logprob)
+            tops.append({_piece(self.info, t)[0]: lp for t, lp in ev.top_logprobs} or None)
+            offs.append(offset)
+            offset += len(ev.text)
+        return CompletionLogprobs(tokens, lps, tops, offs)
+
+    def _prompt(self, i: int) -> tuple[str, list[int]]:
+        return self.prompts[i // self.per_prompt]
+
+    def body(self, outs: list[Outcome]) -> Completion:
+        choices: list[CompletionChoice] = []
+        for j, (text, ids) in enumerate(self.prompts):
+            group = outs[j * self.per_prompt : (j + 1) * self.per_prompt]
+            if self.per_prompt > self.n:
+                group = sorted(group, key=lambda o: o.cum_logprob, reverse=True)[: self.n]
+            prefix = text if self.echo else ""
+            for o in group:
+                lp = self._logprobs(o.tokens, len(prefix)) if self.logprobs else None
+                choices.append(
+                    CompletionChoice(
+                        len(choices),
+                        prefix + o.text + self.suffix,
+                        o.reason,
+                        lp,
+                        ids if self.return_token_ids else None,
+                        [t.token_id for t in o.tokens] if self.return_token_ids else None,
+                    )
+                )
+        u = usage([o.finish for o in outs], self.n_prompt)
+        return Completion(self.cid, self.created, self.model, choices, u)
+
+    @property
+    def n_prompt(self) -> int:
+        return sum(len(ids) for _, ids in self.prompts)
+
+    def _chunk(
+        self, i: int, text: str, finish: str | None = None, lp: CompletionLogprobs | None = None
+    ) -> bytes:
+        choice = CompletionChoice(i, text, finish, lp)
+        return sse.event(Completion(self.cid, self.created, self.model, [choice]))
+
+    def start(self, i: int) -> list[bytes]:
+        text = self._prompt(i)[0]
+        self._offset = len(text) if self.echo else 0
+        return [self._chunk(i, text)] if self.echo else []
+
+    def token(self, i: int, ev: TokenEvent) -> list[bytes]:
+        lp = self._logprobs([ev], self._offset) if self.logprobs else None
+        self._offset += len(ev.text)
+        return [self._chunk(i, ev.text, None, lp)]
+
+    def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
+        self.finished.append(ev)
+        tail = ev.text + self.suffix
+        out = [self._chunk(i, tail)] if tail else []
+        return [*out, self._chunk(i, "", FINISH.get(ev.reason, "stop"))]
+
+    def end(self) -> list[bytes]:
+        out = []
+        if self.include_usage:
+            u = usage(self.finished, self.n_prompt)
+            out.append(sse.event(Completion(self.cid, self.created, self.model, [], u)))
+        return [*out, sse.DONE]

@@ -1,0 +1,34 @@
+"""Reference servers for the differential tests, each started once per session.
+
+* ``llamacpp``: llama.cpp's own server (the ``xllamacpp`` wheel) on the SmolLM2 GGUF, in a
+  subprocess started by ``bench/llamacpp_peer.py``; the fixture's value has ``url``.
+* ``smol_exact_server``: ``modelc run`` on the same GGUF with ``MODELC_MATMUL=exact``
+  (activations stay f32) and an f32 KV cache: the mode compared with transformers' f32
+  goldens.
+
+Import the fixtures into a test module (``from tests.peers import llamacpp``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from bench.llamacpp_peer import LlamaCppServer
+from tests.assets import smollm2_gguf
+from tests.server_fixtures import Server, start
+
+
+@pytest.fixture(scope="session")
+def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
+    log = tmp_path_factory.mktemp("llamacpp") / "llamacpp.log"  # kept for a post-mortem
+    with LlamaCppServer(smollm2_gguf(), threads=1, n_parallel=2, n_ctx=8192, log=log) as peer:
+        yield peer
+
+
+@pytest.fixture(scope="session")
+def smol_exact_server() -> Iterator[Server]:
+    srv = start(str(smollm2_gguf()), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
+    yield srv
+    srv.stop()
