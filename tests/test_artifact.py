@@ -21,7 +21,7 @@ from modelc.artifact import (
 )
 from modelc.artifact.format import HEADER_SIZE, Header, encode_manifest
 from modelc.errors import FormatError, IntegrityError, UnsupportedError, UsageError
-from modelc.formats import load_model
+from modelc.formats import load_model, quants
 from modelc.formats.ir import DType, HParams, ModelIR, SourceInfo, Tensor
 from tests import assets
 
@@ -194,7 +194,9 @@ def test_quantize_round_trip(
     np.testing.assert_array_equal(back["layers.0.weight"], to_f32(t.data(), t.dtype, t.shape))
 
 
-def test_already_quantized_tensors_stay(smol_gguf: Path, tmp_path: Path) -> None:
+def test_quantized_tensors_are_requantized_through_f32(smol_gguf: Path, tmp_path: Path) -> None:
+    """--quantize keeps a matrix already of its type and requantizes the others (as
+    llama-quantize --allow-requantize); --prune requantizes them to their own type."""
     src = load_model(smol_gguf)
     keep = {
         k: src.tensors[k]
@@ -202,8 +204,18 @@ def test_already_quantized_tensors_stay(smol_gguf: Path, tmp_path: Path) -> None
     }
     ir = ModelIR("llama", src.hparams, keep, src.source)
     m = write_artifact(ir, tmp_path / "q.modelc", PackOptions(quantize="q8_0"))
+    assert [e.dtype for e in m.tensors] == ["q8_0", "q8_0", "f32"]
+    assert m.pack.quantized_tensors == m.pack.requantized_tensors == 1
+    assert m.pack.requantized_from == ["q4_1"]
+    out = load_artifact(tmp_path / "q.modelc")
+    emb, q = src.tensors["token_embd.weight"], src.tensors["blk.0.attn_q.weight"]
+    assert np.array_equal(out.tensors["token_embd.weight"].data(), emb.data())  # kept as is
+    want = quants.quantize(quants.dequantize(q.data(), q.dtype, q.shape), DType.Q8_0)
+    assert np.array_equal(out.tensors["blk.0.attn_q.weight"].data(), want)
+    m = write_artifact(ir, tmp_path / "p.modelc", PackOptions(prune=0.02))
     assert [e.dtype for e in m.tensors] == ["q8_0", "q4_1", "f32"]
-    assert m.pack.quantized_tensors == 0
+    assert m.pack.quantized_tensors == 0 and m.pack.requantized_tensors == 2
+    assert m.pack.pruned_weights > 0
 
 
 def test_prune_zeroes_small_weights_only(tiny: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:

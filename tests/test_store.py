@@ -257,13 +257,14 @@ class _RangeHandler(http.server.BaseHTTPRequestHandler):
 
     payload = b""
     cut_first_at: int | None = None
+    gone = False  # answer 404 to everything
     requests: list[str | None] = []  # noqa: RUF012
 
     def do_GET(self) -> None:
         rng = self.headers.get("Range")
         type(self).requests.append(rng)
         data = self.payload
-        if self.path != "/model.safetensors":
+        if self.path != "/model.safetensors" or self.gone:
             self.send_error(404)
             return
         if rng:
@@ -294,6 +295,7 @@ class _RangeHandler(http.server.BaseHTTPRequestHandler):
 def server(src: Path) -> Iterator[str]:
     _RangeHandler.payload = src.read_bytes()
     _RangeHandler.requests = []
+    _RangeHandler.gone = False
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RangeHandler)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
@@ -330,7 +332,40 @@ def test_pull_errors(server: str, store: Store) -> None:
         pull("not-a-model", store)
     with pytest.raises(DownloadError, match="cannot connect"):
         download("http://127.0.0.1:9/x.gguf")
+    with pytest.raises(UsageError, match=r"ftp://h/x\.gguf: modelc cannot pull ftp:// URLs"):
+        pull("ftp://h/x.gguf", store)
     assert store.names() == []
+    cache = Path(os.environ["MODELC_CACHE"])
+    assert not (cache / "downloads").exists() or list((cache / "downloads").iterdir()) == []
+
+
+def test_failed_download_keeps_a_cut_transfer_only(server: str, src: Path) -> None:
+    """A transfer cut short keeps its .part to resume; a 404 on the resume removes it."""
+    url = f"{server}/model.safetensors"
+    _RangeHandler.cut_first_at = 1000
+    with pytest.raises(DownloadError, match="run pull again to resume"):
+        download(url)
+    downloads = Path(os.environ["MODELC_CACHE"]) / "downloads"
+    [part] = downloads.rglob("*.part")
+    assert part.stat().st_size == 1000
+    _RangeHandler.gone = True
+    with pytest.raises(DownloadError, match=rf"{url}: HTTP 404"):
+        download(url)
+    assert _RangeHandler.requests == [None, "bytes=1000-"]
+    assert list(downloads.iterdir()) == []
+
+
+def test_pull_file_url(src: Path, store: Store) -> None:
+    ref, path = pull(src.as_uri(), store)
+    assert ref == "mlp:latest" and open_artifact(path).manifest.architecture == "mlp"
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    assert pull(src.as_uri(), store, name="checked", sha256=digest)[0] == "checked:latest"
+    with pytest.raises(DownloadError, match="sha256 is"):
+        pull(src.as_uri(), store, name="bad", sha256="0" * 64)
+    with pytest.raises(DownloadError, match="no such file"):
+        pull(src.with_name("nope.gguf").as_uri(), store)
+    assert store.names() == ["checked", "mlp"]
+    assert not Path(os.environ["MODELC_CACHE"]).exists()  # read in place, nothing cached
 
 
 def test_store_ir_round_trip_keeps_hparams(store: Store) -> None:

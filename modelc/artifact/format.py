@@ -131,7 +131,11 @@ class PackInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What ``modelc pack`` did to the source weights."""
 
     quantize: str | None = None  # a QUANT_METHODS key
-    quantized_tensors: int = 0
+    quantized_tensors: int = 0  # tensors stored in --quantize's type by this pack
+    # already-quantized tensors dequantized to f32 and quantized again (by --quantize to
+    # another type, or by --prune to their own), and the source types they had
+    requantized_tensors: int = 0
+    requantized_from: list[str] = msgspec.field(default_factory=list)
     prune_threshold: float | None = None
     pruned_weights: int = 0  # number of weights set to zero by pruning
     compression: str = "none"  # "none" | "zstd"

@@ -142,6 +142,11 @@ def summary_text(
         lines.append(
             f"  pruned         |w| < {m.pack.prune_threshold} ({m.pack.pruned_weights:,} weights)"
         )
+    if m.pack.requantized_tensors:
+        lines.append(
+            f"  requantized    {m.pack.requantized_tensors} tensors from "
+            f"{', '.join(m.pack.requantized_from)} (dequantized to f32, quantized again)"
+        )
     if h.n_layer:
         lines.append(
             f"  shape          {h.n_layer} layers, n_embd {h.n_embd}, {h.n_head} heads"

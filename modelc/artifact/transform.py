@@ -1,8 +1,10 @@
 """Pack-time weight transforms: dequantize to f32, prune, quantize, and size estimates.
 
 Only *weight matrices* are transformed: 2-D float tensors (f32/f16/bf16/f64) that are
-not norms or biases.  Tensors already stored in a GGML block-quantized type stay as
-they are; 1-D tensors, norms, biases and integer tensors are never touched.
+not norms or biases.  A matrix already stored quantized (GGML blocks, int8) is
+*requantized*: dequantized to f32 and quantized again, as llama.cpp's
+``llama-quantize --allow-requantize`` does; see :func:`requantize_target`.  1-D
+tensors, norms, biases and integer tensors are never touched.
 """
 
 from __future__ import annotations
@@ -17,15 +19,50 @@ from modelc.formats.ir import BLOCK_SIZES, NUMPY_DTYPES, DType, nbytes
 FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16, DType.F64})
 
 
+# the quantized types modelc can write (formats.quants.quantize), so can requantize into
+REQUANTIZABLE = frozenset({DType.Q8_0, DType.Q4_0, DType.Q4_1, DType.INT8})
+
+
+def _is_matrix(name: str, shape: tuple[int, ...]) -> bool:
+    return len(shape) == 2 and "norm" not in name and not name.endswith(".bias") and min(shape) > 0
+
+
 def is_weight_matrix(name: str, dtype: DType, shape: tuple[int, ...]) -> bool:
-    """True for the tensors ``--quantize`` and ``--prune`` apply to."""
-    return (
-        len(shape) == 2
-        and dtype in FLOAT_DTYPES
-        and "norm" not in name
-        and not name.endswith(".bias")
-        and min(shape) > 0
-    )
+    """True for the float tensors ``--quantize`` and ``--prune`` apply to."""
+    return dtype in FLOAT_DTYPES and _is_matrix(name, shape)
+
+
+def is_quantized_matrix(name: str, dtype: DType, shape: tuple[int, ...]) -> bool:
+    """True for an already-quantized weight matrix (requantized by ``--quantize``/``--prune``)."""
+    return dtype.is_quantized and _is_matrix(name, shape)
+
+
+def requantize_target(
+    name: str, dtype: DType, shape: tuple[int, ...], quantize: str | None, prune: float | None
+) -> DType | None:
+    """The type an already-quantized matrix is requantized to, or None to keep its bytes.
+
+    ``--quantize X`` requantizes every quantized matrix not already of type X; with
+    ``--prune`` the values change, so a matrix is requantized even to its own type
+    (its own type without ``--quantize``, which must then be one modelc can write).
+    """
+    if not is_quantized_matrix(name, dtype, shape):
+        return None
+    if quantize is not None:
+        target = target_dtype(quantize)
+        if can_store_as(target, shape) and (target is not dtype or prune):
+            return target
+        if target is dtype:
+            return None
+    if not prune:
+        return None
+    if dtype not in REQUANTIZABLE:
+        writable = ", ".join(sorted(d.value for d in REQUANTIZABLE))
+        raise UsageError(
+            f"--prune must requantize tensor {name}, but modelc cannot write {dtype} "
+            f"(only {writable}); add --quantize q8_0 (or another type) to prune it"
+        )
+    return dtype
 
 
 def can_store_as(target: DType, shape: tuple[int, ...]) -> bool:

@@ -42,6 +42,7 @@ from modelc.artifact.transform import (
     is_weight_matrix,
     prune,
     quantize,
+    requantize_target,
     target_dtype,
     to_f32,
 )
@@ -95,7 +96,10 @@ _CHUNK_BYTES = 1 << 22  # tensors are transformed and written in row blocks of a
 
 
 def _target(t: Tensor, opts: PackOptions) -> DType | None:
-    """The dtype ``--quantize`` turns this tensor into, or None to keep its own."""
+    """The dtype ``--quantize`` (or ``--prune``, on a quantized matrix) turns this tensor
+    into, or None to keep its own."""
+    if t.dtype.is_quantized:
+        return requantize_target(t.name, t.dtype, t.shape, opts.quantize, opts.prune)
     if not opts.quantize or not is_weight_matrix(t.name, t.dtype, t.shape):
         return None
     target = target_dtype(opts.quantize)
@@ -115,13 +119,14 @@ def _chunks(
 
     Working on ~4 MB of rows at a time keeps the transform's temporaries small: peak
     memory is one block, not a multiple of the tensor.  Untransformed tensors are
-    yielded as views of the (memory-mapped) source.
+    yielded as views of the (memory-mapped) source.  A quantized source (uint8 rows of
+    blocks) is dequantized to f32 block by block before it is pruned and requantized.
     """
     if data.size == 0:
         return
     rows_view = data.reshape(data.shape[0], -1) if data.ndim >= 2 else data.reshape(1, -1)
     transform = target is not None or (opts.prune and is_weight_matrix(t.name, t.dtype, t.shape))
-    row_nbytes = max(1, rows_view.shape[1] * (4 if transform else rows_view.itemsize))
+    row_nbytes = max(1, t.shape[-1] * 4 if transform else rows_view.shape[1] * rows_view.itemsize)
     step = max(1, _CHUNK_BYTES // row_nbytes)
     for r0 in range(0, rows_view.shape[0], step):
         src = x = rows_view[r0 : r0 + step]
@@ -129,8 +134,8 @@ def _chunks(
             yield x
             _drop_source_pages(src)
             continue
-        if t.dtype is DType.BF16:
-            x = to_f32(x, DType.BF16, x.shape)
+        if t.dtype is DType.BF16 or t.dtype.is_quantized:
+            x = to_f32(x, t.dtype, (x.shape[0], t.shape[-1]))
         if opts.prune:
             x, n = prune(x, opts.prune)
             info.pruned_weights += n
@@ -223,15 +228,21 @@ def write_artifact(
     done = 0
     entries: list[TensorEntry] = []
     compressor = zstandard.ZstdCompressor(level=opts.compression_level, write_checksum=True)
+    # every tensor's fate first, so a refusal (UsageError) comes before any writing
+    targets = {t.name: _target(t, opts) for t in ir.tensors.values()}
     with atomic_output(dest) as f:
         f.write(b"\x00" * HEADER_SIZE)
         pos = 0  # relative to the data area
         for t in ir.tensors.values():
             data = _checked_data(t, ir.source.path)
-            target = _target(t, opts)
+            target = targets[t.name]
             dtype = target or t.dtype
-            if target is not None:
+            if target is not None and opts.quantize:
                 info.quantized_tensors += 1
+            if target is not None and t.dtype.is_quantized:
+                info.requantized_tensors += 1
+                if t.dtype.value not in info.requantized_from:
+                    info.requantized_from.append(t.dtype.value)
             n = nbytes(dtype, t.shape)
             comp = compressor if opts.compress and n else None
             size, digest = _write_tensor(f, t, _chunks(t, data, target, opts, info), n, comp)
@@ -252,6 +263,7 @@ def write_artifact(
             done += t.nbytes
             if progress:
                 progress(done, total, t.name)
+        info.requantized_from.sort()
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             architecture=ir.architecture,

@@ -473,6 +473,30 @@ def _check_shapes(arch: str, hp: HParams, t: Mapping[str, Tensor]) -> None:
             )
 
 
+def check_canonical(
+    arch: str, hparams: HParams, tensors: Mapping[str, Tensor], *, has_graph: bool = False
+) -> None:
+    """Check tensors that already carry canonical names (a ``modelc export``) against
+    ``arch`` and ``hparams``: the required tensors are there, with the shapes expected."""
+    if arch == "tokenizer" and not tensors:
+        return
+    if arch == "mlp":
+        if has_graph:
+            return  # an ONNX plan names its own initializers
+        shapes = {n: t.shape for n, t in tensors.items()}
+        if any(old != new for old, new in mlp_names(list(tensors), shapes).items()):
+            raise _arch_error(tensors, "mlp tensors are not named layers.{i}.weight/bias")
+        return
+    if arch not in _GGUF_ARCH:
+        raise ArchitectureError(
+            f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED)}"
+        )
+    missing = [n for n in _required(arch, hparams) if n not in tensors]
+    if missing:
+        raise _arch_error(tensors, f"{arch} model is missing tensors {missing[:6]}")
+    _check_shapes(arch, hparams, tensors)
+
+
 def _required(arch: str, hp: HParams) -> list[str]:
     req = ["token_embd.weight"]
     per_block = {

@@ -12,13 +12,24 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import numpy as np
 
 from modelc.errors import FormatError, UnsupportedError
-from modelc.formats.arch import build_model_ir, sibling_config
-from modelc.formats.ir import NUMPY_DTYPES, DType, ModelIR, SourceInfo, Tensor
+from modelc.formats.arch import build_model_ir, check_canonical, sibling_config
+from modelc.formats.ir import (
+    NUMPY_DTYPES,
+    DType,
+    HParams,
+    ModelIR,
+    SourceInfo,
+    Tensor,
+    TokenizerSpec,
+)
+
+T = TypeVar("T")
 
 DTYPES: dict[str, DType] = {
     "F32": DType.F32,
@@ -160,11 +171,54 @@ def _loader(mapped: _Mapped, begin: int, end: int, dtype: DType, shape: tuple[in
     return load
 
 
+def is_modelc_export(meta: dict[str, str]) -> bool:
+    return meta.get("exported_by") == "modelc" and "modelc.hparams" in meta
+
+
+def _export_field(meta: dict[str, str], key: str, type_: type[T], path: Path) -> T | None:
+    if key not in meta:
+        return None
+    try:
+        return msgspec.json.decode(meta[key], type=type_)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise FormatError(
+            f"__metadata__ {key!r} of this modelc export is corrupt ({e}); export the model again",
+            path=path,
+        ) from e
+
+
+def _load_modelc_export(
+    path: Path, raw: dict[str, Tensor], meta: dict[str, str], source: SourceInfo
+) -> ModelIR:
+    """A file ``modelc export`` wrote: canonical names and layouts, the rest in ``__metadata__``."""
+    hparams = _export_field(meta, "modelc.hparams", HParams, path)
+    assert hparams is not None
+    graph = _export_field(meta, "modelc.graph", dict[str, Any], path)
+    ir = ModelIR(
+        architecture=meta.get("architecture", ""),
+        hparams=hparams,
+        tensors=raw,
+        source=source,
+        tokenizer=_export_field(meta, "modelc.tokenizer", TokenizerSpec, path),
+        chat_template=meta.get("modelc.chat_template"),
+        generation=_export_field(meta, "modelc.generation", dict[str, Any], path) or {},
+        graph=graph,
+        metadata=_export_field(meta, "modelc.metadata", dict[str, Any], path) or {},
+    )
+    check_canonical(ir.architecture, ir.hparams, ir.tensors, has_graph=graph is not None)
+    return ir
+
+
 def load_safetensors(path: str | Path) -> ModelIR:
-    """Read a single ``.safetensors`` file (with a ``config.json`` beside it, if any, for hyper-parameters)."""
+    """Read a single ``.safetensors`` file (with a ``config.json`` beside it, if any, for hyper-parameters).
+
+    A file written by ``modelc export`` is read back as the model it was exported from.
+    """
     path = Path(path)
     raw, meta = read_safetensors(path)
     source = SourceInfo(path=str(path), format="safetensors", size=path.stat().st_size)
+    if is_modelc_export(meta):
+        return _load_modelc_export(path, raw, meta, source)
     return build_model_ir(
         raw, sibling_config(path), source, metadata={"safetensors_metadata": meta} if meta else None
     )

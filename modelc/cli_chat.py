@@ -1,0 +1,329 @@
+"""``modelc chat MODEL``: an interactive chat in the terminal, as ``ollama run MODEL``.
+
+Every turn goes the way ``modelc generate --chat`` goes: the engine's prompt format
+renders the whole conversation (``pf.chat(messages).ids``), ``pf.defaults.params``
+fills the sampling settings the user left out, and ``engine.submit`` streams the
+answer.  The engine is built once and its scheduler runs for the whole session (so
+its prefix cache makes each new turn cost only the new tokens).
+
+Threads: the scheduler runs in one ``trio.run`` on a worker thread; the main thread
+keeps the terminal, so ``input()`` with ``readline`` line editing and Ctrl-C behave as
+usual: Ctrl-C at the prompt prints a hint, Ctrl-C during an answer cancels that
+request (the engine drops it at its next step) and returns to the prompt.  With a
+pipe on standard input the lines are read without a prompt and only the answers (and
+any command output) are printed, so ``echo hi | modelc chat MODEL`` answers once.
+The line protocol and the commands are in :mod:`modelc.cli_chat_session`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import trio
+
+from modelc.cli_chat_session import ChatState, read_entry, run_command
+from modelc.errors import ModelcError, TokenizerError, UsageError
+
+if TYPE_CHECKING:
+    from modelc.engine import LLMEngine
+    from modelc.engine.api import FinishEvent, GenerationRequest
+
+HINT = "Use Ctrl + d or /bye to exit."
+HISTORY_LINES = 1000
+
+
+def write(text: str) -> None:
+    """Text to standard output at once (UTF-8, lone surrogates passed through)."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(text.encode("utf-8", "surrogatepass"))
+    sys.stdout.buffer.flush()
+
+
+class _Turn:
+    """One answer streaming in the engine's thread; ``done`` is set when it is over."""
+
+    def __init__(self, req: GenerationRequest, out: Callable[[str], None]) -> None:
+        self.req = req
+        self.out = out
+        self.scope = trio.CancelScope()
+        self.done = threading.Event()
+        self.text: list[str] = []
+        self.finish: FinishEvent | None = None
+        self.refused: ModelcError | None = None
+        self.interrupted = False
+
+    async def run(self, engine: LLMEngine) -> None:
+        from modelc.engine.api import FinishEvent
+
+        try:
+            with self.scope:
+                async with engine.submit(self.req) as handle:  # leaving it cancels the request
+                    async for ev in handle:
+                        if ev.text:
+                            self.text.append(ev.text)
+                            self.out(ev.text)
+                        if isinstance(ev, FinishEvent):
+                            self.finish = ev
+        except ModelcError as e:  # refused at submit (a prompt too long for the context ...)
+            self.refused = e
+        finally:
+            self.done.set()
+
+
+class EngineThread:
+    """The engine's scheduler in a ``trio.run`` on a worker thread, for the whole session."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        self._stop: trio.Event | None = None
+        self._turn: _Turn | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="modelc-engine", daemon=True)
+
+    def start(self) -> None:
+        """Start the scheduler; return once it takes requests."""
+        self._thread.start()
+        self._ready.wait()
+        self._check()
+
+    def _main(self) -> None:
+        try:
+            trio.run(self._serve)
+        except BaseException as e:  # handed to the main thread by _check
+            self._error = e
+        finally:
+            self._ready.set()
+            if self._turn is not None:
+                self._turn.done.set()
+
+    async def _serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.engine.run)
+            self._token = trio.lowlevel.current_trio_token()
+            self._nursery = nursery
+            self._stop = trio.Event()
+            self._ready.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    def _check(self) -> None:
+        if isinstance(self._error, ModelcError):
+            raise self._error
+        if self._error is not None:
+            raise UsageError(f"the engine stopped: {self._error!r}") from self._error
+
+    def answer(self, req: GenerationRequest, out: Callable[[str], None]) -> _Turn:
+        """Run ``req``, each text piece to ``out`` as it comes; Ctrl-C (KeyboardInterrupt
+        in this thread) cancels the request, and this returns once it is over."""
+        nursery = self._nursery
+        assert nursery is not None
+        turn = self._turn = _Turn(req, out)
+        self._call(nursery.start_soon, turn.run, self.engine)
+        while not turn.done.is_set():
+            try:
+                turn.done.wait()
+            except KeyboardInterrupt:
+                turn.interrupted = True
+                self._call(turn.scope.cancel)
+        self._turn = None
+        self._check()
+        return turn
+
+    def _call(self, fn: Callable[..., object], *args: Any) -> None:
+        """``fn(*args)`` soon in the engine's thread (this returns at once)."""
+        assert self._token is not None
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:  # the engine's run is over (_check says why)
+            if self._turn is not None:
+                self._turn.done.set()
+
+    def stop(self) -> None:
+        """Stop the scheduler and wait for its thread."""
+        if self._stop is not None:
+            self._call(self._stop.set)
+        self._thread.join()
+
+
+def _build_engine(args: argparse.Namespace) -> LLMEngine:
+    from modelc.config import load_config
+    from modelc.engine import EngineOptions, build_engine
+
+    cfg = load_config()
+    # one request at a time; one may wait while a cancelled one leaves the batch
+    opt = EngineOptions(max_concurrent=1, queue_size=1, sampling=cfg.sampling.given())
+    if args.kv_cache:
+        opt.kv_cache = args.kv_cache
+    if cfg.sampling.max_tokens:
+        opt.max_tokens = cfg.sampling.max_tokens
+    eng = build_engine(args.model, opt)
+    if eng.lm is None or eng.prompt is None:
+        raise TokenizerError(
+            f"{args.model} is a {eng.architecture} model without a tokenizer or an LM head; "
+            "it does not chat (use a llama or gpt2 model)"
+        )
+    return eng
+
+
+def _pipe_reader(stream: TextIO) -> Callable[[str], str]:
+    def read_line(prompt: str) -> str:
+        line = stream.readline()
+        if not line:
+            raise EOFError
+        return line.removesuffix("\n").removesuffix("\r")
+
+    return read_line
+
+
+def _history_file() -> Path:
+    from modelc.config import modelc_home
+
+    return modelc_home() / "chat_history"
+
+
+def _load_history() -> Callable[[], None]:
+    """Turn on readline (if this Python has it) with the saved input history; returns
+    the function that saves it."""
+    try:
+        import readline
+    except ImportError:
+        return lambda: None
+    path = _history_file()
+    with contextlib.suppress(OSError):  # none yet
+        readline.read_history_file(path)
+    readline.set_history_length(HISTORY_LINES)
+
+    def save() -> None:
+        with contextlib.suppress(OSError):  # a read-only home: no history, no error
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(path)
+
+    return save
+
+
+def chat_loop(
+    engine: EngineThread,
+    state: ChatState,
+    read_line: Callable[[str], str],
+    *,
+    interactive: bool,
+) -> int:
+    """Read entries and answer them until /bye or the end of input; the exit status."""
+    from modelc.engine.api import GenerationRequest
+
+    pf = engine.engine.prompt
+    assert pf is not None
+    turns = 0
+    while True:
+        try:
+            try:
+                entry = read_entry(read_line)
+            except EOFError:
+                if interactive:
+                    write("\n")
+                return 0
+            if entry is None:
+                continue
+            if entry.command:
+                reply = run_command(entry.text, state, pf.defaults, pf.tokenizer.n_vocab)
+                if reply.text:
+                    write(reply.text + "\n")
+                if reply.exit:
+                    return 0
+                continue
+            turns += 1
+            ids = pf.chat(state.messages(entry.text)).ids
+            req = GenerationRequest(f"chat-{turns}", ids, state.params(pf.defaults))
+            turn = engine.answer(req, write)
+            if turn.refused is not None:
+                raise turn.refused
+            if turn.finish is not None and turn.finish.error:
+                raise UsageError(f"generation failed: {turn.finish.error}")
+            write("\n\n" if interactive else "\n")
+            if not turn.interrupted:  # a stopped answer is dropped with its question
+                state.add_turn(entry.text, "".join(turn.text))
+        except KeyboardInterrupt:
+            write(f"\n{HINT}\n")
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """``modelc chat``: build the engine, then chat until /bye or the end of input."""
+    if args.max_tokens is not None and args.max_tokens < 0:
+        raise UsageError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    if args.temperature is not None and not args.temperature >= 0:
+        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    eng = _build_engine(args)
+    assert eng.prompt is not None
+    state = ChatState(system=args.system, seed=args.seed, max_tokens=args.max_tokens)
+    if args.temperature is not None:
+        state.sampling["temperature"] = args.temperature
+    interactive = sys.stdin.isatty()
+    save_history = _load_history() if interactive else (lambda: None)
+    runner = EngineThread(eng)
+    runner.start()
+    try:
+        return chat_loop(
+            runner,
+            state,
+            input if interactive else _pipe_reader(sys.stdin),
+            interactive=interactive,
+        )
+    finally:
+        runner.stop()
+        save_history()
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``chat`` subcommand to the main CLI's subparsers."""
+    p = subparsers.add_parser("chat", help="chat with a model in the terminal (no server)")
+    p.add_argument("model", metavar="MODEL", help="a model name, catalog name or model path")
+    p.add_argument("--system", default=None, metavar="TEXT", help="a system message")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="0 = greedy (default: the model's, else 0.8 as llama-server)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop each answer after N tokens (default: at the end of the turn)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="RNG seed (same seed, same text)"
+    )
+    p.add_argument(
+        "--kv-cache",
+        choices=("f32", "f16", "int8", "mixed"),
+        default=None,
+        help="KV cache type (default f16, as modelc run)",
+    )
+    p.set_defaults(func=cmd_chat)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="modelc")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ModelcError as e:
+        sys.stderr.write(f"modelc: error: {e}\n")
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
