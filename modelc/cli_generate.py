@@ -24,7 +24,7 @@ from modelc.errors import ModelcError, TokenizerError, UsageError
 def cmd_generate(args: argparse.Namespace) -> int:
     from modelc.config import load_config
     from modelc.engine import EngineOptions, build_engine
-    from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+    from modelc.engine.api import FinishEvent, GenerationRequest
 
     if args.max_tokens is not None and args.max_tokens < 0:
         raise UsageError(f"--max-tokens must be >= 0, got {args.max_tokens}")
@@ -71,7 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                         if ev.text:
                             out.write(ev.text.encode("utf-8", "surrogatepass"))
                             out.flush()
-                        if not isinstance(ev, TokenEvent):
+                        if isinstance(ev, FinishEvent):
                             finish.append(ev)
             except ModelcError as e:  # refused at submit (a bad setting, a prompt too long)
                 refused.append(e)

@@ -1,4 +1,4 @@
-"""``modelc run [MODEL]``: serve one model over HTTP (OpenAI, native and Ollama APIs).
+"""``modelc run [MODEL ...]``: serve models over HTTP (OpenAI, native, llama.cpp and Ollama APIs).
 
 Registered into the main CLI by ``register(subparsers)`` (``modelc.cli.EXTENSIONS``).
 With no MODEL it serves the configured ``default_model`` (``smollm2-135m``); a catalog
@@ -16,7 +16,7 @@ from modelc.errors import UsageError
 
 def _resolve(arg: str) -> Path:
     from modelc.catalog import CATALOG
-    from modelc.cli import _config, _store, progress_bars
+    from modelc.cli_common import _config, _store, progress_bars
     from modelc.resolve import resolve_model
 
     store = _store()
@@ -44,12 +44,12 @@ def _model_id(arg: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from modelc.cli import _config
+    from modelc.cli_common import _config
     from modelc.engine.options import EngineOptions
-    from modelc.server.serve import ServeOptions, serve
+    from modelc.server.serve import ServedModel, ServeOptions, check_bind, serve
 
     cfg = _config()
-    arg = args.model or cfg.default_model
+    args_models: list[str] = args.model or list(cfg.models) or [cfg.default_model]
     for flag, v, lo in (
         ("--rate-limit", args.rate_limit, 0),
         ("--grace", args.grace, 0),
@@ -75,13 +75,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if max_tokens is not None:
         engine.max_tokens = max_tokens
     engine.validate()
-    path = _resolve(arg)
+    if len(args.alias) > len(args_models):
+        raise UsageError(
+            f"{len(args.alias)} --alias flags for {len(args_models)} model(s); give one "
+            "--alias NAME[,NAME...] per model, in the models' order"
+        )
+    host = args.host or cfg.server.host
+    port = cfg.server.port if args.port is None else args.port
+    check_bind(host, port)  # before loading anything: a busy port is one line, at once
+    models = []
+    for k, arg in enumerate(args_models):
+        aliases = [a for a in args.alias[k].split(",") if a] if k < len(args.alias) else []
+        name = aliases[0] if aliases else _model_id(arg)
+        models.append(ServedModel(_resolve(arg), name, arg, aliases))
+    if len({m.name for m in models}) < len(models):
+        raise UsageError("two models have the same name; give them --alias names")
     opts = ServeOptions(
-        model_path=path,
-        model_id=_model_id(arg),
-        model_arg=arg,
-        host=args.host or cfg.server.host,
-        port=cfg.server.port if args.port is None else args.port,
+        models=models,
+        store_dir=cfg.store_dir,
+        host=host,
+        port=port,
         api_key=args.api_key,
         rate_limit=args.rate_limit,
         grace=args.grace,
@@ -98,9 +111,19 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "model",
         metavar="MODEL",
-        nargs="?",
-        default=None,
-        help="store name, catalog name or model path (default: config default_model)",
+        nargs="*",
+        default=[],
+        help="store names, catalog names or model paths, each served by its own engine "
+        "(default: config models, else default_model); requests may also name any store model, "
+        "loaded on first use",
+    )
+    p.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME...]",
+        help="names requests may use for a model (the first is the id responses report); "
+        "one --alias per model, in order",
     )
     p.add_argument("--host", default=None, help="bind address (default from config: 127.0.0.1)")
     p.add_argument(

@@ -59,6 +59,8 @@ class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     default_model: str = "smollm2-135m"
+    # what `modelc run` with no MODEL serves (default: [default_model])
+    models: list[str] = msgspec.field(default_factory=list)
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     pack: PackConfig = msgspec.field(default_factory=PackConfig)

@@ -51,11 +51,9 @@ class UnsafePickleError(FormatError):
     """A PyTorch pickle tried to do something other than rebuild tensors."""
 
 
-class UnsupportedError(ModelcError):
-    """A valid file uses a feature modelc does not implement (a dtype, an op, an architecture)."""
-
-    http_status = 400
-    error_type = "invalid_request_error"
+class UnsupportedError(UsageError):
+    """A valid file uses a feature modelc does not implement (a dtype, an op, an
+    architecture), or a request asks a model for something it cannot do."""
 
 
 class ArchitectureError(UnsupportedError):

@@ -128,3 +128,31 @@ def minilm_server() -> Iterator[Server]:
     srv = start(str(minilm_dir()))
     yield srv
     srv.stop()
+
+
+FORMATS = ROOT / "tests" / "fixtures" / "formats"
+
+
+@pytest.fixture(scope="module")
+def smol_minilm_server() -> Iterator[Server]:
+    """``modelc run SmolLM2 MiniLM --alias smol --alias minilm``: one process, two engines.
+
+    Its MODELC_HOME is a fresh temp dir, so its store (what /api/pull, /api/copy,
+    /api/create and /api/delete change) is private to the module using it.
+    """
+    srv = start(
+        None, str(smollm2_gguf()), str(minilm_dir()), "--alias", "smol", "--alias", "minilm"
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def two_text_server() -> Iterator[Server]:
+    """``modelc run SmolLM2 llama-st --alias smol --alias tiny``: two text models in one
+    process (llama-st is the tiny random llama with a chat template), private store."""
+    srv = start(
+        None, str(smollm2_gguf()), str(FORMATS / "llama-st"), "--alias", "smol", "--alias", "tiny"
+    )
+    yield srv
+    srv.stop()

@@ -99,7 +99,7 @@ def test_sigterm_lets_four_streams_finish() -> None:
         assert "SIGTERM" in srv.log()
         # the JSON access log has one line per stream, written when the stream ended
         records = [json.loads(x) for x in srv.log().splitlines() if x.startswith("{")]
-        streams = [r for r in records if r["endpoint"] == "/v1/chat/completions"]
+        streams = [r for r in records if r.get("endpoint") == "/v1/chat/completions"]
         assert len(streams) == 4
         for r in streams:
             assert r["status"] == 200 and r["completion_tokens"] == 48 and r["prompt_tokens"] > 10

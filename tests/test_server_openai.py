@@ -194,14 +194,52 @@ def test_chat_json_schema(client: openai.OpenAI, model_id: str) -> None:
     assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
 
 
-def test_completions_echo_suffix(client: openai.OpenAI, model_id: str) -> None:
+def test_completions_echo_and_prompt_logprobs(client: openai.OpenAI, model_id: str) -> None:
     prompt = "The sky is"
+    plain = client.completions.create(model=model_id, prompt=prompt, max_tokens=4, temperature=0)
     r = client.completions.create(
-        model=model_id, prompt=prompt, max_tokens=4, temperature=0, echo=True, suffix="<END>"
+        model=model_id, prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=2
     )
-    text = r.choices[0].text
-    assert text.startswith(prompt) and text.endswith("<END>") and len(text) > len(prompt) + 5
     assert r.object == "text_completion"
+    assert r.choices[0].text == prompt + plain.choices[0].text  # the prompt, then the text
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    assert lp.top_logprobs is not None and lp.text_offset is not None
+    n_prompt = r.usage.prompt_tokens  # type: ignore[union-attr]
+    # the legacy API's echo: the prompt's tokens come first, the first without a log-prob
+    assert "".join(lp.tokens[:n_prompt]) == prompt and lp.tokens[n_prompt:] != []
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.text_offset[:n_prompt] == [0, 3, 7][:n_prompt]
+    # a prompt token's log-prob is the one the model gives it after the tokens before it:
+    # greedily continuing "The" gives " sky"'s log-prob as its top alternative when it is
+    # the model's choice, and never more than the best alternative's
+    for k in range(1, n_prompt):
+        best = max(lp.top_logprobs[k].values())  # type: ignore[union-attr]
+        assert lp.token_logprobs[k] <= best + 1e-6
+    one = client.completions.create(
+        model=model_id, prompt="The", max_tokens=1, temperature=0, logprobs=2
+    )
+    tops = one.choices[0].logprobs.top_logprobs[0]  # type: ignore[union-attr,index]
+    assert lp.top_logprobs[1] == pytest.approx(tops, abs=1e-4)
+
+
+def test_completions_suffix_needs_fill_in_the_middle(client: openai.OpenAI, model_id: str) -> None:
+    # the suffix is the text after the insertion point: SmolLM2 has no FIM tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model_id, prompt="def f(", suffix="):", max_tokens=4)
+    assert e.value.body["param"] == "suffix"  # type: ignore[index]
+    assert "fill-in-the-middle" in e.value.body["message"]  # type: ignore[index]
+
+
+def test_max_tokens_zero_is_refused(client: openai.OpenAI, model_id: str) -> None:
+    for call in (
+        lambda: client.completions.create(model=model_id, prompt="Hi", max_tokens=0),
+        lambda: client.chat.completions.create(model=model_id, messages=MSG, max_tokens=0),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        assert e.value.body["param"] == "max_tokens"  # type: ignore[index]
 
 
 def test_completions_best_of(client: openai.OpenAI, model_id: str) -> None:

@@ -51,6 +51,10 @@ class GenerationRequest:
     deadline: float | None = None  # trio.current_time() deadline; None = none
     speculative: bool = True  # allow speculative decoding when the engine has it on
     ignore_eos: bool = False
+    # the prompt's own log-probabilities (top-N alternatives, 0 = the tokens' only): a
+    # PromptEvent before the first token (OpenAI's echo with logprobs); the prompt is
+    # then computed in full (no prefix-cache reuse) and without speculation
+    prompt_logprobs: int | None = None
 
 
 class FinishReason(enum.StrEnum):
@@ -70,9 +74,20 @@ class TokenEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptEvent:
+    """The prompt's log-probabilities: ``logprobs[i]`` of prompt token ``i`` given the
+    ones before it (None for the first), ``top[i]`` its best alternatives."""
+
+    logprobs: tuple[float | None, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...]
+    text: str = ""  # (events all carry text; a prompt event has none)
+
+
+@dataclass(frozen=True, slots=True)
 class FinishEvent:
     reason: FinishReason
     text: str = ""  # any held-back text released at the end (stop-string look-ahead)
+    stop_word: str = ""  # the stop string that ended the text ("" for a stop token)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -83,7 +98,7 @@ class FinishEvent:
     error: str | None = None
 
 
-Event = TokenEvent | FinishEvent
+Event = TokenEvent | PromptEvent | FinishEvent
 
 
 class RequestHandle(Protocol):

@@ -28,6 +28,7 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.word = ""  # the stop string that matched
 
     def push(self, text: str) -> tuple[str, bool]:
         """(text safe to emit now, whether a stop string matched)."""
@@ -35,9 +36,10 @@ class StopMatcher:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out, False
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
         if hits:
-            out, self.pending = self.pending[: min(hits)], ""
+            at, self.word = min(hits, key=lambda h: h[0])
+            out, self.pending = self.pending[:at], ""
             return out, True
         hold = 0
         for s in self.stops:

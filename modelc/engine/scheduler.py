@@ -45,6 +45,7 @@ from modelc.engine.api import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    PromptEvent,
     TokenEvent,
 )
 from modelc.engine.constraints import ConstraintState, build_lltokenizer
@@ -64,7 +65,7 @@ from modelc.runtime.lora import (
 )
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
-from modelc.runtime.sampling import Sample, Sampler
+from modelc.runtime.sampling import Sample, Sampler, token_logprobs
 
 
 @dataclass(eq=False)
@@ -93,6 +94,9 @@ class _Request:
     spec_drafted: int = 0
     spec_accepted: int = 0
     cancelled: bool = False
+    # the prompt's log-probabilities as prefill computes them (prompt_logprobs requests)
+    prompt_lp: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
+    prompt_lp_sent: bool = False
 
 
 class _Handle:
@@ -304,15 +308,22 @@ class LLMEngine:
             send0.send_nowait(FinishEvent(FinishReason.LENGTH, prompt_tokens=n_prompt))
             send0.close()
             return _Handle(req.request_id, recv0, self)
-        blocks = self.prefix.match(prompt)
+        # prompt log-probabilities need every prompt row computed: no cached prefix
+        blocks = self.prefix.match(prompt) if req.prompt_logprobs is None else []
         cached = min(len(blocks) * self.prefix.block_tokens, len(prompt) - 1)
         try:
             self.policy.add(req.request_id, len(prompt), max_new, cached)
         except ModelcError:
             self.prefix.release(blocks)
             raise
-        send, recv = trio.open_memory_channel[Event](max_new + 2)
-        use_spec = self.opt.speculative and req.speculative and constraint is None
+        # every token, a prompt event and the finish event fit: delivering never blocks
+        send, recv = trio.open_memory_channel[Event](max_new + 3)
+        use_spec = (
+            self.opt.speculative
+            and req.speculative
+            and constraint is None
+            and req.prompt_logprobs is None
+        )
         r = _Request(
             req,
             send,
@@ -455,6 +466,8 @@ class LLMEngine:
             assert r.cache is not None and r.cache.n == s.start, (s, r.cache and r.cache.n)
             feed = r.tokens[s.start : s.start + s.n_tokens - s.n_draft] + r.draft[: s.n_draft]
             rows = tuple(range(len(feed) - s.n_draft - 1, len(feed))) if s.sample else ()
+            if r.req.prompt_logprobs is not None and s.start < r.prompt_len:
+                rows = tuple(range(len(feed)))  # every prompt row's next-token logits
             batch.append(SeqChunk(r.cache, feed, rows))
             reqs.append(r)
         logits = lm.forward(batch)  # (sum of rows, n_vocab)
@@ -465,11 +478,15 @@ class LLMEngine:
             if not r.prefix_inserted and r.cache.n >= r.prompt_len:
                 self.prefix.insert(r.tokens[: r.prompt_len], r.cache)
                 r.prefix_inserted = True
+            mine = logits[row : row + len(chunk.rows())]
+            row += len(chunk.rows())
+            if r.req.prompt_logprobs is not None and s.start < r.prompt_len:
+                n = min(len(mine), r.prompt_len - 1 - s.start)  # rows predicting prompt tokens
+                nxt = r.tokens[s.start + 1 : s.start + 1 + n]
+                r.prompt_lp += token_logprobs(mine[:n], nxt, r.req.prompt_logprobs)
             if not s.sample:
                 out.append([])
                 continue
-            mine = logits[row : row + len(chunk.rows())]
-            row += len(chunk.rows())
             try:
                 out.append(self._sample(r, s, mine))
             except ModelcError as e:  # this request's constraint / sampler failed: it alone ends
@@ -510,6 +527,10 @@ class LLMEngine:
                 continue
             self._stats.spec_drafted += s.n_draft
             self._stats.spec_accepted += max(0, len(samples) - 1) if s.n_draft else 0
+            if r.req.prompt_logprobs is not None and samples and not r.prompt_lp_sent:
+                r.prompt_lp_sent = True
+                lps = (None, *(lp for lp, _ in r.prompt_lp))
+                self._send(r, PromptEvent(lps, ((), *(top for _, top in r.prompt_lp))))
             reason = None
             for smp in samples:
                 reason = self._emit(r, smp, now)
@@ -575,6 +596,7 @@ class LLMEngine:
             FinishEvent(
                 reason,
                 tail,
+                stop_word=r.output.stops.word,
                 prompt_tokens=r.prompt_tokens,
                 completion_tokens=r.completion,
                 cached_tokens=r.cached_tokens if r.prefix_loaded else 0,

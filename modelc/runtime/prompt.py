@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelc.errors import UsageError
+from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.chat_template import render_chat
 from modelc.runtime.sampling import SamplingParams
@@ -114,6 +114,7 @@ class SamplingDefaults:
     values: Mapping[str, float | int]
     origin: Mapping[str, str]
     max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: tuple[str, ...] = ()  # stop strings every request gets (a Modelfile's PARAMETER stop)
 
     @classmethod
     def resolve(
@@ -121,6 +122,7 @@ class SamplingDefaults:
         model: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        stop: Sequence[str] = (),
     ) -> SamplingDefaults:
         """Model recommendation over the server's config over llama-server's defaults."""
         values: dict[str, float | int] = dict(LLAMA_SERVER_DEFAULTS)
@@ -130,7 +132,7 @@ class SamplingDefaults:
             origin.update(dict.fromkeys(layer, name))
         if max_tokens < 1:
             raise UsageError(f"the default max_tokens must be at least 1, got {max_tokens}")
-        return cls(values, origin, max_tokens)
+        return cls(values, origin, max_tokens, tuple(s for s in stop if s))
 
     def params(
         self,
@@ -162,12 +164,15 @@ class SamplingDefaults:
             seed=seed,
             logprobs=logprobs,
             max_tokens=max_tokens,
-            stop=[s for s in stop if s],
+            stop=[s for s in (*self.stop, *stop) if s],
             stop_token_ids=list(stop_token_ids),
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.values, "max_tokens": self.max_tokens}
+        out: dict[str, Any] = {**self.values, "max_tokens": self.max_tokens}
+        if self.stop:
+            out["stop"] = list(self.stop)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,16 @@ class ChatPrompt:
     text: str
     ids: list[int]
 
+
+# fill-in-the-middle control tokens (prefix, suffix, middle) of the families that have them
+FIM_TEXTS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, Granite
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, Refact
+    ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
+    ("▁<PRE>", "▁<SUF>", "▁<MID>"),  # CodeLlama
+    ("<PRE>", "<SUF>", "<MID>"),
+)
 
 # tool offering for templates that do not take ``tools`` (Hermes style, as SmolLM2 and
 # Qwen were trained); the model answers with <tool_call>{...}</tool_call>
@@ -210,6 +225,7 @@ class PromptFormat:
     template: str | None = None
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults.resolve)
     extra_stop_ids: frozenset[int] = frozenset()
+    system: str | None = None  # the system message of a conversation that has none
     eog_ids: frozenset[int] = field(init=False)
     bos_text: str = field(init=False)
     eos_text: str = field(init=False)
@@ -240,10 +256,17 @@ class PromptFormat:
         extra = frozenset(
             i for i in (stops if isinstance(stops, list) else []) if isinstance(i, int)
         )
+        texts = gen.get("stop")
         defaults = SamplingDefaults.resolve(
-            model_sampling(gen, metadata or {}), config, max_tokens=max_tokens
+            model_sampling(gen, metadata or {}),
+            config,
+            max_tokens=max_tokens,
+            stop=[t for t in (texts if isinstance(texts, list) else []) if isinstance(t, str)],
         )
-        return cls(Tokenizer(spec), template, defaults, extra)
+        system = gen.get("system")
+        return cls(
+            Tokenizer(spec), template, defaults, extra, system if isinstance(system, str) else None
+        )
 
     def _text(self, i: int | None) -> str:
         tok = self.tokenizer
@@ -258,6 +281,22 @@ class PromptFormat:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
+
+    def infill(self, prefix: str, suffix: str) -> list[int]:
+        """Fill-in-the-middle ids (llama.cpp's PSM order): [BOS] PRE prefix SUF suffix MID."""
+        tok = self.tokenizer
+        ids = {t: i for i, t in enumerate(tok.tokens)}
+        for pre, suf, mid in FIM_TEXTS:
+            if pre in ids and suf in ids and mid in ids:
+                out = [tok.bos_id] if tok.adds_bos and tok.bos_id is not None else []
+                out += [ids[pre], *tok.encode(prefix, add_special=False)]
+                out += [ids[suf], *tok.encode(suffix, add_special=False), ids[mid]]
+                return out
+        raise UnsupportedError(
+            "this model has no fill-in-the-middle tokens (prefix/suffix/middle), so it cannot "
+            "infill; use a code model that has them (Qwen2.5-Coder, StarCoder, CodeLlama...)",
+            param="suffix",
+        )
 
     # -- chat -----------------------------------------------------------------------
     def chat(
@@ -275,6 +314,8 @@ class PromptFormat:
         ``tool_call_id``.  ``tools``: OpenAI tool objects.
         """
         msgs = [self._message(i, m) for i, m in enumerate(messages)]
+        if self.system and not any(m["role"] == "system" for m in msgs):
+            msgs.insert(0, {"role": "system", "content": self.system})
         tool_list = [dict(t) for t in tools] if tools else None
         if tool_list and not self._template_has("tools"):
             offer = HERMES_PROMPT.format(tools=json.dumps(tool_list, ensure_ascii=False))

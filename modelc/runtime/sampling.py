@@ -106,6 +106,23 @@ def log_softmax(logits: F32Array) -> np.ndarray[Any, np.dtype[np.float64]]:
     return x
 
 
+def token_logprobs(
+    logits: F32Array, tokens: Sequence[int], top_n: int
+) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """For each row of ``logits`` (rows, n_vocab): the log-probability of ``tokens[row]``
+    under the raw distribution, and the ``top_n`` best (token, logprob), best first."""
+    out = []
+    for x, tok in zip(logits, tokens, strict=True):
+        lp = log_softmax(x)
+        top: tuple[tuple[int, float], ...] = ()
+        if top_n:
+            idx = np.argpartition(-lp, top_n)[:top_n]
+            idx = idx[np.argsort(-lp[idx], kind="stable")]
+            top = tuple((int(i), float(lp[i])) for i in idx)
+        out.append((float(lp[int(tok)]), top))
+    return out
+
+
 class Sampler:
     """Built once per request; ``sample(logits)`` then ``accept(token)`` per step."""
 

@@ -16,9 +16,10 @@ from importlib import resources
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from modelc.engine.api import EngineStats
 from modelc.server import auth
 from modelc.server.context import ACCESS, AppContext, ctx
-from modelc.server.errors import to_error
+from modelc.server.errors import is_ollama, to_error
 from modelc.server.logging import AccessRecord, logger
 from modelc.server.metrics import CONTENT_TYPE, Metrics
 from modelc.server.state import ServerState
@@ -27,7 +28,13 @@ MAX_BODY = 8 * 1024 * 1024
 
 
 def create_app(state: ServerState) -> QuartTrio:
-    from modelc.server import routes_llama, routes_native, routes_ollama, routes_openai
+    from modelc.server import (
+        routes_llama,
+        routes_native,
+        routes_ollama,
+        routes_ollama_models,
+        routes_openai,
+    )
     from modelc.server.openapi import openapi_document
 
     app = QuartTrio("modelc.server")
@@ -37,7 +44,11 @@ def create_app(state: ServerState) -> QuartTrio:
         MAX_CONTENT_LENGTH=MAX_BODY,
         PROVIDE_AUTOMATIC_OPTIONS=True,
     )
-    metrics = Metrics(lambda: state.engine.stats() if state.engine is not None else None)
+
+    def stats() -> list[tuple[str, EngineStats]]:  # every loaded model's engine
+        return [(s.name, s.engine.stats()) for s in state.models.loaded() if s.engine]
+
+    metrics = Metrics(stats)
     app.extensions["modelc"] = AppContext(state, metrics, auth.RateLimiter(state.rate_limit))
 
     @app.before_request
@@ -68,7 +79,7 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.errorhandler(Exception)
     async def _error(exc: Exception) -> Response:
-        status, payload, headers = to_error(exc)
+        status, payload, headers = to_error(exc, ollama=is_ollama(request.path))
         if status >= 500:
             logger().error(
                 "handler_error", path=request.path, error=repr(exc), exc_info=status == 500
@@ -94,4 +105,5 @@ def create_app(state: ServerState) -> QuartTrio:
     app.register_blueprint(routes_native.bp)
     app.register_blueprint(routes_llama.bp)
     app.register_blueprint(routes_ollama.bp)
+    app.register_blueprint(routes_ollama_models.bp)
     return app

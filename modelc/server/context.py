@@ -11,14 +11,16 @@ from typing import Any, TypeVar, cast
 import trio
 from quart import Response, current_app, request, stream_with_context
 
+from modelc.engine.api import Engine
 from modelc.errors import ModelcError
 from modelc.server import sse
 from modelc.server.auth import RateLimiter
-from modelc.server.errors import to_error
+from modelc.server.errors import is_ollama, to_error
 from modelc.server.logging import AccessRecord
 from modelc.server.metrics import Metrics
+from modelc.server.models import Need
 from modelc.server.schemas import DECODERS, ENCODER
-from modelc.server.state import ServerState
+from modelc.server.state import ModelInfo, ServerState
 
 T = TypeVar("T")
 
@@ -46,6 +48,22 @@ def record() -> AccessRecord:
     return ACCESS.get()
 
 
+async def use_model(
+    requested: str | None, need: Need = "any", keep_alive: float | None = None
+) -> tuple[ModelInfo, Engine]:
+    """The model a request names (loading it if needed), held until the request ends.
+
+    404 for a model neither served nor in the store; 400 if it cannot do what the
+    endpoint ``need`s; when the response is done the model stays loaded ``keep_alive``
+    seconds (None: the model's own keep-alive).
+    """
+    models = ctx().state.models
+    slot = await models.acquire(requested, need)
+    record().cleanup.append(lambda: models.release(slot, keep_alive))
+    assert slot.info is not None and slot.engine is not None
+    return slot.info, slot.engine
+
+
 async def body(kind: type[T]) -> T:
     """Decode and validate the request body as ``kind`` (errors become 400s)."""
     data = await request.get_data(cache=False)
@@ -62,6 +80,7 @@ def stream_response(gen: AsyncIterator[bytes], headers: dict[str, str]) -> Respo
     rec = record()
     rec.streaming = True
     status = 200
+    ollama = is_ollama(request.path)
 
     @stream_with_context
     async def wrapped() -> AsyncIterator[bytes]:
@@ -70,7 +89,7 @@ def stream_response(gen: AsyncIterator[bytes], headers: dict[str, str]) -> Respo
             async for chunk in gen:
                 yield chunk
         except ModelcError as e:  # after the headers: report in-band, then end the stream
-            st, payload, _ = to_error(e)
+            st, payload, _ = to_error(e, ollama=ollama)
             status = st
             if headers is sse.HEADERS:
                 yield b"data: " + payload + b"\n\n" + sse.DONE

@@ -1,6 +1,7 @@
 """The one place where exceptions become HTTP responses with an OpenAI error object.
 
-``{"error": {"message", "type", "param", "code"}}``: a :class:`~modelc.errors.ModelcError`
+``{"error": {"message", "type", "param", "code"}}`` (Ollama's ``/api/`` routes get
+``{"error": "<message>"}``, the shape its clients read): a :class:`~modelc.errors.ModelcError`
 answers with its ``http_status`` and ``error_type``; a body that does not decode
 (broken JSON) or does not validate (wrong type, out of range, missing field) is a
 400 naming the field in ``param``; an HTTP error from routing (404, 405, 413) keeps
@@ -73,8 +74,25 @@ def error_body(
     return ENCODER.encode(ErrorResponse(error=ErrorDetail(message, type_, param, code)))
 
 
-def to_error(exc: BaseException) -> tuple[int, bytes, dict[str, str]]:
-    """(status, JSON body, extra headers) for any exception raised by a handler."""
+def is_ollama(path: str) -> bool:
+    """Ollama's routes (``/api/...``) answer errors in Ollama's shape."""
+    return path.startswith("/api/") and path != "/api/version"
+
+
+def ollama_body(payload: bytes) -> bytes:
+    """An OpenAI error body in Ollama's shape: ``{"error": "<message>"}``."""
+    message = msgspec.json.decode(payload, type=ErrorResponse).error.message
+    return msgspec.json.encode({"error": message})
+
+
+def to_error(exc: BaseException, *, ollama: bool = False) -> tuple[int, bytes, dict[str, str]]:
+    """(status, JSON body, extra headers) for any exception raised by a handler
+    (``ollama``: the body in Ollama's shape, for its ``/api/`` routes)."""
+    status, payload, headers = _to_error(exc)
+    return status, ollama_body(payload) if ollama else payload, headers
+
+
+def _to_error(exc: BaseException) -> tuple[int, bytes, dict[str, str]]:
     headers: dict[str, str] = {}
     if isinstance(exc, msgspec.ValidationError):
         msg = str(exc)

@@ -26,9 +26,11 @@ from quart import Response
 from modelc.engine.api import (
     Constraint,
     Engine,
+    Event,
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    PromptEvent,
     RequestHandle,
     TokenEvent,
 )
@@ -179,7 +181,9 @@ def sampling(
         max_tokens=max_tokens,
         stop=stop_list(overrides.get("stop", getattr(given, "stop", None))),
         seed=overrides.get("seed", getattr(given, "seed", None)),
-        logit_bias=logit_bias(getattr(given, "logit_bias", None), info.n_vocab),
+        logit_bias=logit_bias(
+            overrides.get("logit_bias", getattr(given, "logit_bias", None)), info.n_vocab
+        ),
         logprobs=logprobs,
     )
 
@@ -191,6 +195,7 @@ def make_requests(
     n: int = 1,
     constraint: Constraint | None = None,
     ignore_eos: bool = False,
+    prompt_logprobs: int | None = None,
 ) -> list[GenerationRequest]:
     """``n`` requests for one prompt (seeds ``seed``, ``seed + 1`` ... when seeded)."""
     return [
@@ -206,6 +211,7 @@ def make_requests(
             ),
             constraint=constraint,
             ignore_eos=ignore_eos,
+            prompt_logprobs=prompt_logprobs,
         )
         for i in range(n)
     ]
@@ -244,6 +250,7 @@ class Outcome:
     text: str = ""
     tokens: list[TokenEvent] = field(default_factory=list)
     finish: FinishEvent = field(default_factory=lambda: FinishEvent(FinishReason.ERROR))
+    prompt: PromptEvent | None = None  # the prompt's log-probabilities, when asked for
 
     @property
     def reason(self) -> str:
@@ -259,9 +266,9 @@ class Outcome:
 class Renderer(Protocol):
     """One API dialect's answer for the results of one request (``n`` engine requests).
 
-    Streaming: ``start(i)`` before choice ``i``'s events, ``token(i, ev)`` per token,
-    ``finish(i, ev)`` at its end, ``end()`` after every choice; each returns the byte
-    chunks to send.  ``ping`` is sent while nothing happens (None: nothing).
+    Streaming: ``start(i)`` before choice ``i``'s events, ``prompt(i, ev)`` for the
+    prompt's log-probabilities when asked for, ``token(i, ev)`` per token, ``finish(i,
+    ev)`` at its end, ``end()`` after every choice; each returns the byte chunks to send.  ``ping`` is sent while nothing happens (None: nothing).
     Not streaming: ``body(outcomes)`` is the response object.
     """
 
@@ -270,6 +277,8 @@ class Renderer(Protocol):
 
     def start(self, i: int) -> list[bytes]: ...
 
+    def prompt(self, i: int, ev: PromptEvent) -> list[bytes]: ...
+
     def token(self, i: int, ev: TokenEvent) -> list[bytes]: ...
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]: ...
@@ -277,6 +286,21 @@ class Renderer(Protocol):
     def end(self) -> list[bytes]: ...
 
     def body(self, outs: list[Outcome]) -> Any: ...
+
+
+class RendererBase:
+    """Nothing before or after a choice, nothing for the prompt: override what differs."""
+
+    __slots__ = ()
+
+    def start(self, i: int) -> list[bytes]:
+        return []
+
+    def prompt(self, i: int, ev: PromptEvent) -> list[bytes]:
+        return []
+
+    def end(self) -> list[bytes]:
+        return []
 
 
 async def respond(
@@ -301,6 +325,8 @@ async def collect(handle: RequestHandle, metrics: Metrics) -> Outcome:
             parts.append(ev.text)
             if isinstance(ev, TokenEvent):
                 out.tokens.append(ev)
+            elif isinstance(ev, PromptEvent):
+                out.prompt = ev
             else:
                 finish = ev
     finally:
@@ -333,7 +359,7 @@ async def collect_all(handles: list[RequestHandle], metrics: Metrics) -> list[Ou
     return [r for r in results if r is not None]
 
 
-async def _next(handle: RequestHandle, wait: float) -> TokenEvent | FinishEvent | None:
+async def _next(handle: RequestHandle, wait: float) -> Event | None:
     """The handle's next event, or None after ``wait`` seconds without one."""
     with trio.move_on_after(wait):
         try:
@@ -361,6 +387,9 @@ async def _stream(
                     yield r.ping
                 elif isinstance(ev, TokenEvent):
                     for b in r.token(i, ev):
+                        yield b
+                elif isinstance(ev, PromptEvent):
+                    for b in r.prompt(i, ev):
                         yield b
                 else:
                     metrics.finished(ev)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,8 @@ class AccessRecord:
     streaming: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     written: bool = False
+    # run once when the request is over (its response or stream done): model releases
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
 
     def add(self, f: FinishEvent, *, prompt: bool = True) -> None:
         """Count a finished generation (its prompt too, unless the caller counts prompts)."""
@@ -63,6 +66,8 @@ class AccessRecord:
         if self.written:
             return
         self.written = True
+        for fn in self.cleanup:
+            fn()
         logger().info(
             "access",
             request_id=self.request_id,

@@ -21,55 +21,70 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _EngineCollector(Collector):
-    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+    """Each loaded model's engine numbers, labelled ``model``."""
+
+    def __init__(self, stats: Callable[[], list[tuple[str, EngineStats]]]) -> None:
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        s = self.stats()
-        if s is None:
+        engines = self.stats()
+        if not engines:
             return
-        gauges = {
-            "modelc_engine_running": ("requests in the running batch", s.running),
-            "modelc_engine_queued": ("requests waiting for a slot", s.waiting),
-            "modelc_batch_size": ("sequences in the last engine step", s.last_batch_size),
-            "modelc_kv_cache_used_bytes": ("KV-cache bytes in use", s.kv_bytes_used),
-            "modelc_kv_cache_budget_bytes": ("KV-cache byte budget", s.kv_bytes_budget),
+        gauges: dict[str, tuple[str, Callable[[EngineStats], float]]] = {
+            "modelc_engine_running": ("requests in the running batch", lambda s: s.running),
+            "modelc_engine_queued": ("requests waiting for a slot", lambda s: s.waiting),
+            "modelc_batch_size": ("sequences in the last engine step", lambda s: s.last_batch_size),
+            "modelc_kv_cache_used_bytes": ("KV-cache bytes in use", lambda s: s.kv_bytes_used),
+            "modelc_kv_cache_budget_bytes": ("KV-cache byte budget", lambda s: s.kv_bytes_budget),
             "modelc_kv_cache_usage_ratio": (
                 "KV-cache bytes used / budget",
-                s.kv_bytes_used / s.kv_bytes_budget if s.kv_bytes_budget else 0.0,
+                lambda s: s.kv_bytes_used / s.kv_bytes_budget if s.kv_bytes_budget else 0.0,
+            ),
+            "modelc_spec_acceptance_ratio": (
+                "accepted / drafted speculative tokens",
+                lambda s: s.spec_accepted / s.spec_drafted if s.spec_drafted else 0.0,
             ),
         }
-        for name, (doc, v) in gauges.items():
-            yield GaugeMetricFamily(name, doc, value=float(v))
-        counters = {
-            "modelc_engine_steps": ("engine steps run", s.steps),
+        for name, (doc, fn) in gauges.items():
+            g = GaugeMetricFamily(name, doc, labels=["model"])
+            for model, s in engines:
+                g.add_metric([model], float(fn(s)))
+            yield g
+        counters: dict[str, tuple[str, Callable[[EngineStats], float]]] = {
+            "modelc_engine_steps": ("engine steps run", lambda s: s.steps),
             "modelc_prefix_cache_hits": (
                 "requests that reused cached prefix blocks",
-                s.prefix_cache_hits,
+                lambda s: s.prefix_cache_hits,
             ),
             "modelc_prefix_cache_tokens": (
                 "prompt tokens served from the prefix cache",
-                s.prefix_cache_tokens,
+                lambda s: s.prefix_cache_tokens,
             ),
-            "modelc_spec_drafted_tokens": ("speculative tokens drafted", s.spec_drafted),
-            "modelc_spec_accepted_tokens": ("speculative tokens accepted", s.spec_accepted),
+            "modelc_spec_drafted_tokens": ("speculative tokens drafted", lambda s: s.spec_drafted),
+            "modelc_spec_accepted_tokens": (
+                "speculative tokens accepted",
+                lambda s: s.spec_accepted,
+            ),
         }
-        for name, (doc, v) in counters.items():
-            yield CounterMetricFamily(name, doc, value=float(v))
-        for key, v in sorted(s.extra.items()):  # engine-specific numbers, as gauges
-            if isinstance(v, int | float) and not isinstance(v, bool) and key.isidentifier():
-                yield GaugeMetricFamily(
-                    f"modelc_engine_{key}", f"engine stat {key}", value=float(v)
-                )
-        yield GaugeMetricFamily(
-            "modelc_spec_acceptance_ratio",
-            "accepted / drafted speculative tokens",
-            value=s.spec_accepted / s.spec_drafted if s.spec_drafted else 0.0,
-        )
+        for name, (doc, fn) in counters.items():
+            c = CounterMetricFamily(name, doc, labels=["model"])
+            for model, s in engines:
+                c.add_metric([model], float(fn(s)))
+            yield c
+        extra: dict[str, GaugeMetricFamily] = {}
+        for model, s in engines:  # engine-specific numbers, as gauges
+            for key, v in sorted(s.extra.items()):
+                if isinstance(v, int | float) and not isinstance(v, bool) and key.isidentifier():
+                    if key not in extra:
+                        extra[key] = GaugeMetricFamily(
+                            f"modelc_engine_{key}", f"engine stat {key}", labels=["model"]
+                        )
+                    extra[key].add_metric([model], float(v))
+        yield from extra.values()
 
 
 class Metrics:
-    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(self, stats: Callable[[], list[tuple[str, EngineStats]]]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(

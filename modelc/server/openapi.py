@@ -45,7 +45,21 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
         s.NativeEmbeddingResponse,
         "Embeddings (llama.cpp names accepted)",
     ),
-    ("post", "/tokenize", s.TokenizeRequest, s.TokenizeResponse, "Text or messages to token ids"),
+    (
+        "post",
+        "/tokenize",
+        s.TokenizeRequest,
+        s.TokenizeResponse,
+        "Text or messages to token ids (a llama.cpp request, with `content`, gets `tokens` only)",
+    ),
+    (
+        "post",
+        "/completion",
+        s.LlamaCompletionRequest,
+        s.LlamaCompletion,
+        "llama.cpp's native completion (SSE of LlamaStreamChunk when stream)",
+    ),
+    ("post", "/infill", s.LlamaCompletionRequest, s.LlamaCompletion, "Fill in the middle"),
     ("post", "/detokenize", s.DetokenizeRequest, s.DetokenizeResponse, "Token ids to text"),
     (
         "post",
@@ -90,6 +104,25 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
         s.OllamaShowResponse,
         "Ollama model details, template and sampling defaults",
     ),
+    ("get", "/api/ps", None, s.OllamaRunningList, "Ollama: the models loaded now"),
+    ("post", "/api/pull", s.OllamaPullRequest, s.OllamaStatus, "Ollama: pull into the store"),
+    ("post", "/api/copy", s.OllamaCopyRequest, None, "Ollama: copy a store model"),
+    ("delete", "/api/delete", s.OllamaDeleteRequest, None, "Ollama: remove a store model"),
+    (
+        "post",
+        "/api/create",
+        s.OllamaCreateRequest,
+        s.OllamaStatus,
+        "Ollama: a new store model from a model or file, with parameters, template, system",
+    ),
+    (
+        "post",
+        "/api/embeddings",
+        s.OllamaEmbeddingsRequest,
+        s.OllamaEmbeddingsResponse,
+        "Ollama's older single-text embeddings",
+    ),
+    ("get", "/slots", None, None, "llama.cpp: the engine's sequence slots"),
 ]
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, TokenEvent
+from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, PromptEvent, TokenEvent
 from modelc.server import sse
 from modelc.server import tools as tooling
 from modelc.server.errors import ParamError
-from modelc.server.generation import FINISH, Outcome
+from modelc.server.generation import FINISH, Outcome, RendererBase
 from modelc.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -61,7 +61,7 @@ def _piece(info: ModelInfo, tok_id: int) -> tuple[str, list[int]]:
 
 
 @dataclass(slots=True)
-class _Base:
+class _Base(RendererBase):
     info: ModelInfo
     cid: str
     created: int
@@ -184,29 +184,48 @@ def _piece_lp(info: ModelInfo, tok_id: int, lp: float) -> tuple[str, float, list
 class CompletionRenderer(_Base):
     """``/v1/completions``: ``per_prompt`` engine requests for each of ``prompts``
     (text, ids); ``n`` choices each (the best ``n`` by log-probability when
-    ``per_prompt`` > ``n``, i.e. ``best_of``); ``echo``, ``suffix``, logprobs."""
+    ``per_prompt`` > ``n``, i.e. ``best_of``).  ``echo`` puts the prompt before the
+    text, with its tokens' log-probabilities first when ``logprobs`` is asked for (the
+    first one null), as the legacy API does."""
 
     prompts: list[tuple[str, list[int]]] = field(default_factory=list)
     per_prompt: int = 1
     n: int = 1
     echo: bool = False
-    suffix: str = ""
     logprobs: bool = False
     _offset: int = 0
 
     def _logprobs(self, events: list[TokenEvent], offset: int) -> CompletionLogprobs:
-        tokens, lps, tops, offs = [], [], [], []
+        out = CompletionLogprobs([], [], [], [])
         for ev in events:
-            s = _piece(self.info, ev.token_id)[0]
-            tokens.append(s)
-            lps.append(ev.logprob)
-            tops.append({_piece(self.info, t)[0]: lp for t, lp in ev.top_logprobs} or None)
-            offs.append(offset)
+            self._add(out, ev.token_id, ev.logprob, ev.top_logprobs, offset)
             offset += len(ev.text)
-        return CompletionLogprobs(tokens, lps, tops, offs)
+        return out
 
-    def _prompt(self, i: int) -> tuple[str, list[int]]:
-        return self.prompts[i // self.per_prompt]
+    def _add(
+        self,
+        lp: CompletionLogprobs,
+        token: int,
+        logprob: float | None,
+        top: tuple[tuple[int, float], ...] | None,
+        offset: int,
+    ) -> None:
+        lp.tokens.append(_piece(self.info, token)[0])
+        lp.token_logprobs.append(logprob)
+        lp.top_logprobs.append({_piece(self.info, t)[0]: v for t, v in top} if top else None)
+        lp.text_offset.append(offset)
+
+    def _prompt_logprobs(self, j: int, ev: PromptEvent | None) -> CompletionLogprobs:
+        """The prompt's tokens with their log-probabilities (null for the first)."""
+        out = CompletionLogprobs([], [], [], [])
+        ids = self.prompts[j][1]
+        offset = 0
+        for k, tok in enumerate(ids):
+            lp = ev.logprobs[k] if ev is not None else None
+            top = ev.top[k] if ev is not None and k else None
+            self._add(out, tok, lp, top, offset)
+            offset += len(_piece(self.info, tok)[0])
+        return out
 
     def body(self, outs: list[Outcome]) -> Completion:
         choices: list[CompletionChoice] = []
@@ -216,11 +235,21 @@ class CompletionRenderer(_Base):
                 group = sorted(group, key=lambda o: o.cum_logprob, reverse=True)[: self.n]
             prefix = text if self.echo else ""
             for o in group:
-                lp = self._logprobs(o.tokens, len(prefix)) if self.logprobs else None
+                lp = None
+                if self.logprobs:
+                    lp = self._logprobs(o.tokens, len(prefix))
+                    if self.echo:
+                        head = self._prompt_logprobs(j, o.prompt)
+                        lp = CompletionLogprobs(
+                            head.tokens + lp.tokens,
+                            head.token_logprobs + lp.token_logprobs,
+                            head.top_logprobs + lp.top_logprobs,
+                            head.text_offset + lp.text_offset,
+                        )
                 choices.append(
                     CompletionChoice(
                         len(choices),
-                        prefix + o.text + self.suffix,
+                        prefix + o.text,
                         o.reason,
                         lp,
                         ids if self.return_token_ids else None,
@@ -241,9 +270,15 @@ class CompletionRenderer(_Base):
         return sse.event(Completion(self.cid, self.created, self.model, [choice]))
 
     def start(self, i: int) -> list[bytes]:
-        text = self._prompt(i)[0]
+        text = self.prompts[i // self.per_prompt][0]
         self._offset = len(text) if self.echo else 0
-        return [self._chunk(i, text)] if self.echo else []
+        if not self.echo or self.logprobs:  # with logprobs, the echo waits for them
+            return []
+        return [self._chunk(i, text)]
+
+    def prompt(self, i: int, ev: PromptEvent) -> list[bytes]:
+        j = i // self.per_prompt
+        return [self._chunk(i, self.prompts[j][0], None, self._prompt_logprobs(j, ev))]
 
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
         lp = self._logprobs([ev], self._offset) if self.logprobs else None
@@ -252,8 +287,7 @@ class CompletionRenderer(_Base):
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
         self.finished.append(ev)
-        tail = ev.text + self.suffix
-        out = [self._chunk(i, tail)] if tail else []
+        out = [self._chunk(i, ev.text)] if ev.text else []
         return [*out, self._chunk(i, "", FINISH.get(ev.reason, "stop"))]
 
     def end(self) -> list[bytes]:

@@ -1,26 +1,47 @@
-"""llama.cpp server routes that are not completions: tokenize, detokenize, apply-template, props.
+"""llama.cpp's own routes: completion, infill, tokenize, detokenize, apply-template, props,
+slots.
 
-Field names and defaults follow llama.cpp's server (``content``, ``add_special``,
-``parse_special``, ``with_pieces``); vLLM's names (``prompt``, ``add_special_tokens``,
-``messages``) are accepted too.  Every prompt is made by the engine's prompt format, so
-``/tokenize`` with ``messages`` gives the ids a chat request would be fed.
+Field names and defaults follow llama.cpp's server (``n_predict``, ``n_probs``,
+``content``, ``add_special``, ``parse_special``, ``with_pieces``...); vLLM's names
+(``prompt``, ``add_special_tokens``, ``messages``) are accepted by ``/tokenize`` too.
+Every prompt is made by the engine's prompt format, so ``/tokenize`` with ``messages``
+gives the ids a chat request would be fed.
 """
 
 from __future__ import annotations
 
-from quart import Blueprint, Response
+import json
+from typing import Any
+
+from quart import Blueprint, Response, request
 
 import modelc
+from modelc.engine.api import Constraint, ConstraintKind
+from modelc.errors import UnsupportedError
 from modelc.runtime.prompt import SamplingDefaults
-from modelc.server.context import body, ctx, json_response
-from modelc.server.errors import ParamError
-from modelc.server.generation import chat_ids, plain
+from modelc.server.context import body, ctx, json_response, use_model
+from modelc.server.errors import NotImplementedFeature, ParamError
+from modelc.server.generation import (
+    chat_ids,
+    check_ids,
+    make_requests,
+    new_id,
+    plain,
+    respond,
+    sampling,
+    submit_all,
+    text_ids,
+)
+from modelc.server.render_llama import LlamaRenderer
 from modelc.server.schemas import (
     ApplyTemplateRequest,
     ApplyTemplateResponse,
     DetokenizeRequest,
     DetokenizeResponse,
     GenerationSettings,
+    LlamaCompletionRequest,
+    LlamaSlot,
+    LlamaTokenizeResponse,
     PropsResponse,
     SamplingSettings,
     TokenizeRequest,
@@ -35,7 +56,7 @@ bp = Blueprint("llama", __name__)
 @bp.post("/tokenize")
 async def tokenize() -> Response:
     req = await body(TokenizeRequest)
-    info = ctx().state.check_model(req.model)
+    info = (await use_model(req.model))[0]
     tok = info.tok()
     if req.messages is not None:
         ids = chat_ids(info, req.messages, add_generation_prompt=req.add_generation_prompt)
@@ -51,17 +72,19 @@ async def tokenize() -> Response:
             add = req.content is None
         ids = info.fmt().encode(text, add_special=add, parse_special=req.parse_special)
     tokens: list[int | TokenPiece] = (
-        [TokenPiece(i, tok.token_to_piece(i).decode("utf-8", "replace")) for i in ids]
+        [TokenPiece(i, _piece(tok.token_to_piece(i))) for i in ids]
         if req.with_pieces
         else list(ids)
     )
+    if req.content is not None:  # llama.cpp's request: llama.cpp's answer
+        return json_response(LlamaTokenizeResponse(tokens))
     return json_response(TokenizeResponse(tokens, len(ids), info.n_ctx))
 
 
 @bp.post("/detokenize")
 async def detokenize() -> Response:
     req = await body(DetokenizeRequest)
-    info = ctx().state.check_model(req.model)
+    info = (await use_model(req.model))[0]
     tok = info.tok()
     bad = [i for i in req.tokens if i >= tok.vocab_size]
     if bad:
@@ -76,7 +99,7 @@ async def detokenize() -> Response:
 async def apply_template() -> Response:
     """The prompt text a chat request renders (llama.cpp's ``/apply-template``)."""
     req = await body(ApplyTemplateRequest)
-    info = ctx().state.check_model(req.model)
+    info = (await use_model(req.model))[0]
     text = info.fmt().render(
         plain(req.messages),
         tools=plain(req.tools) if req.tools else None,
@@ -107,7 +130,7 @@ def sampling_settings(info: ModelInfo) -> SamplingSettings:
 @bp.get("/props")
 async def props() -> Response:
     s = ctx().state
-    info = s.model()
+    info = (await use_model(request.args.get("model")))[0]
     fmt = info.prompt
     return json_response(
         PropsResponse(
@@ -122,4 +145,138 @@ async def props() -> Response:
             GenerationSettings(info.n_ctx, sampling_settings(info)),
             f"modelc {modelc.__version__}",
         )
+    )
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's text, or its bytes when they are not valid UTF-8 on their own (llama.cpp)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def _bias(b: Any) -> dict[str, float] | None:
+    """llama.cpp's logit_bias: ``{"id": bias}`` or ``[[id or text, bias]]``; false bans."""
+    if b is None:
+        return None
+    pairs = list(b.items()) if isinstance(b, dict) else [tuple(p) for p in b]
+    out: dict[str, float] = {}
+    for pair in pairs:
+        if len(pair) != 2 or not isinstance(pair[0], int | str):
+            raise ParamError("logit_bias pairs are [token id, bias]", param="logit_bias")
+        key, v = pair
+        value = -100.0 if v is False else float(v)
+        out[str(key)] = value
+    return out
+
+
+def _prompts(info: ModelInfo, prompt: Any) -> tuple[list[tuple[str, list[int]]], bool]:
+    """(text, ids) per prompt, and whether the request gave several.
+
+    A string; a list of ids and strings (one prompt, the strings tokenized in place); or
+    a list of strings / of such lists (several prompts).
+    """
+    if isinstance(prompt, str):
+        return [(prompt, text_ids(info, prompt))], False
+    several = any(isinstance(p, list) for p in prompt) or (
+        len(prompt) > 1 and all(isinstance(p, str) for p in prompt)
+    )
+    if several:
+        return [_mixed(info, p if isinstance(p, list) else [p]) for p in prompt], True
+    return [_mixed(info, list(prompt))], False
+
+
+def _mixed(info: ModelInfo, items: list[Any]) -> tuple[str, list[int]]:
+    fmt = info.fmt()
+    ids: list[int] = []
+    for k, x in enumerate(items):
+        if isinstance(x, str):
+            ids += fmt.encode(x, add_special=k == 0)
+        else:
+            ids.append(int(x))
+    check_ids(ids, info, "prompt")
+    return fmt.decode(ids), ids
+
+
+async def _complete(req: LlamaCompletionRequest, infill: bool) -> Response:
+    info, engine = await use_model(req.model, "text")
+    if infill:
+        try:
+            ids = info.fmt().infill(req.input_prefix, req.input_suffix)
+        except UnsupportedError as e:
+            raise NotImplementedFeature(f"Infill is not supported by this model: {e}") from e
+        if isinstance(req.prompt, str) and req.prompt:
+            ids += info.fmt().encode(req.prompt, add_special=False)
+        prompts, many = [(req.input_prefix, ids)], False
+    else:
+        prompts, many = _prompts(info, req.prompt)
+    limit = None if req.n_predict is None or req.n_predict < 0 else req.n_predict
+    seed = None if req.seed is None or req.seed < 0 else req.seed
+    params = sampling(
+        info,
+        req,
+        max_tokens=limit,
+        logprobs=req.n_probs or None,
+        repetition_penalty=req.repeat_penalty,
+        seed=seed,
+        logit_bias=_bias(req.logit_bias),
+    )
+    constraint = None
+    if req.json_schema is not None:
+        constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(req.json_schema))
+    elif req.grammar:
+        constraint = Constraint(ConstraintKind.GRAMMAR, req.grammar)
+    base = new_id("cmpl")
+    reqs = [
+        r
+        for j, (_, ids) in enumerate(prompts)
+        for r in make_requests(f"{base}-{j}", ids, params, 1, constraint, req.ignore_eos)
+    ]
+    r = LlamaRenderer(
+        info,
+        prompts,
+        params,
+        req.n_probs,
+        req.return_tokens,
+        req.ignore_eos,
+        req.stream,
+        many,
+    )
+    n_prompt = sum(len(ids) for _, ids in prompts)
+    return await respond(submit_all(engine, reqs), r, stream=req.stream, n_prompt=n_prompt)
+
+
+@bp.post("/completion")
+@bp.post("/completions")
+async def completion() -> Response:
+    """llama.cpp's native completion (``n_predict``, ``n_probs``, streaming...)."""
+    return await _complete(await body(LlamaCompletionRequest), infill=False)
+
+
+@bp.post("/infill")
+async def infill() -> Response:
+    """Fill in the middle between ``input_prefix`` and ``input_suffix`` (code models)."""
+    return await _complete(await body(LlamaCompletionRequest), infill=True)
+
+
+@bp.get("/slots")
+async def slots() -> Response:
+    """One entry per sequence the engine runs at once; the first ``running`` are busy."""
+    s = ctx().state
+    info, engine = await use_model(request.args.get("model"))
+    running = engine.stats().running
+    return json_response(
+        [LlamaSlot(i, info.n_ctx, False, i < running) for i in range(s.max_concurrent)]
+    )
+
+
+@bp.post("/rerank")
+@bp.post("/v1/rerank")
+@bp.post("/v1/reranking")
+async def rerank() -> Response:
+    info, _ = await use_model(None)
+    raise NotImplementedFeature(
+        f"model {info.model_id!r} is not a reranker; modelc has no reranking models yet "
+        "(llama.cpp needs a model with a rank head, started with --reranking)"
     )

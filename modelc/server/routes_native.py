@@ -11,16 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-from quart import Blueprint, Response
+from quart import Blueprint, Response, request
 
 import modelc
 from modelc.engine.api import Engine, FinishEvent, TokenEvent
 from modelc.server import sse
-from modelc.server.context import body, ctx, json_response, record
+from modelc.server.context import body, ctx, json_response, record, use_model
 from modelc.server.errors import ForbiddenError, NotImplementedFeature, ParamError
 from modelc.server.generation import (
     FINISH,
     Outcome,
+    RendererBase,
     chat_ids,
     embed_inputs,
     make_requests,
@@ -51,6 +52,7 @@ from modelc.server.schemas import (
     SystemResponse,
     VersionResponse,
 )
+from modelc.server.state import ModelInfo
 
 bp = Blueprint("native", __name__)
 
@@ -66,16 +68,13 @@ def _usage(f: FinishEvent) -> NativeUsage:
 
 
 @dataclass(slots=True)
-class NativeRenderer:
+class NativeRenderer(RendererBase):
     """``/complete`` and ``/chat`` bodies; ``/chat/stream`` events (``delta``, then usage)."""
 
     model: str
     chat: bool
     headers: dict[str, str] = field(default_factory=lambda: sse.HEADERS)
     ping: bytes | None = sse.PING
-
-    def start(self, i: int) -> list[bytes]:
-        return []
 
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
         return [sse.event(NativeStreamEvent(delta=ev.text))] if ev.text else []
@@ -97,8 +96,9 @@ class NativeRenderer:
         return NativeCompleteResponse(o.text, o.reason, _usage(o.finish), self.model)
 
 
-async def _answer(req: NativeOptions, ids: list[int], chat: bool, stream: bool) -> Response:
-    info, engine = ctx().state.serve(None, "text")
+async def _answer(
+    req: NativeOptions, info: ModelInfo, engine: Engine, ids: list[int], chat: bool, stream: bool
+) -> Response:
     params = sampling(info, req, max_tokens=req.max_tokens)
     handles = submit_all(engine, make_requests(new_id("chat" if chat else "cmpl"), ids, params))
     return await respond(
@@ -109,28 +109,28 @@ async def _answer(req: NativeOptions, ids: list[int], chat: bool, stream: bool) 
 @bp.post("/complete")
 async def complete() -> Response:
     req = await body(NativeCompleteRequest)
-    info = ctx().state.serve(None, "text")[0]
-    return await _answer(req, text_ids(info, req.prompt), chat=False, stream=False)
+    info, engine = await use_model(req.model, "text")
+    return await _answer(req, info, engine, text_ids(info, req.prompt), chat=False, stream=False)
 
 
 @bp.post("/chat")
 async def chat() -> Response:
     req = await body(NativeChatRequest)
-    info = ctx().state.serve(None, "text")[0]
-    return await _answer(req, chat_ids(info, req.messages), chat=True, stream=False)
+    info, engine = await use_model(req.model, "text")
+    return await _answer(req, info, engine, chat_ids(info, req.messages), chat=True, stream=False)
 
 
 @bp.post("/chat/stream")
 async def chat_stream() -> Response:
     req = await body(NativeChatRequest)
-    info = ctx().state.serve(None, "text")[0]
-    return await _answer(req, chat_ids(info, req.messages), chat=True, stream=True)
+    info, engine = await use_model(req.model, "text")
+    return await _answer(req, info, engine, chat_ids(info, req.messages), chat=True, stream=True)
 
 
 @bp.post("/infer")
 async def infer() -> Response:
     req = await body(InferRequest)
-    info, engine = ctx().state.ready()
+    info, engine = await use_model(req.model)
     if info.architecture != "mlp":
         raise ParamError(
             f"/infer serves MLP (tensor) models; {info.model_id!r} is a {info.architecture} model "
@@ -151,7 +151,7 @@ async def infer() -> Response:
 @bp.post("/embeddings")
 async def embeddings() -> Response:
     req = await body(NativeEmbeddingRequest)
-    info, engine = ctx().state.serve(None, "embed")
+    info, engine = await use_model(req.model, "embed")
     inp = req.input if req.input is not None else req.content
     if inp is None:
         raise ParamError("give 'input' (or llama.cpp's 'content')", param="input")
@@ -167,14 +167,14 @@ async def health() -> Response:
     s = ctx().state
     if s.draining:
         return json_response(HealthResponse("shutting down"), 503)
-    if s.engine is None or s.info is None:
+    if not s.models.started:
         return json_response(HealthResponse("loading"), 503)
     return json_response(HealthResponse("ok"))
 
 
 @bp.get("/info")
 async def info_() -> Response:
-    info = ctx().state.model()
+    info = (await use_model(request.args.get("model")))[0]
     return json_response(
         InfoResponse(
             info.model_id,
@@ -267,7 +267,7 @@ def _lora_engine(engine: Engine, op: str) -> object:
 async def lora_load() -> Response:
     req = await body(LoraLoadRequest)
     s = ctx().state
-    _, engine = s.ready()
+    _, engine = await use_model(req.model)
     p = _allowed_adapter(req.path, s.lora_dirs)
     fn = _lora_engine(engine, "load_lora")
     await fn(p, req.scale)  # type: ignore[operator]
@@ -280,7 +280,7 @@ async def lora_load() -> Response:
 async def lora_unload() -> Response:
     req = await body(LoraUnloadRequest)
     s = ctx().state
-    _, engine = s.ready()
+    _, engine = await use_model(req.model)
     fn = _lora_engine(engine, "unload_lora")
     target = str(Path(req.path).expanduser().resolve()) if req.path else None
     if target is not None and target not in s.lora_loaded:

@@ -1,8 +1,12 @@
-"""Ollama's ``/api/generate``, ``/api/chat``, ``/api/embed`` and ``/api/tags``.
+"""Ollama's ``/api/generate``, ``/api/chat``, ``/api/embed`` and ``/api/embeddings``.
 
 Streaming is newline-delimited JSON (Ollama's default ``stream: true``); ``options``
 map onto the same sampling settings as the OpenAI endpoints, with the model's defaults
-where a request gives none.
+where a request gives none.  As Ollama: ``num_predict`` -1 (or none) runs to the end of
+the turn; ``num_ctx`` bounds prompt and answer (a chat's oldest messages are dropped, a
+raw prompt keeps its end, to fit); ``keep_alive`` sets how long the model stays loaded
+after the request, and a request with no prompt or messages only loads the model (or,
+with ``keep_alive: 0``, unloads it).  Model management is :mod:`routes_ollama_models`.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent, T
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
 from modelc.server import tools as tooling
-from modelc.server.context import body, ctx, json_response, record
+from modelc.server.context import body, json_response, record, use_model
 from modelc.server.generation import (
     FINISH,
     Outcome,
+    RendererBase,
     chat_ids,
     embed_inputs,
     make_requests,
@@ -33,9 +38,12 @@ from modelc.server.generation import (
     submit_all,
     text_ids,
 )
+from modelc.server.models import parse_keep_alive
 from modelc.server.schemas import (
     OllamaChatChunk,
     OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbeddingsResponse,
     OllamaEmbedRequest,
     OllamaEmbedResponse,
     OllamaFunctionCall,
@@ -43,13 +51,7 @@ from modelc.server.schemas import (
     OllamaGenerateRequest,
     OllamaGeneration,
     OllamaMessage,
-    OllamaModel,
-    OllamaModelDetails,
     OllamaOptions,
-    OllamaShowDetails,
-    OllamaShowRequest,
-    OllamaShowResponse,
-    OllamaTags,
     OllamaToolCall,
 )
 from modelc.server.state import ModelInfo
@@ -96,7 +98,7 @@ Chunk = OllamaGenerateChunk | OllamaChatChunk
 
 
 @dataclass(slots=True)
-class OllamaRenderer:
+class OllamaRenderer(RendererBase):
     """NDJSON chunks, or the final chunk alone with the whole text.
 
     ``chunk(text, finish, ids)`` builds a chunk; ``finish`` is None until the last one,
@@ -108,9 +110,6 @@ class OllamaRenderer:
     ping: bytes | None = None
     _ids: list[int] = field(default_factory=list)
 
-    def start(self, i: int) -> list[bytes]:
-        return []
-
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
         self._ids.append(ev.token_id)
         return [sse.ndjson(self.chunk(ev.text, None, []))] if ev.text else []
@@ -118,12 +117,18 @@ class OllamaRenderer:
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
         return [sse.ndjson(self.chunk(ev.text, ev, self._ids))]
 
-    def end(self) -> list[bytes]:
-        return []
-
     def body(self, outs: list[Outcome]) -> Chunk:
         o = outs[0]
         return self.chunk(o.text, o.finish, [t.token_id for t in o.tokens])
+
+
+def _limit(o: OllamaOptions | None, n_prompt: int) -> int | None:
+    """``num_predict`` within ``num_ctx`` (None: to the end of the turn)."""
+    limit = None if o is None or o.num_predict is None or o.num_predict < 0 else o.num_predict
+    if o is not None and o.num_ctx is not None:
+        room = max(o.num_ctx - n_prompt, 0)
+        limit = room if limit is None else min(limit, room)
+    return limit
 
 
 async def _answer(
@@ -134,18 +139,33 @@ async def _answer(
     prefix: str,
     r: OllamaRenderer,
 ) -> Response:
-    reqs = make_requests(new_id(prefix), ids, _sampling(req.options, info), 1, _format(req.format))
+    params = _sampling(req.options, info)
+    params.max_tokens = _limit(req.options, len(ids))
+    reqs = make_requests(new_id(prefix), ids, params, 1, _format(req.format))
     return await respond(submit_all(engine, reqs), r, stream=req.stream, n_prompt=len(ids))
+
+
+async def _load_only(req: OllamaGeneration, chunk: Callable[[str], Chunk]) -> Response:
+    """A request without a prompt: load the model (``keep_alive: 0``: unload it)."""
+    keep = parse_keep_alive(req.keep_alive)
+    await use_model(req.model, "text", keep)
+    return json_response(chunk("unload" if keep == 0 else "load"))
 
 
 @bp.post("/api/generate")
 async def generate() -> Response:
-    c = ctx()
     req = await body(OllamaGenerateRequest)
-    info, engine = c.state.serve(req.model, "text")
+    if not req.prompt and not req.system:
+        return await _load_only(
+            req, lambda why: OllamaGenerateChunk(req.model, _now(), "", True, done_reason=why)
+        )
+    info, engine = await use_model(req.model, "text", parse_keep_alive(req.keep_alive))
     if req.raw or not info.chat_template:
         text = (f"{req.system}\n\n" if req.system else "") + req.prompt
         ids = text_ids(info, text)
+        ctx_len = req.options.num_ctx if req.options else None
+        if ctx_len is not None and len(ids) >= ctx_len:  # the runner keeps the prompt's end
+            ids = ids[len(ids) - ctx_len + 1 :]
     else:
         msgs: list[dict[str, Any]] = (
             [{"role": "system", "content": req.system}] if req.system else []
@@ -162,13 +182,33 @@ async def generate() -> Response:
     return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk))
 
 
+def _fit(info: ModelInfo, msgs: list[Any], tools: Any, num_ctx: int | None) -> list[int]:
+    """The chat's ids; over ``num_ctx``, the oldest non-system messages go first (Ollama)."""
+    ids = chat_ids(info, msgs, tools)
+    while num_ctx is not None and len(ids) >= num_ctx:
+        drop = next((k for k, m in enumerate(msgs[:-1]) if _role(m) != "system"), None)
+        if drop is None:
+            break  # only the last message (and system) left: the engine says it is too long
+        msgs = msgs[:drop] + msgs[drop + 1 :]
+        ids = chat_ids(info, msgs, tools)
+    return ids
+
+
+def _role(m: Any) -> str:
+    return str(m["role"] if isinstance(m, dict) else m.role)
+
+
 @bp.post("/api/chat")
 async def chat() -> Response:
-    c = ctx()
     req = await body(OllamaChatRequest)
-    info, engine = c.state.serve(req.model, "text")
-    msgs: list[Any] = list(req.messages) or [{"role": "user", "content": ""}]
-    ids = chat_ids(info, msgs, req.tools)
+    if not req.messages:
+        empty = OllamaMessage("assistant", "")
+        return await _load_only(
+            req, lambda why: OllamaChatChunk(req.model, _now(), empty, True, done_reason=why)
+        )
+    info, engine = await use_model(req.model, "text", parse_keep_alive(req.keep_alive))
+    num_ctx = req.options.num_ctx if req.options else None
+    ids = _fit(info, list(req.messages), req.tools, num_ctx)
     tool_calls = bool(req.tools) and not req.stream  # streamed text is relayed as it comes
 
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaChatChunk:
@@ -197,9 +237,8 @@ def _reply(text: str, tools: bool) -> OllamaMessage:
 
 @bp.post("/api/embed")
 async def embed() -> Response:
-    c = ctx()
     req = await body(OllamaEmbedRequest)
-    info, engine = c.state.serve(req.model, "embed")
+    info, engine = await use_model(req.model, "embed", parse_keep_alive(req.keep_alive))
     batch = embed_inputs(req.input, info)
     if req.truncate:
         batch = [b[: info.n_ctx] for b in batch]
@@ -209,67 +248,14 @@ async def embed() -> Response:
     return json_response(OllamaEmbedResponse(req.model, vecs.tolist(), n))
 
 
-def _modified(info: ModelInfo) -> str:
-    return datetime.fromtimestamp(info.created, UTC).isoformat().replace("+00:00", "Z")
-
-
-def _size(info: ModelInfo) -> str:
-    return f"{info.n_params / 1e6:.0f}M" if info.n_params < 1e9 else f"{info.n_params / 1e9:.1f}B"
-
-
-@bp.get("/api/tags")
-async def tags() -> Response:
-    info = ctx().state.model()
-    details = OllamaModelDetails("modelc", info.architecture, _size(info), info.quantization)
-    model = OllamaModel(info.model_id, info.model_id, _modified(info), info.file_size, "", details)
-    return json_response(OllamaTags([model]))
-
-
-# Modelfile PARAMETER names of the sampling defaults (Ollama's spelling)
-_PARAMETERS = {
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "repetition_penalty": "repeat_penalty",
-    "repeat_last_n": "repeat_last_n",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-}
-
-
-@bp.post("/api/show")
-async def show() -> Response:
-    """The model's details, template and the sampling defaults in effect (``parameters``)."""
-    req = await body(OllamaShowRequest)
-    info = ctx().state.check_model(req.model or req.name)
-    fmt = info.prompt
-    lines = []
-    if fmt is not None:
-        d = fmt.defaults
-        lines = [f"{_PARAMETERS[k]:<30} {v}" for k, v in d.values.items()]
-        lines.append(f"{'num_predict':<30} {d.max_tokens}")
-        lines += [
-            f"{'stop':<30} {json.dumps(fmt.tokenizer.tokens[i])}" for i in sorted(fmt.eog_ids)
-        ]
-    params = "\n".join(lines)
-    template = info.chat_template or ""
-    modelfile = "\n".join(
-        [f"# Modelfile of {info.model_id} (modelc)", f"FROM {info.path}"]
-        + ([f'TEMPLATE """{template}"""'] if template else [])
-        + [f"PARAMETER {line}" for line in lines]
-    )
-    details = OllamaShowDetails(
-        "", "modelc", info.architecture, [info.architecture], _size(info), info.quantization
-    )
-    model_info: dict[str, Any] = {
-        "general.architecture": info.architecture,
-        "general.parameter_count": info.n_params,
-        f"{info.architecture}.context_length": info.n_ctx,
-        f"{info.architecture}.vocab_size": info.n_vocab,
-    }
-    return json_response(
-        OllamaShowResponse(
-            modelfile, params, template, details, model_info, info.capabilities(), _modified(info)
-        )
-    )
+@bp.post("/api/embeddings")
+async def embeddings() -> Response:
+    """The older single-text form: ``{"model", "prompt"}`` -> ``{"embedding": [...]}``."""
+    req = await body(OllamaEmbeddingsRequest)
+    info, engine = await use_model(req.model, "embed", parse_keep_alive(req.keep_alive))
+    if not req.prompt:
+        return json_response(OllamaEmbeddingsResponse([]))
+    batch = embed_inputs(req.prompt, info, param="prompt")
+    vecs = np.asarray(await engine.embed(batch), np.float32)
+    record().prompt_tokens = len(batch[0])
+    return json_response(OllamaEmbeddingsResponse(vecs[0].tolist()))

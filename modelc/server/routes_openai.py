@@ -10,10 +10,11 @@ import base64
 import time
 
 import numpy as np
+import trio
 from quart import Blueprint, Response
 
 from modelc.server import tools as tooling
-from modelc.server.context import body, ctx, json_response, record
+from modelc.server.context import body, ctx, json_response, record, use_model
 from modelc.server.errors import ParamError
 from modelc.server.generation import (
     chat_ids,
@@ -36,7 +37,7 @@ from modelc.server.schemas import (
     ModelCard,
     ModelList,
 )
-from modelc.server.state import ModelInfo
+from modelc.server.state import ModelInfo, load_model_info
 
 bp = Blueprint("openai", __name__)
 
@@ -44,9 +45,9 @@ bp = Blueprint("openai", __name__)
 # --- chat --------------------------------------------------------------------------------
 @bp.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    c = ctx()
     req = await body(ChatCompletionRequest)
-    info, engine = c.state.serve(req.model, "text")
+    info, engine = await use_model(req.model, "text")
+    _no_zero_tokens(req.token_limit)
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs needs logprobs: true", param="top_logprobs")
     choice = req.tool_choice
@@ -73,6 +74,14 @@ async def chat_completions() -> Response:
         logprobs=req.logprobs,
     )
     return await respond(handles, r, stream=req.stream, n_prompt=len(ids))
+
+
+def _no_zero_tokens(limit: int | None) -> None:
+    if limit == 0:
+        raise ParamError(
+            "max_tokens must be at least 1 (leave it out to stop at the end of the turn)",
+            param="max_tokens",
+        )
 
 
 # --- completions -------------------------------------------------------------------------
@@ -103,25 +112,30 @@ def _prompts(req: CompletionRequest, info: ModelInfo) -> list[tuple[str, list[in
 
 @bp.post("/v1/completions")
 async def completions() -> Response:
-    c = ctx()
     req = await body(CompletionRequest)
-    info, engine = c.state.serve(req.model, "text")
+    info, engine = await use_model(req.model, "text")
     best_of = req.best_of or req.n
     if best_of < req.n:
         raise ParamError(f"best_of ({best_of}) must be >= n ({req.n})", param="best_of")
     if req.stream and best_of > req.n:
         raise ParamError("best_of cannot be used with stream", param="best_of")
+    _no_zero_tokens(req.token_limit)
     prompts = _prompts(req, info)
+    if req.suffix is not None:  # the text after the insertion point: fill in the middle
+        prompts = [(text, info.fmt().infill(text, req.suffix)) for text, _ in prompts]
     if len(prompts) * best_of > 64:
         raise ParamError("at most 64 generations per request (prompts x best_of)", param="prompt")
     logprobs = req.logprobs if req.logprobs is not None else (0 if best_of > req.n else None)
     constraint = response_constraint(req.response_format)
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
     cid = new_id("cmpl")
+    echo_lp = req.logprobs if req.echo and req.logprobs is not None else None
     reqs = [
         r
         for j, (_, ids) in enumerate(prompts)
-        for r in make_requests(f"{cid}-{j}", ids, params, best_of, constraint, req.ignore_eos)
+        for r in make_requests(
+            f"{cid}-{j}", ids, params, best_of, constraint, req.ignore_eos, echo_lp
+        )
     ]
     handles = submit_all(engine, reqs)
     r = CompletionRenderer(
@@ -135,7 +149,6 @@ async def completions() -> Response:
         per_prompt=best_of,
         n=req.n,
         echo=req.echo,
-        suffix=req.suffix or "",
         logprobs=req.logprobs is not None,
     )
     return await respond(handles, r, stream=req.stream, n_prompt=r.n_prompt)
@@ -144,9 +157,8 @@ async def completions() -> Response:
 # --- embeddings --------------------------------------------------------------------------
 @bp.post("/v1/embeddings")
 async def embeddings() -> Response:
-    c = ctx()
     req = await body(EmbeddingRequest)
-    info, engine = c.state.serve(req.model, "embed")
+    info, engine = await use_model(req.model, "embed")
     batch = embed_inputs(req.input, info)
     vecs = np.asarray(await engine.embed(batch), np.float32)  # (len(batch), d)
     if req.dimensions is not None:
@@ -172,19 +184,21 @@ async def embeddings() -> Response:
 
 
 # --- models ------------------------------------------------------------------------------
-def model_card(info: ModelInfo) -> ModelCard:
-    return ModelCard(
-        info.model_id, info.created, "modelc", str(info.path), max_model_len=info.n_ctx
-    )
+def model_card(name: str, info: ModelInfo) -> ModelCard:
+    return ModelCard(name, info.created, "modelc", str(info.path), max_model_len=info.n_ctx)
 
 
 @bp.get("/v1/models")
 async def list_models() -> Response:
-    info = ctx().state.model()
-    return json_response(ModelList([model_card(info)]))
+    listed = await trio.to_thread.run_sync(ctx().state.models.listing)
+    return json_response(ModelList([model_card(name, info) for name, info in listed]))
 
 
 @bp.get("/v1/models/<path:model_id>")
 async def get_model(model_id: str) -> Response:
-    info = ctx().state.check_model(model_id)
-    return json_response(model_card(info))
+    models = ctx().state.models
+    slot = models.lookup(model_id)
+    info = slot.info
+    if info is None:  # not loaded: the manifest's facts (no weights read)
+        info = await trio.to_thread.run_sync(load_model_info, await models.path(slot), slot.name)
+    return json_response(model_card(slot.name, info))

@@ -34,6 +34,9 @@ StopList = Annotated[list[ShortText], Meta(max_length=16)]
 Stop = ShortText | StopList | None
 LogitBias = Annotated[dict[str, Bias], Meta(max_length=1024)]
 
+# Ollama's keep_alive: seconds (negative: forever) or a duration such as "5m" or "1h30m"
+KeepAlive = Annotated[str, Meta(max_length=32)] | int | float | None
+
 ROLES = ("system", "user", "assistant", "tool", "developer", "function")
 Role = Literal["system", "user", "assistant", "tool", "developer", "function"]
 
@@ -368,6 +371,7 @@ class ModelList(Resp):
 # --- native ------------------------------------------------------------------------------
 class NativeOptions(Sampling, kw_only=True):
     max_tokens: MaxTokens | None = None
+    model: Name | None = None  # default: the first model the server was started with
 
 
 class NativeCompleteRequest(NativeOptions, kw_only=True):
@@ -417,6 +421,7 @@ class InferRequest(Req):
         Meta(min_length=1, max_length=4096),
     ]
     input_name: Name | None = None
+    model: Name | None = None
 
 
 class InferResponse(Resp):
@@ -427,6 +432,7 @@ class InferResponse(Resp):
 class NativeEmbeddingRequest(Req):
     input: EmbedInput | None = None
     content: EmbedInput | None = None  # llama.cpp's field name
+    model: Name | None = None
 
 
 class NativeEmbeddingResponse(Resp):
@@ -447,6 +453,102 @@ class TokenizeRequest(Req):
     model: Name | None = None
 
 
+# a string; ids and strings making one prompt; or several prompts (strings or such lists)
+LlamaPromptItem = Text | TokenId | Annotated[list[Text | TokenId], Meta(max_length=1_000_000)]
+LlamaPrompt = Text | Annotated[list[LlamaPromptItem], Meta(max_length=1_000_000)]
+LlamaBias = (
+    dict[str, Bias | bool]
+    | Annotated[list[list[TokenId | Text | Bias | bool]], Meta(max_length=1024)]
+)
+
+
+class LlamaCompletionRequest(Sampling, kw_only=True):
+    """llama.cpp's ``/completion`` (and ``/infill``): its field names and defaults."""
+
+    prompt: LlamaPrompt = ""
+    n_predict: Annotated[int, Meta(ge=-2, le=1_048_576)] | None = None
+    n_probs: Annotated[int, Meta(ge=0, le=20)] = 0
+    stream: bool = False
+    repeat_penalty: RepPenalty | None = None
+    ignore_eos: bool = False
+    return_tokens: bool = False
+    cache_prompt: bool = True  # the prefix cache is always on
+    id_slot: int = -1  # accepted; the engine places requests itself
+    slot_id: int | None = None  # older name of id_slot
+    logit_bias: LlamaBias | None = None  # type: ignore[assignment]
+    json_schema: dict[str, Any] | None = None
+    grammar: Text | None = None
+    model: Name | None = None
+    # /infill
+    input_prefix: Text = ""
+    input_suffix: Text = ""
+
+
+class LlamaTimings(Resp):
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    cache_n: int = 0
+
+
+class LlamaTopProb(Resp):
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class LlamaTokenProb(Resp):
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+    top_logprobs: list[LlamaTopProb]
+
+
+class LlamaStreamChunk(Resp, omit_defaults=True):
+    index: int
+    content: str
+    tokens: list[int]
+    stop: bool
+    id_slot: int
+    tokens_predicted: int
+    tokens_evaluated: int
+    completion_probabilities: list[LlamaTokenProb] | None = None
+
+
+class LlamaCompletion(Resp, omit_defaults=True):
+    index: int
+    content: str
+    tokens: list[int]
+    id_slot: int
+    stop: bool
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    generation_settings: dict[str, Any]
+    prompt: str
+    has_new_line: bool
+    truncated: bool
+    stop_type: str  # "eos" | "word" | "limit"
+    stopping_word: str
+    tokens_cached: int
+    timings: LlamaTimings
+    completion_probabilities: list[LlamaTokenProb] | None = None
+
+
+class LlamaSlot(Resp):
+    id: int
+    n_ctx: int
+    speculative: bool
+    is_processing: bool
+
+
 class ApplyTemplateRequest(Req):
     messages: Messages
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
@@ -460,7 +562,11 @@ class ApplyTemplateResponse(Resp):
 
 class TokenPiece(Resp):
     id: int
-    piece: str
+    piece: str | list[int]  # the text, or its bytes when they are not valid UTF-8 (llama.cpp)
+
+
+class LlamaTokenizeResponse(Resp):
+    tokens: list[int | TokenPiece]
 
 
 class TokenizeResponse(Resp):
@@ -547,10 +653,12 @@ class SystemResponse(Resp):
 class LoraLoadRequest(Req):
     path: Annotated[str, Meta(min_length=1, max_length=4096)]
     scale: Annotated[float, Meta(ge=-10.0, le=10.0)] = 1.0
+    model: Name | None = None
 
 
 class LoraUnloadRequest(Req):
     path: Annotated[str, Meta(max_length=4096)] | None = None
+    model: Name | None = None
 
 
 class LoraResponse(Resp):
@@ -580,7 +688,7 @@ class OllamaGeneration(Req):
     stream: bool = True
     format: Literal["json"] | dict[str, Any] | None = None
     options: OllamaOptions | None = None
-    keep_alive: Annotated[str, Meta(max_length=32)] | int | None = None
+    keep_alive: KeepAlive = None
 
 
 class OllamaGenerateRequest(OllamaGeneration, kw_only=True):
@@ -642,6 +750,8 @@ class OllamaEmbedRequest(Req):
     model: Name
     input: Text | Annotated[list[Text], Meta(min_length=1, max_length=2048)]
     truncate: bool = True
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive = None
 
 
 class OllamaEmbedResponse(Resp):
@@ -651,8 +761,10 @@ class OllamaEmbedResponse(Resp):
 
 
 class OllamaModelDetails(Resp):
+    parent_model: str
     format: str
     family: str
+    families: list[str]
     parameter_size: str
     quantization_level: str
 
@@ -670,30 +782,86 @@ class OllamaTags(Resp):
     models: list[OllamaModel]
 
 
+class OllamaRunning(Resp):
+    name: str
+    model: str
+    size: int
+    digest: str
+    details: OllamaModelDetails
+    expires_at: str
+    size_vram: int
+    context_length: int
+
+
+class OllamaRunningList(Resp):
+    models: list[OllamaRunning]
+
+
 class OllamaShowRequest(Req):
     model: Name | None = None
     name: Name | None = None  # older clients
     verbose: bool = False
 
 
-class OllamaShowDetails(Resp):
-    parent_model: str
-    format: str
-    family: str
-    families: list[str]
-    parameter_size: str
-    quantization_level: str
-
-
 class OllamaShowResponse(Resp):
     modelfile: str
     parameters: str  # Modelfile PARAMETER lines: the sampling defaults in effect
     template: str
-    details: OllamaShowDetails
+    details: OllamaModelDetails
     model_info: dict[str, Any]
     capabilities: list[str]
     modified_at: str
+    system: str = ""
     license: str = ""
+
+
+class OllamaStatus(Resp):
+    status: str
+
+
+class OllamaPullRequest(Req):
+    model: Name | None = None
+    name: Name | None = None
+    insecure: bool = False
+    stream: bool = True
+
+
+class OllamaCopyRequest(Req):
+    source: Name
+    destination: Name
+
+
+class OllamaDeleteRequest(Req):
+    model: Name | None = None
+    name: Name | None = None
+
+
+Parameter = float | int | str | bool | Annotated[list[float | int | str], Meta(max_length=64)]
+
+
+class OllamaCreateRequest(Req):
+    model: Name | None = None
+    name: Name | None = None
+    from_: Name | None = msgspec.field(default=None, name="from")
+    modelfile: Text | None = None  # older clients: FROM / PARAMETER / TEMPLATE / SYSTEM lines
+    template: Text | None = None
+    system: Text | None = None
+    parameters: Annotated[dict[str, Parameter], Meta(max_length=64)] | None = None
+    license: Text | list[Text] | None = None
+    stream: bool = True
+
+
+class OllamaEmbeddingsRequest(Req):
+    """The older single-text ``/api/embeddings``."""
+
+    model: Name
+    prompt: Text = ""
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive = None
+
+
+class OllamaEmbeddingsResponse(Resp):
+    embedding: list[float]
 
 
 REQUEST_TYPES: tuple[type[Req], ...] = (
@@ -707,12 +875,18 @@ REQUEST_TYPES: tuple[type[Req], ...] = (
     TokenizeRequest,
     DetokenizeRequest,
     ApplyTemplateRequest,
+    LlamaCompletionRequest,
+    OllamaShowRequest,
+    OllamaPullRequest,
+    OllamaCopyRequest,
+    OllamaDeleteRequest,
+    OllamaCreateRequest,
+    OllamaEmbeddingsRequest,
     LoraLoadRequest,
     LoraUnloadRequest,
     OllamaGenerateRequest,
     OllamaChatRequest,
     OllamaEmbedRequest,
-    OllamaShowRequest,
 )
 
 DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {

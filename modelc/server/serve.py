@@ -1,18 +1,21 @@
 """``modelc run``: Hypercorn serving the app, and the engine, in one trio nursery.
 
 Life cycle: the HTTP server starts first (``/health`` answers 503 ``loading``), the
-engine is built in a worker thread and started with ``nursery.start(engine.run)``,
-then ``/health`` turns 200.  SIGINT/SIGTERM: ``/health`` says ``shutting down``,
+models of the command line are loaded (each engine built in a worker thread and
+started in a scope of its own, :mod:`modelc.server.models`), then ``/health`` turns
+200.  SIGINT/SIGTERM: ``/health`` says ``shutting down``,
 Hypercorn stops accepting and gives running requests and streams ``grace`` seconds
 to finish; then the engine is cancelled and the process exits 0.
 """
 
 from __future__ import annotations
 
+import errno
+import math
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +25,28 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from modelc.engine.api import Engine
 from modelc.engine.options import EngineOptions
+from modelc.errors import ModelcError, UsageError
 from modelc.runtime.model import TensorModel
 from modelc.server import logging as slog
 from modelc.server.app import create_app
+from modelc.server.models import ModelRegistry, ModelSlot
 from modelc.server.state import ServerState, load_model_info
+from modelc.store import Store
+
+
+@dataclass(slots=True)
+class ServedModel:
+    """A model named on the command line: where it is and what it is called."""
+
+    path: Path
+    name: str  # the id in responses
+    arg: str  # as given (a store name, catalog name or path)
+    aliases: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class ServeOptions:
-    model_path: Path
-    model_id: str
-    model_arg: str
+    models: list[ServedModel]
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
@@ -41,6 +55,7 @@ class ServeOptions:
     ping_interval: float = 10.0
     lora_dirs: list[Path] = field(default_factory=list)
     engine: EngineOptions = field(default_factory=EngineOptions)
+    store_dir: Path | None = None  # models requests may load on demand
 
 
 def _say(msg: str) -> None:
@@ -48,23 +63,23 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
-async def _load(opts: ServeOptions, state: ServerState, nursery: trio.Nursery) -> None:
+def make_engine(path: Path, name: str, options: EngineOptions) -> Engine:
+    """The engine for an artifact: the scheduler, or /infer's tensor engine for an MLP."""
     from modelc.engine import build_engine
 
-    info = await trio.to_thread.run_sync(load_model_info, opts.model_path, opts.model_id)
-    engine: Engine
-    if info.architecture == "mlp":  # arrays in, arrays out: /infer only
-        engine = await trio.to_thread.run_sync(_tensor_engine, opts.model_path, opts.model_id)
-    else:
-        engine = await trio.to_thread.run_sync(
-            partial(build_engine, opts.model_path, opts.engine, model_name=opts.model_id)
-        )
-    if opts.engine.max_context:
-        info.n_ctx = min(info.n_ctx, opts.engine.max_context)
-    info.prompt = engine.prompt  # one tokenizer, template and set of defaults: the engine's
-    await nursery.start(engine.run)
-    state.info, state.engine = info, engine
-    _say(f"model {opts.model_id} ({info.architecture}) ready")
+    if load_model_info(path, name).architecture == "mlp":  # arrays in, arrays out
+        return _tensor_engine(path, name)
+    return build_engine(path, options, model_name=name)
+
+
+def registry(opts: ServeOptions) -> ModelRegistry:
+    """The command line's models (kept loaded) and the store's (loaded on demand)."""
+    slots = [
+        ModelSlot(m.name, m.arg, m.path, {m.arg, *m.aliases}, keep_alive=math.inf)
+        for m in opts.models
+    ]
+    store = Store(opts.store_dir) if opts.store_dir is not None else None
+    return ModelRegistry(slots, opts.engine, make_engine, store, announce=_say)
 
 
 class _InFlight:
@@ -109,7 +124,7 @@ async def _signals(shutdown: trio.Event, state: ServerState, nursery: trio.Nurse
 
 async def serve_async(opts: ServeOptions) -> None:
     state = ServerState(
-        model_arg=opts.model_arg,
+        models=registry(opts),
         api_key=opts.api_key,
         rate_limit=opts.rate_limit,
         max_concurrent=opts.engine.max_concurrent,
@@ -152,23 +167,39 @@ async def serve_async(opts: ServeOptions) -> None:
         binds = await nursery.start(http)
         for b in binds:
             _say(f"listening on {b}")
-        nursery.start_soon(_load, opts, state, nursery)
+        await nursery.start(state.models.run)
+
+
+def check_bind(host: str, port: int) -> None:
+    """UsageError unless ``host:port`` can be listened on (checked before loading models)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise UsageError(f"--host {host!r} is not an address of this machine ({e})") from e
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            hint = "choose another --port" if e.errno == errno.EADDRINUSE else "check --host"
+            raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}; {hint}") from e
 
 
 def serve(opts: ServeOptions) -> int:
     """Run until SIGINT/SIGTERM; 0 after a clean shutdown."""
-    from modelc.errors import ModelcError
-
     slog.configure()
     try:
         trio.run(serve_async, opts)
     except BaseExceptionGroup as eg:  # a load error surfaces as itself (one line, exit 2)
-        match, _ = eg.split(ModelcError)
+        match, _ = eg.split((ModelcError, OSError))
         if match is None:
             raise
         first: BaseException = match
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
+        if isinstance(first, OSError):  # the port was taken between the check and the bind
+            raise UsageError(f"cannot listen on {opts.host}:{opts.port}: {first}") from eg
         raise first from eg
     _say("stopped")
     return 0

@@ -1,8 +1,8 @@
-"""What the app knows about the served model, and the engine once it is running.
+"""What the app knows about a served model, and the state every handler shares.
 
-:class:`ServerState` is created before the model is loaded (``/health`` answers 503
-while :attr:`ServerState.engine` is None); :func:`load_model_info` reads the
-artifact's manifest (tokenizer, chat template, sizes) without touching the weights.
+:func:`load_model_info` reads an artifact's manifest (sizes, context) without touching
+the weights; the engine's prompt format is added once the model is loaded.  The models
+themselves (loading, routing, unloading) are :mod:`modelc.server.models`.
 """
 
 from __future__ import annotations
@@ -10,14 +10,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
-from modelc.artifact import open_artifact
-from modelc.engine.api import Engine
-from modelc.errors import ModelNotFoundError, TokenizerError
+from modelc.artifact import Artifact, open_artifact
+from modelc.artifact.inspect import by_dtype
+from modelc.errors import TokenizerError
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
-from modelc.server.errors import LoadingError, ParamError
+
+if TYPE_CHECKING:
+    from modelc.server.models import ModelRegistry
 
 TEXT_ARCHS = ("llama", "gpt2")
 EMBED_ARCHS = ("bert",)
@@ -72,12 +74,19 @@ class ModelInfo:
         return self.fmt().tokenizer
 
 
+def quant_level(art: Artifact) -> str:
+    """The type most of the weights are stored in, as Ollama names it (``Q4_1``, ``F16``)."""
+    counts = by_dtype(art)
+    return next(iter(counts)).upper() if counts else "-"
+
+
 def load_model_info(path: Path, model_id: str) -> ModelInfo:
     """Read the manifest of a ``.modelc`` file (no weights are read)."""
     art = open_artifact(path)
     try:
         m = art.manifest
         n_params = art.n_params
+        quantization = quant_level(art)
     finally:
         art.close()
     spec = m.tokenizer
@@ -91,17 +100,15 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
         n_params=n_params,
         file_size=st.st_size,
         created=int(st.st_mtime),
-        quantization=str(m.pack.quantize or m.source.format),
+        quantization=quantization,
     )
 
 
 @dataclass(slots=True)
 class ServerState:
-    """Shared by every handler; ``engine`` is None while the model loads."""
+    """Shared by every handler: the served models and the server's settings."""
 
-    model_arg: str
-    info: ModelInfo | None = None
-    engine: Engine | None = None
+    models: ModelRegistry
     api_key: str | None = None
     rate_limit: int = 0  # requests per minute per client address; 0 = off
     max_concurrent: int = 0
@@ -110,55 +117,3 @@ class ServerState:
     started: float = field(default_factory=time.time)
     ping_interval: float = 10.0
     draining: bool = False
-
-    def ready(self) -> tuple[ModelInfo, Engine]:
-        if self.info is None or self.engine is None:
-            raise LoadingError("the model is still loading; retry in a moment (see /health)")
-        return self.info, self.engine
-
-    def model(self) -> ModelInfo:
-        if self.info is None:
-            raise LoadingError("the model is still loading; retry in a moment (see /health)")
-        return self.info
-
-    def serve(
-        self, requested: str | None, need: Literal["text", "embed"]
-    ) -> tuple[ModelInfo, Engine]:
-        """The loaded model and engine for a generation or embedding endpoint.
-
-        503 while loading, 404 if ``requested`` names another model, 400 if the model
-        cannot do what the endpoint ``need``s (generate text, or embed).
-        """
-        info, engine = self.ready()
-        self.check_model(requested)
-        if need == "text" and not info.generates:
-            raise ParamError(
-                f"model {info.model_id!r} is a {info.architecture} model and does not generate "
-                "text; serve a llama or gpt2 model (e.g. smollm2-135m) for this endpoint",
-                param="model",
-            )
-        if need == "embed" and not info.embeds:
-            raise ParamError(
-                f"model {info.model_id!r} is a {info.architecture} model; embeddings need an "
-                "embedding model (serve e.g. minilm-l6)",
-                param="model",
-            )
-        return info, engine
-
-    def check_model(self, requested: str | None) -> ModelInfo:
-        """The loaded model, if ``requested`` names it (or is empty)."""
-        info = self.model()
-        if requested and requested not in self.aliases(info):
-            raise ModelNotFoundError(
-                f"the model {requested!r} is not served here; this server serves "
-                f"{info.model_id!r} (see /v1/models)"
-            )
-        return info
-
-    def aliases(self, info: ModelInfo) -> set[str]:
-        a = {info.model_id, self.model_arg, info.path.name, info.path.stem, str(info.path)}
-        if ":" in info.model_id:
-            a.add(info.model_id.split(":", 1)[0])
-        else:
-            a.add(f"{info.model_id}:latest")
-        return a

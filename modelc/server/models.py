@@ -1,0 +1,313 @@
+"""The models one server serves: loaded at start or on first use, unloaded when idle.
+
+``modelc run A B`` serves A and B, each with its own engine (and KV budget) in its own
+cancel scope of the server's nursery, loaded at start and kept loaded.  A request may
+also name any model of the local store: it is loaded on first use and unloaded after
+``keep_alive`` of idle time (Ollama's rule: 5 minutes by default, ``0`` unloads right
+after the request, a negative value keeps it loaded; ``"10m"``, ``"1h30m"``, ``"45s"``
+or a number of seconds).  A request's own ``keep_alive`` sets the model's expiry after
+that request, for any model.
+
+A model is routed by any of its names (:attr:`ModelSlot.aliases`: the id, the name on
+the command line, ``--alias`` names, the store ref with and without ``:latest``, the
+file name).  A request without a model goes to the first model of the command line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import trio
+
+from modelc.engine.api import Engine
+from modelc.engine.options import EngineOptions
+from modelc.errors import ModelcError, ModelNotFoundError, UsageError
+from modelc.server.errors import LoadingError, ParamError
+from modelc.server.logging import logger
+from modelc.server.state import ModelInfo, load_model_info
+from modelc.store import Store
+
+DEFAULT_KEEP_ALIVE = 300.0  # seconds an on-demand model stays loaded after its last use
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_keep_alive(value: str | int | float | None) -> float | None:
+    """Seconds to stay loaded after a request (math.inf: forever); None: not given."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return math.inf if value < 0 else float(value)
+    v = value.strip()
+    try:
+        n = float(v)
+        return math.inf if n < 0 else n
+    except ValueError:
+        pass
+    if v.startswith("-"):
+        return math.inf
+    parts = _DURATION.findall(v)
+    if not parts or "".join(a + u for a, u in parts) != v:
+        raise ParamError(
+            f'keep_alive {value!r} is not a duration; use e.g. 300, "5m", "1h30m", 0 (unload '
+            "now) or -1 (keep loaded)",
+            param="keep_alive",
+        )
+    return sum(float(a) * _UNIT[u] for a, u in parts)
+
+
+@dataclass(eq=False)
+class ModelSlot:
+    """One servable model and its engine while loaded."""
+
+    name: str  # the id responses report
+    ref: str  # what the path resolves from (a command-line argument or a store ref)
+    path: Path | None = None  # known for command-line models; store models resolve at load
+    aliases: set[str] = field(default_factory=set)
+    keep_alive: float = math.inf  # after a use, when the request gives none
+    info: ModelInfo | None = None
+    engine: Engine | None = None
+    scope: trio.CancelScope | None = None
+    loading: trio.Event | None = None
+    error: ModelcError | None = None  # the last load failure
+    active: int = 0  # requests using the engine now
+    expires: float = math.inf  # trio.current_time() after which an idle slot unloads
+    loaded_at: float = 0.0
+
+    @property
+    def loaded(self) -> bool:
+        return self.engine is not None and self.info is not None
+
+    def names(self) -> set[str]:
+        out = {self.name, self.ref, *self.aliases}
+        for n in list(out):
+            if n.endswith(":latest"):
+                out.add(n.removesuffix(":latest"))
+            elif ":" not in n and "/" not in n:
+                out.add(f"{n}:latest")
+        if self.path is not None:
+            out |= {self.path.name, self.path.stem, str(self.path)}
+        return out
+
+
+Need = Literal["text", "embed", "any"]
+EngineFactory = Callable[[Path, str, EngineOptions], Engine]
+
+
+class ModelRegistry:
+    """Every model the server knows; see the module docstring."""
+
+    def __init__(
+        self,
+        slots: list[ModelSlot],
+        options: EngineOptions,
+        make_engine: EngineFactory,
+        store: Store | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        if not slots:
+            raise UsageError("no model to serve")
+        self.slots = list(slots)
+        self.options = options
+        self.make_engine = make_engine
+        self.store = store
+        self.announce = announce or (lambda msg: None)  # a line for the operator
+        self._nursery: trio.Nursery | None = None
+        self.changed = trio.Event()  # set whenever a slot loads, unloads or is released
+        self.started = False  # the command line's models have loaded (``/health``)
+
+    # -- lookup ----------------------------------------------------------------------
+    @property
+    def default(self) -> ModelSlot:
+        return self.slots[0]
+
+    def find(self, requested: str | None) -> ModelSlot | None:
+        if not requested:
+            return self.default
+        for s in self.slots:
+            if requested in s.names():
+                return s
+        return None
+
+    def lookup(self, requested: str | None) -> ModelSlot:
+        """The slot for ``requested`` (a new on-demand slot for a store model), or 404."""
+        slot = self.find(requested)
+        if slot is not None:
+            return slot
+        assert requested
+        if self._in_store(requested):
+            slot = ModelSlot(requested, requested, keep_alive=DEFAULT_KEEP_ALIVE)
+            self.slots.append(slot)
+            return slot
+        served = ", ".join(repr(s.name) for s in self.slots)
+        raise ModelNotFoundError(
+            f"the model {requested!r} is not served here and not in the local store; this "
+            f"server serves {served} (see /v1/models; `modelc pull` or /api/pull adds a model)"
+        )
+
+    def _in_store(self, ref: str) -> bool:
+        try:
+            return self.store is not None and self.store.exists(ref)
+        except ModelcError:  # not a valid store name
+            return False
+
+    def loaded(self) -> Iterator[ModelSlot]:
+        return (s for s in self.slots if s.loaded)
+
+    def listing(self) -> list[tuple[str, ModelInfo]]:
+        """(name, facts) of every model a request may name: the served ones, then the
+        store's (facts from the manifest for a model not loaded; no weights are read)."""
+        out: list[tuple[str, ModelInfo]] = []
+        seen: set[str] = set()
+        for s in self.slots:
+            info = s.info
+            if info is None and s.path is not None:
+                info = load_model_info(s.path, s.name)
+            if info is not None:
+                out.append((s.name, info))
+                seen |= s.names()
+        if self.store is not None:
+            for e in self.store.list_models():
+                if e.current and not e.error and e.name not in seen and e.ref not in seen:
+                    try:
+                        out.append((e.name, load_model_info(e.path, e.name)))
+                    except ModelcError:  # unreadable: `modelc verify` says why
+                        continue
+        return out
+
+    # -- use -------------------------------------------------------------------------
+    async def acquire(self, requested: str | None, need: Need = "any") -> ModelSlot:
+        """The loaded slot for ``requested`` (loading it first), counted as in use."""
+        slot = self.lookup(requested)
+        await self.ensure_loaded(slot)
+        info = slot.info
+        assert info is not None
+        if need == "text" and not info.generates:
+            raise ParamError(
+                f"model {info.model_id!r} is a {info.architecture} model and does not generate "
+                "text; name a llama or gpt2 model (e.g. smollm2-135m) for this endpoint",
+                param="model",
+            )
+        if need == "embed" and not info.embeds:
+            raise ParamError(
+                f"model {info.model_id!r} is a {info.architecture} model; embeddings need an "
+                "embedding model (e.g. minilm-l6)",
+                param="model",
+            )
+        slot.active += 1
+        return slot
+
+    def release(self, slot: ModelSlot, keep_alive: float | None = None) -> None:
+        """A request is done with ``slot``; it stays loaded ``keep_alive`` seconds more."""
+        slot.active = max(0, slot.active - 1)
+        ka = slot.keep_alive if keep_alive is None else keep_alive
+        slot.expires = trio.current_time() + ka if ka != math.inf else math.inf
+        if keep_alive is not None:
+            slot.keep_alive = keep_alive
+        self.changed.set()
+
+    async def ensure_loaded(self, slot: ModelSlot) -> None:
+        while not slot.loaded:
+            if slot.loading is None:
+                if self._nursery is None:
+                    raise LoadingError("the server is starting; retry in a moment (see /health)")
+                slot.loading = trio.Event()
+                slot.error = None
+                self._nursery.start_soon(self._load, slot)
+            event = slot.loading
+            await event.wait()
+            if slot.error is not None:
+                raise slot.error
+
+    async def path(self, slot: ModelSlot) -> Path:
+        """The slot's artifact (a store model's current version, looked up once)."""
+        if slot.path is None:
+            if self.store is None:
+                raise ModelNotFoundError(f"no file for model {slot.name!r}")
+            slot.path = await trio.to_thread.run_sync(self.store.resolve, slot.ref)
+        return slot.path
+
+    async def _load(self, slot: ModelSlot) -> None:
+        assert self._nursery is not None and slot.loading is not None
+        done = slot.loading
+        try:
+            path = await self.path(slot)
+            info = await trio.to_thread.run_sync(load_model_info, path, slot.name)
+            engine = await trio.to_thread.run_sync(
+                partial(self.make_engine, path, slot.name, self.options)
+            )
+            if self.options.max_context:
+                info.n_ctx = min(info.n_ctx, self.options.max_context)
+            info.prompt = engine.prompt  # one tokenizer, template and set of defaults
+            slot.scope = await self._nursery.start(self._run_engine, engine)
+            slot.info, slot.engine = info, engine
+            slot.loaded_at = trio.current_time()
+            slot.expires = slot.loaded_at + slot.keep_alive
+            logger().info("model_loaded", model=slot.name, path=str(slot.path))
+            self.announce(f"model {slot.name} ({info.architecture}) ready")
+        except ModelcError as e:
+            slot.error = e
+        except Exception as e:  # a broken file must not take the server down
+            logger().error("model_load_failed", model=slot.name, error=repr(e))
+            slot.error = ModelcError(f"cannot load model {slot.name!r}: {type(e).__name__}: {e}")
+        finally:
+            slot.loading = None
+            done.set()
+            self.changed.set()
+
+    async def _run_engine(
+        self,
+        engine: Engine,
+        *,
+        task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The engine's task in a scope of its own: cancelling it unloads the model."""
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as n:
+                await n.start(engine.run)
+                task_status.started(scope)
+
+    def forget(self, slot: ModelSlot) -> None:
+        """A store model was removed: unload it and drop its slot (not a command-line one)."""
+        if slot.loaded:
+            self.unload(slot)
+        if slot is not self.default and slot.keep_alive != math.inf:
+            self.slots.remove(slot)
+
+    def unload(self, slot: ModelSlot) -> None:
+        """Stop the slot's engine (its requests end) and forget it until the next use."""
+        if slot.scope is not None:
+            slot.scope.cancel()
+        logger().info("model_unloaded", model=slot.name)
+        self.announce(f"model {slot.name} unloaded")
+        slot.scope = slot.info = slot.engine = None
+        slot.expires = math.inf
+        self.changed.set()
+
+    # -- the registry's own task ---------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load the command line's models, then unload idle ones as they expire."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            for s in list(self.slots):
+                await self.ensure_loaded(s)  # a failure stops the server (one line)
+            self.started = True
+            while True:
+                self.changed = trio.Event()
+                now = trio.current_time()
+                for s in self.slots:
+                    if s.loaded and s.active == 0 and s.expires <= now:
+                        self.unload(s)
+                soonest = min(
+                    (s.expires for s in self.slots if s.loaded and s.active == 0),
+                    default=math.inf,
+                )
+                with trio.move_on_at(soonest):
+                    await self.changed.wait()
