@@ -306,3 +306,46 @@ def test_run_usage_errors(args: list[str], message: str, tmp_path: Path) -> None
     )
     assert p.returncode == 2 and message in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "999.1.1.1", "192.0.2.1"])
+def test_run_bad_host_is_one_line(host: str, tmp_path: Path) -> None:
+    """An address that does not resolve, or is not this machine's: one line, exit 2."""
+    env = {**os.environ, "MODELC_HOME": str(tmp_path)}
+    p = subprocess.run(
+        [sys.executable, "-m", "modelc.cli", "run", str(smollm2_gguf()), "--host", host],
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--host" in lines[0] and host in lines[0], p.stderr
+
+
+def test_run_busy_port_is_one_line_before_loading(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {**os.environ, "MODELC_HOME": str(tmp_path)}
+        t0 = time.monotonic()
+        p = subprocess.run(
+            [sys.executable, "-m", "modelc.cli", "run", str(smollm2_gguf()), "--port", str(port)],
+            cwd=Path(__file__).parent.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - t0
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert lines == [
+        f"modelc: error: cannot listen on 127.0.0.1:{port}: Address already in use; "
+        "choose another --port"
+    ], p.stderr
+    # refused before the model was packed or loaded: nothing was written to the store
+    assert not (tmp_path / "models").exists() and took < 30

@@ -28,6 +28,7 @@ server's configuration, else llama-server's defaults.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -263,6 +264,9 @@ class PromptFormat:
             max_tokens=max_tokens,
             stop=[t for t in (texts if isinstance(texts, list) else []) if isinstance(t, str)],
         )
+        n_predict = gen.get("num_predict")  # the model's own limit (Ollama's PARAMETER)
+        if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict > 0:
+            defaults = dataclasses.replace(defaults, max_tokens=n_predict)
         system = gen.get("system")
         return cls(
             Tokenizer(spec), template, defaults, extra, system if isinstance(system, str) else None

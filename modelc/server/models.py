@@ -70,7 +70,9 @@ class ModelSlot:
     ref: str  # what the path resolves from (a command-line argument or a store ref)
     path: Path | None = None  # known for command-line models; store models resolve at load
     aliases: set[str] = field(default_factory=set)
-    keep_alive: float = math.inf  # after a use, when the request gives none
+    pinned: bool = False  # named on the command line (kept loaded; not removable over HTTP)
+    default_keep_alive: float = DEFAULT_KEEP_ALIVE  # math.inf for a pinned model
+    keep_alive: float = DEFAULT_KEEP_ALIVE  # now: a request's keep_alive lasts while loaded
     info: ModelInfo | None = None
     engine: Engine | None = None
     scope: trio.CancelScope | None = None
@@ -85,14 +87,17 @@ class ModelSlot:
         return self.engine is not None and self.info is not None
 
     def names(self) -> set[str]:
+        """Every name a request may use: the id, aliases, the command-line argument (a
+        file's name and stem too) and the store ref with and without ``:latest``."""
         out = {self.name, self.ref, *self.aliases}
         for n in list(out):
             if n.endswith(":latest"):
                 out.add(n.removesuffix(":latest"))
             elif ":" not in n and "/" not in n:
                 out.add(f"{n}:latest")
-        if self.path is not None:
-            out |= {self.path.name, self.path.stem, str(self.path)}
+        if "/" in self.ref or Path(self.ref).suffix:  # a path: its file or directory name
+            p = Path(self.ref.rstrip("/"))
+            out |= {p.name, p.stem}
         return out
 
 
@@ -142,7 +147,7 @@ class ModelRegistry:
             return slot
         assert requested
         if self._in_store(requested):
-            slot = ModelSlot(requested, requested, keep_alive=DEFAULT_KEEP_ALIVE)
+            slot = ModelSlot(requested, requested)
             self.slots.append(slot)
             return slot
         served = ", ".join(repr(s.name) for s in self.slots)
@@ -206,10 +211,9 @@ class ModelRegistry:
     def release(self, slot: ModelSlot, keep_alive: float | None = None) -> None:
         """A request is done with ``slot``; it stays loaded ``keep_alive`` seconds more."""
         slot.active = max(0, slot.active - 1)
-        ka = slot.keep_alive if keep_alive is None else keep_alive
-        slot.expires = trio.current_time() + ka if ka != math.inf else math.inf
-        if keep_alive is not None:
+        if keep_alive is not None:  # until the model unloads (then its default again)
             slot.keep_alive = keep_alive
+        slot.expires = trio.current_time() + slot.keep_alive
         self.changed.set()
 
     async def ensure_loaded(self, slot: ModelSlot) -> None:
@@ -277,7 +281,7 @@ class ModelRegistry:
         """A store model was removed: unload it and drop its slot (not a command-line one)."""
         if slot.loaded:
             self.unload(slot)
-        if slot is not self.default and slot.keep_alive != math.inf:
+        if not slot.pinned:
             self.slots.remove(slot)
 
     def unload(self, slot: ModelSlot) -> None:
@@ -288,6 +292,7 @@ class ModelRegistry:
         self.announce(f"model {slot.name} unloaded")
         slot.scope = slot.info = slot.engine = None
         slot.expires = math.inf
+        slot.keep_alive = slot.default_keep_alive  # a request's keep_alive ends here
         self.changed.set()
 
     # -- the registry's own task ---------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shlex
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -68,6 +67,13 @@ def _details(info: ModelInfo) -> OllamaModelDetails:
     )
 
 
+def _in_store(store: Store, ref: str) -> bool:
+    try:
+        return store.exists(ref)
+    except ModelcError:  # not a store name
+        return False
+
+
 def _store(models: ModelRegistry) -> Store:
     if models.store is None:
         raise ModelcError("this server has no model store")
@@ -109,11 +115,8 @@ async def ps() -> Response:
         info = s.info
         assert info is not None
         left = s.expires - now
-        expires = (
-            "0001-01-01T00:00:00Z"
-            if math.isinf(left)
-            else _time(datetime.now(UTC).timestamp() + left)
-        )
+        # never: now + the longest Go duration (2**63 ns), as Ollama shows "Forever"
+        expires = _time(datetime.now(UTC).timestamp() + min(left, 2**63 / 1e9))
         out.append(
             OllamaRunning(
                 s.name,
@@ -198,7 +201,7 @@ async def delete() -> Response:
     models = ctx().state.models
     name = _name(req.model, req.name)
     slot = models.find(name)
-    if slot is not None and slot.path is not None and slot.keep_alive == math.inf:
+    if slot is not None and slot.pinned:
         raise ParamError(
             f"{name!r} is served from the command line; stop the server to remove it",
             param="model",
@@ -285,8 +288,11 @@ def _generation(parameters: dict[str, Any]) -> dict[str, Any]:
         if name == "stop":
             gen["stop"] = [_unquote(v) for v in values]
             continue
-        if name == "num_predict":
-            continue  # the server's --max-tokens
+        if name == "num_predict":  # a request without a limit stops here
+            n = int(float(values[-1]))
+            if n > 0:
+                gen["num_predict"] = n
+            continue
         key = _FROM_OLLAMA.get(name)
         if key is None:
             raise ParamError(
@@ -342,10 +348,14 @@ async def create() -> Response:
         from modelc.artifact import load_artifact
         from modelc.formats import load_model
 
-        if store.exists(source):
+        path = Path(source).expanduser()
+        slot = models.find(source)
+        if path.exists():
+            ir = load_model(path)
+        elif slot is not None and slot.path is not None:  # a served model, by any name
+            ir = load_artifact(slot.path)
+        elif _in_store(store, source):
             ir = load_artifact(store.resolve(source))
-        elif Path(source).expanduser().exists():
-            ir = load_model(Path(source).expanduser())
         else:
             raise UsageError(
                 f"{source!r} is neither a store model nor a file on the server", param="from"

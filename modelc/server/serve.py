@@ -75,7 +75,15 @@ def make_engine(path: Path, name: str, options: EngineOptions) -> Engine:
 def registry(opts: ServeOptions) -> ModelRegistry:
     """The command line's models (kept loaded) and the store's (loaded on demand)."""
     slots = [
-        ModelSlot(m.name, m.arg, m.path, {m.arg, *m.aliases}, keep_alive=math.inf)
+        ModelSlot(
+            m.name,
+            m.arg,
+            m.path,
+            {m.arg, *m.aliases},
+            pinned=True,
+            default_keep_alive=math.inf,
+            keep_alive=math.inf,
+        )
         for m in opts.models
     ]
     store = Store(opts.store_dir) if opts.store_dir is not None else None
