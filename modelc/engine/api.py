@@ -88,6 +88,7 @@ class FinishEvent:
     reason: FinishReason
     text: str = ""  # any held-back text released at the end (stop-string look-ahead)
     stop_word: str = ""  # the stop string that ended the text ("" for a stop token)
+    stop_token: TokenEvent | None = None  # the end-of-generation token (no text of its own)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache

@@ -30,6 +30,7 @@ step are dropped.  Nothing else is stopped by it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ class _Request:
     # the prompt's log-probabilities as prefill computes them (prompt_logprobs requests)
     prompt_lp: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
     prompt_lp_sent: bool = False
+    stop_token: TokenEvent | None = None  # the end-of-generation token that ended it
 
 
 class _Handle:
@@ -299,6 +301,8 @@ class LLMEngine:
             keep = min(self.opt.anchor_tokens, self.max_context // 4)
             prompt = prompt[:keep] + prompt[n_prompt - (self.max_context // 2 - keep) :]
         max_new = self._max_new(p.max_tokens, len(prompt))
+        if req.ignore_eos:  # as llama.cpp: the end-of-generation ids are never sampled
+            p = dataclasses.replace(p, banned_token_ids=sorted(self._eog | set(p.banned_token_ids)))
         sampler = Sampler(p, lm.n_vocab, prompt)
         constraint = None
         if req.constraint is not None:
@@ -554,6 +558,8 @@ class LLMEngine:
             r.first_token_at = now
         grammar_eos = r.constraint is not None and r.constraint.done and tok in self._eog
         if grammar_eos or tok in r.stop_ids:
+            lp = None if math.isnan(smp.logprob) else smp.logprob
+            r.stop_token = TokenEvent(tok, "", lp, smp.top)
             return FinishReason.STOP
         text = r.output.push(tok)
         reason = None
@@ -597,6 +603,7 @@ class LLMEngine:
                 reason,
                 tail,
                 stop_word=r.output.stops.word,
+                stop_token=r.stop_token,
                 prompt_tokens=r.prompt_tokens,
                 completion_tokens=r.completion,
                 cached_tokens=r.cached_tokens if r.prefix_loaded else 0,

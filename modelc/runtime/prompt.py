@@ -309,8 +309,12 @@ class PromptFormat:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final: bool | None = None,
     ) -> ChatPrompt:
         """The prompt for a conversation (see the module docstring for the rules).
+
+        A final assistant message is continued rather than closed when
+        ``continue_final`` (default: when a generation prompt is asked for).
 
         ``messages``: dicts with ``role``, ``content`` (a string, or a list of
         ``{"type": "text", "text": ...}`` parts), and optionally ``name``,
@@ -330,8 +334,10 @@ class PromptFormat:
             tool_list = None
         prefill = ""
         last = msgs[-1] if msgs else None
+        if continue_final is None:
+            continue_final = add_generation_prompt
         if (
-            add_generation_prompt
+            continue_final
             and last is not None
             and last["role"] == "assistant"
             and not last.get("tool_calls")
@@ -340,7 +346,7 @@ class PromptFormat:
             prefill = str(last["content"])
             msgs = msgs[:-1]
         guard = _Guard(self._control, [*_strings(msgs), prefill], self.template or "")
-        text = self._render(guard.protect(msgs), tool_list, add_generation_prompt)
+        text = self._render(guard.protect(msgs), tool_list, add_generation_prompt or bool(prefill))
         text += guard.protect(prefill)
         add_bos = self.tokenizer.adds_bos
         if add_bos and self.bos_text and text.startswith(self.bos_text):
@@ -358,9 +364,15 @@ class PromptFormat:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final: bool | None = None,
     ) -> str:
         """The prompt text of a conversation (llama.cpp's ``/apply-template``)."""
-        return self.chat(messages, tools=tools, add_generation_prompt=add_generation_prompt).text
+        return self.chat(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final=continue_final,
+        ).text
 
     def _template_has(self, word: str) -> bool:
         return bool(self.template) and word in (self.template or "")

@@ -2,6 +2,7 @@
 
 Order of the chain (each step is skipped when its setting is neutral):
 
+0. ``banned_token_ids``            set to -inf (the engine bans end-of-generation ids for ignore_eos)
 1. ``logit_bias``                  added to the raw logits (token id -> bias)
 2. repetition penalty              over the last ``repeat_last_n`` tokens (prompt included),
                                    llama.cpp / CTRL style: positive logits divided, negative multiplied
@@ -48,6 +49,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     # ids that end generation besides the model's own end-of-generation ids (the engine adds those)
     stop_token_ids: list[int] = field(default_factory=list)
+    banned_token_ids: list[int] = field(default_factory=list)  # never sampled (ignore_eos)
 
     def validate(self, n_vocab: int) -> None:
         """Raise UsageError naming the first out-of-range setting."""
@@ -138,6 +140,9 @@ class Sampler:
 
     def _build_chain(self) -> list[Processor]:
         p, chain = self.p, []
+        if p.banned_token_ids:
+            banned = np.asarray(p.banned_token_ids, np.int64)
+            chain.append(lambda x: x.__setitem__(banned, -np.inf))
         if p.logit_bias:
             ids = np.fromiter(p.logit_bias.keys(), np.int64)
             vals = np.fromiter(p.logit_bias.values(), np.float32)

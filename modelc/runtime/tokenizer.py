@@ -249,6 +249,10 @@ class Tokenizer:
         """Whether ``encode(add_special=True)`` puts a BOS first."""
         return self._adds()[0] and self.bos_id is not None
 
+    def is_control(self, token_id: int) -> bool:
+        """A control token (BOS, EOS, turn markers): text only when specials are shown."""
+        return 0 <= token_id < self.n_vocab and self.types[token_id] == CONTROL
+
     def control_texts(self) -> list[str]:
         """Texts of the tokens only ``parse_special`` splits out (control/unknown), longest first."""
         user = {t for t, _ in self._user}

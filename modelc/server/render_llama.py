@@ -4,6 +4,7 @@ them (``content``, ``tokens``, ``stop``, ``stop_type``, ``timings``,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,9 +90,12 @@ class LlamaRenderer(RendererBase):
     headers: dict[str, str] = field(default_factory=lambda: sse.HEADERS)
     ping: bytes | None = None  # llama.cpp sends no comments between events
     _predicted: int = 0
+    _new_line: bool = False  # a streamed piece had a newline
 
     def _piece(self, tok: int) -> tuple[str, list[int]]:
-        raw = self.info.tok().token_to_piece(tok)
+        """A token's text and bytes as llama.cpp shows them: control tokens are empty."""
+        tk = self.info.tok()
+        raw = b"" if tk.is_control(tok) else tk.token_to_piece(tok)
         return raw.decode("utf-8", "replace"), list(raw)
 
     def _probs(self, events: list[TokenEvent]) -> list[LlamaTokenProb] | None:
@@ -108,6 +112,8 @@ class LlamaRenderer(RendererBase):
         self, i: int, content: str, tokens: list[TokenEvent], f: FinishEvent
     ) -> LlamaCompletion:
         text, ids = self.prompts[i]
+        if f.stop_token is not None:  # llama.cpp lists the end-of-generation token too
+            tokens = [*tokens, f.stop_token]
         return LlamaCompletion(
             i,
             content,
@@ -119,7 +125,7 @@ class LlamaRenderer(RendererBase):
             len(ids),
             settings(self.params, self.stream, self.n_probs, self.ignore_eos),
             text,
-            "\n" in content,
+            "\n" in content or self._new_line,
             False,
             stop_type(f),
             f.stop_word,
@@ -133,22 +139,29 @@ class LlamaRenderer(RendererBase):
         return answers if self.many else answers[0]
 
     def start(self, i: int) -> list[bytes]:
-        self._predicted = 0
+        self._predicted, self._new_line = 0, False
         return []
 
-    def token(self, i: int, ev: TokenEvent) -> list[bytes]:
+    def _chunk(self, i: int, ev: TokenEvent) -> bytes:
+        """A streamed token: llama.cpp sends its id whether or not return_tokens is set."""
         self._predicted += 1
+        self._new_line = self._new_line or "\n" in ev.text
         chunk = LlamaStreamChunk(
             i,
             ev.text,
-            [ev.token_id] if self.return_tokens else [],
+            [ev.token_id],
             False,
             -1,
             self._predicted,
             len(self.prompts[i][1]),
             self._probs([ev]),
         )
-        return [sse.event(chunk)]
+        return sse.event(chunk)
+
+    def token(self, i: int, ev: TokenEvent) -> list[bytes]:
+        return [self._chunk(i, ev)]
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
-        return [sse.event(self._final(i, ev.text, [], ev))]
+        last = [self._chunk(i, ev.stop_token)] if ev.stop_token is not None else []
+        final = dataclasses.replace(ev, stop_token=None)  # streamed already
+        return [*last, sse.event(self._final(i, ev.text, [], final))]

@@ -104,6 +104,7 @@ async def apply_template() -> Response:
         plain(req.messages),
         tools=plain(req.tools) if req.tools else None,
         add_generation_prompt=req.add_generation_prompt,
+        continue_final=True,  # llama.cpp continues a final assistant message either way
     )
     return json_response(ApplyTemplateResponse(text))
 
