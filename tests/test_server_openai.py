@@ -366,3 +366,37 @@ def test_stop_and_logit_bias(client: openai.OpenAI, model_id: str, smol_server: 
         extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1},
     )
     assert r.choices[0].message.content == " banana" * 3
+
+
+def test_chat_stream_prompt_progress(smol_server: Server) -> None:
+    """llama.cpp's return_progress: while a long prompt is processed (256-token steps),
+    chunks with prompt_progress, processed rising to the total, before the first token."""
+    long_text = "The quick brown fox jumps over the lazy dog. " * 70
+    body = {
+        "messages": [{"role": "user", "content": long_text + "Summarise."}],
+        "max_tokens": 2,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_progress": True,
+    }
+    events = []
+    with httpx.stream(
+        "POST", f"{smol_server.url}/v1/chat/completions", json=body, timeout=120
+    ) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    first_text = next(
+        k for k, e in enumerate(events) if e["choices"] and e["choices"][0]["delta"].get("content")
+    )
+    usage = events[-1]["usage"]
+    total = usage["prompt_tokens"]
+    assert total > 512  # three prefill steps at least
+    assert [p["total"] for p in progress] == [total] * len(progress)
+    done = [p["processed"] for p in progress]
+    assert len(done) >= 3 and done == sorted(done) and done[-1] == total
+    assert done[0] == 256 + progress[0]["cache"]  # one 256-token step (after any cached prefix)
+    last_progress = max(k for k, e in enumerate(events) if "prompt_progress" in e)
+    assert last_progress < first_text

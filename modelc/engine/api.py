@@ -55,6 +55,7 @@ class GenerationRequest:
     # PromptEvent before the first token (OpenAI's echo with logprobs); the prompt is
     # then computed in full (no prefix-cache reuse) and without speculation
     prompt_logprobs: int | None = None
+    progress: bool = False  # a ProgressEvent after each step of prompt processing
 
 
 class FinishReason(enum.StrEnum):
@@ -84,6 +85,18 @@ class PromptEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """Prompt processing so far: ``processed`` of ``total`` prompt tokens are in the KV
+    cache, ``cached`` of them from the prefix cache (llama.cpp's ``prompt_progress``)."""
+
+    processed: int
+    total: int
+    cached: int
+    seconds: float  # since the request was submitted
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class FinishEvent:
     reason: FinishReason
     text: str = ""  # any held-back text released at the end (stop-string look-ahead)
@@ -99,7 +112,7 @@ class FinishEvent:
     error: str | None = None
 
 
-Event = TokenEvent | PromptEvent | FinishEvent
+Event = TokenEvent | PromptEvent | ProgressEvent | FinishEvent
 
 
 class RequestHandle(Protocol):

@@ -46,6 +46,7 @@ from modelc.engine.api import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    ProgressEvent,
     PromptEvent,
     TokenEvent,
 )
@@ -320,8 +321,10 @@ class LLMEngine:
         except ModelcError:
             self.prefix.release(blocks)
             raise
-        # every token, a prompt event and the finish event fit: delivering never blocks
-        send, recv = trio.open_memory_channel[Event](max_new + 3)
+        # every token, a prompt event, progress events (one a prefill chunk at most) and the
+        # finish event fit: delivering never blocks
+        chunks = -(-len(prompt) // max(self.opt.prefill_chunk, 1)) + 1 if req.progress else 0
+        send, recv = trio.open_memory_channel[Event](max_new + 3 + chunks)
         use_spec = (
             self.opt.speculative
             and req.speculative
@@ -531,6 +534,11 @@ class LLMEngine:
                 continue
             self._stats.spec_drafted += s.n_draft
             self._stats.spec_accepted += max(0, len(samples) - 1) if s.n_draft else 0
+            if r.req.progress and s.start < r.prompt_len:
+                done = min(r.cache.n, r.prompt_len)
+                self._send(
+                    r, ProgressEvent(done, r.prompt_tokens, r.cached_tokens, now - r.submitted)
+                )
             if r.req.prompt_logprobs is not None and samples and not r.prompt_lp_sent:
                 r.prompt_lp_sent = True
                 lps = (None, *(lp for lp, _ in r.prompt_lp))

@@ -30,6 +30,7 @@ from modelc.engine.api import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    ProgressEvent,
     PromptEvent,
     RequestHandle,
     TokenEvent,
@@ -196,6 +197,7 @@ def make_requests(
     constraint: Constraint | None = None,
     ignore_eos: bool = False,
     prompt_logprobs: int | None = None,
+    progress: bool = False,
 ) -> list[GenerationRequest]:
     """``n`` requests for one prompt (seeds ``seed``, ``seed + 1`` ... when seeded)."""
     return [
@@ -212,6 +214,7 @@ def make_requests(
             constraint=constraint,
             ignore_eos=ignore_eos,
             prompt_logprobs=prompt_logprobs,
+            progress=progress,
         )
         for i in range(n)
     ]
@@ -267,7 +270,8 @@ class Renderer(Protocol):
     """One API dialect's answer for the results of one request (``n`` engine requests).
 
     Streaming: ``start(i)`` before choice ``i``'s events, ``prompt(i, ev)`` for the
-    prompt's log-probabilities when asked for, ``token(i, ev)`` per token, ``finish(i,
+    prompt's log-probabilities when asked for, ``progress(i, ev)`` while the prompt is
+    processed when asked for, ``token(i, ev)`` per token, ``finish(i,
     ev)`` at its end, ``end()`` after every choice; each returns the byte chunks to send.  ``ping`` is sent while nothing happens (None: nothing).
     Not streaming: ``body(outcomes)`` is the response object.
     """
@@ -278,6 +282,8 @@ class Renderer(Protocol):
     def start(self, i: int) -> list[bytes]: ...
 
     def prompt(self, i: int, ev: PromptEvent) -> list[bytes]: ...
+
+    def progress(self, i: int, ev: ProgressEvent) -> list[bytes]: ...
 
     def token(self, i: int, ev: TokenEvent) -> list[bytes]: ...
 
@@ -297,6 +303,9 @@ class RendererBase:
         return []
 
     def prompt(self, i: int, ev: PromptEvent) -> list[bytes]:
+        return []
+
+    def progress(self, i: int, ev: ProgressEvent) -> list[bytes]:
         return []
 
     def end(self) -> list[bytes]:
@@ -327,7 +336,7 @@ async def collect(handle: RequestHandle, metrics: Metrics) -> Outcome:
                 out.tokens.append(ev)
             elif isinstance(ev, PromptEvent):
                 out.prompt = ev
-            else:
+            elif isinstance(ev, FinishEvent):
                 finish = ev
     finally:
         handle.cancel()
@@ -390,6 +399,9 @@ async def _stream(
                         yield b
                 elif isinstance(ev, PromptEvent):
                     for b in r.prompt(i, ev):
+                        yield b
+                elif isinstance(ev, ProgressEvent):
+                    for b in r.progress(i, ev):
                         yield b
                 else:
                     metrics.finished(ev)

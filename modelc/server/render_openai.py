@@ -10,7 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from modelc.engine.api import Constraint, ConstraintKind, FinishEvent, PromptEvent, TokenEvent
+from modelc.engine.api import (
+    Constraint,
+    ConstraintKind,
+    FinishEvent,
+    ProgressEvent,
+    PromptEvent,
+    TokenEvent,
+)
 from modelc.server import sse
 from modelc.server import tools as tooling
 from modelc.server.errors import ParamError
@@ -22,10 +29,12 @@ from modelc.server.schemas import (
     ChatCompletionChunk,
     ChatDelta,
     ChatMessageOut,
+    ChatProgressChunk,
     ChoiceLogprobs,
     Completion,
     CompletionChoice,
     CompletionLogprobs,
+    PromptProgress,
     PromptTokensDetails,
     ResponseFormat,
     TokenLogprob,
@@ -87,6 +96,7 @@ class ChatRenderer(_Base):
 
     tools: bool = False
     logprobs: bool = False
+    progress_chunks: bool = False  # llama.cpp's return_progress
     _held: str = ""  # streamed text that may still be a tool call
     _holding: bool = False
 
@@ -126,6 +136,12 @@ class ChatRenderer(_Base):
     ) -> bytes:
         choice = ChatChunkChoice(i, delta, finish, lp)
         return sse.event(ChatCompletionChunk(self.cid, self.created, self.model, [choice]))
+
+    def progress(self, i: int, ev: ProgressEvent) -> list[bytes]:
+        if not self.progress_chunks:
+            return []
+        p = PromptProgress(ev.total, ev.cached, ev.processed, round(ev.seconds * 1000, 3))
+        return [sse.event(ChatProgressChunk(self.cid, self.created, self.model, [], p))]
 
     def start(self, i: int) -> list[bytes]:
         self._held, self._holding = "", self.tools

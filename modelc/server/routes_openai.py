@@ -61,7 +61,8 @@ async def chat_completions() -> Response:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
     cid = new_id("chatcmpl")
-    reqs = make_requests(cid, ids, params, req.n, constraint, req.ignore_eos)
+    progress = req.stream and req.return_progress
+    reqs = make_requests(cid, ids, params, req.n, constraint, req.ignore_eos, progress=progress)
     handles = submit_all(engine, reqs, prompt_param="messages")
     r = ChatRenderer(
         info,
@@ -72,6 +73,7 @@ async def chat_completions() -> Response:
         return_token_ids=req.return_token_ids,
         tools=tools is not None,
         logprobs=req.logprobs,
+        progress_chunks=progress,
     )
     return await respond(handles, r, stream=req.stream, n_prompt=len(ids))
 

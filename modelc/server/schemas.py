@@ -186,6 +186,7 @@ class ChatCompletionRequest(OpenAIGeneration, kw_only=True):
     metadata: dict[str, Any] | None = None
     service_tier: Name | None = None
     return_token_ids: bool = False  # vLLM: prompt_token_ids and each choice's token_ids
+    return_progress: bool = False  # llama.cpp: prompt_progress chunks while streaming
 
 
 class ToolCallOut(Resp):
@@ -265,6 +266,26 @@ class ChatChunkChoice(Resp):
     delta: ChatDelta
     finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
+
+
+class PromptProgress(Resp):
+    """llama.cpp's ``prompt_progress``: prompt tokens in total, from the cache, processed."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+
+class ChatProgressChunk(Resp):
+    """A streamed chunk with no choice delta, carrying prompt-processing progress."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    prompt_progress: PromptProgress
+    object: str = "chat.completion.chunk"
 
 
 class ChatCompletionChunk(Resp):
