@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from modelc.artifact import is_artifact, load_artifact, write_artifact
+from modelc.artifact.atomic import sweep_stale
 from modelc.catalog import CATALOG, cache_dir
 from modelc.config import Config, load_config
 from modelc.errors import ModelNotFoundError, UsageError
@@ -69,6 +70,7 @@ def resolve_model(
         if p.is_file() and is_artifact(p):
             return p
         cached = packed_cache_path(p)
+        sweep_stale(cached.parent, depth=0)
         if not cached.exists():
             from modelc.formats import load_model
 

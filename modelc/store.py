@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelc.artifact import PackOptions, open_artifact, write_artifact
-from modelc.artifact.atomic import atomic_output, fsync_dir, write_text_atomic
+from modelc.artifact.atomic import atomic_output, fsync_dir, sweep_stale, write_text_atomic
 from modelc.artifact.inspect import quant_label
 from modelc.errors import ModelcError, ModelNotFoundError, StoreError, UsageError
 from modelc.formats.ir import ModelIR
@@ -164,6 +164,7 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        sweep_stale(self.root)  # what writers killed before they finished left behind
 
     # -- lookup ----------------------------------------------------------------
     def _dir(self, name: str) -> Path:

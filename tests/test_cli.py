@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -345,3 +346,52 @@ def test_pack_minilm_hf_dir_as_bert(cli: Cli) -> None:
     assert info["architecture"] == "bert" and info["params"] == "22.7M"
     assert info["tokenizer"] is not None and info["quantization"]["summary"] == "f32"
     assert "ok minilm" in cli("verify", "minilm").stdout
+
+
+@pytest.mark.parametrize("wait", [0.0, 0.3, 1.0])
+def test_kill_9_during_pack_leaves_nothing_after_the_next_command(
+    cli: Cli, smol: Path, wait: float
+) -> None:
+    """kill -9 (no cleanup possible) at a few points of a pack into the store: the store
+    stays consistent, and the next command removes the dead writer's temp file."""
+    import signal
+    import time
+
+    store = Path(cli.env["MODELC_HOME"]) / "models"
+    cli("pack", str(smol), "--name", "keep")  # a model that must survive untouched
+    before = {p: p.stat().st_size for p in store.rglob("*.modelc")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modelc.cli", "pack", str(smol), "--name", "s", "--compress"],
+        env=cli.env,
+        cwd=cli.cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not list(store.rglob("*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(store.rglob("*.tmp")), "pack never started writing"
+    time.sleep(wait)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    left = list(store.rglob("*.tmp"))
+    if proc.returncode == -signal.SIGKILL and left:  # killed mid-write: the temp file stays
+        assert all(p.name.startswith(".") for p in left)
+    names = [e["name"] for e in _listing(cli)]  # any store command sweeps the dead writer's
+    assert not list(store.rglob("*.tmp"))
+    assert "keep" in names
+    assert {p: p.stat().st_size for p in store.rglob("*.modelc") if "keep" in str(p)} == before
+    assert cli("verify", "--all").returncode == 0
+
+
+def test_sweep_keeps_a_live_writers_temp_file(cli: Cli) -> None:
+    store = Path(cli.env["MODELC_HOME"]) / "models" / "m"
+    store.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = store / f".latest.modelc.{dead.pid}.abc123.tmp"
+    live = store / f".latest.modelc.{os.getpid()}.def456.tmp"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"y")
+    _listing(cli)
+    assert not stale.exists() and live.exists()

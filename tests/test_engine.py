@@ -564,3 +564,39 @@ def test_prefix_blocks_round_trip_every_layer(mode: KVMode) -> None:
         else:
             np.testing.assert_array_equal(got_k, want_k)
             np.testing.assert_array_equal(got_v, want_v)
+
+
+async def test_unread_stream_pauses_then_is_cancelled(ir: ModelIR) -> None:
+    """A request whose reader falls max_unread events behind stops costing compute (no
+    tokens while paused, others keep going), resumes when read, and is cancelled after
+    stall_timeout paused."""
+    eng = make(ir, speculative=False, max_unread=8, stall_timeout=1.0)
+    p = params(eng, max_tokens=200)
+    async with running(eng):
+        lazy = eng.submit(GenerationRequest("lazy", ids(eng, PROMPTS[2]), p, ignore_eos=True))
+        await trio.sleep(0.5)  # the lazy reader reads nothing
+        assert eng.stats().running == 1
+        r = eng._reqs["lazy"]
+        assert r.paused_at is not None and r.completion == 8  # stopped at 8 unread events
+        # another request runs meanwhile, at full speed, to its end
+        toks, _, fin = await collect(
+            eng.submit(GenerationRequest("busy", ids(eng, PROMPTS[0]), params(eng, 20)))
+        )
+        assert fin.reason is FinishReason.LENGTH and len(toks) == 20
+        assert eng._reqs["lazy"].completion == 8  # still paused: no compute spent on it
+        # read a little: it resumes, then stalls again and is cancelled after stall_timeout
+        for _ in range(8):
+            await lazy.next_event()
+        await trio.sleep(0.3)
+        assert eng._reqs["lazy"].completion == 16
+        with trio.fail_after(5):
+            while "lazy" in eng._reqs:
+                await trio.sleep(0.05)
+    events = []
+    with trio.fail_after(2):
+        async for ev in lazy:
+            events.append(ev)
+    fin = events[-1]
+    assert isinstance(fin, FinishEvent) and fin.reason is FinishReason.CANCELLED
+    assert fin.error == "the client stopped reading" and fin.completion_tokens == 16
+    assert eng.kv_budget.used == 0  # its memory went back

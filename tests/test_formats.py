@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import subprocess
@@ -517,3 +518,37 @@ def test_onnx_with_hf_transformer_names_maps_like_hf(tmp_path: Path) -> None:
     ir = load_onnx(p)
     assert ir.architecture == "gpt2" and ir.graph is None
     assert _tensors(ir) == _tensors(load_hf_dir(FIX / "gpt2-st"))
+
+
+@pytest.mark.parametrize("dim", [2**63, 2**62, -(2**63), 2**41])
+def test_pytorch_huge_dimension_is_a_format_error(tmp_path: Path, dim: int) -> None:
+    """A size of 2**63 used to wrap the element count to 0 in int64, skip the bounds check
+    and escape as numpy's ValueError (issue 15): every implausible size is a FormatError,
+    from the library and from the CLI (one line, exit 2)."""
+    import zipfile
+
+    from tests.gen_gpt2 import write_torch_zip
+
+    good = tmp_path / "good.bin"
+    write_torch_zip({"w": np.zeros((4, 7777), np.float32)}, good)
+    with zipfile.ZipFile(good) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    placeholder = b"J" + (7777).to_bytes(4, "little")  # BININT 7777: size, then stride
+    long1 = b"\x8a" + bytes([9]) + dim.to_bytes(9, "little", signed=True)  # LONG1
+    assert members["archive/data.pkl"].count(placeholder) == 2
+    members["archive/data.pkl"] = members["archive/data.pkl"].replace(placeholder, long1, 1)
+    bad = tmp_path / "bad.bin"
+    with zipfile.ZipFile(bad, "w", zipfile.ZIP_STORED) as z:
+        for n, b in members.items():
+            z.writestr(n, b)
+    with pytest.raises(FormatError, match=r"bad\.bin"):
+        load_pytorch(bad).tensors["w"].data()
+    p = subprocess.run(
+        [sys.executable, "-m", "modelc.cli", "inspect", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MODELC_CACHE": str(tmp_path / "cache")},
+    )
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "Traceback" not in p.stderr

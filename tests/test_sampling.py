@@ -192,3 +192,21 @@ def test_earliest_of_several_stops_and_flush() -> None:
     assert not hit and out == ["line", "\n"]  # flushed at the end
     out, hit = run_stops([], ["a", "b"])
     assert out == ["a", "b", ""] and not hit
+
+
+def test_extreme_penalties_never_give_nan() -> None:
+    """repetition_penalty 1e-300 divides a repeated token's logit to +inf: that token is
+    certain (not NaN probabilities), greedy or sampled; a huge one sends it to -inf."""
+    x = logits(7)
+    rep = int(np.argsort(x)[V // 2])  # a middling token, positive or not
+    x[rep] = abs(x[rep]) + 0.5
+    for temperature in (0.0, 0.8):
+        s = Sampler(
+            SamplingParams(temperature=temperature, repetition_penalty=1e-300, seed=1),
+            V,
+            prompt=[rep],
+        )
+        assert s.sample(x).token == rep
+    x[rep] = -abs(x[rep]) - 0.5  # a negative logit multiplied by 1e300: -inf, never drawn
+    s = Sampler(SamplingParams(temperature=1.0, repetition_penalty=1e300, seed=1), V, prompt=[rep])
+    assert all(s.sample(x).token != rep for _ in range(50))

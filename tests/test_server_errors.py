@@ -264,3 +264,27 @@ def test_error_names_field_in_message(smol_server: Server, param: str) -> None:
     r = httpx.post(f"{smol_server.url}/v1/chat/completions", json=body)
     assert r.status_code == 400
     assert param in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "extreme",
+    [
+        {"repetition_penalty": 1e-300},
+        {"repetition_penalty": 10.0},
+        {"temperature": 1e-9},
+        {"temperature": 2.0, "top_p": 1e-9},
+        {"min_p": 1.0},
+        {"top_k": 1_000_000},
+        {"logit_bias": {"1": 100.0, "2": -100.0}},
+        {"presence_penalty": 2.0, "frequency_penalty": -2.0},
+    ],
+)
+def test_schema_valid_extremes_are_served(smol_server: Server, extreme: dict[str, Any]) -> None:
+    """Every value the schema admits is served (issue 15: repetition_penalty 1e-300 was a
+    500 'Probabilities contain NaN'); the same body twice with a seed answers the same."""
+    body = {"prompt": "The capital of France is", "max_tokens": 4, "seed": 3, **extreme}
+    r = httpx.post(f"{smol_server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    again = httpx.post(f"{smol_server.url}/v1/completions", json=body, timeout=60).json()
+    assert again["choices"][0]["text"] == r.json()["choices"][0]["text"]
+    assert r.json()["usage"]["completion_tokens"] in range(1, 5)

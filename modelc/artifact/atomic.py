@@ -3,13 +3,16 @@
 A reader (or the store) therefore sees either the old file or the complete new one,
 never a partial file, even if the writer is killed half way.  The file gets the mode
 an ordinary ``open(path, "w")`` would give it (0666 less the umask), not the 0600 of
-the temp file.
+the temp file.  A temp file's name carries its writer's pid (``.NAME.PID.XXXX.tmp``):
+:func:`sweep_stale` removes those whose writer is gone (a ``kill -9``), and the store
+and the pack cache sweep their directories whenever they are opened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +50,9 @@ def current_umask() -> int:
 def atomic_output(dest: Path) -> Iterator[BinaryIO]:
     """Yield a binary file; on clean exit it is fsynced and renamed to ``dest``, else removed."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp", dir=dest.parent
+    )
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w+b") as f:
@@ -62,6 +67,37 @@ def atomic_output(dest: Path) -> Iterator[BinaryIO]:
             tmp.unlink()
         raise
     fsync_dir(dest.parent)
+
+
+_TEMP = re.compile(r"^\..+\.(\d+)\.(?:[A-Za-z0-9_]+\.)?tmp$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or not a pid we can ask about): leave it
+    return True
+
+
+def sweep_stale(directory: Path, depth: int = 1) -> list[Path]:
+    """Remove temp files in ``directory`` (and ``depth`` levels below) whose writer died."""
+    removed: list[Path] = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _TEMP.match(p.name)
+        if m is not None and p.is_file() and not _alive(int(m.group(1))):
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+        elif depth > 0 and p.is_dir() and not p.is_symlink():
+            removed += sweep_stale(p, depth - 1)
+    return removed
 
 
 def write_text_atomic(dest: Path, text: str) -> None:

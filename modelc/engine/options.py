@@ -34,6 +34,9 @@ class EngineOptions:
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
     threads: int | None = None  # kernel threads; default MODELC_THREADS or every core
     max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
+    # a reader this many events behind pauses its request (no compute, KV kept) ...
+    max_unread: int = 64
+    stall_timeout: float = 30.0  # ... and a request paused this long is cancelled
     # the server's sampling defaults (config.toml [sampling]); the model's own come first
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -78,6 +81,8 @@ class EngineOptions:
                 f"the draft must be prompt-lookup, ngram or mlp, got {self.draft!r}",
             ),
             (self.max_tokens >= 1, f"--max-tokens must be at least 1, got {self.max_tokens}"),
+            (self.max_unread >= 1, f"max_unread must be at least 1, got {self.max_unread}"),
+            (self.stall_timeout > 0, f"stall_timeout must be > 0, got {self.stall_timeout}"),
             (
                 self.threads is None or self.threads >= 1,
                 f"--threads must be at least 1, got {self.threads}",

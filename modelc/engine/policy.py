@@ -52,6 +52,7 @@ class SeqState:
     num_computed: int = 0  # tokens in the KV cache
     num_tokens: int = 0  # prompt + sampled tokens known so far
     draft: int = 0  # speculative tokens to verify this step (set by the engine)
+    paused: bool = False  # not scheduled (its reader fell behind); keeps its KV cache
     kv_reserved: int = 0
     status: RequestStatus = RequestStatus.WAITING
 
@@ -201,6 +202,10 @@ class Policy:
         st.status = RequestStatus.FINISHED
         return True
 
+    def pause(self, request_id: str, paused: bool) -> None:
+        """A paused decoder is left out of the steps until it is resumed."""
+        self.running[request_id].paused = paused
+
     def set_draft(self, request_id: str, n: int) -> None:
         self.running[request_id].draft = max(0, n)
 
@@ -214,7 +219,7 @@ class Policy:
     def schedule(self) -> StepPlan:
         budget = self.step_tokens
         out: list[ScheduledSeq] = []
-        decoding = [s for s in self.running.values() if not s.prefilling]
+        decoding = [s for s in self.running.values() if not s.prefilling and not s.paused]
         prefilling = [s for s in self.running.values() if s.prefilling]
         for st in decoding:  # always scheduled: a running stream never stalls
             n_known = st.num_tokens - st.num_computed

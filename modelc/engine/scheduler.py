@@ -100,6 +100,7 @@ class _Request:
     prompt_lp: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
     prompt_lp_sent: bool = False
     stop_token: TokenEvent | None = None  # the end-of-generation token that ended it
+    paused_at: float | None = None  # trio time its reader fell behind (see _pace)
 
 
 class _Handle:
@@ -409,9 +410,28 @@ class LLMEngine:
 
     async def _idle(self) -> None:
         deadlines = [r.req.deadline for r in self._reqs.values() if r.req.deadline is not None]
+        if any(r.paused_at is not None for r in self._reqs.values()):
+            deadlines.append(trio.current_time() + 0.05)  # see whether the readers caught up
         self._wake = trio.Event()
         with trio.move_on_at(min(deadlines, default=math.inf)):
             await self._wake.wait()
+
+    def _pace(self, rid: str, r: _Request) -> bool:
+        """Pause a decoder whose reader fell ``max_unread`` events behind (no compute while
+        nobody reads), resume it when the reader catches up, cancel it after
+        ``stall_timeout`` paused.  False if the request ended."""
+        behind = r.send.statistics().current_buffer_used >= self.opt.max_unread
+        now = trio.current_time()
+        if behind and r.paused_at is None:
+            r.paused_at = now
+            self.policy.pause(rid, True)
+        elif not behind and r.paused_at is not None:
+            r.paused_at = None
+            self.policy.pause(rid, False)
+        if r.paused_at is not None and now - r.paused_at >= self.opt.stall_timeout:
+            self._finish(rid, FinishReason.CANCELLED, error="the client stopped reading")
+            return False
+        return True
 
     def _reap(self) -> None:
         now = trio.current_time()
@@ -428,6 +448,8 @@ class LLMEngine:
         for rid, st in list(self.policy.running.items()):
             r = self._reqs[rid]
             if st.prefilling or r.cache is None:
+                continue
+            if not self._pace(rid, r) or r.paused_at is not None:
                 continue
             if len(r.tokens) > self.max_context:  # the next decode would not fit
                 if not self.opt.context_shift:

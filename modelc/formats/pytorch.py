@@ -12,6 +12,7 @@ are views of the same bytes.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import sys
 import zipfile
@@ -48,6 +49,10 @@ _LEGACY_HINT = (
     "is not a zip-format PyTorch checkpoint (legacy pre-1.6 serialization or not PyTorch at all); "
     "re-save it with torch>=1.6: torch.save(torch.load(path), new_path), or convert it to safetensors"
 )
+
+
+# no tensor dimension, stride or offset is this large in a real checkpoint (2**40)
+_MAX_DIM = 1 << 40
 
 
 def _refuse_setstate(obj: object) -> None:
@@ -109,6 +114,11 @@ def _rebuild_tensor_v2(
     shape, strides = tuple(int(s) for s in size), tuple(int(s) for s in stride)
     if len(shape) != len(strides) or min(shape, default=0) < 0:
         raise FormatError(f"tensor with size {shape} and stride {strides} is malformed")
+    if max((*shape, *(abs(s) for s in strides), abs(int(storage_offset))), default=0) > _MAX_DIM:
+        raise FormatError(
+            f"tensor with size {shape} and stride {strides} is implausibly large "
+            "(corrupt checkpoint)"
+        )
     return _TensorRef(storage, int(storage_offset), shape, strides)
 
 
@@ -219,7 +229,7 @@ class _ZipStorages:
 
 def _materialize(ref: _TensorRef, path: Path, name: str) -> np.ndarray[Any, Any]:
     base = ref.storage.array()
-    n = int(np.prod(ref.size, dtype=np.int64)) if ref.size else 1
+    n = math.prod(ref.size)  # Python ints: exact, never wraps around
     if n == 0:
         return np.zeros(ref.size, base.dtype)
     last = ref.offset + sum((d - 1) * s for d, s in zip(ref.size, ref.stride, strict=True))
@@ -227,9 +237,7 @@ def _materialize(ref: _TensorRef, path: Path, name: str) -> np.ndarray[Any, Any]
         raise FormatError(
             f"tensor {name!r} reaches outside its storage (corrupt checkpoint)", path=path
         )
-    contiguous = tuple(
-        int(np.prod(ref.size[i + 1 :], dtype=np.int64)) for i in range(len(ref.size))
-    )
+    contiguous = tuple(math.prod(ref.size[i + 1 :]) for i in range(len(ref.size)))
     if ref.stride == contiguous:
         return base[ref.offset : ref.offset + n].reshape(ref.size)
     view = np.lib.stride_tricks.as_strided(

@@ -158,7 +158,10 @@ class Sampler:
         if len(recent) == 0:
             return
         v = x[recent]
-        x[recent] = np.where(v > 0, v / self.p.repetition_penalty, v * self.p.repetition_penalty)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # to +-inf
+            x[recent] = np.where(
+                v > 0, v / self.p.repetition_penalty, v * self.p.repetition_penalty
+            )
 
     def _presence_frequency(self, x: F32Array) -> None:
         c = self.counts
@@ -177,7 +180,14 @@ class Sampler:
         the untempered distribution, then temperature reshapes it over those."""
         p = self.p
         z = x.astype(np.float64)
-        z -= z.max()
+        best = z.max()
+        if not np.isfinite(best):  # +inf logits (an extreme penalty or bias): those only
+            only: np.ndarray[Any, np.dtype[np.float64]] = np.asarray(
+                (z == best) if best > 0 else np.ones_like(z, dtype=bool), dtype=np.float64
+            )
+            only /= only.sum()
+            return only
+        z -= best
         probs = np.exp(z)
         if 0 < p.top_k < self.n_vocab:
             kth = np.partition(probs, -p.top_k)[-p.top_k]
