@@ -423,3 +423,35 @@ def test_write_replaces_atomically(tiny: tuple[Path, Any], tmp_path: Path) -> No
     assert out.stat().st_ino != before  # a new file renamed over the old one
     assert sorted(os.listdir(tmp_path)) == ["tiny.safetensors", "x.modelc"]
     verify_artifact(out)
+
+
+def test_overlapping_tensors_refused(tiny: tuple[Path, Any], tmp_path: Path) -> None:
+    """Two tensors sharing bytes (issue 15: loaded and packed silently; only verify saw
+    it): open_artifact refuses the file, and the CLI says so in one line."""
+    import subprocess
+    import sys
+
+    path, _ = tiny
+    good = tmp_path / "g.modelc"
+    write_artifact(load_model(path), good)
+    m0 = open_artifact(good).manifest
+    sizes = {e.name: e.stored_nbytes for e in m0.tensors}
+    a, b = sorted(m0.tensors, key=lambda e: -e.stored_nbytes)[:2]
+
+    def overlap(m: Any) -> None:
+        second = next(e for e in m.tensors if e.name == b.name)
+        first = next(e for e in m.tensors if e.name == a.name)
+        second.offset = first.offset + 8  # inside the first one's bytes, still in range
+
+    assert sizes[b.name] + 8 <= sizes[a.name]
+    _rewrite_manifest(good, tmp_path / "ov.modelc", overlap)
+    with pytest.raises(FormatError, match="overlap"):
+        open_artifact(tmp_path / "ov.modelc")
+    p = subprocess.run(
+        [sys.executable, "-m", "modelc.cli", "inspect", str(tmp_path / "ov.modelc")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "overlap" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

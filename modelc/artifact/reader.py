@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import math
 import mmap
 import zlib
@@ -193,6 +194,12 @@ def _check_tensors(p: Path, h: Header, m: Manifest, size: int) -> None:
                 f"tensor {e.name}: its bytes {e.offset}..{e.offset + e.stored_nbytes} lie outside the "
                 f"data area (0..{h.data_length}); the file is truncated or corrupt",
                 path=p,
+            )
+    spans = sorted((e.offset, e.offset + e.stored_nbytes, e.name) for e in m.tensors)
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        if start < end:  # a writer never shares bytes between tensors: a crafted file
+            raise FormatError(
+                f"tensors {a} and {b} overlap in the data area; the file is corrupt", path=p
             )
 
 
