@@ -58,7 +58,7 @@ class LoadingError(ModelcError):
     error_type = "server_overloaded"
 
 
-_PATH_RE = re.compile(r" - at `\$\.?([^`]*)`$")
+_PATH_RE = re.compile(r" - at (?:`key` in )?`\$\.?([^`]*)`$")  # a value's or a key's path
 _HTTP_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
@@ -127,6 +127,9 @@ def _to_error(exc: BaseException) -> tuple[int, bytes, dict[str, str]]:
         status = exc.code or 500
         if status == 413:  # the unread body is still on the wire: do not reuse the connection
             headers["Connection"] = "close"
+        allowed = getattr(exc, "valid_methods", None)
+        if status == 405 and allowed:  # RFC 9110: a 405 says what is allowed
+            headers["Allow"] = ", ".join(sorted(allowed))
         return (
             status,
             error_body(

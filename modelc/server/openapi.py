@@ -59,7 +59,7 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
         s.LlamaCompletion,
         "llama.cpp's native completion (SSE of LlamaStreamChunk when stream)",
     ),
-    ("post", "/infill", s.LlamaCompletionRequest, s.LlamaCompletion, "Fill in the middle"),
+    ("post", "/infill", s.LlamaInfillRequest, s.LlamaCompletion, "Fill in the middle"),
     ("post", "/detokenize", s.DetokenizeRequest, s.DetokenizeResponse, "Token ids to text"),
     (
         "post",
@@ -130,36 +130,61 @@ def _ref(t: type[Any]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{t.__name__}"}
 
 
+# routes that stream when asked (``stream: true``): SSE, or Ollama's NDJSON (its default)
+_SSE = {"/v1/chat/completions", "/v1/completions", "/completion", "/infill", "/chat/stream"}
+_NDJSON = {"/api/generate", "/api/chat", "/api/pull", "/api/create"}
+# request bodies that need one of several fields (msgspec cannot say so in the Struct)
+_ONE_OF = {
+    "/tokenize": ["content", "prompt", "messages"],
+    "/api/show": ["model", "name"],
+    "/api/pull": ["model", "name"],
+    "/api/delete": ["model", "name"],
+    "/api/create": ["model", "name"],
+}
+
+
+def _body(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": schema}}
+    if path in _SSE:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    if path in _NDJSON:
+        content["application/x-ndjson"] = {"schema": {"type": "string"}}
+    return content
+
+
 def openapi_document() -> bytes:
     types = {t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None}
-    types.add(s.ErrorResponse)
+    types |= {s.ErrorResponse, s.OllamaError}
     ordered = sorted(types, key=lambda t: t.__name__)
     _, components = msgspec.json.schema_components(
         ordered, ref_template="#/components/schemas/{name}"
     )
     paths: dict[str, dict[str, Any]] = {}
-    error = {
-        "description": "error",
-        "content": {"application/json": {"schema": _ref(s.ErrorResponse)}},
-    }
     for method, path, req, resp, summary in ROUTES:
+        shape = s.OllamaError if path.startswith("/api/") and path != "/api/version" else None
+        error = {
+            "description": "error",
+            "content": {"application/json": {"schema": _ref(shape or s.ErrorResponse)}},
+        }
+        ok: dict[str, Any] = {"description": "OK"}
+        if resp is not None:
+            ok["content"] = _body(_ref(resp), path)
+        elif path in _SSE or path in _NDJSON:
+            ok["content"] = _body({"type": "string"}, path)
         op: dict[str, Any] = {
             "summary": summary,
-            "responses": {
-                "200": {
-                    "description": "OK",
-                    "content": {"application/json": {"schema": _ref(resp)}},
-                }
-                if resp is not None
-                else {"description": "OK"},
-                "4XX": error,
-                "5XX": error,
-            },
+            "responses": {"200": ok, "4XX": error, "5XX": error},
         }
         if req is not None:
+            schema: dict[str, Any] = _ref(req)
+            if path in _ONE_OF:
+                schema = {
+                    "allOf": [schema],
+                    "anyOf": [{"required": [f]} for f in _ONE_OF[path]],
+                }
             op["requestBody"] = {
                 "required": True,
-                "content": {"application/json": {"schema": _ref(req)}},
+                "content": {"application/json": {"schema": schema}},
             }
         if "{model}" in path:
             op["parameters"] = [

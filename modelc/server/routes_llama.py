@@ -40,6 +40,7 @@ from modelc.server.schemas import (
     DetokenizeResponse,
     GenerationSettings,
     LlamaCompletionRequest,
+    LlamaInfillRequest,
     LlamaSlot,
     LlamaTokenizeResponse,
     PropsResponse,
@@ -200,9 +201,9 @@ def _mixed(info: ModelInfo, items: list[Any]) -> tuple[str, list[int]]:
     return fmt.decode(ids), ids
 
 
-async def _complete(req: LlamaCompletionRequest, infill: bool) -> Response:
+async def _complete(req: LlamaCompletionRequest) -> Response:
     info, engine = await use_model(req.model, "text")
-    if infill:
+    if isinstance(req, LlamaInfillRequest):
         try:
             ids = info.fmt().infill(req.input_prefix, req.input_suffix)
         except UnsupportedError as e:
@@ -252,13 +253,13 @@ async def _complete(req: LlamaCompletionRequest, infill: bool) -> Response:
 @bp.post("/completions")
 async def completion() -> Response:
     """llama.cpp's native completion (``n_predict``, ``n_probs``, streaming...)."""
-    return await _complete(await body(LlamaCompletionRequest), infill=False)
+    return await _complete(await body(LlamaCompletionRequest))
 
 
 @bp.post("/infill")
 async def infill() -> Response:
     """Fill in the middle between ``input_prefix`` and ``input_suffix`` (code models)."""
-    return await _complete(await body(LlamaCompletionRequest), infill=True)
+    return await _complete(await body(LlamaInfillRequest))
 
 
 @bp.get("/slots")

@@ -16,6 +16,7 @@ from msgspec import Meta, Struct
 
 # --- shared limits -----------------------------------------------------------------------
 Text = Annotated[str, Meta(max_length=1_000_000)]
+Prose = Annotated[str, Meta(min_length=1, max_length=1_000_000)]  # text that must say something
 ShortText = Annotated[str, Meta(max_length=256)]
 Name = Annotated[str, Meta(max_length=256)]
 TokenId = Annotated[int, Meta(ge=0, le=(1 << 31) - 1)]
@@ -32,7 +33,9 @@ Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 StopList = Annotated[list[ShortText], Meta(max_length=16)]
 Stop = ShortText | StopList | None
-LogitBias = Annotated[dict[str, Bias], Meta(max_length=1024)]
+LogitBias = Annotated[
+    dict[Annotated[str, Meta(pattern=r"^[0-9]{1,10}$")], Bias], Meta(max_length=1024)
+]  # token id (as a string, OpenAI's form) -> bias
 
 # Ollama's keep_alive: seconds (negative: forever) or a duration such as "5m" or "1h30m"
 KeepAlive = Annotated[str, Meta(max_length=32)] | int | float | None
@@ -55,6 +58,12 @@ class ErrorDetail(Resp):
     type: str
     param: str | None = None
     code: str | None = None
+
+
+class OllamaError(Resp):
+    """Ollama's error body (its ``/api/`` routes)."""
+
+    error: str
 
 
 class ErrorResponse(Resp):
@@ -81,7 +90,7 @@ class Sampling(Req):
 
 # --- chat --------------------------------------------------------------------------------
 class ContentPart(Req):
-    type: Annotated[str, Meta(max_length=32)]
+    type: Literal["text"]  # images are not supported yet
     text: Text | None = None
 
 
@@ -299,8 +308,8 @@ class ChatCompletionChunk(Resp):
 
 
 # --- completions -------------------------------------------------------------------------
-PromptItem = Text | TokenId | Annotated[list[TokenId], Meta(max_length=1_000_000)]
-Prompt = Text | Annotated[list[PromptItem], Meta(min_length=1, max_length=1_000_000)]
+PromptItem = Prose | TokenId | Annotated[list[TokenId], Meta(min_length=1, max_length=1_000_000)]
+Prompt = Prose | Annotated[list[PromptItem], Meta(min_length=1, max_length=1_000_000)]
 
 
 class CompletionRequest(OpenAIGeneration, kw_only=True):
@@ -340,9 +349,9 @@ class Completion(Resp):
 
 # --- embeddings --------------------------------------------------------------------------
 EmbedInput = (
-    Text
+    Prose
     | Annotated[
-        list[Text | TokenId | Annotated[list[TokenId], Meta(max_length=100_000)]],
+        list[Prose | TokenId | Annotated[list[TokenId], Meta(min_length=1, max_length=100_000)]],
         Meta(min_length=1, max_length=2048),
     ]
 )
@@ -396,7 +405,7 @@ class NativeOptions(Sampling, kw_only=True):
 
 
 class NativeCompleteRequest(NativeOptions, kw_only=True):
-    prompt: Text
+    prompt: Prose
 
 
 class NativeChatRequest(NativeOptions, kw_only=True):
@@ -475,8 +484,10 @@ class TokenizeRequest(Req):
 
 
 # a string; ids and strings making one prompt; or several prompts (strings or such lists)
-LlamaPromptItem = Text | TokenId | Annotated[list[Text | TokenId], Meta(max_length=1_000_000)]
-LlamaPrompt = Text | Annotated[list[LlamaPromptItem], Meta(max_length=1_000_000)]
+LlamaPromptItem = (
+    Prose | TokenId | Annotated[list[Prose | TokenId], Meta(min_length=1, max_length=1_000_000)]
+)
+LlamaPrompt = Prose | Annotated[list[LlamaPromptItem], Meta(min_length=1, max_length=1_000_000)]
 LlamaBias = (
     dict[str, Bias | bool]
     | Annotated[list[list[TokenId | Text | Bias | bool]], Meta(max_length=1024)]
@@ -486,7 +497,7 @@ LlamaBias = (
 class LlamaCompletionRequest(Sampling, kw_only=True):
     """llama.cpp's ``/completion`` (and ``/infill``): its field names and defaults."""
 
-    prompt: LlamaPrompt = ""
+    prompt: LlamaPrompt
     n_predict: Annotated[int, Meta(ge=-2, le=1_048_576)] | None = None
     n_probs: Annotated[int, Meta(ge=0, le=20)] = 0
     stream: bool = False
@@ -500,7 +511,13 @@ class LlamaCompletionRequest(Sampling, kw_only=True):
     json_schema: dict[str, Any] | None = None
     grammar: Text | None = None
     model: Name | None = None
-    # /infill
+
+
+class LlamaInfillRequest(LlamaCompletionRequest, kw_only=True):
+    """``/infill``: the text before and after the hole (``prompt``: text after the hole's
+    start, optional)."""
+
+    prompt: Text | Annotated[list[LlamaPromptItem], Meta(max_length=1_000_000)] = ""  # type: ignore[assignment]
     input_prefix: Text = ""
     input_suffix: Text = ""
 
@@ -769,7 +786,7 @@ class OllamaChatChunk(Resp, omit_defaults=True):
 
 class OllamaEmbedRequest(Req):
     model: Name
-    input: Text | Annotated[list[Text], Meta(min_length=1, max_length=2048)]
+    input: Prose | Annotated[list[Prose], Meta(min_length=1, max_length=2048)]
     truncate: bool = True
     options: OllamaOptions | None = None
     keep_alive: KeepAlive = None
@@ -897,6 +914,7 @@ REQUEST_TYPES: tuple[type[Req], ...] = (
     DetokenizeRequest,
     ApplyTemplateRequest,
     LlamaCompletionRequest,
+    LlamaInfillRequest,
     OllamaShowRequest,
     OllamaPullRequest,
     OllamaCopyRequest,
