@@ -25,6 +25,13 @@ from modelc.server.metrics import CONTENT_TYPE, Metrics
 from modelc.server.state import ServerState
 
 MAX_BODY = 8 * 1024 * 1024
+STATIC_TYPES = {
+    "js": "text/javascript; charset=utf-8",
+    "css": "text/css; charset=utf-8",
+    "txt": "text/plain; charset=utf-8",
+    "svg": "image/svg+xml",
+    "png": "image/png",
+}
 
 
 def create_app(state: ServerState) -> QuartTrio:
@@ -37,7 +44,7 @@ def create_app(state: ServerState) -> QuartTrio:
     )
     from modelc.server.openapi import openapi_document
 
-    app = QuartTrio("modelc.server")
+    app = QuartTrio("modelc.server", static_folder=None)  # "/static/..." is _static below
     app.config.update(
         RESPONSE_TIMEOUT=None,  # streams may run as long as generation does
         BODY_TIMEOUT=60,
@@ -58,7 +65,11 @@ def create_app(state: ServerState) -> QuartTrio:
         ACCESS.set(
             AccessRecord(rid[:64], request.method, request.path, client, time.perf_counter())
         )
-        if request.path in auth.EXEMPT or request.method == "OPTIONS":
+        if (
+            request.path in auth.EXEMPT
+            or request.path.startswith("/static/")  # the chat page's files, as "/"
+            or request.method == "OPTIONS"
+        ):
             return
         c = ctx()
         auth.check_api_key(
@@ -93,7 +104,25 @@ def create_app(state: ServerState) -> QuartTrio:
     @app.get("/")
     async def _index() -> Response:
         page = resources.files("modelc.server").joinpath("static/chat.html").read_bytes()
-        return Response(page, content_type="text/html; charset=utf-8")
+        return Response(
+            page, content_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"}
+        )
+
+    @app.get("/static/<path:name>")
+    async def _static(name: str) -> Response:
+        # the chat page's modules, styles and vendored libraries (files only, no "..")
+        kind = STATIC_TYPES.get(name.rsplit(".", 1)[-1])
+        path = resources.files("modelc.server").joinpath("static")
+        for part in name.split("/"):
+            if part in ("", ".", "..") or part.startswith("."):
+                kind = None
+                break
+            path = path.joinpath(part)
+        if kind is None or not path.is_file():
+            return Response(b"not found", status=404, content_type="text/plain")
+        # vendored files are pinned by version (immutable for a day); the page's own: revalidate
+        cache = "public, max-age=86400" if name.startswith("vendor/") else "no-cache"
+        return Response(path.read_bytes(), content_type=kind, headers={"Cache-Control": cache})
 
     doc = openapi_document()
 
