@@ -77,3 +77,34 @@ def test_plain_fallback() -> None:
         render_chat(None, [])
     with pytest.raises(UsageError):
         render_chat(None, [{"content": "no role"}])
+
+
+HOSTILE = {
+    "forever": "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+    "huge string": "{{ 'x' * 1000000000 }}",
+    "huge list": "{{ ([1] * 100000000) | length }}",
+    "power": "{{ 10 ** 100000000 }}",
+    "huge output": "{% for i in range(99999) %}{{ 'abcdefghij' * 10000 }}{% endfor %}",
+    "recursion": "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+    "internals": "{{ messages.__class__.__mro__ }}",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_templates_are_stopped(name: str) -> None:
+    """A template is a stranger's code: loops that run forever, huge strings and outputs,
+    deep recursion and reaching for internals all end promptly in a UsageError."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match="chat template"):
+        render_chat(HOSTILE[name], [{"role": "user", "content": "x"}])
+    assert time.monotonic() - t0 < 10
+    # and the next, ordinary render is not affected by the last one's deadline
+    assert render_chat("{{ messages[0].content }}", [{"role": "user", "content": "ok"}]) == "ok"
+
+
+def test_template_internals_stay_out_of_reach() -> None:
+    """The sandbox answers unsafe attributes with nothing: no module globals leak."""
+    for tpl in ("{{ raise_exception.__globals__ }}", "{{ strftime_now.__code__ }}"):
+        assert render_chat(tpl, [{"role": "user", "content": "x"}]) == ""

@@ -10,26 +10,80 @@ keyword the caller passes, e.g. ``documents``).
 
 Without a template the fallback is one ``role: content`` line per message, then
 ``assistant:`` when a generation prompt is asked for.
+
+A template is a stranger's code: besides the sandbox (no access to internals), a render
+stops with a :class:`~modelc.errors.UsageError` when it runs past
+:data:`MAX_RENDER_SECONDS` (checked as ``range`` loops step), builds a string or list
+over :data:`MAX_RENDER_CHARS` (``*`` and ``**`` are checked before they run, the output
+as it is produced), or recurses too deep.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, NoReturn
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from modelc.errors import UsageError
 
 Message = Mapping[str, Any]
 
 
+MAX_RENDER_SECONDS = 2.0
+MAX_RENDER_CHARS = 8 << 20  # characters (or list items) a render may build
+
+_DEADLINE: ContextVar[float] = ContextVar("modelc_template_deadline", default=float("inf"))
+
+
 class TemplateError(Exception):
     """Raised by a template's own ``raise_exception``."""
+
+
+class TemplateLimit(Exception):
+    """A template ran too long or built too much."""
+
+
+def _check_time() -> None:
+    if time.monotonic() > _DEADLINE.get():
+        raise TemplateLimit(f"it ran for more than {MAX_RENDER_SECONDS:g} s")
+
+
+class _Range:
+    """``range`` for templates: the sandbox's bound, and the time limit at every step."""
+
+    def __init__(self, *args: int) -> None:
+        self.r = safe_range(*args)
+
+    def __len__(self) -> int:
+        return len(self.r)
+
+    def __iter__(self) -> Iterator[int]:
+        for i in self.r:
+            if i % 256 == 0:
+                _check_time()
+            yield i
+
+
+class _Env(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _check_time()
+        if operator == "**" and isinstance(right, int | float) and abs(right) > 1024:
+            raise TemplateLimit(f"it raises to the power {right}")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                sized = isinstance(seq, str | list | tuple) and isinstance(n, int)
+                if sized and len(seq) * n > MAX_RENDER_CHARS:
+                    raise TemplateLimit(f"it builds a sequence of {len(seq) * n} items")
+        return super().call_binop(context, operator, left, right)
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -48,10 +102,9 @@ def _tojson(
 
 @functools.lru_cache(maxsize=32)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
+    env = _Env(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
+    env.globals["range"] = _Range
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:
@@ -94,15 +147,28 @@ def render_chat(
         return plain_chat(messages, add_generation_prompt)
     _check_messages(messages)
     tpl = _compile(template)
+    token = _DEADLINE.set(time.monotonic() + MAX_RENDER_SECONDS)
     try:
-        return tpl.render(
+        parts: list[str] = []
+        size = 0
+        for piece in tpl.generate(
             messages=[dict(m) for m in messages],
             add_generation_prompt=add_generation_prompt,
             tools=list(tools) if tools else None,
             bos_token=bos_token,
             eos_token=eos_token,
             **extra,
-        )
+        ):
+            size += len(piece)
+            if size > MAX_RENDER_CHARS:
+                raise TemplateLimit(f"its output passed {MAX_RENDER_CHARS} characters")
+            _check_time()
+            parts.append(piece)
+        return "".join(parts)
+    except TemplateLimit as e:
+        raise UsageError(f"the model's chat template was stopped: {e}") from e
+    except RecursionError as e:
+        raise UsageError("the model's chat template recursed too deep") from e
     except TemplateError as e:
         raise UsageError(f"the model's chat template rejected the conversation: {e}") from e
     except jinja2.exceptions.SecurityError as e:
@@ -111,3 +177,5 @@ def render_chat(
         raise UsageError(
             f"the model's chat template failed to render: {type(e).__name__}: {e}"
         ) from e
+    finally:
+        _DEADLINE.reset(token)
