@@ -506,3 +506,48 @@ def test_import_validates_and_escapes(page: Page, smol_server: Server) -> None:
     assert page.locator("img, [onerror]").count() == 0
     page.wait_for_timeout(200)
     assert dialogs == []
+
+
+def test_reasoning_is_a_collapsible_block(page: Page, smol_server: Server) -> None:
+    """A reply that starts with <think>...</think> (Qwen3, DeepSeek-R1) shows the reasoning
+    in a closed <details> block and the answer after it; hostile markup inside stays inert."""
+    open_page(page, smol_server.url)
+    fake_answer(
+        page,
+        "<think>First, ",
+        'recall **Paris**. <img src=x onerror="alert(1)"></think>',
+        "It is *Paris*.",
+    )
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    send(page, "Capital of France?")
+    assert wait_idle(page) == "done"
+    box = page.locator(".msg.assistant details.reasoning").last
+    assert box.count() == 1 and not box.evaluate("d => d.open")
+    assert box.locator("summary").inner_text() == "Reasoning"
+    assert box.locator("strong").text_content() == "Paris"  # its markdown is rendered too
+    assert box.locator("img").count() == 0 and dialogs == []
+    body = page.locator(".msg.assistant .body").last
+    assert body.locator("details + div em").inner_text() == "Paris"
+
+
+@pytest.mark.slow
+def test_long_prompt_shows_its_progress(page: Page, smol_server: Server) -> None:
+    """The page asks for prompt_progress and shows it while a long prompt is processed."""
+    bodies = chat_bodies(page)
+    open_page(page, smol_server.url)
+    page.evaluate(
+        """() => { window.__statuses = [];
+        new MutationObserver(() => window.__statuses.push(
+            document.getElementById('status').textContent))
+          .observe(document.getElementById('status'), {childList: true, characterData: true,
+                                                       subtree: true}); }"""
+    )
+    set_settings(page, max_tokens=2)
+    send(page, "Summarise: " + "The quick brown fox jumps over the lazy dog. " * 90)
+    assert wait_idle(page) == "done"
+    assert bodies[-1]["return_progress"] is True
+    seen = [s for s in page.evaluate("window.__statuses") if "tokens" in s]
+    assert any(s.startswith("processing prompt… 256/") for s in seen), seen
+    totals = {s.split("/")[1] for s in seen}
+    assert len(totals) == 1  # one prompt, its total throughout

@@ -31,10 +31,11 @@ export async function getJSON(url, apiKey) {
 
 /**
  * Stream a chat completion. Calls onDelta(text) per content piece, onFirst() at the first
- * one; returns {finish, usage, timings}. Throws ApiError when the server refuses the
- * request or sends an error event; an AbortError when `signal` aborts.
+ * one, onProgress({processed, total, cache}) while the prompt is processed (the server's
+ * prompt_progress chunks); returns {finish, usage, timings}. Throws ApiError when the
+ * server refuses the request or sends an error event; an AbortError when `signal` aborts.
  */
-export async function streamChat(body, {apiKey, signal, onDelta, onFirst}) {
+export async function streamChat(body, {apiKey, signal, onDelta, onFirst, onProgress}) {
   const resp = await fetch("v1/chat/completions", {
     method: "POST", headers: headers(apiKey, true), body: JSON.stringify(body), signal,
   });
@@ -47,6 +48,7 @@ export async function streamChat(body, {apiKey, signal, onDelta, onFirst}) {
     const j = JSON.parse(data);
     if (j.error) throw new ApiError(typeof j.error === "string" ? j.error : j.error.message, 200);
     if (j.usage) usage = j.usage;
+    if (j.prompt_progress && onProgress) onProgress(j.prompt_progress);
     if (j.timings) timings = j.timings;
     for (const c of j.choices || []) {
       const piece = c.delta && c.delta.content;

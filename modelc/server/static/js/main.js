@@ -249,7 +249,9 @@ function follow() {
 
 // --- generation --------------------------------------------------------------------------
 function requestBody(messages) {
-  const body = {messages, stream: true, stream_options: {include_usage: true}};
+  // return_progress: prompt-processing progress (not a sampling setting: defaults apply)
+  const body = {messages, stream: true, stream_options: {include_usage: true},
+    return_progress: true};
   const st = ui.settings;
   if (st.system && st.system.trim()) body.messages = [{role: "system", content: st.system}, ...messages];
   for (const k of store.PARAMS) {
@@ -292,6 +294,9 @@ async function generate(conv, i, snapshot, refusedText = "") {
       apiKey: ui.apiKey,
       signal: ui.controller.signal,
       onFirst: () => { tFirst = performance.now(); setStatus("generating…"); },
+      onProgress: (p) => {
+        if (!tFirst) setStatus(`processing prompt… ${p.processed}/${p.total} tokens`);
+      },
       onDelta: (piece) => {
         a.content += piece;
         if (!pending) { pending = true; requestAnimationFrame(paint); }

@@ -27,9 +27,29 @@ export function sanitize(html) {
   return DOMPurify.sanitize(html, PURIFY);
 }
 
-/** Render `text` as markdown into `el` (replacing its content). */
+/**
+ * Render `text` as markdown into `el` (replacing its content). A reply that starts with
+ * the model's reasoning (`<think>...</think>`, as Qwen3 and DeepSeek-R1 write it) shows it
+ * in a collapsible block, open while it is still being written.
+ */
 export function renderMarkdown(el, text) {
-  el.innerHTML = sanitize(marked.parse(text));
+  const m = /^\s*<think>([\s\S]*?)(<\/think>|$)/.exec(text);
+  el.textContent = "";
+  if (m) {
+    const box = document.createElement("details");
+    box.className = "reasoning";
+    box.open = !m[2];  // still thinking
+    const head = document.createElement("summary");
+    head.textContent = m[2] ? "Reasoning" : "Reasoning…";
+    const inner = document.createElement("div");
+    inner.innerHTML = sanitize(marked.parse(m[1].trim()));
+    box.append(head, inner);
+    el.append(box);
+    text = text.slice(m[0].length);
+  }
+  const rest = document.createElement("div");
+  rest.innerHTML = sanitize(marked.parse(text));
+  el.append(rest);
   for (const code of el.querySelectorAll("pre > code")) {
     const lang = (code.className.match(/language-([\w+#.-]+)/) || [])[1] || "";
     if (lang && !hljs.getLanguage(lang)) code.className = "";  // unknown: auto-detect
