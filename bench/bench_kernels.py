@@ -6,6 +6,13 @@ path, forced scalar path) and the numpy reference (float32 BLAS on weights
 dequantized once; set OPENBLAS_NUM_THREADS to match --threads).
 
     .venv/bin/python bench/bench_kernels.py [--seconds 0.3] [--threads N] [--quick]
+
+``--types`` instead times one 4096x4096 weight of each type that used to fall back to
+numpy (issue 13) and Q4_K for scale, 1 and 8 rows: the numpy fallback as it ran (first
+call: dequantize and cache a float32 copy; then float32 BLAS on the copy) against the C
+kernels (fast and exact), as a markdown table:
+
+    OPENBLAS_NUM_THREADS=2 .venv/bin/python bench/bench_kernels.py --types --threads 2
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import gguf
 import numpy as np
 from gguf.quants import quantize
 
-from modelc.formats.ir import DType
+from modelc.formats.ir import BLOCK_SIZES, DType
 from modelc.runtime.backend import Backend, Weight
 from modelc.runtime.backends.cpu import CpuBackend
 from modelc.runtime.backends.numpy_ref import NumpyBackend
@@ -42,6 +49,74 @@ def make_weight(rows: int, cols: int, dtype: DType, rng: np.random.Generator) ->
     return Weight(dtype, (rows, cols), quantize(w, gguf.GGMLQuantizationType[dtype.name]))
 
 
+# the types --types times: those issue 13 moved from the numpy fallback into C, and Q4_K
+TYPES = [
+    DType.Q4_K,
+    DType.Q5_1,
+    DType.Q5_K,
+    DType.Q3_K,
+    DType.Q2_K,
+    DType.BF16,
+    DType.IQ4_NL,
+    DType.IQ4_XS,
+]
+# f16 scales (byte offset: value) of random blocks for the types gguf-py cannot quantize
+_SCALES: dict[DType, dict[int, float]] = {
+    DType.Q2_K: {80: 0.02, 82: 0.01},
+    DType.Q3_K: {108: 0.02},
+    DType.Q4_K: {0: 0.02, 2: 0.01},
+    DType.Q5_K: {0: 0.01, 2: 0.01},
+    DType.IQ4_NL: {0: 0.01},
+    DType.IQ4_XS: {0: 0.001},
+}
+
+
+def make_any_weight(rows: int, cols: int, dtype: DType, rng: np.random.Generator) -> Weight:
+    """``make_weight`` for every type: random blocks with sane scales where gguf-py has no
+    quantizer, raw bf16 bits for BF16."""
+    if dtype is DType.BF16:
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        bits = quantize(w, gguf.GGMLQuantizationType.BF16)
+        return Weight(dtype, (rows, cols), np.ascontiguousarray(bits).view(np.uint16))
+    if dtype in _SCALES:
+        bs, ts = BLOCK_SIZES[dtype]
+        raw = rng.integers(0, 256, (rows, cols // bs, ts), dtype=np.uint8)
+        for off, value in _SCALES[dtype].items():
+            raw[:, :, off : off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+        return Weight(dtype, (rows, cols), raw.reshape(rows, -1))
+    return make_weight(rows, cols, dtype, rng)
+
+
+def bench_types(seconds: float, threads: int | None, size: int = 4096) -> None:
+    """The --types table (see the module docstring)."""
+    rng = np.random.default_rng(0)
+    fast = CpuBackend(threads=threads)
+    exact = CpuBackend(threads=threads, matmul="exact")
+    print(f"threads={fast.threads} simd={fast.simd} weight {size}x{size}, ms per call\n")
+    print(
+        "| type | MB | numpy 1st call | numpy n=1 | numpy n=8 | C fast n=1 | C fast n=8 "
+        "| C exact n=1 | C exact n=8 | fast n=1 speed-up |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for dtype in TYPES:
+        w = make_any_weight(size, size, dtype, rng)
+        xs = {n: rng.standard_normal((n, size)).astype(np.float32) for n in (1, 8)}
+        t0 = time.perf_counter()
+        ref = NumpyBackend()  # a fresh cache: the first call dequantizes
+        ref.matmul(w, xs[1])
+        first = time.perf_counter() - t0
+        ms: dict[str, float] = {}
+        for name, b in (("numpy", ref), ("fast", fast), ("exact", exact)):
+            for n, x in xs.items():
+                ms[f"{name}{n}"] = 1e3 * time_call(lambda b=b, w=w, x=x: b.matmul(w, x), seconds)
+        print(
+            f"| {dtype.name} | {w.data.nbytes / 1e6:.1f} | {first * 1e3:.0f} | {ms['numpy1']:.2f} "
+            f"| {ms['numpy8']:.2f} | {ms['fast1']:.2f} | {ms['fast8']:.2f} | {ms['exact1']:.2f} "
+            f"| {ms['exact8']:.2f} | {ms['numpy1'] / ms['fast1']:.1f}x |",
+            flush=True,
+        )
+
+
 def time_call(fn: Callable[[], object], seconds: float) -> float:
     """Median seconds per call over ``seconds`` of repetitions (after one warm-up)."""
     fn()
@@ -63,7 +138,13 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="first four shapes, fast path and numpy only"
     )
+    ap.add_argument(
+        "--types", action="store_true", help="4096x4096 per type, numpy fallback vs C (issue 13)"
+    )
     args = ap.parse_args()
+    if args.types:
+        bench_types(args.seconds, args.threads)
+        return
     rng = np.random.default_rng(0)
     backends: dict[str, Backend] = {
         "cpu": CpuBackend(threads=args.threads),

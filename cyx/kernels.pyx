@@ -26,6 +26,7 @@ cdef extern from "mc_quant.h" nogil:
     int mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
                     int nids, float *out, int simd, const void *aux)
     int mc_simd_best()
+    int mc_has_kernel(int t, int simd)
     int mc_num_procs()
     int mc_release_pages(const void *p, size_t n)
 
@@ -65,6 +66,13 @@ Q8_0 = 5
 Q4_K = 6
 Q6_K = 7
 INT8 = 8
+Q5_1 = 9
+Q2_K = 10
+Q3_K = 11
+Q5_K = 12
+BF16 = 13
+IQ4_NL = 14
+IQ4_XS = 15
 
 SIMD_SCALAR = 0
 SIMD_AVX2 = 1
@@ -75,6 +83,12 @@ SIMD_VNNI = 3
 def simd_best():
     """The best SIMD level this CPU runs (0 scalar, 1 AVX2, 2 NEON, 3 AVX2 + AVX512-VNNI)."""
     return mc_simd_best()
+
+
+def has_kernel(int wtype, int simd):
+    """Whether the C dispatch has a matmul kernel for weight type ``wtype`` at SIMD level
+    ``simd`` (else ``matmul`` refuses the type)."""
+    return mc_has_kernel(wtype, simd) != 0
 
 
 def pool_backoff(bint on):

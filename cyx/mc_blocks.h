@@ -9,8 +9,10 @@
 /* elements per block and bytes per block of each weight type (INT8: per row) */
 static int mc_block_elems(int t) {
     switch (t) {
-    case MC_Q4_0: case MC_Q4_1: case MC_Q5_0: case MC_Q8_0: return 32;
-    case MC_Q4_K: case MC_Q6_K: return 256;
+    case MC_Q4_0: case MC_Q4_1: case MC_Q5_0: case MC_Q5_1: case MC_Q8_0: case MC_IQ4_NL:
+        return 32;
+    case MC_Q2_K: case MC_Q3_K: case MC_Q4_K: case MC_Q5_K: case MC_Q6_K: case MC_IQ4_XS:
+        return 256;
     default: return 1;
     }
 }
@@ -18,8 +20,14 @@ static int mc_block_elems(int t) {
 static int mc_block_bytes(int t) {
     switch (t) {
     case MC_F32: return 4;
-    case MC_F16: return 2;
+    case MC_F16: case MC_BF16: return 2;
     case MC_Q4_0: return 18;
+    case MC_Q5_1: return 24;
+    case MC_Q2_K: return 84;
+    case MC_Q3_K: return 110;
+    case MC_Q5_K: return 176;
+    case MC_IQ4_NL: return 18;
+    case MC_IQ4_XS: return 136;
     case MC_Q4_1: return 20;
     case MC_Q5_0: return 22;
     case MC_Q8_0: return 34;
@@ -82,6 +90,34 @@ static void mc_quantize_q8k(const float *x, int K, mc_q8k *out) {
 
 /* ------------------------------------------------------- dequantization */
 
+/* IQ4_NL / IQ4_XS: the 16 non-linear levels a nibble indexes */
+static const int8_t mc_iq4_kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+
+/* bfloat16 bits -> float (exact) */
+static inline float mc_load_bf16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return mc_f32_from_bits((uint32_t)h << 16);
+}
+
+/* Q3_K: the 12 packed bytes -> 16 signed 6-bit scales (value - 32) */
+static inline void mc_q3k_scales(const uint8_t *p, int8_t *sc) {
+    for (int i = 0; i < 16; i++) {
+        const int lo = (i < 8 ? p[i] : p[i - 8] >> 4) & 0xF;
+        const int hi = (p[8 + i % 4] >> (2 * (i / 4))) & 3;
+        sc[i] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+/* IQ4_XS: the signed 6-bit scale (value - 32) of 32-element group ib of block b */
+static inline int mc_iq4xs_scale(const uint8_t *b, int ib) {
+    uint16_t sh;
+    memcpy(&sh, b + 2, 2);
+    const int lo = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
+    return (lo | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+}
+
 static inline void mc_q4k_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
     if (j < 4) {
         *d = q[j] & 63;
@@ -100,6 +136,9 @@ static void mc_dequant_row(int t, const uint8_t *row, int K, float *y) {
         return;
     case MC_F16:
         for (int i = 0; i < K; i++) y[i] = mc_load_f16(row + 2 * i);
+        return;
+    case MC_BF16:
+        for (int i = 0; i < K; i++) y[i] = mc_load_bf16(row + 2 * i);
         return;
     case MC_INT8: {
         const float s = mc_load_f32(row);
@@ -188,6 +227,77 @@ static void mc_dequant_row(int t, const uint8_t *row, int K, float *y) {
             }
             break;
         }
+        case MC_Q5_1: {
+            const float d = mc_load_f16(b), m = mc_load_f16(b + 2);
+            uint32_t qh;
+            memcpy(&qh, b + 4, 4);
+            for (int j = 0; j < 16; j++) {
+                const int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+                y[j] = d * (float)((b[8 + j] & 0xF) | (h0 << 4)) + m;
+                y[j + 16] = d * (float)((b[8 + j] >> 4) | (h1 << 4)) + m;
+            }
+            y += 32;
+            break;
+        }
+        case MC_Q2_K: { /* element 128n + 32k + l: bits 2k of qs[32n + l]; scale e / 16 */
+            const float d = mc_load_f16(b + 80), dmin = mc_load_f16(b + 82);
+            for (int e = 0; e < 256; e++) {
+                const int n = e / 128, k = (e % 128) / 32, l = e % 32, sc = b[e / 16];
+                const int q = (b[16 + 32 * n + l] >> (2 * k)) & 3;
+                y[e] = d * (float)(sc & 0xF) * (float)q - dmin * (float)(sc >> 4);
+            }
+            y += 256;
+            break;
+        }
+        case MC_Q3_K: { /* as Q2_K, minus 4 where bit e / 32 of hmask[l] is clear */
+            const float d = mc_load_f16(b + 108);
+            int8_t sc[16];
+            mc_q3k_scales(b + 96, sc);
+            for (int e = 0; e < 256; e++) {
+                const int n = e / 128, k = (e % 128) / 32, l = e % 32;
+                const int q = ((b[32 + 32 * n + l] >> (2 * k)) & 3) - (((b[l] >> (e / 32)) & 1) ? 0 : 4);
+                y[e] = d * (float)sc[e / 16] * (float)q;
+            }
+            y += 256;
+            break;
+        }
+        case MC_Q5_K: { /* as Q4_K, bit e / 32 of qh[l] the fifth */
+            const float d = mc_load_f16(b), dmin = mc_load_f16(b + 2);
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, m;
+                mc_q4k_scale_min(j, b + 4, &sc, &m);
+                const float dl = d * (float)sc, ml = dmin * (float)m;
+                for (int l = 0; l < 32; l++) {
+                    const int q = ((b[48 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF) |
+                                  (((b[16 + l] >> j) & 1) << 4);
+                    y[32 * j + l] = dl * (float)q - ml;
+                }
+            }
+            y += 256;
+            break;
+        }
+        case MC_IQ4_NL: {
+            const float d = mc_load_f16(b);
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)mc_iq4_kvalues[b[2 + j] & 0xF];
+                y[j + 16] = d * (float)mc_iq4_kvalues[b[2 + j] >> 4];
+            }
+            y += 32;
+            break;
+        }
+        case MC_IQ4_XS: {
+            const float d = mc_load_f16(b);
+            for (int ib = 0; ib < 8; ib++) {
+                const float dl = d * (float)mc_iq4xs_scale(b, ib);
+                const uint8_t *q = b + 8 + 16 * ib;
+                for (int j = 0; j < 16; j++) {
+                    y[32 * ib + j] = dl * (float)mc_iq4_kvalues[q[j] & 0xF];
+                    y[32 * ib + j + 16] = dl * (float)mc_iq4_kvalues[q[j] >> 4];
+                }
+            }
+            y += 256;
+            break;
+        }
         default: break;
         }
     }
@@ -257,8 +367,15 @@ static float mc_elem(int t, const uint8_t *row, int i) {
         const int q = (nib | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
         return mc_load_f16(b + 208) * (float)sc[l / 16 + 2 * quarter] * (float)q;
     }
-    default:
-        return 0.0f;
+    case MC_BF16:
+        return mc_load_bf16(row + 2 * i);
+    default: { /* the other block types: the element's block, dequantized */
+        const int be = mc_block_elems(t);
+        float tmp[256];
+        if (be < 32) return 0.0f;
+        mc_dequant_row(t, row + (size_t)mc_block_bytes(t) * (i / be), be, tmp);
+        return tmp[i % be];
+    }
     }
 }
 

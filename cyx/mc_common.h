@@ -61,7 +61,22 @@ enum {
     MC_Q4_K = 6,
     MC_Q6_K = 7,
     MC_INT8 = 8,
+    MC_Q5_1 = 9,
+    MC_Q2_K = 10,
+    MC_Q3_K = 11,
+    MC_Q5_K = 12,
+    MC_BF16 = 13,
+    MC_IQ4_NL = 14,
+    MC_IQ4_XS = 15,
 };
+
+/* weight types whose fast path quantizes x to mc_q8k (256-element) blocks */
+static inline int mc_act_q8k(int t) {
+    return t == MC_Q2_K || t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K;
+}
+
+/* weight types whose kernels take float x in every mode */
+static inline int mc_is_float(int t) { return t == MC_F32 || t == MC_F16 || t == MC_BF16; }
 
 /* SIMD levels; VNNI = AVX2 plus AVX512-VNNI dot products on 256-bit registers */
 enum { MC_SIMD_SCALAR = 0, MC_SIMD_AVX2 = 1, MC_SIMD_NEON = 2, MC_SIMD_VNNI = 3 };

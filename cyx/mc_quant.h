@@ -21,8 +21,10 @@
 #include "mc_blocks.h"
 #include "mc_dequant_avx2.h"
 #include "mc_dot_avx2.h"
+#include "mc_dot_avx2_more.h"
 #include "mc_dot_neon.h"
 #include "mc_dot_scalar.h"
+#include "mc_dispatch.h"
 #include "mc_gemm_vnni.h"
 #include "mc_pool.h"
 
@@ -33,134 +35,6 @@ static void mc_dequant_row_simd(int t, const uint8_t *row, int K, float *y, int 
 #endif
     (void)simd;
     mc_dequant_row(t, row, K, y);
-}
-
-/* ----------------------------------------------------------------- dispatch */
-
-static mc_dot_fn mc_pick_dot(int t, int simd) {
-#if defined(MC_X86)
-    if (simd == MC_SIMD_VNNI) {
-        switch (t) {
-        case MC_Q4_0: return mc_dot_q4_0_vnni;
-        case MC_Q4_1: return mc_dot_q4_1_vnni;
-        case MC_Q5_0: return mc_dot_q5_0_vnni;
-        case MC_Q8_0: return mc_dot_q8_0_vnni;
-        case MC_INT8: return mc_dot_int8_vnni;
-        default: break; /* the rest: the AVX2 kernels */
-        }
-    }
-    if (MC_IS_AVX2(simd)) {
-        switch (t) {
-        case MC_F32: return mc_dot_f32_avx2;
-        case MC_F16: return mc_dot_f16_avx2;
-        case MC_Q4_0: return mc_dot_q4_0_avx2;
-        case MC_Q4_1: return mc_dot_q4_1_avx2;
-        case MC_Q5_0: return mc_dot_q5_0_avx2;
-        case MC_Q8_0: return mc_dot_q8_0_avx2;
-        case MC_Q4_K: return mc_dot_q4_k_avx2;
-        case MC_Q6_K: return mc_dot_q6_k_avx2;
-        case MC_INT8: return mc_dot_int8_avx2;
-        default: return NULL;
-        }
-    }
-#endif
-#if defined(MC_NEON)
-    if (simd == MC_SIMD_NEON) {
-        switch (t) {
-        case MC_F32: return mc_dot_f32_neon;
-        case MC_Q4_0: return mc_dot_q4_0_neon;
-        case MC_Q4_1: return mc_dot_q4_1_neon;
-        case MC_Q8_0: return mc_dot_q8_0_neon;
-        case MC_Q5_0: return mc_dot_q5_0_neon;
-        case MC_Q4_K: return mc_dot_q4_k_neon;
-        case MC_Q6_K: return mc_dot_q6_k_neon;
-        case MC_F16: return mc_dot_f16_neon;
-        case MC_INT8: return mc_dot_int8_neon;
-        default: break;
-        }
-    }
-#endif
-    (void)simd;
-    switch (t) {
-    case MC_F32: return mc_dot_f32_scalar;
-    case MC_F16: return mc_dot_f16_scalar;
-    case MC_Q4_0: return mc_dot_q4_0_scalar;
-    case MC_Q4_1: return mc_dot_q4_1_scalar;
-    case MC_Q5_0: return mc_dot_q5_0_scalar;
-    case MC_Q8_0: return mc_dot_q8_0_scalar;
-    case MC_Q4_K: return mc_dot_q4_k_scalar;
-    case MC_Q6_K: return mc_dot_q6_k_scalar;
-    case MC_INT8: return mc_dot_int8_scalar;
-    default: return NULL;
-    }
-}
-
-static mc_dot4_fn mc_pick_dot4(int t, int simd) {
-#if defined(MC_X86)
-    if (simd == MC_SIMD_VNNI) {
-        switch (t) {
-        case MC_INT8: return mc_dot4_int8_vnni;
-        default: break;
-        }
-    }
-    if (MC_IS_AVX2(simd)) {
-        switch (t) {
-        case MC_Q4_K: return mc_dot4_q4_k_avx2;
-        case MC_Q6_K: return mc_dot4_q6_k_avx2;
-        case MC_INT8: return mc_dot4_int8_avx2;
-        case MC_F32: return mc_dot4_f32_avx2;
-        case MC_F16: return mc_dot4_f16_avx2;
-        default: return NULL;
-        }
-    }
-#endif
-    (void)t;
-    (void)simd;
-    return NULL;
-}
-
-static mc_dotr4_fn mc_pick_dotr4(int t, int simd) {
-#if defined(MC_X86)
-    if (simd == MC_SIMD_VNNI) {
-        switch (t) {
-        case MC_Q4_0: return mc_dotr4_q4_0_vnni;
-        case MC_Q4_1: return mc_dotr4_q4_1_vnni;
-        case MC_Q5_0: return mc_dotr4_q5_0_vnni;
-        case MC_Q8_0: return mc_dotr4_q8_0_vnni;
-        default: return NULL;
-        }
-    }
-    if (MC_IS_AVX2(simd)) {
-        switch (t) {
-        case MC_Q4_0: return mc_dotr4_q4_0_avx2;
-        case MC_Q4_1: return mc_dotr4_q4_1_avx2;
-        case MC_Q5_0: return mc_dotr4_q5_0_avx2;
-        case MC_Q8_0: return mc_dotr4_q8_0_avx2;
-        default: return NULL;
-        }
-    }
-#endif
-    (void)t;
-    (void)simd;
-    return NULL;
-}
-
-static mc_dot8_fn mc_pick_dot8(int t, int simd) {
-#if defined(MC_X86)
-    /* VNNI: the GEMM of mc_gemm_vnni.h instead */
-    if (MC_IS_AVX2(simd)) {
-        switch (t) {
-        case MC_Q4_0: return mc_dot8_q4_0_avx2;
-        case MC_Q4_1: return mc_dot8_q4_1_avx2;
-        case MC_Q5_0: return mc_dot8_q5_0_avx2;
-        case MC_Q8_0: return mc_dot8_q8_0_avx2;
-        default: return NULL;
-        }
-    }
-#endif
-    (void)t;
-    (void)simd;
-    return NULL;
 }
 
 /* Fewest x rows for the 8-row kernels (GEMM, dot8), whose groups are padded to 8: below
@@ -427,7 +301,7 @@ static void mc_quantize_chunk(void *ctx, int j) {
             }
         }
     }
-    if (jb->t == MC_Q4_K || jb->t == MC_Q6_K)
+    if (mc_act_q8k(jb->t))
         mc_quantize_q8k(xr, K, (mc_q8k *)dst);
 #if defined(MC_X86)
     else if (MC_IS_AVX2(jb->simd))
@@ -468,37 +342,6 @@ static void mc_matmul_exact_chunk(void *ctx, int tile) {
     }
 }
 
-/* the exact path's fused single-row kernel, where one exists */
-static mc_dot_fn mc_pick_fdot(int t, int simd) {
-#if defined(MC_X86)
-    if (MC_IS_AVX2(simd)) {
-        switch (t) {
-        case MC_Q4_0: return mc_fdot_q4_0_avx2;
-        case MC_Q4_1: return mc_fdot_q4_1_avx2;
-        case MC_Q5_0: return mc_fdot_q5_0_avx2;
-        case MC_Q8_0: return mc_fdot_q8_0_avx2;
-        case MC_Q4_K: return mc_fdot_q4_k_avx2;
-        case MC_Q6_K: return mc_fdot_q6_k_avx2;
-        default: break;
-        }
-    }
-#endif
-    (void)t;
-    (void)simd;
-    return NULL;
-}
-
-static mc_dot_fn mc_pick_dot_f32(int simd) {
-#if defined(MC_X86)
-    if (MC_IS_AVX2(simd)) return mc_dot_f32_avx2;
-#endif
-#if defined(MC_NEON)
-    if (simd == MC_SIMD_NEON) return mc_dot_f32_neon;
-#endif
-    (void)simd;
-    return mc_dot_f32_scalar;
-}
-
 /* Relative RMS error that quantizing x row j introduced: sqrt(sum_b n_b d_b^2 / 12 / sum x^2),
  * rounding error being uniform in +-d/2 (an estimate: exact for no single value). */
 static double mc_act_noise(const mc_matmul_job *jb, int j) {
@@ -506,7 +349,7 @@ static double mc_act_noise(const mc_matmul_job *jb, int j) {
     const char *q = (const char *)jb->xbase + jb->xstride * j;
     double sig = 0.0, noise = 0.0;
     for (int i = 0; i < jb->K; i++) sig += (double)xr[i] * xr[i];
-    if (jb->t == MC_Q4_K || jb->t == MC_Q6_K) {
+    if (mc_act_q8k(jb->t)) {
         const mc_q8k *b = (const mc_q8k *)q;
         for (int i = 0; i < jb->K / 256; i++) noise += 256.0 * b[i].d * b[i].d;
     } else {
@@ -565,11 +408,11 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
     if (!*exact) {
         jb->dot4 = mc_pick_dot4(t, simd);
         /* quantize the activations once (rows in parallel when there are many) */
-        if (t == MC_F32 || t == MC_F16) {
+        if (mc_is_float(t)) {
             jb->xstride = (size_t)K * sizeof(float);
             jb->xbase = x;
         } else {
-            jb->xstride = (t == MC_Q4_K || t == MC_Q6_K) ? (size_t)(K / 256) * sizeof(mc_q8k)
+            jb->xstride = mc_act_q8k(t) ? (size_t)(K / 256) * sizeof(mc_q8k)
                                                         : (size_t)((K + 31) / 32) * sizeof(mc_q8);
             const int outl = tol < 1e30f; /* balanced: outlier decomposition */
             const size_t qbytes = (jb->xstride * (size_t)n + 63) & ~(size_t)63;
@@ -712,7 +555,7 @@ static int mc_matmul_aux(int t, const uint8_t *W, int64_t row_stride, int M, int
     jb.row_stride = row_stride;
     jb.y = y;
     const int use = (double)M * K * n < 262144.0 ? 1 : nth; /* ~10 us: not worth a wake-up */
-    int exact = !(tol > 0.0f) && t != MC_F32 && t != MC_F16; /* F32/F16: float paths already */
+    int exact = !(tol > 0.0f) && !mc_is_float(t); /* F32/F16/BF16: float paths already */
     int nnoisy = 0; /* balanced: rows whose quantization would add more than tol */
     if (mc_matmul_prep(&jb, nth, tol, &exact, &nnoisy) != 0) return -2;
     const int ntiles = mc_matmul_tiles(&jb, use, exact);
@@ -757,7 +600,7 @@ static void mc_matmul_multi_tile(void *ctx, int c) {
 static int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
                            const int *Ms, int K, const float *x, int n, float *const *ys,
                            int simd, int nth, float tol, const void *const *auxs) {
-    if (!(tol >= 1e30f) || t == MC_F32 || t == MC_F16 || nw < 2 || nw > MC_MULTI_MAX) {
+    if (!(tol >= 1e30f) || mc_is_float(t) || nw < 2 || nw > MC_MULTI_MAX) {
         for (int s = 0; s < nw; s++) {
             const int rc = mc_matmul_aux(t, Ws[s], strides[s], Ms[s], K, x, n, ys[s], simd, nth,
                                          tol, auxs != NULL ? auxs[s] : NULL);

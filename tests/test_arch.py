@@ -252,7 +252,8 @@ def test_unknown_architecture_lists_names_and_supported() -> None:
         "conv.weight": (3, 3, 3),
     }
     with pytest.raises(
-        ArchitectureError, match=r"shared\.weight.*Supported architectures: gpt2, llama, bert, mlp"
+        ArchitectureError,
+        match=r"shared\.weight.*Supported architectures: llama, gpt2, bert, mlp, qwen2",
     ):
         infer_architecture(names, None, shapes)
     with pytest.raises(ArchitectureError, match=r"model_type 't5' is not supported"):

@@ -204,18 +204,18 @@ def test_gpt2_and_bert_hparams(tmp_path: Path) -> None:
 def test_unknown_architecture(tmp_path: Path) -> None:
     path = _write(
         tmp_path / "q.gguf",
-        "qwen2",
+        "t5",
         {},
         {"token_embd.weight": (np.zeros((2, 32), np.float32), None)},
     )
-    with pytest.raises(ArchitectureError, match=r"qwen2.*llama, gpt2, bert"):
+    with pytest.raises(ArchitectureError, match=r"t5.*llama, gpt2, bert, qwen2, qwen3"):
         load_gguf(path)
 
 
 def test_unsupported_tensor_type(tmp_path: Path) -> None:
-    raw = np.zeros((2, 256 // 32 * 18), np.uint8)  # IQ4_NL: 32 weights in 18 bytes
-    path = _write(tmp_path / "iq.gguf", "llama", {}, {"blk.0.attn_q.weight": (raw, G.IQ4_NL)})
-    with pytest.raises(UnsupportedError, match=r"blk\.0\.attn_q\.weight.*IQ4_NL"):
+    raw = np.zeros((2, 66), np.uint8)  # IQ2_XXS: 256 weights in 66 bytes
+    path = _write(tmp_path / "iq.gguf", "llama", {}, {"blk.0.attn_q.weight": (raw, G.IQ2_XXS)})
+    with pytest.raises(UnsupportedError, match=r"blk\.0\.attn_q\.weight.*IQ2_XXS"):
         load_gguf(path)
 
 

@@ -371,5 +371,7 @@ def test_bert_adapter_loads_but_the_runtime_refuses_it(tmp_path: Path) -> None:
     adapter = load_adapter(tmp_path)
     assert adapter.arch == "bert" and adapter.layers[0].target == "blk.0.attn_q.weight"
     bert = build(load_model(minilm_dir()), NumpyBackend())
-    with pytest.raises(UnsupportedError, match="supported for llama, gpt2 models, not bert"):
+    with pytest.raises(
+        UnsupportedError, match="supported for llama, gpt2, qwen2, qwen3 models, not bert"
+    ):
         apply_adapter(bert, adapter)  # type: ignore[arg-type]

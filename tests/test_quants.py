@@ -27,6 +27,8 @@ SCALE_OFFSETS = {
     DType.Q4_K: [0, 2],
     DType.Q5_K: [0, 2],
     DType.Q6_K: [208],
+    DType.IQ4_NL: [0],
+    DType.IQ4_XS: [0],
 }
 GGUF_CAN_QUANTIZE = [DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0]
 MODELC_QUANTIZE = [DType.Q8_0, DType.Q4_0, DType.Q4_1]

@@ -65,6 +65,30 @@ def _short_meta(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def attention_features(art: Artifact) -> list[str]:
+    """What sets a transformer family apart, read from its hparams and tensor names:
+    head size, RoPE layout and scaling, QKV biases, Q/K norms, a sliding window, a tied head."""
+    h = art.manifest.hparams
+    names = {e.name for e in art.manifest.tensors}
+    out = [f"head_dim {h.head_dim or h.n_embd // h.n_head}"]
+    if any(n.startswith("blk.0.attn_qkv") for n in names) or "position_embd.weight" in names:
+        out.append("learned positions")
+    elif h.activation == "silu":
+        rope = f"RoPE {h.rope_style} (theta {h.rope_theta:g}"
+        if h.rope_scaling.type != "none":
+            rope += f", {h.rope_scaling.type} x{h.rope_scaling.factor:g}"
+        out.append(rope + ")")
+    if "blk.0.attn_q.bias" in names and "blk.0.ffn_gate.weight" in names:
+        out.append("QKV bias")
+    if "blk.0.attn_q_norm.weight" in names:
+        out.append("Q/K norm")
+    if h.sliding_window:
+        out.append(f"sliding window {h.sliding_window}")
+    if h.tie_embeddings and "output.weight" not in names:
+        out.append("tied embeddings")
+    return out
+
+
 def summary(
     art: Artifact,
     name: str,
@@ -91,6 +115,7 @@ def summary(
         "compression": m.pack.compression,
         "pack": msgspec.to_builtins(m.pack),
         "hparams": msgspec.to_builtins(m.hparams),
+        "attention": attention_features(art) if m.hparams.n_layer and m.hparams.n_head else [],
         "tokenizer": None
         if tok is None
         else {
@@ -153,6 +178,8 @@ def summary_text(
             + (f" ({h.n_head_kv} kv)" if h.n_head_kv else "")
             + f", ctx {h.n_ctx}, vocab {h.n_vocab}"
         )
+    if h.n_layer and h.n_head:
+        lines.append(f"  attention      {', '.join(attention_features(art))}")
     if m.tokenizer:
         t = m.tokenizer
         lines.append(

@@ -1,17 +1,16 @@
 """Architecture inference and the Hugging Face -> canonical (GGUF-style) tensor naming.
 
 Every non-GGUF reader produces a flat ``{source_name: Tensor}`` dict and hands it to
-:func:`build_model_ir`, which
+:func:`build_model_ir`, which, asking the family registry
+(:mod:`modelc.runtime.arch.registry`; each family's file says the specifics),
 
-1. infers the architecture (``gpt2``, ``llama``, ``bert``, ``mlp``) from ``config.json``
-   when there is one, else from the tensor names and shapes (:func:`infer_architecture`);
+1. infers the architecture from ``config.json`` when there is one, else from the
+   tensor names and shapes (:func:`infer_architecture`);
 2. renames tensors to GGUF names through ``gguf.TensorNameMap`` (:func:`canonical_name`);
-3. drops buffers that are not weights (``position_ids``, GPT-2 causal-mask ``attn.bias``,
-   rotary ``inv_freq``, a tied ``lm_head``);
-4. wraps the loaders of tensors whose layout differs from GGUF's, lazily:
-   GPT-2 ``Conv1D`` weights ``(in, out)`` -> ``(out, in)``, and LLaMA ``q_proj``/``k_proj``
-   rows permuted to the interleaved-pairs RoPE layout exactly like llama.cpp's
-   ``convert_hf_to_gguf.py`` (``LlamaModel.permute``).
+3. drops buffers that are not weights (the family's ``drop``, a tied ``lm_head``);
+4. wraps the loaders of tensors whose layout differs from GGUF's, lazily (the family's
+   ``transform``: GPT-2 ``Conv1D`` transposes, LLaMA's Q/K RoPE permutation exactly like
+   llama.cpp's ``convert_hf_to_gguf.py``).
 
 Canonical MLP names are ``layers.{i}.weight`` / ``layers.{i}.bias`` for the i-th linear
 layer in forward order, weights ``(out, in)``; ``hparams.layer_sizes`` is
@@ -29,85 +28,62 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 
-from modelc.errors import ArchitectureError, UnsupportedError
-from modelc.formats.ir import HParams, ModelIR, RopeScaling, SourceInfo, Tensor
+from modelc.errors import ArchitectureError
+from modelc.formats.ir import HParams, ModelIR, SourceInfo, Tensor
+from modelc.runtime.arch.family import llama_permute, renamed
+from modelc.runtime.arch.registry import FAMILIES
 
-SUPPORTED = ("gpt2", "llama", "bert", "mlp")
+__all__ = [
+    "SUPPORTED",
+    "build_model_ir",
+    "canonical_name",
+    "canonicalize",
+    "check_canonical",
+    "detect_architecture",
+    "infer_architecture",
+    "llama_permute",
+    "mlp_names",
+    "sibling_config",
+]
 
-# config.json model_type -> modelc architecture
-_MODEL_TYPES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "bert": "bert"}
-_HF_CLASSES = {
-    "GPT2LMHeadModel": "gpt2",
-    "GPT2Model": "gpt2",
-    "LlamaForCausalLM": "llama",
-    "LlamaModel": "llama",
-    "MistralForCausalLM": "llama",
-    "BertModel": "bert",
-    "BertForMaskedLM": "bert",
-}
-_GGUF_ARCH = {
-    "gpt2": gguf.MODEL_ARCH.GPT2,
-    "llama": gguf.MODEL_ARCH.LLAMA,
-    "bert": gguf.MODEL_ARCH.BERT,
-}
-
-# name patterns that identify an architecture when there is no config.json
-_SIGNATURES = {
-    "gpt2": re.compile(r"(^|\.)h\.\d+\.attn\.c_attn\.weight$"),
-    "llama": re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
-    "bert": re.compile(r"(^|\.)encoder\.layer\.\d+\.attention\.self\.query\.weight$"),
-}
-# buffers and heads that are not part of the inference weights
-_DROP = {
-    "gpt2": re.compile(r"\.attn\.(bias|masked_bias)$"),
-    "llama": re.compile(r"rotary_emb\.inv_freq$"),
-    "bert": re.compile(r"(^|\.)position_ids$|^cls\."),
-}
-_CONV1D = re.compile(r"\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
-_BLOCK_ID = re.compile(r"\.(\d+)\.")
-_ACTIVATIONS = {
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
+SUPPORTED = tuple(FAMILIES)
 
 Shapes = Mapping[str, Sequence[int]]
+_BLOCK_ID = re.compile(r"\.(\d+)\.")
 
 
 def _arch_error(names: Iterable[str], why: str) -> ArchitectureError:
     sample = sorted(names)[:8]
     return ArchitectureError(
         f"{why}; tensor names found include {sample}. Supported architectures: "
-        f"{', '.join(SUPPORTED)} (Hugging Face GPT2, Llama/Mistral/SmolLM2, BertModel, "
-        "or a chain of linear layers named '*.weight'/'*.bias')"
+        f"{', '.join(SUPPORTED)} (Hugging Face GPT2, Llama/Mistral/SmolLM2, Qwen2/2.5, Qwen3, "
+        "BertModel, or a chain of linear layers named '*.weight'/'*.bias')"
     )
 
 
 def _from_config(config: Mapping[str, Any]) -> str | None:
     for cls in config.get("architectures") or []:
-        if cls in _HF_CLASSES:
-            return _HF_CLASSES[cls]
+        for f in FAMILIES.values():
+            if cls in f.hf_classes:
+                return f.name
     mt = config.get("model_type")
     if mt is None:
         return None
-    if mt not in _MODEL_TYPES:
-        raise ArchitectureError(
-            f"config.json model_type {mt!r} is not supported; supported architectures: "
-            f"{', '.join(SUPPORTED)} (model_type gpt2, llama, mistral, bert)"
-        )
-    return _MODEL_TYPES[mt]
+    for f in FAMILIES.values():
+        if mt in f.model_types:
+            return f.name
+    types = [t for f in FAMILIES.values() for t in f.model_types]
+    raise ArchitectureError(
+        f"config.json model_type {mt!r} is not supported; supported architectures: "
+        f"{', '.join(SUPPORTED)} (model_type {', '.join(types)})"
+    )
 
 
 def detect_architecture(names: Sequence[str]) -> str | None:
-    for arch, pat in _SIGNATURES.items():
-        if any(pat.search(n) for n in names):
-            return arch
+    for f in FAMILIES.values():
+        if f.signature is not None and any(f.signature.search(n) for n in names):
+            return f.name
     return None
 
 
@@ -136,173 +112,17 @@ def infer_architecture(
         sizes = [int(shapes[layers[0] + ".weight"][1])]
         sizes += [int(shapes[p + ".weight"][0]) for p in layers]
         return "mlp", HParams(n_layer=len(layers), layer_sizes=sizes, activation="relu")
-    cfg = dict(config or {})
-    fill = {"gpt2": _gpt2_hparams, "llama": _llama_hparams, "bert": _bert_hparams}[arch]
+    fam = FAMILIES[arch]
     try:
-        return arch, fill(names, cfg, shapes)
+        if config and fam.from_config is not None:
+            return arch, fam.from_config(dict(config))
+        if fam.from_shapes is None:
+            raise _arch_error(names, f"a {arch} model needs its config.json")
+        return arch, fam.from_shapes(names, shapes)
     except (KeyError, IndexError, ZeroDivisionError) as e:
         raise _arch_error(
             names, f"looks like {arch} but a tensor or config field is missing ({e})"
         ) from e
-
-
-def _n_blocks(names: Sequence[str], pattern: str) -> int:
-    pat = re.compile(pattern)
-    ids = {int(m.group(1)) for n in names if (m := pat.search(n))}
-    return max(ids) + 1 if ids else 0
-
-
-def _find(shapes: Shapes, suffix: str) -> Sequence[int]:
-    for name, shape in shapes.items():
-        if name.endswith(suffix):
-            return shape
-    raise KeyError(suffix)
-
-
-def _guess_heads(n_embd: int) -> int:
-    return max(1, n_embd // 64) if n_embd % 64 == 0 else 1
-
-
-def _gpt2_hparams(names: Sequence[str], cfg: dict[str, Any], shapes: Shapes) -> HParams:
-    if cfg:
-        n_embd = int(cfg["n_embd"])
-        n_head = int(cfg["n_head"])
-        act = str(cfg.get("activation_function", "gelu_new"))
-        return HParams(
-            n_vocab=int(cfg["vocab_size"]),
-            n_ctx=int(cfg.get("n_positions", cfg.get("n_ctx", 1024))),
-            n_embd=n_embd,
-            n_layer=int(cfg["n_layer"]),
-            n_head=n_head,
-            n_head_kv=n_head,
-            n_ff=int(cfg.get("n_inner") or 4 * n_embd),
-            head_dim=n_embd // n_head,
-            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-            activation=_activation(act),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        )
-    n_vocab, n_embd = _find(shapes, "wte.weight")
-    n_head = _guess_heads(int(n_embd))
-    return HParams(
-        n_vocab=int(n_vocab),
-        n_ctx=int(_find(shapes, "wpe.weight")[0]),
-        n_embd=int(n_embd),
-        n_layer=_n_blocks(names, r"(?:^|\.)h\.(\d+)\."),
-        n_head=n_head,
-        n_head_kv=n_head,
-        n_ff=int(_find(shapes, ".mlp.c_fc.weight")[1]),
-        head_dim=int(n_embd) // n_head,
-        activation="gelu_tanh",
-        tie_embeddings=not any(n.endswith("lm_head.weight") for n in names),
-    )
-
-
-def _activation(name: str) -> str:
-    if name not in _ACTIVATIONS:
-        raise UnsupportedError(
-            f"activation function {name!r} is not supported ({sorted(_ACTIVATIONS)})"
-        )
-    return _ACTIVATIONS[name]
-
-
-def _rope_scaling(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling]:
-    params = cfg.get("rope_parameters") or {}
-    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
-    rs = cfg.get("rope_scaling") or params
-    kind = str(rs.get("rope_type") or rs.get("type") or "default")
-    if kind in ("default", "none"):
-        return theta, RopeScaling()
-    if kind not in ("linear", "llama3", "yarn"):
-        raise UnsupportedError(
-            f"rope scaling type {kind!r} is not supported (linear, llama3, yarn)"
-        )
-    return theta, RopeScaling(
-        type=kind,
-        factor=float(rs.get("factor", 1.0)),
-        original_max_position=int(rs.get("original_max_position_embeddings") or 0),
-        low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-    )
-
-
-def _llama_hparams(names: Sequence[str], cfg: dict[str, Any], shapes: Shapes) -> HParams:
-    if cfg:
-        n_embd = int(cfg["hidden_size"])
-        n_head = int(cfg["num_attention_heads"])
-        theta, scaling = _rope_scaling(cfg)
-        return HParams(
-            n_vocab=int(cfg["vocab_size"]),
-            n_ctx=int(cfg.get("max_position_embeddings", 2048)),
-            n_embd=n_embd,
-            n_layer=int(cfg["num_hidden_layers"]),
-            n_head=n_head,
-            n_head_kv=int(cfg.get("num_key_value_heads") or n_head),
-            n_ff=int(cfg["intermediate_size"]),
-            head_dim=int(cfg.get("head_dim") or n_embd // n_head),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            rope_style="interleaved",
-            rope_scaling=scaling,
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            activation=_activation(str(cfg.get("hidden_act", "silu"))),
-        )
-    n_vocab, n_embd = _find(shapes, "embed_tokens.weight")
-    head_dim = 64 if int(n_embd) % 64 == 0 else int(n_embd)
-    q_rows = int(_find(shapes, ".self_attn.q_proj.weight")[0])
-    k_rows = int(_find(shapes, ".self_attn.k_proj.weight")[0])
-    return HParams(
-        n_vocab=int(n_vocab),
-        n_ctx=2048,
-        n_embd=int(n_embd),
-        n_layer=_n_blocks(names, r"(?:^|\.)layers\.(\d+)\."),
-        n_head=q_rows // head_dim,
-        n_head_kv=k_rows // head_dim,
-        n_ff=int(_find(shapes, ".mlp.gate_proj.weight")[0]),
-        head_dim=head_dim,
-        rope_style="interleaved",
-        tie_embeddings=not any(n.endswith("lm_head.weight") for n in names),
-        activation="silu",
-    )
-
-
-def _bert_hparams(names: Sequence[str], cfg: dict[str, Any], shapes: Shapes) -> HParams:
-    if cfg:
-        if cfg.get("position_embedding_type", "absolute") != "absolute":
-            raise UnsupportedError(
-                f"BERT position_embedding_type {cfg['position_embedding_type']!r} is not supported (absolute)"
-            )
-        n_embd = int(cfg["hidden_size"])
-        n_head = int(cfg["num_attention_heads"])
-        return HParams(
-            n_vocab=int(cfg["vocab_size"]),
-            n_ctx=int(cfg.get("max_position_embeddings", 512)),
-            n_embd=n_embd,
-            n_layer=int(cfg["num_hidden_layers"]),
-            n_head=n_head,
-            n_head_kv=n_head,
-            n_ff=int(cfg["intermediate_size"]),
-            head_dim=n_embd // n_head,
-            norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
-            activation=_activation(str(cfg.get("hidden_act", "gelu"))),
-            n_token_types=int(cfg.get("type_vocab_size", 2)),
-            pooling="cls",
-        )
-    n_vocab, n_embd = _find(shapes, "embeddings.word_embeddings.weight")
-    n_head = _guess_heads(int(n_embd))
-    return HParams(
-        n_vocab=int(n_vocab),
-        n_ctx=int(_find(shapes, "embeddings.position_embeddings.weight")[0]),
-        n_embd=int(n_embd),
-        n_layer=_n_blocks(names, r"(?:^|\.)layer\.(\d+)\."),
-        n_head=n_head,
-        n_head_kv=n_head,
-        n_ff=int(_find(shapes, ".intermediate.dense.weight")[0]),
-        head_dim=int(n_embd) // n_head,
-        norm_eps=1e-12,
-        activation="gelu",
-        n_token_types=int(_find(shapes, "embeddings.token_type_embeddings.weight")[0]),
-        pooling="cls",
-    )
 
 
 # --- MLP ---------------------------------------------------------------------------------
@@ -360,7 +180,9 @@ def mlp_names(names: Sequence[str], shapes: Shapes) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=16)
 def _name_map(arch: str, n_blocks: int) -> gguf.TensorNameMap:
-    return gguf.get_tensor_name_map(_GGUF_ARCH[arch], n_blocks)
+    gguf_arch = FAMILIES[arch].gguf_arch
+    assert gguf_arch is not None
+    return gguf.get_tensor_name_map(gguf_arch, n_blocks)
 
 
 def canonical_name(arch: str, hf_name: str) -> str | None:
@@ -368,51 +190,18 @@ def canonical_name(arch: str, hf_name: str) -> str | None:
 
     MLP names depend on the whole chain: use :func:`mlp_names` for those.
     """
-    if arch not in _GGUF_ARCH:
+    fam = FAMILIES.get(arch)
+    if fam is None or fam.gguf_arch is None:
         raise ValueError(f"canonical_name does not map {arch!r} names")
-    if _DROP[arch].search(hf_name):
+    if fam.drop is not None and fam.drop.search(hf_name):
         return None
-    name = hf_name
-    if arch == "bert":
-        name = name.removeprefix("bert.")
-        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
-        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-        if name.startswith("pooler.dense."):
-            return "pooler." + name.rsplit(".", 1)[1]
+    name = fam.rename(hf_name)
+    if name in fam.own_names:
+        return fam.own_names[name]
     ids = [int(m) for m in _BLOCK_ID.findall(name)]
     n_blocks = ((max(ids) + 1) // 64 + 1) * 64 if ids else 64
     mapped = _name_map(arch, n_blocks).get_name(name, try_suffixes=(".weight", ".bias"))
     return str(mapped) if mapped is not None else None
-
-
-# --- lazy transforms ---------------------------------------------------------------------
-
-
-def llama_permute(w: np.ndarray[Any, Any], n_head: int) -> np.ndarray[Any, Any]:
-    """HF (rotate-half) q/k rows -> GGUF interleaved pairs; ``LlamaModel.permute`` of convert_hf_to_gguf."""
-    return np.ascontiguousarray(
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
-def _transposed(t: Tensor, name: str) -> Tensor:
-    def load() -> np.ndarray[Any, Any]:
-        return np.ascontiguousarray(t.data().T)
-
-    return Tensor(name, t.dtype, (t.shape[1], t.shape[0]), load)
-
-
-def _permuted(t: Tensor, name: str, n_head: int) -> Tensor:
-    def load() -> np.ndarray[Any, Any]:
-        return llama_permute(t.data(), n_head)
-
-    return Tensor(name, t.dtype, t.shape, load)
-
-
-def _renamed(t: Tensor, name: str) -> Tensor:
-    return Tensor(name, t.dtype, t.shape, t.loader)
 
 
 def canonicalize(
@@ -422,7 +211,8 @@ def canonicalize(
     names = list(raw)
     if arch == "mlp":
         mapping = mlp_names(names, {n: t.shape for n, t in raw.items()})
-        return {new: _renamed(raw[old], new) for old, new in mapping.items()}, []
+        return {new: renamed(raw[old], new) for old, new in mapping.items()}, []
+    fam = FAMILIES[arch]
     out: dict[str, Tensor] = {}
     dropped: list[str] = []
     for src, t in raw.items():
@@ -433,15 +223,8 @@ def canonicalize(
         if new == "output.weight" and hparams.tie_embeddings:
             dropped.append(src)  # tied to token_embd
             continue
-        if arch == "gpt2" and _CONV1D.search(src) and len(t.shape) == 2:
-            out[new] = _transposed(t, new)
-        elif arch == "llama" and re.search(r"\.attn_q\.(weight|bias)$", new):
-            out[new] = _permuted(t, new, hparams.n_head)
-        elif arch == "llama" and re.search(r"\.attn_k\.(weight|bias)$", new):
-            out[new] = _permuted(t, new, hparams.n_head_kv)
-        else:
-            out[new] = _renamed(t, new)
-    missing = [n for n in _required(arch, hparams) if n not in out]
+        out[new] = fam.transform(src, new, t, hparams) if fam.transform else renamed(t, new)
+    missing = [n for n in fam.required_tensors(hparams) if n not in out]
     if missing:
         raise _arch_error(names, f"{arch} model is missing tensors {missing[:6]}")
     _check_shapes(arch, hparams, out)
@@ -453,17 +236,9 @@ def _check_shapes(arch: str, hp: HParams, t: Mapping[str, Tensor]) -> None:
     emb = t["token_embd.weight"].shape
     if hp.n_vocab != emb[0]:
         hp.n_vocab = emb[0]  # padded or trimmed vocabularies: the tensor is the truth
-    want = {"token_embd.weight": (emb[0], hp.n_embd)}
-    if arch == "llama":
-        want["blk.0.attn_q.weight"] = (hp.n_head * hp.head_dim, hp.n_embd)
-        want["blk.0.attn_k.weight"] = (hp.n_head_kv * hp.head_dim, hp.n_embd)
-        want["blk.0.ffn_gate.weight"] = (hp.n_ff, hp.n_embd)
-    elif arch == "gpt2":
-        want["blk.0.attn_qkv.weight"] = (3 * hp.n_embd, hp.n_embd)
-        want["blk.0.ffn_up.weight"] = (hp.n_ff, hp.n_embd)
-    else:
-        want["blk.0.attn_q.weight"] = (hp.n_embd, hp.n_embd)
-        want["blk.0.ffn_up.weight"] = (hp.n_ff, hp.n_embd)
+    want: dict[str, tuple[int, ...]] = {"token_embd.weight": (emb[0], hp.n_embd)}
+    shapes = FAMILIES[arch].shapes
+    want.update(shapes(hp) if shapes else {})
     for name, shape in want.items():
         if name in t and tuple(t[name].shape) != shape:
             raise ArchitectureError(
@@ -487,39 +262,15 @@ def check_canonical(
         if any(old != new for old, new in mlp_names(list(tensors), shapes).items()):
             raise _arch_error(tensors, "mlp tensors are not named layers.{i}.weight/bias")
         return
-    if arch not in _GGUF_ARCH:
+    fam = FAMILIES.get(arch)
+    if fam is None or fam.gguf_arch is None:
         raise ArchitectureError(
             f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED)}"
         )
-    missing = [n for n in _required(arch, hparams) if n not in tensors]
+    missing = [n for n in fam.required_tensors(hparams) if n not in tensors]
     if missing:
         raise _arch_error(tensors, f"{arch} model is missing tensors {missing[:6]}")
     _check_shapes(arch, hparams, tensors)
-
-
-def _required(arch: str, hp: HParams) -> list[str]:
-    req = ["token_embd.weight"]
-    per_block = {
-        "gpt2": ["attn_qkv.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight"],
-        "llama": [
-            "attn_q.weight",
-            "attn_k.weight",
-            "attn_v.weight",
-            "attn_output.weight",
-            "ffn_gate.weight",
-        ],
-        "bert": [
-            "attn_q.weight",
-            "attn_k.weight",
-            "attn_v.weight",
-            "attn_output.weight",
-            "ffn_up.weight",
-        ],
-    }[arch]
-    req += [f"blk.{i}.{n}" for i in range(hp.n_layer) for n in per_block]
-    if arch == "llama" and not hp.tie_embeddings:
-        req.append("output.weight")
-    return req
 
 
 def sibling_config(path: Path) -> dict[str, Any] | None:
@@ -542,7 +293,9 @@ def build_model_ir(
     """Infer the architecture of ``raw`` source tensors and return the canonical :class:`ModelIR`."""
     shapes = {n: t.shape for n, t in raw.items()}
     arch, hparams = infer_architecture(list(raw), config, shapes)
-    if arch in ("gpt2", "llama") and "output.weight" not in {canonical_name(arch, n) for n in raw}:
+    if FAMILIES[arch].kind == "text" and "output.weight" not in {
+        canonical_name(arch, n) for n in raw
+    }:
         hparams.tie_embeddings = True
     tensors, dropped = canonicalize(arch, hparams, raw)
     meta = dict(metadata or {})

@@ -27,16 +27,16 @@ from modelc.formats.ir import (
     DType,
     HParams,
     ModelIR,
-    RopeScaling,
     SourceInfo,
     Tensor,
     TokenizerSpec,
     row_bytes,
 )
+from modelc.runtime.arch.registry import FAMILIES, by_gguf_name
 
 __all__ = ["load_gguf"]
 
-SUPPORTED_ARCHS = ("llama", "gpt2", "bert")
+SUPPORTED_ARCHS = tuple(n for f in FAMILIES.values() for n in f.gguf_names)
 
 GGML_TO_DTYPE: dict[GGMLQuantizationType, DType] = {
     GGMLQuantizationType.F32: DType.F32,
@@ -57,10 +57,9 @@ GGML_TO_DTYPE: dict[GGMLQuantizationType, DType] = {
     GGMLQuantizationType.Q4_K: DType.Q4_K,
     GGMLQuantizationType.Q5_K: DType.Q5_K,
     GGMLQuantizationType.Q6_K: DType.Q6_K,
+    GGMLQuantizationType.IQ4_NL: DType.IQ4_NL,
+    GGMLQuantizationType.IQ4_XS: DType.IQ4_XS,
 }
-
-# bert.pooling_type values (llama.cpp enum llama_pooling_type)
-POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 # byte-level BPE pre-tokenizers for which llama.cpp adds BOS unless add_bos_token says otherwise
 BOS_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "tekken", "chameleon"}
@@ -158,8 +157,8 @@ def load_gguf(path: str | Path) -> ModelIR:
     found = str(meta.get("general.architecture", ""))
     if not tensors:
         arch = "tokenizer"
-    elif found in SUPPORTED_ARCHS:
-        arch = found
+    elif (fam := by_gguf_name(found)) is not None:
+        arch = fam.name
     else:
         raise ArchitectureError(
             f"GGUF general.architecture is {found!r}; modelc runs {', '.join(SUPPORTED_ARCHS)} only",
@@ -282,10 +281,14 @@ def _tokenizer_spec(fields: dict[str, ReaderField]) -> TokenizerSpec:
         else tid("separator_token_id"),
         cls_id=tid("cls_token_id"),
         mask_id=tid("mask_token_id"),
-        # llama.cpp defaults: spm adds BOS, bert adds CLS/SEP, byte-level BPE adds nothing
-        add_bos=_flag(get("add_bos_token"), model in ("llama", "bert") or pre in BOS_PRE),
-        add_eos=_flag(get("add_eos_token"), model == "bert"),
+        # llama.cpp defaults: spm adds BOS, bert adds CLS/SEP, t5 adds EOS, byte-level BPE
+        # nothing; gemma4 always adds BOS (llama.cpp overrides add_bos_token false)
+        add_bos=model == "gemma4"
+        or _flag(get("add_bos_token"), model in ("llama", "bert") or pre in BOS_PRE),
+        add_eos=_flag(get("add_eos_token"), model in ("bert", "t5")),
         add_space_prefix=_flag(get("add_space_prefix"), model == "llama"),
+        precompiled_charsmap=bytes(int(b) & 0xFF for b in arr("precompiled_charsmap")),
+        remove_extra_whitespaces=_flag(get("remove_extra_whitespaces"), False),
     )
 
 
@@ -319,38 +322,7 @@ def _hparams(
         head_dim=int(m("attention.key_length", 0)) or (n_embd // n_head if n_head else 0),
         tie_embeddings="output.weight" not in tensors,
     )
-    if arch == "llama":
-        hp.norm_eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
-        hp.rope_theta = float(m("rope.freq_base", 10000.0))
-        hp.rope_style = "interleaved"
-        hp.activation = "silu"
-        hp.rope_scaling = _rope_scaling(m)
-    elif arch == "gpt2":
-        hp.norm_eps = float(m("attention.layer_norm_epsilon", 1e-5))
-        hp.activation = "gelu_tanh"
-    elif arch == "bert":
-        hp.norm_eps = float(m("attention.layer_norm_epsilon", 1e-12))
-        hp.activation = "gelu"
-        n_types = meta.get("tokenizer.ggml.token_type_count")
-        if n_types is None and "token_types.weight" in tensors:
-            n_types = tensors["token_types.weight"].shape[0]
-        hp.n_token_types = int(n_types or 0)
-        hp.pooling = POOLING_TYPES.get(int(m("pooling_type", 1)), "mean")
-        hp.normalize_embeddings = True
+    fam = by_gguf_name(arch)
+    if fam is not None and fam.from_gguf is not None:
+        fam.from_gguf(m, hp, tensors, meta)
     return hp
-
-
-def _rope_scaling(m: Callable[[str, Any], Any]) -> RopeScaling:
-    kind = str(m("rope.scaling.type", "none"))
-    factor = m("rope.scaling.factor", None)
-    if factor is None and m("rope.scale_linear", None) is not None:  # older GGUF key
-        kind, factor = "linear", m("rope.scale_linear", 1.0)
-    if kind not in ("linear", "yarn", "llama3") or factor is None:
-        return RopeScaling()
-    return RopeScaling(
-        type=kind,
-        factor=float(factor),
-        original_max_position=int(m("rope.scaling.original_context_length", 0)),
-        low_freq_factor=float(m("rope.scaling.low_freq_factor", 1.0)),
-        high_freq_factor=float(m("rope.scaling.high_freq_factor", 4.0)),
-    )

@@ -50,6 +50,8 @@ class DType(enum.StrEnum):
     Q4_K = "q4_k"
     Q5_K = "q5_k"
     Q6_K = "q6_k"
+    IQ4_NL = "iq4_nl"
+    IQ4_XS = "iq4_xs"
     # modelc's own pack-time quantization: per-row symmetric int8 with an f32 scale
     # at the start of each row (row = 4 + cols bytes).
     INT8 = "int8"
@@ -75,6 +77,8 @@ BLOCK_SIZES: dict[DType, tuple[int, int]] = {
     DType.Q4_K: (256, 144),
     DType.Q5_K: (256, 176),
     DType.Q6_K: (256, 210),
+    DType.IQ4_NL: (32, 18),
+    DType.IQ4_XS: (256, 136),
 }
 
 NUMPY_DTYPES: dict[DType, np.dtype[Any]] = {
@@ -139,6 +143,7 @@ class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
     original_max_position: int = 0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    attn_factor: float = 0.0  # yarn: cos/sin multiplier; 0: 0.1 ln(factor) + 1
 
 
 class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -157,6 +162,7 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     rope_style: str = "interleaved"  # "interleaved" (GGUF/llama.cpp NORM) | "neox"
     rope_scaling: RopeScaling = msgspec.field(default_factory=RopeScaling)
     tie_embeddings: bool = False
+    sliding_window: int = 0  # llama/mistral: each query sees the last n positions; 0: all
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"
     n_token_types: int = 0  # bert
     pooling: str = ""  # bert: "mean" | "cls"
@@ -168,8 +174,10 @@ class TokenizerSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Everything needed to rebuild the tokenizer, from GGUF metadata or tokenizer.json.
 
     ``model`` follows GGUF's ``tokenizer.ggml.model``: ``gpt2`` (byte-level BPE),
-    ``llama`` (SentencePiece BPE with byte fallback), ``bert`` (WordPiece), or
-    ``hf`` when ``hf_json`` (a tokenizer.json text) is the whole definition.
+    ``llama`` (SentencePiece BPE with byte fallback), ``bert`` (WordPiece),
+    ``gemma4`` (BPE by merge rank over ``▁``-escaped text, ``<0xXX>`` byte fallback),
+    ``t5`` (SentencePiece Unigram), or ``hf`` when ``hf_json`` (a tokenizer.json text)
+    is the whole definition.
     """
 
     model: str
@@ -190,6 +198,9 @@ class TokenizerSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
     add_eos: bool = False
     add_space_prefix: bool = False
     hf_json: str | None = None
+    # ``t5`` (Unigram, llama.cpp's UGM): SentencePiece's normalization table and flag
+    precompiled_charsmap: bytes = b""
+    remove_extra_whitespaces: bool = False
 
 
 class SourceInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -203,7 +214,7 @@ class SourceInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ModelIR:
     """A model read from any format: architecture, hyper-parameters, lazy tensors, tokenizer."""
 
-    architecture: str  # "llama" | "gpt2" | "bert" | "mlp" | "tokenizer"
+    architecture: str  # a family of modelc.runtime.arch.registry, or "tokenizer"
     hparams: HParams
     tensors: dict[str, Tensor]
     source: SourceInfo

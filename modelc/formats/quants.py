@@ -18,6 +18,8 @@ Block layouts (bytes, in order):
 * Q4_K  d:f16, dmin:f16, scales[12] (8 x 6-bit scale + 8 x 6-bit min), qs[128]
 * Q5_K  as Q4_K, then qh[32] before qs[128]
 * Q6_K  ql[128], qh[64], scales[16] int8, d:f16
+* IQ4_NL  d:f16, qs[16]           x = d*KVALUES[nibble]
+* IQ4_XS  d:f16, scales_h:u16, scales_l[4], qs[128]: 8 groups of 32, 6-bit scale - 32
 
 In the first half of a 32-weight block the low nibbles hold weights 0..15 and the high
 nibbles weights 16..31; K-quants pack 32-weight groups the same way, 2 or 4 groups per
@@ -172,6 +174,31 @@ def _q6_k(b: Array) -> Array:
     return out
 
 
+# IQ4_NL / IQ4_XS: the 16 non-linear levels a nibble indexes
+IQ4_KVALUES = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
+)
+
+
+def _iq4_nl(b: Array) -> Array:
+    d = _f16(b[:, :2])
+    out: Array = d * IQ4_KVALUES[_nibbles(b[:, 2:], 16)].astype(F32)
+    return out
+
+
+def _iq4_xs(b: Array) -> Array:
+    n = b.shape[0]
+    d = _f16(b[:, :2])
+    sh = np.ascontiguousarray(b[:, 2:4]).view(np.uint16)  # (n, 1): 2 high bits per group
+    high = ((sh >> (2 * np.arange(8, dtype=np.uint16))) & np.uint16(3)).astype(U8)  # (n, 8)
+    low = _nibbles(b[:, 4:8], 1)  # (n, 8): group 2i in byte i's low nibble, 2i+1 high
+    ls = ((low | (high << U8(4))).astype(np.int8) - np.int8(32)).astype(F32)
+    dl = (d * ls).reshape(n, 8, 1)
+    q = IQ4_KVALUES[_nibbles(b[:, 8:], 16)].astype(F32).reshape(n, 8, 32)
+    out: Array = (dl * q).reshape(n, QK_K)
+    return out
+
+
 _DEQUANT: dict[DType, Callable[[Array], Array]] = {
     DType.Q4_0: _q4_0,
     DType.Q4_1: _q4_1,
@@ -183,6 +210,8 @@ _DEQUANT: dict[DType, Callable[[Array], Array]] = {
     DType.Q4_K: _q4_k,
     DType.Q5_K: _q5_k,
     DType.Q6_K: _q6_k,
+    DType.IQ4_NL: _iq4_nl,
+    DType.IQ4_XS: _iq4_xs,
 }
 
 

@@ -45,33 +45,16 @@ from modelc.formats.arch import canonical_name, llama_permute
 from modelc.formats.ir import DType, Tensor
 from modelc.formats.quants import dequantize
 from modelc.formats.safetensors import read_safetensors
+from modelc.runtime.arch.registry import FAMILIES
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.model import EmbeddingModel, LanguageModel
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 
-# Architectures whose runtime weights an adapter can patch, and for each the attribute of a
-# block (``model.blocks[i]``) that holds a canonical per-block weight.
-_BLOCK_SLOTS: dict[str, dict[str, str]] = {
-    "llama": {
-        "attn_q": "wq",
-        "attn_k": "wk",
-        "attn_v": "wv",
-        "attn_output": "wo",
-        "ffn_gate": "w_gate",
-        "ffn_up": "w_up",
-        "ffn_down": "w_down",
-    },
-    "gpt2": {"attn_qkv": "w_qkv", "attn_output": "wo", "ffn_up": "w_up", "ffn_down": "w_down"},
-}
 _TOP_SLOTS = {"output.weight": "output"}  # lm_head; a tied head stays tied to nothing else
-# Hugging Face block-module names of each family canonical_name knows (to tell a mismatch)
-_FAMILIES = {
-    "llama": re.compile(r"(^|\.)layers\.\d+\.(self_attn|mlp)\."),
-    "gpt2": re.compile(r"(^|\.)h\.\d+\.(attn|mlp)\."),
-    "bert": re.compile(r"(^|\.)encoder\.layer\.\d+\."),
-}
+# the runtime block attributes an adapter may patch, and the families' PEFT module names,
+# come from each family (modelc.runtime.arch.registry): Family.lora_slots, lora_modules
 
 _LORA_NAME = re.compile(
     r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.(?P<adapter>[^.]+))?\.weight$"
@@ -186,12 +169,16 @@ def _infer_arch(modules: list[str], path: Path) -> str:
 
     ``canonical_name`` alone cannot tell: gguf's name map accepts every family's aliases.
     """
-    counts = {arch: sum(bool(pat.search(m)) for m in modules) for arch, pat in _FAMILIES.items()}
-    arch = max(counts, key=lambda a: counts[a])
+    counts = {
+        name: sum(bool(f.lora_modules.search(m)) for m in modules)
+        for name, f in FAMILIES.items()
+        if f.lora_modules is not None
+    }
+    arch = max(counts, key=lambda a: counts[a])  # the first of families sharing names
     if counts[arch] == 0:
         raise FormatError(
             f"LoRA modules {modules[:4]} are not weights of any supported architecture "
-            f"({', '.join(_BLOCK_SLOTS)})",
+            f"({', '.join(_patchable())})",
             path=path,
         )
     bad = [m for m in modules if canonical_name(arch, m + ".weight") is None]
@@ -202,6 +189,11 @@ def _infer_arch(modules: list[str], path: Path) -> str:
             path=path,
         )
     return arch
+
+
+def _patchable() -> list[str]:
+    """The families whose runtime weights an adapter can patch."""
+    return [name for name, f in FAMILIES.items() if f.lora_slots]
 
 
 def _matrix(t: Tensor, name: str, path: Path) -> F32Array:
@@ -284,7 +276,7 @@ def _slot(model: LanguageModel | EmbeddingModel, layer: LoraLayer) -> tuple[Any,
     if layer.target in _TOP_SLOTS:
         return model, _TOP_SLOTS[layer.target]
     m = _BLOCK_NAME.match(layer.target)
-    attr = _BLOCK_SLOTS[arch].get(m.group(2)) if m else None
+    attr = FAMILIES[arch].lora_slots.get(m.group(2)) if m else None
     blocks: list[Any] = getattr(model, "blocks", [])
     if m is None or attr is None:
         raise UsageError(
@@ -310,7 +302,7 @@ def _dense(w: Weight) -> F32Array:
 def _delta(model: LanguageModel | EmbeddingModel, layer: LoraLayer) -> F32Array:
     """``scale * B @ A`` (out, in) in the runtime's layout for ``layer.target``."""
     b = layer.b  # (out, r)
-    if model.architecture == "llama" and model.hparams.rope_style != "neox":
+    if FAMILIES[model.architecture].lora_permute_qk and model.hparams.rope_style != "neox":
         kind = _BLOCK_NAME.match(layer.target)
         if kind and kind.group(2) == "attn_q":
             b = llama_permute(b, model.hparams.n_head)
@@ -329,11 +321,12 @@ def scale_adapter(adapter: LoraAdapter, factor: float) -> LoraAdapter:
 def apply_adapter(model: LanguageModel | EmbeddingModel, adapter: LoraAdapter) -> AppliedLora:
     """Merge ``adapter`` into ``model``'s weights; keep the originals for :func:`remove_adapter`."""
     arch = model.architecture
-    if arch not in _BLOCK_SLOTS:
+    if arch not in _patchable():
         raise UnsupportedError(
-            f"LoRA adapters are supported for {', '.join(_BLOCK_SLOTS)} models, not {arch}"
+            f"LoRA adapters are supported for {', '.join(_patchable())} models, not {arch}"
         )
-    if adapter.arch != arch:
+    same_names = FAMILIES[adapter.arch].lora_modules is FAMILIES[arch].lora_modules
+    if adapter.arch != arch and not same_names:
         raise UsageError(
             f"LoRA adapter {adapter.path} was made for a {adapter.arch} model; this model is {arch}"
         )

@@ -144,7 +144,7 @@ class TensorSource:
                 f"{name}: expected a matrix, got shape {t.shape}", path=self.ir.source.path
             )
         shape = (int(t.shape[0]), int(t.shape[1]))
-        if t.dtype in (DType.F32, DType.F16):
+        if t.dtype in (DType.F32, DType.F16, DType.BF16):  # BF16: raw uint16 bits, read in C
             return Weight(t.dtype, shape, np.ascontiguousarray(t.data()).reshape(shape))
         if t.dtype.is_quantized:
             return Weight(t.dtype, shape, np.ascontiguousarray(t.data()))

@@ -11,6 +11,9 @@ around it so GGUF models tokenize exactly as llama.cpp does:
   when ``add_space_prefix`` is set;
 * ``bert``: WordPiece (GGUF stores word-initial pieces as ``▁word`` and continuations bare);
   ``add_special`` always wraps the text in [CLS] ... [SEP], as llama.cpp does;
+* ``gemma4``: BPE by merge rank over the text with spaces as ``▁``, split only at runs of
+  newlines (a run that is one token is kept whole), ``<0xXX>`` byte fallback;
+* ``t5``: SentencePiece Unigram, as llama.cpp's UGM (:mod:`modelc.runtime.tokenizer_unigram`);
 * ``hf``: a tokenizer.json as is.
 
 Decoding concatenates each token's bytes (:meth:`Tokenizer.token_to_piece`) and decodes
@@ -30,6 +33,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from modelc.errors import TokenizerError
 from modelc.formats.ir import TokenizerSpec
+from modelc.runtime.tokenizer_unigram import UnigramTokenizer
 
 __all__ = ["IncrementalDecoder", "Tokenizer", "from_tokenizer_json"]
 
@@ -107,6 +111,7 @@ IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "falcon3", "tekken"}
 EOG_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
     "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>",
+    "<eos>", "<turn|>", "<|tool_response>",  # gemma4
 )  # fmt: skip
 
 
@@ -127,6 +132,7 @@ _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 # the HF WordPiece decoder's cleanup: no space before punctuation and contractions
 _WORDPIECE_CLEANUP = re.compile(r" ([.?!,]|'(?:s|m|ve|re)\b|n't\b)")
+_NEWLINE_RUNS = re.compile(r"[^\n]+|\n+")
 
 
 class Tokenizer:
@@ -144,17 +150,22 @@ class Tokenizer:
             n = len(self.tokens)
             types = list(spec.token_types) if len(spec.token_types) == n else [NORMAL] * n
             self.types = types
-            self.kind = {"gpt2": "gpt2", "llama": "spm", "bert": "bert"}.get(spec.model, "")
+            self.kind = {"gpt2": "gpt2", "bert": "bert"}.get(spec.model, "spm")
+            self._ugm: UnigramTokenizer | None = None
             if spec.model == "gpt2":
                 self._hf = _byte_level_bpe(spec)
             elif spec.model == "llama":
                 self._hf = _spm_bpe(spec)
             elif spec.model == "bert":
                 self._hf = _wordpiece(spec)
+            elif spec.model == "gemma4":
+                self._hf = _gemma4_bpe(spec)
+            elif spec.model == "t5":
+                self._ugm = UnigramTokenizer(spec)
             else:
                 raise TokenizerError(
                     f"tokenizer model {spec.model!r} is not supported "
-                    "(supported: gpt2, llama, bert, hf)"
+                    "(supported: gpt2, llama, bert, gemma4, t5, hf)"
                 )
         self.n_vocab = len(self.tokens)
         self._pieces = [self._piece(i) for i in range(self.n_vocab)]
@@ -301,11 +312,25 @@ class Tokenizer:
                     frag = frag.replace(mark, original)
             if self.model == "llama" and self.spec.add_space_prefix and prev_special:
                 frag = " " + frag
-            out.extend(self._hf.encode(frag, add_special_tokens=False).ids)
+            out.extend(self._encode_fragment(frag))
             prev_special = False
         if add_eos and self.eos_id is not None:
             out.append(self.eos_id)
         return out
+
+    def _encode_fragment(self, frag: str) -> list[int]:
+        if self.model == "t5" and self._ugm is not None:
+            return self._ugm.encode(frag)
+        if self.model == "gemma4":  # llama.cpp splits at newline runs; a whole run may be a token
+            out: list[int] = []
+            for part in _NEWLINE_RUNS.findall(frag.replace(" ", "\u2581")):
+                if part[0] == "\n" and part in self._id_of:
+                    out.append(self._id_of[part])
+                else:
+                    out.extend(self._hf.encode(part, add_special_tokens=False).ids)
+            return out
+        ids: list[int] = self._hf.encode(frag, add_special_tokens=False).ids
+        return ids
 
     # ------------------------------------------------------------------ decode
     def _check(self, i: int) -> None:
@@ -323,7 +348,7 @@ class Tokenizer:
         parts: list[bytes] = []
         for i in ids:
             self._check(i)
-            if skip_special and self.types[i] == CONTROL:
+            if skip_special and self.types[i] in (CONTROL, UNKNOWN):  # llama.cpp prints neither
                 continue
             piece = self._pieces[i]
             if (
@@ -338,7 +363,7 @@ class Tokenizer:
 
     @property
     def _strips_leading_space(self) -> bool:
-        if self.model == "llama":
+        if self.model in ("llama", "t5"):
             return self.spec.add_space_prefix
         return self.kind in WORDPIECE
 
@@ -465,6 +490,13 @@ def _spm_bpe(spec: TokenizerSpec) -> HFTokenizer:
     )
     tok.normalizer = normalizers.Replace(" ", "\u2581")
     return tok
+
+
+def _gemma4_bpe(spec: TokenizerSpec) -> HFTokenizer:
+    """llama.cpp's gemma4 BPE: merges by rank on raw UTF-8 (``▁`` for spaces), ``<0xXX>`` fallback."""
+    vocab = {t: i for i, t in enumerate(spec.tokens)}
+    merges = [_split_merge(m) for m in spec.merges]
+    return HFTokenizer(models.BPE(vocab, merges, byte_fallback=True, fuse_unk=False))
 
 
 def _wordpiece(spec: TokenizerSpec) -> HFTokenizer:

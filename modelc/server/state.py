@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 from modelc.artifact import Artifact, open_artifact
 from modelc.artifact.inspect import by_dtype
 from modelc.errors import TokenizerError
+from modelc.runtime.arch.registry import names
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from modelc.server.models import ModelRegistry
 
-TEXT_ARCHS = ("llama", "gpt2")
-EMBED_ARCHS = ("bert",)
+TEXT_ARCHS = names("text")
+EMBED_ARCHS = names("embed")
 
 
 @dataclass(slots=True)

@@ -1,11 +1,14 @@
-"""One module per architecture, each exporting a class built from ``(ModelIR, Backend)``.
+"""One module per architecture family, each exporting a :class:`~.family.Family` (``FAMILY``).
 
-``build(ir, backend)`` picks it by ``ir.architecture``.  Language models (llama, gpt2)
-follow :class:`~modelc.runtime.model.LanguageModel`, bert follows
+The registry (:mod:`.registry`) lists them; ``build(ir, backend)`` picks the runtime by
+``ir.architecture``.  Language models (llama, qwen2, qwen3, gpt2) follow
+:class:`~modelc.runtime.model.LanguageModel`, bert follows
 :class:`~modelc.runtime.model.EmbeddingModel`, mlp :class:`~modelc.runtime.model.TensorModel`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from modelc.errors import ArchitectureError
 from modelc.formats.ir import ModelIR
@@ -13,25 +16,21 @@ from modelc.runtime.arch.bert import Bert
 from modelc.runtime.arch.gpt2 import GPT2
 from modelc.runtime.arch.llama import Llama
 from modelc.runtime.arch.mlp import MLP
+from modelc.runtime.arch.registry import FAMILIES
 from modelc.runtime.backend import Backend, get_backend
 
-ARCHITECTURES: dict[str, type[Llama] | type[GPT2] | type[Bert] | type[MLP]] = {
-    "llama": Llama,
-    "gpt2": GPT2,
-    "bert": Bert,
-    "mlp": MLP,
-}
+ARCHITECTURES: dict[str, Any] = {name: f.model for name, f in FAMILIES.items()}
 
-__all__ = ["ARCHITECTURES", "GPT2", "MLP", "Bert", "Llama", "build"]
+__all__ = ["ARCHITECTURES", "FAMILIES", "GPT2", "MLP", "Bert", "Llama", "build"]
 
 
 def build(ir: ModelIR, backend: Backend | None = None) -> Llama | GPT2 | Bert | MLP:
     """The runtime model for ``ir``, computing through ``backend`` (default: the best built)."""
-    cls = ARCHITECTURES.get(ir.architecture)
-    if cls is None:
+    fam = FAMILIES.get(ir.architecture)
+    if fam is None:
         raise ArchitectureError(
-            f"no runtime for architecture {ir.architecture!r} "
-            f"(supported: {', '.join(ARCHITECTURES)})",
+            f"no runtime for architecture {ir.architecture!r} (supported: {', '.join(FAMILIES)})",
             path=ir.source.path,
         )
-    return cls(ir, backend or get_backend())
+    model: Llama | GPT2 | Bert | MLP = fam.model(ir, backend or get_backend())
+    return model

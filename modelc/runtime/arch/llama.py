@@ -3,19 +3,38 @@
 Tensors (GGUF names): token_embd, output_norm, output (absent when tied), and per block
 attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down.
 Q/K rows are in the GGUF interleaved-pair RoPE layout unless ``hparams.rope_style`` is
-``neox``.
+``neox``.  Optional per block, for the families built on this forward (qwen2, qwen3):
+attn_q/k/v biases and attn_q_norm/attn_k_norm (a per-head RMSNorm before RoPE).
+Mistral's ``sliding_window`` limits what each query sees (a mask; the cache keeps
+every position).  The ``llama`` family here also reads Mistral checkpoints.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import gguf
 import numpy as np
 
-from modelc.errors import UnsupportedError
-from modelc.formats.ir import HParams, ModelIR, RopeScaling
+from modelc.formats.ir import HParams, ModelIR, Tensor
+from modelc.runtime.arch.family import (
+    Family,
+    GGUFMeta,
+    Shapes,
+    activation,
+    find_shape,
+    gguf_rope,
+    hf_rope,
+    n_blocks,
+    permuted,
+    renamed,
+    rope_attention_factor,
+    rope_inv_freq,
+)
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import (
@@ -30,28 +49,7 @@ from modelc.runtime.model import (
     end_step,
 )
 
-
-def rope_inv_freq(rot_dim: int, theta: float, scaling: RopeScaling) -> F32Array:
-    """Per-pair inverse frequencies (rot_dim/2,), with linear or llama3 scaling applied."""
-    inv = 1.0 / theta ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
-    kind = scaling.type or "none"
-    if kind == "none" or (kind == "linear" and scaling.factor == 1.0):
-        pass
-    elif kind == "linear":
-        inv = inv / scaling.factor
-    elif kind == "llama3":
-        old = scaling.original_max_position or 8192
-        low_wl = old / scaling.low_freq_factor
-        high_wl = old / scaling.high_freq_factor
-        wl = 2 * math.pi / inv
-        smooth = (old / wl - scaling.low_freq_factor) / (
-            scaling.high_freq_factor - scaling.low_freq_factor
-        )
-        mid = (1 - smooth) * inv / scaling.factor + smooth * inv
-        inv = np.where(wl > low_wl, inv / scaling.factor, np.where(wl < high_wl, inv, mid))
-    else:
-        raise UnsupportedError(f"RoPE scaling {kind!r} is not supported (only linear and llama3)")
-    return inv.astype(np.float32)
+__all__ = ["FAMILY", "Llama", "rope_inv_freq"]
 
 
 @dataclass(slots=True)
@@ -65,6 +63,15 @@ class Block:
     w_gate: Weight  # (ff, d)
     w_up: Weight  # (ff, d)
     w_down: Weight  # (d, ff)
+    bq: F32Array | None = None  # (n_head*hd,) qwen2
+    bk: F32Array | None = None  # (n_head_kv*hd,)
+    bv: F32Array | None = None  # (n_head_kv*hd,)
+    q_norm: F32Array | None = None  # (hd,) qwen3: RMSNorm of each head before RoPE
+    k_norm: F32Array | None = None  # (hd,)
+
+
+def _opt(src: TensorSource, name: str) -> F32Array | None:
+    return src.vec(name) if src.has(name) else None
 
 
 class Llama(CausalLM):
@@ -72,6 +79,7 @@ class Llama(CausalLM):
 
     def __init__(self, ir: ModelIR, backend: Backend) -> None:
         hp = ir.hparams
+        self.architecture = ir.architecture  # the families sharing this forward
         self.hparams: HParams = hp
         self.be = backend
         src = TensorSource(ir)
@@ -84,6 +92,7 @@ class Llama(CausalLM):
         self.head_dim = hp.head_dim or self.d // self.n_head
         self.n_ctx = hp.n_ctx or 2048
         self.eps = hp.norm_eps
+        self.window = hp.sliding_window
         self.blocks = [
             Block(
                 attn_norm=src.vec(f"blk.{i}.attn_norm.weight"),
@@ -95,6 +104,11 @@ class Llama(CausalLM):
                 w_gate=src.weight(f"blk.{i}.ffn_gate.weight"),
                 w_up=src.weight(f"blk.{i}.ffn_up.weight"),
                 w_down=src.weight(f"blk.{i}.ffn_down.weight"),
+                bq=_opt(src, f"blk.{i}.attn_q.bias"),
+                bk=_opt(src, f"blk.{i}.attn_k.bias"),
+                bv=_opt(src, f"blk.{i}.attn_v.bias"),
+                q_norm=_opt(src, f"blk.{i}.attn_q_norm.weight"),
+                k_norm=_opt(src, f"blk.{i}.attn_k_norm.weight"),
             )
             for i in range(hp.n_layer)
         ]
@@ -106,7 +120,8 @@ class Llama(CausalLM):
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
         self.inv_freq = rope_inv_freq(self.head_dim, hp.rope_theta, hp.rope_scaling)
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        # YaRN scales cos and sin, so each Q·K by the factor squared
+        self.scale = rope_attention_factor(hp.rope_scaling) ** 2 / math.sqrt(self.head_dim)
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
         self.scratch = Scratch()
 
@@ -130,10 +145,20 @@ class Llama(CausalLM):
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
             q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
+            if b.bq is not None and b.bk is not None and b.bv is not None:
+                q += b.bq
+                k += b.bk
+                v += b.bv
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+            if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
+                q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
+                k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
             be.rope(q, angles, self.neox)
             be.rope(k, angles, self.neox)
-            attend(be, batch, slices, li, q, k, v, self.scale, attn)
+            if self.window and any(c.cache.n + len(c.tokens) > self.window for c in batch):
+                attend_window(be, batch, slices, li, q, k, v, self.scale, attn, self.window)
+            else:
+                attend(be, batch, slices, li, q, k, v, self.scale, attn)
             x += be.matmul(b.wo, attn2, out=ob)
             h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.w_gate.shape[0] != ff:  # a model whose layers differ in FFN width
@@ -158,3 +183,149 @@ class Llama(CausalLM):
 
         if cache.n > n_keep:
             cache.update_keys(n_keep, rerotate)
+
+
+def attend_window(
+    be: Backend,
+    batch: Sequence[SeqChunk],
+    slices: list[slice],
+    layer: int,
+    q: F32Array,
+    k: F32Array,
+    v: F32Array,
+    scale: float,
+    out: F32Array,
+    window: int,
+) -> None:
+    """:func:`attend` where query position p sees positions ``p - window + 1 .. p`` only
+    (HF Mistral's sliding window); one backend call per query row past the window."""
+    for c, sl in zip(batch, slices, strict=True):
+        p0, n = c.cache.n, len(c.tokens)
+        c.cache.write(layer, p0, k[sl], v[sl])
+        kk, vv = c.cache.read(layer, p0 + n)  # (p0+n, n_head_kv, hd)
+        qs, os_ = q[sl], out[sl]
+        for i in range(n):
+            p = p0 + i
+            lo = max(0, p - window + 1)
+            os_[i : i + 1] = be.attention(
+                np.ascontiguousarray(qs[i : i + 1]), kk[lo : p + 1], vv[lo : p + 1], p - lo, scale
+            )
+
+
+# --- the family -----------------------------------------------------------------------------
+
+_QK = re.compile(r"\.attn_([qk])\.(weight|bias)$")
+
+
+def _from_config(cfg: Mapping[str, Any]) -> HParams:
+    n_embd = int(cfg["hidden_size"])
+    n_head = int(cfg["num_attention_heads"])
+    theta, scaling = hf_rope(cfg)
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    n_ctx = int(cfg.get("max_position_embeddings", 2048))
+    return HParams(
+        n_vocab=int(cfg["vocab_size"]),
+        n_ctx=n_ctx,
+        n_embd=n_embd,
+        n_layer=int(cfg["num_hidden_layers"]),
+        n_head=n_head,
+        n_head_kv=int(cfg.get("num_key_value_heads") or n_head),
+        n_ff=int(cfg["intermediate_size"]),
+        head_dim=int(cfg.get("head_dim") or n_embd // n_head),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_style="interleaved",
+        rope_scaling=scaling,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        sliding_window=int(window) if window and int(window) < n_ctx else 0,
+        activation=activation(str(cfg.get("hidden_act", "silu"))),
+    )
+
+
+def _from_shapes(names: Sequence[str], shapes: Shapes) -> HParams:
+    n_vocab, n_embd = find_shape(shapes, "embed_tokens.weight")
+    head_dim = 64 if int(n_embd) % 64 == 0 else int(n_embd)
+    q_rows = int(find_shape(shapes, ".self_attn.q_proj.weight")[0])
+    k_rows = int(find_shape(shapes, ".self_attn.k_proj.weight")[0])
+    return HParams(
+        n_vocab=int(n_vocab),
+        n_ctx=2048,
+        n_embd=int(n_embd),
+        n_layer=n_blocks(names, r"(?:^|\.)layers\.(\d+)\."),
+        n_head=q_rows // head_dim,
+        n_head_kv=k_rows // head_dim,
+        n_ff=int(find_shape(shapes, ".mlp.gate_proj.weight")[0]),
+        head_dim=head_dim,
+        rope_style="interleaved",
+        tie_embeddings=not any(n.endswith("lm_head.weight") for n in names),
+        activation="silu",
+    )
+
+
+def gguf_hparams(
+    m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]
+) -> None:
+    """The llama-like keys of a GGUF (llama, qwen2, qwen3 share them)."""
+    hp.norm_eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
+    hp.rope_theta = float(m("rope.freq_base", 10000.0))
+    hp.rope_style = "interleaved"
+    hp.activation = "silu"
+    hp.rope_scaling = gguf_rope(m)
+    hp.sliding_window = int(m("attention.sliding_window", 0))
+
+
+def _permute_qk(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
+    m = _QK.search(name)
+    if m is None:
+        return renamed(t, name)
+    return permuted(t, name, hp.n_head if m.group(1) == "q" else hp.n_head_kv)
+
+
+def llama_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+    """The Q/K/gate shapes llama-like hyper-parameters imply."""
+    return {
+        "blk.0.attn_q.weight": (hp.n_head * hp.head_dim, hp.n_embd),
+        "blk.0.attn_k.weight": (hp.n_head_kv * hp.head_dim, hp.n_embd),
+        "blk.0.ffn_gate.weight": (hp.n_ff, hp.n_embd),
+    }
+
+
+LLAMA_REQUIRED = (
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "ffn_gate.weight",
+)
+LLAMA_LORA_SLOTS = {
+    "attn_q": "wq",
+    "attn_k": "wk",
+    "attn_v": "wv",
+    "attn_output": "wo",
+    "ffn_gate": "w_gate",
+    "ffn_up": "w_up",
+    "ffn_down": "w_down",
+}
+HF_LLAMA_MODULES = re.compile(r"(^|\.)layers\.\d+\.(self_attn|mlp)\.")
+
+FAMILY = Family(
+    name="llama",
+    kind="text",
+    model=Llama,
+    gguf_arch=gguf.MODEL_ARCH.LLAMA,
+    gguf_names=("llama",),
+    hf_classes=("LlamaForCausalLM", "LlamaModel", "MistralForCausalLM"),
+    model_types=("llama", "mistral"),
+    signature=re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
+    drop=re.compile(r"rotary_emb\.inv_freq$"),
+    from_config=_from_config,
+    from_shapes=_from_shapes,
+    from_gguf=gguf_hparams,
+    transform=_permute_qk,
+    required=LLAMA_REQUIRED,
+    output_required=True,
+    shapes=llama_shapes,
+    lora_slots=LLAMA_LORA_SLOTS,
+    lora_modules=HF_LLAMA_MODULES,
+    lora_permute_qk=True,
+)

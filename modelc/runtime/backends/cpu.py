@@ -1,8 +1,10 @@
 """The CPU backend: compiled C kernels (``cyx/``) behind Cython wrappers that release the GIL.
 
-Matrix products run straight from the quantized blocks (Q4_0, Q4_1, Q5_0, Q8_0,
-Q4_K, Q6_K, INT8) or from F16/F32 rows; other weight dtypes fall back to the
-numpy reference (dequantize, then BLAS).
+Matrix products run straight from the quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, INT8) or from F32/F16/BF16 rows: every
+GGUF weight type the reader keeps (``C_MATMUL_DTYPES``; ``kernel_for`` says which path
+serves a type); other weight dtypes fall back to the numpy reference (dequantize, then
+BLAS).
 
 Environment:
 
@@ -35,8 +37,11 @@ Kernels (``cyx/mc_quant*.h``): every 32-element-block kernel computes each block
 integer dot and then one FMA ``acc = fma(dw * dx, s, acc)`` in block order, so a row's
 result is the same whether it runs alone, in a 4-weight-row kernel (single x rows) or in
 the 8-row batched kernel (x rows paired in vector halves) -- batched equals alone, bit
-for bit.  Row tiles are handed to the threads in ascending order so weights stream
-forward from memory.
+for bit.  The kernels of Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS (``cyx/mc_dot_scalar.h``,
+``cyx/mc_dot_avx2_more.h``) take one or four x rows through the same code (a weight block
+unpacked once for all of them), with the same integer sums and float steps on the AVX2
+and scalar paths.  Row tiles are handed to the threads in ascending order so weights
+stream forward from memory.
 """
 
 from __future__ import annotations
@@ -69,7 +74,17 @@ TYPE_CODES: dict[DType, int] = {
     DType.Q4_K: _k.Q4_K,
     DType.Q6_K: _k.Q6_K,
     DType.INT8: _k.INT8,
+    DType.Q5_1: _k.Q5_1,
+    DType.Q2_K: _k.Q2_K,
+    DType.Q3_K: _k.Q3_K,
+    DType.Q5_K: _k.Q5_K,
+    DType.BF16: _k.BF16,
+    DType.IQ4_NL: _k.IQ4_NL,
+    DType.IQ4_XS: _k.IQ4_XS,
 }
+
+# the weight dtypes whose matmuls run in C (every mode, every SIMD level)
+C_MATMUL_DTYPES: frozenset[DType] = frozenset(TYPE_CODES)
 
 SIMD_LEVELS = {
     "scalar": _k.SIMD_SCALAR,
@@ -240,6 +255,12 @@ class CpuBackend:
         self._raw: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
         # id(weight data) -> (that data, its repacked copy, or None: see _gemm_aux)
         self._aux: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = {}
+
+    def kernel_for(self, dtype: DType) -> str:
+        """Which path serves a matmul of a ``dtype`` weight on this backend: ``"c"`` (the
+        compiled kernels, asked of the C dispatch itself) or ``"numpy"`` (the fallback)."""
+        code = TYPE_CODES.get(dtype)
+        return "c" if code is not None and _k.has_kernel(code, self.simd) else "numpy"
 
     def _rows(self, w: Weight) -> np.ndarray[Any, Any]:
         def make() -> tuple[np.ndarray[Any, Any], bool]:
