@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,37 @@ def test_tensor_offset_past_the_end(tmp_path: Path) -> None:
         FormatError, match=r"tensor output_norm\.weight points past the end of the file"
     ):
         load_gguf(lie)
+
+
+def test_overlapping_tensors_refused(tmp_path: Path) -> None:
+    """Two tensors sharing bytes (issue 15: loaded and packed silently) are a FormatError,
+    and `modelc inspect` says so in one line."""
+    import subprocess
+    import sys
+
+    good = _tiny_llama(tmp_path / "good.gguf")
+    reader = gguf.GGUFReader(good)
+    ts = {t.name: t for t in reader.tensors}
+    a, b = ts["output_norm.weight"], ts["token_embd.weight"]
+    pos = a.field.offset + sum(int(p.nbytes) for p in a.field.parts[:-1])  # a's data offset
+    b_offset = int(b.field.parts[-1][0])
+    del reader, ts, a, b
+    bad = tmp_path / "overlap.gguf"
+    shutil.copy(good, bad)
+    with bad.open("r+b") as f:
+        f.seek(pos)
+        f.write(b_offset.to_bytes(8, "little"))  # output_norm inside token_embd's bytes
+    with pytest.raises(FormatError, match="overlap"):
+        load_gguf(bad)
+    p = subprocess.run(
+        [sys.executable, "-m", "modelc.cli", "inspect", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MODELC_CACHE": str(tmp_path / "cache")},
+    )
+    assert p.returncode == 2 and "overlap" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
 
 
 def test_tensor_with_absurd_dims(tmp_path: Path) -> None:

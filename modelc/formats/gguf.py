@@ -12,6 +12,7 @@ Tensor loaders return views into the reader's memory map (no copies).
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 from collections.abc import Callable
@@ -124,6 +125,7 @@ class _CheckedReader(GGUFReader):  # type: ignore[misc]
         return out, offs
 
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+        spans: list[tuple[int, int, str]] = []
         for field in fields:
             _, name_data, _, dims, raw_dtype, offset = field.parts
             name = bytes(name_data).decode("utf-8", "replace")
@@ -141,9 +143,15 @@ class _CheckedReader(GGUFReader):  # type: ignore[misc]
                 )
             bs, ts = GGML_QUANT_SIZES[qtype]
             n_elems = math.prod(int(d) for d in dims)  # Python ints: no overflow on garbage
-            end = int(start_offs) + int(offset[0]) + n_elems * ts // bs
+            start = int(start_offs) + int(offset[0])
+            end = start + n_elems * ts // bs
             if end > self.data.size:
                 raise FormatError(f"tensor {name} points past the end of the file")
+            spans.append((start, end, name))
+        spans.sort()
+        for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+            if start < end:  # a converter never shares bytes between tensors
+                raise FormatError(f"tensors {a} and {b} overlap in the file; it is corrupt")
         super()._build_tensors(start_offs, fields)
 
 
