@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,3 +119,33 @@ def _resolve(arg: str) -> Path:
 
     with pack_progress(f"packing {Path(arg).name}") as prog:
         return resolve_model(arg, store=_store(), config=_config(), progress=prog, quiet=True)
+
+
+def add_seed_and_kv_cache(p: Any) -> None:
+    """``--seed`` and ``--kv-cache``, as the commands that run the engine in-process take them."""
+    p.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="RNG seed (same seed, same text)"
+    )
+    p.add_argument(
+        "--kv-cache",
+        choices=("f32", "f16", "int8", "mixed"),
+        default=None,
+        help="KV cache type (default f16, as modelc run)",
+    )
+
+
+def standalone(register: Callable[[Any], None], argv: Sequence[str] | None = None) -> int:
+    """Run one command module on its own (``python -m modelc.cli_generate ...``)."""
+    import argparse
+
+    from modelc.errors import ModelcError
+
+    parser = argparse.ArgumentParser(prog="modelc")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ModelcError as e:
+        sys.stderr.write(f"modelc: error: {e}\n")
+        return e.exit_code

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from modelc.cli_common import add_seed_and_kv_cache, standalone
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
 
@@ -125,28 +126,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--min-p", type=float, default=None, metavar="P")
     p.add_argument("--repeat-penalty", type=float, default=None, metavar="R")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string")
-    p.add_argument(
-        "--seed", type=int, default=None, metavar="S", help="RNG seed (same seed, same text)"
-    )
-    p.add_argument(
-        "--kv-cache",
-        choices=("f32", "f16", "int8", "mixed"),
-        default=None,
-        help="KV cache type (default f16, as modelc run)",
-    )
+    add_seed_and_kv_cache(p)
     p.set_defaults(func=cmd_generate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="modelc")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except ModelcError as e:
-        sys.stderr.write(f"modelc: error: {e}\n")
-        return e.exit_code
+    return standalone(register, argv)
 
 
 if __name__ == "__main__":
