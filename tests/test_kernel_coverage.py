@@ -150,7 +150,7 @@ def test_gguf_tensor_of_each_new_type_runs_in_c(tmp_path: Path, dtype: DType) ->
     wr.write_tensors_to_file()
     wr.close()
     reader_tensor = next(t for t in gguf.GGUFReader(path).tensors)
-    t = gguf_tensor(reader_tensor)
+    t = gguf_tensor(reader_tensor, path)
     assert t.dtype is dtype and t.shape == (6, 512)
     loaded = Weight(dtype, (6, 512), np.ascontiguousarray(t.data()))
     want = gguf.quants.dequantize(raw, qtype).reshape(6, 512)

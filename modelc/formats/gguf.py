@@ -161,7 +161,7 @@ def load_gguf(path: str | Path) -> ModelIR:
     reader = _open(p)
     fields: dict[str, ReaderField] = reader.fields
     meta = {k: _field_value(f) for k, f in fields.items() if not k.startswith("GGUF.")}
-    tensors = {t.name: _tensor(t) for t in reader.tensors}
+    tensors = {t.name: _tensor(t, p) for t in reader.tensors}
     found = str(meta.get("general.architecture", ""))
     if not tensors:
         arch = "tokenizer"
@@ -239,7 +239,16 @@ def _str(part: np.ndarray[Any, Any]) -> str:
     return part.tobytes().decode("utf-8", "replace")
 
 
-def _tensor(t: Any) -> Tensor:
+def _tensor(t: Any, path: Path) -> Tensor:
+    if 0 in t.shape.tolist():
+        raise FormatError(f"tensor {t.name} has a zero dimension; the file is damaged", path=path)
+    try:
+        return _tensor_view(t)
+    except ValueError as e:  # a shape its bytes cannot have (a zero or lying dimension)
+        raise FormatError(f"tensor {t.name} has an impossible shape ({e})", path=path) from e
+
+
+def _tensor_view(t: Any) -> Tensor:
     dtype = GGML_TO_DTYPE[t.tensor_type]
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     data: np.ndarray[Any, Any] = np.asarray(t.data)  # a view of the memory map

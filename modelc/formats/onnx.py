@@ -155,6 +155,8 @@ def _external_loader(tp: Any, dtype: DType, base: Path, model_path: Path) -> tup
 def _read_initializers(model: Any, path: Path) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     for tp in model.graph.initializer:
+        if not isinstance(tp.name, str):  # protobuf hands back bytes that are not UTF-8
+            raise FormatError(f"initializer name {tp.name!r} is not text", path=path)
         dtype = _dtype_of(int(tp.data_type), f"initializer {tp.name!r}", path)
         shape = tuple(int(d) for d in tp.dims)
         if tp.data_location == 1:  # EXTERNAL

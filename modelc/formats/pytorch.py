@@ -16,6 +16,7 @@ import math
 import pickle
 import sys
 import zipfile
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,9 @@ _LEGACY_HINT = (
 
 # no tensor dimension, stride or offset is this large in a real checkpoint (2**40)
 _MAX_DIM = 1 << 40
+# what zipfile raises on a damaged archive (an unknown version or compression method is a
+# NotImplementedError, a bad deflate stream a zlib.error)
+_ZIP_ERRORS = (zipfile.BadZipFile, NotImplementedError, zlib.error, OSError, EOFError)
 
 
 def _refuse_setstate(obj: object) -> None:
@@ -216,13 +220,23 @@ class _ZipStorages:
                 raise FormatError(f"corrupt zip local header for {info.filename!r}", path=self.path)
             start = info.header_offset + 30 + int.from_bytes(local[26:28], "little")
             start += int.from_bytes(local[28:30], "little")
+            if start + nbytes > self.path.stat().st_size:
+                raise FormatError(
+                    f"storage {info.filename!r} runs past the end of the file (corrupt zip)",
+                    path=self.path,
+                )
             if nbytes == 0:
                 arr: np.ndarray[Any, Any] = np.zeros(0, dtype)
             else:
                 arr = np.memmap(self.path, dtype=dtype, mode="r", offset=start, shape=(st.numel,))
         else:  # a re-zipped checkpoint: read the member
-            with zipfile.ZipFile(self.path) as zf:
-                arr = np.frombuffer(zf.read(info)[:nbytes], dtype=dtype)
+            try:
+                with zipfile.ZipFile(self.path) as zf:
+                    arr = np.frombuffer(zf.read(info)[:nbytes], dtype=dtype)
+            except (*_ZIP_ERRORS, ValueError) as e:
+                raise FormatError(
+                    f"cannot read storage {info.filename!r}: {e}", path=self.path
+                ) from e
         self.arrays[st.key] = arr
         return arr
 
@@ -262,7 +276,11 @@ def read_pytorch(path: str | Path) -> dict[str, Tensor]:
     path = Path(path)
     if not path.exists():
         raise FormatError("no such file", path=path)
-    if not zipfile.is_zipfile(path):
+    try:
+        is_zip = zipfile.is_zipfile(path)
+    except _ZIP_ERRORS as e:  # is_zipfile itself gives up on some damaged directories
+        raise FormatError(f"cannot read PyTorch checkpoint: {e}", path=path) from e
+    if not is_zip:
         raise FormatError(_LEGACY_HINT, path=path)
     try:
         with zipfile.ZipFile(path) as zf:
@@ -271,7 +289,7 @@ def read_pytorch(path: str | Path) -> dict[str, Tensor]:
         if e.path is None:  # raised inside the unpickler, which does not know the file
             raise type(e)(str(e), path=path) from e
         raise
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
+    except _ZIP_ERRORS as e:
         raise FormatError(f"cannot read PyTorch checkpoint: {e}", path=path) from e
     except (pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError) as e:
         raise FormatError(f"data.pkl is not a valid checkpoint pickle ({e})", path=path) from e
