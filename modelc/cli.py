@@ -303,6 +303,8 @@ EXTENSIONS: list[str] = [
     "modelc.cli_run:register",
     "modelc.cli_bench:register",
     "modelc.cli_chat:register",
+    "modelc.cli_compile:register",
+    "modelc.cli_ship:register",
 ]
 
 
