@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from modelc.engine.options import EngineOptions
 from modelc.engine.scheduler import LLMEngine
@@ -36,9 +38,12 @@ def build_engine(
     *,
     model_name: str | None = None,
     backend: Backend | None = None,
+    runtime_factory: Callable[[ModelIR, Backend], Any] | None = None,
 ) -> LLMEngine:
     """An engine for a model path / store or catalog name / loaded IR (not started yet);
-    ``backend``: the compute backend (default: the CPU kernels with ``options.threads``)."""
+    ``backend``: the compute backend (default: the CPU kernels with ``options.threads``);
+    ``runtime_factory``: builds the runtime model from (ir, backend) instead of
+    :func:`modelc.runtime.arch.build` (the specialised forward of a program ``modelc compile`` wrote)."""
     from modelc.engine.speculative import MLPDraftWeights
     from modelc.runtime.arch import build
     from modelc.runtime.prompt import PromptFormat
@@ -52,7 +57,7 @@ def build_engine(
 
         ir = load_ir(str(model))
     backend = backend or _backend(opt.threads)
-    runtime = build(ir, backend)
+    runtime = (runtime_factory or build)(ir, backend)
     if not isinstance(runtime, (LanguageModel, EmbeddingModel)):
         raise UnsupportedError(
             f"{ir.architecture} models are neither language nor embedding models; "

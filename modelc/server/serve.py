@@ -15,6 +15,7 @@ import math
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ class ServeOptions:
     lora_dirs: list[Path] = field(default_factory=list)
     engine: EngineOptions = field(default_factory=EngineOptions)
     store_dir: Path | None = None  # models requests may load on demand
+    # (artifact path, model name, engine options) -> its engine; default make_engine
+    engine_factory: Callable[[Path, str, EngineOptions], Engine] | None = None
 
 
 def _say(msg: str) -> None:
@@ -87,7 +90,9 @@ def registry(opts: ServeOptions) -> ModelRegistry:
         for m in opts.models
     ]
     store = Store(opts.store_dir) if opts.store_dir is not None else None
-    return ModelRegistry(slots, opts.engine, make_engine, store, announce=_say)
+    return ModelRegistry(
+        slots, opts.engine, opts.engine_factory or make_engine, store, announce=_say
+    )
 
 
 class _InFlight:

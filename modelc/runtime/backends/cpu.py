@@ -262,6 +262,13 @@ class CpuBackend:
         code = TYPE_CODES.get(dtype)
         return "c" if code is not None and _k.has_kernel(code, self.simd) else "numpy"
 
+    def operands(self, w: Weight) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
+        """What the C matmul reads for ``w``, as :meth:`matmul` passes it: the uint8 rows
+        and the repacked copy (or None).  For a generated model-specialised forward that
+        calls the kernels itself (``modelc compile``)."""
+        raw = self._rows(w)
+        return raw, self._gemm_aux(w, raw)
+
     def _rows(self, w: Weight) -> np.ndarray[Any, Any]:
         def make() -> tuple[np.ndarray[Any, Any], bool]:
             raw = _raw_rows(w)

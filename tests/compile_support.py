@@ -1,0 +1,164 @@
+"""Helpers for tests/test_compile.py: build a ``modelc compile`` project, run its program.
+
+``python -m tests.compile_support PACKAGE`` (with the project directory on PYTHONPATH)
+compares the compiled forward with modelc's own runtime on the same artifact, in one
+process, and prints one JSON line: whether every output was bit-identical.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise AssertionError(
+            f"{cmd} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        )
+    return p.stdout
+
+
+def compile_project(src: Path, out: Path, name: str) -> Path:
+    """``modelc compile SRC -o OUT --name NAME`` through the CLI; the package directory."""
+    run([sys.executable, "-m", "modelc.cli", "compile", str(src), "-o", str(out), "--name", name])
+    (pkg,) = [p for p in out.iterdir() if p.name.endswith("_app")]
+    return pkg
+
+
+def fresh_venv(where: Path) -> Path:
+    """A new venv that sees this venv's third-party packages but not modelc: a .pth line
+    adds this site-packages directory, whose own .pth files (modelc's editable install)
+    Python does not process.  Returns its python."""
+    run([sys.executable, "-m", "venv", "--without-pip", str(where)])
+    py = where / "bin" / "python"
+    site = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    (Path(site.strip()) / "project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return py
+
+
+def build_forward_only(out: Path, pkg: Path, kernels_so: Path) -> None:
+    """Build only the generated forward in place, with the kernels extension taken from
+    another project's build (the kernels' sources are the same in every project; the
+    wheel test builds them)."""
+    shutil.copy(kernels_so, pkg / "_rt" / "_kernels" / kernels_so.name)
+    code = (
+        "import setup\nfrom setuptools import setup as s\n"
+        "s(ext_modules=setup.extensions(('_forward',)), script_args=['build_ext', '--inplace'])"
+    )
+    run([sys.executable, "-c", code], cwd=out)
+
+
+@dataclass
+class Program:
+    """One compiled program's server process on 127.0.0.1."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"program exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"program not ready after {timeout}s:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_program(cmd: list[str], port: int, cwd: Path, env: dict[str, str]) -> Program:
+    log = cwd / f"program-{port}.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(
+            [*cmd, "--port", str(port), "--threads", "1"],
+            cwd=cwd,
+            env={**env, "MODELC_THREADS": "1"},
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    prog = Program(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        prog.wait_ready()
+    except BaseException:
+        prog.stop()
+        raise
+    return prog
+
+
+def _compare(package: str) -> dict[str, object]:
+    """The compiled forward against modelc's runtime on the package's artifact."""
+    from modelc.artifact import load_artifact
+    from modelc.runtime.arch import build
+    from modelc.runtime.backends.cpu import CpuBackend
+    from modelc.runtime.model import SeqChunk
+
+    app = importlib.import_module(f"{package}.app")
+    fw = importlib.import_module(f"{package}._forward")
+    art = importlib.import_module(f"{package}._rt.artifact")
+    cpu = importlib.import_module(f"{package}._rt.runtime.backends.cpu")
+    mm = importlib.import_module(f"{package}._rt.runtime.model")
+    ref = build(load_artifact(app.ARTIFACT), CpuBackend(threads=1))
+    com = fw.Compiled(art.load_artifact(app.ARTIFACT), cpu.CpuBackend(threads=1))
+    rng = np.random.default_rng(0)
+    res: dict[str, object] = {"architecture": fw.ARCHITECTURE, "class": type(com).__module__}
+    if fw.ARCHITECTURE == "bert":
+        batch = [[int(t) for t in rng.integers(0, ref.n_vocab, size=k)] for k in (7, 3, 12)]
+        res["embed"] = bool(np.array_equal(ref.embed(batch), com.embed(batch)))
+        return res
+    if fw.ARCHITECTURE == "mlp":
+        x = rng.normal(0, 1, (5, ref.n_in)).astype(np.float32)
+        res["run"] = bool(np.array_equal(ref.run({"x": x})["output"], com.run({"x": x})["output"]))
+        return res
+    for mode in ("f32", "f16", "int8"):  # int8: the compiled class runs the runtime's loop
+        cr = [ref.new_cache(mode, max_tokens=48) for _ in range(3)]
+        cc = [com.new_cache(mode, max_tokens=48) for _ in range(3)]
+        prompts = [[int(t) for t in rng.integers(0, ref.n_vocab, size=k)] for k in (5, 9, 1)]
+        lr = ref.forward([SeqChunk(c, p) for c, p in zip(cr, prompts, strict=True)])
+        lc = com.forward([mm.SeqChunk(c, p) for c, p in zip(cc, prompts, strict=True)])
+        same, greedy = bool(np.array_equal(lr, lc)), []
+        for _ in range(8):  # greedy decode, three sequences in one batch
+            toks = [[int(t)] for t in lr.argmax(-1)]
+            greedy.append(toks)
+            lr = ref.forward([SeqChunk(c, t) for c, t in zip(cr, toks, strict=True)])
+            lc = com.forward([mm.SeqChunk(c, t) for c, t in zip(cc, toks, strict=True)])
+            same = same and bool(np.array_equal(lr, lc))
+        res[mode] = same
+    return res
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MODELC_THREADS", "1")
+    print(json.dumps(_compare(sys.argv[1])))
