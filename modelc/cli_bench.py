@@ -126,6 +126,8 @@ def _cmd_load(args: argparse.Namespace) -> int:
                 chat=args.chat,
                 timeout=args.timeout,
                 on_done=on_done,
+                turns=args.turns,
+                header=args.conversation_header,
             )
         )
     if args.plot:
@@ -187,6 +189,20 @@ def register(subparsers: Any) -> None:
     h.add_argument("--model", dest="model_name", default=None, metavar="NAME", help="model field")
     h.add_argument("--chat", action="store_true", default=None, help="use /v1/chat/completions")
     h.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (600)")
+    h.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        metavar="T",
+        help="requests per conversation, each resending the history (shared prefixes) (1)",
+    )
+    h.add_argument(
+        "--conversation-header",
+        default=None,
+        metavar="NAME",
+        help="send a per-conversation id in header NAME (e.g. X-Conversation-Id), "
+        "for a proxy that hashes on it",
+    )
     h.add_argument("--plot", default=None, metavar="PNG", help="latency vs throughput plot")
     h.add_argument("--markdown", action="store_true", help="print a Markdown table")
     p.set_defaults(func=cmd_bench)

@@ -7,6 +7,14 @@ prompt of about ``prompt_len`` tokens of random words (unique per request, so no
 server can answer from a prefix cache) and ``max_tokens`` output tokens
 (``ignore_eos``, which modelc and llama.cpp both honour, keeps the length fixed).
 
+Conversations (``turns > 1``): each conversation is ``turns`` requests in order, each
+sending the whole history (the first user message of ``prompt_len`` words, then
+every reply and a new user message of ``prompt_len // 4`` words, at least 8), so a
+conversation's prompts share prefixes.  ``header`` names a request header carrying a
+conversation id (``X-Conversation-Id: c<level>-<k>``), which a consistent-hashing
+proxy (nginx ``hash $http_x_conversation_id consistent``, ingress-nginx's
+``upstream-hash-by``) uses to keep a conversation on one replica.
+
 Per request it records the time to first token (TTFT), the gaps between streamed
 tokens (ITL), the time per output token after the first (TPOT) and the end-to-end
 latency (E2E). Only loopback servers are accepted: this is a benchmark, not a load
@@ -15,6 +23,7 @@ test of someone else's machine.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import math
@@ -48,6 +57,7 @@ class RequestTrace:
     output_tokens: int = 0
     prompt_tokens: int = 0
     error: str = ""
+    text: str = ""  # the streamed output
 
     @property
     def ttft(self) -> float | None:
@@ -175,12 +185,18 @@ async def probe(url: str, timeout: float = 10.0) -> str:
 
 
 async def one_request(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], chat: bool, timeout: float
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    chat: bool,
+    timeout: float,
+    headers: dict[str, str] | None = None,
 ) -> RequestTrace:
     tr = RequestTrace(ok=False, start=time.perf_counter(), end=0.0)
     chunks = 0
+    pieces: list[str] = []
     try:
-        async with client.stream("POST", url, json=body, timeout=timeout) as r:
+        async with client.stream("POST", url, json=body, timeout=timeout, headers=headers) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")
                 tr.error = f"HTTP {r.status_code}: {text[:200]}"
@@ -204,6 +220,8 @@ async def one_request(
                     if ch.get("finish_reason") is None or piece:
                         tr.stamps.append(time.perf_counter())
                         chunks += 1
+                    if piece:
+                        pieces.append(str(piece))
         tr.ok = True
     except httpx.HTTPError as e:
         tr.error = f"{type(e).__name__}: {e}"[:200]
@@ -211,6 +229,7 @@ async def one_request(
         tr.error = f"bad stream data: {e}"[:200]
     finally:
         tr.end = time.perf_counter()
+        tr.text = "".join(pieces)
         if tr.output_tokens == 0:
             tr.output_tokens = chunks
     return tr
@@ -237,28 +256,64 @@ def summarize(c: int, n: int, traces: list[RequestTrace], wall: float) -> LevelR
     )
 
 
+class Conversation:
+    """One client's conversation: the next request's body, and the history it grows."""
+
+    def __init__(
+        self, base: dict[str, Any], chat: bool, first: str, header: tuple[str, str] | None
+    ) -> None:
+        self.base, self.chat = base, chat
+        self.messages: list[dict[str, str]] = []
+        self.prompt = ""
+        self.pending = first  # the next user message
+        self.headers = dict([header]) if header else None
+
+    def body(self) -> dict[str, Any]:
+        if self.chat:
+            self.messages.append({"role": "user", "content": self.pending})
+            return {**self.base, "messages": list(self.messages)}
+        self.prompt = f"{self.prompt} {self.pending}".lstrip()
+        return {**self.base, "prompt": self.prompt}
+
+    def reply(self, text: str, next_user: str) -> None:
+        if self.chat:
+            self.messages.append({"role": "assistant", "content": text})
+        else:
+            self.prompt += text
+        self.pending = next_user
+
+
 async def run_level(
     client: httpx.AsyncClient,
     url: str,
     c: int,
     requests: int,
-    body: Callable[[], dict[str, Any]],
+    conversation: Callable[[], Conversation],
     chat: bool,
     timeout: float,
     on_done: Callable[[int, RequestTrace], None] | None,
+    turns: int = 1,
+    next_user: Callable[[], str] | None = None,
 ) -> LevelResult:
-    """``requests`` requests, ``c`` at a time."""
+    """``requests`` requests, ``c`` conversations at a time, each of up to ``turns``."""
     traces: list[RequestTrace] = []
     next_i = 0
 
     async def worker() -> None:
         nonlocal next_i
         while next_i < requests:
-            next_i += 1
-            tr = await one_request(client, url, body(), chat, timeout)
-            traces.append(tr)
-            if on_done is not None:
-                on_done(c, tr)
+            conv = conversation()
+            for _ in range(turns):
+                if next_i >= requests:
+                    break
+                next_i += 1
+                tr = await one_request(client, url, conv.body(), chat, timeout, conv.headers)
+                traces.append(tr)
+                if on_done is not None:
+                    on_done(c, tr)
+                if not tr.ok:
+                    break
+                conv.reply(tr.text, next_user() if next_user else "")
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -279,12 +334,18 @@ async def run_load(
     timeout: float = 600.0,
     seed: int = 0,
     on_done: Callable[[int, RequestTrace], None] | None = None,
+    turns: int = 1,
+    header: str | None = None,
 ) -> LoadResult:
     """Drive the server at ``url`` at each concurrency level in turn (see the module doc)."""
     if requests < 1 or prompt_len < 1 or max_tokens < 1 or not concurrency:
         raise UsageError("--requests, --prompt-len and --max-tokens must be >= 1")
     if any(c < 1 for c in concurrency):
         raise UsageError("--concurrency levels must be >= 1")
+    if turns < 1:
+        raise UsageError(f"--turns must be >= 1, got {turns}")
+    if header is not None and not (header and header.replace("-", "").isalnum()):
+        raise UsageError(f"--conversation-header {header!r}: use letters, digits and '-'")
     base, endpoint = _check_loopback(url)
     if chat is not None:
         endpoint = CHAT if chat else COMPLETIONS
@@ -296,8 +357,11 @@ async def run_load(
     rng = random.Random(seed)
     levels: list[LevelResult] = []
 
-    def body(name: str) -> dict[str, Any]:
-        text = make_prompt(prompt_len, rng)
+    n_conv = 0
+
+    def conversation(name: str, c: int) -> Conversation:
+        nonlocal n_conv
+        n_conv += 1
         b: dict[str, Any] = {
             "model": name,
             "max_tokens": max_tokens,
@@ -306,17 +370,26 @@ async def run_load(
             "stream_options": {"include_usage": True},
             "ignore_eos": True,
         }
-        if is_chat:
-            b["messages"] = [{"role": "user", "content": text}]
-        else:
-            b["prompt"] = text
-        return b
+        key = (header, f"c{c}-{n_conv}") if header else None
+        return Conversation(b, is_chat, make_prompt(prompt_len, rng), key)
+
+    def next_user() -> str:
+        return make_prompt(max(8, prompt_len // 4), rng)
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         name = model or await discover_model(client, base)
         for c in concurrency:
             lvl = await run_level(
-                client, base + endpoint, c, requests, lambda: body(name), is_chat, timeout, on_done
+                client,
+                base + endpoint,
+                c,
+                requests,
+                functools.partial(conversation, name, c),
+                is_chat,
+                timeout,
+                on_done,
+                turns,
+                next_user,
             )
             if lvl.completed == 0 and all(
                 s.startswith(("ConnectError", "ConnectTimeout")) for s in lvl.error_samples

@@ -1,0 +1,102 @@
+"""``modelc bench --url --turns T --conversation-header NAME``: multi-turn conversations that
+resend their history (so prompts share prefixes), each with its own id header, as the
+loopback fleet (bench/fleet.py) drives nginx's consistent hashing with."""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import json
+import threading
+from collections import defaultdict
+from typing import Any, ClassVar
+
+import trio
+
+from modelc.bench.loadgen import run_load
+from tests.server_fixtures import Server, smol_server
+
+__all__ = ["smol_server"]  # the fixture
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Streams the reply 'r<k>' for the k-th request; records headers and bodies."""
+
+    seen: ClassVar[list[tuple[str | None, dict[str, Any]]]] = []
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self._send(b'{"object": "list", "data": [{"id": "m"}]}', "application/json")
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append((self.headers.get("X-Conversation-Id"), body))
+        k = len(self.seen)
+        delta = {"choices": [{"index": 0, "delta": {"content": f"r{k}"}, "finish_reason": None}]}
+        usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+        sse = f"data: {json.dumps(delta)}\n\ndata: {json.dumps(usage)}\n\ndata: [DONE]\n\n"
+        self._send(sse.encode(), "text/event-stream")
+
+    def _send(self, data: bytes, ctype: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_conversations_resend_history_under_one_header() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+        res = trio.run(
+            lambda: run_load(
+                url, concurrency=[2], requests=7, prompt_len=16, max_tokens=2, turns=3,
+                header="X-Conversation-Id",
+            )
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.levels[0].completed == 7
+    convs: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+    for key, body in _Recorder.seen:
+        convs[key].append(body)
+    assert None not in convs and len(convs) == 3  # 3 + 3 + 1 turns, one id each
+    assert sorted(len(v) for v in convs.values()) == [1, 3, 3]
+    for bodies in convs.values():
+        first = bodies[0]["messages"]
+        assert [m["role"] for m in first] == ["user"] and len(first[0]["content"].split()) == 16
+        for prev, cur in itertools.pairwise(bodies):
+            sent = cur["messages"]
+            assert sent[: len(prev["messages"])] == prev["messages"]  # a shared prefix
+            assert sent[len(prev["messages"])]["role"] == "assistant"
+            assert sent[-1]["role"] == "user" and len(sent[-1]["content"].split()) == 8
+    replies = {
+        m["content"] for _, b in _Recorder.seen for m in b["messages"] if m["role"] != "user"
+    }
+    assert replies and all(r.startswith("r") for r in replies)  # what the server streamed
+
+
+def test_turns_reach_the_prefix_cache_of_a_real_server(smol_server: Server) -> None:
+    """Against ``modelc run``: a conversation's later turns are served from its prefix
+    cache (the server's own counters), single-turn requests of new words much less."""
+
+    def cached_after(turns: int) -> float:
+        before = smol_server.metric("modelc_prefix_cache_tokens_total")
+        res = trio.run(
+            lambda: run_load(
+                f"{smol_server.url}/v1/chat/completions", concurrency=[2], requests=6,
+                prompt_len=48, max_tokens=4, turns=turns, seed=turns,
+            )
+        )  # fmt: skip
+        assert res.levels[0].completed == 6
+        return smol_server.metric("modelc_prefix_cache_tokens_total") - before
+
+    single, multi = cached_after(1), cached_after(3)
+    # 2 conversations x 2 later turns, each resending >= 64 tokens of history
+    assert multi >= single + 4 * 64, (single, multi)
