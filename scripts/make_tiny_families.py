@@ -1,4 +1,5 @@
-"""Goldens for the tiny random families of ``tests/gen_families.py`` (qwen2, qwen3, mistral).
+"""Goldens for the tiny random families of ``tests/gen_families.py`` (qwen2, qwen3, mistral,
+gemma2, gemma3, phi3).
 
 Run with the reference venv (torch + transformers + tokenizers), from the root:
 
@@ -10,8 +11,9 @@ the tests load the very same files.  Per family, ``tests/golden/family_<family>.
 for each token-id prompt the top-10 next-token log-probabilities and a 16-token greedy
 continuation from transformers in f32 (EOS does not stop it); the ids of a text and of a
 chat prompt from the HF tokenizer; under ``scalings`` the same records for the family's
-weights with another RoPE scaling (``config`` is what to merge into config.json): YaRN
-on qwen2, linear and llama3 on mistral.
+weights with another RoPE scaling or config change (``config`` is what to merge into
+config.json): YaRN on qwen2, linear and llama3 on mistral, ``query_pre_attn_scalar`` on
+gemma2/gemma3, long LongRoPE factors on phi3 (transformers' eager attention for these).
 
 ``--tokenizer`` trains the shared byte-level BPE again (384 tokens on this repository's
 README, Qwen2's pre-tokenizer regex, ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``)
@@ -54,7 +56,7 @@ PROMPTS = [
     list(range(100, 140)),
     [42] * 20,
 ]
-FAMILIES = ["qwen2", "qwen3", "mistral"]
+FAMILIES = ["qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
 
 
 def train_tokenizer() -> None:
@@ -114,6 +116,46 @@ SCALINGS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+# config.json changes checked end to end on the HF directory only (GGUF has no key for
+# query_pre_attn_scalar; llama.cpp picks LongRoPE's factors by context size, not length)
+PHI3_LONG = [1.0, 1.5, 2.5, 4.0, 8.0, 16.0, 32.0, 64.0]
+PHI3_SHORT = [1.0, 1.25, 1.5, 2.0, 3.0, 4.5, 7.0, 12.0]
+VARIANTS: dict[str, list[dict[str, Any]]] = {
+    "gemma2": [{"query_pre_attn_scalar": 64}],
+    "gemma3": [{"query_pre_attn_scalar": 8}],
+    "phi3": [
+        {  # prompts past 16 tokens rotate with the long factors, as transformers switches
+            "original_max_position_embeddings": 16,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": PHI3_SHORT,
+                "long_factor": PHI3_LONG,
+            },
+        }
+    ],
+}
+
+
+def load(hf_dir: Path) -> Any:
+    """transformers' f32 model; eager attention (gemma2's soft-capping needs it)."""
+    return AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
+def variant(hf_dir: Path, patch: dict[str, Any]) -> dict[str, Any]:
+    """Records of the model in ``hf_dir`` with ``patch`` merged into its config.json."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / "m"
+        shutil.copytree(hf_dir, d)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **patch}))
+        return {"config": patch, "records": records(load(d))}
+
+
 def records(model: Any) -> list[dict[str, Any]]:
     out = []
     for ids in PROMPTS:
@@ -156,7 +198,8 @@ def scaled(model: Any, rope: dict[str, Any]) -> dict[str, Any]:
 def goldens(family: str, hf_dir: Path) -> None:
     import transformers
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = load(hf_dir) if family in VARIANTS else None
+    model = model or AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     fast = PreTrainedTokenizerFast.from_pretrained(hf_dir)
     text = "The model compiler packs a file."
     chat = [{"role": "user", "content": "What works?"}]
@@ -170,7 +213,8 @@ def goldens(family: str, hf_dir: Path) -> None:
         "text_ids": fast(text)["input_ids"],
         "chat_ids": chat_ids,
         "records": records(model),
-        "scalings": [scaled(model, r) for r in SCALINGS.get(family, [])],
+        "scalings": [scaled(model, r) for r in SCALINGS.get(family, [])]
+        + [variant(hf_dir, p) for p in VARIANTS.get(family, [])],
     }
     (GOLDEN / f"family_{family}.json").write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -1,4 +1,5 @@
-"""Tiny randomly initialised Qwen2, Qwen3 and Mistral models, made with numpy only.
+"""Tiny randomly initialised Qwen2, Qwen3, Mistral, Gemma2, Gemma3 and Phi-3 models, made
+with numpy only.
 
 As ``tests/gen_gpt2.py``: the weights are a pure function of each family's seed, so the
 tests (no torch) and ``scripts/make_tiny_families.py`` (which loads the very same HF
@@ -11,7 +12,8 @@ written to the test-asset cache, never to the repository, as
   with Qwen2's pre-tokenizer and ``<|im_start|>``/``<|im_end|>``), and
 * a GGUF in the layout llama.cpp's ``convert_hf_to_gguf.py`` writes for the family:
   tensor names through ``gguf.TensorNameMap``; qwen2/qwen3 keep HF's Q/K rows (NeoX
-  RoPE), Mistral (GGUF ``llama``) has them permuted to interleaved pairs; the
+  RoPE), Mistral (GGUF ``llama``) has them permuted to interleaved pairs; Gemma's norms
+  stored as ``1 + w``; Phi-3's fused ``attn_qkv`` / ``ffn_up`` and LongRoPE factor tensors; the
   ``{arch}.*`` hyper-parameter keys; the vocabulary as ``_set_vocab_gpt2`` writes it
   (``tokenizer.ggml.model`` gpt2, ``pre`` qwen2, merges, control-token types).
 
@@ -22,6 +24,7 @@ Run ``python -m tests.gen_families`` to (re)create them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -33,7 +36,19 @@ import numpy as np
 from tests.assets import assets_dir
 
 FIX = Path(__file__).parent / "fixtures" / "families"
-VERSION = 1  # bump when the weights or the layout change
+VERSION = 1
+# Phi-3's LongRoPE divisors, one per rotated pair (head_dim 16)
+PHI3_SHORT = [1.0, 1.25, 1.5, 2.0, 3.0, 4.5, 7.0, 12.0]
+PHI3_LONG = [
+    1.0,
+    1.5,
+    2.5,
+    4.0,
+    8.0,
+    16.0,
+    32.0,
+    64.0,
+]  # bump when the weights or the layout change
 BASE: dict[str, Any] = {
     "vocab_size": 384,
     "hidden_size": 64,
@@ -69,9 +84,62 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "sliding_window": 8,
     },
+    "gemma2": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "tie_word_embeddings": True,
+        "head_dim": 16,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 16,  # = head_dim: GGUF has no key for it (llama.cpp's rule)
+        "attn_logit_softcapping": 3.0,  # small enough to change the answers
+        "final_logit_softcapping": 2.0,
+        "sliding_window": 4,  # layers 0 and 2 windowed, 1 global
+        "pad_token_id": 0,
+    },
+    "gemma3": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "tie_word_embeddings": True,
+        "num_hidden_layers": 6,  # layers 0-4 windowed, 5 global
+        "head_dim": 32,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 4,
+        "rope_theta": 1_000_000.0,  # global layers, linear x2
+        "rope_local_base_freq": 10000.0,  # windowed layers
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "pad_token_id": 0,
+    },
+    "phi3": {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "tie_word_embeddings": False,
+        "original_max_position_embeddings": 64,
+        # LongRoPE; long = short, so llama.cpp (which picks by context size) agrees too
+        "rope_scaling": {"type": "longrope", "short_factor": PHI3_SHORT, "long_factor": PHI3_SHORT},
+        "sliding_window": None,
+        "pad_token_id": 0,
+    },
 }
-SEEDS = {"qwen2": 20261202, "qwen3": 20261203, "mistral": 20261207}
-GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
+SEEDS = {
+    "qwen2": 20261202,
+    "qwen3": 20261203,
+    "mistral": 20261207,
+    "gemma2": 20261209,
+    "gemma3": 20261210,
+    "phi3": 20261211,
+}
+GGUF_ARCH = {
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "mistral": "llama",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+}
+GEMMA = ("gemma2", "gemma3")
 
 
 def config(family: str) -> dict[str, Any]:
@@ -92,8 +160,10 @@ def make_weights(family: str) -> dict[str, np.ndarray[Any, Any]]:
     def w(*shape: int) -> np.ndarray[Any, Any]:
         return (0.08 * rng.standard_normal(shape)).astype(np.float32)
 
+    one = 0.0 if family in GEMMA else 1.0  # HF Gemma's RMSNorm multiplies by 1 + w
+
     def norm(n: int) -> np.ndarray[Any, Any]:
-        return (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+        return (one + 0.3 * rng.standard_normal(n)).astype(np.float32)
 
     def bias(n: int) -> np.ndarray[Any, Any]:
         return (0.3 * rng.standard_normal(n)).astype(np.float32)
@@ -102,20 +172,29 @@ def make_weights(family: str) -> dict[str, np.ndarray[Any, Any]]:
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         out[p + "input_layernorm.weight"] = norm(d)
-        out[p + "self_attn.q_proj.weight"] = w(nq, d)
-        out[p + "self_attn.k_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.v_proj.weight"] = w(nkv, d)
+        if family == "phi3":
+            out[p + "self_attn.qkv_proj.weight"] = w(nq + 2 * nkv, d)
+        else:
+            out[p + "self_attn.q_proj.weight"] = w(nq, d)
+            out[p + "self_attn.k_proj.weight"] = w(nkv, d)
+            out[p + "self_attn.v_proj.weight"] = w(nkv, d)
         if family == "qwen2":
             out[p + "self_attn.q_proj.bias"] = bias(nq)
             out[p + "self_attn.k_proj.bias"] = bias(nkv)
             out[p + "self_attn.v_proj.bias"] = bias(nkv)
-        if family == "qwen3":
+        if family in ("qwen3", "gemma3"):
             out[p + "self_attn.q_norm.weight"] = norm(hd)
             out[p + "self_attn.k_norm.weight"] = norm(hd)
         out[p + "self_attn.o_proj.weight"] = w(d, nq)
         out[p + "post_attention_layernorm.weight"] = norm(d)
-        out[p + "mlp.gate_proj.weight"] = w(ff, d)
-        out[p + "mlp.up_proj.weight"] = w(ff, d)
+        if family in GEMMA:
+            out[p + "pre_feedforward_layernorm.weight"] = norm(d)
+            out[p + "post_feedforward_layernorm.weight"] = norm(d)
+        if family == "phi3":
+            out[p + "mlp.gate_up_proj.weight"] = w(2 * ff, d)
+        else:
+            out[p + "mlp.gate_proj.weight"] = w(ff, d)
+            out[p + "mlp.up_proj.weight"] = w(ff, d)
         out[p + "mlp.down_proj.weight"] = w(d, ff)
     out["model.norm.weight"] = norm(d)
     if not cfg["tie_word_embeddings"]:
@@ -136,7 +215,8 @@ def write_gguf(family: str, weights: dict[str, np.ndarray[Any, Any]], path: Path
     cfg, arch = config(family), GGUF_ARCH[family]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(f"tiny-{family}")
+    # llama.cpp gives Phi-3 names' "</s>" special attributes; this vocabulary has none
+    w.add_name(f"tiny-{family}" if family != "phi3" else "tiny-p-three")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -146,12 +226,29 @@ def write_gguf(family: str, weights: dict[str, np.ndarray[Any, Any]], path: Path
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    if family == "qwen3":
+    if family in ("qwen3", *GEMMA):
         w.add_key_length(head_dim(cfg))
         w.add_value_length(head_dim(cfg))
     if family == "mistral":
         w.add_rope_dimension_count(head_dim(cfg))
         w.add_sliding_window(cfg["sliding_window"])
+    if family in GEMMA:
+        w.add_sliding_window(cfg["sliding_window"])
+    if family == "gemma2":  # Gemma2Model writes no rope.freq_base (llama.cpp: 10000)
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if family == "gemma3":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+    if family == "phi3":
+        old, n_ctx = cfg["original_max_position_embeddings"], cfg["max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(old)
+        w.add_rope_dimension_count(head_dim(cfg))
+        w.add_sliding_window(0)  # sliding_window None, as convert_hf_to_gguf writes it
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(n_ctx / old) / math.log(old)))
+        rs = cfg["rope_scaling"]
+        w.add_tensor("rope_factors_long.weight", np.asarray(rs["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rs["short_factor"], np.float32))
     tj = json.loads((FIX / "tokenizer.json").read_text())
     added = {a["content"]: a["id"] for a in tj["added_tokens"]}
     tokens = [""] * cfg["vocab_size"]
@@ -178,6 +275,8 @@ def write_gguf(family: str, weights: dict[str, np.ndarray[Any, Any]], path: Path
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             key = "num_attention_heads" if "q_proj" in name else "num_key_value_heads"
             data = _permute(data, cfg[key])
+        if family in GEMMA and name.endswith("norm.weight"):
+            data = data + np.float32(1.0)  # convert_hf_to_gguf stores Gemma's 1 + w
         w.add_tensor(new, np.ascontiguousarray(data, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

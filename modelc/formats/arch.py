@@ -58,7 +58,7 @@ def _arch_error(names: Iterable[str], why: str) -> ArchitectureError:
     return ArchitectureError(
         f"{why}; tensor names found include {sample}. Supported architectures: "
         f"{', '.join(SUPPORTED)} (Hugging Face GPT2, Llama/Mistral/SmolLM2, Qwen2/2.5, Qwen3, "
-        "BertModel, or a chain of linear layers named '*.weight'/'*.bias')"
+        "Gemma2, Gemma3, Phi-3, BertModel, or a chain of linear layers named '*.weight'/'*.bias')"
     )
 
 

@@ -143,7 +143,10 @@ class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
     original_max_position: int = 0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
-    attn_factor: float = 0.0  # yarn: cos/sin multiplier; 0: 0.1 ln(factor) + 1
+    attn_factor: float = 0.0  # yarn, longrope: cos/sin multiplier; 0: the type's default
+    # longrope (Phi-3): per-pair divisors of the frequencies, short up to the original context
+    short_factor: list[float] = msgspec.field(default_factory=list)
+    long_factor: list[float] = msgspec.field(default_factory=list)
 
 
 class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -163,6 +166,11 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     rope_scaling: RopeScaling = msgspec.field(default_factory=RopeScaling)
     tie_embeddings: bool = False
     sliding_window: int = 0  # llama/mistral: each query sees the last n positions; 0: all
+    window_layers: list[int] = msgspec.field(default_factory=list)  # those windowed; []: all
+    rope_theta_local: float = 0.0  # gemma3: the windowed layers' RoPE base, unscaled; 0: same
+    attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
+    attn_softcap: float = 0.0  # gemma2: scores -> c * tanh(scores / c); 0: none
+    final_softcap: float = 0.0  # gemma2: the same on the logits
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"
     n_token_types: int = 0  # bert
     pooling: str = ""  # bert: "mean" | "cls"

@@ -141,9 +141,11 @@ def hf_rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling]:
     kind = str(rs.get("rope_type") or rs.get("type") or "default")
     if kind in ("default", "none"):
         return theta, RopeScaling()
+    if kind in ("longrope", "su"):
+        return theta, _hf_longrope(cfg, rs)
     if kind not in ("linear", "llama3", "yarn"):
         raise UnsupportedError(
-            f"rope scaling type {kind!r} is not supported (linear, llama3, yarn)"
+            f"rope scaling type {kind!r} is not supported (linear, llama3, yarn, longrope)"
         )
     return theta, RopeScaling(
         type=kind,
@@ -152,6 +154,30 @@ def hf_rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling]:
         low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
         high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
         attn_factor=float(rs.get("attention_factor") or 0.0),
+    )
+
+
+def _hf_longrope(cfg: Mapping[str, Any], rs: Mapping[str, Any]) -> RopeScaling:
+    """Phi-3's LongRoPE (``su``): the short/long factors and the cos/sin factor, as
+    transformers' ``_compute_longrope_parameters`` (a top-level
+    ``original_max_position_embeddings`` wins, as there)."""
+    old = int(
+        cfg.get("original_max_position_embeddings")
+        or rs.get("original_max_position_embeddings")
+        or cfg.get("max_position_embeddings")
+        or 4096
+    )
+    factor = float(rs.get("factor") or int(cfg.get("max_position_embeddings") or old) / old)
+    attn = rs.get("attention_factor")
+    if attn is None:
+        attn = math.sqrt(1 + math.log(factor) / math.log(old)) if factor > 1 else 1.0
+    return RopeScaling(
+        type="longrope",
+        factor=factor,
+        original_max_position=old,
+        attn_factor=float(attn),
+        short_factor=[float(f) for f in rs.get("short_factor") or []],
+        long_factor=[float(f) for f in rs.get("long_factor") or []],
     )
 
 
@@ -178,6 +204,8 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: RopeScaling) -> np.ndarra
     kind = scaling.type or "none"
     if kind == "none" or (kind == "linear" and scaling.factor == 1.0):
         pass
+    elif kind == "longrope":  # the short factors; see longrope_inv_freq for the long ones
+        inv = inv / _factors(scaling.short_factor, rot_dim)
     elif kind == "linear":
         inv = inv / scaling.factor
     elif kind == "llama3":
@@ -197,6 +225,21 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: RopeScaling) -> np.ndarra
     return inv.astype(np.float32)
 
 
+def _factors(f: Sequence[float], rot_dim: int) -> np.ndarray[Any, Any]:
+    if len(f) != rot_dim // 2:
+        raise UnsupportedError(
+            f"LongRoPE needs {rot_dim // 2} factors (half the rotated dimensions), got {len(f)}"
+        )
+    return np.asarray(f, np.float64)
+
+
+def longrope_inv_freq(rot_dim: int, theta: float, scaling: RopeScaling) -> np.ndarray[Any, Any]:
+    """LongRoPE's inverse frequencies past the original context: the long factors."""
+    inv: np.ndarray[Any, Any] = 1.0 / theta ** (np.arange(0, rot_dim, 2) / rot_dim)
+    out: np.ndarray[Any, Any] = (inv / _factors(scaling.long_factor, rot_dim)).astype(np.float32)
+    return out
+
+
 def _yarn(inv: np.ndarray[Any, Any], dim: int, theta: float, s: RopeScaling) -> Any:
     """YaRN: interpolate the low frequencies by ``factor``, keep the high ones, ramp
     between (beta_fast 32, beta_slow 1 rotations over the original context), as
@@ -214,10 +257,12 @@ def _yarn(inv: np.ndarray[Any, Any], dim: int, theta: float, s: RopeScaling) -> 
 
 def rope_attention_factor(scaling: RopeScaling) -> float:
     """The factor YaRN multiplies cos and sin by (so Q·K by its square); 1 otherwise."""
-    if scaling.type != "yarn":
+    if scaling.type not in ("yarn", "longrope"):
         return 1.0
     if scaling.attn_factor:
         return scaling.attn_factor
+    if scaling.type == "longrope":
+        return 1.0
     return 0.1 * math.log(scaling.factor) + 1.0 if scaling.factor > 1 else 1.0
 
 

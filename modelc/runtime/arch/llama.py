@@ -93,25 +93,7 @@ class Llama(CausalLM):
         self.n_ctx = hp.n_ctx or 2048
         self.eps = hp.norm_eps
         self.window = hp.sliding_window
-        self.blocks = [
-            Block(
-                attn_norm=src.vec(f"blk.{i}.attn_norm.weight"),
-                wq=src.weight(f"blk.{i}.attn_q.weight"),
-                wk=src.weight(f"blk.{i}.attn_k.weight"),
-                wv=src.weight(f"blk.{i}.attn_v.weight"),
-                wo=src.weight(f"blk.{i}.attn_output.weight"),
-                ffn_norm=src.vec(f"blk.{i}.ffn_norm.weight"),
-                w_gate=src.weight(f"blk.{i}.ffn_gate.weight"),
-                w_up=src.weight(f"blk.{i}.ffn_up.weight"),
-                w_down=src.weight(f"blk.{i}.ffn_down.weight"),
-                bq=_opt(src, f"blk.{i}.attn_q.bias"),
-                bk=_opt(src, f"blk.{i}.attn_k.bias"),
-                bv=_opt(src, f"blk.{i}.attn_v.bias"),
-                q_norm=_opt(src, f"blk.{i}.attn_q_norm.weight"),
-                k_norm=_opt(src, f"blk.{i}.attn_k_norm.weight"),
-            )
-            for i in range(hp.n_layer)
-        ]
+        self.blocks = [self.make_block(src, i) for i in range(hp.n_layer)]
         for i, b in enumerate(self.blocks):
             check_rows(ir, f"blk.{i}.attn_q.weight", b.wq, self.n_head * self.head_dim)
             check_rows(ir, f"blk.{i}.attn_k.weight", b.wk, self.n_head_kv * self.head_dim)
@@ -124,6 +106,31 @@ class Llama(CausalLM):
         self.scale = rope_attention_factor(hp.rope_scaling) ** 2 / math.sqrt(self.head_dim)
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
         self.scratch = Scratch()
+
+    def make_block(self, src: TensorSource, i: int) -> Block:
+        """Block ``i``'s weights (a family whose tensors are fused splits them here)."""
+        return Block(
+            attn_norm=src.vec(f"blk.{i}.attn_norm.weight"),
+            wq=src.weight(f"blk.{i}.attn_q.weight"),
+            wk=src.weight(f"blk.{i}.attn_k.weight"),
+            wv=src.weight(f"blk.{i}.attn_v.weight"),
+            wo=src.weight(f"blk.{i}.attn_output.weight"),
+            ffn_norm=src.vec(f"blk.{i}.ffn_norm.weight"),
+            w_gate=src.weight(f"blk.{i}.ffn_gate.weight"),
+            w_up=src.weight(f"blk.{i}.ffn_up.weight"),
+            w_down=src.weight(f"blk.{i}.ffn_down.weight"),
+            bq=_opt(src, f"blk.{i}.attn_q.bias"),
+            bk=_opt(src, f"blk.{i}.attn_k.bias"),
+            bv=_opt(src, f"blk.{i}.attn_v.bias"),
+            q_norm=_opt(src, f"blk.{i}.attn_q_norm.weight"),
+            k_norm=_opt(src, f"blk.{i}.attn_k_norm.weight"),
+        )
+
+    def step_angles(
+        self, batch: Sequence[SeqChunk], pos: np.ndarray[Any, Any]
+    ) -> tuple[F32Array, F32Array]:
+        """This step's RoPE cos and sin, the same for every layer (LongRoPE picks per step)."""
+        return self.be.rope_angles(pos, self.inv_freq)
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
         be, hd, nh, nkv = self.be, self.head_dim, self.n_head, self.n_head_kv
@@ -141,7 +148,7 @@ class Llama(CausalLM):
         ff = self.blocks[0].w_gate.shape[0] if self.blocks else 0
         gb = self.scratch.get("gate", (n, ff))  # (n, ff)
         ub = self.scratch.get("up", (n, ff))  # (n, ff)
-        angles = be.rope_angles(pos, self.inv_freq)  # the same for every layer
+        angles = self.step_angles(batch, pos)  # the same for every layer
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
             q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))

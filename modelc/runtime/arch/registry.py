@@ -8,7 +8,7 @@ Every reader (:mod:`modelc.formats.arch`, :mod:`modelc.formats.gguf`), the runti
 from __future__ import annotations
 
 from modelc.errors import ArchitectureError
-from modelc.runtime.arch import bert, gpt2, llama, mlp, qwen2, qwen3
+from modelc.runtime.arch import bert, gemma2, gemma3, gpt2, llama, mlp, phi3, qwen2, qwen3
 from modelc.runtime.arch.family import Family
 
 # the first match wins where families share HF names (a LoRA adapter's modules)
@@ -21,6 +21,9 @@ FAMILIES: dict[str, Family] = {
         mlp.FAMILY,
         qwen2.FAMILY,
         qwen3.FAMILY,
+        gemma2.FAMILY,
+        gemma3.FAMILY,
+        phi3.FAMILY,
     )
 }
 
