@@ -11,6 +11,15 @@ PY=${PYTHON:-python3}
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+# Mesa's software Vulkan (lavapipe) for the WebGPU backend's tests: where it is present they
+# must run (MODELC_REQUIRE_WEBGPU=1 turns a missing adapter into a failure, not a skip)
+if ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mesa-vulkan-drivers >/dev/null
+fi
+if ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then
+  export MODELC_REQUIRE_WEBGPU=1
+  export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"  # Mesa warns without one
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

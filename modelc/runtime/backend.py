@@ -159,7 +159,13 @@ class Backend(Protocol):
 
 
 def get_backend(name: str = "auto") -> Backend:
-    """``cpu`` (compiled Cython kernels), ``numpy`` (reference twins), or ``auto`` (cpu if built)."""
+    """``cpu`` (compiled Cython kernels), ``numpy`` (reference twins), ``auto`` (cpu if
+    built), ``webgpu`` (WGSL shaders on any Metal/Vulkan/D3D12 adapter) or ``metal`` (the
+    same, on a Metal adapter only); a missing GPU adapter is a one-line UsageError."""
+    if name in ("webgpu", "metal"):
+        from modelc.runtime.backends.webgpu import WebGPUBackend
+
+        return WebGPUBackend(require="Metal" if name == "metal" else None)
     if name in ("auto", "cpu"):
         try:
             from modelc.runtime.backends.cpu import CpuBackend

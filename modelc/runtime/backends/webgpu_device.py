@@ -1,0 +1,282 @@
+"""WebGPU plumbing for :mod:`modelc.runtime.backends.webgpu`: the adapter, the device, the
+compiled pipelines, scratch buffers and one-submit jobs.
+
+wgpu (wgpu-py over wgpu-native) runs the WGSL shaders in ``wgsl/`` on Metal (macOS),
+Vulkan (Linux, Windows; Mesa's software ``llvmpipe``/lavapipe included) or D3D12.  Its
+OpenGL backend is not used: compute there is a compatibility path.  A job is a list of
+dispatches recorded into one command buffer, submitted once, and waited for by mapping the
+buffers it reads back.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UsageError
+
+COMPUTE_BACKENDS = ("Metal", "Vulkan", "D3D12")
+_ORDER = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+_SLOT = 256  # bytes per dispatch's parameters in the uniform ring (the largest offset alignment)
+MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU's default limit)
+
+
+def _wgpu() -> Any:
+    try:
+        import wgpu
+    except ImportError as e:
+        raise UsageError(
+            "the webgpu/metal device needs the wgpu package: pip install 'modelc[gpu]', "
+            "or use --device cpu"
+        ) from e
+    return wgpu
+
+
+def _describe(adapter: Any) -> str:
+    info = adapter.info
+    return f"{info['backend_type']} {info['device'] or info['vendor'] or '?'}"
+
+
+def find_adapter(require: str | None = None) -> Any:
+    """The best WebGPU adapter whose backend computes (Metal, Vulkan, D3D12): a discrete GPU
+    before an integrated one before a software one.  ``require``: a backend name the
+    adapter must have (``"Metal"`` for ``--device metal``).  UsageError naming what was
+    found, and what to do, where none fits."""
+    wgpu = _wgpu()
+    try:
+        adapters = list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as e:  # wgpu-native's loader failing (no GPU library at all)
+        raise UsageError(f"WebGPU found no adapter ({e}); use --device cpu") from e
+    usable = [a for a in adapters if a.info["backend_type"] in COMPUTE_BACKENDS]
+    if require is not None:
+        usable = [a for a in usable if a.info["backend_type"] == require]
+    if not usable:
+        seen = ", ".join(_describe(a) for a in adapters) or "none"
+        if require == "Metal":
+            raise UsageError(
+                f"--device metal: no Metal GPU adapter on this machine (WebGPU adapters: {seen}); "
+                "use --device webgpu for a Vulkan/D3D12 one, or --device cpu"
+            )
+        raise UsageError(
+            f"--device webgpu: no Metal, Vulkan or D3D12 adapter on this machine (WebGPU "
+            f"adapters: {seen}); install a Vulkan driver (Debian: mesa-vulkan-drivers) or "
+            "use --device cpu"
+        )
+    return min(usable, key=lambda a: _ORDER.get(str(a.info["adapter_type"]), 9))
+
+
+@functools.cache
+def shader_source(*names: str) -> str:
+    """The WGSL files ``names`` of the package's ``wgsl/`` folder, joined in order."""
+    root = resources.files("modelc.runtime.backends") / "wgsl"
+    return "\n".join((root / f"{n}.wgsl").read_text(encoding="utf-8") for n in names)
+
+
+def grid(n_groups: int) -> tuple[int, int]:
+    """(x, y) workgroup counts covering ``n_groups`` (x at most 65535)."""
+    x = max(1, min(n_groups, MAX_GROUPS))
+    return x, max(1, math.ceil(n_groups / x))
+
+
+@dataclass
+class Dispatch:
+    """One compute dispatch: ``bind`` maps binding -> (buffer, bytes) for storage buffers;
+    ``params`` are the uniform's bytes (bound at the module's ``params_binding``)."""
+
+    pipeline: Any
+    bind: dict[int, tuple[Any, int]]
+    params: bytes
+    params_binding: int
+    groups: tuple[int, int, int]
+
+
+@dataclass
+class Job:
+    dispatches: list[Dispatch] = field(default_factory=list)
+    reads: list[tuple[Any, int]] = field(default_factory=list)  # (buffer, bytes) read back
+
+    def add(self, d: Dispatch) -> None:
+        self.dispatches.append(d)
+
+
+class Gpu:
+    """One WebGPU device and what lives on it besides the weights."""
+
+    def __init__(self, require: str | None = None) -> None:
+        self.wgpu = _wgpu()
+        self.adapter = find_adapter(require)
+        lim = self.adapter.limits
+        self.max_binding = int(lim["max-storage-buffer-binding-size"])
+        self.max_buffer = int(lim["max-buffer-size"])
+        try:
+            self.device = self.adapter.request_device_sync(
+                required_limits={
+                    "max-storage-buffer-binding-size": self.max_binding,
+                    "max-buffer-size": self.max_buffer,
+                }
+            )
+        except Exception as e:
+            raise UsageError(
+                f"WebGPU: {self.describe()} refused a device ({e}); use --device cpu"
+            ) from e
+        self.lock = threading.RLock()  # one job at a time on the queue
+        self._pipelines: dict[tuple[str, str], Any] = {}
+        self._modules: dict[str, Any] = {}
+        self._scratch: dict[str, Any] = {}
+        self._staging: dict[int, Any] = {}
+        self._ring: Any = None
+        self.uploaded = 0  # bytes of weights placed on the device
+
+    def describe(self) -> str:
+        return _describe(self.adapter)
+
+    @property
+    def unified_memory(self) -> bool:
+        """Whether device memory is host memory (integrated and software adapters)."""
+        return str(self.adapter.info["adapter_type"]) in ("IntegratedGPU", "CPU")
+
+    def pipeline(self, key: str, entry: str, source: str) -> Any:
+        """The compute pipeline of ``entry`` in the module ``key`` (compiled from ``source``
+        on first use)."""
+        hit = self._pipelines.get((key, entry))
+        if hit is not None:
+            return hit
+        module = self._modules.get(key)
+        if module is None:
+            module = self.device.create_shader_module(label=key, code=source)
+            self._modules[key] = module
+        pipe = self.device.create_compute_pipeline(
+            label=f"{key}.{entry}", layout="auto", compute={"module": module, "entry_point": entry}
+        )
+        self._pipelines[(key, entry)] = pipe
+        return pipe
+
+    def _usage_storage(self) -> int:
+        u = self.wgpu.BufferUsage
+        return int(u.STORAGE | u.COPY_DST | u.COPY_SRC)
+
+    def scratch(self, name: str, nbytes: int) -> tuple[Any, int]:
+        """A device buffer kept under ``name`` of at least ``nbytes`` (grown by powers of two),
+        and the size to bind (``nbytes`` rounded up to whole words, at least 16)."""
+        size = max(16, (nbytes + 3) & ~3)
+        if size > self.max_binding:
+            raise UsageError(
+                f"WebGPU: a {size >> 20} MiB activation buffer ({name}) is over this adapter's "
+                f"{self.max_binding >> 20} MiB binding limit; use smaller batches "
+                "(--prefill-chunk) or --device cpu"
+            )
+        buf = self._scratch.get(name)
+        if buf is None or buf.size < size:
+            cap = min(1 << (size - 1).bit_length(), self.max_binding)
+            if buf is not None:
+                buf.destroy()
+            buf = self.device.create_buffer(label=name, size=cap, usage=self._usage_storage())
+            self._scratch[name] = buf
+        return buf, size
+
+    def put(self, name: str, arr: np.ndarray[Any, Any]) -> tuple[Any, int]:
+        """``arr``'s bytes written into the scratch buffer ``name``: (buffer, bound size)."""
+        data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        buf, size = self.scratch(name, data.nbytes)
+        if data.nbytes % 4:
+            data = np.concatenate([data, np.zeros(4 - data.nbytes % 4, np.uint8)])
+        if data.nbytes:
+            self.device.queue.write_buffer(buf, 0, data)
+        return buf, size
+
+    def weight_buffer(self, raw: np.ndarray[Any, Any], label: str) -> Any:
+        """A device buffer holding ``raw`` (uint8 bytes, at most the binding limit)."""
+        data = np.ascontiguousarray(raw).reshape(-1)
+        if data.nbytes % 4:
+            data = np.concatenate([data, np.zeros(4 - data.nbytes % 4, np.uint8)])
+        u = self.wgpu.BufferUsage
+        try:
+            buf = self.device.create_buffer(
+                label=label, size=max(16, data.nbytes), usage=int(u.STORAGE | u.COPY_DST)
+            )
+            self.device.queue.write_buffer(buf, 0, data)
+        except Exception as e:  # out of device memory
+            raise UsageError(
+                f"WebGPU: cannot place a {data.nbytes >> 20} MiB weight on {self.describe()} "
+                f"after {self.uploaded >> 20} MiB ({e}); use --device cpu or a smaller model"
+            ) from e
+        self.uploaded += data.nbytes
+        return buf
+
+    def _params_ring(self, nbytes: int) -> Any:
+        if self._ring is None or self._ring.size < nbytes:
+            u = self.wgpu.BufferUsage
+            cap = 1 << max(12, (nbytes - 1).bit_length())
+            self._ring = self.device.create_buffer(
+                label="params", size=cap, usage=int(u.UNIFORM | u.COPY_DST)
+            )
+        return self._ring
+
+    def _stage(self, nbytes: int) -> Any:
+        cap = 1 << max(8, (nbytes - 1).bit_length())
+        buf = self._staging.get(cap)
+        if buf is None:
+            u = self.wgpu.BufferUsage
+            buf = self.device.create_buffer(
+                label="staging", size=cap, usage=int(u.MAP_READ | u.COPY_DST)
+            )
+            self._staging[cap] = buf
+        return buf
+
+    def run(self, job: Job) -> list[bytes]:
+        """Record the job's dispatches in one compute pass, copy what it reads to mappable
+        buffers, submit, wait, and return those bytes (in ``job.reads`` order)."""
+        dev = self.device
+        ring = self._params_ring(_SLOT * max(1, len(job.dispatches)))
+        params = bytearray(_SLOT * len(job.dispatches))
+        for i, d in enumerate(job.dispatches):
+            params[i * _SLOT : i * _SLOT + len(d.params)] = d.params
+        if params:
+            dev.queue.write_buffer(ring, 0, bytes(params))
+        enc = dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for i, d in enumerate(job.dispatches):
+            entries = [
+                {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": size}}
+                for b, (buf, size) in d.bind.items()
+            ]
+            entries.append(
+                {
+                    "binding": d.params_binding,
+                    "resource": {"buffer": ring, "offset": i * _SLOT, "size": len(d.params)},
+                }
+            )
+            group = dev.create_bind_group(
+                layout=d.pipeline.get_bind_group_layout(0), entries=entries
+            )
+            cp.set_pipeline(d.pipeline)
+            cp.set_bind_group(0, group)
+            cp.dispatch_workgroups(*d.groups)
+        cp.end()
+        # one staging buffer per read, at consecutive offsets of a single mapping
+        offsets, total = [], 0
+        for _, n in job.reads:
+            offsets.append(total)
+            total += (n + 255) & ~255
+        stage = self._stage(max(total, 256)) if job.reads else None
+        for (buf, n), off in zip(job.reads, offsets, strict=True):
+            enc.copy_buffer_to_buffer(buf, 0, stage, off, (n + 3) & ~3)
+        dev.queue.submit([enc.finish()])
+        if stage is None:
+            dev.queue.on_submitted_work_done_sync()
+            return []
+        stage.map_sync(self.wgpu.MapMode.READ, 0, stage.size)
+        try:
+            data = stage.read_mapped(0, stage.size)
+            out = [
+                bytes(data[off : off + n]) for (_, n), off in zip(job.reads, offsets, strict=True)
+            ]
+        finally:
+            stage.unmap()
+        return out

@@ -1,0 +1,104 @@
+// Causal attention, one workgroup per (query row, head): scores, softmax and the weighted
+// sum of values over the row's visible cache positions.  K and V are float32, or float16
+// read as is (two to a u32 word); half.wgsl is prepended.
+
+struct Params {
+    row0: u32,  // the first query row of this dispatch
+    n_head: u32,
+    n_head_kv: u32,
+    hd: u32,
+    f16: u32,  // K and V are float16
+    sstride: u32,  // scores per (row, head) in the scratch buffer
+    pad: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read> q: array<f32>;  // (rows, n_head, hd)
+@group(0) @binding(1) var<storage, read> kk: array<u32>;  // (kv rows, n_head_kv, hd)
+@group(0) @binding(2) var<storage, read> vv: array<u32>;
+@group(0) @binding(3) var<storage, read_write> outs: array<f32>;  // (rows, n_head, hd)
+@group(0) @binding(4) var<uniform> p: Params;
+@group(0) @binding(5) var<storage, read> rowinfo: array<u32>;  // per row: first kv row, visible
+@group(0) @binding(6) var<storage, read_write> sc: array<f32>;  // scores scratch
+
+var<workgroup> red: array<f32, 64>;
+
+fn ldk(i: u32) -> f32 {
+    if (p.f16 != 0u) {
+        return half_to_f32((kk[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);
+    }
+    return bitcast<f32>(kk[i]);
+}
+
+fn ldv(i: u32) -> f32 {
+    if (p.f16 != 0u) {
+        return half_to_f32((vv[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);
+    }
+    return bitcast<f32>(vv[i]);
+}
+
+fn reduce_max(li: u32, v: f32) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (li < s) {
+            red[li] = max(red[li], red[li + s]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(li: u32, v: f32) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (li < s) {
+            red[li] += red[li + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(64)
+fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = p.row0 + wid.x;
+    let h = wid.y;
+    let kh = h / (p.n_head / p.n_head_kv);
+    let kbase = rowinfo[2u * r];
+    let nvis = rowinfo[2u * r + 1u];
+    let qb = (r * p.n_head + h) * p.hd;
+    let sb = (wid.x * p.n_head + h) * p.sstride;
+    var m = -3.4028234e38;
+    for (var t = li; t < nvis; t += 64u) {
+        let kb = ((kbase + t) * p.n_head_kv + kh) * p.hd;
+        var s = 0.0;
+        for (var d = 0u; d < p.hd; d++) {
+            s += q[qb + d] * ldk(kb + d);
+        }
+        s = s * p.scale;
+        sc[sb + t] = s;
+        m = max(m, s);
+    }
+    let mx = reduce_max(li, m);
+    var l = 0.0;
+    for (var t = li; t < nvis; t += 64u) {
+        let e = exp(sc[sb + t] - mx);
+        sc[sb + t] = e;
+        l += e;
+    }
+    let total = reduce_sum(li, l);
+    storageBarrier();
+    for (var d = li; d < p.hd; d += 64u) {
+        var a = 0.0;
+        for (var t = 0u; t < nvis; t++) {
+            a += sc[sb + t] * ldv(((kbase + t) * p.n_head_kv + kh) * p.hd + d);
+        }
+        outs[qb + d] = a / total;
+    }
+}

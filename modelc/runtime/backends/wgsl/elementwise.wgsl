@@ -1,0 +1,37 @@
+// Elementwise activations over flat arrays.
+
+struct Params {
+    n: u32,
+    gxs: u32,  // threads along x (indices past it go on in y)
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<storage, read> xa: array<f32>;
+@group(0) @binding(1) var<storage, read> xb: array<f32>;
+@group(0) @binding(2) var<storage, read_write> outs: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+// silu(gate) * up
+@compute @workgroup_size(64)
+fn silu_mul(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.gxs;
+    if (i >= p.n) {
+        return;
+    }
+    let g = xa[i];
+    outs[i] = g / (1.0 + exp(-g)) * xb[i];
+}
+
+// GELU, tanh approximation (the tanh argument clamped: tanh(+-10) is +-1 in float32, and
+// some GPUs' tanh overflows to NaN on large inputs)
+@compute @workgroup_size(64)
+fn gelu(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.gxs;
+    if (i >= p.n) {
+        return;
+    }
+    let x = xa[i];
+    let t = tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -10.0, 10.0));
+    outs[i] = 0.5 * x * (1.0 + t);
+}
