@@ -67,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "anchor_tokens": args.anchor_tokens,
         "prefill_chunk": args.prefill_chunk,
         "threads": args.threads,
+        "device": args.device,
     }
     engine = EngineOptions(**{k: v for k, v in given.items() if v is not None})
     engine.context_shift = args.context_shift
@@ -75,6 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if max_tokens is not None:
         engine.max_tokens = max_tokens
     engine.validate()
+    if engine.device == "cuda":  # one line now, not a failed load later
+        from modelc.runtime.backends.cuda import require_cuda
+
+        require_cuda()
     if len(args.alias) > len(args_models):
         raise UsageError(
             f"{len(args.alias)} --alias flags for {len(args_models)} model(s); give one "
@@ -195,6 +200,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--threads", type=int, default=None, metavar="N", help="kernel threads (default: all cores)"
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        metavar="auto|cpu|cuda",
+        help="where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto "
+        "(cuda when CuPy sees a GPU and the architecture runs there; default)",
     )
     p.add_argument(
         "--grace",

@@ -32,6 +32,28 @@ def _backend(threads: int | None) -> Backend:
     return CpuBackend(threads=threads)
 
 
+def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
+    """The GPU-resident model when ``opt.device`` asks for CUDA (``auto``: when CuPy sees a
+    GPU and the architecture runs there), else None."""
+    if opt.device == "cpu":
+        return None
+    from modelc.runtime.backends.cuda import cuda_unavailable, require_cuda
+    from modelc.runtime.backends.cuda_llama import CUDA_ARCHITECTURES, build_cuda
+
+    if opt.device == "auto" and (
+        cuda_unavailable() is not None or ir.architecture not in CUDA_ARCHITECTURES
+    ):
+        return None
+    require_cuda()
+    return build_cuda(
+        ir,
+        kv_mode=opt.kv_cache,
+        max_context=opt.max_context,
+        max_concurrent=opt.max_concurrent,
+        kv_budget_bytes=opt.kv_budget_bytes,
+    )
+
+
 def build_engine(
     model: str | Path | ModelIR,
     options: EngineOptions | None = None,
@@ -56,8 +78,9 @@ def build_engine(
         from modelc.resolve import load_ir
 
         ir = load_ir(str(model))
+    gpu = _cuda_runtime(ir, opt) if backend is None else None
     backend = backend or _backend(opt.threads)
-    runtime = (runtime_factory or build)(ir, backend)
+    runtime = gpu or (runtime_factory or build)(ir, backend)
     if not isinstance(runtime, (LanguageModel, EmbeddingModel)):
         raise UnsupportedError(
             f"{ir.architecture} models are neither language nor embedding models; "

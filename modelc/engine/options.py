@@ -10,6 +10,8 @@ from modelc.errors import UsageError
 from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.prompt import DEFAULT_MAX_TOKENS
 
+DEVICES = ("auto", "cpu", "cuda")  # where the engine computes (--device)
+
 
 @dataclass(slots=True)
 class EngineOptions:
@@ -33,6 +35,7 @@ class EngineOptions:
     # batch already keeps the cores busy, so verifying drafts would only add work)
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
     threads: int | None = None  # kernel threads; default MODELC_THREADS or every core
+    device: str = "auto"  # auto | cpu | cuda (--device): auto takes CUDA when CuPy sees a GPU
     max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
     # a reader this many events behind pauses its request (no compute, KV kept) ...
     max_unread: int = 64
@@ -83,6 +86,10 @@ class EngineOptions:
             (self.max_tokens >= 1, f"--max-tokens must be at least 1, got {self.max_tokens}"),
             (self.max_unread >= 1, f"max_unread must be at least 1, got {self.max_unread}"),
             (self.stall_timeout > 0, f"stall_timeout must be > 0, got {self.stall_timeout}"),
+            (
+                self.device in DEVICES,
+                f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}",
+            ),
             (
                 self.threads is None or self.threads >= 1,
                 f"--threads must be at least 1, got {self.threads}",

@@ -161,7 +161,12 @@ class Backend(Protocol):
 def get_backend(name: str = "auto") -> Backend:
     """``cpu`` (compiled Cython kernels), ``numpy`` (reference twins), ``auto`` (cpu if
     built), ``webgpu`` (WGSL shaders on any Metal/Vulkan/D3D12 adapter) or ``metal`` (the
-    same, on a Metal adapter only); a missing GPU adapter is a one-line UsageError."""
+    same, on a Metal adapter only); a missing GPU adapter is a one-line UsageError.
+    ``cuda``: NVRTC kernels through CuPy (a one-line UsageError without CuPy or a GPU)."""
+    if name == "cuda":
+        from modelc.runtime.backends.cuda import CudaBackend
+
+        return CudaBackend()
     if name in ("webgpu", "metal"):
         from modelc.runtime.backends.webgpu import WebGPUBackend
 

@@ -1,0 +1,216 @@
+"""CUDA decode throughput (issue 16, must-show 2): modelc's GPU path against the memory
+bandwidth limit and against transformers ``generate`` (bf16) on the same GPU.
+
+For each model (SmolLM2-135M Q4_1, random ~1.1B llama GGUFs in Q4_0 and Q8_0):
+
+* batch 1: greedy decode steps (CUDA graph replay, argmax on the device), median step
+  time over 3 runs of 128 steps after a 32-token prompt; bandwidth fraction =
+  (bytes of weights one step reads) / step time / 4.8 TB/s;
+* aggregate at N = 8, 32, 64, 128 streams: N sequences decoding together, one batched
+  step each token (the model level: what the engine's steps run), tokens/s = N * steps /
+  time;
+* transformers: ``LlamaForCausalLM`` of the same shape in bf16 (random weights; speed does
+  not depend on their values), ``generate`` greedy, batch N, 32-token prompts; decode
+  tokens/s from (time of 65 new tokens - time of 1) over 64 tokens;
+* with ``--engine``: the unchanged engine on ``--device cuda`` (SmolLM2, 64 concurrent
+  greedy requests of 64 tokens): aggregate tokens/s, host sampling included.
+
+    python3 bench/cuda_bench.py --smollm2 PATH --dir DIR_OF_1B_GGUFS [--engine] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelc.formats import load_model
+from modelc.formats.ir import ModelIR
+from modelc.runtime.backends.cuda import CudaBackend
+from modelc.runtime.backends.cuda_llama import CudaLlama
+from modelc.runtime.model import SeqChunk
+
+BW = 4.8e12
+STREAMS = (1, 8, 32, 64, 128)
+
+
+def decode_rate(model: CudaLlama, n: int, steps: int, reps: int = 3) -> float:
+    """Median seconds per batched decode step of ``n`` sequences."""
+    rng = np.random.default_rng(n)
+    times = []
+    for _ in range(reps):
+        caches = [model.new_cache("f16", max_tokens=32 + steps + 2) for _ in range(n)]
+        prompts = [rng.integers(0, model.n_vocab, 32).tolist() for _ in range(n)]
+        for i in range(0, n, 16):  # prefill 16 prompts a step
+            model.forward_greedy(
+                [
+                    SeqChunk(c, p)
+                    for c, p in zip(caches[i : i + 16], prompts[i : i + 16], strict=True)
+                ]
+            )
+        last = [p[-1] for p in prompts]
+        model.forward_greedy([SeqChunk(c, [t]) for c, t in zip(caches, last, strict=True)])  # warm
+        model.stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            last = model.forward_greedy(
+                [SeqChunk(c, [int(t)]) for c, t in zip(caches, last, strict=True)]
+            ).tolist()
+        times.append((time.perf_counter() - t0) / steps)
+        for c in caches:
+            c.free()
+    return statistics.median(times)
+
+
+def hf_rate(ir: ModelIR, n: int) -> float:
+    """transformers generate, bf16, batch n: seconds per decode step."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hp = ir.hparams
+    cfg = LlamaConfig(
+        vocab_size=hp.n_vocab,
+        hidden_size=hp.n_embd,
+        intermediate_size=hp.n_ff,
+        num_hidden_layers=hp.n_layer,
+        num_attention_heads=hp.n_head,
+        num_key_value_heads=hp.n_head_kv or hp.n_head,
+        max_position_embeddings=2048,
+        rms_norm_eps=hp.norm_eps,
+        rope_theta=hp.rope_theta,
+        tie_word_embeddings="output.weight" not in ir.tensors,
+    )
+    key = (hp.n_embd, hp.n_layer, hp.n_vocab)
+    if key not in _HF:
+        _HF.clear()
+        torch.manual_seed(0)
+        _HF[key] = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    m = _HF[key]
+    ids = torch.randint(0, hp.n_vocab, (n, 32), device="cuda")
+
+    def gen(k: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            m.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=k,
+                min_new_tokens=k,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    gen(65)  # warm-up
+    long = statistics.median(gen(65) for _ in range(3))
+    short = statistics.median(gen(1) for _ in range(3))
+    return (long - short) / 64
+
+
+_HF: dict[Any, Any] = {}
+
+
+def engine_rate(path: Path, n_streams: int, n_tokens: int) -> float:
+    import trio
+
+    from modelc.engine import EngineOptions, build_engine
+    from modelc.engine.api import GenerationRequest, TokenEvent
+    from modelc.runtime.sampling import SamplingParams
+
+    eng = build_engine(
+        path,
+        EngineOptions(device="cuda", max_concurrent=n_streams, speculative=False, prefill_chunk=0),
+    )
+    assert eng.tok is not None
+    stamps: list[float] = []
+
+    async def one(i: int) -> None:
+        p = SamplingParams(temperature=0.0, max_tokens=n_tokens)
+        prompt = eng.tok.encode(f"Story {i}: once upon a time in a land far away,")  # type: ignore[union-attr]
+        async for ev in eng.submit(GenerationRequest(f"s{i}", prompt, p, ignore_eos=True)):
+            if isinstance(ev, TokenEvent):
+                stamps.append(time.perf_counter())
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(eng.run)
+            async with trio.open_nursery() as m:
+                for i in range(n_streams):
+                    m.start_soon(one, i)
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+    stamps.sort()
+    first = stamps[n_streams - 1]  # every stream has its first token
+    later = [s for s in stamps if s > first]
+    return len(later) / (later[-1] - first)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smollm2", type=Path)
+    ap.add_argument("--dir", type=Path, help="folder of llama1b-q4_0.gguf / llama1b-q8_0.gguf")
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--engine", action="store_true")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    models = []
+    if args.smollm2:
+        models.append(("SmolLM2-135M Q4_1", args.smollm2))
+    if args.dir:
+        models += [
+            (f"random 1.1B {q}", args.dir / f"llama1b-{q.lower()}.gguf") for q in ("Q4_0", "Q8_0")
+        ]
+    rows: list[dict[str, Any]] = []
+    be = CudaBackend()
+    for name, path in models:
+        ir = load_model(path)
+        model = CudaLlama(ir, be)
+        for n in STREAMS:
+            steps = args.steps if n <= 16 else max(32, args.steps // 2)
+            t = decode_rate(model, n, steps)
+            row: dict[str, Any] = {
+                "model": name,
+                "streams": n,
+                "step_ms": t * 1e3,
+                "tok_s": n / t,
+                "weight_bytes": model.weight_bytes,
+            }
+            if n == 1:
+                row["bw_fraction"] = model.weight_bytes / t / BW
+            if not args.no_hf:
+                th = hf_rate(ir, n)
+                row["hf_tok_s"] = n / th
+                row["ratio_vs_hf"] = th / t
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del model
+        be.cp.get_default_memory_pool().free_all_blocks()
+    if args.engine and args.smollm2:
+        r = engine_rate(args.smollm2, 64, 64)
+        rows.append({"model": "SmolLM2 engine --device cuda", "streams": 64, "tok_s": r})
+        print(json.dumps(rows[-1]), flush=True)
+    print("\n| model | streams | step ms | tok/s | of 4.8 TB/s | transformers bf16 tok/s | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        bw = f"{100 * r['bw_fraction']:.0f}%" if "bw_fraction" in r else ""
+        hf = f"{r['hf_tok_s']:.0f}" if "hf_tok_s" in r else ""
+        ratio = f"{r['ratio_vs_hf']:.2f}" if "ratio_vs_hf" in r else ""
+        ms = f"{r['step_ms']:.3f}" if "step_ms" in r else ""
+        print(
+            f"| {r['model']} | {r['streams']} | {ms} | {r['tok_s']:.0f} | {bw} | {hf} | {ratio} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""A sequence's KV cache in GPU memory, behind the :class:`~modelc.runtime.kv_cache.KVCache`
+interface the engine and the prefix cache use.
+
+Storage is one device array ``(n_layer, 2, capacity, n_head_kv, head_dim)`` (K then V of
+each layer) in f16 or f32, grown in ``BLOCK``-token steps up to ``max_tokens`` and charged
+to the engine's :class:`~modelc.runtime.kv_cache.KVBudget` exactly as a host cache of the
+same mode would be (``capacity * bytes_per_token``), so the scheduler's accounting and
+admission are unchanged.  :meth:`CudaKVCache.free` drops the array (CuPy's pool reuses
+its memory for the next sequence) and gives the bytes back to the budget.
+
+The forward pass writes and reads the storage on the device (``base_ptr`` and
+``capacity`` go into each step's metadata); :meth:`write` / :meth:`read` copy through the
+host, for the prefix cache and context shifts only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import CapacityError, UsageError
+from modelc.runtime.backend import F32Array, KVArray
+from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
+
+
+class CudaKVCache(KVCache):
+    """Keys and values of one sequence on the GPU (f16 or f32)."""
+
+    def __init__(
+        self,
+        cp: Any,
+        shape: KVShape,
+        max_tokens: int,
+        mode: KVMode | str = KVMode.F16,
+        *,
+        budget: KVBudget | None = None,
+    ) -> None:
+        self.cp = cp
+        if KVMode(mode) not in (KVMode.F16, KVMode.F32):
+            raise UsageError(
+                f"--kv-cache {KVMode(mode).value} is not supported with --device cuda; "
+                "use f16 or f32"
+            )
+        super().__init__(shape, max_tokens, mode, budget=budget)
+
+    def _empty(self) -> None:
+        self.n = 0
+        self.capacity = 0
+        self.buf: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.buf is None else int(self.buf.nbytes)
+
+    @property
+    def base_ptr(self) -> int:
+        return 0 if self.buf is None else int(self.buf.data.ptr)
+
+    def reserve(self, n_tokens: int) -> None:
+        if n_tokens > self.max_tokens:
+            raise UsageError(
+                f"sequence of {n_tokens} tokens exceeds the KV cache size {self.max_tokens}; "
+                "shorten the prompt or shift the context"
+            )
+        if n_tokens <= self.capacity:
+            return
+        cap = min(self.max_tokens, -(-n_tokens // BLOCK) * BLOCK)
+        extra = (cap - self.capacity) * self.shape.bytes_per_token(self.mode)
+        if self.budget is not None and extra > self.budget.free:
+            self.budget.reserve(extra)  # raises CapacityError before anything is allocated
+        s = self.shape
+        try:
+            new = self.cp.empty((s.n_layer, 2, cap, s.n_head_kv, s.head_dim), self.dtype)
+        except self.cp.cuda.memory.OutOfMemoryError as e:
+            raise CapacityError(
+                f"GPU memory is exhausted growing a KV cache to {cap} tokens; "
+                "lower --max-concurrent or --max-context"
+            ) from e
+        if self.buf is not None:
+            new[:, :, : self.capacity] = self.buf
+        self.buf = new
+        self.capacity = cap
+        self._charge()
+
+    def write(self, layer: int, pos: int, k: KVArray, v: KVArray) -> None:
+        assert pos + len(k) <= self.capacity
+        self.buf[layer, 0, pos : pos + len(k)] = self.cp.asarray(np.asarray(k, self.dtype))
+        self.buf[layer, 1, pos : pos + len(v)] = self.cp.asarray(np.asarray(v, self.dtype))
+
+    def read(self, layer: int, n: int) -> tuple[KVArray, KVArray]:
+        """Host copies of positions 0 .. n-1 (the prefix cache keeps them)."""
+        if n == 0 or self.buf is None:
+            s = self.shape
+            z = np.zeros((0, s.n_head_kv, s.head_dim), self.dtype)
+            return z, z.copy()
+        return self.buf[layer, 0, :n].get(), self.buf[layer, 1, :n].get()
+
+    def storage(self, layer: int) -> tuple[KVArray, KVArray] | None:
+        return None  # device memory: the CUDA model writes and reads it itself
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.n:
+            raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
+        self.n = n
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        if n_keep < 0 or n_discard <= 0 or n_keep + n_discard > self.n:
+            raise UsageError(
+                f"bad context shift: keep {n_keep}, discard {n_discard} of {self.n} tokens"
+            )
+        src, m = n_keep + n_discard, self.n - n_keep - n_discard
+        self.buf[:, :, n_keep : n_keep + m] = self.buf[:, :, src : src + m].copy()
+        self.n -= n_discard
+
+    def update_keys(self, start: int, fn: Callable[[F32Array], None]) -> None:
+        for layer in range(self.shape.n_layer):
+            k = self.buf[layer, 0, start : self.n].get().astype(np.float32)
+            fn(k)
+            self.buf[layer, 0, start : self.n] = self.cp.asarray(k.astype(self.dtype))

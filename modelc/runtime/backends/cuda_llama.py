@@ -1,0 +1,308 @@
+"""The llama family (llama, mistral, qwen2) resident on the GPU.
+
+Weights are uploaded once in their GGUF blocks (Q/K/V stacked into one matrix, gate/up
+into another), every sequence's KV cache lives in device memory
+(:class:`~modelc.runtime.backends.cuda_kv.CudaKVCache`), and a step's activations stay on
+the device: per step the host sends one small int64 array (token ids, positions, each
+row's sequence, each sequence's cache address and capacity, the rows whose logits are
+wanted) and gets back the logits of those rows, which the engine's samplers need, or
+with :meth:`CudaLlama.forward_greedy` only the argmax token ids.
+
+A decode step of up to 16 sequences (one token each) is captured once per batch size as
+a CUDA graph and replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): with ~10 launches a
+layer the launch overhead would otherwise dominate at batch 1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import CapacityError, UnsupportedError
+from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.llama import Llama
+from modelc.runtime.backend import F32Array
+from modelc.runtime.backends.cuda import GEMV_MAX, CudaBackend, DevWeight
+from modelc.runtime.backends.cuda_kv import CudaKVCache
+from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
+
+GiB = float(1 << 30)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def check_fits(weights: int, kv_per_seq: int, n_seqs: int, free: int, what: str) -> None:
+    """CapacityError naming what would fit when weights + n_seqs caches exceed ``free``."""
+    need = weights + kv_per_seq * n_seqs
+    if need <= free:
+        return
+    fit = max(0, (free - weights) // max(kv_per_seq, 1))
+    hint = (
+        f"at most {fit} sequence(s) of that context fit: lower --max-concurrent or --max-context"
+        if fit
+        else "the weights alone do not fit; use a smaller quantization or --device cpu"
+    )
+    raise CapacityError(
+        f"{what} needs {_gib(weights)} of weights + {n_seqs} x {_gib(kv_per_seq)} of KV cache "
+        f"= {_gib(need)}, but the GPU has {_gib(free)} free; {hint}"
+    )
+
+
+class _Layer:
+    def __init__(self, be: CudaBackend, b: Any) -> None:
+        cp = be.cp
+        self.attn_norm = cp.asarray(b.attn_norm)
+        self.ffn_norm = cp.asarray(b.ffn_norm)
+        self.wqkv = be.dev.upload([b.wq, b.wk, b.wv])
+        self.wo = be.dev.upload([b.wo])
+        self.wgu = be.dev.upload([b.w_gate, b.w_up])
+        self.wdown = be.dev.upload([b.w_down])
+        self.bias = None if b.bq is None else cp.asarray(np.concatenate([b.bq, b.bk, b.bv]))
+        self.ff = int(b.w_gate.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in (self.wqkv, self.wo, self.wgu, self.wdown))
+
+
+class CudaLlama(CausalLM):
+    """A llama-family :class:`~modelc.runtime.model.LanguageModel` computing on the GPU."""
+
+    def __init__(
+        self, ir: ModelIR, backend: CudaBackend, *, kv_bytes: int = 0, n_seqs: int = 0
+    ) -> None:
+        host = Llama(ir, backend)  # hyper-parameters, checks and host views of the weights
+        if any(b.q_norm is not None for b in host.blocks):
+            raise UnsupportedError(
+                f"{ir.architecture} (per-head Q/K norms) is not supported on --device cuda yet; "
+                "use --device cpu"
+            )
+        self.architecture = host.architecture
+        self.hparams: HParams = host.hparams
+        self.n_vocab, self.d, self.n_ctx = host.n_vocab, host.d, host.n_ctx
+        self.nh, self.nkv, self.hd = host.n_head, host.n_head_kv, host.head_dim
+        self.eps, self.window, self.neox, self.scale = (
+            host.eps,
+            host.window,
+            host.neox,
+            host.scale,
+        )
+        self.inv_freq_host = host.inv_freq
+        self.kv_shape = KVShape(len(host.blocks), self.nkv, self.hd)
+        self.be, self.dev, self.cp = backend, backend.dev, backend.cp
+        cp = self.cp
+        weights = sum(int(np.asarray(w.data).nbytes) for b in host.blocks for w in _mats(b))
+        weights += int(host.tok_embd.data.nbytes)
+        if host.output is not host.tok_embd:
+            weights += int(host.output.data.nbytes)
+        free = int(cp.cuda.runtime.memGetInfo()[0])
+        check_fits(weights + (256 << 20), kv_bytes, n_seqs, free, f"{ir.architecture} model")
+        self.layers = [_Layer(backend, b) for b in host.blocks]
+        self.tok_embd = backend.dev.upload([host.tok_embd])
+        self.output: DevWeight = (
+            self.tok_embd if host.output is host.tok_embd else backend.dev.upload([host.output])
+        )
+        self.output_norm = cp.asarray(host.output_norm)
+        self.inv_freq = cp.asarray(host.inv_freq)
+        self.ff = max((ly.ff for ly in self.layers), default=0)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.use_graphs = os.environ.get("MODELC_CUDA_GRAPHS", "1") != "0"
+        self._graphs: dict[int, Any] = {}
+        self._alloc(64)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights read by one decode step (every matrix once)."""
+        n = sum(ly.nbytes for ly in self.layers) + self.output.nbytes
+        return n
+
+    # -- buffers -------------------------------------------------------------------------
+    def _alloc(self, rows: int) -> None:
+        cp, m = self.cp, rows
+        width = (self.nh + 2 * self.nkv) * self.hd
+        self.rows = m
+        self.meta = cp.zeros(6 * m, np.int64)  # ids|pos|seq|base|cap|logit rows
+        self.x = cp.zeros((m, self.d), np.float32)
+        self.h = cp.zeros((m, self.d), np.float32)
+        self.qkv = cp.zeros((m, width), np.float32)
+        self.q = cp.zeros((m, self.nh * self.hd), np.float32)
+        self.attn = cp.zeros((m, self.nh * self.hd), np.float32)
+        self.gu = cp.zeros((m, 2 * self.ff), np.float32)
+        self.g = cp.zeros((m, self.ff), np.float32)
+        self.logits = cp.zeros((m, self.n_vocab), np.float32)
+        self.tokens = cp.zeros(m, np.int64)
+        self._graphs.clear()  # captured graphs point at the old buffers
+
+    def new_cache(
+        self,
+        mode: KVMode | str = KVMode.F16,
+        *,
+        max_tokens: int | None = None,
+        hot_window: int = 256,
+        budget: KVBudget | None = None,
+    ) -> KVCache:
+        n = min(max_tokens or self.n_ctx, self.n_ctx)
+        return CudaKVCache(self.cp, self.kv_shape, n, mode, budget=budget)
+
+    # -- the step --------------------------------------------------------------------------
+    def _upload_meta(self, batch: Sequence[SeqChunk]) -> tuple[int, int, np.ndarray[Any, Any]]:
+        ids, pos, slices = begin_step(batch, self.n_vocab)
+        rows = logit_row_index(batch, slices)
+        n = len(ids)
+        if n > self.rows:
+            self._alloc(max(n, 2 * self.rows))
+        m = self.rows
+        host = np.zeros(6 * m, np.int64)
+        host[:n], host[m : m + n] = ids, pos
+        for s, (c, sl) in enumerate(zip(batch, slices, strict=True)):
+            if not isinstance(c.cache, CudaKVCache):
+                raise UnsupportedError("a CUDA model needs caches made by its own new_cache")
+            host[2 * m + sl.start : 2 * m + sl.stop] = s
+            host[3 * m + s], host[4 * m + s] = c.cache.base_ptr, c.cache.capacity
+        host[5 * m : 5 * m + len(rows)] = rows
+        self.meta.set(host)
+        end_step(batch, slices)  # the caches count the new tokens (written by this step)
+        return n, len(rows), rows
+
+    def _run(self, n: int, r: int) -> None:
+        """Every layer and the head for n rows; logits of the r wanted rows into ``logits``."""
+        dev, m, meta = self.dev, self.rows, self.meta
+        ids, rows_d = meta[:m], meta[5 * m :]
+        kvmeta = (meta[m : 2 * m], meta[2 * m : 3 * m], meta[3 * m : 4 * m], meta[4 * m : 5 * m])
+        f16 = self._kv_f16
+        dev.dequant(self.tok_embd.parts[0], ids, n, self.x, self.d)
+        rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
+        for li, ly in enumerate(self.layers):
+            dev.rms_norm(self.x, None, n, ly.attn_norm, self.eps, self.h)
+            dev.matmul(ly.wqkv, self.h, n, self.qkv)
+            rope(
+                (n,),
+                (128,),
+                (
+                    self.qkv,
+                    ly.bias if ly.bias is not None else np.uint64(0),
+                    *kvmeta,
+                    self.inv_freq,
+                    np.int32(self.nh),
+                    np.int32(self.nkv),
+                    np.int32(self.hd),
+                    np.int32(int(self.neox)),
+                    np.int32(li),
+                    self.q,
+                ),
+            )
+            dev.attention(
+                self.q,
+                kvmeta,
+                n,
+                self.nh,
+                self.nkv,
+                self.hd,
+                f16,
+                self.scale,
+                self.window,
+                li,
+                self.attn,
+            )
+            dev.matmul(ly.wo, self.attn, n, self.x, acc=True)
+            dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
+            gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
+            if ly.ff != self.ff:
+                gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
+            dev.matmul(ly.wgu, self.h, n, gu)
+            dev.silu_mul(gu, n, ly.ff, g)
+            dev.matmul(ly.wdown, g, n, self.x, acc=True)
+        if r:
+            dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
+            dev.matmul(self.output, self.h, r, self.logits)
+
+    def _step(self, batch: Sequence[SeqChunk]) -> int:
+        """Run one step on the stream; the number of logit rows (left in ``logits``)."""
+        modes = {c.cache.mode for c in batch}
+        if len(modes) != 1:
+            raise UnsupportedError("one CUDA step needs every cache in one mode")
+        self._kv_f16 = modes.pop() is KVMode.F16
+        decode = all(len(c.tokens) == 1 and c.rows() == (0,) for c in batch)
+        with self.stream:
+            n, r, _ = self._upload_meta(batch)
+            key = n * 2 + int(self._kv_f16)
+            if not (self.use_graphs and decode and n <= GEMV_MAX):
+                self._run(n, r)
+            elif key in self._graphs:
+                self._graphs[key].launch(self.stream)
+            else:
+                self.stream.begin_capture()
+                try:
+                    self._run(n, r)
+                finally:
+                    graph = self.stream.end_capture()
+                self._graphs[key] = graph
+                graph.launch(self.stream)
+        return r
+
+    def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
+        r = self._step(batch)
+        out: F32Array = self.logits[:r].get(stream=self.stream)
+        self.stream.synchronize()
+        return out
+
+    def forward_greedy(self, batch: Sequence[SeqChunk]) -> np.ndarray[Any, Any]:
+        """One step; the argmax token id of each wanted row, computed on the device."""
+        r = self._step(batch)
+        with self.stream:
+            self.dev.argmax(self.logits, r, self.tokens)
+        out: np.ndarray[Any, Any] = self.tokens[:r].get(stream=self.stream)
+        self.stream.synchronize()
+        return out
+
+    def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
+        """As :meth:`Llama.shift_context`, the moved keys re-rotated through the host."""
+        self.stream.synchronize()
+        cache.shift(n_keep, n_discard)
+        delta = np.full(max(cache.n - n_keep, 0), -n_discard, np.int64)
+
+        def rerotate(k: F32Array) -> None:
+            self.be.rope(k, self.be.rope_angles(delta[: len(k)], self.inv_freq_host), self.neox)
+
+        if cache.n > n_keep:
+            cache.update_keys(n_keep, rerotate)
+
+
+def _mats(b: Any) -> list[Any]:
+    return [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down]
+
+
+CUDA_ARCHITECTURES = ("llama", "qwen2")
+
+
+def build_cuda(
+    ir: ModelIR,
+    *,
+    kv_mode: str,
+    max_context: int | None,
+    max_concurrent: int,
+    kv_budget_bytes: int | None,
+) -> CudaLlama:
+    """The GPU-resident model for the engine, after checking that its weights and the KV
+    caches of ``max_concurrent`` full-length sequences fit in free GPU memory."""
+    from modelc.runtime.backends.cuda import CudaBackend
+
+    if ir.architecture not in CUDA_ARCHITECTURES:
+        raise UnsupportedError(
+            f"{ir.architecture} models do not run on --device cuda yet "
+            f"({', '.join(CUDA_ARCHITECTURES)} do); use --device cpu"
+        )
+    hp = ir.hparams
+    n_head_kv = hp.n_head_kv or hp.n_head
+    hd = hp.head_dim or (hp.n_embd // max(hp.n_head, 1))
+    ctx = min(max_context or hp.n_ctx or 2048, hp.n_ctx or 2048)
+    per_seq = KVShape(hp.n_layer, n_head_kv, hd).bytes_per_token(KVMode(kv_mode)) * ctx
+    if kv_budget_bytes is not None:
+        per_seq, max_concurrent = kv_budget_bytes, 1
+    return CudaLlama(ir, CudaBackend(), kv_bytes=per_seq, n_seqs=max_concurrent)

@@ -1,0 +1,385 @@
+"""CUDA C source of the CUDA backend's kernels, compiled at run time by NVRTC (through CuPy).
+
+No headers: half <-> float goes through inline PTX, so NVRTC needs nothing beyond itself.
+Weights stay in their GGUF blocks; ``deq32<T>`` unpacks one 32-weight group of a row (the
+unit every kernel works in), with the float steps of :mod:`modelc.formats.quants` in the
+same order (``d * q + m`` rounded twice, not fused), so dequantized values agree bit for
+bit with the numpy reference and the CPU backend's ``exact`` mode.
+
+Type codes (``T``): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K (GGML's numbers).
+"""
+
+from __future__ import annotations
+
+TYPES = (0, 1, 2, 3, 8, 12, 14)
+GEMV_ROWS = (1, 2, 4, 8, 16)  # activation rows one GEMV pass takes (NR)
+HEAD_LANES = (1, 2, 3, 4, 8)  # head_dim / 32 that attention is built for
+
+SOURCE = r"""
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// one 32-weight group g of a row -> w[32]
+template <int T> __device__ __forceinline__ void deq32(const u8* __restrict__ row, int g, float* w);
+
+template <> __device__ __forceinline__ void deq32<0>(const u8* __restrict__ row, int g, float* w) {
+  const float4* p = (const float4*)(row + (size_t)g * 128);
+#pragma unroll
+  for (int i = 0; i < 8; i++) { float4 v = p[i]; w[4*i] = v.x; w[4*i+1] = v.y; w[4*i+2] = v.z; w[4*i+3] = v.w; }
+}
+template <> __device__ __forceinline__ void deq32<1>(const u8* __restrict__ row, int g, float* w) {
+  const u8* b = row + (size_t)g * 64;
+#pragma unroll
+  for (int i = 0; i < 16; i++) { u32 v = ld32(b + 4*i); w[2*i] = h2f(v & 0xffff); w[2*i+1] = h2f(v >> 16); }
+}
+template <> __device__ __forceinline__ void deq32<2>(const u8* __restrict__ row, int g, float* w) {  // Q4_0
+  const u8* b = row + (size_t)g * 18;
+  float d = h2f(ld16(b));
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    u32 v = ld16(b + 2 + 2*i);
+    u32 lo = v & 0xff, hi = v >> 8;
+    w[2*i] = __fmul_rn(d, (float)((int)(lo & 15) - 8)); w[2*i+1] = __fmul_rn(d, (float)((int)(hi & 15) - 8));
+    w[2*i+16] = __fmul_rn(d, (float)((int)(lo >> 4) - 8)); w[2*i+17] = __fmul_rn(d, (float)((int)(hi >> 4) - 8));
+  }
+}
+template <> __device__ __forceinline__ void deq32<3>(const u8* __restrict__ row, int g, float* w) {  // Q4_1
+  const u8* b = row + (size_t)g * 20;
+  float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    u32 v = ld32(b + 4 + 4*i);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      u32 q = (v >> (8*k)) & 0xff;
+      w[4*i+k] = __fadd_rn(__fmul_rn(d, (float)(q & 15)), m);
+      w[4*i+k+16] = __fadd_rn(__fmul_rn(d, (float)(q >> 4)), m);
+    }
+  }
+}
+template <> __device__ __forceinline__ void deq32<8>(const u8* __restrict__ row, int g, float* w) {  // Q8_0
+  const u8* b = row + (size_t)g * 34;
+  float d = h2f(ld16(b));
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    u32 v = ld16(b + 2 + 2*i);
+    w[2*i] = __fmul_rn((float)(signed char)(v & 0xff), d); w[2*i+1] = __fmul_rn((float)(signed char)(v >> 8), d);
+  }
+}
+template <> __device__ __forceinline__ void deq32<12>(const u8* __restrict__ row, int g, float* w) {  // Q4_K
+  const u8* b = row + (size_t)(g >> 3) * 144;
+  int s = g & 7;
+  float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+  const u8* S = b + 4;
+  int sc, mn;
+  if (s < 4) { sc = S[s] & 63; mn = S[s+4] & 63; }
+  else { sc = (S[s+4] & 15) | ((S[s-4] >> 6) << 4); mn = (S[s+4] >> 4) | ((S[s] >> 6) << 4); }
+  float dl = __fmul_rn(d, (float)sc), ml = __fmul_rn(dmin, (float)mn);
+  const u8* qs = b + 16 + (s >> 1) * 32;
+  int sh = (s & 1) * 4;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    u32 v = ld32(qs + 4*i);
+#pragma unroll
+    for (int k = 0; k < 4; k++) w[4*i+k] = __fsub_rn(__fmul_rn(dl, (float)((v >> (8*k + sh)) & 15)), ml);
+  }
+}
+template <> __device__ __forceinline__ void deq32<14>(const u8* __restrict__ row, int g, float* w) {  // Q6_K
+  const u8* b = row + (size_t)(g >> 3) * 210;
+  int s = g & 7, r = s >> 2, f = s & 3;
+  const u8* ql = b + r * 64 + (f & 1) * 32;
+  int lsh = (f >> 1) * 4;
+  const u8* qh = b + 128 + r * 32;
+  float d = h2f(ld16(b + 208));
+  float d0 = __fmul_rn(d, (float)(signed char)b[192 + 2*s]);
+  float d1 = __fmul_rn(d, (float)(signed char)b[192 + 2*s + 1]);
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    u32 l = ld16(ql + 2*i), h = ld16(qh + 2*i);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      int j = 2*i + k;
+      int q = (int)(((l >> (8*k + lsh)) & 15) | (((h >> (8*k + 2*f)) & 3) << 4)) - 32;
+      w[j] = __fmul_rn(j < 16 ? d0 : d1, (float)q);
+    }
+  }
+}
+
+// y[r, :] (+)= W x[r, :] for nr <= NR rows of x; one warp a weight row
+template <int T, int NR>
+__device__ __forceinline__ void gemv(const u8* __restrict__ W, long long rb, int rows, int cols,
+                                     const float* __restrict__ x, int ldx, int nr,
+                                     float* __restrict__ y, int ldy, int acc) {
+  int row = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);
+  int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const u8* wr = W + (size_t)row * rb;
+  float a[NR];
+#pragma unroll
+  for (int r = 0; r < NR; r++) a[r] = 0.f;
+  int ng = cols >> 5;
+  for (int g = lane; g < ng; g += 32) {
+    float w[32];
+    deq32<T>(wr, g, w);
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      if (r < nr) {
+        const float4* xp = (const float4*)(x + (size_t)r * ldx + g * 32);
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+          float4 v = __ldg(xp + i);
+          s += w[4*i] * v.x + w[4*i+1] * v.y + w[4*i+2] * v.z + w[4*i+3] * v.w;
+        }
+        a[r] += s;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < NR; r++) {
+    float s = warp_sum(a[r]);
+    if (lane == 0 && r < nr) {
+      float* o = y + (size_t)r * ldy + row;
+      *o = acc ? *o + s : s;
+    }
+  }
+}
+
+// rows of W (ids, or 0..n-1 when ids is null) dequantized to f32 (F16O=0) or f16 (F16O=1)
+template <int T, int F16O>
+__device__ __forceinline__ void deq_rows(const u8* __restrict__ W, long long rb, int cols,
+                                         const i64* __restrict__ ids, int n, void* out, int ldo) {
+  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  int ng = cols >> 5;
+  if (t >= (long long)n * ng) return;
+  int i = (int)(t / ng), g = (int)(t % ng);
+  long long src = ids ? ids[i] : i;
+  float w[32];
+  deq32<T>(W + (size_t)src * rb, g, w);
+  if (F16O) {
+    u16* o = (u16*)out + (size_t)i * ldo + g * 32;
+#pragma unroll
+    for (int k = 0; k < 32; k++) o[k] = f2h(w[k]);
+  } else {
+    float* o = (float*)out + (size_t)i * ldo + g * 32;
+#pragma unroll
+    for (int k = 0; k < 32; k++) o[k] = w[k];
+  }
+}
+
+// out[i] = x[rows[i]] / rms * w (rows null: i); one block a row, sums in double as numpy
+extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
+                                    const float* __restrict__ w, float eps, int d,
+                                    float* __restrict__ out, int ldo) {
+  int i = blockIdx.x;
+  const float* xr = x + (size_t)(rows ? rows[i] : i) * ldx;
+  __shared__ double part[32];
+  double s = 0.0;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) { double v = xr[j]; s += v * v; }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    double v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) part[0] = v;
+  }
+  __syncthreads();
+  float scale = (float)(1.0 / sqrt(part[0] / d + (double)eps));
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[(size_t)i * ldo + j] = xr[j] * scale * w[j];
+}
+
+// silu(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)
+extern "C" __global__ void silu_mul(const float* __restrict__ gu, int ff, long long total,
+                                    float* __restrict__ out) {
+  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (t >= total) return;
+  long long i = t / ff, j = t % ff;
+  float g = gu[i * 2 * ff + j], u = gu[i * 2 * ff + ff + j];
+  out[t] = g / (1.0f + expf(-g)) * u;
+}
+
+// RoPE on q and k of each row of qkv (n, (nh + 2 nkv) hd) (+ bias), q -> qo (n, nh hd);
+// k and v -> the row's sequence cache at its position.  meta: pos (n), seq (n), base (S), cap (S)
+template <typename KV>
+__device__ __forceinline__ void store_kv(KV* p, float v);
+template <> __device__ __forceinline__ void store_kv<float>(float* p, float v) { *p = v; }
+template <> __device__ __forceinline__ void store_kv<u16>(u16* p, float v) { *p = f2h(v); }
+template <typename KV>
+__device__ __forceinline__ float load_kv(const KV* p);
+template <> __device__ __forceinline__ float load_kv<float>(const float* p) { return *p; }
+template <> __device__ __forceinline__ float load_kv<u16>(const u16* p) { return h2f(*p); }
+
+template <typename KV>
+__device__ __forceinline__ void rope_store(const float* __restrict__ qkv, const float* __restrict__ bias,
+    const i64* __restrict__ pos, const i64* __restrict__ seq, const i64* __restrict__ base,
+    const i64* __restrict__ cap, const float* __restrict__ inv_freq, int nh, int nkv, int hd,
+    int neox, int layer, float* __restrict__ qo) {
+  int i = blockIdx.x;
+  int width = (nh + 2 * nkv) * hd, half = hd / 2;
+  const float* r = qkv + (size_t)i * width;
+  long long p = pos[i], s = seq[i], c = cap[s];
+  KV* kc = (KV*)base[s] + ((size_t)layer * 2 * c + p) * nkv * hd;
+  KV* vc = kc + (size_t)c * nkv * hd;
+  for (int t = threadIdx.x; t < (nh + nkv) * half; t += blockDim.x) {
+    int h = t / half, j = t % half;
+    int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+    float x0 = r[h * hd + a], x1 = r[h * hd + b];
+    if (bias) { x0 += bias[h * hd + a]; x1 += bias[h * hd + b]; }
+    float th = (float)p * inv_freq[j];
+    float cs = (float)cos((double)th), sn = (float)sin((double)th);
+    float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+    if (h < nh) { qo[(size_t)i * nh * hd + h * hd + a] = y0; qo[(size_t)i * nh * hd + h * hd + b] = y1; }
+    else { int k = h - nh; store_kv<KV>(kc + k * hd + a, y0); store_kv<KV>(kc + k * hd + b, y1); }
+  }
+  for (int t = threadIdx.x; t < nkv * hd; t += blockDim.x) {
+    float v = r[(nh + nkv) * hd + t];
+    if (bias) v += bias[(nh + nkv) * hd + t];
+    store_kv<KV>(vc + t, v);
+  }
+}
+extern "C" __global__ void rope_store_f32(const float* qkv, const float* bias, const i64* pos, const i64* seq,
+    const i64* base, const i64* cap, const float* inv_freq, int nh, int nkv, int hd, int neox, int layer, float* qo) {
+  rope_store<float>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo);
+}
+extern "C" __global__ void rope_store_f16(const float* qkv, const float* bias, const i64* pos, const i64* seq,
+    const i64* base, const i64* cap, const float* inv_freq, int nh, int nkv, int hd, int neox, int layer, float* qo) {
+  rope_store<u16>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo);
+}
+
+// causal attention of query row i (at pos[i]) and head h over its sequence's cache;
+// each warp an online softmax over every WARPS-th position, then the warps combine.
+#define WARPS 4
+template <typename KV, int E>
+__device__ __forceinline__ void attend(const float* __restrict__ q, const i64* __restrict__ pos,
+    const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
+    int nh, int nkv, float scale, int window, int layer, float* __restrict__ out) {
+  int i = blockIdx.x, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int hd = 32 * E;
+  long long p = pos[i], s = seq[i], c = cap[s];
+  int kh = h / (nh / nkv);
+  const KV* kc = (const KV*)base[s] + (size_t)layer * 2 * c * nkv * hd + kh * hd + lane * E;
+  const KV* vc = kc + (size_t)c * nkv * hd;
+  float qv[E], acc[E];
+  const float* qr = q + ((size_t)i * nh + h) * hd + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; e++) { qv[e] = qr[e] * scale; acc[e] = 0.f; }
+  float m = -INFINITY, l = 0.f;
+  long long lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+  for (long long t = lo + warp; t <= p; t += WARPS) {
+    const KV* kr = kc + (size_t)t * nkv * hd;
+    float d = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; e++) d += qv[e] * load_kv<KV>(kr + e);
+    d = warp_sum(d);
+    float mn = fmaxf(m, d);
+    float corr = expf(m - mn), pw = expf(d - mn);
+    l = l * corr + pw;
+    const KV* vr = vc + (size_t)t * nkv * hd;
+#pragma unroll
+    for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pw * load_kv<KV>(vr + e);
+    m = mn;
+  }
+  __shared__ float sm[WARPS], sl[WARPS], sacc[WARPS][32 * E];
+  if (lane == 0) { sm[warp] = m; sl[warp] = l; }
+#pragma unroll
+  for (int e = 0; e < E; e++) sacc[warp][lane * E + e] = acc[e];
+  __syncthreads();
+  if (warp == 0) {
+    float M = -INFINITY;
+    for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w]);
+    float L = 0.f, o[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) o[e] = 0.f;
+    for (int w = 0; w < WARPS; w++) {
+      if (sm[w] == -INFINITY) continue;
+      float f = expf(sm[w] - M);
+      L += sl[w] * f;
+#pragma unroll
+      for (int e = 0; e < E; e++) o[e] += sacc[w][lane * E + e] * f;
+    }
+    float* orow = out + ((size_t)i * nh + h) * hd + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; e++) orow[e] = o[e] / L;
+  }
+}
+
+// argmax of each row of x (n, d): the first index of the largest value
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, int d, i64* __restrict__ out) {
+  int i = blockIdx.x;
+  const float* r = x + (size_t)i * d;
+  float best = -INFINITY; int bi = 0x7fffffff;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    float v = r[j];
+    if (v > best || (v == best && j < bi)) { best = v; bi = j; }
+  }
+  __shared__ float sv[1024]; __shared__ int si[1024];
+  sv[threadIdx.x] = best; si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) {
+      float v = sv[threadIdx.x + o]; int j = si[threadIdx.x + o];
+      if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) { sv[threadIdx.x] = v; si[threadIdx.x] = j; }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[i] = si[0];
+}
+
+__TEMPLATE_INSTANCES__
+"""
+
+
+def _instances() -> str:
+    out = []
+    for t in TYPES:
+        for nr in GEMV_ROWS:
+            out.append(
+                f'extern "C" __global__ void gemv_{t}_{nr}(const u8* W, long long rb, int rows, '
+                "int cols, const float* x, int ldx, int nr, float* y, int ldy, int acc) "
+                f"{{ gemv<{t}, {nr}>(W, rb, rows, cols, x, ldx, nr, y, ldy, acc); }}"
+            )
+        for f16 in (0, 1):
+            out.append(
+                f'extern "C" __global__ void deq_{t}_{f16}(const u8* W, long long rb, int cols, '
+                "const i64* ids, int n, void* out, int ldo) "
+                f"{{ deq_rows<{t}, {f16}>(W, rb, cols, ids, n, out, ldo); }}"
+            )
+    for kv, ty in (("f32", "float"), ("f16", "u16")):
+        for e in HEAD_LANES:
+            out.append(
+                f'extern "C" __global__ void attn_{kv}_{e}(const float* q, const i64* pos, '
+                "const i64* seq, const i64* base, const i64* cap, int nh, int nkv, float scale, "
+                "int window, int layer, float* out) "
+                f"{{ attend<{ty}, {e}>(q, pos, seq, base, cap, nh, nkv, scale, window, layer, out); }}"
+            )
+    return "\n".join(out)
+
+
+def kernel_names() -> list[str]:
+    """Every ``extern "C"`` kernel of :data:`SOURCE`."""
+    names = ["rms_norm", "silu_mul", "rope_store_f32", "rope_store_f16", "argmax_rows"]
+    names += [f"gemv_{t}_{nr}" for t in TYPES for nr in GEMV_ROWS]
+    names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
+    names += [f"attn_{kv}_{e}" for kv in ("f32", "f16") for e in HEAD_LANES]
+    return names
+
+
+def source() -> str:
+    return SOURCE.replace("__TEMPLATE_INSTANCES__", _instances())

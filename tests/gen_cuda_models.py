@@ -1,0 +1,126 @@
+"""Randomly initialised llama-shape GGUF files with their matrices in any GGUF block type.
+
+The blocks are drawn directly (random quants, scales set so every weight has a standard
+deviation near ``std``), so a 1B model in Q4_0 or Q8_0 takes seconds to make; the CUDA
+tests and ``bench/cuda_bench.py`` use it.  ``python -m tests.gen_cuda_models OUT_DIR``
+writes the ~1.1B TinyLlama-shape model in Q4_0 and Q8_0.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from modelc.formats.ir import BLOCK_SIZES, DType
+
+Q = gguf.GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_vocab: int = 32000
+    d: int = 2048
+    n_layer: int = 22
+    n_head: int = 32
+    n_head_kv: int = 4
+    ff: int = 5632
+    n_ctx: int = 4096
+
+
+TINYLLAMA = Shape()  # ~1.1B parameters
+SMALL = Shape(n_vocab=512, d=256, n_layer=2, n_head=4, n_head_kv=2, ff=512, n_ctx=512)
+
+
+def _f16_field(rng: np.random.Generator, n: int, scale: float) -> np.ndarray[Any, Any]:
+    d = (scale * rng.uniform(0.5, 1.5, n)).astype(np.float16)
+    return d.view(np.uint8).reshape(n, 2)
+
+
+def random_blocks(
+    rng: np.random.Generator, dtype: DType, rows: int, cols: int, std: float
+) -> tuple[np.ndarray[Any, Any], Any]:
+    """(data, raw GGML type) for a (rows, cols) matrix of random ``dtype`` blocks."""
+    if dtype in (DType.F32, DType.F16):
+        x = rng.normal(0, std, (rows, cols)).astype(
+            np.float32 if dtype is DType.F32 else np.float16
+        )
+        return x, None
+    bs, ts = BLOCK_SIZES[dtype]
+    nb = rows * cols // bs
+    b = rng.integers(0, 256, (nb, ts), dtype=np.uint8)
+    if dtype is DType.Q4_0:  # nibble - 8: std ~4.6
+        b[:, :2] = _f16_field(rng, nb, std / 4.6)
+    elif dtype is DType.Q4_1:  # d * nibble + m, centred
+        b[:, :2] = _f16_field(rng, nb, std / 4.6)
+        m = -7.5 * b[:, :2].copy().view(np.float16).astype(np.float32)
+        b[:, 2:4] = m.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    elif dtype is DType.Q8_0:  # int8: std ~74
+        b[:, :2] = _f16_field(rng, nb, std / 74)
+    elif dtype is DType.Q4_K:  # d * sc * q - dmin * mn; 6-bit sc, mn ~32, q ~7.5
+        b[:, :2] = _f16_field(rng, nb, std / (32 * 4.6))
+        b[:, 2:4] = _f16_field(rng, nb, std * 7.5 / (32 * 32))
+    elif dtype is DType.Q6_K:  # d * sc(int8) * (q - 32)
+        b[:, 208:210] = _f16_field(rng, nb, std / (74 * 18))
+    else:
+        raise ValueError(f"no random blocks for {dtype}")
+    return b.reshape(rows, -1), Q[dtype.name]
+
+
+def write_random_llama(
+    path: Path, dtype: DType, shape: Shape = TINYLLAMA, *, seed: int = 0, std: float = 0.02
+) -> Path:
+    """A llama GGUF of ``shape`` whose every matrix is random ``dtype`` blocks."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"random-llama-{dtype.name.lower()}")
+    w.add_block_count(shape.n_layer)
+    w.add_context_length(shape.n_ctx)
+    w.add_embedding_length(shape.d)
+    w.add_feed_forward_length(shape.ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(shape.n_vocab)
+    hd = shape.d // shape.n_head
+
+    def mat(name: str, rows: int, cols: int, s: float = std) -> None:
+        data, raw = random_blocks(rng, dtype, rows, cols, s)
+        if raw is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_dtype=raw)
+
+    def norm(name: str, n: int) -> None:
+        w.add_tensor(name, rng.uniform(0.8, 1.2, n).astype(np.float32))
+
+    mat("token_embd.weight", shape.n_vocab, shape.d, 1.0)
+    for i in range(shape.n_layer):
+        norm(f"blk.{i}.attn_norm.weight", shape.d)
+        mat(f"blk.{i}.attn_q.weight", shape.n_head * hd, shape.d)
+        mat(f"blk.{i}.attn_k.weight", shape.n_head_kv * hd, shape.d)
+        mat(f"blk.{i}.attn_v.weight", shape.n_head_kv * hd, shape.d)
+        mat(f"blk.{i}.attn_output.weight", shape.d, shape.n_head * hd)
+        norm(f"blk.{i}.ffn_norm.weight", shape.d)
+        mat(f"blk.{i}.ffn_gate.weight", shape.ff, shape.d)
+        mat(f"blk.{i}.ffn_up.weight", shape.ff, shape.d)
+        mat(f"blk.{i}.ffn_down.weight", shape.d, shape.ff)
+    norm("output_norm.weight", shape.d)
+    mat("output.weight", shape.n_vocab, shape.d, 0.05)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    out.mkdir(parents=True, exist_ok=True)
+    for dt in (DType.Q4_0, DType.Q8_0):
+        print(write_random_llama(out / f"llama1b-{dt.name.lower()}.gguf", dt))
