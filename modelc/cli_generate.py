@@ -34,6 +34,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     opt = EngineOptions(max_concurrent=1, queue_size=0, sampling=cfg.sampling.given())
     if args.kv_cache:
         opt.kv_cache = args.kv_cache
+    if args.device:
+        opt.device = args.device
     if cfg.sampling.max_tokens:
         opt.max_tokens = cfg.sampling.max_tokens
     eng = build_engine(args.model, opt)
@@ -107,6 +109,12 @@ def register(subparsers: Any) -> None:
         help="send PROMPT as a user message through the chat template",
     )
     p.add_argument("--system", default=None, metavar="TEXT", help="with --chat: a system message")
+    p.add_argument(
+        "--device",
+        default=None,
+        metavar="auto|cpu|cuda|webgpu|metal",
+        help="where the model computes, as for modelc run (default auto)",
+    )
     p.add_argument(
         "--max-tokens",
         type=int,

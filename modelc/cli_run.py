@@ -80,6 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from modelc.runtime.backends.cuda import require_cuda
 
         require_cuda()
+    if engine.device in ("webgpu", "metal"):  # likewise: a usable adapter, or one line
+        from modelc.runtime.backends.webgpu_device import find_adapter
+
+        find_adapter("Metal" if engine.device == "metal" else None)
     if len(args.alias) > len(args_models):
         raise UsageError(
             f"{len(args.alias)} --alias flags for {len(args_models)} model(s); give one "
@@ -204,9 +208,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--device",
         default=None,
-        metavar="auto|cpu|cuda",
+        metavar="auto|cpu|cuda|webgpu|metal",
         help="where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto "
-        "(cuda when CuPy sees a GPU and the architecture runs there; default)",
+        "(cuda when CuPy sees a GPU and the architecture runs there; default); webgpu "
+        "(WGSL shaders through wgpu on a Metal/Vulkan/D3D12 adapter) or metal (the same, "
+        "on a Metal adapter only)",
     )
     p.add_argument(
         "--grace",

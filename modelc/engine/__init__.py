@@ -35,7 +35,7 @@ def _backend(threads: int | None) -> Backend:
 def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     """The GPU-resident model when ``opt.device`` asks for CUDA (``auto``: when CuPy sees a
     GPU and the architecture runs there), else None."""
-    if opt.device == "cpu":
+    if opt.device in ("cpu", "webgpu", "metal"):
         return None
     from modelc.runtime.backends.cuda import cuda_unavailable, require_cuda
     from modelc.runtime.backends.cuda_llama import CUDA_ARCHITECTURES, build_cuda
@@ -79,6 +79,8 @@ def build_engine(
 
         ir = load_ir(str(model))
     gpu = _cuda_runtime(ir, opt) if backend is None else None
+    if backend is None and opt.device in ("webgpu", "metal"):  # WGSL shaders through wgpu
+        backend = get_backend(opt.device)
     backend = backend or _backend(opt.threads)
     runtime = gpu or (runtime_factory or build)(ir, backend)
     if not isinstance(runtime, (LanguageModel, EmbeddingModel)):

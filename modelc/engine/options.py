@@ -10,7 +10,7 @@ from modelc.errors import UsageError
 from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.prompt import DEFAULT_MAX_TOKENS
 
-DEVICES = ("auto", "cpu", "cuda")  # where the engine computes (--device)
+DEVICES = ("auto", "cpu", "cuda", "webgpu", "metal")  # where the engine computes (--device)
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ class EngineOptions:
     # batch already keeps the cores busy, so verifying drafts would only add work)
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
     threads: int | None = None  # kernel threads; default MODELC_THREADS or every core
-    device: str = "auto"  # auto | cpu | cuda (--device): auto takes CUDA when CuPy sees a GPU
+    device: str = "auto"  # auto | cpu | cuda | webgpu | metal (--device): auto takes CUDA when CuPy sees a GPU
     max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
     # a reader this many events behind pauses its request (no compute, KV kept) ...
     max_unread: int = 64
