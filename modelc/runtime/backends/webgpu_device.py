@@ -112,7 +112,8 @@ class Gpu:
         self.wgpu = _wgpu()
         self.adapter = find_adapter(require)
         lim = self.adapter.limits
-        self.max_binding = int(lim["max-storage-buffer-binding-size"])
+        # byte offsets in the shaders are u32: no binding past 2 GiB even where allowed
+        self.max_binding = min(int(lim["max-storage-buffer-binding-size"]), (1 << 31) - 256)
         self.max_buffer = int(lim["max-buffer-size"])
         try:
             self.device = self.adapter.request_device_sync(
