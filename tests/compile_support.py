@@ -1,8 +1,9 @@
 """Helpers for tests/test_compile.py: build a ``modelc compile`` project, run its program.
 
-``python -m tests.compile_support PACKAGE`` (with the project directory on PYTHONPATH)
-compares the compiled forward with modelc's own runtime on the same artifact, in one
-process, and prints one JSON line: whether every output was bit-identical.
+``python -m tests.compile_support PACKAGE...`` (with the project directories on
+PYTHONPATH) compares each compiled forward with modelc's own runtime on the same
+artifact, in one process, and prints one JSON line: whether every output was
+bit-identical, per package.
 """
 
 from __future__ import annotations
@@ -52,16 +53,21 @@ def fresh_venv(where: Path) -> Path:
     return py
 
 
-def build_forward_only(out: Path, pkg: Path, kernels_so: Path) -> None:
-    """Build only the generated forward in place, with the kernels extension taken from
-    another project's build (the kernels' sources are the same in every project; the
-    wheel test builds them)."""
-    shutil.copy(kernels_so, pkg / "_rt" / "_kernels" / kernels_so.name)
+def build_forward_only(out: Path) -> None:
+    """Build only the generated forward, in place (it cimports the kernels' .pxd; the
+    kernels extension itself comes from another project's build: see
+    :func:`use_kernels`)."""
     code = (
         "import setup\nfrom setuptools import setup as s\n"
         "s(ext_modules=setup.extensions(('_forward',)), script_args=['build_ext', '--inplace'])"
     )
     run([sys.executable, "-c", code], cwd=out)
+
+
+def use_kernels(pkg: Path, kernels_so: Path) -> None:
+    """Put another project's built kernels extension into ``pkg`` (the kernels' sources
+    are the same in every project, only the package around them differs)."""
+    shutil.copy(kernels_so, pkg / "_rt" / "_kernels" / kernels_so.name)
 
 
 @dataclass
@@ -161,4 +167,4 @@ def _compare(package: str) -> dict[str, object]:
 
 if __name__ == "__main__":
     os.environ.setdefault("MODELC_THREADS", "1")
-    print(json.dumps(_compare(sys.argv[1])))
+    print(json.dumps({p: _compare(p) for p in sys.argv[1:]}))

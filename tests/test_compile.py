@@ -2,10 +2,12 @@
 
 SmolLM2 is compiled, built into a wheel with ``pip wheel`` and installed into a fresh
 venv where ``import modelc`` fails; its server's greedy chat equals ``modelc run``'s on
-the same artifact, token for token (and log-prob for log-prob).  GPT-2, BERT and an MLP
-are compiled and their generated forward built in place (the kernels extension reused
-from the SmolLM2 build: its sources are the same in every project), then compared with
-modelc's runtime bit for bit, and BERT's and the MLP's programs answer over HTTP.
+the same artifact, token for token (and log-prob for log-prob).  GPT-2, Qwen2 (Q/K/V
+biases), Qwen3 (Q/K norms), BERT and an MLP are compiled and their generated forward
+built in place (the kernels extension reused from the SmolLM2 build: its sources are
+the same in every project; built on the second core while the wheel builds), then
+compared with modelc's runtime bit for bit; BERT's and the MLP's programs answer over
+HTTP, run by the venv without modelc.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +34,9 @@ from tests.compile_support import (
     fresh_venv,
     run,
     start_program,
+    use_kernels,
 )
+from tests.gen_families import ensure_family
 from tests.gen_gpt2 import ensure_gpt2_random
 from tests.server_fixtures import Server, free_port, minilm_server, start
 
@@ -41,7 +46,7 @@ pytestmark = pytest.mark.slow
 
 
 @dataclass
-class Built:
+class Wheel:
     out: Path  # the project
     package: str
     python: Path  # the fresh venv's interpreter (no modelc)
@@ -49,30 +54,69 @@ class Built:
     kernels_so: Path  # the kernels extension the wheel build made
 
 
-@pytest.fixture(scope="session")
-def smol(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    tmp = tmp_path_factory.mktemp("compile")
+@dataclass
+class Builds:
+    smol: Wheel
+    projects: dict[str, tuple[Path, str]]  # name -> (project dir, package), built in place
+    mlp_source: Path
+
+
+def _wheel(tmp: Path) -> Wheel:
     out = tmp / "smol"
     pkg = compile_project(smollm2_gguf(), out, "smol")
     pip = [sys.executable, "-m", "pip"]
-    run(
-        [
-            *pip,
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "-q",
-            "-w",
-            str(out / "dist"),
-            str(out),
-        ]
-    )
+    wheel_cmd = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
+    run([*wheel_cmd, "-w", str(out / "dist"), str(out)])
     (wheel,) = (out / "dist").glob("*.whl")
     py = fresh_venv(tmp / "venv")
     run([*pip, "--python", str(py), "install", "-q", "--no-deps", "--no-index", str(wheel)])
     (so,) = (out / "build").rglob("kernels.*.so")
-    return Built(out, pkg.name, py, py.parent / "smol-serve", so)
+    return Wheel(out, pkg.name, py, py.parent / "smol-serve", so)
+
+
+def _mlp_source(tmp: Path) -> Path:
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(7)
+    sizes = [8, 16, 12, 4]
+    tensors = {}
+    for i, j in enumerate((0, 2, 4)):  # nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)
+        tensors[f"{j}.weight"] = rng.normal(0, 0.5, (sizes[i + 1], sizes[i])).astype(np.float32)
+        tensors[f"{j}.bias"] = rng.normal(0, 0.1, (sizes[i + 1],)).astype(np.float32)
+    src = tmp / "mlp.safetensors"
+    save_file(tensors, str(src))
+    return src
+
+
+def _in_place(tmp: Path, sources: dict[str, Path]) -> dict[str, tuple[Path, str]]:
+    done = {}
+    for name, src in sources.items():
+        pkg = compile_project(src, tmp / name, name)
+        build_forward_only(tmp / name)
+        done[name] = (tmp / name, pkg.name)
+    return done
+
+
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
+    tmp = tmp_path_factory.mktemp("compile")
+    mlp = _mlp_source(tmp)
+    sources = {
+        "gpt2-tiny": ensure_gpt2_random(),
+        "tiny-qwen2": ensure_family("qwen2")[1],
+        "tiny-qwen3": ensure_family("qwen3")[1],
+        "minilm": minilm_dir(),
+        "mlp": mlp,
+    }
+    for p in sources.values():
+        assert p.exists(), f"{p} is missing: run python -m tests.assets"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the C compiles on both cores
+        wheel = pool.submit(_wheel, tmp)
+        in_place = pool.submit(_in_place, tmp, sources)
+        smol, projects = wheel.result(), in_place.result()
+    for out, pkg in projects.values():
+        use_kernels(out / pkg, smol.kernels_so)
+    return Builds(smol, projects, mlp)
 
 
 def _env() -> dict[str, str]:
@@ -81,8 +125,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def test_wheel_serves_without_modelc(smol: Built, tmp_path: Path) -> None:
+def test_wheel_serves_without_modelc(builds: Builds, tmp_path: Path) -> None:
     """The installed program imports no modelc module, and its constants are the model's."""
+    smol = builds.smol
     code = f"""
 import importlib.util, json, sys
 assert importlib.util.find_spec("modelc") is None
@@ -140,15 +185,15 @@ def _chat(url: str, prompt: str) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def programs(
-    smol: Built, tmp_path_factory: pytest.TempPathFactory
+    builds: Builds, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Server, Program]]:
     from modelc.resolve import resolve_model
 
-    artifact = resolve_model(str(smollm2_gguf()))
-    ref = start(str(artifact), "--max-concurrent", "4")
+    ref = start(str(resolve_model(str(smollm2_gguf()))), "--max-concurrent", "4")
     try:
         cwd = tmp_path_factory.mktemp("prog")
-        prog = start_program([str(smol.script), "--max-concurrent", "4"], free_port(), cwd, _env())
+        cmd = [str(builds.smol.script), "--max-concurrent", "4"]
+        prog = start_program(cmd, free_port(), cwd, _env())
     except BaseException:
         ref.stop()
         raise
@@ -182,25 +227,26 @@ def test_program_health_and_metrics(programs: tuple[Server, Program]) -> None:
     assert ids == {"smol"}
 
 
-def _in_place(smol: Built, tmp: Path, src: Path, name: str) -> tuple[Path, str]:
-    pkg = compile_project(src, tmp / name, name)
-    build_forward_only(tmp / name, pkg, smol.kernels_so)
-    return tmp / name, pkg.name
+@pytest.fixture(scope="module")
+def compared(builds: Builds) -> dict[str, dict[str, object]]:
+    """Every in-place project's forward against modelc's runtime, in one process."""
+    path = os.pathsep.join(str(out) for out, _ in builds.projects.values())
+    env = {**os.environ, "PYTHONPATH": path, "MODELC_THREADS": "1"}
+    pkgs = [pkg for _, pkg in builds.projects.values()]
+    got = json.loads(run([sys.executable, "-m", "tests.compile_support", *pkgs], ROOT, env))
+    return {name: got[pkg] for name, (_, pkg) in builds.projects.items()}
 
 
-def _compare(out: Path, package: str) -> dict[str, object]:
-    env = {**os.environ, "PYTHONPATH": str(out), "MODELC_THREADS": "1"}
-    return dict(
-        json.loads(run([sys.executable, "-m", "tests.compile_support", package], ROOT, env))
-    )
-
-
-def test_gpt2_forward_bit_identical(smol: Built, tmp_path: Path) -> None:
-    out, package = _in_place(smol, tmp_path, ensure_gpt2_random(), "gpt2-tiny")
-    got = _compare(out, package)
-    assert got == {
-        "architecture": "gpt2",
-        "class": f"{package}._forward",
+@pytest.mark.parametrize("name", ["gpt2-tiny", "tiny-qwen2", "tiny-qwen3"])
+def test_language_model_forward_bit_identical(
+    builds: Builds, compared: dict[str, dict[str, object]], name: str
+) -> None:
+    """Prefill and 8 greedy steps of 3 sequences in one batch: logits equal bit for bit
+    with f32 and f16 caches (the compiled loop) and int8 (the runtime's loop)."""
+    pkg = builds.projects[name][1]
+    assert compared[name] | {"architecture": None} == {
+        "architecture": None,
+        "class": f"{pkg}._forward",
         "f32": True,
         "f16": True,
         "int8": True,
@@ -208,12 +254,12 @@ def test_gpt2_forward_bit_identical(smol: Built, tmp_path: Path) -> None:
 
 
 def test_bert_embeddings_equal_modelc_run(
-    smol: Built, tmp_path: Path, minilm_server: Server
+    builds: Builds, compared: dict[str, dict[str, object]], minilm_server: Server, tmp_path: Path
 ) -> None:
-    out, package = _in_place(smol, tmp_path, minilm_dir(), "minilm")
-    assert _compare(out, package)["embed"] is True
+    assert compared["minilm"]["embed"] is True
+    out, package = builds.projects["minilm"]
     env = {**_env(), "PYTHONPATH": str(out)}
-    prog = start_program([str(smol.python), "-m", package], free_port(), tmp_path, env)
+    prog = start_program([str(builds.smol.python), "-m", package], free_port(), tmp_path, env)
     try:
         body = {"input": ["a compiled encoder", "embeddings, exactly", "x"]}
         got = httpx.post(f"{prog.url}/v1/embeddings", json=body, timeout=60).json()
@@ -224,29 +270,35 @@ def test_bert_embeddings_equal_modelc_run(
     assert got["usage"] == want["usage"]
 
 
-def test_mlp_infer_equals_runtime(smol: Built, tmp_path: Path) -> None:
-    from safetensors.numpy import save_file
-
+def test_mlp_infer_equals_runtime(
+    builds: Builds, compared: dict[str, dict[str, object]], tmp_path: Path
+) -> None:
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from modelc.runtime.backends.cpu import CpuBackend
 
-    rng = np.random.default_rng(7)
-    sizes = [8, 16, 12, 4]
-    tensors = {}
-    for i, j in enumerate((0, 2, 4)):  # nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)
-        tensors[f"{j}.weight"] = rng.normal(0, 0.5, (sizes[i + 1], sizes[i])).astype(np.float32)
-        tensors[f"{j}.bias"] = rng.normal(0, 0.1, (sizes[i + 1],)).astype(np.float32)
-    src = tmp_path / "mlp.safetensors"
-    save_file(tensors, str(src))
-    out, package = _in_place(smol, tmp_path, src, "mlp")
-    assert _compare(out, package)["run"] is True
-    x = rng.normal(0, 1, (6, 8)).astype(np.float32)
-    want = build(load_model(src), CpuBackend(threads=1)).run({"x": x})["output"]
+    assert compared["mlp"]["run"] is True
+    x = np.random.default_rng(8).normal(0, 1, (6, 8)).astype(np.float32)
+    want = build(load_model(builds.mlp_source), CpuBackend(threads=1)).run({"x": x})["output"]
+    out, package = builds.projects["mlp"]
     env = {**_env(), "PYTHONPATH": str(out)}
-    prog = start_program([str(smol.python), "-m", package], free_port(), tmp_path, env)
+    prog = start_program([str(builds.smol.python), "-m", package], free_port(), tmp_path, env)
     try:
         r = httpx.post(f"{prog.url}/infer", json={"inputs": x.tolist()}, timeout=60)
     finally:
         assert prog.stop() == 0
     assert np.array_equal(np.asarray(r.json()["outputs"], np.float32), want)
+
+
+def test_compile_refuses_what_it_cannot_specialise(tmp_path: Path) -> None:
+    """A feature without a compiled forward (Mistral's sliding window) is one line naming
+    what to do instead, exit 2, and no project is written."""
+    gguf = ensure_family("mistral")[1]
+    p = subprocess.run(
+        [sys.executable, "-m", "modelc.cli", "compile", str(gguf), "-o", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "sliding-window" in p.stderr and "modelc run" in p.stderr
+    assert not (tmp_path / "x").exists()
