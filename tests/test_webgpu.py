@@ -295,3 +295,17 @@ def test_generate_device_webgpu_matches_cpu(gpu: WebGPUBackend) -> None:
         on_gpu.stdout,
         on_cpu.stdout,
     )
+
+
+def test_weights_over_the_memory_budget_refused_at_load(gpu: WebGPUBackend) -> None:
+    """A budget (MODELC_WEBGPU_MEMORY; on macOS Metal's recommended working set) smaller
+    than the model: refused in one line while the engine loads (its first step places the
+    weights), naming the budget and the sizes; SmolLM2's embedding alone is 29 MiB."""
+    from tests.assets import smollm2_gguf
+
+    args = ["generate", str(smollm2_gguf()), "Hi", "--max-tokens", "1", "--device", "webgpu"]
+    r = _modelc(*args, env={"MODELC_WEBGPU_MEMORY": "16"})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "16 MiB budget (MODELC_WEBGPU_MEMORY): 0 MiB placed, the next needs 28 MiB" in lines[0]

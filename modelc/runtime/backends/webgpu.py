@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import DType, row_bytes
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
@@ -107,8 +108,6 @@ class WebGPUBackend(ActivationOps):
         limit = min(self.gpu.max_binding, self.gpu.max_buffer) - 4
         per = max(1, limit // rb)
         if rb > limit:
-            from modelc.errors import UnsupportedError
-
             raise UnsupportedError(
                 f"a {w.dtype.name} weight row of {rb} bytes is over {self.device_name}'s "
                 f"{limit} byte storage-binding limit; use --device cpu"
@@ -128,19 +127,27 @@ class WebGPUBackend(ActivationOps):
         return chunks
 
     def _check_memory(self, nbytes: int) -> None:
-        """On unified memory (Apple, integrated, software adapters) a weight's copy comes out
-        of host RAM: refuse, naming the sizes, before it would leave less than 512 MiB."""
+        """Refuse a weight, naming the sizes, past the device's budget (``memory_budget``) or,
+        on unified memory (Apple, integrated, software adapters: the copy comes out of host
+        RAM), where it would leave under 512 MiB free.  Weights are placed on first use, which
+        the engine makes at load (one token through every layer), not mid-request."""
+        placed = self.gpu.uploaded >> 20
+        budget = self.gpu.budget
+        if budget is not None and self.gpu.uploaded + nbytes > budget:
+            raise UsageError(
+                f"WebGPU: the weights do not fit the {budget >> 20} MiB budget "
+                f"({self.gpu.budget_source}): {placed} MiB placed, the next needs "
+                f"{max(1, nbytes >> 20)} MiB; use --device cpu or a smaller model"
+            )
         if not self.gpu.unified_memory:
             return
         import psutil
 
         free = int(psutil.virtual_memory().available)
         if nbytes + (512 << 20) > free:
-            from modelc.errors import UsageError
-
             raise UsageError(
                 f"WebGPU: {nbytes >> 20} MiB more of weights would leave under 512 MiB of the "
-                f"{free >> 20} MiB free ({self.gpu.uploaded >> 20} MiB placed so far); "
+                f"{free >> 20} MiB free ({placed} MiB placed so far); "
                 "use --device cpu or a smaller model"
             )
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from modelc.errors import UsageError
+from modelc.errors import ConfigError, UsageError
 
 COMPUTE_BACKENDS = ("Metal", "Vulkan", "D3D12")
 _ORDER = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
@@ -69,6 +71,54 @@ def find_adapter(require: str | None = None) -> Any:
             "use --device cpu"
         )
     return min(usable, key=lambda a: _ORDER.get(str(a.info["adapter_type"]), 9))
+
+
+@functools.cache
+def metal_working_set() -> int | None:
+    """Apple's ``recommendedMaxWorkingSetSize`` of the default Metal device (bytes the GPU
+    should hold at once on unified memory), read through the Objective-C runtime; None off
+    macOS or where it cannot be read.  (wgpu does not expose it.)"""
+    if sys.platform != "darwin":
+        return None
+    try:
+        import ctypes
+        import ctypes.util
+
+        metal = ctypes.CDLL("/System/Library/Frameworks/Metal.framework/Metal")
+        objc = ctypes.CDLL(ctypes.util.find_library("objc"))
+        metal.MTLCreateSystemDefaultDevice.restype = ctypes.c_void_p
+        device = metal.MTLCreateSystemDefaultDevice()
+        objc.sel_registerName.restype = ctypes.c_void_p
+        objc.sel_registerName.argtypes = [ctypes.c_char_p]
+        sel = objc.sel_registerName(b"recommendedMaxWorkingSetSize")
+        send = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p)(
+            ("objc_msgSend", objc)
+        )
+        return int(send(device, sel)) if device else None
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def memory_budget(backend_type: str) -> tuple[int | None, str]:
+    """Bytes of weights the device may hold, and where that figure comes from:
+    ``MODELC_WEBGPU_MEMORY`` (MiB) if set, else Metal's recommended working set, else none
+    (WebGPU has no free-memory query; an allocation that fails is then the refusal)."""
+    env = os.environ.get("MODELC_WEBGPU_MEMORY", "").strip()
+    if env:
+        try:
+            mib = int(env)
+        except ValueError as e:
+            raise ConfigError(
+                f"MODELC_WEBGPU_MEMORY={env!r} is not a whole number of MiB; unset it or give e.g. 4096"
+            ) from e
+        if mib < 1:
+            raise ConfigError(f"MODELC_WEBGPU_MEMORY={mib} must be at least 1 (MiB)")
+        return mib << 20, "MODELC_WEBGPU_MEMORY"
+    if backend_type == "Metal":
+        ws = metal_working_set()
+        if ws:
+            return ws, "Metal's recommended working set"
+    return None, ""
 
 
 @functools.cache
@@ -133,6 +183,7 @@ class Gpu:
         self._staging: dict[int, Any] = {}
         self._ring: Any = None
         self.uploaded = 0  # bytes of weights placed on the device
+        self.budget, self.budget_source = memory_budget(str(self.adapter.info["backend_type"]))
 
     def describe(self) -> str:
         return _describe(self.adapter)
