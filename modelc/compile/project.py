@@ -73,6 +73,21 @@ def _env() -> jinja2.Environment:
     return env
 
 
+def _modules() -> dict[str, str]:
+    """Where the runtime names the templates import live, relative to the package (read
+    from the objects, so the templates follow modelc's own layout)."""
+    from modelc.runtime.arch.bert import Bert, gelu_erf
+    from modelc.runtime.arch.gpt2 import GPT2
+    from modelc.runtime.arch.llama import Llama
+    from modelc.runtime.arch.mlp import MLP
+    from modelc.runtime.backends.cpu import CpuBackend
+    from modelc.runtime.model import begin_step, end_step
+
+    objs = {"Llama": Llama, "GPT2": GPT2, "Bert": Bert, "MLP": MLP, "gelu_erf": gelu_erf}
+    objs |= {"begin_step": begin_step, "end_step": end_step, "TYPE_CODES": CpuBackend}
+    return {k: v.__module__.removeprefix("modelc.") for k, v in objs.items()}
+
+
 def _dependencies() -> list[str]:
     """modelc's run-time requirements (not its extras): what the copied server imports."""
     reqs = metadata.requires("modelc") or []
@@ -134,6 +149,7 @@ def compile_model(
         "version": modelc.__version__,
         "artifact_name": ARTIFACT_NAME,
         "dependencies": _dependencies(),
+        "mods": _modules(),
     }
     (pkg_dir / "_forward.pyx").write_text(
         env.get_template(f"{spec['template']}.pyx.j2").render(ctx)

@@ -13,11 +13,11 @@ from typing import Any
 
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import DType, ModelIR
+from modelc.runtime.arch import FAMILIES
 from modelc.runtime.arch.bert import Bert
 from modelc.runtime.arch.gpt2 import GPT2
 from modelc.runtime.arch.llama import Llama
 from modelc.runtime.arch.mlp import MLP
-from modelc.runtime.arch.registry import FAMILIES
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends.cpu import TYPE_CODES, CpuBackend
 
