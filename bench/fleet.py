@@ -10,8 +10,11 @@ For each replica count N it starts N replicas of SmolLM2-135M-Instruct Q4_1 (``-
 package) in front, twice: with ``hash $http_x_conversation_id consistent;`` in the
 upstream (what ingress-nginx's ``upstream-hash-by`` annotation generates) and without
 it (nginx's round robin, what a Service or an ingress without affinity does).  The load
-is multi-turn chat: ``--concurrency`` conversations at a time, each ``--turns`` requests
-resending its history, each request carrying its conversation's ``X-Conversation-Id``.
+is multi-turn: ``--concurrency`` conversations at a time, each ``--turns`` requests
+resending its history (``/v1/completions``: the prompt grows by each reply and a new
+message; the chat route's first SSE chunk carries only the role, so its client-side
+TTFT would not time the prefill), each request carrying its conversation's
+``X-Conversation-Id``.
 Reported per run: aggregate output tokens/s and requests/s, p50/p99 TTFT (from the
 client, through nginx), and per replica, from its own ``/metrics``: requests, prompt
 tokens, prompt tokens served from the prefix cache (the hit rate), and from nginx's
@@ -93,7 +96,7 @@ def start_nginx(ports: list[int], hashing: bool, tmp: Path) -> tuple[subprocess.
             return proc, port
         except httpx.HTTPError:
             time.sleep(0.05)
-    proc.kill()
+    proc.terminate()
     raise SystemExit(f"nginx did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
 
 
@@ -102,7 +105,7 @@ def replica_stats(srv: Server) -> dict[str, float]:
     reqs = sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith('modelc_requests_total{endpoint="/v1/chat/completions"')
+        if line.startswith('modelc_requests_total{endpoint="/v1/completions"')
     )
     prompt = metric(text, "modelc_prompt_tokens_total")
     cached = metric(text, "modelc_prompt_tokens_cached_total")
@@ -139,7 +142,7 @@ def run(n: int, hashing: bool, a: argparse.Namespace) -> dict[str, Any]:
         nginx, port = start_nginx([s.port for s in servers], hashing, tmp)
         load0 = os.getloadavg()[0]
         cmd = [sys.executable, "-m", "modelc.cli", "bench", "--json", "--url"]
-        cmd += [f"http://127.0.0.1:{port}/v1/chat/completions"]
+        cmd += [f"http://127.0.0.1:{port}/v1/completions"]  # TTFT = the first text chunk
         cmd += ["--concurrency", str(a.concurrency), "--requests", str(a.requests)]
         cmd += ["--turns", str(a.turns), "--conversation-header", HEADER]
         cmd += ["--prompt-len", str(a.prompt_len), "--max-tokens", str(a.max_tokens)]
@@ -171,8 +174,8 @@ def run(n: int, hashing: bool, a: argparse.Namespace) -> dict[str, Any]:
         }
     finally:
         if nginx is not None and nginx.poll() is None:
-            nginx.kill()
-            nginx.wait()
+            nginx.terminate()  # the master stops its workers
+            nginx.wait(10)
         for s in servers:
             s.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -64,7 +64,7 @@ def cmd_deploy_k8s(args: argparse.Namespace) -> int:
         grace=args.grace,
         min_replicas=args.min_replicas,
         max_replicas=args.max_replicas,
-        queue_target=args.queue_target or max(1, args.max_concurrent // 2),
+        queue_target=args.queue_target or args.max_concurrent,
         prometheus=args.prometheus,
         ingress_host=args.host,
         header=args.header,
@@ -159,7 +159,7 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="queued requests per replica before scaling out (max-concurrent / 2)",
+        help="requests per replica, running + waiting, before scaling out (--max-concurrent)",
     )
     k.add_argument(
         "--prometheus",

@@ -137,17 +137,17 @@ def test_memory_is_weights_plus_kv_budget_plus_prefix_cache(
     assert floor < int(m.group(1)) << 20 < 1.1 * floor + (1 << 30)
 
 
-def test_autoscaling_query_names_a_metric_the_server_exports(
+def test_autoscaling_query_names_metrics_the_server_exports(
     fleet: dict[str, dict[str, Any]], smol_server: Server
 ) -> None:
     (trig,) = fleet["scaledobject.yaml"]["spec"]["triggers"]
     assert trig["type"] == "prometheus" and trig["metricType"] == "AverageValue"
-    assert trig["metadata"]["threshold"] == "4"  # max-concurrent 8 / 2
-    m = re.search(r"(\w+)\{([^}]*)\}", trig["metadata"]["query"])
-    assert m is not None
-    metrics = smol_server.metric  # a real `modelc run`'s /metrics
-    assert metrics(m.group(1)) == 0.0  # exported, and idle
-    assert 'model="smol"' in m.group(2)
+    assert trig["metadata"]["threshold"] == "8"  # --max-concurrent: slots full, none waiting
+    terms = re.findall(r"sum\((\w+)\{([^}]*)\}\)", trig["metadata"]["query"])
+    assert [t[0] for t in terms] == ["modelc_engine_running", "modelc_engine_queued"]
+    for name, labels in terms:
+        assert smol_server.metric(name) == 0.0  # a real `modelc run` exports it (idle)
+        assert 'model="smol"' in labels and 'namespace="llm"' in labels
 
 
 def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:

@@ -13,9 +13,14 @@ Objects (one YAML file each, and a ``kustomization.yaml`` listing them):
   streams ``--grace`` seconds, and ``terminationGracePeriodSeconds`` = preStop +
   grace + ``EXIT_MARGIN`` covers both.
 * **Service** (ClusterIP) and a **PodDisruptionBudget** (``maxUnavailable: 1``).
-* **KEDA ScaledObject** on a Prometheus query of ``modelc_engine_queued`` (requests
-  waiting for a slot), ``metricType: AverageValue``: desired replicas =
-  ceil(sum of queued / target).  KEDA rather than an HPA through prometheus-adapter:
+* **KEDA ScaledObject** on the fleet's queue depth from Prometheus: requests in the
+  engines (``modelc_engine_running``, in a slot) plus those waiting for a slot
+  (``modelc_engine_queued``), ``metricType: AverageValue``: desired replicas =
+  ceil(depth / target).  The target defaults to ``--max-concurrent`` (every slot busy,
+  nobody waiting); a target of slots + q trades about q x E2E / slots seconds of extra
+  TTFT for fewer replicas (Little's law; bench/RESULTS.md).  Waiting requests alone
+  would not do: at zero queue the HPA would scale a busy fleet down to its minimum.
+  KEDA rather than an HPA through prometheus-adapter:
   the query lives in the object it scales (prometheus-adapter needs a cluster-wide
   rules ConfigMap shared by every team's metrics), and KEDA reads Prometheus itself.
 * **Ingress** (ingress-nginx) with ``upstream-hash-by: $http_x_conversation_id``:
@@ -57,7 +62,7 @@ class FleetSpec:
     grace: int = 60  # seconds running streams get after SIGTERM (the longest drain)
     min_replicas: int = 1
     max_replicas: int = 8
-    queue_target: int = 4  # average queued requests per replica before scaling out
+    queue_target: int = 8  # requests per replica (running + waiting) before scaling out
     prometheus: str = "http://prometheus-server.monitoring.svc:80"
     ingress_host: str | None = None
     header: str = CONVERSATION_HEADER
@@ -220,7 +225,8 @@ def pod_disruption_budget(spec: FleetSpec) -> Manifest:
 
 
 def queue_query(spec: FleetSpec) -> str:
-    return f'sum(modelc_engine_queued{{namespace="{spec.namespace}",model="{spec.name}"}})'
+    sel = f'{{namespace="{spec.namespace}",model="{spec.name}"}}'
+    return f"sum(modelc_engine_running{sel}) + sum(modelc_engine_queued{sel})"
 
 
 def scaled_object(spec: FleetSpec) -> Manifest:
