@@ -131,7 +131,7 @@ def apply_dockerfile(context: Path, root: Path) -> Image:
     img = Image()
     for ins in DockerfileParser(path=str(context / "Dockerfile")).structure:
         op, val = ins["instruction"], ins["value"]
-        if op == "COMMENT":
+        if op in ("COMMENT", "LABEL"):
             continue
         say(f"{op} {val[:110]}")
         if op == "FROM":

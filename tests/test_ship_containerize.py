@@ -114,6 +114,7 @@ def test_dockerfile_names_only_what_the_context_holds(ctx: Path) -> None:
         assert (ctx / src).exists(), src
         assert src.split("/")[0] in allowed, (src, allowed)  # not left out by .dockerignore
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", df.baseimage)  # exact tag
+    assert df.labels["io.modelc.model.sha256"] == file_sha256(ctx / "model" / "smol.modelc")
     user = dict(ins)["USER"]
     assert re.fullmatch(r"(\d+):(\d+)", user) and not user.startswith("0:")
     assert dict(ins)["EXPOSE"] == "8123"

@@ -84,6 +84,24 @@ def source_root() -> Path:
     return root
 
 
+def source_revision(root: Path) -> str:
+    """``git rev-parse HEAD`` of the checkout, ``-dirty`` if it has uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
 def build_wheel(root: Path, dest: Path) -> Path:
     """``pip wheel --no-deps`` of the checkout at ``root`` into ``dest``; the wheel's path."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -221,6 +239,8 @@ def write_context(
             "wheel": whl.name,
             "artifact": model.file_name,
             "name": model.name,
+            "sha256": model.sha256,
+            "revision": source_revision(root) if root is not None else "unknown",
         }
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
         files = {

@@ -20,6 +20,11 @@ DOCKERFILE = """\
 # Stop:   docker stop -t {{ stop_timeout }} CONTAINER  (SIGTERM; running streams get {{ grace }} s)
 FROM {{ base }}
 
+LABEL org.opencontainers.image.title="{{ name }}" \\
+      org.opencontainers.image.version="{{ modelc_version }}" \\
+      org.opencontainers.image.revision="{{ revision }}" \\
+      io.modelc.model.sha256="{{ sha256 }}"
+
 ENV PYTHONDONTWRITEBYTECODE=1 \\
     PYTHONUNBUFFERED=1 \\
     PIP_DISABLE_PIP_VERSION_CHECK=1 \\
