@@ -324,6 +324,26 @@ def test_every_family_keeps_the_contract() -> None:
     assert {"qwen2", "qwen3"} <= set(TEXT_ARCHS)
 
 
+def test_the_readers_do_not_import_the_runtime(tmp_path: Path) -> None:
+    """Reading a model of every family (GGUF and HF directory) imports no module of
+    ``modelc.runtime``: the families' metadata lives in ``modelc.families``."""
+    import subprocess
+    import sys
+
+    paths = [str(p) for fam in FAMILIES for p in ensure_family(fam)]
+    code = (
+        "import sys\n"
+        "from modelc.formats import load_model\n"
+        "for p in sys.argv[1:]:\n"
+        "    load_model(p)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('modelc.runtime')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *paths], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 @pytest.mark.parametrize(
     ("family", "kind"), [("qwen2", "gguf"), ("qwen3", "hf"), ("mistral", "gguf")]
 )

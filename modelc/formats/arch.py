@@ -2,7 +2,7 @@
 
 Every non-GGUF reader produces a flat ``{source_name: Tensor}`` dict and hands it to
 :func:`build_model_ir`, which, asking the family registry
-(:mod:`modelc.runtime.arch.registry`; each family's file says the specifics),
+(:mod:`modelc.families.registry`; each family's module says the specifics),
 
 1. infers the architecture from ``config.json`` when there is one, else from the
    tensor names and shapes (:func:`infer_architecture`);
@@ -30,9 +30,9 @@ from typing import Any
 import gguf
 
 from modelc.errors import ArchitectureError
+from modelc.families.contract import llama_permute, renamed
+from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR, SourceInfo, Tensor
-from modelc.runtime.arch.family import llama_permute, renamed
-from modelc.runtime.arch.registry import FAMILIES
 
 __all__ = [
     "SUPPORTED",

@@ -24,6 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf.gguf_reader import ReaderField
 
 from modelc.errors import ArchitectureError, FormatError, UnsupportedError
+from modelc.families.registry import FAMILIES, by_gguf_name
 from modelc.formats.ir import (
     DType,
     HParams,
@@ -33,7 +34,6 @@ from modelc.formats.ir import (
     TokenizerSpec,
     row_bytes,
 )
-from modelc.runtime.arch.registry import FAMILIES, by_gguf_name
 
 __all__ = ["load_gguf"]
 

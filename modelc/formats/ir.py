@@ -222,7 +222,7 @@ class SourceInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ModelIR:
     """A model read from any format: architecture, hyper-parameters, lazy tensors, tokenizer."""
 
-    architecture: str  # a family of modelc.runtime.arch.registry, or "tokenizer"
+    architecture: str  # a family of modelc.families.registry, or "tokenizer"
     hparams: HParams
     tensors: dict[str, Tensor]
     source: SourceInfo

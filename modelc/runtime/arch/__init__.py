@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from modelc.errors import ArchitectureError
+from modelc.families.registry import FAMILIES
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch.bert import Bert
 from modelc.runtime.arch.gpt2 import GPT2
 from modelc.runtime.arch.llama import Llama
 from modelc.runtime.arch.mlp import MLP
-from modelc.runtime.arch.registry import FAMILIES
 from modelc.runtime.backend import Backend, get_backend
 
 ARCHITECTURES: dict[str, Any] = {name: f.model for name, f in FAMILIES.items()}

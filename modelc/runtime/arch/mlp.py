@@ -16,7 +16,6 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR, Tensor
-from modelc.runtime.arch.family import Family
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import TensorSource
 
@@ -105,7 +104,3 @@ _ACTIVATIONS: dict[str, Callable[[F32Array], None]] = {
     "sigmoid": _sigmoid,
     "tanh": _tanh,
 }
-
-
-# a chain of linear layers: recognised by modelc.formats.arch from its names and shapes
-FAMILY = Family(name="mlp", kind="tensor", model=MLP)

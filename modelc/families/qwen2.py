@@ -14,19 +14,16 @@ from typing import Any
 
 import gguf
 
-from modelc.formats.ir import HParams, Tensor
-from modelc.runtime.arch.family import Family, GGUFMeta
-from modelc.runtime.arch.llama import (
-    FAMILY as LLAMA,
-)
-from modelc.runtime.arch.llama import (
+from modelc.families.contract import Family, GGUFMeta
+from modelc.families.llama import FAMILY as LLAMA
+from modelc.families.llama import (
     HF_LLAMA_MODULES,
     LLAMA_LORA_SLOTS,
     LLAMA_REQUIRED,
-    Llama,
     gguf_hparams,
     llama_shapes,
 )
+from modelc.formats.ir import HParams, Tensor
 
 
 def neox_config(cfg: Mapping[str, Any]) -> HParams:
@@ -47,7 +44,7 @@ def neox_gguf(
 FAMILY = Family(
     name="qwen2",
     kind="text",
-    model=Llama,
+    runtime="modelc.runtime.arch.llama:Llama",
     gguf_arch=gguf.MODEL_ARCH.QWEN2,
     gguf_names=("qwen2",),
     hf_classes=("Qwen2ForCausalLM", "Qwen2Model"),

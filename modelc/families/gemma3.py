@@ -1,4 +1,4 @@
-"""Gemma 3 (text, dense): the Gemma forward of :mod:`.gemma2` with per-head Q/K RMSNorms
+"""Gemma 3 (text, dense): the Gemma forward (:mod:`modelc.runtime.arch.gemma2`) with per-head Q/K RMSNorms
 (``blk.{i}.attn_q_norm`` / ``attn_k_norm``, stored ``w + 1`` like every Gemma norm), no
 attention soft-capping, and five windowed layers to one global (layer 5, 11, ...).
 
@@ -20,17 +20,16 @@ from typing import Any
 
 import gguf
 
-from modelc.formats.ir import HParams, Tensor
-from modelc.runtime.arch.family import Family, GGUFMeta, gguf_rope, hf_rope
-from modelc.runtime.arch.gemma2 import (
+from modelc.families.contract import Family, GGUFMeta, gguf_rope, hf_rope
+from modelc.families.gemma2 import (
     GEMMA_REQUIRED,
-    Gemma,
     add_one_to_norms,
     gemma_config,
     gemma_gguf,
     gemma_shapes,
 )
-from modelc.runtime.arch.llama import HF_LLAMA_MODULES, LLAMA_LORA_SLOTS
+from modelc.families.llama import HF_LLAMA_MODULES, LLAMA_LORA_SLOTS
+from modelc.formats.ir import HParams, Tensor
 
 LOCAL_THETA = 10000.0
 
@@ -71,7 +70,7 @@ def _rename(name: str) -> str:
 FAMILY = Family(
     name="gemma3",
     kind="text",
-    model=Gemma,
+    runtime="modelc.runtime.arch.gemma2:Gemma",
     gguf_arch=gguf.MODEL_ARCH.GEMMA3,
     gguf_names=("gemma3",),
     hf_classes=("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),

@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import gguf
 
-from modelc.runtime.arch.family import Family
-from modelc.runtime.arch.llama import (
-    FAMILY as LLAMA,
-)
-from modelc.runtime.arch.llama import (
+from modelc.families.contract import Family
+from modelc.families.llama import FAMILY as LLAMA
+from modelc.families.llama import (
     HF_LLAMA_MODULES,
     LLAMA_LORA_SLOTS,
     LLAMA_REQUIRED,
-    Llama,
     llama_shapes,
 )
-from modelc.runtime.arch.qwen2 import neox_config, neox_gguf
+from modelc.families.qwen2 import neox_config, neox_gguf
 
 FAMILY = Family(
     name="qwen3",
     kind="text",
-    model=Llama,
+    runtime="modelc.runtime.arch.llama:Llama",
     gguf_arch=gguf.MODEL_ARCH.QWEN3,
     gguf_names=("qwen3",),
     hf_classes=("Qwen3ForCausalLM", "Qwen3Model"),

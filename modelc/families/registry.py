@@ -1,0 +1,49 @@
+"""The one list of model families: adding a family adds its module here and nothing else.
+
+Every reader (:mod:`modelc.formats.arch`, :mod:`modelc.formats.gguf`), the runtime
+(:func:`modelc.runtime.arch.build`), LoRA and the server ask this registry; see
+:class:`~modelc.families.contract.Family` for what a family provides.  It imports no
+runtime: each family names its forward class, imported when a model is built.
+"""
+
+from __future__ import annotations
+
+from modelc.errors import ArchitectureError
+from modelc.families import bert, gemma2, gemma3, gpt2, llama, mlp, phi3, qwen2, qwen3
+from modelc.families.contract import Family
+
+# the first match wins where families share HF names (a LoRA adapter's modules)
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        llama.FAMILY,
+        gpt2.FAMILY,
+        bert.FAMILY,
+        mlp.FAMILY,
+        qwen2.FAMILY,
+        qwen3.FAMILY,
+        gemma2.FAMILY,
+        gemma3.FAMILY,
+        phi3.FAMILY,
+    )
+}
+
+
+def family(name: str) -> Family:
+    """The family called ``name`` (ArchitectureError if modelc has none)."""
+    f = FAMILIES.get(name)
+    if f is None:
+        raise ArchitectureError(
+            f"architecture {name!r} is not supported; supported: {', '.join(FAMILIES)}"
+        )
+    return f
+
+
+def by_gguf_name(name: str) -> Family | None:
+    """The family a GGUF ``general.architecture`` value names, if any."""
+    return next((f for f in FAMILIES.values() if name in f.gguf_names), None)
+
+
+def names(kind: str | None = None) -> tuple[str, ...]:
+    """Family names, optionally only those of one kind (``text``, ``embed``, ``tensor``)."""
+    return tuple(n for n, f in FAMILIES.items() if kind is None or f.kind == kind)
