@@ -20,6 +20,10 @@ if ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then
   export MODELC_REQUIRE_WEBGPU=1
   export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"  # Mesa warns without one
 fi
+# nginx for the loopback fleet test (tests/test_ship_fleet.py; Debian's nginx-light, small)
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
