@@ -11,15 +11,17 @@ LongRoPE (``rope_scaling.type`` ``longrope`` or the older ``su``): the frequenci
 divided by ``short_factor`` while a sequence is within ``original_max_position_embeddings``
 and by ``long_factor`` past it, chosen per step from the sequence's length as
 transformers' RoPE does; cos and sin are multiplied by ``sqrt(1 + ln(factor) /
-ln(original))``.  Where a sequence crosses the original length transformers' ``generate``
-recomputes the whole sequence with the long factors; here the cached keys keep the short
-ones (llama.cpp picks once, from the context size).  The factors come from
+ln(original))``.  Where a sequence crosses the original length it is recomputed from its
+first token with the long factors, as transformers' ``generate`` does (the model keeps
+each cache's token ids for that; a cache filled from elsewhere keeps its short-factor
+keys).  llama.cpp instead picks once, from the context size.  The factors come from
 :mod:`modelc.families.phi3` (``config.json``, or GGUF's ``rope_factors_*`` tensors).
 ``sliding_window`` is honoured as transformers does (llama.cpp turns Phi's window off).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +32,7 @@ from modelc.families.contract import longrope_inv_freq
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch.llama import Block, Llama, _opt
 from modelc.runtime.backend import Backend, F32Array, Weight
+from modelc.runtime.kv_cache import KVCache
 from modelc.runtime.model import SeqChunk, TensorSource
 
 
@@ -49,6 +52,38 @@ class Phi3(Llama):
         if rs.type == "longrope" and rs.long_factor and rs.long_factor != rs.short_factor:
             self.long_after = rs.original_max_position
             self.long_inv_freq = longrope_inv_freq(self.head_dim, ir.hparams.rope_theta, rs)
+        # each cache's token ids, to recompute a sequence with the long factors
+        self.history: weakref.WeakKeyDictionary[KVCache, list[int]] = weakref.WeakKeyDictionary()
+
+    def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
+        """The LLaMA forward; with LongRoPE, a sequence whose step crosses the original
+        context is recomputed from its first token with the long factors, as transformers'
+        ``generate`` does, when its token ids are known (every token went through here)."""
+        if not self.long_after:
+            return super().forward(batch)
+        batch = [self._restart_if_crossing(c) for c in batch]
+        starts = [c.cache.n for c in batch]
+        logits = super().forward(batch)
+        for c, n0 in zip(batch, starts, strict=True):
+            seen = self.history.setdefault(c.cache, [])
+            del seen[n0:]  # a cache rolled back (speculation) keeps its prefix
+            if len(seen) == n0:
+                seen.extend(int(t) for t in c.tokens)
+            else:  # filled from elsewhere (a prefix cache): ids unknown, stop tracking
+                del self.history[c.cache]
+        return logits
+
+    def _restart_if_crossing(self, c: SeqChunk) -> SeqChunk:
+        n0 = c.cache.n
+        if not 0 < n0 <= self.long_after < n0 + len(c.tokens):
+            return c
+        seen = self.history.get(c.cache)
+        if seen is None or len(seen) < n0:
+            return c  # ids unknown: the cached keys keep the short factors
+        prefix = seen[:n0]
+        c.cache.shift(0, n0)  # empty; refilled with the long factors below
+        rows = None if c.logit_rows is None else tuple(r + n0 for r in c.logit_rows)
+        return SeqChunk(c.cache, [*prefix, *(int(t) for t in c.tokens)], rows)
 
     def make_block(self, src: TensorSource, i: int) -> Block:
         qkv = src.weight(f"blk.{i}.attn_qkv.weight")
