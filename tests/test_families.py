@@ -363,19 +363,21 @@ def test_the_readers_do_not_import_the_runtime(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("family", "kind"), [("qwen2", "gguf"), ("qwen3", "hf"), ("mistral", "gguf")]
+    ("family", "kind"),
+    [("qwen2", "gguf"), ("qwen3", "hf"), ("mistral", "gguf"), ("gemma3", "gguf")],
 )
 def test_lora_merges_in_the_family_layout(family: str, kind: str, tmp_path: Path) -> None:
-    """A PEFT adapter (HF module names, shared by llama and qwen) patches Q: as B@A on the
-    NeoX families (their Q rows are HF's), permuted to interleaved pairs on Mistral."""
+    """A PEFT adapter (HF module names, shared by llama, qwen and gemma) patches Q: as B@A
+    on the NeoX families (their Q rows are HF's), permuted to interleaved pairs on Mistral."""
     from safetensors.numpy import save_file
 
     from modelc.formats.arch import llama_permute
     from modelc.runtime.arch import Llama
+    from modelc.runtime.arch.gemma2 import Gemma
     from modelc.runtime.lora import apply_adapter, load_adapter, remove_adapter
 
     model = build(load(family, kind), make_backend("numpy"))
-    assert isinstance(model, Llama)
+    assert isinstance(model, Llama | Gemma)
     rng = np.random.default_rng(1)
     r, rows = 4, model.n_head * model.head_dim
     pre = "base_model.model.model.layers.1.self_attn.q_proj"
