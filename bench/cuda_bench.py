@@ -67,6 +67,30 @@ def decode_rate(model: CudaLlama, n: int, steps: int, reps: int = 3) -> float:
     return statistics.median(times)
 
 
+VARIANTS: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
+    ("first GEMV (a lane a group)", {"gemv_kind": "gemv"}, (1, 8)),
+    ("GEMV without split rows", {"split_k": False}, (1, 8)),
+    ("no CUDA graphs", {"use_graphs": False}, (1, 8)),
+    ("cuBLAS from 1 row", {"gemv_max": 0}, (8, 16)),
+    ("GEMV passes up to 128 rows", {"gemv_max": 128}, (32, 64, 128)),
+]
+
+
+def variant_rate(model: CudaLlama, cfg: dict[str, Any], n: int, steps: int) -> float:
+    dev = model.dev
+    saved = (dev.gemv_kind, dev.gemv_max, model.use_graphs, dev.split_k)
+    dev.gemv_kind = cfg.get("gemv_kind", dev.gemv_kind)
+    dev.split_k = cfg.get("split_k", dev.split_k)
+    dev.gemv_max = cfg.get("gemv_max", dev.gemv_max)
+    model.use_graphs = cfg.get("use_graphs", model.use_graphs)
+    model.reset_graphs()
+    try:
+        return decode_rate(model, n, steps)
+    finally:
+        dev.gemv_kind, dev.gemv_max, model.use_graphs, dev.split_k = saved
+        model.reset_graphs()
+
+
 def hf_rate(ir: ModelIR, n: int) -> float:
     """transformers generate, bf16, batch n: seconds per decode step."""
     import torch
@@ -160,6 +184,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--engine", action="store_true")
+    ap.add_argument("--streams", default=",".join(map(str, STREAMS)))
+    ap.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     models = []
@@ -174,7 +200,7 @@ def main() -> None:
     for name, path in models:
         ir = load_model(path)
         model = CudaLlama(ir, be)
-        for n in STREAMS:
+        for n in [int(v) for v in args.streams.split(",")]:
             steps = args.steps if n <= 16 else max(32, args.steps // 2)
             t = decode_rate(model, n, steps)
             row: dict[str, Any] = {
@@ -192,6 +218,20 @@ def main() -> None:
                 row["ratio_vs_hf"] = th / t
             rows.append(row)
             print(json.dumps(row), flush=True)
+        for label, cfg, ns in VARIANTS if args.variants else []:
+            for n in ns:
+                t = variant_rate(model, cfg, n, args.steps if n <= 16 else max(32, args.steps // 2))
+                row = {
+                    "model": f"{name}, {label}",
+                    "streams": n,
+                    "step_ms": t * 1e3,
+                    "tok_s": n / t,
+                }
+                if n == 1:
+                    row["bw_fraction"] = model.weight_bytes / t / BW
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        print(f"{name}: graphs on the cuBLAS path: {model.graph_error or 'captured'}", flush=True)
         del model
         be.cp.get_default_memory_pool().free_all_blocks()
     if args.engine and args.smollm2:

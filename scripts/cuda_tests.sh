@@ -4,6 +4,7 @@
 # SmolLM2 as two zstd halves in .cuda_a/ and .cuda_b/, which may arrive in two calls).
 #   scripts/cuda_tests.sh sanity   ops + small random models of every block type
 #   scripts/cuda_tests.sh full     every test in tests/test_cuda.py, then bench/cuda_bench.py
+#                                  (CUDA_BENCH_ARGS="--no-hf ..." adds bench flags)
 # Logs go to $OUT (the device tool's folder) or ./cuda-logs.
 set -uo pipefail
 MODE=${1:-full}
@@ -38,7 +39,8 @@ full)
   [ -f /tmp/m1b/llama1b-q8_0.gguf ] || python3 -m tests.gen_cuda_models /tmp/m1b
   python3 -m pytest -v -s -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/tests.log"
   unset MODELC_MATMUL  # the benchmark runs the default (f16 tensor cores for large batches)
+  # shellcheck disable=SC2086  # CUDA_BENCH_ARGS: extra flags, e.g. --no-hf
   python3 bench/cuda_bench.py ${MODELC_CUDA_SMOLLM2:+--smollm2 $SMOL} --dir /tmp/m1b --engine \
-    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+    --json "$OUT/bench.json" ${CUDA_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
   ;;
 esac

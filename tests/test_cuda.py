@@ -82,16 +82,33 @@ def test_matmul_and_rows_match_the_reference(cuda_be: Any, dtype: DType) -> None
     from modelc.runtime.backends.numpy_ref import dequantize_weight
 
     rng = np.random.default_rng(1)
-    rows, cols = 96, 512
-    data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
-    w = Weight(dtype, (rows, cols), data)
-    dense = dequantize_weight(w).astype(np.float64)
-    for n in (1, 3, 16, 40):  # GEMV passes of 1..16 rows; 40 rows: dequantize + cuBLAS
-        x = rng.standard_normal((n, cols)).astype(np.float32)
-        got = cuda_be.matmul(w, x)
-        assert rel(got, x @ dense.T) < 1e-5, (dtype, n)
-    ids = np.array([5, 0, 95, 5])
-    np.testing.assert_allclose(cuda_be.get_rows(w, ids), dense[ids], rtol=1e-6, atol=0)
+    dev = cuda_be.dev
+    blas = dev.blas
+    # both GEMV kernels (1..16 rows a pass; 40 rows as 3 passes with gemv_max 64; gemv4 with
+    # and without warps splitting a row: 2 warps a row at 512 wide, 8 at 2048), and the
+    # dequantize + cuBLAS path (40 rows) through gemmEx and through cupy.matmul
+    configs = [
+        ("gemv", 64, True, blas),
+        ("gemv4", 64, True, blas),
+        ("gemv4", 64, False, blas),
+        ("gemv4", 16, True, blas),
+        ("gemv4", 16, True, None),
+    ]
+    try:
+        for rows, cols in ((96, 512), (40, 2048)):
+            data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
+            w = Weight(dtype, (rows, cols), data)
+            dense = dequantize_weight(w).astype(np.float64)
+            for kind, gmax, split, bl in configs:
+                dev.gemv_kind, dev.gemv_max, dev.split_k, dev.blas = kind, gmax, split, bl
+                for n in (1, 3, 16, 40):
+                    x = rng.standard_normal((n, cols)).astype(np.float32)
+                    got = cuda_be.matmul(w, x)
+                    assert rel(got, x @ dense.T) < 1e-5, (dtype, rows, n, kind, gmax, split, bl)
+            ids = np.array([5, 0, rows - 1, 5])
+            np.testing.assert_allclose(cuda_be.get_rows(w, ids), dense[ids], rtol=1e-6, atol=0)
+    finally:
+        dev.gemv_kind, dev.gemv_max, dev.split_k, dev.blas = "gemv4", 16, True, blas
 
 
 @gpu
@@ -171,6 +188,28 @@ def test_small_random_models_every_type(tmp_path: Path, dtype: DType) -> None:
         a, b = ref.forward(batch_r), dev.forward(batch_d)
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-3 * max(1.0, np.abs(a).max())
     compare(ref, dev, seqs[2], 12)
+
+
+@gpu
+def test_big_decode_batches_replayed_as_graphs(tmp_path: Path) -> None:
+    """24 sequences decoding together (the cuBLAS path): the first step eager, the second
+    captured, the rest replayed; every step's logits equal the CPU backend's."""
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=6))
+    ref, dev = cpu_exact(ir), on_gpu(ir)
+    rng = np.random.default_rng(7)
+    seqs = [rng.integers(0, SMALL.n_vocab, 5).tolist() for _ in range(24)]
+    cr = [ref.new_cache("f16") for _ in seqs]
+    cd = [dev.new_cache("f16") for _ in seqs]
+    a = ref.forward([SeqChunk(c, s) for c, s in zip(cr, seqs, strict=True)])
+    b = dev.forward([SeqChunk(c, s) for c, s in zip(cd, seqs, strict=True)])
+    for step in range(5):
+        assert np.abs(a - b).max() < 1e-3 * np.abs(a).max(), step
+        nxt = [int(t) for t in np.argmax(a, axis=1)]
+        assert nxt == [int(t) for t in np.argmax(b, axis=1)]
+        a = ref.forward([SeqChunk(c, [t]) for c, t in zip(cr, nxt, strict=True)])
+        b = dev.forward([SeqChunk(c, [t]) for c, t in zip(cd, nxt, strict=True)])
+    assert dev.graph_error is None
+    assert len(dev._graphs) == (1 if dev.dev.blas is not None else 0)
 
 
 def smollm2_path() -> Path:

@@ -1,11 +1,13 @@
 """The CUDA backend: kernels compiled at run time by NVRTC through CuPy, weights on the GPU
 in their GGUF blocks.
 
-* :class:`Device` compiles :mod:`.cuda_src` once a process and launches its kernels:
-  GEMV straight from the quantized blocks (one warp a weight row, up to 16 activation
-  rows a pass) for decode and small batches; for more rows, the weight dequantized into
-  a scratch matrix and one cuBLAS product (f16 tensor cores; f32 with
-  ``MODELC_MATMUL=exact``, the CPU backend's switch for parity with a float reference).
+* :class:`Device` compiles :mod:`.cuda_src` (+ :mod:`.cuda_gemv`) once a process and
+  launches its kernels: GEMV straight from the quantized blocks (a weight row split over
+  1..8 warps, lanes reading 4 weights each so activations load coalesced; up to 16
+  activation rows a pass) for decode and small batches (``MODELC_CUDA_GEMV_MAX``, 16);
+  for more rows, the weight dequantized into a scratch matrix and one cuBLAS ``gemmEx``
+  (:mod:`.cuda_blas`; f16 tensor cores, f32 with ``MODELC_MATMUL=exact``, the CPU
+  backend's switch for parity with a float reference).
 * :class:`DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16 and F32
   as stored; BF16 widened to F32 and the other GGUF types dequantized to F16 at upload.
 * :class:`CudaBackend` is the :class:`~modelc.runtime.backend.Backend` (numpy in, numpy
@@ -31,6 +33,7 @@ import numpy as np
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import DType
 from modelc.runtime.backend import F32Array, KVArray, Weight
+from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_src import GEMV_ROWS, HEAD_LANES, kernel_names, source
 from modelc.runtime.backends.numpy_ref import NumpyBackend, dequantize_weight
 
@@ -117,6 +120,13 @@ class Device:
         self.fn = {n: mod.get_function(n) for n in kernel_names()}
         self.exact = exact_mode()
         self._deq_buf: Any = None
+        self._x16: Any = None
+        self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
+        # gemv4 (coalesced; default) or gemv (a lane a group); rows up to gemv_max take GEMV
+        self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", "gemv4")
+        self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_MAX)))
+        self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
+        self.blas: Blas | None = open_blas(self.cp)
 
     # -- weights -----------------------------------------------------------------------
     def upload(self, ws: Sequence[Weight]) -> DevWeight:
@@ -143,6 +153,7 @@ class Device:
     def _deq_scratch(self, n: int, dtype: Any) -> Any:
         size = n * np.dtype(dtype).itemsize
         if self._deq_buf is None or self._deq_buf.nbytes < size:
+            self._retired.append(self._deq_buf)  # captured graphs may still point at it
             self._deq_buf = self.cp.empty(size, np.uint8)
         return self._deq_buf[:size].view(dtype)
 
@@ -153,51 +164,70 @@ class Device:
         self.fn[f"deq_{p.code}_{int(f16)}"](
             ((total + 127) // 128,),
             (128,),
-            (
-                p.data,
-                np.int64(p.row_bytes),
-                np.int32(p.cols),
-                ids_arg,
-                np.int32(n),
-                out,
-                np.int32(ldo),
-            ),
-        )
+            (p.data, np.int64(p.row_bytes), np.int32(p.cols), ids_arg, np.int32(n), out,
+             np.int32(ldo)),
+        )  # fmt: skip
+
+    def _scratch16(self, n: int) -> Any:
+        if self._x16 is None or self._x16.size < n:
+            self._retired.append(self._x16)
+            self._x16 = self.cp.empty(
+                max(n, 2 * (0 if self._x16 is None else self._x16.size)), np.float16
+            )
+        return self._x16[:n]
+
+    def _gemv(self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool) -> None:
+        nr = next(r for r in GEMV_ROWS if r >= n)
+        args = [p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols), x]
+        args += [np.int32(ldx), np.int32(n), y, np.int32(ldy), np.int32(int(acc))]
+        if self.gemv_kind == "gemv":
+            self.fn[f"gemv_{p.code}_{nr}"](((p.rows * 32 + 255) // 256,), (256,), tuple(args))
+            return
+        # warps a row: enough warps in flight (~32k), each with >= 2 passes of 4 groups
+        wpr, want, ng = 1, max(1, 32768 // p.rows), p.cols // 32
+        while self.split_k and wpr * 2 <= min(8, want) and 16 * wpr <= ng:
+            wpr *= 2
+        rpb = 8 // wpr
+        grid = ((p.rows + rpb - 1) // rpb,)
+        self.fn[f"gemv4_{p.code}_{nr}"](grid, (256,), (*args, np.int32(wpr)))
 
     def matmul(self, w: DevWeight, x: Any, n: int, y: Any, acc: bool = False) -> None:
-        """``y[:n] (+)= x[:n] @ dequant(w).T``; x (>=n, cols) and y (>=n, w.rows) f32 on device."""
-        cp, col0 = self.cp, 0
+        """``y[:n] (+)= x[:n] @ dequant(w).T``; x (>=n, cols) and y (>=n, w.rows) f32 on device.
+
+        Up to ``gemv_max`` rows: GEMV passes of at most 16 rows straight from the blocks;
+        more: the weight dequantized into a scratch matrix (f16, f32 when ``exact``) and one
+        cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``)."""
+        col0 = 0
         ldx, ldy = int(x.strides[0]) // 4, int(y.strides[0]) // 4
         for p in w.parts:
-            if n <= GEMV_MAX:
-                nr = next(r for r in GEMV_ROWS if r >= n)
-                self.fn[f"gemv_{p.code}_{nr}"](
-                    ((p.rows * 32 + 255) // 256,),
-                    (256,),
-                    (
-                        p.data,
-                        np.int64(p.row_bytes),
-                        np.int32(p.rows),
-                        np.int32(p.cols),
-                        x,
-                        np.int32(ldx),
-                        np.int32(n),
-                        y[:, col0:] if col0 else y,
-                        np.int32(ldy),
-                        np.int32(int(acc)),
-                    ),
-                )
+            yp = y[:, col0:] if col0 else y
+            if n <= self.gemv_max:
+                for r0 in range(0, n, GEMV_MAX):
+                    m = min(GEMV_MAX, n - r0)
+                    self._gemv(p, x[r0:] if r0 else x, ldx, m, yp[r0:] if r0 else yp, ldy, acc)
             else:
                 dt = np.float32 if self.exact else np.float16
                 wd = self._deq_scratch(p.rows * p.cols, dt).reshape(p.rows, p.cols)
                 self.dequant(p, None, p.rows, wd, p.cols, f16=not self.exact)
-                xs = x[:n] if self.exact else x[:n].astype(np.float16)
-                prod = cp.matmul(xs, wd.T)
-                dst = y[:n, col0 : col0 + p.rows]
-                if acc:
-                    dst += prod
+                if self.blas is not None:
+                    xs, ldxs = x, ldx
+                    if not self.exact:
+                        xs, ldxs = self._scratch16(n * p.cols), p.cols
+                        total = n * p.cols
+                        self.fn["to_f16"](
+                            ((total + 255) // 256,),
+                            (256,),
+                            (x, np.int32(ldx), np.int32(p.cols), np.int64(total), xs),
+                        )
+                    self.blas.gemm(wd, not self.exact, xs, ldxs, n, yp, ldy, acc)
                 else:
-                    dst[...] = prod
+                    xh = x[:n] if self.exact else x[:n].astype(np.float16)
+                    prod = self.cp.matmul(xh, wd.T)
+                    dst = y[:n, col0 : col0 + p.rows]
+                    if acc:
+                        dst += prod
+                    else:
+                        dst[...] = prod
             col0 += p.rows
 
     def rms_norm(self, x: Any, rows: Any, n: int, w: Any, eps: float, out: Any) -> None:
@@ -205,17 +235,9 @@ class Device:
         self.fn["rms_norm"](
             (n,),
             (256,),
-            (
-                x,
-                np.int32(x.strides[0] // 4),
-                rows if rows is not None else np.uint64(0),
-                w,
-                np.float32(eps),
-                np.int32(d),
-                out,
-                np.int32(out.strides[0] // 4),
-            ),
-        )
+            (x, np.int32(x.strides[0] // 4), rows if rows is not None else np.uint64(0), w,
+             np.float32(eps), np.int32(d), out, np.int32(out.strides[0] // 4)),
+        )  # fmt: skip
 
     def silu_mul(self, gu: Any, n: int, ff: int, out: Any) -> None:
         total = n * ff

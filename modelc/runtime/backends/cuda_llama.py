@@ -8,9 +8,11 @@ row's sequence, each sequence's cache address and capacity, the rows whose logit
 wanted) and gets back the logits of those rows, which the engine's samplers need, or
 with :meth:`CudaLlama.forward_greedy` only the argmax token ids.
 
-A decode step of up to 16 sequences (one token each) is captured once per batch size as
-a CUDA graph and replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): with ~10 launches a
-layer the launch overhead would otherwise dominate at batch 1.
+A decode step (one token a sequence) is captured once per batch size as a CUDA graph and
+replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): up to 16 sequences at once (GEMV) at
+the first step of that size, more (cuBLAS) at the second, after an eager one has let
+cuBLAS set itself up; where a capture fails, such steps run eagerly (``graph_error``).
+Prefill and mixed steps run eagerly.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from modelc.errors import CapacityError, UnsupportedError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.llama import Llama
 from modelc.runtime.backend import F32Array
-from modelc.runtime.backends.cuda import GEMV_MAX, CudaBackend, DevWeight
+from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
@@ -114,6 +116,9 @@ class CudaLlama(CausalLM):
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.use_graphs = os.environ.get("MODELC_CUDA_GRAPHS", "1") != "0"
         self._graphs: dict[int, Any] = {}
+        self._seen: set[int] = set()
+        self._blas_graphs = backend.dev.blas is not None
+        self.graph_error: str | None = None  # why steps on cuBLAS run without graphs, if so
         self._alloc(64)
 
     @property
@@ -137,7 +142,12 @@ class CudaLlama(CausalLM):
         self.g = cp.zeros((m, self.ff), np.float32)
         self.logits = cp.zeros((m, self.n_vocab), np.float32)
         self.tokens = cp.zeros(m, np.int64)
-        self._graphs.clear()  # captured graphs point at the old buffers
+        self.reset_graphs()
+
+    def reset_graphs(self) -> None:
+        """Forget captured steps (their buffers were replaced, or the kernels chosen changed)."""
+        self._graphs.clear()
+        self._seen.clear()
 
     def new_cache(
         self,
@@ -182,7 +192,7 @@ class CudaLlama(CausalLM):
             dev.rms_norm(self.x, None, n, ly.attn_norm, self.eps, self.h)
             dev.matmul(ly.wqkv, self.h, n, self.qkv)
             rope(
-                (n,),
+                (n, 4),
                 (128,),
                 (
                     self.qkv,
@@ -232,19 +242,35 @@ class CudaLlama(CausalLM):
         with self.stream:
             n, r, _ = self._upload_meta(batch)
             key = n * 2 + int(self._kv_f16)
-            if not (self.use_graphs and decode and n <= GEMV_MAX):
-                self._run(n, r)
-            elif key in self._graphs:
+            gemv = n <= self.dev.gemv_max
+            if key in self._graphs:
                 self._graphs[key].launch(self.stream)
+            elif not (self.use_graphs and decode and (gemv or self._blas_graphs)):
+                self._run(n, r)
+            elif not gemv and key not in self._seen:  # cuBLAS sets itself up outside a capture
+                self._seen.add(key)
+                self._run(n, r)
             else:
-                self.stream.begin_capture()
                 try:
+                    self._graphs[key] = self._capture(n, r)
+                except Exception as e:
+                    if gemv:
+                        raise
+                    self._blas_graphs = False  # cuBLAS would not be captured here: run eagerly
+                    self.graph_error = f"{type(e).__name__}: {e}"
                     self._run(n, r)
-                finally:
-                    graph = self.stream.end_capture()
-                self._graphs[key] = graph
-                graph.launch(self.stream)
+                else:
+                    self._graphs[key].launch(self.stream)
         return r
+
+    def _capture(self, n: int, r: int) -> Any:
+        self.stream.begin_capture()
+        try:
+            self._run(n, r)
+        except BaseException:
+            self.stream.end_capture()
+            raise
+        return self.stream.end_capture()
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
         r = self._step(batch)

@@ -11,6 +11,8 @@ Type codes (``T``): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K (GGML
 
 from __future__ import annotations
 
+from modelc.runtime.backends import cuda_gemv
+
 TYPES = (0, 1, 2, 3, 8, 12, 14)
 GEMV_ROWS = (1, 2, 4, 8, 16)  # activation rows one GEMV pass takes (NR)
 HEAD_LANES = (1, 2, 3, 4, 8)  # head_dim / 32 that attention is built for
@@ -237,18 +239,19 @@ __device__ __forceinline__ void rope_store(const float* __restrict__ qkv, const 
   long long p = pos[i], s = seq[i], c = cap[s];
   KV* kc = (KV*)base[s] + ((size_t)layer * 2 * c + p) * nkv * hd;
   KV* vc = kc + (size_t)c * nkv * hd;
-  for (int t = threadIdx.x; t < (nh + nkv) * half; t += blockDim.x) {
+  int t0 = blockIdx.y * blockDim.x + threadIdx.x, step = gridDim.y * blockDim.x;
+  for (int t = t0; t < (nh + nkv) * half; t += step) {
     int h = t / half, j = t % half;
     int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
     float x0 = r[h * hd + a], x1 = r[h * hd + b];
     if (bias) { x0 += bias[h * hd + a]; x1 += bias[h * hd + b]; }
-    float th = (float)p * inv_freq[j];
-    float cs = (float)cos((double)th), sn = (float)sin((double)th);
+    float th = (float)p * inv_freq[j], cs, sn;
+    sincosf(th, &sn, &cs);  // within 2 ulp; the CPU rounds double cos/sin of the same th
     float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
     if (h < nh) { qo[(size_t)i * nh * hd + h * hd + a] = y0; qo[(size_t)i * nh * hd + h * hd + b] = y1; }
     else { int k = h - nh; store_kv<KV>(kc + k * hd + a, y0); store_kv<KV>(kc + k * hd + b, y1); }
   }
-  for (int t = threadIdx.x; t < nkv * hd; t += blockDim.x) {
+  for (int t = t0; t < nkv * hd; t += step) {
     float v = r[(nh + nkv) * hd + t];
     if (bias) v += bias[(nh + nkv) * hd + t];
     store_kv<KV>(vc + t, v);
@@ -373,8 +376,15 @@ def _instances() -> str:
 
 
 def kernel_names() -> list[str]:
-    """Every ``extern "C"`` kernel of :data:`SOURCE`."""
-    names = ["rms_norm", "silu_mul", "rope_store_f32", "rope_store_f16", "argmax_rows"]
+    """Every ``extern "C"`` kernel of :func:`source`."""
+    names = [
+        *cuda_gemv.names(TYPES),
+        "rms_norm",
+        "silu_mul",
+        "rope_store_f32",
+        "rope_store_f16",
+        "argmax_rows",
+    ]
     names += [f"gemv_{t}_{nr}" for t in TYPES for nr in GEMV_ROWS]
     names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
     names += [f"attn_{kv}_{e}" for kv in ("f32", "f16") for e in HEAD_LANES]
@@ -382,4 +392,5 @@ def kernel_names() -> list[str]:
 
 
 def source() -> str:
-    return SOURCE.replace("__TEMPLATE_INSTANCES__", _instances())
+    body = SOURCE.replace("__TEMPLATE_INSTANCES__", _instances())
+    return body + cuda_gemv.SOURCE + cuda_gemv.instances(TYPES)
