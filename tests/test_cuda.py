@@ -65,6 +65,65 @@ def test_device_cuda_without_cuda_is_one_line() -> None:
     assert len(err.splitlines()) == 1 and "--device cuda" in err and "--device cpu" in err, err
 
 
+def test_cuda_refuses_a_quantized_kv_cache_before_loading(tmp_path: Path) -> None:
+    from modelc.errors import UsageError
+    from modelc.runtime.backends.cuda_llama import build_cuda
+
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q8_0, SMALL))
+    with pytest.raises(UsageError, match="--kv-cache int8 is not supported with --device cuda"):
+        build_cuda(ir, kv_mode="int8", max_context=None, max_concurrent=1, kv_budget_bytes=None)
+
+
+def same_kv(host: Any, dev: Any) -> None:
+    assert host.n == dev.n
+    for layer in range(host.shape.n_layer):
+        for a, b in zip(host.read(layer, host.n), dev.read(layer, dev.n), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@gpu
+def test_device_kv_cache_behaves_as_the_host_cache() -> None:
+    """Growth (old rows kept), host writes and reads (the prefix cache), a context shift,
+    re-rotated keys, truncation and freeing, against the host KVCache of the same mode."""
+    import cupy as cp
+
+    from modelc.runtime.backends.cuda_kv import CudaKVCache
+    from modelc.runtime.kv_cache import KVBudget, KVCache, KVShape
+
+    shape, rng = KVShape(2, 2, 64), np.random.default_rng(8)
+    for mode in ("f16", "f32"):
+        bh, bd = KVBudget(1 << 30), KVBudget(1 << 30)
+        host, dev = (
+            KVCache(shape, 1024, mode, budget=bh),
+            CudaKVCache(cp, shape, 1024, mode, budget=bd),
+        )
+        for n0, n in ((0, 100), (100, 300)):  # the second write grows 256 -> 512 slots
+            for c in (host, dev):
+                c.reserve(n0 + n)
+            for layer in range(2):
+                k, v = rng.standard_normal((2, n, 2, 64)).astype(np.float32)
+                for c in (host, dev):
+                    c.write(layer, n0, k, v)
+            for c in (host, dev):
+                c.advance(n)
+        assert dev.capacity == host.capacity == 512 and bd.used == bh.used == dev.nbytes
+
+        same_kv(host, dev)
+        for c in (host, dev):
+            c.shift(4, 10)
+        same_kv(host, dev)
+
+        def double(x: Any) -> None:
+            x *= 2
+
+        for c in (host, dev):
+            c.update_keys(50, double)
+            c.truncate(200)
+        same_kv(host, dev)
+        dev.free()
+        assert bd.used == 0 and dev.nbytes == 0
+
+
 # -- ops ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda_be() -> Any:

@@ -41,7 +41,9 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     from modelc.runtime.backends.cuda_llama import CUDA_ARCHITECTURES, build_cuda
 
     if opt.device == "auto" and (
-        cuda_unavailable() is not None or ir.architecture not in CUDA_ARCHITECTURES
+        opt.kv_cache not in ("f16", "f32")
+        or ir.architecture not in CUDA_ARCHITECTURES
+        or cuda_unavailable() is not None
     ):
         return None
     require_cuda()

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from modelc.errors import CapacityError, UnsupportedError
+from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.llama import Llama
 from modelc.runtime.backend import F32Array
@@ -319,6 +319,10 @@ def build_cuda(
     caches of ``max_concurrent`` full-length sequences fit in free GPU memory."""
     from modelc.runtime.backends.cuda import CudaBackend
 
+    if kv_mode not in (KVMode.F16.value, KVMode.F32.value):
+        raise UsageError(
+            f"--kv-cache {kv_mode} is not supported with --device cuda; use f16 or f32"
+        )
     if ir.architecture not in CUDA_ARCHITECTURES:
         raise UnsupportedError(
             f"{ir.architecture} models do not run on --device cuda yet "
