@@ -3,17 +3,24 @@
     flock /tmp/modelc-bench.lock .venv/bin/python -m bench.compile_bench \
         [--models smollm2,gpt2-tiny] [--batches 1,8] [--steps 48] [--reps 5] [--threads 1]
         [--rebuild]
+    flock /tmp/modelc-bench.lock .venv/bin/python -m bench.compile_bench --http \
+        [--concurrency 1,8] [--requests 16] [--reps 4] [--threads 2]
 
 For each model it compiles a project (``modelc compile``), builds its two extensions in
 place (kernels and forward; cached under ``$TMPDIR/modelc-compile-bench``), then, in a
 child process that imports both modelc and the compiled package, times one decode step
 (``forward`` of B one-token chunks, f16 KV caches, each sequence first prefilled with a
 32-token prompt) of modelc's runtime model and of the compiled one, on the same
-artifact and the same backend settings, alternating the two ``--reps`` times (this
-machine is shared: medians of alternating runs).  It checks the two return identical
-logits every step and prints one table row per (model, batch): runtime ms/step,
-compiled ms/step, the difference (the per-step overhead specialisation removes) and the
-ratio.
+artifact and the same backend settings: every step runs on both, back to back, the
+order alternating (this machine is shared; a step's pair sees the same load), ``--reps``
+times ``--steps`` steps.  It checks the two return identical logits every step and
+prints one table row per (model, batch): median ms/step of each, the median of the
+per-step differences (the per-step overhead specialisation removes) with its
+interquartile range, and the ratio of the medians.
+
+``--http`` measures the whole program instead: ``modelc run`` and the compiled SmolLM2
+program side by side on loopback, the same greedy chat load from ``modelc bench --url``
+on each in turn, aggregate output tokens/s and the median time per output token.
 """
 
 from __future__ import annotations
@@ -82,28 +89,100 @@ def child(package: str, batches: list[int], steps: int, reps: int, threads: int)
         ),
     }
     rng = np.random.default_rng(0)
+    names = list(models)
     for b in batches:
         prompts = [[int(t) for t in rng.integers(0, 1000, 32)] for _ in range(b)]
-        times: dict[str, list[float]] = {k: [] for k in models}
+        times: dict[str, list[float]] = {k: [] for k in names}
+        saved: list[float] = []  # per step: runtime - compiled, the two run back to back
         identical = True
         for _ in range(reps):
-            outs: dict[str, list[Any]] = {}
+            caches, logits = {}, {}
             for name, (model, chunk) in models.items():
-                caches = [model.new_cache("f16", max_tokens=32 + steps + 1) for _ in range(b)]
-                logits = model.forward([chunk(c, p) for c, p in zip(caches, prompts, strict=True)])
-                seq, per = [], []
-                for _ in range(steps):
-                    toks = [[int(t)] for t in logits.argmax(-1)]
+                caches[name] = [model.new_cache("f16", max_tokens=33 + steps) for _ in range(b)]
+                pre = [chunk(c, p) for c, p in zip(caches[name], prompts, strict=True)]
+                logits[name] = model.forward(pre)
+            for step in range(steps):
+                toks = [[int(t)] for t in logits["runtime"].argmax(-1)]
+                took = {}
+                for name in names if step % 2 else names[::-1]:  # alternate who goes first
+                    model, chunk = models[name]
+                    batch = [chunk(c, t) for c, t in zip(caches[name], toks, strict=True)]
                     t0 = time.perf_counter()
-                    logits = model.forward([chunk(c, t) for c, t in zip(caches, toks, strict=True)])
-                    per.append(time.perf_counter() - t0)
-                    seq.append(logits)
-                times[name].append(statistics.median(per) * 1e3)
-                outs[name] = seq
-            identical = identical and all(
-                np.array_equal(x, y) for x, y in zip(outs["runtime"], outs["compiled"], strict=True)
-            )
-        print(json.dumps({"batch": b, "identical": identical, **times}), flush=True)
+                    logits[name] = model.forward(batch)
+                    took[name] = (time.perf_counter() - t0) * 1e3
+                    times[name].append(took[name])
+                saved.append(took["runtime"] - took["compiled"])
+                identical = identical and bool(
+                    np.array_equal(logits["runtime"], logits["compiled"])
+                )
+        print(json.dumps({"batch": b, "identical": identical, "saved": saved, **times}), flush=True)
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import httpx
+
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{url} not ready")
+
+
+def http(threads: int, reps: int, levels: str, requests: int) -> None:
+    """The same greedy chat load on ``modelc run`` and on the compiled program (SmolLM2,
+    from the in-place project, so no wheel install is needed), alternating ``reps`` times:
+    aggregate output tokens/s and median time per output token, per concurrency."""
+    from tests.server_fixtures import free_port
+
+    (src,) = _sources(["smollm2"]).values()
+    out, pkg = _project("smollm2", src, False)
+    home = tempfile.TemporaryDirectory(prefix="modelc-cb-")
+    env = {**os.environ, "MODELC_HOME": home.name, "MODELC_THREADS": str(threads)}
+    cmds = {
+        "modelc run": [sys.executable, "-m", "modelc.cli", "run", str(out / pkg / "model.modelc")],
+        "compiled": [sys.executable, "-m", pkg],
+    }
+    procs, urls = {}, {}
+    for name, cmd in cmds.items():
+        port = free_port()
+        penv = {**env, "PYTHONPATH": str(out)} if name == "compiled" else env
+        procs[name] = subprocess.Popen(
+            [*cmd, "--port", str(port), "--threads", str(threads)],
+            cwd=home.name,
+            env=penv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        urls[name] = f"http://127.0.0.1:{port}"
+    try:
+        for name in cmds:
+            _wait(urls[name], procs[name])
+        res: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for rep in range(reps):
+            for name in list(cmds) if rep % 2 == 0 else list(cmds)[::-1]:
+                cmd = [sys.executable, "-m", "modelc.cli", "bench", "--url", urls[name], "--chat"]
+                cmd += ["--concurrency", levels, "--requests", str(requests), "--json"]
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+                for lv in json.loads(r.stdout)["levels"]:
+                    key = (name, int(lv["concurrency"]))
+                    res.setdefault(key, []).append((lv["output_tps"], lv["tpot"]["p50"]))
+    finally:
+        for p in procs.values():
+            p.terminate()
+            p.wait(60)
+        home.cleanup()
+    print("| server | concurrency | output tok/s (median, runs) | TPOT p50 ms |")
+    print("|---|---|---|---|")
+    for (name, c), runs in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        tps = statistics.median(t for t, _ in runs)
+        tpot = statistics.median(t for _, t in runs)
+        each = " / ".join(f"{t:.1f}" for t, _ in runs)
+        print(f"| {name} | {c} | {tps:.1f} ({each}) | {tpot:.2f} |")
 
 
 def main() -> None:
@@ -114,11 +193,19 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rebuild", action="store_true", help="compile and build the projects anew")
+    ap.add_argument(
+        "--http", action="store_true", help="load-test modelc run and the program (SmolLM2)"
+    )
+    ap.add_argument("--concurrency", default="1,8", help="--http: client counts")
+    ap.add_argument("--requests", type=int, default=16, help="--http: requests per level")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     batches = [int(x) for x in a.batches.split(",")]
     if a.child:
         child(a.child, batches, a.steps, a.reps, a.threads)
+        return
+    if a.http:
+        http(a.threads, a.reps, a.concurrency, a.requests)
         return
     print(
         "| model | batch | runtime ms/step | compiled ms/step | saved µs/step | compiled/runtime | logits identical |"
@@ -139,13 +226,11 @@ def main() -> None:
         for line in res.stdout.splitlines():
             r = json.loads(line)
             rt, cp = statistics.median(r["runtime"]), statistics.median(r["compiled"])
-            runs = (
-                " / ".join(f"{x:.2f}" for x in r["runtime"]),
-                " / ".join(f"{x:.2f}" for x in r["compiled"]),
-            )
+            sv = statistics.median(r["saved"])
+            q1, _, q3 = statistics.quantiles(r["saved"], n=4)
             print(
-                f"| {name} | {r['batch']} | {rt:.3f} | {cp:.3f} | {1e3 * (rt - cp):.0f} | "
-                f"{cp / rt:.2f} | {r['identical']} |  <!-- runs: {runs[0]} ; {runs[1]} -->"
+                f"| {name} | {r['batch']} | {rt:.3f} | {cp:.3f} | {1e3 * sv:.0f} "
+                f"({1e3 * q1:.0f} .. {1e3 * q3:.0f}) | {cp / rt:.2f} | {r['identical']} |"
             )
 
 
