@@ -165,6 +165,27 @@ def _compare(package: str) -> dict[str, object]:
     return res
 
 
+def _refusal(package: str, artifact: str) -> str:
+    """The error the package's compiled model gives for another model's artifact."""
+    from modelc.artifact import load_artifact as modelc_load
+
+    fw = importlib.import_module(f"{package}._forward")
+    art = importlib.import_module(f"{package}._rt.artifact")
+    cpu = importlib.import_module(f"{package}._rt.runtime.backends.cpu")
+    errors = importlib.import_module(f"{package}._rt.errors")
+    assert modelc_load(Path(artifact)).architecture  # a readable artifact
+    try:
+        fw.Compiled(art.load_artifact(Path(artifact)), cpu.CpuBackend(threads=1))
+    except errors.UnsupportedError as e:
+        return str(e)
+    return "accepted"
+
+
 if __name__ == "__main__":
+    # PACKAGE: compare; PACKAGE=ARTIFACT: load another model's artifact into PACKAGE
     os.environ.setdefault("MODELC_THREADS", "1")
-    print(json.dumps({p: _compare(p) for p in sys.argv[1:]}))
+    out: dict[str, object] = {}
+    for arg in sys.argv[1:]:
+        pkg, _, other = arg.partition("=")
+        out[arg] = _refusal(pkg, other) if other else _compare(pkg)
+    print(json.dumps(out))

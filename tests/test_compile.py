@@ -229,12 +229,22 @@ def test_program_health_and_metrics(programs: tuple[Server, Program]) -> None:
 
 @pytest.fixture(scope="module")
 def compared(builds: Builds) -> dict[str, dict[str, object]]:
-    """Every in-place project's forward against modelc's runtime, in one process."""
+    """Every in-place project's forward against modelc's runtime, in one process; and
+    the Qwen2 program given Qwen3's artifact (``refused``: its error message)."""
     path = os.pathsep.join(str(out) for out, _ in builds.projects.values())
     env = {**os.environ, "PYTHONPATH": path, "MODELC_THREADS": "1"}
     pkgs = [pkg for _, pkg in builds.projects.values()]
-    got = json.loads(run([sys.executable, "-m", "tests.compile_support", *pkgs], ROOT, env))
-    return {name: got[pkg] for name, (_, pkg) in builds.projects.items()}
+    q2, q3 = builds.projects["tiny-qwen2"], builds.projects["tiny-qwen3"]
+    wrong = f"{q2[1]}={q3[0] / q3[1] / 'model.modelc'}"
+    got = json.loads(run([sys.executable, "-m", "tests.compile_support", *pkgs, wrong], ROOT, env))
+    res: dict[str, dict[str, object]] = {n: got[pkg] for n, (_, pkg) in builds.projects.items()}
+    res["refused"] = {"message": got[wrong]}
+    return res
+
+
+def test_program_refuses_another_models_artifact(compared: dict[str, dict[str, object]]) -> None:
+    msg = str(compared["refused"]["message"])
+    assert msg.startswith("this program was compiled for a model with ") and "modelc compile" in msg
 
 
 @pytest.mark.parametrize("name", ["gpt2-tiny", "tiny-qwen2", "tiny-qwen3"])
