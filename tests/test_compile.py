@@ -204,13 +204,20 @@ def programs(
 
 def test_chat_same_as_modelc_run(programs: tuple[Server, Program]) -> None:
     """Greedy chat through the installed wheel equals modelc run's on the same artifact:
-    text, finish reason and every token's log-probs; four requests at once (batched)."""
+    text, finish reason and every token's log-probs; four requests at once (batched); and
+    a plain /v1/completions."""
     ref, prog = programs
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         want = list(pool.map(lambda p: _chat(ref.url, p), PROMPTS))
         got = list(pool.map(lambda p: _chat(prog.url, p), PROMPTS))
     assert got == want
     assert all(g["lp"] for g in got)
+    body = {"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}
+    texts = [
+        httpx.post(f"{u}/v1/completions", json=body, timeout=300).json()["choices"][0]["text"]
+        for u in (ref.url, prog.url)
+    ]
+    assert texts[0] == texts[1] and texts[0]
 
 
 def test_program_health_and_metrics(programs: tuple[Server, Program]) -> None:
