@@ -54,6 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ("--rate-limit", args.rate_limit, 0),
         ("--grace", args.grace, 0),
         ("--ping-interval", args.ping_interval, 0.01),
+        ("--http-keep-alive", args.http_keep_alive, 0.01),
     ):
         if v < lo:
             raise UsageError(f"{flag} must be >= {lo}, got {v}")
@@ -108,6 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         rate_limit=args.rate_limit,
         grace=args.grace,
         ping_interval=args.ping_interval,
+        http_keep_alive=args.http_keep_alive,
         lora_dirs=[Path(d).expanduser() for d in args.lora_dir],
         engine=engine,
     )
@@ -227,6 +229,13 @@ def register(subparsers: Any) -> None:
         default=10.0,
         metavar="S",
         help="send an SSE ': ping' comment after S seconds without a token (10)",
+    )
+    p.add_argument(
+        "--http-keep-alive",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="close a client's idle keep-alive connection after S seconds (30)",
     )
     p.add_argument(
         "--lora-dir",

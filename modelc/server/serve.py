@@ -28,6 +28,7 @@ from modelc.engine.api import Engine
 from modelc.engine.options import EngineOptions
 from modelc.errors import ModelcError, UsageError
 from modelc.runtime.model import TensorModel
+from modelc.server import keepalive
 from modelc.server import logging as slog
 from modelc.server.app import create_app
 from modelc.server.models import ModelRegistry, ModelSlot
@@ -54,6 +55,7 @@ class ServeOptions:
     rate_limit: int = 0
     grace: float = 30.0
     ping_interval: float = 10.0
+    http_keep_alive: float = keepalive.DEFAULT_KEEP_ALIVE
     lora_dirs: list[Path] = field(default_factory=list)
     engine: EngineOptions = field(default_factory=EngineOptions)
     store_dir: Path | None = None  # models requests may load on demand
@@ -149,6 +151,8 @@ async def serve_async(opts: ServeOptions) -> None:
     host = f"[{opts.host}]" if ":" in opts.host else opts.host
     cfg.bind = [f"{host}:{opts.port}"]
     cfg.graceful_timeout = opts.grace
+    cfg.keep_alive_timeout = opts.http_keep_alive
+    keepalive.install()
     cfg.accesslog = None
     cfg.errorlog = "-"
     cfg.loglevel = "WARNING"
