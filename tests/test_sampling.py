@@ -32,6 +32,9 @@ def test_same_seed_same_tokens_and_different_seed_differs() -> None:
 
     assert run(7) == run(7)
     assert run(7) != run(8)
+    # any int64 seed (schemathesis found a 500 on a negative one): its two's complement
+    assert run(-2481370) == run(-2481370) == run((1 << 64) - 2481370)
+    assert run(-1) != run(-2)
 
 
 def test_greedy_is_argmax_and_ignores_rng() -> None:

@@ -132,7 +132,9 @@ class Sampler:
         params.validate(n_vocab)
         self.p = params
         self.n_vocab = n_vocab
-        self.rng = np.random.default_rng(params.seed)
+        # a negative seed (schemas allow any int64, as OpenAI's) is its 64-bit two's complement
+        seed = None if params.seed is None else params.seed % (1 << 64)
+        self.rng = np.random.default_rng(seed)
         self.history: list[int] = list(prompt)  # prompt + generated
         self.counts = np.zeros(n_vocab, np.int32)  # generated-token counts
         self.chain: list[Processor] = self._build_chain()

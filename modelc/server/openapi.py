@@ -143,10 +143,28 @@ _ONE_OF = {
 }
 
 
+# one server-sent event (Open API 3.1 without ``itemSchema``: ``schema`` describes each event);
+# ``data`` is the JSON text of the route's chunk type, or ``[DONE]``
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+# routes whose answer has one of several shapes
+_RESPONSES: dict[str, list[type[Any]]] = {
+    "/tokenize": [s.TokenizeResponse, s.LlamaTokenizeResponse],  # llama.cpp's `content`: tokens
+}
+
+
 def _body(schema: dict[str, Any], path: str) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": schema}}
     if path in _SSE:
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+        content["text/event-stream"] = {"schema": _SSE_EVENT}
     if path in _NDJSON:
         content["application/x-ndjson"] = {"schema": {"type": "string"}}
     return content
@@ -154,7 +172,7 @@ def _body(schema: dict[str, Any], path: str) -> dict[str, Any]:
 
 def openapi_document() -> bytes:
     types = {t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None}
-    types |= {s.ErrorResponse, s.OllamaError}
+    types |= {s.ErrorResponse, s.OllamaError, *(t for ts in _RESPONSES.values() for t in ts)}
     ordered = sorted(types, key=lambda t: t.__name__)
     _, components = msgspec.json.schema_components(
         ordered, ref_template="#/components/schemas/{name}"
@@ -167,7 +185,9 @@ def openapi_document() -> bytes:
             "content": {"application/json": {"schema": _ref(shape or s.ErrorResponse)}},
         }
         ok: dict[str, Any] = {"description": "OK"}
-        if resp is not None:
+        if path in _RESPONSES:
+            ok["content"] = _body({"anyOf": [_ref(t) for t in _RESPONSES[path]]}, path)
+        elif resp is not None:
             ok["content"] = _body(_ref(resp), path)
         elif path in _SSE or path in _NDJSON:
             ok["content"] = _body({"type": "string"}, path)
