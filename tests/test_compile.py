@@ -3,10 +3,10 @@
 SmolLM2 is compiled, built into a wheel with ``pip wheel`` and installed into a fresh
 venv where ``import modelc`` fails; its server's greedy chat equals ``modelc run``'s on
 the same artifact, token for token (and log-prob for log-prob).  GPT-2, Qwen2 (Q/K/V
-biases), Qwen3 (Q/K norms), BERT and an MLP are compiled and their generated forward
-built in place (the kernels extension reused from the SmolLM2 build: its sources are
-the same in every project; built on the second core while the wheel builds), then
-compared with modelc's runtime bit for bit; BERT's and the MLP's programs answer over
+biases), Qwen3 (Q/K norms), Mistral (sliding window), BERT and an MLP are compiled and
+their generated forward built in place (the kernels extension reused from the SmolLM2
+build: its sources are the same in every project; built on the second core while the
+wheel builds), then compared with modelc's runtime bit for bit; BERT's and the MLP's programs answer over
 HTTP, run by the venv without modelc.
 """
 
@@ -29,7 +29,7 @@ from tests.assets import minilm_dir, smollm2_gguf
 from tests.compile_support import (
     ROOT,
     Program,
-    build_forward_only,
+    build_in_place,
     compile_project,
     fresh_venv,
     run,
@@ -89,12 +89,8 @@ def _mlp_source(tmp: Path) -> Path:
 
 
 def _in_place(tmp: Path, sources: dict[str, Path]) -> dict[str, tuple[Path, str]]:
-    done = {}
-    for name, src in sources.items():
-        pkg = compile_project(src, tmp / name, name)
-        build_forward_only(tmp / name)
-        done[name] = (tmp / name, pkg.name)
-    return done
+    pkgs = build_in_place({name: (src, tmp / name) for name, src in sources.items()})
+    return {name: (tmp / name, pkgs[name]) for name in sources}
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +101,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
         "gpt2-tiny": ensure_gpt2_random(),
         "tiny-qwen2": ensure_family("qwen2")[1],
         "tiny-qwen3": ensure_family("qwen3")[1],
+        "tiny-mistral": ensure_family("mistral")[1],
         "minilm": minilm_dir(),
         "mlp": mlp,
     }
@@ -254,12 +251,14 @@ def test_program_refuses_another_models_artifact(compared: dict[str, dict[str, o
     assert msg.startswith("this program was compiled for a model with ") and "modelc compile" in msg
 
 
-@pytest.mark.parametrize("name", ["gpt2-tiny", "tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["gpt2-tiny", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"])
 def test_language_model_forward_bit_identical(
     builds: Builds, compared: dict[str, dict[str, object]], name: str
 ) -> None:
     """Prefill and 8 greedy steps of 3 sequences in one batch: logits equal bit for bit
-    with f32 and f16 caches (the compiled loop) and int8 (the runtime's loop)."""
+    with f32 and f16 caches (the compiled loop) and int8 (the runtime's loop); and 5 steps
+    of short sequences (inside Mistral's window of 8, past which a step runs the
+    runtime's masked attention)."""
     pkg = builds.projects[name][1]
     assert compared[name] | {"architecture": None} == {
         "architecture": None,
@@ -267,6 +266,7 @@ def test_language_model_forward_bit_identical(
         "f32": True,
         "f16": True,
         "int8": True,
+        "short": True,
     }
 
 
@@ -308,14 +308,15 @@ def test_mlp_infer_equals_runtime(
 
 
 def test_compile_refuses_what_it_cannot_specialise(tmp_path: Path) -> None:
-    """A feature without a compiled forward (Mistral's sliding window) is one line naming
-    what to do instead, exit 2, and no project is written."""
-    gguf = ensure_family("mistral")[1]
+    """A family without a compiled forward (Phi-3: its own attention and RoPE) is one line
+    naming what to do instead, exit 2, and no project is written."""
+    gguf = ensure_family("phi3")[1]
     p = subprocess.run(
         [sys.executable, "-m", "modelc.cli", "compile", str(gguf), "-o", str(tmp_path / "x")],
         capture_output=True,
         text=True,
     )
     assert p.returncode == 2
-    assert p.stderr.count("\n") == 1 and "sliding-window" in p.stderr and "modelc run" in p.stderr
+    assert p.stderr.count("\n") == 1 and "no compiled forward" in p.stderr
+    assert "modelc run" in p.stderr
     assert not (tmp_path / "x").exists()

@@ -42,8 +42,6 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
 
 
 def _llama(m: Llama, be: CpuBackend) -> Spec:
-    if m.window:
-        raise _refuse("sliding-window attention is not compiled yet")
     if len(m.inv_freq) * 2 != m.head_dim:
         raise _refuse("partial RoPE (rotary dims below the head size) is not compiled yet")
     bias = [b.bq is not None for b in m.blocks]
@@ -66,6 +64,7 @@ def _llama(m: Llama, be: CpuBackend) -> Spec:
         "eps": float(m.eps),
         "scale": float(m.scale),
         "neox": bool(m.neox),
+        "window": int(m.window),  # a step where a sequence passes it runs the runtime's loop
         "ff": [b.w_gate.shape[0] for b in m.blocks],
         "types": types,
         "fuse_qkv": fuse_qkv,
