@@ -1,0 +1,331 @@
+"""A soak run: many clients for a long time, some careless, some hostile (issue 15).
+
+    .venv/bin/python -m bench.soak [--minutes 30] [--warmup 60] [--streams 8]
+                                   [--threads 2] [--json out.json] [--url URL]
+
+Starts ``modelc run`` on SmolLM2-135M-Instruct Q4_1 (or uses ``--url``'s server) and
+keeps ``--streams`` clients busy for ``--minutes``.  Each request is, at random:
+
+* 5% malformed: broken JSON, a wrong type, an unknown field value, a wrong content type,
+  a negative ``max_tokens``, an unknown route: each must get a 4xx;
+* 20% a stream the client drops after a random number of chunks (0 to 12);
+* the rest valid, mixing streamed and whole chat and text completions with short and
+  long prompts, sampled or greedy: each must finish with ``stop`` or ``length``.
+
+It samples the server's RSS every 2 s, less the bytes its prefix cache holds (a cache that
+fills up to its budget, 256 MiB by default, on purpose), and at the end, once idle, reads
+``/metrics``.  It passes (exit 0) when no valid request failed, every malformed one got a
+4xx, no request is left in flight (active requests, running and queued sequences 0), the
+KV cache holds no sequence (used bytes back to the level before the run), the RSS at the
+end is within 5% of its level after warm-up (both less the prefix cache), and the p99 time to first token of the last
+fifth of the run is within 1.5x of the first fifth's (plus 50 ms, for a quiet first fifth).
+A JSON report goes to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.serving_cost import start_server  # noqa: E402
+from tests.assets import smollm2_gguf  # noqa: E402
+
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "while",
+    "rain",
+    "fell",
+    "over",
+    "quiet",
+    "hills",
+    "and",
+    "rivers",
+    "ran",
+    "to",
+    "sea",
+]
+
+
+@dataclass
+class Tally:
+    valid: int = 0
+    valid_failed: list[str] = field(default_factory=list)
+    dropped: int = 0
+    malformed: int = 0
+    malformed_bad: list[str] = field(default_factory=list)
+    ttft: list[tuple[float, float]] = field(default_factory=list)  # (t since start, ttft)
+    rss: list[tuple[float, int]] = field(default_factory=list)  # (t since start, bytes)
+
+
+def _prompt(rng: random.Random) -> str:
+    n = rng.choice([4, 16, 64, 200])
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _malformed(rng: random.Random, model: str) -> tuple[str, str, bytes, str]:
+    """(method, path, body, content type) of a request the server must refuse with 4xx."""
+    ok = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    choice = rng.randrange(6)
+    if choice == 0:
+        return "POST", "/v1/chat/completions", b'{"model": "x", "messages": [', "application/json"
+    if choice == 1:
+        return (
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({**ok, "messages": 7}).encode(),
+            ("application/json"),
+        )
+    if choice == 2:
+        body = json.dumps({**ok, "temperature": "hot"}).encode()
+        return "POST", "/v1/chat/completions", body, "application/json"
+    if choice == 3:
+        return "POST", "/v1/completions", b"prompt=hi", "application/x-www-form-urlencoded"
+    if choice == 4:
+        body = json.dumps({"model": model, "prompt": "hi", "max_tokens": -3}).encode()
+        return "POST", "/v1/completions", body, "application/json"
+    return "POST", "/v1/nothing-here", b"{}", "application/json"
+
+
+async def _valid(client: httpx.AsyncClient, url: str, model: str, rng: random.Random) -> str:
+    """'' when the request ended as it should, else what went wrong."""
+    chat = rng.random() < 0.6
+    stream = rng.random() < 0.6
+    body: dict[str, Any] = {"model": model, "max_tokens": rng.choice([8, 32, 64])}
+    if chat:
+        path = "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": _prompt(rng)}]
+    else:
+        path, body["prompt"] = "/v1/completions", _prompt(rng)
+    if rng.random() < 0.5:
+        body["temperature"] = 0
+    if not stream:
+        r = await client.post(f"{url}{path}", json=body)
+        if r.status_code != 200:
+            return f"{path} {r.status_code} {r.text[:200]}"
+        reason = r.json()["choices"][0]["finish_reason"]
+        return "" if reason in ("stop", "length") else f"{path} finish_reason {reason}"
+    body["stream"] = True
+    reason = None
+    async with client.stream("POST", f"{url}{path}", json=body) as r:
+        if r.status_code != 200:
+            return f"{path} stream {r.status_code}"
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"]
+                if choice and choice[0].get("finish_reason"):
+                    reason = choice[0]["finish_reason"]
+    return "" if reason in ("stop", "length") else f"{path} stream ended with {reason}"
+
+
+async def _ttft(client: httpx.AsyncClient, url: str, model: str, rng: random.Random) -> float:
+    body = {"model": model, "prompt": _prompt(rng), "max_tokens": 4, "stream": True}
+    t0 = time.monotonic()
+    ttft = None
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            data = line[6:] if ttft is None and line.startswith("data: {") else ""
+            if data and json.loads(data)["choices"][0].get("text"):
+                ttft = time.monotonic() - t0
+    if ttft is None:
+        raise RuntimeError("no token streamed")
+    return ttft
+
+
+async def _dropped(client: httpx.AsyncClient, url: str, model: str, rng: random.Random) -> None:
+    body = {"model": model, "prompt": _prompt(rng), "max_tokens": 256, "stream": True}
+    keep = rng.randrange(13)
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        seen = 0
+        async for _ in r.aiter_lines():
+            seen += 1
+            if seen > keep:
+                break  # leaving the block closes the connection mid-stream
+
+
+async def _client(url: str, model: str, seed: int, t_end: float, t0: float, tally: Tally) -> None:
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(timeout=120) as client:
+        while time.monotonic() < t_end:
+            x = rng.random()
+            if x < 0.05:
+                tally.malformed += 1
+                method, path, body, ctype = _malformed(rng, model)
+                r = await client.request(
+                    method, f"{url}{path}", content=body, headers={"content-type": ctype}
+                )
+                if not 400 <= r.status_code < 500:
+                    tally.malformed_bad.append(f"{path} {r.status_code} {r.text[:120]}")
+            elif x < 0.25:
+                tally.dropped += 1
+                await _dropped(client, url, model, rng)
+            elif x < 0.35:
+                tally.valid += 1
+                try:
+                    tally.ttft.append((time.monotonic() - t0, await _ttft(client, url, model, rng)))
+                except (httpx.HTTPError, RuntimeError) as e:
+                    tally.valid_failed.append(f"ttft {type(e).__name__}: {e}")
+            else:
+                tally.valid += 1
+                try:
+                    err = await _valid(client, url, model, rng)
+                except httpx.HTTPError as e:
+                    err = f"{type(e).__name__}: {e}"
+                if err:
+                    tally.valid_failed.append(err)
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _gauge(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name):
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+def _metrics(url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("modelc_") and " " in line:
+            name, _, value = line.rpartition(" ")
+            out[name.split("{")[0]] = float(value)
+    return out
+
+
+def _p99(xs: list[float]) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
+
+
+def soak(url: str, pid: int | None, minutes: float, warmup: float, streams: int) -> dict[str, Any]:
+    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    kv_before = _metrics(url).get("modelc_kv_cache_used_bytes", 0.0)
+    tally = Tally()
+    t0 = time.monotonic()
+    t_end = t0 + warmup + minutes * 60
+
+    async def main() -> None:
+        async def sample_rss() -> None:
+            async with httpx.AsyncClient(timeout=30) as client:
+                while time.monotonic() < t_end and pid is not None:
+                    text = (await client.get(f"{url}/metrics")).text
+                    held = _gauge(text, "modelc_engine_prefix_cache_bytes")
+                    tally.rss.append((time.monotonic() - t0, _rss(pid) - int(held)))
+                    await trio.sleep(2)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample_rss)
+            for k in range(streams):
+                nursery.start_soon(_client, url, model, 1000 + k, t_end, t0, tally)
+
+    trio.run(main)
+    time.sleep(3)  # dropped streams' cancellations land
+    m = _metrics(url)
+    run_s = minutes * 60
+    fifth = run_s / 5
+    first = [t for s, t in tally.ttft if warmup <= s < warmup + fifth]
+    last = [t for s, t in tally.ttft if s >= warmup + run_s - fifth]
+    after_warm = [r for s, r in tally.rss if warmup <= s < warmup + 10] or [0]
+    held = m.get("modelc_engine_prefix_cache_bytes", 0.0)
+    rss_warm, rss_end = statistics.median(after_warm), _rss(pid) - int(held) if pid else 0
+    report: dict[str, Any] = {
+        "minutes": minutes,
+        "streams": streams,
+        "valid_requests": tally.valid,
+        "valid_failed": len(tally.valid_failed),
+        "valid_failures": tally.valid_failed[:20],
+        "dropped_streams": tally.dropped,
+        "malformed_requests": tally.malformed,
+        "malformed_not_4xx": tally.malformed_bad[:20],
+        "requests_active_end": m.get("modelc_requests_active"),
+        "running_end": m.get("modelc_engine_running"),
+        "queued_end": m.get("modelc_engine_queued"),
+        "kv_used_before": kv_before,
+        "kv_used_end": m.get("modelc_kv_cache_used_bytes"),
+        "rss_after_warmup_mb": round(rss_warm / 2**20, 1),
+        "rss_end_mb": round(rss_end / 2**20, 1),
+        "rss_change": round(rss_end / rss_warm - 1, 4) if rss_warm and pid else None,
+        "ttft_p99_first_fifth_s": round(_p99(first), 3),
+        "ttft_p99_last_fifth_s": round(_p99(last), 3),
+        "ttft_samples": [len(first), len(last)],
+        "rss_mb_by_minute": [
+            round(max(r for s, r in tally.rss if k * 60 <= s < (k + 1) * 60) / 2**20, 1)
+            for k in range(int((warmup + run_s) // 60))
+            if any(k * 60 <= s < (k + 1) * 60 for s, _ in tally.rss)
+        ],
+    }
+    checks = {
+        "no valid request failed": not tally.valid_failed,
+        "every malformed request got a 4xx": not tally.malformed_bad,
+        "nothing left in flight": m.get("modelc_requests_active") == 0
+        and m.get("modelc_engine_running") == 0
+        and m.get("modelc_engine_queued") == 0,
+        "KV cache back to its level": m.get("modelc_kv_cache_used_bytes") == kv_before,
+        "RSS within 5% of warm-up": pid is None or abs(report["rss_change"]) <= 0.05,
+        "p99 TTFT stable": bool(first and last) and _p99(last) <= 1.5 * _p99(first) + 0.05,
+    }
+    report["checks"] = checks
+    report["passed"] = all(checks.values())
+    return report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=60.0, help="seconds before measuring")
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--url", default=None, help="soak this server instead of starting one")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    proc = None
+    if args.url is None:
+        os.environ.setdefault("MODELC_HOME", tempfile.mkdtemp(prefix="soak-"))
+        proc, url = start_server(smollm2_gguf(), args.threads, args.streams)
+        pid: int | None = proc.pid
+    else:
+        url, pid = args.url.rstrip("/"), None
+    try:
+        report = soak(url, pid, args.minutes, args.warmup, args.streams)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
