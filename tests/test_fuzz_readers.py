@@ -1,5 +1,7 @@
 """Fuzzing every reader with mutated real files (issue 15): any input loads or raises a
-ModelcError; nothing else escapes, and nothing hangs.
+ModelcError; nothing else escapes, and nothing hangs.  The readers: GGUF, safetensors,
+PyTorch zip, ONNX, the ``.modelc`` artifact, a ``tokenizer.json`` (built, then encoding and
+decoding a text) and a chat template (SmolLM2's, rendered in the sandbox).
 
 Seeds are real files: a GGUF written by gguf-py (tests/test_gguf.py's tiny llama), the
 fixtures' safetensors and PyTorch zip, ONNX, and a packed ``.modelc``.  Hypothesis mutates
@@ -10,6 +12,7 @@ examples in CI; a longer run is a matter of ``--hypothesis-seed`` and a larger
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -21,14 +24,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from modelc.artifact import open_artifact, write_artifact
-from modelc.errors import ModelcError
+from modelc.errors import ModelcError, TokenizerError
 from modelc.formats import load_model
 from modelc.formats.gguf import load_gguf
+from modelc.formats.hf import read_tokenizer
 from modelc.formats.onnx import load_onnx
 from modelc.formats.pytorch import load_pytorch
 from modelc.formats.safetensors import load_safetensors
+from modelc.runtime.chat_template import render_chat
+from modelc.runtime.tokenizer import Tokenizer, from_tokenizer_json
 
-FIX = Path(__file__).parent / "fixtures" / "formats"
+ROOT_FIX = Path(__file__).parent / "fixtures"
+FIX = ROOT_FIX / "formats"
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 
 
@@ -90,6 +97,40 @@ def _touch(loaded: Any) -> None:
         close()
 
 
+def _load_tokenizer(path: Path) -> None:
+    """A tokenizer.json builds (or is refused), through a HF directory's reader and on its
+    own, and the tokenizer it gives encodes and decodes."""
+    spec, _ = read_tokenizer(path.parent, {})
+    assert spec is not None
+    for tok in (Tokenizer(spec), from_tokenizer_json(path)):
+        ids = tok.encode("Hello, world! <|im_start|>user\nnaïve café 123", parse_special=True)
+        tok.decode(ids)
+
+
+def _template_seed(_tmp: Path) -> bytes:
+    from gguf import GGUFReader
+
+    from tests.assets import smollm2_gguf
+
+    field = GGUFReader(smollm2_gguf()).fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]])
+
+
+def _render_template(path: Path) -> None:
+    """A chat template (a stranger's code) renders or is refused with a UsageError."""
+    render_chat(
+        path.read_bytes().decode("utf-8", errors="replace"),
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And of Italy?"},
+        ],
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+    )
+
+
 READERS: dict[str, tuple[Callable[[Path], bytes], Callable[[Path], Any], str]] = {
     "gguf": (_gguf_seed, load_gguf, "x.gguf"),
     "safetensors": (
@@ -100,6 +141,12 @@ READERS: dict[str, tuple[Callable[[Path], bytes], Callable[[Path], Any], str]] =
     "pytorch": (lambda _t: (FIX / "mlp.bin").read_bytes(), load_pytorch, "x.bin"),
     "onnx": (lambda _t: (FIX / "mlp.onnx").read_bytes(), load_onnx, "x.onnx"),
     "modelc": (_modelc_seed, open_artifact, "x.modelc"),
+    "tokenizer.json": (
+        lambda _t: (ROOT_FIX / "families" / "tokenizer.json").read_bytes(),
+        _load_tokenizer,
+        "tokenizer.json",
+    ),
+    "chat template": (_template_seed, _render_template, "template.jinja"),
 }
 
 
@@ -217,3 +264,24 @@ def test_crasher_gguf_tensor_with_a_zero_dimension(tmp_path: Path) -> None:
     bad.write_bytes(bytes(data))
     with pytest.raises(ModelcError):
         _touch(load_gguf(bad))
+
+
+@pytest.mark.parametrize(
+    "added",
+    [
+        [{"id": 0}],  # no content: a KeyError escaped the tokenizer
+        [{"id": 2**40, "content": "<x>"}],  # a list of 2^40 token texts would be made
+        {"id": 0, "content": "<x>"},  # not a list
+    ],
+)
+def test_crasher_tokenizer_json_added_tokens(tmp_path: Path, added: object) -> None:
+    data = json.loads((ROOT_FIX / "families" / "tokenizer.json").read_text())
+    data["added_tokens"] = added
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    for load in (
+        lambda: Tokenizer(read_tokenizer(tmp_path, {})[0]),
+        lambda: from_tokenizer_json(path),
+    ):
+        with pytest.raises(TokenizerError, match="added"):
+            load()

@@ -125,11 +125,14 @@ def read_tokenizer(d: Path, config: dict[str, Any]) -> tuple[TokenizerSpec | Non
         template = (d / "chat_template.jinja").read_text(encoding="utf-8")
     template = template if isinstance(template, str) else None
     tok_path = d / "tokenizer.json"
-    text = (
-        tok_path.read_text(encoding="utf-8")
-        if tok_path.is_file()
-        else _tokenizer_json_from_vocab(d, tcfg)
-    )
+    try:
+        text = (
+            tok_path.read_text(encoding="utf-8")
+            if tok_path.is_file()
+            else _tokenizer_json_from_vocab(d, tcfg)
+        )
+    except UnicodeDecodeError as e:
+        raise FormatError(f"tokenizer.json is not UTF-8 text ({e})", path=tok_path) from e
     if text is None:
         return None, template
     try:
@@ -194,8 +197,8 @@ def _post_processor_adds(tok: dict[str, Any], ids: dict[str, int], bos_id: int |
     single = post.get("single") if isinstance(post, dict) else None
     if bos_id is None or not isinstance(single, list) or not single:
         return False
-    first = single[0].get("SpecialToken", {}) if isinstance(single[0], dict) else {}
-    return ids.get(str(first.get("id"))) == bos_id
+    first = single[0].get("SpecialToken") if isinstance(single[0], dict) else None
+    return isinstance(first, dict) and ids.get(str(first.get("id"))) == bos_id
 
 
 def _sentence_transformers(d: Path) -> tuple[str | None, bool]:

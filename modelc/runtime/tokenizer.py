@@ -180,15 +180,23 @@ class Tokenizer:
         try:
             data = json.loads(spec.hf_json)
             added = data.pop("added_tokens", None) or []
+            _check_added(added)
             # BOS/EOS come from the spec; modelc never pads or truncates in the tokenizer
             data["post_processor"] = data["padding"] = data["truncation"] = None
             self._hf = HFTokenizer.from_str(json.dumps(data))
+        except TokenizerError:
+            raise
         except Exception as e:  # the library raises plain Exception subclasses
             raise TokenizerError(f"cannot build the tokenizer from tokenizer.json: {e}") from e
         vocab: dict[str, int] = self._hf.get_vocab(with_added_tokens=False)
         for a in added:
             vocab.setdefault(a["content"], int(a["id"]))
         n = max(vocab.values()) + 1 if vocab else 0
+        if n > MAX_VOCAB:  # a list of n token texts would be made below
+            raise TokenizerError(
+                f"tokenizer.json has a token id of {n - 1}; vocabularies hold at most "
+                f"{MAX_VOCAB} tokens (is the file damaged?)"
+            )
         self.tokens = [f"[UNUSED_{i}]" for i in range(n)]
         self.types = [UNUSED] * n
         for text, i in vocab.items():
@@ -543,7 +551,31 @@ def from_tokenizer_json(
         data = json.loads(text)
     except (OSError, ValueError) as e:
         raise TokenizerError(f"cannot read tokenizer.json: {e}", path=p) from e
-    return Tokenizer(spec_from_tokenizer_json(data, text, tokenizer_config or {}))
+    if not isinstance(data, dict):
+        raise TokenizerError("tokenizer.json is not a JSON object", path=p)
+    try:
+        _check_added(data.get("added_tokens") or [])
+        spec = spec_from_tokenizer_json(data, text, tokenizer_config or {})
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise TokenizerError(f"tokenizer.json is malformed: {type(e).__name__}: {e}", path=p) from e
+    return Tokenizer(spec)
+
+
+MAX_VOCAB = 1 << 24  # the largest real vocabularies hold ~262k tokens
+
+
+def _check_added(added: Any) -> None:
+    """TokenizerError unless ``added`` is tokenizer.json's list of added tokens."""
+    if not isinstance(added, list):
+        raise TokenizerError("tokenizer.json's added_tokens is not a list")
+    for a in added:
+        ok = isinstance(a, dict) and isinstance(a.get("content"), str)
+        tid = a.get("id") if ok else None
+        if not (isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < MAX_VOCAB):
+            raise TokenizerError(
+                f"tokenizer.json has a malformed added token ({str(a)[:80]}): each needs a "
+                f"'content' text and an 'id' in 0..{MAX_VOCAB - 1}"
+            )
 
 
 def spec_from_tokenizer_json(
