@@ -230,6 +230,45 @@ def test_other_unsafe_globals_refused(tmp_path: Path) -> None:
         load_pytorch(p)
 
 
+class _Popen:
+    def __reduce__(self) -> tuple[Any, tuple[list[str]]]:
+        import subprocess as sp
+
+        return (sp.Popen, (["touch", "MODELC_PWNED"],))
+
+
+# GLOBAL with a dotted attribute chain (protocol 4's STACK_GLOBAL resolves 'path.os.system')
+_CHAIN = (
+    b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00"
+    b"\x8c\x02os\x94\x8c\x0epath.os.system\x94\x93\x94\x8c\x04true\x94\x85\x94R\x94."
+)
+# a payload nested inside an allowed call: torch._utils._rebuild_tensor_v2(os.system(...))
+_NESTED = (
+    b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n"
+    b"cposix\nsystem\nX\x14\x00\x00\x00touch MODELC_PWNED_2\x85R\x85R."
+)
+
+
+@pytest.mark.parametrize(
+    ("payload", "names"),
+    [
+        (lambda: pickle.dumps({"w": _Popen()}, protocol=2), r"\.Popen, which is not needed"),
+        (lambda: _CHAIN, r"os\.path\.os\.system|path\.os\.system"),
+        (lambda: _NESTED, r"posix\.system"),
+    ],
+    ids=["subprocess.Popen", "attribute-chain", "nested-reduce"],
+)
+def test_exploit_payloads_refused_and_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload: Any, names: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "x.bin"
+    _torch_like_zip(p, payload())
+    with pytest.raises(UnsafePickleError, match=names):
+        load_pytorch(p)
+    assert not list(tmp_path.glob("MODELC_PWNED*"))
+
+
 def test_legacy_and_broken_checkpoints(tmp_path: Path) -> None:
     legacy = tmp_path / "legacy.bin"
     legacy.write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19." + b"\0" * 64)
