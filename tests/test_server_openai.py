@@ -297,6 +297,26 @@ def test_completions_stream(client: openai.OpenAI, model_id: str) -> None:
     assert text == plain.choices[0].text
 
 
+def test_stream_events_that_piled_up_go_out_in_one_write(
+    client: openai.OpenAI, model_id: str, smol_server: Server
+) -> None:
+    """With n=4 the choices stream one after another, so the later choices' tokens pile up
+    meanwhile: they go out in a few writes, not one write a token, and say the same."""
+    kw: dict[str, Any] = dict(
+        model=model_id, prompt="Once upon a time", max_tokens=16, temperature=0, n=4
+    )
+    plain = client.completions.create(**kw, extra_body={"ignore_eos": True})
+    writes = smol_server.metric("modelc_stream_writes_total")
+    texts = ["", "", "", ""]
+    for c in client.completions.create(**kw, stream=True, extra_body={"ignore_eos": True}):
+        for ch in c.choices:
+            texts[ch.index] += ch.text
+    writes = smol_server.metric("modelc_stream_writes_total") - writes
+    assert texts == [ch.text for ch in sorted(plain.choices, key=lambda ch: ch.index)]
+    assert plain.usage is not None and plain.usage.completion_tokens == 64
+    assert writes < 40, f"{writes} writes for 64 streamed tokens"
+
+
 def test_embeddings_refused_for_llm(client: openai.OpenAI, model_id: str) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model=model_id, input="hi")

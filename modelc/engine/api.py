@@ -125,6 +125,11 @@ class RequestHandle(Protocol):
         after the FinishEvent."""
         ...
 
+    def event_nowait(self) -> Event | None:
+        """The next event if one is waiting, else None (a response catching up sends the
+        events that piled up as one write)."""
+        ...
+
     def cancel(self) -> None:
         """Idempotent; the engine drops the request at its next step."""
         ...

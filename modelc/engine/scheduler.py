@@ -125,6 +125,12 @@ class _Handle:
     async def next_event(self) -> Event:
         return await self._recv.receive()
 
+    def event_nowait(self) -> Event | None:
+        try:
+            return self._recv.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return None
+
     def cancel(self) -> None:
         self._engine._cancel(self.request_id)
 

@@ -389,28 +389,37 @@ async def _stream(
         for i, h in enumerate(handles):
             for b in r.start(i):
                 yield b
-            while True:
+            done = False
+            while not done:
                 ev = await _next(h, wait)
                 if ev is None:
                     assert r.ping is not None
                     yield r.ping
-                elif isinstance(ev, TokenEvent):
-                    for b in r.token(i, ev):
-                        yield b
-                elif isinstance(ev, PromptEvent):
-                    for b in r.prompt(i, ev):
-                        yield b
-                elif isinstance(ev, ProgressEvent):
-                    for b in r.progress(i, ev):
-                        yield b
-                else:
-                    metrics.finished(ev)
-                    if ev.reason is FinishReason.ERROR:
-                        raise_failed(ev)
-                    rec.add(ev, prompt=False)
-                    for b in r.finish(i, ev):
-                        yield b
-                    break
+                    continue
+                # the events that piled up while the client was being written to go out
+                # as one write: a client that falls behind gets fewer, larger frames
+                parts: list[bytes] = []
+                while ev is not None:
+                    if isinstance(ev, TokenEvent):
+                        parts += r.token(i, ev)
+                    elif isinstance(ev, PromptEvent):
+                        parts += r.prompt(i, ev)
+                    elif isinstance(ev, ProgressEvent):
+                        parts += r.progress(i, ev)
+                    else:
+                        metrics.finished(ev)
+                        if ev.reason is FinishReason.ERROR:
+                            if parts:
+                                yield b"".join(parts)
+                            raise_failed(ev)
+                        rec.add(ev, prompt=False)
+                        parts += r.finish(i, ev)
+                        done = True
+                        break
+                    ev = h.event_nowait()
+                if parts:
+                    metrics.stream_writes.inc()
+                    yield b"".join(parts)
             h.cancel()
         for b in r.end():
             yield b

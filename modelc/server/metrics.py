@@ -107,6 +107,11 @@ class Metrics:
             registry=r,
         )
         self.generated = Counter("modelc_tokens_generated", "tokens generated", registry=r)
+        self.stream_writes = Counter(
+            "modelc_stream_writes",
+            "writes of streamed answers (several tokens share one when a client falls behind)",
+            registry=r,
+        )
         self.prompt = Counter("modelc_prompt_tokens", "prompt tokens processed", registry=r)
         self.cached = Counter(
             "modelc_prompt_tokens_cached", "prompt tokens from the prefix cache", registry=r
