@@ -168,14 +168,22 @@ class Store:
 
     # -- lookup ----------------------------------------------------------------
     def _dir(self, name: str) -> Path:
-        return self.root / name
+        d = self.root / name
+        if d.is_symlink() or (d.exists() and not d.resolve().is_relative_to(self.root.resolve())):
+            raise StoreError(
+                f"the store entry {name!r} ({d}) is a symbolic link; modelc never writes, reads "
+                "or removes through one: remove the link"
+            )
+        return d
 
     def versions(self, name: str) -> list[str]:
         """Versions of ``name``, oldest first (by file modification time)."""
         d = self._dir(name)
         if not d.is_dir():
             return []
-        files = [p for p in d.glob(f"*{SUFFIX}") if not p.name.startswith(".")]
+        files = [
+            p for p in d.glob(f"*{SUFFIX}") if not p.name.startswith(".") and not p.is_symlink()
+        ]  # a planted link to a file elsewhere is not a version
         files.sort(key=lambda p: (p.stat().st_mtime_ns, p.name))
         return [p.name[: -len(SUFFIX)] for p in files]
 
@@ -192,7 +200,11 @@ class Store:
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self.versions(p.name))
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.is_symlink() and self.versions(p.name)
+        )
 
     def exists(self, ref: str) -> bool:
         name, version = parse_ref(ref)

@@ -397,3 +397,26 @@ def test_unreadable_entry_is_listed_and_fails_verify(store: Store, src: Path) ->
     assert results["ok:latest"] is None
     assert results["broken:latest"] is not None and "truncated" in str(results["broken:latest"])
     assert store.rm("broken") == ["broken:latest"]
+
+
+def test_planted_symlinks_are_never_followed(store: Store, src: Path, tmp_path: Path) -> None:
+    """A link planted in the store (to a folder or a file elsewhere) is not a model: the
+    store neither lists it nor writes, reads or removes through it."""
+    store.add(load_model(src), "real")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "latest.modelc").write_bytes(store.resolve("real").read_bytes())
+    (store.root / "evil").symlink_to(outside, target_is_directory=True)
+    (store.root / "real" / "planted.modelc").symlink_to(outside / "latest.modelc")
+    assert store.names() == ["real"]
+    assert store.versions("real") == ["latest"]
+    for act in (
+        lambda: store.resolve("evil"),
+        lambda: store.add(load_model(src), "evil"),
+        lambda: store.rm("evil", all_versions=True),
+    ):
+        with pytest.raises(StoreError, match="symbolic link"):
+            act()
+    assert (outside / "latest.modelc").exists() and list(outside.iterdir()) == [
+        outside / "latest.modelc"
+    ]
