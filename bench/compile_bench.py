@@ -119,18 +119,12 @@ def child(package: str, batches: list[int], steps: int, reps: int, threads: int)
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
-    import httpx
+    from modelc.bench.procs import ServerStartError, wait_healthy
 
-    for _ in range(1200):
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} not ready")
+    try:
+        wait_healthy(url, proc, 120.0, poll=0.1)
+    except ServerStartError as e:
+        raise SystemExit(f"{url}: {e}") from e
 
 
 def http(threads: int, reps: int, levels: str, requests: int) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from modelc.bench.procs import ServerStartError, wait_healthy
 from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import GenerationRequest, TokenEvent
 from modelc.runtime.sampling import SamplingParams
@@ -108,14 +109,11 @@ def start_server(gguf: Path, threads: int, n: int) -> tuple[subprocess.Popen[byt
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError("modelc run did not start")
+    try:
+        wait_healthy(url, proc, 300.0, poll=0.2)
+    except ServerStartError as e:
+        raise RuntimeError(f"modelc run did not start: {e}") from e
+    return proc, url
 
 
 def profile(pid: int, seconds: float, out: Path) -> None:

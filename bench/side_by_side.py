@@ -31,17 +31,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
 from bench.llamacpp_peer import LlamaCppClient, LlamaCppServer
 from modelc.bench.loadgen import LevelResult, run_load
 from modelc.bench.offline import peak_rss_mb, prompt_tokens
+from modelc.bench.procs import ServerStartError, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -117,16 +116,10 @@ def run_modelc(gguf: Path, mode: str, args: argparse.Namespace, log_dir: Path) -
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if srv.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"modelc run did not start; see {log.name}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        try:
+            wait_healthy(url, srv, 300.0, poll=0.1)
+        except ServerStartError as e:
+            raise RuntimeError(f"modelc run did not start ({e}); see {log.name}") from e
         print(f"[side-by-side] {mode}: {args.streams} HTTP streams", file=sys.stderr)
         lvl = load_level(url, args, None)
         side.http_tps, side.ttft_p50_ms = lvl.output_tps, lvl.ttft.p50

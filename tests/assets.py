@@ -5,6 +5,7 @@ are pinned by version and sha256 (see ``modelc.catalog``); nothing comes from a 
 
 * ``smollm2_gguf()``  SmolLM2-135M-Instruct Q4_1 GGUF
 * ``minilm_dir()``    all-MiniLM-L6-v2 Hugging Face directory
+* ``gemma3_gguf()``   Gemma 3 270M (base) Q4_K_M GGUF, joined from four chunk packages
 * ``vocab_dir()``     llama.cpp ``ggml-vocab-*.gguf`` files with ``.inp``/``.out`` vectors
 """
 
@@ -39,6 +40,11 @@ def minilm_dir() -> Path:
     return catalog.resolve_catalog("minilm-l6", quiet=True)
 
 
+def gemma3_gguf() -> Path:
+    _with_cache()
+    return catalog.resolve_catalog("gemma3-270m", quiet=True)
+
+
 def vocab_dir() -> Path:
     """Directory of ``ggml-vocab-*.gguf`` + ``.inp``/``.out`` files from the llama-cpp-python sdist."""
     _with_cache()
@@ -60,7 +66,7 @@ def vocab_dir() -> Path:
 
 
 def fetch_all() -> None:
-    for fn in (smollm2_gguf, minilm_dir, vocab_dir):
+    for fn in (smollm2_gguf, minilm_dir, gemma3_gguf, vocab_dir):
         print(f"{fn.__name__}: {fn()}")
 
 

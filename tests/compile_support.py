@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
+
+from modelc.bench.procs import ServerStartError, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,17 +102,10 @@ class Program:
     log: Path
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"program exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"program not ready after {timeout}s:\n{self.tail()}")
+        try:
+            wait_healthy(self.url, self.proc, timeout)
+        except ServerStartError as e:
+            raise AssertionError(f"program: {e}:\n{self.tail()}") from e
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]

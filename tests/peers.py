@@ -6,13 +6,17 @@
   (activations stay f32) and an f32 KV cache: the mode compared with transformers' f32
   goldens.
 
-Import the fixtures into a test module (``from tests.peers import llamacpp``).
+Import the fixtures into a test module (``from tests.peers import llamacpp``); the client
+helpers below are shared by the differential tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from bench.llamacpp_peer import LlamaCppServer
@@ -32,3 +36,31 @@ def smol_exact_server() -> Iterator[Server]:
     srv = start(str(smollm2_gguf()), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
     yield srv
     srv.stop()
+
+
+HTTP_TIMEOUT = 300.0
+
+
+def openai_client(srv: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=HTTP_TIMEOUT)
+
+
+def post(url: str, body: dict[str, Any]) -> Any:
+    r = httpx.post(url, json=body, timeout=HTTP_TIMEOUT)
+    r.raise_for_status()
+    return r.json()
+
+
+def llamacpp_greedy(url: str, ids: list[int], n: int) -> list[int]:
+    """llama.cpp's server: ``n`` greedy ids after ``ids`` (end-of-generation ids banned)."""
+    body = {
+        "prompt": ids,
+        "n_predict": n,
+        "temperature": 0,
+        "samplers": ["top_k"],
+        "top_k": 1,
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "return_tokens": True,
+    }
+    return [int(t) for t in post(f"{url}/completion", body)["tokens"]]

@@ -35,7 +35,7 @@ import pytest
 
 from bench.llamacpp_peer import LlamaCppServer
 from tests.assets import smollm2_gguf
-from tests.peers import llamacpp, smol_exact_server
+from tests.peers import HTTP_TIMEOUT, llamacpp, openai_client, post, smol_exact_server
 from tests.server_fixtures import ROOT, Server, smol_server
 
 __all__ = ["llamacpp", "smol_exact_server", "smol_server"]
@@ -53,7 +53,6 @@ NEAR_TIE = 0.05  # a golden top-1/top-2 logit margin below this is a near-tie
 DEFAULT_SEEDS = (11, 12, 13)  # the fast server at its sampling defaults
 DEFAULT_CHATS = ("capital", "haiku", "multi-turn", "tool-result")
 DEFAULT_MAX_TOKENS = 96
-HTTP_TIMEOUT = 300.0
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -82,16 +81,6 @@ def model_id(srv: Server) -> str:
     r = httpx.get(f"{srv.url}/v1/models", timeout=HTTP_TIMEOUT)
     r.raise_for_status()
     return str(r.json()["data"][0]["id"])
-
-
-def openai_client(srv: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=HTTP_TIMEOUT)
-
-
-def post(url: str, body: dict[str, Any]) -> Any:
-    r = httpx.post(url, json=body, timeout=HTTP_TIMEOUT)
-    r.raise_for_status()
-    return r.json()
 
 
 def modelc_chat(

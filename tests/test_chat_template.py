@@ -6,7 +6,7 @@ import pytest
 
 from modelc.errors import UsageError
 from modelc.formats import load_model
-from modelc.runtime.chat_template import plain_chat, render_chat
+from modelc.runtime.chat_template import render_chat
 from tests.assets import smollm2_gguf
 from tests.runtime_support import golden
 
@@ -69,10 +69,17 @@ def test_syntax_error_is_usage_error() -> None:
         render_chat("{% for m in messages %}", [{"role": "user", "content": "x"}])
 
 
-def test_plain_fallback() -> None:
+def test_fallback_is_llamacpps_chatml() -> None:
+    """A model without a template gets llama.cpp's fallback, ChatML (its server's
+    ``/apply-template`` answer for a GGUF without one, seen on gemma-3-270m)."""
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    assert render_chat(None, msgs) == "system: be brief\nuser: hi\nassistant:"
-    assert plain_chat(msgs, add_generation_prompt=False) == "system: be brief\nuser: hi\n"
+    want = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    assert render_chat(None, msgs) == want + "<|im_start|>assistant\n"
+    assert render_chat(None, msgs, add_generation_prompt=False) == want
+    tool_turn = [{"role": "assistant", "content": None}]
+    assert render_chat(None, tool_turn, add_generation_prompt=False) == (
+        "<|im_start|>assistant\n<|im_end|>\n"
+    )
     with pytest.raises(UsageError):
         render_chat(None, [])
     with pytest.raises(UsageError):

@@ -33,6 +33,7 @@ from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
 from tests.gen_families import ensure_family
+from tests.peers import llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, golden, make_backend
 
 FAMILIES = ["qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
@@ -226,24 +227,6 @@ async def test_engine_recomputes_a_phi3_sequence_crossing_longrope(tmp_path: Pat
     assert any(check_record(model, r)[1] != r["greedy"] for r in crossing)
 
 
-def _llamacpp_greedy(url: str, ids: list[int], n: int) -> list[int]:
-    import httpx
-
-    body = {
-        "prompt": ids,
-        "n_predict": n,
-        "temperature": 0,
-        "samplers": ["top_k"],
-        "top_k": 1,
-        "ignore_eos": True,
-        "cache_prompt": False,
-        "return_tokens": True,
-    }
-    r = httpx.post(f"{url}/completion", json=body, timeout=120)
-    r.raise_for_status()
-    return [int(t) for t in r.json()["tokens"]]
-
-
 def _greedy_to_near_tie(model: LanguageModel, ids: list[int], n: int) -> tuple[list[int], int]:
     """Our greedy continuation, and how many of its tokens were picked by a clear margin
     (top-2 logits 0.01 apart or more): llama.cpp's f16 KV cache may flip a near tie."""
@@ -288,7 +271,7 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
             if set(rec["greedy"]) & set(eog):
                 continue
             ours, cut = _greedy_to_near_tie(model, rec["prompt_ids"], len(rec["greedy"]))
-            theirs = _llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
+            theirs = llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
             assert theirs[:cut] == ours[:cut], cut
             compared += 1
     assert compared >= 4

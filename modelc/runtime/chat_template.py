@@ -1,4 +1,4 @@
-"""Chat templates: the model's jinja template rendered in a sandbox, or a plain fallback.
+"""Chat templates: the model's jinja template rendered in a sandbox, or llama.cpp's ChatML fallback.
 
 The template (GGUF ``tokenizer.chat_template`` or ``tokenizer_config.json``'s
 ``chat_template``) is rendered the way Hugging Face ``apply_chat_template`` does:
@@ -8,8 +8,8 @@ globals ``raise_exception`` and ``strftime_now``.  Variables: ``messages``,
 ``add_generation_prompt``, ``tools``, ``bos_token``, ``eos_token`` (plus any extra
 keyword the caller passes, e.g. ``documents``).
 
-Without a template the fallback is one ``role: content`` line per message, then
-``assistant:`` when a generation prompt is asked for.
+Without a template the fallback is ChatML (:data:`DEFAULT_TEMPLATE`), as llama.cpp's
+server does for a GGUF without one, so both feed such a model the same prompt.
 
 A template is a stranger's code: besides the sandbox (no access to internals), a render
 stops with a :class:`~modelc.errors.UsageError` when it runs past
@@ -123,13 +123,13 @@ def _check_messages(messages: Sequence[Message]) -> None:
             raise UsageError(f"message {i} must be an object with a 'role' (and 'content')")
 
 
-def plain_chat(messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-    """The fallback rendering: ``role: content`` lines."""
-    _check_messages(messages)
-    lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
-    if add_generation_prompt:
-        lines.append("assistant:")
-    return "\n".join(lines) + ("" if add_generation_prompt else "\n")
+# llama.cpp's fallback (its CHATML_TEMPLATE_SRC) for a model that ships no template
+DEFAULT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
 
 
 def render_chat(
@@ -143,10 +143,8 @@ def render_chat(
     **extra: Any,
 ) -> str:
     """The prompt text for ``messages``; template problems raise :class:`UsageError`."""
-    if not template:
-        return plain_chat(messages, add_generation_prompt)
     _check_messages(messages)
-    tpl = _compile(template)
+    tpl = _compile(template or DEFAULT_TEMPLATE)
     token = _DEADLINE.set(time.monotonic() + MAX_RENDER_SECONDS)
     try:
         parts: list[str] = []

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from modelc.bench.procs import ServerStartError, wait_healthy
 from modelc.errors import ModelcError
 
 HEADROOM = 1.10
@@ -110,21 +111,14 @@ def measure(
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             with httpx.Client(timeout=120) as client:
-                while True:
-                    if proc.poll() is not None:
-                        tail = log.read_text(errors="replace").strip().splitlines()[-1:]
-                        raise MeasureError(
-                            f"the replica to measure exited {proc.returncode}: "
-                            f"{tail[0] if tail else 'no output'}"
-                        )
-                    if time.monotonic() - t0 > timeout:
-                        raise MeasureError(f"the replica to measure was not ready in {timeout} s")
-                    try:
-                        if client.get(f"{url}/health", timeout=2).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    time.sleep(0.05)
+                try:
+                    wait_healthy(url, proc, timeout, client=client)
+                except ServerStartError as e:
+                    tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+                    raise MeasureError(
+                        f"the replica to measure did not start ({e}): "
+                        f"{tail[0] if tail else 'no output'}"
+                    ) from e
                 loaded = time.monotonic() - t0
                 tps = _warm(client, url, name)
                 text = client.get(f"{url}/metrics").text
