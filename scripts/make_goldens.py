@@ -3,9 +3,9 @@
 Run with the reference venv (torch 2.13 + transformers 5.x), from the repository root:
 
     /root/.cache/modelc-ref-venv/bin/python scripts/make_goldens.py \
-        [smollm2] [chat] [gpt2] [minilm]
+        [smollm2] [chat] [gpt2] [minilm] [gemma3]
 
-(no argument: all four).
+(no argument: all five).
 
 The test assets are located (and fetched if needed) by the project venv
 (``.venv/bin/python -m tests.assets`` / ``-m tests.gen_gpt2``), so this script and the
@@ -23,6 +23,11 @@ tests use the same files.
 * gpt2: the numpy-generated random GPT-2 of ``tests/gen_gpt2.py`` loaded into
   ``GPT2LMHeadModel``; same outputs.  Also checks that the torch-free
   ``pytorch_model.bin`` copy (``<assets>/gpt2-random-bin/``) loads in torch bit for bit.
+* gemma3: the real Gemma 3 270M Q4_K_M GGUF (``tests.assets.gemma3_gguf()``, no chat
+  template), dequantized to f32 by transformers; the raw prompts below and chats rendered
+  with llama.cpp's ChatML fallback (the text modelc and llama.cpp's server feed such a
+  model), ids from transformers' GGUF tokenizer with its BOS; same fields as smollm2, with
+  the per-step margins.
 * minilm: all-MiniLM-L6-v2 ``BertModel``, mean-pooled over the attention mask and
   L2-normalised (the sentence-transformers recipe).
 """
@@ -188,6 +193,83 @@ def load_smollm2() -> tuple[Path, Any, Any]:
     return gguf, tok, model
 
 
+GEMMA3_RAW_PROMPTS = [
+    *SMOLLM2_RAW_PROMPTS[:12],
+    "The Eiffel Tower was built in",
+    "A recipe for pancakes:\n1.",
+    "The speed of light is approximately",
+    "for i in range(10):\n   ",
+    "Dear Sir or Madam,\n\nI am writing to",
+    "The French Revolution began in",
+    "Monday, Tuesday, Wednesday,",
+    "The human heart has four",
+    "SELECT * FROM orders WHERE",
+    "Shakespeare wrote many plays, including",
+    "The first man on the moon was",
+    "To be or not to be,",
+    "Apples are a good source of",
+    "The chemical symbol for gold is",
+    "In the beginning God created",
+    "January, February, March,",
+    "The Pacific Ocean is the",
+    "Python is a programming language that",
+    "The Great Wall of China is",
+    "My name is John and I",
+    "class Stack:\n    def __init__(self):\n",
+    "The theory of relativity was developed by",
+    "Once there lived a king who",
+    "The most popular sport in the world is",
+    "Bananas are yellow because",
+    "The sun rises in the",
+    "An atom consists of",
+    "The meaning of life is",
+]
+
+
+def chatml(messages: list[dict[str, str]]) -> str:
+    """llama.cpp's fallback template (``modelc.runtime.chat_template.DEFAULT_TEMPLATE``)."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+def make_gemma3() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(project_python("from tests.assets import gemma3_gguf; print(gemma3_gguf())"))
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
+    prompts: list[tuple[str, str, Any]] = [("raw", p, None) for p in GEMMA3_RAW_PROMPTS]
+    prompts += [("chat", chatml(c), c) for c in SMOLLM2_CHATS]
+    records = []
+    for kind, text, messages in prompts:
+        ids = tok(text, add_special_tokens=True).input_ids
+        logits = model(torch.tensor([ids])).logits[0, -1]
+        gen, margins = greedy(model, ids, 24)
+        records.append(
+            {
+                "kind": kind,
+                "prompt": text,
+                "prompt_ids": ids,
+                **next_token_record(logits),
+                "greedy": gen,
+                "greedy_text": tok.decode(gen, skip_special_tokens=False),
+                "margins": [round(m, 4) for m in margins],
+                **({"messages": messages} if messages else {}),
+            }
+        )
+        print(kind, repr(text[:40]), "->", repr(records[-1]["greedy_text"][:60]))
+    write(
+        "gemma3_270m.json",
+        {
+            "model": f"{gguf.name} (sha256 a5fd3b62...), transformers f32",
+            "eos_ids": sorted({int(tok.eos_token_id), 106}),
+            "records": records,
+        },
+    )
+
+
 def make_smollm2() -> None:
     gguf, tok, model = load_smollm2()
     records = []
@@ -338,9 +420,16 @@ def make_minilm() -> None:
 
 def main() -> None:
     torch.set_grad_enabled(False)
-    which = sys.argv[1:] or ["smollm2", "chat", "gpt2", "minilm"]
+    which = sys.argv[1:] or ["smollm2", "chat", "gpt2", "minilm", "gemma3"]
+    makers = {
+        "smollm2": make_smollm2,
+        "chat": make_chat,
+        "gpt2": make_gpt2,
+        "minilm": make_minilm,
+        "gemma3": make_gemma3,
+    }
     for w in which:
-        {"smollm2": make_smollm2, "chat": make_chat, "gpt2": make_gpt2, "minilm": make_minilm}[w]()
+        makers[w]()
 
 
 if __name__ == "__main__":

@@ -154,10 +154,23 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
     want = {
         "qwen2": ["head_dim 16", "RoPE neox", "QKV bias"],
         "qwen3": ["head_dim 32", "RoPE neox", "Q/K norm", "tied embeddings"],
-        "mistral": ["RoPE interleaved", "sliding window 8"],
-        "gemma2": ["head_dim 16", "sliding window 4", "tied embeddings"],
-        "gemma3": ["head_dim 32", "Q/K norm", "sliding window 4", "tied embeddings"],
-        "phi3": ["head_dim 16"],
+        "mistral": ["RoPE interleaved", "sliding window 8 (3 of 3 layers)"],
+        "gemma2": [
+            "head_dim 16",
+            "RoPE neox (theta 10000)",
+            "sliding window 4 (2 of 3 layers)",
+            "Q·K scale 0.25",  # query_pre_attn_scalar 16
+            "soft-cap attention 3, logits 2",
+            "tied embeddings",
+        ],
+        "gemma3": [
+            "head_dim 32",
+            "RoPE neox (theta 1e+06, linear x2; windowed layers theta 10000)",
+            "Q/K norm",
+            "sliding window 4 (5 of 6 layers)",
+            "tied embeddings",
+        ],
+        "phi3": ["head_dim 16", "RoPE neox (theta 10000, longrope", "fused QKV"],
     }[family]
     for k in SOURCES:
         out = cli("inspect", str(tmp_path / f"{k}.modelc")).stdout

@@ -71,19 +71,28 @@ def attention_features(art: Artifact) -> list[str]:
     h = art.manifest.hparams
     names = {e.name for e in art.manifest.tensors}
     out = [f"head_dim {h.head_dim or h.n_embd // h.n_head}"]
-    if any(n.startswith("blk.0.attn_qkv") for n in names) or "position_embd.weight" in names:
+    if "position_embd.weight" in names:
         out.append("learned positions")
-    elif h.activation == "silu":
+    else:
         rope = f"RoPE {h.rope_style} (theta {h.rope_theta:g}"
         if h.rope_scaling.type != "none":
             rope += f", {h.rope_scaling.type} x{h.rope_scaling.factor:g}"
+        if h.rope_theta_local:
+            rope += f"; windowed layers theta {h.rope_theta_local:g}"
         out.append(rope + ")")
+    if any(n.startswith("blk.0.attn_qkv") for n in names):
+        out.append("fused QKV")
     if "blk.0.attn_q.bias" in names and "blk.0.ffn_gate.weight" in names:
         out.append("QKV bias")
     if "blk.0.attn_q_norm.weight" in names:
         out.append("Q/K norm")
     if h.sliding_window:
-        out.append(f"sliding window {h.sliding_window}")
+        n_win = len(h.window_layers) or h.n_layer
+        out.append(f"sliding window {h.sliding_window} ({n_win} of {h.n_layer} layers)")
+    if h.attn_scale:
+        out.append(f"Q·K scale {h.attn_scale:.4g}")
+    if h.attn_softcap or h.final_softcap:
+        out.append(f"soft-cap attention {h.attn_softcap:g}, logits {h.final_softcap:g}")
     if h.tie_embeddings and "output.weight" not in names:
         out.append("tied embeddings")
     return out
