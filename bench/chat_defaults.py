@@ -53,14 +53,14 @@ class Tally:
         )
 
 
-def ask(url: str, name: str, asks: int, max_tokens: int) -> Tally:
+def ask(url: str, name: str, asks: int, max_tokens: int, question: str) -> Tally:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=600)
     model = client.models.list().data[0].id
     t = Tally(name)
     for _ in range(asks):
         t0 = time.perf_counter()
         r = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=max_tokens
+            model=model, messages=[{"role": "user", "content": question}], max_tokens=max_tokens
         )
         t.seconds.append(time.perf_counter() - t0)
         assert r.usage is not None
@@ -95,6 +95,7 @@ def main() -> int:
     ap.add_argument("--asks", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--question", default=QUESTION, help="the user message asked")
     a = ap.parse_args()
     gguf = smollm2_gguf()
     logs = Path(tempfile.mkdtemp(prefix="chat-defaults-"))
@@ -104,18 +105,18 @@ def main() -> int:
         model = client.models.list().data[0].id
         t0 = time.perf_counter()
         r = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": QUESTION}]
+            model=model, messages=[{"role": "user", "content": a.question}]
         )
         readme = (time.perf_counter() - t0, r.choices[0].finish_reason, r.choices[0].message)
-        ours = ask(url, "modelc", a.asks, a.max_tokens)
+        ours = ask(url, "modelc", a.asks, a.max_tokens, a.question)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     with LlamaCppServer(gguf, threads=a.threads, n_parallel=1, n_ctx=4096) as peer:
-        theirs = ask(peer.url, "llama-server", a.asks, a.max_tokens)
+        theirs = ask(peer.url, "llama-server", a.asks, a.max_tokens, a.question)
     print(f"README example (no max_tokens): {readme[0]:.2f} s, finish_reason {readme[1]!r}, ")
     print(f"  content {readme[2].content!r}\n")
-    print(f"{a.asks} asks of {QUESTION!r}, no sampling fields, max_tokens {a.max_tokens}:\n")
+    print(f"{a.asks} asks of {a.question!r}, no sampling fields, max_tokens {a.max_tokens}:\n")
     print("| server | stopped at end of turn | median tokens | max tokens | median s |")
     print("|---|---|---|---|---|")
     print(ours.row(a.asks))
