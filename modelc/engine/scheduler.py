@@ -347,7 +347,11 @@ class LLMEngine:
             and self.opt.spec_gamma > 0
         )
         spec = SpecController(self.spec_config, len(prompt)) if self.opt.spec_adaptive else None
-        if spec is not None and not spec.enabled:
+        # the controller's choices follow measured step times, and with sampling the
+        # draft lengths decide how the RNG is used: a seeded request must repeat, so it
+        # does not draft (greedy output is the same whatever the drafts)
+        seeded = p.temperature > 0 and p.seed is not None
+        if spec is not None and (not spec.enabled or seeded):
             use_spec = False
         r = _Request(
             req,
