@@ -269,7 +269,7 @@ async def one(
         if isinstance(ev, TokenEvent):
             stamps.append(time.perf_counter())
             toks.append(ev.token_id)
-        else:
+        elif isinstance(ev, FinishEvent):
             fin = ev
     assert fin is not None
     lat = time.perf_counter() - t0
