@@ -387,10 +387,11 @@ async def main(args: argparse.Namespace) -> None:
     lines: list[str] = []
     async with trio.open_nursery() as n:
         await n.start(eng.run)
-        rows = await sequential(eng, reqs, args.repeats, args.verbose)
-        lines += table(
-            rows, f"one request at a time, {args.repeats} runs each way, mode {args.mode}"
-        )
+        if not args.only_concurrent:
+            rows = await sequential(eng, reqs, args.repeats, args.verbose)
+            lines += table(
+                rows, f"one request at a time, {args.repeats} runs each way, mode {args.mode}"
+            )
         if args.concurrent:
             rows = await concurrent(eng, reqs, args.repeats, args.concurrent)
             lines += table(rows, f"{args.concurrent} clients at once, {args.repeats} runs each way")
@@ -407,6 +408,7 @@ if __name__ == "__main__":
     ap.add_argument("--mode", choices=["auto", "fixed"], default="auto")
     ap.add_argument("--gamma", type=int, default=None, help="longest draft (default: the engine's)")
     ap.add_argument("--concurrent", type=int, default=0, metavar="N")
+    ap.add_argument("--only-concurrent", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every run")
     ap.add_argument(
         "--only", default="", help="comma-separated kinds: code,summary,long-nocopy,chat"
