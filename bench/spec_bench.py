@@ -5,9 +5,12 @@ Workloads (chat-templated, greedy, each request stops at its end of turn or max_
 
 * ``code``: a code snippet and a small edit to make; the answer copies most of it;
 * ``summary``: a passage of prose to summarise (some copying);
-* ``mixed``: short chats (below the prompt-length threshold: never draft), long
-  prompts whose answer copies little (a question about a passage, a poem inspired by
-  it), plus the code and summary requests.
+* ``long-qa``: a question about a passage, a poem inspired by it (SmolLM2 copies a
+  good deal of the passage into these anyway);
+* ``long-nocopy``: ~200 tokens of random words, then an unrelated task (nothing to
+  copy: drafting has to switch itself off);
+* ``chat``: short chats (below the prompt-length threshold: never draft);
+* ``mixed (all)``: every request above.
 
 Every request runs with speculation off and with the engine's default (``auto``),
 alternating (off, auto, auto, off, ...), on one engine with the prefix cache off, so
@@ -27,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import trio
 
 from modelc.engine import EngineOptions, LLMEngine, build_engine
@@ -178,6 +182,39 @@ screens away before bed. Short naps can help, but long naps late in the afternoo
 make it harder to fall asleep at night.""",
 ]
 
+# long prompts whose answers have nothing to copy: a list of random words, then a task
+WORDS = [
+    "river",
+    "window",
+    "seven",
+    "purple",
+    "engine",
+    "quietly",
+    "market",
+    "cloud",
+    "forest",
+    "ladder",
+    "orange",
+    "silver",
+    "thunder",
+    "pocket",
+    "garden",
+    "mirror",
+    "candle",
+    "violin",
+    "harbor",
+    "pepper",
+    "saddle",
+    "lantern",
+    "marble",
+    "basket",
+]
+STORIES = [
+    "Ignore the words above. Write a short story about a cat who learns to fly.",
+    "Ignore the words above. Describe your ideal weekend in a few sentences.",
+    "Ignore the words above. Explain how a bicycle works to a child.",
+]
+
 CHATS = [
     "What is the capital of France?",
     "Give me three tips for sleeping better.",
@@ -227,7 +264,7 @@ def workloads() -> list[Req]:
         )
         out.append(
             Req(
-                "long-nocopy",
+                "long-qa",
                 f"question{i}",
                 f"{text}\n\nIn one sentence, why does this matter to ordinary people?",
                 max_tokens=96,
@@ -235,12 +272,16 @@ def workloads() -> list[Req]:
         )
         out.append(
             Req(
-                "long-nocopy",
+                "long-qa",
                 f"poem{i}",
                 f"{text}\n\nWrite a short poem inspired by this passage.",
                 max_tokens=128,
             )
         )
+    rng = np.random.default_rng(0)
+    for i, task in enumerate(STORIES):
+        noise = " ".join(rng.choice(WORDS, size=160).tolist())
+        out.append(Req("long-nocopy", f"story{i}", f"{noise}\n\n{task}", max_tokens=128))
     for i, c in enumerate(CHATS):
         out.append(Req("chat", f"chat{i}", c, max_tokens=96))
     return out
@@ -340,7 +381,7 @@ def table(rows: list[Row], title: str) -> list[str]:
         "latency auto/off | acceptance | identical tokens |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    kinds = ["code", "summary", "long-nocopy", "chat", "mixed (all)"]
+    kinds = ["code", "summary", "long-qa", "long-nocopy", "chat", "mixed (all)"]
     for kind in kinds:
         sel = [r for r in rows if kind == "mixed (all)" or r.req.kind == kind]
         if not sel:
