@@ -417,6 +417,55 @@ def table(rows: list[Row], title: str) -> list[str]:
     return lines
 
 
+def step_costs(eng: LLMEngine, repeats: int = 25) -> list[str]:
+    """Time of one forward of a decode step verifying ``k`` drafts over a plain one, for
+    one sequence and for 4 (one of them drafting), at a few context lengths."""
+    from modelc.runtime.model import SeqChunk
+
+    lm = eng.lm
+    assert lm is not None
+    rng = np.random.default_rng(0)
+    ks = (0, 1, 2, 4, 8)
+    lines = [
+        "\nverification cost: forward time with k drafted rows / a plain decode step "
+        f"(median of {repeats})\n",
+        "| context | sequences | plain step | " + " | ".join(f"k={k}" for k in ks[1:]) + " |",
+        "|---|---|---|" + "---|" * (len(ks) - 1),
+    ]
+    for ctx, nseq in ((64, 1), (300, 1), (1000, 1), (300, 4)):
+        caches = []
+        for _ in range(nseq):
+            c = lm.new_cache(eng.mode, max_tokens=eng.max_context)
+            toks = [int(t) for t in rng.integers(100, 10000, ctx)]
+            for j in range(0, ctx, 256):
+                lm.forward([SeqChunk(c, toks[j : j + 256], ())])
+            caches.append(c)
+        times: dict[int, list[float]] = {k: [] for k in ks}
+        for _ in range(repeats):
+            for k in ks:
+                batch = [
+                    SeqChunk(
+                        c,
+                        [int(t) for t in rng.integers(100, 10000, (k if j == 0 else 0) + 1)],
+                        tuple(range((k if j == 0 else 0) + 1)),
+                    )
+                    for j, c in enumerate(caches)
+                ]
+                t0 = time.perf_counter()
+                lm.forward(batch)
+                times[k].append(time.perf_counter() - t0)
+                for c in caches:
+                    c.truncate(ctx)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        lines.append(
+            f"| {ctx} | {nseq} | {med[0] * 1000:.1f} ms | "
+            + " | ".join(f"{med[k] / med[0]:.2f}" for k in ks[1:])
+            + " |"
+        )
+        print(lines[-1], flush=True)
+    return lines
+
+
 async def main(args: argparse.Namespace) -> None:
     opts = EngineOptions(prefix_cache_bytes=0, spec_adaptive=args.mode == "auto")
     if args.gamma is not None:
@@ -425,7 +474,7 @@ async def main(args: argparse.Namespace) -> None:
     reqs = workloads()
     if args.only:
         reqs = [r for r in reqs if r.kind in args.only.split(",")]
-    lines: list[str] = []
+    lines: list[str] = step_costs(eng) if args.cost else []
     async with trio.open_nursery() as n:
         await n.start(eng.run)
         if not args.only_concurrent:
@@ -450,6 +499,7 @@ if __name__ == "__main__":
     ap.add_argument("--gamma", type=int, default=None, help="longest draft (default: the engine's)")
     ap.add_argument("--concurrent", type=int, default=0, metavar="N")
     ap.add_argument("--only-concurrent", action="store_true")
+    ap.add_argument("--cost", action="store_true", help="also time verification steps")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every run")
     ap.add_argument(
         "--only", default="", help="comma-separated kinds: code,summary,long-nocopy,chat"
