@@ -3,28 +3,36 @@
 Verifying ``k`` drafted tokens is not free on the CPU: the step feeds ``k + 1`` rows
 instead of one (attention over the whole context for each, ``k + 1`` rows of the
 output head, a sample per row), so a step costs ``cost(k) = t(rows + k) / t(rows)``
-of a plain one (``bench/RESULTS.md``: about 1 + 0.1..0.25 k for SmolLM2-135M). It
-pays only when the drafts are accepted often enough.
+of a plain one (SmolLM2-135M, one sequence: ~1.05 at k=1, ~1.2 at 2, ~1.4 at 4,
+2.1-2.7 at 8; ``bench/spec_bench.py --cost``). It pays only when drafts are accepted
+often enough, and how often depends above all on how the drafter found them: prompt
+lookup's drafts after a 3-token match were accepted 76-99% of the time on SmolLM2,
+after a 2-token match 20-33%, after a single token 6-15%.
 
 * :class:`StepCost` learns ``t(rows) = base + per_row * rows`` from the engine's own
-  decode-only steps (least squares with exponential forgetting), starting from a
-  prior per-row ratio until the steps have varied enough to fit.
-* :class:`SpecController` (one per request) keeps an estimate ``a`` of the chance that
-  a drafted token is accepted: each verification gives the geometric estimate
-  ``accepted / (accepted + rejected)`` (``rejected`` is 1 when a draft token was
-  turned down, 0 when all were taken) and ``a`` moves halfway to it (``decay``). With
-  ``a`` the expected tokens of a verification of ``k`` drafts is
-  ``E(a, k) = (1 - a^(k+1)) / (1 - a)``; among ``B`` decoding sequences drafting
-  ``k`` turns a step that yields ``B`` tokens in time ``1`` into one that yields
-  ``B - 1 + E`` in time ``cost(k)``. The controller picks the ``k`` in 1..``n_max``
-  with the best ``gain = (B - 1 + E) / (B cost(k))`` and drafts when it is at least
-  ``min_gain``; otherwise the request is *off*: it decodes plainly (no drafting, no
-  lookup) and probes with ``probe_len`` drafted tokens after ``probe_every`` plain
-  steps, the interval doubling after each probe that does not turn it back on (up to
-  ``probe_max``), so a request whose output copies nothing loses at most a few
-  percent of a step now and then.
+  decode-only steps (least squares with exponential forgetting), with a prior per-row
+  ratio (0.15) until the observed row counts vary enough to fit.
+* :class:`SpecController` (one per request) keeps, per match length (an "arm"), decayed
+  counts of accepted and rejected draft tokens: a verification adds its accepted
+  tokens, and one rejection unless all were taken, so ``a = accepted / (accepted +
+  rejected)`` estimates the chance of each next draft token being right (the geometric
+  model). With ``a`` one verification of ``k`` drafts yields ``E(a, k) = (1 - a^(k+1))
+  / (1 - a)`` tokens; among ``B`` decoding sequences drafting ``k`` turns a step that
+  yields ``B`` tokens in time 1 into one that yields ``B - 1 + E`` in time ``cost(k)``.
+  The controller verifies the ``k`` (1..``n_max``, at most what the drafter offers)
+  with the best ``gain = (B - 1 + E) / (B cost(k))`` when that gain is at least
+  ``min_gain``; otherwise it decodes plainly and counts the skipped match. After
+  ``probe_every`` skipped matches of an arm it verifies a one-token probe; a probe that
+  does not bring the arm back above ``min_gain`` doubles that arm's interval (up to
+  ``probe_max``). A request whose answer copies nothing thus stops drafting after a
+  couple of rejected drafts and afterwards spends a one-token verification (~5% of a
+  step) every 8..128 steps.
 * Prompts shorter than ``min_prompt`` tokens never draft: prompt lookup has little to
-  copy from and the probes would cost more than they find.
+  copy from there.
+
+The decisions follow measured step times, so with sampling they would move the RNG
+from run to run; the engine therefore lets a seeded sampling request not draft (greedy
+output does not depend on the drafts at all).
 """
 
 from __future__ import annotations
@@ -38,13 +46,13 @@ class SpecConfig:
     n_max: int = 8  # longest draft verified in one step (--spec-max)
     min_prompt: int = 128  # shorter prompts never draft (--spec-min-prompt)
     # acceptance assumed before the first verification, by matched n-gram length (0:
-    # drafters without one); SmolLM2's drafts were accepted ~8-15% after a 1-token
+    # drafters without one); SmolLM2's drafts were accepted 6-15% after a 1-token
     # match, 20-33% after 2 and 76-99% after 3 (bench/RESULTS.md)
     priors: tuple[float, ...] = (0.5, 0.1, 0.3, 0.75)
     prior_weight: float = 2.0  # the priors count as this many verified tokens
     decay: float = 0.6  # weight the old counts keep at each verification
     min_gain: float = 1.05  # expected speed-up of a step needed to draft
-    probe_every: int = 8  # plain steps before the first probe of an off request
+    probe_every: int = 8  # skipped matches of an arm before its first probe
     probe_max: int = 128  # the probe interval doubles up to this
     probe_len: int = 1  # tokens drafted by a probe
 

@@ -14,9 +14,11 @@ A drafter proposes up to ``gamma`` tokens that follow a sequence; the engine fee
   token is distributed exactly as the target's ``p``.
 
 The engine drafts only for requests without a constraint (a grammar would have to
-check each draft token first) and never past ``max_tokens`` or the context.
-Acceptance is counted per request (``FinishEvent.spec_drafted`` / ``spec_accepted``)
-and in ``EngineStats``.
+check each draft token first) and never past ``max_tokens`` or the context. By default
+(``--speculate auto``) :mod:`modelc.engine.spec_control` decides per request and per
+step whether drafting pays and how many tokens to verify; ``fixed`` verifies every
+draft of up to ``spec_gamma`` tokens. Acceptance is counted per request
+(``FinishEvent.spec_drafted`` / ``spec_accepted``) and in ``EngineStats``.
 
 Drafters (all per request, built from its prompt):
 
