@@ -503,8 +503,8 @@ class LLMEngine:
                 self.policy.set_draft(rid, len(r.draft))
 
     def _cost_fn(self, rows: int) -> Callable[[int], float]:
-        cost = self.step_cost
-        return lambda k: cost.ratio(rows, k)
+        per_row = self.step_cost.per_row(rows)  # one fit per step, not one per k tried
+        return lambda k: 1.0 + per_row * k
 
     def _step_sync(self, plan: StepPlan) -> list[list[Sample] | ModelcError]:
         """Worker thread: one batched forward and the sampling it feeds; a decode-only

@@ -15,8 +15,8 @@ after a 2-token match 20-33%, after a single token 6-15%.
 * :class:`SpecController` (one per request) keeps, per match length (an "arm"), decayed
   counts of accepted and rejected draft tokens: a verification adds its accepted
   tokens, and one rejection unless all were taken, so ``a = accepted / (accepted +
-  rejected)`` estimates the chance of each next draft token being right (the geometric
-  model). With ``a`` one verification of ``k`` drafts yields ``E(a, k) = (1 - a^(k+1))
+  rejected + shrink)`` estimates the chance of each next draft token being right (the
+  geometric model; ``shrink`` keeps drafts short while there is little evidence). With ``a`` one verification of ``k`` drafts yields ``E(a, k) = (1 - a^(k+1))
   / (1 - a)`` tokens; among ``B`` decoding sequences drafting ``k`` turns a step that
   yields ``B`` tokens in time 1 into one that yields ``B - 1 + E`` in time ``cost(k)``.
   The controller verifies the ``k`` (1..``n_max``, at most what the drafter offers)
@@ -50,6 +50,8 @@ class SpecConfig:
     # match, 20-33% after 2 and 76-99% after 3 (bench/RESULTS.md)
     priors: tuple[float, ...] = (0.5, 0.1, 0.3, 0.75)
     prior_weight: float = 2.0  # the priors count as this many verified tokens
+    shrink: float = 0.5  # a = accepted / (accepted + rejected + shrink): little evidence,
+    # short drafts (the first draft after a 3-token match verifies 2-3 tokens, not 5)
     decay: float = 0.6  # weight the old counts keep at each verification
     min_gain: float = 1.05  # expected speed-up of a step needed to draft
     probe_every: int = 8  # skipped matches of an arm before its first probe
@@ -104,15 +106,16 @@ class StepCost:
 class _Arm:
     """The acceptance estimate of drafts found one way (an n-gram length)."""
 
-    def __init__(self, prior: float, weight: float, probe_every: int) -> None:
+    def __init__(self, prior: float, weight: float, shrink: float, probe_every: int) -> None:
         self.num, self.den = prior * weight, weight  # decayed accepted / (accepted + rejected)
+        self.shrink = shrink
         self.skipped = 0  # matches not drafted since the last verification
         self.interval = probe_every
         self.probing = False
 
     @property
     def accept(self) -> float:
-        return self.num / self.den
+        return self.num / (self.den + self.shrink)
 
 
 class SpecController:
@@ -129,7 +132,8 @@ class SpecController:
         a = self._arms.get(match)
         if a is None:
             prior = self.cfg.priors[min(match, len(self.cfg.priors) - 1)]
-            a = self._arms[match] = _Arm(prior, self.cfg.prior_weight, self.cfg.probe_every)
+            cfg = self.cfg
+            a = self._arms[match] = _Arm(prior, cfg.prior_weight, cfg.shrink, cfg.probe_every)
         return a
 
     def best(
