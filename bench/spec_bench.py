@@ -470,6 +470,8 @@ async def main(args: argparse.Namespace) -> None:
     opts = EngineOptions(prefix_cache_bytes=0, spec_adaptive=args.mode == "auto")
     if args.gamma is not None:
         opts.spec_gamma = args.gamma
+    if args.max_running is not None:
+        opts.spec_max_running = args.max_running
     eng = build_engine(args.model, opts)
     reqs = workloads()
     if args.only:
@@ -499,6 +501,9 @@ if __name__ == "__main__":
     ap.add_argument("--gamma", type=int, default=None, help="longest draft (default: the engine's)")
     ap.add_argument("--concurrent", type=int, default=0, metavar="N")
     ap.add_argument("--only-concurrent", action="store_true")
+    ap.add_argument(
+        "--max-running", type=int, default=None, metavar="N", help="draft only while <= N run"
+    )
     ap.add_argument("--cost", action="store_true", help="also time verification steps")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every run")
     ap.add_argument(
