@@ -185,7 +185,9 @@ async def speculative(ir: ModelIR, on: bool, n_tokens: int) -> dict[str, Any]:
             "accepted": tr.finish.spec_accepted,
         }
 
-    r: dict[str, Any] = await with_engine(ir, EngineOptions(speculative=on, spec_gamma=6), body)
+    r: dict[str, Any] = await with_engine(
+        ir, EngineOptions(speculative=on, spec_adaptive=False, spec_gamma=6), body
+    )
     return r
 
 

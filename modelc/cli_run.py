@@ -69,9 +69,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         "prefill_chunk": args.prefill_chunk,
         "threads": args.threads,
         "device": args.device,
+        "spec_gamma": args.spec_max,
+        "spec_min_prompt": args.spec_min_prompt,
     }
     engine = EngineOptions(**{k: v for k, v in given.items() if v is not None})
     engine.context_shift = args.context_shift
+    engine.speculative = args.speculate != "off"
+    engine.spec_adaptive = args.speculate == "auto"
     engine.sampling = cfg.sampling.given()
     max_tokens = args.max_tokens if args.max_tokens is not None else cfg.sampling.max_tokens
     if max_tokens is not None:
@@ -206,6 +210,30 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--threads", type=int, default=None, metavar="N", help="kernel threads (default: all cores)"
+    )
+    p.add_argument(
+        "--speculate",
+        default="auto",
+        choices=["auto", "fixed", "off"],
+        help="speculative decoding by prompt lookup: auto (default) drafts for prompts of "
+        "--spec-min-prompt tokens or more, as many tokens as the measured acceptance makes "
+        "worth verifying, none when it does not pay; fixed always drafts --spec-max tokens "
+        "when the prompt has them; off never (a request can opt out with "
+        '"speculative": false)',
+    )
+    p.add_argument(
+        "--spec-max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="longest draft verified in one step (default 8)",
+    )
+    p.add_argument(
+        "--spec-min-prompt",
+        type=int,
+        default=None,
+        metavar="N",
+        help="auto: prompts shorter than N tokens never draft (default 128)",
     )
     p.add_argument(
         "--device",

@@ -101,7 +101,8 @@ def alone(eng: LLMEngine, prompt: Sequence[int], p: SamplingParams) -> list[int]
 
 
 async def test_batched_equals_alone(ir: ModelIR) -> None:
-    eng = make(ir, spec_max_running=8)  # drafts verified inside the batch too
+    # fixed drafting: drafts verified inside the batch too (short prompts never draft in auto)
+    eng = make(ir, spec_max_running=8, spec_adaptive=False)
     p = params(eng)
     expected = [alone(eng, ids(eng, t), p) for t in PROMPTS]
     results: dict[int, tuple[list[int], str, FinishEvent]] = {}
@@ -227,14 +228,16 @@ async def test_prefix_cache_skips_shared_prefill(ir: ModelIR) -> None:
     assert tb == expected_b
 
 
-@pytest.mark.parametrize("draft", ["prompt-lookup", "ngram"])
-async def test_speculative_greedy_identical(ir: ModelIR, draft: str) -> None:
+@pytest.mark.parametrize(
+    ("draft", "adaptive"), [("prompt-lookup", False), ("ngram", False), ("prompt-lookup", True)]
+)
+async def test_speculative_greedy_identical(ir: ModelIR, draft: str, adaptive: bool) -> None:
     code = "def area(width, height):\n    result = width * height\n    return result\n"
     prompt = f"Rename width to w in this code.\n{code}\nNew code:\n"
     plain = make(ir, speculative=False)
     p = params(plain, max_tokens=24)
     expected = alone(plain, ids(plain, prompt), p)
-    eng = make(ir, speculative=True, draft=draft)
+    eng = make(ir, speculative=True, draft=draft, spec_adaptive=adaptive, spec_min_prompt=0)
     async with running(eng):
         toks, _, fin = await collect(eng.submit(GenerationRequest("s", ids(eng, prompt), p)))
     assert toks == expected
@@ -242,6 +245,96 @@ async def test_speculative_greedy_identical(ir: ModelIR, draft: str) -> None:
     st = eng.stats()
     assert st.spec_accepted == fin.spec_accepted
     assert st.extra["spec_acceptance"] == pytest.approx(fin.spec_accepted / fin.spec_drafted)
+
+
+EDIT_CODE = """def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal = subtotal + item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+
+
+def average_price(items):
+    if not items:
+        return 0
+    return sum(item.price for item in items) / len(items)
+"""
+
+
+def chat_ids(eng: LLMEngine, user: str, answer_prefix: str = "") -> list[int]:
+    assert eng.prompt is not None
+    msgs = [{"role": "user", "content": user}]
+    if answer_prefix:
+        msgs.append({"role": "assistant", "content": answer_prefix})
+    return eng.prompt.chat(msgs).ids
+
+
+async def test_adaptive_speculation_is_the_default_and_exact(ir: ModelIR) -> None:
+    """Default options: a long code-editing prompt drafts a lot, output token-identical
+    to plain decoding; the same request with speculation off drafts nothing."""
+    eng = make(ir)
+    assert eng.opt.speculative and eng.opt.spec_adaptive
+    prompt = chat_ids(
+        eng,
+        f"Rename `items` to `products` in this code and output the whole code.\n"
+        f"```python\n{EDIT_CODE}```",
+        "```python\n",
+    )
+    assert len(prompt) >= eng.opt.spec_min_prompt
+    p = params(eng, max_tokens=64)
+    expected = alone(eng, prompt, p)
+    async with running(eng):
+        toks, _, fin = await collect(eng.submit(GenerationRequest("a", prompt, p)))
+        off, _, fin_off = await collect(
+            eng.submit(GenerationRequest("b", prompt, p, speculative=False))
+        )
+    assert toks == expected == off
+    assert fin.spec_drafted > 0 and fin.spec_accepted >= len(toks) // 3
+    assert fin_off.spec_drafted == 0
+
+
+async def test_adaptive_speculation_turns_off_without_copying(ir: ModelIR) -> None:
+    """A long prompt of random words the answer does not copy: after the first rejected
+    drafts the request decodes plainly, with a rare one-token probe."""
+    eng = make(ir)
+    assert eng.tok is not None
+    words = [
+        "river", "window", "seven", "purple", "engine", "quietly", "market", "cloud",
+        "forest", "ladder", "orange", "silver", "thunder", "pocket", "garden", "mirror",
+    ]  # fmt: skip
+    rng = np.random.default_rng(3)
+    text = " ".join(rng.choice(words, size=200).tolist())
+    prompt = chat_ids(eng, f"{text}\n\nNow write a short story about a cat who learns to fly.")
+    assert len(prompt) >= eng.opt.spec_min_prompt
+    p = params(eng, max_tokens=96)
+    expected = alone(eng, prompt, p)
+    async with running(eng):
+        toks, _, fin = await collect(eng.submit(GenerationRequest("n", prompt, p)))
+    assert toks == expected
+    # far fewer drafted tokens than a fixed draft length would verify (8 per step)
+    assert fin.spec_drafted <= len(toks) // 3, (fin.spec_drafted, fin.spec_accepted, len(toks))
+
+
+async def test_adaptive_speculation_with_sampling(ir: ModelIR) -> None:
+    """Unseeded sampling drafts (standard rejection rule, exact in distribution: see
+    test_engine_policy); a seeded request does not draft in auto, so it repeats (the
+    controller's draft lengths follow measured step times and would move the RNG)."""
+    eng = make(ir)
+    prompt = chat_ids(
+        eng,
+        f"Rename `items` to `products` in this code and output the whole code.\n"
+        f"```python\n{EDIT_CODE}```",
+        "```python\n",
+    )
+    free = params(eng, max_tokens=48, temperature=0.7)
+    seeded = params(eng, max_tokens=48, temperature=0.7, seed=5)
+    async with running(eng):
+        t, _, f = await collect(eng.submit(GenerationRequest("s0", prompt, free)))
+        a, _, fa = await collect(eng.submit(GenerationRequest("s1", prompt, seeded)))
+        b, _, _ = await collect(eng.submit(GenerationRequest("s2", prompt, seeded)))
+    assert len(t) > 0 and f.spec_drafted > 0
+    assert a == b and fa.spec_drafted == 0
 
 
 async def test_mlp_draft_from_draft_tensors(ir: ModelIR) -> None:
@@ -252,7 +345,7 @@ async def test_mlp_draft_from_draft_tensors(ir: ModelIR) -> None:
     tensors = dict(ir.tensors)
     tensors["draft.fc.weight"] = Tensor("draft.fc.weight", DType.F32, fc.shape, lambda: fc)
     tensors["draft.out.weight"] = Tensor("draft.out.weight", DType.F32, out.shape, lambda: out)
-    eng = make(dataclasses.replace(ir, tensors=tensors), draft="mlp")
+    eng = make(dataclasses.replace(ir, tensors=tensors), draft="mlp", spec_adaptive=False)
     p = params(eng, max_tokens=10)
     expected = alone(eng, ids(eng, PROMPTS[3]), p)
     async with running(eng):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgspec
 import pytest
@@ -126,3 +127,59 @@ def test_app_has_no_response_timeout() -> None:
     app = create_app(ServerState("x"))
     assert app.config["RESPONSE_TIMEOUT"] is None  # Quart's 60 s would cut long streams
     assert app.config["MAX_CONTENT_LENGTH"] == 8 * 1024 * 1024
+
+
+@pytest.mark.parametrize(("given", "expected"), [("", True), (', "speculative": false', False)])
+def test_a_request_can_opt_out_of_speculation(given: str, expected: bool) -> None:
+    from modelc.runtime.sampling import SamplingParams
+    from modelc.server.generation import make_requests
+
+    body = f'{{"messages": [{{"role": "user", "content": "hi"}}]{given}}}'
+    req = msgspec.json.decode(body, type=ChatCompletionRequest)
+    reqs = make_requests("c", [1, 2], SamplingParams(), 2, speculative=req.speculative)
+    assert [r.speculative for r in reqs] == [expected, expected]
+
+
+@pytest.mark.parametrize(
+    ("flags", "speculative", "adaptive", "gamma", "min_prompt"),
+    [
+        ([], True, True, 8, 128),
+        (["--speculate", "off"], False, False, 8, 128),
+        (["--speculate", "fixed", "--spec-max", "4"], True, False, 4, 128),
+        (["--spec-min-prompt", "64"], True, True, 8, 64),
+    ],
+)
+def test_run_speculation_flags(
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    speculative: bool,
+    adaptive: bool,
+    gamma: int,
+    min_prompt: int,
+) -> None:
+    """``modelc run --speculate/--spec-max/--spec-min-prompt`` reach the engine options."""
+    import argparse
+
+    import modelc.cli_run as cli_run
+    import modelc.server.serve as serve_mod
+
+    seen: dict[str, Any] = {}
+
+    def fake_serve(opts: Any) -> int:
+        seen["opts"] = opts
+        return 0
+
+    monkeypatch.setattr(serve_mod, "check_bind", lambda host, port: None)
+    monkeypatch.setattr(serve_mod, "serve", fake_serve)
+    monkeypatch.setattr(cli_run, "_resolve", lambda arg: arg)
+    parser = argparse.ArgumentParser()
+    cli_run.register(parser.add_subparsers())
+    args = parser.parse_args(["run", "some-model", *flags])
+    args.func(args)
+    eng = seen["opts"].engine
+    assert (eng.speculative, eng.spec_adaptive, eng.spec_gamma, eng.spec_min_prompt) == (
+        speculative,
+        adaptive,
+        gamma,
+        min_prompt,
+    )

@@ -29,8 +29,14 @@ class EngineOptions:
     step_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
     prefix_cache_bytes: int = 256 << 20  # RAM for the prefix cache; 0 = off
     prefix_block_tokens: int = 32
-    speculative: bool = True
-    spec_gamma: int = 4  # draft tokens verified per step
+    speculative: bool = True  # --speculate off sets False
+    # auto (--speculate auto, the default): a per-request controller drafts when the
+    # prompt has spec_min_prompt tokens and acceptance makes it pay, 1..spec_gamma tokens
+    # (modelc/engine/spec_control.py); fixed: always spec_gamma tokens when the drafter
+    # has them
+    spec_adaptive: bool = True
+    spec_gamma: int = 8  # longest draft verified per step (--spec-max)
+    spec_min_prompt: int = 128  # auto: shorter prompts never draft (--spec-min-prompt)
     spec_max_running: int = 4  # draft only while at most this many sequences run (a big
     # batch already keeps the cores busy, so verifying drafts would only add work)
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
@@ -74,6 +80,10 @@ class EngineOptions:
             (
                 0 <= self.spec_gamma <= 16,
                 f"the speculative draft length must be in 0..16, got {self.spec_gamma}",
+            ),
+            (
+                self.spec_min_prompt >= 0,
+                f"--spec-min-prompt must be >= 0, got {self.spec_min_prompt}",
             ),
             (
                 self.spec_max_running >= 1,

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from modelc.engine.options import EngineOptions
 from modelc.engine.output import TextOutput
 from modelc.engine.policy import KVCost, Policy, ScheduledSeq, SeqResult, StepPlan, StepResult
 from modelc.engine.prefix_cache import Block, PrefixCache
+from modelc.engine.spec_control import SpecConfig, SpecController, StepCost
 from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
 from modelc.errors import ModelcError, UnsupportedError, UsageError
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
@@ -84,6 +86,7 @@ class _Request:
     output: TextOutput
     constraint: ConstraintState | None = None
     drafter: Drafter | None = None
+    spec: SpecController | None = None  # adaptive speculation (None: fixed or none)
     cache: KVCache | None = None
     prefix_blocks: list[Block] = field(default_factory=list)
     cached_tokens: int = 0
@@ -91,6 +94,7 @@ class _Request:
     prefix_loaded: bool = False
     shifted: bool = False  # a context shift happened: the KV no longer matches a fresh run
     draft: list[int] = field(default_factory=list)
+    draft_match: int = 0  # how the drafter found it (prompt lookup: the n-gram length)
     completion: int = 0
     first_token_at: float | None = None
     spec_drafted: int = 0
@@ -222,6 +226,9 @@ class LLMEngine:
         self.prefix = PrefixCache(kv_shape(model), prefix_bytes, options.prefix_block_tokens)
         if options.speculative and options.draft == "mlp" and mlp_draft is None:
             raise UsageError("--draft mlp needs draft.* tensors in the model; this one has none")
+        self.spec_config = SpecConfig(n_max=options.spec_gamma, min_prompt=options.spec_min_prompt)
+        self.step_cost = StepCost()  # decode steps' time by rows fed, for the controllers
+        self._n_dec = 1  # sequences decoding in the step being planned / run
 
     # -- the server's side ------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -337,7 +344,15 @@ class LLMEngine:
             and req.speculative
             and constraint is None
             and req.prompt_logprobs is None
+            and self.opt.spec_gamma > 0
         )
+        spec = SpecController(self.spec_config, len(prompt)) if self.opt.spec_adaptive else None
+        # the controller's choices follow measured step times, and with sampling the
+        # draft lengths decide how the RNG is used: a seeded request must repeat, so it
+        # does not draft (greedy output is the same whatever the drafts)
+        seeded = p.temperature > 0 and p.seed is not None
+        if spec is not None and (not spec.enabled or seeded):
+            use_spec = False
         r = _Request(
             req,
             send,
@@ -350,9 +365,8 @@ class LLMEngine:
             trio.current_time(),
             TextOutput(self.tok.incremental_decoder() if self.tok is not None else None, p.stop),
             constraint=constraint,
-            drafter=make_drafter(self.opt.draft, self._mlp)
-            if use_spec and self.opt.spec_gamma
-            else None,
+            drafter=make_drafter(self.opt.draft, self._mlp) if use_spec else None,
+            spec=spec if use_spec else None,
             prefix_blocks=blocks,
             cached_tokens=cached,
         )
@@ -451,6 +465,10 @@ class LLMEngine:
         """Context limits and speculative drafts of the running decoders."""
         lm, gamma = self.lm, self.opt.spec_gamma
         assert lm is not None
+        # rows of this step's decodes before drafts (each controller weighs its draft
+        # against the time it adds to all of them)
+        n_dec = sum(1 for st in self.policy.running.values() if not st.prefilling and not st.paused)
+        self._n_dec = max(n_dec, 1)
         for rid, st in list(self.policy.running.items()):
             r = self._reqs[rid]
             if st.prefilling or r.cache is None:
@@ -465,6 +483,8 @@ class LLMEngine:
                 discard = max(1, (r.cache.n - keep) // 2)
                 lm.shift_context(r.cache, keep, discard)
                 del r.tokens[keep : keep + discard]
+                if r.drafter is not None:  # its index held the dropped tokens
+                    r.drafter = make_drafter(self.opt.draft, self._mlp)
                 self.policy.shifted(rid, discard)
                 r.shifted = True
             r.draft = []
@@ -475,11 +495,30 @@ class LLMEngine:
                     self.max_context - len(r.tokens),
                 )
                 if room > 0:
-                    r.draft = r.drafter.propose(r.tokens, room)[:room]
+                    draft, r.draft_match = r.drafter.lookup(r.tokens, room)
+                    k = len(draft)
+                    if r.spec is not None:
+                        k = r.spec.draft_len(r.draft_match, k, self._cost_fn(n_dec), n_dec)
+                    r.draft = draft[: min(k, room)]
                 self.policy.set_draft(rid, len(r.draft))
 
+    def _cost_fn(self, rows: int) -> Callable[[int], float]:
+        per_row = self.step_cost.per_row(rows)  # one fit per step, not one per k tried
+        return lambda k: 1.0 + per_row * k
+
     def _step_sync(self, plan: StepPlan) -> list[list[Sample] | ModelcError]:
-        """Worker thread: one batched forward and the sampling it feeds."""
+        """Worker thread: one batched forward and the sampling it feeds; a decode-only
+        step's time goes to ``step_cost``."""
+        t0 = time.perf_counter()
+        out = self._step_compute(plan)
+        decode_only = all(
+            s.sample and not s.admitted and s.n_tokens - s.n_draft == 1 for s in plan.seqs
+        )
+        if decode_only:
+            self.step_cost.observe(plan.n_tokens, time.perf_counter() - t0)
+        return out
+
+    def _step_compute(self, plan: StepPlan) -> list[list[Sample] | ModelcError]:
         lm = self.lm
         assert lm is not None
         batch, reqs = [], []
@@ -536,6 +575,11 @@ class LLMEngine:
             r.cache.truncate(s.start + s.n_tokens - s.n_draft + len(samples) - 1)
             r.spec_drafted += s.n_draft
             r.spec_accepted += len(samples) - 1
+            if r.spec is not None:
+                n_dec = self._n_dec
+                r.spec.update(
+                    r.draft_match, s.n_draft, len(samples) - 1, self._cost_fn(n_dec), n_dec
+                )
             return samples
         x = logits[-1]
         if r.constraint is not None:

@@ -14,9 +14,11 @@ A drafter proposes up to ``gamma`` tokens that follow a sequence; the engine fee
   token is distributed exactly as the target's ``p``.
 
 The engine drafts only for requests without a constraint (a grammar would have to
-check each draft token first) and never past ``max_tokens`` or the context.
-Acceptance is counted per request (``FinishEvent.spec_drafted`` / ``spec_accepted``)
-and in ``EngineStats``.
+check each draft token first) and never past ``max_tokens`` or the context. By default
+(``--speculate auto``) :mod:`modelc.engine.spec_control` decides per request and per
+step whether drafting pays and how many tokens to verify; ``fixed`` verifies every
+draft of up to ``spec_gamma`` tokens. Acceptance is counted per request
+(``FinishEvent.spec_drafted`` / ``spec_accepted``) and in ``EngineStats``.
 
 Drafters (all per request, built from its prompt):
 
@@ -57,23 +59,53 @@ class Drafter(Protocol):
         """Up to ``k`` tokens that may follow ``tokens`` (possibly none)."""
         ...
 
+    def lookup(self, tokens: Sequence[int], k: int) -> tuple[list[int], int]:
+        """``propose`` and how the draft was found: the length of the matched n-gram for
+        prompt lookup, 0 for the drafters without one (the adaptive controller keeps an
+        acceptance estimate per value)."""
+        ...
+
 
 class PromptLookup:
+    """The latest earlier occurrence of the last n-gram, from an index of every n-gram
+    seen (updated as tokens arrive, so a lookup costs microseconds at any length).
+
+    ``tokens`` must grow by appending between calls (the engine makes a new drafter
+    after a context shift); a shorter sequence, or one whose last indexed token
+    changed, rebuilds the index.
+    """
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        # n -> n-gram -> index just after its latest occurrence
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self._seen: list[int] = []  # the tokens indexed so far
+
+    def _update(self, tokens: Sequence[int]) -> None:
+        # only n-grams that end before the last token: the tail must not match itself
+        end = len(tokens) - 1
+        done = len(self._seen)
+        if done > end or (done and int(tokens[done - 1]) != self._seen[-1]):  # cheap check
+            self._index, self._seen, done = {}, [], 0
+        new = [int(t) for t in tokens[done:end]]
+        seen = self._seen
+        seen += new
+        for n in range(self.min_ngram, self.max_ngram + 1):
+            idx = self._index.setdefault(n, {})
+            for e in range(max(done, n - 1), end):  # n-gram seen[e - n + 1 .. e]
+                idx[tuple(seen[e - n + 1 : e + 1])] = e + 1
+
+    def lookup(self, tokens: Sequence[int], k: int) -> tuple[list[int], int]:
+        self._update(tokens)
+        n_tok = len(tokens)
+        for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
+            start = self._index[n].get(tuple(int(t) for t in tokens[n_tok - n :]))
+            if start is not None:
+                return [int(t) for t in tokens[start : start + k]], n
+        return [], 0
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        toks = np.asarray(tokens, np.int64)
-        n_tok = len(toks)
-        for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
-            tail = toks[n_tok - n :]
-            # windows ending before the tail itself: starts 0 .. n_tok - n - 1
-            win = np.lib.stride_tricks.sliding_window_view(toks[: n_tok - 1], n)
-            hits = np.flatnonzero((win == tail).all(axis=1))
-            if len(hits):
-                start = int(hits[-1]) + n
-                return [int(t) for t in toks[start : start + k]]
-        return []
+        return self.lookup(tokens, k)[0]
 
 
 class NGramDraft:
@@ -100,6 +132,9 @@ class NGramDraft:
             out.append(nxt)
             ctx = [*ctx[1:], nxt]
         return out
+
+    def lookup(self, tokens: Sequence[int], k: int) -> tuple[list[int], int]:
+        return self.propose(tokens, k), 0
 
 
 @dataclass(slots=True)
@@ -148,6 +183,9 @@ class MLPDraft:
             last = int(np.argmax(self.w.out @ h))
             out.append(last)
         return out
+
+    def lookup(self, tokens: Sequence[int], k: int) -> tuple[list[int], int]:
+        return self.propose(tokens, k), 0
 
 
 def make_drafter(kind: DraftKind | str, mlp: MLPDraftWeights | None = None) -> Drafter:

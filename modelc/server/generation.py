@@ -198,6 +198,7 @@ def make_requests(
     ignore_eos: bool = False,
     prompt_logprobs: int | None = None,
     progress: bool = False,
+    speculative: bool | None = None,
 ) -> list[GenerationRequest]:
     """``n`` requests for one prompt (seeds ``seed``, ``seed + 1`` ... when seeded)."""
     return [
@@ -215,6 +216,7 @@ def make_requests(
             ignore_eos=ignore_eos,
             prompt_logprobs=prompt_logprobs,
             progress=progress,
+            speculative=speculative is not False,
         )
         for i in range(n)
     ]

@@ -233,7 +233,9 @@ async def _complete(req: LlamaCompletionRequest) -> Response:
     reqs = [
         r
         for j, (_, ids) in enumerate(prompts)
-        for r in make_requests(f"{base}-{j}", ids, params, 1, constraint, req.ignore_eos)
+        for r in make_requests(
+            f"{base}-{j}", ids, params, 1, constraint, req.ignore_eos, speculative=req.speculative
+        )
     ]
     r = LlamaRenderer(
         info,

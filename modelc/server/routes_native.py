@@ -100,7 +100,10 @@ async def _answer(
     req: NativeOptions, info: ModelInfo, engine: Engine, ids: list[int], chat: bool, stream: bool
 ) -> Response:
     params = sampling(info, req, max_tokens=req.max_tokens)
-    handles = submit_all(engine, make_requests(new_id("chat" if chat else "cmpl"), ids, params))
+    reqs = make_requests(
+        new_id("chat" if chat else "cmpl"), ids, params, speculative=req.speculative
+    )
+    handles = submit_all(engine, reqs)
     return await respond(
         handles, NativeRenderer(info.model_id, chat), stream=stream, n_prompt=len(ids)
     )

@@ -62,7 +62,16 @@ async def chat_completions() -> Response:
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
     cid = new_id("chatcmpl")
     progress = req.stream and req.return_progress
-    reqs = make_requests(cid, ids, params, req.n, constraint, req.ignore_eos, progress=progress)
+    reqs = make_requests(
+        cid,
+        ids,
+        params,
+        req.n,
+        constraint,
+        req.ignore_eos,
+        progress=progress,
+        speculative=req.speculative,
+    )
     handles = submit_all(engine, reqs, prompt_param="messages")
     r = ChatRenderer(
         info,
@@ -136,7 +145,14 @@ async def completions() -> Response:
         r
         for j, (_, ids) in enumerate(prompts)
         for r in make_requests(
-            f"{cid}-{j}", ids, params, best_of, constraint, req.ignore_eos, echo_lp
+            f"{cid}-{j}",
+            ids,
+            params,
+            best_of,
+            constraint,
+            req.ignore_eos,
+            echo_lp,
+            speculative=req.speculative,
         )
     ]
     handles = submit_all(engine, reqs)

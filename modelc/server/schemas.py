@@ -86,6 +86,9 @@ class Sampling(Req):
     logit_bias: LogitBias | None = None
     stop: Stop = None
     seed: Seed | None = None
+    # modelc's own: false = no speculative decoding for this request (default: the
+    # server's --speculate; auto drafts only where it pays)
+    speculative: bool | None = None
 
 
 # --- chat --------------------------------------------------------------------------------
