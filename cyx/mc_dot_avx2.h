@@ -89,8 +89,7 @@ MC_AVX2 static void mc_quantize_q8_avx2(const float *x, int K, mc_q8 *out) {
 
 MC_AVX2 static float mc_dot_q4_k_avx2(int K, const uint8_t *w, const void *xv) {
     const mc_q8k *x = (const mc_q8k *)xv;
-    __m256 acc = _mm256_setzero_ps();
-    float summ = 0.0f;
+    float sum = 0.0f; /* per block the exact ints, then mc_dot_q4_k_scalar's float ops */
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int i = 0; i < K / 256; i++) {
         const uint8_t *b = w + 144 * i;
@@ -110,12 +109,11 @@ MC_AVX2 static float mc_dot_q4_k_avx2(int K, const uint8_t *w, const void *xv) {
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j])));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1])));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), _mm256_cvtepi32_ps(sumi), acc);
         int sm = 0;
         for (int j = 0; j < 8; j++) sm += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
-        summ += mc_h16(b + 2) * x[i].d * (float)sm;
+        sum += x[i].d * (mc_h16(b) * (float)mc_hsum256_i32(sumi) - mc_h16(b + 2) * (float)sm);
     }
-    return mc_hsum256(acc) - summ;
+    return sum;
 }
 
 MC_AVX2 static inline __m256i mc_scale2(int8_t a, int8_t b) {
@@ -124,7 +122,7 @@ MC_AVX2 static inline __m256i mc_scale2(int8_t a, int8_t b) {
 
 MC_AVX2 static float mc_dot_q6_k_avx2(int K, const uint8_t *w, const void *xv) {
     const mc_q8k *x = (const mc_q8k *)xv;
-    __m256 acc = _mm256_setzero_ps();
+    float sum = 0.0f; /* per block the exact int sum, then mc_dot_q6_k_scalar's float ops */
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const __m256i m30 = _mm256_set1_epi8(0x30);
     for (int i = 0; i < K / 256; i++) {
@@ -161,9 +159,9 @@ MC_AVX2 static float mc_dot_q6_k_avx2(int K, const uint8_t *w, const void *xv) {
         const __m128i s16h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
         const __m256i corr = _mm256_set_m128i(_mm_madd_epi16(b16h, s16h), _mm_madd_epi16(b16, s16));
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b + 208) * x[i].d), _mm256_cvtepi32_ps(sumi), acc);
+        sum += mc_h16(b + 208) * x[i].d * (float)mc_hsum256_i32(sumi);
     }
-    return mc_hsum256(acc);
+    return sum;
 }
 
 MC_AVX2 static float mc_dot_f32_avx2(int K, const uint8_t *w, const void *xv) {
@@ -253,9 +251,7 @@ MC_AVX2 static float mc_dot_f16_avx2(int K, const uint8_t *w, const void *xv) {
 
 MC_AVX2 static void mc_dot4_q4_k_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
                                       float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    float summ[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int i = 0; i < K / 256; i++) {
         const uint8_t *b = w + 144 * i;
@@ -281,19 +277,17 @@ MC_AVX2 static void mc_dot4_q4_k_avx2(int K, const uint8_t *w, const void *x, si
                 sumi = _mm256_add_epi32(sumi,
                                         _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1])));
             }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sumi), acc[r]);
             int sm = 0;
             for (int j = 0; j < 8; j++) sm += mn[j] * (xb->bsums[2 * j] + xb->bsums[2 * j + 1]);
-            summ[r] += dmw * xb->d * (float)sm;
+            sum[r] += xb->d * (dw * (float)mc_hsum256_i32(sumi) - dmw * (float)sm);
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]) - summ[r];
+    for (int r = 0; r < 4; r++) out[r] = sum[r];
 }
 
 MC_AVX2 static void mc_dot4_q6_k_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
                                       float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const __m256i m30 = _mm256_set1_epi8(0x30);
     for (int i = 0; i < K / 256; i++) {
@@ -333,10 +327,10 @@ MC_AVX2 static void mc_dot4_q6_k_avx2(int K, const uint8_t *w, const void *x, si
             const __m256i corr =
                 _mm256_set_m128i(_mm_madd_epi16(b16h, s16h), _mm_madd_epi16(b16, s16));
             sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            sum[r] += dw * xb->d * (float)mc_hsum256_i32(sumi);
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+    for (int r = 0; r < 4; r++) out[r] = sum[r];
 }
 
 #endif /* MC_X86 */
