@@ -610,32 +610,35 @@ mc_gemm_q4kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
         MC_KX8_PREFETCH(b);
         __m256i si[8], sm[8];
         for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i lo[8], hi[8];
+        for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
+            __m256i u[8];
             for (int v = 0; v < 8; v++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[c] + 32 * v));
-                lo[v] = _mm256_and_si256(q, m4);
-                hi[v] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[s >> 1] + 32 * v));
+                u[v] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
             }
-            const __m256i sc0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * c]));
-            const __m256i sc1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * c + 1]));
+            const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[s]));
             for (int a = 0; a < na; a++) {
-                const int32_t *xd = (const int32_t *)(xk[a][i].qs + 64 * c);
-                si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(mc_dpbusd8(lo, xd), sc0),
-                                                                 _mm256_mullo_epi32(mc_dpbusd8(hi, xd + 8), sc1)));
+                const int32_t *xd = (const int32_t *)(xk[a][i].qs + 32 * s);
+                si[a] = _mm256_add_epi32(si[a], _mm256_mullo_epi32(mc_dpbusd8(u, xd), sc));
             }
         }
-        /* sum over sub-blocks s of mn[s] * (bsums[2s] + bsums[2s + 1]): lanes hold mn[s]
-         * twice as int16, each x dword s the two bsums */
-        __m256i mn[8];
-        for (int s = 0; s < 8; s++) {
-            const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[s]));
-            mn[s] = _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+        /* sum over sub-blocks s of mn[s] * (bsums[2s] + bsums[2s + 1]): sub-blocks in pairs,
+         * lanes holding (mn[2p], mn[2p + 1]) as int16, x dword p (bs[2p], bs[2p + 1]) */
+        __m256i mn[4];
+        for (int p = 0; p < 4; p++) {
+            const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[2 * p]));
+            const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[2 * p + 1]));
+            mn[p] = _mm256_or_si256(v0, _mm256_slli_epi32(v1, 16));
         }
         for (int a = 0; a < na; a++) {
-            const int32_t *bs = (const int32_t *)xk[a][i].bsums;
-            __m256i m = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(bs[0]));
-            for (int s = 1; s < 8; s++) m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[s], _mm256_set1_epi32(bs[s])));
+            /* bs[s] = bsums[2s] + bsums[2s + 1] (|bs| <= 32 x 127: int16), packed in pairs */
+            const __m256i b16 = _mm256_loadu_si256((const __m256i *)xk[a][i].bsums);
+            const __m256i b32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 x int32 */
+            const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
+            __m256i m = _mm256_madd_epi16(mn[0], _mm256_broadcastd_epi32(bs));
+            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[1], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 4))));
+            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[2], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 8))));
+            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[3], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 12))));
             sm[a] = m;
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
@@ -681,16 +684,26 @@ mc_gemm_q6kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
                 const int k = 8 * n + 2 * X;
                 const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
                 const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
-                for (int a = 0; a < na; a++) { /* (sum(q x) - 32 sum(x)) * sc per sub-block */
-                    const mc_q8k *xb = xk[a] + i;
-                    const int32_t *xd = (const int32_t *)(xb->qs + 128 * n + 32 * X);
-                    const __m256i s0 = _mm256_sub_epi32(mc_dpbusd4(u, xd), _mm256_set1_epi32(32 * xb->bsums[k]));
-                    const __m256i s1 =
-                        _mm256_sub_epi32(mc_dpbusd4(u + 4, xd + 4), _mm256_set1_epi32(32 * xb->bsums[k + 1]));
-                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(s0, sc0),
-                                                                     _mm256_mullo_epi32(s1, sc1)));
+                for (int a = 0; a < na; a++) { /* sum(q x) * sc per sub-block */
+                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
+                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(mc_dpbusd4(u, xd), sc0),
+                                                                     _mm256_mullo_epi32(mc_dpbusd4(u + 4, xd + 4), sc1)));
                 }
             }
+        /* the -32 offset of every q: 32 sum over k of sc[k] bsums[k], sub-blocks in pairs
+         * (lanes holding (sc[2p], sc[2p + 1]) as int16, x dword p (bsums[2p], bsums[2p + 1])) */
+        __m256i scp[8];
+        for (int p = 0; p < 8; p++) {
+            const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p]));
+            const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p + 1]));
+            scp[p] = _mm256_blend_epi16(v0, _mm256_slli_epi32(v1, 16), 0xAA);
+        }
+        for (int a = 0; a < na; a++) {
+            const int32_t *bs = (const int32_t *)xk[a][i].bsums;
+            __m256i c = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
+            for (int p = 1; p < 8; p++) c = _mm256_add_epi32(c, _mm256_madd_epi16(scp[p], _mm256_set1_epi32(bs[p])));
+            si[a] = _mm256_sub_epi32(si[a], _mm256_slli_epi32(c, 5));
+        }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
         for (int a = 0; a < na; a++) /* sum += d * dx * si */
             f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xk[a][i].d)),
