@@ -63,6 +63,34 @@ MC_AVX2 static void mc_quantize_q8_avx2(const float *x, int K, mc_q8 *out) {
     if (K % 32) mc_quantize_q8(x + 32 * nb, K - 32 * nb, out + nb);
 }
 
+/* mc_quantize_q8k with AVX2: the same float operations (|x| max over 256, d = amax / 127,
+ * q = round-half-even(x * (1 / d)), int sums per 16), so the blocks are bit-identical. */
+MC_AVX2 static void mc_quantize_q8k_avx2(const float *x, int K, mc_q8k *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int i = 0; i < K / 256; i++) {
+        const float *xb = x + 256 * i;
+        __m256 m0 = _mm256_setzero_ps(), m1 = m0;
+        for (int j = 0; j < 256; j += 16) {
+            m0 = _mm256_max_ps(m0, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+            m1 = _mm256_max_ps(m1, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j + 8)));
+        }
+        const float d = mc_hmax256(_mm256_max_ps(m0, m1)) / 127.0f;
+        const __m256 vid = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        for (int g = 0; g < 256; g += 32) {
+            const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + g), vid));
+            const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + g + 8), vid));
+            const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + g + 16), vid));
+            const __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + g + 24), vid));
+            out[i].bsums[g / 16] = (int16_t)mc_hsum256_i32(_mm256_add_epi32(q0, q1));
+            out[i].bsums[g / 16 + 1] = (int16_t)mc_hsum256_i32(_mm256_add_epi32(q2, q3));
+            const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+            _mm256_storeu_si256((__m256i *)(out[i].qs + g), _mm256_permutevar8x32_epi32(p8, fix));
+        }
+        out[i].d = d;
+    }
+}
+
 #define MC_X4(r) ((const mc_q8 *)((const char *)x + (r) * xstride))
 #define MC_XK4(r) ((const mc_q8k *)((const char *)x + (r) * xstride))
 

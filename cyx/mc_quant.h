@@ -301,6 +301,11 @@ static void mc_quantize_chunk(void *ctx, int j) {
             }
         }
     }
+#if defined(MC_X86)
+    if (mc_act_q8k(jb->t) && MC_IS_AVX2(jb->simd))
+        mc_quantize_q8k_avx2(xr, K, (mc_q8k *)dst);
+    else
+#endif
     if (mc_act_q8k(jb->t))
         mc_quantize_q8k(xr, K, (mc_q8k *)dst);
 #if defined(MC_X86)
