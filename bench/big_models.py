@@ -1,6 +1,6 @@
 """Randomly initialised ~1B and ~3B llama-shape GGUFs for the CPU speed comparisons.
 
-    .venv/bin/python -m bench.big_models OUT_DIR [--models 1b-q4_k_m,1b-q8_0,3b-q4_k_m]
+    .venv/bin/python -m bench.big_models OUT_DIR [--models 1b-q4_k_m,1b-q8_0,3b-q4_k_m,135m-q4_k_m]
 
 Real vocabulary (SmolLM2's byte-level BPE, its chat template), so both modelc and
 llama.cpp's server tokenize text prompts the same way; every matrix is random blocks of
@@ -37,12 +37,15 @@ class BigShape:
     n_ctx: int = 4096
 
 
-# Llama 3.2 1B and 3B shapes (SmolLM2's 49,152-token vocabulary instead of 128,256)
+# Llama 3.2 1B and 3B shapes (SmolLM2's 49,152-token vocabulary instead of 128,256); and
+# SmolLM2-135M's size with a width K-quants can hold (its 576 is no multiple of 256, so
+# llama.cpp's Q4_K_M of SmolLM2 itself falls back to other types in most tensors)
 SHAPES = {
+    "135m": BigShape(d=512, n_layer=30, n_head=8, n_head_kv=4, ff=1536),
     "1b": BigShape(d=2048, n_layer=16, n_head=32, n_head_kv=8, ff=8192),
     "3b": BigShape(d=3072, n_layer=28, n_head=24, n_head_kv=8, ff=8192),
 }
-MODELS = ("1b-q4_k_m", "1b-q8_0", "3b-q4_k_m")
+MODELS = ("1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "135m-q4_k_m")
 
 
 def use_more_bits(i: int, n: int) -> bool:

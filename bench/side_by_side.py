@@ -85,7 +85,8 @@ def load_level(url: str, args: argparse.Namespace, model: str | None) -> LevelRe
     return lvl
 
 
-def run_modelc(gguf: Path, mode: str, args: argparse.Namespace, log_dir: Path) -> Side:
+def run_modelc_offline(gguf: Path, mode: str, args: argparse.Namespace) -> Side:
+    """Prefill and decode tokens/s through ``modelc bench --json`` (a fresh process)."""
     side = Side(f"modelc ({mode})")
     env = dict(os.environ, MODELC_THREADS=str(args.threads), MODELC_MATMUL=mode)
     cmd = [PY, "-m", "modelc.cli", "bench", str(gguf), "--json", "--threads", str(args.threads)]
@@ -100,7 +101,12 @@ def run_modelc(gguf: Path, mode: str, args: argparse.Namespace, log_dir: Path) -
     side.decode_b1 = off["decode_tps"]["1"]
     side.decode_b8 = off["decode_tps"]["8"]
     side.extra["offline_rss_mb"] = off["peak_rss_mb"]
+    return side
 
+
+def run_modelc(gguf: Path, mode: str, args: argparse.Namespace, log_dir: Path) -> Side:
+    side = run_modelc_offline(gguf, mode, args)
+    env = dict(os.environ, MODELC_THREADS=str(args.threads), MODELC_MATMUL=mode)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (log_dir / f"modelc-{mode}.log").open("wb")
@@ -144,6 +150,18 @@ LLAMA_CONFIGS: dict[str, dict[str, str]] = {
 }
 
 
+def llamacpp_offline(
+    c: LlamaCppClient, side: Side, args: argparse.Namespace, enc: Any, config: str
+) -> None:
+    """Prefill and decode tokens/s into ``side`` through llama.cpp's own timings."""
+    print(f"[side-by-side] llama.cpp ({config}): offline", file=sys.stderr)
+    c.completion([1, 2, 3], 4)  # warm-up
+    side.prefill = c.prefill_tps(prompt_tokens(args.prefill_len, 49152, enc, args.prefill_len))
+    short = [prompt_tokens(16, 49152, enc, 100 + i) for i in range(8)]
+    side.decode_b1 = c.decode_tps(short[:1], args.decode_steps)
+    side.decode_b8 = c.decode_tps(short, args.decode_steps)
+
+
 def run_llamacpp(
     gguf: Path, args: argparse.Namespace, log_dir: Path, enc: Any, config: str
 ) -> Side:
@@ -157,13 +175,7 @@ def run_llamacpp(
         log=log_dir / "llamacpp.log",
         env=LLAMA_CONFIGS[config],
     ) as s:
-        c = LlamaCppClient(s.url)
-        print(f"[side-by-side] llama.cpp ({config}): offline", file=sys.stderr)
-        c.completion([1, 2, 3], 4)  # warm-up
-        side.prefill = c.prefill_tps(prompt_tokens(args.prefill_len, 49152, enc, args.prefill_len))
-        short = [prompt_tokens(16, 49152, enc, 100 + i) for i in range(8)]
-        side.decode_b1 = c.decode_tps(short[:1], args.decode_steps)
-        side.decode_b8 = c.decode_tps(short, args.decode_steps)
+        llamacpp_offline(LlamaCppClient(s.url), side, args, enc, config)
         print(f"[side-by-side] llama.cpp ({config}): {args.streams} HTTP streams", file=sys.stderr)
         lvl = load_level(s.url, args, None)
         side.http_tps, side.ttft_p50_ms = lvl.output_tps, lvl.ttft.p50
@@ -220,10 +232,12 @@ def table(sides: list[Side], peer: Side, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def write_results(md: str) -> None:
+def write_results(md: str, heading: str = "## Side by side:") -> None:
+    """Replace the section of bench/RESULTS.md whose heading starts with ``heading``
+    (or append it), keeping its hand-written "### Notes"."""
     path = ROOT / "bench" / "RESULTS.md"
     text = path.read_text() if path.exists() else ""
-    start = text.find("## Side by side")
+    start = text.find(heading)
     if start < 0:
         text = text.rstrip() + "\n\n" + md.rstrip() + "\n"
     else:
@@ -255,7 +269,22 @@ def main() -> int:
     ap.add_argument("--ctx-per-seq", type=int, default=1024, help="context per sequence/slot")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds, best kept")
     ap.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    ap.add_argument(
+        "--models",
+        default=None,
+        help="compare several GGUFs offline in one run (smollm2, gemma3, or paths; "
+        "see bench/side_by_side_models.py)",
+    )
+    ap.add_argument(
+        "--llama-configs",
+        default=",".join(LLAMA_CONFIGS),
+        help="llama.cpp configurations to run (best kept)",
+    )
     args = ap.parse_args()
+    if args.models:
+        from bench.side_by_side_models import compare
+
+        return compare(args)
 
     from modelc.formats import load_model
     from modelc.runtime.tokenizer import Tokenizer
@@ -286,11 +315,11 @@ def main() -> int:
         log_dir = Path(d)
         for r in range(args.rounds):  # alternate, so both see the same machine load
             print(f"[side-by-side] round {r + 1}/{args.rounds}", file=sys.stderr)
-            for cfg in LLAMA_CONFIGS:
+            for cfg in args.llama_configs.split(","):
                 peers[cfg].append(run_llamacpp(gguf, args, log_dir, enc, cfg))
             for m in modes:
                 runs[m].append(run_modelc(gguf, m, args, log_dir))
-    peer_cfgs = [best(v) for v in peers.values()]
+    peer_cfgs = [best(v) for v in peers.values() if v]
     peer = best(peer_cfgs)  # the stronger llama.cpp, measurement by measurement
     sides = [best(runs[m]) for m in modes]
     stop.set()

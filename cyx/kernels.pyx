@@ -146,14 +146,16 @@ def repack_simd(int wtype, int simd):
 
 
 def repack(int wtype, const uint8_t[:, ::1] W, int K):
-    """((M + 7) / 8, K / 32 * block bytes): Q4_1 (160 bytes a block of 8 rows) or Q8_0
-    (272) rows repacked 8 at a time for the VNNI kernels (mc_gemm_repack)."""
+    """((M + 7) / 8, K / 32 * block bytes): Q4_1 (160 bytes a block of 8 rows), Q8_0
+    (272), Q4_K (148 per 32 columns) or Q6_K (210) rows repacked 8 at a time for the VNNI
+    kernels (mc_gemm_repack)."""
     import numpy as np
     cdef int M = W.shape[0]
     cdef size_t per = mc_repack_block_bytes(wtype)
     if per == 0:
         raise ValueError(f"repack: weight type code {wtype} is not repacked")
-    if K % 32 or W.shape[1] < (K // 32) * (20 if wtype == Q4_1 else 34):
+    row_bytes = {Q4_1: K // 32 * 20, Q8_0: K // 32 * 34, Q4_K: K // 256 * 144, Q6_K: K // 256 * 210}
+    if K % (256 if wtype in (Q4_K, Q6_K) else 32) or W.shape[1] < row_bytes[wtype]:
         raise ValueError("repack: rows do not hold K elements of their type")
     out = np.empty(((M + 7) // 8, (K // 32) * per), np.uint8)
     cdef uint8_t[:, ::1] o = out

@@ -136,6 +136,31 @@ typedef struct {
     uint16_t m[8];
 } mc_q41x8;
 
+/* Q4_K weights repacked for the VNNI kernels (mc_gemm_vnni.h), 8 rows interleaved: per
+ * block of 256 columns the 8 rows' f16 d and dmin, their 6-bit sub-block scales and mins
+ * unpacked to bytes ([sub-block][row]), then per 64-column chunk c vector v (32 bytes)
+ * holds in dword lane j the bytes 4v .. 4v+3 of row j's qs[32c ..] (low nibbles: sub-block
+ * 2c, elements 4v + b; high: sub-block 2c + 1).  148 bytes a row and block (144 stored). */
+typedef struct {
+    uint16_t d[8];
+    uint16_t dmin[8];
+    uint8_t sc[8][8];
+    uint8_t mn[8][8];
+    uint8_t qs[4][256];
+} mc_q4kx8;
+
+/* Q6_K weights repacked the same way: per block of 256 columns the 8 rows' f16 d and
+ * int8 sub-block scales ([sub-block][row]), then per 128-column half n the low-nibble
+ * bytes ql[64n ..] (two vectors sets h: bytes 32h ..) and the high bits qh[32n ..], vector
+ * v holding in dword lane j the bytes 4v .. 4v+3 of row j's.  210 bytes a row and block,
+ * as stored. */
+typedef struct {
+    uint16_t d[8];
+    int8_t sc[16][8];
+    uint8_t ql[2][2][256];
+    uint8_t qh[2][256];
+} mc_q6kx8;
+
 /* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */
 typedef struct {
     float d;

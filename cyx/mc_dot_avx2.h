@@ -63,6 +63,34 @@ MC_AVX2 static void mc_quantize_q8_avx2(const float *x, int K, mc_q8 *out) {
     if (K % 32) mc_quantize_q8(x + 32 * nb, K - 32 * nb, out + nb);
 }
 
+/* mc_quantize_q8k with AVX2: the same float operations (|x| max over 256, d = amax / 127,
+ * q = round-half-even(x * (1 / d)), int sums per 16), so the blocks are bit-identical. */
+MC_AVX2 static void mc_quantize_q8k_avx2(const float *x, int K, mc_q8k *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int i = 0; i < K / 256; i++) {
+        const float *xb = x + 256 * i;
+        __m256 m0 = _mm256_setzero_ps(), m1 = m0;
+        for (int j = 0; j < 256; j += 16) {
+            m0 = _mm256_max_ps(m0, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+            m1 = _mm256_max_ps(m1, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j + 8)));
+        }
+        const float d = mc_hmax256(_mm256_max_ps(m0, m1)) / 127.0f;
+        const __m256 vid = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        for (int g = 0; g < 256; g += 32) {
+            const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + g), vid));
+            const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + g + 8), vid));
+            const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + g + 16), vid));
+            const __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + g + 24), vid));
+            out[i].bsums[g / 16] = (int16_t)mc_hsum256_i32(_mm256_add_epi32(q0, q1));
+            out[i].bsums[g / 16 + 1] = (int16_t)mc_hsum256_i32(_mm256_add_epi32(q2, q3));
+            const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+            _mm256_storeu_si256((__m256i *)(out[i].qs + g), _mm256_permutevar8x32_epi32(p8, fix));
+        }
+        out[i].d = d;
+    }
+}
+
 #define MC_X4(r) ((const mc_q8 *)((const char *)x + (r) * xstride))
 #define MC_XK4(r) ((const mc_q8k *)((const char *)x + (r) * xstride))
 
@@ -89,8 +117,7 @@ MC_AVX2 static void mc_quantize_q8_avx2(const float *x, int K, mc_q8 *out) {
 
 MC_AVX2 static float mc_dot_q4_k_avx2(int K, const uint8_t *w, const void *xv) {
     const mc_q8k *x = (const mc_q8k *)xv;
-    __m256 acc = _mm256_setzero_ps();
-    float summ = 0.0f;
+    float sum = 0.0f; /* per block the exact ints, then mc_dot_q4_k_scalar's float ops */
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int i = 0; i < K / 256; i++) {
         const uint8_t *b = w + 144 * i;
@@ -110,12 +137,11 @@ MC_AVX2 static float mc_dot_q4_k_avx2(int K, const uint8_t *w, const void *xv) {
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j])));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1])));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b) * x[i].d), _mm256_cvtepi32_ps(sumi), acc);
         int sm = 0;
         for (int j = 0; j < 8; j++) sm += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
-        summ += mc_h16(b + 2) * x[i].d * (float)sm;
+        sum += x[i].d * (mc_h16(b) * (float)mc_hsum256_i32(sumi) - mc_h16(b + 2) * (float)sm);
     }
-    return mc_hsum256(acc) - summ;
+    return sum;
 }
 
 MC_AVX2 static inline __m256i mc_scale2(int8_t a, int8_t b) {
@@ -124,7 +150,7 @@ MC_AVX2 static inline __m256i mc_scale2(int8_t a, int8_t b) {
 
 MC_AVX2 static float mc_dot_q6_k_avx2(int K, const uint8_t *w, const void *xv) {
     const mc_q8k *x = (const mc_q8k *)xv;
-    __m256 acc = _mm256_setzero_ps();
+    float sum = 0.0f; /* per block the exact int sum, then mc_dot_q6_k_scalar's float ops */
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const __m256i m30 = _mm256_set1_epi8(0x30);
     for (int i = 0; i < K / 256; i++) {
@@ -161,9 +187,9 @@ MC_AVX2 static float mc_dot_q6_k_avx2(int K, const uint8_t *w, const void *xv) {
         const __m128i s16h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
         const __m256i corr = _mm256_set_m128i(_mm_madd_epi16(b16h, s16h), _mm_madd_epi16(b16, s16));
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(mc_h16(b + 208) * x[i].d), _mm256_cvtepi32_ps(sumi), acc);
+        sum += mc_h16(b + 208) * x[i].d * (float)mc_hsum256_i32(sumi);
     }
-    return mc_hsum256(acc);
+    return sum;
 }
 
 MC_AVX2 static float mc_dot_f32_avx2(int K, const uint8_t *w, const void *xv) {
@@ -253,9 +279,7 @@ MC_AVX2 static float mc_dot_f16_avx2(int K, const uint8_t *w, const void *xv) {
 
 MC_AVX2 static void mc_dot4_q4_k_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
                                       float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    float summ[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int i = 0; i < K / 256; i++) {
         const uint8_t *b = w + 144 * i;
@@ -281,19 +305,17 @@ MC_AVX2 static void mc_dot4_q4_k_avx2(int K, const uint8_t *w, const void *x, si
                 sumi = _mm256_add_epi32(sumi,
                                         _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1])));
             }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sumi), acc[r]);
             int sm = 0;
             for (int j = 0; j < 8; j++) sm += mn[j] * (xb->bsums[2 * j] + xb->bsums[2 * j + 1]);
-            summ[r] += dmw * xb->d * (float)sm;
+            sum[r] += xb->d * (dw * (float)mc_hsum256_i32(sumi) - dmw * (float)sm);
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]) - summ[r];
+    for (int r = 0; r < 4; r++) out[r] = sum[r];
 }
 
 MC_AVX2 static void mc_dot4_q6_k_avx2(int K, const uint8_t *w, const void *x, size_t xstride,
                                       float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const __m256i m30 = _mm256_set1_epi8(0x30);
     for (int i = 0; i < K / 256; i++) {
@@ -333,10 +355,10 @@ MC_AVX2 static void mc_dot4_q6_k_avx2(int K, const uint8_t *w, const void *x, si
             const __m256i corr =
                 _mm256_set_m128i(_mm_madd_epi16(b16h, s16h), _mm_madd_epi16(b16, s16));
             sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            sum[r] += dw * xb->d * (float)mc_hsum256_i32(sumi);
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = mc_hsum256(acc[r]);
+    for (int r = 0; r < 4; r++) out[r] = sum[r];
 }
 
 #endif /* MC_X86 */

@@ -301,6 +301,11 @@ static void mc_quantize_chunk(void *ctx, int j) {
             }
         }
     }
+#if defined(MC_X86)
+    if (mc_act_q8k(jb->t) && MC_IS_AVX2(jb->simd))
+        mc_quantize_q8k_avx2(xr, K, (mc_q8k *)dst);
+    else
+#endif
     if (mc_act_q8k(jb->t))
         mc_quantize_q8k(xr, K, (mc_q8k *)dst);
 #if defined(MC_X86)
@@ -510,8 +515,10 @@ static void mc_matmul_tile(void *ctx, int tile) {
     const mc_matmul_job *jb = (const mc_matmul_job *)ctx;
     if (jb->ilv != NULL) { /* repacked weights (mc_job_aux) */
         const int vnni = jb->simd == MC_SIMD_VNNI;
-        const mc_repacked_fn fn = jb->t == MC_Q8_0 ? (vnni ? mc_gemm_q80x8 : mc_gemm_q80x8_avx2)
-                                                   : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
+        const mc_repacked_fn fn = jb->t == MC_Q8_0   ? (vnni ? mc_gemm_q80x8 : mc_gemm_q80x8_avx2)
+                                  : jb->t == MC_Q4_K ? mc_gemm_q4kx8 /* VNNI only */
+                                  : jb->t == MC_Q6_K ? mc_gemm_q6kx8
+                                                     : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
         const int r0 = tile * jb->tr;
         mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn);
         return;

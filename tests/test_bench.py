@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,3 +120,36 @@ def test_loadgen_unreachable(tmp_path: Path) -> None:
 def test_loadgen_refuses_remote_hosts(tmp_path: Path) -> None:
     r = modelc("bench", "--url", "http://192.0.2.1:8080", home=tmp_path, timeout=60)
     assert r.returncode == 2 and "only loopback servers" in r.stderr
+
+
+def test_side_by_side_models_table_and_section(tmp_path: Path, monkeypatch: Any) -> None:
+    """``bench.side_by_side --models``: each model's modelc / llama.cpp ratio and each later
+    model's ratio over the first's (issue 13's >= 0.9), best of rounds; the section it
+    writes replaces only itself and keeps its hand-written notes."""
+    import argparse
+
+    from bench import side_by_side as sbs
+    from bench.side_by_side_models import HEADING, ModelRun, table
+
+    def side(name: str, prefill: float, b1: float, b8: float) -> Any:
+        return sbs.Side(name, prefill=prefill, decode_b1=b1, decode_b8=b8)
+
+    args = argparse.Namespace(prefill_len=512)
+    base = ModelRun("A", Path("a.gguf"), str.split, [side("m", 200, 100, 400)], [])
+    base.peer = [side("l", 100, 50, 100), side("l", 50, 100, 100)]  # best: 100, 100, 100
+    kq = ModelRun("K", Path("k.gguf"), str.split, [side("m", 90, 45, 100)], [])
+    kq.peer = [side("l", 50, 50, 50)]
+    rows = table([base, kq], args).splitlines()
+    assert rows[2].split(" | ")[1:4] == ["200.0", "100.0", "2.00x"]
+    assert rows[2].endswith("| 0.90 ✓ |")  # (90 / 50) / (200 / 100)
+    assert rows[3].endswith("| 0.90 ✓ |")  # (45 / 50) / (100 / 100)
+    assert rows[4].endswith("| 0.50 ✗ |")  # (100 / 50) / (400 / 100)
+
+    results = tmp_path / "bench" / "RESULTS.md"
+    results.parent.mkdir()
+    results.write_text("## Side by side: old\n\nx\n\n" + HEADING + "\n\nold\n\n### Notes\n\nkeep\n")
+    monkeypatch.setattr(sbs, "ROOT", tmp_path)
+    sbs.write_results(HEADING + "\n\nnew\n", HEADING)
+    text = results.read_text()
+    assert "## Side by side: old\n\nx\n" in text and "old\n\n###" not in text
+    assert text.index("new") < text.index("### Notes\n\nkeep")

@@ -288,8 +288,51 @@ def test_gemm_aux_path_is_bit_identical(dtype: DType, simd_name: str) -> None:
         kk.matmul(code, raw, 96, x, without, simd, 2, 1e38, np.ascontiguousarray(aux[:, :8]))
 
 
+@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q6_K])
+def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
+    """Q4_K and Q6_K repacked 8 rows to a group (VNNI kernels: each 256-column block's
+    exact integer sums for 8 weight rows in 8 lanes, then the scalar kernel's float
+    operations) give what the scalar, AVX2 and VNNI kernels on the weights as stored give,
+    for x row counts around the 8 x 8 tiles; rows read back from the copy are the same;
+    AVX2 alone does not take the copy."""
+    from modelc._kernels import kernels as kk
+
+    rng = np.random.default_rng(10)
+    code = kk.Q4_K if dtype is DType.Q4_K else kk.Q6_K
+    w = make_weight(dtype, 37, 512, rng)
+    raw = np.ascontiguousarray(w.data)
+    aux = kk.repack(code, raw, 512)
+    assert aux.shape == (5, 16 * (148 if dtype is DType.Q4_K else 210))  # as large as W
+    assert not kk.repack_simd(code, SIMD_LEVELS["avx2"])
+    if "avx512vnni" not in available_simd():
+        pytest.skip("needs avx512vnni")
+    vnni = SIMD_LEVELS["avx512vnni"]
+    assert kk.repack_simd(code, vnni)
+    for n in (1, 2, 5, 8, 9, 17):
+        x = rng.standard_normal((n, 512)).astype(np.float32)
+        with_aux = np.empty((n, 37), np.float32)
+        kk.matmul(code, raw, 512, x, with_aux, vnni, 2, 1e38, aux)
+        for simd in available_simd():
+            want = np.empty((n, 37), np.float32)
+            kk.matmul(code, raw, 512, x, want, SIMD_LEVELS[simd], 2, 1e38, None)
+            np.testing.assert_array_equal(with_aux, want, err_msg=f"{simd}, {n} rows")
+        outs = [np.empty((n, 37), np.float32), np.empty((n, 37), np.float32)]
+        kk.matmul_multi(code, [raw, raw], 512, x, outs, vnni, 2, 1e38, [aux, aux])
+        np.testing.assert_array_equal(outs[0], with_aux)
+        np.testing.assert_array_equal(outs[1], with_aux)
+        ref = REF.matmul(w, quantized_activations(x, dtype))
+        assert rel_err(with_aux, ref) <= 1e-5
+    ids = np.array([0, 7, 8, 36, 17, 36], np.int64)  # the scales and mins packed back too
+    rows_aux, rows = np.empty((6, 512), np.float32), np.empty((6, 512), np.float32)
+    kk.get_rows(code, raw, 512, ids, rows_aux, vnni, aux)
+    kk.get_rows(code, raw, 512, ids, rows, vnni, None)
+    np.testing.assert_array_equal(rows_aux, rows)
+    with pytest.raises(ValueError, match="rows do not hold"):
+        kk.repack(code, raw, 384)  # not a multiple of 256 columns
+
+
 @pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
-@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1])
+@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1, DType.Q4_K, DType.Q6_K])
 def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> None:
     """Weights read from a file mapping (as GGUF and .modelc files are): the backend
     repacks them on first use, hands the file's pages back to the OS, and the mapping
@@ -306,7 +349,9 @@ def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> 
     assert _file_mapped(mapped) and not _file_mapped(raw)
     cpu = CpuBackend(simd="avx512vnni")  # repacks what is file-mapped, not what is in memory
     assert cpu._gemm_aux(w, raw) is None
-    code = kk.Q8_0 if dtype is DType.Q8_0 else kk.Q4_1
+    code = {DType.Q8_0: kk.Q8_0, DType.Q4_1: kk.Q4_1, DType.Q4_K: kk.Q4_K, DType.Q6_K: kk.Q6_K}[
+        dtype
+    ]
     for n in (1, 2, 5, 8, 9):
         x = rng.standard_normal((n, 256)).astype(np.float32)
         want = np.empty((n, 4096), np.float32)

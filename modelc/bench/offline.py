@@ -163,9 +163,9 @@ def run_offline(
     """Measure ``model_arg`` (a path, store or catalog name; see :mod:`modelc.resolve`)."""
     from modelc.artifact import load_artifact
     from modelc.resolve import resolve_model
-    from modelc.runtime.arch import GPT2, Llama, build
+    from modelc.runtime.arch import build
     from modelc.runtime.backends.cpu import CpuBackend, default_threads, matmul_tol
-    from modelc.runtime.model import SeqChunk
+    from modelc.runtime.model import CausalLM, SeqChunk
     from modelc.runtime.tokenizer import Tokenizer
 
     say = progress or (lambda _s: None)
@@ -191,7 +191,7 @@ def run_offline(
     backend = CpuBackend(threads=threads, matmul=mode)
     model = build(ir, backend)
     warm = time.perf_counter() - t1
-    if not isinstance(model, (Llama, GPT2)):
+    if not isinstance(model, CausalLM):
         raise UnsupportedError(
             f"{model_arg} is a {ir.architecture} model; `modelc bench` measures language models"
         )
