@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import trio
 
+from bench.engine_bench import CODE
 from modelc.engine import EngineOptions, LLMEngine, build_engine
 from modelc.engine.api import (
     Constraint,
@@ -247,19 +248,7 @@ async def test_speculative_greedy_identical(ir: ModelIR, draft: str, adaptive: b
     assert st.extra["spec_acceptance"] == pytest.approx(fin.spec_accepted / fin.spec_drafted)
 
 
-EDIT_CODE = """def total_price(items, tax_rate):
-    subtotal = 0
-    for item in items:
-        subtotal = subtotal + item.price * item.quantity
-    tax = subtotal * tax_rate
-    return subtotal + tax
-
-
-def average_price(items):
-    if not items:
-        return 0
-    return sum(item.price for item in items) / len(items)
-"""
+EDIT_CODE = CODE  # the code-editing sample bench/engine_bench.py measures
 
 
 def chat_ids(eng: LLMEngine, user: str, answer_prefix: str = "") -> list[int]:
