@@ -448,7 +448,7 @@ def test_generate_cli_matches_server(fast: tuple[openai.OpenAI, str], tmp_path: 
 
 
 # --- the README's question at each server's defaults ------------------------------------------
-ASKS = 16
+ASKS = 32
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer briefly."}]
 
 
@@ -456,24 +456,30 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer b
 def test_defaults_end_the_turn_as_often_as_llamacpp(
     fast: tuple[openai.OpenAI, str], llamacpp: LlamaCppServer
 ) -> None:
-    """No sampling field: each server samples at its own defaults (seeded, so the run
-    repeats); at least as many answers end their turn within 200 tokens as llama.cpp's."""
+    """No sampling field: each server samples at its own defaults (seeded, one request at
+    a time, so the run repeats on one machine); answers end their turn within 200 tokens
+    as often as llama.cpp's, give or take two of 32 asks: each is a sample at temperature
+    0.8 from a 135M model, and int8 rounding that differs by machine or batch (a different
+    SIMD path, other requests in the step) changes which token a seed draws, so one ask in
+    16 moved between runs of the same code (15/16 against 16/16)."""
     client, model = fast
     ours = gather(
         lambda seed: modelc_chat(
             client, model, f"seed {seed}", QUESTION, seed=seed, max_tokens=200
         ),
         range(ASKS),
+        workers=1,
     )
 
     def theirs(seed: int) -> str:
         body = {"messages": QUESTION, "seed": seed, "max_tokens": 200}
         return str(post(f"{llamacpp.url}/v1/chat/completions", body)["choices"][0]["finish_reason"])
 
-    ref = gather(theirs, range(ASKS), workers=2)
+    ref = gather(theirs, range(ASKS), workers=1)
     stopped = sum(a.finish == "stop" for a in ours)
     print(
         f"\nstopped within 200 tokens: modelc {stopped}/{ASKS}, llama.cpp {ref.count('stop')}/{ASKS}"
     )
-    assert stopped >= ref.count("stop")
+    assert stopped >= ref.count("stop") - 2
+    assert stopped >= 0.8 * ASKS
     assert all(not any(t in a.text for t in CONTROL_TEXTS) for a in ours)
