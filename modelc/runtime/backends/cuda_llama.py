@@ -73,6 +73,15 @@ class _Layer:
         return sum(w.nbytes for w in (self.wqkv, self.wo, self.wgu, self.wdown))
 
 
+def gemv_rows_for(weight_bytes: int) -> int:
+    """Up to how many rows a step runs GEMV passes (16 rows each, every pass reading the
+    weights again) rather than dequantizing to f16 for one cuBLAS product, whose path costs
+    a near-fixed 15-22 ms a step on the H200 whatever the model (bench/RESULTS.md, the
+    9b93f97 re-run): SmolLM2 (96 MB) is faster in passes up to 128 rows and beyond, a 1.1B
+    Q4_0 (582 MB) up to 32, a 1.1B Q8_0 (1.1 GB) about even at 32."""
+    return 16 * max(1, min(16, int(1.2e9 // max(weight_bytes, 1))))
+
+
 class CudaLlama(CausalLM):
     """A llama-family :class:`~modelc.runtime.model.LanguageModel` computing on the GPU."""
 
@@ -120,6 +129,8 @@ class CudaLlama(CausalLM):
         self._blas_graphs = backend.dev.blas is not None
         self.graph_error: str | None = None  # why steps on cuBLAS run without graphs, if so
         self._alloc(64)
+        if "MODELC_CUDA_GEMV_MAX" not in os.environ:
+            backend.dev.gemv_max = gemv_rows_for(self.weight_bytes)
 
     @property
     def weight_bytes(self) -> int:
