@@ -249,6 +249,37 @@ def write_results(md: str, heading: str = "## Side by side:") -> None:
     path.write_text(text)
 
 
+class LoadWatch:
+    """The 1-minute load average before a run and every 5 s during it (a daemon thread)."""
+
+    def __init__(self) -> None:
+        self.before = os.getloadavg()[0]
+        self._loads: list[float] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(5.0):
+            self._loads.append(os.getloadavg()[0])
+
+    def stop(self) -> list[float]:
+        """The samples taken (the load now, if the run was shorter than one period)."""
+        self._stop.set()
+        return self._loads or [os.getloadavg()[0]]
+
+
+def git_commit() -> str:
+    """This checkout's short commit, with "plus uncommitted changes" when tracked files differ."""
+
+    def git(*a: str) -> str:
+        return subprocess.run(
+            ["git", *a], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "--short", "HEAD") + (" plus uncommitted changes" if dirty else "")
+
+
 def main() -> int:
     from tests.assets import smollm2_gguf
 
@@ -297,16 +328,7 @@ def main() -> int:
     def enc(s: str) -> list[int]:
         return list(tok.encode(s, add_special=False))
 
-    load_before = os.getloadavg()
-    loads: list[float] = []
-    stop = threading.Event()
-
-    def sample_load() -> None:
-        while not stop.wait(5.0):
-            loads.append(os.getloadavg()[0])
-
-    sampler = threading.Thread(target=sample_load, daemon=True)
-    sampler.start()
+    load = LoadWatch()
     started = dt.datetime.now(dt.UTC)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     peers: dict[str, list[Side]] = {c: [] for c in LLAMA_CONFIGS}
@@ -322,9 +344,7 @@ def main() -> int:
     peer_cfgs = [best(v) for v in peers.values() if v]
     peer = best(peer_cfgs)  # the stronger llama.cpp, measurement by measurement
     sides = [best(runs[m]) for m in modes]
-    stop.set()
-    load_after = os.getloadavg()
-    loads = loads or [load_after[0]]
+    loads = load.stop()
     secs = (dt.datetime.now(dt.UTC) - started).total_seconds()
     tbl = table(sides, peer, args)
     cfg_tbl = "\n".join(
@@ -338,13 +358,7 @@ def main() -> int:
             ),
         ]
     )
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    commit = git_commit()
     cpu = next(
         (
             ln.split(":", 1)[1].strip()
@@ -357,7 +371,7 @@ def main() -> int:
     md = f"""## Side by side: modelc vs llama.cpp (SmolLM2-135M-Instruct Q4_1, {args.threads} threads)
 
 Command (run {started:%Y-%m-%d %H:%M} UTC, {secs:.0f} s, at commit {commit}; {cpu}, {os.cpu_count()} cores;
-1-minute load average {load_before[0]:.2f} before, {min(loads):.2f} / {sum(loads) / len(loads):.2f} / {max(loads):.2f}
+1-minute load average {load.before:.2f} before, {min(loads):.2f} / {sum(loads) / len(loads):.2f} / {max(loads):.2f}
 min / mean / max during the run (sampled every 5 s); other jobs share the machine):
 
 ```sh

@@ -21,10 +21,8 @@ import argparse
 import datetime as dt
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +30,10 @@ from pathlib import Path
 from bench.llamacpp_peer import LlamaCppClient, LlamaCppServer
 from bench.side_by_side import (
     LLAMA_CONFIGS,
-    ROOT,
+    LoadWatch,
     Side,
     best,
+    git_commit,
     llamacpp_offline,
     run_modelc_offline,
     write_results,
@@ -141,15 +140,7 @@ def compare(args: argparse.Namespace) -> int:
     for name in args.models.split(","):
         label, path = resolve(name.strip())
         runs.append(ModelRun(label, path, encoder(path), [], []))
-    load_before = os.getloadavg()
-    loads: list[float] = []
-    stop = threading.Event()
-
-    def sample_load() -> None:
-        while not stop.wait(5.0):
-            loads.append(os.getloadavg()[0])
-
-    threading.Thread(target=sample_load, daemon=True).start()
+    load = LoadWatch()
     started = dt.datetime.now(dt.UTC)
     with tempfile.TemporaryDirectory(prefix="modelc-sbs-") as d:
         for rnd in range(args.rounds):
@@ -157,24 +148,15 @@ def compare(args: argparse.Namespace) -> int:
                 print(f"[models] round {rnd + 1}/{args.rounds}: {run.label}", file=sys.stderr)
                 run.peer += [llamacpp(run, args, Path(d), c) for c in configs]
                 run.modelc.append(run_modelc_offline(run.gguf, mode, args))
-    stop.set()
-    loads = loads or [os.getloadavg()[0]]
+    loads = load.stop()
     secs = (dt.datetime.now(dt.UTC) - started).total_seconds()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    commit = git_commit()
     cmd = ".venv/bin/python -m bench.side_by_side " + shlex.join(sys.argv[1:])
     files = "\n".join(f"- {r.label}: `{r.gguf.name}` ({gguf_types(r.gguf)})" for r in runs)
     md = f"""{HEADING}
 
-Command (run {started:%Y-%m-%d %H:%M} UTC, {secs:.0f} s, at commit {commit}{" plus uncommitted changes" if dirty else ""};
-{os.cpu_count()} cores; 1-minute load average {load_before[0]:.2f} before,
+Command (run {started:%Y-%m-%d %H:%M} UTC, {secs:.0f} s, at commit {commit};
+{os.cpu_count()} cores; 1-minute load average {load.before:.2f} before,
 {min(loads):.2f} / {sum(loads) / len(loads):.2f} / {max(loads):.2f} min / mean / max during the run;
 other jobs share the machine):
 
