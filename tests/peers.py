@@ -13,6 +13,7 @@ helpers below are shared by the differential tests.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,11 +32,17 @@ def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServe
         yield peer
 
 
-@pytest.fixture(scope="session")
-def smol_exact_server() -> Iterator[Server]:
-    srv = start(str(smollm2_gguf()), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
+def serve_exact(path: Path) -> Iterator[Server]:
+    """``modelc run`` of ``path`` in ``exact`` mode with an f32 KV cache, the mode the
+    transformers goldens are compared in; stopped when the fixture using it ends."""
+    srv = start(str(path), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def smol_exact_server() -> Iterator[Server]:
+    yield from serve_exact(smollm2_gguf())
 
 
 HTTP_TIMEOUT = 300.0

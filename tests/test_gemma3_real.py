@@ -34,7 +34,7 @@ from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.model import LanguageModel
 from tests.assets import gemma3_gguf
-from tests.peers import llamacpp_greedy, openai_client, post
+from tests.peers import llamacpp_greedy, openai_client, post, serve_exact
 from tests.runtime_support import LOGPROB_TOL, golden, make_backend, prompt_logprob_error
 from tests.server_fixtures import Server, start
 
@@ -60,9 +60,7 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
 
 @pytest.fixture(scope="module")
 def exact_server() -> Iterator[Server]:
-    srv = start(str(gemma3_gguf()), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
-    yield srv
-    srv.stop()
+    yield from serve_exact(gemma3_gguf())
 
 
 @pytest.fixture(scope="module")
