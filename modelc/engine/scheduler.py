@@ -15,7 +15,8 @@ Each loop iteration:
 2. running decoders get speculative drafts, and context limits are applied;
 3. ``policy.schedule()`` plans the step; the step (prefix-cache loads, one batched
    ``model.forward``, constraint masks, sampling / draft verification, prefix-cache
-   inserts) runs in a worker thread, one step at a time;
+   inserts) runs on the step thread (:mod:`~modelc.engine.step_thread`), one step at a
+   time, started without yielding so responses are written while it computes;
 4. back on the event loop the new tokens are detokenized, checked against stop
    tokens / stop strings / limits and delivered; ``policy.update`` closes the step.
 
@@ -58,6 +59,7 @@ from modelc.engine.policy import KVCost, Policy, ScheduledSeq, SeqResult, StepPl
 from modelc.engine.prefix_cache import Block, PrefixCache
 from modelc.engine.spec_control import SpecConfig, SpecController, StepCost
 from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
+from modelc.engine.step_thread import StepThread
 from modelc.errors import ModelcError, UnsupportedError, UsageError
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.lora import (
@@ -195,6 +197,7 @@ class LLMEngine:
         self.model_name = model_name
         self.architecture = model.architecture
         self._lock = trio.Lock()  # one compute at a time (steps and embeddings)
+        self._stepper = StepThread()
         self._reqs: dict[str, _Request] = {}
         self._wake = trio.Event()
         self._stats = EngineStats()
@@ -405,7 +408,10 @@ class LLMEngine:
         task_status.started()
         try:
             while True:
-                await trio.lowlevel.checkpoint()
+                # no yield here: the step below starts before the readers its last tokens
+                # woke run (they write while it computes); each step and each idle wait
+                # is a checkpoint of its own
+                await trio.lowlevel.checkpoint_if_cancelled()
                 self._reap()
                 plan = StepPlan(())
                 if self.lm is not None and self.policy.has_work:
@@ -415,8 +421,7 @@ class LLMEngine:
                     await self._idle()
                     continue
                 try:
-                    async with self._lock:
-                        out = await trio.to_thread.run_sync(self._step_sync, plan)
+                    out = await self._step(plan)
                 except Exception as e:  # a failed step ends its requests, not the engine
                     msg = str(e) if isinstance(e, ModelcError) else f"{type(e).__name__}: {e}"
                     for s in plan.seqs:
@@ -425,8 +430,21 @@ class LLMEngine:
                 self._deliver(plan, out)
         finally:
             self._running = False
+            self._stepper.close()
             for rid in list(self._reqs):
                 self._finish(rid, FinishReason.ERROR, error="the engine stopped")
+
+    async def _step(self, plan: StepPlan) -> list[list[Sample] | ModelcError]:
+        """Run ``plan`` on the step thread, holding the compute lock; neither starting it
+        nor taking a free lock yields to other tasks."""
+        if self._lock.locked():  # a LoRA swap or an embedding batch is computing
+            await self._lock.acquire()
+        else:
+            self._lock.acquire_nowait()
+        try:
+            return await self._stepper.run(self._step_sync, plan)
+        finally:
+            self._lock.release()
 
     async def _idle(self) -> None:
         deadlines = [r.req.deadline for r in self._reqs.values() if r.req.deadline is not None]
