@@ -32,6 +32,7 @@ cdef extern from "mc_quant.h" nogil:
 
 cdef extern from "mc_pool.h" nogil:
     void mc_pool_backoff(int on)
+    void mc_pool_stats(long long out[3])
 
 cdef extern from "mc_ops.h" nogil:
     void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps, int nth)
@@ -94,6 +95,14 @@ def has_kernel(int wtype, int simd):
 def pool_backoff(bint on):
     """Turn the thread pool's stall back-off on or off (see mc_pool.h); for benchmarks."""
     mc_pool_backoff(on)
+
+
+def pool_stats():
+    """The thread pool's counters: jobs offered to it, jobs its stall back-off ran on the
+    calling thread alone, back-offs started (see mc_pool.h)."""
+    cdef long long out[3]
+    mc_pool_stats(out)
+    return {"jobs": out[0], "solo": out[1], "stalls": out[2]}
 
 
 def num_procs():

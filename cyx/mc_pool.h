@@ -62,9 +62,13 @@ static mc_pool *mc_the_pool = NULL;
 
 /* Stall back-off: a job whose caller waited > MC_STALL_S (0.1 ms), and over half the
  * time it worked, for a descheduled worker to finish its chunk (in a healthy run
- * that wait is one chunk, microseconds) marks the machine oversubscribed;
- * the next `mc_solo_left` jobs then run on the caller alone (64, doubling while
- * stalls persist, up to 4096), after which threads are tried again.  So do
+ * that wait is one chunk, microseconds) is a stall; MC_STALLS_BACKOFF stalls among the
+ * last MC_STALL_WINDOW jobs mark the machine oversubscribed, and the next `mc_solo_left`
+ * jobs then run on the caller alone (64, doubling while stalls persist, up to 4096),
+ * after which threads are tried again.  One stall alone is not enough: a server's own
+ * event loop preempts a worker now and then (a burst of response writes, once a
+ * step of ~100 jobs); backing off on each of those ran 18% of a served 8-stream
+ * decode's jobs single-threaded (in-process: 3%).  So do
  * MC_LONELY_JOBS jobs in a row of 4+ chunks where the workers took under a quarter: on a
  * machine with more runnable threads than cores a spinning worker that is not
  * scheduled only takes CPU time from the caller (measured on 2 busy cores: decode
@@ -74,6 +78,12 @@ static _Atomic int mc_backoff_on = 1; /* mc_pool_backoff(0) turns it off (benchm
 static _Atomic int mc_backoff = 64;
 static _Atomic int mc_lonely = 0; /* jobs in a row whose caller ran over 3/4 of the chunks */
 #define MC_LONELY_JOBS 16
+static _Atomic uint32_t mc_stall_hist = 0; /* bit i: the job i jobs ago stalled */
+#define MC_STALL_WINDOW 16
+#define MC_STALLS_BACKOFF 3
+/* counters for mc_pool_stats: jobs offered to the pool, of them run on the caller alone
+ * by the back-off, and back-offs started */
+static _Atomic long long mc_stat_jobs = 0, mc_stat_solo = 0, mc_stat_stalls = 0;
 
 static inline double mc_now(void) {
     struct timespec ts;
@@ -183,9 +193,11 @@ static mc_pool *mc_pool_get(int nworkers) {
 static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
     mc_pool *p = NULL;
     if (nth > 1 && nchunks > 1) {
-        if (atomic_load_explicit(&mc_solo_left, memory_order_relaxed) > 0)
+        atomic_fetch_add_explicit(&mc_stat_jobs, 1, memory_order_relaxed);
+        if (atomic_load_explicit(&mc_solo_left, memory_order_relaxed) > 0) {
             atomic_fetch_sub_explicit(&mc_solo_left, 1, memory_order_relaxed);
-        else
+            atomic_fetch_add_explicit(&mc_stat_solo, 1, memory_order_relaxed);
+        } else
             p = mc_pool_get(nth - 1);
     }
     if (p == NULL || pthread_mutex_trylock(&p->job_mu) != 0) {
@@ -220,12 +232,17 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
     const int alone = nchunks >= 4 && 4 * mine > 3 * nchunks;
     const int lonely = alone ? atomic_fetch_add(&mc_lonely, 1) + 1 : 0;
     if (!alone) atomic_store(&mc_lonely, 0);
-    int stalled = lonely >= MC_LONELY_JOBS;
+    int stalled = 0;
     if (spins >= 1000) {
         const double waited = mc_now() - t1, worked = t1 - t0;
-        stalled |= waited > MC_STALL_S && waited > 0.5 * worked;
+        stalled = waited > MC_STALL_S && waited > 0.5 * worked;
     }
-    if (stalled) {
+    const uint32_t hist = ((atomic_load(&mc_stall_hist) << 1) | (uint32_t)stalled) &
+                          ((1u << MC_STALL_WINDOW) - 1);
+    atomic_store(&mc_stall_hist, hist);
+    if (lonely >= MC_LONELY_JOBS || __builtin_popcount(hist) >= MC_STALLS_BACKOFF) {
+        atomic_store(&mc_stall_hist, 0);
+        atomic_fetch_add_explicit(&mc_stat_stalls, 1, memory_order_relaxed);
         const int b = atomic_load(&mc_backoff);
         atomic_store(&mc_solo_left, b);
         atomic_store(&mc_backoff, b < 4096 ? 2 * b : 4096);
@@ -237,6 +254,18 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
 
 #endif /* _WIN32 */
 
+/* out[0..2]: jobs offered to the pool, jobs the back-off ran on the caller alone, back-offs
+ * started (since the process started) */
+static void mc_pool_stats(long long out[3]) {
+#if !defined(_WIN32)
+    out[0] = atomic_load(&mc_stat_jobs);
+    out[1] = atomic_load(&mc_stat_solo);
+    out[2] = atomic_load(&mc_stat_stalls);
+#else
+    out[0] = out[1] = out[2] = 0;
+#endif
+}
+
 /* Enable (1) or disable (0) the stall back-off; clears any back-off in force. */
 static void mc_pool_backoff(int on) {
 #if !defined(_WIN32)
@@ -244,6 +273,7 @@ static void mc_pool_backoff(int on) {
     atomic_store(&mc_solo_left, 0);
     atomic_store(&mc_backoff, 64);
     atomic_store(&mc_lonely, 0);
+    atomic_store(&mc_stall_hist, 0);
 #else
     (void)on;
 #endif
