@@ -17,7 +17,10 @@ two sides ``--reps`` times (this machine is shared: medians of alternating runs)
   line, as a Python application would read it);
 
 and reports the difference as microseconds of server work per generated token
-(``1/http - 1/engine``, aggregate).  With ``--profile FILE`` it samples the server
+(``1/http - 1/engine``, aggregate), and the CPU time the server's event-loop thread ran
+per token (its ``schedstat``: request parsing, the scheduler's delivery, rendering, the
+HTTP stack, the socket writes), which the machine's noise does not move as it moves the
+throughputs.  With ``--profile FILE`` it samples the server
 process with py-spy during one HTTP run of the largest N and writes the hottest
 functions (own time) to FILE.
 """
@@ -150,11 +153,19 @@ def raw_tps(url: str, messages: list[dict[str, str]], n: int, tokens: int) -> fl
     return (len(stamps) - n) / (max(stamps) - min(stamps))
 
 
-def start_server(gguf: Path, threads: int, n: int) -> tuple[subprocess.Popen[bytes], str]:
+def loop_cpu_ns(pid: int) -> int:
+    """CPU time the server's event-loop thread (its main thread) has run, from schedstat."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
+
+
+def start_server(
+    gguf: Path, threads: int, n: int, interval: int = 0
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = dict(os.environ, MODELC_HOME=tempfile.mkdtemp(prefix="serving-cost-"))
     cmd = [sys.executable, "-m", "modelc.cli", "run", str(gguf), "--port", str(port)]
     cmd += ["--threads", str(threads), "--max-concurrent", str(max(n, 1))]
+    cmd += ["--stream-interval", str(interval)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -208,26 +219,33 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile", type=Path, default=None)
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw")
+    ap.add_argument(
+        "--stream-interval", type=int, default=0, help="both sides' --stream-interval (0: auto)"
+    )
     a = ap.parse_args()
     client = raw_tps if a.client == "raw" else http_tps
     streams = [int(x) for x in a.streams.split(",")]
     gguf = smollm2_gguf()
     messages = [{"role": "user", "content": PROMPT}]
-    opts = EngineOptions(threads=a.threads, max_concurrent=max(streams))
+    opts = EngineOptions(
+        threads=a.threads, max_concurrent=max(streams), stream_interval=a.stream_interval
+    )
     eng = build_engine(gguf, opts)
     assert eng.prompt is not None
     prompt = eng.prompt.chat(messages).ids
-    proc, url = start_server(gguf, a.threads, max(streams))
+    proc, url = start_server(gguf, a.threads, max(streams), a.stream_interval)
     rows = []
     try:
         client(url, messages, 1, 8)  # warm the server's first request
         for n in streams:
-            ins, over = [], []
+            ins, over, loop = [], [], []
             for _ in range(a.reps):
                 ins.append(trio.run(engine_tps, eng, prompt, n, a.tokens))
+                c0 = loop_cpu_ns(proc.pid)
                 over.append(client(url, messages, n, a.tokens))
+                loop.append((loop_cpu_ns(proc.pid) - c0) / 1e3 / (n * a.tokens))
             e, h = statistics.median(ins), statistics.median(over)
-            rows.append((n, e, h, (1 / h - 1 / e) * 1e6, ins, over))
+            rows.append((n, e, h, (1 / h - 1 / e) * 1e6, ins, over, statistics.median(loop)))
         if a.profile is not None:
             n = max(streams)
             seconds = a.tokens * n / rows[-1][2] * 0.8  # most of one run
@@ -240,13 +258,16 @@ def main() -> int:
         proc.wait(60)
     print(
         f"SmolLM2-135M Q4_1, {a.threads} threads, {a.tokens} tokens a stream, medians of"
-        f" {a.reps}, {a.client} client"
+        f" {a.reps}, {a.client} client, --stream-interval {a.stream_interval or 'auto'}"
     )
-    print("\n| streams | engine tok/s | HTTP tok/s | HTTP / engine | server µs per token |")
-    print("|---|---|---|---|---|")
-    for n, e, h, us, _, _ in rows:
-        print(f"| {n} | {e:.1f} | {h:.1f} | {h / e:.2f} | {us:.0f} |")
-    for n, _, _, _, ins, over in rows:
+    print(
+        "\n| streams | engine tok/s | HTTP tok/s | HTTP / engine | server µs per token"
+        " | event-loop CPU µs per token |"
+    )
+    print("|---|---|---|---|---|---|")
+    for n, e, h, us, _, _, cpu in rows:
+        print(f"| {n} | {e:.1f} | {h:.1f} | {h / e:.2f} | {us:.0f} | {cpu:.0f} |")
+    for n, _, _, _, ins, over, _ in rows:
         print(
             f"runs n={n}: engine {[round(x, 1) for x in ins]}, http {[round(x, 1) for x in over]}"
         )

@@ -71,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "device": args.device,
         "spec_gamma": args.spec_max,
         "spec_min_prompt": args.spec_min_prompt,
+        "stream_interval": args.stream_interval,
     }
     engine = EngineOptions(**{k: v for k, v in given.items() if v is not None})
     engine.context_shift = args.context_shift
@@ -234,6 +235,16 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="N",
         help="auto: prompts shorter than N tokens never draft (default 128)",
+    )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens a streamed response gets at a time (as vLLM's and SGLang's "
+        "--stream-interval): 0 = auto (default): every token while fewer than 4 requests "
+        "decode, every second token when more do, so a busy server spends its cores on "
+        "the model rather than on writing frames; the first token always goes at once",
     )
     p.add_argument(
         "--device",

@@ -682,3 +682,65 @@ async def test_unread_stream_pauses_then_is_cancelled(ir: ModelIR) -> None:
     assert isinstance(fin, FinishEvent) and fin.reason is FinishReason.CANCELLED
     assert fin.error == "the client stopped reading" and fin.completion_tokens == 16
     assert eng.kv_budget.used == 0  # its memory went back
+
+
+async def handed_out(handle: Any) -> tuple[list[int], str]:
+    """Tokens per hand-off (the events waiting each time the reader wakes) and the text."""
+    sizes: list[int] = []
+    text = ""
+    while True:
+        ev: Any = await handle.next_event()
+        n, fin = 0, None
+        while ev is not None:
+            if isinstance(ev, TokenEvent):
+                n += 1
+            else:
+                fin = ev
+            text += ev.text
+            ev = handle.event_nowait()
+        if n:
+            sizes.append(n)
+        if fin is not None:
+            return sizes, text
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+async def test_stream_interval_hands_out_tokens_in_groups(ir: ModelIR, interval: int) -> None:
+    """--stream-interval N: the first token at once, then N at a time; the same text."""
+    eng = make(ir, stream_interval=interval, speculative=False)
+    p = params(eng, max_tokens=13)
+    prompt = ids(eng, PROMPTS[0])
+    async with running(eng):
+        sizes, text = await handed_out(
+            eng.submit(GenerationRequest("r", prompt, p, ignore_eos=True))
+        )
+    want = eng.tok.decode(alone(eng, prompt, dataclasses.replace(p, stop_token_ids=[])))  # type: ignore[union-attr]
+    assert text == want
+    assert sum(sizes) == 13 and sizes[0] == 1
+    assert all(s % interval == 0 for s in sizes[1:]), sizes
+
+
+async def test_stream_interval_auto_groups_a_busy_batch(ir: ModelIR) -> None:
+    """auto: one token at a time for a lone request, two at a time with 4+ decoding."""
+    eng = make(ir, speculative=False)
+    p = params(eng, max_tokens=9)
+    async with running(eng):
+        lone, _ = await handed_out(
+            eng.submit(GenerationRequest("lone", ids(eng, PROMPTS[0]), p, ignore_eos=True))
+        )
+        busy: dict[int, list[int]] = {}
+
+        async def one(i: int) -> None:
+            busy[i], _ = await handed_out(
+                eng.submit(GenerationRequest(f"b{i}", ids(eng, PROMPTS[0]), p, ignore_eos=True))
+            )
+
+        async with trio.open_nursery() as n:
+            for i in range(4):
+                n.start_soon(one, i)
+    # a lone request's tokens go one at a time (a reader that lags may find two waiting,
+    # but not always an even number)
+    assert lone[0] == 1 and sum(lone) == 9 and any(s % 2 for s in lone[1:]), lone
+    for sizes in busy.values():
+        assert sizes[0] == 1 and sum(sizes) == 9
+        assert all(s % 2 == 0 for s in sizes[1:]), sizes

@@ -13,6 +13,11 @@ from modelc.runtime.prompt import DEFAULT_MAX_TOKENS
 DEVICES = ("auto", "cpu", "cuda", "webgpu", "metal")  # where the engine computes (--device)
 
 
+AUTO_STREAM_BUSY = (
+    4  # --stream-interval auto: from this many decoding sequences, 2 tokens a hand-off
+)
+
+
 @dataclass(slots=True)
 class EngineOptions:
     max_concurrent: int = 8  # sequences decoding at once (--max-concurrent)
@@ -45,6 +50,12 @@ class EngineOptions:
     max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
     # a reader this many events behind pauses its request (no compute, KV kept) ...
     max_unread: int = 64
+    # tokens handed to a response at a time (--stream-interval): 0 = auto, every token
+    # while fewer than AUTO_STREAM_BUSY sequences decode, every second token from then on
+    # (each hand-off wakes the response and writes one frame through the HTTP stack: on a
+    # busy batch that Python takes the cores from the kernels); a response's first token
+    # and its last always go at once
+    stream_interval: int = 0
     stall_timeout: float = 30.0  # ... and a request paused this long is cancelled
     # the server's sampling defaults (config.toml [sampling]); the model's own come first
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -95,6 +106,10 @@ class EngineOptions:
             ),
             (self.max_tokens >= 1, f"--max-tokens must be at least 1, got {self.max_tokens}"),
             (self.max_unread >= 1, f"max_unread must be at least 1, got {self.max_unread}"),
+            (
+                self.stream_interval >= 0,
+                f"--stream-interval must be >= 0 (0: auto), got {self.stream_interval}",
+            ),
             (self.stall_timeout > 0, f"stall_timeout must be > 0, got {self.stall_timeout}"),
             (
                 self.device in DEVICES,

@@ -53,7 +53,7 @@ from modelc.engine.api import (
     TokenEvent,
 )
 from modelc.engine.constraints import ConstraintState, build_lltokenizer
-from modelc.engine.options import EngineOptions
+from modelc.engine.options import AUTO_STREAM_BUSY, EngineOptions
 from modelc.engine.output import TextOutput
 from modelc.engine.policy import KVCost, Policy, ScheduledSeq, SeqResult, StepPlan, StepResult
 from modelc.engine.prefix_cache import Block, PrefixCache
@@ -107,6 +107,8 @@ class _Request:
     prompt_lp_sent: bool = False
     stop_token: TokenEvent | None = None  # the end-of-generation token that ended it
     paused_at: float | None = None  # trio time its reader fell behind (see _pace)
+    held: list[TokenEvent] = field(default_factory=list)  # tokens not handed out yet
+    first_token: TokenEvent | None = None  # goes out at once (time to first token)
 
 
 class _Handle:
@@ -612,6 +614,7 @@ class LLMEngine:
     def _deliver(self, plan: StepPlan, out: list[list[Sample] | ModelcError]) -> None:
         results = []
         now = trio.current_time()
+        interval = self.opt.stream_interval or (1 if self._n_dec < AUTO_STREAM_BUSY else 2)
         for s, samples in zip(plan.seqs, out, strict=True):
             r = self._reqs.get(s.request_id)
             if r is None or r.cache is None:
@@ -641,6 +644,8 @@ class LLMEngine:
             if reason is not None:
                 self._finish(s.request_id, reason)
                 continue
+            if r.held and (len(r.held) >= interval or r.held[0] is r.first_token):
+                self._release(r)
             results.append(SeqResult(s.request_id, r.cache.n, len(samples)))
         self.policy.update(StepResult(tuple(results)))
         self._stats.steps += 1
@@ -669,8 +674,17 @@ class LLMEngine:
             reason = FinishReason.LENGTH
         top = smp.top
         lp = None if math.isnan(smp.logprob) else smp.logprob
-        self._send(r, TokenEvent(tok, text, lp, top))
+        ev = TokenEvent(tok, text, lp, top)
+        if r.first_token is None:
+            r.first_token = ev
+        r.held.append(ev)  # handed out by _deliver (stream_interval) or _finish
         return reason
+
+    def _release(self, r: _Request) -> None:
+        """Hand the request's held tokens to its response."""
+        for ev in r.held:
+            self._send(r, ev)
+        r.held.clear()
 
     def _send(self, r: _Request, ev: Event) -> None:
         try:
@@ -695,6 +709,7 @@ class LLMEngine:
         # held-back text is released unless it completes a stop string
         tail = r.output.close() if reason in (FinishReason.STOP, FinishReason.LENGTH) else ""
         now = trio.current_time()
+        self._release(r)
         self._send(
             r,
             FinishEvent(
