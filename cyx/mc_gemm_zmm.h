@@ -1,0 +1,232 @@
+/* Q4_K and Q6_K on repacked weights (mc_q4kx8, mc_q6kx8) on 512-bit registers: two groups
+ * of 8 weight rows at once.
+ *
+ * The kernels of mc_gemm_vnni.h (mc_gemm_q4kx8, mc_gemm_q6kx8) hold one group of 8 weight
+ * rows in the 8 dword lanes of a ymm register and are bound by the vpdpbusd they issue.
+ * These hold two neighbouring groups g and g + 1 in one zmm register (lanes 0-7: group g's
+ * rows 0-7, lanes 8-15: group g + 1's), so each broadcast x dword meets 16 weight rows
+ * per vpdpbusd, and the scale multiplies, the mins' / offsets' terms and the float
+ * epilogue each serve 16 rows per instruction too.  The repacked layout is unchanged:
+ * each of the two groups' 32-byte pieces is loaded and the pair joined by vinserti64x4.
+ *
+ * Arithmetic.  Lane by lane exactly that of the ymm kernels: the same exact integer sums
+ * per 256-column block (each sub-block's vpdpbusd sum times its scale, the mins' or the
+ * -32 offset's term), then the same float operations in the same order (mc_dot_q4_k_scalar,
+ * mc_dot_q6_k_scalar), so the results are bit-identical to them and to the single-row
+ * kernels.  A tile's last single group of 8 rows goes through the ymm kernel.
+ *
+ * Needs AVX512F and AVX512BW besides VNNI and VL (mc_simd_best's MC_SIMD_VNNI checks all).
+ */
+#ifndef MC_GEMM_ZMM_H
+#define MC_GEMM_ZMM_H
+
+#include "mc_gemm_vnni.h"
+
+#if defined(MC_X86)
+
+#define MC_ZMM __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* Kernels on two repacked groups (w, and the group `gs` bytes on): x rows x[0 .. na - 1]
+ * (mc_q8k blocks), weight rows j < nr (9 .. 16; j >= 8: row j - 8 of the second group) into
+ * y[a * ldy + j], as mc_repacked_fn does for one group. */
+/* Fewest x rows in a call for the zmm kernels (fewer: the ymm kernels). */
+#ifndef MC_ZMM_MIN_ROWS
+#define MC_ZMM_MIN_ROWS 1
+#endif
+
+typedef void (*mc_repacked16_fn)(int na, int nb, const void *w, size_t gs,
+                                 const mc_q8 *const x[8], float *y, size_t ldy, int nr);
+
+/* acc += dpbusd(x, the dword at p broadcast to 16 lanes), the broadcast folded into the
+ * instruction as in mc_dpbusd_bcst */
+MC_ZMM static inline __attribute__((always_inline)) __m512i
+mc_dpbusd16_bcst(__m512i acc, __m512i x, const int32_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*p));
+    return acc;
+}
+
+/* sum over k < 8 of vpdpbusd(u[k], the x dword xd[k] broadcast), in two chains */
+MC_ZMM static inline __attribute__((always_inline)) __m512i mc_dpbusd8_z(const __m512i u[8],
+                                                                         const int32_t *xd) {
+    __m512i s = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[0], xd);
+    __m512i t = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[1], xd + 1);
+    for (int k = 2; k < 8; k += 2) {
+        s = mc_dpbusd16_bcst(s, u[k], xd + k);
+        t = mc_dpbusd16_bcst(t, u[k + 1], xd + k + 1);
+    }
+    return _mm512_add_epi32(s, t);
+}
+
+/* sum over k < 4 of vpdpbusd(u[k], the x dword xd[k] broadcast), in two chains */
+MC_ZMM static inline __attribute__((always_inline)) __m512i mc_dpbusd4_z(const __m512i u[4],
+                                                                         const int32_t *xd) {
+    const __m512i s = mc_dpbusd16_bcst(mc_dpbusd16_bcst(_mm512_setzero_si512(), u[0], xd), u[2], xd + 2);
+    const __m512i t = mc_dpbusd16_bcst(mc_dpbusd16_bcst(_mm512_setzero_si512(), u[1], xd + 1), u[3], xd + 3);
+    return _mm512_add_epi32(s, t);
+}
+
+/* the 32 bytes at p0 (lanes 0-7) and at p1 (lanes 8-15) in one vector */
+MC_ZMM static inline __attribute__((always_inline)) __m512i mc_pair32_z(const uint8_t *p0,
+                                                                        const uint8_t *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+/* the 8 bytes at p0 then the 8 at p1 (one byte per row of each group) */
+MC_ZMM static inline __attribute__((always_inline)) __m128i mc_pair8_z(const void *p0,
+                                                                       const void *p1) {
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p0), _mm_loadl_epi64((const __m128i *)p1));
+}
+
+/* the 8 f16 at p0 and the 8 at p1 as 16 floats */
+MC_ZMM static inline __attribute__((always_inline)) __m512 mc_pair_h16_z(const uint16_t *p0,
+                                                                         const uint16_t *p1) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                                   _mm_loadu_si128((const __m128i *)p1), 1));
+}
+
+/* r (lane j: weight row j) into y[j] for j < nr */
+MC_ZMM static inline __attribute__((always_inline)) void mc_x16_store(__m512 r, float *y, int nr) {
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1u), r);
+}
+
+/* Q4_K: mc_gemm_q4kx8_body on two groups */
+MC_ZMM static inline __attribute__((always_inline)) void
+mc_gemm_q4kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], float *y,
+                    size_t ldy, int nr, const int na) {
+    const mc_q4kx8 *w0 = (const mc_q4kx8 *)wv, *w1 = (const mc_q4kx8 *)((const char *)wv + gs);
+    const mc_q8k *xk[8];
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q4kx8 *b0 = w0 + i, *b1 = w1 + i;
+        MC_KX8_PREFETCH(b0);
+        MC_KX8_PREFETCH(b1);
+        __m512i si[8], sm[8];
+        for (int a = 0; a < na; a++) si[a] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
+            __m512i u[8];
+            for (int v = 0; v < 8; v++) {
+                const __m512i q = mc_pair32_z(b0->qs[s >> 1] + 32 * v, b1->qs[s >> 1] + 32 * v);
+                u[v] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(q, 4) : q, m4);
+            }
+            const __m512i sc = _mm512_cvtepu8_epi32(mc_pair8_z(b0->sc[s], b1->sc[s]));
+            for (int a = 0; a < na; a++) {
+                const int32_t *xd = (const int32_t *)(xk[a][i].qs + 32 * s);
+                si[a] = _mm512_add_epi32(si[a], _mm512_mullo_epi32(mc_dpbusd8_z(u, xd), sc));
+            }
+        }
+        /* sum over sub-blocks s of mn[s] * (bsums[2s] + bsums[2s + 1]): sub-blocks in pairs,
+         * lanes holding (mn[2p], mn[2p + 1]) as int16, x dword p (bs[2p], bs[2p + 1]) */
+        __m512i mn[4];
+        for (int p = 0; p < 4; p++) {
+            const __m512i v0 = _mm512_cvtepu8_epi32(mc_pair8_z(b0->mn[2 * p], b1->mn[2 * p]));
+            const __m512i v1 = _mm512_cvtepu8_epi32(mc_pair8_z(b0->mn[2 * p + 1], b1->mn[2 * p + 1]));
+            mn[p] = _mm512_or_si512(v0, _mm512_slli_epi32(v1, 16));
+        }
+        for (int a = 0; a < na; a++) {
+            /* bs[s] = bsums[2s] + bsums[2s + 1] (|bs| <= 32 x 127: int16), packed in pairs */
+            const __m256i b16 = _mm256_loadu_si256((const __m256i *)xk[a][i].bsums);
+            const __m256i b32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 x int32 */
+            const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
+            __m512i m = _mm512_madd_epi16(mn[0], _mm512_broadcastd_epi32(bs));
+            m = _mm512_add_epi32(m, _mm512_madd_epi16(mn[1], _mm512_broadcastd_epi32(_mm_srli_si128(bs, 4))));
+            m = _mm512_add_epi32(m, _mm512_madd_epi16(mn[2], _mm512_broadcastd_epi32(_mm_srli_si128(bs, 8))));
+            m = _mm512_add_epi32(m, _mm512_madd_epi16(mn[3], _mm512_broadcastd_epi32(_mm_srli_si128(bs, 12))));
+            sm[a] = m;
+        }
+        const __m512 dw = mc_pair_h16_z(b0->d, b1->d);
+        const __m512 dm = mc_pair_h16_z(b0->dmin, b1->dmin);
+        for (int a = 0; a < na; a++) { /* sum += dx * (d * si - dmin * sm) */
+            const __m512 t = _mm512_sub_ps(_mm512_mul_ps(dw, _mm512_cvtepi32_ps(si[a])),
+                                           _mm512_mul_ps(dm, _mm512_cvtepi32_ps(sm[a])));
+            f[a] = _mm512_add_ps(f[a], _mm512_mul_ps(_mm512_set1_ps(xk[a][i].d), t));
+        }
+    }
+    for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+/* Q6_K: mc_gemm_q6kx8_body on two groups */
+MC_ZMM static inline __attribute__((always_inline)) void
+mc_gemm_q6kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], float *y,
+                    size_t ldy, int nr, const int na) {
+    const mc_q6kx8 *w0 = (const mc_q6kx8 *)wv, *w1 = (const mc_q6kx8 *)((const char *)wv + gs);
+    const mc_q8k *xk[8];
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    __m512 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q6kx8 *b0 = w0 + i, *b1 = w1 + i;
+        MC_KX8_PREFETCH(b0);
+        MC_KX8_PREFETCH(b1);
+        __m512i si[8];
+        for (int a = 0; a < na; a++) si[a] = _mm512_setzero_si512();
+        for (int n = 0; n < 2; n++)
+            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
+                __m512i u[8];
+                for (int v = 0; v < 8; v++) {
+                    const __m512i ql = mc_pair32_z(b0->ql[n][X & 1] + 32 * v, b1->ql[n][X & 1] + 32 * v);
+                    const __m512i qh = mc_pair32_z(b0->qh[n] + 32 * v, b1->qh[n] + 32 * v);
+                    const __m512i l4 = X < 2 ? _mm512_and_si512(ql, m4)
+                                             : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+                    const __m512i h2 = X == 0   ? _mm512_slli_epi16(qh, 4)
+                                       : X == 1 ? _mm512_slli_epi16(qh, 2)
+                                       : X == 2 ? qh
+                                                : _mm512_srli_epi16(qh, 2);
+                    u[v] = _mm512_or_si512(l4, _mm512_and_si512(h2, m30));
+                }
+                const int k = 8 * n + 2 * X;
+                const __m512i sc0 = _mm512_cvtepi8_epi32(mc_pair8_z(b0->sc[k], b1->sc[k]));
+                const __m512i sc1 = _mm512_cvtepi8_epi32(mc_pair8_z(b0->sc[k + 1], b1->sc[k + 1]));
+                for (int a = 0; a < na; a++) { /* sum(q x) * sc per sub-block */
+                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
+                    si[a] = _mm512_add_epi32(si[a], _mm512_add_epi32(_mm512_mullo_epi32(mc_dpbusd4_z(u, xd), sc0),
+                                                                     _mm512_mullo_epi32(mc_dpbusd4_z(u + 4, xd + 4), sc1)));
+                }
+            }
+        /* the -32 offset of every q: 32 sum over k of sc[k] bsums[k], sub-blocks in pairs
+         * (lanes holding (sc[2p], sc[2p + 1]) as int16, x dword p (bsums[2p], bsums[2p + 1])) */
+        __m512i scp[8];
+        for (int p = 0; p < 8; p++) {
+            const __m512i v0 = _mm512_cvtepi8_epi32(mc_pair8_z(b0->sc[2 * p], b1->sc[2 * p]));
+            const __m512i v1 = _mm512_cvtepi8_epi32(mc_pair8_z(b0->sc[2 * p + 1], b1->sc[2 * p + 1]));
+            scp[p] = _mm512_mask_blend_epi16((__mmask32)0xAAAAAAAAu, v0, _mm512_slli_epi32(v1, 16));
+        }
+        for (int a = 0; a < na; a++) {
+            const int32_t *bs = (const int32_t *)xk[a][i].bsums;
+            __m512i c = _mm512_madd_epi16(scp[0], _mm512_set1_epi32(bs[0]));
+            for (int p = 1; p < 8; p++) c = _mm512_add_epi32(c, _mm512_madd_epi16(scp[p], _mm512_set1_epi32(bs[p])));
+            si[a] = _mm512_sub_epi32(si[a], _mm512_slli_epi32(c, 5));
+        }
+        const __m512 dw = mc_pair_h16_z(b0->d, b1->d);
+        for (int a = 0; a < na; a++) /* sum += d * dx * si */
+            f[a] = _mm512_add_ps(f[a], _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xk[a][i].d)),
+                                                     _mm512_cvtepi32_ps(si[a])));
+    }
+    for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+/* the kernels specialized per x row count (1 .. 8), as mc_repacked16_fn */
+#define MC_REPACKED16_FN(name, body)                                                               \
+    MC_ZMM static void name(int na, int nb, const void *w, size_t gs, const mc_q8 *const x[8],     \
+                            float *y, size_t ldy, int nr) {                                        \
+        switch (na) {                                                                              \
+        case 1: body(nb, w, gs, x, y, ldy, nr, 1); break;                                          \
+        case 2: body(nb, w, gs, x, y, ldy, nr, 2); break;                                          \
+        case 3: body(nb, w, gs, x, y, ldy, nr, 3); break;                                          \
+        case 4: body(nb, w, gs, x, y, ldy, nr, 4); break;                                          \
+        case 5: body(nb, w, gs, x, y, ldy, nr, 5); break;                                          \
+        case 6: body(nb, w, gs, x, y, ldy, nr, 6); break;                                          \
+        case 7: body(nb, w, gs, x, y, ldy, nr, 7); break;                                          \
+        default: body(nb, w, gs, x, y, ldy, nr, 8); break;                                         \
+        }                                                                                          \
+    }
+
+MC_REPACKED16_FN(mc_gemm_q4kx16, mc_gemm_q4kx16_body)
+MC_REPACKED16_FN(mc_gemm_q6kx16, mc_gemm_q6kx16_body)
+
+#endif /* MC_X86 */
+#endif /* MC_GEMM_ZMM_H */
