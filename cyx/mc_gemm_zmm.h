@@ -45,6 +45,14 @@ mc_dpbusd16_bcst(__m512i acc, __m512i x, const int32_t *p) {
     return acc;
 }
 
+/* acc += dpwssd(x, the dword at p broadcast to 16 lanes): per dword lane the two int16
+ * products of x's and p's words added to acc (vpmaddwd + vpaddd in one instruction) */
+MC_ZMM static inline __attribute__((always_inline)) __m512i
+mc_dpwssd16_bcst(__m512i acc, __m512i x, const int32_t *p) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*p));
+    return acc;
+}
+
 /* sum over k < 8 of vpdpbusd(u[k], the x dword xd[k] broadcast), in two chains */
 MC_ZMM static inline __attribute__((always_inline)) __m512i mc_dpbusd8_z(const __m512i u[8],
                                                                          const int32_t *xd) {
@@ -127,15 +135,15 @@ mc_gemm_q4kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], 
             mn[p] = _mm512_or_si512(v0, _mm512_slli_epi32(v1, 16));
         }
         for (int a = 0; a < na; a++) {
-            /* bs[s] = bsums[2s] + bsums[2s + 1] (|bs| <= 32 x 127: int16), packed in pairs */
+            /* bs[s] = bsums[2s] + bsums[2s + 1] (|bs| <= 32 x 127: int16), packed in pairs and
+             * kept in memory for vpdpwssd's broadcast operand */
             const __m256i b16 = _mm256_loadu_si256((const __m256i *)xk[a][i].bsums);
             const __m256i b32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 x int32 */
-            const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
-            __m512i m = _mm512_madd_epi16(mn[0], _mm512_broadcastd_epi32(bs));
-            m = _mm512_add_epi32(m, _mm512_madd_epi16(mn[1], _mm512_broadcastd_epi32(_mm_srli_si128(bs, 4))));
-            m = _mm512_add_epi32(m, _mm512_madd_epi16(mn[2], _mm512_broadcastd_epi32(_mm_srli_si128(bs, 8))));
-            m = _mm512_add_epi32(m, _mm512_madd_epi16(mn[3], _mm512_broadcastd_epi32(_mm_srli_si128(bs, 12))));
-            sm[a] = m;
+            int32_t bs[4];
+            _mm_storeu_si128((__m128i *)bs, _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1)));
+            const __m512i m0 = mc_dpwssd16_bcst(mc_dpwssd16_bcst(_mm512_setzero_si512(), mn[0], bs), mn[2], bs + 2);
+            const __m512i m1 = mc_dpwssd16_bcst(mc_dpwssd16_bcst(_mm512_setzero_si512(), mn[1], bs + 1), mn[3], bs + 3);
+            sm[a] = _mm512_add_epi32(m0, m1);
         }
         const __m512 dw = mc_pair_h16_z(b0->d, b1->d);
         const __m512 dm = mc_pair_h16_z(b0->dmin, b1->dmin);
@@ -195,11 +203,15 @@ mc_gemm_q6kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], 
             const __m512i v1 = _mm512_cvtepi8_epi32(mc_pair8_z(b0->sc[2 * p + 1], b1->sc[2 * p + 1]));
             scp[p] = _mm512_mask_blend_epi16((__mmask32)0xAAAAAAAAu, v0, _mm512_slli_epi32(v1, 16));
         }
-        for (int a = 0; a < na; a++) {
+        for (int a = 0; a < na; a++) { /* x dword p: (bsums[2p], bsums[2p + 1]), broadcast */
             const int32_t *bs = (const int32_t *)xk[a][i].bsums;
-            __m512i c = _mm512_madd_epi16(scp[0], _mm512_set1_epi32(bs[0]));
-            for (int p = 1; p < 8; p++) c = _mm512_add_epi32(c, _mm512_madd_epi16(scp[p], _mm512_set1_epi32(bs[p])));
-            si[a] = _mm512_sub_epi32(si[a], _mm512_slli_epi32(c, 5));
+            __m512i c0 = mc_dpwssd16_bcst(_mm512_setzero_si512(), scp[0], bs);
+            __m512i c1 = mc_dpwssd16_bcst(_mm512_setzero_si512(), scp[1], bs + 1);
+            for (int p = 2; p < 8; p += 2) {
+                c0 = mc_dpwssd16_bcst(c0, scp[p], bs + p);
+                c1 = mc_dpwssd16_bcst(c1, scp[p + 1], bs + p + 1);
+            }
+            si[a] = _mm512_sub_epi32(si[a], _mm512_slli_epi32(_mm512_add_epi32(c0, c1), 5));
         }
         const __m512 dw = mc_pair_h16_z(b0->d, b1->d);
         for (int a = 0; a < na; a++) /* sum += d * dx * si */
