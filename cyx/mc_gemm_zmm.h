@@ -53,24 +53,21 @@ mc_dpwssd16_bcst(__m512i acc, __m512i x, const int32_t *p) {
     return acc;
 }
 
-/* sum over k < 8 of vpdpbusd(u[k], the x dword xd[k] broadcast), in two chains */
+/* sum over k < 8 of vpdpbusd(u[k], the x dword xd[k] broadcast), in one chain (the x rows
+ * and sub-blocks give the independent chains: one vpaddd fewer than two chains) */
 MC_ZMM static inline __attribute__((always_inline)) __m512i mc_dpbusd8_z(const __m512i u[8],
                                                                          const int32_t *xd) {
     __m512i s = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[0], xd);
-    __m512i t = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[1], xd + 1);
-    for (int k = 2; k < 8; k += 2) {
-        s = mc_dpbusd16_bcst(s, u[k], xd + k);
-        t = mc_dpbusd16_bcst(t, u[k + 1], xd + k + 1);
-    }
-    return _mm512_add_epi32(s, t);
+    for (int k = 1; k < 8; k++) s = mc_dpbusd16_bcst(s, u[k], xd + k);
+    return s;
 }
 
-/* sum over k < 4 of vpdpbusd(u[k], the x dword xd[k] broadcast), in two chains */
+/* sum over k < 4 of vpdpbusd(u[k], the x dword xd[k] broadcast), in one chain */
 MC_ZMM static inline __attribute__((always_inline)) __m512i mc_dpbusd4_z(const __m512i u[4],
                                                                          const int32_t *xd) {
-    const __m512i s = mc_dpbusd16_bcst(mc_dpbusd16_bcst(_mm512_setzero_si512(), u[0], xd), u[2], xd + 2);
-    const __m512i t = mc_dpbusd16_bcst(mc_dpbusd16_bcst(_mm512_setzero_si512(), u[1], xd + 1), u[3], xd + 3);
-    return _mm512_add_epi32(s, t);
+    __m512i s = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[0], xd);
+    for (int k = 1; k < 4; k++) s = mc_dpbusd16_bcst(s, u[k], xd + k);
+    return s;
 }
 
 /* the 32 bytes at p0 (lanes 0-7) and at p1 (lanes 8-15) in one vector */
