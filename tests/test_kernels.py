@@ -335,21 +335,24 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
 @pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q6_K])
 def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
     """Q4_K and Q6_K repacked weights go through the 512-bit kernels two groups of 8 rows at
-    a time (mc_gemm_zmm.h) and a tile's last single group through the 256-bit ones: every
-    height (one group; an odd number of groups; a last group of fewer than 8 rows; tiles
-    ending 9-15 rows past a pair) and x row count (1-9, 17: a last group of x rows of
-    every size) gives what the scalar, AVX2 and VNNI kernels on the weights as stored
-    give, on 1 and 2 threads."""
+    a time (mc_gemm_zmm.h; from 32 x rows on each pair unpacked once first) and a tile's
+    last single group through the 256-bit ones: every height (one group; an odd number of
+    groups; a last group of fewer than 8 rows; tiles ending 9-15 rows past a pair) and x
+    row count (1-9, 17, 35: a last group of x rows of every size) gives what the scalar,
+    AVX2 and VNNI kernels on the weights as stored give, on 1 and 2 threads."""
     from modelc._kernels import kernels as kk
 
     rng = np.random.default_rng(16)
     code = kk.Q4_K if dtype is DType.Q4_K else kk.Q6_K
     vnni = SIMD_LEVELS["avx512vnni"]
     for rows in (8, 13, 24, 29, 40, 72):
-        w = make_weight(dtype, rows, 512, rng)
-        raw = np.ascontiguousarray(w.data)
+        blocks = np.array(make_weight(dtype, rows, 512, rng).data).reshape(rows, 2, -1)
+        for off, value in RANDOM_BLOCK_SCALES[dtype].items():  # f16 scales of every row apart
+            scales = (value * rng.uniform(0.5, 2.0, (rows, 2))).astype(np.float16)
+            blocks[:, :, off : off + 2] = scales.view(np.uint8).reshape(rows, 2, 2)
+        raw = np.ascontiguousarray(blocks.reshape(rows, -1))
         aux = kk.repack(code, raw, 512)
-        for n in (*range(1, 10), 17):
+        for n in (*range(1, 10), 17, 35):
             x = rng.standard_normal((n, 512)).astype(np.float32)
             for nth in (1, 2):
                 with_aux = np.empty((n, rows), np.float32)
