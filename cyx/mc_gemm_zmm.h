@@ -6,14 +6,19 @@
  * These hold two neighbouring groups g and g + 1 in one zmm register (lanes 0-7: group g's
  * rows 0-7, lanes 8-15: group g + 1's), so each broadcast x dword meets 16 weight rows
  * per vpdpbusd, and the scale multiplies, the mins' / offsets' terms and the float
- * epilogue each serve 16 rows per instruction too.  The repacked layout is unchanged:
- * each of the two groups' 32-byte pieces is loaded and the pair joined by vinserti64x4.
+ * epilogue each serve 16 rows per instruction too (the mins' / offsets' terms by vpdpwssd
+ * on broadcast x dwords).  The repacked layout is unchanged: each of the two groups' 32-byte
+ * pieces is loaded and the pair joined by vinserti64x4.  With many x rows (from
+ * MC_ZMM_UNPACK_MIN_ROWS) each pair is first unpacked once into scratch (mc_q4kx16u,
+ * mc_q6kx16u: the ints as vpdpbusd takes them, the scales as int32 / float), which every
+ * group of 8 x rows then reads with one load a vector.
  *
- * Arithmetic.  Lane by lane exactly that of the ymm kernels: the same exact integer sums
- * per 256-column block (each sub-block's vpdpbusd sum times its scale, the mins' or the
- * -32 offset's term), then the same float operations in the same order (mc_dot_q4_k_scalar,
- * mc_dot_q6_k_scalar), so the results are bit-identical to them and to the single-row
- * kernels.  A tile's last single group of 8 rows goes through the ymm kernel.
+ * Arithmetic.  Lane by lane that of the ymm kernels: the same exact integer sums per
+ * 256-column block (each sub-block's vpdpbusd sum times its scale, the mins' or the -32
+ * offset's term; exact in int32, so the order of the integer adds does not matter), then
+ * the same float operations in the same order (mc_dot_q4_k_scalar, mc_dot_q6_k_scalar), so
+ * the results are bit-identical to them and to the single-row kernels.  A tile's last
+ * single group of 8 rows goes through the ymm kernel.
  *
  * Needs AVX512F and AVX512BW besides VNNI and VL (mc_simd_best's MC_SIMD_VNNI checks all).
  */
@@ -29,7 +34,9 @@
 /* Kernels on two repacked groups (w, and the group `gs` bytes on): x rows x[0 .. na - 1]
  * (mc_q8k blocks), weight rows j < nr (9 .. 16; j >= 8: row j - 8 of the second group) into
  * y[a * ldy + j], as mc_repacked_fn does for one group. */
-/* Fewest x rows in a call for the zmm kernels (fewer: the ymm kernels). */
+/* Fewest x rows in a call for the zmm kernels (fewer: the ymm kernels).  At 1 row (decode,
+ * memory-bound) they are not slower: a 1B model's Q4_K / Q6_K layers, 1 thread +3-15%, 2
+ * threads even within the noise (medians of 5-7 alternating runs on a shared machine). */
 #ifndef MC_ZMM_MIN_ROWS
 #define MC_ZMM_MIN_ROWS 1
 #endif
