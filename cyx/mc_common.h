@@ -261,7 +261,9 @@ static int mc_simd_best(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
-        if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
+        /* VNNI level: also the 512-bit kernels of mc_gemm_zmm.h (AVX512F, AVX512BW) */
+        if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
             return MC_SIMD_VNNI;
         return MC_SIMD_AVX2;
     }

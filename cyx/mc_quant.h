@@ -26,6 +26,7 @@
 #include "mc_dot_scalar.h"
 #include "mc_dispatch.h"
 #include "mc_gemm_vnni.h"
+#include "mc_gemm_zmm.h"
 #include "mc_pool.h"
 
 /* dequantize one row with the fastest path `simd` allows */
@@ -113,12 +114,27 @@ static void mc_outlier_rows(const mc_matmul_job *jb, int ra, int rb, int j0, int
 
 #if defined(MC_X86)
 /* One tile of weight rows [r0, r1) (r0 a multiple of 8) on repacked weights: each group of
- * 8 rows meets every group of up to 8 x rows through `fn` while it sits in L1. */
-static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacked_fn fn) {
+ * 8 rows meets every group of up to 8 x rows through `fn` while it sits in L1; with zmm
+ * kernels `z` (not NULL), two groups (16 rows) at a time, from MC_ZMM_UNPACK_MIN_ROWS x
+ * rows on unpacked once into scratch first, and the tile's last single group through `fn`. */
+static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacked_fn fn,
+                             const mc_zmm_kernels *z) {
     const int M = jb->M, n = jb->n, nb = jb->K / 32;
     const size_t gbytes = mc_repack_block_bytes(jb->t) * (size_t)nb; /* one group of 8 rows */
-    for (int r = r0; r < r1; r += 8) {
+    for (int r = r0; r < r1;) {
         const void *wg = (const char *)jb->ilv + gbytes * (size_t)(r / 8);
+        const int two = z != NULL && r1 - r > 8; /* group r / 8 + 1 holds rows below r1 */
+        mc_repacked16_fn fn16 = two ? z->fn : NULL;
+        const void *w16 = wg;
+        if (two && n >= MC_ZMM_UNPACK_MIN_ROWS) { /* the pair unpacked once for all x rows */
+            char *buf = (char *)mc_scratch(2, z->pre_bytes * (size_t)(nb / 8) + 64);
+            if (buf != NULL) {
+                void *u = buf + ((64 - ((uintptr_t)buf & 63)) & 63);
+                z->unpack(nb, wg, gbytes, u);
+                fn16 = z->fn_pre;
+                w16 = u;
+            }
+        }
         for (int j = 0; j < n; j += 8) {
             const int na = mc_imin(8, n - j);
             const mc_q8 *xr[8];
@@ -127,8 +143,10 @@ static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacke
                 xr[a] = (const mc_q8 *)((const char *)jb->xbase + jb->xstride * (size_t)(j + a));
                 cx[a] = (const int32_t *)jb->xp + (size_t)(j + a) * nb;
             }
-            fn(na, nb, wg, xr, cx, jb->y + (size_t)j * M + r, (size_t)M, mc_imin(8, r1 - r));
+            if (two) fn16(na, nb, w16, gbytes, xr, jb->y + (size_t)j * M + r, (size_t)M, mc_imin(16, r1 - r));
+            else fn(na, nb, wg, xr, cx, jb->y + (size_t)j * M + r, (size_t)M, mc_imin(8, r1 - r));
         }
+        r += two ? 16 : 8;
     }
 }
 #endif
@@ -519,8 +537,13 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q4_K ? mc_gemm_q4kx8 /* VNNI only */
                                   : jb->t == MC_Q6_K ? mc_gemm_q6kx8
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
+        /* Q4_K, Q6_K: 16 weight rows a step on zmm registers (mc_gemm_zmm.h) */
+        const mc_zmm_kernels *z = jb->n < MC_ZMM_MIN_ROWS ? NULL
+                                  : jb->t == MC_Q4_K     ? &mc_zmm_q4k
+                                  : jb->t == MC_Q6_K     ? &mc_zmm_q6k
+                                                         : NULL;
         const int r0 = tile * jb->tr;
-        mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn);
+        mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn, z);
         return;
     }
     if (jb->gemm) {

@@ -332,6 +332,40 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
 
 
 @pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
+@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q6_K])
+def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
+    """Q4_K and Q6_K repacked weights go through the 512-bit kernels two groups of 8 rows at
+    a time (mc_gemm_zmm.h; from 32 x rows on each pair unpacked once first) and a tile's
+    last single group through the 256-bit ones: every height (one group; an odd number of
+    groups; a last group of fewer than 8 rows; tiles ending 9-15 rows past a pair) and x
+    row count (1-9, 17, 35: a last group of x rows of every size) gives what the scalar,
+    AVX2 and VNNI kernels on the weights as stored give, on 1 and 2 threads."""
+    from modelc._kernels import kernels as kk
+
+    rng = np.random.default_rng(16)
+    code = kk.Q4_K if dtype is DType.Q4_K else kk.Q6_K
+    vnni = SIMD_LEVELS["avx512vnni"]
+    for rows in (8, 13, 24, 29, 40, 72):
+        blocks = np.array(make_weight(dtype, rows, 512, rng).data).reshape(rows, 2, -1)
+        for off, value in RANDOM_BLOCK_SCALES[dtype].items():  # f16 scales of every row apart
+            scales = (value * rng.uniform(0.5, 2.0, (rows, 2))).astype(np.float16)
+            blocks[:, :, off : off + 2] = scales.view(np.uint8).reshape(rows, 2, 2)
+        raw = np.ascontiguousarray(blocks.reshape(rows, -1))
+        aux = kk.repack(code, raw, 512)
+        for n in (*range(1, 10), 17, 35):
+            x = rng.standard_normal((n, 512)).astype(np.float32)
+            for nth in (1, 2):
+                with_aux = np.empty((n, rows), np.float32)
+                kk.matmul(code, raw, 512, x, with_aux, vnni, nth, 1e38, aux)
+                for simd in available_simd():
+                    want = np.empty((n, rows), np.float32)
+                    kk.matmul(code, raw, 512, x, want, SIMD_LEVELS[simd], nth, 1e38, None)
+                    np.testing.assert_array_equal(
+                        with_aux, want, err_msg=f"{simd}, {rows} x {n} rows, {nth} threads"
+                    )
+
+
+@pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
 @pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1, DType.Q4_K, DType.Q6_K])
 def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> None:
     """Weights read from a file mapping (as GGUF and .modelc files are): the backend

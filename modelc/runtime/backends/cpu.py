@@ -90,7 +90,8 @@ SIMD_LEVELS = {
     "scalar": _k.SIMD_SCALAR,
     "avx2": _k.SIMD_AVX2,
     "neon": _k.SIMD_NEON,
-    "avx512vnni": _k.SIMD_VNNI,  # AVX2 kernels with VNNI integer dot products
+    # AVX2 kernels with VNNI integer dot products; Q4_K / Q6_K GEMMs on 512-bit registers
+    "avx512vnni": _k.SIMD_VNNI,
 }
 
 
