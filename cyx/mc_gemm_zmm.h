@@ -35,10 +35,12 @@
  * (mc_q8k blocks), weight rows j < nr (9 .. 16; j >= 8: row j - 8 of the second group) into
  * y[a * ldy + j], as mc_repacked_fn does for one group. */
 /* Fewest x rows in a call for the zmm kernels (fewer: the ymm kernels).  At 1 row (decode,
- * memory-bound) they are not slower: a 1B model's Q4_K / Q6_K layers, 1 thread +3-15%, 2
- * threads even within the noise (medians of 5-7 alternating runs on a shared machine). */
+ * memory-bound) the layers alone measured 1 thread +3-15%, 2 threads even within the noise,
+ * but the whole 1B Q4_K_M decode step with 2 threads was slower with them in each of 3
+ * alternating pairs (26.6 / 26.3 / 43.7 tok/s against 33.9 / 42.0 / 51.2 on the ymm
+ * kernels; `bench.bench_step`, a shared machine): batch 1 stays on ymm. */
 #ifndef MC_ZMM_MIN_ROWS
-#define MC_ZMM_MIN_ROWS 1
+#define MC_ZMM_MIN_ROWS 2
 #endif
 
 /* Fewest x rows for which each pair of groups is unpacked once (mc_q4kx16u, mc_q6kx16u) and
