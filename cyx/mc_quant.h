@@ -26,6 +26,7 @@
 #include "mc_dot_scalar.h"
 #include "mc_dispatch.h"
 #include "mc_gemm_vnni.h"
+#include "mc_gemm_zmm41.h"
 #include "mc_pool.h"
 
 /* dequantize one row with the fastest path `simd` allows */
@@ -113,11 +114,14 @@ static void mc_outlier_rows(const mc_matmul_job *jb, int ra, int rb, int j0, int
 
 #if defined(MC_X86)
 /* One tile of weight rows [r0, r1) (r0 a multiple of 8) on repacked weights: each group of
- * 8 rows meets every group of up to 8 x rows through `fn` while it sits in L1. */
-static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacked_fn fn) {
+ * 8 rows meets every group of up to 8 x rows through `fn` while it sits in L1 (two groups
+ * at once through `fn16` where not NULL, mc_gemm_zmm41.h). */
+static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacked_fn fn,
+                             mc_repacked_fn fn16) {
     const int M = jb->M, n = jb->n, nb = jb->K / 32;
     const size_t gbytes = mc_repack_block_bytes(jb->t) * (size_t)nb; /* one group of 8 rows */
-    for (int r = r0; r < r1; r += 8) {
+    for (int r = r0, two; r < r1; r += two ? 16 : 8) {
+        two = fn16 != NULL && r + 8 < r1;
         const void *wg = (const char *)jb->ilv + gbytes * (size_t)(r / 8);
         for (int j = 0; j < n; j += 8) {
             const int na = mc_imin(8, n - j);
@@ -127,7 +131,8 @@ static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacke
                 xr[a] = (const mc_q8 *)((const char *)jb->xbase + jb->xstride * (size_t)(j + a));
                 cx[a] = (const int32_t *)jb->xp + (size_t)(j + a) * nb;
             }
-            fn(na, nb, wg, xr, cx, jb->y + (size_t)j * M + r, (size_t)M, mc_imin(8, r1 - r));
+            (two ? fn16 : fn)(na, nb, wg, xr, cx, jb->y + (size_t)j * M + r, (size_t)M,
+                              mc_imin(two ? 16 : 8, r1 - r));
         }
     }
 }
@@ -520,7 +525,7 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q6_K ? mc_gemm_q6kx8
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
         const int r0 = tile * jb->tr;
-        mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn);
+        mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn, mc_repacked16_pick(jb->t, jb->simd));
         return;
     }
     if (jb->gemm) {

@@ -1,0 +1,184 @@
+/* Q4_1 and Q8_0 on repacked weights (mc_q41x8, mc_q80x8), AVX512 on 512-bit registers:
+ * two groups of 8 weight rows at once, 16 lanes (lanes 0-7: group g, 8-15: group g + 1,
+ * the group nb blocks on), so each vpdpbusd with an activation dword broadcast {1to16}
+ * does twice the ymm kernels' (mc_gemm_q41x8_body, mc_gemm_q80x8_body) work.  The
+ * layout is unchanged: a block's 32-byte pieces of the two groups are loaded into the
+ * two halves of one zmm.
+ *
+ * Arithmetic: per lane that of the ymm kernels, so bit-identical to them and to the
+ * single-row path: the exact block sum s (Q8_0: sum((q + 128) x) - 128 sum(x)), then
+ * acc = fma(dw * dx, (float)s, acc) in block order, Q4_1's sum(mw * sx) kept apart (in
+ * block order) and added at the end.
+ *
+ * Needs avx512f and avx512bw besides the VNNI level's avx512vnni and avx512vl, checked at
+ * run time (mc_zmm41_ok).  Which x row counts take the zmm kernels: MC_ZMM41_MIN_NA.
+ */
+#ifndef MC_GEMM_ZMM41_H
+#define MC_GEMM_ZMM41_H
+
+#include "mc_gemm_vnni.h"
+
+#if defined(MC_X86)
+
+#define MC_ZMM41 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+/* Fewest x rows in a call for the zmm kernels; fewer: the ymm kernel on each group. */
+#ifndef MC_ZMM41_MIN_NA
+#define MC_ZMM41_MIN_NA 1
+#endif
+
+/* whether this CPU runs the zmm kernels (the VNNI level checks avx512vnni and avx512vl) */
+static int mc_zmm41_ok(void) {
+    static volatile int ok = -1; /* benign race: every thread stores the same value */
+    if (ok < 0) {
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    }
+    return ok;
+}
+
+/* acc += dpbusd(u, the dword at p broadcast {1to16}) */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512i
+mc_dpbusd16_bcst(__m512i acc, __m512i u, const int32_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*p));
+    return acc;
+}
+
+/* sum over k < 8 of vpdpbusd(u[k], the x dword xd[k] broadcast), in two chains */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512i mc_dpbusd8x16(const __m512i u[8],
+                                                                            const int32_t *xd) {
+    __m512i s = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[0], xd);
+    __m512i t = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[1], xd + 1);
+    for (int k = 2; k < 8; k += 2) {
+        s = mc_dpbusd16_bcst(s, u[k], xd + k);
+        t = mc_dpbusd16_bcst(t, u[k + 1], xd + k + 1);
+    }
+    return _mm512_add_epi32(s, t);
+}
+
+/* the 32 bytes at p0 (lanes 0-7) and at p1 (lanes 8-15) */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512i mc_zmm41_pair(const uint8_t *p0,
+                                                                            const uint8_t *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+/* the 8 f16 at p0 and the 8 at p1 as 16 floats */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512 mc_zmm41_h16(const uint16_t *p0,
+                                                                          const uint16_t *p1) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)), _mm_loadu_si128((const __m128i *)p1),
+        1));
+}
+
+/* r (lane j: weight row j of the pair) into y[j] for j < nr (9 .. 16) */
+MC_ZMM41 static inline __attribute__((always_inline)) void mc_x16_store(__m512 r, float *y, int nr) {
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1u), r);
+}
+
+/* the first 3 cache lines of both groups' blocks 16 blocks ahead (as MC_Q41X8_PREFETCH) */
+#define MC_Q41X16_PREFETCH(b0, b1)                                                                 \
+    do {                                                                                           \
+        MC_Q41X8_PREFETCH(b0);                                                                     \
+        MC_Q41X8_PREFETCH(b1);                                                                     \
+    } while (0)
+
+/* Q4_1: 16 weight rows (groups g, g + 1 at wv and nb blocks on) x na <= 8 x rows */
+MC_ZMM41 static inline __attribute__((always_inline)) void
+mc_gemm_q41x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                    float *y, size_t ldy, int nr, const int na) {
+    const mc_q41x8 *w0 = (const mc_q41x8 *)wv, *w1 = w0 + nb;
+    (void)cx;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const mc_q41x8 *b0 = w0 + i, *b1 = w1 + i;
+        MC_Q41X16_PREFETCH(b0, b1);
+        __m512i u[8];
+        for (int v = 0; v < 4; v++) {
+            const __m512i q = mc_zmm41_pair(b0->qs + 32 * v, b1->qs + 32 * v);
+            u[v] = _mm512_and_si512(q, m4);
+            u[4 + v] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        }
+        const __m512 dw = mc_zmm41_h16(b0->d, b1->d);
+        for (int a = 0; a < na; a++) {
+            const mc_q8 *xq = x[a] + i;
+            const __m512i s = mc_dpbusd8x16(u, (const int32_t *)xq->qs);
+            f[a] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq->d)), _mm512_cvtepi32_ps(s), f[a]);
+        }
+    }
+    __m512 m[8]; /* the mins' terms in block order (the groups are in L1 by now) */
+    for (int a = 0; a < na; a++) m[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const __m512 mw = mc_zmm41_h16(w0[i].m, w1[i].m);
+        for (int a = 0; a < na; a++) m[a] = _mm512_add_ps(m[a], _mm512_mul_ps(mw, _mm512_set1_ps(x[a][i].s)));
+    }
+    for (int a = 0; a < na; a++) mc_x16_store(_mm512_add_ps(f[a], m[a]), y + (size_t)a * ldy, nr);
+}
+
+/* Q8_0 (weights stored as unsigned q + 128; cx[a][i] = 128 sum(x) taken back) */
+MC_ZMM41 static inline __attribute__((always_inline)) void
+mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                    float *y, size_t ldy, int nr, const int na) {
+    const mc_q80x8 *w0 = (const mc_q80x8 *)wv, *w1 = w0 + nb;
+    __m512 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const mc_q80x8 *b0 = w0 + i, *b1 = w1 + i;
+        for (int c = 0; c < (int)sizeof *b0; c += 64) {
+            _mm_prefetch((const char *)(b0 + 3) + c, _MM_HINT_T0);
+            _mm_prefetch((const char *)(b1 + 3) + c, _MM_HINT_T0);
+        }
+        __m512i q[8];
+        for (int v = 0; v < 8; v++) q[v] = mc_zmm41_pair(b0->qs + 32 * v, b1->qs + 32 * v);
+        const __m512 dw = mc_zmm41_h16(b0->d, b1->d);
+        for (int a = 0; a < na; a++) {
+            const mc_q8 *xq = x[a] + i;
+            const __m512i st = _mm512_sub_epi32(mc_dpbusd8x16(q, (const int32_t *)xq->qs),
+                                                _mm512_set1_epi32(cx[a][i]));
+            f[a] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq->d)), _mm512_cvtepi32_ps(st), f[a]);
+        }
+    }
+    for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+/* as mc_repacked_fn for a pair of groups (nr 9 .. 16 weight rows); below MC_ZMM41_MIN_NA x
+ * rows the ymm kernel `ymm` on each group */
+#define MC_REPACKED16_FN(name, body, ymm)                                                          \
+    MC_ZMM41 static void name(int na, int nb, const void *w, const mc_q8 *const x[8],              \
+                              const int32_t *const cx[8], float *y, size_t ldy, int nr) {          \
+        if (na < MC_ZMM41_MIN_NA) {                                                                \
+            ymm(na, nb, w, x, cx, y, ldy, 8);                                                      \
+            ymm(na, nb, (const char *)w + ymm##_gbytes(nb), x, cx, y + 8, ldy, nr - 8);           \
+            return;                                                                                \
+        }                                                                                          \
+        switch (na) {                                                                              \
+        case 1: body(nb, w, x, cx, y, ldy, nr, 1); break;                                          \
+        case 2: body(nb, w, x, cx, y, ldy, nr, 2); break;                                          \
+        case 3: body(nb, w, x, cx, y, ldy, nr, 3); break;                                          \
+        case 4: body(nb, w, x, cx, y, ldy, nr, 4); break;                                          \
+        case 5: body(nb, w, x, cx, y, ldy, nr, 5); break;                                          \
+        case 6: body(nb, w, x, cx, y, ldy, nr, 6); break;                                          \
+        case 7: body(nb, w, x, cx, y, ldy, nr, 7); break;                                          \
+        default: body(nb, w, x, cx, y, ldy, nr, 8); break;                                         \
+        }                                                                                          \
+    }
+
+static inline size_t mc_gemm_q41x8_gbytes(int nb) { return sizeof(mc_q41x8) * (size_t)nb; }
+static inline size_t mc_gemm_q80x8_gbytes(int nb) { return sizeof(mc_q80x8) * (size_t)nb; }
+
+MC_REPACKED16_FN(mc_gemm_q41x16, mc_gemm_q41x16_body, mc_gemm_q41x8)
+MC_REPACKED16_FN(mc_gemm_q80x16, mc_gemm_q80x16_body, mc_gemm_q80x8)
+
+/* the zmm kernel for repacked weights of type t at SIMD level simd, or NULL */
+static mc_repacked_fn mc_repacked16_pick(int t, int simd) {
+    if (simd != MC_SIMD_VNNI || !mc_zmm41_ok()) return NULL;
+    return t == MC_Q4_1 ? mc_gemm_q41x16 : t == MC_Q8_0 ? mc_gemm_q80x16 : NULL;
+}
+
+#endif /* MC_X86 */
+#endif /* MC_GEMM_ZMM41_H */
