@@ -12,6 +12,11 @@
  *
  * Needs avx512f and avx512bw besides the VNNI level's avx512vnni and avx512vl, checked at
  * run time (mc_zmm41_ok).  Which x row counts take the zmm kernels: MC_ZMM41_MIN_NA.
+ *
+ * Measured on SmolLM2-135M (bench/bench_gmac.py, 2 threads, Zen 5): at 1 and 2 x rows
+ * (memory-bound) as fast as the ymm kernels, from 4 rows 10-35% faster.  The prefetches
+ * must cover both streams of the next pair (MC_ZMM41_PREFETCH): with the ymm kernels'
+ * per-group distances half of it went unfetched and 1-4 rows ran 20-25% slower.
  */
 #ifndef MC_GEMM_ZMM41_H
 #define MC_GEMM_ZMM41_H
@@ -22,7 +27,8 @@
 
 #define MC_ZMM41 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-/* Fewest x rows in a call for the zmm kernels; fewer: the ymm kernel on each group. */
+/* Fewest x rows in a call for the zmm kernels; fewer: the ymm kernel on each group (1: the
+ * zmm kernels are not slower at any row count) */
 #ifndef MC_ZMM41_MIN_NA
 #define MC_ZMM41_MIN_NA 1
 #endif
@@ -79,11 +85,19 @@ MC_ZMM41 static inline __attribute__((always_inline)) void mc_x16_store(__m512 r
     _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1u), r);
 }
 
-/* the first 3 cache lines of both groups' blocks 16 blocks ahead (as MC_Q41X8_PREFETCH) */
-#define MC_Q41X16_PREFETCH(b0, b1)                                                                 \
+/* Prefetch for the pair's two streams (group g at w0, g + 1 at w1 = w0 + nb blocks): the
+ * block each stream reads `ahead` blocks on, past the pair's end the next pair's (groups
+ * g + 2, g + 3: nb blocks further), so both streams of the next pair are fetched too, as
+ * the ymm kernels' one linear stream runs on into the next group.  The first `lines`
+ * cache lines of each block. */
+#define MC_ZMM41_PREFETCH(w0, w1, i, nb, ahead, lines)                                            \
     do {                                                                                           \
-        MC_Q41X8_PREFETCH(b0);                                                                     \
-        MC_Q41X8_PREFETCH(b1);                                                                     \
+        int o_ = (i) + (ahead);                                                                    \
+        if (o_ >= (nb)) o_ += (nb);                                                                \
+        for (int c_ = 0; c_ < (lines); c_++) {                                                     \
+            _mm_prefetch((const char *)((w0) + o_) + 64 * c_, _MM_HINT_T0);                        \
+            _mm_prefetch((const char *)((w1) + o_) + 64 * c_, _MM_HINT_T0);                        \
+        }                                                                                          \
     } while (0)
 
 /* Q4_1: 16 weight rows (groups g, g + 1 at wv and nb blocks on) x na <= 8 x rows */
@@ -97,7 +111,8 @@ mc_gemm_q41x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
     for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
     for (int i = 0; i < nb; i++) {
         const mc_q41x8 *b0 = w0 + i, *b1 = w1 + i;
-        MC_Q41X16_PREFETCH(b0, b1);
+        /* as MC_Q41X8_PREFETCH (SmolLM2's layers at 1 and 8 x rows: 8 and 32 no better) */
+        MC_ZMM41_PREFETCH(w0, w1, i, nb, 16, 3);
         __m512i u[8];
         for (int v = 0; v < 4; v++) {
             const __m512i q = mc_zmm41_pair(b0->qs + 32 * v, b1->qs + 32 * v);
@@ -129,10 +144,9 @@ mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
     for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
     for (int i = 0; i < nb; i++) {
         const mc_q80x8 *b0 = w0 + i, *b1 = w1 + i;
-        for (int c = 0; c < (int)sizeof *b0; c += 64) {
-            _mm_prefetch((const char *)(b0 + 3) + c, _MM_HINT_T0);
-            _mm_prefetch((const char *)(b1 + 3) + c, _MM_HINT_T0);
-        }
+        /* all 5 lines of the block 10 blocks on (SmolLM2's output head at 1 and 8 x rows:
+         * 3, the ymm kernel's distance, 10-30% slower; 6 to 16 alike) */
+        MC_ZMM41_PREFETCH(w0, w1, i, nb, 10, 5);
         __m512i q[8];
         for (int v = 0; v < 8; v++) q[v] = mc_zmm41_pair(b0->qs + 32 * v, b1->qs + 32 * v);
         const __m512 dw = mc_zmm41_h16(b0->d, b1->d);
