@@ -11,10 +11,10 @@
  * block order) and added at the end.
  *
  * Needs avx512f and avx512bw besides the VNNI level's avx512vnni and avx512vl, checked at
- * run time (mc_zmm41_ok).  Which x row counts take the zmm kernels: MC_ZMM41_MIN_NA.
+ * run time (mc_zmm41_ok).  Which x row counts take the zmm kernels: MC_ZMM41_*_MIN_NA.
  *
  * Measured on SmolLM2-135M (bench/bench_gmac.py, 2 threads, Zen 5): at 1 and 2 x rows
- * (memory-bound) as fast as the ymm kernels, from 4 rows 10-35% faster.  The prefetches
+ * (memory-bound) about as fast as the ymm kernels, from 4 rows 10-35% faster.  The prefetches
  * must cover both streams of the next pair (MC_ZMM41_PREFETCH): with the ymm kernels'
  * per-group distances half of it went unfetched and 1-4 rows ran 20-25% slower.
  */
@@ -27,10 +27,14 @@
 
 #define MC_ZMM41 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-/* Fewest x rows in a call for the zmm kernels; fewer: the ymm kernel on each group (1: the
- * zmm kernels are not slower at any row count) */
-#ifndef MC_ZMM41_MIN_NA
-#define MC_ZMM41_MIN_NA 1
+/* Fewest x rows in a call for the zmm kernels; fewer: the ymm kernel on each group.
+ * Q4_1 at 1 x row (memory-bound) was 3-5% slower in zmm (SmolLM2's layers, 2 threads, in
+ * one process alternately, either order); Q8_0 (the output head) was not. */
+#ifndef MC_ZMM41_Q41_MIN_NA
+#define MC_ZMM41_Q41_MIN_NA 2
+#endif
+#ifndef MC_ZMM41_Q80_MIN_NA
+#define MC_ZMM41_Q80_MIN_NA 1
 #endif
 
 /* whether this CPU runs the zmm kernels (the VNNI level checks avx512vnni and avx512vl) */
@@ -160,12 +164,12 @@ mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
     for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
 }
 
-/* as mc_repacked_fn for a pair of groups (nr 9 .. 16 weight rows); below MC_ZMM41_MIN_NA x
- * rows the ymm kernel `ymm` on each group */
-#define MC_REPACKED16_FN(name, body, ymm)                                                          \
+/* as mc_repacked_fn for a pair of groups (nr 9 .. 16 weight rows); below min_na x rows the
+ * ymm kernel `ymm` on each group */
+#define MC_REPACKED16_FN(name, body, ymm, min_na)                                                        \
     MC_ZMM41 static void name(int na, int nb, const void *w, const mc_q8 *const x[8],              \
                               const int32_t *const cx[8], float *y, size_t ldy, int nr) {          \
-        if (na < MC_ZMM41_MIN_NA) {                                                                \
+        if (na < (min_na)) {                                                                \
             ymm(na, nb, w, x, cx, y, ldy, 8);                                                      \
             ymm(na, nb, (const char *)w + ymm##_gbytes(nb), x, cx, y + 8, ldy, nr - 8);           \
             return;                                                                                \
@@ -185,8 +189,8 @@ mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
 static inline size_t mc_gemm_q41x8_gbytes(int nb) { return sizeof(mc_q41x8) * (size_t)nb; }
 static inline size_t mc_gemm_q80x8_gbytes(int nb) { return sizeof(mc_q80x8) * (size_t)nb; }
 
-MC_REPACKED16_FN(mc_gemm_q41x16, mc_gemm_q41x16_body, mc_gemm_q41x8)
-MC_REPACKED16_FN(mc_gemm_q80x16, mc_gemm_q80x16_body, mc_gemm_q80x8)
+MC_REPACKED16_FN(mc_gemm_q41x16, mc_gemm_q41x16_body, mc_gemm_q41x8, MC_ZMM41_Q41_MIN_NA)
+MC_REPACKED16_FN(mc_gemm_q80x16, mc_gemm_q80x16_body, mc_gemm_q80x8, MC_ZMM41_Q80_MIN_NA)
 
 /* the zmm kernel for repacked weights of type t at SIMD level simd, or NULL */
 static mc_repacked_fn mc_repacked16_pick(int t, int simd) {
