@@ -27,6 +27,7 @@
 #include "mc_dispatch.h"
 #include "mc_gemm_vnni.h"
 #include "mc_gemm_zmm.h"
+#include "mc_gemm_zmm41.h"
 #include "mc_pool.h"
 
 /* dequantize one row with the fastest path `simd` allows */
@@ -114,19 +115,21 @@ static void mc_outlier_rows(const mc_matmul_job *jb, int ra, int rb, int j0, int
 
 #if defined(MC_X86)
 /* One tile of weight rows [r0, r1) (r0 a multiple of 8) on repacked weights: each group of
- * 8 rows meets every group of up to 8 x rows through `fn` while it sits in L1; with zmm
- * kernels `z` (not NULL), two groups (16 rows) at a time, from MC_ZMM_UNPACK_MIN_ROWS x
- * rows on unpacked once into scratch first, and the tile's last single group through `fn`. */
+ * 8 rows meets every group of up to 8 x rows through `fn` while it sits in L1; two groups
+ * (16 rows) at a time where there are two: the K-quants through zmm kernels `z` (not NULL),
+ * from MC_ZMM_UNPACK_MIN_ROWS x rows on unpacked once into scratch first; Q4_1 / Q8_0
+ * through `f16` (not NULL, mc_gemm_zmm41.h); the tile's last single group through `fn`. */
 static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacked_fn fn,
-                             const mc_zmm_kernels *z) {
+                             const mc_zmm_kernels *z, mc_repacked_fn f16) {
     const int M = jb->M, n = jb->n, nb = jb->K / 32;
     const size_t gbytes = mc_repack_block_bytes(jb->t) * (size_t)nb; /* one group of 8 rows */
     for (int r = r0; r < r1;) {
         const void *wg = (const char *)jb->ilv + gbytes * (size_t)(r / 8);
-        const int two = z != NULL && r1 - r > 8; /* group r / 8 + 1 holds rows below r1 */
-        mc_repacked16_fn fn16 = two ? z->fn : NULL;
+        /* group r / 8 + 1 holds rows below r1 */
+        const int two = (z != NULL || f16 != NULL) && r1 - r > 8;
+        mc_repacked16_fn fn16 = two && z != NULL ? z->fn : NULL;
         const void *w16 = wg;
-        if (two && n >= MC_ZMM_UNPACK_MIN_ROWS) { /* the pair unpacked once for all x rows */
+        if (fn16 != NULL && n >= MC_ZMM_UNPACK_MIN_ROWS) { /* the pair unpacked once for all x rows */
             char *buf = (char *)mc_scratch(2, z->pre_bytes * (size_t)(nb / 8) + 64);
             if (buf != NULL) {
                 void *u = buf + ((64 - ((uintptr_t)buf & 63)) & 63);
@@ -143,8 +146,11 @@ static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacke
                 xr[a] = (const mc_q8 *)((const char *)jb->xbase + jb->xstride * (size_t)(j + a));
                 cx[a] = (const int32_t *)jb->xp + (size_t)(j + a) * nb;
             }
-            if (two) fn16(na, nb, w16, gbytes, xr, jb->y + (size_t)j * M + r, (size_t)M, mc_imin(16, r1 - r));
-            else fn(na, nb, wg, xr, cx, jb->y + (size_t)j * M + r, (size_t)M, mc_imin(8, r1 - r));
+            if (fn16 != NULL)
+                fn16(na, nb, w16, gbytes, xr, jb->y + (size_t)j * M + r, (size_t)M, mc_imin(16, r1 - r));
+            else
+                (two ? f16 : fn)(na, nb, wg, xr, cx, jb->y + (size_t)j * M + r, (size_t)M,
+                                 mc_imin(two ? 16 : 8, r1 - r));
         }
         r += two ? 16 : 8;
     }
@@ -543,7 +549,8 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q6_K     ? &mc_zmm_q6k
                                                          : NULL;
         const int r0 = tile * jb->tr;
-        mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn, z);
+        mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn, z,
+                         z != NULL ? NULL : mc_repacked16_pick(jb->t, jb->simd));
         return;
     }
     if (jb->gemm) {

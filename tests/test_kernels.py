@@ -288,6 +288,39 @@ def test_gemm_aux_path_is_bit_identical(dtype: DType, simd_name: str) -> None:
         kk.matmul(code, raw, 96, x, without, simd, 2, 1e38, np.ascontiguousarray(aux[:, :8]))
 
 
+@pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the zmm kernels are VNNI's")
+@pytest.mark.parametrize("dtype", [DType.Q4_1, DType.Q8_0])
+def test_repacked_pairs_of_groups_are_bit_identical(dtype: DType) -> None:
+    """Q4_1 and Q8_0 repacked, two groups of 8 weight rows at once on AVX512 (zmm: lanes
+    8-15 the next group; mc_gemm_zmm41.h), the last odd group and a padded tail on the
+    ymm kernel: the results of the weights as stored (one x row at a time and batched)
+    and of the AVX2 kernels on the repacked weights (ymm only), for weight row counts with even and odd group counts and tails, every x row count of
+    one group and past it, 1 and 2 threads (tiles of other heights)."""
+    from modelc._kernels import kernels as kk
+
+    rng = np.random.default_rng(12)
+    code = kk.Q8_0 if dtype is DType.Q8_0 else kk.Q4_1
+    vnni, avx2 = SIMD_LEVELS["avx512vnni"], SIMD_LEVELS["avx2"]
+    for M, K in [(8, 96), (16, 96), (24, 64), (40, 96), (1000, 96), (37, 576)]:
+        w = make_weight(dtype, M, K, rng)
+        raw = np.ascontiguousarray(w.data)
+        aux = kk.repack(code, raw, K)
+        for n in (*range(1, 10), 17):
+            x = rng.standard_normal((n, K)).astype(np.float32)
+            want = np.empty((n, M), np.float32)
+            for i in range(n):
+                kk.matmul(code, raw, K, x[i : i + 1], want[i : i + 1], vnni, 1, 1e38, None)
+            ymm = np.empty((n, M), np.float32)
+            kk.matmul(code, raw, K, x, ymm, avx2, 2, 1e38, aux)
+            np.testing.assert_array_equal(ymm, want, err_msg=f"{M=} {n=}")
+            for nth in (1, 2):
+                stored, got = np.empty((n, M), np.float32), np.empty((n, M), np.float32)
+                kk.matmul(code, raw, K, x, stored, vnni, nth, 1e38, None)
+                kk.matmul(code, raw, K, x, got, vnni, nth, 1e38, aux)
+                np.testing.assert_array_equal(stored, want, err_msg=f"{M=} {n=} {nth=}")
+                np.testing.assert_array_equal(got, want, err_msg=f"{M=} {n=} {nth=}")
+
+
 @pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q6_K])
 def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     """Q4_K and Q6_K repacked 8 rows to a group (VNNI kernels: each 256-column block's

@@ -1,0 +1,186 @@
+/* Q4_1 and Q8_0 on repacked weights (mc_q41x8, mc_q80x8), AVX512 on 512-bit registers:
+ * two groups of 8 weight rows at once, 16 lanes (lanes 0-7: group g, 8-15: group g + 1,
+ * the group nb blocks on), so each vpdpbusd with an activation dword broadcast {1to16}
+ * does twice the ymm kernels' (mc_gemm_q41x8_body, mc_gemm_q80x8_body) work.  The
+ * layout is unchanged: a block's 32-byte pieces of the two groups are loaded into the
+ * two halves of one zmm.
+ *
+ * Arithmetic: per lane that of the ymm kernels, so bit-identical to them and to the
+ * single-row path: the exact block sum s (Q8_0: sum((q + 128) x) - 128 sum(x)), then
+ * acc = fma(dw * dx, (float)s, acc) in block order, Q4_1's sum(mw * sx) kept apart (in
+ * block order) and added at the end.
+ *
+ * Needs avx512f and avx512bw besides the VNNI level's avx512vnni and avx512vl, checked at
+ * run time (mc_zmm41_ok).  Which x row counts take the zmm kernels: MC_ZMM41_*_MIN_NA.
+ *
+ * Measured on SmolLM2-135M (bench/bench_gmac.py, 2 threads, Zen 5): at 1 and 2 x rows
+ * (memory-bound) about as fast as the ymm kernels, from 4 rows 10-35% faster.  The prefetches
+ * must cover both streams of the next pair (MC_ZMM41_PREFETCH): with the ymm kernels'
+ * per-group distances half of it went unfetched and 1-4 rows ran 20-25% slower.
+ */
+#ifndef MC_GEMM_ZMM41_H
+#define MC_GEMM_ZMM41_H
+
+#include "mc_gemm_vnni.h"
+#include "mc_gemm_zmm.h" /* mc_dpbusd16_bcst, mc_pair32_z, mc_x16_store */
+
+#if defined(MC_X86)
+
+#define MC_ZMM41 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+/* Fewest x rows in a call for the zmm kernels; fewer: the ymm kernel on each group.
+ * Q4_1 at 1 x row (memory-bound) was 3-5% slower in zmm (SmolLM2's layers, 2 threads, in
+ * one process alternately, either order); Q8_0 (the output head) was not. */
+#ifndef MC_ZMM41_Q41_MIN_NA
+#define MC_ZMM41_Q41_MIN_NA 2
+#endif
+#ifndef MC_ZMM41_Q80_MIN_NA
+#define MC_ZMM41_Q80_MIN_NA 1
+#endif
+
+/* whether this CPU runs the zmm kernels (the VNNI level checks avx512vnni and avx512vl) */
+static int mc_zmm41_ok(void) {
+    static volatile int ok = -1; /* benign race: every thread stores the same value */
+    if (ok < 0) {
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    }
+    return ok;
+}
+
+/* mc_dpbusd16_bcst, mc_pair32_z and mc_x16_store: mc_gemm_zmm.h */
+
+/* sum over k < 8 of vpdpbusd(u[k], the x dword xd[k] broadcast), in two chains */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512i mc_dpbusd8x16(const __m512i u[8],
+                                                                            const int32_t *xd) {
+    __m512i s = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[0], xd);
+    __m512i t = mc_dpbusd16_bcst(_mm512_setzero_si512(), u[1], xd + 1);
+    for (int k = 2; k < 8; k += 2) {
+        s = mc_dpbusd16_bcst(s, u[k], xd + k);
+        t = mc_dpbusd16_bcst(t, u[k + 1], xd + k + 1);
+    }
+    return _mm512_add_epi32(s, t);
+}
+
+/* the 8 f16 at p0 and the 8 at p1 as 16 floats */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512 mc_zmm41_h16(const uint16_t *p0,
+                                                                          const uint16_t *p1) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)), _mm_loadu_si128((const __m128i *)p1),
+        1));
+}
+
+/* Prefetch for the pair's two streams (group g at w0, g + 1 at w1 = w0 + nb blocks): the
+ * block each stream reads `ahead` blocks on, past the pair's end the next pair's (groups
+ * g + 2, g + 3: nb blocks further), so both streams of the next pair are fetched too, as
+ * the ymm kernels' one linear stream runs on into the next group.  The first `lines`
+ * cache lines of each block. */
+#define MC_ZMM41_PREFETCH(w0, w1, i, nb, ahead, lines)                                            \
+    do {                                                                                           \
+        int o_ = (i) + (ahead);                                                                    \
+        if (o_ >= (nb)) o_ += (nb);                                                                \
+        for (int c_ = 0; c_ < (lines); c_++) {                                                     \
+            _mm_prefetch((const char *)((w0) + o_) + 64 * c_, _MM_HINT_T0);                        \
+            _mm_prefetch((const char *)((w1) + o_) + 64 * c_, _MM_HINT_T0);                        \
+        }                                                                                          \
+    } while (0)
+
+/* Q4_1: 16 weight rows (groups g, g + 1 at wv and nb blocks on) x na <= 8 x rows */
+MC_ZMM41 static inline __attribute__((always_inline)) void
+mc_gemm_q41x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                    float *y, size_t ldy, int nr, const int na) {
+    const mc_q41x8 *w0 = (const mc_q41x8 *)wv, *w1 = w0 + nb;
+    (void)cx;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const mc_q41x8 *b0 = w0 + i, *b1 = w1 + i;
+        /* as MC_Q41X8_PREFETCH (SmolLM2's layers at 1 and 8 x rows: 8 and 32 no better) */
+        MC_ZMM41_PREFETCH(w0, w1, i, nb, 16, 3);
+        __m512i u[8];
+        for (int v = 0; v < 4; v++) {
+            const __m512i q = mc_pair32_z(b0->qs + 32 * v, b1->qs + 32 * v);
+            u[v] = _mm512_and_si512(q, m4);
+            u[4 + v] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        }
+        const __m512 dw = mc_zmm41_h16(b0->d, b1->d);
+        for (int a = 0; a < na; a++) {
+            const mc_q8 *xq = x[a] + i;
+            const __m512i s = mc_dpbusd8x16(u, (const int32_t *)xq->qs);
+            f[a] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq->d)), _mm512_cvtepi32_ps(s), f[a]);
+        }
+    }
+    __m512 m[8]; /* the mins' terms in block order (the groups are in L1 by now) */
+    for (int a = 0; a < na; a++) m[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const __m512 mw = mc_zmm41_h16(w0[i].m, w1[i].m);
+        for (int a = 0; a < na; a++) m[a] = _mm512_add_ps(m[a], _mm512_mul_ps(mw, _mm512_set1_ps(x[a][i].s)));
+    }
+    for (int a = 0; a < na; a++) mc_x16_store(_mm512_add_ps(f[a], m[a]), y + (size_t)a * ldy, nr);
+}
+
+/* Q8_0 (weights stored as unsigned q + 128; cx[a][i] = 128 sum(x) taken back) */
+MC_ZMM41 static inline __attribute__((always_inline)) void
+mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                    float *y, size_t ldy, int nr, const int na) {
+    const mc_q80x8 *w0 = (const mc_q80x8 *)wv, *w1 = w0 + nb;
+    __m512 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const mc_q80x8 *b0 = w0 + i, *b1 = w1 + i;
+        /* all 5 lines of the block 10 blocks on (SmolLM2's output head at 1 and 8 x rows:
+         * 3, the ymm kernel's distance, 10-30% slower; 6 to 16 alike) */
+        MC_ZMM41_PREFETCH(w0, w1, i, nb, 10, 5);
+        __m512i q[8];
+        for (int v = 0; v < 8; v++) q[v] = mc_pair32_z(b0->qs + 32 * v, b1->qs + 32 * v);
+        const __m512 dw = mc_zmm41_h16(b0->d, b1->d);
+        for (int a = 0; a < na; a++) {
+            const mc_q8 *xq = x[a] + i;
+            const __m512i st = _mm512_sub_epi32(mc_dpbusd8x16(q, (const int32_t *)xq->qs),
+                                                _mm512_set1_epi32(cx[a][i]));
+            f[a] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq->d)), _mm512_cvtepi32_ps(st), f[a]);
+        }
+    }
+    for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+/* as mc_repacked_fn for a pair of groups (nr 9 .. 16 weight rows); below min_na x rows the
+ * ymm kernel `ymm` on each group */
+#define MC_ZMM41_FN(name, body, ymm, min_na)                                                        \
+    MC_ZMM41 static void name(int na, int nb, const void *w, const mc_q8 *const x[8],              \
+                              const int32_t *const cx[8], float *y, size_t ldy, int nr) {          \
+        if (na < (min_na)) {                                                                \
+            ymm(na, nb, w, x, cx, y, ldy, 8);                                                      \
+            ymm(na, nb, (const char *)w + ymm##_gbytes(nb), x, cx, y + 8, ldy, nr - 8);           \
+            return;                                                                                \
+        }                                                                                          \
+        switch (na) {                                                                              \
+        case 1: body(nb, w, x, cx, y, ldy, nr, 1); break;                                          \
+        case 2: body(nb, w, x, cx, y, ldy, nr, 2); break;                                          \
+        case 3: body(nb, w, x, cx, y, ldy, nr, 3); break;                                          \
+        case 4: body(nb, w, x, cx, y, ldy, nr, 4); break;                                          \
+        case 5: body(nb, w, x, cx, y, ldy, nr, 5); break;                                          \
+        case 6: body(nb, w, x, cx, y, ldy, nr, 6); break;                                          \
+        case 7: body(nb, w, x, cx, y, ldy, nr, 7); break;                                          \
+        default: body(nb, w, x, cx, y, ldy, nr, 8); break;                                         \
+        }                                                                                          \
+    }
+
+static inline size_t mc_gemm_q41x8_gbytes(int nb) { return sizeof(mc_q41x8) * (size_t)nb; }
+static inline size_t mc_gemm_q80x8_gbytes(int nb) { return sizeof(mc_q80x8) * (size_t)nb; }
+
+MC_ZMM41_FN(mc_gemm_q41x16, mc_gemm_q41x16_body, mc_gemm_q41x8, MC_ZMM41_Q41_MIN_NA)
+MC_ZMM41_FN(mc_gemm_q80x16, mc_gemm_q80x16_body, mc_gemm_q80x8, MC_ZMM41_Q80_MIN_NA)
+
+/* the zmm kernel for repacked weights of type t at SIMD level simd, or NULL */
+static mc_repacked_fn mc_repacked16_pick(int t, int simd) {
+    if (simd != MC_SIMD_VNNI || !mc_zmm41_ok()) return NULL;
+    return t == MC_Q4_1 ? mc_gemm_q41x16 : t == MC_Q8_0 ? mc_gemm_q80x16 : NULL;
+}
+
+#endif /* MC_X86 */
+#endif /* MC_GEMM_ZMM41_H */
