@@ -9,7 +9,14 @@ read / wall time, the best and the median of ``--reps`` passes per thread count.
 
 Batch-1 decode reads every weight byte once per token, so a model's decode tokens/s x its
 weight bytes, over this figure, is the fraction of the bandwidth limit it reaches (issue
-14, must-show 3).
+14, must-show 3).  ``--decode MODEL.gguf [...]`` measures that fraction in pairs, so that
+the machine's changing load falls on both halves alike: after one round not counted
+(first touches), each round reads the array 3 times with 2 threads (the round's read
+bandwidth: the best of them) and then times 32 batch-1 decode steps of each model
+(``model.forward`` with the default backend, f16 KV, after a 16-token prompt), and
+reports per model the median over rounds of (weight bytes a token x tokens/s) / the
+round's read bandwidth, and the best decode over the best read.  Weight bytes a token: every tensor but ``token_embd`` when the model has an
+``output`` head (untied: only the token's row of the embeddings is read).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -39,14 +47,76 @@ def read_gbs(a: np.ndarray[tuple[int], np.dtype[np.uint64]], threads: int) -> fl
     return a.nbytes / (time.perf_counter() - t0) / 1e9
 
 
+def weight_bytes(path: str) -> int:
+    """Bytes batch-1 decode reads a token: every tensor, less the embeddings when untied."""
+    import gguf
+
+    ts = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
+    return sum(ts.values()) - (ts.get("token_embd.weight", 0) if "output.weight" in ts else 0)
+
+
+def decode_pairs(
+    arr: np.ndarray[tuple[int], np.dtype[np.uint64]], paths: list[str], rounds: int
+) -> None:
+    from modelc.formats import load_model
+    from modelc.runtime.arch import build
+    from modelc.runtime.backends.cpu import CpuBackend
+    from modelc.runtime.model import LanguageModel, SeqChunk
+
+    be = CpuBackend()
+    models: list[tuple[str, LanguageModel, int]] = []
+    for p in paths:
+        built = build(load_model(p), be)
+        assert isinstance(built, LanguageModel), f"{p} is not a language model"
+        models.append((p, built, weight_bytes(p)))
+    rng = np.random.default_rng(0)
+    fracs: dict[str, list[float]] = {p: [] for p in paths}
+    print(
+        f"| round | read GB/s | {' | '.join(Path(p).stem + ' tok/s, GB/s, share' for p in paths)} |"
+    )
+    print("|---" * (2 + len(paths)) + "|")
+    bws: list[float] = []
+    best: dict[str, float] = {p: 0.0 for p in paths}
+    for r in range(rounds + 1):
+        bw = max(read_gbs(arr, 2) for _ in range(3))
+        cells = []
+        for p, lm, nbytes in models:
+            cache = lm.new_cache("f16")
+            lm.forward([SeqChunk(cache, rng.integers(0, 1000, 16).tolist())])
+            t0 = time.perf_counter()
+            for _ in range(32):
+                lm.forward([SeqChunk(cache, [int(rng.integers(0, 1000))])])
+            tps = 32 / (time.perf_counter() - t0)
+            gbs = nbytes * tps / 1e9
+            cells.append(f"{tps:.1f}, {gbs:.1f}, {gbs / bw:.0%}")
+            if r:
+                fracs[p].append(gbs / bw)
+                best[p] = max(best[p], gbs)
+        if r:
+            bws.append(bw)
+            print(f"| {r} | {bw:.1f} | {' | '.join(cells)} |")
+    print()
+    for p, _, nbytes in models:
+        f = fracs[p]
+        print(
+            f"{Path(p).name}: {nbytes / 1e6:,.0f} MB a token; share of the read bandwidth:"
+            f" median of the rounds {statistics.median(f):.0%}; best decode {best[p]:.1f} GB/s"
+            f" over best read {max(bws):.1f} GB/s = {best[p] / max(bws):.0%}"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--decode", nargs="*", default=None, metavar="GGUF")
     a = ap.parse_args()
     n = int(a.gib * 2**30) // 8
     arr = np.random.default_rng(0).integers(0, 2**63, size=n, dtype=np.uint64)
+    if a.decode:
+        decode_pairs(arr, a.decode, a.reps)
+        return 0
     print(f"read bandwidth over {arr.nbytes / 2**30:.1f} GiB, {a.reps} passes each\n")
     print("| threads | best GB/s | median GB/s |")
     print("|---|---|---|")
