@@ -558,20 +558,24 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
+/* body(args..., na) with na a constant 1 .. 8 (so each count's loops unroll) */
+#define MC_BY_NA(na, body, ...)                                                                    \
+    switch (na) {                                                                                  \
+    case 1: body(__VA_ARGS__, 1); break;                                                           \
+    case 2: body(__VA_ARGS__, 2); break;                                                           \
+    case 3: body(__VA_ARGS__, 3); break;                                                           \
+    case 4: body(__VA_ARGS__, 4); break;                                                           \
+    case 5: body(__VA_ARGS__, 5); break;                                                           \
+    case 6: body(__VA_ARGS__, 6); break;                                                           \
+    case 7: body(__VA_ARGS__, 7); break;                                                           \
+    default: body(__VA_ARGS__, 8); break;                                                          \
+    }
+
 /* the kernels specialized per x row count (1 .. 8), as mc_repacked_fn */
 #define MC_REPACKED_FN(target, name, body)                                                        \
     target static void name(int na, int nb, const void *w, const mc_q8 *const x[8],                \
                             const int32_t *const cx[8], float *y, size_t ldy, int nr) {            \
-        switch (na) {                                                                              \
-        case 1: body(nb, w, x, cx, y, ldy, nr, 1); break;                                          \
-        case 2: body(nb, w, x, cx, y, ldy, nr, 2); break;                                          \
-        case 3: body(nb, w, x, cx, y, ldy, nr, 3); break;                                          \
-        case 4: body(nb, w, x, cx, y, ldy, nr, 4); break;                                          \
-        case 5: body(nb, w, x, cx, y, ldy, nr, 5); break;                                          \
-        case 6: body(nb, w, x, cx, y, ldy, nr, 6); break;                                          \
-        case 7: body(nb, w, x, cx, y, ldy, nr, 7); break;                                          \
-        default: body(nb, w, x, cx, y, ldy, nr, 8); break;                                         \
-        }                                                                                          \
+        MC_BY_NA(na, body, nb, w, x, cx, y, ldy, nr)                                               \
     }
 
 /* ---- Q4_K and Q6_K on repacked weights (mc_q4kx8, mc_q6kx8), VNNI: per 256-column block

@@ -158,16 +158,7 @@ mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
             ymm(na, nb, (const char *)w + ymm##_gbytes(nb), x, cx, y + 8, ldy, nr - 8);           \
             return;                                                                                \
         }                                                                                          \
-        switch (na) {                                                                              \
-        case 1: body(nb, w, x, cx, y, ldy, nr, 1); break;                                          \
-        case 2: body(nb, w, x, cx, y, ldy, nr, 2); break;                                          \
-        case 3: body(nb, w, x, cx, y, ldy, nr, 3); break;                                          \
-        case 4: body(nb, w, x, cx, y, ldy, nr, 4); break;                                          \
-        case 5: body(nb, w, x, cx, y, ldy, nr, 5); break;                                          \
-        case 6: body(nb, w, x, cx, y, ldy, nr, 6); break;                                          \
-        case 7: body(nb, w, x, cx, y, ldy, nr, 7); break;                                          \
-        default: body(nb, w, x, cx, y, ldy, nr, 8); break;                                         \
-        }                                                                                          \
+        MC_BY_NA(na, body, nb, w, x, cx, y, ldy, nr)                                               \
     }
 
 static inline size_t mc_gemm_q41x8_gbytes(int nb) { return sizeof(mc_q41x8) * (size_t)nb; }
