@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.assets import smollm2_gguf
-from tests.server_fixtures import Server, smol_server, start
+from tests.server_fixtures import Server, free_port, smol_server, start
 
 __all__ = ["smol_server"]
 
@@ -296,6 +296,8 @@ def test_run_without_model_serves_default() -> None:
 )
 def test_run_usage_errors(args: list[str], message: str, tmp_path: Path) -> None:
     env = {**os.environ, "MODELC_HOME": str(tmp_path)}
+    if "--port" not in args:  # the port is checked first: 8080 may be taken on this machine
+        args = [*args, "--port", str(free_port())]
     p = subprocess.run(
         [sys.executable, "-m", "modelc.cli", "run", *args],
         cwd=Path(__file__).parent.parent,
