@@ -108,7 +108,6 @@ class _Request:
     stop_token: TokenEvent | None = None  # the end-of-generation token that ended it
     paused_at: float | None = None  # trio time its reader fell behind (see _pace)
     held: list[TokenEvent] = field(default_factory=list)  # tokens not handed out yet
-    first_token: TokenEvent | None = None  # goes out at once (time to first token)
 
 
 class _Handle:
@@ -644,7 +643,8 @@ class LLMEngine:
             if reason is not None:
                 self._finish(s.request_id, reason)
                 continue
-            if r.held and (len(r.held) >= interval or r.held[0] is r.first_token):
+            # none handed out yet (every generated token held): the first goes at once
+            if r.held and (len(r.held) >= interval or len(r.held) == r.completion):
                 self._release(r)
             results.append(SeqResult(s.request_id, r.cache.n, len(samples)))
         self.policy.update(StepResult(tuple(results)))
@@ -674,10 +674,9 @@ class LLMEngine:
             reason = FinishReason.LENGTH
         top = smp.top
         lp = None if math.isnan(smp.logprob) else smp.logprob
-        ev = TokenEvent(tok, text, lp, top)
-        if r.first_token is None:
-            r.first_token = ev
-        r.held.append(ev)  # handed out by _deliver (stream_interval) or _finish
+        r.held.append(
+            TokenEvent(tok, text, lp, top)
+        )  # out in _deliver (stream_interval) or _finish
         return reason
 
     def _release(self, r: _Request) -> None:
