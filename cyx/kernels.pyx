@@ -154,10 +154,10 @@ def repack_simd(int wtype, int simd):
     return mc_repack_simd(wtype, simd) != 0
 
 
-def repack(int wtype, const uint8_t[:, ::1] W, int K):
+def repack(int wtype, const uint8_t[:, ::1] W, int K, alloc=None):
     """((M + 7) / 8, K / 32 * block bytes): Q4_1 (160 bytes a block of 8 rows), Q8_0
     (272), Q4_K (148 per 32 columns) or Q6_K (210) rows repacked 8 at a time for the VNNI
-    kernels (mc_gemm_repack)."""
+    kernels (mc_gemm_repack); in ``alloc(shape)``'s uint8 array when given (else numpy's)."""
     import numpy as np
     cdef int M = W.shape[0]
     cdef size_t per = mc_repack_block_bytes(wtype)
@@ -166,7 +166,10 @@ def repack(int wtype, const uint8_t[:, ::1] W, int K):
     row_bytes = {Q4_1: K // 32 * 20, Q8_0: K // 32 * 34, Q4_K: K // 256 * 144, Q6_K: K // 256 * 210}
     if K % (256 if wtype in (Q4_K, Q6_K) else 32) or W.shape[1] < row_bytes[wtype]:
         raise ValueError("repack: rows do not hold K elements of their type")
-    out = np.empty(((M + 7) // 8, (K // 32) * per), np.uint8)
+    shape = ((M + 7) // 8, (K // 32) * per)
+    out = np.empty(shape, np.uint8) if alloc is None else alloc(shape)
+    if out.shape != shape or out.dtype != np.uint8:
+        raise ValueError(f"repack: alloc gave {out.dtype} {out.shape}, not uint8 {shape}")
     cdef uint8_t[:, ::1] o = out
     if M > 0 and K > 0:
         with nogil:

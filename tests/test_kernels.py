@@ -434,6 +434,56 @@ def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> 
         np.testing.assert_array_equal(np.asarray(mapped), raw)
 
 
+def _huge_kib(addr: int) -> int:
+    """AnonHugePages (KiB) of the mapping of this process holding ``addr``, as the kernel
+    reports it in /proc/self/smaps."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@pytest.mark.skipif(
+    not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+    or "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
+    reason="transparent huge pages are Linux's, when not turned off",
+)
+@pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
+def test_repacked_weights_sit_in_huge_pages(tmp_path: Path) -> None:
+    """The repacked copies (what batch-1 decode streams every token) are packed one after
+    another into 2 MiB pages, as the kernel's own accounting shows, even where each is
+    smaller than numpy's 4 MiB threshold for advising huge pages; results unchanged."""
+    from modelc.runtime.backends.hugemem import HUGE, HugeArena
+
+    rng = np.random.default_rng(3)
+    cpu = CpuBackend(simd="avx512vnni")
+    copies = []
+    for i in range(6):  # 6 x 576 KiB: small weights, as a 1B's attention matrices are
+        w = make_weight(DType.Q4_K, 4096, 256, rng)
+        path = tmp_path / f"w{i}.bin"
+        np.ascontiguousarray(w.data).tofile(path)
+        wm = Weight(DType.Q4_K, w.shape, np.memmap(path, np.uint8, "r", shape=w.data.shape))
+        x = rng.standard_normal((1, 256)).astype(np.float32)
+        np.testing.assert_array_equal(
+            cpu.matmul(wm, x), CpuBackend(simd="avx512vnni", repack=False).matmul(w, x)
+        )
+        copies.append(cpu._gemm_aux(wm, cpu._rows(wm)))
+    addrs = [c.ctypes.data for c in copies if c is not None]
+    assert len(addrs) == 6 and all(a % 64 == 0 for a in addrs)
+    assert [b - a for a, b in itertools.pairwise(addrs)] == [copies[0].nbytes] * 5  # packed
+    assert _huge_kib(addrs[0]) >= HUGE // 1024  # the kernel backs them with huge pages
+    a = HugeArena(chunk=HUGE)
+    big = a.empty((3, HUGE), np.uint8)  # larger than a chunk: a region of its own
+    small = a.empty((10,), np.float32)
+    assert big.ctypes.data % HUGE == 0 and small.ctypes.data % HUGE == 0
+    assert big.shape == (3, HUGE) and small.dtype == np.float32
+
+
 def test_matmul_many_mixed_types_and_errors() -> None:
     rng = np.random.default_rng(7)
     cpu = CpuBackend()

@@ -57,6 +57,7 @@ import numpy as np
 from modelc.errors import ConfigError
 from modelc.formats.ir import DType, row_bytes
 from modelc.runtime.backend import F32Array, KVArray, Weight
+from modelc.runtime.backends.hugemem import HugeArena
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 
 _k: Any = importlib.import_module("modelc._kernels.kernels")
@@ -256,6 +257,7 @@ class CpuBackend:
         self._raw: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
         # id(weight data) -> (that data, its repacked copy, or None: see _gemm_aux)
         self._aux: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = {}
+        self._arena = HugeArena()  # the repacked copies, in huge pages
 
     def kernel_for(self, dtype: DType) -> str:
         """Which path serves a matmul of a ``dtype`` weight on this backend: ``"c"`` (the
@@ -314,7 +316,7 @@ class CpuBackend:
             mapped = _file_mapped(raw)
             if not mapped and self.repack is None:  # a copy would double its memory
                 return None, True
-            copy = _k.repack(code, raw, w.shape[1])
+            copy = _k.repack(code, raw, w.shape[1], self._arena.empty)
             if mapped:
                 _k.release_pages(raw)
             return copy, True
