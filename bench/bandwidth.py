@@ -47,6 +47,20 @@ def read_gbs(a: np.ndarray[tuple[int], np.dtype[np.uint64]], threads: int) -> fl
     return a.nbytes / (time.perf_counter() - t0) / 1e9
 
 
+class ReadProbe:
+    """The machine's read bandwidth now, for pairing with a decode measurement: the best
+    of 3 two-thread passes over a ``gib`` GiB array (made once, on first use)."""
+
+    def __init__(self, gib: float = 2.0) -> None:
+        self._n = int(gib * 2**30) // 8
+        self._arr: np.ndarray[tuple[int], np.dtype[np.uint64]] | None = None
+
+    def gbs(self) -> float:
+        if self._arr is None:
+            self._arr = np.random.default_rng(0).integers(0, 2**63, size=self._n, dtype=np.uint64)
+        return max(read_gbs(self._arr, 2) for _ in range(3))
+
+
 def weight_bytes(path: str) -> int:
     """Bytes batch-1 decode reads a token: every tensor, less the embeddings when untied."""
     import gguf

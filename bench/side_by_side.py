@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from bench.bandwidth import ReadProbe, weight_bytes
 from bench.llamacpp_peer import LlamaCppClient, LlamaCppServer
 from modelc.bench.loadgen import LevelResult, run_load
 from modelc.bench.offline import peak_rss_mb, prompt_tokens
@@ -55,6 +56,8 @@ class Side:
     http_tps: float = 0.0  # aggregate output tok/s, 8 streams
     ttft_p50_ms: float = 0.0
     rss_mb: float = 0.0  # server peak RSS
+    read_gbs: float = 0.0  # the machine's read bandwidth around the offline run (the higher)
+    bw_share: float = 0.0  # percent: decode_b1 x weight bytes a token / read_gbs
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -85,9 +88,20 @@ def load_level(url: str, args: argparse.Namespace, model: str | None) -> LevelRe
     return lvl
 
 
+PROBE = ReadProbe()
+
+
+def bandwidth_share(side: Side, gguf: Path, before: float) -> None:
+    """Batch-1 decode's share of the read bandwidth measured just before and just after
+    the offline run (the higher of the two: the share is not flattered by a slow read)."""
+    side.read_gbs = max(before, PROBE.gbs())
+    side.bw_share = 100 * side.decode_b1 * weight_bytes(str(gguf)) / 1e9 / side.read_gbs
+
+
 def run_modelc_offline(gguf: Path, mode: str, args: argparse.Namespace) -> Side:
     """Prefill and decode tokens/s through ``modelc bench --json`` (a fresh process)."""
     side = Side(f"modelc ({mode})")
+    before = PROBE.gbs()
     env = dict(os.environ, MODELC_THREADS=str(args.threads), MODELC_MATMUL=mode)
     cmd = [PY, "-m", "modelc.cli", "bench", str(gguf), "--json", "--threads", str(args.threads)]
     cmd += ["--matmul", mode, "--prompt-lens", str(args.prefill_len), "--batches", "1,8"]
@@ -101,6 +115,7 @@ def run_modelc_offline(gguf: Path, mode: str, args: argparse.Namespace) -> Side:
     side.decode_b1 = off["decode_tps"]["1"]
     side.decode_b8 = off["decode_tps"]["8"]
     side.extra["offline_rss_mb"] = off["peak_rss_mb"]
+    bandwidth_share(side, gguf, before)
     return side
 
 
@@ -175,7 +190,9 @@ def run_llamacpp(
         log=log_dir / "llamacpp.log",
         env=LLAMA_CONFIGS[config],
     ) as s:
+        before = PROBE.gbs()
         llamacpp_offline(LlamaCppClient(s.url), side, args, enc, config)
+        bandwidth_share(side, gguf, before)
         print(f"[side-by-side] llama.cpp ({config}): {args.streams} HTTP streams", file=sys.stderr)
         lvl = load_level(s.url, args, None)
         side.http_tps, side.ttft_p50_ms = lvl.output_tps, lvl.ttft.p50
@@ -188,7 +205,7 @@ def best(rounds: list[Side]) -> Side:
     """Per measurement, the best of the rounds (a busy machine only ever slows a run down);
     RSS is the highest seen."""
     out = Side(rounds[0].name if len({r.name for r in rounds}) == 1 else "llama.cpp")
-    for a in ("prefill", "decode_b1", "decode_b8", "http_tps"):
+    for a in ("prefill", "decode_b1", "decode_b8", "http_tps", "bw_share"):
         setattr(out, a, max(getattr(s, a) for s in rounds))
     out.ttft_p50_ms = min(s.ttft_p50_ms for s in rounds)
     out.rss_mb = max(s.rss_mb for s in rounds)
@@ -199,6 +216,7 @@ ROWS = (
     # label, attribute, higher is better, target ratio
     ("decode tok/s, batch 1", "decode_b1", True, 0.7),
     (None, "prefill", True, 0.5),
+    ("decode batch 1, % of the read bandwidth (paired)", "bw_share", True, None),
     ("decode tok/s, batch 8 (offline)", "decode_b8", True, None),
     (None, "http_tps", True, 1.0),
     (None, "ttft_p50_ms", False, None),
@@ -388,6 +406,10 @@ lowest TTFT; RSS the highest seen).
 Ratios are modelc / llama.cpp (for TTFT and RSS lower is better). Offline decode:
 {args.decode_steps} greedy steps after a 16-token prompt, best of 2; llama.cpp's speeds are its own
 `timings` (batch 8: tokens over the longest generation phase of 8 concurrent requests).
+Bandwidth row: batch-1 tok/s x the bytes a token reads (every weight but untied
+embeddings) over the machine's read bandwidth (`bench.bandwidth.ReadProbe`, the best of 3
+two-thread passes over 2 GiB) taken just before and just after that side's offline run,
+the higher of the two; the target is 85 % (issue 14).
 HTTP: {args.requests} streaming `/v1/completions` requests, {args.streams} at a time, ~{args.prompt_len}-token
 random-word prompts, {args.max_tokens} output tokens (`ignore_eos`), the same load generator
 (`modelc.bench.loadgen`) for both; RSS is the server process's `VmHWM` after the load.

@@ -592,11 +592,14 @@ MC_VNNI static inline __attribute__((always_inline)) __m256i mc_dpbusd4(const __
     return _mm256_add_epi32(s, t);
 }
 
-/* the repacked block `sizeof *b` bytes on, 2 blocks ahead */
+/* the repacked block MC_KX8_AHEAD blocks on */
+#ifndef MC_KX8_AHEAD
+#define MC_KX8_AHEAD 2
+#endif
 #define MC_KX8_PREFETCH(b)                                                                         \
     do {                                                                                           \
         for (size_t c_ = 0; c_ < sizeof *(b); c_ += 64)                                            \
-            _mm_prefetch((const char *)((b) + 2) + c_, _MM_HINT_T0);                               \
+            _mm_prefetch((const char *)((b) + MC_KX8_AHEAD) + c_, _MM_HINT_T0);                    \
     } while (0)
 
 MC_VNNI static inline __attribute__((always_inline)) void
