@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ kk = pytest.importorskip("modelc._kernels.kernels")
 
 def _cpu_ticks(pid: int) -> int:
     """User + system CPU time of a process so far, in clock ticks (/proc/PID/stat)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
 
 
