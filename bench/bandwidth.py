@@ -10,10 +10,11 @@ read / wall time, the best and the median of ``--reps`` passes per thread count.
 Batch-1 decode reads every weight byte once per token, so a model's decode tokens/s x its
 weight bytes, over this figure, is the fraction of the bandwidth limit it reaches (issue
 14, must-show 3).  ``--decode MODEL.gguf [...]`` measures that fraction in pairs, so that
-the machine's changing load falls on both halves alike: after one round not counted
-(first touches), each round reads the array 3 times with 2 threads (the round's read
-bandwidth: the best of them) and then times 32 batch-1 decode steps of each model
-(``model.forward`` with the default backend, f16 KV, after a 16-token prompt), and
+the machine's changing load falls on both halves alike (``paired_shares``, which
+``bench.side_by_side`` also uses for modelc and llama.cpp): each model decodes once
+untimed (first touches), then each round reads the array 3 times with 2 threads (the
+round's read bandwidth: the best of them) and then times 32 batch-1 decode steps of each
+model (``model.forward`` with the default backend, f16 KV, after a 16-token prompt), and
 reports per model the median over rounds of (weight bytes a token x tokens/s) / the
 round's read bandwidth, and the best decode over the best read.  Weight bytes a token: every tensor but ``token_embd`` when the model has an
 ``output`` head (untied: only the token's row of the embeddings is read).
@@ -26,6 +27,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +63,42 @@ class ReadProbe:
         return max(read_gbs(self._arr, 2) for _ in range(3))
 
 
+def paired_shares(
+    probe: ReadProbe, decode_tps: Callable[[], float], nbytes: int, rounds: int
+) -> list[float]:
+    """Per round, the read bandwidth (``probe``) and straight after it one batch-1 decode
+    measurement (tok/s): weight bytes a token x tok/s over that bandwidth."""
+    out = []
+    for _ in range(rounds):
+        bw = probe.gbs()
+        out.append(nbytes * decode_tps() / 1e9 / bw)
+    return out
+
+
+def model_decode(path: str, steps: int = 32) -> Callable[[], float]:
+    """Batch-1 decode tok/s of ``path`` in this process (default backend, f16 KV, after a
+    16-token prompt), as a function to call once a measurement."""
+    from modelc.formats import load_model
+    from modelc.runtime.arch import build
+    from modelc.runtime.backends.cpu import CpuBackend
+    from modelc.runtime.model import LanguageModel, SeqChunk
+
+    lm = build(load_model(path), CpuBackend())
+    assert isinstance(lm, LanguageModel), f"{path} is not a language model"
+    rng = np.random.default_rng(0)
+
+    def run() -> float:
+        cache = lm.new_cache("f16")
+        lm.forward([SeqChunk(cache, rng.integers(0, 1000, 16).tolist())])
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            lm.forward([SeqChunk(cache, [int(rng.integers(0, 1000))])])
+        return steps / (time.perf_counter() - t0)
+
+    run()  # first touches, the repacked copies
+    return run
+
+
 def weight_bytes(path: str) -> int:
     """Bytes batch-1 decode reads a token: every tensor, less the embeddings when untied."""
     import gguf
@@ -69,21 +107,8 @@ def weight_bytes(path: str) -> int:
     return sum(ts.values()) - (ts.get("token_embd.weight", 0) if "output.weight" in ts else 0)
 
 
-def decode_pairs(
-    arr: np.ndarray[tuple[int], np.dtype[np.uint64]], paths: list[str], rounds: int
-) -> None:
-    from modelc.formats import load_model
-    from modelc.runtime.arch import build
-    from modelc.runtime.backends.cpu import CpuBackend
-    from modelc.runtime.model import LanguageModel, SeqChunk
-
-    be = CpuBackend()
-    models: list[tuple[str, LanguageModel, int]] = []
-    for p in paths:
-        built = build(load_model(p), be)
-        assert isinstance(built, LanguageModel), f"{p} is not a language model"
-        models.append((p, built, weight_bytes(p)))
-    rng = np.random.default_rng(0)
+def decode_pairs(probe: ReadProbe, paths: list[str], rounds: int) -> None:
+    runs = [(p, model_decode(p), weight_bytes(p)) for p in paths]
     fracs: dict[str, list[float]] = {p: [] for p in paths}
     print(
         f"| round | read GB/s | {' | '.join(Path(p).stem + ' tok/s, GB/s, share' for p in paths)} |"
@@ -91,26 +116,19 @@ def decode_pairs(
     print("|---" * (2 + len(paths)) + "|")
     bws: list[float] = []
     best: dict[str, float] = {p: 0.0 for p in paths}
-    for r in range(rounds + 1):
-        bw = max(read_gbs(arr, 2) for _ in range(3))
+    for r in range(rounds):
+        bw = probe.gbs()
         cells = []
-        for p, lm, nbytes in models:
-            cache = lm.new_cache("f16")
-            lm.forward([SeqChunk(cache, rng.integers(0, 1000, 16).tolist())])
-            t0 = time.perf_counter()
-            for _ in range(32):
-                lm.forward([SeqChunk(cache, [int(rng.integers(0, 1000))])])
-            tps = 32 / (time.perf_counter() - t0)
+        for p, run, nbytes in runs:
+            tps = run()
             gbs = nbytes * tps / 1e9
             cells.append(f"{tps:.1f}, {gbs:.1f}, {gbs / bw:.0%}")
-            if r:
-                fracs[p].append(gbs / bw)
-                best[p] = max(best[p], gbs)
-        if r:
-            bws.append(bw)
-            print(f"| {r} | {bw:.1f} | {' | '.join(cells)} |")
+            fracs[p].append(gbs / bw)
+            best[p] = max(best[p], gbs)
+        bws.append(bw)
+        print(f"| {r + 1} | {bw:.1f} | {' | '.join(cells)} |")
     print()
-    for p, _, nbytes in models:
+    for p, _, nbytes in runs:
         f = fracs[p]
         print(
             f"{Path(p).name}: {nbytes / 1e6:,.0f} MB a token; share of the read bandwidth:"
@@ -126,11 +144,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--decode", nargs="*", default=None, metavar="GGUF")
     a = ap.parse_args()
+    if a.decode:
+        decode_pairs(ReadProbe(a.gib), a.decode, a.reps)
+        return 0
     n = int(a.gib * 2**30) // 8
     arr = np.random.default_rng(0).integers(0, 2**63, size=n, dtype=np.uint64)
-    if a.decode:
-        decode_pairs(arr, a.decode, a.reps)
-        return 0
     print(f"read bandwidth over {arr.nbytes / 2**30:.1f} GiB, {a.reps} passes each\n")
     print("| threads | best GB/s | median GB/s |")
     print("|---|---|---|")

@@ -27,17 +27,19 @@ import platform
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from bench.bandwidth import ReadProbe, weight_bytes
+from bench.bandwidth import ReadProbe, model_decode, paired_shares, weight_bytes
 from bench.llamacpp_peer import LlamaCppClient, LlamaCppServer
 from modelc.bench.loadgen import LevelResult, run_load
 from modelc.bench.offline import peak_rss_mb, prompt_tokens
@@ -56,8 +58,7 @@ class Side:
     http_tps: float = 0.0  # aggregate output tok/s, 8 streams
     ttft_p50_ms: float = 0.0
     rss_mb: float = 0.0  # server peak RSS
-    read_gbs: float = 0.0  # the machine's read bandwidth around the offline run (the higher)
-    bw_share: float = 0.0  # percent: decode_b1 x weight bytes a token / read_gbs
+    bw_share: float = 0.0  # percent: batch-1 decode bytes/s over the read bandwidth, paired
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -91,17 +92,17 @@ def load_level(url: str, args: argparse.Namespace, model: str | None) -> LevelRe
 PROBE = ReadProbe()
 
 
-def bandwidth_share(side: Side, gguf: Path, before: float) -> None:
-    """Batch-1 decode's share of the read bandwidth measured just before and just after
-    the offline run (the higher of the two: the share is not flattered by a slow read)."""
-    side.read_gbs = max(before, PROBE.gbs())
-    side.bw_share = 100 * side.decode_b1 * weight_bytes(str(gguf)) / 1e9 / side.read_gbs
+def bandwidth_share(side: Side, decode_tps: Callable[[], float], gguf: Path, rounds: int) -> None:
+    """Batch-1 decode's share of the read bandwidth: ``rounds`` pairs of a read and a
+    decode measurement straight after it (``bench.bandwidth.paired_shares``), the median."""
+    shares = paired_shares(PROBE, decode_tps, weight_bytes(str(gguf)), rounds)
+    side.bw_share = 100 * statistics.median(shares)
+    side.extra["bw_shares"] = shares
 
 
 def run_modelc_offline(gguf: Path, mode: str, args: argparse.Namespace) -> Side:
     """Prefill and decode tokens/s through ``modelc bench --json`` (a fresh process)."""
     side = Side(f"modelc ({mode})")
-    before = PROBE.gbs()
     env = dict(os.environ, MODELC_THREADS=str(args.threads), MODELC_MATMUL=mode)
     cmd = [PY, "-m", "modelc.cli", "bench", str(gguf), "--json", "--threads", str(args.threads)]
     cmd += ["--matmul", mode, "--prompt-lens", str(args.prefill_len), "--batches", "1,8"]
@@ -115,7 +116,8 @@ def run_modelc_offline(gguf: Path, mode: str, args: argparse.Namespace) -> Side:
     side.decode_b1 = off["decode_tps"]["1"]
     side.decode_b8 = off["decode_tps"]["8"]
     side.extra["offline_rss_mb"] = off["peak_rss_mb"]
-    bandwidth_share(side, gguf, before)
+    if args.bw_rounds and mode == "fast":  # in this process (fast: the default backend)
+        bandwidth_share(side, model_decode(str(gguf)), gguf, args.bw_rounds)
     return side
 
 
@@ -190,9 +192,11 @@ def run_llamacpp(
         log=log_dir / "llamacpp.log",
         env=LLAMA_CONFIGS[config],
     ) as s:
-        before = PROBE.gbs()
         llamacpp_offline(LlamaCppClient(s.url), side, args, enc, config)
-        bandwidth_share(side, gguf, before)
+        if args.bw_rounds:
+            short = prompt_tokens(16, 49152, enc, 100)
+            client = LlamaCppClient(s.url)
+            bandwidth_share(side, lambda: client.decode_once([short], 32), gguf, args.bw_rounds)
         print(f"[side-by-side] llama.cpp ({config}): {args.streams} HTTP streams", file=sys.stderr)
         lvl = load_level(s.url, args, None)
         side.http_tps, side.ttft_p50_ms = lvl.output_tps, lvl.ttft.p50
@@ -317,6 +321,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="HTTP output tokens per request")
     ap.add_argument("--ctx-per-seq", type=int, default=1024, help="context per sequence/slot")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds, best kept")
+    ap.add_argument(
+        "--bw-rounds", type=int, default=5, help="paired read/decode rounds a side (0: none)"
+    )
     ap.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     ap.add_argument(
         "--models",
@@ -406,10 +413,11 @@ lowest TTFT; RSS the highest seen).
 Ratios are modelc / llama.cpp (for TTFT and RSS lower is better). Offline decode:
 {args.decode_steps} greedy steps after a 16-token prompt, best of 2; llama.cpp's speeds are its own
 `timings` (batch 8: tokens over the longest generation phase of 8 concurrent requests).
-Bandwidth row: batch-1 tok/s x the bytes a token reads (every weight but untied
-embeddings) over the machine's read bandwidth (`bench.bandwidth.ReadProbe`, the best of 3
-two-thread passes over 2 GiB) taken just before and just after that side's offline run,
-the higher of the two; the target is 85 % (issue 14).
+Bandwidth row: {args.bw_rounds} rounds a side, each the machine's read bandwidth (the best of 3
+two-thread passes over 2 GiB) and straight after it 32 batch-1 decode steps (modelc: the
+same engine in this process; llama.cpp: its server's timings), tok/s x the bytes a token
+reads (every weight but untied embeddings) over that bandwidth; the median of the
+rounds (`bench.bandwidth.paired_shares`). Target 85 % (issue 14).
 HTTP: {args.requests} streaming `/v1/completions` requests, {args.streams} at a time, ~{args.prompt_len}-token
 random-word prompts, {args.max_tokens} output tokens (`ignore_eos`), the same load generator
 (`modelc.bench.loadgen`) for both; RSS is the server process's `VmHWM` after the load.
