@@ -13,8 +13,9 @@ weight bytes, over this figure, is the fraction of the bandwidth limit it reache
 the machine's changing load falls on both halves alike (``paired_shares``, which
 ``bench.side_by_side`` also uses for modelc and llama.cpp): each model decodes once
 untimed (first touches), then each round reads the array 3 times with 2 threads (the
-round's read bandwidth: the best of them) and then times 32 batch-1 decode steps of each
-model (``model.forward`` with the default backend, f16 KV, after a 16-token prompt), and
+round's read bandwidth: the best of them) and then times 3 x 16 batch-1 decode steps of each
+model (``model.forward`` with the default backend, f16 KV, after a 16-token prompt; the best of
+the 3), and
 reports per model the median over rounds of (weight bytes a token x tokens/s) / the
 round's read bandwidth, and the best decode over the best read.  Weight bytes a token: every tensor but ``token_embd`` when the model has an
 ``output`` head (untied: only the token's row of the embeddings is read).
@@ -23,6 +24,8 @@ round's read bandwidth, and the best decode over the best read.  Weight bytes a 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import statistics
 import sys
 import threading
@@ -64,18 +67,33 @@ class ReadProbe:
 
 
 def paired_shares(
-    probe: ReadProbe, decode_tps: Callable[[], float], nbytes: int, rounds: int
+    probe: ReadProbe,
+    decode_tps: Callable[[], float],
+    nbytes: int,
+    rounds: int,
+    pause_pid: int = 0,
 ) -> list[float]:
-    """Per round, the read bandwidth (``probe``) and straight after it one batch-1 decode
-    measurement (tok/s): weight bytes a token x tok/s over that bandwidth."""
+    """Per round, the read bandwidth (``probe``: the best of 3 passes) and straight after it
+    the best of 3 batch-1 decode measurements (tok/s; make each as short as a pass, a few
+    tokens, so both halves are the least disturbed of alike samples of a machine whose
+    load comes in bursts): weight bytes a token x tok/s over that bandwidth.  ``pause_pid``:
+    a server process stopped (SIGSTOP) while the probe reads, whose threads would
+    otherwise still spin after their last request and take the cores from the probe
+    (llama.cpp's OpenMP threads do: its share came out inflated)."""
     out = []
     for _ in range(rounds):
-        bw = probe.gbs()
-        out.append(nbytes * decode_tps() / 1e9 / bw)
+        if pause_pid:
+            os.kill(pause_pid, signal.SIGSTOP)
+        try:
+            bw = probe.gbs()
+        finally:
+            if pause_pid:
+                os.kill(pause_pid, signal.SIGCONT)
+        out.append(nbytes * max(decode_tps() for _ in range(3)) / 1e9 / bw)
     return out
 
 
-def model_decode(path: str, steps: int = 32) -> Callable[[], float]:
+def model_decode(path: str, steps: int = 16) -> Callable[[], float]:
     """Batch-1 decode tok/s of ``path`` in this process (default backend, f16 KV, after a
     16-token prompt), as a function to call once a measurement."""
     from modelc.formats import load_model
@@ -120,7 +138,7 @@ def decode_pairs(probe: ReadProbe, paths: list[str], rounds: int) -> None:
         bw = probe.gbs()
         cells = []
         for p, run, nbytes in runs:
-            tps = run()
+            tps = max(run() for _ in range(3))
             gbs = nbytes * tps / 1e9
             cells.append(f"{tps:.1f}, {gbs:.1f}, {gbs / bw:.0%}")
             fracs[p].append(gbs / bw)

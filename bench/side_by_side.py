@@ -92,10 +92,13 @@ def load_level(url: str, args: argparse.Namespace, model: str | None) -> LevelRe
 PROBE = ReadProbe()
 
 
-def bandwidth_share(side: Side, decode_tps: Callable[[], float], gguf: Path, rounds: int) -> None:
-    """Batch-1 decode's share of the read bandwidth: ``rounds`` pairs of a read and a
-    decode measurement straight after it (``bench.bandwidth.paired_shares``), the median."""
-    shares = paired_shares(PROBE, decode_tps, weight_bytes(str(gguf)), rounds)
+def bandwidth_share(
+    side: Side, decode_tps: Callable[[], float], gguf: Path, rounds: int, pause_pid: int = 0
+) -> None:
+    """Batch-1 decode's share of the read bandwidth: ``rounds`` pairs of a read (the
+    server ``pause_pid`` stopped meanwhile) and a decode measurement straight after it
+    (``bench.bandwidth.paired_shares``), the median."""
+    shares = paired_shares(PROBE, decode_tps, weight_bytes(str(gguf)), rounds, pause_pid)
     side.bw_share = 100 * statistics.median(shares)
     side.extra["bw_shares"] = shares
 
@@ -196,7 +199,9 @@ def run_llamacpp(
         if args.bw_rounds:
             short = prompt_tokens(16, 49152, enc, 100)
             client = LlamaCppClient(s.url)
-            bandwidth_share(side, lambda: client.decode_once([short], 32), gguf, args.bw_rounds)
+            bandwidth_share(
+                side, lambda: client.decode_once([short], 16), gguf, args.bw_rounds, s.pid
+            )
         print(f"[side-by-side] llama.cpp ({config}): {args.streams} HTTP streams", file=sys.stderr)
         lvl = load_level(s.url, args, None)
         side.http_tps, side.ttft_p50_ms = lvl.output_tps, lvl.ttft.p50
@@ -414,8 +419,10 @@ Ratios are modelc / llama.cpp (for TTFT and RSS lower is better). Offline decode
 {args.decode_steps} greedy steps after a 16-token prompt, best of 2; llama.cpp's speeds are its own
 `timings` (batch 8: tokens over the longest generation phase of 8 concurrent requests).
 Bandwidth row: {args.bw_rounds} rounds a side, each the machine's read bandwidth (the best of 3
-two-thread passes over 2 GiB) and straight after it 32 batch-1 decode steps (modelc: the
-same engine in this process; llama.cpp: its server's timings), tok/s x the bytes a token
+two-thread passes over 2 GiB) and straight after it the best of 3 runs of 16 batch-1 decode steps (modelc: the
+same engine in this process; llama.cpp: its server's timings, the server stopped with
+SIGSTOP while the probe reads, as its OpenMP threads spin on after a request; its timings
+count the token sampled from the prompt's logits, 16 tokens over 15 steps, in its favour), tok/s x the bytes a token
 reads (every weight but untied embeddings) over that bandwidth; the median of the
 rounds (`bench.bandwidth.paired_shares`). Target 85 % (issue 14).
 HTTP: {args.requests} streaming `/v1/completions` requests, {args.streams} at a time, ~{args.prompt_len}-token
