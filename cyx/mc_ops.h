@@ -241,6 +241,8 @@ typedef struct {
     float *out;         /* (n_q, n_head, hd) */
     int n_q, n_head, n_kv, n_head_kv, hd, q_pos0;
     float scale;
+    int window;    /* > 0: query at position p sees keys p - window + 1 .. p only */
+    float softcap; /* > 0: each score s becomes softcap * tanh(s / softcap) */
     int simd;
     int kv_f16;
     int gs;    /* query heads per work item */
@@ -264,6 +266,19 @@ static inline int mc_att_item(const mc_att_job *jb, int idx, int *i, int *kh, in
     *kh = r / jb->n_sub;
     *h0 = *kh * group + sub * jb->gs;
     return mc_imin(jb->gs, group - sub * jb->gs);
+}
+
+/* first key row that query row i sees (its window's start; 0 without a window) */
+static inline int mc_att_lo(const mc_att_job *jb, int i) {
+    const int p = jb->q_pos0 + i;
+    return jb->window > 0 && p - jb->window + 1 > 0 ? p - jb->window + 1 : 0;
+}
+
+/* gemma2's soft-capped score cap * tanh(s / cap) (cap > 0); every kernel caps this way */
+static inline float mc_att_cap(float s, float cap) { return cap * tanhf(s / cap); }
+
+static inline void mc_att_softcap(float *s, int n, float cap) {
+    for (int c = 0; c < n; c++) s[c] = mc_att_cap(s[c], cap);
 }
 
 /* f16 cache row `row` (of hd elements) converted into buf */
@@ -350,7 +365,7 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
     float s[MC_ATT_GMAX][MC_ATT_CHUNK + 4], m[MC_ATT_GMAX], l[MC_ATT_GMAX];
     float buf[MC_ATT_BUF]; /* (R, W) converted K or V rows (f16) */
     const int R = f16 ? mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / W) : MC_ATT_CHUNK;
-    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv), t_lo = mc_att_lo(jb, i);
     const __m128 sc4 = _mm_set1_ps(jb->scale);
     for (int a = 0; a < g; a++) {
         m[a] = -INFINITY;
@@ -360,8 +375,8 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
     const int es = f16 ? 2 : 4;
     /* as (row, slice) pairs: the slice of kvs KV heads is contiguous in a row */
     const int pn = n_head_kv / jb->kvs, pk = kh / jb->kvs;
-    mc_att_prefetch(jb->k, 0, mc_imin(MC_ATT_CHUNK, T), pn, pk, W, es);
-    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+    if (t_lo < T) mc_att_prefetch(jb->k, t_lo, mc_imin(MC_ATT_CHUNK, T - t_lo), pn, pk, W, es);
+    for (int t0 = t_lo; t0 < T; t0 += MC_ATT_CHUNK) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
         /* this chunk's V (used after its scores), the next chunk's K */
         mc_att_prefetch(jb->v, t0, cnt, pn, pk, W, es);
@@ -381,6 +396,8 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
                 }
             }
         }
+        if (jb->softcap > 0.0f)
+            for (int a = 0; a < g; a++) mc_att_softcap(s[a], cnt, jb->softcap);
         for (int a = 0; a < g; a++) {
             float *sa = s[a];
             __m256 mx = _mm256_set1_ps(-INFINITY);
@@ -462,9 +479,9 @@ static void mc_attention_one(void *ctx, int idx) {
     float acc[512]; /* (hd,) running sum of p * v */
     float s[MC_ATT_CHUNK];
     float m = -INFINITY, l = 0.0f;
-    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv), cap = jb->softcap > 0.0f;
     for (int j = 0; j < hd; j++) acc[j] = 0.0f;
-    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+    for (int t0 = mc_att_lo(jb, i); t0 < T; t0 += MC_ATT_CHUNK) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
         float cmax = -INFINITY;
         for (int c = 0; c < cnt; c++) {
@@ -473,6 +490,7 @@ static void mc_attention_one(void *ctx, int idx) {
 #pragma omp simd reduction(+ : d)
             for (int j = 0; j < hd; j++) d += qi[j] * kt[j];
             s[c] = d * jb->scale;
+            if (cap) s[c] = mc_att_cap(s[c], jb->softcap);
             cmax = s[c] > cmax ? s[c] : cmax;
         }
         if (cmax > m) {
@@ -504,13 +522,13 @@ static void mc_attention_f16(void *ctx, int idx) {
     float acc[MC_ATT_ACC]; /* (g, hd) running sums of p * v */
     float s[MC_ATT_GMAX][MC_ATT_CHUNK], m[MC_ATT_GMAX], l[MC_ATT_GMAX], cmax[MC_ATT_GMAX];
     float kbuf[512], vbuf[512];
-    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv);
+    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv), cap = jb->softcap > 0.0f;
     for (int a = 0; a < g; a++) {
         m[a] = -INFINITY;
         l[a] = 0.0f;
     }
     for (int j = 0; j < g * hd; j++) acc[j] = 0.0f;
-    for (int t0 = 0; t0 < T; t0 += MC_ATT_CHUNK) {
+    for (int t0 = mc_att_lo(jb, i); t0 < T; t0 += MC_ATT_CHUNK) {
         const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
         for (int a = 0; a < g; a++) cmax[a] = -INFINITY;
         for (int c = 0; c < cnt; c++) {
@@ -521,6 +539,7 @@ static void mc_attention_f16(void *ctx, int idx) {
 #pragma omp simd reduction(+ : d)
                 for (int j = 0; j < hd; j++) d += qa[j] * kt[j];
                 s[a][c] = d * jb->scale;
+                if (cap) s[a][c] = mc_att_cap(s[a][c], jb->softcap);
                 cmax[a] = s[a][c] > cmax[a] ? s[a][c] : cmax[a];
             }
         }
@@ -587,11 +606,26 @@ static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 
 static mc_att_job mc_att_make(const float *q, const void *k, const void *v, float *out, int n_q,
                               int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                              int kv_f16, int gs, int kvs, int simd) {
+                              int window, float softcap, int kv_f16, int gs, int kvs, int simd) {
     const int group = n_head / n_head_kv;
-    const mc_att_job jb = {q,      k,    v,         out, n_q,    n_head,
-                           n_kv,   n_head_kv, hd, q_pos0, scale, simd,
-                           kv_f16, kvs > 1 ? kvs * group : gs, kvs > 1 ? 1 : (group + gs - 1) / gs, kvs};
+    const mc_att_job jb = {q,
+                           k,
+                           v,
+                           out,
+                           n_q,
+                           n_head,
+                           n_kv,
+                           n_head_kv,
+                           hd,
+                           q_pos0,
+                           scale,
+                           window > 0 ? window : 0,
+                           softcap > 0.0f ? softcap : 0.0f,
+                           simd,
+                           kv_f16,
+                           kvs > 1 ? kvs * group : gs,
+                           kvs > 1 ? 1 : (group + gs - 1) / gs,
+                           kvs};
     return jb;
 }
 
@@ -600,19 +634,27 @@ static inline int mc_att_items(const mc_att_job *jb, int n_q) {
     return n_q * (jb->n_head_kv / jb->kvs) * jb->n_sub;
 }
 
+/* keys one query row sees at most: the window, or the whole prefix */
+static inline int64_t mc_att_span(int q_pos0, int n_q, int window) {
+    return window > 0 && window < q_pos0 + n_q ? window : q_pos0 + n_q;
+}
+
 /* Causal grouped-query attention of one sequence over its cache.
  * q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd), f32 or (kv_f16) IEEE f16;
- * out (n_q, n_head, hd).  Query i sees cache rows 0 .. q_pos0 + i (clipped to
- * n_kv).  The only scratch is on the stack (hd <= 512); work items run in parallel. */
+ * out (n_q, n_head, hd).  Query i (at position p = q_pos0 + i) sees cache rows
+ * 0 .. p (clipped to n_kv), or with window > 0 only p - window + 1 .. p; with
+ * softcap > 0 each score s = q.k * scale becomes softcap * tanh(s / softcap) before the
+ * softmax (gemma2).  The only scratch is on the stack (hd <= 512); work items run in
+ * parallel. */
 static void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                          int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                         int kv_f16, int nth, int simd) {
-    const int64_t work = (int64_t)n_q * n_head * (q_pos0 + n_q) * hd;
+                         int window, float softcap, int kv_f16, int nth, int simd) {
+    const int64_t work = (int64_t)n_q * n_head * mc_att_span(q_pos0, n_q, window) * hd;
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt, simd);
     const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, n_q, nt, simd);
     const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
-                                      scale, kv_f16, gs, kvs, simd);
+                                      scale, window, softcap, kv_f16, gs, kvs, simd);
     mc_parallel(nt, mc_att_items(&jb, n_q), mc_att_fn(hd, kv_f16, simd), (void *)&jb);
 }
 
@@ -645,7 +687,8 @@ static void mc_attention_batch_one(void *ctx, int idx) {
 static int mc_attention_batch(int n_seq, const float *const *qs, const void *const *ks,
                               const void *const *vs, float *const *outs, const int *n_qs,
                               const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
-                              int hd, float scale, int kv_f16, int nth, int simd) {
+                              int hd, float scale, int window, float softcap, int kv_f16, int nth,
+                              int simd) {
     if (n_seq <= 0) return 0;
     mc_att_job *jobs = (mc_att_job *)malloc(sizeof(mc_att_job) * (size_t)n_seq);
     int *offs = (int *)malloc(sizeof(int) * ((size_t)n_seq + 1));
@@ -656,7 +699,7 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
     }
     int64_t work = 0, rows = 0;
     for (int s = 0; s < n_seq; s++) {
-        work += (int64_t)n_qs[s] * n_head * (q_pos0s[s] + n_qs[s]) * hd;
+        work += (int64_t)n_qs[s] * n_head * mc_att_span(q_pos0s[s], n_qs[s], window) * hd;
         rows += n_qs[s];
     }
     const int nt = work < 65536 ? 1 : nth;
@@ -665,7 +708,7 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
         jobs[s] = mc_att_make(qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head, n_kvs[s], n_head_kv,
-                              hd, q_pos0s[s], scale, kv_f16, gs, kvs, simd);
+                              hd, q_pos0s[s], scale, window, softcap, kv_f16, gs, kvs, simd);
         offs[s + 1] = offs[s] + mc_att_items(&jobs[s], n_qs[s]);
     }
     mc_att_batch b = {jobs, offs, n_seq, mc_att_fn(hd, kv_f16, simd)};
@@ -702,13 +745,14 @@ static void mc_f32_to_f16(const float *x, uint16_t *y, int64_t n, int simd) {
  * (rows, n_head, hd); k_new, v_new: (rows, n_head_kv, hd)).  Its new K/V rows are
  * first written at positions starts[s] .. of its cache storage kst[s] / vst[s]
  * ((capacity, n_head_kv, hd), f32, or IEEE half when kv_f16, rounded to nearest even),
- * then its queries attend over positions 0 .. starts[s] + counts[s] - 1 exactly as
- * mc_attention_batch does.  The caller checks that every sequence fits its storage.
+ * then its queries attend over positions 0 .. starts[s] + counts[s] - 1 (window and
+ * softcap as mc_attention's) exactly as mc_attention_batch does.  The caller checks that every sequence fits its storage.
  * Returns 0 or -2 (out of memory). */
 static int mc_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
                                void *const *kst, void *const *vst, const int *starts,
                                const int *counts, float *out, int n_head, int n_head_kv, int hd,
-                               float scale, int kv_f16, int nth, int simd) {
+                               float scale, int window, float softcap, int kv_f16, int nth,
+                               int simd) {
     if (n_seq <= 0) return 0;
     const float **qs = (const float **)malloc(sizeof(float *) * (size_t)n_seq);
     float **outs = (float **)malloc(sizeof(float *) * (size_t)n_seq);
@@ -735,7 +779,7 @@ static int mc_attention_append(int n_seq, const float *q, const float *k_new, co
     }
     const int rc = mc_attention_batch(n_seq, qs, (const void *const *)kst, (const void *const *)vst,
                                       outs, counts, n_kvs, starts, n_head, n_head_kv, hd, scale,
-                                      kv_f16, nth, simd);
+                                      window, softcap, kv_f16, nth, simd);
     free(qs), free(outs), free(n_kvs);
     return rc;
 }

@@ -256,9 +256,9 @@ def test_language_model_forward_bit_identical(
     builds: Builds, compared: dict[str, dict[str, object]], name: str
 ) -> None:
     """Prefill and 8 greedy steps of 3 sequences in one batch: logits equal bit for bit
-    with f32 and f16 caches (the compiled loop) and int8 (the runtime's loop); and 5 steps
-    of short sequences (inside Mistral's window of 8, past which a step runs the
-    runtime's masked attention)."""
+    with f32 and f16 caches (the compiled loop, Mistral's sliding window of 8 in the
+    attention kernel as in the runtime) and int8 (the runtime's loop); and 5 steps of
+    short sequences (inside Mistral's window)."""
     pkg = builds.projects[name][1]
     assert compared[name] | {"architecture": None} == {
         "architecture": None,

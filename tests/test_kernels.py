@@ -933,6 +933,104 @@ def test_attention_batch_f16_equals_per_sequence(cpu: CpuBackend) -> None:
     )
 
 
+# windowed / soft-capped attention: (n_head, n_head_kv, hd) for GQA groups of 1, 4 and 8,
+# head sizes 64 and 128 (AVX2 kernel where the CPU has it) and 20 (hd % 8 != 0: the
+# portable kernels on every path)
+WINDOW_HEADS = [(4, 4, 64), (8, 2, 128), (8, 1, 64), (16, 2, 20), (8, 2, 64)]
+WINDOWS = [0, 1, 7, 64, 1000]  # 1000: wider than every context here
+SOFTCAPS = [0.0, 50.0, 2.0]  # 2.0: the cap changes most scores
+
+
+@pytest.mark.parametrize("kv", [np.float32, np.float16])
+@pytest.mark.parametrize(("n_head", "n_head_kv", "hd"), WINDOW_HEADS)
+def test_attention_append_window_softcap(
+    cpu: CpuBackend, kv: type, n_head: int, n_head_kv: int, hd: int
+) -> None:
+    """``window`` (query p sees keys p - window + 1 .. p) and ``softcap`` (scores
+    c * tanh(s / c)) in one batch of prefill chunks and decode tokens: within 1e-5 of the
+    numpy twin; and bit for bit: a window at least the context as no window, and each
+    windowed query row as plain attention over its window's rows alone (the old
+    per-row path: its chunks start where the window does)."""
+    rng = np.random.default_rng(20)
+    shapes = [(17, 0), (1, 149), (5, 40), (1, 7), (64, 64), (1, 300), (70, 3)]  # (new, cached)
+    rows = sum(n for n, _ in shapes)
+    starts, counts = [p0 for _, p0 in shapes], [n for n, _ in shapes]
+    bounds = np.cumsum([0, *counts])
+    scale = 1.0 / np.sqrt(hd)
+    q = (rng.standard_normal((rows, n_head, hd)) * 3).astype(np.float32)  # scores of a few units
+    k_new = rng.standard_normal((rows, n_head_kv, hd)).astype(np.float32)
+    v_new = rng.standard_normal((rows, n_head_kv, hd)).astype(np.float32)
+    cached = [
+        [rng.standard_normal((n + p0, n_head_kv, hd)).astype(kv) for _ in range(2)]
+        for n, p0 in shapes
+    ]
+
+    def run(be: Any, window: int, softcap: float, **kw: Any) -> F32Array:
+        st = [[a.copy() for a in c] for c in cached]
+        out = np.full_like(q, np.nan)
+        args = (q, k_new, v_new, [c[0] for c in st], [c[1] for c in st], starts, counts, scale)
+        be.attention_append(*args, out, window=window, softcap=softcap, **kw)
+        return out
+
+    base = run(cpu, 0, 0.0)
+    np.testing.assert_array_equal(base, run(cpu, 1000, 0.0))  # the window covers everything
+    st = [[a.copy() for a in c] for c in cached]
+    plain = np.empty_like(q)  # no keyword arguments: the kernel before window / softcap
+    cpu.attention_append(q, k_new, v_new, [c[0] for c in st], [c[1] for c in st], starts, counts, scale, plain)  # fmt: skip
+    np.testing.assert_array_equal(base, plain)
+    # the stores as the kernel leaves them (f16: rounded), for the per-row check
+    ks, vs = [c[0] for c in st], [c[1] for c in st]
+    for window in WINDOWS:
+        for softcap in SOFTCAPS:
+            msg = f"window {window}, softcap {softcap}"
+            got = run(cpu, window, softcap)
+            want = run(REF, window, softcap)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=msg)
+            if window in (0, 1000) and softcap == 0.0:
+                np.testing.assert_array_equal(got, base, err_msg=msg)
+            if softcap == 2.0 and window == 0:  # the cap matters here
+                assert np.abs(got - base).max() > 1e-2
+            if window == 7 and softcap == 0.0:  # the window matters here
+                assert np.abs(got - base).max() > 1e-2
+            if window not in (7, 64):
+                continue
+            # batched attention with the same window: the same rows
+            bat = cpu.attention_batch(
+                [q[a:b] for a, b in itertools.pairwise(bounds)],
+                [kk[: p0 + n] for kk, (n, p0) in zip(ks, shapes, strict=True)],
+                [vv[: p0 + n] for vv, (n, p0) in zip(vs, shapes, strict=True)],
+                starts,
+                scale,
+                window=window,
+                softcap=softcap,
+            )
+            np.testing.assert_array_equal(got, np.concatenate(bat), err_msg=msg)
+            for s, ((n, p0), a) in enumerate(zip(shapes, bounds, strict=False)):
+                for i in range(0, n, 5):  # every fifth row of each sequence
+                    p = p0 + i
+                    lo = max(0, p - window + 1)
+                    one = cpu.attention(
+                        q[a + i : a + i + 1],
+                        ks[s][lo : p + 1],
+                        vs[s][lo : p + 1],
+                        p - lo,
+                        scale,
+                        softcap=softcap,
+                    )
+                    np.testing.assert_array_equal(got[a + i], one[0], err_msg=f"{msg}, seq {s}")
+
+
+def test_attention_window_softcap_reject_negative(cpu: CpuBackend) -> None:
+    q = np.zeros((1, 2, 8), np.float32)
+    kv = np.zeros((1, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="window"):
+        cpu.attention(q, kv, kv, 0, 1.0, window=-1)
+    with pytest.raises(ValueError, match="softcap"):
+        cpu.attention_batch([q], [kv], [kv], [0], 1.0, softcap=-2.0)
+    with pytest.raises(ValueError, match="softcap"):
+        cpu.attention_append(q, kv, kv, [kv.copy()], [kv.copy()], [0], [1], 1.0, q.copy(), softcap=float("nan"))  # fmt: skip
+
+
 def test_concurrent_calls_from_python_threads() -> None:
     """The GIL is released: calls from several threads share the pool safely."""
     from concurrent.futures import ThreadPoolExecutor

@@ -210,6 +210,19 @@ def test_attention_ops(gpu: WebGPUBackend, cpu: Backend, kv: Any) -> None:
     for s, r in zip(stores, ref_stores, strict=True):
         np.testing.assert_array_equal(s, r)  # f16 stores round as numpy does
     close(out, ref_out)
+    # a sliding window (the shader starts each row at its window) and soft-capped scores
+    # (numpy's reference): as the CPU kernels
+    for window, softcap in ((3, 0.0), (1, 0.0), (0, 2.0), (4, 1.5)):
+        got1 = gpu.attention(q * 3, k, v, 5, 0.17, window=window, softcap=softcap)
+        close(got1, cpu.attention(q * 3, k, v, 5, 0.17, window=window, softcap=softcap))
+        want = cpu.attention_batch(qs, ks, vs, [5, 2, 5], 0.2, window=window, softcap=softcap)
+        got = gpu.attention_batch(qs, ks, vs, [5, 2, 5], 0.2, window=window, softcap=softcap)
+        for g, e in zip(got, want, strict=True):
+            close(g, e)
+        gpu.attention_append(qn, kn, vn, stores[:2], stores[2:], [3, 0], [2, 3], 0.3, out, window, softcap)  # fmt: skip
+        cpu.attention_append(qn, kn, vn, ref_stores[:2], ref_stores[2:], [3, 0], [2, 3], 0.3, ref_out, window, softcap)  # fmt: skip
+        close(out, ref_out)
+    assert not np.allclose(got1, gpu.attention(q * 3, k, v, 5, 0.17))  # they matter
 
 
 @pytest.fixture(scope="module")

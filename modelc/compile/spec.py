@@ -64,7 +64,7 @@ def _llama(m: Llama, be: CpuBackend) -> Spec:
         "eps": float(m.eps),
         "scale": float(m.scale),
         "neox": bool(m.neox),
-        "window": int(m.window),  # a step where a sequence passes it runs the runtime's loop
+        "window": int(m.window),  # the attention kernel's sliding window (Mistral); 0: none
         "ff": [b.w_gate.shape[0] for b in m.blocks],
         "types": types,
         "fuse_qkv": fuse_qkv,

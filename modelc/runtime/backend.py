@@ -96,14 +96,19 @@ class Backend(Protocol):
         q_pos0: int,
         scale: float,
         out: F32Array | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
         """Causal attention for one sequence over its own cache.
 
         q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd) with n_head % n_head_kv == 0
-        (grouped-query).  Query i sits at absolute position ``q_pos0 + i`` and sees
-        cache positions ``0 .. q_pos0 + i``.  Returns (n_q, n_head, hd).  k and v are
-        float32 or float16 (an f16 cache); float16 is computed as its exact float32
-        widening, read without converting the whole cache first where the backend can.
+        (grouped-query).  Query i sits at absolute position ``p = q_pos0 + i`` and sees
+        cache positions ``0 .. p``, or with ``window`` > 0 (a sliding window: Mistral,
+        gemma's local layers) ``max(0, p - window + 1) .. p`` only.  With ``softcap`` > 0
+        each score ``s = q·k * scale`` becomes ``softcap * tanh(s / softcap)`` before the
+        softmax (gemma2).  Returns (n_q, n_head, hd).  k and v are float32 or float16 (an
+        f16 cache); float16 is computed as its exact float32 widening, read without
+        converting the whole cache first where the backend can.
         """
         ...
 
@@ -115,12 +120,15 @@ class Backend(Protocol):
         q_pos0s: Sequence[int],
         scale: float,
         outs: Sequence[F32Array] | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> list[F32Array]:
         """:meth:`attention` for several sequences at once, each over its own cache.
 
-        Entry i of every list belongs to sequence i; all share n_head, n_head_kv and
-        hd.  Equal to one ``attention(qs[i], ks[i], vs[i], q_pos0s[i], scale, outs[i])``
-        per sequence; a backend may run them as one job (one decode step's layer).
+        Entry i of every list belongs to sequence i; all share n_head, n_head_kv, hd,
+        ``window`` and ``softcap``.  Equal to one ``attention(qs[i], ks[i], vs[i],
+        q_pos0s[i], scale, outs[i], window, softcap)`` per sequence; a backend may run
+        them as one job (one decode step's layer).
         """
         ...
 
@@ -135,14 +143,17 @@ class Backend(Protocol):
         counts: Sequence[int],
         scale: float,
         out: F32Array,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
         """One layer's attention over caches held as plain arrays: sequence i owns
         ``counts[i]`` consecutive rows of q (rows, n_head, hd), k_new and v_new (rows,
         n_head_kv, hd) and out; its new K/V rows are stored at positions ``starts[i]`` ..
         of ``k_stores[i]`` / ``v_stores[i]`` ((capacity, n_head_kv, hd), f32 or f16, all of
         one dtype; f16 rounds to nearest even), then its queries attend over positions
-        0 .. starts[i] + counts[i] - 1.  Equal to writing the rows and calling
-        :meth:`attention_batch` on the stores' prefixes."""
+        0 .. starts[i] + counts[i] - 1 (``window`` and ``softcap`` as :meth:`attention`'s).
+        Equal to writing the rows and calling :meth:`attention_batch` on the stores'
+        prefixes."""
         ...
 
     def softmax(self, x: F32Array) -> F32Array:

@@ -233,12 +233,16 @@ def attend(
     v: F32Array,
     scale: float,
     out: F32Array,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """One layer's attention: each sequence writes its new K/V (n, n_head_kv, hd) to its
     own cache, then every sequence attends over its cache in one backend call; results go
     to ``out`` (n, n_head, hd).  Caches held as plain f32/f16 arrays take one
     ``attention_append`` call (writes included); quantized ones write, read back, then
-    ``attention_batch``."""
+    ``attention_batch``.  ``window`` > 0: the query at position p sees positions
+    ``p - window + 1 .. p`` only (a sliding window); ``softcap`` > 0: scores become
+    ``softcap * tanh(score / softcap)`` (gemma2)."""
     stores = [c.cache.storage(layer) for c in batch]
     dtypes = {st[0].dtype for st in stores if st is not None}
     if None not in stores and len(dtypes) == 1:
@@ -252,6 +256,8 @@ def attend(
             [len(c.tokens) for c in batch],
             scale,
             out,
+            window=window,
+            softcap=softcap,
         )
         return
     ks, vs, p0s = [], [], []
@@ -263,7 +269,8 @@ def attend(
         vs.append(vv)
         p0s.append(p0)
     qs = [np.ascontiguousarray(q[sl]) for sl in slices]  # each (n, n_head, hd)
-    be.attention_batch(qs, ks, vs, p0s, scale, outs=[out[sl] for sl in slices])  # in place
+    outs = [out[sl] for sl in slices]  # written in place
+    be.attention_batch(qs, ks, vs, p0s, scale, outs=outs, window=window, softcap=softcap)
 
 
 def end_step(batch: Sequence[SeqChunk], slices: list[slice]) -> IntArray:

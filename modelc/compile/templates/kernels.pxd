@@ -18,4 +18,5 @@ cdef void k_gelu(const float *x, float *out, int64_t length, int simd) noexcept 
 cdef int k_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
                             void *const *kst, void *const *vst, const int *starts,
                             const int *counts, float *out, int n_head, int n_head_kv, int hd,
-                            float scale, int kv_f16, int nth, int simd) noexcept nogil
+                            float scale, int window, float softcap, int kv_f16, int nth,
+                            int simd) noexcept nogil

@@ -41,6 +41,7 @@ cdef void k_gelu(const float *x, float *out, int64_t length, int simd) noexcept 
 cdef int k_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
                             void *const *kst, void *const *vst, const int *starts,
                             const int *counts, float *out, int n_head, int n_head_kv, int hd,
-                            float scale, int kv_f16, int nth, int simd) noexcept nogil:
+                            float scale, int window, float softcap, int kv_f16, int nth,
+                            int simd) noexcept nogil:
     return mc_attention_append(n_seq, q, k_new, v_new, kst, vst, starts, counts, out, n_head,
-                               n_head_kv, hd, scale, kv_f16, nth, simd)
+                               n_head_kv, hd, scale, window, softcap, kv_f16, nth, simd)

@@ -6,7 +6,7 @@ embeddings are scaled by ``sqrt(n_embd)``; the head is tied.  Q·K is scaled by
 ``query_pre_attn_scalar ** -0.5``.  Windowed layers (``hparams.window_layers``) see the last
 ``sliding_window`` positions; gemma2 alternates them with global ones (layer 0 windowed),
 gemma3 has five windowed to one global.  gemma2 soft-caps the attention scores and the
-logits (``c * tanh(s / c)``; the attention then runs in numpy, the kernels have no cap).
+logits (``c * tanh(s / c)``; the attention kernels cap the scores, as they apply windows).
 gemma3 adds a per-head RMSNorm of Q and K before RoPE, and its windowed layers rotate with
 their own base (``rope_local_base_freq``, unscaled).  RoPE is NeoX (rotate-half).
 
@@ -29,7 +29,6 @@ import numpy as np
 
 from modelc.families.contract import rope_inv_freq
 from modelc.formats.ir import HParams, ModelIR
-from modelc.runtime.arch.llama import attend_window
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import (
@@ -43,7 +42,7 @@ from modelc.runtime.model import (
     end_step,
 )
 
-__all__ = ["Gemma", "attend_capped"]
+__all__ = ["Gemma"]
 
 
 @dataclass(slots=True)
@@ -145,12 +144,7 @@ class Gemma(CausalLM):
             rot = local if b.window else angles
             be.rope(q, rot, True)
             be.rope(k, rot, True)
-            if hp.attn_softcap:
-                attend_capped(batch, slices, li, q, k, v, self.scale, attn, b.window, hp)
-            elif b.window and any(c.cache.n + len(c.tokens) > b.window for c in batch):
-                attend_window(be, batch, slices, li, q, k, v, self.scale, attn, b.window)
-            else:
-                attend(be, batch, slices, li, q, k, v, self.scale, attn)
+            attend(be, batch, slices, li, q, k, v, self.scale, attn, b.window, hp.attn_softcap)
             o = be.matmul(b.wo, attn2, out=ob)
             x += be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
             h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
@@ -184,39 +178,3 @@ class Gemma(CausalLM):
             self.be.rope(k, self.be.rope_angles(delta[: len(k)], next(invs)), True)
 
         cache.update_keys(n_keep, rerotate)
-
-
-def attend_capped(
-    batch: Sequence[SeqChunk],
-    slices: list[slice],
-    layer: int,
-    q: F32Array,
-    k: F32Array,
-    v: F32Array,
-    scale: float,
-    out: F32Array,
-    window: int,
-    hp: HParams,
-) -> None:
-    """Attention with gemma2's soft-capped scores ``c * tanh(q·k * scale / c)``, causal and
-    (``window`` > 0) windowed, in numpy over each sequence's cache."""
-    cap = np.float32(hp.attn_softcap)
-    for c, sl in zip(batch, slices, strict=True):
-        p0, n = c.cache.n, len(c.tokens)
-        c.cache.write(layer, p0, k[sl], v[sl])
-        kk, vv = c.cache.read(layer, p0 + n)  # (m, n_head_kv, hd)
-        m, nkv, hd = kk.shape
-        qs = q[sl].reshape(n, nkv, -1, hd)  # (n, kv, group, hd)
-        s = np.einsum("nkgd,mkd->kgnm", qs, np.asarray(kk, np.float32)) * np.float32(scale)
-        s = np.tanh(s / cap) * cap
-        qpos = np.arange(p0, p0 + n)[:, None]
-        kpos = np.arange(m)[None, :]
-        masked = kpos > qpos
-        if window:
-            masked |= qpos - kpos >= window
-        s[..., masked] = -np.inf
-        s -= s.max(axis=-1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=-1, keepdims=True)
-        o = np.einsum("kgnm,mkd->nkgd", s, np.asarray(vv, np.float32))
-        out[sl] = o.reshape(n, -1, hd)

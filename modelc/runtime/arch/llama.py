@@ -34,7 +34,7 @@ from modelc.runtime.model import (
     end_step,
 )
 
-__all__ = ["Block", "Llama", "attend_window", "rope_inv_freq"]
+__all__ = ["Block", "Llama", "rope_inv_freq"]
 
 
 @dataclass(slots=True)
@@ -147,10 +147,7 @@ class Llama(CausalLM):
                 k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
             be.rope(q, angles, self.neox)
             be.rope(k, angles, self.neox)
-            if self.window and any(c.cache.n + len(c.tokens) > self.window for c in batch):
-                attend_window(be, batch, slices, li, q, k, v, self.scale, attn, self.window)
-            else:
-                attend(be, batch, slices, li, q, k, v, self.scale, attn)
+            attend(be, batch, slices, li, q, k, v, self.scale, attn, window=self.window)
             x += be.matmul(b.wo, attn2, out=ob)
             h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.w_gate.shape[0] != ff:  # a model whose layers differ in FFN width
@@ -175,30 +172,3 @@ class Llama(CausalLM):
 
         if cache.n > n_keep:
             cache.update_keys(n_keep, rerotate)
-
-
-def attend_window(
-    be: Backend,
-    batch: Sequence[SeqChunk],
-    slices: list[slice],
-    layer: int,
-    q: F32Array,
-    k: F32Array,
-    v: F32Array,
-    scale: float,
-    out: F32Array,
-    window: int,
-) -> None:
-    """:func:`attend` where query position p sees positions ``p - window + 1 .. p`` only
-    (HF Mistral's sliding window); one backend call per query row past the window."""
-    for c, sl in zip(batch, slices, strict=True):
-        p0, n = c.cache.n, len(c.tokens)
-        c.cache.write(layer, p0, k[sl], v[sl])
-        kk, vv = c.cache.read(layer, p0 + n)  # (p0+n, n_head_kv, hd)
-        qs, os_ = q[sl], out[sl]
-        for i in range(n):
-            p = p0 + i
-            lo = max(0, p - window + 1)
-            os_[i : i + 1] = be.attention(
-                np.ascontiguousarray(qs[i : i + 1]), kk[lo : p + 1], vv[lo : p + 1], p - lo, scale
-            )

@@ -416,14 +416,17 @@ class CpuBackend:
         q_pos0: int,
         scale: float,
         out: F32Array | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
         q = _f32(q)
         if out is None:
             out = np.empty_like(q)  # (n_q, n_head, hd)
-        if _is_f16(k) and _is_f16(v):
-            _k.attention(q, _f16(k), _f16(v), q_pos0, scale, out, self.threads, self.simd, True)
-        else:
-            _k.attention(q, _f32(k), _f32(v), q_pos0, scale, out, self.threads, self.simd)
+        f16 = _is_f16(k) and _is_f16(v)
+        conv = _f16 if f16 else _f32
+        _k.attention(
+            q, conv(k), conv(v), q_pos0, scale, out, self.threads, self.simd, f16, window, softcap
+        )
         return out
 
     def attention_batch(
@@ -434,6 +437,8 @@ class CpuBackend:
         q_pos0s: Sequence[int],
         scale: float,
         outs: Sequence[F32Array] | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> list[F32Array]:
         q_list = [_f32(q) for q in qs]
         out_list = (
@@ -454,6 +459,8 @@ class CpuBackend:
             self.threads,
             self.simd,
             f16,
+            window,
+            softcap,
         )
         return out_list
 
@@ -468,6 +475,8 @@ class CpuBackend:
         counts: Sequence[int],
         scale: float,
         out: F32Array,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
         if not out.flags.c_contiguous:
             raise ValueError("out must be a C-contiguous float32 array")
@@ -485,6 +494,8 @@ class CpuBackend:
             self.threads,
             self.simd,
             f16,
+            window,
+            softcap,
         )
         return out
 

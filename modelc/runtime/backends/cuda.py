@@ -380,7 +380,11 @@ class CudaBackend(NumpyBackend):
         q_pos0: int,
         scale: float,
         out: F32Array | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
+        if softcap > 0:  # no soft-capping kernel: numpy's reference
+            return super().attention(q, k, v, q_pos0, scale, out, window, softcap)
         cp = self.cp
         nq, nh, hd = q.shape
         n_kv, nkv = k.shape[0], k.shape[1]
@@ -393,7 +397,7 @@ class CudaBackend(NumpyBackend):
         parts = (meta[:nq], meta[nq : 2 * nq], meta[2 * nq : 2 * nq + 1], meta[2 * nq + 1 :])
         qd = cp.asarray(np.ascontiguousarray(q, np.float32))
         y = cp.empty_like(qd)
-        self.dev.attention(qd, parts, nq, nh, nkv, hd, f16, scale, 0, 0, y)
+        self.dev.attention(qd, parts, nq, nh, nkv, hd, f16, scale, window, 0, y)
         res: F32Array = y.get()
         if out is not None:
             out[...] = res

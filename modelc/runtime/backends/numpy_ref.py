@@ -134,17 +134,26 @@ class NumpyBackend:
         q_pos0: int,
         scale: float,
         out: F32Array | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
         n_q, n_head, hd = q.shape
         n_kv, n_head_kv, _ = k.shape
         k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)  # f16 cache
         group = n_head // n_head_kv
-        # query i sees cache rows t <= q_pos0 + i
-        visible = np.arange(n_kv)[None, :] <= (q_pos0 + np.arange(n_q))[:, None]  # (n_q, n_kv)
+        # query i (at position p = q_pos0 + i) sees cache rows t <= p, and with a window
+        # only t > p - window
+        qpos, kpos = q_pos0 + np.arange(n_q)[:, None], np.arange(n_kv)[None, :]
+        visible = kpos <= qpos  # (n_q, n_kv)
+        if window > 0:
+            visible &= kpos > qpos - window
+        cap = np.float32(softcap)
         res = np.empty((n_q, n_head, hd), dtype=np.float32)
         for h in range(n_head):
             kh = h // group
             scores = (q[:, h, :] @ k[:, kh, :].T) * np.float32(scale)  # (n_q, n_kv)
+            if softcap > 0:  # gemma2: cap * tanh(s / cap)
+                scores = np.tanh(scores / cap) * cap
             scores = np.where(visible, scores, -np.inf)
             probs = self.softmax(scores.astype(np.float32))
             res[:, h, :] = probs @ v[:, kh, :]
@@ -158,14 +167,16 @@ class NumpyBackend:
         q_pos0s: Sequence[int],
         scale: float,
         outs: Sequence[F32Array] | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> list[F32Array]:
         if outs is None:
             return [
-                self.attention(q, k, v, p0, scale)
+                self.attention(q, k, v, p0, scale, window=window, softcap=softcap)
                 for q, k, v, p0 in zip(qs, ks, vs, q_pos0s, strict=True)
             ]
         return [
-            self.attention(q, k, v, p0, scale, out=o)
+            self.attention(q, k, v, p0, scale, out=o, window=window, softcap=softcap)
             for q, k, v, p0, o in zip(qs, ks, vs, q_pos0s, outs, strict=True)
         ]
 
@@ -180,12 +191,23 @@ class NumpyBackend:
         counts: Sequence[int],
         scale: float,
         out: F32Array,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
         r = 0
         for ks, vs, p0, n in zip(k_stores, v_stores, starts, counts, strict=True):
             ks[p0 : p0 + n] = k_new[r : r + n]  # an f16 store rounds to nearest even
             vs[p0 : p0 + n] = v_new[r : r + n]
-            self.attention(q[r : r + n], ks[: p0 + n], vs[: p0 + n], p0, scale, out=out[r : r + n])
+            self.attention(
+                q[r : r + n],
+                ks[: p0 + n],
+                vs[: p0 + n],
+                p0,
+                scale,
+                out=out[r : r + n],
+                window=window,
+                softcap=softcap,
+            )
             r += n
         return out
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from modelc.runtime.backend import F32Array, KVArray
+from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source
 
 SCORES_BYTES = 32 << 20  # attention's scores scratch per dispatch
@@ -144,9 +145,19 @@ class ActivationOps:
         vs: Sequence[KVArray],
         q_pos0s: Sequence[int],
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> list[F32Array]:
         """Causal attention of each sequence over its own K/V, in one dispatch per chunk of
-        query rows (the scores scratch stays under SCORES_BYTES)."""
+        query rows (the scores scratch stays under SCORES_BYTES); a window moves each row's
+        first visible K/V row.  Soft-capped scores (gemma2) have no shader: numpy's
+        reference computes them."""
+        if softcap > 0:
+            ref = NumpyBackend()
+            return [
+                ref.attention(_f32(q), k, v, p0, scale, window=window, softcap=softcap)
+                for q, k, v, p0 in zip(qs, ks, vs, q_pos0s, strict=True)
+            ]
         n_head, hd = qs[0].shape[1], qs[0].shape[2]
         n_head_kv = ks[0].shape[1]
         sizes = [q.shape[0] for q in qs]
@@ -159,8 +170,10 @@ class ActivationOps:
         r = base = 0
         for q, k, p0 in zip(qs, ks, q_pos0s, strict=True):
             nq, nkv = q.shape[0], k.shape[0]
-            info[r : r + nq, 0] = base
-            info[r : r + nq, 1] = np.minimum(nkv, p0 + 1 + np.arange(nq))
+            pos = p0 + np.arange(nq)  # each row's position; it sees lo .. min(pos, nkv - 1)
+            lo = np.maximum(pos - window + 1, 0) if window > 0 else np.zeros(nq, np.int64)
+            info[r : r + nq, 0] = base + lo
+            info[r : r + nq, 1] = np.maximum(np.minimum(nkv, pos + 1) - lo, 0)
             r += nq
             base += nkv
         sstride = max(1, int(info[:, 1].max()))
@@ -202,8 +215,10 @@ class ActivationOps:
         q_pos0: int,
         scale: float,
         out: F32Array | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
-        (res,) = self._attend([q], [k], [v], [q_pos0], scale)
+        (res,) = self._attend([q], [k], [v], [q_pos0], scale, window, softcap)
         if out is None:
             return res
         out[...] = res
@@ -217,10 +232,12 @@ class ActivationOps:
         q_pos0s: Sequence[int],
         scale: float,
         outs: Sequence[F32Array] | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> list[F32Array]:
         if not qs:
             return []
-        res = self._attend(qs, ks, vs, q_pos0s, scale)
+        res = self._attend(qs, ks, vs, q_pos0s, scale, window, softcap)
         if outs is None:
             return res
         for o, r in zip(outs, res, strict=True):
@@ -238,6 +255,8 @@ class ActivationOps:
         counts: Sequence[int],
         scale: float,
         out: F32Array,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> F32Array:
         r = 0
         qs, ks, vs = [], [], []
@@ -249,7 +268,7 @@ class ActivationOps:
             vs.append(vst[: p0 + n])
             r += n
         if qs:
-            res = self._attend(qs, ks, vs, list(starts), scale)
+            res = self._attend(qs, ks, vs, list(starts), scale, window, softcap)
             out[:r] = np.concatenate(res) if len(res) > 1 else res[0]
         return out
 
