@@ -200,7 +200,7 @@ def run_llamacpp(
             short = prompt_tokens(16, 49152, enc, 100)
             client = LlamaCppClient(s.url)
             bandwidth_share(
-                side, lambda: client.decode_once([short], 16), gguf, args.bw_rounds, s.pid
+                side, lambda: client.decode_once([short], 64), gguf, args.bw_rounds, s.pid
             )
         print(f"[side-by-side] llama.cpp ({config}): {args.streams} HTTP streams", file=sys.stderr)
         lvl = load_level(s.url, args, None)
@@ -419,10 +419,11 @@ Ratios are modelc / llama.cpp (for TTFT and RSS lower is better). Offline decode
 {args.decode_steps} greedy steps after a 16-token prompt, best of 2; llama.cpp's speeds are its own
 `timings` (batch 8: tokens over the longest generation phase of 8 concurrent requests).
 Bandwidth row: {args.bw_rounds} rounds a side, each the machine's read bandwidth (the best of 3
-two-thread passes over 2 GiB) and straight after it the best of 3 runs of 16 batch-1 decode steps (modelc: the
+two-thread passes over 2 GiB) and straight after it the best of 3 runs of 16 batch-1 decode
+steps (modelc: the
 same engine in this process; llama.cpp: its server's timings, the server stopped with
-SIGSTOP while the probe reads, as its OpenMP threads spin on after a request; its timings
-count the token sampled from the prompt's logits, 16 tokens over 15 steps, in its favour), tok/s x the bytes a token
+SIGSTOP while the probe reads, as its OpenMP threads spin on after a request, and 64-token
+runs: its timings of 16-token runs gave it 1.3-1.5x the tok/s of its 64-token ones), tok/s x the bytes a token
 reads (every weight but untied embeddings) over that bandwidth; the median of the
 rounds (`bench.bandwidth.paired_shares`). Target 85 % (issue 14).
 HTTP: {args.requests} streaming `/v1/completions` requests, {args.streams} at a time, ~{args.prompt_len}-token
