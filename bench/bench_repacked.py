@@ -13,6 +13,9 @@ figure to hold against ``bench.bandwidth``).
 ``--steps``: the model itself, ``--rounds`` rounds of a 512-token prefill and the median
 decode step of 1 and 8 sequences (``model.forward``), and the 8/1 throughput ratio.
 
+``--huge-ab``: only batch-1 decode with the repacked copies in huge pages (the backend's
+arena, ``modelc.runtime.backends.hugemem``) against numpy's allocator, alternating.
+
 ``--base`` times another build's kernels module (e.g. the main checkout's .so) in the same
 process, alternating with this checkout's pass by pass (the steps: round by round, the
 backend's module swapped, in alternating order), so a shared machine's load hits both;
@@ -130,6 +133,35 @@ def steps(model: Any, builds: dict[str, Any], args: argparse.Namespace) -> None:
         )
 
 
+def huge_ab(path: str, rounds: int) -> None:
+    """Batch-1 decode with the repacked copies in huge pages (the backend's arena) against
+    numpy's allocator: two copies of the model in this process, 32 steps each a round, in
+    alternating order; the median of the paired ratios."""
+    models = {}
+    for name, on in (("plain", False), ("huge", True)):
+        be = CpuBackend()
+        be._arena.enabled = on
+        models[name] = build(load_model(path), be)
+    rng = np.random.default_rng(0)
+    res: dict[str, list[float]] = {k: [] for k in models}
+    for r in range(rounds + 1):  # round 0 warms up (and makes the copies)
+        for k in models if r % 2 == 0 else reversed(list(models)):
+            lm = models[k]
+            cache = lm.new_cache("f16")
+            lm.forward([SeqChunk(cache, rng.integers(0, 1000, 16).tolist())])
+            t0 = time.perf_counter()
+            for _ in range(32):
+                lm.forward([SeqChunk(cache, [int(rng.integers(0, 1000))])])
+            if r:
+                res[k].append(32 / (time.perf_counter() - t0))
+    ratios = [h / p for h, p in zip(res["huge"], res["plain"], strict=True)]
+    print(
+        f"decode b1 tok/s, medians: plain {statistics.median(res['plain']):.1f}, huge"
+        f" {statistics.median(res['huge']):.1f}; huge / plain paired median"
+        f" {statistics.median(ratios):.3f}, faster in {sum(x > 1 for x in ratios)} of {rounds}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF (default: the SmolLM2 test asset)")
@@ -138,8 +170,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--base", default=None, help="another build's kernels .so, timed alternately")
     ap.add_argument("--steps", action="store_true", help="also the model's prefill and steps")
-    ap.add_argument("--rounds", type=int, default=8, help="rounds of --steps")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds of --steps / --huge-ab")
+    ap.add_argument(
+        "--huge-ab", action="store_true", help="only: decode with and without huge pages"
+    )
     args = ap.parse_args()
+    if args.huge_ab:
+        huge_ab(args.model or str(assets.smollm2_gguf()), args.rounds)
+        return
     builds = {"this": cpu_mod._k}
     if args.base:
         builds["base"] = load_build(args.base)
