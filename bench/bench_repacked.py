@@ -137,7 +137,7 @@ def huge_ab(path: str, rounds: int) -> None:
     """Batch-1 decode with the repacked copies in huge pages (the backend's arena) against
     numpy's allocator: two copies of the model in this process, 32 steps each a round, in
     alternating order; the median of the paired ratios."""
-    models = {}
+    models: dict[str, Any] = {}
     for name, on in (("plain", False), ("huge", True)):
         be = CpuBackend()
         be._arena.enabled = on
