@@ -5,7 +5,10 @@ Every layer (30) of 8 sequences of 64-300 cached tokens (9 query heads, 3 KV hea
 the engine makes per layer.  Each layer has its own caches (as in the engine), so the
 K/V bytes come from memory, not from cache lines the previous layer left warm.
 
-    .venv/bin/python bench/bench_attention.py [--threads 2] [--reps 30]
+    .venv/bin/python bench/bench_attention.py [--threads 2] [--reps 30] [--window N] [--softcap C]
+
+``--window`` / ``--softcap``: a sliding window (each query reads its last N positions) and
+Gemma 2's soft-capped scores, as the kernels take them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM = 30, 9, 3, 64
 LENGTHS = (64, 100, 140, 180, 220, 260, 280, 300)
 
 
-def step_ms(be: CpuBackend, mode: KVMode, reps: int) -> tuple[float, float]:
+def step_ms(
+    be: CpuBackend, mode: KVMode, reps: int, window: int = 0, softcap: float = 0.0
+) -> tuple[float, float]:
     """Median and best milliseconds of one decode step's attention (all layers)."""
     rng = np.random.default_rng(0)
     shape = KVShape(N_LAYER, N_HEAD_KV, HEAD_DIM)
@@ -43,7 +48,8 @@ def step_ms(be: CpuBackend, mode: KVMode, reps: int) -> tuple[float, float]:
     def step() -> None:
         for layer in range(N_LAYER):
             kvs = [c.read(layer, c.n) for c in caches]
-            be.attention_batch(qs, [k for k, _ in kvs], [v for _, v in kvs], p0s, scale, outs)
+            ks, vs = [k for k, _ in kvs], [v for _, v in kvs]
+            be.attention_batch(qs, ks, vs, p0s, scale, outs, window=window, softcap=softcap)
 
     for _ in range(3):
         step()
@@ -59,6 +65,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--window", type=int, default=0, help="sliding window (0: none)")
+    ap.add_argument("--softcap", type=float, default=0.0, help="Gemma 2's score cap (0: none)")
     args = ap.parse_args()
     be = CpuBackend(threads=args.threads)
     shape = KVShape(N_LAYER, N_HEAD_KV, HEAD_DIM)
@@ -66,7 +74,7 @@ def main() -> None:
         f"8 sequences x {LENGTHS[0]}-{LENGTHS[-1]} tokens, {N_LAYER} layers, {args.threads} threads"
     )
     for mode in (KVMode.F32, KVMode.F16):
-        med, best = step_ms(be, mode, args.reps)
+        med, best = step_ms(be, mode, args.reps, args.window, args.softcap)
         kib = shape.bytes_per_token(mode) * sum(LENGTHS) / 1024
         print(f"{mode.value}: {med:.2f} ms median, {best:.2f} ms best; K/V read {kib:.0f} KiB")
 
