@@ -28,6 +28,7 @@ the repacked layout is every build's.  The model defaults to the SmolLM2 test as
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import statistics
 import time
@@ -55,7 +56,12 @@ def load_build(path: str) -> Any:
 
 def model_weights(model: Any) -> list[Weight]:
     """Every weight of the layers, in forward order, then the output head."""
-    ws = [w for b in model.blocks for w in vars(b).values() if isinstance(w, Weight)]
+    ws = [
+        w
+        for b in model.blocks
+        for w in (getattr(b, f.name) for f in dataclasses.fields(b))
+        if isinstance(w, Weight)
+    ]
     return [*ws, model.output]
 
 
