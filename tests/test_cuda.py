@@ -187,6 +187,11 @@ def test_norm_silu_attention_match_the_reference(cuda_be: Any) -> None:
         s = 1 / np.sqrt(hd)
         got = cuda_be.attention(q, k, v, 34, s)  # queries at 34..39 over 0..p
         assert rel(got, ref.attention(q, k, v, 34, s)) < 1e-5, (hd, kv_dtype)
+        for window, cap in ((5, 0.0), (1, 0.0), (0, 2.0), (7, 50.0)):  # sliding window, gemma2
+            got = cuda_be.attention(q, k, v, 34, s, window=window, softcap=cap)
+            want = ref.attention(q, k, v, 34, s, window=window, softcap=cap)
+            assert rel(got, want) < 1e-5, (hd, kv_dtype, window, cap)
+            assert rel(want, ref.attention(q, k, v, 34, s)) > 1e-3  # the case is not moot
 
 
 # -- models -------------------------------------------------------------------------------
