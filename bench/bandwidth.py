@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -93,15 +94,15 @@ def paired_shares(
     return out
 
 
-def model_decode(path: str, steps: int = 16) -> Callable[[], float]:
-    """Batch-1 decode tok/s of ``path`` in this process (default backend, f16 KV, after a
-    16-token prompt), as a function to call once a measurement."""
+def model_decode(path: str, steps: int = 16, backend: Any = None) -> Callable[[], float]:
+    """Batch-1 decode tok/s of ``path`` in this process (``backend``, default the default
+    CPU backend; f16 KV, after a 16-token prompt), as a function to call once a measurement."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from modelc.runtime.backends.cpu import CpuBackend
     from modelc.runtime.model import LanguageModel, SeqChunk
 
-    lm = build(load_model(path), CpuBackend())
+    lm = build(load_model(path), backend if backend is not None else CpuBackend())
     assert isinstance(lm, LanguageModel), f"{path} is not a language model"
     rng = np.random.default_rng(0)
 

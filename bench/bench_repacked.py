@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.bandwidth import model_decode
 from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.backend import Weight
@@ -143,23 +144,15 @@ def huge_ab(path: str, rounds: int) -> None:
     """Batch-1 decode with the repacked copies in huge pages (the backend's arena) against
     numpy's allocator: two copies of the model in this process, 32 steps each a round, in
     alternating order; the median of the paired ratios."""
-    models: dict[str, Any] = {}
+    runs = {}
     for name, on in (("plain", False), ("huge", True)):
         be = CpuBackend()
         be._arena.enabled = on
-        models[name] = build(load_model(path), be)
-    rng = np.random.default_rng(0)
-    res: dict[str, list[float]] = {k: [] for k in models}
-    for r in range(rounds + 1):  # round 0 warms up (and makes the copies)
-        for k in models if r % 2 == 0 else reversed(list(models)):
-            lm = models[k]
-            cache = lm.new_cache("f16")
-            lm.forward([SeqChunk(cache, rng.integers(0, 1000, 16).tolist())])
-            t0 = time.perf_counter()
-            for _ in range(32):
-                lm.forward([SeqChunk(cache, [int(rng.integers(0, 1000))])])
-            if r:
-                res[k].append(32 / (time.perf_counter() - t0))
+        runs[name] = model_decode(path, 32, be)  # its first run makes the copies
+    res: dict[str, list[float]] = {k: [] for k in runs}
+    for r in range(rounds):
+        for k in runs if r % 2 == 0 else reversed(list(runs)):
+            res[k].append(runs[k]())
     ratios = [h / p for h, p in zip(res["huge"], res["plain"], strict=True)]
     print(
         f"decode b1 tok/s, medians: plain {statistics.median(res['plain']):.1f}, huge"
