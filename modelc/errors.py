@@ -95,3 +95,8 @@ class CapacityError(ModelcError):
     exit_code = 3
     http_status = 503
     error_type = "server_overloaded"
+
+
+class WindowError(UsageError):
+    """A KV cache's windowed layer no longer holds the rows an operation needs (a rollback
+    or context shift reaching further back than the window plus its slack)."""

@@ -1,8 +1,32 @@
 """Per-sequence key/value cache, with f32, f16, int8 and mixed storage, and memory accounting.
 
 A :class:`KVCache` holds, for one sequence and every layer, the keys and values of
-the tokens seen so far: cache slot ``i`` is absolute position ``i`` (positions stay
-compact after a context shift, see below).
+the tokens seen so far: storage row ``i`` of a layer is absolute position ``i``
+(positions stay compact after a context shift, see below), except in a windowed layer.
+The storage itself (one :class:`~modelc.runtime.kv_store.KVStore` per layer and tensor
+kind) is in ``kv_store``.
+
+Sliding-window layers (``windows``, from the architecture: Mistral's ``sliding_window``,
+Gemma 2/3's local layers): a query at position ``p`` of a layer with window ``w`` sees
+positions ``p-w+1 .. p`` only, so in f32 and f16 caches such a layer keeps at most
+``w + window_keep + window_slack`` rows (64 + 256 by default; llama.cpp's SWA cache keeps
+the window plus one ubatch).  Row ``i`` is position ``base + i``, ``base`` per layer
+(:meth:`KVCache.held_from`); when a step would outgrow that, :meth:`KVCache.reserve`
+moves the rows of positions ``n-w+1-window_keep ..`` (the step's first query, at ``n``,
+sees from ``n-w+1``) to the front in one copy, once every ``window_slack`` tokens of
+decoding, so the cost is amortised.  The ``window_keep`` rows before the window let a
+rollback go that far back and let the prefix cache copy out whole blocks.  The
+attention kernels need no change: they take :meth:`KVCache.start` (``n - base``) as the
+first query's position, and a window and causality are relative; keys were rotated at
+their absolute positions before being stored, so moving rows changes nothing.  A chunk
+longer than the slack grows the layer to ``w - 1 + window_keep + chunk`` rows until the
+next move.  :meth:`KVCache.truncate` back to any position reached since the last
+``reserve`` (a speculative step's drafts), or up to ``window_keep`` before it, always
+works; further back than a windowed layer still holds, and a :meth:`KVCache.shift` whose window would need anchors already dropped
+(:meth:`KVCache.max_discard`), raise :class:`~modelc.errors.WindowError`.  int8 and
+mixed caches keep every position of every layer (their scratch and hot ring are
+position-indexed); so does a cache made with ``windows=None`` (``full=True`` in
+``new_cache``).
 
 Storage modes (:class:`KVMode`):
 
@@ -23,8 +47,10 @@ Storage modes (:class:`KVMode`):
   dequantized ones for older tokens.
 
 Storage grows in blocks of ``BLOCK`` tokens up to ``max_tokens``.  If a
-:class:`KVBudget` is given, every growth is charged to it (and released by
-:meth:`KVCache.free`), so the engine can bound total KV memory across sequences.
+:class:`KVBudget` is given, every growth is charged to it (a windowed layer's shrink, and
+:meth:`KVCache.free`, release), so the engine can bound total KV memory across sequences;
+:meth:`KVCache.nbytes_at` is what a sequence of a given length holds (windowed layers
+bounded), the engine's per-request KV cost.
 
 Context shift (StreamingLLM style, as llama.cpp does it): :meth:`KVCache.shift`
 keeps the first ``n_keep`` "anchor" tokens, drops the next ``n_discard`` and moves the
@@ -37,201 +63,48 @@ keys are rotated in f32 and stored again, rounded to the storage type).
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from modelc.errors import CapacityError, UsageError
-from modelc.runtime.backend import F16Array, F32Array, KVArray
+from modelc.errors import UsageError, WindowError
+from modelc.runtime.backend import F32Array, KVArray
+from modelc.runtime.kv_store import (
+    GROUP,
+    KVBudget,
+    KVMode,
+    KVShape,
+    KVStore,
+    dequantize_int8,
+    quantize_int8,
+)
+
+__all__ = [
+    "BLOCK",
+    "GROUP",
+    "WINDOW_SLACK",
+    "KVBudget",
+    "KVCache",
+    "KVMode",
+    "KVShape",
+    "dequantize_int8",
+    "quantize_int8",
+]
 
 BLOCK = 256
-GROUP = 32  # int8 elements per scale (a whole head when head_dim is not a multiple)
-
-
-class KVMode(enum.StrEnum):
-    """How a cache stores keys and values (``--kv-cache``)."""
-
-    F32 = "f32"
-    F16 = "f16"
-    INT8 = "int8"
-    MIXED = "mixed"
-
-    @property
-    def quantized(self) -> bool:
-        """int8 storage, read back through a dequantization scratch."""
-        return self in (KVMode.INT8, KVMode.MIXED)
-
-
-@dataclass(frozen=True, slots=True)
-class KVShape:
-    n_layer: int
-    n_head_kv: int
-    head_dim: int
-
-    @property
-    def group(self) -> int:
-        return GROUP if self.head_dim % GROUP == 0 else self.head_dim
-
-    def bytes_per_token(self, mode: KVMode) -> int:
-        """Bytes one token occupies in the cache (keys + values, all layers), ring excluded."""
-        if mode is KVMode.F32:
-            per_head = self.head_dim * 4
-        elif mode is KVMode.F16:
-            per_head = self.head_dim * 2
-        else:
-            per_head = self.head_dim + 4 * (self.head_dim // self.group)
-        return 2 * self.n_layer * self.n_head_kv * per_head
-
-
-class KVBudget:
-    """Bytes of KV memory shared by all sequences; caches charge their growth to it."""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit = int(limit_bytes)
-        self.used = 0
-
-    @property
-    def free(self) -> int:
-        return self.limit - self.used
-
-    def reserve(self, n: int) -> None:
-        if self.used + n > self.limit:
-            raise CapacityError(
-                f"KV cache memory budget exhausted ({self.used + n} > {self.limit} bytes); "
-                "wait for running requests to finish or raise the KV memory limit"
-            )
-        self.used += n
-
-    def release(self, n: int) -> None:
-        self.used -= n
-        assert self.used >= 0
-
-
-def quantize_int8(
-    x: F32Array, group: int = GROUP
-) -> tuple[np.ndarray[Any, np.dtype[np.int8]], F32Array]:
-    """x (n, h, d) f32 -> int8 (n, h, d) and scales (n, h, d/group), symmetric per group."""
-    n, h, d = x.shape
-    xg = x.reshape(n, h, d // group, group)
-    scale = (np.max(np.abs(xg), axis=-1) / 127.0).astype(np.float32)  # (n, h, g)
-    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
-    q = np.clip(np.rint(xg * inv[..., None]), -127, 127).astype(np.int8)
-    return q.reshape(n, h, d), scale
-
-
-def dequantize_int8(
-    q: np.ndarray[Any, np.dtype[np.int8]], scale: F32Array, out: F32Array
-) -> F32Array:
-    """int8 (n, h, d) * scales (n, h, g) -> out (n, h, d) f32."""
-    n, h, d = q.shape
-    g = scale.shape[-1]
-    np.multiply(
-        q.reshape(n, h, g, d // g),
-        scale[..., None],
-        out=out.reshape(n, h, g, d // g),
-        casting="unsafe",
-    )
-    return out
-
-
-class _Store:
-    """One tensor kind (K or V) of one layer, in the cache's storage mode."""
-
-    def __init__(self, mode: KVMode, h: int, d: int, hot: int) -> None:
-        self.mode, self.h, self.d, self.hot = mode, h, d, hot
-        self.f32: F32Array = np.zeros((0, h, d), np.float32)  # (slots, h, d)  f32 mode
-        self.f16: F16Array = np.zeros((0, h, d), np.float16)  # (slots, h, d)  f16 mode
-        self.q = np.zeros((0, h, d), np.int8)  # (slots, h, d)  int8 / mixed
-        self.group = GROUP if d % GROUP == 0 else d
-        self.scale: F32Array = np.zeros((0, h, d // self.group), np.float32)  # (slots, h, g)
-        # mixed: exact copies of the last `hot` positions, slot = pos % hot
-        self.ring: F32Array = np.zeros((hot if mode is KVMode.MIXED else 0, h, d), np.float32)
-        self.ring_pos = np.full(len(self.ring), -1, np.int64)  # position each ring slot holds
-
-    def grow(self, cap: int) -> None:
-        if self.mode is KVMode.F32:
-            new = np.zeros((cap, self.h, self.d), np.float32)
-            new[: len(self.f32)] = self.f32
-            self.f32 = new
-        elif self.mode is KVMode.F16:
-            half = np.zeros((cap, self.h, self.d), np.float16)
-            half[: len(self.f16)] = self.f16
-            self.f16 = half
-        else:
-            q = np.zeros((cap, self.h, self.d), np.int8)
-            q[: len(self.q)] = self.q
-            s = np.zeros((cap, self.h, self.d // self.group), np.float32)
-            s[: len(self.scale)] = self.scale
-            self.q, self.scale = q, s
-
-    def write(self, pos: int, x: KVArray) -> None:
-        """x (n, h, d) at positions pos .. pos+n-1 (f32, or f16 as read back from a cache)."""
-        n = len(x)
-        if self.mode is KVMode.F32:
-            self.f32[pos : pos + n] = x
-            return
-        if self.mode is KVMode.F16:
-            self.f16[pos : pos + n] = x  # rounds to nearest even
-            return
-        x = x.astype(np.float32, copy=False)
-        self.q[pos : pos + n], self.scale[pos : pos + n] = quantize_int8(x, self.group)
-        if self.mode is KVMode.MIXED:
-            first = max(0, n - self.hot)
-            for i in range(first, n):  # at most `hot` rows
-                slot = (pos + i) % self.hot
-                self.ring[slot] = x[i]
-                self.ring_pos[slot] = pos + i
-
-    def read(self, n: int, scratch: F32Array) -> KVArray:
-        """Positions 0 .. n-1 (n, h, d): a view (f32, f16) or dequantized into scratch (f32)."""
-        if self.mode is KVMode.F32:
-            return self.f32[:n]
-        if self.mode is KVMode.F16:
-            return self.f16[:n]
-        out = dequantize_int8(self.q[:n], self.scale[:n], scratch[:n])
-        if self.mode is KVMode.MIXED:
-            for p in range(max(0, n - self.hot), n):
-                if self.ring_pos[p % self.hot] == p:
-                    out[p] = self.ring[p % self.hot]
-        return out
-
-    def move(self, src: int, dst: int, n: int) -> None:
-        """Move slots src..src+n-1 to dst..dst+n-1 (dst < src)."""
-        if self.mode is KVMode.F32:
-            self.f32[dst : dst + n] = self.f32[src : src + n]
-            return
-        if self.mode is KVMode.F16:
-            self.f16[dst : dst + n] = self.f16[src : src + n]
-            return
-        self.q[dst : dst + n] = self.q[src : src + n]
-        self.scale[dst : dst + n] = self.scale[src : src + n]
-        if self.mode is KVMode.MIXED:
-            # ring slots are keyed by position: re-key the exact rows that moved
-            held = [(int(p), self.ring[i].copy()) for i, p in enumerate(self.ring_pos) if p >= dst]
-            for p, _ in held:
-                self.ring_pos[p % self.hot] = -1
-            for p, row in sorted(held):
-                if p >= src:
-                    slot = (p - (src - dst)) % self.hot
-                    self.ring[slot] = row
-                    self.ring_pos[slot] = p - (src - dst)
-
-    def forget_from(self, n: int) -> None:
-        """Invalidate exact ring copies of positions >= n (after a truncation)."""
-        self.ring_pos[self.ring_pos >= n] = -1
-
-    @property
-    def nbytes(self) -> int:
-        return int(
-            self.f32.nbytes + self.f16.nbytes + self.q.nbytes + self.scale.nbytes + self.ring.nbytes
-        )
+WINDOW_SLACK = 256  # rows a windowed layer grows into between two moves (see reserve)
+WINDOW_KEEP = 64  # rows it keeps before its window (rollbacks, prefix-cache blocks)
 
 
 class KVCache:
-    """Keys and values of one sequence, all layers. ``n`` tokens cached = next position."""
+    """Keys and values of one sequence, all layers. ``n`` tokens cached = next position.
+
+    ``windows``: each layer's sliding window (0: global attention), as the architecture
+    attends; ``None`` or all zeros keeps every position of every layer (``full`` storage).
+    In f32 and f16 modes a windowed layer keeps at most ``window + window_keep +
+    window_slack`` rows (see the module docstring); int8 and mixed caches keep every
+    position."""
 
     def __init__(
         self,
@@ -241,6 +114,9 @@ class KVCache:
         *,
         hot_window: int = 256,
         budget: KVBudget | None = None,
+        windows: Sequence[int] | None = None,
+        window_slack: int = WINDOW_SLACK,
+        window_keep: int = WINDOW_KEEP,
     ) -> None:
         self.shape = shape
         self.mode = KVMode(mode)
@@ -248,9 +124,20 @@ class KVCache:
             raise UsageError(f"KV cache size must be positive, got {max_tokens}")
         if self.mode is KVMode.MIXED and hot_window <= 0:
             raise UsageError(f"mixed KV cache needs a positive hot window, got {hot_window}")
+        wins = tuple(int(w) for w in windows) if windows else (0,) * shape.n_layer
+        if len(wins) != shape.n_layer or min(wins) < 0 or window_slack < 1 or window_keep < 0:
+            raise UsageError(f"bad KV cache windows {wins} (slack {window_slack})")
         self.max_tokens = max_tokens
         self.hot_window = hot_window if self.mode is KVMode.MIXED else 0
         self.budget = budget
+        self.windows = wins
+        self.window_slack = window_slack
+        self.window_keep = window_keep
+        # the windows that bound storage: f32 / f16 only, and only where they save rows
+        self.bounded = tuple(
+            w if not self.mode.quantized and w + window_keep + window_slack < max_tokens else 0
+            for w in wins
+        )
         self._charged = 0
         self._empty()
         self._charge()
@@ -258,12 +145,47 @@ class KVCache:
     def _empty(self) -> None:
         h, d, hot = self.shape.n_head_kv, self.shape.head_dim, self.hot_window
         self.n = 0
-        self.capacity = 0
-        self._k = [_Store(self.mode, h, d, hot) for _ in range(self.shape.n_layer)]
-        self._v = [_Store(self.mode, h, d, hot) for _ in range(self.shape.n_layer)]
+        self.capacity = 0  # rows of a global layer (positions 0 .. capacity-1)
+        self._base = [0] * self.shape.n_layer  # position of storage row 0, per layer
+        self._k = [KVStore(self.mode, h, d, hot) for _ in range(self.shape.n_layer)]
+        self._v = [KVStore(self.mode, h, d, hot) for _ in range(self.shape.n_layer)]
         # dequantization scratch for one layer's K and V (int8 / mixed): (capacity, h, d)
         self._scratch_k: F32Array = np.zeros((0, h, d), np.float32)
         self._scratch_v: F32Array = np.zeros((0, h, d), np.float32)
+
+    # -- windowed layers -------------------------------------------------------------
+    def held_from(self, layer: int) -> int:
+        """The first position layer ``layer`` still holds (storage row 0): 0 unless windowed."""
+        return self._base[layer] if self.bounded[layer] else 0
+
+    def start(self, layer: int) -> int:
+        """The storage row of position ``n`` in layer ``layer`` (what attention kernels take
+        as the first new query's position: windows and causality are relative)."""
+        return self.n - self.held_from(layer)
+
+    def needed_from(self, layer: int, n: int) -> int:
+        """The first position a query at position ``n`` sees in layer ``layer``."""
+        w = self.bounded[layer]
+        return max(0, n - w + 1) if w else 0
+
+    def _check_held(self, n: int, what: str) -> None:
+        for layer in range(self.shape.n_layer):
+            if self.held_from(layer) > self.needed_from(layer, n):
+                raise WindowError(
+                    f"cannot {what}: layer {layer} (window {self.bounded[layer]}) holds positions "
+                    f"from {self.held_from(layer)} only, position {n} needs "
+                    f"{self.needed_from(layer, n)} on"
+                )
+
+    def _rows_for(self, layer: int, n_tokens: int, chunk: int) -> int:
+        """Rows layer ``layer`` allocates for a sequence of ``n_tokens`` fed ``chunk`` at a time."""
+        full = min(self.max_tokens, -(-n_tokens // BLOCK) * BLOCK)
+        w = self.bounded[layer]
+        return min(full, max(self._limit(w), w - 1 + self.window_keep + chunk)) if w else full
+
+    def _limit(self, w: int) -> int:
+        """Rows a layer of window ``w`` outgrows before it drops some."""
+        return w + self.window_keep + self.window_slack
 
     # -- memory ----------------------------------------------------------------------
     @property
@@ -276,10 +198,23 @@ class KVCache:
             + self._scratch_v.nbytes
         )
 
+    def nbytes_at(self, n_tokens: int, chunk: int = WINDOW_SLACK) -> int:
+        """What :attr:`nbytes` reaches for a sequence of ``n_tokens`` tokens fed at most
+        ``chunk`` tokens a step (windowed layers stop growing; the engine's KV cost)."""
+        sh, n_tokens = self.shape, max(0, n_tokens)
+        per_row = sh.bytes_per_token(self.mode) // sh.n_layer
+        total = sum(self._rows_for(li, n_tokens, chunk) for li in range(sh.n_layer)) * per_row
+        slots = sh.n_head_kv * sh.head_dim
+        if self.mode.quantized:
+            total += 2 * self._rows_for(0, n_tokens, chunk) * slots * 4  # scratch
+        return total + 2 * sh.n_layer * self.hot_window * slots * 4  # mixed: rings
+
     def _charge(self) -> None:
         new = self.nbytes
         if self.budget is not None and new > self._charged:
             self.budget.reserve(new - self._charged)
+        elif self.budget is not None:
+            self.budget.release(self._charged - new)
         self._charged = new
 
     def free(self) -> None:
@@ -291,38 +226,77 @@ class KVCache:
         self._empty()
 
     def reserve(self, n_tokens: int) -> None:
-        """Make room for ``n_tokens`` cached tokens in total (grows in blocks)."""
+        """Make room for ``n_tokens`` cached tokens in total (grows in blocks).
+
+        A windowed layer first drops the rows more than ``window_keep`` before what a query
+        at position ``n`` sees, once it would outgrow ``window + window_keep +
+        window_slack`` rows (one move to the front, every ``window_slack`` tokens or so; a
+        chunk longer than the slack grows it for a while)."""
         if n_tokens > self.max_tokens:
             raise UsageError(
                 f"sequence of {n_tokens} tokens exceeds the KV cache size {self.max_tokens}; "
                 "shorten the prompt or shift the context"
             )
-        if n_tokens <= self.capacity:
-            return
+        plan: list[tuple[int, int, int]] = []  # (layer, new rows, new base)
+        per_row = self.shape.bytes_per_token(self.mode) // self.shape.n_layer
+        extra = 0
         cap = min(self.max_tokens, -(-n_tokens // BLOCK) * BLOCK)
-        extra = (cap - self.capacity) * self.shape.bytes_per_token(self.mode)
-        if self.mode.quantized:
-            extra += 2 * (cap - self.capacity) * self.shape.n_head_kv * self.shape.head_dim * 4
+        for li, w in enumerate(self.bounded):
+            rows, base = self._k[li].rows, self._base[li]
+            lo = max(base, self.n - w + 1 - self.window_keep)  # kept: the window and more
+            over = w > 0 and lo > base and max(rows, n_tokens - base) > self._limit(w)
+            if n_tokens - base <= rows and not over:
+                continue
+            new_rows = max(rows, cap)
+            if w:
+                base = lo if over else base
+                new_rows = min(cap, max(self._limit(w), n_tokens - base))
+                new_rows = new_rows if over else max(new_rows, rows)
+            plan.append((li, new_rows, base))
+            extra += max(0, new_rows - rows) * per_row
+        h, d = self.shape.n_head_kv, self.shape.head_dim
+        scratch = cap if self.mode.quantized and cap > len(self._scratch_k) else 0
+        extra += 2 * max(0, scratch - len(self._scratch_k)) * h * d * 4
         if self.budget is not None and extra > self.budget.free:
             self.budget.reserve(extra)  # raises CapacityError before anything is allocated
-        for s in (*self._k, *self._v):
-            s.grow(cap)
-        if self.mode.quantized:
-            h, d = self.shape.n_head_kv, self.shape.head_dim
-            self._scratch_k = np.zeros((cap, h, d), np.float32)
-            self._scratch_v = np.zeros((cap, h, d), np.float32)
-        self.capacity = cap
-        self._charge()
+        for li, new_rows, base in plan:
+            src = base - self._base[li]
+            keep = max(0, min(self.n - base, new_rows)) if src else None
+            self._k[li].resize(new_rows, src, keep)
+            self._v[li].resize(new_rows, src, keep)
+            self._base[li] = base
+        if scratch:
+            self._scratch_k = np.zeros((scratch, h, d), np.float32)
+            self._scratch_v = np.zeros((scratch, h, d), np.float32)
+        self.capacity = max(s.rows for s in self._k)
+        if plan or scratch:
+            self._charge()
+
+    def fill(self, n: int, get: Callable[[int, int], tuple[KVArray, KVArray]]) -> None:
+        """Load positions 0 .. n-1 into this empty cache (a prefix-cache hit): ``get(layer,
+        first)`` returns that layer's keys and values of positions ``first .. n-1``, with
+        ``first`` = :meth:`needed_from` (0, or what a windowed layer's next query sees)."""
+        if self.n:
+            raise UsageError("only an empty KV cache can be filled")
+        for li in range(self.shape.n_layer):
+            self._base[li] = self.needed_from(li, n)  # no rows are held: any base will do
+        self.reserve(n)
+        for li in range(self.shape.n_layer):
+            k, v = get(li, self.held_from(li))
+            self.write(li, self.held_from(li), k, v)
+        self.advance(n)
 
     # -- the forward pass ------------------------------------------------------------
     def write(self, layer: int, pos: int, k: KVArray, v: KVArray) -> None:
-        """k, v (n, n_head_kv, head_dim) at positions pos .. pos+n-1 (room reserved).
+        """k, v (n, n_head_kv, head_dim) at positions pos .. pos+n-1 (room reserved; for a
+        windowed layer, ``pos`` at or after :meth:`held_from`).
 
         f32, or f16 values read back from a cache (the prefix cache stores what
         :meth:`read` returns); stored rounded to the cache's mode."""
-        assert pos + len(k) <= self.capacity
-        self._k[layer].write(pos, k)
-        self._v[layer].write(pos, v)
+        row = pos - self.held_from(layer)
+        assert row >= 0 and row + len(k) <= self._k[layer].rows
+        self._k[layer].write(row, k)
+        self._v[layer].write(row, v)
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -330,9 +304,10 @@ class KVCache:
         return np.dtype(np.float16 if self.mode is KVMode.F16 else np.float32)
 
     def storage(self, layer: int) -> tuple[KVArray, KVArray] | None:
-        """Layer ``layer``'s K and V storage itself, (capacity, n_head_kv, head_dim) each, for
-        a backend to write new rows into and read in place (``attention_append``); ``None``
-        for the quantized modes, whose rows go through :meth:`write` and :meth:`read`."""
+        """Layer ``layer``'s K and V storage itself, (rows, n_head_kv, head_dim) each, for
+        a backend to write new rows into and read in place (``attention_append``, with
+        :meth:`start` as the first new row); ``None`` for the quantized modes, whose rows
+        go through :meth:`write` and :meth:`read`."""
         k, v = self._k[layer], self._v[layer]
         if self.mode is KVMode.F32:
             return k.f32, v.f32
@@ -341,14 +316,16 @@ class KVCache:
         return None
 
     def read(self, layer: int, n: int) -> tuple[KVArray, KVArray]:
-        """Keys and values of positions 0 .. n-1, (n, n_head_kv, head_dim) each.
+        """Keys and values of positions ``held_from(layer)`` .. n-1 (0 .. n-1 for a global
+        layer), (rows, n_head_kv, head_dim) each.
 
         Views of the storage for f32 and f16 caches (float16 for f16: no copy, the
         attention kernels read it as is); for int8 and mixed, f32 values dequantized
         into a scratch buffer that the next ``read`` of any layer overwrites."""
+        rows = n - self.held_from(layer)
         return (
-            self._k[layer].read(n, self._scratch_k),
-            self._v[layer].read(n, self._scratch_v),
+            self._k[layer].read(rows, self._scratch_k),
+            self._v[layer].read(rows, self._scratch_v),
         )
 
     def advance(self, n_new: int) -> None:
@@ -356,31 +333,66 @@ class KVCache:
         self.n += n_new
 
     def truncate(self, n: int) -> None:
-        """Forget tokens from position ``n`` on (speculation rollback, prefix reuse)."""
+        """Forget tokens from position ``n`` on (speculation rollback, prefix reuse).
+
+        A windowed layer drops rows only in :meth:`reserve`, and only those more than
+        ``window_keep`` before what the step's first query sees, so rolling back to any
+        position reached since the last ``reserve`` (a step's drafts, which is all the
+        engine does) always works; going back further than a windowed layer still holds
+        raises :class:`WindowError` and changes nothing."""
         if not 0 <= n <= self.n:
             raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
+        self._check_held(n, f"truncate a KV cache of {self.n} tokens to {n}")
         for st in (*self._k, *self._v):
             st.forget_from(n)
         self.n = n
 
     # -- context shift ---------------------------------------------------------------
+    def max_discard(self, n_keep: int) -> int:
+        """The most tokens after ``n_keep`` anchors :meth:`shift` can drop: all of them
+        unless a windowed layer would then need anchors it no longer holds."""
+        most = self.n - n_keep
+        for li, w in enumerate(self.bounded):
+            held = min(n_keep, self._base[li])  # anchors 0 .. held-1 are gone
+            if w and held > 0:  # then the window after the shift must not reach them
+                most = min(most, self.n - w + 1 - held)
+        return max(0, most)
+
     def shift(self, n_keep: int, n_discard: int) -> None:
-        """Drop tokens ``n_keep .. n_keep+n_discard-1``; later tokens move down by n_discard."""
+        """Drop tokens ``n_keep .. n_keep+n_discard-1``; later tokens move down by n_discard.
+
+        Raises :class:`WindowError` (changing nothing) past :meth:`max_discard`."""
         if n_keep < 0 or n_discard <= 0 or n_keep + n_discard > self.n:
             raise UsageError(
                 f"bad context shift: keep {n_keep}, discard {n_discard} of {self.n} tokens"
             )
+        if n_discard > self.max_discard(n_keep):
+            raise WindowError(
+                f"cannot shift out {n_discard} tokens after {n_keep}: a windowed layer would "
+                f"need anchors it dropped (at most {self.max_discard(n_keep)})"
+            )
         src, dst = n_keep + n_discard, n_keep
-        for s in (*self._k, *self._v):
-            s.move(src, dst, self.n - src)
+        for li in range(self.shape.n_layer):
+            base = self.held_from(li)
+            if base <= n_keep:  # anchors held from base on: the usual move
+                move = (src - base, dst - base, self.n - src)
+            else:  # no anchor held: the kept tail goes to row 0
+                first = max(base, src)
+                move = (first - base, 0, self.n - first)
+                self._base[li] = first - n_discard
+            for s in (self._k[li], self._v[li]):
+                s.move(*move)
         self.n -= n_discard
 
     def update_keys(self, start: int, fn: Callable[[F32Array], None]) -> None:
-        """Apply ``fn`` in place to the keys of positions start .. n-1, every layer."""
-        for st in self._k:
+        """Apply ``fn`` in place to the keys of positions start .. n-1, every layer (a
+        windowed layer's held ones only: ``fn`` must act on each row alike)."""
+        for li, st in enumerate(self._k):
+            first = max(start, self.held_from(li)) - self.held_from(li)
+            rows = self.n - self.held_from(li)
             if st.mode is KVMode.F32:
-                fn(st.f32[start : self.n])
+                fn(st.f32[first:rows])
                 continue
-            x = st.read(self.n, self._scratch_k)[start:].astype(np.float32)  # a copy
+            x = st.read(rows, self._scratch_k)[first:].astype(np.float32)  # a copy
             fn(x)
-            st.write(start, x)
+            st.write(first, x)

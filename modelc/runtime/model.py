@@ -241,7 +241,8 @@ def attend(
     to ``out`` (n, n_head, hd).  Caches held as plain f32/f16 arrays take one
     ``attention_append`` call (writes included); quantized ones write, read back, then
     ``attention_batch``.  ``window`` > 0: the query at position p sees positions
-    ``p - window + 1 .. p`` only (a sliding window); ``softcap`` > 0: scores become
+    ``p - window + 1 .. p`` only (a sliding window; the kernels get storage rows, which
+    a windowed cache layer numbers from its ``base``: ``KVCache.start``); ``softcap`` > 0: scores become
     ``softcap * tanh(score / softcap)`` (gemma2)."""
     stores = [c.cache.storage(layer) for c in batch]
     dtypes = {st[0].dtype for st in stores if st is not None}
@@ -252,7 +253,7 @@ def attend(
             v,
             [st[0] for st in stores if st is not None],
             [st[1] for st in stores if st is not None],
-            [c.cache.n for c in batch],
+            [c.cache.start(layer) for c in batch],  # n - the layer's base (windowed)
             [len(c.tokens) for c in batch],
             scale,
             out,
@@ -264,10 +265,10 @@ def attend(
     for c, sl in zip(batch, slices, strict=True):
         p0 = c.cache.n
         c.cache.write(layer, p0, k[sl], v[sl])
-        kk, vv = c.cache.read(layer, p0 + len(c.tokens))  # (n_kv, n_head_kv, hd)
+        kk, vv = c.cache.read(layer, p0 + len(c.tokens))  # (rows, n_head_kv, hd) from base
         ks.append(kk)
         vs.append(vv)
-        p0s.append(p0)
+        p0s.append(c.cache.start(layer))
     qs = [np.ascontiguousarray(q[sl]) for sl in slices]  # each (n, n_head, hd)
     outs = [out[sl] for sl in slices]  # written in place
     be.attention_batch(qs, ks, vs, p0s, scale, outs=outs, window=window, softcap=softcap)
@@ -285,6 +286,7 @@ class CausalLM:
 
     kv_shape: KVShape
     n_ctx: int
+    kv_windows: tuple[int, ...] = ()  # each layer's sliding window (0: global); () none
 
     def new_cache(
         self,
@@ -293,12 +295,15 @@ class CausalLM:
         max_tokens: int | None = None,
         hot_window: int = 256,
         budget: KVBudget | None = None,
+        full: bool = False,
     ) -> KVCache:
-        """An empty cache for one sequence, at most ``n_ctx`` tokens long."""
+        """An empty cache for one sequence, at most ``n_ctx`` tokens long; its windowed
+        layers keep only their window (plus slack) unless ``full``."""
         return KVCache(
             self.kv_shape,
             min(max_tokens or self.n_ctx, self.n_ctx),
             mode,
             hot_window=hot_window,
             budget=budget,
+            windows=None if full else self.kv_windows or None,
         )

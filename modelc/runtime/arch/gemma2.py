@@ -116,6 +116,7 @@ class Gemma(CausalLM):
         self.scale = hp.attn_scale or 1.0 / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d))
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
+        self.kv_windows = tuple(b.window for b in self.blocks)
         self.scratch = Scratch()
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:

@@ -90,6 +90,7 @@ class Llama(CausalLM):
         # YaRN scales cos and sin, so each Q·K by the factor squared
         self.scale = rope_attention_factor(hp.rope_scaling) ** 2 / math.sqrt(self.head_dim)
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
+        self.kv_windows = (self.window,) * len(self.blocks) if self.window else ()
         self.scratch = Scratch()
 
     def make_block(self, src: TensorSource, i: int) -> Block:

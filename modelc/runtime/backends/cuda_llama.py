@@ -167,7 +167,10 @@ class CudaLlama(CausalLM):
         max_tokens: int | None = None,
         hot_window: int = 256,
         budget: KVBudget | None = None,
+        full: bool = False,
     ) -> KVCache:
+        """A GPU cache: every layer keeps every position (``full`` or not; a sliding
+        window only masks)."""
         n = min(max_tokens or self.n_ctx, self.n_ctx)
         return CudaKVCache(self.cp, self.kv_shape, n, mode, budget=budget)
 
