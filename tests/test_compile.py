@@ -258,7 +258,8 @@ def test_language_model_forward_bit_identical(
     """Prefill and 8 greedy steps of 3 sequences in one batch: logits equal bit for bit
     with f32 and f16 caches (the compiled loop, Mistral's sliding window of 8 in the
     attention kernel as in the runtime) and int8 (the runtime's loop); and 5 steps of
-    short sequences (inside Mistral's window)."""
+    short sequences (inside Mistral's window); and 40 steps over a cache whose windowed
+    layers move their rows (Mistral), against the runtime and a full cache."""
     pkg = builds.projects[name][1]
     assert compared[name] | {"architecture": None} == {
         "architecture": None,
@@ -267,6 +268,7 @@ def test_language_model_forward_bit_identical(
         "f16": True,
         "int8": True,
         "short": True,
+        "windowed": True,
     }
 
 

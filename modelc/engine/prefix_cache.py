@@ -22,6 +22,16 @@ otherwise).
 
 At least one prompt token is always left to compute, since the step needs that
 token's logits.
+
+Windowed layers (a sliding-window cache, see ``kv_cache``) no longer hold their oldest
+positions, so a block copied out of such a cache may lack a windowed layer's rows, wholly
+or from some row on: :attr:`Block.gaps` records them (layer -> window, first row held).
+A run of blocks is loadable when every row a windowed layer needs after it (the last
+``window - 1`` positions) is held; :meth:`PrefixCache.match` returns the longest loadable
+run, :meth:`PrefixCache.load` copies global layers whole and windowed layers' needed rows
+only (``KVCache.fill``), and an insert fills gaps of blocks already present when its
+cache holds those rows.  The cache keeps ``window_keep`` (64) rows before each window, so
+a sequence's last full block always loads (for blocks of up to 64 tokens).
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ class Block:
     k: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
     v: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
     refs: int = 0
+    # windowed layers whose rows are not all held: layer -> (window, first row held)
+    gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -110,6 +122,8 @@ class PrefixCache:
             if b is None:
                 break
             found.append(b)
+        while found and not self._loadable(found):
+            found.pop()
         for b in reversed(found):
             b.refs += 1
             self.blocks.move_to_end(b.key)
@@ -117,6 +131,16 @@ class PrefixCache:
             self.stats.hits += 1
             self.stats.hit_tokens += len(found) * self.block_tokens
         return found
+
+    def _loadable(self, blocks: Sequence[Block]) -> bool:
+        """Whether every windowed layer holds the rows it needs after ``blocks``."""
+        bt = self.block_tokens
+        n = len(blocks) * bt
+        for i, b in enumerate(blocks):
+            for w, first in b.gaps.values():
+                if first and i * bt + first > max(0, n - w + 1):  # a needed row is missing
+                    return False
+        return True
 
     @_locked
     def release(self, blocks: Sequence[Block]) -> None:
@@ -129,14 +153,18 @@ class PrefixCache:
         """Copy ``blocks`` into the empty ``cache`` (positions 0..); the tokens loaded."""
         if not blocks:
             return 0
-        assert cache.n == 0
-        n = len(blocks) * self.block_tokens
-        cache.reserve(n)
-        for layer in range(self.shape.n_layer):
-            k = np.concatenate([b.k[layer] for b in blocks])  # (n, n_head_kv, head_dim)
-            v = np.concatenate([b.v[layer] for b in blocks])
-            cache.write(layer, 0, k, v)
-        cache.advance(n)
+        assert cache.n == 0 and self._loadable(blocks)
+        bt = self.block_tokens
+        n = len(blocks) * bt
+
+        def rows(layer: int, first: int) -> tuple[KVArray, KVArray]:
+            """Positions first .. n-1 (n_rows, n_head_kv, head_dim)."""
+            some = blocks[first // bt :]
+            k = np.concatenate([b.k[layer] for b in some])[first % bt :]
+            v = np.concatenate([b.v[layer] for b in some])[first % bt :]
+            return k, v
+
+        cache.fill(n, rows)
         return n
 
     @_locked
@@ -148,6 +176,14 @@ class PrefixCache:
         keys = self.block_keys(tokens, n_blocks)
         missing = [i for i, key in enumerate(keys) if key not in self.blocks]
         bt, sh = self.block_tokens, self.shape
+        held = [cache.held_from(layer) for layer in range(sh.n_layer)]
+        # blocks already here with gaps this cache can fill
+        patch = {
+            key: self.blocks[key]
+            for i, key in enumerate(keys)
+            if key in self.blocks
+            and any(held[li] - i * bt < first for li, (_, first) in self.blocks[key].gaps.items())
+        }
         dtype = cache.dtype
         per_block = 2 * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * dtype.itemsize
         new: dict[bytes, Block] = {}
@@ -156,15 +192,29 @@ class PrefixCache:
                 break
             blk = (sh.n_layer, bt, sh.n_head_kv, sh.head_dim)
             new[keys[i]] = Block(keys[i], np.empty(blk, dtype), np.empty(blk, dtype))
-        if new:
+        if new or patch:
             # one read per layer, copied out at once: an int8 cache dequantizes every
             # layer into the same scratch buffer
             for layer in range(sh.n_layer):
-                kk, vv = cache.read(layer, n_blocks * bt)  # (n, n_head_kv, head_dim)
+                h0 = held[layer]  # a windowed layer holds positions h0 .. only
+                if n_blocks * bt <= h0:
+                    kk = vv = np.zeros((0, sh.n_head_kv, sh.head_dim), dtype)
+                else:
+                    kk, vv = cache.read(layer, n_blocks * bt)  # (n - h0, n_head_kv, head_dim)
                 for i, key in enumerate(keys):
-                    if key in new:
-                        new[key].k[layer] = kk[i * bt : (i + 1) * bt]
-                        new[key].v[layer] = vv[i * bt : (i + 1) * bt]
+                    b = new[key] if key in new else patch.get(key)
+                    if b is None:
+                        continue
+                    first = min(bt, max(0, h0 - i * bt))  # the block's first row held
+                    was = bt if key in new else b.gaps.get(layer, (0, 0))[1]
+                    if first >= was and key not in new:
+                        continue
+                    b.k[layer, first:was] = kk[i * bt + first - h0 : i * bt + was - h0]
+                    b.v[layer, first:was] = vv[i * bt + first - h0 : i * bt + was - h0]
+                    if first:
+                        b.gaps[layer] = (cache.bounded[layer], first)
+                    else:
+                        b.gaps.pop(layer, None)
         for key in reversed(keys):  # deepest first, so the root ends up most recent
             if key in new:
                 self.blocks[key] = new[key]

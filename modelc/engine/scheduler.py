@@ -153,27 +153,21 @@ def kv_shape(model: LanguageModel) -> KVShape:
     return model.new_cache(KVMode.F32, max_tokens=1).shape
 
 
-def kv_cost_fn(model: LanguageModel, mode: KVMode, hot_window: int, max_context: int) -> KVCost:
-    """Bytes a cache of ``n`` tokens holds.
+def kv_cost_fn(
+    model: LanguageModel, mode: KVMode, hot_window: int, max_context: int, chunk: int = BLOCK
+) -> KVCost:
+    """Bytes a cache of ``n`` tokens holds, fed at most ``chunk`` tokens a step.
 
-    A KVCache grows in BLOCK-token steps and its size is affine in its capacity
-    (storage and dequantization scratch per slot, plus fixed ring buffers), so two
-    small probe caches give the exact cost of any size.
+    ``KVCache.nbytes_at``: storage grows in BLOCK-token steps (plus the dequantization
+    scratch and fixed ring buffers of the quantized modes), except that a windowed layer
+    of a sliding-window model stops at its window plus slack (about ``chunk`` more while
+    a longer chunk is being fed).
     """
-
-    shape = kv_shape(model)
-
-    def probe(cap: int) -> int:
-        c = KVCache(shape, 2 * BLOCK, mode, hot_window=hot_window)
-        c.reserve(cap)
-        return c.nbytes
-
-    one, two = probe(BLOCK), probe(2 * BLOCK)
-    per_block, fixed = two - one, 2 * one - two
+    probe = model.new_cache(KVMode.F32, max_tokens=max_context)  # the model's windows
+    cache = KVCache(probe.shape, max_context, mode, hot_window=hot_window, windows=probe.bounded)
 
     def cost(n: int) -> int:
-        cap = min(max_context, -(-n // BLOCK) * BLOCK)
-        return fixed + cap * per_block // BLOCK  # per_block is a whole multiple of BLOCK
+        return cache.nbytes_at(min(n, max_context), chunk)
 
     return cost
 
@@ -214,7 +208,8 @@ class LLMEngine:
         self.lm = model
         self.max_context = min(options.max_context or model.n_ctx, model.n_ctx)
         self.mode = KVMode(options.kv_cache)
-        self.kv_cost = kv_cost_fn(model, self.mode, options.kv_hot_window, self.max_context)
+        chunk = max(options.prefill_chunk or self.max_context, options.spec_gamma + 1)
+        self.kv_cost = kv_cost_fn(model, self.mode, options.kv_hot_window, self.max_context, chunk)
         self.policy = Policy(
             max_concurrent=options.max_concurrent,
             queue_size=options.queue_size,
@@ -499,7 +494,11 @@ class LLMEngine:
                     self._finish(rid, FinishReason.LENGTH)
                     continue
                 keep = min(self.opt.anchor_tokens, r.cache.n - 1)
-                discard = max(1, (r.cache.n - keep) // 2)
+                # a windowed layer must still hold what its window reaches after the shift
+                discard = min(max(1, (r.cache.n - keep) // 2), r.cache.max_discard(keep))
+                if discard < 1:
+                    self._finish(rid, FinishReason.LENGTH)
+                    continue
                 lm.shift_context(r.cache, keep, discard)
                 del r.tokens[keep : keep + discard]
                 if r.drafter is not None:  # its index held the dropped tokens
