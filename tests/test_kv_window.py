@@ -274,3 +274,24 @@ async def test_engine_generates_what_the_full_cache_generates(family: str) -> No
     got, fins, _ = await _serve(ir, m, [(prompt, 900)], **shift)
     want, _, _ = await _serve(ir, ref, [(prompt, 900)], **shift)
     assert got == want and len(got[0]) == 900
+
+
+def test_mixed_dtype_batches_and_quantized_modes() -> None:
+    """A batch of f32 and f16 caches takes the write/read/attention_batch path: a windowed
+    cache there reads from its base, as a full one from 0.  int8 and mixed caches keep
+    every position (their storage is never windowed)."""
+    m = model("gemma3")
+    win, full = windowed(m, "f32"), m.new_cache("f32", full=True)
+    other_a, other_b = m.new_cache("f16", full=True), m.new_cache("f16", full=True)
+    a, _ = step(m, [full, other_a], list(range(3, 20)))
+    b, _ = step(m, [win, other_b], list(range(3, 20)))
+    np.testing.assert_array_equal(a, b)
+    for _ in range(60):
+        t = int(np.argmax(a[-1]))
+        a, _ = step(m, [full, other_a], [t])
+        b, _ = step(m, [win, other_b], [t])
+        np.testing.assert_array_equal(a, b)
+    assert win.held_from(0) > 0
+    for mode in ("int8", "mixed"):
+        c = windowed(m, mode)
+        assert c.windows == m.kv_windows and not any(c.bounded)

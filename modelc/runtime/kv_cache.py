@@ -83,6 +83,7 @@ from modelc.runtime.kv_store import (
 __all__ = [
     "BLOCK",
     "GROUP",
+    "WINDOW_KEEP",
     "WINDOW_SLACK",
     "KVBudget",
     "KVCache",
@@ -125,7 +126,8 @@ class KVCache:
         if self.mode is KVMode.MIXED and hot_window <= 0:
             raise UsageError(f"mixed KV cache needs a positive hot window, got {hot_window}")
         wins = tuple(int(w) for w in windows) if windows else (0,) * shape.n_layer
-        if len(wins) != shape.n_layer or min(wins) < 0 or window_slack < 1 or window_keep < 0:
+        bad = len(wins) != shape.n_layer or any(w < 0 for w in wins)
+        if bad or window_slack < 1 or window_keep < 0:
             raise UsageError(f"bad KV cache windows {wins} (slack {window_slack})")
         self.max_tokens = max_tokens
         self.hot_window = hot_window if self.mode is KVMode.MIXED else 0
