@@ -204,3 +204,27 @@ def test_the_catalog_pins_the_tested_file() -> None:
     entry = CATALOG["gemma3-270m"]
     assert sha256_file(gemma3_gguf()) == entry.sha256
     assert len(entry.parts) == 4
+
+
+def test_windowed_cache_past_the_window_equals_the_full_cache() -> None:
+    """Past its 512-token window plus the cache's slack (832 rows), the real model's 15
+    windowed layers have moved their rows to the front: the logits of a 1,000-token
+    sequence (256-token prefill chunks, then greedy steps) are the full cache's, bit for
+    bit; windowed layers hold 832 rows, global ones 1024 (the saving grows with length)."""
+    import numpy as np
+
+    from modelc.runtime.model import CausalLM, SeqChunk
+
+    m = build(load_model(gemma3_gguf()), make_backend("cpu-exact"))
+    assert isinstance(m, CausalLM) and m.kv_windows.count(512) == 15
+    ids = [t for rec in RECORDS for t in rec["prompt_ids"]]
+    ids = (ids * (1 + 940 // len(ids)))[:940]
+    runs = []
+    for cache in (m.new_cache("f16", full=True), m.new_cache("f16")):
+        logits = [m.forward([SeqChunk(cache, ids[i : i + 256])]) for i in range(0, 940, 256)]
+        for _ in range(60):
+            logits.append(m.forward([SeqChunk(cache, [int(np.argmax(logits[-1][-1]))])]))
+        runs.append((np.concatenate(logits), cache.nbytes, cache.held_from(0)))
+    (full, full_bytes, _), (win, win_bytes, base) = runs
+    np.testing.assert_array_equal(full, win)
+    assert base > 0 and win_bytes * 18 * 1024 == full_bytes * (15 * 832 + 3 * 1024)
