@@ -241,9 +241,10 @@ def attend(
     to ``out`` (n, n_head, hd).  Caches held as plain f32/f16 arrays take one
     ``attention_append`` call (writes included); quantized ones write, read back, then
     ``attention_batch``.  ``window`` > 0: the query at position p sees positions
-    ``p - window + 1 .. p`` only (a sliding window; the kernels get storage rows, which
-    a windowed cache layer numbers from its ``base``: ``KVCache.start``); ``softcap`` > 0: scores become
-    ``softcap * tanh(score / softcap)`` (gemma2)."""
+    ``p - window + 1 .. p`` only (a sliding window); ``softcap`` > 0: scores become
+    ``softcap * tanh(score / softcap)`` (gemma2).  The kernels get storage rows, which a
+    windowed cache layer numbers from its ``base``: the first query's is
+    ``KVCache.start(layer)`` (``n - base``), windows and causality being relative."""
     stores = [c.cache.storage(layer) for c in batch]
     dtypes = {st[0].dtype for st in stores if st is not None}
     if None not in stores and len(dtypes) == 1:
