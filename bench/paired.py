@@ -173,9 +173,22 @@ class PairedModel:
         self.encode = encode
 
     def __enter__(self) -> PairedModel:
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()  # the servers started so far
+            raise
+        return self
+
+    def _start(self) -> None:
         for i, (name, env) in enumerate(self.configs.items()):
             srv = LlamaCppServer(
-                self.gguf, self.threads, 8, 8 * self.ctx, self.log_dir / f"paired-{i}.log", env
+                self.gguf,
+                self.threads,
+                8,
+                8 * self.ctx,
+                self.log_dir / f"paired-{self.gguf.stem}-{i}.log",
+                env,
             )
             self._stack.enter_context(srv)
             peer = Peer(name, srv, LlamaCppClient(srv.url))
@@ -188,7 +201,6 @@ class PairedModel:
         self.long = prompt_tokens(self.prefill_len, vocab, self.encode, self.prefill_len)
         self.short = [prompt_tokens(16, vocab, self.encode, 100 + i) for i in range(8)]
         self.modelc.decode(self.short[:1], 4)  # first touches, the repacked copies
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
