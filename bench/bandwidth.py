@@ -10,8 +10,8 @@ read / wall time, the best and the median of ``--reps`` passes per thread count.
 Batch-1 decode reads every weight byte once per token, so a model's decode tokens/s x its
 weight bytes, over this figure, is the fraction of the bandwidth limit it reaches (issue
 14, must-show 3).  ``--decode MODEL.gguf [...]`` measures that fraction in pairs, so that
-the machine's changing load falls on both halves alike (``paired_shares``, which
-``bench.side_by_side`` also uses for modelc and llama.cpp): each model decodes once
+the machine's changing load falls on both halves alike (``bench.paired`` pairs modelc's
+and llama.cpp's rounds the same way): each model decodes once
 untimed (first touches), then each round reads the array 3 times with 2 threads (the
 round's read bandwidth: the best of them) and then times 3 x 16 batch-1 decode steps of each
 model (``model.forward`` with the default backend, f16 KV, after a 16-token prompt; the best of
@@ -24,8 +24,6 @@ round's read bandwidth, and the best decode over the best read.  Weight bytes a 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
 import sys
 import threading
@@ -65,33 +63,6 @@ class ReadProbe:
         if self._arr is None:
             self._arr = np.random.default_rng(0).integers(0, 2**63, size=self._n, dtype=np.uint64)
         return max(read_gbs(self._arr, 2) for _ in range(3))
-
-
-def paired_shares(
-    probe: ReadProbe,
-    decode_tps: Callable[[], float],
-    nbytes: int,
-    rounds: int,
-    pause_pid: int = 0,
-) -> list[float]:
-    """Per round, the read bandwidth (``probe``: the best of 3 passes) and straight after it
-    the best of 3 batch-1 decode measurements (tok/s; make each as short as a pass, a few
-    tokens, so both halves are the least disturbed of alike samples of a machine whose
-    load comes in bursts): weight bytes a token x tok/s over that bandwidth.  ``pause_pid``:
-    a server process stopped (SIGSTOP) while the probe reads, whose threads would
-    otherwise still spin after their last request and take the cores from the probe
-    (llama.cpp's OpenMP threads do: its share came out inflated)."""
-    out = []
-    for _ in range(rounds):
-        if pause_pid:
-            os.kill(pause_pid, signal.SIGSTOP)
-        try:
-            bw = probe.gbs()
-        finally:
-            if pause_pid:
-                os.kill(pause_pid, signal.SIGCONT)
-        out.append(nbytes * max(decode_tps() for _ in range(3)) / 1e9 / bw)
-    return out
 
 
 def model_decode(path: str, steps: int = 16, backend: Any = None) -> Callable[[], float]:

@@ -1,17 +1,17 @@
 """Several GGUFs against llama.cpp in one run: how close a K-quant model comes to SmolLM2.
 
     .venv/bin/python -m bench.side_by_side --models smollm2,gemma3,PATH.gguf [--modes fast]
-        [--rounds 2] [--llama-configs default,OMP_WAIT_POLICY=passive] [--no-write]
+        [--pair-rounds 5] [--llama-configs default,OMP_WAIT_POLICY=passive] [--no-write]
 
 For each model (``smollm2``: SmolLM2-135M-Instruct Q4_1, ``gemma3``: Gemma 3 270M
 Q4_K_M, both from ``tests.assets``; anything else a GGUF path, e.g. the random llama-1B
-Q4_K_M of ``bench/big_models.py``) the offline rows of ``bench.side_by_side``: prefill
-tokens/s of one prompt, decode tokens/s at batch 1 and 8, modelc (``modelc bench
---json``, first mode of ``--modes``) against llama.cpp's server (its own timings), same
-file, same threads.  Rounds alternate over the models, llama.cpp then modelc each, so
-all see the same machine load; each cell is the best of its rounds.  The table gives
-each model's modelc / llama.cpp ratio and, for every model after the first, its ratio
-divided by the first model's (issue 13's must-show 3: >= 0.9 for a K-quant model
+Q4_K_M of ``bench/big_models.py``): prefill tokens/s of one prompt and decode tokens/s at
+batch 1 and 8, modelc (first mode of ``--modes``, in this process) against llama.cpp's
+server (its own timings), same file, same threads, in paired rounds (``bench.paired``):
+every model and server stays loaded, and each round measures every model on both
+sides back to back.  The table gives each model's median modelc / llama.cpp ratio and,
+for every model after the first, the median over rounds of its ratio divided by the
+first model's in the same round (issue 13's must-show 3: >= 0.9 for a K-quant model
 against SmolLM2).  Written to the "K-quant vs SmolLM2" section of ``bench/RESULTS.md``.
 """
 
@@ -21,36 +21,18 @@ import argparse
 import datetime as dt
 import os
 import shlex
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from bench.llamacpp_peer import LlamaCppClient, LlamaCppServer
-from bench.side_by_side import (
-    LLAMA_CONFIGS,
-    LoadWatch,
-    Side,
-    best,
-    git_commit,
-    llamacpp_offline,
-    run_modelc_offline,
-    write_results,
-)
+from bench.paired import PairedModel, PairedResult, run_rounds
+from bench.side_by_side import LLAMA_CONFIGS, LoadWatch, git_commit, write_results
 
 HEADING = "## K-quant vs SmolLM2 side by side (issue 13)"
 ROWS = (("decode_b1", "decode tok/s, batch 1"), ("decode_b8", "decode tok/s, batch 8"))
 TARGET = 0.9
-
-
-@dataclass
-class ModelRun:
-    label: str
-    gguf: Path
-    encode: Callable[[str], list[int]]
-    modelc: list[Side]
-    peer: list[Side]
 
 
 def resolve(name: str) -> tuple[str, Path]:
@@ -92,42 +74,32 @@ def gguf_types(gguf: Path) -> str:
     )
 
 
-def llamacpp(run: ModelRun, args: argparse.Namespace, log_dir: Path, config: str) -> Side:
-    side = Side(f"llama.cpp ({config})")
-    with LlamaCppServer(
-        run.gguf,
-        args.threads,
-        8,
-        8 * args.ctx_per_seq,
-        log=log_dir / "llamacpp.log",
-        env=LLAMA_CONFIGS[config],
-    ) as s:
-        llamacpp_offline(LlamaCppClient(s.url), side, args, run.encode, config)
-    return side
-
-
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
-def table(runs: list[ModelRun], args: argparse.Namespace) -> str:
-    rows = (("prefill", f"prefill tok/s, {args.prefill_len}-token prompt"), *ROWS)
+def table(runs: list[PairedResult], prefill_len: int) -> str:
+    """Per quantity and model: median tok/s a side and of the rounds' ratios; per later
+    model, the median of its ratio over the first model's, round by round."""
+    rows = (("prefill", f"prefill tok/s, {prefill_len}-token prompt"), *ROWS)
     base = runs[0]
-    head = ["measurement"]
+    head = ["measurement (median of the rounds)"]
     for r in runs:
         head += [f"{r.label}: modelc", "llama.cpp", "ratio"]
-    head += [f"{r.label} ratio / {base.label} ratio" for r in runs[1:]]
+    head += [f"{r.label} ratio / {base.label} ratio (range)" for r in runs[1:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for attr, label in rows:
         cells = [label]
-        ratios = []
         for r in runs:
-            m, p = getattr(best(r.modelc), attr), getattr(best(r.peer), attr)
-            ratios.append(ratio(m, p))
-            cells += [f"{m:,.1f}", f"{p:,.1f}", f"{ratios[-1]:.2f}x"]
-        for q in ratios[1:]:
-            rr = ratio(q, ratios[0])
-            cells.append(f"{rr:.2f} {'✓' if rr >= TARGET else '✗'}")
+            cells += [
+                f"{r.modelc_tps(attr):,.1f}",
+                f"{r.peer_tps(attr):,.1f}",
+                f"{r.ratio(attr):.2f}x",
+            ]
+        for r in runs[1:]:
+            rr = [ratio(q, b) for q, b in zip(r.ratios(attr), base.ratios(attr), strict=True)]
+            m = statistics.median(rr)
+            cells.append(f"{m:.2f} {'✓' if m >= TARGET else '✗'} ({min(rr):.2f}-{max(rr):.2f})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -135,24 +107,34 @@ def table(runs: list[ModelRun], args: argparse.Namespace) -> str:
 def compare(args: argparse.Namespace) -> int:
     """``bench.side_by_side --models``: see the module docstring."""
     mode = args.modes.split(",")[0].strip()
-    configs = [c for c in args.llama_configs.split(",") if c]
-    runs = []
-    for name in args.models.split(","):
-        label, path = resolve(name.strip())
-        runs.append(ModelRun(label, path, encoder(path), [], []))
+    configs = {c: LLAMA_CONFIGS[c] for c in args.llama_configs.split(",") if c}
     load = LoadWatch()
     started = dt.datetime.now(dt.UTC)
     with tempfile.TemporaryDirectory(prefix="modelc-sbs-") as d:
-        for rnd in range(args.rounds):
-            for run in runs:
-                print(f"[models] round {rnd + 1}/{args.rounds}: {run.label}", file=sys.stderr)
-                run.peer += [llamacpp(run, args, Path(d), c) for c in configs]
-                run.modelc.append(run_modelc_offline(run.gguf, mode, args))
+        models = []
+        for name in args.models.split(","):
+            label, path = resolve(name.strip())
+            models.append(
+                PairedModel(
+                    label,
+                    path,
+                    encoder(path),
+                    threads=args.threads,
+                    mode=mode,
+                    configs=configs,
+                    log_dir=Path(d),
+                    prefill_len=args.prefill_len,
+                    steps=args.decode_steps,
+                    ctx_per_seq=args.ctx_per_seq,
+                )
+            )
+        run_rounds(models, args.pair_rounds, lambda m: print(f"[models] {m}", file=sys.stderr))
+    runs = [m.result for m in models]
     loads = load.stop()
     secs = (dt.datetime.now(dt.UTC) - started).total_seconds()
     commit = git_commit()
     cmd = ".venv/bin/python -m bench.side_by_side " + shlex.join(sys.argv[1:])
-    files = "\n".join(f"- {r.label}: `{r.gguf.name}` ({gguf_types(r.gguf)})" for r in runs)
+    files = "\n".join(f"- {m.result.label}: `{m.gguf.name}` ({gguf_types(m.gguf)})" for m in models)
     md = f"""{HEADING}
 
 Command (run {started:%Y-%m-%d %H:%M} UTC, {secs:.0f} s, at commit {commit};
@@ -166,14 +148,18 @@ other jobs share the machine):
 
 {files}
 
-modelc `{mode}` mode (`modelc bench --json`) against llama.cpp's server (the better of
-{", ".join(f"`{c}`" for c in configs)}), same file, {args.threads} threads each; offline
-prefill of one {args.prefill_len}-token prompt, decode {args.decode_steps} greedy steps after a
-16-token prompt; {args.rounds} rounds alternating over the models, each cell the best of its
-rounds. The last columns divide each model's modelc / llama.cpp ratio by the first's
-(target >= {TARGET}).
+modelc's `{mode}` mode (the runtime's batch API in the benchmark's own process) against
+llama.cpp's server (one per configuration: {", ".join(f"`{c}`" for c in configs)}; its own
+timings), same file, {args.threads} threads each, every model and server loaded for the whole
+run. {args.pair_rounds} paired rounds (`bench.paired`): each round measures every model, on each
+side back to back (the order flipping from round to round, a server stopped with SIGSTOP
+while it is not measured): prefill of one {args.prefill_len}-token prompt (best of 2),
+{args.decode_steps} greedy decode steps after 16-token prompts at batch 1 (best of 3) and
+8 (best of 2). Each ratio is modelc over the better llama.cpp configuration; a cell is the
+median of the rounds. The last columns divide, round by round, each model's ratio by the
+first model's in the same round, and give the median and range (target >= {TARGET}).
 
-{table(runs, args)}
+{table(runs, args.prefill_len)}
 """
     print(md)
     if not args.no_write:

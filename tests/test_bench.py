@@ -123,27 +123,39 @@ def test_loadgen_refuses_remote_hosts(tmp_path: Path) -> None:
 
 
 def test_side_by_side_models_table_and_section(tmp_path: Path, monkeypatch: Any) -> None:
-    """``bench.side_by_side --models``: each model's modelc / llama.cpp ratio and each later
-    model's ratio over the first's (issue 13's >= 0.9), best of rounds; the section it
-    writes replaces only itself and keeps its hand-written notes."""
-    import argparse
-
+    """``bench.side_by_side --models``: per model the median over paired rounds of modelc's
+    tok/s, llama.cpp's (the better configuration each round) and their ratio; per later
+    model the median of its ratio over the first's, round by round (issue 13's >= 0.9);
+    the section it writes replaces only itself and keeps its hand-written notes."""
     from bench import side_by_side as sbs
-    from bench.side_by_side_models import HEADING, ModelRun, table
+    from bench.paired import PairedResult, Round
+    from bench.side_by_side_models import HEADING, table
 
-    def side(name: str, prefill: float, b1: float, b8: float) -> Any:
-        return sbs.Side(name, prefill=prefill, decode_b1=b1, decode_b8=b8)
+    def rnd(m: tuple[float, float, float], *peers: tuple[float, float, float]) -> Round:
+        kinds = ("prefill", "decode_b1", "decode_b8")
+        r = Round(50.0, dict(zip(kinds, m, strict=True)))
+        r.peers = {f"c{i}": dict(zip(kinds, p, strict=True)) for i, p in enumerate(peers)}
+        return r
 
-    args = argparse.Namespace(prefill_len=512)
-    base = ModelRun("A", Path("a.gguf"), str.split, [side("m", 200, 100, 400)], [])
-    base.peer = [side("l", 100, 50, 100), side("l", 50, 100, 100)]  # best: 100, 100, 100
-    kq = ModelRun("K", Path("k.gguf"), str.split, [side("m", 90, 45, 100)], [])
-    kq.peer = [side("l", 50, 50, 50)]
-    rows = table([base, kq], args).splitlines()
+    base = PairedResult("A", 10**9)
+    base.rounds = [
+        rnd((200, 100, 400), (100, 50, 100), (50, 100, 100)),  # ratios 2, 1, 4
+        rnd((100, 100, 400), (100, 100, 200)),  # ratios 1, 1, 2
+        rnd((300, 50, 300), (100, 100, 100)),  # ratios 3, 0.5, 3
+    ]
+    kq = PairedResult("K", 10**9)
+    kq.rounds = [
+        rnd((90, 45, 100), (50, 50, 50)),  # ratios 1.8, 0.9, 2
+        rnd((90, 90, 100), (100, 100, 100)),  # ratios 0.9, 0.9, 1
+        rnd((300, 50, 300), (100, 100, 100)),  # ratios 3, 0.5, 3
+    ]
+    assert base.ratios("decode_b1") == [1.0, 1.0, 0.5]
+    assert base.share() == 100 * 1e9 / 1e9 / 50.0  # the median round: 100 tok/s x 1 GB / 50 GB/s
+    rows = table([base, kq], 512).splitlines()
     assert rows[2].split(" | ")[1:4] == ["200.0", "100.0", "2.00x"]
-    assert rows[2].endswith("| 0.90 ✓ |")  # (90 / 50) / (200 / 100)
-    assert rows[3].endswith("| 0.90 ✓ |")  # (45 / 50) / (100 / 100)
-    assert rows[4].endswith("| 0.50 ✗ |")  # (100 / 50) / (400 / 100)
+    assert rows[2].endswith("| 0.90 ✓ (0.90-1.00) |")  # 1.8 / 2, 0.9 / 1, 3 / 3
+    assert rows[3].endswith("| 0.90 ✓ (0.90-1.00) |")  # 0.9 / 1, 0.9 / 1, 0.5 / 0.5
+    assert rows[4].endswith("| 0.50 ✗ (0.50-1.00) |")  # 2 / 4, 1 / 2, 3 / 3
 
     results = tmp_path / "bench" / "RESULTS.md"
     results.parent.mkdir()
