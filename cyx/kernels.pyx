@@ -45,6 +45,7 @@ cdef extern from "mc_ops.h" nogil:
     void mc_softmax(float *x, int n, int d, int simd)
     void mc_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd)
     void mc_gelu(const float *x, float *out, int64_t length, int simd)
+    void mc_tanh(const float *x, float *out, int64_t length, int simd)
     void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
                       int window, float softcap, int kv_f16, int nth, int simd)
@@ -327,6 +328,16 @@ def gelu(const float[::1] x, float[::1] out, int simd=0):
         return
     with nogil:
         mc_gelu(&x[0], &out[0], x.shape[0], simd)
+
+
+def tanh(const float[::1] x, float[::1] out, int simd=0):
+    """out = tanh(x): the vectorised tanh the soft-capped attention scores go through."""
+    if out.shape[0] != x.shape[0]:
+        raise ValueError("tanh: shape mismatch")
+    if x.shape[0] == 0:
+        return
+    with nogil:
+        mc_tanh(&x[0], &out[0], x.shape[0], simd)
 
 
 cdef int _window_check(int window, float softcap) except -1:
