@@ -39,13 +39,14 @@ static inline int mc_gemm_type(int t) {
     return t == MC_Q4_0 || t == MC_Q4_1 || t == MC_Q5_0 || t == MC_Q8_0;
 }
 
-/* Bytes of 8 repacked rows per 32 columns (mc_q41x8 / mc_q80x8; Q4_K, Q5_K, Q6_K: an eighth
- * of mc_q4kx8 / mc_q5kx8 / mc_q6kx8, which cover 256 columns); 0: type not repacked */
+/* Bytes of 8 repacked rows per 32 columns (mc_q41x8 / mc_q80x8; the K-quants: an eighth of
+ * mc_q3kx8 / mc_q4kx8 / mc_q5kx8 / mc_q6kx8, which cover 256 columns); 0: type not repacked */
 static inline size_t mc_repack_block_bytes(int t) {
     switch (t) {
     case MC_Q4_1: return sizeof(mc_q41x8);
     case MC_Q8_0: return sizeof(mc_q80x8);
     case MC_Q4_K: return sizeof(mc_q4kx8) / 8;
+    case MC_Q3_K: return sizeof(mc_q3kx8) / 8;
     case MC_Q5_K: return sizeof(mc_q5kx8) / 8;
     case MC_Q6_K: return sizeof(mc_q6kx8) / 8;
     default: return 0;
@@ -53,9 +54,9 @@ static inline size_t mc_repack_block_bytes(int t) {
 }
 
 /* whether SIMD level simd has kernels for weights of type t repacked: Q4_1 and Q8_0 with
- * VNNI or AVX2, Q4_K, Q5_K and Q6_K with VNNI */
+ * VNNI or AVX2, Q3_K, Q4_K, Q5_K and Q6_K with VNNI */
 static inline int mc_repack_simd(int t, int simd) {
-    if (t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) return simd == MC_SIMD_VNNI;
+    if (t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) return simd == MC_SIMD_VNNI;
     return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && (t == MC_Q4_1 || t == MC_Q8_0);
 }
 
@@ -97,6 +98,35 @@ static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, 
                     if (pack) memcpy(p, q, 4);
                     else memcpy(q, p, 4);
                 }
+        } else if (t == MC_Q3_K) {
+            mc_q3kx8 *o = (mc_q3kx8 *)grp + i;
+            uint8_t *b = row + 110 * (size_t)i;
+            if (pack) {
+                int8_t sc[16];
+                memcpy(&o->d[j], b + 108, 2);
+                mc_q3k_scales(b + 96, sc);
+                for (int s = 0; s < 16; s++) o->sc[s][j] = sc[s];
+            } else { /* the 6-bit scales packed back (every bit used): mc_q3k_scales undone */
+                uint8_t *q = b + 96;
+                memcpy(b + 108, &o->d[j], 2);
+                memset(q, 0, 12);
+                for (int s = 0; s < 16; s++) {
+                    const int u = o->sc[s][j] + 32;
+                    q[s % 8] |= (uint8_t)((u & 0xF) << (4 * (s / 8)));
+                    q[8 + s % 4] |= (uint8_t)((u >> 4) << (2 * (s / 4)));
+                }
+            }
+            for (int v = 0; v < 8; v++) {
+                uint8_t *p = o->hm + 32 * v + 4 * j, *q = b + 4 * v;
+                if (pack) memcpy(p, q, 4);
+                else memcpy(q, p, 4);
+                for (int n = 0; n < 2; n++) {
+                    p = o->qs[n] + 32 * v + 4 * j;
+                    q = b + 32 + 32 * n + 4 * v;
+                    if (pack) memcpy(p, q, 4);
+                    else memcpy(q, p, 4);
+                }
+            }
         } else { /* MC_Q6_K */
             mc_q6kx8 *o = (mc_q6kx8 *)grp + i;
             uint8_t *b = row + 210 * (size_t)i;
@@ -126,7 +156,7 @@ static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, 
  * Q4_1's min) and dword v of the ints (Q4_1: 4 bytes of nibbles; Q8_0: 4 ints, stored
  * as unsigned q + 128) into / out of vector v. */
 static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int pack) {
-    if (t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) {
+    if (t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) {
         mc_repack_lane_k(t, row, grp, j, nb / 8, pack);
         return;
     }
@@ -591,7 +621,7 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
         MC_BY_NA(na, body, nb, w, x, cx, y, ldy, nr)                                               \
     }
 
-/* ---- Q4_K, Q5_K and Q6_K on repacked weights (mc_q4kx8, mc_q5kx8, mc_q6kx8), VNNI: per 256-column block
+/* ---- Q3_K to Q6_K on repacked weights (mc_q3kx8 .. mc_q6kx8), VNNI: per 256-column block
  * and x row the exact integer sums of the 8 weight rows in the 8 lanes (each 32- or
  * 16-column sub-block's vpdpbusd sum times its scale by vpmulld, the mins' term by
  * vpmaddwd on the x row's bsums), then the single-row kernels' float operations per
@@ -736,6 +766,67 @@ mc_gemm_q5kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
+/* Q3_K: mc_gemm_q6kx8_body's loop on 3-bit ints u = crumb | hmask bit << 2 (q + 4, so
+ * unsigned for vpdpbusd), the + 4 taken off through bsums as Q6_K's + 32 is; then
+ * mc_dot_q3_k_scalar's float steps, dx * (d * si). */
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_q3kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    const mc_q3kx8 *w = (const mc_q3kx8 *)wv;
+    const mc_q8k *xk[8];
+    (void)cx;
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q3kx8 *b = w + i;
+        MC_KX8_PREFETCH(b);
+        __m256i si[8], hm[8];
+        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) hm[v] = _mm256_loadu_si256((const __m256i *)(b->hm + 32 * v));
+        for (int n = 0; n < 2; n++)
+            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
+                const int hb = 4 * n + X; /* their hmask bit, to bit 2 (16-bit shifts: bit 2
+                                           * of either byte comes from the same byte) */
+                __m256i u[8];
+                for (int v = 0; v < 8; v++) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[n] + 32 * v));
+                    const __m256i h = hb < 2 ? _mm256_slli_epi16(hm[v], 2 - hb)
+                                             : _mm256_srli_epi16(hm[v], hb - 2);
+                    u[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * X), m3),
+                                           _mm256_and_si256(h, m4));
+                }
+                const int k = 8 * n + 2 * X;
+                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
+                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
+                for (int a = 0; a < na; a++) { /* sum(u x) * sc per sub-block */
+                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
+                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(mc_dpbusd4(u, xd), sc0),
+                                                                     _mm256_mullo_epi32(mc_dpbusd4(u + 4, xd + 4), sc1)));
+                }
+            }
+        /* the + 4 of every u: 4 sum over k of sc[k] bsums[k], as Q6_K's */
+        __m256i scp[8];
+        for (int p = 0; p < 8; p++) {
+            const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p]));
+            const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p + 1]));
+            scp[p] = _mm256_blend_epi16(v0, _mm256_slli_epi32(v1, 16), 0xAA);
+        }
+        for (int a = 0; a < na; a++) {
+            const int32_t *bs = (const int32_t *)xk[a][i].bsums;
+            __m256i c = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
+            for (int p = 1; p < 8; p++) c = _mm256_add_epi32(c, _mm256_madd_epi16(scp[p], _mm256_set1_epi32(bs[p])));
+            si[a] = _mm256_sub_epi32(si[a], _mm256_slli_epi32(c, 2));
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        for (int a = 0; a < na; a++) /* sum += dx * (d * si) */
+            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d),
+                                                     _mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a]))));
+    }
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+}
+
 MC_VNNI static inline __attribute__((always_inline)) void
 mc_gemm_q6kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
                    float *y, size_t ldy, int nr, const int na) {
@@ -797,6 +888,7 @@ mc_gemm_q6kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
 }
 
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q4kx8, mc_gemm_q4kx8_body)
+MC_REPACKED_FN(MC_VNNI, mc_gemm_q3kx8, mc_gemm_q3kx8_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q5kx8, mc_gemm_q5kx8_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q6kx8, mc_gemm_q6kx8_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)

@@ -68,6 +68,7 @@ FLOAT_DTYPES = (DType.F32, DType.F16, DType.BF16)
 # gguf-py cannot quantize these: random blocks with these f16 scales (byte offset: value)
 # the repacked K-quants' type codes
 KQ_CODES = {
+    DType.Q3_K: cpu_backend._k.Q3_K,
     DType.Q4_K: cpu_backend._k.Q4_K,
     DType.Q5_K: cpu_backend._k.Q5_K,
     DType.Q6_K: cpu_backend._k.Q6_K,
@@ -327,9 +328,9 @@ def test_repacked_pairs_of_groups_are_bit_identical(dtype: DType) -> None:
                 np.testing.assert_array_equal(got, want, err_msg=f"{M=} {n=} {nth=}")
 
 
-@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q5_K, DType.Q6_K])
+@pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
 def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
-    """Q4_K, Q5_K and Q6_K repacked 8 rows to a group (VNNI kernels: each 256-column block's
+    """Q3_K, Q4_K, Q5_K and Q6_K repacked 8 rows to a group (VNNI kernels: each 256-column block's
     exact integer sums for 8 weight rows in 8 lanes, then the scalar kernel's float
     operations) give what the scalar, AVX2 and VNNI kernels on the weights as stored give,
     for x row counts around the 8 x 8 tiles; rows read back from the copy are the same;
@@ -341,8 +342,10 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     w = make_weight(dtype, 37, 512, rng)
     raw = np.ascontiguousarray(w.data)
     aux = kk.repack(code, raw, 512)
-    # as large as W (Q5_K: 180 bytes a row and block against 176, the scales unpacked)
-    assert aux.shape == (5, 16 * {DType.Q4_K: 148, DType.Q5_K: 180, DType.Q6_K: 210}[dtype])
+    # as large as W (Q3_K, Q5_K: 114, 180 bytes a row and block against 110, 176: the
+    # scales unpacked)
+    per = {DType.Q3_K: 114, DType.Q4_K: 148, DType.Q5_K: 180, DType.Q6_K: 210}[dtype]
+    assert aux.shape == (5, 16 * per)
     assert not kk.repack_simd(code, SIMD_LEVELS["avx2"])
     if "avx512vnni" not in available_simd():
         pytest.skip("needs avx512vnni")
@@ -372,11 +375,11 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
 
 
 @pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
-@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q5_K, DType.Q6_K])
+@pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
 def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
     """Q4_K and Q6_K repacked weights go through the 512-bit kernels two groups of 8 rows at
     a time (mc_gemm_zmm.h; from 32 x rows on each pair unpacked once first) and a tile's
-    last single group through the 256-bit ones (Q5_K: every group through those): every
+    last single group through the 256-bit ones (Q3_K, Q5_K: every group through those): every
     height (one group; an odd number of
     groups; a last group of fewer than 8 rows; tiles ending 9-15 rows past a pair) and x
     row count (1-9, 17, 35: a last group of x rows of every size) gives what the scalar,
@@ -407,7 +410,9 @@ def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
 
 
 @pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
-@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1, DType.Q4_K, DType.Q5_K, DType.Q6_K])
+@pytest.mark.parametrize(
+    "dtype", [DType.Q8_0, DType.Q4_1, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K]
+)
 def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> None:
     """Weights read from a file mapping (as GGUF and .modelc files are): the backend
     repacks them on first use, hands the file's pages back to the OS, and the mapping
