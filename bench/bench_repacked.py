@@ -1,4 +1,4 @@
-"""The repacked-weight kernels (Q4_1, Q8_0, Q4_K, Q6_K) and the model steps they serve.
+"""The repacked-weight kernels (Q4_1, Q8_0, Q3_K to Q6_K) and the model steps they serve.
 
     .venv/bin/python -m bench.bench_repacked [--model GGUF] [--types q4_k,q6_k]
         [--rows 1,8,64,512] [--reps 15] [--base OTHER.so] [--steps] [--rounds 8]
@@ -8,7 +8,8 @@ holds) and x row count, ``kernels.matmul`` on each of the model's weights of tha
 turn, read from the backend's own repacked copy (``CpuBackend.operands``); a pass over a
 1B's weights of a type is far beyond the caches, as decode's is.  Reports the median and
 best of ``--reps`` passes as GMAC/s and as GB/s of repacked bytes (at 1 row that is the
-figure to hold against ``bench.bandwidth``).
+figure to hold against ``bench.bandwidth``).  A build that has no repacked kernels for a
+type (``--base`` from before they existed) is timed on the weights as stored, marked so.
 
 ``--steps``: the model itself, ``--rounds`` rounds of a 512-token prefill and the median
 decode step of 1 and 8 sequences (``model.forward``), and the 8/1 throughput ratio.
@@ -89,18 +90,22 @@ def kernels(model: Any, be: CpuBackend, builds: dict[str, Any], args: argparse.N
             outs = [np.empty((n, raw.shape[0]), np.float32) for _, raw, _, _ in items]
             reps = args.reps if n < 64 else max(3, args.reps // 2)
             ts: dict[str, list[float]] = {k: [] for k in builds}
+            # a build without this type's repacked kernels (an older --base): the weights as
+            # stored (its direct path), timed against the same bytes
+            own = {k: bool(builds[k].repack_simd(items[0][0], be.simd)) for k in builds}
             for r in range(reps + 1):
                 for k in builds if r % 2 else reversed(list(builds)):
                     mod = builds[k]
                     t = time.perf_counter()
                     for (code, raw, kk, packed), o in zip(items, outs, strict=True):
-                        mod.matmul(code, raw, kk, xs[kk], o, be.simd, be.threads, be.tol, packed)
+                        aux = packed if own[k] else None
+                        mod.matmul(code, raw, kk, xs[kk], o, be.simd, be.threads, be.tol, aux)
                     if r:  # the first pass warms up
                         ts[k].append(time.perf_counter() - t)
             for k in builds:
                 med, best = statistics.median(ts[k]), min(ts[k])
                 print(
-                    f"  {k} {n:4d} row(s): median {macs_row * n / med / 1e9:6.1f} GMAC/s"
+                    f"  {k}{'' if own[k] else ' (stored)'} {n:4d} row(s): median {macs_row * n / med / 1e9:6.1f} GMAC/s"
                     f" {nbytes / med / 1e9:5.1f} GB/s, best {macs_row * n / best / 1e9:6.1f}"
                     f" GMAC/s {nbytes / best / 1e9:5.1f} GB/s"
                 )

@@ -1,6 +1,6 @@
 """Randomly initialised ~1B and ~3B llama-shape GGUFs for the CPU speed comparisons.
 
-    .venv/bin/python -m bench.big_models OUT_DIR [--models 1b-q4_k_m,1b-q8_0,3b-q4_k_m,135m-q4_k_m]
+    .venv/bin/python -m bench.big_models OUT_DIR [--models 1b-q4_k_m,1b-q8_0,3b-q4_k_m,135m-q4_k_m,1b-q5_k_m,1b-q3_k_m]
 
 Real vocabulary (SmolLM2's byte-level BPE, its chat template), so both modelc and
 llama.cpp's server tokenize text prompts the same way; every matrix is random blocks of
@@ -10,7 +10,10 @@ deviation is near 0.02), so a 3B file takes seconds, not a quantizer's minutes.
 ``q4_k_m`` follows llama.cpp's ``LLAMA_FTYPE_MOSTLY_Q4_K_M`` recipe for llama models
 (``llama_tensor_get_type``): Q4_K everywhere except ``output.weight`` (Q6_K) and
 ``attn_v`` / ``ffn_down`` in the layers its ``use_more_bits`` picks (the first and last
-eighth, and every third layer between), which are Q6_K.
+eighth, and every third layer between), which are Q6_K.  ``q5_k_m`` (``LLAMA_FTYPE_MOSTLY_Q5_K_M``)
+is the same with Q5_K for Q4_K.  ``q3_k_m`` (``LLAMA_FTYPE_MOSTLY_Q3_K_M``): Q3_K except
+``output.weight`` (Q6_K), ``attn_output`` and ``ffn_down`` (Q4_K; ``ffn_down`` in the first
+sixteenth Q5_K) and ``attn_v`` (Q5_K in the first two layers, else Q4_K).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ SHAPES = {
     "1b": BigShape(d=2048, n_layer=16, n_head=32, n_head_kv=8, ff=8192),
     "3b": BigShape(d=3072, n_layer=28, n_head=24, n_head_kv=8, ff=8192),
 }
-MODELS = ("1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "135m-q4_k_m")
+MODELS = ("1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "135m-q4_k_m", "1b-q5_k_m", "1b-q3_k_m")
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -58,9 +61,15 @@ def tensor_type(name: str, layer: int, n_layer: int, ftype: str) -> DType:
         return DType.Q8_0
     if name == "output.weight":
         return DType.Q6_K
+    if ftype == "q3_k_m":
+        if name == "attn_v":
+            return DType.Q5_K if layer < 2 else DType.Q4_K
+        if name == "ffn_down":
+            return DType.Q5_K if layer < n_layer // 16 else DType.Q4_K
+        return DType.Q4_K if name == "attn_output" else DType.Q3_K
     if name in ("attn_v", "ffn_down") and use_more_bits(layer, n_layer):
         return DType.Q6_K
-    return DType.Q4_K
+    return DType.Q5_K if ftype == "q5_k_m" else DType.Q4_K
 
 
 def copy_tokenizer(src: Path, w: gguf.GGUFWriter) -> int:
@@ -96,7 +105,11 @@ def write_model(path: Path, size: str, ftype: str, tokenizer_from: Path, seed: i
     w.add_vocab_size(n_vocab)
     w.add_rope_dimension_count(shape.d // shape.n_head)
     w.add_file_type(
-        gguf.LlamaFileType.MOSTLY_Q8_0 if ftype == "q8_0" else gguf.LlamaFileType.MOSTLY_Q4_K_M
+        {
+            "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+            "q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+            "q3_k_m": gguf.LlamaFileType.MOSTLY_Q3_K_M,
+        }.get(ftype, gguf.LlamaFileType.MOSTLY_Q4_K_M)
     )
     hd = shape.d // shape.n_head
 

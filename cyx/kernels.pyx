@@ -45,6 +45,7 @@ cdef extern from "mc_ops.h" nogil:
     void mc_softmax(float *x, int n, int d, int simd)
     void mc_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd)
     void mc_gelu(const float *x, float *out, int64_t length, int simd)
+    void mc_tanh(const float *x, float *out, int64_t length, int simd)
     void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
                       int window, float softcap, int kv_f16, int nth, int simd)
@@ -157,15 +158,17 @@ def repack_simd(int wtype, int simd):
 
 def repack(int wtype, const uint8_t[:, ::1] W, int K, alloc=None):
     """((M + 7) / 8, K / 32 * block bytes): Q4_1 (160 bytes a block of 8 rows), Q8_0
-    (272), Q4_K (148 per 32 columns) or Q6_K (210) rows repacked 8 at a time for the VNNI
-    kernels (mc_gemm_repack); in ``alloc(shape)``'s uint8 array when given (else numpy's)."""
+    (272), Q3_K (114 per 32 columns), Q4_K (148), Q5_K (180) or Q6_K (210) rows repacked 8 at a time for
+    the VNNI kernels (mc_gemm_repack); in ``alloc(shape)``'s uint8 array when given (else
+    numpy's)."""
     import numpy as np
     cdef int M = W.shape[0]
     cdef size_t per = mc_repack_block_bytes(wtype)
     if per == 0:
         raise ValueError(f"repack: weight type code {wtype} is not repacked")
-    row_bytes = {Q4_1: K // 32 * 20, Q8_0: K // 32 * 34, Q4_K: K // 256 * 144, Q6_K: K // 256 * 210}
-    if K % (256 if wtype in (Q4_K, Q6_K) else 32) or W.shape[1] < row_bytes[wtype]:
+    row_bytes = {Q4_1: K // 32 * 20, Q8_0: K // 32 * 34, Q3_K: K // 256 * 110,
+                 Q4_K: K // 256 * 144, Q5_K: K // 256 * 176, Q6_K: K // 256 * 210}
+    if K % (256 if wtype in (Q3_K, Q4_K, Q5_K, Q6_K) else 32) or W.shape[1] < row_bytes[wtype]:
         raise ValueError("repack: rows do not hold K elements of their type")
     shape = ((M + 7) // 8, (K // 32) * per)
     out = np.empty(shape, np.uint8) if alloc is None else alloc(shape)
@@ -327,6 +330,16 @@ def gelu(const float[::1] x, float[::1] out, int simd=0):
         return
     with nogil:
         mc_gelu(&x[0], &out[0], x.shape[0], simd)
+
+
+def tanh(const float[::1] x, float[::1] out, int simd=0):
+    """out = tanh(x): the vectorised tanh the soft-capped attention scores go through."""
+    if out.shape[0] != x.shape[0]:
+        raise ValueError("tanh: shape mismatch")
+    if x.shape[0] == 0:
+        return
+    with nogil:
+        mc_tanh(&x[0], &out[0], x.shape[0], simd)
 
 
 cdef int _window_check(int window, float softcap) except -1:

@@ -149,6 +149,31 @@ typedef struct {
     uint8_t qs[4][256];
 } mc_q4kx8;
 
+/* Q5_K weights repacked as Q4_K's, with the fifth bits: the 8 rows' f16 d and dmin,
+ * scales and mins as bytes, then the high-bit bytes qh (vector v holding in dword lane j
+ * row j's qh[4v .. 4v+3]: bit s of qh[l] is element l of sub-block s), then qs as
+ * mc_q4kx8's.  180 bytes a row and block (176 stored); every field 32-byte aligned. */
+typedef struct {
+    uint16_t d[8];
+    uint16_t dmin[8];
+    uint8_t sc[8][8];
+    uint8_t mn[8][8];
+    uint8_t qh[256];
+    uint8_t qs[4][256];
+} mc_q5kx8;
+
+/* Q3_K weights repacked as Q6_K's: per block of 256 columns the 8 rows' f16 d and int8
+ * sub-block scales ([sub-block][row], unpacked from 6 bits), then the high bits hmask
+ * (vector v holding in dword lane j row j's hmask[4v .. 4v+3]: bit b of hmask[l] is
+ * element 32b + l) and per 128-column half n the 2-bit crumbs qs[32n ..] the same way.
+ * 114 bytes a row and block (110 stored). */
+typedef struct {
+    uint16_t d[8];
+    int8_t sc[16][8];
+    uint8_t hm[256];
+    uint8_t qs[2][256];
+} mc_q3kx8;
+
 /* Q6_K weights repacked the same way: per block of 256 columns the 8 rows' f16 d and
  * int8 sub-block scales ([sub-block][row]), then per 128-column half n the low-nibble
  * bytes ql[64n ..] (two vectors sets h: bytes 32h ..) and the high bits qh[32n ..], vector

@@ -39,51 +39,94 @@ static inline int mc_gemm_type(int t) {
     return t == MC_Q4_0 || t == MC_Q4_1 || t == MC_Q5_0 || t == MC_Q8_0;
 }
 
-/* Bytes of 8 repacked rows per 32 columns (mc_q41x8 / mc_q80x8; Q4_K, Q6_K: an eighth of
- * mc_q4kx8 / mc_q6kx8, which cover 256 columns); 0: type not repacked */
+/* Bytes of 8 repacked rows per 32 columns (mc_q41x8 / mc_q80x8; the K-quants: an eighth of
+ * mc_q3kx8 / mc_q4kx8 / mc_q5kx8 / mc_q6kx8, which cover 256 columns); 0: type not repacked */
 static inline size_t mc_repack_block_bytes(int t) {
     switch (t) {
     case MC_Q4_1: return sizeof(mc_q41x8);
     case MC_Q8_0: return sizeof(mc_q80x8);
     case MC_Q4_K: return sizeof(mc_q4kx8) / 8;
+    case MC_Q3_K: return sizeof(mc_q3kx8) / 8;
+    case MC_Q5_K: return sizeof(mc_q5kx8) / 8;
     case MC_Q6_K: return sizeof(mc_q6kx8) / 8;
     default: return 0;
     }
 }
 
 /* whether SIMD level simd has kernels for weights of type t repacked: Q4_1 and Q8_0 with
- * VNNI or AVX2, Q4_K and Q6_K with VNNI */
+ * VNNI or AVX2, Q3_K, Q4_K, Q5_K and Q6_K with VNNI */
 static inline int mc_repack_simd(int t, int simd) {
-    if (t == MC_Q4_K || t == MC_Q6_K) return simd == MC_SIMD_VNNI;
+    if (t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) return simd == MC_SIMD_VNNI;
     return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && (t == MC_Q4_1 || t == MC_Q8_0);
 }
 
 /* mc_repack_lane for the K-quants: row j of a group of 8 <-> its nsb 256-column blocks */
 static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, int pack) {
     for (int i = 0; i < nsb; i++) {
-        if (t == MC_Q4_K) {
-            mc_q4kx8 *o = (mc_q4kx8 *)grp + i;
-            uint8_t *b = row + 144 * (size_t)i;
+        if (t == MC_Q4_K || t == MC_Q5_K) {
+            /* Q5_K: Q4_K's fields (its qs 32 bytes further on) and the high bits qh */
+            const int q5 = t == MC_Q5_K;
+            uint8_t *b = row + (q5 ? 176 : 144) * (size_t)i, *bq = b + (q5 ? 48 : 16);
+            mc_q4kx8 *o4 = (mc_q4kx8 *)grp + i;
+            mc_q5kx8 *o5 = (mc_q5kx8 *)grp + i;
+            uint16_t *d = q5 ? o5->d : o4->d, *dmin = q5 ? o5->dmin : o4->dmin;
+            uint8_t(*sc)[8] = q5 ? o5->sc : o4->sc, (*mn)[8] = q5 ? o5->mn : o4->mn;
+            uint8_t(*qs)[256] = q5 ? o5->qs : o4->qs;
             if (pack) {
-                memcpy(&o->d[j], b, 2);
-                memcpy(&o->dmin[j], b + 2, 2);
-                for (int s = 0; s < 8; s++) mc_q4k_scale_min(s, b + 4, &o->sc[s][j], &o->mn[s][j]);
+                memcpy(&d[j], b, 2);
+                memcpy(&dmin[j], b + 2, 2);
+                for (int s = 0; s < 8; s++) mc_q4k_scale_min(s, b + 4, &sc[s][j], &mn[s][j]);
             } else {
-                memcpy(b, &o->d[j], 2);
-                memcpy(b + 2, &o->dmin[j], 2);
+                memcpy(b, &d[j], 2);
+                memcpy(b + 2, &dmin[j], 2);
                 uint8_t *q = b + 4; /* the 6-bit scales and mins packed back (every bit used) */
                 for (int s = 0; s < 4; s++) {
-                    q[s] = (uint8_t)(o->sc[s][j] | ((o->sc[s + 4][j] >> 4) << 6));
-                    q[s + 4] = (uint8_t)(o->mn[s][j] | ((o->mn[s + 4][j] >> 4) << 6));
-                    q[s + 8] = (uint8_t)((o->sc[s + 4][j] & 0xF) | ((o->mn[s + 4][j] & 0xF) << 4));
+                    q[s] = (uint8_t)(sc[s][j] | ((sc[s + 4][j] >> 4) << 6));
+                    q[s + 4] = (uint8_t)(mn[s][j] | ((mn[s + 4][j] >> 4) << 6));
+                    q[s + 8] = (uint8_t)((sc[s + 4][j] & 0xF) | ((mn[s + 4][j] & 0xF) << 4));
                 }
             }
             for (int c = 0; c < 4; c++)
                 for (int v = 0; v < 8; v++) {
-                    uint8_t *p = o->qs[c] + 32 * v + 4 * j, *q = b + 16 + 32 * c + 4 * v;
+                    uint8_t *p = qs[c] + 32 * v + 4 * j, *q = bq + 32 * c + 4 * v;
                     if (pack) memcpy(p, q, 4);
                     else memcpy(q, p, 4);
                 }
+            if (q5)
+                for (int v = 0; v < 8; v++) {
+                    uint8_t *p = o5->qh + 32 * v + 4 * j, *q = b + 16 + 4 * v;
+                    if (pack) memcpy(p, q, 4);
+                    else memcpy(q, p, 4);
+                }
+        } else if (t == MC_Q3_K) {
+            mc_q3kx8 *o = (mc_q3kx8 *)grp + i;
+            uint8_t *b = row + 110 * (size_t)i;
+            if (pack) {
+                int8_t sc[16];
+                memcpy(&o->d[j], b + 108, 2);
+                mc_q3k_scales(b + 96, sc);
+                for (int s = 0; s < 16; s++) o->sc[s][j] = sc[s];
+            } else { /* the 6-bit scales packed back (every bit used): mc_q3k_scales undone */
+                uint8_t *q = b + 96;
+                memcpy(b + 108, &o->d[j], 2);
+                memset(q, 0, 12);
+                for (int s = 0; s < 16; s++) {
+                    const int u = o->sc[s][j] + 32;
+                    q[s % 8] |= (uint8_t)((u & 0xF) << (4 * (s / 8)));
+                    q[8 + s % 4] |= (uint8_t)((u >> 4) << (2 * (s / 4)));
+                }
+            }
+            for (int v = 0; v < 8; v++) {
+                uint8_t *p = o->hm + 32 * v + 4 * j, *q = b + 4 * v;
+                if (pack) memcpy(p, q, 4);
+                else memcpy(q, p, 4);
+                for (int n = 0; n < 2; n++) {
+                    p = o->qs[n] + 32 * v + 4 * j;
+                    q = b + 32 + 32 * n + 4 * v;
+                    if (pack) memcpy(p, q, 4);
+                    else memcpy(q, p, 4);
+                }
+            }
         } else { /* MC_Q6_K */
             mc_q6kx8 *o = (mc_q6kx8 *)grp + i;
             uint8_t *b = row + 210 * (size_t)i;
@@ -113,7 +156,7 @@ static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, 
  * Q4_1's min) and dword v of the ints (Q4_1: 4 bytes of nibbles; Q8_0: 4 ints, stored
  * as unsigned q + 128) into / out of vector v. */
 static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int pack) {
-    if (t == MC_Q4_K || t == MC_Q6_K) {
+    if (t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) {
         mc_repack_lane_k(t, row, grp, j, nb / 8, pack);
         return;
     }
@@ -578,7 +621,7 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
         MC_BY_NA(na, body, nb, w, x, cx, y, ldy, nr)                                               \
     }
 
-/* ---- Q4_K and Q6_K on repacked weights (mc_q4kx8, mc_q6kx8), VNNI: per 256-column block
+/* ---- Q3_K to Q6_K on repacked weights (mc_q3kx8 .. mc_q6kx8), VNNI: per 256-column block
  * and x row the exact integer sums of the 8 weight rows in the 8 lanes (each 32- or
  * 16-column sub-block's vpdpbusd sum times its scale by vpmulld, the mins' term by
  * vpmaddwd on the x row's bsums), then the single-row kernels' float operations per
@@ -659,6 +702,131 @@ mc_gemm_q4kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
+/* Q5_K: mc_gemm_q4kx8_body with each nibble's fifth bit (bit s of its qh byte for
+ * sub-block s) put in as 16: the 5-bit ints (< 32) are vpdpbusd's unsigned operand as
+ * the nibbles were, and mc_dot_q5_k_scalar's float steps are Q4_K's. */
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_q5kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    const mc_q5kx8 *w = (const mc_q5kx8 *)wv;
+    const mc_q8k *xk[8];
+    (void)cx;
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m256i m4 = _mm256_set1_epi8(0xF), h = _mm256_set1_epi8(0x10);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q5kx8 *b = w + i;
+        MC_KX8_PREFETCH(b);
+        __m256i si[8], sm[8], qh[8];
+        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) qh[v] = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * v));
+        for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
+            __m256i u[8];
+            for (int v = 0; v < 8; v++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[s >> 1] + 32 * v));
+                /* bit s of each byte to bit 4 (16-bit shifts: bit 4 of either byte comes
+                 * from the same byte for shifts up to 4 left and 3 right) */
+                const __m256i hb = s < 4 ? _mm256_slli_epi16(qh[v], 4 - s)
+                                         : _mm256_srli_epi16(qh[v], s - 4);
+                u[v] = _mm256_or_si256(_mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, m4),
+                                       _mm256_and_si256(hb, h));
+            }
+            const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[s]));
+            for (int a = 0; a < na; a++) {
+                const int32_t *xd = (const int32_t *)(xk[a][i].qs + 32 * s);
+                si[a] = _mm256_add_epi32(si[a], _mm256_mullo_epi32(mc_dpbusd8(u, xd), sc));
+            }
+        }
+        /* the mins' term as mc_gemm_q4kx8_body's */
+        __m256i mn[4];
+        for (int p = 0; p < 4; p++) {
+            const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[2 * p]));
+            const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[2 * p + 1]));
+            mn[p] = _mm256_or_si256(v0, _mm256_slli_epi32(v1, 16));
+        }
+        for (int a = 0; a < na; a++) {
+            const __m256i b16 = _mm256_loadu_si256((const __m256i *)xk[a][i].bsums);
+            const __m256i b32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 x int32 */
+            const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
+            __m256i m = _mm256_madd_epi16(mn[0], _mm256_broadcastd_epi32(bs));
+            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[1], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 4))));
+            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[2], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 8))));
+            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[3], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 12))));
+            sm[a] = m;
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->dmin));
+        for (int a = 0; a < na; a++) { /* sum += dx * (d * si - dmin * sm) */
+            const __m256 t = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a])),
+                                           _mm256_mul_ps(dm, _mm256_cvtepi32_ps(sm[a])));
+            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d), t));
+        }
+    }
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+/* Q3_K: mc_gemm_q6kx8_body's loop on 3-bit ints u = crumb | hmask bit << 2 (q + 4, so
+ * unsigned for vpdpbusd), the + 4 taken off through bsums as Q6_K's + 32 is; then
+ * mc_dot_q3_k_scalar's float steps, dx * (d * si). */
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_q3kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    const mc_q3kx8 *w = (const mc_q3kx8 *)wv;
+    const mc_q8k *xk[8];
+    (void)cx;
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q3kx8 *b = w + i;
+        MC_KX8_PREFETCH(b);
+        __m256i si[8], hm[8];
+        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) hm[v] = _mm256_loadu_si256((const __m256i *)(b->hm + 32 * v));
+        for (int n = 0; n < 2; n++)
+            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
+                const int hb = 4 * n + X; /* their hmask bit, to bit 2 (16-bit shifts: bit 2
+                                           * of either byte comes from the same byte) */
+                __m256i u[8];
+                for (int v = 0; v < 8; v++) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[n] + 32 * v));
+                    const __m256i h = hb < 2 ? _mm256_slli_epi16(hm[v], 2 - hb)
+                                             : _mm256_srli_epi16(hm[v], hb - 2);
+                    u[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * X), m3),
+                                           _mm256_and_si256(h, m4));
+                }
+                const int k = 8 * n + 2 * X;
+                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
+                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
+                for (int a = 0; a < na; a++) { /* sum(u x) * sc per sub-block */
+                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
+                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(mc_dpbusd4(u, xd), sc0),
+                                                                     _mm256_mullo_epi32(mc_dpbusd4(u + 4, xd + 4), sc1)));
+                }
+            }
+        /* the + 4 of every u: 4 sum over k of sc[k] bsums[k], as Q6_K's */
+        __m256i scp[8];
+        for (int p = 0; p < 8; p++) {
+            const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p]));
+            const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p + 1]));
+            scp[p] = _mm256_blend_epi16(v0, _mm256_slli_epi32(v1, 16), 0xAA);
+        }
+        for (int a = 0; a < na; a++) {
+            const int32_t *bs = (const int32_t *)xk[a][i].bsums;
+            __m256i c = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
+            for (int p = 1; p < 8; p++) c = _mm256_add_epi32(c, _mm256_madd_epi16(scp[p], _mm256_set1_epi32(bs[p])));
+            si[a] = _mm256_sub_epi32(si[a], _mm256_slli_epi32(c, 2));
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        for (int a = 0; a < na; a++) /* sum += dx * (d * si) */
+            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d),
+                                                     _mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a]))));
+    }
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+}
+
 MC_VNNI static inline __attribute__((always_inline)) void
 mc_gemm_q6kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
                    float *y, size_t ldy, int nr, const int na) {
@@ -720,6 +888,8 @@ mc_gemm_q6kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
 }
 
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q4kx8, mc_gemm_q4kx8_body)
+MC_REPACKED_FN(MC_VNNI, mc_gemm_q3kx8, mc_gemm_q3kx8_body)
+MC_REPACKED_FN(MC_VNNI, mc_gemm_q5kx8, mc_gemm_q5kx8_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q6kx8, mc_gemm_q6kx8_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q41x8_avx2, mc_gemm_q41x8_avx2_body)

@@ -1,4 +1,4 @@
-/* Q4_K and Q6_K on repacked weights (mc_q4kx8, mc_q6kx8) on 512-bit registers: two groups
+/* Q4_K, Q5_K and Q6_K on repacked weights (mc_q4kx8, mc_q5kx8, mc_q6kx8) on 512-bit registers: two groups
  * of 8 weight rows at once.
  *
  * The kernels of mc_gemm_vnni.h (mc_gemm_q4kx8, mc_gemm_q6kx8) hold one group of 8 weight
@@ -130,19 +130,34 @@ typedef struct {
     float dw[16];
 } mc_q6kx16u;
 
-/* Q4_K block pair (b0, b1), sub-block s (the low (s even) or high nibbles of chunk s / 2):
- * its nibbles u[v] as bytes (lane j: row j of b0, 8 + j: row j of b1), its scales returned */
+/* Q5_K shares the Q4_K kernels below through a constant flag q5: its blocks (mc_q5kx8)
+ * hold d, dmin, sc and mn where mc_q4kx8 does, then the high bits, then qs; its ints
+ * (the nibbles with the fifth bits or-ed in, < 32) go through vpdpbusd as the nibbles do,
+ * and its float steps are Q4_K's (mc_dot_q5_k_scalar), so the unpacked pair
+ * (mc_q4kx16u) and the kernel on it are Q4_K's. */
+#define MC_Q45_BYTES(q5) ((q5) ? sizeof(mc_q5kx8) : sizeof(mc_q4kx8))
+#define MC_Q45_QS(b, q5, c) ((q5) ? ((const mc_q5kx8 *)(b))->qs[c] : (b)->qs[c])
+
+/* Q4_K (Q5_K: q5) block pair (b0, b1), sub-block s (the low (s even) or high nibbles of
+ * chunk s / 2): its ints u[v] as bytes (lane j: row j of b0, 8 + j: row j of b1), its
+ * scales returned */
 MC_ZMM static inline __attribute__((always_inline)) __m512i
-mc_q4kx16_sub(const mc_q4kx8 *b0, const mc_q4kx8 *b1, int s, __m512i u[8]) {
-    const __m512i m4 = _mm512_set1_epi8(0xF);
+mc_q4kx16_sub(const mc_q4kx8 *b0, const mc_q4kx8 *b1, int s, __m512i u[8], const int q5) {
+    const __m512i m4 = _mm512_set1_epi8(0xF), h = _mm512_set1_epi8(0x10);
     for (int v = 0; v < 8; v++) {
-        const __m512i q = mc_pair32_z(b0->qs[s >> 1] + 32 * v, b1->qs[s >> 1] + 32 * v);
+        const __m512i q = mc_pair32_z(MC_Q45_QS(b0, q5, s >> 1) + 32 * v, MC_Q45_QS(b1, q5, s >> 1) + 32 * v);
         u[v] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(q, 4) : q, m4);
+        if (q5) { /* bit s of each qh byte to bit 4, as mc_gemm_q5kx8_body does */
+            const __m512i qh = mc_pair32_z(((const mc_q5kx8 *)b0)->qh + 32 * v,
+                                           ((const mc_q5kx8 *)b1)->qh + 32 * v);
+            const __m512i hb = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : _mm512_srli_epi16(qh, s - 4);
+            u[v] = _mm512_or_si512(u[v], _mm512_and_si512(hb, h));
+        }
     }
     return _mm512_cvtepu8_epi32(mc_pair8_z(b0->sc[s], b1->sc[s]));
 }
 
-/* Q4_K block pair: lanes holding (mn[2p], mn[2p + 1]) as int16, p < 4 */
+/* Q4_K (or Q5_K) block pair: lanes holding (mn[2p], mn[2p + 1]) as int16, p < 4 */
 MC_ZMM static inline __attribute__((always_inline)) void
 mc_q4kx16_mins(const mc_q4kx8 *b0, const mc_q4kx8 *b1, __m512i mn[4]) {
     for (int p = 0; p < 4; p++) {
@@ -184,16 +199,23 @@ mc_q6kx16_pairs(const mc_q6kx8 *b0, const mc_q6kx8 *b1, __m512i scp[8]) {
 }
 
 /* the unpacked block pairs of two groups (w, and the group gs bytes on), nb / 8 of them */
-MC_ZMM static void mc_q4kx16_unpack(int nb, const void *wv, size_t gs, void *out) {
-    const mc_q4kx8 *w0 = (const mc_q4kx8 *)wv, *w1 = (const mc_q4kx8 *)((const char *)wv + gs);
+MC_ZMM static inline __attribute__((always_inline)) void
+mc_q4kx16_unpack_body(int nb, const void *wv, size_t gs, void *out, const int q5) {
+    const char *w0 = (const char *)wv, *w1 = (const char *)wv + gs;
     for (int i = 0; i < nb / 8; i++) {
-        const mc_q4kx8 *b0 = w0 + i, *b1 = w1 + i;
+        const mc_q4kx8 *b0 = (const mc_q4kx8 *)(w0 + MC_Q45_BYTES(q5) * i);
+        const mc_q4kx8 *b1 = (const mc_q4kx8 *)(w1 + MC_Q45_BYTES(q5) * i);
         mc_q4kx16u *o = (mc_q4kx16u *)out + i;
-        MC_KX8_PREFETCH(b0);
-        MC_KX8_PREFETCH(b1);
+        if (q5) {
+            MC_KX8_PREFETCH((const mc_q5kx8 *)b0);
+            MC_KX8_PREFETCH((const mc_q5kx8 *)b1);
+        } else {
+            MC_KX8_PREFETCH(b0);
+            MC_KX8_PREFETCH(b1);
+        }
         for (int s = 0; s < 8; s++) {
             __m512i u[8];
-            _mm512_store_si512(o->sc[s], mc_q4kx16_sub(b0, b1, s, u));
+            _mm512_store_si512(o->sc[s], mc_q4kx16_sub(b0, b1, s, u, q5));
             for (int v = 0; v < 8; v++) _mm512_store_si512(o->u[s][v], u[v]);
         }
         __m512i mn[4];
@@ -202,6 +224,14 @@ MC_ZMM static void mc_q4kx16_unpack(int nb, const void *wv, size_t gs, void *out
         _mm512_store_ps(o->dw, mc_pair_h16_z(b0->d, b1->d));
         _mm512_store_ps(o->dm, mc_pair_h16_z(b0->dmin, b1->dmin));
     }
+}
+
+MC_ZMM static void mc_q4kx16_unpack(int nb, const void *wv, size_t gs, void *out) {
+    mc_q4kx16_unpack_body(nb, wv, gs, out, 0);
+}
+
+MC_ZMM static void mc_q5kx16_unpack(int nb, const void *wv, size_t gs, void *out) {
+    mc_q4kx16_unpack_body(nb, wv, gs, out, 1);
 }
 
 MC_ZMM static void mc_q6kx16_unpack(int nb, const void *wv, size_t gs, void *out) {
@@ -231,19 +261,24 @@ MC_ZMM static void mc_q6kx16_unpack(int nb, const void *wv, size_t gs, void *out
         for (int k_ = (k0); k_ < (k1); k_++) _mm_prefetch((const char *)((o) + 1) + 64 * k_, _MM_HINT_T0); \
     } while (0)
 
-/* Q4_K: mc_gemm_q4kx8_body on two groups; `pre`: wv holds them unpacked (mc_q4kx16u) */
+/* Q4_K (Q5_K: q5): mc_gemm_q4kx8_body on two groups; `pre`: wv holds them unpacked
+ * (mc_q4kx16u) */
 MC_ZMM static inline __attribute__((always_inline)) void
 mc_gemm_q4kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], float *y,
-                    size_t ldy, int nr, const int na, const int pre) {
-    const mc_q4kx8 *w0 = (const mc_q4kx8 *)wv, *w1 = (const mc_q4kx8 *)((const char *)wv + gs);
+                    size_t ldy, int nr, const int na, const int pre, const int q5) {
+    const char *w0 = (const char *)wv, *w1 = (const char *)wv + gs;
     const mc_q8k *xk[8];
     for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
     __m512 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
-        const mc_q4kx8 *b0 = w0 + i, *b1 = w1 + i;
+        const mc_q4kx8 *b0 = (const mc_q4kx8 *)(w0 + MC_Q45_BYTES(q5) * i);
+        const mc_q4kx8 *b1 = (const mc_q4kx8 *)(w1 + MC_Q45_BYTES(q5) * i);
         const mc_q4kx16u *o = (const mc_q4kx16u *)wv + i;
-        if (!pre) {
+        if (!pre && q5) {
+            MC_KX8_PREFETCH((const mc_q5kx8 *)b0);
+            MC_KX8_PREFETCH((const mc_q5kx8 *)b1);
+        } else if (!pre) {
             MC_KX8_PREFETCH(b0);
             MC_KX8_PREFETCH(b1);
         }
@@ -256,7 +291,7 @@ mc_gemm_q4kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], 
                 for (int v = 0; v < 8; v++) u[v] = _mm512_load_si512(o->u[s][v]);
                 sc = _mm512_load_si512(o->sc[s]);
             } else {
-                sc = mc_q4kx16_sub(b0, b1, s, u);
+                sc = mc_q4kx16_sub(b0, b1, s, u, q5);
             }
             for (int a = 0; a < na; a++) {
                 const int32_t *xd = (const int32_t *)(xk[a][i].qs + 32 * s);
@@ -360,24 +395,25 @@ mc_gemm_q6kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], 
 }
 
 /* the kernels specialized per x row count (1 .. 8), as mc_repacked16_fn */
-#define MC_REPACKED16_FN(name, body, pre)                                                          \
+#define MC_REPACKED16_FN(name, body, ...)                                                          \
     MC_ZMM static void name(int na, int nb, const void *w, size_t gs, const mc_q8 *const x[8],     \
                             float *y, size_t ldy, int nr) {                                        \
         switch (na) {                                                                              \
-        case 1: body(nb, w, gs, x, y, ldy, nr, 1, pre); break;                                     \
-        case 2: body(nb, w, gs, x, y, ldy, nr, 2, pre); break;                                     \
-        case 3: body(nb, w, gs, x, y, ldy, nr, 3, pre); break;                                     \
-        case 4: body(nb, w, gs, x, y, ldy, nr, 4, pre); break;                                     \
-        case 5: body(nb, w, gs, x, y, ldy, nr, 5, pre); break;                                     \
-        case 6: body(nb, w, gs, x, y, ldy, nr, 6, pre); break;                                     \
-        case 7: body(nb, w, gs, x, y, ldy, nr, 7, pre); break;                                     \
-        default: body(nb, w, gs, x, y, ldy, nr, 8, pre); break;                                    \
+        case 1: body(nb, w, gs, x, y, ldy, nr, 1, __VA_ARGS__); break;                             \
+        case 2: body(nb, w, gs, x, y, ldy, nr, 2, __VA_ARGS__); break;                             \
+        case 3: body(nb, w, gs, x, y, ldy, nr, 3, __VA_ARGS__); break;                             \
+        case 4: body(nb, w, gs, x, y, ldy, nr, 4, __VA_ARGS__); break;                             \
+        case 5: body(nb, w, gs, x, y, ldy, nr, 5, __VA_ARGS__); break;                             \
+        case 6: body(nb, w, gs, x, y, ldy, nr, 6, __VA_ARGS__); break;                             \
+        case 7: body(nb, w, gs, x, y, ldy, nr, 7, __VA_ARGS__); break;                             \
+        default: body(nb, w, gs, x, y, ldy, nr, 8, __VA_ARGS__); break;                            \
         }                                                                                          \
     }
 
-MC_REPACKED16_FN(mc_gemm_q4kx16, mc_gemm_q4kx16_body, 0)
+MC_REPACKED16_FN(mc_gemm_q4kx16, mc_gemm_q4kx16_body, 0, 0)
+MC_REPACKED16_FN(mc_gemm_q5kx16, mc_gemm_q4kx16_body, 0, 1)
 MC_REPACKED16_FN(mc_gemm_q6kx16, mc_gemm_q6kx16_body, 0)
-MC_REPACKED16_FN(mc_gemm_q4kx16u, mc_gemm_q4kx16_body, 1)
+MC_REPACKED16_FN(mc_gemm_q4kx16u, mc_gemm_q4kx16_body, 1, 0) /* Q5_K's too */
 MC_REPACKED16_FN(mc_gemm_q6kx16u, mc_gemm_q6kx16_body, 1)
 
 /* One type's zmm kernels, as mc_repacked_tile takes them. */
@@ -389,6 +425,8 @@ typedef struct {
 } mc_zmm_kernels;
 
 static const mc_zmm_kernels mc_zmm_q4k = {mc_gemm_q4kx16, mc_q4kx16_unpack, mc_gemm_q4kx16u,
+                                          sizeof(mc_q4kx16u)};
+static const mc_zmm_kernels mc_zmm_q5k = {mc_gemm_q5kx16, mc_q5kx16_unpack, mc_gemm_q4kx16u,
                                           sizeof(mc_q4kx16u)};
 static const mc_zmm_kernels mc_zmm_q6k = {mc_gemm_q6kx16, mc_q6kx16_unpack, mc_gemm_q6kx16u,
                                           sizeof(mc_q6kx16u)};

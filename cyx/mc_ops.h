@@ -112,6 +112,40 @@ MC_AVX2 static inline __m256 mc_exp256(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+/* tanh(x) for 8 floats, as Cephes' tanhf: for |x| < 0.625 the odd polynomial
+ * x + x^3 P(x^2) (1 - 2 / (exp(2|x|) + 1) would cancel there, losing the relative
+ * accuracy of small results), else 1 - 2 / (exp(2|x|) + 1); both of |x|, then x's sign
+ * put on.  Within 1 ulp of the exact tanh over the test's range (glibc's tanhf: 2).
+ * |x| >= 44.2: exp(2|x|) hits mc_exp256's clamp (inf), 2 / inf = 0, so exactly +-1.
+ * A NaN stays NaN (the polynomial's lane is taken: NaN >= 0.625 is false). */
+MC_AVX2 static inline __m256 mc_tanh256(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 z = _mm256_andnot_ps(sign, x); /* |x| */
+    const __m256 e = mc_exp256(_mm256_add_ps(z, z));
+    const __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    const __m256 s = _mm256_mul_ps(z, z);
+    __m256 p = _mm256_set1_ps(-5.70498872745E-3f);
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(2.06390887954E-2f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-5.37397155531E-2f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.33314422036E-1f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-3.33332819422E-1f));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, s), z, z);
+    const __m256 t = _mm256_blendv_ps(small, big, _mm256_cmp_ps(z, _mm256_set1_ps(0.625f), _CMP_GE_OQ));
+    return _mm256_or_ps(t, _mm256_and_ps(x, sign)); /* tanh(|x|) >= 0 takes x's sign (-0 too) */
+}
+
+/* y = tanh(x) over len floats (y may be x) */
+MC_AVX2 static void mc_tanh_avx2(const float *x, float *y, int64_t len) {
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) _mm256_storeu_ps(y + i, mc_tanh256(_mm256_loadu_ps(x + i)));
+    if (i < len) { /* the tail through one padded vector, so every element rounds alike */
+        float t[8] = {0};
+        for (int64_t j = i; j < len; j++) t[j - i] = x[j];
+        _mm256_storeu_ps(t, mc_tanh256(_mm256_loadu_ps(t)));
+        for (int64_t j = i; j < len; j++) y[j] = t[j - i];
+    }
+}
+
 MC_AVX2 static void mc_softmax_avx2(float *x, int n, int d) {
     for (int i = 0; i < n; i++) {
         float *r = x + (size_t)i * d;
@@ -221,6 +255,19 @@ static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
     }
 }
 
+/* out = tanh(x) over `len` elements (out may be x); the soft-cap's tanh, exposed for
+ * its test */
+static void mc_tanh(const float *x, float *out, int64_t len, int simd) {
+#if defined(MC_X86)
+    if (MC_IS_AVX2(simd)) {
+        mc_tanh_avx2(x, out, len);
+        return;
+    }
+#endif
+    (void)simd;
+    for (int64_t i = 0; i < len; i++) out[i] = tanhf(x[i]);
+}
+
 /* ---- attention over a KV cache -------------------------------------------------
  *
  * One work item is one query row and a group of g query heads that share a KV head
@@ -280,6 +327,23 @@ static inline float mc_att_cap(float s, float cap) { return cap * tanhf(s / cap)
 static inline void mc_att_softcap(float *s, int n, float cap) {
     for (int c = 0; c < n; c++) s[c] = mc_att_cap(s[c], cap);
 }
+
+#if defined(MC_X86)
+/* mc_att_softcap over a row of scores with mc_tanh256: the scalar tanhf per score
+ * doubled a decode step's attention time; this one agrees with it to ~2 ulp */
+MC_AVX2 static inline void mc_att_softcap_avx2(float *s, int n, float cap) {
+    const __m256 c8 = _mm256_set1_ps(cap);
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(s + c, _mm256_mul_ps(c8, mc_tanh256(_mm256_div_ps(_mm256_loadu_ps(s + c), c8))));
+    if (c < n) { /* the tail through one padded vector, so every score rounds alike */
+        float t[8] = {0};
+        for (int j = c; j < n; j++) t[j - c] = s[j];
+        _mm256_storeu_ps(t, _mm256_mul_ps(c8, mc_tanh256(_mm256_div_ps(_mm256_loadu_ps(t), c8))));
+        for (int j = c; j < n; j++) s[j] = t[j - c];
+    }
+}
+#endif
 
 /* f16 cache row `row` (of hd elements) converted into buf */
 static inline const float *mc_att_row(const void *base, size_t row, int hd, float *buf) {
@@ -397,7 +461,7 @@ MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
             }
         }
         if (jb->softcap > 0.0f)
-            for (int a = 0; a < g; a++) mc_att_softcap(s[a], cnt, jb->softcap);
+            for (int a = 0; a < g; a++) mc_att_softcap_avx2(s[a], cnt, jb->softcap);
         for (int a = 0; a < g; a++) {
             float *sa = s[a];
             __m256 mx = _mm256_set1_ps(-INFINITY);

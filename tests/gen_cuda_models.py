@@ -64,6 +64,11 @@ def random_blocks(
     elif dtype is DType.Q4_K:  # d * sc * q - dmin * mn; 6-bit sc, mn ~32, q ~7.5
         b[:, :2] = _f16_field(rng, nb, std / (32 * 4.6))
         b[:, 2:4] = _f16_field(rng, nb, std * 7.5 / (32 * 32))
+    elif dtype is DType.Q3_K:  # d * sc(6-bit, -32..31) * (q in -4..3)
+        b[:, 108:110] = _f16_field(rng, nb, std / (18 * 2.3))
+    elif dtype is DType.Q5_K:  # as Q4_K with 5-bit q ~15.5
+        b[:, :2] = _f16_field(rng, nb, std / (32 * 9.2))
+        b[:, 2:4] = _f16_field(rng, nb, std * 15.5 / (32 * 32))
     elif dtype is DType.Q6_K:  # d * sc(int8) * (q - 32)
         b[:, 208:210] = _f16_field(rng, nb, std / (74 * 18))
     else:

@@ -66,6 +66,13 @@ MATMUL_DTYPES = [
 K_QUANTS = {DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K}
 FLOAT_DTYPES = (DType.F32, DType.F16, DType.BF16)
 # gguf-py cannot quantize these: random blocks with these f16 scales (byte offset: value)
+# the repacked K-quants' type codes
+KQ_CODES = {
+    DType.Q3_K: cpu_backend._k.Q3_K,
+    DType.Q4_K: cpu_backend._k.Q4_K,
+    DType.Q5_K: cpu_backend._k.Q5_K,
+    DType.Q6_K: cpu_backend._k.Q6_K,
+}
 RANDOM_BLOCK_SCALES: dict[DType, dict[int, float]] = {
     DType.Q2_K: {80: 0.02, 82: 0.01},  # d, dmin
     DType.Q3_K: {108: 0.02},
@@ -321,9 +328,9 @@ def test_repacked_pairs_of_groups_are_bit_identical(dtype: DType) -> None:
                 np.testing.assert_array_equal(got, want, err_msg=f"{M=} {n=} {nth=}")
 
 
-@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q6_K])
+@pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
 def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
-    """Q4_K and Q6_K repacked 8 rows to a group (VNNI kernels: each 256-column block's
+    """Q3_K, Q4_K, Q5_K and Q6_K repacked 8 rows to a group (VNNI kernels: each 256-column block's
     exact integer sums for 8 weight rows in 8 lanes, then the scalar kernel's float
     operations) give what the scalar, AVX2 and VNNI kernels on the weights as stored give,
     for x row counts around the 8 x 8 tiles; rows read back from the copy are the same;
@@ -331,11 +338,14 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     from modelc._kernels import kernels as kk
 
     rng = np.random.default_rng(10)
-    code = kk.Q4_K if dtype is DType.Q4_K else kk.Q6_K
+    code = KQ_CODES[dtype]
     w = make_weight(dtype, 37, 512, rng)
     raw = np.ascontiguousarray(w.data)
     aux = kk.repack(code, raw, 512)
-    assert aux.shape == (5, 16 * (148 if dtype is DType.Q4_K else 210))  # as large as W
+    # as large as W (Q3_K, Q5_K: 114, 180 bytes a row and block against 110, 176: the
+    # scales unpacked)
+    per = {DType.Q3_K: 114, DType.Q4_K: 148, DType.Q5_K: 180, DType.Q6_K: 210}[dtype]
+    assert aux.shape == (5, 16 * per)
     assert not kk.repack_simd(code, SIMD_LEVELS["avx2"])
     if "avx512vnni" not in available_simd():
         pytest.skip("needs avx512vnni")
@@ -365,18 +375,19 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
 
 
 @pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
-@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q6_K])
+@pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
 def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
     """Q4_K and Q6_K repacked weights go through the 512-bit kernels two groups of 8 rows at
     a time (mc_gemm_zmm.h; from 32 x rows on each pair unpacked once first) and a tile's
-    last single group through the 256-bit ones: every height (one group; an odd number of
+    last single group through the 256-bit ones (Q3_K, Q5_K: every group through those): every
+    height (one group; an odd number of
     groups; a last group of fewer than 8 rows; tiles ending 9-15 rows past a pair) and x
     row count (1-9, 17, 35: a last group of x rows of every size) gives what the scalar,
     AVX2 and VNNI kernels on the weights as stored give, on 1 and 2 threads."""
     from modelc._kernels import kernels as kk
 
     rng = np.random.default_rng(16)
-    code = kk.Q4_K if dtype is DType.Q4_K else kk.Q6_K
+    code = KQ_CODES[dtype]
     vnni = SIMD_LEVELS["avx512vnni"]
     for rows in (8, 13, 24, 29, 40, 72):
         blocks = np.array(make_weight(dtype, rows, 512, rng).data).reshape(rows, 2, -1)
@@ -399,7 +410,9 @@ def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
 
 
 @pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
-@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1, DType.Q4_K, DType.Q6_K])
+@pytest.mark.parametrize(
+    "dtype", [DType.Q8_0, DType.Q4_1, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K]
+)
 def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> None:
     """Weights read from a file mapping (as GGUF and .modelc files are): the backend
     repacks them on first use, hands the file's pages back to the OS, and the mapping
@@ -416,9 +429,7 @@ def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> 
     assert _file_mapped(mapped) and not _file_mapped(raw)
     cpu = CpuBackend(simd="avx512vnni")  # repacks what is file-mapped, not what is in memory
     assert cpu._gemm_aux(w, raw) is None
-    code = {DType.Q8_0: kk.Q8_0, DType.Q4_1: kk.Q4_1, DType.Q4_K: kk.Q4_K, DType.Q6_K: kk.Q6_K}[
-        dtype
-    ]
+    code = {DType.Q8_0: kk.Q8_0, DType.Q4_1: kk.Q4_1, **KQ_CODES}[dtype]
     for n in (1, 2, 5, 8, 9):
         x = rng.standard_normal((n, 256)).astype(np.float32)
         want = np.empty((n, 4096), np.float32)
@@ -735,6 +746,41 @@ def test_softmax_silu_gelu(cpu: CpuBackend) -> None:
         g[0, 0] = -200.0
         np.testing.assert_allclose(cpu.silu_mul(g, u), REF.silu_mul(g, u), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(cpu.gelu(g), REF.gelu(g), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("simd", available_simd())
+def test_tanh_against_numpy(simd: str) -> None:
+    """The vectorised tanh the soft-capped attention scores go through: within 2e-7
+    relative of numpy's (float64) tanh from denormals through the polynomial / exp
+    branches' seam at 0.625 to |x| past exp's clamp, exactly +-0 and +-1 at the ends,
+    NaN kept; any length (the tail goes through a padded vector)."""
+    rng = np.random.default_rng(31)
+    mags = np.concatenate([np.logspace(-44, 2.5, 30_000), np.linspace(0, 60, 30_001)])
+    seam = np.float32(0.625)
+    x = np.concatenate(
+        [
+            mags,
+            -mags,
+            rng.standard_normal(10_000) * 5,
+            [seam, np.nextafter(seam, np.float32(0)), 44.0, 44.5, 88.0, 89.0, 1e30, np.inf],
+            [-0.0, -np.inf, 1e-45, -1e-45, 1.2e-38],
+        ]
+    ).astype(np.float32)
+    want = np.tanh(x.astype(np.float64))
+    for n in (len(x), len(x) - 3, 5, 1):  # tails of every length in 1 .. 7 here
+        got = np.full(n, np.nan, np.float32)
+        cpu_backend._k.tanh(x[:n], got, SIMD_LEVELS[simd])
+        tiny = np.abs(want[:n]) < 1e-37  # denormal results: within a denormal's spacing
+        np.testing.assert_allclose(got[~tiny], want[:n][~tiny], rtol=2e-7, atol=0)
+        np.testing.assert_allclose(got[tiny], want[:n][tiny], rtol=0, atol=2e-45)
+    out = np.empty_like(x)
+    cpu_backend._k.tanh(x, out, SIMD_LEVELS[simd])
+    assert np.all(out[np.abs(x) >= 10] == np.sign(x[np.abs(x) >= 10]))
+    assert out[x == 0].tolist() == [0.0] * int((x == 0).sum())
+    assert np.signbit(out[np.signbit(x) & (x == 0)]).all()  # -0 stays -0
+    nan = np.full(9, np.nan, np.float32)
+    cpu_backend._k.tanh(nan, nan, SIMD_LEVELS[simd])  # in place
+    assert np.isnan(nan).all()
 
 
 @pytest.mark.parametrize(
