@@ -9,6 +9,10 @@ alternating in one process, for the row counts given.
 
     .venv/bin/python bench/bench_step.py [--model PATH] [--ops] [--rounds 2]
     .venv/bin/python bench/bench_step.py --repack 1,2,4,8
+    .venv/bin/python bench/bench_step.py --prefill 512 [--model PATH]
+
+``--prefill N`` times one N-token prefill (fresh f16 cache) per round instead, with the
+time of each backend call (attention's share of a prefill grows with N).
 """
 
 from __future__ import annotations
@@ -89,6 +93,23 @@ def decode_steps(path: str, rounds: int, n_steps: int, ops: bool) -> None:
         print(f"round {r + 1}: 8/1 ratio {8 * med[1] / med[8]:.2f}x")
 
 
+def prefill_ops(path: str, rounds: int, n: int) -> None:
+    be = CpuBackend()
+    model = build(load_model(path), be)
+    totals: collections.Counter[str] = collections.Counter()
+    instrument(be, totals)
+    ids = np.random.default_rng(0).integers(100, 40000, n).tolist()
+    model.forward([SeqChunk(model.new_cache("f16", max_tokens=n), ids)])  # warm-up
+    for r in range(rounds):
+        totals.clear()
+        t = time.perf_counter()
+        model.forward([SeqChunk(model.new_cache("f16", max_tokens=n), ids)])
+        sec = time.perf_counter() - t
+        print(f"round {r + 1}: prefill of {n} tokens {sec * 1e3:.1f} ms, {n / sec:.1f} tok/s")
+        for name, s in totals.most_common():
+            print(f"    {name:17s} {s * 1e3:8.1f} ms ({100 * s / sec:.0f} %)")
+
+
 def repack_vs_unpack(path: str, rows: list[int], reps: int, simd: str | None) -> None:
     from modelc._kernels import kernels as kk
 
@@ -152,11 +173,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=40, help="decode steps a measurement")
     ap.add_argument("--ops", action="store_true", help="time each backend call")
+    ap.add_argument("--prefill", type=int, default=0, help="time an N-token prefill's calls")
     ap.add_argument("--repack", default=None, help="row counts, e.g. 1,2,4,8: repacked vs not")
     ap.add_argument("--simd", default=None, help="SIMD level for --repack (avx512vnni, avx2)")
     args = ap.parse_args()
     path = args.model or str(assets.smollm2_gguf())
-    if args.repack:
+    if args.prefill:
+        prefill_ops(path, args.rounds, args.prefill)
+    elif args.repack:
         repack_vs_unpack(path, [int(v) for v in args.repack.split(",")], 15, args.simd)
     else:
         decode_steps(path, args.rounds, args.steps, args.ops)
