@@ -140,6 +140,7 @@ class KVCache:
             w if not self.mode.quantized and w + window_keep + window_slack < max_tokens else 0
             for w in wins
         )
+        self._windowed = any(self.bounded)
         self._charged = 0
         self._empty()
         self._charge()
@@ -239,6 +240,8 @@ class KVCache:
                 f"sequence of {n_tokens} tokens exceeds the KV cache size {self.max_tokens}; "
                 "shorten the prompt or shift the context"
             )
+        if n_tokens <= self.capacity and not self._windowed:  # a decode step's usual case
+            return
         plan: list[tuple[int, int, int]] = []  # (layer, new rows, new base)
         per_row = self.shape.bytes_per_token(self.mode) // self.shape.n_layer
         extra = 0
