@@ -635,6 +635,36 @@ MC_VNNI static inline __attribute__((always_inline)) __m256i mc_dpbusd4(const __
     return _mm256_add_epi32(s, t);
 }
 
+/* A Q4_K or Q5_K group's float steps once a block's integer sums si are in (na rows of
+ * x): the mins' term sm = sum over sub-blocks s of mn[s] * (bsums[2s] + bsums[2s + 1])
+ * (sub-blocks in pairs, lanes holding (mn[2p], mn[2p + 1]) as int16, x dword p (bs[2p],
+ * bs[2p + 1])), then f[a] += dx * (d * si - dmin * sm), as mc_dot_q4_k_scalar does. */
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_kx8_finish(const uint16_t d[8], const uint16_t dmin[8], const uint8_t mnb[8][8],
+              const mc_q8k *const xk[8], int i, const __m256i si[8], __m256 f[8], const int na) {
+    __m256i mn[4];
+    for (int p = 0; p < 4; p++) {
+        const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mnb[2 * p]));
+        const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mnb[2 * p + 1]));
+        mn[p] = _mm256_or_si256(v0, _mm256_slli_epi32(v1, 16));
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dmin));
+    for (int a = 0; a < na; a++) {
+        /* bs[s] = bsums[2s] + bsums[2s + 1] (|bs| <= 32 x 127: int16), packed in pairs */
+        const __m256i b16 = _mm256_loadu_si256((const __m256i *)xk[a][i].bsums);
+        const __m256i b32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 x int32 */
+        const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
+        __m256i m = _mm256_madd_epi16(mn[0], _mm256_broadcastd_epi32(bs));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[1], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 4))));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[2], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 8))));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[3], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 12))));
+        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a])),
+                                       _mm256_mul_ps(dm, _mm256_cvtepi32_ps(m)));
+        f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d), t));
+    }
+}
+
 /* the repacked block MC_KX8_AHEAD blocks on */
 #ifndef MC_KX8_AHEAD
 #define MC_KX8_AHEAD 2
@@ -658,7 +688,7 @@ mc_gemm_q4kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     for (int i = 0; i < nb / 8; i++) {
         const mc_q4kx8 *b = w + i;
         MC_KX8_PREFETCH(b);
-        __m256i si[8], sm[8];
+        __m256i si[8];
         for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
         for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
             __m256i u[8];
@@ -672,32 +702,7 @@ mc_gemm_q4kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
                 si[a] = _mm256_add_epi32(si[a], _mm256_mullo_epi32(mc_dpbusd8(u, xd), sc));
             }
         }
-        /* sum over sub-blocks s of mn[s] * (bsums[2s] + bsums[2s + 1]): sub-blocks in pairs,
-         * lanes holding (mn[2p], mn[2p + 1]) as int16, x dword p (bs[2p], bs[2p + 1]) */
-        __m256i mn[4];
-        for (int p = 0; p < 4; p++) {
-            const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[2 * p]));
-            const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[2 * p + 1]));
-            mn[p] = _mm256_or_si256(v0, _mm256_slli_epi32(v1, 16));
-        }
-        for (int a = 0; a < na; a++) {
-            /* bs[s] = bsums[2s] + bsums[2s + 1] (|bs| <= 32 x 127: int16), packed in pairs */
-            const __m256i b16 = _mm256_loadu_si256((const __m256i *)xk[a][i].bsums);
-            const __m256i b32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 x int32 */
-            const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
-            __m256i m = _mm256_madd_epi16(mn[0], _mm256_broadcastd_epi32(bs));
-            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[1], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 4))));
-            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[2], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 8))));
-            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[3], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 12))));
-            sm[a] = m;
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->dmin));
-        for (int a = 0; a < na; a++) { /* sum += dx * (d * si - dmin * sm) */
-            const __m256 t = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a])),
-                                           _mm256_mul_ps(dm, _mm256_cvtepi32_ps(sm[a])));
-            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d), t));
-        }
+        mc_kx8_finish(b->d, b->dmin, b->mn, xk, i, si, f, na);
     }
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
@@ -718,7 +723,7 @@ mc_gemm_q5kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     for (int i = 0; i < nb / 8; i++) {
         const mc_q5kx8 *b = w + i;
         MC_KX8_PREFETCH(b);
-        __m256i si[8], sm[8], qh[8];
+        __m256i si[8], qh[8];
         for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
         for (int v = 0; v < 8; v++) qh[v] = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * v));
         for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
@@ -738,30 +743,7 @@ mc_gemm_q5kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
                 si[a] = _mm256_add_epi32(si[a], _mm256_mullo_epi32(mc_dpbusd8(u, xd), sc));
             }
         }
-        /* the mins' term as mc_gemm_q4kx8_body's */
-        __m256i mn[4];
-        for (int p = 0; p < 4; p++) {
-            const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[2 * p]));
-            const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->mn[2 * p + 1]));
-            mn[p] = _mm256_or_si256(v0, _mm256_slli_epi32(v1, 16));
-        }
-        for (int a = 0; a < na; a++) {
-            const __m256i b16 = _mm256_loadu_si256((const __m256i *)xk[a][i].bsums);
-            const __m256i b32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 x int32 */
-            const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
-            __m256i m = _mm256_madd_epi16(mn[0], _mm256_broadcastd_epi32(bs));
-            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[1], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 4))));
-            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[2], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 8))));
-            m = _mm256_add_epi32(m, _mm256_madd_epi16(mn[3], _mm256_broadcastd_epi32(_mm_srli_si128(bs, 12))));
-            sm[a] = m;
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->dmin));
-        for (int a = 0; a < na; a++) { /* sum += dx * (d * si - dmin * sm) */
-            const __m256 t = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a])),
-                                           _mm256_mul_ps(dm, _mm256_cvtepi32_ps(sm[a])));
-            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d), t));
-        }
+        mc_kx8_finish(b->d, b->dmin, b->mn, xk, i, si, f, na);
     }
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
