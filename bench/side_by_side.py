@@ -1,8 +1,9 @@
 """modelc against llama.cpp in one run: same GGUF, same thread count, same machine.
 
-    .venv/bin/python -m bench.side_by_side [--threads 2] [--modes fast,exact] [--no-write]
+    .venv/bin/python -m bench.side_by_side [--gguf PATH] [--threads 2] [--modes fast,exact]
+        [--rounds 2] [--pair-rounds 5] [--no-write]
 
-For SmolLM2-135M-Instruct Q4_1 (``tests.assets.smollm2_gguf()``) it measures
+For SmolLM2-135M-Instruct Q4_1 (``tests.assets.smollm2_gguf()``, or ``--gguf``) it measures
 
 * offline: prefill tokens/s of one 512-token prompt, decode tokens/s at batch 1 and
   batch 8 -- modelc through ``modelc bench --json`` (the runtime's batch API, a fresh
@@ -11,10 +12,13 @@ For SmolLM2-135M-Instruct Q4_1 (``tests.assets.smollm2_gguf()``) it measures
   (``modelc.bench.loadgen``, the same client for both) against ``modelc run
   --max-concurrent 8`` and llama.cpp's server with 8 parallel slots, each server in its
   own process, whose peak RSS (``VmHWM``) is read after the load;
+* paired rounds (``bench.paired``, ``--pair-rounds``): both engines loaded together and
+  measured back to back each round (read bandwidth, prefill, batch 1 and 8), the median
+  of the rounds' ratios and the batch-1 share of the read bandwidth;
 
 then prints a Markdown table of modelc / llama.cpp ratios per matmul mode and writes
-it, with the command, date and machine load, into the "Side by side" section of
-``bench/RESULTS.md``.
+it, with the command, date and machine load, into the "Side by side" section of the
+model's name in ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
