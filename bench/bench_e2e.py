@@ -9,7 +9,7 @@ Measures, in one process and one run (so both see the same machine load):
   from llama.cpp's own timings;
 * with ``--split``, the batch-1 step's time inside the kernels vs in Python glue.
 
-    .venv/bin/python bench/bench_e2e.py [--threads 2] [--matmul fast] [--reps 3] [--no-peer]
+    .venv/bin/python -m bench.bench_e2e [--threads 2] [--matmul fast] [--reps 3] [--no-peer]
 
 Each figure is the median of ``--reps`` repetitions; the load average is printed alongside,
 since the machine is shared.

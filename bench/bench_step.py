@@ -7,9 +7,9 @@ layer's matmuls and the output head with the repacked-weight VNNI kernels agains
 kernels on the weights as stored (the unpacking GEMM from 5 rows, row kernels below),
 alternating in one process, for the row counts given.
 
-    .venv/bin/python bench/bench_step.py [--model PATH] [--ops] [--rounds 2]
-    .venv/bin/python bench/bench_step.py --repack 1,2,4,8
-    .venv/bin/python bench/bench_step.py --prefill 512 [--model PATH]
+    .venv/bin/python -m bench.bench_step [--model PATH] [--ops] [--rounds 2]
+    .venv/bin/python -m bench.bench_step --repack 1,2,4,8
+    .venv/bin/python -m bench.bench_step --prefill 512 [--model PATH]
 
 ``--prefill N`` times one N-token prefill (fresh f16 cache) per round instead, with the
 time of each backend call (attention's share of a prefill grows with N).

@@ -19,7 +19,7 @@ decode tokens/s; the ratios auto/off are reported as medians per workload, and t
 greedy tokens are checked to be identical. ``--concurrent N`` also runs the mixed set
 with N clients at once, the whole set with speculation off vs auto (alternating sets).
 
-    .venv/bin/python bench/spec_bench.py [--repeats 3] [--mode auto|fixed] [--concurrent 3]
+    .venv/bin/python -m bench.spec_bench [--repeats 3] [--mode auto|fixed] [--concurrent 3]
 """
 
 from __future__ import annotations
