@@ -171,9 +171,14 @@ class KVCache:
         w = self.bounded[layer]
         return max(0, n - w + 1) if w else 0
 
-    def _check_held(self, n: int, what: str) -> None:
+    def _check_held(self, n: int) -> None:
+        """Raise :class:`WindowError` unless every layer holds what position ``n`` needs (only
+        windowed layers can lack it)."""
+        if not self._windowed:
+            return
         for layer in range(self.shape.n_layer):
             if self.held_from(layer) > self.needed_from(layer, n):
+                what = f"truncate a KV cache of {self.n} tokens to {n}"
                 raise WindowError(
                     f"cannot {what}: layer {layer} (window {self.bounded[layer]}) holds positions "
                     f"from {self.held_from(layer)} only, position {n} needs "
@@ -347,7 +352,7 @@ class KVCache:
         raises :class:`WindowError` and changes nothing."""
         if not 0 <= n <= self.n:
             raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
-        self._check_held(n, f"truncate a KV cache of {self.n} tokens to {n}")
+        self._check_held(n)
         for st in (*self._k, *self._v):
             st.forget_from(n)
         self.n = n
