@@ -65,25 +65,53 @@ class ReadProbe:
         return max(read_gbs(self._arr, 2) for _ in range(3))
 
 
+class InProcess:
+    """A GGUF built on a CPU backend in this process, timed through the runtime's batch API
+    as ``modelc bench`` times it (f16 KV cache)."""
+
+    def __init__(self, gguf: str | Path, backend: Any = None) -> None:
+        from modelc.formats import load_model
+        from modelc.runtime.arch import build
+        from modelc.runtime.backends.cpu import CpuBackend
+        from modelc.runtime.model import CausalLM
+
+        lm = build(load_model(gguf), backend if backend is not None else CpuBackend())
+        assert isinstance(lm, CausalLM), f"{gguf} is not a language model"
+        self.lm = lm
+
+    def prefill(self, ids: list[int]) -> float:
+        """Tokens/s of one prefill of ``ids`` (a fresh cache)."""
+        from modelc.runtime.model import SeqChunk
+
+        cache = self.lm.new_cache("f16", max_tokens=len(ids))
+        t = time.perf_counter()
+        self.lm.forward([SeqChunk(cache, ids)])
+        return len(ids) / (time.perf_counter() - t)
+
+    def decode(self, prompts: list[list[int]], steps: int) -> float:
+        """Aggregate tokens/s of ``steps`` greedy steps of ``len(prompts)`` sequences decoding
+        together, each prefilled (untimed) with its prompt in a fresh cache."""
+        from modelc.runtime.model import SeqChunk
+
+        caches = [self.lm.new_cache("f16", max_tokens=len(p) + steps + 1) for p in prompts]
+        logits = self.lm.forward([SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)])
+        nxt = np.argmax(logits, axis=1)
+        t = time.perf_counter()
+        for _ in range(steps):
+            logits = self.lm.forward([SeqChunk(c, [int(nxt[i])]) for i, c in enumerate(caches)])
+            nxt = np.argmax(logits, axis=1)
+        return len(prompts) * steps / (time.perf_counter() - t)
+
+
 def model_decode(path: str, steps: int = 16, backend: Any = None) -> Callable[[], float]:
     """Batch-1 decode tok/s of ``path`` in this process (``backend``, default the default
-    CPU backend; f16 KV, after a 16-token prompt), as a function to call once a measurement."""
-    from modelc.formats import load_model
-    from modelc.runtime.arch import build
-    from modelc.runtime.backends.cpu import CpuBackend
-    from modelc.runtime.model import LanguageModel, SeqChunk
-
-    lm = build(load_model(path), backend if backend is not None else CpuBackend())
-    assert isinstance(lm, LanguageModel), f"{path} is not a language model"
-    rng = np.random.default_rng(0)
+    CPU backend; :meth:`InProcess.decode` after a 16-token prompt), as a function to call
+    once a measurement."""
+    m = InProcess(path, backend)
+    prompt = np.random.default_rng(0).integers(0, 1000, 16).tolist()
 
     def run() -> float:
-        cache = lm.new_cache("f16")
-        lm.forward([SeqChunk(cache, rng.integers(0, 1000, 16).tolist())])
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            lm.forward([SeqChunk(cache, [int(rng.integers(0, 1000))])])
-        return steps / (time.perf_counter() - t0)
+        return m.decode([prompt], steps)
 
     run()  # first touches, the repacked copies
     return run

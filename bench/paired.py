@@ -31,53 +31,16 @@ import contextlib
 import os
 import signal
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from bench.bandwidth import ReadProbe, weight_bytes
+from bench.bandwidth import InProcess, ReadProbe, weight_bytes
 from bench.llamacpp_peer import LlamaCppClient, LlamaCppServer
 from modelc.bench.offline import prompt_tokens
 
 KINDS = ("prefill", "decode_b1", "decode_b8")
 BEST_OF = {"prefill": 2, "decode_b1": 3, "decode_b8": 2}
-
-
-class InProcess:
-    """One GGUF built on the CPU backend in this process, measured as ``modelc bench`` does."""
-
-    def __init__(self, gguf: Path, threads: int, mode: str) -> None:
-        from modelc.formats import load_model
-        from modelc.runtime.arch import build
-        from modelc.runtime.backends.cpu import CpuBackend
-        from modelc.runtime.model import CausalLM
-
-        lm = build(load_model(gguf), CpuBackend(threads=threads, matmul=mode))
-        assert isinstance(lm, CausalLM), f"{gguf} is not a language model"
-        self.lm = lm
-
-    def prefill(self, ids: list[int]) -> float:
-        from modelc.runtime.model import SeqChunk
-
-        cache = self.lm.new_cache("f16", max_tokens=len(ids))
-        t = time.perf_counter()
-        self.lm.forward([SeqChunk(cache, ids)])
-        return len(ids) / (time.perf_counter() - t)
-
-    def decode(self, prompts: list[list[int]], steps: int) -> float:
-        from modelc.runtime.model import SeqChunk
-
-        caches = [self.lm.new_cache("f16", max_tokens=len(p) + steps + 1) for p in prompts]
-        logits = self.lm.forward([SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)])
-        nxt = np.argmax(logits, axis=1)
-        t = time.perf_counter()
-        for _ in range(steps):
-            logits = self.lm.forward([SeqChunk(c, [int(nxt[i])]) for i, c in enumerate(caches)])
-            nxt = np.argmax(logits, axis=1)
-        return len(prompts) * steps / (time.perf_counter() - t)
 
 
 @dataclass
@@ -196,7 +159,9 @@ class PairedModel:
             os.kill(srv.pid, signal.SIGSTOP)
             self._stack.callback(os.kill, srv.pid, signal.SIGCONT)  # before it is told to exit
             self.peers.append(peer)
-        self.modelc = InProcess(self.gguf, self.threads, self.mode)
+        from modelc.runtime.backends.cpu import CpuBackend
+
+        self.modelc = InProcess(self.gguf, CpuBackend(threads=self.threads, matmul=self.mode))
         vocab = self.modelc.lm.n_vocab
         self.long = prompt_tokens(self.prefill_len, vocab, self.encode, self.prefill_len)
         self.short = [prompt_tokens(16, vocab, self.encode, 100 + i) for i in range(8)]
