@@ -675,26 +675,46 @@ mc_kx8_finish(const uint16_t d[8], const uint16_t dmin[8], const uint8_t mnb[8][
             _mm_prefetch((const char *)((b) + MC_KX8_AHEAD) + c_, _MM_HINT_T0);                    \
     } while (0)
 
+/* Q5_K shares the Q4_K kernels through a constant flag q5: its blocks (mc_q5kx8) hold d,
+ * dmin, sc and mn where mc_q4kx8 does, then the high bits, then qs; its ints (the nibbles
+ * with the fifth bits or-ed in as 16, < 32) go through vpdpbusd as the nibbles do, and its
+ * float steps are Q4_K's (mc_dot_q5_k_scalar). */
+#define MC_Q45_BYTES(q5) ((q5) ? sizeof(mc_q5kx8) : sizeof(mc_q4kx8))
+#define MC_Q45_QS(b, q5, c) ((q5) ? ((const mc_q5kx8 *)(b))->qs[c] : (b)->qs[c])
+
+/* Q4_K (Q5_K: q5) groups of 8 rows against na x rows */
 MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q4kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    const mc_q4kx8 *w = (const mc_q4kx8 *)wv;
+mc_gemm_q45kx8_body(int nb, const void *wv, const mc_q8 *const x[8], float *y, size_t ldy, int nr,
+                    const int na, const int q5) {
+    const char *w = (const char *)wv;
     const mc_q8k *xk[8];
-    (void)cx;
     for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m4 = _mm256_set1_epi8(0xF), h = _mm256_set1_epi8(0x10);
     __m256 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
-        const mc_q4kx8 *b = w + i;
-        MC_KX8_PREFETCH(b);
-        __m256i si[8];
+        const mc_q4kx8 *b = (const mc_q4kx8 *)(w + MC_Q45_BYTES(q5) * (size_t)i);
+        __m256i si[8], qh[8];
+        if (q5) {
+            const mc_q5kx8 *b5 = (const mc_q5kx8 *)b;
+            MC_KX8_PREFETCH(b5);
+            for (int v = 0; v < 8; v++) qh[v] = _mm256_loadu_si256((const __m256i *)(b5->qh + 32 * v));
+        } else {
+            MC_KX8_PREFETCH(b);
+        }
         for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
         for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
             __m256i u[8];
             for (int v = 0; v < 8; v++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[s >> 1] + 32 * v));
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(MC_Q45_QS(b, q5, s >> 1) + 32 * v));
                 u[v] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
+                if (q5) {
+                    /* bit s of each qh byte to bit 4 (16-bit shifts: bit 4 of either byte
+                     * comes from the same byte for shifts up to 4 left and 3 right) */
+                    const __m256i hb = s < 4 ? _mm256_slli_epi16(qh[v], 4 - s)
+                                             : _mm256_srli_epi16(qh[v], s - 4);
+                    u[v] = _mm256_or_si256(u[v], _mm256_and_si256(hb, h));
+                }
             }
             const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[s]));
             for (int a = 0; a < na; a++) {
@@ -707,45 +727,18 @@ mc_gemm_q4kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
-/* Q5_K: mc_gemm_q4kx8_body with each nibble's fifth bit (bit s of its qh byte for
- * sub-block s) put in as 16: the 5-bit ints (< 32) are vpdpbusd's unsigned operand as
- * the nibbles were, and mc_dot_q5_k_scalar's float steps are Q4_K's. */
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_q4kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    (void)cx;
+    mc_gemm_q45kx8_body(nb, wv, x, y, ldy, nr, na, 0);
+}
+
 MC_VNNI static inline __attribute__((always_inline)) void
 mc_gemm_q5kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
                    float *y, size_t ldy, int nr, const int na) {
-    const mc_q5kx8 *w = (const mc_q5kx8 *)wv;
-    const mc_q8k *xk[8];
     (void)cx;
-    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m4 = _mm256_set1_epi8(0xF), h = _mm256_set1_epi8(0x10);
-    __m256 f[8];
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb / 8; i++) {
-        const mc_q5kx8 *b = w + i;
-        MC_KX8_PREFETCH(b);
-        __m256i si[8], qh[8];
-        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
-        for (int v = 0; v < 8; v++) qh[v] = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * v));
-        for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
-            __m256i u[8];
-            for (int v = 0; v < 8; v++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[s >> 1] + 32 * v));
-                /* bit s of each byte to bit 4 (16-bit shifts: bit 4 of either byte comes
-                 * from the same byte for shifts up to 4 left and 3 right) */
-                const __m256i hb = s < 4 ? _mm256_slli_epi16(qh[v], 4 - s)
-                                         : _mm256_srli_epi16(qh[v], s - 4);
-                u[v] = _mm256_or_si256(_mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, m4),
-                                       _mm256_and_si256(hb, h));
-            }
-            const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[s]));
-            for (int a = 0; a < na; a++) {
-                const int32_t *xd = (const int32_t *)(xk[a][i].qs + 32 * s);
-                si[a] = _mm256_add_epi32(si[a], _mm256_mullo_epi32(mc_dpbusd8(u, xd), sc));
-            }
-        }
-        mc_kx8_finish(b->d, b->dmin, b->mn, xk, i, si, f, na);
-    }
-    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+    mc_gemm_q45kx8_body(nb, wv, x, y, ldy, nr, na, 1);
 }
 
 /* Q3_K: mc_gemm_q6kx8_body's loop on 3-bit ints u = crumb | hmask bit << 2 (q + 4, so

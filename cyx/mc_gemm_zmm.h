@@ -130,13 +130,9 @@ typedef struct {
     float dw[16];
 } mc_q6kx16u;
 
-/* Q5_K shares the Q4_K kernels below through a constant flag q5: its blocks (mc_q5kx8)
- * hold d, dmin, sc and mn where mc_q4kx8 does, then the high bits, then qs; its ints
- * (the nibbles with the fifth bits or-ed in, < 32) go through vpdpbusd as the nibbles do,
- * and its float steps are Q4_K's (mc_dot_q5_k_scalar), so the unpacked pair
- * (mc_q4kx16u) and the kernel on it are Q4_K's. */
-#define MC_Q45_BYTES(q5) ((q5) ? sizeof(mc_q5kx8) : sizeof(mc_q4kx8))
-#define MC_Q45_QS(b, q5, c) ((q5) ? ((const mc_q5kx8 *)(b))->qs[c] : (b)->qs[c])
+/* Q5_K shares the Q4_K kernels below through the constant flag q5 (MC_Q45_BYTES,
+ * MC_Q45_QS: mc_gemm_vnni.h), so the unpacked pair (mc_q4kx16u) and the kernel on it are
+ * Q4_K's. */
 
 /* Q4_K (Q5_K: q5) block pair (b0, b1), sub-block s (the low (s even) or high nibbles of
  * chunk s / 2): its ints u[v] as bytes (lane j: row j of b0, 8 + j: row j of b1), its
@@ -147,7 +143,7 @@ mc_q4kx16_sub(const mc_q4kx8 *b0, const mc_q4kx8 *b1, int s, __m512i u[8], const
     for (int v = 0; v < 8; v++) {
         const __m512i q = mc_pair32_z(MC_Q45_QS(b0, q5, s >> 1) + 32 * v, MC_Q45_QS(b1, q5, s >> 1) + 32 * v);
         u[v] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(q, 4) : q, m4);
-        if (q5) { /* bit s of each qh byte to bit 4, as mc_gemm_q5kx8_body does */
+        if (q5) { /* bit s of each qh byte to bit 4, as mc_gemm_q45kx8_body does */
             const __m512i qh = mc_pair32_z(((const mc_q5kx8 *)b0)->qh + 32 * v,
                                            ((const mc_q5kx8 *)b1)->qh + 32 * v);
             const __m512i hb = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : _mm512_srli_epi16(qh, s - 4);
