@@ -741,6 +741,26 @@ mc_gemm_q5kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     mc_gemm_q45kx8_body(nb, wv, x, y, ldy, nr, na, 1);
 }
 
+/* A Q3_K or Q6_K group's integer sums less the offset its unsigned ints carry (2^shift: 4
+ * for Q3_K, 32 for Q6_K): 2^shift sum over sub-blocks k of sc[k] bsums[k], sub-blocks in
+ * pairs (lanes holding (sc[2p], sc[2p + 1]) as int16, x dword p (bsums[2p], bsums[2p + 1])) */
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_kx8_offset(const int8_t sc[16][8], const mc_q8k *const xk[8], int i, __m256i si[8], const int na,
+              const int shift) {
+    __m256i scp[8];
+    for (int p = 0; p < 8; p++) {
+        const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc[2 * p]));
+        const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc[2 * p + 1]));
+        scp[p] = _mm256_blend_epi16(v0, _mm256_slli_epi32(v1, 16), 0xAA);
+    }
+    for (int a = 0; a < na; a++) {
+        const int32_t *bs = (const int32_t *)xk[a][i].bsums;
+        __m256i c = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
+        for (int p = 1; p < 8; p++) c = _mm256_add_epi32(c, _mm256_madd_epi16(scp[p], _mm256_set1_epi32(bs[p])));
+        si[a] = _mm256_sub_epi32(si[a], _mm256_slli_epi32(c, shift));
+    }
+}
+
 /* Q3_K: mc_gemm_q6kx8_body's loop on 3-bit ints u = crumb | hmask bit << 2 (q + 4, so
  * unsigned for vpdpbusd), the + 4 taken off through bsums as Q6_K's + 32 is; then
  * mc_dot_q3_k_scalar's float steps, dx * (d * si). */
@@ -781,19 +801,7 @@ mc_gemm_q3kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
                                                                      _mm256_mullo_epi32(mc_dpbusd4(u + 4, xd + 4), sc1)));
                 }
             }
-        /* the + 4 of every u: 4 sum over k of sc[k] bsums[k], as Q6_K's */
-        __m256i scp[8];
-        for (int p = 0; p < 8; p++) {
-            const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p]));
-            const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p + 1]));
-            scp[p] = _mm256_blend_epi16(v0, _mm256_slli_epi32(v1, 16), 0xAA);
-        }
-        for (int a = 0; a < na; a++) {
-            const int32_t *bs = (const int32_t *)xk[a][i].bsums;
-            __m256i c = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
-            for (int p = 1; p < 8; p++) c = _mm256_add_epi32(c, _mm256_madd_epi16(scp[p], _mm256_set1_epi32(bs[p])));
-            si[a] = _mm256_sub_epi32(si[a], _mm256_slli_epi32(c, 2));
-        }
+        mc_kx8_offset(b->sc, xk, i, si, na, 2); /* the + 4 of every u */
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
         for (int a = 0; a < na; a++) /* sum += dx * (d * si) */
             f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d),
@@ -840,20 +848,7 @@ mc_gemm_q6kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
                                                                      _mm256_mullo_epi32(mc_dpbusd4(u + 4, xd + 4), sc1)));
                 }
             }
-        /* the -32 offset of every q: 32 sum over k of sc[k] bsums[k], sub-blocks in pairs
-         * (lanes holding (sc[2p], sc[2p + 1]) as int16, x dword p (bsums[2p], bsums[2p + 1])) */
-        __m256i scp[8];
-        for (int p = 0; p < 8; p++) {
-            const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p]));
-            const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p + 1]));
-            scp[p] = _mm256_blend_epi16(v0, _mm256_slli_epi32(v1, 16), 0xAA);
-        }
-        for (int a = 0; a < na; a++) {
-            const int32_t *bs = (const int32_t *)xk[a][i].bsums;
-            __m256i c = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
-            for (int p = 1; p < 8; p++) c = _mm256_add_epi32(c, _mm256_madd_epi16(scp[p], _mm256_set1_epi32(bs[p])));
-            si[a] = _mm256_sub_epi32(si[a], _mm256_slli_epi32(c, 5));
-        }
+        mc_kx8_offset(b->sc, xk, i, si, na, 5); /* the -32 offset of every q */
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
         for (int a = 0; a < na; a++) /* sum += d * dx * si */
             f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xk[a][i].d)),
