@@ -3,7 +3,7 @@
 Times ``Llama.forward`` alone (no engine), after a 32-token prompt per sequence, and
 reports the median step, tokens/s and the 8/1 ratio; ``--ops`` adds the time of each
 backend call per step (matmul, attention, norms...).  ``--repack`` instead times every
-layer's matmuls and the output head with the repacked-weight VNNI kernels against the
+layer's matmuls and the output head with the repacked-weight kernels against the
 kernels on the weights as stored (the unpacking GEMM from 5 rows, row kernels below),
 alternating in one process, for the row counts given.
 

@@ -136,7 +136,7 @@ typedef struct {
     uint16_t m[8];
 } mc_q41x8;
 
-/* Q4_K weights repacked for the VNNI kernels (mc_gemm_vnni.h), 8 rows interleaved: per
+/* Q4_K weights repacked for the VNNI and AVX2 kernels (mc_gemm_kx8.h), 8 rows interleaved: per
  * block of 256 columns the 8 rows' f16 d and dmin, their 6-bit sub-block scales and mins
  * unpacked to bytes ([sub-block][row]), then per 64-column chunk c vector v (32 bytes)
  * holds in dword lane j the bytes 4v .. 4v+3 of row j's qs[32c ..] (low nibbles: sub-block

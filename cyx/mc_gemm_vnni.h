@@ -1,6 +1,7 @@
-/* Int8 GEMM for AVX512-VNNI (on 256-bit registers), two designs:
+/* Int8 GEMM for AVX512-VNNI (on 256-bit registers), two designs; the repacked one also
+ * for AVX2 without VNNI (vpmaddubsw + vpmaddwd for vpdpbusd, the same exact ints):
  *
- * Repacked (Q4_1, Q8_0; every x row count).  The weights are copied once, 8 rows to a
+ * Repacked (Q4_1, Q8_0; Q3_K to Q6_K in mc_gemm_kx8.h; every x row count).  The weights are copied once, 8 rows to a
  * group and interleaved by dword (mc_q41x8, mc_q80x8: same size as the original), so
  * one 32-byte load holds 4 columns of 8 rows; Q4_1's nibbles are split in registers.
  * The weights are then vpdpbusd's vector operand (lane j: weight row j) and each
@@ -53,11 +54,10 @@ static inline size_t mc_repack_block_bytes(int t) {
     }
 }
 
-/* whether SIMD level simd has kernels for weights of type t repacked: Q4_1 and Q8_0 with
- * VNNI or AVX2, Q3_K, Q4_K, Q5_K and Q6_K with VNNI */
+/* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0 and Q3_K
+ * to Q6_K, with VNNI or AVX2 */
 static inline int mc_repack_simd(int t, int simd) {
-    if (t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) return simd == MC_SIMD_VNNI;
-    return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && (t == MC_Q4_1 || t == MC_Q8_0);
+    return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && mc_repack_block_bytes(t) != 0;
 }
 
 /* mc_repack_lane for the K-quants: row j of a group of 8 <-> its nsb 256-column blocks */
@@ -621,9 +621,10 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
         MC_BY_NA(na, body, nb, w, x, cx, y, ldy, nr)                                               \
     }
 
-/* ---- Q3_K to Q6_K on repacked weights (mc_q3kx8 .. mc_q6kx8), VNNI: per 256-column block
- * and x row the exact integer sums of the 8 weight rows in the 8 lanes (each 32- or
- * 16-column sub-block's vpdpbusd sum times its scale by vpmulld, the mins' term by
+/* ---- Q3_K to Q6_K on repacked weights (mc_q3kx8 .. mc_q6kx8; mc_gemm_kx8.h), VNNI and AVX2:
+ * per 256-column block and x row the exact integer sums of the 8 weight rows in the 8 lanes
+ * (each 32- or 16-column sub-block's vpdpbusd sum, or AVX2's vpmaddubsw + vpmaddwd, times
+ * its scale by vpmulld, the mins' term by
  * vpmaddwd on the x row's bsums), then the single-row kernels' float operations per
  * lane (mc_dot_q4_k_scalar, mc_dot_q6_k_scalar): bit-identical to them. */
 
@@ -639,7 +640,7 @@ MC_VNNI static inline __attribute__((always_inline)) __m256i mc_dpbusd4(const __
  * x): the mins' term sm = sum over sub-blocks s of mn[s] * (bsums[2s] + bsums[2s + 1])
  * (sub-blocks in pairs, lanes holding (mn[2p], mn[2p + 1]) as int16, x dword p (bs[2p],
  * bs[2p + 1])), then f[a] += dx * (d * si - dmin * sm), as mc_dot_q4_k_scalar does. */
-MC_VNNI static inline __attribute__((always_inline)) void
+MC_AVX2 static inline __attribute__((always_inline)) void
 mc_kx8_finish(const uint16_t d[8], const uint16_t dmin[8], const uint8_t mnb[8][8],
               const mc_q8k *const xk[8], int i, const __m256i si[8], __m256 f[8], const int na) {
     __m256i mn[4];
@@ -682,69 +683,10 @@ mc_kx8_finish(const uint16_t d[8], const uint16_t dmin[8], const uint8_t mnb[8][
 #define MC_Q45_BYTES(q5) ((q5) ? sizeof(mc_q5kx8) : sizeof(mc_q4kx8))
 #define MC_Q45_QS(b, q5, c) ((q5) ? ((const mc_q5kx8 *)(b))->qs[c] : (b)->qs[c])
 
-/* Q4_K (Q5_K: q5) groups of 8 rows against na x rows */
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q45kx8_body(int nb, const void *wv, const mc_q8 *const x[8], float *y, size_t ldy, int nr,
-                    const int na, const int q5) {
-    const char *w = (const char *)wv;
-    const mc_q8k *xk[8];
-    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m4 = _mm256_set1_epi8(0xF), h = _mm256_set1_epi8(0x10);
-    __m256 f[8];
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb / 8; i++) {
-        const mc_q4kx8 *b = (const mc_q4kx8 *)(w + MC_Q45_BYTES(q5) * (size_t)i);
-        __m256i si[8], qh[8];
-        if (q5) {
-            const mc_q5kx8 *b5 = (const mc_q5kx8 *)b;
-            MC_KX8_PREFETCH(b5);
-            for (int v = 0; v < 8; v++) qh[v] = _mm256_loadu_si256((const __m256i *)(b5->qh + 32 * v));
-        } else {
-            MC_KX8_PREFETCH(b);
-        }
-        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
-        for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
-            __m256i u[8];
-            for (int v = 0; v < 8; v++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(MC_Q45_QS(b, q5, s >> 1) + 32 * v));
-                u[v] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
-                if (q5) {
-                    /* bit s of each qh byte to bit 4 (16-bit shifts: bit 4 of either byte
-                     * comes from the same byte for shifts up to 4 left and 3 right) */
-                    const __m256i hb = s < 4 ? _mm256_slli_epi16(qh[v], 4 - s)
-                                             : _mm256_srli_epi16(qh[v], s - 4);
-                    u[v] = _mm256_or_si256(u[v], _mm256_and_si256(hb, h));
-                }
-            }
-            const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[s]));
-            for (int a = 0; a < na; a++) {
-                const int32_t *xd = (const int32_t *)(xk[a][i].qs + 32 * s);
-                si[a] = _mm256_add_epi32(si[a], _mm256_mullo_epi32(mc_dpbusd8(u, xd), sc));
-            }
-        }
-        mc_kx8_finish(b->d, b->dmin, b->mn, xk, i, si, f, na);
-    }
-    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
-}
-
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q4kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    (void)cx;
-    mc_gemm_q45kx8_body(nb, wv, x, y, ldy, nr, na, 0);
-}
-
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q5kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    (void)cx;
-    mc_gemm_q45kx8_body(nb, wv, x, y, ldy, nr, na, 1);
-}
-
 /* A Q3_K or Q6_K group's integer sums less the offset its unsigned ints carry (2^shift: 4
  * for Q3_K, 32 for Q6_K): 2^shift sum over sub-blocks k of sc[k] bsums[k], sub-blocks in
  * pairs (lanes holding (sc[2p], sc[2p + 1]) as int16, x dword p (bsums[2p], bsums[2p + 1])) */
-MC_VNNI static inline __attribute__((always_inline)) void
+MC_AVX2 static inline __attribute__((always_inline)) void
 mc_kx8_offset(const int8_t sc[16][8], const mc_q8k *const xk[8], int i, __m256i si[8], const int na,
               const int shift) {
     __m256i scp[8];
@@ -761,106 +703,57 @@ mc_kx8_offset(const int8_t sc[16][8], const mc_q8k *const xk[8], int i, __m256i 
     }
 }
 
-/* Q3_K: mc_gemm_q6kx8_body's loop on 3-bit ints u = crumb | hmask bit << 2 (q + 4, so
- * unsigned for vpdpbusd), the + 4 taken off through bsums as Q6_K's + 32 is; then
- * mc_dot_q3_k_scalar's float steps, dx * (d * si). */
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q3kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    const mc_q3kx8 *w = (const mc_q3kx8 *)wv;
-    const mc_q8k *xk[8];
-    (void)cx;
-    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    __m256 f[8];
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb / 8; i++) {
-        const mc_q3kx8 *b = w + i;
-        MC_KX8_PREFETCH(b);
-        __m256i si[8], hm[8];
-        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
-        for (int v = 0; v < 8; v++) hm[v] = _mm256_loadu_si256((const __m256i *)(b->hm + 32 * v));
-        for (int n = 0; n < 2; n++)
-            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
-                const int hb = 4 * n + X; /* their hmask bit, to bit 2 (16-bit shifts: bit 2
-                                           * of either byte comes from the same byte) */
-                __m256i u[8];
-                for (int v = 0; v < 8; v++) {
-                    const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[n] + 32 * v));
-                    const __m256i h = hb < 2 ? _mm256_slli_epi16(hm[v], 2 - hb)
-                                             : _mm256_srli_epi16(hm[v], hb - 2);
-                    u[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * X), m3),
-                                           _mm256_and_si256(h, m4));
-                }
-                const int k = 8 * n + 2 * X;
-                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
-                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
-                for (int a = 0; a < na; a++) { /* sum(u x) * sc per sub-block */
-                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
-                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(mc_dpbusd4(u, xd), sc0),
-                                                                     _mm256_mullo_epi32(mc_dpbusd4(u + 4, xd + 4), sc1)));
-                }
-            }
-        mc_kx8_offset(b->sc, xk, i, si, na, 2); /* the + 4 of every u */
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        for (int a = 0; a < na; a++) /* sum += dx * (d * si) */
-            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d),
-                                                     _mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a]))));
+/* The AVX2 twins of mc_dpbusd8 / mc_dpbusd4 for the K-quants (mc_gemm_kx8.h): vpmaddubsw
+ * results summed in 16-bit lanes only as far as they cannot saturate (|x| <= 127), then
+ * widened by vpmaddwd.  A 16-bit lane of one vpmaddubsw holds 2 products; Q4_K's nibbles
+ * (< 16) take all 8 in one lane (mc_maddubs8: 16 x 15 x 127 = 30480), Q5_K's ints (< 32)
+ * two groups of 4 (mc_maddubs8w: 8 x 31 x 127 = 31496 each), the 6-bit ints of Q6_K and
+ * Q3_K (< 64) pairs (mc_maddubs4: 4 x 63 x 127 = 32004). */
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_maddubs8w(const __m256i u[8],
+                                                                          const int32_t *xd) {
+    __m256i s[2];
+    for (int h = 0; h < 2; h++) {
+        const __m256i *v = u + 4 * h;
+        const int32_t *d = xd + 4 * h;
+        s[h] = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(v[0], _mm256_set1_epi32(d[0])),
+                                                 _mm256_maddubs_epi16(v[1], _mm256_set1_epi32(d[1]))),
+                                _mm256_add_epi16(_mm256_maddubs_epi16(v[2], _mm256_set1_epi32(d[2])),
+                                                 _mm256_maddubs_epi16(v[3], _mm256_set1_epi32(d[3]))));
     }
-    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+    const __m256i one = _mm256_set1_epi16(1);
+    return _mm256_add_epi32(_mm256_madd_epi16(s[0], one), _mm256_madd_epi16(s[1], one));
 }
 
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q6kx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    const mc_q6kx8 *w = (const mc_q6kx8 *)wv;
-    const mc_q8k *xk[8];
-    (void)cx;
-    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
-    __m256 f[8];
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb / 8; i++) {
-        const mc_q6kx8 *b = w + i;
-        MC_KX8_PREFETCH(b);
-        __m256i si[8];
-        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
-        for (int n = 0; n < 2; n++)
-            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
-                __m256i u[8];
-                for (int v = 0; v < 8; v++) {
-                    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql[n][X & 1] + 32 * v));
-                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh[n] + 32 * v));
-                    const __m256i l4 = X < 2 ? _mm256_and_si256(ql, m4)
-                                             : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-                    const __m256i h2 = X == 0   ? _mm256_slli_epi16(qh, 4)
-                                       : X == 1 ? _mm256_slli_epi16(qh, 2)
-                                       : X == 2 ? qh
-                                                : _mm256_srli_epi16(qh, 2);
-                    u[v] = _mm256_or_si256(l4, _mm256_and_si256(h2, m30));
-                }
-                const int k = 8 * n + 2 * X;
-                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
-                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
-                for (int a = 0; a < na; a++) { /* sum(q x) * sc per sub-block */
-                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
-                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(mc_dpbusd4(u, xd), sc0),
-                                                                     _mm256_mullo_epi32(mc_dpbusd4(u + 4, xd + 4), sc1)));
-                }
-            }
-        mc_kx8_offset(b->sc, xk, i, si, na, 5); /* the -32 offset of every q */
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        for (int a = 0; a < na; a++) /* sum += d * dx * si */
-            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xk[a][i].d)),
-                                                     _mm256_cvtepi32_ps(si[a])));
-    }
-    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_maddubs4(const __m256i u[4],
+                                                                         const int32_t *xd) {
+    const __m256i one = _mm256_set1_epi16(1);
+    const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], _mm256_set1_epi32(xd[0])),
+                                       _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(xd[1])));
+    const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], _mm256_set1_epi32(xd[2])),
+                                       _mm256_maddubs_epi16(u[3], _mm256_set1_epi32(xd[3])));
+    return _mm256_add_epi32(_mm256_madd_epi16(s, one), _mm256_madd_epi16(t, one));
 }
 
-MC_REPACKED_FN(MC_VNNI, mc_gemm_q4kx8, mc_gemm_q4kx8_body)
-MC_REPACKED_FN(MC_VNNI, mc_gemm_q3kx8, mc_gemm_q3kx8_body)
-MC_REPACKED_FN(MC_VNNI, mc_gemm_q5kx8, mc_gemm_q5kx8_body)
-MC_REPACKED_FN(MC_VNNI, mc_gemm_q6kx8, mc_gemm_q6kx8_body)
+#define MC_TGT MC_VNNI
+#define MC_SFX(name) name
+#define MC_KX_SUM8(u, xd, wide) mc_dpbusd8(u, xd)
+#define MC_KX_SUM4(u, xd) mc_dpbusd4(u, xd)
+#include "mc_gemm_kx8.h"
+#undef MC_TGT
+#undef MC_SFX
+#undef MC_KX_SUM8
+#undef MC_KX_SUM4
+
+#define MC_TGT MC_AVX2
+#define MC_SFX(name) name##_avx2
+#define MC_KX_SUM8(u, xd, wide) ((wide) ? mc_maddubs8w(u, xd) : mc_maddubs8(u, xd))
+#define MC_KX_SUM4(u, xd) mc_maddubs4(u, xd)
+#include "mc_gemm_kx8.h"
+#undef MC_TGT
+#undef MC_SFX
+#undef MC_KX_SUM8
+#undef MC_KX_SUM4
+
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q41x8_avx2, mc_gemm_q41x8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q80x8, mc_gemm_q80x8_body)

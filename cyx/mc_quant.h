@@ -540,18 +540,18 @@ static void mc_matmul_tile(void *ctx, int tile) {
     if (jb->ilv != NULL) { /* repacked weights (mc_job_aux) */
         const int vnni = jb->simd == MC_SIMD_VNNI;
         const mc_repacked_fn fn = jb->t == MC_Q8_0   ? (vnni ? mc_gemm_q80x8 : mc_gemm_q80x8_avx2)
-                                  : jb->t == MC_Q4_K ? mc_gemm_q4kx8 /* VNNI only */
-                                  : jb->t == MC_Q5_K ? mc_gemm_q5kx8 /* VNNI only */
-                                  : jb->t == MC_Q3_K ? mc_gemm_q3kx8 /* VNNI only */
-                                  : jb->t == MC_Q6_K ? mc_gemm_q6kx8
+                                  : jb->t == MC_Q4_K ? (vnni ? mc_gemm_q4kx8 : mc_gemm_q4kx8_avx2)
+                                  : jb->t == MC_Q5_K ? (vnni ? mc_gemm_q5kx8 : mc_gemm_q5kx8_avx2)
+                                  : jb->t == MC_Q3_K ? (vnni ? mc_gemm_q3kx8 : mc_gemm_q3kx8_avx2)
+                                  : jb->t == MC_Q6_K ? (vnni ? mc_gemm_q6kx8 : mc_gemm_q6kx8_avx2)
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
-        /* Q4_K, Q5_K, Q6_K: 16 weight rows a step on zmm registers (mc_gemm_zmm.h); Q3_K
-         * has only the 8-row kernel */
-        const mc_zmm_kernels *z = jb->n < MC_ZMM_MIN_ROWS ? NULL
-                                  : jb->t == MC_Q4_K     ? &mc_zmm_q4k
-                                  : jb->t == MC_Q5_K     ? &mc_zmm_q5k
-                                  : jb->t == MC_Q6_K     ? &mc_zmm_q6k
-                                                         : NULL;
+        /* Q4_K, Q5_K, Q6_K on VNNI: 16 weight rows a step on zmm registers (mc_gemm_zmm.h);
+         * Q3_K and AVX2 have only the 8-row kernels */
+        const mc_zmm_kernels *z = !vnni || jb->n < MC_ZMM_MIN_ROWS ? NULL
+                                  : jb->t == MC_Q4_K               ? &mc_zmm_q4k
+                                  : jb->t == MC_Q5_K               ? &mc_zmm_q5k
+                                  : jb->t == MC_Q6_K               ? &mc_zmm_q6k
+                                                                   : NULL;
         const int r0 = tile * jb->tr;
         mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn, z,
                          z != NULL ? NULL : mc_repacked16_pick(jb->t, jb->simd));

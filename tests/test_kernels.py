@@ -330,11 +330,11 @@ def test_repacked_pairs_of_groups_are_bit_identical(dtype: DType) -> None:
 
 @pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
 def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
-    """Q3_K, Q4_K, Q5_K and Q6_K repacked 8 rows to a group (VNNI kernels: each 256-column block's
-    exact integer sums for 8 weight rows in 8 lanes, then the scalar kernel's float
-    operations) give what the scalar, AVX2 and VNNI kernels on the weights as stored give,
-    for x row counts around the 8 x 8 tiles; rows read back from the copy are the same;
-    AVX2 alone does not take the copy."""
+    """Q3_K, Q4_K, Q5_K and Q6_K repacked 8 rows to a group (VNNI and AVX2 kernels: each
+    256-column block's exact integer sums for 8 weight rows in 8 lanes, then the scalar
+    kernel's float operations) give what the scalar, AVX2 and VNNI kernels on the weights as
+    stored give, for x row counts around the 8 x 8 tiles; rows read back from the copy are
+    the same."""
     from modelc._kernels import kernels as kk
 
     rng = np.random.default_rng(10)
@@ -346,49 +346,50 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     # scales unpacked)
     per = {DType.Q3_K: 114, DType.Q4_K: 148, DType.Q5_K: 180, DType.Q6_K: 210}[dtype]
     assert aux.shape == (5, 16 * per)
-    assert not kk.repack_simd(code, SIMD_LEVELS["avx2"])
-    if "avx512vnni" not in available_simd():
-        pytest.skip("needs avx512vnni")
-    vnni = SIMD_LEVELS["avx512vnni"]
-    assert kk.repack_simd(code, vnni)
-    for n in (1, 2, 5, 8, 9, 17):
-        x = rng.standard_normal((n, 512)).astype(np.float32)
-        with_aux = np.empty((n, 37), np.float32)
-        kk.matmul(code, raw, 512, x, with_aux, vnni, 2, 1e38, aux)
-        for simd in available_simd():
-            want = np.empty((n, 37), np.float32)
-            kk.matmul(code, raw, 512, x, want, SIMD_LEVELS[simd], 2, 1e38, None)
-            np.testing.assert_array_equal(with_aux, want, err_msg=f"{simd}, {n} rows")
-        outs = [np.empty((n, 37), np.float32), np.empty((n, 37), np.float32)]
-        kk.matmul_multi(code, [raw, raw], 512, x, outs, vnni, 2, 1e38, [aux, aux])
-        np.testing.assert_array_equal(outs[0], with_aux)
-        np.testing.assert_array_equal(outs[1], with_aux)
-        ref = REF.matmul(w, quantized_activations(x, dtype))
-        assert rel_err(with_aux, ref) <= 1e-5
+    assert not kk.repack_simd(code, SIMD_LEVELS["scalar"])
+    levels = [SIMD_LEVELS[s] for s in ("avx2", "avx512vnni") if s in available_simd()]
+    if not levels:
+        pytest.skip("the repacked kernels need AVX2")
+    for level in levels:
+        assert kk.repack_simd(code, level)
+        for n in (1, 2, 5, 8, 9, 17):
+            x = rng.standard_normal((n, 512)).astype(np.float32)
+            with_aux = np.empty((n, 37), np.float32)
+            kk.matmul(code, raw, 512, x, with_aux, level, 2, 1e38, aux)
+            for simd in available_simd():
+                want = np.empty((n, 37), np.float32)
+                kk.matmul(code, raw, 512, x, want, SIMD_LEVELS[simd], 2, 1e38, None)
+                np.testing.assert_array_equal(with_aux, want, err_msg=f"{level=}: {simd}, {n} rows")
+            outs = [np.empty((n, 37), np.float32), np.empty((n, 37), np.float32)]
+            kk.matmul_multi(code, [raw, raw], 512, x, outs, level, 2, 1e38, [aux, aux])
+            np.testing.assert_array_equal(outs[0], with_aux)
+            np.testing.assert_array_equal(outs[1], with_aux)
+            ref = REF.matmul(w, quantized_activations(x, dtype))
+            assert rel_err(with_aux, ref) <= 1e-5
     ids = np.array([0, 7, 8, 36, 17, 36], np.int64)  # the scales and mins packed back too
     rows_aux, rows = np.empty((6, 512), np.float32), np.empty((6, 512), np.float32)
-    kk.get_rows(code, raw, 512, ids, rows_aux, vnni, aux)
-    kk.get_rows(code, raw, 512, ids, rows, vnni, None)
+    kk.get_rows(code, raw, 512, ids, rows_aux, levels[-1], aux)
+    kk.get_rows(code, raw, 512, ids, rows, levels[-1], None)
     np.testing.assert_array_equal(rows_aux, rows)
     with pytest.raises(ValueError, match="rows do not hold"):
         kk.repack(code, raw, 384)  # not a multiple of 256 columns
 
 
-@pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
+@pytest.mark.skipif("avx2" not in available_simd(), reason="the repacked kernels need AVX2")
 @pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
 def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
-    """Q4_K and Q6_K repacked weights go through the 512-bit kernels two groups of 8 rows at
-    a time (mc_gemm_zmm.h; from 32 x rows on each pair unpacked once first) and a tile's
-    last single group through the 256-bit ones (Q3_K, Q5_K: every group through those): every
-    height (one group; an odd number of
-    groups; a last group of fewer than 8 rows; tiles ending 9-15 rows past a pair) and x
-    row count (1-9, 17, 35: a last group of x rows of every size) gives what the scalar,
-    AVX2 and VNNI kernels on the weights as stored give, on 1 and 2 threads."""
+    """Q4_K, Q5_K and Q6_K repacked weights go through the 512-bit kernels two groups of 8
+    rows at a time on VNNI (mc_gemm_zmm.h; from 32 x rows on each pair unpacked once first)
+    and a tile's last single group through the 256-bit ones (Q3_K, and every type on AVX2:
+    every group through those): every height (one group; an odd number of groups; a last
+    group of fewer than 8 rows; tiles ending 9-15 rows past a pair) and x row count (1-9,
+    17, 35: a last group of x rows of every size) gives what the scalar, AVX2 and VNNI
+    kernels on the weights as stored give, on 1 and 2 threads (at the best SIMD level here)."""
     from modelc._kernels import kernels as kk
 
     rng = np.random.default_rng(16)
     code = KQ_CODES[dtype]
-    vnni = SIMD_LEVELS["avx512vnni"]
+    best = SIMD_LEVELS[available_simd()[0]]
     for rows in (8, 13, 24, 29, 40, 72):
         blocks = np.array(make_weight(dtype, rows, 512, rng).data).reshape(rows, 2, -1)
         for off, value in RANDOM_BLOCK_SCALES[dtype].items():  # f16 scales of every row apart
@@ -400,7 +401,7 @@ def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
             x = rng.standard_normal((n, 512)).astype(np.float32)
             for nth in (1, 2):
                 with_aux = np.empty((n, rows), np.float32)
-                kk.matmul(code, raw, 512, x, with_aux, vnni, nth, 1e38, aux)
+                kk.matmul(code, raw, 512, x, with_aux, best, nth, 1e38, aux)
                 for simd in available_simd():
                     want = np.empty((n, rows), np.float32)
                     kk.matmul(code, raw, 512, x, want, SIMD_LEVELS[simd], nth, 1e38, None)

@@ -294,8 +294,9 @@ class CpuBackend:
         return out
 
     def _gemm_aux(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """A weight repacked 8 rows to a group for the kernels that read it (Q4_1 and Q8_0,
-        VNNI or AVX2; Q3_K to Q6_K, VNNI), made on first use (as large as the weight; Q3_K's, Q5_K's 4 and 2 % larger).  Fast mode then reads
+        """A weight repacked 8 rows to a group for the kernels that read it (Q4_1, Q8_0 and
+        Q3_K to Q6_K, VNNI or AVX2), made on first use (as large as the weight; Q3_K's,
+        Q5_K's 4 and 2 % larger).  Fast mode then reads
         only the copy, so the pages of a file mapping are handed back to the OS (read again
         only for what else touches the rows, such as a tied embedding's lookups).  None
         where those kernels are not used (other types and SIMD levels, exact/balanced

@@ -1,0 +1,171 @@
+/* Q3_K to Q6_K on repacked weights, 8 weight rows x na <= 8 x rows (mc_repacked_fn),
+ * included twice by mc_gemm_vnni.h: once for AVX512-VNNI on 256-bit registers and once for
+ * AVX2.  Expects MC_TGT (target attribute), MC_SFX(name) (name suffix), and the exact
+ * integer sums of the 8 weight rows against one x row, lane j: row j:
+ *   MC_KX_SUM8(u, xd, wide): sum over k < 8 of u[k] . (x dword xd[k] broadcast), u[k]
+ *     unsigned and < 16 (< 32 where the constant `wide` is set: Q5_K);
+ *   MC_KX_SUM4(u, xd): the same over k < 4, u[k] < 64.
+ * vpdpbusd gives them directly; vpmaddubsw + vpmaddwd give the same ints as long as no
+ * 16-bit lane saturates, which the AVX2 helpers' grouping ensures (mc_gemm_vnni.h).  So
+ * both builds are bit-identical to each other and to the single-row kernels.  No include
+ * guard, on purpose. */
+
+/* Q4_K (Q5_K: q5) groups of 8 rows against na x rows */
+MC_TGT static inline __attribute__((always_inline)) void
+MC_SFX(mc_gemm_q45kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], float *y, size_t ldy, int nr,
+                    const int na, const int q5) {
+    const char *w = (const char *)wv;
+    const mc_q8k *xk[8];
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m256i m4 = _mm256_set1_epi8(0xF), h = _mm256_set1_epi8(0x10);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q4kx8 *b = (const mc_q4kx8 *)(w + MC_Q45_BYTES(q5) * (size_t)i);
+        __m256i si[8], qh[8];
+        if (q5) {
+            const mc_q5kx8 *b5 = (const mc_q5kx8 *)b;
+            MC_KX8_PREFETCH(b5);
+            for (int v = 0; v < 8; v++) qh[v] = _mm256_loadu_si256((const __m256i *)(b5->qh + 32 * v));
+        } else {
+            MC_KX8_PREFETCH(b);
+        }
+        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
+            __m256i u[8];
+            for (int v = 0; v < 8; v++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(MC_Q45_QS(b, q5, s >> 1) + 32 * v));
+                u[v] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
+                if (q5) {
+                    /* bit s of each qh byte to bit 4 (16-bit shifts: bit 4 of either byte
+                     * comes from the same byte for shifts up to 4 left and 3 right) */
+                    const __m256i hb = s < 4 ? _mm256_slli_epi16(qh[v], 4 - s)
+                                             : _mm256_srli_epi16(qh[v], s - 4);
+                    u[v] = _mm256_or_si256(u[v], _mm256_and_si256(hb, h));
+                }
+            }
+            const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[s]));
+            for (int a = 0; a < na; a++) {
+                const int32_t *xd = (const int32_t *)(xk[a][i].qs + 32 * s);
+                si[a] = _mm256_add_epi32(si[a], _mm256_mullo_epi32(MC_KX_SUM8(u, xd, q5), sc));
+            }
+        }
+        mc_kx8_finish(b->d, b->dmin, b->mn, xk, i, si, f, na);
+    }
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+MC_TGT static inline __attribute__((always_inline)) void
+MC_SFX(mc_gemm_q4kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    (void)cx;
+    MC_SFX(mc_gemm_q45kx8_body)(nb, wv, x, y, ldy, nr, na, 0);
+}
+
+MC_TGT static inline __attribute__((always_inline)) void
+MC_SFX(mc_gemm_q5kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    (void)cx;
+    MC_SFX(mc_gemm_q45kx8_body)(nb, wv, x, y, ldy, nr, na, 1);
+}
+
+/* Q3_K: mc_gemm_q6kx8_body's loop on 3-bit ints u = crumb | hmask bit << 2 (q + 4, so
+ * unsigned for vpdpbusd), the + 4 taken off through bsums as Q6_K's + 32 is; then
+ * mc_dot_q3_k_scalar's float steps, dx * (d * si). */
+MC_TGT static inline __attribute__((always_inline)) void
+MC_SFX(mc_gemm_q3kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    const mc_q3kx8 *w = (const mc_q3kx8 *)wv;
+    const mc_q8k *xk[8];
+    (void)cx;
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q3kx8 *b = w + i;
+        MC_KX8_PREFETCH(b);
+        __m256i si[8], hm[8];
+        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) hm[v] = _mm256_loadu_si256((const __m256i *)(b->hm + 32 * v));
+        for (int n = 0; n < 2; n++)
+            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
+                const int hb = 4 * n + X; /* their hmask bit, to bit 2 (16-bit shifts: bit 2
+                                           * of either byte comes from the same byte) */
+                __m256i u[8];
+                for (int v = 0; v < 8; v++) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[n] + 32 * v));
+                    const __m256i h = hb < 2 ? _mm256_slli_epi16(hm[v], 2 - hb)
+                                             : _mm256_srli_epi16(hm[v], hb - 2);
+                    u[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * X), m3),
+                                           _mm256_and_si256(h, m4));
+                }
+                const int k = 8 * n + 2 * X;
+                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
+                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
+                for (int a = 0; a < na; a++) { /* sum(u x) * sc per sub-block */
+                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
+                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(MC_KX_SUM4(u, xd), sc0),
+                                                                     _mm256_mullo_epi32(MC_KX_SUM4(u + 4, xd + 4), sc1)));
+                }
+            }
+        mc_kx8_offset(b->sc, xk, i, si, na, 2); /* the + 4 of every u */
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        for (int a = 0; a < na; a++) /* sum += dx * (d * si) */
+            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d),
+                                                     _mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a]))));
+    }
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+MC_TGT static inline __attribute__((always_inline)) void
+MC_SFX(mc_gemm_q6kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    const mc_q6kx8 *w = (const mc_q6kx8 *)wv;
+    const mc_q8k *xk[8];
+    (void)cx;
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q6kx8 *b = w + i;
+        MC_KX8_PREFETCH(b);
+        __m256i si[8];
+        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++)
+            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
+                __m256i u[8];
+                for (int v = 0; v < 8; v++) {
+                    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql[n][X & 1] + 32 * v));
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh[n] + 32 * v));
+                    const __m256i l4 = X < 2 ? _mm256_and_si256(ql, m4)
+                                             : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+                    const __m256i h2 = X == 0   ? _mm256_slli_epi16(qh, 4)
+                                       : X == 1 ? _mm256_slli_epi16(qh, 2)
+                                       : X == 2 ? qh
+                                                : _mm256_srli_epi16(qh, 2);
+                    u[v] = _mm256_or_si256(l4, _mm256_and_si256(h2, m30));
+                }
+                const int k = 8 * n + 2 * X;
+                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
+                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
+                for (int a = 0; a < na; a++) { /* sum(q x) * sc per sub-block */
+                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
+                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(MC_KX_SUM4(u, xd), sc0),
+                                                                     _mm256_mullo_epi32(MC_KX_SUM4(u + 4, xd + 4), sc1)));
+                }
+            }
+        mc_kx8_offset(b->sc, xk, i, si, na, 5); /* the -32 offset of every q */
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        for (int a = 0; a < na; a++) /* sum += d * dx * si */
+            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xk[a][i].d)),
+                                                     _mm256_cvtepi32_ps(si[a])));
+    }
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q4kx8), MC_SFX(mc_gemm_q4kx8_body))
+MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q3kx8), MC_SFX(mc_gemm_q3kx8_body))
+MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q5kx8), MC_SFX(mc_gemm_q5kx8_body))
+MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q6kx8), MC_SFX(mc_gemm_q6kx8_body))
