@@ -17,11 +17,6 @@
  * same order in any tile.  So g, mq, threads and batching never change a result, and an
  * f16 cache gives bit for bit what its values widened to f32 give. */
 
-#define MC_ATT_KT 8192 /* floats of the transposed K (or converted V) chunk: hd * nc */
-
-/* keys per chunk: 64, fewer for hd > 128 (the chunk's K must fit MC_ATT_KT) */
-static inline int mc_att_nc(int hd) { return mc_imin(64, MC_ATT_KT / hd); }
-
 #define MC_ATT_INLINE MC_AVX2 static inline __attribute__((always_inline))
 
 /* s[r * lds + c] = scale * q_r . k_c for R (<= 6, a constant once inlined) query vectors
@@ -110,15 +105,15 @@ MC_ATT_INLINE void mc_att_tr8(__m256 r[8]) {
     }
 }
 
-/* keys t0 .. t0 + n - 1 of KV head kh of cache `base` transposed into kt (hd, ldk) as
- * floats; columns n .. ncol - 1 (ncol a multiple of 8) repeat the last key, unused */
-MC_AVX2 static void mc_att_kt(const void *base, int f16, int n_head_kv, int kh, int hd, int t0,
-                              int n, int ncol, float *kt, int ldk) {
+/* keys t0 .. t0 + n - 1 of slice pk (of w floats; pn slices a row) of cache `base`
+ * transposed into kt (w, ldk) as floats; columns n .. ncol - 1 (ncol a multiple of 8)
+ * repeat the last key, unused */
+MC_AVX2 static void mc_att_kt(const void *base, int f16, int pn, int pk, int w, int t0, int n,
+                              int ncol, float *kt, int ldk) {
     for (int c0 = 0; c0 < ncol; c0 += 8) {
         size_t row[8];
-        for (int j = 0; j < 8; j++)
-            row[j] = ((size_t)(t0 + mc_imin(c0 + j, n - 1)) * n_head_kv + kh) * hd;
-        for (int d = 0; d < hd; d += 8) {
+        for (int j = 0; j < 8; j++) row[j] = ((size_t)(t0 + mc_imin(c0 + j, n - 1)) * pn + pk) * w;
+        for (int d = 0; d < w; d += 8) {
             __m256 r[8];
             for (int j = 0; j < 8; j++) {
                 const size_t at = row[j] + d;
@@ -172,13 +167,15 @@ MC_AVX2 static void mc_att_softmax_step(float *s, int ncol, int cnt, float softc
 }
 
 /* query rows i0 .. i0 + nr - 1 (their windows start at the same key), heads h0 .. h0 + g
- * - 1 of KV head kh */
+ * - 1 of KV heads kh .. kh + kvs - 1 (kvs > 1: one row, all their heads) */
 MC_AVX2 static void mc_att_tile(const mc_att_job *jb, int i0, int nr, int kh, int h0, int g) {
-    const int hd = jb->hd, n_head_kv = jb->n_head_kv, f16 = jb->kv_f16, M = nr * g;
-    const int nc = mc_att_nc(hd), nb = (M + 5) / 6; /* nb blocks of <= 6 query vectors */
+    const int hd = jb->hd, kvs = jb->kvs, f16 = jb->kv_f16, M = nr * g, W = kvs * hd;
+    const int pn = jb->n_head_kv / kvs, pk = kh / kvs; /* the item's slice of a cache row */
+    const int Mg = M / kvs;                           /* vectors per KV head */
+    const int nc = mc_att_nc(hd), nb = (Mg + 5) / 6;  /* nb blocks of <= 6 query vectors */
     float qb[MC_ATT_ACC], acc[MC_ATT_ACC];         /* (M, hd) queries, running sums of p * v */
     float s[MC_ATT_MMAX * 64], m[MC_ATT_MMAX], l[MC_ATT_MMAX]; /* s: (M, nc) */
-    float buf[MC_ATT_KT]; /* the chunk's K transposed (hd, nc), then its V (f16) */
+    float buf[MC_ATT_KT]; /* the chunk's K transposed (W, nc), then its V (f16) */
     for (int r = 0; r < nr; r++)
         memcpy(qb + (size_t)r * g * hd, jb->q + ((size_t)(i0 + r) * jb->n_head + h0) * hd,
                sizeof(float) * (size_t)g * hd);
@@ -190,22 +187,22 @@ MC_AVX2 static void mc_att_tile(const mc_att_job *jb, int i0, int nr, int kh, in
     const int es = f16 ? 2 : 4, t_lo = mc_att_lo(jb, i0);
     const int T = mc_imin(jb->q_pos0 + i0 + nr, jb->n_kv); /* the last row's end */
     const __m256 sc = _mm256_set1_ps(jb->scale);
-    if (t_lo < T) mc_att_prefetch(jb->k, t_lo, mc_imin(nc, T - t_lo), n_head_kv, kh, hd, es);
+    if (t_lo < T) mc_att_prefetch(jb->k, t_lo, mc_imin(nc, T - t_lo), pn, pk, W, es);
     for (int t0 = t_lo; t0 < T; t0 += nc) {
         const int n = mc_imin(nc, T - t0), ncol = (n + 15) & ~15;
         /* this chunk's V (used after its scores), the next chunk's K */
-        mc_att_prefetch(jb->v, t0, n, n_head_kv, kh, hd, es);
-        if (t0 + n < T)
-            mc_att_prefetch(jb->k, t0 + n, mc_imin(nc, T - t0 - n), n_head_kv, kh, hd, es);
-        mc_att_kt(jb->k, f16, n_head_kv, kh, hd, t0, n, ncol, buf, nc);
-        for (int b = 0, a0 = 0; b < nb; b++) { /* M split as evenly as it goes */
-            const int R = (M - a0) / (nb - b);
-            MC_ATT_BY_R(R, mc_att_qk_rows, qb + (size_t)a0 * hd, buf, nc, hd, sc,
-                        s + (size_t)a0 * nc, nc, ncol);
-            a0 += R;
-        }
+        mc_att_prefetch(jb->v, t0, n, pn, pk, W, es);
+        if (t0 + n < T) mc_att_prefetch(jb->k, t0 + n, mc_imin(nc, T - t0 - n), pn, pk, W, es);
+        mc_att_kt(jb->k, f16, pn, pk, W, t0, n, ncol, buf, nc);
+        for (int j = 0; j < kvs; j++) /* each KV head's Mg split as evenly as it goes */
+            for (int b = 0, a0 = j * Mg; b < nb; b++) {
+                const int R = (Mg - (a0 - j * Mg)) / (nb - b);
+                MC_ATT_BY_R(R, mc_att_qk_rows, qb + (size_t)a0 * hd, buf + (size_t)j * hd * nc, nc,
+                            hd, sc, s + (size_t)a0 * nc, nc, ncol);
+                a0 += R;
+            }
         for (int a = 0; a < M; a++) {
-            const int cnt = mc_imin(jb->q_pos0 + i0 + a / g + 1, jb->n_kv) - t0; /* its keys here */
+            const int cnt = mc_imin(jb->q_pos0 + i0 + a / g + 1, jb->n_kv) - t0; /* its keys */
             float *sa = s + (size_t)a * nc;
             if (cnt > 0)
                 mc_att_softmax_step(sa, ncol, cnt, jb->softcap, m + a, l + a,
@@ -214,13 +211,14 @@ MC_AVX2 static void mc_att_tile(const mc_att_job *jb, int i0, int nr, int kh, in
                 for (int c = 0; c < ncol; c++) sa[c] = 0.0f;
         }
         size_t vs;
-        const float *vb = mc_att_block(jb->v, f16, t0, n, n_head_kv, kh, hd, buf, &vs);
-        for (int b = 0, a0 = 0; b < nb; b++) {
-            const int R = (M - a0) / (nb - b);
-            MC_ATT_BY_R(R, mc_att_pv_rows, s + (size_t)a0 * nc, nc, vb, vs, n, hd,
-                        acc + (size_t)a0 * hd);
-            a0 += R;
-        }
+        const float *vb = mc_att_block(jb->v, f16, t0, n, pn, pk, W, buf, &vs);
+        for (int j = 0; j < kvs; j++)
+            for (int b = 0, a0 = j * Mg; b < nb; b++) {
+                const int R = (Mg - (a0 - j * Mg)) / (nb - b);
+                MC_ATT_BY_R(R, mc_att_pv_rows, s + (size_t)a0 * nc, nc, vb + (size_t)j * hd, vs, n,
+                            hd, acc + (size_t)a0 * hd);
+                a0 += R;
+            }
     }
     for (int a = 0; a < M; a++) {
         float *o = jb->out + ((size_t)(i0 + a / g) * jb->n_head + h0 + a % g) * hd;

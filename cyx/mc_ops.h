@@ -283,6 +283,10 @@ static void mc_tanh(const float *x, float *out, int64_t len, int simd) {
 #define MC_ATT_ACC 4096 /* floats of running sums per work item: g * hd <= MC_ATT_ACC */
 #define MC_ATT_MT 24    /* query vectors an AVX2 tile aims at (mq = MC_ATT_MT / g rows) */
 #define MC_ATT_MMAX 24  /* query vectors per AVX2 tile at most (>= MC_ATT_GMAX) */
+#define MC_ATT_KT 16384 /* floats of an AVX2 tile's K chunk (transposed) or V chunk */
+
+/* keys per chunk of the AVX2 kernel: 64, fewer where a KV head's chunk would not fit */
+static inline int mc_att_nc(int hd) { return mc_imin(64, MC_ATT_KT / hd); }
 
 typedef struct {
     const float *q;     /* (n_q, n_head, hd) */
@@ -297,18 +301,20 @@ typedef struct {
     int gs;    /* query heads per work item */
     int n_sub; /* items per (query rows, KV head): ceil(group / gs) */
     int mq;    /* query rows per work item (AVX2 kernel only; else 1) */
+    int kvs;   /* KV heads per work item (AVX2 kernel, mq == 1 only; > 1: gs = group) */
 } mc_att_job;
 
 /* the heads of work item idx: query rows *i .. *i + mq - 1 (the last tile's rows first:
- * they see the most keys, so the threads finish together), KV head *kh, heads h0 .. h0 +
- * g - 1 */
+ * they see the most keys, so the threads finish together), KV heads *kh .. *kh + kvs - 1,
+ * heads h0 .. h0 + g - 1 */
 static inline int mc_att_item(const mc_att_job *jb, int idx, int *i, int *kh, int *h0) {
-    const int group = jb->n_head / jb->n_head_kv, per_row = jb->n_head_kv * jb->n_sub;
+    const int group = jb->n_head / jb->n_head_kv;
+    const int per_row = jb->n_head_kv / jb->kvs * jb->n_sub;
     const int r = idx % per_row, sub = r % jb->n_sub, n_rt = (jb->n_q + jb->mq - 1) / jb->mq;
     *i = (n_rt - 1 - idx / per_row) * jb->mq;
-    *kh = r / jb->n_sub;
+    *kh = r / jb->n_sub * jb->kvs;
     *h0 = *kh * group + sub * jb->gs;
-    return mc_imin(jb->gs, group - sub * jb->gs);
+    return jb->kvs > 1 ? jb->kvs * group : mc_imin(jb->gs, group - sub * jb->gs);
 }
 
 /* first key row that query row i sees (its window's start; 0 without a window) */
@@ -500,6 +506,20 @@ static int mc_att_rows(int gs, int n_head_kv, int n_sub, int hd, int64_t rows, i
     return mq > 1 ? mq : 1;
 }
 
+/* KV heads per work item of the AVX2 kernel when it takes one row (decode): all of a
+ * row's (each cache row then read as one contiguous slice, which the hardware prefetcher
+ * follows) while every thread still gets 2 items, else 1.  Results are the same. */
+static int mc_att_kv_span(int n_head, int n_head_kv, int hd, int64_t rows, int mq, int nth,
+                          int simd) {
+    const int group = n_head / n_head_kv;
+    if (!(MC_IS_AVX2(simd) && hd % 8 == 0) || mq > 1) return 1;
+    for (int kvs = n_head_kv; kvs > 1; kvs--)
+        if (n_head_kv % kvs == 0 && kvs * group <= MC_ATT_MMAX && kvs * group * hd <= MC_ATT_ACC &&
+            kvs * hd * mc_att_nc(hd) <= MC_ATT_KT && rows * (n_head_kv / kvs) >= 2 * nth)
+            return kvs;
+    return 1;
+}
+
 static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 #if defined(MC_X86)
     if (MC_IS_AVX2(simd) && hd % 8 == 0) return mc_attention_grp_avx2_fn;
@@ -511,7 +531,8 @@ static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 
 static mc_att_job mc_att_make(const float *q, const void *k, const void *v, float *out, int n_q,
                               int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                              int window, float softcap, int kv_f16, int gs, int mq, int simd) {
+                              int window, float softcap, int kv_f16, int gs, int mq, int kvs,
+                              int simd) {
     const int group = n_head / n_head_kv;
     const mc_att_job jb = {q,
                            k,
@@ -528,15 +549,16 @@ static mc_att_job mc_att_make(const float *q, const void *k, const void *v, floa
                            softcap > 0.0f ? softcap : 0.0f,
                            simd,
                            kv_f16,
-                           gs,
-                           (group + gs - 1) / gs,
-                           mq};
+                           kvs > 1 ? group : gs,
+                           kvs > 1 ? 1 : (group + gs - 1) / gs,
+                           mq,
+                           kvs};
     return jb;
 }
 
 /* work items of one sequence of n_q query rows */
 static inline int mc_att_items(const mc_att_job *jb, int n_q) {
-    return (n_q + jb->mq - 1) / jb->mq * jb->n_head_kv * jb->n_sub;
+    return (n_q + jb->mq - 1) / jb->mq * (jb->n_head_kv / jb->kvs) * jb->n_sub;
 }
 
 /* keys one query row sees at most: the window, or the whole prefix */
@@ -558,8 +580,9 @@ static void mc_attention(const float *q, const void *k, const void *v, float *ou
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt, simd);
     const int mq = mc_att_rows(gs, n_head_kv, (n_head / n_head_kv + gs - 1) / gs, hd, n_q, nt, simd);
+    const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, n_q, mq, nt, simd);
     const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
-                                      scale, window, softcap, kv_f16, gs, mq, simd);
+                                      scale, window, softcap, kv_f16, gs, mq, kvs, simd);
     mc_parallel(nt, mc_att_items(&jb, n_q), mc_att_fn(hd, kv_f16, simd), (void *)&jb);
 }
 
@@ -603,17 +626,21 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
         return -2;
     }
     int64_t work = 0, rows = 0;
+    int max_q = 1; /* the longest sequence's rows: tiles of more do not occur */
     for (int s = 0; s < n_seq; s++) {
         work += (int64_t)n_qs[s] * n_head * mc_att_span(q_pos0s[s], n_qs[s], window) * hd;
         rows += n_qs[s];
+        max_q = n_qs[s] > max_q ? n_qs[s] : max_q;
     }
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, kv_f16, nt, simd);
-    const int mq = mc_att_rows(gs, n_head_kv, (n_head / n_head_kv + gs - 1) / gs, hd, rows, nt, simd);
+    const int mq = mc_imin(max_q, mc_att_rows(gs, n_head_kv, (n_head / n_head_kv + gs - 1) / gs,
+                                              hd, rows, nt, simd));
+    const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, rows, mq, nt, simd);
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
         jobs[s] = mc_att_make(qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head, n_kvs[s], n_head_kv,
-                              hd, q_pos0s[s], scale, window, softcap, kv_f16, gs, mq, simd);
+                              hd, q_pos0s[s], scale, window, softcap, kv_f16, gs, mq, kvs, simd);
         offs[s + 1] = offs[s] + mc_att_items(&jobs[s], n_qs[s]);
     }
     mc_att_batch b = {jobs, offs, n_seq, mc_att_fn(hd, kv_f16, simd)};
