@@ -1,15 +1,16 @@
 /* AVX2 attention over a KV cache (hd % 8 == 0, f32 or f16 cache), included by mc_ops.h.
  *
  * One work item is a tile of up to mq query rows times g query heads of one KV head:
- * M = mq * g query vectors that share every K/V row.  Per chunk of nc keys the chunk's K
- * is transposed (f16: converted) once into (hd, nc), so the scores are a small GEMM
- * (mc_att_qk: 6 query vectors x 16 keys of FMAs, no horizontal add per key); then each
- * vector's online softmax step runs over the whole chunk (one max, one rescale,
- * mc_exp256 8 keys at a time); then P . V is a second small GEMM (mc_att_pv: 6 vectors x
- * 16 columns, p broadcast into V rows).  The kernel before took one query row per item:
- * it converted each f16 K/V row once per query row, scored 4 keys at a time by FMA
- * chains and horizontal adds, and kept 4 FMA chains in its P . V loop; its profile
- * split between those three (~1/5 to 1/4 each) at ~40 GFLOP/s on 2 cores.
+ * M = mq * g query vectors that share every K/V row (a lone row, as in decode, takes the
+ * heads of kvs KV heads, reading cache rows as contiguous slices).  Per chunk of nc keys
+ * the chunk's K is transposed (f16: converted) once into (hd, nc), so the scores are a
+ * small GEMM (mc_att_qk: 6 query vectors x 16 keys of FMAs, no horizontal add per key);
+ * then each vector's online softmax step runs over the whole chunk (one max, one
+ * rescale, mc_exp256 8 keys at a time); then P . V is a second small GEMM (mc_att_pv:
+ * 6 vectors x 16 columns, p broadcast into V rows).  The kernel before took one query
+ * row per item: it converted each f16 K/V row once per query row, scored 4 keys at a
+ * time by FMA chains and horizontal adds, and kept 4 FMA chains in its P . V loop; its
+ * profile split between those three (~1/5 to 1/4 each) at ~40 GFLOP/s on 2 cores.
  *
  * A vector's result does not depend on the tile it is in: its chunks start at its
  * window's start (tiles whose rows' windows start at different keys go row by row),
