@@ -272,7 +272,8 @@ static void mc_tanh(const float *x, float *out, int64_t len, int simd) {
  *
  * One work item is one query row and a group of g query heads that share a KV head
  * (grouped-query attention), so each cache row of that KV head is loaded (f16:
- * converted) once for all g heads; the portable f32 kernel takes one head per item.
+ * converted) once for all g heads; the portable f32 kernel takes one head per item,
+ * the AVX2 kernel (mc_attn_avx2.h) a tile of mq rows times g heads.
  * Every head keeps its own online softmax in a fixed order, and f16 -> f32 conversion
  * is exact, so an f16 cache gives bit for bit what its values widened to f32 give,
  * whatever g is, on the same code path (AVX2 or portable). */
@@ -280,7 +281,12 @@ static void mc_tanh(const float *x, float *out, int64_t len, int simd) {
 #define MC_ATT_CHUNK 64
 #define MC_ATT_GMAX 16  /* query heads per work item at most */
 #define MC_ATT_ACC 4096 /* floats of running sums per work item: g * hd <= MC_ATT_ACC */
-#define MC_ATT_BUF 4096 /* floats of f16 rows converted at a time (AVX2 kernel) */
+#define MC_ATT_MT 24    /* query vectors an AVX2 tile aims at (mq = MC_ATT_MT / g rows) */
+#define MC_ATT_MMAX 24  /* query vectors per AVX2 tile at most (>= MC_ATT_GMAX) */
+#define MC_ATT_KT 16384 /* floats of an AVX2 tile's K chunk (transposed) or V chunk */
+
+/* keys per chunk of the AVX2 kernel: 64, fewer where a KV head's chunk would not fit */
+static inline int mc_att_nc(int hd) { return mc_imin(64, MC_ATT_KT / hd); }
 
 typedef struct {
     const float *q;     /* (n_q, n_head, hd) */
@@ -293,26 +299,22 @@ typedef struct {
     int simd;
     int kv_f16;
     int gs;    /* query heads per work item */
-    int n_sub; /* items per (query, KV head): ceil(group / gs); 1 when kvs > 1 */
-    int kvs;   /* KV heads per work item (AVX2 kernel only; > 1: gs = kvs * group) */
+    int n_sub; /* items per (query rows, KV head): ceil(group / gs) */
+    int mq;    /* query rows per work item (AVX2 kernel only; else 1) */
+    int kvs;   /* KV heads per work item (AVX2 kernel, mq == 1 only; > 1: gs = group) */
 } mc_att_job;
 
-/* the heads of work item idx: query row *i, KV head *kh, heads h0 .. h0 + g - 1 */
+/* the heads of work item idx: query rows *i .. *i + mq - 1 (the last tile's rows first:
+ * they see the most keys, so the threads finish together), KV heads *kh .. *kh + kvs - 1,
+ * heads h0 .. h0 + g - 1 */
 static inline int mc_att_item(const mc_att_job *jb, int idx, int *i, int *kh, int *h0) {
     const int group = jb->n_head / jb->n_head_kv;
-    if (jb->kvs > 1) { /* KV heads kh .. kh + kvs - 1 and all their query heads */
-        const int per_row = jb->n_head_kv / jb->kvs;
-        *i = idx / per_row;
-        *kh = idx % per_row * jb->kvs;
-        *h0 = *kh * group;
-        return jb->kvs * group;
-    }
-    const int per_row = jb->n_head_kv * jb->n_sub;
-    const int r = idx % per_row, sub = r % jb->n_sub;
-    *i = idx / per_row;
-    *kh = r / jb->n_sub;
+    const int per_row = jb->n_head_kv / jb->kvs * jb->n_sub;
+    const int r = idx % per_row, sub = r % jb->n_sub, n_rt = (jb->n_q + jb->mq - 1) / jb->mq;
+    *i = (n_rt - 1 - idx / per_row) * jb->mq;
+    *kh = r / jb->n_sub * jb->kvs;
     *h0 = *kh * group + sub * jb->gs;
-    return mc_imin(jb->gs, group - sub * jb->gs);
+    return jb->kvs > 1 ? jb->kvs * group : mc_imin(jb->gs, group - sub * jb->gs);
 }
 
 /* first key row that query row i sees (its window's start; 0 without a window) */
@@ -327,23 +329,6 @@ static inline float mc_att_cap(float s, float cap) { return cap * tanhf(s / cap)
 static inline void mc_att_softcap(float *s, int n, float cap) {
     for (int c = 0; c < n; c++) s[c] = mc_att_cap(s[c], cap);
 }
-
-#if defined(MC_X86)
-/* mc_att_softcap over a row of scores with mc_tanh256: the scalar tanhf per score
- * doubled a decode step's attention time; this one agrees with it to ~2 ulp */
-MC_AVX2 static inline void mc_att_softcap_avx2(float *s, int n, float cap) {
-    const __m256 c8 = _mm256_set1_ps(cap);
-    int c = 0;
-    for (; c + 8 <= n; c += 8)
-        _mm256_storeu_ps(s + c, _mm256_mul_ps(c8, mc_tanh256(_mm256_div_ps(_mm256_loadu_ps(s + c), c8))));
-    if (c < n) { /* the tail through one padded vector, so every score rounds alike */
-        float t[8] = {0};
-        for (int j = c; j < n; j++) t[j - c] = s[j];
-        _mm256_storeu_ps(t, _mm256_mul_ps(c8, mc_tanh256(_mm256_div_ps(_mm256_loadu_ps(t), c8))));
-        for (int j = c; j < n; j++) s[j] = t[j - c];
-    }
-}
-#endif
 
 /* f16 cache row `row` (of hd elements) converted into buf */
 static inline const float *mc_att_row(const void *base, size_t row, int hd, float *buf) {
@@ -394,144 +379,7 @@ static inline void mc_att_prefetch(const void *base, int t0, int rn, int n_head_
         for (size_t b = 0; b < len; b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
-/* 4 keys' scores against one query head: per key one FMA chain over hd in 8-wide
- * pieces, then ((d0 + d1) + (d2 + d3)) + ((d4 + d5) + (d6 + d7)) of its 8 lanes (two
- * rounds of horizontal adds shared by the 4 keys, then the halves). */
-MC_AVX2 static inline __m128 mc_att_dot4(const float *q, const float *k0, const float *k1,
-                                         const float *k2, const float *k3, int hd) {
-    __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
-    for (int j = 0; j < hd; j += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + j);
-        d0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), d0);
-        d1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), d1);
-        d2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), d2);
-        d3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), d3);
-    }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(d0, d1), _mm256_hadd_ps(d2, d3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-/* AVX2 attention for hd % 8 == 0, f32 or f16 cache: one work item is one query row and
- * g query heads sharing a KV head, or (kvs > 1) all the heads of kvs adjacent KV heads.
- * Per block of cache rows (mc_att_block) each head scores 4 keys at a time
- * (mc_att_dot4), then keeps an online softmax per head, as mc_attention_one does: per
- * chunk of MC_ATT_CHUNK keys the running max, rescale, exp, and the p * v sums in registers
- * (8 columns at a time across the block's rows).  A head's result does not depend on
- * g or on the cache's storage type (f16 -> f32 is exact). */
-MC_AVX2 static void mc_attention_grp_avx2(const void *ctx, int idx) {
-    const mc_att_job *jb = (const mc_att_job *)ctx;
-    const int hd = jb->hd, n_head_kv = jb->n_head_kv, nv = hd / 8, f16 = jb->kv_f16;
-    const int group = jb->n_head / n_head_kv, W = jb->kvs * hd; /* the item's slice of a row */
-    int i, kh, h0;
-    const int g = mc_att_item(jb, idx, &i, &kh, &h0);
-    const float *qi = jb->q + ((size_t)i * jb->n_head + h0) * hd; /* (g, hd) */
-    __m256 acc[MC_ATT_ACC / 8]; /* (g, hd / 8) running sums of p * v */
-    float s[MC_ATT_GMAX][MC_ATT_CHUNK + 4], m[MC_ATT_GMAX], l[MC_ATT_GMAX];
-    float buf[MC_ATT_BUF]; /* (R, W) converted K or V rows (f16) */
-    const int R = f16 ? mc_imin(MC_ATT_CHUNK, MC_ATT_BUF / W) : MC_ATT_CHUNK;
-    const int T = mc_imin(jb->q_pos0 + i + 1, jb->n_kv), t_lo = mc_att_lo(jb, i);
-    const __m128 sc4 = _mm_set1_ps(jb->scale);
-    for (int a = 0; a < g; a++) {
-        m[a] = -INFINITY;
-        l[a] = 0.0f;
-    }
-    for (int j = 0; j < g * nv; j++) acc[j] = _mm256_setzero_ps();
-    const int es = f16 ? 2 : 4;
-    /* as (row, slice) pairs: the slice of kvs KV heads is contiguous in a row */
-    const int pn = n_head_kv / jb->kvs, pk = kh / jb->kvs;
-    if (t_lo < T) mc_att_prefetch(jb->k, t_lo, mc_imin(MC_ATT_CHUNK, T - t_lo), pn, pk, W, es);
-    for (int t0 = t_lo; t0 < T; t0 += MC_ATT_CHUNK) {
-        const int cnt = mc_imin(MC_ATT_CHUNK, T - t0);
-        /* this chunk's V (used after its scores), the next chunk's K */
-        mc_att_prefetch(jb->v, t0, cnt, pn, pk, W, es);
-        if (t0 + cnt < T) mc_att_prefetch(jb->k, t0 + cnt, mc_imin(MC_ATT_CHUNK, T - t0 - cnt), pn, pk, W, es);
-        for (int r0 = 0; r0 < cnt; r0 += R) {
-            const int rn = mc_imin(R, cnt - r0);
-            size_t ks; /* row c of the block at kb + c * ks */
-            const float *kb = mc_att_block(jb->k, f16, t0 + r0, rn, pn, pk, W, buf, &ks);
-            for (int a = 0; a < g; a++) {
-                const float *qa = qi + (size_t)a * hd, *ka = kb + (size_t)(a / group) * hd;
-                for (int c = 0; c < rn; c += 4) { /* past rn: the last row again, unused */
-                    const float *k0 = ka + (size_t)c * ks;
-                    const float *k1 = ka + (size_t)mc_imin(c + 1, rn - 1) * ks;
-                    const float *k2 = ka + (size_t)mc_imin(c + 2, rn - 1) * ks;
-                    const float *k3 = ka + (size_t)mc_imin(c + 3, rn - 1) * ks;
-                    _mm_storeu_ps(s[a] + r0 + c, _mm_mul_ps(mc_att_dot4(qa, k0, k1, k2, k3, hd), sc4));
-                }
-            }
-        }
-        if (jb->softcap > 0.0f)
-            for (int a = 0; a < g; a++) mc_att_softcap_avx2(s[a], cnt, jb->softcap);
-        for (int a = 0; a < g; a++) {
-            float *sa = s[a];
-            __m256 mx = _mm256_set1_ps(-INFINITY);
-            int c8 = 0;
-            for (; c8 + 8 <= cnt; c8 += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sa + c8));
-            float cm = mc_hmax256(mx);
-            for (; c8 < cnt; c8++) cm = sa[c8] > cm ? sa[c8] : cm;
-            __m256 *acc_a = acc + (size_t)a * nv;
-            if (cm > m[a]) {
-                const __m256 corr = _mm256_set1_ps(expf(m[a] - cm)); /* 0 when m is -inf */
-                l[a] *= expf(m[a] - cm);
-                for (int j = 0; j < nv; j++) acc_a[j] = _mm256_mul_ps(acc_a[j], corr);
-                m[a] = cm;
-            }
-            /* p = exp(s - m), summed 8 lanes wide, then the lanes, then the tail */
-            __m256 ps = _mm256_setzero_ps();
-            for (c8 = 0; c8 + 8 <= cnt; c8 += 8) {
-                const __m256 e = mc_exp256(_mm256_sub_ps(_mm256_loadu_ps(sa + c8), _mm256_set1_ps(m[a])));
-                _mm256_storeu_ps(sa + c8, e);
-                ps = _mm256_add_ps(ps, e);
-            }
-            float lsum = mc_hsum256(ps);
-            for (; c8 < cnt; c8++) {
-                sa[c8] = expf(sa[c8] - m[a]);
-                lsum += sa[c8];
-            }
-            l[a] += lsum;
-        }
-        for (int r0 = 0; r0 < cnt; r0 += R) {
-            const int rn = mc_imin(R, cnt - r0);
-            size_t vs;
-            const float *vb = mc_att_block(jb->v, f16, t0 + r0, rn, pn, pk, W, buf, &vs);
-            for (int a = 0; a < g; a++) {
-                __m256 *acc_a = acc + (size_t)a * nv;
-                const float *pa = s[a] + r0, *va = vb + (size_t)(a / group) * hd;
-                int j = 0;
-                for (; j + 4 <= nv; j += 4) {
-                    __m256 x0 = acc_a[j], x1 = acc_a[j + 1], x2 = acc_a[j + 2], x3 = acc_a[j + 3];
-                    const float *vt = va + 8 * j;
-                    for (int c = 0; c < rn; c++, vt += vs) {
-                        const __m256 vp = _mm256_set1_ps(pa[c]);
-                        x0 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt), x0);
-                        x1 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 8), x1);
-                        x2 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 16), x2);
-                        x3 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vt + 24), x3);
-                    }
-                    acc_a[j] = x0;
-                    acc_a[j + 1] = x1;
-                    acc_a[j + 2] = x2;
-                    acc_a[j + 3] = x3;
-                }
-                for (; j < nv; j++) {
-                    __m256 x = acc_a[j];
-                    for (int c = 0; c < rn; c++)
-                        x = _mm256_fmadd_ps(_mm256_set1_ps(pa[c]),
-                                            _mm256_loadu_ps(va + (size_t)c * vs + 8 * j), x);
-                    acc_a[j] = x;
-                }
-            }
-        }
-    }
-    for (int a = 0; a < g; a++) {
-        float *o = jb->out + ((size_t)i * jb->n_head + h0 + a) * hd;
-        const __m256 inv = _mm256_set1_ps(l[a] > 0.0f ? 1.0f / l[a] : 0.0f);
-        for (int j = 0; j < nv; j++)
-            _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(acc[a * nv + j], inv));
-    }
-}
-
-static void mc_attention_grp_avx2_fn(void *ctx, int idx) { mc_attention_grp_avx2(ctx, idx); }
+#include "mc_attn_avx2.h"
 #endif
 
 /* one (query, head) pair: online softmax over its visible keys in chunks */
@@ -646,15 +494,28 @@ static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, in
     return rows * n_head_kv * n_sub >= nth ? gs : 1;
 }
 
-/* KV heads per work item: all of a query row's (each cache row then read as one
- * contiguous slice, which the hardware prefetcher follows) when the AVX2 kernel runs and
- * there are still 2 items per thread, else one. */
-static int mc_att_kv_span(int n_head, int n_head_kv, int hd, int64_t rows, int nth, int simd) {
-    const int group = n_head / n_head_kv;
+/* query rows per work item of the AVX2 kernel: about MC_ATT_MT query vectors (each K
+ * chunk transposed, each V chunk converted once for them all) while every thread still
+ * gets 4 items; 1 for the portable kernels.  Results are the same either way. */
+static int mc_att_rows(int gs, int n_head_kv, int n_sub, int hd, int64_t rows, int nth, int simd) {
     if (!(MC_IS_AVX2(simd) && hd % 8 == 0)) return 1;
+    int mq = MC_ATT_MT / gs;
+    while (mq > 1 && (mq * gs > MC_ATT_MMAX || mq * gs * hd > MC_ATT_ACC ||
+                      (rows + mq - 1) / mq * n_head_kv * n_sub < 4 * nth))
+        mq--;
+    return mq > 1 ? mq : 1;
+}
+
+/* KV heads per work item of the AVX2 kernel when it takes one row (decode): all of a
+ * row's (each cache row then read as one contiguous slice, which the hardware prefetcher
+ * follows) while every thread still gets 2 items, else 1.  Results are the same. */
+static int mc_att_kv_span(int n_head, int n_head_kv, int hd, int64_t rows, int mq, int nth,
+                          int simd) {
+    const int group = n_head / n_head_kv;
+    if (!(MC_IS_AVX2(simd) && hd % 8 == 0) || mq > 1) return 1;
     for (int kvs = n_head_kv; kvs > 1; kvs--)
-        if (n_head_kv % kvs == 0 && kvs * group <= MC_ATT_GMAX && kvs * group * hd <= MC_ATT_ACC &&
-            kvs * hd <= MC_ATT_BUF && rows * (n_head_kv / kvs) >= 2 * nth)
+        if (n_head_kv % kvs == 0 && kvs * group <= MC_ATT_MMAX && kvs * group * hd <= MC_ATT_ACC &&
+            kvs * hd * mc_att_nc(hd) <= MC_ATT_KT && rows * (n_head_kv / kvs) >= 2 * nth)
             return kvs;
     return 1;
 }
@@ -670,7 +531,8 @@ static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 
 static mc_att_job mc_att_make(const float *q, const void *k, const void *v, float *out, int n_q,
                               int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                              int window, float softcap, int kv_f16, int gs, int kvs, int simd) {
+                              int window, float softcap, int kv_f16, int gs, int mq, int kvs,
+                              int simd) {
     const int group = n_head / n_head_kv;
     const mc_att_job jb = {q,
                            k,
@@ -687,15 +549,16 @@ static mc_att_job mc_att_make(const float *q, const void *k, const void *v, floa
                            softcap > 0.0f ? softcap : 0.0f,
                            simd,
                            kv_f16,
-                           kvs > 1 ? kvs * group : gs,
+                           kvs > 1 ? group : gs,
                            kvs > 1 ? 1 : (group + gs - 1) / gs,
+                           mq,
                            kvs};
     return jb;
 }
 
 /* work items of one sequence of n_q query rows */
 static inline int mc_att_items(const mc_att_job *jb, int n_q) {
-    return n_q * (jb->n_head_kv / jb->kvs) * jb->n_sub;
+    return (n_q + jb->mq - 1) / jb->mq * (jb->n_head_kv / jb->kvs) * jb->n_sub;
 }
 
 /* keys one query row sees at most: the window, or the whole prefix */
@@ -716,9 +579,10 @@ static void mc_attention(const float *q, const void *k, const void *v, float *ou
     const int64_t work = (int64_t)n_q * n_head * mc_att_span(q_pos0, n_q, window) * hd;
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt, simd);
-    const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, n_q, nt, simd);
+    const int mq = mc_att_rows(gs, n_head_kv, (n_head / n_head_kv + gs - 1) / gs, hd, n_q, nt, simd);
+    const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, n_q, mq, nt, simd);
     const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
-                                      scale, window, softcap, kv_f16, gs, kvs, simd);
+                                      scale, window, softcap, kv_f16, gs, mq, kvs, simd);
     mc_parallel(nt, mc_att_items(&jb, n_q), mc_att_fn(hd, kv_f16, simd), (void *)&jb);
 }
 
@@ -762,17 +626,21 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
         return -2;
     }
     int64_t work = 0, rows = 0;
+    int max_q = 1; /* the longest sequence's rows: tiles of more do not occur */
     for (int s = 0; s < n_seq; s++) {
         work += (int64_t)n_qs[s] * n_head * mc_att_span(q_pos0s[s], n_qs[s], window) * hd;
         rows += n_qs[s];
+        max_q = n_qs[s] > max_q ? n_qs[s] : max_q;
     }
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, kv_f16, nt, simd);
-    const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, rows, nt, simd);
+    const int mq = mc_imin(max_q, mc_att_rows(gs, n_head_kv, (n_head / n_head_kv + gs - 1) / gs,
+                                              hd, rows, nt, simd));
+    const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, rows, mq, nt, simd);
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
         jobs[s] = mc_att_make(qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head, n_kvs[s], n_head_kv,
-                              hd, q_pos0s[s], scale, window, softcap, kv_f16, gs, kvs, simd);
+                              hd, q_pos0s[s], scale, window, softcap, kv_f16, gs, mq, kvs, simd);
         offs[s + 1] = offs[s] + mc_att_items(&jobs[s], n_qs[s]);
     }
     mc_att_batch b = {jobs, offs, n_seq, mc_att_fn(hd, kv_f16, simd)};
