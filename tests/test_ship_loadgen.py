@@ -66,8 +66,11 @@ def test_conversations_resend_history_under_one_header() -> None:
     convs: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     for key, body in _Recorder.seen:
         convs[key].append(body)
-    assert None not in convs and len(convs) == 3  # 3 + 3 + 1 turns, one id each
-    assert sorted(len(v) for v in convs.values()) == [1, 3, 3]
+    # 7 requests, two workers, conversations of up to 3 turns: 3 + 3 + 1 when the workers
+    # alternate, 3 + 2 + 2 when one finishes its first conversation before the other's
+    # second turn (a slow machine's timing); either way one id a conversation
+    assert None not in convs and len(convs) == 3
+    assert sorted(len(v) for v in convs.values()) in ([1, 3, 3], [2, 2, 3])
     for bodies in convs.values():
         first = bodies[0]["messages"]
         assert [m["role"] for m in first] == ["user"] and len(first[0]["content"].split()) == 16
