@@ -175,7 +175,7 @@ MC_AVX2 static void mc_att_tile(const mc_att_job *jb, int i0, int nr, int kh, in
     const int Mg = M / kvs;                           /* vectors per KV head */
     const int nc = mc_att_nc(hd), nb = (Mg + 5) / 6;  /* nb blocks of <= 6 query vectors */
     float qb[MC_ATT_ACC], acc[MC_ATT_ACC];         /* (M, hd) queries, running sums of p * v */
-    float s[MC_ATT_MMAX * 64], m[MC_ATT_MMAX], l[MC_ATT_MMAX]; /* s: (M, nc) */
+    float s[MC_ATT_MMAX * MC_ATT_CHUNK], m[MC_ATT_MMAX], l[MC_ATT_MMAX]; /* s: (M, nc) */
     float buf[MC_ATT_KT]; /* the chunk's K transposed (W, nc), then its V (f16) */
     for (int r = 0; r < nr; r++)
         memcpy(qb + (size_t)r * g * hd, jb->q + ((size_t)(i0 + r) * jb->n_head + h0) * hd,

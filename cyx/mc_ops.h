@@ -286,7 +286,7 @@ static void mc_tanh(const float *x, float *out, int64_t len, int simd) {
 #define MC_ATT_KT 16384 /* floats of an AVX2 tile's K chunk (transposed) or V chunk */
 
 /* keys per chunk of the AVX2 kernel: 64, fewer where a KV head's chunk would not fit */
-static inline int mc_att_nc(int hd) { return mc_imin(64, MC_ATT_KT / hd); }
+static inline int mc_att_nc(int hd) { return mc_imin(MC_ATT_CHUNK, MC_ATT_KT / hd); }
 
 typedef struct {
     const float *q;     /* (n_q, n_head, hd) */
@@ -495,11 +495,14 @@ static int mc_att_group_size(int n_head, int n_head_kv, int hd, int64_t rows, in
 }
 
 /* query rows per work item of the AVX2 kernel: about MC_ATT_MT query vectors (each K
- * chunk transposed, each V chunk converted once for them all) while every thread still
- * gets 4 items; 1 for the portable kernels.  Results are the same either way. */
-static int mc_att_rows(int gs, int n_head_kv, int n_sub, int hd, int64_t rows, int nth, int simd) {
+ * chunk transposed, each V chunk converted once for them all), no more than the longest
+ * sequence's max_q rows, while every thread still gets 4 items; 1 for the portable
+ * kernels.  Results are the same either way. */
+static int mc_att_rows(int n_head, int n_head_kv, int gs, int hd, int64_t rows, int max_q, int nth,
+                       int simd) {
     if (!(MC_IS_AVX2(simd) && hd % 8 == 0)) return 1;
-    int mq = MC_ATT_MT / gs;
+    const int n_sub = (n_head / n_head_kv + gs - 1) / gs;
+    int mq = mc_imin(MC_ATT_MT / gs, max_q);
     while (mq > 1 && (mq * gs > MC_ATT_MMAX || mq * gs * hd > MC_ATT_ACC ||
                       (rows + mq - 1) / mq * n_head_kv * n_sub < 4 * nth))
         mq--;
@@ -579,7 +582,7 @@ static void mc_attention(const float *q, const void *k, const void *v, float *ou
     const int64_t work = (int64_t)n_q * n_head * mc_att_span(q_pos0, n_q, window) * hd;
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt, simd);
-    const int mq = mc_att_rows(gs, n_head_kv, (n_head / n_head_kv + gs - 1) / gs, hd, n_q, nt, simd);
+    const int mq = mc_att_rows(n_head, n_head_kv, gs, hd, n_q, n_q, nt, simd);
     const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, n_q, mq, nt, simd);
     const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
                                       scale, window, softcap, kv_f16, gs, mq, kvs, simd);
@@ -634,8 +637,7 @@ static int mc_attention_batch(int n_seq, const float *const *qs, const void *con
     }
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, rows, kv_f16, nt, simd);
-    const int mq = mc_imin(max_q, mc_att_rows(gs, n_head_kv, (n_head / n_head_kv + gs - 1) / gs,
-                                              hd, rows, nt, simd));
+    const int mq = mc_att_rows(n_head, n_head_kv, gs, hd, rows, max_q, nt, simd);
     const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, rows, mq, nt, simd);
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
