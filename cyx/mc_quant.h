@@ -72,7 +72,11 @@ typedef struct {
                            * repacked Q8_0 weights (n, K / 32) ints: 128 x each block's sum */
     mc_dot_fn fdot;       /* exact path, few x rows: fused dequant + dot, or NULL */
     struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
+    int kw;               /* the K-quants on repacked weights against many x rows on AVX2
+                           * (mc_gemm_kwide.h), x packed into xp */
 } mc_matmul_job;
+
+#include "mc_gemm_kwide.h"
 
 /* Outlier decomposition (as LLM.int8()): the few activations of a row far above
  * its RMS are taken out before int8 quantization, so they no longer set their
@@ -456,7 +460,11 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
                            : NULL;
             /* groups of 8 rows; a last group of MC_PAD_MIN_ROWS-7 rows is padded with zero rows */
             const size_t nb = (size_t)K / 32, ngrp = (size_t)n / 8 + (n % 8 >= MC_PAD_MIN_ROWS);
-            const size_t dbytes = jb->ilv != NULL ? (t == MC_Q8_0 ? sizeof(int32_t) * nb * (size_t)n : 0)
+#if defined(MC_X86)
+            jb->kw = jb->ilv != NULL && mc_kw_takes(t, K, n, simd);
+#endif
+            const size_t dbytes = jb->kw             ? mc_kw_x_bytes(n, K)
+                                  : jb->ilv != NULL ? (t == MC_Q8_0 ? sizeof(int32_t) * nb * (size_t)n : 0)
                                   : jb->gemm  ? ngrp * nb * sizeof(mc_q8t8)
                                   : jb->dot8 ? ngrp * nb * sizeof(mc_q8x8)
                                             : 0;
@@ -473,7 +481,10 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
             if ((jb->gemm || jb->ilv != NULL) && !*exact) {
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(uintptr_t)63));
                 char *xp = (char *)((at + 63) & ~(uintptr_t)63);
-                if (jb->ilv == NULL) {
+                if (jb->kw) {
+                    jb->xp = xp;
+                    mc_parallel(n >= 64 ? nth : 1, (n + 7) / 8, mc_kw_pack_chunk, jb);
+                } else if (jb->ilv == NULL) {
                     for (size_t g = 0; g < ngrp; g++)
                         mc_gemm_pack8(xq + jb->xstride * g * 8, jb->xstride, mc_imin(8, n - (int)g * 8),
                                       (int)nb, mc_gemm_offset(t), (mc_q8t8 *)xp + g * nb);
@@ -537,6 +548,11 @@ static int mc_matmul_tiles(mc_matmul_job *jb, int use, int exact) {
 static void mc_matmul_tile(void *ctx, int tile) {
 #if defined(MC_X86)
     const mc_matmul_job *jb = (const mc_matmul_job *)ctx;
+    if (jb->kw) { /* the K-quants against many x rows on AVX2 */
+        const int r0 = tile * jb->tr;
+        mc_kw_tile((mc_matmul_job *)jb, r0, mc_imin(jb->M, r0 + jb->tr));
+        return;
+    }
     if (jb->ilv != NULL) { /* repacked weights (mc_job_aux) */
         const int vnni = jb->simd == MC_SIMD_VNNI;
         const mc_repacked_fn fn = jb->t == MC_Q8_0   ? (vnni ? mc_gemm_q80x8 : mc_gemm_q80x8_avx2)

@@ -410,6 +410,47 @@ def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
                     )
 
 
+@pytest.mark.skipif("avx2" not in available_simd(), reason="the wide kernels are AVX2's")
+@pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
+def test_kquant_wide_x_path_is_bit_identical(dtype: DType) -> None:
+    """From 32 x rows on AVX2 the K-quants' repacked weights go through mc_gemm_kwide.h
+    (each group unpacked once, x rows in the lanes, two weight rows a step against 4
+    groups of 8 x rows): its results equal the stored weights' at every SIMD level here,
+    for x row counts that leave a last tile of 1-4 groups and a last group of 1-8 rows,
+    weight heights that leave a last group of fewer than 8 rows and more than one unpacked
+    chunk (up to 4 groups; 2 at 8192 columns), on 1 and 2 threads; and they match numpy."""
+    from modelc._kernels import kernels as kk
+
+    rng = np.random.default_rng(32)
+    code = KQ_CODES[dtype]
+    avx2 = SIMD_LEVELS["avx2"]
+    for rows, K, counts in ((13, 512, (32, 33, 47)), (72, 512, (40, 64, 100)), (29, 8192, (35, 57))):
+        blocks = np.array(make_weight(dtype, rows, K, rng).data).reshape(rows, K // 256, -1)
+        for off, value in RANDOM_BLOCK_SCALES[dtype].items():  # f16 scales of every row apart
+            scales = (value * rng.uniform(0.5, 2.0, (rows, K // 256))).astype(np.float16)
+            blocks[:, :, off : off + 2] = scales.view(np.uint8).reshape(rows, K // 256, 2)
+        raw = np.ascontiguousarray(blocks.reshape(rows, -1))
+        w = Weight(dtype, (rows, K), raw)
+        aux = kk.repack(code, raw, K)
+        for n in counts:
+            x = rng.standard_normal((n, K)).astype(np.float32)
+            x[:, 5] *= 40.0  # a column far above the rest (int8 blocks with a large scale)
+            for nth in (1, 2):
+                got = np.empty((n, rows), np.float32)
+                kk.matmul(code, raw, K, x, got, avx2, nth, 1e38, aux)
+                for simd in available_simd():
+                    want = np.empty((n, rows), np.float32)
+                    kk.matmul(code, raw, K, x, want, SIMD_LEVELS[simd], nth, 1e38, None)
+                    np.testing.assert_array_equal(
+                        got, want, err_msg=f"{simd}, {rows} x {K}, {n} x rows, {nth} threads"
+                    )
+            outs = [np.empty((n, rows), np.float32), np.empty((n, rows), np.float32)]
+            kk.matmul_multi(code, [raw, raw], K, x, outs, avx2, 2, 1e38, [aux, aux])
+            np.testing.assert_array_equal(outs[0], got)
+            np.testing.assert_array_equal(outs[1], got)
+            assert rel_err(got, REF.matmul(w, quantized_activations(x, dtype))) <= 1e-5
+
+
 @pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
 @pytest.mark.parametrize(
     "dtype", [DType.Q8_0, DType.Q4_1, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K]
