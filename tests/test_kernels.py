@@ -424,7 +424,11 @@ def test_kquant_wide_x_path_is_bit_identical(dtype: DType) -> None:
     rng = np.random.default_rng(32)
     code = KQ_CODES[dtype]
     avx2 = SIMD_LEVELS["avx2"]
-    for rows, K, counts in ((13, 512, (32, 33, 47)), (72, 512, (40, 64, 100)), (29, 8192, (35, 57))):
+    for rows, K, counts in (
+        (13, 512, (32, 33, 47)),
+        (72, 512, (40, 64, 100)),
+        (29, 8192, (35, 57)),
+    ):
         blocks = np.array(make_weight(dtype, rows, K, rng).data).reshape(rows, K // 256, -1)
         for off, value in RANDOM_BLOCK_SCALES[dtype].items():  # f16 scales of every row apart
             scales = (value * rng.uniform(0.5, 2.0, (rows, K // 256))).astype(np.float16)
