@@ -21,8 +21,10 @@
 
 #if defined(MC_X86)
 
-/* groups of 8 x rows per weight broadcast (registers: G int16 sums, G int32 sums) */
+/* groups of 8 x rows per weight broadcast (registers: 2G int16 sums) */
+#ifndef MC_KW_G
 #define MC_KW_G 4
+#endif
 /* fewest x rows for this path; fewer go through the 8-row kernels */
 #ifndef MC_KW_MIN_ROWS
 #define MC_KW_MIN_ROWS 32
@@ -230,7 +232,8 @@ mc_kw_sums2(const mc_kw_w *w, int j, const mc_kw_x *x, size_t gstride, __m256i s
                 const __m256i u0 = _mm256_set1_epi32(*(const int32_t *)(w->u[v] + 4 * j));
                 const __m256i u1 = _mm256_set1_epi32(*(const int32_t *)(w->u[v] + 4 * j + 4));
                 for (int g = 0; g < G; g++) {
-                    const __m256i xv = _mm256_load_si256((const __m256i *)x[g * gstride].q[v]);
+                    __m256i xv = _mm256_load_si256((const __m256i *)x[g * gstride].q[v]);
+                    __asm__("" : "+x"(xv)); /* one load for both multiplies, not two */
                     const __m256i p0 = _mm256_maddubs_epi16(u0, xv), p1 = _mm256_maddubs_epi16(u1, xv);
                     h0[g] = c == c0 ? p0 : _mm256_add_epi16(h0[g], p0);
                     h1[g] = c == c0 ? p1 : _mm256_add_epi16(h1[g], p1);
@@ -278,12 +281,17 @@ mc_kw_rows(int nbk, const mc_kw_w *w, int nw, const mc_kw_x *x, float *y, size_t
         }
 }
 
+/* mc_kw_rows with its G a constant (those above MC_KW_G are never taken) */
+#define MC_KW_CASE(n, t, sub, ch, ...)                                                             \
+    case n: mc_kw_rows(__VA_ARGS__, (n) <= MC_KW_G ? (n) : MC_KW_G, t, sub, ch); break;
 #define MC_KW_BY_G(G, t, sub, ch, ...)                                                            \
     switch (G) {                                                                                   \
-    case 1: mc_kw_rows(__VA_ARGS__, 1, t, sub, ch); break;                                         \
-    case 2: mc_kw_rows(__VA_ARGS__, 2, t, sub, ch); break;                                         \
-    case 3: mc_kw_rows(__VA_ARGS__, 3, t, sub, ch); break;                                         \
-    default: mc_kw_rows(__VA_ARGS__, 4, t, sub, ch); break;                                        \
+        MC_KW_CASE(1, t, sub, ch, __VA_ARGS__)                                                     \
+        MC_KW_CASE(2, t, sub, ch, __VA_ARGS__)                                                     \
+        MC_KW_CASE(3, t, sub, ch, __VA_ARGS__)                                                     \
+        MC_KW_CASE(4, t, sub, ch, __VA_ARGS__)                                                     \
+        MC_KW_CASE(5, t, sub, ch, __VA_ARGS__)                                                     \
+    default: mc_kw_rows(__VA_ARGS__, MC_KW_G, t, sub, ch); break;                                  \
     }
 
 /* mc_kw_rows for type t, G = ceil(nx / 8) <= MC_KW_G groups */
