@@ -25,6 +25,17 @@
 #ifndef MC_KW_G
 #define MC_KW_G 4
 #endif
+/* unpacked weight groups at a time, at most (and at most MC_KW_WBYTES KiB of them) */
+#ifndef MC_KW_NG
+#define MC_KW_NG 4
+#endif
+#ifndef MC_KW_WBYTES
+#define MC_KW_WBYTES 200u
+#endif
+/* weight rows per tile of the thread pool (a multiple of 16) */
+#ifndef MC_KW_TR
+#define MC_KW_TR 64
+#endif
 /* fewest x rows for this path; fewer go through the 8-row kernels */
 #ifndef MC_KW_MIN_ROWS
 #define MC_KW_MIN_ROWS 32
@@ -332,8 +343,8 @@ static void mc_kw_tile(mc_matmul_job *jb, int r0, int r1) {
     const int M = jb->M, n = jb->n, nbk = jb->K / 256, nb = jb->K / 32;
     const size_t gbytes = mc_repack_block_bytes(jb->t) * (size_t)nb; /* one repacked group */
     const size_t ubytes = sizeof(mc_kw_w) * (size_t)nbk;             /* one unpacked group */
-    int ng = (int)((200u << 10) / ubytes);
-    ng = ng < 1 ? 1 : ng > 4 ? 4 : ng;
+    int ng = (int)((MC_KW_WBYTES << 10) / ubytes);
+    ng = ng < 1 ? 1 : ng > MC_KW_NG ? MC_KW_NG : ng;
     char *buf = (char *)mc_scratch(2, ubytes * (size_t)ng + sizeof(__m256) * 32 * MC_KW_G + 64);
     if (buf == NULL) {
         jb->failed = 1;

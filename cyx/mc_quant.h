@@ -536,7 +536,9 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
  * x rows meets them.  Returns the number of tiles. */
 static int mc_matmul_tiles(mc_matmul_job *jb, int use, int exact) {
     jb->tr = MC_TR;
-    if (jb->n < 8 || ((jb->gemm || jb->ilv != NULL) && !exact)) {
+    if (jb->kw && !exact) { /* compute-bound: short tiles even out the threads */
+        jb->tr = MC_KW_TR;
+    } else if (jb->n < 8 || ((jb->gemm || jb->ilv != NULL) && !exact)) {
         const int want = (jb->M + MC_RUNS_PER_THREAD * use - 1) / (MC_RUNS_PER_THREAD * use);
         jb->tr = ((want + MC_TR - 1) / MC_TR) * MC_TR;
         if (jb->tr < MC_TR) jb->tr = MC_TR;
