@@ -112,7 +112,6 @@ MC_AVX2 static void mc_kw_pack_x(const char *xq, size_t xstride, int j0, int na,
 
 /* one repacked group (8 rows, nbk blocks of 256 columns) of type t into out */
 MC_AVX2 static void mc_kw_unpack(int t, const void *wg, int nbk, mc_kw_w *out) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
     for (int i = 0; i < nbk; i++) {
         mc_kw_w *o = out + i;
         const uint16_t *d = NULL, *dmin = NULL;
@@ -125,60 +124,33 @@ MC_AVX2 static void mc_kw_unpack(int t, const void *wg, int nbk, mc_kw_w *out) {
             dmin = b != NULL ? b->dmin : b5->dmin;
             for (int s = 0; s < 8; s++) {
                 for (int j = 0; j < 8; j++) o->sc[s][j] = mc_kw_pair(sc[s][j], sc[s][j]);
+                const uint8_t *qs = b != NULL ? b->qs[s >> 1] : b5->qs[s >> 1];
                 for (int v = 0; v < 8; v++) {
-                    const uint8_t *qs = b != NULL ? b->qs[s >> 1] : b5->qs[s >> 1];
                     const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
-                    __m256i u = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
-                    if (b5 != NULL) {
-                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b5->qh + 32 * v));
-                        const __m256i hb = s < 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
-                        u = _mm256_or_si256(u, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
-                    }
+                    const __m256i u = b5 == NULL ? mc_q45kx8_u(q, s, 0, q)
+                                                 : mc_q45kx8_u(q, s, 1, _mm256_loadu_si256((const __m256i *)(b5->qh + 32 * v)));
                     _mm256_storeu_si256((__m256i *)o->u[8 * s + v], u);
                 }
             }
             for (int p = 0; p < 4; p++)
                 for (int j = 0; j < 8; j++) o->mp[p][j] = mc_kw_pair(mn[2 * p][j], mn[2 * p + 1][j]);
-        } else if (t == MC_Q6_K) {
-            const mc_q6kx8 *b = (const mc_q6kx8 *)wg + i;
-            d = b->d;
+        } else { /* Q6_K and Q3_K: their d and 16 int8 scales where the other's are */
+            const mc_q6kx8 *b6 = t == MC_Q6_K ? (const mc_q6kx8 *)wg + i : NULL;
+            const mc_q3kx8 *b3 = t == MC_Q3_K ? (const mc_q3kx8 *)wg + i : NULL;
+            const int8_t(*sc)[8] = b6 != NULL ? b6->sc : b3->sc;
+            d = b6 != NULL ? b6->d : b3->d;
             for (int n = 0; n < 2; n++)
                 for (int X = 0; X < 4; X++)
                     for (int v = 0; v < 8; v++) {
-                        const __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql[n][X & 1] + 32 * v));
-                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh[n] + 32 * v));
-                        const __m256i l4 = X < 2 ? _mm256_and_si256(ql, m4)
-                                                 : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-                        const __m256i h2 = X == 0   ? _mm256_slli_epi16(qh, 4)
-                                           : X == 1 ? _mm256_slli_epi16(qh, 2)
-                                           : X == 2 ? qh
-                                                    : _mm256_srli_epi16(qh, 2);
-                        const __m256i u = _mm256_or_si256(l4, _mm256_and_si256(h2, _mm256_set1_epi8(0x30)));
+                        const __m256i u =
+                            b6 != NULL ? mc_q6kx8_u(b6, n, X, v)
+                                       : mc_q3kx8_u(b3, n, X, v, _mm256_loadu_si256((const __m256i *)(b3->hm + 32 * v)));
                         _mm256_storeu_si256((__m256i *)o->u[32 * n + 8 * X + v], u);
                     }
             for (int k = 0; k < 16; k++)
-                for (int j = 0; j < 8; j++) o->sc[k][j] = mc_kw_pair(b->sc[k][j], b->sc[k][j]);
+                for (int j = 0; j < 8; j++) o->sc[k][j] = mc_kw_pair(sc[k][j], sc[k][j]);
             for (int p = 0; p < 8; p++)
-                for (int j = 0; j < 8; j++) o->mp[p][j] = mc_kw_pair(b->sc[2 * p][j], b->sc[2 * p + 1][j]);
-        } else { /* Q3_K */
-            const mc_q3kx8 *b = (const mc_q3kx8 *)wg + i;
-            d = b->d;
-            for (int n = 0; n < 2; n++)
-                for (int X = 0; X < 4; X++) {
-                    const int hb = 4 * n + X;
-                    for (int v = 0; v < 8; v++) {
-                        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[n] + 32 * v));
-                        const __m256i hm = _mm256_loadu_si256((const __m256i *)(b->hm + 32 * v));
-                        const __m256i h = hb < 2 ? _mm256_slli_epi16(hm, 2 - hb) : _mm256_srli_epi16(hm, hb - 2);
-                        const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * X), m3),
-                                                          _mm256_and_si256(h, _mm256_set1_epi8(4)));
-                        _mm256_storeu_si256((__m256i *)o->u[32 * n + 8 * X + v], u);
-                    }
-                }
-            for (int k = 0; k < 16; k++)
-                for (int j = 0; j < 8; j++) o->sc[k][j] = mc_kw_pair(b->sc[k][j], b->sc[k][j]);
-            for (int p = 0; p < 8; p++)
-                for (int j = 0; j < 8; j++) o->mp[p][j] = mc_kw_pair(b->sc[2 * p][j], b->sc[2 * p + 1][j]);
+                for (int j = 0; j < 8; j++) o->mp[p][j] = mc_kw_pair(sc[2 * p][j], sc[2 * p + 1][j]);
         }
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
         _mm256_storeu_ps(o->d, dv);

@@ -17,7 +17,6 @@ MC_SFX(mc_gemm_q45kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], flo
     const char *w = (const char *)wv;
     const mc_q8k *xk[8];
     for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m4 = _mm256_set1_epi8(0xF), h = _mm256_set1_epi8(0x10);
     __m256 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -35,14 +34,7 @@ MC_SFX(mc_gemm_q45kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], flo
             __m256i u[8];
             for (int v = 0; v < 8; v++) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(MC_Q45_QS(b, q5, s >> 1) + 32 * v));
-                u[v] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
-                if (q5) {
-                    /* bit s of each qh byte to bit 4 (16-bit shifts: bit 4 of either byte
-                     * comes from the same byte for shifts up to 4 left and 3 right) */
-                    const __m256i hb = s < 4 ? _mm256_slli_epi16(qh[v], 4 - s)
-                                             : _mm256_srli_epi16(qh[v], s - 4);
-                    u[v] = _mm256_or_si256(u[v], _mm256_and_si256(hb, h));
-                }
+                u[v] = mc_q45kx8_u(q, s, q5, q5 ? qh[v] : q);
             }
             const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[s]));
             for (int a = 0; a < na; a++) {
@@ -79,7 +71,6 @@ MC_SFX(mc_gemm_q3kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
     const mc_q8k *xk[8];
     (void)cx;
     for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
     __m256 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -90,16 +81,8 @@ MC_SFX(mc_gemm_q3kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
         for (int v = 0; v < 8; v++) hm[v] = _mm256_loadu_si256((const __m256i *)(b->hm + 32 * v));
         for (int n = 0; n < 2; n++)
             for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
-                const int hb = 4 * n + X; /* their hmask bit, to bit 2 (16-bit shifts: bit 2
-                                           * of either byte comes from the same byte) */
                 __m256i u[8];
-                for (int v = 0; v < 8; v++) {
-                    const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[n] + 32 * v));
-                    const __m256i h = hb < 2 ? _mm256_slli_epi16(hm[v], 2 - hb)
-                                             : _mm256_srli_epi16(hm[v], hb - 2);
-                    u[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * X), m3),
-                                           _mm256_and_si256(h, m4));
-                }
+                for (int v = 0; v < 8; v++) u[v] = mc_q3kx8_u(b, n, X, v, hm[v]);
                 const int k = 8 * n + 2 * X;
                 const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
                 const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
@@ -125,7 +108,6 @@ MC_SFX(mc_gemm_q6kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
     const mc_q8k *xk[8];
     (void)cx;
     for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
     __m256 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -136,17 +118,7 @@ MC_SFX(mc_gemm_q6kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
         for (int n = 0; n < 2; n++)
             for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
                 __m256i u[8];
-                for (int v = 0; v < 8; v++) {
-                    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql[n][X & 1] + 32 * v));
-                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh[n] + 32 * v));
-                    const __m256i l4 = X < 2 ? _mm256_and_si256(ql, m4)
-                                             : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-                    const __m256i h2 = X == 0   ? _mm256_slli_epi16(qh, 4)
-                                       : X == 1 ? _mm256_slli_epi16(qh, 2)
-                                       : X == 2 ? qh
-                                                : _mm256_srli_epi16(qh, 2);
-                    u[v] = _mm256_or_si256(l4, _mm256_and_si256(h2, m30));
-                }
+                for (int v = 0; v < 8; v++) u[v] = mc_q6kx8_u(b, n, X, v);
                 const int k = 8 * n + 2 * X;
                 const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
                 const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));

@@ -703,6 +703,45 @@ mc_kx8_offset(const int8_t sc[16][8], const mc_q8k *const xk[8], int i, __m256i 
     }
 }
 
+/* The unsigned ints of repacked K-quant blocks, one vector (8 rows x 4 columns) at a
+ * time, as the 8-row kernels (mc_gemm_kx8.h) and the wide-x unpacking (mc_gemm_kwide.h)
+ * both read them. */
+
+/* Q4_K / Q5_K: vector v of sub-block s from the chunk's bytes q (low nibbles for even s,
+ * high for odd), Q5_K (q5) with bit s of its high-bit vector qh as 16 (16-bit shifts: bit
+ * 4 of either byte comes from the same byte for shifts up to 4 left and 3 right) */
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_q45kx8_u(__m256i q, int s, const int q5,
+                                                                         __m256i qh) {
+    const __m256i u = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0xF));
+    if (!q5) return u;
+    const __m256i hb = s < 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
+    return _mm256_or_si256(u, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+}
+
+/* Q6_K: vector v of columns 128 n + 32 X .. (low nibbles ql, 2 high bits from qh) */
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_q6kx8_u(const mc_q6kx8 *b, int n, int X, int v) {
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql[n][X & 1] + 32 * v));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh[n] + 32 * v));
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i l4 = X < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+    const __m256i h2 = X == 0   ? _mm256_slli_epi16(qh, 4)
+                       : X == 1 ? _mm256_slli_epi16(qh, 2)
+                       : X == 2 ? qh
+                                : _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(l4, _mm256_and_si256(h2, _mm256_set1_epi8(0x30)));
+}
+
+/* Q3_K: vector v of columns 128 n + 32 X ..: the 2-bit crumb | the hmask bit (of vector
+ * hm, bit 4 n + X) as 4 (16-bit shifts: bit 2 of either byte comes from the same byte) */
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_q3kx8_u(const mc_q3kx8 *b, int n, int X, int v,
+                                                                        __m256i hm) {
+    const int hb = 4 * n + X;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[n] + 32 * v));
+    const __m256i h = hb < 2 ? _mm256_slli_epi16(hm, 2 - hb) : _mm256_srli_epi16(hm, hb - 2);
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * X), _mm256_set1_epi8(3)),
+                           _mm256_and_si256(h, _mm256_set1_epi8(4)));
+}
+
 /* The AVX2 twins of mc_dpbusd8 / mc_dpbusd4 for the K-quants (mc_gemm_kx8.h): vpmaddubsw
  * results summed in 16-bit lanes only as far as they cannot saturate (|x| <= 127), then
  * widened by vpmaddwd.  A 16-bit lane of one vpmaddubsw holds 2 products; Q4_K's nibbles
