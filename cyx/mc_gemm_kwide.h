@@ -3,8 +3,8 @@
  *
  * The 8-row kernels (mc_gemm_kx8.h) hold 8 weight rows in a vector's lanes and broadcast
  * one x dword per vpmaddubsw; on AVX2 a broadcast from memory costs about as much as the
- * multiply it feeds (an AMD Zen 3: 5.3 G vpmaddubsw/s a core alone, 2.6 G with one
- * broadcast each), which held those kernels near 50 GMAC/s a core.  Here it is turned
+ * multiply it feeds (an AMD Zen 3, in L1: ~5.3 G vpmaddubsw/s a core from registers, ~2.6 G
+ * with one broadcast each), which held those kernels near 50 GMAC/s a core.  Here it is turned
  * round: the x rows are interleaved once per call (mc_kw_x: 8 rows a group, vector v of a
  * block holding in dword lane a row a's ints 4v .. 4v+3), a group of 8 weight rows is
  * unpacked once to unsigned ints (mc_kw_unpack: the repacked layout with every int in a
@@ -25,6 +25,7 @@
 #ifndef MC_KW_G
 #define MC_KW_G 4
 #endif
+_Static_assert(MC_KW_G >= 1 && MC_KW_G <= 6, "MC_KW_BY_G takes 1 to 6 groups");
 /* unpacked weight groups at a time, at most (and at most MC_KW_WBYTES KiB of them) */
 #ifndef MC_KW_NG
 #define MC_KW_NG 4
@@ -309,15 +310,17 @@ static int mc_kw_takes(int t, int K, int n, int simd) {
     return simd == MC_SIMD_AVX2 && mc_kw_type(t) && K % 256 == 0 && n >= MC_KW_MIN_ROWS;
 }
 
-/* Weight rows [r0, r1) (r0 a multiple of 8) of a job on repacked weights: up to 4 groups
- * unpacked at a time (at most ~200 KB, for L2), each against every 8 * MC_KW_G x rows. */
+/* Weight rows [r0, r1) (r0 a multiple of 8) of a job on repacked weights: up to MC_KW_NG
+ * groups unpacked at a time (at most MC_KW_WBYTES KiB, for L2), each against every
+ * 8 * MC_KW_G x rows. */
 static void mc_kw_tile(mc_matmul_job *jb, int r0, int r1) {
     const int M = jb->M, n = jb->n, nbk = jb->K / 256, nb = jb->K / 32;
     const size_t gbytes = mc_repack_block_bytes(jb->t) * (size_t)nb; /* one repacked group */
     const size_t ubytes = sizeof(mc_kw_w) * (size_t)nbk;             /* one unpacked group */
     int ng = (int)((MC_KW_WBYTES << 10) / ubytes);
     ng = ng < 1 ? 1 : ng > MC_KW_NG ? MC_KW_NG : ng;
-    char *buf = (char *)mc_scratch(2, ubytes * (size_t)ng + sizeof(__m256) * 32 * MC_KW_G + 64);
+    /* the unpacked groups, then the float sums of their rows (mc_kw_rows) */
+    char *buf = (char *)mc_scratch(2, ubytes * (size_t)ng + sizeof(__m256) * 8 * MC_KW_NG * MC_KW_G + 64);
     if (buf == NULL) {
         jb->failed = 1;
         return;
