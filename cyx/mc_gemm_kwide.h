@@ -63,9 +63,7 @@ typedef struct {
     float dmin[8];
 } mc_kw_w;
 
-/* The type's parameters: sub-block columns (32 or 16), vpmaddubsw per 16-bit sum */
-static inline int mc_kw_sub(int t) { return t == MC_Q4_K || t == MC_Q5_K ? 32 : 16; }
-static inline int mc_kw_ch(int t) { return t == MC_Q4_K ? 8 : t == MC_Q5_K ? 4 : t == MC_Q6_K ? 2 : 4; }
+/* the types this path takes (their sub-block columns and vpmaddubsw per 16-bit sum: mc_kw_run) */
 static inline int mc_kw_type(int t) { return t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K || t == MC_Q3_K; }
 
 static inline int32_t mc_kw_pair(int lo, int hi) {
@@ -278,7 +276,9 @@ mc_kw_rows(int nbk, const mc_kw_w *w, int nw, const mc_kw_x *x, float *y, size_t
     default: mc_kw_rows(__VA_ARGS__, MC_KW_G, t, sub, ch); break;                                  \
     }
 
-/* mc_kw_rows for type t, G = ceil(nx / 8) <= MC_KW_G groups */
+/* mc_kw_rows for type t, G = ceil(nx / 8) <= MC_KW_G groups: per type its sub-block
+ * columns and how many vpmaddubsw one 16-bit sum takes without saturating (|x| <= 128:
+ * Q4_K's ints < 16 take 8, Q5_K's < 32 4, Q6_K's < 64 2, Q3_K's < 8 the 4 of a sub-block) */
 MC_AVX2 static void mc_kw_run(int t, int nbk, const mc_kw_w *w, int nw, const mc_kw_x *x, float *y,
                               size_t ldy, int nx, float *facc) {
     const int G = (nx + 7) / 8;

@@ -481,8 +481,8 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
             if ((jb->gemm || jb->ilv != NULL) && !*exact) {
                 const uintptr_t at = (uintptr_t)(xq + qbytes + ((obytes + 63) & ~(uintptr_t)63));
                 char *xp = (char *)((at + 63) & ~(uintptr_t)63);
+                jb->xp = xp;
                 if (jb->kw) {
-                    jb->xp = xp;
                     mc_parallel(n >= 64 ? nth : 1, (n + 7) / 8, mc_kw_pack_chunk, jb);
                 } else if (jb->ilv == NULL) {
                     for (size_t g = 0; g < ngrp; g++)
@@ -496,7 +496,6 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
                         for (size_t i = 0; i < nb; i++) cx[(size_t)j * nb + i] = 128 * mc_q8_isum(xr + i);
                     }
                 }
-                jb->xp = xp;
             }
 #endif
             if (jb->dot8 != NULL && !*exact) { /* each group of 8 rows, block by block */
