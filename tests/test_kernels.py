@@ -410,6 +410,34 @@ def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
                     )
 
 
+@pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_kquant_repacked_sums_at_their_bounds_are_bit_identical(dtype: DType, sign: float) -> None:
+    """The repacked kernels' integer steps hold at the extremes: every int and scale at its
+    largest (every byte but the f16 scales 0xFF) against x rows quantizing to +-127
+    everywhere, the widest sums the 16-bit steps can see (the zmm Q4_K kernel takes each
+    half sub-block's sum as an int16, which Q5_K's ints would overflow), at row counts
+    for every path (1, 8, 16, 35 x rows), equal the kernels' on the weights as stored."""
+    from modelc._kernels import kernels as kk
+
+    rows, cols = 24, 512
+    bs, ts = BLOCK_SIZES[dtype]
+    raw = np.full((rows, cols // bs, ts), 0xFF, np.uint8)
+    for off, value in RANDOM_BLOCK_SCALES[dtype].items():
+        raw[:, :, off : off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+    raw = np.ascontiguousarray(raw.reshape(rows, -1))
+    code = KQ_CODES[dtype]
+    aux = kk.repack(code, raw, cols)
+    best = SIMD_LEVELS[available_simd()[0]]
+    for n in (1, 8, 16, 35):
+        x = np.full((n, cols), sign, np.float32)
+        with_aux = np.empty((n, rows), np.float32)
+        kk.matmul(code, raw, cols, x, with_aux, best, 2, 1e38, aux)
+        want = np.empty((n, rows), np.float32)
+        kk.matmul(code, raw, cols, x, want, SIMD_LEVELS["scalar"], 1, 1e38, None)
+        np.testing.assert_array_equal(with_aux, want, err_msg=f"{n} x rows")
+
+
 @pytest.mark.skipif("avx2" not in available_simd(), reason="the wide kernels are AVX2's")
 @pytest.mark.parametrize("dtype", [DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
 def test_kquant_wide_x_path_is_bit_identical(dtype: DType) -> None:
