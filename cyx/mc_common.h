@@ -174,6 +174,17 @@ typedef struct {
     uint8_t qs[2][256];
 } mc_q3kx8;
 
+/* Q2_K weights repacked as Q3_K's: per block of 256 columns the 8 rows' f16 d and dmin,
+ * their 16 scale bytes as stored ([sub-block][row]: scale in the low nibble, min in the
+ * high), and per 128-column half n the 2-bit crumbs qs[32n ..] as mc_q3kx8 holds them.
+ * 84 bytes a row and block, as stored. */
+typedef struct {
+    uint16_t d[8];
+    uint16_t dmin[8];
+    uint8_t sc[16][8];
+    uint8_t qs[2][256];
+} mc_q2kx8;
+
 /* Q6_K weights repacked the same way: per block of 256 columns the 8 rows' f16 d and
  * int8 sub-block scales ([sub-block][row]), then per 128-column half n the low-nibble
  * bytes ql[64n ..] (two vectors sets h: bytes 32h ..) and the high bits qh[32n ..], vector

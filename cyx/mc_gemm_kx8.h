@@ -1,4 +1,4 @@
-/* Q3_K to Q6_K on repacked weights, 8 weight rows x na <= 8 x rows (mc_repacked_fn),
+/* Q2_K to Q6_K on repacked weights, 8 weight rows x na <= 8 x rows (mc_repacked_fn),
  * included twice by mc_gemm_vnni.h: once for AVX512-VNNI on 256-bit registers and once for
  * AVX2.  Expects MC_TGT (target attribute), MC_SFX(name) (name suffix), and the exact
  * integer sums of the 8 weight rows against one x row, lane j: row j:
@@ -101,6 +101,57 @@ MC_SFX(mc_gemm_q3kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
+/* Q2_K: the loop on 2-bit ints (scales the low nibbles of sc), the mins' term sm = sum
+ * over sub-blocks k of min[k] bsums[k] (sub-blocks in pairs, lanes holding (min[2p],
+ * min[2p + 1]) as int16), then mc_dot_q2_k_scalar's float steps, dx * (d * si - dmin * sm). */
+MC_TGT static inline __attribute__((always_inline)) void
+MC_SFX(mc_gemm_q2kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    const mc_q2kx8 *w = (const mc_q2kx8 *)wv;
+    const mc_q8k *xk[8];
+    (void)cx;
+    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
+    const __m256i m4 = _mm256_set1_epi32(0xF);
+    __m256 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_q2kx8 *b = w + i;
+        MC_KX8_PREFETCH(b);
+        __m256i si[8];
+        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++)
+            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
+                __m256i u[8];
+                for (int v = 0; v < 8; v++) u[v] = mc_q2kx8_u(b, n, X, v);
+                const int k = 8 * n + 2 * X;
+                const __m256i sc0 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k])), m4);
+                const __m256i sc1 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1])), m4);
+                for (int a = 0; a < na; a++) {
+                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
+                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(MC_KX_SUM4(u, xd), sc0),
+                                                                     _mm256_mullo_epi32(MC_KX_SUM4(u + 4, xd + 4), sc1)));
+                }
+            }
+        __m256i mnp[8];
+        for (int p = 0; p < 8; p++) {
+            const __m256i v0 = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p])), 4);
+            const __m256i v1 = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p + 1])), 4);
+            mnp[p] = _mm256_or_si256(v0, _mm256_slli_epi32(v1, 16));
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->dmin));
+        for (int a = 0; a < na; a++) {
+            const int32_t *bs = (const int32_t *)xk[a][i].bsums; /* dword p: (bsums[2p], bsums[2p + 1]) */
+            __m256i sm = _mm256_madd_epi16(mnp[0], _mm256_set1_epi32(bs[0]));
+            for (int p = 1; p < 8; p++) sm = _mm256_add_epi32(sm, _mm256_madd_epi16(mnp[p], _mm256_set1_epi32(bs[p])));
+            const __m256 t = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a])),
+                                           _mm256_mul_ps(dm, _mm256_cvtepi32_ps(sm)));
+            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d), t));
+        }
+    }
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
+}
+
 MC_TGT static inline __attribute__((always_inline)) void
 MC_SFX(mc_gemm_q6kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
                    float *y, size_t ldy, int nr, const int na) {
@@ -139,5 +190,6 @@ MC_SFX(mc_gemm_q6kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
 
 MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q4kx8), MC_SFX(mc_gemm_q4kx8_body))
 MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q3kx8), MC_SFX(mc_gemm_q3kx8_body))
+MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q2kx8), MC_SFX(mc_gemm_q2kx8_body))
 MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q5kx8), MC_SFX(mc_gemm_q5kx8_body))
 MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q6kx8), MC_SFX(mc_gemm_q6kx8_body))

@@ -1,7 +1,7 @@
 /* Int8 GEMM for AVX512-VNNI (on 256-bit registers), two designs; the repacked one also
  * for AVX2 without VNNI (vpmaddubsw + vpmaddwd for vpdpbusd, the same exact ints):
  *
- * Repacked (Q4_1, Q8_0; Q3_K to Q6_K in mc_gemm_kx8.h; every x row count).  The weights are copied once, 8 rows to a
+ * Repacked (Q4_1, Q8_0; Q2_K to Q6_K in mc_gemm_kx8.h; every x row count).  The weights are copied once, 8 rows to a
  * group and interleaved by dword (mc_q41x8, mc_q80x8: same size as the original), so
  * one 32-byte load holds 4 columns of 8 rows; Q4_1's nibbles are split in registers.
  * The weights are then vpdpbusd's vector operand (lane j: weight row j) and each
@@ -41,20 +41,21 @@ static inline int mc_gemm_type(int t) {
 }
 
 /* Bytes of 8 repacked rows per 32 columns (mc_q41x8 / mc_q80x8; the K-quants: an eighth of
- * mc_q3kx8 / mc_q4kx8 / mc_q5kx8 / mc_q6kx8, which cover 256 columns); 0: type not repacked */
+ * mc_q2kx8 .. mc_q6kx8, which cover 256 columns); 0: type not repacked */
 static inline size_t mc_repack_block_bytes(int t) {
     switch (t) {
     case MC_Q4_1: return sizeof(mc_q41x8);
     case MC_Q8_0: return sizeof(mc_q80x8);
     case MC_Q4_K: return sizeof(mc_q4kx8) / 8;
     case MC_Q3_K: return sizeof(mc_q3kx8) / 8;
+    case MC_Q2_K: return sizeof(mc_q2kx8) / 8;
     case MC_Q5_K: return sizeof(mc_q5kx8) / 8;
     case MC_Q6_K: return sizeof(mc_q6kx8) / 8;
     default: return 0;
     }
 }
 
-/* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0 and Q3_K
+/* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0 and Q2_K
  * to Q6_K, with VNNI or AVX2 */
 static inline int mc_repack_simd(int t, int simd) {
     return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && mc_repack_block_bytes(t) != 0;
@@ -95,6 +96,24 @@ static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, 
             if (q5)
                 for (int v = 0; v < 8; v++) {
                     uint8_t *p = o5->qh + 32 * v + 4 * j, *q = b + 16 + 4 * v;
+                    if (pack) memcpy(p, q, 4);
+                    else memcpy(q, p, 4);
+                }
+        } else if (t == MC_Q2_K) { /* the stored bytes, moved: d, dmin, scales, crumbs */
+            mc_q2kx8 *o = (mc_q2kx8 *)grp + i;
+            uint8_t *b = row + 84 * (size_t)i;
+            uint8_t *f[2] = {(uint8_t *)&o->d[j], (uint8_t *)&o->dmin[j]};
+            for (int h = 0; h < 2; h++) {
+                if (pack) memcpy(f[h], b + 80 + 2 * h, 2);
+                else memcpy(b + 80 + 2 * h, f[h], 2);
+            }
+            for (int s = 0; s < 16; s++) {
+                if (pack) o->sc[s][j] = b[s];
+                else b[s] = o->sc[s][j];
+            }
+            for (int v = 0; v < 8; v++)
+                for (int n = 0; n < 2; n++) {
+                    uint8_t *p = o->qs[n] + 32 * v + 4 * j, *q = b + 16 + 32 * n + 4 * v;
                     if (pack) memcpy(p, q, 4);
                     else memcpy(q, p, 4);
                 }
@@ -156,7 +175,7 @@ static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, 
  * Q4_1's min) and dword v of the ints (Q4_1: 4 bytes of nibbles; Q8_0: 4 ints, stored
  * as unsigned q + 128) into / out of vector v. */
 static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int pack) {
-    if (t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) {
+    if (t == MC_Q2_K || t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) {
         mc_repack_lane_k(t, row, grp, j, nb / 8, pack);
         return;
     }
@@ -621,7 +640,7 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
         MC_BY_NA(na, body, nb, w, x, cx, y, ldy, nr)                                               \
     }
 
-/* ---- Q3_K to Q6_K on repacked weights (mc_q3kx8 .. mc_q6kx8; mc_gemm_kx8.h), VNNI and AVX2:
+/* ---- Q2_K to Q6_K on repacked weights (mc_q2kx8 .. mc_q6kx8; mc_gemm_kx8.h), VNNI and AVX2:
  * per 256-column block and x row the exact integer sums of the 8 weight rows in the 8 lanes
  * (each 32- or 16-column sub-block's vpdpbusd sum, or AVX2's vpmaddubsw + vpmaddwd, times
  * its scale by vpmulld, the mins' term by
@@ -740,6 +759,13 @@ MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_q3kx8_u(const mc
     const __m256i h = hb < 2 ? _mm256_slli_epi16(hm, 2 - hb) : _mm256_srli_epi16(hm, hb - 2);
     return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * X), _mm256_set1_epi8(3)),
                            _mm256_and_si256(h, _mm256_set1_epi8(4)));
+}
+
+/* Q2_K: vector v of columns 128 n + 32 X ..: the 2-bit crumbs (mc_q3kx8_u without the
+ * hmask bit) */
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_q2kx8_u(const mc_q2kx8 *b, int n, int X, int v) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs[n] + 32 * v));
+    return _mm256_and_si256(_mm256_srli_epi16(q, 2 * X), _mm256_set1_epi8(3));
 }
 
 /* The AVX2 twins of mc_dpbusd8 / mc_dpbusd4 for the K-quants (mc_gemm_kx8.h): vpmaddubsw

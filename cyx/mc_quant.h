@@ -560,10 +560,11 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q4_K ? (vnni ? mc_gemm_q4kx8 : mc_gemm_q4kx8_avx2)
                                   : jb->t == MC_Q5_K ? (vnni ? mc_gemm_q5kx8 : mc_gemm_q5kx8_avx2)
                                   : jb->t == MC_Q3_K ? (vnni ? mc_gemm_q3kx8 : mc_gemm_q3kx8_avx2)
+                                  : jb->t == MC_Q2_K ? (vnni ? mc_gemm_q2kx8 : mc_gemm_q2kx8_avx2)
                                   : jb->t == MC_Q6_K ? (vnni ? mc_gemm_q6kx8 : mc_gemm_q6kx8_avx2)
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
         /* Q4_K, Q5_K, Q6_K on VNNI: 16 weight rows a step on zmm registers (mc_gemm_zmm.h);
-         * Q3_K and AVX2 have only the 8-row kernels */
+         * Q2_K, Q3_K and AVX2 have only the 8-row kernels */
         const mc_zmm_kernels *z = !vnni || jb->n < MC_ZMM_MIN_ROWS ? NULL
                                   : jb->t == MC_Q4_K               ? &mc_zmm_q4k
                                   : jb->t == MC_Q5_K               ? &mc_zmm_q5k
