@@ -345,7 +345,8 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     aux = kk.repack(code, raw, 512)
     # as large as W (Q3_K, Q5_K: 114, 180 bytes a row and block against 110, 176: the
     # scales unpacked)
-    per = {DType.Q2_K: 84, DType.Q3_K: 114, DType.Q4_K: 148, DType.Q5_K: 180, DType.Q6_K: 210}[dtype]
+    sizes = {DType.Q2_K: 84, DType.Q3_K: 114, DType.Q4_K: 148, DType.Q5_K: 180, DType.Q6_K: 210}
+    per = sizes[dtype]
     assert aux.shape == (5, 16 * per)
     assert not kk.repack_simd(code, SIMD_LEVELS["scalar"])
     levels = [SIMD_LEVELS[s] for s in ("avx2", "avx512vnni") if s in available_simd()]
