@@ -75,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     }
     engine = EngineOptions(**{k: v for k, v in given.items() if v is not None})
     engine.context_shift = args.context_shift
+    engine.swa_full = args.swa_full
     engine.speculative = args.speculate != "off"
     engine.spec_adaptive = args.speculate == "auto"
     engine.sampling = cfg.sampling.given()
@@ -201,6 +202,11 @@ def register(subparsers: Any) -> None:
         "--context-shift",
         action="store_true",
         help="drop old tokens instead of stopping at the context",
+    )
+    p.add_argument(
+        "--swa-full",
+        action="store_true",
+        help="sliding-window layers keep every position in the KV cache (more memory; as llama.cpp's --swa-full)",
     )
     p.add_argument(
         "--prefill-chunk",

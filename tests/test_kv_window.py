@@ -276,6 +276,25 @@ async def test_engine_generates_what_the_full_cache_generates(family: str) -> No
     assert got == want and len(got[0]) == 900
 
 
+async def test_swa_full_keeps_every_position() -> None:
+    """``swa_full`` (``modelc run --swa-full``, llama.cpp's flag): a windowed model's
+    caches keep every position, so the engine holds as much KV as the same model without
+    windows (more than twice the windowed caches' peak) and generates the same tokens."""
+    ir = load_model(ensure_family("mistral")[1])
+    ir.hparams.n_ctx = 1024
+    m = build(ir, make_backend("cpu-exact"))
+    ref = build(ir, make_backend("cpu-exact"))
+    assert isinstance(m, CausalLM) and isinstance(ref, CausalLM)
+    ref.kv_windows = ()
+    prompt = [3 + (i * 5) % 50 for i in range(40)]
+    kw: dict[str, Any] = dict(speculative=False)
+    got, _, peak = await _serve(ir, m, [(prompt, 700)], swa_full=True, **kw)
+    want, _, ref_peak = await _serve(ir, ref, [(prompt, 700)], **kw)
+    _, _, win_peak = await _serve(ir, m, [(prompt, 700)], **kw)
+    assert got == want
+    assert peak == ref_peak > 2 * win_peak
+
+
 def test_mixed_dtype_batches_and_quantized_modes() -> None:
     """A batch of f32 and f16 caches takes the write/read/attention_batch path: a windowed
     cache there reads from its base, as a full one from 0.  int8 and mixed caches keep

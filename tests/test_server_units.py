@@ -140,24 +140,8 @@ def test_a_request_can_opt_out_of_speculation(given: str, expected: bool) -> Non
     assert [r.speculative for r in reqs] == [expected, expected]
 
 
-@pytest.mark.parametrize(
-    ("flags", "speculative", "adaptive", "gamma", "min_prompt"),
-    [
-        ([], True, True, 8, 128),
-        (["--speculate", "off"], False, False, 8, 128),
-        (["--speculate", "fixed", "--spec-max", "4"], True, False, 4, 128),
-        (["--spec-min-prompt", "64"], True, True, 8, 64),
-    ],
-)
-def test_run_speculation_flags(
-    monkeypatch: pytest.MonkeyPatch,
-    flags: list[str],
-    speculative: bool,
-    adaptive: bool,
-    gamma: int,
-    min_prompt: int,
-) -> None:
-    """``modelc run --speculate/--spec-max/--spec-min-prompt`` reach the engine options."""
+def _run_engine_options(monkeypatch: pytest.MonkeyPatch, flags: list[str]) -> Any:
+    """The engine options ``modelc run some-model *flags`` would serve with."""
     import argparse
 
     import modelc.cli_run as cli_run
@@ -176,10 +160,37 @@ def test_run_speculation_flags(
     cli_run.register(parser.add_subparsers())
     args = parser.parse_args(["run", "some-model", *flags])
     args.func(args)
-    eng = seen["opts"].engine
+    return seen["opts"].engine
+
+
+@pytest.mark.parametrize(
+    ("flags", "speculative", "adaptive", "gamma", "min_prompt"),
+    [
+        ([], True, True, 8, 128),
+        (["--speculate", "off"], False, False, 8, 128),
+        (["--speculate", "fixed", "--spec-max", "4"], True, False, 4, 128),
+        (["--spec-min-prompt", "64"], True, True, 8, 64),
+    ],
+)
+def test_run_speculation_flags(
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    speculative: bool,
+    adaptive: bool,
+    gamma: int,
+    min_prompt: int,
+) -> None:
+    """``modelc run --speculate/--spec-max/--spec-min-prompt`` reach the engine options."""
+    eng = _run_engine_options(monkeypatch, flags)
     assert (eng.speculative, eng.spec_adaptive, eng.spec_gamma, eng.spec_min_prompt) == (
         speculative,
         adaptive,
         gamma,
         min_prompt,
     )
+
+
+@pytest.mark.parametrize(("flags", "full"), [([], False), (["--swa-full"], True)])
+def test_run_swa_full_flag(monkeypatch: pytest.MonkeyPatch, flags: list[str], full: bool) -> None:
+    """``modelc run --swa-full`` reaches the engine options (off by default, as llama.cpp)."""
+    assert _run_engine_options(monkeypatch, flags).swa_full is full

@@ -26,6 +26,9 @@ class EngineOptions:
     kv_cache: str = "f16"  # f32 | f16 | int8 | mixed (--kv-cache); f16 as llama.cpp
     kv_hot_window: int = 256  # mixed: recent tokens kept exact
     kv_budget_bytes: int | None = None  # default: every running sequence can fill its context
+    # sliding-window layers keep every position, as global ones do (--swa-full, as
+    # llama.cpp's): more KV memory, rollbacks and context shifts to any depth
+    swa_full: bool = False
     context_shift: bool = False  # drop old tokens instead of refusing / stopping at the context
     anchor_tokens: int = 4  # tokens kept at the start on a context shift (--anchor-tokens)
     prefill_chunk: int = (

@@ -154,16 +154,22 @@ def kv_shape(model: LanguageModel) -> KVShape:
 
 
 def kv_cost_fn(
-    model: LanguageModel, mode: KVMode, hot_window: int, max_context: int, chunk: int = BLOCK
+    model: LanguageModel,
+    mode: KVMode,
+    hot_window: int,
+    max_context: int,
+    chunk: int = BLOCK,
+    *,
+    full: bool = False,
 ) -> KVCost:
     """Bytes a cache of ``n`` tokens holds, fed at most ``chunk`` tokens a step.
 
     ``KVCache.nbytes_at``: storage grows in BLOCK-token steps (plus the dequantization
     scratch and fixed ring buffers of the quantized modes), except that a windowed layer
     of a sliding-window model stops at its window plus slack (about ``chunk`` more while
-    a longer chunk is being fed).
+    a longer chunk is being fed); ``full``: every layer keeps every position (--swa-full).
     """
-    probe = model.new_cache(KVMode.F32, max_tokens=max_context)  # the model's windows
+    probe = model.new_cache(KVMode.F32, max_tokens=max_context, full=full)  # its windows
     cache = KVCache(probe.shape, max_context, mode, hot_window=hot_window, windows=probe.bounded)
 
     def cost(n: int) -> int:
@@ -209,7 +215,14 @@ class LLMEngine:
         self.max_context = min(options.max_context or model.n_ctx, model.n_ctx)
         self.mode = KVMode(options.kv_cache)
         chunk = max(options.prefill_chunk or self.max_context, options.spec_gamma + 1)
-        self.kv_cost = kv_cost_fn(model, self.mode, options.kv_hot_window, self.max_context, chunk)
+        self.kv_cost = kv_cost_fn(
+            model,
+            self.mode,
+            options.kv_hot_window,
+            self.max_context,
+            chunk,
+            full=options.swa_full,
+        )
         self.policy = Policy(
             max_concurrent=options.max_concurrent,
             queue_size=options.queue_size,
@@ -548,6 +561,7 @@ class LLMEngine:
                     max_tokens=self.max_context,
                     hot_window=self.opt.kv_hot_window,
                     budget=self.kv_budget,
+                    full=self.opt.swa_full,
                 )
                 self.prefix.load(
                     r.prefix_blocks[: r.cached_tokens // self.prefix.block_tokens], r.cache

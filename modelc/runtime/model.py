@@ -60,8 +60,10 @@ class LanguageModel(Protocol):
         max_tokens: int | None = None,
         hot_window: int = 256,
         budget: KVBudget | None = None,
+        full: bool = False,
     ) -> KVCache:
-        """An empty cache for one sequence (``max_tokens`` defaults to ``n_ctx``)."""
+        """An empty cache for one sequence (``max_tokens`` defaults to ``n_ctx``); ``full``:
+        sliding-window layers keep every position too."""
         ...
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
