@@ -1,4 +1,4 @@
-"""The repacked-weight kernels (Q4_1, Q8_0, Q2_K to Q6_K) and the model steps they serve.
+"""The repacked-weight kernels (Q4_1, Q8_0, IQ4_NL, IQ4_XS, Q2_K to Q6_K) and the model steps they serve.
 
     .venv/bin/python -m bench.bench_repacked [--model GGUF] [--types q4_k,q6_k]
         [--rows 1,8,64,512] [--reps 15] [--base OTHER.so] [--steps] [--rounds 8]

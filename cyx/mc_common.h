@@ -136,6 +136,24 @@ typedef struct {
     uint16_t m[8];
 } mc_q41x8;
 
+/* IQ4_NL weights repacked as Q4_1's (its nibbles index the IQ4 levels): per block of 32
+ * columns the 4 vectors of nibbles, then the 8 rows' f16 scales.  18 bytes a row and
+ * block, as stored. */
+typedef struct {
+    uint8_t qs[128];
+    uint16_t d[8];
+} mc_iq4nlx8;
+
+/* IQ4_XS weights repacked: per block of 256 columns the 8 rows' f16 d, their 8
+ * sub-block scales as int8 ([sub-block][row], unpacked from 6 bits, less 32), and per
+ * sub-block the nibbles as mc_iq4nlx8 holds them.  138 bytes a row and block (136
+ * stored). */
+typedef struct {
+    uint16_t d[8];
+    int8_t sc[8][8];
+    uint8_t qs[8][128];
+} mc_iq4xsx8;
+
 /* Q4_K weights repacked for the VNNI and AVX2 kernels (mc_gemm_kx8.h), 8 rows interleaved: per
  * block of 256 columns the 8 rows' f16 d and dmin, their 6-bit sub-block scales and mins
  * unpacked to bytes ([sub-block][row]), then per 64-column chunk c vector v (32 bytes)

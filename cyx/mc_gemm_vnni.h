@@ -1,7 +1,7 @@
 /* Int8 GEMM for AVX512-VNNI (on 256-bit registers), two designs; the repacked one also
  * for AVX2 without VNNI (vpmaddubsw + vpmaddwd for vpdpbusd, the same exact ints):
  *
- * Repacked (Q4_1, Q8_0; Q2_K to Q6_K in mc_gemm_kx8.h; every x row count).  The weights are copied once, 8 rows to a
+ * Repacked (Q4_1, Q8_0, IQ4_NL, IQ4_XS; Q2_K to Q6_K in mc_gemm_kx8.h; every x row count).  The weights are copied once, 8 rows to a
  * group and interleaved by dword (mc_q41x8, mc_q80x8: same size as the original), so
  * one 32-byte load holds 4 columns of 8 rows; Q4_1's nibbles are split in registers.
  * The weights are then vpdpbusd's vector operand (lane j: weight row j) and each
@@ -49,14 +49,20 @@ static inline size_t mc_repack_block_bytes(int t) {
     case MC_Q4_K: return sizeof(mc_q4kx8) / 8;
     case MC_Q3_K: return sizeof(mc_q3kx8) / 8;
     case MC_Q2_K: return sizeof(mc_q2kx8) / 8;
+    case MC_IQ4_NL: return sizeof(mc_iq4nlx8);
+    case MC_IQ4_XS: return sizeof(mc_iq4xsx8) / 8;
     case MC_Q5_K: return sizeof(mc_q5kx8) / 8;
     case MC_Q6_K: return sizeof(mc_q6kx8) / 8;
     default: return 0;
     }
 }
 
-/* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0 and Q2_K
- * to Q6_K, with VNNI or AVX2 */
+/* whether the VNNI kernels on repacked weights of type t take 128 times each x block's
+ * int sum (cx): those holding the weights as unsigned ints + 128 */
+static inline int mc_repack_cx(int t) { return t == MC_Q8_0 || t == MC_IQ4_NL || t == MC_IQ4_XS; }
+
+/* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0, Q2_K
+ * to Q6_K, IQ4_NL and IQ4_XS, with VNNI or AVX2 */
 static inline int mc_repack_simd(int t, int simd) {
     return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && mc_repack_block_bytes(t) != 0;
 }
@@ -96,6 +102,29 @@ static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, 
             if (q5)
                 for (int v = 0; v < 8; v++) {
                     uint8_t *p = o5->qh + 32 * v + 4 * j, *q = b + 16 + 4 * v;
+                    if (pack) memcpy(p, q, 4);
+                    else memcpy(q, p, 4);
+                }
+        } else if (t == MC_IQ4_XS) { /* d, the scales unpacked to int8, the nibbles */
+            mc_iq4xsx8 *o = (mc_iq4xsx8 *)grp + i;
+            uint8_t *b = row + 136 * (size_t)i;
+            if (pack) {
+                memcpy(&o->d[j], b, 2);
+                for (int s = 0; s < 8; s++) o->sc[s][j] = (int8_t)mc_iq4xs_scale(b, s);
+            } else { /* the 6-bit scales packed back (every bit of scales_h / scales_l used) */
+                memcpy(b, &o->d[j], 2);
+                uint16_t sh = 0;
+                for (int s = 0; s < 8; s++) {
+                    const int ls = o->sc[s][j] + 32;
+                    sh = (uint16_t)(sh | ((ls >> 4) << (2 * s)));
+                    if (s % 2 == 0) b[4 + s / 2] = (uint8_t)(ls & 0xF);
+                    else b[4 + s / 2] = (uint8_t)(b[4 + s / 2] | ((ls & 0xF) << 4));
+                }
+                memcpy(b + 2, &sh, 2);
+            }
+            for (int s = 0; s < 8; s++)
+                for (int v = 0; v < 4; v++) {
+                    uint8_t *p = o->qs[s] + 32 * v + 4 * j, *q = b + 8 + 16 * s + 4 * v;
                     if (pack) memcpy(p, q, 4);
                     else memcpy(q, p, 4);
                 }
@@ -175,16 +204,18 @@ static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, 
  * Q4_1's min) and dword v of the ints (Q4_1: 4 bytes of nibbles; Q8_0: 4 ints, stored
  * as unsigned q + 128) into / out of vector v. */
 static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int pack) {
-    if (t == MC_Q2_K || t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K) {
+    if (t == MC_Q2_K || t == MC_Q3_K || t == MC_Q4_K || t == MC_Q5_K || t == MC_Q6_K || t == MC_IQ4_XS) {
         mc_repack_lane_k(t, row, grp, j, nb / 8, pack);
         return;
     }
-    const int q41 = t == MC_Q4_1, bs = q41 ? 20 : 34, nv = q41 ? 4 : 8, hb = q41 ? 4 : 2;
-    const uint8_t flip = q41 ? 0 : 0x80;
+    /* Q4_1 and IQ4_NL: 4 vectors of nibbles; Q8_0 8 of ints, flipped to unsigned */
+    const int q41 = t == MC_Q4_1, nl = t == MC_IQ4_NL, bs = q41 ? 20 : nl ? 18 : 34;
+    const int nv = q41 || nl ? 4 : 8, hb = q41 ? 4 : 2;
+    const uint8_t flip = q41 || nl ? 0 : 0x80;
     const size_t ob = mc_repack_block_bytes(t);
     for (int i = 0; i < nb; i++) {
         uint8_t *o = grp + ob * (size_t)i, *b = row + (size_t)bs * i;
-        uint8_t *d = (uint8_t *)(q41 ? ((mc_q41x8 *)o)->d : ((mc_q80x8 *)o)->d) + 2 * j;
+        uint8_t *d = (uint8_t *)(q41 ? ((mc_q41x8 *)o)->d : nl ? ((mc_iq4nlx8 *)o)->d : ((mc_q80x8 *)o)->d) + 2 * j;
         uint8_t *m = q41 ? (uint8_t *)((mc_q41x8 *)o)->m + 2 * j : NULL;
         if (pack) {
             memcpy(d, b, 2);
@@ -620,6 +651,88 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
+/* AVX2: sum over k < 8 of the signed levels q[k] times the x dword xd[k] broadcast, by the
+ * sign trick (vpmaddubsw(|q|, x with q's signs), each 16-bit pair at most 2 x 127 x 127: no
+ * saturation), widened by vpmaddwd before summing: the exact sum, as Q8_0's AVX2 kernel */
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_signdot8(const __m256i q[8], const __m256i aq[8],
+                                                                        const int32_t *xd) {
+    __m256i s = _mm256_setzero_si256();
+    for (int v = 0; v < 8; v++) {
+        const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(xd[v]), q[v]);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aq[v], sx), _mm256_set1_epi16(1)));
+    }
+    return s;
+}
+
+/* IQ4_NL and IQ4_XS (xs) on repacked weights: per 32-column block (IQ4_XS: sub-block)
+ * the nibbles as Q4_1's (mc_q41x8_split) mapped through the IQ4 levels, the exact block
+ * sums, then the single-row kernels' float steps, sum += (d * dx) * s (IQ4_XS: s times
+ * the sub-block's scale first).  VNNI (vnni): the levels + 128 as vpdpbusd's unsigned
+ * operand and 128 sum(x) (cx) taken back, as Q8_0's; AVX2: mc_signdot8. */
+#define MC_IQ4X8_BODY(xs, vnni)                                                                    \
+    const __m128i lv_ = _mm_loadu_si128((const __m128i *)mc_iq4_kvalues);                          \
+    const __m256i tbl = _mm256_broadcastsi128_si256(vnni ? _mm_xor_si128(lv_, _mm_set1_epi8((char)0x80)) : lv_); \
+    const int per = (xs) ? 8 : 1; /* 32-column blocks per repacked block */                        \
+    __m256 f[8];                                                                                   \
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();                                       \
+    for (int i = 0; i < nb / per; i++) {                                                           \
+        const mc_iq4xsx8 *bx = (xs) ? (const mc_iq4xsx8 *)wv + i : NULL;                           \
+        const mc_iq4nlx8 *bn = (xs) ? NULL : (const mc_iq4nlx8 *)wv + i;                           \
+        const char *ahead = (xs) ? (const char *)(bx + 1) : (const char *)(bn + 4);                \
+        for (size_t c = 0; c < ((xs) ? sizeof *bx : sizeof *bn); c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0); \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((xs) ? bx->d : bn->d))); \
+        for (int ib = 0; ib < per; ib++) {                                                         \
+            __m256i u[8], au[8];                                                                   \
+            mc_q41x8_split((const mc_q41x8 *)((xs) ? bx->qs[ib] : bn->qs), u);                     \
+            for (int v = 0; v < 8; v++) {                                                          \
+                u[v] = _mm256_shuffle_epi8(tbl, u[v]);                                             \
+                au[v] = vnni ? u[v] : _mm256_abs_epi8(u[v]);                                       \
+            }                                                                                      \
+            (void)au;                                                                              \
+            const __m256i sc = (xs) ? _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)bx->sc[ib])) \
+                                    : _mm256_setzero_si256();                                      \
+            for (int a = 0; a < na; a++) {                                                         \
+                const mc_q8 *xq = x[a] + per * i + ib;                                             \
+                __m256i s = MC_IQ4X8_SUM(u, au, (const int32_t *)xq->qs, cx[a][per * i + ib]);      \
+                if (xs) s = _mm256_mullo_epi32(s, sc);                                             \
+                f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)),  \
+                                                         _mm256_cvtepi32_ps(s)));                  \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr)
+
+#define MC_IQ4X8_SUM(u, au, xd, cxv) _mm256_sub_epi32(mc_dpbusd8(u, xd), _mm256_set1_epi32(cxv))
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_iq4nlx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                     float *y, size_t ldy, int nr, const int na) {
+    MC_IQ4X8_BODY(0, 1);
+}
+
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_iq4xsx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                     float *y, size_t ldy, int nr, const int na) {
+    MC_IQ4X8_BODY(1, 1);
+}
+#undef MC_IQ4X8_SUM
+
+#define MC_IQ4X8_SUM(u, au, xd, cxv) mc_signdot8(u, au, xd)
+MC_AVX2 static inline __attribute__((always_inline)) void
+mc_gemm_iq4nlx8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                          float *y, size_t ldy, int nr, const int na) {
+    (void)cx;
+    MC_IQ4X8_BODY(0, 0);
+}
+
+MC_AVX2 static inline __attribute__((always_inline)) void
+mc_gemm_iq4xsx8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                          float *y, size_t ldy, int nr, const int na) {
+    (void)cx;
+    MC_IQ4X8_BODY(1, 0);
+}
+#undef MC_IQ4X8_SUM
+#undef MC_IQ4X8_BODY
+
 /* body(args..., na) with na a constant 1 .. 8 (so each count's loops unroll) */
 #define MC_BY_NA(na, body, ...)                                                                    \
     switch (na) {                                                                                  \
@@ -823,6 +936,10 @@ MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q41x8_avx2, mc_gemm_q41x8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q80x8, mc_gemm_q80x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q80x8_avx2, mc_gemm_q80x8_avx2_body)
+MC_REPACKED_FN(MC_VNNI, mc_gemm_iq4nlx8, mc_gemm_iq4nlx8_body)
+MC_REPACKED_FN(MC_AVX2, mc_gemm_iq4nlx8_avx2, mc_gemm_iq4nlx8_avx2_body)
+MC_REPACKED_FN(MC_VNNI, mc_gemm_iq4xsx8, mc_gemm_iq4xsx8_body)
+MC_REPACKED_FN(MC_AVX2, mc_gemm_iq4xsx8_avx2, mc_gemm_iq4xsx8_avx2_body)
 
 #endif /* MC_X86 */
 #endif /* MC_GEMM_VNNI_H */

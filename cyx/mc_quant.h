@@ -145,7 +145,7 @@ static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacke
         for (int j = 0; j < n; j += 8) {
             const int na = mc_imin(8, n - j);
             const mc_q8 *xr[8];
-            const int32_t *cx[8]; /* Q8_0: 128 times each x block's int sum (mc_matmul_prep) */
+            const int32_t *cx[8]; /* Q8_0, IQ4_*: 128 times each x block's int sum (mc_matmul_prep) */
             for (int a = 0; a < na; a++) {
                 xr[a] = (const mc_q8 *)((const char *)jb->xbase + jb->xstride * (size_t)(j + a));
                 cx[a] = (const int32_t *)jb->xp + (size_t)(j + a) * nb;
@@ -464,7 +464,7 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
             jb->kw = jb->ilv != NULL && mc_kw_takes(t, K, n, simd);
 #endif
             const size_t dbytes = jb->kw             ? mc_kw_x_bytes(n, K)
-                                  : jb->ilv != NULL ? (t == MC_Q8_0 ? sizeof(int32_t) * nb * (size_t)n : 0)
+                                  : jb->ilv != NULL ? (mc_repack_cx(t) ? sizeof(int32_t) * nb * (size_t)n : 0)
                                   : jb->gemm  ? ngrp * nb * sizeof(mc_q8t8)
                                   : jb->dot8 ? ngrp * nb * sizeof(mc_q8x8)
                                             : 0;
@@ -488,8 +488,8 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
                     for (size_t g = 0; g < ngrp; g++)
                         mc_gemm_pack8(xq + jb->xstride * g * 8, jb->xstride, mc_imin(8, n - (int)g * 8),
                                       (int)nb, mc_gemm_offset(t), (mc_q8t8 *)xp + g * nb);
-                } else if (t == MC_Q8_0 && simd == MC_SIMD_VNNI) { /* 128 x each block's int sum,
-                                                                    * for the weights' + 128 */
+                } else if (mc_repack_cx(t) && simd == MC_SIMD_VNNI) { /* 128 x each block's int
+                                                                         * sum, for the weights' + 128 */
                     int32_t *cx = (int32_t *)xp;
                     for (int j = 0; j < n; j++) {
                         const mc_q8 *xr = (const mc_q8 *)(xq + jb->xstride * (size_t)j);
@@ -561,6 +561,8 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q5_K ? (vnni ? mc_gemm_q5kx8 : mc_gemm_q5kx8_avx2)
                                   : jb->t == MC_Q3_K ? (vnni ? mc_gemm_q3kx8 : mc_gemm_q3kx8_avx2)
                                   : jb->t == MC_Q2_K ? (vnni ? mc_gemm_q2kx8 : mc_gemm_q2kx8_avx2)
+                                  : jb->t == MC_IQ4_NL ? (vnni ? mc_gemm_iq4nlx8 : mc_gemm_iq4nlx8_avx2)
+                                  : jb->t == MC_IQ4_XS ? (vnni ? mc_gemm_iq4xsx8 : mc_gemm_iq4xsx8_avx2)
                                   : jb->t == MC_Q6_K ? (vnni ? mc_gemm_q6kx8 : mc_gemm_q6kx8_avx2)
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
         /* Q4_K, Q5_K, Q6_K on VNNI: 16 weight rows a step on zmm registers (mc_gemm_zmm.h);

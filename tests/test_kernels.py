@@ -66,8 +66,10 @@ MATMUL_DTYPES = [
 K_QUANTS = {DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K}
 FLOAT_DTYPES = (DType.F32, DType.F16, DType.BF16)
 # gguf-py cannot quantize these: random blocks with these f16 scales (byte offset: value)
-# the repacked K-quants' type codes
+# the repacked types' codes (beyond Q4_1 and Q8_0)
 KQ_CODES = {
+    DType.IQ4_NL: cpu_backend._k.IQ4_NL,
+    DType.IQ4_XS: cpu_backend._k.IQ4_XS,
     DType.Q2_K: cpu_backend._k.Q2_K,
     DType.Q3_K: cpu_backend._k.Q3_K,
     DType.Q4_K: cpu_backend._k.Q4_K,
@@ -329,7 +331,7 @@ def test_repacked_pairs_of_groups_are_bit_identical(dtype: DType) -> None:
                 np.testing.assert_array_equal(got, want, err_msg=f"{M=} {n=} {nth=}")
 
 
-@pytest.mark.parametrize("dtype", [DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
+@pytest.mark.parametrize("dtype", list(KQ_CODES))
 def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     """Q2_K to Q6_K repacked 8 rows to a group (VNNI and AVX2 kernels: each
     256-column block's exact integer sums for 8 weight rows in 8 lanes, then the scalar
@@ -345,7 +347,15 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     aux = kk.repack(code, raw, 512)
     # as large as W (Q3_K, Q5_K: 114, 180 bytes a row and block against 110, 176: the
     # scales unpacked)
-    sizes = {DType.Q2_K: 84, DType.Q3_K: 114, DType.Q4_K: 148, DType.Q5_K: 180, DType.Q6_K: 210}
+    sizes = {
+        DType.IQ4_NL: 144,
+        DType.IQ4_XS: 138,
+        DType.Q2_K: 84,
+        DType.Q3_K: 114,
+        DType.Q4_K: 148,
+        DType.Q5_K: 180,
+        DType.Q6_K: 210,
+    }
     per = sizes[dtype]
     assert aux.shape == (5, 16 * per)
     assert not kk.repack_simd(code, SIMD_LEVELS["scalar"])
@@ -374,11 +384,11 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     kk.get_rows(code, raw, 512, ids, rows, levels[-1], None)
     np.testing.assert_array_equal(rows_aux, rows)
     with pytest.raises(ValueError, match="rows do not hold"):
-        kk.repack(code, raw, 384)  # not a multiple of 256 columns
+        kk.repack(code, raw, 384 if dtype in K_QUANTS | {DType.IQ4_XS} else 544)  # too wide
 
 
 @pytest.mark.skipif("avx2" not in available_simd(), reason="the repacked kernels need AVX2")
-@pytest.mark.parametrize("dtype", [DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
+@pytest.mark.parametrize("dtype", list(KQ_CODES))
 def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
     """Q4_K, Q5_K and Q6_K repacked weights go through the 512-bit kernels two groups of 8
     rows at a time on VNNI (mc_gemm_zmm.h; from 32 x rows on each pair unpacked once first)
@@ -412,7 +422,7 @@ def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
                     )
 
 
-@pytest.mark.parametrize("dtype", [DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K])
+@pytest.mark.parametrize("dtype", list(KQ_CODES))
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_kquant_repacked_sums_at_their_bounds_are_bit_identical(dtype: DType, sign: float) -> None:
     """The repacked kernels' integer steps hold at the extremes: every int and scale at its
@@ -486,9 +496,7 @@ def test_kquant_wide_x_path_is_bit_identical(dtype: DType) -> None:
 
 
 @pytest.mark.skipif("avx512vnni" not in available_simd(), reason="the repacked kernels are VNNI's")
-@pytest.mark.parametrize(
-    "dtype", [DType.Q8_0, DType.Q4_1, DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K]
-)
+@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_1, *KQ_CODES])
 def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> None:
     """Weights read from a file mapping (as GGUF and .modelc files are): the backend
     repacks them on first use, hands the file's pages back to the OS, and the mapping
