@@ -1,7 +1,8 @@
 /* Int8 GEMM for AVX512-VNNI (on 256-bit registers), two designs; the repacked one also
  * for AVX2 without VNNI (vpmaddubsw + vpmaddwd for vpdpbusd, the same exact ints):
  *
- * Repacked (Q4_1, Q8_0, IQ4_NL, IQ4_XS; Q2_K to Q6_K in mc_gemm_kx8.h; every x row count).  The weights are copied once, 8 rows to a
+ * Repacked (Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS; Q2_K to Q6_K in mc_gemm_kx8.h; every x row
+ * count).  The weights are copied once, 8 rows to a
  * group and interleaved by dword (mc_q41x8, mc_q80x8: same size as the original), so
  * one 32-byte load holds 4 columns of 8 rows; Q4_1's nibbles are split in registers.
  * The weights are then vpdpbusd's vector operand (lane j: weight row j) and each
@@ -49,7 +50,7 @@ static inline size_t mc_repack_block_bytes(int t) {
     case MC_Q4_K: return sizeof(mc_q4kx8) / 8;
     case MC_Q3_K: return sizeof(mc_q3kx8) / 8;
     case MC_Q2_K: return sizeof(mc_q2kx8) / 8;
-    case MC_IQ4_NL: return sizeof(mc_iq4nlx8);
+    case MC_IQ4_NL: case MC_Q4_0: return sizeof(mc_iq4nlx8);
     case MC_IQ4_XS: return sizeof(mc_iq4xsx8) / 8;
     case MC_Q5_K: return sizeof(mc_q5kx8) / 8;
     case MC_Q6_K: return sizeof(mc_q6kx8) / 8;
@@ -57,9 +58,10 @@ static inline size_t mc_repack_block_bytes(int t) {
     }
 }
 
-/* whether the VNNI kernels on repacked weights of type t take 128 times each x block's
- * int sum (cx): those holding the weights as unsigned ints + 128 */
-static inline int mc_repack_cx(int t) { return t == MC_Q8_0 || t == MC_IQ4_NL || t == MC_IQ4_XS; }
+/* whether the kernels on repacked weights of type t take 128 times each x block's int
+ * sum (cx): on VNNI those holding the weights as unsigned ints + 128, and Q4_0 (its - 8)
+ * on VNNI and AVX2 */
+static inline int mc_repack_cx(int t) { return t == MC_Q8_0 || t == MC_Q4_0 || t == MC_IQ4_NL || t == MC_IQ4_XS; }
 
 /* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0, Q2_K
  * to Q6_K, IQ4_NL and IQ4_XS, with VNNI or AVX2 */
@@ -208,8 +210,8 @@ static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int
         mc_repack_lane_k(t, row, grp, j, nb / 8, pack);
         return;
     }
-    /* Q4_1 and IQ4_NL: 4 vectors of nibbles; Q8_0 8 of ints, flipped to unsigned */
-    const int q41 = t == MC_Q4_1, nl = t == MC_IQ4_NL, bs = q41 ? 20 : nl ? 18 : 34;
+    /* Q4_1, Q4_0 and IQ4_NL: 4 vectors of nibbles; Q8_0 8 of ints, flipped to unsigned */
+    const int q41 = t == MC_Q4_1, nl = t == MC_IQ4_NL || t == MC_Q4_0, bs = q41 ? 20 : nl ? 18 : 34;
     const int nv = q41 || nl ? 4 : 8, hb = q41 ? 4 : 2;
     const uint8_t flip = q41 || nl ? 0 : 0x80;
     const size_t ob = mc_repack_block_bytes(t);
@@ -593,6 +595,40 @@ mc_gemm_q41x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
     MC_Q41X8_BODY(mc_maddubs8);
 }
 
+/* Q4_0 (its nibbles repacked as Q4_1's, mc_iq4nlx8): the exact block sums of the
+ * unsigned nibbles less 8 sum(x) (cx / 16), then acc = fma(dw * dx, s, acc) as the
+ * single-row kernels do */
+#define MC_Q40X8_BODY(dot8)                                                                        \
+    const mc_iq4nlx8 *w = (const mc_iq4nlx8 *)wv;                                                  \
+    __m256 f[8];                                                                                   \
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();                                       \
+    for (int i = 0; i < nb; i++) {                                                                 \
+        const mc_iq4nlx8 *b = w + i;                                                               \
+        for (int c = 0; c < (int)sizeof *b; c += 64) _mm_prefetch((const char *)(b + 4) + c, _MM_HINT_T0); \
+        __m256i u[8];                                                                              \
+        mc_q41x8_split((const mc_q41x8 *)b, u);                                                    \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));                \
+        for (int a = 0; a < na; a++) {                                                             \
+            const mc_q8 *xq = x[a] + i;                                                            \
+            const __m256i s = _mm256_sub_epi32(dot8(u, (const int32_t *)xq->qs), _mm256_set1_epi32(cx[a][i] >> 4)); \
+            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s), f[a]); \
+        }                                                                                          \
+    }                                                                                              \
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr)
+
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_q40x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    MC_Q40X8_BODY(mc_dpbusd8);
+}
+
+MC_AVX2 static inline __attribute__((always_inline)) void
+mc_gemm_q40x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                        float *y, size_t ldy, int nr, const int na) {
+    MC_Q40X8_BODY(mc_maddubs8);
+}
+#undef MC_Q40X8_BODY
+
 /* Q8_0, VNNI (weights stored as unsigned q + 128): the weights are vpdpbusd's vector
  * operand, the x dwords its broadcast one, and 128 sum(x) is taken back. */
 MC_VNNI static inline __attribute__((always_inline)) void
@@ -936,6 +972,8 @@ MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q41x8_avx2, mc_gemm_q41x8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q80x8, mc_gemm_q80x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q80x8_avx2, mc_gemm_q80x8_avx2_body)
+MC_REPACKED_FN(MC_VNNI, mc_gemm_q40x8, mc_gemm_q40x8_body)
+MC_REPACKED_FN(MC_AVX2, mc_gemm_q40x8_avx2, mc_gemm_q40x8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_iq4nlx8, mc_gemm_iq4nlx8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_iq4nlx8_avx2, mc_gemm_iq4nlx8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_iq4xsx8, mc_gemm_iq4xsx8_body)
