@@ -61,132 +61,103 @@ MC_SFX(mc_gemm_q5kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
     MC_SFX(mc_gemm_q45kx8_body)(nb, wv, x, y, ldy, nr, na, 1);
 }
 
-/* Q3_K: mc_gemm_q6kx8_body's loop on 3-bit ints u = crumb | hmask bit << 2 (q + 4, so
- * unsigned for vpdpbusd), the + 4 taken off through bsums as Q6_K's + 32 is; then
- * mc_dot_q3_k_scalar's float steps, dx * (d * si). */
+/* Q2_K, Q3_K, Q6_K (t, a constant where inlined; block b, Q3_K's hmask vectors hm): per
+ * 128-column half n and 32 columns X the unsigned ints of 8 rows, each 16-column
+ * sub-block's exact sum times its scale (Q2_K: the low nibble of its scale byte) into si */
 MC_TGT static inline __attribute__((always_inline)) void
-MC_SFX(mc_gemm_q3kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    const mc_q3kx8 *w = (const mc_q3kx8 *)wv;
+MC_SFX(mc_kx8_sub16)(const void *b, const mc_q8k *const xk[8], int i, __m256i si[8], const int na, const int t,
+                     const __m256i *hm) {
+    const int8_t(*sc)[8] = t == MC_Q6_K ? ((const mc_q6kx8 *)b)->sc
+                           : t == MC_Q3_K ? ((const mc_q3kx8 *)b)->sc
+                                          : (const int8_t(*)[8])((const mc_q2kx8 *)b)->sc;
+    for (int n = 0; n < 2; n++)
+        for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
+            __m256i u[8], scv[2];
+            for (int v = 0; v < 8; v++)
+                u[v] = t == MC_Q6_K   ? mc_q6kx8_u((const mc_q6kx8 *)b, n, X, v)
+                       : t == MC_Q3_K ? mc_q3kx8_u((const mc_q3kx8 *)b, n, X, v, hm[v])
+                                      : mc_q2kx8_u((const mc_q2kx8 *)b, n, X, v);
+            for (int h = 0; h < 2; h++) {
+                const __m128i raw = _mm_loadl_epi64((const __m128i *)sc[8 * n + 2 * X + h]);
+                scv[h] = t == MC_Q2_K ? _mm256_and_si256(_mm256_cvtepu8_epi32(raw), _mm256_set1_epi32(0xF))
+                                      : _mm256_cvtepi8_epi32(raw);
+            }
+            for (int a = 0; a < na; a++) {
+                const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
+                si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(MC_KX_SUM4(u, xd), scv[0]),
+                                                                 _mm256_mullo_epi32(MC_KX_SUM4(u + 4, xd + 4), scv[1])));
+            }
+        }
+}
+
+/* Q2_K, Q3_K and Q6_K (t, a constant where inlined) groups of 8 rows against na x rows:
+ * mc_kx8_sub16's sums, then per type
+ *   Q3_K: the + 4 of its 3-bit ints u = crumb | hmask bit << 2 taken off through bsums
+ *     (mc_kx8_offset), then mc_dot_q3_k_scalar's float steps, dx * (d * si);
+ *   Q6_K: the same for its + 32, then d * dx * si;
+ *   Q2_K: the mins' term sm = sum over sub-blocks k of min[k] bsums[k] (sub-blocks in
+ *     pairs, lanes holding (min[2p], min[2p + 1]) as int16), then mc_dot_q2_k_scalar's
+ *     dx * (d * si - dmin * sm). */
+MC_TGT static inline __attribute__((always_inline)) void
+MC_SFX(mc_gemm_sub16x8_body)(int nb, const void *wv, const mc_q8 *const x[8], float *y, size_t ldy, int nr,
+                             const int na, const int t) {
+    const size_t bytes = t == MC_Q6_K ? sizeof(mc_q6kx8) : t == MC_Q3_K ? sizeof(mc_q3kx8) : sizeof(mc_q2kx8);
     const mc_q8k *xk[8];
-    (void)cx;
     for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
     __m256 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
-        const mc_q3kx8 *b = w + i;
-        MC_KX8_PREFETCH(b);
+        const char *b = (const char *)wv + bytes * (size_t)i;
+        for (size_t c_ = 0; c_ < bytes; c_ += 64) _mm_prefetch(b + MC_KX8_AHEAD * bytes + c_, _MM_HINT_T0);
         __m256i si[8], hm[8];
         for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
-        for (int v = 0; v < 8; v++) hm[v] = _mm256_loadu_si256((const __m256i *)(b->hm + 32 * v));
-        for (int n = 0; n < 2; n++)
-            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
-                __m256i u[8];
-                for (int v = 0; v < 8; v++) u[v] = mc_q3kx8_u(b, n, X, v, hm[v]);
-                const int k = 8 * n + 2 * X;
-                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
-                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
-                for (int a = 0; a < na; a++) { /* sum(u x) * sc per sub-block */
-                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
-                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(MC_KX_SUM4(u, xd), sc0),
-                                                                     _mm256_mullo_epi32(MC_KX_SUM4(u + 4, xd + 4), sc1)));
-                }
+        if (t == MC_Q3_K)
+            for (int v = 0; v < 8; v++) hm[v] = _mm256_loadu_si256((const __m256i *)(((const mc_q3kx8 *)b)->hm + 32 * v));
+        MC_SFX(mc_kx8_sub16)(b, xk, i, si, na, t, hm);
+        if (t == MC_Q2_K) {
+            const mc_q2kx8 *b2 = (const mc_q2kx8 *)b;
+            __m256i mnp[8];
+            for (int p = 0; p < 8; p++) {
+                const __m256i v0 = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b2->sc[2 * p])), 4);
+                const __m256i v1 = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b2->sc[2 * p + 1])), 4);
+                mnp[p] = _mm256_or_si256(v0, _mm256_slli_epi32(v1, 16));
             }
-        mc_kx8_offset(b->sc, xk, i, si, na, 2); /* the + 4 of every u */
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        for (int a = 0; a < na; a++) /* sum += dx * (d * si) */
-            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d),
-                                                     _mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a]))));
-    }
-    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
-}
-
-/* Q2_K: the loop on 2-bit ints (scales the low nibbles of sc), the mins' term sm = sum
- * over sub-blocks k of min[k] bsums[k] (sub-blocks in pairs, lanes holding (min[2p],
- * min[2p + 1]) as int16), then mc_dot_q2_k_scalar's float steps, dx * (d * si - dmin * sm). */
-MC_TGT static inline __attribute__((always_inline)) void
-MC_SFX(mc_gemm_q2kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    const mc_q2kx8 *w = (const mc_q2kx8 *)wv;
-    const mc_q8k *xk[8];
-    (void)cx;
-    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    const __m256i m4 = _mm256_set1_epi32(0xF);
-    __m256 f[8];
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb / 8; i++) {
-        const mc_q2kx8 *b = w + i;
-        MC_KX8_PREFETCH(b);
-        __m256i si[8];
-        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
-        for (int n = 0; n < 2; n++)
-            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
-                __m256i u[8];
-                for (int v = 0; v < 8; v++) u[v] = mc_q2kx8_u(b, n, X, v);
-                const int k = 8 * n + 2 * X;
-                const __m256i sc0 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k])), m4);
-                const __m256i sc1 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1])), m4);
-                for (int a = 0; a < na; a++) {
-                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
-                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(MC_KX_SUM4(u, xd), sc0),
-                                                                     _mm256_mullo_epi32(MC_KX_SUM4(u + 4, xd + 4), sc1)));
-                }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b2->d));
+            const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b2->dmin));
+            for (int a = 0; a < na; a++) {
+                const int32_t *bs = (const int32_t *)xk[a][i].bsums; /* dword p: (bsums[2p], bsums[2p + 1]) */
+                __m256i sm = _mm256_madd_epi16(mnp[0], _mm256_set1_epi32(bs[0]));
+                for (int p = 1; p < 8; p++) sm = _mm256_add_epi32(sm, _mm256_madd_epi16(mnp[p], _mm256_set1_epi32(bs[p])));
+                const __m256 tt = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a])),
+                                                _mm256_mul_ps(dm, _mm256_cvtepi32_ps(sm)));
+                f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d), tt));
             }
-        __m256i mnp[8];
-        for (int p = 0; p < 8; p++) {
-            const __m256i v0 = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p])), 4);
-            const __m256i v1 = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[2 * p + 1])), 4);
-            mnp[p] = _mm256_or_si256(v0, _mm256_slli_epi32(v1, 16));
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->dmin));
-        for (int a = 0; a < na; a++) {
-            const int32_t *bs = (const int32_t *)xk[a][i].bsums; /* dword p: (bsums[2p], bsums[2p + 1]) */
-            __m256i sm = _mm256_madd_epi16(mnp[0], _mm256_set1_epi32(bs[0]));
-            for (int p = 1; p < 8; p++) sm = _mm256_add_epi32(sm, _mm256_madd_epi16(mnp[p], _mm256_set1_epi32(bs[p])));
-            const __m256 t = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(si[a])),
-                                           _mm256_mul_ps(dm, _mm256_cvtepi32_ps(sm)));
-            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_set1_ps(xk[a][i].d), t));
+        } else {
+            const int8_t(*sc)[8] = t == MC_Q6_K ? ((const mc_q6kx8 *)b)->sc : ((const mc_q3kx8 *)b)->sc;
+            const uint16_t *d = t == MC_Q6_K ? ((const mc_q6kx8 *)b)->d : ((const mc_q3kx8 *)b)->d;
+            mc_kx8_offset(sc, xk, i, si, na, t == MC_Q6_K ? 5 : 2); /* the + 32 / + 4 of every u */
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+            for (int a = 0; a < na; a++) {
+                const __m256 dx = _mm256_set1_ps(xk[a][i].d), sv = _mm256_cvtepi32_ps(si[a]);
+                f[a] = _mm256_add_ps(f[a], t == MC_Q6_K ? _mm256_mul_ps(_mm256_mul_ps(dw, dx), sv) /* d * dx * si */
+                                                        : _mm256_mul_ps(dx, _mm256_mul_ps(dw, sv))); /* dx * (d * si) */
+            }
         }
     }
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
-MC_TGT static inline __attribute__((always_inline)) void
-MC_SFX(mc_gemm_q6kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    const mc_q6kx8 *w = (const mc_q6kx8 *)wv;
-    const mc_q8k *xk[8];
-    (void)cx;
-    for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
-    __m256 f[8];
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb / 8; i++) {
-        const mc_q6kx8 *b = w + i;
-        MC_KX8_PREFETCH(b);
-        __m256i si[8];
-        for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
-        for (int n = 0; n < 2; n++)
-            for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
-                __m256i u[8];
-                for (int v = 0; v < 8; v++) u[v] = mc_q6kx8_u(b, n, X, v);
-                const int k = 8 * n + 2 * X;
-                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k]));
-                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)b->sc[k + 1]));
-                for (int a = 0; a < na; a++) { /* sum(q x) * sc per sub-block */
-                    const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
-                    si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(MC_KX_SUM4(u, xd), sc0),
-                                                                     _mm256_mullo_epi32(MC_KX_SUM4(u + 4, xd + 4), sc1)));
-                }
-            }
-        mc_kx8_offset(b->sc, xk, i, si, na, 5); /* the -32 offset of every q */
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
-        for (int a = 0; a < na; a++) /* sum += d * dx * si */
-            f[a] = _mm256_add_ps(f[a], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xk[a][i].d)),
-                                                     _mm256_cvtepi32_ps(si[a])));
+#define MC_SUB16X8_BODY(name, T)                                                                   \
+    MC_TGT static inline __attribute__((always_inline)) void                                       \
+    MC_SFX(name)(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8], float *y, \
+                 size_t ldy, int nr, const int na) {                                               \
+        (void)cx;                                                                                  \
+        MC_SFX(mc_gemm_sub16x8_body)(nb, wv, x, y, ldy, nr, na, T);                                \
     }
-    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
-}
+MC_SUB16X8_BODY(mc_gemm_q2kx8_body, MC_Q2_K)
+MC_SUB16X8_BODY(mc_gemm_q3kx8_body, MC_Q3_K)
+MC_SUB16X8_BODY(mc_gemm_q6kx8_body, MC_Q6_K)
+#undef MC_SUB16X8_BODY
 
 MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q4kx8), MC_SFX(mc_gemm_q4kx8_body))
 MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q3kx8), MC_SFX(mc_gemm_q3kx8_body))
