@@ -1,11 +1,11 @@
-"""The weight types repacked in session 12 (Q4_0, IQ4_NL, IQ4_XS, Q2_K): their repacked
+"""The weight types repacked in session 12 (Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q2_K): their repacked
 8-row kernels against the kernels on the weights as stored, in one process, alternating.
 
-    .venv/bin/python -m bench.bench_repack_types [--types q4_0,iq4_nl,iq4_xs,q2_k]
+    .venv/bin/python -m bench.bench_repack_types [--types q4_0,q5_0,iq4_nl,iq4_xs,q2_k]
         [--simd avx512vnni,avx2] [--rows 1,8,64,512] [--rounds 7] [--threads 2]
 
 A random weight of each type (4096 x 2048, every block's f16 scales fixed so no value
-is degenerate; Q4_0 from gguf-py's quantizer) goes through ``kernels.matmul`` in fast
+is degenerate; Q4_0 and Q5_0 from gguf-py's quantizer) goes through ``kernels.matmul`` in fast
 mode with its repacked copy (``aux``) and without (the unpacking kernels each type had
 before); each round times both back to back and the table gives each side's median
 GMAC/s over the rounds and their ratio.  The matrix (1.2-1.6 MB a type) sits in the
@@ -37,9 +37,9 @@ LAYOUTS: dict[str, tuple[int, int, dict[int, float]]] = {
 
 
 def weight(name: str, rng: np.random.Generator) -> np.ndarray[Any, Any]:
-    if name == "q4_0":
+    if name in ("q4_0", "q5_0"):
         w = rng.standard_normal((M, K)).astype(np.float32)
-        return np.ascontiguousarray(gguf_quantize(w, gguf.GGMLQuantizationType.Q4_0))
+        return np.ascontiguousarray(gguf_quantize(w, gguf.GGMLQuantizationType[name.upper()]))
     bs, ts, scales = LAYOUTS[name]
     raw = rng.integers(0, 256, (M, K // bs, ts), dtype=np.uint8)
     for off, value in scales.items():
@@ -58,7 +58,7 @@ def gmacs(code: int, raw: Any, x: Any, y: Any, simd: int, nth: int, aux: Any) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--types", default="q4_0,iq4_nl,iq4_xs,q2_k")
+    ap.add_argument("--types", default="q4_0,q5_0,iq4_nl,iq4_xs,q2_k")
     ap.add_argument("--simd", default="avx512vnni,avx2")
     ap.add_argument("--rows", default="1,8,64,512")
     ap.add_argument("--rounds", type=int, default=7)

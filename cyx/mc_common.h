@@ -136,6 +136,15 @@ typedef struct {
     uint16_t m[8];
 } mc_q41x8;
 
+/* Q5_0 weights repacked: per block of 32 columns the nibbles as Q4_1's, the 8 rows'
+ * 32-bit high-bit words (dword lane j: row j's qh), then their f16 scales.  22 bytes a
+ * row and block, as stored. */
+typedef struct {
+    uint8_t qs[128];
+    uint8_t qh[32];
+    uint16_t d[8];
+} mc_q50x8;
+
 /* IQ4_NL weights repacked as Q4_1's (its nibbles index the IQ4 levels): per block of 32
  * columns the 4 vectors of nibbles, then the 8 rows' f16 scales.  18 bytes a row and
  * block, as stored. */

@@ -1,7 +1,7 @@
 /* Int8 GEMM for AVX512-VNNI (on 256-bit registers), two designs; the repacked one also
  * for AVX2 without VNNI (vpmaddubsw + vpmaddwd for vpdpbusd, the same exact ints):
  *
- * Repacked (Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS; Q2_K to Q6_K in mc_gemm_kx8.h; every x row
+ * Repacked (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS; Q2_K to Q6_K in mc_gemm_kx8.h; every x row
  * count).  The weights are copied once, 8 rows to a
  * group and interleaved by dword (mc_q41x8, mc_q80x8: same size as the original), so
  * one 32-byte load holds 4 columns of 8 rows; Q4_1's nibbles are split in registers.
@@ -51,6 +51,7 @@ static inline size_t mc_repack_block_bytes(int t) {
     case MC_Q3_K: return sizeof(mc_q3kx8) / 8;
     case MC_Q2_K: return sizeof(mc_q2kx8) / 8;
     case MC_IQ4_NL: case MC_Q4_0: return sizeof(mc_iq4nlx8);
+    case MC_Q5_0: return sizeof(mc_q50x8);
     case MC_IQ4_XS: return sizeof(mc_iq4xsx8) / 8;
     case MC_Q5_K: return sizeof(mc_q5kx8) / 8;
     case MC_Q6_K: return sizeof(mc_q6kx8) / 8;
@@ -58,10 +59,12 @@ static inline size_t mc_repack_block_bytes(int t) {
     }
 }
 
-/* whether the kernels on repacked weights of type t take 128 times each x block's int
- * sum (cx): on VNNI those holding the weights as unsigned ints + 128, and Q4_0 (its - 8)
- * on VNNI and AVX2 */
-static inline int mc_repack_cx(int t) { return t == MC_Q8_0 || t == MC_Q4_0 || t == MC_IQ4_NL || t == MC_IQ4_XS; }
+/* whether the kernels on repacked weights of type t at SIMD level simd take 128 times
+ * each x block's int sum (cx): on VNNI those holding the weights as unsigned ints + 128,
+ * and Q4_0 and Q5_0 (their - 8, - 16) at both levels */
+static inline int mc_repack_cx(int t, int simd) {
+    return t == MC_Q4_0 || t == MC_Q5_0 || (simd == MC_SIMD_VNNI && (t == MC_Q8_0 || t == MC_IQ4_NL || t == MC_IQ4_XS));
+}
 
 /* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0, Q2_K
  * to Q6_K, IQ4_NL and IQ4_XS, with VNNI or AVX2 */
@@ -210,14 +213,21 @@ static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int
         mc_repack_lane_k(t, row, grp, j, nb / 8, pack);
         return;
     }
-    /* Q4_1, Q4_0 and IQ4_NL: 4 vectors of nibbles; Q8_0 8 of ints, flipped to unsigned */
-    const int q41 = t == MC_Q4_1, nl = t == MC_IQ4_NL || t == MC_Q4_0, bs = q41 ? 20 : nl ? 18 : 34;
-    const int nv = q41 || nl ? 4 : 8, hb = q41 ? 4 : 2;
-    const uint8_t flip = q41 || nl ? 0 : 0x80;
+    /* Q4_1, Q4_0, IQ4_NL and Q5_0: 4 vectors of nibbles (Q5_0's high bits apart); Q8_0 8
+     * of ints, flipped to unsigned */
+    const int q41 = t == MC_Q4_1, q50 = t == MC_Q5_0, nl = t == MC_IQ4_NL || t == MC_Q4_0;
+    const int bs = q41 ? 20 : q50 ? 22 : nl ? 18 : 34;
+    const int nv = q41 || nl || q50 ? 4 : 8, hb = q41 ? 4 : q50 ? 6 : 2;
+    const uint8_t flip = q41 || nl || q50 ? 0 : 0x80;
     const size_t ob = mc_repack_block_bytes(t);
     for (int i = 0; i < nb; i++) {
         uint8_t *o = grp + ob * (size_t)i, *b = row + (size_t)bs * i;
-        uint8_t *d = (uint8_t *)(q41 ? ((mc_q41x8 *)o)->d : nl ? ((mc_iq4nlx8 *)o)->d : ((mc_q80x8 *)o)->d) + 2 * j;
+        uint8_t *d = (uint8_t *)(q41 ? ((mc_q41x8 *)o)->d
+                                 : q50 ? ((mc_q50x8 *)o)->d
+                                 : nl  ? ((mc_iq4nlx8 *)o)->d
+                                       : ((mc_q80x8 *)o)->d) + 2 * j;
+        if (q50 && pack) memcpy(((mc_q50x8 *)o)->qh + 4 * j, b + 2, 4);
+        if (q50 && !pack) memcpy(b + 2, ((mc_q50x8 *)o)->qh + 4 * j, 4);
         uint8_t *m = q41 ? (uint8_t *)((mc_q41x8 *)o)->m + 2 * j : NULL;
         if (pack) {
             memcpy(d, b, 2);
@@ -948,6 +958,60 @@ MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_maddubs4(const _
     return _mm256_add_epi32(_mm256_madd_epi16(s, one), _mm256_madd_epi16(t, one));
 }
 
+/* Q5_0: block b's ints (nibble | high bit << 4, < 32) as u[k] to meet the x dword k, as
+ * mc_q41x8_split orders them: the high bits of elements 4k .. 4k + 3 (k < 4; 16 + 4(k - 4)
+ * .. for k >= 4) are bits e .. e + 3 of each lane's qh, so byte e / 8 of the lane is
+ * copied to its 4 bytes (vpshufb) and each byte tests its own bit */
+MC_AVX2 static inline __attribute__((always_inline)) void mc_q50x8_split(const mc_q50x8 *b, __m256i u[8]) {
+    mc_q41x8_split((const mc_q41x8 *)b, u);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
+    const __m256i lane = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8,
+                                          8, 8, 8, 12, 12, 12, 12);
+    const __m256i lo = _mm256_set1_epi32(0x08040201), hi = _mm256_set1_epi32((int)0x80402010u);
+    for (int k = 0; k < 8; k++) {
+        const int e = k < 4 ? 4 * k : 16 + 4 * (k - 4);
+        const __m256i rep = _mm256_shuffle_epi8(qh, _mm256_add_epi8(lane, _mm256_set1_epi8((char)(e / 8))));
+        const __m256i m = e % 8 ? hi : lo;
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(rep, m), m);
+        u[k] = _mm256_or_si256(u[k], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+}
+
+/* Q5_0: the exact block sums of its unsigned ints less 16 sum(x) (cx / 8), then
+ * acc = fma(dw * dx, s, acc) as its SIMD single-row kernels do */
+#define MC_Q50X8_BODY(dot8)                                                                        \
+    const mc_q50x8 *w = (const mc_q50x8 *)wv;                                                      \
+    __m256 f[8];                                                                                   \
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();                                       \
+    for (int i = 0; i < nb; i++) {                                                                 \
+        const mc_q50x8 *b = w + i;                                                                 \
+        for (int c = 0; c < (int)sizeof *b; c += 64) _mm_prefetch((const char *)(b + 4) + c, _MM_HINT_T0); \
+        __m256i u[8];                                                                              \
+        mc_q50x8_split(b, u);                                                                      \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));                \
+        for (int a = 0; a < na; a++) {                                                             \
+            const mc_q8 *xq = x[a] + i;                                                            \
+            const __m256i s = _mm256_sub_epi32(dot8(u, (const int32_t *)xq->qs), _mm256_set1_epi32(cx[a][i] >> 3)); \
+            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s), f[a]); \
+        }                                                                                          \
+    }                                                                                              \
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr)
+
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_q50x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    MC_Q50X8_BODY(mc_dpbusd8);
+}
+
+MC_AVX2 static inline __attribute__((always_inline)) void
+mc_gemm_q50x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                        float *y, size_t ldy, int nr, const int na) {
+#define MC_Q50_SUM8(u, xd) mc_maddubs8w(u, xd)
+    MC_Q50X8_BODY(MC_Q50_SUM8);
+#undef MC_Q50_SUM8
+}
+#undef MC_Q50X8_BODY
+
 #define MC_TGT MC_VNNI
 #define MC_SFX(name) name
 #define MC_KX_SUM8(u, xd, wide) mc_dpbusd8(u, xd)
@@ -972,6 +1036,8 @@ MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q41x8_avx2, mc_gemm_q41x8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q80x8, mc_gemm_q80x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q80x8_avx2, mc_gemm_q80x8_avx2_body)
+MC_REPACKED_FN(MC_VNNI, mc_gemm_q50x8, mc_gemm_q50x8_body)
+MC_REPACKED_FN(MC_AVX2, mc_gemm_q50x8_avx2, mc_gemm_q50x8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_q40x8, mc_gemm_q40x8_body)
 MC_REPACKED_FN(MC_AVX2, mc_gemm_q40x8_avx2, mc_gemm_q40x8_avx2_body)
 MC_REPACKED_FN(MC_VNNI, mc_gemm_iq4nlx8, mc_gemm_iq4nlx8_body)

@@ -464,7 +464,7 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
             jb->kw = jb->ilv != NULL && mc_kw_takes(t, K, n, simd);
 #endif
             const size_t dbytes = jb->kw             ? mc_kw_x_bytes(n, K)
-                                  : jb->ilv != NULL ? (mc_repack_cx(t) ? sizeof(int32_t) * nb * (size_t)n : 0)
+                                  : jb->ilv != NULL ? (mc_repack_cx(t, simd) ? sizeof(int32_t) * nb * (size_t)n : 0)
                                   : jb->gemm  ? ngrp * nb * sizeof(mc_q8t8)
                                   : jb->dot8 ? ngrp * nb * sizeof(mc_q8x8)
                                             : 0;
@@ -488,8 +488,8 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
                     for (size_t g = 0; g < ngrp; g++)
                         mc_gemm_pack8(xq + jb->xstride * g * 8, jb->xstride, mc_imin(8, n - (int)g * 8),
                                       (int)nb, mc_gemm_offset(t), (mc_q8t8 *)xp + g * nb);
-                } else if (mc_repack_cx(t) && (simd == MC_SIMD_VNNI || t == MC_Q4_0)) {
-                    /* 128 x each block's int sum, for the weights' + 128 (Q4_0: its - 8) */
+                } else if (mc_repack_cx(t, simd)) { /* 128 x each block's int sum, for the
+                                                     * weights' + 128 (Q4_0, Q5_0: - 8, - 16) */
                     int32_t *cx = (int32_t *)xp;
                     for (int j = 0; j < n; j++) {
                         const mc_q8 *xr = (const mc_q8 *)(xq + jb->xstride * (size_t)j);
@@ -563,6 +563,7 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q2_K ? (vnni ? mc_gemm_q2kx8 : mc_gemm_q2kx8_avx2)
                                   : jb->t == MC_IQ4_NL ? (vnni ? mc_gemm_iq4nlx8 : mc_gemm_iq4nlx8_avx2)
                                   : jb->t == MC_Q4_0 ? (vnni ? mc_gemm_q40x8 : mc_gemm_q40x8_avx2)
+                                  : jb->t == MC_Q5_0 ? (vnni ? mc_gemm_q50x8 : mc_gemm_q50x8_avx2)
                                   : jb->t == MC_IQ4_XS ? (vnni ? mc_gemm_iq4xsx8 : mc_gemm_iq4xsx8_avx2)
                                   : jb->t == MC_Q6_K ? (vnni ? mc_gemm_q6kx8 : mc_gemm_q6kx8_avx2)
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);

@@ -69,6 +69,7 @@ FLOAT_DTYPES = (DType.F32, DType.F16, DType.BF16)
 # the repacked types' codes (beyond Q4_1 and Q8_0)
 KQ_CODES = {
     DType.Q4_0: cpu_backend._k.Q4_0,
+    DType.Q5_0: cpu_backend._k.Q5_0,
     DType.IQ4_NL: cpu_backend._k.IQ4_NL,
     DType.IQ4_XS: cpu_backend._k.IQ4_XS,
     DType.Q2_K: cpu_backend._k.Q2_K,
@@ -90,9 +91,10 @@ RANDOM_BLOCK_SCALES: dict[DType, dict[int, float]] = {
 
 def same_as_repacked(dtype: DType) -> list[str]:
     """The SIMD levels whose kernels on the weights as stored give the repacked kernels'
-    results bit for bit: all of them, but Q4_0's scalar kernel, which rounds (d dx) s and
-    its sum in two steps where the SIMD kernels (and Q4_0's repacked ones) fuse them."""
-    return [s for s in available_simd() if s != "scalar" or dtype is not DType.Q4_0]
+    results bit for bit: all of them, but Q4_0's and Q5_0's scalar kernels, which round
+    (d dx) s and its sum in two steps where the SIMD kernels (and the repacked ones) fuse
+    them."""
+    return [s for s in available_simd() if s != "scalar" or dtype not in (DType.Q4_0, DType.Q5_0)]
 
 
 BATCHES = (1, 3, 8, 17)
@@ -288,7 +290,7 @@ def test_gemm_aux_path_is_bit_identical(dtype: DType, simd_name: str) -> None:
     if simd_name not in available_simd():
         pytest.skip(f"needs {simd_name}")
     simd = SIMD_LEVELS[simd_name]
-    assert kk.repack_simd(code, simd) and not kk.repack_simd(kk.Q5_0, simd)
+    assert kk.repack_simd(code, simd) and not kk.repack_simd(kk.Q5_1, simd)
     for n in (1, 3, 5, 8, 13, 17):
         x = rng.standard_normal((n, 96)).astype(np.float32)
         with_aux, without = np.empty((n, 37), np.float32), np.empty((n, 37), np.float32)
@@ -359,6 +361,7 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
     # scales unpacked)
     sizes = {
         DType.Q4_0: 144,
+        DType.Q5_0: 176,
         DType.IQ4_NL: 144,
         DType.IQ4_XS: 138,
         DType.Q2_K: 84,
@@ -448,7 +451,9 @@ def test_kquant_repacked_sums_at_their_bounds_are_bit_identical(dtype: DType, si
     rows, cols = 24, 512
     bs, ts = BLOCK_SIZES[dtype]
     raw = np.full((rows, cols // bs, ts), 0xFF, np.uint8)
-    for off, value in {**RANDOM_BLOCK_SCALES, DType.Q4_0: {0: 0.02}}[dtype].items():
+    for off, value in {**RANDOM_BLOCK_SCALES, DType.Q4_0: {0: 0.02}, DType.Q5_0: {0: 0.02}}[
+        dtype
+    ].items():
         raw[:, :, off : off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
     raw = np.ascontiguousarray(raw.reshape(rows, -1))
     code = KQ_CODES[dtype]
