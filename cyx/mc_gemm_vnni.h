@@ -605,40 +605,6 @@ mc_gemm_q41x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
     MC_Q41X8_BODY(mc_maddubs8);
 }
 
-/* Q4_0 (its nibbles repacked as Q4_1's, mc_iq4nlx8): the exact block sums of the
- * unsigned nibbles less 8 sum(x) (cx / 16), then acc = fma(dw * dx, s, acc) as the
- * single-row kernels do */
-#define MC_Q40X8_BODY(dot8)                                                                        \
-    const mc_iq4nlx8 *w = (const mc_iq4nlx8 *)wv;                                                  \
-    __m256 f[8];                                                                                   \
-    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();                                       \
-    for (int i = 0; i < nb; i++) {                                                                 \
-        const mc_iq4nlx8 *b = w + i;                                                               \
-        for (int c = 0; c < (int)sizeof *b; c += 64) _mm_prefetch((const char *)(b + 4) + c, _MM_HINT_T0); \
-        __m256i u[8];                                                                              \
-        mc_q41x8_split((const mc_q41x8 *)b, u);                                                    \
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));                \
-        for (int a = 0; a < na; a++) {                                                             \
-            const mc_q8 *xq = x[a] + i;                                                            \
-            const __m256i s = _mm256_sub_epi32(dot8(u, (const int32_t *)xq->qs), _mm256_set1_epi32(cx[a][i] >> 4)); \
-            f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s), f[a]); \
-        }                                                                                          \
-    }                                                                                              \
-    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr)
-
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q40x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    MC_Q40X8_BODY(mc_dpbusd8);
-}
-
-MC_AVX2 static inline __attribute__((always_inline)) void
-mc_gemm_q40x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                        float *y, size_t ldy, int nr, const int na) {
-    MC_Q40X8_BODY(mc_maddubs8);
-}
-#undef MC_Q40X8_BODY
-
 /* Q8_0, VNNI (weights stored as unsigned q + 128): the weights are vpdpbusd's vector
  * operand, the x dwords its broadcast one, and 128 sum(x) is taken back. */
 MC_VNNI static inline __attribute__((always_inline)) void
@@ -977,40 +943,43 @@ MC_AVX2 static inline __attribute__((always_inline)) void mc_q50x8_split(const m
     }
 }
 
-/* Q5_0: the exact block sums of its unsigned ints less 16 sum(x) (cx / 8), then
- * acc = fma(dw * dx, s, acc) as its SIMD single-row kernels do */
-#define MC_Q50X8_BODY(dot8)                                                                        \
-    const mc_q50x8 *w = (const mc_q50x8 *)wv;                                                      \
+/* Q4_0 (its nibbles repacked as Q4_1's, in mc_iq4nlx8) and Q5_0: the exact block sums of
+ * their unsigned ints less 8 or 16 sum(x) (cx >> shift), then acc = fma(dw * dx, s, acc)
+ * as their SIMD single-row kernels do */
+#define MC_OFFX8_BODY(T, split, dot8, shift)                                                       \
+    const T *w = (const T *)wv;                                                                    \
     __m256 f[8];                                                                                   \
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();                                       \
     for (int i = 0; i < nb; i++) {                                                                 \
-        const mc_q50x8 *b = w + i;                                                                 \
+        const T *b = w + i;                                                                        \
         for (int c = 0; c < (int)sizeof *b; c += 64) _mm_prefetch((const char *)(b + 4) + c, _MM_HINT_T0); \
         __m256i u[8];                                                                              \
-        mc_q50x8_split(b, u);                                                                      \
+        split(b, u);                                                                               \
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));                \
         for (int a = 0; a < na; a++) {                                                             \
             const mc_q8 *xq = x[a] + i;                                                            \
-            const __m256i s = _mm256_sub_epi32(dot8(u, (const int32_t *)xq->qs), _mm256_set1_epi32(cx[a][i] >> 3)); \
+            const __m256i s = _mm256_sub_epi32(dot8(u, (const int32_t *)xq->qs), _mm256_set1_epi32(cx[a][i] >> (shift))); \
             f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s), f[a]); \
         }                                                                                          \
     }                                                                                              \
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr)
 
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_q50x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                   float *y, size_t ldy, int nr, const int na) {
-    MC_Q50X8_BODY(mc_dpbusd8);
-}
-
-MC_AVX2 static inline __attribute__((always_inline)) void
-mc_gemm_q50x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                        float *y, size_t ldy, int nr, const int na) {
-#define MC_Q50_SUM8(u, xd) mc_maddubs8w(u, xd)
-    MC_Q50X8_BODY(MC_Q50_SUM8);
+#define MC_Q40_SPLIT(b, u) mc_q41x8_split((const mc_q41x8 *)(b), u)
+#define MC_Q50_SUM8(u, xd) mc_maddubs8w(u, xd) /* ints < 32 */
+#define MC_OFFX8_FN(target, name, ...)                                                             \
+    target static inline __attribute__((always_inline)) void name(                                 \
+        int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8], float *y,     \
+        size_t ldy, int nr, const int na) {                                                        \
+        MC_OFFX8_BODY(__VA_ARGS__);                                                                \
+    }
+MC_OFFX8_FN(MC_VNNI, mc_gemm_q40x8_body, mc_iq4nlx8, MC_Q40_SPLIT, mc_dpbusd8, 4)
+MC_OFFX8_FN(MC_AVX2, mc_gemm_q40x8_avx2_body, mc_iq4nlx8, MC_Q40_SPLIT, mc_maddubs8, 4)
+MC_OFFX8_FN(MC_VNNI, mc_gemm_q50x8_body, mc_q50x8, mc_q50x8_split, mc_dpbusd8, 3)
+MC_OFFX8_FN(MC_AVX2, mc_gemm_q50x8_avx2_body, mc_q50x8, mc_q50x8_split, MC_Q50_SUM8, 3)
+#undef MC_OFFX8_FN
 #undef MC_Q50_SUM8
-}
-#undef MC_Q50X8_BODY
+#undef MC_Q40_SPLIT
+#undef MC_OFFX8_BODY
 
 #define MC_TGT MC_VNNI
 #define MC_SFX(name) name
@@ -1032,18 +1001,17 @@ mc_gemm_q50x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const i
 #undef MC_KX_SUM8
 #undef MC_KX_SUM4
 
-MC_REPACKED_FN(MC_VNNI, mc_gemm_q41x8, mc_gemm_q41x8_body)
-MC_REPACKED_FN(MC_AVX2, mc_gemm_q41x8_avx2, mc_gemm_q41x8_avx2_body)
-MC_REPACKED_FN(MC_VNNI, mc_gemm_q80x8, mc_gemm_q80x8_body)
-MC_REPACKED_FN(MC_AVX2, mc_gemm_q80x8_avx2, mc_gemm_q80x8_avx2_body)
-MC_REPACKED_FN(MC_VNNI, mc_gemm_q50x8, mc_gemm_q50x8_body)
-MC_REPACKED_FN(MC_AVX2, mc_gemm_q50x8_avx2, mc_gemm_q50x8_avx2_body)
-MC_REPACKED_FN(MC_VNNI, mc_gemm_q40x8, mc_gemm_q40x8_body)
-MC_REPACKED_FN(MC_AVX2, mc_gemm_q40x8_avx2, mc_gemm_q40x8_avx2_body)
-MC_REPACKED_FN(MC_VNNI, mc_gemm_iq4nlx8, mc_gemm_iq4nlx8_body)
-MC_REPACKED_FN(MC_AVX2, mc_gemm_iq4nlx8_avx2, mc_gemm_iq4nlx8_avx2_body)
-MC_REPACKED_FN(MC_VNNI, mc_gemm_iq4xsx8, mc_gemm_iq4xsx8_body)
-MC_REPACKED_FN(MC_AVX2, mc_gemm_iq4xsx8_avx2, mc_gemm_iq4xsx8_avx2_body)
+/* each type's VNNI kernel and its AVX2 twin */
+#define MC_REPACKED_PAIR(name)                                                                     \
+    MC_REPACKED_FN(MC_VNNI, name, name##_body)                                                     \
+    MC_REPACKED_FN(MC_AVX2, name##_avx2, name##_avx2_body)
+MC_REPACKED_PAIR(mc_gemm_q41x8)
+MC_REPACKED_PAIR(mc_gemm_q80x8)
+MC_REPACKED_PAIR(mc_gemm_q50x8)
+MC_REPACKED_PAIR(mc_gemm_q40x8)
+MC_REPACKED_PAIR(mc_gemm_iq4nlx8)
+MC_REPACKED_PAIR(mc_gemm_iq4xsx8)
+#undef MC_REPACKED_PAIR
 
 #endif /* MC_X86 */
 #endif /* MC_GEMM_VNNI_H */
