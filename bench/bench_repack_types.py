@@ -1,12 +1,13 @@
-"""The weight types repacked in session 12 (Q4_0, Q5_0, IQ4_NL, IQ4_XS, Q2_K): their repacked
-8-row kernels against the kernels on the weights as stored, in one process, alternating.
+"""The weight types repacked in session 12 (Q4_0, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K): their
+repacked 8-row kernels against the kernels on the weights as stored, in one process,
+alternating.
 
-    .venv/bin/python -m bench.bench_repack_types [--types q4_0,q5_0,iq4_nl,iq4_xs,q2_k]
+    .venv/bin/python -m bench.bench_repack_types [--types q4_0,q5_0,q5_1,iq4_nl,iq4_xs,q2_k]
         [--simd avx512vnni,avx2] [--rows 1,8,64,512] [--rounds 7] [--threads 2]
 
 A random weight of each type (4096 x 2048, every block's f16 scales fixed so no value
-is degenerate; Q4_0 and Q5_0 from gguf-py's quantizer) goes through ``kernels.matmul`` in fast
-mode with its repacked copy (``aux``) and without (the unpacking kernels each type had
+is degenerate; Q4_0, Q5_0 and Q5_1 from gguf-py's quantizer) goes through
+``kernels.matmul`` in fast mode with its repacked copy (``aux``) and without (the unpacking kernels each type had
 before); each round times both back to back and the table gives each side's median
 GMAC/s over the rounds and their ratio.  The matrix (1.2-1.6 MB a type) sits in the
 last-level cache, so the 1-row column measures the kernels, not DRAM bandwidth.
@@ -37,7 +38,7 @@ LAYOUTS: dict[str, tuple[int, int, dict[int, float]]] = {
 
 
 def weight(name: str, rng: np.random.Generator) -> np.ndarray[Any, Any]:
-    if name in ("q4_0", "q5_0"):
+    if name in ("q4_0", "q5_0", "q5_1"):
         w = rng.standard_normal((M, K)).astype(np.float32)
         return np.ascontiguousarray(gguf_quantize(w, gguf.GGMLQuantizationType[name.upper()]))
     bs, ts, scales = LAYOUTS[name]
@@ -58,7 +59,7 @@ def gmacs(code: int, raw: Any, x: Any, y: Any, simd: int, nth: int, aux: Any) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--types", default="q4_0,q5_0,iq4_nl,iq4_xs,q2_k")
+    ap.add_argument("--types", default="q4_0,q5_0,q5_1,iq4_nl,iq4_xs,q2_k")
     ap.add_argument("--simd", default="avx512vnni,avx2")
     ap.add_argument("--rows", default="1,8,64,512")
     ap.add_argument("--rounds", type=int, default=7)

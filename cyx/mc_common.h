@@ -145,6 +145,15 @@ typedef struct {
     uint16_t d[8];
 } mc_q50x8;
 
+/* Q5_1 weights repacked as Q5_0's, with the 8 rows' f16 mins after their scales.  24
+ * bytes a row and block, as stored. */
+typedef struct {
+    uint8_t qs[128];
+    uint8_t qh[32];
+    uint16_t d[8];
+    uint16_t m[8];
+} mc_q51x8;
+
 /* IQ4_NL weights repacked as Q4_1's (its nibbles index the IQ4 levels): per block of 32
  * columns the 4 vectors of nibbles, then the 8 rows' f16 scales.  18 bytes a row and
  * block, as stored. */

@@ -1,7 +1,7 @@
 /* Int8 GEMM for AVX512-VNNI (on 256-bit registers), two designs; the repacked one also
  * for AVX2 without VNNI (vpmaddubsw + vpmaddwd for vpdpbusd, the same exact ints):
  *
- * Repacked (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, IQ4_XS; Q2_K to Q6_K in mc_gemm_kx8.h; every x row
+ * Repacked (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS; Q2_K to Q6_K in mc_gemm_kx8.h; every x row
  * count).  The weights are copied once, 8 rows to a
  * group and interleaved by dword (mc_q41x8, mc_q80x8: same size as the original), so
  * one 32-byte load holds 4 columns of 8 rows; Q4_1's nibbles are split in registers.
@@ -52,6 +52,7 @@ static inline size_t mc_repack_block_bytes(int t) {
     case MC_Q2_K: return sizeof(mc_q2kx8) / 8;
     case MC_IQ4_NL: case MC_Q4_0: return sizeof(mc_iq4nlx8);
     case MC_Q5_0: return sizeof(mc_q50x8);
+    case MC_Q5_1: return sizeof(mc_q51x8);
     case MC_IQ4_XS: return sizeof(mc_iq4xsx8) / 8;
     case MC_Q5_K: return sizeof(mc_q5kx8) / 8;
     case MC_Q6_K: return sizeof(mc_q6kx8) / 8;
@@ -215,20 +216,23 @@ static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int
     }
     /* Q4_1, Q4_0, IQ4_NL and Q5_0: 4 vectors of nibbles (Q5_0's high bits apart); Q8_0 8
      * of ints, flipped to unsigned */
-    const int q41 = t == MC_Q4_1, q50 = t == MC_Q5_0, nl = t == MC_IQ4_NL || t == MC_Q4_0;
-    const int bs = q41 ? 20 : q50 ? 22 : nl ? 18 : 34;
-    const int nv = q41 || nl || q50 ? 4 : 8, hb = q41 ? 4 : q50 ? 6 : 2;
+    const int q41 = t == MC_Q4_1, q51 = t == MC_Q5_1, q50 = t == MC_Q5_0 || q51;
+    const int nl = t == MC_IQ4_NL || t == MC_Q4_0;
+    const int bs = q41 ? 20 : q51 ? 24 : q50 ? 22 : nl ? 18 : 34;
+    const int nv = q41 || nl || q50 ? 4 : 8, hb = q41 ? 4 : q51 ? 8 : q50 ? 6 : 2;
+    const int at = q51 ? 4 : 2; /* Q5_0's / Q5_1's high bits */
     const uint8_t flip = q41 || nl || q50 ? 0 : 0x80;
     const size_t ob = mc_repack_block_bytes(t);
     for (int i = 0; i < nb; i++) {
         uint8_t *o = grp + ob * (size_t)i, *b = row + (size_t)bs * i;
         uint8_t *d = (uint8_t *)(q41 ? ((mc_q41x8 *)o)->d
+                                 : q51 ? ((mc_q51x8 *)o)->d
                                  : q50 ? ((mc_q50x8 *)o)->d
                                  : nl  ? ((mc_iq4nlx8 *)o)->d
                                        : ((mc_q80x8 *)o)->d) + 2 * j;
-        if (q50 && pack) memcpy(((mc_q50x8 *)o)->qh + 4 * j, b + 2, 4);
-        if (q50 && !pack) memcpy(b + 2, ((mc_q50x8 *)o)->qh + 4 * j, 4);
-        uint8_t *m = q41 ? (uint8_t *)((mc_q41x8 *)o)->m + 2 * j : NULL;
+        if (q50 && pack) memcpy(((mc_q50x8 *)o)->qh + 4 * j, b + at, 4);
+        if (q50 && !pack) memcpy(b + at, ((mc_q50x8 *)o)->qh + 4 * j, 4);
+        uint8_t *m = q41 ? (uint8_t *)((mc_q41x8 *)o)->m + 2 * j : q51 ? (uint8_t *)((mc_q51x8 *)o)->m + 2 * j : NULL;
         if (pack) {
             memcpy(d, b, 2);
             if (m != NULL) memcpy(m, b + 2, 2);
@@ -981,6 +985,42 @@ MC_OFFX8_FN(MC_AVX2, mc_gemm_q50x8_avx2_body, mc_q50x8, mc_q50x8_split, MC_Q50_S
 #undef MC_Q40_SPLIT
 #undef MC_OFFX8_BODY
 
+/* Q5_1 (its ints as Q5_0's, mc_q50x8_split): the exact block sums, then per block the
+ * single-row kernels' (d * dx) * s + m * sx added to the row's sum */
+#define MC_Q51X8_BODY(dot8)                                                                        \
+    const mc_q51x8 *w = (const mc_q51x8 *)wv;                                                      \
+    (void)cx;                                                                                      \
+    __m256 f[8];                                                                                   \
+    for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();                                       \
+    for (int i = 0; i < nb; i++) {                                                                 \
+        const mc_q51x8 *b = w + i;                                                                 \
+        for (int c = 0; c < (int)sizeof *b; c += 64) _mm_prefetch((const char *)(b + 4) + c, _MM_HINT_T0); \
+        __m256i u[8];                                                                              \
+        mc_q50x8_split((const mc_q50x8 *)b, u);                                                    \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));                \
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->m));                \
+        for (int a = 0; a < na; a++) {                                                             \
+            const mc_q8 *xq = x[a] + i;                                                            \
+            const __m256 s = _mm256_cvtepi32_ps(dot8(u, (const int32_t *)xq->qs));                 \
+            f[a] = _mm256_add_ps(f[a], _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), s), \
+                                                     _mm256_mul_ps(mw, _mm256_set1_ps(xq->s))));   \
+        }                                                                                          \
+    }                                                                                              \
+    for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr)
+
+MC_VNNI static inline __attribute__((always_inline)) void
+mc_gemm_q51x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                   float *y, size_t ldy, int nr, const int na) {
+    MC_Q51X8_BODY(mc_dpbusd8);
+}
+
+MC_AVX2 static inline __attribute__((always_inline)) void
+mc_gemm_q51x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                        float *y, size_t ldy, int nr, const int na) {
+    MC_Q51X8_BODY(mc_maddubs8w); /* ints < 32 */
+}
+#undef MC_Q51X8_BODY
+
 #define MC_TGT MC_VNNI
 #define MC_SFX(name) name
 #define MC_KX_SUM8(u, xd, wide) mc_dpbusd8(u, xd)
@@ -1008,6 +1048,7 @@ MC_OFFX8_FN(MC_AVX2, mc_gemm_q50x8_avx2_body, mc_q50x8, mc_q50x8_split, MC_Q50_S
 MC_REPACKED_PAIR(mc_gemm_q41x8)
 MC_REPACKED_PAIR(mc_gemm_q80x8)
 MC_REPACKED_PAIR(mc_gemm_q50x8)
+MC_REPACKED_PAIR(mc_gemm_q51x8)
 MC_REPACKED_PAIR(mc_gemm_q40x8)
 MC_REPACKED_PAIR(mc_gemm_iq4nlx8)
 MC_REPACKED_PAIR(mc_gemm_iq4xsx8)

@@ -230,9 +230,9 @@ class CpuBackend:
     """Compiled kernels.
 
     ``threads``, ``simd`` and ``matmul`` default to ``MODELC_THREADS``, ``MODELC_SIMD``
-    and ``MODELC_MATMUL`` (see the module docstring).  ``repack``: whether Q4_0, Q4_1, Q5_0, Q8_0,
-    IQ4_NL, IQ4_XS and Q2_K to Q6_K weights are repacked for the VNNI / AVX2 kernels (fast
-    mode); by default only weights
+    and ``MODELC_MATMUL`` (see the module docstring).  ``repack``: whether Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0, IQ4_NL, IQ4_XS and Q2_K to Q6_K weights are repacked for the VNNI / AVX2
+    kernels (fast mode); by default only weights
     read from a file mapping, whose pages are then handed back, so memory does not double
     (weights held in memory, such as a compressed artifact's, keep the other kernels).
     """
@@ -295,7 +295,7 @@ class CpuBackend:
         return out
 
     def _gemm_aux(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """A weight repacked 8 rows to a group for the kernels that read it (Q4_0, Q4_1, Q5_0,
+        """A weight repacked 8 rows to a group for the kernels that read it (Q4_0, Q4_1, Q5_*,
         Q8_0, IQ4_*, Q2_K to Q6_K, VNNI or AVX2), made on first use (as large as the weight; Q3_K's,
         Q5_K's 4 and 2 % larger).  Fast mode then reads
         only the copy, so the pages of a file mapping are handed back to the OS (read again
