@@ -145,7 +145,7 @@ static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacke
         for (int j = 0; j < n; j += 8) {
             const int na = mc_imin(8, n - j);
             const mc_q8 *xr[8];
-            const int32_t *cx[8]; /* Q8_0, IQ4_*: 128 times each x block's int sum (mc_matmul_prep) */
+            const int32_t *cx[8]; /* 128 times each x block's int sum where mc_repack_cx (mc_matmul_prep) */
             for (int a = 0; a < na; a++) {
                 xr[a] = (const mc_q8 *)((const char *)jb->xbase + jb->xstride * (size_t)(j + a));
                 cx[a] = (const int32_t *)jb->xp + (size_t)(j + a) * nb;
@@ -569,7 +569,7 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q6_K ? (vnni ? mc_gemm_q6kx8 : mc_gemm_q6kx8_avx2)
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
         /* Q4_K, Q5_K, Q6_K on VNNI: 16 weight rows a step on zmm registers (mc_gemm_zmm.h);
-         * Q2_K, Q3_K and AVX2 have only the 8-row kernels */
+         * the other types, and every type on AVX2, have only the 8-row kernels */
         const mc_zmm_kernels *z = !vnni || jb->n < MC_ZMM_MIN_ROWS ? NULL
                                   : jb->t == MC_Q4_K               ? &mc_zmm_q4k
                                   : jb->t == MC_Q5_K               ? &mc_zmm_q5k
