@@ -633,6 +633,19 @@ mc_gemm_q80x8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
+/* AVX2: sum over k < 8 of the signed levels q[k] times the x dword xd[k] broadcast, by the
+ * sign trick (vpmaddubsw(|q|, x with q's signs), each 16-bit pair at most 2 x 127 x 127: no
+ * saturation), widened by vpmaddwd before summing: the exact sum (Q8_0's and IQ4_*'s AVX2 kernels) */
+MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_signdot8(const __m256i q[8], const __m256i aq[8],
+                                                                        const int32_t *xd) {
+    __m256i s = _mm256_setzero_si256();
+    for (int v = 0; v < 8; v++) {
+        const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(xd[v]), q[v]);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aq[v], sx), _mm256_set1_epi16(1)));
+    }
+    return s;
+}
+
 /* Q8_0, AVX2 without VNNI: the signed products by the sign trick, vpmaddubsw(|q|, x with
  * q's signs) (each 16-bit pair at most 2 x 128 x 127: no saturation), widened by vpmaddwd
  * before summing; the exact sum(q x) with no offset to take back (cx unused). */
@@ -641,7 +654,7 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
                         const int32_t *const cx[8], float *y, size_t ldy, int nr, const int na) {
     const mc_q80x8 *w = (const mc_q80x8 *)wv;
     (void)cx;
-    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
     __m256 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb; i++) {
@@ -655,29 +668,11 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b->d));
         for (int a = 0; a < na; a++) {
             const mc_q8 *xq = x[a] + i;
-            const int32_t *xd = (const int32_t *)xq->qs;
-            __m256i s = _mm256_setzero_si256();
-            for (int v = 0; v < 8; v++) {
-                const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(xd[v]), q[v]);
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aq[v], sx), ones));
-            }
+            const __m256i s = mc_signdot8(q, aq, (const int32_t *)xq->qs);
             f[a] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq->d)), _mm256_cvtepi32_ps(s), f[a]);
         }
     }
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
-}
-
-/* AVX2: sum over k < 8 of the signed levels q[k] times the x dword xd[k] broadcast, by the
- * sign trick (vpmaddubsw(|q|, x with q's signs), each 16-bit pair at most 2 x 127 x 127: no
- * saturation), widened by vpmaddwd before summing: the exact sum, as Q8_0's AVX2 kernel */
-MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_signdot8(const __m256i q[8], const __m256i aq[8],
-                                                                        const int32_t *xd) {
-    __m256i s = _mm256_setzero_si256();
-    for (int v = 0; v < 8; v++) {
-        const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(xd[v]), q[v]);
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aq[v], sx), _mm256_set1_epi16(1)));
-    }
-    return s;
 }
 
 /* IQ4_NL and IQ4_XS (xs) on repacked weights: per 32-column block (IQ4_XS: sub-block)
