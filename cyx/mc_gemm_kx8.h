@@ -1,7 +1,8 @@
 /* Q2_K to Q6_K on repacked weights, 8 weight rows x na <= 8 x rows (mc_repacked_fn),
  * included twice by mc_gemm_vnni.h: once for AVX512-VNNI on 256-bit registers and once for
- * AVX2.  Expects MC_TGT (target attribute), MC_SFX(name) (name suffix), and the exact
- * integer sums of the 8 weight rows against one x row, lane j: row j:
+ * AVX2.  Expects MC_TGT (target attribute), MC_SFX(name) (name suffix), MC_KX_SCW /
+ * MC_KX_SCALE16 (a 16-column sub-block's sum times its scale: mc_kx8_scale_add, or
+ * vpmulld), and the exact integer sums of the 8 weight rows against one x row, lane j: row j:
  *   MC_KX_SUM8(u, xd, wide): sum over k < 8 of u[k] . (x dword xd[k] broadcast), u[k]
  *     unsigned and < 16 (< 32 where the constant `wide` is set: Q5_K);
  *   MC_KX_SUM4(u, xd): the same over k < 4, u[k] < 64.
@@ -63,7 +64,8 @@ MC_SFX(mc_gemm_q5kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
 
 /* Q2_K, Q3_K, Q6_K (t, a constant where inlined; block b, Q3_K's hmask vectors hm): per
  * 128-column half n and 32 columns X the unsigned ints of 8 rows, each 16-column
- * sub-block's exact sum times its scale (Q2_K: the low nibble of its scale byte) into si */
+ * sub-block's exact sum times its scale (Q2_K: the low nibble of its scale byte) into si
+ * (MC_KX_SCALE16: VNNI's vpdpwssd, AVX2's vpmulld; the scales as MC_KX_SCW makes them) */
 MC_TGT static inline __attribute__((always_inline)) void
 MC_SFX(mc_kx8_sub16)(const void *b, const mc_q8k *const xk[8], int i, __m256i si[8], const int na, const int t,
                      const __m256i *hm) {
@@ -79,13 +81,14 @@ MC_SFX(mc_kx8_sub16)(const void *b, const mc_q8k *const xk[8], int i, __m256i si
                                       : mc_q2kx8_u((const mc_q2kx8 *)b, n, X, v);
             for (int h = 0; h < 2; h++) {
                 const __m128i raw = _mm_loadl_epi64((const __m128i *)sc[8 * n + 2 * X + h]);
-                scv[h] = t == MC_Q2_K ? _mm256_and_si256(_mm256_cvtepu8_epi32(raw), _mm256_set1_epi32(0xF))
-                                      : _mm256_cvtepi8_epi32(raw);
+                scv[h] = MC_KX_SCW(t == MC_Q2_K ? _mm256_and_si256(_mm256_cvtepu8_epi32(raw), _mm256_set1_epi32(0xF))
+                                                : _mm256_cvtepi8_epi32(raw),
+                                   t == MC_Q6_K);
             }
             for (int a = 0; a < na; a++) {
                 const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
-                si[a] = _mm256_add_epi32(si[a], _mm256_add_epi32(_mm256_mullo_epi32(MC_KX_SUM4(u, xd), scv[0]),
-                                                                 _mm256_mullo_epi32(MC_KX_SUM4(u + 4, xd + 4), scv[1])));
+                si[a] = MC_KX_SCALE16(MC_KX_SCALE16(si[a], MC_KX_SUM4(u, xd), scv[0], t == MC_Q6_K),
+                                      MC_KX_SUM4(u + 4, xd + 4), scv[1], t == MC_Q6_K);
             }
         }
 }

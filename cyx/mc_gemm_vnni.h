@@ -779,6 +779,25 @@ MC_VNNI static inline __attribute__((always_inline)) __m256i mc_dpbusd4(const __
     return _mm256_add_epi32(s, t);
 }
 
+/* acc + s * sc per lane, exactly, for a 16-column sub-block's sum s and its scale sc as
+ * mc_kx8_scw gives it: one vpdpwssd.  Q2_K's and Q3_K's sums fit an int16 (|s| <= 16 x 7 x
+ * 128), so against the pair (sc, 0) it adds s sc; Q6_K's (q6) do not (|s| <= 16 x 63 x
+ * 128 = 129024): vpshufb makes s's bytes (b0, b1, b2, b3) the int16 pair (b0, (b1, b2)) =
+ * (s & 255, s >> 8), against (sc, 256 sc) (mc_q6k_scale_add does the same on zmm).  2 uops
+ * where vpmulld + vpaddd take 3. */
+MC_VNNI static inline __attribute__((always_inline)) __m256i mc_kx8_scale_add(__m256i acc, __m256i s,
+                                                                              __m256i scw, const int q6) {
+    const __m256i split = _mm256_set_epi32(0x0E0D800C, 0x0A098008, 0x06058004, 0x02018000, 0x0E0D800C,
+                                           0x0A098008, 0x06058004, 0x02018000);
+    return _mm256_dpwssd_epi32(acc, q6 ? _mm256_shuffle_epi8(s, split) : s, scw);
+}
+
+/* a sub-block's int32 scales sc as mc_kx8_scale_add takes them: (sc, 0), Q6_K (sc, 256 sc) */
+MC_VNNI static inline __attribute__((always_inline)) __m256i mc_kx8_scw(__m256i sc, const int q6) {
+    const __m256i lo = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
+    return q6 ? _mm256_or_si256(lo, _mm256_slli_epi32(sc, 24)) : lo;
+}
+
 /* A Q4_K or Q5_K group's float steps once a block's integer sums si are in (na rows of
  * x): the mins' term sm = sum over sub-blocks s of mn[s] * (bsums[2s] + bsums[2s + 1])
  * (sub-blocks in pairs, lanes holding (mn[2p], mn[2p + 1]) as int16, x dword p (bs[2p],
@@ -1020,16 +1039,22 @@ mc_gemm_q51x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const i
 #define MC_SFX(name) name
 #define MC_KX_SUM8(u, xd, wide) mc_dpbusd8(u, xd)
 #define MC_KX_SUM4(u, xd) mc_dpbusd4(u, xd)
+#define MC_KX_SCW(sc, q6) mc_kx8_scw(sc, q6)
+#define MC_KX_SCALE16(acc, s, scw, q6) mc_kx8_scale_add(acc, s, scw, q6)
 #include "mc_gemm_kx8.h"
 #undef MC_TGT
 #undef MC_SFX
 #undef MC_KX_SUM8
 #undef MC_KX_SUM4
+#undef MC_KX_SCW
+#undef MC_KX_SCALE16
 
 #define MC_TGT MC_AVX2
 #define MC_SFX(name) name##_avx2
 #define MC_KX_SUM8(u, xd, wide) ((wide) ? mc_maddubs8w(u, xd) : mc_maddubs8(u, xd))
 #define MC_KX_SUM4(u, xd) mc_maddubs4(u, xd)
+#define MC_KX_SCW(sc, q6) (sc)
+#define MC_KX_SCALE16(acc, s, sc, q6) _mm256_add_epi32(acc, _mm256_mullo_epi32(s, sc))
 #include "mc_gemm_kx8.h"
 #undef MC_TGT
 #undef MC_SFX

@@ -127,7 +127,7 @@ typedef struct {
 
 typedef struct {
     uint8_t u[8][8][64]; /* columns 128 n + 32 X (index 4n + X), vector v: mc_q6kx16_sub's u[v] */
-    int32_t sc[16][16];  /* sub-block scales */
+    int32_t scw[16][16]; /* sub-block scales as the pairs mc_q6kx16_scw makes */
     int32_t scp[8][16];  /* sub-block scales in pairs (mc_q6kx16_pairs) */
     float dw[16];
 } mc_q6kx16u;
@@ -188,6 +188,25 @@ MC_ZMM static inline __attribute__((always_inline)) __m512i mc_q6kx16_sc(const m
     return _mm512_cvtepi8_epi32(mc_pair8_z(b0->sc[k], b1->sc[k]));
 }
 
+/* Q6_K block pair: sub-block k's scales sc as the int16 pairs (sc, 256 sc) that
+ * mc_q6k_scale_add multiplies a sum by (256 sc fits an int16: sc is an int8) */
+MC_ZMM static inline __attribute__((always_inline)) __m512i mc_q6kx16_scw(const mc_q6kx8 *b0,
+                                                                          const mc_q6kx8 *b1, int k) {
+    const __m512i sc = mc_q6kx16_sc(b0, b1, k);
+    return _mm512_or_si512(_mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc, 24));
+}
+
+/* acc + s * sc in each lane, exactly, for a Q6_K 16-column sub-block's sum s (|s| <= 16 x 63
+ * x 128 = 129024, wider than an int16) and scw = (sc, 256 sc) (mc_q6kx16_scw): s's bytes
+ * (b0, b1, b2, b3) are rearranged to (b0, 0, b1, b2), the int16 pair (s & 255, s >> 8)
+ * (s >> 8 fits an int16), and one vpdpwssd adds (s & 255) sc + (s >> 8) 256 sc = s sc.
+ * A vpshufb and a vpdpwssd where vpmulld + vpaddd take 3 uops, two of them on port 0. */
+MC_ZMM static inline __attribute__((always_inline)) __m512i mc_q6k_scale_add(__m512i acc, __m512i s,
+                                                                             __m512i scw) {
+    const __m512i split = _mm512_set4_epi32(0x0E0D800C, 0x0A098008, 0x06058004, 0x02018000);
+    return _mm512_dpwssd_epi32(acc, _mm512_shuffle_epi8(s, split), scw);
+}
+
 /* Q6_K block pair: lanes holding (sc[2p], sc[2p + 1]) as int16, p < 8 */
 MC_ZMM static inline __attribute__((always_inline)) void
 mc_q6kx16_pairs(const mc_q6kx8 *b0, const mc_q6kx8 *b1, __m512i scp[8]) {
@@ -245,7 +264,7 @@ MC_ZMM static void mc_q6kx16_unpack(int nb, const void *wv, size_t gs, void *out
                 mc_q6kx16_sub(b0, b1, n, X, u);
                 for (int v = 0; v < 8; v++) _mm512_store_si512(o->u[4 * n + X][v], u[v]);
             }
-        for (int k = 0; k < 16; k++) _mm512_store_si512(o->sc[k], mc_q6kx16_sc(b0, b1, k));
+        for (int k = 0; k < 16; k++) _mm512_store_si512(o->scw[k], mc_q6kx16_scw(b0, b1, k));
         __m512i scp[8];
         mc_q6kx16_pairs(b0, b1, scp);
         for (int p = 0; p < 8; p++) _mm512_store_si512(o->scp[p], scp[p]);
@@ -359,17 +378,17 @@ mc_gemm_q6kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], 
                 if (pre) {
                     MC_KX16U_PREFETCH(o, 8 * (4 * n + X), 8 * (4 * n + X) + 8);
                     for (int v = 0; v < 8; v++) u[v] = _mm512_load_si512(o->u[4 * n + X][v]);
-                    sc0 = _mm512_load_si512(o->sc[k]);
-                    sc1 = _mm512_load_si512(o->sc[k + 1]);
+                    sc0 = _mm512_load_si512(o->scw[k]);
+                    sc1 = _mm512_load_si512(o->scw[k + 1]);
                 } else {
                     mc_q6kx16_sub(b0, b1, n, X, u);
-                    sc0 = mc_q6kx16_sc(b0, b1, k);
-                    sc1 = mc_q6kx16_sc(b0, b1, k + 1);
+                    sc0 = mc_q6kx16_scw(b0, b1, k);
+                    sc1 = mc_q6kx16_scw(b0, b1, k + 1);
                 }
                 for (int a = 0; a < na; a++) { /* sum(q x) * sc per sub-block */
                     const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
-                    si[a] = _mm512_add_epi32(si[a], _mm512_add_epi32(_mm512_mullo_epi32(mc_dpbusd4_z(u, xd), sc0),
-                                                                     _mm512_mullo_epi32(mc_dpbusd4_z(u + 4, xd + 4), sc1)));
+                    si[a] = mc_q6k_scale_add(mc_q6k_scale_add(si[a], mc_dpbusd4_z(u, xd), sc0),
+                                             mc_dpbusd4_z(u + 4, xd + 4), sc1);
                 }
             }
         /* the -32 offset of every q: 32 sum over k of sc[k] bsums[k], sub-blocks in pairs

@@ -105,6 +105,10 @@ BOUND_SCALES = {
     DType.Q5_0: {0: 0.02},
     DType.Q5_1: {0: 0.02, 2: 0.01},
 }
+# where Q6_K's int8 sub-block scales sit in its block (ql 128, qh 64, scales 16, d), and the
+# bytes the bounds test also fills them with: -128 and 127 (0xFF, the test's default, is -1)
+INT8_SCALES = {DType.Q6_K: slice(192, 208)}
+INT8_SCALE_FILLS = {DType.Q6_K: (None, 0x80, 0x7F)}
 BATCHES = (1, 3, 8, 17)
 REF = NumpyBackend()
 
@@ -454,25 +458,32 @@ def test_kquant_repacked_sums_at_their_bounds_are_bit_identical(dtype: DType, si
     largest (every byte but the f16 scales 0xFF) against x rows quantizing to +-127
     everywhere, the widest sums the 16-bit steps can see (the zmm Q4_K kernel takes each
     half sub-block's sum as an int16, which Q5_K's ints would overflow), at row counts
-    for every path (1, 8, 16, 35 x rows), equal the kernels' on the weights as stored."""
+    for every path (1, 8, 16, 35 x rows), equal the kernels' on the weights as stored.
+    Q6_K's int8 scales also at -128 and 127 (0xFF is -1), as its zmm kernels multiply a
+    sum by one split into int16 halves (sum & 255, sum >> 8) against (sc, 256 sc)."""
     from modelc._kernels import kernels as kk
 
     rows, cols = 24, 512
     bs, ts = BLOCK_SIZES[dtype]
-    raw = np.full((rows, cols // bs, ts), 0xFF, np.uint8)
-    for off, value in BOUND_SCALES[dtype].items():
-        raw[:, :, off : off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
-    raw = np.ascontiguousarray(raw.reshape(rows, -1))
     code = KQ_CODES[dtype]
-    aux = kk.repack(code, raw, cols)
     best = SIMD_LEVELS[available_simd()[0]]
-    for n in (1, 8, 16, 35):
-        x = np.full((n, cols), sign, np.float32)
-        with_aux = np.empty((n, rows), np.float32)
-        kk.matmul(code, raw, cols, x, with_aux, best, 2, 1e38, aux)
-        want = np.empty((n, rows), np.float32)
-        kk.matmul(code, raw, cols, x, want, SIMD_LEVELS[same_as_repacked(dtype)[-1]], 1, 1e38, None)
-        np.testing.assert_array_equal(with_aux, want, err_msg=f"{n} x rows")
+    for fill in INT8_SCALE_FILLS.get(dtype, (None,)):
+        raw = np.full((rows, cols // bs, ts), 0xFF, np.uint8)
+        for off, value in BOUND_SCALES[dtype].items():
+            raw[:, :, off : off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+        if fill is not None:
+            raw[:, :, INT8_SCALES[dtype]] = fill
+        raw = np.ascontiguousarray(raw.reshape(rows, -1))
+        aux = kk.repack(code, raw, cols)
+        for n in (1, 8, 16, 35):
+            x = np.full((n, cols), sign, np.float32)
+            with_aux = np.empty((n, rows), np.float32)
+            kk.matmul(code, raw, cols, x, with_aux, best, 2, 1e38, aux)
+            want = np.empty((n, rows), np.float32)
+            kk.matmul(
+                code, raw, cols, x, want, SIMD_LEVELS[same_as_repacked(dtype)[-1]], 1, 1e38, None
+            )
+            np.testing.assert_array_equal(with_aux, want, err_msg=f"{n} x rows, scale bytes {fill}")
 
 
 @pytest.mark.skipif("avx2" not in available_simd(), reason="the wide kernels are AVX2's")
