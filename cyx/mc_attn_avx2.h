@@ -87,6 +87,8 @@ MC_ATT_INLINE void mc_att_pv_rows(const float *p, int ldp, const float *v, size_
     if (j < hd) mc_att_pv(p, ldp, R, 1, v + j, ldv, n, o + j, hd);
 }
 
+#include "mc_attn_zmm.h"
+
 /* 8 rows of 8 floats transposed in place */
 MC_ATT_INLINE void mc_att_tr8(__m256 r[8]) {
     __m256 t[8], u[8];
@@ -174,6 +176,7 @@ MC_AVX2 static void mc_att_tile(const mc_att_job *jb, int i0, int nr, int kh, in
     const int pn = jb->n_head_kv / kvs, pk = kh / kvs; /* the item's slice of a cache row */
     const int Mg = M / kvs;                           /* vectors per KV head */
     const int nc = mc_att_nc(hd), nb = (Mg + 5) / 6;  /* nb blocks of <= 6 query vectors */
+    const int zmm = jb->simd == MC_SIMD_VNNI;         /* the GEMMs on 512-bit registers */
     float qb[MC_ATT_ACC], acc[MC_ATT_ACC];         /* (M, hd) queries, running sums of p * v */
     float s[MC_ATT_MMAX * MC_ATT_CHUNK], m[MC_ATT_MMAX], l[MC_ATT_MMAX]; /* s: (M, nc) */
     float buf[MC_ATT_KT]; /* the chunk's K transposed (W, nc), then its V (f16) */
@@ -198,14 +201,20 @@ MC_AVX2 static void mc_att_tile(const mc_att_job *jb, int i0, int nr, int kh, in
         for (int j = 0; j < kvs; j++) /* each KV head's Mg split as evenly as it goes */
             for (int b = 0, a0 = j * Mg; b < nb; b++) {
                 const int R = (Mg - (a0 - j * Mg)) / (nb - b);
-                MC_ATT_BY_R(R, mc_att_qk_rows, qb + (size_t)a0 * hd, buf + (size_t)j * hd * nc, nc,
-                            hd, sc, s + (size_t)a0 * nc, nc, ncol);
+                if (zmm)
+                    mc_atz_qk_rows(qb + (size_t)a0 * hd, buf + (size_t)j * hd * nc, nc, hd, jb->scale,
+                                   s + (size_t)a0 * nc, nc, ncol, R);
+                else
+                    MC_ATT_BY_R(R, mc_att_qk_rows, qb + (size_t)a0 * hd, buf + (size_t)j * hd * nc, nc,
+                                hd, sc, s + (size_t)a0 * nc, nc, ncol);
                 a0 += R;
             }
         for (int a = 0; a < M; a++) {
             const int cnt = mc_imin(jb->q_pos0 + i0 + a / g + 1, jb->n_kv) - t0; /* its keys */
             float *sa = s + (size_t)a * nc;
-            if (cnt > 0)
+            if (cnt > 0 && zmm && jb->softcap == 0.0f)
+                mc_atz_softmax_step(sa, ncol, cnt, m + a, l + a, acc + (size_t)a * hd, hd);
+            else if (cnt > 0)
                 mc_att_softmax_step(sa, ncol, cnt, jb->softcap, m + a, l + a,
                                     acc + (size_t)a * hd, hd);
             else
@@ -216,8 +225,12 @@ MC_AVX2 static void mc_att_tile(const mc_att_job *jb, int i0, int nr, int kh, in
         for (int j = 0; j < kvs; j++)
             for (int b = 0, a0 = j * Mg; b < nb; b++) {
                 const int R = (Mg - (a0 - j * Mg)) / (nb - b);
-                MC_ATT_BY_R(R, mc_att_pv_rows, s + (size_t)a0 * nc, nc, vb + (size_t)j * hd, vs, n,
-                            hd, acc + (size_t)a0 * hd);
+                if (zmm)
+                    mc_atz_pv_rows(s + (size_t)a0 * nc, nc, vb + (size_t)j * hd, vs, n, hd,
+                                   acc + (size_t)a0 * hd, R);
+                else
+                    MC_ATT_BY_R(R, mc_att_pv_rows, s + (size_t)a0 * nc, nc, vb + (size_t)j * hd, vs, n,
+                                hd, acc + (size_t)a0 * hd);
                 a0 += R;
             }
     }

@@ -1077,6 +1077,38 @@ def test_attention_f16_cache(
     )
 
 
+@pytest.mark.skipif("avx512vnni" not in available_simd(), reason="no 512-bit attention here")
+@pytest.mark.parametrize("hd", [40, 64, 128])
+@pytest.mark.parametrize("kv", [np.float32, np.float16])
+def test_attention_zmm_equals_avx2_bit_for_bit(hd: int, kv: type) -> None:
+    """The VNNI level's attention tiles run their score and P . V GEMMs on 512-bit registers
+    (cyx/mc_attn_zmm.h): the same FMA chains per output as the AVX2 level's, so the same
+    bits, for head sizes with a last 16 or 8 columns (40 = 32 + 8), chunks whose last keys
+    fill 16, 32 or 48 columns, decode rows and prefill tiles, GQA, a window and a soft cap."""
+    rng = np.random.default_rng(41)
+    zmm, ymm = CpuBackend(simd="avx512vnni", threads=2), CpuBackend(simd="avx2", threads=2)
+    n_head, n_head_kv = 8, 2
+    for n_q, q_pos0, window, softcap in [
+        (1, 0, 0, 0.0),
+        (1, 149, 0, 0.0),
+        (7, 40, 0, 0.0),
+        (70, 0, 0, 0.0),
+        (33, 100, 0, 30.0),
+        (40, 60, 24, 0.0),
+    ]:
+        n_kv = q_pos0 + n_q
+        q = rng.standard_normal((n_q, n_head, hd)).astype(np.float32)
+        k = rng.standard_normal((n_kv, n_head_kv, hd)).astype(kv)
+        v = rng.standard_normal((n_kv, n_head_kv, hd)).astype(kv)
+        args = (q, k, v, q_pos0, 1.0 / np.sqrt(hd))
+        got = zmm.attention(*args, window=window, softcap=softcap)
+        want = ymm.attention(*args, window=window, softcap=softcap)
+        np.testing.assert_array_equal(got, want, err_msg=f"{n_q} rows from {q_pos0}")
+        np.testing.assert_allclose(
+            got, REF.attention(*args, window=window, softcap=softcap), rtol=1e-5, atol=1e-5
+        )
+
+
 def test_attention_batch_f16_equals_per_sequence(cpu: CpuBackend) -> None:
     """A batch of f16 caches: each sequence gets exactly its own ``attention`` result.
     A batch mixing f16 and f32 caches is computed in f32 (widened), same values."""
