@@ -43,8 +43,8 @@ cdef extern from "mc_ops.h" nogil:
     void mc_rope_apply(float *x, const float *cs, const float *sn, int n, int n_heads, int hd,
                  int half, int neox)
     void mc_softmax(float *x, int n, int d, int simd)
-    void mc_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd)
-    void mc_gelu(const float *x, float *out, int64_t length, int simd)
+    void mc_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd, int nth)
+    void mc_gelu(const float *x, float *out, int64_t length, int simd, int nth)
     void mc_tanh(const float *x, float *out, int64_t length, int simd)
     void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
@@ -315,22 +315,22 @@ def softmax(float[:, ::1] x, int simd=0):
         mc_softmax(&x[0, 0], x.shape[0], x.shape[1], simd)
 
 
-def silu_mul(const float[::1] g, const float[::1] u, float[::1] out, int simd=0):
+def silu_mul(const float[::1] g, const float[::1] u, float[::1] out, int simd=0, int nth=1):
     if g.shape[0] != u.shape[0] or out.shape[0] != g.shape[0]:
         raise ValueError("silu_mul: shape mismatch")
     if g.shape[0] == 0:
         return
     with nogil:
-        mc_silu_mul(&g[0], &u[0], &out[0], g.shape[0], simd)
+        mc_silu_mul(&g[0], &u[0], &out[0], g.shape[0], simd, nth)
 
 
-def gelu(const float[::1] x, float[::1] out, int simd=0):
+def gelu(const float[::1] x, float[::1] out, int simd=0, int nth=1):
     if out.shape[0] != x.shape[0]:
         raise ValueError("gelu: shape mismatch")
     if x.shape[0] == 0:
         return
     with nogil:
-        mc_gelu(&x[0], &out[0], x.shape[0], simd)
+        mc_gelu(&x[0], &out[0], x.shape[0], simd, nth)
 
 
 def tanh(const float[::1] x, float[::1] out, int simd=0):

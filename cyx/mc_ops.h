@@ -9,11 +9,9 @@
 #include "mc_common.h"
 #include "mc_pool.h"
 
-/* y (n, d) = x / sqrt(mean(x^2) + eps) * w */
-static void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps,
-                        int nth) {
-    (void)nth; /* a norm is memory-bound and cheap next to the matmuls around it */
-    for (int i = 0; i < n; i++) {
+/* rows [i0, i1) of y (n, d) = x / sqrt(mean(x^2) + eps) * w */
+static void mc_rms_norm_rows(const float *x, const float *w, float *y, int i0, int i1, int d, float eps) {
+    for (int i = i0; i < i1; i++) {
         const float *xr = x + (size_t)i * d;
         float *yr = y + (size_t)i * d;
         double acc[8] = {0}; /* 8 running sums: one chain of d dependent adds took ~5 us a
@@ -26,6 +24,45 @@ static void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, 
         const float s = (float)(1.0 / sqrt(ss / d + (double)eps));
         for (int j = 0; j < d; j++) yr[j] = xr[j] * s * w[j];
     }
+}
+
+/* Row-wise and elementwise ops over many rows (a prefill's) split across threads: each
+ * row's or element's result is the same whichever thread computes it.  Chunks of
+ * MC_EW_ROWS rows / MC_EW_CHUNK elements; fewer than two chunks: the caller's thread. */
+#define MC_EW_ROWS 16
+#define MC_EW_CHUNK 32768
+
+typedef struct {
+    const float *a, *b, *w;
+    float *out;
+    int64_t len;
+    int d, simd, op;
+    float eps;
+} mc_ew_job;
+
+enum { MC_EW_RMS, MC_EW_SILU_MUL, MC_EW_GELU };
+
+static void mc_ew_run(const mc_ew_job *jb, int64_t i0, int64_t i1);
+
+static void mc_ew_chunk(void *ctx, int c) {
+    const mc_ew_job *jb = (const mc_ew_job *)ctx;
+    const int64_t per = jb->op == MC_EW_RMS ? MC_EW_ROWS : MC_EW_CHUNK, i0 = (int64_t)c * per;
+    mc_ew_run(jb, i0, i0 + per < jb->len ? i0 + per : jb->len);
+}
+
+/* jb's op over rows / elements [0, len), on nth threads where there are two chunks */
+static void mc_ew(const mc_ew_job *jb, int nth) {
+    const int64_t per = jb->op == MC_EW_RMS ? MC_EW_ROWS : MC_EW_CHUNK, chunks = (jb->len + per - 1) / per;
+    if (nth > 1 && chunks > 1 && chunks <= (1 << 30))
+        mc_parallel(nth, (int)chunks, mc_ew_chunk, (void *)jb);
+    else
+        mc_ew_run(jb, 0, jb->len);
+}
+
+/* y (n, d) = x / sqrt(mean(x^2) + eps) * w */
+static void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps, int nth) {
+    const mc_ew_job jb = {x, NULL, w, y, n, d, 0, MC_EW_RMS, eps};
+    mc_ew(&jb, nth);
 }
 
 /* y (n, d) = (x - mean) / sqrt(var + eps) * w + b */
@@ -228,7 +265,7 @@ static void mc_softmax(float *x, int n, int d, int simd) {
 }
 
 /* out = silu(g) * u over `len` elements */
-static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len, int simd) {
+static void mc_silu_mul_seq(const float *g, const float *u, float *out, int64_t len, int simd) {
 #if defined(MC_X86)
     if (MC_IS_AVX2(simd)) {
         mc_silu_mul_avx2(g, u, out, len);
@@ -240,7 +277,7 @@ static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len,
 }
 
 /* out = gelu_tanh(x) over `len` elements */
-static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
+static void mc_gelu_seq(const float *x, float *out, int64_t len, int simd) {
 #if defined(MC_X86)
     if (MC_IS_AVX2(simd)) {
         mc_gelu_avx2(x, out, len);
@@ -253,6 +290,24 @@ static void mc_gelu(const float *x, float *out, int64_t len, int simd) {
         const float v = x[i];
         out[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
     }
+}
+
+static void mc_ew_run(const mc_ew_job *jb, int64_t i0, int64_t i1) {
+    switch (jb->op) {
+    case MC_EW_RMS: mc_rms_norm_rows(jb->a, jb->w, jb->out, (int)i0, (int)i1, jb->d, jb->eps); break;
+    case MC_EW_SILU_MUL: mc_silu_mul_seq(jb->a + i0, jb->b + i0, jb->out + i0, i1 - i0, jb->simd); break;
+    default: mc_gelu_seq(jb->a + i0, jb->out + i0, i1 - i0, jb->simd); break;
+    }
+}
+
+static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len, int simd, int nth) {
+    const mc_ew_job jb = {g, u, NULL, out, len, 0, simd, MC_EW_SILU_MUL, 0.0f};
+    mc_ew(&jb, nth);
+}
+
+static void mc_gelu(const float *x, float *out, int64_t len, int simd, int nth) {
+    const mc_ew_job jb = {x, NULL, NULL, out, len, 0, simd, MC_EW_GELU, 0.0f};
+    mc_ew(&jb, nth);
 }
 
 /* out = tanh(x) over `len` elements (out may be x); the soft-cap's tanh, exposed for

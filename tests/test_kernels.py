@@ -868,6 +868,31 @@ def test_softmax_silu_gelu(cpu: CpuBackend) -> None:
         np.testing.assert_allclose(cpu.gelu(g), REF.gelu(g), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_norm_and_activations_split_across_threads_are_bit_identical(
+    cpu: CpuBackend, threads: int
+) -> None:
+    """rms_norm (16 rows a chunk), silu_mul and gelu (32768 elements a chunk) on a prefill's
+    sizes go to the thread pool: the same bits as one thread, for row and element counts
+    that leave a part chunk and a tail shorter than a vector, and near the numpy twins."""
+    level = next(k for k, v in SIMD_LEVELS.items() if v == cpu.simd)
+    one, many = CpuBackend(threads=1, simd=level), CpuBackend(threads=threads, simd=level)
+    rng = np.random.default_rng(42)
+    x = (rng.standard_normal((41, 2048)) * 3).astype(np.float32)
+    w = rng.standard_normal(2048).astype(np.float32)
+    got = many.rms_norm(x, w, 1e-5)
+    np.testing.assert_array_equal(got, one.rms_norm(x, w, 1e-5))
+    np.testing.assert_allclose(got, REF.rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+    g = (rng.standard_normal(100_003) * 4).astype(np.float32)
+    u = rng.standard_normal(100_003).astype(np.float32)
+    got = many.silu_mul(g, u)
+    np.testing.assert_array_equal(got, one.silu_mul(g, u))
+    np.testing.assert_allclose(got, REF.silu_mul(g, u), rtol=1e-5, atol=1e-6)
+    got = many.gelu(g)
+    np.testing.assert_array_equal(got, one.gelu(g))
+    np.testing.assert_allclose(got, REF.gelu(g), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("simd", available_simd())
 def test_tanh_against_numpy(simd: str) -> None:
     """The vectorised tanh the soft-capped attention scores go through: within 2e-7

@@ -512,12 +512,12 @@ class CpuBackend:
         gate, up = _f32(gate), _f32(up)
         if out is None:
             out = np.empty_like(gate)
-        _k.silu_mul(gate.reshape(-1), up.reshape(-1), _flat(out), self.simd)
+        _k.silu_mul(gate.reshape(-1), up.reshape(-1), _flat(out), self.simd, self.threads)
         return out
 
     def gelu(self, x: F32Array, out: F32Array | None = None) -> F32Array:
         x = _f32(x)
         if out is None:
             out = np.empty_like(x)
-        _k.gelu(x.reshape(-1), _flat(out), self.simd)
+        _k.gelu(x.reshape(-1), _flat(out), self.simd, self.threads)
         return out
