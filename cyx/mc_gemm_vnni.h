@@ -767,7 +767,7 @@ mc_gemm_iq4xsx8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const
 /* ---- Q2_K to Q6_K on repacked weights (mc_q2kx8 .. mc_q6kx8; mc_gemm_kx8.h), VNNI and AVX2:
  * per 256-column block and x row the exact integer sums of the 8 weight rows in the 8 lanes
  * (each 32- or 16-column sub-block's vpdpbusd sum, or AVX2's vpmaddubsw + vpmaddwd, times
- * its scale by vpmulld, the mins' term by
+ * its scale by vpmulld, VNNI's 16-column ones by vpdpwssd (mc_kx8_scale_add), the mins' term by
  * vpmaddwd on the x row's bsums), then the single-row kernels' float operations per
  * lane (mc_dot_q4_k_scalar, mc_dot_q6_k_scalar): bit-identical to them. */
 

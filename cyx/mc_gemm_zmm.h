@@ -16,8 +16,9 @@
  * Arithmetic.  Lane by lane that of the ymm kernels: the same exact integer sums per
  * 256-column block (each sub-block's vpdpbusd sum times its scale, the mins' or the -32
  * offset's term; exact in int32, so the order of the integer adds does not matter; Q4_K
- * multiplies each half sub-block's sum, an int16, by vpdpwssd where the others take
- * vpmulld: +11-14 % at 8 and 64 x rows on a 1B model's Q4_K layers), then
+ * multiplies each half sub-block's sum, an int16, by vpdpwssd (+11-14 % at 8 and 64 x rows
+ * on a 1B model's Q4_K layers), Q6_K each sum split into int16 halves by vpdpwssd too
+ * (mc_q6k_scale_add: +16 % at 512 rows, +6 % at 8), Q5_K by vpmulld), then
  * the same float operations in the same order (mc_dot_q4_k_scalar, mc_dot_q6_k_scalar), so
  * the results are bit-identical to them and to the single-row kernels.  A tile's last
  * single group of 8 rows goes through the ymm kernel.

@@ -23,10 +23,11 @@ longer than the slack grows the layer to ``w - 1 + window_keep + chunk`` rows un
 next move.  :meth:`KVCache.truncate` back to any position reached since the last
 ``reserve`` (a speculative step's drafts), or up to ``window_keep`` before it, always
 works; further back than a windowed layer still holds, and a :meth:`KVCache.shift` whose window would need anchors already dropped
-(:meth:`KVCache.max_discard`), raise :class:`~modelc.errors.WindowError`.  int8 and
-mixed caches keep every position of every layer (their scratch and hot ring are
-position-indexed); so does a cache made with ``windows=None`` (``full=True`` in
-``new_cache``).
+(:meth:`KVCache.max_discard`), raise :class:`~modelc.errors.WindowError`.  Every
+storage mode is windowed alike (int8's scales move with their rows, the mixed ring's
+exact rows are re-keyed to their new rows; the dequantization scratch holds the most
+rows any layer does); a cache made with ``windows=None`` (``full=True`` in
+``new_cache``) keeps every position of every layer.
 
 Storage modes (:class:`KVMode`):
 
@@ -103,9 +104,9 @@ class KVCache:
 
     ``windows``: each layer's sliding window (0: global attention), as the architecture
     attends; ``None`` or all zeros keeps every position of every layer (``full`` storage).
-    In f32 and f16 modes a windowed layer keeps at most ``window + window_keep +
-    window_slack`` rows (see the module docstring); int8 and mixed caches keep every
-    position."""
+    A windowed layer keeps at most ``window + window_keep + window_slack`` rows (see the
+    module docstring), in every mode (int8 and mixed move their scales, and mixed its
+    ring of exact rows, with the rows)."""
 
     def __init__(
         self,
@@ -135,11 +136,8 @@ class KVCache:
         self.windows = wins
         self.window_slack = window_slack
         self.window_keep = window_keep
-        # the windows that bound storage: f32 / f16 only, and only where they save rows
-        self.bounded = tuple(
-            w if not self.mode.quantized and w + window_keep + window_slack < max_tokens else 0
-            for w in wins
-        )
+        # the windows that bound storage: only where they save rows
+        self.bounded = tuple(w if w + window_keep + window_slack < max_tokens else 0 for w in wins)
         self._windowed = any(self.bounded)
         self._charged = 0
         self._empty()
@@ -160,6 +158,10 @@ class KVCache:
     def held_from(self, layer: int) -> int:
         """The first position layer ``layer`` still holds (storage row 0): 0 unless windowed."""
         return self._base[layer] if self.bounded[layer] else 0
+
+    def rows(self, layer: int) -> int:
+        """Rows layer ``layer`` has allocated (a windowed layer's stay near its window)."""
+        return self._k[layer].rows
 
     def start(self, layer: int) -> int:
         """The storage row of position ``n`` in layer ``layer`` (what attention kernels take
@@ -213,8 +215,9 @@ class KVCache:
         per_row = sh.bytes_per_token(self.mode) // sh.n_layer
         total = sum(self._rows_for(li, n_tokens, chunk) for li in range(sh.n_layer)) * per_row
         slots = sh.n_head_kv * sh.head_dim
-        if self.mode.quantized:
-            total += 2 * self._rows_for(0, n_tokens, chunk) * slots * 4  # scratch
+        if self.mode.quantized:  # scratch: the most rows a layer holds
+            rows = max(self._rows_for(li, n_tokens, chunk) for li in range(sh.n_layer))
+            total += 2 * rows * slots * 4
         return total + 2 * sh.n_layer * self.hot_window * slots * 4  # mixed: rings
 
     def _charge(self) -> None:
@@ -265,7 +268,9 @@ class KVCache:
             plan.append((li, new_rows, base))
             extra += max(0, new_rows - rows) * per_row
         h, d = self.shape.n_head_kv, self.shape.head_dim
-        scratch = cap if self.mode.quantized and cap > len(self._scratch_k) else 0
+        planned = {li: rows for li, rows, _ in plan}
+        most = max(planned.get(li, st.rows) for li, st in enumerate(self._k))  # a layer's rows
+        scratch = most if self.mode.quantized and most > len(self._scratch_k) else 0
         extra += 2 * max(0, scratch - len(self._scratch_k)) * h * d * 4
         if self.budget is not None and extra > self.budget.free:
             self.budget.reserve(extra)  # raises CapacityError before anything is allocated

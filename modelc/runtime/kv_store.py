@@ -143,13 +143,14 @@ class KVStore:
             half = np.zeros((cap, self.h, self.d), np.float16)
             half[:n] = self.f16[src : src + n]
             self.f16 = half
-        else:  # quantized caches are never windowed (kv_cache), so src is 0 here
-            assert src == 0
+        else:
             q = np.zeros((cap, self.h, self.d), np.int8)
-            q[:n] = self.q[:n]
+            q[:n] = self.q[src : src + n]
             s = np.zeros((cap, self.h, self.d // self.group), np.float32)
-            s[:n] = self.scale[:n]
+            s[:n] = self.scale[src : src + n]
             self.q, self.scale = q, s
+            if src and self.mode is KVMode.MIXED:
+                self._rekey(src, 0)
 
     def write(self, pos: int, x: KVArray) -> None:
         """x (n, h, d) at positions pos .. pos+n-1 (f32, or f16 as read back from a cache)."""
@@ -193,15 +194,19 @@ class KVStore:
         self.q[dst : dst + n] = self.q[src : src + n]
         self.scale[dst : dst + n] = self.scale[src : src + n]
         if self.mode is KVMode.MIXED:
-            # ring slots are keyed by position: re-key the exact rows that moved
-            held = [(int(p), self.ring[i].copy()) for i, p in enumerate(self.ring_pos) if p >= dst]
-            for p, _ in held:
-                self.ring_pos[p % self.hot] = -1
-            for p, row in sorted(held):
-                if p >= src:
-                    slot = (p - (src - dst)) % self.hot
-                    self.ring[slot] = row
-                    self.ring_pos[slot] = p - (src - dst)
+            self._rekey(src, dst)
+
+    def _rekey(self, src: int, dst: int) -> None:
+        """Ring slots are keyed by row: once rows ``src ..`` moved to ``dst ..`` (dst < src),
+        drop the exact copies of the rows from ``dst`` on and re-key those that moved."""
+        held = [(int(p), self.ring[i].copy()) for i, p in enumerate(self.ring_pos) if p >= dst]
+        for p, _ in held:
+            self.ring_pos[p % self.hot] = -1
+        for p, row in sorted(held):
+            if p >= src:
+                slot = (p - (src - dst)) % self.hot
+                self.ring[slot] = row
+                self.ring_pos[slot] = p - (src - dst)
 
     def forget_from(self, n: int) -> None:
         """Invalidate exact ring copies of positions >= n (after a truncation)."""
