@@ -336,8 +336,12 @@ static void mc_tanh(const float *x, float *out, int64_t len, int simd) {
 #define MC_ATT_CHUNK 64
 #define MC_ATT_GMAX 16  /* query heads per work item at most */
 #define MC_ATT_ACC 4096 /* floats of running sums per work item: g * hd <= MC_ATT_ACC */
-#define MC_ATT_MT 24    /* query vectors an AVX2 tile aims at (mq = MC_ATT_MT / g rows) */
-#define MC_ATT_MMAX 24  /* query vectors per AVX2 tile at most (>= MC_ATT_GMAX) */
+/* query vectors an AVX2 tile aims at (mq = MC_ATT_MT / g rows): each chunk's K transpose
+ * and V conversion serve them all.  A 1B Llama's causal prefill (32 heads over 8, hd 64),
+ * 2 threads: 24 -> 64 took VNNI's tiles from 74-79 to 89-96 GMAC/s, AVX2's from 48-52 to
+ * 56-58 (`bench/bench_attention.py --prefill 512,2048`). */
+#define MC_ATT_MT 64
+#define MC_ATT_MMAX 64  /* query vectors per AVX2 tile at most (>= MC_ATT_GMAX) */
 #define MC_ATT_KT 16384 /* floats of an AVX2 tile's K chunk (transposed) or V chunk */
 
 /* keys per chunk of the AVX2 kernel: 64, fewer where a KV head's chunk would not fit */
