@@ -12,9 +12,9 @@ cdef void k_layer_norm(const float *x, const float *w, const float *b, float *y,
                        float eps, int nth) noexcept nogil
 cdef void k_rope_apply(float *x, const float *cs, const float *sn, int n, int n_heads, int hd,
                        int half, int neox) noexcept nogil
-cdef void k_silu_mul(const float *g, const float *u, float *out, int64_t length,
-                     int simd) noexcept nogil
-cdef void k_gelu(const float *x, float *out, int64_t length, int simd) noexcept nogil
+cdef void k_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd,
+                     int nth) noexcept nogil
+cdef void k_gelu(const float *x, float *out, int64_t length, int simd, int nth) noexcept nogil
 cdef int k_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
                             void *const *kst, void *const *vst, const int *starts,
                             const int *counts, float *out, int n_head, int n_head_kv, int hd,

@@ -29,13 +29,13 @@ cdef void k_rope_apply(float *x, const float *cs, const float *sn, int n, int n_
     mc_rope_apply(x, cs, sn, n, n_heads, hd, half, neox)
 
 
-cdef void k_silu_mul(const float *g, const float *u, float *out, int64_t length,
-                     int simd) noexcept nogil:
-    mc_silu_mul(g, u, out, length, simd)
+cdef void k_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd,
+                     int nth) noexcept nogil:
+    mc_silu_mul(g, u, out, length, simd, nth)
 
 
-cdef void k_gelu(const float *x, float *out, int64_t length, int simd) noexcept nogil:
-    mc_gelu(x, out, length, simd)
+cdef void k_gelu(const float *x, float *out, int64_t length, int simd, int nth) noexcept nogil:
+    mc_gelu(x, out, length, simd, nth)
 
 
 cdef int k_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
