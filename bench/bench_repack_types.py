@@ -11,12 +11,19 @@ is degenerate; Q4_0, Q5_0 and Q5_1 from gguf-py's quantizer) goes through
 before); each round times both back to back and the table gives each side's median
 GMAC/s over the rounds and their ratio.  The matrix (1.2-1.6 MB a type) sits in the
 last-level cache, so the 1-row column measures the kernels, not DRAM bandwidth.
+
+``--base OTHER.so``: instead the repacked kernels of this build against another build's
+(its kernels module, e.g. a checkout from before a kernel change), both on the same
+repacked copy, alternating round by round:
+
+    .venv/bin/python -m bench.bench_repack_types --types q4_0,q5_0,iq4_nl --simd avx512vnni --base /tmp/before.so
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import time
 from typing import Any
 
@@ -48,13 +55,24 @@ def weight(name: str, rng: np.random.Generator) -> np.ndarray[Any, Any]:
     return np.ascontiguousarray(raw.reshape(M, -1))
 
 
-def gmacs(code: int, raw: Any, x: Any, y: Any, simd: int, nth: int, aux: Any) -> float:
+def gmacs(
+    code: int, raw: Any, x: Any, y: Any, simd: int, nth: int, aux: Any, mod: Any = None
+) -> float:
     n = x.shape[0]
     reps = max(3, 600 // n)
     t = time.perf_counter()
     for _ in range(reps):
-        kk.matmul(code, raw, K, x, y, simd, nth, 1e38, aux)
+        (mod or kk).matmul(code, raw, K, x, y, simd, nth, 1e38, aux)
     return float(M * K * n * reps / (time.perf_counter() - t) / 1e9)
+
+
+def load_base(path: str) -> Any:
+    """Another build's kernels module, loaded from its .so beside this one's."""
+    spec = importlib.util.spec_from_file_location("modelc._kernels.kernels", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def main() -> None:
@@ -64,9 +82,12 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8,64,512")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--base", default="", help="another build's kernels .so: repacked vs repacked")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    print("| type | SIMD | x rows | as stored GMAC/s | repacked GMAC/s | ratio |")
+    base = load_base(args.base) if args.base else None
+    left = "base build's repacked" if base is not None else "as stored"
+    print(f"| type | SIMD | x rows | {left} GMAC/s | repacked GMAC/s | ratio |")
     print("|---|---|---|---|---|---|")
     for name in args.types.split(","):
         code = getattr(kk, name.upper())
@@ -79,7 +100,8 @@ def main() -> None:
                 y = np.empty((n, M), np.float32)
                 stored, packed = [], []
                 for _ in range(args.rounds):
-                    stored.append(gmacs(code, raw, x, y, simd, args.threads, None))
+                    other = None if base is None else aux  # the base build on the same copy
+                    stored.append(gmacs(code, raw, x, y, simd, args.threads, other, base))
                     packed.append(gmacs(code, raw, x, y, simd, args.threads, aux))
                 s, p = float(np.median(stored)), float(np.median(packed))
                 print(f"| {name} | {level} | {n} | {s:.1f} | {p:.1f} | {p / s:.2f}x |", flush=True)

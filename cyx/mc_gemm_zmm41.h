@@ -1,4 +1,5 @@
-/* Q4_1 and Q8_0 on repacked weights (mc_q41x8, mc_q80x8), AVX512 on 512-bit registers:
+/* Q4_1 and Q8_0 on repacked weights (mc_q41x8, mc_q80x8), and Q4_0, Q5_0, IQ4_NL
+ * (mc_gemm_off16_body) and IQ4_XS (session 13), AVX512 on 512-bit registers:
  * two groups of 8 weight rows at once, 16 lanes (lanes 0-7: group g, 8-15: group g + 1,
  * the group nb blocks on), so each vpdpbusd with an activation dword broadcast {1to16}
  * does twice the ymm kernels' (mc_gemm_q41x8_body, mc_gemm_q80x8_body) work.  The
@@ -148,6 +149,115 @@ mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
     for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
 }
 
+/* Q4_0 (mc_iq4nlx8: nibbles as Q4_1's), Q5_0 (mc_q50x8, the fifth bits apart) and IQ4_NL
+ * (mc_iq4nlx8, its nibbles indexing the IQ4 levels + 128) on two groups, t a constant:
+ * the exact block sums of their unsigned ints less 8, 16 or 128 sum(x) (cx >> shift),
+ * then the ymm kernels' float step in block order: acc = fma(dw * dx, s, acc)
+ * (MC_OFFX8_BODY), IQ4_NL's acc + (dw * dx) * s (MC_IQ4X8_BODY) */
+MC_ZMM41 static inline __attribute__((always_inline)) void
+mc_gemm_off16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8], float *y,
+                   size_t ldy, int nr, const int na, const int t) {
+    const int q5 = t == MC_Q5_0, nl = t == MC_IQ4_NL;
+    const size_t bs = q5 ? sizeof(mc_q50x8) : sizeof(mc_iq4nlx8);
+    const char *w0 = (const char *)wv, *w1 = w0 + bs * (size_t)nb;
+    const int shift = q5 ? 3 : nl ? 0 : 4;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i tbl = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)mc_iq4_kvalues), _mm_set1_epi8((char)0x80)));
+    /* Q5_0: each lane's qh word (bits e .. e + 3: elements 4k .. 4k + 3 of u[k]) spread
+     * by vpshufb to the lane's 4 bytes (byte e / 8), each byte then testing its own bit */
+    const __m512i lane = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0x00000000);
+    const __m512i lo = _mm512_set1_epi32(0x08040201), hi = _mm512_set1_epi32((int)0x80402010u);
+    __m512 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const char *b0 = w0 + bs * (size_t)i, *b1 = w1 + bs * (size_t)i;
+        for (int c = 0; c < (int)bs; c += 64) {
+            _mm_prefetch(b0 + 8 * bs + c, _MM_HINT_T0);
+            _mm_prefetch(b1 + 8 * bs + c, _MM_HINT_T0);
+        }
+        const mc_iq4nlx8 *n0 = (const mc_iq4nlx8 *)b0, *n1 = (const mc_iq4nlx8 *)b1;
+        const mc_q50x8 *f0 = (const mc_q50x8 *)b0, *f1 = (const mc_q50x8 *)b1;
+        __m512i u[8];
+        for (int v = 0; v < 4; v++) { /* qs leads both layouts */
+            const __m512i q = mc_pair32_z(n0->qs + 32 * v, n1->qs + 32 * v);
+            u[v] = _mm512_and_si512(q, m4);
+            u[4 + v] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        }
+        if (nl)
+            for (int v = 0; v < 8; v++) u[v] = _mm512_shuffle_epi8(tbl, u[v]);
+        if (q5) {
+            const __m512i qh = mc_pair32_z(f0->qh, f1->qh);
+            for (int k = 0; k < 8; k++) {
+                const int e = k < 4 ? 4 * k : 16 + 4 * (k - 4);
+                const __m512i rep = _mm512_shuffle_epi8(qh, _mm512_add_epi8(lane, _mm512_set1_epi8((char)(e / 8))));
+                const __m512i m = e % 8 ? hi : lo;
+                const __mmask64 set = _mm512_cmpeq_epi8_mask(_mm512_and_si512(rep, m), m);
+                u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(0x10)));
+            }
+        }
+        const __m512 dw = q5 ? mc_zmm41_h16(f0->d, f1->d) : mc_zmm41_h16(n0->d, n1->d);
+        for (int a = 0; a < na; a++) {
+            const mc_q8 *xq = x[a] + i;
+            const __m512i s = _mm512_sub_epi32(mc_dpbusd8x16(u, (const int32_t *)xq->qs),
+                                               _mm512_set1_epi32(cx[a][i] >> shift));
+            const __m512 ddx = _mm512_mul_ps(dw, _mm512_set1_ps(xq->d));
+            f[a] = nl ? _mm512_add_ps(f[a], _mm512_mul_ps(ddx, _mm512_cvtepi32_ps(s)))
+                      : _mm512_fmadd_ps(ddx, _mm512_cvtepi32_ps(s), f[a]);
+        }
+    }
+    for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+/* IQ4_XS (mc_iq4xsx8) on two groups: MC_IQ4X8_BODY's steps per 32-column sub-block, the
+ * sum (less 128 sum(x)) times the sub-block's scale, then acc + (dw * dx) * s */
+MC_ZMM41 static inline __attribute__((always_inline)) void
+mc_gemm_iq4xsx16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
+                      float *y, size_t ldy, int nr, const int na) {
+    const mc_iq4xsx8 *w0 = (const mc_iq4xsx8 *)wv, *w1 = w0 + nb / 8;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i tbl = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)mc_iq4_kvalues), _mm_set1_epi8((char)0x80)));
+    __m512 f[8];
+    for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const mc_iq4xsx8 *b0 = w0 + i, *b1 = w1 + i;
+        for (size_t c = 0; c < sizeof *b0; c += 64) {
+            _mm_prefetch((const char *)(b0 + 1) + c, _MM_HINT_T0);
+            _mm_prefetch((const char *)(b1 + 1) + c, _MM_HINT_T0);
+        }
+        const __m512 dw = mc_zmm41_h16(b0->d, b1->d);
+        for (int ib = 0; ib < 8; ib++) {
+            __m512i u[8];
+            for (int v = 0; v < 4; v++) {
+                const __m512i q = mc_pair32_z(b0->qs[ib] + 32 * v, b1->qs[ib] + 32 * v);
+                u[v] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(q, m4));
+                u[4 + v] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+            }
+            const __m512i sc = _mm512_cvtepi8_epi32(mc_pair8_z(b0->sc[ib], b1->sc[ib]));
+            for (int a = 0; a < na; a++) {
+                const mc_q8 *xq = x[a] + 8 * i + ib;
+                const __m512i s = _mm512_mullo_epi32(
+                    _mm512_sub_epi32(mc_dpbusd8x16(u, (const int32_t *)xq->qs), _mm512_set1_epi32(cx[a][8 * i + ib])),
+                    sc);
+                f[a] = _mm512_add_ps(f[a], _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq->d)), _mm512_cvtepi32_ps(s)));
+            }
+        }
+    }
+    for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
+}
+
+#define MC_OFF16_BODY(name, t)                                                                     \
+    MC_ZMM41 static inline __attribute__((always_inline)) void name(                               \
+        int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8], float *y,     \
+        size_t ldy, int nr, const int na) {                                                        \
+        mc_gemm_off16_body(nb, wv, x, cx, y, ldy, nr, na, t);                                      \
+    }
+MC_OFF16_BODY(mc_gemm_q40x16_body, MC_Q4_0)
+MC_OFF16_BODY(mc_gemm_q50x16_body, MC_Q5_0)
+MC_OFF16_BODY(mc_gemm_iq4nlx16_body, MC_IQ4_NL)
+#undef MC_OFF16_BODY
+
 /* as mc_repacked_fn for a pair of groups (nr 9 .. 16 weight rows); below min_na x rows the
  * ymm kernel `ymm` on each group */
 #define MC_ZMM41_FN(name, body, ymm, min_na)                                                        \
@@ -164,13 +274,28 @@ mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
 static inline size_t mc_gemm_q41x8_gbytes(int nb) { return sizeof(mc_q41x8) * (size_t)nb; }
 static inline size_t mc_gemm_q80x8_gbytes(int nb) { return sizeof(mc_q80x8) * (size_t)nb; }
 
+static inline size_t mc_gemm_q40x8_gbytes(int nb) { return sizeof(mc_iq4nlx8) * (size_t)nb; }
+static inline size_t mc_gemm_q50x8_gbytes(int nb) { return sizeof(mc_q50x8) * (size_t)nb; }
+static inline size_t mc_gemm_iq4nlx8_gbytes(int nb) { return sizeof(mc_iq4nlx8) * (size_t)nb; }
+static inline size_t mc_gemm_iq4xsx8_gbytes(int nb) { return sizeof(mc_iq4xsx8) * (size_t)(nb / 8); }
+
 MC_ZMM41_FN(mc_gemm_q41x16, mc_gemm_q41x16_body, mc_gemm_q41x8, MC_ZMM41_Q41_MIN_NA)
 MC_ZMM41_FN(mc_gemm_q80x16, mc_gemm_q80x16_body, mc_gemm_q80x8, MC_ZMM41_Q80_MIN_NA)
+MC_ZMM41_FN(mc_gemm_q40x16, mc_gemm_q40x16_body, mc_gemm_q40x8, MC_ZMM41_Q41_MIN_NA)
+MC_ZMM41_FN(mc_gemm_q50x16, mc_gemm_q50x16_body, mc_gemm_q50x8, MC_ZMM41_Q41_MIN_NA)
+MC_ZMM41_FN(mc_gemm_iq4nlx16, mc_gemm_iq4nlx16_body, mc_gemm_iq4nlx8, MC_ZMM41_Q41_MIN_NA)
+MC_ZMM41_FN(mc_gemm_iq4xsx16, mc_gemm_iq4xsx16_body, mc_gemm_iq4xsx8, MC_ZMM41_Q41_MIN_NA)
 
 /* the zmm kernel for repacked weights of type t at SIMD level simd, or NULL */
 static mc_repacked_fn mc_repacked16_pick(int t, int simd) {
     if (simd != MC_SIMD_VNNI || !mc_zmm41_ok()) return NULL;
-    return t == MC_Q4_1 ? mc_gemm_q41x16 : t == MC_Q8_0 ? mc_gemm_q80x16 : NULL;
+    return t == MC_Q4_1   ? mc_gemm_q41x16
+           : t == MC_Q8_0 ? mc_gemm_q80x16
+           : t == MC_Q4_0 ? mc_gemm_q40x16
+           : t == MC_Q5_0 ? mc_gemm_q50x16
+           : t == MC_IQ4_NL ? mc_gemm_iq4nlx16
+           : t == MC_IQ4_XS ? mc_gemm_iq4xsx16
+                          : NULL;
 }
 
 #endif /* MC_X86 */

@@ -121,8 +121,9 @@ static void mc_outlier_rows(const mc_matmul_job *jb, int ra, int rb, int j0, int
 /* One tile of weight rows [r0, r1) (r0 a multiple of 8) on repacked weights: each group of
  * 8 rows meets every group of up to 8 x rows through `fn` while it sits in L1; two groups
  * (16 rows) at a time where there are two: the K-quants through zmm kernels `z` (not NULL),
- * from MC_ZMM_UNPACK_MIN_ROWS x rows on unpacked once into scratch first; Q4_1 / Q8_0
- * through `f16` (not NULL, mc_gemm_zmm41.h); the tile's last single group through `fn`. */
+ * from MC_ZMM_UNPACK_MIN_ROWS x rows on unpacked once into scratch first; Q4_1, Q8_0,
+ * Q4_0, Q5_0, IQ4_NL and IQ4_XS through `f16` (not NULL, mc_gemm_zmm41.h); the tile's last
+ * single group through `fn`. */
 static void mc_repacked_tile(const mc_matmul_job *jb, int r0, int r1, mc_repacked_fn fn,
                              const mc_zmm_kernels *z, mc_repacked_fn f16) {
     const int M = jb->M, n = jb->n, nb = jb->K / 32;
@@ -568,8 +569,9 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_IQ4_XS ? (vnni ? mc_gemm_iq4xsx8 : mc_gemm_iq4xsx8_avx2)
                                   : jb->t == MC_Q6_K ? (vnni ? mc_gemm_q6kx8 : mc_gemm_q6kx8_avx2)
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
-        /* Q4_K, Q5_K, Q6_K on VNNI: 16 weight rows a step on zmm registers (mc_gemm_zmm.h);
-         * the other types, and every type on AVX2, have only the 8-row kernels */
+        /* Q4_K, Q5_K, Q6_K on VNNI: 16 weight rows a step on zmm registers (mc_gemm_zmm.h),
+         * Q4_1, Q8_0, Q4_0, Q5_0, IQ4_* too (mc_gemm_zmm41.h); the other types, and every
+         * type on AVX2, have only the 8-row kernels */
         const mc_zmm_kernels *z = !vnni || jb->n < MC_ZMM_MIN_ROWS ? NULL
                                   : jb->t == MC_Q4_K               ? &mc_zmm_q4k
                                   : jb->t == MC_Q5_K               ? &mc_zmm_q5k
