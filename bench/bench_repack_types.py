@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import time
 from typing import Any
 
@@ -31,6 +30,7 @@ import gguf
 import numpy as np
 from gguf.quants import quantize as gguf_quantize
 
+from bench.bench_repacked import load_build
 from modelc.runtime.backends.cpu import SIMD_LEVELS
 
 kk: Any = importlib.import_module("modelc._kernels.kernels")
@@ -66,15 +66,6 @@ def gmacs(
     return float(M * K * n * reps / (time.perf_counter() - t) / 1e9)
 
 
-def load_base(path: str) -> Any:
-    """Another build's kernels module, loaded from its .so beside this one's."""
-    spec = importlib.util.spec_from_file_location("modelc._kernels.kernels", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", default="q4_0,q5_0,q5_1,iq4_nl,iq4_xs,q2_k")
@@ -85,7 +76,7 @@ def main() -> None:
     ap.add_argument("--base", default="", help="another build's kernels .so: repacked vs repacked")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    base = load_base(args.base) if args.base else None
+    base = load_build(args.base) if args.base else None
     left = "base build's repacked" if base is not None else "as stored"
     print(f"| type | SIMD | x rows | {left} GMAC/s | repacked GMAC/s | ratio |")
     print("|---|---|---|---|---|---|")
