@@ -28,7 +28,7 @@ static void mc_rms_norm_rows(const float *x, const float *w, float *y, int i0, i
 
 /* Row-wise and elementwise ops over many rows (a prefill's) split across threads: each
  * row's or element's result is the same whichever thread computes it.  Chunks of
- * MC_EW_ROWS rows / MC_EW_CHUNK elements; fewer than two chunks: the caller's thread. */
+ * MC_EW_ROWS rows / MC_EW_CHUNK elements. */
 #define MC_EW_ROWS 16
 #define MC_EW_CHUNK 32768
 
@@ -50,10 +50,12 @@ static void mc_ew_chunk(void *ctx, int c) {
     mc_ew_run(jb, i0, i0 + per < jb->len ? i0 + per : jb->len);
 }
 
-/* jb's op over rows / elements [0, len), on nth threads where there are two chunks */
+/* jb's op over rows / elements [0, len), on nth threads where there are two chunks and
+ * two chunks' worth of elements (a decode step's few rows stay on the caller's thread) */
 static void mc_ew(const mc_ew_job *jb, int nth) {
     const int64_t per = jb->op == MC_EW_RMS ? MC_EW_ROWS : MC_EW_CHUNK, chunks = (jb->len + per - 1) / per;
-    if (nth > 1 && chunks > 1 && chunks <= (1 << 30))
+    const int64_t elems = jb->op == MC_EW_RMS ? jb->len * jb->d : jb->len;
+    if (nth > 1 && chunks > 1 && elems >= 2 * MC_EW_CHUNK && chunks <= (1 << 30))
         mc_parallel(nth, (int)chunks, mc_ew_chunk, (void *)jb);
     else
         mc_ew_run(jb, 0, jb->len);
