@@ -87,6 +87,19 @@ MC_ATT_INLINE void mc_att_pv_rows(const float *p, int ldp, const float *v, size_
     if (j < hd) mc_att_pv(p, ldp, R, 1, v + j, ldv, n, o + j, hd);
 }
 
+/* a vector's online softmax after a chunk whose max is cm: where cm beats the running max
+ * m, the sum l and sums o (hd) are rescaled by exp(m - cm) and m becomes cm */
+MC_ATT_INLINE void mc_att_rescale(float cm, float *m, float *l, float *o, int hd) {
+    if (cm > *m) {
+        const float corr = expf(*m - cm); /* 0 when m is -inf */
+        const __m256 c = _mm256_set1_ps(corr);
+        *l *= corr;
+        for (int j = 0; j < hd; j += 8)
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_loadu_ps(o + j), c));
+        *m = cm;
+    }
+}
+
 #include "mc_attn_zmm.h"
 
 /* 8 rows of 8 floats transposed in place */
@@ -147,15 +160,7 @@ MC_AVX2 static void mc_att_softmax_step(float *s, int ncol, int cnt, float softc
         _mm256_storeu_ps(s + c, x);
         mx = _mm256_max_ps(mx, x);
     }
-    const float cm = mc_hmax256(mx);
-    if (cm > *m) {
-        const float corr = expf(*m - cm); /* 0 when m is -inf */
-        const __m256 c = _mm256_set1_ps(corr);
-        *l *= corr;
-        for (int j = 0; j < hd; j += 8)
-            _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_loadu_ps(o + j), c));
-        *m = cm;
-    }
+    mc_att_rescale(mc_hmax256(mx), m, l, o, hd);
     const __m256 vm = _mm256_set1_ps(*m);
     __m256 ps = _mm256_setzero_ps();
     for (int c = 0; c < ncol; c += 8) {

@@ -117,14 +117,7 @@ MC_ATZ static void mc_atz_softmax_step(float *s, int ncol, int cnt, float *m, fl
         _mm512_storeu_ps(s + c, x);
         mx = _mm512_max_ps(mx, x);
     }
-    const float cm = _mm512_reduce_max_ps(mx);
-    if (cm > *m) {
-        const float corr = expf(*m - cm); /* 0 when m is -inf */
-        const __m256 c = _mm256_set1_ps(corr);
-        *l *= corr;
-        for (int j = 0; j < hd; j += 8) _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_loadu_ps(o + j), c));
-        *m = cm;
-    }
+    mc_att_rescale(_mm512_reduce_max_ps(mx), m, l, o, hd);
     const __m512 vm = _mm512_set1_ps(*m);
     __m256 ps = _mm256_setzero_ps();
     for (int c = 0; c < ncol; c += 16) {

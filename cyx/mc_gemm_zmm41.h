@@ -74,6 +74,23 @@ MC_ZMM41 static inline __attribute__((always_inline)) __m512 mc_zmm41_h16(const 
         1));
 }
 
+/* a block's nibbles of two groups (q0: lanes 0-7, q1: 8-15) as mc_q41x8_split orders them */
+MC_ZMM41 static inline __attribute__((always_inline)) void mc_zmm41_split(const uint8_t *q0, const uint8_t *q1,
+                                                                          __m512i u[8]) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    for (int v = 0; v < 4; v++) {
+        const __m512i q = mc_pair32_z(q0 + 32 * v, q1 + 32 * v);
+        u[v] = _mm512_and_si512(q, m4);
+        u[4 + v] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    }
+}
+
+/* the IQ4 levels + 128 (vpdpbusd's unsigned operand) in each 128-bit lane, for vpshufb */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512i mc_zmm41_iq4_levels(void) {
+    return _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)mc_iq4_kvalues), _mm_set1_epi8((char)0x80)));
+}
+
 /* Prefetch for the pair's two streams (group g at w0, g + 1 at w1 = w0 + nb blocks): the
  * block each stream reads `ahead` blocks on, past the pair's end the next pair's (groups
  * g + 2, g + 3: nb blocks further), so both streams of the next pair are fetched too, as
@@ -95,7 +112,6 @@ mc_gemm_q41x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
                     float *y, size_t ldy, int nr, const int na) {
     const mc_q41x8 *w0 = (const mc_q41x8 *)wv, *w1 = w0 + nb;
     (void)cx;
-    const __m512i m4 = _mm512_set1_epi8(0xF);
     __m512 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
     for (int i = 0; i < nb; i++) {
@@ -103,11 +119,7 @@ mc_gemm_q41x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
         /* as MC_Q41X8_PREFETCH (SmolLM2's layers at 1 and 8 x rows: 8 and 32 no better) */
         MC_ZMM41_PREFETCH(w0, w1, i, nb, 16, 3);
         __m512i u[8];
-        for (int v = 0; v < 4; v++) {
-            const __m512i q = mc_pair32_z(b0->qs + 32 * v, b1->qs + 32 * v);
-            u[v] = _mm512_and_si512(q, m4);
-            u[4 + v] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-        }
+        mc_zmm41_split(b0->qs, b1->qs, u);
         const __m512 dw = mc_zmm41_h16(b0->d, b1->d);
         for (int a = 0; a < na; a++) {
             const mc_q8 *xq = x[a] + i;
@@ -161,9 +173,7 @@ mc_gemm_off16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
     const size_t bs = q5 ? sizeof(mc_q50x8) : sizeof(mc_iq4nlx8);
     const char *w0 = (const char *)wv, *w1 = w0 + bs * (size_t)nb;
     const int shift = q5 ? 3 : nl ? 0 : 4;
-    const __m512i m4 = _mm512_set1_epi8(0xF);
-    const __m512i tbl = _mm512_broadcast_i32x4(
-        _mm_xor_si128(_mm_loadu_si128((const __m128i *)mc_iq4_kvalues), _mm_set1_epi8((char)0x80)));
+    const __m512i tbl = mc_zmm41_iq4_levels();
     /* Q5_0: each lane's qh word (bits e .. e + 3: elements 4k .. 4k + 3 of u[k]) spread
      * by vpshufb to the lane's 4 bytes (byte e / 8), each byte then testing its own bit */
     const __m512i lane = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0x00000000);
@@ -179,11 +189,7 @@ mc_gemm_off16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
         const mc_iq4nlx8 *n0 = (const mc_iq4nlx8 *)b0, *n1 = (const mc_iq4nlx8 *)b1;
         const mc_q50x8 *f0 = (const mc_q50x8 *)b0, *f1 = (const mc_q50x8 *)b1;
         __m512i u[8];
-        for (int v = 0; v < 4; v++) { /* qs leads both layouts */
-            const __m512i q = mc_pair32_z(n0->qs + 32 * v, n1->qs + 32 * v);
-            u[v] = _mm512_and_si512(q, m4);
-            u[4 + v] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-        }
+        mc_zmm41_split(n0->qs, n1->qs, u); /* qs leads both layouts */
         if (nl)
             for (int v = 0; v < 8; v++) u[v] = _mm512_shuffle_epi8(tbl, u[v]);
         if (q5) {
@@ -215,9 +221,7 @@ MC_ZMM41 static inline __attribute__((always_inline)) void
 mc_gemm_iq4xsx16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
                       float *y, size_t ldy, int nr, const int na) {
     const mc_iq4xsx8 *w0 = (const mc_iq4xsx8 *)wv, *w1 = w0 + nb / 8;
-    const __m512i m4 = _mm512_set1_epi8(0xF);
-    const __m512i tbl = _mm512_broadcast_i32x4(
-        _mm_xor_si128(_mm_loadu_si128((const __m128i *)mc_iq4_kvalues), _mm_set1_epi8((char)0x80)));
+    const __m512i tbl = mc_zmm41_iq4_levels();
     __m512 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -229,11 +233,8 @@ mc_gemm_iq4xsx16_body(int nb, const void *wv, const mc_q8 *const x[8], const int
         const __m512 dw = mc_zmm41_h16(b0->d, b1->d);
         for (int ib = 0; ib < 8; ib++) {
             __m512i u[8];
-            for (int v = 0; v < 4; v++) {
-                const __m512i q = mc_pair32_z(b0->qs[ib] + 32 * v, b1->qs[ib] + 32 * v);
-                u[v] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(q, m4));
-                u[4 + v] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
-            }
+            mc_zmm41_split(b0->qs[ib], b1->qs[ib], u);
+            for (int v = 0; v < 8; v++) u[v] = _mm512_shuffle_epi8(tbl, u[v]);
             const __m512i sc = _mm512_cvtepi8_epi32(mc_pair8_z(b0->sc[ib], b1->sc[ib]));
             for (int a = 0; a < na; a++) {
                 const mc_q8 *xq = x[a] + 8 * i + ib;

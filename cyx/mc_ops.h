@@ -44,16 +44,19 @@ enum { MC_EW_RMS, MC_EW_SILU_MUL, MC_EW_GELU };
 
 static void mc_ew_run(const mc_ew_job *jb, int64_t i0, int64_t i1);
 
+/* rows (rms) or elements a chunk */
+static inline int64_t mc_ew_per(const mc_ew_job *jb) { return jb->op == MC_EW_RMS ? MC_EW_ROWS : MC_EW_CHUNK; }
+
 static void mc_ew_chunk(void *ctx, int c) {
     const mc_ew_job *jb = (const mc_ew_job *)ctx;
-    const int64_t per = jb->op == MC_EW_RMS ? MC_EW_ROWS : MC_EW_CHUNK, i0 = (int64_t)c * per;
+    const int64_t per = mc_ew_per(jb), i0 = (int64_t)c * per;
     mc_ew_run(jb, i0, i0 + per < jb->len ? i0 + per : jb->len);
 }
 
 /* jb's op over rows / elements [0, len), on nth threads where there are two chunks and
  * two chunks' worth of elements (a decode step's few rows stay on the caller's thread) */
 static void mc_ew(const mc_ew_job *jb, int nth) {
-    const int64_t per = jb->op == MC_EW_RMS ? MC_EW_ROWS : MC_EW_CHUNK, chunks = (jb->len + per - 1) / per;
+    const int64_t per = mc_ew_per(jb), chunks = (jb->len + per - 1) / per;
     const int64_t elems = jb->op == MC_EW_RMS ? jb->len * jb->d : jb->len;
     if (nth > 1 && chunks > 1 && elems >= 2 * MC_EW_CHUNK && chunks <= (1 << 30))
         mc_parallel(nth, (int)chunks, mc_ew_chunk, (void *)jb);
