@@ -14,6 +14,11 @@ eighth, and every third layer between), which are Q6_K.  ``q5_k_m`` (``LLAMA_FTY
 is the same with Q5_K for Q4_K.  ``q3_k_m`` (``LLAMA_FTYPE_MOSTLY_Q3_K_M``): Q3_K except
 ``output.weight`` (Q6_K), ``attn_output`` and ``ffn_down`` (Q4_K; ``ffn_down`` in the first
 sixteenth Q5_K) and ``attn_v`` (Q5_K in the first two layers, else Q4_K).
+
+``smollm2-f16`` / ``smollm2-bf16`` are not random: SmolLM2-135M-Instruct's own weights
+(the test asset's Q4_1 / Q8_0 blocks dequantized) with every matrix stored as F16 / BF16
+and its metadata as is, the float-weight model a user gets from an F16 GGUF or an HF
+directory packed without ``--quantize``; written as ``smollm2-135m-f16.gguf`` etc.
 """
 
 from __future__ import annotations
@@ -48,7 +53,17 @@ SHAPES = {
     "1b": BigShape(d=2048, n_layer=16, n_head=32, n_head_kv=8, ff=8192),
     "3b": BigShape(d=3072, n_layer=28, n_head=24, n_head_kv=8, ff=8192),
 }
-MODELS = ("1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "135m-q4_k_m", "1b-q5_k_m", "1b-q3_k_m")
+MODELS = (
+    "1b-q4_k_m",
+    "1b-q8_0",
+    "3b-q4_k_m",
+    "135m-q4_k_m",
+    "1b-q5_k_m",
+    "1b-q3_k_m",
+    "smollm2-f16",
+    "smollm2-bf16",
+)
+FLOAT_COPIES = {"smollm2-f16": "F16", "smollm2-bf16": "BF16"}
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -142,7 +157,44 @@ def write_model(path: Path, size: str, ftype: str, tokenizer_from: Path, seed: i
     return path
 
 
+def write_float_copy(path: Path, src: Path, ftype: str) -> Path:
+    """``src`` with each matrix dequantized and stored as ``ftype`` (F16 or BF16), vectors
+    as F32, every metadata key as it is but the file type."""
+    from gguf.quants import dequantize, quantize
+
+    r = gguf.GGUFReader(str(src))
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        vtype = f.types[0]
+        w.add_key_value(
+            key, f.contents(), vtype, f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        )
+    qt = gguf.GGMLQuantizationType[ftype]
+    w.add_file_type(
+        gguf.LlamaFileType.MOSTLY_F16 if ftype == "F16" else gguf.LlamaFileType.MOSTLY_BF16
+    )
+    for t in r.tensors:
+        shape = tuple(int(v) for v in reversed(t.shape))  # numpy order
+        vals = dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+        if len(shape) < 2:
+            w.add_tensor(t.name, vals)
+        elif ftype == "F16":
+            w.add_tensor(t.name, vals.astype(np.float16))
+        else:
+            w.add_tensor(t.name, quantize(vals, qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def model_path(out: Path, name: str) -> Path:
+    if name in FLOAT_COPIES:
+        return out / f"smollm2-135m-{name.split('-')[1]}.gguf"
     return out / f"random-llama-{name}.gguf"
 
 
@@ -162,7 +214,10 @@ def main() -> int:
         p = model_path(args.out, name)
         if not p.exists():
             tmp = p.with_suffix(".part")
-            write_model(tmp, size, ftype, smollm2_gguf())
+            if name in FLOAT_COPIES:
+                write_float_copy(tmp, smollm2_gguf(), FLOAT_COPIES[name])
+            else:
+                write_model(tmp, size, ftype, smollm2_gguf())
             tmp.rename(p)
         print(f"{p} {p.stat().st_size / 1e6:,.0f} MB")
     return 0

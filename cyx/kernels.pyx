@@ -45,6 +45,7 @@ cdef extern from "mc_ops.h" nogil:
     void mc_softmax(float *x, int n, int d, int simd)
     void mc_silu_mul(const float *g, const float *u, float *out, int64_t length, int simd, int nth)
     void mc_gelu(const float *x, float *out, int64_t length, int simd, int nth)
+    void mc_gelu_erf(const float *x, float *out, int64_t length, int simd, int nth)
     void mc_tanh(const float *x, float *out, int64_t length, int simd)
     void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
@@ -331,6 +332,16 @@ def gelu(const float[::1] x, float[::1] out, int simd=0, int nth=1):
         return
     with nogil:
         mc_gelu(&x[0], &out[0], x.shape[0], simd, nth)
+
+
+def gelu_erf(const float[::1] x, float[::1] out, int simd=0, int nth=1):
+    """out = x * Phi(x), the exact (erf) GELU; out may be x"""
+    if out.shape[0] != x.shape[0]:
+        raise ValueError("gelu_erf: shape mismatch")
+    if x.shape[0] == 0:
+        return
+    with nogil:
+        mc_gelu_erf(&x[0], &out[0], x.shape[0], simd, nth)
 
 
 def tanh(const float[::1] x, float[::1] out, int simd=0):

@@ -40,7 +40,7 @@ typedef struct {
     float eps;
 } mc_ew_job;
 
-enum { MC_EW_RMS, MC_EW_SILU_MUL, MC_EW_GELU };
+enum { MC_EW_RMS, MC_EW_SILU_MUL, MC_EW_GELU, MC_EW_GELU_ERF };
 
 static void mc_ew_run(const mc_ew_job *jb, int64_t i0, int64_t i1);
 
@@ -127,6 +127,24 @@ static void mc_rope_apply(float *x, const float *cst, const float *snt, int n, i
                 }
             }
         }
+    }
+}
+
+/* The exact GELU x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2)) that BERT uses, erf by
+ * Numerical Recipes' erfc (a Chebyshev fit, |error| < 1.2e-7) in float32: the numpy twin's
+ * formula (modelc.runtime.backends.numpy_ref.erf, which evaluates it in float64) */
+static const float mc_erf_c[10] = {-1.26551223f, 1.00002368f, 0.37409196f, 0.09678418f, -0.18628806f,
+                                   0.27886807f,  -1.13520398f, 1.48851587f, -0.82215223f, 0.17087277f};
+
+static void mc_gelu_erf_tail(const float *x, float *out, int64_t len) {
+    const float *c = mc_erf_c;
+    for (int64_t i = 0; i < len; i++) {
+        const float u = x[i] * 0.70710678118654752f, z = fabsf(u);
+        const float t = 1.0f / (1.0f + 0.5f * z);
+        float p = c[9];
+        for (int k = 8; k >= 0; k--) p = p * t + c[k];
+        const float r = 1.0f - t * expf(p - z * z);
+        out[i] = 0.5f * x[i] * (1.0f + (u < 0.0f ? -r : r));
     }
 }
 
@@ -244,6 +262,25 @@ MC_AVX2 static void mc_gelu_avx2(const float *x, float *out, int64_t len) {
         out[i] = 0.5f * v * (1.0f + tanhf(cs * (v + 0.044715f * v * v * v)));
     }
 }
+
+/* gelu_erf (mc_gelu_erf_seq's arithmetic) on 8 lanes */
+MC_AVX2 static void mc_gelu_erf_avx2(const float *x, float *out, int64_t len) {
+    const float *c = mc_erf_c;
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+    const __m256 sign = _mm256_set1_ps(-0.0f), rs2 = _mm256_set1_ps(0.70710678118654752f);
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i), u = _mm256_mul_ps(v, rs2);
+        const __m256 z = _mm256_andnot_ps(sign, u);
+        const __m256 t = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_mul_ps(half, z)));
+        __m256 p = _mm256_set1_ps(c[9]);
+        for (int k = 8; k >= 0; k--) p = _mm256_add_ps(_mm256_mul_ps(p, t), _mm256_set1_ps(c[k]));
+        const __m256 e = mc_exp256(_mm256_sub_ps(p, _mm256_mul_ps(z, z)));
+        const __m256 r = _mm256_or_ps(_mm256_sub_ps(one, _mm256_mul_ps(t, e)), _mm256_and_ps(sign, u));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, r)));
+    }
+    mc_gelu_erf_tail(x + i, out + i, len - i);
+}
 #endif
 
 /* In place over rows of x (n, d) */
@@ -297,10 +334,23 @@ static void mc_gelu_seq(const float *x, float *out, int64_t len, int simd) {
     }
 }
 
+/* out = gelu_erf(x) over `len` elements */
+static void mc_gelu_erf_seq(const float *x, float *out, int64_t len, int simd) {
+#if defined(MC_X86)
+    if (MC_IS_AVX2(simd)) {
+        mc_gelu_erf_avx2(x, out, len);
+        return;
+    }
+#endif
+    (void)simd;
+    mc_gelu_erf_tail(x, out, len);
+}
+
 static void mc_ew_run(const mc_ew_job *jb, int64_t i0, int64_t i1) {
     switch (jb->op) {
     case MC_EW_RMS: mc_rms_norm_rows(jb->a, jb->w, jb->out, (int)i0, (int)i1, jb->d, jb->eps); break;
     case MC_EW_SILU_MUL: mc_silu_mul_seq(jb->a + i0, jb->b + i0, jb->out + i0, i1 - i0, jb->simd); break;
+    case MC_EW_GELU_ERF: mc_gelu_erf_seq(jb->a + i0, jb->out + i0, i1 - i0, jb->simd); break;
     default: mc_gelu_seq(jb->a + i0, jb->out + i0, i1 - i0, jb->simd); break;
     }
 }
@@ -312,6 +362,11 @@ static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len,
 
 static void mc_gelu(const float *x, float *out, int64_t len, int simd, int nth) {
     const mc_ew_job jb = {x, NULL, NULL, out, len, 0, simd, MC_EW_GELU, 0.0f};
+    mc_ew(&jb, nth);
+}
+
+static void mc_gelu_erf(const float *x, float *out, int64_t len, int simd, int nth) {
+    const mc_ew_job jb = {x, NULL, NULL, out, len, 0, simd, MC_EW_GELU_ERF, 0.0f};
     mc_ew(&jb, nth);
 }
 

@@ -28,6 +28,7 @@
 #include "mc_gemm_vnni.h"
 #include "mc_gemm_zmm.h"
 #include "mc_gemm_zmm41.h"
+#include "mc_gemm_float.h"
 #include "mc_pool.h"
 
 /* dequantize one row with the fastest path `simd` allows */
@@ -74,6 +75,8 @@ typedef struct {
     struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
     int kw;               /* the K-quants on repacked weights against many x rows on AVX2
                            * (mc_gemm_kwide.h), x packed into xp */
+    int fg;               /* F32 / F16 / BF16 weights against many x rows on zmm
+                           * (mc_gemm_float.h) */
 } mc_matmul_job;
 
 #include "mc_gemm_kwide.h"
@@ -168,6 +171,13 @@ static void mc_matmul_chunk(void *ctx, int tile) {
     const int M = jb->M, K = jb->K, n = jb->n;
     const int r0 = tile * jb->tr, r1 = mc_imin(M, r0 + jb->tr);
     float *y = jb->y;
+#if defined(MC_X86)
+    if (jb->fg) {
+        if (mc_fg_tile(jb->t, jb->W + (size_t)r0 * jb->row_stride, jb->row_stride, r0, r1, K, jb->x, n, y, (size_t)M, jb->simd) != 0)
+            jb->failed = 1;
+        return;
+    }
+#endif
     for (int j0 = 0; j0 < n; j0 += MC_TN) {
         const int j1 = mc_imin(n, j0 + MC_TN);
         int jr = j0; /* rows from jr on: the 4-row and 1-row kernels */
@@ -345,11 +355,26 @@ static void mc_quantize_chunk(void *ctx, int j) {
         mc_quantize_q8(xr, K, (mc_q8 *)dst);
 }
 
-/* exact path: dequantize each weight row once, float dots against every x row */
+/* exact path: dequantize each weight row once, float dots against every x row (AVX2 and up,
+ * from MC_FG_MIN_ROWS x rows: the tile's rows dequantized, then the float GEMM) */
 static void mc_matmul_exact_chunk(void *ctx, int tile) {
     mc_matmul_job *jb = (mc_matmul_job *)ctx;
     const int M = jb->M, K = jb->K, n = jb->n;
     const int r0 = tile * jb->tr, r1 = mc_imin(M, r0 + jb->tr);
+#if defined(MC_X86)
+    if (n >= MC_FG_MIN_ROWS && mc_fg_takes(MC_F32, K, jb->simd)) { /* the tile's rows dequantized, then the float GEMM */
+        float *wt = (float *)mc_scratch(1, (size_t)16 * K * sizeof(float)); /* 16 rows at a time */
+        for (int rs = r0; rs < r1 && wt != NULL; rs += 16) {
+            const int re = mc_imin(r1, rs + 16);
+            for (int r = rs; r < re; r++)
+                mc_dequant_row_simd(jb->t, jb->W + (size_t)r * jb->row_stride, K, wt + (size_t)(r - rs) * K, jb->simd);
+            if (mc_fg_tile(MC_F32, (const uint8_t *)wt, (int64_t)K * 4, rs, re, K, jb->x, n, jb->y, (size_t)M, jb->simd) != 0)
+                wt = NULL;
+        }
+        if (wt == NULL) jb->failed = 1;
+        return;
+    }
+#endif
     float *wrow = (float *)mc_scratch(1, (size_t)K * sizeof(float));
     if (wrow == NULL) {
         jb->failed = 1;
@@ -445,6 +470,9 @@ static int mc_matmul_prep(mc_matmul_job *jb, int nth, float tol, int *exact, int
         if (mc_is_float(t)) {
             jb->xstride = (size_t)K * sizeof(float);
             jb->xbase = x;
+#if defined(MC_X86)
+            jb->fg = mc_fg_takes(t, K, simd);
+#endif
         } else {
             jb->xstride = mc_act_q8k(t) ? (size_t)(K / 256) * sizeof(mc_q8k)
                                                         : (size_t)((K + 31) / 32) * sizeof(mc_q8);
@@ -538,6 +566,8 @@ static int mc_matmul_tiles(mc_matmul_job *jb, int use, int exact) {
     jb->tr = MC_TR;
     if (jb->kw && !exact) { /* compute-bound: short tiles even out the threads */
         jb->tr = MC_KW_TR;
+    } else if (jb->fg && jb->n >= 8) {
+        jb->tr = MC_FG_TR;
     } else if (jb->n < 8 || ((jb->gemm || jb->ilv != NULL) && !exact)) {
         const int want = (jb->M + MC_RUNS_PER_THREAD * use - 1) / (MC_RUNS_PER_THREAD * use);
         jb->tr = ((want + MC_TR - 1) / MC_TR) * MC_TR;
@@ -661,12 +691,13 @@ static void mc_matmul_multi_tile(void *ctx, int c) {
 /* ys[s] (n, Ms[s]) = x (n, K) @ Ws[s]^T for nw weights of one type t: the products
  * of one activation that several weights share (attention's Q, K and V; the MLP's gate
  * and up).  Fast mode: x is quantized and packed once and every weight's tiles go to
- * the pool as one job; each result is bit-identical to mc_matmul's.  The exact and
- * balanced modes, and F32/F16 weights, run mc_matmul per weight.  Returns as mc_matmul. */
+ * the pool as one job; each result is bit-identical to mc_matmul's.  F32 / F16 / BF16
+ * weights (float x, any mode) too.  The exact and balanced modes of the quantized types run
+ * mc_matmul per weight.  Returns as mc_matmul. */
 static int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
                            const int *Ms, int K, const float *x, int n, float *const *ys,
                            int simd, int nth, float tol, const void *const *auxs) {
-    if (!(tol >= 1e30f) || mc_is_float(t) || nw < 2 || nw > MC_MULTI_MAX) {
+    if ((!(tol >= 1e30f) && !mc_is_float(t)) || nw < 2 || nw > MC_MULTI_MAX) {
         for (int s = 0; s < nw; s++) {
             const int rc = mc_matmul_aux(t, Ws[s], strides[s], Ms[s], K, x, n, ys[s], simd, nth,
                                          tol, auxs != NULL ? auxs[s] : NULL);

@@ -26,6 +26,7 @@ portable scalar path.
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,30 @@ def test_batched_matmul_equals_one_row_at_a_time(
     np.testing.assert_array_equal(cpu.matmul(w, x[3:13]), single[3:13])  # 8 + 2 one by one
     for n in (2, 4, 5):  # one by one, one by one, one padded group
         np.testing.assert_array_equal(cpu.matmul(w, x[:n]), single[:n])
+
+
+@pytest.mark.parametrize("simd", available_simd())
+@pytest.mark.parametrize("dtype", [*FLOAT_DTYPES, DType.Q4_K])
+@pytest.mark.parametrize("cols", [768, 2304])
+def test_float_gemm_is_bit_identical_to_the_row_kernels(cols: int, dtype: DType, simd: str) -> None:
+    """The float GEMM (cyx/mc_gemm_float.h; AVX-512, from 4 x rows, K a multiple of 16) on
+    F32 / F16 / BF16 weights and on the exact mode's dequantized Q4_K tiles: register tiles
+    of 4 x 4, passes of 1024 columns (2304: three, the last short, the accumulators kept
+    between them), blocks of 32 x rows; each row as alone through the row kernels."""
+    rng = np.random.default_rng(21)
+    w = make_weight(dtype, 45, cols, rng)  # 45 = 2 x 16 + 13: a last group of one weight row
+    x = rng.standard_normal((39, cols)).astype(np.float32)  # 32 + 7: a second block, 4 + 3
+    cpu = CpuBackend(simd=simd, matmul="exact" if dtype is DType.Q4_K else "fast")
+    single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(39)])
+    np.testing.assert_array_equal(cpu.matmul(w, x), single)
+    for n in (4, 5, 6, 7, 33):
+        np.testing.assert_array_equal(cpu.matmul(w, x[:n]), single[:n])
+    assert rel_err(single, REF.matmul(w, x)) <= 1e-5
+    w2 = make_weight(dtype, 20, cols, rng)  # Q / K / V style: one pool job for both
+    for n in (1, 39):
+        many = cpu.matmul_many([w, w2], x[:n])
+        np.testing.assert_array_equal(many[0], single[:n])
+        np.testing.assert_array_equal(many[1], cpu.matmul(w2, x[:n]))
 
 
 @pytest.mark.parametrize("simd", available_simd())
@@ -866,13 +891,28 @@ def test_softmax_silu_gelu(cpu: CpuBackend) -> None:
         g[0, 0] = -200.0
         np.testing.assert_allclose(cpu.silu_mul(g, u), REF.silu_mul(g, u), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(cpu.gelu(g), REF.gelu(g), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(cpu.gelu_erf(g), REF.gelu_erf(g), rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_erf_against_math_erf(cpu: CpuBackend) -> None:
+    """BERT's exact GELU x / 2 (1 + erf(x / sqrt 2)) in C (float32 arithmetic, the numpy
+    twin's erf formula) against Python's math.erf: within 3e-7 of the float64 value (scaled
+    by |x| past 1), for x across the range where it is neither 0 nor x, 0, signs, huge."""
+    x = np.concatenate(
+        [np.linspace(-12, 12, 4801), [0.0, -0.0, 1e-30, -1e-30, 30.0, -30.0, 1e30, -1e30]]
+    ).astype(np.float32)
+    want = np.asarray([v / 2 * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
+    got = cpu.gelu_erf(x)
+    assert np.all(np.abs(got - want) <= 3e-7 * np.maximum(1.0, np.abs(x)))
+    assert cpu.gelu_erf(x, out=x) is x  # in place
+    np.testing.assert_array_equal(x, got)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_norm_and_activations_split_across_threads_are_bit_identical(
     cpu: CpuBackend, threads: int
 ) -> None:
-    """rms_norm (16 rows a chunk), silu_mul and gelu (32768 elements a chunk) on a prefill's
+    """rms_norm (16 rows a chunk), silu_mul, gelu and gelu_erf (32768 elements a chunk) on a prefill's
     sizes go to the thread pool: the same bits as one thread, for row and element counts
     that leave a part chunk and a tail shorter than a vector, and near the numpy twins."""
     level = next(k for k, v in SIMD_LEVELS.items() if v == cpu.simd)
@@ -891,6 +931,9 @@ def test_norm_and_activations_split_across_threads_are_bit_identical(
     got = many.gelu(g)
     np.testing.assert_array_equal(got, one.gelu(g))
     np.testing.assert_allclose(got, REF.gelu(g), rtol=1e-5, atol=1e-6)
+    got = many.gelu_erf(g)
+    np.testing.assert_array_equal(got, one.gelu_erf(g))
+    np.testing.assert_allclose(got, REF.gelu_erf(g), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("simd", available_simd())

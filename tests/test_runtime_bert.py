@@ -10,7 +10,7 @@ import pytest
 from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import Bert, build
-from modelc.runtime.arch.bert import erf
+from modelc.runtime.backends.numpy_ref import erf
 from tests.assets import minilm_dir
 from tests.runtime_support import golden, make_backend
 
@@ -38,10 +38,14 @@ def test_minilm_embeddings_match_transformers(backend: str) -> None:
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
     cos = cosines(emb)
     assert cos.min() >= 0.9999, f"{backend}: cosines {np.round(cos, 6)}"
+    # and value by value (measured 1.7e-7 on the compiled kernels, 2.5e-7 on numpy's)
+    ref = np.asarray([r["embedding"] for r in RECORDS])
+    assert np.abs(emb - ref).max() <= 1e-6
 
 
-def test_batch_equals_single() -> None:
-    m = build_minilm("numpy")
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_batch_equals_single(backend: str) -> None:
+    m = build_minilm(backend)
     batch = m.embed([r["input_ids"] for r in RECORDS[:4]])
     for i, r in enumerate(RECORDS[:4]):
         np.testing.assert_allclose(m.embed([r["input_ids"]])[0], batch[i], atol=1e-6)

@@ -168,6 +168,11 @@ class Backend(Protocol):
         """GELU, tanh approximation, elementwise."""
         ...
 
+    def gelu_erf(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        """The exact GELU x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2)) (BERT), elementwise, erf
+        within 1.2e-7 (:func:`modelc.runtime.backends.numpy_ref.erf`)."""
+        ...
+
 
 def get_backend(name: str = "auto") -> Backend:
     """``cpu`` (compiled Cython kernels), ``numpy`` (reference twins), ``auto`` (cpu if

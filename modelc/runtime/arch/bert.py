@@ -26,44 +26,26 @@ from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import Scratch, TensorSource, check_heads
 
 
-def erf(x: F32Array) -> F32Array:
-    """Error function, |error| < 1.2e-7 (Numerical Recipes erfc, Chebyshev fit)."""
-    z = np.abs(x).astype(np.float64)
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = (
-        -z * z
-        - 1.26551223
-        + t
-        * (
-            1.00002368
-            + t
-            * (
-                0.37409196
-                + t
-                * (
-                    0.09678418
-                    + t
-                    * (
-                        -0.18628806
-                        + t
-                        * (
-                            0.27886807
-                            + t
-                            * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
-                        )
-                    )
-                )
-            )
-        )
+def encoder_attention(
+    be: Backend,
+    q: F32Array,
+    k: F32Array,
+    v: F32Array,
+    slices: Sequence[slice],
+    scale: float,
+    out: F32Array,
+) -> None:
+    """Bidirectional attention within each sequence: rows ``sl`` of q, k, v (n, n_head, hd)
+    attend over each other, into ``out``; one backend call for the batch (a query at the
+    last position of its sequence's cache sees all of it)."""
+    be.attention_batch(
+        [q[sl] for sl in slices],
+        [k[sl] for sl in slices],
+        [v[sl] for sl in slices],
+        [sl.stop - sl.start - 1 for sl in slices],
+        scale,
+        [out[sl] for sl in slices],
     )
-    r = 1.0 - t * np.exp(poly)
-    return np.where(x >= 0, r, -r).astype(np.float32)
-
-
-def gelu_erf(x: F32Array) -> F32Array:
-    """In place: x * Φ(x), the exact GELU BERT uses."""
-    x *= 0.5 * (1.0 + erf(x * np.float32(1 / math.sqrt(2))))
-    return x
 
 
 @dataclass(slots=True)
@@ -180,12 +162,7 @@ class Bert:
             k += b.bk
             v += b.bv
             q3, k3, v3 = (t.reshape(n, nh, hd) for t in (q, k, v))
-            for sl in slices:  # bidirectional attention within each sequence
-                s = np.einsum("qhd,khd->hqk", q3[sl], k3[sl]) * np.float32(self.scale)
-                s -= s.max(axis=-1, keepdims=True)
-                np.exp(s, out=s)
-                s /= s.sum(axis=-1, keepdims=True)
-                attn[sl] = np.einsum("hqk,khd->qhd", s, v3[sl])
+            encoder_attention(be, q3, k3, v3, slices, self.scale, attn)
             o = be.matmul(b.wo, attn.reshape(n, d), out=self.scratch.get("o", (n, d)))
             x += o
             x += b.bo
@@ -193,7 +170,7 @@ class Bert:
             ff = b.w_up.shape[0]
             u = be.matmul(b.w_up, x, out=self.scratch.get("up", (n, ff)))  # (n, ff)
             u += b.b_up
-            u = gelu_erf(u)
+            u = be.gelu_erf(u, out=u)
             o = be.matmul(b.w_down, u, out=self.scratch.get("o", (n, d)))
             x += o
             x += b.b_down

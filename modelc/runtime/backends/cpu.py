@@ -521,3 +521,10 @@ class CpuBackend:
             out = np.empty_like(x)
         _k.gelu(x.reshape(-1), _flat(out), self.simd, self.threads)
         return out
+
+    def gelu_erf(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        x = _f32(x)
+        if out is None:
+            out = np.empty_like(x)
+        _k.gelu_erf(x.reshape(-1), _flat(out), self.simd, self.threads)
+        return out

@@ -41,6 +41,40 @@ def _put(value: np.ndarray[Any, Any], out: F32Array | None) -> F32Array:
     return out
 
 
+def erf(x: F32Array) -> F32Array:
+    """Error function, |error| < 1.2e-7 (Numerical Recipes erfc, Chebyshev fit)."""
+    z = np.abs(x).astype(np.float64)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = (
+        -z * z
+        - 1.26551223
+        + t
+        * (
+            1.00002368
+            + t
+            * (
+                0.37409196
+                + t
+                * (
+                    0.09678418
+                    + t
+                    * (
+                        -0.18628806
+                        + t
+                        * (
+                            0.27886807
+                            + t
+                            * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
+                        )
+                    )
+                )
+            )
+        )
+    )
+    r = 1.0 - t * np.exp(poly)
+    return np.where(x >= 0, r, -r).astype(np.float32)
+
+
 _CACHE_MAX = 4096  # dequantized weights kept (a model has a few hundred)
 
 
@@ -224,3 +258,8 @@ class NumpyBackend:
     def gelu(self, x: F32Array, out: F32Array | None = None) -> F32Array:
         c = np.float32(np.sqrt(2.0 / np.pi))
         return _put(0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x**3))), out)
+
+    def gelu_erf(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        return _put(
+            x * (np.float32(0.5) * (np.float32(1.0) + erf(x * np.float32(1 / np.sqrt(2))))), out
+        )

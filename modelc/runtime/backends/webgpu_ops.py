@@ -295,3 +295,7 @@ class ActivationOps:
 
     def gelu(self, x: F32Array, out: F32Array | None = None) -> F32Array:
         return self._elementwise("gelu", [x], out)
+
+    def gelu_erf(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        """On the host (BERT's FFN; no shader yet): the numpy twin's."""
+        return NumpyBackend.gelu_erf(self, x, out)  # type: ignore[arg-type]
