@@ -104,7 +104,9 @@ class Backend(Protocol):
         q (n_q, n_head, hd); k, v (n_kv, n_head_kv, hd) with n_head % n_head_kv == 0
         (grouped-query).  Query i sits at absolute position ``p = q_pos0 + i`` and sees
         cache positions ``0 .. p``, or with ``window`` > 0 (a sliding window: Mistral,
-        gemma's local layers) ``max(0, p - window + 1) .. p`` only.  With ``softcap`` > 0
+        gemma's local layers) ``max(0, p - window + 1) .. p`` only; positions past the
+        cache's last row are not there, so ``q_pos0 = n_kv - 1`` lets every query see the
+        whole cache (BERT's bidirectional attention).  With ``softcap`` > 0
         each score ``s = q·k * scale`` becomes ``softcap * tanh(s / softcap)`` before the
         softmax (gemma2).  Returns (n_q, n_head, hd).  k and v are float32 or float16 (an
         f16 cache); float16 is computed as its exact float32 widening, read without
