@@ -7,10 +7,10 @@
  * The row kernels (mc_dot_f32_avx2, mc_dot_f16_avx2, mc_dot_bf16_avx2 and their 4-row
  * twins) meet every x row with every weight row straight from memory: a weight vector per
  * FMA and an x vector per FMA, so they ran at ~20 GMAC/s at 512 x rows on a machine whose
- * two cores do ~176 GFMA/s.  Here a register tile of 4 x rows x 4 weight rows (AVX2, 16
- * registers: 3 x 2) takes 8 vector loads per 16 FMAs (AVX2: 5 per 6), over columns in passes
- * of MC_FG_KC whose weights (16 rows) stay in L1 while every x row of the block meets them;
- * the tile's accumulators wait in scratch between passes.
+ * two cores do ~176 GFMA/s.  Here a register tile of 6 x rows x 4 weight rows (AVX2, 16
+ * registers: 3 x 2) takes 10 vector loads per 24 FMAs (AVX2: 5 per 6), over columns in
+ * passes of MC_FG_KC whose weights (16 rows) are read from L1 / L2 while every x row of a
+ * block of MC_FG_JB meets them; the tile's accumulators wait in scratch between passes.
  *
  * Arithmetic.  The row kernels keep two 8-lane accumulators per (x row, weight row), a0
  * over columns 16 m + l and a1 over 16 m + 8 + l, one fused multiply-add each per column,
@@ -32,7 +32,10 @@
 #ifndef MC_FG_KC
 #define MC_FG_KC 1024
 #endif
-/* weight rows per tile of the pool (each tile reads every x row once per 32-row block) */
+/* x rows a block: 6 register tiles of 6 (4 x rows a tile: F32 71 -> 81 GMAC/s at 512 x rows,
+ * F16 88 -> 95, BF16 90 -> 94) */
+#define MC_FG_JB 36
+/* weight rows per tile of the pool (each tile reads every x row once per block) */
 #ifndef MC_FG_TR
 #define MC_FG_TR 32
 #endif
@@ -62,13 +65,13 @@ MC_ZMM static inline __attribute__((always_inline)) float mc_fg_sum(__m512 acc) 
     return mc_hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc), hi));
 }
 
-/* x rows x[0 .. na) against weight rows w[0 .. nw) over columns [k0, k1): the accumulators
- * start at zero (first) or from keep (16 floats each, a * 4 + c), and end in keep, or
- * (last) summed into y[a * ldy + c] */
+/* x rows x[0 .. na) (na <= 6) against weight rows w[0 .. nw) (nw <= 4) over columns
+ * [k0, k1): the accumulators start at zero (first) or from keep (16 floats each, a * 4 + c),
+ * and end in keep, or (last) summed into y[a * ldy + c] */
 MC_ZMM static inline __attribute__((always_inline)) void
-mc_fg_body(const float *const x[4], const uint8_t *const w[4], int k0, int k1, float *keep,
+mc_fg_body(const float *const x[6], const uint8_t *const w[4], int k0, int k1, float *keep,
            int first, int last, float *y, size_t ldy, const int na, const int nw, const int t) {
-    __m512 acc[16];
+    __m512 acc[24];
     for (int a = 0; a < na; a++)
         for (int c = 0; c < nw; c++)
             acc[4 * a + c] = first ? _mm512_setzero_ps() : _mm512_load_ps(keep + 16 * (4 * a + c));
@@ -92,10 +95,12 @@ mc_fg_body(const float *const x[4], const uint8_t *const w[4], int k0, int k1, f
 /* mc_fg_body with na and nw as constants where nw is 4 (every weight row but a tile's last
  * few), the rest with them as variables */
 #define MC_FG_FN(name, t_)                                                                         \
-    MC_ZMM static void name(const float *const x[4], const uint8_t *const w[4], int k0, int k1,   \
+    MC_ZMM static void name(const float *const x[6], const uint8_t *const w[4], int k0, int k1,   \
                             float *keep, int first, int last, float *y, size_t ldy, int na, int nw) { \
         if (nw == 4) {                                                                             \
             switch (na) {                                                                          \
+            case 6: mc_fg_body(x, w, k0, k1, keep, first, last, y, ldy, 6, 4, t_); return;        \
+            case 5: mc_fg_body(x, w, k0, k1, keep, first, last, y, ldy, 5, 4, t_); return;        \
             case 4: mc_fg_body(x, w, k0, k1, keep, first, last, y, ldy, 4, 4, t_); return;        \
             case 3: mc_fg_body(x, w, k0, k1, keep, first, last, y, ldy, 3, 4, t_); return;        \
             case 2: mc_fg_body(x, w, k0, k1, keep, first, last, y, ldy, 2, 4, t_); return;        \
@@ -119,7 +124,7 @@ MC_AVX2 static inline __attribute__((always_inline)) __m256 mc_fg_load8(const ui
 /* mc_fg_body on AVX2 (x rows na <= 3, weight rows nw <= 2): each pair's a0 and a1 kept at
  * keep + 16 (2 a + c), a0 first */
 MC_AVX2 static inline __attribute__((always_inline)) void
-mc_fg8_body(const float *const x[4], const uint8_t *const w[4], int k0, int k1, float *keep,
+mc_fg8_body(const float *const x[6], const uint8_t *const w[4], int k0, int k1, float *keep,
             int first, int last, float *y, size_t ldy, const int na, const int nw, const int t) {
     __m256 a0[6], a1[6];
     for (int a = 0; a < na; a++)
@@ -154,7 +159,7 @@ mc_fg8_body(const float *const x[4], const uint8_t *const w[4], int k0, int k1, 
 }
 
 #define MC_FG8_FN(name, t_)                                                                        \
-    MC_AVX2 static void name(const float *const x[4], const uint8_t *const w[4], int k0, int k1,  \
+    MC_AVX2 static void name(const float *const x[6], const uint8_t *const w[4], int k0, int k1,  \
                              float *keep, int first, int last, float *y, size_t ldy, int na, int nw) { \
         if (nw == 2) {                                                                             \
             switch (na) {                                                                          \
@@ -172,37 +177,38 @@ MC_FG8_FN(mc_fg8_bf16, MC_BF16)
 
 /* weight rows [r0, r1) (type t: F32, F16, BF16; row r0 at W0, rows row_stride bytes apart)
  * against x rows (n, K) into columns [r0, r1) of y (n, ldy) at `simd` (mc_fg_takes): blocks of
- * 32 x rows, each against sub-tiles of 16 weight rows, pass by pass, in register tiles of ga x
+ * MC_FG_JB x rows, each against sub-tiles of 16 weight rows, pass by pass, in register tiles of ga x
  * rows x gw weight rows.  Returns -2 when out of memory (scratch), else 0. */
 static int mc_fg_tile(int t, const uint8_t *W0, int64_t row_stride, int r0, int r1, int K,
                       const float *x, int n, float *y, size_t ldy, int simd) {
     typedef void (*fg_fn)(const float *const *, const uint8_t *const *, int, int, float *, int,
                           int, float *, size_t, int, int);
-    const int zmm = simd == MC_SIMD_VNNI, ga = zmm ? 4 : 3, gw = zmm ? 4 : 2;
+    const int zmm = simd == MC_SIMD_VNNI, ga = zmm ? 6 : 3, gw = zmm ? 4 : 2;
     const fg_fn fn = zmm ? (t == MC_F16 ? mc_fg_f16 : t == MC_BF16 ? mc_fg_bf16 : mc_fg_f32)
                          : (t == MC_F16 ? mc_fg8_f16 : t == MC_BF16 ? mc_fg8_bf16 : mc_fg8_f32);
-    const int tiles_j = (32 + ga - 1) / ga, tiles_r = 16 / gw; /* register tiles of a block */
+    const int tiles_j = (MC_FG_JB + ga - 1) / ga, tiles_r = 16 / gw; /* register tiles of a block */
+    const size_t per = (size_t)16 * ga * gw; /* kept floats a register tile */
     float *keep = NULL;
-    if (K > MC_FG_KC) { /* 256 floats (64-byte aligned) for each register tile of a block */
-        char *buf = (char *)mc_scratch(2, sizeof(float) * 256 * (size_t)(tiles_j * tiles_r) + 64);
+    if (K > MC_FG_KC) { /* `per` floats (64-byte aligned) for each register tile of a block */
+        char *buf = (char *)mc_scratch(2, sizeof(float) * per * (size_t)(tiles_j * tiles_r) + 64);
         if (buf == NULL) return -2;
         keep = (float *)(buf + ((64 - ((uintptr_t)buf & 63)) & 63));
     }
-    for (int j0 = 0; j0 < n; j0 += 32) {
-        const int j1 = mc_imin(n, j0 + 32);
+    for (int j0 = 0; j0 < n; j0 += MC_FG_JB) {
+        const int j1 = mc_imin(n, j0 + MC_FG_JB);
         for (int rs = r0; rs < r1; rs += 16) {
             const int re = mc_imin(r1, rs + 16);
             for (int k0 = 0; k0 < K; k0 += MC_FG_KC) {
                 const int k1 = mc_imin(K, k0 + MC_FG_KC);
                 for (int j = j0; j < j1; j += ga) {
-                    const float *xr[4];
+                    const float *xr[6];
                     const int na = mc_imin(ga, j1 - j);
                     for (int a = 0; a < na; a++) xr[a] = x + (size_t)(j + a) * K;
                     for (int r = rs; r < re; r += gw) {
                         const uint8_t *wr[4];
                         const int nw = mc_imin(gw, re - r);
                         for (int c = 0; c < nw; c++) wr[c] = W0 + (size_t)(r - r0 + c) * row_stride;
-                        float *kp = keep == NULL ? NULL : keep + 256 * (size_t)(tiles_r * ((j - j0) / ga) + (r - rs) / gw);
+                        float *kp = keep == NULL ? NULL : keep + per * (size_t)(tiles_r * ((j - j0) / ga) + (r - rs) / gw);
                         fn(xr, wr, k0, k1, kp, k0 == 0, k1 == K, y + (size_t)j * ldy + r, ldy, na, nw);
                     }
                 }

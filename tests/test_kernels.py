@@ -249,11 +249,12 @@ def test_batched_matmul_equals_one_row_at_a_time(
 def test_float_gemm_is_bit_identical_to_the_row_kernels(cols: int, dtype: DType, simd: str) -> None:
     """The float GEMM (cyx/mc_gemm_float.h; AVX-512, from 4 x rows, K a multiple of 16) on
     F32 / F16 / BF16 weights and on the exact mode's dequantized Q4_K tiles: register tiles
-    of 4 x 4, passes of 1024 columns (2304: three, the last short, the accumulators kept
-    between them), blocks of 32 x rows; each row as alone through the row kernels."""
+    of 6 x 4 (AVX2: 3 x 2), passes of 1024 columns (2304: three, the last short, the
+    accumulators kept between them), blocks of 36 x rows; each row as alone through the row
+    kernels."""
     rng = np.random.default_rng(21)
     w = make_weight(dtype, 45, cols, rng)  # 45 = 2 x 16 + 13: a last group of one weight row
-    x = rng.standard_normal((39, cols)).astype(np.float32)  # 32 + 7: a second block, 4 + 3
+    x = rng.standard_normal((39, cols)).astype(np.float32)  # 36 + 3: a second, short block
     cpu = CpuBackend(simd=simd, matmul="exact" if dtype is DType.Q4_K else "fast")
     single = np.concatenate([cpu.matmul(w, x[i : i + 1]) for i in range(39)])
     np.testing.assert_array_equal(cpu.matmul(w, x), single)
