@@ -75,8 +75,8 @@ typedef struct {
     struct mc_outl *outl; /* (n,) outliers kept out of the int8 rows, or NULL */
     int kw;               /* the K-quants on repacked weights against many x rows on AVX2
                            * (mc_gemm_kwide.h), x packed into xp */
-    int fg;               /* F32 / F16 / BF16 weights against many x rows on zmm
-                           * (mc_gemm_float.h) */
+    int fg;               /* F32 / F16 / BF16 weights through the float GEMM (AVX2 and up,
+                           * any x row count; mc_gemm_float.h) */
 } mc_matmul_job;
 
 #include "mc_gemm_kwide.h"
