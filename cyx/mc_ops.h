@@ -263,7 +263,7 @@ MC_AVX2 static void mc_gelu_avx2(const float *x, float *out, int64_t len) {
     }
 }
 
-/* gelu_erf (mc_gelu_erf_seq's arithmetic) on 8 lanes */
+/* gelu_erf on 8 lanes: mc_gelu_erf_tail's formula, its exp by mc_exp256 */
 MC_AVX2 static void mc_gelu_erf_avx2(const float *x, float *out, int64_t len) {
     const float *c = mc_erf_c;
     const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);

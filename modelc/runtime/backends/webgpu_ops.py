@@ -43,6 +43,7 @@ def _back(data: bytes, shape: tuple[int, ...], out: F32Array | None) -> F32Array
 
 class ActivationOps:
     gpu: Gpu
+    _fallback: NumpyBackend  # the numpy twins, for what has no shader
 
     def _pipe(self, module: str, entry: str, *files: str) -> Any:
         return self.gpu.pipeline(module, entry, shader_source(*(files or (module,))))
@@ -153,9 +154,8 @@ class ActivationOps:
         first visible K/V row.  Soft-capped scores (gemma2) have no shader: numpy's
         reference computes them."""
         if softcap > 0:
-            ref = NumpyBackend()
             return [
-                ref.attention(_f32(q), k, v, p0, scale, window=window, softcap=softcap)
+                self._fallback.attention(_f32(q), k, v, p0, scale, window=window, softcap=softcap)
                 for q, k, v, p0 in zip(qs, ks, vs, q_pos0s, strict=True)
             ]
         n_head, hd = qs[0].shape[1], qs[0].shape[2]
@@ -298,4 +298,4 @@ class ActivationOps:
 
     def gelu_erf(self, x: F32Array, out: F32Array | None = None) -> F32Array:
         """On the host (BERT's FFN; no shader yet): the numpy twin's."""
-        return NumpyBackend.gelu_erf(self, x, out)  # type: ignore[arg-type]
+        return self._fallback.gelu_erf(x, out)
