@@ -109,6 +109,7 @@ class LlamaCppServer:
         n_ctx: int = 8192,
         log: Path | None = None,
         env: dict[str, str] | None = None,
+        embedding: bool = False,
     ) -> None:
         self.cmd = [
             sys.executable,
@@ -120,6 +121,7 @@ class LlamaCppServer:
             str(n_parallel),
             "--ctx",
             str(n_ctx),
+            *(["--embedding"] if embedding else []),
         ]
         self.log = log
         self.env = {**os.environ, **(env or {})}
@@ -163,7 +165,7 @@ class LlamaCppServer:
             self.proc.wait()
 
 
-def _start(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> Any:
+def _start(gguf: str, threads: int, n_parallel: int, n_ctx: int, embedding: bool = False) -> Any:
     import xllamacpp as x
 
     p = x.CommonParams()
@@ -174,11 +176,12 @@ def _start(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> Any:
     p.n_ctx = n_ctx
     p.warmup = True
     p.cache_prompt = False
+    p.embedding = embedding  # an embedding model: /v1/embeddings, pooling as the GGUF says
     return x.Server(p)
 
 
-def _serve(gguf: str, threads: int, n_parallel: int, n_ctx: int) -> None:
-    server = _start(gguf, threads, n_parallel, n_ctx)
+def _serve(gguf: str, threads: int, n_parallel: int, n_ctx: int, embedding: bool) -> None:
+    server = _start(gguf, threads, n_parallel, n_ctx, embedding)
     url = str(server.listening_address).rstrip("/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the model loads in the background
@@ -200,5 +203,8 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument(
+        "--embedding", action="store_true", help="serve embeddings (llama-server --embedding)"
+    )
     a = ap.parse_args()
-    _serve(a.gguf, a.threads, a.parallel, a.ctx)
+    _serve(a.gguf, a.threads, a.parallel, a.ctx, a.embedding)

@@ -19,8 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from modelc.errors import FormatError, UnsupportedError, UsageError
+from modelc.errors import FormatError, UsageError
 from modelc.formats.ir import DType, HParams, ModelIR
+from modelc.formats.quants import dequantize
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 
@@ -104,12 +105,14 @@ class TensorModel(Protocol):
 
 
 def _plain_f32(ir: ModelIR, name: str) -> F32Array:
+    """Tensor ``name`` as f32: BF16 widened, a quantized one dequantized (converters and
+    llama-quantize may quantize a 2-D table, such as a BERT's position embeddings)."""
     t = ir.tensors[name]
     data = t.data()
     if t.dtype is DType.BF16:
         data = (np.asarray(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
     elif t.dtype.is_quantized:
-        raise UnsupportedError(f"{name}: expected a plain float tensor, got {t.dtype}")
+        data = dequantize(data, t.dtype, tuple(t.shape))
     return np.ascontiguousarray(data, dtype=np.float32).reshape(t.shape)
 
 

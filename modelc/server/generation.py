@@ -111,15 +111,17 @@ def check_ids(ids: list[int], info: ModelInfo, param: str) -> None:
 
 
 def embed_inputs(inp: Any, info: ModelInfo, param: str = "input") -> list[list[int]]:
-    """Token-id lists for an embeddings ``input`` (string, strings, ids or id lists)."""
-    tok = info.tok()
+    """Token-id lists for an embeddings ``input`` (string, strings, ids or id lists); a
+    string as the engine encodes a raw prompt, special tokens parsed ("query [SEP] passage"
+    gives [SEP]'s id), as llama.cpp's server and transformers' tokenizers do."""
+    fmt = info.fmt()
     items: list[Any] = [inp] if isinstance(inp, str) else list(inp)
     if items and all(isinstance(x, int) for x in items):
         items = [items]
     batch = []
     for j, x in enumerate(items):
         if isinstance(x, str):
-            ids = tok.encode(x, add_special=True)
+            ids = fmt.encode(x)
         elif isinstance(x, list):
             ids = [int(t) for t in x]
             check_ids(ids, info, f"{param}[{j}]")

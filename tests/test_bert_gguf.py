@@ -1,0 +1,108 @@
+"""A BERT GGUF served by modelc and by llama.cpp's own server, both held to transformers.
+
+all-MiniLM-L6-v2 converted as llama.cpp's converter writes a BERT (``tests/gen_bert_gguf.py``:
+phantom-space WordPiece vocabulary, mean pooling, F32 / F16 / Q8_0 matrices), then served by
+``modelc run`` and by llama.cpp's server (xllamacpp, ``--embedding``) on loopback; both
+are asked through the official ``openai`` client.  Held: the prompt tokens (each server's
+``/tokenize``) equal each other and transformers' ids; the embeddings equal llama.cpp's
+(cosine), and modelc's are at least as close to transformers' as llama.cpp's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from bench.llamacpp_peer import LlamaCppServer
+from modelc.formats import load_model
+from modelc.runtime.arch import Bert, build
+from tests.assets import minilm_dir
+from tests.gen_bert_gguf import write
+from tests.runtime_support import make_backend
+from tests.server_fixtures import Server, start
+from tests.test_runtime_bert import RECORDS, REF
+
+# texts that spell special tokens: both servers (and transformers' tokenizer) take them as
+# the tokens ("[SEP]" -> 102), as a query / passage pair does
+SPECIAL_TEXTS = ["[CLS] literal special [SEP] tokens", "query: what is x? [SEP] passage: x is y"]
+SENTENCES = [str(r["sentence"]) for r in RECORDS]
+# cosine to llama.cpp's embeddings, at least: F32 / F16 matrices measured 0.999999 (llama.cpp's
+# own f16 steps: max difference 2.6e-4), Q8_0 0.99973 (each quantizes activations its own way)
+MIN_COS = {"f32": 0.99999, "f16": 0.99999, "q8_0": 0.999}
+
+
+@pytest.fixture(scope="module", params=sorted(MIN_COS))
+def pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Server, LlamaCppServer]]:
+    ftype = str(request.param)
+    tmp = tmp_path_factory.mktemp(f"bert-{ftype}")
+    gguf = write(minilm_dir(), tmp / f"minilm-{ftype}.gguf", ftype)
+    log = tmp / "llamacpp.log"
+    with LlamaCppServer(gguf, threads=1, n_parallel=2, n_ctx=2048, log=log, embedding=True) as peer:
+        srv = start(str(gguf))
+        try:
+            yield ftype, srv, peer
+        finally:
+            srv.stop()
+
+
+def embeddings(url: str, texts: list[str]) -> np.ndarray:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    out = client.embeddings.create(model=model, input=texts)
+    return np.asarray([d.embedding for d in sorted(out.data, key=lambda d: d.index)])
+
+
+def tokens(url: str, text: str) -> list[int]:
+    r = httpx.post(f"{url}/tokenize", json={"content": text, "add_special": True}, timeout=60)
+    r.raise_for_status()
+    return [int(t) for t in r.json()["tokens"]]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_tokens_equal_llamacpp_and_transformers(pair: tuple[str, Server, LlamaCppServer]) -> None:
+    _, srv, peer = pair
+    for r in RECORDS:
+        ours, theirs = tokens(srv.url, str(r["sentence"])), tokens(peer.url, str(r["sentence"]))
+        assert ours == theirs == list(r["input_ids"]), r["sentence"]
+    for text in SPECIAL_TEXTS:
+        ours = tokens(srv.url, text)
+        assert ours == tokens(peer.url, text), text
+        assert ours.count(102) == 1 + text.count("[SEP]"), ours
+
+
+def test_embeddings_match_llamacpp_and_transformers(
+    pair: tuple[str, Server, LlamaCppServer],
+) -> None:
+    ftype, srv, peer = pair
+    texts = SENTENCES + SPECIAL_TEXTS
+    ours, theirs = embeddings(srv.url, texts), embeddings(peer.url, texts)
+    cos = cosines(ours, theirs)
+    assert cos.min() >= MIN_COS[ftype], f"{ftype}: cosines to llama.cpp {np.round(cos, 6)}"
+    n = len(SENTENCES)
+    ours_err, theirs_err = 1 - cosines(ours[:n], REF), 1 - cosines(theirs[:n], REF)
+    # at least as close to transformers' as llama.cpp's (Q8_0: measured 4.73e-4 / 4.69e-4)
+    assert ours_err.mean() <= max(1.1 * theirs_err.mean(), 1e-7), (ours_err, theirs_err)
+    if ftype == "f32":  # the same weights as the HF directory: transformers' values
+        assert np.abs(ours[:n] - REF).max() <= 1e-6
+
+
+def test_quantized_tables_load_dequantized(tmp_path: Path) -> None:
+    """A GGUF whose position and token-type tables are quantized (as tools other than the
+    converter may write them) loads with them dequantized."""
+    gguf = write(minilm_dir(), tmp_path / "minilm-q8-tables.gguf", "q8_0", tables=True)
+    ir = load_model(gguf)
+    assert ir.tensors["position_embd.weight"].dtype.name == "Q8_0"
+    m = build(ir, make_backend("cpu"))
+    assert isinstance(m, Bert)
+    emb = m.embed([list(r["input_ids"]) for r in RECORDS])
+    assert cosines(emb, REF).min() >= 0.999
