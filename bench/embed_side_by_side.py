@@ -128,7 +128,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="1x16,32x128,8x500", help="BxL: B texts of ~L tokens")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="modelc-embed-") as tmp:
-        rows = ["| GGUF | texts x tokens | modelc tok/s | llama.cpp tok/s | modelc / llama.cpp (range) |"]
+        rows = [
+            "| GGUF | texts x tokens | modelc tok/s | llama.cpp tok/s | modelc / llama.cpp (range) |"
+        ]
         rows.append("|---|---|---|---|---|")
         for ft in args.ftypes.split(","):
             gguf = write(minilm_dir(), Path(tmp) / f"minilm-{ft}.gguf", ft)
