@@ -173,7 +173,7 @@ static void mc_matmul_chunk(void *ctx, int tile) {
     float *y = jb->y;
 #if defined(MC_X86)
     if (jb->fg) {
-        if (mc_fg_tile(jb->t, jb->W + (size_t)r0 * jb->row_stride, jb->row_stride, r0, r1, K, jb->x, n, y, (size_t)M, jb->simd) != 0)
+        if (mc_fg_tile(jb->t, jb->W + (size_t)r0 * jb->row_stride, jb->row_stride, r0, r1, K, jb->x, n, y, (size_t)M, jb->simd, MC_FG_PF) != 0)
             jb->failed = 1;
         return;
     }
@@ -368,7 +368,7 @@ static void mc_matmul_exact_chunk(void *ctx, int tile) {
             const int re = mc_imin(r1, rs + 16);
             for (int r = rs; r < re; r++)
                 mc_dequant_row_simd(jb->t, jb->W + (size_t)r * jb->row_stride, K, wt + (size_t)(r - rs) * K, jb->simd);
-            if (mc_fg_tile(MC_F32, (const uint8_t *)wt, (int64_t)K * 4, rs, re, K, jb->x, n, jb->y, (size_t)M, jb->simd) != 0)
+            if (mc_fg_tile(MC_F32, (const uint8_t *)wt, (int64_t)K * 4, rs, re, K, jb->x, n, jb->y, (size_t)M, jb->simd, 0) != 0)
                 wt = NULL;
         }
         if (wt == NULL) jb->failed = 1;
