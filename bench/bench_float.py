@@ -1,12 +1,16 @@
 """Float weights (F32, F16, BF16): the matmul kernels and the embedding model they serve.
 
     .venv/bin/python -m bench.bench_float [--rows 1,8,64,512] [--reps 7] [--simd avx512vnni]
-        [--base OTHER.so] [--embed] [--rounds 5]
+        [--base OTHER.so] [--embed] [--rounds 5] [--model GGUF]
 
 Kernels: one random 2048 x 2048 weight per type (F32 16 MB, F16 / BF16 8 MB), x random,
 ``kernels.matmul`` at each x row count; GMAC/s of the best and the median of ``--reps``
 calls.  ``--embed``: all-MiniLM-L6-v2 (the test asset, f32 safetensors) embedding a batch
 of 32 sequences of 128 tokens (``model.embed``), ``--rounds`` rounds; sequences/s.
+
+``--model GGUF``: instead, passes over every weight of that model as it is served (float
+weights where the file is mapped), at each ``--rows`` count; ms and GB/s a pass, e.g. the
+SmolLM2 F16 copy from ``bench.big_models`` at ``--rows 1,8`` (a decode step's weights).
 
 ``--base`` times another build's kernels module alongside this checkout's, alternating
 call by call, so a shared machine's load hits both (kernels only: the embedding model's
@@ -25,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_repacked import load_build
+from bench.bench_repacked import load_build, model_weights
 from modelc.formats import load_model
 from modelc.formats.ir import DType
 from modelc.runtime.arch import build
@@ -68,6 +72,35 @@ def kernels(be: CpuBackend, builds: dict[str, Any], rows: list[int], reps: int) 
             print(f"{name:4s} {n:4d} row(s), GMAC/s  {cells}")
 
 
+def model_pass(path: str, be: CpuBackend, builds: dict[str, Any], rows: list[int], reps: int) -> None:
+    """One pass over every weight of the model at ``path`` as it is served (float weights
+    where the file is mapped, the others from the backend's repacked copies), ``kernels.matmul``
+    on each in turn, alternating the builds pass by pass: ms and GB/s of the weights' bytes."""
+    model: Any = build(load_model(path), be)
+    items = []
+    for w in model_weights(model):
+        raw, packed = be.operands(w)
+        items.append((TYPE_CODES[w.dtype], raw, w.shape[1], packed))
+    nbytes = sum(p.nbytes if p is not None else raw.nbytes for _, raw, _, p in items)
+    rng = np.random.default_rng(3)
+    for n in rows:
+        xs = {k: rng.standard_normal((n, k)).astype(np.float32) for _, _, k, _ in items}
+        outs = [np.empty((n, raw.shape[0]), np.float32) for _, raw, _, _ in items]
+        ts: dict[str, list[float]] = {b: [] for b in builds}
+        for r in range(reps + 2):
+            for b in builds if r % 2 else reversed(list(builds)):
+                t = time.perf_counter()
+                for (code, raw, k, packed), o in zip(items, outs, strict=True):
+                    builds[b].matmul(code, raw, k, xs[k], o, be.simd, be.threads, be.tol, packed)
+                if r >= 2:  # two passes warm up
+                    ts[b].append(time.perf_counter() - t)
+        cells = "  ".join(
+            f"{b}: median {statistics.median(v) * 1e3:7.2f} ms {nbytes / statistics.median(v) / 1e9:5.1f} GB/s"
+            for b, v in ts.items()
+        )
+        print(f"{len(items)} weights, {nbytes / 1e6:,.0f} MB, {n} x row(s): {cells}")
+
+
 def embed(rounds: int) -> None:
     model: Any = build(load_model(str(assets.minilm_dir())), CpuBackend())
     rng = np.random.default_rng(2)
@@ -92,13 +125,18 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="another build's kernels .so, timed alternately")
     ap.add_argument("--embed", action="store_true", help="also MiniLM's embeddings")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of --embed")
+    ap.add_argument("--model", default=None, help="a GGUF: passes over its weights (--rows, --reps)")
     args = ap.parse_args()
     builds = {"this": cpu_mod._k}
     if args.base:
         builds["base"] = load_build(args.base)
     be = CpuBackend(simd=args.simd) if args.simd else CpuBackend()
     print(f"simd {be.simd}, threads {be.threads}")
-    kernels(be, builds, [int(v) for v in args.rows.split(",")], args.reps)
+    rows = [int(v) for v in args.rows.split(",")]
+    if args.model:
+        model_pass(args.model, be, builds, rows, args.reps)
+        return
+    kernels(be, builds, rows, args.reps)
     if args.embed:
         embed(args.rounds)
 
