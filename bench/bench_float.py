@@ -72,7 +72,9 @@ def kernels(be: CpuBackend, builds: dict[str, Any], rows: list[int], reps: int) 
             print(f"{name:4s} {n:4d} row(s), GMAC/s  {cells}")
 
 
-def model_pass(path: str, be: CpuBackend, builds: dict[str, Any], rows: list[int], reps: int) -> None:
+def model_pass(
+    path: str, be: CpuBackend, builds: dict[str, Any], rows: list[int], reps: int
+) -> None:
     """One pass over every weight of the model at ``path`` as it is served (float weights
     where the file is mapped, the others from the backend's repacked copies), ``kernels.matmul``
     on each in turn, alternating the builds pass by pass: ms and GB/s of the weights' bytes."""
@@ -125,7 +127,9 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="another build's kernels .so, timed alternately")
     ap.add_argument("--embed", action="store_true", help="also MiniLM's embeddings")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of --embed")
-    ap.add_argument("--model", default=None, help="a GGUF: passes over its weights (--rows, --reps)")
+    ap.add_argument(
+        "--model", default=None, help="a GGUF: passes over its weights (--rows, --reps)"
+    )
     args = ap.parse_args()
     builds = {"this": cpu_mod._k}
     if args.base:
