@@ -106,3 +106,44 @@ def test_quantized_tables_load_dequantized(tmp_path: Path) -> None:
     assert isinstance(m, Bert)
     emb = m.embed([list(r["input_ids"]) for r in RECORDS])
     assert cosines(emb, REF).min() >= 0.999
+
+
+@pytest.mark.parametrize("norm", [-1, 0, 1, 2, 3])
+def test_llamacpp_embedding_route(pair: tuple[str, Server, LlamaCppServer], norm: int) -> None:
+    """llama.cpp's own ``/embedding``: the same JSON shape, and the vectors scaled as its
+    ``embd_normalize`` says (-1 none, 0 max-abs to the int16 range, 1 taxicab, 2 euclidean,
+    3 a p-norm)."""
+    ftype, srv, peer = pair
+    req = {"content": SENTENCES[:3] + SPECIAL_TEXTS[:1], "embd_normalize": norm}
+    got = [httpx.post(f"{u}/embedding", json=req, timeout=60) for u in (srv.url, peer.url)]
+    ours, theirs = (r.raise_for_status().json() for r in got)
+    assert [sorted(e) for e in ours] == [sorted(e) for e in theirs] == [["embedding", "index"]] * 4
+    assert [e["index"] for e in ours] == [e["index"] for e in theirs] == [0, 1, 2, 3]
+    a, b = (np.asarray([e["embedding"] for e in out]) for out in (ours, theirs))
+    assert a.shape == b.shape == (4, 1, 384)
+    a, b = a[:, 0], b[:, 0]
+    assert cosines(a, b).min() >= MIN_COS[ftype]
+
+    def size(v: np.ndarray) -> np.ndarray:  # the length embd_normalize scales to 1
+        if norm == 0:
+            return np.abs(v).max(axis=1) / 32760.0
+        return (
+            np.sum(np.abs(v) ** max(norm, 2), axis=1) ** (1 / max(norm, 2))
+            if norm != 1
+            else np.abs(v).sum(axis=1)
+        )
+
+    if norm < 0:  # the raw pooled vectors: their lengths agree
+        np.testing.assert_allclose(size(a) / size(b), 1.0, atol=1e-3 if ftype != "q8_0" else 1e-2)
+    else:
+        np.testing.assert_allclose(size(a), 1.0, rtol=1e-5)
+        np.testing.assert_allclose(size(b), 1.0, rtol=1e-5)
+
+
+def test_embedding_route_errors(pair: tuple[str, Server, LlamaCppServer]) -> None:
+    _, srv, _ = pair
+    r = httpx.post(f"{srv.url}/embedding", json={"embd_normalize": 2}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "content", r.text
+    r = httpx.post(f"{srv.url}/embedding", json={"content": [[10**7]]}, timeout=60)
+    assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"], r.text
+    assert httpx.get(f"{srv.url}/health", timeout=60).status_code == 200  # still serving

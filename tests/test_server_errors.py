@@ -170,6 +170,8 @@ def other_cases() -> list[Case]:
         ("/infer", {"inputs": [[1.0, 2.0]]}, "inputs"),
         ("/infer", {"inputs": "x"}, "inputs"),
         ("/embeddings", {"input": "x"}, "model"),
+        ("/embedding", {"content": "x"}, "model"),
+        ("/embedding", {"content": "x", "embd_normalize": "l2"}, "embd_normalize"),
         ("/lora/load", {"path": "/tmp/x"}, None),
         ("/lora/load", {"path": ""}, "path"),
         ("/api/generate", {"prompt": "x"}, None),

@@ -161,8 +161,11 @@ class Engine(Protocol):
 
     def submit(self, req: GenerationRequest) -> RequestHandle: ...
 
-    async def embed(self, batch: Sequence[Sequence[int]]) -> np.ndarray[Any, Any]:
-        """Pooled embeddings (len(batch), d) for an embedding model (runs in a worker thread)."""
+    async def embed(
+        self, batch: Sequence[Sequence[int]], *, normalize: bool | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Pooled embeddings (len(batch), d) for an embedding model (runs in a worker thread);
+        ``normalize`` (L2) overrides the model's own setting (None: the model's)."""
         ...
 
     def stats(self) -> EngineStats: ...

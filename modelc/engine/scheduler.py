@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -290,14 +291,16 @@ class LLMEngine:
                 b"lora:" + ",".join(f"{a.adapter.path}@{id(a)}" for a in self._loras).encode()
             )
 
-    async def embed(self, batch: Sequence[Sequence[int]]) -> np.ndarray[Any, Any]:
+    async def embed(
+        self, batch: Sequence[Sequence[int]], *, normalize: bool | None = None
+    ) -> np.ndarray[Any, Any]:
         if not isinstance(self.model, EmbeddingModel):
             raise UnsupportedError(
                 f"{self.model_name} is a {self.architecture} language model; it makes no embeddings"
             )
         model = self.model
         async with self._lock:
-            return await trio.to_thread.run_sync(model.embed, batch)
+            return await trio.to_thread.run_sync(partial(model.embed, batch, normalize=normalize))
 
     def submit(self, req: GenerationRequest) -> _Handle:
         """Queue ``req``; raises CapacityError / UsageError at once (see module docstring)."""

@@ -87,8 +87,11 @@ class EmbeddingModel(Protocol):
         self,
         batch: Sequence[Sequence[int]],
         token_types: Sequence[Sequence[int]] | None = None,
+        *,
+        normalize: bool | None = None,
     ) -> F32Array:
-        """Pooled (and, if the model says so, L2-normalised) embeddings (batch, d)."""
+        """Pooled embeddings (batch, d), L2-normalised if ``normalize`` says so (None: if the
+        model says so)."""
         ...
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 import msgspec
+import numpy as np
 import trio
 from quart import Response
 
@@ -108,6 +109,26 @@ def check_ids(ids: list[int], info: ModelInfo, param: str) -> None:
         raise ParamError(
             f"token id {bad[0]} is outside the vocabulary 0..{info.n_vocab - 1}", param=param
         )
+
+
+def llama_normalize(vecs: np.ndarray[Any, Any], norm: int) -> np.ndarray[Any, Any]:
+    """Rows of ``vecs`` scaled as llama.cpp's ``embd_normalize`` says: -1 none, 0 by the
+    largest magnitude over 32760 (the int16 range), 1 to unit taxicab length, 2 to unit
+    euclidean length, p > 2 to unit p-norm (common_embd_normalize); a zero row stays zero."""
+    if norm < 0:
+        return vecs
+    v = vecs.astype(np.float64)
+    if norm == 0:
+        s = np.abs(v).max(axis=1) / 32760.0
+    elif norm == 1:
+        s = np.abs(v).sum(axis=1)
+    elif norm == 2:
+        s = np.sqrt((v * v).sum(axis=1))
+    else:
+        s = (np.abs(v) ** norm).sum(axis=1) ** (1.0 / norm)
+    scale = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)
+    out: np.ndarray[Any, Any] = (vecs * scale[:, None].astype(np.float32)).astype(np.float32)
+    return out
 
 
 def embed_inputs(inp: Any, info: ModelInfo, param: str = "input") -> list[list[int]]:

@@ -63,6 +63,13 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
     ("post", "/detokenize", s.DetokenizeRequest, s.DetokenizeResponse, "Token ids to text"),
     (
         "post",
+        "/embedding",
+        s.LlamaEmbeddingRequest,
+        s.LlamaEmbedding,
+        "llama.cpp's embeddings: an array of LlamaEmbedding, one per input",
+    ),
+    (
+        "post",
         "/apply-template",
         s.ApplyTemplateRequest,
         s.ApplyTemplateResponse,
@@ -136,6 +143,7 @@ _NDJSON = {"/api/generate", "/api/chat", "/api/pull", "/api/create"}
 # request bodies that need one of several fields (msgspec cannot say so in the Struct)
 _ONE_OF = {
     "/tokenize": ["content", "prompt", "messages"],
+    "/embedding": ["content", "input"],
     "/api/show": ["model", "name"],
     "/api/pull": ["model", "name"],
     "/api/delete": ["model", "name"],
@@ -156,6 +164,9 @@ _SSE_EVENT = {
     "required": ["data"],
 }
 # routes whose answer has one of several shapes
+# responses that are a JSON array of the route's response type
+_ARRAYS = {"/embedding"}
+
 _RESPONSES: dict[str, list[type[Any]]] = {
     "/tokenize": [s.TokenizeResponse, s.LlamaTokenizeResponse],  # llama.cpp's `content`: tokens
 }
@@ -187,6 +198,8 @@ def openapi_document() -> bytes:
         ok: dict[str, Any] = {"description": "OK"}
         if path in _RESPONSES:
             ok["content"] = _body({"anyOf": [_ref(t) for t in _RESPONSES[path]]}, path)
+        elif resp is not None and path in _ARRAYS:
+            ok["content"] = _body({"type": "array", "items": _ref(resp)}, path)
         elif resp is not None:
             ok["content"] = _body(_ref(resp), path)
         elif path in _SSE or path in _NDJSON:

@@ -1,5 +1,5 @@
 """llama.cpp's own routes: completion, infill, tokenize, detokenize, apply-template, props,
-slots.
+slots, embedding.
 
 Field names and defaults follow llama.cpp's server (``n_predict``, ``n_probs``,
 ``content``, ``add_special``, ``parse_special``, ``with_pieces``...); vLLM's names
@@ -13,17 +13,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 from quart import Blueprint, Response, request
 
 import modelc
 from modelc.engine.api import Constraint, ConstraintKind
 from modelc.errors import UnsupportedError
 from modelc.runtime.prompt import SamplingDefaults
-from modelc.server.context import body, ctx, json_response, use_model
+from modelc.server.context import body, ctx, json_response, record, use_model
 from modelc.server.errors import NotImplementedFeature, ParamError
 from modelc.server.generation import (
     chat_ids,
     check_ids,
+    embed_inputs,
+    llama_normalize,
     make_requests,
     new_id,
     plain,
@@ -40,6 +43,8 @@ from modelc.server.schemas import (
     DetokenizeResponse,
     GenerationSettings,
     LlamaCompletionRequest,
+    LlamaEmbedding,
+    LlamaEmbeddingRequest,
     LlamaInfillRequest,
     LlamaSlot,
     LlamaTokenizeResponse,
@@ -273,6 +278,23 @@ async def slots() -> Response:
     return json_response(
         [LlamaSlot(i, info.n_ctx, False, i < running) for i in range(s.max_concurrent)]
     )
+
+
+@bp.post("/embedding")
+async def embedding() -> Response:
+    """llama.cpp's ``/embedding``: ``[{"index", "embedding": [[...]]}]``, one per input, the
+    pooled vector scaled as ``embd_normalize`` says (default: unit euclidean length).
+    (``/embeddings`` is modelc's native route; llama.cpp answers both alike.)"""
+    req = await body(LlamaEmbeddingRequest)
+    info, engine = await use_model(req.model, "embed")
+    inp = req.content if req.content is not None else req.input
+    if inp is None:
+        raise ParamError("give 'content' (or 'input')", param="content")
+    batch = embed_inputs(inp, info, param="content")
+    raw = np.asarray(await engine.embed(batch, normalize=False), np.float32)
+    record().prompt_tokens = sum(len(b) for b in batch)
+    vecs = llama_normalize(raw, req.embd_normalize)
+    return json_response([LlamaEmbedding(i, [v.tolist()]) for i, v in enumerate(vecs)])
 
 
 @bp.post("/rerank")

@@ -468,6 +468,21 @@ class NativeEmbeddingRequest(Req):
     model: Name | None = None
 
 
+class LlamaEmbeddingRequest(Req):
+    """llama.cpp's ``/embedding``: ``content`` (or ``input``); ``embd_normalize`` -1 none,
+    0 max-abs scaled to the int16 range, 1 taxicab, 2 euclidean (its default), > 2 p-norm."""
+
+    content: EmbedInput | None = None
+    input: EmbedInput | None = None
+    embd_normalize: int = 2
+    model: Name | None = None
+
+
+class LlamaEmbedding(Resp):
+    index: int
+    embedding: list[list[float]]  # one row: the pooled vector (llama.cpp: one per token unpooled)
+
+
 class NativeEmbeddingResponse(Resp):
     embeddings: list[list[float]]
     model: str
@@ -913,6 +928,7 @@ REQUEST_TYPES: tuple[type[Req], ...] = (
     NativeChatRequest,
     InferRequest,
     NativeEmbeddingRequest,
+    LlamaEmbeddingRequest,
     TokenizeRequest,
     DetokenizeRequest,
     ApplyTemplateRequest,

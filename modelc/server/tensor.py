@@ -36,7 +36,9 @@ class TensorEngine:
     def submit(self, req: GenerationRequest) -> RequestHandle:
         raise UsageError(f"{self.model_name} is a {self.architecture} tensor model; use /infer")
 
-    async def embed(self, batch: Sequence[Sequence[int]]) -> np.ndarray[Any, Any]:
+    async def embed(
+        self, batch: Sequence[Sequence[int]], *, normalize: bool | None = None
+    ) -> np.ndarray[Any, Any]:
         raise UsageError(f"{self.model_name} is a {self.architecture} tensor model; use /infer")
 
     def stats(self) -> EngineStats:
