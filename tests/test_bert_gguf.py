@@ -147,3 +147,31 @@ def test_embedding_route_errors(pair: tuple[str, Server, LlamaCppServer]) -> Non
     r = httpx.post(f"{srv.url}/embedding", json={"content": [[10**7]]}, timeout=60)
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"], r.text
     assert httpx.get(f"{srv.url}/health", timeout=60).status_code == 200  # still serving
+
+
+def test_ollama_embed_truncates_as_transformers(pair: tuple[str, Server, LlamaCppServer]) -> None:
+    """Ollama's ``/api/embed`` truncates an input longer than the context by default (and
+    refuses it with ``truncate: false``): the first 511 tokens and the [SEP], the ids
+    transformers' tokenizer gives with truncation to 512."""
+    from tokenizers import Tokenizer
+
+    _, srv, _ = pair
+    text = " ".join(["hello", "world"] * 400)
+    hf = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    hf.enable_truncation(512)
+    cut = hf.encode(text).ids
+    ids = tokens(srv.url, text)
+    assert len(ids) == 802 and len(cut) == 512 and cut == [*ids[:511], 102]
+    model = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x").models.list().data[0].id
+    r = httpx.post(f"{srv.url}/api/embed", json={"model": model, "input": text}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] == 512
+    ref = np.asarray(
+        httpx.post(f"{srv.url}/v1/embeddings", json={"model": model, "input": [cut]}, timeout=60)
+        .raise_for_status()
+        .json()["data"][0]["embedding"]
+    )
+    np.testing.assert_array_equal(np.asarray(r.json()["embeddings"][0]), ref)
+    body = {"model": model, "input": text, "truncate": False}
+    r = httpx.post(f"{srv.url}/api/embed", json=body, timeout=60)
+    assert r.status_code == 400 and "512" in r.json()["error"], r.text

@@ -131,10 +131,13 @@ def llama_normalize(vecs: np.ndarray[Any, Any], norm: int) -> np.ndarray[Any, An
     return out
 
 
-def embed_inputs(inp: Any, info: ModelInfo, param: str = "input") -> list[list[int]]:
+def embed_inputs(
+    inp: Any, info: ModelInfo, param: str = "input", truncate: bool = False
+) -> list[list[int]]:
     """Token-id lists for an embeddings ``input`` (string, strings, ids or id lists); a
     string as the engine encodes a raw prompt, special tokens parsed ("query [SEP] passage"
-    gives [SEP]'s id), as llama.cpp's server and transformers' tokenizers do."""
+    gives [SEP]'s id), as llama.cpp's server and transformers' tokenizers do.  An input
+    longer than the context is refused, or with ``truncate`` cut to it."""
     fmt = info.fmt()
     items: list[Any] = [inp] if isinstance(inp, str) else list(inp)
     if items and all(isinstance(x, int) for x in items):
@@ -150,6 +153,10 @@ def embed_inputs(inp: Any, info: ModelInfo, param: str = "input") -> list[list[i
             raise ParamError(f"{param} mixes strings and token ids; send one kind", param=param)
         if not ids:
             raise ParamError(f"{param}[{j}] is empty", param=f"{param}[{j}]")
+        if len(ids) > info.n_ctx and truncate:  # Ollama's truncate: the first n_ctx tokens,
+            # a text's end-of-text token ([SEP]) kept last, as transformers' truncation keeps it
+            end = ids[-1:] if isinstance(x, str) and ids[-1] == fmt.tokenizer.eos_id else []
+            ids = ids[: info.n_ctx - len(end)] + end
         if len(ids) > info.n_ctx:
             raise ParamError(
                 f"{param}[{j}] is {len(ids)} tokens; the model takes at most {info.n_ctx}",

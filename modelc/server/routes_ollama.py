@@ -239,9 +239,7 @@ def _reply(text: str, tools: bool) -> OllamaMessage:
 async def embed() -> Response:
     req = await body(OllamaEmbedRequest)
     info, engine = await use_model(req.model, "embed", parse_keep_alive(req.keep_alive))
-    batch = embed_inputs(req.input, info)
-    if req.truncate:
-        batch = [b[: info.n_ctx] for b in batch]
+    batch = embed_inputs(req.input, info, truncate=req.truncate)
     vecs = np.asarray(await engine.embed(batch), np.float32)
     n = sum(len(b) for b in batch)
     record().prompt_tokens = n
