@@ -12,8 +12,10 @@
   ``ftype`` (F32, F16 or Q8_0, as ``--outtype``); ``tables=True`` quantizes the two tables
   too, as other tools may.
 
-The differential test (``tests/test_bert_gguf.py``) serves the result with llama.cpp and
-with modelc; ``python -m tests.gen_bert_gguf OUT.gguf [f32|f16|q8_0]`` writes one.
+``write_nomic`` writes a tiny random ``nomic-bert`` (nomic-embed-text's graph) with the same
+vocabulary.  The differential test (``tests/test_bert_gguf.py``) serves the results with
+llama.cpp and with modelc; ``python -m tests.gen_bert_gguf OUT.gguf [f32|f16|q8_0|nomic]``
+writes one.
 """
 
 from __future__ import annotations
@@ -109,7 +111,70 @@ def write(hf: Path, out: Path, ftype: str = "f32", tables: bool = False) -> Path
     return out
 
 
+# a tiny random nomic-bert (nomic-embed-text's graph): 2 layers of width 128, 4 heads
+NOMIC = {"n_layer": 2, "d": 128, "n_head": 4, "ff": 256, "n_ctx": 2048, "rope_base": 1000.0}
+
+
+def write_nomic(hf: Path, out: Path, seed: int = 0) -> Path:
+    """A tiny randomly initialised ``nomic-bert`` GGUF (the keys and tensors llama.cpp reads
+    for nomic-embed-text: rotary positions, one Q/K/V matrix, a SwiGLU MLP, no biases) with
+    the WordPiece vocabulary of BERT directory ``hf``; norms and weights non-trivial."""
+    rng = np.random.default_rng(seed)
+    c = NOMIC
+    d, ff = c["d"], c["ff"]
+
+    def mat(*shape: int) -> np.ndarray[Any, Any]:
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def norm() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        w = (1 + 0.2 * rng.standard_normal(d)).astype(np.float32)
+        return w, (0.1 * rng.standard_normal(d)).astype(np.float32)
+
+    tmp = out.with_name(out.name + ".tmp")
+    w = gguf.GGUFWriter(str(tmp), "nomic-bert")
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name("tiny-nomic-bert")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_block_count(int(c["n_layer"]))
+    w.add_context_length(int(c["n_ctx"]))
+    w.add_embedding_length(int(d))
+    w.add_feed_forward_length(int(ff))
+    w.add_head_count(int(c["n_head"]))
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_rope_freq_base(float(c["rope_base"]))
+    n_vocab = _vocab(hf, w)
+    w.add_tensor("token_embd.weight", (0.5 * rng.standard_normal((n_vocab, d))).astype(np.float32))
+    w.add_tensor("token_types.weight", (0.5 * rng.standard_normal((2, d))).astype(np.float32))
+    nw, nb = norm()
+    w.add_tensor("token_embd_norm.weight", nw)
+    w.add_tensor("token_embd_norm.bias", nb)
+    for i in range(int(c["n_layer"])):
+        w.add_tensor(f"blk.{i}.attn_qkv.weight", mat(3 * d, d))
+        w.add_tensor(f"blk.{i}.attn_output.weight", mat(d, d))
+        nw, nb = norm()
+        w.add_tensor(f"blk.{i}.attn_output_norm.weight", nw)
+        w.add_tensor(f"blk.{i}.attn_output_norm.bias", nb)
+        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(ff, d))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(ff, d))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(d, ff))
+        nw, nb = norm()
+        w.add_tensor(f"blk.{i}.layer_output_norm.weight", nw)
+        w.add_tensor(f"blk.{i}.layer_output_norm.bias", nb)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, out)
+    return out
+
+
 if __name__ == "__main__":
     from tests.assets import minilm_dir
 
-    print(write(minilm_dir(), Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "f32"))
+    kind = sys.argv[2] if len(sys.argv) > 2 else "f32"
+    if kind == "nomic":
+        print(write_nomic(minilm_dir(), Path(sys.argv[1])))
+    else:
+        print(write(minilm_dir(), Path(sys.argv[1]), kind))

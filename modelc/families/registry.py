@@ -9,7 +9,18 @@ runtime: each family names its forward class, imported when a model is built.
 from __future__ import annotations
 
 from modelc.errors import ArchitectureError
-from modelc.families import bert, gemma2, gemma3, gpt2, llama, mlp, phi3, qwen2, qwen3
+from modelc.families import (
+    bert,
+    gemma2,
+    gemma3,
+    gpt2,
+    llama,
+    mlp,
+    nomic_bert,
+    phi3,
+    qwen2,
+    qwen3,
+)
 from modelc.families.contract import Family
 
 # the first match wins where families share HF names (a LoRA adapter's modules)
@@ -25,6 +36,7 @@ FAMILIES: dict[str, Family] = {
         gemma2.FAMILY,
         gemma3.FAMILY,
         phi3.FAMILY,
+        nomic_bert.FAMILY,
     )
 }
 
