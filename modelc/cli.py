@@ -178,7 +178,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     art: Artifact = open_artifact(_resolve(args.model))
     try:
-        sampling = _sampling_defaults(art) if art.manifest.tokenizer is not None else None
+        # sampling defaults mean something for a model that generates text
+        generates = art.manifest.tokenizer is not None and not art.manifest.hparams.pooling
+        sampling = _sampling_defaults(art) if generates else None
         if args.readme:
             print(insp.model_card(art, args.model))
         elif args.quant_sizes:

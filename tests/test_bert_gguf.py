@@ -11,6 +11,10 @@ are asked through the official ``openai`` client.  Held: the prompt tokens (each
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -205,3 +209,19 @@ def test_nomic_bert_matches_llamacpp(nomic_pair: tuple[Server, LlamaCppServer]) 
     assert np.abs(ours - theirs).max() <= 1e-3
     info = httpx.get(f"{srv.url}/info", timeout=60).json()
     assert "nomic-bert" in str(info)
+
+
+def test_inspect_shows_an_encoder(tmp_path: Path) -> None:
+    """``modelc inspect`` of an embedding GGUF: its pooling, no sampling defaults."""
+    gguf = write_nomic(minilm_dir(), tmp_path / "tiny-nomic-bert.gguf")
+    out = subprocess.run(
+        [sys.executable, "-m", "modelc.cli", "inspect", "--json", str(gguf)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "MODELC_HOME": str(tmp_path / "home")},
+    ).stdout
+    doc = json.loads(out)
+    assert doc["architecture"] == "nomic-bert"
+    assert doc["sampling_defaults"] is None
+    assert "pooling mean, L2-normalised" in json.dumps(doc)
