@@ -67,8 +67,11 @@ def _vocab(hf: Path, w: gguf.GGUFWriter) -> int:
     return len(tokens)
 
 
-def write(hf: Path, out: Path, ftype: str = "f32", tables: bool = False) -> Path:
-    """The GGUF of BERT directory ``hf`` at ``out`` (written to a temporary name, then moved)."""
+def write(
+    hf: Path, out: Path, ftype: str = "f32", tables: bool = False, pooling: int | None = None
+) -> Path:
+    """The GGUF of BERT directory ``hf`` at ``out`` (written to a temporary name, then moved);
+    ``pooling`` (a gguf.PoolingType value) in place of the directory's own."""
     file_type, qtype = FTYPES[ftype]
     cfg: dict[str, Any] = json.loads((hf / "config.json").read_text())
     n_layer = int(cfg["num_hidden_layers"])
@@ -84,7 +87,7 @@ def write(hf: Path, out: Path, ftype: str = "f32", tables: bool = False) -> Path
     w.add_head_count(int(cfg["num_attention_heads"]))
     w.add_layer_norm_eps(float(cfg["layer_norm_eps"]))
     w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType(_pooling(hf)))
+    w.add_pooling_type(gguf.PoolingType(_pooling(hf) if pooling is None else pooling))
     _vocab(hf, w)
     nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, n_layer)
     for name, data in load_file(str(hf / "model.safetensors")).items():
@@ -115,7 +118,7 @@ def write(hf: Path, out: Path, ftype: str = "f32", tables: bool = False) -> Path
 NOMIC = {"n_layer": 2, "d": 128, "n_head": 4, "ff": 256, "n_ctx": 2048, "rope_base": 1000.0}
 
 
-def write_nomic(hf: Path, out: Path, seed: int = 0) -> Path:
+def write_nomic(hf: Path, out: Path, seed: int = 0, ftype: str = "f32") -> Path:
     """A tiny randomly initialised ``nomic-bert`` GGUF (the keys and tensors llama.cpp reads
     for nomic-embed-text: rotary positions, one Q/K/V matrix, a SwiGLU MLP, no biases) with
     the WordPiece vocabulary of BERT directory ``hf``; norms and weights non-trivial."""
@@ -126,6 +129,14 @@ def write_nomic(hf: Path, out: Path, seed: int = 0) -> Path:
     def mat(*shape: int) -> np.ndarray[Any, Any]:
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
+    def add(name: str, data: np.ndarray[Any, Any]) -> None:  # matrices in ftype
+        if qtype == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, data.astype(np.float16))
+        elif qtype == gguf.GGMLQuantizationType.Q8_0:
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, data)
+
     def norm() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         w = (1 + 0.2 * rng.standard_normal(d)).astype(np.float32)
         return w, (0.1 * rng.standard_normal(d)).astype(np.float32)
@@ -134,7 +145,8 @@ def write_nomic(hf: Path, out: Path, seed: int = 0) -> Path:
     w = gguf.GGUFWriter(str(tmp), "nomic-bert")
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name("tiny-nomic-bert")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    file_type, qtype = FTYPES[ftype]
+    w.add_file_type(file_type)
     w.add_block_count(int(c["n_layer"]))
     w.add_context_length(int(c["n_ctx"]))
     w.add_embedding_length(int(d))
@@ -145,20 +157,20 @@ def write_nomic(hf: Path, out: Path, seed: int = 0) -> Path:
     w.add_pooling_type(gguf.PoolingType.MEAN)
     w.add_rope_freq_base(float(c["rope_base"]))
     n_vocab = _vocab(hf, w)
-    w.add_tensor("token_embd.weight", (0.5 * rng.standard_normal((n_vocab, d))).astype(np.float32))
+    add("token_embd.weight", (0.5 * rng.standard_normal((n_vocab, d))).astype(np.float32))
     w.add_tensor("token_types.weight", (0.5 * rng.standard_normal((2, d))).astype(np.float32))
     nw, nb = norm()
     w.add_tensor("token_embd_norm.weight", nw)
     w.add_tensor("token_embd_norm.bias", nb)
     for i in range(int(c["n_layer"])):
-        w.add_tensor(f"blk.{i}.attn_qkv.weight", mat(3 * d, d))
-        w.add_tensor(f"blk.{i}.attn_output.weight", mat(d, d))
+        add(f"blk.{i}.attn_qkv.weight", mat(3 * d, d))
+        add(f"blk.{i}.attn_output.weight", mat(d, d))
         nw, nb = norm()
         w.add_tensor(f"blk.{i}.attn_output_norm.weight", nw)
         w.add_tensor(f"blk.{i}.attn_output_norm.bias", nb)
-        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(ff, d))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(ff, d))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(d, ff))
+        add(f"blk.{i}.ffn_up.weight", mat(ff, d))
+        add(f"blk.{i}.ffn_gate.weight", mat(ff, d))
+        add(f"blk.{i}.ffn_down.weight", mat(d, ff))
         nw, nb = norm()
         w.add_tensor(f"blk.{i}.layer_output_norm.weight", nw)
         w.add_tensor(f"blk.{i}.layer_output_norm.bias", nb)
