@@ -223,15 +223,25 @@ typedef struct {
 
 /* Q6_K weights repacked the same way: per block of 256 columns the 8 rows' f16 d and
  * int8 sub-block scales ([sub-block][row]), then per 128-column half n the low-nibble
- * bytes ql[64n ..] (two vectors sets h: bytes 32h ..) and the high bits qh[32n ..], vector
- * v holding in dword lane j the bytes 4v .. 4v+3 of row j's.  210 bytes a row and block,
- * as stored. */
+ * bytes ql[64n ..] (two vector sets h: bytes 32h ..) and the high bits qh[32n ..], vector
+ * v holding in dword lane j the bytes 4v .. 4v+3 of row j's.  Within a half, ql's set h = 0
+ * and qh alternate vector by vector (lh[v]: ql vector v, then qh vector v), then set h = 1
+ * (l1): the kernels first touch a block's bytes in ascending order (columns 128 n + 32 X
+ * read ql set X & 1 and all of qh), which the hardware prefetchers follow; with the sets
+ * apart a 1-row pass streamed about half as fast as Q4_K's.  MC_Q6_QL / MC_Q6_QH address
+ * them.  210 bytes a row and block, as stored. */
 typedef struct {
     uint16_t d[8];
     int8_t sc[16][8];
-    uint8_t ql[2][2][256];
-    uint8_t qh[2][256];
+    struct {
+        uint8_t lh[8][64];
+        uint8_t l1[256];
+    } q[2];
 } mc_q6kx8;
+
+/* the 32 bytes of ql vector v of set h in half n, and of qh vector v in half n */
+#define MC_Q6_QL(b, n, h, v) ((h) ? (b)->q[n].l1 + 32 * (v) : (b)->q[n].lh[v])
+#define MC_Q6_QH(b, n, v) ((b)->q[n].lh[v] + 32)
 
 /* Activation block for the K-quants (llama.cpp's block_q8_K, with an f32 d). */
 typedef struct {

@@ -193,11 +193,11 @@ static void mc_repack_lane_k(int t, uint8_t *row, uint8_t *grp, int j, int nsb, 
             for (int v = 0; v < 8; v++)
                 for (int n = 0; n < 2; n++) {
                     for (int h = 0; h < 2; h++) {
-                        uint8_t *p = o->ql[n][h] + 32 * v + 4 * j, *q = b + 64 * n + 32 * h + 4 * v;
+                        uint8_t *p = MC_Q6_QL(o, n, h, v) + 4 * j, *q = b + 64 * n + 32 * h + 4 * v;
                         if (pack) memcpy(p, q, 4);
                         else memcpy(q, p, 4);
                     }
-                    uint8_t *p = o->qh[n] + 32 * v + 4 * j, *q = b + 128 + 32 * n + 4 * v;
+                    uint8_t *p = MC_Q6_QH(o, n, v) + 4 * j, *q = b + 128 + 32 * n + 4 * v;
                     if (pack) memcpy(p, q, 4);
                     else memcpy(q, p, 4);
                 }
@@ -882,8 +882,8 @@ MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_q45kx8_u(__m256i
 
 /* Q6_K: vector v of columns 128 n + 32 X .. (low nibbles ql, 2 high bits from qh) */
 MC_AVX2 static inline __attribute__((always_inline)) __m256i mc_q6kx8_u(const mc_q6kx8 *b, int n, int X, int v) {
-    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql[n][X & 1] + 32 * v));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh[n] + 32 * v));
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)MC_Q6_QL(b, n, X & 1, v));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)MC_Q6_QH(b, n, v));
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const __m256i l4 = X < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
     const __m256i h2 = X == 0   ? _mm256_slli_epi16(qh, 4)

@@ -171,8 +171,8 @@ MC_ZMM static inline __attribute__((always_inline)) void
 mc_q6kx16_sub(const mc_q6kx8 *b0, const mc_q6kx8 *b1, int n, int X, __m512i u[8]) {
     const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
     for (int v = 0; v < 8; v++) {
-        const __m512i ql = mc_pair32_z(b0->ql[n][X & 1] + 32 * v, b1->ql[n][X & 1] + 32 * v);
-        const __m512i qh = mc_pair32_z(b0->qh[n] + 32 * v, b1->qh[n] + 32 * v);
+        const __m512i ql = mc_pair32_z(MC_Q6_QL(b0, n, X & 1, v), MC_Q6_QL(b1, n, X & 1, v));
+        const __m512i qh = mc_pair32_z(MC_Q6_QH(b0, n, v), MC_Q6_QH(b1, n, v));
         const __m512i l4 = X < 2 ? _mm512_and_si512(ql, m4)
                                  : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
         const __m512i h2 = X == 0   ? _mm512_slli_epi16(qh, 4)
