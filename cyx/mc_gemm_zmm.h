@@ -293,17 +293,14 @@ mc_gemm_q4kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], 
         const mc_q4kx8 *b0 = (const mc_q4kx8 *)(w0 + MC_Q45_BYTES(q5) * i);
         const mc_q4kx8 *b1 = (const mc_q4kx8 *)(w1 + MC_Q45_BYTES(q5) * i);
         const mc_q4kx16u *o = (const mc_q4kx16u *)wv + i;
-        if (!pre && q5) {
-            MC_KX8_PREFETCH((const mc_q5kx8 *)b0);
-            MC_KX8_PREFETCH((const mc_q5kx8 *)b1);
-        } else if (!pre) {
-            MC_KX8_PREFETCH(b0);
-            MC_KX8_PREFETCH(b1);
-        }
         __m512i si[8], sm[8];
         for (int a = 0; a < na; a++) si[a] = _mm512_setzero_si512();
         for (int s = 0; s < 8; s++) {
             __m512i u[8], sc;
+            if (!pre) { /* the block pair MC_KX8_AHEAD on, an eighth a sub-block */
+                mc_prefetch_part(b0, MC_Q45_BYTES(q5), s, 8);
+                mc_prefetch_part(b1, MC_Q45_BYTES(q5), s, 8);
+            }
             if (pre) {
                 MC_KX16U_PREFETCH(o, 8 * s, 8 * s + 8);
                 for (int v = 0; v < 8; v++) u[v] = _mm512_load_si512(o->u[s][v]);
@@ -366,16 +363,16 @@ mc_gemm_q6kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], 
     for (int i = 0; i < nb / 8; i++) {
         const mc_q6kx8 *b0 = w0 + i, *b1 = w1 + i;
         const mc_q6kx16u *o = (const mc_q6kx16u *)wv + i;
-        if (!pre) {
-            MC_KX8_PREFETCH(b0);
-            MC_KX8_PREFETCH(b1);
-        }
         __m512i si[8];
         for (int a = 0; a < na; a++) si[a] = _mm512_setzero_si512();
         for (int n = 0; n < 2; n++)
             for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
                 const int k = 8 * n + 2 * X;
                 __m512i u[8], sc0, sc1;
+                if (!pre) { /* the block pair MC_KX8_AHEAD on, an eighth a step */
+                    mc_prefetch_part(b0, sizeof *b0, 4 * n + X, 8);
+                    mc_prefetch_part(b1, sizeof *b1, 4 * n + X, 8);
+                }
                 if (pre) {
                     MC_KX16U_PREFETCH(o, 8 * (4 * n + X), 8 * (4 * n + X) + 8);
                     for (int v = 0; v < 8; v++) u[v] = _mm512_load_si512(o->u[4 * n + X][v]);
