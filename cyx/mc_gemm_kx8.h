@@ -27,12 +27,11 @@ MC_SFX(mc_gemm_q45kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], flo
             const mc_q5kx8 *b5 = (const mc_q5kx8 *)b;
             MC_KX8_PREFETCH(b5);
             for (int v = 0; v < 8; v++) qh[v] = _mm256_loadu_si256((const __m256i *)(b5->qh + 32 * v));
-        } else {
-            MC_KX8_PREFETCH(b);
         }
         for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
         for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of chunk s / 2 */
             __m256i u[8];
+            if (!q5) mc_prefetch_part(b, sizeof *b, s, 8); /* block MC_KX8_AHEAD on, an eighth a sub-block */
             for (int v = 0; v < 8; v++) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(MC_Q45_QS(b, q5, s >> 1) + 32 * v));
                 u[v] = mc_q45kx8_u(q, s, q5, q5 ? qh[v] : q);
@@ -75,6 +74,8 @@ MC_SFX(mc_kx8_sub16)(const void *b, const mc_q8k *const xk[8], int i, __m256i si
     for (int n = 0; n < 2; n++)
         for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
             __m256i u[8], scv[2];
+            mc_prefetch_part(b, t == MC_Q6_K ? sizeof(mc_q6kx8) : t == MC_Q3_K ? sizeof(mc_q3kx8) : sizeof(mc_q2kx8),
+                             4 * n + X, 8); /* block MC_KX8_AHEAD on, an eighth a step */
             for (int v = 0; v < 8; v++)
                 u[v] = t == MC_Q6_K   ? mc_q6kx8_u((const mc_q6kx8 *)b, n, X, v)
                        : t == MC_Q3_K ? mc_q3kx8_u((const mc_q3kx8 *)b, n, X, v, hm[v])
@@ -111,7 +112,6 @@ MC_SFX(mc_gemm_sub16x8_body)(int nb, const void *wv, const mc_q8 *const x[8], fl
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
         const char *b = (const char *)wv + bytes * (size_t)i;
-        for (size_t c_ = 0; c_ < bytes; c_ += 64) _mm_prefetch(b + MC_KX8_AHEAD * bytes + c_, _MM_HINT_T0);
         __m256i si[8], hm[8];
         for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
         if (t == MC_Q3_K)
