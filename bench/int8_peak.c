@@ -27,34 +27,25 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) int main(void) {
 #define DY(i) __m256i b##i = _mm256_set1_epi32(i);
     R12(DZ)
     R12(DY)
-    double t = now();
-    for (long k = 0; k < n; k++) {
+    /* times n rounds of 12 of one instruction; macs: multiply-adds per instruction (0: none) */
+#define TIME(label, OP, macs)                                                                      \
+    do {                                                                                           \
+        const double t = now();                                                                    \
+        for (long k = 0; k < n; k++) {                                                             \
+            R12(OP)                                                                                \
+        }                                                                                          \
+        const double g = (double)n * 12 / (now() - t) / 1e9;                                       \
+        if (macs) printf("%s %.2f G/s = %.1f GMAC/s\n", label, g, g * (macs));                    \
+        else printf("%s %.2f G/s\n", label, g);                                                    \
+    } while (0)
 #define OZ(i) __asm__ volatile("vpdpbusd %1, %2, %0" : "+v"(a##i) : "v"(x), "v"(y));
-        R12(OZ)
-    }
-    double dt = now() - t;
-    printf("vpdpbusd zmm: %.2f G/s = %.1f GMAC/s\n", (double)n * 12 / dt / 1e9, (double)n * 12 * 64 / dt / 1e9);
-    t = now();
-    for (long k = 0; k < n; k++) {
 #define OY(i) __asm__ volatile("vpdpbusd %1, %2, %0" : "+v"(b##i) : "v"(xx), "v"(yy));
-        R12(OY)
-    }
-    dt = now() - t;
-    printf("vpdpbusd ymm: %.2f G/s = %.1f GMAC/s\n", (double)n * 12 / dt / 1e9, (double)n * 12 * 32 / dt / 1e9);
-    t = now();
-    for (long k = 0; k < n; k++) {
 #define WZ(i) __asm__ volatile("vpdpwssd %1, %2, %0" : "+v"(a##i) : "v"(x), "v"(y));
-        R12(WZ)
-    }
-    dt = now() - t;
-    printf("vpdpwssd zmm: %.2f G/s\n", (double)n * 12 / dt / 1e9);
-    t = now();
-    for (long k = 0; k < n; k++) {
 #define PZ(i) __asm__ volatile("vpandd %1, %0, %0" : "+v"(a##i) : "v"(x));
-        R12(PZ)
-    }
-    dt = now() - t;
-    printf("vpandd zmm:   %.2f G/s\n", (double)n * 12 / dt / 1e9);
+    TIME("vpdpbusd zmm:", OZ, 64);
+    TIME("vpdpbusd ymm:", OY, 32);
+    TIME("vpdpwssd zmm:", WZ, 0);
+    TIME("vpandd zmm:  ", PZ, 0);
     int s = 0;
 #define SS(i) s += _mm512_reduce_add_epi32(a##i) + _mm256_extract_epi32(b##i, 0);
     R12(SS)
