@@ -1,4 +1,4 @@
-/* Q3_K, Q4_K, Q5_K and Q6_K on repacked weights (mc_q3kx8 .. mc_q6kx8) on 512-bit registers:
+/* Q2_K to Q6_K on repacked weights (mc_q2kx8 .. mc_q6kx8) on 512-bit registers:
  * two groups of 8 weight rows at once.
  *
  * The kernels of mc_gemm_vnni.h (mc_gemm_q4kx8, mc_gemm_q6kx8) hold one group of 8 weight
@@ -18,9 +18,9 @@
  * offset's term; exact in int32, so the order of the integer adds does not matter; Q4_K
  * multiplies each half sub-block's sum, an int16, by vpdpwssd (+11-14 % at 8 and 64 x rows
  * on a 1B model's Q4_K layers), Q6_K each sum split into int16 halves by vpdpwssd too
- * (mc_q6k_scale_add: +16 % at 512 rows, +6 % at 8), Q3_K's 16-column sums (int16) by
+ * (mc_q6k_scale_add: +16 % at 512 rows, +6 % at 8), Q3_K's and Q2_K's 16-column sums (int16) by
  * vpdpwssd against (sc, 0), Q5_K by vpmulld), then the same float operations in the same
- * order (mc_dot_q3_k_scalar .. mc_dot_q6_k_scalar), so
+ * order (mc_dot_q2_k_scalar .. mc_dot_q6_k_scalar), so
  * the results are bit-identical to them and to the single-row kernels.  A tile's last
  * single group of 8 rows goes through the ymm kernel.
  *
@@ -129,9 +129,10 @@ typedef struct {
 
 typedef struct {
     uint8_t u[8][8][64]; /* columns 128 n + 32 X (index 4n + X), vector v: mc_q6kx16_sub's u[v] */
-    int32_t scw[16][16]; /* sub-block scales as the pairs mc_q6kx16_scw makes */
-    int32_t scp[8][16];  /* sub-block scales in pairs (mc_q6kx16_pairs) */
+    int32_t scw[16][16]; /* sub-block scales as the pairs mc_sub16x16_scw makes */
+    int32_t scp[8][16];  /* sub-block scales (Q2_K: mins) in pairs (mc_sub16x16_pairs) */
     float dw[16];
+    float dm[16];        /* Q2_K's dmin */
 } mc_q6kx16u;
 
 /* Q5_K shares the Q4_K kernels below through the constant flag q5 (MC_Q45_BYTES,
@@ -185,37 +186,53 @@ mc_q6kx16_sub(const mc_q6kx8 *b0, const mc_q6kx8 *b1, int n, int X, __m512i u[8]
 }
 
 /* Q3_K block pair, columns 128 n + 32 X ..: the 3-bit ints u[v] (the 2-bit crumb | the
- * hmask bit 4 n + X as 4, mc_q3kx8_u's operations on both groups) */
+ * hmask bit 4 n + X as 4, mc_q3kx8_u's operations on both groups); Q2_K (hmask NULL): the
+ * crumbs alone (mc_q2kx8_u's) */
 MC_ZMM static inline __attribute__((always_inline)) void
-mc_q3kx16_sub(const mc_q3kx8 *b0, const mc_q3kx8 *b1, int n, int X, __m512i u[8]) {
+mc_q32kx16_sub(const uint8_t (*qs0)[256], const uint8_t (*qs1)[256], const uint8_t *hm0, const uint8_t *hm1,
+               int n, int X, __m512i u[8]) {
     const int hb = 4 * n + X;
     const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
     for (int v = 0; v < 8; v++) {
-        const __m512i q = mc_pair32_z(b0->qs[n] + 32 * v, b1->qs[n] + 32 * v);
-        const __m512i hm = mc_pair32_z(b0->hm + 32 * v, b1->hm + 32 * v);
-        const __m512i h = hb < 2 ? _mm512_slli_epi16(hm, 2 - hb) : _mm512_srli_epi16(hm, hb - 2);
-        u[v] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 2 * X), m3), _mm512_and_si512(h, m4));
+        const __m512i q = mc_pair32_z(qs0[n] + 32 * v, qs1[n] + 32 * v);
+        u[v] = _mm512_and_si512(_mm512_srli_epi16(q, 2 * X), m3);
+        if (hm0 != NULL) {
+            const __m512i hm = mc_pair32_z(hm0 + 32 * v, hm1 + 32 * v);
+            const __m512i h = hb < 2 ? _mm512_slli_epi16(hm, 2 - hb) : _mm512_srli_epi16(hm, hb - 2);
+            u[v] = _mm512_or_si512(u[v], _mm512_and_si512(h, m4));
+        }
     }
 }
 
-/* Q6_K or Q3_K block pair (their int8 scales s0, s1: [sub-block][row]): sub-block k's scales */
-MC_ZMM static inline __attribute__((always_inline)) __m512i mc_sub16x16_sc(const int8_t (*s0)[8],
-                                                                           const int8_t (*s1)[8], int k) {
-    return _mm512_cvtepi8_epi32(mc_pair8_z(s0[k], s1[k]));
+/* The 16-column-sub-block K-quants on zmm (kt, a constant where inlined: 6 Q6_K, 3 Q3_K,
+ * 2 Q2_K): a block's bytes, its scale bytes ([sub-block][row]; Q6_K's and Q3_K's int8
+ * scales, Q2_K's scale | min << 4) and its f16 d (the first field of all three) */
+#define MC_SUB16_BYTES(kt) ((kt) == 6 ? sizeof(mc_q6kx8) : (kt) == 3 ? sizeof(mc_q3kx8) : sizeof(mc_q2kx8))
+#define MC_SUB16_SC(b, kt)                                                                         \
+    ((kt) == 2 ? ((const mc_q2kx8 *)(const void *)(b))->sc                                        \
+               : (const uint8_t(*)[8])((const mc_q6kx8 *)(const void *)(b))->sc)
+#define MC_SUB16_D(b) (((const mc_q6kx8 *)(const void *)(b))->d)
+
+/* block pair: sub-block k's scales (Q2_K: the low nibbles; mins: their high nibbles) */
+MC_ZMM static inline __attribute__((always_inline)) __m512i
+mc_sub16x16_sc(const uint8_t (*s0)[8], const uint8_t (*s1)[8], int k, const int kt, const int mins) {
+    const __m128i b = mc_pair8_z(s0[k], s1[k]);
+    if (kt != 2) return _mm512_cvtepi8_epi32(b);
+    const __m512i v = _mm512_cvtepu8_epi32(b);
+    return mins ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0xF));
 }
 
-/* Q6_K block pair: sub-block k's scales sc as the int16 pairs (sc, 256 sc) that
- * mc_q6k_scale_add multiplies a sum by (256 sc fits an int16: sc is an int8); Q3_K (q3),
+/* block pair: sub-block k's scales sc as the int16 pairs a sum is multiplied by: Q6_K
+ * (sc, 256 sc) for mc_q6k_scale_add (256 sc fits an int16: sc is an int8); Q3_K and Q2_K,
  * whose 16-column sums fit an int16 (|s| <= 16 x 7 x 128): (sc, 0), for one vpdpwssd */
-MC_ZMM static inline __attribute__((always_inline)) __m512i mc_sub16x16_scw(const int8_t (*s0)[8],
-                                                                            const int8_t (*s1)[8], int k,
-                                                                            const int q3) {
-    const __m512i sc = mc_sub16x16_sc(s0, s1, k), lo = _mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF));
-    return q3 ? lo : _mm512_or_si512(lo, _mm512_slli_epi32(sc, 24));
+MC_ZMM static inline __attribute__((always_inline)) __m512i
+mc_sub16x16_scw(const uint8_t (*s0)[8], const uint8_t (*s1)[8], int k, const int kt) {
+    const __m512i sc = mc_sub16x16_sc(s0, s1, k, kt, 0), lo = _mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF));
+    return kt == 6 ? _mm512_or_si512(lo, _mm512_slli_epi32(sc, 24)) : lo;
 }
 
 /* acc + s * sc in each lane, exactly, for a Q6_K 16-column sub-block's sum s (|s| <= 16 x 63
- * x 128 = 129024, wider than an int16) and scw = (sc, 256 sc) (mc_q6kx16_scw): s's bytes
+ * x 128 = 129024, wider than an int16) and scw = (sc, 256 sc) (mc_sub16x16_scw): s's bytes
  * (b0, b1, b2, b3) are rearranged to (b0, 0, b1, b2), the int16 pair (s & 255, s >> 8)
  * (s >> 8 fits an int16), and one vpdpwssd adds (s & 255) sc + (s >> 8) 256 sc = s sc.
  * A vpshufb and a vpdpwssd where vpmulld + vpaddd take 3 uops, two of them on port 0. */
@@ -225,12 +242,12 @@ MC_ZMM static inline __attribute__((always_inline)) __m512i mc_q6k_scale_add(__m
     return _mm512_dpwssd_epi32(acc, _mm512_shuffle_epi8(s, split), scw);
 }
 
-/* Q6_K or Q3_K block pair: lanes holding (sc[2p], sc[2p + 1]) as int16, p < 8 */
+/* block pair: lanes holding (sc[2p], sc[2p + 1]) as int16, p < 8 (Q2_K: its mins) */
 MC_ZMM static inline __attribute__((always_inline)) void
-mc_sub16x16_pairs(const int8_t (*s0)[8], const int8_t (*s1)[8], __m512i scp[8]) {
+mc_sub16x16_pairs(const uint8_t (*s0)[8], const uint8_t (*s1)[8], __m512i scp[8], const int kt) {
     for (int p = 0; p < 8; p++)
-        scp[p] = _mm512_mask_blend_epi16((__mmask32)0xAAAAAAAAu, mc_sub16x16_sc(s0, s1, 2 * p),
-                                         _mm512_slli_epi32(mc_sub16x16_sc(s0, s1, 2 * p + 1), 16));
+        scp[p] = _mm512_mask_blend_epi16((__mmask32)0xAAAAAAAAu, mc_sub16x16_sc(s0, s1, 2 * p, kt, 1),
+                                         _mm512_slli_epi32(mc_sub16x16_sc(s0, s1, 2 * p + 1, kt, 1), 16));
 }
 
 /* the unpacked block pairs of two groups (w, and the group gs bytes on), nb / 8 of them */
@@ -269,50 +286,56 @@ MC_ZMM static void mc_q5kx16_unpack(int nb, const void *wv, size_t gs, void *out
     mc_q4kx16_unpack_body(nb, wv, gs, out, 1);
 }
 
-/* a Q6_K or Q3_K (q3) block: its bytes, its int8 scales and its f16 d (both types hold d
- * and sc first, in the same places) */
-#define MC_SUB16_BYTES(q3) ((q3) ? sizeof(mc_q3kx8) : sizeof(mc_q6kx8))
-#define MC_SUB16_SC(b) (((const mc_q6kx8 *)(const void *)(b))->sc)
-#define MC_SUB16_D(b) (((const mc_q6kx8 *)(const void *)(b))->d)
-
-/* Q6_K or Q3_K (q3) block pair, columns 128 n + 32 X ..: the ints u[v] */
+/* block pair (b0, b1) of type kt, columns 128 n + 32 X ..: the ints u[v] */
 MC_ZMM static inline __attribute__((always_inline)) void mc_sub16x16_u(const char *b0, const char *b1, int n,
-                                                                      int X, __m512i u[8], const int q3) {
-    if (q3)
-        mc_q3kx16_sub((const mc_q3kx8 *)(const void *)b0, (const mc_q3kx8 *)(const void *)b1, n, X, u);
-    else
+                                                                      int X, __m512i u[8], const int kt) {
+    if (kt == 6) {
         mc_q6kx16_sub((const mc_q6kx8 *)(const void *)b0, (const mc_q6kx8 *)(const void *)b1, n, X, u);
+    } else if (kt == 3) {
+        const mc_q3kx8 *c0 = (const mc_q3kx8 *)(const void *)b0, *c1 = (const mc_q3kx8 *)(const void *)b1;
+        mc_q32kx16_sub(c0->qs, c1->qs, c0->hm, c1->hm, n, X, u);
+    } else {
+        const mc_q2kx8 *c0 = (const mc_q2kx8 *)(const void *)b0, *c1 = (const mc_q2kx8 *)(const void *)b1;
+        mc_q32kx16_sub(c0->qs, c1->qs, NULL, NULL, n, X, u);
+    }
 }
 
 MC_ZMM static inline __attribute__((always_inline)) void
-mc_sub16x16_unpack_body(int nb, const void *wv, size_t gs, void *out, const int q3) {
+mc_sub16x16_unpack_body(int nb, const void *wv, size_t gs, void *out, const int kt) {
     const char *w0 = (const char *)wv, *w1 = (const char *)wv + gs;
     for (int i = 0; i < nb / 8; i++) {
-        const char *b0 = w0 + MC_SUB16_BYTES(q3) * i, *b1 = w1 + MC_SUB16_BYTES(q3) * i;
+        const char *b0 = w0 + MC_SUB16_BYTES(kt) * i, *b1 = w1 + MC_SUB16_BYTES(kt) * i;
         mc_q6kx16u *o = (mc_q6kx16u *)out + i;
         for (int n = 0; n < 2; n++)
             for (int X = 0; X < 4; X++) {
                 __m512i u[8];
-                mc_prefetch_part(b0, MC_SUB16_BYTES(q3), 4 * n + X, 8);
-                mc_prefetch_part(b1, MC_SUB16_BYTES(q3), 4 * n + X, 8);
-                mc_sub16x16_u(b0, b1, n, X, u, q3);
+                mc_prefetch_part(b0, MC_SUB16_BYTES(kt), 4 * n + X, 8);
+                mc_prefetch_part(b1, MC_SUB16_BYTES(kt), 4 * n + X, 8);
+                mc_sub16x16_u(b0, b1, n, X, u, kt);
                 for (int v = 0; v < 8; v++) _mm512_store_si512(o->u[4 * n + X][v], u[v]);
             }
         for (int k = 0; k < 16; k++)
-            _mm512_store_si512(o->scw[k], mc_sub16x16_scw(MC_SUB16_SC(b0), MC_SUB16_SC(b1), k, q3));
+            _mm512_store_si512(o->scw[k], mc_sub16x16_scw(MC_SUB16_SC(b0, kt), MC_SUB16_SC(b1, kt), k, kt));
         __m512i scp[8];
-        mc_sub16x16_pairs(MC_SUB16_SC(b0), MC_SUB16_SC(b1), scp);
+        mc_sub16x16_pairs(MC_SUB16_SC(b0, kt), MC_SUB16_SC(b1, kt), scp, kt);
         for (int p = 0; p < 8; p++) _mm512_store_si512(o->scp[p], scp[p]);
         _mm512_store_ps(o->dw, mc_pair_h16_z(MC_SUB16_D(b0), MC_SUB16_D(b1)));
+        if (kt == 2)
+            _mm512_store_ps(o->dm, mc_pair_h16_z(((const mc_q2kx8 *)(const void *)b0)->dmin,
+                                                 ((const mc_q2kx8 *)(const void *)b1)->dmin));
     }
 }
 
 MC_ZMM static void mc_q6kx16_unpack(int nb, const void *wv, size_t gs, void *out) {
-    mc_sub16x16_unpack_body(nb, wv, gs, out, 0);
+    mc_sub16x16_unpack_body(nb, wv, gs, out, 6);
 }
 
 MC_ZMM static void mc_q3kx16_unpack(int nb, const void *wv, size_t gs, void *out) {
-    mc_sub16x16_unpack_body(nb, wv, gs, out, 1);
+    mc_sub16x16_unpack_body(nb, wv, gs, out, 3);
+}
+
+MC_ZMM static void mc_q2kx16_unpack(int nb, const void *wv, size_t gs, void *out) {
+    mc_sub16x16_unpack_body(nb, wv, gs, out, 2);
 }
 
 /* the next block pair's unpacked vectors [k0, k1) (64 bytes each), from L2 into L1 */
@@ -393,18 +416,18 @@ mc_gemm_q4kx16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], 
     for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
 }
 
-/* Q6_K, or Q3_K (q3): mc_gemm_sub16x8_body on two groups; `pre`: wv holds them unpacked
- * (mc_q6kx16u) */
+/* Q6_K, Q3_K or Q2_K (kt): mc_gemm_sub16x8_body on two groups; `pre`: wv holds them
+ * unpacked (mc_q6kx16u) */
 MC_ZMM static inline __attribute__((always_inline)) void
 mc_gemm_sub16x16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8], float *y,
-                      size_t ldy, int nr, const int na, const int pre, const int q3) {
+                      size_t ldy, int nr, const int na, const int pre, const int kt) {
     const char *w0 = (const char *)wv, *w1 = (const char *)wv + gs;
     const mc_q8k *xk[8];
     for (int a = 0; a < na; a++) xk[a] = (const mc_q8k *)x[a];
     __m512 f[8];
     for (int a = 0; a < na; a++) f[a] = _mm512_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
-        const char *b0 = w0 + MC_SUB16_BYTES(q3) * i, *b1 = w1 + MC_SUB16_BYTES(q3) * i;
+        const char *b0 = w0 + MC_SUB16_BYTES(kt) * i, *b1 = w1 + MC_SUB16_BYTES(kt) * i;
         const mc_q6kx16u *o = (const mc_q6kx16u *)wv + i;
         __m512i si[8];
         for (int a = 0; a < na; a++) si[a] = _mm512_setzero_si512();
@@ -413,8 +436,8 @@ mc_gemm_sub16x16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8]
                 const int k = 8 * n + 2 * X;
                 __m512i u[8], sc0, sc1;
                 if (!pre) { /* the block pair MC_KX8_AHEAD on, an eighth a step */
-                    mc_prefetch_part(b0, MC_SUB16_BYTES(q3), 4 * n + X, 8);
-                    mc_prefetch_part(b1, MC_SUB16_BYTES(q3), 4 * n + X, 8);
+                    mc_prefetch_part(b0, MC_SUB16_BYTES(kt), 4 * n + X, 8);
+                    mc_prefetch_part(b1, MC_SUB16_BYTES(kt), 4 * n + X, 8);
                 }
                 if (pre) {
                     MC_KX16U_PREFETCH(o, 8 * (4 * n + X), 8 * (4 * n + X) + 8);
@@ -422,26 +445,26 @@ mc_gemm_sub16x16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8]
                     sc0 = _mm512_load_si512(o->scw[k]);
                     sc1 = _mm512_load_si512(o->scw[k + 1]);
                 } else {
-                    mc_sub16x16_u(b0, b1, n, X, u, q3);
-                    sc0 = mc_sub16x16_scw(MC_SUB16_SC(b0), MC_SUB16_SC(b1), k, q3);
-                    sc1 = mc_sub16x16_scw(MC_SUB16_SC(b0), MC_SUB16_SC(b1), k + 1, q3);
+                    mc_sub16x16_u(b0, b1, n, X, u, kt);
+                    sc0 = mc_sub16x16_scw(MC_SUB16_SC(b0, kt), MC_SUB16_SC(b1, kt), k, kt);
+                    sc1 = mc_sub16x16_scw(MC_SUB16_SC(b0, kt), MC_SUB16_SC(b1, kt), k + 1, kt);
                 }
                 for (int a = 0; a < na; a++) { /* sum(q x) * sc per sub-block */
                     const int32_t *xd = (const int32_t *)(xk[a][i].qs + 128 * n + 32 * X);
                     const __m512i h0 = mc_dpbusd4_z(u, xd), h1 = mc_dpbusd4_z(u + 4, xd + 4);
-                    si[a] = q3 ? _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(si[a], h0, sc0), h1, sc1)
-                               : mc_q6k_scale_add(mc_q6k_scale_add(si[a], h0, sc0), h1, sc1);
+                    si[a] = kt == 6 ? mc_q6k_scale_add(mc_q6k_scale_add(si[a], h0, sc0), h1, sc1)
+                                    : _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(si[a], h0, sc0), h1, sc1);
                 }
             }
-        /* the offset of every q (Q6_K -32, Q3_K -4): 32 (4) sum over k of sc[k] bsums[k],
-         * sub-blocks in pairs (lanes holding (sc[2p], sc[2p + 1]) as int16, x dword p
-         * (bsums[2p], bsums[2p + 1])) */
-        __m512i scp[8];
+        /* Q6_K / Q3_K: the offset of every q (-32 / -4), 32 (4) sum over k of sc[k] bsums[k];
+         * Q2_K: the mins' term sm = sum over k of min[k] bsums[k]; sub-blocks in pairs (lanes
+         * holding (sc[2p], sc[2p + 1]) as int16, x dword p (bsums[2p], bsums[2p + 1])) */
+        __m512i scp[8], sm[8];
         if (pre) {
-            MC_KX16U_PREFETCH(o, 64, 89);
+            MC_KX16U_PREFETCH(o, 64, 90);
             for (int p = 0; p < 8; p++) scp[p] = _mm512_load_si512(o->scp[p]);
         } else {
-            mc_sub16x16_pairs(MC_SUB16_SC(b0), MC_SUB16_SC(b1), scp);
+            mc_sub16x16_pairs(MC_SUB16_SC(b0, kt), MC_SUB16_SC(b1, kt), scp, kt);
         }
         for (int a = 0; a < na; a++) { /* x dword p: (bsums[2p], bsums[2p + 1]), broadcast */
             const int32_t *bs = (const int32_t *)xk[a][i].bsums;
@@ -451,13 +474,24 @@ mc_gemm_sub16x16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8]
                 c0 = mc_dpwssd16_bcst(c0, scp[p], bs + p);
                 c1 = mc_dpwssd16_bcst(c1, scp[p + 1], bs + p + 1);
             }
-            si[a] = _mm512_sub_epi32(si[a], _mm512_slli_epi32(_mm512_add_epi32(c0, c1), q3 ? 2 : 5));
+            if (kt == 2)
+                sm[a] = _mm512_add_epi32(c0, c1);
+            else
+                si[a] = _mm512_sub_epi32(si[a], _mm512_slli_epi32(_mm512_add_epi32(c0, c1), kt == 3 ? 2 : 5));
         }
         const __m512 dw = pre ? _mm512_load_ps(o->dw) : mc_pair_h16_z(MC_SUB16_D(b0), MC_SUB16_D(b1));
-        for (int a = 0; a < na; a++) { /* Q6_K: sum += d * dx * si; Q3_K: sum += dx * (d * si) */
+        __m512 dm = _mm512_setzero_ps();
+        if (kt == 2)
+            dm = pre ? _mm512_load_ps(o->dm)
+                     : mc_pair_h16_z(((const mc_q2kx8 *)(const void *)b0)->dmin, ((const mc_q2kx8 *)(const void *)b1)->dmin);
+        for (int a = 0; a < na; a++) { /* Q6_K: d * dx * si; Q3_K: dx * (d * si); Q2_K: dx * (d * si - dmin * sm) */
             const __m512 dx = _mm512_set1_ps(xk[a][i].d), sv = _mm512_cvtepi32_ps(si[a]);
-            f[a] = _mm512_add_ps(f[a], q3 ? _mm512_mul_ps(dx, _mm512_mul_ps(dw, sv))
-                                          : _mm512_mul_ps(_mm512_mul_ps(dw, dx), sv));
+            const __m512 t = kt == 6 ? _mm512_mul_ps(_mm512_mul_ps(dw, dx), sv)
+                             : kt == 3
+                                 ? _mm512_mul_ps(dx, _mm512_mul_ps(dw, sv))
+                                 : _mm512_mul_ps(dx, _mm512_sub_ps(_mm512_mul_ps(dw, sv),
+                                                                   _mm512_mul_ps(dm, _mm512_cvtepi32_ps(sm[a]))));
+            f[a] = _mm512_add_ps(f[a], t);
         }
     }
     for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
@@ -481,12 +515,14 @@ mc_gemm_sub16x16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8]
 
 MC_REPACKED16_FN(mc_gemm_q4kx16, mc_gemm_q4kx16_body, 0, 0)
 MC_REPACKED16_FN(mc_gemm_q5kx16, mc_gemm_q4kx16_body, 0, 1)
-MC_REPACKED16_FN(mc_gemm_q6kx16, mc_gemm_sub16x16_body, 0, 0)
-MC_REPACKED16_FN(mc_gemm_q3kx16, mc_gemm_sub16x16_body, 0, 1)
+MC_REPACKED16_FN(mc_gemm_q6kx16, mc_gemm_sub16x16_body, 0, 6)
+MC_REPACKED16_FN(mc_gemm_q3kx16, mc_gemm_sub16x16_body, 0, 3)
+MC_REPACKED16_FN(mc_gemm_q2kx16, mc_gemm_sub16x16_body, 0, 2)
 MC_REPACKED16_FN(mc_gemm_q4kx16u, mc_gemm_q4kx16_body, 1, 0)
 MC_REPACKED16_FN(mc_gemm_q5kx16u, mc_gemm_q4kx16_body, 1, 1) /* ints < 32: vpmulld */
-MC_REPACKED16_FN(mc_gemm_q6kx16u, mc_gemm_sub16x16_body, 1, 0)
-MC_REPACKED16_FN(mc_gemm_q3kx16u, mc_gemm_sub16x16_body, 1, 1)
+MC_REPACKED16_FN(mc_gemm_q6kx16u, mc_gemm_sub16x16_body, 1, 6)
+MC_REPACKED16_FN(mc_gemm_q3kx16u, mc_gemm_sub16x16_body, 1, 3)
+MC_REPACKED16_FN(mc_gemm_q2kx16u, mc_gemm_sub16x16_body, 1, 2)
 
 /* One type's zmm kernels, as mc_repacked_tile takes them. */
 typedef struct {
@@ -503,6 +539,8 @@ static const mc_zmm_kernels mc_zmm_q5k = {mc_gemm_q5kx16, mc_q5kx16_unpack, mc_g
 static const mc_zmm_kernels mc_zmm_q6k = {mc_gemm_q6kx16, mc_q6kx16_unpack, mc_gemm_q6kx16u,
                                           sizeof(mc_q6kx16u)};
 static const mc_zmm_kernels mc_zmm_q3k = {mc_gemm_q3kx16, mc_q3kx16_unpack, mc_gemm_q3kx16u,
+                                          sizeof(mc_q6kx16u)};
+static const mc_zmm_kernels mc_zmm_q2k = {mc_gemm_q2kx16, mc_q2kx16_unpack, mc_gemm_q2kx16u,
                                           sizeof(mc_q6kx16u)};
 
 #endif /* MC_X86 */

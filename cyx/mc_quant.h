@@ -607,6 +607,7 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q5_K               ? &mc_zmm_q5k
                                   : jb->t == MC_Q6_K               ? &mc_zmm_q6k
                                   : jb->t == MC_Q3_K               ? &mc_zmm_q3k
+                                  : jb->t == MC_Q2_K               ? &mc_zmm_q2k
                                                                    : NULL;
         const int r0 = tile * jb->tr;
         mc_repacked_tile(jb, r0, mc_imin(jb->M, r0 + jb->tr), fn, z,

@@ -443,10 +443,10 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
 @pytest.mark.skipif("avx2" not in available_simd(), reason="the repacked kernels need AVX2")
 @pytest.mark.parametrize("dtype", list(KQ_CODES))
 def test_kquant_repacked_16_rows_are_bit_identical(dtype: DType) -> None:
-    """Q3_K to Q6_K repacked weights go through the 512-bit kernels two groups of 8 rows at
+    """Q2_K to Q6_K repacked weights go through the 512-bit kernels two groups of 8 rows at
     a time on VNNI (mc_gemm_zmm.h; from 32 x rows on each pair unpacked once first) and a
-    tile's last single group through the 256-bit ones (Q2_K, and every type on AVX2: every
-    group through those): every height (one group; an odd number of groups; a last
+    tile's last single group through the 256-bit ones (every type on AVX2: every group
+    through those): every height (one group; an odd number of groups; a last
     group of fewer than 8 rows; tiles ending 9-15 rows past a pair) and x row count (1-9,
     17, 35: a last group of x rows of every size) gives what the scalar, AVX2 and VNNI
     kernels on the weights as stored give, on 1 and 2 threads (at the best SIMD level here)."""
