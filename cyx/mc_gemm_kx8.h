@@ -61,12 +61,12 @@ MC_SFX(mc_gemm_q5kx8_body)(int nb, const void *wv, const mc_q8 *const x[8], cons
     MC_SFX(mc_gemm_q45kx8_body)(nb, wv, x, y, ldy, nr, na, 1);
 }
 
-/* Q2_K, Q3_K, Q6_K (t, a constant where inlined; block b, Q3_K's hmask vectors hm): per
+/* Q2_K, Q3_K, Q6_K (t, a constant where inlined; block b of `bytes` bytes, Q3_K's hmask vectors hm): per
  * 128-column half n and 32 columns X the unsigned ints of 8 rows, each 16-column
  * sub-block's exact sum times its scale (Q2_K: the low nibble of its scale byte) into si
  * (MC_KX_SCALE16: VNNI's vpdpwssd, AVX2's vpmulld; the scales as MC_KX_SCW makes them) */
 MC_TGT static inline __attribute__((always_inline)) void
-MC_SFX(mc_kx8_sub16)(const void *b, const mc_q8k *const xk[8], int i, __m256i si[8], const int na, const int t,
+MC_SFX(mc_kx8_sub16)(const void *b, size_t bytes, const mc_q8k *const xk[8], int i, __m256i si[8], const int na, const int t,
                      const __m256i *hm) {
     const int8_t(*sc)[8] = t == MC_Q6_K ? ((const mc_q6kx8 *)b)->sc
                            : t == MC_Q3_K ? ((const mc_q3kx8 *)b)->sc
@@ -74,8 +74,7 @@ MC_SFX(mc_kx8_sub16)(const void *b, const mc_q8k *const xk[8], int i, __m256i si
     for (int n = 0; n < 2; n++)
         for (int X = 0; X < 4; X++) { /* columns 128 n + 32 X ..: sub-blocks k, k + 1 */
             __m256i u[8], scv[2];
-            mc_prefetch_part(b, t == MC_Q6_K ? sizeof(mc_q6kx8) : t == MC_Q3_K ? sizeof(mc_q3kx8) : sizeof(mc_q2kx8),
-                             4 * n + X, 8); /* block MC_KX8_AHEAD on, an eighth a step */
+            mc_prefetch_part(b, bytes, 4 * n + X, 8); /* block MC_KX8_AHEAD on, an eighth a step */
             for (int v = 0; v < 8; v++)
                 u[v] = t == MC_Q6_K   ? mc_q6kx8_u((const mc_q6kx8 *)b, n, X, v)
                        : t == MC_Q3_K ? mc_q3kx8_u((const mc_q3kx8 *)b, n, X, v, hm[v])
@@ -116,7 +115,7 @@ MC_SFX(mc_gemm_sub16x8_body)(int nb, const void *wv, const mc_q8 *const x[8], fl
         for (int a = 0; a < na; a++) si[a] = _mm256_setzero_si256();
         if (t == MC_Q3_K)
             for (int v = 0; v < 8; v++) hm[v] = _mm256_loadu_si256((const __m256i *)(((const mc_q3kx8 *)b)->hm + 32 * v));
-        MC_SFX(mc_kx8_sub16)(b, xk, i, si, na, t, hm);
+        MC_SFX(mc_kx8_sub16)(b, bytes, xk, i, si, na, t, hm);
         if (t == MC_Q2_K) {
             const mc_q2kx8 *b2 = (const mc_q2kx8 *)b;
             __m256i mnp[8];

@@ -212,6 +212,7 @@ mc_q32kx16_sub(const uint8_t (*qs0)[256], const uint8_t (*qs1)[256], const uint8
     ((kt) == 2 ? ((const mc_q2kx8 *)(const void *)(b))->sc                                        \
                : (const uint8_t(*)[8])((const mc_q6kx8 *)(const void *)(b))->sc)
 #define MC_SUB16_D(b) (((const mc_q6kx8 *)(const void *)(b))->d)
+#define MC_SUB16_DMIN(b) (((const mc_q2kx8 *)(const void *)(b))->dmin) /* Q2_K only */
 
 /* block pair: sub-block k's scales (Q2_K: the low nibbles; mins: their high nibbles) */
 MC_ZMM static inline __attribute__((always_inline)) __m512i
@@ -321,8 +322,7 @@ mc_sub16x16_unpack_body(int nb, const void *wv, size_t gs, void *out, const int 
         for (int p = 0; p < 8; p++) _mm512_store_si512(o->scp[p], scp[p]);
         _mm512_store_ps(o->dw, mc_pair_h16_z(MC_SUB16_D(b0), MC_SUB16_D(b1)));
         if (kt == 2)
-            _mm512_store_ps(o->dm, mc_pair_h16_z(((const mc_q2kx8 *)(const void *)b0)->dmin,
-                                                 ((const mc_q2kx8 *)(const void *)b1)->dmin));
+            _mm512_store_ps(o->dm, mc_pair_h16_z(MC_SUB16_DMIN(b0), MC_SUB16_DMIN(b1)));
     }
 }
 
@@ -482,8 +482,7 @@ mc_gemm_sub16x16_body(int nb, const void *wv, size_t gs, const mc_q8 *const x[8]
         const __m512 dw = pre ? _mm512_load_ps(o->dw) : mc_pair_h16_z(MC_SUB16_D(b0), MC_SUB16_D(b1));
         __m512 dm = _mm512_setzero_ps();
         if (kt == 2)
-            dm = pre ? _mm512_load_ps(o->dm)
-                     : mc_pair_h16_z(((const mc_q2kx8 *)(const void *)b0)->dmin, ((const mc_q2kx8 *)(const void *)b1)->dmin);
+            dm = pre ? _mm512_load_ps(o->dm) : mc_pair_h16_z(MC_SUB16_DMIN(b0), MC_SUB16_DMIN(b1));
         for (int a = 0; a < na; a++) { /* Q6_K: d * dx * si; Q3_K: dx * (d * si); Q2_K: dx * (d * si - dmin * sm) */
             const __m512 dx = _mm512_set1_ps(xk[a][i].d), sv = _mm512_cvtepi32_ps(si[a]);
             const __m512 t = kt == 6 ? _mm512_mul_ps(_mm512_mul_ps(dw, dx), sv)
