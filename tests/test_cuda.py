@@ -5,7 +5,8 @@ GPU test skips and only the checks that need no GPU run (the memory check's mess
 one-line ``--device cuda`` error).  Model files: SmolLM2-135M Q4_1 from the test assets
 (or ``MODELC_CUDA_SMOLLM2``), the random ~1B llama GGUFs (Q4_0, Q8_0) from
 ``MODELC_CUDA_1B_DIR`` (``python -m tests.gen_cuda_models DIR``); small random models of
-every supported block type are made here.
+every supported block type, and the tiny random families of ``tests/gen_families`` (qwen2,
+mistral, qwen3, phi3, gemma2, gemma3; f32, randomised norms), are made here.
 
 Tolerances: ops within 1e-5 relative (f32 on both sides, sums in another order); models:
 top-10 next-token log-probabilities within 2e-3 of the CPU backend's ``exact`` mode and
@@ -231,15 +232,11 @@ def compare(ref: Any, dev: Any, prompt: list[int], n: int, mode: str = "f32") ->
     return err
 
 
-@gpu
-@pytest.mark.parametrize("dtype", TYPES, ids=lambda d: d.name)
-def test_small_random_models_every_type(tmp_path: Path, dtype: DType) -> None:
-    """A 2-layer model: a batch of 3 sequences (prefill chunks and decodes mixed) gives the
-    CPU backend's logits on every row; prompt log-probs and greedy tokens agree."""
-    ir = load_model(write_random_llama(tmp_path / "m.gguf", dtype, SMALL, seed=3))
-    ref, dev = cpu_exact(ir), on_gpu(ir)
+def check_batches(ref: Any, dev: Any, n_vocab: int) -> None:
+    """A batch of 3 sequences (prefill chunks and decodes mixed) gives the CPU backend's
+    logits on every row; prompt log-probs and greedy tokens agree."""
     rng = np.random.default_rng(4)
-    seqs = [rng.integers(0, SMALL.n_vocab, n).tolist() for n in (9, 1, 30)]
+    seqs = [rng.integers(0, n_vocab, n).tolist() for n in (9, 1, 30)]
     caches = [(ref.new_cache("f32"), dev.new_cache("f32")) for _ in seqs]
     for part in ((0, 4), (4, 5), (5, 30)):
         batch_r, batch_d = [], []
@@ -252,6 +249,71 @@ def test_small_random_models_every_type(tmp_path: Path, dtype: DType) -> None:
         a, b = ref.forward(batch_r), dev.forward(batch_d)
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-3 * max(1.0, np.abs(a).max())
     compare(ref, dev, seqs[2], 12)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", TYPES, ids=lambda d: d.name)
+def test_small_random_models_every_type(tmp_path: Path, dtype: DType) -> None:
+    """A 2-layer model of every weight type against the CPU backend (:func:`check_batches`)."""
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", dtype, SMALL, seed=3))
+    check_batches(cpu_exact(ir), on_gpu(ir), SMALL.n_vocab)
+
+
+# each family's tiny model (tests/gen_families), at head sizes CUDA attention takes (32 up)
+PHI3_16 = [1.0 + 0.75 * i for i in range(16)]  # a LongRoPE divisor per pair of head 32
+FAMILY_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2": {"num_attention_heads": 2, "num_key_value_heads": 1},  # QKV biases
+    "mistral": {"num_attention_heads": 2, "num_key_value_heads": 1},  # window 8, every layer
+    "qwen3": {},  # per-head Q/K norms
+    "gemma2": {"head_dim": 32, "query_pre_attn_scalar": 32},  # soft caps, window 4 on 0 and 2
+    "gemma3": {},  # Q/K norms, 5 windowed layers of 6 with their own RoPE base
+    "phi3": {  # fused QKV and gate-up; LongRoPE's short factors (long = short)
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "rope_scaling": {"type": "longrope", "short_factor": PHI3_16, "long_factor": PHI3_16},
+    },
+}
+
+
+@gpu
+@pytest.mark.parametrize("family", list(FAMILY_SHAPES))
+def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str) -> None:
+    """The tiny random families (f32, randomised norms) through ``build_cuda``, as
+    ``--device cuda`` loads them, against the CPU backend: prompts of 30 tokens cross every
+    sliding window (:func:`check_batches`)."""
+    from modelc.runtime.backends.cuda_llama import build_cuda
+    from tests import gen_families as gf
+
+    cfg = {**gf.CONFIGS[family], **FAMILY_SHAPES[family]}
+    monkeypatch.setitem(gf.CONFIGS, family, cfg)
+    path = tmp_path / f"{family}.gguf"
+    gf.write_gguf(family, gf.make_weights(family), path)
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    dev.dev.exact = True
+    check_batches(cpu_exact(ir), dev, gf.BASE["vocab_size"])
+
+
+@gpu
+def test_phi3_long_factors_keep_to_the_original_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Phi-3 whose LongRoPE has long factors runs on the GPU within its original context
+    (64 here, of 256), where the short factors hold and it matches the CPU backend."""
+    from modelc.runtime.backends.cuda_llama import build_cuda
+    from tests import gen_families as gf
+
+    long = [2 * f for f in PHI3_16]
+    rope = {"type": "longrope", "short_factor": PHI3_16, "long_factor": long}
+    cfg = {**gf.CONFIGS["phi3"], **FAMILY_SHAPES["phi3"], "rope_scaling": rope}
+    monkeypatch.setitem(gf.CONFIGS, "phi3", cfg)
+    path = tmp_path / "phi3.gguf"
+    gf.write_gguf("phi3", gf.make_weights("phi3"), path)
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    assert (ir.hparams.n_ctx, dev.n_ctx) == (256, 64)
+    dev.dev.exact = True
+    check_batches(cpu_exact(ir), dev, gf.BASE["vocab_size"])
 
 
 @gpu
@@ -320,10 +382,12 @@ def test_random_1b_matches_cpu(name: str) -> None:
 
 # -- the engine ---------------------------------------------------------------------------
 @gpu
-def test_engine_batches_cancels_and_frees_kv_on_gpu() -> None:
-    """The unchanged engine on --device cuda: four greedy requests running together give
-    each one's alone result; a request cancelled mid-generation stops within a step and
-    its KV memory goes back (budget and GPU pool)."""
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_engine_batches_cancels_and_frees_kv_on_gpu(model: str) -> None:
+    """The unchanged engine on --device cuda (SmolLM2, and the tiny random Gemma 3 of
+    tests/gen_families): four greedy requests running together give each one's alone
+    result; a request cancelled mid-generation stops within a step and its KV memory goes
+    back (budget and GPU pool)."""
     import cupy as cp
 
     from modelc.engine import EngineOptions, build_engine
@@ -333,7 +397,10 @@ def test_engine_batches_cancels_and_frees_kv_on_gpu() -> None:
     from tests.runtime_support import decode_alone
 
     os.environ["MODELC_MATMUL"] = "exact"
-    eng = build_engine(smollm2_path(), EngineOptions(device="cuda", speculative=False))
+    from tests.gen_families import ensure_family
+
+    path = smollm2_path() if model == "smollm2" else ensure_family(model)[1]
+    eng = build_engine(path, EngineOptions(device="cuda", speculative=False))
     assert isinstance(eng.lm, CudaLlama) and eng.tok is not None
     p = SamplingParams(temperature=0.0, max_tokens=16)
     texts = ["The capital of France is", "def fib(n):", "Once upon a time", "1, 2, 3, 4,"]
@@ -363,7 +430,7 @@ def test_engine_batches_cancels_and_frees_kv_on_gpu() -> None:
                     m.start_soon(one, i)
             assert [got[i] for i in range(4)] == expected
             assert eng.kv_budget.used == 0
-            long = SamplingParams(temperature=0.0, max_tokens=400)
+            long = SamplingParams(temperature=0.0, max_tokens=200)
             victim = eng.submit(GenerationRequest("victim", prompts[0], long, ignore_eos=True))
             seen, after = 0, []
             async for ev in victim:

@@ -29,7 +29,7 @@ import numpy as np
 
 from modelc.errors import UnsupportedError
 from modelc.families.contract import longrope_inv_freq
-from modelc.formats.ir import ModelIR
+from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.llama import Block, Llama, _opt
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache
@@ -42,15 +42,23 @@ def _rows(w: Weight, start: int, stop: int) -> Weight:
     return Weight(w.dtype, (stop - start, w.shape[1]), w.data[start:stop])
 
 
+def long_rope_after(hp: HParams) -> int:
+    """Past how many positions LongRoPE's long factors take over (0: they never do)."""
+    rs = hp.rope_scaling
+    if rs.type == "longrope" and rs.long_factor and rs.long_factor != rs.short_factor:
+        return rs.original_max_position
+    return 0
+
+
 class Phi3(Llama):
     architecture = "phi3"
 
     def __init__(self, ir: ModelIR, backend: Backend) -> None:
         super().__init__(ir, backend)
         rs = ir.hparams.rope_scaling
-        self.long_after = 0  # LongRoPE: steps whose sequence is longer use long_inv_freq
-        if rs.type == "longrope" and rs.long_factor and rs.long_factor != rs.short_factor:
-            self.long_after = rs.original_max_position
+        # LongRoPE: steps whose sequence is longer use long_inv_freq
+        self.long_after = long_rope_after(ir.hparams)
+        if self.long_after:
             self.long_inv_freq = longrope_inv_freq(self.head_dim, ir.hparams.rope_theta, rs)
         # each cache's token ids, to recompute a sequence with the long factors
         self.history: weakref.WeakKeyDictionary[KVCache, list[int]] = weakref.WeakKeyDictionary()

@@ -230,18 +230,41 @@ class Device:
                         dst[...] = prod
             col0 += p.rows
 
-    def rms_norm(self, x: Any, rows: Any, n: int, w: Any, eps: float, out: Any) -> None:
+    def rms_norm(
+        self, x: Any, rows: Any, n: int, w: Any, eps: float, out: Any, acc: bool = False
+    ) -> None:
+        """out[i] (+)= rms_norm(x[rows[i]]) * w for i < n (rows None: x[i])."""
         d = int(w.shape[0])
         self.fn["rms_norm"](
             (n,),
             (256,),
             (x, np.int32(x.strides[0] // 4), rows if rows is not None else np.uint64(0), w,
-             np.float32(eps), np.int32(d), out, np.int32(out.strides[0] // 4)),
+             np.float32(eps), np.int32(d), out, np.int32(out.strides[0] // 4), np.int32(acc)),
         )  # fmt: skip
 
-    def silu_mul(self, gu: Any, n: int, ff: int, out: Any) -> None:
+    def head_norm(
+        self, qkv: Any, n: int, nh: int, nkv: int, hd: int, qn: Any, kn: Any, eps: float
+    ) -> None:
+        """Each Q and K head of the first n rows of qkv RMS-normed in place (qn, kn: (hd,))."""
+        width = np.int32(qkv.strides[0] // 4)
+        args = (qkv, width, np.int32(nh), np.int32(hd), qn, kn, np.float32(eps))
+        self.fn["head_norm"]((n, nh + nkv), (32,), args)
+
+    def _elementwise(self, name: str, x: Any, total: int, c: float) -> None:
+        self.fn[name](((total + 255) // 256,), (256,), (x, np.int64(total), np.float32(c)))
+
+    def scale(self, x: Any, total: int, s: float) -> None:
+        """The first ``total`` values of contiguous x times s."""
+        self._elementwise("scale_f32", x, total, s)
+
+    def softcap(self, x: Any, total: int, c: float) -> None:
+        """The first ``total`` values of contiguous x to c * tanh(x / c)."""
+        self._elementwise("softcap_f32", x, total, c)
+
+    def act_mul(self, gu: Any, n: int, ff: int, out: Any, gelu: bool = False) -> None:
+        """silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)."""
         total = n * ff
-        self.fn["silu_mul"](
+        self.fn["gelu_mul" if gelu else "silu_mul"](
             ((total + 255) // 256,), (256,), (gu, np.int32(ff), np.int64(total), out)
         )
 
@@ -258,8 +281,10 @@ class Device:
         window: int,
         layer: int,
         out: Any,
+        softcap: float = 0.0,
     ) -> None:
-        """Query rows (n, nh, hd) over their sequences' caches; meta = pos, seq, base, cap."""
+        """Query rows (n, nh, hd) over their sequences' caches; meta = pos, seq, base, cap;
+        ``window`` > 0 sees the last ``window`` positions, ``softcap`` > 0 caps the scores."""
         e = hd // 32
         if hd % 32 or e not in HEAD_LANES:
             raise UnsupportedError(
@@ -279,6 +304,7 @@ class Device:
                 np.int32(nkv),
                 np.float32(scale),
                 np.int32(window),
+                np.float32(softcap),
                 np.int32(layer),
                 out,
             ),
@@ -365,7 +391,7 @@ class CudaBackend(NumpyBackend):
         g2 = np.ascontiguousarray(gate, np.float32).reshape(-1, gate.shape[-1])
         gu = cp.asarray(np.concatenate([g2, np.asarray(up, np.float32).reshape(g2.shape)], axis=1))
         y = cp.empty(g2.shape, np.float32)
-        self.dev.silu_mul(gu, g2.shape[0], g2.shape[1], y)
+        self.dev.act_mul(gu, g2.shape[0], g2.shape[1], y)
         res: F32Array = y.get().reshape(gate.shape)
         if out is not None:
             out[...] = res
@@ -383,8 +409,6 @@ class CudaBackend(NumpyBackend):
         window: int = 0,
         softcap: float = 0.0,
     ) -> F32Array:
-        if softcap > 0:  # no soft-capping kernel: numpy's reference
-            return super().attention(q, k, v, q_pos0, scale, out, window, softcap)
         cp = self.cp
         nq, nh, hd = q.shape
         n_kv, nkv = k.shape[0], k.shape[1]
@@ -397,7 +421,7 @@ class CudaBackend(NumpyBackend):
         parts = (meta[:nq], meta[nq : 2 * nq], meta[2 * nq : 2 * nq + 1], meta[2 * nq + 1 :])
         qd = cp.asarray(np.ascontiguousarray(q, np.float32))
         y = cp.empty_like(qd)
-        self.dev.attention(qd, parts, nq, nh, nkv, hd, f16, scale, window, 0, y)
+        self.dev.attention(qd, parts, nq, nh, nkv, hd, f16, scale, window, 0, y, softcap)
         res: F32Array = y.get()
         if out is not None:
             out[...] = res

@@ -1,4 +1,11 @@
-"""The llama family (llama, mistral, qwen2) resident on the GPU.
+"""The llama family (llama, mistral, qwen2, qwen3, phi3) and Gemma 2 / 3 on the GPU.
+
+One forward for all, driven by what the host model (:class:`Llama`, :class:`Phi3` or
+:class:`Gemma`, which checks the hyper-parameters and holds host views of the weights)
+has: per-head Q/K norms (qwen3, gemma3), Gemma's embedding scale, norms after attention
+and FFN, GELU, windowed layers with their own RoPE base, and soft-capped scores and logits
+(gemma2).  A Phi-3 whose LongRoPE has long factors runs within its original context (its
+short factors), as llama.cpp does at that context size.
 
 Weights are uploaded once in their GGUF blocks (Q/K/V stacked into one matrix, gate/up
 into another), every sequence's KV cache lives in device memory
@@ -25,7 +32,9 @@ import numpy as np
 
 from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.gemma2 import Gemma
 from modelc.runtime.arch.llama import Llama
+from modelc.runtime.arch.phi3 import Phi3, long_rope_after
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
@@ -57,15 +66,26 @@ def check_fits(weights: int, kv_per_seq: int, n_seqs: int, free: int, what: str)
 
 
 class _Layer:
-    def __init__(self, be: CudaBackend, b: Any) -> None:
+    def __init__(self, be: CudaBackend, b: Any, window: int, inv_freq: Any) -> None:
         cp = be.cp
+
+        def vec(a: Any) -> Any:
+            return None if a is None else cp.asarray(a)
+
         self.attn_norm = cp.asarray(b.attn_norm)
         self.ffn_norm = cp.asarray(b.ffn_norm)
         self.wqkv = be.dev.upload([b.wq, b.wk, b.wv])
         self.wo = be.dev.upload([b.wo])
         self.wgu = be.dev.upload([b.w_gate, b.w_up])
         self.wdown = be.dev.upload([b.w_down])
-        self.bias = None if b.bq is None else cp.asarray(np.concatenate([b.bq, b.bk, b.bv]))
+        bq = getattr(b, "bq", None)
+        self.bias = None if bq is None else cp.asarray(np.concatenate([bq, b.bk, b.bv]))
+        self.q_norm, self.k_norm = vec(b.q_norm), vec(b.k_norm)  # (hd,) each, or None
+        if self.bias is not None and self.q_norm is not None:
+            raise UnsupportedError("QKV biases with Q/K norms are not supported on --device cuda")
+        self.post_attn_norm = vec(getattr(b, "post_attn_norm", None))  # gemma
+        self.post_ffw_norm = vec(getattr(b, "post_ffw_norm", None))
+        self.window, self.inv_freq = window, inv_freq
         self.ff = int(b.w_gate.shape[0])
 
     @property
@@ -88,23 +108,24 @@ class CudaLlama(CausalLM):
     def __init__(
         self, ir: ModelIR, backend: CudaBackend, *, kv_bytes: int = 0, n_seqs: int = 0
     ) -> None:
-        host = Llama(ir, backend)  # hyper-parameters, checks and host views of the weights
-        if any(b.q_norm is not None for b in host.blocks):
-            raise UnsupportedError(
-                f"{ir.architecture} (per-head Q/K norms) is not supported on --device cuda yet; "
-                "use --device cpu"
-            )
+        # hyper-parameters, checks and host views of the weights
+        kind = Gemma if ir.architecture in GEMMA else Phi3 if ir.architecture == "phi3" else Llama
+        host: Llama | Gemma = kind(ir, backend)
+        gemma = isinstance(host, Gemma)
         self.architecture = host.architecture
         self.hparams: HParams = host.hparams
-        self.n_vocab, self.d, self.n_ctx = host.n_vocab, host.d, host.n_ctx
+        self.n_vocab, self.d, self.n_ctx = host.n_vocab, host.d, cuda_n_ctx(ir, host.n_ctx)
         self.nh, self.nkv, self.hd = host.n_head, host.n_head_kv, host.head_dim
-        self.eps, self.window, self.neox, self.scale = (
-            host.eps,
-            host.window,
-            host.neox,
-            host.scale,
-        )
-        self.inv_freq_host = host.inv_freq
+        self.eps, self.scale = host.eps, host.scale
+        self.neox = True if gemma else bool(getattr(host, "neox", False))
+        self.gelu = gemma
+        self.embd_scale = float(host.embd_scale) if isinstance(host, Gemma) else 0.0
+        self.attn_softcap = float(host.hparams.attn_softcap or 0.0) if gemma else 0.0
+        self.final_softcap = float(host.hparams.final_softcap or 0.0) if gemma else 0.0
+        n_layer = len(host.blocks)
+        windows = list(host.kv_windows) or [0] * n_layer
+        local = getattr(host, "inv_freq_local", host.inv_freq)  # gemma3's windowed layers
+        self.inv_freq_host = [local if w and gemma else host.inv_freq for w in windows]
         self.kv_shape = KVShape(len(host.blocks), self.nkv, self.hd)
         self.be, self.dev, self.cp = backend, backend.dev, backend.cp
         cp = self.cp
@@ -114,13 +135,16 @@ class CudaLlama(CausalLM):
             weights += int(host.output.data.nbytes)
         free = int(cp.cuda.runtime.memGetInfo()[0])
         check_fits(weights + (256 << 20), kv_bytes, n_seqs, free, f"{ir.architecture} model")
-        self.layers = [_Layer(backend, b) for b in host.blocks]
+        freqs = {id(f): cp.asarray(f) for f in self.inv_freq_host}
+        self.layers = [
+            _Layer(backend, b, w, freqs[id(f)])
+            for b, w, f in zip(host.blocks, windows, self.inv_freq_host, strict=True)
+        ]
         self.tok_embd = backend.dev.upload([host.tok_embd])
         self.output: DevWeight = (
             self.tok_embd if host.output is host.tok_embd else backend.dev.upload([host.output])
         )
         self.output_norm = cp.asarray(host.output_norm)
-        self.inv_freq = cp.asarray(host.inv_freq)
         self.ff = max((ly.ff for ly in self.layers), default=0)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.use_graphs = os.environ.get("MODELC_CUDA_GRAPHS", "1") != "0"
@@ -201,10 +225,16 @@ class CudaLlama(CausalLM):
         kvmeta = (meta[m : 2 * m], meta[2 * m : 3 * m], meta[3 * m : 4 * m], meta[4 * m : 5 * m])
         f16 = self._kv_f16
         dev.dequant(self.tok_embd.parts[0], ids, n, self.x, self.d)
+        if self.embd_scale:
+            dev.scale(self.x, n * self.d, self.embd_scale)
         rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
         for li, ly in enumerate(self.layers):
             dev.rms_norm(self.x, None, n, ly.attn_norm, self.eps, self.h)
             dev.matmul(ly.wqkv, self.h, n, self.qkv)
+            if ly.q_norm is not None:
+                dev.head_norm(
+                    self.qkv, n, self.nh, self.nkv, self.hd, ly.q_norm, ly.k_norm, self.eps
+                )
             rope(
                 (n, 4),
                 (128,),
@@ -212,7 +242,7 @@ class CudaLlama(CausalLM):
                     self.qkv,
                     ly.bias if ly.bias is not None else np.uint64(0),
                     *kvmeta,
-                    self.inv_freq,
+                    ly.inv_freq,
                     np.int32(self.nh),
                     np.int32(self.nkv),
                     np.int32(self.hd),
@@ -230,21 +260,32 @@ class CudaLlama(CausalLM):
                 self.hd,
                 f16,
                 self.scale,
-                self.window,
+                ly.window,
                 li,
                 self.attn,
+                self.attn_softcap,
             )
-            dev.matmul(ly.wo, self.attn, n, self.x, acc=True)
+            self._residual(ly.wo, self.attn, n, ly.post_attn_norm)
             dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
             dev.matmul(ly.wgu, self.h, n, gu)
-            dev.silu_mul(gu, n, ly.ff, g)
-            dev.matmul(ly.wdown, g, n, self.x, acc=True)
+            dev.act_mul(gu, n, ly.ff, g, self.gelu)
+            self._residual(ly.wdown, g, n, ly.post_ffw_norm)
         if r:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)
+            if self.final_softcap:
+                dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
+
+    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any) -> None:
+        """x += a @ w.T, or x += post_norm(a @ w.T) (gemma; through ``h``, free by then)."""
+        if post_norm is None:
+            self.dev.matmul(w, a, n, self.x, acc=True)
+        else:
+            self.dev.matmul(w, a, n, self.h)
+            self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)
 
     def _step(self, batch: Sequence[SeqChunk]) -> int:
         """Run one step on the stream; the number of logit rows (left in ``logits``)."""
@@ -306,9 +347,10 @@ class CudaLlama(CausalLM):
         self.stream.synchronize()
         cache.shift(n_keep, n_discard)
         delta = np.full(max(cache.n - n_keep, 0), -n_discard, np.int64)
+        invs = iter(self.inv_freq_host)  # each layer's RoPE base
 
-        def rerotate(k: F32Array) -> None:
-            self.be.rope(k, self.be.rope_angles(delta[: len(k)], self.inv_freq_host), self.neox)
+        def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
+            self.be.rope(k, self.be.rope_angles(delta[: len(k)], next(invs)), self.neox)
 
         if cache.n > n_keep:
             cache.update_keys(n_keep, rerotate)
@@ -318,7 +360,14 @@ def _mats(b: Any) -> list[Any]:
     return [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down]
 
 
-CUDA_ARCHITECTURES = ("llama", "qwen2")
+GEMMA = ("gemma2", "gemma3")
+CUDA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", *GEMMA)
+
+
+def cuda_n_ctx(ir: ModelIR, n_ctx: int) -> int:
+    """The context on the GPU: a Phi-3 with LongRoPE long factors stops at its original."""
+    after = long_rope_after(ir.hparams) if ir.architecture == "phi3" else 0
+    return min(n_ctx, after) if after else n_ctx
 
 
 def build_cuda(
@@ -345,7 +394,8 @@ def build_cuda(
     hp = ir.hparams
     n_head_kv = hp.n_head_kv or hp.n_head
     hd = hp.head_dim or (hp.n_embd // max(hp.n_head, 1))
-    ctx = min(max_context or hp.n_ctx or 2048, hp.n_ctx or 2048)
+    n_ctx = cuda_n_ctx(ir, hp.n_ctx or 2048)
+    ctx = min(max_context or n_ctx, n_ctx)
     per_seq = KVShape(hp.n_layer, n_head_kv, hd).bytes_per_token(KVMode(kv_mode)) * ctx
     if kv_budget_bytes is not None:
         per_seq, max_concurrent = kv_budget_bytes, 1

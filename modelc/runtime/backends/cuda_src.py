@@ -185,10 +185,11 @@ __device__ __forceinline__ void deq_rows(const u8* __restrict__ W, long long rb,
   }
 }
 
-// out[i] = x[rows[i]] / rms * w (rows null: i); one block a row, sums in double as numpy
+// out[i] = x[rows[i]] / rms * w (rows null: i; acc: out[i] +=); one block a row, sums in
+// double as numpy
 extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
                                     const float* __restrict__ w, float eps, int d,
-                                    float* __restrict__ out, int ldo) {
+                                    float* __restrict__ out, int ldo, int acc) {
   int i = blockIdx.x;
   const float* xr = x + (size_t)(rows ? rows[i] : i) * ldx;
   __shared__ double part[32];
@@ -204,7 +205,34 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const 
   }
   __syncthreads();
   float scale = (float)(1.0 / sqrt(part[0] / d + (double)eps));
-  for (int j = threadIdx.x; j < d; j += blockDim.x) out[(size_t)i * ldo + j] = xr[j] * scale * w[j];
+  float* o = out + (size_t)i * ldo;
+  if (acc) for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] += xr[j] * scale * w[j];
+  else for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = xr[j] * scale * w[j];
+}
+
+// each head of q and k in the rows of qkv (n, (nh + 2 nkv) hd) / rms * qn or kn, in place
+// (qwen3, gemma3: before RoPE); grid (n, nh + nkv), one warp a head
+extern "C" __global__ void head_norm(float* __restrict__ qkv, int width, int nh, int hd,
+                                     const float* __restrict__ qn, const float* __restrict__ kn,
+                                     float eps) {
+  int h = blockIdx.y;
+  float* r = qkv + (size_t)blockIdx.x * width + (size_t)h * hd;
+  const float* w = h < nh ? qn : kn;
+  double s = 0.0;
+  for (int j = threadIdx.x; j < hd; j += 32) { double v = r[j]; s += v * v; }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  float scale = (float)(1.0 / sqrt(s / hd + (double)eps));
+  for (int j = threadIdx.x; j < hd; j += 32) r[j] = r[j] * scale * w[j];
+}
+
+// x[t] *= s (gemma's embedding scale); x[t] = c * tanh(x[t] / c) (gemma2's logit cap)
+extern "C" __global__ void scale_f32(float* __restrict__ x, long long total, float s) {
+  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (t < total) x[t] *= s;
+}
+extern "C" __global__ void softcap_f32(float* __restrict__ x, long long total, float c) {
+  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (t < total) x[t] = tanhf(x[t] / c) * c;
 }
 
 // silu(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)
@@ -215,6 +243,16 @@ extern "C" __global__ void silu_mul(const float* __restrict__ gu, int ff, long l
   long long i = t / ff, j = t % ff;
   float g = gu[i * 2 * ff + j], u = gu[i * 2 * ff + ff + j];
   out[t] = g / (1.0f + expf(-g)) * u;
+}
+
+// gelu_tanh(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)  (gemma)
+extern "C" __global__ void gelu_mul(const float* __restrict__ gu, int ff, long long total,
+                                    float* __restrict__ out) {
+  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (t >= total) return;
+  long long i = t / ff, j = t % ff;
+  float g = gu[i * 2 * ff + j], u = gu[i * 2 * ff + ff + j];
+  out[t] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
 }
 
 // RoPE on q and k of each row of qkv (n, (nh + 2 nkv) hd) (+ bias), q -> qo (n, nh hd);
@@ -272,7 +310,7 @@ extern "C" __global__ void rope_store_f16(const float* qkv, const float* bias, c
 template <typename KV, int E>
 __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* __restrict__ pos,
     const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
-    int nh, int nkv, float scale, int window, int layer, float* __restrict__ out) {
+    int nh, int nkv, float scale, int window, float softcap, int layer, float* __restrict__ out) {
   int i = blockIdx.x, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int hd = 32 * E;
   long long p = pos[i], s = seq[i], c = cap[s];
@@ -291,6 +329,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
 #pragma unroll
     for (int e = 0; e < E; e++) d += qv[e] * load_kv<KV>(kr + e);
     d = warp_sum(d);
+    if (softcap > 0.f) d = tanhf(d / softcap) * softcap;  // gemma2: the score capped
     float mn = fmaxf(m, d);
     float corr = expf(m - mn), pw = expf(d - mn);
     l = l * corr + pw;
@@ -369,8 +408,9 @@ def _instances() -> str:
             out.append(
                 f'extern "C" __global__ void attn_{kv}_{e}(const float* q, const i64* pos, '
                 "const i64* seq, const i64* base, const i64* cap, int nh, int nkv, float scale, "
-                "int window, int layer, float* out) "
-                f"{{ attend<{ty}, {e}>(q, pos, seq, base, cap, nh, nkv, scale, window, layer, out); }}"
+                "int window, float softcap, int layer, float* out) "
+                f"{{ attend<{ty}, {e}>(q, pos, seq, base, cap, nh, nkv, scale, window, softcap, "
+                "layer, out); }"
             )
     return "\n".join(out)
 
@@ -380,7 +420,11 @@ def kernel_names() -> list[str]:
     names = [
         *cuda_gemv.names(TYPES),
         "rms_norm",
+        "head_norm",
+        "scale_f32",
+        "softcap_f32",
         "silu_mul",
+        "gelu_mul",
         "rope_store_f32",
         "rope_store_f16",
         "argmax_rows",
