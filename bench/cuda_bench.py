@@ -13,7 +13,10 @@ For each model (SmolLM2-135M Q4_1, random ~1.1B llama GGUFs in Q4_0 and Q8_0):
   not depend on their values), ``generate`` greedy, batch N, 32-token prompts; decode
   tokens/s from (time of 65 new tokens - time of 1) over 64 tokens;
 * with ``--engine``: the unchanged engine on ``--device cuda`` (SmolLM2, 64 concurrent
-  greedy requests of 64 tokens): aggregate tokens/s, host sampling included.
+  greedy requests of 64 tokens): aggregate tokens/s, host sampling included;
+* with ``--types Q5_K,IQ4_XS,...``: the random 1.1B in those types too (written to
+  ``--dir`` if missing), each once in its own blocks and once widened to F16 at upload
+  (what every type beyond Q4_0/Q4_1/Q8_0/Q4_K/Q6_K got before session 17).
 
     python3 bench/cuda_bench.py --smollm2 PATH --dir DIR_OF_1B_GGUFS [--engine] [--json OUT]
 """
@@ -24,13 +27,16 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from modelc.formats import load_model
-from modelc.formats.ir import ModelIR
+from modelc.formats.ir import DType, ModelIR
+from modelc.runtime.backends import cuda
 from modelc.runtime.backends.cuda import CudaBackend
 from modelc.runtime.backends.cuda_llama import CudaLlama
 from modelc.runtime.model import SeqChunk
@@ -89,6 +95,16 @@ def variant_rate(model: CudaLlama, cfg: dict[str, Any], n: int, steps: int) -> f
     finally:
         dev.gemv_kind, dev.gemv_max, model.use_graphs, dev.split_k = saved
         model.reset_graphs()
+
+
+@contextmanager
+def widened(dtype: DType) -> Iterator[None]:
+    """Uploads of ``dtype`` dequantized to F16, as before it had kernels."""
+    code = cuda.CODES.pop(dtype)
+    try:
+        yield
+    finally:
+        cuda.CODES[dtype] = code
 
 
 def hf_rate(ir: ModelIR, n: int) -> float:
@@ -186,20 +202,32 @@ def main() -> None:
     ap.add_argument("--engine", action="store_true")
     ap.add_argument("--streams", default=",".join(map(str, STREAMS)))
     ap.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--types", default="", help="more weight types for the random 1.1B")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    models = []
+    models: list[tuple[str, Path, DType | None]] = []
     if args.smollm2:
-        models.append(("SmolLM2-135M Q4_1", args.smollm2))
+        models.append(("SmolLM2-135M Q4_1", args.smollm2, None))
     if args.dir:
         models += [
-            (f"random 1.1B {q}", args.dir / f"llama1b-{q.lower()}.gguf") for q in ("Q4_0", "Q8_0")
+            (f"random 1.1B {q}", args.dir / f"llama1b-{q.lower()}.gguf", None)
+            for q in ("Q4_0", "Q8_0")
+            if (args.dir / f"llama1b-{q.lower()}.gguf").exists() or not args.types
         ]
+    for q in filter(None, args.types.split(",")):
+        from tests.gen_cuda_models import write_random_llama
+
+        path = args.dir / f"llama1b-{q.lower()}.gguf"
+        if not path.exists():
+            write_random_llama(path, DType[q])
+        models.append((f"random 1.1B {q}", path, None))
+        models.append((f"random 1.1B {q} widened to F16", path, DType[q]))
     rows: list[dict[str, Any]] = []
     be = CudaBackend()
-    for name, path in models:
+    for name, path, widen in models:
         ir = load_model(path)
-        model = CudaLlama(ir, be)
+        with widened(widen) if widen is not None else nullcontext():
+            model = CudaLlama(ir, be)
         for n in [int(v) for v in args.streams.split(",")]:
             steps = args.steps if n <= 16 else max(32, args.steps // 2)
             t = decode_rate(model, n, steps)

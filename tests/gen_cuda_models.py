@@ -41,6 +41,12 @@ def _f16_field(rng: np.random.Generator, n: int, scale: float) -> np.ndarray[Any
     return d.view(np.uint8).reshape(n, 2)
 
 
+def _scaled(field: np.ndarray[Any, Any], k: float) -> np.ndarray[Any, Any]:
+    """An f16 field (n, 2) of k times another's values (a min that centres the weights)."""
+    v = k * field.copy().view(np.float16).astype(np.float32)
+    return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
 def random_blocks(
     rng: np.random.Generator, dtype: DType, rows: int, cols: int, std: float
 ) -> tuple[np.ndarray[Any, Any], Any]:
@@ -57,18 +63,27 @@ def random_blocks(
         b[:, :2] = _f16_field(rng, nb, std / 4.6)
     elif dtype is DType.Q4_1:  # d * nibble + m, centred
         b[:, :2] = _f16_field(rng, nb, std / 4.6)
-        m = -7.5 * b[:, :2].copy().view(np.float16).astype(np.float32)
-        b[:, 2:4] = m.astype(np.float16).view(np.uint8).reshape(nb, 2)
+        b[:, 2:4] = _scaled(b[:, :2], -7.5)
     elif dtype is DType.Q8_0:  # int8: std ~74
         b[:, :2] = _f16_field(rng, nb, std / 74)
+    elif dtype is DType.Q5_0:  # 5-bit q - 16: std ~9.2
+        b[:, :2] = _f16_field(rng, nb, std / 9.2)
+    elif dtype is DType.Q5_1:  # d * q + m, centred
+        b[:, :2] = _f16_field(rng, nb, std / 9.2)
+        b[:, 2:4] = _scaled(b[:, :2], -15.5)
+    elif dtype is DType.Q2_K:  # d * sc * q - dmin * mn; 4-bit sc, mn ~7.5, q ~1.5
+        b[:, 80:82] = _f16_field(rng, nb, std / (7.5 * 1.1))
+        b[:, 82:84] = _scaled(b[:, 80:82], 1.5)
+    elif dtype in (DType.IQ4_NL, DType.IQ4_XS):  # d (* 6-bit scale - 32) * level: std ~70
+        b[:, :2] = _f16_field(rng, nb, std / (70 if dtype is DType.IQ4_NL else 70 * 18))
     elif dtype is DType.Q4_K:  # d * sc * q - dmin * mn; 6-bit sc, mn ~32, q ~7.5
         b[:, :2] = _f16_field(rng, nb, std / (32 * 4.6))
-        b[:, 2:4] = _f16_field(rng, nb, std * 7.5 / (32 * 32))
+        b[:, 2:4] = _scaled(b[:, :2], 7.5)  # centred: E[sc] = E[mn]
     elif dtype is DType.Q3_K:  # d * sc(6-bit, -32..31) * (q in -4..3)
         b[:, 108:110] = _f16_field(rng, nb, std / (18 * 2.3))
     elif dtype is DType.Q5_K:  # as Q4_K with 5-bit q ~15.5
         b[:, :2] = _f16_field(rng, nb, std / (32 * 9.2))
-        b[:, 2:4] = _f16_field(rng, nb, std * 15.5 / (32 * 32))
+        b[:, 2:4] = _scaled(b[:, :2], 15.5)
     elif dtype is DType.Q6_K:  # d * sc(int8) * (q - 32)
         b[:, 208:210] = _f16_field(rng, nb, std / (74 * 18))
     else:

@@ -36,7 +36,11 @@ from tests.runtime_support import LOGPROB_TOL, golden, log_softmax, make_backend
 
 WHY = cuda_unavailable()
 gpu = pytest.mark.skipif(WHY is not None, reason=f"no CUDA here: {WHY}")
-TYPES = [DType.Q4_0, DType.Q4_1, DType.Q8_0, DType.Q4_K, DType.Q6_K, DType.F16, DType.F32]
+TYPES = [
+    *(DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0),
+    *(DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K),
+    *(DType.IQ4_NL, DType.IQ4_XS, DType.F16, DType.F32),
+]
 
 
 def rel(a: Any, b: Any) -> float:
@@ -337,6 +341,37 @@ def test_big_decode_batches_replayed_as_graphs(tmp_path: Path) -> None:
         b = dev.forward([SeqChunk(c, [t]) for c, t in zip(cd, nxt, strict=True)])
     assert dev.graph_error is None
     assert len(dev._graphs) == (1 if dev.dev.blas is not None else 0)
+
+
+@gpu
+def test_models_one_after_another_on_the_cublas_path(tmp_path: Path) -> None:
+    """Models built one after another in a process, each freed (its stream, caches and
+    captured cuBLAS graph gone) before the next: each one's steps equal the CPU backend's."""
+    import gc
+
+    import cupy as cp
+
+    rng = np.random.default_rng(8)
+    seqs = [rng.integers(0, SMALL.n_vocab, 5).tolist() for _ in range(24)]
+    for i, dtype in enumerate((DType.Q4_K, DType.F16, DType.Q4_K)):
+        ir = load_model(write_random_llama(tmp_path / f"m{i}.gguf", dtype, SMALL, seed=i))
+        ref, dev = cpu_exact(ir), on_gpu(ir)
+        dev.dev.gemv_max = 16  # the cuBLAS path, captured from the second decode step
+        cr = [ref.new_cache("f16") for _ in seqs]
+        cd = [dev.new_cache("f16") for _ in seqs]
+        a = ref.forward([SeqChunk(c, s) for c, s in zip(cr, seqs, strict=True)])
+        b = dev.forward([SeqChunk(c, s) for c, s in zip(cd, seqs, strict=True)])
+        for _ in range(3):
+            assert np.abs(a - b).max() < 1e-3 * np.abs(a).max(), (i, dtype)
+            nxt = [int(t) for t in np.argmax(a, axis=1)]
+            a = ref.forward([SeqChunk(c, [t]) for c, t in zip(cr, nxt, strict=True)])
+            b = dev.forward([SeqChunk(c, [t]) for c, t in zip(cd, nxt, strict=True)])
+        assert len(dev._graphs) == (1 if dev.dev.blas is not None else 0)
+        for c in cd:
+            c.free()
+        del dev, cd
+        gc.collect()
+        cp.get_default_memory_pool().free_all_blocks()
 
 
 def smollm2_path() -> Path:

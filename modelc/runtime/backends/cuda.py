@@ -8,8 +8,9 @@ in their GGUF blocks.
   for more rows, the weight dequantized into a scratch matrix and one cuBLAS ``gemmEx``
   (:mod:`.cuda_blas`; f16 tensor cores, f32 with ``MODELC_MATMUL=exact``, the CPU
   backend's switch for parity with a float reference).
-* :class:`DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16 and F32
-  as stored; BF16 widened to F32 and the other GGUF types dequantized to F16 at upload.
+* :class:`DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K,
+  IQ4_NL, IQ4_XS, F16 and F32 as stored; BF16 widened to F32 and the other GGUF types
+  dequantized to F16 at upload.
 * :class:`CudaBackend` is the :class:`~modelc.runtime.backend.Backend` (numpy in, numpy
   out) whose matmul, rows, norm, SiLU and attention run these kernels, for op-level
   parity tests; the model-level path that keeps a step on the device is
@@ -45,6 +46,13 @@ CODES: dict[DType, int] = {
     DType.Q8_0: 8,
     DType.Q4_K: 12,
     DType.Q6_K: 14,
+    DType.Q5_0: 6,
+    DType.Q5_1: 7,
+    DType.Q2_K: 10,
+    DType.Q3_K: 11,
+    DType.Q5_K: 13,
+    DType.IQ4_NL: 20,
+    DType.IQ4_XS: 23,
 }
 GEMV_MAX = max(GEMV_ROWS)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,8 @@ class Blas:
         self.scalars = np.array([1.0, 0.0], np.float32)  # alpha, beta=0; beta=1 is alpha's
         # a workspace of our own: cuBLAS allocating one during a graph capture would fail it
         self.workspace = cp.empty(64 << 20, np.uint8)
-        _set_workspace(self.lib, self.handle, int(self.workspace.data.ptr), 64 << 20)
+        self._set_workspace = _workspace_setter(self.lib)
+        self._set_workspace(self.handle, int(self.workspace.data.ptr), 64 << 20)
 
     def gemm(
         self, w: Any, f16: bool, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool
@@ -38,6 +40,9 @@ class Blas:
         dt = CUDA_R_16F if f16 else CUDA_R_32F
         ptr = int(self.scalars.ctypes.data)
         self.lib.setStream(self.handle, self.cp.cuda.get_current_stream().ptr)
+        # setStream puts cuBLAS back on its default workspace pool (cuBLAS's documentation):
+        # ours again, every call
+        self._set_workspace(self.handle, int(self.workspace.data.ptr), 64 << 20)
         self.lib.gemmEx(
             self.handle, OP_T, OP_N, rows, n, k, ptr, int(w.data.ptr), dt, k,
             int(x.data.ptr), dt, ldx, ptr if acc else ptr + 4, int(y.data.ptr), CUDA_R_32F,
@@ -45,17 +50,19 @@ class Blas:
         )  # fmt: skip
 
 
-def _set_workspace(lib: Any, handle: int, ptr: int, size: int) -> None:
-    fn = getattr(lib, "setWorkspace", None)
+def _workspace_setter(lib: Any) -> Callable[[int, int, int], None]:
+    """``cublasSetWorkspace(handle, ptr, size)``: CuPy's binding, else libcublas's own."""
+    fn: Callable[[int, int, int], None] | None = getattr(lib, "setWorkspace", None)
     if fn is not None:
-        fn(handle, ptr, size)
-        return
-    cublas = ctypes.CDLL("libcublas.so.13")
-    rc = cublas.cublasSetWorkspace_v2(
-        ctypes.c_void_p(handle), ctypes.c_void_p(ptr), ctypes.c_size_t(size)
-    )
-    if rc != 0:
-        raise RuntimeError(f"cublasSetWorkspace failed ({rc})")
+        return fn
+    raw = ctypes.CDLL("libcublas.so.13").cublasSetWorkspace_v2
+
+    def set_workspace(handle: int, ptr: int, size: int) -> None:
+        rc = raw(ctypes.c_void_p(handle), ctypes.c_void_p(ptr), ctypes.c_size_t(size))
+        if rc != 0:
+            raise RuntimeError(f"cublasSetWorkspace failed ({rc})")
+
+    return set_workspace
 
 
 def open_blas(cp: Any) -> Blas | None:

@@ -79,6 +79,7 @@ template <> __device__ __forceinline__ void deq4<14>(const u8* __restrict__ row,
   }
 }
 
+__MORE_DEQ4__
 // wpr warps split each weight row's groups (a block of 8 warps holds 8 / wpr rows), their
 // sums added in shared memory: rows with long K, or too few rows to fill the GPU, get more
 // loads in flight

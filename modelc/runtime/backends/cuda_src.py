@@ -6,14 +6,15 @@ unit every kernel works in), with the float steps of :mod:`modelc.formats.quants
 same order (``d * q + m`` rounded twice, not fused), so dequantized values agree bit for
 bit with the numpy reference and the CPU backend's ``exact`` mode.
 
-Type codes (``T``): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K (GGML's numbers).
+Type codes (``T``): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K (GGML's numbers);
+the others' unpacking is in :mod:`.cuda_quants`.
 """
 
 from __future__ import annotations
 
-from modelc.runtime.backends import cuda_gemv
+from modelc.runtime.backends import cuda_gemv, cuda_quants
 
-TYPES = (0, 1, 2, 3, 8, 12, 14)
+TYPES = (0, 1, 2, 3, 8, 12, 14, *cuda_quants.TYPES)
 GEMV_ROWS = (1, 2, 4, 8, 16)  # activation rows one GEMV pass takes (NR)
 HEAD_LANES = (1, 2, 3, 4, 8)  # head_dim / 32 that attention is built for
 
@@ -123,6 +124,7 @@ template <> __device__ __forceinline__ void deq32<14>(const u8* __restrict__ row
   }
 }
 
+__MORE_DEQ32__
 // y[r, :] (+)= W x[r, :] for nr <= NR rows of x; one warp a weight row
 template <int T, int NR>
 __device__ __forceinline__ void gemv(const u8* __restrict__ W, long long rb, int rows, int cols,
@@ -436,5 +438,7 @@ def kernel_names() -> list[str]:
 
 
 def source() -> str:
-    body = SOURCE.replace("__TEMPLATE_INSTANCES__", _instances())
-    return body + cuda_gemv.SOURCE + cuda_gemv.instances(TYPES)
+    body = SOURCE.replace("__MORE_DEQ32__", cuda_quants.DEQ32)
+    body = body.replace("__TEMPLATE_INSTANCES__", _instances())
+    gemv = cuda_gemv.SOURCE.replace("__MORE_DEQ4__", cuda_quants.DEQ4)
+    return body + gemv + cuda_gemv.instances(TYPES)
