@@ -33,6 +33,7 @@ import dataclasses
 import importlib.util
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,22 @@ def model_weights(model: Any) -> list[Weight]:
     return [*ws, model.output]
 
 
+def alternate(
+    builds: dict[str, Any], reps: int, one_pass: Callable[[str, Any], None]
+) -> dict[str, list[float]]:
+    """Seconds of each of ``reps`` passes of ``one_pass(name, module)`` per build, the
+    builds taking turns pass by pass, in alternating order (a machine's drift falls on all
+    of them alike); one more pass first warms up."""
+    ts: dict[str, list[float]] = {k: [] for k in builds}
+    for r in range(reps + 1):
+        for k in builds if r % 2 else reversed(list(builds)):
+            t = time.perf_counter()
+            one_pass(k, builds[k])
+            if r:
+                ts[k].append(time.perf_counter() - t)
+    return ts
+
+
 def kernels(model: Any, be: CpuBackend, builds: dict[str, Any], args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     by_type: dict[str, list[tuple[int, Any, int, Any]]] = {}
@@ -89,19 +106,16 @@ def kernels(model: Any, be: CpuBackend, builds: dict[str, Any], args: argparse.N
             xs = {k: rng.standard_normal((n, k)).astype(np.float32) for _, _, k, _ in items}
             outs = [np.empty((n, raw.shape[0]), np.float32) for _, raw, _, _ in items]
             reps = args.reps if n < 64 else max(3, args.reps // 2)
-            ts: dict[str, list[float]] = {k: [] for k in builds}
             # a build without this type's repacked kernels (an older --base): the weights as
             # stored (its direct path), timed against the same bytes
             own = {k: bool(builds[k].repack_simd(items[0][0], be.simd)) for k in builds}
-            for r in range(reps + 1):
-                for k in builds if r % 2 else reversed(list(builds)):
-                    mod = builds[k]
-                    t = time.perf_counter()
-                    for (code, raw, kk, packed), o in zip(items, outs, strict=True):
-                        aux = packed if own[k] else None
-                        mod.matmul(code, raw, kk, xs[kk], o, be.simd, be.threads, be.tol, aux)
-                    if r:  # the first pass warms up
-                        ts[k].append(time.perf_counter() - t)
+
+            def one_pass(k: str, mod: Any) -> None:
+                for (code, raw, kk, packed), o in zip(items, outs, strict=True):  # noqa: B023
+                    aux = packed if own[k] else None  # noqa: B023
+                    mod.matmul(code, raw, kk, xs[kk], o, be.simd, be.threads, be.tol, aux)  # noqa: B023
+
+            ts = alternate(builds, reps, one_pass)
             for k in builds:
                 med, best = statistics.median(ts[k]), min(ts[k])
                 print(

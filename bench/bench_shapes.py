@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from typing import Any
 
 import numpy as np
 
-from bench.bench_repacked import load_build, model_weights
+from bench.bench_repacked import alternate, load_build, model_weights
 from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.backends import cpu as cpu_mod
@@ -58,15 +57,12 @@ def main() -> None:
         for n in [int(v) for v in args.rows.split(",")]:
             x = rng.standard_normal((n, shape[1])).astype(np.float32)
             out = np.empty((n, shape[0]), np.float32)
-            ts: dict[str, list[float]] = {k: [] for k in builds}
-            for r in range(args.reps + 1):  # pass 0 warms up
-                for k in builds if r % 2 else reversed(list(builds)):
-                    mod = builds[k]
-                    t = time.perf_counter()
-                    for code, raw, kk, packed in items:
-                        mod.matmul(code, raw, kk, x, out, be.simd, args.threads, be.tol, packed)
-                    if r:
-                        ts[k].append(time.perf_counter() - t)
+
+            def one_pass(_: str, mod: Any) -> None:
+                for code, raw, kk, packed in items:  # noqa: B023
+                    mod.matmul(code, raw, kk, x, out, be.simd, args.threads, be.tol, packed)  # noqa: B023
+
+            ts = alternate(builds, args.reps, one_pass)
             figures = "  ".join(
                 f"{k}: {nbytes / statistics.median(v) / 1e9:5.1f} GB/s" for k, v in ts.items()
             )
