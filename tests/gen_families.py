@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import gguf.quants
 import numpy as np
 
 from tests.assets import assets_dir
@@ -112,6 +113,29 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "rope_scaling": {"rope_type": "linear", "factor": 2.0},
         "pad_token_id": 0,
     },
+    "qwen3moe": {  # GGUF only in modelc (an HF directory's experts are separate tensors)
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "tie_word_embeddings": False,
+        "head_dim": 32,
+        "attention_bias": False,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
+    "mixtral": {  # a llama GGUF with stacked experts
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "tie_word_embeddings": False,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": None,
+    },
     "phi3": {
         "architectures": ["Phi3ForCausalLM"],
         "model_type": "phi3",
@@ -130,6 +154,8 @@ SEEDS = {
     "gemma2": 20261209,
     "gemma3": 20261210,
     "phi3": 20261211,
+    "qwen3moe": 20261212,
+    "mixtral": 20261213,
 }
 GGUF_ARCH = {
     "qwen2": "qwen2",
@@ -138,6 +164,8 @@ GGUF_ARCH = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "phi3": "phi3",
+    "qwen3moe": "qwen3moe",
+    "mixtral": "llama",
 }
 GEMMA = ("gemma2", "gemma3")
 
@@ -182,7 +210,7 @@ def make_weights(family: str) -> dict[str, np.ndarray[Any, Any]]:
             out[p + "self_attn.q_proj.bias"] = bias(nq)
             out[p + "self_attn.k_proj.bias"] = bias(nkv)
             out[p + "self_attn.v_proj.bias"] = bias(nkv)
-        if family in ("qwen3", "gemma3"):
+        if family in ("qwen3", "gemma3", "qwen3moe"):
             out[p + "self_attn.q_norm.weight"] = norm(hd)
             out[p + "self_attn.k_norm.weight"] = norm(hd)
         out[p + "self_attn.o_proj.weight"] = w(d, nq)
@@ -190,6 +218,22 @@ def make_weights(family: str) -> dict[str, np.ndarray[Any, Any]]:
         if family in GEMMA:
             out[p + "pre_feedforward_layernorm.weight"] = norm(d)
             out[p + "post_feedforward_layernorm.weight"] = norm(d)
+        if family == "qwen3moe":  # a router (std 1: decisive top-k) and the experts
+            n_e, fe = cfg["num_experts"], cfg["moe_intermediate_size"]
+            out[p + "mlp.gate.weight"] = rng.standard_normal((n_e, d)).astype(np.float32)
+            for e in range(n_e):
+                out[p + f"mlp.experts.{e}.gate_proj.weight"] = w(fe, d)
+                out[p + f"mlp.experts.{e}.up_proj.weight"] = w(fe, d)
+                out[p + f"mlp.experts.{e}.down_proj.weight"] = w(d, fe)
+            continue
+        if family == "mixtral":  # w1 gate, w3 up, w2 down
+            n_e, q = cfg["num_local_experts"], p + "block_sparse_moe."
+            out[q + "gate.weight"] = rng.standard_normal((n_e, d)).astype(np.float32)
+            for e in range(n_e):
+                out[q + f"experts.{e}.w1.weight"] = w(ff, d)
+                out[q + f"experts.{e}.w3.weight"] = w(ff, d)
+                out[q + f"experts.{e}.w2.weight"] = w(d, ff)
+            continue
         if family == "phi3":
             out[p + "mlp.gate_up_proj.weight"] = w(2 * ff, d)
         else:
@@ -211,7 +255,14 @@ def _permute(w: np.ndarray[Any, Any], n_head: int) -> np.ndarray[Any, Any]:
     )
 
 
-def write_gguf(family: str, weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
+def write_gguf(
+    family: str,
+    weights: dict[str, np.ndarray[Any, Any]],
+    path: Path,
+    quant: gguf.GGMLQuantizationType | None = None,
+) -> None:
+    """The family's GGUF; with ``quant``, its matrices in that type (the router kept f32,
+    as llama.cpp's quantizer keeps ``ffn_gate_inp``)."""
     cfg, arch = config(family), GGUF_ARCH[family]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type(gguf.GGUFType.MODEL)
@@ -226,9 +277,17 @@ def write_gguf(family: str, weights: dict[str, np.ndarray[Any, Any]], path: Path
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    if family in ("qwen3", *GEMMA):
+    if family in ("qwen3", "qwen3moe", *GEMMA):
         w.add_key_length(head_dim(cfg))
         w.add_value_length(head_dim(cfg))
+    if family == "qwen3moe":
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if family == "mixtral":
+        w.add_rope_dimension_count(head_dim(cfg))
+        w.add_expert_count(cfg["num_local_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
     if family == "mistral":
         w.add_rope_dimension_count(head_dim(cfg))
         w.add_sliding_window(cfg["sliding_window"])
@@ -269,7 +328,13 @@ def write_gguf(family: str, weights: dict[str, np.ndarray[Any, Any]], path: Path
     tc = json.loads((FIX / "tokenizer_config.json").read_text())
     w.add_chat_template(tc["chat_template"])
     nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg["num_hidden_layers"])
+    experts: dict[str, list[np.ndarray[Any, Any]]] = {}
     for name, data in weights.items():
+        if ".experts." in name:  # stacked per layer and matrix, as the converter does
+            i, proj = name.split(".")[2], name.split(".")[-2].removesuffix("_proj")
+            proj = {"w1": "gate", "w3": "up", "w2": "down"}.get(proj, proj)
+            experts.setdefault(f"blk.{i}.ffn_{proj}_exps.weight", []).append(data)
+            continue
         new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
         assert new is not None, name
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -277,11 +342,25 @@ def write_gguf(family: str, weights: dict[str, np.ndarray[Any, Any]], path: Path
             data = _permute(data, cfg[key])
         if family in GEMMA and name.endswith("norm.weight"):
             data = data + np.float32(1.0)  # convert_hf_to_gguf stores Gemma's 1 + w
-        w.add_tensor(new, np.ascontiguousarray(data, dtype=np.float32))
+        _add(w, new, np.ascontiguousarray(data, dtype=np.float32), quant)
+    for new, mats in experts.items():
+        _add(w, new, np.ascontiguousarray(np.stack(mats), dtype=np.float32), quant)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _add(
+    w: gguf.GGUFWriter,
+    name: str,
+    data: np.ndarray[Any, Any],
+    quant: gguf.GGMLQuantizationType | None,
+) -> None:
+    if quant is None or data.ndim < 2 or "ffn_gate_inp" in name:
+        w.add_tensor(name, data)
+        return
+    w.add_tensor(name, gguf.quants.quantize(data, quant), raw_dtype=quant)
 
 
 def family_dir(family: str) -> Path:

@@ -12,15 +12,17 @@ helpers below are shared by the differential tests.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
 from bench.llamacpp_peer import LlamaCppServer
+from modelc.runtime.model import LanguageModel, SeqChunk
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, start
 
@@ -56,6 +58,31 @@ def post(url: str, body: dict[str, Any]) -> Any:
     r = httpx.post(url, json=body, timeout=HTTP_TIMEOUT)
     r.raise_for_status()
     return r.json()
+
+
+def greedy_to_near_tie(
+    model: LanguageModel,
+    ids: list[int],
+    n: int,
+    banned: Sequence[int] = (),
+    margin: float = 0.01,
+) -> tuple[list[int], int]:
+    """Our greedy continuation (``banned`` ids never picked, as llama.cpp's ``ignore_eos``
+    bans end-of-generation ids), and how many of its tokens were picked by a clear margin
+    (top-2 logits ``margin`` apart or more): llama.cpp's f16 KV cache may flip a near tie,
+    and its int8 activations against quantized weights one a little wider."""
+    cache = model.new_cache("f32")
+    logits = model.forward([SeqChunk(cache, list(ids))])[0]
+    toks: list[int] = []
+    cut = n
+    for i in range(n):
+        logits[list(banned)] = -np.inf
+        top2 = np.sort(logits)[-2:]
+        if top2[1] - top2[0] < margin:
+            cut = min(cut, i)
+        toks.append(int(np.argmax(logits)))
+        logits = model.forward([SeqChunk(cache, [toks[-1]])])[0]
+    return toks, cut
 
 
 def llamacpp_greedy(url: str, ids: list[int], n: int) -> list[int]:

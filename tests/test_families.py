@@ -27,13 +27,13 @@ from modelc.engine.api import FinishEvent, GenerationRequest
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
-from modelc.runtime.model import LanguageModel, SeqChunk
+from modelc.runtime.model import LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
 from tests.gen_families import ensure_family
-from tests.peers import llamacpp_greedy
+from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, golden, make_backend
 
 FAMILIES = ["qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
@@ -240,22 +240,6 @@ async def test_engine_recomputes_a_phi3_sequence_crossing_longrope(tmp_path: Pat
     assert any(check_record(model, r)[1] != r["greedy"] for r in crossing)
 
 
-def _greedy_to_near_tie(model: LanguageModel, ids: list[int], n: int) -> tuple[list[int], int]:
-    """Our greedy continuation, and how many of its tokens were picked by a clear margin
-    (top-2 logits 0.01 apart or more): llama.cpp's f16 KV cache may flip a near tie."""
-    cache = model.new_cache("f32")
-    logits = model.forward([SeqChunk(cache, list(ids))])[0]
-    toks: list[int] = []
-    cut = n
-    for i in range(n):
-        top2 = np.sort(logits)[-2:]
-        if top2[1] - top2[0] < 0.01:
-            cut = min(cut, i)
-        toks.append(int(np.argmax(logits)))
-        logits = model.forward([SeqChunk(cache, [toks[-1]])])[0]
-    return toks, cut
-
-
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF: the same prompt ids and greedy continuations (up to
@@ -283,7 +267,7 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
         for rec in g["records"]:
             if set(rec["greedy"]) & set(eog):
                 continue
-            ours, cut = _greedy_to_near_tie(model, rec["prompt_ids"], len(rec["greedy"]))
+            ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], len(rec["greedy"]))
             theirs = llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
             assert theirs[:cut] == ours[:cut], cut
             compared += 1

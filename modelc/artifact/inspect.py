@@ -68,7 +68,7 @@ def _short_meta(meta: dict[str, Any]) -> dict[str, Any]:
 def attention_features(art: Artifact) -> list[str]:
     """What sets a transformer family apart, read from its hparams and tensor names:
     head size, RoPE layout and scaling, QKV biases, Q/K norms, a sliding window, a tied head,
-    an encoder's pooling."""
+    a mixture of experts, an encoder's pooling."""
     h = art.manifest.hparams
     names = {e.name for e in art.manifest.tensors}
     out = [f"head_dim {h.head_dim or h.n_embd // h.n_head}"]
@@ -94,6 +94,8 @@ def attention_features(art: Artifact) -> list[str]:
         out.append(f"Q·K scale {h.attn_scale:.4g}")
     if h.attn_softcap or h.final_softcap:
         out.append(f"soft-cap attention {h.attn_softcap:g}, logits {h.final_softcap:g}")
+    if h.n_expert:
+        out.append(f"{h.n_expert} experts, {h.n_expert_used} a token")
     if h.pooling:  # an encoder: its pooled embeddings, no output head
         out.append(f"pooling {h.pooling}" + (", L2-normalised" if h.normalize_embeddings else ""))
     elif h.tie_embeddings and "output.weight" not in names:

@@ -48,9 +48,12 @@ def _llama(m: Llama, be: CpuBackend) -> Spec:
     qkn = [b.q_norm is not None for b in m.blocks]
     if len(set(bias)) > 1 or len(set(qkn)) > 1:
         raise _refuse("layers that differ in Q/K/V biases or Q/K norms are not compiled")
-    types, fuse_qkv, fuse_gu = [], [], []
+    types, fuse_qkv, fuse_gu, ffs = [], [], [], []
     for i, b in enumerate(m.blocks):
+        if b.w_gate is None or b.w_up is None or b.w_down is None:
+            raise _refuse("mixture-of-experts layers are not compiled yet")
         ws = (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)
+        ffs.append(b.w_gate.shape[0])
         types.append([_code(be, w, f"blk.{i} weights") for w in ws])
         fuse_qkv.append(_fused(ws[:3]))
         fuse_gu.append(_fused(ws[4:6]))
@@ -65,7 +68,7 @@ def _llama(m: Llama, be: CpuBackend) -> Spec:
         "scale": float(m.scale),
         "neox": bool(m.neox),
         "window": int(m.window),  # the attention kernel's sliding window (Mistral); 0: none
-        "ff": [b.w_gate.shape[0] for b in m.blocks],
+        "ff": ffs,
         "types": types,
         "fuse_qkv": fuse_qkv,
         "fuse_gu": fuse_gu,

@@ -95,14 +95,26 @@ class Family:
 
     def required_tensors(self, hp: HParams) -> list[str]:
         """Every tensor a complete model of this family has, canonical names."""
+        names = list(self.required)
+        if hp.n_expert:  # a mixture of experts: a router and stacked experts for the FFN
+            names = [n for n in names if not n.startswith("ffn_")] + list(MOE_REQUIRED)
         req = ["token_embd.weight"]
-        req += [f"blk.{i}.{n}" for i in range(hp.n_layer) for n in self.required]
+        req += [f"blk.{i}.{n}" for i in range(hp.n_layer) for n in names]
         if self.output_required and not hp.tie_embeddings:
             req.append("output.weight")
         return req
 
 
 # --- helpers shared by the families --------------------------------------------------------
+
+# a mixture-of-experts layer's FFN, as llama.cpp names it: the router (n_expert, d) and the
+# experts' matrices stacked (n_expert, ff, d) / (n_expert, d, ff)
+MOE_REQUIRED = (
+    "ffn_gate_inp.weight",
+    "ffn_gate_exps.weight",
+    "ffn_up_exps.weight",
+    "ffn_down_exps.weight",
+)
 
 _ACTIVATIONS = {
     "gelu_new": "gelu_tanh",

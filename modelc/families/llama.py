@@ -85,6 +85,8 @@ def gguf_hparams(
     hp.activation = "silu"
     hp.rope_scaling = gguf_rope(m)
     hp.sliding_window = int(m("attention.sliding_window", 0))
+    hp.n_expert = int(m("expert_count", 0))  # mixtral, qwen3moe
+    hp.n_expert_used = int(m("expert_used_count", 0))
 
 
 def _permute_qk(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:

@@ -20,6 +20,7 @@ from modelc.families import (
     phi3,
     qwen2,
     qwen3,
+    qwen3moe,
 )
 from modelc.families.contract import Family
 
@@ -33,6 +34,7 @@ FAMILIES: dict[str, Family] = {
         mlp.FAMILY,
         qwen2.FAMILY,
         qwen3.FAMILY,
+        qwen3moe.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
         phi3.FAMILY,

@@ -160,6 +160,8 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     n_head_kv: int = 0
     n_ff: int = 0
     head_dim: int = 0
+    n_expert: int = 0  # mixture of experts (qwen3moe, mixtral): experts a layer; 0: dense
+    n_expert_used: int = 0  # experts each token goes through
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_style: str = "interleaved"  # "interleaved" (GGUF/llama.cpp NORM) | "neox"

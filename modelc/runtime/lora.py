@@ -336,6 +336,11 @@ def apply_adapter(model: LanguageModel | EmbeddingModel, adapter: LoraAdapter) -
     for layer in adapter.layers:
         holder, attr = _slot(model, layer)
         w = getattr(holder, attr)
+        if w is None:  # a mixture of experts has no dense FFN matrices
+            raise UsageError(
+                f"LoRA module {layer.module}: {layer.target} is a mixture of experts in this "
+                "model; LoRA on experts is not supported"
+            )
         assert isinstance(w, Weight), f"{attr} of {type(holder).__name__} is not a Weight"
         want = (int(layer.b.shape[0]), int(layer.a.shape[1]))
         if w.shape != want:

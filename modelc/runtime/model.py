@@ -158,6 +158,23 @@ class TensorSource:
             return Weight(t.dtype, shape, np.ascontiguousarray(t.data()))
         return Weight(DType.F32, shape, _plain_f32(self.ir, name).reshape(shape))
 
+    def experts(self, name: str) -> list[Weight]:
+        """A stack of matrices (n, out, in), such as a mixture's experts, as n row views."""
+        self._get(name)
+        t = self.ir.tensors[name]
+        if len(t.shape) != 3:
+            raise FormatError(
+                f"{name}: expected (experts, rows, columns), got shape {t.shape}",
+                path=self.ir.source.path,
+            )
+        n, rows, cols = (int(v) for v in t.shape)
+        if t.dtype.is_quantized or t.dtype in (DType.F32, DType.F16, DType.BF16):
+            data = np.ascontiguousarray(t.data()).reshape(n, rows, -1)
+            dtype = t.dtype
+        else:
+            data, dtype = _plain_f32(self.ir, name).reshape(n, rows, cols), DType.F32
+        return [Weight(dtype, (rows, cols), data[e]) for e in range(n)]
+
     def array(self, name: str) -> F32Array:
         """A plain tensor of any shape, f32."""
         self._get(name)

@@ -7,6 +7,13 @@ Q/K rows are in the GGUF interleaved-pair RoPE layout unless ``hparams.rope_styl
 attn_q/k/v biases and attn_q_norm/attn_k_norm (a per-head RMSNorm before RoPE).
 Mistral's ``sliding_window`` limits what each query sees (a mask; the cache keeps
 every position).  The ``llama`` family here also reads Mistral checkpoints.
+
+A mixture of experts (Mixtral as ``llama``, ``qwen3moe``) has, in place of ffn_gate /
+ffn_up / ffn_down, a router ffn_gate_inp (n_expert, d) and the experts stacked in
+ffn_gate_exps / ffn_up_exps (n_expert, ff, d) and ffn_down_exps (n_expert, d, ff): each
+token goes through its ``n_expert_used`` most probable experts (softmax over all), their
+outputs weighted by those probabilities renormalised to sum to 1 (llama.cpp's
+``build_moe_ffn`` for both).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from modelc.errors import FormatError
 from modelc.families.contract import rope_attention_factor, rope_inv_freq
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.backend import Backend, F32Array, Weight
@@ -34,7 +42,18 @@ from modelc.runtime.model import (
     end_step,
 )
 
-__all__ = ["Block", "Llama", "rope_inv_freq"]
+__all__ = ["Block", "Experts", "Llama", "moe_ffn", "rope_inv_freq"]
+
+
+@dataclass(slots=True)
+class Experts:
+    """A mixture-of-experts FFN: the router and each expert's matrices (row views)."""
+
+    router: Weight  # (n_expert, d)
+    gate: list[Weight]  # n_expert x (ff, d)
+    up: list[Weight]  # n_expert x (ff, d)
+    down: list[Weight]  # n_expert x (d, ff)
+    n_used: int  # experts a token goes through
 
 
 @dataclass(slots=True)
@@ -45,9 +64,10 @@ class Block:
     wv: Weight  # (n_head_kv*hd, d)
     wo: Weight  # (d, n_head*hd)
     ffn_norm: F32Array  # (d,)
-    w_gate: Weight  # (ff, d)
-    w_up: Weight  # (ff, d)
-    w_down: Weight  # (d, ff)
+    w_gate: Weight | None  # (ff, d); None in a mixture of experts
+    w_up: Weight | None  # (ff, d)
+    w_down: Weight | None  # (d, ff)
+    experts: Experts | None = None  # mixtral, qwen3moe
     bq: F32Array | None = None  # (n_head*hd,) qwen2
     bk: F32Array | None = None  # (n_head_kv*hd,)
     bv: F32Array | None = None  # (n_head_kv*hd,)
@@ -95,6 +115,27 @@ class Llama(CausalLM):
 
     def make_block(self, src: TensorSource, i: int) -> Block:
         """Block ``i``'s weights (a family whose tensors are fused splits them here)."""
+        moe = src.has(f"blk.{i}.ffn_gate_inp.weight")
+        experts = None
+        if moe:
+            used = self.hparams.n_expert_used
+            experts = Experts(
+                router=src.weight(f"blk.{i}.ffn_gate_inp.weight"),
+                gate=src.experts(f"blk.{i}.ffn_gate_exps.weight"),
+                up=src.experts(f"blk.{i}.ffn_up_exps.weight"),
+                down=src.experts(f"blk.{i}.ffn_down_exps.weight"),
+                n_used=used,
+            )
+            n = experts.router.shape[0]
+            if (
+                not 0 < used <= n
+                or not len(experts.gate) == len(experts.up) == len(experts.down) == n
+            ):
+                raise FormatError(
+                    f"blk.{i}: {n} router rows, {len(experts.gate)} experts and "
+                    f"{used} used a token do not agree",
+                    path=src.ir.source.path,
+                )
         return Block(
             attn_norm=src.vec(f"blk.{i}.attn_norm.weight"),
             wq=src.weight(f"blk.{i}.attn_q.weight"),
@@ -102,9 +143,10 @@ class Llama(CausalLM):
             wv=src.weight(f"blk.{i}.attn_v.weight"),
             wo=src.weight(f"blk.{i}.attn_output.weight"),
             ffn_norm=src.vec(f"blk.{i}.ffn_norm.weight"),
-            w_gate=src.weight(f"blk.{i}.ffn_gate.weight"),
-            w_up=src.weight(f"blk.{i}.ffn_up.weight"),
-            w_down=src.weight(f"blk.{i}.ffn_down.weight"),
+            w_gate=None if moe else src.weight(f"blk.{i}.ffn_gate.weight"),
+            w_up=None if moe else src.weight(f"blk.{i}.ffn_up.weight"),
+            w_down=None if moe else src.weight(f"blk.{i}.ffn_down.weight"),
+            experts=experts,
             bq=_opt(src, f"blk.{i}.attn_q.bias"),
             bk=_opt(src, f"blk.{i}.attn_k.bias"),
             bv=_opt(src, f"blk.{i}.attn_v.bias"),
@@ -131,9 +173,8 @@ class Llama(CausalLM):
         kb = self.scratch.get("k", (n, nkv * hd))
         vb = self.scratch.get("v", (n, nkv * hd))
         ob = self.scratch.get("o", (n, self.d))
-        ff = self.blocks[0].w_gate.shape[0] if self.blocks else 0
-        gb = self.scratch.get("gate", (n, ff))  # (n, ff)
-        ub = self.scratch.get("up", (n, ff))  # (n, ff)
+        ff = 0
+        gb = ub = ob  # the FFN's buffers, fetched at the first dense block
         angles = self.step_angles(batch, pos)  # the same for every layer
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
@@ -151,7 +192,11 @@ class Llama(CausalLM):
             attend(be, batch, slices, li, q, k, v, self.scale, attn, window=self.window)
             x += be.matmul(b.wo, attn2, out=ob)
             h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
-            if b.w_gate.shape[0] != ff:  # a model whose layers differ in FFN width
+            if b.experts is not None:
+                x += moe_ffn(be, b.experts, h, ob)
+                continue
+            assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
+            if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths
                 ff = b.w_gate.shape[0]
                 gb, ub = self.scratch.get("gate", (n, ff)), self.scratch.get("up", (n, ff))
             g, u = be.matmul_many((b.w_gate, b.w_up), h, (gb, ub))  # (n, ff) each
@@ -173,3 +218,24 @@ class Llama(CausalLM):
 
         if cache.n > n_keep:
             cache.update_keys(n_keep, rerotate)
+
+
+def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
+    """The experts' FFN of the rows of ``h`` (n, d) into ``out``: each row through its
+    ``e.n_used`` most probable experts, weighted by their renormalised probabilities."""
+    logits = be.matmul(e.router, h)  # (n, n_expert)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    top = np.argsort(-p, axis=1, kind="stable")[:, : e.n_used]  # (n, used)
+    w = np.take_along_axis(p, top, axis=1)
+    w /= w.sum(axis=1, keepdims=True)
+    out[...] = 0.0
+    for ex in np.unique(top):  # each expert once, on the rows routed to it
+        rows, slot = np.nonzero(top == ex)
+        xe = np.ascontiguousarray(h[rows])
+        g, u = be.matmul_many((e.gate[ex], e.up[ex]), xe)
+        g = be.silu_mul(g, u, out=g)
+        y = be.matmul(e.down[ex], g)
+        y *= w[rows, slot][:, None]
+        out[rows] += y
+    return out

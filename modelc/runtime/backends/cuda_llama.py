@@ -111,6 +111,10 @@ class CudaLlama(CausalLM):
         # hyper-parameters, checks and host views of the weights
         kind = Gemma if ir.architecture in GEMMA else Phi3 if ir.architecture == "phi3" else Llama
         host: Llama | Gemma = kind(ir, backend)
+        if any(getattr(b, "experts", None) is not None for b in host.blocks):
+            raise UnsupportedError(
+                "mixture-of-experts models do not run on --device cuda yet; use --device cpu"
+            )
         gemma = isinstance(host, Gemma)
         self.architecture = host.architecture
         self.hparams: HParams = host.hparams
