@@ -1,7 +1,8 @@
-"""The CUDA backend's unpacking of Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS
-(:mod:`modelc.runtime.backends.cuda_quants`), compiled here as C++ for the CPU and held
-bit for bit to :mod:`modelc.formats.quants`, so their bit layouts are checked without a
-GPU (the H200 runs ``tests/test_cuda.py`` over the same types through the real kernels).
+"""The CUDA backend's unpacking of every block type it keeps on the GPU
+(:mod:`modelc.runtime.backends.cuda_quants`: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K
+to Q6_K, IQ4_NL, IQ4_XS), compiled here as C++ for the CPU and held bit for bit to
+:mod:`modelc.formats.quants`, so their bit layouts are checked in CI, which has no GPU
+(the H200 runs ``tests/test_cuda.py`` over the same types through the real kernels).
 
 The CUDA intrinsics become plain float operations each rounded once (``__fmul_rn`` is a
 multiply with ``-ffp-contract=off``), ``h2f`` a ``_Float16`` conversion, ``__byte_perm``
@@ -20,10 +21,17 @@ import pytest
 
 from modelc.formats.ir import DType
 from modelc.formats.quants import dequantize
-from modelc.runtime.backends import cuda_quants
+from modelc.runtime.backends import cuda_quants, cuda_src
 from tests.gen_cuda_models import random_blocks
 
 CODES = {
+    DType.F32: 0,
+    DType.F16: 1,
+    DType.Q4_0: 2,
+    DType.Q4_1: 3,
+    DType.Q8_0: 8,
+    DType.Q4_K: 12,
+    DType.Q6_K: 14,
     DType.Q5_0: 6,
     DType.Q5_1: 7,
     DType.Q2_K: 10,
@@ -35,6 +43,7 @@ CODES = {
 PRELUDE = r"""
 #include <cstring>
 typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32;
+struct float4 { float x, y, z, w; };
 #define __device__
 #define __forceinline__ inline
 #define __constant__
@@ -66,7 +75,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         f"{{ for (int g = 0; g < ng; g++) deq32<{t}>(r, g, o + 32 * g); }}\n"
         f'extern "C" void d4_{t}(const u8* r, int ng, float* o) {{ for (int g = 0; g < ng; g++) '
         f"for (int s = 0; s < 8; s++) deq4<{t}>(r, g, s, o + 32 * g + 4 * s); }}"
-        for t in cuda_quants.TYPES
+        for t in CODES.values()
     )
     src, so = d / "deq.cpp", d / "deq.so"
     src.write_text(PRELUDE + cuda_quants.DEQ32 + cuda_quants.DEQ4 + entry)
@@ -79,7 +88,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 
 
 def test_every_type_is_checked() -> None:
-    assert sorted(CODES.values()) == sorted(cuda_quants.TYPES)
+    assert sorted(CODES.values()) == sorted(cuda_src.TYPES)
 
 
 @pytest.mark.parametrize("dtype", list(CODES), ids=lambda d: d.name)
@@ -89,13 +98,16 @@ def test_unpacking_matches_the_reference(lib: ctypes.CDLL, dtype: DType, kind: s
     rng = np.random.default_rng(CODES[dtype])
     rows, cols = 9, 1024
     data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
-    data = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
-    want = dequantize(data, dtype, (rows, cols)).reshape(rows, cols)
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+    if dtype in (DType.F32, DType.F16):  # stored as they are
+        want = np.asarray(data, np.float32)
+    else:
+        want = dequantize(raw, dtype, (rows, cols)).reshape(rows, cols)
     got = np.zeros((rows, cols), np.float32)
     fn = getattr(lib, f"{kind}_{CODES[dtype]}")
     for r in range(rows):
         fn(
-            data[r].ctypes.data_as(ctypes.c_void_p),
+            raw[r].ctypes.data_as(ctypes.c_void_p),
             cols // 32,
             got[r].ctypes.data_as(ctypes.c_void_p),
         )

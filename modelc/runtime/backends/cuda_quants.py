@@ -1,12 +1,13 @@
-"""CUDA C for the GGUF block types beyond the first five: Q5_0, Q5_1, Q2_K, Q3_K, Q5_K,
-IQ4_NL and IQ4_XS, kept in their blocks on the GPU as Q4_0 / Q4_K are (they were widened
-to f16 at upload: 3-4x the memory and the bytes each decode step reads).
+"""CUDA C for unpacking every GGUF block type the CUDA backend keeps on the GPU: F32, F16,
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (Q5_0 and
+after in session 17; they were widened to f16 at upload before: 3-4x the memory).
 
-``DEQ32`` holds their ``deq32<T>`` (one 32-weight group, for the lane-a-group GEMV and the
-row dequantizer), spliced into :mod:`.cuda_src` before its template instances; ``DEQ4``
-their ``deq4<T>`` (four weights of a group, for the coalesced GEMV), spliced into
-:mod:`.cuda_gemv`.  The float steps are :mod:`modelc.formats.quants`' in the same order
-(``d * q`` then ``- m`` or ``+ m``, each rounded), so values agree bit for bit with it.
+``DEQ32`` holds each type's ``deq32<T>`` (one 32-weight group: the lane-a-group GEMV and
+the row dequantizer before cuBLAS), spliced into :mod:`.cuda_src` after the template's
+declaration; ``DEQ4`` each ``deq4<T>`` (four weights of a group: the coalesced GEMV),
+spliced into :mod:`.cuda_gemv`.  The float steps are :mod:`modelc.formats.quants`' in
+the same order (``d * q`` then ``- m`` or ``+ m``, each rounded), so values agree bit for
+bit with it (``tests/test_cuda_quants_host.py`` compiles this for the CPU to check).
 """
 
 from __future__ import annotations
@@ -34,6 +35,88 @@ __device__ __forceinline__ int q3k_scale(const u8* __restrict__ b, int t) {
   return (lo | (hi << 4)) - 32;
 }
 
+template <> __device__ __forceinline__ void deq32<0>(const u8* __restrict__ row, int g, float* w) {
+  const float4* p = (const float4*)(row + (size_t)g * 128);
+#pragma unroll
+  for (int i = 0; i < 8; i++) { float4 v = p[i]; w[4*i] = v.x; w[4*i+1] = v.y; w[4*i+2] = v.z; w[4*i+3] = v.w; }
+}
+template <> __device__ __forceinline__ void deq32<1>(const u8* __restrict__ row, int g, float* w) {
+  const u8* b = row + (size_t)g * 64;
+#pragma unroll
+  for (int i = 0; i < 16; i++) { u32 v = ld32(b + 4*i); w[2*i] = h2f(v & 0xffff); w[2*i+1] = h2f(v >> 16); }
+}
+template <> __device__ __forceinline__ void deq32<2>(const u8* __restrict__ row, int g, float* w) {  // Q4_0
+  const u8* b = row + (size_t)g * 18;
+  float d = h2f(ld16(b));
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    u32 v = ld16(b + 2 + 2*i);
+    u32 lo = v & 0xff, hi = v >> 8;
+    w[2*i] = __fmul_rn(d, (float)((int)(lo & 15) - 8)); w[2*i+1] = __fmul_rn(d, (float)((int)(hi & 15) - 8));
+    w[2*i+16] = __fmul_rn(d, (float)((int)(lo >> 4) - 8)); w[2*i+17] = __fmul_rn(d, (float)((int)(hi >> 4) - 8));
+  }
+}
+template <> __device__ __forceinline__ void deq32<3>(const u8* __restrict__ row, int g, float* w) {  // Q4_1
+  const u8* b = row + (size_t)g * 20;
+  float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    u32 v = ld32(b + 4 + 4*i);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      u32 q = (v >> (8*k)) & 0xff;
+      w[4*i+k] = __fadd_rn(__fmul_rn(d, (float)(q & 15)), m);
+      w[4*i+k+16] = __fadd_rn(__fmul_rn(d, (float)(q >> 4)), m);
+    }
+  }
+}
+template <> __device__ __forceinline__ void deq32<8>(const u8* __restrict__ row, int g, float* w) {  // Q8_0
+  const u8* b = row + (size_t)g * 34;
+  float d = h2f(ld16(b));
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    u32 v = ld16(b + 2 + 2*i);
+    w[2*i] = __fmul_rn((float)(signed char)(v & 0xff), d); w[2*i+1] = __fmul_rn((float)(signed char)(v >> 8), d);
+  }
+}
+template <> __device__ __forceinline__ void deq32<12>(const u8* __restrict__ row, int g, float* w) {  // Q4_K
+  const u8* b = row + (size_t)(g >> 3) * 144;
+  int s = g & 7;
+  float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+  const u8* S = b + 4;
+  int sc, mn;
+  if (s < 4) { sc = S[s] & 63; mn = S[s+4] & 63; }
+  else { sc = (S[s+4] & 15) | ((S[s-4] >> 6) << 4); mn = (S[s+4] >> 4) | ((S[s] >> 6) << 4); }
+  float dl = __fmul_rn(d, (float)sc), ml = __fmul_rn(dmin, (float)mn);
+  const u8* qs = b + 16 + (s >> 1) * 32;
+  int sh = (s & 1) * 4;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    u32 v = ld32(qs + 4*i);
+#pragma unroll
+    for (int k = 0; k < 4; k++) w[4*i+k] = __fsub_rn(__fmul_rn(dl, (float)((v >> (8*k + sh)) & 15)), ml);
+  }
+}
+template <> __device__ __forceinline__ void deq32<14>(const u8* __restrict__ row, int g, float* w) {  // Q6_K
+  const u8* b = row + (size_t)(g >> 3) * 210;
+  int s = g & 7, r = s >> 2, f = s & 3;
+  const u8* ql = b + r * 64 + (f & 1) * 32;
+  int lsh = (f >> 1) * 4;
+  const u8* qh = b + 128 + r * 32;
+  float d = h2f(ld16(b + 208));
+  float d0 = __fmul_rn(d, (float)(signed char)b[192 + 2*s]);
+  float d1 = __fmul_rn(d, (float)(signed char)b[192 + 2*s + 1]);
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    u32 l = ld16(ql + 2*i), h = ld16(qh + 2*i);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      int j = 2*i + k;
+      int q = (int)(((l >> (8*k + lsh)) & 15) | (((h >> (8*k + 2*f)) & 3) << 4)) - 32;
+      w[j] = __fmul_rn(j < 16 ? d0 : d1, (float)q);
+    }
+  }
+}
 template <> __device__ __forceinline__ void deq32<6>(const u8* __restrict__ row, int g, float* w) {  // Q5_0
   const u8* b = row + (size_t)g * 22;
   float d = h2f(ld16(b));
@@ -123,6 +206,68 @@ template <> __device__ __forceinline__ void deq32<23>(const u8* __restrict__ row
 """
 
 DEQ4 = r"""
+template <> __device__ __forceinline__ void deq4<0>(const u8* __restrict__ row, int g, int sub, float* w) {
+  float4 v = *(const float4*)(row + (size_t)(g * 32 + sub * 4) * 4);
+  w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+}
+template <> __device__ __forceinline__ void deq4<1>(const u8* __restrict__ row, int g, int sub, float* w) {
+  const u8* b = row + (size_t)(g * 32 + sub * 4) * 2;
+  u32 a = ld32(b), c = ld32(b + 4);
+  w[0] = h2f(a & 0xffff); w[1] = h2f(a >> 16); w[2] = h2f(c & 0xffff); w[3] = h2f(c >> 16);
+}
+template <> __device__ __forceinline__ void deq4<2>(const u8* __restrict__ row, int g, int sub, float* w) {  // Q4_0
+  const u8* b = row + (size_t)g * 18;
+  float d = h2f(ld16(b));
+  const u8* q = b + 2 + (sub & 3) * 4;
+  u32 v = ld16(q) | ((u32)ld16(q + 2) << 16);
+  int sh = (sub >> 2) * 4;
+#pragma unroll
+  for (int k = 0; k < 4; k++) w[k] = __fmul_rn(d, (float)((int)((v >> (8 * k + sh)) & 15) - 8));
+}
+template <> __device__ __forceinline__ void deq4<3>(const u8* __restrict__ row, int g, int sub, float* w) {  // Q4_1
+  const u8* b = row + (size_t)g * 20;
+  float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+  u32 v = ld32(b + 4 + (sub & 3) * 4);
+  int sh = (sub >> 2) * 4;
+#pragma unroll
+  for (int k = 0; k < 4; k++) w[k] = __fadd_rn(__fmul_rn(d, (float)((v >> (8 * k + sh)) & 15)), m);
+}
+template <> __device__ __forceinline__ void deq4<8>(const u8* __restrict__ row, int g, int sub, float* w) {  // Q8_0
+  const u8* b = row + (size_t)g * 34;
+  float d = h2f(ld16(b));
+  const u8* q = b + 2 + sub * 4;
+  u32 v = ld16(q) | ((u32)ld16(q + 2) << 16);
+#pragma unroll
+  for (int k = 0; k < 4; k++) w[k] = __fmul_rn((float)(signed char)((v >> (8 * k)) & 0xff), d);
+}
+template <> __device__ __forceinline__ void deq4<12>(const u8* __restrict__ row, int g, int sub, float* w) {  // Q4_K
+  const u8* b = row + (size_t)(g >> 3) * 144;
+  int s = g & 7;
+  float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+  const u8* S = b + 4;
+  int sc, mn;
+  if (s < 4) { sc = S[s] & 63; mn = S[s+4] & 63; }
+  else { sc = (S[s+4] & 15) | ((S[s-4] >> 6) << 4); mn = (S[s+4] >> 4) | ((S[s] >> 6) << 4); }
+  float dl = __fmul_rn(d, (float)sc), ml = __fmul_rn(dmin, (float)mn);
+  u32 v = ld32(b + 16 + (s >> 1) * 32 + sub * 4);
+  int sh = (s & 1) * 4;
+#pragma unroll
+  for (int k = 0; k < 4; k++) w[k] = __fsub_rn(__fmul_rn(dl, (float)((v >> (8 * k + sh)) & 15)), ml);
+}
+template <> __device__ __forceinline__ void deq4<14>(const u8* __restrict__ row, int g, int sub, float* w) {  // Q6_K
+  const u8* b = row + (size_t)(g >> 3) * 210;
+  int s = g & 7, r = s >> 2, f = s & 3;
+  const u8* ql = b + r * 64 + (f & 1) * 32 + sub * 4;
+  const u8* qh = b + 128 + r * 32 + sub * 4;
+  int lsh = (f >> 1) * 4;
+  float dl = __fmul_rn(h2f(ld16(b + 208)), (float)(signed char)b[192 + 2 * s + (sub >> 2)]);
+  u32 l = ld16(ql) | ((u32)ld16(ql + 2) << 16), h = ld16(qh) | ((u32)ld16(qh + 2) << 16);
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    int q = (int)(((l >> (8 * k + lsh)) & 15) | (((h >> (8 * k + 2 * f)) & 3) << 4)) - 32;
+    w[k] = __fmul_rn(dl, (float)q);
+  }
+}
 template <> __device__ __forceinline__ void deq4<6>(const u8* __restrict__ row, int g, int sub, float* w) {  // Q5_0
   const u8* b = row + (size_t)g * 22;
   float d = h2f(ld16(b));

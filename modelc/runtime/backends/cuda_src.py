@@ -41,90 +41,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // one 32-weight group g of a row -> w[32]
 template <int T> __device__ __forceinline__ void deq32(const u8* __restrict__ row, int g, float* w);
 
-template <> __device__ __forceinline__ void deq32<0>(const u8* __restrict__ row, int g, float* w) {
-  const float4* p = (const float4*)(row + (size_t)g * 128);
-#pragma unroll
-  for (int i = 0; i < 8; i++) { float4 v = p[i]; w[4*i] = v.x; w[4*i+1] = v.y; w[4*i+2] = v.z; w[4*i+3] = v.w; }
-}
-template <> __device__ __forceinline__ void deq32<1>(const u8* __restrict__ row, int g, float* w) {
-  const u8* b = row + (size_t)g * 64;
-#pragma unroll
-  for (int i = 0; i < 16; i++) { u32 v = ld32(b + 4*i); w[2*i] = h2f(v & 0xffff); w[2*i+1] = h2f(v >> 16); }
-}
-template <> __device__ __forceinline__ void deq32<2>(const u8* __restrict__ row, int g, float* w) {  // Q4_0
-  const u8* b = row + (size_t)g * 18;
-  float d = h2f(ld16(b));
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    u32 v = ld16(b + 2 + 2*i);
-    u32 lo = v & 0xff, hi = v >> 8;
-    w[2*i] = __fmul_rn(d, (float)((int)(lo & 15) - 8)); w[2*i+1] = __fmul_rn(d, (float)((int)(hi & 15) - 8));
-    w[2*i+16] = __fmul_rn(d, (float)((int)(lo >> 4) - 8)); w[2*i+17] = __fmul_rn(d, (float)((int)(hi >> 4) - 8));
-  }
-}
-template <> __device__ __forceinline__ void deq32<3>(const u8* __restrict__ row, int g, float* w) {  // Q4_1
-  const u8* b = row + (size_t)g * 20;
-  float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    u32 v = ld32(b + 4 + 4*i);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      u32 q = (v >> (8*k)) & 0xff;
-      w[4*i+k] = __fadd_rn(__fmul_rn(d, (float)(q & 15)), m);
-      w[4*i+k+16] = __fadd_rn(__fmul_rn(d, (float)(q >> 4)), m);
-    }
-  }
-}
-template <> __device__ __forceinline__ void deq32<8>(const u8* __restrict__ row, int g, float* w) {  // Q8_0
-  const u8* b = row + (size_t)g * 34;
-  float d = h2f(ld16(b));
-#pragma unroll
-  for (int i = 0; i < 16; i++) {
-    u32 v = ld16(b + 2 + 2*i);
-    w[2*i] = __fmul_rn((float)(signed char)(v & 0xff), d); w[2*i+1] = __fmul_rn((float)(signed char)(v >> 8), d);
-  }
-}
-template <> __device__ __forceinline__ void deq32<12>(const u8* __restrict__ row, int g, float* w) {  // Q4_K
-  const u8* b = row + (size_t)(g >> 3) * 144;
-  int s = g & 7;
-  float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
-  const u8* S = b + 4;
-  int sc, mn;
-  if (s < 4) { sc = S[s] & 63; mn = S[s+4] & 63; }
-  else { sc = (S[s+4] & 15) | ((S[s-4] >> 6) << 4); mn = (S[s+4] >> 4) | ((S[s] >> 6) << 4); }
-  float dl = __fmul_rn(d, (float)sc), ml = __fmul_rn(dmin, (float)mn);
-  const u8* qs = b + 16 + (s >> 1) * 32;
-  int sh = (s & 1) * 4;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    u32 v = ld32(qs + 4*i);
-#pragma unroll
-    for (int k = 0; k < 4; k++) w[4*i+k] = __fsub_rn(__fmul_rn(dl, (float)((v >> (8*k + sh)) & 15)), ml);
-  }
-}
-template <> __device__ __forceinline__ void deq32<14>(const u8* __restrict__ row, int g, float* w) {  // Q6_K
-  const u8* b = row + (size_t)(g >> 3) * 210;
-  int s = g & 7, r = s >> 2, f = s & 3;
-  const u8* ql = b + r * 64 + (f & 1) * 32;
-  int lsh = (f >> 1) * 4;
-  const u8* qh = b + 128 + r * 32;
-  float d = h2f(ld16(b + 208));
-  float d0 = __fmul_rn(d, (float)(signed char)b[192 + 2*s]);
-  float d1 = __fmul_rn(d, (float)(signed char)b[192 + 2*s + 1]);
-#pragma unroll
-  for (int i = 0; i < 16; i++) {
-    u32 l = ld16(ql + 2*i), h = ld16(qh + 2*i);
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-      int j = 2*i + k;
-      int q = (int)(((l >> (8*k + lsh)) & 15) | (((h >> (8*k + 2*f)) & 3) << 4)) - 32;
-      w[j] = __fmul_rn(j < 16 ? d0 : d1, (float)q);
-    }
-  }
-}
-
-__MORE_DEQ32__
+__DEQ32__
 // y[r, :] (+)= W x[r, :] for nr <= NR rows of x; one warp a weight row
 template <int T, int NR>
 __device__ __forceinline__ void gemv(const u8* __restrict__ W, long long rb, int rows, int cols,
@@ -438,7 +355,7 @@ def kernel_names() -> list[str]:
 
 
 def source() -> str:
-    body = SOURCE.replace("__MORE_DEQ32__", cuda_quants.DEQ32)
+    body = SOURCE.replace("__DEQ32__", cuda_quants.DEQ32)
     body = body.replace("__TEMPLATE_INSTANCES__", _instances())
-    gemv = cuda_gemv.SOURCE.replace("__MORE_DEQ4__", cuda_quants.DEQ4)
+    gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     return body + gemv + cuda_gemv.instances(TYPES)
