@@ -10,6 +10,8 @@ reference venv is not on this machine); llama.cpp's ``build_moe_ffn`` is the ref
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -173,12 +175,34 @@ def test_engine_serves_the_greedy_continuation() -> None:
         assert got[i][:cut] == toks[:cut] and cut >= 4, (i, cut)
 
 
-def test_an_hf_directory_is_refused_in_one_line(tmp_path: Path) -> None:
-    hf = ensure_family("qwen3moe")[0]
-    with pytest.raises(ModelcError, match="convert_hf_to_gguf"):
-        load_model(hf)
+@pytest.mark.parametrize("family", ["qwen3moe", "mixtral"])
+def test_an_hf_directory_reads_as_its_gguf(family: str) -> None:
+    """The HF directory's per-expert tensors, stacked as llama.cpp's converter stacks them
+    (and Mixtral's Q/K rows permuted), give the GGUF's logits."""
+    hf, gg = ensure_family(family)
+    ids = np.random.default_rng(3).integers(0, 256, 20).tolist()
+    out = []
+    for path in (hf, gg):
+        ir = load_model(path)
+        assert (ir.hparams.n_expert, ir.hparams.n_expert_used) == (4, 2)
+        lm = build(ir, make_backend("cpu-exact"))
+        assert isinstance(lm, LanguageModel)
+        out.append(lm.forward([SeqChunk(lm.new_cache("f32"), ids, tuple(range(len(ids))))]))
+    np.testing.assert_allclose(out[0], out[1], rtol=0, atol=1e-5)
+
+
+def test_an_unsupported_moe_config_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A Qwen3-MoE config without renormalised top-k weights (the released models have
+    them) is refused, not run with the wrong weights."""
+    src = ensure_family("qwen3moe")[0]
+    d = tmp_path / "hf"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "norm_topk_prob": False}))
+    with pytest.raises(ModelcError, match="norm_topk_prob"):
+        load_model(d)
     cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
-    cli.fails("pack", str(hf), match="Qwen3-MoE Hugging Face directory is not supported")
+    cli.fails("pack", str(d), match="Qwen3-MoE config is not supported")
 
 
 def test_pack_run_and_compile_refusal(tmp_path: Path) -> None:

@@ -52,6 +52,8 @@ def _from_config(cfg: Mapping[str, Any]) -> HParams:
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         sliding_window=int(window) if window and int(window) < n_ctx else 0,
         activation=activation(str(cfg.get("hidden_act", "silu"))),
+        n_expert=int(cfg.get("num_local_experts") or 0),  # Mixtral
+        n_expert_used=int(cfg.get("num_experts_per_tok") or 0),
     )
 
 
@@ -129,8 +131,8 @@ FAMILY = Family(
     runtime="modelc.runtime.arch.llama:Llama",
     gguf_arch=gguf.MODEL_ARCH.LLAMA,
     gguf_names=("llama",),
-    hf_classes=("LlamaForCausalLM", "LlamaModel", "MistralForCausalLM"),
-    model_types=("llama", "mistral"),
+    hf_classes=("LlamaForCausalLM", "LlamaModel", "MistralForCausalLM", "MixtralForCausalLM"),
+    model_types=("llama", "mistral", "mixtral"),
     signature=re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
     drop=re.compile(r"rotary_emb\.inv_freq$"),
     from_config=_from_config,

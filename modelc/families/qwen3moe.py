@@ -7,8 +7,8 @@ Tensors as llama.cpp's ``convert_hf_to_gguf.py`` writes them for ``qwen3moe``: t
 ``qwen3moe.expert_count`` / ``expert_used_count`` keys.  Each token goes through its
 ``n_expert_used`` most probable experts (softmax over all of them), their outputs weighted
 by those probabilities renormalised to sum to 1, as llama.cpp runs qwen3moe (and
-transformers with ``norm_topk_prob``, which the released models set).  GGUF only: an HF
-directory's experts are separate tensors (convert it with llama.cpp's converter).
+transformers with ``norm_topk_prob``, which the released models set).  From an HF
+directory the per-expert tensors are stacked as the converter stacks them.
 """
 
 from __future__ import annotations
@@ -22,15 +22,24 @@ from modelc.errors import UnsupportedError
 from modelc.families.contract import Family
 from modelc.families.llama import FAMILY as LLAMA
 from modelc.families.llama import LLAMA_REQUIRED, llama_shapes
-from modelc.families.qwen2 import neox_gguf
+from modelc.families.qwen2 import neox_config, neox_gguf
 from modelc.formats.ir import HParams
 
 
 def _from_config(cfg: Mapping[str, Any]) -> HParams:
-    raise UnsupportedError(
-        "a Qwen3-MoE Hugging Face directory is not supported yet (its experts are separate "
-        "tensors); convert it with llama.cpp's convert_hf_to_gguf.py and use the GGUF"
-    )
+    """Qwen3's config reading, with the experts (each layer a mixture, renormalised)."""
+    sparse = cfg.get("decoder_sparse_step", 1) == 1 and not cfg.get("mlp_only_layers")
+    if not cfg.get("norm_topk_prob", False) or not sparse:
+        raise UnsupportedError(
+            "this Qwen3-MoE config is not supported (norm_topk_prob false, or dense layers "
+            "among the mixtures); modelc runs the released layout, every layer a mixture "
+            "with its top-k weights renormalised"
+        )
+    hp = neox_config(cfg)
+    hp.n_ff = int(cfg["moe_intermediate_size"])
+    hp.n_expert = int(cfg["num_experts"])
+    hp.n_expert_used = int(cfg["num_experts_per_tok"])
+    return hp
 
 
 FAMILY = Family(

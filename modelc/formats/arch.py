@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 
 from modelc.errors import ArchitectureError
 from modelc.families.contract import llama_permute, renamed
@@ -204,6 +205,43 @@ def canonical_name(arch: str, hf_name: str) -> str | None:
     return str(mapped) if mapped is not None else None
 
 
+# one expert's matrix in a Hugging Face mixture of experts (Qwen3-MoE's mlp.experts.E.*_proj,
+# Mixtral's block_sparse_moe.experts.E.w1 gate / w3 up / w2 down)
+_EXPERT = re.compile(
+    r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+    r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
+)
+_EXPERT_KIND = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up"}
+
+
+def stack_experts(raw: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], set[str]]:
+    """A Hugging Face mixture's per-expert matrices as llama.cpp stacks them,
+    ``blk.{i}.ffn_{gate,up,down}_exps.weight`` (n_expert, rows, cols), loaded lazily; and
+    the source names they consumed."""
+    groups: dict[str, dict[int, Tensor]] = {}
+    for name, t in raw.items():
+        m = _EXPERT.search(name)
+        if m is not None:
+            kind = _EXPERT_KIND.get(m.group(3), "down")
+            groups.setdefault(f"blk.{m.group(1)}.ffn_{kind}_exps.weight", {})[int(m.group(2))] = t
+    out: dict[str, Tensor] = {}
+    for new, by_id in groups.items():
+        members = [by_id.get(e) for e in range(len(by_id))]
+        first = members[0]
+        if any(t is None for t in members) or first is None:
+            raise ArchitectureError(f"{new}: the experts are not numbered 0..{len(by_id) - 1}")
+        ts = [t for t in members if t is not None]
+        if any(t.dtype != first.dtype or t.shape != first.shape for t in ts):
+            raise ArchitectureError(f"{new}: the experts differ in type or shape")
+
+        def load(ts: list[Tensor] = ts) -> np.ndarray[Any, Any]:
+            return np.stack([t.data() for t in ts])
+
+        out[new] = Tensor(new, first.dtype, (len(ts), *first.shape), load)
+    consumed = {n for n in raw if _EXPERT.search(n)}
+    return out, consumed
+
+
 def canonicalize(
     arch: str, hparams: HParams, raw: Mapping[str, Tensor]
 ) -> tuple[dict[str, Tensor], list[str]]:
@@ -213,9 +251,11 @@ def canonicalize(
         mapping = mlp_names(names, {n: t.shape for n, t in raw.items()})
         return {new: renamed(raw[old], new) for old, new in mapping.items()}, []
     fam = FAMILIES[arch]
-    out: dict[str, Tensor] = {}
+    out, consumed = stack_experts(raw)
     dropped: list[str] = []
     for src, t in raw.items():
+        if src in consumed:
+            continue
         new = canonical_name(arch, src)
         if new is None or new in out:
             dropped.append(src)
