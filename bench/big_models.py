@@ -1,6 +1,6 @@
 """Randomly initialised ~1B and ~3B llama-shape GGUFs for the CPU speed comparisons.
 
-    .venv/bin/python -m bench.big_models OUT_DIR [--models 1b-q4_k_m,1b-q8_0,3b-q4_k_m,135m-q4_k_m,1b-q5_k_m,1b-q3_k_m]
+    .venv/bin/python -m bench.big_models OUT_DIR [--models 1b-q4_k_m,1b-q8_0,3b-q4_k_m,135m-q4_k_m,1b-q5_k_m,1b-q3_k_m,moe-q4_k_m]
 
 Real vocabulary (SmolLM2's byte-level BPE, its chat template), so both modelc and
 llama.cpp's server tokenize text prompts the same way; every matrix is random blocks of
@@ -41,8 +41,10 @@ class BigShape:
     n_layer: int
     n_head: int
     n_head_kv: int
-    ff: int
+    ff: int  # with experts: each expert's
     n_ctx: int = 4096
+    n_expert: int = 0  # a mixture of experts (Mixtral's llama layout): experts a layer
+    n_expert_used: int = 0
 
 
 # Llama 3.2 1B and 3B shapes (SmolLM2's 49,152-token vocabulary instead of 128,256); and
@@ -52,6 +54,11 @@ SHAPES = {
     "135m": BigShape(d=512, n_layer=30, n_head=8, n_head_kv=4, ff=1536),
     "1b": BigShape(d=2048, n_layer=16, n_head=32, n_head_kv=8, ff=8192),
     "3b": BigShape(d=3072, n_layer=28, n_head=24, n_head_kv=8, ff=8192),
+    # Qwen3-30B-A3B's layer (width 2048, 32 / 4 heads, experts of 768, 8 a token) with 64
+    # experts, not 128, and 12 layers, not 48: 3.9B parameters, 0.6B active a token
+    "moe": BigShape(
+        d=2048, n_layer=12, n_head=32, n_head_kv=4, ff=768, n_expert=64, n_expert_used=8
+    ),
 }
 MODELS = (
     "1b-q4_k_m",
@@ -60,6 +67,7 @@ MODELS = (
     "135m-q4_k_m",
     "1b-q5_k_m",
     "1b-q3_k_m",
+    "moe-q4_k_m",
     "smollm2-f16",
     "smollm2-bf16",
 )
@@ -119,6 +127,9 @@ def write_model(path: Path, size: str, ftype: str, tokenizer_from: Path, seed: i
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_rope_dimension_count(shape.d // shape.n_head)
+    if shape.n_expert:
+        w.add_expert_count(shape.n_expert)
+        w.add_expert_used_count(shape.n_expert_used)
     w.add_file_type(
         {
             "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
@@ -128,11 +139,12 @@ def write_model(path: Path, size: str, ftype: str, tokenizer_from: Path, seed: i
     )
     hd = shape.d // shape.n_head
 
-    def mat(name: str, layer: int, rows: int, cols: int, std: float = 0.02) -> None:
-        short = name.split(".")[-2] if layer >= 0 else name
+    def mat(name: str, layer: int, rows: int, cols: int, std: float = 0.02, n: int = 0) -> None:
+        """A (rows, cols) matrix, or ``n`` of them stacked (a mixture's experts)."""
+        short = name.split(".")[-2].removesuffix("_exps") if layer >= 0 else name
         dt = tensor_type(short, layer, shape.n_layer, ftype)
-        data, raw = random_blocks(rng, dt, rows, cols, std)
-        w.add_tensor(name, data, raw_dtype=raw)
+        data, raw = random_blocks(rng, dt, rows * max(n, 1), cols, std)
+        w.add_tensor(name, data.reshape(n, rows, -1) if n else data, raw_dtype=raw)
 
     def norm(name: str, n: int) -> None:
         w.add_tensor(name, rng.uniform(0.8, 1.2, n).astype(np.float32))
@@ -145,6 +157,13 @@ def write_model(path: Path, size: str, ftype: str, tokenizer_from: Path, seed: i
         mat(f"blk.{i}.attn_v.weight", i, shape.n_head_kv * hd, shape.d)
         mat(f"blk.{i}.attn_output.weight", i, shape.d, shape.n_head * hd)
         norm(f"blk.{i}.ffn_norm.weight", shape.d)
+        if shape.n_expert:  # the router in f32 (as llama.cpp's quantizer leaves it)
+            router = rng.standard_normal((shape.n_expert, shape.d)).astype(np.float32)
+            w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", router)
+            for part, rows, cols in (("gate", shape.ff, shape.d), ("up", shape.ff, shape.d)):
+                mat(f"blk.{i}.ffn_{part}_exps.weight", i, rows, cols, n=shape.n_expert)
+            mat(f"blk.{i}.ffn_down_exps.weight", i, shape.d, shape.ff, n=shape.n_expert)
+            continue
         mat(f"blk.{i}.ffn_gate.weight", i, shape.ff, shape.d)
         mat(f"blk.{i}.ffn_up.weight", i, shape.ff, shape.d)
         mat(f"blk.{i}.ffn_down.weight", i, shape.d, shape.ff)

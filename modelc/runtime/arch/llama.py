@@ -230,6 +230,16 @@ def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
     w = np.take_along_axis(p, top, axis=1)
     w /= w.sum(axis=1, keepdims=True)
     out[...] = 0.0
+    if len(h) == 1:  # a decode step: every chosen expert's gate and up in one call
+        order = np.argsort(top[0])  # experts in id order, as the loop below sums them
+        ws = [m for j in order for m in (e.gate[top[0, j]], e.up[top[0, j]])]
+        gu = be.matmul_many(ws, h)
+        for k, j in enumerate(order):
+            g = be.silu_mul(gu[2 * k], gu[2 * k + 1], out=gu[2 * k])
+            y = be.matmul(e.down[top[0, j]], g)
+            y *= w[0, j]
+            out += y
+        return out
     for ex in np.unique(top):  # each expert once, on the rows routed to it
         rows, slot = np.nonzero(top == ex)
         xe = np.ascontiguousarray(h[rows])
