@@ -230,15 +230,18 @@ def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
     w = np.take_along_axis(p, top, axis=1)
     w /= w.sum(axis=1, keepdims=True)
     out[...] = 0.0
-    if len(h) == 1:  # a decode step: every chosen expert's gate and up in one call
+    if len(h) == 1:  # a decode step: the chosen experts' gates and ups in one call
         order = np.argsort(top[0])  # experts in id order, as the loop below sums them
-        ws = [m for j in order for m in (e.gate[top[0, j]], e.up[top[0, j]])]
-        gu = be.matmul_many(ws, h)
-        for k, j in enumerate(order):
-            g = be.silu_mul(gu[2 * k], gu[2 * k + 1], out=gu[2 * k])
-            y = be.matmul(e.down[top[0, j]], g)
-            y *= w[0, j]
-            out += y
+        ids, k = top[0, order], len(order)
+        gu = np.empty((2, k, e.gate[ids[0]].shape[0]), np.float32)  # gates, then ups
+        outs = [gu[0, j : j + 1] for j in range(k)] + [gu[1, j : j + 1] for j in range(k)]
+        be.matmul_many([e.gate[i] for i in ids] + [e.up[i] for i in ids], h, outs)
+        g = be.silu_mul(gu[0], gu[1], out=gu[0])  # (k, ff)
+        ys = np.empty((k, h.shape[1]), np.float32)
+        for j, i in enumerate(ids):
+            be.matmul(e.down[i], g[j : j + 1], out=ys[j : j + 1])
+        ys *= w[0, order][:, None]
+        out[0] = ys.sum(axis=0)  # row by row in id order, as the loop below adds them
         return out
     for ex in np.unique(top):  # each expert once, on the rows routed to it
         rows, slot = np.nonzero(top == ex)
