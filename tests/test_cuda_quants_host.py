@@ -21,25 +21,10 @@ import pytest
 
 from modelc.formats.ir import DType
 from modelc.formats.quants import dequantize
-from modelc.runtime.backends import cuda_quants, cuda_src
+from modelc.runtime.backends import cuda, cuda_quants, cuda_src
 from tests.gen_cuda_models import random_blocks
 
-CODES = {
-    DType.F32: 0,
-    DType.F16: 1,
-    DType.Q4_0: 2,
-    DType.Q4_1: 3,
-    DType.Q8_0: 8,
-    DType.Q4_K: 12,
-    DType.Q6_K: 14,
-    DType.Q5_0: 6,
-    DType.Q5_1: 7,
-    DType.Q2_K: 10,
-    DType.Q3_K: 11,
-    DType.Q5_K: 13,
-    DType.IQ4_NL: 20,
-    DType.IQ4_XS: 23,
-}
+CODES = cuda.CODES  # every type the GPU keeps in its blocks (GGML numbers)
 PRELUDE = r"""
 #include <cstring>
 typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32;
