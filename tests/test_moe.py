@@ -217,3 +217,15 @@ def test_pack_run_and_compile_refusal(tmp_path: Path) -> None:
     )
     assert out.stdout.strip()
     cli.fails("compile", "tiny-moe", "-o", str(tmp_path / "out"), match="mixture-of-experts")
+
+
+def test_cuda_refuses_a_mixture_before_loading() -> None:
+    """``--device cuda`` on a mixture: one line, before any GPU work (no GPU needed here);
+    ``--device auto`` keeps it on the CPU."""
+    from modelc.runtime.backends.cuda_llama import build_cuda
+
+    ir = load_model(moe_gguf(family="mixtral"))  # a llama GGUF: the architecture alone passes
+    with pytest.raises(ModelcError, match="mixture-of-experts models do not run on --device cuda"):
+        build_cuda(ir, kv_mode="f16", max_context=None, max_concurrent=1, kv_budget_bytes=None)
+    eng = build_engine(moe_gguf(), EngineOptions(device="auto", speculative=False))
+    assert isinstance(eng.lm, Llama)

@@ -43,6 +43,7 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     if opt.device == "auto" and (
         opt.kv_cache not in ("f16", "f32")
         or ir.architecture not in CUDA_ARCHITECTURES
+        or ir.hparams.n_expert  # mixtures of experts run on the CPU
         or cuda_unavailable() is not None
     ):
         return None

@@ -390,6 +390,10 @@ def build_cuda(
         raise UsageError(
             f"--kv-cache {kv_mode} is not supported with --device cuda; use f16 or f32"
         )
+    if ir.hparams.n_expert:
+        raise UnsupportedError(
+            "mixture-of-experts models do not run on --device cuda yet; use --device cpu"
+        )
     if ir.architecture not in CUDA_ARCHITECTURES:
         raise UnsupportedError(
             f"{ir.architecture} models do not run on --device cuda yet "
