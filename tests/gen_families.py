@@ -168,6 +168,11 @@ GGUF_ARCH = {
     "mixtral": "llama",
 }
 GEMMA = ("gemma2", "gemma3")
+# a mixture's HF names: the FFN's prefix and each expert's gate / up / down matrix
+MOE_HF = {
+    "qwen3moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
+    "mixtral": ("block_sparse_moe.", ("w1", "w3", "w2")),
+}
 
 
 def config(family: str) -> dict[str, Any]:
@@ -218,21 +223,15 @@ def make_weights(family: str) -> dict[str, np.ndarray[Any, Any]]:
         if family in GEMMA:
             out[p + "pre_feedforward_layernorm.weight"] = norm(d)
             out[p + "post_feedforward_layernorm.weight"] = norm(d)
-        if family == "qwen3moe":  # a router (std 1: decisive top-k) and the experts
-            n_e, fe = cfg["num_experts"], cfg["moe_intermediate_size"]
-            out[p + "mlp.gate.weight"] = rng.standard_normal((n_e, d)).astype(np.float32)
-            for e in range(n_e):
-                out[p + f"mlp.experts.{e}.gate_proj.weight"] = w(fe, d)
-                out[p + f"mlp.experts.{e}.up_proj.weight"] = w(fe, d)
-                out[p + f"mlp.experts.{e}.down_proj.weight"] = w(d, fe)
-            continue
-        if family == "mixtral":  # w1 gate, w3 up, w2 down
-            n_e, q = cfg["num_local_experts"], p + "block_sparse_moe."
+        if family in MOE_HF:  # a router (std 1: decisive top-k) and the experts
+            q, (gate, up, down) = p + MOE_HF[family][0], MOE_HF[family][1]
+            n_e = cfg.get("num_experts") or cfg["num_local_experts"]
+            fe = cfg.get("moe_intermediate_size", ff)
             out[q + "gate.weight"] = rng.standard_normal((n_e, d)).astype(np.float32)
             for e in range(n_e):
-                out[q + f"experts.{e}.w1.weight"] = w(ff, d)
-                out[q + f"experts.{e}.w3.weight"] = w(ff, d)
-                out[q + f"experts.{e}.w2.weight"] = w(d, ff)
+                out[q + f"experts.{e}.{gate}.weight"] = w(fe, d)
+                out[q + f"experts.{e}.{up}.weight"] = w(fe, d)
+                out[q + f"experts.{e}.{down}.weight"] = w(d, fe)
             continue
         if family == "phi3":
             out[p + "mlp.gate_up_proj.weight"] = w(2 * ff, d)

@@ -219,26 +219,25 @@ def stack_experts(raw: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], set[str
     ``blk.{i}.ffn_{gate,up,down}_exps.weight`` (n_expert, rows, cols), loaded lazily; and
     the source names they consumed."""
     groups: dict[str, dict[int, Tensor]] = {}
+    consumed: set[str] = set()
     for name, t in raw.items():
         m = _EXPERT.search(name)
         if m is not None:
             kind = _EXPERT_KIND.get(m.group(3), "down")
             groups.setdefault(f"blk.{m.group(1)}.ffn_{kind}_exps.weight", {})[int(m.group(2))] = t
+            consumed.add(name)
     out: dict[str, Tensor] = {}
     for new, by_id in groups.items():
-        members = [by_id.get(e) for e in range(len(by_id))]
-        first = members[0]
-        if any(t is None for t in members) or first is None:
+        if sorted(by_id) != list(range(len(by_id))):
             raise ArchitectureError(f"{new}: the experts are not numbered 0..{len(by_id) - 1}")
-        ts = [t for t in members if t is not None]
-        if any(t.dtype != first.dtype or t.shape != first.shape for t in ts):
+        ts = [by_id[e] for e in range(len(by_id))]
+        if any(t.dtype != ts[0].dtype or t.shape != ts[0].shape for t in ts):
             raise ArchitectureError(f"{new}: the experts differ in type or shape")
 
         def load(ts: list[Tensor] = ts) -> np.ndarray[Any, Any]:
             return np.stack([t.data() for t in ts])
 
-        out[new] = Tensor(new, first.dtype, (len(ts), *first.shape), load)
-    consumed = {n for n in raw if _EXPERT.search(n)}
+        out[new] = Tensor(new, ts[0].dtype, (len(ts), *ts[0].shape), load)
     return out, consumed
 
 

@@ -223,13 +223,10 @@ class Llama(CausalLM):
 def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
     """The experts' FFN of the rows of ``h`` (n, d) into ``out``: each row through its
     ``e.n_used`` most probable experts, weighted by their renormalised probabilities."""
-    logits = be.matmul(e.router, h)  # (n, n_expert)
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
+    p = be.softmax(be.matmul(e.router, h))  # (n, n_expert)
     top = np.argsort(-p, axis=1, kind="stable")[:, : e.n_used]  # (n, used)
     w = np.take_along_axis(p, top, axis=1)
     w /= w.sum(axis=1, keepdims=True)
-    out[...] = 0.0
     if len(h) == 1:  # a decode step: the chosen experts' gates and ups in one call
         order = np.argsort(top[0])  # experts in id order, as the loop below sums them
         ids, k = top[0, order], len(order)
@@ -243,6 +240,7 @@ def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
         ys *= w[0, order][:, None]
         out[0] = ys.sum(axis=0)  # row by row in id order, as the loop below adds them
         return out
+    out[...] = 0.0
     for ex in np.unique(top):  # each expert once, on the rows routed to it
         rows, slot = np.nonzero(top == ex)
         xe = np.ascontiguousarray(h[rows])

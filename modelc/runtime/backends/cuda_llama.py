@@ -31,10 +31,11 @@ from typing import Any
 import numpy as np
 
 from modelc.errors import CapacityError, UnsupportedError, UsageError
+from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.gemma2 import Gemma
 from modelc.runtime.arch.llama import Llama
-from modelc.runtime.arch.phi3 import Phi3, long_rope_after
+from modelc.runtime.arch.phi3 import long_rope_after
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
@@ -108,13 +109,11 @@ class CudaLlama(CausalLM):
     def __init__(
         self, ir: ModelIR, backend: CudaBackend, *, kv_bytes: int = 0, n_seqs: int = 0
     ) -> None:
-        # hyper-parameters, checks and host views of the weights
-        kind = Gemma if ir.architecture in GEMMA else Phi3 if ir.architecture == "phi3" else Llama
-        host: Llama | Gemma = kind(ir, backend)
-        if any(getattr(b, "experts", None) is not None for b in host.blocks):
-            raise UnsupportedError(
-                "mixture-of-experts models do not run on --device cuda yet; use --device cpu"
-            )
+        refuse_experts(ir)
+        # the family's CPU model: hyper-parameters, checks and host views of the weights
+        host = FAMILIES[ir.architecture].model(ir, backend)
+        if not isinstance(host, Llama | Gemma):
+            raise UnsupportedError(f"{ir.architecture} models do not run on --device cuda yet")
         gemma = isinstance(host, Gemma)
         self.architecture = host.architecture
         self.hparams: HParams = host.hparams
@@ -124,12 +123,12 @@ class CudaLlama(CausalLM):
         self.neox = True if gemma else bool(getattr(host, "neox", False))
         self.gelu = gemma
         self.embd_scale = float(host.embd_scale) if isinstance(host, Gemma) else 0.0
-        self.attn_softcap = float(host.hparams.attn_softcap or 0.0) if gemma else 0.0
-        self.final_softcap = float(host.hparams.final_softcap or 0.0) if gemma else 0.0
+        self.attn_softcap = float(host.hparams.attn_softcap)  # gemma2's; 0 elsewhere
+        self.final_softcap = float(host.hparams.final_softcap)
         n_layer = len(host.blocks)
         windows = list(host.kv_windows) or [0] * n_layer
         local = getattr(host, "inv_freq_local", host.inv_freq)  # gemma3's windowed layers
-        self.inv_freq_host = [local if w and gemma else host.inv_freq for w in windows]
+        self.inv_freq_host = [local if w else host.inv_freq for w in windows]
         self.kv_shape = KVShape(len(host.blocks), self.nkv, self.hd)
         self.be, self.dev, self.cp = backend, backend.dev, backend.cp
         cp = self.cp
@@ -364,8 +363,16 @@ def _mats(b: Any) -> list[Any]:
     return [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down]
 
 
-GEMMA = ("gemma2", "gemma3")
-CUDA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", *GEMMA)
+CUDA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+
+
+def refuse_experts(ir: ModelIR) -> None:
+    """UnsupportedError for a mixture of experts (a Mixtral is a ``llama`` GGUF, so the
+    architecture alone does not say)."""
+    if ir.hparams.n_expert or "blk.0.ffn_gate_inp.weight" in ir.tensors:
+        raise UnsupportedError(
+            "mixture-of-experts models do not run on --device cuda yet; use --device cpu"
+        )
 
 
 def cuda_n_ctx(ir: ModelIR, n_ctx: int) -> int:
@@ -390,10 +397,7 @@ def build_cuda(
         raise UsageError(
             f"--kv-cache {kv_mode} is not supported with --device cuda; use f16 or f32"
         )
-    if ir.hparams.n_expert:
-        raise UnsupportedError(
-            "mixture-of-experts models do not run on --device cuda yet; use --device cpu"
-        )
+    refuse_experts(ir)
     if ir.architecture not in CUDA_ARCHITECTURES:
         raise UnsupportedError(
             f"{ir.architecture} models do not run on --device cuda yet "
