@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from modelc.bench.timing import decode_tps, prefill_seconds
+
 
 def read_gbs(a: np.ndarray[tuple[int], np.dtype[np.uint64]], threads: int) -> float:
     parts = np.array_split(a, threads)
@@ -81,26 +83,12 @@ class InProcess:
 
     def prefill(self, ids: list[int]) -> float:
         """Tokens/s of one prefill of ``ids`` (a fresh cache)."""
-        from modelc.runtime.model import SeqChunk
-
-        cache = self.lm.new_cache("f16", max_tokens=len(ids))
-        t = time.perf_counter()
-        self.lm.forward([SeqChunk(cache, ids)])
-        return len(ids) / (time.perf_counter() - t)
+        return len(ids) / prefill_seconds(self.lm, ids)
 
     def decode(self, prompts: list[list[int]], steps: int) -> float:
         """Aggregate tokens/s of ``steps`` greedy steps of ``len(prompts)`` sequences decoding
         together, each prefilled (untimed) with its prompt in a fresh cache."""
-        from modelc.runtime.model import SeqChunk
-
-        caches = [self.lm.new_cache("f16", max_tokens=len(p) + steps + 1) for p in prompts]
-        logits = self.lm.forward([SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)])
-        nxt = np.argmax(logits, axis=1)
-        t = time.perf_counter()
-        for _ in range(steps):
-            logits = self.lm.forward([SeqChunk(c, [int(nxt[i])]) for i, c in enumerate(caches)])
-            nxt = np.argmax(logits, axis=1)
-        return len(prompts) * steps / (time.perf_counter() - t)
+        return decode_tps(self.lm, prompts, steps)
 
 
 def model_decode(path: str, steps: int = 16, backend: Any = None) -> Callable[[], float]:

@@ -23,17 +23,17 @@ comparison with llama.cpp is ``bench.side_by_side`` (an F16 / BF16 SmolLM2 from
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
+import importlib
 from typing import Any
 
 import numpy as np
 
 from bench.bench_repacked import load_build, model_weights
+from modelc.bench.timing import repeat, time_alternating
 from modelc.formats import load_model
 from modelc.formats.ir import DType
 from modelc.runtime.arch import build
-from modelc.runtime.backends import cpu as cpu_mod
 from modelc.runtime.backends.cpu import TYPE_CODES, CpuBackend
 from tests import assets
 
@@ -56,17 +56,19 @@ def kernels(be: CpuBackend, builds: dict[str, Any], rows: list[int], reps: int) 
         for n in rows:
             x = rng.standard_normal((n, k)).astype(np.float32)
             out = np.empty((n, m), np.float32)
-            ts: dict[str, list[float]] = {b: [] for b in builds}
-            for r in range(reps + 1):
-                for b in builds if r % 2 else reversed(list(builds)):
-                    t = time.perf_counter()
-                    builds[b].matmul(
-                        TYPE_CODES[DType[name]], raw, k, x, out, be.simd, be.threads, be.tol, None
+            ts = time_alternating(
+                {
+                    b: functools.partial(
+                        mod.matmul,
+                        *(TYPE_CODES[DType[name]], raw, k, x, out),
+                        *(be.simd, be.threads, be.tol, None),
                     )
-                    if r:  # the first call warms up
-                        ts[b].append(time.perf_counter() - t)
+                    for b, mod in builds.items()
+                },
+                reps,
+            )
             cells = "  ".join(
-                f"{b}: best {m * k * n / min(v) / 1e9:6.1f} median {m * k * n / statistics.median(v) / 1e9:6.1f}"
+                f"{b}: best {v.rate(m * k * n, best=True) / 1e9:6.1f} median {v.rate(m * k * n) / 1e9:6.1f}"
                 for b, v in ts.items()
             )
             print(f"{name:4s} {n:4d} row(s), GMAC/s  {cells}")
@@ -88,16 +90,16 @@ def model_pass(
     for n in rows:
         xs = {k: rng.standard_normal((n, k)).astype(np.float32) for _, _, k, _ in items}
         outs = [np.empty((n, raw.shape[0]), np.float32) for _, raw, _, _ in items]
-        ts: dict[str, list[float]] = {b: [] for b in builds}
-        for r in range(reps + 2):
-            for b in builds if r % 2 else reversed(list(builds)):
-                t = time.perf_counter()
-                for (code, raw, k, packed), o in zip(items, outs, strict=True):
-                    builds[b].matmul(code, raw, k, xs[k], o, be.simd, be.threads, be.tol, packed)
-                if r >= 2:  # two passes warm up
-                    ts[b].append(time.perf_counter() - t)
+
+        def one_pass(mod: Any) -> None:
+            for (code, raw, k, packed), o in zip(items, outs, strict=True):  # noqa: B023
+                mod.matmul(code, raw, k, xs[k], o, be.simd, be.threads, be.tol, packed)  # noqa: B023
+
+        ts = time_alternating(
+            {b: functools.partial(one_pass, mod) for b, mod in builds.items()}, reps, warmup=2
+        )
         cells = "  ".join(
-            f"{b}: median {statistics.median(v) * 1e3:7.2f} ms {nbytes / statistics.median(v) / 1e9:5.1f} GB/s"
+            f"{b}: median {v.median * 1e3:7.2f} ms {v.rate(nbytes) / 1e9:5.1f} GB/s"
             for b, v in ts.items()
         )
         print(f"{len(items)} weights, {nbytes / 1e6:,.0f} MB, {n} x row(s): {cells}")
@@ -108,14 +110,10 @@ def embed(rounds: int) -> None:
     rng = np.random.default_rng(2)
     batch = [[101, *rng.integers(1000, 29000, 126).tolist(), 102] for _ in range(32)]
     model.embed(batch[:2])  # warm up
-    ts = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        model.embed(batch)
-        ts.append(time.perf_counter() - t)
+    ts = repeat(lambda: model.embed(batch), rounds, warmup=0)
     print(
-        f"MiniLM embed 32 x 128 tokens: median {32 / statistics.median(ts):6.1f} seq/s"
-        f" ({32 * 128 / statistics.median(ts):7.0f} tok/s), best {32 / min(ts):6.1f} seq/s"
+        f"MiniLM embed 32 x 128 tokens: median {ts.rate(32):6.1f} seq/s"
+        f" ({ts.rate(32 * 128):7.0f} tok/s), best {ts.rate(32, best=True):6.1f} seq/s"
     )
 
 
@@ -131,7 +129,7 @@ def main() -> None:
         "--model", default=None, help="a GGUF: passes over its weights (--rows, --reps)"
     )
     args = ap.parse_args()
-    builds = {"this": cpu_mod._k}
+    builds = {"this": importlib.import_module("modelc._kernels.kernels")}
     if args.base:
         builds["base"] = load_build(args.base)
     be = CpuBackend(simd=args.simd) if args.simd else CpuBackend()

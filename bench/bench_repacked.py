@@ -11,16 +11,14 @@ best of ``--reps`` passes as GMAC/s and as GB/s of repacked bytes (at 1 row that
 figure to hold against ``bench.bandwidth``).  A build that has no repacked kernels for a
 type (``--base`` from before they existed) is timed on the weights as stored, marked so.
 
-``--steps``: the model itself, ``--rounds`` rounds of a 512-token prefill and the median
-decode step of 1 and 8 sequences (``model.forward``), and the 8/1 throughput ratio.
-
-``--huge-ab``: only batch-1 decode with the repacked copies in huge pages (the backend's
-arena, ``modelc.runtime.backends.hugemem``) against numpy's allocator, alternating.
+``--steps``: the model itself, ``--rounds`` rounds of ``modelc bench --json`` (a 512-token
+prefill, 20 decode steps of 1 and of 8 sequences), and the 8/1 throughput ratio; each
+round runs in a fresh process with ``PYTHONPATH`` set to a checkout, this one's and, with
+``--base``, the checkout that holds that build, in alternating order.
 
 ``--base`` times another build's kernels module (e.g. the main checkout's .so) in the same
-process, alternating with this checkout's pass by pass (the steps: round by round, the
-backend's module swapped, in alternating order), so a shared machine's load hits both;
-the repacked layout is every build's.  The model defaults to the SmolLM2 test asset:
+process, alternating with this checkout's pass by pass, so a shared machine's load hits
+both; the repacked layout is every build's.  The model defaults to the SmolLM2 test asset:
 
     .venv/bin/python -m bench.bench_repacked --base ../main/modelc/_kernels/kernels.*.so
     .venv/bin/python -m bench.bench_repacked --model random-llama-1b-q4_k_m.gguf --rows 1 --steps
@@ -30,22 +28,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
+import json
+import os
 import statistics
-import time
-from collections.abc import Callable
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.bandwidth import model_decode
+from modelc.bench.timing import alternate, time_alternating
 from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends import cpu as cpu_mod
 from modelc.runtime.backends.cpu import TYPE_CODES, CpuBackend
 from modelc.runtime.model import SeqChunk
 from tests import assets
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_build(path: str) -> Any:
@@ -66,22 +69,6 @@ def model_weights(model: Any) -> list[Weight]:
         if isinstance(w, Weight)
     ]
     return [*ws, model.output]
-
-
-def alternate(
-    builds: dict[str, Any], reps: int, one_pass: Callable[[str, Any], None]
-) -> dict[str, list[float]]:
-    """Seconds of each of ``reps`` passes of ``one_pass(name, module)`` per build, the
-    builds taking turns pass by pass, in alternating order (a machine's drift falls on all
-    of them alike); one more pass first warms up."""
-    ts: dict[str, list[float]] = {k: [] for k in builds}
-    for r in range(reps + 1):
-        for k in builds if r % 2 else reversed(list(builds)):
-            t = time.perf_counter()
-            one_pass(k, builds[k])
-            if r:
-                ts[k].append(time.perf_counter() - t)
-    return ts
 
 
 def kernels(model: Any, be: CpuBackend, builds: dict[str, Any], args: argparse.Namespace) -> None:
@@ -110,14 +97,14 @@ def kernels(model: Any, be: CpuBackend, builds: dict[str, Any], args: argparse.N
             # stored (its direct path), timed against the same bytes
             own = {k: bool(builds[k].repack_simd(items[0][0], be.simd)) for k in builds}
 
-            def one_pass(k: str, mod: Any) -> None:
+            def one_pass(k: str) -> None:
                 for (code, raw, kk, packed), o in zip(items, outs, strict=True):  # noqa: B023
                     aux = packed if own[k] else None  # noqa: B023
-                    mod.matmul(code, raw, kk, xs[kk], o, be.simd, be.threads, be.tol, aux)  # noqa: B023
+                    builds[k].matmul(code, raw, kk, xs[kk], o, be.simd, be.threads, be.tol, aux)  # noqa: B023
 
-            ts = alternate(builds, reps, one_pass)
+            ts = time_alternating({k: functools.partial(one_pass, k) for k in builds}, reps)
             for k in builds:
-                med, best = statistics.median(ts[k]), min(ts[k])
+                med, best = ts[k].median, ts[k].best
                 print(
                     f"  {k}{'' if own[k] else ' (stored)'} {n:4d} row(s): median {macs_row * n / med / 1e9:6.1f} GMAC/s"
                     f" {nbytes / med / 1e9:5.1f} GB/s, best {macs_row * n / best / 1e9:6.1f}"
@@ -125,59 +112,38 @@ def kernels(model: Any, be: CpuBackend, builds: dict[str, Any], args: argparse.N
                 )
 
 
-def steps(model: Any, builds: dict[str, Any], args: argparse.Namespace) -> None:
-    prompt = np.random.default_rng(0).integers(100, 40000, 800).tolist()
+def steps(path: str, trees: dict[str, Path], rounds: int) -> None:
+    """``modelc bench --json`` of ``path`` in each checkout of ``trees`` (its own process,
+    ``PYTHONPATH`` the checkout), ``rounds`` rounds, the order alternating."""
 
-    def prefill() -> float:
-        t = time.perf_counter()
-        model.forward([SeqChunk(model.new_cache(max_tokens=600), prompt[:512])])
-        return time.perf_counter() - t
+    def bench(tree: Path) -> dict[str, Any]:
+        cmd = [sys.executable, "-m", "modelc.cli", "bench", path, "--json", "--reps", "1"]
+        cmd += ["--prompt-lens", "512", "--batches", "1,8", "--steps", "20"]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise SystemExit(f"modelc bench in {tree} failed:\n{r.stderr[-2000:]}")
+        out: dict[str, Any] = json.loads(r.stdout)
+        return out
 
-    def step(n_seq: int) -> float:
-        caches = [model.new_cache(max_tokens=64) for _ in range(n_seq)]
-        model.forward([SeqChunk(c, prompt[i : i + 32]) for i, c in enumerate(caches)])
-        ts = []
-        for s in range(20):
-            t = time.perf_counter()
-            model.forward([SeqChunk(c, [prompt[100 + s + i]]) for i, c in enumerate(caches)])
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
-
-    res: dict[str, dict[str, list[float]]] = {k: {"pf": [], "s1": [], "s8": []} for k in builds}
-    for r in range(args.rounds + 1):  # round 0 warms up
-        for k in builds if r % 2 == 0 else reversed(list(builds)):
-            cpu_mod._k = builds[k]
-            pf, s1, s8 = prefill(), step(1), step(8)
-            if r:
-                for key, t in (("pf", pf), ("s1", s1), ("s8", s8)):
-                    res[k][key].append(t)
-    for k, v in res.items():
-        pf, s1, s8 = (statistics.median(v[x]) for x in ("pf", "s1", "s8"))
+    runs = alternate({k: functools.partial(bench, t) for k, t in trees.items()}, rounds)
+    for k, rs in runs.items():
+        pf = [r["prefill_tps"]["512"] for r in rs]
+        b1 = [r["decode_tps"]["1"] for r in rs]
+        b8 = [r["decode_tps"]["8"] for r in rs]
         print(
-            f"{k}: prefill512 {512 / pf:7.1f} tok/s (best {512 / min(v['pf']):7.1f}); step 1 seq"
-            f" {s1 * 1e3:.2f} ms, 8 seqs {s8 * 1e3:.2f} ms, 8/1 ratio {8 * s1 / s8:.2f}x"
+            f"{k}: prefill512 {statistics.median(pf):7.1f} tok/s (best {max(pf):7.1f}); decode"
+            f" 1 seq {statistics.median(b1):.1f} tok/s, 8 seqs {statistics.median(b8):.1f} tok/s,"
+            f" 8/1 ratio {statistics.median(b8) / statistics.median(b1):.2f}x"
         )
 
 
-def huge_ab(path: str, rounds: int) -> None:
-    """Batch-1 decode with the repacked copies in huge pages (the backend's arena) against
-    numpy's allocator: two copies of the model in this process, 32 steps each a round, in
-    alternating order; the median of the paired ratios."""
-    runs = {}
-    for name, on in (("plain", False), ("huge", True)):
-        be = CpuBackend()
-        be._arena.enabled = on
-        runs[name] = model_decode(path, 32, be)  # its first run makes the copies
-    res: dict[str, list[float]] = {k: [] for k in runs}
-    for r in range(rounds):
-        for k in runs if r % 2 == 0 else reversed(list(runs)):
-            res[k].append(runs[k]())
-    ratios = [h / p for h, p in zip(res["huge"], res["plain"], strict=True)]
-    print(
-        f"decode b1 tok/s, medians: plain {statistics.median(res['plain']):.1f}, huge"
-        f" {statistics.median(res['huge']):.1f}; huge / plain paired median"
-        f" {statistics.median(ratios):.3f}, faster in {sum(x > 1 for x in ratios)} of {rounds}"
-    )
+def checkout_of(so: str) -> Path:
+    """The checkout a kernels .so was built in (``<checkout>/modelc/_kernels/kernels*.so``)."""
+    tree = Path(so).resolve().parents[2]
+    if not (tree / "modelc" / "__init__.py").exists():
+        raise SystemExit(f"--steps --base: {so} is not in a checkout's modelc/_kernels/")
+    return tree
 
 
 def main() -> None:
@@ -188,26 +154,22 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--base", default=None, help="another build's kernels .so, timed alternately")
     ap.add_argument("--steps", action="store_true", help="also the model's prefill and steps")
-    ap.add_argument("--rounds", type=int, default=8, help="rounds of --steps / --huge-ab")
-    ap.add_argument(
-        "--huge-ab", action="store_true", help="only: decode with and without huge pages"
-    )
+    ap.add_argument("--rounds", type=int, default=8, help="rounds of --steps")
     args = ap.parse_args()
-    if args.huge_ab:
-        huge_ab(args.model or str(assets.smollm2_gguf()), args.rounds)
-        return
-    builds = {"this": cpu_mod._k}
+    builds = {"this": importlib.import_module("modelc._kernels.kernels")}
     if args.base:
         builds["base"] = load_build(args.base)
     be = CpuBackend()
-    model: Any = build(load_model(args.model or str(assets.smollm2_gguf())), be)
+    path = args.model or str(assets.smollm2_gguf())
+    model: Any = build(load_model(path), be)
     print(f"simd {be.simd}, threads {be.threads}")
     for k, m in builds.items():
         print(f"{k}: {m.__file__}")
     model.forward([SeqChunk(model.new_cache(max_tokens=8), [1, 2])])  # the repacked copies
     kernels(model, be, builds, args)
     if args.steps:
-        steps(model, builds, args)
+        trees = {"this": ROOT, **({"base": checkout_of(args.base)} if args.base else {})}
+        steps(path, trees, args.rounds)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import openai
 
 from bench.llamacpp_peer import LlamaCppServer
+from modelc.bench.procs import ServerStartError, wait_healthy
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import free_port
 
@@ -77,17 +77,11 @@ def modelc_server(gguf: Path, threads: int, log: Path) -> tuple[subprocess.Popen
     cmd += ["--threads", str(threads)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"modelc run exited; see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"modelc run did not start; see {log}")
+    try:
+        wait_healthy(url, proc, 300.0, poll=0.1)
+    except ServerStartError as e:
+        raise RuntimeError(f"modelc run did not start ({e}); see {log}") from e
+    return proc, url
 
 
 def main() -> int:

@@ -15,8 +15,7 @@ For each model (SmolLM2-135M Q4_1, random ~1.1B llama GGUFs in Q4_0 and Q8_0):
 * with ``--engine``: the unchanged engine on ``--device cuda`` (SmolLM2, 64 concurrent
   greedy requests of 64 tokens): aggregate tokens/s, host sampling included;
 * with ``--types Q5_K,IQ4_XS,...``: the random 1.1B in those types too (written to
-  ``--dir`` if missing), each once in its own blocks and once widened to F16 at upload
-  (what every type beyond Q4_0/Q4_1/Q8_0/Q4_K/Q6_K got before session 17).
+  ``--dir`` if missing), in their own blocks.
 
     python3 bench/cuda_bench.py --smollm2 PATH --dir DIR_OF_1B_GGUFS [--engine] [--json OUT]
 """
@@ -27,8 +26,6 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +33,6 @@ import numpy as np
 
 from modelc.formats import load_model
 from modelc.formats.ir import DType, ModelIR
-from modelc.runtime.backends import cuda
 from modelc.runtime.backends.cuda import CudaBackend
 from modelc.runtime.backends.cuda_llama import CudaLlama
 from modelc.runtime.model import SeqChunk
@@ -95,16 +91,6 @@ def variant_rate(model: CudaLlama, cfg: dict[str, Any], n: int, steps: int) -> f
     finally:
         dev.gemv_kind, dev.gemv_max, model.use_graphs, dev.split_k = saved
         model.reset_graphs()
-
-
-@contextmanager
-def widened(dtype: DType) -> Iterator[None]:
-    """Uploads of ``dtype`` dequantized to F16, as before it had kernels."""
-    code = cuda.CODES.pop(dtype)
-    try:
-        yield
-    finally:
-        cuda.CODES[dtype] = code
 
 
 def hf_rate(ir: ModelIR, n: int) -> float:
@@ -205,12 +191,12 @@ def main() -> None:
     ap.add_argument("--types", default="", help="more weight types for the random 1.1B")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    models: list[tuple[str, Path, DType | None]] = []
+    models: list[tuple[str, Path]] = []
     if args.smollm2:
-        models.append(("SmolLM2-135M Q4_1", args.smollm2, None))
+        models.append(("SmolLM2-135M Q4_1", args.smollm2))
     if args.dir:
         models += [
-            (f"random 1.1B {q}", args.dir / f"llama1b-{q.lower()}.gguf", None)
+            (f"random 1.1B {q}", args.dir / f"llama1b-{q.lower()}.gguf")
             for q in ("Q4_0", "Q8_0")
             if (args.dir / f"llama1b-{q.lower()}.gguf").exists() or not args.types
         ]
@@ -220,14 +206,12 @@ def main() -> None:
         path = args.dir / f"llama1b-{q.lower()}.gguf"
         if not path.exists():
             write_random_llama(path, DType[q])
-        models.append((f"random 1.1B {q}", path, None))
-        models.append((f"random 1.1B {q} widened to F16", path, DType[q]))
+        models.append((f"random 1.1B {q}", path))
     rows: list[dict[str, Any]] = []
     be = CudaBackend()
-    for name, path, widen in models:
+    for name, path in models:
         ir = load_model(path)
-        with widened(widen) if widen is not None else nullcontext():
-            model = CudaLlama(ir, be)
+        model = CudaLlama(ir, be)
         for n in [int(v) for v in args.streams.split(",")]:
             steps = args.steps if n <= 16 else max(32, args.steps // 2)
             t = decode_rate(model, n, steps)

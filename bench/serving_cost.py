@@ -43,6 +43,7 @@ import httpx
 import trio
 
 from modelc.bench.procs import ServerStartError, wait_healthy
+from modelc.bench.timing import stream_tps
 from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import GenerationRequest, TokenEvent
 from modelc.runtime.sampling import SamplingParams
@@ -74,7 +75,7 @@ async def engine_tps(eng: object, prompt: list[int], n: int, tokens: int) -> flo
             for k in range(n):
                 inner.start_soon(one, k)
         nursery.cancel_scope.cancel()
-    return (len(stamps) - n) / (max(stamps) - min(stamps))
+    return stream_tps(stamps, n)
 
 
 def http_tps(url: str, messages: list[dict[str, str]], n: int, tokens: int) -> float:
@@ -105,7 +106,7 @@ def http_tps(url: str, messages: list[dict[str, str]], n: int, tokens: int) -> f
                 nursery.start_soon(one, client)
 
     trio.run(main)
-    return (len(stamps) - n) / (max(stamps) - min(stamps))
+    return stream_tps(stamps, n)
 
 
 def raw_tps(url: str, messages: list[dict[str, str]], n: int, tokens: int) -> float:
@@ -150,7 +151,7 @@ def raw_tps(url: str, messages: list[dict[str, str]], n: int, tokens: int) -> fl
                 nursery.start_soon(one)
 
     trio.run(main)
-    return (len(stamps) - n) / (max(stamps) - min(stamps))
+    return stream_tps(stamps, n)
 
 
 def loop_cpu_ns(pid: int) -> int:

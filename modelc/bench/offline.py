@@ -162,6 +162,7 @@ def run_offline(
 ) -> OfflineResult:
     """Measure ``model_arg`` (a path, store or catalog name; see :mod:`modelc.resolve`)."""
     from modelc.artifact import load_artifact
+    from modelc.bench.timing import GreedyBatch, prefill_seconds
     from modelc.resolve import resolve_model
     from modelc.runtime.arch import build
     from modelc.runtime.backends.cpu import CpuBackend, default_threads, matmul_tol
@@ -233,29 +234,16 @@ def run_offline(
         best = float("inf")
         for r in range(reps):
             say(f"prefill {n} tokens ({r + 1}/{reps})")
-            cache = model.new_cache(kv_cache, max_tokens=n)
-            t = time.perf_counter()
-            model.forward([SeqChunk(cache, ids)])
-            best = min(best, time.perf_counter() - t)
+            best = min(best, prefill_seconds(model, ids, kv_cache))
         res.prefill_tps[n] = n / best
 
     for b in batches:
-        caches = [model.new_cache(kv_cache, max_tokens=16 + steps * reps + 1) for _ in range(b)]
-        logits = model.forward(
-            [
-                SeqChunk(c, prompt_tokens(16, model.n_vocab, encode, seed=100 + i))
-                for i, c in enumerate(caches)
-            ]
-        )  # (b, vocab)
-        nxt = np.argmax(logits, axis=1)
+        prompts = [prompt_tokens(16, model.n_vocab, encode, seed=100 + i) for i in range(b)]
+        seqs = GreedyBatch(model, prompts, steps * reps, kv_cache)
         best = float("inf")
         for r in range(reps):  # each rep continues the same sequences for `steps` more tokens
             say(f"decode batch {b} ({r + 1}/{reps})")
-            t = time.perf_counter()
-            for _ in range(steps):
-                logits = model.forward([SeqChunk(c, [int(nxt[i])]) for i, c in enumerate(caches)])
-                nxt = np.argmax(logits, axis=1)
-            best = min(best, time.perf_counter() - t)
+            best = min(best, seqs.run(steps).total)
         res.decode_tps[b] = b * steps / best
 
     res.peak_rss_mb = peak_rss_mb()
