@@ -9,28 +9,29 @@ server (xllamacpp, ``--embedding``, 8 slots, ``OMP_WAIT_POLICY=passive`` so that
 threads do not spin while modelc is measured) serve that file side by side.  A workload
 ``BxL`` is one ``/v1/embeddings`` request (the official ``openai`` client) of B texts of
 about L tokens each (random whole words of the vocabulary, seeded).  Each round times every
-workload on both servers, the order alternating round by round; reported: the median
-tokens/s (B x L / request time) per server and the median of the per-round ratios.
+workload on both servers, the order alternating round by round (a first round warms
+up); reported: the median tokens/s (B x L / request time) per server and the median of the
+per-round ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import openai
 
 from bench.llamacpp_peer import LlamaCppServer
 from modelc.bench.procs import wait_healthy
+from modelc.bench.timing import median_ratio, time_alternating
 from tests.assets import minilm_dir
 from tests.gen_bert_gguf import write
 
@@ -48,12 +49,9 @@ def texts(n: int, length: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(max(1, length - 2))) for _ in range(n)]
 
 
-def timed(client: openai.OpenAI, model: str, batch: list[str]) -> float:
-    t = time.perf_counter()
+def embed(client: openai.OpenAI, model: str, batch: list[str]) -> None:
     out = client.embeddings.create(model=model, input=batch)
-    dt = time.perf_counter() - t
     assert len(out.data) == len(batch)
-    return dt
 
 
 def free_port() -> int:
@@ -92,22 +90,20 @@ def run(gguf: Path, args: argparse.Namespace, log_dir: Path) -> list[str]:
                 "llama.cpp": openai.OpenAI(base_url=f"{peer.url}/v1", api_key="x"),
             }
             models = {k: c.models.list().data[0].id for k, c in clients.items()}
-            times: dict[tuple[str, tuple[int, int]], list[float]] = {}
-            for r in range(args.rounds + 1):  # round 0 warms up
-                order = list(clients) if r % 2 else list(clients)[::-1]
-                for key, batch in batches.items():
-                    for side in order:
-                        dt = timed(clients[side], models[side], batch)
-                        if r:
-                            times.setdefault((side, key), []).append(dt)
-            for key in batches:
+            for key, batch in batches.items():
                 b, n = key
-                ours, theirs = times[("modelc", key)], times[("llama.cpp", key)]
-                ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
+                ts = time_alternating(  # round 0 warms up
+                    {
+                        side: functools.partial(embed, c, models[side], batch)
+                        for side, c in clients.items()
+                    },
+                    args.rounds,
+                )
+                ours, theirs = ts["modelc"], ts["llama.cpp"]
+                ratio, lo, hi = median_ratio(theirs.seconds, ours.seconds)
                 rows.append(
-                    f"| {gguf.stem} | {b} x {n} | {b * n / statistics.median(ours):,.0f}"
-                    f" | {b * n / statistics.median(theirs):,.0f}"
-                    f" | **{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}) |"
+                    f"| {gguf.stem} | {b} x {n} | {ours.rate(b * n):,.0f}"
+                    f" | {theirs.rate(b * n):,.0f} | **{ratio:.2f}x** ({lo:.2f}-{hi:.2f}) |"
                 )
                 print(rows[-1], flush=True)
     finally:

@@ -25,6 +25,7 @@ with N clients at once, the whole set with speculation off vs auto (alternating 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import trio
 
+from modelc.bench.timing import alternate, forward_seconds
 from modelc.engine import EngineOptions, LLMEngine, build_engine
 from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.runtime.sampling import SamplingParams
@@ -420,6 +422,7 @@ def table(rows: list[Row], title: str) -> list[str]:
 def step_costs(eng: LLMEngine, repeats: int = 25) -> list[str]:
     """Time of one forward of a decode step verifying ``k`` drafts over a plain one, for
     one sequence and for 4 (one of them drafting), at a few context lengths."""
+    from modelc.runtime.kv_cache import KVCache
     from modelc.runtime.model import SeqChunk
 
     lm = eng.lm
@@ -440,22 +443,23 @@ def step_costs(eng: LLMEngine, repeats: int = 25) -> list[str]:
             for j in range(0, ctx, 256):
                 lm.forward([SeqChunk(c, toks[j : j + 256], ())])
             caches.append(c)
-        times: dict[int, list[float]] = {k: [] for k in ks}
-        for _ in range(repeats):
-            for k in ks:
-                batch = [
-                    SeqChunk(
-                        c,
-                        [int(t) for t in rng.integers(100, 10000, (k if j == 0 else 0) + 1)],
-                        tuple(range((k if j == 0 else 0) + 1)),
-                    )
-                    for j, c in enumerate(caches)
-                ]
-                t0 = time.perf_counter()
-                lm.forward(batch)
-                times[k].append(time.perf_counter() - t0)
-                for c in caches:
-                    c.truncate(ctx)
+
+        def verify(k: int, caches: list[KVCache] = caches, ctx: int = ctx) -> float:
+            """Seconds of one forward with ``k`` drafted rows on the first sequence."""
+            batch = [
+                SeqChunk(
+                    c,
+                    [int(t) for t in rng.integers(100, 10000, (k if j == 0 else 0) + 1)],
+                    tuple(range((k if j == 0 else 0) + 1)),
+                )
+                for j, c in enumerate(caches)
+            ]
+            took = forward_seconds(lm, batch)
+            for c in caches:
+                c.truncate(ctx)
+            return took
+
+        times = alternate({k: functools.partial(verify, k) for k in ks}, repeats)
         med = {k: statistics.median(v) for k, v in times.items()}
         lines.append(
             f"| {ctx} | {nseq} | {med[0] * 1000:.1f} ms | "

@@ -8,7 +8,8 @@ so a "tokens/s" means the same thing everywhere:
 * :func:`alternate`: several variants (builds, modes, servers), each called once a round
   in an order that flips from round to round, so a shared machine's changing load falls
   on all of them alike; :func:`time_alternating` times them;
-* :func:`prefill_seconds`: one prompt through ``forward`` in a fresh KV cache;
+* :func:`forward_seconds` / :func:`prefill_seconds`: one ``forward`` of a batch, of one
+  prompt in a fresh KV cache;
 * :class:`GreedyBatch`: sequences prefilled (untimed), then decoded greedily together,
   one ``forward`` of all of them a step, each step timed.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -26,9 +27,10 @@ import numpy as np
 
 if TYPE_CHECKING:
     from modelc.runtime.kv_cache import KVCache
-    from modelc.runtime.model import LanguageModel
+    from modelc.runtime.model import LanguageModel, SeqChunk
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)  # a variant's name
 
 
 @dataclass(frozen=True)
@@ -92,12 +94,12 @@ def repeat_for(
 
 
 def alternate(
-    variants: Mapping[str, Callable[[], T]], rounds: int, *, warmup: int = 0
-) -> dict[str, list[T]]:
+    variants: Mapping[K, Callable[[], T]], rounds: int, *, warmup: int = 0
+) -> dict[K, list[T]]:
     """What each variant returns, once a round for ``rounds`` rounds, the variants taking
     turns in an order that flips from round to round (``warmup`` rounds first, kept out)."""
     names = list(variants)
-    out: dict[str, list[T]] = {k: [] for k in names}
+    out: dict[K, list[T]] = {k: [] for k in names}
     for r in range(warmup + rounds):
         for k in names if r % 2 == 0 else names[::-1]:
             v = variants[k]()
@@ -107,8 +109,8 @@ def alternate(
 
 
 def time_alternating(
-    variants: Mapping[str, Callable[[], object]], reps: int, *, warmup: int = 1
-) -> dict[str, Timing]:
+    variants: Mapping[K, Callable[[], object]], reps: int, *, warmup: int = 1
+) -> dict[K, Timing]:
     """:func:`alternate`, timing each call: ``reps`` runs of each variant after ``warmup``
     rounds."""
     runs = alternate(
@@ -130,12 +132,16 @@ def stream_tps(stamps: Sequence[float], streams: int) -> float:
     return (len(stamps) - streams) / (max(stamps) - min(stamps))
 
 
+def forward_seconds(lm: LanguageModel, batch: Sequence[SeqChunk]) -> float:
+    """Seconds of one ``forward`` of ``batch``."""
+    return _seconds(lambda: lm.forward(batch))
+
+
 def prefill_seconds(lm: LanguageModel, ids: Sequence[int], kv: str = "f16") -> float:
     """Seconds of one ``forward`` of the prompt ``ids`` in a fresh ``kv`` cache."""
     from modelc.runtime.model import SeqChunk
 
-    cache = lm.new_cache(kv, max_tokens=len(ids))
-    return _seconds(lambda: lm.forward([SeqChunk(cache, list(ids))]))
+    return forward_seconds(lm, [SeqChunk(lm.new_cache(kv, max_tokens=len(ids)), list(ids))])
 
 
 class GreedyBatch:
