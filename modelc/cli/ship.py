@@ -16,7 +16,7 @@ from modelc.errors import UsageError
 
 
 def _shipped(arg: str, name: str | None) -> Any:
-    from modelc.cli_common import _resolve
+    from modelc.cli.common import _resolve
     from modelc.ship import shipped_model
 
     return shipped_model(_resolve(arg), arg, name)

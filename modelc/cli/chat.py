@@ -12,7 +12,7 @@ usual: Ctrl-C at the prompt prints a hint, Ctrl-C during an answer cancels that
 request (the engine drops it at its next step) and returns to the prompt.  With a
 pipe on standard input the lines are read without a prompt and only the answers (and
 any command output) are printed, so ``echo hi | modelc chat MODEL`` answers once.
-The line protocol and the commands are in :mod:`modelc.cli_chat_session`.
+The line protocol and the commands are in :mod:`modelc.cli.chat_session`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
 
-from modelc.cli_chat_session import ChatState, read_entry, run_command
-from modelc.cli_common import add_seed_and_kv_cache, standalone
+from modelc.cli.chat_session import ChatState, read_entry, run_command
+from modelc.cli.common import add_seed_and_kv_cache, standalone
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
 if TYPE_CHECKING:

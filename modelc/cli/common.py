@@ -135,7 +135,7 @@ def add_seed_and_kv_cache(p: Any) -> None:
 
 
 def standalone(register: Callable[[Any], None], argv: Sequence[str] | None = None) -> int:
-    """Run one command module on its own (``python -m modelc.cli_generate ...``)."""
+    """Run one command module on its own (``python -m modelc.cli.generate ...``)."""
     import argparse
 
     from modelc.errors import ModelcError

@@ -15,7 +15,7 @@ from typing import Any
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from modelc.cli_run import _model_id, _resolve
+    from modelc.cli.run import _model_id, _resolve
     from modelc.compile import compile_model
 
     artifact = _resolve(args.model)

@@ -5,7 +5,7 @@ cache and stop handling), with one request in flight, so a greedy or seeded answ
 is the answer the server gives for the same messages and settings.  Standard output is
 the generated text only; progress and statistics go to standard error.  Registered into
 the main CLI by ``register(subparsers)`` (``modelc.cli.EXTENSIONS``); ``python -m
-modelc.cli_generate`` runs it standalone.
+modelc.cli.generate`` runs it standalone.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from modelc.cli_common import add_seed_and_kv_cache, standalone
+from modelc.cli.common import add_seed_and_kv_cache, standalone
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
 

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelc.cli_common import _config, _resolve, _store, human_bytes, pack_progress, progress_bars
+from modelc.cli.common import _config, _resolve, _store, human_bytes, pack_progress, progress_bars
 from modelc.errors import UsageError
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from modelc.errors import UsageError
 
 def _resolve(arg: str) -> Path:
     from modelc.catalog import CATALOG
-    from modelc.cli_common import _config, _store, progress_bars
+    from modelc.cli.common import _config, _store, progress_bars
     from modelc.resolve import resolve_model
 
     store = _store()
@@ -44,7 +44,7 @@ def _model_id(arg: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from modelc.cli_common import _config
+    from modelc.cli.common import _config
     from modelc.engine.options import EngineOptions
     from modelc.server.serve import ServedModel, ServeOptions, check_bind, serve
 
