@@ -5,7 +5,10 @@ subparser and sets ``func`` (``(args) -> exit status``).  To add a command (``ru
 ``generate``, ``bench`` ...), write such a function in your own module and list it as
 ``"module:function"`` in :data:`EXTENSIONS`, or append the function to :data:`COMMANDS`;
 import heavy modules inside the command function, not at the top, so
-``modelc --version`` stays fast.
+``modelc --version`` stays fast.  A command's options come from the one table in
+:mod:`modelc.cli.options` (each option declared once, tagged with the commands that
+take it); :mod:`modelc.cli.args` adds them to a parser and builds the engine's options
+from parsed arguments.
 
 The modules: the store commands (``list``, ``rm``, ``cp``, ``switch``, ``search``,
 ``inspect``, ``verify``, ``tokenize``) in :mod:`modelc.cli.store`; ``pack``/``pull``/
@@ -29,7 +32,8 @@ from typing import Any, NoReturn
 
 import modelc
 from modelc.cli.completions import add_completions
-from modelc.cli.pack import QUANTIZE_CHOICES, add_export, add_pack, add_pull
+from modelc.cli.options import QUANTIZE_CHOICES
+from modelc.cli.pack import add_export, add_pack, add_pull
 from modelc.cli.store import (
     add_cp,
     add_inspect,

@@ -9,6 +9,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from modelc.cli.args import add_options
 from modelc.cli.common import _config, _resolve, _store, _table, human_bytes, human_count
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
@@ -68,11 +69,7 @@ def add_list(sub: Any) -> None:
     p = sub.add_parser(
         "list", aliases=["ls"], help="list models in the store (* = current version)"
     )
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--json", action="store_true")
-    g.add_argument(
-        "--names", action="store_true", help="model names only, one a line (shell completion)"
-    )
+    add_options(p, "list")
     p.set_defaults(func=cmd_list)
 
 
@@ -85,11 +82,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def add_rm(sub: Any) -> None:
     p = sub.add_parser("rm", help="remove a model (NAME:VERSION removes one version)")
     p.add_argument("model", metavar="NAME[:VERSION]")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--force", action="store_true", help="remove the model even if it has several versions"
-    )
-    g.add_argument("--all", action="store_true", help="remove every version of the model")
+    add_options(p, "rm")
     p.set_defaults(func=cmd_rm)
 
 
@@ -130,7 +123,7 @@ def add_search(sub: Any) -> None:
         help="find models: name substring, architecture, arch:X, quant:X, >100M (params), <1GB (size)",
     )
     p.add_argument("query", nargs="+", metavar="QUERY")
-    p.add_argument("--json", action="store_true")
+    add_options(p, "search")
     p.set_defaults(func=cmd_search)
 
 
@@ -176,13 +169,7 @@ def add_inspect(sub: Any) -> None:
         "inspect", aliases=["show"], help="show a model's architecture, size, quantization ..."
     )
     p.add_argument("model", metavar="MODEL")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--json", action="store_true", help="machine-readable summary")
-    g.add_argument("--readme", action="store_true", help="a markdown model card")
-    g.add_argument(
-        "--quant-sizes", action="store_true", help="sizes of the model in each quantization"
-    )
-    p.add_argument("--tensors", action="store_true", help="include the tensor table")
+    add_options(p, "inspect")
     p.set_defaults(func=cmd_inspect)
 
 
@@ -219,7 +206,7 @@ class _VerifyFailed(ModelcError):
 def add_verify(sub: Any) -> None:
     p = sub.add_parser("verify", help="check a model's header and every tensor checksum")
     p.add_argument("model", nargs="?", metavar="MODEL")
-    p.add_argument("--all", action="store_true", help="verify every model in the store")
+    add_options(p, "verify")
     p.set_defaults(func=cmd_verify)
 
 
