@@ -118,3 +118,20 @@ def test_sampling_flags_mean_the_same_in_generate_and_chat() -> None:
     assert sampling_given(_parse("generate", "m", "p", *flags)) == want
     assert sampling_given(_parse("chat", "m", *flags)) == want
     assert sampling_given(_parse("chat", "m")) == {}
+
+
+@pytest.mark.parametrize("module", ["modelc", "modelc.cli"])
+def test_python_dash_m_runs_the_command(module: str) -> None:
+    import subprocess
+    import sys
+
+    import modelc
+
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == f"modelc {modelc.__version__}"
