@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from modelc.cli_chat_session import ChatState, Entry, read_entry, run_command
+from modelc.cli.chat_session import ChatState, Entry, read_entry, run_command
 from modelc.runtime.prompt import SamplingDefaults
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import ROOT, Server, smol_server

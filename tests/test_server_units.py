@@ -144,7 +144,7 @@ def _run_engine_options(monkeypatch: pytest.MonkeyPatch, flags: list[str]) -> An
     """The engine options ``modelc run some-model *flags`` would serve with."""
     import argparse
 
-    import modelc.cli_run as cli_run
+    import modelc.cli.run as cli_run
     import modelc.server.serve as serve_mod
 
     seen: dict[str, Any] = {}

@@ -1,60 +1,23 @@
-"""The ``modelc`` command line: argument parsing, and printing what the library returns.
-
-Each command is registered by a small ``add_<command>(sub)`` function that adds its
-subparser and sets ``func`` (``(args) -> exit status``).  To add a command (``run``,
-``generate``, ``bench`` ...), write such a function in your own module and list it as
-``"module:function"`` in :data:`EXTENSIONS`, or append the function to :data:`COMMANDS`;
-import heavy modules inside the command function, not at the top, so
-``modelc --version`` stays fast.  This module holds the store commands (``list``,
-``rm``, ``cp``, ``switch``, ``search``), ``inspect``, ``verify`` and ``tokenize``;
-``pack``/``pull``/``export`` are in :mod:`modelc.cli_pack`, ``completions`` in
-:mod:`modelc.cli_completions`, and the helpers they share in :mod:`modelc.cli_common`.
-
-Every :class:`~modelc.errors.ModelcError` is printed as one line
-``modelc: error: <message>`` on stderr with exit status 2 (its ``exit_code``);
-argparse usage errors also exit 2; Ctrl-C exits 130.
+"""The store commands: ``list``, ``rm``, ``cp``, ``switch``, ``search``, and ``inspect``,
+``verify``, ``tokenize`` (registered in :data:`modelc.cli.COMMANDS`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-import modelc
-from modelc.cli_common import (  # noqa: F401  (_config, _store, progress_bars: for cli_run)
-    _config,
-    _resolve,
-    _store,
-    _table,
-    human_bytes,
-    human_count,
-    pack_progress,
-    progress_bars,
-)
-from modelc.cli_completions import add_completions, completion_script  # noqa: F401
-from modelc.cli_pack import QUANTIZE_CHOICES, add_export, add_pack, add_pull  # noqa: F401
+from modelc.cli.args import add_options
+from modelc.cli.common import _config, _resolve, _store, _table, human_bytes, human_count
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
 if TYPE_CHECKING:
     from modelc.artifact import Artifact
     from modelc.store import ModelEntry
 
-CommandFn = Callable[[argparse.Namespace], int]
 
-
-class Parser(argparse.ArgumentParser):
-    """ArgumentParser whose usage errors are one line, exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
-        sys.exit(2)
-
-
-# ----------------------------------------------------------------------------- commands
 def _entry_json(e: ModelEntry) -> dict[str, Any]:
     return {
         "name": e.name,
@@ -106,11 +69,7 @@ def add_list(sub: Any) -> None:
     p = sub.add_parser(
         "list", aliases=["ls"], help="list models in the store (* = current version)"
     )
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--json", action="store_true")
-    g.add_argument(
-        "--names", action="store_true", help="model names only, one a line (shell completion)"
-    )
+    add_options(p, "list")
     p.set_defaults(func=cmd_list)
 
 
@@ -123,11 +82,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def add_rm(sub: Any) -> None:
     p = sub.add_parser("rm", help="remove a model (NAME:VERSION removes one version)")
     p.add_argument("model", metavar="NAME[:VERSION]")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--force", action="store_true", help="remove the model even if it has several versions"
-    )
-    g.add_argument("--all", action="store_true", help="remove every version of the model")
+    add_options(p, "rm")
     p.set_defaults(func=cmd_rm)
 
 
@@ -168,7 +123,7 @@ def add_search(sub: Any) -> None:
         help="find models: name substring, architecture, arch:X, quant:X, >100M (params), <1GB (size)",
     )
     p.add_argument("query", nargs="+", metavar="QUERY")
-    p.add_argument("--json", action="store_true")
+    add_options(p, "search")
     p.set_defaults(func=cmd_search)
 
 
@@ -214,13 +169,7 @@ def add_inspect(sub: Any) -> None:
         "inspect", aliases=["show"], help="show a model's architecture, size, quantization ..."
     )
     p.add_argument("model", metavar="MODEL")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--json", action="store_true", help="machine-readable summary")
-    g.add_argument("--readme", action="store_true", help="a markdown model card")
-    g.add_argument(
-        "--quant-sizes", action="store_true", help="sizes of the model in each quantization"
-    )
-    p.add_argument("--tensors", action="store_true", help="include the tensor table")
+    add_options(p, "inspect")
     p.set_defaults(func=cmd_inspect)
 
 
@@ -257,7 +206,7 @@ class _VerifyFailed(ModelcError):
 def add_verify(sub: Any) -> None:
     p = sub.add_parser("verify", help="check a model's header and every tensor checksum")
     p.add_argument("model", nargs="?", metavar="MODEL")
-    p.add_argument("--all", action="store_true", help="verify every model in the store")
+    add_options(p, "verify")
     p.set_defaults(func=cmd_verify)
 
 
@@ -282,80 +231,3 @@ def add_tokenize(sub: Any) -> None:
         help="taken verbatim (no escape processing), even if it starts with '-'",
     )
     p.set_defaults(func=cmd_tokenize)
-
-
-COMMANDS: list[Callable[[Any], None]] = [
-    add_pack,
-    add_pull,
-    add_list,
-    add_rm,
-    add_cp,
-    add_switch,
-    add_search,
-    add_inspect,
-    add_verify,
-    add_export,
-    add_tokenize,
-    add_completions,
-]
-
-# "module:function" registration functions of commands defined elsewhere (run, generate, bench)
-EXTENSIONS: list[str] = [
-    "modelc.cli_generate:register",
-    "modelc.cli_run:register",
-    "modelc.cli_bench:register",
-    "modelc.cli_chat:register",
-    "modelc.cli_compile:register",
-    "modelc.cli_ship:register",
-]
-
-
-def build_parser() -> Parser:
-    parser = Parser(prog="modelc", description="Pack, store, inspect and serve language models.")
-    parser.add_argument("--version", action="version", version=f"modelc {modelc.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in COMMANDS:
-        add(sub)
-    for spec in EXTENSIONS:
-        mod, _, fn = spec.partition(":")
-        try:
-            module = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-            continue  # that command is not installed
-        getattr(module, fn)(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 3 and argv[0] == "tokenize" and not argv[1].startswith("-"):
-        # `tokenize MODEL TEXT`: TEXT verbatim, even "-x" or "--help" (argparse would parse it)
-        args = argparse.Namespace(func=cmd_tokenize, model=argv[1], text=argv[2])
-    else:
-        args = build_parser().parse_args(argv)
-    func: CommandFn = args.func
-    try:
-        return func(args)
-    except ModelcError as e:
-        msg = " ".join(str(e).split("\n"))
-        sys.stderr.write(f"modelc: error: {msg}\n")
-        return e.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("modelc: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        return 0
-    except OSError as e:
-        where = f": {e.filename}" if e.filename else ""
-        sys.stderr.write(f"modelc: error: {e.strerror or e}{where}\n")
-        return 2
-
-
-def run() -> None:
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    run()

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from modelc.cli.args import add_options
 from modelc.errors import UsageError
 
 
@@ -48,7 +49,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             reps=args.reps,
             threads=args.threads,
             matmul=args.matmul,
-            kv_cache=args.kv_cache,
+            kv_cache=args.kv_cache or "f16",
             progress=lambda s: status.update(s),
         )
     if args.json:
@@ -156,53 +157,5 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "model", metavar="MODEL", nargs="?", default=None, help="model to measure offline"
     )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    g = p.add_argument_group("offline (MODEL)")
-    g.add_argument("--prompt-lens", default="128,512,2048", metavar="L,..", help="prefill lengths")
-    g.add_argument("--batches", default="1,2,4,8", metavar="B,..", help="decode batch sizes")
-    g.add_argument("--steps", type=int, default=32, metavar="N", help="decode steps per batch (32)")
-    g.add_argument(
-        "--reps",
-        type=int,
-        default=2,
-        metavar="N",
-        help="repeats of each measurement, best kept (2)",
-    )
-    g.add_argument("--threads", type=int, default=None, metavar="N", help="kernel threads")
-    g.add_argument(
-        "--matmul", default=None, choices=["fast", "balanced", "exact"], help="MODELC_MATMUL mode"
-    )
-    g.add_argument(
-        "--kv-cache",
-        default="f16",
-        choices=["f32", "f16", "int8", "mixed"],
-        help="KV-cache storage (f16, as `modelc run`)",
-    )
-    h = p.add_argument_group("load test (--url)")
-    h.add_argument("--url", default=None, help="an OpenAI-compatible server on loopback")
-    h.add_argument("--concurrency", default="1,4,8", metavar="C,..", help="client counts (1,4,8)")
-    h.add_argument("--requests", type=int, default=16, metavar="N", help="requests per level (16)")
-    h.add_argument(
-        "--prompt-len", type=int, default=128, metavar="L", help="prompt words (~tokens)"
-    )
-    h.add_argument("--max-tokens", type=int, default=64, metavar="M", help="output tokens (64)")
-    h.add_argument("--model", dest="model_name", default=None, metavar="NAME", help="model field")
-    h.add_argument("--chat", action="store_true", default=None, help="use /v1/chat/completions")
-    h.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (600)")
-    h.add_argument(
-        "--turns",
-        type=int,
-        default=1,
-        metavar="T",
-        help="requests per conversation, each resending the history (shared prefixes) (1)",
-    )
-    h.add_argument(
-        "--conversation-header",
-        default=None,
-        metavar="NAME",
-        help="send a per-conversation id in header NAME (e.g. X-Conversation-Id), "
-        "for a proxy that hashes on it",
-    )
-    h.add_argument("--plot", default=None, metavar="PNG", help="latency vs throughput plot")
-    h.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    add_options(p, "bench")
     p.set_defaults(func=cmd_bench)

@@ -10,14 +10,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelc.cli_common import _config, _resolve, _store, human_bytes, pack_progress, progress_bars
+from modelc.cli.args import add_options
+from modelc.cli.common import _config, _resolve, _store, human_bytes, pack_progress, progress_bars
 from modelc.errors import UsageError
 
 if TYPE_CHECKING:
     from modelc.artifact import Manifest, PackOptions
-
-# = modelc.artifact.format.QUANT_METHODS (kept here so building the parser imports no numpy)
-QUANTIZE_CHOICES = ("fp16", "int8", "int4", "q8_0", "q4_0")
 
 
 def _pack_options(args: argparse.Namespace) -> PackOptions:
@@ -29,33 +27,6 @@ def _pack_options(args: argparse.Namespace) -> PackOptions:
         compression_level=args.level if args.level is not None else cfg.compression_level,
         quantize=args.quantize if args.quantize is not None else cfg.quantize,
         prune=args.prune,
-    )
-
-
-def _add_pack_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--compress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="zstd-compress each tensor (default from config)",
-    )
-    p.add_argument(
-        "--level", type=int, default=None, metavar="N", help="zstd level 1..22 (default 3)"
-    )
-    p.add_argument(
-        "--quantize",
-        choices=list(QUANTIZE_CHOICES),
-        default=None,
-        help="quantize weight matrices (int4 is stored as GGML Q4_1 blocks); matrices "
-        "already quantized to another type are requantized through f32",
-    )
-    p.add_argument(
-        "--prune",
-        type=float,
-        default=None,
-        metavar="T",
-        help="zero weights with |w| < T before quantizing (quantized matrices are "
-        "dequantized, pruned and requantized)",
     )
 
 
@@ -123,16 +94,7 @@ def add_pack(sub: Any) -> None:
     p.add_argument(
         "src", metavar="SRC", help="GGUF, safetensors, PyTorch .bin, ONNX file or HF directory"
     )
-    p.add_argument(
-        "-o",
-        "--output",
-        metavar="FILE.modelc",
-        help="write this file instead of adding to the store (a directory: DIR/NAME.modelc)",
-    )
-    p.add_argument(
-        "--name", metavar="NAME[:VERSION]", help="store name (default: from the file name)"
-    )
-    _add_pack_flags(p)
+    add_options(p, "pack")
     p.set_defaults(func=cmd_pack)
 
 
@@ -161,11 +123,7 @@ def add_pull(sub: Any) -> None:
     p.add_argument(
         "model", metavar="NAME|URL", help="a catalog name, or an http://, https:// or file:// URL"
     )
-    p.add_argument(
-        "--name", metavar="NAME[:VERSION]", help="store name (default: catalog name or file name)"
-    )
-    p.add_argument("--sha256", metavar="HEX", help="expected sha256 of the downloaded file")
-    _add_pack_flags(p)
+    add_options(p, "pull")
     p.set_defaults(func=cmd_pull)
 
 
@@ -186,11 +144,5 @@ def cmd_export(args: argparse.Namespace) -> int:
 def add_export(sub: Any) -> None:
     p = sub.add_parser("export", help="write the weights (dequantized) to a .safetensors file")
     p.add_argument("model", metavar="MODEL")
-    p.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        metavar="OUT.safetensors",
-        help="the file to write (a directory: DIR/NAME.safetensors); `modelc pack` reads it back",
-    )
+    add_options(p, "export")
     p.set_defaults(func=cmd_export)

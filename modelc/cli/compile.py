@@ -13,9 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from modelc.cli.args import add_options
+
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from modelc.cli_run import _model_id, _resolve
+    from modelc.cli.run import _model_id, _resolve
     from modelc.compile import compile_model
 
     artifact = _resolve(args.model)
@@ -38,11 +40,5 @@ def register(subparsers: Any) -> None:
         help="write a standalone Python project serving MODEL with a compiled forward pass",
     )
     p.add_argument("model", metavar="MODEL", help="a store name, catalog name or model path")
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="the project directory")
-    p.add_argument(
-        "--name",
-        default=None,
-        help="the package and model name (default: the model's; the console script is NAME-serve)",
-    )
-    p.add_argument("--force", action="store_true", help="replace a non-empty DIR")
+    add_options(p, "compile")
     p.set_defaults(func=cmd_compile)

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from modelc.cli.args import add_options
 from modelc.errors import UsageError
 
 
 def _shipped(arg: str, name: str | None) -> Any:
-    from modelc.cli_common import _resolve
+    from modelc.cli.common import _resolve
     from modelc.ship import shipped_model
 
     return shipped_model(_resolve(arg), arg, name)
@@ -117,65 +118,12 @@ def register(subparsers: Any) -> None:
         "containerize", help="write a container build context (Dockerfile, wheel, artifact)"
     )
     c.add_argument("model", metavar="MODEL", help="store name, catalog name or model path")
-    c.add_argument("-o", "--output", required=True, metavar="DIR", help="build context to write")
-    c.add_argument("--name", default=None, help="model/image name (default: from MODEL)")
-    c.add_argument("--tag", default=None, metavar="IMAGE", help="image tag (modelc-NAME:SHA12)")
-    c.add_argument(
-        "--base",
-        default=None,
-        metavar="IMAGE",
-        help="base image (default: python:3.X.Y-slim-bookworm for the wheel's Python)",
-    )
-    c.add_argument(
-        "--wheel",
-        default=None,
-        metavar="FILE",
-        help="modelc wheel to install (default: pip wheel --no-deps of this checkout)",
-    )
-    c.add_argument("--port", type=int, default=8080, help="port the server listens on (8080)")
-    c.add_argument(
-        "--grace", type=float, default=30.0, metavar="S", help="drain seconds after SIGTERM (30)"
-    )
-    c.add_argument("--build", action="store_true", help="then run docker build (or podman)")
+    add_options(c, "containerize")
     c.set_defaults(func=cmd_containerize)
 
     d = subparsers.add_parser("deploy", help="write deployment manifests for a fleet")
     dsub = d.add_subparsers(dest="target", required=True, metavar="TARGET")
     k = dsub.add_parser("k8s", help="Kubernetes: Deployment, Service, PDB, KEDA, Ingress")
     k.add_argument("model", metavar="MODEL", help="store name, catalog name or model path")
-    k.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write")
-    k.add_argument("--name", default=None, help="object and model name (default: from MODEL)")
-    k.add_argument("--image", default=None, help="image (default: containerize's modelc-NAME:SHA)")
-    k.add_argument("--namespace", default="default")
-    k.add_argument("--replicas", type=int, default=2, metavar="N", help="replicas (2)")
-    k.add_argument("--min-replicas", type=int, default=1, metavar="N", help="autoscaling min (1)")
-    k.add_argument("--max-replicas", type=int, default=8, metavar="N", help="autoscaling max (8)")
-    k.add_argument("--cpus", type=int, default=2, metavar="N", help="CPU request and threads (2)")
-    k.add_argument(
-        "--memory", type=int, default=None, metavar="MIB", help="skip measuring; MiB per pod"
-    )
-    k.add_argument("--max-concurrent", type=int, default=8, metavar="N", help="slots (8)")
-    k.add_argument("--queue-size", type=int, default=64, metavar="N", help="waiting requests (64)")
-    k.add_argument(
-        "--grace", type=int, default=60, metavar="S", help="drain seconds after SIGTERM (60)"
-    )
-    k.add_argument(
-        "--queue-target",
-        type=int,
-        default=None,
-        metavar="N",
-        help="requests per replica, running + waiting, before scaling out (--max-concurrent)",
-    )
-    k.add_argument(
-        "--prometheus",
-        default="http://prometheus-server.monitoring.svc:80",
-        metavar="URL",
-        help="Prometheus KEDA queries",
-    )
-    k.add_argument("--host", default=None, help="Ingress host (default: any)")
-    k.add_argument(
-        "--header",
-        default="X-Conversation-Id",
-        help="request header the ingress hashes on (X-Conversation-Id)",
-    )
+    add_options(k, "deploy-k8s")
     k.set_defaults(func=cmd_deploy_k8s)

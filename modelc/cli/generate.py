@@ -5,7 +5,7 @@ cache and stop handling), with one request in flight, so a greedy or seeded answ
 is the answer the server gives for the same messages and settings.  Standard output is
 the generated text only; progress and statistics go to standard error.  Registered into
 the main CLI by ``register(subparsers)`` (``modelc.cli.EXTENSIONS``); ``python -m
-modelc.cli_generate`` runs it standalone.
+modelc.cli.generate`` runs it standalone.
 """
 
 from __future__ import annotations
@@ -18,27 +18,19 @@ from typing import Any
 
 import trio
 
-from modelc.cli_common import add_seed_and_kv_cache, standalone
+from modelc.cli.args import add_options, engine_options, sampling_given
+from modelc.cli.common import standalone
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from modelc.config import load_config
-    from modelc.engine import EngineOptions, build_engine
+    from modelc.engine import build_engine
     from modelc.engine.api import FinishEvent, GenerationRequest
 
     if args.max_tokens is not None and args.max_tokens < 0:
         raise UsageError(f"--max-tokens must be >= 0, got {args.max_tokens}")
-    cfg = load_config()
     t0 = time.perf_counter()
-    opt = EngineOptions(max_concurrent=1, queue_size=0, sampling=cfg.sampling.given())
-    if args.kv_cache:
-        opt.kv_cache = args.kv_cache
-    if args.device:
-        opt.device = args.device
-    if cfg.sampling.max_tokens:
-        opt.max_tokens = cfg.sampling.max_tokens
-    eng = build_engine(args.model, opt)
+    eng = build_engine(args.model, engine_options(args, max_concurrent=1, queue_size=0))
     if eng.lm is None or eng.prompt is None:
         raise TokenizerError(
             f"{args.model} is a {eng.architecture} model without a tokenizer or an LM head; "
@@ -51,14 +43,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ids = pf.chat(msgs).ids
     else:
         ids = pf.encode(args.prompt)
-    given = {
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repeat_penalty,
-    }
-    params = pf.defaults.params(given, max_tokens=args.max_tokens, stop=args.stop, seed=args.seed)
+    params = pf.defaults.params(
+        sampling_given(args), max_tokens=args.max_tokens, stop=args.stop, seed=args.seed
+    )
     load_s = time.perf_counter() - t0
     out = sys.stdout.buffer
     finish: list[FinishEvent] = []
@@ -103,38 +90,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("generate", help="generate text from a prompt (no server)")
     p.add_argument("model", metavar="MODEL", help="a model name, catalog name or model path")
     p.add_argument("prompt", metavar="PROMPT", help="taken verbatim")
-    p.add_argument(
-        "--chat",
-        action="store_true",
-        help="send PROMPT as a user message through the chat template",
-    )
-    p.add_argument("--system", default=None, metavar="TEXT", help="with --chat: a system message")
-    p.add_argument(
-        "--device",
-        default=None,
-        metavar="auto|cpu|cuda|webgpu|metal",
-        help="where the model computes, as for modelc run (default auto)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="stop after N tokens (default: at the end of the turn, at most the server's cap)",
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        metavar="T",
-        help="0 = greedy (default: the model's, else 0.8 as llama-server)",
-    )
-    p.add_argument("--top-k", type=int, default=None, metavar="K")
-    p.add_argument("--top-p", type=float, default=None, metavar="P")
-    p.add_argument("--min-p", type=float, default=None, metavar="P")
-    p.add_argument("--repeat-penalty", type=float, default=None, metavar="R")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string")
-    add_seed_and_kv_cache(p)
+    add_options(p, "generate")
     p.set_defaults(func=cmd_generate)
 
 

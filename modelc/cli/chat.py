@@ -12,7 +12,7 @@ usual: Ctrl-C at the prompt prints a hint, Ctrl-C during an answer cancels that
 request (the engine drops it at its next step) and returns to the prompt.  With a
 pipe on standard input the lines are read without a prompt and only the answers (and
 any command output) are printed, so ``echo hi | modelc chat MODEL`` answers once.
-The line protocol and the commands are in :mod:`modelc.cli_chat_session`.
+The line protocol and the commands are in :mod:`modelc.cli.chat_session`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
 
-from modelc.cli_chat_session import ChatState, read_entry, run_command
-from modelc.cli_common import add_seed_and_kv_cache, standalone
+from modelc.cli.args import add_options, engine_options, sampling_given
+from modelc.cli.chat_session import ChatState, read_entry, run_command
+from modelc.cli.common import standalone
 from modelc.errors import ModelcError, TokenizerError, UsageError
 
 if TYPE_CHECKING:
@@ -156,17 +157,10 @@ class EngineThread:
 
 
 def _build_engine(args: argparse.Namespace) -> LLMEngine:
-    from modelc.config import load_config
-    from modelc.engine import EngineOptions, build_engine
+    from modelc.engine import build_engine
 
-    cfg = load_config()
     # one request at a time; one may wait while a cancelled one leaves the batch
-    opt = EngineOptions(max_concurrent=1, queue_size=1, sampling=cfg.sampling.given())
-    if args.kv_cache:
-        opt.kv_cache = args.kv_cache
-    if cfg.sampling.max_tokens:
-        opt.max_tokens = cfg.sampling.max_tokens
-    eng = build_engine(args.model, opt)
+    eng = build_engine(args.model, engine_options(args, max_concurrent=1, queue_size=1))
     if eng.lm is None or eng.prompt is None:
         raise TokenizerError(
             f"{args.model} is a {eng.architecture} model without a tokenizer or an LM head; "
@@ -265,8 +259,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     eng = _build_engine(args)
     assert eng.prompt is not None
     state = ChatState(system=args.system, seed=args.seed, max_tokens=args.max_tokens)
-    if args.temperature is not None:
-        state.sampling["temperature"] = args.temperature
+    state.sampling.update(sampling_given(args))
     interactive = sys.stdin.isatty()
     save_history = _load_history() if interactive else (lambda: None)
     runner = EngineThread(eng)
@@ -287,22 +280,7 @@ def register(subparsers: Any) -> None:
     """Add the ``chat`` subcommand to the main CLI's subparsers."""
     p = subparsers.add_parser("chat", help="chat with a model in the terminal (no server)")
     p.add_argument("model", metavar="MODEL", help="a model name, catalog name or model path")
-    p.add_argument("--system", default=None, metavar="TEXT", help="a system message")
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        metavar="T",
-        help="0 = greedy (default: the model's, else 0.8 as llama-server)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="stop each answer after N tokens (default: at the end of the turn)",
-    )
-    add_seed_and_kv_cache(p)
+    add_options(p, "chat")
     p.set_defaults(func=cmd_chat)
 
 

@@ -121,21 +121,8 @@ def _resolve(arg: str) -> Path:
         return resolve_model(arg, store=_store(), config=_config(), progress=prog, quiet=True)
 
 
-def add_seed_and_kv_cache(p: Any) -> None:
-    """``--seed`` and ``--kv-cache``, as the commands that run the engine in-process take them."""
-    p.add_argument(
-        "--seed", type=int, default=None, metavar="S", help="RNG seed (same seed, same text)"
-    )
-    p.add_argument(
-        "--kv-cache",
-        choices=("f32", "f16", "int8", "mixed"),
-        default=None,
-        help="KV cache type (default f16, as modelc run)",
-    )
-
-
 def standalone(register: Callable[[Any], None], argv: Sequence[str] | None = None) -> int:
-    """Run one command module on its own (``python -m modelc.cli_generate ...``)."""
+    """Run one command module on its own (``python -m modelc.cli.generate ...``)."""
     import argparse
 
     from modelc.errors import ModelcError
