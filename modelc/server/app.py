@@ -35,13 +35,11 @@ STATIC_TYPES = {
 
 
 def create_app(state: ServerState) -> QuartTrio:
-    from modelc.server import (
-        routes_llama,
-        routes_native,
-        routes_ollama,
-        routes_ollama_models,
-        routes_openai,
-    )
+    from modelc.server.llamacpp import routes as llamacpp_routes
+    from modelc.server.native import routes as native_routes
+    from modelc.server.ollama import routes as ollama_routes
+    from modelc.server.ollama import routes_models as ollama_models_routes
+    from modelc.server.openai import routes as openai_routes
     from modelc.server.openapi import openapi_document
 
     app = QuartTrio("modelc.server", static_folder=None)  # "/static/..." is _static below
@@ -130,9 +128,12 @@ def create_app(state: ServerState) -> QuartTrio:
     async def _openapi() -> Response:
         return Response(doc, content_type="application/json")
 
-    app.register_blueprint(routes_openai.bp)
-    app.register_blueprint(routes_native.bp)
-    app.register_blueprint(routes_llama.bp)
-    app.register_blueprint(routes_ollama.bp)
-    app.register_blueprint(routes_ollama_models.bp)
+    for routes in (
+        openai_routes,
+        native_routes,
+        llamacpp_routes,
+        ollama_routes,
+        ollama_models_routes,
+    ):
+        app.register_blueprint(routes.bp)
     return app

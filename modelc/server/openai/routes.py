@@ -1,7 +1,7 @@
 """OpenAI-compatible endpoints: chat/completions, completions, embeddings, models.
 
 The handlers parse, build prompts with the engine's prompt format, submit, and answer
-through :mod:`~modelc.server.render_openai`'s renderers.
+through :mod:`~modelc.server.openai.render`'s renderers.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from modelc.server.generation import (
     submit_all,
     text_ids,
 )
-from modelc.server.render_openai import ChatRenderer, CompletionRenderer, response_constraint
-from modelc.server.schemas import (
+from modelc.server.openai.render import ChatRenderer, CompletionRenderer, response_constraint
+from modelc.server.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingData,
