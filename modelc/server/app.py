@@ -19,7 +19,7 @@ from quart_trio import QuartTrio
 from modelc.engine.api import EngineStats
 from modelc.server import auth
 from modelc.server.context import ACCESS, AppContext, ctx
-from modelc.server.errors import is_ollama, to_error
+from modelc.server.errors import error_shape, to_error
 from modelc.server.logging import AccessRecord, logger
 from modelc.server.metrics import CONTENT_TYPE, Metrics
 from modelc.server.state import ServerState
@@ -35,6 +35,7 @@ STATIC_TYPES = {
 
 
 def create_app(state: ServerState) -> QuartTrio:
+    from modelc.server.anthropic import routes as anthropic_routes
     from modelc.server.llamacpp import routes as llamacpp_routes
     from modelc.server.native import routes as native_routes
     from modelc.server.ollama import routes as ollama_routes
@@ -88,7 +89,7 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.errorhandler(Exception)
     async def _error(exc: Exception) -> Response:
-        status, payload, headers = to_error(exc, ollama=is_ollama(request.path))
+        status, payload, headers = to_error(exc, shape=error_shape(request.path))
         if status >= 500:
             logger().error(
                 "handler_error", path=request.path, error=repr(exc), exc_info=status == 500
@@ -134,6 +135,7 @@ def create_app(state: ServerState) -> QuartTrio:
         llamacpp_routes,
         ollama_routes,
         ollama_models_routes,
+        anthropic_routes,
     ):
         app.register_blueprint(routes.bp)
     return app

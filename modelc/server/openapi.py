@@ -8,6 +8,8 @@ import msgspec
 
 import modelc
 from modelc.server import schemas as s
+from modelc.server.anthropic import schemas as an
+from modelc.server.errors import error_shape
 from modelc.server.llamacpp import schemas as lc
 from modelc.server.native import schemas as nt
 from modelc.server.ollama import schemas as ol
@@ -140,7 +142,29 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
         "Ollama's older single-text embeddings",
     ),
     ("get", "/slots", None, None, "llama.cpp: the engine's sequence slots"),
+    (
+        "post",
+        "/v1/messages",
+        an.MessagesRequest,
+        an.Message,
+        "Anthropic Messages (SSE of Anthropic's named events when stream)",
+    ),
+    (
+        "post",
+        "/v1/messages/count_tokens",
+        an.CountTokensRequest,
+        an.CountTokensResponse,
+        "Anthropic: the prompt tokens of a Messages request",
+    ),
 ]
+
+
+# each error shape's body (see modelc.server.errors.error_shape)
+_ERRORS: dict[str, type[Any]] = {
+    "openai": s.ErrorResponse,
+    "ollama": ol.OllamaError,
+    "anthropic": an.AnthropicError,
+}
 
 
 def _ref(t: type[Any]) -> dict[str, str]:
@@ -148,7 +172,14 @@ def _ref(t: type[Any]) -> dict[str, str]:
 
 
 # routes that stream when asked (``stream: true``): SSE, or Ollama's NDJSON (its default)
-_SSE = {"/v1/chat/completions", "/v1/completions", "/completion", "/infill", "/chat/stream"}
+_SSE = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/completion",
+    "/infill",
+    "/chat/stream",
+    "/v1/messages",
+}
 _NDJSON = {"/api/generate", "/api/chat", "/api/pull", "/api/create"}
 # request bodies that need one of several fields (msgspec cannot say so in the Struct)
 _ONE_OF = {
@@ -193,18 +224,15 @@ def _body(schema: dict[str, Any], path: str) -> dict[str, Any]:
 
 def openapi_document() -> bytes:
     types = {t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None}
-    types |= {s.ErrorResponse, ol.OllamaError, *(t for ts in _RESPONSES.values() for t in ts)}
+    types |= {*_ERRORS.values(), *(t for ts in _RESPONSES.values() for t in ts)}
     ordered = sorted(types, key=lambda t: t.__name__)
     _, components = msgspec.json.schema_components(
         ordered, ref_template="#/components/schemas/{name}"
     )
     paths: dict[str, dict[str, Any]] = {}
     for method, path, req, resp, summary in ROUTES:
-        shape = ol.OllamaError if path.startswith("/api/") and path != "/api/version" else None
-        error = {
-            "description": "error",
-            "content": {"application/json": {"schema": _ref(shape or s.ErrorResponse)}},
-        }
+        shape = _ERRORS[error_shape(path)]
+        error = {"description": "error", "content": {"application/json": {"schema": _ref(shape)}}}
         ok: dict[str, Any] = {"description": "OK"}
         if path in _RESPONSES:
             ok["content"] = _body({"anyOf": [_ref(t) for t in _RESPONSES[path]]}, path)

@@ -13,11 +13,10 @@ import numpy as np
 import trio
 from quart import Blueprint, Response
 
-from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, record, use_model
+from modelc.server.conversation import chat_prompt
 from modelc.server.errors import ParamError
 from modelc.server.generation import (
-    chat_ids,
     embed_inputs,
     make_requests,
     new_id,
@@ -50,12 +49,8 @@ async def chat_completions() -> Response:
     _no_zero_tokens(req.token_limit)
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs needs logprobs: true", param="top_logprobs")
-    choice = req.tool_choice
-    if choice is not None and choice != "none" and choice != "auto" and not req.tools:
-        raise ParamError("tool_choice requires tools", param="tool_choice")
-    tools = req.tools if req.tools and choice != "none" else None
-    ids = chat_ids(info, req.messages, tools)
-    constraint = tooling.choice_constraint(tools, choice) if tools else None
+    prompt = chat_prompt(info, req.messages, req.tools, req.tool_choice)
+    ids, tools, constraint = prompt.ids, prompt.tools, prompt.constraint
     if constraint is None:
         constraint = response_constraint(req.response_format)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
