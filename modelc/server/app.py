@@ -42,6 +42,7 @@ def create_app(state: ServerState) -> QuartTrio:
     from modelc.server.ollama import routes_models as ollama_models_routes
     from modelc.server.openai import routes as openai_routes
     from modelc.server.openapi import openapi_document
+    from modelc.server.responses import routes as responses_routes
 
     app = QuartTrio("modelc.server", static_folder=None)  # "/static/..." is _static below
     app.config.update(
@@ -136,6 +137,7 @@ def create_app(state: ServerState) -> QuartTrio:
         ollama_routes,
         ollama_models_routes,
         anthropic_routes,
+        responses_routes,
     ):
         app.register_blueprint(routes.bp)
     return app

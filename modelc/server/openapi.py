@@ -14,6 +14,7 @@ from modelc.server.llamacpp import schemas as lc
 from modelc.server.native import schemas as nt
 from modelc.server.ollama import schemas as ol
 from modelc.server.openai import schemas as oa
+from modelc.server.responses import schemas as rs
 
 # (method, path, request body, response body, summary); None response body = a stream only
 ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
@@ -156,6 +157,13 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
         an.CountTokensResponse,
         "Anthropic: the prompt tokens of a Messages request",
     ),
+    (
+        "post",
+        "/v1/responses",
+        rs.ResponsesRequest,
+        rs.ResponseObject,
+        "OpenAI Responses, stateless (SSE of named response.* events when stream)",
+    ),
 ]
 
 
@@ -179,6 +187,7 @@ _SSE = {
     "/infill",
     "/chat/stream",
     "/v1/messages",
+    "/v1/responses",
 }
 _NDJSON = {"/api/generate", "/api/chat", "/api/pull", "/api/create"}
 # request bodies that need one of several fields (msgspec cannot say so in the Struct)

@@ -36,13 +36,12 @@ from modelc.server.anthropic.schemas import (
     ToolUseOut,
 )
 from modelc.server.generation import Outcome, RendererBase
-from modelc.server.schemas import ENCODER, ToolCallOut
+from modelc.server.schemas import ToolCallOut
 
 
 def event(ev: StreamEvent) -> bytes:
     """One named server-sent event: ``event: <type>`` and its JSON ``data``."""
-    name = str(ev.__struct_config__.tag)
-    return b"event: " + name.encode() + b"\ndata: " + ENCODER.encode(ev) + b"\n\n"
+    return sse.named(str(ev.__struct_config__.tag), ev)
 
 
 PING = event(Ping())
