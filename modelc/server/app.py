@@ -17,7 +17,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from modelc.engine.api import EngineStats
-from modelc.server import auth
+from modelc.server import auth, cors
 from modelc.server.context import ACCESS, AppContext, ctx
 from modelc.server.errors import error_shape, to_error
 from modelc.server.logging import AccessRecord, logger
@@ -81,6 +81,15 @@ def create_app(state: ServerState) -> QuartTrio:
     async def _after(resp: Response) -> Response:
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         ctx().metrics.requests.labels(endpoint=rule, status=str(resp.status_code)).inc()
+        resp.headers.update(
+            cors.headers(
+                ctx().state.cors_origins,
+                request.headers.get("Origin"),
+                request.method,
+                request.headers.get("Access-Control-Request-Method"),
+                request.headers.get("Access-Control-Request-Headers"),
+            )
+        )
         rec = ACCESS.get(None)
         if rec is not None:
             resp.headers["X-Request-Id"] = rec.request_id
