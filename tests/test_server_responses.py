@@ -173,3 +173,27 @@ def test_limit_format_and_refusals(client: openai.OpenAI, model: str) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         _create(client, model, input=Q, previous_response_id="resp_123")
     assert e.value.body["param"] == "previous_response_id"  # type: ignore[index]
+
+
+def test_previous_response_id(client: openai.OpenAI, model: str) -> None:
+    """A stored response continued by id: the same prompt as sending the whole
+    conversation again (the stateless round trip above)."""
+    ask = {"role": "user", "content": "What's the weather in Paris?"}
+    first = _create(client, model, input=[ask], tools=[TOOL], tool_choice="required")
+    assert client.responses.retrieve(first.id).output[0].type == "function_call"
+    call = next(o for o in first.output if o.type == "function_call")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C"}
+    whole = _create(client, model, input=[ask, *first.output, result], tools=[TOOL])
+    cont = _create(client, model, previous_response_id=first.id, input=[result], tools=[TOOL])
+    assert cont.previous_response_id == first.id
+    assert cont.usage.input_tokens == whole.usage.input_tokens
+    assert cont.output_text == whole.output_text
+    # a third turn on top of the second: the conversation keeps growing
+    more = _create(client, model, previous_response_id=cont.id, input="And in Rome?", tools=[TOOL])
+    assert more.usage.input_tokens > cont.usage.input_tokens + cont.usage.output_tokens
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    unkept = _create(client, model, input=Q, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import trio
@@ -19,6 +19,7 @@ from modelc.server.errors import error_shape, to_error
 from modelc.server.logging import AccessRecord
 from modelc.server.metrics import Metrics
 from modelc.server.models import Need
+from modelc.server.responses.store import ResponseStore
 from modelc.server.schemas import DECODERS, ENCODER
 from modelc.server.state import ModelInfo, ServerState
 
@@ -30,6 +31,7 @@ class AppContext:
     state: ServerState
     metrics: Metrics
     limiter: RateLimiter
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses' kept ones
 
 
 def ctx() -> AppContext:

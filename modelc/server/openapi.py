@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -162,8 +163,10 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
         "/v1/responses",
         rs.ResponsesRequest,
         rs.ResponseObject,
-        "OpenAI Responses, stateless (SSE of named response.* events when stream)",
+        "OpenAI Responses (SSE of named response.* events when stream)",
     ),
+    ("get", "/v1/responses/{response_id}", None, rs.ResponseObject, "A stored response"),
+    ("delete", "/v1/responses/{response_id}", None, rs.Deleted, "Forget a stored response"),
 ]
 
 
@@ -266,9 +269,11 @@ def openapi_document() -> bytes:
                 "required": True,
                 "content": {"application/json": {"schema": schema}},
             }
-        if "{model}" in path:
+        names = re.findall(r"\{(\w+)\}", path)
+        if names:
             op["parameters"] = [
-                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                for n in names
             ]
         paths.setdefault(path, {})[method] = op
     doc = {

@@ -14,6 +14,7 @@ call is held back until it is known not to be one (as the chat route does).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -74,6 +75,7 @@ class ResponsesRenderer(RendererBase):
     base: ResponseObject
     n_prompt: int
     tools: bool
+    keep: Callable[[ResponseObject], None] | None = None  # called with the finished response
     headers: dict[str, str] = field(default_factory=lambda: sse.HEADERS)
     ping: bytes | None = sse.PING
     _seq: int = -1
@@ -99,13 +101,16 @@ class ResponsesRenderer(RendererBase):
             InputTokensDetails(f.cached_tokens),
             OutputTokensDetails(),
         )
-        return msgspec.structs.replace(
+        resp = msgspec.structs.replace(
             self.base,
             status="incomplete" if cut else "completed",
             output=items,
             usage=usage,
             incomplete_details=IncompleteDetails("max_output_tokens") if cut else None,
         )
+        if self.keep is not None:
+            self.keep(resp)
+        return resp
 
     def body(self, outs: list[Outcome]) -> ResponseObject:
         o = outs[0]

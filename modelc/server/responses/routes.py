@@ -1,10 +1,11 @@
-"""OpenAI Responses: ``/v1/responses``, stateless.
+"""OpenAI Responses: ``/v1/responses``.
 
 Input (a string, or message / ``function_call`` / ``function_call_output`` items) and
 ``instructions`` become the chat route's messages, so the prompt is the one
 ``/v1/chat/completions`` builds for the same conversation; ``reasoning`` items are
-accepted and not replayed.  No response is stored: ``previous_response_id`` is refused
-with a 400 that says to send the conversation as input items.
+accepted and not replayed.  A response made with ``store`` on (the default) is kept in
+a bounded in-memory store (:mod:`.store`): ``previous_response_id`` continues its
+conversation, ``GET`` / ``DELETE /v1/responses/{id}`` read and forget it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import Any
 from quart import Blueprint, Response
 
 from modelc.engine.api import Constraint, ConstraintKind
-from modelc.server.context import body, use_model
+from modelc.errors import ModelcError
+from modelc.server.context import body, ctx, json_response, use_model
 from modelc.server.conversation import chat_prompt
 from modelc.server.errors import ParamError
 from modelc.server.generation import make_requests, respond, sampling, submit_all
 from modelc.server.responses.render import ResponsesRenderer, item_id
 from modelc.server.responses.schemas import (
+    Deleted,
     FunctionChoice,
     InputItem,
     Parts,
@@ -31,6 +34,7 @@ from modelc.server.responses.schemas import (
     TextConfig,
     TextFormat,
 )
+from modelc.server.responses.store import CAPACITY
 from modelc.server.schemas import (
     FunctionDef,
     NamedFunction,
@@ -43,18 +47,30 @@ from modelc.server.schemas import (
 bp = Blueprint("responses", __name__)
 
 
+class NotFound(ModelcError):
+    """No stored response has this id."""
+
+    http_status = 404
+    error_type = "invalid_request_error"
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(
+            f"no stored response with id {rid!r} (responses are kept in memory, the last {CAPACITY})"
+        )
+
+
 def _text(content: str | Parts) -> str:
     if isinstance(content, str):
         return content
     return "\n".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
 
 
-def chat_messages(instructions: str | None, given: str | list[InputItem]) -> list[dict[str, Any]]:
-    """``instructions`` and the input as OpenAI-style chat messages (consecutive
-    ``function_call`` items are one assistant turn's calls)."""
-    out: list[dict[str, Any]] = []
-    if instructions:
-        out.append({"role": "system", "content": instructions})
+def chat_messages(
+    given: str | list[InputItem], history: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The input after ``history`` (a stored conversation) as OpenAI-style chat messages
+    (consecutive ``function_call`` items are one assistant turn's calls)."""
+    out: list[dict[str, Any]] = [dict(m) for m in history or []]
     if isinstance(given, str):
         return [*out, {"role": "user", "content": given}]
     for j, it in enumerate(given):
@@ -101,14 +117,20 @@ def _format(fmt: TextFormat | None) -> Constraint | None:
 @bp.post("/v1/responses")
 async def responses() -> Response:
     req = await body(ResponsesRequest)
-    if req.previous_response_id is not None:
-        raise ParamError(
-            "previous_response_id is not supported: this server stores no responses; "
-            "send the whole conversation as input items",
-            param="previous_response_id",
-        )
     if req.background:
         raise ParamError("background responses are not supported", param="background")
+    kept = ctx().responses
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        prev = kept.get(req.previous_response_id)
+        if prev is None:
+            raise ParamError(
+                f"previous response {req.previous_response_id!r} is not stored here (only the "
+                f"last {kept.capacity} with store on, until a restart); send the whole "
+                "conversation as input items",
+                param="previous_response_id",
+            )
+        history = prev.messages
     info, engine = await use_model(req.model, "text")
     tools = [
         Tool(
@@ -124,7 +146,9 @@ async def responses() -> Response:
         if isinstance(req.tool_choice, FunctionChoice)
         else req.tool_choice
     )
-    prompt = chat_prompt(info, chat_messages(req.instructions, req.input), tools or None, choice)
+    conversation = chat_messages(req.input, history)
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    prompt = chat_prompt(info, [*system, *conversation], tools or None, choice)
     text = req.text or TextConfig()
     constraint = prompt.constraint or _format(text.format)
     given = Sampling(temperature=req.temperature, top_p=req.top_p)
@@ -150,6 +174,28 @@ async def responses() -> Response:
         text=TextConfig(format=text.format or TextFormat()),
         reasoning=req.reasoning,
         metadata=req.metadata or {},
+        previous_response_id=req.previous_response_id,
+        store=req.store is not False,
     )
-    r = ResponsesRenderer(base, len(prompt.ids), tools=prompt.tools is not None)
+
+    def keep(resp: ResponseObject) -> None:
+        if req.store is not False:
+            kept.put(resp, conversation)
+
+    r = ResponsesRenderer(base, len(prompt.ids), tools=prompt.tools is not None, keep=keep)
     return await respond(handles, r, stream=req.stream, n_prompt=len(prompt.ids))
+
+
+@bp.get("/v1/responses/<response_id>")
+async def get_response(response_id: str) -> Response:
+    found = ctx().responses.get(response_id)
+    if found is None:
+        raise NotFound(response_id)
+    return json_response(found.response)
+
+
+@bp.delete("/v1/responses/<response_id>")
+async def delete_response(response_id: str) -> Response:
+    if not ctx().responses.delete(response_id):
+        raise NotFound(response_id)
+    return json_response(Deleted(id=response_id))

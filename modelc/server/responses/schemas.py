@@ -1,4 +1,4 @@
-"""OpenAI Responses' bodies: ``/v1/responses`` (stateless: no stored responses).
+"""OpenAI Responses' bodies: ``/v1/responses`` and its stored responses.
 
 Input items are one Struct with the fields of every item kind the route takes
 (``message``, ``function_call``, ``function_call_output``, ``reasoning``), since a
@@ -93,8 +93,8 @@ class ResponsesRequest(Req, kw_only=True):
     stream: bool = False
     text: TextConfig | None = None
     reasoning: Reasoning | None = None  # accepted; the template decides about traces
-    previous_response_id: Name | None = None  # refused: no responses are stored
-    store: bool | None = None  # accepted; nothing is stored
+    previous_response_id: Name | None = None  # a stored response this one continues
+    store: bool | None = None  # keep this response (default: yes; in memory, bounded)
     background: bool | None = None
     metadata: (
         Annotated[dict[str, Annotated[str, Meta(max_length=512)]], Meta(max_length=16)] | None
@@ -180,6 +180,12 @@ class ResponseObject(Resp):
     store: bool = False
     truncation: str = "disabled"
     object: str = "response"
+
+
+class Deleted(Resp):
+    id: str
+    object: str = "response"
+    deleted: bool = True
 
 
 # --- stream events (``event: <type>`` then ``data: <this>``) -----------------------------
