@@ -16,7 +16,7 @@ from modelc.engine.api import Constraint
 from modelc.server import tools as tooling
 from modelc.server.errors import ParamError
 from modelc.server.generation import chat_ids
-from modelc.server.schemas import Tool, ToolChoice
+from modelc.server.schemas import Tool, ToolCallOut, ToolChoice
 from modelc.server.state import ModelInfo
 
 
@@ -43,3 +43,31 @@ def chat_prompt(
     ids = chat_ids(info, messages, offered)
     constraint = tooling.choice_constraint(offered, choice) if offered else None
     return ChatPrompt(ids, offered, constraint)
+
+
+@dataclass(slots=True)
+class CallHold:
+    """Streamed text held back while it may still be a tool call (``active``: tools
+    were offered); the Messages and Responses renderers stream through one."""
+
+    active: bool = False
+    held: str = ""
+
+    def feed(self, text: str) -> str:
+        """The text to send now ("" while what was held may still be a call)."""
+        if not self.active:
+            return text
+        self.held += text
+        if tooling.may_be_call(self.held):
+            return ""
+        self.active = False
+        text, self.held = self.held, ""
+        return text
+
+    def end(self, text: str) -> tuple[str, list[ToolCallOut]]:
+        """At the end of the text: what is still to send, and the calls in what was held."""
+        held, self.held = self.held + text, ""
+        if not self.active or not held:
+            return held, []
+        content, calls = tooling.parse_tool_calls(held)
+        return ((content or "") if calls else held), calls

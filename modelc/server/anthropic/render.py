@@ -35,6 +35,7 @@ from modelc.server.anthropic.schemas import (
     TextOut,
     ToolUseOut,
 )
+from modelc.server.conversation import CallHold
 from modelc.server.generation import Outcome, RendererBase
 from modelc.server.schemas import ToolCallOut
 
@@ -84,8 +85,7 @@ class MessagesRenderer(RendererBase):
     ping: bytes | None = PING
     _index: int = -1  # the last content block opened
     _text_open: bool = False
-    _held: str = ""  # streamed text that may still be a tool call
-    _holding: bool = False
+    _hold: CallHold = field(default_factory=CallHold)
 
     def _message(self, content: list[BlockOut], f: FinishEvent | None, calls: bool) -> Message:
         reason, seq = stop_reason(f, calls, self.stops) if f is not None else (None, None)
@@ -115,7 +115,7 @@ class MessagesRenderer(RendererBase):
         return self._message(content, o.finish, bool(calls))
 
     def start(self, i: int) -> list[bytes]:
-        self._index, self._text_open, self._held, self._holding = -1, False, "", self.tools
+        self._index, self._text_open, self._hold = -1, False, CallHold(self.tools)
         return [event(MessageStart(message=self._message([], None, False))), PING]
 
     def _text(self, text: str) -> list[bytes]:
@@ -130,21 +130,10 @@ class MessagesRenderer(RendererBase):
         return out
 
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
-        text = ev.text
-        if self._holding:
-            self._held += text
-            if tooling.may_be_call(self._held):
-                return []
-            self._holding = False
-            text, self._held = self._held, ""
-        return self._text(text)
+        return self._text(self._hold.feed(ev.text))
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
-        held = self._held + ev.text
-        calls: list[ToolCallOut] = []
-        if self._holding and held:
-            content, calls = tooling.parse_tool_calls(held)
-            held = (content or "") if calls else held
+        held, calls = self._hold.end(ev.text)
         out = self._text(held)
         if not calls and self._index < 0:  # an empty answer is one empty text block
             self._index, self._text_open = 0, True

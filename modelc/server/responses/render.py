@@ -22,6 +22,7 @@ import msgspec
 from modelc.engine.api import FinishEvent, FinishReason, TokenEvent
 from modelc.server import sse
 from modelc.server import tools as tooling
+from modelc.server.conversation import CallHold
 from modelc.server.generation import Outcome, RendererBase
 from modelc.server.responses.schemas import (
     ArgumentsDelta,
@@ -81,8 +82,7 @@ class ResponsesRenderer(RendererBase):
     _seq: int = -1
     _msg: str = ""  # the message item's id, once opened
     _text: str = ""  # the message's text so far
-    _held: str = ""  # streamed text that may still be a tool call
-    _holding: bool = False
+    _hold: CallHold = field(default_factory=CallHold)
 
     def final(self, text: str | None, calls: list[ToolCallOut], f: FinishEvent) -> ResponseObject:
         """The finished response: its output items, status and usage."""
@@ -125,7 +125,7 @@ class ResponsesRenderer(RendererBase):
         return sse.named(str(ev.__struct_config__.tag), ev)
 
     def start(self, i: int) -> list[bytes]:
-        self._msg, self._text, self._held, self._holding = "", "", "", self.tools
+        self._msg, self._text, self._hold = "", "", CallHold(self.tools)
         return [
             self._send(Created(sequence_number=self._next(), response=self.base)),
             self._send(InProgress(sequence_number=self._next(), response=self.base)),
@@ -165,14 +165,7 @@ class ResponsesRenderer(RendererBase):
         return [*out, self._send(delta)]
 
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
-        text = ev.text
-        if self._holding:
-            self._held += text
-            if tooling.may_be_call(self._held):
-                return []
-            self._holding = False
-            text, self._held = self._held, ""
-        return self._delta(text)
+        return self._delta(self._hold.feed(ev.text))
 
     def _close_message(self) -> list[bytes]:
         seq, msg = self._next, self._msg
@@ -201,11 +194,7 @@ class ResponsesRenderer(RendererBase):
         ]
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
-        held = self._held + ev.text
-        calls: list[ToolCallOut] = []
-        if self._holding and held:
-            content, calls = tooling.parse_tool_calls(held)
-            held = (content or "") if calls else held
+        held, calls = self._hold.end(ev.text)
         out = self._delta(held)
         if not calls:
             out += self._open()  # an empty answer is one empty message
