@@ -258,3 +258,25 @@ def test_errors_in_anthropic_shape(server: Server, client: anthropic.Anthropic, 
             model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
         )
     assert e3.value.body["type"] == "error"  # type: ignore[index]
+
+
+def test_tool_choice_tool_and_none(client: anthropic.Anthropic, model: str) -> None:
+    msgs: list[Any] = [{"role": "user", "content": "Weather in Rome please"}]
+    named: Any = {"type": "tool", "name": "get_weather"}
+    m = client.messages.create(
+        model=model,
+        max_tokens=40,
+        extra_body=GREEDY,
+        messages=msgs,
+        tools=[WEATHER],
+        tool_choice=named,
+    )
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and [u.name for u in uses] == ["get_weather"]
+    jsonschema.validate(uses[0].input, WEATHER["input_schema"])
+    # none: the tools are not offered, so the prompt is the one without them
+    off: Any = {"type": "none"}
+    n = client.messages.count_tokens(model=model, messages=msgs, tools=[WEATHER], tool_choice=off)  # type: ignore[list-item]
+    assert n.input_tokens == client.messages.count_tokens(model=model, messages=msgs).input_tokens
+    with_tools = client.messages.count_tokens(model=model, messages=msgs, tools=[WEATHER])  # type: ignore[list-item]
+    assert with_tools.input_tokens > n.input_tokens

@@ -125,6 +125,9 @@ def test_required_function_tool(client: openai.OpenAI, model: str) -> None:
     assert done.name == "get_weather" and done.arguments == calls[0].arguments
     added = next(e for e in events if e.type == "response.output_item.added")
     assert added.item.type == "function_call" and kinds[-1] == "response.completed"
+    named: Any = {"type": "function", "name": "get_weather"}
+    r = _create(client, model, input="Weather in Rome please", tools=[TOOL], tool_choice=named)
+    assert [o.type for o in r.output] == ["function_call"] and r.output[0].name == "get_weather"
 
 
 def test_function_call_round_trip(client: openai.OpenAI, model: str) -> None:
