@@ -11,7 +11,8 @@ import pytest
 from modelc.errors import CapacityError, ModelNotFoundError
 from modelc.server.auth import RateLimiter, check_api_key
 from modelc.server.errors import AuthError, RateLimitError, to_error
-from modelc.server.schemas import DECODERS, ChatCompletionRequest, NamedFunction, NamedToolChoice
+from modelc.server.openai.schemas import ChatCompletionRequest
+from modelc.server.schemas import DECODERS, NamedFunction, NamedToolChoice
 from modelc.server.tools import choice_constraint, may_be_call, parse_tool_calls
 
 

@@ -17,9 +17,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from modelc.engine.api import EngineStats
-from modelc.server import auth
+from modelc.server import auth, cors
 from modelc.server.context import ACCESS, AppContext, ctx
-from modelc.server.errors import is_ollama, to_error
+from modelc.server.errors import error_shape, to_error
 from modelc.server.logging import AccessRecord, logger
 from modelc.server.metrics import CONTENT_TYPE, Metrics
 from modelc.server.state import ServerState
@@ -35,14 +35,14 @@ STATIC_TYPES = {
 
 
 def create_app(state: ServerState) -> QuartTrio:
-    from modelc.server import (
-        routes_llama,
-        routes_native,
-        routes_ollama,
-        routes_ollama_models,
-        routes_openai,
-    )
+    from modelc.server.anthropic import routes as anthropic_routes
+    from modelc.server.llamacpp import routes as llamacpp_routes
+    from modelc.server.native import routes as native_routes
+    from modelc.server.ollama import routes as ollama_routes
+    from modelc.server.ollama import routes_models as ollama_models_routes
+    from modelc.server.openai import routes as openai_routes
     from modelc.server.openapi import openapi_document
+    from modelc.server.responses import routes as responses_routes
 
     app = QuartTrio("modelc.server", static_folder=None)  # "/static/..." is _static below
     app.config.update(
@@ -81,6 +81,15 @@ def create_app(state: ServerState) -> QuartTrio:
     async def _after(resp: Response) -> Response:
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         ctx().metrics.requests.labels(endpoint=rule, status=str(resp.status_code)).inc()
+        resp.headers.update(
+            cors.headers(
+                ctx().state.cors_origins,
+                request.headers.get("Origin"),
+                request.method,
+                request.headers.get("Access-Control-Request-Method"),
+                request.headers.get("Access-Control-Request-Headers"),
+            )
+        )
         rec = ACCESS.get(None)
         if rec is not None:
             resp.headers["X-Request-Id"] = rec.request_id
@@ -90,7 +99,7 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.errorhandler(Exception)
     async def _error(exc: Exception) -> Response:
-        status, payload, headers = to_error(exc, ollama=is_ollama(request.path))
+        status, payload, headers = to_error(exc, shape=error_shape(request.path))
         if status >= 500:
             logger().error(
                 "handler_error", path=request.path, error=repr(exc), exc_info=status == 500
@@ -130,9 +139,14 @@ def create_app(state: ServerState) -> QuartTrio:
     async def _openapi() -> Response:
         return Response(doc, content_type="application/json")
 
-    app.register_blueprint(routes_openai.bp)
-    app.register_blueprint(routes_native.bp)
-    app.register_blueprint(routes_llama.bp)
-    app.register_blueprint(routes_ollama.bp)
-    app.register_blueprint(routes_ollama_models.bp)
+    for routes in (
+        openai_routes,
+        native_routes,
+        llamacpp_routes,
+        ollama_routes,
+        ollama_models_routes,
+        anthropic_routes,
+        responses_routes,
+    ):
+        app.register_blueprint(routes.bp)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import trio
@@ -15,10 +15,11 @@ from modelc.engine.api import Engine
 from modelc.errors import ModelcError
 from modelc.server import sse
 from modelc.server.auth import RateLimiter
-from modelc.server.errors import is_ollama, to_error
+from modelc.server.errors import error_shape, to_error
 from modelc.server.logging import AccessRecord
 from modelc.server.metrics import Metrics
 from modelc.server.models import Need
+from modelc.server.responses.store import ResponseStore
 from modelc.server.schemas import DECODERS, ENCODER
 from modelc.server.state import ModelInfo, ServerState
 
@@ -30,6 +31,7 @@ class AppContext:
     state: ServerState
     metrics: Metrics
     limiter: RateLimiter
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses' kept ones
 
 
 def ctx() -> AppContext:
@@ -80,7 +82,7 @@ def stream_response(gen: AsyncIterator[bytes], headers: dict[str, str]) -> Respo
     rec = record()
     rec.streaming = True
     status = 200
-    ollama = is_ollama(request.path)
+    shape = error_shape(request.path)
 
     @stream_with_context
     async def wrapped() -> AsyncIterator[bytes]:
@@ -89,9 +91,11 @@ def stream_response(gen: AsyncIterator[bytes], headers: dict[str, str]) -> Respo
             async for chunk in gen:
                 yield chunk
         except ModelcError as e:  # after the headers: report in-band, then end the stream
-            st, payload, _ = to_error(e, ollama=ollama)
+            st, payload, _ = to_error(e, shape=shape)
             status = st
-            if headers is sse.HEADERS:
+            if shape == "anthropic":  # Anthropic's stream reports an ``error`` event
+                yield b"event: error\ndata: " + payload + b"\n\n"
+            elif headers is sse.HEADERS:
                 yield b"data: " + payload + b"\n\n" + sse.DONE
             else:
                 yield payload + b"\n"

@@ -11,6 +11,7 @@ its status; anything else is a 500 without internals.
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 import msgspec
 from werkzeug.exceptions import HTTPException
@@ -74,9 +75,34 @@ def error_body(
     return ENCODER.encode(ErrorResponse(error=ErrorDetail(message, type_, param, code)))
 
 
+Shape = Literal["openai", "ollama", "anthropic"]
+
+# Anthropic's error types by status (its API's ``error.type``)
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
 def is_ollama(path: str) -> bool:
     """Ollama's routes (``/api/...``) answer errors in Ollama's shape."""
     return path.startswith("/api/") and path != "/api/version"
+
+
+def error_shape(path: str) -> Shape:
+    """The error shape a route's clients read: Ollama's on ``/api/``, Anthropic's on
+    ``/v1/messages``, OpenAI's elsewhere."""
+    if is_ollama(path):
+        return "ollama"
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    return "openai"
 
 
 def ollama_body(payload: bytes) -> bytes:
@@ -85,11 +111,23 @@ def ollama_body(payload: bytes) -> bytes:
     return msgspec.json.encode({"error": message})
 
 
-def to_error(exc: BaseException, *, ollama: bool = False) -> tuple[int, bytes, dict[str, str]]:
-    """(status, JSON body, extra headers) for any exception raised by a handler
-    (``ollama``: the body in Ollama's shape, for its ``/api/`` routes)."""
+def anthropic_body(payload: bytes, status: int) -> bytes:
+    """An OpenAI error body in Anthropic's shape:
+    ``{"type": "error", "error": {"type": ..., "message": ...}}``."""
+    message = msgspec.json.decode(payload, type=ErrorResponse).error.message
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return msgspec.json.encode({"type": "error", "error": {"type": kind, "message": message}})
+
+
+def to_error(exc: BaseException, *, shape: Shape = "openai") -> tuple[int, bytes, dict[str, str]]:
+    """(status, JSON body, extra headers) for any exception raised by a handler, the
+    body in the ``shape`` the route's clients read (see :func:`error_shape`)."""
     status, payload, headers = _to_error(exc)
-    return status, ollama_body(payload) if ollama else payload, headers
+    if shape == "ollama":
+        payload = ollama_body(payload)
+    elif shape == "anthropic":
+        payload = anthropic_body(payload, status)
+    return status, payload, headers
 
 
 def _to_error(exc: BaseException) -> tuple[int, bytes, dict[str, str]]:

@@ -37,11 +37,11 @@ from modelc.engine.api import (
     TokenEvent,
 )
 from modelc.errors import ModelcError, UsageError
-from modelc.runtime.prompt import SAMPLING_FIELDS
 from modelc.runtime.sampling import SamplingParams
 from modelc.server.context import ctx, json_response, record, stream_response
 from modelc.server.errors import ParamError
 from modelc.server.metrics import Metrics
+from modelc.server.schemas import Sampling
 from modelc.server.state import ModelInfo
 
 FINISH = {
@@ -193,28 +193,19 @@ def logit_bias(bias: Mapping[str, float] | None, n_vocab: int) -> dict[int, floa
 
 def sampling(
     info: ModelInfo,
-    given: Any,
+    given: Sampling,
     *,
     max_tokens: int | None,
     logprobs: int | None = None,
-    **overrides: Any,
 ) -> SamplingParams:
-    """The request's sampling settings over the model's defaults.
-
-    ``given``: an object whose attributes named like :data:`SAMPLING_FIELDS` (plus
-    ``stop``, ``seed``, ``logit_bias`` when present) hold the request's values, None
-    where it gave none; ``overrides`` take precedence (a dialect's own field names).
-    """
-    values = {k: getattr(given, k, None) for k in SAMPLING_FIELDS}
-    values.update({k: v for k, v in overrides.items() if k in SAMPLING_FIELDS})
+    """The request's sampling settings (a dialect's fields as :class:`Sampling`, None
+    where it gave none) over the model's defaults."""
     return info.fmt().defaults.params(
-        values,
+        given.values(),
         max_tokens=max_tokens,
-        stop=stop_list(overrides.get("stop", getattr(given, "stop", None))),
-        seed=overrides.get("seed", getattr(given, "seed", None)),
-        logit_bias=logit_bias(
-            overrides.get("logit_bias", getattr(given, "logit_bias", None)), info.n_vocab
-        ),
+        stop=stop_list(given.stop),
+        seed=given.seed,
+        logit_bias=logit_bias(given.logit_bias, info.n_vocab),
         logprobs=logprobs,
     )
 

@@ -2,135 +2,180 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
 
 import modelc
 from modelc.server import schemas as s
+from modelc.server.anthropic import schemas as an
+from modelc.server.errors import error_shape
+from modelc.server.llamacpp import schemas as lc
+from modelc.server.native import schemas as nt
+from modelc.server.ollama import schemas as ol
+from modelc.server.openai import schemas as oa
+from modelc.server.responses import schemas as rs
 
 # (method, path, request body, response body, summary); None response body = a stream only
 ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
     (
         "post",
         "/v1/chat/completions",
-        s.ChatCompletionRequest,
-        s.ChatCompletion,
+        oa.ChatCompletionRequest,
+        oa.ChatCompletion,
         "OpenAI chat completion (SSE of ChatCompletionChunk when stream)",
     ),
     (
         "post",
         "/v1/completions",
-        s.CompletionRequest,
-        s.Completion,
+        oa.CompletionRequest,
+        oa.Completion,
         "OpenAI text completion (SSE when stream)",
     ),
     (
         "post",
         "/v1/embeddings",
-        s.EmbeddingRequest,
-        s.EmbeddingResponse,
+        oa.EmbeddingRequest,
+        oa.EmbeddingResponse,
         "OpenAI embeddings (float or base64)",
     ),
-    ("get", "/v1/models", None, s.ModelList, "The served model"),
-    ("get", "/v1/models/{model}", None, s.ModelCard, "One model by id"),
-    ("post", "/complete", s.NativeCompleteRequest, s.NativeCompleteResponse, "Complete a prompt"),
-    ("post", "/chat", s.NativeChatRequest, s.NativeChatResponse, "Chat reply"),
-    ("post", "/chat/stream", s.NativeChatRequest, s.NativeStreamEvent, "Chat reply as SSE events"),
-    ("post", "/infer", s.InferRequest, s.InferResponse, "Batched tensor inference (MLP models)"),
+    ("get", "/v1/models", None, oa.ModelList, "The served model"),
+    ("get", "/v1/models/{model}", None, oa.ModelCard, "One model by id"),
+    ("post", "/complete", nt.NativeCompleteRequest, nt.NativeCompleteResponse, "Complete a prompt"),
+    ("post", "/chat", nt.NativeChatRequest, nt.NativeChatResponse, "Chat reply"),
+    (
+        "post",
+        "/chat/stream",
+        nt.NativeChatRequest,
+        nt.NativeStreamEvent,
+        "Chat reply as SSE events",
+    ),
+    ("post", "/infer", nt.InferRequest, nt.InferResponse, "Batched tensor inference (MLP models)"),
     (
         "post",
         "/embeddings",
-        s.NativeEmbeddingRequest,
-        s.NativeEmbeddingResponse,
+        nt.NativeEmbeddingRequest,
+        nt.NativeEmbeddingResponse,
         "Embeddings (llama.cpp names accepted)",
     ),
     (
         "post",
         "/tokenize",
-        s.TokenizeRequest,
-        s.TokenizeResponse,
+        lc.TokenizeRequest,
+        lc.TokenizeResponse,
         "Text or messages to token ids (a llama.cpp request, with `content`, gets `tokens` only)",
     ),
     (
         "post",
         "/completion",
-        s.LlamaCompletionRequest,
-        s.LlamaCompletion,
+        lc.LlamaCompletionRequest,
+        lc.LlamaCompletion,
         "llama.cpp's native completion (SSE of LlamaStreamChunk when stream)",
     ),
-    ("post", "/infill", s.LlamaInfillRequest, s.LlamaCompletion, "Fill in the middle"),
-    ("post", "/detokenize", s.DetokenizeRequest, s.DetokenizeResponse, "Token ids to text"),
+    ("post", "/infill", lc.LlamaInfillRequest, lc.LlamaCompletion, "Fill in the middle"),
+    ("post", "/detokenize", lc.DetokenizeRequest, lc.DetokenizeResponse, "Token ids to text"),
     (
         "post",
         "/embedding",
-        s.LlamaEmbeddingRequest,
-        s.LlamaEmbedding,
+        lc.LlamaEmbeddingRequest,
+        lc.LlamaEmbedding,
         "llama.cpp's embeddings: an array of LlamaEmbedding, one per input",
     ),
     (
         "post",
         "/apply-template",
-        s.ApplyTemplateRequest,
-        s.ApplyTemplateResponse,
+        lc.ApplyTemplateRequest,
+        lc.ApplyTemplateResponse,
         "The prompt text a chat request renders (llama.cpp)",
     ),
-    ("get", "/health", None, s.HealthResponse, "Liveness: 200 ok, 503 while loading"),
-    ("get", "/info", None, s.InfoResponse, "Model information"),
-    ("get", "/props", None, s.PropsResponse, "Server properties (llama.cpp)"),
-    ("get", "/api/version", None, s.VersionResponse, "Server version"),
-    ("get", "/v1/system", None, s.SystemResponse, "Host information"),
+    ("get", "/health", None, nt.HealthResponse, "Liveness: 200 ok, 503 while loading"),
+    ("get", "/info", None, nt.InfoResponse, "Model information"),
+    ("get", "/props", None, lc.PropsResponse, "Server properties (llama.cpp)"),
+    ("get", "/api/version", None, nt.VersionResponse, "Server version"),
+    ("get", "/v1/system", None, nt.SystemResponse, "Host information"),
     (
         "post",
         "/lora/load",
-        s.LoraLoadRequest,
-        s.LoraResponse,
+        nt.LoraLoadRequest,
+        nt.LoraResponse,
         "Load a LoRA adapter from an allowed directory",
     ),
-    ("post", "/lora/unload", s.LoraUnloadRequest, s.LoraResponse, "Unload LoRA adapters"),
+    ("post", "/lora/unload", nt.LoraUnloadRequest, nt.LoraResponse, "Unload LoRA adapters"),
     (
         "post",
         "/api/generate",
-        s.OllamaGenerateRequest,
-        s.OllamaGenerateChunk,
+        ol.OllamaGenerateRequest,
+        ol.OllamaGenerateChunk,
         "Ollama generate (NDJSON when stream)",
     ),
     (
         "post",
         "/api/chat",
-        s.OllamaChatRequest,
-        s.OllamaChatChunk,
+        ol.OllamaChatRequest,
+        ol.OllamaChatChunk,
         "Ollama chat (NDJSON when stream)",
     ),
-    ("post", "/api/embed", s.OllamaEmbedRequest, s.OllamaEmbedResponse, "Ollama embeddings"),
-    ("get", "/api/tags", None, s.OllamaTags, "Ollama model list"),
+    ("post", "/api/embed", ol.OllamaEmbedRequest, ol.OllamaEmbedResponse, "Ollama embeddings"),
+    ("get", "/api/tags", None, ol.OllamaTags, "Ollama model list"),
     (
         "post",
         "/api/show",
-        s.OllamaShowRequest,
-        s.OllamaShowResponse,
+        ol.OllamaShowRequest,
+        ol.OllamaShowResponse,
         "Ollama model details, template and sampling defaults",
     ),
-    ("get", "/api/ps", None, s.OllamaRunningList, "Ollama: the models loaded now"),
-    ("post", "/api/pull", s.OllamaPullRequest, s.OllamaStatus, "Ollama: pull into the store"),
-    ("post", "/api/copy", s.OllamaCopyRequest, None, "Ollama: copy a store model"),
-    ("delete", "/api/delete", s.OllamaDeleteRequest, None, "Ollama: remove a store model"),
+    ("get", "/api/ps", None, ol.OllamaRunningList, "Ollama: the models loaded now"),
+    ("post", "/api/pull", ol.OllamaPullRequest, ol.OllamaStatus, "Ollama: pull into the store"),
+    ("post", "/api/copy", ol.OllamaCopyRequest, None, "Ollama: copy a store model"),
+    ("delete", "/api/delete", ol.OllamaDeleteRequest, None, "Ollama: remove a store model"),
     (
         "post",
         "/api/create",
-        s.OllamaCreateRequest,
-        s.OllamaStatus,
+        ol.OllamaCreateRequest,
+        ol.OllamaStatus,
         "Ollama: a new store model from a model or file, with parameters, template, system",
     ),
     (
         "post",
         "/api/embeddings",
-        s.OllamaEmbeddingsRequest,
-        s.OllamaEmbeddingsResponse,
+        ol.OllamaEmbeddingsRequest,
+        ol.OllamaEmbeddingsResponse,
         "Ollama's older single-text embeddings",
     ),
     ("get", "/slots", None, None, "llama.cpp: the engine's sequence slots"),
+    (
+        "post",
+        "/v1/messages",
+        an.MessagesRequest,
+        an.Message,
+        "Anthropic Messages (SSE of Anthropic's named events when stream)",
+    ),
+    (
+        "post",
+        "/v1/messages/count_tokens",
+        an.CountTokensRequest,
+        an.CountTokensResponse,
+        "Anthropic: the prompt tokens of a Messages request",
+    ),
+    (
+        "post",
+        "/v1/responses",
+        rs.ResponsesRequest,
+        rs.ResponseObject,
+        "OpenAI Responses (SSE of named response.* events when stream)",
+    ),
+    ("get", "/v1/responses/{response_id}", None, rs.ResponseObject, "A stored response"),
+    ("delete", "/v1/responses/{response_id}", None, rs.Deleted, "Forget a stored response"),
 ]
+
+
+# each error shape's body (see modelc.server.errors.error_shape)
+_ERRORS: dict[str, type[Any]] = {
+    "openai": s.ErrorResponse,
+    "ollama": ol.OllamaError,
+    "anthropic": an.AnthropicError,
+}
 
 
 def _ref(t: type[Any]) -> dict[str, str]:
@@ -138,7 +183,15 @@ def _ref(t: type[Any]) -> dict[str, str]:
 
 
 # routes that stream when asked (``stream: true``): SSE, or Ollama's NDJSON (its default)
-_SSE = {"/v1/chat/completions", "/v1/completions", "/completion", "/infill", "/chat/stream"}
+_SSE = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/completion",
+    "/infill",
+    "/chat/stream",
+    "/v1/messages",
+    "/v1/responses",
+}
 _NDJSON = {"/api/generate", "/api/chat", "/api/pull", "/api/create"}
 # request bodies that need one of several fields (msgspec cannot say so in the Struct)
 _ONE_OF = {
@@ -168,7 +221,7 @@ _SSE_EVENT = {
 _ARRAYS = {"/embedding"}
 
 _RESPONSES: dict[str, list[type[Any]]] = {
-    "/tokenize": [s.TokenizeResponse, s.LlamaTokenizeResponse],  # llama.cpp's `content`: tokens
+    "/tokenize": [lc.TokenizeResponse, lc.LlamaTokenizeResponse],  # llama.cpp's `content`: tokens
 }
 
 
@@ -183,18 +236,15 @@ def _body(schema: dict[str, Any], path: str) -> dict[str, Any]:
 
 def openapi_document() -> bytes:
     types = {t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None}
-    types |= {s.ErrorResponse, s.OllamaError, *(t for ts in _RESPONSES.values() for t in ts)}
+    types |= {*_ERRORS.values(), *(t for ts in _RESPONSES.values() for t in ts)}
     ordered = sorted(types, key=lambda t: t.__name__)
     _, components = msgspec.json.schema_components(
         ordered, ref_template="#/components/schemas/{name}"
     )
     paths: dict[str, dict[str, Any]] = {}
     for method, path, req, resp, summary in ROUTES:
-        shape = s.OllamaError if path.startswith("/api/") and path != "/api/version" else None
-        error = {
-            "description": "error",
-            "content": {"application/json": {"schema": _ref(shape or s.ErrorResponse)}},
-        }
+        shape = _ERRORS[error_shape(path)]
+        error = {"description": "error", "content": {"application/json": {"schema": _ref(shape)}}}
         ok: dict[str, Any] = {"description": "OK"}
         if path in _RESPONSES:
             ok["content"] = _body({"anyOf": [_ref(t) for t in _RESPONSES[path]]}, path)
@@ -219,9 +269,11 @@ def openapi_document() -> bytes:
                 "required": True,
                 "content": {"application/json": {"schema": schema}},
             }
-        if "{model}" in path:
+        names = re.findall(r"\{(\w+)\}", path)
+        if names:
             op["parameters"] = [
-                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                for n in names
             ]
         paths.setdefault(path, {})[method] = op
     doc = {

@@ -57,6 +57,7 @@ class ServeOptions:
     ping_interval: float = 10.0
     http_keep_alive: float = keepalive.DEFAULT_KEEP_ALIVE
     lora_dirs: list[Path] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=list)  # browser origins allowed; "*": any
     engine: EngineOptions = field(default_factory=EngineOptions)
     store_dir: Path | None = None  # models requests may load on demand
     # (artifact path, model name, engine options) -> its engine; default make_engine
@@ -145,6 +146,7 @@ async def serve_async(opts: ServeOptions) -> None:
         max_concurrent=opts.engine.max_concurrent,
         lora_dirs=list(opts.lora_dirs),
         ping_interval=opts.ping_interval,
+        cors_origins=list(opts.cors_origins),
     )
     app = create_app(state)
     cfg = HypercornConfig()

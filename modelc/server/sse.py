@@ -24,3 +24,9 @@ def event(obj: Any) -> bytes:
 def ndjson(obj: Any) -> bytes:
     """One newline-delimited JSON line (Ollama streaming)."""
     return ENCODER.encode(obj) + b"\n"
+
+
+def named(name: str, obj: Any) -> bytes:
+    """One event with an ``event:`` name and ``obj`` as its JSON ``data`` (the streams
+    of Anthropic's Messages and OpenAI's Responses)."""
+    return b"event: " + name.encode() + b"\ndata: " + ENCODER.encode(obj) + b"\n\n"

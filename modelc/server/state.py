@@ -117,4 +117,5 @@ class ServerState:
     lora_loaded: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     ping_interval: float = 10.0
+    cors_origins: list[str] = field(default_factory=list)  # allowed origins; "*": any
     draining: bool = False

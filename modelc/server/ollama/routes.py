@@ -6,29 +6,24 @@ where a request gives none.  As Ollama: ``num_predict`` -1 (or none) runs to the
 the turn; ``num_ctx`` bounds prompt and answer (a chat's oldest messages are dropped, a
 raw prompt keeps its end, to fit); ``keep_alive`` sets how long the model stays loaded
 after the request, and a request with no prompt or messages only loads the model (or,
-with ``keep_alive: 0``, unloads it).  Model management is :mod:`routes_ollama_models`.
+with ``keep_alive: 0``, unloads it).  Model management is :mod:`~modelc.server.ollama.routes_models`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 from quart import Blueprint, Response
 
-from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent, TokenEvent
+from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent
 from modelc.runtime.sampling import SamplingParams
-from modelc.server import sse
 from modelc.server import tools as tooling
 from modelc.server.context import body, json_response, record, use_model
 from modelc.server.generation import (
-    FINISH,
-    Outcome,
-    RendererBase,
     chat_ids,
     embed_inputs,
     make_requests,
@@ -39,7 +34,8 @@ from modelc.server.generation import (
     text_ids,
 )
 from modelc.server.models import parse_keep_alive
-from modelc.server.schemas import (
+from modelc.server.ollama.render import Chunk, OllamaRenderer, done_fields
+from modelc.server.ollama.schemas import (
     OllamaChatChunk,
     OllamaChatRequest,
     OllamaEmbeddingsRequest,
@@ -66,13 +62,7 @@ def _now() -> str:
 def _sampling(o: OllamaOptions | None, info: ModelInfo) -> SamplingParams:
     o = o or OllamaOptions()
     limit = None if o.num_predict is None or o.num_predict < 0 else o.num_predict
-    return sampling(
-        info,
-        o,
-        max_tokens=limit,
-        repetition_penalty=o.repeat_penalty,
-        stop=list(o.stop or []),
-    )
+    return sampling(info, o.sampling(), max_tokens=limit)
 
 
 def _format(fmt: str | dict[str, Any] | None) -> Constraint | None:
@@ -81,45 +71,6 @@ def _format(fmt: str | dict[str, Any] | None) -> Constraint | None:
     if fmt == "json":
         return Constraint(ConstraintKind.JSON_OBJECT)
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(fmt))
-
-
-def _done_fields(f: FinishEvent | None) -> dict[str, Any]:
-    if f is None:
-        return {}
-    return {
-        "done_reason": FINISH.get(f.reason, "stop"),
-        "prompt_eval_count": f.prompt_tokens,
-        "eval_count": f.completion_tokens,
-        "total_duration": int(f.total_time * 1e9),
-    }
-
-
-Chunk = OllamaGenerateChunk | OllamaChatChunk
-
-
-@dataclass(slots=True)
-class OllamaRenderer(RendererBase):
-    """NDJSON chunks, or the final chunk alone with the whole text.
-
-    ``chunk(text, finish, ids)`` builds a chunk; ``finish`` is None until the last one,
-    which also gets every token id generated (for ``/api/generate``'s ``context``).
-    """
-
-    chunk: Callable[[str, FinishEvent | None, list[int]], Chunk]
-    headers: dict[str, str] = field(default_factory=lambda: sse.NDJSON_HEADERS)
-    ping: bytes | None = None
-    _ids: list[int] = field(default_factory=list)
-
-    def token(self, i: int, ev: TokenEvent) -> list[bytes]:
-        self._ids.append(ev.token_id)
-        return [sse.ndjson(self.chunk(ev.text, None, []))] if ev.text else []
-
-    def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
-        return [sse.ndjson(self.chunk(ev.text, ev, self._ids))]
-
-    def body(self, outs: list[Outcome]) -> Chunk:
-        o = outs[0]
-        return self.chunk(o.text, o.finish, [t.token_id for t in o.tokens])
 
 
 def _limit(o: OllamaOptions | None, n_prompt: int) -> int | None:
@@ -176,7 +127,7 @@ async def generate() -> Response:
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaGenerateChunk:
         context = [*ids, *out] if f is not None else None
         return OllamaGenerateChunk(
-            req.model, _now(), text, f is not None, **_done_fields(f), context=context
+            req.model, _now(), text, f is not None, **done_fields(f), context=context
         )
 
     return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk))
@@ -213,7 +164,7 @@ async def chat() -> Response:
 
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaChatChunk:
         msg = _reply(text, tool_calls)
-        return OllamaChatChunk(req.model, _now(), msg, f is not None, **_done_fields(f))
+        return OllamaChatChunk(req.model, _now(), msg, f is not None, **done_fields(f))
 
     return await _answer(req, info, engine, ids, "chat", OllamaRenderer(chunk))
 

@@ -35,8 +35,8 @@ from modelc.server.generation import (
     submit_all,
     text_ids,
 )
-from modelc.server.render_llama import LlamaRenderer
-from modelc.server.schemas import (
+from modelc.server.llamacpp.render import LlamaRenderer
+from modelc.server.llamacpp.schemas import (
     ApplyTemplateRequest,
     ApplyTemplateResponse,
     DetokenizeRequest,
@@ -219,15 +219,8 @@ async def _complete(req: LlamaCompletionRequest) -> Response:
     else:
         prompts, many = _prompts(info, req.prompt)
     limit = None if req.n_predict is None or req.n_predict < 0 else req.n_predict
-    seed = None if req.seed is None or req.seed < 0 else req.seed
     params = sampling(
-        info,
-        req,
-        max_tokens=limit,
-        logprobs=req.n_probs or None,
-        repetition_penalty=req.repeat_penalty,
-        seed=seed,
-        logit_bias=_bias(req.logit_bias),
+        info, req.sampling(_bias(req.logit_bias)), max_tokens=limit, logprobs=req.n_probs or None
     )
     constraint = None
     if req.json_schema is not None:

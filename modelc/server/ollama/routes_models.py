@@ -27,7 +27,7 @@ from modelc.server import sse
 from modelc.server.context import body, ctx, json_response, stream_response, use_model
 from modelc.server.errors import ParamError
 from modelc.server.models import ModelRegistry
-from modelc.server.schemas import (
+from modelc.server.ollama.schemas import (
     OllamaCopyRequest,
     OllamaCreateRequest,
     OllamaDeleteRequest,

@@ -1,7 +1,7 @@
 """The OpenAI dialect: chat.completion(.chunk) and text_completion bodies from engine results.
 
 :class:`ChatRenderer` and :class:`CompletionRenderer` implement
-:class:`~modelc.server.generation.Renderer`; the routes in :mod:`routes_openai` only
+:class:`~modelc.server.generation.Renderer`; the routes in :mod:`~modelc.server.openai.routes` only
 parse, submit and hand the handles over.
 """
 
@@ -22,7 +22,7 @@ from modelc.server import sse
 from modelc.server import tools as tooling
 from modelc.server.errors import ParamError
 from modelc.server.generation import FINISH, Outcome, RendererBase
-from modelc.server.schemas import (
+from modelc.server.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,

@@ -6,7 +6,6 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +13,10 @@ import psutil
 from quart import Blueprint, Response, request
 
 import modelc
-from modelc.engine.api import Engine, FinishEvent, TokenEvent
-from modelc.server import sse
+from modelc.engine.api import Engine
 from modelc.server.context import body, ctx, json_response, record, use_model
 from modelc.server.errors import ForbiddenError, NotImplementedFeature, ParamError
 from modelc.server.generation import (
-    FINISH,
-    Outcome,
-    RendererBase,
     chat_ids,
     embed_inputs,
     make_requests,
@@ -31,7 +26,8 @@ from modelc.server.generation import (
     submit_all,
     text_ids,
 )
-from modelc.server.schemas import (
+from modelc.server.native.render import NativeRenderer
+from modelc.server.native.schemas import (
     HealthResponse,
     InferRequest,
     InferResponse,
@@ -40,60 +36,16 @@ from modelc.server.schemas import (
     LoraResponse,
     LoraUnloadRequest,
     NativeChatRequest,
-    NativeChatResponse,
     NativeCompleteRequest,
-    NativeCompleteResponse,
     NativeEmbeddingRequest,
     NativeEmbeddingResponse,
-    NativeMessage,
     NativeOptions,
-    NativeStreamEvent,
-    NativeUsage,
     SystemResponse,
     VersionResponse,
 )
 from modelc.server.state import ModelInfo
 
 bp = Blueprint("native", __name__)
-
-
-def _usage(f: FinishEvent) -> NativeUsage:
-    return NativeUsage(
-        f.prompt_tokens,
-        f.completion_tokens,
-        f.prompt_tokens + f.completion_tokens,
-        f.time_to_first_token,
-        round(f.total_time, 6),
-    )
-
-
-@dataclass(slots=True)
-class NativeRenderer(RendererBase):
-    """``/complete`` and ``/chat`` bodies; ``/chat/stream`` events (``delta``, then usage)."""
-
-    model: str
-    chat: bool
-    headers: dict[str, str] = field(default_factory=lambda: sse.HEADERS)
-    ping: bytes | None = sse.PING
-
-    def token(self, i: int, ev: TokenEvent) -> list[bytes]:
-        return [sse.event(NativeStreamEvent(delta=ev.text))] if ev.text else []
-
-    def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
-        last = NativeStreamEvent(
-            delta=ev.text, finish_reason=FINISH.get(ev.reason, "stop"), usage=_usage(ev)
-        )
-        return [sse.event(last)]
-
-    def end(self) -> list[bytes]:
-        return [sse.DONE]
-
-    def body(self, outs: list[Outcome]) -> NativeCompleteResponse | NativeChatResponse:
-        o = outs[0]
-        if self.chat:
-            msg = NativeMessage("assistant", o.text)
-            return NativeChatResponse(msg, o.reason, _usage(o.finish), self.model)
-        return NativeCompleteResponse(o.text, o.reason, _usage(o.finish), self.model)
 
 
 async def _answer(

@@ -1,7 +1,7 @@
 """OpenAI-compatible endpoints: chat/completions, completions, embeddings, models.
 
 The handlers parse, build prompts with the engine's prompt format, submit, and answer
-through :mod:`~modelc.server.render_openai`'s renderers.
+through :mod:`~modelc.server.openai.render`'s renderers.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import numpy as np
 import trio
 from quart import Blueprint, Response
 
-from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, record, use_model
+from modelc.server.conversation import chat_prompt
 from modelc.server.errors import ParamError
 from modelc.server.generation import (
-    chat_ids,
     embed_inputs,
     make_requests,
     new_id,
@@ -26,8 +25,8 @@ from modelc.server.generation import (
     submit_all,
     text_ids,
 )
-from modelc.server.render_openai import ChatRenderer, CompletionRenderer, response_constraint
-from modelc.server.schemas import (
+from modelc.server.openai.render import ChatRenderer, CompletionRenderer, response_constraint
+from modelc.server.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingData,
@@ -50,12 +49,8 @@ async def chat_completions() -> Response:
     _no_zero_tokens(req.token_limit)
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs needs logprobs: true", param="top_logprobs")
-    choice = req.tool_choice
-    if choice is not None and choice != "none" and choice != "auto" and not req.tools:
-        raise ParamError("tool_choice requires tools", param="tool_choice")
-    tools = req.tools if req.tools and choice != "none" else None
-    ids = chat_ids(info, req.messages, tools)
-    constraint = tooling.choice_constraint(tools, choice) if tools else None
+    prompt = chat_prompt(info, req.messages, req.tools, req.tool_choice)
+    ids, tools, constraint = prompt.ids, prompt.tools, prompt.constraint
     if constraint is None:
         constraint = response_constraint(req.response_format)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None

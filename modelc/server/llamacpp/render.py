@@ -12,7 +12,7 @@ from modelc.engine.api import FinishEvent, FinishReason, TokenEvent
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
 from modelc.server.generation import Outcome, RendererBase
-from modelc.server.schemas import (
+from modelc.server.llamacpp.schemas import (
     LlamaCompletion,
     LlamaStreamChunk,
     LlamaTimings,

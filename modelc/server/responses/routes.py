@@ -1,0 +1,201 @@
+"""OpenAI Responses: ``/v1/responses``.
+
+Input (a string, or message / ``function_call`` / ``function_call_output`` items) and
+``instructions`` become the chat route's messages, so the prompt is the one
+``/v1/chat/completions`` builds for the same conversation; ``reasoning`` items are
+accepted and not replayed.  A response made with ``store`` on (the default) is kept in
+a bounded in-memory store (:mod:`.store`): ``previous_response_id`` continues its
+conversation, ``GET`` / ``DELETE /v1/responses/{id}`` read and forget it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from quart import Blueprint, Response
+
+from modelc.engine.api import Constraint, ConstraintKind
+from modelc.errors import ModelcError
+from modelc.server.context import body, ctx, json_response, use_model
+from modelc.server.conversation import chat_prompt
+from modelc.server.errors import ParamError
+from modelc.server.generation import make_requests, respond, sampling, submit_all
+from modelc.server.responses.render import ResponsesRenderer, item_id
+from modelc.server.responses.schemas import (
+    Deleted,
+    FunctionChoice,
+    InputItem,
+    Parts,
+    Refusal,
+    ResponseObject,
+    ResponsesRequest,
+    TextConfig,
+    TextFormat,
+)
+from modelc.server.responses.store import CAPACITY
+from modelc.server.schemas import (
+    FunctionDef,
+    NamedFunction,
+    NamedToolChoice,
+    Sampling,
+    Tool,
+    ToolChoice,
+)
+
+bp = Blueprint("responses", __name__)
+
+
+class NotFound(ModelcError):
+    """No stored response has this id."""
+
+    http_status = 404
+    error_type = "invalid_request_error"
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(
+            f"no stored response with id {rid!r} (responses are kept in memory, the last {CAPACITY})"
+        )
+
+
+def _text(content: str | Parts) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
+
+
+def chat_messages(
+    given: str | list[InputItem], history: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The input after ``history`` (a stored conversation) as OpenAI-style chat messages
+    (consecutive ``function_call`` items are one assistant turn's calls)."""
+    out: list[dict[str, Any]] = [dict(m) for m in history or []]
+    if isinstance(given, str):
+        return [*out, {"role": "user", "content": given}]
+    for j, it in enumerate(given):
+        where = f"input[{j}]"
+        if it.type == "message":
+            if it.role is None or it.content is None:
+                raise ParamError(f"{where}: a message item needs role and content", param=where)
+            out.append({"role": it.role, "content": _text(it.content)})
+        elif it.type == "function_call":
+            if not it.call_id or not it.name:
+                raise ParamError(
+                    f"{where}: a function_call item needs call_id and name", param=where
+                )
+            fn = {"name": it.name, "arguments": it.arguments or "{}"}
+            call = {"id": it.call_id, "type": "function", "function": fn}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif it.type == "function_call_output":
+            if not it.call_id or it.output is None:
+                raise ParamError(
+                    f"{where}: a function_call_output item needs call_id and output", param=where
+                )
+            out.append({"role": "tool", "tool_call_id": it.call_id, "content": _text(it.output)})
+    return out
+
+
+def _format(fmt: TextFormat | None) -> Constraint | None:
+    """``text.format``'s constraint on the answer (None: free text)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint(ConstraintKind.JSON_OBJECT)
+    if fmt.schema is None:
+        raise ParamError(
+            "text.format json_schema needs schema (a JSON Schema object)",
+            param="text.format.schema",
+        )
+    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(fmt.schema))
+
+
+@bp.post("/v1/responses")
+async def responses() -> Response:
+    req = await body(ResponsesRequest)
+    if req.background:
+        raise ParamError("background responses are not supported", param="background")
+    kept = ctx().responses
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        prev = kept.get(req.previous_response_id)
+        if prev is None:
+            raise ParamError(
+                f"previous response {req.previous_response_id!r} is not stored here (only the "
+                f"last {kept.capacity} with store on, until a restart); send the whole "
+                "conversation as input items",
+                param="previous_response_id",
+            )
+        history = prev.messages
+    info, engine = await use_model(req.model, "text")
+    tools = [
+        Tool(
+            type="function",
+            function=FunctionDef(
+                name=t.name, description=t.description, parameters=t.parameters, strict=t.strict
+            ),
+        )
+        for t in req.tools or []
+    ]
+    choice: ToolChoice | None = (
+        NamedToolChoice(type="function", function=NamedFunction(name=req.tool_choice.name))
+        if isinstance(req.tool_choice, FunctionChoice)
+        else req.tool_choice
+    )
+    conversation = chat_messages(req.input, history)
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    prompt = chat_prompt(info, [*system, *conversation], tools or None, choice)
+    text = req.text or TextConfig()
+    constraint = prompt.constraint or _format(text.format)
+    given = Sampling(temperature=req.temperature, top_p=req.top_p)
+    params = sampling(info, given, max_tokens=req.max_output_tokens)
+    rid = item_id("resp")
+    reqs = make_requests(rid, prompt.ids, params, 1, constraint)
+    handles = submit_all(engine, reqs, prompt_param="input")
+    base = ResponseObject(
+        id=rid,
+        created_at=int(time.time()),
+        status="in_progress",
+        model=info.model_id,
+        output=[],
+        usage=None,
+        incomplete_details=None,
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        tools=list(req.tools or []),
+        tool_choice=req.tool_choice or "auto",
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        text=TextConfig(format=text.format or TextFormat()),
+        reasoning=req.reasoning,
+        metadata=req.metadata or {},
+        previous_response_id=req.previous_response_id,
+        store=req.store is not False,
+    )
+
+    def keep(resp: ResponseObject) -> None:
+        if req.store is not False:
+            kept.put(resp, conversation)
+
+    r = ResponsesRenderer(base, len(prompt.ids), tools=prompt.tools is not None, keep=keep)
+    return await respond(handles, r, stream=req.stream, n_prompt=len(prompt.ids))
+
+
+@bp.get("/v1/responses/<response_id>")
+async def get_response(response_id: str) -> Response:
+    found = ctx().responses.get(response_id)
+    if found is None:
+        raise NotFound(response_id)
+    return json_response(found.response)
+
+
+@bp.delete("/v1/responses/<response_id>")
+async def delete_response(response_id: str) -> Response:
+    if not ctx().responses.delete(response_id):
+        raise NotFound(response_id)
+    return json_response(Deleted(id=response_id))
