@@ -177,6 +177,7 @@ OPTIONS: list[Opt] = [
     _opt("--max-concurrent", "run", "sequences generating at once (engine default 8)", type=int, metavar="N", engine="max_concurrent"),
     _opt("--queue-size", "run", "requests waiting beyond those; more get 503 (engine default 64)", type=int, metavar="N", engine="queue_size"),
     _opt("--api-key", "run", "require 'Authorization: Bearer KEY'", metavar="KEY"),
+    _opt("--cors-origins", "run", "browser origins allowed to call the server (CORS), comma-separated; * allows any", metavar="ORIGIN[,ORIGIN...]"),
     _opt("--rate-limit", "run", "at most N requests per minute per client address (0 = off)", type=int, default=0, metavar="N"),
     _opt("--max-tokens", "run", "a request without max_tokens stops at the end of its turn or after N tokens (default 4096, or [sampling] max_tokens in config.toml)", type=int, metavar="N", engine="max_tokens"),
     # ---- one prompt or one conversation (generate, chat)

@@ -82,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         host=host,
         port=port,
         api_key=args.api_key,
+        cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
         rate_limit=args.rate_limit,
         grace=args.grace,
         ping_interval=args.ping_interval,
