@@ -3,7 +3,8 @@
 SmolLM2 is compiled, built into a wheel with ``pip wheel`` and installed into a fresh
 venv where ``import modelc`` fails; its server's greedy chat equals ``modelc run``'s on
 the same artifact, token for token (and log-prob for log-prob).  GPT-2, Qwen2 (Q/K/V
-biases), Qwen3 (Q/K norms), Mistral (sliding window), BERT and an MLP are compiled and
+biases), Qwen3 (Q/K norms), Mistral (sliding window), Gemma 2 and 3 (post norms, GELU,
+soft-caps, windows with their own RoPE base), Phi-3 (fused Q/K/V and gate/up), BERT and an MLP are compiled and
 their generated forward built in place (the kernels extension reused from the SmolLM2
 build: its sources are the same in every project; built on the second core while the
 wheel builds), then compared with modelc's runtime bit for bit; BERT's and the MLP's programs answer over
@@ -102,6 +103,9 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
         "tiny-qwen2": ensure_family("qwen2")[1],
         "tiny-qwen3": ensure_family("qwen3")[1],
         "tiny-mistral": ensure_family("mistral")[1],
+        "tiny-gemma2": ensure_family("gemma2")[1],
+        "tiny-gemma3": ensure_family("gemma3")[1],
+        "tiny-phi3": ensure_family("phi3")[1],
         "minilm": minilm_dir(),
         "mlp": mlp,
     }
@@ -251,7 +255,18 @@ def test_program_refuses_another_models_artifact(compared: dict[str, dict[str, o
     assert msg.startswith("this program was compiled for a model with ") and "modelc compile" in msg
 
 
-@pytest.mark.parametrize("name", ["gpt2-tiny", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt2-tiny",
+        "tiny-qwen2",
+        "tiny-qwen3",
+        "tiny-mistral",
+        "tiny-gemma2",
+        "tiny-gemma3",
+        "tiny-phi3",
+    ],
+)
 def test_language_model_forward_bit_identical(
     builds: Builds, compared: dict[str, dict[str, object]], name: str
 ) -> None:
@@ -310,15 +325,15 @@ def test_mlp_infer_equals_runtime(
 
 
 def test_compile_refuses_what_it_cannot_specialise(tmp_path: Path) -> None:
-    """A family without a compiled forward (Phi-3: its own attention and RoPE) is one line
-    naming what to do instead, exit 2, and no project is written."""
-    gguf = ensure_family("phi3")[1]
+    """What the description uses and the generated loop does not run (a mixture of experts)
+    is one line naming it and what to do instead, exit 2, and no project is written."""
+    gguf = ensure_family("qwen3moe")[1]
     p = subprocess.run(
         [sys.executable, "-m", "modelc.cli", "compile", str(gguf), "-o", str(tmp_path / "x")],
         capture_output=True,
         text=True,
     )
     assert p.returncode == 2
-    assert p.stderr.count("\n") == 1 and "no compiled forward" in p.stderr
+    assert p.stderr.count("\n") == 1 and "mixtures of experts" in p.stderr
     assert "modelc run" in p.stderr
     assert not (tmp_path / "x").exists()

@@ -236,7 +236,7 @@ async def test_engine_recomputes_a_phi3_sequence_crossing_longrope(tmp_path: Pat
     for rec in recs:
         assert await _engine_greedy(ir, rec) == rec["greedy"], rec["prompt_ids"]
     model = lm(ir)
-    model.forward = super(type(model), model).forward  # type: ignore[method-assign]
+    model.forward = model._forward  # type: ignore[attr-defined,method-assign]  # no restarts
     assert any(check_record(model, r)[1] != r["greedy"] for r in crossing)
 
 
@@ -352,12 +352,11 @@ def test_lora_merges_in_the_family_layout(family: str, kind: str, tmp_path: Path
     from safetensors.numpy import save_file
 
     from modelc.formats.arch import llama_permute
-    from modelc.runtime.arch import Llama
-    from modelc.runtime.arch.gemma2 import Gemma
+    from modelc.runtime.arch import Decoder
     from modelc.runtime.lora import apply_adapter, load_adapter, remove_adapter
 
     model = build(load(family, kind), make_backend("numpy"))
-    assert isinstance(model, Llama | Gemma)
+    assert isinstance(model, Decoder)
     rng = np.random.default_rng(1)
     r, rows = 4, model.n_head * model.head_dim
     pre = "base_model.model.model.layers.1.self_attn.q_proj"

@@ -22,7 +22,7 @@ from modelc.formats import load_model
 from modelc.formats.arch import llama_permute
 from modelc.formats.ir import DType
 from modelc.formats.quants import dequantize
-from modelc.runtime.arch import GPT2, Llama, build
+from modelc.runtime.arch import GPT2, Decoder, build
 from modelc.runtime.backend import Backend, Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.lora import AppliedLora, apply_adapter, load_adapter, remove_adapter
@@ -45,18 +45,18 @@ def _backend(name: str) -> Backend:
     return CpuBackend(matmul="exact")
 
 
-def _model(base: str, backend: str = "numpy") -> Llama | GPT2:
+def _model(base: str, backend: str = "numpy") -> Decoder | GPT2:
     m = build(load_model(FIX / "formats" / base), _backend(backend))
-    assert isinstance(m, (Llama, GPT2))
+    assert isinstance(m, (Decoder, GPT2))
     return m
 
 
-def _logits(model: Llama | GPT2, tokens: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _logits(model: Decoder | GPT2, tokens: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     ids = [int(t) for t in tokens]
     return model.forward([SeqChunk(model.new_cache(), ids, tuple(range(len(ids))))])
 
 
-def _weights(model: Llama | GPT2) -> dict[str, Weight]:
+def _weights(model: Decoder | GPT2) -> dict[str, Weight]:
     """Every Weight the model holds, by attribute path."""
     out = {k: v for k, v in vars(model).items() if isinstance(v, Weight)}
     blocks: list[Any] = list(model.blocks)
@@ -68,12 +68,12 @@ def _weights(model: Llama | GPT2) -> dict[str, Weight]:
     return out
 
 
-def _snapshot(model: Llama | GPT2) -> dict[str, tuple[Weight, np.ndarray[Any, Any]]]:
+def _snapshot(model: Decoder | GPT2) -> dict[str, tuple[Weight, np.ndarray[Any, Any]]]:
     return {k: (w, w.data.copy()) for k, w in _weights(model).items()}
 
 
 def _assert_restored(
-    model: Llama | GPT2, snap: dict[str, tuple[Weight, np.ndarray[Any, Any]]]
+    model: Decoder | GPT2, snap: dict[str, tuple[Weight, np.ndarray[Any, Any]]]
 ) -> None:
     now = _weights(model)
     assert now.keys() == snap.keys()
@@ -167,7 +167,7 @@ def test_quantized_base_smollm2_dequantized_merge_and_exact_restore(tmp_path: Pa
     GGUF's q/k rows, the merged weight is dequant(W) + scale*B@A in f32, and removal gives back
     the Q4_1 blocks themselves."""
     model = build(load_model(smollm2_gguf()), NumpyBackend(cache_dequantized=False))
-    assert isinstance(model, Llama)
+    assert isinstance(model, Decoder)
     hp = model.hparams
     rng = np.random.default_rng(0)
     d, r = model.d, 8

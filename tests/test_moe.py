@@ -24,7 +24,8 @@ from modelc.engine.api import GenerationRequest, TokenEvent
 from modelc.errors import ModelcError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
-from modelc.runtime.arch.llama import Llama, moe_ffn
+from modelc.runtime.arch.decoder import Decoder
+from modelc.runtime.arch.moe import moe_ffn
 from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
@@ -58,7 +59,7 @@ def test_the_experts_are_read() -> None:
     ir = load_model(moe_gguf())
     assert (ir.architecture, ir.hparams.n_expert, ir.hparams.n_expert_used) == ("qwen3moe", 4, 2)
     lm = model()
-    assert isinstance(lm, Llama)
+    assert isinstance(lm, Decoder)
     for b in lm.blocks:
         assert b.w_gate is None and b.experts is not None
         assert b.experts.router.shape == (4, 64) and b.experts.n_used == 2
@@ -112,7 +113,7 @@ def test_quantized_experts_are_read_in_place() -> None:
     for lm in (q_exact, q_fast):
         err = float(np.abs(logits(lm) - ref).max())
         assert err < 0.15, err
-    assert isinstance(q_exact, Llama)
+    assert isinstance(q_exact, Decoder)
     for b in q_exact.blocks:  # a layout slip: experts swapped
         assert b.experts is not None
         b.experts.gate.reverse()
@@ -124,7 +125,7 @@ def test_each_token_takes_its_top_experts() -> None:
     computed alone; in a batch (experts one by one over their rows) it is bit for bit what
     the one-row path (a decode step: all chosen experts' gate and up in one call) gives."""
     lm = model()
-    assert isinstance(lm, Llama)
+    assert isinstance(lm, Decoder)
     e = lm.blocks[0].experts
     assert e is not None
     rng = np.random.default_rng(1)
@@ -216,7 +217,7 @@ def test_pack_run_and_compile_refusal(tmp_path: Path) -> None:
         "generate", "tiny-moe", "The quick brown fox", "--max-tokens", "8", "--temperature", "0"
     )
     assert out.stdout.strip()
-    cli.fails("compile", "tiny-moe", "-o", str(tmp_path / "out"), match="mixture-of-experts")
+    cli.fails("compile", "tiny-moe", "-o", str(tmp_path / "out"), match="mixtures of experts")
 
 
 def test_cuda_refuses_a_mixture_before_loading() -> None:
@@ -225,7 +226,7 @@ def test_cuda_refuses_a_mixture_before_loading() -> None:
     from modelc.runtime.backends.cuda_llama import build_cuda
 
     ir = load_model(moe_gguf(family="mixtral"))  # a llama GGUF: the architecture alone passes
-    with pytest.raises(ModelcError, match="mixture-of-experts models do not run on --device cuda"):
+    with pytest.raises(ModelcError, match="mixtures of experts, which --device cuda does not run"):
         build_cuda(ir, kv_mode="f16", max_context=None, max_concurrent=1, kv_budget_bytes=None)
     eng = build_engine(moe_gguf(), EngineOptions(device="auto", speculative=False))
-    assert isinstance(eng.lm, Llama)
+    assert isinstance(eng.lm, Decoder)

@@ -20,10 +20,10 @@ import trio
 from modelc.engine import EngineOptions, LLMEngine, build_engine
 from modelc.engine.api import FinishEvent, FinishReason, GenerationRequest
 from modelc.errors import UsageError
+from modelc.families.contract import rope_inv_freq
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
-from modelc.runtime.arch import Llama, build
-from modelc.runtime.arch.llama import rope_inv_freq
+from modelc.runtime.arch import Decoder, build
 from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.model import SeqChunk
 from modelc.runtime.sampling import SamplingParams
@@ -47,14 +47,14 @@ def ir() -> ModelIR:
     return load_model(smollm2_gguf())
 
 
-def build_llama(ir: ModelIR, backend: str) -> Llama:
+def build_llama(ir: ModelIR, backend: str) -> Decoder:
     m = build(ir, make_backend(backend))
-    assert isinstance(m, Llama)
+    assert isinstance(m, Decoder)
     return m
 
 
 @pytest.fixture(scope="module")
-def model(ir: ModelIR) -> Llama:
+def model(ir: ModelIR) -> Decoder:
     """The compiled kernels in f32-activation mode (fast); the numpy twins run in the slow tests."""
     return build_llama(ir, "cpu-exact")
 
@@ -66,7 +66,7 @@ def test_goldens_cover_the_issue() -> None:
 
 
 @pytest.mark.parametrize("i", FAST)
-def test_smollm2_matches_transformers(model: Llama, i: int) -> None:
+def test_smollm2_matches_transformers(model: Decoder, i: int) -> None:
     err, gen = check_record(model, RECORDS[i])
     assert err <= LOGPROB_TOL, f"prompt {i}: top-10 logprob error {err:.2e}"
     assert gen == RECORDS[i]["greedy"], (
@@ -93,7 +93,7 @@ def test_smollm2_all_prompts_numpy(ir: ModelIR) -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_all_prompts_cpu_exact_kernels(model: Llama) -> None:
+def test_smollm2_all_prompts_cpu_exact_kernels(model: Decoder) -> None:
     m = model
     for i, r in enumerate(RECORDS):
         err, gen = check_record(m, r)
@@ -101,7 +101,7 @@ def test_smollm2_all_prompts_cpu_exact_kernels(model: Llama) -> None:
         assert gen == r["greedy"], f"prompt {i}: diverges at {first_divergence(gen, r['greedy'])}"
 
 
-def test_batched_forward_equals_one_at_a_time(model: Llama) -> None:
+def test_batched_forward_equals_one_at_a_time(model: Decoder) -> None:
     """8 sequences of different lengths, prefill chunks and decode steps mixed in one batch.
 
     Tolerance: every logit within 1e-5 absolute (logits span about -5..20), and the same
@@ -147,7 +147,7 @@ def test_batched_forward_equals_one_at_a_time(model: Llama) -> None:
         assert caches[j].n == lengths[j]
 
 
-def test_logit_rows_selection(model: Llama) -> None:
+def test_logit_rows_selection(model: Decoder) -> None:
     toks = [1, 504, 3458, 282]
     all_rows = model.forward([SeqChunk(model.new_cache(), toks, (0, 1, 2, 3))])
     last = model.forward([SeqChunk(model.new_cache(), toks)])
@@ -167,7 +167,7 @@ KV_BOUNDS = {KVMode.INT8: (0.3, 14), KVMode.MIXED: (0.1, 22)}
 
 
 @pytest.mark.parametrize("mode", [KVMode.INT8, KVMode.MIXED])
-def test_quantized_kv_cache_on_a_prompt(model: Llama, mode: KVMode) -> None:
+def test_quantized_kv_cache_on_a_prompt(model: Decoder, mode: KVMode) -> None:
     r = RECORDS[5]  # "Water boils at a temperature of" (6 tokens; int8 error 0.06)
     err, gen = check_record(model, r, mode)
     assert err <= KV_BOUNDS[mode][0], f"{mode}: top-10 logprob error {err:.3f}"
@@ -180,7 +180,7 @@ def test_quantized_kv_cache_on_a_prompt(model: Llama, mode: KVMode) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [KVMode.INT8, KVMode.MIXED])
-def test_quantized_kv_cache_all_prompts(model: Llama, mode: KVMode) -> None:
+def test_quantized_kv_cache_all_prompts(model: Decoder, mode: KVMode) -> None:
     errs, matches = [], 0
     for r in RECORDS:
         err, gen = check_record(model, r, mode)
@@ -204,7 +204,7 @@ F16_LOGPROB_BOUND = 0.02
 F16_LOGIT_BOUND = 0.1
 
 
-def test_f16_kv_cache_close_to_f32(model: Llama) -> None:
+def test_f16_kv_cache_close_to_f32(model: Decoder) -> None:
     for i in FAST:
         r = RECORDS[i]
         err, gen = check_record(model, r, KVMode.F16)
@@ -221,7 +221,7 @@ def test_f16_kv_cache_close_to_f32(model: Llama) -> None:
 
 
 @pytest.mark.slow
-def test_f16_kv_cache_all_prompts(model: Llama) -> None:
+def test_f16_kv_cache_all_prompts(model: Decoder) -> None:
     errs, matches = [], 0
     for r in RECORDS:
         err, gen = check_record(model, r, KVMode.F16)
@@ -234,7 +234,7 @@ def test_f16_kv_cache_all_prompts(model: Llama) -> None:
     assert matches >= len(RECORDS) - 2
 
 
-def test_batched_forward_equals_one_at_a_time_f16(model: Llama) -> None:
+def test_batched_forward_equals_one_at_a_time_f16(model: Decoder) -> None:
     """With f16 caches, batching changes nothing either: bit-identical logits."""
     rng = np.random.default_rng(2)
     seqs = [rng.integers(0, model.n_vocab, n).tolist() for n in (5, 12, 1, 9)]
@@ -266,7 +266,7 @@ def test_batched_forward_equals_one_at_a_time_f16(model: Llama) -> None:
         np.testing.assert_array_equal(np.concatenate(got[j]), ref[j])
 
 
-def test_context_shift_with_f16_cache(model: Llama) -> None:
+def test_context_shift_with_f16_cache(model: Decoder) -> None:
     """An f16 cache's keys are re-rotated in f32 and rounded to f16 again: layer-0 keys
     match a fresh computation within f16 rounding (2^-11 relative, twice), values exactly."""
     toks = np.random.default_rng(1).integers(0, model.n_vocab, 40).tolist()
@@ -285,7 +285,7 @@ def test_context_shift_with_f16_cache(model: Llama) -> None:
     np.testing.assert_array_equal(v_shift, v_fresh)
 
 
-def test_context_shift_rerotates_keys_exactly(model: Llama) -> None:
+def test_context_shift_rerotates_keys_exactly(model: Decoder) -> None:
     """Layer-0 keys depend only on token and position, so after a shift they must equal
     a fresh computation of the kept tokens at their new positions."""
     toks = np.random.default_rng(1).integers(0, model.n_vocab, 40).tolist()

@@ -77,13 +77,13 @@ def _modules() -> dict[str, str]:
     """Where the runtime names the templates import live, relative to the package (read
     from the objects, so the templates follow modelc's own layout)."""
     from modelc.runtime.arch.bert import Bert, encoder_attention
+    from modelc.runtime.arch.decoder import Decoder
     from modelc.runtime.arch.gpt2 import GPT2
-    from modelc.runtime.arch.llama import Llama
     from modelc.runtime.arch.mlp import MLP
     from modelc.runtime.backends.cpu import CpuBackend
     from modelc.runtime.model import begin_step, end_step
 
-    objs: dict[str, Any] = {"Llama": Llama, "GPT2": GPT2, "Bert": Bert, "MLP": MLP}
+    objs: dict[str, Any] = {"Decoder": Decoder, "GPT2": GPT2, "Bert": Bert, "MLP": MLP}
     objs |= {"encoder_attention": encoder_attention}
     objs |= {"begin_step": begin_step, "end_step": end_step, "TYPE_CODES": CpuBackend}
     return {k: v.__module__.removeprefix("modelc.") for k, v in objs.items()}

@@ -15,8 +15,8 @@ from modelc.errors import UnsupportedError
 from modelc.formats.ir import DType, ModelIR
 from modelc.runtime.arch import FAMILIES
 from modelc.runtime.arch.bert import Bert
+from modelc.runtime.arch.decoder import FEATURES, Decoder, refuse_unsupported
 from modelc.runtime.arch.gpt2 import GPT2
-from modelc.runtime.arch.llama import Llama
 from modelc.runtime.arch.mlp import MLP
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends.cpu import TYPE_CODES, CpuBackend
@@ -41,39 +41,35 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
     )
 
 
-def _llama(m: Llama, be: CpuBackend) -> Spec:
-    if len(m.inv_freq) * 2 != m.head_dim:
-        raise _refuse("partial RoPE (rotary dims below the head size) is not compiled yet")
-    bias = [b.bq is not None for b in m.blocks]
-    qkn = [b.q_norm is not None for b in m.blocks]
-    if len(set(bias)) > 1 or len(set(qkn)) > 1:
+# what the generated decoder loop runs of the description (the rest is refused)
+COMPILE_RUNS = frozenset(FEATURES) - {"moe", "partial_rope"}
+
+
+def _decoder(m: Decoder, be: CpuBackend) -> Spec:
+    sp = m.spec
+    refuse_unsupported(sp, "modelc compile", COMPILE_RUNS, "serve this model with `modelc run`")
+    if len(set(sp.qkv_bias)) > 1 or len(set(sp.qk_norm)) > 1:
         raise _refuse("layers that differ in Q/K/V biases or Q/K norms are not compiled")
     types, fuse_qkv, fuse_gu, ffs = [], [], [], []
     for i, b in enumerate(m.blocks):
-        if b.w_gate is None or b.w_up is None or b.w_down is None:
-            raise _refuse("mixture-of-experts layers are not compiled yet")
+        assert b.w_gate is not None and b.w_up is not None and b.w_down is not None  # no moe
         ws = (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)
         ffs.append(b.w_gate.shape[0])
         types.append([_code(be, w, f"blk.{i} weights") for w in ws])
         fuse_qkv.append(_fused(ws[:3]))
         fuse_gu.append(_fused(ws[4:6]))
+    plain = {f: getattr(sp, f) for f in sp.__dataclass_fields__}
     return {
-        "n_layer": len(m.blocks),
-        "d": m.d,
-        "n_head": m.n_head,
-        "n_head_kv": m.n_head_kv,
-        "head_dim": m.head_dim,
-        "n_vocab": m.n_vocab,
-        "eps": float(m.eps),
-        "scale": float(m.scale),
-        "neox": bool(m.neox),
-        "window": int(m.window),  # the attention kernel's sliding window (Mistral); 0: none
+        "decoder": {k: list(v) if isinstance(v, tuple) else v for k, v in plain.items()},
+        **plain,
+        "windows": list(sp.windows),
+        "local_rope": list(sp.local_rope),
         "ff": ffs,
         "types": types,
         "fuse_qkv": fuse_qkv,
         "fuse_gu": fuse_gu,
-        "bias": bool(bias and bias[0]),
-        "qk_norm": bool(qkn and qkn[0]),
+        "bias": sp.qkv_bias[0],
+        "qk_norm": sp.qk_norm[0],
     }
 
 
@@ -129,7 +125,7 @@ def _mlp(m: MLP, be: CpuBackend) -> Spec:
 
 # the runtime class each template specialises (exactly: a subclass overrides the forward)
 _SPECS: dict[str, tuple[type, Any]] = {
-    "llama": (Llama, _llama),
+    "decoder": (Decoder, _decoder),
     "gpt2": (GPT2, _gpt2),
     "bert": (Bert, _bert),
     "mlp": (MLP, _mlp),
@@ -137,7 +133,7 @@ _SPECS: dict[str, tuple[type, Any]] = {
 
 
 def template_for(ir: ModelIR) -> str:
-    """The template name (``llama``, ``gpt2``, ``bert``, ``mlp``) for ``ir``'s family."""
+    """The template name (``decoder``, ``gpt2``, ``bert``, ``mlp``) for ``ir``'s family."""
     fam = FAMILIES.get(ir.architecture)
     for name, (cls, _) in _SPECS.items():
         if fam is not None and fam.model is cls:

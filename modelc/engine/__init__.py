@@ -38,15 +38,16 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     if opt.device in ("cpu", "webgpu", "metal"):
         return None
     from modelc.runtime.backends.cuda import cuda_unavailable, require_cuda
-    from modelc.runtime.backends.cuda_llama import CUDA_ARCHITECTURES, build_cuda
+    from modelc.runtime.backends.cuda_llama import build_cuda, cuda_host
 
-    if opt.device == "auto" and (
-        opt.kv_cache not in ("f16", "f32")
-        or ir.architecture not in CUDA_ARCHITECTURES
-        or ir.hparams.n_expert  # mixtures of experts run on the CPU
-        or cuda_unavailable() is not None
-    ):
-        return None
+    host = None
+    if opt.device == "auto":
+        if opt.kv_cache not in ("f16", "f32") or cuda_unavailable() is not None:
+            return None
+        try:  # what the GPU does not run (a mixture, say) stays on the CPU
+            host = cuda_host(ir)
+        except UnsupportedError:
+            return None
     require_cuda()
     return build_cuda(
         ir,
@@ -54,6 +55,7 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
         max_context=opt.max_context,
         max_concurrent=opt.max_concurrent,
         kv_budget_bytes=opt.kv_budget_bytes,
+        host=host,
     )
 
 

@@ -58,12 +58,35 @@ def _same(name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class DecoderTraits:
+    """How a decoder-only family's layers differ from LLaMA's, as data.
+
+    The one decoder (:class:`modelc.runtime.arch.decoder.Decoder`) builds every such family
+    from its traits and hyper-parameters into a :class:`~modelc.runtime.arch.decoder.DecoderSpec`
+    that every backend and ``modelc compile`` run; a family that fits these traits needs no
+    forward code of its own.  The numbers (windows, soft-caps, RoPE bases, experts) come from
+    :class:`~modelc.formats.ir.HParams`; what is here is what the file format does not say.
+    """
+
+    act: Literal["silu", "gelu_tanh"] = "silu"  # the gated FFN's activation
+    post_norms: bool = False  # RMSNorm of the attention / FFN outputs before the add (gemma)
+    embd_scale: bool = False  # embeddings times sqrt(n_embd) (gemma)
+    fused_qkv: bool = False  # blk.{i}.attn_qkv holds the Q, K and V rows (phi3)
+    fused_gate_up: bool = False  # blk.{i}.ffn_up holds the gate rows, then the up rows (phi3)
+    default_ctx: int = 2048  # the context when the file names none
+
+
+DECODER = "modelc.runtime.arch.decoder:Decoder"  # the runtime of every DecoderTraits family
+
+
+@dataclass(frozen=True, slots=True)
 class Family:
     """One architecture: recognition, config, tensor mapping, runtime and LoRA slots."""
 
     name: str  # modelc's architecture name (ModelIR.architecture), also its GGUF name
     kind: Kind  # "text": a causal LM; "embed": an encoder; "tensor": arrays in, arrays out
-    runtime: str  # "module:Class" of the forward, e.g. "modelc.runtime.arch.llama:Llama"
+    # "module:Class" of the forward; every DecoderTraits family runs the one decoder
+    runtime: str = DECODER
     gguf_arch: gguf.MODEL_ARCH | None = None  # tensor-name map; None: no GGUF form
     gguf_names: tuple[str, ...] = ()  # general.architecture values read as this family
     hf_classes: tuple[str, ...] = ()  # config.json "architectures"
@@ -86,6 +109,7 @@ class Family:
     lora_slots: Mapping[str, str] = field(default_factory=dict)  # "attn_q" -> "wq"
     lora_modules: re.Pattern[str] | None = None  # PEFT module names of this family
     lora_permute_qk: bool = False  # Q/K deltas need the GGUF interleaved-pair layout
+    decoder: DecoderTraits | None = None  # a decoder-only family: its layers, as data
 
     @property
     def model(self) -> Callable[[ModelIR, Any], Any]:

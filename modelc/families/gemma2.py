@@ -9,7 +9,8 @@ directory's norm weights get the 1 added when loaded.  ``pre_feedforward_layerno
 ``query_pre_attn_scalar``: as llama.cpp, the 27B sizes (gemma2 46 layers, gemma3 62) use
 ``n_embd / n_head``, the others ``head_dim``.  Windowed layers: ``layer_types`` of
 ``config.json``, else every layer but each ``pattern``-th (2 for gemma2, 6 for gemma3,
-llama.cpp's ``set_swa_pattern``).  The forward is :class:`modelc.runtime.arch.gemma2.Gemma`.
+llama.cpp's ``set_swa_pattern``).  The forward is the one decoder
+(:class:`modelc.runtime.arch.decoder.Decoder`) with :data:`GEMMA_DECODER`'s traits.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from typing import Any
 import gguf
 import numpy as np
 
-from modelc.families.contract import Family, GGUFMeta, activation, hf_rope, renamed
+from modelc.families.contract import (
+    DecoderTraits,
+    Family,
+    GGUFMeta,
+    activation,
+    hf_rope,
+    renamed,
+)
 from modelc.families.llama import HF_LLAMA_MODULES, LLAMA_LORA_SLOTS
 from modelc.formats.ir import HParams, Tensor
 
@@ -109,6 +117,9 @@ def _from_gguf(
     gemma_gguf(m, hp, 2, 46, softcap=True)
 
 
+# Gemma's layers: GELU (tanh), norms after attention and FFN, embeddings scaled by sqrt(d)
+GEMMA_DECODER = DecoderTraits(act="gelu_tanh", post_norms=True, embd_scale=True, default_ctx=8192)
+
 GEMMA_REQUIRED = (
     "attn_norm.weight",
     "attn_q.weight",
@@ -135,7 +146,7 @@ def gemma_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
 FAMILY = Family(
     name="gemma2",
     kind="text",
-    runtime="modelc.runtime.arch.gemma2:Gemma",
+    decoder=GEMMA_DECODER,
     gguf_arch=gguf.MODEL_ARCH.GEMMA2,
     gguf_names=("gemma2",),
     hf_classes=("Gemma2ForCausalLM", "Gemma2Model"),

@@ -1,4 +1,4 @@
-"""Gemma 3 (text, dense): the Gemma forward (:mod:`modelc.runtime.arch.gemma2`) with per-head Q/K RMSNorms
+"""Gemma 3 (text, dense): Gemma 2's traits (the one decoder) with per-head Q/K RMSNorms
 (``blk.{i}.attn_q_norm`` / ``attn_k_norm``, stored ``w + 1`` like every Gemma norm), no
 attention soft-capping, and five windowed layers to one global (layer 5, 11, ...).
 
@@ -22,6 +22,7 @@ import gguf
 
 from modelc.families.contract import Family, GGUFMeta, gguf_rope, hf_rope
 from modelc.families.gemma2 import (
+    GEMMA_DECODER,
     GEMMA_REQUIRED,
     add_one_to_norms,
     gemma_config,
@@ -70,7 +71,7 @@ def _rename(name: str) -> str:
 FAMILY = Family(
     name="gemma3",
     kind="text",
-    runtime="modelc.runtime.arch.gemma2:Gemma",
+    decoder=GEMMA_DECODER,
     gguf_arch=gguf.MODEL_ARCH.GEMMA3,
     gguf_names=("gemma3",),
     hf_classes=("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),

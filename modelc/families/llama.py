@@ -1,6 +1,6 @@
 """LLaMA (and Mistral): how modelc recognises, configures and maps the family.
 
-The forward is :class:`modelc.runtime.arch.llama.Llama`.  HF Q/K rows are permuted to
+The forward is the one decoder (:class:`modelc.runtime.arch.decoder.Decoder`).  HF Q/K rows are permuted to
 GGUF's interleaved RoPE pairs as ``convert_hf_to_gguf.py`` does; ``sliding_window``
 (Mistral) is read from ``config.json`` or ``llama.attention.sliding_window``.
 """
@@ -14,6 +14,7 @@ from typing import Any
 import gguf
 
 from modelc.families.contract import (
+    DecoderTraits,
     Family,
     GGUFMeta,
     Shapes,
@@ -128,7 +129,7 @@ HF_LLAMA_MODULES = re.compile(r"(^|\.)layers\.\d+\.(self_attn|mlp)\.")
 FAMILY = Family(
     name="llama",
     kind="text",
-    runtime="modelc.runtime.arch.llama:Llama",
+    decoder=DecoderTraits(),
     gguf_arch=gguf.MODEL_ARCH.LLAMA,
     gguf_names=("llama",),
     hf_classes=("LlamaForCausalLM", "LlamaModel", "MistralForCausalLM", "MixtralForCausalLM"),

@@ -6,7 +6,8 @@ Tensors as llama.cpp's ``convert_hf_to_gguf.py`` writes them for ``phi3``: HF's
 is permuted (NeoX RoPE).  LongRoPE (``rope_scaling.type`` ``longrope`` or the older
 ``su``): the short/long factors and cos/sin factor, from ``config.json`` or from GGUF's
 ``rope_factors_long`` / ``rope_factors_short`` tensors (read into the hyper-parameters,
-not kept as weights).  The forward is :class:`modelc.runtime.arch.phi3.Phi3`.
+not kept as weights).  The forward is the one decoder
+(:class:`modelc.runtime.arch.decoder.Decoder`), its fused tensors split into row views.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import gguf
 import numpy as np
 
 from modelc.errors import UnsupportedError
-from modelc.families.contract import Family, GGUFMeta
+from modelc.families.contract import DecoderTraits, Family, GGUFMeta
 from modelc.families.llama import FAMILY as LLAMA
 from modelc.families.llama import gguf_hparams
 from modelc.formats.ir import HParams, RopeScaling, Tensor
@@ -79,7 +80,7 @@ def _shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
 FAMILY = Family(
     name="phi3",
     kind="text",
-    runtime="modelc.runtime.arch.phi3:Phi3",
+    decoder=DecoderTraits(fused_qkv=True, fused_gate_up=True),
     gguf_arch=gguf.MODEL_ARCH.PHI3,
     gguf_names=("phi3",),
     hf_classes=("Phi3ForCausalLM",),

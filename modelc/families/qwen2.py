@@ -14,7 +14,7 @@ from typing import Any
 
 import gguf
 
-from modelc.families.contract import Family, GGUFMeta
+from modelc.families.contract import DecoderTraits, Family, GGUFMeta
 from modelc.families.llama import FAMILY as LLAMA
 from modelc.families.llama import (
     HF_LLAMA_MODULES,
@@ -44,7 +44,7 @@ def neox_gguf(
 FAMILY = Family(
     name="qwen2",
     kind="text",
-    runtime="modelc.runtime.arch.llama:Llama",
+    decoder=DecoderTraits(),
     gguf_arch=gguf.MODEL_ARCH.QWEN2,
     gguf_names=("qwen2",),
     hf_classes=("Qwen2ForCausalLM", "Qwen2Model"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gguf
 
-from modelc.families.contract import Family
+from modelc.families.contract import DecoderTraits, Family
 from modelc.families.llama import FAMILY as LLAMA
 from modelc.families.llama import (
     HF_LLAMA_MODULES,
@@ -23,7 +23,7 @@ from modelc.families.qwen2 import neox_config, neox_gguf
 FAMILY = Family(
     name="qwen3",
     kind="text",
-    runtime="modelc.runtime.arch.llama:Llama",
+    decoder=DecoderTraits(),
     gguf_arch=gguf.MODEL_ARCH.QWEN3,
     gguf_names=("qwen3",),
     hf_classes=("Qwen3ForCausalLM", "Qwen3Model"),

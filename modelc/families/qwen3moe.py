@@ -19,7 +19,7 @@ from typing import Any
 import gguf
 
 from modelc.errors import UnsupportedError
-from modelc.families.contract import Family
+from modelc.families.contract import DecoderTraits, Family
 from modelc.families.llama import FAMILY as LLAMA
 from modelc.families.llama import LLAMA_REQUIRED, llama_shapes
 from modelc.families.qwen2 import neox_config, neox_gguf
@@ -45,7 +45,7 @@ def _from_config(cfg: Mapping[str, Any]) -> HParams:
 FAMILY = Family(
     name="qwen3moe",
     kind="text",
-    runtime="modelc.runtime.arch.llama:Llama",
+    decoder=DecoderTraits(),
     gguf_arch=gguf.MODEL_ARCH.QWEN3MOE,
     gguf_names=("qwen3moe",),
     hf_classes=("Qwen3MoeForCausalLM",),

@@ -1,11 +1,13 @@
-"""The llama family (llama, mistral, qwen2, qwen3, phi3) and Gemma 2 / 3 on the GPU.
+"""The decoder on the GPU: every decoder-only family, run from its one description.
 
-One forward for all, driven by what the host model (:class:`Llama`, :class:`Phi3` or
-:class:`Gemma`, which checks the hyper-parameters and holds host views of the weights)
-has: per-head Q/K norms (qwen3, gemma3), Gemma's embedding scale, norms after attention
-and FFN, GELU, windowed layers with their own RoPE base, and soft-capped scores and logits
-(gemma2).  A Phi-3 whose LongRoPE has long factors runs within its original context (its
-short factors), as llama.cpp does at that context size.
+The host model (:class:`~modelc.runtime.arch.decoder.Decoder`, built on the numpy backend:
+it checks the hyper-parameters and holds host views of the weights) gives the
+:class:`~modelc.runtime.arch.decoder.DecoderSpec` this forward runs, with no family code
+of its own: per-head Q/K norms, the embedding scale, norms after attention and FFN, GELU,
+windowed layers with their own RoPE base, soft-capped scores and logits.  What the GPU does
+not run yet (:data:`CUDA_RUNS` leaves it out) is refused in one place, before any GPU work.
+A model with LongRoPE long factors runs within its original context (its short factors),
+as llama.cpp does at that context size.
 
 Weights are uploaded once in their GGUF blocks (Q/K/V stacked into one matrix, gate/up
 into another), every sequence's KV cache lives in device memory
@@ -31,14 +33,13 @@ from typing import Any
 import numpy as np
 
 from modelc.errors import CapacityError, UnsupportedError, UsageError
-from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
-from modelc.runtime.arch.gemma2 import Gemma
-from modelc.runtime.arch.llama import Llama
-from modelc.runtime.arch.phi3 import long_rope_after
+from modelc.runtime.arch import build
+from modelc.runtime.arch.decoder import FEATURES, Decoder, DecoderBlock, refuse_unsupported
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
+from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
 
@@ -67,7 +68,7 @@ def check_fits(weights: int, kv_per_seq: int, n_seqs: int, free: int, what: str)
 
 
 class _Layer:
-    def __init__(self, be: CudaBackend, b: Any, window: int, inv_freq: Any) -> None:
+    def __init__(self, be: CudaBackend, b: DecoderBlock, window: int, inv_freq: Any) -> None:
         cp = be.cp
 
         def vec(a: Any) -> Any:
@@ -77,15 +78,14 @@ class _Layer:
         self.ffn_norm = cp.asarray(b.ffn_norm)
         self.wqkv = be.dev.upload([b.wq, b.wk, b.wv])
         self.wo = be.dev.upload([b.wo])
+        assert b.w_gate is not None and b.w_up is not None and b.w_down is not None  # no moe
         self.wgu = be.dev.upload([b.w_gate, b.w_up])
         self.wdown = be.dev.upload([b.w_down])
-        bq = getattr(b, "bq", None)
-        self.bias = None if bq is None else cp.asarray(np.concatenate([bq, b.bk, b.bv]))
+        bias = None if b.bq is None else np.concatenate([b.bq, b.bk, b.bv])
+        self.bias = None if bias is None else cp.asarray(bias)
         self.q_norm, self.k_norm = vec(b.q_norm), vec(b.k_norm)  # (hd,) each, or None
-        if self.bias is not None and self.q_norm is not None:
-            raise UnsupportedError("QKV biases with Q/K norms are not supported on --device cuda")
-        self.post_attn_norm = vec(getattr(b, "post_attn_norm", None))  # gemma
-        self.post_ffw_norm = vec(getattr(b, "post_ffw_norm", None))
+        self.post_attn_norm = vec(b.post_attn_norm)  # (d,) or None
+        self.post_ffw_norm = vec(b.post_ffw_norm)
         self.window, self.inv_freq = window, inv_freq
         self.ff = int(b.w_gate.shape[0])
 
@@ -103,33 +103,52 @@ def gemv_rows_for(weight_bytes: int) -> int:
     return 16 * max(1, min(16, int(1.2e9 // max(weight_bytes, 1))))
 
 
+# what the GPU forward runs of the decoder's description (the rest is refused)
+CUDA_RUNS = frozenset(FEATURES) - {"moe", "partial_rope", "qkv_bias+qk_norm"}
+
+
+def cuda_host(ir: ModelIR) -> Decoder:
+    """The host model of ``ir`` (numpy backend: no GPU work), after refusing in one line
+    what the GPU does not run."""
+    host = build(ir, NumpyBackend())
+    if not isinstance(host, Decoder):
+        raise UnsupportedError(
+            f"{ir.architecture} models do not run on --device cuda yet; use --device cpu"
+        )
+    refuse_unsupported(host.spec, "--device cuda", CUDA_RUNS, "use --device cpu")
+    return host
+
+
 class CudaLlama(CausalLM):
-    """A llama-family :class:`~modelc.runtime.model.LanguageModel` computing on the GPU."""
+    """A decoder :class:`~modelc.runtime.model.LanguageModel` computing on the GPU."""
 
     def __init__(
-        self, ir: ModelIR, backend: CudaBackend, *, kv_bytes: int = 0, n_seqs: int = 0
+        self,
+        ir: ModelIR,
+        backend: CudaBackend,
+        *,
+        kv_bytes: int = 0,
+        n_seqs: int = 0,
+        host: Decoder | None = None,
     ) -> None:
-        refuse_experts(ir)
-        # the family's CPU model: hyper-parameters, checks and host views of the weights
-        host = FAMILIES[ir.architecture].model(ir, backend)
-        if not isinstance(host, Llama | Gemma):
-            raise UnsupportedError(f"{ir.architecture} models do not run on --device cuda yet")
-        gemma = isinstance(host, Gemma)
-        self.architecture = host.architecture
+        # the description and host views of the weights
+        host = host if host is not None else cuda_host(ir)
+        sp = host.spec
+        self.architecture = sp.architecture
         self.hparams: HParams = host.hparams
-        self.n_vocab, self.d, self.n_ctx = host.n_vocab, host.d, cuda_n_ctx(ir, host.n_ctx)
-        self.nh, self.nkv, self.hd = host.n_head, host.n_head_kv, host.head_dim
-        self.eps, self.scale = host.eps, host.scale
-        self.neox = True if gemma else bool(getattr(host, "neox", False))
-        self.gelu = gemma
-        self.embd_scale = float(host.embd_scale) if isinstance(host, Gemma) else 0.0
-        self.attn_softcap = float(host.hparams.attn_softcap)  # gemma2's; 0 elsewhere
-        self.final_softcap = float(host.hparams.final_softcap)
-        n_layer = len(host.blocks)
-        windows = list(host.kv_windows) or [0] * n_layer
-        local = getattr(host, "inv_freq_local", host.inv_freq)  # gemma3's windowed layers
-        self.inv_freq_host = [local if w else host.inv_freq for w in windows]
-        self.kv_shape = KVShape(len(host.blocks), self.nkv, self.hd)
+        self.n_vocab, self.d, self.n_ctx = sp.n_vocab, sp.d, cuda_n_ctx(sp.n_ctx, host)
+        self.nh, self.nkv, self.hd = sp.n_head, sp.n_head_kv, sp.head_dim
+        self.eps, self.scale = sp.eps, sp.scale
+        self.neox = sp.neox
+        self.gelu = sp.act == "gelu_tanh"
+        self.embd_scale = sp.embd_scale
+        self.attn_softcap = sp.attn_softcap
+        self.final_softcap = sp.final_softcap
+        windows = sp.windows
+        self.inv_freq_host = [
+            host.inv_freq_local if loc else host.inv_freq for loc in sp.local_rope
+        ]
+        self.kv_shape = KVShape(sp.n_layer, self.nkv, self.hd)
         self.be, self.dev, self.cp = backend, backend.dev, backend.cp
         cp = self.cp
         weights = sum(int(np.asarray(w.data).nbytes) for b in host.blocks for w in _mats(b))
@@ -346,7 +365,7 @@ class CudaLlama(CausalLM):
         return out
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
-        """As :meth:`Llama.shift_context`, the moved keys re-rotated through the host."""
+        """As :meth:`Decoder.shift_context`, the moved keys re-rotated through the host."""
         self.stream.synchronize()
         cache.shift(n_keep, n_discard)
         delta = np.full(max(cache.n - n_keep, 0), -n_discard, np.int64)
@@ -359,25 +378,13 @@ class CudaLlama(CausalLM):
             cache.update_keys(n_keep, rerotate)
 
 
-def _mats(b: Any) -> list[Any]:
+def _mats(b: DecoderBlock) -> list[Any]:
     return [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down]
 
 
-CUDA_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
-
-
-def refuse_experts(ir: ModelIR) -> None:
-    """UnsupportedError for a mixture of experts (a Mixtral is a ``llama`` GGUF, so the
-    architecture alone does not say)."""
-    if ir.hparams.n_expert or "blk.0.ffn_gate_inp.weight" in ir.tensors:
-        raise UnsupportedError(
-            "mixture-of-experts models do not run on --device cuda yet; use --device cpu"
-        )
-
-
-def cuda_n_ctx(ir: ModelIR, n_ctx: int) -> int:
-    """The context on the GPU: a Phi-3 with LongRoPE long factors stops at its original."""
-    after = long_rope_after(ir.hparams) if ir.architecture == "phi3" else 0
+def cuda_n_ctx(n_ctx: int, host: Decoder) -> int:
+    """The context on the GPU: a model with LongRoPE long factors stops at its original."""
+    after = host.spec.long_rope_after
     return min(n_ctx, after) if after else n_ctx
 
 
@@ -388,6 +395,7 @@ def build_cuda(
     max_context: int | None,
     max_concurrent: int,
     kv_budget_bytes: int | None,
+    host: Decoder | None = None,
 ) -> CudaLlama:
     """The GPU-resident model for the engine, after checking that its weights and the KV
     caches of ``max_concurrent`` full-length sequences fit in free GPU memory."""
@@ -397,18 +405,10 @@ def build_cuda(
         raise UsageError(
             f"--kv-cache {kv_mode} is not supported with --device cuda; use f16 or f32"
         )
-    refuse_experts(ir)
-    if ir.architecture not in CUDA_ARCHITECTURES:
-        raise UnsupportedError(
-            f"{ir.architecture} models do not run on --device cuda yet "
-            f"({', '.join(CUDA_ARCHITECTURES)} do); use --device cpu"
-        )
-    hp = ir.hparams
-    n_head_kv = hp.n_head_kv or hp.n_head
-    hd = hp.head_dim or (hp.n_embd // max(hp.n_head, 1))
-    n_ctx = cuda_n_ctx(ir, hp.n_ctx or 2048)
+    host = host if host is not None else cuda_host(ir)  # refuses before any GPU work
+    n_ctx = cuda_n_ctx(host.n_ctx, host)
     ctx = min(max_context or n_ctx, n_ctx)
-    per_seq = KVShape(hp.n_layer, n_head_kv, hd).bytes_per_token(KVMode(kv_mode)) * ctx
+    per_seq = host.kv_shape.bytes_per_token(KVMode(kv_mode)) * ctx
     if kv_budget_bytes is not None:
         per_seq, max_concurrent = kv_budget_bytes, 1
-    return CudaLlama(ir, CudaBackend(), kv_bytes=per_seq, n_seqs=max_concurrent)
+    return CudaLlama(ir, CudaBackend(), kv_bytes=per_seq, n_seqs=max_concurrent, host=host)
