@@ -9,7 +9,9 @@ arithmetic as written, so batched and single-row results are bit-identical.
 
 The C kernels are compiled as several translation units (``cyx/mc_unit_*.c``, see
 ``cyx/mc_common.h``) beside the Cython wrapper, in parallel on every CPU this process
-may use, one line on stderr per unit compiled (``pip install -v`` shows them).
+may use, one line on stderr per unit compiled (``pip install -v`` shows them).  Without
+``--debug`` they carry no debug information (``-g0``: the same machine code, a third less
+compile time); the wrapper, which holds no kernel, is compiled at ``-O2`` (a fifth less).
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class ParallelBuildExt(build_ext):
     prints one progress line per source to stderr."""
 
     def build_extension(self, ext: Extension) -> None:
+        if not SPLIT:  # one unit (MSVC): setuptools' own compile
+            super().build_extension(ext)
+            return
         cc: Any = self.compiler
         jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 0 else _jobs()
 
@@ -80,14 +85,21 @@ class ParallelBuildExt(build_ext):
                 output_dir, macros, include_dirs, sources, depends, extra_postargs
             )
             cc_args = cc._get_cc_args(pp_opts, debug, extra_preargs)
-            todo = [(obj, *build[obj]) for obj in objects if obj in build]
+            extra = [*extra, *([] if self.debug else ["-g0"])]
+            # the units in UNITS' order, then the wrapper
+            todo = sorted(
+                ((obj, *build[obj]) for obj in objects if obj in build),
+                key=lambda item: UNITS.index(item[1]) if item[1] in UNITS else len(UNITS),
+            )
             start = time.monotonic()
             _say(f"modelc: compiling {len(todo)} C units, {min(jobs, len(todo))} at a time")
 
             def one(item: tuple[str, str, str]) -> None:
                 obj, src, src_ext = item
                 t0 = time.monotonic()
-                cc._compile(obj, src, src_ext, cc_args, extra, pp_opts)
+                cc._compile(
+                    obj, src, src_ext, cc_args, extra + ([] if src in UNITS else ["-O2"]), pp_opts
+                )
                 took, total = time.monotonic() - t0, time.monotonic() - start
                 _say(f"modelc:   {Path(src).name} compiled in {took:.0f} s ({total:.0f} s so far)")
 
