@@ -9,7 +9,7 @@ arithmetic as written, so batched and single-row results are bit-identical.
 
 The C kernels are compiled as several translation units (``cyx/mc_unit_*.c``, see
 ``cyx/mc_common.h``) beside the Cython wrapper, in parallel on every CPU this process
-may use, one line on stderr per unit compiled (``pip install -v`` shows them).  Without
+may use, one progress line per unit on the terminal (stderr where there is none).  Without
 ``--debug`` they carry no debug information (``-g0``: the same machine code, a third less
 compile time); the wrapper, which holds no kernel, is compiled at ``-O2`` (a fifth less).
 """
@@ -62,7 +62,7 @@ def _jobs() -> int:
 class ParallelBuildExt(build_ext):
     """``build_ext`` that compiles an extension's C sources in parallel (one compiler
     process per source, as many at once as there are CPUs, or ``--parallel N``) and
-    prints one progress line per source to stderr."""
+    prints one progress line per source (``_say``)."""
 
     def build_extension(self, ext: Extension) -> None:
         if not SPLIT:  # one unit (MSVC): setuptools' own compile
@@ -113,7 +113,13 @@ class ParallelBuildExt(build_ext):
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """A progress line on the terminal: pip hides a build's output unless -v, so where there
+    is one the line goes to it directly (once, -v or not); elsewhere (CI) to stderr."""
+    try:
+        with open("/dev/tty", "w") as tty:
+            print(line, file=tty, flush=True)
+    except OSError:
+        print(line, file=sys.stderr, flush=True)
 
 
 def extensions() -> list[Extension]:
