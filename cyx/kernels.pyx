@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Cython wrappers over the C kernels in ``mc_quant.h`` and ``mc_ops.h``.
+"""Cython wrappers over the C kernels declared in ``mc_api.h`` (``mc_quant.h``, ``mc_ops.h``).
 
 Every wrapper releases the GIL around its C call.  Shapes and dtypes are checked
 by ``modelc.runtime.backends.cpu``; here only what would corrupt memory is checked.
@@ -12,7 +12,7 @@ from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 
 
-cdef extern from "mc_quant.h" nogil:
+cdef extern from "mc_api.h" nogil:
     int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                   int n, float *y, int simd, int nth, float tol)
     int mc_matmul_aux(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
@@ -30,11 +30,11 @@ cdef extern from "mc_quant.h" nogil:
     int mc_num_procs()
     int mc_release_pages(const void *p, size_t n)
 
-cdef extern from "mc_pool.h" nogil:
+cdef extern from "mc_api.h" nogil:
     void mc_pool_backoff(int on)
     void mc_pool_stats(long long out[3])
 
-cdef extern from "mc_ops.h" nogil:
+cdef extern from "mc_api.h" nogil:
     void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps, int nth)
     void mc_layer_norm(const float *x, const float *w, const float *b, float *y, int n, int d,
                        float eps, int nth)

@@ -16,6 +16,44 @@
 #include <unistd.h>
 #endif
 
+/* Translation units.  setup.py compiles the kernels as several units in parallel
+ * (MC_SPLIT): each cyx/mc_unit_*.c sets one MC_UNIT_* to 1 and compiles the kernels of
+ * that unit, which the other units see declared only (MC_SHARED: linked between the
+ * units, not exported from the module).  Without MC_SPLIT one unit compiles everything,
+ * every function static (check_simd_impl.c, a modelc compile project's kernels.pyx).
+ *   MC_UNIT_CORE  the entry points of mc_api.h, dispatch, the single-row kernels, the
+ *                 float and K-wide GEMMs, ops, attention, the thread pool
+ *   MC_UNIT_VNNI  the VNNI kernels on repacked weights (mc_gemm_vnni.h, mc_gemm_kx8.h)
+ *   MC_UNIT_AVX2  their AVX2 twins
+ *   MC_UNIT_ZMM   the 512-bit kernels (mc_gemm_zmm.h, mc_gemm_zmm41.h) */
+#if defined(MC_SPLIT)
+#define MC_SHARED __attribute__((visibility("hidden")))
+#else
+#define MC_SHARED static
+#define MC_UNIT_CORE 1
+#define MC_UNIT_VNNI 1
+#define MC_UNIT_AVX2 1
+#define MC_UNIT_ZMM 1
+#endif
+#ifndef MC_UNIT_CORE
+#define MC_UNIT_CORE 0
+#endif
+#ifndef MC_UNIT_VNNI
+#define MC_UNIT_VNNI 0
+#endif
+#ifndef MC_UNIT_AVX2
+#define MC_UNIT_AVX2 0
+#endif
+#ifndef MC_UNIT_ZMM
+#define MC_UNIT_ZMM 0
+#endif
+/* an entry point of mc_api.h: defined by the core unit, a static copy elsewhere (unused) */
+#if MC_UNIT_CORE
+#define MC_API MC_SHARED
+#else
+#define MC_API static
+#endif
+
 #if defined(__x86_64__) || defined(_M_X64)
 #define MC_X86 1
 #include <immintrin.h>
@@ -338,7 +376,7 @@ static void *mc_scratch(int slot, size_t bytes) {
 }
 
 /* Best SIMD level this CPU runs. */
-static int mc_simd_best(void) {
+MC_API int mc_simd_best(void) {
 #if defined(MC_X86)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -357,7 +395,7 @@ static int mc_simd_best(void) {
 #endif
 }
 
-static int mc_num_procs(void) {
+MC_API int mc_num_procs(void) {
 #if defined(_SC_NPROCESSORS_ONLN)
     const long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
@@ -369,7 +407,7 @@ static int mc_num_procs(void) {
 /* Ask the kernel to reclaim the whole pages inside [p, p + n) of a file mapping (their
  * contents stay: a later read faults them back in).  For weights that a repacked copy
  * has replaced.  Returns 0, or -1 where not supported or refused. */
-static int mc_release_pages(const void *p, size_t n) {
+MC_API int mc_release_pages(const void *p, size_t n) {
 #if defined(MADV_PAGEOUT) && defined(_SC_PAGESIZE)
     const long ps = sysconf(_SC_PAGESIZE);
     if (ps <= 0) return -1;

@@ -86,7 +86,7 @@ static mc_dot_fn mc_pick_dot(int t, int simd) {
 }
 
 /* whether mc_matmul has a kernel for type t at `simd` */
-static int mc_has_kernel(int t, int simd) { return mc_pick_dot(t, simd) != NULL; }
+MC_API int mc_has_kernel(int t, int simd) { return mc_pick_dot(t, simd) != NULL; }
 
 static mc_dot4_fn mc_pick_dot4(int t, int simd) {
 #if defined(MC_X86)

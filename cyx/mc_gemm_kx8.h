@@ -1,8 +1,9 @@
 /* Q2_K to Q6_K on repacked weights, 8 weight rows x na <= 8 x rows (mc_repacked_fn),
  * included twice by mc_gemm_vnni.h: once for AVX512-VNNI on 256-bit registers and once for
- * AVX2.  Expects MC_TGT (target attribute), MC_SFX(name) (name suffix), MC_KX_SCW /
- * MC_KX_SCALE16 (a 16-column sub-block's sum times its scale: mc_kx8_scale_add, or
- * vpmulld), and the exact integer sums of the 8 weight rows against one x row, lane j: row j:
+ * AVX2.  Expects MC_TGT (target attribute), MC_TGT_UNIT (its unit, mc_common.h),
+ * MC_SFX(name) (name suffix), MC_KX_SCW / MC_KX_SCALE16 (a 16-column sub-block's sum times
+ * its scale: mc_kx8_scale_add, or vpmulld), and the exact integer sums of the 8 weight rows
+ * against one x row, lane j: row j:
  *   MC_KX_SUM8(u, xd, wide): sum over k < 8 of u[k] . (x dword xd[k] broadcast), u[k]
  *     unsigned and < 16 (< 32 where the constant `wide` is set: Q5_K);
  *   MC_KX_SUM4(u, xd): the same over k < 4, u[k] < 64.
@@ -161,8 +162,8 @@ MC_SUB16X8_BODY(mc_gemm_q3kx8_body, MC_Q3_K)
 MC_SUB16X8_BODY(mc_gemm_q6kx8_body, MC_Q6_K)
 #undef MC_SUB16X8_BODY
 
-MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q4kx8), MC_SFX(mc_gemm_q4kx8_body))
-MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q3kx8), MC_SFX(mc_gemm_q3kx8_body))
-MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q2kx8), MC_SFX(mc_gemm_q2kx8_body))
-MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q5kx8), MC_SFX(mc_gemm_q5kx8_body))
-MC_REPACKED_FN(MC_TGT, MC_SFX(mc_gemm_q6kx8), MC_SFX(mc_gemm_q6kx8_body))
+MC_REPACKED_FN(MC_TGT_UNIT, MC_TGT, MC_SFX(mc_gemm_q4kx8), MC_SFX(mc_gemm_q4kx8_body))
+MC_REPACKED_FN(MC_TGT_UNIT, MC_TGT, MC_SFX(mc_gemm_q3kx8), MC_SFX(mc_gemm_q3kx8_body))
+MC_REPACKED_FN(MC_TGT_UNIT, MC_TGT, MC_SFX(mc_gemm_q2kx8), MC_SFX(mc_gemm_q2kx8_body))
+MC_REPACKED_FN(MC_TGT_UNIT, MC_TGT, MC_SFX(mc_gemm_q5kx8), MC_SFX(mc_gemm_q5kx8_body))
+MC_REPACKED_FN(MC_TGT_UNIT, MC_TGT, MC_SFX(mc_gemm_q6kx8), MC_SFX(mc_gemm_q6kx8_body))

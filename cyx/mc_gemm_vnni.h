@@ -43,7 +43,7 @@ static inline int mc_gemm_type(int t) {
 
 /* Bytes of 8 repacked rows per 32 columns (mc_q41x8 / mc_q80x8; the K-quants: an eighth of
  * mc_q2kx8 .. mc_q6kx8, which cover 256 columns); 0: type not repacked */
-static inline size_t mc_repack_block_bytes(int t) {
+MC_API size_t mc_repack_block_bytes(int t) {
     switch (t) {
     case MC_Q4_1: return sizeof(mc_q41x8);
     case MC_Q8_0: return sizeof(mc_q80x8);
@@ -69,7 +69,7 @@ static inline int mc_repack_cx(int t, int simd) {
 
 /* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0, Q2_K
  * to Q6_K, IQ4_NL and IQ4_XS, with VNNI or AVX2 */
-static inline int mc_repack_simd(int t, int simd) {
+MC_API int mc_repack_simd(int t, int simd) {
     return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && mc_repack_block_bytes(t) != 0;
 }
 
@@ -252,7 +252,7 @@ static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int
 /* Q4_1 or Q8_0 rows (`st` bytes apart) repacked 8 at a time (out: ceil(M / 8) groups of
  * K / 32 blocks of mc_repack_block_bytes(t); a last group past row M - 1 repeats that
  * row), as the repacked kernels read them. */
-static void mc_gemm_repack(int t, const uint8_t *W, int64_t st, int M, int K, void *out) {
+MC_API void mc_gemm_repack(int t, const uint8_t *W, int64_t st, int M, int K, void *out) {
     const int nb = K / 32;
     for (int g = 0; g < (M + 7) / 8; g++)
         for (int j = 0; j < 8; j++)
@@ -757,12 +757,18 @@ mc_gemm_iq4xsx8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const
     default: body(__VA_ARGS__, 8); break;                                                          \
     }
 
-/* the kernels specialized per x row count (1 .. 8), as mc_repacked_fn */
-#define MC_REPACKED_FN(target, name, body)                                                        \
-    target static void name(int na, int nb, const void *w, const mc_q8 *const x[8],                \
-                            const int32_t *const cx[8], float *y, size_t ldy, int nr) {            \
+/* the kernels specialized per x row count (1 .. 8), as mc_repacked_fn: compiled where
+ * `unit` (MC_UNIT_VNNI or MC_UNIT_AVX2, see mc_common.h) is this one, else declared */
+#define MC_REPACKED_FN(unit, target, name, body) MC_REPACKED_FN_(unit, target, name, body)
+#define MC_REPACKED_FN_(unit, target, name, body) MC_REPACKED_FN_##unit(target, name, body)
+#define MC_REPACKED_FN_1(target, name, body)                                                      \
+    target MC_SHARED void name(int na, int nb, const void *w, const mc_q8 *const x[8],             \
+                               const int32_t *const cx[8], float *y, size_t ldy, int nr) {         \
         MC_BY_NA(na, body, nb, w, x, cx, y, ldy, nr)                                               \
     }
+#define MC_REPACKED_FN_0(target, name, body)                                                      \
+    MC_SHARED void name(int na, int nb, const void *w, const mc_q8 *const x[8],                    \
+                        const int32_t *const cx[8], float *y, size_t ldy, int nr);
 
 /* ---- Q2_K to Q6_K on repacked weights (mc_q2kx8 .. mc_q6kx8; mc_gemm_kx8.h), VNNI and AVX2:
  * per 256-column block and x row the exact integer sums of the 8 weight rows in the 8 lanes
@@ -1049,6 +1055,7 @@ mc_gemm_q51x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const i
 #undef MC_Q51X8_BODY
 
 #define MC_TGT MC_VNNI
+#define MC_TGT_UNIT MC_UNIT_VNNI
 #define MC_SFX(name) name
 #define MC_KX_SUM8(u, xd, wide) mc_dpbusd8(u, xd)
 #define MC_KX_SUM4(u, xd) mc_dpbusd4(u, xd)
@@ -1056,6 +1063,7 @@ mc_gemm_q51x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const i
 #define MC_KX_SCALE16(acc, s, scw, q6) mc_kx8_scale_add(acc, s, scw, q6)
 #include "mc_gemm_kx8.h"
 #undef MC_TGT
+#undef MC_TGT_UNIT
 #undef MC_SFX
 #undef MC_KX_SUM8
 #undef MC_KX_SUM4
@@ -1063,6 +1071,7 @@ mc_gemm_q51x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const i
 #undef MC_KX_SCALE16
 
 #define MC_TGT MC_AVX2
+#define MC_TGT_UNIT MC_UNIT_AVX2
 #define MC_SFX(name) name##_avx2
 #define MC_KX_SUM8(u, xd, wide) ((wide) ? mc_maddubs8w(u, xd) : mc_maddubs8(u, xd))
 #define MC_KX_SUM4(u, xd) mc_maddubs4(u, xd)
@@ -1070,14 +1079,15 @@ mc_gemm_q51x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const i
 #define MC_KX_SCALE16(acc, s, sc, q6) _mm256_add_epi32(acc, _mm256_mullo_epi32(s, sc))
 #include "mc_gemm_kx8.h"
 #undef MC_TGT
+#undef MC_TGT_UNIT
 #undef MC_SFX
 #undef MC_KX_SUM8
 #undef MC_KX_SUM4
 
 /* each type's VNNI kernel and its AVX2 twin */
 #define MC_REPACKED_PAIR(name)                                                                     \
-    MC_REPACKED_FN(MC_VNNI, name, name##_body)                                                     \
-    MC_REPACKED_FN(MC_AVX2, name##_avx2, name##_avx2_body)
+    MC_REPACKED_FN(MC_UNIT_VNNI, MC_VNNI, name, name##_body)                                       \
+    MC_REPACKED_FN(MC_UNIT_AVX2, MC_AVX2, name##_avx2, name##_avx2_body)
 MC_REPACKED_PAIR(mc_gemm_q41x8)
 MC_REPACKED_PAIR(mc_gemm_q80x8)
 MC_REPACKED_PAIR(mc_gemm_q50x8)

@@ -531,16 +531,25 @@ typedef struct {
     size_t pre_bytes;                                     /* unpacked bytes per 256 columns */
 } mc_zmm_kernels;
 
-static const mc_zmm_kernels mc_zmm_q4k = {mc_gemm_q4kx16, mc_q4kx16_unpack, mc_gemm_q4kx16u,
-                                          sizeof(mc_q4kx16u)};
-static const mc_zmm_kernels mc_zmm_q5k = {mc_gemm_q5kx16, mc_q5kx16_unpack, mc_gemm_q5kx16u,
-                                          sizeof(mc_q4kx16u)};
-static const mc_zmm_kernels mc_zmm_q6k = {mc_gemm_q6kx16, mc_q6kx16_unpack, mc_gemm_q6kx16u,
-                                          sizeof(mc_q6kx16u)};
-static const mc_zmm_kernels mc_zmm_q3k = {mc_gemm_q3kx16, mc_q3kx16_unpack, mc_gemm_q3kx16u,
-                                          sizeof(mc_q6kx16u)};
-static const mc_zmm_kernels mc_zmm_q2k = {mc_gemm_q2kx16, mc_q2kx16_unpack, mc_gemm_q2kx16u,
-                                          sizeof(mc_q6kx16u)};
+/* defined by the zmm unit (mc_common.h), declared elsewhere */
+#if MC_UNIT_ZMM
+MC_SHARED const mc_zmm_kernels mc_zmm_q4k = {mc_gemm_q4kx16, mc_q4kx16_unpack, mc_gemm_q4kx16u,
+                                             sizeof(mc_q4kx16u)};
+MC_SHARED const mc_zmm_kernels mc_zmm_q5k = {mc_gemm_q5kx16, mc_q5kx16_unpack, mc_gemm_q5kx16u,
+                                             sizeof(mc_q4kx16u)};
+MC_SHARED const mc_zmm_kernels mc_zmm_q6k = {mc_gemm_q6kx16, mc_q6kx16_unpack, mc_gemm_q6kx16u,
+                                             sizeof(mc_q6kx16u)};
+MC_SHARED const mc_zmm_kernels mc_zmm_q3k = {mc_gemm_q3kx16, mc_q3kx16_unpack, mc_gemm_q3kx16u,
+                                             sizeof(mc_q6kx16u)};
+MC_SHARED const mc_zmm_kernels mc_zmm_q2k = {mc_gemm_q2kx16, mc_q2kx16_unpack, mc_gemm_q2kx16u,
+                                             sizeof(mc_q6kx16u)};
+#else
+extern MC_SHARED const mc_zmm_kernels mc_zmm_q4k;
+extern MC_SHARED const mc_zmm_kernels mc_zmm_q5k;
+extern MC_SHARED const mc_zmm_kernels mc_zmm_q6k;
+extern MC_SHARED const mc_zmm_kernels mc_zmm_q3k;
+extern MC_SHARED const mc_zmm_kernels mc_zmm_q2k;
+#endif
 
 #endif /* MC_X86 */
 #endif /* MC_GEMM_ZMM_H */

@@ -260,10 +260,11 @@ MC_OFF16_BODY(mc_gemm_iq4nlx16_body, MC_IQ4_NL)
 #undef MC_OFF16_BODY
 
 /* as mc_repacked_fn for a pair of groups (nr 9 .. 16 weight rows); below min_na x rows the
- * ymm kernel `ymm` on each group */
+ * ymm kernel `ymm` on each group; compiled by the zmm unit (mc_common.h), declared elsewhere */
+#if MC_UNIT_ZMM
 #define MC_ZMM41_FN(name, body, ymm, min_na)                                                        \
-    MC_ZMM41 static void name(int na, int nb, const void *w, const mc_q8 *const x[8],              \
-                              const int32_t *const cx[8], float *y, size_t ldy, int nr) {          \
+    MC_ZMM41 MC_SHARED void name(int na, int nb, const void *w, const mc_q8 *const x[8],           \
+                                 const int32_t *const cx[8], float *y, size_t ldy, int nr) {       \
         if (na < (min_na)) {                                                                \
             ymm(na, nb, w, x, cx, y, ldy, 8);                                                      \
             ymm(na, nb, (const char *)w + ymm##_gbytes(nb), x, cx, y + 8, ldy, nr - 8);           \
@@ -271,6 +272,11 @@ MC_OFF16_BODY(mc_gemm_iq4nlx16_body, MC_IQ4_NL)
         }                                                                                          \
         MC_BY_NA(na, body, nb, w, x, cx, y, ldy, nr)                                               \
     }
+#else
+#define MC_ZMM41_FN(name, body, ymm, min_na)                                                        \
+    MC_SHARED void name(int na, int nb, const void *w, const mc_q8 *const x[8],                    \
+                        const int32_t *const cx[8], float *y, size_t ldy, int nr);
+#endif
 
 static inline size_t mc_gemm_q41x8_gbytes(int nb) { return sizeof(mc_q41x8) * (size_t)nb; }
 static inline size_t mc_gemm_q80x8_gbytes(int nb) { return sizeof(mc_q80x8) * (size_t)nb; }

@@ -65,13 +65,13 @@ static void mc_ew(const mc_ew_job *jb, int nth) {
 }
 
 /* y (n, d) = x / sqrt(mean(x^2) + eps) * w */
-static void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps, int nth) {
+MC_API void mc_rms_norm(const float *x, const float *w, float *y, int n, int d, float eps, int nth) {
     const mc_ew_job jb = {x, NULL, w, y, n, d, 0, MC_EW_RMS, eps};
     mc_ew(&jb, nth);
 }
 
 /* y (n, d) = (x - mean) / sqrt(var + eps) * w + b */
-static void mc_layer_norm(const float *x, const float *w, const float *b, float *y, int n, int d,
+MC_API void mc_layer_norm(const float *x, const float *w, const float *b, float *y, int n, int d,
                           float eps, int nth) {
     (void)nth; /* a norm is memory-bound and cheap next to the matmuls around it */
     for (int i = 0; i < n; i++) {
@@ -93,7 +93,7 @@ static void mc_layer_norm(const float *x, const float *w, const float *b, float 
 
 /* RoPE's angles: cs, sn (n, half) = cos, sin of pos[t] * inv_freq[i] (made once a step:
  * every layer's Q and K rotate by the same ones). */
-static void mc_rope_table(const int64_t *pos, const float *inv_freq, int n, int half, float *cs,
+MC_API void mc_rope_table(const int64_t *pos, const float *inv_freq, int n, int half, float *cs,
                           float *sn) {
     for (int t = 0; t < n; t++) {
         const float p = (float)pos[t];
@@ -107,7 +107,7 @@ static void mc_rope_table(const int64_t *pos, const float *inv_freq, int n, int 
 
 /* In place: x (n, n_heads, hd); pairs rotated by the angles of mc_rope_table, i < half.
  * neox: pairs (i, i + half); else adjacent pairs (2i, 2i + 1). */
-static void mc_rope_apply(float *x, const float *cst, const float *snt, int n, int n_heads, int hd,
+MC_API void mc_rope_apply(float *x, const float *cst, const float *snt, int n, int n_heads, int hd,
                           int half, int neox) {
     for (int t = 0; t < n; t++) {
         const float *cs = cst + (size_t)t * half, *sn = snt + (size_t)t * half;
@@ -284,7 +284,7 @@ MC_AVX2 static void mc_gelu_erf_avx2(const float *x, float *out, int64_t len) {
 #endif
 
 /* In place over rows of x (n, d) */
-static void mc_softmax(float *x, int n, int d, int simd) {
+MC_API void mc_softmax(float *x, int n, int d, int simd) {
 #if defined(MC_X86)
     if (MC_IS_AVX2(simd)) {
         mc_softmax_avx2(x, n, d);
@@ -355,24 +355,24 @@ static void mc_ew_run(const mc_ew_job *jb, int64_t i0, int64_t i1) {
     }
 }
 
-static void mc_silu_mul(const float *g, const float *u, float *out, int64_t len, int simd, int nth) {
+MC_API void mc_silu_mul(const float *g, const float *u, float *out, int64_t len, int simd, int nth) {
     const mc_ew_job jb = {g, u, NULL, out, len, 0, simd, MC_EW_SILU_MUL, 0.0f};
     mc_ew(&jb, nth);
 }
 
-static void mc_gelu(const float *x, float *out, int64_t len, int simd, int nth) {
+MC_API void mc_gelu(const float *x, float *out, int64_t len, int simd, int nth) {
     const mc_ew_job jb = {x, NULL, NULL, out, len, 0, simd, MC_EW_GELU, 0.0f};
     mc_ew(&jb, nth);
 }
 
-static void mc_gelu_erf(const float *x, float *out, int64_t len, int simd, int nth) {
+MC_API void mc_gelu_erf(const float *x, float *out, int64_t len, int simd, int nth) {
     const mc_ew_job jb = {x, NULL, NULL, out, len, 0, simd, MC_EW_GELU_ERF, 0.0f};
     mc_ew(&jb, nth);
 }
 
 /* out = tanh(x) over `len` elements (out may be x); the soft-cap's tanh, exposed for
  * its test */
-static void mc_tanh(const float *x, float *out, int64_t len, int simd) {
+MC_API void mc_tanh(const float *x, float *out, int64_t len, int simd) {
 #if defined(MC_X86)
     if (MC_IS_AVX2(simd)) {
         mc_tanh_avx2(x, out, len);
@@ -695,7 +695,7 @@ static inline int64_t mc_att_span(int q_pos0, int n_q, int window) {
  * softcap > 0 each score s = q.k * scale becomes softcap * tanh(s / softcap) before the
  * softmax (gemma2).  The only scratch is on the stack (hd <= 512); work items run in
  * parallel. */
-static void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
+MC_API void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                          int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
                          int window, float softcap, int kv_f16, int nth, int simd) {
     const int64_t work = (int64_t)n_q * n_head * mc_att_span(q_pos0, n_q, window) * hd;
@@ -734,7 +734,7 @@ static void mc_attention_batch_one(void *ctx, int idx) {
  * many short sequences wakes the pool once, not once per sequence.  Per head the
  * math is mc_attention's, so results are identical.  Returns 0, or -2 when the
  * job table cannot be allocated. */
-static int mc_attention_batch(int n_seq, const float *const *qs, const void *const *ks,
+MC_API int mc_attention_batch(int n_seq, const float *const *qs, const void *const *ks,
                               const void *const *vs, float *const *outs, const int *n_qs,
                               const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
                               int hd, float scale, int window, float softcap, int kv_f16, int nth,
@@ -801,7 +801,7 @@ static void mc_f32_to_f16(const float *x, uint16_t *y, int64_t n, int simd) {
  * then its queries attend over positions 0 .. starts[s] + counts[s] - 1 (window and
  * softcap as mc_attention's) exactly as mc_attention_batch does.  The caller checks that every sequence fits its storage.
  * Returns 0 or -2 (out of memory). */
-static int mc_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
+MC_API int mc_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
                                void *const *kst, void *const *vst, const int *starts,
                                const int *counts, float *out, int n_head, int n_head_kv, int hd,
                                float scale, int window, float softcap, int kv_f16, int nth,

@@ -256,7 +256,7 @@ static void mc_parallel(int nth, int nchunks, mc_chunk_fn fn, void *ctx) {
 
 /* out[0..2]: jobs offered to the pool, jobs the back-off ran on the caller alone, back-offs
  * started (since the process started) */
-static void mc_pool_stats(long long out[3]) {
+MC_API void mc_pool_stats(long long out[3]) {
 #if !defined(_WIN32)
     out[0] = atomic_load(&mc_stat_jobs);
     out[1] = atomic_load(&mc_stat_solo);
@@ -267,7 +267,7 @@ static void mc_pool_stats(long long out[3]) {
 }
 
 /* Enable (1) or disable (0) the stall back-off; clears any back-off in force. */
-static void mc_pool_backoff(int on) {
+MC_API void mc_pool_backoff(int on) {
 #if !defined(_WIN32)
     atomic_store(&mc_backoff_on, on);
     atomic_store(&mc_solo_left, 0);

@@ -418,7 +418,7 @@ static double mc_act_noise(const mc_matmul_job *jb, int j) {
     return sig > 0.0 ? sqrt(noise / 12.0 / sig) : 0.0;
 }
 
-static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+MC_API int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                      int n, float *y, int simd, int nth, float tol);
 
 /* balanced mode, some rows (not all) too noisy for int8: recompute those rows on the
@@ -643,7 +643,7 @@ static void mc_job_aux(mc_matmul_job *jb, const void *aux, float tol) {
 }
 
 /* mc_matmul with the weights' GEMM data `aux` (mc_job_aux; NULL: none) */
-static int mc_matmul_aux(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+MC_API int mc_matmul_aux(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                          int n, float *y, int simd, int nth, float tol, const void *aux) {
     mc_matmul_job jb;
     if (mc_job_init(&jb, t, K, n, x, simd) != 0) return -1;
@@ -670,7 +670,7 @@ static int mc_matmul_aux(int t, const uint8_t *W, int64_t row_stride, int M, int
     return 0;
 }
 
-static int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
+MC_API int mc_matmul(int t, const uint8_t *W, int64_t row_stride, int M, int K, const float *x,
                      int n, float *y, int simd, int nth, float tol) {
     return mc_matmul_aux(t, W, row_stride, M, K, x, n, y, simd, nth, tol, NULL);
 }
@@ -696,7 +696,7 @@ static void mc_matmul_multi_tile(void *ctx, int c) {
  * the pool as one job; each result is bit-identical to mc_matmul's.  F32 / F16 / BF16
  * weights (float x, any mode) too.  The exact and balanced modes of the quantized types run
  * mc_matmul per weight.  Returns as mc_matmul. */
-static int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
+MC_API int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_t *strides,
                            const int *Ms, int K, const float *x, int n, float *const *ys,
                            int simd, int nth, float tol, const void *const *auxs) {
     if ((!(tol >= 1e30f) && !mc_is_float(t)) || nw < 2 || nw > MC_MULTI_MAX) {
@@ -739,7 +739,7 @@ static int mc_matmul_multi(int t, int nw, const uint8_t *const *Ws, const int64_
 /* out (nids, K) = dequantized rows ids of W, or (aux not NULL) of the same weights
  * repacked (mc_gemm_repack: each row put back in its bytes first, so the values are the
  * same).  Returns 0, or -2 when out of memory. */
-static int mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
+MC_API int mc_get_rows(int t, const uint8_t *W, int64_t row_stride, int K, const int64_t *ids,
                        int nids, float *out, int simd, const void *aux) {
     uint8_t *row = NULL;
     if (aux != NULL && (row = (uint8_t *)malloc((size_t)(K / 32) * 34)) == NULL) return -2;
