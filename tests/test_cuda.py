@@ -490,7 +490,7 @@ def test_engine_batches_cancels_and_frees_kv_on_gpu(model: str) -> None:
 @pytest.mark.skipif(WHY is None, reason="CUDA is usable here")
 def test_get_backend_cuda_without_cuda_is_a_usage_error() -> None:
     from modelc.errors import UsageError
-    from modelc.runtime.backend import get_backend
+    from modelc.runtime.backends.factory import get_backend
 
     with pytest.raises(UsageError, match="use --device cpu") as e:
         get_backend("cuda")

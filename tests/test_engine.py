@@ -153,7 +153,7 @@ async def test_cancel_mid_generation(ir: ModelIR) -> None:
                     assert isinstance(ev, TokenEvent)
                     seen += 1
                     if seen == 4:
-                        r = eng._reqs["victim"]
+                        r = eng._reqs["victim"].seq
                         assert r.cache is not None
                         victim_bytes = r.cache.nbytes
                         used_before = eng.kv_budget.used
@@ -171,7 +171,7 @@ async def test_cancel_mid_generation(ir: ModelIR) -> None:
             # its KV memory went back to the budget (the others' caches are the only users)
             assert eng.kv_budget.used == used_before - victim_bytes
             assert eng.kv_budget.used == sum(
-                r.cache.nbytes for r in eng._reqs.values() if r.cache is not None
+                r.seq.cache.nbytes for r in eng._reqs.values() if r.seq.cache is not None
             )
             assert eng.policy.kv_reserved < reserved_before
     for i in range(2):

@@ -1,4 +1,6 @@
-"""The engine: the scheduler that owns generation (see :mod:`modelc.engine.scheduler`).
+"""The engine: the scheduler that owns generation (:mod:`modelc.engine.scheduler`: queues,
+request states, delivery; it decides each step through the pure :mod:`~modelc.engine.policy`)
+and the model runner that executes each step (:mod:`modelc.engine.runner`: no trio).
 
 ``engine = build_engine(model, EngineOptions(...))`` loads the model; then
 ``await nursery.start(engine.run)`` starts the scheduler task, and the server calls
@@ -16,20 +18,11 @@ from modelc.engine.options import EngineOptions
 from modelc.engine.scheduler import LLMEngine
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import ModelIR
-from modelc.runtime.backend import Backend, get_backend
+from modelc.runtime.backend import Backend
+from modelc.runtime.backends.factory import get_backend
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
 
 __all__ = ["EngineOptions", "LLMEngine", "build_engine"]
-
-
-def _backend(threads: int | None) -> Backend:
-    if threads is None:
-        return get_backend()
-    try:
-        from modelc.runtime.backends.cpu import CpuBackend
-    except ImportError:
-        return get_backend()
-    return CpuBackend(threads=threads)
 
 
 def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
@@ -86,7 +79,7 @@ def build_engine(
     gpu = _cuda_runtime(ir, opt) if backend is None else None
     if backend is None and opt.device in ("webgpu", "metal"):  # WGSL shaders through wgpu
         backend = get_backend(opt.device)
-    backend = backend or _backend(opt.threads)
+    backend = backend or get_backend(threads=opt.threads)
     runtime = gpu or (runtime_factory or build)(ir, backend)
     if not isinstance(runtime, (LanguageModel, EmbeddingModel)):
         raise UnsupportedError(

@@ -1,9 +1,12 @@
-"""The kernel backend interface.
+"""The kernel backend interface: the one protocol every backend implements.
 
 Every architecture computes through a :class:`Backend`, never through kernels
-directly, so the CPU (Cython), reference (numpy) and future Metal/CUDA backends
-are interchangeable, and a generated model-specialised module can replace the
-runtime while keeping the same kernels.
+directly, so the CPU (Cython), reference (numpy), CUDA and WebGPU backends are
+interchangeable, and a generated model-specialised module can replace the runtime
+while keeping the same kernels.  A backend that lacks an op (or a weight type) hands
+it to the numpy reference, the same way in each
+(:class:`~modelc.runtime.backends.fallback.NumpyFallback`); one is chosen by name in
+:mod:`modelc.runtime.backends.factory`, which this module does not import.
 
 Array conventions: float32, C-contiguous; shapes are commented on each method.
 Attention's keys and values may also be float16 (an f16 KV cache, read as is).
@@ -174,29 +177,3 @@ class Backend(Protocol):
         """The exact GELU x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2)) (BERT), elementwise, erf
         within 1.2e-7 (:func:`modelc.runtime.backends.numpy_ref.erf`)."""
         ...
-
-
-def get_backend(name: str = "auto") -> Backend:
-    """``cpu`` (compiled Cython kernels), ``numpy`` (reference twins), ``auto`` (cpu if
-    built), ``webgpu`` (WGSL shaders on any Metal/Vulkan/D3D12 adapter) or ``metal`` (the
-    same, on a Metal adapter only); a missing GPU adapter is a one-line UsageError.
-    ``cuda``: NVRTC kernels through CuPy (a one-line UsageError without CuPy or a GPU)."""
-    if name == "cuda":
-        from modelc.runtime.backends.cuda import CudaBackend
-
-        return CudaBackend()
-    if name in ("webgpu", "metal"):
-        from modelc.runtime.backends.webgpu import WebGPUBackend
-
-        return WebGPUBackend(require="Metal" if name == "metal" else None)
-    if name in ("auto", "cpu"):
-        try:
-            from modelc.runtime.backends.cpu import CpuBackend
-        except ImportError:
-            if name == "cpu":
-                raise
-        else:
-            return CpuBackend()
-    from modelc.runtime.backends.numpy_ref import NumpyBackend
-
-    return NumpyBackend()

@@ -17,7 +17,8 @@ from modelc.runtime.arch.bert import Bert
 from modelc.runtime.arch.decoder import Decoder
 from modelc.runtime.arch.gpt2 import GPT2
 from modelc.runtime.arch.mlp import MLP
-from modelc.runtime.backend import Backend, get_backend
+from modelc.runtime.backend import Backend
+from modelc.runtime.backends.factory import get_backend
 
 ARCHITECTURES: dict[str, Any] = {name: f.model for name, f in FAMILIES.items()}
 

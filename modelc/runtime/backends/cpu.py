@@ -57,8 +57,8 @@ import numpy as np
 from modelc.errors import ConfigError
 from modelc.formats.ir import DType, row_bytes
 from modelc.runtime.backend import F32Array, KVArray, Weight
+from modelc.runtime.backends.fallback import NumpyFallback
 from modelc.runtime.backends.hugemem import HugeArena
-from modelc.runtime.backends.numpy_ref import NumpyBackend
 
 _k: Any = importlib.import_module("modelc._kernels.kernels")
 
@@ -226,7 +226,7 @@ def _flat(out: F32Array) -> F32Array:
     return out.reshape(-1)
 
 
-class CpuBackend:
+class CpuBackend(NumpyFallback):
     """Compiled kernels.
 
     ``threads``, ``simd`` and ``matmul`` default to ``MODELC_THREADS``, ``MODELC_SIMD``
@@ -253,7 +253,7 @@ class CpuBackend:
         self.tol = matmul_tol(matmul)
         self.exact = self.tol == 0.0
         self.repack = repack
-        self._fallback = NumpyBackend()
+        super().__init__()  # the numpy reference: weight types without a kernel
         # id(weight data) -> (that data, its uint8 row view): the view costs ~1.5 us a call
         self._raw: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
         # id(weight data) -> (that data, its repacked copy, or None: see _gemm_aux)

@@ -36,7 +36,8 @@ from modelc.formats.ir import DType
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_src import GEMV_ROWS, HEAD_LANES, kernel_names, source
-from modelc.runtime.backends.numpy_ref import NumpyBackend, dequantize_weight
+from modelc.runtime.backends.fallback import NumpyFallback
+from modelc.runtime.backends.numpy_ref import dequantize_weight
 
 CODES: dict[DType, int] = {
     DType.F32: 0,
@@ -333,10 +334,11 @@ def device() -> Device:
     return _DEVICE
 
 
-class CudaBackend(NumpyBackend):
+class CudaBackend(NumpyFallback):
     """The Backend interface on the GPU for the ops with kernels (numpy in, numpy out);
-    the rest are the numpy reference's.  Models of the llama family run device-resident
-    through :class:`~modelc.runtime.backends.cuda_llama.CudaLlama` instead."""
+    the rest are the numpy reference's (:class:`NumpyFallback`).  Models of the llama
+    family run device-resident through
+    :class:`~modelc.runtime.backends.cuda_llama.CudaLlama` instead."""
 
     name = "cuda"
 

@@ -28,7 +28,6 @@ import numpy as np
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import DType, row_bytes
 from modelc.runtime.backend import F32Array, Weight
-from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source
 from modelc.runtime.backends.webgpu_ops import ActivationOps
 
@@ -91,7 +90,7 @@ class WebGPUBackend(ActivationOps):
     def __init__(self, require: str | None = None) -> None:
         self.gpu = Gpu(require)
         self.device_name = self.gpu.describe()
-        self._fallback = NumpyBackend()
+        super().__init__()  # the numpy reference: what has no shader
         # id(weight data) -> (that data, [(buffer, first row, rows)])
         self._weights: dict[int, tuple[np.ndarray[Any, Any], list[tuple[Any, int, int]]]] = {}
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from modelc.runtime.backend import F32Array, KVArray
-from modelc.runtime.backends.numpy_ref import NumpyBackend
+from modelc.runtime.backends.fallback import NumpyFallback
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source
 
 SCORES_BYTES = 32 << 20  # attention's scores scratch per dispatch
@@ -41,9 +41,8 @@ def _back(data: bytes, shape: tuple[int, ...], out: F32Array | None) -> F32Array
     return out
 
 
-class ActivationOps:
+class ActivationOps(NumpyFallback):
     gpu: Gpu
-    _fallback: NumpyBackend  # the numpy twins, for what has no shader
 
     def _pipe(self, module: str, entry: str, *files: str) -> Any:
         return self.gpu.pipeline(module, entry, shader_source(*(files or (module,))))

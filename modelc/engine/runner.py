@@ -1,0 +1,374 @@
+"""The model runner: executes a scheduled step; no trio, no queues, no delivery.
+
+The scheduler (:mod:`modelc.engine.scheduler`) decides, through the pure
+:class:`~modelc.engine.policy.Policy`, which tokens of which sequences a step feeds
+(a :class:`~modelc.engine.policy.StepPlan`); :meth:`ModelRunner.execute` runs it and
+returns, per scheduled sequence, the tokens it sampled (or the error that ended that
+sequence alone).  Like vLLM v1's GPU model runner, it owns what the step needs on the
+model's side, per sequence a :class:`SeqRun`:
+
+* the KV cache (made at admission within the shared :class:`KVBudget`) and the prefix
+  cache's blocks (loaded at admission, the prompt inserted once it is computed);
+* the batched forward, prompt log-probabilities, constraint masks and sampling;
+* speculative drafts (:meth:`draft`) and their verification, with the adaptive
+  controller's step-time model (:class:`~modelc.engine.spec_control.StepCost`);
+* context shifts (:meth:`shift`).
+
+Runs on the scheduler's step thread, one call at a time; testable without trio.
+:class:`LoraStack` keeps the adapters merged into a model's weights (the scheduler
+swaps them between steps).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from modelc.engine.constraints import ConstraintState
+from modelc.engine.options import EngineOptions
+from modelc.engine.policy import KVCost, ScheduledSeq, StepPlan
+from modelc.engine.prefix_cache import Block, PrefixCache
+from modelc.engine.spec_control import SpecConfig, SpecController, StepCost
+from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
+from modelc.errors import ModelcError, UsageError
+from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.lora import AppliedLora, LoraAdapter, apply_adapter, remove_adapter
+from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
+from modelc.runtime.sampling import Sample, Sampler, token_logprobs
+
+if TYPE_CHECKING:  # the API's module holds the handles' trio channels
+    from modelc.engine.api import EngineStats
+
+# per scheduled sequence: the tokens sampled (none for a prefill chunk that does not
+# reach the end of the prompt), or the error that ended that sequence
+StepOutput = list[list[Sample] | ModelcError]
+
+
+def kv_shape(model: LanguageModel) -> KVShape:
+    return model.new_cache(KVMode.F32, max_tokens=1).shape
+
+
+def kv_cost_fn(
+    model: LanguageModel,
+    mode: KVMode,
+    hot_window: int,
+    max_context: int,
+    chunk: int = BLOCK,
+    *,
+    full: bool = False,
+) -> KVCost:
+    """Bytes a cache of ``n`` tokens holds, fed at most ``chunk`` tokens a step.
+
+    ``KVCache.nbytes_at``: storage grows in BLOCK-token steps (plus the dequantization
+    scratch and fixed ring buffers of the quantized modes), except that a windowed layer
+    of a sliding-window model stops at its window plus slack (about ``chunk`` more while
+    a longer chunk is being fed); ``full``: every layer keeps every position (--swa-full).
+    """
+    probe = model.new_cache(KVMode.F32, max_tokens=max_context, full=full)  # its windows
+    cache = KVCache(probe.shape, max_context, mode, hot_window=hot_window, windows=probe.bounded)
+
+    def cost(n: int) -> int:
+        return cache.nbytes_at(min(n, max_context), chunk)
+
+    return cost
+
+
+@dataclass(eq=False)
+class SeqRun:
+    """The runner's state of one sequence."""
+
+    tokens: list[int]  # prompt + generated; tokens[:cache.n] are in the KV cache
+    prompt_len: int
+    sampler: Sampler
+    prompt_logprobs: int | None = None  # top-n of every prompt row (None: not asked)
+    constraint: ConstraintState | None = None
+    drafter: Drafter | None = None
+    spec: SpecController | None = None  # adaptive speculation (None: fixed or none)
+    cache: KVCache | None = None  # made when the sequence is first scheduled
+    prefix_blocks: list[Block] = field(default_factory=list)  # matched, loaded at admission
+    cached_tokens: int = 0
+    prefix_inserted: bool = False
+    prefix_loaded: bool = False
+    shifted: bool = False  # a context shift happened: the KV no longer matches a fresh run
+    draft: list[int] = field(default_factory=list)
+    draft_match: int = 0  # how the drafter found it (prompt lookup: the n-gram length)
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    # the prompt's log-probabilities as prefill computes them (prompt_logprobs requests)
+    prompt_lp: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
+
+    @property
+    def n_computed(self) -> int:
+        """Tokens in the KV cache."""
+        return self.cache.n if self.cache is not None else 0
+
+
+class ModelRunner:
+    """Executes scheduled steps of a language model (see the module docstring)."""
+
+    def __init__(
+        self,
+        lm: LanguageModel,
+        options: EngineOptions,
+        *,
+        mlp_draft: MLPDraftWeights | None = None,
+    ) -> None:
+        self.lm = lm
+        self.opt = options
+        self.max_context = min(options.max_context or lm.n_ctx, lm.n_ctx)
+        self.mode = KVMode(options.kv_cache)
+        chunk = max(options.prefill_chunk or self.max_context, options.spec_gamma + 1)
+        self.kv_cost = kv_cost_fn(
+            lm, self.mode, options.kv_hot_window, self.max_context, chunk, full=options.swa_full
+        )
+        # KV memory for every sequence the policy admits (it reserves each one's whole
+        # length in this budget at admission); by default max_concurrent full contexts
+        budget = options.kv_budget_bytes
+        if budget is None:
+            budget = options.max_concurrent * self.kv_cost(self.max_context)
+        self.kv_budget = KVBudget(budget)
+        # mixed caches would reload exact hot-window rows as dequantized ones: no sharing
+        prefix_bytes = 0 if self.mode is KVMode.MIXED else options.prefix_cache_bytes
+        self.prefix = PrefixCache(kv_shape(lm), prefix_bytes, options.prefix_block_tokens)
+        if options.speculative and options.draft == "mlp" and mlp_draft is None:
+            raise UsageError("--draft mlp needs draft.* tensors in the model; this one has none")
+        self._mlp = mlp_draft
+        self.spec_config = SpecConfig(n_max=options.spec_gamma, min_prompt=options.spec_min_prompt)
+        self.step_cost = StepCost()  # decode steps' time by rows fed, for the controllers
+        self.seqs: dict[str, SeqRun] = {}
+
+    def report(self, s: EngineStats) -> None:
+        """The KV memory and prefix-cache figures of ``s``."""
+        s.kv_bytes_used, s.kv_bytes_budget = self.kv_budget.used, self.kv_budget.limit
+        ps = self.prefix.stats
+        s.prefix_cache_hits, s.prefix_cache_tokens = ps.hits, ps.hit_tokens
+        s.extra.update(
+            prefix_cache_bytes=self.prefix.bytes_used,
+            prefix_cache_blocks=len(self.prefix.blocks),
+            prefix_cache_evicted=ps.evicted_blocks,
+            spec_acceptance=s.spec_accepted / s.spec_drafted if s.spec_drafted else 0.0,
+            kv_cache=self.mode.value,
+        )
+
+    # -- sequences in and out ------------------------------------------------------------
+    def new_seq(
+        self,
+        prompt: list[int],
+        sampler: Sampler,
+        *,
+        constraint: ConstraintState | None = None,
+        prompt_logprobs: int | None = None,
+        speculative: bool = True,
+    ) -> SeqRun:
+        """A sequence's state with its prefix-cache match (its blocks held: :meth:`add` it,
+        or :meth:`drop` it); ``speculative``: the request allows drafting."""
+        # prompt log-probabilities need every prompt row computed: no cached prefix
+        blocks = self.prefix.match(prompt) if prompt_logprobs is None else []
+        cached = min(len(blocks) * self.prefix.block_tokens, len(prompt) - 1)
+        opt = self.opt
+        use_spec = (
+            opt.speculative
+            and speculative
+            and constraint is None
+            and prompt_logprobs is None
+            and opt.spec_gamma > 0
+        )
+        spec = SpecController(self.spec_config, len(prompt)) if opt.spec_adaptive else None
+        # the controller's choices follow measured step times, and with sampling the
+        # draft lengths decide how the RNG is used: a seeded request must repeat, so it
+        # does not draft (greedy output is the same whatever the drafts)
+        seeded = sampler.p.temperature > 0 and sampler.p.seed is not None
+        if spec is not None and (not spec.enabled or seeded):
+            use_spec = False
+        return SeqRun(
+            prompt,
+            len(prompt),
+            sampler,
+            prompt_logprobs,
+            constraint,
+            drafter=make_drafter(opt.draft, self._mlp) if use_spec else None,
+            spec=spec if use_spec else None,
+            prefix_blocks=blocks,
+            cached_tokens=cached,
+        )
+
+    def add(self, seq_id: str, seq: SeqRun) -> None:
+        self.seqs[seq_id] = seq
+
+    def drop(self, seq: SeqRun, *, keep: bool = False) -> None:
+        """Free a sequence's KV cache and prefix blocks; ``keep``: first offer its
+        tokens (prompt + answer: the next turn of a chat starts with both) to the
+        prefix cache, unless a context shift made its KV differ from a fresh run's."""
+        if seq.cache is not None:
+            if keep and not seq.shifted:
+                self.prefix.insert(seq.tokens, seq.cache)
+            seq.cache.free()
+            seq.cache = None
+        self.prefix.release(seq.prefix_blocks)
+        seq.prefix_blocks = []
+
+    def remove(self, seq_id: str, *, keep: bool = False) -> None:
+        """:meth:`drop` a sequence and forget it."""
+        seq = self.seqs.pop(seq_id, None)
+        if seq is not None:
+            self.drop(seq, keep=keep)
+
+    # -- before a step -------------------------------------------------------------------
+    def shift(self, seq_id: str, anchor: int) -> int:
+        """Context shift: drop about half the tokens after the first ``anchor`` from the
+        sequence and its cache; the number dropped (0: none can be)."""
+        seq = self.seqs[seq_id]
+        cache = seq.cache
+        assert cache is not None
+        keep = min(anchor, cache.n - 1)
+        # a windowed layer must still hold what its window reaches after the shift
+        discard = min(max(1, (cache.n - keep) // 2), cache.max_discard(keep))
+        if discard < 1:
+            return 0
+        self.lm.shift_context(cache, keep, discard)
+        del seq.tokens[keep : keep + discard]
+        if seq.drafter is not None:  # its index held the dropped tokens
+            seq.drafter = make_drafter(self.opt.draft, self._mlp)
+        seq.shifted = True
+        return discard
+
+    def draft(self, seq_id: str, room: int, n_dec: int, *, allowed: bool = True) -> int:
+        """Propose the sequence's speculative draft for the next step, at most ``room``
+        tokens (``n_dec``: the step's decoding sequences); its length."""
+        seq = self.seqs[seq_id]
+        seq.draft = []
+        if seq.drafter is None or not allowed or room <= 0:
+            return 0
+        draft, seq.draft_match = seq.drafter.lookup(seq.tokens, room)
+        k = len(draft)
+        if seq.spec is not None:
+            k = seq.spec.draft_len(seq.draft_match, k, self._cost_fn(n_dec), n_dec)
+        seq.draft = draft[: min(k, room)]
+        return len(seq.draft)
+
+    def _cost_fn(self, rows: int) -> Callable[[int], float]:
+        per_row = self.step_cost.per_row(rows)  # one fit per step, not one per k tried
+        return lambda k: 1.0 + per_row * k
+
+    # -- the step ------------------------------------------------------------------------
+    def execute(self, plan: StepPlan, n_dec: int = 1) -> StepOutput:
+        """One batched forward and the sampling it feeds (``n_dec``: the sequences
+        decoding, for the speculation controllers); a decode-only step's time goes to
+        ``step_cost``."""
+        t0 = time.perf_counter()
+        out = self._compute(plan, n_dec)
+        decode_only = all(
+            s.sample and not s.admitted and s.n_tokens - s.n_draft == 1 for s in plan.seqs
+        )
+        if decode_only:
+            self.step_cost.observe(plan.n_tokens, time.perf_counter() - t0)
+        return out
+
+    def _admit(self, seq: SeqRun) -> None:
+        seq.cache = self.lm.new_cache(
+            self.mode,
+            max_tokens=self.max_context,
+            hot_window=self.opt.kv_hot_window,
+            budget=self.kv_budget,
+            full=self.opt.swa_full,
+        )
+        self.prefix.load(
+            seq.prefix_blocks[: seq.cached_tokens // self.prefix.block_tokens], seq.cache
+        )
+        self.prefix.release(seq.prefix_blocks)
+        seq.prefix_blocks = []
+        seq.prefix_loaded = True
+
+    def _compute(self, plan: StepPlan, n_dec: int) -> StepOutput:
+        batch, seqs = [], []
+        for s in plan.seqs:
+            seq = self.seqs[s.request_id]
+            if s.admitted:
+                self._admit(seq)
+            assert seq.cache is not None and seq.cache.n == s.start, (s, seq.cache and seq.cache.n)
+            feed = seq.tokens[s.start : s.start + s.n_tokens - s.n_draft] + seq.draft[: s.n_draft]
+            rows = tuple(range(len(feed) - s.n_draft - 1, len(feed))) if s.sample else ()
+            if seq.prompt_logprobs is not None and s.start < seq.prompt_len:
+                rows = tuple(range(len(feed)))  # every prompt row's next-token logits
+            batch.append(SeqChunk(seq.cache, feed, rows))
+            seqs.append(seq)
+        logits = self.lm.forward(batch)  # (sum of rows, n_vocab)
+        out: StepOutput = []
+        row = 0
+        for s, seq, chunk in zip(plan.seqs, seqs, batch, strict=True):
+            assert seq.cache is not None
+            if not seq.prefix_inserted and seq.cache.n >= seq.prompt_len:
+                self.prefix.insert(seq.tokens[: seq.prompt_len], seq.cache)
+                seq.prefix_inserted = True
+            mine = logits[row : row + len(chunk.rows())]
+            row += len(chunk.rows())
+            if seq.prompt_logprobs is not None and s.start < seq.prompt_len:
+                n = min(len(mine), seq.prompt_len - 1 - s.start)  # rows predicting prompt tokens
+                nxt = seq.tokens[s.start + 1 : s.start + 1 + n]
+                seq.prompt_lp += token_logprobs(mine[:n], nxt, seq.prompt_logprobs)
+            if not s.sample:
+                out.append([])
+                continue
+            try:
+                out.append(self._sample(seq, s, mine, n_dec))
+            except ModelcError as e:  # this sequence's constraint / sampler failed: it alone ends
+                out.append(e)
+        return out
+
+    def _sample(
+        self, seq: SeqRun, s: ScheduledSeq, logits: np.ndarray[Any, Any], n_dec: int
+    ) -> list[Sample]:
+        assert seq.cache is not None
+        if s.n_draft:
+            samples = verify(seq.sampler, logits, seq.draft[: s.n_draft])
+            # keep the KV of the known token and the accepted drafts only
+            seq.cache.truncate(s.start + s.n_tokens - s.n_draft + len(samples) - 1)
+            seq.spec_drafted += s.n_draft
+            seq.spec_accepted += len(samples) - 1
+            if seq.spec is not None:
+                seq.spec.update(
+                    seq.draft_match, s.n_draft, len(samples) - 1, self._cost_fn(n_dec), n_dec
+                )
+            return samples
+        x = logits[-1]
+        if seq.constraint is not None:
+            x = x.copy()  # masked in place
+            seq.constraint.mask(x)
+        smp = seq.sampler.sample(x)
+        seq.sampler.accept(smp.token)
+        if seq.constraint is not None:
+            seq.constraint.accept(smp.token)
+        return [smp]
+
+
+class LoraStack:
+    """The LoRA adapters merged into a model's weights, oldest first."""
+
+    def __init__(self, model: LanguageModel | EmbeddingModel) -> None:
+        self.model = model
+        self.applied: list[AppliedLora] = []
+
+    def apply(self, adapter: LoraAdapter) -> None:
+        self.applied.append(apply_adapter(self.model, adapter))
+
+    def remove(self, path: str | None = None) -> None:
+        """Remove one adapter (by path) or all of them; base weights come back exactly."""
+        keep = [a for a in self.applied if path is not None and a.adapter.path != path]
+        if path is not None and len(keep) == len(self.applied):
+            raise UsageError(f"no adapter {path} is loaded")
+        # stacked adapters come off in reverse order: take off everything above the
+        # target too, then put the kept ones back on
+        for applied in reversed(self.applied):
+            remove_adapter(self.model, applied)
+        self.applied = []
+        for applied in keep:
+            self.apply(applied.adapter)
+
+    @property
+    def salt(self) -> bytes:
+        """What the prefix cache keys on: KV computed under other weights is not shared."""
+        return b"lora:" + ",".join(f"{a.adapter.path}@{id(a)}" for a in self.applied).encode()

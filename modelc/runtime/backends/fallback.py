@@ -1,0 +1,125 @@
+"""The one fallback style of the backends: an op a backend lacks runs on numpy.
+
+Every accelerated backend (CPU, CUDA, WebGPU) derives from :class:`NumpyFallback` and
+holds the numpy reference as its one declared ``_fallback``.  An op it does not define
+is this class's, which hands it to ``_fallback`` (the batched ops: as loops over the
+backend's own single ones, so a backend with an attention kernel but no batched one
+runs its kernel per sequence); an op it defines calls ``self._fallback.<op>`` itself
+for the cases its kernels do not cover (a weight type, a shape).  Like ggml's backends answering ``supports_op``, a backend writes only what it
+accelerates; the rest comes out equal to the reference by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from modelc.runtime.backend import F32Array, KVArray, Weight
+from modelc.runtime.backends.numpy_ref import (
+    NumpyBackend,
+    attention_each,
+    matmul_each,
+    store_and_attend,
+)
+
+
+class NumpyFallback:
+    """Every :class:`~modelc.runtime.backend.Backend` op, on ``_fallback``."""
+
+    name: str
+    _fallback: NumpyBackend  # the numpy twins, for what the backend does not accelerate
+
+    def __init__(self, *, cache_dequantized: bool = True) -> None:
+        """``cache_dequantized``: the reference keeps the float32 copies of the weights it
+        dequantizes (see :class:`NumpyBackend`)."""
+        self._fallback = NumpyBackend(cache_dequantized)
+
+    def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
+        return self._fallback.matmul(w, x, out)
+
+    def matmul_many(
+        self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
+    ) -> list[F32Array]:
+        return matmul_each(self, ws, x, outs)  # through this backend's own matmul
+
+    def get_rows(
+        self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
+    ) -> F32Array:
+        return self._fallback.get_rows(w, ids, out)
+
+    def rms_norm(
+        self, x: F32Array, weight: F32Array, eps: float, out: F32Array | None = None
+    ) -> F32Array:
+        return self._fallback.rms_norm(x, weight, eps, out)
+
+    def layer_norm(
+        self, x: F32Array, weight: F32Array, bias: F32Array, eps: float, out: F32Array | None = None
+    ) -> F32Array:
+        return self._fallback.layer_norm(x, weight, bias, eps, out)
+
+    def rope_angles(
+        self, positions: np.ndarray[Any, Any], inv_freq: F32Array
+    ) -> tuple[F32Array, F32Array]:
+        return self._fallback.rope_angles(positions, inv_freq)
+
+    def rope(self, x: F32Array, angles: tuple[F32Array, F32Array], neox: bool) -> F32Array:
+        return self._fallback.rope(x, angles, neox)
+
+    def attention(
+        self,
+        q: F32Array,
+        k: KVArray,
+        v: KVArray,
+        q_pos0: int,
+        scale: float,
+        out: F32Array | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> F32Array:
+        return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap)
+
+    def attention_batch(
+        self,
+        qs: Sequence[F32Array],
+        ks: Sequence[KVArray],
+        vs: Sequence[KVArray],
+        q_pos0s: Sequence[int],
+        scale: float,
+        outs: Sequence[F32Array] | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> list[F32Array]:
+        # through this backend's own attention
+        return attention_each(self, qs, ks, vs, q_pos0s, scale, outs, window, softcap)
+
+    def attention_append(
+        self,
+        q: F32Array,
+        k_new: F32Array,
+        v_new: F32Array,
+        k_stores: Sequence[KVArray],
+        v_stores: Sequence[KVArray],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        scale: float,
+        out: F32Array,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> F32Array:
+        return store_and_attend(  # through this backend's own attention
+            self, q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window, softcap
+        )
+
+    def softmax(self, x: F32Array) -> F32Array:
+        return self._fallback.softmax(x)
+
+    def silu_mul(self, gate: F32Array, up: F32Array, out: F32Array | None = None) -> F32Array:
+        return self._fallback.silu_mul(gate, up, out)
+
+    def gelu(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        return self._fallback.gelu(x, out)
+
+    def gelu_erf(self, x: F32Array, out: F32Array | None = None) -> F32Array:
+        return self._fallback.gelu_erf(x, out)
