@@ -89,6 +89,7 @@ EXTENSIONS: list[str] = [
 def build_parser() -> Parser:
     parser = Parser(prog="modelc", description="Pack, store, inspect and serve language models.")
     parser.add_argument("--version", action="version", version=f"modelc {modelc.__version__}")
+    parser.set_defaults(root_parser=parser)  # `modelc completions` describes the whole parser
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub)

@@ -145,9 +145,7 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
 
 
 def cmd_completions(args: argparse.Namespace) -> int:
-    from modelc.cli import build_parser
-
-    print(completion_script(build_parser(), args.shell))
+    print(completion_script(args.root_parser, args.shell))  # build_parser's default
     return 0
 
 
