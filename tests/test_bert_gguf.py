@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
+from modelc.bench.llamacpp import LlamaCppServer
 from modelc.formats import load_model
 from modelc.runtime.arch import Bert, build
 from tests.assets import minilm_dir

@@ -33,12 +33,10 @@ import ollama
 import openai
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
+from modelc.bench.llamacpp import LlamaCppServer
 from tests.assets import smollm2_gguf
-from tests.peers import HTTP_TIMEOUT, llamacpp, openai_client, post, smol_exact_server
-from tests.server_fixtures import ROOT, Server, smol_server
-
-__all__ = ["llamacpp", "smol_exact_server", "smol_server"]
+from tests.peers import HTTP_TIMEOUT, openai_client, post
+from tests.server_fixtures import ROOT, Server
 
 CASES: dict[str, Any] = json.loads((ROOT / "tests/fixtures/chat_cases.json").read_text())
 GOLDEN: dict[str, Any] = json.loads((ROOT / "tests/golden/smollm2_chat.json").read_text())
