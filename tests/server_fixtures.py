@@ -63,7 +63,8 @@ class Server:
         ]
         self.health: list[tuple[int, str]] = []  # /health answers seen while starting
         argv = [model or "", *extra, *(f"{k}={v}" for k, v in (env or {}).items())]
-        STARTED[" ".join(Path(a).name if "/" in a else a for a in argv).strip()] += 1
+        label = " ".join(Path(a).name if "/" in a else a for a in argv).strip()
+        STARTED[label or "(no model)"] += 1
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=penv, stdout=self._log, stderr=subprocess.STDOUT
         )
