@@ -11,9 +11,12 @@ are pinned by version and sha256 (see ``modelc.catalog``); nothing comes from a 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from modelc import catalog
@@ -24,6 +27,19 @@ VOCAB_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
 def assets_dir() -> Path:
     env = os.environ.get("MODELC_TEST_ASSETS")
     return Path(env) if env else Path.home() / ".cache" / "modelc-test-assets"
+
+
+@contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Held while a generated asset ``name`` is checked for and made, so parallel test
+    workers (``pytest -n 2``) make it once and never read it half-written."""
+    assets_dir().mkdir(parents=True, exist_ok=True)
+    with (assets_dir() / f".{name}.lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _with_cache() -> None:

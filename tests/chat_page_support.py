@@ -1,14 +1,12 @@
-"""Playwright helpers for the chat page tests: Debian's Chromium, headless, and the page's
-controls (settings, sending, waiting for a reply, the stored conversation)."""
+"""Playwright helpers for the chat page tests: Debian's Chromium, headless (the ``browser``
+and ``page`` fixtures are in ``tests/conftest.py``), and the page's controls (settings,
+sending, waiting for a reply, the stored conversation)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARGS = [
@@ -23,31 +21,9 @@ DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
 try:
-    from playwright.sync_api import Browser, Page, Route, sync_playwright
+    from playwright.sync_api import Page, Route, sync_playwright
 except ImportError:  # pragma: no cover - the test extras install it
     sync_playwright = None  # type: ignore[assignment]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if sync_playwright is None or CHROMIUM is None:
-        pytest.skip("needs playwright (pip) and Debian's chromium (apt-get install chromium)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh profile (empty localStorage) at desktop size; page errors fail the test."""
-    context = browser.new_context(viewport=DESKTOP)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    yield pg
-    context.close()
-    assert not errors, errors
 
 
 def open_page(page: Page, url: str) -> None:

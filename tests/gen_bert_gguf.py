@@ -21,7 +21,6 @@ writes one.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ from typing import Any
 import gguf
 import numpy as np
 from safetensors.numpy import load_file
+
+from tests.gguf_support import add_matrix, gguf_file
 
 FTYPES = {
     "f32": (gguf.LlamaFileType.ALL_F32, gguf.GGMLQuantizationType.F32),
@@ -75,42 +76,31 @@ def write(
     file_type, qtype = FTYPES[ftype]
     cfg: dict[str, Any] = json.loads((hf / "config.json").read_text())
     n_layer = int(cfg["num_hidden_layers"])
-    tmp = out.with_name(out.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), "bert")
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(str(json.loads((hf / "config.json").read_text()).get("_name_or_path", hf.name)))
-    w.add_file_type(file_type)
-    w.add_block_count(n_layer)
-    w.add_context_length(int(cfg["max_position_embeddings"]))
-    w.add_embedding_length(int(cfg["hidden_size"]))
-    w.add_feed_forward_length(int(cfg["intermediate_size"]))
-    w.add_head_count(int(cfg["num_attention_heads"]))
-    w.add_layer_norm_eps(float(cfg["layer_norm_eps"]))
-    w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType(_pooling(hf) if pooling is None else pooling))
-    _vocab(hf, w)
-    nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, n_layer)
-    for name, data in load_file(str(hf / "model.safetensors")).items():
-        name = name.removeprefix("bert.")
-        if name in ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"):
-            continue
-        new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
-        if new is None:
-            raise ValueError(f"{hf}: no GGUF name for tensor {name!r}")
-        data = np.ascontiguousarray(data, dtype=np.float32)
-        table = new in ("position_embd.weight", "token_types.weight")
-        keep = data.ndim == 1 or (table and not tables) or qtype == gguf.GGMLQuantizationType.F32
-        if keep:
-            w.add_tensor(new, data)
-        elif qtype == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(new, data.astype(np.float16))
-        else:
-            w.add_tensor(new, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, out)
+    with gguf_file(out, "bert", atomic=True) as w:
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name(str(json.loads((hf / "config.json").read_text()).get("_name_or_path", hf.name)))
+        w.add_file_type(file_type)
+        w.add_block_count(n_layer)
+        w.add_context_length(int(cfg["max_position_embeddings"]))
+        w.add_embedding_length(int(cfg["hidden_size"]))
+        w.add_feed_forward_length(int(cfg["intermediate_size"]))
+        w.add_head_count(int(cfg["num_attention_heads"]))
+        w.add_layer_norm_eps(float(cfg["layer_norm_eps"]))
+        w.add_causal_attention(False)
+        w.add_pooling_type(gguf.PoolingType(_pooling(hf) if pooling is None else pooling))
+        _vocab(hf, w)
+        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, n_layer)
+        for name, data in load_file(str(hf / "model.safetensors")).items():
+            name = name.removeprefix("bert.")
+            if name in ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"):
+                continue
+            new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
+            if new is None:
+                raise ValueError(f"{hf}: no GGUF name for tensor {name!r}")
+            data = np.ascontiguousarray(data, dtype=np.float32)
+            table = new in ("position_embd.weight", "token_types.weight")
+            keep = data.ndim == 1 or (table and not tables)
+            add_matrix(w, new, data, None if keep else qtype)
     return out
 
 
@@ -130,55 +120,44 @@ def write_nomic(hf: Path, out: Path, seed: int = 0, ftype: str = "f32") -> Path:
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
     def add(name: str, data: np.ndarray[Any, Any]) -> None:  # matrices in ftype
-        if qtype == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        elif qtype == gguf.GGMLQuantizationType.Q8_0:
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, data)
+        add_matrix(w, name, data, qtype)
 
     def norm() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         w = (1 + 0.2 * rng.standard_normal(d)).astype(np.float32)
         return w, (0.1 * rng.standard_normal(d)).astype(np.float32)
 
-    tmp = out.with_name(out.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), "nomic-bert")
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name("tiny-nomic-bert")
-    file_type, qtype = FTYPES[ftype]
-    w.add_file_type(file_type)
-    w.add_block_count(int(c["n_layer"]))
-    w.add_context_length(int(c["n_ctx"]))
-    w.add_embedding_length(int(d))
-    w.add_feed_forward_length(int(ff))
-    w.add_head_count(int(c["n_head"]))
-    w.add_layer_norm_eps(1e-12)
-    w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.MEAN)
-    w.add_rope_freq_base(float(c["rope_base"]))
-    n_vocab = _vocab(hf, w)
-    add("token_embd.weight", (0.5 * rng.standard_normal((n_vocab, d))).astype(np.float32))
-    w.add_tensor("token_types.weight", (0.5 * rng.standard_normal((2, d))).astype(np.float32))
-    nw, nb = norm()
-    w.add_tensor("token_embd_norm.weight", nw)
-    w.add_tensor("token_embd_norm.bias", nb)
-    for i in range(int(c["n_layer"])):
-        add(f"blk.{i}.attn_qkv.weight", mat(3 * d, d))
-        add(f"blk.{i}.attn_output.weight", mat(d, d))
+    with gguf_file(out, "nomic-bert", atomic=True) as w:
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name("tiny-nomic-bert")
+        file_type, qtype = FTYPES[ftype]
+        w.add_file_type(file_type)
+        w.add_block_count(int(c["n_layer"]))
+        w.add_context_length(int(c["n_ctx"]))
+        w.add_embedding_length(int(d))
+        w.add_feed_forward_length(int(ff))
+        w.add_head_count(int(c["n_head"]))
+        w.add_layer_norm_eps(1e-12)
+        w.add_causal_attention(False)
+        w.add_pooling_type(gguf.PoolingType.MEAN)
+        w.add_rope_freq_base(float(c["rope_base"]))
+        n_vocab = _vocab(hf, w)
+        add("token_embd.weight", (0.5 * rng.standard_normal((n_vocab, d))).astype(np.float32))
+        w.add_tensor("token_types.weight", (0.5 * rng.standard_normal((2, d))).astype(np.float32))
         nw, nb = norm()
-        w.add_tensor(f"blk.{i}.attn_output_norm.weight", nw)
-        w.add_tensor(f"blk.{i}.attn_output_norm.bias", nb)
-        add(f"blk.{i}.ffn_up.weight", mat(ff, d))
-        add(f"blk.{i}.ffn_gate.weight", mat(ff, d))
-        add(f"blk.{i}.ffn_down.weight", mat(d, ff))
-        nw, nb = norm()
-        w.add_tensor(f"blk.{i}.layer_output_norm.weight", nw)
-        w.add_tensor(f"blk.{i}.layer_output_norm.bias", nb)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, out)
+        w.add_tensor("token_embd_norm.weight", nw)
+        w.add_tensor("token_embd_norm.bias", nb)
+        for i in range(int(c["n_layer"])):
+            add(f"blk.{i}.attn_qkv.weight", mat(3 * d, d))
+            add(f"blk.{i}.attn_output.weight", mat(d, d))
+            nw, nb = norm()
+            w.add_tensor(f"blk.{i}.attn_output_norm.weight", nw)
+            w.add_tensor(f"blk.{i}.attn_output_norm.bias", nb)
+            add(f"blk.{i}.ffn_up.weight", mat(ff, d))
+            add(f"blk.{i}.ffn_gate.weight", mat(ff, d))
+            add(f"blk.{i}.ffn_down.weight", mat(d, ff))
+            nw, nb = norm()
+            w.add_tensor(f"blk.{i}.layer_output_norm.weight", nw)
+            w.add_tensor(f"blk.{i}.layer_output_norm.bias", nb)
     return out
 
 

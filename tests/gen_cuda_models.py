@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 
 from modelc.formats.ir import BLOCK_SIZES, DType
+from tests.gguf_support import add_llama_shape, gguf_file
 
 Q = gguf.GGMLQuantizationType
 
@@ -96,46 +97,42 @@ def write_random_llama(
 ) -> Path:
     """A llama GGUF of ``shape`` whose every matrix is random ``dtype`` blocks."""
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"random-llama-{dtype.name.lower()}")
-    w.add_block_count(shape.n_layer)
-    w.add_context_length(shape.n_ctx)
-    w.add_embedding_length(shape.d)
-    w.add_feed_forward_length(shape.ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(shape.n_vocab)
-    hd = shape.d // shape.n_head
+    with gguf_file(path, "llama") as w:
+        w.add_name(f"random-llama-{dtype.name.lower()}")
+        add_llama_shape(
+            w,
+            n_layer=shape.n_layer,
+            n_ctx=shape.n_ctx,
+            d=shape.d,
+            ff=shape.ff,
+            n_head=shape.n_head,
+            n_head_kv=shape.n_head_kv,
+            rope_base=10000.0,
+            rms_eps=1e-5,
+        )
+        w.add_vocab_size(shape.n_vocab)
+        hd = shape.d // shape.n_head
 
-    def mat(name: str, rows: int, cols: int, s: float = std) -> None:
-        data, raw = random_blocks(rng, dtype, rows, cols, s)
-        if raw is None:
-            w.add_tensor(name, data)
-        else:
+        def mat(name: str, rows: int, cols: int, s: float = std) -> None:
+            data, raw = random_blocks(rng, dtype, rows, cols, s)
             w.add_tensor(name, data, raw_dtype=raw)
 
-    def norm(name: str, n: int) -> None:
-        w.add_tensor(name, rng.uniform(0.8, 1.2, n).astype(np.float32))
+        def norm(name: str, n: int) -> None:
+            w.add_tensor(name, rng.uniform(0.8, 1.2, n).astype(np.float32))
 
-    mat("token_embd.weight", shape.n_vocab, shape.d, 1.0)
-    for i in range(shape.n_layer):
-        norm(f"blk.{i}.attn_norm.weight", shape.d)
-        mat(f"blk.{i}.attn_q.weight", shape.n_head * hd, shape.d)
-        mat(f"blk.{i}.attn_k.weight", shape.n_head_kv * hd, shape.d)
-        mat(f"blk.{i}.attn_v.weight", shape.n_head_kv * hd, shape.d)
-        mat(f"blk.{i}.attn_output.weight", shape.d, shape.n_head * hd)
-        norm(f"blk.{i}.ffn_norm.weight", shape.d)
-        mat(f"blk.{i}.ffn_gate.weight", shape.ff, shape.d)
-        mat(f"blk.{i}.ffn_up.weight", shape.ff, shape.d)
-        mat(f"blk.{i}.ffn_down.weight", shape.d, shape.ff)
-    norm("output_norm.weight", shape.d)
-    mat("output.weight", shape.n_vocab, shape.d, 0.05)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        mat("token_embd.weight", shape.n_vocab, shape.d, 1.0)
+        for i in range(shape.n_layer):
+            norm(f"blk.{i}.attn_norm.weight", shape.d)
+            mat(f"blk.{i}.attn_q.weight", shape.n_head * hd, shape.d)
+            mat(f"blk.{i}.attn_k.weight", shape.n_head_kv * hd, shape.d)
+            mat(f"blk.{i}.attn_v.weight", shape.n_head_kv * hd, shape.d)
+            mat(f"blk.{i}.attn_output.weight", shape.d, shape.n_head * hd)
+            norm(f"blk.{i}.ffn_norm.weight", shape.d)
+            mat(f"blk.{i}.ffn_gate.weight", shape.ff, shape.d)
+            mat(f"blk.{i}.ffn_up.weight", shape.ff, shape.d)
+            mat(f"blk.{i}.ffn_down.weight", shape.d, shape.ff)
+        norm("output_norm.weight", shape.d)
+        mat("output.weight", shape.n_vocab, shape.d, 0.05)
     return path
 
 

@@ -34,7 +34,8 @@ import gguf
 import gguf.quants
 import numpy as np
 
-from tests.assets import assets_dir
+from tests.assets import assets_dir, cache_lock
+from tests.gguf_support import add_llama_shape, add_matrix, gguf_file
 
 FIX = Path(__file__).parent / "fixtures" / "families"
 VERSION = 1
@@ -263,91 +264,92 @@ def write_gguf(
     """The family's GGUF; with ``quant``, its matrices in that type (the router kept f32,
     as llama.cpp's quantizer keeps ``ffn_gate_inp``)."""
     cfg, arch = config(family), GGUF_ARCH[family]
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_type(gguf.GGUFType.MODEL)
-    # llama.cpp gives Phi-3 names' "</s>" special attributes; this vocabulary has none
-    w.add_name(f"tiny-{family}" if family != "phi3" else "tiny-p-three")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    if family in ("qwen3", "qwen3moe", *GEMMA):
-        w.add_key_length(head_dim(cfg))
-        w.add_value_length(head_dim(cfg))
-    if family == "qwen3moe":
-        w.add_expert_count(cfg["num_experts"])
-        w.add_expert_used_count(cfg["num_experts_per_tok"])
-        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    if family == "mixtral":
-        w.add_rope_dimension_count(head_dim(cfg))
-        w.add_expert_count(cfg["num_local_experts"])
-        w.add_expert_used_count(cfg["num_experts_per_tok"])
-    if family == "mistral":
-        w.add_rope_dimension_count(head_dim(cfg))
-        w.add_sliding_window(cfg["sliding_window"])
-    if family in GEMMA:
-        w.add_sliding_window(cfg["sliding_window"])
-    if family == "gemma2":  # Gemma2Model writes no rope.freq_base (llama.cpp: 10000)
-        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
-        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-    if family == "gemma3":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
-    if family == "phi3":
-        old, n_ctx = cfg["original_max_position_embeddings"], cfg["max_position_embeddings"]
-        w.add_rope_scaling_orig_ctx_len(old)
-        w.add_rope_dimension_count(head_dim(cfg))
-        w.add_sliding_window(0)  # sliding_window None, as convert_hf_to_gguf writes it
-        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(n_ctx / old) / math.log(old)))
-        rs = cfg["rope_scaling"]
-        w.add_tensor("rope_factors_long.weight", np.asarray(rs["long_factor"], np.float32))
-        w.add_tensor("rope_factors_short.weight", np.asarray(rs["short_factor"], np.float32))
-    tj = json.loads((FIX / "tokenizer.json").read_text())
-    added = {a["content"]: a["id"] for a in tj["added_tokens"]}
-    tokens = [""] * cfg["vocab_size"]
-    types = [gguf.TokenType.NORMAL] * cfg["vocab_size"]
-    for t, i in {**tj["model"]["vocab"], **added}.items():
-        tokens[i] = t
-        if t in added:
-            types[i] = gguf.TokenType.CONTROL
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
-    w.add_eos_token_id(added["<|im_end|>"])
-    w.add_pad_token_id(added["<|endoftext|>"])
-    w.add_bos_token_id(added["<|endoftext|>"])
-    w.add_add_bos_token(False)
-    tc = json.loads((FIX / "tokenizer_config.json").read_text())
-    w.add_chat_template(tc["chat_template"])
-    nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg["num_hidden_layers"])
-    experts: dict[str, list[np.ndarray[Any, Any]]] = {}
-    for name, data in weights.items():
-        if ".experts." in name:  # stacked per layer and matrix, as the converter does
-            i, proj = name.split(".")[2], name.split(".")[-2].removesuffix("_proj")
-            proj = {"w1": "gate", "w3": "up", "w2": "down"}.get(proj, proj)
-            experts.setdefault(f"blk.{i}.ffn_{proj}_exps.weight", []).append(data)
-            continue
-        new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
-        assert new is not None, name
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            key = "num_attention_heads" if "q_proj" in name else "num_key_value_heads"
-            data = _permute(data, cfg[key])
-        if family in GEMMA and name.endswith("norm.weight"):
-            data = data + np.float32(1.0)  # convert_hf_to_gguf stores Gemma's 1 + w
-        _add(w, new, np.ascontiguousarray(data, dtype=np.float32), quant)
-    for new, mats in experts.items():
-        _add(w, new, np.ascontiguousarray(np.stack(mats), dtype=np.float32), quant)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    with gguf_file(path, arch, atomic=True) as w:
+        w.add_type(gguf.GGUFType.MODEL)
+        # llama.cpp gives Phi-3 names' "</s>" special attributes; this vocabulary has none
+        w.add_name(f"tiny-{family}" if family != "phi3" else "tiny-p-three")
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        add_llama_shape(
+            w,
+            n_layer=cfg["num_hidden_layers"],
+            n_ctx=cfg["max_position_embeddings"],
+            d=cfg["hidden_size"],
+            ff=cfg["intermediate_size"],
+            n_head=cfg["num_attention_heads"],
+            n_head_kv=cfg["num_key_value_heads"],
+            rope_base=cfg["rope_theta"],
+            rms_eps=cfg["rms_norm_eps"],
+        )
+        if family in ("qwen3", "qwen3moe", *GEMMA):
+            w.add_key_length(head_dim(cfg))
+            w.add_value_length(head_dim(cfg))
+        if family == "qwen3moe":
+            w.add_expert_count(cfg["num_experts"])
+            w.add_expert_used_count(cfg["num_experts_per_tok"])
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if family == "mixtral":
+            w.add_rope_dimension_count(head_dim(cfg))
+            w.add_expert_count(cfg["num_local_experts"])
+            w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if family == "mistral":
+            w.add_rope_dimension_count(head_dim(cfg))
+            w.add_sliding_window(cfg["sliding_window"])
+        if family in GEMMA:
+            w.add_sliding_window(cfg["sliding_window"])
+        if family == "gemma2":  # Gemma2Model writes no rope.freq_base (llama.cpp: 10000)
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        if family == "gemma3":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+        if family == "phi3":
+            old, n_ctx = cfg["original_max_position_embeddings"], cfg["max_position_embeddings"]
+            w.add_rope_scaling_orig_ctx_len(old)
+            w.add_rope_dimension_count(head_dim(cfg))
+            w.add_sliding_window(0)  # sliding_window None, as convert_hf_to_gguf writes it
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(n_ctx / old) / math.log(old)))
+            rs = cfg["rope_scaling"]
+            w.add_tensor("rope_factors_long.weight", np.asarray(rs["long_factor"], np.float32))
+            w.add_tensor("rope_factors_short.weight", np.asarray(rs["short_factor"], np.float32))
+        tj = json.loads((FIX / "tokenizer.json").read_text())
+        added = {a["content"]: a["id"] for a in tj["added_tokens"]}
+        tokens = [""] * cfg["vocab_size"]
+        types = [gguf.TokenType.NORMAL] * cfg["vocab_size"]
+        for t, i in {**tj["model"]["vocab"], **added}.items():
+            tokens[i] = t
+            if t in added:
+                types[i] = gguf.TokenType.CONTROL
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(
+            [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+        )
+        w.add_eos_token_id(added["<|im_end|>"])
+        w.add_pad_token_id(added["<|endoftext|>"])
+        w.add_bos_token_id(added["<|endoftext|>"])
+        w.add_add_bos_token(False)
+        tc = json.loads((FIX / "tokenizer_config.json").read_text())
+        w.add_chat_template(tc["chat_template"])
+        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg["num_hidden_layers"])
+        experts: dict[str, list[np.ndarray[Any, Any]]] = {}
+        for name, data in weights.items():
+            if ".experts." in name:  # stacked per layer and matrix, as the converter does
+                i, proj = name.split(".")[2], name.split(".")[-2].removesuffix("_proj")
+                proj = {"w1": "gate", "w3": "up", "w2": "down"}.get(proj, proj)
+                experts.setdefault(f"blk.{i}.ffn_{proj}_exps.weight", []).append(data)
+                continue
+            new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
+            assert new is not None, name
+            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                key = "num_attention_heads" if "q_proj" in name else "num_key_value_heads"
+                data = _permute(data, cfg[key])
+            if family in GEMMA and name.endswith("norm.weight"):
+                data = data + np.float32(1.0)  # convert_hf_to_gguf stores Gemma's 1 + w
+            _add(w, new, np.ascontiguousarray(data, dtype=np.float32), quant)
+        for new, mats in experts.items():
+            _add(w, new, np.ascontiguousarray(np.stack(mats), dtype=np.float32), quant)
 
 
 def _add(
@@ -356,10 +358,8 @@ def _add(
     data: np.ndarray[Any, Any],
     quant: gguf.GGMLQuantizationType | None,
 ) -> None:
-    if quant is None or data.ndim < 2 or "ffn_gate_inp" in name:
-        w.add_tensor(name, data)
-        return
-    w.add_tensor(name, gguf.quants.quantize(data, quant), raw_dtype=quant)
+    keep = data.ndim < 2 or "ffn_gate_inp" in name  # vectors and the router stay f32
+    add_matrix(w, name, data, None if keep else quant)
 
 
 def family_dir(family: str) -> Path:
@@ -372,17 +372,17 @@ def ensure_family(family: str) -> tuple[Path, Path]:
 
     dest = family_dir(family)
     hf, gg = dest / "hf", dest / f"{family}.gguf"
-    if gg.exists() and (hf / "model.safetensors").exists():
-        return hf, gg
-    hf.mkdir(parents=True, exist_ok=True)
-    weights = make_weights(family)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(FIX / name, hf / name)
-    (hf / "config.json").write_text(json.dumps(config(family), indent=2))
-    save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-    os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
-    write_gguf(family, weights, dest / "tmp.gguf")
-    os.replace(dest / "tmp.gguf", gg)
+    with cache_lock(dest.name):
+        if gg.exists() and (hf / "model.safetensors").exists():
+            return hf, gg
+        hf.mkdir(parents=True, exist_ok=True)
+        weights = make_weights(family)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(FIX / name, hf / name)
+        (hf / "config.json").write_text(json.dumps(config(family), indent=2))
+        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
+        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        write_gguf(family, weights, gg)
     return hf, gg
 
 

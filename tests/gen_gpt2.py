@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.assets import assets_dir
+from tests.assets import assets_dir, cache_lock
 
 SEED = 20261129
 CONFIG: dict[str, Any] = {
@@ -139,11 +139,12 @@ def write_torch_zip(tensors: dict[str, np.ndarray[Any, Any]], path: Path) -> Non
 def ensure_gpt2_random_bin() -> Path:
     """The same model as a ``pytorch_model.bin`` directory; created if missing."""
     dest = gpt2_random_bin_dir()
-    if (dest / "pytorch_model.bin").exists() and (dest / "config.json").exists():
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    write_torch_zip(make_weights(), dest / "pytorch_model.bin")
-    (dest / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    with cache_lock(dest.name):
+        if (dest / "pytorch_model.bin").exists() and (dest / "config.json").exists():
+            return dest
+        dest.mkdir(parents=True, exist_ok=True)
+        write_torch_zip(make_weights(), dest / "pytorch_model.bin")
+        (dest / "config.json").write_text(json.dumps(CONFIG, indent=2))
     return dest
 
 
@@ -152,13 +153,14 @@ def ensure_gpt2_random() -> Path:
     from safetensors.numpy import save_file
 
     dest = gpt2_random_dir()
-    if (dest / "model.safetensors").exists() and (dest / "config.json").exists():
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    tmp = dest / "model.safetensors.tmp"
-    save_file(make_weights(), str(tmp), metadata={"format": "pt"})
-    (dest / "config.json").write_text(json.dumps(CONFIG, indent=2))
-    os.replace(tmp, dest / "model.safetensors")
+    with cache_lock(dest.name):
+        if (dest / "model.safetensors").exists() and (dest / "config.json").exists():
+            return dest
+        dest.mkdir(parents=True, exist_ok=True)
+        tmp = dest / "model.safetensors.tmp"
+        save_file(make_weights(), str(tmp), metadata={"format": "pt"})
+        (dest / "config.json").write_text(json.dumps(CONFIG, indent=2))
+        os.replace(tmp, dest / "model.safetensors")
     return dest
 
 

@@ -1,13 +1,9 @@
-"""Reference servers for the differential tests, each started once per session.
+"""Client helpers shared by the differential tests (ours against llama.cpp's server or
+transformers' goldens).
 
-* ``llamacpp``: llama.cpp's own server (the ``xllamacpp`` wheel) on the SmolLM2 GGUF, in a
-  subprocess started by ``bench/llamacpp_peer.py``; the fixture's value has ``url``.
-* ``smol_exact_server``: ``modelc run`` on the same GGUF with ``MODELC_MATMUL=exact``
-  (activations stay f32) and an f32 KV cache: the mode compared with transformers' f32
-  goldens.
-
-Import the fixtures into a test module (``from tests.peers import llamacpp``); the client
-helpers below are shared by the differential tests.
+The reference servers themselves are session fixtures in ``tests/conftest.py``
+(``llamacpp``, ``smol_exact_server``); :func:`serve_exact` starts another model in the
+``exact`` mode for a module of its own.
 """
 
 from __future__ import annotations
@@ -19,19 +15,9 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
-import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
 from modelc.runtime.model import LanguageModel, SeqChunk
-from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, start
-
-
-@pytest.fixture(scope="session")
-def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
-    log = tmp_path_factory.mktemp("llamacpp") / "llamacpp.log"  # kept for a post-mortem
-    with LlamaCppServer(smollm2_gguf(), threads=1, n_parallel=2, n_ctx=8192, log=log) as peer:
-        yield peer
 
 
 def serve_exact(path: Path) -> Iterator[Server]:
@@ -40,11 +26,6 @@ def serve_exact(path: Path) -> Iterator[Server]:
     srv = start(str(path), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="session")
-def smol_exact_server() -> Iterator[Server]:
-    yield from serve_exact(smollm2_gguf())
 
 
 HTTP_TIMEOUT = 300.0

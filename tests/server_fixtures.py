@@ -1,7 +1,8 @@
 """Real ``modelc run`` servers for the server tests (subprocesses on a free port).
 
-Import the fixtures into a test module (``from tests.server_fixtures import smol_server``);
-each is started once per session and stopped with SIGTERM at the end.
+The shared ones are fixtures in ``tests/conftest.py`` (a test names ``smol_server``, never
+imports it); a module that needs a server of its own calls :func:`start`.  ``STARTED``
+counts the processes a session starts, by arguments (reported at the end of a run).
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections import Counter
 from pathlib import Path
 
 import httpx
-import pytest
-
-from tests.assets import minilm_dir, smollm2_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
+FORMATS = ROOT / "tests" / "fixtures" / "formats"
+STARTED: Counter[str] = Counter()  # `modelc run` processes started, by arguments
 
 
 def free_port() -> int:
@@ -62,6 +62,9 @@ class Server:
             *extra,
         ]
         self.health: list[tuple[int, str]] = []  # /health answers seen while starting
+        argv = [model or "", *extra, *(f"{k}={v}" for k, v in (env or {}).items())]
+        label = " ".join(Path(a).name if "/" in a else a for a in argv).strip()
+        STARTED[label or "(no model)"] += 1
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=penv, stdout=self._log, stderr=subprocess.STDOUT
         )
@@ -113,46 +116,3 @@ def start(model: str | None, *extra: str, env: dict[str, str] | None = None) -> 
         srv.stop()
         raise
     return srv
-
-
-@pytest.fixture(scope="session")
-def smol_server() -> Iterator[Server]:
-    # pings every 50 ms: streams in every test carry ': ping' comments clients must skip
-    srv = start(str(smollm2_gguf()), "--max-concurrent", "4", "--ping-interval", "0.05")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def minilm_server() -> Iterator[Server]:
-    srv = start(str(minilm_dir()))
-    yield srv
-    srv.stop()
-
-
-FORMATS = ROOT / "tests" / "fixtures" / "formats"
-
-
-@pytest.fixture(scope="module")
-def smol_minilm_server() -> Iterator[Server]:
-    """``modelc run SmolLM2 MiniLM --alias smol --alias minilm``: one process, two engines.
-
-    Its MODELC_HOME is a fresh temp dir, so its store (what /api/pull, /api/copy,
-    /api/create and /api/delete change) is private to the module using it.
-    """
-    srv = start(
-        None, str(smollm2_gguf()), str(minilm_dir()), "--alias", "smol", "--alias", "minilm"
-    )
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def two_text_server() -> Iterator[Server]:
-    """``modelc run SmolLM2 llama-st --alias smol --alias tiny``: two text models in one
-    process (llama-st is the tiny random llama with a chat template), private store."""
-    srv = start(
-        None, str(smollm2_gguf()), str(FORMATS / "llama-st"), "--alias", "smol", "--alias", "tiny"
-    )
-    yield srv
-    srv.stop()

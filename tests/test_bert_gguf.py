@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
+from modelc.bench.llamacpp import LlamaCppServer
 from modelc.formats import load_model
 from modelc.runtime.arch import Bert, build
 from tests.assets import minilm_dir
@@ -49,12 +49,15 @@ def pair(
     tmp = tmp_path_factory.mktemp(f"bert-{ftype}")
     gguf = write(minilm_dir(), tmp / f"minilm-{ftype}.gguf", ftype)
     log = tmp / "llamacpp.log"
-    with LlamaCppServer(gguf, threads=1, n_parallel=2, n_ctx=2048, log=log, embedding=True) as peer:
-        srv = start(str(gguf))
-        try:
+    srv = Server(str(gguf))  # loads while llama.cpp's server does
+    try:
+        with LlamaCppServer(
+            gguf, threads=1, n_parallel=2, n_ctx=2048, log=log, embedding=True
+        ) as peer:
+            srv.wait_ready()
             yield ftype, srv, peer
-        finally:
-            srv.stop()
+    finally:
+        srv.stop()
 
 
 def embeddings(url: str, texts: list[str]) -> np.ndarray:
@@ -190,12 +193,15 @@ def nomic_pair(
     tmp = tmp_path_factory.mktemp(f"nomic-{ftype}")
     gguf = write_nomic(minilm_dir(), tmp / f"tiny-nomic-bert-{ftype}.gguf", ftype=ftype)
     log = tmp / "llamacpp.log"
-    with LlamaCppServer(gguf, threads=1, n_parallel=2, n_ctx=4096, log=log, embedding=True) as peer:
-        srv = start(str(gguf))
-        try:
+    srv = Server(str(gguf))  # loads while llama.cpp's server does
+    try:
+        with LlamaCppServer(
+            gguf, threads=1, n_parallel=2, n_ctx=4096, log=log, embedding=True
+        ) as peer:
+            srv.wait_ready()
             yield ftype, srv, peer
-        finally:
-            srv.stop()
+    finally:
+        srv.stop()
 
 
 def test_nomic_bert_matches_llamacpp(nomic_pair: tuple[str, Server, LlamaCppServer]) -> None:

@@ -33,12 +33,10 @@ import ollama
 import openai
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
+from modelc.bench.llamacpp import LlamaCppServer
 from tests.assets import smollm2_gguf
-from tests.peers import HTTP_TIMEOUT, llamacpp, openai_client, post, smol_exact_server
-from tests.server_fixtures import ROOT, Server, smol_server
-
-__all__ = ["llamacpp", "smol_exact_server", "smol_server"]
+from tests.peers import HTTP_TIMEOUT, openai_client, post
+from tests.server_fixtures import ROOT, Server
 
 CASES: dict[str, Any] = json.loads((ROOT / "tests/fixtures/chat_cases.json").read_text())
 GOLDEN: dict[str, Any] = json.loads((ROOT / "tests/golden/smollm2_chat.json").read_text())
@@ -463,19 +461,24 @@ def test_defaults_end_the_turn_as_often_as_llamacpp(
     SIMD path, other requests in the step) changes which token a seed draws, so one ask in
     16 moved between runs of the same code (15/16 against 16/16)."""
     client, model = fast
-    ours = gather(
-        lambda seed: modelc_chat(
-            client, model, f"seed {seed}", QUESTION, seed=seed, max_tokens=200
-        ),
-        range(ASKS),
-        workers=1,
-    )
+
+    def ours_all() -> list[Answer]:
+        return gather(
+            lambda seed: modelc_chat(
+                client, model, f"seed {seed}", QUESTION, seed=seed, max_tokens=200
+            ),
+            range(ASKS),
+            workers=1,
+        )
 
     def theirs(seed: int) -> str:
         body = {"messages": QUESTION, "seed": seed, "max_tokens": 200}
         return str(post(f"{llamacpp.url}/v1/chat/completions", body)["choices"][0]["finish_reason"])
 
-    ref = gather(theirs, range(ASKS), workers=1)
+    # the two servers at once (each still one request at a time: one thread each, two cores)
+    with cf.ThreadPoolExecutor(2) as ex:
+        ours_f, ref_f = ex.submit(ours_all), ex.submit(gather, theirs, range(ASKS), 1)
+        ours, ref = ours_f.result(), ref_f.result()
     stopped = sum(a.finish == "stop" for a in ours)
     print(
         f"\nstopped within 200 tokens: modelc {stopped}/{ASKS}, llama.cpp {ref.count('stop')}/{ASKS}"

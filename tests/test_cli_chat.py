@@ -21,9 +21,7 @@ import pytest
 from modelc.cli.chat_session import ChatState, Entry, read_entry, run_command
 from modelc.runtime.prompt import SamplingDefaults
 from tests.assets import smollm2_gguf
-from tests.server_fixtures import ROOT, Server, smol_server
-
-__all__ = ["smol_server"]
+from tests.server_fixtures import ROOT, Server
 
 TMUX = shutil.which("tmux") or "/usr/bin/tmux"
 Q1 = "What is the capital of France? Answer briefly."

@@ -26,6 +26,7 @@ from modelc.formats.ir import DType, ModelIR
 from modelc.formats.quants import dequantize, quantize
 from tests import assets
 from tests.cli_support import Cli, write_mlp
+from tests.gguf_support import gguf_file
 
 FIX = Path(__file__).parent / "fixtures" / "formats"
 
@@ -97,29 +98,27 @@ def _quantized_llama_gguf(path: Path) -> Path:
     """The llama-st fixture as a GGUF: Q4_1 matrices, a Q8_0 embedding, f32 norms."""
     ir = load_model(FIX / "llama-st")
     hp = ir.hparams
-    w = gguf.GGUFWriter(path, "llama")
-    for key, value in {
-        "block_count": hp.n_layer,
-        "context_length": hp.n_ctx,
-        "embedding_length": hp.n_embd,
-        "feed_forward_length": hp.n_ff,
-        "attention.head_count": hp.n_head,
-        "attention.head_count_kv": hp.n_head_kv,
-    }.items():
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", hp.norm_eps)
-    w.add_float32("llama.rope.freq_base", hp.rope_theta)
-    for name, t in ir.tensors.items():
-        x = np.ascontiguousarray(t.data(), dtype=np.float32)
-        if x.ndim == 2 and x.shape[1] % 32 == 0:
-            kind = DType.Q8_0 if name == "token_embd.weight" else DType.Q4_1
-            w.add_tensor(name, quantize(x, kind), raw_dtype=gguf.GGMLQuantizationType[kind.name])
-        else:
-            w.add_tensor(name, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    with gguf_file(path, "llama") as w:
+        for key, value in {
+            "block_count": hp.n_layer,
+            "context_length": hp.n_ctx,
+            "embedding_length": hp.n_embd,
+            "feed_forward_length": hp.n_ff,
+            "attention.head_count": hp.n_head,
+            "attention.head_count_kv": hp.n_head_kv,
+        }.items():
+            w.add_uint32(f"llama.{key}", value)
+        w.add_float32("llama.attention.layer_norm_rms_epsilon", hp.norm_eps)
+        w.add_float32("llama.rope.freq_base", hp.rope_theta)
+        for name, t in ir.tensors.items():
+            x = np.ascontiguousarray(t.data(), dtype=np.float32)
+            if x.ndim == 2 and x.shape[1] % 32 == 0:
+                kind = DType.Q8_0 if name == "token_embd.weight" else DType.Q4_1
+                w.add_tensor(
+                    name, quantize(x, kind), raw_dtype=gguf.GGMLQuantizationType[kind.name]
+                )
+            else:
+                w.add_tensor(name, x)
     return path
 
 
@@ -268,16 +267,12 @@ def test_prune_requantizes_a_quantized_gguf(cli: Cli, smol: Path, tmp_path: Path
 def test_prune_refuses_a_type_it_cannot_write(cli: Cli, tmp_path: Path) -> None:
     """A Q6_K matrix cannot be requantized to Q6_K: say so, and how to prune it anyway."""
     rng = np.random.default_rng(0)
-    w = gguf.GGUFWriter(tmp_path / "k.gguf", "gpt2")
-    w.add_tensor(
-        "t.weight",
-        rng.integers(0, 256, size=(2, 210), dtype=np.uint8),
-        raw_dtype=gguf.GGMLQuantizationType.Q6_K,
-    )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    with gguf_file(tmp_path / "k.gguf", "gpt2") as w:
+        w.add_tensor(
+            "t.weight",
+            rng.integers(0, 256, size=(2, 210), dtype=np.uint8),
+            raw_dtype=gguf.GGMLQuantizationType.Q6_K,
+        )
     cli.fails(
         "pack", "k.gguf", "-o", "k.modelc", "--prune", "0.1",
         match=r"--prune must requantize tensor t\.weight, but modelc cannot write q6_k.*add --quantize",

@@ -39,9 +39,7 @@ from tests.compile_support import (
 )
 from tests.gen_families import ensure_family
 from tests.gen_gpt2 import ensure_gpt2_random
-from tests.server_fixtures import Server, free_port, minilm_server, start
-
-__all__ = ["minilm_server"]
+from tests.server_fixtures import Server, free_port, start
 
 pytestmark = pytest.mark.slow
 

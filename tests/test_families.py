@@ -251,7 +251,7 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     pytest.importorskip("xllamacpp")
     import httpx
 
-    from bench.llamacpp_peer import LlamaCppServer
+    from modelc.bench.llamacpp import LlamaCppServer
 
     g = golden(f"family_{family}.json")
     ir = load(family, "gguf")

@@ -3,7 +3,7 @@ ModelcError; nothing else escapes, and nothing hangs.  The readers: GGUF, safete
 PyTorch zip, ONNX, the ``.modelc`` artifact, a ``tokenizer.json`` (built, then encoding and
 decoding a text) and a chat template (SmolLM2's, rendered in the sandbox).
 
-Seeds are real files: a GGUF written by gguf-py (tests/test_gguf.py's tiny llama), the
+Seeds are real files: a GGUF written by gguf-py (tests/gguf_support.py's tiny llama), the
 fixtures' safetensors and PyTorch zip, ONNX, and a packed ``.modelc``.  Hypothesis mutates
 them (bytes overwritten, inserted, deleted; the file cut short) for a bounded number of
 examples in CI; a longer run is a matter of ``--hypothesis-seed`` and a larger
@@ -33,6 +33,7 @@ from modelc.formats.pytorch import load_pytorch
 from modelc.formats.safetensors import load_safetensors
 from modelc.runtime.chat_template import render_chat
 from modelc.runtime.tokenizer import Tokenizer, from_tokenizer_json
+from tests.gguf_support import tiny_llama
 
 ROOT_FIX = Path(__file__).parent / "fixtures"
 FIX = ROOT_FIX / "formats"
@@ -40,9 +41,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 
 
 def _gguf_seed(tmp: Path) -> bytes:
-    from tests.test_gguf import _tiny_llama
-
-    return _tiny_llama(tmp / "seed.gguf").read_bytes()
+    return tiny_llama(tmp / "seed.gguf").read_bytes()
 
 
 def _modelc_seed(tmp: Path) -> bytes:
@@ -251,9 +250,7 @@ def test_crasher_gguf_tensor_with_a_zero_dimension(tmp_path: Path) -> None:
     """A dimension of 0 loaded as an empty tensor that broke the model later; refuse it up front."""
     import gguf
 
-    from tests.test_gguf import _tiny_llama
-
-    good = _tiny_llama(tmp_path / "good.gguf")
+    good = tiny_llama(tmp_path / "good.gguf")
     reader = gguf.GGUFReader(good)
     field = next(t for t in reader.tensors if t.name == "token_embd.weight").field
     pos = field.offset + sum(int(p.nbytes) for p in field.parts[:3])  # the first u64 dim

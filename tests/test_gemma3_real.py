@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
+from modelc.bench.llamacpp import LlamaCppServer
 from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.model import LanguageModel

@@ -1,4 +1,5 @@
-"""GGUF reader: the real SmolLM2 file, small files written with gguf.GGUFWriter, corrupt files."""
+"""GGUF reader: the real SmolLM2 file, small files written with gguf-py (tests/gguf_support.py),
+corrupt files."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from modelc.formats import load_model
 from modelc.formats.gguf import load_gguf
 from modelc.formats.ir import BLOCK_SIZES, NUMPY_DTYPES, DType
 from tests import assets
+from tests.gguf_support import tiny_llama, write_gguf
 
 PLAIN = {
     DType.F32: np.float32,
@@ -32,64 +34,6 @@ PLAIN = {
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
     return assets.smollm2_gguf()
-
-
-def _write(
-    path: Path, arch: str, kv: dict[str, Any], tensors: dict[str, tuple[Any, G | None]]
-) -> Path:
-    w = gguf.GGUFWriter(path, arch)
-    for k, v in kv.items():
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, int):
-            w.add_uint32(k, v)
-        elif isinstance(v, float):
-            w.add_float32(k, v)
-        elif isinstance(v, str):
-            w.add_string(k, v)
-        else:
-            w.add_array(k, v)
-    for name, (arr, raw) in tensors.items():
-        w.add_tensor(name, arr, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def _tiny_llama(path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    return _write(
-        path,
-        "llama",
-        {
-            "llama.block_count": 1,
-            "llama.context_length": 128,
-            "llama.embedding_length": 64,
-            "llama.feed_forward_length": 96,
-            "llama.attention.head_count": 4,
-            "llama.attention.head_count_kv": 2,
-            "llama.rope.freq_base": 5e5,
-            "llama.attention.layer_norm_rms_epsilon": 1e-6,
-            "llama.rope.scaling.type": "linear",
-            "llama.rope.scaling.factor": 2.0,
-            "tokenizer.ggml.model": "gpt2",
-            "tokenizer.ggml.tokens": ["a", "b", "<s>"],
-            "tokenizer.ggml.token_type": [1, 1, 3],
-            "tokenizer.ggml.merges": ["a b"],
-            "tokenizer.ggml.bos_token_id": 2,
-            "tokenizer.chat_template": "{{ messages }}",
-        },
-        {
-            "token_embd.weight": (rng.standard_normal((3, 64)).astype(np.float32), None),
-            "blk.0.attn_q.weight": (
-                gguf.quants.quantize(rng.standard_normal((64, 64)).astype(np.float32), G.Q8_0),
-                G.Q8_0,
-            ),
-            "output_norm.weight": (np.ones(64, np.float32), None),
-        },
-    )
 
 
 def test_smollm2_hparams_and_tensors(smollm2: Path) -> None:
@@ -136,7 +80,7 @@ def test_vocab_only_file_is_a_tokenizer() -> None:
 
 
 def test_tiny_llama_metadata(tmp_path: Path) -> None:
-    ir = load_gguf(_tiny_llama(tmp_path / "m.gguf"))
+    ir = load_gguf(tiny_llama(tmp_path / "m.gguf"))
     hp = ir.hparams
     assert (hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff) == (64, 4, 2, 16, 96)
     assert hp.n_vocab == 3 and hp.rope_theta == 5e5
@@ -160,7 +104,7 @@ def test_every_dtype_round_trips(tmp_path: Path, dtype: DType) -> None:
         raw = rng.integers(0, 256, size=(shape[0], shape[1] // bs * ts), dtype=np.uint8)
         tensors = {"t.weight": (raw, raw_type)}
         expect = raw.view(np.uint16) if dtype is DType.BF16 else raw
-    ir = load_gguf(_write(tmp_path / "t.gguf", "gpt2", {}, tensors))
+    ir = load_gguf(write_gguf(tmp_path / "t.gguf", "gpt2", {}, tensors))
     t = ir.tensors["t.weight"]
     assert t.dtype is dtype and t.shape == shape
     got = t.data()
@@ -172,7 +116,7 @@ def test_every_dtype_round_trips(tmp_path: Path, dtype: DType) -> None:
 def test_gpt2_and_bert_hparams(tmp_path: Path) -> None:
     w = np.zeros((4, 32), np.float32)
     gpt2 = load_gguf(
-        _write(
+        write_gguf(
             tmp_path / "g.gguf",
             "gpt2",
             {
@@ -186,7 +130,7 @@ def test_gpt2_and_bert_hparams(tmp_path: Path) -> None:
     assert gpt2.architecture == "gpt2" and gpt2.hparams.activation == "gelu_tanh"
     assert not gpt2.hparams.tie_embeddings and gpt2.hparams.n_vocab == 4
     bert = load_gguf(
-        _write(
+        write_gguf(
             tmp_path / "b.gguf",
             "bert",
             {
@@ -203,7 +147,7 @@ def test_gpt2_and_bert_hparams(tmp_path: Path) -> None:
 
 
 def test_unknown_architecture(tmp_path: Path) -> None:
-    path = _write(
+    path = write_gguf(
         tmp_path / "q.gguf",
         "t5",
         {},
@@ -215,13 +159,13 @@ def test_unknown_architecture(tmp_path: Path) -> None:
 
 def test_unsupported_tensor_type(tmp_path: Path) -> None:
     raw = np.zeros((2, 66), np.uint8)  # IQ2_XXS: 256 weights in 66 bytes
-    path = _write(tmp_path / "iq.gguf", "llama", {}, {"blk.0.attn_q.weight": (raw, G.IQ2_XXS)})
+    path = write_gguf(tmp_path / "iq.gguf", "llama", {}, {"blk.0.attn_q.weight": (raw, G.IQ2_XXS)})
     with pytest.raises(UnsupportedError, match=r"blk\.0\.attn_q\.weight.*IQ2_XXS"):
         load_gguf(path)
 
 
 def test_truncated_copies(tmp_path: Path) -> None:
-    good = _tiny_llama(tmp_path / "good.gguf")
+    good = tiny_llama(tmp_path / "good.gguf")
     data = good.read_bytes()
     bad = tmp_path / "bad.gguf"
     for cut in [0, 3, 4, 8, 20, 24, 60, 200, 400, len(data) // 2, len(data) - 1]:
@@ -244,7 +188,7 @@ def test_random_bytes(tmp_path: Path) -> None:
 
 
 def test_tensor_offset_past_the_end(tmp_path: Path) -> None:
-    good = _tiny_llama(tmp_path / "good.gguf")
+    good = tiny_llama(tmp_path / "good.gguf")
     reader = gguf.GGUFReader(good)
     tensor = next(t for t in reader.tensors if t.name == "output_norm.weight")
     field = tensor.field
@@ -268,7 +212,7 @@ def test_overlapping_tensors_refused(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    good = _tiny_llama(tmp_path / "good.gguf")
+    good = tiny_llama(tmp_path / "good.gguf")
     reader = gguf.GGUFReader(good)
     ts = {t.name: t for t in reader.tensors}
     a, b = ts["output_norm.weight"], ts["token_embd.weight"]
@@ -294,7 +238,7 @@ def test_overlapping_tensors_refused(tmp_path: Path) -> None:
 
 
 def test_tensor_with_absurd_dims(tmp_path: Path) -> None:
-    good = _tiny_llama(tmp_path / "good.gguf")
+    good = tiny_llama(tmp_path / "good.gguf")
     reader = gguf.GGUFReader(good)
     field = next(t for t in reader.tensors if t.name == "output_norm.weight").field
     pos = field.offset + sum(int(p.nbytes) for p in field.parts[:3])  # the u64 dims

@@ -23,6 +23,7 @@ from modelc.formats.ir import DType
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends import numpy_ref
 from modelc.runtime.backends.cpu import C_MATMUL_DTYPES, CpuBackend, available_simd
+from tests.gguf_support import gguf_file
 from tests.test_kernels import REF, cols_for, make_weight, rel_err
 
 # every type a GGUF file's matrices may hold, as the reader maps them
@@ -143,12 +144,8 @@ def test_gguf_tensor_of_each_new_type_runs_in_c(tmp_path: Path, dtype: DType) ->
     raw = np.ascontiguousarray(w.data).view(np.uint8)  # (6, row bytes)
     qtype = gguf.GGMLQuantizationType[dtype.name]
     path = tmp_path / "t.gguf"
-    wr = gguf.GGUFWriter(path, "llama")
-    wr.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=qtype)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    with gguf_file(path, "llama") as wr:
+        wr.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=qtype)
     reader_tensor = next(t for t in gguf.GGUFReader(path).tensors)
     t = gguf_tensor(reader_tensor, path)
     assert t.dtype is dtype and t.shape == (6, 512)

@@ -33,12 +33,9 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
-from tests.peers import llamacpp, smol_exact_server
-from tests.server_fixtures import ROOT, Server, smol_server
+from modelc.bench.llamacpp import LlamaCppServer
+from tests.server_fixtures import ROOT, Server
 from tests.test_chat_fidelity import Answer, check_against_golden
-
-__all__ = ["llamacpp", "smol_exact_server", "smol_server"]
 
 CASES: dict[str, Any] = json.loads((ROOT / "tests/fixtures/chat_cases.json").read_text())
 GOLDEN: dict[str, Any] = json.loads((ROOT / "tests/golden/smollm2_chat.json").read_text())

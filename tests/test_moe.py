@@ -30,6 +30,7 @@ from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests import gen_families as gf
+from tests.assets import cache_lock
 from tests.cli_support import Cli
 from tests.gen_families import ensure_family
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
@@ -42,10 +43,10 @@ def moe_gguf(quant: str = "f32", family: str = "qwen3moe") -> Path:
     if quant == "f32":
         return path
     out = path.with_name(f"{family}-{quant}.gguf")
-    if not out.exists():
-        tmp = out.with_suffix(".tmp")
-        gf.write_gguf(family, gf.make_weights(family), tmp, GGMLQuantizationType[quant.upper()])
-        tmp.replace(out)
+    with cache_lock(out.name):
+        if not out.exists():
+            q = GGMLQuantizationType[quant.upper()]
+            gf.write_gguf(family, gf.make_weights(family), out, q)
     return out
 
 
@@ -75,7 +76,7 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path, family: str) -> None:
     pytest.importorskip("xllamacpp")
     import httpx
 
-    from bench.llamacpp_peer import LlamaCppServer
+    from modelc.bench.llamacpp import LlamaCppServer
 
     ir = load_model(moe_gguf(family=family))
     assert ir.tokenizer is not None

@@ -30,15 +30,7 @@ import openai
 import pytest
 
 from tests.assets import smollm2_gguf
-from tests.server_fixtures import (
-    FORMATS,
-    ROOT,
-    Server,
-    smol_minilm_server,
-    two_text_server,
-)
-
-__all__ = ["smol_minilm_server", "two_text_server"]
+from tests.server_fixtures import FORMATS, ROOT, Server
 
 N = 16  # tokens per greedy answer: enough to tell answers apart, cheap on 2 shared cores
 Q = "What is the capital of France?"

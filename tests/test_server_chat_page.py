@@ -16,26 +16,21 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
+from modelc.bench.llamacpp import LlamaCppServer
 from tests.assets import smollm2_gguf
 from tests.chat_page_support import (
     PHONE,
     Page,
-    browser,
     chat_bodies,
     fake_answer,
     open_page,
-    page,
     send,
     set_settings,
     shown_messages,
     stored,
     wait_idle,
 )
-from tests.peers import llamacpp
-from tests.server_fixtures import Server, smol_server, start, two_text_server
-
-__all__ = ["browser", "llamacpp", "page", "smol_server", "two_text_server"]
+from tests.server_fixtures import Server, start
 
 SAMPLING = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_tokens", "seed"}
 

@@ -8,9 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server_fixtures import Server, smol_server
-
-__all__ = ["smol_server"]
+from tests.server_fixtures import Server
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 CMPL = {"prompt": "hi", "max_tokens": 1}

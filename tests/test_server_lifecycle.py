@@ -18,10 +18,7 @@ import httpx
 import pytest
 
 from tests.assets import smollm2_gguf
-from tests.server_fixtures import Server, free_port, smol_server, start
-
-__all__ = ["smol_server"]
-
+from tests.server_fixtures import Server, free_port, start
 
 LORA_DIR = Path(__file__).parent / "fixtures" / "lora"
 

@@ -10,9 +10,7 @@ import pytest
 
 from modelc.artifact import load_artifact
 from modelc.runtime.tokenizer import Tokenizer
-from tests.server_fixtures import Server, minilm_server, smol_server
-
-__all__ = ["minilm_server", "smol_server"]
+from tests.server_fixtures import Server
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,8 @@ import numpy as np
 import openai
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
-from tests.peers import llamacpp
-from tests.server_fixtures import Server, minilm_server, smol_server
-
-__all__ = ["llamacpp", "minilm_server", "smol_server"]
+from modelc.bench.llamacpp import LlamaCppServer
+from tests.server_fixtures import Server
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
 

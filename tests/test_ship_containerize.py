@@ -29,9 +29,7 @@ from dockerfile_parse import DockerfileParser
 from modelc.resolve import packed_cache_path
 from modelc.ship import file_sha256
 from tests.assets import smollm2_gguf
-from tests.server_fixtures import Server, free_port, smol_server
-
-__all__ = ["smol_server"]  # the fixture
+from tests.server_fixtures import Server, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -19,9 +19,7 @@ import yaml
 from modelc.engine.options import EngineOptions
 from modelc.resolve import packed_cache_path
 from tests.assets import smollm2_gguf
-from tests.server_fixtures import Server, smol_server
-
-__all__ = ["smol_server"]  # the fixture
+from tests.server_fixtures import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_VERSION = "1.30.0"

@@ -14,9 +14,7 @@ from typing import Any, ClassVar
 import trio
 
 from modelc.bench.loadgen import run_load
-from tests.server_fixtures import Server, smol_server
-
-__all__ = ["smol_server"]  # the fixture
+from tests.server_fixtures import Server
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):

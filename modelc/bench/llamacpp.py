@@ -1,0 +1,224 @@
+"""llama.cpp (the ``xllamacpp`` wheel) as the peer: same GGUF, same thread count.
+
+The reference peer of the differential tests (``tests/conftest.py``) and of the benchmarks
+(``bench/side_by_side.py``; ``bench/llamacpp_peer.py`` re-exports it).  llama.cpp's own server
+runs in a **separate process** (``python -m modelc.bench.llamacpp GGUF --threads 2 --parallel 8``),
+started by
+:class:`LlamaCppServer`, so its peak RSS is its own and not mixed with the benchmark's.
+That process prints one JSON line ``{"url": ..., "pid": ...}`` once the model is loaded
+and serves until its standard input closes.  :class:`LlamaCppClient` measures through
+the server's native ``/completion`` endpoint, reading llama.cpp's own ``timings``
+(prompt and generation speed as llama.cpp itself counts them); the HTTP load test
+uses its OpenAI-compatible ``/v1/completions`` like any other server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+
+class LlamaCppClient:
+    """Measurements through llama.cpp's ``/completion`` (greedy, ``ignore_eos``, no prompt cache)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def completion(self, prompt: list[int] | str, n_predict: int) -> dict[str, Any]:
+        body = {
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "temperature": 0,
+            "ignore_eos": True,
+            "cache_prompt": False,
+        }
+        r = httpx.post(f"{self.url}/completion", json=body, timeout=600)
+        r.raise_for_status()
+        out: dict[str, Any] = r.json()
+        return out
+
+    def prefill_tps(self, prompt_ids: list[int], reps: int = 2) -> float:
+        """Prompt tokens/s for one prompt, best of ``reps`` (llama.cpp's ``prompt_ms``)."""
+        best = 0.0
+        for _ in range(reps):
+            t = self.completion(prompt_ids, 1)["timings"]
+            best = max(best, float(t["prompt_n"]) / (float(t["prompt_ms"]) / 1000.0))
+        return best
+
+    def decode_tps(self, prompts: list[list[int]], n_predict: int, reps: int = 2) -> float:
+        """Best of ``reps`` runs of :meth:`decode_once`."""
+        return max(self.decode_once(prompts, n_predict) for _ in range(reps))
+
+    def decode_once(self, prompts: list[list[int]], n_predict: int) -> float:
+        """Generated tokens/s, all ``len(prompts)`` sequences decoding together.
+
+        One stream: llama.cpp's ``predicted_per_second``.  Several: they share the
+        server's batch (one slot each), so the aggregate is the tokens generated over
+        the longest generation phase (``predicted_ms``) among them.
+        """
+        if len(prompts) == 1:
+            t = self.completion(prompts[0], n_predict)["timings"]
+            return float(t["predicted_n"]) / (float(t["predicted_ms"]) / 1000.0)
+        with cf.ThreadPoolExecutor(len(prompts)) as ex:
+            outs = list(ex.map(lambda p: self.completion(p, n_predict), prompts))
+        n = sum(int(o["timings"]["predicted_n"]) for o in outs)
+        return n / (max(float(o["timings"]["predicted_ms"]) for o in outs) / 1000.0)
+
+
+class LlamaCppPeer:
+    """llama.cpp's server in *this* process (the first draft's API, used by ``bench_e2e.py``).
+
+    Prefer :class:`LlamaCppServer` + :class:`LlamaCppClient` when memory matters: here the
+    peer's RSS is mixed with the caller's.
+    """
+
+    def __init__(
+        self, gguf: str | Path, threads: int, n_parallel: int = 8, n_ctx: int = 8192
+    ) -> None:
+        self._server = _start(str(gguf), threads, n_parallel, n_ctx)
+        self.url = str(self._server.listening_address).rstrip("/")
+        self._client = LlamaCppClient(self.url)
+
+    def completion(self, prompt: list[int] | str, n_predict: int) -> dict[str, Any]:
+        return self._client.completion(prompt, n_predict)
+
+    def prefill_tps(self, prompt_ids: list[int]) -> float:
+        return self._client.prefill_tps(prompt_ids, reps=1)
+
+    def decode_tps(self, prompt_ids: list[int], n_predict: int, streams: int) -> float:
+        """One run: ``streams`` copies of the prompt decoding together."""
+        return self._client.decode_once([prompt_ids] * streams, n_predict)
+
+
+class LlamaCppServer:
+    """llama.cpp's server in a subprocess (``with LlamaCppServer(...) as srv: srv.url``).
+
+    ``LlamaCppServer.started`` counts the processes started in this interpreter (the test
+    session reports it, to show each peer is started once).
+    """
+
+    started = 0
+
+    def __init__(
+        self,
+        gguf: Path,
+        threads: int,
+        n_parallel: int = 8,
+        n_ctx: int = 8192,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+        embedding: bool = False,
+    ) -> None:
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "modelc.bench.llamacpp",
+            str(gguf),
+            "--threads",
+            str(threads),
+            "--parallel",
+            str(n_parallel),
+            "--ctx",
+            str(n_ctx),
+            *(["--embedding"] if embedding else []),
+        ]
+        self.log = log
+        self.env = {**os.environ, **(env or {})}
+        self.url = ""
+        self.pid = 0
+
+    def __enter__(self) -> LlamaCppServer:
+        LlamaCppServer.started += 1
+        err = self.log.open("wb") if self.log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=self.env,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(30)
+            raise RuntimeError(f"llama.cpp server exited {self.proc.returncode} (log: {self.log})")
+        info = json.loads(line)
+        self.url, self.pid = str(info["url"]), int(info["pid"])
+        return self
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e6
+        return 0.0
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _start(gguf: str, threads: int, n_parallel: int, n_ctx: int, embedding: bool = False) -> Any:
+    import xllamacpp as x
+
+    p = x.CommonParams()
+    p.model.path = gguf
+    p.cpuparams.n_threads = threads
+    p.cpuparams_batch.n_threads = threads
+    p.n_parallel = n_parallel
+    p.n_ctx = n_ctx
+    p.warmup = True
+    p.cache_prompt = False
+    p.embedding = embedding  # an embedding model: /v1/embeddings, pooling as the GGUF says
+    return x.Server(p)
+
+
+def _serve(gguf: str, threads: int, n_parallel: int, n_ctx: int, embedding: bool) -> None:
+    server = _start(gguf, threads, n_parallel, n_ctx, embedding)
+    url = str(server.listening_address).rstrip("/")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the model loads in the background
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    sys.stdout.write(json.dumps({"url": url, "pid": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    sys.stdin.read()  # serve until the parent closes our stdin
+    del server
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="llama.cpp's server (xllamacpp) in this process")
+    ap.add_argument("gguf")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument(
+        "--embedding", action="store_true", help="serve embeddings (llama-server --embedding)"
+    )
+    a = ap.parse_args()
+    _serve(a.gguf, a.threads, a.parallel, a.ctx, a.embedding)
+
+
+if __name__ == "__main__":
+    main()

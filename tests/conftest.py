@@ -1,0 +1,133 @@
+"""The shared fixtures of the test suite, each defined once here and used by name.
+
+Session-scoped (one process for the whole run, stopped at its end):
+
+* ``smol_server``: ``modelc run`` on the SmolLM2 GGUF (4 slots, a ': ping' every 50 ms, so
+  every stream carries comments clients must skip).
+* ``minilm_server``: ``modelc run`` on the MiniLM embedding model.
+* ``smol_exact_server``: ``modelc run`` on the SmolLM2 GGUF with ``MODELC_MATMUL=exact``
+  (activations stay f32) and an f32 KV cache: the mode compared with transformers' goldens.
+* ``llamacpp``: llama.cpp's own server (the ``xllamacpp`` wheel, :mod:`modelc.bench.llamacpp`)
+  on the same GGUF; the fixture's value has ``url``.
+
+Module-scoped, because their store (what /api/pull, /api/copy, /api/create and /api/delete
+change) must be private to the module using them: ``smol_minilm_server``,
+``two_text_server``; ``browser`` (headless Chromium, skipped without it) and ``page`` (a fresh
+profile per test) for the chat page.
+
+The end of a run reports how many servers it started (``modelc run`` by arguments,
+llama.cpp), summed over the workers of ``pytest -n``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from modelc.bench.llamacpp import LlamaCppServer
+from tests.assets import minilm_dir, smollm2_gguf
+from tests.chat_page_support import ARGS, CHROMIUM, DESKTOP, sync_playwright
+from tests.peers import serve_exact
+from tests.server_fixtures import FORMATS, STARTED, Server, start
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
+
+@pytest.fixture(scope="session")
+def smol_server() -> Iterator[Server]:
+    srv = start(str(smollm2_gguf()), "--max-concurrent", "4", "--ping-interval", "0.05")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def minilm_server() -> Iterator[Server]:
+    srv = start(str(minilm_dir()))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def smol_exact_server() -> Iterator[Server]:
+    yield from serve_exact(smollm2_gguf())
+
+
+@pytest.fixture(scope="session")
+def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
+    log = tmp_path_factory.mktemp("llamacpp") / "llamacpp.log"  # kept for a post-mortem
+    with LlamaCppServer(smollm2_gguf(), threads=1, n_parallel=2, n_ctx=8192, log=log) as peer:
+        yield peer
+
+
+@pytest.fixture(scope="module")
+def smol_minilm_server() -> Iterator[Server]:
+    """``modelc run SmolLM2 MiniLM --alias smol --alias minilm``: one process, two engines,
+    a private store."""
+    srv = start(
+        None, str(smollm2_gguf()), str(minilm_dir()), "--alias", "smol", "--alias", "minilm"
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def two_text_server() -> Iterator[Server]:
+    """``modelc run SmolLM2 llama-st --alias smol --alias tiny``: two text models in one
+    process (llama-st is the tiny random llama with a chat template), a private store."""
+    srv = start(
+        None, str(smollm2_gguf()), str(FORMATS / "llama-st"), "--alias", "smol", "--alias", "tiny"
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if sync_playwright is None or CHROMIUM is None:
+        pytest.skip("needs playwright (pip) and Debian's chromium (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh profile (empty localStorage) at desktop size; page errors fail the test."""
+    context = browser.new_context(viewport=DESKTOP)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    yield pg
+    context.close()
+    assert not errors, errors
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A ``pytest -n`` worker hands its counts to the controller (``workeroutput``)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["servers"] = json.dumps([dict(STARTED), LlamaCppServer.started])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller of ``pytest -n``: a worker's counts added to this process's."""
+    started, peers = json.loads(getattr(node, "workeroutput", {}).get("servers", "[{}, 0]"))
+    STARTED.update(started)
+    LlamaCppServer.started += peers
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line: the servers this run started (each shared one once per worker)."""
+    if not STARTED and not LlamaCppServer.started:
+        return
+    models = "; ".join(f"{n} x {name}" for name, n in sorted(STARTED.items()))
+    terminalreporter.write_line(
+        f"servers started: {LlamaCppServer.started} llama.cpp, "
+        f"{sum(STARTED.values())} modelc run ({models})"
+    )

@@ -1,0 +1,137 @@
+"""Writing GGUF files for the tests (and ``bench/``): the one place gguf-py's writer is driven.
+
+:func:`gguf_file` opens a ``gguf.GGUFWriter``; the caller adds metadata and tensors in the
+block, and leaving it writes the header, the key-values and the tensors, in that order,
+and closes the file (``atomic=True``: under ``NAME.PID.tmp``, renamed once complete, so a
+cached model is never seen half-written, even by a parallel worker).  :func:`add_matrix` stores a float matrix in a
+GGUF type, :func:`add_llama_shape` the llama-style hyper-parameters, and :func:`write_gguf`
+a whole file from plain dicts.  The bytes are exactly what the same gguf-py calls made by
+hand give (the goldens of the generated models do not move).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import gguf
+import gguf.quants
+import numpy as np
+
+G = gguf.GGMLQuantizationType
+
+
+@contextmanager
+def gguf_file(path: Path, arch: str, *, atomic: bool = False) -> Iterator[gguf.GGUFWriter]:
+    """A writer for ``path`` (architecture ``arch``); the file is written when the block ends."""
+    dest = path.with_name(f"{path.name}.{os.getpid()}.tmp") if atomic else path
+    w = gguf.GGUFWriter(str(dest), arch)
+    try:
+        yield w
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+    finally:
+        w.close()
+    if atomic:
+        os.replace(dest, path)
+
+
+def add_matrix(
+    w: gguf.GGUFWriter, name: str, data: np.ndarray[Any, Any], qtype: G | None = None
+) -> None:
+    """``data`` (float32) stored as ``qtype``: F32 (or None) as it is, F16 as float16, any
+    other type as gguf-py's quantized blocks."""
+    if qtype is None or qtype == G.F32:
+        w.add_tensor(name, data)
+    elif qtype == G.F16:
+        w.add_tensor(name, data.astype(np.float16))
+    else:
+        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+
+def add_llama_shape(
+    w: gguf.GGUFWriter,
+    *,
+    n_layer: int,
+    n_ctx: int,
+    d: int,
+    ff: int,
+    n_head: int,
+    n_head_kv: int,
+    rope_base: float,
+    rms_eps: float,
+) -> None:
+    """The llama-style hyper-parameters, in the order ``convert_hf_to_gguf`` writes them."""
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(rms_eps)
+
+
+def write_gguf(
+    path: Path,
+    arch: str,
+    kv: Mapping[str, Any],
+    tensors: Mapping[str, tuple[np.ndarray[Any, Any], G | None]],
+) -> Path:
+    """A GGUF of plain values: ``kv`` typed by value (bool, int as uint32, float as float32,
+    str, list as an array), ``tensors`` as ``name: (array, raw type or None)``."""
+    with gguf_file(path, arch) as w:
+        for k, v in kv.items():
+            if isinstance(v, bool):
+                w.add_bool(k, v)
+            elif isinstance(v, int):
+                w.add_uint32(k, v)
+            elif isinstance(v, float):
+                w.add_float32(k, v)
+            elif isinstance(v, str):
+                w.add_string(k, v)
+            else:
+                w.add_array(k, v)
+        for name, (arr, raw) in tensors.items():
+            w.add_tensor(name, arr, raw_dtype=raw)
+    return path
+
+
+def tiny_llama(path: Path) -> Path:
+    """A one-layer random llama (d 64, GQA 4/2, linear rope scaling, a 3-token gpt2 vocabulary,
+    one Q8_0 matrix): the GGUF reader's and the fuzzers' seed file."""
+    rng = np.random.default_rng(0)
+    return write_gguf(
+        path,
+        "llama",
+        {
+            "llama.block_count": 1,
+            "llama.context_length": 128,
+            "llama.embedding_length": 64,
+            "llama.feed_forward_length": 96,
+            "llama.attention.head_count": 4,
+            "llama.attention.head_count_kv": 2,
+            "llama.rope.freq_base": 5e5,
+            "llama.attention.layer_norm_rms_epsilon": 1e-6,
+            "llama.rope.scaling.type": "linear",
+            "llama.rope.scaling.factor": 2.0,
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.tokens": ["a", "b", "<s>"],
+            "tokenizer.ggml.token_type": [1, 1, 3],
+            "tokenizer.ggml.merges": ["a b"],
+            "tokenizer.ggml.bos_token_id": 2,
+            "tokenizer.chat_template": "{{ messages }}",
+        },
+        {
+            "token_embd.weight": (rng.standard_normal((3, 64)).astype(np.float32), None),
+            "blk.0.attn_q.weight": (
+                gguf.quants.quantize(rng.standard_normal((64, 64)).astype(np.float32), G.Q8_0),
+                G.Q8_0,
+            ),
+            "output_norm.weight": (np.ones(64, np.float32), None),
+        },
+    )
