@@ -15,9 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server_fixtures import Server, smol_server
-
-__all__ = ["smol_server"]
+from tests.server_fixtures import Server
 
 Q = "What is the capital of France? Answer briefly."
 SCHEMA = {
