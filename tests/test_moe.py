@@ -208,9 +208,10 @@ def test_an_unsupported_moe_config_is_refused_in_one_line(tmp_path: Path) -> Non
     cli.fails("pack", str(d), match="Qwen3-MoE config is not supported")
 
 
-def test_pack_run_and_compile_refusal(tmp_path: Path) -> None:
-    """The GGUF packs and generates through the CLI; ``modelc compile`` refuses it in one
-    line (no compiled MoE forward yet)."""
+def test_pack_run_and_compile(tmp_path: Path) -> None:
+    """The GGUF packs and generates through the CLI; ``modelc compile`` writes its project,
+    the spec marking every layer a mixture (its logits are held bit for bit to the runtime's
+    in ``tests/test_compile.py``)."""
     cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
     cli("pack", str(moe_gguf()), "--name", "tiny-moe")
     assert "4 experts, 2 a token" in cli("inspect", "tiny-moe").stdout
@@ -218,7 +219,9 @@ def test_pack_run_and_compile_refusal(tmp_path: Path) -> None:
         "generate", "tiny-moe", "The quick brown fox", "--max-tokens", "8", "--temperature", "0"
     )
     assert out.stdout.strip()
-    cli.fails("compile", "tiny-moe", "-o", str(tmp_path / "out"), match="mixtures of experts")
+    cli("compile", "tiny-moe", "-o", str(tmp_path / "out"), "--name", "moe")
+    spec = json.loads((tmp_path / "out" / "moe_app" / "spec.json").read_text())
+    assert spec["template"] == "decoder" and spec["decoder"]["moe"] == [True] * spec["decoder"]["n_layer"]
 
 
 def test_cuda_takes_a_mixture_from_its_description() -> None:

@@ -80,11 +80,12 @@ def _modules() -> dict[str, str]:
     from modelc.runtime.arch.decoder import Decoder
     from modelc.runtime.arch.gpt2 import GPT2
     from modelc.runtime.arch.mlp import MLP
+    from modelc.runtime.arch.moe import moe_ffn
     from modelc.runtime.backends.cpu import CpuBackend
     from modelc.runtime.model import begin_step, end_step
 
     objs: dict[str, Any] = {"Decoder": Decoder, "GPT2": GPT2, "Bert": Bert, "MLP": MLP}
-    objs |= {"encoder_attention": encoder_attention}
+    objs |= {"encoder_attention": encoder_attention, "moe_ffn": moe_ffn}
     objs |= {"begin_step": begin_step, "end_step": end_step, "TYPE_CODES": CpuBackend}
     return {k: v.__module__.removeprefix("modelc.") for k, v in objs.items()}
 

@@ -41,8 +41,9 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
     )
 
 
-# what the generated decoder loop runs of the description (the rest is refused)
-COMPILE_RUNS = frozenset(FEATURES) - {"moe", "partial_rope"}
+# what the generated decoder loop runs of the description (the rest is refused); a mixture's
+# expert FFN is the runtime's moe_ffn, called between two stretches of the compiled loop
+COMPILE_RUNS = frozenset(FEATURES) - {"partial_rope"}
 
 
 def _decoder(m: Decoder, be: CpuBackend) -> Spec:
@@ -52,7 +53,13 @@ def _decoder(m: Decoder, be: CpuBackend) -> Spec:
         raise _refuse("layers that differ in Q/K/V biases or Q/K norms are not compiled")
     types, fuse_qkv, fuse_gu, ffs = [], [], [], []
     for i, b in enumerate(m.blocks):
-        assert b.w_gate is not None and b.w_up is not None and b.w_down is not None  # no moe
+        if b.w_gate is None or b.w_up is None or b.w_down is None:  # experts: moe_ffn
+            attn = (b.wq, b.wk, b.wv, b.wo)
+            ffs.append(0)
+            types.append([_code(be, w, f"blk.{i} weights") for w in attn] + [-1, -1, -1])
+            fuse_qkv.append(_fused(attn[:3]))
+            fuse_gu.append(False)
+            continue
         ws = (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)
         ffs.append(b.w_gate.shape[0])
         types.append([_code(be, w, f"blk.{i} weights") for w in ws])
