@@ -221,7 +221,10 @@ def test_pack_run_and_compile(tmp_path: Path) -> None:
     assert out.stdout.strip()
     cli("compile", "tiny-moe", "-o", str(tmp_path / "out"), "--name", "moe")
     spec = json.loads((tmp_path / "out" / "moe_app" / "spec.json").read_text())
-    assert spec["template"] == "decoder" and spec["decoder"]["moe"] == [True] * spec["decoder"]["n_layer"]
+    assert (
+        spec["template"] == "decoder"
+        and spec["decoder"]["moe"] == [True] * spec["decoder"]["n_layer"]
+    )
 
 
 def test_cuda_takes_a_mixture_from_its_description() -> None:
