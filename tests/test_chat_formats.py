@@ -119,7 +119,7 @@ CASES = {
         f'Checking.\n<tool_call>\n{{"name": "get_weather", "arguments": {J}}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
         "",
-        "Checking.",
+        "Checking.\n",
         [PARIS, ("get_weather", {"city": "Rome"})],
     ),
     "qwen2.5-no-tools": Case(
@@ -134,7 +134,7 @@ CASES = {
         "I will look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
         "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
         "",
-        "I will look.",
+        "I will look.\n",
         [PARIS],
     ),
     "qwen3.5-opened": Case(
@@ -152,8 +152,45 @@ CASES = {
     ),
     "llama3.1-python-tag": Case(
         "meta-llama-Llama-3.1-8B-Instruct",
+        f'<|python_tag|>{{"name": "get_weather", "parameters": {J}}}',
+        calls=[PARIS],
+    ),
+    "llama3.1-builtin-not-offered": Case(  # llama.cpp leaves it as text
+        "meta-llama-Llama-3.1-8B-Instruct",
         '<|python_tag|>brave_search.call(query="weather in Paris")',
-        calls=[("brave_search", {"query": "weather in Paris"})],
+        content='<|python_tag|>brave_search.call(query="weather in Paris")',
+    ),
+    "qwen3-call-only": Case(
+        "Qwen-Qwen3-0.6B",
+        f'<tool_call>\n{{"name": "get_weather", "arguments": {J}}}\n</tool_call>',
+        calls=[PARIS],
+    ),
+    "qwen3.5-no-thinking": Case(
+        "Qwen3.5-4B",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        calls=[PARIS],
+        kwargs={"enable_thinking": False},
+    ),
+    "glm-4.6-call": Case(
+        "GLM-4.6",
+        "Let me see.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+        "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+        content="Let me see.\n",
+        calls=[PARIS],
+    ),
+    "deepseek-r1-call": Case(
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        f"{J}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        calls=[PARIS],
+        kwargs={"enable_thinking": False},
+    ),
+    "deepseek-v3.1-call": Case(
+        "deepseek-ai-DeepSeek-V3.1",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        f"{J}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        calls=[PARIS],
     ),
     "llama3.2-typed": Case(
         "meta-llama-Llama-3.2-3B-Instruct",
@@ -191,7 +228,7 @@ CASES = {
         "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
         "Let me call.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
         f"get_weather\n```json\n{J}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-        "Let me call.\n",
+        "\nLet me call.\n",  # DeepSeek's trace keeps its blanks (llama.cpp's split)
         "",
         [PARIS],
         kwargs={"enable_thinking": True},
@@ -199,8 +236,8 @@ CASES = {
     "deepseek-r1-answer": Case(
         "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
         "Hmm.\n</think>\n\nIt is 42.",
-        "Hmm.\n",
-        "It is 42.",
+        "\nHmm.\n",
+        "\n\nIt is 42.",
         tools=False,
         kwargs={"enable_thinking": True},
     ),

@@ -55,10 +55,11 @@ def blocks(
     out, parts, pos = Parsed(), [], 0
     while True:
         i = text.find(open_, pos)
+        piece = cut(text[pos:], [open_], partial) if i < 0 else text[pos:i]
+        if not out.calls or piece.strip():  # blanks between and after calls are dropped
+            parts.append(piece)
         if i < 0:
-            parts.append(cut(text[pos:], [open_], partial))
             break
-        parts.append(text[pos:i])
         j = text.find(close, i + len(open_)) if close else -1
         end = j if j >= 0 else len(text)
         body = text[i + len(open_) : end]
@@ -123,14 +124,14 @@ _PY_CALL = re.compile(r"\s*([\w.]+)\.call\((.*)\)\s*$", re.S)
 _KWARG = re.compile(r'(\w+)\s*=\s*("(?:[^"\\]|\\.)*"|[^,]+)')
 
 
-def _python_tag(body: str, partial: bool) -> ToolCall | None:
+def _python_tag(body: str, partial: bool, offered: ParamTypes) -> ToolCall | None:
     if partial:
         return None
     s = body.strip()
     if s.startswith("{"):
         return json_call(s, False)
     m = _PY_CALL.match(s)
-    if m:
+    if m and m.group(1) in offered:
         args = {}
         for k, v in _KWARG.findall(m.group(2)):
             try:
@@ -138,14 +139,19 @@ def _python_tag(body: str, partial: bool) -> ToolCall | None:
             except json.JSONDecodeError:
                 args[k] = v.strip()
         return ToolCall(m.group(1), json.dumps(args, ensure_ascii=False))
-    return ToolCall("python", json.dumps({"code": s}, ensure_ascii=False))
+    if "python" in offered:
+        return ToolCall("python", json.dumps({"code": s}, ensure_ascii=False))
+    return None
 
 
 def llama3(text: str, partial: bool, types: ParamTypes) -> Parsed:
     """Llama 3.x: ``{"name": .., "parameters": ..}`` as the answer, or ``<|python_tag|>``
-    followed by a JSON call, a built-in ``tool.call(k="v")`` or code."""
+    followed by a JSON call, an offered built-in's ``tool.call(k="v")`` or code for an
+    offered ``python`` tool (else the tag's text stays content, as llama.cpp keeps it)."""
     if "<|python_tag|>" in text:
-        return blocks(text, partial, "<|python_tag|>", "", one(_python_tag))
+        return blocks(
+            text, partial, "<|python_tag|>", "", one(lambda b, p: _python_tag(b, p, types))
+        )
     return bare_json(cut(text, ["<|python_tag|>"], partial), partial, types)
 
 

@@ -85,11 +85,13 @@ _HARMONY = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|call|>", "<
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 
 
-def harmony(text: str, partial: bool, types: ParamTypes) -> Parsed:
+def harmony(text: str, partial: bool, types: ParamTypes, *, keep_analysis: bool = False) -> Parsed:
     """gpt-oss: ``<|channel|>analysis<|message|>..<|end|>`` is the trace,
     ``<|start|>assistant<|channel|>final<|message|>..`` the answer, and
     ``<|channel|>commentary to=functions.name <|constrain|>json<|message|>{..}<|call|>``
-    a call (the recipient may also stand before ``<|channel|>``)."""
+    a call (the recipient may also stand before ``<|channel|>``).  ``keep_analysis``
+    leaves the trace's message as written in the content (llama.cpp's
+    ``reasoning_format: none``)."""
     out, pos = Parsed(), 0
     if "<|message|>" not in text and not partial and "<|channel|>" not in text:
         out.content = text  # no channels at all: plain text
@@ -106,6 +108,10 @@ def harmony(text: str, partial: bool, types: ParamTypes) -> Parsed:
         to = _RECIPIENT.search(header)
         if to:
             out.calls.append(ToolCall(to.group(1), body.lstrip()))
+        elif channel == "analysis" and keep_analysis:
+            out.content += (
+                text[pos : e + len(which)] if e >= 0 else cut(text[pos:], _HARMONY, partial)
+            )
         elif channel == "analysis":
             out.reasoning += body
         else:

@@ -27,12 +27,20 @@ class ChatFormat:
     calls: c.CallParser
     think: tuple[str, str] | None = None
     channels: bool = False  # gpt-oss: the parser splits the trace itself
+    trim: bool = True  # blanks around the trace dropped (DeepSeek's parser keeps them)
 
     def opens_trace(self, prompt: str) -> bool:
         """True when the generation prompt ends inside an open trace."""
         if self.think is None:
             return False
         return prompt.rstrip().endswith(self.think[0].rstrip())
+
+    def lead(self, prompt: str) -> str:
+        """The open trace's marker at the prompt's end (and the blanks after it): the
+        output is read as if it began with it, as llama.cpp reads the generation prompt."""
+        if self.think is None or not self.opens_trace(prompt):
+            return ""
+        return prompt[prompt.rfind(self.think[0]) :]
 
 
 def _think(src: str, markers: tuple[str, str] = THINK) -> tuple[str, str] | None:
@@ -55,7 +63,7 @@ def detect(template: str | None) -> ChatFormat:
     if "<|tool_call>" in s:
         return ChatFormat("gemma4", x.gemma4, _think(s, ("<|channel>thought", "<channel|>")))
     if "tool▁calls▁begin" in s:
-        return ChatFormat("deepseek", c.deepseek, _think(s))
+        return ChatFormat("deepseek", c.deepseek, _think(s), trim=False)
     if "<tool_call>" in s and "<function=" in s and "<parameter=" in s:
         return ChatFormat("qwen3-coder", x.qwen3_coder, _think(s))
     if "<|tool_call|>" in s:
@@ -72,23 +80,20 @@ def new_call_id() -> str:
 
 
 def split_trace(
-    text: str, markers: tuple[str, str], opened: bool, partial: bool
+    text: str, markers: tuple[str, str], partial: bool, trim: bool = True
 ) -> tuple[str, str]:
-    """(trace, rest): the trace without its markers and leading blanks, the rest after it
-    without leading blanks; no trace at the start -> ("", text)."""
+    """(trace, rest): the trace at the start of ``text`` without its markers, and the rest
+    after it (with ``trim``, both without leading blanks); no trace -> ("", text)."""
     start, end = markers
-    s = text
-    if not opened:
-        t = text.lstrip()
-        if partial and start.startswith(t):
-            return "", ""
-        if not t.startswith(start):
-            return "", text
-        s = t[len(start) :]
+    t = text.lstrip()
+    if partial and start.startswith(t):
+        return "", ""
+    if not t.startswith(start):
+        return "", text
+    s = t[len(start) :]
     i = s.find(end)
-    if i < 0:
-        return cut(s, [end], partial).lstrip(), ""
-    return s[:i].lstrip(), s[i + len(end) :].lstrip()
+    trace, rest = (cut(s, [end], partial), "") if i < 0 else (s[:i], s[i + len(end) :])
+    return (trace.lstrip(), rest.lstrip()) if trim else (trace, rest)
 
 
 def parse(
@@ -97,29 +102,27 @@ def parse(
     *,
     tools: bool,
     reasoning: bool = True,
-    opened: bool = False,
     types: ParamTypes | None = None,
     partial: bool = False,
 ) -> Parsed:
-    """The trace, answer and calls of ``text`` (the model's output after the prompt).
+    """The trace, answer and calls of ``text`` (the model's output after the prompt,
+    led by :meth:`ChatFormat.lead` when the prompt opened the trace).
 
     ``tools``: whether calls are parsed (a request that offers none gets text);
     ``reasoning``: whether the trace is split off (llama.cpp's ``reasoning_format``
-    ``none`` leaves it in the answer); ``opened``: the prompt opened the trace."""
+    ``none`` leaves it in the answer)."""
     if fmt.channels:
-        if not reasoning:
-            return Parsed(content=text)
-        out = fmt.calls(text, partial, types or {})
+        out = x.harmony(text, partial, types or {}, keep_analysis=not reasoning)
         if not tools:
-            out.content, out.calls = out.content + "".join(k.arguments for k in out.calls), []
+            out.calls = []
         return out
     trace, rest = "", text
     if reasoning and fmt.think is not None:
-        trace, rest = split_trace(text, fmt.think, opened, partial)
+        trace, rest = split_trace(text, fmt.think, partial, fmt.trim)
     if not tools:
         return Parsed(trace, rest)
     out = fmt.calls(rest, partial, types or {})
     out.reasoning = trace
-    if partial or out.calls:
-        out.content = out.content.rstrip()  # blanks before a call are not the answer's
+    if (partial or out.calls) and not out.content.strip():
+        out.content = ""  # blanks before a call are not an answer
     return out

@@ -56,15 +56,15 @@ class StreamParser:
         self.fmt = fmt
         self.tools = bool(tools)
         self.reasoning = reasoning
-        self.opened = reasoning and fmt.opens_trace(prompt)
+        self.lead = fmt.lead(prompt)
         self.types = param_types(tools)
-        self.text = ""
+        self.text = self.lead
         self.sent = Parsed()
         self.ids: list[str] = []
 
     def full(self, text: str) -> Parsed:
         """The whole-output parse, calls given ids."""
-        out = self._parse(text, partial=False)
+        out = self._parse(self.lead + text, partial=False)
         for k in out.calls:
             k.id = k.id or new_call_id()
         return out
@@ -75,7 +75,6 @@ class StreamParser:
             text,
             tools=self.tools,
             reasoning=self.reasoning,
-            opened=self.opened,
             types=self.types,
             partial=partial,
         )
