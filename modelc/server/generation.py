@@ -37,7 +37,7 @@ from modelc.engine.api import (
     TokenEvent,
 )
 from modelc.errors import ModelcError, UsageError
-from modelc.runtime.prompt import SAMPLING_FIELDS
+from modelc.runtime.prompt import SAMPLING_FIELDS, ChatPrompt
 from modelc.runtime.sampling import SamplingParams
 from modelc.server.context import ctx, json_response, record, stream_response
 from modelc.server.errors import ParamError
@@ -74,6 +74,24 @@ def plain(obj: Any) -> Any:
     return msgspec.to_builtins(obj)
 
 
+def chat_prompt(
+    info: ModelInfo,
+    messages: Sequence[Any],
+    tools: Sequence[Any] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> ChatPrompt:
+    """The engine's prompt (text and ids) for a conversation (messages as Structs or
+    dicts); ``template_kwargs``: extra template variables (``enable_thinking``...)."""
+    return info.fmt().chat(
+        plain(list(messages)),
+        tools=plain(list(tools)) if tools else None,
+        add_generation_prompt=add_generation_prompt,
+        template_kwargs=template_kwargs,
+    )
+
+
 def chat_ids(
     info: ModelInfo,
     messages: Sequence[Any],
@@ -82,15 +100,7 @@ def chat_ids(
     add_generation_prompt: bool = True,
 ) -> list[int]:
     """The engine's prompt ids for a conversation (messages as Structs or dicts)."""
-    return (
-        info.fmt()
-        .chat(
-            plain(list(messages)),
-            tools=plain(list(tools)) if tools else None,
-            add_generation_prompt=add_generation_prompt,
-        )
-        .ids
-    )
+    return chat_prompt(info, messages, tools, add_generation_prompt=add_generation_prompt).ids
 
 
 def text_ids(info: ModelInfo, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 from quart import Blueprint, Response
 
+from modelc.chat import ToolCall
 from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent, TokenEvent
+from modelc.runtime.prompt import ChatPrompt
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import sse
 from modelc.server import tools as tooling
@@ -30,6 +32,7 @@ from modelc.server.generation import (
     Outcome,
     RendererBase,
     chat_ids,
+    chat_prompt,
     embed_inputs,
     make_requests,
     new_id,
@@ -182,16 +185,28 @@ async def generate() -> Response:
     return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk))
 
 
-def _fit(info: ModelInfo, msgs: list[Any], tools: Any, num_ctx: int | None) -> list[int]:
-    """The chat's ids; over ``num_ctx``, the oldest non-system messages go first (Ollama)."""
-    ids = chat_ids(info, msgs, tools)
-    while num_ctx is not None and len(ids) >= num_ctx:
+def _fit(
+    info: ModelInfo, msgs: list[Any], tools: Any, num_ctx: int | None, kwargs: dict[str, Any]
+) -> ChatPrompt:
+    """The chat's prompt; over ``num_ctx``, the oldest non-system messages go first (Ollama)."""
+    prompt = chat_prompt(info, msgs, tools, template_kwargs=kwargs)
+    while num_ctx is not None and len(prompt.ids) >= num_ctx:
         drop = next((k for k, m in enumerate(msgs[:-1]) if _role(m) != "system"), None)
         if drop is None:
             break  # only the last message (and system) left: the engine says it is too long
         msgs = msgs[:drop] + msgs[drop + 1 :]
-        ids = chat_ids(info, msgs, tools)
-    return ids
+        prompt = chat_prompt(info, msgs, tools, template_kwargs=kwargs)
+    return prompt
+
+
+def _think_kwargs(think: bool | str | None) -> dict[str, Any]:
+    """Ollama's ``think`` as template variables: true/false -> ``enable_thinking``, a
+    level -> ``reasoning_effort`` (gpt-oss) with thinking on; unset -> the template's own."""
+    if think is None:
+        return {}
+    if isinstance(think, bool):
+        return {"enable_thinking": think}
+    return {"enable_thinking": True, "reasoning_effort": think}
 
 
 def _role(m: Any) -> str:
@@ -208,31 +223,37 @@ async def chat() -> Response:
         )
     info, engine = await use_model(req.model, "text", parse_keep_alive(req.keep_alive))
     num_ctx = req.options.num_ctx if req.options else None
-    ids = _fit(info, list(req.messages), req.tools, num_ctx)
-    tool_calls = bool(req.tools) and not req.stream  # streamed text is relayed as it comes
+    prompt = _fit(info, list(req.messages), req.tools, num_ctx, _think_kwargs(req.think))
+    # the trace goes to ``thinking`` and calls to ``tool_calls`` (streamed: with the last chunk)
+    parser = tooling.output_reader(info.chat_template, prompt.text, req.tools).parser()
 
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaChatChunk:
-        msg = _reply(text, tool_calls)
+        if f is None:
+            d = parser.feed(text)
+            msg = OllamaMessage("assistant", d.content, thinking=d.reasoning or None)
+        elif req.stream:
+            parser.feed(text)
+            last, whole = parser.finish()
+            msg = _reply(last.content, last.reasoning, whole.calls)
+        else:
+            got = parser.full(text)
+            msg = _reply(got.content, got.reasoning, got.calls)
         return OllamaChatChunk(req.model, _now(), msg, f is not None, **_done_fields(f))
 
-    return await _answer(req, info, engine, ids, "chat", OllamaRenderer(chunk))
+    return await _answer(req, info, engine, prompt.ids, "chat", OllamaRenderer(chunk))
 
 
-def _reply(text: str, tools: bool) -> OllamaMessage:
-    """The assistant message; with tools, a tool call in the text becomes ``tool_calls``."""
-    if tools:
-        content, calls = tooling.parse_tool_calls(text)
-        parsed = []
-        for c in calls:
-            try:
-                args = json.loads(c.function.arguments)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(args, dict):
-                parsed.append(OllamaToolCall(OllamaFunctionCall(c.function.name, args)))
-        if parsed:
-            return OllamaMessage("assistant", content or "", parsed)
-    return OllamaMessage("assistant", text)
+def _reply(content: str, thinking: str, calls: list[ToolCall]) -> OllamaMessage:
+    """The assistant message; Ollama's calls carry their arguments as objects."""
+    parsed = []
+    for c in calls:
+        try:
+            args = json.loads(c.arguments)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(args, dict):
+            parsed.append(OllamaToolCall(OllamaFunctionCall(c.name, args)))
+    return OllamaMessage("assistant", content, parsed or None, thinking or None)
 
 
 @bp.post("/api/embed")

@@ -17,7 +17,7 @@ from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, record, use_model
 from modelc.server.errors import ParamError
 from modelc.server.generation import (
-    chat_ids,
+    chat_prompt,
     embed_inputs,
     make_requests,
     new_id,
@@ -54,8 +54,19 @@ async def chat_completions() -> Response:
     if choice is not None and choice != "none" and choice != "auto" and not req.tools:
         raise ParamError("tool_choice requires tools", param="tool_choice")
     tools = req.tools if req.tools and choice != "none" else None
-    ids = chat_ids(info, req.messages, tools)
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:  # gpt-oss's template reads it
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    prompt = chat_prompt(info, req.messages, tools, template_kwargs=kwargs)
+    ids = prompt.ids
     constraint = tooling.choice_constraint(tools, choice) if tools else None
+    reader = tooling.output_reader(
+        info.chat_template,
+        prompt.text,
+        tools,
+        reasoning=req.reasoning_format != "none",
+        forced_call=constraint is not None,
+    )
     if constraint is None:
         constraint = response_constraint(req.response_format)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -80,7 +91,7 @@ async def chat_completions() -> Response:
         ids,
         include_usage=req.include_usage,
         return_token_ids=req.return_token_ids,
-        tools=tools is not None,
+        reader=reader,
         logprobs=req.logprobs,
         progress_chunks=progress,
     )

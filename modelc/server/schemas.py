@@ -115,6 +115,7 @@ class ChatMessage(Req):
     name: Name | None = None
     tool_calls: Annotated[list[ToolCall], Meta(max_length=64)] | None = None
     tool_call_id: Name | None = None
+    reasoning_content: Text | None = None  # an earlier turn's trace, for the template
 
 
 Messages = Annotated[list[ChatMessage], Meta(min_length=1, max_length=2048)]
@@ -199,6 +200,11 @@ class ChatCompletionRequest(OpenAIGeneration, kw_only=True):
     service_tier: Name | None = None
     return_token_ids: bool = False  # vLLM: prompt_token_ids and each choice's token_ids
     return_progress: bool = False  # llama.cpp: prompt_progress chunks while streaming
+    # the thinking trace: llama-server's reasoning_format (none: left in content), the
+    # template's variables (enable_thinking...), gpt-oss's reasoning_effort
+    reasoning_format: Literal["auto", "deepseek", "deepseek-legacy", "none"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
 
 class ToolCallOut(Resp):
@@ -207,10 +213,11 @@ class ToolCallOut(Resp):
     type: str = "function"
 
 
-class ChatMessageOut(Resp):
+class ChatMessageOut(Resp, omit_defaults=True):
     role: str
     content: str | None
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None
 
 
 class TopLogprob(Resp):
@@ -271,6 +278,7 @@ class ChatDelta(Resp, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(Resp):
@@ -757,11 +765,13 @@ class OllamaMessageIn(Req):
     role: Role
     content: Text = ""
     tool_calls: list[dict[str, Any]] | None = None
+    thinking: Text | None = None
 
 
 class OllamaChatRequest(OllamaGeneration, kw_only=True):
     messages: Annotated[list[OllamaMessageIn], Meta(max_length=2048)]
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    think: bool | Literal["low", "medium", "high"] | None = None
 
 
 class OllamaGenerateChunk(Resp, omit_defaults=True):
@@ -789,6 +799,7 @@ class OllamaMessage(Resp, omit_defaults=True):
     role: str
     content: str
     tool_calls: list[OllamaToolCall] | None = None
+    thinking: str | None = None
 
 
 class OllamaChatChunk(Resp, omit_defaults=True):
