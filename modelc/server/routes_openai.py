@@ -13,6 +13,7 @@ import numpy as np
 import trio
 from quart import Blueprint, Response
 
+from modelc.engine.api import Constraint, ConstraintKind
 from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, record, use_model
 from modelc.server.errors import ParamError
@@ -59,7 +60,7 @@ async def chat_completions() -> Response:
         kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     prompt = chat_prompt(info, req.messages, tools, template_kwargs=kwargs)
     ids = prompt.ids
-    constraint = tooling.choice_constraint(tools, choice) if tools else None
+    constraint = tooling.choice_constraint(tools, choice) if tools and not req.grammar else None
     reader = tooling.output_reader(
         info.chat_template,
         prompt.text,
@@ -67,6 +68,8 @@ async def chat_completions() -> Response:
         reasoning=req.reasoning_format != "none",
         forced_call=constraint is not None,
     )
+    if req.grammar:  # the raw output, trace and call markup included (the parser reads it)
+        constraint = Constraint(ConstraintKind.GRAMMAR, req.grammar)
     if constraint is None:
         constraint = response_constraint(req.response_format)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None

@@ -205,6 +205,7 @@ class ChatCompletionRequest(OpenAIGeneration, kw_only=True):
     reasoning_format: Literal["auto", "deepseek", "deepseek-legacy", "none"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    grammar: Text | None = None  # llama.cpp: GBNF over the raw output (tools still parsed)
 
 
 class ToolCallOut(Resp):

@@ -1,0 +1,165 @@
+"""The chat routes read the output in the model's own format: SmolLM2 given a family's
+real template (Ollama's ``/api/create`` with ``template``), its output forced with a
+``grammar``, answers through the official ``openai`` client with the known trace and
+calls, streamed and not; ``enable_thinking`` changes the prompt as llama.cpp's server
+renders it (same prompt ids)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from bench.llamacpp_peer import LlamaCppServer
+from tests.assets import smollm2_gguf
+from tests.peers import openai_client
+from tests.server_fixtures import Server, start
+from tests.test_chat_formats import CASES, TEMPLATES, TOOLS, template
+
+QWEN3, QWEN35 = "Qwen-Qwen3-0.6B", "Qwen3.5-4B"
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[Server]:
+    """SmolLM2 as ``smol``, and as ``qwen3`` / ``qwen35`` with those templates."""
+    s = start(None, str(smollm2_gguf()), "--alias", "smol")
+    for name, tpl in (("qwen3", QWEN3), ("qwen35", QWEN35)):
+        r = httpx.post(
+            f"{s.url}/api/create",
+            json={"model": name, "from": "smol", "template": template(tpl), "stream": False},
+            timeout=300,
+        )
+        assert r.status_code == 200 and r.json()["status"] == "success", r.text
+    yield s
+    s.stop()
+
+
+def forced(text: str) -> dict[str, Any]:
+    return {"grammar": f"root ::= {json.dumps(text)}", "temperature": 0}
+
+
+def streamed(client: openai.OpenAI, **kw: Any) -> tuple[str, str, list[tuple[str, Any]], str]:
+    """(reasoning, content, calls, finish reason) joined from the stream's deltas."""
+    reasoning, content, finish = "", "", ""
+    calls: dict[int, list[str]] = {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        c = chunk.choices[0]
+        d = c.delta
+        reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            if t.id is not None:
+                assert t.index not in calls and t.function is not None
+                calls[t.index] = [t.function.name or "", ""]
+            calls[t.index][1] += (t.function.arguments if t.function else None) or ""
+        finish = c.finish_reason or finish
+    return reasoning, content, [(n, json.loads(a)) for n, a in calls.values()], finish
+
+
+def test_trace_split(srv: Server) -> None:
+    """llama.cpp's split for the Qwen3 template: ``<think>\\nX\\n</think>\\n\\nY`` gives
+    reasoning_content "X\\n" and content "Y"; reasoning_format none leaves it all."""
+    client = openai_client(srv)
+    text = "<think>\nX\n</think>\n\nY"
+    kw: dict[str, Any] = {"model": "qwen3", "messages": USER, "max_tokens": 40}
+    r = client.chat.completions.create(**kw, extra_body=forced(text))
+    msg = r.choices[0].message
+    assert (msg.model_extra or {}).get("reasoning_content") == "X\n" and msg.content == "Y"
+    assert streamed(client, **kw, extra_body=forced(text))[:2] == ("X\n", "Y")
+    none = {**forced(text), "reasoning_format": "none"}
+    r = client.chat.completions.create(**kw, extra_body=none)
+    assert r.choices[0].message.content == text
+    assert "reasoning_content" not in (r.choices[0].message.model_extra or {})
+
+
+def test_forced_call_in_the_family_format(srv: Server) -> None:
+    """Qwen3.5 (the prompt opens the trace; calls in XML): the known trace and call."""
+    case = CASES["qwen3.5-opened"]
+    client = openai_client(srv)
+    kw: dict[str, Any] = {
+        "model": "qwen35",
+        "messages": USER,
+        "tools": TOOLS,
+        "max_tokens": 120,
+        "extra_body": forced(case.text),
+    }
+    r = client.chat.completions.create(**kw)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert (msg.model_extra or {}).get("reasoning_content") == case.reasoning
+    calls = [(t.function.name, json.loads(t.function.arguments)) for t in msg.tool_calls or []]
+    assert calls == case.calls and not msg.content
+    assert streamed(client, **kw) == (case.reasoning, "", case.calls, "tool_calls")
+
+
+def test_smollm2_calls_unchanged(srv: Server) -> None:
+    """SmolLM2's own template: a Hermes call forced with a grammar is a tool call."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    client = openai_client(srv)
+    kw: dict[str, Any] = {"model": "smol", "messages": USER, "tools": TOOLS, "max_tokens": 60}
+    r = client.chat.completions.create(**kw, extra_body=forced(text))
+    got = [
+        (t.function.name, json.loads(t.function.arguments))
+        for t in r.choices[0].message.tool_calls or []
+    ]
+    assert got == [("get_weather", {"city": "Paris"})]
+    assert streamed(client, **kw, extra_body=forced(text))[2] == got
+
+
+def test_ollama_thinking(srv: Server) -> None:
+    """/api/chat: ``think`` false renders the template's closed trace (more prompt tokens
+    for Qwen3), as ``chat_template_kwargs`` ``enable_thinking: false`` does."""
+
+    def ollama(think: Any) -> int:
+        body = {"model": "qwen3", "messages": USER, "stream": False, "options": {"num_predict": 1}}
+        r = httpx.post(f"{srv.url}/api/chat", json={**body, "think": think}, timeout=300)
+        r.raise_for_status()
+        return int(r.json()["prompt_eval_count"])
+
+    def chat(enable: bool) -> int:
+        r = openai_client(srv).chat.completions.create(
+            model="qwen3",
+            messages=USER,  # type: ignore[arg-type]
+            max_tokens=1,
+            extra_body={"chat_template_kwargs": {"enable_thinking": enable}},
+        )
+        assert r.usage is not None
+        return r.usage.prompt_tokens
+
+    assert ollama(False) == chat(False) > ollama(True) == chat(True) == ollama(None)
+
+
+@pytest.fixture(scope="module")
+def qwen3_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
+    log = tmp_path_factory.mktemp("llamacpp-qwen3") / "llamacpp.log"
+    tpl = TEMPLATES / f"{QWEN3}.jinja"
+    with LlamaCppServer(
+        smollm2_gguf(), threads=1, n_parallel=1, n_ctx=4096, chat_template=tpl, log=log
+    ) as peer:
+        yield peer
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
+def test_prompt_ids_equal_llamacpp(
+    srv: Server, qwen3_peer: LlamaCppServer, kwargs: dict[str, Any]
+) -> None:
+    body = {"messages": USER, "chat_template_kwargs": kwargs}
+    text = httpx.post(f"{qwen3_peer.url}/apply-template", json=body, timeout=60).json()["prompt"]
+    theirs = httpx.post(
+        f"{qwen3_peer.url}/tokenize",
+        json={"content": text, "add_special": True, "parse_special": True},
+        timeout=60,
+    ).json()["tokens"]
+    mine = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"model": "qwen3", **body, "max_tokens": 1, "return_token_ids": True},
+        timeout=300,
+    ).json()["prompt_token_ids"]
+    assert mine == theirs
