@@ -20,7 +20,6 @@ content), so they too are held to known answers only.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from tests.assets import smollm2_gguf
 from tests.test_chat_formats import CASES, TEMPLATES, TOOLS, parser, prompt
 
 # (template, forced text, chat_template_kwargs)
-TRACES = {
+TRACES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "Qwen-Qwen3-0.6B": [("<think>\nX\n</think>\n\nY", {}), ("Just Y", {})],
     "Qwen3.5-4B": [("Need it.\n</think>\n\nAnswer.", {})],
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": [("Hmm.\n</think>\n\nIt is 42.", {})],
@@ -80,13 +79,13 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("llamacpp-templates")
 
 
-def peer(name: str, log_dir: Path) -> Iterator[LlamaCppServer]:
+def peer(name: str, log_dir: Path) -> LlamaCppServer:
+    """llama.cpp's server with the family's template (``with peer(...) as srv``)."""
     tpl = TEMPLATES / f"{name}.jinja"
     log = log_dir / f"{name}.log"
-    with LlamaCppServer(
+    return LlamaCppServer(
         smollm2_gguf(), threads=1, n_parallel=1, n_ctx=4096, chat_template=tpl, log=log
-    ) as srv:
-        yield srv
+    )
 
 
 def chat(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +110,7 @@ def names() -> list[str]:
 def test_parse_equals_llamacpp(name: str, log_dir: Path) -> None:
     user = [{"role": "user", "content": "hi"}]
     fmt = detect((TEMPLATES / f"{name}.jinja").read_text())
-    for srv in peer(name, log_dir):
+    with peer(name, log_dir) as srv:
         for text, kw in TRACES.get(name, []):
             for rf in ("auto", "none"):
                 body: dict[str, Any] = {
