@@ -136,6 +136,41 @@ def test_ollama_thinking(srv: Server) -> None:
     assert ollama(False) == chat(False) > ollama(True) == chat(True) == ollama(None)
 
 
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+
+
+def test_json_answer_with_a_trace_template(srv: Server) -> None:
+    """A reasoning template (Qwen3: the trace is optional) still gets a valid JSON-schema
+    answer, on the chat route and Ollama's ``format`` (the trace-then-answer grammar
+    itself is held to known texts in ``test_chat_constraint``)."""
+    client = openai_client(srv)
+    rf: Any = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
+    r = client.chat.completions.create(
+        model="qwen3",
+        messages=USER,  # type: ignore[arg-type]
+        max_tokens=60,
+        temperature=0,
+        response_format=rf,
+    )
+    assert r.choices[0].finish_reason == "stop"
+    answer = json.loads(r.choices[0].message.content or "")
+    assert set(answer) == {"city", "days"} and isinstance(answer["days"], int)
+    body = {
+        "model": "qwen3",
+        "messages": USER,
+        "stream": False,
+        "format": SCHEMA,
+        "options": {"num_predict": 60, "temperature": 0},
+    }
+    got = httpx.post(f"{srv.url}/api/chat", json=body, timeout=300).json()["message"]
+    answer = json.loads(got["content"])
+    assert set(answer) == {"city", "days"} and isinstance(answer["days"], int)
+
+
 @pytest.fixture(scope="module")
 def qwen3_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
     log = tmp_path_factory.mktemp("llamacpp-qwen3") / "llamacpp.log"

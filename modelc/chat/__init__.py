@@ -2,7 +2,7 @@
 into thinking trace, answer and tool calls, whole or as it streams.  Below the server:
 imports nothing of trio, quart or msgspec."""
 
-from modelc.chat.formats import ChatFormat, detect, new_call_id, parse
+from modelc.chat.formats import ChatFormat, detect, new_call_id, parse, trace_grammar
 from modelc.chat.scan import Parsed, ToolCall, param_types
 from modelc.chat.stream import CallDelta, Delta, StreamParser
 
@@ -17,4 +17,5 @@ __all__ = [
     "new_call_id",
     "param_types",
     "parse",
+    "trace_grammar",
 ]

@@ -9,6 +9,7 @@ it (Qwen3 with thinking, DeepSeek-R1: the prompt ends with ``<think>\\n``).
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -126,3 +127,27 @@ def parse(
     if (partial or out.calls) and not out.content.strip():
         out.content = ""  # blanks before a call are not an answer
     return out
+
+
+def _lark_regex(text: str) -> str:
+    return "".join("\\" + ch if ch in r"\^$.|?*+()[]{}/-" else ch for ch in text)
+
+
+def trace_grammar(fmt: ChatFormat, opened: bool, answer: str) -> str | None:
+    """A Lark grammar (llguidance's) for a free thinking trace, then ``answer`` (a Lark
+    rule body, e.g. ``%json {...}``): the structured output constrains the answer, not the
+    trace.  The trace is one lexeme that ends at the first end marker; when the prompt
+    opened it, it is required, else optional.  None for a format without trace markers
+    (or channels, whose answer this does not place)."""
+    if fmt.think is None or fmt.channels:
+        return None
+    start, end = fmt.think
+    e = _lark_regex(end)
+    lines = [
+        "%llguidance {}",
+        f"TRACE: /(.|\\n)*{e}/ & ~/(.|\\n)*{e}(.|\\n)+/",
+        "WS: /[ \\t\\n]*/",
+        f"answer: {answer}",
+        "start: TRACE WS answer" if opened else f"start: ({json.dumps(start)} TRACE WS)? answer",
+    ]
+    return "\n".join(lines) + "\n"

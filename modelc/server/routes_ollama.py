@@ -141,10 +141,14 @@ async def _answer(
     ids: list[int],
     prefix: str,
     r: OllamaRenderer,
+    reader: tooling.OutputReader | None = None,
 ) -> Response:
     params = _sampling(req.options, info)
     params.max_tokens = _limit(req.options, len(ids))
-    reqs = make_requests(new_id(prefix), ids, params, 1, _format(req.format))
+    constraint = _format(req.format)
+    if reader is not None:  # a chat's format constrains the answer, after the trace
+        constraint = tooling.after_trace(constraint, reader)
+    reqs = make_requests(new_id(prefix), ids, params, 1, constraint)
     return await respond(submit_all(engine, reqs), r, stream=req.stream, n_prompt=len(ids))
 
 
@@ -225,7 +229,8 @@ async def chat() -> Response:
     num_ctx = req.options.num_ctx if req.options else None
     prompt = _fit(info, list(req.messages), req.tools, num_ctx, _think_kwargs(req.think))
     # the trace goes to ``thinking`` and calls to ``tool_calls`` (streamed: with the last chunk)
-    parser = tooling.output_reader(info.chat_template, prompt.text, req.tools).parser()
+    reader = tooling.output_reader(info.chat_template, prompt.text, req.tools)
+    parser = reader.parser()
 
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaChatChunk:
         if f is None:
@@ -240,7 +245,7 @@ async def chat() -> Response:
             msg = _reply(got.content, got.reasoning, got.calls)
         return OllamaChatChunk(req.model, _now(), msg, f is not None, **_done_fields(f))
 
-    return await _answer(req, info, engine, prompt.ids, "chat", OllamaRenderer(chunk))
+    return await _answer(req, info, engine, prompt.ids, "chat", OllamaRenderer(chunk), reader)
 
 
 def _reply(content: str, thinking: str, calls: list[ToolCall]) -> OllamaMessage:

@@ -71,7 +71,7 @@ async def chat_completions() -> Response:
     if req.grammar:  # the raw output, trace and call markup included (the parser reads it)
         constraint = Constraint(ConstraintKind.GRAMMAR, req.grammar)
     if constraint is None:
-        constraint = response_constraint(req.response_format)
+        constraint = tooling.after_trace(response_constraint(req.response_format), reader)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
     cid = new_id("chatcmpl")

@@ -110,6 +110,24 @@ def output_reader(
     return OutputReader(fmt, prompt, plain_tools, reasoning)
 
 
+def after_trace(c: Constraint | None, reader: OutputReader) -> Constraint | None:
+    """A JSON answer constraint let through the model's thinking trace first (as
+    llama.cpp's reasoning parsers do); other constraints (and traceless formats) as given."""
+    if c is None or c.kind not in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
+        return c
+    if not reader.reasoning:
+        return c
+    try:
+        schema = json.loads(c.value) if c.kind is ConstraintKind.JSON_SCHEMA else {"type": "object"}
+    except json.JSONDecodeError:
+        return c  # the engine refuses it with its own message
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
+    answer = f"%json {json.dumps(schema)}"
+    grammar = chat.trace_grammar(reader.fmt, bool(reader.fmt.lead(reader.prompt)), answer)
+    return c if grammar is None else Constraint(ConstraintKind.GRAMMAR, grammar)
+
+
 def chat_deltas(d: chat.Delta) -> list[ChatDelta]:
     """One parser delta as OpenAI stream deltas (trace, answer, call pieces)."""
     out = []
