@@ -198,3 +198,7 @@ def test_prompt_ids_equal_llamacpp(
         timeout=300,
     ).json()["prompt_token_ids"]
     assert mine == theirs
+    mine_text = httpx.post(
+        f"{srv.url}/apply-template", json={"model": "qwen3", **body}, timeout=60
+    ).json()["prompt"]
+    assert mine_text == text

@@ -384,6 +384,7 @@ class PromptFormat:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final: bool | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text of a conversation (llama.cpp's ``/apply-template``)."""
         return self.chat(
@@ -391,6 +392,7 @@ class PromptFormat:
             tools=tools,
             add_generation_prompt=add_generation_prompt,
             continue_final=continue_final,
+            template_kwargs=template_kwargs,
         ).text
 
     def _template_has(self, word: str) -> bool:

@@ -111,6 +111,7 @@ async def apply_template() -> Response:
         tools=plain(req.tools) if req.tools else None,
         add_generation_prompt=req.add_generation_prompt,
         continue_final=True,  # llama.cpp continues a final assistant message either way
+        template_kwargs=req.chat_template_kwargs,
     )
     return json_response(ApplyTemplateResponse(text))
 

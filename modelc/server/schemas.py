@@ -619,6 +619,7 @@ class ApplyTemplateRequest(Req):
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     add_generation_prompt: bool = True
     model: Name | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class ApplyTemplateResponse(Resp):
