@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +21,7 @@ from tests.peers import openai_client
 from tests.server_fixtures import Server, start
 from tests.test_chat_formats import CASES, TEMPLATES, TOOLS, template
 
-QWEN3, QWEN35 = "Qwen-Qwen3-0.6B", "Qwen3.5-4B"
+QWEN3, QWEN35, GPTOSS = "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "openai-gpt-oss-120b"
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -28,7 +29,7 @@ USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 def srv() -> Iterator[Server]:
     """SmolLM2 as ``smol``, and as ``qwen3`` / ``qwen35`` with those templates."""
     s = start(None, str(smollm2_gguf()), "--alias", "smol")
-    for name, tpl in (("qwen3", QWEN3), ("qwen35", QWEN35)):
+    for name, tpl in (("qwen3", QWEN3), ("qwen35", QWEN35), ("gptoss", GPTOSS)):
         r = httpx.post(
             f"{s.url}/api/create",
             json={"model": name, "from": "smol", "template": template(tpl), "stream": False},
@@ -171,34 +172,50 @@ def test_json_answer_with_a_trace_template(srv: Server) -> None:
     assert set(answer) == {"city", "days"} and isinstance(answer["days"], int)
 
 
-@pytest.fixture(scope="module")
-def qwen3_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
-    log = tmp_path_factory.mktemp("llamacpp-qwen3") / "llamacpp.log"
-    tpl = TEMPLATES / f"{QWEN3}.jinja"
+# template -> (the model created with it, the requests' template fields)
+PROMPTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    QWEN3: (
+        "qwen3",
+        [
+            {},
+            {"chat_template_kwargs": {"enable_thinking": False}},
+            {"chat_template_kwargs": {"enable_thinking": True}},
+        ],
+    ),
+    GPTOSS: (
+        "gptoss",
+        [{}, {"reasoning_effort": "high"}, {"chat_template_kwargs": {"reasoning_effort": "low"}}],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROMPTS))
+def test_prompt_ids_equal_llamacpp(srv: Server, name: str, tmp_path: Path) -> None:
+    """``enable_thinking`` / ``reasoning_effort`` change the prompt as llama.cpp's server
+    renders it: the same text (``/apply-template``) and the same prompt ids."""
+    model, extras = PROMPTS[name]
+    tpl = TEMPLATES / f"{name}.jinja"
     with LlamaCppServer(
-        smollm2_gguf(), threads=1, n_parallel=1, n_ctx=4096, chat_template=tpl, log=log
+        smollm2_gguf(), threads=1, n_parallel=1, n_ctx=4096, chat_template=tpl, log=tmp_path / "l"
     ) as peer:
-        yield peer
-
-
-@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
-def test_prompt_ids_equal_llamacpp(
-    srv: Server, qwen3_peer: LlamaCppServer, kwargs: dict[str, Any]
-) -> None:
-    body = {"messages": USER, "chat_template_kwargs": kwargs}
-    text = httpx.post(f"{qwen3_peer.url}/apply-template", json=body, timeout=60).json()["prompt"]
-    theirs = httpx.post(
-        f"{qwen3_peer.url}/tokenize",
-        json={"content": text, "add_special": True, "parse_special": True},
-        timeout=60,
-    ).json()["tokens"]
-    mine = httpx.post(
-        f"{srv.url}/v1/chat/completions",
-        json={"model": "qwen3", **body, "max_tokens": 1, "return_token_ids": True},
-        timeout=300,
-    ).json()["prompt_token_ids"]
-    assert mine == theirs
-    mine_text = httpx.post(
-        f"{srv.url}/apply-template", json={"model": "qwen3", **body}, timeout=60
-    ).json()["prompt"]
-    assert mine_text == text
+        texts = set()
+        for extra in extras:
+            body = {"messages": USER, **extra}
+            text = httpx.post(f"{peer.url}/apply-template", json=body, timeout=60).json()["prompt"]
+            theirs = httpx.post(
+                f"{peer.url}/tokenize",
+                json={"content": text, "add_special": True, "parse_special": True},
+                timeout=60,
+            ).json()["tokens"]
+            mine = httpx.post(
+                f"{srv.url}/v1/chat/completions",
+                json={"model": model, **body, "max_tokens": 1, "return_token_ids": True},
+                timeout=300,
+            ).json()["prompt_token_ids"]
+            assert mine == theirs, extra
+            mine_text = httpx.post(
+                f"{srv.url}/apply-template", json={"model": model, **body}, timeout=60
+            ).json()["prompt"]
+            assert mine_text == text, extra
+            texts.add(text)
+        assert len(texts) >= 2  # the variables do change the prompt

@@ -55,9 +55,7 @@ async def chat_completions() -> Response:
     if choice is not None and choice != "none" and choice != "auto" and not req.tools:
         raise ParamError("tool_choice requires tools", param="tool_choice")
     tools = req.tools if req.tools and choice != "none" else None
-    kwargs = dict(req.chat_template_kwargs or {})
-    if req.reasoning_effort is not None:  # gpt-oss's template reads it
-        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    kwargs = tooling.template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
     prompt = chat_prompt(info, req.messages, tools, template_kwargs=kwargs)
     ids = prompt.ids
     constraint = tooling.choice_constraint(tools, choice) if tools and not req.grammar else None

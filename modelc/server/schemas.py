@@ -620,6 +620,7 @@ class ApplyTemplateRequest(Req):
     add_generation_prompt: bool = True
     model: Name | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
 
 class ApplyTemplateResponse(Resp):

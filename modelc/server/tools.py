@@ -110,6 +110,15 @@ def output_reader(
     return OutputReader(fmt, prompt, plain_tools, reasoning)
 
 
+def template_kwargs(given: dict[str, Any] | None, effort: str | None) -> dict[str, Any]:
+    """A request's template variables: ``chat_template_kwargs``, and ``reasoning_effort``
+    (gpt-oss's template reads it) unless they set it."""
+    kwargs = dict(given or {})
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+    return kwargs
+
+
 def after_trace(c: Constraint | None, reader: OutputReader) -> Constraint | None:
     """A JSON answer constraint let through the model's thinking trace first (as
     llama.cpp's reasoning parsers do); other constraints (and traceless formats) as given."""
