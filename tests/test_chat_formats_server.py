@@ -137,6 +137,38 @@ def test_ollama_thinking(srv: Server) -> None:
     assert ollama(False) == chat(False) > ollama(True) == chat(True) == ollama(None)
 
 
+def ollama_lines(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with httpx.stream("POST", url, json=body, timeout=300) as r:
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+def test_ollama_opened_trace_is_thinking(srv: Server) -> None:
+    """Qwen3.5's prompt opens the trace, so an answer cut before ``</think>`` is all
+    ``thinking`` on /api/chat and /api/generate, streamed and not: the raw output
+    (``reasoning_format: none``) less the prompt's ``<think>\n`` and leading blanks."""
+    raw = openai_client(srv).chat.completions.create(
+        model="qwen35",
+        messages=USER,  # type: ignore[arg-type]
+        max_tokens=8,
+        temperature=0,
+        extra_body={"reasoning_format": "none"},
+    )
+    text = raw.choices[0].message.content or ""
+    assert text.startswith("<think>\n") and "</think>" not in text
+    trace = text.removeprefix("<think>\n").lstrip()
+    opts = {"num_predict": 8, "temperature": 0}
+    chat = {"model": "qwen35", "messages": USER, "options": opts}
+    gen = {"model": "qwen35", "prompt": USER[0]["content"], "options": opts}
+    for stream in (False, True):
+        lines = ollama_lines(f"{srv.url}/api/chat", {**chat, "stream": stream})
+        msgs = [ln["message"] for ln in lines]
+        assert "".join(m.get("thinking", "") for m in msgs) == trace
+        assert "".join(m["content"] for m in msgs) == ""
+        lines = ollama_lines(f"{srv.url}/api/generate", {**gen, "stream": stream})
+        assert "".join(ln.get("thinking", "") for ln in lines) == trace
+        assert "".join(ln["response"] for ln in lines) == ""
+
+
 SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from quart import Blueprint, Response
 
-from modelc.chat import ToolCall
+from modelc.chat import StreamParser, ToolCall
 from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent, TokenEvent
 from modelc.runtime.prompt import ChatPrompt
 from modelc.runtime.sampling import SamplingParams
@@ -31,7 +31,6 @@ from modelc.server.generation import (
     FINISH,
     Outcome,
     RendererBase,
-    chat_ids,
     chat_prompt,
     embed_inputs,
     make_requests,
@@ -167,6 +166,7 @@ async def generate() -> Response:
             req, lambda why: OllamaGenerateChunk(req.model, _now(), "", True, done_reason=why)
         )
     info, engine = await use_model(req.model, "text", parse_keep_alive(req.keep_alive))
+    reader = None
     if req.raw or not info.chat_template:
         text = (f"{req.system}\n\n" if req.system else "") + req.prompt
         ids = text_ids(info, text)
@@ -178,15 +178,43 @@ async def generate() -> Response:
             [{"role": "system", "content": req.system}] if req.system else []
         )
         msgs.append({"role": "user", "content": req.prompt})
-        ids = chat_ids(info, msgs)
+        prompt = chat_prompt(info, msgs, template_kwargs=_think_kwargs(req.think))
+        ids = prompt.ids
+        reader = tooling.output_reader(info.chat_template, prompt.text, None)
+    parser = reader.parser() if reader is not None else None
 
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaGenerateChunk:
         context = [*ids, *out] if f is not None else None
+        thinking = ""
+        if parser is not None:
+            text, thinking, _ = _read(parser, text, f, req.stream)
         return OllamaGenerateChunk(
-            req.model, _now(), text, f is not None, **_done_fields(f), context=context
+            req.model,
+            _now(),
+            text,
+            f is not None,
+            **_done_fields(f),
+            context=context,
+            thinking=thinking or None,
         )
 
-    return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk))
+    return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk), reader)
+
+
+def _read(
+    parser: StreamParser, text: str, f: FinishEvent | None, stream: bool
+) -> tuple[str, str, list[ToolCall]]:
+    """(answer, trace, calls) of a streamed piece (``f`` None), of the stream's end, or
+    of the whole text."""
+    if f is None:
+        d = parser.feed(text)
+        return d.content, d.reasoning, []
+    if stream:
+        parser.feed(text)
+        last, whole = parser.finish()
+        return last.content, last.reasoning, whole.calls
+    got = parser.full(text)
+    return got.content, got.reasoning, got.calls
 
 
 def _fit(
@@ -233,16 +261,7 @@ async def chat() -> Response:
     parser = reader.parser()
 
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaChatChunk:
-        if f is None:
-            d = parser.feed(text)
-            msg = OllamaMessage("assistant", d.content, thinking=d.reasoning or None)
-        elif req.stream:
-            parser.feed(text)
-            last, whole = parser.finish()
-            msg = _reply(last.content, last.reasoning, whole.calls)
-        else:
-            got = parser.full(text)
-            msg = _reply(got.content, got.reasoning, got.calls)
+        msg = _reply(*_read(parser, text, f, req.stream))
         return OllamaChatChunk(req.model, _now(), msg, f is not None, **_done_fields(f))
 
     return await _answer(req, info, engine, prompt.ids, "chat", OllamaRenderer(chunk), reader)

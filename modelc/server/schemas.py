@@ -756,6 +756,7 @@ class OllamaGeneration(Req):
     format: Literal["json"] | dict[str, Any] | None = None
     options: OllamaOptions | None = None
     keep_alive: KeepAlive = None
+    think: bool | Literal["low", "medium", "high"] | None = None  # the trace -> thinking
 
 
 class OllamaGenerateRequest(OllamaGeneration, kw_only=True):
@@ -774,7 +775,6 @@ class OllamaMessageIn(Req):
 class OllamaChatRequest(OllamaGeneration, kw_only=True):
     messages: Annotated[list[OllamaMessageIn], Meta(max_length=2048)]
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
-    think: bool | Literal["low", "medium", "high"] | None = None
 
 
 class OllamaGenerateChunk(Resp, omit_defaults=True):
@@ -787,6 +787,7 @@ class OllamaGenerateChunk(Resp, omit_defaults=True):
     eval_count: int | None = None
     total_duration: int | None = None
     context: list[int] | None = None  # prompt + response token ids (final chunk)
+    thinking: str | None = None
 
 
 class OllamaFunctionCall(Resp):
