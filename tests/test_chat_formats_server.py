@@ -204,7 +204,25 @@ def test_json_answer_with_a_trace_template(srv: Server) -> None:
     assert set(answer) == {"city", "days"} and isinstance(answer["days"], int)
 
 
-# template -> (the model created with it, the requests' template fields)
+# a call, its result and an earlier trace, back through the template
+ROUND_TRIP: list[dict[str, Any]] = [
+    *USER,
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Look it up.",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+    {"role": "user", "content": "And tomorrow?"},
+]
+# template -> (the model created with it, the requests' fields)
 PROMPTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
     QWEN3: (
         "qwen3",
@@ -212,6 +230,7 @@ PROMPTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
             {},
             {"chat_template_kwargs": {"enable_thinking": False}},
             {"chat_template_kwargs": {"enable_thinking": True}},
+            {"messages": ROUND_TRIP, "tools": TOOLS},
         ],
     ),
     GPTOSS: (
@@ -232,7 +251,7 @@ def test_prompt_ids_equal_llamacpp(srv: Server, name: str, tmp_path: Path) -> No
     ) as peer:
         texts = set()
         for extra in extras:
-            body = {"messages": USER, **extra}
+            body = {"messages": USER, **extra}  # extra may set other messages
             text = httpx.post(f"{peer.url}/apply-template", json=body, timeout=60).json()["prompt"]
             theirs = httpx.post(
                 f"{peer.url}/tokenize",

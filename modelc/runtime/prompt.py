@@ -212,6 +212,20 @@ _TEMPLATE_NAMES = frozenset(
 )
 
 
+def _tool(t: Mapping[str, Any]) -> dict[str, Any]:
+    fn = t.get("function")
+    if not isinstance(fn, Mapping):
+        return dict(t)
+    return {
+        "type": "function",
+        "function": {
+            "name": fn.get("name", ""),
+            "description": fn.get("description") or "",
+            "parameters": fn.get("parameters") or {},
+        },
+    }
+
+
 def _call_text(calls: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(
         "<tool_call>\n"
@@ -342,6 +356,8 @@ class PromptFormat:
             else:
                 msgs.insert(0, {"role": "system", "content": offer})
             tool_list = None
+        elif tool_list:  # as llama.cpp hands them to a template: name, description, parameters
+            tool_list = [_tool(t) for t in tool_list]
         prefill = ""
         last = msgs[-1] if msgs else None
         if continue_final is None:
