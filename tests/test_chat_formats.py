@@ -390,3 +390,13 @@ def test_streamed_equals_full(key: str) -> None:
         got.calls = [type(whole.calls[0])(n, a, i) for n, i, a in (calls[k] for k in sorted(calls))]
         check(case, got)
         check(case, whole)
+
+
+def test_parallel_false_keeps_the_first_call() -> None:
+    case = CASES["qwen2.5-two-calls"]
+    fmt = detect(template(case.template))
+    p = StreamParser(fmt, tools=TOOLS, parallel=False)
+    assert [(c.name, json.loads(c.arguments)) for c in p.full(case.text).calls] == [PARIS]
+    for piece in case.text:
+        assert all(c.index == 0 for c in p.feed(piece).calls)
+    assert len(p.finish()[1].calls) == 1

@@ -52,9 +52,11 @@ class StreamParser:
         tools: Sequence[Mapping[str, Any]] | None = None,
         reasoning: bool = True,
         prompt: str = "",
+        parallel: bool = True,
     ) -> None:
         self.fmt = fmt
         self.tools = bool(tools)
+        self.parallel = parallel  # False: the first call only (parallel_tool_calls)
         self.reasoning = reasoning
         self.lead = fmt.lead(prompt)
         self.types = param_types(tools)
@@ -70,7 +72,7 @@ class StreamParser:
         return out
 
     def _parse(self, text: str, *, partial: bool) -> Parsed:
-        return parse(
+        out = parse(
             self.fmt,
             text,
             tools=self.tools,
@@ -78,6 +80,9 @@ class StreamParser:
             types=self.types,
             partial=partial,
         )
+        if not self.parallel:
+            del out.calls[1:]
+        return out
 
     def feed(self, text: str) -> Delta:
         """The deltas that ``text`` (the next piece of output) makes certain."""

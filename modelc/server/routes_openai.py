@@ -65,6 +65,7 @@ async def chat_completions() -> Response:
         tools,
         reasoning=req.reasoning_format != "none",
         forced_call=constraint is not None,
+        parallel=req.parallel_tool_calls is not False,
     )
     if req.grammar:  # the raw output, trace and call markup included (the parser reads it)
         constraint = Constraint(ConstraintKind.GRAMMAR, req.grammar)

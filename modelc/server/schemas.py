@@ -3,7 +3,7 @@
 Request Structs reject wrong types and out-of-range values at decode time (the
 server turns a :class:`msgspec.ValidationError` into a 400 naming the field); fields
 that clients commonly send but that do not change the result (``user``,
-``parallel_tool_calls``, ``store``, ``metadata`` ...) are accepted and ignored.
+``store``, ``metadata`` ...) are accepted and ignored.
 Decoders are built once, in :data:`DECODERS`.
 """
 

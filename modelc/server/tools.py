@@ -85,14 +85,16 @@ class OutputReader:
     prompt: str = ""
     tools: list[dict[str, Any]] | None = None
     reasoning: bool = True
+    parallel: bool = True  # parallel_tool_calls: false keeps the first call
 
     def parser(self) -> StreamParser:
         return StreamParser(
-            self.fmt, tools=self.tools, reasoning=self.reasoning, prompt=self.prompt
+            self.fmt,
+            tools=self.tools,
+            reasoning=self.reasoning,
+            prompt=self.prompt,
+            parallel=self.parallel,
         )
-
-
-REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 
 
 def output_reader(
@@ -102,12 +104,13 @@ def output_reader(
     *,
     reasoning: bool = True,
     forced_call: bool = False,
+    parallel: bool = True,
 ) -> OutputReader:
     """The reader for a chat answer: the format detected from the model's template; a
     call forced by ``tool_choice`` is JSON (:func:`choice_constraint`)."""
     fmt = BARE_JSON if forced_call else chat.detect(template)
     plain_tools = [msgspec.to_builtins(t) for t in tools] if tools else None
-    return OutputReader(fmt, prompt, plain_tools, reasoning)
+    return OutputReader(fmt, prompt, plain_tools, reasoning, parallel)
 
 
 def template_kwargs(given: dict[str, Any] | None, effort: str | None) -> dict[str, Any]:
