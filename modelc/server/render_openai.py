@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from modelc.chat import StreamParser
+from modelc.chat import Delta, StreamParser
 from modelc.engine.api import (
     Constraint,
     ConstraintKind,
@@ -39,6 +39,7 @@ from modelc.server.schemas import (
     PromptTokensDetails,
     ResponseFormat,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
@@ -89,6 +90,23 @@ class _Base(RendererBase):
     @property
     def n_prompt(self) -> int:
         return len(self.prompt_ids)
+
+
+def chat_deltas(d: Delta) -> list[ChatDelta]:
+    """One parser delta as OpenAI stream deltas (trace, answer, call pieces)."""
+    out = []
+    if d.reasoning:
+        out.append(ChatDelta(reasoning_content=d.reasoning))
+    if d.content:
+        out.append(ChatDelta(content=d.content))
+    for c in d.calls:
+        if c.name is not None:
+            fn = {"name": c.name, "arguments": c.arguments}
+            out.append(ChatDelta(tool_calls=[ToolCallDelta(c.index, c.id, "function", fn)]))
+        else:
+            fn = {"arguments": c.arguments}
+            out.append(ChatDelta(tool_calls=[ToolCallDelta(c.index, function=fn)]))
+    return out
 
 
 @dataclass(slots=True)
@@ -148,7 +166,7 @@ class ChatRenderer(_Base):
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
         assert self._parser is not None
         lp = self._logprobs([ev]) if self.logprobs else None
-        deltas = tooling.chat_deltas(self._parser.feed(ev.text))
+        deltas = chat_deltas(self._parser.feed(ev.text))
         if lp and not deltas:
             deltas = [ChatDelta(content="")]
         return [self._chunk(i, d, None, lp if k == 0 else None) for k, d in enumerate(deltas)]
@@ -159,7 +177,7 @@ class ChatRenderer(_Base):
         self._parser.feed(ev.text)
         last, whole = self._parser.finish()
         reason = "tool_calls" if whole.calls else FINISH.get(ev.reason, "stop")
-        out = [self._chunk(i, d) for d in tooling.chat_deltas(last)]
+        out = [self._chunk(i, d) for d in chat_deltas(last)]
         out.append(self._chunk(i, ChatDelta(), reason))
         return out
 

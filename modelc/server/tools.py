@@ -24,14 +24,7 @@ from modelc.chat import StreamParser, new_call_id
 from modelc.chat.calls import bare_json, hermes
 from modelc.engine.api import Constraint, ConstraintKind
 from modelc.server.errors import ParamError
-from modelc.server.schemas import (
-    ChatDelta,
-    FunctionCall,
-    NamedToolChoice,
-    Tool,
-    ToolCallDelta,
-    ToolCallOut,
-)
+from modelc.server.schemas import FunctionCall, NamedToolChoice, Tool, ToolCallOut
 
 HERMES = chat.ChatFormat("hermes", hermes)
 BARE_JSON = chat.ChatFormat("json", bare_json)  # a call forced by a JSON-schema constraint
@@ -138,23 +131,6 @@ def after_trace(c: Constraint | None, reader: OutputReader) -> Constraint | None
     answer = f"%json {json.dumps(schema)}"
     grammar = chat.trace_grammar(reader.fmt, bool(reader.fmt.lead(reader.prompt)), answer)
     return c if grammar is None else Constraint(ConstraintKind.GRAMMAR, grammar)
-
-
-def chat_deltas(d: chat.Delta) -> list[ChatDelta]:
-    """One parser delta as OpenAI stream deltas (trace, answer, call pieces)."""
-    out = []
-    if d.reasoning:
-        out.append(ChatDelta(reasoning_content=d.reasoning))
-    if d.content:
-        out.append(ChatDelta(content=d.content))
-    for c in d.calls:
-        if c.name is not None:
-            fn = {"name": c.name, "arguments": c.arguments}
-            out.append(ChatDelta(tool_calls=[ToolCallDelta(c.index, c.id, "function", fn)]))
-        else:
-            fn = {"arguments": c.arguments}
-            out.append(ChatDelta(tool_calls=[ToolCallDelta(c.index, function=fn)]))
-    return out
 
 
 def may_be_call(text: str) -> bool:
