@@ -400,3 +400,56 @@ def test_parallel_false_keeps_the_first_call() -> None:
     for piece in case.text:
         assert all(c.index == 0 for c in p.feed(piece).calls)
     assert len(p.finish()[1].calls) == 1
+
+
+RUNS = 200
+PIECES = [
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=", "<parameter=", "</parameter>",
+    "</function>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]", "<|python_tag|>",
+    "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+    "<|channel|>", "<|message|>", "<|end|>", "<|start|>", "analysis", "final", " to=functions.f",
+    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call|>", ">>>", "all\n",
+    "<|tool_call>", "<tool_call|>", "call:f", '<|"|>', "<|channel>thought", "<channel|>",
+    '{"name": "f", "arguments": ', '{"a": 1}', "}", "]", "[", "{", '"', "\\x", "\\", "\n", " ",
+    "f", "x", "<", ">", ":", ",", "2",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name", sorted({c.template for c in CASES.values()} | {"Kimi-K2-Thinking", "GLM-4.6"})
+)
+def test_random_text_never_breaks_the_parser(name: str) -> None:
+    """Random runs of every family's marker pieces: no exception, and the streamed
+    deltas (in random chunks) equal the full parse."""
+    rng = random.Random(name)
+    fmt = detect(template(name))
+    for _ in range(RUNS):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 14)))
+        for tools in (TOOLS, None):
+            p = StreamParser(fmt, tools=tools, prompt=prompt(name))
+            whole = StreamParser(fmt, tools=tools, prompt=prompt(name)).full(text)
+            reasoning = content = ""
+            calls: dict[int, list[str]] = {}
+            pos = 0
+            deltas = []
+            while pos < len(text):
+                n = rng.randint(1, 6)
+                deltas.append(p.feed(text[pos : pos + n]))
+                pos += n
+            last, streamed = p.finish()
+            for d in [*deltas, last]:
+                reasoning += d.reasoning
+                content += d.content
+                for c in d.calls:
+                    calls.setdefault(c.index, [c.name or "", ""])[1] += c.arguments
+            assert (reasoning, content) == (streamed.reasoning, streamed.content), text
+            assert [(c.name, c.arguments) for c in streamed.calls] == [
+                (n, a) for n, a in calls.values()
+            ], text
+            got = [(c.name, c.arguments) for c in whole.calls]
+            assert (whole.reasoning, whole.content, got) == (
+                streamed.reasoning,
+                streamed.content,
+                [(c.name, c.arguments) for c in streamed.calls],
+            ), text

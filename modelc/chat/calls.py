@@ -120,6 +120,7 @@ def hermes(text: str, partial: bool, types: ParamTypes) -> Parsed:
     return blocks(text, partial, "<tool_call>", "</tool_call>", one(json_call))
 
 
+_NAME = re.compile(r"[\w.\-]+")
 _PY_CALL = re.compile(r"\s*([\w.]+)\.call\((.*)\)\s*$", re.S)
 _KWARG = re.compile(r'(\w+)\s*=\s*("(?:[^"\\]|\\.)*"|[^,]+)')
 
@@ -274,6 +275,7 @@ def functionary_v31(text: str, partial: bool, types: ParamTypes) -> Parsed:
 
     if "<|python_tag|>" in text:
         return llama3(text, partial, types)
+    text = cut(text, ["<|python_tag|>"], partial)
     return blocks(text, partial, "<function=", "</function>", one(read))
 
 
@@ -295,7 +297,7 @@ def functionary_v32(text: str, partial: bool, types: ParamTypes) -> Parsed:
             continue
         s = body.find("{")
         e = json_end(body, s) if s >= 0 else -1
-        if s >= 0:
+        if s >= 0 and _NAME.fullmatch(name.strip()):
             out.calls.append(ToolCall(name.strip(), body[s:e] if e >= 0 else body[s:]))
         elif not partial or not last:
             out.content += seg

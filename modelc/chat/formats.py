@@ -10,6 +10,7 @@ it (Qwen3 with thinking, DeepSeek-R1: the prompt ends with ``<think>\\n``).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from modelc.chat import calls_xml as x
 from modelc.chat.scan import ParamTypes, Parsed, cut
 
 THINK = ("<think>", "</think>")
+_NAME = re.compile(r"[\w.\-]+")  # a function's name (OpenAI: [a-zA-Z0-9_-]; built-ins: dots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +116,7 @@ def parse(
     ``none`` leaves it in the answer)."""
     if fmt.channels:
         out = x.harmony(text, partial, types or {}, keep_analysis=not reasoning)
-        if not tools:
-            out.calls = []
+        out.calls = [k for k in out.calls if tools and _NAME.fullmatch(k.name)]
         return out
     trace, rest = "", text
     if reasoning and fmt.think is not None:
@@ -123,6 +124,7 @@ def parse(
     if not tools:
         return Parsed(trace, rest)
     out = fmt.calls(rest, partial, types or {})
+    out.calls = [k for k in out.calls if _NAME.fullmatch(k.name)]  # a name, not debris
     out.reasoning = trace
     if (partial or out.calls) and not out.content.strip():
         out.content = ""  # blanks before a call are not an answer
