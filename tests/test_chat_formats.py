@@ -122,6 +122,11 @@ CASES = {
         "Checking.\n",
         [PARIS, ("get_weather", {"city": "Rome"})],
     ),
+    "qwen2.5-bad-name": Case(  # not a JSON string: the block stays text
+        "Qwen-Qwen2.5-7B-Instruct",
+        '<tool_call>{"name": "f\\x", "arguments": {}}</tool_call>',
+        content='<tool_call>{"name": "f\\x", "arguments": {}}</tool_call>',
+    ),
     "qwen2.5-no-tools": Case(
         "Qwen-Qwen2.5-7B-Instruct",
         "<tool_call>\n{}\n</tool_call>",
@@ -411,7 +416,7 @@ PIECES = [
     "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|tool_calls_section_begin|>",
     "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call|>", ">>>", "all\n",
     "<|tool_call>", "<tool_call|>", "call:f", '<|"|>', "<|channel>thought", "<channel|>",
-    '{"name": "f", "arguments": ', '{"a": 1}', "}", "]", "[", "{", '"', "\\x", "\\", "\n", " ",
+    '{"name": "f", "arguments": ', '{"name": "f\\x", "arguments": ', '{"a": 1}', "}", "]", "[", "{", '"', "\\x", "\\", "\n", " ",
     "f", "x", "<", ">", ":", ",", "2",
 ]  # fmt: skip
 

@@ -35,7 +35,11 @@ def json_call(body: str, partial: bool) -> ToolCall | None:
     if m and m.end() < len(body) and body[m.end()] in "{[":
         s = m.end()
         e = json_end(body, s)
-        return ToolCall(json.loads(f'"{m.group(1)}"'), body[s:e] if e >= 0 else body[s:])
+        try:
+            name = json.loads(f'"{m.group(1)}"')
+        except json.JSONDecodeError:
+            return None  # a name that is not a JSON string: not a call
+        return ToolCall(name, body[s:e] if e >= 0 else body[s:])
     if partial:
         return None
     try:
