@@ -8,20 +8,21 @@ the constraint that makes a required or named call always well formed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from modelc.engine.api import Constraint
 from modelc.server import tools as tooling
 from modelc.server.errors import ParamError
-from modelc.server.generation import chat_ids
+from modelc.server.generation import template_prompt
 from modelc.server.schemas import Tool, ToolCallOut, ToolChoice
 from modelc.server.state import ModelInfo
 
 
 @dataclass(slots=True)
 class ChatPrompt:
+    text: str  # the prompt's text (a trace it opens is read with its marker)
     ids: list[int]  # the prompt's token ids
     tools: list[Tool] | None  # the tools offered to the model (None: none)
     constraint: Constraint | None  # a forced call's constraint (None: free text)
@@ -34,15 +35,17 @@ def chat_prompt(
     choice: ToolChoice | None,
     *,
     choice_param: str = "tool_choice",
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> ChatPrompt:
     """The prompt for ``messages`` (Structs or dicts) offering ``tools`` as ``choice``
-    says (``none``: not offered; ``required`` / a named function: a call is forced)."""
+    says (``none``: not offered; ``required`` / a named function: a call is forced);
+    ``template_kwargs``: extra template variables (``enable_thinking``...)."""
     if choice is not None and choice != "none" and choice != "auto" and not tools:
         raise ParamError(f"{choice_param} requires tools", param=choice_param)
     offered = tools if tools and choice != "none" else None
-    ids = chat_ids(info, messages, offered)
+    prompt = template_prompt(info, messages, offered, template_kwargs=template_kwargs)
     constraint = tooling.choice_constraint(offered, choice) if offered else None
-    return ChatPrompt(ids, offered, constraint)
+    return ChatPrompt(prompt.text, prompt.ids, offered, constraint)
 
 
 @dataclass(slots=True)

@@ -13,6 +13,8 @@ import numpy as np
 import trio
 from quart import Blueprint, Response
 
+from modelc.engine.api import Constraint, ConstraintKind
+from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, record, use_model
 from modelc.server.conversation import chat_prompt
 from modelc.server.errors import ParamError
@@ -49,10 +51,22 @@ async def chat_completions() -> Response:
     _no_zero_tokens(req.token_limit)
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs needs logprobs: true", param="top_logprobs")
-    prompt = chat_prompt(info, req.messages, req.tools, req.tool_choice)
-    ids, tools, constraint = prompt.ids, prompt.tools, prompt.constraint
+    kwargs = tooling.template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
+    prompt = chat_prompt(info, req.messages, req.tools, req.tool_choice, template_kwargs=kwargs)
+    ids, tools = prompt.ids, prompt.tools
+    constraint = None if req.grammar else prompt.constraint
+    reader = tooling.output_reader(
+        info.chat_template,
+        prompt.text,
+        tools,
+        reasoning=req.reasoning_format != "none",
+        forced_call=constraint is not None,
+        parallel=req.parallel_tool_calls is not False,
+    )
+    if req.grammar:  # the raw output, trace and call markup included (the parser reads it)
+        constraint = Constraint(ConstraintKind.GRAMMAR, req.grammar)
     if constraint is None:
-        constraint = response_constraint(req.response_format)
+        constraint = tooling.after_trace(response_constraint(req.response_format), reader)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
     cid = new_id("chatcmpl")
@@ -75,7 +89,7 @@ async def chat_completions() -> Response:
         ids,
         include_usage=req.include_usage,
         return_token_ids=req.return_token_ids,
-        tools=tools is not None,
+        reader=reader,
         logprobs=req.logprobs,
         progress_chunks=progress,
     )
