@@ -14,8 +14,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from modelc.chat import calls as c
-from modelc.chat import calls_xml as x
+import modelc.chat.calls as c
+import modelc.chat.calls_xml as x
 from modelc.chat.scan import ParamTypes, Parsed, cut
 
 THINK = ("<think>", "</think>")

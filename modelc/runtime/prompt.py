@@ -37,6 +37,7 @@ from typing import Any
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.chat_template import render_chat
+from modelc.runtime.prompt_guard import ControlGuard, strings
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 
@@ -371,7 +372,7 @@ class PromptFormat:
         ):  # continue the final assistant message (llama.cpp's assistant prefill)
             prefill = str(last["content"])
             msgs = msgs[:-1]
-        guard = _Guard(self._control, [*_strings(msgs), prefill], self.template or "")
+        guard = ControlGuard(self._control, [*strings(msgs), prefill], self.template or "")
         clash = sorted(set(template_kwargs or {}) & _TEMPLATE_NAMES)
         if clash:
             raise UsageError(
@@ -475,56 +476,3 @@ class PromptFormat:
             eos_token=self.eos_text,
             **extra,
         )
-
-
-def _strings(value: Any) -> Iterable[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-
-
-class _Guard:
-    """Keeps a client's control-token texts from being parsed as control tokens.
-
-    :meth:`protect` replaces each control-token text found in a message by a private-use
-    character that occurs nowhere in the conversation or the template; the tokenizer
-    then splits the rendered prompt at the template's control tokens only and puts the
-    originals back (``originals``) before tokenizing each text piece as text.
-    """
-
-    def __init__(self, control: Sequence[str], texts: Sequence[str], template: str) -> None:
-        self.control = [t for t in control if any(t in s for s in texts)]
-        used = {c for s in [*texts, template] for c in s if ord(c) >= _PRIVATE}
-        free = (chr(cp) for cp in range(_PRIVATE, 0x10FFFE) if chr(cp) not in used)
-        self.markers: dict[str, str] = {}
-        for t in self.control:
-            m = next(free, None)
-            if m is None:
-                raise UsageError("the conversation uses every private-use character")
-            self.markers[t] = m
-        self.originals = {m: t for t, m in self.markers.items()}
-
-    def protect(self, value: Any) -> Any:
-        if isinstance(value, str):
-            for t in self.control:  # longest first
-                if t in value:
-                    value = value.replace(t, self.markers[t])
-            return value
-        if isinstance(value, Mapping):
-            return {k: self.protect(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.protect(v) for v in value]
-        return value
-
-    def restore(self, text: str) -> str:
-        for m, t in self.originals.items():
-            text = text.replace(m, t)
-        return text
-
-
-_PRIVATE = 0xF0000  # supplementary private use area A
