@@ -3,7 +3,9 @@
 ``/v1/chat/completions``, ``/v1/messages`` and ``/v1/responses`` each turn their own
 message shapes into OpenAI-style chat messages, then come here: the tools offered
 (none for ``tool_choice: none``), the prompt ids from the engine's prompt format, and
-the constraint that makes a required or named call always well formed.
+the constraint that makes a required or named call always well formed; then
+:func:`answer`: the constraint on the answer and the reader of it in the model's own
+format (trace, answer, calls).
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modelc.engine.api import Constraint
+from modelc.engine.api import Constraint, ConstraintKind
 from modelc.server import tools as tooling
 from modelc.server.errors import ParamError
 from modelc.server.generation import template_prompt
-from modelc.server.schemas import Tool, ToolCallOut, ToolChoice
+from modelc.server.schemas import Tool, ToolChoice
 from modelc.server.state import ModelInfo
 
 
@@ -48,29 +50,30 @@ def chat_prompt(
     return ChatPrompt(prompt.text, prompt.ids, offered, constraint)
 
 
-@dataclass(slots=True)
-class CallHold:
-    """Streamed text held back while it may still be a tool call (``active``: tools
-    were offered); the Messages and Responses renderers stream through one."""
-
-    active: bool = False
-    held: str = ""
-
-    def feed(self, text: str) -> str:
-        """The text to send now ("" while what was held may still be a call)."""
-        if not self.active:
-            return text
-        self.held += text
-        if tooling.may_be_call(self.held):
-            return ""
-        self.active = False
-        text, self.held = self.held, ""
-        return text
-
-    def end(self, text: str) -> tuple[str, list[ToolCallOut]]:
-        """At the end of the text: what is still to send, and the calls in what was held."""
-        held, self.held = self.held + text, ""
-        if not self.active or not held:
-            return held, []
-        content, calls = tooling.parse_tool_calls(held)
-        return ((content or "") if calls else held), calls
+def answer(
+    info: ModelInfo,
+    prompt: ChatPrompt,
+    *,
+    grammar: str | None = None,
+    answer_format: Constraint | None = None,
+    reasoning: bool = True,
+    parallel: bool = True,
+) -> tuple[Constraint | None, tooling.OutputReader]:
+    """The constraint on a chat-like answer and the reader of it: the model's format
+    (a call forced by ``tool_choice`` is bare JSON); a ``grammar`` (llama.cpp's, over the
+    raw output, trace and call markup included) replaces the forced call's constraint;
+    a JSON ``answer_format`` is let through the model's trace first."""
+    constraint = None if grammar else prompt.constraint
+    reader = tooling.output_reader(
+        info.chat_template,
+        prompt.text,
+        prompt.tools,
+        reasoning=reasoning,
+        forced_call=constraint is not None,
+        parallel=parallel,
+    )
+    if grammar:
+        constraint = Constraint(ConstraintKind.GRAMMAR, grammar)
+    if constraint is None:
+        constraint = tooling.after_trace(answer_format, reader)
+    return constraint, reader

@@ -13,10 +13,9 @@ import numpy as np
 import trio
 from quart import Blueprint, Response
 
-from modelc.engine.api import Constraint, ConstraintKind
 from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, record, use_model
-from modelc.server.conversation import chat_prompt
+from modelc.server.conversation import answer, chat_prompt
 from modelc.server.errors import ParamError
 from modelc.server.generation import (
     embed_inputs,
@@ -53,20 +52,15 @@ async def chat_completions() -> Response:
         raise ParamError("top_logprobs needs logprobs: true", param="top_logprobs")
     kwargs = tooling.template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
     prompt = chat_prompt(info, req.messages, req.tools, req.tool_choice, template_kwargs=kwargs)
-    ids, tools = prompt.ids, prompt.tools
-    constraint = None if req.grammar else prompt.constraint
-    reader = tooling.output_reader(
-        info.chat_template,
-        prompt.text,
-        tools,
+    constraint, reader = answer(
+        info,
+        prompt,
+        grammar=req.grammar,
+        answer_format=response_constraint(req.response_format),
         reasoning=req.reasoning_format != "none",
-        forced_call=constraint is not None,
         parallel=req.parallel_tool_calls is not False,
     )
-    if req.grammar:  # the raw output, trace and call markup included (the parser reads it)
-        constraint = Constraint(ConstraintKind.GRAMMAR, req.grammar)
-    if constraint is None:
-        constraint = tooling.after_trace(response_constraint(req.response_format), reader)
+    ids = prompt.ids
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
     cid = new_id("chatcmpl")
