@@ -37,6 +37,7 @@ LAYERS = [
     ("modelc.formats", ("modelc.runtime", "modelc.engine", "modelc.server", "modelc.cli")),
     ("modelc.engine", ("modelc.server", "modelc.cli", "quart", "hypercorn", "msgspec")),
     ("modelc.server", ("modelc.cli",)),
+    ("modelc.chat", ("modelc.engine", "modelc.server", "modelc.cli", "trio", "quart", "msgspec")),
 ]
 
 

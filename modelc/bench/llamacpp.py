@@ -118,6 +118,7 @@ class LlamaCppServer:
         log: Path | None = None,
         env: dict[str, str] | None = None,
         embedding: bool = False,
+        chat_template: Path | None = None,
     ) -> None:
         self.cmd = [
             sys.executable,
@@ -131,6 +132,7 @@ class LlamaCppServer:
             "--ctx",
             str(n_ctx),
             *(["--embedding"] if embedding else []),
+            *(["--chat-template-file", str(chat_template)] if chat_template else []),
         ]
         self.log = log
         self.env = {**os.environ, **(env or {})}
@@ -175,7 +177,14 @@ class LlamaCppServer:
             self.proc.wait()
 
 
-def _start(gguf: str, threads: int, n_parallel: int, n_ctx: int, embedding: bool = False) -> Any:
+def _start(
+    gguf: str,
+    threads: int,
+    n_parallel: int,
+    n_ctx: int,
+    embedding: bool = False,
+    chat_template: str | None = None,
+) -> Any:
     import xllamacpp as x
 
     p = x.CommonParams()
@@ -187,11 +196,21 @@ def _start(gguf: str, threads: int, n_parallel: int, n_ctx: int, embedding: bool
     p.warmup = True
     p.cache_prompt = False
     p.embedding = embedding  # an embedding model: /v1/embeddings, pooling as the GGUF says
+    if chat_template is not None:  # llama-server --jinja --chat-template-file
+        p.use_jinja = True
+        p.chat_template = Path(chat_template).read_text()
     return x.Server(p)
 
 
-def _serve(gguf: str, threads: int, n_parallel: int, n_ctx: int, embedding: bool) -> None:
-    server = _start(gguf, threads, n_parallel, n_ctx, embedding)
+def _serve(
+    gguf: str,
+    threads: int,
+    n_parallel: int,
+    n_ctx: int,
+    embedding: bool,
+    chat_template: str | None = None,
+) -> None:
+    server = _start(gguf, threads, n_parallel, n_ctx, embedding, chat_template)
     url = str(server.listening_address).rstrip("/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the model loads in the background
@@ -216,8 +235,9 @@ def main() -> None:
     ap.add_argument(
         "--embedding", action="store_true", help="serve embeddings (llama-server --embedding)"
     )
+    ap.add_argument("--chat-template-file", help="a Jinja chat template (llama-server --jinja)")
     a = ap.parse_args()
-    _serve(a.gguf, a.threads, a.parallel, a.ctx, a.embedding)
+    _serve(a.gguf, a.threads, a.parallel, a.ctx, a.embedding, a.chat_template_file)
 
 
 if __name__ == "__main__":

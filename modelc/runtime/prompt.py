@@ -37,6 +37,7 @@ from typing import Any
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.chat_template import render_chat
+from modelc.runtime.prompt_guard import ControlGuard, strings
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 
@@ -206,6 +207,26 @@ HERMES_PROMPT = (
 )
 
 
+# template variables the renderer sets itself (not overridable by chat_template_kwargs)
+_TEMPLATE_NAMES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+)
+
+
+def _tool(t: Mapping[str, Any]) -> dict[str, Any]:
+    fn = t.get("function")
+    if not isinstance(fn, Mapping):
+        return dict(t)
+    return {
+        "type": "function",
+        "function": {
+            "name": fn.get("name", ""),
+            "description": fn.get("description") or "",
+            "parameters": fn.get("parameters") or {},
+        },
+    }
+
+
 def _call_text(calls: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(
         "<tool_call>\n"
@@ -310,11 +331,15 @@ class PromptFormat:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final: bool | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> ChatPrompt:
         """The prompt for a conversation (see the module docstring for the rules).
 
         A final assistant message is continued rather than closed when
         ``continue_final`` (default: when a generation prompt is asked for).
+        ``template_kwargs``: extra template variables (``chat_template_kwargs``:
+        ``enable_thinking``, ``reasoning_effort``...); ``enable_thinking`` is true unless
+        given, as llama.cpp's server renders.
 
         ``messages``: dicts with ``role``, ``content`` (a string, or a list of
         ``{"type": "text", "text": ...}`` parts), and optionally ``name``,
@@ -332,6 +357,8 @@ class PromptFormat:
             else:
                 msgs.insert(0, {"role": "system", "content": offer})
             tool_list = None
+        elif tool_list:  # as llama.cpp hands them to a template: name, description, parameters
+            tool_list = [_tool(t) for t in tool_list]
         prefill = ""
         last = msgs[-1] if msgs else None
         if continue_final is None:
@@ -345,8 +372,17 @@ class PromptFormat:
         ):  # continue the final assistant message (llama.cpp's assistant prefill)
             prefill = str(last["content"])
             msgs = msgs[:-1]
-        guard = _Guard(self._control, [*_strings(msgs), prefill], self.template or "")
-        text = self._render(guard.protect(msgs), tool_list, add_generation_prompt or bool(prefill))
+        guard = ControlGuard(self._control, [*strings(msgs), prefill], self.template or "")
+        clash = sorted(set(template_kwargs or {}) & _TEMPLATE_NAMES)
+        if clash:
+            raise UsageError(
+                f"chat_template_kwargs may not set {clash[0]!r}; the server sets it",
+                param="chat_template_kwargs",
+            )
+        extra = {"enable_thinking": True, **(template_kwargs or {})}
+        text = self._render(
+            guard.protect(msgs), tool_list, add_generation_prompt or bool(prefill), extra
+        )
         text += guard.protect(prefill)
         add_bos = self.tokenizer.adds_bos
         if add_bos and self.bos_text and text.startswith(self.bos_text):
@@ -365,6 +401,7 @@ class PromptFormat:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final: bool | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text of a conversation (llama.cpp's ``/apply-template``)."""
         return self.chat(
@@ -372,6 +409,7 @@ class PromptFormat:
             tools=tools,
             add_generation_prompt=add_generation_prompt,
             continue_final=continue_final,
+            template_kwargs=template_kwargs,
         ).text
 
     def _template_has(self, word: str) -> bool:
@@ -398,9 +436,11 @@ class PromptFormat:
                 parts.append(str(part.get("text") or ""))
             content = "\n".join(parts)
         d["content"] = content if isinstance(content, str) else ""
-        for key in ("name", "tool_call_id"):
+        for key in ("name", "tool_call_id", "reasoning_content"):
             if m.get(key):
                 d[key] = m[key]
+        if m.get("thinking") and "reasoning_content" not in d:  # Ollama's name for it
+            d["reasoning_content"] = m["thinking"]
         if m.get("tool_calls"):
             calls = []
             for c in m["tool_calls"]:
@@ -425,6 +465,7 @@ class PromptFormat:
         msgs: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool,
+        extra: Mapping[str, Any],
     ) -> str:
         return render_chat(
             self.template,
@@ -433,57 +474,5 @@ class PromptFormat:
             tools=tools,
             bos_token=self.bos_text,
             eos_token=self.eos_text,
+            **extra,
         )
-
-
-def _strings(value: Any) -> Iterable[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-
-
-class _Guard:
-    """Keeps a client's control-token texts from being parsed as control tokens.
-
-    :meth:`protect` replaces each control-token text found in a message by a private-use
-    character that occurs nowhere in the conversation or the template; the tokenizer
-    then splits the rendered prompt at the template's control tokens only and puts the
-    originals back (``originals``) before tokenizing each text piece as text.
-    """
-
-    def __init__(self, control: Sequence[str], texts: Sequence[str], template: str) -> None:
-        self.control = [t for t in control if any(t in s for s in texts)]
-        used = {c for s in [*texts, template] for c in s if ord(c) >= _PRIVATE}
-        free = (chr(cp) for cp in range(_PRIVATE, 0x10FFFE) if chr(cp) not in used)
-        self.markers: dict[str, str] = {}
-        for t in self.control:
-            m = next(free, None)
-            if m is None:
-                raise UsageError("the conversation uses every private-use character")
-            self.markers[t] = m
-        self.originals = {m: t for t, m in self.markers.items()}
-
-    def protect(self, value: Any) -> Any:
-        if isinstance(value, str):
-            for t in self.control:  # longest first
-                if t in value:
-                    value = value.replace(t, self.markers[t])
-            return value
-        if isinstance(value, Mapping):
-            return {k: self.protect(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.protect(v) for v in value]
-        return value
-
-    def restore(self, text: str) -> str:
-        for m, t in self.originals.items():
-            text = text.replace(m, t)
-        return text
-
-
-_PRIVATE = 0xF0000  # supplementary private use area A

@@ -1,6 +1,6 @@
 """From a request body to engine requests, and the one loop that answers them.
 
-A route parses its body, then uses the helpers here: :func:`chat_ids` / :func:`text_ids`
+A route parses its body, then uses the helpers here: :func:`template_prompt` / :func:`chat_ids` / :func:`text_ids`
 build the prompt with the engine's :class:`~modelc.runtime.prompt.PromptFormat` (the
 only place prompts are made), :func:`sampling` settles the sampling settings from the
 request and the model's defaults, :func:`submit_all` queues the engine requests, and
@@ -37,6 +37,7 @@ from modelc.engine.api import (
     TokenEvent,
 )
 from modelc.errors import ModelcError, UsageError
+from modelc.runtime.prompt import ChatPrompt
 from modelc.runtime.sampling import SamplingParams
 from modelc.server.context import ctx, json_response, record, stream_response
 from modelc.server.errors import ParamError
@@ -74,6 +75,24 @@ def plain(obj: Any) -> Any:
     return msgspec.to_builtins(obj)
 
 
+def template_prompt(
+    info: ModelInfo,
+    messages: Sequence[Any],
+    tools: Sequence[Any] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> ChatPrompt:
+    """The engine's prompt (text and ids) for a conversation (messages as Structs or
+    dicts); ``template_kwargs``: extra template variables (``enable_thinking``...)."""
+    return info.fmt().chat(
+        plain(list(messages)),
+        tools=plain(list(tools)) if tools else None,
+        add_generation_prompt=add_generation_prompt,
+        template_kwargs=template_kwargs,
+    )
+
+
 def chat_ids(
     info: ModelInfo,
     messages: Sequence[Any],
@@ -82,15 +101,7 @@ def chat_ids(
     add_generation_prompt: bool = True,
 ) -> list[int]:
     """The engine's prompt ids for a conversation (messages as Structs or dicts)."""
-    return (
-        info.fmt()
-        .chat(
-            plain(list(messages)),
-            tools=plain(list(tools)) if tools else None,
-            add_generation_prompt=add_generation_prompt,
-        )
-        .ids
-    )
+    return template_prompt(info, messages, tools, add_generation_prompt=add_generation_prompt).ids
 
 
 def text_ids(info: ModelInfo, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:

@@ -158,6 +158,7 @@ class ChatMessage(Req):
     name: Name | None = None
     tool_calls: Annotated[list[ToolCall], Meta(max_length=64)] | None = None
     tool_call_id: Name | None = None
+    reasoning_content: Text | None = None  # an earlier turn's trace, for the template
 
 
 Messages = Annotated[list[ChatMessage], Meta(min_length=1, max_length=2048)]

@@ -1,26 +1,33 @@
-"""Tool calling: constraining and parsing the model's calls.
+"""Tool calling and thinking traces on the chat routes: constraining the calls and
+reading the output.
 
 (Offering the tools is the prompt format's job: :meth:`~modelc.runtime.prompt.PromptFormat.chat`
 passes them to the template, or as a Hermes-style system prompt to a template that does
-not take them.)  The model answers a call as
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (SmolLM2, Hermes,
-Qwen) or as a bare JSON object with ``name`` and ``arguments``; :func:`parse_tool_calls`
-accepts both.  ``tool_choice`` ``required`` or a named function compiles to a JSON
-schema :class:`~modelc.engine.api.Constraint`, so the output is always a valid call.
+not take them.)  The model answers in its family's format, which :mod:`modelc.chat`
+detects from the template and parses (:func:`output_reader`); SmolLM2, Hermes and Qwen
+write ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` or a bare JSON call.
+``tool_choice`` ``required`` or a named function compiles to a JSON schema
+:class:`~modelc.engine.api.Constraint`, so the output is always a valid call (read as
+bare JSON whatever the family).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from modelc import chat
+from modelc.chat import StreamParser, new_call_id
+from modelc.chat.calls import bare_json, hermes
 from modelc.engine.api import Constraint, ConstraintKind
 from modelc.server.errors import ParamError
 from modelc.server.schemas import FunctionCall, NamedToolChoice, Tool, ToolCallOut
 
-_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+HERMES = chat.ChatFormat("hermes", hermes)
+BARE_JSON = chat.ChatFormat("json", bare_json)  # a call forced by a JSON-schema constraint
 
 
 def _call_schema(t: Tool) -> dict[str, Any]:
@@ -50,44 +57,80 @@ def choice_constraint(tools: list[Tool], choice: str | NamedToolChoice | None) -
     return None
 
 
-def _as_call(obj: Any) -> FunctionCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return FunctionCall(name=obj["name"], arguments=text)
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
 def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCallOut]]:
-    """(remaining content or None, calls) from the model's output; no calls -> (text, [])."""
-    calls: list[ToolCallOut] = []
-    if "<tool_call>" in text:
-        for m in _CALL_RE.finditer(text):
-            try:
-                call = _as_call(json.loads(m.group(1)))
-            except json.JSONDecodeError:
-                call = None
-            if call is not None:
-                calls.append(ToolCallOut(id=new_call_id(), function=call))
-        if calls:
-            rest = _CALL_RE.sub("", text).strip()
-            return (rest or None), calls
+    """(remaining content or None, calls) of a Hermes-format output; no calls -> (text, [])."""
+    got = StreamParser(HERMES, tools=[{}]).full(text)
+    if not got.calls:
         return text, []
-    s = text.strip()
-    if s.startswith(("{", "[")):
-        try:
-            obj = json.loads(s)
-        except json.JSONDecodeError:
-            return text, []
-        items = obj if isinstance(obj, list) else [obj]
-        parsed = [_as_call(o) for o in items]
-        if parsed and all(c is not None for c in parsed):
-            return None, [ToolCallOut(id=new_call_id(), function=c) for c in parsed if c]
-    return text, []
+    return (got.content.strip() or None), calls_out(got.calls)
+
+
+def calls_out(calls: list[chat.ToolCall]) -> list[ToolCallOut]:
+    return [ToolCallOut(c.id or new_call_id(), FunctionCall(c.name, c.arguments)) for c in calls]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputReader:
+    """How one chat request's output is read: the model's format, the prompt that led to
+    it (a trace it opened), the offered tools, and whether the trace is split off."""
+
+    fmt: chat.ChatFormat
+    prompt: str = ""
+    tools: list[dict[str, Any]] | None = None
+    reasoning: bool = True
+    parallel: bool = True  # parallel_tool_calls: false keeps the first call
+
+    def parser(self) -> StreamParser:
+        return StreamParser(
+            self.fmt,
+            tools=self.tools,
+            reasoning=self.reasoning,
+            prompt=self.prompt,
+            parallel=self.parallel,
+        )
+
+
+def output_reader(
+    template: str | None,
+    prompt: str,
+    tools: list[Tool] | None,
+    *,
+    reasoning: bool = True,
+    forced_call: bool = False,
+    parallel: bool = True,
+) -> OutputReader:
+    """The reader for a chat answer: the format detected from the model's template; a
+    call forced by ``tool_choice`` is JSON (:func:`choice_constraint`)."""
+    fmt = BARE_JSON if forced_call else chat.detect(template)
+    plain_tools = [msgspec.to_builtins(t) for t in tools] if tools else None
+    return OutputReader(fmt, prompt, plain_tools, reasoning, parallel)
+
+
+def template_kwargs(given: dict[str, Any] | None, effort: str | None) -> dict[str, Any]:
+    """A request's template variables: ``chat_template_kwargs``, and ``reasoning_effort``
+    (gpt-oss's template reads it) unless they set it."""
+    kwargs = dict(given or {})
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+    return kwargs
+
+
+def after_trace(c: Constraint | None, reader: OutputReader) -> Constraint | None:
+    """A JSON answer constraint let through the model's thinking trace first (as
+    llama.cpp's reasoning parsers do); other constraints (and traceless formats) as given."""
+    if c is None or c.kind not in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
+        return c
+    if not reader.reasoning:
+        return c
+    try:
+        schema = json.loads(c.value) if c.kind is ConstraintKind.JSON_SCHEMA else {"type": "object"}
+    except json.JSONDecodeError:
+        return c  # the engine refuses it with its own message
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
+    answer = f"%json {json.dumps(schema)}"
+    grammar = chat.trace_grammar(reader.fmt, bool(reader.fmt.lead(reader.prompt)), answer)
+    return c if grammar is None else Constraint(ConstraintKind.GRAMMAR, grammar)
 
 
 def may_be_call(text: str) -> bool:

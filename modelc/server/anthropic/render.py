@@ -3,8 +3,10 @@
 The stream is Anthropic's: ``message_start``, ``ping``, then per content block
 ``content_block_start`` / ``content_block_delta`` (``text_delta``, ``input_json_delta``)
 / ``content_block_stop``, then ``message_delta`` (``stop_reason``, usage) and
-``message_stop``; ``ping`` again while nothing happens.  With tools, text that may
-still be a call is held back until it is known not to be one (as the chat route does).
+``message_stop``; ``ping`` again while nothing happens.  The output is read in the
+model's own format (:mod:`modelc.chat`): a thinking trace streams as ``thinking_delta``
+in its own ``thinking`` block before the answer's ``text`` block; text that may still
+be a call is held back, and the calls come as ``tool_use`` blocks at the end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelc.chat import Delta, StreamParser
 from modelc.engine.api import FinishEvent, FinishReason, TokenEvent
 from modelc.server import sse
 from modelc.server import tools as tooling
@@ -33,9 +36,10 @@ from modelc.server.anthropic.schemas import (
     StreamEvent,
     TextDelta,
     TextOut,
+    ThinkingDelta,
+    ThinkingOut,
     ToolUseOut,
 )
-from modelc.server.conversation import CallHold
 from modelc.server.generation import Outcome, RendererBase
 from modelc.server.schemas import ToolCallOut
 
@@ -74,18 +78,19 @@ def stop_reason(f: FinishEvent, calls: bool, stops: list[str]) -> tuple[str, str
 
 @dataclass(slots=True)
 class MessagesRenderer(RendererBase):
-    """``/v1/messages``: one message (Anthropic has no ``n``)."""
+    """``/v1/messages``: one message (Anthropic has no ``n``), read by ``reader``: the
+    trace a ``thinking`` block, the answer a ``text`` block, each call a ``tool_use``."""
 
     mid: str
     model: str
     n_prompt: int
-    tools: bool
+    reader: tooling.OutputReader
     stops: list[str]
     headers: dict[str, str] = field(default_factory=lambda: sse.HEADERS)
     ping: bytes | None = PING
     _index: int = -1  # the last content block opened
-    _text_open: bool = False
-    _hold: CallHold = field(default_factory=CallHold)
+    _open: str = ""  # the kind of the open block ("thinking", "text"; "": none)
+    _parser: StreamParser | None = None
 
     def _message(self, content: list[BlockOut], f: FinishEvent | None, calls: bool) -> Message:
         reason, seq = stop_reason(f, calls, self.stops) if f is not None else (None, None)
@@ -106,40 +111,58 @@ class MessagesRenderer(RendererBase):
 
     def body(self, outs: list[Outcome]) -> Message:
         o = outs[0]
-        text: str | None = o.text
-        calls: list[ToolCallOut] = []
-        if self.tools:
-            text, calls = tooling.parse_tool_calls(o.text)
-        content: list[BlockOut] = [TextOut(text=text or "")] if text or not calls else []
+        got = self.reader.parser().full(o.text)
+        calls = tooling.calls_out(got.calls)
+        content: list[BlockOut] = [ThinkingOut(thinking=got.reasoning)] if got.reasoning else []
+        if got.content or not calls:
+            content.append(TextOut(text=got.content))
         content += [tool_use(c) for c in calls]
         return self._message(content, o.finish, bool(calls))
 
     def start(self, i: int) -> list[bytes]:
-        self._index, self._text_open, self._hold = -1, False, CallHold(self.tools)
+        self._index, self._open, self._parser = -1, "", self.reader.parser()
         return [event(MessageStart(message=self._message([], None, False))), PING]
 
-    def _text(self, text: str) -> list[bytes]:
+    def _close(self) -> list[bytes]:
+        if not self._open:
+            return []
+        self._open = ""
+        return [event(BlockStop(index=self._index))]
+
+    def _piece(self, kind: str, text: str) -> list[bytes]:
+        """``text`` into the open block of ``kind`` (opening it, closing another)."""
         if not text:
             return []
         out = []
-        if not self._text_open:
+        if self._open != kind:
+            out += self._close()
             self._index += 1
-            self._text_open = True
-            out.append(event(BlockStart(index=self._index, content_block=TextOut(text=""))))
-        out.append(event(BlockDelta(index=self._index, delta=TextDelta(text=text))))
+            self._open = kind
+            block = ThinkingOut(thinking="") if kind == "thinking" else TextOut(text="")
+            out.append(event(BlockStart(index=self._index, content_block=block)))
+        delta = ThinkingDelta(thinking=text) if kind == "thinking" else TextDelta(text=text)
+        out.append(event(BlockDelta(index=self._index, delta=delta)))
         return out
 
+    def _delta(self, d: Delta) -> list[bytes]:
+        return self._piece("thinking", d.reasoning) + self._piece("text", d.content)
+
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
-        return self._text(self._hold.feed(ev.text))
+        assert self._parser is not None
+        return self._delta(self._parser.feed(ev.text))  # calls come whole, at the end
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
-        held, calls = self._hold.end(ev.text)
-        out = self._text(held)
-        if not calls and self._index < 0:  # an empty answer is one empty text block
-            self._index, self._text_open = 0, True
-            out.append(event(BlockStart(index=0, content_block=TextOut(text=""))))
-        if self._text_open:
-            out.append(event(BlockStop(index=self._index)))
+        assert self._parser is not None
+        self._parser.feed(ev.text)
+        last, whole = self._parser.finish()
+        calls = tooling.calls_out(whole.calls)
+        out = self._delta(last)
+        if not calls and not whole.content:  # no answer: one empty text block
+            out += self._close()
+            self._index += 1
+            out.append(event(BlockStart(index=self._index, content_block=TextOut(text=""))))
+            self._open = "text"
+        out += self._close()
         for call in calls:
             self._index += 1
             block = tool_use(call)

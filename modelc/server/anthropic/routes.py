@@ -32,7 +32,7 @@ from modelc.server.anthropic.schemas import (
     ToolUseBlock,
 )
 from modelc.server.context import body, json_response, use_model
-from modelc.server.conversation import ChatPrompt, chat_prompt
+from modelc.server.conversation import ChatPrompt, answer, chat_prompt
 from modelc.server.generation import make_requests, new_id, respond, sampling, submit_all
 from modelc.server.schemas import (
     FunctionDef,
@@ -112,9 +112,20 @@ def _choice(choice: AnthropicToolChoice | None) -> ToolChoice | None:
     return "auto"
 
 
+def _thinking(thinking: dict[str, Any] | None) -> dict[str, Any]:
+    """Anthropic's ``thinking`` as the template's ``enable_thinking`` (unset: the
+    template's own choice)."""
+    kind = (thinking or {}).get("type")
+    return {"enable_thinking": kind == "enabled"} if kind in ("enabled", "disabled") else {}
+
+
 def _prompt(info: ModelInfo, req: CountTokensRequest) -> ChatPrompt:
     return chat_prompt(
-        info, chat_messages(req.system, req.messages), _tools(req.tools), _choice(req.tool_choice)
+        info,
+        chat_messages(req.system, req.messages),
+        _tools(req.tools),
+        _choice(req.tool_choice),
+        template_kwargs=_thinking(req.thinking),
     )
 
 
@@ -127,11 +138,10 @@ async def messages() -> Response:
     given = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, stop=stops)
     params = sampling(info, given, max_tokens=req.max_tokens)
     mid = new_id("msg")
-    reqs = make_requests(mid, prompt.ids, params, 1, prompt.constraint)
+    constraint, reader = answer(info, prompt, grammar=req.grammar)
+    reqs = make_requests(mid, prompt.ids, params, 1, constraint)
     handles = submit_all(engine, reqs, prompt_param="messages")
-    r = MessagesRenderer(
-        mid, info.model_id, len(prompt.ids), tools=prompt.tools is not None, stops=stops
-    )
+    r = MessagesRenderer(mid, info.model_id, len(prompt.ids), reader=reader, stops=stops)
     return await respond(handles, r, stream=req.stream, n_prompt=len(prompt.ids))
 
 

@@ -101,7 +101,8 @@ class CountTokensRequest(Req):
     system: System | None = None
     tools: Annotated[list[AnthropicTool], Meta(max_length=128)] | None = None
     tool_choice: AnthropicToolChoice | None = None
-    thinking: dict[str, Any] | None = None  # accepted; the template decides about traces
+    # {"type": "enabled" | "disabled"}: the template's enable_thinking (unset: the template's)
+    thinking: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
@@ -113,11 +114,17 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     top_k: TopK | None = None
     metadata: Metadata | None = None
     service_tier: Name | None = None
+    grammar: Text | None = None  # llama.cpp's: GBNF over the raw output (trace, calls parsed)
 
 
 # --- responses ---------------------------------------------------------------------------
 class _BlockOut(Resp, tag_field="type"):
     pass
+
+
+class ThinkingOut(_BlockOut, tag="thinking", kw_only=True):
+    thinking: str
+    signature: str = ""  # Anthropic's encrypted check; a local trace has none
 
 
 class TextOut(_BlockOut, tag="text", kw_only=True):
@@ -130,7 +137,7 @@ class ToolUseOut(_BlockOut, tag="tool_use", kw_only=True):
     input: dict[str, Any]
 
 
-BlockOut = TextOut | ToolUseOut
+BlockOut = ThinkingOut | TextOut | ToolUseOut
 
 
 class AnthropicUsage(Resp):
@@ -189,9 +196,13 @@ class InputJsonDelta(Resp, tag_field="type", tag="input_json_delta", kw_only=Tru
     partial_json: str
 
 
+class ThinkingDelta(Resp, tag_field="type", tag="thinking_delta", kw_only=True):
+    thinking: str
+
+
 class BlockDelta(_Event, tag="content_block_delta", kw_only=True):
     index: int
-    delta: TextDelta | InputJsonDelta
+    delta: ThinkingDelta | TextDelta | InputJsonDelta
 
 
 class BlockStop(_Event, tag="content_block_stop", kw_only=True):

@@ -55,6 +55,7 @@ from modelc.server.llamacpp.schemas import (
     TokenPiece,
 )
 from modelc.server.state import ModelInfo
+from modelc.server.tools import template_kwargs
 
 bp = Blueprint("llama", __name__)
 
@@ -111,6 +112,7 @@ async def apply_template() -> Response:
         tools=plain(req.tools) if req.tools else None,
         add_generation_prompt=req.add_generation_prompt,
         continue_final=True,  # llama.cpp continues a final assistant message either way
+        template_kwargs=template_kwargs(req.chat_template_kwargs, req.reasoning_effort),
     )
     return json_response(ApplyTemplateResponse(text))
 

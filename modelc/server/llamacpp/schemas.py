@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
@@ -181,6 +181,8 @@ class ApplyTemplateRequest(Req):
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     add_generation_prompt: bool = True
     model: Name | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
 
 class ApplyTemplateResponse(Resp):

@@ -19,18 +19,20 @@ from typing import Any
 import numpy as np
 from quart import Blueprint, Response
 
+from modelc.chat import StreamParser, ToolCall
 from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent
+from modelc.runtime.prompt import ChatPrompt
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import tools as tooling
 from modelc.server.context import body, json_response, record, use_model
 from modelc.server.generation import (
-    chat_ids,
     embed_inputs,
     make_requests,
     new_id,
     respond,
     sampling,
     submit_all,
+    template_prompt,
     text_ids,
 )
 from modelc.server.models import parse_keep_alive
@@ -89,10 +91,14 @@ async def _answer(
     ids: list[int],
     prefix: str,
     r: OllamaRenderer,
+    reader: tooling.OutputReader | None = None,
 ) -> Response:
     params = _sampling(req.options, info)
     params.max_tokens = _limit(req.options, len(ids))
-    reqs = make_requests(new_id(prefix), ids, params, 1, _format(req.format))
+    constraint = _format(req.format)
+    if reader is not None:  # a chat's format constrains the answer, after the trace
+        constraint = tooling.after_trace(constraint, reader)
+    reqs = make_requests(new_id(prefix), ids, params, 1, constraint)
     return await respond(submit_all(engine, reqs), r, stream=req.stream, n_prompt=len(ids))
 
 
@@ -111,6 +117,7 @@ async def generate() -> Response:
             req, lambda why: OllamaGenerateChunk(req.model, _now(), "", True, done_reason=why)
         )
     info, engine = await use_model(req.model, "text", parse_keep_alive(req.keep_alive))
+    reader = None
     if req.raw or not info.chat_template:
         text = (f"{req.system}\n\n" if req.system else "") + req.prompt
         ids = text_ids(info, text)
@@ -122,27 +129,67 @@ async def generate() -> Response:
             [{"role": "system", "content": req.system}] if req.system else []
         )
         msgs.append({"role": "user", "content": req.prompt})
-        ids = chat_ids(info, msgs)
+        prompt = template_prompt(info, msgs, template_kwargs=_think_kwargs(req.think))
+        ids = prompt.ids
+        reader = tooling.output_reader(info.chat_template, prompt.text, None)
+    parser = reader.parser() if reader is not None else None
 
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaGenerateChunk:
         context = [*ids, *out] if f is not None else None
+        thinking = ""
+        if parser is not None:
+            text, thinking, _ = _read(parser, text, f, req.stream)
         return OllamaGenerateChunk(
-            req.model, _now(), text, f is not None, **done_fields(f), context=context
+            req.model,
+            _now(),
+            text,
+            f is not None,
+            **done_fields(f),
+            context=context,
+            thinking=thinking or None,
         )
 
-    return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk))
+    return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk), reader)
 
 
-def _fit(info: ModelInfo, msgs: list[Any], tools: Any, num_ctx: int | None) -> list[int]:
-    """The chat's ids; over ``num_ctx``, the oldest non-system messages go first (Ollama)."""
-    ids = chat_ids(info, msgs, tools)
-    while num_ctx is not None and len(ids) >= num_ctx:
+def _read(
+    parser: StreamParser, text: str, f: FinishEvent | None, stream: bool
+) -> tuple[str, str, list[ToolCall]]:
+    """(answer, trace, calls) of a streamed piece (``f`` None), of the stream's end, or
+    of the whole text."""
+    if f is None:
+        d = parser.feed(text)
+        return d.content, d.reasoning, []
+    if stream:
+        parser.feed(text)
+        last, whole = parser.finish()
+        return last.content, last.reasoning, whole.calls
+    got = parser.full(text)
+    return got.content, got.reasoning, got.calls
+
+
+def _fit(
+    info: ModelInfo, msgs: list[Any], tools: Any, num_ctx: int | None, kwargs: dict[str, Any]
+) -> ChatPrompt:
+    """The chat's prompt; over ``num_ctx``, the oldest non-system messages go first (Ollama)."""
+    prompt = template_prompt(info, msgs, tools, template_kwargs=kwargs)
+    while num_ctx is not None and len(prompt.ids) >= num_ctx:
         drop = next((k for k, m in enumerate(msgs[:-1]) if _role(m) != "system"), None)
         if drop is None:
             break  # only the last message (and system) left: the engine says it is too long
         msgs = msgs[:drop] + msgs[drop + 1 :]
-        ids = chat_ids(info, msgs, tools)
-    return ids
+        prompt = template_prompt(info, msgs, tools, template_kwargs=kwargs)
+    return prompt
+
+
+def _think_kwargs(think: bool | str | None) -> dict[str, Any]:
+    """Ollama's ``think`` as template variables: true/false -> ``enable_thinking``, a
+    level -> ``reasoning_effort`` (gpt-oss) with thinking on; unset -> the template's own."""
+    if think is None:
+        return {}
+    if isinstance(think, bool):
+        return {"enable_thinking": think}
+    return {"enable_thinking": True, "reasoning_effort": think}
 
 
 def _role(m: Any) -> str:
@@ -159,31 +206,29 @@ async def chat() -> Response:
         )
     info, engine = await use_model(req.model, "text", parse_keep_alive(req.keep_alive))
     num_ctx = req.options.num_ctx if req.options else None
-    ids = _fit(info, list(req.messages), req.tools, num_ctx)
-    tool_calls = bool(req.tools) and not req.stream  # streamed text is relayed as it comes
+    prompt = _fit(info, list(req.messages), req.tools, num_ctx, _think_kwargs(req.think))
+    # the trace goes to ``thinking`` and calls to ``tool_calls`` (streamed: with the last chunk)
+    reader = tooling.output_reader(info.chat_template, prompt.text, req.tools)
+    parser = reader.parser()
 
     def chunk(text: str, f: FinishEvent | None, out: list[int]) -> OllamaChatChunk:
-        msg = _reply(text, tool_calls)
+        msg = _reply(*_read(parser, text, f, req.stream))
         return OllamaChatChunk(req.model, _now(), msg, f is not None, **done_fields(f))
 
-    return await _answer(req, info, engine, ids, "chat", OllamaRenderer(chunk))
+    return await _answer(req, info, engine, prompt.ids, "chat", OllamaRenderer(chunk), reader)
 
 
-def _reply(text: str, tools: bool) -> OllamaMessage:
-    """The assistant message; with tools, a tool call in the text becomes ``tool_calls``."""
-    if tools:
-        content, calls = tooling.parse_tool_calls(text)
-        parsed = []
-        for c in calls:
-            try:
-                args = json.loads(c.function.arguments)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(args, dict):
-                parsed.append(OllamaToolCall(OllamaFunctionCall(c.function.name, args)))
-        if parsed:
-            return OllamaMessage("assistant", content or "", parsed)
-    return OllamaMessage("assistant", text)
+def _reply(content: str, thinking: str, calls: list[ToolCall]) -> OllamaMessage:
+    """The assistant message; Ollama's calls carry their arguments as objects."""
+    parsed = []
+    for c in calls:
+        try:
+            args = json.loads(c.arguments)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(args, dict):
+            parsed.append(OllamaToolCall(OllamaFunctionCall(c.name, args)))
+    return OllamaMessage("assistant", content, parsed or None, thinking or None)
 
 
 @bp.post("/api/embed")

@@ -72,6 +72,7 @@ class OllamaGeneration(Req):
     format: Literal["json"] | dict[str, Any] | None = None
     options: OllamaOptions | None = None
     keep_alive: KeepAlive = None
+    think: bool | Literal["low", "medium", "high"] | None = None  # the trace -> thinking
 
 
 class OllamaGenerateRequest(OllamaGeneration, kw_only=True):
@@ -84,6 +85,7 @@ class OllamaMessageIn(Req):
     role: Role
     content: Text = ""
     tool_calls: list[dict[str, Any]] | None = None
+    thinking: Text | None = None
 
 
 class OllamaChatRequest(OllamaGeneration, kw_only=True):
@@ -101,6 +103,7 @@ class OllamaGenerateChunk(Resp, omit_defaults=True):
     eval_count: int | None = None
     total_duration: int | None = None
     context: list[int] | None = None  # prompt + response token ids (final chunk)
+    thinking: str | None = None
 
 
 class OllamaFunctionCall(Resp):
@@ -116,6 +119,7 @@ class OllamaMessage(Resp, omit_defaults=True):
     role: str
     content: str
     tool_calls: list[OllamaToolCall] | None = None
+    thinking: str | None = None
 
 
 class OllamaChatChunk(Resp, omit_defaults=True):

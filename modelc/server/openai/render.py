@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from modelc.chat import Delta, StreamParser
 from modelc.engine.api import (
     Constraint,
     ConstraintKind,
@@ -43,6 +44,7 @@ from modelc.server.openai.schemas import (
     Usage,
 )
 from modelc.server.state import ModelInfo
+from modelc.server.tools import HERMES
 
 
 def response_constraint(fmt: ResponseFormat | None) -> Constraint | None:
@@ -90,15 +92,32 @@ class _Base(RendererBase):
         return len(self.prompt_ids)
 
 
+def chat_deltas(d: Delta) -> list[ChatDelta]:
+    """One parser delta as OpenAI stream deltas (trace, answer, call pieces)."""
+    out = []
+    if d.reasoning:
+        out.append(ChatDelta(reasoning_content=d.reasoning))
+    if d.content:
+        out.append(ChatDelta(content=d.content))
+    for c in d.calls:
+        if c.name is not None:
+            fn = {"name": c.name, "arguments": c.arguments}
+            out.append(ChatDelta(tool_calls=[ToolCallDelta(c.index, c.id, "function", fn)]))
+        else:
+            fn = {"arguments": c.arguments}
+            out.append(ChatDelta(tool_calls=[ToolCallDelta(c.index, function=fn)]))
+    return out
+
+
 @dataclass(slots=True)
 class ChatRenderer(_Base):
-    """``/v1/chat/completions``; with tools, a call in the text becomes ``tool_calls``."""
+    """``/v1/chat/completions``: the output read by ``reader`` (the model's format) into
+    ``reasoning_content``, ``content`` and ``tool_calls``, streamed as deltas."""
 
-    tools: bool = False
+    reader: tooling.OutputReader = field(default_factory=lambda: tooling.OutputReader(HERMES))
     logprobs: bool = False
     progress_chunks: bool = False  # llama.cpp's return_progress
-    _held: str = ""  # streamed text that may still be a tool call
-    _holding: bool = False
+    _parser: StreamParser | None = None
 
     def _logprobs(self, events: list[TokenEvent]) -> ChoiceLogprobs:
         content = []
@@ -111,16 +130,13 @@ class ChatRenderer(_Base):
     def body(self, outs: list[Outcome]) -> ChatCompletion:
         choices = []
         for i, o in enumerate(outs):
-            content: str | None = o.text
-            calls = None
-            reason = o.reason
-            if self.tools:
-                content, found = tooling.parse_tool_calls(o.text)
-                if found:
-                    calls, reason = found, "tool_calls"
+            got = self.reader.parser().full(o.text)
+            calls = tooling.calls_out(got.calls) or None
+            reason = "tool_calls" if calls else o.reason
+            content = got.content if got.content or not calls else None
             lp = self._logprobs(o.tokens) if self.logprobs else None
             ids = [t.token_id for t in o.tokens] if self.return_token_ids else None
-            msg = ChatMessageOut("assistant", content, calls)
+            msg = ChatMessageOut("assistant", content, calls, got.reasoning or None)
             choices.append(ChatChoice(i, msg, reason, lp, ids))
         return ChatCompletion(
             self.cid,
@@ -144,40 +160,24 @@ class ChatRenderer(_Base):
         return [sse.event(ChatProgressChunk(self.cid, self.created, self.model, [], p))]
 
     def start(self, i: int) -> list[bytes]:
-        self._held, self._holding = "", self.tools
+        self._parser = self.reader.parser()
         return [self._chunk(i, ChatDelta(role="assistant", content=""))]
 
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
+        assert self._parser is not None
         lp = self._logprobs([ev]) if self.logprobs else None
-        text = ev.text
-        if self._holding:
-            self._held += text
-            if tooling.may_be_call(self._held):
-                return []
-            self._holding = False
-            text, self._held = self._held, ""
-        return [self._chunk(i, ChatDelta(content=text), None, lp)] if text or lp else []
+        deltas = chat_deltas(self._parser.feed(ev.text))
+        if lp and not deltas:
+            deltas = [ChatDelta(content="")]
+        return [self._chunk(i, d, None, lp if k == 0 else None) for k, d in enumerate(deltas)]
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
+        assert self._parser is not None
         self.finished.append(ev)
-        held = self._held + ev.text
-        reason = FINISH.get(ev.reason, "stop")
-        out: list[bytes] = []
-        calls = tooling.parse_tool_calls(held)[1] if self._holding and held else []
-        if calls:
-            content = tooling.parse_tool_calls(held)[0]
-            if content:
-                out.append(self._chunk(i, ChatDelta(content=content)))
-            for k, call in enumerate(calls):
-                head = ToolCallDelta(
-                    k, call.id, "function", {"name": call.function.name, "arguments": ""}
-                )
-                args = ToolCallDelta(k, function={"arguments": call.function.arguments})
-                out.append(self._chunk(i, ChatDelta(tool_calls=[head])))
-                out.append(self._chunk(i, ChatDelta(tool_calls=[args])))
-            reason = "tool_calls"
-        elif held:
-            out.append(self._chunk(i, ChatDelta(content=held)))
+        self._parser.feed(ev.text)
+        last, whole = self._parser.finish()
+        reason = "tool_calls" if whole.calls else FINISH.get(ev.reason, "stop")
+        out = [self._chunk(i, d) for d in chat_deltas(last)]
         out.append(self._chunk(i, ChatDelta(), reason))
         return out
 

@@ -13,8 +13,9 @@ import numpy as np
 import trio
 from quart import Blueprint, Response
 
+from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, record, use_model
-from modelc.server.conversation import chat_prompt
+from modelc.server.conversation import answer, chat_prompt
 from modelc.server.errors import ParamError
 from modelc.server.generation import (
     embed_inputs,
@@ -49,10 +50,17 @@ async def chat_completions() -> Response:
     _no_zero_tokens(req.token_limit)
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs needs logprobs: true", param="top_logprobs")
-    prompt = chat_prompt(info, req.messages, req.tools, req.tool_choice)
-    ids, tools, constraint = prompt.ids, prompt.tools, prompt.constraint
-    if constraint is None:
-        constraint = response_constraint(req.response_format)
+    kwargs = tooling.template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
+    prompt = chat_prompt(info, req.messages, req.tools, req.tool_choice, template_kwargs=kwargs)
+    constraint, reader = answer(
+        info,
+        prompt,
+        grammar=req.grammar,
+        answer_format=response_constraint(req.response_format),
+        reasoning=req.reasoning_format != "none",
+        parallel=req.parallel_tool_calls is not False,
+    )
+    ids = prompt.ids
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
     cid = new_id("chatcmpl")
@@ -75,7 +83,7 @@ async def chat_completions() -> Response:
         ids,
         include_usage=req.include_usage,
         return_token_ids=req.return_token_ids,
-        tools=tools is not None,
+        reader=reader,
         logprobs=req.logprobs,
         progress_chunks=progress,
     )

@@ -80,12 +80,19 @@ class ChatCompletionRequest(OpenAIGeneration, kw_only=True):
     service_tier: Name | None = None
     return_token_ids: bool = False  # vLLM: prompt_token_ids and each choice's token_ids
     return_progress: bool = False  # llama.cpp: prompt_progress chunks while streaming
+    # the thinking trace: llama-server's reasoning_format (none: left in content), the
+    # template's variables (enable_thinking...), gpt-oss's reasoning_effort
+    reasoning_format: Literal["auto", "deepseek", "deepseek-legacy", "none"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    grammar: Text | None = None  # llama.cpp: GBNF over the raw output (tools still parsed)
 
 
-class ChatMessageOut(Resp):
+class ChatMessageOut(Resp, omit_defaults=True):
     role: str
     content: str | None
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None
 
 
 class TopLogprob(Resp):
@@ -146,6 +153,7 @@ class ChatDelta(Resp, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(Resp):

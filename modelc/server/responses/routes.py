@@ -19,7 +19,7 @@ from quart import Blueprint, Response
 from modelc.engine.api import Constraint, ConstraintKind
 from modelc.errors import ModelcError
 from modelc.server.context import body, ctx, json_response, use_model
-from modelc.server.conversation import chat_prompt
+from modelc.server.conversation import answer, chat_prompt
 from modelc.server.errors import ParamError
 from modelc.server.generation import make_requests, respond, sampling, submit_all
 from modelc.server.responses.render import ResponsesRenderer, item_id
@@ -28,6 +28,7 @@ from modelc.server.responses.schemas import (
     FunctionChoice,
     InputItem,
     Parts,
+    Reasoning,
     Refusal,
     ResponseObject,
     ResponsesRequest,
@@ -114,6 +115,17 @@ def _format(fmt: TextFormat | None) -> Constraint | None:
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(fmt.schema))
 
 
+def _effort(reasoning: Reasoning | None) -> dict[str, Any]:
+    """``reasoning.effort`` as template variables: ``none`` turns thinking off, a level
+    is gpt-oss's ``reasoning_effort``; unset: the template's own choice."""
+    effort = reasoning.effort if reasoning is not None else None
+    if effort is None:
+        return {}
+    if effort == "none":
+        return {"enable_thinking": False}
+    return {"reasoning_effort": "high" if effort == "xhigh" else effort}
+
+
 @bp.post("/v1/responses")
 async def responses() -> Response:
     req = await body(ResponsesRequest)
@@ -148,9 +160,18 @@ async def responses() -> Response:
     )
     conversation = chat_messages(req.input, history)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    prompt = chat_prompt(info, [*system, *conversation], tools or None, choice)
+    kwargs = _effort(req.reasoning)
+    prompt = chat_prompt(
+        info, [*system, *conversation], tools or None, choice, template_kwargs=kwargs
+    )
     text = req.text or TextConfig()
-    constraint = prompt.constraint or _format(text.format)
+    constraint, reader = answer(
+        info,
+        prompt,
+        grammar=req.grammar,
+        answer_format=_format(text.format),
+        parallel=req.parallel_tool_calls is not False,
+    )
     given = Sampling(temperature=req.temperature, top_p=req.top_p)
     params = sampling(info, given, max_tokens=req.max_output_tokens)
     rid = item_id("resp")
@@ -182,7 +203,7 @@ async def responses() -> Response:
         if req.store is not False:
             kept.put(resp, conversation)
 
-    r = ResponsesRenderer(base, len(prompt.ids), tools=prompt.tools is not None, keep=keep)
+    r = ResponsesRenderer(base, len(prompt.ids), reader=reader, keep=keep)
     return await respond(handles, r, stream=req.stream, n_prompt=len(prompt.ids))
 
 

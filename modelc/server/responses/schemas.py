@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from msgspec import Meta
+from msgspec import Meta, field
 
 from modelc.server.schemas import MaxTokens, Name, Req, Resp, Temperature, Text, TopP
 
@@ -92,7 +92,7 @@ class ResponsesRequest(Req, kw_only=True):
     top_p: TopP | None = None
     stream: bool = False
     text: TextConfig | None = None
-    reasoning: Reasoning | None = None  # accepted; the template decides about traces
+    reasoning: Reasoning | None = None  # effort: the template's reasoning_effort (none: off)
     previous_response_id: Name | None = None  # a stored response this one continues
     store: bool | None = None  # keep this response (default: yes; in memory, bounded)
     background: bool | None = None
@@ -102,6 +102,7 @@ class ResponsesRequest(Req, kw_only=True):
     truncation: Literal["auto", "disabled"] | None = None
     user: Name | None = None
     include: list[Name] | None = None
+    grammar: Text | None = None  # llama.cpp's: GBNF over the raw output (trace, calls parsed)
     service_tier: Name | None = None
     prompt_cache_key: Name | None = None
     safety_identifier: Name | None = None
@@ -119,6 +120,19 @@ class OutputTextOut(Resp, tag_field="type", tag="output_text", kw_only=True):
     logprobs: list[Any]
 
 
+class ReasoningTextOut(Resp, tag_field="type", tag="reasoning_text", kw_only=True):
+    text: str
+
+
+class ReasoningOut(_ItemOut, tag="reasoning", kw_only=True):
+    """The model's thinking trace (its text in ``content``; no summary is made)."""
+
+    id: str
+    status: str
+    content: list[ReasoningTextOut]
+    summary: list[Any] = field(default_factory=list)
+
+
 class MessageOut(_ItemOut, tag="message", kw_only=True):
     id: str
     status: str
@@ -134,7 +148,8 @@ class FunctionCallOut(_ItemOut, tag="function_call", kw_only=True):
     status: str
 
 
-OutputItem = MessageOut | FunctionCallOut
+OutputItem = ReasoningOut | MessageOut | FunctionCallOut
+ContentPart = OutputTextOut | ReasoningTextOut
 
 
 class InputTokensDetails(Resp):
@@ -223,14 +238,14 @@ class PartAdded(_Event, tag="response.content_part.added", kw_only=True):
     item_id: str
     output_index: int
     content_index: int
-    part: OutputTextOut
+    part: ContentPart
 
 
 class PartDone(_Event, tag="response.content_part.done", kw_only=True):
     item_id: str
     output_index: int
     content_index: int
-    part: OutputTextOut
+    part: ContentPart
 
 
 class TextDelta(_Event, tag="response.output_text.delta", kw_only=True):
@@ -247,6 +262,20 @@ class TextDone(_Event, tag="response.output_text.done", kw_only=True):
     content_index: int
     text: str
     logprobs: list[Any]
+
+
+class ReasoningDelta(_Event, tag="response.reasoning_text.delta", kw_only=True):
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class ReasoningDone(_Event, tag="response.reasoning_text.done", kw_only=True):
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
 
 
 class ArgumentsDelta(_Event, tag="response.function_call_arguments.delta", kw_only=True):
@@ -273,6 +302,8 @@ StreamEvent = (
     | PartDone
     | TextDelta
     | TextDone
+    | ReasoningDelta
+    | ReasoningDone
     | ArgumentsDelta
     | ArgumentsDone
 )
