@@ -564,7 +564,7 @@ def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> 
     repacks them on first use, hands the file's pages back to the OS, and the mapping
     still reads the same bytes; results equal the unpacking kernels' for 1-9 x rows."""
     from modelc._kernels import kernels as kk
-    from modelc.runtime.backends.cpu import _file_mapped
+    from modelc.runtime.backends.cpu_weights import file_mapped
 
     rng = np.random.default_rng(9)
     w = make_weight(dtype, 4096, 256, rng)  # 160-ish pages of rows
@@ -572,7 +572,7 @@ def test_repacked_weights_hand_back_file_pages(tmp_path: Path, dtype: DType) -> 
     path = tmp_path / "w.bin"
     raw.tofile(path)
     mapped = np.memmap(path, np.uint8, "r", shape=raw.shape)
-    assert _file_mapped(mapped) and not _file_mapped(raw)
+    assert file_mapped(mapped) and not file_mapped(raw)
     cpu = CpuBackend(simd="avx512vnni")  # repacks what is file-mapped, not what is in memory
     assert cpu._gemm_aux(w, raw) is None
     code = {DType.Q8_0: kk.Q8_0, DType.Q4_1: kk.Q4_1, **KQ_CODES}[dtype]

@@ -14,7 +14,8 @@ from modelc.errors import TokenizerError
 from modelc.formats import load_model
 from modelc.formats.gguf import load_gguf
 from modelc.formats.ir import TokenizerSpec
-from modelc.runtime.tokenizer import PRE_REGEXES, Tokenizer, from_tokenizer_json
+from modelc.runtime.tokenizer import Tokenizer, from_tokenizer_json
+from modelc.runtime.tokenizer_models import PRE_REGEXES
 from tests import assets
 
 # every llama.cpp vocabulary with test vectors that modelc tokenizes 100% like llama.cpp

@@ -16,6 +16,9 @@ around it so GGUF models tokenize exactly as llama.cpp does:
 * ``t5``: SentencePiece Unigram, as llama.cpp's UGM (:mod:`modelc.runtime.tokenizer_unigram`);
 * ``hf``: a tokenizer.json as is.
 
+The HF models themselves are built in :mod:`modelc.runtime.tokenizer_models`; reading a
+tokenizer.json into a spec is :mod:`modelc.runtime.tokenizer_json`.
+
 Decoding concatenates each token's bytes (:meth:`Tokenizer.token_to_piece`) and decodes
 UTF-8 once, so a character split across tokens is never garbled.
 """
@@ -28,84 +31,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from modelc.errors import TokenizerError
 from modelc.formats.ir import TokenizerSpec
+from modelc.runtime.tokenizer_json import MAX_VOCAB, check_added, hf_kind, spec_from_tokenizer_json
+from modelc.runtime.tokenizer_models import (
+    BYTE,
+    CONTROL,
+    NORMAL,
+    UNKNOWN,
+    UNUSED,
+    USER_DEFINED,
+    byte_level_bpe,
+    gemma4_bpe,
+    spm_bpe,
+    wordpiece,
+)
 from modelc.runtime.tokenizer_unigram import UnigramTokenizer
 
-__all__ = ["IncrementalDecoder", "Tokenizer", "from_tokenizer_json"]
+__all__ = ["CONTROL", "IncrementalDecoder", "Tokenizer", "from_tokenizer_json"]
 
-# GGUF tokenizer.ggml.token_type values
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 # piece kinds of BERT-style vocabularies (GGUF "bert": ▁word + bare continuations; HF: ##cont)
 WORDPIECE = ("bert", "wordpiece")
-
-_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (
-    _CONTRACTIONS
-    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    _CONTRACTIONS
-    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN35 = (
-    _CONTRACTIONS
-    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_CJK = "[一-龥ࠀ-一가-퟿]+"
-# letters as in deepseek-llm's tokenizer.json; \u escapes keep the code points NFC would fold
-_DEEPSEEK_LETTERS = "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"
-
-
-def _letter_cases(suffix: str) -> str:
-    """Mistral/GPT-4o word rule: optional non-letter, cased letters, then ``suffix``."""
-    upper, lower = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
-    lead = r"[^\r\n\p{L}\p{N}]?"
-    return f"{lead}{upper}*{lower}+{suffix}|{lead}{upper}+{lower}*{suffix}"
-
-
-_TEKKEN = _letter_cases("") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-_GPT4O = (
-    _letter_cases("(?i:'s|'t|'re|'ve|'m|'ll|'d)?")
-    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_DEEPSEEK3 = [
-    r"\p{N}{1,3}",
-    "[一-龥぀-ゟ゠-ヿ]+",
-    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-]
-_BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
-
-# llama.cpp's pre-tokenizer regexes (llm_tokenizer_bpe) by tokenizer.ggml.pre, applied in turn
-_PRE_GROUPS: list[tuple[tuple[str, ...], list[str]]] = [
-    (("gpt-2", "mpt", "olmo", "phi-2", "roberta-bpe", "jais"), [_GPT2]),
-    (("llama3", "llama-bpe", "llama-v3", "falcon3", "dbrx", "smaug-bpe", "chatglm-bpe"), [_LLAMA3]),
-    (("qwen2", "stablelm2", "megrez"), [_QWEN2]),
-    (("qwen35",), [_QWEN35]),
-    (
-        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"),
-        [r"\p{N}", _GPT2],
-    ),
-    (("falcon",), [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"]),
-    (
-        ("deepseek-llm",),
-        ["[\r\n]", _DEEPSEEK_LETTERS, r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", _CJK, r"\p{N}+"],
-    ),
-    (("deepseek-coder",), ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"]),
-    (("deepseek-v3",), _DEEPSEEK3),
-    (("tekken",), [_TEKKEN]),
-    (("gpt-4o",), [_GPT4O]),
-    (("poro-chat", "bloom", "gpt3-finnish"), [_BLOOM]),
-    (("viking",), [_BLOOM, r"\p{N}"]),
-    (("default",), [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"]),
-]
-PRE_REGEXES: dict[str, list[str]] = {name: rx for names, rx in _PRE_GROUPS for name in names}
-IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "falcon3", "tekken"}
 
 # texts llama.cpp treats as end-of-generation when present in the vocabulary
 EOG_TEXTS = (
@@ -153,13 +101,13 @@ class Tokenizer:
             self.kind = {"gpt2": "gpt2", "bert": "bert"}.get(spec.model, "spm")
             self._ugm: UnigramTokenizer | None = None
             if spec.model == "gpt2":
-                self._hf = _byte_level_bpe(spec)
+                self._hf = byte_level_bpe(spec)
             elif spec.model == "llama":
-                self._hf = _spm_bpe(spec)
+                self._hf = spm_bpe(spec)
             elif spec.model == "bert":
-                self._hf = _wordpiece(spec)
+                self._hf = wordpiece(spec)
             elif spec.model == "gemma4":
-                self._hf = _gemma4_bpe(spec)
+                self._hf = gemma4_bpe(spec)
             elif spec.model == "t5":
                 self._ugm = UnigramTokenizer(spec)
             else:
@@ -180,7 +128,7 @@ class Tokenizer:
         try:
             data = json.loads(spec.hf_json)
             added = data.pop("added_tokens", None) or []
-            _check_added(added)
+            check_added(added)
             # BOS/EOS come from the spec; modelc never pads or truncates in the tokenizer
             data["post_processor"] = data["padding"] = data["truncation"] = None
             self._hf = HFTokenizer.from_str(json.dumps(data))
@@ -202,7 +150,7 @@ class Tokenizer:
         for text, i in vocab.items():
             self.tokens[i] = text
             self.types[i] = NORMAL
-        self.kind = _hf_kind(data)
+        self.kind = hf_kind(data)
         for i, t in enumerate(self.tokens):
             if self.kind == "spm" and _BYTE_TOKEN.fullmatch(t):
                 self.types[i] = BYTE
@@ -452,95 +400,6 @@ def _partition(text: str, specials: list[tuple[str, int]]) -> list[str | int]:
     return frags
 
 
-def _split_merge(m: str) -> tuple[str, str]:
-    pos = m.find(" ", 1)
-    if pos < 0:
-        raise TokenizerError(f"malformed BPE merge {m!r} (expected 'left right')")
-    return m[:pos], m[pos + 1 :]
-
-
-def _byte_level_bpe(spec: TokenizerSpec) -> HFTokenizer:
-    vocab = {t: i for i, t in enumerate(spec.tokens)}
-    merges = [_split_merge(m) for m in spec.merges]
-    pre = spec.pre if spec.pre in PRE_REGEXES else "default"
-    tok = HFTokenizer(
-        models.BPE(vocab, merges, fuse_unk=False, ignore_merges=spec.pre in IGNORE_MERGES)
-    )
-    splits: list[Any] = [
-        pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[pre]
-    ]
-    splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(splits)
-    tok.decoder = decoders.ByteLevel()
-    return tok
-
-
-def _spm_bpe(spec: TokenizerSpec) -> HFTokenizer:
-    """llama.cpp's SPM: merge the adjacent pair whose join is the highest-scoring token."""
-    vocab = {t: i for i, t in enumerate(spec.tokens)}
-    scores = spec.scores if len(spec.scores) == len(spec.tokens) else [0.0] * len(spec.tokens)
-    ranked: list[tuple[float, int, str, str]] = []
-    for t, i in vocab.items():
-        for k in range(1, len(t)):
-            left, right = t[:k], t[k:]
-            if left in vocab and right in vocab:
-                ranked.append((-scores[i], i, left, right))
-    ranked.sort()
-    unk = spec.tokens[spec.unk_id] if spec.unk_id is not None else None
-    tok = HFTokenizer(
-        models.BPE(
-            vocab,
-            [(a, b) for _, _, a, b in ranked],
-            unk_token=unk,
-            byte_fallback=True,
-            fuse_unk=True,
-        )
-    )
-    tok.normalizer = normalizers.Replace(" ", "\u2581")
-    return tok
-
-
-def _gemma4_bpe(spec: TokenizerSpec) -> HFTokenizer:
-    """llama.cpp's gemma4 BPE: merges by rank on raw UTF-8 (``▁`` for spaces), ``<0xXX>`` fallback."""
-    vocab = {t: i for i, t in enumerate(spec.tokens)}
-    merges = [_split_merge(m) for m in spec.merges]
-    return HFTokenizer(models.BPE(vocab, merges, byte_fallback=True, fuse_unk=False))
-
-
-def _wordpiece(spec: TokenizerSpec) -> HFTokenizer:
-    """llama.cpp's WPM; GGUF pieces ``▁word`` -> ``word``, bare continuations -> ``##cont``."""
-    vocab: dict[str, int] = {}
-    for i, (t, ty) in enumerate(
-        zip(spec.tokens, spec.token_types or [NORMAL] * len(spec.tokens), strict=True)
-    ):
-        if ty == CONTROL or (t.startswith("[") and t.endswith("]")):
-            vocab[t] = i
-        elif t.startswith("\u2581"):
-            vocab[t[1:]] = i
-        else:
-            vocab["##" + t] = i
-    unk = spec.tokens[spec.unk_id] if spec.unk_id is not None else "[UNK]"
-    tok = HFTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=1 << 20))
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True
-    )
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    return tok
-
-
-def _hf_kind(data: dict[str, Any]) -> str:
-    """Which piece rule a tokenizer.json follows: gpt2 (byte-level), spm, wordpiece, or plain."""
-    model = data.get("model") or {}
-    if model.get("type") == "WordPiece":
-        return "wordpiece"
-    text = json.dumps({k: data.get(k) for k in ("pre_tokenizer", "decoder")})
-    if '"ByteLevel"' in text:
-        return "gpt2"
-    if model.get("byte_fallback") or "\u2581" in text or '"Metaspace"' in text:
-        return "spm"
-    return "plain"
-
-
 def from_tokenizer_json(
     path: str | Path, tokenizer_config: dict[str, Any] | None = None
 ) -> Tokenizer:
@@ -554,81 +413,8 @@ def from_tokenizer_json(
     if not isinstance(data, dict):
         raise TokenizerError("tokenizer.json is not a JSON object", path=p)
     try:
-        _check_added(data.get("added_tokens") or [])
+        check_added(data.get("added_tokens") or [])
         spec = spec_from_tokenizer_json(data, text, tokenizer_config or {})
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise TokenizerError(f"tokenizer.json is malformed: {type(e).__name__}: {e}", path=p) from e
     return Tokenizer(spec)
-
-
-MAX_VOCAB = 1 << 24  # the largest real vocabularies hold ~262k tokens
-
-
-def _check_added(added: Any) -> None:
-    """TokenizerError unless ``added`` is tokenizer.json's list of added tokens."""
-    if not isinstance(added, list):
-        raise TokenizerError("tokenizer.json's added_tokens is not a list")
-    for a in added:
-        ok = isinstance(a, dict) and isinstance(a.get("content"), str)
-        tid = a.get("id") if ok else None
-        if not (isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < MAX_VOCAB):
-            raise TokenizerError(
-                f"tokenizer.json has a malformed added token ({str(a)[:80]}): each needs a "
-                f"'content' text and an 'id' in 0..{MAX_VOCAB - 1}"
-            )
-
-
-def spec_from_tokenizer_json(
-    data: dict[str, Any], text: str, config: dict[str, Any]
-) -> TokenizerSpec:
-    """A ``hf`` TokenizerSpec: special ids from tokenizer_config, BOS/EOS adding from the post-processor."""
-    ids: dict[str, int] = (
-        dict((data.get("model") or {}).get("vocab") or {})
-        if isinstance((data.get("model") or {}).get("vocab"), dict)
-        else {}
-    )
-    for a in data.get("added_tokens") or []:
-        ids[a["content"]] = int(a["id"])
-
-    def tid(key: str) -> int | None:
-        v = config.get(key)
-        if isinstance(v, dict):
-            v = v.get("content")
-        return ids.get(v) if isinstance(v, str) else None
-
-    prefix, suffix = _template_specials(data.get("post_processor"), ids)
-    bos = prefix if prefix is not None else tid("bos_token")
-    eos = tid("eos_token")
-    return TokenizerSpec(
-        model="hf",
-        hf_json=text,
-        bos_id=bos,
-        eos_id=eos if eos is not None or suffix is None else suffix,
-        pad_id=tid("pad_token"),
-        unk_id=tid("unk_token"),
-        sep_id=tid("sep_token"),
-        cls_id=tid("cls_token"),
-        mask_id=tid("mask_token"),
-        add_bos=prefix is not None,
-        add_eos=suffix is not None and (eos is None or suffix == eos),
-    )
-
-
-def _template_specials(pp: Any, ids: dict[str, int]) -> tuple[int | None, int | None]:
-    """(first, last) special id the post-processor adds around a single sequence."""
-    if not isinstance(pp, dict):
-        return None, None
-    if pp.get("type") == "Sequence":
-        for sub in pp.get("processors") or []:
-            got = _template_specials(sub, ids)
-            if got != (None, None):
-                return got
-        return None, None
-    if pp.get("type") in ("BertProcessing", "RobertaProcessing"):
-        return int(pp["cls"][1]), int(pp["sep"][1])
-    if pp.get("type") == "TemplateProcessing":
-        single = pp.get("single") or []
-        first = single[0].get("SpecialToken", {}).get("id") if single else None
-        last = single[-1].get("SpecialToken", {}).get("id") if len(single) > 1 else None
-        return (ids.get(first) if first else None), (ids.get(last) if last else None)
-    return None, None

@@ -3,7 +3,7 @@
 Tensors: ``layers.{i}.weight`` (out, in) and optional ``layers.{i}.bias``;
 ``hparams.layer_sizes`` is ``[in_0, out_0, out_1, ...]``; ``hparams.activation`` is
 ``relu`` (default), ``sigmoid`` or ``tanh``.  A model whose IR carries an ONNX plan
-(``ir.graph``) is run by ``modelc.formats.onnx.run_plan`` instead, with quantized
+(``ir.graph``) is run by ``modelc.formats.onnx_ops.run_plan`` instead, with quantized
 weights dequantized once.
 """
 
@@ -68,7 +68,7 @@ class MLP:
             if len(inputs) != 1:
                 raise UsageError(f"an MLP takes one input array, got {sorted(inputs)}")
             return {"output": self.forward(next(iter(inputs.values())))}
-        from modelc.formats.onnx import run_plan
+        from modelc.formats.onnx_ops import run_plan
 
         if self._plan_weights is None:
             self._plan_weights = {name: _dense(t) for name, t in self.ir.tensors.items()}

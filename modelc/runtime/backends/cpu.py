@@ -6,32 +6,8 @@ GGUF weight type the reader keeps (``C_MATMUL_DTYPES``; ``kernel_for`` says whic
 serves a type); other weight dtypes fall back to the numpy reference (dequantize, then
 BLAS).
 
-Environment:
-
-* ``MODELC_THREADS``  threads for the kernels (default: every core this process may use).
-  The kernels run on a small pthread pool (``cyx/mc_pool.h``) that hands out chunks of
-  rows; on a machine busier than its cores this degrades to one thread's speed
-  instead of stalling on a barrier as an OpenMP region would.
-* ``MODELC_SIMD``     ``auto`` (default), ``scalar``, ``avx2``, ``avx512vnni`` or ``neon``:
-  which code path the kernels take; ``scalar`` forces the portable C path.
-* ``MODELC_MATMUL``   ``fast`` (default), ``balanced`` or ``exact``.  ``fast`` quantizes the
-  activations to int8 blocks (32 elements, or 256 for K-quants) and takes integer dot
-  products, as llama.cpp does: about 0.5-1% relative error on a matmul output, more
-  where activations have outlier channels.  ``exact`` keeps the activations in float32
-  and dequantizes the weights as it goes (in registers for one to three rows of x, into
-  a row buffer reused by every row of a batch): the result is ``x @ dequant(W).T`` to
-  float32 rounding (use it for parity with a float reference).  ``balanced`` takes the
-  int8 path with outlier decomposition (up to 4 activations per row above 6x its RMS
-  are kept out of the int8 blocks and added back in float, as LLM.int8() does); a row
-  whose quantization is still estimated to add more than ``BALANCED_TOL`` relative RMS
-  error takes the exact path (each row decides alone, so a batch gives every row the
-  result it gets alone).  Accuracy on SmolLM2-135M Q4_1 (3 prompts, 24 greedy tokens):
-  max top-10 log-prob error against ``exact`` 0.59 for fast, 0.11 for balanced.  Speed
-  (same model, 2 threads, 2-core machine shared with other jobs, ``bench/bench_e2e.py``):
-  prefill 512 tokens / decode batch 1 / batch 8 in tok/s: fast ~370 / ~90 / ~278,
-  balanced ~147 / ~53 / ~124, exact ~94 / ~40 / ~71.  ``fast`` stays the default: balanced
-  costs ~40% at batch 1 and over half the throughput in batches and prefill, where many
-  rows of SmolLM2's activations carry outliers.
+Threads, SIMD level and matmul mode: :mod:`modelc.runtime.backends.cpu_config`; weight
+row views and the repack cache's bookkeeping: :mod:`modelc.runtime.backends.cpu_weights`.
 
 Kernels (``cyx/mc_quant*.h``): every 32-element-block kernel computes each block's exact
 integer dot and then one FMA ``acc = fma(dw * dx, s, acc)`` in block order, so a row's
@@ -47,122 +23,35 @@ stream forward from memory.
 from __future__ import annotations
 
 import importlib
-import mmap
-import os
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from modelc.errors import ConfigError
-from modelc.formats.ir import DType, row_bytes
+from modelc.formats.ir import DType
 from modelc.runtime.backend import F32Array, KVArray, Weight
+from modelc.runtime.backends.cpu_config import (
+    BALANCED_TOL,
+    C_MATMUL_DTYPES,
+    MATMUL_TOLS,
+    SIMD_LEVELS,
+    TYPE_CODES,
+    available_simd,
+    default_threads,
+    matmul_tol,
+    simd_level,
+)
+from modelc.runtime.backends.cpu_weights import file_mapped, memo, memo_hit, raw_rows
 from modelc.runtime.backends.fallback import NumpyFallback
 from modelc.runtime.backends.hugemem import HugeArena
 
+__all__ = [
+    "BALANCED_TOL", "C_MATMUL_DTYPES", "MATMUL_TOLS", "SIMD_LEVELS", "TYPE_CODES", "CpuBackend",
+    "available_simd", "default_threads", "matmul_tol", "simd_level",
+]  # fmt: skip
+
 _k: Any = importlib.import_module("modelc._kernels.kernels")
-
-# DType -> type code of cyx/mc_common.h
-T = TypeVar("T")
-
-TYPE_CODES: dict[DType, int] = {
-    DType.F32: _k.F32,
-    DType.F16: _k.F16,
-    DType.Q4_0: _k.Q4_0,
-    DType.Q4_1: _k.Q4_1,
-    DType.Q5_0: _k.Q5_0,
-    DType.Q8_0: _k.Q8_0,
-    DType.Q4_K: _k.Q4_K,
-    DType.Q6_K: _k.Q6_K,
-    DType.INT8: _k.INT8,
-    DType.Q5_1: _k.Q5_1,
-    DType.Q2_K: _k.Q2_K,
-    DType.Q3_K: _k.Q3_K,
-    DType.Q5_K: _k.Q5_K,
-    DType.BF16: _k.BF16,
-    DType.IQ4_NL: _k.IQ4_NL,
-    DType.IQ4_XS: _k.IQ4_XS,
-}
-
-# the weight dtypes whose matmuls run in C (every mode, every SIMD level)
-C_MATMUL_DTYPES: frozenset[DType] = frozenset(TYPE_CODES)
-
-SIMD_LEVELS = {
-    "scalar": _k.SIMD_SCALAR,
-    "avx2": _k.SIMD_AVX2,
-    "neon": _k.SIMD_NEON,
-    # AVX2 kernels with VNNI integer dot products; Q4_K / Q5_K / Q6_K GEMMs on 512-bit registers
-    "avx512vnni": _k.SIMD_VNNI,
-}
-
-
-def available_simd() -> list[str]:
-    """The code paths this CPU runs, fastest first (``scalar`` always)."""
-    best = int(_k.simd_best())
-    names = [n for n, v in SIMD_LEVELS.items() if v == best]
-    if best == _k.SIMD_VNNI:
-        names.append("avx2")
-    return [*names, "scalar"] if best != _k.SIMD_SCALAR else ["scalar"]
-
-
-def default_threads() -> int:
-    """``MODELC_THREADS`` if set, else every core."""
-    env = os.environ.get("MODELC_THREADS", "").strip()
-    if env:
-        try:
-            n = int(env)
-        except ValueError as e:
-            raise ConfigError(
-                f"MODELC_THREADS={env!r} is not a whole number; unset it or give e.g. 4"
-            ) from e
-        if n < 1:
-            raise ConfigError(f"MODELC_THREADS={n} must be at least 1")
-        return n
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def simd_level(name: str | None = None) -> int:
-    """The SIMD code path for ``name`` (default ``MODELC_SIMD``, else ``auto``)."""
-    name = (name or os.environ.get("MODELC_SIMD", "") or "auto").strip().lower()
-    best = int(_k.simd_best())
-    if name == "auto":
-        return best
-    if name not in SIMD_LEVELS:
-        raise ConfigError(f"MODELC_SIMD={name!r}: choose one of auto, {', '.join(SIMD_LEVELS)}")
-    if name not in available_simd():
-        raise ConfigError(
-            f"MODELC_SIMD={name!r}: this CPU runs only {', '.join(available_simd())}; use auto"
-        )
-    return int(SIMD_LEVELS[name])
-
-
-BALANCED_TOL = 0.01  # relative RMS activation-quantization error "balanced" accepts
-MATMUL_TOLS = {"fast": 1e38, "balanced": BALANCED_TOL, "exact": 0.0}
-
-
-def matmul_tol(name: str | None = None) -> float:
-    """The kernels' activation-quantization tolerance for a ``MODELC_MATMUL`` mode name."""
-    name = (name or os.environ.get("MODELC_MATMUL", "") or "fast").strip().lower()
-    if name not in MATMUL_TOLS:
-        raise ConfigError(f"MODELC_MATMUL={name!r}: choose one of {', '.join(MATMUL_TOLS)}")
-    return MATMUL_TOLS[name]
-
-
-def _raw_rows(w: Weight) -> np.ndarray[Any, Any]:
-    """The weight as uint8 (rows, row_bytes), the layout every C kernel reads."""
-    data = np.asarray(w.data)
-    if not data.flags.c_contiguous:
-        data = np.ascontiguousarray(data)
-    rows, cols = w.shape
-    raw = data.view(np.uint8).reshape(rows, -1)
-    if raw.shape[1] != row_bytes(w.dtype, cols):
-        raise ValueError(
-            f"weight {w.dtype} {w.shape}: rows hold {raw.shape[1]} bytes, expected {row_bytes(w.dtype, cols)}"
-        )
-    return raw
 
 
 def _f32(a: np.ndarray[Any, Any]) -> F32Array:
@@ -178,47 +67,6 @@ def _f16(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float16]]:
     return np.ascontiguousarray(a, dtype=np.float16)
 
 
-def _memo_hit(
-    cache: dict[int, tuple[np.ndarray[Any, Any], T]], data: np.ndarray[Any, Any]
-) -> tuple[np.ndarray[Any, Any], T] | None:
-    """The entry ``_memo`` keeps for ``data`` (this very array), or None."""
-    hit = cache.get(id(data))
-    return hit if hit is not None and hit[0] is data else None
-
-
-def _memo(
-    cache: dict[int, tuple[np.ndarray[Any, Any], T]],
-    data: np.ndarray[Any, Any],
-    limit: int,
-    make: Callable[[], tuple[T, bool]],
-) -> T:
-    """What ``make`` derives from a weight's ``data``, kept per array (by identity, the
-    array itself held so its id is not reused) when ``make`` says it may be; the cache is
-    emptied at ``limit`` entries (weights made afresh per call must not grow it forever)."""
-    hit = _memo_hit(cache, data)
-    if hit is not None:
-        return hit[1]
-    value, keep = make()
-    if keep:
-        if len(cache) >= limit:
-            cache.clear()
-        cache[id(data)] = (data, value)
-    return value
-
-
-def _file_mapped(a: np.ndarray[Any, Any]) -> bool:
-    """Whether ``a`` is a read-only view of a file mapping (np.memmap, mmap.mmap), whose
-    pages the OS can drop and read back: never true of memory the process owns."""
-    if a.flags.writeable:
-        return False
-    base: Any = a
-    while base is not None:
-        if isinstance(base, np.memmap | mmap.mmap):
-            return True
-        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
-    return False
-
-
 def _flat(out: F32Array) -> F32Array:
     """A 1-D view of a caller's ``out`` (which must be C-contiguous to be written in place)."""
     if not out.flags.c_contiguous:
@@ -230,11 +78,11 @@ class CpuBackend(NumpyFallback):
     """Compiled kernels.
 
     ``threads``, ``simd`` and ``matmul`` default to ``MODELC_THREADS``, ``MODELC_SIMD``
-    and ``MODELC_MATMUL`` (see the module docstring).  ``repack``: whether Q4_0, Q4_1, Q5_0,
-    Q5_1, Q8_0, IQ4_NL, IQ4_XS and Q2_K to Q6_K weights are repacked for the VNNI / AVX2
-    kernels (fast mode); by default only weights
-    read from a file mapping, whose pages are then handed back, so memory does not double
-    (weights held in memory, such as a compressed artifact's, keep the other kernels).
+    and ``MODELC_MATMUL`` (see :mod:`modelc.runtime.backends.cpu_config`).  ``repack``:
+    whether Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS and Q2_K to Q6_K weights are
+    repacked for the VNNI / AVX2 kernels (fast mode); by default only weights read from a
+    file mapping, whose pages are then handed back, so memory does not double (weights held
+    in memory, such as a compressed artifact's, keep the other kernels).
     """
 
     name = "cpu"
@@ -275,10 +123,10 @@ class CpuBackend(NumpyFallback):
 
     def _rows(self, w: Weight) -> np.ndarray[Any, Any]:
         def make() -> tuple[np.ndarray[Any, Any], bool]:
-            raw = _raw_rows(w)
+            raw = raw_rows(w)
             return raw, np.shares_memory(raw, w.data)  # a copy would go stale if w.data changes
 
-        return _memo(self._raw, w.data, 4096, make)
+        return memo(self._raw, w.data, 4096, make)
 
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
         code = TYPE_CODES.get(w.dtype)
@@ -315,7 +163,7 @@ class CpuBackend(NumpyFallback):
         def make() -> tuple[np.ndarray[Any, Any] | None, bool]:
             if not np.shares_memory(raw, w.data):  # made per call: not worth it
                 return None, False
-            mapped = _file_mapped(raw)
+            mapped = file_mapped(raw)
             if not mapped and self.repack is None:  # a copy would double its memory
                 return None, True
             copy = _k.repack(code, raw, w.shape[1], self._arena.empty)
@@ -323,7 +171,7 @@ class CpuBackend(NumpyFallback):
                 _k.release_pages(raw)
             return copy, True
 
-        return _memo(self._aux, w.data, 4096, make)
+        return memo(self._aux, w.data, 4096, make)
 
     def matmul_many(
         self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
@@ -369,7 +217,7 @@ class CpuBackend(NumpyFallback):
             out = np.empty((idx.shape[0], w.shape[1]), dtype=np.float32)  # (len(ids), in)
         # a tied embedding whose matmuls made a repacked copy: its file pages went back to the
         # OS, so the rows come from the copy (the same values) rather than from the disk
-        made = _memo_hit(self._aux, w.data)
+        made = memo_hit(self._aux, w.data)
         aux = made[1] if made is not None else None
         _k.get_rows(code, self._rows(w), w.shape[1], idx, out, self.simd, aux)
         return out
