@@ -9,11 +9,14 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.llamacpp_peer import LlamaCppServer
+from modelc.errors import UsageError
 from modelc.runtime import samplers
 from modelc.runtime.sampling import Sampler, SamplingParams
+from tests.peers import llamacpp
 from tests.server_fixtures import Server, smol_server
 
-__all__ = ["smol_server"]
+__all__ = ["llamacpp", "smol_server"]
 
 # a distribution over 4 tokens whose surprises are 1, 2, 3 and 3 bits
 HALVES = np.log(np.array([0.5, 0.25, 0.125, 0.125], np.float32))
@@ -118,6 +121,30 @@ def test_out_of_range_settings_name_their_field() -> None:
             _sampler(**{field: value})
 
 
+def test_a_samplers_list_turns_off_the_stages_it_leaves_out() -> None:
+    assert samplers.chain_settings("edskypmxt") == {}  # llama.cpp's default, by letters
+    assert samplers.chain_settings(["top_k"]) == {  # llama.cpp's own greedy request
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "dry_multiplier": 0.0,
+        "top_n_sigma": -1.0,
+        "typical_p": 1.0,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "xtc_probability": 0.0,
+        "temperature": 1.0,
+    }
+    # aliases as llama.cpp reads them: kebab case, no dashes, nucleus, temp
+    assert samplers.chain_settings(["Top-K", "nucleus", "minp", "temp"]) == (
+        samplers.chain_settings(["top_k", "top_p", "min_p", "temperature"])
+    )
+    with pytest.raises(UsageError, match="samplers: modelc runs"):
+        samplers.chain_settings(["temperature", "top_k"])  # another order
+    with pytest.raises(UsageError, match="'infill' is not a sampler"):
+        samplers.chain_settings(["top_k", "infill"])
+
+
 @pytest.fixture(scope="module")
 def c(smol_server: Server) -> httpx.Client:
     return httpx.Client(base_url=smol_server.url, timeout=180)
@@ -153,7 +180,15 @@ def test_samplers_change_the_seeded_output_and_bad_values_are_400(c: httpx.Clien
     ]:
         r = c.post("/completion", json={"prompt": "Hi", "n_predict": 1, field: value})
         assert r.status_code == 400 and field in r.text, (field, r.text)
-    for field, value in [("dynatemp_range", 0.5), ("samplers", ["top_k"])]:
+    # llama.cpp's greedy request: top-k 1 alone
+    greedy = run(samplers=["top_k"], top_k=1)
+    assert greedy == run(temperature=0) and run(samplers="edskypmxt") == plain
+    for field, value in [
+        ("dynatemp_range", 0.5),
+        ("adaptive_target", 0.5),
+        ("samplers", ["temperature", "top_k"]),
+        ("samplers", "kq"),
+    ]:
         r = c.post("/completion", json={"prompt": "Hi", "n_predict": 1, field: value})
         assert r.status_code == 400 and field in r.text, (field, r.text)
     r = c.post(
@@ -170,3 +205,26 @@ def test_dry_breaks_a_greedy_loop(c: httpx.Client) -> None:
     loop = c.post("/completion", json=body).json()["tokens"]
     dry = c.post("/completion", json={**body, "dry_multiplier": 2.0}).json()["tokens"]
     assert dry != loop
+
+
+@pytest.mark.slow
+def test_dry_greedy_as_llama_server(llamacpp: LlamaCppServer, smol_server: Server) -> None:
+    """Greedy with DRY on a repeating prompt: llama-server's tokens, penalty and all."""
+    prompt = "red green blue red green blue red green blue red green blue red"
+    body = {
+        "prompt": prompt,
+        "n_predict": 10,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_tokens": True,
+        "cache_prompt": False,
+    }
+    tokens = {}
+    for name, url in (("llama", llamacpp.url), ("modelc", smol_server.url)):
+        for dry in (0.0, 1.5):
+            r = httpx.post(f"{url}/completion", json={**body, "dry_multiplier": dry}, timeout=180)
+            assert r.status_code == 200, r.text
+            tokens[name, dry] = r.json()["tokens"]
+    assert tokens["modelc", 0.0] == tokens["llama", 0.0]  # the same greedy loop
+    assert tokens["modelc", 1.5] != tokens["modelc", 0.0]  # DRY breaks it
+    assert tokens["modelc", 1.5] == tokens["llama", 1.5]  # as llama.cpp's DRY does

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from modelc.errors import UsageError
 from modelc.runtime.backend import F32Array
 
 F64Array = np.ndarray[Any, np.dtype[np.float64]]
@@ -160,3 +161,56 @@ def mirostat_mu(mu: float, p_chosen: float, tau: float, eta: float) -> float:
     """Mirostat's update after a draw: ``mu -= eta * (surprise - tau)``, the surprise
     being ``-log2`` of the chosen token's probability in the truncated distribution."""
     return mu - eta * (-math.log2(p_chosen) - tau)
+
+
+# llama.cpp's default ``samplers`` order (common/common.h), with its one-letter codes and
+# the settings that turn each stage off when a request's own list leaves it out
+CHAIN: tuple[tuple[str, str, dict[str, float]], ...] = (
+    (
+        "penalties",
+        "e",
+        {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+    ),
+    ("dry", "d", {"dry_multiplier": 0.0}),
+    ("top_n_sigma", "s", {"top_n_sigma": -1.0}),
+    ("top_k", "k", {"top_k": 0}),
+    ("typ_p", "y", {"typical_p": 1.0}),
+    ("top_p", "p", {"top_p": 1.0}),
+    ("min_p", "m", {"min_p": 0.0}),
+    ("xtc", "x", {"xtc_probability": 0.0}),
+    ("temperature", "t", {"temperature": 1.0}),
+)
+_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical_p": "typ_p"}
+
+
+def chain_settings(samplers: str | Sequence[str]) -> dict[str, float]:
+    """The settings that run llama.cpp's ``samplers`` list (names, or a string of its
+    one-letter codes): the stages left out are turned off.  Raises UsageError for a
+    sampler modelc does not have or an order other than llama.cpp's default."""
+    by_code = {code: name for name, code, _ in CHAIN}
+    if isinstance(samplers, str):
+        names = [by_code.get(ch, ch) for ch in samplers]
+    else:
+        names = [s.lower().replace("-", "_") for s in samplers]
+        names = [_ALIASES.get(n, n) for n in names]
+    order = [name for name, _, _ in CHAIN]
+    plain = {n.replace("_", ""): n for n in order}
+    names = [plain.get(n.replace("_", ""), n) for n in names]
+    unknown = [n for n in names if n not in order]
+    if unknown:
+        raise UsageError(
+            f"samplers: {unknown[0]!r} is not a sampler modelc has (it has {', '.join(order)})",
+            param="samplers",
+        )
+    pos = [order.index(n) for n in names]
+    if pos != sorted(set(pos)):
+        raise UsageError(
+            "samplers: modelc runs its samplers in llama.cpp's default order "
+            f"({', '.join(order)}); leave out any, but do not reorder or repeat them",
+            param="samplers",
+        )
+    off: dict[str, float] = {}
+    for name, _, settings in CHAIN:
+        if name not in names:
+            off.update(settings)
+    return off

@@ -85,7 +85,7 @@ class SamplingParams:
     dry_multiplier: float = 0.0  # 0 = off
     dry_base: float = 1.75
     dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1  # -1: the whole context
+    dry_penalty_last_n: int = 64  # -1: the whole context
     dry_breaker_ids: list[int] = field(default_factory=list)  # tokens that end a DRY repeat
 
     def validate(self, n_vocab: int) -> None:

@@ -17,6 +17,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from modelc.errors import UsageError
+from modelc.runtime.samplers import chain_settings
+
 Text = Annotated[str, Meta(max_length=1_000_000)]
 
 
@@ -117,6 +120,9 @@ FURTHER_FIELDS = (
     "dry_allowed_length",
     "dry_penalty_last_n",
     "dry_sequence_breakers",
+    "samplers",
+    "dynatemp_range",
+    "adaptive_target",
 )
 
 
@@ -150,6 +156,11 @@ class Sampling(Req):
     dry_sequence_breakers: Annotated[list[ShortText], Meta(min_length=1, max_length=64)] | None = (
         None
     )
+    # llama.cpp's own order, some samplers left out (names, or its letters: "edskypmxt")
+    samplers: Annotated[list[ShortText], Meta(max_length=16)] | ShortText | None = None
+    # llama.cpp samplers modelc does not have: a 400 unless off
+    dynatemp_range: float | None = None  # 0: off
+    adaptive_target: float | None = None  # negative: off
     # modelc's own: false = no speculative decoding for this request (default: the
     # server's --speculate; auto drafts only where it pays)
     speculative: bool | None = None
@@ -160,7 +171,19 @@ class Sampling(Req):
 
     def values(self) -> dict[str, float | int | None]:
         """The fields :meth:`~modelc.runtime.prompt.SamplingDefaults.params` settles
-        over the model's defaults, by its names (None: the default)."""
+        over the model's defaults, by its names (None: the default).  Raises UsageError
+        naming a sampler modelc does not have, if the request turns one on."""
+        if self.dynatemp_range:
+            raise UsageError(
+                "dynatemp_range: dynamic temperature is not supported; leave it 0",
+                param="dynatemp_range",
+            )
+        if self.adaptive_target is not None and self.adaptive_target >= 0:
+            raise UsageError(
+                "adaptive_target: the adaptive-p sampler is not supported; leave it negative",
+                param="adaptive_target",
+            )
+        off = {} if self.samplers is None or self.mirostat else chain_settings(self.samplers)
         return {
             "temperature": self.temperature,
             "top_k": self.top_k,
@@ -170,7 +193,8 @@ class Sampling(Req):
             "repeat_last_n": self.repeat_last_n,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
-            **{f: getattr(self, f) for f in FURTHER_FIELDS[:-1]},  # less the breakers
+            **{f: getattr(self, f) for f in FURTHER_FIELDS[:11]},  # the numbers
+            **off,
         }
 
 

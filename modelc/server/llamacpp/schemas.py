@@ -6,7 +6,6 @@ from typing import Annotated, Any
 
 from msgspec import Meta
 
-from modelc.errors import UsageError
 from modelc.server.schemas import (
     Bias,
     EmbedInput,
@@ -17,7 +16,6 @@ from modelc.server.schemas import (
     Req,
     Resp,
     Sampling,
-    ShortText,
     Text,
     TokenId,
     Tool,
@@ -83,32 +81,10 @@ class LlamaCompletionRequest(Sampling, kw_only=True):
     json_schema: dict[str, Any] | None = None
     grammar: Text | None = None
     model: Name | None = None
-    # llama.cpp samplers modelc does not have: refused unless neutral (see sampling())
-    dynatemp_range: float | None = None
-    adaptive_target: float | None = None
-    samplers: Annotated[list[ShortText], Meta(max_length=16)] | ShortText | None = None
 
     def sampling(self, logit_bias: dict[str, float] | None) -> Sampling:
         """The sampling fields every dialect shares, in llama.cpp's reading: its
-        ``repeat_penalty`` name, a negative seed for none, ``logit_bias`` as token ids.
-        Raises UsageError for a sampler modelc does not have (dynamic temperature, adaptive-p,
-        a ``samplers`` order of the client's own)."""
-        if self.dynatemp_range:
-            raise UsageError(
-                "dynatemp_range: dynamic temperature is not supported; leave it 0",
-                param="dynatemp_range",
-            )
-        if self.adaptive_target is not None and self.adaptive_target >= 0:
-            raise UsageError(
-                "adaptive_target: the adaptive-p sampler is not supported; leave it negative",
-                param="adaptive_target",
-            )
-        if self.samplers is not None:
-            raise UsageError(
-                "samplers: a sampler order of the request's own is not supported; modelc "
-                "runs llama.cpp's default order",
-                param="samplers",
-            )
+        ``repeat_penalty`` name, a negative seed for none, ``logit_bias`` as token ids."""
         return Sampling(
             temperature=self.temperature,
             top_p=self.top_p,
