@@ -196,6 +196,26 @@ def test_samplers_change_the_seeded_output_and_bad_values_are_400(c: httpx.Clien
         json={"model": "smol", "prompt": "Hi", "stream": False, "options": {"mirostat": 5}},
     )
     assert r.status_code == 400 and "mirostat" in r.text
+    r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "xtc_probability": 2})
+    assert r.status_code == 400 and "xtc_probability" in r.text
+
+
+@pytest.mark.slow
+def test_ollama_options_carry_typical_p_and_mirostat(c: httpx.Client) -> None:
+    model = c.get("/v1/models").json()["data"][0]["id"]
+
+    def generate(**kw: object) -> str:
+        options = {"seed": 7, "temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+        body = {"model": model, "prompt": "Once upon a time", "stream": False, "raw": True}
+        r = c.post("/api/generate", json={**body, "options": {**options, "num_predict": 12, **kw}})
+        assert r.status_code == 200, r.text
+        text: str = r.json()["response"]
+        return text
+
+    plain = generate()
+    assert generate() == plain
+    assert generate(typical_p=0.3) != plain
+    assert generate(mirostat=2, mirostat_tau=1.0) != plain
 
 
 @pytest.mark.slow

@@ -128,11 +128,11 @@ def mirostat_v1(z: F64Array, mu: float, n_vocab: int, m: int = 100) -> F64Array:
     top = probs[order[: min(m, len(probs))]]
     i = np.arange(len(top) - 1, dtype=np.float64)
     t = np.log((i + 2) / (i + 1))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(all="ignore"):  # a flat or one-token distribution, a runaway mu: all k
         b = np.log(top[:-1] / top[1:])
-        s_hat = float((t * b).sum() / (t * t).sum())
+        s_hat = np.float64((t * b).sum() / (t * t).sum())
         eps = s_hat - 1
-        k_f = ((eps * 2.0**mu) / (1 - float(n_vocab) ** -eps)) ** (1 / s_hat)
+        k_f = float(((eps * np.exp2(mu)) / (1 - np.float64(n_vocab) ** -eps)) ** (1 / s_hat))
     k = max(int(k_f), 1) if math.isfinite(k_f) else len(probs)
     out = np.zeros_like(probs)
     kept = order[: min(k, len(probs))]
