@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bench.llamacpp_peer import LlamaCppServer
+from modelc.engine.speculative import verify
 from modelc.errors import UsageError
 from modelc.runtime import samplers
 from modelc.runtime.sampling import Sampler, SamplingParams
@@ -248,3 +249,17 @@ def test_dry_greedy_as_llama_server(llamacpp: LlamaCppServer, smol_server: Serve
     assert tokens["modelc", 0.0] == tokens["llama", 0.0]  # the same greedy loop
     assert tokens["modelc", 1.5] != tokens["modelc", 0.0]  # DRY breaks it
     assert tokens["modelc", 1.5] == tokens["llama", 1.5]  # as llama.cpp's DRY does
+
+
+def test_mirostat_mu_follows_each_token_speculative_decoding_emits() -> None:
+    # verify() draws from probs() and accepts drafts itself: mu must move once per token
+    # emitted, by that token's surprise under the truncated distribution of its own row
+    rng = np.random.default_rng(0)
+    rows = rng.normal(0, 2, (4, 16)).astype(np.float32)
+    s = _sampler(16, mirostat=2, mirostat_tau=2.0, mirostat_eta=0.3, seed=3)
+    out = verify(s, rows, [int(np.argmax(r)) for r in rows[:3]])
+    mu = 4.0
+    for row, smp in zip(rows, out, strict=False):
+        p = samplers.mirostat_v2(row.astype(np.float64) - row.max(), mu)
+        mu -= 0.3 * (-math.log2(p[smp.token]) - 2.0)
+    assert len(out) == 3 and s.mu == pytest.approx(mu)  # two drafts kept, the third not
