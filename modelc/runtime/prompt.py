@@ -38,7 +38,7 @@ from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.chat_template import render_chat
 from modelc.runtime.prompt_guard import ControlGuard, strings
-from modelc.runtime.sampling import SamplingParams
+from modelc.runtime.sampling import FURTHER_SAMPLERS, SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 
 __all__ = [
@@ -153,6 +153,7 @@ class SamplingDefaults:
         """
         g = given or {}
         vals = {k: (g[k] if g.get(k) is not None else self.values[k]) for k in SAMPLING_FIELDS}
+        further = {k: g[k] for k in FURTHER_SAMPLERS if g.get(k) is not None}
         return SamplingParams(
             temperature=float(vals["temperature"]),
             top_k=int(vals["top_k"]),
@@ -168,6 +169,7 @@ class SamplingDefaults:
             max_tokens=max_tokens,
             stop=[s for s in (*self.stop, *stop) if s],
             stop_token_ids=list(stop_token_ids),
+            **further,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -252,6 +254,7 @@ class PromptFormat:
     bos_text: str = field(init=False)
     eos_text: str = field(init=False)
     _control: list[str] = field(init=False)
+    _breakers: dict[tuple[str, ...], list[int]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         tok = self.tokenizer
@@ -292,6 +295,18 @@ class PromptFormat:
         return cls(
             Tokenizer(spec), template, defaults, extra, system if isinstance(system, str) else None
         )
+
+    def breaker_ids(self, breakers: Sequence[str]) -> list[int]:
+        """DRY's sequence breakers as token ids: every token whose text contains one of
+        ``breakers`` (llama.cpp's single-token breakers; cached per list)."""
+        key = tuple(breakers)
+        if key not in self._breakers:
+            texts = [b.encode() for b in key if b]
+            tok = self.tokenizer
+            self._breakers[key] = [
+                i for i in range(tok.n_vocab) if any(b in tok.token_to_piece(i) for b in texts)
+            ]
+        return self._breakers[key]
 
     def _text(self, i: int | None) -> str:
         tok = self.tokenizer

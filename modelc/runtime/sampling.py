@@ -7,10 +7,17 @@ Order of the chain (each step is skipped when its setting is neutral):
 2. repetition penalty              over the last ``repeat_last_n`` tokens (prompt included),
                                    llama.cpp / CTRL style: positive logits divided, negative multiplied
 3. presence / frequency penalties  over the generated tokens (OpenAI semantics)
-4. temperature == 0                greedy: argmax of the processed logits, no randomness
-5. top-k, top-p, min-p on the untempered distribution, then temperature over the tokens
-   left and a draw from the per-request seeded RNG (llama.cpp's order: its sampler chain
-   puts temperature last, so its defaults mean the same here)
+4. DRY                             over the last ``dry_penalty_last_n`` tokens (prompt included)
+5. top-n-sigma                     on the logits
+6. temperature == 0                greedy: argmax of the processed logits, no randomness
+7. top-k, typical-p, top-p, min-p, XTC on the untempered distribution, then temperature
+   over the tokens left and a draw from the per-request seeded RNG (llama.cpp's default
+   ``samplers`` order: its chain puts temperature last, so its defaults mean the same here)
+
+Mirostat (1 or 2) replaces step 5 and 7 as in llama.cpp: temperature, then mirostat's own
+truncation of the whole distribution; its ``mu`` (target surprise, first ``2 * tau``) is
+updated after each generated token.  The samplers themselves are in
+:mod:`modelc.runtime.samplers`.
 
 Log-probabilities (the chosen token's and the top-N alternatives) come from the raw
 model logits (log-softmax before any processing), as OpenAI reports them.
@@ -25,9 +32,26 @@ from typing import Any
 import numpy as np
 
 from modelc.errors import UsageError
+from modelc.runtime import samplers
 from modelc.runtime.backend import F32Array
 
 Processor = Callable[[F32Array], None]  # in place on logits (n_vocab,)
+
+
+# llama.cpp's further samplers: SamplingParams fields a request may set (no model default)
+FURTHER_SAMPLERS = (
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+)
 
 
 @dataclass(slots=True)
@@ -50,6 +74,19 @@ class SamplingParams:
     # ids that end generation besides the model's own end-of-generation ids (the engine adds those)
     stop_token_ids: list[int] = field(default_factory=list)
     banned_token_ids: list[int] = field(default_factory=list)  # never sampled (ignore_eos)
+    # llama.cpp's further samplers, its defaults (each off)
+    typical_p: float = 1.0  # 1 = off
+    top_n_sigma: float = -1.0  # <= 0 = off
+    xtc_probability: float = 0.0  # 0 = off
+    xtc_threshold: float = 0.1  # > 0.5 = off
+    mirostat: int = 0  # 0 off, 1 Mirostat, 2 Mirostat 2.0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dry_multiplier: float = 0.0  # 0 = off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64  # -1: the whole context
+    dry_breaker_ids: list[int] = field(default_factory=list)  # tokens that end a DRY repeat
 
     def validate(self, n_vocab: int) -> None:
         """Raise UsageError naming the first out-of-range setting."""
@@ -78,6 +115,28 @@ class SamplingParams:
             (
                 self.logprobs is None or 0 <= self.logprobs <= 20,
                 f"logprobs must be in [0, 20], got {self.logprobs}",
+            ),
+            (0 < self.typical_p <= 1, f"typical_p must be in (0, 1], got {self.typical_p}"),
+            (
+                0 <= self.xtc_probability <= 1,
+                f"xtc_probability must be in [0, 1], got {self.xtc_probability}",
+            ),
+            (
+                0 <= self.xtc_threshold <= 1,
+                f"xtc_threshold must be in [0, 1], got {self.xtc_threshold}",
+            ),
+            (self.mirostat in (0, 1, 2), f"mirostat must be 0, 1 or 2, got {self.mirostat}"),
+            (self.mirostat_tau >= 0, f"mirostat_tau must be >= 0, got {self.mirostat_tau}"),
+            (self.mirostat_eta >= 0, f"mirostat_eta must be >= 0, got {self.mirostat_eta}"),
+            (self.dry_multiplier >= 0, f"dry_multiplier must be >= 0, got {self.dry_multiplier}"),
+            (self.dry_base >= 1, f"dry_base must be >= 1, got {self.dry_base}"),
+            (
+                self.dry_allowed_length >= 0,
+                f"dry_allowed_length must be >= 0, got {self.dry_allowed_length}",
+            ),
+            (
+                self.dry_penalty_last_n >= -1,
+                f"dry_penalty_last_n must be >= -1, got {self.dry_penalty_last_n}",
             ),
         ]
         for ok, msg in checks:
@@ -139,6 +198,8 @@ class Sampler:
         self.counts = np.zeros(n_vocab, np.int32)  # generated-token counts
         self.chain: list[Processor] = self._build_chain()
         self._work: F32Array = np.empty(n_vocab, np.float32)
+        self.mu = 2.0 * params.mirostat_tau  # mirostat's target surprise, updated per token
+        self._drawn_from: np.ndarray[Any, np.dtype[np.float64]] | None = None  # for mu
 
     def _build_chain(self) -> list[Processor]:
         p, chain = self.p, []
@@ -153,7 +214,24 @@ class Sampler:
             chain.append(self._repetition)
         if p.presence_penalty or p.frequency_penalty:
             chain.append(self._presence_frequency)
+        if p.dry_multiplier > 0 and p.dry_penalty_last_n != 0:
+            chain.append(self._dry)
+        if p.top_n_sigma > 0 and not p.mirostat:
+            chain.append(lambda x: samplers.top_n_sigma(x, p.top_n_sigma))
         return chain
+
+    def _dry(self, x: F32Array) -> None:
+        p = self.p
+        pen = samplers.dry_penalties(
+            self.history,
+            p.dry_multiplier,
+            p.dry_base,
+            p.dry_allowed_length,
+            p.dry_penalty_last_n,
+            frozenset(p.dry_breaker_ids),
+        )
+        if pen:
+            x[np.fromiter(pen.keys(), np.int64)] -= np.fromiter(pen.values(), np.float32)
 
     def _repetition(self, x: F32Array) -> None:
         recent = np.unique(np.asarray(self.history[-self.p.repeat_last_n :], np.int64))
@@ -190,11 +268,22 @@ class Sampler:
             only /= only.sum()
             return only
         z -= best
+        if p.mirostat:
+            t = z / p.temperature
+            probs = (
+                samplers.mirostat_v1(t, self.mu, self.n_vocab)
+                if p.mirostat == 1
+                else samplers.mirostat_v2(t, self.mu)
+            )
+            self._drawn_from = probs
+            return probs
         probs = np.exp(z)
         if 0 < p.top_k < self.n_vocab:
             kth = np.partition(probs, -p.top_k)[-p.top_k]
             probs[probs < kth] = 0.0
         probs /= probs.sum()
+        if p.typical_p < 1.0:
+            samplers.typical(probs, p.typical_p)
         if p.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")
             cum = np.cumsum(probs[order])
@@ -204,6 +293,10 @@ class Sampler:
             probs /= probs.sum()
         if p.min_p > 0.0:
             probs[probs < p.min_p * probs.max()] = 0.0
+        if p.xtc_probability > 0 and p.xtc_threshold <= 0.5:
+            probs /= probs.sum()
+            if self.rng.random() <= p.xtc_probability:
+                samplers.xtc(probs, p.xtc_threshold)
         if p.temperature != 1.0:
             keep = probs > 0
             probs[keep] = np.exp(z[keep] / p.temperature)
@@ -229,6 +322,12 @@ class Sampler:
         return Sample(tok, float(lp[tok]), top)
 
     def accept(self, token: int) -> None:
-        """Record a generated token (for the penalties)."""
+        """Record a generated token (for the penalties and mirostat's ``mu``)."""
         self.history.append(token)
         self.counts[token] += 1
+        if self._drawn_from is not None:
+            p = self.p
+            chosen = float(self._drawn_from[token])
+            if chosen > 0:
+                self.mu = samplers.mirostat_mu(self.mu, chosen, p.mirostat_tau, p.mirostat_eta)
+            self._drawn_from = None

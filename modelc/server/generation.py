@@ -211,7 +211,8 @@ def sampling(
 ) -> SamplingParams:
     """The request's sampling settings (a dialect's fields as :class:`Sampling`, None
     where it gave none) over the model's defaults."""
-    return info.fmt().defaults.params(
+    fmt = info.fmt()
+    params = fmt.defaults.params(
         given.values(),
         max_tokens=max_tokens,
         stop=stop_list(given.stop),
@@ -219,6 +220,11 @@ def sampling(
         logit_bias=logit_bias(given.logit_bias, info.n_vocab),
         logprobs=logprobs,
     )
+    if params.dry_multiplier > 0:  # llama.cpp's default breakers: newline, colon, quote, star
+        params.dry_breaker_ids = fmt.breaker_ids(
+            given.dry_sequence_breakers or ["\n", ":", '"', "*"]
+        )
+    return params
 
 
 def make_requests(

@@ -17,6 +17,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from modelc.errors import UsageError
+from modelc.runtime.samplers import chain_settings
+
 Text = Annotated[str, Meta(max_length=1_000_000)]
 
 
@@ -39,6 +42,9 @@ TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 
 
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+
+
+Unit = Annotated[float, Meta(ge=0.0, le=1.0)]  # a probability or threshold (XTC's)
 
 
 TopK = Annotated[int, Meta(ge=0, le=1_000_000)]
@@ -101,6 +107,25 @@ class ErrorResponse(Resp):
     error: ErrorDetail
 
 
+FURTHER_FIELDS = (
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "samplers",
+    "dynatemp_range",
+    "adaptive_target",
+)
+
+
 class Sampling(Req):
     """Sampling fields of every generation request; None: the model's default (see
     :class:`~modelc.runtime.prompt.SamplingDefaults`)."""
@@ -116,13 +141,49 @@ class Sampling(Req):
     logit_bias: LogitBias | None = None
     stop: Stop = None
     seed: Seed | None = None
+    # llama.cpp's further samplers (its names and limits; None: off)
+    typical_p: TopP | None = None
+    top_n_sigma: Annotated[float, Meta(le=100.0)] | None = None  # <= 0: off
+    xtc_probability: Unit | None = None
+    xtc_threshold: Unit | None = None  # > 0.5: off
+    mirostat: Annotated[int, Meta(ge=0, le=2)] | None = None
+    mirostat_tau: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    mirostat_eta: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
+    dry_multiplier: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    dry_base: Annotated[float, Meta(ge=1.0, le=100.0)] | None = None
+    dry_allowed_length: Annotated[int, Meta(ge=0, le=1_048_576)] | None = None
+    dry_penalty_last_n: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None  # -1: all
+    dry_sequence_breakers: Annotated[list[ShortText], Meta(min_length=1, max_length=64)] | None = (
+        None
+    )
+    # llama.cpp's own order, some samplers left out (names, or its letters: "edskypmxt")
+    samplers: Annotated[list[ShortText], Meta(max_length=16)] | ShortText | None = None
+    # llama.cpp samplers modelc does not have: a 400 unless off
+    dynatemp_range: float | None = None  # 0: off
+    adaptive_target: float | None = None  # negative: off
     # modelc's own: false = no speculative decoding for this request (default: the
     # server's --speculate; auto drafts only where it pays)
     speculative: bool | None = None
 
+    def further(self) -> dict[str, Any]:
+        """llama.cpp's further samplers as given (for a dialect's :class:`Sampling`)."""
+        return {f: getattr(self, f) for f in FURTHER_FIELDS}
+
     def values(self) -> dict[str, float | int | None]:
         """The fields :meth:`~modelc.runtime.prompt.SamplingDefaults.params` settles
-        over the model's defaults, by its names (None: the default)."""
+        over the model's defaults, by its names (None: the default).  Raises UsageError
+        naming a sampler modelc does not have, if the request turns one on."""
+        if self.dynatemp_range:
+            raise UsageError(
+                "dynatemp_range: dynamic temperature is not supported; leave it 0",
+                param="dynatemp_range",
+            )
+        if self.adaptive_target is not None and self.adaptive_target >= 0:
+            raise UsageError(
+                "adaptive_target: the adaptive-p sampler is not supported; leave it negative",
+                param="adaptive_target",
+            )
+        off = {} if self.samplers is None or self.mirostat else chain_settings(self.samplers)
         return {
             "temperature": self.temperature,
             "top_k": self.top_k,
@@ -132,6 +193,8 @@ class Sampling(Req):
             "repeat_last_n": self.repeat_last_n,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
+            **{f: getattr(self, f) for f in FURTHER_FIELDS[:11]},  # the numbers
+            **off,
         }
 
 

@@ -99,6 +99,7 @@ class LlamaCompletionRequest(Sampling, kw_only=True):
             logit_bias=logit_bias,
             stop=self.stop,
             seed=None if self.seed is None or self.seed < 0 else self.seed,
+            **self.further(),
         )
 
 

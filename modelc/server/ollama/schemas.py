@@ -48,6 +48,11 @@ class OllamaOptions(Req):
     seed: Seed | None = None
     stop: StopList | None = None
     num_ctx: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
+    repeat_last_n: Annotated[int, Meta(ge=-1, le=1_048_576)] | None = None  # -1: num_ctx
+    typical_p: TopP | None = None
+    mirostat: Annotated[int, Meta(ge=0, le=2)] | None = None
+    mirostat_tau: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    mirostat_eta: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
 
     def sampling(self) -> Sampling:
         """These options as the sampling fields every dialect shares."""
@@ -57,6 +62,15 @@ class OllamaOptions(Req):
             top_k=self.top_k,
             min_p=self.min_p,
             repetition_penalty=self.repeat_penalty,
+            repeat_last_n=(
+                self.repeat_last_n
+                if self.repeat_last_n is None or self.repeat_last_n >= 0
+                else (self.num_ctx or 1_048_576)
+            ),
+            typical_p=self.typical_p,
+            mirostat=self.mirostat,
+            mirostat_tau=self.mirostat_tau,
+            mirostat_eta=self.mirostat_eta,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             seed=self.seed,
