@@ -9,15 +9,12 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.llamacpp_peer import LlamaCppServer
+from modelc.bench.llamacpp import LlamaCppServer
 from modelc.engine.speculative import verify
 from modelc.errors import UsageError
 from modelc.runtime import samplers
 from modelc.runtime.sampling import Sampler, SamplingParams
-from tests.peers import llamacpp
-from tests.server_fixtures import Server, smol_server
-
-__all__ = ["llamacpp", "smol_server"]
+from tests.server_fixtures import Server
 
 # a distribution over 4 tokens whose surprises are 1, 2, 3 and 3 bits
 HALVES = np.log(np.array([0.5, 0.25, 0.125, 0.125], np.float32))
