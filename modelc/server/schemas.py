@@ -19,6 +19,7 @@ from msgspec import Meta, Struct
 
 from modelc.errors import UsageError
 from modelc.runtime.samplers import chain_settings
+from modelc.runtime.sampling import FURTHER_SAMPLERS
 
 Text = Annotated[str, Meta(max_length=1_000_000)]
 
@@ -107,18 +108,9 @@ class ErrorResponse(Resp):
     error: ErrorDetail
 
 
+# llama.cpp's further sampler fields: the numbers SamplingParams takes, then those read here
 FURTHER_FIELDS = (
-    "typical_p",
-    "top_n_sigma",
-    "xtc_probability",
-    "xtc_threshold",
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
+    *FURTHER_SAMPLERS,
     "dry_sequence_breakers",
     "samplers",
     "dynatemp_range",
@@ -193,7 +185,7 @@ class Sampling(Req):
             "repeat_last_n": self.repeat_last_n,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
-            **{f: getattr(self, f) for f in FURTHER_FIELDS[:11]},  # the numbers
+            **{f: getattr(self, f) for f in FURTHER_SAMPLERS},  # the numbers
             **off,
         }
 
