@@ -30,4 +30,4 @@ fi
 # two workers, each given whole modules (--dist loadfile: a module's fixtures start once);
 # the servers a test talks to run one thread each, so one worker leaves a core idle.
 # MODELC_TEST_WORKERS=0 runs the suite in this one process.
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "${MODELC_TEST_WORKERS:-2}" --dist loadfile "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n "${MODELC_TEST_WORKERS:-2}" --dist loadfile "$@"

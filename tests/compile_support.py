@@ -81,7 +81,9 @@ def _build_in_place() -> None:
         mod = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(mod)
         setup(
-            ext_modules=mod.extensions(("_forward",)), script_args=["build_ext", "--inplace", "-q"]
+            ext_modules=mod.extensions(("_forward",)),
+            cmdclass={"build_ext": mod.ParallelBuildExt},  # the project's own build (-g0)
+            script_args=["build_ext", "--inplace", "-q"],
         )
         done[name] = res.names.package
     print(json.dumps(done))

@@ -100,7 +100,8 @@ def vendor_kernels(dest: Path, api: str, pxd: str, private: str) -> None:
     init = source_root() / "_kernels" / "__init__.py"
     pattern = rewriter(private, module_names(source_root()))
     (dest / "__init__.py").write_text(rewrite(init.read_text(), private, pattern))
-    for h in sorted(cyx.glob("*.h")):
-        shutil.copyfile(h, dest / h.name)
+    # the headers, the C units of a split build and how to build them (cyx/mc_build.py)
+    for src in sorted([*cyx.glob("*.h"), *cyx.glob("mc_unit_*.c"), cyx / "mc_build.py"]):
+        shutil.copyfile(src, dest / src.name)
     (dest / "kernels.pyx").write_text((cyx / "kernels.pyx").read_text() + "\n\n" + api)
     (dest / "kernels.pxd").write_text(pxd)
