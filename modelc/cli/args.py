@@ -92,6 +92,7 @@ def engine_options(args: argparse.Namespace, **fixed: Any) -> EngineOptions:
     line now, not a failed load later)."""
     from modelc.cli.common import _config
     from modelc.engine.options import EngineOptions
+    from modelc.errors import UsageError
 
     cfg = _config()
     given: dict[str, Any] = {}
@@ -99,6 +100,11 @@ def engine_options(args: argparse.Namespace, **fixed: Any) -> EngineOptions:
         given["max_tokens"] = cfg.sampling.max_tokens
     given.update(fixed)
     given.update(engine_given(args))
+    if given.get("max_context") == "auto":
+        raise UsageError(
+            "--max-context auto fits the context to modelc run's memory budget; give this "
+            "command a number of tokens (or leave it out for the model's own context)"
+        )
     opts = EngineOptions(sampling=cfg.sampling.given(), **given)
     opts.validate()
     check_device(opts.device)

@@ -68,6 +68,16 @@ MATMUL_MODES = Values("modelc.runtime.backends.cpu:MATMUL_TOLS")
 SPECULATE = ("auto", "fixed", "off")
 
 
+def _context(v: str) -> int | str:
+    """--max-context: tokens, or ``auto`` (``modelc run``: fitted to the memory budget)."""
+    if v.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number of tokens or auto") from None
+
+
 def _speculate(v: str) -> dict[str, Any]:
     return {"speculative": v != "off", "spec_adaptive": v == "auto"}
 
@@ -178,6 +188,8 @@ OPTIONS: list[Opt] = [
     _opt("--queue-size", "run", "requests waiting beyond those; more get 503 (engine default 64)", type=int, metavar="N", engine="queue_size"),
     _opt("--api-key", "run", "require 'Authorization: Bearer KEY'", metavar="KEY"),
     _opt("--cors-origins", "run", "browser origins allowed to call the server (CORS), comma-separated; * allows any", metavar="ORIGIN[,ORIGIN...]"),
+    _opt("--max-memory", "run", "memory the whole server may use: models are unloaded (least recently used first) or their KV budget fitted to stay inside it (e.g. 16G, 75%%; default 80%% of the RAM)", metavar="SIZE"),
+    _opt("--max-loaded-models", "run", "models loaded at once, at most (0 = as many as fit the memory)", type=int, default=0, metavar="N"),
     _opt("--rate-limit", "run", "at most N requests per minute per client address (0 = off)", type=int, default=0, metavar="N"),
     _opt("--max-tokens", "run", "a request without max_tokens stops at the end of its turn or after N tokens (default 4096, or [sampling] max_tokens in config.toml)", type=int, metavar="N", engine="max_tokens"),
     # ---- one prompt or one conversation (generate, chat)
@@ -192,7 +204,7 @@ OPTIONS: list[Opt] = [
     _opt("--stop", "generate", "a stop string (repeatable)", action="append", default=[], metavar="TEXT"),
     _opt("--seed", SAMPLE, "RNG seed (same seed, same text)", type=int, metavar="S"),
     # ---- the engine (every command that builds one)
-    _opt("--max-context", ENGINE, "tokens per sequence (default: the model's)", type=int, metavar="N", engine="max_context"),
+    _opt("--max-context", ENGINE, "tokens per sequence (default: the model's); auto (modelc run): the longest that fits the memory budget", type=_context, metavar="N|auto", engine="max_context"),
     _opt("--kv-cache", f"{ENGINE} bench", "KV-cache storage (default f16; f32 is exact, int8/mixed are smaller)", choices=KV_MODES, engine="kv_cache"),
     _opt("--anchor-tokens", ENGINE, "tokens kept at the start on a context shift", type=int, metavar="N", engine="anchor_tokens"),
     _opt("--context-shift", ENGINE, "drop old tokens instead of stopping at the context", action="store_true", engine="context_shift"),

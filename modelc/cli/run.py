@@ -60,7 +60,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be >= {lo}, got {v}")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    fit_context = args.max_context == "auto"
+    if fit_context:
+        args.max_context = None  # each model's own, fitted to the budget at load
     engine = engine_options(args)
+    limits = _limits(args, fit_context)
     if len(args.alias) > len(args_models):
         raise UsageError(
             f"{len(args.alias)} --alias flags for {len(args_models)} model(s); give one "
@@ -89,8 +93,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         http_keep_alive=args.http_keep_alive,
         lora_dirs=[Path(d).expanduser() for d in args.lora_dir],
         engine=engine,
+        limits=limits,
     )
     return serve(opts)
+
+
+def _limits(args: argparse.Namespace, fit_context: bool) -> Any:
+    """The server's memory budget from --max-memory / --max-loaded-models / --max-context auto."""
+    from modelc.server.memory import parse_size
+    from modelc.server.models import MemoryLimits, default_limits
+
+    if args.max_loaded_models < 0:
+        raise UsageError(f"--max-loaded-models must be >= 0, got {args.max_loaded_models}")
+    limit = parse_size(args.max_memory) if args.max_memory else default_limits().limit
+    return MemoryLimits(limit, args.max_loaded_models, fit_context)
 
 
 def register(subparsers: Any) -> None:

@@ -59,6 +59,14 @@ class LoadingError(ModelcError):
     error_type = "server_overloaded"
 
 
+class MemoryBudgetError(ModelcError):
+    """A model does not fit in the server's memory budget (``--max-memory``), whatever is
+    unloaded: 503, the line says what would fit."""
+
+    http_status = 503
+    error_type = "server_error"
+
+
 _PATH_RE = re.compile(r" - at (?:`key` in )?`\$\.?([^`]*)`$")  # a value's or a key's path
 _HTTP_TYPES = {
     404: "not_found_error",

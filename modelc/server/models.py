@@ -8,6 +8,10 @@ after the request, a negative value keeps it loaded; ``"10m"``, ``"1h30m"``, ``"
 or a number of seconds).  A request's own ``keep_alive`` sets the model's expiry after
 that request, for any model.
 
+Every load is planned inside the server's memory budget (:mod:`modelc.server.memory`:
+``--max-memory``, ``--max-loaded-models``, ``--max-context auto``): idle models are unloaded
+for a new one, least recently used first; loads happen one at a time, so each is measured.
+
 A model is routed by any of its names (:attr:`ModelSlot.aliases`: the id, the name on
 the command line, ``--alias`` names, the store ref with and without ``:latest``, the
 file name).  A request without a model goes to the first model of the command line.
@@ -15,6 +19,7 @@ file name).  A request without a model goes to the first model of the command li
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -28,7 +33,8 @@ import trio
 from modelc.engine.api import Engine
 from modelc.engine.options import EngineOptions
 from modelc.errors import ModelcError, ModelNotFoundError, UsageError
-from modelc.server.errors import LoadingError, ParamError
+from modelc.server import memory
+from modelc.server.errors import LoadingError, MemoryBudgetError, ParamError
 from modelc.server.logging import logger
 from modelc.server.state import ModelInfo, load_model_info
 from modelc.store import Store
@@ -81,6 +87,9 @@ class ModelSlot:
     active: int = 0  # requests using the engine now
     expires: float = math.inf  # trio.current_time() after which an idle slot unloads
     loaded_at: float = 0.0
+    last_used: float = 0.0  # trio.current_time() of the last acquire or release
+    cost: int = 0  # bytes of the memory budget it holds while loaded (modelc.server.memory)
+    stopped: trio.Event | None = None  # set once its engine's task has ended
 
     @property
     def loaded(self) -> bool:
@@ -103,6 +112,20 @@ class ModelSlot:
 
 Need = Literal["text", "embed", "any"]
 EngineFactory = Callable[[Path, str, EngineOptions], Engine]
+MEMORY_WAIT = 300.0  # seconds a load waits for busy models to free memory, then 503
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimits:
+    """The server's memory budget (see :mod:`modelc.server.memory`)."""
+
+    limit: int  # bytes for the whole process (--max-memory)
+    max_loaded: int = 0  # models loaded at once; 0: as many as fit (--max-loaded-models)
+    fit_context: bool = False  # --max-context auto
+
+
+def default_limits() -> MemoryLimits:
+    return MemoryLimits(int(memory.total_ram() * memory.DEFAULT_SHARE))
 
 
 class ModelRegistry:
@@ -115,6 +138,7 @@ class ModelRegistry:
         make_engine: EngineFactory,
         store: Store | None = None,
         announce: Callable[[str], None] | None = None,
+        limits: MemoryLimits | None = None,
     ) -> None:
         if not slots:
             raise UsageError("no model to serve")
@@ -126,6 +150,9 @@ class ModelRegistry:
         self._nursery: trio.Nursery | None = None
         self.changed = trio.Event()  # set whenever a slot loads, unloads or is released
         self.started = False  # the command line's models have loaded (``/health``)
+        self.limits = limits or default_limits()
+        self.base = memory.rss()  # the process's own memory, measured again at run()
+        self._load_lock = trio.Lock()  # one load at a time: each is planned and measured
 
     # -- lookup ----------------------------------------------------------------------
     @property
@@ -206,6 +233,7 @@ class ModelRegistry:
                 param="model",
             )
         slot.active += 1
+        slot.last_used = trio.current_time()
         return slot
 
     def release(self, slot: ModelSlot, keep_alive: float | None = None) -> None:
@@ -213,7 +241,8 @@ class ModelRegistry:
         slot.active = max(0, slot.active - 1)
         if keep_alive is not None:  # until the model unloads (then its default again)
             slot.keep_alive = keep_alive
-        slot.expires = trio.current_time() + slot.keep_alive
+        slot.last_used = trio.current_time()
+        slot.expires = slot.last_used + slot.keep_alive
         self.changed.set()
 
     async def ensure_loaded(self, slot: ModelSlot) -> None:
@@ -243,17 +272,25 @@ class ModelRegistry:
         try:
             path = await self.path(slot)
             info = await trio.to_thread.run_sync(load_model_info, path, slot.name)
-            engine = await trio.to_thread.run_sync(
-                partial(self.make_engine, path, slot.name, self.options)
-            )
-            if self.options.max_context:
-                info.n_ctx = min(info.n_ctx, self.options.max_context)
+            async with self._load_lock:
+                options = await self._make_room(slot, info)
+                before = memory.rss()
+                engine = await trio.to_thread.run_sync(
+                    partial(self.make_engine, path, slot.name, options)
+                )
+                # what the load took, and what the engine may still take: its KV budget
+                # and prefix cache
+                kv = engine.stats().kv_bytes_budget
+                slot.cost = max(0, memory.rss() - before) + kv + self._prefix_bytes(info)
+            if options.max_context:
+                info.n_ctx = min(info.n_ctx, options.max_context)
             info.prompt = engine.prompt  # one tokenizer, template and set of defaults
-            slot.scope = await self._nursery.start(self._run_engine, engine)
+            slot.stopped = trio.Event()
+            slot.scope = await self._nursery.start(self._run_engine, engine, slot.stopped)
             slot.info, slot.engine = info, engine
-            slot.loaded_at = trio.current_time()
+            slot.loaded_at = slot.last_used = trio.current_time()
             slot.expires = slot.loaded_at + slot.keep_alive
-            logger().info("model_loaded", model=slot.name, path=str(slot.path))
+            logger().info("model_loaded", model=slot.name, path=str(slot.path), bytes=slot.cost)
             self.announce(f"model {slot.name} ({info.architecture}) ready")
         except ModelcError as e:
             slot.error = e
@@ -265,17 +302,74 @@ class ModelRegistry:
             done.set()
             self.changed.set()
 
+    def _prefix_bytes(self, info: ModelInfo) -> int:
+        return self.options.prefix_cache_bytes if info.generates else 0
+
+    async def _make_room(self, slot: ModelSlot, info: ModelInfo) -> EngineOptions:
+        """Unload idle models until ``slot`` fits the budget (waiting for busy ones, at most
+        MEMORY_WAIT seconds); its engine options, with the KV budget (and, with
+        ``--max-context auto``, the context) fitted to the room it has."""
+        opt, lim = self.options, self.limits
+        n_ctx = min(info.n_ctx, opt.max_context or info.n_ctx)
+        per_token = memory.kv_bytes_per_token(*info.kv_dims, opt.kv_cache, generates=info.generates)
+        kv_default = opt.kv_budget_bytes
+        if kv_default is None:
+            kv_default = opt.max_concurrent * per_token * n_ctx
+        need = memory.Need(info.file_size, per_token, kv_default, self._prefix_bytes(info), n_ctx)
+        with trio.move_on_after(MEMORY_WAIT):
+            while True:
+                loaded = [
+                    memory.Loaded(s.name, s.cost, s.active > 0, s.pinned, s.last_used)
+                    for s in self.loaded()
+                    if s is not slot
+                ]
+                step = memory.plan(
+                    slot.name,
+                    need,
+                    loaded,
+                    limit=lim.limit,
+                    base=self.base,
+                    max_loaded=lim.max_loaded,
+                    fit_context=lim.fit_context,
+                )
+                if isinstance(step, memory.Refuse):
+                    raise MemoryBudgetError(step.reason)
+                if isinstance(step, memory.Plan):
+                    break
+                await trio.sleep(0.05)  # busy models hold the memory: wait for a release
+        if not isinstance(step, memory.Plan):
+            raise MemoryBudgetError(f"{step.reason}; gave up after {MEMORY_WAIT:.0f} s")
+        for name in step.unload:
+            victim = next(s for s in self.slots if s.name == name)
+            self.announce(f"unloading {name} to make room for {slot.name}")
+            stopped = victim.stopped
+            self.unload(victim)
+            if stopped is not None:
+                await stopped.wait()  # its engine's task is gone: its memory can go
+        if step.unload:
+            await trio.to_thread.run_sync(memory.release_memory)
+        if step.kv_budget is not None:
+            opt = dataclasses.replace(opt, kv_budget_bytes=step.kv_budget)
+        if step.n_ctx is not None:
+            opt = dataclasses.replace(opt, max_context=step.n_ctx)
+        return opt
+
     async def _run_engine(
         self,
         engine: Engine,
+        stopped: trio.Event,
         *,
         task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """The engine's task in a scope of its own: cancelling it unloads the model."""
-        with trio.CancelScope() as scope:
-            async with trio.open_nursery() as n:
-                await n.start(engine.run)
-                task_status.started(scope)
+        try:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as n:
+                    await n.start(engine.run)
+                    task_status.started(scope)
+        finally:
+            del engine
+            stopped.set()
 
     def forget(self, slot: ModelSlot) -> None:
         """A store model was removed: unload it and drop its slot (not a command-line one)."""
@@ -291,6 +385,7 @@ class ModelRegistry:
         logger().info("model_unloaded", model=slot.name)
         self.announce(f"model {slot.name} unloaded")
         slot.scope = slot.info = slot.engine = None
+        slot.cost = 0
         slot.expires = math.inf
         slot.keep_alive = slot.default_keep_alive  # a request's keep_alive ends here
         self.changed.set()
@@ -300,6 +395,7 @@ class ModelRegistry:
         """Load the command line's models, then unload idle ones as they expire."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.base = memory.rss()
             task_status.started()
             for s in list(self.slots):
                 await self.ensure_loaded(s)  # a failure stops the server (one line)

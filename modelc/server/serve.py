@@ -31,7 +31,7 @@ from modelc.runtime.model import TensorModel
 from modelc.server import keepalive
 from modelc.server import logging as slog
 from modelc.server.app import create_app
-from modelc.server.models import ModelRegistry, ModelSlot
+from modelc.server.models import MemoryLimits, ModelRegistry, ModelSlot
 from modelc.server.state import ServerState, load_model_info
 from modelc.store import Store
 
@@ -60,6 +60,7 @@ class ServeOptions:
     cors_origins: list[str] = field(default_factory=list)  # browser origins allowed; "*": any
     engine: EngineOptions = field(default_factory=EngineOptions)
     store_dir: Path | None = None  # models requests may load on demand
+    limits: MemoryLimits | None = None  # the memory budget; default 80% of the RAM
     # (artifact path, model name, engine options) -> its engine; default make_engine
     engine_factory: Callable[[Path, str, EngineOptions], Engine] | None = None
 
@@ -94,7 +95,7 @@ def registry(opts: ServeOptions) -> ModelRegistry:
     ]
     store = Store(opts.store_dir) if opts.store_dir is not None else None
     return ModelRegistry(
-        slots, opts.engine, opts.engine_factory or make_engine, store, announce=_say
+        slots, opts.engine, opts.engine_factory or make_engine, store, _say, opts.limits
     )
 
 

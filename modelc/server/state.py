@@ -40,6 +40,7 @@ class ModelInfo:
     created: int
     quantization: str = ""
     prompt: PromptFormat | None = None
+    kv_dims: tuple[int, int, int] = (0, 0, 0)  # layers, KV heads, head size (memory planning)
 
     @property
     def generates(self) -> bool:
@@ -90,7 +91,7 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
         quantization = quant_level(art)
     finally:
         art.close()
-    spec = m.tokenizer
+    spec, hp = m.tokenizer, m.hparams
     st = path.stat()
     return ModelInfo(
         model_id=model_id,
@@ -102,6 +103,11 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
         file_size=st.st_size,
         created=int(st.st_mtime),
         quantization=quantization,
+        kv_dims=(
+            hp.n_layer,
+            hp.n_head_kv or hp.n_head,
+            hp.head_dim or hp.n_embd // (hp.n_head or 1),
+        ),
     )
 
 

@@ -121,7 +121,7 @@ async def ps() -> Response:
             OllamaRunning(
                 s.name,
                 s.name,
-                info.file_size,
+                s.cost or info.file_size,  # its share of the memory budget once measured
                 _digest(info),
                 _details(info),
                 expires,

@@ -1,0 +1,198 @@
+"""Memory planning across models (issue 36, must-show 3): ``--max-memory``,
+``--max-loaded-models``, ``--max-context auto``.
+
+The planner (:func:`modelc.server.memory.plan`) against known answers; then a real
+``modelc run`` with three store models under a budget that fits two: requests name them in
+turn, the least recently used idle one is unloaded for the next, every request is answered
+(the same greedy text as the first time), ``/api/ps`` names exactly the loaded models at each
+step, and the process's resident memory, sampled throughout, stays within 10% of the budget.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from modelc.errors import UsageError
+from modelc.server import memory
+from modelc.server.memory import Loaded, Need, Plan, Refuse, Wait, parse_size, plan
+from tests.assets import smollm2_gguf
+from tests.server_fixtures import FORMATS, ROOT, Server
+
+G = 1 << 30
+M = 1 << 20
+
+
+def need(weights: int = G, per_token: int = 1000, kv: int = G, prefix: int = 0) -> Need:
+    return Need(weights, per_token, kv, prefix, 8192)
+
+
+def test_parse_size() -> None:
+    assert parse_size("8G") == 8 * G and parse_size("512MiB") == 512 * M
+    assert parse_size("1.5g") == int(1.5 * G) and parse_size("1000") == 1000
+    assert parse_size("50%") == int(memory.total_ram() * 0.5)
+    for bad in ("lots", "8X", "0%", "150%"):
+        with pytest.raises(UsageError, match="--max-memory"):
+            parse_size(bad)
+
+
+def test_fits_without_unloading() -> None:
+    loaded = [Loaded("a", 2 * G, False, False, 1.0)]
+    assert plan("b", need(), loaded, limit=10 * G, base=G) == Plan((), None, None)
+
+
+def test_unloads_the_least_recently_used_idle_model_first() -> None:
+    loaded = [
+        Loaded("old", 3 * G, False, False, 1.0),
+        Loaded("busy", 3 * G, True, False, 0.5),  # older, but in use
+        Loaded("pinned", 1 * G, False, True, 0.1),  # the command line's: never unloaded
+        Loaded("new", 3 * G, False, False, 2.0),
+    ]
+    # 11 G for models, 10 G used: b (2 G) needs one model out, the oldest idle one
+    assert plan("b", need(), loaded, limit=12 * G, base=G) == Plan(("old",), None, None)
+    # 4 G more needed: the two idle ones go, oldest first
+    big = need(weights=3 * G, kv=2 * G)
+    assert plan("b", big, loaded, limit=12 * G, base=G) == Plan(("old", "new"), None, None)
+
+
+def test_waits_for_busy_models_and_refuses_what_never_fits() -> None:
+    loaded = [Loaded("busy", 8 * G, True, False, 1.0)]
+    assert isinstance(plan("b", need(), loaded, limit=10 * G, base=G), Wait)
+    pinned = [Loaded("cli", 8 * G, False, True, 1.0)]
+    refused = plan("b", need(), pinned, limit=10 * G, base=G)
+    assert isinstance(refused, Refuse) and "kept loaded (cli)" in refused.reason
+    alone = plan("b", need(weights=20 * G), [], limit=10 * G, base=G)
+    assert isinstance(alone, Refuse) and "raise --max-memory" in alone.reason
+
+
+def test_kv_budget_and_context_are_fitted_to_the_room_left() -> None:
+    # 4 G for models, 1 G weights: the KV gets the 3 G left instead of its 8 G default
+    p = plan("b", need(kv=8 * G, per_token=M), [], limit=5 * G, base=G, fit_context=True)
+    assert p == Plan((), 3 * G, 3 * 1024)
+    # a model that would not fit whole even alone unloads only what its least load needs
+    loaded = [Loaded("a", G, False, False, 1.0), Loaded("c", G, False, False, 2.0)]
+    p = plan("b", need(kv=100 * G, per_token=M), loaded, limit=5 * G, base=G)
+    assert p == Plan((), 2 * G - G, None)
+
+
+def test_max_loaded_models_counts() -> None:
+    loaded = [Loaded("a", G, False, False, 2.0), Loaded("c", G, False, False, 1.0)]
+    assert plan("b", need(), loaded, limit=64 * G, base=G, max_loaded=2) == Plan(("c",), None, None)
+
+
+# --- a real server: three models, a budget for two ------------------------------------------
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _loaded(srv: Server) -> set[str]:
+    return {m["name"] for m in httpx.get(f"{srv.url}/api/ps", timeout=10).json()["models"]}
+
+
+def _ask(srv: Server, model: str) -> str:
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 6}
+    r = httpx.post(f"{srv.url}/v1/completions", json={**body, "temperature": 0}, timeout=300)
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["text"])
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding SmolLM2 under three names."""
+    home = tmp_path_factory.mktemp("home")
+    env = {**os.environ, "MODELC_HOME": str(home)}
+    cli = [sys.executable, "-m", "modelc.cli"]
+    steps = [["pack", str(smollm2_gguf()), "--name", "smol-a"]]
+    steps += [["cp", "smol-a", f"smol-{x}"] for x in "bc"]
+    for args in steps:
+        subprocess.run([*cli, *args], cwd=ROOT, env=env, check=True, capture_output=True)
+    return home
+
+
+SERVE = [str(FORMATS / "mlp.safetensors"), "--max-context", "512", "--max-concurrent", "2"]
+
+
+def _server(home: Path, *extra: str) -> Server:
+    srv = Server(SERVE[0], *SERVE[1:], *extra, home=home)
+    try:
+        srv.wait_ready()
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
+
+
+@pytest.fixture(scope="module")
+def measured(home: Path) -> tuple[int, int, str]:
+    """(the server's own memory, what one SmolLM2 costs, its greedy answer), measured by a
+    server with room for all."""
+    probe = _server(home)
+    try:
+        base = _rss(probe.proc.pid)
+        first = _ask(probe, "smol-a")
+        models = httpx.get(f"{probe.url}/api/ps", timeout=10).json()["models"]
+        (cost,) = [m["size"] for m in models if m["name"] == "smol-a"]
+    finally:
+        probe.stop()
+    return base, cost, first
+
+
+def test_three_models_under_a_budget_for_two(home: Path, measured: tuple[int, int, str]) -> None:
+    base, cost, first = measured
+    budget = base + int(2.5 * cost)
+    srv = _server(home, "--max-memory", str(budget))
+    peak, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss(srv.proc.pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        steps = [
+            ("smol-a", {"smol-a"}),
+            ("smol-b", {"smol-a", "smol-b"}),
+            ("smol-c", {"smol-b", "smol-c"}),  # a was used least recently
+            ("smol-b", {"smol-b", "smol-c"}),  # loaded: nothing moves
+            ("smol-a", {"smol-b", "smol-a"}),  # c is now the least recently used
+        ]
+        after = []  # resident memory after each step
+        for model, want in steps:
+            assert _ask(srv, model) == first, model
+            assert _loaded(srv) == {"mlp", *want}, model
+            after.append(_rss(srv.proc.pid))
+        assert "unloading smol-a to make room for smol-c" in srv.log()
+        # an unloaded model's memory goes back: two loads later, still about two models
+        one_model = after[1] - after[0]
+        assert after[4] <= after[1] + one_model // 2, (after, one_model)
+    finally:
+        stop.set()
+        sampler.join()
+        srv.stop()
+    assert peak[0] <= 1.1 * budget, (peak[0], budget)
+
+
+def test_a_model_that_cannot_fit_is_a_clear_503(home: Path, measured: tuple[int, int, str]) -> None:
+    base, cost, _ = measured
+    srv = _server(home, "--max-memory", str(base + cost // 2))
+    try:
+        r = httpx.post(
+            f"{srv.url}/v1/completions",
+            json={"model": "smol-a", "prompt": "Hi", "max_tokens": 1},
+            timeout=60,
+        )
+        assert r.status_code == 503, r.text
+        assert "raise --max-memory" in r.json()["error"]["message"]
+        assert _loaded(srv) == {"mlp"}  # and it goes on serving what it has
+    finally:
+        srv.stop()
