@@ -173,7 +173,7 @@ function renderMessage(conv, i) {
     setTimeout(() => ta.focus(), 0);
     return div;
   }
-  fillBody(body, s.role, a.content);
+  fillBody(body, s.role, a.content, a.reasoning);
   const meta = document.createElement("div");
   meta.className = "meta";
   if (s.alts.length > 1) {
@@ -211,8 +211,8 @@ function renderMessage(conv, i) {
   return div;
 }
 
-function fillBody(body, role, content) {
-  if (role === "assistant") renderMarkdown(body, content);
+function fillBody(body, role, content, reasoning = "") {
+  if (role === "assistant") renderMarkdown(body, content, reasoning);
   else body.textContent = content;  // the user's words, verbatim (no markup)
 }
 
@@ -271,6 +271,7 @@ async function generate(conv, i, snapshot, refusedText = "") {
   const a = store.alt(conv.messages[i]);
   const messages = store.history(conv, i);
   if (a.content) messages.push({role: "assistant", content: a.content});  // continue it
+  else delete a.reasoning;  // a fresh start (or a reply cut while thinking): a new trace
   ui.busy = true;
   ui.error = null;
   ui.stick = true;
@@ -286,7 +287,7 @@ async function generate(conv, i, snapshot, refusedText = "") {
   let tFirst = 0, pending = false;
   const paint = () => {
     pending = false;
-    fillBody(body, "assistant", a.content);
+    fillBody(body, "assistant", a.content, a.reasoning);
     follow();
   };
   try {
@@ -299,6 +300,11 @@ async function generate(conv, i, snapshot, refusedText = "") {
       },
       onDelta: (piece) => {
         a.content += piece;
+        if (!pending) { pending = true; requestAnimationFrame(paint); }
+        save(false);
+      },
+      onReasoning: (piece) => {
+        a.reasoning = (a.reasoning || "") + piece;  // kept with the reply (not sent back)
         if (!pending) { pending = true; requestAnimationFrame(paint); }
         save(false);
       },
