@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -116,9 +117,10 @@ def test_trace_streams_open_then_folds(page: Page, srv: Server) -> None:
     assert (box.locator("div").text_content() or "").strip() == TRACE
 
 
-def test_trace_is_not_sent_back(page: Page, srv: Server) -> None:
+def test_trace_not_sent_back_and_exported(page: Page, srv: Server) -> None:
     """The next request carries the earlier reply's answer, not its trace (the template
-    drops earlier turns' traces)."""
+    drops earlier turns' traces); an export keeps the traces, and importing it into a
+    fresh profile shows them folded again."""
     bodies: list[dict[str, Any]] = []
     page.on(
         "request",
@@ -137,3 +139,20 @@ def test_trace_is_not_sent_back(page: Page, srv: Server) -> None:
     sent = bodies[-1]["messages"]
     assert sent[1] == {"role": "assistant", "content": ANSWER}
     assert all("reasoning" not in json.dumps(m) for m in sent)
+    with page.expect_download() as dl:
+        page.click("#export")
+    exported = Path(dl.value.path()).read_bytes()
+    replies = json.loads(exported)["conversations"][0]["messages"][1::2]
+    assert [r["alts"][0]["reasoning"] for r in replies] == [TRACE + "\n"] * 2
+    page.evaluate("localStorage.clear()")
+    open_page(page, srv.url)
+    assert page.locator("details.reasoning").count() == 0
+    page.set_input_files(
+        "#import", files=[{"name": "c.json", "mimeType": "application/json", "buffer": exported}]
+    )
+    page.wait_for_function("document.querySelectorAll('details.reasoning').length === 2")
+    boxes = page.locator(".msg.assistant details.reasoning")
+    assert boxes.evaluate_all("ds => ds.map(d => [d.open, d.lastChild.textContent.trim()])") == [
+        [False, TRACE],
+        [False, TRACE],
+    ]
