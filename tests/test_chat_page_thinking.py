@@ -35,6 +35,7 @@ RECORD = """() => {
     const box = body.querySelector(':scope > details.reasoning');
     const answer = body.querySelector(':scope > .answer');
     window.__shown.push({
+      status: document.getElementById('status').textContent,
       open: box ? box.open : null,
       summary: box ? box.querySelector('summary').textContent : null,
       thinking: box ? box.querySelector('div').textContent : '',
@@ -95,9 +96,11 @@ def test_trace_streams_open_then_folds(page: Page, srv: Server) -> None:
     # streamed as it comes: several growing traces, each in an open block, before the answer
     assert len({s["thinking"] for s in thinking}) > 1, shown
     assert all(s["open"] and s["summary"] == "Thinking…" for s in thinking), shown
+    assert all(s["status"] == "thinking…" for s in thinking[1:]), shown
     assert shown.index(thinking[-1]) < shown.index(answering[0])
     # folded once the answer starts
     assert all(s["open"] is False and s["summary"] == "Thinking" for s in answering), shown
+    assert all(s["status"] == "generating…" for s in answering), shown
     box = page.locator(".msg.assistant details.reasoning").last
     assert not box.evaluate("d => d.open")
     assert (box.locator("div").text_content() or "").strip() == TRACE

@@ -284,7 +284,7 @@ async function generate(conv, i, snapshot, refusedText = "") {
   msgEl.classList.add("streaming");
   setStatus("processing prompt…");
   const t0 = performance.now();
-  let tFirst = 0, pending = false;
+  let tFirst = 0, pending = false, thinking = false, answering = false;
   const paint = () => {
     pending = false;
     fillBody(body, "assistant", a.content, a.reasoning);
@@ -294,16 +294,18 @@ async function generate(conv, i, snapshot, refusedText = "") {
     const r = await streamChat(requestBody(messages), {
       apiKey: ui.apiKey,
       signal: ui.controller.signal,
-      onFirst: () => { tFirst = performance.now(); setStatus("generating…"); },
+      onFirst: () => { tFirst = performance.now(); },
       onProgress: (p) => {
         if (!tFirst) setStatus(`processing prompt… ${p.processed}/${p.total} tokens`);
       },
       onDelta: (piece) => {
+        if (!answering) { answering = true; setStatus("generating…"); }
         a.content += piece;
         if (!pending) { pending = true; requestAnimationFrame(paint); }
         save(false);
       },
       onReasoning: (piece) => {
+        if (!thinking) { thinking = true; setStatus("thinking…"); }
         a.reasoning = (a.reasoning || "") + piece;  // kept with the reply (not sent back)
         if (!pending) { pending = true; requestAnimationFrame(paint); }
         save(false);
