@@ -296,3 +296,35 @@ def test_responses_function_call_streams_its_arguments(srv: Server, case: Any) -
         if ev.get("type") == "response.function_call_arguments.delta":
             deltas[ev["output_index"]] = deltas.get(ev["output_index"], 0) + 1
     assert len(deltas) == len(case.calls) and min(deltas.values()) > 1, deltas
+
+
+def test_responses_count_reasoning_tokens(srv: Server) -> None:
+    """``usage.output_tokens_details.reasoning_tokens`` counts the tokens that wrote the
+    trace (its markers included), whole and streamed: the tokens the chat route lists
+    (``logprobs``) for the same forced output, up to the one that ends ``</think>``."""
+    ref = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"model": "qwen3", "messages": USER, "max_tokens": 40, "logprobs": True}
+        | forced(TRACE),
+        timeout=300,
+    ).json()
+    tokens = [t["token"] for t in ref["choices"][0]["logprobs"]["content"]]
+    assert "".join(tokens) == TRACE
+    end, at, want = TRACE.index("</think>") + len("</think>"), 0, 0
+    for t in tokens:
+        if at < end:
+            want, at = want + 1, at + len(t)
+    assert 0 < want < len(tokens)
+    client = openai_client(srv)
+    kw: Any = {"model": "qwen3", "input": USER, "max_output_tokens": 40}
+    whole = client.responses.create(**kw, extra_body=forced(TRACE))
+    assert whole.usage is not None and whole.usage.output_tokens_details.reasoning_tokens == want
+    done = [
+        ev
+        for ev in client.responses.create(**kw, extra_body=forced(TRACE), stream=True)
+        if ev.type == "response.completed"
+    ]
+    usage = done[0].response.usage
+    assert usage is not None and usage.output_tokens_details.reasoning_tokens == want
+    plain = client.responses.create(**kw, extra_body=forced("Y"))
+    assert plain.usage is not None and plain.usage.output_tokens_details.reasoning_tokens == 0

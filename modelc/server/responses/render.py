@@ -114,9 +114,11 @@ class ResponsesRenderer(RendererBase):
     _items: list[OutputItem] = field(default_factory=list)  # the items streamed and closed
     _open: _Open | None = None
     _parser: StreamParser | None = None
+    _pieces: list[str] = field(default_factory=list)  # the streamed tokens' texts
 
-    def final(self, items: list[OutputItem], f: FinishEvent) -> ResponseObject:
-        """The finished response: its output ``items``, status and usage."""
+    def final(self, items: list[OutputItem], f: FinishEvent, thought: int) -> ResponseObject:
+        """The finished response: its output ``items``, status and usage (``thought``:
+        the output tokens that wrote the thinking trace)."""
         calls = any(isinstance(it, FunctionCallOut) for it in items)
         cut = not calls and f.reason in (FinishReason.LENGTH, FinishReason.TIMEOUT)
         usage = ResponsesUsage(
@@ -124,7 +126,7 @@ class ResponsesRenderer(RendererBase):
             f.completion_tokens,
             self.n_prompt + f.completion_tokens,
             InputTokensDetails(f.cached_tokens),
-            OutputTokensDetails(),
+            OutputTokensDetails(reasoning_tokens=thought),
         )
         resp = msgspec.structs.replace(
             self.base,
@@ -139,7 +141,8 @@ class ResponsesRenderer(RendererBase):
 
     def body(self, outs: list[Outcome]) -> ResponseObject:
         o = outs[0]
-        got = self.reader.parser().full(o.text)
+        parser = self.reader.parser()
+        got = parser.full(o.text)
         calls = tooling.calls_out(got.calls)
         items: list[OutputItem] = []
         if got.reasoning:
@@ -148,7 +151,7 @@ class ResponsesRenderer(RendererBase):
             content = [_part(got.content)]
             items.append(MessageOut(id=item_id("msg"), status="completed", content=content))
         items += [_call(c, "completed") for c in calls]
-        return self.final(items, o.finish)
+        return self.final(items, o.finish, parser.trace_tokens([t.text for t in o.tokens]))
 
     def _next(self) -> int:
         self._seq += 1
@@ -159,6 +162,7 @@ class ResponsesRenderer(RendererBase):
 
     def start(self, i: int) -> list[bytes]:
         self._items, self._open, self._parser = [], None, self.reader.parser()
+        self._pieces = []
         return [
             self._send(Created(sequence_number=self._next(), response=self.base)),
             self._send(InProgress(sequence_number=self._next(), response=self.base)),
@@ -294,6 +298,7 @@ class ResponsesRenderer(RendererBase):
 
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
         assert self._parser is not None
+        self._pieces.append(ev.text)
         return self._delta(self._parser.feed(ev.text))
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
@@ -304,6 +309,6 @@ class ResponsesRenderer(RendererBase):
         if not whole.calls and not whole.content:  # no answer: one empty message
             out += self._begin("message")
         out += self._close()
-        final = self.final(self._items, ev)
+        final = self.final(self._items, ev, self._parser.trace_tokens(self._pieces))
         done = Incomplete if final.status == "incomplete" else Completed
         return [*out, self._send(done(sequence_number=self._next(), response=final))]
