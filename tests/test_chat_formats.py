@@ -458,3 +458,25 @@ def test_random_text_never_breaks_the_parser(name: str) -> None:
                 streamed.content,
                 [(c.name, c.arguments) for c in streamed.calls],
             ), text
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "pieces", "n"),
+    [
+        ("Qwen-Qwen3-0.6B", {}, ["<think>", "\n", "X", "\n</think>", "\n\n", "Y"], 4),
+        ("Qwen-Qwen3-0.6B", {}, ["<think>", "\nX"], 2),  # cut while thinking: all of it
+        ("Qwen-Qwen3-0.6B", {}, ["Y", " <think>"], 0),  # no trace at the start
+        ("Qwen-Qwen3-0.6B", {"reasoning": False}, ["<think>", "X</think>", "Y"], 0),
+        ("Qwen3.5-4B", {}, ["Need", " it.", "\n</", "think>", "\n\n", "Y"], 4),  # opened
+        (
+            "openai-gpt-oss-120b",
+            {},
+            ["<|channel|>analysis<|message|>", "Hm", "<|end|>", "<|start|>assistant", "Hi"],
+            3,
+        ),
+    ],
+)
+def test_trace_tokens(name: str, kw: dict[str, Any], pieces: list[str], n: int) -> None:
+    """The tokens that wrote the trace, its end marker's last piece included."""
+    fmt = detect(template(name))
+    assert StreamParser(fmt, prompt=prompt(name), **kw).trace_tokens(pieces) == n

@@ -61,37 +61,70 @@ def _blocks(content: list[Any]) -> list[tuple[str, Any]]:
     return out
 
 
+DELTA_OF = {"thinking": "thinking_delta", "text": "text_delta", "tool_use": "input_json_delta"}
+
+
 def _messages(srv: Server, **kw: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]], str]:
     """(blocks of the whole answer, blocks joined from the stream's deltas, stop_reason
-    of both, checked equal)."""
+    of both, checked equal).  Each streamed block holds only its own kind of delta; a
+    ``tool_use`` starts with an empty ``input`` and its ``partial_json`` pieces join to its
+    input's JSON; a ``thinking`` block ends with one ``signature_delta``, the whole
+    answer's signature."""
     client = _claude(srv)
     whole = client.messages.create(**kw)
     pieces: dict[int, list[Any]] = {}
+    deltas: dict[int, list[str]] = {}
     with client.messages.stream(**kw) as s:
         for ev in s:
             if ev.type == "content_block_start":
                 assert ev.index == len(pieces)  # blocks open in order, one at a time
+                assert all(k == "stop" for k in (d[-1] for d in deltas.values()))
                 kind = ev.content_block.type
-                pieces[ev.index] = [kind, ""]
+                if kind == "tool_use":
+                    assert ev.content_block.input == {}
+                pieces[ev.index], deltas[ev.index] = [kind, ""], []
             elif ev.type == "content_block_delta":
                 d = ev.delta
-                if d.type == "thinking_delta":
-                    assert pieces[ev.index][0] == "thinking"
-                    pieces[ev.index][1] += d.thinking
-                elif d.type == "text_delta":
-                    assert pieces[ev.index][0] == "text"
-                    pieces[ev.index][1] += d.text
-                elif d.type == "input_json_delta":
-                    pieces[ev.index][1] += d.partial_json
+                deltas[ev.index].append(d.type)
+                if d.type == "signature_delta":
+                    pieces[ev.index].append(d.signature)
+                    continue
+                assert d.type == DELTA_OF[pieces[ev.index][0]], d
+                pieces[ev.index][1] += (
+                    d.thinking
+                    if d.type == "thinking_delta"
+                    else d.text
+                    if d.type == "text_delta"
+                    else d.partial_json
+                )
+            elif ev.type == "content_block_stop":
+                deltas[ev.index].append("stop")
         final = s.get_final_message()
     assert final.stop_reason == whole.stop_reason and _blocks(final.content) == _blocks(
         whole.content
     )
+    for i, (kind, *rest) in pieces.items():
+        if kind == "thinking":  # the deltas, then one signature_delta just before the stop
+            assert deltas[i][-2:] == ["signature_delta", "stop"] and rest[1]
+            assert rest[1] == final.content[i].signature == whole.content[i].signature  # type: ignore[union-attr]
     streamed = [
-        (k, (final.content[i].name, json.loads(v)) if k == "tool_use" else v)
-        for i, (k, v) in pieces.items()
+        (k, (final.content[i].name, json.loads(v)) if k == "tool_use" else v)  # type: ignore[union-attr]
+        for i, (k, v, *_) in pieces.items()
     ]
     return _blocks(whole.content), streamed, str(whole.stop_reason)
+
+
+def _json_pieces(srv: Server, body: dict[str, Any]) -> list[list[str]]:
+    """Each ``tool_use`` block's ``partial_json`` pieces on the wire."""
+    raw = httpx.post(f"{srv.url}/v1/messages", json={**body, "stream": True}, timeout=300).text
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+    out: dict[int, list[str]] = {}
+    for ev in events:
+        if ev["type"] == "content_block_start" and ev["content_block"]["type"] == "tool_use":
+            out[ev["index"]] = []
+        elif ev["type"] == "content_block_delta" and ev["index"] in out:
+            out[ev["index"]].append(ev["delta"]["partial_json"])
+    return list(out.values())
 
 
 def test_messages_thinking_block(srv: Server) -> None:
@@ -131,34 +164,71 @@ def _items(output: list[Any]) -> list[tuple[str, Any]]:
     return out
 
 
+# an item's events between its output_item.added and .done: (first, each delta, last)
+PART = ["content_part.added"]
+ITEM_EVENTS = {
+    "reasoning": (PART, "reasoning_text.delta", ["reasoning_text.done", "content_part.done"]),
+    "message": (PART, "output_text.delta", ["output_text.done", "content_part.done"]),
+    "function_call": ([], "function_call_arguments.delta", ["function_call_arguments.done"]),
+}
+
+
+def _order(kind: str, names: list[str]) -> None:
+    """An item's events in OpenAI's order: added, its deltas (at least one), done."""
+    head, delta, tail = ITEM_EVENTS[kind]
+    n = len(names) - 2 - len(head) - len(tail)
+    assert n >= 1 and names == ["output_item.added", *head, *[delta] * n, *tail, "output_item.done"]
+
+
 def _responses(srv: Server, **kw: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
-    """(items of the whole answer, items joined from the stream's deltas), the stream's
-    completed response checked equal to the whole one."""
+    """(items of the whole answer, items joined from the stream's deltas), through the
+    ``openai`` client's ``responses.stream`` helper (which accumulates the events and
+    checks their identities): its final response equals the whole one, each item's
+    events come in OpenAI's order, one item at a time, and a ``function_call`` is added
+    with empty ``arguments`` that its deltas then fill."""
     client = openai_client(srv)
     whole = client.responses.create(**kw)
     items: dict[int, list[Any]] = {}
     done: dict[int, list[Any]] = {}
-    final = None
-    for ev in client.responses.create(stream=True, **kw):
-        if ev.type == "response.output_item.added":
-            assert ev.output_index == len(items)
-            items[ev.output_index] = [ev.item.type, ""]
-        elif ev.type == "response.reasoning_text.delta":
-            assert items[ev.output_index][0] == "reasoning"
-            items[ev.output_index][1] += ev.delta
-        elif ev.type == "response.reasoning_text.done":
-            done[ev.output_index] = ["reasoning", ev.text]
-        elif ev.type == "response.output_text.delta":
-            assert items[ev.output_index][0] == "message"
-            items[ev.output_index][1] += ev.delta
-        elif ev.type == "response.output_text.done":
-            done[ev.output_index] = ["message", ev.text]
-        elif ev.type == "response.function_call_arguments.done":
-            items[ev.output_index][1] = (ev.name, json.loads(ev.arguments))
-            done[ev.output_index] = items[ev.output_index]
-        elif ev.type == "response.completed":
-            final = ev.response
-    assert final is not None and _items(final.output) == _items(whole.output)
+    names: dict[int, list[str]] = {}
+    seqs: list[int] = []
+    with client.responses.stream(**kw) as stream:
+        for ev in stream:
+            seqs.append(ev.sequence_number)
+            at = getattr(ev, "output_index", None)
+            if at is not None:
+                names.setdefault(at, []).append(ev.type.removeprefix("response."))
+            if ev.type == "response.output_item.added":
+                assert ev.output_index == len(items)
+                assert all(n[-1] == "output_item.done" for i, n in names.items() if i < at)
+                items[ev.output_index] = [ev.item.type, ""]
+                if ev.item.type == "function_call":
+                    assert ev.item.arguments == "" and ev.item.status == "in_progress"
+            elif ev.type == "response.reasoning_text.delta":
+                assert items[ev.output_index][0] == "reasoning"
+                items[ev.output_index][1] += ev.delta
+            elif ev.type == "response.reasoning_text.done":
+                done[ev.output_index] = ["reasoning", ev.text]
+            elif ev.type == "response.output_text.delta":
+                assert items[ev.output_index][0] == "message"
+                items[ev.output_index][1] += ev.delta
+            elif ev.type == "response.output_text.done":
+                done[ev.output_index] = ["message", ev.text]
+            elif ev.type == "response.function_call_arguments.delta":
+                assert items[ev.output_index][0] == "function_call"
+                items[ev.output_index][1] += ev.delta
+            elif ev.type == "response.function_call_arguments.done":
+                assert ev.arguments == items[ev.output_index][1]
+                item = items[ev.output_index]
+                item[1] = (ev.name, json.loads(ev.arguments))
+                done[ev.output_index] = item
+            elif ev.type == "response.output_item.done" and ev.item.type == "function_call":
+                assert json.loads(ev.item.arguments) == items[ev.output_index][1][1]
+        final = stream.get_final_response()
+    assert seqs == list(range(len(seqs)))
+    for i, (kind, _) in items.items():
+        _order(kind, names[i])
+    assert _items(final.output) == _items(whole.output)
     assert done == items
     return _items(whole.output), [(k, v) for k, v in items.values()]
 
@@ -184,3 +254,77 @@ def test_responses_family_call(srv: Server) -> None:
     whole, streamed = _responses(srv, **kw)
     assert whole == [("reasoning", CALL.reasoning), *(("function_call", c) for c in CALL.calls)]
     assert streamed == whole
+
+
+# --- calls streamed piece by piece -------------------------------------------------------
+TOOL_CALL = CASES["qwen3-call"]  # a trace, then a Hermes call (Qwen3's template)
+TWO_CALLS = CASES["qwen2.5-two-calls"]  # text, then two Hermes calls
+
+
+@pytest.mark.parametrize("case", [TOOL_CALL, TWO_CALLS], ids=["trace-call", "text-two-calls"])
+def test_messages_tool_use_streams_its_input(srv: Server, case: Any) -> None:
+    """Each ``tool_use`` block streams its input as ``input_json_delta`` pieces (more than
+    one: as the call is parsed, not at the end) that join to the call's JSON; the
+    client's ``messages.stream`` accumulates them into the whole answer's input."""
+    tools = [{"name": FN["name"], "input_schema": FN["parameters"]}]
+    body = {"model": "qwen3", "max_tokens": 120, "messages": USER, "tools": tools}
+    whole, streamed, stop = _messages(srv, **body, extra_body=forced(case.text))
+    want = [("thinking", case.reasoning)] if case.reasoning else [("text", case.content)]
+    assert whole == [*want, *(("tool_use", c) for c in case.calls)]
+    assert stop == "tool_use" and streamed == whole
+    pieces = _json_pieces(srv, {**body, **forced(case.text)})
+    assert [json.loads("".join(p)) for p in pieces] == [args for _, args in case.calls]
+    assert all(len(p) > 1 for p in pieces), pieces
+
+
+@pytest.mark.parametrize("case", [TOOL_CALL, TWO_CALLS], ids=["trace-call", "text-two-calls"])
+def test_responses_function_call_streams_its_arguments(srv: Server, case: Any) -> None:
+    """Each ``function_call`` item is added with empty arguments, streams them as
+    ``response.function_call_arguments.delta`` pieces (more than one), then ``.done``
+    and ``output_item.done`` (the order is checked in ``_responses``)."""
+    tools = [{"type": "function", "name": FN["name"], "parameters": FN["parameters"]}]
+    kw = {"model": "qwen3", "input": USER, "tools": tools, "max_output_tokens": 120}
+    whole, streamed = _responses(srv, **kw, extra_body=forced(case.text))
+    want = [("reasoning", case.reasoning)] if case.reasoning else [("message", case.content)]
+    assert whole == [*want, *(("function_call", c) for c in case.calls)] and streamed == whole
+    raw = httpx.post(
+        f"{srv.url}/v1/responses", json={**kw, **forced(case.text), "stream": True}, timeout=300
+    ).text
+    deltas: dict[int, int] = {}
+    for line in raw.splitlines():
+        ev = json.loads(line[6:]) if line.startswith("data: ") else {}
+        if ev.get("type") == "response.function_call_arguments.delta":
+            deltas[ev["output_index"]] = deltas.get(ev["output_index"], 0) + 1
+    assert len(deltas) == len(case.calls) and min(deltas.values()) > 1, deltas
+
+
+def test_responses_count_reasoning_tokens(srv: Server) -> None:
+    """``usage.output_tokens_details.reasoning_tokens`` counts the tokens that wrote the
+    trace (its markers included), whole and streamed: the tokens the chat route lists
+    (``logprobs``) for the same forced output, up to the one that ends ``</think>``."""
+    ref = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"model": "qwen3", "messages": USER, "max_tokens": 40, "logprobs": True}
+        | forced(TRACE),
+        timeout=300,
+    ).json()
+    tokens = [t["token"] for t in ref["choices"][0]["logprobs"]["content"]]
+    assert "".join(tokens) == TRACE
+    end, at, want = TRACE.index("</think>") + len("</think>"), 0, 0
+    for t in tokens:
+        if at < end:
+            want, at = want + 1, at + len(t)
+    assert 0 < want < len(tokens)
+    client = openai_client(srv)
+    kw: Any = {"model": "qwen3", "input": USER, "max_output_tokens": 40}
+    whole = client.responses.create(**kw, extra_body=forced(TRACE))
+    assert whole.usage is not None and whole.usage.output_tokens_details.reasoning_tokens == want
+    done = [
+        ev
+        for ev in client.responses.create(**kw, extra_body=forced(TRACE), stream=True)
+        if ev.type == "response.completed"
+    ]
+    usage = done[0].response.usage
+    assert usage is not None and usage.output_tokens_details.reasoning_tokens == want
+    plain = client.responses.create(**kw, extra_body=forced("Y"))
+    assert plain.usage is not None and plain.usage.output_tokens_details.reasoning_tokens == 0

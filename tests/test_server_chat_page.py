@@ -519,7 +519,7 @@ def test_reasoning_is_a_collapsible_block(page: Page, smol_server: Server) -> No
     assert wait_idle(page) == "done"
     box = page.locator(".msg.assistant details.reasoning").last
     assert box.count() == 1 and not box.evaluate("d => d.open")
-    assert box.locator("summary").inner_text() == "Reasoning"
+    assert box.locator("summary").inner_text() == "Thinking"
     assert box.locator("strong").text_content() == "Paris"  # its markdown is rendered too
     assert box.locator("img").count() == 0 and dialogs == []
     body = page.locator(".msg.assistant .body").last

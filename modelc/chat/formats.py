@@ -99,6 +99,23 @@ def split_trace(
     return (trace.lstrip(), rest.lstrip()) if trim else (trace, rest)
 
 
+def trace_end(fmt: ChatFormat, text: str) -> int:
+    """Where the thinking trace ``text`` starts with ends (``text`` led as :func:`parse`
+    reads it): the offset just past its end marker, ``len(text)`` while it is still open,
+    0 when there is none.  gpt-oss's trace is its ``analysis`` message."""
+    if fmt.channels:
+        start, end = "<|channel|>analysis", "<|end|>"
+    elif fmt.think is not None:
+        start, end = fmt.think
+    else:
+        return 0
+    t = text.lstrip()
+    if not t.startswith(start):
+        return 0
+    i = t.find(end, len(start))
+    return len(text) if i < 0 else len(text) - len(t) + i + len(end)
+
+
 def parse(
     fmt: ChatFormat,
     text: str,

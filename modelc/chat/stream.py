@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelc.chat.formats import ChatFormat, new_call_id, parse
+from modelc.chat.formats import ChatFormat, new_call_id, parse, trace_end
 from modelc.chat.scan import Parsed, ToolCall, param_types
 
 
@@ -70,6 +70,19 @@ class StreamParser:
         for k in out.calls:
             k.id = k.id or new_call_id()
         return out
+
+    def trace_tokens(self, pieces: Sequence[str]) -> int:
+        """How many of the output's tokens (their texts ``pieces``, in order) wrote its
+        thinking trace, markers included (0 when the trace is not split off)."""
+        if not self.reasoning:
+            return 0
+        end = trace_end(self.fmt, self.lead + "".join(pieces)) - len(self.lead)
+        n = at = 0
+        for p in pieces:
+            if at >= end:
+                break
+            n, at = n + 1, at + len(p)
+        return n
 
     def _parse(self, text: str, *, partial: bool) -> Parsed:
         out = parse(

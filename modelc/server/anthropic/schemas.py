@@ -124,7 +124,7 @@ class _BlockOut(Resp, tag_field="type"):
 
 class ThinkingOut(_BlockOut, tag="thinking", kw_only=True):
     thinking: str
-    signature: str = ""  # Anthropic's encrypted check; a local trace has none
+    signature: str = ""  # Anthropic's encrypted check; here the trace's digest
 
 
 class TextOut(_BlockOut, tag="text", kw_only=True):
@@ -200,9 +200,13 @@ class ThinkingDelta(Resp, tag_field="type", tag="thinking_delta", kw_only=True):
     thinking: str
 
 
+class SignatureDelta(Resp, tag_field="type", tag="signature_delta", kw_only=True):
+    signature: str
+
+
 class BlockDelta(_Event, tag="content_block_delta", kw_only=True):
     index: int
-    delta: ThinkingDelta | TextDelta | InputJsonDelta
+    delta: ThinkingDelta | SignatureDelta | TextDelta | InputJsonDelta
 
 
 class BlockStop(_Event, tag="content_block_stop", kw_only=True):

@@ -4,13 +4,14 @@ The stream is the documented sequence: ``response.created``, ``response.in_progr
 for the answer's text a ``message`` item (``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta`` ...,
 ``response.output_text.done``, ``response.content_part.done``,
-``response.output_item.done``); for each call a ``function_call`` item (added,
-``response.function_call_arguments.delta`` / ``.done``, done); then
+``response.output_item.done``); for each call a ``function_call`` item (added with
+empty ``arguments``, ``response.function_call_arguments.delta`` for each piece of its
+arguments as they are parsed, ``.done``, done); then
 ``response.completed`` (``response.incomplete`` when the token limit cut the text).
 Every event carries its ``sequence_number``.  The output is read in the model's own
 format (:mod:`modelc.chat`): a thinking trace is a ``reasoning`` item first (its
 ``reasoning_text`` part streamed as ``response.reasoning_text.delta`` / ``.done``);
-text that may still be a call is held back, and the calls come at the end.
+text that may still be a call is held back.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from modelc.chat import Delta, StreamParser
+from modelc.chat import CallDelta, Delta, StreamParser
 from modelc.engine.api import FinishEvent, FinishReason, TokenEvent
 from modelc.server import sse
 from modelc.server import tools as tooling
@@ -55,7 +56,7 @@ from modelc.server.responses.schemas import (
     TextDelta,
     TextDone,
 )
-from modelc.server.schemas import ToolCallOut
+from modelc.server.schemas import FunctionCall, ToolCallOut
 
 
 def item_id(prefix: str) -> str:
@@ -81,15 +82,20 @@ def _reasoning(rid: str, text: str | None, status: str) -> ReasoningOut:
     return ReasoningOut(id=rid, status=status, content=content)
 
 
+PREFIX = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
+
+
 @dataclass(slots=True)
 class _Open:
-    """The output item being streamed: its kind ("reasoning" / "message"), id, index
-    and text so far."""
+    """The output item being streamed: its kind ("reasoning", "message",
+    "function_call"), id, index and text so far (a call's: its arguments; ``call`` its
+    id and name)."""
 
     kind: str
     id: str
     index: int
     text: str = ""
+    call: ToolCallOut | None = None
 
 
 @dataclass(slots=True)
@@ -108,20 +114,19 @@ class ResponsesRenderer(RendererBase):
     _items: list[OutputItem] = field(default_factory=list)  # the items streamed and closed
     _open: _Open | None = None
     _parser: StreamParser | None = None
+    _pieces: list[str] = field(default_factory=list)  # the streamed tokens' texts
 
-    def final(
-        self, items: list[OutputItem], calls: list[ToolCallOut], f: FinishEvent
-    ) -> ResponseObject:
-        """The finished response: its output items (``calls`` after ``items``), status
-        and usage."""
-        items = [*items, *(_call(c, "completed") for c in calls)]
+    def final(self, items: list[OutputItem], f: FinishEvent, thought: int) -> ResponseObject:
+        """The finished response: its output ``items``, status and usage (``thought``:
+        the output tokens that wrote the thinking trace)."""
+        calls = any(isinstance(it, FunctionCallOut) for it in items)
         cut = not calls and f.reason in (FinishReason.LENGTH, FinishReason.TIMEOUT)
         usage = ResponsesUsage(
             self.n_prompt,
             f.completion_tokens,
             self.n_prompt + f.completion_tokens,
             InputTokensDetails(f.cached_tokens),
-            OutputTokensDetails(),
+            OutputTokensDetails(reasoning_tokens=thought),
         )
         resp = msgspec.structs.replace(
             self.base,
@@ -136,7 +141,8 @@ class ResponsesRenderer(RendererBase):
 
     def body(self, outs: list[Outcome]) -> ResponseObject:
         o = outs[0]
-        got = self.reader.parser().full(o.text)
+        parser = self.reader.parser()
+        got = parser.full(o.text)
         calls = tooling.calls_out(got.calls)
         items: list[OutputItem] = []
         if got.reasoning:
@@ -144,7 +150,8 @@ class ResponsesRenderer(RendererBase):
         if got.content or not calls:
             content = [_part(got.content)]
             items.append(MessageOut(id=item_id("msg"), status="completed", content=content))
-        return self.final(items, calls, o.finish)
+        items += [_call(c, "completed") for c in calls]
+        return self.final(items, o.finish, parser.trace_tokens([t.text for t in o.tokens]))
 
     def _next(self) -> int:
         self._seq += 1
@@ -155,6 +162,7 @@ class ResponsesRenderer(RendererBase):
 
     def start(self, i: int) -> list[bytes]:
         self._items, self._open, self._parser = [], None, self.reader.parser()
+        self._pieces = []
         return [
             self._send(Created(sequence_number=self._next(), response=self.base)),
             self._send(InProgress(sequence_number=self._next(), response=self.base)),
@@ -164,35 +172,38 @@ class ResponsesRenderer(RendererBase):
         return ReasoningTextOut(text=o.text) if o.kind == "reasoning" else _part(o.text)
 
     def _item(self, o: _Open, status: str) -> OutputItem:
+        done = status == "completed"
         if o.kind == "reasoning":
-            return _reasoning(o.id, o.text if status == "completed" else None, status)
-        content = [_part(o.text)] if status == "completed" else []
-        return MessageOut(id=o.id, status=status, content=content)
+            return _reasoning(o.id, o.text if done else None, status)
+        if o.call is not None:
+            return FunctionCallOut(
+                id=o.id,
+                call_id=o.call.id,
+                name=o.call.function.name,
+                arguments=o.text if done else "",
+                status=status,
+            )
+        return MessageOut(id=o.id, status=status, content=[_part(o.text)] if done else [])
 
-    def _begin(self, kind: str) -> list[bytes]:
+    def _begin(self, kind: str, call: ToolCallOut | None = None) -> list[bytes]:
         """Open an item of ``kind`` (closing the one open)."""
         out = self._close()
-        o = self._open = _Open(
-            kind, item_id("rs" if kind == "reasoning" else "msg"), len(self._items)
-        )
+        o = self._open = _Open(kind, item_id(PREFIX[kind]), len(self._items), call=call)
         seq = self._next
-        return [
-            *out,
-            self._send(
-                ItemAdded(
-                    sequence_number=seq(), output_index=o.index, item=self._item(o, "in_progress")
-                )
-            ),
-            self._send(
-                PartAdded(
-                    sequence_number=seq(),
-                    part=self._part_of(o),
-                    item_id=o.id,
-                    output_index=o.index,
-                    content_index=0,
-                )
-            ),
-        ]
+        added = ItemAdded(
+            sequence_number=seq(), output_index=o.index, item=self._item(o, "in_progress")
+        )
+        out.append(self._send(added))
+        if call is None:  # a message or reasoning item has a content part
+            part = PartAdded(
+                sequence_number=seq(),
+                part=self._part_of(o),
+                item_id=o.id,
+                output_index=o.index,
+                content_index=0,
+            )
+            out.append(self._send(part))
+        return out
 
     def _piece(self, kind: str, text: str) -> list[bytes]:
         if not text:
@@ -201,21 +212,21 @@ class ResponsesRenderer(RendererBase):
         o = self._open
         assert o is not None
         o.text += text
+        n, at = self._next(), o.index
+        ev: StreamEvent
         if kind == "reasoning":
-            ev: StreamEvent = ReasoningDelta(
-                sequence_number=self._next(),
-                delta=text,
-                item_id=o.id,
-                output_index=o.index,
-                content_index=0,
+            ev = ReasoningDelta(
+                sequence_number=n, delta=text, item_id=o.id, output_index=at, content_index=0
             )
+        elif kind == "function_call":
+            ev = ArgumentsDelta(sequence_number=n, delta=text, item_id=o.id, output_index=at)
         else:
             ev = TextDelta(
-                sequence_number=self._next(),
+                sequence_number=n,
                 delta=text,
                 logprobs=[],
                 item_id=o.id,
-                output_index=o.index,
+                output_index=at,
                 content_index=0,
             )
         return [*out, self._send(ev)]
@@ -226,83 +237,78 @@ class ResponsesRenderer(RendererBase):
             return []
         self._open = None
         seq = self._next
-        if o.kind == "reasoning":
-            done: StreamEvent = ReasoningDone(
-                sequence_number=seq(),
-                text=o.text,
-                item_id=o.id,
-                output_index=o.index,
-                content_index=0,
-            )
-        else:
-            done = TextDone(
-                sequence_number=seq(),
-                text=o.text,
-                logprobs=[],
-                item_id=o.id,
-                output_index=o.index,
-                content_index=0,
-            )
         item = self._item(o, "completed")
         self._items.append(item)
-        return [
-            self._send(done),
-            self._send(
-                PartDone(
+        out: list[StreamEvent] = []
+        if isinstance(item, FunctionCallOut):
+            out.append(
+                ArgumentsDone(
                     sequence_number=seq(),
-                    part=self._part_of(o),
+                    name=item.name,
+                    arguments=item.arguments,
                     item_id=o.id,
                     output_index=o.index,
-                    content_index=0,
                 )
-            ),
-            self._send(ItemDone(sequence_number=seq(), output_index=o.index, item=item)),
-        ]
+            )
+        else:
+            at, part = o.index, self._part_of(o)
+            if o.kind == "reasoning":
+                out.append(
+                    ReasoningDone(
+                        sequence_number=seq(),
+                        text=o.text,
+                        item_id=o.id,
+                        output_index=at,
+                        content_index=0,
+                    )
+                )
+            else:
+                out.append(
+                    TextDone(
+                        sequence_number=seq(),
+                        text=o.text,
+                        logprobs=[],
+                        item_id=o.id,
+                        output_index=at,
+                        content_index=0,
+                    )
+                )
+            out.append(
+                PartDone(
+                    sequence_number=seq(), part=part, item_id=o.id, output_index=at, content_index=0
+                )
+            )
+        out.append(ItemDone(sequence_number=seq(), output_index=o.index, item=item))
+        return [self._send(ev) for ev in out]
+
+    def _call_piece(self, c: CallDelta) -> list[bytes]:
+        """A call's piece: its first opens a ``function_call`` item, each piece of its
+        arguments is a ``response.function_call_arguments.delta``."""
+        out = []
+        if c.name is not None:
+            assert c.id is not None
+            out += self._begin("function_call", ToolCallOut(c.id, FunctionCall(c.name, "")))
+        return out + self._piece("function_call", c.arguments)
 
     def _delta(self, d: Delta) -> list[bytes]:
-        return self._piece("reasoning", d.reasoning) + self._piece("message", d.content)
+        out = self._piece("reasoning", d.reasoning) + self._piece("message", d.content)
+        for c in d.calls:
+            out += self._call_piece(c)
+        return out
 
     def token(self, i: int, ev: TokenEvent) -> list[bytes]:
         assert self._parser is not None
-        return self._delta(self._parser.feed(ev.text))  # calls come whole, at the end
+        self._pieces.append(ev.text)
+        return self._delta(self._parser.feed(ev.text))
 
     def finish(self, i: int, ev: FinishEvent) -> list[bytes]:
         assert self._parser is not None
         self._parser.feed(ev.text)
         last, whole = self._parser.finish()
-        calls = tooling.calls_out(whole.calls)
         out = self._delta(last)
-        if not calls and not whole.content:  # no answer: one empty message
+        if not whole.calls and not whole.content:  # no answer: one empty message
             out += self._begin("message")
         out += self._close()
-        final = self.final(self._items, calls, ev)
-        for k, item in enumerate(final.output):
-            if not isinstance(item, FunctionCallOut):
-                continue
-            seq = self._next
-            start = msgspec.structs.replace(item, arguments="", status="in_progress")
-            out.append(self._send(ItemAdded(sequence_number=seq(), output_index=k, item=start)))
-            out.append(
-                self._send(
-                    ArgumentsDelta(
-                        sequence_number=seq(), delta=item.arguments, item_id=item.id, output_index=k
-                    )
-                )
-            )
-            out.append(
-                self._send(
-                    ArgumentsDone(
-                        sequence_number=seq(),
-                        name=item.name,
-                        arguments=item.arguments,
-                        item_id=item.id,
-                        output_index=k,
-                    )
-                )
-            )
-            out.append(self._send(ItemDone(sequence_number=seq(), output_index=k, item=item)))
-        if final.status == "incomplete":
-            out.append(self._send(Incomplete(sequence_number=self._next(), response=final)))
-        else:
-            out.append(self._send(Completed(sequence_number=self._next(), response=final)))
-        return out
+        final = self.final(self._items, ev, self._parser.trace_tokens(self._pieces))
+        done = Incomplete if final.status == "incomplete" else Completed
+        return [*out, self._send(done(sequence_number=self._next(), response=final))]

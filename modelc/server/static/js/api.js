@@ -30,12 +30,13 @@ export async function getJSON(url, apiKey) {
 }
 
 /**
- * Stream a chat completion. Calls onDelta(text) per content piece, onFirst() at the first
- * one, onProgress({processed, total, cache}) while the prompt is processed (the server's
+ * Stream a chat completion. Calls onDelta(text) per content piece, onReasoning(text) per
+ * piece of the thinking trace (`reasoning_content`), onFirst() at the first of either,
+ * onProgress({processed, total, cache}) while the prompt is processed (the server's
  * prompt_progress chunks); returns {finish, usage, timings}. Throws ApiError when the
  * server refuses the request or sends an error event; an AbortError when `signal` aborts.
  */
-export async function streamChat(body, {apiKey, signal, onDelta, onFirst, onProgress}) {
+export async function streamChat(body, {apiKey, signal, onDelta, onReasoning, onFirst, onProgress}) {
   const resp = await fetch("v1/chat/completions", {
     method: "POST", headers: headers(apiKey, true), body: JSON.stringify(body), signal,
   });
@@ -51,11 +52,10 @@ export async function streamChat(body, {apiKey, signal, onDelta, onFirst, onProg
     if (j.prompt_progress && onProgress) onProgress(j.prompt_progress);
     if (j.timings) timings = j.timings;
     for (const c of j.choices || []) {
-      const piece = c.delta && c.delta.content;
-      if (piece) {
-        if (first) { first = false; onFirst && onFirst(); }
-        onDelta(piece);
-      }
+      const d = c.delta || {};
+      if ((d.reasoning_content || d.content) && first) { first = false; onFirst && onFirst(); }
+      if (d.reasoning_content && onReasoning) onReasoning(d.reasoning_content);
+      if (d.content) onDelta(d.content);
       if (c.finish_reason) finish = c.finish_reason;
     }
   };

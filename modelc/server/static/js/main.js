@@ -173,7 +173,7 @@ function renderMessage(conv, i) {
     setTimeout(() => ta.focus(), 0);
     return div;
   }
-  fillBody(body, s.role, a.content);
+  fillBody(body, s.role, a.content, a.reasoning);
   const meta = document.createElement("div");
   meta.className = "meta";
   if (s.alts.length > 1) {
@@ -211,8 +211,8 @@ function renderMessage(conv, i) {
   return div;
 }
 
-function fillBody(body, role, content) {
-  if (role === "assistant") renderMarkdown(body, content);
+function fillBody(body, role, content, reasoning = "") {
+  if (role === "assistant") renderMarkdown(body, content, reasoning);
   else body.textContent = content;  // the user's words, verbatim (no markup)
 }
 
@@ -271,6 +271,7 @@ async function generate(conv, i, snapshot, refusedText = "") {
   const a = store.alt(conv.messages[i]);
   const messages = store.history(conv, i);
   if (a.content) messages.push({role: "assistant", content: a.content});  // continue it
+  else delete a.reasoning;  // a fresh start (or a reply cut while thinking): a new trace
   ui.busy = true;
   ui.error = null;
   ui.stick = true;
@@ -283,22 +284,29 @@ async function generate(conv, i, snapshot, refusedText = "") {
   msgEl.classList.add("streaming");
   setStatus("processing prompt…");
   const t0 = performance.now();
-  let tFirst = 0, pending = false;
+  let tFirst = 0, pending = false, thinking = false, answering = false;
   const paint = () => {
     pending = false;
-    fillBody(body, "assistant", a.content);
+    fillBody(body, "assistant", a.content, a.reasoning);
     follow();
   };
   try {
     const r = await streamChat(requestBody(messages), {
       apiKey: ui.apiKey,
       signal: ui.controller.signal,
-      onFirst: () => { tFirst = performance.now(); setStatus("generating…"); },
+      onFirst: () => { tFirst = performance.now(); },
       onProgress: (p) => {
         if (!tFirst) setStatus(`processing prompt… ${p.processed}/${p.total} tokens`);
       },
       onDelta: (piece) => {
+        if (!answering) { answering = true; setStatus("generating…"); }
         a.content += piece;
+        if (!pending) { pending = true; requestAnimationFrame(paint); }
+        save(false);
+      },
+      onReasoning: (piece) => {
+        if (!thinking) { thinking = true; setStatus("thinking…"); }
+        a.reasoning = (a.reasoning || "") + piece;  // kept with the reply (not sent back)
         if (!pending) { pending = true; requestAnimationFrame(paint); }
         save(false);
       },

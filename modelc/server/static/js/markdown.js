@@ -27,29 +27,53 @@ export function sanitize(html) {
   return DOMPurify.sanitize(html, PURIFY);
 }
 
+function thinkingBox() {
+  const box = document.createElement("details");
+  box.className = "reasoning";
+  box.append(document.createElement("summary"), document.createElement("div"));
+  return box;
+}
+
 /**
- * Render `text` as markdown into `el` (replacing its content). A reply that starts with
- * the model's reasoning (`<think>...</think>`, as Qwen3 and DeepSeek-R1 write it) shows it
- * in a collapsible block, open while it is still being written.
+ * Render a reply as markdown into `el`: its thinking trace (`reasoning`, the server's
+ * `reasoning_content`, or a `<think>...</think>` the text starts with, from a server that
+ * leaves the trace in the answer) in a "Thinking" <details> block above the answer. The
+ * block is open while the trace streams and folds when the answer starts; re-rendering
+ * the same `el` keeps whatever the reader opened or closed in between.
  */
-export function renderMarkdown(el, text) {
+export function renderMarkdown(el, text, reasoning = "") {
+  let thinking = reasoning, still = Boolean(reasoning) && !text;
   const m = /^\s*<think>([\s\S]*?)(<\/think>|$)/.exec(text);
-  el.textContent = "";
   if (m) {
-    const box = document.createElement("details");
-    box.className = "reasoning";
-    box.open = !m[2];  // still thinking
-    const head = document.createElement("summary");
-    head.textContent = m[2] ? "Reasoning" : "Reasoning…";
-    const inner = document.createElement("div");
-    inner.innerHTML = sanitize(marked.parse(m[1].trim()));
-    box.append(head, inner);
-    el.append(box);
+    thinking += m[1];
+    still = !m[2];  // no end marker yet
     text = text.slice(m[0].length);
   }
-  const rest = document.createElement("div");
-  rest.innerHTML = sanitize(marked.parse(text));
-  el.append(rest);
+  let box = el.querySelector(":scope > details.reasoning");
+  let answer = el.querySelector(":scope > div.answer");
+  if (!answer) {
+    el.textContent = "";
+    box = null;
+    answer = document.createElement("div");
+    answer.className = "answer";
+    el.append(answer);
+  }
+  if (thinking.trim()) {
+    if (!box) {
+      box = thinkingBox();
+      el.prepend(box);
+    }
+    const phase = still ? "thinking" : "answer";
+    if (box.dataset.phase !== phase) {  // fold it when the answer starts, once
+      box.dataset.phase = phase;
+      box.open = still;
+    }
+    box.firstChild.textContent = still ? "Thinking…" : "Thinking";
+    box.lastChild.innerHTML = sanitize(marked.parse(thinking.trim()));
+  } else if (box) {
+    box.remove();
+  }
+  answer.innerHTML = sanitize(marked.parse(text));
   for (const code of el.querySelectorAll("pre > code")) {
     const lang = (code.className.match(/language-([\w+#.-]+)/) || [])[1] || "";
     if (lang && !hljs.getLanguage(lang)) code.className = "";  // unknown: auto-detect

@@ -1,7 +1,7 @@
 // Conversations kept in the browser (localStorage), and the page's settings.
 //
 // A conversation is {id, title, created, updated, messages: [slot]}. A slot is one turn:
-// {role, cur, alts: [{content, finish, stats, tail}]}: its versions (an edited user
+// {role, cur, alts: [{content, reasoning, finish, stats, tail}]}: its versions (an edited user
 // message, a regenerated reply), `cur` the one shown. Switching versions stashes the
 // turns after the slot in the old version's `tail` and brings back the new one's.
 
@@ -63,7 +63,8 @@ export function switchAlt(conv, i, k) {
   delete alt(s).tail;
 }
 
-/** The messages sent to the model: shown versions, empty (cancelled) replies left out. */
+/** The messages sent to the model: shown versions, empty (cancelled) replies left out;
+ * a reply's thinking trace stays in the page (templates drop earlier turns' traces). */
 export function history(conv, upto = conv.messages.length) {
   return conv.messages
     .slice(0, upto)
@@ -108,6 +109,7 @@ function validSlot(s) {
   if (Array.isArray(s.alts)) {
     const alts = s.alts.filter((a) => a && typeof a.content === "string").map((a) => ({
       content: a.content,
+      ...(typeof a.reasoning === "string" && a.reasoning ? {reasoning: a.reasoning} : {}),
       ...(typeof a.finish === "string" ? {finish: a.finish} : {}),
       ...(a.stats && typeof a.stats === "object" ? {stats: validStats(a.stats)} : {}),
       ...(Array.isArray(a.tail) ? {tail: a.tail.map(validSlot).filter(Boolean)} : {}),
