@@ -172,6 +172,12 @@ def test_three_models_under_a_budget_for_two(home: Path, measured: tuple[int, in
             assert _loaded(srv) == {"mlp", *want}, model
             after.append(_rss(srv.proc.pid))
         assert "unloading smol-a to make room for smol-c" in srv.log()
+        # `modelc ps` in the terminal: the same models, the command line's kept forever
+        cmd = [sys.executable, "-m", "modelc.cli", "ps", "--url", srv.url]
+        out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+        assert set(rows) == {"mlp", "smol-a", "smol-b"} and "Forever" in rows["mlp"], out
+        assert "minutes from now" in rows["smol-a"] and " 512 " in rows["smol-a"], out
         # an unloaded model's memory goes back: two loads later, still about two models
         one_model = after[1] - after[0]
         assert after[4] <= after[1] + one_model // 2, (after, one_model)

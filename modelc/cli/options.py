@@ -135,7 +135,7 @@ SAMPLE = "generate chat"  # those that send their own requests to it
 # fmt: off
 OPTIONS: list[Opt] = [
     # ---- output formats
-    _opt("--json", "list search inspect bench", "print JSON instead of a table", action="store_true", group="format"),
+    _opt("--json", "list search inspect bench ps", "print JSON instead of a table", action="store_true", group="format"),
     _opt("--names", "list", "model names only, one a line (shell completion)", action="store_true", group="format"),
     # ---- the store
     _opt("--force", "rm", "remove the model even if it has several versions", action="store_true", group="which"),
@@ -228,6 +228,7 @@ OPTIONS: list[Opt] = [
     _opt("--matmul", "bench", "MODELC_MATMUL mode", choices=MATMUL_MODES, env="MODELC_MATMUL", section="offline (MODEL)"),
     # ---- bench: load test (--url)
     _opt("--url", "bench", "an OpenAI-compatible server on loopback", section="load test (--url)"),
+    _opt("--url", "ps", "the server (default: the config's host and port)"),
     _opt("--concurrency", "bench", "client counts (1,4,8)", default="1,4,8", metavar="C,..", section="load test (--url)"),
     _opt("--requests", "bench", "requests per level (16)", type=int, default=16, metavar="N", section="load test (--url)"),
     _opt("--prompt-len", "bench", "prompt words (~tokens)", type=int, default=128, metavar="L", section="load test (--url)"),

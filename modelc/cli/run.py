@@ -109,8 +109,50 @@ def _limits(args: argparse.Namespace, fit_context: bool) -> Any:
     return MemoryLimits(limit, args.max_loaded_models, fit_context)
 
 
+def cmd_ps(args: argparse.Namespace) -> int:
+    """The models a running server holds, as ``ollama ps`` shows them."""
+    import datetime
+    import json
+
+    import httpx
+
+    from modelc.cli.common import _config, human_bytes
+
+    cfg = _config()
+    url = (args.url or f"http://{cfg.server.host}:{cfg.server.port}").rstrip("/")
+    try:
+        r = httpx.get(f"{url}/api/ps", timeout=10)
+        r.raise_for_status()
+    except httpx.HTTPError as e:
+        raise UsageError(
+            f"no modelc server answers at {url} ({e}); start one with `modelc run` or give --url"
+        ) from e
+    models = r.json()["models"]
+    if args.json:
+        print(json.dumps(models, indent=1))
+        return 0
+    rows = [("NAME", "SIZE", "CONTEXT", "UNTIL")]
+    now = datetime.datetime.now(datetime.UTC)
+    for m in models:
+        until = datetime.datetime.fromisoformat(m["expires_at"])
+        left = (until - now).total_seconds()
+        when = (
+            "Forever" if left > 100 * 365 * 86400 else f"{max(0, left) / 60:.0f} minutes from now"
+        )
+        rows.append((m["name"], human_bytes(m["size"]), str(m.get("context_length", "")), when))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
 def register(subparsers: Any) -> None:
-    """Add the ``run`` subcommand to the main CLI's subparsers."""
+    """Add the ``run`` and ``ps`` subcommands to the main CLI's subparsers."""
+    ps = subparsers.add_parser(
+        "ps", help="the models a running server holds (memory, context, until when)"
+    )
+    add_options(ps, "ps")
+    ps.set_defaults(func=cmd_ps)
     p = subparsers.add_parser("run", help="serve a model over HTTP (OpenAI / native / Ollama APIs)")
     p.add_argument(
         "model",

@@ -24,10 +24,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import psutil
 
 from modelc.errors import UsageError
 
@@ -42,7 +43,7 @@ _KV_BYTES = {"f32": 4.0, "f16": 2.0, "int8": 1.0 + 4 / 32, "mixed": 1.0 + 4 / 32
 
 def total_ram() -> int:
     """The machine's RAM in bytes (a cgroup's limit where lower)."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ram = int(psutil.virtual_memory().total)
     try:
         with open("/sys/fs/cgroup/memory.max") as f:
             text = f.read().strip()
@@ -70,14 +71,7 @@ def parse_size(text: str) -> int:
 
 def rss() -> int:
     """This process's resident memory in bytes."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # not Linux: the peak, the best the standard library offers
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if os.uname().sysname == "Darwin" else peak * 1024
+    return int(psutil.Process().memory_info().rss)
 
 
 def release_memory() -> None:
