@@ -202,3 +202,22 @@ def test_a_model_that_cannot_fit_is_a_clear_503(home: Path, measured: tuple[int,
         assert _loaded(srv) == {"mlp"}  # and it goes on serving what it has
     finally:
         srv.stop()
+
+
+def test_max_context_auto_fits_the_context_to_the_room(
+    home: Path, measured: tuple[int, int, str]
+) -> None:
+    base, cost, first = measured
+    # room for one SmolLM2 and about 3k tokens of KV beyond the probe's 2 x 512
+    srv = Server(SERVE[0], "--max-context", "auto", "--max-memory", str(base + cost), home=home)
+    try:
+        srv.wait_ready()
+        assert _ask(srv, "smol-a") == first
+        (ctx,) = [
+            m["context_length"]
+            for m in httpx.get(f"{srv.url}/api/ps", timeout=10).json()["models"]
+            if m["name"] == "smol-a"
+        ]
+        assert memory.MIN_CONTEXT < ctx < 8192, ctx  # fitted below the model's own 8192
+    finally:
+        srv.stop()
