@@ -221,3 +221,19 @@ def test_max_context_auto_fits_the_context_to_the_room(
         assert memory.MIN_CONTEXT < ctx < 8192, ctx  # fitted below the model's own 8192
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize(
+    ("budget", "verdict"),
+    [
+        ("64G", "fits: 8 sequences of its 8192 tokens at once"),
+        ("700M", "KV budget fitted to"),
+        ("300M", "does not fit"),
+    ],
+)
+def test_inspect_fit_tells_what_modelc_run_would_do(home: Path, budget: str, verdict: str) -> None:
+    env = {**os.environ, "MODELC_HOME": str(home)}
+    cmd = [sys.executable, "-m", "modelc.cli", "inspect", "smol-a", "--fit", "--max-memory", budget]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    assert "23.0 KB (f16)" in out.stdout  # 30 layers x 3 KV heads x 64 x K and V x 2 bytes
+    assert verdict in out.stdout.splitlines()[-1], out.stdout

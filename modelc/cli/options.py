@@ -144,6 +144,7 @@ OPTIONS: list[Opt] = [
     _opt("--readme", "inspect", "a markdown model card", action="store_true", group="format"),
     _opt("--quant-sizes", "inspect", "sizes of the model in each quantization", action="store_true", group="format"),
     _opt("--tensors", "inspect", "include the tensor table", action="store_true"),
+    _opt("--fit", "inspect", "what modelc run would fit in the memory budget: weights, KV per token, the context and sequences it allows", action="store_true", group="format"),
     # ---- packing
     _opt("-o --output", "pack", "write this file instead of adding to the store (a directory: DIR/NAME.modelc)", metavar="FILE.modelc"),
     _opt("-o --output", "export", "the file to write (a directory: DIR/NAME.safetensors); `modelc pack` reads it back", metavar="OUT.safetensors", required=True),
@@ -188,7 +189,7 @@ OPTIONS: list[Opt] = [
     _opt("--queue-size", "run", "requests waiting beyond those; more get 503 (engine default 64)", type=int, metavar="N", engine="queue_size"),
     _opt("--api-key", "run", "require 'Authorization: Bearer KEY'", metavar="KEY"),
     _opt("--cors-origins", "run", "browser origins allowed to call the server (CORS), comma-separated; * allows any", metavar="ORIGIN[,ORIGIN...]"),
-    _opt("--max-memory", "run", "memory the whole server may use: models are unloaded (least recently used first) or their KV budget fitted to stay inside it (e.g. 16G, 75%%; default 80%% of the RAM)", metavar="SIZE"),
+    _opt("--max-memory", "run inspect", "memory the whole server may use: models are unloaded (least recently used first) or their KV budget fitted to stay inside it (e.g. 16G, 75%%; default 80%% of the RAM)", metavar="SIZE"),
     _opt("--max-loaded-models", "run", "models loaded at once, at most (0 = as many as fit the memory)", type=int, default=0, metavar="N"),
     _opt("--rate-limit", "run", "at most N requests per minute per client address (0 = off)", type=int, default=0, metavar="N"),
     _opt("--max-tokens", "run", "a request without max_tokens stops at the end of its turn or after N tokens (default 4096, or [sampling] max_tokens in config.toml)", type=int, metavar="N", engine="max_tokens"),

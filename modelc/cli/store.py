@@ -136,7 +136,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         # sampling defaults mean something for a model that generates text
         generates = art.manifest.tokenizer is not None and not art.manifest.hparams.pooling
         sampling = _sampling_defaults(art) if generates else None
-        if args.readme:
+        if args.fit:
+            print(_fit(args))
+        elif args.readme:
             print(insp.model_card(art, args.model))
         elif args.quant_sizes:
             print(insp.quant_sizes_table(art))
@@ -148,6 +150,45 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     finally:
         art.close()
     return 0
+
+
+def _fit(args: argparse.Namespace) -> str:
+    """``inspect --fit``: the memory plan ``modelc run`` would make for this model alone."""
+    from modelc.engine.options import EngineOptions
+    from modelc.server import memory
+    from modelc.server.state import load_model_info
+
+    info = load_model_info(_resolve(args.model), args.model)
+    opt = EngineOptions()
+    limit = memory.parse_size(args.max_memory or f"{memory.DEFAULT_SHARE * 100:g}%")
+    per_token = memory.kv_bytes_per_token(*info.kv_dims, opt.kv_cache, generates=info.generates)
+    kv = opt.max_concurrent * per_token * info.n_ctx
+    prefix = opt.prefix_cache_bytes if info.generates else 0
+    need = memory.Need(info.file_size, per_token, kv, prefix, info.n_ctx)
+    step = memory.plan(info.model_id, need, [], limit=limit, base=memory.rss(), fit_context=True)
+    rows = [
+        ("memory budget", f"{human_bytes(limit)} (--max-memory; default 80% of the RAM)"),
+        ("weights", f"{human_bytes(info.file_size)} (the file)"),
+    ]
+    if info.generates:
+        rows += [
+            ("KV per token", f"{human_bytes(per_token)} ({opt.kv_cache})"),
+            ("prefix cache", human_bytes(prefix)),
+            ("KV budget", f"{human_bytes(kv)} ({opt.max_concurrent} x {info.n_ctx} tokens)"),
+        ]
+    if isinstance(step, memory.Plan):
+        if step.kv_budget is None:
+            verdict = f"fits: {opt.max_concurrent} sequences of its {info.n_ctx} tokens at once"
+        else:
+            n = step.kv_budget // per_token if per_token else 0
+            verdict = (
+                f"KV budget fitted to {human_bytes(step.kv_budget)}: {n} tokens in all at once "
+                f"(--max-context auto: {step.n_ctx} per sequence)"
+            )
+    else:
+        verdict = f"does not fit: {step.reason}"
+    rows.append(("modelc run", verdict))
+    return "\n".join(f"{k:<14} {v}" for k, v in rows)
 
 
 def _sampling_defaults(art: Artifact) -> dict[str, Any]:
