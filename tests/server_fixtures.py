@@ -108,8 +108,10 @@ class Server:
         return float(m.group(1))
 
 
-def start(model: str | None, *extra: str, env: dict[str, str] | None = None) -> Server:
-    srv = Server(model, *extra, env=env)
+def start(
+    model: str | None, *extra: str, env: dict[str, str] | None = None, home: Path | None = None
+) -> Server:
+    srv = Server(model, *extra, env=env, home=home)
     try:
         srv.wait_ready()
     except BaseException:

@@ -24,7 +24,7 @@ from modelc.errors import UsageError
 from modelc.server import memory
 from modelc.server.memory import Loaded, Need, Plan, Refuse, Wait, parse_size, plan
 from tests.assets import smollm2_gguf
-from tests.server_fixtures import FORMATS, ROOT, Server
+from tests.server_fixtures import FORMATS, ROOT, Server, start
 
 G = 1 << 30
 M = 1 << 20
@@ -121,13 +121,7 @@ SERVE = [str(FORMATS / "mlp.safetensors"), "--max-context", "512", "--max-concur
 
 
 def _server(home: Path, *extra: str) -> Server:
-    srv = Server(SERVE[0], *SERVE[1:], *extra, home=home)
-    try:
-        srv.wait_ready()
-    except BaseException:
-        srv.stop()
-        raise
-    return srv
+    return start(SERVE[0], *SERVE[1:], *extra, home=home)
 
 
 @pytest.fixture(scope="module")
@@ -209,9 +203,8 @@ def test_max_context_auto_fits_the_context_to_the_room(
 ) -> None:
     base, cost, first = measured
     # room for one SmolLM2 and about 3k tokens of KV beyond the probe's 2 x 512
-    srv = Server(SERVE[0], "--max-context", "auto", "--max-memory", str(base + cost), home=home)
+    srv = start(SERVE[0], "--max-context", "auto", "--max-memory", str(base + cost), home=home)
     try:
-        srv.wait_ready()
         assert _ask(srv, "smol-a") == first
         (ctx,) = [
             m["context_length"]
