@@ -203,6 +203,7 @@ OPTIONS: list[Opt] = [
     _opt("--spec-max", ENGINE, "longest draft verified in one step (default 8)", type=int, metavar="N", engine="spec_gamma"),
     _opt("--spec-min-prompt", ENGINE, "auto: prompts shorter than N tokens never draft (default 128)", type=int, metavar="N", engine="spec_min_prompt"),
     _opt("--stream-interval", "run", "tokens a streamed response gets at a time (as vLLM's and SGLang's --stream-interval): 0 = auto (default): every token while fewer than 4 requests decode, every second token when more do, so a busy server spends its cores on the model rather than on writing frames; the first token always goes at once", type=int, metavar="N", engine="stream_interval"),
+    _opt("--chat-template-file", ENGINE, "a Jinja chat template that replaces the model's (as llama-server's --chat-template-file); the output format (thinking trace, tool calls) is read from it", metavar="PATH", engine="chat_template_file"),
     _opt("--device", ENGINE, "where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto (cuda when CuPy sees a GPU and the architecture runs there; default); webgpu (WGSL shaders through wgpu on a Metal/Vulkan/D3D12 adapter) or metal (the same, on a Metal adapter only)", choices=DEVICES, engine="device"),
     _opt("--grace", "run containerize", "seconds running streams get to finish on SIGINT/SIGTERM (30)", type=float, default=30.0, metavar="S"),
     _opt("--ping-interval", "run", "send an SSE ': ping' comment after S seconds without a token (10)", type=float, default=10.0, metavar="S"),

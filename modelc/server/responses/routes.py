@@ -2,8 +2,8 @@
 
 Input (a string, or message / ``function_call`` / ``function_call_output`` items) and
 ``instructions`` become the chat route's messages, so the prompt is the one
-``/v1/chat/completions`` builds for the same conversation; ``reasoning`` items are
-accepted and not replayed.  A response made with ``store`` on (the default) is kept in
+``/v1/chat/completions`` builds for the same conversation; a ``reasoning`` item's
+trace is the next assistant turn's ``reasoning_content``.  A response made with ``store`` on (the default) is kept in
 a bounded in-memory store (:mod:`.store`): ``previous_response_id`` continues its
 conversation, ``GET`` / ``DELETE /v1/responses/{id}`` read and forget it.
 """
@@ -66,6 +66,14 @@ def _text(content: str | Parts) -> str:
     return "\n".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
 
 
+def _trace(it: InputItem) -> str:
+    """A reasoning item's trace: its ``reasoning_text`` content, else its summary's text."""
+    if it.content:
+        return _text(it.content)
+    texts = [s.get("text") for s in it.summary or [] if isinstance(s, dict)]
+    return "\n".join(t for t in texts if isinstance(t, str))
+
+
 def chat_messages(
     given: str | list[InputItem], history: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
@@ -74,9 +82,12 @@ def chat_messages(
     out: list[dict[str, Any]] = [dict(m) for m in history or []]
     if isinstance(given, str):
         return [*out, {"role": "user", "content": given}]
+    trace = ""  # a reasoning item's, for the assistant turn that follows it
     for j, it in enumerate(given):
         where = f"input[{j}]"
-        if it.type == "message":
+        if it.type == "reasoning":
+            trace += _trace(it)
+        elif it.type == "message":
             if it.role is None or it.content is None:
                 raise ParamError(f"{where}: a message item needs role and content", param=where)
             out.append({"role": it.role, "content": _text(it.content)})
@@ -98,6 +109,9 @@ def chat_messages(
                     f"{where}: a function_call_output item needs call_id and output", param=where
                 )
             out.append({"role": "tool", "tool_call_id": it.call_id, "content": _text(it.output)})
+        if trace and it.type != "reasoning" and out[-1]["role"] == "assistant":
+            out[-1]["reasoning_content"] = trace  # the template takes it back, as llama.cpp
+            trace = ""
     return out
 
 
