@@ -220,6 +220,11 @@ class Tokenizer:
         """A control token (BOS, EOS, turn markers): text only when specials are shown."""
         return 0 <= token_id < self.n_vocab and self.types[token_id] == CONTROL
 
+    def control_id(self, text: str) -> int | None:
+        """The control token whose text is ``text`` (None: the vocabulary has none)."""
+        i = self._id_of.get(text)
+        return i if i is not None and self.is_control(i) else None
+
     def control_texts(self) -> list[str]:
         """Texts of the tokens only ``parse_special`` splits out (control/unknown), longest first."""
         user = {t for t, _ in self._user}

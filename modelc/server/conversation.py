@@ -27,7 +27,7 @@ class ChatPrompt:
     text: str  # the prompt's text (a trace it opens is read with its marker)
     ids: list[int]  # the prompt's token ids
     tools: list[Tool] | None  # the tools offered to the model (None: none)
-    constraint: Constraint | None  # a forced call's constraint (None: free text)
+    forced: tooling.ForcedCall | None  # a call forced by tool_choice (None: free text)
 
 
 def chat_prompt(
@@ -46,8 +46,17 @@ def chat_prompt(
         raise ParamError(f"{choice_param} requires tools", param=choice_param)
     offered = tools if tools and choice != "none" else None
     prompt = template_prompt(info, messages, offered, template_kwargs=template_kwargs)
-    constraint = tooling.choice_constraint(offered, choice) if offered else None
-    return ChatPrompt(prompt.text, prompt.ids, offered, constraint)
+    forced = None
+    if offered:
+        fmt = info.fmt()
+        forced = tooling.choice_constraint(
+            offered,
+            choice,
+            template=fmt.template,
+            prompt=prompt.text,
+            special=fmt.tokenizer.control_id,
+        )
+    return ChatPrompt(prompt.text, prompt.ids, offered, forced)
 
 
 def answer(
@@ -60,16 +69,17 @@ def answer(
     parallel: bool = True,
 ) -> tuple[Constraint | None, tooling.OutputReader]:
     """The constraint on a chat-like answer and the reader of it: the model's format
-    (a call forced by ``tool_choice`` is bare JSON); a ``grammar`` (llama.cpp's, over the
+    (a call forced by ``tool_choice`` in the family's syntax, or bare JSON); a ``grammar`` (llama.cpp's, over the
     raw output, trace and call markup included) replaces the forced call's constraint;
     a JSON ``answer_format`` is let through the model's trace first."""
-    constraint = None if grammar else prompt.constraint
+    forced = None if grammar else prompt.forced
+    constraint = forced.constraint if forced is not None else None
     reader = tooling.output_reader(
         info.chat_template,
         prompt.text,
         prompt.tools,
         reasoning=reasoning,
-        forced_call=constraint is not None,
+        forced=forced.fmt if forced is not None else None,
         parallel=parallel,
     )
     if grammar:
