@@ -179,6 +179,8 @@ OPTIONS: list[Opt] = [
     _opt("--api-key", "run", "require 'Authorization: Bearer KEY'", metavar="KEY"),
     _opt("--cors-origins", "run", "browser origins allowed to call the server (CORS), comma-separated; * allows any", metavar="ORIGIN[,ORIGIN...]"),
     _opt("--rate-limit", "run", "at most N requests per minute per client address (0 = off)", type=int, default=0, metavar="N"),
+    _opt("--reasoning-budget", "run", "tokens of thinking trace before its end is forced, as llama-server's: -1 any (default), 0 ends a trace as soon as it opens; a request's reasoning_budget_tokens overrides it", type=int, default=-1, metavar="N"),
+    _opt("--reasoning-budget-message", "run", "text written before the forced end of a trace (as llama-server's)", metavar="TEXT"),
     _opt("--max-tokens", "run", "a request without max_tokens stops at the end of its turn or after N tokens (default 4096, or [sampling] max_tokens in config.toml)", type=int, metavar="N", engine="max_tokens"),
     # ---- one prompt or one conversation (generate, chat)
     _opt("--chat", "generate", "send PROMPT as a user message through the chat template", action="store_true"),

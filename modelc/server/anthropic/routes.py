@@ -32,8 +32,8 @@ from modelc.server.anthropic.schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from modelc.server.context import body, json_response, use_model
-from modelc.server.conversation import ChatPrompt, answer, chat_prompt
+from modelc.server.context import body, ctx, json_response, use_model
+from modelc.server.conversation import ChatPrompt, answer, chat_prompt, reasoning_budget
 from modelc.server.generation import make_requests, new_id, respond, sampling, submit_all
 from modelc.server.schemas import (
     FunctionDef,
@@ -145,6 +145,9 @@ async def messages() -> Response:
     params = sampling(info, given, max_tokens=req.max_tokens)
     mid = new_id("msg")
     constraint, reader = answer(info, prompt, grammar=req.grammar)
+    budget = (req.thinking or {}).get("budget_tokens")  # {"type": "enabled", "budget_tokens": N}
+    tokens = budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+    params.reasoning_budget = reasoning_budget(info, prompt, reader, ctx().state, tokens)
     reqs = make_requests(mid, prompt.ids, params, 1, constraint)
     handles = submit_all(engine, reqs, prompt_param="messages")
     r = MessagesRenderer(mid, info.model_id, len(prompt.ids), reader=reader, stops=stops)

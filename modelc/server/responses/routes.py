@@ -19,7 +19,7 @@ from quart import Blueprint, Response
 from modelc.engine.api import Constraint, ConstraintKind
 from modelc.errors import ModelcError
 from modelc.server.context import body, ctx, json_response, use_model
-from modelc.server.conversation import answer, chat_prompt
+from modelc.server.conversation import answer, chat_prompt, reasoning_budget
 from modelc.server.errors import ParamError
 from modelc.server.generation import make_requests, respond, sampling, submit_all
 from modelc.server.responses.render import ResponsesRenderer, item_id
@@ -188,6 +188,7 @@ async def responses() -> Response:
     )
     given = Sampling(temperature=req.temperature, top_p=req.top_p)
     params = sampling(info, given, max_tokens=req.max_output_tokens)
+    params.reasoning_budget = reasoning_budget(info, prompt, reader, ctx().state)  # the server's
     rid = item_id("resp")
     reqs = make_requests(rid, prompt.ids, params, 1, constraint)
     handles = submit_all(engine, reqs, prompt_param="input")
