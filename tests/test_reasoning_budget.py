@@ -136,3 +136,26 @@ def test_budget_known_answer_with_a_message(srv: Server) -> None:
         timeout=300,
     ).json()["choices"][0]["message"]
     assert r["reasoning_content"].endswith("Done.\n")  # (the split keeps the newline)
+
+
+def test_messages_thinking_budget_tokens(srv: Server) -> None:
+    """Messages' ``thinking.budget_tokens`` is the same budget: its ``thinking`` block is
+    the chat route's ``reasoning_content`` for that budget."""
+    chat = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"model": "m", **body(4)} | {"reasoning_format": "auto"},
+        timeout=300,
+    ).json()["choices"][0]["message"]
+    msg = httpx.post(
+        f"{srv.url}/v1/messages",
+        json={
+            "model": "m",
+            "messages": USER,
+            "max_tokens": 12,
+            "temperature": 0,
+            "thinking": {"type": "enabled", "budget_tokens": 4},
+        },
+        timeout=300,
+    ).json()
+    thinking = [b["thinking"] for b in msg["content"] if b["type"] == "thinking"]
+    assert thinking == [chat["reasoning_content"]] and chat["reasoning_content"]
