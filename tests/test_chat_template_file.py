@@ -6,6 +6,7 @@ passes a trace back into the template); a bad file is one line at start."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -215,6 +216,20 @@ def dialect_counts(url: str) -> dict[str, int]:
     }
 
 
+FORCED = "root ::= " + json.dumps(
+    "<think>\nLook it up.\n</think>\n\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+)
+
+
+def responses(url: str, body: dict[str, Any]) -> Any:
+    tools = [{"type": "function", "name": "get_weather", "parameters": PARAMS}]
+    full = {"model": "m", "tools": tools, "max_output_tokens": 80, "temperature": 0, **body}
+    r = httpx.post(f"{url}/v1/responses", json=full, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def test_served_template_file_and_thinking_turns(tmp_path: Path) -> None:
     """``modelc run --chat-template-file`` (Qwen3's): a trace sent back with a call and
     its result gives llama.cpp's prompt ids on the chat route, and the same prompt from
@@ -245,5 +260,14 @@ def test_served_template_file_and_thinking_turns(tmp_path: Path) -> None:
         assert len(ids(without)) < len(mine)  # the trace is in the prompt
         counts = dialect_counts(srv.url)
         assert counts == dict.fromkeys(counts, len(mine))
+        # a stored response's trace goes back too: a forced trace and call, then its
+        # result through previous_response_id, is the same prompt
+        first = responses(srv.url, {"input": USER[0]["content"], "grammar": FORCED})
+        kinds = [o["type"] for o in first["output"]]
+        assert kinds == ["reasoning", "function_call"], first["output"]
+        call_id = first["output"][1]["call_id"]
+        result = {"type": "function_call_output", "call_id": call_id, "output": '{"temp": 21}'}
+        second = responses(srv.url, {"previous_response_id": first["id"], "input": [result]})
+        assert second["usage"]["input_tokens"] == len(mine)
     finally:
         srv.stop()
