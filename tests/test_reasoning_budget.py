@@ -159,3 +159,24 @@ def test_messages_thinking_budget_tokens(srv: Server) -> None:
     ).json()
     thinking = [b["thinking"] for b in msg["content"] if b["type"] == "thinking"]
     assert thinking == [chat["reasoning_content"]] and chat["reasoning_content"]
+
+
+def test_ollama_gets_the_server_budget(srv: Server) -> None:
+    """Ollama's routes take the server's ``--reasoning-budget`` (1 here): the trace ends
+    after one token, so 12 tokens reach an answer, as on the chat route (unbudgeted,
+    they are all trace)."""
+    chat = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"model": "m", **body(None)} | {"reasoning_format": "auto"},
+        timeout=300,
+    ).json()["choices"][0]["message"]
+    opts = {"num_predict": 12, "temperature": 0}
+    got = httpx.post(
+        f"{srv.url}/api/chat",
+        json={"model": "m", "messages": USER, "stream": False, "options": opts},
+        timeout=300,
+    ).json()["message"]
+    assert got["content"] and got["content"] == chat["content"]
+    assert (got.get("thinking") or "") == (chat.get("reasoning_content") or "")
+    unbudgeted = content(srv.url, body(1000) | {"reasoning_format": "auto"})[0]
+    assert not unbudgeted

@@ -113,7 +113,6 @@ def end_tag(template: str | None, marker: str) -> str:
 
 def reasoning_budget(
     info: ModelInfo,
-    prompt: ChatPrompt,
     reader: tooling.OutputReader,
     state: ServerState,
     tokens: int | None = None,
@@ -135,5 +134,5 @@ def reasoning_budget(
 
     start, end = ids(fmt.think[0].strip()), ids(end_tag(info.chat_template, fmt.think[1]))
     msg = state.reasoning_budget_message if message is None else message
-    lead = ids(fmt.lead(prompt.text))
+    lead = ids(fmt.lead(reader.prompt))
     return ReasoningBudget(n, start, (end,), ids(msg) + end, lead, tok.incomplete_utf8_ids)

@@ -147,7 +147,7 @@ async def messages() -> Response:
     constraint, reader = answer(info, prompt, grammar=req.grammar)
     budget = (req.thinking or {}).get("budget_tokens")  # {"type": "enabled", "budget_tokens": N}
     tokens = budget if isinstance(budget, int) and not isinstance(budget, bool) else None
-    params.reasoning_budget = reasoning_budget(info, prompt, reader, ctx().state, tokens)
+    params.reasoning_budget = reasoning_budget(info, reader, ctx().state, tokens)
     reqs = make_requests(mid, prompt.ids, params, 1, constraint)
     handles = submit_all(engine, reqs, prompt_param="messages")
     r = MessagesRenderer(mid, info.model_id, len(prompt.ids), reader=reader, stops=stops)

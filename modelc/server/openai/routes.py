@@ -66,7 +66,6 @@ async def chat_completions() -> Response:
     budget = req.reasoning_budget_tokens
     params.reasoning_budget = reasoning_budget(
         info,
-        prompt,
         reader,
         ctx().state,
         req.thinking_budget_tokens if budget is None else budget,

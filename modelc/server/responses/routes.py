@@ -188,7 +188,7 @@ async def responses() -> Response:
     )
     given = Sampling(temperature=req.temperature, top_p=req.top_p)
     params = sampling(info, given, max_tokens=req.max_output_tokens)
-    params.reasoning_budget = reasoning_budget(info, prompt, reader, ctx().state)  # the server's
+    params.reasoning_budget = reasoning_budget(info, reader, ctx().state)  # the server's
     rid = item_id("resp")
     reqs = make_requests(rid, prompt.ids, params, 1, constraint)
     handles = submit_all(engine, reqs, prompt_param="input")
