@@ -59,9 +59,21 @@ def test_sandbox_blocks_attribute_escapes() -> None:
     tpl = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     with pytest.raises(UsageError):
         render_chat(tpl, [{"role": "user", "content": "x"}])
-    mutate = "{% set _ = messages.append(1) %}x"
+    mutate = "{% set _ = messages.clear() %}x"
     with pytest.raises(UsageError, match="unsafe"):
         render_chat(mutate, [{"role": "user", "content": "x"}])
+
+
+def test_lists_grow_in_the_renders_own_copy() -> None:
+    """``append`` / ``pop`` work, as in llama.cpp's Jinja (Kimi K2's template queues call
+    ids), on the render's copy of the messages; a list grown forever is stopped."""
+    msgs = [{"role": "user", "content": "x", "parts": [1]}]
+    tpl = "{% set _ = messages.append(1) %}{% set _ = messages[0].parts.pop() %}"
+    assert render_chat(tpl + "{{ messages | length }}", msgs) == "2"
+    assert msgs == [{"role": "user", "content": "x", "parts": [1]}]
+    grow = "{% set l = [1] %}{% for x in l %}{% set _ = l.append(x) %}{% endfor %}"
+    with pytest.raises(UsageError, match="was stopped"):
+        render_chat(grow, msgs)
 
 
 def test_syntax_error_is_usage_error() -> None:

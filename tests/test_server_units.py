@@ -8,12 +8,14 @@ from typing import Any
 import msgspec
 import pytest
 
+from modelc.engine.api import ConstraintKind
 from modelc.errors import CapacityError, ModelNotFoundError
 from modelc.server.auth import RateLimiter, check_api_key
 from modelc.server.errors import AuthError, RateLimitError, to_error
 from modelc.server.openai.schemas import ChatCompletionRequest
 from modelc.server.schemas import DECODERS, NamedFunction, NamedToolChoice
 from modelc.server.tools import choice_constraint, may_be_call, parse_tool_calls
+from tests.test_chat_formats import template
 
 
 @pytest.mark.parametrize(
@@ -74,10 +76,19 @@ def test_choice_constraint_schema() -> None:
     )
     assert req.tools is not None
     assert choice_constraint(req.tools, "auto") is None
-    named = choice_constraint(req.tools, NamedToolChoice("function", NamedFunction("g")))
-    assert named is not None and json.loads(named.value)["properties"]["name"] == {"const": "g"}
-    required = choice_constraint(req.tools, "required")
-    assert required is not None and len(json.loads(required.value)["anyOf"]) == 2
+    # a family without a call grammar (Functionary v3.2): bare JSON of the call
+    v32 = template("meetkai-functionary-medium-v3.2")
+    g = NamedToolChoice("function", NamedFunction("g"))
+    named = choice_constraint(req.tools, g, template=v32)
+    assert named is not None and named.fmt.name == "json"
+    assert json.loads(named.constraint.value)["properties"]["name"] == {"const": "g"}
+    required = choice_constraint(req.tools, "required", template=v32)
+    assert required is not None and len(json.loads(required.constraint.value)["anyOf"]) == 2
+    # Hermes (a template that names no family): its own <tool_call> markup
+    hermes = choice_constraint(req.tools, "required")
+    assert hermes is not None and hermes.fmt.name == "hermes"
+    assert hermes.constraint.kind is ConstraintKind.GRAMMAR
+    assert '"<tool_call>' in hermes.constraint.value
 
 
 def test_rate_limiter_window() -> None:

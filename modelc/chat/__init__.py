@@ -3,6 +3,7 @@ into thinking trace, answer and tool calls, whole or as it streams.  Below the s
 imports nothing of trio, quart or msgspec."""
 
 from modelc.chat.formats import ChatFormat, detect, new_call_id, parse, trace_grammar
+from modelc.chat.grammar import Special, call_grammar
 from modelc.chat.scan import Parsed, ToolCall, param_types
 from modelc.chat.stream import CallDelta, Delta, StreamParser
 
@@ -11,8 +12,10 @@ __all__ = [
     "ChatFormat",
     "Delta",
     "Parsed",
+    "Special",
     "StreamParser",
     "ToolCall",
+    "call_grammar",
     "detect",
     "new_call_id",
     "param_types",

@@ -192,6 +192,8 @@ OPTIONS: list[Opt] = [
     _opt("--max-memory", "run inspect", "memory the whole server may use: models are unloaded (least recently used first) or their KV budget fitted to stay inside it (e.g. 16G, 75%%; default 80%% of the RAM)", metavar="SIZE"),
     _opt("--max-loaded-models", "run", "models loaded at once, at most (0 = as many as fit the memory)", type=int, default=0, metavar="N"),
     _opt("--rate-limit", "run", "at most N requests per minute per client address (0 = off)", type=int, default=0, metavar="N"),
+    _opt("--reasoning-budget", "run", "tokens of thinking trace before its end is forced, as llama-server's: -1 any (default), 0 ends a trace as soon as it opens; a request's reasoning_budget_tokens overrides it", type=int, default=-1, metavar="N"),
+    _opt("--reasoning-budget-message", "run", "text written before the forced end of a trace (as llama-server's)", metavar="TEXT"),
     _opt("--max-tokens", "run", "a request without max_tokens stops at the end of its turn or after N tokens (default 4096, or [sampling] max_tokens in config.toml)", type=int, metavar="N", engine="max_tokens"),
     # ---- one prompt or one conversation (generate, chat)
     _opt("--chat", "generate", "send PROMPT as a user message through the chat template", action="store_true"),
@@ -216,6 +218,7 @@ OPTIONS: list[Opt] = [
     _opt("--spec-max", ENGINE, "longest draft verified in one step (default 8)", type=int, metavar="N", engine="spec_gamma"),
     _opt("--spec-min-prompt", ENGINE, "auto: prompts shorter than N tokens never draft (default 128)", type=int, metavar="N", engine="spec_min_prompt"),
     _opt("--stream-interval", "run", "tokens a streamed response gets at a time (as vLLM's and SGLang's --stream-interval): 0 = auto (default): every token while fewer than 4 requests decode, every second token when more do, so a busy server spends its cores on the model rather than on writing frames; the first token always goes at once", type=int, metavar="N", engine="stream_interval"),
+    _opt("--chat-template-file", ENGINE, "a Jinja chat template that replaces the model's (as llama-server's --chat-template-file); the output format (thinking trace, tool calls) is read from it", metavar="PATH", engine="chat_template_file"),
     _opt("--device", ENGINE, "where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto (cuda when CuPy sees a GPU and the architecture runs there; default); webgpu (WGSL shaders through wgpu on a Metal/Vulkan/D3D12 adapter) or metal (the same, on a Metal adapter only)", choices=DEVICES, engine="device"),
     _opt("--grace", "run containerize", "seconds running streams get to finish on SIGINT/SIGTERM (30)", type=float, default=30.0, metavar="S"),
     _opt("--ping-interval", "run", "send an SSE ': ping' comment after S seconds without a token (10)", type=float, default=10.0, metavar="S"),

@@ -55,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ("--grace", args.grace, 0),
         ("--ping-interval", args.ping_interval, 0.01),
         ("--http-keep-alive", args.http_keep_alive, 0.01),
+        ("--reasoning-budget", args.reasoning_budget, -1),
     ):
         if v < lo:
             raise UsageError(f"{flag} must be >= {lo}, got {v}")
@@ -87,6 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         port=port,
         api_key=args.api_key,
         cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
+        reasoning_budget=args.reasoning_budget,
+        reasoning_budget_message=args.reasoning_budget_message or "",
         rate_limit=args.rate_limit,
         grace=args.grace,
         ping_interval=args.ping_interval,

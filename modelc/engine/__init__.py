@@ -66,6 +66,7 @@ def build_engine(
     :func:`modelc.runtime.arch.build` (the specialised forward of a program ``modelc compile`` wrote)."""
     from modelc.engine.speculative import MLPDraftWeights
     from modelc.runtime.arch import build
+    from modelc.runtime.chat_template import load_template_file
     from modelc.runtime.prompt import PromptFormat
 
     opt = options or EngineOptions()
@@ -91,10 +92,13 @@ def build_engine(
         # one token through every layer now, not in the first request: the backend makes
         # what it derives from the weights on first use (repacked copies, tables)
         runtime.forward([SeqChunk(runtime.new_cache(max_tokens=1), [0])])
+    template = ir.chat_template
+    if opt.chat_template_file is not None:  # the file replaces the model's template
+        template = load_template_file(opt.chat_template_file)
     prompt = (
         PromptFormat.build(
             ir.tokenizer,
-            ir.chat_template,
+            template,
             generation=ir.generation,
             metadata=ir.metadata,
             config=opt.sampling,

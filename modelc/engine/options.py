@@ -7,6 +7,7 @@ from typing import Any
 
 from modelc.engine.speculative import DraftKind
 from modelc.errors import UsageError
+from modelc.runtime.chat_template import load_template_file
 from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.prompt import DEFAULT_MAX_TOKENS
 
@@ -60,6 +61,8 @@ class EngineOptions:
     # and its last always go at once
     stream_interval: int = 0
     stall_timeout: float = 30.0  # ... and a request paused this long is cancelled
+    # a Jinja chat template that replaces the model's (--chat-template-file, as llama-server's)
+    chat_template_file: str | None = None
     # the server's sampling defaults (config.toml [sampling]); the model's own come first
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -126,3 +129,5 @@ class EngineOptions:
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
+        if self.chat_template_file is not None:
+            load_template_file(self.chat_template_file)  # a bad file: one line at start

@@ -174,6 +174,7 @@ class ModelRunner:
             opt.speculative
             and speculative
             and constraint is None
+            and sampler.p.reasoning_budget is None  # it forces tokens drafts do not know
             and prompt_logprobs is None
             and opt.spec_gamma > 0
         )

@@ -20,12 +20,14 @@ as it is produced), or recurses too deep.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import datetime
+from pathlib import Path
 from typing import Any, NoReturn
 
 import jinja2
@@ -85,6 +87,20 @@ class _Env(ImmutableSandboxedEnvironment):
                     raise TemplateLimit(f"it builds a sequence of {len(seq) * n} items")
         return super().call_binop(context, operator, left, right)
 
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        # a list may grow and shrink (Kimi K2's template queues call ids), as in
+        # llama.cpp's Jinja; the messages are the render's own copies
+        if isinstance(obj, list) and attr in ("append", "pop"):
+            return True
+        return bool(super().is_safe_attribute(obj, attr, value))
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_time()
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, list) and len(owner) > MAX_RENDER_CHARS:
+            raise TemplateLimit(f"it built a list of {len(owner)} items")
+        return super().call(__context, __obj, *args, **kwargs)
+
 
 def _raise_exception(message: str) -> NoReturn:
     raise TemplateError(message)
@@ -104,6 +120,9 @@ def _tojson(
 def _compile(source: str) -> jinja2.Template:
     env = _Env(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
+    # no HTML here (autoescape is off): ``safe`` is the identity, as in llama.cpp's
+    # Jinja, so ``"..."|safe + text`` does not escape ``text`` (Functionary v3.1)
+    env.filters["safe"] = str
     env.globals["range"] = _Range
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -113,6 +132,22 @@ def _compile(source: str) -> jinja2.Template:
         raise UsageError(
             f"the model's chat template does not parse (line {e.lineno}): {e.message}"
         ) from e
+
+
+def load_template_file(path: str | Path) -> str:
+    """The chat template in the file ``path`` (llama-server's ``--chat-template-file``),
+    checked to parse; a :class:`UsageError` naming the file if it cannot be read or
+    does not parse."""
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UsageError(f"--chat-template-file {path}: {why}") from e
+    try:
+        _compile(source)
+    except UsageError as e:
+        raise UsageError(f"--chat-template-file {path}: {e}") from e
+    return source
 
 
 def _check_messages(messages: Sequence[Message]) -> None:
@@ -150,7 +185,7 @@ def render_chat(
         parts: list[str] = []
         size = 0
         for piece in tpl.generate(
-            messages=[dict(m) for m in messages],
+            messages=copy.deepcopy([dict(m) for m in messages]),
             add_generation_prompt=add_generation_prompt,
             tools=list(tools) if tools else None,
             bos_token=bos_token,

@@ -39,6 +39,7 @@ from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.chat_template import render_chat
 from modelc.runtime.prompt_guard import ControlGuard, strings
 from modelc.runtime.sampling import FURTHER_SAMPLERS, SamplingParams
+from modelc.runtime.template_caps import adapt, extra_context
 from modelc.runtime.tokenizer import Tokenizer
 
 __all__ = [
@@ -387,6 +388,7 @@ class PromptFormat:
         ):  # continue the final assistant message (llama.cpp's assistant prefill)
             prefill = str(last["content"])
             msgs = msgs[:-1]
+        msgs = adapt(self.template, msgs)  # as llama.cpp reshapes them for this template
         guard = ControlGuard(self._control, [*strings(msgs), prefill], self.template or "")
         clash = sorted(set(template_kwargs or {}) & _TEMPLATE_NAMES)
         if clash:
@@ -394,7 +396,7 @@ class PromptFormat:
                 f"chat_template_kwargs may not set {clash[0]!r}; the server sets it",
                 param="chat_template_kwargs",
             )
-        extra = {"enable_thinking": True, **(template_kwargs or {})}
+        extra = {**extra_context(), "enable_thinking": True, **(template_kwargs or {})}
         text = self._render(
             guard.protect(msgs), tool_list, add_generation_prompt or bool(prefill), extra
         )
@@ -464,12 +466,11 @@ class PromptFormat:
                 if isinstance(args, str):
                     with contextlib.suppress(json.JSONDecodeError):
                         args = json.loads(args)
-                calls.append(
-                    {
-                        "type": "function",
-                        "function": {"name": fn.get("name", ""), "arguments": args},
-                    }
-                )
+                call = {
+                    "type": "function",
+                    "function": {"name": fn.get("name", ""), "arguments": args},
+                }
+                calls.append({"id": c["id"], **call} if c.get("id") else call)
             d["tool_calls"] = calls
             if not d["content"] and not self._template_has("tool_calls"):
                 d["content"] = _call_text(calls)  # the template would drop them

@@ -34,6 +34,7 @@ import numpy as np
 from modelc.errors import UsageError
 from modelc.runtime import samplers
 from modelc.runtime.backend import F32Array
+from modelc.runtime.reasoning_budget import BudgetSampler, ReasoningBudget
 
 Processor = Callable[[F32Array], None]  # in place on logits (n_vocab,)
 
@@ -87,6 +88,7 @@ class SamplingParams:
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = 64  # -1: the whole context
     dry_breaker_ids: list[int] = field(default_factory=list)  # tokens that end a DRY repeat
+    reasoning_budget: ReasoningBudget | None = None  # a thinking trace's token budget
 
     def validate(self, n_vocab: int) -> None:
         """Raise UsageError naming the first out-of-range setting."""
@@ -200,6 +202,8 @@ class Sampler:
         self._work: F32Array = np.empty(n_vocab, np.float32)
         self.mu = 2.0 * params.mirostat_tau  # mirostat's target surprise, updated per token
         self._drawn_from: np.ndarray[Any, np.dtype[np.float64]] | None = None  # for mu
+        budget = params.reasoning_budget
+        self.budget = BudgetSampler(budget) if budget is not None else None
 
     def _build_chain(self) -> list[Processor]:
         p, chain = self.p, []
@@ -306,7 +310,10 @@ class Sampler:
     def sample(self, logits: F32Array) -> Sample:
         """Choose the next token from raw logits (n_vocab,), which are not modified."""
         x = self.process(logits) if self.chain else logits  # nothing to apply: no copy
-        if self.p.temperature == 0:
+        forced = self.budget.forced_token() if self.budget is not None else None
+        if forced is not None:  # the reasoning budget ends the trace
+            tok = forced
+        elif self.p.temperature == 0:
             tok = int(np.argmax(x))
         else:
             probs = self.probs(x)
@@ -325,6 +332,8 @@ class Sampler:
         """Record a generated token (for the penalties and mirostat's ``mu``)."""
         self.history.append(token)
         self.counts[token] += 1
+        if self.budget is not None:
+            self.budget.accept(token)
         if self._drawn_from is not None:
             p = self.p
             chosen = float(self._drawn_from[token])

@@ -25,6 +25,7 @@ UTF-8 once, so a character split across tokens is never garbled.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +36,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from modelc.errors import TokenizerError
 from modelc.formats.ir import TokenizerSpec
+from modelc.runtime.reasoning_budget import utf8_complete
 from modelc.runtime.tokenizer_json import MAX_VOCAB, check_added, hf_kind, spec_from_tokenizer_json
 from modelc.runtime.tokenizer_models import (
     BYTE,
@@ -219,6 +221,16 @@ class Tokenizer:
     def is_control(self, token_id: int) -> bool:
         """A control token (BOS, EOS, turn markers): text only when specials are shown."""
         return 0 <= token_id < self.n_vocab and self.types[token_id] == CONTROL
+
+    @functools.cached_property
+    def incomplete_utf8_ids(self) -> frozenset[int]:
+        """The tokens whose text ends inside a multi-byte UTF-8 character."""
+        return frozenset(i for i, p in enumerate(self._pieces) if not utf8_complete(p))
+
+    def control_id(self, text: str) -> int | None:
+        """The control token whose text is ``text`` (None: the vocabulary has none)."""
+        i = self._id_of.get(text)
+        return i if i is not None and self.is_control(i) else None
 
     def control_texts(self) -> list[str]:
         """Texts of the tokens only ``parse_special`` splits out (control/unknown), longest first."""

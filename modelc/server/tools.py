@@ -6,9 +6,9 @@ passes them to the template, or as a Hermes-style system prompt to a template th
 not take them.)  The model answers in its family's format, which :mod:`modelc.chat`
 detects from the template and parses (:func:`output_reader`); SmolLM2, Hermes and Qwen
 write ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` or a bare JSON call.
-``tool_choice`` ``required`` or a named function compiles to a JSON schema
-:class:`~modelc.engine.api.Constraint`, so the output is always a valid call (read as
-bare JSON whatever the family).
+``tool_choice`` ``required`` or a named function compiles to a grammar of a call in
+the family's own syntax (:mod:`modelc.chat.grammar`; bare JSON for a family without
+one), so the output is always a valid call the family's parser reads.
 """
 
 from __future__ import annotations
@@ -40,8 +40,16 @@ def _call_schema(t: Tool) -> dict[str, Any]:
     }
 
 
-def choice_constraint(tools: list[Tool], choice: str | NamedToolChoice | None) -> Constraint | None:
-    """The constraint that forces a call for ``required`` / a named function; else None."""
+@dataclass(frozen=True, slots=True)
+class ForcedCall:
+    """A call forced by ``tool_choice``: the constraint, and the format it is written in."""
+
+    constraint: Constraint
+    fmt: chat.ChatFormat
+
+
+def forced_tools(tools: list[Tool], choice: str | NamedToolChoice | None) -> list[Tool]:
+    """The tools a ``required`` / named ``tool_choice`` forces a call to (none: free)."""
     if isinstance(choice, NamedToolChoice):
         match = [t for t in tools if t.function.name == choice.function.name]
         if not match:
@@ -49,12 +57,32 @@ def choice_constraint(tools: list[Tool], choice: str | NamedToolChoice | None) -
                 f"tool_choice names {choice.function.name!r}, which is not in tools",
                 param="tool_choice",
             )
-        return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(_call_schema(match[0])))
-    if choice == "required":
-        schemas = [_call_schema(t) for t in tools]
-        schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-        return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema))
-    return None
+        return match[:1]
+    return list(tools) if choice == "required" else []
+
+
+def choice_constraint(
+    tools: list[Tool],
+    choice: str | NamedToolChoice | None,
+    *,
+    template: str | None = None,
+    prompt: str = "",
+    special: chat.Special = lambda _: None,
+) -> ForcedCall | None:
+    """The constraint that forces a call for ``required`` / a named function, in the
+    family's own syntax (:func:`modelc.chat.call_grammar`) where it has a grammar, else
+    as bare JSON; None when no call is forced."""
+    forced = forced_tools(tools, choice)
+    if not forced:
+        return None
+    fmt = chat.detect(template)
+    plain = [{"name": t.function.name, "parameters": t.function.parameters} for t in forced]
+    grammar = chat.call_grammar(fmt, template, plain, prompt=prompt, special=special)
+    if grammar is not None:
+        return ForcedCall(Constraint(ConstraintKind.GRAMMAR, grammar), fmt)
+    schemas = [_call_schema(t) for t in forced]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    return ForcedCall(Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema)), BARE_JSON)
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCallOut]]:
@@ -96,12 +124,12 @@ def output_reader(
     tools: list[Tool] | None,
     *,
     reasoning: bool = True,
-    forced_call: bool = False,
+    forced: chat.ChatFormat | None = None,
     parallel: bool = True,
 ) -> OutputReader:
-    """The reader for a chat answer: the format detected from the model's template; a
-    call forced by ``tool_choice`` is JSON (:func:`choice_constraint`)."""
-    fmt = BARE_JSON if forced_call else chat.detect(template)
+    """The reader for a chat answer: the format detected from the model's template, or
+    ``forced``: the format a call forced by ``tool_choice`` is written in."""
+    fmt = forced or chat.detect(template)
     plain_tools = [msgspec.to_builtins(t) for t in tools] if tools else None
     return OutputReader(fmt, prompt, plain_tools, reasoning, parallel)
 

@@ -2,7 +2,7 @@
 
 A conversation in Anthropic's blocks becomes OpenAI-style chat messages (``tool_use``
 blocks an assistant's ``tool_calls``, ``tool_result`` blocks ``tool`` messages, the
-``system`` text a system message; ``thinking`` blocks are accepted and not replayed),
+``system`` text a system message, ``thinking`` blocks the turn's ``reasoning_content``),
 so the prompt is the one the chat route builds for the same conversation.  Errors on
 these routes come in Anthropic's shape (:func:`~modelc.server.errors.error_shape`);
 ``x-api-key`` is accepted as well as ``Authorization: Bearer``.
@@ -25,14 +25,15 @@ from modelc.server.anthropic.schemas import (
     MessagesRequest,
     System,
     TextBlock,
+    ThinkingBlock,
     ToolChoiceAny,
     ToolChoiceNone,
     ToolChoiceTool,
     ToolResultBlock,
     ToolUseBlock,
 )
-from modelc.server.context import body, json_response, use_model
-from modelc.server.conversation import ChatPrompt, answer, chat_prompt
+from modelc.server.context import body, ctx, json_response, use_model
+from modelc.server.conversation import ChatPrompt, answer, chat_prompt, reasoning_budget
 from modelc.server.generation import make_requests, new_id, respond, sampling, submit_all
 from modelc.server.schemas import (
     FunctionDef,
@@ -63,9 +64,12 @@ def chat_messages(system: System | None, messages: list[MessageParam]) -> list[d
             continue
         texts: list[str] = []
         calls: list[dict[str, Any]] = []
+        thinking: list[str] = []
         for b in m.content:
             if isinstance(b, TextBlock):
                 texts.append(b.text)
+            elif isinstance(b, ThinkingBlock):
+                thinking.append(b.thinking)
             elif isinstance(b, ToolUseBlock):
                 args = json.dumps(b.input, ensure_ascii=False)
                 calls.append(
@@ -79,10 +83,12 @@ def chat_messages(system: System | None, messages: list[MessageParam]) -> list[d
                 out.append(
                     {"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)}
                 )
-        if texts or calls:
+        if texts or calls or thinking:
             msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts) if texts else None}
             if calls:
                 msg["tool_calls"] = calls
+            if thinking:  # back into the template, as llama.cpp passes reasoning_content
+                msg["reasoning_content"] = "\n".join(thinking)
             out.append(msg)
     return out
 
@@ -139,6 +145,9 @@ async def messages() -> Response:
     params = sampling(info, given, max_tokens=req.max_tokens)
     mid = new_id("msg")
     constraint, reader = answer(info, prompt, grammar=req.grammar)
+    budget = (req.thinking or {}).get("budget_tokens")  # {"type": "enabled", "budget_tokens": N}
+    tokens = budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+    params.reasoning_budget = reasoning_budget(info, reader, ctx().state, tokens)
     reqs = make_requests(mid, prompt.ids, params, 1, constraint)
     handles = submit_all(engine, reqs, prompt_param="messages")
     r = MessagesRenderer(mid, info.model_id, len(prompt.ids), reader=reader, stops=stops)

@@ -24,7 +24,8 @@ from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent
 from modelc.runtime.prompt import ChatPrompt
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import tools as tooling
-from modelc.server.context import body, json_response, record, use_model
+from modelc.server.context import body, ctx, json_response, record, use_model
+from modelc.server.conversation import reasoning_budget
 from modelc.server.generation import (
     embed_inputs,
     make_requests,
@@ -98,6 +99,7 @@ async def _answer(
     constraint = _format(req.format)
     if reader is not None:  # a chat's format constrains the answer, after the trace
         constraint = tooling.after_trace(constraint, reader)
+        params.reasoning_budget = reasoning_budget(info, reader, ctx().state)  # the server's
     reqs = make_requests(new_id(prefix), ids, params, 1, constraint)
     return await respond(submit_all(engine, reqs), r, stream=req.stream, n_prompt=len(ids))
 

@@ -15,7 +15,7 @@ from quart import Blueprint, Response
 
 from modelc.server import tools as tooling
 from modelc.server.context import body, ctx, json_response, record, use_model
-from modelc.server.conversation import answer, chat_prompt
+from modelc.server.conversation import answer, chat_prompt, reasoning_budget
 from modelc.server.errors import ParamError
 from modelc.server.generation import (
     embed_inputs,
@@ -63,6 +63,14 @@ async def chat_completions() -> Response:
     ids = prompt.ids
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
+    budget = req.reasoning_budget_tokens
+    params.reasoning_budget = reasoning_budget(
+        info,
+        reader,
+        ctx().state,
+        req.thinking_budget_tokens if budget is None else budget,
+        req.reasoning_budget_message,
+    )
     cid = new_id("chatcmpl")
     progress = req.stream and req.return_progress
     reqs = make_requests(

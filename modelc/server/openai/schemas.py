@@ -86,6 +86,11 @@ class ChatCompletionRequest(OpenAIGeneration, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     grammar: Text | None = None  # llama.cpp: GBNF over the raw output (tools still parsed)
+    # llama.cpp's reasoning budget: tokens of trace before its end is forced (-1: the
+    # server's --reasoning-budget), and a message written before the end tag
+    reasoning_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    thinking_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None  # (its other name)
+    reasoning_budget_message: Text | None = None
 
 
 class ChatMessageOut(Resp, omit_defaults=True):

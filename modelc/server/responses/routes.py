@@ -2,8 +2,8 @@
 
 Input (a string, or message / ``function_call`` / ``function_call_output`` items) and
 ``instructions`` become the chat route's messages, so the prompt is the one
-``/v1/chat/completions`` builds for the same conversation; ``reasoning`` items are
-accepted and not replayed.  A response made with ``store`` on (the default) is kept in
+``/v1/chat/completions`` builds for the same conversation; a ``reasoning`` item's
+trace is the next assistant turn's ``reasoning_content``.  A response made with ``store`` on (the default) is kept in
 a bounded in-memory store (:mod:`.store`): ``previous_response_id`` continues its
 conversation, ``GET`` / ``DELETE /v1/responses/{id}`` read and forget it.
 """
@@ -19,7 +19,7 @@ from quart import Blueprint, Response
 from modelc.engine.api import Constraint, ConstraintKind
 from modelc.errors import ModelcError
 from modelc.server.context import body, ctx, json_response, use_model
-from modelc.server.conversation import answer, chat_prompt
+from modelc.server.conversation import answer, chat_prompt, reasoning_budget
 from modelc.server.errors import ParamError
 from modelc.server.generation import make_requests, respond, sampling, submit_all
 from modelc.server.responses.render import ResponsesRenderer, item_id
@@ -66,6 +66,14 @@ def _text(content: str | Parts) -> str:
     return "\n".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
 
 
+def _trace(it: InputItem) -> str:
+    """A reasoning item's trace: its ``reasoning_text`` content, else its summary's text."""
+    if it.content:
+        return _text(it.content)
+    texts = [s.get("text") for s in it.summary or [] if isinstance(s, dict)]
+    return "\n".join(t for t in texts if isinstance(t, str))
+
+
 def chat_messages(
     given: str | list[InputItem], history: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
@@ -74,9 +82,12 @@ def chat_messages(
     out: list[dict[str, Any]] = [dict(m) for m in history or []]
     if isinstance(given, str):
         return [*out, {"role": "user", "content": given}]
+    trace = ""  # a reasoning item's, for the assistant turn that follows it
     for j, it in enumerate(given):
         where = f"input[{j}]"
-        if it.type == "message":
+        if it.type == "reasoning":
+            trace += _trace(it)
+        elif it.type == "message":
             if it.role is None or it.content is None:
                 raise ParamError(f"{where}: a message item needs role and content", param=where)
             out.append({"role": it.role, "content": _text(it.content)})
@@ -98,6 +109,9 @@ def chat_messages(
                     f"{where}: a function_call_output item needs call_id and output", param=where
                 )
             out.append({"role": "tool", "tool_call_id": it.call_id, "content": _text(it.output)})
+        if trace and it.type != "reasoning" and out[-1]["role"] == "assistant":
+            out[-1]["reasoning_content"] = trace  # the template takes it back, as llama.cpp
+            trace = ""
     return out
 
 
@@ -174,6 +188,7 @@ async def responses() -> Response:
     )
     given = Sampling(temperature=req.temperature, top_p=req.top_p)
     params = sampling(info, given, max_tokens=req.max_output_tokens)
+    params.reasoning_budget = reasoning_budget(info, reader, ctx().state)  # the server's
     rid = item_id("resp")
     reqs = make_requests(rid, prompt.ids, params, 1, constraint)
     handles = submit_all(engine, reqs, prompt_param="input")

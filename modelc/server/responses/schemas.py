@@ -31,7 +31,13 @@ class Refusal(_Part, tag="refusal", kw_only=True):
     refusal: Text
 
 
-Part = InputText | OutputText | Refusal
+class ReasoningText(_Part, tag="reasoning_text", kw_only=True):
+    """A reasoning item's trace, sent back (it goes into the template again)."""
+
+    text: Text
+
+
+Part = InputText | OutputText | Refusal | ReasoningText
 Parts = Annotated[list[Part], Meta(max_length=256)]
 
 
@@ -45,7 +51,7 @@ class InputItem(Req):
     name: Name | None = None
     arguments: Text | None = None
     output: Text | Parts | None = None
-    summary: list[Any] | None = None  # a reasoning item's (accepted, not replayed)
+    summary: list[Any] | None = None  # a reasoning item's summary (read when it has no content)
     encrypted_content: Text | None = None
 
 

@@ -13,7 +13,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from modelc.server.responses.schemas import FunctionCallOut, MessageOut, ResponseObject
+from modelc.server.responses.schemas import (
+    FunctionCallOut,
+    MessageOut,
+    ReasoningOut,
+    ResponseObject,
+)
 
 CAPACITY = 256
 
@@ -39,6 +44,9 @@ def output_messages(resp: ResponseObject) -> list[dict[str, Any]]:
     msg: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
         msg["tool_calls"] = calls
+    trace = "".join(p.text for o in resp.output if isinstance(o, ReasoningOut) for p in o.content)
+    if trace:
+        msg["reasoning_content"] = trace
     return [msg]
 
 
