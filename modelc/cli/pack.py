@@ -113,15 +113,21 @@ def cmd_pull(args: argparse.Namespace) -> int:
             download_progress=dprog,
             pack_progress=pprog,
             quiet=True,
+            file_progress=bars.files() if bars else None,
         )
     print(f"pulled {ref} ({human_bytes(path.stat().st_size)})")
     return 0
 
 
 def add_pull(sub: Any) -> None:
-    p = sub.add_parser("pull", help="fetch a catalog model or a URL into the store")
+    p = sub.add_parser(
+        "pull", help="fetch a catalog model, a Hugging Face model or a URL into the store"
+    )
     p.add_argument(
-        "model", metavar="NAME|URL", help="a catalog name, or an http://, https:// or file:// URL"
+        "model",
+        metavar="NAME|URL",
+        help="a catalog name, hf.co/USER/REPO[:QUANT] (also huggingface.co/..., hf://...), "
+        "or an http://, https:// or file:// URL",
     )
     add_options(p, "pull")
     p.set_defaults(func=cmd_pull)
