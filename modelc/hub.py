@@ -1,7 +1,7 @@
 """Models from the Hugging Face Hub: ``hf.co/{user}/{repo}[:{quant}]``.
 
 A name may be written ``hf.co/u/r``, ``huggingface.co/u/r`` (as Ollama takes them) or
-``hf://u/r``, with an optional ``:QUANT`` tag.  The GGUF file is picked as llama.cpp's
+``hf://u/r``, with an optional ``:QUANT`` tag (``:latest`` is no tag).  The GGUF file is picked as llama.cpp's
 ``-hf`` does (``common/download.cpp``): the first model GGUF (not ``mmproj``,
 ``imatrix``, ...) whose path contains the tag followed by ``.`` or ``-``, compared
 without case; with no tag ``Q4_K_M``, then ``Q8_0``, then the first model GGUF.  A split
@@ -85,7 +85,8 @@ def parse_hub_ref(s: str) -> HubRef:
         raise UsageError(
             f"{s!r} is not a Hugging Face model name; write hf.co/USER/REPO or hf.co/USER/REPO:QUANT"
         )
-    return HubRef(m.group("repo"), m.group("tag"))
+    tag = m.group("tag")
+    return HubRef(m.group("repo"), None if tag is None or tag.lower() == "latest" else tag)
 
 
 def _split(path: str) -> tuple[str, str, int, int] | None:

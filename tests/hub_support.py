@@ -11,7 +11,7 @@ The endpoints ``huggingface_hub`` (2.x) calls for ``model_info`` and ``hf_hub_do
   ``EntryNotFound``, as the Hub answers.
 
 ``rate`` (bytes a second, 0 = unlimited) slows file bodies so a test can kill a pull midway;
-``ranges`` records the start of every ranged GET.
+``ranges`` records the start of every ranged GET, ``auth`` the Authorization headers sent.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class FakeHub:
         }
         self.rate = 0
         self.ranges: list[tuple[str, int]] = []
+        self.auth: set[str | None] = set()  # Authorization headers seen on file requests
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -102,6 +103,7 @@ class FakeHub:
                 self.wfile.write(body)
 
             def _file(self, repo: str, path: str) -> None:
+                hub.auth.add(self.headers.get("Authorization"))
                 f = hub.repos[repo].get(path)
                 if f is None:
                     self._error(404, "EntryNotFound", repo)

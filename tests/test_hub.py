@@ -22,6 +22,8 @@ import ollama
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+from modelc.errors import ModelNotFoundError
+from modelc.hub import parse_hub_ref, pick_gguf
 from tests.assets import smollm2_gguf
 from tests.cli_support import Cli
 from tests.gen_families import ensure_family
@@ -98,7 +100,10 @@ def _store_files(cli: Cli) -> list[str]:
 
 def test_split_gguf_pull_generates_as_the_whole_file(hub: FakeHub, tmp_path: Path) -> None:
     cli = _cli(tmp_path, hub)
+    cli.env["HF_TOKEN"] = "hf_loopback"
+    hub.auth.clear()
     out = cli("pull", f"hf.co/{SPLIT}:f32")
+    assert hub.auth == {"Bearer hf_loopback"}
     assert "pulled test-tiny-qwen2-gguf:f32" in out.stdout
     _, qwen_gguf = ensure_family("qwen2")
     want = _generate(cli, str(qwen_gguf))
@@ -228,3 +233,35 @@ def test_killed_pull_resumes_and_leaves_no_partial_file(hub: FakeHub, tmp_path: 
         "test-smollm2-135m-instruct-gguf/current",
         "test-smollm2-135m-instruct-gguf/q4_1.modelc",
     ], files
+
+
+FILES = [
+    "README.md",
+    "mmproj-m-Q4_K_M.gguf",
+    "m-IQ4_XS.gguf",
+    "m-Q8_0.gguf",
+    "m-Q4_K_M.gguf",
+    "big/m-Q2_K-00002-of-00002.gguf",
+    "big/m-Q2_K-00001-of-00002.gguf",
+]
+
+
+@pytest.mark.parametrize(
+    ("tag", "want"),
+    [
+        (None, ["m-Q4_K_M.gguf"]),  # llama.cpp's default tag; mmproj files are never the model
+        ("latest", ["m-Q4_K_M.gguf"]),
+        ("q8_0", ["m-Q8_0.gguf"]),  # no case
+        ("Q2_K", ["big/m-Q2_K-00001-of-00002.gguf", "big/m-Q2_K-00002-of-00002.gguf"]),
+        ("iq4_xs", ["m-IQ4_XS.gguf"]),
+    ],
+)
+def test_quant_tag_picks_files_as_llama_cpp(tag: str | None, want: list[str]) -> None:
+    ref = parse_hub_ref("hf.co/u/r" + (f":{tag}" if tag else ""))
+    assert pick_gguf(ref, FILES) == want
+    assert pick_gguf(parse_hub_ref("hf.co/u/r"), ["x-F16.gguf", "x-Q5_K_S.gguf"]) == ["x-F16.gguf"]
+
+
+def test_a_tag_is_matched_followed_by_dot_or_dash() -> None:
+    with pytest.raises(ModelNotFoundError, match=r"available: IQ4_XS, Q2_K, Q4_K_M, Q8_0$"):
+        pick_gguf(parse_hub_ref("hf.co/u/r:Q8"), FILES)
