@@ -147,6 +147,9 @@ def test_run_pulls_serves_and_restarts_offline(
         assert text == want
     finally:
         hub.stop()
+    *lines, answer = lines
+    _, qwen_gguf = ensure_family("qwen2")
+    assert answer.response == _generate(cli, str(qwen_gguf))
     statuses = [ln.status for ln in lines]
     assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
     assert "verifying sha256 digest" in statuses
@@ -175,8 +178,8 @@ def test_run_pulls_serves_and_restarts_offline(
 def _serve(
     home: Path, env: dict[str, str], model: str, pull: str | None = None
 ) -> tuple[str, list[Any]]:
-    """``modelc run MODEL``'s greedy completion of PROMPT, and the lines of an Ollama
-    client's streamed ``/api/pull`` of ``pull``."""
+    """``modelc run MODEL``'s greedy completion of PROMPT; the lines of an Ollama client's
+    streamed ``/api/pull`` of ``pull`` then its raw greedy ``/api/generate`` answer."""
     home.mkdir(parents=True, exist_ok=True)
     keys = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_OFFLINE", "MODELC_CACHE")
     srv = Server(model, home=home, env={k: env[k] for k in keys if k in env})
@@ -188,8 +191,14 @@ def _serve(
             timeout=120,
         )
         assert r.status_code == 200, r.text
-        lines = list(ollama.Client(srv.url).pull(pull, stream=True)) if pull else []
-        return str(r.json()["choices"][0]["text"]), lines
+        if pull is None:
+            return str(r.json()["choices"][0]["text"]), []
+        lines = list(ollama.Client(srv.url).pull(pull, stream=True))
+        # then a request may name the model as it was pulled (loaded from the store)
+        answer = ollama.Client(srv.url).generate(
+            pull, PROMPT, raw=True, options={"temperature": 0, "num_predict": 12}
+        )
+        return str(r.json()["choices"][0]["text"]), [*lines, answer]
     finally:
         srv.stop()
 
