@@ -245,7 +245,9 @@ def _fetch_blob(repo_id: str, commit: str, f: HubFile, progress: FileProgress | 
     blobs.mkdir(parents=True, exist_ok=True)
     part = blobs / f"{meta.etag}.incomplete"
     digest = f.sha256 or (meta.etag if _SHA256.match(meta.etag) else None)
-    with WeakFileLock(blobs / f"{meta.etag}.modelc.lock"):
+    locks = _storage(repo_id).parent / ".locks" / _storage(repo_id).name
+    locks.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(locks / f"{meta.etag}.modelc.lock"):  # beside huggingface_hub's own
         have = part.stat().st_size if part.exists() else 0
         if meta.size is not None and have > meta.size:
             part.unlink()

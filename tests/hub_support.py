@@ -11,7 +11,8 @@ The endpoints ``huggingface_hub`` (2.x) calls for ``model_info`` and ``hf_hub_do
   ``EntryNotFound``, as the Hub answers.
 
 ``rate`` (bytes a second, 0 = unlimited) slows file bodies so a test can kill a pull midway;
-``ranges`` records the start of every ranged GET, ``auth`` the Authorization headers sent.
+``ranges`` records the start of every ranged GET, ``auth`` the Authorization headers sent;
+a path in ``corrupt`` is served with one byte changed (its sha256 no longer the Hub's).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class FakeHub:
         self.rate = 0
         self.ranges: list[tuple[str, int]] = []
         self.auth: set[str | None] = set()  # Authorization headers seen on file requests
+        self.corrupt: set[str] = set()  # paths served with byte 1000 flipped
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -125,7 +127,13 @@ class FakeHub:
                     return
                 with f.local.open("rb") as src:
                     src.seek(start)
+                    pos = start
                     while block := src.read(1 << 16):
+                        if path in hub.corrupt and pos <= 1000 < pos + len(block):
+                            block = bytearray(block)
+                            block[1000 - pos] ^= 0xFF
+                            block = bytes(block)
+                        pos += len(block)
                         try:
                             self.wfile.write(block)
                         except (BrokenPipeError, ConnectionResetError):

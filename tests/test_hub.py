@@ -130,6 +130,29 @@ def test_missing_quant_is_one_line_listing_the_quants(hub: FakeHub, tmp_path: Pa
     assert not (tmp_path / "home" / "models").exists() or not _store_files(cli)
 
 
+def test_corrupt_download_is_discarded(hub: FakeHub, tmp_path: Path) -> None:
+    cli = _cli(tmp_path, hub)
+    first = sorted(p for p in hub.repos[SPLIT] if p.endswith(".gguf"))[0]
+    hub.corrupt.add(first)
+    try:
+        err = cli.fails(
+            "pull",
+            f"hf.co/{SPLIT}",
+            match=rf"{first}: sha256 is [0-9a-f]{{64}}, the Hub says {hub.repos[SPLIT][first].sha256}",
+        )
+    finally:
+        hub.corrupt.clear()
+    assert "discarded" in err
+    blobs = tmp_path / "hf" / "hub" / f"models--{SPLIT.replace('/', '--')}" / "blobs"
+    assert not list(blobs.iterdir())
+    assert not _store_files(cli)
+    cli("pull", f"hf.co/{SPLIT}")  # untagged: the repository's only quant
+    assert _store_files(cli) == [
+        "test-tiny-qwen2-gguf/current",
+        "test-tiny-qwen2-gguf/latest.modelc",
+    ]
+
+
 def test_run_pulls_serves_and_restarts_offline(
     repos: dict[str, dict[str, Path]], tmp_path: Path
 ) -> None:

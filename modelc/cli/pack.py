@@ -99,10 +99,12 @@ def add_pack(sub: Any) -> None:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from modelc.hub import is_hub_ref
     from modelc.pull import pull
 
+    hub = is_hub_ref(args.model)  # a bar per file, added as each starts
     with progress_bars() as bars:
-        dprog = bars.download(f"pulling {args.model}") if bars else None
+        dprog = bars.download(f"pulling {args.model}") if bars and not hub else None
         pprog = bars.pack("packing") if bars else None
         ref, path = pull(
             args.model,
@@ -113,7 +115,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             download_progress=dprog,
             pack_progress=pprog,
             quiet=True,
-            file_progress=bars.files() if bars else None,
+            file_progress=bars.files() if bars and hub else None,
         )
     print(f"pulled {ref} ({human_bytes(path.stat().st_size)})")
     return 0
