@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from modelc.errors import DownloadError, ModelNotFoundError, UsageError
 
@@ -235,7 +236,11 @@ def _fetch_blob(repo_id: str, commit: str, f: HubFile, progress: FileProgress | 
     from huggingface_hub.utils._fixes import WeakFileLock
     from huggingface_hub.utils._headers import build_hf_headers
 
-    meta = get_hf_file_metadata(hf_hub_url(repo_id, f.path, revision=commit))
+    url = hf_hub_url(repo_id, f.path, revision=commit)
+    meta = get_hf_file_metadata(url)
+    headers = build_hf_headers()
+    if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+        headers.pop("authorization", None)  # a CDN the Hub redirects to gets no token
     if meta.etag is None:
         raise DownloadError(f"{repo_id}/{f.path}: the Hub sent no ETag")
     blobs = _storage(repo_id) / "blobs"
@@ -262,7 +267,7 @@ def _fetch_blob(repo_id: str, commit: str, f: HubFile, progress: FileProgress | 
                 meta.location,
                 out,
                 resume_size=have,
-                headers=build_hf_headers(),
+                headers=headers,
                 expected_size=meta.size,
                 displayed_filename=f.path,
                 tqdm_class=_progress_class(report),
