@@ -111,6 +111,8 @@ def test_split_gguf_pull_generates_as_the_whole_file(hub: FakeHub, tmp_path: Pat
     assert want.strip()
     assert _generate(cli, "test-tiny-qwen2-gguf:f32") == want
     assert _generate(cli, f"hf.co/{SPLIT}:F32") == want  # the same store entry, no new pull
+    second = hub.repos[SPLIT]["tiny-qwen2-F32-00002-of-00002.gguf"].local
+    cli.fails("pack", str(second), match="one part of a GGUF split in 2; open its first part")
 
 
 def test_safetensors_repo_is_packed_on_arrival(hub: FakeHub, tmp_path: Path) -> None:
