@@ -293,7 +293,12 @@ def fetch(ref: HubRef, progress: FileProgress | None = None) -> Path:
 
     try:
         commit, files = list_repo(ref)
-        wanted = pick_files(ref, files)
+        try:
+            wanted = pick_files(ref, files)
+        except ModelNotFoundError as e:
+            if not is_offline_mode():
+                raise
+            raise ModelNotFoundError(f"{e} (of the cached files: HF_HUB_OFFLINE is set)") from e
         paths = []
         for f in wanted:
             if not is_offline_mode():

@@ -81,6 +81,7 @@ def hub(repos: dict[str, dict[str, Path]]) -> Iterator[FakeHub]:
 
 
 def _cli(tmp: Path, hub: FakeHub, hf_home: Path | None = None) -> Cli:
+    tmp.mkdir(parents=True, exist_ok=True)
     cli = Cli(tmp / "home", tmp / "cache", tmp)
     cli.env["HF_ENDPOINT"] = hub.url
     cli.env["HF_HOME"] = str(hf_home or tmp / "hf")
@@ -218,6 +219,8 @@ def test_run_pulls_serves_and_restarts_offline(
     assert _generate(cli, f"hf.co/{SMOL}:Q4_1") == want
     fresh = _cli(tmp_path / "fresh", hub, hf_home=tmp_path / "hf")
     fresh.env["HF_HUB_OFFLINE"] = "1"
+    fresh.fails("pull", f"hf.co/{SMOL}:Q8_0", match=r"available: Q4_1 \(of the cached files")
+    fresh.fails("pull", f"hf.co/{HFDIR}", match="not in the Hugging Face cache")
     text, _ = _serve(tmp_path / "fresh" / "home", fresh.env, f"hf.co/{SMOL}:Q4_1")
     assert text == want
     assert _store_files(fresh) == [
