@@ -194,19 +194,6 @@ def download(
     return final
 
 
-def _one_bar(progress: DownloadProgress) -> FileProgress:
-    """A Hub pull's per-file progress as one running total (its files come one by one)."""
-    finished: dict[str, int] = {}
-
-    def update(path: str, digest: str | None, done: int, total: int | None) -> None:
-        base = sum(n for p, n in finished.items() if p != path)
-        if total is not None and done >= total:
-            finished[path] = done
-        progress(base + done, None)
-
-    return update
-
-
 def fetch(
     spec: str,
     *,
@@ -215,14 +202,14 @@ def fetch(
     quiet: bool = True,
     file_progress: FileProgress | None = None,
 ) -> Path:
-    """The local source file or directory for a catalog name, Hub name or URL (downloaded if needed)."""
+    """The local source file or directory for a catalog name, Hub name or URL (downloaded if
+    needed).  A Hub pull reports through ``file_progress`` (one call per file update), a
+    URL or catalog download through ``progress``."""
     if is_hub_ref(spec):
         if sha256 is not None:
             raise UsageError(
                 "--sha256 applies to URLs; Hub files are checked against the Hub's sha256"
             )
-        if file_progress is None and progress is not None:
-            file_progress = _one_bar(progress)
         return hub_fetch(parse_hub_ref(spec), file_progress)
     scheme = url_scheme(spec)
     if scheme == "file":
