@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,6 +115,10 @@ def test_split_gguf_pull_generates_as_the_whole_file(hub: FakeHub, tmp_path: Pat
     assert _generate(cli, f"hf.co/{SPLIT}:F32") == want  # the same store entry, no new pull
     second = hub.repos[SPLIT]["tiny-qwen2-F32-00002-of-00002.gguf"].local
     cli.fails("pack", str(second), match="one part of a GGUF split in 2; open its first part")
+    alone = tmp_path / "alone" / "tiny-qwen2-F32-00001-of-00002.gguf"
+    alone.parent.mkdir()
+    shutil.copy(hub.repos[SPLIT][alone.name].local, alone)
+    cli.fails("pack", str(alone), match="parts missing beside it: tiny-qwen2-F32-00002-of-00002")
 
 
 def test_safetensors_repo_is_packed_on_arrival(hub: FakeHub, tmp_path: Path) -> None:

@@ -162,7 +162,9 @@ _SPLIT_NAME = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})\.gguf$")
 def _split_parts(p: Path, meta: dict[str, Any]) -> list[Path]:
     """The other files of a split GGUF (``-00001-of-0000N.gguf``, llama.cpp's gguf-split),
     given its first part; ``[]`` for a whole file."""
-    count = int(meta.get("split.count") or 1)
+    count = meta.get("split.count") or 1
+    if not isinstance(count, int):
+        raise FormatError(f"split.count is {count!r}, not a number of parts", path=p)
     if count <= 1:
         return []
     m = _SPLIT_NAME.match(p.name)
