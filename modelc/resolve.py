@@ -8,7 +8,9 @@ A MODEL may be, in this order of precedence:
    absolute path, size and mtime of every file, so a second use is instant and an
    edited source is re-packed;
 2. a store name, ``name[:version]``;
-3. a catalog name (``smollm2-135m``, ``minilm-l6``), pulled into the store on first use.
+3. a catalog name (``smollm2-135m``, ``minilm-l6``), pulled into the store on first use;
+4. a Hugging Face name ``hf.co/USER/REPO[:QUANT]``: the store's ``user-repo:quant``,
+   pulled from the Hub on first use.
 """
 
 from __future__ import annotations
@@ -65,7 +67,17 @@ def resolve_model(
     """The ``.modelc`` path for a MODEL argument (packing or pulling it if needed)."""
     if not arg:
         raise UsageError("empty MODEL argument; give a store name, a catalog name or a model path")
+    from modelc.hub import is_hub_ref, parse_hub_ref
+
     p = Path(arg).expanduser()
+    if is_hub_ref(arg) and not p.exists():
+        store = store or Store((config or load_config()).store_dir)
+        ref = parse_hub_ref(arg).store_ref
+        if store.exists(ref):
+            return store.resolve(ref)
+        from modelc.pull import pull
+
+        return pull(arg, store, pack_progress=progress, quiet=quiet)[1]
     if p.exists():
         if p.is_file() and is_artifact(p):
             return p

@@ -363,7 +363,7 @@ def test_pull_file_url(cli: Cli, tmp_path: Path, smol: Path) -> None:
     )  # a local file is read where it lies, never copied to the cache
 
 
-@pytest.mark.parametrize("url", ["ftp://example.com/m.gguf", "s3://bucket/m.gguf", "HF://org/m"])
+@pytest.mark.parametrize("url", ["ftp://example.com/m.gguf", "s3://bucket/m.gguf", "gs://org/m"])
 def test_pull_unsupported_scheme(cli: Cli, url: str) -> None:
     scheme = url.split(":")[0].lower()
     cli.fails(

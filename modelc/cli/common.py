@@ -79,6 +79,17 @@ class _Bars:
 
         return update
 
+    def files(self) -> Callable[[str, str | None, int, int | None], None]:
+        """One download bar per file of a Hub pull, added as each file starts."""
+        bars: dict[str, Callable[[int, int | None], None]] = {}
+
+        def update(path: str, digest: str | None, done: int, total: int | None) -> None:
+            if path not in bars:
+                bars[path] = self.download(f"pulling {path.rsplit('/', 1)[-1][:40]}")
+            bars[path](done, total)
+
+        return update
+
 
 @contextmanager
 def progress_bars() -> Iterator[_Bars | None]:

@@ -99,10 +99,12 @@ def add_pack(sub: Any) -> None:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from modelc.hub import is_hub_ref
     from modelc.pull import pull
 
+    hub = is_hub_ref(args.model)  # a bar per file, added as each starts
     with progress_bars() as bars:
-        dprog = bars.download(f"pulling {args.model}") if bars else None
+        dprog = bars.download(f"pulling {args.model}") if bars and not hub else None
         pprog = bars.pack("packing") if bars else None
         ref, path = pull(
             args.model,
@@ -113,15 +115,21 @@ def cmd_pull(args: argparse.Namespace) -> int:
             download_progress=dprog,
             pack_progress=pprog,
             quiet=True,
+            file_progress=bars.files() if bars and hub else None,
         )
     print(f"pulled {ref} ({human_bytes(path.stat().st_size)})")
     return 0
 
 
 def add_pull(sub: Any) -> None:
-    p = sub.add_parser("pull", help="fetch a catalog model or a URL into the store")
+    p = sub.add_parser(
+        "pull", help="fetch a catalog model, a Hugging Face model or a URL into the store"
+    )
     p.add_argument(
-        "model", metavar="NAME|URL", help="a catalog name, or an http://, https:// or file:// URL"
+        "model",
+        metavar="NAME|URL",
+        help="a catalog name, hf.co/USER/REPO[:QUANT] (also huggingface.co/..., hf://...), "
+        "or an http://, https:// or file:// URL",
     )
     add_options(p, "pull")
     p.set_defaults(func=cmd_pull)

@@ -2,7 +2,8 @@
 
 Registered into the main CLI by ``register(subparsers)`` (``modelc.cli.EXTENSIONS``).
 With no MODEL it serves the configured ``default_model`` (``smollm2-135m``); a catalog
-name not yet in the store is pulled first, with a progress bar on a terminal.
+name or an ``hf.co/USER/REPO[:QUANT]`` name not yet in the store is pulled first, with
+progress bars on a terminal.
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ from modelc.errors import UsageError
 def _resolve(arg: str) -> Path:
     from modelc.catalog import CATALOG
     from modelc.cli.common import _config, _store, progress_bars
+    from modelc.hub import is_hub_ref, parse_hub_ref
     from modelc.resolve import resolve_model
 
     store = _store()
     with progress_bars() as bars:
-        if arg in CATALOG and not store.versions(arg) and not Path(arg).exists():
+        catalog = arg in CATALOG and not store.versions(arg) and not Path(arg).exists()
+        if catalog or (is_hub_ref(arg) and not store.exists(parse_hub_ref(arg).store_ref)):
             from modelc.pull import pull
 
-            dl = bars.download(f"pulling {arg}") if bars else None
+            dl = bars.download(f"pulling {arg}") if bars and catalog else None
             pk = bars.pack(f"packing {arg}") if bars else None
-            _, path = pull(arg, store, download_progress=dl, pack_progress=pk)
+            fp = bars.files() if bars and not catalog else None
+            _, path = pull(arg, store, download_progress=dl, pack_progress=pk, file_progress=fp)
             return path
         return resolve_model(
             arg,

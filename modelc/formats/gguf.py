@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -155,13 +156,49 @@ class _CheckedReader(GGUFReader):  # type: ignore[misc]
         super()._build_tensors(start_offs, fields)
 
 
+_SPLIT_NAME = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})\.gguf$")
+
+
+def _split_parts(p: Path, meta: dict[str, Any]) -> list[Path]:
+    """The other files of a split GGUF (``-00001-of-0000N.gguf``, llama.cpp's gguf-split),
+    given its first part; ``[]`` for a whole file."""
+    count = meta.get("split.count") or 1
+    if not isinstance(count, int):
+        raise FormatError(f"split.count is {count!r}, not a number of parts", path=p)
+    if count <= 1:
+        return []
+    m = _SPLIT_NAME.match(p.name)
+    if m is None or int(m.group(2)) != 1 or int(m.group(3)) != count:
+        raise FormatError(
+            f"this is one part of a GGUF split in {count}; open its first part, "
+            "named like NAME-00001-of-" + f"{count:05d}.gguf",
+            path=p,
+        )
+    parts = [p.with_name(f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf") for i in range(2, count + 1)]
+    if missing := [q.name for q in parts if not q.exists()]:
+        raise FormatError(f"split GGUF parts missing beside it: {', '.join(missing)}", path=p)
+    return parts
+
+
 def load_gguf(path: str | Path) -> ModelIR:
-    """Read a GGUF file (memory-mapped) into the IR; vocab-only files load as ``tokenizer``."""
+    """Read a GGUF file (memory-mapped) into the IR; vocab-only files load as ``tokenizer``.
+
+    A split GGUF is read from its first part: the metadata is the first part's, the
+    tensors are every part's.
+    """
     p = Path(path)
     reader = _open(p)
     fields: dict[str, ReaderField] = reader.fields
     meta = {k: _field_value(f) for k, f in fields.items() if not k.startswith("GGUF.")}
     tensors = {t.name: _tensor(t, p) for t in reader.tensors}
+    size = p.stat().st_size
+    for part in _split_parts(p, meta):
+        for t in _open(part).tensors:
+            if t.name in tensors:
+                raise FormatError(f"tensor {t.name} is in two parts of the split", path=part)
+            tensors[t.name] = _tensor(t, part)
+        size += part.stat().st_size
+    meta = {k: v for k, v in meta.items() if not k.startswith("split.")}
     found = str(meta.get("general.architecture", ""))
     if not tensors:
         arch = "tokenizer"
@@ -179,7 +216,7 @@ def load_gguf(path: str | Path) -> ModelIR:
         architecture=arch,
         hparams=hparams,
         tensors=tensors,
-        source=SourceInfo(path=str(p), format="gguf", size=p.stat().st_size),
+        source=SourceInfo(path=str(p), format="gguf", size=size),
         tokenizer=tokenizer,
         chat_template=template if isinstance(template, str) else None,
         metadata={

@@ -33,6 +33,7 @@ import trio
 from modelc.engine.api import Engine
 from modelc.engine.options import EngineOptions
 from modelc.errors import ModelcError, ModelNotFoundError, UsageError
+from modelc.hub import is_hub_ref, parse_hub_ref
 from modelc.server import memory
 from modelc.server.errors import LoadingError, MemoryBudgetError, ParamError
 from modelc.server.logging import logger
@@ -173,8 +174,9 @@ class ModelRegistry:
         if slot is not None:
             return slot
         assert requested
-        if self._in_store(requested):
-            slot = ModelSlot(requested, requested)
+        ref = parse_hub_ref(requested).store_ref if is_hub_ref(requested) else requested
+        if self._in_store(ref):  # a Hub name (hf.co/USER/REPO:QUANT) is its pull's store ref
+            slot = ModelSlot(requested, ref)
             self.slots.append(slot)
             return slot
         served = ", ".join(repr(s.name) for s in self.slots)

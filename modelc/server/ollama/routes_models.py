@@ -11,9 +11,12 @@ a conversation that has none).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import shlex
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +36,7 @@ from modelc.server.ollama.schemas import (
     OllamaDeleteRequest,
     OllamaModel,
     OllamaModelDetails,
+    OllamaPullProgress,
     OllamaPullRequest,
     OllamaRunning,
     OllamaRunningList,
@@ -228,18 +232,61 @@ async def _run(work: Callable[[], str], stream: bool, first: str) -> Response:
 
 @bp.post("/api/pull")
 async def pull() -> Response:
-    """Pull a catalog model or a URL into the store (``modelc pull``)."""
+    """Pull a catalog model, a Hub model or a URL into the store (``modelc pull``).
+
+    Streamed, a Hub pull sends Ollama's lines: ``pulling manifest``, then per file
+    ``pulling <digest>`` with ``digest`` / ``total`` / ``completed``, then ``verifying
+    sha256 digest``, ``writing manifest``, ``success`` (or one ``error`` line)."""
+    from modelc.hub import is_hub_ref
+    from modelc.pull import pull as do_pull
+
     req = await body(OllamaPullRequest)
     name = _name(req.model, req.name)
     store = _store(ctx().state.models)
+    if not (req.stream and is_hub_ref(name)):
 
-    def work() -> str:
-        from modelc.pull import pull as do_pull
+        def plain() -> str:
+            do_pull(name, store, quiet=True)
+            return "success"
 
-        do_pull(name, store, quiet=True)
-        return "success"
+        return await _run(plain, req.stream, "pulling manifest")
+    send, recv = trio.open_memory_channel[bytes](math.inf)
+    token = trio.lowlevel.current_trio_token()
 
-    return await _run(work, req.stream, "pulling manifest")
+    def put(line: bytes) -> None:
+        with contextlib.suppress(
+            trio.RunFinishedError, trio.BrokenResourceError, trio.ClosedResourceError
+        ):
+            trio.from_thread.run_sync(send.send_nowait, line, trio_token=token)
+
+    def progress(path: str, digest: str | None, done: int, total: int | None) -> None:
+        status = f"pulling {digest[:12]}" if digest else f"pulling {path}"
+        put(
+            sse.ndjson(
+                OllamaPullProgress(status, f"sha256:{digest}" if digest else "", total or 0, done)
+            )
+        )
+
+    def work() -> None:
+        try:
+            do_pull(name, store, quiet=True, file_progress=progress)
+            for status in ("verifying sha256 digest", "writing manifest", "success"):
+                put(sse.ndjson(OllamaStatus(status)))
+        except ModelcError as e:
+            put(sse.ndjson({"error": str(e)}))
+        finally:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(send.close, trio_token=token)
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield sse.ndjson(OllamaStatus("pulling manifest"))
+        # a plain thread: the stream yields while it runs, which a nursery would not allow
+        threading.Thread(target=work, name="modelc-pull", daemon=True).start()
+        async with recv:
+            async for line in recv:
+                yield line
+
+    return stream_response(lines(), sse.NDJSON_HEADERS)
 
 
 def parse_modelfile(text: str) -> dict[str, Any]:

@@ -220,6 +220,15 @@ class OllamaStatus(Resp):
     status: str
 
 
+class OllamaPullProgress(Resp):
+    """One file's progress line of a streamed ``/api/pull``."""
+
+    status: str
+    digest: str
+    total: int
+    completed: int
+
+
 class OllamaPullRequest(Req):
     model: Name | None = None
     name: Name | None = None
