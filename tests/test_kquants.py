@@ -87,6 +87,16 @@ def test_blocks_equal_ggml_on_random_rows(t: DType, with_imatrix: bool) -> None:
         assert np.array_equal(ours, theirs), np.count_nonzero(ours != theirs)
 
 
+@pytest.mark.parametrize("t", [DType.Q8_0, DType.Q4_0, DType.Q4_1], ids=lambda t: t.value)
+def test_compiled_quantizer_equals_its_numpy_twin(t: DType) -> None:
+    """formats.quants' numpy quantizers (the reference the runtime's tests use) and the
+    compiled one write the same blocks."""
+    from modelc.formats.quants import quantize as numpy_quantize
+
+    for x in random_rows(2):
+        assert np.array_equal(quantize(x, t), numpy_quantize(x, t))
+
+
 @pytest.mark.parametrize("t", [DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.Q5_0, DType.Q8_0])
 def test_blocks_equal_ggml_on_real_rows(t: DType) -> None:
     x = real_rows()
