@@ -332,3 +332,27 @@ def test_llamacpp_runs_the_packed_blocks_the_same(
             assert theirs[:cut] == ours[:cut], (ids, cut)
             compared += cut
     assert compared >= 20, compared
+
+
+def test_expert_tensors_take_each_experts_importance_weights(tmp_path: Path) -> None:
+    """A 3-D expert tensor: each expert's rows are quantized with its own row of the imatrix
+    (llama-quantize's imatrix_for_row), bit for bit as ggml."""
+    from tests.gen_families import ensure_family
+
+    ir = load_model(ensure_family("qwen3moe")[1])
+    name = next(n for n, t in ir.tensors.items() if n.endswith("ffn_down_exps.weight"))
+    n_exp, cols = ir.tensors[name].shape[0], ir.tensors[name].shape[-1]
+    sums = np.random.default_rng(9).random((n_exp, cols)).astype(np.float32)
+    _write_imatrix_gguf(tmp_path / "im.gguf", {name: (sums, np.full(n_exp, 3.0))})
+    opts = PackOptions(quantize="q4_k_m", imatrix=str(tmp_path / "im.gguf"))
+    m = write_artifact(ir, tmp_path / "q.modelc", opts)
+    t = DType(next(e.dtype for e in m.tensors if e.name == name))
+    art = open_artifact(tmp_path / "q.modelc")
+    try:
+        got = np.array(art.load(art.entry(name)), dtype=np.uint8).reshape(n_exp, -1)
+    finally:
+        art.close()
+    x = np.asarray(ir.tensors[name].data(), dtype=np.float32).reshape(n_exp, -1, cols)
+    for e in range(n_exp):
+        want = ggml_blocks(t, x[e], sums[e] / np.float32(3))
+        assert np.array_equal(got[e], want.reshape(-1)), e
