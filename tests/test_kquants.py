@@ -356,3 +356,27 @@ def test_expert_tensors_take_each_experts_importance_weights(tmp_path: Path) -> 
     for e in range(n_exp):
         want = ggml_blocks(t, x[e], sums[e] / np.float32(3))
         assert np.array_equal(got[e], want.reshape(-1)), e
+
+
+def test_cli_pack_with_a_k_mix_and_an_imatrix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``modelc pack --quantize q4_k_m --imatrix FILE``: the mix's types, recorded in the
+    manifest; --imatrix without a K-quant mix is refused."""
+    import json
+
+    from tests.cli_support import Cli
+
+    cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
+    src = wide_qwen3(tmp_path, monkeypatch)
+    sums = np.random.default_rng(1).random((1, 256)).astype(np.float32)
+    _write_imatrix_gguf(tmp_path / "im.gguf", {"blk.0.attn_q.weight": (sums, np.array([4.0]))})
+    cli("pack", str(src), "-o", "w.modelc", "--quantize", "q4_k_m", "--imatrix", "im.gguf")
+    info = json.loads(cli("inspect", "w.modelc", "--json").stdout)
+    # attn_output's 128-wide rows fall back from Q4_K to Q5_0
+    assert set(info["quantization"]["by_dtype"]) == {"q4_k", "q6_k", "q5_0", "f32"}
+    assert info["pack"]["quantize"] == "q4_k_m"
+    err = cli(
+        "pack", str(src), "-o", "x.modelc", "--quantize", "q8_0", "--imatrix", "im.gguf", ok=False
+    )
+    assert err.returncode != 0 and "K-quant mixes only" in err.stderr
