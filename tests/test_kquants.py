@@ -380,3 +380,40 @@ def test_cli_pack_with_a_k_mix_and_an_imatrix(
         "pack", str(src), "-o", "x.modelc", "--quantize", "q8_0", "--imatrix", "im.gguf", ok=False
     )
     assert err.returncode != 0 and "K-quant mixes only" in err.stderr
+
+
+@pytest.mark.parametrize("source", ["f16", "bf16"])
+def test_f16_and_bf16_sources_are_widened_exactly(
+    source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From an f16 GGUF or a bf16 tensor: the blocks are ggml's of the widened f32 values, as
+    llama-quantize converts them (ggml_fp16_to_fp32_row, ggml_bf16_to_fp32_row)."""
+    import gguf
+
+    from modelc.artifact.transform import to_f32
+    from modelc.formats.ir import Tensor
+    from tests import gen_families
+
+    wide = {**gen_families.CONFIGS["qwen3"], "hidden_size": 256, "intermediate_size": 512}
+    monkeypatch.setitem(gen_families.CONFIGS, "qwen3", wide)
+    path = tmp_path / "f16.gguf"
+    gen_families.write_gguf(
+        "qwen3", gen_families.make_weights("qwen3"), path, gguf.GGMLQuantizationType.F16
+    )
+    ir = load_model(path)
+    name = "blk.1.ffn_down.weight"
+    t = ir.tensors[name]
+    assert t.dtype is DType.F16
+    if source == "bf16":  # the same values' top halves, as a bf16 tensor
+        bits = (np.asarray(t.data(), np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        ir.tensors[name] = Tensor(name, DType.BF16, t.shape, lambda: bits)
+    t = ir.tensors[name]
+    m = write_artifact(ir, tmp_path / "q.modelc", PackOptions(quantize="q4_k_m"))
+    target = DType(next(e.dtype for e in m.tensors if e.name == name))
+    art = open_artifact(tmp_path / "q.modelc")
+    try:
+        got = np.array(art.load(art.entry(name)), dtype=np.uint8)
+    finally:
+        art.close()
+    x = to_f32(np.asarray(t.data()), t.dtype, t.shape)
+    assert np.array_equal(got, ggml_blocks(target, x, None))
