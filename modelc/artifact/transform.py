@@ -9,6 +9,8 @@ tensors, norms, biases and integer tensors are never touched.
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -131,7 +133,16 @@ def quantize(
             raise UsageError(f"cannot store rows of {x.shape[1]} weights as {target}")
         out = np.empty((x.shape[0], x.shape[1] // bs * ts), dtype=np.uint8)
         im = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
-        k.quantize_chunk(GGML_IDS[target], x, out, im)
+        # rows are independent: a slice each on every CPU (the wrapper releases the GIL)
+        n = min(int(k.num_procs()), max(1, x.size // (1 << 16)))
+        cuts = np.linspace(0, x.shape[0], n + 1).astype(int)
+        with ThreadPoolExecutor(n) as pool:
+            for f in [
+                pool.submit(k.quantize_chunk, GGML_IDS[target], x[a:b], out[a:b], im)
+                for a, b in itertools.pairwise(cuts.tolist())
+                if b > a
+            ]:
+                f.result()
         return out
     from modelc.formats.quants import quantize as q
 
