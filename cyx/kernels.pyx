@@ -31,6 +31,10 @@ cdef extern from "mc_api.h" nogil:
     int mc_release_pages(const void *p, size_t n)
 
 cdef extern from "mc_api.h" nogil:
+    int64_t mc_quantize_rows(int type, const float *src, uint8_t *dst, int64_t nrow,
+                              int64_t n_per_row, const float *imatrix)
+
+cdef extern from "mc_api.h" nogil:
     void mc_pool_backoff(int on)
     void mc_pool_stats(long long out[3])
 
@@ -191,6 +195,32 @@ def release_pages(const uint8_t[:, ::1] W):
         return False
     cdef size_t n = <size_t>(W.shape[0] - 1) * <size_t>W.strides[0] + <size_t>W.shape[1]
     return mc_release_pages(&W[0, 0], n) == 0
+
+
+# GGML type id -> (weights, bytes) per block, of the types mc_quantize_rows writes
+_QUANT_BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+                 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+
+
+def quantize_chunk(int ggml_type, const float[:, ::1] x, uint8_t[:, ::1] out,
+                   const float[::1] imatrix=None):
+    """out (rows, row_bytes) = x (rows, n_per_row) as GGML blocks of ``ggml_type`` (its GGML
+    id), bit for bit as ggml_quantize_chunk; ``imatrix`` (n_per_row,) weighs the search as
+    llama-quantize's importance matrix does."""
+    if ggml_type not in _QUANT_BLOCKS:
+        raise ValueError(f"no quantizer for GGML type {ggml_type}")
+    bs, ts = _QUANT_BLOCKS[ggml_type]
+    if x.shape[1] % bs or x.shape[0] != out.shape[0] or out.shape[1] != x.shape[1] // bs * ts:
+        raise ValueError("x and out do not have the shapes of one quantized row block")
+    cdef const float *im = NULL
+    if imatrix is not None:
+        if imatrix.shape[0] != x.shape[1]:
+            raise ValueError("imatrix length differs from the row length")
+        im = &imatrix[0]
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return
+    with nogil:
+        mc_quantize_rows(ggml_type, &x[0, 0], &out[0, 0], x.shape[0], x.shape[1], im)
 
 
 def matmul_multi(int wtype, list Ws, int K, const float[:, ::1] x, list outs, int simd, int nth,

@@ -12,6 +12,7 @@
 #if !defined(MC_SPLIT)
 #include "mc_quant.h"
 #include "mc_ops.h"
+#include "mc_quantize.h"
 #else
 #include <stddef.h>
 #include <stdint.h>
@@ -70,6 +71,10 @@ MC_API_DECL int mc_attention_append(int n_seq, const float *q, const float *k_ne
                                     const int *starts, const int *counts, float *out, int n_head,
                                     int n_head_kv, int hd, float scale, int window,
                                     float softcap, int kv_f16, int nth, int simd);
+
+/* mc_quantize.h */
+MC_API_DECL int64_t mc_quantize_rows(int type, const float *src, uint8_t *dst, int64_t nrow,
+                                      int64_t n_per_row, const float *imatrix);
 #endif /* MC_SPLIT */
 
 #endif /* MC_API_H */

@@ -4,3 +4,4 @@
 #include "mc_api.h" /* the declarations the definitions below must match */
 #include "mc_quant.h"
 #include "mc_ops.h"
+#include "mc_quantize.h"

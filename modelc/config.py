@@ -33,7 +33,12 @@ class StoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class PackConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     compress: bool = False
     compression_level: Annotated[int, msgspec.Meta(ge=1, le=22)] = 3
-    quantize: Literal["fp16", "int8", "int4", "q8_0", "q4_0"] | None = None
+    quantize: (
+        Literal[
+            "fp16", "int8", "int4", "q8_0", "q4_0", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k"
+        ]
+        | None
+    ) = None
 
 
 class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -265,22 +265,22 @@ def test_prune_requantizes_a_quantized_gguf(cli: Cli, smol: Path, tmp_path: Path
 
 
 def test_prune_refuses_a_type_it_cannot_write(cli: Cli, tmp_path: Path) -> None:
-    """A Q6_K matrix cannot be requantized to Q6_K: say so, and how to prune it anyway."""
+    """A Q3_K matrix cannot be requantized to Q3_K: say so, and how to prune it anyway."""
     rng = np.random.default_rng(0)
     with gguf_file(tmp_path / "k.gguf", "gpt2") as w:
         w.add_tensor(
             "t.weight",
-            rng.integers(0, 256, size=(2, 210), dtype=np.uint8),
-            raw_dtype=gguf.GGMLQuantizationType.Q6_K,
+            rng.integers(0, 256, size=(2, 110), dtype=np.uint8),
+            raw_dtype=gguf.GGMLQuantizationType.Q3_K,
         )
     cli.fails(
         "pack", "k.gguf", "-o", "k.modelc", "--prune", "0.1",
-        match=r"--prune must requantize tensor t\.weight, but modelc cannot write q6_k.*add --quantize",
+        match=r"--prune must requantize tensor t\.weight, but modelc cannot write q3_k.*add --quantize",
     )  # fmt: skip
     assert not list(tmp_path.glob("*.modelc")) and not list(tmp_path.glob(".*.tmp"))
     cli("pack", "k.gguf", "-o", "k.modelc", "--prune", "0.1", "--quantize", "q8_0")
     assert json.loads(cli("inspect", "k.modelc", "--json").stdout)["pack"]["requantized_from"] == [
-        "q6_k"
+        "q3_k"
     ]
 
 

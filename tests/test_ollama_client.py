@@ -375,6 +375,19 @@ def test_create_from_a_local_file(oc: ollama.Client) -> None:
 
 
 @pytest.mark.slow
+def test_create_with_quantize(oc: ollama.Client) -> None:
+    """``quantize`` (Ollama's names, as ``ollama create -q q4_K_M``) packs with the K-quant mix;
+    the quantized model answers."""
+    assert oc.create("smolq4km", from_=str(smollm2_gguf()), quantize="q4_K_M").status == "success"
+    shown = oc.show("smolq4km")
+    assert shown.details is not None and shown.details.quantization_level == "Q4_K_M"
+    assert chat_text(oc, "smolq4km", [user(Q)])
+    with pytest.raises(ollama.ResponseError) as err:
+        oc.create("smolbad", from_=str(smollm2_gguf()), quantize="q3_K_L")
+    assert err.value.status_code == 400 and "quantize" in err.value.error
+
+
+@pytest.mark.slow
 def test_create_num_predict_parameter(oc: ollama.Client, pulled: str) -> None:
     """Ollama's ``num_predict`` parameter is the model's default answer length."""
     oc.create("smol5", from_=pulled, parameters={"temperature": 0, "num_predict": 5})

@@ -54,6 +54,12 @@ QUANT_METHODS: dict[str, str] = {
     "int4": "q4_1",  # int4 = 4-bit with a per-block scale and minimum: stored as GGML Q4_1 blocks
     "q8_0": "q8_0",
     "q4_0": "q4_0",
+    # llama-quantize's mixes (artifact.mixes): the default type; some tensors get others
+    "q4_k_s": "q4_k",
+    "q4_k_m": "q4_k",
+    "q5_k_s": "q5_k",
+    "q5_k_m": "q5_k",
+    "q6_k": "q6_k",
 }
 
 

@@ -9,6 +9,8 @@ tensors, norms, biases and integer tensors are never touched.
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,10 @@ FLOAT_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16, DType.F64})
 
 
 # the quantized types modelc can write (formats.quants.quantize), so can requantize into
-REQUANTIZABLE = frozenset({DType.Q8_0, DType.Q4_0, DType.Q4_1, DType.INT8})
+REQUANTIZABLE = frozenset(
+    {DType.Q8_0, DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q4_K, DType.Q5_K}
+    | {DType.Q6_K, DType.INT8}
+)
 
 
 def _is_matrix(name: str, shape: tuple[int, ...]) -> bool:
@@ -99,10 +104,46 @@ def prune(x: np.ndarray[Any, Any], threshold: float) -> tuple[np.ndarray[Any, An
     return out, n
 
 
-def quantize(x: np.ndarray[Any, Any], target: DType) -> np.ndarray[Any, Any]:
-    """Quantize a 2-D float array (any float dtype) to ``target``; f16 stays an f16 array."""
+# the GGML types the compiled quantizer (cyx/mc_quantize.h) writes, by GGML type id
+GGML_IDS = {
+    DType.Q4_0: 2, DType.Q4_1: 3, DType.Q5_0: 6, DType.Q5_1: 7, DType.Q8_0: 8,
+    DType.Q4_K: 12, DType.Q5_K: 13, DType.Q6_K: 14,
+}  # fmt: skip
+
+
+def quantize(
+    x: np.ndarray[Any, Any], target: DType, imatrix: np.ndarray[Any, Any] | None = None
+) -> np.ndarray[Any, Any]:
+    """Quantize a 2-D float array (any float dtype) to ``target``; f16 stays an f16 array.
+
+    GGML block types are written by the compiled quantizer, bit for bit as llama.cpp's
+    ``ggml_quantize_chunk``; ``imatrix`` (cols,) float32 importance weights steer it as
+    ``llama-quantize --imatrix`` does.
+    """
     if target is DType.F16:
         return np.asarray(x, dtype=np.float16)
+    if target in GGML_IDS:
+        import importlib
+
+        k = importlib.import_module("modelc._kernels.kernels")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        x = x.reshape(-1, x.shape[-1])
+        bs, ts = BLOCK_SIZES[target]
+        if x.shape[1] % bs:
+            raise UsageError(f"cannot store rows of {x.shape[1]} weights as {target}")
+        out = np.empty((x.shape[0], x.shape[1] // bs * ts), dtype=np.uint8)
+        im = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
+        # rows are independent: a slice each on every CPU (the wrapper releases the GIL)
+        n = min(int(k.num_procs()), max(1, x.size // (1 << 16)))
+        cuts = np.linspace(0, x.shape[0], n + 1).astype(int)
+        with ThreadPoolExecutor(n) as pool:
+            for f in [
+                pool.submit(k.quantize_chunk, GGML_IDS[target], x[a:b], out[a:b], im)
+                for a, b in itertools.pairwise(cuts.tolist())
+                if b > a
+            ]:
+                f.result()
+        return out
     from modelc.formats.quants import quantize as q
 
     return q(np.ascontiguousarray(x, dtype=np.float32), target)

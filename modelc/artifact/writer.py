@@ -37,6 +37,7 @@ from modelc.artifact.format import (
     align,
     encode_manifest,
 )
+from modelc.artifact.mixes import K_MIXES, tensor_types
 from modelc.artifact.transform import (
     can_store_as,
     is_weight_matrix,
@@ -47,6 +48,7 @@ from modelc.artifact.transform import (
     to_f32,
 )
 from modelc.errors import FormatError, UsageError
+from modelc.formats.imatrix import load_imatrix
 from modelc.formats.ir import NUMPY_DTYPES, DType, ModelIR, Tensor, nbytes
 
 # (bytes done, bytes total, tensor name)
@@ -59,8 +61,11 @@ class PackOptions:
 
     compress: bool = False
     compression_level: int = 3  # zstandard level, 1..22 (3..19 sensible)
-    quantize: str | None = None  # a QUANT_METHODS key: fp16 | int8 | int4 | q8_0 | q4_0
+    quantize: str | None = (
+        None  # a QUANT_METHODS key: fp16 | int8 | int4 | q8_0 | q4_0 | q4_k_m ...
+    )
     prune: float | None = None  # zero |w| < prune in weight matrices, before quantizing
+    imatrix: str | None = None  # llama.cpp importance-matrix file steering the quantizer
 
     def check(self) -> None:
         if self.quantize is not None and self.quantize not in QUANT_METHODS:
@@ -69,6 +74,11 @@ class PackOptions:
             )
         if not 1 <= self.compression_level <= 22:
             raise UsageError(f"compression level must be 1..22, got {self.compression_level}")
+        if self.imatrix is not None and self.quantize not in K_MIXES:
+            raise UsageError(
+                f"--imatrix steers the K-quant mixes only ({', '.join(K_MIXES)}); "
+                "add --quantize q4_k_m (or another)"
+            )
         if self.prune is not None and not (self.prune >= 0 and np.isfinite(self.prune)):
             raise UsageError(f"prune threshold must be a finite number >= 0, got {self.prune}")
 
@@ -95,9 +105,14 @@ def _checked_data(t: Tensor, source: str) -> np.ndarray[Any, Any]:
 _CHUNK_BYTES = 1 << 22  # tensors are transformed and written in row blocks of about 4 MB
 
 
-def _target(t: Tensor, opts: PackOptions) -> DType | None:
+def _target(t: Tensor, opts: PackOptions, plan: dict[str, DType] | None) -> DType | None:
     """The dtype ``--quantize`` (or ``--prune``, on a quantized matrix) turns this tensor
-    into, or None to keep its own."""
+    into, or None to keep its own.  ``plan``: a K-quant mix's types (artifact.mixes)."""
+    if plan is not None:
+        target = plan.get(t.name)
+        if target is None or (target is t.dtype and not opts.prune):
+            return None
+        return target
     if t.dtype.is_quantized:
         return requantize_target(t.name, t.dtype, t.shape, opts.quantize, opts.prune)
     if not opts.quantize or not is_weight_matrix(t.name, t.dtype, t.shape):
@@ -108,12 +123,56 @@ def _target(t: Tensor, opts: PackOptions) -> DType | None:
     return target
 
 
+def _plan(ir: ModelIR, opts: PackOptions) -> dict[str, DType] | None:
+    """Each tensor's type under a K-quant mix (llama-quantize's rules), None for other methods."""
+    if opts.quantize not in K_MIXES:
+        return None
+    shapes = ((t.name, t.shape) for t in ir.tensors.values())
+    return tensor_types(
+        shapes, opts.quantize, ir.architecture, ir.hparams, has_imatrix=opts.imatrix is not None
+    )
+
+
+def _imatrix_rows(
+    t: Tensor, weights: dict[str, np.ndarray[Any, Any]] | None
+) -> np.ndarray[Any, Any] | None:
+    """This tensor's importance weights, (n_expert, cols), or None where the file has none
+    (llama-quantize then quantizes without, as here)."""
+    if weights is None or t.name not in weights:
+        return None
+    w = weights[t.name]
+    experts = t.shape[0] if len(t.shape) == 3 else 1
+    if w.size != experts * t.shape[-1]:
+        if t.name in ("token_embd.weight", "per_layer_token_embd.weight"):
+            return None
+        raise UsageError(
+            f"the importance matrix has {w.size} weights for {t.name}, which needs "
+            f"{experts * t.shape[-1]}: it was computed for another model"
+        )
+    return w.reshape(experts, t.shape[-1])
+
+
+def _quantize_block(
+    t: Tensor, x: np.ndarray[Any, Any], target: DType, r0: int, im: np.ndarray[Any, Any] | None
+) -> np.ndarray[Any, Any]:
+    """Quantize rows r0.. of the tensor's (rows, -1) view: each expert of a 3-D tensor with
+    its own importance weights."""
+    cols = t.shape[-1]
+    if im is None:
+        return quantize(x.reshape(-1, cols), target).reshape(x.shape[0], -1)
+    if len(t.shape) == 3:  # a row of the view is one expert
+        parts = [quantize(x[i].reshape(-1, cols), target, im[r0 + i]) for i in range(len(x))]
+        return np.stack(parts).reshape(x.shape[0], -1)
+    return quantize(x.reshape(-1, cols), target, im[0])
+
+
 def _chunks(
     t: Tensor,
     data: np.ndarray[Any, Any],
     target: DType | None,
     opts: PackOptions,
     info: PackInfo,
+    im: np.ndarray[Any, Any] | None = None,
 ) -> Iterator[np.ndarray[Any, Any]]:
     """The tensor's stored bytes as row blocks, pruned and quantized block by block.
 
@@ -140,7 +199,7 @@ def _chunks(
             x, n = prune(x, opts.prune)
             info.pruned_weights += n
         if target is not None:
-            yield quantize(x, target)
+            yield _quantize_block(t, x, target, r0, im)
         elif t.dtype is DType.BF16:  # pruned only: back to bf16 bits, exact (values came from bf16)
             yield (np.ascontiguousarray(x, dtype=np.float32).view(np.uint32) >> 16).astype(
                 np.uint16
@@ -229,7 +288,9 @@ def write_artifact(
     entries: list[TensorEntry] = []
     compressor = zstandard.ZstdCompressor(level=opts.compression_level, write_checksum=True)
     # every tensor's fate first, so a refusal (UsageError) comes before any writing
-    targets = {t.name: _target(t, opts) for t in ir.tensors.values()}
+    plan = _plan(ir, opts)
+    targets = {t.name: _target(t, opts, plan) for t in ir.tensors.values()}
+    weights = load_imatrix(opts.imatrix) if opts.imatrix is not None else None
     with atomic_output(dest) as f:
         f.write(b"\x00" * HEADER_SIZE)
         pos = 0  # relative to the data area
@@ -244,8 +305,9 @@ def write_artifact(
                 if t.dtype.value not in info.requantized_from:
                     info.requantized_from.append(t.dtype.value)
             n = nbytes(dtype, t.shape)
+            im = _imatrix_rows(t, weights) if target is not None else None
             comp = compressor if opts.compress and n else None
-            size, digest = _write_tensor(f, t, _chunks(t, data, target, opts, info), n, comp)
+            size, digest = _write_tensor(f, t, _chunks(t, data, target, opts, info, im), n, comp)
             entries.append(
                 TensorEntry(
                     name=t.name,

@@ -27,6 +27,7 @@ def _pack_options(args: argparse.Namespace) -> PackOptions:
         compression_level=args.level if args.level is not None else cfg.compression_level,
         quantize=args.quantize if args.quantize is not None else cfg.quantize,
         prune=args.prune,
+        imatrix=args.imatrix,
     )
 
 

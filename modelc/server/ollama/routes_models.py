@@ -25,6 +25,8 @@ from typing import Any
 import trio
 from quart import Blueprint, Response
 
+from modelc.artifact import PackOptions
+from modelc.artifact.format import QUANT_METHODS
 from modelc.errors import ModelcError, UsageError
 from modelc.server import sse
 from modelc.server.context import body, ctx, json_response, stream_response, use_model
@@ -388,6 +390,7 @@ async def create() -> Response:
     if spec.get("template"):
         _check_template(spec["template"])
     gen = _generation(spec["parameters"])
+    opts = _pack_options(req.quantize)
     models = ctx().state.models
     store = _store(models)
 
@@ -412,7 +415,26 @@ async def create() -> Response:
         if "system" in spec:
             ir.generation["system"] = spec["system"]
         ir.generation.update(gen)  # over the file's own recommendation
-        store.add(ir, name)
+        store.add(ir, name, opts)
         return "success"
 
-    return await _run(work, req.stream, f"creating {name} from {source}")
+    what = (
+        f"quantizing {source} to {req.quantize}"
+        if req.quantize
+        else f"creating {name} from {source}"
+    )
+    return await _run(work, req.stream, what)
+
+
+def _pack_options(quantize: str | None) -> PackOptions | None:
+    """``quantize`` (Ollama's ``q4_K_M``, ``q8_0``, ...) as pack options: the same methods
+    as ``modelc pack --quantize``, case-insensitive."""
+    if quantize is None:
+        return None
+    method = quantize.lower()
+    if method not in QUANT_METHODS:
+        raise ParamError(
+            f"quantize {quantize!r} is not supported; use one of {', '.join(QUANT_METHODS)}",
+            param="quantize",
+        )
+    return PackOptions(quantize=method)

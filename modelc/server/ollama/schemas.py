@@ -258,6 +258,7 @@ class OllamaCreateRequest(Req):
     system: Text | None = None
     parameters: Annotated[dict[str, Parameter], Meta(max_length=64)] | None = None
     license: Text | list[Text] | None = None
+    quantize: Annotated[str, Meta(max_length=16)] | None = None  # q4_K_M, q8_0, ...
     stream: bool = True
 
 
