@@ -21,6 +21,7 @@ from modelc.families import (
     qwen2,
     qwen3,
     qwen3moe,
+    smollm3,
 )
 from modelc.families.contract import Family
 
@@ -39,6 +40,7 @@ FAMILIES: dict[str, Family] = {
         gemma3.FAMILY,
         phi3.FAMILY,
         nomic_bert.FAMILY,
+        smollm3.FAMILY,
     )
 }
 

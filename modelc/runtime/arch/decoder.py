@@ -16,7 +16,8 @@ A layer, with the optional parts in brackets::
     h = attn_norm(x); q, k, v = h Wq [+ bq], h Wk [+ bk], h Wv [+ bv]
     [q, k = q_norm(q), k_norm(k)]            per head, before RoPE (qwen3, gemma3)
     rope(q, k)                               interleaved pairs or NeoX; [local base] on
-                                             windowed layers (gemma3); [LongRoPE] (phi3)
+                                             windowed layers (gemma3); [LongRoPE] (phi3);
+                                             [none on NoPE layers] (smollm3)
     o = attention(q, k, v) Wo                [window], [soft-capped scores] (gemma2)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
     h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]
@@ -74,6 +75,7 @@ FEATURES: dict[str, str] = {
     "long_rope": "LongRoPE long factors",  # phi3
     "partial_rope": "partial RoPE (rotary dimensions below the head size)",
     "moe": "mixtures of experts",  # mixtral, qwen3moe
+    "nope": "layers without RoPE (NoPE)",  # smollm3
 }
 
 
@@ -105,6 +107,7 @@ class DecoderSpec:
     qk_norm: tuple[bool, ...]  # per layer
     moe: tuple[bool, ...]  # per layer: a mixture of experts
     n_expert_used: int
+    nope: tuple[bool, ...] = ()  # per layer: no RoPE (smollm3); (): RoPE on every layer
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -124,6 +127,7 @@ class DecoderSpec:
             "long_rope": bool(self.long_rope_after),
             "partial_rope": self.rot_dim != self.head_dim,
             "moe": any(self.moe),
+            "nope": any(self.nope),
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -253,6 +257,7 @@ class Decoder(CausalLM):
             qk_norm=tuple(b.q_norm is not None for b in self.blocks),
             moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
+            nope=tuple(i in hp.nope_layers for i in range(len(self.blocks))),
         )
         self.scratch = Scratch()
 
@@ -349,9 +354,10 @@ class Decoder(CausalLM):
             if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
                 q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
                 k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
-            rot = local if sp.local_rope[li] else angles
-            be.rope(q, rot, self.neox)
-            be.rope(k, rot, self.neox)
+            if not sp.nope[li]:
+                rot = local if sp.local_rope[li] else angles
+                be.rope(q, rot, self.neox)
+                be.rope(k, rot, self.neox)
             win = sp.windows[li]
             attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
             o = be.matmul(b.wo, attn2, out=ob)
@@ -393,9 +399,17 @@ class Decoder(CausalLM):
         if cache.n <= n_keep:
             return
         delta = np.full(cache.n - n_keep, -n_discard, np.int64)
-        invs = iter([self.inv_freq_local if loc else self.inv_freq for loc in self.spec.local_rope])
+        sp = self.spec
+        invs = iter(
+            [
+                None if nope else self.inv_freq_local if loc else self.inv_freq
+                for loc, nope in zip(sp.local_rope, sp.nope, strict=True)
+            ]
+        )
 
         def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            self.be.rope(k, self.be.rope_angles(delta[: len(k)], next(invs)), self.neox)
+            inv = next(invs)
+            if inv is not None:  # a NoPE layer's keys carry no position
+                self.be.rope(k, self.be.rope_angles(delta[: len(k)], inv), self.neox)
 
         cache.update_keys(n_keep, rerotate)
