@@ -126,9 +126,11 @@ def ensure(
     weights: Callable[[], Arrays],
     write_gguf: Callable[[Arrays, Path], None],
     chat_template: str | None = None,
+    tokenizer_class: str | None = None,
 ) -> tuple[Path, Path]:
     """The model's HF directory and GGUF in the asset cache (``name`` carries the
-    version), made if missing; ``chat_template`` replaces the committed one."""
+    version), made if missing; ``chat_template`` and ``tokenizer_class`` replace the
+    committed tokenizer_config.json's."""
     from safetensors.numpy import save_file
 
     dest = assets_dir() / name
@@ -141,6 +143,8 @@ def ensure(
         tc = json.loads((FIX / "tokenizer_config.json").read_text())
         if chat_template is not None:
             tc["chat_template"] = chat_template
+        if tokenizer_class is not None:
+            tc["tokenizer_class"] = tokenizer_class
         (hf / "tokenizer_config.json").write_text(json.dumps(tc, indent=1) + "\n")
         (hf / "config.json").write_text(json.dumps(cfg, indent=2))
         ws = weights()

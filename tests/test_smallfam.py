@@ -37,7 +37,11 @@ from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
 
 # family -> what it uses that CUDA and `modelc compile` do not run (FEATURES' words)
-FAMILIES = {"smollm3": "layers without RoPE (NoPE)"}
+FAMILIES = {
+    "smollm3": "layers without RoPE (NoPE)",
+    "phi4mini": "partial RoPE (rotary dimensions below the head size)",
+}
+ARCH = {"phi4mini": "phi3"}  # GGUF / modelc architecture names where not the family's
 SOURCES = ["hf", "gguf"]
 
 
@@ -60,7 +64,7 @@ def lm(ir: ModelIR) -> LanguageModel:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_matches_transformers(family: str, kind: str) -> None:
     ir = load(family, kind)
-    assert ir.architecture == family
+    assert ir.architecture == ARCH.get(family, family)
     model = lm(ir)
     for rec in golden(f"family_{family}.json")["records"]:
         err, toks = check_record(model, rec)
@@ -82,6 +86,10 @@ def test_the_family_feature_is_what_matches(family: str) -> None:
     ir = load(family, "gguf")
     if family == "smollm3":
         ir.hparams.nope_layers = []
+    if family == "phi4mini":
+        ir.hparams.rope_dim = 0
+        rs = ir.hparams.rope_scaling  # the whole head rotates: two more pairs
+        rs.short_factor = rs.long_factor = [*rs.short_factor, 1.0, 1.0]
     model = lm(ir)
     recs = golden(f"family_{family}.json")["records"]
     assert max(check_record(model, r)[0] for r in recs) > 10 * LOGPROB_TOL
@@ -181,7 +189,7 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
     arts = [open_artifact(tmp_path / f"{k}.modelc") for k in SOURCES]
     try:
         irs = [a.to_ir() for a in arts]
-        assert irs[0].architecture == irs[1].architecture == family
+        assert irs[0].architecture == irs[1].architecture == ARCH.get(family, family)
         assert irs[0].hparams.nope_layers == irs[1].hparams.nope_layers
         assert sorted(irs[0].tensors) == sorted(irs[1].tensors)
         for name, t in irs[0].tensors.items():
@@ -189,9 +197,11 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
     finally:
         for a in arts:
             a.close()
+    shows = {"smollm3": "NoPE layers 3", "phi4mini": "partial RoPE (12 of each head's"}
     for k in SOURCES:
         out = cli("inspect", str(tmp_path / f"{k}.modelc")).stdout
-        assert f"architecture   {family}" in out
+        assert f"architecture   {ARCH.get(family, family)}" in out
+        assert shows[family] in out, out
 
 
 @pytest.mark.parametrize("family", FAMILIES)

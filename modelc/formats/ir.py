@@ -165,6 +165,7 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_style: str = "interleaved"  # "interleaved" (GGUF/llama.cpp NORM) | "neox"
+    rope_dim: int = 0  # rotated dimensions of a head (partial RoPE: phi-4-mini); 0: head_dim
     rope_scaling: RopeScaling = msgspec.field(default_factory=RopeScaling)
     tie_embeddings: bool = False
     sliding_window: int = 0  # llama/mistral: each query sees the last n positions; 0: all

@@ -217,16 +217,21 @@ class Decoder(CausalLM):
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
-        self.inv_freq = rope_inv_freq(self.head_dim, hp.rope_theta, hp.rope_scaling)
+        rot = hp.rope_dim or self.head_dim  # partial RoPE: the first rot dims of a head
+        self.inv_freq = rope_inv_freq(rot, hp.rope_theta, hp.rope_scaling)
         self.inv_freq_local = (  # the windowed layers' own base (gemma3), unscaled
-            rope_inv_freq(self.head_dim, hp.rope_theta_local, type(hp.rope_scaling)())
+            rope_inv_freq(rot, hp.rope_theta_local, type(hp.rope_scaling)())
             if hp.rope_theta_local
             else self.inv_freq
         )
         after = long_rope_after(hp)
-        self.long_rope = LongRope(hp, self.head_dim, after) if after else None
-        # YaRN scales cos and sin, so each Q·K by the factor squared
-        factor = rope_attention_factor(hp.rope_scaling) ** 2
+        self.long_rope = LongRope(hp, rot, after) if after else None
+        # YaRN / LongRoPE scale cos and sin: each Q·K by the factor squared, unless only part
+        # of each head rotates (then the angle tables carry it, to the rotated dims alone)
+        mscale = rope_attention_factor(hp.rope_scaling)
+        partial = rot != self.head_dim and mscale != 1.0
+        self.rope_mscale = np.float32(mscale) if partial else None
+        factor = 1.0 if partial else mscale**2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
@@ -342,6 +347,9 @@ class Decoder(CausalLM):
         if self.long_rope is not None:
             angles = self.long_rope.angles(be, batch, pos, angles)
         local = be.rope_angles(pos, self.inv_freq_local) if any(sp.local_rope) else angles
+        if self.rope_mscale is not None:
+            angles = (angles[0] * self.rope_mscale, angles[1] * self.rope_mscale)
+            local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
