@@ -46,17 +46,22 @@ class Rand:
 
 
 def llama_weights(
-    cfg: dict[str, Any], seed: int, extra: Callable[[Rand, str, Arrays], None] | None = None
+    cfg: dict[str, Any],
+    seed: int,
+    extra: Callable[[Rand, str, Arrays], None] | None = None,
+    input_norm: bool = True,
 ) -> Arrays:
     """HF names -> f32 arrays of a llama-shaped model; ``extra(rand, prefix, out)`` adds a
-    layer's family-specific tensors after its attention projections."""
+    layer's family-specific tensors after its attention projections; ``input_norm``
+    False: no ``input_layernorm`` (olmo2)."""
     r = Rand(seed)
     d, ff, v, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], head_dim(cfg)
     nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
     out = {"model.embed_tokens.weight": r.w(v, d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = r.norm(d)
+        if input_norm:
+            out[p + "input_layernorm.weight"] = r.norm(d)
         out[p + "self_attn.q_proj.weight"] = r.w(nq, d)
         out[p + "self_attn.k_proj.weight"] = r.w(nkv, d)
         out[p + "self_attn.v_proj.weight"] = r.w(nkv, d)

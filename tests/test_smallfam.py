@@ -1,4 +1,4 @@
-"""The smaller 2026 families (issue 34): SmolLM3, ... against transformers, llama.cpp's
+"""The smaller 2026 families (issue 34): SmolLM3, Phi-4-mini, OLMo 2 against transformers, llama.cpp's
 converter and llama.cpp's server.
 
 Each tiny random model is numpy-made by ``tests/gen_<family>.py`` (HF directory and GGUF
@@ -11,6 +11,7 @@ directory, which the GGUF made here must equal tensor by tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 from pathlib import Path
@@ -40,6 +41,7 @@ from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golde
 FAMILIES = {
     "smollm3": "layers without RoPE (NoPE)",
     "phi4mini": "partial RoPE (rotary dimensions below the head size)",
+    "olmo2": "post-norms without pre-norms, Q/K norms over the whole projection",
 }
 ARCH = {"phi4mini": "phi3"}  # GGUF / modelc architecture names where not the family's
 SOURCES = ["hf", "gguf"]
@@ -91,6 +93,14 @@ def test_the_family_feature_is_what_matches(family: str) -> None:
         rs = ir.hparams.rope_scaling  # the whole head rotates: two more pairs
         rs.short_factor = rs.long_factor = [*rs.short_factor, 1.0, 1.0]
     model = lm(ir)
+    if family == "olmo2":  # Q/K normed per head (with the first head's weights)
+        from modelc.runtime.arch import Decoder
+
+        assert isinstance(model, Decoder)
+        model.spec = dataclasses.replace(model.spec, qk_norm_whole=False)
+        for b in model.blocks:
+            assert b.q_norm is not None and b.k_norm is not None
+            b.q_norm, b.k_norm = b.q_norm[: model.head_dim], b.k_norm[: model.head_dim]
     recs = golden(f"family_{family}.json")["records"]
     assert max(check_record(model, r)[0] for r in recs) > 10 * LOGPROB_TOL
 
@@ -197,7 +207,11 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
     finally:
         for a in arts:
             a.close()
-    shows = {"smollm3": "NoPE layers 3", "phi4mini": "partial RoPE (12 of each head's"}
+    shows = {
+        "smollm3": "NoPE layers 3",
+        "phi4mini": "partial RoPE (12 of each head's",
+        "olmo2": "Q/K norm",
+    }
     for k in SOURCES:
         out = cli("inspect", str(tmp_path / f"{k}.modelc")).stdout
         assert f"architecture   {ARCH.get(family, family)}" in out

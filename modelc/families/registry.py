@@ -17,6 +17,7 @@ from modelc.families import (
     llama,
     mlp,
     nomic_bert,
+    olmo2,
     phi3,
     qwen2,
     qwen3,
@@ -41,6 +42,7 @@ FAMILIES: dict[str, Family] = {
         phi3.FAMILY,
         nomic_bert.FAMILY,
         smollm3.FAMILY,
+        olmo2.FAMILY,
     )
 }
 

@@ -13,8 +13,9 @@ refuses the rest in one place (:func:`refuse_unsupported`).
 
 A layer, with the optional parts in brackets::
 
-    h = attn_norm(x); q, k, v = h Wq [+ bq], h Wk [+ bk], h Wv [+ bv]
-    [q, k = q_norm(q), k_norm(k)]            per head, before RoPE (qwen3, gemma3)
+    h = attn_norm(x) | x [no pre-norms] (olmo2); q, k, v = h Wq [+ bq], h Wk [+ bk], h Wv [+ bv]
+    [q, k = q_norm(q), k_norm(k)]            per head, before RoPE (qwen3, gemma3); over
+                                             the whole projection (olmo2)
     rope(q, k)                               interleaved pairs or NeoX; [local base] on
                                              windowed layers (gemma3); [LongRoPE] (phi3);
                                              [none on NoPE layers] (smollm3)
@@ -76,6 +77,8 @@ FEATURES: dict[str, str] = {
     "partial_rope": "partial RoPE (rotary dimensions below the head size)",
     "moe": "mixtures of experts",  # mixtral, qwen3moe
     "nope": "layers without RoPE (NoPE)",  # smollm3
+    "no_pre_norms": "post-norms without pre-norms",  # olmo2
+    "qk_norm_whole": "Q/K norms over the whole projection",  # olmo2
 }
 
 
@@ -108,6 +111,8 @@ class DecoderSpec:
     moe: tuple[bool, ...]  # per layer: a mixture of experts
     n_expert_used: int
     nope: tuple[bool, ...] = ()  # per layer: no RoPE (smollm3); (): RoPE on every layer
+    pre_norms: bool = True  # False: the layer input goes to attention / FFN unnormed (olmo2)
+    qk_norm_whole: bool = False  # Q/K norms over all heads at once, not per head (olmo2)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -128,6 +133,8 @@ class DecoderSpec:
             "partial_rope": self.rot_dim != self.head_dim,
             "moe": any(self.moe),
             "nope": any(self.nope),
+            "no_pre_norms": not self.pre_norms,
+            "qk_norm_whole": self.qk_norm_whole,
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -147,12 +154,12 @@ def refuse_unsupported(spec: DecoderSpec, where: str, runs: Iterable[str], hint:
 class DecoderBlock:
     """One layer's weights (views into the model file); optional parts are None."""
 
-    attn_norm: F32Array  # (d,)
+    attn_norm: F32Array | None  # (d,); None: no pre-norm (olmo2)
     wq: Weight  # (n_head*hd, d)
     wk: Weight  # (n_head_kv*hd, d)
     wv: Weight  # (n_head_kv*hd, d)
     wo: Weight  # (d, n_head*hd)
-    ffn_norm: F32Array  # (d,)
+    ffn_norm: F32Array | None  # (d,)
     w_gate: Weight | None  # (ff, d); None in a mixture of experts
     w_up: Weight | None  # (ff, d)
     w_down: Weight | None  # (d, ff)
@@ -160,8 +167,8 @@ class DecoderBlock:
     bq: F32Array | None = None  # (n_head*hd,)
     bk: F32Array | None = None  # (n_head_kv*hd,)
     bv: F32Array | None = None  # (n_head_kv*hd,)
-    q_norm: F32Array | None = None  # (hd,)
-    k_norm: F32Array | None = None  # (hd,)
+    q_norm: F32Array | None = None  # (hd,), or (n_head*hd,) over the whole projection
+    k_norm: F32Array | None = None  # (hd,), or (n_head_kv*hd,)
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
 
@@ -263,6 +270,10 @@ class Decoder(CausalLM):
             moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
             nope=tuple(i in hp.nope_layers for i in range(len(self.blocks))),
+            pre_norms=traits.pre_norms,
+            qk_norm_whole=any(
+                b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
+            ),
         )
         self.scratch = Scratch()
 
@@ -293,14 +304,14 @@ class Decoder(CausalLM):
             else:
                 gate, up = src.weight(p + "ffn_gate.weight"), src.weight(p + "ffn_up.weight")
             down = src.weight(p + "ffn_down.weight")
-        post = t.post_norms
+        post, pre = t.post_norms, t.pre_norms
         return DecoderBlock(
-            attn_norm=src.vec(p + "attn_norm.weight"),
+            attn_norm=src.vec(p + "attn_norm.weight") if pre else None,
             wq=wq,
             wk=wk,
             wv=wv,
             wo=src.weight(p + "attn_output.weight"),
-            ffn_norm=src.vec(p + "ffn_norm.weight"),
+            ffn_norm=src.vec(p + "ffn_norm.weight") if pre else None,
             w_gate=gate,
             w_up=up,
             w_down=down,
@@ -352,14 +363,16 @@ class Decoder(CausalLM):
             local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
         for li, b in enumerate(self.blocks):
-            h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
+            hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
+            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), hin, (qb, kb, vb))
             if b.bq is not None and b.bk is not None and b.bv is not None:
                 q += b.bq
                 k += b.bk
                 v += b.bv
+            if sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
+                q, k = be.rms_norm(q, b.q_norm, self.eps), be.rms_norm(k, b.k_norm, self.eps)
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
+            if not sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
                 q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
                 k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
             if not sp.nope[li]:
@@ -372,15 +385,15 @@ class Decoder(CausalLM):
             x += (
                 o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
             )
-            h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
+            hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
-                x += moe_ffn(be, b.experts, h, ob)
+                x += moe_ffn(be, b.experts, hin, ob)
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
             if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths
                 ff = b.w_gate.shape[0]
                 gb, ub = self.scratch.get("gate", (n, ff)), self.scratch.get("up", (n, ff))
-            g, u = be.matmul_many((b.w_gate, b.w_up), h, (gb, ub))  # (n, ff) each
+            g, u = be.matmul_many((b.w_gate, b.w_up), hin, (gb, ub))  # (n, ff) each
             if gelu:
                 g = be.gelu(g, out=g)
                 g *= u
