@@ -1,4 +1,5 @@
-"""The smaller 2026 families (issue 34): SmolLM3, Phi-4-mini, OLMo 2 against transformers, llama.cpp's
+"""The smaller 2026 families (issue 34): SmolLM3, Phi-4-mini, OLMo 2,
+Ministral 3 against transformers, llama.cpp's
 converter and llama.cpp's server.
 
 Each tiny random model is numpy-made by ``tests/gen_<family>.py`` (HF directory and GGUF
@@ -42,6 +43,7 @@ FAMILIES = {
     "smollm3": "layers without RoPE (NoPE)",
     "phi4mini": "partial RoPE (rotary dimensions below the head size)",
     "olmo2": "post-norms without pre-norms, Q/K norms over the whole projection",
+    "mistral3": "attention temperature tuning by position",
 }
 ARCH = {"phi4mini": "phi3"}  # GGUF / modelc architecture names where not the family's
 SOURCES = ["hf", "gguf"]
@@ -92,6 +94,8 @@ def test_the_family_feature_is_what_matches(family: str) -> None:
         ir.hparams.rope_dim = 0
         rs = ir.hparams.rope_scaling  # the whole head rotates: two more pairs
         rs.short_factor = rs.long_factor = [*rs.short_factor, 1.0, 1.0]
+    if family == "mistral3":
+        ir.hparams.attn_temp_scale = 0.0
     model = lm(ir)
     if family == "olmo2":  # Q/K normed per head (with the first head's weights)
         from modelc.runtime.arch import Decoder
@@ -211,6 +215,7 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
         "smollm3": "NoPE layers 3",
         "phi4mini": "partial RoPE (12 of each head's",
         "olmo2": "Q/K norm",
+        "mistral3": "RoPE interleaved (theta 1e+06, yarn x16)",
     }
     for k in SOURCES:
         out = cli("inspect", str(tmp_path / f"{k}.modelc")).stdout
@@ -251,3 +256,22 @@ def test_a_context_shift_rerotates_only_the_rope_layers() -> None:
     model.forward([SeqChunk(fresh, toks[:4] + toks[19:])])
     np.testing.assert_allclose(c.read(0, 25)[0], fresh.read(0, 25)[0], atol=2e-5)
     np.testing.assert_array_equal(c.read(3, 25)[0][4:], nope_before)
+
+
+def test_mistral3_with_its_vision_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(source("mistral3", "hf"), d)
+    text = json.loads((d / "config.json").read_text())
+    cfg = {
+        "architectures": ["Mistral3ForConditionalGeneration"],
+        "model_type": "mistral3",
+        "text_config": text,
+        "vision_config": {"model_type": "pixtral"},
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedError, match="vision model") as e:
+        load_model(d)
+    assert "\n" not in str(e.value)

@@ -15,6 +15,7 @@ from modelc.families import (
     gemma3,
     gpt2,
     llama,
+    mistral3,
     mlp,
     nomic_bert,
     olmo2,
@@ -43,6 +44,7 @@ FAMILIES: dict[str, Family] = {
         nomic_bert.FAMILY,
         smollm3.FAMILY,
         olmo2.FAMILY,
+        mistral3.FAMILY,
     )
 }
 

@@ -173,6 +173,8 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     nope_layers: list[int] = msgspec.field(default_factory=list)  # smollm3: layers without RoPE
     rope_theta_local: float = 0.0  # gemma3: the windowed layers' RoPE base, unscaled; 0: same
     attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
+    attn_temp_scale: float = 0.0  # llama-4 attention temperature's beta (mistral3); 0: none
+    attn_temp_floor: int = 0  # ... and its floor scale (the original context)
     attn_softcap: float = 0.0  # gemma2: scores -> c * tanh(scores / c); 0: none
     final_softcap: float = 0.0  # gemma2: the same on the logits
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"

@@ -19,6 +19,7 @@ A layer, with the optional parts in brackets::
     rope(q, k)                               interleaved pairs or NeoX; [local base] on
                                              windowed layers (gemma3); [LongRoPE] (phi3);
                                              [none on NoPE layers] (smollm3)
+    [q *= temperature(position)]             past the original context (mistral3)
     o = attention(q, k, v) Wo                [window], [soft-capped scores] (gemma2)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
     h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]
@@ -42,6 +43,7 @@ from modelc.errors import UnsupportedError
 from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_inv_freq
 from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
@@ -79,6 +81,7 @@ FEATURES: dict[str, str] = {
     "nope": "layers without RoPE (NoPE)",  # smollm3
     "no_pre_norms": "post-norms without pre-norms",  # olmo2
     "qk_norm_whole": "Q/K norms over the whole projection",  # olmo2
+    "attn_temp": "attention temperature tuning by position",  # mistral3
 }
 
 
@@ -113,6 +116,8 @@ class DecoderSpec:
     nope: tuple[bool, ...] = ()  # per layer: no RoPE (smollm3); (): RoPE on every layer
     pre_norms: bool = True  # False: the layer input goes to attention / FFN unnormed (olmo2)
     qk_norm_whole: bool = False  # Q/K norms over all heads at once, not per head (olmo2)
+    attn_temp: float = 0.0  # llama-4 temperature tuning's beta (mistral3); 0: none
+    attn_temp_floor: int = 0  # ... its floor scale (positions a step)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -135,6 +140,7 @@ class DecoderSpec:
             "nope": any(self.nope),
             "no_pre_norms": not self.pre_norms,
             "qk_norm_whole": self.qk_norm_whole,
+            "attn_temp": bool(self.attn_temp),
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -271,6 +277,8 @@ class Decoder(CausalLM):
             n_expert_used=hp.n_expert_used,
             nope=tuple(i in hp.nope_layers for i in range(len(self.blocks))),
             pre_norms=traits.pre_norms,
+            attn_temp=float(hp.attn_temp_scale),
+            attn_temp_floor=hp.attn_temp_floor,
             qk_norm_whole=any(
                 b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
             ),
@@ -362,6 +370,7 @@ class Decoder(CausalLM):
             angles = (angles[0] * self.rope_mscale, angles[1] * self.rope_mscale)
             local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
+        temp = attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor) if sp.attn_temp else None
         for li, b in enumerate(self.blocks):
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             q, k, v = be.matmul_many((b.wq, b.wk, b.wv), hin, (qb, kb, vb))
@@ -379,6 +388,8 @@ class Decoder(CausalLM):
                 rot = local if sp.local_rope[li] else angles
                 be.rope(q, rot, self.neox)
                 be.rope(k, rot, self.neox)
+            if temp is not None:  # queries sharpened past the original context
+                q *= temp
             win = sp.windows[li]
             attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
             o = be.matmul(b.wo, attn2, out=ob)

@@ -111,6 +111,7 @@ CUDA_RUNS = frozenset(FEATURES) - {
     "nope",
     "no_pre_norms",
     "qk_norm_whole",
+    "attn_temp",
 }
 
 
