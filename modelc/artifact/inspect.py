@@ -81,6 +81,10 @@ def attention_features(art: Artifact) -> list[str]:
         if h.rope_theta_local:
             rope += f"; windowed layers theta {h.rope_theta_local:g}"
         out.append(rope + ")")
+        if h.rope_dim:
+            out.append(f"partial RoPE ({h.rope_dim} of each head's dimensions)")
+        if h.nope_layers:
+            out.append(f"NoPE layers {','.join(map(str, h.nope_layers))}")
     if any(n.startswith("blk.0.attn_qkv") for n in names):
         out.append("fused QKV")
     if "blk.0.attn_q.bias" in names and "blk.0.ffn_gate.weight" in names:

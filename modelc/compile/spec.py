@@ -43,7 +43,13 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
 
 # what the generated decoder loop runs of the description (the rest is refused); a mixture's
 # expert FFN is the runtime's moe_ffn, called between two stretches of the compiled loop
-COMPILE_RUNS = frozenset(FEATURES) - {"partial_rope"}
+COMPILE_RUNS = frozenset(FEATURES) - {
+    "partial_rope",
+    "nope",
+    "no_pre_norms",
+    "qk_norm_whole",
+    "attn_temp",
+}
 
 
 def _decoder(m: Decoder, be: CpuBackend) -> Spec:

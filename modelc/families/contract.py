@@ -70,6 +70,7 @@ class DecoderTraits:
 
     act: Literal["silu", "gelu_tanh"] = "silu"  # the gated FFN's activation
     post_norms: bool = False  # RMSNorm of the attention / FFN outputs before the add (gemma)
+    pre_norms: bool = True  # RMSNorm of the layer's input before attention / FFN (not olmo2)
     embd_scale: bool = False  # embeddings times sqrt(n_embd) (gemma)
     fused_qkv: bool = False  # blk.{i}.attn_qkv holds the Q, K and V rows (phi3)
     fused_gate_up: bool = False  # blk.{i}.ffn_up holds the gate rows, then the up rows (phi3)
@@ -193,14 +194,24 @@ def hf_rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling]:
         raise UnsupportedError(
             f"rope scaling type {kind!r} is not supported (linear, llama3, yarn, longrope)"
         )
+    factor = float(rs.get("factor", 1.0))
+    attn = float(rs.get("attention_factor") or 0.0)
+    if kind == "yarn" and not attn and rs.get("mscale") and rs.get("mscale_all_dim"):
+        # transformers' _compute_yarn_parameters (DeepSeek, Mistral 3)
+        attn = yarn_mscale(factor, rs["mscale"]) / yarn_mscale(factor, rs["mscale_all_dim"])
     return theta, RopeScaling(
         type=kind,
-        factor=float(rs.get("factor", 1.0)),
+        factor=factor,
         original_max_position=int(rs.get("original_max_position_embeddings") or 0),
         low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
         high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-        attn_factor=float(rs.get("attention_factor") or 0.0),
+        attn_factor=attn,
     )
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's cos/sin factor for a context ``factor`` times longer, ``mscale`` times the log."""
+    return 0.1 * float(mscale) * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def _hf_longrope(cfg: Mapping[str, Any], rs: Mapping[str, Any]) -> RopeScaling:

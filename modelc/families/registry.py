@@ -15,12 +15,15 @@ from modelc.families import (
     gemma3,
     gpt2,
     llama,
+    mistral3,
     mlp,
     nomic_bert,
+    olmo2,
     phi3,
     qwen2,
     qwen3,
     qwen3moe,
+    smollm3,
 )
 from modelc.families.contract import Family
 
@@ -39,6 +42,9 @@ FAMILIES: dict[str, Family] = {
         gemma3.FAMILY,
         phi3.FAMILY,
         nomic_bert.FAMILY,
+        smollm3.FAMILY,
+        olmo2.FAMILY,
+        mistral3.FAMILY,
     )
 }
 

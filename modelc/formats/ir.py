@@ -165,12 +165,16 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_style: str = "interleaved"  # "interleaved" (GGUF/llama.cpp NORM) | "neox"
+    rope_dim: int = 0  # rotated dimensions of a head (partial RoPE: phi-4-mini); 0: head_dim
     rope_scaling: RopeScaling = msgspec.field(default_factory=RopeScaling)
     tie_embeddings: bool = False
     sliding_window: int = 0  # llama/mistral: each query sees the last n positions; 0: all
     window_layers: list[int] = msgspec.field(default_factory=list)  # those windowed; []: all
+    nope_layers: list[int] = msgspec.field(default_factory=list)  # smollm3: layers without RoPE
     rope_theta_local: float = 0.0  # gemma3: the windowed layers' RoPE base, unscaled; 0: same
     attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
+    attn_temp_scale: float = 0.0  # llama-4 attention temperature's beta (mistral3); 0: none
+    attn_temp_floor: int = 0  # ... and its floor scale (the original context)
     attn_softcap: float = 0.0  # gemma2: scores -> c * tanh(scores / c); 0: none
     final_softcap: float = 0.0  # gemma2: the same on the logits
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"

@@ -13,10 +13,13 @@ refuses the rest in one place (:func:`refuse_unsupported`).
 
 A layer, with the optional parts in brackets::
 
-    h = attn_norm(x); q, k, v = h Wq [+ bq], h Wk [+ bk], h Wv [+ bv]
-    [q, k = q_norm(q), k_norm(k)]            per head, before RoPE (qwen3, gemma3)
+    h = attn_norm(x) | x [no pre-norms] (olmo2); q, k, v = h Wq [+ bq], h Wk [+ bk], h Wv [+ bv]
+    [q, k = q_norm(q), k_norm(k)]            per head, before RoPE (qwen3, gemma3); over
+                                             the whole projection (olmo2)
     rope(q, k)                               interleaved pairs or NeoX; [local base] on
-                                             windowed layers (gemma3); [LongRoPE] (phi3)
+                                             windowed layers (gemma3); [LongRoPE] (phi3);
+                                             [none on NoPE layers] (smollm3)
+    [q *= temperature(position)]             past the original context (mistral3)
     o = attention(q, k, v) Wo                [window], [soft-capped scores] (gemma2)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
     h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]
@@ -40,6 +43,7 @@ from modelc.errors import UnsupportedError
 from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_inv_freq
 from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
@@ -74,6 +78,10 @@ FEATURES: dict[str, str] = {
     "long_rope": "LongRoPE long factors",  # phi3
     "partial_rope": "partial RoPE (rotary dimensions below the head size)",
     "moe": "mixtures of experts",  # mixtral, qwen3moe
+    "nope": "layers without RoPE (NoPE)",  # smollm3
+    "no_pre_norms": "post-norms without pre-norms",  # olmo2
+    "qk_norm_whole": "Q/K norms over the whole projection",  # olmo2
+    "attn_temp": "attention temperature tuning by position",  # mistral3
 }
 
 
@@ -105,6 +113,11 @@ class DecoderSpec:
     qk_norm: tuple[bool, ...]  # per layer
     moe: tuple[bool, ...]  # per layer: a mixture of experts
     n_expert_used: int
+    nope: tuple[bool, ...] = ()  # per layer: no RoPE (smollm3); (): RoPE on every layer
+    pre_norms: bool = True  # False: the layer input goes to attention / FFN unnormed (olmo2)
+    qk_norm_whole: bool = False  # Q/K norms over all heads at once, not per head (olmo2)
+    attn_temp: float = 0.0  # llama-4 temperature tuning's beta (mistral3); 0: none
+    attn_temp_floor: int = 0  # ... its floor scale (positions a step)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -124,6 +137,10 @@ class DecoderSpec:
             "long_rope": bool(self.long_rope_after),
             "partial_rope": self.rot_dim != self.head_dim,
             "moe": any(self.moe),
+            "nope": any(self.nope),
+            "no_pre_norms": not self.pre_norms,
+            "qk_norm_whole": self.qk_norm_whole,
+            "attn_temp": bool(self.attn_temp),
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -143,12 +160,12 @@ def refuse_unsupported(spec: DecoderSpec, where: str, runs: Iterable[str], hint:
 class DecoderBlock:
     """One layer's weights (views into the model file); optional parts are None."""
 
-    attn_norm: F32Array  # (d,)
+    attn_norm: F32Array | None  # (d,); None: no pre-norm (olmo2)
     wq: Weight  # (n_head*hd, d)
     wk: Weight  # (n_head_kv*hd, d)
     wv: Weight  # (n_head_kv*hd, d)
     wo: Weight  # (d, n_head*hd)
-    ffn_norm: F32Array  # (d,)
+    ffn_norm: F32Array | None  # (d,)
     w_gate: Weight | None  # (ff, d); None in a mixture of experts
     w_up: Weight | None  # (ff, d)
     w_down: Weight | None  # (d, ff)
@@ -156,8 +173,8 @@ class DecoderBlock:
     bq: F32Array | None = None  # (n_head*hd,)
     bk: F32Array | None = None  # (n_head_kv*hd,)
     bv: F32Array | None = None  # (n_head_kv*hd,)
-    q_norm: F32Array | None = None  # (hd,)
-    k_norm: F32Array | None = None  # (hd,)
+    q_norm: F32Array | None = None  # (hd,), or (n_head*hd,) over the whole projection
+    k_norm: F32Array | None = None  # (hd,), or (n_head_kv*hd,)
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
 
@@ -213,16 +230,21 @@ class Decoder(CausalLM):
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
-        self.inv_freq = rope_inv_freq(self.head_dim, hp.rope_theta, hp.rope_scaling)
+        rot = hp.rope_dim or self.head_dim  # partial RoPE: the first rot dims of a head
+        self.inv_freq = rope_inv_freq(rot, hp.rope_theta, hp.rope_scaling)
         self.inv_freq_local = (  # the windowed layers' own base (gemma3), unscaled
-            rope_inv_freq(self.head_dim, hp.rope_theta_local, type(hp.rope_scaling)())
+            rope_inv_freq(rot, hp.rope_theta_local, type(hp.rope_scaling)())
             if hp.rope_theta_local
             else self.inv_freq
         )
         after = long_rope_after(hp)
-        self.long_rope = LongRope(hp, self.head_dim, after) if after else None
-        # YaRN scales cos and sin, so each Q·K by the factor squared
-        factor = rope_attention_factor(hp.rope_scaling) ** 2
+        self.long_rope = LongRope(hp, rot, after) if after else None
+        # YaRN / LongRoPE scale cos and sin: each Q·K by the factor squared, unless only part
+        # of each head rotates (then the angle tables carry it, to the rotated dims alone)
+        mscale = rope_attention_factor(hp.rope_scaling)
+        partial = rot != self.head_dim and mscale != 1.0
+        self.rope_mscale = np.float32(mscale) if partial else None
+        factor = 1.0 if partial else mscale**2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
@@ -253,6 +275,13 @@ class Decoder(CausalLM):
             qk_norm=tuple(b.q_norm is not None for b in self.blocks),
             moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
+            nope=tuple(i in hp.nope_layers for i in range(len(self.blocks))),
+            pre_norms=traits.pre_norms,
+            attn_temp=float(hp.attn_temp_scale),
+            attn_temp_floor=hp.attn_temp_floor,
+            qk_norm_whole=any(
+                b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
+            ),
         )
         self.scratch = Scratch()
 
@@ -283,14 +312,14 @@ class Decoder(CausalLM):
             else:
                 gate, up = src.weight(p + "ffn_gate.weight"), src.weight(p + "ffn_up.weight")
             down = src.weight(p + "ffn_down.weight")
-        post = t.post_norms
+        post, pre = t.post_norms, t.pre_norms
         return DecoderBlock(
-            attn_norm=src.vec(p + "attn_norm.weight"),
+            attn_norm=src.vec(p + "attn_norm.weight") if pre else None,
             wq=wq,
             wk=wk,
             wv=wv,
             wo=src.weight(p + "attn_output.weight"),
-            ffn_norm=src.vec(p + "ffn_norm.weight"),
+            ffn_norm=src.vec(p + "ffn_norm.weight") if pre else None,
             w_gate=gate,
             w_up=up,
             w_down=down,
@@ -337,36 +366,45 @@ class Decoder(CausalLM):
         if self.long_rope is not None:
             angles = self.long_rope.angles(be, batch, pos, angles)
         local = be.rope_angles(pos, self.inv_freq_local) if any(sp.local_rope) else angles
+        if self.rope_mscale is not None:
+            angles = (angles[0] * self.rope_mscale, angles[1] * self.rope_mscale)
+            local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
+        temp = attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor) if sp.attn_temp else None
         for li, b in enumerate(self.blocks):
-            h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
+            hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
+            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), hin, (qb, kb, vb))
             if b.bq is not None and b.bk is not None and b.bv is not None:
                 q += b.bq
                 k += b.bk
                 v += b.bv
+            if sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
+                q, k = be.rms_norm(q, b.q_norm, self.eps), be.rms_norm(k, b.k_norm, self.eps)
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
+            if not sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
                 q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
                 k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
-            rot = local if sp.local_rope[li] else angles
-            be.rope(q, rot, self.neox)
-            be.rope(k, rot, self.neox)
+            if not sp.nope[li]:
+                rot = local if sp.local_rope[li] else angles
+                be.rope(q, rot, self.neox)
+                be.rope(k, rot, self.neox)
+            if temp is not None:  # queries sharpened past the original context
+                q *= temp
             win = sp.windows[li]
             attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
             o = be.matmul(b.wo, attn2, out=ob)
             x += (
                 o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
             )
-            h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
+            hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
-                x += moe_ffn(be, b.experts, h, ob)
+                x += moe_ffn(be, b.experts, hin, ob)
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
             if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths
                 ff = b.w_gate.shape[0]
                 gb, ub = self.scratch.get("gate", (n, ff)), self.scratch.get("up", (n, ff))
-            g, u = be.matmul_many((b.w_gate, b.w_up), h, (gb, ub))  # (n, ff) each
+            g, u = be.matmul_many((b.w_gate, b.w_up), hin, (gb, ub))  # (n, ff) each
             if gelu:
                 g = be.gelu(g, out=g)
                 g *= u
@@ -393,9 +431,17 @@ class Decoder(CausalLM):
         if cache.n <= n_keep:
             return
         delta = np.full(cache.n - n_keep, -n_discard, np.int64)
-        invs = iter([self.inv_freq_local if loc else self.inv_freq for loc in self.spec.local_rope])
+        sp = self.spec
+        invs = iter(
+            [
+                None if nope else self.inv_freq_local if loc else self.inv_freq
+                for loc, nope in zip(sp.local_rope, sp.nope, strict=True)
+            ]
+        )
 
         def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            self.be.rope(k, self.be.rope_angles(delta[: len(k)], next(invs)), self.neox)
+            inv = next(invs)
+            if inv is not None:  # a NoPE layer's keys carry no position
+                self.be.rope(k, self.be.rope_angles(delta[: len(k)], inv), self.neox)
 
         cache.update_keys(n_keep, rerotate)
