@@ -11,6 +11,7 @@ from __future__ import annotations
 from modelc.errors import ArchitectureError
 from modelc.families import (
     bert,
+    deepseek2,
     gemma2,
     gemma3,
     gpt2,
@@ -35,6 +36,7 @@ FAMILIES: dict[str, Family] = {
         qwen2.FAMILY,
         qwen3.FAMILY,
         qwen3moe.FAMILY,
+        deepseek2.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
         phi3.FAMILY,

@@ -41,6 +41,7 @@ from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_
 from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
+from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
@@ -74,6 +75,8 @@ FEATURES: dict[str, str] = {
     "long_rope": "LongRoPE long factors",  # phi3
     "partial_rope": "partial RoPE (rotary dimensions below the head size)",
     "moe": "mixtures of experts",  # mixtral, qwen3moe
+    "mla": "multi-head latent attention",  # deepseek2
+    "moe_routing": "grouped or sigmoid expert routing with shared experts",  # deepseek2
 }
 
 
@@ -105,6 +108,8 @@ class DecoderSpec:
     qk_norm: tuple[bool, ...]  # per layer
     moe: tuple[bool, ...]  # per layer: a mixture of experts
     n_expert_used: int
+    mla: bool = False  # multi-head latent attention (runtime/arch/mla.py)
+    moe_routing: bool = False  # a mixture routed by HParams.routing (runtime/arch/moe.py)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -124,6 +129,8 @@ class DecoderSpec:
             "long_rope": bool(self.long_rope_after),
             "partial_rope": self.rot_dim != self.head_dim,
             "moe": any(self.moe),
+            "mla": self.mla,
+            "moe_routing": self.moe_routing,
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -160,6 +167,7 @@ class DecoderBlock:
     k_norm: F32Array | None = None  # (hd,)
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
+    mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
 
 
 def _opt(src: TensorSource, name: str) -> F32Array | None:
@@ -213,7 +221,8 @@ class Decoder(CausalLM):
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
-        self.inv_freq = rope_inv_freq(self.head_dim, hp.rope_theta, hp.rope_scaling)
+        rot = hp.mla.rope_dim if hp.mla else self.head_dim
+        self.inv_freq = rope_inv_freq(rot, hp.rope_theta, hp.rope_scaling)
         self.inv_freq_local = (  # the windowed layers' own base (gemma3), unscaled
             rope_inv_freq(self.head_dim, hp.rope_theta_local, type(hp.rope_scaling)())
             if hp.rope_theta_local
@@ -225,7 +234,12 @@ class Decoder(CausalLM):
         factor = rope_attention_factor(hp.rope_scaling) ** 2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
-        self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
+        self.kv_shape = (
+            latent_kv_shape(len(self.blocks), hp.mla)
+            if hp.mla
+            else KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
+        )
+        self.rope_from = hp.mla.kv_rank if hp.mla else 0  # where a cached key's RoPE part starts
         self.kv_windows = windows if any(windows) else ()
         local = self.inv_freq_local is not self.inv_freq
         self.spec = DecoderSpec(
@@ -253,6 +267,8 @@ class Decoder(CausalLM):
             qk_norm=tuple(b.q_norm is not None for b in self.blocks),
             moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
+            mla=hp.mla is not None,
+            moe_routing=hp.routing is not None,
         )
         self.scratch = Scratch()
 
@@ -260,7 +276,10 @@ class Decoder(CausalLM):
         """Block ``i``'s weights, fused tensors split into row views."""
         t, p = self.traits, f"blk.{i}."
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-        if t.fused_qkv:
+        mla = load_latent(ir, src, i, self.hparams) if self.hparams.mla else None
+        if mla is not None:
+            wq, wk, wv = mla.wq, mla.wkv_a, mla.wkv_a
+        elif t.fused_qkv:
             wq, wk, wv = _split(
                 ir, src.weight(p + "attn_qkv.weight"), p + "attn_qkv.weight", (nq, nkv, nkv)
             )
@@ -268,7 +287,7 @@ class Decoder(CausalLM):
             wq, wk, wv = (src.weight(p + f"attn_{n}.weight") for n in "qkv")
             for name, w, rows in (("q", wq, nq), ("k", wk, nkv), ("v", wv, nkv)):
                 check_rows(ir, f"{p}attn_{name}.weight", w, rows)
-        experts = load_experts(src, i, self.hparams.n_expert_used)
+        experts = load_experts(src, i, self.hparams.n_expert_used, self.hparams.routing)
         gate = up = down = None
         if experts is None:
             if t.fused_gate_up:
@@ -302,6 +321,7 @@ class Decoder(CausalLM):
             k_norm=_opt(src, p + "attn_k_norm.weight"),
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
+            mla=mla,
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -338,23 +358,31 @@ class Decoder(CausalLM):
             angles = self.long_rope.angles(be, batch, pos, angles)
         local = be.rope_angles(pos, self.inv_freq_local) if any(sp.local_rope) else angles
         gelu = sp.act == "gelu_tanh"
+        hp_mla = self.hparams.mla
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
-            if b.bq is not None and b.bk is not None and b.bv is not None:
-                q += b.bq
-                k += b.bk
-                v += b.bv
-            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
-                q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
-                k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
-            rot = local if sp.local_rope[li] else angles
-            be.rope(q, rot, self.neox)
-            be.rope(k, rot, self.neox)
-            win = sp.windows[li]
-            attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
-            o = be.matmul(b.wo, attn2, out=ob)
+            if b.mla is not None:  # multi-head latent attention (deepseek2)
+                assert hp_mla is not None
+                lat = latent_attention(
+                    be, b.mla, hp_mla, h, batch, slices, li, angles, self.scale, self.eps
+                )
+                o = be.matmul(b.wo, lat, out=ob)
+            else:
+                q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
+                if b.bq is not None and b.bk is not None and b.bv is not None:
+                    q += b.bq
+                    k += b.bk
+                    v += b.bv
+                q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+                if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
+                    q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
+                    k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
+                rot = local if sp.local_rope[li] else angles
+                be.rope(q, rot, self.neox)
+                be.rope(k, rot, self.neox)
+                win = sp.windows[li]
+                attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+                o = be.matmul(b.wo, attn2, out=ob)
             x += (
                 o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
             )
@@ -396,6 +424,8 @@ class Decoder(CausalLM):
         invs = iter([self.inv_freq_local if loc else self.inv_freq for loc in self.spec.local_rope])
 
         def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            self.be.rope(k, self.be.rope_angles(delta[: len(k)], next(invs)), self.neox)
+            part = np.ascontiguousarray(k[..., self.rope_from :])  # latent attention: the tail
+            self.be.rope(part, self.be.rope_angles(delta[: len(k)], next(invs)), self.neox)
+            k[..., self.rope_from :] = part
 
         cache.update_keys(n_keep, rerotate)
