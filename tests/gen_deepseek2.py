@@ -193,7 +193,7 @@ def ensure_model(model: str) -> tuple[Path, Path]:
     return hf, gg
 
 
-def _vocab(w: gguf.GGUFWriter) -> None:
+def vocab(w: gguf.GGUFWriter) -> None:
     """The fixture vocabulary as ``_set_vocab_gpt2`` writes it (pre ``qwen2``)."""
     tj = json.loads((FIX / "tokenizer.json").read_text())
     added = {a["content"]: a["id"] for a in tj["added_tokens"]}
@@ -273,7 +273,7 @@ def write_gguf(
         w.add_type(gguf.GGUFType.MODEL)
         w.add_name(f"tiny-deepseek2-{model}")
         _hparams(w, cfg, lite_key)
-        _vocab(w)
+        vocab(w)
         experts: dict[str, list[np.ndarray[Any, Any]]] = {}
         for name, data in weights.items():
             if ".experts." in name:  # stacked per layer and matrix

@@ -1,11 +1,13 @@
 """DeepSeek V2-Lite- and V3-shaped models (``deepseek2``): multi-head latent attention with
-its compressed KV cache, mixtures with shared experts and grouped sigmoid routing.
+its compressed KV cache, mixtures with shared experts and grouped sigmoid routing; and
+GLM-4.5 (``glm4moe``), DeepSeek-V3's mixture under GQA attention with Q/K/V biases, Q/K
+norms and half-rotated heads.
 
-The tiny random models are numpy-made by ``tests/gen_deepseek2.py`` (HF directory and GGUF);
-``scripts/make_tiny_deepseek2.py`` made their goldens in the reference venv: transformers'
-f32 records (``tests/golden/deepseek2_<model>.json``) and the manifest of the GGUF
-llama.cpp's own converter writes for the same HF directory
-(``tests/golden/deepseek2_<model>_manifest.json``).
+The tiny random models are numpy-made by ``tests/gen_deepseek2.py`` and
+``tests/gen_glm4moe.py`` (HF directory and GGUF); ``scripts/make_tiny_deepseek2.py`` made
+their goldens in the reference venv: transformers' f32 records
+(``tests/golden/deepseek2_<model>.json``, ``glm4moe.json``) and the manifest of the GGUF
+llama.cpp's own converter writes for the same HF directory (``..._manifest.json``).
 """
 
 from __future__ import annotations
@@ -31,17 +33,26 @@ from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
 from tests.gen_deepseek2 import ensure_model, make_weights, manifest, write_gguf
+from tests.gen_glm4moe import ensure_model as ensure_glm
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, golden, make_backend
 
-MODELS = ["v2lite", "v3"]
+MODELS = ["v2lite", "v3", "glm4moe"]
 SOURCES = ["hf", "gguf"]
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"  # llama.cpp's copies
 
 
 def source(model: str, kind: str) -> Path:
-    hf, gguf = ensure_model(model)
+    hf, gguf = ensure_glm() if model == "glm4moe" else ensure_model(model)
     return hf if kind == "hf" else gguf
+
+
+def arch(model: str) -> str:
+    return "glm4moe" if model == "glm4moe" else "deepseek2"
+
+
+def golden_name(model: str) -> str:
+    return "glm4moe" if model == "glm4moe" else f"deepseek2_{model}"
 
 
 def lm(ir: ModelIR) -> Decoder:
@@ -51,7 +62,7 @@ def lm(ir: ModelIR) -> Decoder:
 
 
 def records(model: str) -> list[dict[str, Any]]:
-    recs: list[dict[str, Any]] = golden(f"deepseek2_{model}.json")["records"]
+    recs: list[dict[str, Any]] = golden(f"{golden_name(model)}.json")["records"]
     return recs
 
 
@@ -59,7 +70,7 @@ def records(model: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("model", MODELS)
 def test_matches_transformers(model: str, kind: str) -> None:
     ir = load_model(source(model, kind))
-    assert ir.architecture == "deepseek2"
+    assert ir.architecture == arch(model)
     m = lm(ir)
     for rec in records(model):
         err, toks = check_record(m, rec)
@@ -71,17 +82,17 @@ def test_matches_transformers(model: str, kind: str) -> None:
 def test_the_gguf_is_the_converters(model: str) -> None:
     """The GGUF the tests write is, key by key and tensor by tensor, what llama.cpp's
     ``convert_hf_to_gguf.py`` writes for the same HF directory (kv_b split into k_b / v_b)."""
-    theirs = golden(f"deepseek2_{model}_manifest.json")
+    theirs = golden(f"{golden_name(model)}_manifest.json")
     ours = manifest(source(model, "gguf"))
     assert ours["metadata"] == theirs["metadata"]
     assert ours["tensors"] == theirs["tensors"]
-    assert "blk.0.attn_k_b.weight" in ours["tensors"]
+    assert "blk.1.exp_probs_b.bias" in ours["tensors"] or model == "v2lite"
 
 
 def test_hf_and_gguf_read_alike() -> None:
     for model in MODELS:
         a, b = (load_model(source(model, k)).hparams for k in SOURCES)
-        assert a.mla == b.mla and a.routing == b.routing
+        assert a.mla == b.mla and a.routing == b.routing and a.rope_dim == b.rope_dim
         assert (a.n_head, a.n_head_kv, a.head_dim, a.n_expert) == (
             b.n_head,
             b.n_head_kv,
@@ -93,15 +104,24 @@ def test_hf_and_gguf_read_alike() -> None:
     assert v3.mla is not None and v3.mla.q_rank == 48 and v3.routing is not None
     assert (v3.routing.gating, v3.routing.n_group, v3.routing.n_group_used) == ("sigmoid", 4, 2)
     assert (v3.routing.scale, v3.routing.norm, v3.routing.n_dense_lead) == (2.5, True, 1)
+    glm = load_model(source("glm4moe", "hf")).hparams
+    assert (glm.head_dim, glm.rope_dim, glm.rope_style, glm.n_head_kv) == (16, 8, "neox", 2)
 
 
 @pytest.mark.parametrize(
     ("model", "change"),
-    [("v3", "groups"), ("v3", "bias"), ("v3", "mscale"), ("v2lite", "shared")],
+    [
+        ("v3", "groups"),
+        ("v3", "bias"),
+        ("v3", "mscale"),
+        ("v2lite", "shared"),
+        ("glm4moe", "partial"),
+        ("glm4moe", "scale"),
+    ],
 )
 def test_the_specifics_are_what_matches(model: str, change: str) -> None:
-    """Without its group limit, correction bias, YaRN mscale or shared experts a model no
-    longer matches transformers: the goldens exercise each."""
+    """Without its group limit, correction bias, YaRN mscale, shared experts, partial RoPE
+    or routed scale a model no longer matches transformers: the goldens exercise each."""
     ir = load_model(source(model, "gguf"))
     hp = ir.hparams
     assert hp.routing is not None
@@ -111,6 +131,10 @@ def test_the_specifics_are_what_matches(model: str, change: str) -> None:
         hp.attn_scale = 1 / hp.head_dim**0.5
     elif change == "shared":
         hp.routing.n_shared = 0
+    elif change == "partial":
+        hp.rope_dim = 0
+    elif change == "scale":
+        hp.routing.scale = 1.0
     m = lm(ir)
     if change == "bias":
         for b in m.blocks:
@@ -196,41 +220,53 @@ async def test_batched_prefix_cache_and_speculation_agree(model: str) -> None:
     assert spec == want + want
 
 
-def test_pack_and_inspect(tmp_path: Path) -> None:
-    """``modelc pack`` of the HF directory and of the GGUF give the same model (the HF
-    kv_b is split at load, as the converter splits it), and ``inspect`` names MLA."""
+INSPECT = {
+    "v3": [
+        "latent attention (KV rank 32, RoPE 8, Q rank 48)",
+        "sigmoid routing, top 2 of 4 groups, 1 shared, first 1 dense",
+    ],
+    "glm4moe": [
+        "RoPE neox (theta 1e+06, 8 dims rotated)",
+        "QKV bias",
+        "Q/K norm",
+        "sigmoid routing, 1 shared, first 1 dense",
+    ],
+}
+
+
+@pytest.mark.parametrize("model", sorted(INSPECT))
+def test_pack_and_inspect(model: str, tmp_path: Path) -> None:
+    """``modelc pack`` of the HF directory (DeepSeek's kv_b split at load, as the converter
+    splits it) runs as the GGUF does, and ``inspect`` names what sets the family apart."""
     cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
+    cli("pack", str(source(model, "hf")), "-o", str(tmp_path / "m.modelc"))
     outs = []
-    for k in SOURCES:
-        cli("pack", str(source("v3", k)), "-o", str(tmp_path / f"{k}.modelc"))
-        art = open_artifact(tmp_path / f"{k}.modelc")
-        try:
-            m = lm(art.to_ir())
+    art = open_artifact(tmp_path / "m.modelc")
+    try:
+        for ir in (art.to_ir(), load_model(source(model, "gguf"))):
+            m = lm(ir)
             outs.append(m.forward([SeqChunk(m.new_cache("f32"), [5, 17, 99, 200])]))
-        finally:
-            art.close()
-        out = cli("inspect", str(tmp_path / f"{k}.modelc")).stdout
-        assert "architecture   deepseek2" in out
-        assert "latent attention (KV rank 32, RoPE 8, Q rank 48)" in out, out
-        assert "sigmoid routing, top 2 of 4 groups, 1 shared, first 1 dense" in out, out
+    finally:
+        art.close()
     np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
+    out = cli("inspect", str(tmp_path / "m.modelc")).stdout
+    assert f"architecture   {arch(model)}" in out
+    for want in INSPECT[model]:
+        assert want in out, (want, out)
 
 
-def test_cuda_and_compile_refuse_it_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("model", "what"), [("v2lite", "multi-head latent attention"), ("glm4moe", "partial RoPE")]
+)
+def test_cuda_and_compile_refuse_it_in_one_line(model: str, what: str, tmp_path: Path) -> None:
     from modelc.runtime.backends.cuda_llama import cuda_host
 
-    ir = load_model(source("v2lite", "gguf"))
-    with pytest.raises(UnsupportedError, match="multi-head latent attention") as e:
+    ir = load_model(source(model, "gguf"))
+    with pytest.raises(UnsupportedError, match=what) as e:
         cuda_host(ir)
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and "grouped or sigmoid expert routing" in str(e.value)
     cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
-    cli.fails(
-        "compile",
-        str(source("v2lite", "gguf")),
-        "-o",
-        str(tmp_path / "x"),
-        match="multi-head latent attention",
-    )
+    cli.fails("compile", str(source(model, "gguf")), "-o", str(tmp_path / "x"), match=what)
     assert not (tmp_path / "x").exists()
 
 
@@ -264,16 +300,22 @@ def test_llamacpp_runs_the_gguf_the_same(model: str, tmp_path: Path) -> None:
     assert compared >= 4 and agreed >= 4 * compared  # not near ties from the start
 
 
-@pytest.mark.parametrize("name", ["deepseek-ai-DeepSeek-V3.1.jinja", "moonshotai-Kimi-K2.jinja"])
+RENDERED = {  # the templates' own markup for a system and a user message
+    "deepseek-ai-DeepSeek-V3.1.jinja": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>What works?"
+    "<｜Assistant｜><think></think>",
+    "moonshotai-Kimi-K2.jinja": "<|im_system|>system<|im_middle|>Be brief.<|im_end|>"
+    "<|im_user|>user<|im_middle|>What works?<|im_end|><|im_assistant|>assistant<|im_middle|>",
+    "GLM-4.6.jinja": "[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhat works?<|assistant|>",
+}
+
+
+@pytest.mark.parametrize("name", sorted(RENDERED))
 def test_the_family_template_renders(name: str) -> None:
-    """DeepSeek V3.1's and Kimi-K2's templates (llama.cpp's copies) render a chat through
-    modelc's template path as their own markup."""
+    """DeepSeek V3.1's, Kimi-K2's and GLM-4.6's templates (llama.cpp's copies) render a
+    chat through modelc's template path as their own markup."""
     msgs = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What works?"},
     ]
     bos = "<｜begin▁of▁sentence｜>"
-    out = render_chat((TEMPLATES / name).read_text(), msgs, bos_token=bos)
-    assert "What works?" in out and "Be brief." in out
-    marker = "<｜User｜>What works?<｜Assistant｜>" if "DeepSeek" in name else "<|im_user|>"
-    assert marker in out, out
+    assert render_chat((TEMPLATES / name).read_text(), msgs, bos_token=bos) == RENDERED[name]

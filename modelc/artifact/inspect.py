@@ -78,6 +78,8 @@ def attention_features(art: Artifact) -> list[str]:
         rope = f"RoPE {h.rope_style} (theta {h.rope_theta:g}"
         if h.rope_scaling.type != "none":
             rope += f", {h.rope_scaling.type} x{h.rope_scaling.factor:g}"
+        if h.rope_dim:
+            rope += f", {h.rope_dim} dims rotated"
         if h.rope_theta_local:
             rope += f"; windowed layers theta {h.rope_theta_local:g}"
         out.append(rope + ")")

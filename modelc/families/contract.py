@@ -74,6 +74,7 @@ class DecoderTraits:
     fused_qkv: bool = False  # blk.{i}.attn_qkv holds the Q, K and V rows (phi3)
     fused_gate_up: bool = False  # blk.{i}.ffn_up holds the gate rows, then the up rows (phi3)
     default_ctx: int = 2048  # the context when the file names none
+    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's GGUF name (glm4moe: post_attention_norm)
 
 
 DECODER = "modelc.runtime.arch.decoder:Decoder"  # the runtime of every DecoderTraits family

@@ -48,6 +48,38 @@ def _scale(hp: HParams, mscale_all: float) -> None:
         rs.attn_factor = 1.0
 
 
+def hf_routing(cfg: Mapping[str, Any], gating: str) -> Routing:
+    """A DeepSeek-style mixture's routing from ``config.json`` (deepseek2, glm4moe)."""
+    if gating not in ("softmax", "sigmoid"):
+        raise UnsupportedError(f"expert scoring {gating!r} is not supported (softmax, sigmoid)")
+    return Routing(
+        gating=gating,
+        norm=bool(cfg.get("norm_topk_prob", False)),
+        scale=float(cfg.get("routed_scaling_factor") or 1.0),
+        n_group=int(cfg.get("n_group") or 0),
+        n_group_used=int(cfg.get("topk_group") or 0),
+        n_shared=int(cfg.get("n_shared_experts") or 0),
+        n_dense_lead=int(cfg.get("first_k_dense_replace") or 0),
+    )
+
+
+def gguf_routing(m: GGUFMeta, default_gating: int) -> Routing:
+    """The same from the ``{arch}.expert_*`` keys (gating 1 softmax, 2 sigmoid; absent:
+    ``default_gating``, as llama.cpp defaults per architecture)."""
+    gating = int(m("expert_gating_func", 0)) or default_gating
+    if gating not in (1, 2):
+        raise UnsupportedError(f"expert gating function {gating} is not supported (1, 2)")
+    return Routing(
+        gating="sigmoid" if gating == 2 else "softmax",
+        norm=bool(m("expert_weights_norm", False)),
+        scale=float(m("expert_weights_scale", 0.0)) or 1.0,
+        n_group=int(m("expert_group_count", 0)),
+        n_group_used=int(m("expert_group_used_count", 0)),
+        n_shared=int(m("expert_shared_count", 0)),
+        n_dense_lead=int(m("leading_dense_block_count", 0)),
+    )
+
+
 def _from_config(cfg: Mapping[str, Any]) -> HParams:
     n_head = int(cfg["num_attention_heads"])
     nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
@@ -85,17 +117,7 @@ def _from_config(cfg: Mapping[str, Any]) -> HParams:
             rope_dim=rope,
             v_dim=int(cfg["v_head_dim"]),
         ),
-        routing=Routing(
-            gating="sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
-            norm=bool(cfg.get("norm_topk_prob", False)),
-            scale=float(cfg.get("routed_scaling_factor") or 1.0),
-            n_group=int(cfg.get("n_group") or 0),
-            n_group_used=int(cfg.get("topk_group") or 0),
-            n_shared=int(cfg.get("n_shared_experts") or 0),
-            n_dense_lead=int(cfg.get("first_k_dense_replace") or 0) if n_expert else 0,
-        )
-        if n_expert
-        else None,
+        routing=hf_routing(cfg, str(cfg.get("scoring_func") or "softmax")) if n_expert else None,
     )
     _scale(hp, float(rs.get("mscale_all_dim") or 0))
     return hp
@@ -123,15 +145,7 @@ def _from_gguf(
         v_dim=int(m("attention.value_length_mla", 0)) or k_mla - rope,
     )
     if hp.n_expert:
-        hp.routing = Routing(
-            gating="sigmoid" if int(m("expert_gating_func", 1)) == 2 else "softmax",
-            norm=bool(m("expert_weights_norm", False)),
-            scale=float(m("expert_weights_scale", 0.0)) or 1.0,
-            n_group=int(m("expert_group_count", 0)),
-            n_group_used=int(m("expert_group_used_count", 0)),
-            n_shared=int(m("expert_shared_count", 0)),
-            n_dense_lead=int(m("leading_dense_block_count", 0)),
-        )
+        hp.routing = gguf_routing(m, default_gating=1)
     # the converter writes 0.1 * mscale_all_dim (llama.cpp divides it back)
     _scale(hp, float(m("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1)
 

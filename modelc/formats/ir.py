@@ -203,6 +203,7 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     pooling: str = ""  # bert: "mean" | "cls"
     normalize_embeddings: bool = False
     layer_sizes: list[int] = msgspec.field(default_factory=list)  # mlp
+    rope_dim: int = 0  # glm4moe: rotated dimensions of a head (partial RoPE); 0: all
     mla: LatentAttention | None = None  # deepseek2
     routing: Routing | None = None  # deepseek2: mixtures routed otherwise than softmax top-k
 

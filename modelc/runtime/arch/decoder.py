@@ -221,7 +221,7 @@ class Decoder(CausalLM):
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
-        rot = hp.mla.rope_dim if hp.mla else self.head_dim
+        rot = hp.mla.rope_dim if hp.mla else (hp.rope_dim or self.head_dim)
         self.inv_freq = rope_inv_freq(rot, hp.rope_theta, hp.rope_scaling)
         self.inv_freq_local = (  # the windowed layers' own base (gemma3), unscaled
             rope_inv_freq(self.head_dim, hp.rope_theta_local, type(hp.rope_scaling)())
@@ -309,7 +309,7 @@ class Decoder(CausalLM):
             wk=wk,
             wv=wv,
             wo=src.weight(p + "attn_output.weight"),
-            ffn_norm=src.vec(p + "ffn_norm.weight"),
+            ffn_norm=src.vec(f"{p}{t.ffn_norm}.weight"),
             w_gate=gate,
             w_up=up,
             w_down=down,
