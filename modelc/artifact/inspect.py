@@ -78,6 +78,8 @@ def attention_features(art: Artifact) -> list[str]:
         rope = f"RoPE {h.rope_style} (theta {h.rope_theta:g}"
         if h.rope_scaling.type != "none":
             rope += f", {h.rope_scaling.type} x{h.rope_scaling.factor:g}"
+        if h.rope_dim:
+            rope += f", {h.rope_dim} dims rotated"
         if h.rope_theta_local:
             rope += f"; windowed layers theta {h.rope_theta_local:g}"
         out.append(rope + ")")
@@ -98,8 +100,15 @@ def attention_features(art: Artifact) -> list[str]:
         out.append(f"Q·K scale {h.attn_scale:.4g}")
     if h.attn_softcap or h.final_softcap:
         out.append(f"soft-cap attention {h.attn_softcap:g}, logits {h.final_softcap:g}")
+    if h.mla:
+        q = f", Q rank {h.mla.q_rank}" if h.mla.q_rank else ""
+        out.append(f"latent attention (KV rank {h.mla.kv_rank}, RoPE {h.mla.rope_dim}{q})")
     if h.n_expert:
         out.append(f"{h.n_expert} experts, {h.n_expert_used} a token")
+    if h.routing:
+        r = h.routing
+        groups = f", top {r.n_group_used} of {r.n_group} groups" if r.n_group > 1 else ""
+        out.append(f"{r.gating} routing{groups}, {r.n_shared} shared, first {r.n_dense_lead} dense")
     if h.pooling:  # an encoder: its pooled embeddings, no output head
         out.append(f"pooling {h.pooling}" + (", L2-normalised" if h.normalize_embeddings else ""))
     elif h.tie_embeddings and "output.weight" not in names:

@@ -44,11 +44,13 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
 # what the generated decoder loop runs of the description (the rest is refused); a mixture's
 # expert FFN is the runtime's moe_ffn, called between two stretches of the compiled loop
 COMPILE_RUNS = frozenset(FEATURES) - {
-    "partial_rope",
-    "nope",
-    "no_pre_norms",
-    "qk_norm_whole",
     "attn_temp",
+    "mla",
+    "moe_routing",
+    "no_pre_norms",
+    "nope",
+    "partial_rope",
+    "qk_norm_whole",
 }
 
 

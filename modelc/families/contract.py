@@ -75,6 +75,7 @@ class DecoderTraits:
     fused_qkv: bool = False  # blk.{i}.attn_qkv holds the Q, K and V rows (phi3)
     fused_gate_up: bool = False  # blk.{i}.ffn_up holds the gate rows, then the up rows (phi3)
     default_ctx: int = 2048  # the context when the file names none
+    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's GGUF name (glm4moe: post_attention_norm)
 
 
 DECODER = "modelc.runtime.arch.decoder:Decoder"  # the runtime of every DecoderTraits family
@@ -120,11 +121,12 @@ class Family:
 
     def required_tensors(self, hp: HParams) -> list[str]:
         """Every tensor a complete model of this family has, canonical names."""
-        names = list(self.required)
+        names = moe = list(self.required)
         if hp.n_expert:  # a mixture of experts: a router and stacked experts for the FFN
-            names = [n for n in names if not n.startswith("ffn_")] + list(MOE_REQUIRED)
+            moe = [n for n in names if not n.startswith("ffn_")] + list(MOE_REQUIRED)
+        dense = hp.routing.n_dense_lead if hp.routing else 0  # the first layers stay dense
         req = ["token_embd.weight"]
-        req += [f"blk.{i}.{n}" for i in range(hp.n_layer) for n in names]
+        req += [f"blk.{i}.{n}" for i in range(hp.n_layer) for n in (names if i < dense else moe)]
         if self.output_required and not hp.tie_embeddings:
             req.append("output.weight")
         return req

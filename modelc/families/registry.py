@@ -11,8 +11,10 @@ from __future__ import annotations
 from modelc.errors import ArchitectureError
 from modelc.families import (
     bert,
+    deepseek2,
     gemma2,
     gemma3,
+    glm4moe,
     gpt2,
     llama,
     mistral3,
@@ -38,6 +40,8 @@ FAMILIES: dict[str, Family] = {
         qwen2.FAMILY,
         qwen3.FAMILY,
         qwen3moe.FAMILY,
+        deepseek2.FAMILY,
+        glm4moe.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
         phi3.FAMILY,

@@ -149,6 +149,31 @@ class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
     long_factor: list[float] = msgspec.field(default_factory=list)
 
 
+class LatentAttention(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """DeepSeek's multi-head latent attention (``deepseek2``): per token one compressed
+    latent (``kv_rank``) and one shared RoPE key part (``rope_dim``) are cached; the per-head
+    keys' ``nope_dim`` dimensions and the values (``v_dim``) come from the latent."""
+
+    q_rank: int = 0  # Q through a low-rank pair (attn_q_a / attn_q_b); 0: one attn_q
+    kv_rank: int = 0
+    nope_dim: int = 0  # per head: key dimensions without RoPE
+    rope_dim: int = 0  # per head (shared by all): rotated key dimensions
+    v_dim: int = 0  # per head: value dimensions
+
+
+class Routing(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How a mixture picks and weighs a token's experts, beyond softmax top-k renormalised
+    (Mixtral, Qwen3-MoE): DeepSeek's and GLM's gating, groups, shared experts and scale."""
+
+    gating: str = "softmax"  # "softmax" | "sigmoid" (scores before the top-k)
+    norm: bool = True  # renormalise the chosen experts' weights to sum to 1
+    scale: float = 1.0  # the weights times this (routed_scaling_factor)
+    n_group: int = 0  # experts in n_group groups; the token's top n_group_used groups only
+    n_group_used: int = 0
+    n_shared: int = 0  # shared experts (ffn_*_shexp), every token through them
+    n_dense_lead: int = 0  # the first layers have a dense FFN
+
+
 class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Hyper-parameters; each architecture documents which fields it needs."""
 
@@ -165,7 +190,7 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_style: str = "interleaved"  # "interleaved" (GGUF/llama.cpp NORM) | "neox"
-    rope_dim: int = 0  # rotated dimensions of a head (partial RoPE: phi-4-mini); 0: head_dim
+    rope_dim: int = 0  # rotated dimensions of a head (partial RoPE: phi-4-mini, glm4moe); 0: all
     rope_scaling: RopeScaling = msgspec.field(default_factory=RopeScaling)
     tie_embeddings: bool = False
     sliding_window: int = 0  # llama/mistral: each query sees the last n positions; 0: all
@@ -182,6 +207,8 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     pooling: str = ""  # bert: "mean" | "cls"
     normalize_embeddings: bool = False
     layer_sizes: list[int] = msgspec.field(default_factory=list)  # mlp
+    mla: LatentAttention | None = None  # deepseek2
+    routing: Routing | None = None  # deepseek2: mixtures routed otherwise than softmax top-k
 
 
 class TokenizerSpec(msgspec.Struct, kw_only=True, omit_defaults=True):

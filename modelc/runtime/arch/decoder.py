@@ -45,6 +45,7 @@ from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
+from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
@@ -82,6 +83,8 @@ FEATURES: dict[str, str] = {
     "no_pre_norms": "post-norms without pre-norms",  # olmo2
     "qk_norm_whole": "Q/K norms over the whole projection",  # olmo2
     "attn_temp": "attention temperature tuning by position",  # mistral3
+    "mla": "multi-head latent attention",  # deepseek2
+    "moe_routing": "grouped or sigmoid expert routing with shared experts",  # deepseek2
 }
 
 
@@ -118,6 +121,8 @@ class DecoderSpec:
     qk_norm_whole: bool = False  # Q/K norms over all heads at once, not per head (olmo2)
     attn_temp: float = 0.0  # llama-4 temperature tuning's beta (mistral3); 0: none
     attn_temp_floor: int = 0  # ... its floor scale (positions a step)
+    mla: bool = False  # multi-head latent attention (runtime/arch/mla.py)
+    moe_routing: bool = False  # a mixture routed by HParams.routing (runtime/arch/moe.py)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -141,6 +146,8 @@ class DecoderSpec:
             "no_pre_norms": not self.pre_norms,
             "qk_norm_whole": self.qk_norm_whole,
             "attn_temp": bool(self.attn_temp),
+            "mla": self.mla,
+            "moe_routing": self.moe_routing,
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -177,6 +184,7 @@ class DecoderBlock:
     k_norm: F32Array | None = None  # (hd,), or (n_head_kv*hd,)
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
+    mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
 
 
 def _opt(src: TensorSource, name: str) -> F32Array | None:
@@ -230,7 +238,7 @@ class Decoder(CausalLM):
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
-        rot = hp.rope_dim or self.head_dim  # partial RoPE: the first rot dims of a head
+        rot = hp.mla.rope_dim if hp.mla else (hp.rope_dim or self.head_dim)  # partial RoPE
         self.inv_freq = rope_inv_freq(rot, hp.rope_theta, hp.rope_scaling)
         self.inv_freq_local = (  # the windowed layers' own base (gemma3), unscaled
             rope_inv_freq(rot, hp.rope_theta_local, type(hp.rope_scaling)())
@@ -247,7 +255,12 @@ class Decoder(CausalLM):
         factor = 1.0 if partial else mscale**2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
-        self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
+        self.kv_shape = (
+            latent_kv_shape(len(self.blocks), hp.mla)
+            if hp.mla
+            else KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
+        )
+        self.rope_from = hp.mla.kv_rank if hp.mla else 0  # where a cached key's RoPE part starts
         self.kv_windows = windows if any(windows) else ()
         local = self.inv_freq_local is not self.inv_freq
         self.spec = DecoderSpec(
@@ -282,6 +295,8 @@ class Decoder(CausalLM):
             qk_norm_whole=any(
                 b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
             ),
+            mla=hp.mla is not None,
+            moe_routing=hp.routing is not None,
         )
         self.scratch = Scratch()
 
@@ -289,7 +304,10 @@ class Decoder(CausalLM):
         """Block ``i``'s weights, fused tensors split into row views."""
         t, p = self.traits, f"blk.{i}."
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-        if t.fused_qkv:
+        mla = load_latent(ir, src, i, self.hparams) if self.hparams.mla else None
+        if mla is not None:
+            wq, wk, wv = mla.wq, mla.wkv_a, mla.wkv_a
+        elif t.fused_qkv:
             wq, wk, wv = _split(
                 ir, src.weight(p + "attn_qkv.weight"), p + "attn_qkv.weight", (nq, nkv, nkv)
             )
@@ -297,7 +315,7 @@ class Decoder(CausalLM):
             wq, wk, wv = (src.weight(p + f"attn_{n}.weight") for n in "qkv")
             for name, w, rows in (("q", wq, nq), ("k", wk, nkv), ("v", wv, nkv)):
                 check_rows(ir, f"{p}attn_{name}.weight", w, rows)
-        experts = load_experts(src, i, self.hparams.n_expert_used)
+        experts = load_experts(src, i, self.hparams.n_expert_used, self.hparams.routing)
         gate = up = down = None
         if experts is None:
             if t.fused_gate_up:
@@ -319,7 +337,7 @@ class Decoder(CausalLM):
             wk=wk,
             wv=wv,
             wo=src.weight(p + "attn_output.weight"),
-            ffn_norm=src.vec(p + "ffn_norm.weight") if pre else None,
+            ffn_norm=src.vec(f"{p}{t.ffn_norm}.weight") if pre else None,
             w_gate=gate,
             w_up=up,
             w_down=down,
@@ -331,6 +349,7 @@ class Decoder(CausalLM):
             k_norm=_opt(src, p + "attn_k_norm.weight"),
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
+            mla=mla,
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -370,29 +389,37 @@ class Decoder(CausalLM):
             angles = (angles[0] * self.rope_mscale, angles[1] * self.rope_mscale)
             local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
+        hp_mla = self.hparams.mla
         temp = attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor) if sp.attn_temp else None
         for li, b in enumerate(self.blocks):
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), hin, (qb, kb, vb))
-            if b.bq is not None and b.bk is not None and b.bv is not None:
-                q += b.bq
-                k += b.bk
-                v += b.bv
-            if sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
-                q, k = be.rms_norm(q, b.q_norm, self.eps), be.rms_norm(k, b.k_norm, self.eps)
-            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if not sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
-                q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
-                k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
-            if not sp.nope[li]:
-                rot = local if sp.local_rope[li] else angles
-                be.rope(q, rot, self.neox)
-                be.rope(k, rot, self.neox)
-            if temp is not None:  # queries sharpened past the original context
-                q *= temp
-            win = sp.windows[li]
-            attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
-            o = be.matmul(b.wo, attn2, out=ob)
+            if b.mla is not None:  # multi-head latent attention (deepseek2)
+                assert hp_mla is not None
+                lat = latent_attention(
+                    be, b.mla, hp_mla, hin, batch, slices, li, angles, self.scale, self.eps
+                )
+                o = be.matmul(b.wo, lat, out=ob)
+            else:
+                q, k, v = be.matmul_many((b.wq, b.wk, b.wv), hin, (qb, kb, vb))
+                if b.bq is not None and b.bk is not None and b.bv is not None:
+                    q += b.bq
+                    k += b.bk
+                    v += b.bv
+                if sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
+                    q, k = be.rms_norm(q, b.q_norm, self.eps), be.rms_norm(k, b.k_norm, self.eps)
+                q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+                if not sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
+                    q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
+                    k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
+                if not sp.nope[li]:
+                    rot = local if sp.local_rope[li] else angles
+                    be.rope(q, rot, self.neox)
+                    be.rope(k, rot, self.neox)
+                if temp is not None:  # queries sharpened past the original context
+                    q *= temp
+                win = sp.windows[li]
+                attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+                o = be.matmul(b.wo, attn2, out=ob)
             x += (
                 o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
             )
@@ -442,6 +469,8 @@ class Decoder(CausalLM):
         def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
             inv = next(invs)
             if inv is not None:  # a NoPE layer's keys carry no position
-                self.be.rope(k, self.be.rope_angles(delta[: len(k)], inv), self.neox)
+                part = np.ascontiguousarray(k[..., self.rope_from :])  # latent: the RoPE tail
+                self.be.rope(part, self.be.rope_angles(delta[: len(k)], inv), self.neox)
+                k[..., self.rope_from :] = part
 
         cache.update_keys(n_keep, rerotate)

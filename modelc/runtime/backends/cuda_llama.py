@@ -105,13 +105,15 @@ def gemv_rows_for(weight_bytes: int) -> int:
 
 # what the GPU forward runs of the decoder's description (the rest is refused)
 CUDA_RUNS = frozenset(FEATURES) - {
-    "moe",
-    "partial_rope",
-    "qkv_bias+qk_norm",
-    "nope",
-    "no_pre_norms",
-    "qk_norm_whole",
     "attn_temp",
+    "mla",
+    "moe",
+    "moe_routing",
+    "no_pre_norms",
+    "nope",
+    "partial_rope",
+    "qk_norm_whole",
+    "qkv_bias+qk_norm",
 }
 
 
