@@ -13,6 +13,7 @@ from modelc.families import (
     bert,
     gemma2,
     gemma3,
+    gemma4,
     gpt2,
     llama,
     mlp,
@@ -37,6 +38,7 @@ FAMILIES: dict[str, Family] = {
         qwen3moe.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
+        gemma4.FAMILY,
         phi3.FAMILY,
         nomic_bert.FAMILY,
     )

@@ -40,6 +40,7 @@ from modelc.errors import UnsupportedError
 from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_inv_freq
 from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
@@ -56,7 +57,14 @@ from modelc.runtime.model import (
     end_step,
 )
 
-__all__ = ["FEATURES", "Decoder", "DecoderBlock", "DecoderSpec", "refuse_unsupported"]
+__all__ = [
+    "FEATURES",
+    "GEMMA4_FEATURES",
+    "Decoder",
+    "DecoderBlock",
+    "DecoderSpec",
+    "refuse_unsupported",
+]
 
 # every feature a DecoderSpec may use, and how a refusal names it; a backend names the
 # subset it runs
@@ -74,7 +82,27 @@ FEATURES: dict[str, str] = {
     "long_rope": "LongRoPE long factors",  # phi3
     "partial_rope": "partial RoPE (rotary dimensions below the head size)",
     "moe": "mixtures of experts",  # mixtral, qwen3moe
+    # gemma4 (runtime/arch/gemma4.py)
+    "head_shapes": "global layers with their own head size or KV head count",
+    "kv_sharing": "layers reusing the keys and values of earlier ones",
+    "v_norm": "normed values",
+    "values_from_keys": "values from the key projection",
+    "proportional_rope": "proportional RoPE",
+    "per_layer_embd": "per-layer input embeddings",
+    "layer_scale": "per-layer output scales",
 }
+# gemma4's layer kinds (runtime/arch/gemma4.py): the CPU runs them, CUDA and compile not yet
+GEMMA4_FEATURES = frozenset(
+    {
+        "head_shapes",
+        "kv_sharing",
+        "v_norm",
+        "values_from_keys",
+        "proportional_rope",
+        "per_layer_embd",
+        "layer_scale",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +133,15 @@ class DecoderSpec:
     qk_norm: tuple[bool, ...]  # per layer
     moe: tuple[bool, ...]  # per layer: a mixture of experts
     n_expert_used: int
+    # gemma4: per layer, when a model has them (runtime/arch/gemma4.py)
+    head_dims: tuple[int, ...] = ()  # each layer's head size; (): head_dim
+    kv_heads: tuple[int, ...] = ()  # each layer's KV heads; (): n_head_kv
+    kv_source: tuple[int, ...] = ()  # the cache layer each layer writes or reads; (): its own
+    v_norm: bool = False
+    values_from_keys: bool = False
+    rope_dims_global: int = 0  # proportional RoPE: pairs turning on global layers, x2; 0: none
+    per_layer_embd: int = 0  # per-layer inputs' width; 0: none
+    layer_scale: bool = False
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -122,8 +159,15 @@ class DecoderSpec:
             "attn_softcap": bool(self.attn_softcap),
             "final_softcap": bool(self.final_softcap),
             "long_rope": bool(self.long_rope_after),
-            "partial_rope": self.rot_dim != self.head_dim,
+            "partial_rope": self.rot_dim != max(self.head_dims or (self.head_dim,)),
             "moe": any(self.moe),
+            "head_shapes": len(set(self.head_dims)) > 1 or len(set(self.kv_heads)) > 1,
+            "kv_sharing": self.kv_source != tuple(range(len(self.kv_source))),
+            "v_norm": self.v_norm,
+            "values_from_keys": self.values_from_keys,
+            "proportional_rope": bool(self.rope_dims_global),
+            "per_layer_embd": bool(self.per_layer_embd),
+            "layer_scale": self.layer_scale,
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -209,6 +253,8 @@ class Decoder(CausalLM):
         self.n_ctx = hp.n_ctx or traits.default_ctx
         self.eps = hp.norm_eps
         windows = _windows(hp)
+        g4 = gemma4_layers(ir, src, windows) if traits.gemma4_layers else None
+        self.g4: Gemma4Layers | None = g4
         self.blocks = [self._block(ir, src, i) for i in range(hp.n_layer)]
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
@@ -219,6 +265,10 @@ class Decoder(CausalLM):
             if hp.rope_theta_local
             else self.inv_freq
         )
+        if g4 is not None:  # the global layers' head size; proportional RoPE
+            hd_g = hp.head_dim_global or self.head_dim
+            rot = hp.rope_dims_global or hd_g
+            self.inv_freq = proportional_inv_freq(hd_g, rot, hp.rope_theta)
         after = long_rope_after(hp)
         self.long_rope = LongRope(hp, self.head_dim, after) if after else None
         # YaRN scales cos and sin, so each Q·K by the factor squared
@@ -226,7 +276,12 @@ class Decoder(CausalLM):
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
-        self.kv_windows = windows if any(windows) else ()
+        if g4 is not None:  # a cache layer per layer writing K/V, of the largest head shape
+            self.kv_shape = KVShape(g4.n_cache_layers, g4.cache_kv_heads, g4.cache_head_dim)
+            windows_kv = windows[: g4.n_cache_layers]
+        else:
+            windows_kv = windows
+        self.kv_windows = windows_kv if any(windows_kv) else ()
         local = self.inv_freq_local is not self.inv_freq
         self.spec = DecoderSpec(
             architecture=ir.architecture,
@@ -253,6 +308,7 @@ class Decoder(CausalLM):
             qk_norm=tuple(b.q_norm is not None for b in self.blocks),
             moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
+            **(g4.spec_fields(hp) if g4 is not None else {}),
         )
         self.scratch = Scratch()
 
@@ -260,7 +316,9 @@ class Decoder(CausalLM):
         """Block ``i``'s weights, fused tensors split into row views."""
         t, p = self.traits, f"blk.{i}."
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-        if t.fused_qkv:
+        if self.g4 is not None:  # its attention weights are in self.g4 (unused here)
+            wq = wk = wv = self.g4.attn[i].wq
+        elif t.fused_qkv:
             wq, wk, wv = _split(
                 ir, src.weight(p + "attn_qkv.weight"), p + "attn_qkv.weight", (nq, nkv, nkv)
             )
@@ -298,8 +356,8 @@ class Decoder(CausalLM):
             bq=_opt(src, p + "attn_q.bias"),
             bk=_opt(src, p + "attn_k.bias"),
             bv=_opt(src, p + "attn_v.bias"),
-            q_norm=_opt(src, p + "attn_q_norm.weight"),
-            k_norm=_opt(src, p + "attn_k_norm.weight"),
+            q_norm=_opt(src, p + "attn_q_norm.weight") if self.g4 is None else None,
+            k_norm=_opt(src, p + "attn_k_norm.weight") if self.g4 is None else None,
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
         )
@@ -323,6 +381,8 @@ class Decoder(CausalLM):
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, self.d)))  # (n, d)
         if self.embd_scale is not None:
             x *= self.embd_scale
+        g4 = self.g4
+        per_layer = g4.inputs(be, ids, x) if g4 is not None else None  # (n, layers, p)
         h = self.scratch.get("h", (n, self.d))  # (n, d)
         attn = self.scratch.get("attn", (n, nh, hd))  # (n, n_head, hd)
         attn2 = attn.reshape(n, nh * hd)
@@ -340,21 +400,25 @@ class Decoder(CausalLM):
         gelu = sp.act == "gelu_tanh"
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
-            if b.bq is not None and b.bk is not None and b.bv is not None:
-                q += b.bq
-                k += b.bk
-                v += b.bv
-            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
-                q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
-                k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
             rot = local if sp.local_rope[li] else angles
-            be.rope(q, rot, self.neox)
-            be.rope(k, rot, self.neox)
-            win = sp.windows[li]
-            attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
-            o = be.matmul(b.wo, attn2, out=ob)
+            if g4 is not None:  # per-layer head shapes, KV sharing, V norms
+                a = g4.attention(be, li, h, batch, slices, rot, self.neox, sp.windows[li])
+                o = be.matmul(b.wo, a, out=ob)
+            else:
+                q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
+                if b.bq is not None and b.bk is not None and b.bv is not None:
+                    q += b.bq
+                    k += b.bk
+                    v += b.bv
+                q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+                if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
+                    q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
+                    k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
+                be.rope(q, rot, self.neox)
+                be.rope(k, rot, self.neox)
+                win = sp.windows[li]
+                attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+                o = be.matmul(b.wo, attn2, out=ob)
             x += (
                 o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
             )
@@ -374,6 +438,8 @@ class Decoder(CausalLM):
                 g = be.silu_mul(g, u, out=g)
             o = be.matmul(b.w_down, g, out=ob)
             x += o if b.post_ffw_norm is None else be.rms_norm(o, b.post_ffw_norm, self.eps, out=h)
+            if g4 is not None:  # per-layer inputs, output scales
+                g4.after_layer(be, li, x, per_layer)
         rows = end_step(batch, slices)
         if len(rows) == 0:
             return np.zeros((0, self.n_vocab), np.float32)
@@ -393,9 +459,15 @@ class Decoder(CausalLM):
         if cache.n <= n_keep:
             return
         delta = np.full(cache.n - n_keep, -n_discard, np.int64)
-        invs = iter([self.inv_freq_local if loc else self.inv_freq for loc in self.spec.local_rope])
+        local = self.spec.local_rope[: cache.shape.n_layer]  # a cache layer per producing layer
+        invs = iter([self.inv_freq_local if loc else self.inv_freq for loc in local])
+        layers = itertools.count()
 
         def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            self.be.rope(k, self.be.rope_angles(delta[: len(k)], next(invs)), self.neox)
+            angles = self.be.rope_angles(delta[: len(k)], next(invs))
+            if self.g4 is not None:  # each layer's own head size of the padded rows
+                self.g4.rerotate(self.be, k, next(layers), angles, self.neox)
+            else:
+                self.be.rope(k, angles, self.neox)
 
         cache.update_keys(n_keep, rerotate)

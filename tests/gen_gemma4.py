@@ -1,0 +1,239 @@
+"""A tiny randomly initialised Gemma 4 (text), made with numpy only.
+
+As ``tests/gen_families.py`` (whose helpers it uses): the weights are a pure function of a
+seed, written to the test-asset cache as an HF directory (``config.json`` shaped like
+``google/gemma-4-E2B``'s text config, scaled down, the committed 384-token tokenizer of
+``tests/fixtures/families/``) and as a GGUF in the layout llama.cpp's
+``convert_hf_to_gguf.py`` (``Gemma4Model``) writes.  The one model holds every text layer
+kind Gemma 4 has but the mixture: per-layer input embeddings, the last layers reusing the
+keys and values of earlier ones (and twice as wide an FFN there), global layers with
+their own head size and KV head count and proportional RoPE over a quarter of the head,
+values from the key projection on global layers (``attention_k_eq_v``, as the 31B),
+V norms, plain (not ``1 + w``) norms, a per-layer output scalar and soft-capped logits.
+
+Layers: 0 and 2 windowed (head size 16, 2 KV heads), 1 and 3 global (head size 32, 1 KV
+head); 2 and 3 reuse the K/V of 0 and 1.  Run ``python -m tests.gen_gemma4`` to (re)create.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from tests.assets import assets_dir, cache_lock
+from tests.gen_families import FIX
+from tests.gguf_support import add_matrix, gguf_file
+
+VERSION = 1  # bump when the weights or the layout change
+SEED = 20261220
+PLE = 8  # hidden_size_per_layer_input
+CONFIG: dict[str, Any] = {
+    "architectures": ["Gemma4ForCausalLM"],
+    "model_type": "gemma4_text",
+    "vocab_size": 384,
+    "vocab_size_per_layer_input": 384,
+    "hidden_size": 64,
+    "hidden_size_per_layer_input": PLE,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_global_key_value_heads": 1,
+    "head_dim": 16,
+    "global_head_dim": 32,
+    "attention_k_eq_v": True,
+    "num_kv_shared_layers": 2,
+    "use_double_wide_mlp": True,
+    "layer_types": [
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "full_attention",
+    ],
+    "sliding_window": 4,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {
+            "rope_type": "proportional",
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+        },
+    },
+    "final_logit_softcapping": 3.0,  # small enough to change the answers (E2B: 30)
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "enable_moe_block": False,
+    "tie_word_embeddings": True,
+    "bos_token_id": None,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "torch_dtype": "float32",
+}
+
+
+def _shared(i: int) -> bool:
+    return i >= CONFIG["num_hidden_layers"] - CONFIG["num_kv_shared_layers"]
+
+
+def _glob(i: int) -> bool:
+    return bool(CONFIG["layer_types"][i] == "full_attention")
+
+
+def make_weights() -> dict[str, np.ndarray[Any, Any]]:
+    """HF tensor names -> f32 arrays, a pure function of the seed."""
+    c = CONFIG
+    rng = np.random.default_rng(SEED)
+    d, v, n_layer = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+
+    def w(*shape: int) -> np.ndarray[Any, Any]:
+        return (0.08 * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray[Any, Any]:  # Gemma 4's RMSNorm multiplies by w itself
+        return (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+
+    out = {
+        "model.embed_tokens.weight": w(v, d),
+        "model.embed_tokens_per_layer.weight": w(c["vocab_size_per_layer_input"], n_layer * PLE),
+        "model.per_layer_model_projection.weight": w(n_layer * PLE, d),
+        "model.per_layer_projection_norm.weight": norm(PLE),
+    }
+    for i in range(n_layer):
+        p = f"model.layers.{i}."
+        hd = c["global_head_dim"] if _glob(i) else c["head_dim"]
+        nkv = c["num_global_key_value_heads"] if _glob(i) else c["num_key_value_heads"]
+        ff = c["intermediate_size"] * (2 if _shared(i) and c["use_double_wide_mlp"] else 1)
+        out[p + "input_layernorm.weight"] = norm(d)
+        out[p + "self_attn.q_proj.weight"] = w(c["num_attention_heads"] * hd, d)
+        out[p + "self_attn.q_norm.weight"] = norm(hd)
+        if not _shared(i):
+            out[p + "self_attn.k_proj.weight"] = w(nkv * hd, d)
+            if not (_glob(i) and c["attention_k_eq_v"]):
+                out[p + "self_attn.v_proj.weight"] = w(nkv * hd, d)
+            out[p + "self_attn.k_norm.weight"] = norm(hd)
+        out[p + "self_attn.o_proj.weight"] = w(d, c["num_attention_heads"] * hd)
+        out[p + "post_attention_layernorm.weight"] = norm(d)
+        out[p + "pre_feedforward_layernorm.weight"] = norm(d)
+        out[p + "mlp.gate_proj.weight"] = w(ff, d)
+        out[p + "mlp.up_proj.weight"] = w(ff, d)
+        out[p + "mlp.down_proj.weight"] = w(d, ff)
+        out[p + "post_feedforward_layernorm.weight"] = norm(d)
+        out[p + "per_layer_input_gate.weight"] = w(PLE, d)
+        out[p + "per_layer_projection.weight"] = w(d, PLE)
+        out[p + "post_per_layer_input_norm.weight"] = norm(d)
+        out[p + "layer_scalar"] = (0.5 + rng.random(1)).astype(np.float32)
+    out["model.norm.weight"] = norm(d)
+    return out
+
+
+def _vocab(w: gguf.GGUFWriter) -> None:
+    """The shared 384-token byte-level BPE, as ``_set_vocab_gpt2`` writes it."""
+    tj = json.loads((FIX / "tokenizer.json").read_text())
+    added = {a["content"]: a["id"] for a in tj["added_tokens"]}
+    n = CONFIG["vocab_size"]
+    tokens, types = [""] * n, [gguf.TokenType.NORMAL] * n
+    for t, i in {**tj["model"]["vocab"], **added}.items():
+        tokens[i] = t
+        if t in added:
+            types[i] = gguf.TokenType.CONTROL
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    w.add_eos_token_id(added["<|im_end|>"])
+    w.add_pad_token_id(added["<|endoftext|>"])
+    w.add_bos_token_id(added["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    tc = json.loads((FIX / "tokenizer_config.json").read_text())
+    w.add_chat_template(tc["chat_template"])
+
+
+def write_gguf(
+    weights: dict[str, np.ndarray[Any, Any]],
+    path: Path,
+    quant: gguf.GGMLQuantizationType | None = None,
+) -> None:
+    """The model as ``Gemma4Model`` of convert_hf_to_gguf writes it: the global layers' head
+    size as ``key_length``, the windowed ones' as ``key_length_swa``, per-layer KV head
+    counts and FFN widths as arrays, the proportional RoPE as ``rope_freqs`` (1 for the
+    rotated pairs, 1e30 for the others), norms as they are, ``layer_scalar`` as
+    ``blk.{i}.layer_output_scale``."""
+    c, n_layer = CONFIG, CONFIG["num_hidden_layers"]
+    swa = [not _glob(i) for i in range(n_layer)]
+    with gguf_file(path, "gemma4", atomic=True) as w:
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name("tiny-gemma4")
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_block_count(n_layer)
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_embedding_length(c["hidden_size"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_head_count(c["num_attention_heads"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_rope_freq_base(1000000.0)
+        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+        w.add_final_logit_softcapping(c["final_logit_softcapping"])
+        w.add_sliding_window(c["sliding_window"])
+        w.add_shared_kv_layers(c["num_kv_shared_layers"])
+        w.add_embedding_length_per_layer_input(PLE)
+        w.add_sliding_window_pattern(swa)
+        w.add_key_length(c["global_head_dim"])
+        w.add_value_length(c["global_head_dim"])
+        w.add_key_length_swa(c["head_dim"])
+        w.add_value_length_swa(c["head_dim"])
+        first_shared = n_layer - c["num_kv_shared_layers"]
+        ff = c["intermediate_size"]
+        w.add_feed_forward_length([ff if i < first_shared else 2 * ff for i in range(n_layer)])
+        kv_full, kv_swa = c["num_global_key_value_heads"], c["num_key_value_heads"]
+        w.add_head_count_kv([kv_swa if s else kv_full for s in swa])
+        w.add_rope_dimension_count(c["global_head_dim"])
+        w.add_rope_dimension_count_swa(c["head_dim"])
+        _vocab(w)
+        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, n_layer)
+        for name, data in weights.items():
+            hf = name + ".weight" if name.endswith("layer_scalar") else name
+            new = nmap.get_name(hf, try_suffixes=(".weight", ".bias"))
+            assert new is not None, name
+            keep = data.ndim < 2
+            add_matrix(w, new, np.ascontiguousarray(data, np.float32), None if keep else quant)
+        n_rot = int(c["global_head_dim"] * 0.25 / 2)
+        freqs = [1.0] * n_rot + [1e30] * (c["global_head_dim"] // 2 - n_rot)
+        w.add_tensor("rope_freqs.weight", np.asarray(freqs, np.float32))
+
+
+def gemma4_dir() -> Path:
+    return assets_dir() / f"tiny-gemma4-v{VERSION}"
+
+
+def ensure_gemma4() -> tuple[Path, Path]:
+    """The HF directory and GGUF (created if missing)."""
+    from safetensors.numpy import save_file
+
+    dest = gemma4_dir()
+    hf, gg = dest / "hf", dest / "gemma4.gguf"
+    with cache_lock(dest.name):
+        if gg.exists() and (hf / "model.safetensors").exists():
+            return hf, gg
+        hf.mkdir(parents=True, exist_ok=True)
+        weights = make_weights()
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(FIX / name, hf / name)
+        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
+        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
+        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        write_gguf(weights, gg)
+    return hf, gg
+
+
+if __name__ == "__main__":
+    print(*ensure_gemma4())

@@ -1,0 +1,240 @@
+"""Gemma 4 (text) against transformers and llama.cpp, from its HF directory and its GGUF.
+
+The tiny random model (``tests/gen_gemma4.py``: per-layer input embeddings, KV-sharing
+layers, global layers with their own head size / KV heads / proportional RoPE / values from
+keys, V norms, output scalars, soft-capped logits) and its goldens
+(``scripts/make_tiny_gemma4.py``: transformers 5.23 f32 top-10 log-probabilities and
+16-token greedy continuations).  llama.cpp's server runs the same GGUF with Gemma 4's real
+chat template.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import trio
+
+from modelc.artifact import open_artifact
+from modelc.engine import EngineOptions, build_engine
+from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from modelc.errors import ModelcError
+from modelc.formats import load_model
+from modelc.formats.ir import ModelIR
+from modelc.runtime.arch import build
+from modelc.runtime.arch.decoder import Decoder
+from modelc.runtime.model import LanguageModel
+from modelc.runtime.prompt import PromptFormat
+from modelc.runtime.sampling import SamplingParams
+from modelc.runtime.tokenizer import Tokenizer
+from tests.cli_support import Cli
+from tests.gen_gemma4 import ensure_gemma4
+from tests.peers import greedy_to_near_tie, llamacpp_greedy
+from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
+
+TEMPLATE = Path(__file__).parent / "fixtures" / "templates" / "google-gemma-4-31B-it.jinja"
+GOLDEN = "family_gemma4.json"
+
+
+def source(kind: str) -> Path:
+    hf, gguf = ensure_gemma4()
+    return hf if kind == "hf" else gguf
+
+
+def lm(ir: ModelIR) -> LanguageModel:
+    model = build(ir, make_backend("cpu-exact"))
+    assert isinstance(model, LanguageModel)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["hf", "gguf"])
+def test_matches_transformers(kind: str) -> None:
+    ir = load_model(source(kind))
+    assert ir.architecture == "gemma4"
+    model = lm(ir)
+    for rec in golden(GOLDEN)["records"]:
+        err, toks = check_record(model, rec)
+        assert err < LOGPROB_TOL, (rec["prompt_ids"], err)
+        assert toks == rec["greedy"], rec["prompt_ids"]
+
+
+def test_hf_and_gguf_read_alike() -> None:
+    """config.json and the converter's GGUF keys give the same description."""
+    hf, gg = (load_model(source(k)).hparams for k in ("hf", "gguf"))
+    gg.norm_eps = hf.norm_eps  # f32 in GGUF
+    assert hf == gg
+    assert (hf.head_dim, hf.head_dim_global, hf.n_head_kv, hf.n_head_kv_global) == (16, 32, 2, 1)
+    assert (hf.rope_dims_global, hf.n_kv_shared, hf.n_embd_per_layer) == (8, 2, 8)
+    assert hf.window_layers == [0, 2] and hf.attn_scale == 1.0 and hf.final_softcap == 3.0
+    model = lm(load_model(source("gguf")))
+    assert isinstance(model, Decoder)
+    assert model.spec.kv_source == (0, 1, 0, 1)
+    assert model.kv_shape.n_layer == 2  # a cache layer per layer that writes K/V
+
+
+def test_cuda_and_compile_refuse_in_one_line(tmp_path: Path) -> None:
+    """Neither the GPU path nor ``modelc compile`` runs Gemma 4's layer kinds yet: one line
+    each, naming them (CUDA's refusal comes before any GPU work)."""
+    from modelc.runtime.backends.cuda_llama import cuda_host
+
+    ir = load_model(source("gguf"))
+    with pytest.raises(ModelcError) as e:
+        cuda_host(ir)
+    msg = str(e.value)
+    assert "\n" not in msg and "--device cuda does not run" in msg
+    assert "per-layer input embeddings" in msg and "layers reusing the keys" in msg
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "modelc.cli",
+            "compile",
+            str(source("gguf")),
+            "-o",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and "modelc compile does not run" in p.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_pack_and_inspect(tmp_path: Path) -> None:
+    """``modelc pack`` of the HF directory and of the GGUF hold the same weights (the GGUF
+    also its ``rope_freqs``), and both run the same."""
+    cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
+    for k in ("hf", "gguf"):
+        cli("pack", str(source(k)), "-o", str(tmp_path / f"{k}.modelc"))
+    arts = [open_artifact(tmp_path / f"{k}.modelc") for k in ("hf", "gguf")]
+    try:
+        irs = [a.to_ir() for a in arts]
+        assert irs[0].architecture == irs[1].architecture == "gemma4"
+        assert sorted(irs[0].tensors) == sorted(set(irs[1].tensors) - {"rope_freqs.weight"})
+        for name, t in irs[0].tensors.items():
+            u = irs[1].tensors[name]
+            assert (t.dtype, t.shape) == (u.dtype, u.shape), name
+            np.testing.assert_array_equal(t.data(), u.data(), err_msg=name)
+        rec = golden(GOLDEN)["records"][2]
+        for ir in irs:
+            assert check_record(lm(ir), rec)[1] == rec["greedy"]
+    finally:
+        for a in arts:
+            a.close()
+    out = cli("inspect", str(tmp_path / "gguf.modelc")).stdout
+    assert "architecture   gemma4" in out
+    assert "sliding window 4 (2 of 4 layers)" in out
+
+
+async def _collect(handle: Any) -> list[int]:
+    return [ev.token_id async for ev in handle if isinstance(ev, TokenEvent)]
+
+
+async def test_engine_batched_chunked_cached_speculative() -> None:
+    """Through the engine: small prefill chunks, prefix-cache hits, batching with other
+    sequences and speculation give the one-at-a-time tokens (the KV-sharing layers read
+    the cache layers of others, the windowed ones are moved)."""
+    ir = load_model(source("gguf"))
+    opts = EngineOptions(
+        kv_cache="f32", prefill_chunk=3, step_tokens=8, prefix_block_tokens=4, speculative=False
+    )
+    eng = build_engine(ir, opts, backend=make_backend("cpu-exact"))
+    assert eng.lm is not None
+    rng = np.random.default_rng(4)
+    shared = rng.integers(3, 384, 9).tolist()
+    prompts = [shared + rng.integers(3, 384, n).tolist() for n in (1, 4, 7, 2)]
+    p = SamplingParams(temperature=0.0, max_tokens=12)
+
+    def alone(prompt: list[int]) -> list[int]:
+        assert eng.lm is not None
+        cache = eng.lm.new_cache(eng.mode, max_tokens=eng.max_context)
+        return decode_alone(eng.lm, cache, prompt, p, [])
+
+    expected = [alone(q) for q in prompts]
+    got: dict[int, list[int]] = {}
+    fins: list[FinishEvent] = []
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        req = GenerationRequest("first", prompts[0], p, ignore_eos=True)
+        got[0] = await _collect(eng.submit(req))
+
+        async def one(i: int) -> None:
+            req = GenerationRequest(f"r{i}", prompts[i], p, ignore_eos=True)
+            toks = []
+            async for ev in eng.submit(req):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                else:
+                    fins.append(ev)
+            got[i] = toks
+
+        async with trio.open_nursery() as inner:
+            for i in (1, 2, 3):
+                inner.start_soon(one, i)
+        n.cancel_scope.cancel()
+    assert [got[i] for i in range(4)] == expected
+    assert all(f.cached_tokens == 8 for f in fins)
+
+    rep = (rng.integers(3, 384, 6).tolist()) * 4  # prompt lookup finds drafts in it
+    spec = build_engine(
+        ir,
+        EngineOptions(kv_cache="f32", speculative=True, draft="prompt-lookup", spec_min_prompt=0),
+        backend=make_backend("cpu-exact"),
+    )
+    want = alone(rep)
+    async with trio.open_nursery() as n:
+        await n.start(spec.run)
+        toks, fin = [], None
+        async for ev in spec.submit(GenerationRequest("s", rep, p, ignore_eos=True)):
+            if isinstance(ev, TokenEvent):
+                toks.append(ev.token_id)
+            else:
+                fin = ev
+        n.cancel_scope.cancel()
+    assert toks == want
+    assert fin is not None and fin.spec_drafted > 0
+
+
+def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
+    """llama.cpp's server on our GGUF, with Gemma 4's real chat template: the same prompt
+    ids of a text and of a rendered chat, and the same greedy continuations (up to a near
+    tie, which llama.cpp's f16 KV cache may break the other way)."""
+    pytest.importorskip("xllamacpp")
+    from modelc.bench.llamacpp import LlamaCppServer
+
+    g = golden(GOLDEN)
+    ir = load_model(source("gguf"))
+    assert ir.tokenizer is not None
+    tok, model = Tokenizer(ir.tokenizer), lm(ir)
+    text = "The model compiler packs a file."
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What works?"}]
+    ours_chat = PromptFormat.build(ir.tokenizer, TEMPLATE.read_text()).chat(msgs).ids
+    with LlamaCppServer(
+        source("gguf"),
+        threads=1,
+        n_parallel=1,
+        n_ctx=256,
+        log=tmp_path / "lc.log",
+        chat_template=TEMPLATE,
+    ) as s:
+        theirs = httpx.post(f"{s.url}/tokenize", json={"content": text}, timeout=30)
+        assert theirs.json()["tokens"] == tok.encode(text, add_special=True)
+        rendered = httpx.post(f"{s.url}/apply-template", json={"messages": msgs}, timeout=30)
+        body = {"content": rendered.json()["prompt"], "add_special": True, "parse_special": True}
+        theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30)
+        assert theirs.json()["tokens"] == ours_chat
+        compared = 0
+        for rec in g["records"]:
+            if set(rec["greedy"]) & tok.eot_ids:
+                continue
+            ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], len(rec["greedy"]))
+            theirs = llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
+            assert theirs[:cut] == ours[:cut], cut
+            compared += 1
+    assert compared >= 4
