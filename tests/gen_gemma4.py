@@ -2,8 +2,8 @@
 
 As ``tests/gen_families.py`` (whose helpers it uses): the weights are a pure function of a
 seed, written to the test-asset cache as an HF directory (``config.json`` shaped like
-``google/gemma-4-E2B``'s text config, scaled down, the committed 384-token tokenizer of
-``tests/fixtures/families/``) and as a GGUF in the layout llama.cpp's
+``google/gemma-4-E2B``'s text config, scaled down, and the committed 384-token Gemma-style
+tokenizer of ``tests/fixtures/gemma4/`` with Gemma 4's chat template) and as a GGUF in the layout llama.cpp's
 ``convert_hf_to_gguf.py`` (``Gemma4Model``) writes.  The one model holds every text layer
 kind Gemma 4 has but the mixture: per-layer input embeddings, the last layers reusing the
 keys and values of earlier ones (and twice as wide an FFN there), global layers with
@@ -27,10 +27,10 @@ import gguf
 import numpy as np
 
 from tests.assets import assets_dir, cache_lock
-from tests.gen_families import FIX
 from tests.gguf_support import add_matrix, gguf_file
 
-VERSION = 1  # bump when the weights or the layout change
+FIX = Path(__file__).parent / "fixtures" / "gemma4"
+VERSION = 4  # bump when the weights or the layout change
 SEED = 20261220
 PLE = 8  # hidden_size_per_layer_input
 CONFIG: dict[str, Any] = {
@@ -72,8 +72,8 @@ CONFIG: dict[str, Any] = {
     "attention_bias": False,
     "enable_moe_block": False,
     "tie_word_embeddings": True,
-    "bos_token_id": None,
-    "eos_token_id": 2,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
     "pad_token_id": 0,
     "torch_dtype": "float32",
 }
@@ -133,27 +133,46 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     return out
 
 
+# tokens Gemma4Model's set_vocab marks USER_DEFINED, "so that the chat parser can read them"
+VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>"}
+VISIBLE |= {"<tool_response|>", '<|"|>'}
+
+
 def _vocab(w: gguf.GGUFWriter) -> None:
-    """The shared 384-token byte-level BPE, as ``_set_vocab_gpt2`` writes it."""
+    """The vocabulary as ``Gemma4Model.set_vocab`` writes it (``LlamaHfVocab``: every
+    score -1000, ``<0xXX>`` BYTE, the special tokens CONTROL but the visible ones
+    USER_DEFINED; then ``SpecialVocab``'s merges, ids, flags and chat template)."""
     tj = json.loads((FIX / "tokenizer.json").read_text())
-    added = {a["content"]: a["id"] for a in tj["added_tokens"]}
-    n = CONFIG["vocab_size"]
-    tokens, types = [""] * n, [gguf.TokenType.NORMAL] * n
-    for t, i in {**tj["model"]["vocab"], **added}.items():
-        tokens[i] = t
-        if t in added:
-            types[i] = gguf.TokenType.CONTROL
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    tc = json.loads((FIX / "tokenizer_config.json").read_text())
+    vocab: dict[str, int] = tj["model"]["vocab"]
+    tokens = sorted(vocab, key=lambda t: vocab[t])
+    special = {tc[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token")}
+    special |= set(tc["extra_special_tokens"])
+    types = [
+        gguf.TokenType.BYTE
+        if t.startswith("<0x") and len(t) == 6
+        else gguf.TokenType.USER_DEFINED
+        if t in VISIBLE
+        else gguf.TokenType.CONTROL
+        if t in special
+        else gguf.TokenType.NORMAL
+        for t in tokens
+    ]
+    w.add_tokenizer_model("gemma4")
     w.add_token_list(tokens)
+    w.add_token_scores([-1000.0] * len(tokens))
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
-    w.add_eos_token_id(added["<|im_end|>"])
-    w.add_pad_token_id(added["<|endoftext|>"])
-    w.add_bos_token_id(added["<|endoftext|>"])
-    w.add_add_bos_token(False)
-    tc = json.loads((FIX / "tokenizer_config.json").read_text())
+    w.add_bos_token_id(vocab[tc["bos_token"]])
+    w.add_eos_token_id(vocab[tc["eos_token"]])
+    w.add_unk_token_id(vocab[tc["unk_token"]])
+    w.add_pad_token_id(vocab[tc["pad_token"]])
+    w.add_mask_token_id(vocab[tc["mask_token"]])
+    w.add_add_bos_token(True)
+    w.add_add_sep_token(False)
+    w.add_add_eos_token(False)
     w.add_chat_template(tc["chat_template"])
+    w.add_add_space_prefix(False)
 
 
 def write_gguf(
@@ -171,17 +190,17 @@ def write_gguf(
     with gguf_file(path, "gemma4", atomic=True) as w:
         w.add_type(gguf.GGUFType.MODEL)
         w.add_name("tiny-gemma4")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        ftype = FILE_TYPES[quant or gguf.GGMLQuantizationType.F32]
+        w.add_file_type(ftype)
         w.add_block_count(n_layer)
         w.add_context_length(c["max_position_embeddings"])
         w.add_embedding_length(c["hidden_size"])
-        w.add_feed_forward_length(c["intermediate_size"])
         w.add_head_count(c["num_attention_heads"])
-        w.add_head_count_kv(c["num_key_value_heads"])
-        w.add_rope_freq_base(1000000.0)
+        rope = c["rope_parameters"]
+        w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+        w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
         w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-        w.add_key_length(c["head_dim"])
-        w.add_value_length(c["head_dim"])
         w.add_final_logit_softcapping(c["final_logit_softcapping"])
         w.add_sliding_window(c["sliding_window"])
         w.add_shared_kv_layers(c["num_kv_shared_layers"])
@@ -204,11 +223,27 @@ def write_gguf(
             hf = name + ".weight" if name.endswith("layer_scalar") else name
             new = nmap.get_name(hf, try_suffixes=(".weight", ".bias"))
             assert new is not None, name
-            keep = data.ndim < 2
-            add_matrix(w, new, np.ascontiguousarray(data, np.float32), None if keep else quant)
-        n_rot = int(c["global_head_dim"] * 0.25 / 2)
+            add_matrix(w, new, np.ascontiguousarray(data, np.float32), _qtype(data, quant))
+        part = c["rope_parameters"]["full_attention"]["partial_rotary_factor"]
+        n_rot = int(c["global_head_dim"] * part / 2)
         freqs = [1.0] * n_rot + [1e30] * (c["global_head_dim"] // 2 - n_rot)
         w.add_tensor("rope_freqs.weight", np.asarray(freqs, np.float32))
+
+
+FILE_TYPES = {
+    gguf.GGMLQuantizationType.F32: gguf.LlamaFileType.ALL_F32,
+    gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+}
+
+
+def _qtype(
+    data: np.ndarray[Any, Any], quant: gguf.GGMLQuantizationType | None
+) -> gguf.GGMLQuantizationType | None:
+    """The converter's choice: vectors f32; a matrix whose rows are not whole blocks f16."""
+    if data.ndim < 2 or quant is None:
+        return None
+    block = gguf.GGML_QUANT_SIZES[quant][0]
+    return quant if data.shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
 
 
 def gemma4_dir() -> Path:
@@ -237,3 +272,37 @@ def ensure_gemma4() -> tuple[Path, Path]:
 
 if __name__ == "__main__":
     print(*ensure_gemma4())
+
+
+def manifest(path: Path) -> dict[str, Any]:
+    """A GGUF's metadata (``general.*`` naming keys left out: they follow the directory's
+    name; long arrays as the sha256 of their JSON) and per tensor its type, shape and the
+    sha256 of its bytes: what the converter's file and ours are compared by."""
+    import hashlib
+
+    r = gguf.GGUFReader(path)
+    meta: dict[str, Any] = {}
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or (key.startswith("general.") and key not in GENERAL):
+            continue
+        value = field.contents()
+        if isinstance(value, list) and len(value) > 16:
+            value = hashlib.sha256(json.dumps(value).encode()).hexdigest()
+        meta[key] = value
+    tensors = {
+        t.name: [
+            t.tensor_type.name,
+            [int(n) for n in t.shape],
+            hashlib.sha256(t.data.tobytes()).hexdigest(),
+        ]
+        for t in r.tensors
+    }
+    return {"metadata": meta, "tensors": tensors}
+
+
+GENERAL = (
+    "general.architecture",
+    "general.type",
+    "general.file_type",
+    "general.quantization_version",
+)

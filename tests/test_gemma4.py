@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gguf
 import httpx
 import numpy as np
 import pytest
@@ -33,11 +34,10 @@ from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
-from tests.gen_gemma4 import ensure_gemma4
+from tests.gen_gemma4 import ensure_gemma4, make_weights, manifest, write_gguf
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
 
-TEMPLATE = Path(__file__).parent / "fixtures" / "templates" / "google-gemma-4-31B-it.jinja"
 GOLDEN = "family_gemma4.json"
 
 
@@ -61,6 +61,38 @@ def test_matches_transformers(kind: str) -> None:
         err, toks = check_record(model, rec)
         assert err < LOGPROB_TOL, (rec["prompt_ids"], err)
         assert toks == rec["greedy"], rec["prompt_ids"]
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_the_gguf_is_the_converters(kind: str, tmp_path: Path) -> None:
+    """The GGUF the tests write equals what llama.cpp's convert_hf_to_gguf.py makes of the
+    HF directory (``--outtype f32`` / ``q8_0``): metadata, and tensor by tensor the type,
+    shape and bytes (``scripts/make_tiny_gemma4.py`` recorded the converter's)."""
+    if kind == "f32":
+        path = source("gguf")
+    else:
+        path = tmp_path / "q8_0.gguf"
+        write_gguf(make_weights(), path, gguf.GGMLQuantizationType.Q8_0)
+    theirs, ours = golden("gemma4_converter.json")[kind], manifest(path)
+    assert ours["metadata"] == theirs["metadata"]
+    assert sorted(ours["tensors"]) == sorted(theirs["tensors"])
+    for name, t in theirs["tensors"].items():
+        assert ours["tensors"][name] == t, name
+
+
+@pytest.mark.parametrize("kind", ["hf", "gguf"])
+def test_tokenizer_and_chat_template_match_transformers(kind: str) -> None:
+    """The Gemma-style vocabulary (BPE over ``▁``-escaped text, byte fallback, BOS added)
+    and Gemma 4's chat template rendered through modelc's template path: transformers'
+    ids of a text and of a chat prompt."""
+    g = golden(GOLDEN)
+    ir = load_model(source(kind))
+    assert ir.tokenizer is not None and ir.chat_template is not None
+    assert Tokenizer(ir.tokenizer).encode(g["text"], add_special=True) == g["text_ids"]
+    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+    assert fmt.chat(g["chat"]).ids == g["chat_ids_thinking"]  # llama.cpp's default
+    off = fmt.chat(g["chat"], template_kwargs={"enable_thinking": False})
+    assert off.ids == g["chat_ids"]  # transformers' default
 
 
 def test_hf_and_gguf_read_alike() -> None:
@@ -202,9 +234,9 @@ async def test_engine_batched_chunked_cached_speculative() -> None:
 
 
 def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
-    """llama.cpp's server on our GGUF, with Gemma 4's real chat template: the same prompt
-    ids of a text and of a rendered chat, and the same greedy continuations (up to a near
-    tie, which llama.cpp's f16 KV cache may break the other way)."""
+    """llama.cpp's server on our GGUF (its own Gemma 4 chat template): transformers' ids
+    of a text and of a rendered chat prompt, and modelc's greedy continuations (up to a
+    near tie, which llama.cpp's f16 KV cache may break the other way)."""
     pytest.importorskip("xllamacpp")
     from modelc.bench.llamacpp import LlamaCppServer
 
@@ -212,23 +244,15 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
     ir = load_model(source("gguf"))
     assert ir.tokenizer is not None
     tok, model = Tokenizer(ir.tokenizer), lm(ir)
-    text = "The model compiler packs a file."
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What works?"}]
-    ours_chat = PromptFormat.build(ir.tokenizer, TEMPLATE.read_text()).chat(msgs).ids
-    with LlamaCppServer(
-        source("gguf"),
-        threads=1,
-        n_parallel=1,
-        n_ctx=256,
-        log=tmp_path / "lc.log",
-        chat_template=TEMPLATE,
-    ) as s:
-        theirs = httpx.post(f"{s.url}/tokenize", json={"content": text}, timeout=30)
-        assert theirs.json()["tokens"] == tok.encode(text, add_special=True)
-        rendered = httpx.post(f"{s.url}/apply-template", json={"messages": msgs}, timeout=30)
-        body = {"content": rendered.json()["prompt"], "add_special": True, "parse_special": True}
-        theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30)
-        assert theirs.json()["tokens"] == ours_chat
+    log = tmp_path / "lc.log"
+    with LlamaCppServer(source("gguf"), threads=1, n_parallel=1, n_ctx=256, log=log) as s:
+        body = {"content": g["text"], "add_special": True}
+        theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
+        assert theirs == tok.encode(g["text"], add_special=True) == g["text_ids"]
+        r = httpx.post(f"{s.url}/apply-template", json={"messages": g["chat"]}, timeout=30)
+        body = {"content": r.json()["prompt"], "add_special": True, "parse_special": True}
+        theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
+        assert theirs == g["chat_ids_thinking"]  # enable_thinking true, as modelc renders
         compared = 0
         for rec in g["records"]:
             if set(rec["greedy"]) & tok.eot_ids:
@@ -238,3 +262,25 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
             assert theirs[:cut] == ours[:cut], cut
             compared += 1
     assert compared >= 4
+
+
+def test_llamacpp_runs_the_q8_0_gguf_the_same(tmp_path: Path) -> None:
+    """The converter's Q8_0 layout (its f16 fallback for rows of no whole block included):
+    modelc's greedy continuations equal llama.cpp's on the same file (up to a near tie),
+    both quantizing the activations to int8 against Q8_0 (modelc's exact f32 activations
+    part from llama.cpp there on this soft-capped model's close logits)."""
+    pytest.importorskip("xllamacpp")
+    from modelc.bench.llamacpp import LlamaCppServer
+
+    path = tmp_path / "q8_0.gguf"
+    write_gguf(make_weights(), path, gguf.GGMLQuantizationType.Q8_0)
+    ir = load_model(path)
+    assert ir.tokenizer is not None
+    banned = sorted(Tokenizer(ir.tokenizer).eot_ids)  # llama.cpp's ignore_eos bans them
+    model = build(ir, make_backend("cpu"))  # int8 activations against Q8_0, as llama.cpp
+    assert isinstance(model, LanguageModel)
+    with LlamaCppServer(path, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
+        for rec in golden(GOLDEN)["records"]:
+            ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], 12, banned)
+            theirs = llamacpp_greedy(s.url, rec["prompt_ids"], 12)
+            assert theirs[:cut] == ours[:cut], (rec["prompt_ids"], cut)
