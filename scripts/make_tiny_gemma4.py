@@ -1,4 +1,4 @@
-"""Goldens for the tiny random Gemma 4 of ``tests/gen_gemma4.py``.
+"""Goldens for the tiny random Gemma 4 models (dense, mixture) of ``tests/gen_gemma4.py``.
 
 Run with the reference venv (torch + transformers 5.23), from the root:
 
@@ -13,7 +13,7 @@ trained on this repository's README line by line, so no merge crosses a newline;
 
 The model is numpy-made by the project venv (``python -m tests.gen_gemma4``: HF directory +
 GGUF in the test-asset cache), so this script and the tests load the very same files.
-``tests/golden/family_gemma4.json``: per token-id prompt the top-10 next-token
+``tests/golden/family_gemma4.json`` and ``family_gemma4moe.json``: per token-id prompt the top-10 next-token
 log-probabilities and a 16-token greedy continuation from transformers in f32 (eager
 attention), as ``make_tiny_families.py`` records them, and the token ids of a text and
 of a chat prompt (Gemma 4's template; ``enable_thinking`` unset, and true as llama.cpp's
@@ -136,7 +136,7 @@ def project(code: str) -> str:
 def converter_manifests(hf: Path) -> dict[str, object]:
     """llama.cpp's own ``convert_hf_to_gguf.py`` on the HF directory (f32 and q8_0): each
     GGUF's metadata and tensors, as ``tests.gen_gemma4.manifest`` records them."""
-    out: dict[str, object] = {"converter": f"{LLAMA_CPP}/convert_hf_to_gguf.py"}
+    out: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("f32", "q8_0"):
             dest = Path(tmp) / f"{kind}.gguf"
@@ -147,10 +147,10 @@ def converter_manifests(hf: Path) -> dict[str, object]:
     return out
 
 
-def main() -> None:
-    hf = Path(
-        project("from tests.gen_gemma4 import ensure_gemma4; print(*ensure_gemma4())").split()[0]
-    )
+def goldens(variant: str) -> dict[str, object]:
+    """``tests/golden/family_<variant>.json``; the converter's manifests, returned."""
+    code = f"from tests.gen_gemma4 import ensure_gemma4; print(*ensure_gemma4({variant!r}))"
+    hf = Path(project(code).split()[0])
     model = AutoModelForCausalLM.from_pretrained(
         hf, dtype=torch.float32, attn_implementation="eager"
     ).eval()
@@ -163,7 +163,7 @@ def main() -> None:
         return ids if isinstance(ids, list) else list(ids["input_ids"])  # a BatchEncoding
 
     doc = {
-        "model": "tests/gen_gemma4.py",
+        "model": f"tests/gen_gemma4.py {variant}",
         "reference": f"transformers {transformers.__version__}, torch {torch.__version__}, f32",
         "text": text,
         "text_ids": fast(text)["input_ids"],
@@ -172,10 +172,16 @@ def main() -> None:
         "chat_ids_thinking": chat_ids(enable_thinking=True),  # as llama.cpp's server renders
         "records": records(model),
     }
-    (GOLDEN / "family_gemma4.json").write_text(json.dumps(doc, indent=1) + "\n")
-    conv = converter_manifests(hf)
+    (GOLDEN / f"family_{variant}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(variant, hf)
+    return converter_manifests(hf)
+
+
+def main() -> None:
+    conv: dict[str, object] = {"converter": f"{LLAMA_CPP}/convert_hf_to_gguf.py"}
+    for variant in ("gemma4", "gemma4moe"):
+        conv[variant] = goldens(variant)
     (GOLDEN / "gemma4_converter.json").write_text(json.dumps(conv, indent=1) + "\n")
-    print(hf)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,22 @@
-"""A tiny randomly initialised Gemma 4 (text), made with numpy only.
+"""Tiny randomly initialised Gemma 4 text models (dense and mixture), made with numpy only.
 
 As ``tests/gen_families.py`` (whose helpers it uses): the weights are a pure function of a
-seed, written to the test-asset cache as an HF directory (``config.json`` shaped like
+seed, each written to the test-asset cache as an HF directory (``config.json`` shaped like
 ``google/gemma-4-E2B``'s text config, scaled down, and the committed 384-token Gemma-style
-tokenizer of ``tests/fixtures/gemma4/`` with Gemma 4's chat template) and as a GGUF in the layout llama.cpp's
-``convert_hf_to_gguf.py`` (``Gemma4Model``) writes.  The one model holds every text layer
-kind Gemma 4 has but the mixture: per-layer input embeddings, the last layers reusing the
+tokenizer of ``tests/fixtures/gemma4/`` with Gemma 4's chat template) and as a GGUF in
+the layout llama.cpp's ``convert_hf_to_gguf.py`` (``Gemma4Model``) writes.  ``gemma4``
+holds every dense text layer kind Gemma 4 has: per-layer input embeddings, the last layers reusing the
 keys and values of earlier ones (and twice as wide an FFN there), global layers with
 their own head size and KV head count and proportional RoPE over a quarter of the head,
 values from the key projection on global layers (``attention_k_eq_v``, as the 31B),
 V norms, plain (not ``1 + w``) norms, a per-layer output scalar and soft-capped logits.
 
 Layers: 0 and 2 windowed (head size 16, 2 KV heads), 1 and 3 global (head size 32, 1 KV
-head); 2 and 3 reuse the K/V of 0 and 1.  Run ``python -m tests.gen_gemma4`` to (re)create.
+head); 2 and 3 reuse the K/V of 0 and 1.  ``gemma4moe`` is shaped like ``gemma-4-26B-A4B``:
+no per-layer inputs nor KV sharing, every layer's FFN beside a mixture of 4 experts (2 a
+token, GELU, gate and up fused) with a router of its own (RMS norm, a scale, per-expert
+output scales); layers 0 and 1 windowed, 2 global.  Run ``python -m tests.gen_gemma4`` to
+(re)create them.
 """
 
 from __future__ import annotations
@@ -77,20 +81,37 @@ CONFIG: dict[str, Any] = {
     "pad_token_id": 0,
     "torch_dtype": "float32",
 }
+CONFIGS: dict[str, dict[str, Any]] = {
+    "gemma4": CONFIG,
+    "gemma4moe": {
+        **CONFIG,
+        "num_hidden_layers": 3,
+        "hidden_size_per_layer_input": 0,
+        "intermediate_size": 64,
+        "num_kv_shared_layers": 0,
+        "use_double_wide_mlp": False,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 32,
+    },
+}
+SEEDS = {"gemma4": SEED, "gemma4moe": SEED + 1}
 
 
-def _shared(i: int) -> bool:
-    return i >= CONFIG["num_hidden_layers"] - CONFIG["num_kv_shared_layers"]
+def _shared(c: dict[str, Any], i: int) -> bool:
+    return bool(i >= c["num_hidden_layers"] - c["num_kv_shared_layers"])
 
 
-def _glob(i: int) -> bool:
-    return bool(CONFIG["layer_types"][i] == "full_attention")
+def _glob(c: dict[str, Any], i: int) -> bool:
+    return bool(c["layer_types"][i] == "full_attention")
 
 
-def make_weights() -> dict[str, np.ndarray[Any, Any]]:
-    """HF tensor names -> f32 arrays, a pure function of the seed."""
-    c = CONFIG
-    rng = np.random.default_rng(SEED)
+def make_weights(variant: str = "gemma4") -> dict[str, np.ndarray[Any, Any]]:
+    """HF tensor names -> f32 arrays, a pure function of the variant's seed."""
+    c = CONFIGS[variant]
+    rng = np.random.default_rng(SEEDS[variant])
     d, v, n_layer = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
 
     def w(*shape: int) -> np.ndarray[Any, Any]:
@@ -99,23 +120,25 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     def norm(n: int) -> np.ndarray[Any, Any]:  # Gemma 4's RMSNorm multiplies by w itself
         return (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32)
 
-    out = {
-        "model.embed_tokens.weight": w(v, d),
-        "model.embed_tokens_per_layer.weight": w(c["vocab_size_per_layer_input"], n_layer * PLE),
-        "model.per_layer_model_projection.weight": w(n_layer * PLE, d),
-        "model.per_layer_projection_norm.weight": norm(PLE),
-    }
+    ple = c["hidden_size_per_layer_input"]
+    out = {"model.embed_tokens.weight": w(v, d)}
+    if ple:
+        out["model.embed_tokens_per_layer.weight"] = w(
+            c["vocab_size_per_layer_input"], n_layer * ple
+        )
+        out["model.per_layer_model_projection.weight"] = w(n_layer * ple, d)
+        out["model.per_layer_projection_norm.weight"] = norm(ple)
     for i in range(n_layer):
         p = f"model.layers.{i}."
-        hd = c["global_head_dim"] if _glob(i) else c["head_dim"]
-        nkv = c["num_global_key_value_heads"] if _glob(i) else c["num_key_value_heads"]
-        ff = c["intermediate_size"] * (2 if _shared(i) and c["use_double_wide_mlp"] else 1)
+        hd = c["global_head_dim"] if _glob(c, i) else c["head_dim"]
+        nkv = c["num_global_key_value_heads"] if _glob(c, i) else c["num_key_value_heads"]
+        ff = c["intermediate_size"] * (2 if _shared(c, i) and c["use_double_wide_mlp"] else 1)
         out[p + "input_layernorm.weight"] = norm(d)
         out[p + "self_attn.q_proj.weight"] = w(c["num_attention_heads"] * hd, d)
         out[p + "self_attn.q_norm.weight"] = norm(hd)
-        if not _shared(i):
+        if not _shared(c, i):
             out[p + "self_attn.k_proj.weight"] = w(nkv * hd, d)
-            if not (_glob(i) and c["attention_k_eq_v"]):
+            if not (_glob(c, i) and c["attention_k_eq_v"]):
                 out[p + "self_attn.v_proj.weight"] = w(nkv * hd, d)
             out[p + "self_attn.k_norm.weight"] = norm(hd)
         out[p + "self_attn.o_proj.weight"] = w(d, c["num_attention_heads"] * hd)
@@ -125,9 +148,20 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
         out[p + "mlp.up_proj.weight"] = w(ff, d)
         out[p + "mlp.down_proj.weight"] = w(d, ff)
         out[p + "post_feedforward_layernorm.weight"] = norm(d)
-        out[p + "per_layer_input_gate.weight"] = w(PLE, d)
-        out[p + "per_layer_projection.weight"] = w(d, PLE)
-        out[p + "post_per_layer_input_norm.weight"] = norm(d)
+        if c["enable_moe_block"]:  # a router (std 1: decisive top-k) and stacked experts
+            n_e, fe = c["num_experts"], c["moe_intermediate_size"]
+            out[p + "router.proj.weight"] = rng.standard_normal((n_e, d)).astype(np.float32)
+            out[p + "router.scale"] = norm(d)
+            out[p + "router.per_expert_scale"] = norm(n_e)
+            out[p + "experts.gate_up_proj"] = w(n_e, 2 * fe, d)
+            out[p + "experts.down_proj"] = w(n_e, d, fe)
+            out[p + "post_feedforward_layernorm_1.weight"] = norm(d)
+            out[p + "pre_feedforward_layernorm_2.weight"] = norm(d)
+            out[p + "post_feedforward_layernorm_2.weight"] = norm(d)
+        if ple:
+            out[p + "per_layer_input_gate.weight"] = w(ple, d)
+            out[p + "per_layer_projection.weight"] = w(d, ple)
+            out[p + "post_per_layer_input_norm.weight"] = norm(d)
         out[p + "layer_scalar"] = (0.5 + rng.random(1)).astype(np.float32)
     out["model.norm.weight"] = norm(d)
     return out
@@ -179,17 +213,19 @@ def write_gguf(
     weights: dict[str, np.ndarray[Any, Any]],
     path: Path,
     quant: gguf.GGMLQuantizationType | None = None,
+    variant: str = "gemma4",
 ) -> None:
     """The model as ``Gemma4Model`` of convert_hf_to_gguf writes it: the global layers' head
     size as ``key_length``, the windowed ones' as ``key_length_swa``, per-layer KV head
     counts and FFN widths as arrays, the proportional RoPE as ``rope_freqs`` (1 for the
     rotated pairs, 1e30 for the others), norms as they are, ``layer_scalar`` as
     ``blk.{i}.layer_output_scale``."""
-    c, n_layer = CONFIG, CONFIG["num_hidden_layers"]
-    swa = [not _glob(i) for i in range(n_layer)]
+    c = CONFIGS[variant]
+    n_layer = c["num_hidden_layers"]
+    swa = [not _glob(c, i) for i in range(n_layer)]
     with gguf_file(path, "gemma4", atomic=True) as w:
         w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-gemma4")
+        w.add_name(f"tiny-{variant}")
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         ftype = FILE_TYPES[quant or gguf.GGMLQuantizationType.F32]
         w.add_file_type(ftype)
@@ -204,7 +240,7 @@ def write_gguf(
         w.add_final_logit_softcapping(c["final_logit_softcapping"])
         w.add_sliding_window(c["sliding_window"])
         w.add_shared_kv_layers(c["num_kv_shared_layers"])
-        w.add_embedding_length_per_layer_input(PLE)
+        w.add_embedding_length_per_layer_input(c["hidden_size_per_layer_input"])
         w.add_sliding_window_pattern(swa)
         w.add_key_length(c["global_head_dim"])
         w.add_value_length(c["global_head_dim"])
@@ -212,7 +248,14 @@ def write_gguf(
         w.add_value_length_swa(c["head_dim"])
         first_shared = n_layer - c["num_kv_shared_layers"]
         ff = c["intermediate_size"]
-        w.add_feed_forward_length([ff if i < first_shared else 2 * ff for i in range(n_layer)])
+        if c["use_double_wide_mlp"]:
+            w.add_feed_forward_length([ff if i < first_shared else 2 * ff for i in range(n_layer)])
+        else:
+            w.add_feed_forward_length(ff)
+        if c["enable_moe_block"]:
+            w.add_expert_count(c["num_experts"])
+            w.add_expert_used_count(c["top_k_experts"])
+            w.add_expert_feed_forward_length(c["moe_intermediate_size"])
         kv_full, kv_swa = c["num_global_key_value_heads"], c["num_key_value_heads"]
         w.add_head_count_kv([kv_swa if s else kv_full for s in swa])
         w.add_rope_dimension_count(c["global_head_dim"])
@@ -220,14 +263,31 @@ def write_gguf(
         _vocab(w)
         nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, n_layer)
         for name, data in weights.items():
-            hf = name + ".weight" if name.endswith("layer_scalar") else name
-            new = nmap.get_name(hf, try_suffixes=(".weight", ".bias"))
+            new = _gguf_name(nmap, name)
             assert new is not None, name
-            add_matrix(w, new, np.ascontiguousarray(data, np.float32), _qtype(data, quant))
+            add_matrix(
+                w,
+                new,
+                np.ascontiguousarray(data, np.float32),
+                _qtype(data, quant, "ffn_gate_inp" in new),
+            )
         part = c["rope_parameters"]["full_attention"]["partial_rotary_factor"]
         n_rot = int(c["global_head_dim"] * part / 2)
         freqs = [1.0] * n_rot + [1e30] * (c["global_head_dim"] // 2 - n_rot)
         w.add_tensor("rope_freqs.weight", np.asarray(freqs, np.float32))
+
+
+def _gguf_name(nmap: gguf.TensorNameMap, name: str) -> str | None:
+    """The converter's name of an HF tensor (its ``filter_tensors`` / ``modify_tensors``)."""
+    i = name.split(".")[2] if name.startswith("model.layers.") else ""
+    if name.endswith("router.scale"):
+        return f"blk.{i}.ffn_gate_inp.scale"
+    if name.endswith("router.per_expert_scale"):
+        return f"blk.{i}.ffn_down_exps.scale"
+    if name.endswith(("layer_scalar", "experts.gate_up_proj", "experts.down_proj")):
+        name += ".weight"
+    new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
+    return None if new is None else str(new)
 
 
 FILE_TYPES = {
@@ -237,41 +297,43 @@ FILE_TYPES = {
 
 
 def _qtype(
-    data: np.ndarray[Any, Any], quant: gguf.GGMLQuantizationType | None
+    data: np.ndarray[Any, Any], quant: gguf.GGMLQuantizationType | None, router: bool
 ) -> gguf.GGMLQuantizationType | None:
-    """The converter's choice: vectors f32; a matrix whose rows are not whole blocks f16."""
-    if data.ndim < 2 or quant is None:
+    """The converter's choice: vectors and routers f32; a matrix whose rows are not whole
+    blocks f16."""
+    if data.ndim < 2 or quant is None or router:
         return None
     block = gguf.GGML_QUANT_SIZES[quant][0]
     return quant if data.shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
 
 
-def gemma4_dir() -> Path:
-    return assets_dir() / f"tiny-gemma4-v{VERSION}"
+def gemma4_dir(variant: str = "gemma4") -> Path:
+    return assets_dir() / f"tiny-{variant}-v{VERSION}"
 
 
-def ensure_gemma4() -> tuple[Path, Path]:
-    """The HF directory and GGUF (created if missing)."""
+def ensure_gemma4(variant: str = "gemma4") -> tuple[Path, Path]:
+    """The variant's HF directory and GGUF (created if missing)."""
     from safetensors.numpy import save_file
 
-    dest = gemma4_dir()
-    hf, gg = dest / "hf", dest / "gemma4.gguf"
+    dest = gemma4_dir(variant)
+    hf, gg = dest / "hf", dest / f"{variant}.gguf"
     with cache_lock(dest.name):
         if gg.exists() and (hf / "model.safetensors").exists():
             return hf, gg
         hf.mkdir(parents=True, exist_ok=True)
-        weights = make_weights()
+        weights = make_weights(variant)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(FIX / name, hf / name)
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
+        (hf / "config.json").write_text(json.dumps(CONFIGS[variant], indent=2))
         save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
         os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
-        write_gguf(weights, gg)
+        write_gguf(weights, gg, variant=variant)
     return hf, gg
 
 
 if __name__ == "__main__":
-    print(*ensure_gemma4())
+    for v in CONFIGS:
+        print(*ensure_gemma4(v))
 
 
 def manifest(path: Path) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Gemma 4 (text) against transformers and llama.cpp, from its HF directory and its GGUF.
 
-The tiny random model (``tests/gen_gemma4.py``: per-layer input embeddings, KV-sharing
-layers, global layers with their own head size / KV heads / proportional RoPE / values from
-keys, V norms, output scalars, soft-capped logits) and its goldens
+The tiny random models (``tests/gen_gemma4.py``: ``gemma4`` with per-layer input
+embeddings, KV-sharing layers, global layers with their own head size / KV heads /
+proportional RoPE / values from keys, V norms, output scalars, soft-capped logits;
+``gemma4moe`` with a mixture of experts beside each FFN) and their goldens
 (``scripts/make_tiny_gemma4.py``: transformers 5.23 f32 top-10 log-probabilities and
 16-token greedy continuations).  llama.cpp's server runs the same GGUF with Gemma 4's real
 chat template.
@@ -41,8 +42,11 @@ from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golde
 GOLDEN = "family_gemma4.json"
 
 
-def source(kind: str) -> Path:
-    hf, gguf = ensure_gemma4()
+VARIANTS = ["gemma4", "gemma4moe"]  # E2B-shaped dense, 26B-A4B-shaped mixture
+
+
+def source(kind: str, variant: str = "gemma4") -> Path:
+    hf, gguf = ensure_gemma4(variant)
     return hf if kind == "hf" else gguf
 
 
@@ -53,27 +57,29 @@ def lm(ir: ModelIR) -> LanguageModel:
 
 
 @pytest.mark.parametrize("kind", ["hf", "gguf"])
-def test_matches_transformers(kind: str) -> None:
-    ir = load_model(source(kind))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_matches_transformers(variant: str, kind: str) -> None:
+    ir = load_model(source(kind, variant))
     assert ir.architecture == "gemma4"
     model = lm(ir)
-    for rec in golden(GOLDEN)["records"]:
+    for rec in golden(f"family_{variant}.json")["records"]:
         err, toks = check_record(model, rec)
         assert err < LOGPROB_TOL, (rec["prompt_ids"], err)
         assert toks == rec["greedy"], rec["prompt_ids"]
 
 
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
-def test_the_gguf_is_the_converters(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_gguf_is_the_converters(variant: str, kind: str, tmp_path: Path) -> None:
     """The GGUF the tests write equals what llama.cpp's convert_hf_to_gguf.py makes of the
     HF directory (``--outtype f32`` / ``q8_0``): metadata, and tensor by tensor the type,
     shape and bytes (``scripts/make_tiny_gemma4.py`` recorded the converter's)."""
     if kind == "f32":
-        path = source("gguf")
+        path = source("gguf", variant)
     else:
         path = tmp_path / "q8_0.gguf"
-        write_gguf(make_weights(), path, gguf.GGMLQuantizationType.Q8_0)
-    theirs, ours = golden("gemma4_converter.json")[kind], manifest(path)
+        write_gguf(make_weights(variant), path, gguf.GGMLQuantizationType.Q8_0, variant)
+    theirs, ours = golden("gemma4_converter.json")[variant][kind], manifest(path)
     assert ours["metadata"] == theirs["metadata"]
     assert sorted(ours["tensors"]) == sorted(theirs["tensors"])
     for name, t in theirs["tensors"].items():
@@ -107,6 +113,10 @@ def test_hf_and_gguf_read_alike() -> None:
     assert isinstance(model, Decoder)
     assert model.spec.kv_source == (0, 1, 0, 1)
     assert model.kv_shape.n_layer == 2  # a cache layer per layer that writes K/V
+    moe = [load_model(source(k, "gemma4moe")).hparams for k in ("hf", "gguf")]
+    moe[1].norm_eps = moe[0].norm_eps
+    assert moe[0] == moe[1]
+    assert (moe[0].n_expert, moe[0].n_expert_used, moe[0].n_embd_per_layer) == (0, 2, 0)
 
 
 def test_cuda_and_compile_refuse_in_one_line(tmp_path: Path) -> None:
@@ -120,6 +130,10 @@ def test_cuda_and_compile_refuse_in_one_line(tmp_path: Path) -> None:
     msg = str(e.value)
     assert "\n" not in msg and "--device cuda does not run" in msg
     assert "per-layer input embeddings" in msg and "layers reusing the keys" in msg
+    with pytest.raises(
+        ModelcError, match=r"mixtures of experts beside the FFN.*--device cuda does not run"
+    ):
+        cuda_host(load_model(source("gguf", "gemma4moe")))
     p = subprocess.run(
         [
             sys.executable,
@@ -168,11 +182,12 @@ async def _collect(handle: Any) -> list[int]:
     return [ev.token_id async for ev in handle if isinstance(ev, TokenEvent)]
 
 
-async def test_engine_batched_chunked_cached_speculative() -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_engine_batched_chunked_cached_speculative(variant: str) -> None:
     """Through the engine: small prefill chunks, prefix-cache hits, batching with other
     sequences and speculation give the one-at-a-time tokens (the KV-sharing layers read
     the cache layers of others, the windowed ones are moved)."""
-    ir = load_model(source("gguf"))
+    ir = load_model(source("gguf", variant))
     opts = EngineOptions(
         kv_cache="f32", prefill_chunk=3, step_tokens=8, prefix_block_tokens=4, speculative=False
     )
@@ -233,19 +248,20 @@ async def test_engine_batched_chunked_cached_speculative() -> None:
     assert fin is not None and fin.spec_drafted > 0
 
 
-def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_llamacpp_runs_the_gguf_the_same(variant: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF (its own Gemma 4 chat template): transformers' ids
     of a text and of a rendered chat prompt, and modelc's greedy continuations (up to a
     near tie, which llama.cpp's f16 KV cache may break the other way)."""
     pytest.importorskip("xllamacpp")
     from modelc.bench.llamacpp import LlamaCppServer
 
-    g = golden(GOLDEN)
-    ir = load_model(source("gguf"))
+    g = golden(f"family_{variant}.json")
+    ir = load_model(source("gguf", variant))
     assert ir.tokenizer is not None
     tok, model = Tokenizer(ir.tokenizer), lm(ir)
     log = tmp_path / "lc.log"
-    with LlamaCppServer(source("gguf"), threads=1, n_parallel=1, n_ctx=256, log=log) as s:
+    with LlamaCppServer(source("gguf", variant), threads=1, n_parallel=1, n_ctx=256, log=log) as s:
         body = {"content": g["text"], "add_special": True}
         theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
         assert theirs == tok.encode(g["text"], add_special=True) == g["text_ids"]
@@ -264,7 +280,8 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
     assert compared >= 4
 
 
-def test_llamacpp_runs_the_q8_0_gguf_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_llamacpp_runs_the_q8_0_gguf_the_same(variant: str, tmp_path: Path) -> None:
     """The converter's Q8_0 layout (its f16 fallback for rows of no whole block included):
     modelc's greedy continuations equal llama.cpp's on the same file (up to a near tie),
     both quantizing the activations to int8 against Q8_0 (modelc's exact f32 activations
@@ -273,14 +290,14 @@ def test_llamacpp_runs_the_q8_0_gguf_the_same(tmp_path: Path) -> None:
     from modelc.bench.llamacpp import LlamaCppServer
 
     path = tmp_path / "q8_0.gguf"
-    write_gguf(make_weights(), path, gguf.GGMLQuantizationType.Q8_0)
+    write_gguf(make_weights(variant), path, gguf.GGMLQuantizationType.Q8_0, variant)
     ir = load_model(path)
     assert ir.tokenizer is not None
     banned = sorted(Tokenizer(ir.tokenizer).eot_ids)  # llama.cpp's ignore_eos bans them
     model = build(ir, make_backend("cpu"))  # int8 activations against Q8_0, as llama.cpp
     assert isinstance(model, LanguageModel)
     with LlamaCppServer(path, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
-        for rec in golden(GOLDEN)["records"]:
+        for rec in golden(f"family_{variant}.json")["records"]:
             ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], 12, banned)
             theirs = llamacpp_greedy(s.url, rec["prompt_ids"], 12)
             assert theirs[:cut] == ours[:cut], (rec["prompt_ids"], cut)

@@ -21,7 +21,13 @@ compute beyond Gemma 3, each a feature of the decoder (``modelc.runtime.arch.gem
   scalar (``layer_output_scale``), final logit soft-capping;
 * norms that multiply by ``w`` itself, not ``1 + w`` (the converter adds nothing).
 
-The 26B-A4B's mixture (an FFN and experts side by side, a router of its own) is refused.
+* **the 26B-A4B's mixture**: beside each layer's FFN (normed after by
+  ``post_ffw_norm_1``) a mixture of experts on the same residual (``pre_ffw_norm_2``
+  before, ``post_ffw_norm_2`` after), the sum normed by ``post_ffw_norm``; its router
+  (``ffn_gate_inp``) sees the residual RMS-normed, times ``ffn_gate_inp.scale`` and
+  1/sqrt(d); softmax, top-k renormalised, times each expert's ``ffn_down_exps.scale``;
+  experts GELU with gate and up fused (``ffn_gate_up_exps``).  ``n_expert`` stays 0 (the
+  dense FFN is still required), ``n_expert_used`` is the top-k.
 """
 
 from __future__ import annotations
@@ -49,9 +55,9 @@ GLOBAL_THETA = 1_000_000.0
 def _from_config(cfg: Mapping[str, Any]) -> HParams:
     text = cfg.get("text_config")
     cfg = {**cfg, **text} if isinstance(text, Mapping) else cfg
-    if cfg.get("enable_moe_block"):
-        raise UnsupportedError("Gemma 4's mixture of experts (the 26B-A4B) is not supported yet")
     hp = gemma_config(cfg, 6)
+    if cfg.get("enable_moe_block"):  # n_expert stays 0: the mixture is beside the dense FFN
+        hp.n_expert_used = int(cfg.get("top_k_experts") or 0)
     hp.attn_scale = 1.0
     params = cfg.get("rope_parameters") or {}
     glob = params.get("full_attention") or {}
@@ -77,8 +83,9 @@ def _from_config(cfg: Mapping[str, Any]) -> HParams:
 def _from_gguf(
     m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]
 ) -> None:
-    if "blk.0.ffn_gate_inp.weight" in tensors:
-        raise UnsupportedError("Gemma 4's mixture of experts (the 26B-A4B) is not supported yet")
+    if "blk.0.ffn_gate_inp.weight" in tensors:  # as from_config: n_expert stays 0
+        hp.n_expert_used = int(m("expert_used_count", 0))
+        hp.n_expert = 0
     swa = m("attention.sliding_window_pattern", None)
     hp.norm_eps = float(m("attention.layer_norm_rms_epsilon", 1e-6))
     hp.rope_style = "neox"
@@ -113,7 +120,17 @@ def _rename(name: str) -> str:
     """A Gemma4ForConditionalGeneration's text weights under Gemma4ForCausalLM's names;
     ``layer_scalar`` as a ``.weight``, as the converter names it."""
     name = re.sub(r"^(model\.)?language_model\.(model\.)?", "model.", name)
-    return name + ".weight" if name.endswith("layer_scalar") else name
+    if name.endswith(("layer_scalar", "experts.gate_up_proj", "experts.down_proj")):
+        return name + ".weight"
+    return name
+
+
+# the router's scales, which GGUF names as ``.scale`` of the router and the experts' down
+_ROUTER_SCALES = {
+    f"model.layers.{i}.router.{hf}": f"blk.{i}.{gg}"
+    for i in range(256)
+    for hf, gg in (("scale", "ffn_gate_inp.scale"), ("per_expert_scale", "ffn_down_exps.scale"))
+}
 
 
 def _shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
@@ -136,6 +153,7 @@ FAMILY = Family(
     from_config=_from_config,
     from_gguf=_from_gguf,
     rename=_rename,
+    own_names=_ROUTER_SCALES,
     required=(
         "attn_norm.weight",
         "attn_q.weight",

@@ -90,6 +90,7 @@ FEATURES: dict[str, str] = {
     "proportional_rope": "proportional RoPE",
     "per_layer_embd": "per-layer input embeddings",
     "layer_scale": "per-layer output scales",
+    "side_experts": "mixtures of experts beside the FFN",
 }
 # gemma4's layer kinds (runtime/arch/gemma4.py): the CPU runs them, CUDA and compile not yet
 GEMMA4_FEATURES = frozenset(
@@ -101,6 +102,7 @@ GEMMA4_FEATURES = frozenset(
         "proportional_rope",
         "per_layer_embd",
         "layer_scale",
+        "side_experts",
     }
 )
 
@@ -142,6 +144,7 @@ class DecoderSpec:
     rope_dims_global: int = 0  # proportional RoPE: pairs turning on global layers, x2; 0: none
     per_layer_embd: int = 0  # per-layer inputs' width; 0: none
     layer_scale: bool = False
+    side_experts: tuple[bool, ...] = ()  # per layer: a mixture beside the FFN
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -168,6 +171,7 @@ class DecoderSpec:
             "proportional_rope": bool(self.rope_dims_global),
             "per_layer_embd": bool(self.per_layer_embd),
             "layer_scale": self.layer_scale,
+            "side_experts": any(self.side_experts),
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -326,7 +330,8 @@ class Decoder(CausalLM):
             wq, wk, wv = (src.weight(p + f"attn_{n}.weight") for n in "qkv")
             for name, w, rows in (("q", wq, nq), ("k", wk, nkv), ("v", wv, nkv)):
                 check_rows(ir, f"{p}attn_{name}.weight", w, rows)
-        experts = load_experts(src, i, self.hparams.n_expert_used)
+        g4 = self.g4 is not None  # gemma4's mixture is beside the FFN (self.g4.side)
+        experts = None if g4 else load_experts(src, i, self.hparams.n_expert_used)
         gate = up = down = None
         if experts is None:
             if t.fused_gate_up:
@@ -437,6 +442,8 @@ class Decoder(CausalLM):
             else:
                 g = be.silu_mul(g, u, out=g)
             o = be.matmul(b.w_down, g, out=ob)
+            if g4 is not None:  # a mixture beside the FFN
+                o = g4.beside_ffn(be, li, x, o)
             x += o if b.post_ffw_norm is None else be.rms_norm(o, b.post_ffw_norm, self.eps, out=h)
             if g4 is not None:  # per-layer inputs, output scales
                 g4.after_layer(be, li, x, per_layer)

@@ -16,6 +16,11 @@
   step from the scaled embeddings ``x``; after its FFN layer ``i`` adds
   ``post_norm(proj(gelu(inp_gate x) * inputs[:, i]))``, then multiplies by its
   ``layer_output_scale``.
+* **A mixture beside the FFN** (26B-A4B): the FFN's output normed by ``post_ffw_norm_1``
+  plus the experts' of the same residual (``pre_ffw_norm_2`` before, ``post_ffw_norm_2``
+  after); the router sees the residual RMS-normed times ``ffn_gate_inp.scale`` / sqrt(d),
+  softmax, top-k renormalised, each expert's output times its ``ffn_down_exps.scale``;
+  experts GELU(gate) * up, gate and up fused in ``ffn_gate_up_exps``.
 """
 
 from __future__ import annotations
@@ -61,6 +66,22 @@ class PerLayerEmbd:
 
 
 @dataclass(slots=True)
+class SideExperts:
+    """A layer's mixture beside its FFN: router, scales, experts (row views), norms."""
+
+    router: Weight  # (n_expert, d)
+    router_scale: F32Array  # (d,)
+    expert_scale: F32Array  # (n_expert,)
+    gate: list[Weight]  # n_expert x (ff, d)
+    up: list[Weight]  # n_expert x (ff, d)
+    down: list[Weight]  # n_expert x (d, ff)
+    post_norm_1: F32Array  # (d,): the FFN's output
+    pre_norm_2: F32Array  # (d,): the experts' input
+    post_norm_2: F32Array  # (d,): the experts' output
+    n_used: int
+
+
+@dataclass(slots=True)
 class Gemma4Layers:
     """What a Gemma 4 model's layers need beyond the one decoder's."""
 
@@ -72,6 +93,7 @@ class Gemma4Layers:
     ple: PerLayerEmbd | None
     scales: list[F32Array | None]  # per layer: layer_output_scale (1,)
     eps: float
+    side: list[SideExperts | None]  # per layer: a mixture beside the FFN
 
     @property
     def cache_head_dim(self) -> int:
@@ -97,6 +119,7 @@ class Gemma4Layers:
             "rope_dims_global": hp.rope_dims_global if hp.rope_dims_global < hd_g else 0,
             "per_layer_embd": hp.n_embd_per_layer,
             "layer_scale": any(s is not None for s in self.scales),
+            "side_experts": tuple(e is not None for e in self.side),
         }
 
     # -- attention -------------------------------------------------------------------
@@ -161,6 +184,32 @@ class Gemma4Layers:
         proj = be.matmul(e.proj, x) * np.float32(1.0 / math.sqrt(x.shape[1]))  # (n, L*p)
         proj = be.rms_norm(proj.reshape(-1, p), e.proj_norm, self.eps).reshape(tok.shape)
         out: F32Array = ((proj + tok) * np.float32(1.0 / math.sqrt(2.0))).reshape(n, -1, p)
+        return out
+
+    def beside_ffn(self, be: Backend, li: int, x: F32Array, ffn: F32Array) -> F32Array:
+        """Layer ``li``'s FFN output ``ffn`` (n, d) with its mixture's added, both normed (the
+        residual ``x`` feeds the mixture); ``ffn`` itself when the layer has none."""
+        e = self.side[li]
+        if e is None:
+            return ffn
+        d = x.shape[1]
+        r = be.rms_norm(x, np.ones(d, np.float32), self.eps) * e.router_scale
+        r *= np.float32(1.0 / math.sqrt(d))
+        p = be.softmax(be.matmul(e.router, r))  # (n, n_expert)
+        top = np.argsort(-p, axis=1, kind="stable")[:, : e.n_used]  # (n, used)
+        w = np.take_along_axis(p, top, axis=1)
+        w = w / w.sum(axis=1, keepdims=True) * e.expert_scale[top]
+        h = be.rms_norm(x, e.pre_norm_2, self.eps)
+        moe = np.zeros_like(x)  # (n, d)
+        for ex in np.unique(top):  # each expert once, on the rows routed to it
+            rows, slot = np.nonzero(top == ex)
+            xe = np.ascontiguousarray(h[rows])
+            g, u = be.matmul_many((e.gate[ex], e.up[ex]), xe)
+            g = be.gelu(g, out=g)
+            g *= u
+            moe[rows] += be.matmul(e.down[ex], g) * w[rows, slot][:, None]
+        out: F32Array = be.rms_norm(ffn, e.post_norm_1, self.eps)
+        out += be.rms_norm(moe, e.post_norm_2, self.eps)
         return out
 
     def after_layer(self, be: Backend, li: int, x: F32Array, inputs: F32Array | None) -> None:
@@ -267,7 +316,34 @@ def gemma4_layers(ir: ModelIR, src: TensorSource, windows: Sequence[int]) -> Gem
         else None
         for i in range(hp.n_layer)
     ]
-    return Gemma4Layers(hds, kvs, sources, n_cache, attn, ple, scales, hp.norm_eps)
+    side = [_side_experts(src, i, hp.n_expert_used) for i in range(hp.n_layer)]
+    return Gemma4Layers(hds, kvs, sources, n_cache, attn, ple, scales, hp.norm_eps, side)
+
+
+def _side_experts(src: TensorSource, i: int, n_used: int) -> SideExperts | None:
+    """Block ``i``'s mixture beside its FFN, or None."""
+    p = f"blk.{i}."
+    if not src.has(p + "ffn_gate_inp.weight"):
+        return None
+    gate_up = src.experts(p + "ffn_gate_up_exps.weight")  # each (2 ff, d): gate rows, up rows
+    ff = gate_up[0].shape[0] // 2
+    router = src.weight(p + "ffn_gate_inp.weight")
+    if not 0 < n_used <= router.shape[0] or len(gate_up) != router.shape[0]:
+        raise UnsupportedError(
+            f"{p}: {router.shape[0]} router rows, {len(gate_up)} experts, {n_used} used a token"
+        )
+    return SideExperts(
+        router=router,
+        router_scale=src.vec(p + "ffn_gate_inp.scale"),
+        expert_scale=src.vec(p + "ffn_down_exps.scale"),
+        gate=[Weight(w.dtype, (ff, w.shape[1]), w.data[:ff]) for w in gate_up],
+        up=[Weight(w.dtype, (ff, w.shape[1]), w.data[ff:]) for w in gate_up],
+        down=src.experts(p + "ffn_down_exps.weight"),
+        post_norm_1=src.vec(p + "post_ffw_norm_1.weight"),
+        pre_norm_2=src.vec(p + "pre_ffw_norm_2.weight"),
+        post_norm_2=src.vec(p + "post_ffw_norm_2.weight"),
+        n_used=n_used,
+    )
 
 
 def proportional_inv_freq(head_dim: int, rot_dims: int, theta: float) -> F32Array:
