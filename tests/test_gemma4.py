@@ -301,3 +301,41 @@ def test_llamacpp_runs_the_q8_0_gguf_the_same(variant: str, tmp_path: Path) -> N
             ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], 12, banned)
             theirs = llamacpp_greedy(s.url, rec["prompt_ids"], 12)
             assert theirs[:cut] == ours[:cut], (rec["prompt_ids"], cut)
+
+
+def test_lora_patches_what_the_layers_read_and_refuses_q_k_v(tmp_path: Path) -> None:
+    """A PEFT adapter on the FFN's down projection patches the weight the decoder reads;
+    one on Q (which Gemma 4's own attention holds) is refused in one line, never ignored."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from modelc.errors import UsageError
+    from modelc.runtime.lora import apply_adapter, load_adapter
+
+    model = lm(load_model(source("gguf")))
+    assert isinstance(model, Decoder)
+    rng = np.random.default_rng(1)
+    for module, rows, cols in (("mlp.down_proj", model.d, 96), ("self_attn.q_proj", 64, model.d)):
+        d = tmp_path / module
+        d.mkdir()
+        pre = f"base_model.model.model.layers.1.{module}"
+        a = (0.05 * rng.standard_normal((4, cols))).astype(np.float32)
+        b = (0.05 * rng.standard_normal((rows, 4))).astype(np.float32)
+        save_file(
+            {pre + ".lora_A.weight": a, pre + ".lora_B.weight": b},
+            str(d / "adapter_model.safetensors"),
+        )
+        target = module.split(".")[1]
+        cfg = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": [target]}
+        (d / "adapter_config.json").write_text(json.dumps(cfg))
+        if target == "q_proj":
+            with pytest.raises(UsageError, match="cannot patch"):
+                apply_adapter(model, load_adapter(d))
+        else:
+            assert model.blocks[1].w_down is not None
+            before = np.array(model.blocks[1].w_down.data)
+            apply_adapter(model, load_adapter(d))
+            np.testing.assert_allclose(
+                model.blocks[1].w_down.data, before + 2.0 * (b @ a), atol=1e-6
+            )

@@ -167,6 +167,9 @@ FAMILY = Family(
         "post_ffw_norm.weight",
     ),
     shapes=_shapes,
-    lora_slots=LLAMA_LORA_SLOTS,
+    # Q/K/V live in the gemma4 layers' own attention (runtime/arch/gemma4.py), not patched yet
+    lora_slots={
+        k: v for k, v in LLAMA_LORA_SLOTS.items() if k not in ("attn_q", "attn_k", "attn_v")
+    },
     lora_modules=HF_LLAMA_MODULES,
 )
