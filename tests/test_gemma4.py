@@ -339,3 +339,35 @@ def test_lora_patches_what_the_layers_read_and_refuses_q_k_v(tmp_path: Path) -> 
             np.testing.assert_allclose(
                 model.blocks[1].w_down.data, before + 2.0 * (b @ a), atol=1e-6
             )
+
+
+def test_the_text_of_a_conditional_generation_checkpoint(tmp_path: Path) -> None:
+    """A Gemma4ForConditionalGeneration directory (``text_config``, weights under
+    ``model.language_model.``, towers beside them) reads as the text model."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    src, d = source("hf"), tmp_path / "cg"
+    shutil.copytree(src, d)
+    text = json.loads((src / "config.json").read_text())
+    cfg = {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "text_config": {**text, "architectures": None},
+        "vision_config": {"model_type": "gemma4_vision", "hidden_size": 8},
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    weights = load_file(str(src / "model.safetensors"))
+    moved = {k.replace("model.", "model.language_model.", 1): v for k, v in weights.items()}
+    moved["model.vision_tower.encoder.layers.0.mlp.gate_proj.linear.weight"] = np.ones(
+        (8, 8), np.float32
+    )
+    moved["model.embed_vision.embedding_projection.weight"] = np.ones((64, 8), np.float32)
+    save_file(moved, str(d / "model.safetensors"))
+    ir, plain = load_model(d), load_model(src)
+    assert ir.hparams == plain.hparams and sorted(ir.tensors) == sorted(plain.tensors)
+    rec = golden(GOLDEN)["records"][3]
+    err, toks = check_record(lm(ir), rec)
+    assert err < LOGPROB_TOL and toks == rec["greedy"]
