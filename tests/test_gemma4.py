@@ -176,6 +176,13 @@ def test_pack_and_inspect(tmp_path: Path) -> None:
     out = cli("inspect", str(tmp_path / "gguf.modelc")).stdout
     assert "architecture   gemma4" in out
     assert "sliding window 4 (2 of 4 layers)" in out
+    for want in (
+        "global layers head_dim 32 (1 kv)",
+        "proportional RoPE (8 dims)",
+        "last 2 layers share K/V",
+        "per-layer inputs 8",
+    ):
+        assert want in out, (want, out)
 
 
 async def _collect(handle: Any) -> list[int]:
