@@ -55,6 +55,10 @@ GLOBAL_THETA = 1_000_000.0
 def _from_config(cfg: Mapping[str, Any]) -> HParams:
     text = cfg.get("text_config")
     cfg = {**cfg, **text} if isinstance(text, Mapping) else cfg
+    if (
+        cfg.get("use_bidirectional_attention") == "all"
+    ):  # an encoder (transformers halves the window)
+        raise UnsupportedError("a Gemma 4 with bidirectional attention is not supported")
     hp = gemma_config(cfg, 6)
     if cfg.get("enable_moe_block"):  # n_expert stays 0: the mixture is beside the dense FFN
         hp.n_expert_used = int(cfg.get("top_k_experts") or 0)

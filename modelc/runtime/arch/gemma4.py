@@ -137,7 +137,9 @@ class Gemma4Layers:
         """Layer ``li``'s attention of the normed rows ``h`` (n, d), before W_o: (n, n_head*hd)."""
         a, hd, nkv = self.attn[li], self.head_dims[li], self.kv_heads[li]
         n, nh = len(h), a.wq.shape[0] // hd
-        q = be.rms_norm(be.matmul(a.wq, h).reshape(n * nh, hd), a.q_norm, self.eps)
+        ws = [w for w in (a.wq, a.wk, a.wv) if w is not None]
+        q, *kv = be.matmul_many(ws, h)  # Q, then K and V where the layer has them
+        q = be.rms_norm(q.reshape(n * nh, hd), a.q_norm, self.eps)
         q = q.reshape(n, nh, hd)
         be.rope(q, rot, neox)
         hc, kc = self.cache_head_dim, self.cache_kv_heads
@@ -146,8 +148,8 @@ class Gemma4Layers:
         if a.wk is None:  # KV sharing: the producing layer wrote this step's rows already
             _attend_cached(be, batch, src, _pad(q, nh, hc), o, window)
             return np.ascontiguousarray(o[:, :, :hd]).reshape(n, nh * hd)
-        k = be.matmul(a.wk, h)  # (n, nkv*hd)
-        v = be.matmul(a.wv, h) if a.wv is not None else k.copy()
+        k = kv[0]  # (n, nkv*hd)
+        v = kv[1] if a.wv is not None else k.copy()  # values from keys: before the K norm
         assert a.k_norm is not None
         k = be.rms_norm(k.reshape(n * nkv, hd), a.k_norm, self.eps).reshape(n, nkv, hd)
         ones = np.ones(hd, np.float32)
