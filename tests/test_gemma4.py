@@ -255,6 +255,43 @@ async def test_engine_batched_chunked_cached_speculative(variant: str) -> None:
     assert fin is not None and fin.spec_drafted > 0
 
 
+# a conversation through a tool call: the template's tool declarations, call and response
+TOOL_TURN: dict[str, Any] = {
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ],
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Paris", "days": 2}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ],
+}
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_llamacpp_runs_the_gguf_the_same(variant: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF (its own Gemma 4 chat template): transformers' ids
@@ -276,6 +313,12 @@ def test_llamacpp_runs_the_gguf_the_same(variant: str, tmp_path: Path) -> None:
         body = {"content": r.json()["prompt"], "add_special": True, "parse_special": True}
         theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
         assert theirs == g["chat_ids_thinking"]  # enable_thinking true, as modelc renders
+        fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+        r = httpx.post(f"{s.url}/apply-template", json=TOOL_TURN, timeout=30)
+        body = {"content": r.json()["prompt"], "add_special": True, "parse_special": True}
+        theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
+        ours = fmt.chat(TOOL_TURN["messages"], tools=TOOL_TURN["tools"]).ids
+        assert theirs == ours  # a tool call and its result, rendered with the tools
         compared = 0
         for rec in g["records"]:
             if set(rec["greedy"]) & tok.eot_ids:
@@ -378,3 +421,35 @@ def test_the_text_of_a_conditional_generation_checkpoint(tmp_path: Path) -> None
     rec = golden(GOLDEN)["records"][3]
     err, toks = check_record(lm(ir), rec)
     assert err < LOGPROB_TOL and toks == rec["greedy"]
+
+
+def test_an_older_gemma4_template_renders_tool_turns_as_llamacpp(tmp_path: Path) -> None:
+    """An older Gemma 4 template (``google-gemma-4-31B-it-interleaved``: no ``role: tool``
+    handling) gets llama.cpp's rewrite: the call, its results (``tool_responses``) and the
+    answer as one model turn; the prompt ids equal llama.cpp's server's."""
+    pytest.importorskip("xllamacpp")
+    from modelc.bench.llamacpp import LlamaCppServer
+
+    tpl = (
+        Path(__file__).parent / "fixtures" / "templates" / "google-gemma-4-31B-it-interleaved.jinja"
+    )
+    ir = load_model(source("gguf"))
+    assert ir.tokenizer is not None
+    fmt = PromptFormat.build(ir.tokenizer, tpl.read_text())
+    answer = {"role": "assistant", "content": "Sunny for two days."}
+    turn = {
+        **TOOL_TURN,
+        "messages": [*TOOL_TURN["messages"], answer, {"role": "user", "content": "Thanks!"}],
+    }
+    turn["messages"][2] = {**turn["messages"][2], "content": '{"sky": "sunny", "high": 21}'}
+    log = tmp_path / "lc.log"
+    with LlamaCppServer(
+        source("gguf"), threads=1, n_parallel=1, n_ctx=256, log=log, chat_template=tpl
+    ) as s:
+        for body in (turn, TOOL_TURN):
+            r = httpx.post(f"{s.url}/apply-template", json=body, timeout=30)
+            text = r.json()["prompt"]
+            assert "<|tool_response>" in text
+            tok = {"content": text, "add_special": True, "parse_special": True}
+            theirs = httpx.post(f"{s.url}/tokenize", json=tok, timeout=30).json()["tokens"]
+            assert fmt.chat(body["messages"], tools=body["tools"]).ids == theirs, text
