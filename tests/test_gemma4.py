@@ -330,13 +330,14 @@ def test_llamacpp_runs_the_gguf_the_same(variant: str, tmp_path: Path) -> None:
     assert compared >= 4
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_llamacpp_runs_the_q8_0_gguf_the_same(variant: str, tmp_path: Path) -> None:
+def test_llamacpp_runs_the_q8_0_gguf_the_same(tmp_path: Path) -> None:
     """The converter's Q8_0 layout (its f16 fallback for rows of no whole block included):
     modelc's greedy continuations equal llama.cpp's on the same file (up to a near tie),
     both quantizing the activations to int8 against Q8_0 (modelc's exact f32 activations
-    part from llama.cpp there on this soft-capped model's close logits)."""
+    part from llama.cpp there on this soft-capped model's close logits).  The dense model
+    only (the mixture's Q8_0 layout is held to the converter's above)."""
     pytest.importorskip("xllamacpp")
+    variant = "gemma4"
     from modelc.bench.llamacpp import LlamaCppServer
 
     path = tmp_path / "q8_0.gguf"
