@@ -8,7 +8,7 @@ import msgspec
 
 from modelc.artifact.reader import Artifact
 from modelc.artifact.transform import SIZE_TABLE_TYPES, bits_per_weight, estimated_size
-from modelc.formats.ir import DType
+from modelc.formats.ir import DType, HParams
 
 
 def human_count(n: int) -> str:
@@ -109,10 +109,30 @@ def attention_features(art: Artifact) -> list[str]:
         r = h.routing
         groups = f", top {r.n_group_used} of {r.n_group} groups" if r.n_group > 1 else ""
         out.append(f"{r.gating} routing{groups}, {r.n_shared} shared, first {r.n_dense_lead} dense")
+    out += _gemma4_features(h, names)
     if h.pooling:  # an encoder: its pooled embeddings, no output head
         out.append(f"pooling {h.pooling}" + (", L2-normalised" if h.normalize_embeddings else ""))
     elif h.tie_embeddings and "output.weight" not in names:
         out.append("tied embeddings")
+    return out
+
+
+def _gemma4_features(h: HParams, names: set[str]) -> list[str]:
+    """Gemma 4's: global layers' own head shape, KV sharing, per-layer inputs, a mixture
+    beside the FFN."""
+    out = []
+    if h.head_dim_global or h.n_head_kv_global:
+        kv = h.n_head_kv_global or h.n_head_kv
+        out.append(f"global layers head_dim {h.head_dim_global or h.head_dim} ({kv} kv)")
+    if h.rope_dims_global:
+        out.append(f"proportional RoPE ({h.rope_dims_global} dims)")
+    if h.n_kv_shared:
+        out.append(f"last {h.n_kv_shared} layers share K/V")
+    if h.n_embd_per_layer:
+        out.append(f"per-layer inputs {h.n_embd_per_layer}")
+    if "blk.0.ffn_gate_up_exps.weight" in names and "blk.0.ffn_gate.weight" in names:
+        n = sum(1 for n in names if n.endswith("ffn_gate_inp.weight"))
+        out.append(f"experts beside the FFN ({h.n_expert_used} a token, {n} layers)")
     return out
 
 

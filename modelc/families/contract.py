@@ -74,6 +74,8 @@ class DecoderTraits:
     embd_scale: bool = False  # embeddings times sqrt(n_embd) (gemma)
     fused_qkv: bool = False  # blk.{i}.attn_qkv holds the Q, K and V rows (phi3)
     fused_gate_up: bool = False  # blk.{i}.ffn_up holds the gate rows, then the up rows (phi3)
+    # per-layer head shapes, KV sharing, V norms, per-layer inputs (gemma4: runtime/arch/gemma4)
+    gemma4_layers: bool = False
     default_ctx: int = 2048  # the context when the file names none
     ffn_norm: str = "ffn_norm"  # the pre-FFN norm's GGUF name (glm4moe: post_attention_norm)
 

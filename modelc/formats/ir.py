@@ -202,6 +202,15 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     attn_temp_floor: int = 0  # ... and its floor scale (the original context)
     attn_softcap: float = 0.0  # gemma2: scores -> c * tanh(scores / c); 0: none
     final_softcap: float = 0.0  # gemma2: the same on the logits
+    # gemma4: the global (unwindowed) layers' own head size and KV heads (0: as the others)
+    # and the dimensions their RoPE turns, at the whole head's frequencies (0: all)
+    head_dim_global: int = 0
+    n_head_kv_global: int = 0
+    rope_dims_global: int = 0
+    n_kv_shared: int = (
+        0  # gemma4: the last layers reuse the K/V of the last earlier one of their kind
+    )
+    n_embd_per_layer: int = 0  # gemma4: per-layer input embeddings' width; 0: none
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"
     n_token_types: int = 0  # bert
     pooling: str = ""  # bert: "mean" | "cls"

@@ -37,6 +37,7 @@ from typing import Any
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.chat_template import render_chat
+from modelc.runtime.gemma4_turns import gemma4_tool_turns
 from modelc.runtime.prompt_guard import ControlGuard, strings
 from modelc.runtime.sampling import FURTHER_SAMPLERS, SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
@@ -361,7 +362,9 @@ class PromptFormat:
         ``tool_calls`` (OpenAI shape; arguments as a JSON text or an object) and
         ``tool_call_id``.  ``tools``: OpenAI tool objects.
         """
-        msgs = [self._message(i, m) for i, m in enumerate(messages)]
+        msgs = gemma4_tool_turns(
+            self.template, [self._message(i, m) for i, m in enumerate(messages)]
+        )
         if self.system and not any(m["role"] == "system" for m in msgs):
             msgs.insert(0, {"role": "system", "content": self.system})
         tool_list = [dict(t) for t in tools] if tools else None
@@ -464,12 +467,13 @@ class PromptFormat:
                 if isinstance(args, str):
                     with contextlib.suppress(json.JSONDecodeError):
                         args = json.loads(args)
-                calls.append(
-                    {
-                        "type": "function",
-                        "function": {"name": fn.get("name", ""), "arguments": args},
-                    }
-                )
+                call = {
+                    "type": "function",
+                    "function": {"name": fn.get("name", ""), "arguments": args},
+                }
+                if c.get("id"):  # templates match a tool's result to its call by it (gemma4)
+                    call["id"] = c["id"]
+                calls.append(call)
             d["tool_calls"] = calls
             if not d["content"] and not self._template_has("tool_calls"):
                 d["content"] = _call_text(calls)  # the template would drop them

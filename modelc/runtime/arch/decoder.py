@@ -44,6 +44,7 @@ from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_
 from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
+from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
@@ -61,7 +62,14 @@ from modelc.runtime.model import (
     end_step,
 )
 
-__all__ = ["FEATURES", "Decoder", "DecoderBlock", "DecoderSpec", "refuse_unsupported"]
+__all__ = [
+    "FEATURES",
+    "GEMMA4_FEATURES",
+    "Decoder",
+    "DecoderBlock",
+    "DecoderSpec",
+    "refuse_unsupported",
+]
 
 # every feature a DecoderSpec may use, and how a refusal names it; a backend names the
 # subset it runs
@@ -85,7 +93,29 @@ FEATURES: dict[str, str] = {
     "attn_temp": "attention temperature tuning by position",  # mistral3
     "mla": "multi-head latent attention",  # deepseek2
     "moe_routing": "grouped or sigmoid expert routing with shared experts",  # deepseek2
+    # gemma4 (runtime/arch/gemma4.py)
+    "head_shapes": "global layers with their own head size or KV head count",
+    "kv_sharing": "layers reusing the keys and values of earlier ones",
+    "v_norm": "normed values",
+    "values_from_keys": "values from the key projection",
+    "proportional_rope": "proportional RoPE",
+    "per_layer_embd": "per-layer input embeddings",
+    "layer_scale": "per-layer output scales",
+    "side_experts": "mixtures of experts beside the FFN",
 }
+# gemma4's layer kinds (runtime/arch/gemma4.py): the CPU runs them, CUDA and compile not yet
+GEMMA4_FEATURES = frozenset(
+    {
+        "head_shapes",
+        "kv_sharing",
+        "v_norm",
+        "values_from_keys",
+        "proportional_rope",
+        "per_layer_embd",
+        "layer_scale",
+        "side_experts",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +153,16 @@ class DecoderSpec:
     attn_temp_floor: int = 0  # ... its floor scale (positions a step)
     mla: bool = False  # multi-head latent attention (runtime/arch/mla.py)
     moe_routing: bool = False  # a mixture routed by HParams.routing (runtime/arch/moe.py)
+    # gemma4: per layer, when a model has them (runtime/arch/gemma4.py)
+    head_dims: tuple[int, ...] = ()  # each layer's head size; (): head_dim
+    kv_heads: tuple[int, ...] = ()  # each layer's KV heads; (): n_head_kv
+    kv_source: tuple[int, ...] = ()  # the cache layer each layer writes or reads; (): its own
+    v_norm: bool = False
+    values_from_keys: bool = False
+    rope_dims_global: int = 0  # proportional RoPE: pairs turning on global layers, x2; 0: none
+    per_layer_embd: int = 0  # per-layer inputs' width; 0: none
+    layer_scale: bool = False
+    side_experts: tuple[bool, ...] = ()  # per layer: a mixture beside the FFN
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -140,7 +180,7 @@ class DecoderSpec:
             "attn_softcap": bool(self.attn_softcap),
             "final_softcap": bool(self.final_softcap),
             "long_rope": bool(self.long_rope_after),
-            "partial_rope": self.rot_dim != self.head_dim,
+            "partial_rope": self.rot_dim != max(self.head_dims or (self.head_dim,)),
             "moe": any(self.moe),
             "nope": any(self.nope),
             "no_pre_norms": not self.pre_norms,
@@ -148,6 +188,14 @@ class DecoderSpec:
             "attn_temp": bool(self.attn_temp),
             "mla": self.mla,
             "moe_routing": self.moe_routing,
+            "head_shapes": len(set(self.head_dims)) > 1 or len(set(self.kv_heads)) > 1,
+            "kv_sharing": self.kv_source != tuple(range(len(self.kv_source))),
+            "v_norm": self.v_norm,
+            "values_from_keys": self.values_from_keys,
+            "proportional_rope": bool(self.rope_dims_global),
+            "per_layer_embd": bool(self.per_layer_embd),
+            "layer_scale": self.layer_scale,
+            "side_experts": any(self.side_experts),
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -234,6 +282,8 @@ class Decoder(CausalLM):
         self.n_ctx = hp.n_ctx or traits.default_ctx
         self.eps = hp.norm_eps
         windows = _windows(hp)
+        g4 = gemma4_layers(ir, src, windows) if traits.gemma4_layers else None
+        self.g4: Gemma4Layers | None = g4
         self.blocks = [self._block(ir, src, i) for i in range(hp.n_layer)]
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
@@ -245,6 +295,10 @@ class Decoder(CausalLM):
             if hp.rope_theta_local
             else self.inv_freq
         )
+        if g4 is not None:  # the global layers' head size; proportional RoPE
+            hd_g = hp.head_dim_global or self.head_dim
+            rot = hp.rope_dims_global or hd_g
+            self.inv_freq = proportional_inv_freq(hd_g, rot, hp.rope_theta)
         after = long_rope_after(hp)
         self.long_rope = LongRope(hp, rot, after) if after else None
         # YaRN / LongRoPE scale cos and sin: each Q·K by the factor squared, unless only part
@@ -255,13 +309,17 @@ class Decoder(CausalLM):
         factor = 1.0 if partial else mscale**2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
-        self.kv_shape = (
-            latent_kv_shape(len(self.blocks), hp.mla)
-            if hp.mla
-            else KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
-        )
+        if hp.mla:
+            self.kv_shape = latent_kv_shape(len(self.blocks), hp.mla)
+        else:
+            self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
         self.rope_from = hp.mla.kv_rank if hp.mla else 0  # where a cached key's RoPE part starts
-        self.kv_windows = windows if any(windows) else ()
+        if g4 is not None:  # a cache layer per layer writing K/V, of the largest head shape
+            self.kv_shape = KVShape(g4.n_cache_layers, g4.cache_kv_heads, g4.cache_head_dim)
+            windows_kv = windows[: g4.n_cache_layers]
+        else:
+            windows_kv = windows
+        self.kv_windows = windows_kv if any(windows_kv) else ()
         local = self.inv_freq_local is not self.inv_freq
         self.spec = DecoderSpec(
             architecture=ir.architecture,
@@ -297,6 +355,7 @@ class Decoder(CausalLM):
             ),
             mla=hp.mla is not None,
             moe_routing=hp.routing is not None,
+            **(g4.spec_fields(hp) if g4 is not None else {}),
         )
         self.scratch = Scratch()
 
@@ -307,6 +366,8 @@ class Decoder(CausalLM):
         mla = load_latent(ir, src, i, self.hparams) if self.hparams.mla else None
         if mla is not None:
             wq, wk, wv = mla.wq, mla.wkv_a, mla.wkv_a
+        elif self.g4 is not None:  # its attention weights are in self.g4 (unused here)
+            wq = wk = wv = self.g4.attn[i].wq
         elif t.fused_qkv:
             wq, wk, wv = _split(
                 ir, src.weight(p + "attn_qkv.weight"), p + "attn_qkv.weight", (nq, nkv, nkv)
@@ -315,7 +376,9 @@ class Decoder(CausalLM):
             wq, wk, wv = (src.weight(p + f"attn_{n}.weight") for n in "qkv")
             for name, w, rows in (("q", wq, nq), ("k", wk, nkv), ("v", wv, nkv)):
                 check_rows(ir, f"{p}attn_{name}.weight", w, rows)
-        experts = load_experts(src, i, self.hparams.n_expert_used, self.hparams.routing)
+        g4 = self.g4 is not None  # gemma4's mixture is beside the FFN (self.g4.side)
+        routing = self.hparams.routing
+        experts = None if g4 else load_experts(src, i, self.hparams.n_expert_used, routing)
         gate = up = down = None
         if experts is None:
             if t.fused_gate_up:
@@ -345,8 +408,8 @@ class Decoder(CausalLM):
             bq=_opt(src, p + "attn_q.bias"),
             bk=_opt(src, p + "attn_k.bias"),
             bv=_opt(src, p + "attn_v.bias"),
-            q_norm=_opt(src, p + "attn_q_norm.weight"),
-            k_norm=_opt(src, p + "attn_k_norm.weight"),
+            q_norm=_opt(src, p + "attn_q_norm.weight") if self.g4 is None else None,
+            k_norm=_opt(src, p + "attn_k_norm.weight") if self.g4 is None else None,
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
             mla=mla,
@@ -371,6 +434,8 @@ class Decoder(CausalLM):
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, self.d)))  # (n, d)
         if self.embd_scale is not None:
             x *= self.embd_scale
+        g4 = self.g4
+        per_layer = g4.inputs(be, ids, x) if g4 is not None else None  # (n, layers, p)
         h = self.scratch.get("h", (n, self.d))  # (n, d)
         attn = self.scratch.get("attn", (n, nh, hd))  # (n, n_head, hd)
         attn2 = attn.reshape(n, nh * hd)
@@ -393,12 +458,16 @@ class Decoder(CausalLM):
         temp = attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor) if sp.attn_temp else None
         for li, b in enumerate(self.blocks):
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
+            rot = local if sp.local_rope[li] else angles
             if b.mla is not None:  # multi-head latent attention (deepseek2)
                 assert hp_mla is not None
                 lat = latent_attention(
                     be, b.mla, hp_mla, hin, batch, slices, li, angles, self.scale, self.eps
                 )
                 o = be.matmul(b.wo, lat, out=ob)
+            elif g4 is not None:  # per-layer head shapes, KV sharing, V norms
+                a = g4.attention(be, li, hin, batch, slices, rot, self.neox, sp.windows[li])
+                o = be.matmul(b.wo, a, out=ob)
             else:
                 q, k, v = be.matmul_many((b.wq, b.wk, b.wv), hin, (qb, kb, vb))
                 if b.bq is not None and b.bk is not None and b.bv is not None:
@@ -412,7 +481,6 @@ class Decoder(CausalLM):
                     q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
                     k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
                 if not sp.nope[li]:
-                    rot = local if sp.local_rope[li] else angles
                     be.rope(q, rot, self.neox)
                     be.rope(k, rot, self.neox)
                 if temp is not None:  # queries sharpened past the original context
@@ -438,7 +506,11 @@ class Decoder(CausalLM):
             else:
                 g = be.silu_mul(g, u, out=g)
             o = be.matmul(b.w_down, g, out=ob)
+            if g4 is not None:  # a mixture beside the FFN
+                o = g4.beside_ffn(be, li, x, o)
             x += o if b.post_ffw_norm is None else be.rms_norm(o, b.post_ffw_norm, self.eps, out=h)
+            if g4 is not None:  # per-layer inputs, output scales
+                g4.after_layer(be, li, x, per_layer)
         rows = end_step(batch, slices)
         if len(rows) == 0:
             return np.zeros((0, self.n_vocab), np.float32)
@@ -459,18 +531,29 @@ class Decoder(CausalLM):
             return
         delta = np.full(cache.n - n_keep, -n_discard, np.int64)
         sp = self.spec
+        n_cache = cache.shape.n_layer  # a cache layer per layer producing K/V (gemma4)
         invs = iter(
             [
                 None if nope else self.inv_freq_local if loc else self.inv_freq
-                for loc, nope in zip(sp.local_rope, sp.nope, strict=True)
+                for loc, nope in zip(
+                    sp.local_rope[:n_cache],
+                    (sp.nope or (False,) * sp.n_layer)[:n_cache],
+                    strict=True,
+                )
             ]
         )
+        layers = itertools.count()
 
         def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            inv = next(invs)
-            if inv is not None:  # a NoPE layer's keys carry no position
-                part = np.ascontiguousarray(k[..., self.rope_from :])  # latent: the RoPE tail
-                self.be.rope(part, self.be.rope_angles(delta[: len(k)], inv), self.neox)
-                k[..., self.rope_from :] = part
+            inv, layer = next(invs), next(layers)
+            if inv is None:  # a NoPE layer's keys carry no position
+                return
+            angles = self.be.rope_angles(delta[: len(k)], inv)
+            if self.g4 is not None:  # each layer's own head size of the padded rows
+                self.g4.rerotate(self.be, k, layer, angles, self.neox)
+                return
+            part = np.ascontiguousarray(k[..., self.rope_from :])  # latent: the RoPE tail
+            self.be.rope(part, angles, self.neox)
+            k[..., self.rope_from :] = part
 
         cache.update_keys(n_keep, rerotate)

@@ -35,7 +35,13 @@ import numpy as np
 from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch import build
-from modelc.runtime.arch.decoder import FEATURES, Decoder, DecoderBlock, refuse_unsupported
+from modelc.runtime.arch.decoder import (
+    FEATURES,
+    GEMMA4_FEATURES,
+    Decoder,
+    DecoderBlock,
+    refuse_unsupported,
+)
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
@@ -104,17 +110,21 @@ def gemv_rows_for(weight_bytes: int) -> int:
 
 
 # what the GPU forward runs of the decoder's description (the rest is refused)
-CUDA_RUNS = frozenset(FEATURES) - {
-    "attn_temp",
-    "mla",
-    "moe",
-    "moe_routing",
-    "no_pre_norms",
-    "nope",
-    "partial_rope",
-    "qk_norm_whole",
-    "qkv_bias+qk_norm",
-}
+CUDA_RUNS = (
+    frozenset(FEATURES)
+    - {
+        "attn_temp",
+        "mla",
+        "moe",
+        "moe_routing",
+        "no_pre_norms",
+        "nope",
+        "partial_rope",
+        "qk_norm_whole",
+        "qkv_bias+qk_norm",
+    }
+    - GEMMA4_FEATURES
+)
 
 
 def cuda_host(ir: ModelIR) -> Decoder:
