@@ -49,6 +49,8 @@ COMPILE_RUNS = frozenset(FEATURES) - {
     "no_pre_norms",
     "qk_norm_whole",
     "attn_temp",
+    "qk_l2_norm",
+    "moe_sigmoid_shared",
 }
 
 

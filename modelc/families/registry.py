@@ -15,6 +15,7 @@ from modelc.families import (
     gemma3,
     gpt2,
     llama,
+    llama4,
     mistral3,
     mlp,
     nomic_bert,
@@ -45,6 +46,7 @@ FAMILIES: dict[str, Family] = {
         smollm3.FAMILY,
         olmo2.FAMILY,
         mistral3.FAMILY,
+        llama4.FAMILY,
     )
 }
 

@@ -175,6 +175,8 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
     attn_temp_scale: float = 0.0  # llama-4 attention temperature's beta (mistral3); 0: none
     attn_temp_floor: int = 0  # ... and its floor scale (the original context)
+    attn_temp_offset: float = 0.0  # ... added to the position first (llama4: 1)
+    qk_l2_norm: bool = False  # llama4: Q and K RMS-normed (no weight) after RoPE
     attn_softcap: float = 0.0  # gemma2: scores -> c * tanh(scores / c); 0: none
     final_softcap: float = 0.0  # gemma2: the same on the logits
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"

@@ -19,10 +19,13 @@ A layer, with the optional parts in brackets::
     rope(q, k)                               interleaved pairs or NeoX; [local base] on
                                              windowed layers (gemma3); [LongRoPE] (phi3);
                                              [none on NoPE layers] (smollm3)
-    [q *= temperature(position)]             past the original context (mistral3)
+    [q, k = rms(q), rms(k)]                  after RoPE, no weights (llama4)
+    [q *= temperature(position)]             past the original context (mistral3; llama4's
+                                             NoPE layers)
     o = attention(q, k, v) Wo                [window], [soft-capped scores] (gemma2)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
-    h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]
+    h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]; [sigmoid
+                                             routing on the input + a shared expert] (llama4)
     x += f  |  x += post_ffw_norm(f)
 
 with the embeddings [times sqrt(d)] (gemma) and the logits [soft-capped] (gemma2).  Tensors
@@ -44,6 +47,7 @@ from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_
 from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
+from modelc.runtime.arch.llama4_moe import SharedExpert, llama4_moe_ffn, load_shared
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
@@ -81,7 +85,9 @@ FEATURES: dict[str, str] = {
     "nope": "layers without RoPE (NoPE)",  # smollm3
     "no_pre_norms": "post-norms without pre-norms",  # olmo2
     "qk_norm_whole": "Q/K norms over the whole projection",  # olmo2
-    "attn_temp": "attention temperature tuning by position",  # mistral3
+    "attn_temp": "attention temperature tuning by position",  # mistral3, llama4
+    "qk_l2_norm": "Q/K L2 norms",  # llama4
+    "moe_sigmoid_shared": "sigmoid-routed experts with a shared expert",  # llama4
 }
 
 
@@ -118,6 +124,10 @@ class DecoderSpec:
     qk_norm_whole: bool = False  # Q/K norms over all heads at once, not per head (olmo2)
     attn_temp: float = 0.0  # llama-4 temperature tuning's beta (mistral3); 0: none
     attn_temp_floor: int = 0  # ... its floor scale (positions a step)
+    attn_temp_offset: float = 0.0  # ... added to each position (llama4: 1)
+    attn_temp_layers: tuple[bool, ...] = ()  # per layer: tuned (llama4: the NoPE layers)
+    qk_l2_norm: tuple[bool, ...] = ()  # per layer: Q/K RMS-normed after RoPE (llama4)
+    moe_sigmoid_shared: bool = False  # llama4's mixture (runtime/arch/llama4_moe.py)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -141,6 +151,8 @@ class DecoderSpec:
             "no_pre_norms": not self.pre_norms,
             "qk_norm_whole": self.qk_norm_whole,
             "attn_temp": bool(self.attn_temp),
+            "qk_l2_norm": any(self.qk_l2_norm),
+            "moe_sigmoid_shared": self.moe_sigmoid_shared,
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -170,6 +182,7 @@ class DecoderBlock:
     w_up: Weight | None  # (ff, d)
     w_down: Weight | None  # (d, ff)
     experts: Experts | None = None
+    shared: SharedExpert | None = None  # llama4: the mixture's shared expert
     bq: F32Array | None = None  # (n_head*hd,)
     bk: F32Array | None = None  # (n_head_kv*hd,)
     bv: F32Array | None = None  # (n_head_kv*hd,)
@@ -250,6 +263,7 @@ class Decoder(CausalLM):
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
         self.kv_windows = windows if any(windows) else ()
         local = self.inv_freq_local is not self.inv_freq
+        n_layer = len(self.blocks)
         self.spec = DecoderSpec(
             architecture=ir.architecture,
             n_layer=len(self.blocks),
@@ -279,11 +293,18 @@ class Decoder(CausalLM):
             pre_norms=traits.pre_norms,
             attn_temp=float(hp.attn_temp_scale),
             attn_temp_floor=hp.attn_temp_floor,
+            attn_temp_offset=hp.attn_temp_offset,
+            attn_temp_layers=tuple(
+                not traits.attn_temp_nope_only or i in hp.nope_layers for i in range(n_layer)
+            ),
+            qk_l2_norm=tuple(hp.qk_l2_norm and i not in hp.nope_layers for i in range(n_layer)),
+            moe_sigmoid_shared=any(b.shared is not None for b in self.blocks),
             qk_norm_whole=any(
                 b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
             ),
         )
         self.scratch = Scratch()
+        self.ones_hd = np.ones(self.head_dim, np.float32)  # the weight of a plain RMS norm
 
     def _block(self, ir: ModelIR, src: TensorSource, i: int) -> DecoderBlock:
         """Block ``i``'s weights, fused tensors split into row views."""
@@ -324,6 +345,7 @@ class Decoder(CausalLM):
             w_up=up,
             w_down=down,
             experts=experts,
+            shared=load_shared(src, i) if t.moe_sigmoid_shared else None,
             bq=_opt(src, p + "attn_q.bias"),
             bk=_opt(src, p + "attn_k.bias"),
             bv=_opt(src, p + "attn_v.bias"),
@@ -370,7 +392,11 @@ class Decoder(CausalLM):
             angles = (angles[0] * self.rope_mscale, angles[1] * self.rope_mscale)
             local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
-        temp = attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor) if sp.attn_temp else None
+        temp = (
+            attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor, sp.attn_temp_offset)
+            if sp.attn_temp
+            else None
+        )
         for li, b in enumerate(self.blocks):
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             q, k, v = be.matmul_many((b.wq, b.wk, b.wv), hin, (qb, kb, vb))
@@ -388,7 +414,10 @@ class Decoder(CausalLM):
                 rot = local if sp.local_rope[li] else angles
                 be.rope(q, rot, self.neox)
                 be.rope(k, rot, self.neox)
-            if temp is not None:  # queries sharpened past the original context
+            if sp.qk_l2_norm[li]:  # RMS norms without weights
+                q = be.rms_norm(q.reshape(n * nh, hd), self.ones_hd, self.eps).reshape(n, nh, hd)
+                k = be.rms_norm(k.reshape(n * nkv, hd), self.ones_hd, self.eps).reshape(n, nkv, hd)
+            if temp is not None and sp.attn_temp_layers[li]:  # sharper past the original context
                 q *= temp
             win = sp.windows[li]
             attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
@@ -398,7 +427,11 @@ class Decoder(CausalLM):
             )
             hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
-                x += moe_ffn(be, b.experts, hin, ob)
+                x += (
+                    moe_ffn(be, b.experts, hin, ob)
+                    if b.shared is None
+                    else llama4_moe_ffn(be, b.experts, b.shared, hin, ob)
+                )
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
             if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths

@@ -112,6 +112,8 @@ CUDA_RUNS = frozenset(FEATURES) - {
     "no_pre_norms",
     "qk_norm_whole",
     "attn_temp",
+    "qk_l2_norm",
+    "moe_sigmoid_shared",
 }
 
 
