@@ -4,7 +4,8 @@ down.
 Every layer a mixture (4 experts, top-1, sigmoid-scored input) with a shared expert, every
 4th layer NoPE (4 layers: the last one), Q/K L2 norms on the RoPE layers, GQA 4:1, an
 untied head; chunked attention (8192) and attention temperature tuning (floor 8192) as
-the release, which llama.cpp fixes at those values (``scripts/make_tiny_llama4.py`` also
+the release, which llama.cpp fixes at those values; Llama 3 RoPE scaling (factor 16 past
+8192, as the release: the GGUF's ``rope_freqs``) (``scripts/make_tiny_llama4.py`` also
 records transformers with a floor of 8, which the tests hold the runtime to).  The GGUF
 is what ``convert_hf_to_gguf.py``'s ``Llama4Model`` writes: HF's Q/K rows (interleaved
 RoPE already), ``gate_up_proj`` split and transposed into ``ffn_gate_exps`` /
@@ -13,6 +14,7 @@ RoPE already), ``gate_up_proj`` split and transposed into ``ffn_gate_exps`` /
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import numpy as np
 from tests.gen_tiny import Arrays, Rand, add_vocab, ensure, head_dim, llama_weights
 from tests.gguf_support import add_llama_shape, gguf_file
 
-VERSION = 1
+VERSION = 2
 SEED = 20261224
 CONFIG: dict[str, Any] = {
     "architectures": ["Llama4ForCausalLM"],
@@ -37,7 +39,14 @@ CONFIG: dict[str, Any] = {
     "head_dim": 16,
     "max_position_embeddings": 256,
     "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
+    "rope_parameters": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 16.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
     "hidden_act": "silu",
     "num_local_experts": 4,
     "num_experts_per_tok": 1,
@@ -94,6 +103,30 @@ def _gguf_tensors(ws: Arrays) -> dict[str, np.ndarray[Any, Any]]:
     return out
 
 
+def _rope_freqs() -> np.ndarray[Any, Any]:
+    """Llama 3 RoPE scaling as the converter's per-pair divisors (``rope_freqs``)."""
+    rp, dim = CONFIG["rope_parameters"], head_dim(CONFIG)
+    freqs = np.float32(1.0) / (
+        np.float32(rp["rope_theta"]) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    )
+    old, lo, hi = (
+        rp["original_max_position_embeddings"],
+        rp["low_freq_factor"],
+        rp["high_freq_factor"],
+    )
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / float(f)
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(rp["factor"])
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / rp["factor"] + smooth))
+    return np.asarray(out, np.float32)
+
+
 def write_gguf(ws: Arrays, path: Path) -> None:
     cfg = CONFIG
     with gguf_file(path, "llama4", atomic=True) as w:
@@ -108,7 +141,7 @@ def write_gguf(ws: Arrays, path: Path) -> None:
             ff=cfg["intermediate_size_mlp"],
             n_head=cfg["num_attention_heads"],
             n_head_kv=cfg["num_key_value_heads"],
-            rope_base=cfg["rope_theta"],
+            rope_base=cfg["rope_parameters"]["rope_theta"],
             rms_eps=cfg["rms_norm_eps"],
         )
         w.add_key_length(head_dim(cfg))
@@ -120,6 +153,7 @@ def write_gguf(ws: Arrays, path: Path) -> None:
         w.add_interleave_moe_layer_step(cfg["interleave_moe_layer_step"])
         w.add_expert_feed_forward_length(cfg["intermediate_size"])
         add_vocab(w, cfg["vocab_size"])
+        w.add_tensor("rope_freqs.weight", _rope_freqs())
         for name, data in _gguf_tensors(ws).items():
             w.add_tensor(name, np.ascontiguousarray(data, np.float32))
 

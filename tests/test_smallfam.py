@@ -306,3 +306,16 @@ def test_llama4_from_its_hf_directory_is_refused_in_one_line() -> None:
     with pytest.raises(UnsupportedError, match="load the GGUF") as e:
         load("llama4", "hf")
     assert "\n" not in str(e.value)
+
+
+def test_llama4_rope_freqs_are_what_matches() -> None:
+    """The GGUF's rope_freqs (Llama 3 scaling) are read: without them the answers move."""
+    from modelc.formats.ir import RopeScaling
+
+    ir = load("llama4", "gguf")
+    assert ir.hparams.rope_scaling.type == "factors" and "rope_freqs.weight" not in ir.tensors
+    ir.hparams.rope_scaling = RopeScaling()
+    recs = golden("family_llama4.json")["records"]
+    # only the slowest pairs are scaled: over 40 positions they move the log-probs a little,
+    # yet past the tolerance the goldens are held to
+    assert max(check_record(lm(ir), r)[0] for r in recs) > 2 * LOGPROB_TOL

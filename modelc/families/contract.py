@@ -263,8 +263,8 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: RopeScaling) -> np.ndarra
     kind = scaling.type or "none"
     if kind == "none" or (kind == "linear" and scaling.factor == 1.0):
         pass
-    elif kind == "longrope":  # the short factors; see longrope_inv_freq for the long ones
-        inv = inv / _factors(scaling.short_factor, rot_dim)
+    elif kind in ("longrope", "factors"):  # longrope: the short factors (longrope_inv_freq
+        inv = inv / _factors(scaling.short_factor, rot_dim)  # the long); GGUF rope_freqs
     elif kind == "linear":
         inv = inv / scaling.factor
     elif kind == "llama3":

@@ -8,8 +8,9 @@ expert ``ffn_{gate,up,down}_shexp``).  As llama.cpp reads it: unless the file sa
 ``1 + 0.1 * ln(1 + floor((pos + 1) / 8192))``, and the RoPE layers attend within chunks of
 8192 positions; Q/K L2 norms unless the model has 128 experts (Maverick).  modelc does not
 chunk attention: the context is capped at the chunk size, within which chunking changes
-nothing.  Llama 3 RoPE scaling (GGUF ``rope_freqs``), dense layers among the mixtures and
-Hugging Face directories (3D fused experts) are refused.
+nothing.  Llama 3 RoPE scaling comes as the ``rope_freqs`` tensor (per-pair divisors of
+the frequencies, read into the hyper-parameters).  Dense layers among the mixtures
+(Maverick) and Hugging Face directories (3D fused experts) are refused.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import gguf
+import numpy as np
 
 from modelc.errors import UnsupportedError
 from modelc.families.contract import DecoderTraits, Family, GGUFMeta
 from modelc.families.llama import FAMILY as LLAMA
 from modelc.families.llama import LLAMA_REQUIRED, gguf_hparams
-from modelc.formats.ir import HParams, Tensor
+from modelc.formats.ir import HParams, RopeScaling, Tensor
 
 CHUNK = 8192  # llama.cpp's n_swa for llama4 (the releases' attention_chunk_size)
 NOPE_STEP = 4
@@ -40,8 +42,12 @@ def _from_gguf(
     m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]
 ) -> None:
     gguf_hparams(m, hp, tensors, meta)
-    if "rope_freqs.weight" in tensors:
-        raise UnsupportedError("llama4 with Llama 3 RoPE scaling (rope_freqs) is not supported yet")
+    freqs = tensors.get("rope_freqs.weight")
+    if freqs is not None:  # Llama 3 RoPE scaling, as per-pair divisors of the frequencies
+        divisors = np.asarray(freqs.data(), np.float64).reshape(-1)
+        hp.rope_scaling = RopeScaling(type="factors", short_factor=[float(f) for f in divisors])
+        if isinstance(tensors, dict):  # a hyper-parameter now, not a weight of the model
+            tensors.pop("rope_freqs.weight")
     step = int(m("interleave_moe_layer_step", 1))
     if step != 1:
         raise UnsupportedError(f"llama4 with dense layers among the mixtures (step {step})")

@@ -138,7 +138,8 @@ class Tensor:
 
 
 class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
-    type: str = "none"  # "none" | "linear" | "llama3" | "yarn"
+    type: str = "none"  # "none" | "linear" | "llama3" | "yarn" | "longrope" | "factors"
+    # ("factors": GGUF's rope_freqs, per-pair divisors in short_factor)
     factor: float = 1.0
     original_max_position: int = 0
     low_freq_factor: float = 1.0
