@@ -24,7 +24,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from scripts.make_tiny_families import GOLDEN, project_python, records
+from scripts.make_tiny_families import GOLDEN, project_python, records, variant
 from tests.gguf_manifest import manifest
 
 LCP = Path("/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp")
@@ -46,9 +46,13 @@ def converter_manifest(hf_dir: Path, outtype: str = "f32") -> dict[str, Any]:
         return manifest(out)
 
 
-def goldens(family: str, chat: list[dict[str, str]] | None = None) -> None:
+def goldens(
+    family: str,
+    chat: list[dict[str, str]] | None = None,
+    variants: list[dict[str, Any]] | None = None,
+) -> None:
     """The goldens of ``tests/gen_<family>.py``'s model (its ``ensure_model``, run in the
-    project venv)."""
+    project venv); ``variants``: config.json changes recorded under ``scalings``."""
     gen = f"tests.gen_{family}"
     paths = project_python(f"from {gen} import ensure_model; print(*ensure_model())")
     hf_dir = Path(paths.split()[0])
@@ -69,7 +73,7 @@ def goldens(family: str, chat: list[dict[str, str]] | None = None) -> None:
         "chat": chat,
         "chat_ids": chat_ids,
         "records": records(model),
-        "scalings": [],
+        "scalings": [variant(hf_dir, p) for p in variants or []],
         "converter": converter_manifest(hf_dir),
     }
     (GOLDEN / f"family_{family}.json").write_text(json.dumps(doc, indent=1) + "\n")

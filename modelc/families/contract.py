@@ -71,6 +71,8 @@ class DecoderTraits:
     act: Literal["silu", "gelu_tanh"] = "silu"  # the gated FFN's activation
     post_norms: bool = False  # RMSNorm of the attention / FFN outputs before the add (gemma)
     pre_norms: bool = True  # RMSNorm of the layer's input before attention / FFN (not olmo2)
+    moe_sigmoid_shared: bool = False  # experts fed sigmoid-scored input + a shared expert (llama4)
+    attn_temp_nope_only: bool = False  # attention temperature on NoPE layers only (llama4)
     embd_scale: bool = False  # embeddings times sqrt(n_embd) (gemma)
     fused_qkv: bool = False  # blk.{i}.attn_qkv holds the Q, K and V rows (phi3)
     fused_gate_up: bool = False  # blk.{i}.ffn_up holds the gate rows, then the up rows (phi3)
@@ -265,8 +267,8 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: RopeScaling) -> np.ndarra
     kind = scaling.type or "none"
     if kind == "none" or (kind == "linear" and scaling.factor == 1.0):
         pass
-    elif kind == "longrope":  # the short factors; see longrope_inv_freq for the long ones
-        inv = inv / _factors(scaling.short_factor, rot_dim)
+    elif kind in ("longrope", "factors"):  # longrope: the short factors (longrope_inv_freq
+        inv = inv / _factors(scaling.short_factor, rot_dim)  # the long); GGUF rope_freqs
     elif kind == "linear":
         inv = inv / scaling.factor
     elif kind == "llama3":

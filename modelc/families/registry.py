@@ -18,6 +18,7 @@ from modelc.families import (
     glm4moe,
     gpt2,
     llama,
+    llama4,
     mistral3,
     mlp,
     nomic_bert,
@@ -51,6 +52,7 @@ FAMILIES: dict[str, Family] = {
         smollm3.FAMILY,
         olmo2.FAMILY,
         mistral3.FAMILY,
+        llama4.FAMILY,
     )
 }
 

@@ -138,7 +138,8 @@ class Tensor:
 
 
 class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
-    type: str = "none"  # "none" | "linear" | "llama3" | "yarn"
+    type: str = "none"  # "none" | "linear" | "llama3" | "yarn" | "longrope" | "factors"
+    # ("factors": GGUF's rope_freqs, per-pair divisors in short_factor)
     factor: float = 1.0
     original_max_position: int = 0
     low_freq_factor: float = 1.0
@@ -200,6 +201,8 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
     attn_temp_scale: float = 0.0  # llama-4 attention temperature's beta (mistral3); 0: none
     attn_temp_floor: int = 0  # ... and its floor scale (the original context)
+    attn_temp_offset: float = 0.0  # ... added to the position first (llama4: 1)
+    qk_l2_norm: bool = False  # llama4: Q and K RMS-normed (no weight) after RoPE
     attn_softcap: float = 0.0  # gemma2: scores -> c * tanh(scores / c); 0: none
     final_softcap: float = 0.0  # gemma2: the same on the logits
     # gemma4: the global (unwindowed) layers' own head size and KV heads (0: as the others)

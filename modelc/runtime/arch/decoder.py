@@ -19,10 +19,13 @@ A layer, with the optional parts in brackets::
     rope(q, k)                               interleaved pairs or NeoX; [local base] on
                                              windowed layers (gemma3); [LongRoPE] (phi3);
                                              [none on NoPE layers] (smollm3)
-    [q *= temperature(position)]             past the original context (mistral3)
+    [q, k = rms(q), rms(k)]                  after RoPE, no weights (llama4)
+    [q *= temperature(position)]             past the original context (mistral3; llama4's
+                                             NoPE layers)
     o = attention(q, k, v) Wo                [window], [soft-capped scores] (gemma2)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
-    h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]
+    h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]; [sigmoid
+                                             routing on the input + a shared expert] (llama4)
     x += f  |  x += post_ffw_norm(f)
 
 with the embeddings [times sqrt(d)] (gemma) and the logits [soft-capped] (gemma2).  Tensors
@@ -45,6 +48,7 @@ from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
+from modelc.runtime.arch.llama4_moe import SharedExpert, llama4_moe_ffn, load_shared
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
@@ -64,7 +68,6 @@ from modelc.runtime.model import (
 
 __all__ = [
     "FEATURES",
-    "GEMMA4_FEATURES",
     "Decoder",
     "DecoderBlock",
     "DecoderSpec",
@@ -90,7 +93,7 @@ FEATURES: dict[str, str] = {
     "nope": "layers without RoPE (NoPE)",  # smollm3
     "no_pre_norms": "post-norms without pre-norms",  # olmo2
     "qk_norm_whole": "Q/K norms over the whole projection",  # olmo2
-    "attn_temp": "attention temperature tuning by position",  # mistral3
+    "attn_temp": "attention temperature tuning by position",  # mistral3, llama4
     "mla": "multi-head latent attention",  # deepseek2
     "moe_routing": "grouped or sigmoid expert routing with shared experts",  # deepseek2
     # gemma4 (runtime/arch/gemma4.py)
@@ -102,20 +105,9 @@ FEATURES: dict[str, str] = {
     "per_layer_embd": "per-layer input embeddings",
     "layer_scale": "per-layer output scales",
     "side_experts": "mixtures of experts beside the FFN",
+    "qk_l2_norm": "Q/K L2 norms",  # llama4
+    "moe_sigmoid_shared": "sigmoid-routed experts with a shared expert",  # llama4
 }
-# gemma4's layer kinds (runtime/arch/gemma4.py): the CPU runs them, CUDA and compile not yet
-GEMMA4_FEATURES = frozenset(
-    {
-        "head_shapes",
-        "kv_sharing",
-        "v_norm",
-        "values_from_keys",
-        "proportional_rope",
-        "per_layer_embd",
-        "layer_scale",
-        "side_experts",
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +155,10 @@ class DecoderSpec:
     per_layer_embd: int = 0  # per-layer inputs' width; 0: none
     layer_scale: bool = False
     side_experts: tuple[bool, ...] = ()  # per layer: a mixture beside the FFN
+    attn_temp_offset: float = 0.0  # ... added to each position (llama4: 1)
+    attn_temp_layers: tuple[bool, ...] = ()  # per layer: tuned (llama4: the NoPE layers)
+    qk_l2_norm: tuple[bool, ...] = ()  # per layer: Q/K RMS-normed after RoPE (llama4)
+    moe_sigmoid_shared: bool = False  # llama4's mixture (runtime/arch/llama4_moe.py)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -196,6 +192,8 @@ class DecoderSpec:
             "per_layer_embd": bool(self.per_layer_embd),
             "layer_scale": self.layer_scale,
             "side_experts": any(self.side_experts),
+            "qk_l2_norm": any(self.qk_l2_norm),
+            "moe_sigmoid_shared": self.moe_sigmoid_shared,
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -225,6 +223,7 @@ class DecoderBlock:
     w_up: Weight | None  # (ff, d)
     w_down: Weight | None  # (d, ff)
     experts: Experts | None = None
+    shared: SharedExpert | None = None  # llama4: the mixture's shared expert
     bq: F32Array | None = None  # (n_head*hd,)
     bk: F32Array | None = None  # (n_head_kv*hd,)
     bv: F32Array | None = None  # (n_head_kv*hd,)
@@ -321,6 +320,7 @@ class Decoder(CausalLM):
             windows_kv = windows
         self.kv_windows = windows_kv if any(windows_kv) else ()
         local = self.inv_freq_local is not self.inv_freq
+        n_layer = len(self.blocks)
         self.spec = DecoderSpec(
             architecture=ir.architecture,
             n_layer=len(self.blocks),
@@ -350,6 +350,12 @@ class Decoder(CausalLM):
             pre_norms=traits.pre_norms,
             attn_temp=float(hp.attn_temp_scale),
             attn_temp_floor=hp.attn_temp_floor,
+            attn_temp_offset=hp.attn_temp_offset,
+            attn_temp_layers=tuple(
+                not traits.attn_temp_nope_only or i in hp.nope_layers for i in range(n_layer)
+            ),
+            qk_l2_norm=tuple(hp.qk_l2_norm and i not in hp.nope_layers for i in range(n_layer)),
+            moe_sigmoid_shared=any(b.shared is not None for b in self.blocks),
             qk_norm_whole=any(
                 b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
             ),
@@ -358,6 +364,7 @@ class Decoder(CausalLM):
             **(g4.spec_fields(hp) if g4 is not None else {}),
         )
         self.scratch = Scratch()
+        self.ones_hd = np.ones(self.head_dim, np.float32)  # the weight of a plain RMS norm
 
     def _block(self, ir: ModelIR, src: TensorSource, i: int) -> DecoderBlock:
         """Block ``i``'s weights, fused tensors split into row views."""
@@ -405,6 +412,7 @@ class Decoder(CausalLM):
             w_up=up,
             w_down=down,
             experts=experts,
+            shared=load_shared(src, i) if t.moe_sigmoid_shared else None,
             bq=_opt(src, p + "attn_q.bias"),
             bk=_opt(src, p + "attn_k.bias"),
             bv=_opt(src, p + "attn_v.bias"),
@@ -455,7 +463,11 @@ class Decoder(CausalLM):
             local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
         hp_mla = self.hparams.mla
-        temp = attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor) if sp.attn_temp else None
+        temp = (
+            attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor, sp.attn_temp_offset)
+            if sp.attn_temp
+            else None
+        )
         for li, b in enumerate(self.blocks):
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             rot = local if sp.local_rope[li] else angles
@@ -483,7 +495,16 @@ class Decoder(CausalLM):
                 if not sp.nope[li]:
                     be.rope(q, rot, self.neox)
                     be.rope(k, rot, self.neox)
-                if temp is not None:  # queries sharpened past the original context
+                if sp.qk_l2_norm and sp.qk_l2_norm[li]:  # RMS norms without weights
+                    q = be.rms_norm(q.reshape(n * nh, hd), self.ones_hd, self.eps).reshape(
+                        n, nh, hd
+                    )
+                    k = be.rms_norm(k.reshape(n * nkv, hd), self.ones_hd, self.eps).reshape(
+                        n, nkv, hd
+                    )
+                if (
+                    temp is not None and sp.attn_temp_layers[li]
+                ):  # sharper past the original context
                     q *= temp
                 win = sp.windows[li]
                 attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
@@ -493,7 +514,11 @@ class Decoder(CausalLM):
             )
             hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
-                x += moe_ffn(be, b.experts, hin, ob)
+                x += (
+                    moe_ffn(be, b.experts, hin, ob)
+                    if b.shared is None
+                    else llama4_moe_ffn(be, b.experts, b.shared, hin, ob)
+                )
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
             if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths

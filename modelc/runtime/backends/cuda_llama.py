@@ -36,8 +36,6 @@ from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import (
-    FEATURES,
-    GEMMA4_FEATURES,
     Decoder,
     DecoderBlock,
     refuse_unsupported,
@@ -110,20 +108,21 @@ def gemv_rows_for(weight_bytes: int) -> int:
 
 
 # what the GPU forward runs of the decoder's description (the rest is refused)
-CUDA_RUNS = (
-    frozenset(FEATURES)
-    - {
-        "attn_temp",
-        "mla",
-        "moe",
-        "moe_routing",
-        "no_pre_norms",
-        "nope",
-        "partial_rope",
-        "qk_norm_whole",
-        "qkv_bias+qk_norm",
+# what the GPU forward runs of the decoder's description, named one by one: a feature added to
+# the description is refused here until this backend runs it
+CUDA_RUNS = frozenset(
+    {
+        "qkv_bias",
+        "qk_norm",
+        "post_norms",
+        "gelu_tanh",
+        "embd_scale",
+        "windows",
+        "local_rope",
+        "attn_softcap",
+        "final_softcap",
+        "long_rope",
     }
-    - GEMMA4_FEATURES
 )
 
 
