@@ -261,11 +261,21 @@ def _hparams(w: gguf.GGUFWriter, cfg: dict[str, Any], lite_key: bool) -> None:
 
 
 def write_gguf(
-    model: str, weights: dict[str, np.ndarray[Any, Any]], path: Path, lite_key: bool = False
+    model: str,
+    weights: dict[str, np.ndarray[Any, Any]],
+    path: Path,
+    lite_key: bool = False,
+    quant: gguf.GGMLQuantizationType | None = None,
 ) -> None:
     """The model's GGUF as the converter writes it (f32).  ``lite_key``: also
     ``attention.q_lora_rank`` 0, which llama.cpp needs to load a model without Q LoRA
-    unless it has V2-Lite's 26 or 27 layers (it tells "lite" models by their layer count)."""
+    unless it has V2-Lite's 26 or 27 layers (it tells "lite" models by their layer count).
+    ``quant``: matrices whose rows fit its blocks in that type (the router kept f32)."""
+
+    def add(name: str, data: np.ndarray[Any, Any]) -> None:
+        fits = quant is not None and data.ndim >= 2 and data.shape[-1] % 32 == 0
+        add_matrix(w, name, data, quant if fits and "ffn_gate_inp" not in name else None)
+
     cfg = config(model)
     nh, nope, vd = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
     nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, cfg["num_hidden_layers"])
@@ -283,16 +293,16 @@ def write_gguf(
             if name.endswith("kv_b_proj.weight"):  # split per head; K's part transposed
                 kv = data.reshape(nh, nope + vd, data.shape[-1])
                 i = name.split(".")[2]
-                add_matrix(w, f"blk.{i}.attn_k_b.weight", kv[:, :nope].transpose(0, 2, 1).copy())
-                add_matrix(w, f"blk.{i}.attn_v_b.weight", kv[:, nope:].copy())
+                add(f"blk.{i}.attn_k_b.weight", kv[:, :nope].transpose(0, 2, 1).copy())
+                add(f"blk.{i}.attn_v_b.weight", kv[:, nope:].copy())
                 continue
             if name.endswith("e_score_correction_bias"):
                 name = name.replace("e_score_correction_bias", "e_score_correction.bias")
             new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
             assert new is not None, name
-            add_matrix(w, new, np.ascontiguousarray(data, dtype=np.float32))
+            add(new, np.ascontiguousarray(data, dtype=np.float32))
         for new, mats in experts.items():
-            add_matrix(w, new, np.ascontiguousarray(np.stack(mats), dtype=np.float32))
+            add(new, np.ascontiguousarray(np.stack(mats), dtype=np.float32))
 
 
 def manifest(path: Path) -> dict[str, Any]:

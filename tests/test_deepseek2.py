@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 import trio
@@ -319,3 +320,50 @@ def test_the_family_template_renders(name: str) -> None:
     ]
     bos = "<｜begin▁of▁sentence｜>"
     assert render_chat((TEMPLATES / name).read_text(), msgs, bos_token=bos) == RENDERED[name]
+
+
+def test_a_q8_0_gguf_runs_as_llamacpp_runs_it(tmp_path: Path) -> None:
+    """The V3-shaped model with its matrices in Q8_0 (``attn_v_b``, the experts and the
+    latent's ``attn_kv_a_mqa`` among them; rows of 16 or 48 stay f32): close to
+    transformers' f32 answer, and llama.cpp's greedy tokens on the same file."""
+    pytest.importorskip("xllamacpp")
+    from modelc.bench.llamacpp import LlamaCppServer
+    from modelc.formats.ir import DType
+
+    gg = tmp_path / "q8.gguf"
+    write_gguf("v3", make_weights("v3"), gg, quant=gguf.GGMLQuantizationType.Q8_0)
+    ir = load_model(gg)
+    assert ir.tensors["blk.1.attn_v_b.weight"].dtype is DType.Q8_0
+    assert ir.tensors["blk.1.ffn_down_exps.weight"].dtype is DType.Q8_0
+    m = lm(ir)
+    recs = records("v3")
+    assert max(check_record(m, r)[0] for r in recs) < 0.1
+    assert ir.tokenizer is not None
+    eog = Tokenizer(ir.tokenizer).eot_ids  # llama.cpp bans them
+    with LlamaCppServer(gg, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
+        agreed = 0
+        for rec in [r for r in recs if not set(r["greedy"]) & eog][:4]:
+            ours, cut = greedy_to_near_tie(m, rec["prompt_ids"], len(rec["greedy"]))
+            theirs = llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
+            assert theirs[:cut] == ours[:cut], (rec["prompt_ids"], cut)
+            agreed += cut
+    assert agreed >= 16
+
+
+def test_the_prefix_cache_keeps_the_latent_once() -> None:
+    """A prefix-cache block of an MLA model holds the latent rows once (values are read
+    from them): 3 layers x 32 tokens x 40 f32, and a hit gives the same logits."""
+    from modelc.engine.prefix_cache import PrefixCache
+
+    m = lm(load_model(source("v3", "gguf")))
+    ids = [(5 * i) % 300 + 30 for i in range(70)]
+    a = m.new_cache("f32", max_tokens=128)
+    want = m.forward([SeqChunk(a, ids)])
+    pc = PrefixCache(m.kv_shape, 1 << 20)
+    assert pc.insert(ids, a) == 2
+    assert pc.bytes_used == 2 * 3 * 32 * 40 * 4
+    b = m.new_cache("f32", max_tokens=128)
+    blocks = pc.match(ids)
+    assert pc.load(blocks, b) == 64
+    got = m.forward([SeqChunk(b, ids[64:])])
+    np.testing.assert_array_equal(got, want)

@@ -53,14 +53,14 @@ from modelc.runtime.kv_cache import KVCache, KVShape
 class Block:
     key: bytes
     k: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
-    v: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
+    v: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim); k itself: shared values
     refs: int = 0
     # windowed layers whose rows are not all held: layer -> (window, first row held)
     gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
+        return int(self.k.nbytes + (0 if self.v is self.k else self.v.nbytes))
 
 
 @dataclass(slots=True)
@@ -185,13 +185,14 @@ class PrefixCache:
             and any(held[li] - i * bt < first for li, (_, first) in self.blocks[key].gaps.items())
         }
         dtype = cache.dtype
-        per_block = 2 * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * dtype.itemsize
+        per_block = sh.kinds * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * dtype.itemsize
         new: dict[bytes, Block] = {}
         for i in missing:
             if not self._make_room(per_block + len(new) * per_block):
                 break
             blk = (sh.n_layer, bt, sh.n_head_kv, sh.head_dim)
-            new[keys[i]] = Block(keys[i], np.empty(blk, dtype), np.empty(blk, dtype))
+            k = np.empty(blk, dtype)
+            new[keys[i]] = Block(keys[i], k, k if sh.shared_values else np.empty(blk, dtype))
         if new or patch:
             # one read per layer, copied out at once: an int8 cache dequantizes every
             # layer into the same scratch buffer

@@ -23,7 +23,7 @@ Adding a family adds those two files and one registry line, nothing else.  A fam
 * the **runtime**: ``model`` (the class ``runtime`` names) builds the forward on a
   :class:`~modelc.runtime.backend.Backend` from ``(ir, backend)``; its cache layout is
   the model's ``kv_shape`` (:class:`~modelc.runtime.kv_cache.KVShape`: layers, KV heads,
-  head size);
+  head size, and whether the values are read from the keys, as DeepSeek's latent is);
 * **LoRA**: which canonical block weights an adapter may patch (``lora_slots``, the
   runtime block attribute of each), how to recognise its PEFT module names
   (``lora_modules``) and whether Q/K deltas need the GGUF RoPE permutation.
