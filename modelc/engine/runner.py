@@ -70,9 +70,10 @@ def kv_cost_fn(
     """
     probe = model.new_cache(KVMode.F32, max_tokens=max_context, full=full)  # its windows
     cache = KVCache(probe.shape, max_context, mode, hot_window=hot_window, windows=probe.bounded)
+    state = probe.state.nbytes if probe.state is not None else 0  # recurrent layers: fixed
 
     def cost(n: int) -> int:
-        return cache.nbytes_at(min(n, max_context), chunk)
+        return cache.nbytes_at(min(n, max_context), chunk) + state
 
     return cost
 
@@ -131,8 +132,11 @@ class ModelRunner:
         if budget is None:
             budget = options.max_concurrent * self.kv_cost(self.max_context)
         self.kv_budget = KVBudget(budget)
-        # mixed caches would reload exact hot-window rows as dequantized ones: no sharing
-        prefix_bytes = 0 if self.mode is KVMode.MIXED else options.prefix_cache_bytes
+        # mixed caches would reload exact hot-window rows as dequantized ones, and a
+        # recurrent state (qwen35) is not in the KV blocks: no sharing
+        recurrent = lm.new_cache(KVMode.F32, max_tokens=1).state is not None
+        no_prefix = self.mode is KVMode.MIXED or recurrent
+        prefix_bytes = 0 if no_prefix else options.prefix_cache_bytes
         self.prefix = PrefixCache(kv_shape(lm), prefix_bytes, options.prefix_block_tokens)
         if options.speculative and options.draft == "mlp" and mlp_draft is None:
             raise UsageError("--draft mlp needs draft.* tensors in the model; this one has none")

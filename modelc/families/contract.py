@@ -74,6 +74,8 @@ class DecoderTraits:
     fused_qkv: bool = False  # blk.{i}.attn_qkv holds the Q, K and V rows (phi3)
     fused_gate_up: bool = False  # blk.{i}.ffn_up holds the gate rows, then the up rows (phi3)
     default_ctx: int = 2048  # the context when the file names none
+    attn_gate: bool = False  # attn_q holds each head's query, then its output gate (qwen35)
+    ffn_norm: str = "ffn_norm"  # the FFN's norm tensor (qwen35: post_attention_norm)
 
 
 DECODER = "modelc.runtime.arch.decoder:Decoder"  # the runtime of every DecoderTraits family

@@ -21,6 +21,7 @@ from modelc.families import (
     qwen2,
     qwen3,
     qwen3moe,
+    qwen35,
 )
 from modelc.families.contract import Family
 
@@ -35,6 +36,7 @@ FAMILIES: dict[str, Family] = {
         qwen2.FAMILY,
         qwen3.FAMILY,
         qwen3moe.FAMILY,
+        qwen35.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
         phi3.FAMILY,

@@ -39,7 +39,8 @@ import numpy as np
 from modelc.errors import UnsupportedError
 from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_inv_freq
 from modelc.families.registry import FAMILIES
-from modelc.formats.ir import HParams, ModelIR
+from modelc.formats.ir import DType, HParams, ModelIR
+from modelc.runtime.arch.deltanet import DeltaNet, deltanet, load_deltanet
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
@@ -74,6 +75,8 @@ FEATURES: dict[str, str] = {
     "long_rope": "LongRoPE long factors",  # phi3
     "partial_rope": "partial RoPE (rotary dimensions below the head size)",
     "moe": "mixtures of experts",  # mixtral, qwen3moe
+    "attn_gate": "gated attention outputs",  # qwen35
+    "gated_deltanet": "Gated DeltaNet linear attention (a recurrent state per sequence)",
 }
 
 
@@ -105,6 +108,8 @@ class DecoderSpec:
     qk_norm: tuple[bool, ...]  # per layer
     moe: tuple[bool, ...]  # per layer: a mixture of experts
     n_expert_used: int
+    attn_gate: bool = False  # attention outputs times sigmoid(gate rows of attn_q)
+    recurrent: tuple[bool, ...] = ()  # per layer: Gated DeltaNet in place of attention
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -124,6 +129,8 @@ class DecoderSpec:
             "long_rope": bool(self.long_rope_after),
             "partial_rope": self.rot_dim != self.head_dim,
             "moe": any(self.moe),
+            "attn_gate": self.attn_gate,
+            "gated_deltanet": any(self.recurrent),
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -160,6 +167,7 @@ class DecoderBlock:
     k_norm: F32Array | None = None  # (hd,)
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
+    mixer: DeltaNet | None = None  # a recurrent layer: in place of attention (wq..wo empty)
 
 
 def _opt(src: TensorSource, name: str) -> F32Array | None:
@@ -213,9 +221,10 @@ class Decoder(CausalLM):
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
-        self.inv_freq = rope_inv_freq(self.head_dim, hp.rope_theta, hp.rope_scaling)
+        rot = hp.rope_dim or self.head_dim  # partial RoPE: the first rot dimensions
+        self.inv_freq = rope_inv_freq(rot, hp.rope_theta, hp.rope_scaling)
         self.inv_freq_local = (  # the windowed layers' own base (gemma3), unscaled
-            rope_inv_freq(self.head_dim, hp.rope_theta_local, type(hp.rope_scaling)())
+            rope_inv_freq(rot, hp.rope_theta_local, type(hp.rope_scaling)())
             if hp.rope_theta_local
             else self.inv_freq
         )
@@ -253,14 +262,23 @@ class Decoder(CausalLM):
             qk_norm=tuple(b.q_norm is not None for b in self.blocks),
             moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
+            attn_gate=traits.attn_gate,
+            recurrent=tuple(b.mixer is not None for b in self.blocks),
         )
+        self.state_shapes = {
+            i: b.mixer.state_shapes() for i, b in enumerate(self.blocks) if b.mixer is not None
+        }
         self.scratch = Scratch()
 
     def _block(self, ir: ModelIR, src: TensorSource, i: int) -> DecoderBlock:
         """Block ``i``'s weights, fused tensors split into row views."""
         t, p = self.traits, f"blk.{i}."
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-        if t.fused_qkv:
+        nq *= 2 if t.attn_gate else 1  # each head's query, then its gate
+        mixer = load_deltanet(src, i, self.hparams)
+        if mixer is not None:  # a recurrent layer has no attention weights
+            wq = wk = wv = wo = Weight(DType.F32, (0, self.d), np.zeros((0, self.d), np.float32))
+        elif t.fused_qkv:
             wq, wk, wv = _split(
                 ir, src.weight(p + "attn_qkv.weight"), p + "attn_qkv.weight", (nq, nkv, nkv)
             )
@@ -268,6 +286,8 @@ class Decoder(CausalLM):
             wq, wk, wv = (src.weight(p + f"attn_{n}.weight") for n in "qkv")
             for name, w, rows in (("q", wq, nq), ("k", wk, nkv), ("v", wv, nkv)):
                 check_rows(ir, f"{p}attn_{name}.weight", w, rows)
+        if mixer is None:
+            wo = src.weight(p + "attn_output.weight")
         experts = load_experts(src, i, self.hparams.n_expert_used)
         gate = up = down = None
         if experts is None:
@@ -289,8 +309,8 @@ class Decoder(CausalLM):
             wq=wq,
             wk=wk,
             wv=wv,
-            wo=src.weight(p + "attn_output.weight"),
-            ffn_norm=src.vec(p + "ffn_norm.weight"),
+            wo=wo,
+            ffn_norm=src.vec(f"{p}{t.ffn_norm}.weight"),
             w_gate=gate,
             w_up=up,
             w_down=down,
@@ -302,6 +322,7 @@ class Decoder(CausalLM):
             k_norm=_opt(src, p + "attn_k_norm.weight"),
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
+            mixer=mixer,
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -327,7 +348,7 @@ class Decoder(CausalLM):
         attn = self.scratch.get("attn", (n, nh, hd))  # (n, n_head, hd)
         attn2 = attn.reshape(n, nh * hd)
         # every buffer fetched once per step, not once per layer (Scratch.get costs ~2 us)
-        qb = self.scratch.get("q", (n, nh * hd))
+        qb = self.scratch.get("q", (n, nh * hd * (2 if sp.attn_gate else 1)))
         kb = self.scratch.get("k", (n, nkv * hd))
         vb = self.scratch.get("v", (n, nkv * hd))
         ob = self.scratch.get("o", (n, self.d))
@@ -340,24 +361,16 @@ class Decoder(CausalLM):
         gelu = sp.act == "gelu_tanh"
         for li, b in enumerate(self.blocks):
             h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
-            if b.bq is not None and b.bk is not None and b.bv is not None:
-                q += b.bq
-                k += b.bk
-                v += b.bv
-            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
-                q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
-                k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
-            rot = local if sp.local_rope[li] else angles
-            be.rope(q, rot, self.neox)
-            be.rope(k, rot, self.neox)
-            win = sp.windows[li]
-            attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
-            o = be.matmul(b.wo, attn2, out=ob)
-            x += (
-                o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
-            )
+            if b.mixer is not None:  # a recurrent layer in place of attention
+                x += deltanet(be, b.mixer, batch, slices, li, h, self.eps)
+            else:
+                self._attention(li, b, batch, slices, h, (qb, kb, vb), (angles, local), attn)
+                o = be.matmul(b.wo, attn2, out=ob)
+                x += (
+                    o
+                    if b.post_attn_norm is None
+                    else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
+                )
             h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
                 x += moe_ffn(be, b.experts, h, ob)
@@ -385,6 +398,41 @@ class Decoder(CausalLM):
             np.tanh(logits, out=logits)
             logits *= cap
         return logits
+
+    def _attention(
+        self,
+        li: int,
+        b: DecoderBlock,
+        batch: Sequence[SeqChunk],
+        slices: list[slice],
+        h: F32Array,
+        bufs: tuple[F32Array, F32Array, F32Array],
+        angles: tuple[tuple[F32Array, F32Array], tuple[F32Array, F32Array]],
+        attn: F32Array,
+    ) -> None:
+        """Layer ``li``'s attention of ``h`` (n, d) into ``attn`` (n, n_head, hd)."""
+        be, hd, nh, nkv, sp = self.be, self.head_dim, self.n_head, self.n_head_kv, self.spec
+        n = len(h)
+        q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, bufs)
+        if b.bq is not None and b.bk is not None and b.bv is not None:
+            q += b.bq
+            k += b.bk
+            v += b.bv
+        gate = None
+        if sp.attn_gate:  # each head's query, then its output gate
+            qg = q.reshape(n, nh, 2, hd)
+            q, gate = np.ascontiguousarray(qg[:, :, 0]), qg[:, :, 1]
+        q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+        if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
+            q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
+            k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
+        rot = angles[1] if sp.local_rope[li] else angles[0]
+        be.rope(q, rot, self.neox)
+        be.rope(k, rot, self.neox)
+        win = sp.windows[li]
+        attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+        if gate is not None:
+            attn *= 1.0 / (1.0 + np.exp(-gate))
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """Drop tokens after the anchors; re-rotate the moved keys by ``-n_discard``, each

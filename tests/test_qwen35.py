@@ -1,0 +1,295 @@
+"""Qwen3.5 (``qwen35``): Gated DeltaNet + gated attention, against transformers, llama.cpp's
+converter and llama.cpp's server; its per-sequence recurrent state through the engine.
+
+The tiny random model is numpy-made by ``tests/gen_qwen35.py`` (HF directory and GGUF in
+the test-asset cache); ``tests/golden/family_qwen35.json`` (transformers f32) and
+``tests/golden/qwen35_converter.json`` (what llama.cpp's ``convert_hf_to_gguf.py`` writes
+for the same HF directory) come from ``scripts/make_tiny_qwen35.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from modelc.artifact import open_artifact
+from modelc.engine import EngineOptions, LLMEngine, build_engine
+from modelc.engine.api import FinishEvent, FinishReason, GenerationRequest, TokenEvent
+from modelc.errors import ModelcError, UsageError
+from modelc.formats import load_model
+from modelc.formats.ir import ModelIR
+from modelc.runtime.arch import build
+from modelc.runtime.backend import Weight
+from modelc.runtime.model import LanguageModel, SeqChunk
+from modelc.runtime.prompt import PromptFormat
+from modelc.runtime.sampling import SamplingParams
+from modelc.runtime.tokenizer import Tokenizer
+from tests.cli_support import Cli
+from tests.gen_qwen35 import ensure_qwen35
+from tests.gguf_support import manifest
+from tests.peers import greedy_to_near_tie, llamacpp_greedy
+from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
+
+SOURCES = ["hf", "gguf"]
+GOLDEN = "family_qwen35.json"
+# the converter's provenance: the directory's name, its size label, its quantizer version
+PROVENANCE = {"general.name", "general.size_label", "general.quantization_version"}
+
+
+def source(kind: str) -> Path:
+    hf, gguf = ensure_qwen35()
+    return hf if kind == "hf" else gguf
+
+
+def lm(ir: ModelIR, backend: str = "cpu-exact") -> LanguageModel:
+    model = build(ir, make_backend(backend))
+    assert isinstance(model, LanguageModel)
+    return model
+
+
+@pytest.fixture(scope="module")
+def ir() -> ModelIR:
+    return load_model(source("gguf"))
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_matches_transformers(kind: str) -> None:
+    ir = load_model(source(kind))
+    assert ir.architecture == "qwen35"
+    assert ir.hparams.recurrent_layers == [0, 1, 2] and ir.hparams.rope_dim == 8
+    model = lm(ir)
+    for rec in golden(GOLDEN)["records"]:
+        err, toks = check_record(model, rec)
+        assert err < LOGPROB_TOL, (rec["prompt_ids"], err)
+        assert toks == rec["greedy"], rec["prompt_ids"]
+
+
+@pytest.mark.parametrize("part", ["decay", "gate", "partial_rope"])
+def test_each_part_is_what_matches(part: str) -> None:
+    """Without the recurrent state's decay, with every attention gate at sigmoid(0), or with
+    RoPE over the whole head, the model no longer matches transformers: each part is
+    exercised by the goldens."""
+    ir = load_model(source("gguf"))
+    if part == "partial_rope":
+        ir.hparams.rope_dim = 0
+    model = lm(ir)
+    blocks = model.blocks  # type: ignore[attr-defined]
+    if part == "decay":
+        for b in blocks[:3]:
+            b.mixer.a = np.zeros_like(b.mixer.a)  # exp(0 * ...) = 1: nothing forgotten
+    if part == "gate":
+        wq = blocks[3].wq
+        data = np.array(wq.data).reshape(model.n_head, 2, -1)  # type: ignore[attr-defined]
+        data[:, 1] = 0.0  # every gate's rows: sigmoid(0), the output halved
+        blocks[3].wq = Weight(wq.dtype, wq.shape, data.reshape(wq.shape))
+    recs = golden(GOLDEN)["records"]
+    assert max(check_record(model, r)[0] for r in recs) > 10 * LOGPROB_TOL
+
+
+def test_the_gguf_is_the_converters() -> None:
+    """Our GGUF holds what llama.cpp's own convert_hf_to_gguf.py writes for the same HF
+    directory: every metadata key and value and every tensor's bytes (its provenance keys
+    apart)."""
+    want = golden("qwen35_converter.json")
+    ours = manifest(source("gguf"))
+    mine = {k: v for k, v in ours["metadata"].items() if k not in PROVENANCE}
+    theirs = {k: v for k, v in want["metadata"].items() if k not in PROVENANCE}
+    assert json.loads(json.dumps(mine)) == theirs
+    assert ours["tensors"] == want["tensors"]
+
+
+def test_tokenizer_and_the_real_chat_template(tmp_path: Path) -> None:
+    """The text and chat ids transformers gave, and llama.cpp's own Qwen3.5 chat template
+    (the sdist's ``models/templates/Qwen3.5-4B.jinja``) rendering through modelc's template
+    path with a tool call in the history."""
+    g = golden(GOLDEN)
+    for kind in SOURCES:
+        ir = load_model(source(kind))
+        assert ir.tokenizer is not None
+        assert Tokenizer(ir.tokenizer).encode(g["text"], add_special=True) == g["text_ids"]
+        fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+        assert fmt.chat([{"role": "user", "content": "What works?"}]).ids == g["chat_ids"]
+    ir = load_model(source("gguf"))
+    assert ir.tokenizer is not None
+    template = (Path(__file__).parent / "fixtures" / "qwen35_chat.jinja").read_text()
+    fmt = PromptFormat.build(ir.tokenizer, template)
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"},
+    ]
+    text = fmt.chat(msgs).text
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
+    assert "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n" in text
+
+
+def test_pack_and_inspect(tmp_path: Path) -> None:
+    """``modelc pack`` makes the same tensors of the HF directory and of the GGUF;
+    ``modelc inspect`` shows the family."""
+    cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
+    for k in SOURCES:
+        cli("pack", str(source(k)), "-o", str(tmp_path / f"{k}.modelc"))
+    arts = [open_artifact(tmp_path / f"{k}.modelc") for k in SOURCES]
+    try:
+        irs = [a.to_ir() for a in arts]
+        assert irs[0].architecture == irs[1].architecture == "qwen35"
+        assert irs[0].hparams.recurrent_layers == irs[1].hparams.recurrent_layers == [0, 1, 2]
+        assert sorted(irs[0].tensors) == sorted(irs[1].tensors)
+        for name, t in irs[0].tensors.items():
+            u = irs[1].tensors[name]
+            assert (t.dtype, t.shape) == (u.dtype, u.shape), name
+            np.testing.assert_array_equal(t.data(), u.data(), err_msg=name)
+    finally:
+        for a in arts:
+            a.close()
+    out = cli("inspect", str(tmp_path / "gguf.modelc")).stdout
+    assert "architecture   qwen35" in out
+
+
+def test_cuda_and_compile_refuse_it_in_one_line(ir: ModelIR) -> None:
+    from modelc.compile.spec import model_spec
+    from modelc.runtime.backends.cuda_llama import cuda_host
+
+    with pytest.raises(ModelcError) as e:
+        cuda_host(ir)
+    msg = str(e.value)
+    assert "\n" not in msg and "Gated DeltaNet" in msg and "gated attention outputs" in msg
+    assert "--device cuda does not run" in msg
+    with pytest.raises(ModelcError) as e:
+        model_spec(ir, "tiny")
+    assert "\n" not in str(e.value) and "modelc compile does not run" in str(e.value)
+
+
+def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
+    """llama.cpp's server on our GGUF: the same prompt ids and greedy continuations (up to
+    a near tie)."""
+    pytest.importorskip("xllamacpp")
+    import httpx
+
+    from modelc.bench.llamacpp import LlamaCppServer
+
+    g = golden(GOLDEN)
+    ir = load_model(source("gguf"))
+    assert ir.tokenizer is not None
+    tok = Tokenizer(ir.tokenizer)
+    model = lm(ir)
+    with LlamaCppServer(
+        source("gguf"), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
+    ) as s:
+        theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
+        assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
+        compared = 0
+        for rec in g["records"]:
+            if set(rec["greedy"]) & set(tok.eot_ids):
+                continue
+            ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], len(rec["greedy"]))
+            got = llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
+            assert got[:cut] == ours[:cut], cut
+            compared += 1
+    assert compared >= 3
+
+
+# --- the recurrent state per sequence -----------------------------------------------------
+
+
+def test_a_state_rolls_back_only_to_its_last_steps_checkpoints(ir: ModelIR) -> None:
+    """A step asking for several rows' logits (a draft) keeps the state after each token:
+    truncating to one of them equals having fed only that far; elsewhere is refused."""
+    model = lm(ir)
+    prompt, draft = [5, 17, 200, 31], [99, 64, 128]
+    a = model.new_cache()
+    model.forward([SeqChunk(a, prompt)])
+    model.forward([SeqChunk(a, [7, *draft], tuple(range(4)))])
+    a.truncate(len(prompt) + 2)  # the known token and the first draft kept
+    b = model.new_cache()
+    model.forward([SeqChunk(b, prompt)])
+    model.forward([SeqChunk(b, [7, draft[0]])])
+    assert a.state is not None and b.state is not None
+    for li in (0, 1, 2):
+        for k in ("conv", "ssm"):
+            np.testing.assert_array_equal(a.state.layer(li)[k], b.state.layer(li)[k])
+    nxt = [SeqChunk(a, [3])], [SeqChunk(b, [3])]
+    np.testing.assert_array_equal(model.forward(nxt[0]), model.forward(nxt[1]))
+    with pytest.raises(UsageError, match="cannot go back"):
+        a.truncate(2)
+    assert a.max_discard(1) == 0  # no context shift
+
+
+def make(ir: ModelIR, **kw: Any) -> LLMEngine:
+    return build_engine(ir, EngineOptions(kv_cache="f32", **kw), backend=make_backend("cpu"))
+
+
+def alone(eng: LLMEngine, prompt: list[int], n: int) -> list[int]:
+    assert eng.lm is not None
+    p = SamplingParams(temperature=0, max_tokens=n)
+    return decode_alone(eng.lm, eng.lm.new_cache("f32"), prompt, p, [])
+
+
+async def collect(handle: Any) -> tuple[list[int], FinishEvent]:
+    toks, fin = [], None
+    async for ev in handle:
+        if isinstance(ev, TokenEvent):
+            toks.append(ev.token_id)
+        else:
+            fin = ev
+    assert fin is not None
+    return toks, fin
+
+
+PROMPTS = [
+    [5, 17, 200, 31, 99],
+    [300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+    list(range(100, 140)),
+    [42] * 20,
+]
+
+
+async def test_batched_cancelled_cached_and_speculative_equal_alone(ir: ModelIR) -> None:
+    """Issue 34's must-show 2: each sequence's greedy tokens through continuous batching
+    with other requests (one joining late, one cancelled mid-way), a repeated prompt (the
+    prefix cache is off for a recurrent model: nothing cached, nothing wrong) and
+    speculative drafts rolled back, equal the one-at-a-time ones."""
+    n = 24
+    eng = make(ir, speculative=True, spec_adaptive=False, spec_min_prompt=0, spec_gamma=4)
+    expected = [alone(eng, p, n) for p in PROMPTS]
+    p = SamplingParams(temperature=0, max_tokens=n)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(eng.run)
+
+        results: dict[str, list[int]] = {}
+
+        async def run(i: int, rid: str, delay: float = 0.0) -> None:
+            await trio.sleep(delay)
+            req = GenerationRequest(rid, PROMPTS[i], p, ignore_eos=True)
+            toks, _ = await collect(eng.submit(req))
+            results[rid] = toks
+
+        async def victim() -> None:
+            handle = eng.submit(GenerationRequest("victim", PROMPTS[2], p, ignore_eos=True))
+            seen = 0
+            async for ev in handle:
+                seen += 1
+                if seen == 3:
+                    handle.cancel()
+                if isinstance(ev, FinishEvent):
+                    assert ev.reason is FinishReason.CANCELLED
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(run, 0, "a")
+            inner.start_soon(run, 1, "b")
+            inner.start_soon(victim)
+            inner.start_soon(run, 3, "late", 0.05)
+        await run(0, "again")  # the same prompt again: a prefix-cache miss by design
+        nursery.cancel_scope.cancel()
+    assert results["a"] == results["again"] == expected[0]
+    assert results["b"] == expected[1]
+    assert results["late"] == expected[3]
+    st = eng.stats()
+    assert st.spec_drafted > 0 and st.spec_drafted > st.spec_accepted  # drafts rolled back
+    assert st.prefix_cache_hits == 0 and st.kv_bytes_used == 0
