@@ -293,3 +293,17 @@ async def test_batched_cancelled_cached_and_speculative_equal_alone(ir: ModelIR)
     st = eng.stats()
     assert st.spec_drafted > 0 and st.spec_drafted > st.spec_accepted  # drafts rolled back
     assert st.prefix_cache_hits == 0 and st.kv_bytes_used == 0
+
+
+def test_recurrent_layers_keep_no_context_of_keys(ir: ModelIR) -> None:
+    """Only the attention layer's KV rows grow with the context; the recurrent layers'
+    (never read) stay bounded, and the state is the same size at every length."""
+    model = lm(ir)
+    model.n_ctx = 2048  # room past the bound (the tiny config says 256)
+    cache = model.new_cache()
+    assert cache.state is not None
+    size = cache.state.nbytes
+    for i in range(6):  # 600 tokens, 100 a step
+        model.forward([SeqChunk(cache, [(7 * i + j) % 384 for j in range(100)])])
+    assert cache.rows(3) >= 600 and max(cache.rows(li) for li in range(3)) < 400
+    assert cache.state.nbytes == size

@@ -235,7 +235,9 @@ class Decoder(CausalLM):
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
         self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
-        self.kv_windows = windows if any(windows) else ()
+        # a recurrent layer attends to nothing: a one-position window bounds its KV rows
+        kv = tuple(1 if b.mixer else w for b, w in zip(self.blocks, windows, strict=True))
+        self.kv_windows = kv if any(kv) else ()
         local = self.inv_freq_local is not self.inv_freq
         self.spec = DecoderSpec(
             architecture=ir.architecture,
