@@ -1,16 +1,16 @@
-"""Goldens for the tiny random Qwen3.5 of ``tests/gen_qwen35.py``.
+"""Goldens for the tiny random Qwen3.5 models of ``tests/gen_qwen35.py`` (qwen35, qwen35moe).
 
 Run with the reference venv (torch + transformers 5.23 + the sdist's gguf-py), from the root:
 
-    /root/.cache/modelc-ref-venv/bin/python scripts/make_tiny_qwen35.py
+    /root/.cache/modelc-ref-venv/bin/python scripts/make_tiny_qwen35.py [qwen35] [qwen35moe]
 
 The model itself is numpy-made by the project venv (``python -m tests.gen_qwen35``), so
-this script and the tests load the very same files.  Writes
+this script and the tests load the very same files.  Writes, per family,
 
-* ``tests/golden/family_qwen35.json``: transformers' f32 top-10 next-token log-probs and
+* ``tests/golden/family_<family>.json``: transformers' f32 top-10 next-token log-probs and
   16-token greedy continuations of the prompts of ``make_tiny_families.py``, the ids of a
   text and of a chat prompt (the records of that script's ``goldens``);
-* ``tests/golden/qwen35_converter.json``: the converter manifest, what llama.cpp's own
+* ``tests/golden/<family>_converter.json``: the converter manifest, what llama.cpp's own
   ``convert_hf_to_gguf.py`` (``--outtype f32 --no-mtp``) writes for the same HF
   directory: every metadata key/value (token lists as their sha256) and per tensor its
   name, type, shape and the sha256 of its bytes.  The converter does not know the tiny
@@ -67,17 +67,19 @@ def project_python(code: str) -> str:
     return out.stdout.strip()
 
 
-def main() -> None:
-    paths = project_python("from tests.gen_qwen35 import ensure_qwen35; print(*ensure_qwen35())")
-    hf = Path(paths.split()[0])
-    goldens("qwen35", hf)
-    path = GOLDEN / "family_qwen35.json"
-    doc = json.loads(path.read_text())
-    path.write_text(json.dumps({**doc, "model": "tests/gen_qwen35.py"}, indent=1) + "\n")
-    doc = converter_manifest(hf)
-    (GOLDEN / "qwen35_converter.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(paths)
+def main(families: list[str]) -> None:
+    for fam in families or ["qwen35", "qwen35moe"]:
+        code = f"from tests.gen_qwen35 import ensure_qwen35; print(*ensure_qwen35({fam!r}))"
+        paths = project_python(code)
+        hf = Path(paths.split()[0])
+        goldens(fam, hf)
+        path = GOLDEN / f"family_{fam}.json"
+        doc = json.loads(path.read_text())
+        path.write_text(json.dumps({**doc, "model": f"tests/gen_qwen35.py {fam}"}, indent=1) + "\n")
+        doc = converter_manifest(hf)
+        (GOLDEN / f"{fam}_converter.json").write_text(json.dumps(doc, indent=1) + "\n")
+        print(paths)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

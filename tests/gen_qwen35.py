@@ -1,4 +1,5 @@
-"""A tiny randomly initialised Qwen3.5 (dense, ``qwen35``), made with numpy only.
+"""Tiny randomly initialised Qwen3.5 models (dense ``qwen35``, mixture ``qwen35moe``), made
+with numpy only.
 
 As ``tests/gen_families.py`` (whose tokenizer and helpers it shares): the weights are a
 pure function of the seed, written to the test-asset cache as
@@ -6,7 +7,9 @@ pure function of the seed, written to the test-asset cache as
 * an HF directory (``Qwen3_5ForCausalLM``, a ``qwen3_5_text`` config shaped like
   Qwen3.5-9B's scaled down: three Gated DeltaNet layers then one gated full-attention
   layer, 4 query heads on 1 KV head of 32 with a quarter of it rotated, 2 key heads
-  serving 4 value heads in the linear layers, a width-4 convolution), and
+  serving 4 value heads in the linear layers, a width-4 convolution; the mixture, as
+  Qwen3.5-35B-A3B's, every FFN 8 experts, 2 a token, plus a sigmoid-gated shared
+  expert, its experts stored fused as transformers 5 saves them), and
 * a GGUF in the layout llama.cpp's ``convert_hf_to_gguf.py`` writes for ``qwen35``
   (``Qwen3_5TextModel``): norms stored as ``1 + w`` (not the gated ``ssm_norm``),
   ``A_log`` as ``ssm_a = -exp(A_log)`` (rounded to f32 once, as torch computes it), ``dt_bias`` as ``ssm_dt.bias``, the convolution
@@ -34,7 +37,7 @@ from tests.gen_families import FIX
 from tests.gguf_support import add_matrix, gguf_file
 
 VERSION = 2
-SEED = 20261234
+SEEDS = {"qwen35": 20261234, "qwen35moe": 20261235}
 CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3_5ForCausalLM"],
     "model_type": "qwen3_5_text",
@@ -68,12 +71,24 @@ CONFIG: dict[str, Any] = {
     "eos_token_id": 2,
     "torch_dtype": "float32",
 }
+MOE: dict[str, Any] = {
+    "architectures": ["Qwen3_5MoeForCausalLM"],
+    "model_type": "qwen3_5_moe_text",
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+}
 
 
-def make_weights() -> dict[str, np.ndarray[Any, Any]]:
-    """HF tensor names -> f32 arrays, a pure function of the seed."""
-    c = CONFIG
-    rng = np.random.default_rng(SEED)
+def config(family: str = "qwen35") -> dict[str, Any]:
+    return {**CONFIG, **MOE} if family == "qwen35moe" else dict(CONFIG)
+
+
+def make_weights(family: str = "qwen35") -> dict[str, np.ndarray[Any, Any]]:
+    """HF tensor names -> f32 arrays, a pure function of the family's seed."""
+    c = config(family)
+    rng = np.random.default_rng(SEEDS[family])
     d, ff, v, hd = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     kd = c["linear_num_key_heads"] * c["linear_key_head_dim"]
@@ -109,6 +124,20 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
             out[p + "self_attn.k_norm.weight"] = norm(hd)
             out[p + "self_attn.o_proj.weight"] = w(d, nh * hd)
         out[p + "post_attention_layernorm.weight"] = norm(d)
+        if family == "qwen35moe":  # a router (std 1: decisive top-k), experts, shared one
+            n_e, fe, fs = (
+                c["num_experts"],
+                c["moe_intermediate_size"],
+                c["shared_expert_intermediate_size"],
+            )
+            out[p + "mlp.gate.weight"] = rng.standard_normal((n_e, d)).astype(np.float32)
+            out[p + "mlp.experts.gate_up_proj"] = w(n_e, 2 * fe, d)
+            out[p + "mlp.experts.down_proj"] = w(n_e, d, fe)
+            out[p + "mlp.shared_expert.gate_proj.weight"] = w(fs, d)
+            out[p + "mlp.shared_expert.up_proj.weight"] = w(fs, d)
+            out[p + "mlp.shared_expert.down_proj.weight"] = w(d, fs)
+            out[p + "mlp.shared_expert_gate.weight"] = w(1, d, std=0.3)
+            continue
         out[p + "mlp.gate_proj.weight"] = w(ff, d)
         out[p + "mlp.up_proj.weight"] = w(ff, d)
         out[p + "mlp.down_proj.weight"] = w(d, ff)
@@ -126,14 +155,25 @@ def tiled(x: np.ndarray[Any, Any], axis: int, head: int) -> np.ndarray[Any, Any]
     return np.ascontiguousarray(np.moveaxis(y, 0, axis))
 
 
-def gguf_tensors(weights: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
-    """The HF weights as llama.cpp's converter writes them for ``qwen35``."""
+def gguf_tensors(
+    weights: dict[str, np.ndarray[Any, Any]], family: str = "qwen35"
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The HF weights as llama.cpp's converter writes them for ``family``."""
     c = CONFIG
     kd2 = 2 * c["linear_num_key_heads"] * c["linear_key_head_dim"]
     hv = c["linear_value_head_dim"]
-    nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, c["num_hidden_layers"])
+    nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[family.upper()], c["num_hidden_layers"])
     out = {}
     for name, data in weights.items():
+        if ".mlp.experts." in name:  # fused (n_expert, 2*ff, d): gate rows, then up rows
+            i = name.split(".")[2]
+            if name.endswith("gate_up_proj"):
+                half = data.shape[1] // 2
+                out[f"blk.{i}.ffn_gate_exps.weight"] = np.ascontiguousarray(data[:, :half])
+                out[f"blk.{i}.ffn_up_exps.weight"] = np.ascontiguousarray(data[:, half:])
+            else:
+                out[f"blk.{i}.ffn_down_exps.weight"] = data
+            continue
         if name.endswith(".A_log"):
             data = -np.exp(data.astype(np.float64))  # rounded once, as torch's f32 exp
         elif name.endswith(".dt_bias"):
@@ -157,12 +197,12 @@ def gguf_tensors(weights: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarr
     return out
 
 
-def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
-    c = CONFIG
+def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path, family: str) -> None:
+    c = config(family)
     rope = c["rope_parameters"]
-    with gguf_file(path, "qwen35", atomic=True) as w:
+    with gguf_file(path, family, atomic=True) as w:
         w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-qwen35")
+        w.add_name(f"tiny-{family}")
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         w.add_block_count(c["num_hidden_layers"])
         w.add_context_length(c["max_position_embeddings"])
@@ -181,7 +221,12 @@ def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
         w.add_ssm_time_step_rank(c["linear_num_value_heads"])
         w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
         recurrent = [t == "linear_attention" for t in c["layer_types"]]
-        w.add_array("qwen35.attention.recurrent_layers", recurrent)
+        w.add_array(f"{family}.attention.recurrent_layers", recurrent)
+        if family == "qwen35moe":
+            w.add_expert_count(c["num_experts"])
+            w.add_expert_used_count(c["num_experts_per_tok"])
+            w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+            w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
         w.add_full_attention_interval(c["full_attention_interval"])
         w.add_rope_dimension_count(int(c["head_dim"] * rope["partial_rotary_factor"]))
         tj = json.loads((FIX / "tokenizer.json").read_text())
@@ -204,33 +249,35 @@ def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
         w.add_add_bos_token(False)
         tc = json.loads((FIX / "tokenizer_config.json").read_text())
         w.add_chat_template(tc["chat_template"])
-        for name, data in gguf_tensors(weights).items():
+        for name, data in gguf_tensors(weights, family).items():
             add_matrix(w, name, data)
 
 
-def family_dir() -> Path:
-    return assets_dir() / f"tiny-qwen35-v{VERSION}"
+def family_dir(family: str) -> Path:
+    return assets_dir() / f"tiny-{family}-v{VERSION}"
 
 
-def ensure_qwen35() -> tuple[Path, Path]:
-    """The tiny Qwen3.5's HF directory and GGUF (created if missing)."""
+def ensure_qwen35(family: str = "qwen35") -> tuple[Path, Path]:
+    """The tiny Qwen3.5's (``qwen35`` or ``qwen35moe``) HF directory and GGUF (created if
+    missing)."""
     from safetensors.numpy import save_file
 
-    dest = family_dir()
-    hf, gg = dest / "hf", dest / "qwen35.gguf"
+    dest = family_dir(family)
+    hf, gg = dest / "hf", dest / f"{family}.gguf"
     with cache_lock(dest.name):
         if gg.exists() and (hf / "model.safetensors").exists():
             return hf, gg
         hf.mkdir(parents=True, exist_ok=True)
-        weights = make_weights()
+        weights = make_weights(family)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(FIX / name, hf / name)
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
+        (hf / "config.json").write_text(json.dumps(config(family), indent=2))
         save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
         os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
-        write_gguf(weights, gg)
+        write_gguf(weights, gg, family)
     return hf, gg
 
 
 if __name__ == "__main__":
-    print(*ensure_qwen35())
+    for fam in SEEDS:
+        print(*ensure_qwen35(fam))

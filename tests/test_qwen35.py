@@ -1,10 +1,11 @@
-"""Qwen3.5 (``qwen35``): Gated DeltaNet + gated attention, against transformers, llama.cpp's
-converter and llama.cpp's server; its per-sequence recurrent state through the engine.
+"""Qwen3.5 (``qwen35``, ``qwen35moe``): Gated DeltaNet + gated attention (+ experts with a
+shared one), against transformers, llama.cpp's converter and llama.cpp's server; the
+per-sequence recurrent state through the engine.
 
-The tiny random model is numpy-made by ``tests/gen_qwen35.py`` (HF directory and GGUF in
-the test-asset cache); ``tests/golden/family_qwen35.json`` (transformers f32) and
-``tests/golden/qwen35_converter.json`` (what llama.cpp's ``convert_hf_to_gguf.py`` writes
-for the same HF directory) come from ``scripts/make_tiny_qwen35.py``.
+The tiny random models are numpy-made by ``tests/gen_qwen35.py`` (HF directory and GGUF
+in the test-asset cache); ``tests/golden/family_<family>.json`` (transformers f32) and
+``tests/golden/<family>_converter.json`` (what llama.cpp's ``convert_hf_to_gguf.py``
+writes for the same HF directory) come from ``scripts/make_tiny_qwen35.py``.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
 
 SOURCES = ["hf", "gguf"]
+FAMILIES = ["qwen35", "qwen35moe"]
 GOLDEN = "family_qwen35.json"
 # the converter's provenance: the directory's name, its size label, its quantizer version
 PROVENANCE = {"general.name", "general.size_label", "general.quantization_version"}
 
 
-def source(kind: str) -> Path:
-    hf, gguf = ensure_qwen35()
+def source(kind: str, family: str = "qwen35") -> Path:
+    hf, gguf = ensure_qwen35(family)
     return hf if kind == "hf" else gguf
 
 
@@ -58,23 +60,27 @@ def ir() -> ModelIR:
 
 
 @pytest.mark.parametrize("kind", SOURCES)
-def test_matches_transformers(kind: str) -> None:
-    ir = load_model(source(kind))
-    assert ir.architecture == "qwen35"
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matches_transformers(family: str, kind: str) -> None:
+    ir = load_model(source(kind, family))
+    assert ir.architecture == family
     assert ir.hparams.recurrent_layers == [0, 1, 2] and ir.hparams.rope_dim == 8
+    if family == "qwen35moe":
+        assert (ir.hparams.n_expert, ir.hparams.n_expert_used) == (8, 2)
     model = lm(ir)
-    for rec in golden(GOLDEN)["records"]:
+    for rec in golden(f"family_{family}.json")["records"]:
         err, toks = check_record(model, rec)
         assert err < LOGPROB_TOL, (rec["prompt_ids"], err)
         assert toks == rec["greedy"], rec["prompt_ids"]
 
 
-@pytest.mark.parametrize("part", ["decay", "gate", "partial_rope"])
+@pytest.mark.parametrize("part", ["decay", "gate", "partial_rope", "shared_expert"])
 def test_each_part_is_what_matches(part: str) -> None:
-    """Without the recurrent state's decay, with every attention gate at sigmoid(0), or with
-    RoPE over the whole head, the model no longer matches transformers: each part is
-    exercised by the goldens."""
-    ir = load_model(source("gguf"))
+    """Without the recurrent state's decay, with every attention gate at sigmoid(0), with
+    RoPE over the whole head, or without the shared expert, the model no longer matches
+    transformers: each part is exercised by the goldens."""
+    family = "qwen35moe" if part == "shared_expert" else "qwen35"
+    ir = load_model(source("gguf", family))
     if part == "partial_rope":
         ir.hparams.rope_dim = 0
     model = lm(ir)
@@ -87,16 +93,20 @@ def test_each_part_is_what_matches(part: str) -> None:
         data = np.array(wq.data).reshape(model.n_head, 2, -1)  # type: ignore[attr-defined]
         data[:, 1] = 0.0  # every gate's rows: sigmoid(0), the output halved
         blocks[3].wq = Weight(wq.dtype, wq.shape, data.reshape(wq.shape))
-    recs = golden(GOLDEN)["records"]
+    if part == "shared_expert":
+        for b in blocks:
+            b.experts.shared = None
+    recs = golden(f"family_{family}.json")["records"]
     assert max(check_record(model, r)[0] for r in recs) > 10 * LOGPROB_TOL
 
 
-def test_the_gguf_is_the_converters() -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_gguf_is_the_converters(family: str) -> None:
     """Our GGUF holds what llama.cpp's own convert_hf_to_gguf.py writes for the same HF
     directory: every metadata key and value and every tensor's bytes (its provenance keys
     apart)."""
-    want = golden("qwen35_converter.json")
-    ours = manifest(source("gguf"))
+    want = golden(f"{family}_converter.json")
+    ours = manifest(source("gguf", family))
     mine = {k: v for k, v in ours["metadata"].items() if k not in PROVENANCE}
     theirs = {k: v for k, v in want["metadata"].items() if k not in PROVENANCE}
     assert json.loads(json.dumps(mine)) == theirs
@@ -129,16 +139,17 @@ def test_tokenizer_and_the_real_chat_template(tmp_path: Path) -> None:
     assert "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n" in text
 
 
-def test_pack_and_inspect(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
     """``modelc pack`` makes the same tensors of the HF directory and of the GGUF;
     ``modelc inspect`` shows the family."""
     cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
     for k in SOURCES:
-        cli("pack", str(source(k)), "-o", str(tmp_path / f"{k}.modelc"))
+        cli("pack", str(source(k, family)), "-o", str(tmp_path / f"{k}.modelc"))
     arts = [open_artifact(tmp_path / f"{k}.modelc") for k in SOURCES]
     try:
         irs = [a.to_ir() for a in arts]
-        assert irs[0].architecture == irs[1].architecture == "qwen35"
+        assert irs[0].architecture == irs[1].architecture == family
         assert irs[0].hparams.recurrent_layers == irs[1].hparams.recurrent_layers == [0, 1, 2]
         assert sorted(irs[0].tensors) == sorted(irs[1].tensors)
         for name, t in irs[0].tensors.items():
@@ -149,7 +160,7 @@ def test_pack_and_inspect(tmp_path: Path) -> None:
         for a in arts:
             a.close()
     out = cli("inspect", str(tmp_path / "gguf.modelc")).stdout
-    assert "architecture   qwen35" in out
+    assert f"architecture   {family}" in out
 
 
 def test_cuda_and_compile_refuse_it_in_one_line(ir: ModelIR) -> None:
@@ -166,7 +177,8 @@ def test_cuda_and_compile_refuse_it_in_one_line(ir: ModelIR) -> None:
     assert "\n" not in str(e.value) and "modelc compile does not run" in str(e.value)
 
 
-def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF: the same prompt ids and greedy continuations (up to
     a near tie)."""
     pytest.importorskip("xllamacpp")
@@ -174,13 +186,13 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
 
     from modelc.bench.llamacpp import LlamaCppServer
 
-    g = golden(GOLDEN)
-    ir = load_model(source("gguf"))
+    g = golden(f"family_{family}.json")
+    ir = load_model(source("gguf", family))
     assert ir.tokenizer is not None
     tok = Tokenizer(ir.tokenizer)
     model = lm(ir)
     with LlamaCppServer(
-        source("gguf"), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
+        source("gguf", family), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
     ) as s:
         theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
@@ -250,12 +262,14 @@ PROMPTS = [
 ]
 
 
-async def test_batched_cancelled_cached_and_speculative_equal_alone(ir: ModelIR) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+async def test_batched_cancelled_cached_and_speculative_equal_alone(family: str) -> None:
     """Issue 34's must-show 2: each sequence's greedy tokens through continuous batching
     with other requests (one joining late, one cancelled mid-way), a repeated prompt (the
     prefix cache is off for a recurrent model: nothing cached, nothing wrong) and
     speculative drafts rolled back, equal the one-at-a-time ones."""
     n = 24
+    ir = load_model(source("gguf", family))
     eng = make(ir, speculative=True, spec_adaptive=False, spec_min_prompt=0, spec_gamma=4)
     expected = [alone(eng, p, n) for p in PROMPTS]
     p = SamplingParams(temperature=0, max_tokens=n)

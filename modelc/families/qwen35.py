@@ -38,7 +38,7 @@ def _text(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {**cfg, **(cfg.get("text_config") or {})}
 
 
-def _from_config(config: Mapping[str, Any]) -> HParams:
+def qwen35_config(config: Mapping[str, Any]) -> HParams:
     cfg = _text(config)
     hp = neox_config(cfg)
     rope = cfg.get("rope_parameters") or {}
@@ -63,7 +63,7 @@ def _from_config(config: Mapping[str, Any]) -> HParams:
     return hp
 
 
-def _from_gguf(m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Any) -> None:
+def qwen35_gguf(m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Any) -> None:
     neox_gguf(m, hp, tensors, meta)
     hp.norm_eps = float(m("attention.layer_norm_rms_epsilon", 1e-6))
     hp.rope_dim = int(m("rope.dimension_count", 0))
@@ -102,10 +102,20 @@ def _lazy(t: Tensor, name: str, fn: Callable[[Tensor], Array], shape: tuple[int,
     return Tensor(name, DType.F32, shape, load)
 
 
+# rotary buffers; a release's vision tower and multi-token-prediction head
+QWEN35_DROP = re.compile(r"rotary_emb\.inv_freq$|^(model\.)?visual\.|^(model\.)?mtp\.")
+QWEN35_REQUIRED = (
+    "attn_norm.weight",
+    "post_attention_norm.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+)
+QWEN35_TRAITS = DecoderTraits(attn_gate=True, ffn_norm="post_attention_norm", default_ctx=4096)
 _NORM = re.compile(r"(?<!ssm_)norm\.weight$")
 
 
-def _transform(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
+def qwen35_transform(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
     """An HF tensor in the converter's GGUF layout (see the module docstring)."""
     head = hp.ssm_inner // hp.ssm_v_heads if hp.ssm_v_heads else 0
     qk = 2 * hp.ssm_k_heads * hp.ssm_head_k
@@ -138,7 +148,7 @@ def _transform(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
     return Tensor(name, t.dtype, t.shape, t.loader)
 
 
-def _rename(name: str) -> str:
+def qwen35_rename(name: str) -> str:
     name = name.replace("model.language_model.", "model.")  # a release's text tower
     return name.removesuffix(".dt_bias") + ".dt_proj.bias" if name.endswith(".dt_bias") else name
 
@@ -146,23 +156,16 @@ def _rename(name: str) -> str:
 FAMILY = Family(
     name="qwen35",
     kind="text",
-    decoder=DecoderTraits(attn_gate=True, ffn_norm="post_attention_norm", default_ctx=4096),
+    decoder=QWEN35_TRAITS,
     gguf_arch=gguf.MODEL_ARCH.QWEN35,
     gguf_names=("qwen35",),
     hf_classes=("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
     model_types=("qwen3_5_text", "qwen3_5"),
-    # rotary buffers; a release's vision tower and multi-token-prediction head
-    drop=re.compile(r"rotary_emb\.inv_freq$|^(model\.)?visual\.|^(model\.)?mtp\."),
-    from_config=_from_config,
-    from_gguf=_from_gguf,
-    rename=_rename,
-    transform=_transform,
-    required=(
-        "attn_norm.weight",
-        "post_attention_norm.weight",
-        "ffn_gate.weight",
-        "ffn_up.weight",
-        "ffn_down.weight",
-    ),
+    drop=QWEN35_DROP,
+    from_config=qwen35_config,
+    from_gguf=qwen35_gguf,
+    rename=qwen35_rename,
+    transform=qwen35_transform,
+    required=QWEN35_REQUIRED,
     output_required=True,
 )

@@ -22,6 +22,7 @@ from modelc.families import (
     qwen3,
     qwen3moe,
     qwen35,
+    qwen35moe,
 )
 from modelc.families.contract import Family
 
@@ -37,6 +38,7 @@ FAMILIES: dict[str, Family] = {
         qwen3.FAMILY,
         qwen3moe.FAMILY,
         qwen35.FAMILY,
+        qwen35moe.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
         phi3.FAMILY,

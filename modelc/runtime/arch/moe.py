@@ -4,7 +4,9 @@ In place of ffn_gate / ffn_up / ffn_down a mixture layer has a router ffn_gate_i
 (n_expert, d) and the experts stacked in ffn_gate_exps / ffn_up_exps (n_expert, ff, d) and
 ffn_down_exps (n_expert, d, ff): each token goes through its ``n_expert_used`` most probable
 experts (softmax over all), their outputs weighted by those probabilities renormalised to
-sum to 1 (Mixtral as ``llama``, ``qwen3moe``).
+sum to 1 (Mixtral as ``llama``, ``qwen3moe``).  A shared expert (``qwen35moe``:
+ffn_{gate,up,down}_shexp, and ffn_gate_inp_shexp (1, d)) runs on every token besides, its
+output scaled by ``sigmoid(h . gate_inp_shexp)``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Experts:
     up: list[Weight]  # n_expert x (ff, d)
     down: list[Weight]  # n_expert x (d, ff)
     n_used: int  # experts a token goes through
+    shared: tuple[Weight, Weight, Weight] | None = None  # gate (ffs, d), up, down (d, ffs)
+    shared_gate: Weight | None = None  # (1, d): sigmoid of it scales the shared expert
 
 
 def load_experts(src: TensorSource, i: int, n_used: int) -> Experts | None:
@@ -42,6 +46,12 @@ def load_experts(src: TensorSource, i: int, n_used: int) -> Experts | None:
         down=src.experts(f"blk.{i}.ffn_down_exps.weight"),
         n_used=n_used,
     )
+    p = f"blk.{i}."
+    if src.has(p + "ffn_up_shexp.weight"):
+        names = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+        g, u, d = (src.weight(f"{p}{n}.weight") for n in names)
+        experts.shared = (g, u, d)
+        experts.shared_gate = src.weight(p + "ffn_gate_inp_shexp.weight")
     n = experts.router.shape[0]
     if not 0 < n_used <= n or not len(experts.gate) == len(experts.up) == len(experts.down) == n:
         raise FormatError(
@@ -54,7 +64,19 @@ def load_experts(src: TensorSource, i: int, n_used: int) -> Experts | None:
 
 def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
     """The experts' FFN of the rows of ``h`` (n, d) into ``out``: each row through its
-    ``e.n_used`` most probable experts, weighted by their renormalised probabilities."""
+    ``e.n_used`` most probable experts, weighted by their renormalised probabilities, plus
+    the gated shared expert if there is one."""
+    out = _routed(be, e, h, out)
+    if e.shared is not None and e.shared_gate is not None:
+        g, u = be.matmul_many(e.shared[:2], h)
+        y = be.matmul(e.shared[2], be.silu_mul(g, u, out=g))  # (n, d)
+        s = be.matmul(e.shared_gate, h)  # (n, 1)
+        y *= 1.0 / (1.0 + np.exp(-s))
+        out += y
+    return out
+
+
+def _routed(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
     p = be.softmax(be.matmul(e.router, h))  # (n, n_expert)
     top = np.argsort(-p, axis=1, kind="stable")[:, : e.n_used]  # (n, used)
     w = np.take_along_axis(p, top, axis=1)
