@@ -14,8 +14,9 @@ this script and the tests load the very same files.  Writes, per family,
   ``convert_hf_to_gguf.py`` (``--outtype f32 --no-mtp``) writes for the same HF
   directory: every metadata key/value (token lists as their sha256) and per tensor its
   name, type, shape and the sha256 of its bytes.  The converter does not know the tiny
-  384-token tokenizer's pre-tokenizer hash; it is told ``qwen35``, the name the real
-  release's tokenizer hash maps to (everything else it computes itself).
+  384-token tokenizer's pre-tokenizer hash; it is told the name the real release's
+  tokenizer hash maps to (``qwen35``, ``qwen2`` for Qwen3-Next; everything else it
+  computes itself).
 """
 
 from __future__ import annotations
@@ -39,18 +40,19 @@ LCP = Path("/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp")
 CONVERT = f"""
 import sys
 sys.path.insert(0, {str(LCP)!r})
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[1:]]
 import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen35"
+pre = sys.argv.pop()
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[1:]]
 import runpy
 runpy.run_path({str(LCP / "convert_hf_to_gguf.py")!r}, run_name="__main__")
 """
 
 
-def converter_manifest(hf_dir: Path) -> dict[str, Any]:
+def converter_manifest(hf_dir: Path, pre: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "conv.gguf"
-        args = [str(hf_dir), "--outtype", "f32", "--no-mtp", "--outfile", str(out)]
+        args = [str(hf_dir), "--outtype", "f32", "--no-mtp", "--outfile", str(out), pre]
         subprocess.run([sys.executable, "-c", CONVERT, *args], check=True, capture_output=True)
         doc = manifest(out)
     doc["converter"] = f"{LCP.parent.parent.name} convert_hf_to_gguf.py --outtype f32 --no-mtp"
@@ -68,7 +70,7 @@ def project_python(code: str) -> str:
 
 
 def main(families: list[str]) -> None:
-    for fam in families or ["qwen35", "qwen35moe"]:
+    for fam in families or ["qwen35", "qwen35moe", "qwen3next"]:
         code = f"from tests.gen_qwen35 import ensure_qwen35; print(*ensure_qwen35({fam!r}))"
         paths = project_python(code)
         hf = Path(paths.split()[0])
@@ -76,7 +78,8 @@ def main(families: list[str]) -> None:
         path = GOLDEN / f"family_{fam}.json"
         doc = json.loads(path.read_text())
         path.write_text(json.dumps({**doc, "model": f"tests/gen_qwen35.py {fam}"}, indent=1) + "\n")
-        doc = converter_manifest(hf)
+        code = f"from tests.gen_qwen35 import TOKENIZER_PRE; print(TOKENIZER_PRE[{fam!r}])"
+        doc = converter_manifest(hf, project_python(code))
         (GOLDEN / f"{fam}_converter.json").write_text(json.dumps(doc, indent=1) + "\n")
         print(paths)
 

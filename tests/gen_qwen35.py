@@ -37,7 +37,9 @@ from tests.gen_families import FIX
 from tests.gguf_support import add_matrix, gguf_file
 
 VERSION = 2
-SEEDS = {"qwen35": 20261234, "qwen35moe": 20261235}
+# the pre-tokenizer names the releases' tokenizers map to (the converter is told them)
+TOKENIZER_PRE = {"qwen35": "qwen35", "qwen35moe": "qwen35", "qwen3next": "qwen2"}
+SEEDS = {"qwen35": 20261234, "qwen35moe": 20261235, "qwen3next": 20261236}
 CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3_5ForCausalLM"],
     "model_type": "qwen3_5_text",
@@ -81,7 +83,20 @@ MOE: dict[str, Any] = {
 }
 
 
+NEXT: dict[str, Any] = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0},
+    "partial_rotary_factor": 0.25,
+}
+
+
 def config(family: str = "qwen35") -> dict[str, Any]:
+    if family == "qwen3next":
+        return {**CONFIG, **MOE, **NEXT}
     return {**CONFIG, **MOE} if family == "qwen35moe" else dict(CONFIG)
 
 
@@ -105,12 +120,17 @@ def make_weights(family: str = "qwen35") -> dict[str, np.ndarray[Any, Any]]:
     for i, kind in enumerate(c["layer_types"]):
         p = f"model.layers.{i}."
         out[p + "input_layernorm.weight"] = norm(d)
-        if kind == "linear_attention":
+        if kind == "linear_attention" and family == "qwen3next":  # per key head: q k v z, b a
+            q = p + "linear_attn."
+            out[q + "in_proj_qkvz.weight"] = w(2 * kd + 2 * vd, d, std=0.15)
+            out[q + "in_proj_ba.weight"] = w(2 * nv, d, std=0.3)
+        elif kind == "linear_attention":
             q = p + "linear_attn."
             out[q + "in_proj_qkv.weight"] = w(2 * kd + vd, d, std=0.15)
             out[q + "in_proj_z.weight"] = w(vd, d)
             out[q + "in_proj_b.weight"] = w(nv, d, std=0.3)
             out[q + "in_proj_a.weight"] = w(nv, d, std=0.3)
+        if kind == "linear_attention":
             out[q + "conv1d.weight"] = w(2 * kd + vd, 1, c["linear_conv_kernel_dim"], std=0.4)
             out[q + "dt_bias"] = w(nv, std=0.5)
             out[q + "A_log"] = rng.uniform(-1.0, 1.0, nv).astype(np.float32)
@@ -124,7 +144,7 @@ def make_weights(family: str = "qwen35") -> dict[str, np.ndarray[Any, Any]]:
             out[p + "self_attn.k_norm.weight"] = norm(hd)
             out[p + "self_attn.o_proj.weight"] = w(d, nh * hd)
         out[p + "post_attention_layernorm.weight"] = norm(d)
-        if family == "qwen35moe":  # a router (std 1: decisive top-k), experts, shared one
+        if family != "qwen35":  # a router (std 1: decisive top-k), experts, shared one
             n_e, fe, fs = (
                 c["num_experts"],
                 c["moe_intermediate_size"],
@@ -164,7 +184,16 @@ def gguf_tensors(
     hv = c["linear_value_head_dim"]
     nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[family.upper()], c["num_hidden_layers"])
     out = {}
+    nk, dk = c["linear_num_key_heads"], c["linear_key_head_dim"]
     for name, data in weights.items():
+        if name.endswith("in_proj_qkvz.weight"):  # per key head q k v z -> qkv, z
+            i, r = name.split(".")[2], data.shape[0] // nk - 2 * dk
+            heads = data.reshape(nk, -1, data.shape[1])
+            q, k, v, z = np.split(heads, [dk, 2 * dk, 2 * dk + r // 2], axis=1)
+            flat = [x.reshape(-1, data.shape[1]) for x in (q, k, v, z)]
+            out[f"blk.{i}.attn_qkv.weight"] = np.ascontiguousarray(np.concatenate(flat[:3]))
+            out[f"blk.{i}.attn_gate.weight"] = np.ascontiguousarray(flat[3])
+            continue
         if ".mlp.experts." in name:  # fused (n_expert, 2*ff, d): gate rows, then up rows
             i = name.split(".")[2]
             if name.endswith("gate_up_proj"):
@@ -180,7 +209,7 @@ def gguf_tensors(
             name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
         elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
             data = data + np.float32(1.0)
-        if ".linear_attn." in name:
+        if ".linear_attn." in name and family != "qwen3next":  # qwen3next keeps HF's order
             if "in_proj_qkv" in name or "conv1d" in name:
                 data = np.concatenate([data[:kd2], tiled(data[kd2:], 0, hv)])
             elif "in_proj_z" in name:
@@ -189,8 +218,8 @@ def gguf_tensors(
                 data = tiled(data, 0, 1)
             elif "out_proj" in name:
                 data = tiled(data, 1, hv)
-            if "conv1d" in name:
-                data = data.reshape(data.shape[0], -1)
+        if "conv1d" in name:
+            data = data.reshape(data.shape[0], -1)
         new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
         assert new is not None, name
         out[new] = np.ascontiguousarray(data, dtype=np.float32)
@@ -214,7 +243,8 @@ def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path, family: str
         w.add_layer_norm_rms_eps(c["rms_norm_eps"])
         w.add_key_length(c["head_dim"])
         w.add_value_length(c["head_dim"])
-        w.add_rope_dimension_sections([*rope["mrope_section"], 0])  # padded to 4
+        if "mrope_section" in rope:
+            w.add_rope_dimension_sections([*rope["mrope_section"], 0])  # padded to 4
         w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
         w.add_ssm_state_size(c["linear_key_head_dim"])
         w.add_ssm_group_count(c["linear_num_key_heads"])
@@ -222,13 +252,15 @@ def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path, family: str
         w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
         recurrent = [t == "linear_attention" for t in c["layer_types"]]
         w.add_array(f"{family}.attention.recurrent_layers", recurrent)
-        if family == "qwen35moe":
+        if family != "qwen35":
             w.add_expert_count(c["num_experts"])
             w.add_expert_used_count(c["num_experts_per_tok"])
             w.add_expert_feed_forward_length(c["moe_intermediate_size"])
             w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
         w.add_full_attention_interval(c["full_attention_interval"])
-        w.add_rope_dimension_count(int(c["head_dim"] * rope["partial_rotary_factor"]))
+        w.add_rope_dimension_count(
+            int(c["head_dim"] * c.get("partial_rotary_factor", rope.get("partial_rotary_factor")))
+        )
         tj = json.loads((FIX / "tokenizer.json").read_text())
         added = {a["content"]: a["id"] for a in tj["added_tokens"]}
         tokens = [""] * c["vocab_size"]
@@ -238,7 +270,7 @@ def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path, family: str
             if t in added:
                 types[i] = gguf.TokenType.CONTROL
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen35")
+        w.add_tokenizer_pre(TOKENIZER_PRE[family])
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(

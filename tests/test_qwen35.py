@@ -1,4 +1,4 @@
-"""Qwen3.5 (``qwen35``, ``qwen35moe``): Gated DeltaNet + gated attention (+ experts with a
+"""Qwen3.5 (``qwen35``, ``qwen35moe``) and Qwen3-Next (``qwen3next``): Gated DeltaNet + gated attention (+ experts with a
 shared one), against transformers, llama.cpp's converter and llama.cpp's server; the
 per-sequence recurrent state through the engine.
 
@@ -37,7 +37,7 @@ from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
 
 SOURCES = ["hf", "gguf"]
-FAMILIES = ["qwen35", "qwen35moe"]
+FAMILIES = ["qwen35", "qwen35moe", "qwen3next"]
 GOLDEN = "family_qwen35.json"
 # the converter's provenance: the directory's name, its size label, its quantizer version
 PROVENANCE = {"general.name", "general.size_label", "general.quantization_version"}
@@ -65,7 +65,7 @@ def test_matches_transformers(family: str, kind: str) -> None:
     ir = load_model(source(kind, family))
     assert ir.architecture == family
     assert ir.hparams.recurrent_layers == [0, 1, 2] and ir.hparams.rope_dim == 8
-    if family == "qwen35moe":
+    if family != "qwen35":
         assert (ir.hparams.n_expert, ir.hparams.n_expert_used) == (8, 2)
     model = lm(ir)
     for rec in golden(f"family_{family}.json")["records"]:
@@ -74,12 +74,12 @@ def test_matches_transformers(family: str, kind: str) -> None:
         assert toks == rec["greedy"], rec["prompt_ids"]
 
 
-@pytest.mark.parametrize("part", ["decay", "gate", "partial_rope", "shared_expert"])
+@pytest.mark.parametrize("part", ["decay", "gate", "partial_rope", "shared_expert", "grouped"])
 def test_each_part_is_what_matches(part: str) -> None:
     """Without the recurrent state's decay, with every attention gate at sigmoid(0), with
-    RoPE over the whole head, or without the shared expert, the model no longer matches
-    transformers: each part is exercised by the goldens."""
-    family = "qwen35moe" if part == "shared_expert" else "qwen35"
+    RoPE over the whole head, without the shared expert, or with Qwen3-Next's value heads
+    read as tiled, the model no longer matches transformers: each part is exercised."""
+    family = {"shared_expert": "qwen35moe", "grouped": "qwen3next"}.get(part, "qwen35")
     ir = load_model(source("gguf", family))
     if part == "partial_rope":
         ir.hparams.rope_dim = 0
@@ -96,6 +96,9 @@ def test_each_part_is_what_matches(part: str) -> None:
     if part == "shared_expert":
         for b in blocks:
             b.experts.shared = None
+    if part == "grouped":
+        for b in blocks[:3]:
+            b.mixer.grouped = False
     recs = golden(f"family_{family}.json")["records"]
     assert max(check_record(model, r)[0] for r in recs) > 10 * LOGPROB_TOL
 
@@ -139,7 +142,7 @@ def test_tokenizer_and_the_real_chat_template(tmp_path: Path) -> None:
     assert "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n" in text
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["qwen35", "qwen3next"])  # qwen35moe's HF path: above
 def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
     """``modelc pack`` makes the same tensors of the HF directory and of the GGUF;
     ``modelc inspect`` shows the family."""

@@ -115,7 +115,24 @@ QWEN35_TRAITS = DecoderTraits(attn_gate=True, ffn_norm="post_attention_norm", de
 _NORM = re.compile(r"(?<!ssm_)norm\.weight$")
 
 
-def qwen35_transform(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
+def _as_is(x: Array, axis: int, head: int, hp: HParams) -> Array:
+    return x
+
+
+def gdn_transform(tiled: bool) -> Callable[[str, str, Tensor, HParams], Tensor]:
+    """The HF -> GGUF transform of a Gated DeltaNet family; ``tiled``: value heads
+    reordered to tiled order (qwen35, qwen35moe; Qwen3-Next keeps them grouped)."""
+    tile = _tiled if tiled else _as_is
+
+    def transform(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
+        return _transform(src, name, t, hp, tile)
+
+    return transform
+
+
+def _transform(
+    src: str, name: str, t: Tensor, hp: HParams, _tiled: Callable[[Array, int, int, HParams], Array]
+) -> Tensor:
     """An HF tensor in the converter's GGUF layout (see the module docstring)."""
     head = hp.ssm_inner // hp.ssm_v_heads if hp.ssm_v_heads else 0
     qk = 2 * hp.ssm_k_heads * hp.ssm_head_k
@@ -146,6 +163,9 @@ def qwen35_transform(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
         if name.endswith(suffix):
             return _lazy(t, name, fn, t.shape)
     return Tensor(name, t.dtype, t.shape, t.loader)
+
+
+qwen35_transform = gdn_transform(tiled=True)
 
 
 def qwen35_rename(name: str) -> str:

@@ -21,6 +21,7 @@ from modelc.families import (
     qwen2,
     qwen3,
     qwen3moe,
+    qwen3next,
     qwen35,
     qwen35moe,
 )
@@ -39,6 +40,7 @@ FAMILIES: dict[str, Family] = {
         qwen3moe.FAMILY,
         qwen35.FAMILY,
         qwen35moe.FAMILY,
+        qwen3next.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
         phi3.FAMILY,

@@ -282,6 +282,10 @@ def canonicalize(
         return {new: renamed(raw[old], new) for old, new in mapping.items()}, []
     fam = FAMILIES[arch]
     out, consumed = stack_experts(raw)
+    if fam.split is not None:
+        more, used = fam.split(raw, hparams)
+        out.update(more)
+        consumed |= used
     dropped: list[str] = []
     for src, t in raw.items():
         if src in consumed:

@@ -277,7 +277,7 @@ class Decoder(CausalLM):
         t, p = self.traits, f"blk.{i}."
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
         nq *= 2 if t.attn_gate else 1  # each head's query, then its gate
-        mixer = load_deltanet(src, i, self.hparams)
+        mixer = load_deltanet(src, i, self.hparams, t.grouped_heads)
         if mixer is not None:  # a recurrent layer has no attention weights
             wq = wk = wv = wo = Weight(DType.F32, (0, self.d), np.zeros((0, self.d), np.float32))
         elif t.fused_qkv:

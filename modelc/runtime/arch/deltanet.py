@@ -9,7 +9,9 @@ transformers' ``Qwen3_5GatedDeltaNet``) computes, per token of a sequence::
     S = exp(g) S;  S += k (beta (v - k^T S))^T;  o = q^T S     S: (heads, d_k, d_v)
     out = (rms_norm(o) * silu(z)) Wout
 
-value head ``j`` reads key head ``j % key heads`` (GGUF's tiled order).  What a sequence
+value head ``j`` reads key head ``j % key heads`` (qwen35's GGUF: tiled order), or
+``j // (value heads / key heads)`` (qwen3next: grouped, as transformers).  Qwen3-Next's
+``ssm_ba`` holds per key head its value heads' beta rows then their alpha rows.  What a sequence
 keeps between steps (:class:`~modelc.runtime.seq_state.SeqState`): the last ``w - 1``
 inputs of the convolution, ``conv`` (w-1, channels), and ``ssm`` S.  Tokens go one at a
 time through S (correctness first; a chunked form and a C kernel are for later).
@@ -50,6 +52,7 @@ class DeltaNet:
     n_v: int  # value heads
     d_k: int
     d_v: int
+    grouped: bool = False  # value head j reads key head j // (n_v / n_k); else j % n_k
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         """What a sequence keeps for this layer."""
@@ -60,7 +63,20 @@ class DeltaNet:
         return (self.n_v, self.d_k, self.d_v)
 
 
-def load_deltanet(src: TensorSource, i: int, hp: HParams) -> DeltaNet | None:
+def _rows(w: Weight, rows: list[int]) -> Weight:
+    """Rows of ``w`` gathered (a copy; rows are independent in every dtype)."""
+    return Weight(w.dtype, (len(rows), w.shape[1]), np.ascontiguousarray(w.data[rows]))
+
+
+def _beta_alpha(src: TensorSource, p: str, nk: int, nv: int) -> tuple[Weight, Weight]:
+    if not src.has(p + "ssm_ba.weight"):
+        return src.weight(p + "ssm_beta.weight"), src.weight(p + "ssm_alpha.weight")
+    ba, r = src.weight(p + "ssm_ba.weight"), nv // nk  # per key head: r betas, r alphas
+    beta = [g * 2 * r + j for g in range(nk) for j in range(r)]
+    return _rows(ba, beta), _rows(ba, [b + r for b in beta])
+
+
+def load_deltanet(src: TensorSource, i: int, hp: HParams, grouped: bool = False) -> DeltaNet | None:
     """Block ``i``'s recurrent layer, or None for an attention block."""
     if i not in hp.recurrent_layers:
         return None
@@ -68,11 +84,14 @@ def load_deltanet(src: TensorSource, i: int, hp: HParams) -> DeltaNet | None:
     nk, nv, dk = hp.ssm_k_heads, hp.ssm_v_heads, hp.ssm_head_k
     dv = hp.ssm_inner // nv if nv else 0
     conv = src.array(p + "ssm_conv1d.weight")
+    if not nk or nv % nk:
+        raise FormatError(f"blk.{i}: {nv} value heads on {nk} key heads", path=src.ir.source.path)
+    wbeta, walpha = _beta_alpha(src, p, nk, nv)
     net = DeltaNet(
         wqkv=src.weight(p + "attn_qkv.weight"),
         wz=src.weight(p + "attn_gate.weight"),
-        wbeta=src.weight(p + "ssm_beta.weight"),
-        walpha=src.weight(p + "ssm_alpha.weight"),
+        wbeta=wbeta,
+        walpha=walpha,
         conv=np.ascontiguousarray(conv.reshape(conv.shape[0], -1)),
         dt=src.vec(p + "ssm_dt.bias"),
         a=src.vec(p + "ssm_a"),
@@ -82,9 +101,10 @@ def load_deltanet(src: TensorSource, i: int, hp: HParams) -> DeltaNet | None:
         n_v=nv,
         d_k=dk,
         d_v=dv,
+        grouped=grouped,
     )
     channels = 2 * nk * dk + nv * dv
-    if not nk or nv % nk or net.wqkv.shape[0] != channels or net.conv.shape[0] != channels:
+    if net.wqkv.shape[0] != channels or net.conv.shape[0] != channels:
         raise FormatError(
             f"blk.{i}: the linear attention's heads ({nk} key, {nv} value of {dk}/{dv}) do "
             f"not match attn_qkv ({net.wqkv.shape[0]} rows) and ssm_conv1d "
@@ -151,7 +171,8 @@ def _sequence(
     st["conv"][...] = x[m:]
     y = y * _sigmoid(y)  # silu
     kd = net.n_k * net.d_k
-    tile = np.arange(net.n_v) % net.n_k  # value head j reads key head j % n_k
+    heads = np.arange(net.n_v)
+    tile = heads // (net.n_v // net.n_k) if net.grouped else heads % net.n_k
     q = _l2norm(y[:, :kd].reshape(m, net.n_k, net.d_k))[:, tile] / np.float32(np.sqrt(net.d_k))
     k = _l2norm(y[:, kd : 2 * kd].reshape(m, net.n_k, net.d_k))[:, tile]
     v = y[:, 2 * kd :].reshape(m, net.n_v, net.d_v)
