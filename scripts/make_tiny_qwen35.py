@@ -13,7 +13,8 @@ this script and the tests load the very same files.  Writes, per family,
 * ``tests/golden/<family>_converter.json``: the converter manifest, what llama.cpp's own
   ``convert_hf_to_gguf.py`` (``--outtype f32 --no-mtp``) writes for the same HF
   directory: every metadata key/value (token lists as their sha256) and per tensor its
-  name, type, shape and the sha256 of its bytes.  The converter does not know the tiny
+  name, type, shape and the sha256 of its bytes (for qwen35 also ``--outtype q8_0``,
+  ``tests/golden/qwen35_q8_0_converter.json``).  The converter does not know the tiny
   384-token tokenizer's pre-tokenizer hash; it is told the name the real release's
   tokenizer hash maps to (``qwen35``, ``qwen2`` for Qwen3-Next; everything else it
   computes itself).
@@ -49,13 +50,15 @@ runpy.run_path({str(LCP / "convert_hf_to_gguf.py")!r}, run_name="__main__")
 """
 
 
-def converter_manifest(hf_dir: Path, pre: str) -> dict[str, Any]:
+def converter_manifest(hf_dir: Path, pre: str, outtype: str = "f32") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "conv.gguf"
-        args = [str(hf_dir), "--outtype", "f32", "--no-mtp", "--outfile", str(out), pre]
+        args = [str(hf_dir), "--outtype", outtype, "--no-mtp", "--outfile", str(out), pre]
         subprocess.run([sys.executable, "-c", CONVERT, *args], check=True, capture_output=True)
         doc = manifest(out)
-    doc["converter"] = f"{LCP.parent.parent.name} convert_hf_to_gguf.py --outtype f32 --no-mtp"
+    doc["converter"] = (
+        f"{LCP.parent.parent.name} convert_hf_to_gguf.py --outtype {outtype} --no-mtp"
+    )
     return doc
 
 
@@ -81,6 +84,9 @@ def main(families: list[str]) -> None:
         code = f"from tests.gen_qwen35 import TOKENIZER_PRE; print(TOKENIZER_PRE[{fam!r}])"
         doc = converter_manifest(hf, project_python(code))
         (GOLDEN / f"{fam}_converter.json").write_text(json.dumps(doc, indent=1) + "\n")
+        if fam == "qwen35":  # and the quantized file a user downloads
+            doc = converter_manifest(hf, "qwen35", "q8_0")
+            (GOLDEN / "qwen35_q8_0_converter.json").write_text(json.dumps(doc, indent=1) + "\n")
         print(paths)
 
 

@@ -226,13 +226,17 @@ def gguf_tensors(
     return out
 
 
-def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path, family: str) -> None:
+def write_gguf(
+    weights: dict[str, np.ndarray[Any, Any]], path: Path, family: str, q8: bool = False
+) -> None:
+    """The family's GGUF; ``q8``: as ``--outtype q8_0`` writes it (every matrix Q8_0 but
+    the convolution)."""
     c = config(family)
     rope = c["rope_parameters"]
     with gguf_file(path, family, atomic=True) as w:
         w.add_type(gguf.GGUFType.MODEL)
         w.add_name(f"tiny-{family}")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
         w.add_block_count(c["num_hidden_layers"])
         w.add_context_length(c["max_position_embeddings"])
         w.add_embedding_length(c["hidden_size"])
@@ -282,7 +286,8 @@ def write_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path, family: str
         tc = json.loads((FIX / "tokenizer_config.json").read_text())
         w.add_chat_template(tc["chat_template"])
         for name, data in gguf_tensors(weights, family).items():
-            add_matrix(w, name, data)
+            quant = q8 and data.ndim == 2 and "ssm_conv1d" not in name
+            add_matrix(w, name, data, gguf.GGMLQuantizationType.Q8_0 if quant else None)
 
 
 def family_dir(family: str) -> Path:
@@ -308,6 +313,15 @@ def ensure_qwen35(family: str = "qwen35") -> tuple[Path, Path]:
         os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
         write_gguf(weights, gg, family)
     return hf, gg
+
+
+def ensure_qwen35_q8() -> Path:
+    """The tiny qwen35 as a Q8_0 GGUF (created if missing)."""
+    q8 = ensure_qwen35()[1].with_name("qwen35-q8_0.gguf")
+    with cache_lock(q8.name):
+        if not q8.exists():
+            write_gguf(make_weights(), q8, "qwen35", q8=True)
+    return q8
 
 
 if __name__ == "__main__":

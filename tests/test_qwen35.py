@@ -31,7 +31,7 @@ from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
-from tests.gen_qwen35 import ensure_qwen35
+from tests.gen_qwen35 import ensure_qwen35, ensure_qwen35_q8
 from tests.gguf_support import manifest
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
@@ -103,13 +103,18 @@ def test_each_part_is_what_matches(part: str) -> None:
     assert max(check_record(model, r)[0] for r in recs) > 10 * LOGPROB_TOL
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_the_gguf_is_the_converters(family: str) -> None:
+def gguf_file(variant: str) -> Path:
+    """A family's GGUF, or ``qwen35_q8_0``: qwen35 as ``--outtype q8_0``."""
+    return ensure_qwen35_q8() if variant == "qwen35_q8_0" else source("gguf", variant)
+
+
+@pytest.mark.parametrize("variant", [*FAMILIES, "qwen35_q8_0"])
+def test_the_gguf_is_the_converters(variant: str) -> None:
     """Our GGUF holds what llama.cpp's own convert_hf_to_gguf.py writes for the same HF
     directory: every metadata key and value and every tensor's bytes (its provenance keys
-    apart)."""
-    want = golden(f"{family}_converter.json")
-    ours = manifest(source("gguf", family))
+    apart), Q8_0 blocks included."""
+    want = golden(f"{variant}_converter.json")
+    ours = manifest(gguf_file(variant))
     mine = {k: v for k, v in ours["metadata"].items() if k not in PROVENANCE}
     theirs = {k: v for k, v in want["metadata"].items() if k not in PROVENANCE}
     assert json.loads(json.dumps(mine)) == theirs
@@ -183,19 +188,21 @@ def test_cuda_and_compile_refuse_it_in_one_line(ir: ModelIR) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF: the same prompt ids and greedy continuations (up to
-    a near tie)."""
+    a near tie).  Not on the Q8_0 file: this random model's logits move by ~0.05 under
+    Q8_0 (modelc's cpu and cpu-exact backends already disagree that much), more than its
+    top-2 margins, so llama.cpp's int8 activations flip its greedy tokens."""
     pytest.importorskip("xllamacpp")
     import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
     g = golden(f"family_{family}.json")
-    ir = load_model(source("gguf", family))
+    ir = load_model(gguf_file(family))
     assert ir.tokenizer is not None
     tok = Tokenizer(ir.tokenizer)
     model = lm(ir)
     with LlamaCppServer(
-        source("gguf", family), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
+        gguf_file(family), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
     ) as s:
         theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
