@@ -275,12 +275,20 @@ PROMPTS = [
 @pytest.mark.parametrize("family", FAMILIES)
 async def test_batched_cancelled_cached_and_speculative_equal_alone(family: str) -> None:
     """Issue 34's must-show 2: each sequence's greedy tokens through continuous batching
-    with other requests (one joining late, one cancelled mid-way), a repeated prompt (the
-    prefix cache is off for a recurrent model: nothing cached, nothing wrong) and
-    speculative drafts rolled back, equal the one-at-a-time ones."""
+    with other requests (one joining late, one cancelled mid-way), prefix-cache hits (the
+    same prompt again, and the next turn: prompt + answer + more, each starting from the
+    state checkpoint kept with the block it ends on) and speculative drafts rolled back,
+    equal the one-at-a-time ones."""
     n = 24
     ir = load_model(source("gguf", family))
-    eng = make(ir, speculative=True, spec_adaptive=False, spec_min_prompt=0, spec_gamma=4)
+    eng = make(
+        ir,
+        speculative=True,
+        spec_adaptive=False,
+        spec_min_prompt=0,
+        spec_gamma=4,
+        prefix_block_tokens=4,
+    )
     expected = [alone(eng, p, n) for p in PROMPTS]
     p = SamplingParams(temperature=0, max_tokens=n)
     async with trio.open_nursery() as nursery:
@@ -309,14 +317,24 @@ async def test_batched_cancelled_cached_and_speculative_equal_alone(family: str)
             inner.start_soon(run, 1, "b")
             inner.start_soon(victim)
             inner.start_soon(run, 3, "late", 0.05)
-        await run(0, "again")  # the same prompt again: a prefix-cache miss by design
+        await run(0, "again")  # the same prompt again: its first block from the cache
+        nxt = [*PROMPTS[0], *results["a"], 9, 8, 7]  # the next turn of a chat
+        PROMPTS.append(nxt)
+        try:
+            handle = eng.submit(GenerationRequest("next", nxt, p, ignore_eos=True))
+            results["next"], fin = await collect(handle)
+        finally:
+            PROMPTS.pop()
         nursery.cancel_scope.cancel()
     assert results["a"] == results["again"] == expected[0]
     assert results["b"] == expected[1]
     assert results["late"] == expected[3]
     st = eng.stats()
     assert st.spec_drafted > 0 and st.spec_drafted > st.spec_accepted  # drafts rolled back
-    assert st.prefix_cache_hits == 0 and st.kv_bytes_used == 0
+    assert st.prefix_cache_hits >= 2 and st.kv_bytes_used == 0
+    # the first turn's KV ended at its last fed token: its blocks, the last with its state
+    assert fin.cached_tokens == (len(PROMPTS[0]) + n - 1) // 4 * 4 > len(PROMPTS[0])
+    assert results["next"] == alone(eng, nxt, n)
 
 
 def test_recurrent_layers_keep_no_context_of_keys(ir: ModelIR) -> None:

@@ -132,12 +132,12 @@ class ModelRunner:
         if budget is None:
             budget = options.max_concurrent * self.kv_cost(self.max_context)
         self.kv_budget = KVBudget(budget)
-        # mixed caches would reload exact hot-window rows as dequantized ones, and a
-        # recurrent state (qwen35) is not in the KV blocks: no sharing
-        recurrent = lm.new_cache(KVMode.F32, max_tokens=1).state is not None
-        no_prefix = self.mode is KVMode.MIXED or recurrent
-        prefix_bytes = 0 if no_prefix else options.prefix_cache_bytes
-        self.prefix = PrefixCache(kv_shape(lm), prefix_bytes, options.prefix_block_tokens)
+        # mixed caches would reload exact hot-window rows as dequantized ones: no sharing
+        prefix_bytes = 0 if self.mode is KVMode.MIXED else options.prefix_cache_bytes
+        recurrent = lm.new_cache(KVMode.F32, max_tokens=1).state is not None  # qwen35
+        self.prefix = PrefixCache(
+            kv_shape(lm), prefix_bytes, options.prefix_block_tokens, recurrent=recurrent
+        )
         if options.speculative and options.draft == "mlp" and mlp_draft is None:
             raise UsageError("--draft mlp needs draft.* tensors in the model; this one has none")
         self._mlp = mlp_draft
@@ -280,6 +280,8 @@ class ModelRunner:
             budget=self.kv_budget,
             full=self.opt.swa_full,
         )
+        if seq.cache.state is not None:  # keep the state at block ends for the prefix cache
+            seq.cache.state.boundary = self.prefix.block_tokens
         self.prefix.load(
             seq.prefix_blocks[: seq.cached_tokens // self.prefix.block_tokens], seq.cache
         )

@@ -12,8 +12,15 @@ So a step that asks for the logits of several of its tokens (a speculative draft
 verified) keeps **checkpoints**, the state after each of its tokens but the last
 (:meth:`SeqState.keep`); :meth:`SeqState.truncate` to one of those positions restores it
 (what llama.cpp's recurrent memory does with its per-sequence cells).  Going back
-anywhere else raises :class:`~modelc.errors.UsageError`: the engine never does (the
-prefix cache is off for such models and a context shift is refused).
+anywhere else raises :class:`~modelc.errors.UsageError`: the engine never does (a
+context shift is refused).
+
+With ``boundary`` set (the prefix cache's block size) a state also keeps its **last
+boundary checkpoint**, the state at the last position that is a multiple of
+``boundary`` (:meth:`SeqState.mark`, :meth:`SeqState.checkpoint`): the prefix cache
+stores it with the block ending there, and a sequence whose prompt starts with those
+blocks starts from it (:meth:`SeqState.restore`), as llama.cpp's server keeps state
+checkpoints for its prompt cache.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ class SeqState:
         self.n = 0
         self._arrays: dict[int, dict[str, F32Array]] = {}
         self._snaps: dict[int, dict[int, dict[str, F32Array]]] = {}  # position -> layer -> ...
+        self.boundary = 0  # keep the state at multiples of this many tokens (0: none)
+        self._mark: tuple[int, dict[int, dict[str, F32Array]]] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -49,6 +58,7 @@ class SeqState:
             for li, named in self.shapes.items()
         }
         self._snaps = {}
+        self._mark = None
         self.n = 0
 
     @property
@@ -70,11 +80,34 @@ class SeqState:
         """Checkpoint of layer ``li`` after ``pos`` tokens (copies of ``arrays``)."""
         self._snaps.setdefault(pos, {})[li] = {k: np.array(a) for k, a in arrays.items()}
 
+    def mark(self, li: int, pos: int, arrays: Mapping[str, F32Array]) -> None:
+        """Boundary checkpoint of layer ``li`` after ``pos`` tokens (copies)."""
+        if self._mark is None or self._mark[0] != pos:
+            self._mark = (pos, {})
+        self._mark[1][li] = {k: np.array(a) for k, a in arrays.items()}
+
+    def checkpoint(self) -> tuple[int, dict[int, dict[str, F32Array]]] | None:
+        """The last boundary checkpoint (position, layer -> arrays), if complete."""
+        if self._mark is None or set(self._mark[1]) != set(self._arrays):
+            return None
+        return self._mark
+
+    def restore(self, n: int, arrays: Mapping[int, Mapping[str, F32Array]]) -> None:
+        """Start from a checkpoint at position ``n`` (a prefix-cache hit)."""
+        for li, named in arrays.items():
+            for k, a in named.items():
+                self._arrays[li][k][...] = a
+        self._mark = (n, {li: {k: np.array(a) for k, a in d.items()} for li, d in arrays.items()})
+        self._snaps = {}
+        self.n = n
+
     def advance(self, n: int) -> None:
         self.n = n
 
     def truncate(self, n: int) -> None:
         """Back to position ``n``: now, or a checkpoint of the last step."""
+        if self._mark is not None and self._mark[0] > n:  # a rejected draft's boundary
+            self._mark = None
         if n == self.n:
             return
         snap = self._snaps.get(n)

@@ -184,5 +184,10 @@ def _sequence(
         delta = (v[t] - mem) * beta[t][:, None]
         s += k[t][:, :, None] * delta[:, None, :]
         out[t] = (q[t][:, None, :] @ s)[:, 0]
-        if keep and t < m - 1:
-            state.keep(li, n0 + t + 1, {"conv": x[t + 1 : t + w], "ssm": s})
+        pos = n0 + t + 1
+        if (keep and t < m - 1) or (state.boundary and pos % state.boundary == 0):
+            arrays = {"conv": x[t + 1 : t + w], "ssm": s}  # the state after token t
+            if keep and t < m - 1:
+                state.keep(li, pos, arrays)
+            if state.boundary and pos % state.boundary == 0:
+                state.mark(li, pos, arrays)
