@@ -349,3 +349,36 @@ def test_recurrent_layers_keep_no_context_of_keys(ir: ModelIR) -> None:
         model.forward([SeqChunk(cache, [(7 * i + j) % 384 for j in range(100)])])
     assert cache.rows(3) >= 600 and max(cache.rows(li) for li in range(3)) < 400
     assert cache.state.nbytes == size
+
+
+def test_a_prefix_cache_hit_starts_from_the_kept_state(ir: ModelIR) -> None:
+    """Blocks and the state kept with the last of them, loaded into a fresh cache, give
+    the logits of computing the whole prompt (bit for bit); without the state they do not."""
+    from modelc.engine.prefix_cache import PrefixCache
+
+    model = lm(ir)
+    prompt = [(5 * i + 3) % 384 for i in range(27)]
+    prefix = PrefixCache(model.new_cache().shape, 1 << 24, 8, recurrent=True)
+    a = model.new_cache()
+    assert a.state is not None
+    a.state.boundary = 8
+    want = model.forward([SeqChunk(a, prompt)])
+    prefix.insert(prompt, a)  # 3 blocks; the state at 24 with the last
+    blocks = prefix.match(prompt)
+    assert len(blocks) == 3 and blocks[-1].state is not None
+    for restore in (True, False):
+        b = model.new_cache()
+        if not restore:  # the KV blocks alone (the check that refuses them turned off)
+            blocks[-1].state, kept = None, blocks[-1].state
+            prefix.recurrent = False
+        prefix.load(blocks, b)
+        got = model.forward([SeqChunk(b, prompt[24:])])
+        if restore:
+            np.testing.assert_array_equal(got, want)
+        else:
+            blocks[-1].state = kept
+            assert np.abs(got - want).max() > 0.1
+    prefix.release(blocks)
+    prefix.recurrent = True
+    shorter = [*prompt[:20], 1, 2, 3, 4, 5]  # shares two blocks, no state kept after them
+    assert prefix.match(shorter) == []

@@ -48,7 +48,7 @@ class SeqState:
         self._arrays: dict[int, dict[str, F32Array]] = {}
         self._snaps: dict[int, dict[int, dict[str, F32Array]]] = {}  # position -> layer -> ...
         self.boundary = 0  # keep the state at multiples of this many tokens (0: none)
-        self._mark: tuple[int, dict[int, dict[str, F32Array]]] | None = None
+        self._marks: dict[int, tuple[int, dict[str, F32Array]]] = {}  # layer -> (pos, ...)
         self.reset()
 
     def reset(self) -> None:
@@ -58,7 +58,7 @@ class SeqState:
             for li, named in self.shapes.items()
         }
         self._snaps = {}
-        self._mark = None
+        self._marks = {}
         self.n = 0
 
     @property
@@ -82,22 +82,21 @@ class SeqState:
 
     def mark(self, li: int, pos: int, arrays: Mapping[str, F32Array]) -> None:
         """Boundary checkpoint of layer ``li`` after ``pos`` tokens (copies)."""
-        if self._mark is None or self._mark[0] != pos:
-            self._mark = (pos, {})
-        self._mark[1][li] = {k: np.array(a) for k, a in arrays.items()}
+        self._marks[li] = (pos, {k: np.array(a) for k, a in arrays.items()})
 
     def checkpoint(self) -> tuple[int, dict[int, dict[str, F32Array]]] | None:
-        """The last boundary checkpoint (position, layer -> arrays), if complete."""
-        if self._mark is None or set(self._mark[1]) != set(self._arrays):
+        """The last boundary checkpoint (position, layer -> arrays), if every layer has it."""
+        pos = {p for p, _ in self._marks.values()}
+        if set(self._marks) != set(self._arrays) or len(pos) != 1:
             return None
-        return self._mark
+        return pos.pop(), {li: a for li, (_, a) in self._marks.items()}
 
     def restore(self, n: int, arrays: Mapping[int, Mapping[str, F32Array]]) -> None:
         """Start from a checkpoint at position ``n`` (a prefix-cache hit)."""
         for li, named in arrays.items():
             for k, a in named.items():
                 self._arrays[li][k][...] = a
-        self._mark = (n, {li: {k: np.array(a) for k, a in d.items()} for li, d in arrays.items()})
+        self._marks = {li: (n, {k: np.array(a) for k, a in d.items()}) for li, d in arrays.items()}
         self._snaps = {}
         self.n = n
 
@@ -106,8 +105,8 @@ class SeqState:
 
     def truncate(self, n: int) -> None:
         """Back to position ``n``: now, or a checkpoint of the last step."""
-        if self._mark is not None and self._mark[0] > n:  # a rejected draft's boundary
-            self._mark = None
+        # a rejected draft's boundary
+        self._marks = {li: m for li, m in self._marks.items() if m[0] <= n}
         if n == self.n:
             return
         snap = self._snaps.get(n)
