@@ -237,8 +237,7 @@ class KVCache:
         self.budget = None
         self._charged = 0
         self._empty()
-        if self.state is not None:
-            self.state.reset()
+        self.state = None  # a recurrent state's memory goes too
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for ``n_tokens`` cached tokens in total (grows in blocks).
