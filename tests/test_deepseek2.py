@@ -227,7 +227,8 @@ INSPECT = {
         "sigmoid routing, top 2 of 4 groups, 1 shared, first 1 dense",
     ],
     "glm4moe": [
-        "RoPE neox (theta 1e+06, 8 dims rotated)",
+        "RoPE neox (theta 1e+06)",
+        "partial RoPE (8 of each head's 16 dimensions)",
         "QKV bias",
         "Q/K norm",
         "sigmoid routing, 1 shared, first 1 dense",

@@ -68,7 +68,7 @@ def _short_meta(meta: dict[str, Any]) -> dict[str, Any]:
 def attention_features(art: Artifact) -> list[str]:
     """What sets a transformer family apart, read from its hparams and tensor names:
     head size, RoPE layout and scaling, QKV biases, Q/K norms, a sliding window, a tied head,
-    a mixture of experts, an encoder's pooling."""
+    a mixture of experts, recurrent (Gated DeltaNet) layers, an encoder's pooling."""
     h = art.manifest.hparams
     names = {e.name for e in art.manifest.tensors}
     out = [f"head_dim {h.head_dim or h.n_embd // h.n_head}"]
@@ -78,16 +78,16 @@ def attention_features(art: Artifact) -> list[str]:
         rope = f"RoPE {h.rope_style} (theta {h.rope_theta:g}"
         if h.rope_scaling.type != "none":
             rope += f", {h.rope_scaling.type} x{h.rope_scaling.factor:g}"
-        if h.rope_dim:
-            rope += f", {h.rope_dim} dims rotated"
         if h.rope_theta_local:
             rope += f"; windowed layers theta {h.rope_theta_local:g}"
         out.append(rope + ")")
-        if h.rope_dim:
-            out.append(f"partial RoPE ({h.rope_dim} of each head's dimensions)")
         if h.nope_layers:
             out.append(f"NoPE layers {','.join(map(str, h.nope_layers))}")
-    if any(n.startswith("blk.0.attn_qkv") for n in names):
+    if h.rope_dim:
+        out.append(f"partial RoPE ({h.rope_dim} of each head's {h.head_dim} dimensions)")
+    if h.recurrent_layers:  # qwen35: their attn_qkv is the linear attention's
+        out.append(f"Gated DeltaNet {len(h.recurrent_layers)} of {h.n_layer} layers")
+    elif any(n.startswith("blk.0.attn_qkv") for n in names):
         out.append("fused QKV")
     if "blk.0.attn_q.bias" in names and "blk.0.ffn_gate.weight" in names:
         out.append("QKV bias")

@@ -79,7 +79,11 @@ class DecoderTraits:
     # per-layer head shapes, KV sharing, V norms, per-layer inputs (gemma4: runtime/arch/gemma4)
     gemma4_layers: bool = False
     default_ctx: int = 2048  # the context when the file names none
-    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's GGUF name (glm4moe: post_attention_norm)
+    attn_gate: bool = False  # attn_q holds each head's query, then its output gate (qwen35)
+    ffn_norm: str = (
+        "ffn_norm"  # the pre-FFN norm's GGUF name (glm4moe, qwen35: post_attention_norm)
+    )
+    grouped_heads: bool = False  # Gated DeltaNet value heads grouped by key head (qwen3next)
 
 
 DECODER = "modelc.runtime.arch.decoder:Decoder"  # the runtime of every DecoderTraits family
@@ -109,6 +113,11 @@ class Family:
     own_names: Mapping[str, str] = field(default_factory=dict)  # (renamed) names GGUF lacks
     # (hf_name, canonical_name, tensor, hparams) -> the tensor in GGUF layout
     transform: Callable[[str, str, Tensor, HParams], Tensor] | None = None
+    # (HF tensors, hparams) -> GGUF tensors made of source tensors split in several (Qwen3-Next's
+    # fused in_proj_qkvz), and the source names they consumed
+    split: Callable[[Mapping[str, Tensor], HParams], tuple[dict[str, Tensor], set[str]]] | None = (
+        None
+    )
     required: tuple[str, ...] = ()  # per block, e.g. "attn_q.weight"
     output_required: bool = False  # an untied head must have output.weight
     shapes: Callable[[HParams], dict[str, tuple[int, ...]]] | None = None

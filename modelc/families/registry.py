@@ -27,6 +27,9 @@ from modelc.families import (
     qwen2,
     qwen3,
     qwen3moe,
+    qwen3next,
+    qwen35,
+    qwen35moe,
     smollm3,
 )
 from modelc.families.contract import Family
@@ -44,6 +47,9 @@ FAMILIES: dict[str, Family] = {
         qwen3moe.FAMILY,
         deepseek2.FAMILY,
         glm4moe.FAMILY,
+        qwen35.FAMILY,
+        qwen35moe.FAMILY,
+        qwen3next.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
         gemma4.FAMILY,

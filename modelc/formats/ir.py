@@ -221,6 +221,13 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     layer_sizes: list[int] = msgspec.field(default_factory=list)  # mlp
     mla: LatentAttention | None = None  # deepseek2
     routing: Routing | None = None  # deepseek2: mixtures routed otherwise than softmax top-k
+    # hybrid recurrent layers (qwen35's Gated DeltaNet), GGUF's {arch}.ssm.* keys
+    recurrent_layers: list[int] = msgspec.field(default_factory=list)  # which layers
+    ssm_conv: int = 0  # the short causal convolution's width (ssm.conv_kernel)
+    ssm_k_heads: int = 0  # key heads (ssm.group_count)
+    ssm_v_heads: int = 0  # value heads (ssm.time_step_rank)
+    ssm_head_k: int = 0  # key head size (ssm.state_size)
+    ssm_inner: int = 0  # value heads x value head size (ssm.inner_size)
 
 
 class TokenizerSpec(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -80,6 +80,7 @@ from modelc.runtime.kv_store import (
     dequantize_int8,
     quantize_int8,
 )
+from modelc.runtime.seq_state import SeqState
 
 __all__ = [
     "BLOCK",
@@ -140,6 +141,7 @@ class KVCache:
         self.bounded = tuple(w if w + window_keep + window_slack < max_tokens else 0 for w in wins)
         self._windowed = any(self.bounded)
         self._charged = 0
+        self.state: SeqState | None = None  # recurrent layers' state (the model sets it)
         self._empty()
         self._charge()
 
@@ -236,6 +238,7 @@ class KVCache:
         self.budget = None
         self._charged = 0
         self._empty()
+        self.state = None  # a recurrent state's memory goes too
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for ``n_tokens`` cached tokens in total (grows in blocks).
@@ -353,6 +356,8 @@ class KVCache:
     def advance(self, n_new: int) -> None:
         """Commit ``n_new`` tokens written by the forward pass."""
         self.n += n_new
+        if self.state is not None:
+            self.state.advance(self.n)
 
     def truncate(self, n: int) -> None:
         """Forget tokens from position ``n`` on (speculation rollback, prefix reuse).
@@ -365,6 +370,8 @@ class KVCache:
         if not 0 <= n <= self.n:
             raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
         self._check_held(n)
+        if self.state is not None:  # a checkpoint of the last step, or UsageError
+            self.state.truncate(n)
         for st in (*self._k, *self._v):
             st.forget_from(n)
         self.n = n
@@ -372,8 +379,9 @@ class KVCache:
     # -- context shift ---------------------------------------------------------------
     def max_discard(self, n_keep: int) -> int:
         """The most tokens after ``n_keep`` anchors :meth:`shift` can drop: all of them
-        unless a windowed layer would then need anchors it no longer holds."""
-        most = self.n - n_keep
+        unless a windowed layer would then need anchors it no longer holds; none with a
+        recurrent state (it cannot forget tokens)."""
+        most = 0 if self.state is not None else self.n - n_keep
         for li, w in enumerate(self.bounded):
             held = min(n_keep, self._base[li])  # anchors 0 .. held-1 are gone
             if w and held > 0:  # then the window after the shift must not reach them

@@ -45,10 +45,11 @@ import numpy as np
 from modelc.errors import UnsupportedError
 from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_inv_freq
 from modelc.families.registry import FAMILIES
-from modelc.formats.ir import HParams, ModelIR
+from modelc.formats.ir import DType, HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
+from modelc.runtime.arch.deltanet import DeltaNet, deltanet, load_deltanet
 from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
-from modelc.runtime.arch.llama4_moe import SharedExpert, llama4_moe_ffn, load_shared
+from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
@@ -107,6 +108,8 @@ FEATURES: dict[str, str] = {
     "side_experts": "mixtures of experts beside the FFN",
     "qk_l2_norm": "Q/K L2 norms",  # llama4
     "moe_sigmoid_shared": "sigmoid-routed experts with a shared expert",  # llama4
+    "attn_gate": "gated attention outputs",  # qwen35
+    "gated_deltanet": "Gated DeltaNet linear attention (a recurrent state per sequence)",
 }
 
 
@@ -159,6 +162,8 @@ class DecoderSpec:
     attn_temp_layers: tuple[bool, ...] = ()  # per layer: tuned (llama4: the NoPE layers)
     qk_l2_norm: tuple[bool, ...] = ()  # per layer: Q/K RMS-normed after RoPE (llama4)
     moe_sigmoid_shared: bool = False  # llama4's mixture (runtime/arch/llama4_moe.py)
+    attn_gate: bool = False  # attention outputs times sigmoid(gate rows of attn_q)
+    recurrent: tuple[bool, ...] = ()  # per layer: Gated DeltaNet in place of attention
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -194,6 +199,8 @@ class DecoderSpec:
             "side_experts": any(self.side_experts),
             "qk_l2_norm": any(self.qk_l2_norm),
             "moe_sigmoid_shared": self.moe_sigmoid_shared,
+            "attn_gate": self.attn_gate,
+            "gated_deltanet": any(self.recurrent),
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -223,7 +230,6 @@ class DecoderBlock:
     w_up: Weight | None  # (ff, d)
     w_down: Weight | None  # (d, ff)
     experts: Experts | None = None
-    shared: SharedExpert | None = None  # llama4: the mixture's shared expert
     bq: F32Array | None = None  # (n_head*hd,)
     bk: F32Array | None = None  # (n_head_kv*hd,)
     bv: F32Array | None = None  # (n_head_kv*hd,)
@@ -232,6 +238,7 @@ class DecoderBlock:
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
     mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
+    mixer: DeltaNet | None = None  # a recurrent layer: in place of attention (wq..wo empty)
 
 
 def _opt(src: TensorSource, name: str) -> F32Array | None:
@@ -315,10 +322,10 @@ class Decoder(CausalLM):
         self.rope_from = hp.mla.kv_rank if hp.mla else 0  # where a cached key's RoPE part starts
         if g4 is not None:  # a cache layer per layer writing K/V, of the largest head shape
             self.kv_shape = KVShape(g4.n_cache_layers, g4.cache_kv_heads, g4.cache_head_dim)
-            windows_kv = windows[: g4.n_cache_layers]
-        else:
-            windows_kv = windows
-        self.kv_windows = windows_kv if any(windows_kv) else ()
+            windows = windows[: g4.n_cache_layers]
+        # a recurrent layer attends to nothing: a one-position window bounds its KV rows
+        kv = tuple(1 if b.mixer else w for b, w in zip(self.blocks, windows, strict=False))
+        self.kv_windows = kv if any(kv) else ()
         local = self.inv_freq_local is not self.inv_freq
         n_layer = len(self.blocks)
         self.spec = DecoderSpec(
@@ -355,14 +362,20 @@ class Decoder(CausalLM):
                 not traits.attn_temp_nope_only or i in hp.nope_layers for i in range(n_layer)
             ),
             qk_l2_norm=tuple(hp.qk_l2_norm and i not in hp.nope_layers for i in range(n_layer)),
-            moe_sigmoid_shared=any(b.shared is not None for b in self.blocks),
+            moe_sigmoid_shared=traits.moe_sigmoid_shared
+            and any(b.experts is not None for b in self.blocks),
             qk_norm_whole=any(
                 b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
             ),
             mla=hp.mla is not None,
             moe_routing=hp.routing is not None,
             **(g4.spec_fields(hp) if g4 is not None else {}),
+            attn_gate=traits.attn_gate,
+            recurrent=tuple(b.mixer is not None for b in self.blocks),
         )
+        self.state_shapes = {
+            i: b.mixer.state_shapes() for i, b in enumerate(self.blocks) if b.mixer is not None
+        }
         self.scratch = Scratch()
         self.ones_hd = np.ones(self.head_dim, np.float32)  # the weight of a plain RMS norm
 
@@ -370,8 +383,12 @@ class Decoder(CausalLM):
         """Block ``i``'s weights, fused tensors split into row views."""
         t, p = self.traits, f"blk.{i}."
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+        nq *= 2 if t.attn_gate else 1  # each head's query, then its gate
         mla = load_latent(ir, src, i, self.hparams) if self.hparams.mla else None
-        if mla is not None:
+        mixer = load_deltanet(src, i, self.hparams, t.grouped_heads)
+        if mixer is not None:  # a recurrent layer has no attention weights
+            wq = wk = wv = Weight(DType.F32, (0, self.d), np.zeros((0, self.d), np.float32))
+        elif mla is not None:
             wq, wk, wv = mla.wq, mla.wkv_a, mla.wkv_a
         elif self.g4 is not None:  # its attention weights are in self.g4 (unused here)
             wq = wk = wv = self.g4.attn[i].wq
@@ -383,6 +400,7 @@ class Decoder(CausalLM):
             wq, wk, wv = (src.weight(p + f"attn_{n}.weight") for n in "qkv")
             for name, w, rows in (("q", wq, nq), ("k", wk, nkv), ("v", wv, nkv)):
                 check_rows(ir, f"{p}attn_{name}.weight", w, rows)
+        wo = wq if mixer is not None else src.weight(p + "attn_output.weight")
         g4 = self.g4 is not None  # gemma4's mixture is beside the FFN (self.g4.side)
         routing = self.hparams.routing
         experts = None if g4 else load_experts(src, i, self.hparams.n_expert_used, routing)
@@ -406,13 +424,12 @@ class Decoder(CausalLM):
             wq=wq,
             wk=wk,
             wv=wv,
-            wo=src.weight(p + "attn_output.weight"),
+            wo=wo,
             ffn_norm=src.vec(f"{p}{t.ffn_norm}.weight") if pre else None,
             w_gate=gate,
             w_up=up,
             w_down=down,
             experts=experts,
-            shared=load_shared(src, i) if t.moe_sigmoid_shared else None,
             bq=_opt(src, p + "attn_q.bias"),
             bk=_opt(src, p + "attn_k.bias"),
             bv=_opt(src, p + "attn_v.bias"),
@@ -421,6 +438,7 @@ class Decoder(CausalLM):
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
             mla=mla,
+            mixer=mixer,
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -448,7 +466,7 @@ class Decoder(CausalLM):
         attn = self.scratch.get("attn", (n, nh, hd))  # (n, n_head, hd)
         attn2 = attn.reshape(n, nh * hd)
         # every buffer fetched once per step, not once per layer (Scratch.get costs ~2 us)
-        qb = self.scratch.get("q", (n, nh * hd))
+        qb = self.scratch.get("q", (n, nh * hd * (2 if sp.attn_gate else 1)))
         kb = self.scratch.get("k", (n, nkv * hd))
         vb = self.scratch.get("v", (n, nkv * hd))
         ob = self.scratch.get("o", (n, self.d))
@@ -471,54 +489,27 @@ class Decoder(CausalLM):
         for li, b in enumerate(self.blocks):
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             rot = local if sp.local_rope[li] else angles
-            if b.mla is not None:  # multi-head latent attention (deepseek2)
-                assert hp_mla is not None
-                lat = latent_attention(
-                    be, b.mla, hp_mla, hin, batch, slices, li, angles, self.scale, self.eps
-                )
-                o = be.matmul(b.wo, lat, out=ob)
-            elif g4 is not None:  # per-layer head shapes, KV sharing, V norms
-                a = g4.attention(be, li, hin, batch, slices, rot, self.neox, sp.windows[li])
-                o = be.matmul(b.wo, a, out=ob)
+            if b.mixer is not None:  # a recurrent layer in place of attention (qwen35)
+                x += deltanet(be, b.mixer, batch, slices, li, hin, self.eps)
             else:
-                q, k, v = be.matmul_many((b.wq, b.wk, b.wv), hin, (qb, kb, vb))
-                if b.bq is not None and b.bk is not None and b.bv is not None:
-                    q += b.bq
-                    k += b.bk
-                    v += b.bv
-                if sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
-                    q, k = be.rms_norm(q, b.q_norm, self.eps), be.rms_norm(k, b.k_norm, self.eps)
-                q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-                if not sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None:
-                    q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
-                    k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
-                if not sp.nope[li]:
-                    be.rope(q, rot, self.neox)
-                    be.rope(k, rot, self.neox)
-                if sp.qk_l2_norm and sp.qk_l2_norm[li]:  # RMS norms without weights
-                    q = be.rms_norm(q.reshape(n * nh, hd), self.ones_hd, self.eps).reshape(
-                        n, nh, hd
+                if b.mla is not None:  # multi-head latent attention (deepseek2)
+                    assert hp_mla is not None
+                    lat = latent_attention(
+                        be, b.mla, hp_mla, hin, batch, slices, li, angles, self.scale, self.eps
                     )
-                    k = be.rms_norm(k.reshape(n * nkv, hd), self.ones_hd, self.eps).reshape(
-                        n, nkv, hd
-                    )
-                if (
-                    temp is not None and sp.attn_temp_layers[li]
-                ):  # sharper past the original context
-                    q *= temp
-                win = sp.windows[li]
-                attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
-                o = be.matmul(b.wo, attn2, out=ob)
-            x += (
-                o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
-            )
+                    o = be.matmul(b.wo, lat, out=ob)
+                elif g4 is not None:  # per-layer head shapes, KV sharing, V norms
+                    a = g4.attention(be, li, hin, batch, slices, rot, self.neox, sp.windows[li])
+                    o = be.matmul(b.wo, a, out=ob)
+                else:
+                    self._attention(li, b, batch, slices, hin, (qb, kb, vb), rot, temp, attn)
+                    o = be.matmul(b.wo, attn2, out=ob)
+                post = b.post_attn_norm
+                x += o if post is None else be.rms_norm(o, post, self.eps, out=h)
             hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
-                x += (
-                    moe_ffn(be, b.experts, hin, ob)
-                    if b.shared is None
-                    else llama4_moe_ffn(be, b.experts, b.shared, hin, ob)
-                )
+                moe = llama4_moe_ffn if sp.moe_sigmoid_shared else moe_ffn
+                x += moe(be, b.experts, hin, ob)
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
             if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths
@@ -547,6 +538,53 @@ class Decoder(CausalLM):
             np.tanh(logits, out=logits)
             logits *= cap
         return logits
+
+    def _attention(
+        self,
+        li: int,
+        b: DecoderBlock,
+        batch: Sequence[SeqChunk],
+        slices: list[slice],
+        h: F32Array,
+        bufs: tuple[F32Array, F32Array, F32Array],
+        rot: tuple[F32Array, F32Array],
+        temp: F32Array | None,
+        attn: F32Array,
+    ) -> None:
+        """Layer ``li``'s attention of ``h`` (n, d) into ``attn`` (n, n_head, hd): the GQA
+        layer with every optional part of :class:`DecoderSpec` (``rot``: its RoPE angles,
+        ``temp``: the attention temperature by row)."""
+        be, hd, nh, nkv, sp = self.be, self.head_dim, self.n_head, self.n_head_kv, self.spec
+        n = len(h)
+        q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, bufs)
+        if b.bq is not None and b.bk is not None and b.bv is not None:
+            q += b.bq
+            k += b.bk
+            v += b.bv
+        gate = None
+        if sp.attn_gate:  # each head's query, then its output gate (qwen35)
+            qg = q.reshape(n, nh, 2, hd)
+            q, gate = np.ascontiguousarray(qg[:, :, 0]), qg[:, :, 1]
+        whole = sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None
+        if whole:  # over the whole projection (olmo2)
+            assert b.q_norm is not None and b.k_norm is not None
+            q, k = be.rms_norm(q, b.q_norm, self.eps), be.rms_norm(k, b.k_norm, self.eps)
+        q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+        if not whole and b.q_norm is not None and b.k_norm is not None:  # per head
+            q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
+            k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
+        if not (sp.nope and sp.nope[li]):
+            be.rope(q, rot, self.neox)
+            be.rope(k, rot, self.neox)
+        if sp.qk_l2_norm and sp.qk_l2_norm[li]:  # RMS norms without weights (llama4)
+            q = be.rms_norm(q.reshape(n * nh, hd), self.ones_hd, self.eps).reshape(n, nh, hd)
+            k = be.rms_norm(k.reshape(n * nkv, hd), self.ones_hd, self.eps).reshape(n, nkv, hd)
+        if temp is not None and sp.attn_temp_layers[li]:  # sharper past the original context
+            q *= temp
+        win = sp.windows[li]
+        attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+        if gate is not None:
+            attn *= 1.0 / (1.0 + np.exp(-gate))
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """Drop tokens after the anchors; re-rotate the moved keys by ``-n_discard``, each

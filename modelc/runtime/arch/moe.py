@@ -11,6 +11,9 @@ A mixture with a :class:`~modelc.formats.ir.Routing` (``deepseek2``) routes as l
 ``exp_probs_b`` (V3's correction bias) among the ``n_group_used`` groups whose two best
 such scores sum highest; the chosen scores as weights, renormalised if ``norm``, times
 ``scale``; and the shared experts (``ffn_{gate,up,down}_shexp``) added for every token.
+
+A shared expert of ``qwen35moe`` (ffn_gate_inp_shexp (1, d) beside the shared expert's
+weights) is scaled by ``sigmoid(h . gate_inp_shexp)``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Experts:
     routing: Routing | None = None  # None: softmax top-k renormalised
     bias: F32Array | None = None  # (n_expert,) added to the scores for the choice only
     shared: tuple[Weight, Weight, Weight] | None = None  # shared experts' gate, up, down
+    shared_gate: Weight | None = None  # (1, d): sigmoid of it scales the shared expert
 
 
 def load_experts(
@@ -48,9 +52,11 @@ def load_experts(
     p = f"blk.{i}."
     if not src.has(p + "ffn_gate_inp.weight"):
         return None
-    shared = None
-    if routing is not None and routing.n_shared:
+    shared = shared_gate = None
+    if src.has(p + "ffn_up_shexp.weight"):  # shared experts (deepseek2, qwen35moe)
         shared = tuple(src.weight(f"{p}ffn_{n}_shexp.weight") for n in ("gate", "up", "down"))
+        if src.has(p + "ffn_gate_inp_shexp.weight"):  # qwen35moe: its sigmoid gate
+            shared_gate = src.weight(p + "ffn_gate_inp_shexp.weight")
     experts = Experts(
         router=src.weight(p + "ffn_gate_inp.weight"),
         gate=src.experts(p + "ffn_gate_exps.weight"),
@@ -60,6 +66,7 @@ def load_experts(
         routing=routing,
         bias=src.vec(p + "exp_probs_b.bias") if src.has(p + "exp_probs_b.bias") else None,
         shared=shared,  # type: ignore[arg-type]
+        shared_gate=shared_gate,
     )
     n = experts.router.shape[0]
     if not 0 < n_used <= n or not len(experts.gate) == len(experts.up) == len(experts.down) == n:
@@ -80,7 +87,10 @@ def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
     if e.shared is not None:
         gate, up, down = e.shared
         g, u = be.matmul_many((gate, up), h)
-        out += be.matmul(down, be.silu_mul(g, u, out=g))
+        y = be.matmul(down, be.silu_mul(g, u, out=g))  # (n, d)
+        if e.shared_gate is not None:  # qwen35moe: scaled by sigmoid(h . gate_inp_shexp)
+            y *= 1.0 / (1.0 + np.exp(-be.matmul(e.shared_gate, h)))
+        out += y
     return out
 
 
