@@ -52,6 +52,7 @@ class DType(enum.StrEnum):
     Q6_K = "q6_k"
     IQ4_NL = "iq4_nl"
     IQ4_XS = "iq4_xs"
+    MXFP4 = "mxfp4"  # gpt-oss's experts: E2M1 values, one E8M0 scale per 32
     # modelc's own pack-time quantization: per-row symmetric int8 with an f32 scale
     # at the start of each row (row = 4 + cols bytes).
     INT8 = "int8"
@@ -79,6 +80,7 @@ BLOCK_SIZES: dict[DType, tuple[int, int]] = {
     DType.Q6_K: (256, 210),
     DType.IQ4_NL: (32, 18),
     DType.IQ4_XS: (256, 136),
+    DType.MXFP4: (32, 17),
 }
 
 NUMPY_DTYPES: dict[DType, np.dtype[Any]] = {
