@@ -92,10 +92,14 @@ def attention_features(art: Artifact) -> list[str]:
         out.append(f"sliding window {h.sliding_window} ({n_win} of {h.n_layer} layers)")
     if h.attn_scale:
         out.append(f"Q·K scale {h.attn_scale:.4g}")
+    if "blk.0.attn_sinks.weight" in names:
+        out.append("attention sinks")
     if h.attn_softcap or h.final_softcap:
         out.append(f"soft-cap attention {h.attn_softcap:g}, logits {h.final_softcap:g}")
     if h.n_expert:
         out.append(f"{h.n_expert} experts, {h.n_expert_used} a token")
+    if h.swiglu_limit:
+        out.append(f"biased experts, SwiGLU clamped at {h.swiglu_limit:g}")
     if h.pooling:  # an encoder: its pooled embeddings, no output head
         out.append(f"pooling {h.pooling}" + (", L2-normalised" if h.normalize_embeddings else ""))
     elif h.tie_embeddings and "output.weight" not in names:

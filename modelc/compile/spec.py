@@ -43,7 +43,7 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
 
 # what the generated decoder loop runs of the description (the rest is refused); a mixture's
 # expert FFN is the runtime's moe_ffn, called between two stretches of the compiled loop
-COMPILE_RUNS = frozenset(FEATURES) - {"partial_rope"}
+COMPILE_RUNS = frozenset(FEATURES) - {"partial_rope", "attn_sinks", "attn_out_bias", "moe_oai"}
 
 
 def _decoder(m: Decoder, be: CpuBackend) -> Spec:

@@ -14,6 +14,7 @@ from modelc.families import (
     gemma2,
     gemma3,
     gpt2,
+    gptoss,
     llama,
     mlp,
     nomic_bert,
@@ -39,6 +40,7 @@ FAMILIES: dict[str, Family] = {
         gemma3.FAMILY,
         phi3.FAMILY,
         nomic_bert.FAMILY,
+        gptoss.FAMILY,
     )
 }
 

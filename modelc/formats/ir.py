@@ -146,6 +146,8 @@ class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     attn_factor: float = 0.0  # yarn, longrope: cos/sin multiplier; 0: the type's default
+    # yarn: round the ramp's ends to whole dimensions (llama.cpp; transformers' "truncate")
+    truncate: bool = True
     # longrope (Phi-3): per-pair divisors of the frequencies, short up to the original context
     short_factor: list[float] = msgspec.field(default_factory=list)
     long_factor: list[float] = msgspec.field(default_factory=list)
@@ -175,6 +177,7 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
     attn_softcap: float = 0.0  # gemma2: scores -> c * tanh(scores / c); 0: none
     final_softcap: float = 0.0  # gemma2: the same on the logits
+    swiglu_limit: float = 0.0  # gpt-oss: the experts' SwiGLU clamped at this (alpha 1.702)
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"
     n_token_types: int = 0  # bert
     pooling: str = ""  # bert: "mean" | "cls"

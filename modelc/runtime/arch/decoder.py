@@ -1,5 +1,5 @@
 """The one decoder: every decoder-only family (llama, mistral, mixtral, qwen2, qwen3,
-qwen3moe, phi3, gemma2, gemma3) is this forward, driven by a :class:`DecoderSpec`.
+qwen3moe, phi3, gemma2, gemma3, gpt-oss) is this forward, driven by a :class:`DecoderSpec`.
 
 A family says how its layers differ from LLaMA's once, as data
 (:class:`~modelc.families.contract.DecoderTraits` in its module under
@@ -17,9 +17,11 @@ A layer, with the optional parts in brackets::
     [q, k = q_norm(q), k_norm(k)]            per head, before RoPE (qwen3, gemma3)
     rope(q, k)                               interleaved pairs or NeoX; [local base] on
                                              windowed layers (gemma3); [LongRoPE] (phi3)
-    o = attention(q, k, v) Wo                [window], [soft-capped scores] (gemma2)
+    o = attention(q, k, v) Wo [+ bo]         [window], [soft-capped scores] (gemma2),
+                                             [sinks] (gpt-oss: arch/sinks.py)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
     h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]
+                                             [biased, clamped SwiGLU] (gpt-oss: arch/moe_oai.py)
     x += f  |  x += post_ffw_norm(f)
 
 with the embeddings [times sqrt(d)] (gemma) and the logits [soft-capped] (gemma2).  Tensors
@@ -42,6 +44,7 @@ from modelc.families.registry import FAMILIES
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
+from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import (
@@ -74,6 +77,9 @@ FEATURES: dict[str, str] = {
     "long_rope": "LongRoPE long factors",  # phi3
     "partial_rope": "partial RoPE (rotary dimensions below the head size)",
     "moe": "mixtures of experts",  # mixtral, qwen3moe
+    "attn_sinks": "attention sinks",  # gpt-oss
+    "attn_out_bias": "attention output biases",  # gpt-oss
+    "moe_oai": "gpt-oss's experts (router and expert biases, a clamped SwiGLU)",
 }
 
 
@@ -105,6 +111,9 @@ class DecoderSpec:
     qk_norm: tuple[bool, ...]  # per layer
     moe: tuple[bool, ...]  # per layer: a mixture of experts
     n_expert_used: int
+    attn_sinks: tuple[bool, ...] = ()  # per layer: a sink logit per head (gpt-oss)
+    attn_out_bias: tuple[bool, ...] = ()  # per layer: attn_output has a bias
+    moe_oai: bool = False  # gpt-oss's experts (moe_oai)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -124,6 +133,9 @@ class DecoderSpec:
             "long_rope": bool(self.long_rope_after),
             "partial_rope": self.rot_dim != self.head_dim,
             "moe": any(self.moe),
+            "attn_sinks": any(self.attn_sinks),
+            "attn_out_bias": any(self.attn_out_bias),
+            "moe_oai": self.moe_oai,
         }
         return frozenset(k for k, v in used.items() if v)
 
@@ -160,6 +172,8 @@ class DecoderBlock:
     k_norm: F32Array | None = None  # (hd,)
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
+    bo: F32Array | None = None  # (d,)
+    sinks: F32Array | None = None  # (n_head,)
 
 
 def _opt(src: TensorSource, name: str) -> F32Array | None:
@@ -253,6 +267,9 @@ class Decoder(CausalLM):
             qk_norm=tuple(b.q_norm is not None for b in self.blocks),
             moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
+            attn_sinks=tuple(b.sinks is not None for b in self.blocks),
+            attn_out_bias=tuple(b.bo is not None for b in self.blocks),
+            moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
         )
         self.scratch = Scratch()
 
@@ -290,7 +307,7 @@ class Decoder(CausalLM):
             wk=wk,
             wv=wv,
             wo=src.weight(p + "attn_output.weight"),
-            ffn_norm=src.vec(p + "ffn_norm.weight"),
+            ffn_norm=src.vec(p + t.ffn_norm + ".weight"),
             w_gate=gate,
             w_up=up,
             w_down=down,
@@ -302,6 +319,8 @@ class Decoder(CausalLM):
             k_norm=_opt(src, p + "attn_k_norm.weight"),
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
+            bo=_opt(src, p + "attn_output.bias"),
+            sinks=_opt(src, p + "attn_sinks.weight"),
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -354,7 +373,11 @@ class Decoder(CausalLM):
             be.rope(k, rot, self.neox)
             win = sp.windows[li]
             attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+            if b.sinks is not None:
+                apply_sinks(batch, slices, li, q, b.sinks, self.scale, attn, win)
             o = be.matmul(b.wo, attn2, out=ob)
+            if b.bo is not None:
+                o += b.bo
             x += (
                 o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
             )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from modelc.errors import FormatError
+from modelc.runtime.arch.moe_oai import OaiBiases, load_oai, oai_moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import TensorSource
 
@@ -29,6 +30,7 @@ class Experts:
     up: list[Weight]  # n_expert x (ff, d)
     down: list[Weight]  # n_expert x (d, ff)
     n_used: int  # experts a token goes through
+    oai: OaiBiases | None = None  # gpt-oss: biases, the clamped SwiGLU (moe_oai)
 
 
 def load_experts(src: TensorSource, i: int, n_used: int) -> Experts | None:
@@ -41,6 +43,7 @@ def load_experts(src: TensorSource, i: int, n_used: int) -> Experts | None:
         up=src.experts(f"blk.{i}.ffn_up_exps.weight"),
         down=src.experts(f"blk.{i}.ffn_down_exps.weight"),
         n_used=n_used,
+        oai=load_oai(src, i),
     )
     n = experts.router.shape[0]
     if not 0 < n_used <= n or not len(experts.gate) == len(experts.up) == len(experts.down) == n:
@@ -55,6 +58,8 @@ def load_experts(src: TensorSource, i: int, n_used: int) -> Experts | None:
 def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
     """The experts' FFN of the rows of ``h`` (n, d) into ``out``: each row through its
     ``e.n_used`` most probable experts, weighted by their renormalised probabilities."""
+    if e.oai is not None:
+        return oai_moe_ffn(be, e, h, out)
     p = be.softmax(be.matmul(e.router, h))  # (n, n_expert)
     top = np.argsort(-p, axis=1, kind="stable")[:, : e.n_used]  # (n, used)
     w = np.take_along_axis(p, top, axis=1)

@@ -104,7 +104,14 @@ def gemv_rows_for(weight_bytes: int) -> int:
 
 
 # what the GPU forward runs of the decoder's description (the rest is refused)
-CUDA_RUNS = frozenset(FEATURES) - {"moe", "partial_rope", "qkv_bias+qk_norm"}
+CUDA_RUNS = frozenset(FEATURES) - {
+    "moe",
+    "partial_rope",
+    "qkv_bias+qk_norm",
+    "attn_sinks",
+    "attn_out_bias",
+    "moe_oai",
+}
 
 
 def cuda_host(ir: ModelIR) -> Decoder:
