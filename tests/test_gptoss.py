@@ -256,10 +256,11 @@ PROMPTS = [[17, 200, 31, 99], list(range(100, 140)), [300, 1, 2, 3, 4, 5, 6, 7, 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_batched_equals_one_at_a_time(kind: str) -> None:
-    """Three requests batched by the engine: each gets the tokens it gets alone (no EOS
-    banned: ``ignore_eos`` only where the alone run has none)."""
+    """Three requests batched by the engine: each gets the tokens it gets alone (the
+    requests' ``ignore_eos`` bans the end ids, which the alone runs do not pick)."""
     eng = _engine(kind)
     want = [_alone(eng, p, 10) for p in PROMPTS]
+    assert eng.tok is not None and not {t for w in want for t in w} & eng.tok.eot_ids
     got = await _run(eng, PROMPTS, 10)
     assert [t for t, _ in got] == want
 
