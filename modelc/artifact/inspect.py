@@ -98,6 +98,8 @@ def attention_features(art: Artifact) -> list[str]:
         out.append(f"sliding window {h.sliding_window} ({n_win} of {h.n_layer} layers)")
     if h.attn_scale:
         out.append(f"Q·K scale {h.attn_scale:.4g}")
+    if "blk.0.attn_sinks.weight" in names:
+        out.append("attention sinks")
     if h.attn_softcap or h.final_softcap:
         out.append(f"soft-cap attention {h.attn_softcap:g}, logits {h.final_softcap:g}")
     if h.mla:
@@ -110,6 +112,8 @@ def attention_features(art: Artifact) -> list[str]:
         groups = f", top {r.n_group_used} of {r.n_group} groups" if r.n_group > 1 else ""
         out.append(f"{r.gating} routing{groups}, {r.n_shared} shared, first {r.n_dense_lead} dense")
     out += _gemma4_features(h, names)
+    if h.swiglu_limit:
+        out.append(f"biased experts, SwiGLU clamped at {h.swiglu_limit:g}")
     if h.pooling:  # an encoder: its pooled embeddings, no output head
         out.append(f"pooling {h.pooling}" + (", L2-normalised" if h.normalize_embeddings else ""))
     elif h.tie_embeddings and "output.weight" not in names:

@@ -17,7 +17,8 @@ Adding a family adds those two files and one registry line, nothing else.  A fam
   to ``drop``, a ``rename`` for names the map does not know (``own_names`` for tensors
   GGUF has no name for), and lazy ``transform``\\ s
   of tensors whose layout differs from what llama.cpp's ``convert_hf_to_gguf.py`` writes
-  (LLaMA's Q/K permutation, GPT-2's ``Conv1D`` transpose);
+  (LLaMA's Q/K permutation, GPT-2's ``Conv1D`` transpose); a ``regroup`` for tensors it
+  maps many to many (gpt-oss's fused gate/up experts, MXFP4 blocks + scales);
 * what a complete model has (``required`` per block, ``output`` when untied) and the
   ``shapes`` the hyper-parameters imply (a wrong config fails at load, not mid-forward);
 * the **runtime**: ``model`` (the class ``runtime`` names) builds the forward on a
@@ -113,11 +114,12 @@ class Family:
     own_names: Mapping[str, str] = field(default_factory=dict)  # (renamed) names GGUF lacks
     # (hf_name, canonical_name, tensor, hparams) -> the tensor in GGUF layout
     transform: Callable[[str, str, Tensor, HParams], Tensor] | None = None
-    # (HF tensors, hparams) -> GGUF tensors made of source tensors split in several (Qwen3-Next's
-    # fused in_proj_qkvz), and the source names they consumed
-    split: Callable[[Mapping[str, Tensor], HParams], tuple[dict[str, Tensor], set[str]]] | None = (
-        None
-    )
+    # (source tensors, hparams) -> (canonical tensors, source names consumed): tensors the
+    # family maps many to many itself (gpt-oss's fused experts and MXFP4 blocks + scales,
+    # Qwen3-Next's fused in_proj_qkvz)
+    regroup: (
+        Callable[[Mapping[str, Tensor], HParams], tuple[dict[str, Tensor], set[str]]] | None
+    ) = None
     required: tuple[str, ...] = ()  # per block, e.g. "attn_q.weight"
     output_required: bool = False  # an untied head must have output.weight
     shapes: Callable[[HParams], dict[str, tuple[int, ...]]] | None = None
@@ -221,6 +223,7 @@ def hf_rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling]:
         low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
         high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
         attn_factor=attn,
+        truncate=bool(rs.get("truncate", True)),
     )
 
 
@@ -321,7 +324,10 @@ def _yarn(inv: np.ndarray[Any, Any], dim: int, theta: float, s: RopeScaling) -> 
     def corr(rot: float) -> float:
         return dim * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(theta))
 
-    lo, hi = max(math.floor(corr(32.0)), 0), min(math.ceil(corr(1.0)), dim - 1)
+    lo, hi = corr(32.0), corr(1.0)
+    if s.truncate:  # whole dimensions (llama.cpp always; transformers unless truncate false)
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
     ramp = np.clip((np.arange(dim // 2) - lo) / ((hi - lo) or 0.001), 0, 1)
     keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
     return inv / s.factor * (1 - keep) + inv * keep

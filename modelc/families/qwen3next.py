@@ -92,7 +92,7 @@ FAMILY = Family(
     from_gguf=qwen35_gguf,
     rename=qwen35_rename,
     transform=gdn_transform(tiled=False),
-    split=_split,
+    regroup=_split,
     required=QWEN35_REQUIRED,
     output_required=True,
 )

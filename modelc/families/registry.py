@@ -17,6 +17,7 @@ from modelc.families import (
     gemma4,
     glm4moe,
     gpt2,
+    gptoss,
     llama,
     llama4,
     mistral3,
@@ -59,6 +60,7 @@ FAMILIES: dict[str, Family] = {
         olmo2.FAMILY,
         mistral3.FAMILY,
         llama4.FAMILY,
+        gptoss.FAMILY,
     )
 }
 

@@ -282,9 +282,9 @@ def canonicalize(
         return {new: renamed(raw[old], new) for old, new in mapping.items()}, []
     fam = FAMILIES[arch]
     out, consumed = stack_experts(raw)
-    if fam.split is not None:
-        more, used = fam.split(raw, hparams)
-        out.update(more)
+    if fam.regroup is not None:
+        own, used = fam.regroup(raw, hparams)
+        out.update(own)
         consumed |= used
     dropped: list[str] = []
     for src, t in raw.items():

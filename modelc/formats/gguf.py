@@ -60,6 +60,7 @@ GGML_TO_DTYPE: dict[GGMLQuantizationType, DType] = {
     GGMLQuantizationType.Q6_K: DType.Q6_K,
     GGMLQuantizationType.IQ4_NL: DType.IQ4_NL,
     GGMLQuantizationType.IQ4_XS: DType.IQ4_XS,
+    GGMLQuantizationType.MXFP4: DType.MXFP4,
 }
 
 # byte-level BPE pre-tokenizers for which llama.cpp adds BOS unless add_bos_token says otherwise

@@ -52,6 +52,7 @@ class DType(enum.StrEnum):
     Q6_K = "q6_k"
     IQ4_NL = "iq4_nl"
     IQ4_XS = "iq4_xs"
+    MXFP4 = "mxfp4"  # gpt-oss's experts: E2M1 values, one E8M0 scale per 32
     # modelc's own pack-time quantization: per-row symmetric int8 with an f32 scale
     # at the start of each row (row = 4 + cols bytes).
     INT8 = "int8"
@@ -79,6 +80,7 @@ BLOCK_SIZES: dict[DType, tuple[int, int]] = {
     DType.Q6_K: (256, 210),
     DType.IQ4_NL: (32, 18),
     DType.IQ4_XS: (256, 136),
+    DType.MXFP4: (32, 17),
 }
 
 NUMPY_DTYPES: dict[DType, np.dtype[Any]] = {
@@ -145,6 +147,8 @@ class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     attn_factor: float = 0.0  # yarn, longrope: cos/sin multiplier; 0: the type's default
+    # yarn: round the ramp's ends to whole dimensions (llama.cpp; transformers' "truncate")
+    truncate: bool = True
     # longrope (Phi-3): per-pair divisors of the frequencies, short up to the original context
     short_factor: list[float] = msgspec.field(default_factory=list)
     long_factor: list[float] = msgspec.field(default_factory=list)
@@ -214,6 +218,7 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         0  # gemma4: the last layers reuse the K/V of the last earlier one of their kind
     )
     n_embd_per_layer: int = 0  # gemma4: per-layer input embeddings' width; 0: none
+    swiglu_limit: float = 0.0  # gpt-oss: the experts' SwiGLU clamped at this (alpha 1.702)
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"
     n_token_types: int = 0  # bert
     pooling: str = ""  # bert: "mean" | "cls"

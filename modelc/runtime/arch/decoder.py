@@ -1,5 +1,5 @@
 """The one decoder: every decoder-only family (llama, mistral, mixtral, qwen2, qwen3,
-qwen3moe, phi3, gemma2, gemma3) is this forward, driven by a :class:`DecoderSpec`.
+qwen3moe, phi3, gemma2, gemma3, gpt-oss) is this forward, driven by a :class:`DecoderSpec`.
 
 A family says how its layers differ from LLaMA's once, as data
 (:class:`~modelc.families.contract.DecoderTraits` in its module under
@@ -22,10 +22,12 @@ A layer, with the optional parts in brackets::
     [q, k = rms(q), rms(k)]                  after RoPE, no weights (llama4)
     [q *= temperature(position)]             past the original context (mistral3; llama4's
                                              NoPE layers)
-    o = attention(q, k, v) Wo                [window], [soft-capped scores] (gemma2)
+    o = attention(q, k, v) Wo [+ bo]         [window], [soft-capped scores] (gemma2),
+                                             [sinks] (gpt-oss: arch/sinks.py)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
     h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]; [sigmoid
-                                             routing on the input + a shared expert] (llama4)
+                                             routing on the input + a shared expert] (llama4);
+                                             [biased, clamped SwiGLU] (gpt-oss: arch/moe_oai.py)
     x += f  |  x += post_ffw_norm(f)
 
 with the embeddings [times sqrt(d)] (gemma) and the logits [soft-capped] (gemma2).  Tensors
@@ -54,6 +56,7 @@ from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
+from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import (
@@ -100,6 +103,8 @@ class DecoderBlock:
     post_ffw_norm: F32Array | None = None  # (d,)
     mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
     mixer: DeltaNet | None = None  # a recurrent layer: in place of attention (wq..wo empty)
+    bo: F32Array | None = None  # (d,)
+    sinks: F32Array | None = None  # (n_head,)
 
 
 def _opt(src: TensorSource, name: str) -> F32Array | None:
@@ -233,6 +238,9 @@ class Decoder(CausalLM):
             **(g4.spec_fields(hp) if g4 is not None else {}),
             attn_gate=traits.attn_gate,
             recurrent=tuple(b.mixer is not None for b in self.blocks),
+            attn_sinks=tuple(b.sinks is not None for b in self.blocks),
+            attn_out_bias=tuple(b.bo is not None for b in self.blocks),
+            moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
         )
         self.state_shapes = {
             i: b.mixer.state_shapes() for i, b in enumerate(self.blocks) if b.mixer is not None
@@ -300,6 +308,8 @@ class Decoder(CausalLM):
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
             mla=mla,
             mixer=mixer,
+            bo=_opt(src, p + "attn_output.bias"),
+            sinks=_opt(src, p + "attn_sinks.weight"),
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -365,6 +375,8 @@ class Decoder(CausalLM):
                 else:
                     self._attention(li, b, batch, slices, hin, (qb, kb, vb), rot, temp, attn)
                     o = be.matmul(b.wo, attn2, out=ob)
+                    if b.bo is not None:
+                        o += b.bo
                 post = b.post_attn_norm
                 x += o if post is None else be.rms_norm(o, post, self.eps, out=h)
             hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
@@ -444,6 +456,8 @@ class Decoder(CausalLM):
             q *= temp
         win = sp.windows[li]
         attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+        if b.sinks is not None:  # a sink logit per head in the softmax (gpt-oss)
+            apply_sinks(batch, slices, li, q, b.sinks, self.scale, attn, win)
         if gate is not None:
             attn *= 1.0 / (1.0 + np.exp(-gate))
 

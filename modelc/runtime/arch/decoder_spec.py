@@ -33,6 +33,9 @@ FEATURES: dict[str, str] = {
     "long_rope": "LongRoPE long factors",  # phi3
     "partial_rope": "partial RoPE (rotary dimensions below the head size)",
     "moe": "mixtures of experts",  # mixtral, qwen3moe
+    "attn_sinks": "attention sinks",  # gpt-oss
+    "attn_out_bias": "attention output biases",  # gpt-oss
+    "moe_oai": "gpt-oss's experts (router and expert biases, a clamped SwiGLU)",
     "nope": "layers without RoPE (NoPE)",  # smollm3
     "no_pre_norms": "post-norms without pre-norms",  # olmo2
     "qk_norm_whole": "Q/K norms over the whole projection",  # olmo2
@@ -83,6 +86,9 @@ class DecoderSpec:
     qk_norm: tuple[bool, ...]  # per layer
     moe: tuple[bool, ...]  # per layer: a mixture of experts
     n_expert_used: int
+    attn_sinks: tuple[bool, ...] = ()  # per layer: a sink logit per head (gpt-oss)
+    attn_out_bias: tuple[bool, ...] = ()  # per layer: attn_output has a bias
+    moe_oai: bool = False  # gpt-oss's experts (moe_oai)
     nope: tuple[bool, ...] = ()  # per layer: no RoPE (smollm3); (): RoPE on every layer
     pre_norms: bool = True  # False: the layer input goes to attention / FFN unnormed (olmo2)
     qk_norm_whole: bool = False  # Q/K norms over all heads at once, not per head (olmo2)
@@ -125,6 +131,9 @@ class DecoderSpec:
             "long_rope": bool(self.long_rope_after),
             "partial_rope": self.rot_dim != max(self.head_dims or (self.head_dim,)),
             "moe": any(self.moe),
+            "attn_sinks": any(self.attn_sinks),
+            "attn_out_bias": any(self.attn_out_bias),
+            "moe_oai": self.moe_oai,
             "nope": any(self.nope),
             "no_pre_norms": not self.pre_norms,
             "qk_norm_whole": self.qk_norm_whole,

@@ -24,6 +24,7 @@ import numpy as np
 
 from modelc.errors import FormatError
 from modelc.formats.ir import Routing
+from modelc.runtime.arch.moe_oai import OaiBiases, load_oai, oai_moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import IntArray, TensorSource
 
@@ -43,6 +44,7 @@ class Experts:
     bias: F32Array | None = None  # (n_expert,) added to the scores for the choice only
     shared: tuple[Weight, Weight, Weight] | None = None  # shared experts' gate, up, down
     shared_gate: Weight | None = None  # (1, d): sigmoid of it scales the shared expert
+    oai: OaiBiases | None = None  # gpt-oss: biases, the clamped SwiGLU (moe_oai)
 
 
 def load_experts(
@@ -67,6 +69,7 @@ def load_experts(
         bias=src.vec(p + "exp_probs_b.bias") if src.has(p + "exp_probs_b.bias") else None,
         shared=shared,  # type: ignore[arg-type]
         shared_gate=shared_gate,
+        oai=load_oai(src, i),
     )
     n = experts.router.shape[0]
     if not 0 < n_used <= n or not len(experts.gate) == len(experts.up) == len(experts.down) == n:
@@ -82,6 +85,8 @@ def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
     """The experts' FFN of the rows of ``h`` (n, d) into ``out``: each row through its
     ``e.n_used`` most probable experts, weighted by their renormalised probabilities (or
     as ``e.routing`` says), plus the shared experts."""
+    if e.oai is not None:
+        return oai_moe_ffn(be, e, h, out)
     top, w = route(be, e, h)
     _experts(be, e, h, top, w, out)
     if e.shared is not None:
