@@ -186,11 +186,12 @@ class Decoder(CausalLM):
         else:
             self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
         self.rope_from = hp.mla.kv_rank if hp.mla else 0  # where a cached key's RoPE part starts
+        cache_windows = windows  # one per cache layer
         if g4 is not None:  # a cache layer per layer writing K/V, of the largest head shape
             self.kv_shape = KVShape(g4.n_cache_layers, g4.cache_kv_heads, g4.cache_head_dim)
-            windows = windows[: g4.n_cache_layers]
+            cache_windows = windows[: g4.n_cache_layers]
         # a recurrent layer attends to nothing: a one-position window bounds its KV rows
-        kv = tuple(1 if b.mixer else w for b, w in zip(self.blocks, windows, strict=False))
+        kv = tuple(1 if b.mixer else w for b, w in zip(self.blocks, cache_windows, strict=False))
         self.kv_windows = kv if any(kv) else ()
         local = self.inv_freq_local is not self.inv_freq
         n_layer = len(self.blocks)
