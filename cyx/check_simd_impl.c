@@ -15,7 +15,8 @@ static uint32_t rnd(void) { rs = rs * 1664525u + 1013904223u; return rs >> 8; }
 static float frnd(void) { return ((float)(rnd() % 20001) - 10000.0f) / 5000.0f; }
 int main(void) {
     const int types[] = {MC_F32,  MC_F16,  MC_Q4_0, MC_Q4_1, MC_Q5_0, MC_Q8_0,   MC_Q4_K,  MC_Q6_K,
-                         MC_INT8, MC_Q5_1, MC_Q2_K, MC_Q3_K, MC_Q5_K, MC_BF16, MC_IQ4_NL, MC_IQ4_XS};
+                         MC_INT8, MC_Q5_1, MC_Q2_K, MC_Q3_K, MC_Q5_K, MC_BF16, MC_IQ4_NL, MC_IQ4_XS,
+                         MC_MXFP4};
     const int ntypes = (int)(sizeof types / sizeof types[0]);
     const int M = 37, K = 512, N = 5;
     int bad = 0;

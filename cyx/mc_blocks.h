@@ -10,6 +10,7 @@
 static int mc_block_elems(int t) {
     switch (t) {
     case MC_Q4_0: case MC_Q4_1: case MC_Q5_0: case MC_Q5_1: case MC_Q8_0: case MC_IQ4_NL:
+    case MC_MXFP4:
         return 32;
     case MC_Q2_K: case MC_Q3_K: case MC_Q4_K: case MC_Q5_K: case MC_Q6_K: case MC_IQ4_XS:
         return 256;
@@ -28,6 +29,7 @@ static int mc_block_bytes(int t) {
     case MC_Q5_K: return 176;
     case MC_IQ4_NL: return 18;
     case MC_IQ4_XS: return 136;
+    case MC_MXFP4: return 17;
     case MC_Q4_1: return 20;
     case MC_Q5_0: return 22;
     case MC_Q8_0: return 34;
@@ -93,6 +95,14 @@ static void mc_quantize_q8k(const float *x, int K, mc_q8k *out) {
 /* IQ4_NL / IQ4_XS: the 16 non-linear levels a nibble indexes */
 static const int8_t mc_iq4_kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                           1,    13,   25,  38,  53,  69,  89,  113};
+
+/* MXFP4: the E2M1 values doubled (ggml's kvalues_mxfp4), met by a halved E8M0 scale */
+static const int8_t mc_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* E8M0 e -> 2^(e - 128), ggml's GGML_E8M0_TO_FP32_HALF (subnormal bits for e < 2) */
+static inline float mc_e8m0_half(uint8_t e) {
+    return mc_f32_from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+}
 
 /* bfloat16 bits -> float (exact) */
 static inline float mc_load_bf16(const uint8_t *p) {
@@ -281,6 +291,15 @@ static void mc_dequant_row(int t, const uint8_t *row, int K, float *y) {
             for (int j = 0; j < 16; j++) {
                 y[j] = d * (float)mc_iq4_kvalues[b[2 + j] & 0xF];
                 y[j + 16] = d * (float)mc_iq4_kvalues[b[2 + j] >> 4];
+            }
+            y += 32;
+            break;
+        }
+        case MC_MXFP4: { /* ggml's dequantize_row_mxfp4: kvalue * d */
+            const float d = mc_e8m0_half(b[0]);
+            for (int j = 0; j < 16; j++) {
+                y[j] = (float)mc_mxfp4_kvalues[b[1 + j] & 0xF] * d;
+                y[j + 16] = (float)mc_mxfp4_kvalues[b[1 + j] >> 4] * d;
             }
             y += 32;
             break;

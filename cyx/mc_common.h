@@ -106,6 +106,7 @@ enum {
     MC_BF16 = 13,
     MC_IQ4_NL = 14,
     MC_IQ4_XS = 15,
+    MC_MXFP4 = 16,
 };
 
 /* weight types whose fast path quantizes x to mc_q8k (256-element) blocks */

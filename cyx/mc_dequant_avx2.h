@@ -125,6 +125,13 @@ MC_AVX2 static int mc_dequant_row_avx2(int t, const uint8_t *row, int K, float *
             mc_i8_scale_avx2(tmp, 32, mc_h16(b), y);
         }
         return 1;
+    case MC_MXFP4:
+        for (int i = 0; i < K / 32; i++, y += 32) {
+            const uint8_t *b = row + 17 * i;
+            _mm256_storeu_si256((__m256i *)tmp, mc_mxfp4_levels32(b + 1));
+            mc_i8_scale_avx2(tmp, 32, mc_e8m0_half(b[0]), y);
+        }
+        return 1;
     case MC_IQ4_XS:
         for (int i = 0; i < K / 256; i++) {
             const uint8_t *b = row + 136 * i;

@@ -10,6 +10,7 @@
 #include "mc_dot_avx2_more.h"
 #include "mc_dot_neon.h"
 #include "mc_dot_scalar.h"
+#include "mc_mxfp4.h"
 
 /* ----------------------------------------------------------------- dispatch */
 
@@ -43,6 +44,7 @@ static mc_dot_fn mc_pick_dot(int t, int simd) {
         case MC_BF16: return mc_dot_bf16_avx2;
         case MC_IQ4_NL: return mc_dot_iq4_nl_avx2;
         case MC_IQ4_XS: return mc_dot_iq4_xs_avx2;
+        case MC_MXFP4: return mc_dot_mxfp4_avx2;
         default: return NULL;
         }
     }
@@ -81,6 +83,7 @@ static mc_dot_fn mc_pick_dot(int t, int simd) {
     case MC_BF16: return mc_dot_bf16_scalar;
     case MC_IQ4_NL: return mc_dot_iq4_nl_scalar;
     case MC_IQ4_XS: return mc_dot_iq4_xs_scalar;
+    case MC_MXFP4: return mc_dot_mxfp4_scalar;
     default: return NULL;
     }
 }
@@ -110,6 +113,7 @@ static mc_dot4_fn mc_pick_dot4(int t, int simd) {
         case MC_Q5_K: return mc_dot4_q5_k_avx2;
         case MC_IQ4_NL: return mc_dot4_iq4_nl_avx2;
         case MC_IQ4_XS: return mc_dot4_iq4_xs_avx2;
+        case MC_MXFP4: return mc_dot4_mxfp4_avx2;
         default: return NULL;
         }
     }
@@ -180,6 +184,7 @@ static mc_dot_fn mc_pick_fdot(int t, int simd) {
         case MC_Q5_K: return mc_fdot_q5_k_avx2;
         case MC_IQ4_NL: return mc_fdot_iq4_nl_avx2;
         case MC_IQ4_XS: return mc_fdot_iq4_xs_avx2;
+        case MC_MXFP4: return mc_fdot_mxfp4_avx2;
         default: break;
         }
     }

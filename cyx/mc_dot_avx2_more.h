@@ -15,6 +15,12 @@ MC_AVX2 static inline __m256i mc_iq4_levels32(const uint8_t *p) {
     return _mm256_shuffle_epi8(tbl, mc_nibbles32(p));
 }
 
+/* 32 nibbles (16 bytes, low then high) -> their doubled E2M1 values (MXFP4) as int8 */
+MC_AVX2 static inline __m256i mc_mxfp4_levels32(const uint8_t *p) {
+    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)mc_mxfp4_kvalues));
+    return _mm256_shuffle_epi8(tbl, mc_nibbles32(p));
+}
+
 /* 32 bytes, 0xFF where bit `bit` of each byte of v is set */
 MC_AVX2 static inline __m256i mc_bitmask8(__m256i v, int bit) {
     const __m256i m = _mm256_set1_epi8((char)(1 << bit));

@@ -5,12 +5,14 @@ block, and leaving it writes the header, the key-values and the tensors, in that
 and closes the file (``atomic=True``: under ``NAME.PID.tmp``, renamed once complete, so a
 cached model is never seen half-written, even by a parallel worker).  :func:`add_matrix` stores a float matrix in a
 GGUF type, :func:`add_llama_shape` the llama-style hyper-parameters, and :func:`write_gguf`
-a whole file from plain dicts.  The bytes are exactly what the same gguf-py calls made by
+a whole file from plain dicts; :func:`manifest` what a GGUF holds, to compare two writers.  The bytes are exactly what the same gguf-py calls made by
 hand give (the goldens of the generated models do not move).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -135,3 +137,28 @@ def tiny_llama(path: Path) -> Path:
             "output_norm.weight": (np.ones(64, np.float32), None),
         },
     )
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, list) and len(v) > 16:  # token lists, merges: their hash
+        return "sha256:" + hashlib.sha256(json.dumps(v).encode()).hexdigest()
+    if isinstance(v, float):
+        return round(v, 9)
+    return v
+
+
+def manifest(path: Path) -> dict[str, Any]:
+    """A GGUF's metadata (long lists as their sha256) and per tensor its name, type, shape
+    and the sha256 of its bytes: what two writers of one model are compared on."""
+    r = gguf.GGUFReader(path)
+    meta = {k: _plain(f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    tensors = [
+        {
+            "name": t.name,
+            "type": t.tensor_type.name,
+            "shape": [int(s) for s in t.shape],
+            "sha256": hashlib.sha256(bytes(t.data)).hexdigest(),
+        }
+        for t in r.tensors
+    ]
+    return {"metadata": meta, "tensors": sorted(tensors, key=lambda t: str(t["name"]))}

@@ -62,6 +62,7 @@ MATMUL_DTYPES = [
     DType.BF16,
     DType.IQ4_NL,
     DType.IQ4_XS,
+    DType.MXFP4,  # gguf-py's quantizer writes its blocks
 ]
 # the types whose fast path quantizes x in blocks of 256 (the rest: 32)
 K_QUANTS = {DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K}

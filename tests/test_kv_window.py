@@ -2,7 +2,8 @@
 everything that reads or moves a cache gives what a full cache gives.
 
 The tiny random Mistral (window 8), Gemma 2 (4; layers 0 and 2) and Gemma 3 (4; layers
-0-4) of ``tests/gen_families.py`` run with small ``window_slack`` / ``window_keep`` so
+0-4) of ``tests/gen_families.py`` and Gemma 4 (4; layers 0 and 2, read by 2 and 3 too) of
+``tests/gen_gemma4.py`` run with small ``window_slack`` / ``window_keep`` so
 that a couple of hundred tokens move the rows many times; every logit is compared with
 the same model over a full cache (``full=True``), bitwise.
 """
@@ -27,14 +28,18 @@ from modelc.runtime.kv_cache import WINDOW_KEEP, WINDOW_SLACK, KVBudget, KVCache
 from modelc.runtime.model import CausalLM, SeqChunk
 from modelc.runtime.sampling import SamplingParams
 from tests.gen_families import ensure_family
+from tests.gen_gemma4 import ensure_gemma4
 from tests.runtime_support import make_backend
 
-FAMILIES = ["mistral", "gemma2", "gemma3"]
+# gemma4: windowed layers of another head size than the global ones, KV-sharing layers
+# reading them (tests/gen_gemma4.py)
+FAMILIES = ["mistral", "gemma2", "gemma3", "gemma4"]
 SLACK, KEEP = 5, 3
 
 
 def model(family: str) -> CausalLM:
-    m = build(load_model(ensure_family(family)[1]), make_backend("cpu-exact"))
+    gguf = ensure_gemma4()[1] if family == "gemma4" else ensure_family(family)[1]
+    m = build(load_model(gguf), make_backend("cpu-exact"))
     assert isinstance(m, CausalLM) and any(m.kv_windows)
     return m
 

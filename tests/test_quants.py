@@ -29,6 +29,7 @@ SCALE_OFFSETS = {
     DType.Q6_K: [208],
     DType.IQ4_NL: [0],
     DType.IQ4_XS: [0],
+    DType.MXFP4: [],  # its scale is one E8M0 byte: see _random_blocks
 }
 GGUF_CAN_QUANTIZE = [DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0]
 MODELC_QUANTIZE = [DType.Q8_0, DType.Q4_0, DType.Q4_1]
@@ -48,6 +49,8 @@ def _random_blocks(
         for off in SCALE_OFFSETS[dtype]:
             scale = rng.uniform(-3, 3, size=raw.shape[0]).astype(np.float16)
             raw[:, off : off + 2] = scale.view(np.uint8).reshape(-1, 2)
+        if dtype is DType.MXFP4:  # 2^(e - 128) for e in 100..140
+            raw[:, 0] = rng.integers(100, 141, size=raw.shape[0], dtype=np.uint8)
     return raw.reshape(rows, blocks_per_row * ts)
 
 

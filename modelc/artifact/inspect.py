@@ -8,7 +8,7 @@ import msgspec
 
 from modelc.artifact.reader import Artifact
 from modelc.artifact.transform import SIZE_TABLE_TYPES, bits_per_weight, estimated_size
-from modelc.formats.ir import DType
+from modelc.formats.ir import DType, HParams
 
 
 def human_count(n: int) -> str:
@@ -68,7 +68,7 @@ def _short_meta(meta: dict[str, Any]) -> dict[str, Any]:
 def attention_features(art: Artifact) -> list[str]:
     """What sets a transformer family apart, read from its hparams and tensor names:
     head size, RoPE layout and scaling, QKV biases, Q/K norms, a sliding window, a tied head,
-    a mixture of experts, an encoder's pooling."""
+    a mixture of experts, recurrent (Gated DeltaNet) layers, an encoder's pooling."""
     h = art.manifest.hparams
     names = {e.name for e in art.manifest.tensors}
     out = [f"head_dim {h.head_dim or h.n_embd // h.n_head}"]
@@ -81,7 +81,13 @@ def attention_features(art: Artifact) -> list[str]:
         if h.rope_theta_local:
             rope += f"; windowed layers theta {h.rope_theta_local:g}"
         out.append(rope + ")")
-    if any(n.startswith("blk.0.attn_qkv") for n in names):
+        if h.nope_layers:
+            out.append(f"NoPE layers {','.join(map(str, h.nope_layers))}")
+    if h.rope_dim:
+        out.append(f"partial RoPE ({h.rope_dim} of each head's {h.head_dim} dimensions)")
+    if h.recurrent_layers:  # qwen35: their attn_qkv is the linear attention's
+        out.append(f"Gated DeltaNet {len(h.recurrent_layers)} of {h.n_layer} layers")
+    elif any(n.startswith("blk.0.attn_qkv") for n in names):
         out.append("fused QKV")
     if "blk.0.attn_q.bias" in names and "blk.0.ffn_gate.weight" in names:
         out.append("QKV bias")
@@ -92,14 +98,45 @@ def attention_features(art: Artifact) -> list[str]:
         out.append(f"sliding window {h.sliding_window} ({n_win} of {h.n_layer} layers)")
     if h.attn_scale:
         out.append(f"Q·K scale {h.attn_scale:.4g}")
+    if "blk.0.attn_sinks.weight" in names:
+        out.append("attention sinks")
     if h.attn_softcap or h.final_softcap:
         out.append(f"soft-cap attention {h.attn_softcap:g}, logits {h.final_softcap:g}")
+    if h.mla:
+        q = f", Q rank {h.mla.q_rank}" if h.mla.q_rank else ""
+        out.append(f"latent attention (KV rank {h.mla.kv_rank}, RoPE {h.mla.rope_dim}{q})")
     if h.n_expert:
         out.append(f"{h.n_expert} experts, {h.n_expert_used} a token")
+    if h.routing:
+        r = h.routing
+        groups = f", top {r.n_group_used} of {r.n_group} groups" if r.n_group > 1 else ""
+        out.append(f"{r.gating} routing{groups}, {r.n_shared} shared, first {r.n_dense_lead} dense")
+    out += _gemma4_features(h, names)
+    if h.swiglu_limit:
+        out.append(f"biased experts, SwiGLU clamped at {h.swiglu_limit:g}")
     if h.pooling:  # an encoder: its pooled embeddings, no output head
         out.append(f"pooling {h.pooling}" + (", L2-normalised" if h.normalize_embeddings else ""))
     elif h.tie_embeddings and "output.weight" not in names:
         out.append("tied embeddings")
+    return out
+
+
+def _gemma4_features(h: HParams, names: set[str]) -> list[str]:
+    """Gemma 4's: global layers' own head shape, KV sharing, per-layer inputs, a mixture
+    beside the FFN."""
+    out = []
+    if h.head_dim_global or h.n_head_kv_global:
+        kv = h.n_head_kv_global or h.n_head_kv
+        out.append(f"global layers head_dim {h.head_dim_global or h.head_dim} ({kv} kv)")
+    if h.rope_dims_global:
+        out.append(f"proportional RoPE ({h.rope_dims_global} dims)")
+    if h.n_kv_shared:
+        out.append(f"last {h.n_kv_shared} layers share K/V")
+    if h.n_embd_per_layer:
+        out.append(f"per-layer inputs {h.n_embd_per_layer}")
+    if "blk.0.ffn_gate_up_exps.weight" in names and "blk.0.ffn_gate.weight" in names:
+        n = sum(1 for n in names if n.endswith("ffn_gate_inp.weight"))
+        out.append(f"experts beside the FFN ({h.n_expert_used} a token, {n} layers)")
     return out
 
 

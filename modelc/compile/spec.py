@@ -15,7 +15,7 @@ from modelc.errors import UnsupportedError
 from modelc.formats.ir import DType, ModelIR
 from modelc.runtime.arch import FAMILIES
 from modelc.runtime.arch.bert import Bert
-from modelc.runtime.arch.decoder import FEATURES, Decoder, refuse_unsupported
+from modelc.runtime.arch.decoder import Decoder, refuse_unsupported
 from modelc.runtime.arch.gpt2 import GPT2
 from modelc.runtime.arch.mlp import MLP
 from modelc.runtime.backend import Weight
@@ -43,7 +43,25 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
 
 # what the generated decoder loop runs of the description (the rest is refused); a mixture's
 # expert FFN is the runtime's moe_ffn, called between two stretches of the compiled loop
-COMPILE_RUNS = frozenset(FEATURES) - {"partial_rope"}
+# what the generated decoder loop runs of the description, named one by one (a feature added
+# to the description is refused until the loop runs it); a mixture's expert FFN is the
+# runtime's moe_ffn, called between two stretches of the compiled loop
+COMPILE_RUNS = frozenset(
+    {
+        "qkv_bias",
+        "qk_norm",
+        "qkv_bias+qk_norm",
+        "post_norms",
+        "gelu_tanh",
+        "embd_scale",
+        "windows",
+        "local_rope",
+        "attn_softcap",
+        "final_softcap",
+        "long_rope",
+        "moe",
+    }
+)
 
 
 def _decoder(m: Decoder, be: CpuBackend) -> Spec:

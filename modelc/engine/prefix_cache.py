@@ -41,7 +41,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -53,14 +53,17 @@ from modelc.runtime.kv_cache import KVCache, KVShape
 class Block:
     key: bytes
     k: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
-    v: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
+    v: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim); k itself: shared values
     refs: int = 0
     # windowed layers whose rows are not all held: layer -> (window, first row held)
     gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # a recurrent model's state after the block's last token (layer -> arrays), if kept
+    state: dict[int, dict[str, np.ndarray[Any, Any]]] | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
+        held = sum(a.nbytes for d in (self.state or {}).values() for a in d.values())
+        return int(self.k.nbytes + (0 if self.v is self.k else self.v.nbytes) + held)
 
 
 @dataclass(slots=True)
@@ -100,6 +103,9 @@ class PrefixCache:
     # the weights' identity: changed when a LoRA adapter is applied or removed, so
     # blocks computed with other weights are never matched again (LRU evicts them)
     salt: bytes = b""
+    # a recurrent model (qwen35): a run of blocks loads only if its last block holds the
+    # state there (see runtime.seq_state)
+    recurrent: bool = False
 
     def block_keys(self, tokens: Sequence[int], n_blocks: int) -> list[bytes]:
         keys, prev = [], self.salt
@@ -133,7 +139,10 @@ class PrefixCache:
         return found
 
     def _loadable(self, blocks: Sequence[Block]) -> bool:
-        """Whether every windowed layer holds the rows it needs after ``blocks``."""
+        """Whether every windowed layer holds the rows it needs after ``blocks`` (and a
+        recurrent model's last block its state)."""
+        if self.recurrent and blocks and blocks[-1].state is None:
+            return False
         bt = self.block_tokens
         n = len(blocks) * bt
         for i, b in enumerate(blocks):
@@ -159,12 +168,18 @@ class PrefixCache:
 
         def rows(layer: int, first: int) -> tuple[KVArray, KVArray]:
             """Positions first .. n-1 (n_rows, n_head_kv, head_dim)."""
+            if first >= n:  # a layer that needs no rows (a recurrent one)
+                empty = np.zeros((0, *blocks[0].k.shape[2:]), blocks[0].k.dtype)
+                return empty, empty
             some = blocks[first // bt :]
             k = np.concatenate([b.k[layer] for b in some])[first % bt :]
             v = np.concatenate([b.v[layer] for b in some])[first % bt :]
             return k, v
 
         cache.fill(n, rows)
+        state = blocks[-1].state
+        if cache.state is not None and state is not None:
+            cache.state.restore(n, state)
         return n
 
     @_locked
@@ -185,13 +200,14 @@ class PrefixCache:
             and any(held[li] - i * bt < first for li, (_, first) in self.blocks[key].gaps.items())
         }
         dtype = cache.dtype
-        per_block = 2 * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * dtype.itemsize
+        per_block = sh.kinds * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * dtype.itemsize
         new: dict[bytes, Block] = {}
         for i in missing:
             if not self._make_room(per_block + len(new) * per_block):
                 break
             blk = (sh.n_layer, bt, sh.n_head_kv, sh.head_dim)
-            new[keys[i]] = Block(keys[i], np.empty(blk, dtype), np.empty(blk, dtype))
+            k = np.empty(blk, dtype)
+            new[keys[i]] = Block(keys[i], k, k if sh.shared_values else np.empty(blk, dtype))
         if new or patch:
             # one read per layer, copied out at once: an int8 cache dequantizes every
             # layer into the same scratch buffer
@@ -215,6 +231,7 @@ class PrefixCache:
                         b.gaps[layer] = (cache.bounded[layer], first)
                     else:
                         b.gaps.pop(layer, None)
+        self._keep_state(keys, cache, new)
         for key in reversed(keys):  # deepest first, so the root ends up most recent
             if key in new:
                 self.blocks[key] = new[key]
@@ -223,6 +240,22 @@ class PrefixCache:
                 self.blocks.move_to_end(key)
         self.stats.inserted_blocks += len(new)
         return len(new)
+
+    def _keep_state(self, keys: list[bytes], cache: KVCache, new: dict[bytes, Block]) -> None:
+        """A recurrent cache's last boundary checkpoint onto the block ending there."""
+        mark = cache.state.checkpoint() if cache.state is not None else None
+        if (
+            mark is None
+            or mark[0] % self.block_tokens
+            or not 0 < mark[0] <= len(keys) * (self.block_tokens)
+        ):
+            return
+        key = keys[mark[0] // self.block_tokens - 1]
+        b = new.get(key) or self.blocks.get(key)
+        if b is not None and b.state is None:
+            b.state = {li: {k: np.array(a) for k, a in d.items()} for li, d in mark[1].items()}
+            if key not in new:
+                self.bytes_used += sum(a.nbytes for d in b.state.values() for a in d.values())
 
     def _make_room(self, nbytes: int) -> bool:
         if nbytes > self.budget_bytes:

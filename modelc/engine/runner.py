@@ -70,9 +70,10 @@ def kv_cost_fn(
     """
     probe = model.new_cache(KVMode.F32, max_tokens=max_context, full=full)  # its windows
     cache = KVCache(probe.shape, max_context, mode, hot_window=hot_window, windows=probe.bounded)
+    state = probe.state.nbytes if probe.state is not None else 0  # recurrent layers: fixed
 
     def cost(n: int) -> int:
-        return cache.nbytes_at(min(n, max_context), chunk)
+        return cache.nbytes_at(min(n, max_context), chunk) + state
 
     return cost
 
@@ -133,7 +134,10 @@ class ModelRunner:
         self.kv_budget = KVBudget(budget)
         # mixed caches would reload exact hot-window rows as dequantized ones: no sharing
         prefix_bytes = 0 if self.mode is KVMode.MIXED else options.prefix_cache_bytes
-        self.prefix = PrefixCache(kv_shape(lm), prefix_bytes, options.prefix_block_tokens)
+        recurrent = lm.new_cache(KVMode.F32, max_tokens=1).state is not None  # qwen35
+        self.prefix = PrefixCache(
+            kv_shape(lm), prefix_bytes, options.prefix_block_tokens, recurrent=recurrent
+        )
         if options.speculative and options.draft == "mlp" and mlp_draft is None:
             raise UsageError("--draft mlp needs draft.* tensors in the model; this one has none")
         self._mlp = mlp_draft
@@ -277,6 +281,8 @@ class ModelRunner:
             budget=self.kv_budget,
             full=self.opt.swa_full,
         )
+        if seq.cache.state is not None:  # keep the state at block ends for the prefix cache
+            seq.cache.state.boundary = self.prefix.block_tokens
         self.prefix.load(
             seq.prefix_blocks[: seq.cached_tokens // self.prefix.block_tokens], seq.cache
         )

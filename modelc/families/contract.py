@@ -17,13 +17,14 @@ Adding a family adds those two files and one registry line, nothing else.  A fam
   to ``drop``, a ``rename`` for names the map does not know (``own_names`` for tensors
   GGUF has no name for), and lazy ``transform``\\ s
   of tensors whose layout differs from what llama.cpp's ``convert_hf_to_gguf.py`` writes
-  (LLaMA's Q/K permutation, GPT-2's ``Conv1D`` transpose);
+  (LLaMA's Q/K permutation, GPT-2's ``Conv1D`` transpose); a ``regroup`` for tensors it
+  maps many to many (gpt-oss's fused gate/up experts, MXFP4 blocks + scales);
 * what a complete model has (``required`` per block, ``output`` when untied) and the
   ``shapes`` the hyper-parameters imply (a wrong config fails at load, not mid-forward);
 * the **runtime**: ``model`` (the class ``runtime`` names) builds the forward on a
   :class:`~modelc.runtime.backend.Backend` from ``(ir, backend)``; its cache layout is
   the model's ``kv_shape`` (:class:`~modelc.runtime.kv_cache.KVShape`: layers, KV heads,
-  head size);
+  head size, and whether the values are read from the keys, as DeepSeek's latent is);
 * **LoRA**: which canonical block weights an adapter may patch (``lora_slots``, the
   runtime block attribute of each), how to recognise its PEFT module names
   (``lora_modules``) and whether Q/K deltas need the GGUF RoPE permutation.
@@ -70,10 +71,20 @@ class DecoderTraits:
 
     act: Literal["silu", "gelu_tanh"] = "silu"  # the gated FFN's activation
     post_norms: bool = False  # RMSNorm of the attention / FFN outputs before the add (gemma)
+    pre_norms: bool = True  # RMSNorm of the layer's input before attention / FFN (not olmo2)
+    moe_sigmoid_shared: bool = False  # experts fed sigmoid-scored input + a shared expert (llama4)
+    attn_temp_nope_only: bool = False  # attention temperature on NoPE layers only (llama4)
     embd_scale: bool = False  # embeddings times sqrt(n_embd) (gemma)
     fused_qkv: bool = False  # blk.{i}.attn_qkv holds the Q, K and V rows (phi3)
     fused_gate_up: bool = False  # blk.{i}.ffn_up holds the gate rows, then the up rows (phi3)
+    # per-layer head shapes, KV sharing, V norms, per-layer inputs (gemma4: runtime/arch/gemma4)
+    gemma4_layers: bool = False
     default_ctx: int = 2048  # the context when the file names none
+    attn_gate: bool = False  # attn_q holds each head's query, then its output gate (qwen35)
+    ffn_norm: str = (
+        "ffn_norm"  # the pre-FFN norm's GGUF name (glm4moe, qwen35: post_attention_norm)
+    )
+    grouped_heads: bool = False  # Gated DeltaNet value heads grouped by key head (qwen3next)
 
 
 DECODER = "modelc.runtime.arch.decoder:Decoder"  # the runtime of every DecoderTraits family
@@ -103,6 +114,12 @@ class Family:
     own_names: Mapping[str, str] = field(default_factory=dict)  # (renamed) names GGUF lacks
     # (hf_name, canonical_name, tensor, hparams) -> the tensor in GGUF layout
     transform: Callable[[str, str, Tensor, HParams], Tensor] | None = None
+    # (source tensors, hparams) -> (canonical tensors, source names consumed): tensors the
+    # family maps many to many itself (gpt-oss's fused experts and MXFP4 blocks + scales,
+    # Qwen3-Next's fused in_proj_qkvz)
+    regroup: (
+        Callable[[Mapping[str, Tensor], HParams], tuple[dict[str, Tensor], set[str]]] | None
+    ) = None
     required: tuple[str, ...] = ()  # per block, e.g. "attn_q.weight"
     output_required: bool = False  # an untied head must have output.weight
     shapes: Callable[[HParams], dict[str, tuple[int, ...]]] | None = None
@@ -119,11 +136,12 @@ class Family:
 
     def required_tensors(self, hp: HParams) -> list[str]:
         """Every tensor a complete model of this family has, canonical names."""
-        names = list(self.required)
+        names = moe = list(self.required)
         if hp.n_expert:  # a mixture of experts: a router and stacked experts for the FFN
-            names = [n for n in names if not n.startswith("ffn_")] + list(MOE_REQUIRED)
+            moe = [n for n in names if not n.startswith("ffn_")] + list(MOE_REQUIRED)
+        dense = hp.routing.n_dense_lead if hp.routing else 0  # the first layers stay dense
         req = ["token_embd.weight"]
-        req += [f"blk.{i}.{n}" for i in range(hp.n_layer) for n in names]
+        req += [f"blk.{i}.{n}" for i in range(hp.n_layer) for n in (names if i < dense else moe)]
         if self.output_required and not hp.tie_embeddings:
             req.append("output.weight")
         return req
@@ -193,14 +211,25 @@ def hf_rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling]:
         raise UnsupportedError(
             f"rope scaling type {kind!r} is not supported (linear, llama3, yarn, longrope)"
         )
+    factor = float(rs.get("factor", 1.0))
+    attn = float(rs.get("attention_factor") or 0.0)
+    if kind == "yarn" and not attn and rs.get("mscale") and rs.get("mscale_all_dim"):
+        # transformers' _compute_yarn_parameters (DeepSeek, Mistral 3)
+        attn = yarn_mscale(factor, rs["mscale"]) / yarn_mscale(factor, rs["mscale_all_dim"])
     return theta, RopeScaling(
         type=kind,
-        factor=float(rs.get("factor", 1.0)),
+        factor=factor,
         original_max_position=int(rs.get("original_max_position_embeddings") or 0),
         low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
         high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-        attn_factor=float(rs.get("attention_factor") or 0.0),
+        attn_factor=attn,
+        truncate=bool(rs.get("truncate", True)),
     )
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's cos/sin factor for a context ``factor`` times longer, ``mscale`` times the log."""
+    return 0.1 * float(mscale) * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def _hf_longrope(cfg: Mapping[str, Any], rs: Mapping[str, Any]) -> RopeScaling:
@@ -250,8 +279,8 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: RopeScaling) -> np.ndarra
     kind = scaling.type or "none"
     if kind == "none" or (kind == "linear" and scaling.factor == 1.0):
         pass
-    elif kind == "longrope":  # the short factors; see longrope_inv_freq for the long ones
-        inv = inv / _factors(scaling.short_factor, rot_dim)
+    elif kind in ("longrope", "factors"):  # longrope: the short factors (longrope_inv_freq
+        inv = inv / _factors(scaling.short_factor, rot_dim)  # the long); GGUF rope_freqs
     elif kind == "linear":
         inv = inv / scaling.factor
     elif kind == "llama3":
@@ -295,7 +324,10 @@ def _yarn(inv: np.ndarray[Any, Any], dim: int, theta: float, s: RopeScaling) -> 
     def corr(rot: float) -> float:
         return dim * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(theta))
 
-    lo, hi = max(math.floor(corr(32.0)), 0), min(math.ceil(corr(1.0)), dim - 1)
+    lo, hi = corr(32.0), corr(1.0)
+    if s.truncate:  # whole dimensions (llama.cpp always; transformers unless truncate false)
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
     ramp = np.clip((np.arange(dim // 2) - lo) / ((hi - lo) or 0.001), 0, 1)
     keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
     return inv / s.factor * (1 - keep) + inv * keep

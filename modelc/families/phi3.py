@@ -3,8 +3,9 @@
 Tensors as llama.cpp's ``convert_hf_to_gguf.py`` writes them for ``phi3``: HF's
 ``self_attn.qkv_proj`` is ``blk.{i}.attn_qkv`` (Q rows, then K, then V) and
 ``mlp.gate_up_proj`` is ``blk.{i}.ffn_up`` with ``2 * n_ff`` rows (gate, then up); nothing
-is permuted (NeoX RoPE).  LongRoPE (``rope_scaling.type`` ``longrope`` or the older
-``su``): the short/long factors and cos/sin factor, from ``config.json`` or from GGUF's
+is permuted (NeoX RoPE).  Phi-4-mini rotates part of each head (``partial_rotary_factor``,
+GGUF ``rope.dimension_count``: ``HParams.rope_dim``).  LongRoPE (``rope_scaling.type``
+``longrope`` or the older ``su``): the short/long factors and cos/sin factor, from ``config.json`` or from GGUF's
 ``rope_factors_long`` / ``rope_factors_short`` tensors (read into the hyper-parameters,
 not kept as weights).  The forward is the one decoder
 (:class:`modelc.runtime.arch.decoder.Decoder`), its fused tensors split into row views.
@@ -26,21 +27,23 @@ from modelc.families.llama import gguf_hparams
 from modelc.formats.ir import HParams, RopeScaling, Tensor
 
 
-def _check_rotary(partial: float, rope_dims: int, head_dim: int) -> None:
-    if partial != 1.0 or (rope_dims and rope_dims != head_dim):
+def _rope_dim(dim: int, head_dim: int) -> int:
+    """``dim`` rotated dimensions of a head as ``HParams.rope_dim`` (0: the whole head)."""
+    if not 0 < dim <= head_dim or dim % 2:
         raise UnsupportedError(
-            "phi3 with a partial rotary factor (RoPE on part of each head, Phi-4-mini) "
-            "is not supported yet; Phi-3 and Phi-3.5 rotate whole heads"
+            f"phi3 with {dim} rotated dimensions of {head_dim} is not supported; "
+            "partial RoPE needs an even count from 2 to the head size"
         )
+    return 0 if dim == head_dim else dim
 
 
 def _from_config(cfg: Mapping[str, Any]) -> HParams:
     assert LLAMA.from_config is not None
     hp = LLAMA.from_config(cfg)
     hp.rope_style = "neox"
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    _check_rotary(float(params.get("partial_rotary_factor") or 1.0), 0, hp.head_dim)
-    _check_rotary(float(cfg.get("partial_rotary_factor") or 1.0), 0, hp.head_dim)
+    params = cfg.get("rope_parameters") or {}
+    partial = params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
+    hp.rope_dim = _rope_dim(int(hp.head_dim * float(partial)), hp.head_dim)  # transformers' int()
     return hp
 
 
@@ -49,7 +52,10 @@ def _from_gguf(
 ) -> None:
     gguf_hparams(m, hp, tensors, meta)
     hp.rope_style = "neox"
-    _check_rotary(1.0, int(m("rope.dimension_count", 0)), hp.head_dim)
+    if hp.sliding_window >= hp.n_ctx:  # Phi-4-mini's 262144: no window, as from config.json
+        hp.sliding_window = 0
+    rot = int(m("rope.dimension_count", 0))
+    hp.rope_dim = _rope_dim(rot, hp.head_dim) if rot else 0
     if "rope_factors_long.weight" in tensors:
         old = int(m("rope.scaling.original_context_length", 0)) or hp.n_ctx
         hp.rope_scaling = RopeScaling(

@@ -11,16 +11,27 @@ from __future__ import annotations
 from modelc.errors import ArchitectureError
 from modelc.families import (
     bert,
+    deepseek2,
     gemma2,
     gemma3,
+    gemma4,
+    glm4moe,
     gpt2,
+    gptoss,
     llama,
+    llama4,
+    mistral3,
     mlp,
     nomic_bert,
+    olmo2,
     phi3,
     qwen2,
     qwen3,
     qwen3moe,
+    qwen3next,
+    qwen35,
+    qwen35moe,
+    smollm3,
 )
 from modelc.families.contract import Family
 
@@ -35,10 +46,21 @@ FAMILIES: dict[str, Family] = {
         qwen2.FAMILY,
         qwen3.FAMILY,
         qwen3moe.FAMILY,
+        deepseek2.FAMILY,
+        glm4moe.FAMILY,
+        qwen35.FAMILY,
+        qwen35moe.FAMILY,
+        qwen3next.FAMILY,
         gemma2.FAMILY,
         gemma3.FAMILY,
+        gemma4.FAMILY,
         phi3.FAMILY,
         nomic_bert.FAMILY,
+        smollm3.FAMILY,
+        olmo2.FAMILY,
+        mistral3.FAMILY,
+        llama4.FAMILY,
+        gptoss.FAMILY,
     )
 }
 

@@ -214,19 +214,50 @@ _EXPERT = re.compile(
 _EXPERT_KIND = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up"}
 
 
+# transformers 5's fused experts (Qwen3.5-MoE): gate_up_proj (n_expert, 2*ff, d), the gate
+# rows first, and down_proj (n_expert, d, ff)
+_FUSED = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def _fused_experts(raw: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], set[str]]:
+    """Fused expert stacks split as llama.cpp's converter splits them (a pair whose
+    gate_up_proj's last axis is down_proj's middle one: rows are outputs)."""
+    found = {(m.group(1), m.group(2)): n for n in raw if (m := _FUSED.search(n))}
+    out: dict[str, Tensor] = {}
+    consumed: set[str] = set()
+    for (i, kind), name in found.items():
+        down = found.get((i, "down_proj"))
+        if kind != "gate_up_proj" or down is None:
+            continue
+        gu, dn = raw[name], raw[down]
+        if len(gu.shape) != 3 or gu.shape[2] != dn.shape[1] or gu.shape[1] % 2:
+            continue
+        half = gu.shape[1] // 2
+        for part, rows in (("gate", slice(0, half)), ("up", slice(half, None))):
+
+            def load(t: Tensor = gu, rows: slice = rows) -> np.ndarray[Any, Any]:
+                return np.ascontiguousarray(t.data()[:, rows])
+
+            new = f"blk.{i}.ffn_{part}_exps.weight"
+            out[new] = Tensor(new, gu.dtype, (gu.shape[0], half, gu.shape[2]), load)
+        out[f"blk.{i}.ffn_down_exps.weight"] = renamed(dn, f"blk.{i}.ffn_down_exps.weight")
+        consumed |= {name, down}
+    return out, consumed
+
+
 def stack_experts(raw: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], set[str]]:
     """A Hugging Face mixture's per-expert matrices as llama.cpp stacks them,
-    ``blk.{i}.ffn_{gate,up,down}_exps.weight`` (n_expert, rows, cols), loaded lazily; and
-    the source names they consumed."""
+    ``blk.{i}.ffn_{gate,up,down}_exps.weight`` (n_expert, rows, cols), loaded lazily (fused
+    stacks split); and the source names they consumed."""
     groups: dict[str, dict[int, Tensor]] = {}
-    consumed: set[str] = set()
+    fused, consumed = _fused_experts(raw)
     for name, t in raw.items():
         m = _EXPERT.search(name)
         if m is not None:
             kind = _EXPERT_KIND.get(m.group(3), "down")
             groups.setdefault(f"blk.{m.group(1)}.ffn_{kind}_exps.weight", {})[int(m.group(2))] = t
             consumed.add(name)
-    out: dict[str, Tensor] = {}
+    out: dict[str, Tensor] = fused
     for new, by_id in groups.items():
         if sorted(by_id) != list(range(len(by_id))):
             raise ArchitectureError(f"{new}: the experts are not numbered 0..{len(by_id) - 1}")
@@ -251,6 +282,10 @@ def canonicalize(
         return {new: renamed(raw[old], new) for old, new in mapping.items()}, []
     fam = FAMILIES[arch]
     out, consumed = stack_experts(raw)
+    if fam.regroup is not None:
+        own, used = fam.regroup(raw, hparams)
+        out.update(own)
+        consumed |= used
     dropped: list[str] = []
     for src, t in raw.items():
         if src in consumed:

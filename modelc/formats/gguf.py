@@ -61,6 +61,7 @@ GGML_TO_DTYPE: dict[GGMLQuantizationType, DType] = {
     GGMLQuantizationType.Q6_K: DType.Q6_K,
     GGMLQuantizationType.IQ4_NL: DType.IQ4_NL,
     GGMLQuantizationType.IQ4_XS: DType.IQ4_XS,
+    GGMLQuantizationType.MXFP4: DType.MXFP4,
 }
 
 # byte-level BPE pre-tokenizers for which llama.cpp adds BOS unless add_bos_token says otherwise
@@ -346,6 +347,11 @@ def _tokenizer_spec(fields: dict[str, ReaderField]) -> TokenizerSpec:
     )
 
 
+def _first(value: Any) -> Any:
+    """A per-layer array's first value (gemma4's FFN widths), or the value itself."""
+    return value[0] if isinstance(value, list) and value else value
+
+
 def _flag(value: Any, default: bool) -> bool:
     """A GGUF boolean key, or llama.cpp's default for this vocabulary when it is absent."""
     return default if value is None else bool(value)
@@ -372,7 +378,7 @@ def _hparams(
         n_head_kv=int(m("attention.head_count_kv", n_head))
         if not isinstance(m("attention.head_count_kv"), list)
         else n_head,
-        n_ff=int(m("feed_forward_length", 0)),
+        n_ff=int(_first(m("feed_forward_length", 0))),
         head_dim=int(m("attention.key_length", 0)) or (n_embd // n_head if n_head else 0),
         tie_embeddings="output.weight" not in tensors,
     )

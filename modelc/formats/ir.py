@@ -52,6 +52,7 @@ class DType(enum.StrEnum):
     Q6_K = "q6_k"
     IQ4_NL = "iq4_nl"
     IQ4_XS = "iq4_xs"
+    MXFP4 = "mxfp4"  # gpt-oss's experts: E2M1 values, one E8M0 scale per 32
     # modelc's own pack-time quantization: per-row symmetric int8 with an f32 scale
     # at the start of each row (row = 4 + cols bytes).
     INT8 = "int8"
@@ -79,6 +80,7 @@ BLOCK_SIZES: dict[DType, tuple[int, int]] = {
     DType.Q6_K: (256, 210),
     DType.IQ4_NL: (32, 18),
     DType.IQ4_XS: (256, 136),
+    DType.MXFP4: (32, 17),
 }
 
 NUMPY_DTYPES: dict[DType, np.dtype[Any]] = {
@@ -138,15 +140,43 @@ class Tensor:
 
 
 class RopeScaling(msgspec.Struct, kw_only=True, omit_defaults=True):
-    type: str = "none"  # "none" | "linear" | "llama3" | "yarn"
+    type: str = "none"  # "none" | "linear" | "llama3" | "yarn" | "longrope" | "factors"
+    # ("factors": GGUF's rope_freqs, per-pair divisors in short_factor)
     factor: float = 1.0
     original_max_position: int = 0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     attn_factor: float = 0.0  # yarn, longrope: cos/sin multiplier; 0: the type's default
+    # yarn: round the ramp's ends to whole dimensions (llama.cpp; transformers' "truncate")
+    truncate: bool = True
     # longrope (Phi-3): per-pair divisors of the frequencies, short up to the original context
     short_factor: list[float] = msgspec.field(default_factory=list)
     long_factor: list[float] = msgspec.field(default_factory=list)
+
+
+class LatentAttention(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """DeepSeek's multi-head latent attention (``deepseek2``): per token one compressed
+    latent (``kv_rank``) and one shared RoPE key part (``rope_dim``) are cached; the per-head
+    keys' ``nope_dim`` dimensions and the values (``v_dim``) come from the latent."""
+
+    q_rank: int = 0  # Q through a low-rank pair (attn_q_a / attn_q_b); 0: one attn_q
+    kv_rank: int = 0
+    nope_dim: int = 0  # per head: key dimensions without RoPE
+    rope_dim: int = 0  # per head (shared by all): rotated key dimensions
+    v_dim: int = 0  # per head: value dimensions
+
+
+class Routing(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How a mixture picks and weighs a token's experts, beyond softmax top-k renormalised
+    (Mixtral, Qwen3-MoE): DeepSeek's and GLM's gating, groups, shared experts and scale."""
+
+    gating: str = "softmax"  # "softmax" | "sigmoid" (scores before the top-k)
+    norm: bool = True  # renormalise the chosen experts' weights to sum to 1
+    scale: float = 1.0  # the weights times this (routed_scaling_factor)
+    n_group: int = 0  # experts in n_group groups; the token's top n_group_used groups only
+    n_group_used: int = 0
+    n_shared: int = 0  # shared experts (ffn_*_shexp), every token through them
+    n_dense_lead: int = 0  # the first layers have a dense FFN
 
 
 class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -165,19 +195,44 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_style: str = "interleaved"  # "interleaved" (GGUF/llama.cpp NORM) | "neox"
+    rope_dim: int = 0  # rotated dimensions of a head (partial RoPE: phi-4-mini, glm4moe); 0: all
     rope_scaling: RopeScaling = msgspec.field(default_factory=RopeScaling)
     tie_embeddings: bool = False
     sliding_window: int = 0  # llama/mistral: each query sees the last n positions; 0: all
     window_layers: list[int] = msgspec.field(default_factory=list)  # those windowed; []: all
+    nope_layers: list[int] = msgspec.field(default_factory=list)  # smollm3: layers without RoPE
     rope_theta_local: float = 0.0  # gemma3: the windowed layers' RoPE base, unscaled; 0: same
     attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
+    attn_temp_scale: float = 0.0  # llama-4 attention temperature's beta (mistral3); 0: none
+    attn_temp_floor: int = 0  # ... and its floor scale (the original context)
+    attn_temp_offset: float = 0.0  # ... added to the position first (llama4: 1)
+    qk_l2_norm: bool = False  # llama4: Q and K RMS-normed (no weight) after RoPE
     attn_softcap: float = 0.0  # gemma2: scores -> c * tanh(scores / c); 0: none
     final_softcap: float = 0.0  # gemma2: the same on the logits
+    # gemma4: the global (unwindowed) layers' own head size and KV heads (0: as the others)
+    # and the dimensions their RoPE turns, at the whole head's frequencies (0: all)
+    head_dim_global: int = 0
+    n_head_kv_global: int = 0
+    rope_dims_global: int = 0
+    n_kv_shared: int = (
+        0  # gemma4: the last layers reuse the K/V of the last earlier one of their kind
+    )
+    n_embd_per_layer: int = 0  # gemma4: per-layer input embeddings' width; 0: none
+    swiglu_limit: float = 0.0  # gpt-oss: the experts' SwiGLU clamped at this (alpha 1.702)
     activation: str = ""  # "silu" | "gelu" | "gelu_tanh" | "relu"
     n_token_types: int = 0  # bert
     pooling: str = ""  # bert: "mean" | "cls"
     normalize_embeddings: bool = False
     layer_sizes: list[int] = msgspec.field(default_factory=list)  # mlp
+    mla: LatentAttention | None = None  # deepseek2
+    routing: Routing | None = None  # deepseek2: mixtures routed otherwise than softmax top-k
+    # hybrid recurrent layers (qwen35's Gated DeltaNet), GGUF's {arch}.ssm.* keys
+    recurrent_layers: list[int] = msgspec.field(default_factory=list)  # which layers
+    ssm_conv: int = 0  # the short causal convolution's width (ssm.conv_kernel)
+    ssm_k_heads: int = 0  # key heads (ssm.group_count)
+    ssm_v_heads: int = 0  # value heads (ssm.time_step_rank)
+    ssm_head_k: int = 0  # key head size (ssm.state_size)
+    ssm_inner: int = 0  # value heads x value head size (ssm.inner_size)
 
 
 class TokenizerSpec(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -20,6 +20,7 @@ Block layouts (bytes, in order):
 * Q6_K  ql[128], qh[64], scales[16] int8, d:f16
 * IQ4_NL  d:f16, qs[16]           x = d*KVALUES[nibble]
 * IQ4_XS  d:f16, scales_h:u16, scales_l[4], qs[128]: 8 groups of 32, 6-bit scale - 32
+* MXFP4   e:E8M0, qs[16]           x = MXFP4_KVALUES[nibble] * 2^(e - 128) (E2M1 doubled)
 
 In the first half of a 32-weight block the low nibbles hold weights 0..15 and the high
 nibbles weights 16..31; K-quants pack 32-weight groups the same way, 2 or 4 groups per
@@ -199,6 +200,24 @@ def _iq4_xs(b: Array) -> Array:
     return out
 
 
+# MXFP4: the E2M1 values doubled (ggml's kvalues_mxfp4); the scale is halved to match
+MXFP4_KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+
+
+def e8m0_half(e: Array) -> Array:
+    """ggml's ``GGML_E8M0_TO_FP32_HALF``: 2^(e - 128) as f32 bits (subnormal for e < 2)."""
+    e32 = e.astype(np.uint32)
+    bits = np.where(e32 < 2, np.uint32(0x00200000) << e32, (e32 - np.uint32(1)) << np.uint32(23))
+    out: Array = bits.astype(np.uint32).view(F32)
+    return out
+
+
+def _mxfp4(b: Array) -> Array:
+    d = e8m0_half(np.ascontiguousarray(b[:, :1]))
+    out: Array = MXFP4_KVALUES[_nibbles(b[:, 1:], 16)].astype(F32) * d
+    return out
+
+
 _DEQUANT: dict[DType, Callable[[Array], Array]] = {
     DType.Q4_0: _q4_0,
     DType.Q4_1: _q4_1,
@@ -212,6 +231,7 @@ _DEQUANT: dict[DType, Callable[[Array], Array]] = {
     DType.Q6_K: _q6_k,
     DType.IQ4_NL: _iq4_nl,
     DType.IQ4_XS: _iq4_xs,
+    DType.MXFP4: _mxfp4,
 }
 
 

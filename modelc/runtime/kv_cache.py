@@ -80,6 +80,7 @@ from modelc.runtime.kv_store import (
     dequantize_int8,
     quantize_int8,
 )
+from modelc.runtime.seq_state import SeqState
 
 __all__ = [
     "BLOCK",
@@ -140,6 +141,7 @@ class KVCache:
         self.bounded = tuple(w if w + window_keep + window_slack < max_tokens else 0 for w in wins)
         self._windowed = any(self.bounded)
         self._charged = 0
+        self.state: SeqState | None = None  # recurrent layers' state (the model sets it)
         self._empty()
         self._charge()
 
@@ -149,10 +151,11 @@ class KVCache:
         self.capacity = 0  # rows of a global layer (positions 0 .. capacity-1)
         self._base = [0] * self.shape.n_layer  # position of storage row 0, per layer
         self._k = [KVStore(self.mode, h, d, hot) for _ in range(self.shape.n_layer)]
-        self._v = [KVStore(self.mode, h, d, hot) for _ in range(self.shape.n_layer)]
+        dv = 0 if self.shape.shared_values else d  # shared: empty value stores
+        self._v = [KVStore(self.mode, h, dv, hot) for _ in range(self.shape.n_layer)]
         # dequantization scratch for one layer's K and V (int8 / mixed): (capacity, h, d)
         self._scratch_k: F32Array = np.zeros((0, h, d), np.float32)
-        self._scratch_v: F32Array = np.zeros((0, h, d), np.float32)
+        self._scratch_v: F32Array = np.zeros((0, h, dv), np.float32)
 
     # -- windowed layers -------------------------------------------------------------
     def held_from(self, layer: int) -> int:
@@ -217,8 +220,8 @@ class KVCache:
         slots = sh.n_head_kv * sh.head_dim
         if self.mode.quantized:  # scratch: the most rows a layer holds
             rows = max(self._rows_for(li, n_tokens, chunk) for li in range(sh.n_layer))
-            total += 2 * rows * slots * 4
-        return total + 2 * sh.n_layer * self.hot_window * slots * 4  # mixed: rings
+            total += sh.kinds * rows * slots * 4
+        return total + sh.kinds * sh.n_layer * self.hot_window * slots * 4  # mixed: rings
 
     def _charge(self) -> None:
         new = self.nbytes
@@ -235,6 +238,7 @@ class KVCache:
         self.budget = None
         self._charged = 0
         self._empty()
+        self.state = None  # a recurrent state's memory goes too
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for ``n_tokens`` cached tokens in total (grows in blocks).
@@ -271,7 +275,7 @@ class KVCache:
         planned = {li: rows for li, rows, _ in plan}
         most = max(planned.get(li, st.rows) for li, st in enumerate(self._k))  # a layer's rows
         scratch = most if self.mode.quantized and most > len(self._scratch_k) else 0
-        extra += 2 * max(0, scratch - len(self._scratch_k)) * h * d * 4
+        extra += self.shape.kinds * max(0, scratch - len(self._scratch_k)) * h * d * 4
         if self.budget is not None and extra > self.budget.free:
             self.budget.reserve(extra)  # raises CapacityError before anything is allocated
         for li, new_rows, base in plan:
@@ -282,7 +286,7 @@ class KVCache:
             self._base[li] = base
         if scratch:
             self._scratch_k = np.zeros((scratch, h, d), np.float32)
-            self._scratch_v = np.zeros((scratch, h, d), np.float32)
+            self._scratch_v = np.zeros((scratch, h, self._v[0].d), np.float32)
         self.capacity = max(s.rows for s in self._k)
         if plan or scratch:
             self._charge()
@@ -311,7 +315,8 @@ class KVCache:
         row = pos - self.held_from(layer)
         assert row >= 0 and row + len(k) <= self._k[layer].rows
         self._k[layer].write(row, k)
-        self._v[layer].write(row, v)
+        if not self.shape.shared_values:
+            self._v[layer].write(row, v)
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -322,8 +327,9 @@ class KVCache:
         """Layer ``layer``'s K and V storage itself, (rows, n_head_kv, head_dim) each, for
         a backend to write new rows into and read in place (``attention_append``, with
         :meth:`start` as the first new row); ``None`` for the quantized modes, whose rows
-        go through :meth:`write` and :meth:`read`."""
-        k, v = self._k[layer], self._v[layer]
+        go through :meth:`write` and :meth:`read`.  With shared values, the keys twice."""
+        k = self._k[layer]
+        v = k if self.shape.shared_values else self._v[layer]
         if self.mode is KVMode.F32:
             return k.f32, v.f32
         if self.mode is KVMode.F16:
@@ -336,8 +342,12 @@ class KVCache:
 
         Views of the storage for f32 and f16 caches (float16 for f16: no copy, the
         attention kernels read it as is); for int8 and mixed, f32 values dequantized
-        into a scratch buffer that the next ``read`` of any layer overwrites."""
+        into a scratch buffer that the next ``read`` of any layer overwrites.  With
+        shared values, the keys twice."""
         rows = n - self.held_from(layer)
+        if self.shape.shared_values:
+            k = self._k[layer].read(rows, self._scratch_k)
+            return k, k
         return (
             self._k[layer].read(rows, self._scratch_k),
             self._v[layer].read(rows, self._scratch_v),
@@ -346,6 +356,8 @@ class KVCache:
     def advance(self, n_new: int) -> None:
         """Commit ``n_new`` tokens written by the forward pass."""
         self.n += n_new
+        if self.state is not None:
+            self.state.advance(self.n)
 
     def truncate(self, n: int) -> None:
         """Forget tokens from position ``n`` on (speculation rollback, prefix reuse).
@@ -358,6 +370,8 @@ class KVCache:
         if not 0 <= n <= self.n:
             raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
         self._check_held(n)
+        if self.state is not None:  # a checkpoint of the last step, or UsageError
+            self.state.truncate(n)
         for st in (*self._k, *self._v):
             st.forget_from(n)
         self.n = n
@@ -365,8 +379,9 @@ class KVCache:
     # -- context shift ---------------------------------------------------------------
     def max_discard(self, n_keep: int) -> int:
         """The most tokens after ``n_keep`` anchors :meth:`shift` can drop: all of them
-        unless a windowed layer would then need anchors it no longer holds."""
-        most = self.n - n_keep
+        unless a windowed layer would then need anchors it no longer holds; none with a
+        recurrent state (it cannot forget tokens)."""
+        most = 0 if self.state is not None else self.n - n_keep
         for li, w in enumerate(self.bounded):
             held = min(n_keep, self._base[li])  # anchors 0 .. held-1 are gone
             if w and held > 0:  # then the window after the shift must not reach them

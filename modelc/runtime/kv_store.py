@@ -38,9 +38,19 @@ class KVMode(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class KVShape:
+    """A cache's layout: per layer and token ``n_head_kv`` keys of ``head_dim``, and as
+    many values; with ``shared_values`` (multi-head latent attention) no values of their
+    own: the model reads them from the keys (one latent a token, as llama.cpp keeps it)."""
+
     n_layer: int
     n_head_kv: int
     head_dim: int
+    shared_values: bool = False
+
+    @property
+    def kinds(self) -> int:
+        """Tensors a layer stores: keys and values, or the keys alone."""
+        return 1 if self.shared_values else 2
 
     @property
     def group(self) -> int:
@@ -54,7 +64,7 @@ class KVShape:
             per_head = self.head_dim * 2
         else:
             per_head = self.head_dim + 4 * (self.head_dim // self.group)
-        return 2 * self.n_layer * self.n_head_kv * per_head
+        return self.kinds * self.n_layer * self.n_head_kv * per_head
 
 
 class KVBudget:

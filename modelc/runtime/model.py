@@ -24,6 +24,7 @@ from modelc.formats.ir import DType, HParams, ModelIR
 from modelc.formats.quants import dequantize
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.seq_state import SeqState, StateShapes
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -313,6 +314,7 @@ class CausalLM:
     kv_shape: KVShape
     n_ctx: int
     kv_windows: tuple[int, ...] = ()  # each layer's sliding window (0: global); () none
+    state_shapes: StateShapes | None = None  # recurrent layers' per-sequence state; None: none
 
     def new_cache(
         self,
@@ -325,7 +327,7 @@ class CausalLM:
     ) -> KVCache:
         """An empty cache for one sequence, at most ``n_ctx`` tokens long; its windowed
         layers keep only their window (plus slack) unless ``full``."""
-        return KVCache(
+        cache = KVCache(
             self.kv_shape,
             min(max_tokens or self.n_ctx, self.n_ctx),
             mode,
@@ -333,3 +335,6 @@ class CausalLM:
             budget=budget,
             windows=None if full else self.kv_windows or None,
         )
+        if self.state_shapes:  # a sequence's recurrent state lives beside its KV cache
+            cache.state = SeqState(self.state_shapes)
+        return cache

@@ -37,6 +37,7 @@ from typing import Any
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.chat_template import render_chat
+from modelc.runtime.gemma4_turns import gemma4_tool_turns
 from modelc.runtime.prompt_guard import ControlGuard, strings
 from modelc.runtime.sampling import FURTHER_SAMPLERS, SamplingParams
 from modelc.runtime.template_caps import adapt, extra_context
@@ -362,7 +363,9 @@ class PromptFormat:
         ``tool_calls`` (OpenAI shape; arguments as a JSON text or an object) and
         ``tool_call_id``.  ``tools``: OpenAI tool objects.
         """
-        msgs = [self._message(i, m) for i, m in enumerate(messages)]
+        msgs = gemma4_tool_turns(
+            self.template, [self._message(i, m) for i, m in enumerate(messages)]
+        )
         if self.system and not any(m["role"] == "system" for m in msgs):
             msgs.insert(0, {"role": "system", "content": self.system})
         tool_list = [dict(t) for t in tools] if tools else None
@@ -470,6 +473,7 @@ class PromptFormat:
                     "type": "function",
                     "function": {"name": fn.get("name", ""), "arguments": args},
                 }
+                # the call's id: templates match a tool's result to its call by it (gemma4)
                 calls.append({"id": c["id"], **call} if c.get("id") else call)
             d["tool_calls"] = calls
             if not d["content"] and not self._template_has("tool_calls"):

@@ -62,7 +62,11 @@ EOG_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
     "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>",
     "<eos>", "<turn|>", "<|tool_response>",  # gemma4
+    "<|return|>", "<|call|>",  # gpt-oss (o200k_harmony)
 )  # fmt: skip
+# harmony ends a message with <|end|> and the answer with <|return|> or <|call|>: where
+# both of those are present, <|end|> does not end generation (llama.cpp's workaround)
+HARMONY_ENDS = ("<|return|>", "<|call|>")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -242,6 +246,8 @@ class Tokenizer:
         """Every id that ends generation: eos, eot and llama.cpp's end-of-generation texts."""
         ids = {i for i in (self.spec.eos_id, self.spec.eot_id) if i is not None}
         ids |= {self._id_of[t] for t in EOG_TEXTS if t in self._id_of}
+        if all(t in self._id_of for t in HARMONY_ENDS) and "<|end|>" in self._id_of:
+            ids.discard(self._id_of["<|end|>"])
         return ids
 
     # ------------------------------------------------------------------ encode

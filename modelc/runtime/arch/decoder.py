@@ -1,5 +1,5 @@
 """The one decoder: every decoder-only family (llama, mistral, mixtral, qwen2, qwen3,
-qwen3moe, phi3, gemma2, gemma3) is this forward, driven by a :class:`DecoderSpec`.
+qwen3moe, phi3, gemma2, gemma3, gpt-oss) is this forward, driven by a :class:`DecoderSpec`.
 
 A family says how its layers differ from LLaMA's once, as data
 (:class:`~modelc.families.contract.DecoderTraits` in its module under
@@ -13,13 +13,21 @@ refuses the rest in one place (:func:`refuse_unsupported`).
 
 A layer, with the optional parts in brackets::
 
-    h = attn_norm(x); q, k, v = h Wq [+ bq], h Wk [+ bk], h Wv [+ bv]
-    [q, k = q_norm(q), k_norm(k)]            per head, before RoPE (qwen3, gemma3)
+    h = attn_norm(x) | x [no pre-norms] (olmo2); q, k, v = h Wq [+ bq], h Wk [+ bk], h Wv [+ bv]
+    [q, k = q_norm(q), k_norm(k)]            per head, before RoPE (qwen3, gemma3); over
+                                             the whole projection (olmo2)
     rope(q, k)                               interleaved pairs or NeoX; [local base] on
-                                             windowed layers (gemma3); [LongRoPE] (phi3)
-    o = attention(q, k, v) Wo                [window], [soft-capped scores] (gemma2)
+                                             windowed layers (gemma3); [LongRoPE] (phi3);
+                                             [none on NoPE layers] (smollm3)
+    [q, k = rms(q), rms(k)]                  after RoPE, no weights (llama4)
+    [q *= temperature(position)]             past the original context (mistral3; llama4's
+                                             NoPE layers)
+    o = attention(q, k, v) Wo [+ bo]         [window], [soft-capped scores] (gemma2),
+                                             [sinks] (gpt-oss: arch/sinks.py)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
-    h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]
+    h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]; [sigmoid
+                                             routing on the input + a shared expert] (llama4);
+                                             [biased, clamped SwiGLU] (gpt-oss: arch/moe_oai.py)
     x += f  |  x += post_ffw_norm(f)
 
 with the embeddings [times sqrt(d)] (gemma) and the logits [soft-capped] (gemma2).  Tensors
@@ -31,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,9 +47,16 @@ import numpy as np
 from modelc.errors import UnsupportedError
 from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_inv_freq
 from modelc.families.registry import FAMILIES
-from modelc.formats.ir import HParams, ModelIR
+from modelc.formats.ir import DType, HParams, ModelIR
+from modelc.runtime.arch.attn_temp import attn_temperature
+from modelc.runtime.arch.decoder_spec import FEATURES, DecoderSpec, refuse_unsupported
+from modelc.runtime.arch.deltanet import DeltaNet, deltanet, load_deltanet
+from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
+from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
+from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
+from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import (
@@ -56,99 +71,25 @@ from modelc.runtime.model import (
     end_step,
 )
 
-__all__ = ["FEATURES", "Decoder", "DecoderBlock", "DecoderSpec", "refuse_unsupported"]
-
-# every feature a DecoderSpec may use, and how a refusal names it; a backend names the
-# subset it runs
-FEATURES: dict[str, str] = {
-    "qkv_bias": "Q/K/V biases",  # qwen2
-    "qk_norm": "per-head Q/K norms",  # qwen3, gemma3
-    "qkv_bias+qk_norm": "Q/K/V biases together with Q/K norms",
-    "post_norms": "norms after attention and FFN",  # gemma
-    "gelu_tanh": "a GELU FFN",  # gemma
-    "embd_scale": "scaled embeddings",  # gemma
-    "windows": "sliding-window attention",  # mistral, gemma
-    "local_rope": "a RoPE base of its own on windowed layers",  # gemma3
-    "attn_softcap": "soft-capped attention scores",  # gemma2
-    "final_softcap": "soft-capped logits",  # gemma2
-    "long_rope": "LongRoPE long factors",  # phi3
-    "partial_rope": "partial RoPE (rotary dimensions below the head size)",
-    "moe": "mixtures of experts",  # mixtral, qwen3moe
-}
-
-
-@dataclass(frozen=True, slots=True)
-class DecoderSpec:
-    """What one decoder model computes, as numbers: every backend runs this."""
-
-    architecture: str
-    n_layer: int
-    d: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_vocab: int
-    n_ctx: int
-    eps: float
-    scale: float  # Q·K scale, YaRN's attention factor squared included
-    neox: bool  # rotate-half RoPE; else GGUF's interleaved pairs
-    rot_dim: int  # rotated dimensions of a head (head_dim unless partial)
-    act: str  # "silu" | "gelu_tanh"
-    embd_scale: float  # embeddings times this; 0: not scaled
-    post_norms: bool
-    windows: tuple[int, ...]  # per layer: the sliding window, 0 for global attention
-    local_rope: tuple[bool, ...]  # per layer: rotates with the local (windowed) base
-    attn_softcap: float  # 0: none
-    final_softcap: float  # 0: none
-    long_rope_after: int  # LongRoPE: past this many positions the long factors; 0: never
-    qkv_bias: tuple[bool, ...]  # per layer
-    qk_norm: tuple[bool, ...]  # per layer
-    moe: tuple[bool, ...]  # per layer: a mixture of experts
-    n_expert_used: int
-
-    def features(self) -> frozenset[str]:
-        """The parts of :data:`FEATURES` this model uses."""
-        used = {
-            "qkv_bias": any(self.qkv_bias),
-            "qk_norm": any(self.qk_norm),
-            "qkv_bias+qk_norm": any(
-                b and n for b, n in zip(self.qkv_bias, self.qk_norm, strict=True)
-            ),
-            "post_norms": self.post_norms,
-            "gelu_tanh": self.act == "gelu_tanh",
-            "embd_scale": bool(self.embd_scale),
-            "windows": any(self.windows),
-            "local_rope": any(self.local_rope),
-            "attn_softcap": bool(self.attn_softcap),
-            "final_softcap": bool(self.final_softcap),
-            "long_rope": bool(self.long_rope_after),
-            "partial_rope": self.rot_dim != self.head_dim,
-            "moe": any(self.moe),
-        }
-        return frozenset(k for k, v in used.items() if v)
-
-
-def refuse_unsupported(spec: DecoderSpec, where: str, runs: Iterable[str], hint: str) -> None:
-    """The one refusal: UnsupportedError naming what ``spec`` uses that ``where`` does not
-    run (``runs``: names of :data:`FEATURES`)."""
-    missing = sorted(spec.features() - set(runs))
-    if missing:
-        what = ", ".join(FEATURES[m] for m in missing)
-        raise UnsupportedError(
-            f"this {spec.architecture} model uses {what}, which {where} does not run yet; {hint}"
-        )
+__all__ = [
+    "FEATURES",
+    "Decoder",
+    "DecoderBlock",
+    "DecoderSpec",
+    "refuse_unsupported",
+]  # the spec's names are re-exported: every backend imports them from here
 
 
 @dataclass(slots=True)
 class DecoderBlock:
     """One layer's weights (views into the model file); optional parts are None."""
 
-    attn_norm: F32Array  # (d,)
+    attn_norm: F32Array | None  # (d,); None: no pre-norm (olmo2)
     wq: Weight  # (n_head*hd, d)
     wk: Weight  # (n_head_kv*hd, d)
     wv: Weight  # (n_head_kv*hd, d)
     wo: Weight  # (d, n_head*hd)
-    ffn_norm: F32Array  # (d,)
+    ffn_norm: F32Array | None  # (d,)
     w_gate: Weight | None  # (ff, d); None in a mixture of experts
     w_up: Weight | None  # (ff, d)
     w_down: Weight | None  # (d, ff)
@@ -156,10 +97,14 @@ class DecoderBlock:
     bq: F32Array | None = None  # (n_head*hd,)
     bk: F32Array | None = None  # (n_head_kv*hd,)
     bv: F32Array | None = None  # (n_head_kv*hd,)
-    q_norm: F32Array | None = None  # (hd,)
-    k_norm: F32Array | None = None  # (hd,)
+    q_norm: F32Array | None = None  # (hd,), or (n_head*hd,) over the whole projection
+    k_norm: F32Array | None = None  # (hd,), or (n_head_kv*hd,)
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
+    mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
+    mixer: DeltaNet | None = None  # a recurrent layer: in place of attention (wq..wo empty)
+    bo: F32Array | None = None  # (d,)
+    sinks: F32Array | None = None  # (n_head,)
 
 
 def _opt(src: TensorSource, name: str) -> F32Array | None:
@@ -209,25 +154,47 @@ class Decoder(CausalLM):
         self.n_ctx = hp.n_ctx or traits.default_ctx
         self.eps = hp.norm_eps
         windows = _windows(hp)
+        g4 = gemma4_layers(ir, src, windows) if traits.gemma4_layers else None
+        self.g4: Gemma4Layers | None = g4
         self.blocks = [self._block(ir, src, i) for i in range(hp.n_layer)]
         self.output_norm = src.vec("output_norm.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
-        self.inv_freq = rope_inv_freq(self.head_dim, hp.rope_theta, hp.rope_scaling)
+        rot = hp.mla.rope_dim if hp.mla else (hp.rope_dim or self.head_dim)  # partial RoPE
+        self.inv_freq = rope_inv_freq(rot, hp.rope_theta, hp.rope_scaling)
         self.inv_freq_local = (  # the windowed layers' own base (gemma3), unscaled
-            rope_inv_freq(self.head_dim, hp.rope_theta_local, type(hp.rope_scaling)())
+            rope_inv_freq(rot, hp.rope_theta_local, type(hp.rope_scaling)())
             if hp.rope_theta_local
             else self.inv_freq
         )
+        if g4 is not None:  # the global layers' head size; proportional RoPE
+            hd_g = hp.head_dim_global or self.head_dim
+            rot = hp.rope_dims_global or hd_g
+            self.inv_freq = proportional_inv_freq(hd_g, rot, hp.rope_theta)
         after = long_rope_after(hp)
-        self.long_rope = LongRope(hp, self.head_dim, after) if after else None
-        # YaRN scales cos and sin, so each Q·K by the factor squared
-        factor = rope_attention_factor(hp.rope_scaling) ** 2
+        self.long_rope = LongRope(hp, rot, after) if after else None
+        # YaRN / LongRoPE scale cos and sin: each Q·K by the factor squared, unless only part
+        # of each head rotates (then the angle tables carry it, to the rotated dims alone)
+        mscale = rope_attention_factor(hp.rope_scaling)
+        partial = rot != self.head_dim and mscale != 1.0
+        self.rope_mscale = np.float32(mscale) if partial else None
+        factor = 1.0 if partial else mscale**2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
         self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
-        self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
-        self.kv_windows = windows if any(windows) else ()
+        if hp.mla:
+            self.kv_shape = latent_kv_shape(len(self.blocks), hp.mla)
+        else:
+            self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
+        self.rope_from = hp.mla.kv_rank if hp.mla else 0  # where a cached key's RoPE part starts
+        cache_windows = windows  # one per cache layer
+        if g4 is not None:  # a cache layer per layer writing K/V, of the largest head shape
+            self.kv_shape = KVShape(g4.n_cache_layers, g4.cache_kv_heads, g4.cache_head_dim)
+            cache_windows = windows[: g4.n_cache_layers]
+        # a recurrent layer attends to nothing: a one-position window bounds its KV rows
+        kv = tuple(1 if b.mixer else w for b, w in zip(self.blocks, cache_windows, strict=False))
+        self.kv_windows = kv if any(kv) else ()
         local = self.inv_freq_local is not self.inv_freq
+        n_layer = len(self.blocks)
         self.spec = DecoderSpec(
             architecture=ir.architecture,
             n_layer=len(self.blocks),
@@ -253,14 +220,49 @@ class Decoder(CausalLM):
             qk_norm=tuple(b.q_norm is not None for b in self.blocks),
             moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
+            nope=tuple(i in hp.nope_layers for i in range(len(self.blocks))),
+            pre_norms=traits.pre_norms,
+            attn_temp=float(hp.attn_temp_scale),
+            attn_temp_floor=hp.attn_temp_floor,
+            attn_temp_offset=hp.attn_temp_offset,
+            attn_temp_layers=tuple(
+                not traits.attn_temp_nope_only or i in hp.nope_layers for i in range(n_layer)
+            ),
+            qk_l2_norm=tuple(hp.qk_l2_norm and i not in hp.nope_layers for i in range(n_layer)),
+            moe_sigmoid_shared=traits.moe_sigmoid_shared
+            and any(b.experts is not None for b in self.blocks),
+            qk_norm_whole=any(
+                b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
+            ),
+            mla=hp.mla is not None,
+            moe_routing=hp.routing is not None,
+            **(g4.spec_fields(hp) if g4 is not None else {}),
+            attn_gate=traits.attn_gate,
+            recurrent=tuple(b.mixer is not None for b in self.blocks),
+            attn_sinks=tuple(b.sinks is not None for b in self.blocks),
+            attn_out_bias=tuple(b.bo is not None for b in self.blocks),
+            moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
         )
+        self.state_shapes = {
+            i: b.mixer.state_shapes() for i, b in enumerate(self.blocks) if b.mixer is not None
+        }
         self.scratch = Scratch()
+        self.ones_hd = np.ones(self.head_dim, np.float32)  # the weight of a plain RMS norm
 
     def _block(self, ir: ModelIR, src: TensorSource, i: int) -> DecoderBlock:
         """Block ``i``'s weights, fused tensors split into row views."""
         t, p = self.traits, f"blk.{i}."
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-        if t.fused_qkv:
+        nq *= 2 if t.attn_gate else 1  # each head's query, then its gate
+        mla = load_latent(ir, src, i, self.hparams) if self.hparams.mla else None
+        mixer = load_deltanet(src, i, self.hparams, t.grouped_heads)
+        if mixer is not None:  # a recurrent layer has no attention weights
+            wq = wk = wv = Weight(DType.F32, (0, self.d), np.zeros((0, self.d), np.float32))
+        elif mla is not None:
+            wq, wk, wv = mla.wq, mla.wkv_a, mla.wkv_a
+        elif self.g4 is not None:  # its attention weights are in self.g4 (unused here)
+            wq = wk = wv = self.g4.attn[i].wq
+        elif t.fused_qkv:
             wq, wk, wv = _split(
                 ir, src.weight(p + "attn_qkv.weight"), p + "attn_qkv.weight", (nq, nkv, nkv)
             )
@@ -268,7 +270,10 @@ class Decoder(CausalLM):
             wq, wk, wv = (src.weight(p + f"attn_{n}.weight") for n in "qkv")
             for name, w, rows in (("q", wq, nq), ("k", wk, nkv), ("v", wv, nkv)):
                 check_rows(ir, f"{p}attn_{name}.weight", w, rows)
-        experts = load_experts(src, i, self.hparams.n_expert_used)
+        wo = wq if mixer is not None else src.weight(p + "attn_output.weight")
+        g4 = self.g4 is not None  # gemma4's mixture is beside the FFN (self.g4.side)
+        routing = self.hparams.routing
+        experts = None if g4 else load_experts(src, i, self.hparams.n_expert_used, routing)
         gate = up = down = None
         if experts is None:
             if t.fused_gate_up:
@@ -283,14 +288,14 @@ class Decoder(CausalLM):
             else:
                 gate, up = src.weight(p + "ffn_gate.weight"), src.weight(p + "ffn_up.weight")
             down = src.weight(p + "ffn_down.weight")
-        post = t.post_norms
+        post, pre = t.post_norms, t.pre_norms
         return DecoderBlock(
-            attn_norm=src.vec(p + "attn_norm.weight"),
+            attn_norm=src.vec(p + "attn_norm.weight") if pre else None,
             wq=wq,
             wk=wk,
             wv=wv,
-            wo=src.weight(p + "attn_output.weight"),
-            ffn_norm=src.vec(p + "ffn_norm.weight"),
+            wo=wo,
+            ffn_norm=src.vec(f"{p}{t.ffn_norm}.weight") if pre else None,
             w_gate=gate,
             w_up=up,
             w_down=down,
@@ -298,10 +303,14 @@ class Decoder(CausalLM):
             bq=_opt(src, p + "attn_q.bias"),
             bk=_opt(src, p + "attn_k.bias"),
             bv=_opt(src, p + "attn_v.bias"),
-            q_norm=_opt(src, p + "attn_q_norm.weight"),
-            k_norm=_opt(src, p + "attn_k_norm.weight"),
+            q_norm=_opt(src, p + "attn_q_norm.weight") if self.g4 is None else None,
+            k_norm=_opt(src, p + "attn_k_norm.weight") if self.g4 is None else None,
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
+            mla=mla,
+            mixer=mixer,
+            bo=_opt(src, p + "attn_output.bias"),
+            sinks=_opt(src, p + "attn_sinks.weight"),
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -323,11 +332,13 @@ class Decoder(CausalLM):
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, self.d)))  # (n, d)
         if self.embd_scale is not None:
             x *= self.embd_scale
+        g4 = self.g4
+        per_layer = g4.inputs(be, ids, x) if g4 is not None else None  # (n, layers, p)
         h = self.scratch.get("h", (n, self.d))  # (n, d)
         attn = self.scratch.get("attn", (n, nh, hd))  # (n, n_head, hd)
         attn2 = attn.reshape(n, nh * hd)
         # every buffer fetched once per step, not once per layer (Scratch.get costs ~2 us)
-        qb = self.scratch.get("q", (n, nh * hd))
+        qb = self.scratch.get("q", (n, nh * hd * (2 if sp.attn_gate else 1)))
         kb = self.scratch.get("k", (n, nkv * hd))
         vb = self.scratch.get("v", (n, nkv * hd))
         ob = self.scratch.get("o", (n, self.d))
@@ -337,43 +348,59 @@ class Decoder(CausalLM):
         if self.long_rope is not None:
             angles = self.long_rope.angles(be, batch, pos, angles)
         local = be.rope_angles(pos, self.inv_freq_local) if any(sp.local_rope) else angles
+        if self.rope_mscale is not None:
+            angles = (angles[0] * self.rope_mscale, angles[1] * self.rope_mscale)
+            local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
+        hp_mla = self.hparams.mla
+        temp = (
+            attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor, sp.attn_temp_offset)
+            if sp.attn_temp
+            else None
+        )
         for li, b in enumerate(self.blocks):
-            h = be.rms_norm(x, b.attn_norm, self.eps, out=h)
-            q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, (qb, kb, vb))
-            if b.bq is not None and b.bk is not None and b.bv is not None:
-                q += b.bq
-                k += b.bk
-                v += b.bv
-            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if b.q_norm is not None and b.k_norm is not None:  # per head, before RoPE
-                q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
-                k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
+            hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             rot = local if sp.local_rope[li] else angles
-            be.rope(q, rot, self.neox)
-            be.rope(k, rot, self.neox)
-            win = sp.windows[li]
-            attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
-            o = be.matmul(b.wo, attn2, out=ob)
-            x += (
-                o if b.post_attn_norm is None else be.rms_norm(o, b.post_attn_norm, self.eps, out=h)
-            )
-            h = be.rms_norm(x, b.ffn_norm, self.eps, out=h)
+            if b.mixer is not None:  # a recurrent layer in place of attention (qwen35)
+                x += deltanet(be, b.mixer, batch, slices, li, hin, self.eps)
+            else:
+                if b.mla is not None:  # multi-head latent attention (deepseek2)
+                    assert hp_mla is not None
+                    lat = latent_attention(
+                        be, b.mla, hp_mla, hin, batch, slices, li, angles, self.scale, self.eps
+                    )
+                    o = be.matmul(b.wo, lat, out=ob)
+                elif g4 is not None:  # per-layer head shapes, KV sharing, V norms
+                    a = g4.attention(be, li, hin, batch, slices, rot, self.neox, sp.windows[li])
+                    o = be.matmul(b.wo, a, out=ob)
+                else:
+                    self._attention(li, b, batch, slices, hin, (qb, kb, vb), rot, temp, attn)
+                    o = be.matmul(b.wo, attn2, out=ob)
+                    if b.bo is not None:
+                        o += b.bo
+                post = b.post_attn_norm
+                x += o if post is None else be.rms_norm(o, post, self.eps, out=h)
+            hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
-                x += moe_ffn(be, b.experts, h, ob)
+                moe = llama4_moe_ffn if sp.moe_sigmoid_shared else moe_ffn
+                x += moe(be, b.experts, hin, ob)
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
             if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths
                 ff = b.w_gate.shape[0]
                 gb, ub = self.scratch.get("gate", (n, ff)), self.scratch.get("up", (n, ff))
-            g, u = be.matmul_many((b.w_gate, b.w_up), h, (gb, ub))  # (n, ff) each
+            g, u = be.matmul_many((b.w_gate, b.w_up), hin, (gb, ub))  # (n, ff) each
             if gelu:
                 g = be.gelu(g, out=g)
                 g *= u
             else:
                 g = be.silu_mul(g, u, out=g)
             o = be.matmul(b.w_down, g, out=ob)
+            if g4 is not None:  # a mixture beside the FFN
+                o = g4.beside_ffn(be, li, x, o)
             x += o if b.post_ffw_norm is None else be.rms_norm(o, b.post_ffw_norm, self.eps, out=h)
+            if g4 is not None:  # per-layer inputs, output scales
+                g4.after_layer(be, li, x, per_layer)
         rows = end_step(batch, slices)
         if len(rows) == 0:
             return np.zeros((0, self.n_vocab), np.float32)
@@ -386,6 +413,55 @@ class Decoder(CausalLM):
             logits *= cap
         return logits
 
+    def _attention(
+        self,
+        li: int,
+        b: DecoderBlock,
+        batch: Sequence[SeqChunk],
+        slices: list[slice],
+        h: F32Array,
+        bufs: tuple[F32Array, F32Array, F32Array],
+        rot: tuple[F32Array, F32Array],
+        temp: F32Array | None,
+        attn: F32Array,
+    ) -> None:
+        """Layer ``li``'s attention of ``h`` (n, d) into ``attn`` (n, n_head, hd): the GQA
+        layer with every optional part of :class:`DecoderSpec` (``rot``: its RoPE angles,
+        ``temp``: the attention temperature by row)."""
+        be, hd, nh, nkv, sp = self.be, self.head_dim, self.n_head, self.n_head_kv, self.spec
+        n = len(h)
+        q, k, v = be.matmul_many((b.wq, b.wk, b.wv), h, bufs)
+        if b.bq is not None and b.bk is not None and b.bv is not None:
+            q += b.bq
+            k += b.bk
+            v += b.bv
+        gate = None
+        if sp.attn_gate:  # each head's query, then its output gate (qwen35)
+            qg = q.reshape(n, nh, 2, hd)
+            q, gate = np.ascontiguousarray(qg[:, :, 0]), qg[:, :, 1]
+        whole = sp.qk_norm_whole and b.q_norm is not None and b.k_norm is not None
+        if whole:  # over the whole projection (olmo2)
+            assert b.q_norm is not None and b.k_norm is not None
+            q, k = be.rms_norm(q, b.q_norm, self.eps), be.rms_norm(k, b.k_norm, self.eps)
+        q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+        if not whole and b.q_norm is not None and b.k_norm is not None:  # per head
+            q = be.rms_norm(q.reshape(n * nh, hd), b.q_norm, self.eps).reshape(n, nh, hd)
+            k = be.rms_norm(k.reshape(n * nkv, hd), b.k_norm, self.eps).reshape(n, nkv, hd)
+        if not (sp.nope and sp.nope[li]):
+            be.rope(q, rot, self.neox)
+            be.rope(k, rot, self.neox)
+        if sp.qk_l2_norm and sp.qk_l2_norm[li]:  # RMS norms without weights (llama4)
+            q = be.rms_norm(q.reshape(n * nh, hd), self.ones_hd, self.eps).reshape(n, nh, hd)
+            k = be.rms_norm(k.reshape(n * nkv, hd), self.ones_hd, self.eps).reshape(n, nkv, hd)
+        if temp is not None and sp.attn_temp_layers[li]:  # sharper past the original context
+            q *= temp
+        win = sp.windows[li]
+        attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+        if b.sinks is not None:  # a sink logit per head in the softmax (gpt-oss)
+            apply_sinks(batch, slices, li, q, b.sinks, self.scale, attn, win)
+        if gate is not None:
+            attn *= 1.0 / (1.0 + np.exp(-gate))
+
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """Drop tokens after the anchors; re-rotate the moved keys by ``-n_discard``, each
         layer with its own RoPE base."""
@@ -393,9 +469,30 @@ class Decoder(CausalLM):
         if cache.n <= n_keep:
             return
         delta = np.full(cache.n - n_keep, -n_discard, np.int64)
-        invs = iter([self.inv_freq_local if loc else self.inv_freq for loc in self.spec.local_rope])
+        sp = self.spec
+        n_cache = cache.shape.n_layer  # a cache layer per layer producing K/V (gemma4)
+        invs = iter(
+            [
+                None if nope else self.inv_freq_local if loc else self.inv_freq
+                for loc, nope in zip(
+                    sp.local_rope[:n_cache],
+                    (sp.nope or (False,) * sp.n_layer)[:n_cache],
+                    strict=True,
+                )
+            ]
+        )
+        layers = itertools.count()
 
         def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            self.be.rope(k, self.be.rope_angles(delta[: len(k)], next(invs)), self.neox)
+            inv, layer = next(invs), next(layers)
+            if inv is None:  # a NoPE layer's keys carry no position
+                return
+            angles = self.be.rope_angles(delta[: len(k)], inv)
+            if self.g4 is not None:  # each layer's own head size of the padded rows
+                self.g4.rerotate(self.be, k, layer, angles, self.neox)
+                return
+            part = np.ascontiguousarray(k[..., self.rope_from :])  # latent: the RoPE tail
+            self.be.rope(part, angles, self.neox)
+            k[..., self.rope_from :] = part
 
         cache.update_keys(n_keep, rerotate)

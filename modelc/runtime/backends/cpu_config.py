@@ -63,6 +63,7 @@ TYPE_CODES: dict[DType, int] = {
     DType.BF16: _k.BF16,
     DType.IQ4_NL: _k.IQ4_NL,
     DType.IQ4_XS: _k.IQ4_XS,
+    DType.MXFP4: _k.MXFP4,
 }
 
 # the weight dtypes whose matmuls run in C (every mode, every SIMD level)

@@ -35,7 +35,11 @@ import numpy as np
 from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch import build
-from modelc.runtime.arch.decoder import FEATURES, Decoder, DecoderBlock, refuse_unsupported
+from modelc.runtime.arch.decoder import (
+    Decoder,
+    DecoderBlock,
+    refuse_unsupported,
+)
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
@@ -104,7 +108,22 @@ def gemv_rows_for(weight_bytes: int) -> int:
 
 
 # what the GPU forward runs of the decoder's description (the rest is refused)
-CUDA_RUNS = frozenset(FEATURES) - {"moe", "partial_rope", "qkv_bias+qk_norm"}
+# what the GPU forward runs of the decoder's description, named one by one: a feature added to
+# the description is refused here until this backend runs it
+CUDA_RUNS = frozenset(
+    {
+        "qkv_bias",
+        "qk_norm",
+        "post_norms",
+        "gelu_tanh",
+        "embd_scale",
+        "windows",
+        "local_rope",
+        "attn_softcap",
+        "final_softcap",
+        "long_rope",
+    }
+)
 
 
 def cuda_host(ir: ModelIR) -> Decoder:

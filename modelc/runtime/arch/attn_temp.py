@@ -1,0 +1,26 @@
+"""Llama 4's attention temperature tuning (Llama 4's NoPE layers, Mistral 3 / Ministral 3).
+
+Past the original context the queries are scaled up by position, so attention stays sharp
+over long sequences: ``q *= 1 + beta * ln(1 + floor((pos + offset) / floor_scale))`` (transformers'
+``get_llama_4_attn_scale``; llama.cpp's ``llm_graph_input_attn_temp``, ``beta`` its
+``attention.temperature_scale`` and ``floor_scale`` the original context).  Positions
+below ``floor_scale`` are left as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from modelc.runtime.backend import F32Array
+
+
+def attn_temperature(
+    pos: np.ndarray[Any, Any], beta: float, floor_scale: int, offset: float = 0.0
+) -> F32Array:
+    """Each row's query scale, (n, 1, 1) f32, for positions ``pos`` (n,) (plus ``offset``:
+    llama 4 counts from 1)."""
+    steps = np.floor((np.asarray(pos, np.float32) + np.float32(offset)) / np.float32(floor_scale))
+    t: F32Array = (1.0 + np.float32(beta) * np.log1p(steps)).astype(np.float32)
+    return t.reshape(-1, 1, 1)

@@ -1,0 +1,167 @@
+"""What a decoder model computes, as data: :data:`FEATURES` (every optional part a
+:class:`DecoderSpec` may use, and how a refusal names it), the spec itself, and the one
+refusal (:func:`refuse_unsupported`) every backend makes of what it does not run.
+
+:class:`~modelc.runtime.arch.decoder.Decoder` builds the spec from a family's
+:class:`~modelc.families.contract.DecoderTraits` and hyper-parameters; the CPU backends run
+it there, CUDA in :mod:`modelc.runtime.backends.cuda_llama` (``CUDA_RUNS``), ``modelc
+compile`` in :mod:`modelc.compile.spec` (``COMPILE_RUNS``), each naming what it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from modelc.errors import UnsupportedError
+
+__all__ = ["FEATURES", "DecoderSpec", "refuse_unsupported"]
+
+# every feature a DecoderSpec may use, and how a refusal names it; a backend names the
+# subset it runs
+FEATURES: dict[str, str] = {
+    "qkv_bias": "Q/K/V biases",  # qwen2
+    "qk_norm": "per-head Q/K norms",  # qwen3, gemma3
+    "qkv_bias+qk_norm": "Q/K/V biases together with Q/K norms",
+    "post_norms": "norms after attention and FFN",  # gemma
+    "gelu_tanh": "a GELU FFN",  # gemma
+    "embd_scale": "scaled embeddings",  # gemma
+    "windows": "sliding-window attention",  # mistral, gemma
+    "local_rope": "a RoPE base of its own on windowed layers",  # gemma3
+    "attn_softcap": "soft-capped attention scores",  # gemma2
+    "final_softcap": "soft-capped logits",  # gemma2
+    "long_rope": "LongRoPE long factors",  # phi3
+    "partial_rope": "partial RoPE (rotary dimensions below the head size)",
+    "moe": "mixtures of experts",  # mixtral, qwen3moe
+    "attn_sinks": "attention sinks",  # gpt-oss
+    "attn_out_bias": "attention output biases",  # gpt-oss
+    "moe_oai": "gpt-oss's experts (router and expert biases, a clamped SwiGLU)",
+    "nope": "layers without RoPE (NoPE)",  # smollm3
+    "no_pre_norms": "post-norms without pre-norms",  # olmo2
+    "qk_norm_whole": "Q/K norms over the whole projection",  # olmo2
+    "attn_temp": "attention temperature tuning by position",  # mistral3, llama4
+    "mla": "multi-head latent attention",  # deepseek2
+    "moe_routing": "grouped or sigmoid expert routing with shared experts",  # deepseek2
+    # gemma4 (runtime/arch/gemma4.py)
+    "head_shapes": "global layers with their own head size or KV head count",
+    "kv_sharing": "layers reusing the keys and values of earlier ones",
+    "v_norm": "normed values",
+    "values_from_keys": "values from the key projection",
+    "proportional_rope": "proportional RoPE",
+    "per_layer_embd": "per-layer input embeddings",
+    "layer_scale": "per-layer output scales",
+    "side_experts": "mixtures of experts beside the FFN",
+    "qk_l2_norm": "Q/K L2 norms",  # llama4
+    "moe_sigmoid_shared": "sigmoid-routed experts with a shared expert",  # llama4
+    "attn_gate": "gated attention outputs",  # qwen35
+    "gated_deltanet": "Gated DeltaNet linear attention (a recurrent state per sequence)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderSpec:
+    """What one decoder model computes, as numbers: every backend runs this."""
+
+    architecture: str
+    n_layer: int
+    d: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    n_ctx: int
+    eps: float
+    scale: float  # Q·K scale, YaRN's attention factor squared included
+    neox: bool  # rotate-half RoPE; else GGUF's interleaved pairs
+    rot_dim: int  # rotated dimensions of a head (head_dim unless partial)
+    act: str  # "silu" | "gelu_tanh"
+    embd_scale: float  # embeddings times this; 0: not scaled
+    post_norms: bool
+    windows: tuple[int, ...]  # per layer: the sliding window, 0 for global attention
+    local_rope: tuple[bool, ...]  # per layer: rotates with the local (windowed) base
+    attn_softcap: float  # 0: none
+    final_softcap: float  # 0: none
+    long_rope_after: int  # LongRoPE: past this many positions the long factors; 0: never
+    qkv_bias: tuple[bool, ...]  # per layer
+    qk_norm: tuple[bool, ...]  # per layer
+    moe: tuple[bool, ...]  # per layer: a mixture of experts
+    n_expert_used: int
+    attn_sinks: tuple[bool, ...] = ()  # per layer: a sink logit per head (gpt-oss)
+    attn_out_bias: tuple[bool, ...] = ()  # per layer: attn_output has a bias
+    moe_oai: bool = False  # gpt-oss's experts (moe_oai)
+    nope: tuple[bool, ...] = ()  # per layer: no RoPE (smollm3); (): RoPE on every layer
+    pre_norms: bool = True  # False: the layer input goes to attention / FFN unnormed (olmo2)
+    qk_norm_whole: bool = False  # Q/K norms over all heads at once, not per head (olmo2)
+    attn_temp: float = 0.0  # llama-4 temperature tuning's beta (mistral3); 0: none
+    attn_temp_floor: int = 0  # ... its floor scale (positions a step)
+    mla: bool = False  # multi-head latent attention (runtime/arch/mla.py)
+    moe_routing: bool = False  # a mixture routed by HParams.routing (runtime/arch/moe.py)
+    # gemma4: per layer, when a model has them (runtime/arch/gemma4.py)
+    head_dims: tuple[int, ...] = ()  # each layer's head size; (): head_dim
+    kv_heads: tuple[int, ...] = ()  # each layer's KV heads; (): n_head_kv
+    kv_source: tuple[int, ...] = ()  # the cache layer each layer writes or reads; (): its own
+    v_norm: bool = False
+    values_from_keys: bool = False
+    rope_dims_global: int = 0  # proportional RoPE: pairs turning on global layers, x2; 0: none
+    per_layer_embd: int = 0  # per-layer inputs' width; 0: none
+    layer_scale: bool = False
+    side_experts: tuple[bool, ...] = ()  # per layer: a mixture beside the FFN
+    attn_temp_offset: float = 0.0  # ... added to each position (llama4: 1)
+    attn_temp_layers: tuple[bool, ...] = ()  # per layer: tuned (llama4: the NoPE layers)
+    qk_l2_norm: tuple[bool, ...] = ()  # per layer: Q/K RMS-normed after RoPE (llama4)
+    moe_sigmoid_shared: bool = False  # llama4's mixture (runtime/arch/llama4_moe.py)
+    attn_gate: bool = False  # attention outputs times sigmoid(gate rows of attn_q)
+    recurrent: tuple[bool, ...] = ()  # per layer: Gated DeltaNet in place of attention
+
+    def features(self) -> frozenset[str]:
+        """The parts of :data:`FEATURES` this model uses."""
+        used = {
+            "qkv_bias": any(self.qkv_bias),
+            "qk_norm": any(self.qk_norm),
+            "qkv_bias+qk_norm": any(
+                b and n for b, n in zip(self.qkv_bias, self.qk_norm, strict=True)
+            ),
+            "post_norms": self.post_norms,
+            "gelu_tanh": self.act == "gelu_tanh",
+            "embd_scale": bool(self.embd_scale),
+            "windows": any(self.windows),
+            "local_rope": any(self.local_rope),
+            "attn_softcap": bool(self.attn_softcap),
+            "final_softcap": bool(self.final_softcap),
+            "long_rope": bool(self.long_rope_after),
+            "partial_rope": self.rot_dim != max(self.head_dims or (self.head_dim,)),
+            "moe": any(self.moe),
+            "attn_sinks": any(self.attn_sinks),
+            "attn_out_bias": any(self.attn_out_bias),
+            "moe_oai": self.moe_oai,
+            "nope": any(self.nope),
+            "no_pre_norms": not self.pre_norms,
+            "qk_norm_whole": self.qk_norm_whole,
+            "attn_temp": bool(self.attn_temp),
+            "mla": self.mla,
+            "moe_routing": self.moe_routing,
+            "head_shapes": len(set(self.head_dims)) > 1 or len(set(self.kv_heads)) > 1,
+            "kv_sharing": self.kv_source != tuple(range(len(self.kv_source))),
+            "v_norm": self.v_norm,
+            "values_from_keys": self.values_from_keys,
+            "proportional_rope": bool(self.rope_dims_global),
+            "per_layer_embd": bool(self.per_layer_embd),
+            "layer_scale": self.layer_scale,
+            "side_experts": any(self.side_experts),
+            "qk_l2_norm": any(self.qk_l2_norm),
+            "moe_sigmoid_shared": self.moe_sigmoid_shared,
+            "attn_gate": self.attn_gate,
+            "gated_deltanet": any(self.recurrent),
+        }
+        return frozenset(k for k, v in used.items() if v)
+
+
+def refuse_unsupported(spec: DecoderSpec, where: str, runs: Iterable[str], hint: str) -> None:
+    """The one refusal: UnsupportedError naming what ``spec`` uses that ``where`` does not
+    run (``runs``: names of :data:`FEATURES`)."""
+    missing = sorted(spec.features() - set(runs))
+    if missing:
+        what = ", ".join(FEATURES[m] for m in missing)
+        raise UnsupportedError(
+            f"this {spec.architecture} model uses {what}, which {where} does not run yet; {hint}"
+        )
