@@ -5,6 +5,7 @@ llama.cpp's server with the same template file."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,69 @@ def test_ollama_gets_the_server_budget(srv: Server) -> None:
     assert (got.get("thinking") or "") == (chat.get("reasoning_content") or "")
     unbudgeted = content(srv.url, body(1000) | {"reasoning_format": "auto"})[0]
     assert not unbudgeted
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+
+
+@pytest.fixture(scope="module")
+def srv4() -> Iterator[Server]:
+    """As ``srv``, with a budget of 4 tokens: the trace SmolLM2 writes in them is text."""
+    s = start(
+        str(smollm2_gguf()),
+        *("--alias", "m", "--chat-template-file", str(QWEN35), "--reasoning-budget", "4"),
+    )
+    yield s
+    s.stop()
+
+
+def test_json_answer_after_a_trace_the_model_wrote(srv4: Server) -> None:
+    """Issue 33, must-show 4 with a trace the model itself writes: the prompt opens the
+    trace (Qwen3.5), the model writes four tokens of it, the budget ends it, and the
+    JSON-schema constraint then holds the answer: valid JSON of the schema after a
+    non-empty trace, the same on the chat route (``response_format``), Ollama's
+    ``/api/chat`` (``format``) and Responses (``text.format``)."""
+    srv = srv4
+    rf = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
+    chat = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"model": "m", **body(None, response_format=rf, max_tokens=40)}
+        | {"reasoning_format": "auto"},
+        timeout=300,
+    ).json()["choices"][0]["message"]
+    opts = {"num_predict": 40, "temperature": 0}
+    ollama = httpx.post(
+        f"{srv.url}/api/chat",
+        json={"model": "m", "messages": USER, "stream": False, "format": SCHEMA, "options": opts},
+        timeout=300,
+    ).json()["message"]
+    fmt = {"format": {"type": "json_schema", "name": "w", "schema": SCHEMA}}
+    resp = httpx.post(
+        f"{srv.url}/v1/responses",
+        json={"model": "m", "input": USER, "max_output_tokens": 40, "temperature": 0, "text": fmt},
+        timeout=300,
+    ).json()
+    trace = "".join(
+        c["text"] for it in resp["output"] if it["type"] == "reasoning" for c in it["content"]
+    )
+    answer = "".join(
+        c["text"]
+        for it in resp["output"]
+        if it["type"] == "message"
+        for c in it["content"]
+        if c["type"] == "output_text"
+    )
+    got = {
+        "chat": (chat["reasoning_content"], chat["content"]),
+        "ollama": (ollama["thinking"], ollama["content"]),
+        "responses": (trace, answer),
+    }
+    for route, (thought, text) in got.items():
+        assert thought.strip(), route  # the model wrote a trace
+        value = json.loads(text)  # and then an answer of the schema
+        assert set(value) == {"city", "days"} and isinstance(value["days"], int), route
+    assert len(set(got.values())) == 1, got
