@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from modelc.cli.options import QUANTIZE_CHOICES
 from tests.cli_support import Cli, write_mlp
 
 
@@ -42,7 +43,7 @@ def test_bash_completion_of_commands_options_values_and_models(cli: Cli, tmp_pat
     cli("pack", "m.safetensors", "--name", "tiny-mlp")
     script = tmp_path / "modelc.bash"
     script.write_text(cli("completions", "bash").stdout)
-    quant = ["fp16", "int8", "int4", "q8_0", "q4_0"]
+    quant = list(QUANTIZE_CHOICES)  # fp16 int8 int4 q8_0 q4_0, then the K mixes
     assert {"pack", "inspect", "run", "bench", "--version"} <= set(
         _complete(cli, script, "modelc", "")
     )
@@ -56,7 +57,9 @@ def test_bash_completion_of_commands_options_values_and_models(cli: Cli, tmp_pat
     assert _complete(cli, script, "modelc", "pack", "") == []  # SRC is a file: none here
     # option values
     assert _complete(cli, script, "modelc", "pack", "m.safetensors", "--quantize", "") == quant
-    assert _complete(cli, script, "modelc", "pull", "--quantize", "q") == ["q8_0", "q4_0"]
+    assert _complete(cli, script, "modelc", "pull", "--quantize", "q") == [
+        q for q in QUANTIZE_CHOICES if q.startswith("q")
+    ]
     assert _complete(cli, script, "modelc", "pack", "--quantize", "=", "") == quant
     kv = ["f32", "f16", "int8", "mixed"]
     assert _complete(cli, script, "modelc", "run", "tiny-mlp", "--kv-cache", "") == kv
@@ -72,10 +75,11 @@ def test_bash_completion_of_commands_options_values_and_models(cli: Cli, tmp_pat
 def test_completion_scripts(cli: Cli, shell: str) -> None:
     script = cli("completions", shell).stdout
     assert "list --names" in script
-    for word in ("pack", "inspect", "tokenize", "fp16 int8 int4 q8_0 q4_0", "f32 f16 int8 mixed"):
+    quant = " ".join(QUANTIZE_CHOICES)
+    for word in ("pack", "inspect", "tokenize", quant, "f32 f16 int8 mixed"):
         assert word in script, word
     if shell == "fish":
-        assert "-l quantize -x -a 'fp16 int8 int4 q8_0 q4_0'" in script
+        assert f"-l quantize -x -a '{quant}'" in script
         assert "-l json" in script
     else:
         proc = subprocess.run(
