@@ -1,7 +1,7 @@
 """Perplexity of modelc's q4_k_m pack against llama.cpp's Q4_K_M of the same F16 source.
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.kquant_perplexity [--text README.md]
-        [--ctx 128] [--chunks 16] [--bin ~/.cache/llama-quantize-build/bin] [--source F16.gguf]
+        [--ctx 128] [--chunks 16] [--bin ~/.cache/llama-quantize-build/bin] [--source F16.gguf] [--all-mixes]
 
 The source is the F16 tiny qwen3 of ``tests/kquant_source.py`` (random weights: the figure
 is near the vocabulary size; what matters is that both sides give the same one), or
@@ -29,13 +29,15 @@ from typing import Any
 import numpy as np
 
 from modelc.artifact import PackOptions, load_artifact, open_artifact, write_artifact
+from modelc.artifact.mixes import K_MIXES
 from modelc.formats import load_model
+from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.backends.cpu import CpuBackend
 from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.tokenizer import Tokenizer
 from tests.gguf_manifest import manifest
-from tests.kquant_source import write_source
+from tests.kquant_source import write_imatrix, write_source
 
 Array = np.ndarray[Any, Any]
 BIN = Path.home() / ".cache" / "llama-quantize-build" / "bin"
@@ -96,6 +98,23 @@ def tensor_digests(path: Path) -> dict[str, tuple[str, str]]:
         art.close()
 
 
+def same_tensors(
+    quantize: Path, ir: ModelIR, src: Path, d: Path, mix: str, imatrix: Path | None = None
+) -> tuple[Path, Path, str]:
+    """llama-quantize's and modelc's packs of ``src`` with ``mix``, and how many of their
+    tensors are equal (type and bytes)."""
+    tag = mix + ("_imatrix" if imatrix else "")
+    theirs, ours = d / f"{tag}.gguf", d / f"{tag}.modelc"
+    im = ["--imatrix", str(imatrix)] if imatrix else []
+    subprocess.run([str(quantize), *im, str(src), str(theirs), mix.upper(), "2"],
+                   check=True, capture_output=True)  # fmt: skip
+    write_artifact(ir, ours, PackOptions(quantize=mix, imatrix=str(imatrix) if imatrix else None))
+    llama = {t["name"]: (t["type"], t["sha256"]) for t in manifest(theirs)["tensors"]}
+    got = tensor_digests(ours)
+    differ = sorted(n for n in llama if got.get(n) != llama[n])
+    return theirs, ours, f"{len(llama) - len(differ)} of {len(llama)} ({', '.join(differ[:5])})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--text", type=Path, default=Path(__file__).parents[1] / "README.md")
@@ -103,14 +122,25 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--bin", type=Path, default=BIN)
     ap.add_argument("--source", type=Path, help="an F16 GGUF (default: the tiny qwen3)")
+    ap.add_argument(
+        "--all-mixes", action="store_true", help="first compare every K mix's tensors too"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        src, theirs = args.source or d / "f16.gguf", d / "q4_k_m.gguf"
+        src = args.source or d / "f16.gguf"
         if args.source is None:
             write_source(src)
-        subprocess.run([str(args.bin / "llama-quantize"), str(src), str(theirs), "Q4_K_M", "2"],
-                       check=True, capture_output=True)  # fmt: skip
+        ir = load_model(src)
+        quantize = args.bin / "llama-quantize"
+        if args.all_mixes:
+            write_imatrix(src, d / "imatrix.gguf")
+            for mix, im in [*((m, None) for m in K_MIXES), ("q4_k_m", d / "imatrix.gguf")]:
+                _, _, same = same_tensors(quantize, ir, src, d, mix, im)
+                print(
+                    f"{mix}{' + imatrix' if im else ''}: tensors equal to llama-quantize's: {same}"
+                )
+        theirs, ours, same_bytes = same_tensors(quantize, ir, src, d, "q4_k_m")
         exe, text = args.bin / "llama-perplexity", args.text
         llama_perplexity(exe, src, text, args.ctx, args.chunks, d / "base")
         ppl = {
@@ -118,22 +148,16 @@ def main() -> None:
             "llama.cpp q4_k_m": llama_perplexity(exe, theirs, text, args.ctx, args.chunks),
         }
         n_ctx, ids = scored_ids(d / "base")
-        ir = load_model(src)
         assert ir.tokenizer is not None
         tok = Tokenizer(ir.tokenizer)
         bos = tok.bos_id if tok.adds_bos else None
         ours_ids = tok.encode(args.text.read_text())
         same_ids = ours_ids[: ids.size] == [int(t) for t in ids.reshape(-1)]
-        write_artifact(ir, d / "q.modelc", PackOptions(quantize="q4_k_m"))
-        llama = {t["name"]: (t["type"], t["sha256"]) for t in manifest(theirs)["tensors"]}
-        ours = tensor_digests(d / "q.modelc")
-        differ = sorted(n for n in llama if ours.get(n) != llama[n])
-        same_bytes = f"{len(llama) - len(differ)} of {len(llama)} ({', '.join(differ[:5])})"
         for mode in ("exact", "fast"):
             ppl[f"modelc f16 {mode}"] = perplexity(
                 build(ir, CpuBackend(threads=2, matmul=mode)), ids, bos
             )
-            packed = build(load_artifact(d / "q.modelc"), CpuBackend(threads=2, matmul=mode))
+            packed = build(load_artifact(ours), CpuBackend(threads=2, matmul=mode))
             ppl[f"modelc q4_k_m {mode}"] = perplexity(packed, ids, bos)
     print(f"source {src.name}, text {args.text.name}: {ids.shape[0]} chunks of {n_ctx} tokens, "
           f"{ids.shape[0] * (n_ctx - 1 - n_ctx // 2)} scored; modelc's tokens equal llama.cpp's: "
