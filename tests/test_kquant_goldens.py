@@ -43,9 +43,10 @@ def test_the_source_is_the_one_llama_quantize_read(source: Path) -> None:
     assert manifest(source)["tensors"] == golden("f16")
 
 
-def packed(source: Path, out: Path, opts: PackOptions) -> list[dict[str, Any]]:
-    """The artifact's tensors as a GGUF manifest records them."""
-    write_artifact(load_model(source), out, opts)
+def packed(source: Path, out: Path, opts: PackOptions | None) -> list[dict[str, Any]]:
+    """The artifact's tensors as a GGUF manifest records them (``opts``: packed here first)."""
+    if opts is not None:
+        write_artifact(load_model(source), out, opts)
     art = open_artifact(out)
     try:
         rows = [
@@ -77,3 +78,12 @@ def test_pack_equals_llama_quantize(name: str, source: Path, tmp_path: Path) -> 
     ]
     assert not differ, "\n".join(differ)
     assert {"Q4_K", "Q5_K", "Q6_K"} & {t["type"] for t in theirs.values()}
+
+
+def test_cli_pack_quantize_q4_k_m_equals_llama_quantize(source: Path, tmp_path: Path) -> None:
+    """The must-show's own command: ``modelc pack F16.gguf --quantize q4_k_m``."""
+    from tests.cli_support import Cli
+
+    cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
+    cli("pack", str(source), "-o", "q.modelc", "--quantize", "q4_k_m")
+    assert packed(source, tmp_path / "q.modelc", None) == golden("q4_k_m")
