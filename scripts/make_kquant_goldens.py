@@ -3,7 +3,8 @@
 Writes the F16 tiny qwen3 of ``tests/kquant_source.py`` and its importance matrix, runs
 ``llama-quantize`` on it for each mix (and Q4_K_M with the imatrix), and records each
 output's manifest (per tensor: name, type, shape, sha256 of the bytes) as
-``tests/golden/kquant_<mix>.json``, the source's as ``tests/golden/kquant_f16.json``.
+``tests/golden/kquant_<mix>.json``, the source's as ``tests/golden/kquant_f16.json``; the same
+model stored as BF16 (``kquant_bf16.json``) and its Q4_K_M (``kquant_bf16_q4_k_m.json``).
 
 ``llama-quantize`` is built from the llama-cpp-python 0.3.36 sdist's llama.cpp, CPU only::
 
@@ -45,7 +46,7 @@ def quantize(binary: Path, src: Path, out: Path, qtype: str, imatrix: Path | Non
     ]
     subprocess.run(cmd, check=True, capture_output=True)
     return ["llama-quantize", *(["--imatrix", "kquant_imatrix.gguf"] if imatrix else []),
-            "kquant_f16.gguf", out.name, qtype, "2"]  # fmt: skip
+            src.name, out.name, qtype, "2"]  # fmt: skip
 
 
 def record(name: str, path: Path, command: list[str]) -> None:
@@ -67,12 +68,17 @@ def main() -> None:
         write_source(src)
         write_imatrix(src, im)
         record("f16", src, ["python -m scripts.make_kquant_goldens"])
+        bf16 = d / "kquant_bf16.gguf"
+        write_source(bf16, "BF16")
+        record("bf16", bf16, ["python -m scripts.make_kquant_goldens"])
         exe = args.bin / "llama-quantize"
         for mix, qtype in MIXES.items():
             out = d / f"kquant_{mix}.gguf"
             record(mix, out, quantize(exe, src, out, qtype, None))
         out = d / "kquant_q4_k_m_imatrix.gguf"
         record("q4_k_m_imatrix", out, quantize(exe, src, out, "Q4_K_M", im))
+        out = d / "kquant_bf16_q4_k_m.gguf"
+        record("bf16_q4_k_m", out, quantize(exe, bf16, out, "Q4_K_M", None))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ files (the weights are a pure function of the tiny qwen3's seed) and packs them 
 
 The model is the tiny qwen3 of ``tests/gen_families.py`` made 256 wide, so that its matrices
 take K-quant blocks (attn_output's 128-wide rows fall back, as llama-quantize does); its
-matrices are stored as F16, its vectors as F32, as ``convert_hf_to_gguf.py --outtype f16``
-writes them.
+matrices are stored as F16 (or BF16), its vectors as F32, as ``convert_hf_to_gguf.py
+--outtype f16`` writes them.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ def wide_qwen3() -> Iterator[None]:
         gen_families.CONFIGS["qwen3"] = old
 
 
-def write_source(path: Path) -> None:
-    """The F16 GGUF of the 256-wide tiny qwen3."""
+def write_source(path: Path, qtype: str = "F16") -> None:
+    """The F16 (or ``qtype`` BF16) GGUF of the 256-wide tiny qwen3."""
     with wide_qwen3():
         weights = gen_families.make_weights("qwen3")
-        gen_families.write_gguf("qwen3", weights, path, gguf.GGMLQuantizationType.F16)
+        gen_families.write_gguf("qwen3", weights, path, gguf.GGMLQuantizationType[qtype])
 
 
 def write_imatrix(source: Path, path: Path) -> None:

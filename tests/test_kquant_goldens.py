@@ -33,14 +33,17 @@ def golden(name: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The F16 source; beside it its BF16 twin and the importance matrix."""
     d = tmp_path_factory.mktemp("kquant")
     write_source(d / "f16.gguf")
+    write_source(d / "bf16.gguf", "BF16")
     write_imatrix(d / "f16.gguf", d / "imatrix.gguf")
     return d / "f16.gguf"
 
 
-def test_the_source_is_the_one_llama_quantize_read(source: Path) -> None:
-    assert manifest(source)["tensors"] == golden("f16")
+@pytest.mark.parametrize("stored", ["f16", "bf16"])
+def test_the_source_is_the_one_llama_quantize_read(stored: str, source: Path) -> None:
+    assert manifest(source.with_name(f"{stored}.gguf"))["tensors"] == golden(stored)
 
 
 def packed(source: Path, out: Path, opts: PackOptions | None) -> list[dict[str, Any]]:
@@ -63,13 +66,16 @@ def packed(source: Path, out: Path, opts: PackOptions | None) -> list[dict[str, 
     return sorted(rows, key=lambda t: t["name"])
 
 
-@pytest.mark.parametrize("name", [*MIXES, "q4_k_m_imatrix"])
+@pytest.mark.parametrize("name", [*MIXES, "q4_k_m_imatrix", "bf16_q4_k_m"])
 def test_pack_equals_llama_quantize(name: str, source: Path, tmp_path: Path) -> None:
-    mix = name.removesuffix("_imatrix")
+    """``<mix>``: of the F16 source; ``<mix>_imatrix``: with the imatrix; ``bf16_<mix>``: of
+    the BF16 source."""
+    src = source.with_name("bf16.gguf") if name.startswith("bf16_") else source
+    mix = name.removesuffix("_imatrix").removeprefix("bf16_")
     im = str(source.with_name("imatrix.gguf")) if name.endswith("_imatrix") else None
     ours = {
         t["name"]: t
-        for t in packed(source, tmp_path / "q.modelc", PackOptions(quantize=mix, imatrix=im))
+        for t in packed(src, tmp_path / "q.modelc", PackOptions(quantize=mix, imatrix=im))
     }
     theirs = {t["name"]: t for t in golden(name)}
     assert sorted(ours) == sorted(theirs)
