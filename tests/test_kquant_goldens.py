@@ -1,0 +1,95 @@
+"""modelc's K-quant packs against llama.cpp's own ``llama-quantize`` (issue 36, must-show 2).
+
+``scripts/make_kquant_goldens.py`` ran ``llama-quantize`` on the F16 tiny qwen3 of
+``tests/kquant_source.py`` for each mix (and Q4_K_M with an importance matrix) and recorded
+every output tensor's type, shape and sha256 in ``tests/golden/kquant_<mix>.json``. Here modelc
+packs the same F16 file with the same mix: every tensor has llama-quantize's type and bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.artifact import PackOptions, open_artifact, write_artifact
+from modelc.formats import load_model
+from tests.gguf_manifest import manifest
+from tests.kquant_source import MIXES, write_imatrix, write_source
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def golden(name: str) -> list[dict[str, Any]]:
+    tensors: list[dict[str, Any]] = json.loads((GOLDEN / f"kquant_{name}.json").read_text())[
+        "tensors"
+    ]
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The F16 source; beside it its BF16 twin and the importance matrix."""
+    d = tmp_path_factory.mktemp("kquant")
+    write_source(d / "f16.gguf")
+    write_source(d / "bf16.gguf", "BF16")
+    write_imatrix(d / "f16.gguf", d / "imatrix.gguf")
+    return d / "f16.gguf"
+
+
+@pytest.mark.parametrize("stored", ["f16", "bf16"])
+def test_the_source_is_the_one_llama_quantize_read(stored: str, source: Path) -> None:
+    assert manifest(source.with_name(f"{stored}.gguf"))["tensors"] == golden(stored)
+
+
+def packed(source: Path, out: Path, opts: PackOptions | None) -> list[dict[str, Any]]:
+    """The artifact's tensors as a GGUF manifest records them (``opts``: packed here first)."""
+    if opts is not None:
+        write_artifact(load_model(source), out, opts)
+    art = open_artifact(out)
+    try:
+        rows = [
+            {
+                "name": e.name,
+                "type": e.dtype.upper(),
+                "shape": [int(n) for n in e.shape],
+                "sha256": hashlib.sha256(np.array(art.load(e)).tobytes()).hexdigest(),
+            }
+            for e in art.manifest.tensors
+        ]
+    finally:
+        art.close()
+    return sorted(rows, key=lambda t: t["name"])
+
+
+@pytest.mark.parametrize("name", [*MIXES, "q4_k_m_imatrix", "bf16_q4_k_m"])
+def test_pack_equals_llama_quantize(name: str, source: Path, tmp_path: Path) -> None:
+    """``<mix>``: of the F16 source; ``<mix>_imatrix``: with the imatrix; ``bf16_<mix>``: of
+    the BF16 source."""
+    src = source.with_name("bf16.gguf") if name.startswith("bf16_") else source
+    mix = name.removesuffix("_imatrix").removeprefix("bf16_")
+    im = str(source.with_name("imatrix.gguf")) if name.endswith("_imatrix") else None
+    ours = {
+        t["name"]: t
+        for t in packed(src, tmp_path / "q.modelc", PackOptions(quantize=mix, imatrix=im))
+    }
+    theirs = {t["name"]: t for t in golden(name)}
+    assert sorted(ours) == sorted(theirs)
+    differ = [
+        f"{n}: ours {ours[n]}, llama-quantize {theirs[n]}" for n in theirs if ours[n] != theirs[n]
+    ]
+    assert not differ, "\n".join(differ)
+    assert {"Q4_K", "Q5_K", "Q6_K"} & {t["type"] for t in theirs.values()}
+
+
+def test_cli_pack_quantize_q4_k_m_equals_llama_quantize(source: Path, tmp_path: Path) -> None:
+    """The must-show's own command: ``modelc pack F16.gguf --quantize q4_k_m``."""
+    from tests.cli_support import Cli
+
+    cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
+    cli("pack", str(source), "-o", "q.modelc", "--quantize", "q4_k_m")
+    assert packed(source, tmp_path / "q.modelc", None) == golden("q4_k_m")
