@@ -29,5 +29,8 @@ fi
 .venv/bin/mypy
 # two workers, each given whole modules (--dist loadfile: a module's fixtures start once);
 # the servers a test talks to run one thread each, so one worker leaves a core idle.
-# MODELC_TEST_WORKERS=0 runs the suite in this one process.
+# MODELC_TEST_WORKERS=0 runs the suite in this one process. numpy's OpenBLAS gets one
+# thread a process: its idle threads spin, and beside the other worker they made numpy-heavy
+# tests several times slower (84 s against 24 s for one test with a busy neighbour).
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n "${MODELC_TEST_WORKERS:-2}" --dist loadfile "$@"
