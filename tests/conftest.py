@@ -107,6 +107,19 @@ def page(browser: Browser) -> Iterator[Page]:
     assert not errors, errors
 
 
+# modules that take minutes on one worker: collected first, so that ``pytest -n 2 --dist
+# loadfile`` starts them at once instead of leaving one running alone at the end
+LONG_FIRST = ("test_soak.py", "test_compile.py", "test_runtime_llama.py", "test_gemma3_real.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
+
+    items.sort(key=rank)  # stable: every module keeps its own order
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A ``pytest -n`` worker hands its counts to the controller (``workeroutput``)."""
     out = getattr(session.config, "workeroutput", None)
