@@ -16,6 +16,7 @@ from modelc.formats.ir import DType, ModelIR
 from modelc.runtime.arch import FAMILIES
 from modelc.runtime.arch.bert import Bert
 from modelc.runtime.arch.decoder import Decoder, refuse_unsupported
+from modelc.runtime.arch.decoder_spec import GQA_FEATURES
 from modelc.runtime.arch.gpt2 import GPT2
 from modelc.runtime.arch.mlp import MLP
 from modelc.runtime.backend import Weight
@@ -41,27 +42,10 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
     )
 
 
-# what the generated decoder loop runs of the description (the rest is refused); a mixture's
-# expert FFN is the runtime's moe_ffn, called between two stretches of the compiled loop
-# what the generated decoder loop runs of the description, named one by one (a feature added
-# to the description is refused until the loop runs it); a mixture's expert FFN is the
-# runtime's moe_ffn, called between two stretches of the compiled loop
-COMPILE_RUNS = frozenset(
-    {
-        "qkv_bias",
-        "qk_norm",
-        "qkv_bias+qk_norm",
-        "post_norms",
-        "gelu_tanh",
-        "embd_scale",
-        "windows",
-        "local_rope",
-        "attn_softcap",
-        "final_softcap",
-        "long_rope",
-        "moe",
-    }
-)
+# what the generated decoder loop runs of the description (a feature added to it is refused
+# until the loop runs it); a mixture's expert FFN is the runtime's moe_ffn, called between two
+# stretches of the compiled loop
+COMPILE_RUNS = GQA_FEATURES | {"qkv_bias+qk_norm", "moe"}
 
 
 def _decoder(m: Decoder, be: CpuBackend) -> Spec:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from modelc.errors import UnsupportedError
 
-__all__ = ["FEATURES", "DecoderSpec", "refuse_unsupported"]
+__all__ = ["FEATURES", "GQA_FEATURES", "DecoderSpec", "refuse_unsupported"]
 
 # every feature a DecoderSpec may use, and how a refusal names it; a backend names the
 # subset it runs
@@ -56,6 +56,25 @@ FEATURES: dict[str, str] = {
     "attn_gate": "gated attention outputs",  # qwen35
     "gated_deltanet": "Gated DeltaNet linear attention (a recurrent state per sequence)",
 }
+
+
+# the parts of the GQA decoder every compiled backend runs (CUDA, ``modelc compile``); each
+# backend names its set from these, so a feature added to FEATURES is refused until a backend
+# claims it
+GQA_FEATURES = frozenset(
+    {
+        "qkv_bias",
+        "qk_norm",
+        "post_norms",
+        "gelu_tanh",
+        "embd_scale",
+        "windows",
+        "local_rope",
+        "attn_softcap",
+        "final_softcap",
+        "long_rope",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,11 +35,8 @@ import numpy as np
 from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch import build
-from modelc.runtime.arch.decoder import (
-    Decoder,
-    DecoderBlock,
-    refuse_unsupported,
-)
+from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
+from modelc.runtime.arch.decoder_spec import GQA_FEATURES
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
@@ -107,23 +104,9 @@ def gemv_rows_for(weight_bytes: int) -> int:
     return 16 * max(1, min(16, int(1.2e9 // max(weight_bytes, 1))))
 
 
-# what the GPU forward runs of the decoder's description (the rest is refused)
-# what the GPU forward runs of the decoder's description, named one by one: a feature added to
-# the description is refused here until this backend runs it
-CUDA_RUNS = frozenset(
-    {
-        "qkv_bias",
-        "qk_norm",
-        "post_norms",
-        "gelu_tanh",
-        "embd_scale",
-        "windows",
-        "local_rope",
-        "attn_softcap",
-        "final_softcap",
-        "long_rope",
-    }
-)
+# what the GPU forward runs of the decoder's description (a feature added to it is refused
+# here until this backend runs it)
+CUDA_RUNS = GQA_FEATURES
 
 
 def cuda_host(ir: ModelIR) -> Decoder:
