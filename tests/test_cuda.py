@@ -276,6 +276,8 @@ FAMILY_SHAPES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 1,
         "rope_scaling": {"type": "longrope", "short_factor": PHI3_16, "long_factor": PHI3_16},
     },
+    "qwen3moe": {},  # 4 experts, 2 a token, Q/K norms
+    "mixtral": {},  # a llama GGUF with stacked experts
 }
 
 

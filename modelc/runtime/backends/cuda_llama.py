@@ -37,6 +37,7 @@ from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
+from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
@@ -79,20 +80,72 @@ class _Layer:
         self.ffn_norm = cp.asarray(b.ffn_norm)
         self.wqkv = be.dev.upload([b.wq, b.wk, b.wv])
         self.wo = be.dev.upload([b.wo])
-        assert b.w_gate is not None and b.w_up is not None and b.w_down is not None  # no moe
-        self.wgu = be.dev.upload([b.w_gate, b.w_up])
-        self.wdown = be.dev.upload([b.w_down])
+        self.experts: _Experts | None = None
+        if b.experts is not None:
+            self.experts = _Experts(be, b.experts)
+            self.wgu = self.wdown = None
+            self.ff = 0  # the experts' buffers are their own
+        else:
+            assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
+            self.wgu = be.dev.upload([b.w_gate, b.w_up])
+            self.wdown = be.dev.upload([b.w_down])
+            self.ff = int(b.w_gate.shape[0])
         bias = None if b.bq is None else np.concatenate([b.bq, b.bk, b.bv])
         self.bias = None if bias is None else cp.asarray(bias)
         self.q_norm, self.k_norm = vec(b.q_norm), vec(b.k_norm)  # (hd,) each, or None
         self.post_attn_norm = vec(b.post_attn_norm)  # (d,) or None
         self.post_ffw_norm = vec(b.post_ffw_norm)
         self.window, self.inv_freq = window, inv_freq
-        self.ff = int(b.w_gate.shape[0])
 
     @property
     def nbytes(self) -> int:
-        return sum(w.nbytes for w in (self.wqkv, self.wo, self.wgu, self.wdown))
+        mats = (self.wqkv, self.wo, self.wgu, self.wdown)
+        n = sum(w.nbytes for w in mats if w is not None)
+        return n + (self.experts.nbytes if self.experts is not None else 0)
+
+
+class _Experts:
+    """A mixture's FFN on the GPU: the router, each expert's gate+up and down (as llama.cpp's
+    ``build_moe_ffn``: softmax over every expert, the ``n_used`` most probable, their
+    weights renormalised to sum to 1).  Which experts a step uses is read on the host, so
+    such a model's steps run without CUDA graphs."""
+
+    def __init__(self, be: CudaBackend, e: Experts) -> None:
+        if e.routing is not None or e.bias is not None or e.shared is not None or e.oai:
+            raise UnsupportedError("CUDA runs softmax-routed experts only; use --device cpu")
+        self.router = be.dev.upload([e.router])  # (n_expert, d)
+        self.gu = [be.dev.upload([g, u]) for g, u in zip(e.gate, e.up, strict=True)]
+        self.down = [be.dev.upload([w]) for w in e.down]  # (d, ff) each
+        self.n_used = e.n_used
+        self.ff = int(e.gate[0].shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.router.nbytes + sum(w.nbytes for w in (*self.gu, *self.down))
+
+    def run(self, dev: Any, cp: Any, h: Any, n: int, x: Any) -> None:
+        """x[:n] += the experts' FFN of h[:n] (both (rows, d) on the device)."""
+        logits = cp.empty((n, self.router.rows), np.float32)
+        dev.matmul(self.router, h, n, logits)
+        p = cp.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        top = cp.argsort(-p, axis=1)[:, : self.n_used]  # (n, used)
+        w = cp.take_along_axis(p, top, axis=1)
+        w /= w.sum(axis=1, keepdims=True)
+        top_h = top.get()  # which experts run: a host decision
+        for ex in np.unique(top_h):
+            rows, slot = np.nonzero(top_h == ex)
+            rd = cp.asarray(rows)
+            m = len(rows)
+            xe = cp.ascontiguousarray(h[rd])  # (m, d)
+            gu = cp.empty((m, 2 * self.ff), np.float32)
+            dev.matmul(self.gu[ex], xe, m, gu)
+            g = cp.empty((m, self.ff), np.float32)
+            dev.act_mul(gu, m, self.ff, g)
+            y = cp.empty((m, h.shape[1]), np.float32)
+            dev.matmul(self.down[ex], g, m, y)
+            y *= w[rd, cp.asarray(slot)][:, None]
+            x[rd] += y  # rows are distinct within one expert
 
 
 def gemv_rows_for(weight_bytes: int) -> int:
@@ -106,7 +159,7 @@ def gemv_rows_for(weight_bytes: int) -> int:
 
 # what the GPU forward runs of the decoder's description (a feature added to it is refused
 # here until this backend runs it)
-CUDA_RUNS = GQA_FEATURES
+CUDA_RUNS = GQA_FEATURES | {"moe"}
 
 
 def cuda_host(ir: ModelIR) -> Decoder:
@@ -154,6 +207,12 @@ class CudaLlama(CausalLM):
         self.be, self.dev, self.cp = backend, backend.dev, backend.cp
         cp = self.cp
         weights = sum(int(np.asarray(w.data).nbytes) for b in host.blocks for w in _mats(b))
+        weights += sum(
+            int(np.asarray(w.data).nbytes)
+            for b in host.blocks
+            if b.experts is not None
+            for w in (b.experts.router, *b.experts.gate, *b.experts.up, *b.experts.down)
+        )
         weights += int(host.tok_embd.data.nbytes)
         if host.output is not host.tok_embd:
             weights += int(host.output.data.nbytes)
@@ -171,7 +230,9 @@ class CudaLlama(CausalLM):
         self.output_norm = cp.asarray(host.output_norm)
         self.ff = max((ly.ff for ly in self.layers), default=0)
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.use_graphs = os.environ.get("MODELC_CUDA_GRAPHS", "1") != "0"
+        # a mixture picks its experts on the host each step: no graph can hold that
+        moe = any(ly.experts is not None for ly in self.layers)
+        self.use_graphs = os.environ.get("MODELC_CUDA_GRAPHS", "1") != "0" and not moe
         self._graphs: dict[int, Any] = {}
         self._seen: set[int] = set()
         self._blas_graphs = backend.dev.blas is not None
@@ -291,6 +352,10 @@ class CudaLlama(CausalLM):
             )
             self._residual(ly.wo, self.attn, n, ly.post_attn_norm)
             dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
+            if ly.experts is not None:
+                ly.experts.run(dev, self.cp, self.h, n, self.x)
+                continue
+            assert ly.wgu is not None and ly.wdown is not None
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
@@ -381,7 +446,7 @@ class CudaLlama(CausalLM):
 
 
 def _mats(b: DecoderBlock) -> list[Any]:
-    return [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down]
+    return [w for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down) if w is not None]
 
 
 def cuda_n_ctx(n_ctx: int, host: Decoder) -> int:
