@@ -57,6 +57,15 @@ def test_offline_bad_args(tmp_path: Path) -> None:
     ]
     r = modelc("bench", home=tmp_path)
     assert r.returncode == 2 and "give a MODEL" in r.stderr
+    try:
+        import cupy  # noqa: F401
+    except ImportError:  # `--device cuda` places the model as `modelc run` does: one line
+        r = modelc("bench", str(smollm2_gguf()), "--device", "cuda", home=tmp_path)
+        assert r.returncode == 2
+        assert r.stderr.strip().splitlines() == [
+            "modelc: error: --device cuda: CuPy is not installed (pip install cupy-cuda13x, "
+            "or cupy-cuda12x for CUDA 12); use --device cpu"
+        ]
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from modelc.runtime.backend import Backend
 
 from modelc.errors import UnsupportedError, UsageError
 
@@ -77,9 +80,9 @@ class OfflineResult:
     threads: int
     matmul: str
     kv_cache: str  # KV-cache storage of the prefill and decode rows
-    load_cold_s: float  # open + build in a fresh process
+    load_cold_s: float | None  # open + build in a fresh process (CPU only)
     load_warm_s: float  # the same, second time in this process
-    import_s: float  # importing the runtime in a fresh process (not in load_cold_s)
+    import_s: float | None  # importing the runtime in a fresh process (not in load_cold_s)
     prefill_tps: dict[int, float] = field(default_factory=dict)  # prompt length -> tok/s
     decode_tps: dict[int, float] = field(default_factory=dict)  # batch -> aggregate tok/s
     decode_steps: int = 0
@@ -158,11 +161,15 @@ def run_offline(
     threads: int | None = None,
     matmul: str | None = None,
     kv_cache: str = "f16",
+    device: str = "cpu",
     progress: Callable[[str], None] | None = None,
 ) -> OfflineResult:
-    """Measure ``model_arg`` (a path, store or catalog name; see :mod:`modelc.resolve`)."""
+    """Measure ``model_arg`` (a path, store or catalog name; see :mod:`modelc.resolve`) on
+    ``device`` (``cpu``; ``cuda``, ``webgpu``, ``metal``: placed as ``modelc run --device``
+    places it, without the fresh-process load timings, which measure the CPU path)."""
     from modelc.artifact import load_artifact
     from modelc.bench.timing import GreedyBatch, prefill_seconds
+    from modelc.engine import EngineOptions, build_runtime
     from modelc.resolve import resolve_model
     from modelc.runtime.arch import build
     from modelc.runtime.backends.cpu import CpuBackend, default_threads, matmul_tol
@@ -183,15 +190,30 @@ def run_offline(
 
     say("resolving model")
     path = resolve_model(model_arg)
-    say("cold load (fresh process)")
-    imp, cold = cold_load_s(path, threads, mode_name)
-    model = build(load_artifact(path), CpuBackend(threads=threads, matmul=mode))  # first open
-    del model  # with its backend (and what that derived from the weights)
+    imp: float | None = None
+    cold: float | None = None
+    if device == "cpu":
+        say("cold load (fresh process)")
+        imp, cold = cold_load_s(path, threads, mode_name)
+        model = build(load_artifact(path), CpuBackend(threads=threads, matmul=mode))  # first
+        del model  # with its backend (and what that derived from the weights)
     t1 = time.perf_counter()
     ir = load_artifact(path)
-    backend = CpuBackend(threads=threads, matmul=mode)
-    model = build(ir, backend)
+    if device == "cpu":
+        backend: Backend = CpuBackend(threads=threads, matmul=mode)
+        model = build(ir, backend)
+    else:
+        say(f"placing the model ({device})")
+        opt = EngineOptions(
+            device=device, kv_cache=kv_cache, threads=threads, max_concurrent=max(batches)
+        )
+        model, backend = build_runtime(ir, opt)
     warm = time.perf_counter() - t1
+    placed = backend.name
+    if device in ("auto", "cuda"):
+        from modelc.runtime.backends.cuda_llama import CudaLlama
+
+        placed = "cuda" if isinstance(model, CudaLlama) else placed
     if not isinstance(model, CausalLM):
         raise UnsupportedError(
             f"{model_arg} is a {ir.architecture} model; `modelc bench` measures language models"
@@ -206,7 +228,7 @@ def run_offline(
     res = OfflineResult(
         model=model_arg,
         architecture=ir.architecture,
-        backend=backend.name,
+        backend=placed,
         threads=threads,
         matmul=mode_name,
         kv_cache=kv_cache,

@@ -25,8 +25,9 @@ def offline_table(r: OfflineResult) -> Table:
     )
     t.add_column("measurement")
     t.add_column("value", justify="right")
-    t.add_row("import runtime (fresh process)", f"{r.import_s * 1000:,.0f} ms")
-    t.add_row("load, cold (fresh process)", f"{r.load_cold_s * 1000:,.0f} ms")
+    if r.import_s is not None and r.load_cold_s is not None:  # measured on the CPU path only
+        t.add_row("import runtime (fresh process)", f"{r.import_s * 1000:,.0f} ms")
+        t.add_row("load, cold (fresh process)", f"{r.load_cold_s * 1000:,.0f} ms")
     t.add_row("load, warm (second open)", f"{r.load_warm_s * 1000:,.0f} ms")
     for n, v in r.prefill_tps.items():
         t.add_row(f"prefill {n} tokens", f"{_f(v)} tok/s")

@@ -50,6 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             threads=args.threads,
             matmul=args.matmul,
             kv_cache=args.kv_cache or "f16",
+            device=args.device or "cpu",
             progress=lambda s: status.update(s),
         )
     if args.json:

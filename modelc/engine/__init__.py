@@ -22,7 +22,7 @@ from modelc.runtime.backend import Backend
 from modelc.runtime.backends.factory import get_backend
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
 
-__all__ = ["EngineOptions", "LLMEngine", "build_engine"]
+__all__ = ["EngineOptions", "LLMEngine", "build_engine", "build_runtime"]
 
 
 def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
@@ -52,6 +52,24 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     )
 
 
+def build_runtime(
+    ir: ModelIR,
+    opt: EngineOptions,
+    backend: Backend | None = None,
+    runtime_factory: Callable[[ModelIR, Backend], Any] | None = None,
+) -> tuple[Any, Backend]:
+    """The runtime model of ``ir`` on ``opt.device`` (the GPU-resident forward for CUDA,
+    else :func:`modelc.runtime.arch.build` or ``runtime_factory`` on the backend) and the
+    host backend that goes with it (the engine's and the bench's one way to place a model)."""
+    from modelc.runtime.arch import build
+
+    gpu = _cuda_runtime(ir, opt) if backend is None else None
+    if backend is None and opt.device in ("webgpu", "metal"):  # WGSL shaders through wgpu
+        backend = get_backend(opt.device)
+    backend = backend or get_backend(threads=opt.threads)
+    return gpu or (runtime_factory or build)(ir, backend), backend
+
+
 def build_engine(
     model: str | Path | ModelIR,
     options: EngineOptions | None = None,
@@ -65,7 +83,6 @@ def build_engine(
     ``runtime_factory``: builds the runtime model from (ir, backend) instead of
     :func:`modelc.runtime.arch.build` (the specialised forward of a program ``modelc compile`` wrote)."""
     from modelc.engine.speculative import MLPDraftWeights
-    from modelc.runtime.arch import build
     from modelc.runtime.chat_template import load_template_file
     from modelc.runtime.prompt import PromptFormat
 
@@ -77,11 +94,7 @@ def build_engine(
         from modelc.resolve import load_ir
 
         ir = load_ir(str(model))
-    gpu = _cuda_runtime(ir, opt) if backend is None else None
-    if backend is None and opt.device in ("webgpu", "metal"):  # WGSL shaders through wgpu
-        backend = get_backend(opt.device)
-    backend = backend or get_backend(threads=opt.threads)
-    runtime = gpu or (runtime_factory or build)(ir, backend)
+    runtime, backend = build_runtime(ir, opt, backend, runtime_factory)
     if not isinstance(runtime, (LanguageModel, EmbeddingModel)):
         raise UnsupportedError(
             f"{ir.architecture} models are neither language nor embedding models; "
