@@ -73,6 +73,23 @@ def profile(model: CudaLlama, n: int, k: int) -> None:
     for name, ts in sorted(per.items(), key=lambda kv: -sum(kv[1])):
         print(f"{name:70s} {len(ts) / fw:13.1f} {np.median(ts):10.2f} {sum(ts) / fw:9.1f}")
     print(f"{'all kernels':70s} {'':13s} {'':10s} {total / fw:9.1f}")
+    host_profile(model, n, k)
+
+
+def host_profile(model: CudaLlama, n: int, k: int) -> None:
+    """The host's share of a graph-replayed step: Python's profile of ``k`` steps."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    steps(model, n, k, graphs=True)
+    pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(14)
+    print(f"host functions by own time over {k} graph steps (+ prefill and capture):")
+    print("\n".join(line[:120] for line in out.getvalue().splitlines()[6:24]))
 
 
 def main() -> None:
