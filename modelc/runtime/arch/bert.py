@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -117,13 +118,11 @@ class Bert:
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.scratch = Scratch()
 
-    def hidden_states(
-        self,
-        batch: Sequence[Sequence[int]],
-        token_types: Sequence[Sequence[int]] | None = None,
-    ) -> tuple[F32Array, list[slice]]:
-        """Last hidden states of all tokens (N, d) and each sequence's row slice."""
-        be, d, nh, hd = self.be, self.d, self.n_head, self.head_dim
+    def _flatten(
+        self, batch: Sequence[Sequence[int]]
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[slice]]:
+        """The batch's token ids and positions as one run of rows (checked against the
+        vocabulary and the context), and each sequence's slice of it."""
         if not batch or any(len(s) == 0 for s in batch):
             raise UsageError("cannot embed an empty input")
         if max(len(s) for s in batch) > self.n_ctx:
@@ -136,6 +135,16 @@ class Bert:
         for s in batch:
             slices.append(slice(start, start + len(s)))
             start += len(s)
+        return ids, pos, slices
+
+    def hidden_states(
+        self,
+        batch: Sequence[Sequence[int]],
+        token_types: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[F32Array, list[slice]]:
+        """Last hidden states of all tokens (N, d) and each sequence's row slice."""
+        be, d, nh, hd = self.be, self.d, self.n_head, self.head_dim
+        ids, pos, slices = self._flatten(batch)
         n = len(ids)
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, d)))  # (n, d)
         x += self.pos_embd[pos]

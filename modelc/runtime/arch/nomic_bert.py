@@ -87,18 +87,7 @@ class NomicBert(Bert):
     ) -> tuple[F32Array, list[slice]]:
         """Last hidden states of all tokens (N, d) and each sequence's row slice."""
         be, d, nh, hd = self.be, self.d, self.n_head, self.head_dim
-        if not batch or any(len(s) == 0 for s in batch):
-            raise UsageError("cannot embed an empty input")
-        if max(len(s) for s in batch) > self.n_ctx:
-            raise UsageError(f"input longer than the model's {self.n_ctx} token limit")
-        ids = np.concatenate([np.asarray(s, np.int64) for s in batch])
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise UsageError(f"token id out of range 0..{self.n_vocab - 1}")
-        pos = np.concatenate([np.arange(len(s)) for s in batch])
-        slices, start = [], 0
-        for s in batch:
-            slices.append(slice(start, start + len(s)))
-            start += len(s)
+        ids, pos, slices = self._flatten(batch)
         n = len(ids)
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, d)))  # (n, d)
         if self.type_embd is not None:
