@@ -1,0 +1,194 @@
+"""Ollama's model creation with the official ``ollama`` client against ``modelc run`` (issue 36):
+``create_blob`` (``POST /api/blobs/:digest``), ``HEAD /api/blobs/:digest``, ``create`` from
+pushed ``files`` (a GGUF; a Hugging Face directory's safetensors, config and tokenizer) with
+``system``, ``parameters``, ``messages``, ``license``, ``quantize``; then ``list``, ``show``,
+``chat``, ``copy`` and ``delete`` of the result.
+
+References: the client's own typed models and Ollama's documented status lines (docs/api.md);
+a blob's digest is ``hashlib``'s SHA-256 of the file; a created model answers as the same base
+model given the same system message, turns and sampling in the request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+
+from tests.assets import smollm2_gguf
+from tests.gen_families import ensure_family
+from tests.server_fixtures import Server
+
+Q = "What is the capital of France?"
+N = 12
+GREEDY: dict[str, Any] = {"temperature": 0, "num_predict": N}
+FRENCH = "Answer in French."
+OPENING = [
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Bonjour! Comment puis-je vous aider?"},
+]
+UNKNOWN = "sha256:" + "0" * 64
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def oc(smol_minilm_server: Server) -> ollama.Client:
+    return ollama.Client(host=smol_minilm_server.url, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def url(smol_minilm_server: Server) -> str:
+    return smol_minilm_server.url
+
+
+@pytest.fixture(scope="module")
+def smol_blob(oc: ollama.Client) -> str:
+    return oc.create_blob(smollm2_gguf())
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return f"sha256:{h.hexdigest()}"
+
+
+def listed(oc: ollama.Client) -> list[str]:
+    return [str(m.model) for m in oc.list().models]
+
+
+def answer(oc: ollama.Client, model: str, messages: list[dict[str, str]], **opts: Any) -> str:
+    return str(oc.chat(model=model, messages=messages, options=opts or None).message.content)
+
+
+def statuses(url: str, body: dict[str, Any]) -> list[str]:
+    with httpx.stream("POST", f"{url}/api/create", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        return [json.loads(line)["status"] for line in r.iter_lines() if line]
+
+
+def store_leftovers(server: Server) -> list[str]:
+    """Anything but whole blobs in the server's blob directory (temp files, staging dirs)."""
+    blobs = server.log_path.parent / "models" / ".blobs"
+    return sorted(p.name for p in blobs.iterdir() if not p.name.startswith("sha256-"))
+
+
+def test_blobs_head_push_and_refuse_a_wrong_hash(
+    oc: ollama.Client, url: str, smol_blob: str, smol_minilm_server: Server
+) -> None:
+    assert smol_blob == sha256(smollm2_gguf())  # the client's digest is the file's SHA-256
+    assert httpx.head(f"{url}/api/blobs/{smol_blob}").status_code == 200
+    assert httpx.head(f"{url}/api/blobs/{UNKNOWN}").status_code == 404
+    # bytes that hash to something else: 400, Ollama's message, nothing kept
+    r = httpx.post(f"{url}/api/blobs/{UNKNOWN}", content=b"not those bytes")
+    want = hashlib.sha256(b"not those bytes").hexdigest()
+    assert r.status_code == 400
+    assert r.json() == {"error": f'digest mismatch, expected "{UNKNOWN}", got "sha256:{want}"'}
+    assert httpx.head(f"{url}/api/blobs/{UNKNOWN}").status_code == 404
+    assert store_leftovers(smol_minilm_server) == []
+    r = httpx.head(f"{url}/api/blobs/sha256:abc")  # not a digest
+    assert r.status_code == 400
+    # pushing a blob that is there already: 200, as Ollama answers
+    assert httpx.post(f"{url}/api/blobs/{smol_blob}", content=b"").status_code == 200
+
+
+def test_create_from_a_pushed_gguf(oc: ollama.Client, url: str, smol_blob: str) -> None:
+    """``files`` holding a GGUF, with system, parameters, messages and license: listed, shown,
+    answering as the base model given the same conversation; copied and deleted."""
+    got = statuses(
+        url,
+        {
+            "model": "smolblob",
+            "files": {"smol.gguf": smol_blob},
+            "system": FRENCH,
+            "parameters": {"temperature": 0, "num_predict": N},
+            "messages": OPENING,
+            "license": ["MIT", "Apache-2.0"],
+        },
+    )
+    # Ollama's lines for a GGUF (docs/api.md, "Create a model from GGUF")
+    assert got == [
+        "parsing GGUF",
+        f"using existing layer {smol_blob}",
+        "writing manifest",
+        "success",
+    ]
+    assert "smolblob" in listed(oc)
+    shown = oc.show("smolblob")
+    assert shown.license == "MIT\nApache-2.0"
+    raw = httpx.post(f"{url}/api/show", json={"model": "smolblob"}).json()
+    assert raw["system"] == FRENCH and raw["messages"] == OPENING
+    params = dict(line.split(None, 1) for line in str(shown.parameters).splitlines())
+    assert params["temperature"] == "0.0" and params["num_predict"] == str(N)
+
+    mine = oc.chat(model="smolblob", messages=[{"role": "user", "content": Q}])
+    ref = oc.chat(
+        model="smol",
+        messages=[{"role": "system", "content": FRENCH}, *OPENING, {"role": "user", "content": Q}],
+        options=GREEDY,
+    )
+    assert mine.message.content == ref.message.content
+    assert mine.prompt_eval_count == ref.prompt_eval_count
+
+    assert oc.copy("smolblob", "smolblob2").status == "success"
+    assert answer(oc, "smolblob2", [{"role": "user", "content": Q}]) == ref.message.content
+    assert oc.delete("smolblob").status == "success"
+    assert "smolblob" not in listed(oc) and "smolblob2" in listed(oc)
+    with pytest.raises(ollama.ResponseError) as err:
+        oc.chat(model="smolblob", messages=[{"role": "user", "content": Q}])
+    assert err.value.status_code == 404
+
+
+def test_create_from_pushed_safetensors_files(oc: ollama.Client, url: str) -> None:
+    """A Hugging Face directory's files by digest (config, tokenizer, safetensors): converted,
+    and answering as the same weights' GGUF (written by gguf-py) pushed as a blob."""
+    hf, gguf = ensure_family("qwen2")
+    files = {p.name: oc.create_blob(p) for p in sorted(hf.iterdir())}
+    got = statuses(url, {"model": "tq-st", "files": files})
+    assert got[0] == "converting model" and got[-2:] == ["writing manifest", "success"]
+    assert sorted(got[1:-2]) == sorted(f"using existing layer {d}" for d in files.values())
+    assert oc.create("tq-gguf", files={"qwen2.gguf": oc.create_blob(gguf)}).status == "success"
+    hi = [{"role": "user", "content": "hello"}]
+    assert answer(oc, "tq-st", hi, **GREEDY) == answer(oc, "tq-gguf", hi, **GREEDY)
+    details = oc.show("tq-st").details
+    assert details is not None and details.family == "qwen2"
+
+
+def test_create_quantized_from_files_streams_progress(oc: ollama.Client) -> None:
+    hf, _ = ensure_family("qwen2")
+    files = {p.name: oc.create_blob(p) for p in sorted(hf.iterdir())}
+    lines = list(oc.create("tq-q8", files=files, quantize="q8_0", stream=True))
+    quant = [p for p in lines if p.status == "quantizing F32 model to Q8_0"]
+    assert quant and quant[-1].completed == quant[-1].total and quant[-1].digest == "0"
+    assert [p.status for p in lines[-2:]] == ["writing manifest", "success"]
+    details = oc.show("tq-q8").details
+    assert details is not None and details.quantization_level == "Q8_0"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"files": {"a.gguf": UNKNOWN}}, f'blob "{UNKNOWN}" not found'),
+        ({"files": {"a.gguf": "sha256:xyz"}}, "files"),
+        ({"from": "no-such-model"}, "'no-such-model' not found"),
+        ({"from": "smol", "quantize": "q3_K_XL"}, "quantize 'q3_K_XL' is not supported"),
+        ({}, "neither 'from' or 'files' was specified"),
+        ({"files": {"../up.gguf": UNKNOWN}}, "file path must be relative"),
+    ],
+)
+def test_bad_create_is_one_400_line(
+    oc: ollama.Client, url: str, body: dict[str, Any], says: str
+) -> None:
+    for stream in (False, True):
+        r = httpx.post(f"{url}/api/create", json={"model": "bad", **body, "stream": stream})
+        assert r.status_code == 400, r.text
+        assert says in r.json()["error"] and "\n" not in r.text.strip()
+    assert "bad" not in listed(oc)
+    assert answer(oc, "smol", [{"role": "user", "content": "hi"}], num_predict=2)
