@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import ollama
 import pytest
 
@@ -192,3 +193,52 @@ def test_bad_create_is_one_400_line(
         assert says in r.json()["error"] and "\n" not in r.text.strip()
     assert "bad" not in listed(oc)
     assert answer(oc, "smol", [{"role": "user", "content": "hi"}], num_predict=2)
+
+
+def test_create_with_a_lora_adapter_matches_peft(oc: ollama.Client, url: str) -> None:
+    """``adapters``: a PEFT LoRA pushed as blobs, merged into the tiny LLaMA's weights; the
+    created model's next-token log-probabilities are PEFT's merged model's (its goldens)."""
+    fixtures = Path(__file__).parent / "fixtures"
+    golden = np.load(fixtures / "lora" / "llama" / "golden.npz")
+    base = {
+        p.name: oc.create_blob(p) for p in sorted((fixtures / "formats" / "llama-st").iterdir())
+    }
+    adapter = {
+        p.name: oc.create_blob(p)
+        for p in sorted((fixtures / "lora" / "llama").iterdir())
+        if p.suffix in (".json", ".safetensors")
+    }
+    got = statuses(url, {"model": "tiny-lora", "files": base, "adapters": adapter})
+    assert "converting adapter" in got and got[-1] == "success", got
+    assert oc.create("tiny-base", files=base).status == "success"
+    tokens = [int(t) for t in golden["tokens_0"]]
+    for model, want in (("tiny-base", golden["base_0"]), ("tiny-lora", golden["merged_0"])):
+        np.testing.assert_allclose(
+            top_logprobs(url, model, tokens), golden_top(want[-1]), atol=1e-3, err_msg=model
+        )
+    # an adapter for another architecture: refused in the stream's last line, nothing created
+    smol = {"smol.gguf": oc.create_blob(smollm2_gguf())}
+    with pytest.raises(ollama.ResponseError) as err:
+        oc.create("smol-lora", files=smol, adapters=adapter)
+    assert err.value.status_code == 400 and "LoRA" in err.value.error
+    assert "smol-lora" not in listed(oc)
+
+
+def top_logprobs(url: str, model: str, tokens: list[int]) -> list[float]:
+    """Top-5 next-token log-probabilities after a token-id prompt, best first."""
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": model, "prompt": tokens, "max_tokens": 1, "temperature": 0, "logprobs": 5},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    return sorted(
+        (float(v) for v in r.json()["choices"][0]["logprobs"]["top_logprobs"][0].values()),
+        reverse=True,
+    )
+
+
+def golden_top(logits: np.ndarray[Any, Any], k: int = 5) -> list[float]:
+    z = logits.astype(np.float64)
+    lp = z - z.max() - np.log(np.exp(z - z.max()).sum())
+    return sorted(lp.tolist(), reverse=True)[:k]

@@ -253,7 +253,19 @@ def _dominant_type(ir: ModelIR) -> str:
 
 
 def _merge_adapters(ir: ModelIR, adapters: dict[str, str], blobs: BlobStore) -> None:
-    raise ParamError("adapters are not supported yet", param="adapters")
+    """A PEFT LoRA (``adapter_config.json`` and ``adapter_model.safetensors``) merged into
+    the weights for good."""
+    from modelc.runtime.lora import CONFIG_NAME, WEIGHTS_NAME, load_adapter, merge_into_ir
+
+    if any(n.endswith(".gguf") for n in adapters):
+        raise ParamError(
+            "GGUF LoRA adapters are not supported; push the PEFT adapter's "
+            f"{CONFIG_NAME} and {WEIGHTS_NAME} (safetensors) as 'adapters'",
+            param="adapters",
+        )
+    weights = [n for n in adapters if n.endswith(".safetensors")]
+    with blobs.staged(adapters, "adapters") as staged:  # the config must be adapter_config.json
+        merge_into_ir(ir, load_adapter(staged / weights[0] if len(weights) == 1 else staged))
 
 
 @bp.post("/api/create")
