@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,36 @@ def test_blobs_head_push_and_refuse_a_wrong_hash(
     assert r.status_code == 400
     # pushing a blob that is there already: 200, as Ollama answers
     assert httpx.post(f"{url}/api/blobs/{smol_blob}", content=b"").status_code == 200
+
+
+def test_an_upload_cut_short_leaves_nothing(url: str, smol_minilm_server: Server) -> None:
+    """A client that goes away mid-push: no blob, no partial file."""
+    data = bytes(range(256)) * 4096  # 1 MiB
+    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    head = f"POST /api/blobs/{digest} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", smol_minilm_server.port)) as sock:
+        sock.sendall(head.encode() + data[: len(data) // 3])
+        time.sleep(0.5)  # the server has started writing
+    deadline = time.monotonic() + 10
+    while store_leftovers(smol_minilm_server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store_leftovers(smol_minilm_server) == []
+    assert httpx.head(f"{url}/api/blobs/{digest}").status_code == 404
+    # the whole file then goes in, and is there
+    assert httpx.post(f"{url}/api/blobs/{digest}", content=data).status_code == 201
+    assert httpx.head(f"{url}/api/blobs/{digest}").status_code == 200
+
+
+def test_create_again_replaces_a_loaded_model(oc: ollama.Client, smol_blob: str) -> None:
+    """Creating a name that is loaded: the next request gets the new model."""
+    hi = [{"role": "user", "content": Q}]
+    answers = []
+    for system in ("Answer in French.", "Answer in German."):
+        oc.create("smolre", files={"smol.gguf": smol_blob}, system=system)
+        ref = [{"role": "system", "content": system}, *hi]
+        answers.append(answer(oc, "smolre", hi, **GREEDY))  # loads it (the second: again)
+        assert answers[-1] == answer(oc, "smol", ref, **GREEDY)
+    assert answers[0] != answers[1]
 
 
 def test_create_from_a_pushed_gguf(oc: ollama.Client, url: str, smol_blob: str) -> None:

@@ -154,13 +154,14 @@ class Base:
 
 
 def find_base(recipe: Recipe, models: ModelRegistry, store: Store) -> Base | None:
-    """``from`` as a file, a served model or a store model (400 when none); None for ``files``."""
-    if recipe.files:
-        store.blobs.resolve(recipe.files, "files")
-        return None
+    """``from`` as a file, a served model or a store model (400 when none); None when the
+    model comes from ``files`` (``from`` wins when both are given, as in Ollama)."""
     source = recipe.source
     if not source:
-        raise ParamError("neither 'from' or 'files' was specified", param="from")
+        if not recipe.files:
+            raise ParamError("neither 'from' or 'files' was specified", param="from")
+        store.blobs.resolve(recipe.files, "files")
+        return None
     path = Path(source).expanduser()
     slot = models.find(source)
     if path.exists():
