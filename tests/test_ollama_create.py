@@ -26,6 +26,7 @@ import pytest
 from tests.assets import smollm2_gguf
 from tests.gen_families import ensure_family
 from tests.server_fixtures import Server
+from tests.test_hub import split_gguf
 
 Q = "What is the capital of France?"
 N = 12
@@ -98,8 +99,11 @@ def test_blobs_head_push_and_refuse_a_wrong_hash(
     assert store_leftovers(smol_minilm_server) == []
     r = httpx.head(f"{url}/api/blobs/sha256:abc")  # not a digest
     assert r.status_code == 400
-    # pushing a blob that is there already: 200, as Ollama answers
+    # pushing a blob that is there already: 200, as Ollama answers; the body is read to its
+    # end, so the client's kept-alive connection serves its next request
     assert httpx.post(f"{url}/api/blobs/{smol_blob}", content=b"").status_code == 200
+    assert oc.create_blob(smollm2_gguf()) == smol_blob
+    assert "smol" in listed(oc)
 
 
 def test_an_upload_cut_short_leaves_nothing(url: str, smol_minilm_server: Server) -> None:
@@ -179,9 +183,10 @@ def test_create_from_a_pushed_gguf(oc: ollama.Client, url: str, smol_blob: str) 
     assert err.value.status_code == 404
 
 
-def test_create_from_pushed_safetensors_files(oc: ollama.Client, url: str) -> None:
+def test_create_from_pushed_safetensors_files(oc: ollama.Client, url: str, tmp_path: Path) -> None:
     """A Hugging Face directory's files by digest (config, tokenizer, safetensors): converted,
-    and answering as the same weights' GGUF (written by gguf-py) pushed as a blob."""
+    and answering as the same weights' GGUF (written by gguf-py) pushed as a blob, whole or
+    split in two parts (gguf-py's split writer)."""
     hf, gguf = ensure_family("qwen2")
     files = {p.name: oc.create_blob(p) for p in sorted(hf.iterdir())}
     got = statuses(url, {"model": "tq-st", "files": files})
@@ -189,7 +194,13 @@ def test_create_from_pushed_safetensors_files(oc: ollama.Client, url: str) -> No
     assert sorted(got[1:-2]) == sorted(f"using existing layer {d}" for d in files.values())
     assert oc.create("tq-gguf", files={"qwen2.gguf": oc.create_blob(gguf)}).status == "success"
     hi = [{"role": "user", "content": "hello"}]
-    assert answer(oc, "tq-st", hi, **GREEDY) == answer(oc, "tq-gguf", hi, **GREEDY)
+    ref = answer(oc, "tq-gguf", hi, **GREEDY)
+    assert ref and answer(oc, "tq-st", hi, **GREEDY) == ref
+    parts = split_gguf(gguf, tmp_path / "tq.gguf", 20)
+    assert len(parts) == 2
+    split = {p.name: oc.create_blob(p) for p in parts}
+    assert oc.create("tq-split", files=split).status == "success"
+    assert answer(oc, "tq-split", hi, **GREEDY) == ref
     details = oc.show("tq-st").details
     assert details is not None and details.family == "qwen2"
 

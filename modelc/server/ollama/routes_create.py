@@ -71,6 +71,8 @@ async def blob_push(digest: str) -> Response:
     its bytes hash to something else; 200 when the blob is already there."""
     blobs = store_of(ctx().state.models).blobs
     if blobs.has(digest):
+        async for _ in request.body:  # read to its end, so that the connection stays usable
+            pass
         return Response(b"", status=200)
     stack = contextlib.ExitStack()
     w = stack.enter_context(blobs.writer(digest))
