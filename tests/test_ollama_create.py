@@ -183,6 +183,27 @@ def test_create_from_a_pushed_gguf(oc: ollama.Client, url: str, smol_blob: str) 
     assert err.value.status_code == 404
 
 
+def test_create_from_a_served_model_with_the_client(oc: ollama.Client) -> None:
+    """``from_`` a served model, streamed through the client: Ollama's lines, then the
+    system message, opening turns and sampling defaults at work."""
+    lines = oc.create(
+        "smolfrom",
+        from_="smol",
+        system=FRENCH,
+        messages=OPENING,
+        parameters={"temperature": 0, "num_predict": N},
+        stream=True,
+    )
+    assert [p.status for p in lines] == ["reading model metadata", "writing manifest", "success"]
+    hi = [{"role": "user", "content": Q}]
+    ref = [{"role": "system", "content": FRENCH}, *OPENING, *hi]
+    assert answer(oc, "smolfrom", hi) == answer(oc, "smol", ref, **GREEDY)
+    # a request's own system message comes first, then the model's turns
+    own = [{"role": "system", "content": "Be terse."}, *hi]
+    ref = [own[0], *OPENING, *hi]
+    assert answer(oc, "smolfrom", own) == answer(oc, "smol", ref, **GREEDY)
+
+
 def test_create_from_pushed_safetensors_files(oc: ollama.Client, url: str, tmp_path: Path) -> None:
     """A Hugging Face directory's files by digest (config, tokenizer, safetensors): converted,
     and answering as the same weights' GGUF (written by gguf-py) pushed as a blob, whole or
@@ -225,6 +246,8 @@ def test_create_quantized_from_files_streams_progress(oc: ollama.Client) -> None
         ({"from": "smol", "quantize": "q3_K_XL"}, "quantize 'q3_K_XL' is not supported"),
         ({}, "neither 'from' or 'files' was specified"),
         ({"files": {"../up.gguf": UNKNOWN}}, "file path must be relative"),
+        ({"from": "smol", "adapters": {"adapter_model.safetensors": UNKNOWN}}, "not found"),
+        ({"from": "smol", "template": "{{ .Prompt }}"}, "Jinja"),
     ],
 )
 def test_bad_create_is_one_400_line(
