@@ -112,7 +112,8 @@ class BlobStore:
             raise UsageError("no files provided to convert", param=param)
         sources = self.resolve(files, param)
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".stage.{os.getpid()}.", dir=self.root))
+        # named as atomic_output's temp files are, so that a killed writer's is swept away
+        tmp = Path(tempfile.mkdtemp(prefix=f".stage.{os.getpid()}.", suffix=".tmp", dir=self.root))
         try:
             for name, src in sources.items():
                 dest = tmp / name
