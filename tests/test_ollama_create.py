@@ -174,6 +174,16 @@ def test_create_from_a_pushed_gguf(oc: ollama.Client, url: str, smol_blob: str) 
     assert mine.message.content == ref.message.content
     assert mine.prompt_eval_count == ref.prompt_eval_count
 
+    # show's Modelfile makes the same model again (an older client's ``modelfile``)
+    modelfile = str(shown.modelfile)
+    assert 'MESSAGE assistant """Bonjour! Comment puis-je vous aider?"""' in modelfile
+    body = {"model": "smolmf", "modelfile": modelfile, "stream": False}
+    r = httpx.post(f"{url}/api/create", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    again = httpx.post(f"{url}/api/show", json={"model": "smolmf"}).json()
+    for key in ("system", "messages", "license", "parameters", "template"):
+        assert again[key] == raw[key], key
+
     assert oc.copy("smolblob", "smolblob2").status == "success"
     assert answer(oc, "smolblob2", [{"role": "user", "content": Q}]) == ref.message.content
     assert oc.delete("smolblob").status == "success"

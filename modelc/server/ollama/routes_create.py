@@ -36,6 +36,7 @@ from modelc.artifact import PackOptions
 from modelc.artifact.format import QUANT_METHODS
 from modelc.blobs import BlobStore
 from modelc.errors import ModelNotFoundError, UsageError
+from modelc.formats import detect_format
 from modelc.formats.ir import ModelIR
 from modelc.server import sse
 from modelc.server.context import body, ctx, json_response, stream_response
@@ -166,8 +167,8 @@ def find_base(recipe: Recipe, models: ModelRegistry, store: Store) -> Base | Non
         return None
     path = Path(source).expanduser()
     slot = models.find(source)
-    if path.exists():
-        return Base(path, packed=False)
+    if path.exists():  # a file on the server (a .modelc one too: show's Modelfile names it)
+        return Base(path, packed=detect_format(path) == "modelc")
     if slot is not None and slot.path is not None:  # a served model, by any name
         return Base(slot.path, packed=True)
     if in_store(store, source):
@@ -318,6 +319,10 @@ def parse_modelfile(text: str) -> dict[str, Any]:
         if not line or line.startswith("#"):
             continue
         word, _, rest = line.partition(" ")
+        key = word.upper()
+        role = ""
+        if key == "MESSAGE":  # MESSAGE <role> <text or a block>
+            role, _, rest = rest.strip().partition(" ")
         rest = rest.strip()
         if rest.startswith('"""'):  # a block, maybe over several lines
             body_ = rest[3:]
@@ -327,14 +332,12 @@ def parse_modelfile(text: str) -> dict[str, Any]:
             if not body_.endswith('"""'):
                 raise ParamError('a """ block in the Modelfile is not closed', param="modelfile")
             rest = body_[:-3]
-        key = word.upper()
         if key == "FROM":
             out["from"] = rest
         elif key in ("TEMPLATE", "SYSTEM", "LICENSE"):
             out[key.lower()] = rest
         elif key == "MESSAGE":
-            role, _, content = rest.partition(" ")
-            out.setdefault("messages", []).append({"role": role, "content": content.strip()})
+            out.setdefault("messages", []).append({"role": role, "content": rest})
         elif key == "PARAMETER":
             name, _, value = rest.partition(" ")
             vals = out["parameters"].setdefault(name, [])

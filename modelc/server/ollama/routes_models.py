@@ -157,7 +157,8 @@ async def show() -> Response:
         d = fmt.defaults
         lines = [f"{_PARAMETERS[k]:<30} {v}" for k, v in d.values.items()]
         lines.append(f"{'num_predict':<30} {d.max_tokens}")
-        stops = [fmt.tokenizer.tokens[i] for i in sorted(fmt.eog_ids)] + list(d.stop)
+        eog = [fmt.tokenizer.tokens[i] for i in sorted(fmt.eog_ids)]
+        stops = list(dict.fromkeys(eog + list(d.stop)))  # each once
         lines += [f"{'stop':<30} {json.dumps(t)}" for t in stops]
     template = info.chat_template or ""
     system = fmt.system if fmt is not None and fmt.system else ""
