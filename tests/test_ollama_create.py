@@ -124,16 +124,29 @@ def test_an_upload_cut_short_leaves_nothing(url: str, smol_minilm_server: Server
     assert httpx.head(f"{url}/api/blobs/{digest}").status_code == 200
 
 
-def test_create_again_replaces_a_loaded_model(oc: ollama.Client, smol_blob: str) -> None:
-    """Creating a name that is loaded: the next request gets the new model."""
+def test_create_again_replaces_a_loaded_model(oc: ollama.Client, url: str, smol_blob: str) -> None:
+    """Creating a name that is loaded: the next request gets the new model; one in flight
+    finishes on the old; a new version under the name moves the name alone too."""
     hi = [{"role": "user", "content": Q}]
-    answers = []
-    for system in ("Answer in French.", "Answer in German."):
-        oc.create("smolre", files={"smol.gguf": smol_blob}, system=system)
-        ref = [{"role": "system", "content": system}, *hi]
-        answers.append(answer(oc, "smolre", hi, **GREEDY))  # loads it (the second: again)
-        assert answers[-1] == answer(oc, "smol", ref, **GREEDY)
-    assert answers[0] != answers[1]
+    systems = ("Answer in French.", "Answer in German.", "Answer in Spanish.")
+    want = [answer(oc, "smol", [{"role": "system", "content": s}, *hi], **GREEDY) for s in systems]
+    assert len(set(want)) == 3
+
+    oc.create("smolre", files={"smol.gguf": smol_blob}, system=systems[0])
+    assert answer(oc, "smolre", hi, **GREEDY) == want[0]  # loaded now
+    long = {"model": "smolre", "messages": hi, "options": {"temperature": 0, "num_predict": 48}}
+    with httpx.stream("POST", f"{url}/api/chat", json=long, timeout=300) as r:
+        lines = r.iter_lines()
+        first = json.loads(next(lines))
+        oc.create("smolre", files={"smol.gguf": smol_blob}, system=systems[1])
+        rest = [json.loads(line) for line in lines if line]
+    text = first["message"]["content"] + "".join(c["message"]["content"] for c in rest)
+    assert rest[-1]["done"] and rest[-1]["eval_count"] == 48  # the old model, to its end
+    assert text.startswith(want[0])
+    assert answer(oc, "smolre", hi, **GREEDY) == want[1]
+
+    oc.create("smolre:v2", files={"smol.gguf": smol_blob}, system=systems[2])
+    assert answer(oc, "smolre", hi, **GREEDY) == want[2]  # the current version is v2
 
 
 def test_create_from_a_pushed_gguf(oc: ollama.Client, url: str, smol_blob: str) -> None:

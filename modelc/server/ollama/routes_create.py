@@ -287,10 +287,18 @@ async def create() -> Response:
     store.blobs.resolve(recipe.adapters, "adapters")
     base = find_base(recipe, models, store)
 
-    def done() -> None:  # a loaded model of that name is the old one: load the new next time
-        old = models.find(recipe.name)
-        if old is not None and not old.pinned:
-            models.forget(old)
+    def done() -> None:
+        """A loaded model of that name (or the name alone: its current version moved) is the
+        old one: it goes now, or once its requests in flight end; the next request loads
+        the new one."""
+        for ref in {recipe.name, parse_ref(recipe.name)[0]}:
+            old = models.find(ref)
+            if old is None or old.pinned:
+                continue
+            if old.active:
+                old.keep_alive, old.path = 0.0, None  # unload when done; look the file up again
+            else:
+                models.forget(old)
 
     if not req.stream:
         await trio.to_thread.run_sync(build, recipe, base, store, lambda _: None)
