@@ -34,7 +34,7 @@ from quart import Blueprint, Response, request
 
 from modelc.artifact import PackOptions
 from modelc.artifact.format import QUANT_METHODS
-from modelc.blobs import BlobStore
+from modelc.blobs import BlobStore, parse_digest
 from modelc.errors import ModelNotFoundError, UsageError
 from modelc.formats import detect_format
 from modelc.formats.ir import ModelIR
@@ -185,9 +185,8 @@ def build(recipe: Recipe, base: Base | None, store: Store, say: Say) -> None:
     from modelc.formats import load_model
 
     if base is None:
-        blobs = store.blobs
-        with blobs.staged(recipe.files) as staged:
-            path = _model_path(staged, recipe.files, blobs, say)
+        with store.blobs.staged(recipe.files) as staged:
+            path = _model_path(staged, recipe.files, say)
             finish(load_model(path), recipe, store, say)
         return
     say(OllamaStatus("reading model metadata"))
@@ -195,7 +194,7 @@ def build(recipe: Recipe, base: Base | None, store: Store, say: Say) -> None:
     finish(ir, recipe, store, say)
 
 
-def _model_path(staged: Path, files: dict[str, str], blobs: BlobStore, say: Say) -> Path:
+def _model_path(staged: Path, files: dict[str, str], say: Say) -> Path:
     """The GGUF among ``files`` (the first part of a split one), or the directory of a
     safetensors model (Ollama's rules: a name's suffix, else a GGUF's magic)."""
     names = sorted(files)
@@ -211,7 +210,7 @@ def _model_path(staged: Path, files: dict[str, str], blobs: BlobStore, say: Say)
             param="files",
         )
     for n in names:
-        say(OllamaStatus(f"using existing layer sha256:{blobs.path(files[n]).name[7:]}"))
+        say(OllamaStatus(f"using existing layer sha256:{parse_digest(files[n])}"))
     return staged / ggufs[0] if ggufs else staged
 
 
