@@ -4,6 +4,7 @@ Layout under the store directory (``Config.store_dir``)::
 
     <name>/<version>.modelc     one packed model version
     <name>/current              text file: the version ``<name>`` alone refers to
+    .blobs/sha256-<hex>         files pushed by digest (:mod:`modelc.blobs`)
 
 Every write is atomic (temp file in the same directory, fsync, rename), so the
 store never holds a partial entry: a failed pack or copy leaves it unchanged.
@@ -25,6 +26,7 @@ from pathlib import Path
 from modelc.artifact import PackOptions, open_artifact, write_artifact
 from modelc.artifact.atomic import atomic_output, fsync_dir, sweep_stale, write_text_atomic
 from modelc.artifact.inspect import quant_label
+from modelc.blobs import BlobStore
 from modelc.errors import ModelcError, ModelNotFoundError, StoreError, UsageError
 from modelc.formats.ir import ModelIR
 
@@ -164,6 +166,7 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self.blobs = BlobStore(self.root / ".blobs")  # pushed by digest (Ollama's /api/blobs)
         sweep_stale(self.root)  # what writers killed before they finished left behind
 
     # -- lookup ----------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,7 +84,8 @@ def _alive(pid: int) -> bool:
 
 
 def sweep_stale(directory: Path, depth: int = 1) -> list[Path]:
-    """Remove temp files in ``directory`` (and ``depth`` levels below) whose writer died."""
+    """Remove temp files (and temp directories named the same way, ``.NAME.PID.XXXX.tmp``)
+    in ``directory`` (and ``depth`` levels below) whose writer died."""
     removed: list[Path] = []
     try:
         entries = list(directory.iterdir())
@@ -91,9 +93,12 @@ def sweep_stale(directory: Path, depth: int = 1) -> list[Path]:
         return removed
     for p in entries:
         m = _TEMP.match(p.name)
-        if m is not None and p.is_file() and not _alive(int(m.group(1))):
+        if m is not None and not p.is_symlink() and not _alive(int(m.group(1))):
             with contextlib.suppress(OSError):
-                p.unlink()
+                if p.is_dir():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
                 removed.append(p)
         elif depth > 0 and p.is_dir() and not p.is_symlink():
             removed += sweep_stale(p, depth - 1)

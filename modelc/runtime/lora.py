@@ -33,7 +33,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ import numpy as np
 
 from modelc.errors import FormatError, UnsupportedError, UsageError
 from modelc.formats.arch import canonical_name, llama_permute
-from modelc.formats.ir import DType, Tensor
+from modelc.formats.ir import DType, HParams, ModelIR, Tensor
 from modelc.formats.quants import dequantize
 from modelc.formats.safetensors import read_safetensors
 from modelc.runtime.arch.registry import FAMILIES
@@ -299,15 +299,15 @@ def _dense(w: Weight) -> F32Array:
     return np.ascontiguousarray(dequantize(w.data, w.dtype, w.shape), dtype=np.float32)
 
 
-def _delta(model: LanguageModel | EmbeddingModel, layer: LoraLayer) -> F32Array:
-    """``scale * B @ A`` (out, in) in the runtime's layout for ``layer.target``."""
+def _delta(arch: str, hp: HParams, layer: LoraLayer) -> F32Array:
+    """``scale * B @ A`` (out, in) in the runtime's (and the IR's) layout for ``layer.target``."""
     b = layer.b  # (out, r)
-    if FAMILIES[model.architecture].lora_permute_qk and model.hparams.rope_style != "neox":
+    if FAMILIES[arch].lora_permute_qk and hp.rope_style != "neox":
         kind = _BLOCK_NAME.match(layer.target)
         if kind and kind.group(2) == "attn_q":
-            b = llama_permute(b, model.hparams.n_head)
+            b = llama_permute(b, hp.n_head)
         elif kind and kind.group(2) == "attn_k":
-            b = llama_permute(b, model.hparams.n_head_kv or model.hparams.n_head)
+            b = llama_permute(b, hp.n_head_kv or hp.n_head)
     out: F32Array = (b @ layer.a) * np.float32(layer.scale)
     return out
 
@@ -318,9 +318,7 @@ def scale_adapter(adapter: LoraAdapter, factor: float) -> LoraAdapter:
     return dataclasses.replace(adapter, layers=layers)
 
 
-def apply_adapter(model: LanguageModel | EmbeddingModel, adapter: LoraAdapter) -> AppliedLora:
-    """Merge ``adapter`` into ``model``'s weights; keep the originals for :func:`remove_adapter`."""
-    arch = model.architecture
+def _check_arch(arch: str, adapter: LoraAdapter) -> None:
     if arch not in _patchable():
         raise UnsupportedError(
             f"LoRA adapters are supported for {', '.join(_patchable())} models, not {arch}"
@@ -330,6 +328,48 @@ def apply_adapter(model: LanguageModel | EmbeddingModel, adapter: LoraAdapter) -
         raise UsageError(
             f"LoRA adapter {adapter.path} was made for a {adapter.arch} model; this model is {arch}"
         )
+
+
+def _check_shape(layer: LoraLayer, shape: tuple[int, ...]) -> None:
+    want = (int(layer.b.shape[0]), int(layer.a.shape[1]))
+    if tuple(shape) != want:
+        raise UsageError(
+            f"LoRA module {layer.module}: B @ A is {list(want)} but the model's "
+            f"{layer.target} is {list(shape)}; the adapter was made for a different "
+            "base model"
+        )
+
+
+def merge_into_ir(ir: ModelIR, adapter: LoraAdapter) -> None:
+    """Merge ``adapter`` into a model's tensors for good (Ollama's ``ADAPTER``): each target
+    becomes a float32 tensor ``W + scale * B @ A`` (quantized ones dequantized first), in
+    the layout the runtime holds, so that packing it gives what :func:`apply_adapter` does."""
+    _check_arch(ir.architecture, adapter)
+    merged: dict[str, Tensor] = {}
+    for layer in adapter.layers:
+        t = ir.tensors.get(layer.target)
+        if t is None:
+            raise UsageError(
+                f"LoRA module {layer.module} targets {layer.target}, which the base model does "
+                "not have; the adapter was made for a different base model"
+            )
+        _check_shape(layer, t.shape)
+        if layer.target in merged:
+            raise FormatError(f"two LoRA modules target {layer.target}", path=adapter.path)
+        dense = _dense(Weight(t.dtype, (t.shape[0], t.shape[1]), t.data()))
+        w = dense + _delta(ir.architecture, ir.hparams, layer)
+        merged[layer.target] = Tensor(t.name, DType.F32, t.shape, _const(w))  # (out, in)
+    ir.tensors.update(merged)
+
+
+def _const(a: F32Array) -> Callable[[], F32Array]:
+    return lambda: a
+
+
+def apply_adapter(model: LanguageModel | EmbeddingModel, adapter: LoraAdapter) -> AppliedLora:
+    """Merge ``adapter`` into ``model``'s weights; keep the originals for :func:`remove_adapter`."""
+    arch = model.architecture
+    _check_arch(arch, adapter)
     originals: dict[str, Weight] = {}
     installed: dict[str, Weight] = {}
     slots: dict[str, tuple[Any, str]] = {}
@@ -342,17 +382,11 @@ def apply_adapter(model: LanguageModel | EmbeddingModel, adapter: LoraAdapter) -
                 "model; LoRA on experts is not supported"
             )
         assert isinstance(w, Weight), f"{attr} of {type(holder).__name__} is not a Weight"
-        want = (int(layer.b.shape[0]), int(layer.a.shape[1]))
-        if w.shape != want:
-            raise UsageError(
-                f"LoRA module {layer.module}: B @ A is {list(want)} but the model's "
-                f"{layer.target} is {list(w.shape)}; the adapter was made for a different "
-                "base model"
-            )
+        _check_shape(layer, w.shape)
         if layer.target in installed:
             raise FormatError(f"two LoRA modules target {layer.target}", path=adapter.path)
         merged = _dense(w)
-        merged += _delta(model, layer)
+        merged += _delta(arch, model.hparams, layer)
         originals[layer.target] = w
         installed[layer.target] = Weight(DType.F32, w.shape, merged)
         slots[layer.target] = (holder, attr)

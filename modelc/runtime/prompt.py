@@ -252,6 +252,8 @@ class PromptFormat:
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults.resolve)
     extra_stop_ids: frozenset[int] = frozenset()
     system: str | None = None  # the system message of a conversation that has none
+    # the conversation every chat starts with (Ollama's MESSAGE / /api/create ``messages``)
+    messages: tuple[Mapping[str, Any], ...] = ()
     eog_ids: frozenset[int] = field(init=False)
     bos_text: str = field(init=False)
     eos_text: str = field(init=False)
@@ -294,8 +296,15 @@ class PromptFormat:
         if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict > 0:
             defaults = dataclasses.replace(defaults, max_tokens=n_predict)
         system = gen.get("system")
+        given = gen.get("messages")
+        opening = tuple(m for m in given if isinstance(m, dict)) if isinstance(given, list) else ()
         return cls(
-            Tokenizer(spec), template, defaults, extra, system if isinstance(system, str) else None
+            Tokenizer(spec),
+            template,
+            defaults,
+            extra,
+            system if isinstance(system, str) else None,
+            opening,
         )
 
     def breaker_ids(self, breakers: Sequence[str]) -> list[int]:
@@ -363,9 +372,11 @@ class PromptFormat:
         ``tool_calls`` (OpenAI shape; arguments as a JSON text or an object) and
         ``tool_call_id``.  ``tools``: OpenAI tool objects.
         """
-        msgs = gemma4_tool_turns(
-            self.template, [self._message(i, m) for i, m in enumerate(messages)]
-        )
+        given = [self._message(i, m) for i, m in enumerate(messages)]
+        if self.messages:  # the model's opening turns, after the request's system messages
+            at = next((k for k, m in enumerate(given) if m["role"] != "system"), len(given))
+            given[at:at] = [self._message(i, m) for i, m in enumerate(self.messages)]
+        msgs = gemma4_tool_turns(self.template, given)
         if self.system and not any(m["role"] == "system" for m in msgs):
             msgs.insert(0, {"role": "system", "content": self.system})
         tool_list = [dict(t) for t in tools] if tools else None

@@ -12,9 +12,11 @@ from __future__ import annotations
 import time
 import uuid
 from importlib import resources
+from typing import Any
 
 from quart import Response, request
 from quart_trio import QuartTrio
+from quart_trio.wrappers import TrioRequest
 
 from modelc.engine.api import EngineStats
 from modelc.server import auth, cors
@@ -33,18 +35,41 @@ STATIC_TYPES = {
     "png": "image/png",
 }
 
+UNBOUNDED = "/api/blobs/"  # pushed model files: streamed to disk and hashed, any size
+
+
+class _Request(TrioRequest):
+    """Quart's request, without the body limit on the routes that stream a body to disk."""
+
+    def __init__(
+        self,
+        method: str,
+        scheme: str,
+        path: str,
+        *args: Any,
+        max_content_length: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if path.startswith(UNBOUNDED):
+            max_content_length = None
+        super().__init__(
+            method, scheme, path, *args, max_content_length=max_content_length, **kwargs
+        )
+
 
 def create_app(state: ServerState) -> QuartTrio:
     from modelc.server.anthropic import routes as anthropic_routes
     from modelc.server.llamacpp import routes as llamacpp_routes
     from modelc.server.native import routes as native_routes
     from modelc.server.ollama import routes as ollama_routes
+    from modelc.server.ollama import routes_create as ollama_create_routes
     from modelc.server.ollama import routes_models as ollama_models_routes
     from modelc.server.openai import routes as openai_routes
     from modelc.server.openapi import openapi_document
     from modelc.server.responses import routes as responses_routes
 
     app = QuartTrio("modelc.server", static_folder=None)  # "/static/..." is _static below
+    app.request_class = _Request
     app.config.update(
         RESPONSE_TIMEOUT=None,  # streams may run as long as generation does
         BODY_TIMEOUT=60,
@@ -145,6 +170,7 @@ def create_app(state: ServerState) -> QuartTrio:
         llamacpp_routes,
         ollama_routes,
         ollama_models_routes,
+        ollama_create_routes,
         anthropic_routes,
         responses_routes,
     ):

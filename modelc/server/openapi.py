@@ -134,8 +134,11 @@ ROUTES: list[tuple[str, str, type[Any] | None, type[Any] | None, str]] = [
         "/api/create",
         ol.OllamaCreateRequest,
         ol.OllamaStatus,
-        "Ollama: a new store model from a model or file, with parameters, template, system",
+        "Ollama: a new store model from a model, a file or pushed blobs (files, adapters), "
+        "with parameters, template, system, messages, license, quantize",
     ),
+    ("head", "/api/blobs/{digest}", None, None, "Ollama: 200 if the blob was pushed, else 404"),
+    ("post", "/api/blobs/{digest}", None, None, "Ollama: push a file (its sha256 digest)"),
     (
         "post",
         "/api/embeddings",

@@ -42,6 +42,7 @@ class ModelInfo:
     quantization: str = ""
     prompt: PromptFormat | None = None
     kv_dims: tuple[int, int, int] = (0, 0, 0)  # layers, KV heads, head size (memory planning)
+    license: str = ""  # the file's general.license (Ollama's LICENSE / /api/create license)
 
     @property
     def generates(self) -> bool:
@@ -93,6 +94,7 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
         m = art.manifest
         n_params = art.n_params
         quantization = quant_level(art)
+        license_ = m.metadata.get("general.license")
     finally:
         art.close()
     spec, hp = m.tokenizer, m.hparams
@@ -112,6 +114,7 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
             hp.n_head_kv or hp.n_head,
             hp.head_dim or hp.n_embd // (hp.n_head or 1),
         ),
+        license=license_ if isinstance(license_, str) else "",
     )
 
 

@@ -214,6 +214,8 @@ class OllamaShowResponse(Resp):
     modified_at: str
     system: str = ""
     license: str = ""
+    # the conversation every chat starts with (/api/create's messages)
+    messages: list[OllamaMessage] = msgspec.field(default_factory=list)
 
 
 class OllamaStatus(Resp):
@@ -249,14 +251,23 @@ class OllamaDeleteRequest(Req):
 Parameter = float | int | str | bool | Annotated[list[float | int | str], Meta(max_length=64)]
 
 
+# a blob's name: ``sha256:`` and 64 hex digits (``/api/blobs/:digest``, ``files``)
+Digest = Annotated[str, Meta(pattern=r"^sha256[:-][0-9a-fA-F]{64}$")]
+FileName = Annotated[str, Meta(min_length=1, max_length=512)]
+Files = Annotated[dict[FileName, Digest], Meta(max_length=4096)]
+
+
 class OllamaCreateRequest(Req):
     model: Name | None = None
     name: Name | None = None
     from_: Name | None = msgspec.field(default=None, name="from")
+    files: Files | None = None  # file name -> blob: a GGUF, or a Hugging Face directory's files
+    adapters: Files | None = None  # a PEFT LoRA: adapter_config.json + its .safetensors
     modelfile: Text | None = None  # older clients: FROM / PARAMETER / TEMPLATE / SYSTEM lines
     template: Text | None = None
     system: Text | None = None
     parameters: Annotated[dict[str, Parameter], Meta(max_length=64)] | None = None
+    messages: Annotated[list[OllamaMessageIn], Meta(max_length=256)] | None = None
     license: Text | list[Text] | None = None
     quantize: Annotated[str, Meta(max_length=16)] | None = None  # q4_K_M, q8_0, ...
     stream: bool = True
