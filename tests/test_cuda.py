@@ -57,6 +57,38 @@ def test_memory_check_names_what_fits() -> None:
         check_fits(30 * gib, gib, 1, 20 * gib, "llama model")
 
 
+def test_auto_gpu_layers_fit_free_memory() -> None:
+    """``--n-gpu-layers auto``: the first layers whose weights and KV fit beside the
+    embedding and the scratch; all of them only with the head too."""
+    from modelc.runtime.backends.cuda_offload import SCRATCH, plan_gpu_layers
+
+    gib = 1 << 30
+    layers = [gib] * 8  # an 8 GiB model of 8 layers, 0.25 GiB of KV each, 1 GiB embedding
+    room = gib + SCRATCH
+    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 11 * gib) == 8
+    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 11 * gib - 1) == 7  # no head
+    assert plan_gpu_layers(layers, gib // 4, gib, 0, room + 10 * gib) == 8  # tied head
+    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 5 * gib) == 4
+    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + gib) == 0
+    assert plan_gpu_layers(layers, 0, gib, gib, gib // 2) == 0  # not even the embedding
+
+
+@pytest.mark.skipif(WHY is None, reason="CUDA is usable here")
+def test_gpu_layers_without_a_gpu() -> None:
+    """Layers asked of a GPU there is not: one line; ``auto`` runs every layer on the CPU."""
+    from modelc.engine import EngineOptions, build_engine
+    from modelc.errors import UsageError
+    from modelc.runtime.arch.decoder import Decoder
+    from tests.gen_families import ensure_family
+
+    ir = load_model(ensure_family("qwen3")[1])
+    for ngl in (2, "all"):
+        with pytest.raises(UsageError, match=f"--n-gpu-layers {ngl}: .*auto or 0") as e:
+            build_engine(ir, EngineOptions(n_gpu_layers=ngl))
+        assert "\n" not in str(e.value)
+    assert isinstance(build_engine(ir, EngineOptions(n_gpu_layers="auto")).lm, Decoder)
+
+
 @pytest.mark.skipif(WHY is None, reason="CUDA is usable here")
 def test_device_cuda_without_cuda_is_one_line() -> None:
     p = subprocess.run(
@@ -72,7 +104,7 @@ def test_device_cuda_without_cuda_is_one_line() -> None:
 
 def test_cuda_refuses_a_quantized_kv_cache_before_loading(tmp_path: Path) -> None:
     from modelc.errors import UsageError
-    from modelc.runtime.backends.cuda_llama import build_cuda
+    from modelc.runtime.backends.cuda_offload import build_cuda
 
     ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q8_0, SMALL))
     with pytest.raises(UsageError, match="--kv-cache int8 is not supported with --device cuda"):
@@ -287,7 +319,7 @@ def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fam
     """The tiny random families (f32, randomised norms) through ``build_cuda``, as
     ``--device cuda`` loads them, against the CPU backend: prompts of 30 tokens cross every
     sliding window (:func:`check_batches`)."""
-    from modelc.runtime.backends.cuda_llama import build_cuda
+    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_families as gf
 
     cfg = {**gf.CONFIGS[family], **FAMILY_SHAPES[family]}
@@ -306,7 +338,7 @@ def test_phi3_long_factors_keep_to_the_original_context(
 ) -> None:
     """A Phi-3 whose LongRoPE has long factors runs on the GPU within its original context
     (64 here, of 256), where the short factors hold and it matches the CPU backend."""
-    from modelc.runtime.backends.cuda_llama import build_cuda
+    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_families as gf
 
     long = [2 * f for f in PHI3_16]
