@@ -57,38 +57,6 @@ def test_memory_check_names_what_fits() -> None:
         check_fits(30 * gib, gib, 1, 20 * gib, "llama model")
 
 
-def test_auto_gpu_layers_fit_free_memory() -> None:
-    """``--n-gpu-layers auto``: the first layers whose weights and KV fit beside the
-    embedding and the scratch; all of them only with the head too."""
-    from modelc.runtime.backends.cuda_offload import SCRATCH, plan_gpu_layers
-
-    gib = 1 << 30
-    layers = [gib] * 8  # an 8 GiB model of 8 layers, 0.25 GiB of KV each, 1 GiB embedding
-    room = gib + SCRATCH
-    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 11 * gib) == 8
-    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 11 * gib - 1) == 7  # no head
-    assert plan_gpu_layers(layers, gib // 4, gib, 0, room + 10 * gib) == 8  # tied head
-    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 5 * gib) == 4
-    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + gib) == 0
-    assert plan_gpu_layers(layers, 0, gib, gib, gib // 2) == 0  # not even the embedding
-
-
-@pytest.mark.skipif(WHY is None, reason="CUDA is usable here")
-def test_gpu_layers_without_a_gpu() -> None:
-    """Layers asked of a GPU there is not: one line; ``auto`` runs every layer on the CPU."""
-    from modelc.engine import EngineOptions, build_engine
-    from modelc.errors import UsageError
-    from modelc.runtime.arch.decoder import Decoder
-    from tests.gen_families import ensure_family
-
-    ir = load_model(ensure_family("qwen3")[1])
-    for ngl in (2, "all"):
-        with pytest.raises(UsageError, match=f"--n-gpu-layers {ngl}: .*auto or 0") as e:
-            build_engine(ir, EngineOptions(n_gpu_layers=ngl))
-        assert "\n" not in str(e.value)
-    assert isinstance(build_engine(ir, EngineOptions(n_gpu_layers="auto")).lm, Decoder)
-
-
 @pytest.mark.skipif(WHY is None, reason="CUDA is usable here")
 def test_device_cuda_without_cuda_is_one_line() -> None:
     p = subprocess.run(
