@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,7 @@ def steps(model: Any, prompts: list[list[int]], n_decode: int) -> tuple[list[Any
     return out, chosen
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [*MODELS, "qwen3moe", "mixtral"])
 def test_split_forward_equals_the_whole_model(name: str) -> None:
     ir = model_ir(name)
     n = ir.hparams.n_layer
@@ -161,6 +162,27 @@ def test_split_refusals() -> None:
     lm = split(ir, 1)
     with pytest.raises(UnsupportedError, match="its own new_cache"):
         lm.forward([SeqChunk(whole(ir).new_cache(), [1])])
+
+
+def test_split_phi3_keeps_to_its_original_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts cannot recompute a sequence with LongRoPE's long factors (the whole model does
+    past its original context): a split Phi-3 with long factors stops there, as on the GPU."""
+    from tests import gen_families as gf
+
+    short = gf.PHI3_SHORT
+    rope = {"type": "longrope", "short_factor": short, "long_factor": [2 * f for f in short]}
+    monkeypatch.setitem(gf.CONFIGS, "phi3", {**gf.CONFIGS["phi3"], "rope_scaling": rope})
+    gf.write_gguf("phi3", gf.make_weights("phi3"), tmp_path / "phi3.gguf")
+    ir = load_model(tmp_path / "phi3.gguf")
+    after = whole(ir).spec.long_rope_after
+    assert 0 < after < whole(ir).n_ctx and split(ir, 1).n_ctx == after
+    prompt = list(range(3, 3 + after - 8))
+    ref, _ = steps(whole(ir), [prompt, prompt[:5]], 4)
+    got, _ = steps(split(ir, 2, "cpu-exact"), [prompt, prompt[:5]], 4)
+    for a, b in zip(got, ref, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 # -- through the engine ------------------------------------------------------------------
