@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from modelc.errors import UnsupportedError, UsageError, WindowError
 from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.decoder import Decoder
 from modelc.runtime.backend import Backend, F32Array, KVArray
 from modelc.runtime.kv_cache import WINDOW_SLACK, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk
@@ -190,8 +191,8 @@ class SplitKVCache(KVCache):
 
 
 class SplitLM(CausalLM):
-    """A causal LM run by parts in turn, layers ``0 .. first-1`` of one part on, each
-    part's hidden state the next one's input."""
+    """A causal LM run by its parts in turn (the first from layer 0), each part's hidden
+    state the next one's input."""
 
     def __init__(self, parts: Sequence[ModelPart]) -> None:
         self.parts = tuple(parts)
@@ -233,17 +234,14 @@ class SplitLM(CausalLM):
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
         """One step through every part; room is made in every part's cache first, so a
         step that does not fit changes no cache."""
-        caches = [c.cache for c in batch]
-        for cache in caches:
-            if not isinstance(cache, SplitKVCache):
-                raise UnsupportedError("a split model needs caches made by its own new_cache")
-        for c in batch:
-            c.cache.reserve(c.cache.n + len(c.tokens))
+        caches = [_split(c.cache) for c in batch]
+        for c, cache in zip(batch, caches, strict=True):
+            cache.reserve(cache.n + len(c.tokens))
         hidden: F32Array | None = None
         for i, part in enumerate(self.parts):
             chunks = [
-                SeqChunk(c.cache.parts[i], c.tokens, c.logit_rows)  # type: ignore[attr-defined]
-                for c in batch
+                SeqChunk(cache.parts[i], c.tokens, c.logit_rows)
+                for c, cache in zip(batch, caches, strict=True)
             ]
             hidden = part.forward_part(chunks, hidden)
         assert hidden is not None
@@ -251,18 +249,21 @@ class SplitLM(CausalLM):
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """Every part shifts and re-rotates its own layers."""
-        if not isinstance(cache, SplitKVCache):
-            raise UnsupportedError("a split model needs caches made by its own new_cache")
-        cache.check_shift(n_keep, n_discard)
-        for part, pc in zip(self.parts, cache.parts, strict=True):
+        split = _split(cache)
+        split.check_shift(n_keep, n_discard)
+        for part, pc in zip(self.parts, split.parts, strict=True):
             part.shift_context(pc, n_keep, n_discard)
+
+
+def _split(cache: KVCache) -> SplitKVCache:
+    if not isinstance(cache, SplitKVCache):
+        raise UnsupportedError("a split model needs caches made by its own new_cache")
+    return cache
 
 
 def split_decoder(ir: ModelIR, n_first: int, first: Backend, rest: Backend) -> SplitLM:
     """``ir``'s first ``n_first`` layers on ``first``, the others on ``rest`` (the numpy
     backend standing in for a GPU, in CI)."""
-    from modelc.runtime.arch.decoder import Decoder
-
     a, b = Decoder(ir, first), Decoder(ir, rest)
     a.keep_layers(0, n_first)
     b.keep_layers(n_first, len(b.blocks))
