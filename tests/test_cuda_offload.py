@@ -13,6 +13,8 @@ shift), and with ``MODELC_CUDA_8B`` (``python -m tests.gen_cuda_models DIR 8b``)
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,30 @@ def test_gpu_layers_without_a_gpu() -> None:
             build_engine(ir, EngineOptions(n_gpu_layers=ngl))
         assert "\n" not in str(e.value)
     assert isinstance(build_engine(ir, EngineOptions(n_gpu_layers="auto")).lm, Decoder)
+
+
+def test_gpu_layers_with_device_cpu_is_one_line() -> None:
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "modelc.cli",
+            "run",
+            "--device",
+            "cpu",
+            "-ngl",
+            "8",
+            "--port",
+            "0",
+            "x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    err = p.stderr.strip()
+    assert p.returncode != 0 and len(err.splitlines()) == 1, err
+    assert "--n-gpu-layers 8 needs --device cuda" in err, err
 
 
 def offload(ir: Any, n_gpu: int | str, cpu: str = "cpu-exact", **kw: Any) -> Any:
