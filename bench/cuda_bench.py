@@ -15,9 +15,15 @@ For each model (SmolLM2-135M Q4_1, random ~1.1B llama GGUFs in Q4_0 and Q8_0):
 * with ``--engine``: the unchanged engine on ``--device cuda`` (SmolLM2, 64 concurrent
   greedy requests of 64 tokens): aggregate tokens/s, host sampling included;
 * with ``--types Q5_K,IQ4_XS,...``: the random 1.1B in those types too (written to
-  ``--dir`` if missing), in their own blocks.
+  ``--dir`` if missing), in their own blocks;
+* with ``--offload PATH [--ngl N]`` (partial offload, issue 35's must-show 4): batch-1
+  greedy decode of that model (``python -m tests.gen_cuda_models DIR 8b`` writes an
+  8B-shaped Q4_0) all on the CPU kernels and with its first N layers on the GPU (default
+  half), tokens/s of each and how many greedy tokens agree (default mode: the CPU's int8
+  activations; parity in exact mode is ``tests/test_cuda_offload.py``'s).
 
     python3 bench/cuda_bench.py --smollm2 PATH --dir DIR_OF_1B_GGUFS [--engine] [--json OUT]
+    python3 bench/cuda_bench.py --offload DIR/llama8b-q4_0.gguf --ngl 16
 """
 
 from __future__ import annotations
@@ -67,6 +73,45 @@ def decode_rate(model: CudaLlama, n: int, steps: int, reps: int = 3) -> float:
         for c in caches:
             c.free()
     return statistics.median(times)
+
+
+def greedy_rate(model: Any, prompt: list[int], n: int) -> tuple[list[int], float]:
+    """``n`` greedy tokens after ``prompt`` (one sequence, f16 cache); decode tokens/s."""
+    cache = model.new_cache("f16", max_tokens=len(prompt) + n + 1)
+    out = [int(np.argmax(model.forward([SeqChunk(cache, prompt)])[0]))]
+    t0 = time.perf_counter()
+    while len(out) < n:
+        out.append(int(np.argmax(model.forward([SeqChunk(cache, [out[-1]])])[0])))
+    rate = (n - 1) / (time.perf_counter() - t0)
+    cache.free()
+    return out, rate
+
+
+def offload_rows(path: Path, ngl: str, steps: int) -> list[dict[str, Any]]:
+    """Batch-1 decode all on the CPU and with the first ``ngl`` layers on the GPU."""
+    from modelc.runtime.arch import build
+    from modelc.runtime.backends.cuda_offload import build_offload
+    from modelc.runtime.backends.factory import get_backend
+
+    ir = load_model(path)
+    n = ir.hparams.n_layer
+    k = n // 2 if ngl == "half" else int(ngl)
+    prompt = np.random.default_rng(6).integers(0, ir.hparams.n_vocab or 32000, 32).tolist()
+    split = build_offload(
+        ir, k, get_backend, kv_mode="f16", max_context=1024, max_concurrent=1, kv_budget_bytes=None
+    )
+    assert split is not None
+    toks_gpu, gpu_rate = greedy_rate(split, prompt, steps)
+    del split
+    toks_cpu, cpu_rate = greedy_rate(build(ir, get_backend()), prompt, steps)
+    same = next(
+        (i for i, (a, b) in enumerate(zip(toks_gpu, toks_cpu, strict=True)) if a != b), steps
+    )
+    name = path.name
+    return [
+        {"model": f"{name} all CPU", "streams": 1, "tok_s": cpu_rate},
+        {"model": f"{name} -ngl {k} of {n}", "streams": 1, "tok_s": gpu_rate, "greedy_equal": same},
+    ]
 
 
 VARIANTS: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
@@ -189,6 +234,8 @@ def main() -> None:
     ap.add_argument("--streams", default=",".join(map(str, STREAMS)))
     ap.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--types", default="", help="more weight types for the random 1.1B")
+    ap.add_argument("--offload", type=Path, help="a GGUF to run with --ngl layers on the GPU")
+    ap.add_argument("--ngl", default="half", help="--offload: layers on the GPU (half)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     models: list[tuple[str, Path]] = []
@@ -208,6 +255,10 @@ def main() -> None:
             write_random_llama(path, DType[q])
         models.append((f"random 1.1B {q}", path))
     rows: list[dict[str, Any]] = []
+    if args.offload:
+        for row in offload_rows(args.offload, args.ngl, args.steps):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     be = CudaBackend()
     for name, path in models:
         ir = load_model(path)

@@ -3,7 +3,8 @@
 The blocks are drawn directly (random quants, scales set so every weight has a standard
 deviation near ``std``), so a 1B model in Q4_0 or Q8_0 takes seconds to make; the CUDA
 tests and ``bench/cuda_bench.py`` use it.  ``python -m tests.gen_cuda_models OUT_DIR``
-writes the ~1.1B TinyLlama-shape model in Q4_0 and Q8_0.
+writes the ~1.1B TinyLlama-shape model in Q4_0 and Q8_0; ``... OUT_DIR 8b`` the
+Llama-3-8B-shape one in Q4_0 (``llama8b-q4_0.gguf``, ~4.4 GB: partial offload's test).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Shape:
 
 
 TINYLLAMA = Shape()  # ~1.1B parameters
+LLAMA8B = Shape(n_vocab=128256, d=4096, n_layer=32, n_head=32, n_head_kv=8, ff=14336, n_ctx=8192)
 SMALL = Shape(n_vocab=512, d=256, n_layer=2, n_head=4, n_head_kv=2, ff=512, n_ctx=512)
 
 
@@ -139,5 +141,8 @@ def write_random_llama(
 if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     out.mkdir(parents=True, exist_ok=True)
+    if sys.argv[2:] == ["8b"]:
+        print(write_random_llama(out / "llama8b-q4_0.gguf", DType.Q4_0, LLAMA8B))
+        sys.exit()
     for dt in (DType.Q4_0, DType.Q8_0):
         print(write_random_llama(out / f"llama1b-{dt.name.lower()}.gguf", dt))

@@ -135,3 +135,23 @@ def test_python_dash_m_runs_the_command(module: str) -> None:
         timeout=120,
     )
     assert out.stdout.strip() == f"modelc {modelc.__version__}"
+
+
+def test_gpu_layers_flag() -> None:
+    """``-ngl`` / ``--n-gpu-layers`` as llama.cpp's: a count, ``all`` or ``auto``, on every
+    command that builds an engine; asked of ``--device cpu``, one line before any load."""
+    from modelc.engine.options import EngineOptions
+    from modelc.errors import UsageError
+
+    for argv, want in ((["-ngl", "12"], 12), (["--n-gpu-layers", "ALL"], "all"), ([], None)):
+        for cmd in (["run"], ["generate", "m", "p"], ["chat", "m"]):
+            assert engine_given(_parse(*cmd, *argv)).get("n_gpu_layers") == want
+    assert engine_options(_parse("run")).n_gpu_layers == "auto"
+    with pytest.raises(SystemExit):
+        _parse("run", "-ngl", "half")
+    with pytest.raises(UsageError, match="--n-gpu-layers 8 needs --device cuda"):
+        EngineOptions(device="cpu", n_gpu_layers=8).validate()
+    EngineOptions(device="cpu", n_gpu_layers="auto").validate()
+    EngineOptions(device="cpu", n_gpu_layers=0).validate()
+    with pytest.raises(UsageError, match="must be a number of layers"):
+        EngineOptions(n_gpu_layers=-1).validate()

@@ -72,7 +72,7 @@ def test_device_cuda_without_cuda_is_one_line() -> None:
 
 def test_cuda_refuses_a_quantized_kv_cache_before_loading(tmp_path: Path) -> None:
     from modelc.errors import UsageError
-    from modelc.runtime.backends.cuda_llama import build_cuda
+    from modelc.runtime.backends.cuda_offload import build_cuda
 
     ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q8_0, SMALL))
     with pytest.raises(UsageError, match="--kv-cache int8 is not supported with --device cuda"):
@@ -287,7 +287,7 @@ def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fam
     """The tiny random families (f32, randomised norms) through ``build_cuda``, as
     ``--device cuda`` loads them, against the CPU backend: prompts of 30 tokens cross every
     sliding window (:func:`check_batches`)."""
-    from modelc.runtime.backends.cuda_llama import build_cuda
+    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_families as gf
 
     cfg = {**gf.CONFIGS[family], **FAMILY_SHAPES[family]}
@@ -306,7 +306,7 @@ def test_phi3_long_factors_keep_to_the_original_context(
 ) -> None:
     """A Phi-3 whose LongRoPE has long factors runs on the GPU within its original context
     (64 here, of 256), where the short factors hold and it matches the CPU backend."""
-    from modelc.runtime.backends.cuda_llama import build_cuda
+    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_families as gf
 
     long = [2 * f for f in PHI3_16]

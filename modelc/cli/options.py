@@ -80,6 +80,16 @@ def _context(v: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{v!r} is not a number of tokens or auto") from None
 
 
+def _gpu_layers(v: str) -> int | str:
+    """--n-gpu-layers: a number of layers, ``auto`` or ``all``."""
+    text = v.strip().lower()
+    if text in ("auto", "all"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{v!r} is not a number of layers, auto or all")
+
+
 def _speculate(v: str) -> dict[str, Any]:
     return {"speculative": v != "off", "spec_adaptive": v == "auto"}
 
@@ -223,6 +233,7 @@ OPTIONS: list[Opt] = [
     _opt("--stream-interval", "run", "tokens a streamed response gets at a time (as vLLM's and SGLang's --stream-interval): 0 = auto (default): every token while fewer than 4 requests decode, every second token when more do, so a busy server spends its cores on the model rather than on writing frames; the first token always goes at once", type=int, metavar="N", engine="stream_interval"),
     _opt("--chat-template-file", ENGINE, "a Jinja chat template that replaces the model's (as llama-server's --chat-template-file); the output format (thinking trace, tool calls) is read from it", metavar="PATH", engine="chat_template_file"),
     _opt("--device", f"{ENGINE} bench", "where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto (cuda when CuPy sees a GPU and the architecture runs there; default); webgpu (WGSL shaders through wgpu on a Metal/Vulkan/D3D12 adapter) or metal (the same, on a Metal adapter only)", choices=DEVICES, engine="device"),
+    _opt("-ngl --n-gpu-layers", ENGINE, "layers on the GPU with --device cuda (or auto), the rest on the CPU kernels, as llama.cpp's -ngl: a number, all, or auto (default): as many as fit the GPU's free memory beside their KV cache, so a model larger than the GPU still runs; without a GPU auto runs every layer on the CPU", type=_gpu_layers, metavar="N|auto|all", engine="n_gpu_layers"),
     _opt("--grace", "run containerize", "seconds running streams get to finish on SIGINT/SIGTERM (30)", type=float, default=30.0, metavar="S"),
     _opt("--ping-interval", "run", "send an SSE ': ping' comment after S seconds without a token (10)", type=float, default=10.0, metavar="S"),
     _opt("--http-keep-alive", "run", "close a client's idle keep-alive connection after S seconds (30)", type=float, default=30.0, metavar="S"),

@@ -16,7 +16,7 @@ from typing import Any
 
 from modelc.engine.options import EngineOptions
 from modelc.engine.scheduler import LLMEngine
-from modelc.errors import UnsupportedError
+from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import ModelIR
 from modelc.runtime.backend import Backend
 from modelc.runtime.backends.factory import get_backend
@@ -26,24 +26,32 @@ __all__ = ["EngineOptions", "LLMEngine", "build_engine", "build_runtime"]
 
 
 def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
-    """The GPU-resident model when ``opt.device`` asks for CUDA (``auto``: when CuPy sees a
-    GPU and the architecture runs there), else None."""
-    if opt.device in ("cpu", "webgpu", "metal"):
+    """The model computing on the GPU when ``opt.device`` asks for CUDA (``auto``: when CuPy
+    sees a GPU and the architecture runs there): wholly, or its first
+    ``opt.n_gpu_layers`` layers with the rest on the CPU kernels; else None (the CPU runs
+    it all)."""
+    ngl = opt.n_gpu_layers
+    if opt.device in ("cpu", "webgpu", "metal") or ngl == 0:
         return None
     from modelc.runtime.backends.cuda import cuda_unavailable, require_cuda
-    from modelc.runtime.backends.cuda_llama import build_cuda, cuda_host
+    from modelc.runtime.backends.cuda_llama import cuda_host
+    from modelc.runtime.backends.cuda_offload import build_offload
 
     host = None
-    if opt.device == "auto":
+    if opt.device == "auto" and ngl == "auto":  # the GPU where it can run the model
         if opt.kv_cache not in ("f16", "f32") or cuda_unavailable() is not None:
             return None
-        try:  # what the GPU does not run (a mixture, say) stays on the CPU
+        try:  # what the GPU does not run (some mixtures, say) stays on the CPU
             host = cuda_host(ir)
         except UnsupportedError:
             return None
+    elif ngl != "auto" and (why := cuda_unavailable()) is not None:  # layers of no GPU
+        raise UsageError(f"--n-gpu-layers {ngl}: {why}; use --n-gpu-layers auto or 0")
     require_cuda()
-    return build_cuda(
+    return build_offload(
         ir,
+        ngl,
+        lambda: get_backend(threads=opt.threads),
         kv_mode=opt.kv_cache,
         max_context=opt.max_context,
         max_concurrent=opt.max_concurrent,

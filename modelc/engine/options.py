@@ -51,6 +51,9 @@ class EngineOptions:
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
     threads: int | None = None  # kernel threads; default MODELC_THREADS or every core
     device: str = "auto"  # auto | cpu | cuda | webgpu | metal (--device): auto takes CUDA when CuPy sees a GPU
+    # layers on the GPU, the rest on the CPU (--n-gpu-layers, llama.cpp's -ngl): a count,
+    # "all", or "auto": as many as fit its free memory (all on the CPU without a GPU)
+    n_gpu_layers: int | str = "auto"
     max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
     # a reader this many events behind pauses its request (no compute, KV kept) ...
     max_unread: int = 64
@@ -120,6 +123,16 @@ class EngineOptions:
             (
                 self.device in DEVICES,
                 f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}",
+            ),
+            (
+                self.n_gpu_layers in ("auto", "all")
+                or (type(self.n_gpu_layers) is int and self.n_gpu_layers >= 0),
+                f"--n-gpu-layers must be a number of layers, auto or all; got {self.n_gpu_layers!r}",
+            ),
+            (
+                self.device not in ("cpu", "webgpu", "metal") or self.n_gpu_layers in ("auto", 0),
+                f"--n-gpu-layers {self.n_gpu_layers} needs --device cuda (or auto, with a GPU); "
+                f"--device {self.device} runs every layer itself",
             ),
             (
                 self.threads is None or self.threads >= 1,

@@ -37,25 +37,26 @@ have GGUF names (``blk.{i}.attn_q.weight`` ...); a family whose file fuses Q/K/V
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from modelc.errors import UnsupportedError
+from modelc.errors import UnsupportedError, UsageError
 from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_inv_freq
 from modelc.families.registry import FAMILIES
 from modelc.formats.ir import DType, HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
+from modelc.runtime.arch.decoder_block import DecoderBlock, layer_windows, opt_vec, split_rows
 from modelc.runtime.arch.decoder_spec import FEATURES, DecoderSpec, refuse_unsupported
-from modelc.runtime.arch.deltanet import DeltaNet, deltanet, load_deltanet
+from modelc.runtime.arch.deltanet import deltanet, load_deltanet
 from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
 from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
-from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
-from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
+from modelc.runtime.arch.mla import latent_attention, latent_kv_shape, load_latent
+from modelc.runtime.arch.moe import load_experts, moe_ffn
 from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
@@ -80,57 +81,6 @@ __all__ = [
 ]  # the spec's names are re-exported: every backend imports them from here
 
 
-@dataclass(slots=True)
-class DecoderBlock:
-    """One layer's weights (views into the model file); optional parts are None."""
-
-    attn_norm: F32Array | None  # (d,); None: no pre-norm (olmo2)
-    wq: Weight  # (n_head*hd, d)
-    wk: Weight  # (n_head_kv*hd, d)
-    wv: Weight  # (n_head_kv*hd, d)
-    wo: Weight  # (d, n_head*hd)
-    ffn_norm: F32Array | None  # (d,)
-    w_gate: Weight | None  # (ff, d); None in a mixture of experts
-    w_up: Weight | None  # (ff, d)
-    w_down: Weight | None  # (d, ff)
-    experts: Experts | None = None
-    bq: F32Array | None = None  # (n_head*hd,)
-    bk: F32Array | None = None  # (n_head_kv*hd,)
-    bv: F32Array | None = None  # (n_head_kv*hd,)
-    q_norm: F32Array | None = None  # (hd,), or (n_head*hd,) over the whole projection
-    k_norm: F32Array | None = None  # (hd,), or (n_head_kv*hd,)
-    post_attn_norm: F32Array | None = None  # (d,)
-    post_ffw_norm: F32Array | None = None  # (d,)
-    mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
-    mixer: DeltaNet | None = None  # a recurrent layer: in place of attention (wq..wo empty)
-    bo: F32Array | None = None  # (d,)
-    sinks: F32Array | None = None  # (n_head,)
-
-
-def _opt(src: TensorSource, name: str) -> F32Array | None:
-    return src.vec(name) if src.has(name) else None
-
-
-def _rows(w: Weight, start: int, stop: int) -> Weight:
-    """Rows ``start:stop`` of ``w`` sharing its memory (rows are independent in every
-    dtype, quantized blocks included)."""
-    return Weight(w.dtype, (stop - start, w.shape[1]), w.data[start:stop])
-
-
-def _split(ir: ModelIR, w: Weight, name: str, sizes: Sequence[int]) -> list[Weight]:
-    check_rows(ir, name, w, sum(sizes))
-    edges = [int(e) for e in np.cumsum([0, *sizes])]
-    return [_rows(w, a, b) for a, b in itertools.pairwise(edges)]
-
-
-def _windows(hp: HParams) -> tuple[int, ...]:
-    """Each layer's sliding window: ``sliding_window`` on ``window_layers`` (all if none)."""
-    if not hp.sliding_window:
-        return (0,) * hp.n_layer
-    on = set(hp.window_layers) if hp.window_layers else set(range(hp.n_layer))
-    return tuple(hp.sliding_window if i in on else 0 for i in range(hp.n_layer))
-
-
 class Decoder(CausalLM):
     """A decoder-only transformer described by its family's traits and hyper-parameters."""
 
@@ -153,7 +103,7 @@ class Decoder(CausalLM):
         self.head_dim = hp.head_dim or self.d // self.n_head
         self.n_ctx = hp.n_ctx or traits.default_ctx
         self.eps = hp.norm_eps
-        windows = _windows(hp)
+        windows = layer_windows(hp)
         g4 = gemma4_layers(ir, src, windows) if traits.gemma4_layers else None
         self.g4: Gemma4Layers | None = g4
         self.blocks = [self._block(ir, src, i) for i in range(hp.n_layer)]
@@ -248,6 +198,38 @@ class Decoder(CausalLM):
         }
         self.scratch = Scratch()
         self.ones_hd = np.ones(self.head_dim, np.float32)  # the weight of a plain RMS norm
+        self.first, self.stop = 0, n_layer  # the layers this model runs (keep_layers)
+
+    def keep_layers(self, first: int, stop: int) -> None:
+        """Run layers ``first .. stop-1`` only: this model becomes one part of a model split
+        between devices (:mod:`modelc.runtime.split`).  :meth:`forward_part` takes the
+        hidden state instead of token ids unless ``first`` is 0 and gives it instead of
+        logits unless ``stop`` is the last layer; caches hold these layers only."""
+        n = len(self.blocks)
+        if not 0 <= first < stop <= n or (self.first, self.stop) != (0, n):
+            raise UsageError(f"cannot run layers {first}..{stop - 1} of {n} (a model splits once)")
+        if (first, stop) == (0, n):
+            return
+        if self.g4 is not None or self.state_shapes:
+            raise UnsupportedError(
+                f"{self.architecture} models (shared KV or recurrent layers) cannot be split "
+                "between devices; use --n-gpu-layers 0 or all"
+            )
+        self.kv_shape = dataclasses.replace(self.kv_shape, n_layer=stop - first)
+        if self.long_rope is not None:  # no recomputing across parts: the short factors only
+            self.n_ctx = min(self.n_ctx, self.long_rope.after)
+        kv = self.kv_windows[first:stop]
+        self.kv_windows = kv if any(kv) else ()
+        self.first, self.stop = first, stop
+
+    def forward_part(self, batch: Sequence[SeqChunk], hidden: F32Array | None) -> F32Array:
+        """One step of this model's layers (:meth:`keep_layers`), from the token ids
+        (``hidden`` None) or the hidden state (rows, d) of the part before; the hidden
+        state (rows, d) after them (this step's scratch: copy it to keep it), or the
+        logits if they end the model."""
+        if (hidden is None) != (self.first == 0):
+            raise UsageError(f"layers {self.first}.. take the hidden state, not token ids")
+        return self._forward(batch, hidden)
 
     def _block(self, ir: ModelIR, src: TensorSource, i: int) -> DecoderBlock:
         """Block ``i``'s weights, fused tensors split into row views."""
@@ -263,7 +245,7 @@ class Decoder(CausalLM):
         elif self.g4 is not None:  # its attention weights are in self.g4 (unused here)
             wq = wk = wv = self.g4.attn[i].wq
         elif t.fused_qkv:
-            wq, wk, wv = _split(
+            wq, wk, wv = split_rows(
                 ir, src.weight(p + "attn_qkv.weight"), p + "attn_qkv.weight", (nq, nkv, nkv)
             )
         else:
@@ -279,7 +261,7 @@ class Decoder(CausalLM):
             if t.fused_gate_up:
                 fused = src.weight(p + "ffn_up.weight")
                 half = fused.shape[0] // 2
-                gate, up = _split(ir, fused, p + "ffn_up.weight", (half, fused.shape[0] - half))
+                gate, up = split_rows(ir, fused, p + "ffn_up.weight", (half, fused.shape[0] - half))
                 if gate.shape != up.shape:
                     raise UnsupportedError(
                         f"{ir.architecture} block {i}: ffn_up has {fused.shape[0]} rows, "
@@ -300,17 +282,17 @@ class Decoder(CausalLM):
             w_up=up,
             w_down=down,
             experts=experts,
-            bq=_opt(src, p + "attn_q.bias"),
-            bk=_opt(src, p + "attn_k.bias"),
-            bv=_opt(src, p + "attn_v.bias"),
-            q_norm=_opt(src, p + "attn_q_norm.weight") if self.g4 is None else None,
-            k_norm=_opt(src, p + "attn_k_norm.weight") if self.g4 is None else None,
+            bq=opt_vec(src, p + "attn_q.bias"),
+            bk=opt_vec(src, p + "attn_k.bias"),
+            bv=opt_vec(src, p + "attn_v.bias"),
+            q_norm=opt_vec(src, p + "attn_q_norm.weight") if self.g4 is None else None,
+            k_norm=opt_vec(src, p + "attn_k_norm.weight") if self.g4 is None else None,
             post_attn_norm=src.vec(p + "post_attention_norm.weight") if post else None,
             post_ffw_norm=src.vec(p + "post_ffw_norm.weight") if post else None,
             mla=mla,
             mixer=mixer,
-            bo=_opt(src, p + "attn_output.bias"),
-            sinks=_opt(src, p + "attn_sinks.weight"),
+            bo=opt_vec(src, p + "attn_output.bias"),
+            sinks=opt_vec(src, p + "attn_sinks.weight"),
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -325,13 +307,17 @@ class Decoder(CausalLM):
         lr.remember(batch, starts)
         return logits
 
-    def _forward(self, batch: Sequence[SeqChunk]) -> F32Array:
+    def _forward(self, batch: Sequence[SeqChunk], hidden: F32Array | None = None) -> F32Array:
         be, hd, nh, nkv, sp = self.be, self.head_dim, self.n_head, self.n_head_kv, self.spec
         ids, pos, slices = begin_step(batch, self.n_vocab)
         n = len(ids)
-        x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, self.d)))  # (n, d)
-        if self.embd_scale is not None:
-            x *= self.embd_scale
+        x = self.scratch.get("x", (n, self.d))  # (n, d)
+        if hidden is not None:  # layers first.. of a split model
+            x[...] = hidden
+        else:
+            x = be.get_rows(self.tok_embd, ids, out=x)
+            if self.embd_scale is not None:
+                x *= self.embd_scale
         g4 = self.g4
         per_layer = g4.inputs(be, ids, x) if g4 is not None else None  # (n, layers, p)
         h = self.scratch.get("h", (n, self.d))  # (n, d)
@@ -358,7 +344,8 @@ class Decoder(CausalLM):
             if sp.attn_temp
             else None
         )
-        for li, b in enumerate(self.blocks):
+        for li in range(self.first, self.stop):
+            b, ci = self.blocks[li], li - self.first  # ci: its layer in this model's caches
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             rot = local if sp.local_rope[li] else angles
             if b.mixer is not None:  # a recurrent layer in place of attention (qwen35)
@@ -367,14 +354,14 @@ class Decoder(CausalLM):
                 if b.mla is not None:  # multi-head latent attention (deepseek2)
                     assert hp_mla is not None
                     lat = latent_attention(
-                        be, b.mla, hp_mla, hin, batch, slices, li, angles, self.scale, self.eps
+                        be, b.mla, hp_mla, hin, batch, slices, ci, angles, self.scale, self.eps
                     )
                     o = be.matmul(b.wo, lat, out=ob)
                 elif g4 is not None:  # per-layer head shapes, KV sharing, V norms
                     a = g4.attention(be, li, hin, batch, slices, rot, self.neox, sp.windows[li])
                     o = be.matmul(b.wo, a, out=ob)
                 else:
-                    self._attention(li, b, batch, slices, hin, (qb, kb, vb), rot, temp, attn)
+                    self._attention(li, ci, b, batch, slices, hin, (qb, kb, vb), rot, temp, attn)
                     o = be.matmul(b.wo, attn2, out=ob)
                     if b.bo is not None:
                         o += b.bo
@@ -402,6 +389,8 @@ class Decoder(CausalLM):
             if g4 is not None:  # per-layer inputs, output scales
                 g4.after_layer(be, li, x, per_layer)
         rows = end_step(batch, slices)
+        if self.stop < len(self.blocks):
+            return x  # the next part's input
         if len(rows) == 0:
             return np.zeros((0, self.n_vocab), np.float32)
         hl = be.rms_norm(np.ascontiguousarray(x[rows]), self.output_norm, self.eps)  # (r, d)
@@ -416,6 +405,7 @@ class Decoder(CausalLM):
     def _attention(
         self,
         li: int,
+        ci: int,
         b: DecoderBlock,
         batch: Sequence[SeqChunk],
         slices: list[slice],
@@ -425,8 +415,8 @@ class Decoder(CausalLM):
         temp: F32Array | None,
         attn: F32Array,
     ) -> None:
-        """Layer ``li``'s attention of ``h`` (n, d) into ``attn`` (n, n_head, hd): the GQA
-        layer with every optional part of :class:`DecoderSpec` (``rot``: its RoPE angles,
+        """Layer ``li``'s attention of ``h`` (n, d) into ``attn`` (n, n_head, hd), its keys
+        and values in the caches' layer ``ci``: the GQA layer with every optional part of :class:`DecoderSpec` (``rot``: its RoPE angles,
         ``temp``: the attention temperature by row)."""
         be, hd, nh, nkv, sp = self.be, self.head_dim, self.n_head, self.n_head_kv, self.spec
         n = len(h)
@@ -456,9 +446,9 @@ class Decoder(CausalLM):
         if temp is not None and sp.attn_temp_layers[li]:  # sharper past the original context
             q *= temp
         win = sp.windows[li]
-        attend(be, batch, slices, li, q, k, v, self.scale, attn, win, sp.attn_softcap)
+        attend(be, batch, slices, ci, q, k, v, self.scale, attn, win, sp.attn_softcap)
         if b.sinks is not None:  # a sink logit per head in the softmax (gpt-oss)
-            apply_sinks(batch, slices, li, q, b.sinks, self.scale, attn, win)
+            apply_sinks(batch, slices, ci, q, b.sinks, self.scale, attn, win)
         if gate is not None:
             attn *= 1.0 / (1.0 + np.exp(-gate))
 
@@ -470,13 +460,14 @@ class Decoder(CausalLM):
             return
         delta = np.full(cache.n - n_keep, -n_discard, np.int64)
         sp = self.spec
-        n_cache = cache.shape.n_layer  # a cache layer per layer producing K/V (gemma4)
+        # a cache layer per layer producing K/V (gemma4), of layers first.. (a split model)
+        a, z = self.first, self.first + cache.shape.n_layer
         invs = iter(
             [
                 None if nope else self.inv_freq_local if loc else self.inv_freq
                 for loc, nope in zip(
-                    sp.local_rope[:n_cache],
-                    (sp.nope or (False,) * sp.n_layer)[:n_cache],
+                    sp.local_rope[a:z],
+                    (sp.nope or (False,) * sp.n_layer)[a:z],
                     strict=True,
                 )
             ]

@@ -49,6 +49,7 @@ class CudaKVCache(KVCache):
         self.n = 0
         self.capacity = 0
         self.buf: Any = None
+        self._base = [0] * self.shape.n_layer  # no windowed layers: KVCache.fill sets these
 
     @property
     def nbytes(self) -> int:

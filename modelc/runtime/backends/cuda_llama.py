@@ -199,34 +199,40 @@ class CudaLlama(CausalLM):
         self.embd_scale = sp.embd_scale
         self.attn_softcap = sp.attn_softcap
         self.final_softcap = sp.final_softcap
-        windows = sp.windows
+        # the host's layers first .. stop-1 (all, unless a part of a split model): the
+        # embedding where they start the model, the head where they end it
+        self.first, self.stop = lo, hi = host.first, host.stop
+        blocks, head = host.blocks[lo:hi], hi == len(host.blocks)
+        windows = sp.windows[lo:hi]
         self.inv_freq_host = [
-            host.inv_freq_local if loc else host.inv_freq for loc in sp.local_rope
+            host.inv_freq_local if loc else host.inv_freq for loc in sp.local_rope[lo:hi]
         ]
-        self.kv_shape = KVShape(sp.n_layer, self.nkv, self.hd)
+        self.kv_shape = KVShape(hi - lo, self.nkv, self.hd)
         self.be, self.dev, self.cp = backend, backend.dev, backend.cp
         cp = self.cp
-        weights = sum(int(np.asarray(w.data).nbytes) for b in host.blocks for w in _mats(b))
+        weights = sum(int(np.asarray(w.data).nbytes) for b in blocks for w in _mats(b))
         weights += sum(
             int(np.asarray(w.data).nbytes)
-            for b in host.blocks
+            for b in blocks
             if b.experts is not None
             for w in (b.experts.router, *b.experts.gate, *b.experts.up, *b.experts.down)
         )
-        weights += int(host.tok_embd.data.nbytes)
-        if host.output is not host.tok_embd:
-            weights += int(host.output.data.nbytes)
+        ends = {
+            id(w): w
+            for w in (host.tok_embd if lo == 0 else None, host.output if head else None)
+            if w is not None
+        }
+        weights += sum(int(w.data.nbytes) for w in ends.values())
         free = int(cp.cuda.runtime.memGetInfo()[0])
         check_fits(weights + (256 << 20), kv_bytes, n_seqs, free, f"{ir.architecture} model")
         freqs = {id(f): cp.asarray(f) for f in self.inv_freq_host}
         self.layers = [
             _Layer(backend, b, w, freqs[id(f)])
-            for b, w, f in zip(host.blocks, windows, self.inv_freq_host, strict=True)
+            for b, w, f in zip(blocks, windows, self.inv_freq_host, strict=True)
         ]
-        self.tok_embd = backend.dev.upload([host.tok_embd])
-        self.output: DevWeight = (
-            self.tok_embd if host.output is host.tok_embd else backend.dev.upload([host.output])
-        )
+        up = {k: backend.dev.upload([w]) for k, w in ends.items()}  # a tied table once
+        self.tok_embd: DevWeight | None = up[id(host.tok_embd)] if lo == 0 else None
+        self.output: DevWeight | None = up[id(host.output)] if head else None
         self.output_norm = cp.asarray(host.output_norm)
         self.ff = max((ly.ff for ly in self.layers), default=0)
         self.stream = cp.cuda.Stream(non_blocking=True)
@@ -244,8 +250,8 @@ class CudaLlama(CausalLM):
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights read by one decode step (every matrix once)."""
-        n = sum(ly.nbytes for ly in self.layers) + self.output.nbytes
-        return n
+        head = 0 if self.output is None else self.output.nbytes
+        return sum(ly.nbytes for ly in self.layers) + head
 
     # -- buffers -------------------------------------------------------------------------
     def _alloc(self, rows: int) -> None:
@@ -260,7 +266,7 @@ class CudaLlama(CausalLM):
         self.attn = cp.zeros((m, self.nh * self.hd), np.float32)
         self.gu = cp.zeros((m, 2 * self.ff), np.float32)
         self.g = cp.zeros((m, self.ff), np.float32)
-        self.logits = cp.zeros((m, self.n_vocab), np.float32)
+        self.logits = cp.zeros((m, self.n_vocab if self.output is not None else 1), np.float32)
         self.tokens = cp.zeros(m, np.int64)
         self.reset_graphs()
 
@@ -309,9 +315,10 @@ class CudaLlama(CausalLM):
         ids, rows_d = meta[:m], meta[5 * m :]
         kvmeta = (meta[m : 2 * m], meta[2 * m : 3 * m], meta[3 * m : 4 * m], meta[4 * m : 5 * m])
         f16 = self._kv_f16
-        dev.dequant(self.tok_embd.parts[0], ids, n, self.x, self.d)
-        if self.embd_scale:
-            dev.scale(self.x, n * self.d, self.embd_scale)
+        if self.tok_embd is not None:  # else x holds the part before's hidden state
+            dev.dequant(self.tok_embd.parts[0], ids, n, self.x, self.d)
+            if self.embd_scale:
+                dev.scale(self.x, n * self.d, self.embd_scale)
         rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
         for li, ly in enumerate(self.layers):
             dev.rms_norm(self.x, None, n, ly.attn_norm, self.eps, self.h)
@@ -362,7 +369,7 @@ class CudaLlama(CausalLM):
             dev.matmul(ly.wgu, self.h, n, gu)
             dev.act_mul(gu, n, ly.ff, g, self.gelu)
             self._residual(ly.wdown, g, n, ly.post_ffw_norm)
-        if r:
+        if r and self.output is not None:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)
             if self.final_softcap:
@@ -376,8 +383,9 @@ class CudaLlama(CausalLM):
             self.dev.matmul(w, a, n, self.h)
             self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)
 
-    def _step(self, batch: Sequence[SeqChunk]) -> int:
-        """Run one step on the stream; the number of logit rows (left in ``logits``)."""
+    def _step(self, batch: Sequence[SeqChunk], hidden: F32Array | None = None) -> tuple[int, int]:
+        """Run one step on the stream, from ``hidden`` (rows, d) where this part does not
+        start the model; its rows, and its logit rows (left in ``logits``)."""
         modes = {c.cache.mode for c in batch}
         if len(modes) != 1:
             raise UnsupportedError("one CUDA step needs every cache in one mode")
@@ -385,6 +393,8 @@ class CudaLlama(CausalLM):
         decode = all(len(c.tokens) == 1 and c.rows() == (0,) for c in batch)
         with self.stream:
             n, r, _ = self._upload_meta(batch)
+            if hidden is not None:  # outside any graph, which reads x as it is
+                self.x[:n].set(np.ascontiguousarray(hidden, np.float32), stream=self.stream)
             key = n * 2 + int(self._kv_f16)
             gemv = n <= self.dev.gemv_max
             if key in self._graphs:
@@ -405,7 +415,7 @@ class CudaLlama(CausalLM):
                     self._run(n, r)
                 else:
                     self._graphs[key].launch(self.stream)
-        return r
+        return n, r
 
     def _capture(self, n: int, r: int) -> Any:
         self.stream.begin_capture()
@@ -417,14 +427,24 @@ class CudaLlama(CausalLM):
         return self.stream.end_capture()
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
-        r = self._step(batch)
-        out: F32Array = self.logits[:r].get(stream=self.stream)
+        return self.forward_part(batch, None)
+
+    def forward_part(self, batch: Sequence[SeqChunk], hidden: F32Array | None) -> F32Array:
+        """As :meth:`Decoder.forward_part`: the logits where this part ends the model,
+        else the hidden state (rows, d), copied to the host."""
+        if (hidden is None) != (self.tok_embd is not None):
+            raise UsageError(f"layers {self.first}.. take the hidden state, not token ids")
+        n, r = self._step(batch, hidden)
+        dev_out = self.logits[:r] if self.output is not None else self.x[:n]
+        out: F32Array = dev_out.get(stream=self.stream)
         self.stream.synchronize()
         return out
 
     def forward_greedy(self, batch: Sequence[SeqChunk]) -> np.ndarray[Any, Any]:
         """One step; the argmax token id of each wanted row, computed on the device."""
-        r = self._step(batch)
+        if self.tok_embd is None or self.output is None:
+            raise UsageError("greedy steps on the GPU need the whole model there")
+        _, r = self._step(batch)
         with self.stream:
             self.dev.argmax(self.logits, r, self.tokens)
         out: np.ndarray[Any, Any] = self.tokens[:r].get(stream=self.stream)
@@ -453,29 +473,3 @@ def cuda_n_ctx(n_ctx: int, host: Decoder) -> int:
     """The context on the GPU: a model with LongRoPE long factors stops at its original."""
     after = host.spec.long_rope_after
     return min(n_ctx, after) if after else n_ctx
-
-
-def build_cuda(
-    ir: ModelIR,
-    *,
-    kv_mode: str,
-    max_context: int | None,
-    max_concurrent: int,
-    kv_budget_bytes: int | None,
-    host: Decoder | None = None,
-) -> CudaLlama:
-    """The GPU-resident model for the engine, after checking that its weights and the KV
-    caches of ``max_concurrent`` full-length sequences fit in free GPU memory."""
-    from modelc.runtime.backends.cuda import CudaBackend
-
-    if kv_mode not in (KVMode.F16.value, KVMode.F32.value):
-        raise UsageError(
-            f"--kv-cache {kv_mode} is not supported with --device cuda; use f16 or f32"
-        )
-    host = host if host is not None else cuda_host(ir)  # refuses before any GPU work
-    n_ctx = cuda_n_ctx(host.n_ctx, host)
-    ctx = min(max_context or n_ctx, n_ctx)
-    per_seq = host.kv_shape.bytes_per_token(KVMode(kv_mode)) * ctx
-    if kv_budget_bytes is not None:
-        per_seq, max_concurrent = kv_budget_bytes, 1
-    return CudaLlama(ir, CudaBackend(), kv_bytes=per_seq, n_seqs=max_concurrent, host=host)

@@ -1,0 +1,68 @@
+"""One decoder layer's weights (:class:`DecoderBlock`) and the helpers that read them:
+optional tensors, row views of fused ones, each layer's sliding window."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.deltanet import DeltaNet
+from modelc.runtime.arch.mla import LatentBlock
+from modelc.runtime.arch.moe import Experts
+from modelc.runtime.backend import F32Array, Weight
+from modelc.runtime.model import TensorSource, check_rows
+
+
+@dataclass(slots=True)
+class DecoderBlock:
+    """One layer's weights (views into the model file); optional parts are None."""
+
+    attn_norm: F32Array | None  # (d,); None: no pre-norm (olmo2)
+    wq: Weight  # (n_head*hd, d)
+    wk: Weight  # (n_head_kv*hd, d)
+    wv: Weight  # (n_head_kv*hd, d)
+    wo: Weight  # (d, n_head*hd)
+    ffn_norm: F32Array | None  # (d,)
+    w_gate: Weight | None  # (ff, d); None in a mixture of experts
+    w_up: Weight | None  # (ff, d)
+    w_down: Weight | None  # (d, ff)
+    experts: Experts | None = None
+    bq: F32Array | None = None  # (n_head*hd,)
+    bk: F32Array | None = None  # (n_head_kv*hd,)
+    bv: F32Array | None = None  # (n_head_kv*hd,)
+    q_norm: F32Array | None = None  # (hd,), or (n_head*hd,) over the whole projection
+    k_norm: F32Array | None = None  # (hd,), or (n_head_kv*hd,)
+    post_attn_norm: F32Array | None = None  # (d,)
+    post_ffw_norm: F32Array | None = None  # (d,)
+    mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
+    mixer: DeltaNet | None = None  # a recurrent layer: in place of attention (wq..wo empty)
+    bo: F32Array | None = None  # (d,)
+    sinks: F32Array | None = None  # (n_head,)
+
+
+def opt_vec(src: TensorSource, name: str) -> F32Array | None:
+    return src.vec(name) if src.has(name) else None
+
+
+def _rows(w: Weight, start: int, stop: int) -> Weight:
+    """Rows ``start:stop`` of ``w`` sharing its memory (rows are independent in every
+    dtype, quantized blocks included)."""
+    return Weight(w.dtype, (stop - start, w.shape[1]), w.data[start:stop])
+
+
+def split_rows(ir: ModelIR, w: Weight, name: str, sizes: Sequence[int]) -> list[Weight]:
+    check_rows(ir, name, w, sum(sizes))
+    edges = [int(e) for e in np.cumsum([0, *sizes])]
+    return [_rows(w, a, b) for a, b in itertools.pairwise(edges)]
+
+
+def layer_windows(hp: HParams) -> tuple[int, ...]:
+    """Each layer's sliding window: ``sliding_window`` on ``window_layers`` (all if none)."""
+    if not hp.sliding_window:
+        return (0,) * hp.n_layer
+    on = set(hp.window_layers) if hp.window_layers else set(range(hp.n_layer))
+    return tuple(hp.sliding_window if i in on else 0 for i in range(hp.n_layer))
