@@ -4,9 +4,10 @@ down.
 Every layer a mixture (4 experts, top-1, sigmoid-scored input) with a shared expert, every
 4th layer NoPE (4 layers: the last one), Q/K L2 norms on the RoPE layers, GQA 4:1, an
 untied head; chunked attention (8192) and attention temperature tuning (floor 8192) as
-the release, which llama.cpp fixes at those values; Llama 3 RoPE scaling (factor 16 past
-8192, as the release: the GGUF's ``rope_freqs``) (``scripts/make_tiny_llama4.py`` also
-records transformers with a floor of 8, which the tests hold the runtime to).  The GGUF
+the release, which llama.cpp fixes at those values, and a context of 16384 (two chunks);
+Llama 3 RoPE scaling (factor 16 past 8192, as the release: the GGUF's ``rope_freqs``)
+(``scripts/make_tiny_llama4.py`` also records transformers with a floor of 8 and with
+chunks of 8, which the tests hold the runtime to).  The GGUF
 is what ``convert_hf_to_gguf.py``'s ``Llama4Model`` writes: HF's Q/K rows (interleaved
 RoPE already), ``gate_up_proj`` split and transposed into ``ffn_gate_exps`` /
 ``ffn_up_exps``, ``down_proj`` transposed.  ``python -m tests.gen_llama4``.
@@ -24,7 +25,7 @@ import numpy as np
 from tests.gen_tiny import Arrays, Rand, add_vocab, ensure, head_dim, llama_weights
 from tests.gguf_support import add_llama_shape, gguf_file
 
-VERSION = 2
+VERSION = 3
 SEED = 20261224
 CONFIG: dict[str, Any] = {
     "architectures": ["Llama4ForCausalLM"],
@@ -37,7 +38,7 @@ CONFIG: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 1,
     "head_dim": 16,
-    "max_position_embeddings": 256,
+    "max_position_embeddings": 16384,
     "rms_norm_eps": 1e-5,
     "rope_parameters": {
         "rope_type": "llama3",
