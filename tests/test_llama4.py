@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from modelc.errors import UnsupportedError
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import Decoder, build
@@ -135,3 +136,25 @@ def test_llamacpp_chunks_the_same(tmp_path: Path) -> None:
     ir.hparams.attn_chunk = 0
     whole, _ = greedy_to_near_tie(decoder(ir, "cpu"), ids, 8, banned=sorted(eot))
     assert whole != ours
+
+
+@pytest.mark.parametrize(
+    ("patch", "says"),
+    [
+        ({"interleave_moe_layer_step": 2}, "dense layers among the mixtures"),
+        (
+            {"layer_types": ["chunked_attention"] * 3 + ["sliding_attention"]},
+            "chunked_attention layers are not its RoPE layers",
+        ),
+    ],
+)
+def test_what_it_does_not_run_is_refused_in_one_line(
+    patch: dict[str, object], says: str, tmp_path: Path
+) -> None:
+    d = tmp_path / "hf"
+    shutil.copytree(ensure_model()[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, **patch}))
+    with pytest.raises(UnsupportedError, match=says) as e:
+        load_model(d)
+    assert "\n" not in str(e.value)
