@@ -158,3 +158,19 @@ def test_what_it_does_not_run_is_refused_in_one_line(
     with pytest.raises(UnsupportedError, match=says) as e:
         load_model(d)
     assert "\n" not in str(e.value)
+
+
+def test_full_attention_on_every_layer_has_no_chunks(tmp_path: Path) -> None:
+    """``layer_types`` all ``full_attention`` (as transformers reads it, whatever the chunk
+    size says): the answers of the unchunked model (the goldens' records: their prompts stay
+    within the 8192 chunk)."""
+    d = tmp_path / "hf"
+    shutil.copytree(ensure_model()[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    patch = {"attention_chunk_size": CHUNK, "layer_types": ["full_attention"] * 4}
+    (d / "config.json").write_text(json.dumps({**cfg, **patch}))
+    model = decoder(load_model(d))
+    assert model.spec.chunks == (0, 0, 0, 0)
+    for rec in golden("family_llama4.json")["records"][:3]:
+        err, toks = check_record(model, rec)
+        assert err < LOGPROB_TOL and toks == rec["greedy"], rec["prompt_ids"]

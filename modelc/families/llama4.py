@@ -50,8 +50,9 @@ def _from_config(config: Mapping[str, Any]) -> HParams:
     n = hp.n_layer
     rope = cfg.get("no_rope_layers") or [int((i + 1) % NOPE_STEP != 0) for i in range(n)]
     hp.nope_layers = [i for i, r in enumerate(rope) if not r]
-    hp.attn_chunk = int(cfg.get("attention_chunk_size") or 0)
-    types = cfg.get("layer_types")
+    types = list(cfg.get("layer_types") or [])
+    full = bool(types) and all(t == "full_attention" for t in types)  # no chunks at all
+    hp.attn_chunk = 0 if full else int(cfg.get("attention_chunk_size") or 0)
     if hp.attn_chunk and types and types != [_kind(i, hp) for i in range(n)]:
         raise UnsupportedError(
             "llama4 whose chunked_attention layers are not its RoPE layers is not supported"
