@@ -6,5 +6,6 @@
 from scripts.tiny_goldens import goldens
 
 if __name__ == "__main__":
-    # temperature tuning from position 7 on (llama.cpp fixes the floor at 8192)
-    goldens("llama4", variants=[{"floor_scale": 8}])
+    # temperature tuning from position 7 on, and chunks of 8 positions (llama.cpp fixes
+    # both at 8192): the prompts and continuations span up to 7 chunks
+    goldens("llama4", variants=[{"floor_scale": 8}, {"attention_chunk_size": 8}])

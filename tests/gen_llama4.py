@@ -4,12 +4,17 @@ down.
 Every layer a mixture (4 experts, top-1, sigmoid-scored input) with a shared expert, every
 4th layer NoPE (4 layers: the last one), Q/K L2 norms on the RoPE layers, GQA 4:1, an
 untied head; chunked attention (8192) and attention temperature tuning (floor 8192) as
-the release, which llama.cpp fixes at those values; Llama 3 RoPE scaling (factor 16 past
-8192, as the release: the GGUF's ``rope_freqs``) (``scripts/make_tiny_llama4.py`` also
-records transformers with a floor of 8, which the tests hold the runtime to).  The GGUF
+the release, which llama.cpp fixes at those values, and a context of 16384 (two chunks);
+Llama 3 RoPE scaling (factor 16 past 8192, as the release: the GGUF's ``rope_freqs``)
+(``scripts/make_tiny_llama4.py`` also records transformers with a floor of 8 and with
+chunks of 8, which the tests hold the runtime to).  The GGUF
 is what ``convert_hf_to_gguf.py``'s ``Llama4Model`` writes: HF's Q/K rows (interleaved
 RoPE already), ``gate_up_proj`` split and transposed into ``ffn_gate_exps`` /
-``ffn_up_exps``, ``down_proj`` transposed.  ``python -m tests.gen_llama4``.
+``ffn_up_exps``, ``down_proj`` transposed.  The tokenizer is the committed one with Llama
+4's special tokens added (ids 384 on; ``<|begin_of_text|>`` the BOS, ``<|eot|>`` the end
+of a turn) and Llama 4's chat template as transformers ships it (``processing_llama4.py``,
+committed as ``tests/fixtures/templates/meta-llama-Llama-4-transformers.jinja``).
+``python -m tests.gen_llama4``.
 """
 
 from __future__ import annotations
@@ -24,12 +29,31 @@ import numpy as np
 from tests.gen_tiny import Arrays, Rand, add_vocab, ensure, head_dim, llama_weights
 from tests.gguf_support import add_llama_shape, gguf_file
 
-VERSION = 2
+VERSION = 4
 SEED = 20261224
+TEMPLATE = (
+    Path(__file__).parent / "fixtures" / "templates" / "meta-llama-Llama-4-transformers.jinja"
+)
+SPECIALS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|header_start|>",
+    "<|header_end|>",
+    "<|eom|>",
+    "<|eot|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|image|>",
+)
+TOKENS = {
+    "bos_token": "<|begin_of_text|>",
+    "eos_token": "<|eot|>",
+    "chat_template": TEMPLATE.read_text(),
+}
 CONFIG: dict[str, Any] = {
     "architectures": ["Llama4ForCausalLM"],
     "model_type": "llama4_text",
-    "vocab_size": 384,
+    "vocab_size": 384 + len(SPECIALS),
     "hidden_size": 64,
     "intermediate_size": 64,
     "intermediate_size_mlp": 128,
@@ -37,7 +61,7 @@ CONFIG: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 1,
     "head_dim": 16,
-    "max_position_embeddings": 256,
+    "max_position_embeddings": 16384,
     "rms_norm_eps": 1e-5,
     "rope_parameters": {
         "rope_type": "llama3",
@@ -59,8 +83,8 @@ CONFIG: dict[str, Any] = {
     "attn_scale": 0.1,
     "attention_bias": False,
     "tie_word_embeddings": False,
-    "bos_token_id": None,
-    "eos_token_id": 2,
+    "bos_token_id": 384,
+    "eos_token_id": 389,
     "pad_token_id": 0,
     "torch_dtype": "float32",
 }
@@ -152,7 +176,8 @@ def write_gguf(ws: Arrays, path: Path) -> None:
         w.add_rope_dimension_count(head_dim(cfg))
         w.add_interleave_moe_layer_step(cfg["interleave_moe_layer_step"])
         w.add_expert_feed_forward_length(cfg["intermediate_size"])
-        add_vocab(w, cfg["vocab_size"])
+        bos, eos = TOKENS["bos_token"], TOKENS["eos_token"]
+        add_vocab(w, cfg["vocab_size"], TEMPLATE.read_text(), SPECIALS, bos, eos)
         w.add_tensor("rope_freqs.weight", _rope_freqs())
         for name, data in _gguf_tensors(ws).items():
             w.add_tensor(name, np.ascontiguousarray(data, np.float32))
@@ -160,7 +185,8 @@ def write_gguf(ws: Arrays, path: Path) -> None:
 
 def ensure_model() -> tuple[Path, Path]:
     """The HF directory and the GGUF (made if missing)."""
-    return ensure(f"tiny-llama4-v{VERSION}", CONFIG, weights, write_gguf)
+    name = f"tiny-llama4-v{VERSION}"
+    return ensure(name, CONFIG, weights, write_gguf, specials=SPECIALS, token_config=TOKENS)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,10 +102,37 @@ def add_tensors(
         w.add_tensor(new, np.ascontiguousarray(fix(name, data) if fix else data, np.float32))
 
 
-def add_vocab(w: gguf.GGUFWriter, n_vocab: int, chat_template: str | None = None) -> None:
+def tokenizer_json(specials: Sequence[str] = ()) -> dict[str, Any]:
+    """The committed tokenizer, with ``specials`` added as special tokens from id 384 on."""
+    tj: dict[str, Any] = json.loads((FIX / "tokenizer.json").read_text())
+    base = len(tj["model"]["vocab"])
+    for i, t in enumerate(specials):
+        tj["added_tokens"].append(
+            {
+                "id": base + i,
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
+    return tj
+
+
+def add_vocab(
+    w: gguf.GGUFWriter,
+    n_vocab: int,
+    chat_template: str | None = None,
+    specials: Sequence[str] = (),
+    bos: str | None = None,
+    eos: str = "<|im_end|>",
+) -> None:
     """The committed tokenizer as ``_set_vocab_gpt2`` writes it (pre ``qwen2``: its regex;
-    no BOS: config.json names none), with ``chat_template`` or the committed one."""
-    tj = json.loads((FIX / "tokenizer.json").read_text())
+    no BOS unless ``bos`` names one), with ``chat_template`` or the committed one, and
+    ``specials`` added (:func:`tokenizer_json`)."""
+    tj = tokenizer_json(specials)
     added = {a["content"]: a["id"] for a in tj["added_tokens"]}
     tokens = [""] * n_vocab
     types = [gguf.TokenType.NORMAL] * n_vocab
@@ -118,7 +145,9 @@ def add_vocab(w: gguf.GGUFWriter, n_vocab: int, chat_template: str | None = None
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
-    w.add_eos_token_id(added["<|im_end|>"])
+    if bos is not None:
+        w.add_bos_token_id(added[bos])
+    w.add_eos_token_id(added[eos])
     w.add_pad_token_id(added["<|endoftext|>"])
     w.add_add_bos_token(False)
     tc = json.loads((FIX / "tokenizer_config.json").read_text())
@@ -132,10 +161,13 @@ def ensure(
     write_gguf: Callable[[Arrays, Path], None],
     chat_template: str | None = None,
     tokenizer_class: str | None = None,
+    specials: Sequence[str] = (),
+    token_config: Mapping[str, Any] | None = None,
 ) -> tuple[Path, Path]:
     """The model's HF directory and GGUF in the asset cache (``name`` carries the
     version), made if missing; ``chat_template`` and ``tokenizer_class`` replace the
-    committed tokenizer_config.json's."""
+    committed tokenizer_config.json's, ``token_config`` more of its keys; ``specials``
+    are added to the tokenizer (:func:`tokenizer_json`)."""
     from safetensors.numpy import save_file
 
     dest = assets_dir() / name
@@ -144,8 +176,12 @@ def ensure(
         if gg.exists() and (hf / "model.safetensors").exists():
             return hf, gg
         hf.mkdir(parents=True, exist_ok=True)
-        shutil.copy(FIX / "tokenizer.json", hf / "tokenizer.json")
-        tc = json.loads((FIX / "tokenizer_config.json").read_text())
+        if specials:
+            tj = tokenizer_json(specials)
+            (hf / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
+        else:
+            shutil.copy(FIX / "tokenizer.json", hf / "tokenizer.json")
+        tc = {**json.loads((FIX / "tokenizer_config.json").read_text()), **(token_config or {})}
         if chat_template is not None:
             tc["chat_template"] = chat_template
         if tokenizer_class is not None:

@@ -2,8 +2,9 @@
 everything that reads or moves a cache gives what a full cache gives.
 
 The tiny random Mistral (window 8), Gemma 2 (4; layers 0 and 2) and Gemma 3 (4; layers
-0-4) of ``tests/gen_families.py`` and Gemma 4 (4; layers 0 and 2, read by 2 and 3 too) of
-``tests/gen_gemma4.py`` run with small ``window_slack`` / ``window_keep`` so
+0-4) of ``tests/gen_families.py``, Gemma 4 (4; layers 0 and 2, read by 2 and 3 too) of
+``tests/gen_gemma4.py`` and Llama 4 (chunks of 8 on layers 0-2, bounded as windows of 8) of
+``tests/gen_llama4.py`` run with small ``window_slack`` / ``window_keep`` so
 that a couple of hundred tokens move the rows many times; every logit is compared with
 the same model over a full cache (``full=True``), bitwise.
 """
@@ -29,17 +30,23 @@ from modelc.runtime.model import CausalLM, SeqChunk
 from modelc.runtime.sampling import SamplingParams
 from tests.gen_families import ensure_family
 from tests.gen_gemma4 import ensure_gemma4
+from tests.gen_llama4 import ensure_model as ensure_llama4
 from tests.runtime_support import make_backend
 
 # gemma4: windowed layers of another head size than the global ones, KV-sharing layers
 # reading them (tests/gen_gemma4.py)
-FAMILIES = ["mistral", "gemma2", "gemma3", "gemma4"]
+FAMILIES = ["mistral", "gemma2", "gemma3", "gemma4", "llama4"]
 SLACK, KEEP = 5, 3
 
 
 def model(family: str) -> CausalLM:
-    gguf = ensure_gemma4()[1] if family == "gemma4" else ensure_family(family)[1]
-    m = build(load_model(gguf), make_backend("cpu-exact"))
+    if family == "llama4":  # chunks of 8 (the GGUF's are 8192) in a context of 256
+        ir = load_model(ensure_llama4()[1])
+        ir.hparams.attn_chunk, ir.hparams.n_ctx = 8, 256
+        m = build(ir, make_backend("cpu-exact"))
+    else:
+        gguf = ensure_gemma4()[1] if family == "gemma4" else ensure_family(family)[1]
+        m = build(load_model(gguf), make_backend("cpu-exact"))
     assert isinstance(m, CausalLM) and any(m.kv_windows)
     return m
 
@@ -261,13 +268,17 @@ async def _serve(
     return outs, fins, peak
 
 
-@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+@pytest.mark.parametrize(
+    "family", ["gemma3", "mistral", pytest.param("llama4", marks=pytest.mark.slow)]
+)
 async def test_engine_generates_what_the_full_cache_generates(family: str) -> None:
     """The engine with the default slack on a 1024-token context (windowed caches), with
     speculation, prefix reuse of a previous turn and context shifts, against the same model
     with full caches (its windows still mask, only storage differs)."""
-    ir = load_model(ensure_family(family)[1])
+    ir = load_model(ensure_llama4()[1] if family == "llama4" else ensure_family(family)[1])
     ir.hparams.n_ctx = 1024  # RoPE: any length runs; the windows then bound storage
+    if family == "llama4":  # chunks of 8 (its own are 8192)
+        ir.hparams.attn_chunk = 8
     m = build(ir, make_backend("cpu-exact"))
     ref = build(ir, make_backend("cpu-exact"))
     assert isinstance(m, CausalLM) and isinstance(ref, CausalLM)

@@ -96,6 +96,8 @@ def attention_features(art: Artifact) -> list[str]:
     if h.sliding_window:
         n_win = len(h.window_layers) or h.n_layer
         out.append(f"sliding window {h.sliding_window} ({n_win} of {h.n_layer} layers)")
+    if h.attn_chunk:
+        out.append(f"attention in chunks of {h.attn_chunk} (the RoPE layers)")
     if h.attn_scale:
         out.append(f"Q·K scale {h.attn_scale:.4g}")
     if "blk.0.attn_sinks.weight" in names:

@@ -22,8 +22,8 @@ A layer, with the optional parts in brackets::
     [q, k = rms(q), rms(k)]                  after RoPE, no weights (llama4)
     [q *= temperature(position)]             past the original context (mistral3; llama4's
                                              NoPE layers)
-    o = attention(q, k, v) Wo [+ bo]         [window], [soft-capped scores] (gemma2),
-                                             [sinks] (gpt-oss: arch/sinks.py)
+    o = attention(q, k, v) Wo [+ bo]         [window | chunks (llama4: arch/chunked.py)],
+                                             [soft-capped scores] (gemma2), [sinks] (gpt-oss)
     x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
     h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]; [sigmoid
                                              routing on the input + a shared expert] (llama4);
@@ -49,6 +49,7 @@ from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_
 from modelc.families.registry import FAMILIES
 from modelc.formats.ir import DType, HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
+from modelc.runtime.arch.chunked import chunked_attend, layer_chunks
 from modelc.runtime.arch.decoder_block import DecoderBlock, layer_windows, opt_vec, split_rows
 from modelc.runtime.arch.decoder_spec import FEATURES, DecoderSpec, refuse_unsupported
 from modelc.runtime.arch.deltanet import deltanet, load_deltanet
@@ -136,7 +137,8 @@ class Decoder(CausalLM):
         else:
             self.kv_shape = KVShape(len(self.blocks), self.n_head_kv, self.head_dim)
         self.rope_from = hp.mla.kv_rank if hp.mla else 0  # where a cached key's RoPE part starts
-        cache_windows = windows  # one per cache layer
+        chunks = layer_chunks(hp)  # a chunk's keys lie within a window of its size
+        cache_windows = tuple(map(max, windows, chunks))  # one per cache layer
         if g4 is not None:  # a cache layer per layer writing K/V, of the largest head shape
             self.kv_shape = KVShape(g4.n_cache_layers, g4.cache_kv_heads, g4.cache_head_dim)
             cache_windows = windows[: g4.n_cache_layers]
@@ -189,6 +191,7 @@ class Decoder(CausalLM):
             **(g4.spec_fields(hp) if g4 is not None else {}),
             attn_gate=traits.attn_gate,
             recurrent=tuple(b.mixer is not None for b in self.blocks),
+            chunks=chunks,
             attn_sinks=tuple(b.sinks is not None for b in self.blocks),
             attn_out_bias=tuple(b.bo is not None for b in self.blocks),
             moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
@@ -446,7 +449,10 @@ class Decoder(CausalLM):
         if temp is not None and sp.attn_temp_layers[li]:  # sharper past the original context
             q *= temp
         win = sp.windows[li]
-        attend(be, batch, slices, ci, q, k, v, self.scale, attn, win, sp.attn_softcap)
+        if sp.chunks and sp.chunks[li]:  # within chunks of positions (llama4)
+            chunked_attend(be, batch, slices, ci, q, k, v, self.scale, attn, sp.chunks[li])
+        else:
+            attend(be, batch, slices, ci, q, k, v, self.scale, attn, win, sp.attn_softcap)
         if b.sinks is not None:  # a sink logit per head in the softmax (gpt-oss)
             apply_sinks(batch, slices, ci, q, b.sinks, self.scale, attn, win)
         if gate is not None:

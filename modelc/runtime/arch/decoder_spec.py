@@ -55,6 +55,7 @@ FEATURES: dict[str, str] = {
     "moe_sigmoid_shared": "sigmoid-routed experts with a shared expert",  # llama4
     "attn_gate": "gated attention outputs",  # qwen35
     "gated_deltanet": "Gated DeltaNet linear attention (a recurrent state per sequence)",
+    "chunked_attn": "chunked attention",  # llama4 (runtime/arch/chunked.py)
 }
 
 
@@ -131,6 +132,7 @@ class DecoderSpec:
     moe_sigmoid_shared: bool = False  # llama4's mixture (runtime/arch/llama4_moe.py)
     attn_gate: bool = False  # attention outputs times sigmoid(gate rows of attn_q)
     recurrent: tuple[bool, ...] = ()  # per layer: Gated DeltaNet in place of attention
+    chunks: tuple[int, ...] = ()  # per layer: attends within chunks of this; 0: not
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -171,6 +173,7 @@ class DecoderSpec:
             "moe_sigmoid_shared": self.moe_sigmoid_shared,
             "attn_gate": self.attn_gate,
             "gated_deltanet": any(self.recurrent),
+            "chunked_attn": any(self.chunks),
         }
         return frozenset(k for k, v in used.items() if v)
 
