@@ -85,6 +85,8 @@ class DecoderTraits:
         "ffn_norm"  # the pre-FFN norm's GGUF name (glm4moe, qwen35: post_attention_norm)
     )
     grouped_heads: bool = False  # Gated DeltaNet value heads grouped by key head (qwen3next)
+    short_conv: bool = False  # the recurrent layers are short convolutions (lfm2)
+    output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm)
 
 
 DECODER = "modelc.runtime.arch.decoder:Decoder"  # the runtime of every DecoderTraits family

@@ -18,6 +18,7 @@ from modelc.families import (
     glm4moe,
     gpt2,
     gptoss,
+    lfm2,
     llama,
     llama4,
     mistral3,
@@ -61,6 +62,7 @@ FAMILIES: dict[str, Family] = {
         mistral3.FAMILY,
         llama4.FAMILY,
         gptoss.FAMILY,
+        lfm2.FAMILY,
     )
 }
 

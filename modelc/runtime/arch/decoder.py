@@ -50,12 +50,13 @@ from modelc.families.registry import FAMILIES
 from modelc.formats.ir import DType, HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.decoder_spec import FEATURES, DecoderSpec, refuse_unsupported
-from modelc.runtime.arch.deltanet import DeltaNet, deltanet, load_deltanet
 from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
 from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
+from modelc.runtime.arch.recurrent import Mixer, load_mixer, mixer_forward
+from modelc.runtime.arch.shortconv import ShortConv
 from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
@@ -102,7 +103,7 @@ class DecoderBlock:
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
     mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
-    mixer: DeltaNet | None = None  # a recurrent layer: in place of attention (wq..wo empty)
+    mixer: Mixer | None = None  # a recurrent layer in place of attention (wq..wo empty)
     bo: F32Array | None = None  # (d,)
     sinks: F32Array | None = None  # (n_head,)
 
@@ -157,7 +158,7 @@ class Decoder(CausalLM):
         g4 = gemma4_layers(ir, src, windows) if traits.gemma4_layers else None
         self.g4: Gemma4Layers | None = g4
         self.blocks = [self._block(ir, src, i) for i in range(hp.n_layer)]
-        self.output_norm = src.vec("output_norm.weight")
+        self.output_norm = src.vec(f"{traits.output_norm}.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
         rot = hp.mla.rope_dim if hp.mla else (hp.rope_dim or self.head_dim)  # partial RoPE
@@ -239,6 +240,7 @@ class Decoder(CausalLM):
             **(g4.spec_fields(hp) if g4 is not None else {}),
             attn_gate=traits.attn_gate,
             recurrent=tuple(b.mixer is not None for b in self.blocks),
+            short_conv=tuple(isinstance(b.mixer, ShortConv) for b in self.blocks),
             attn_sinks=tuple(b.sinks is not None for b in self.blocks),
             attn_out_bias=tuple(b.bo is not None for b in self.blocks),
             moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
@@ -255,7 +257,7 @@ class Decoder(CausalLM):
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
         nq *= 2 if t.attn_gate else 1  # each head's query, then its gate
         mla = load_latent(ir, src, i, self.hparams) if self.hparams.mla else None
-        mixer = load_deltanet(src, i, self.hparams, t.grouped_heads)
+        mixer = load_mixer(src, i, self.hparams, t)
         if mixer is not None:  # a recurrent layer has no attention weights
             wq = wk = wv = Weight(DType.F32, (0, self.d), np.zeros((0, self.d), np.float32))
         elif mla is not None:
@@ -361,8 +363,8 @@ class Decoder(CausalLM):
         for li, b in enumerate(self.blocks):
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             rot = local if sp.local_rope[li] else angles
-            if b.mixer is not None:  # a recurrent layer in place of attention (qwen35)
-                x += deltanet(be, b.mixer, batch, slices, li, hin, self.eps)
+            if b.mixer is not None:  # a recurrent layer in place of attention (qwen35, lfm2)
+                x += mixer_forward(be, b.mixer, batch, slices, li, hin, self.eps)
             else:
                 if b.mla is not None:  # multi-head latent attention (deepseek2)
                     assert hp_mla is not None

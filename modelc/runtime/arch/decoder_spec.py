@@ -55,6 +55,7 @@ FEATURES: dict[str, str] = {
     "moe_sigmoid_shared": "sigmoid-routed experts with a shared expert",  # llama4
     "attn_gate": "gated attention outputs",  # qwen35
     "gated_deltanet": "Gated DeltaNet linear attention (a recurrent state per sequence)",
+    "short_conv": "short-convolution layers (a recurrent state per sequence)",  # lfm2
 }
 
 
@@ -130,7 +131,8 @@ class DecoderSpec:
     qk_l2_norm: tuple[bool, ...] = ()  # per layer: Q/K RMS-normed after RoPE (llama4)
     moe_sigmoid_shared: bool = False  # llama4's mixture (runtime/arch/llama4_moe.py)
     attn_gate: bool = False  # attention outputs times sigmoid(gate rows of attn_q)
-    recurrent: tuple[bool, ...] = ()  # per layer: Gated DeltaNet in place of attention
+    recurrent: tuple[bool, ...] = ()  # per layer: a recurrent layer in place of attention
+    short_conv: tuple[bool, ...] = ()  # per layer: ... a short convolution (else Gated DeltaNet)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -170,7 +172,11 @@ class DecoderSpec:
             "qk_l2_norm": any(self.qk_l2_norm),
             "moe_sigmoid_shared": self.moe_sigmoid_shared,
             "attn_gate": self.attn_gate,
-            "gated_deltanet": any(self.recurrent),
+            "gated_deltanet": any(
+                r and not (self.short_conv and self.short_conv[i])
+                for i, r in enumerate(self.recurrent)
+            ),
+            "short_conv": any(self.short_conv),
         }
         return frozenset(k for k, v in used.items() if v)
 
