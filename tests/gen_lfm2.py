@@ -19,6 +19,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from tests.assets import cache_lock
 from tests.gen_tiny import Arrays, Rand, add_tensors, add_vocab, ensure
 from tests.gguf_support import gguf_file
 
@@ -86,7 +87,9 @@ def _layout(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return data.reshape(data.shape[0], -1) if name.endswith("conv.conv.weight") else data
 
 
-def write_gguf(ws: Arrays, path: Path) -> None:
+def write_gguf(ws: Arrays, path: Path, pre: str = "qwen2") -> None:
+    """The converter's GGUF; ``pre``: the pre-tokenizer name (the release's is ``lfm2``,
+    llama.cpp's Llama 3 regex without merges priority)."""
     cfg = CONFIG
     kv_heads = [0 if t == "conv" else cfg["num_key_value_heads"] for t in cfg["layer_types"]]
     with gguf_file(path, "lfm2", atomic=True) as w:
@@ -104,12 +107,23 @@ def write_gguf(ws: Arrays, path: Path) -> None:
         w.add_vocab_size(cfg["vocab_size"])
         w.add_shortconv_l_cache(cfg["conv_L_cache"])
         add_vocab(w, cfg["vocab_size"], TEMPLATE.read_text())
+        if pre != "qwen2":
+            w.add_tokenizer_pre(pre)  # overwrites add_vocab's
         add_tensors(w, gguf.MODEL_ARCH.LFM2, cfg, ws, _layout)
 
 
 def ensure_model() -> tuple[Path, Path]:
     """The HF directory and the GGUF (made if missing)."""
     return ensure(f"tiny-lfm2-v{VERSION}", CONFIG, weights, write_gguf, TEMPLATE.read_text())
+
+
+def ensure_release_pre() -> Path:
+    """The tiny GGUF with the release's pre-tokenizer name, ``lfm2`` (made if missing)."""
+    gg = ensure_model()[1].with_name("lfm2-pre.gguf")
+    with cache_lock(gg.name):
+        if not gg.exists():
+            write_gguf(weights(), gg, pre="lfm2")
+    return gg
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
-from tests.gen_lfm2 import TEMPLATE, ensure_model
+from tests.gen_lfm2 import TEMPLATE, ensure_model, ensure_release_pre
 from tests.gguf_manifest import differences, manifest
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.recurrent_support import check_engine_equal_alone, check_prefix_hit, check_rollback
@@ -146,6 +146,30 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
             assert got[:cut] == ours[:cut], (rec["prompt_ids"], cut)
             compared += 1
     assert compared >= 4
+
+
+def test_the_releases_pretokenizer_splits_as_llamacpp(tmp_path: Path) -> None:
+    """A release's GGUF names its pre-tokenizer ``lfm2``, which llama.cpp's
+    ``llama-vocab.cpp`` reads as Llama 3's regex with whole-word tokens first (not the
+    ``default`` modelc fell back to); the tiny vocabulary cannot tell those regexes apart,
+    so this holds the name's reading and the ids llama.cpp's server gives."""
+    pytest.importorskip("xllamacpp")
+    import httpx
+
+    from modelc.bench.llamacpp import LlamaCppServer
+    from modelc.runtime.tokenizer_models import IGNORE_MERGES, PRE_REGEXES
+
+    assert PRE_REGEXES["lfm2"] == PRE_REGEXES["llama3"] and "lfm2" in IGNORE_MERGES
+    ir = load_model(ensure_release_pre())
+    assert ir.tokenizer is not None and ir.tokenizer.pre == "lfm2"
+    ours = Tokenizer(ir.tokenizer)
+    texts = ["In 2026, 12345 users can't wait!!\n\n  ok", "x=3.14159;\tThey'LL see 7 of 10"]
+    with LlamaCppServer(
+        ensure_release_pre(), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
+    ) as s:
+        for t in texts:
+            got = httpx.post(f"{s.url}/tokenize", json={"content": t}, timeout=30).json()
+            assert got["tokens"] == ours.encode(t, add_special=True), t
 
 
 def test_pack_and_inspect(tmp_path: Path) -> None:
