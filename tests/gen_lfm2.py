@@ -18,10 +18,11 @@ from typing import Any
 
 import gguf
 import numpy as np
+from gguf import GGMLQuantizationType as G
 
 from tests.assets import cache_lock
 from tests.gen_tiny import Arrays, Rand, add_tensors, add_vocab, ensure
-from tests.gguf_support import gguf_file
+from tests.gguf_support import add_matrix, gguf_file
 
 VERSION = 1
 SEED = 20261240
@@ -87,15 +88,16 @@ def _layout(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return data.reshape(data.shape[0], -1) if name.endswith("conv.conv.weight") else data
 
 
-def write_gguf(ws: Arrays, path: Path, pre: str = "qwen2") -> None:
+def write_gguf(ws: Arrays, path: Path, pre: str = "qwen2", q8: bool = False) -> None:
     """The converter's GGUF; ``pre``: the pre-tokenizer name (the release's is ``lfm2``,
-    llama.cpp's Llama 3 regex without merges priority)."""
+    llama.cpp's Llama 3 regex, whole-word tokens first); ``q8``: as ``--outtype q8_0``
+    writes it (every matrix Q8_0 but the convolution kernel)."""
     cfg = CONFIG
     kv_heads = [0 if t == "conv" else cfg["num_key_value_heads"] for t in cfg["layer_types"]]
     with gguf_file(path, "lfm2", atomic=True) as w:
         w.add_type(gguf.GGUFType.MODEL)
         w.add_name("tiny-lfm2")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
         w.add_block_count(cfg["num_hidden_layers"])
         w.add_context_length(cfg["max_position_embeddings"])
         w.add_embedding_length(cfg["hidden_size"])
@@ -109,12 +111,29 @@ def write_gguf(ws: Arrays, path: Path, pre: str = "qwen2") -> None:
         add_vocab(w, cfg["vocab_size"], TEMPLATE.read_text())
         if pre != "qwen2":
             w.add_tokenizer_pre(pre)  # overwrites add_vocab's
-        add_tensors(w, gguf.MODEL_ARCH.LFM2, cfg, ws, _layout)
+        if not q8:
+            add_tensors(w, gguf.MODEL_ARCH.LFM2, cfg, ws, _layout)
+            return
+        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LFM2, cfg["num_hidden_layers"])
+        for name, data in ws.items():
+            new = nmap.get_name(name, try_suffixes=(".weight",))
+            assert new is not None, name
+            quant = data.ndim == 2 and "shortconv.conv" not in new
+            add_matrix(w, new, _layout(name, data), G.Q8_0 if quant else None)
 
 
 def ensure_model() -> tuple[Path, Path]:
     """The HF directory and the GGUF (made if missing)."""
     return ensure(f"tiny-lfm2-v{VERSION}", CONFIG, weights, write_gguf, TEMPLATE.read_text())
+
+
+def ensure_q8() -> Path:
+    """The tiny GGUF as ``--outtype q8_0`` (made if missing)."""
+    gg = ensure_model()[1].with_name("lfm2-q8_0.gguf")
+    with cache_lock(gg.name):
+        if not gg.exists():
+            write_gguf(weights(), gg, q8=True)
+    return gg
 
 
 def ensure_release_pre() -> Path:

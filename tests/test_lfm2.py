@@ -26,7 +26,7 @@ from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
-from tests.gen_lfm2 import TEMPLATE, ensure_model, ensure_release_pre
+from tests.gen_lfm2 import TEMPLATE, ensure_model, ensure_q8, ensure_release_pre
 from tests.gguf_manifest import differences, manifest
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.recurrent_support import check_engine_equal_alone, check_prefix_hit, check_rollback
@@ -85,10 +85,22 @@ def test_each_part_is_what_matches(ir: ModelIR, part: str) -> None:
 
 
 def test_the_gguf_is_the_converters() -> None:
-    """The GGUF the tests write is the one llama.cpp's convert_hf_to_gguf.py writes for
-    the same HF directory: metadata and every tensor's name, type, shape and bytes."""
+    """The GGUFs the tests write are the ones llama.cpp's convert_hf_to_gguf.py writes for
+    the same HF directory (``--outtype f32`` and ``q8_0``): metadata and every tensor's
+    name, type, shape and bytes, Q8_0 blocks included."""
     want = golden(GOLDEN)["converter"]
     assert differences(manifest(source("gguf")), want) == []
+    assert differences(manifest(ensure_q8()), golden("lfm2_q8_0_converter.json")) == []
+
+
+def test_the_q8_0_file_runs_close_to_transformers() -> None:
+    """The Q8_0 file a user downloads: its top-10 log-probs within 0.1 of transformers'
+    f32 ones on the fast CPU backend (8-bit rounding moves this random model's by up to
+    ~0.05)."""
+    model = lm(load_model(ensure_q8()), "cpu")
+    for rec in golden(GOLDEN)["records"]:
+        err, _ = check_record(model, rec)
+        assert err < 0.1, (rec["prompt_ids"], err)
 
 
 @pytest.mark.parametrize("kind", SOURCES)
