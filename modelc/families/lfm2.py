@@ -63,12 +63,18 @@ def _from_config(cfg: Mapping[str, Any]) -> HParams:
     return hp
 
 
-def _from_gguf(m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Any) -> None:
-    neox_gguf(m, hp, tensors, meta)
+def recurrent_from_kv_heads(m: GGUFMeta, hp: HParams) -> None:
+    """A hybrid's ``head_count_kv`` per layer (llama.cpp: 0 on a recurrent layer): the
+    recurrent layers, and the attention layers' KV heads."""
     kv = m("attention.head_count_kv", hp.n_head)
     heads = [int(k) for k in kv] if isinstance(kv, list) else [int(kv)] * hp.n_layer
     hp.n_head_kv = max(heads) or hp.n_head
     hp.recurrent_layers = [i for i, k in enumerate(heads[: hp.n_layer]) if k == 0]
+
+
+def _from_gguf(m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Any) -> None:
+    neox_gguf(m, hp, tensors, meta)
+    recurrent_from_kv_heads(m, hp)
     hp.ssm_conv = int(m("shortconv.l_cache", 0))
     if hp.sliding_window:  # on the attention layers only (llama.cpp's LFM2 with SWA)
         hp.window_layers = [i for i in range(hp.n_layer) if i not in hp.recurrent_layers]

@@ -18,6 +18,7 @@ from modelc.families import (
     glm4moe,
     gpt2,
     gptoss,
+    granitehybrid,
     lfm2,
     llama,
     llama4,
@@ -63,6 +64,7 @@ FAMILIES: dict[str, Family] = {
         llama4.FAMILY,
         gptoss.FAMILY,
         lfm2.FAMILY,
+        granitehybrid.FAMILY,
     )
 }
 

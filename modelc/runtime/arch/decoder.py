@@ -55,8 +55,7 @@ from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import LatentBlock, latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import Experts, load_experts, moe_ffn
-from modelc.runtime.arch.recurrent import Mixer, load_mixer, mixer_forward
-from modelc.runtime.arch.shortconv import ShortConv
+from modelc.runtime.arch.recurrent import Mixer, load_mixer, mixer_feature, mixer_forward
 from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
@@ -124,14 +123,6 @@ def _split(ir: ModelIR, w: Weight, name: str, sizes: Sequence[int]) -> list[Weig
     return [_rows(w, a, b) for a, b in itertools.pairwise(edges)]
 
 
-def _windows(hp: HParams) -> tuple[int, ...]:
-    """Each layer's sliding window: ``sliding_window`` on ``window_layers`` (all if none)."""
-    if not hp.sliding_window:
-        return (0,) * hp.n_layer
-    on = set(hp.window_layers) if hp.window_layers else set(range(hp.n_layer))
-    return tuple(hp.sliding_window if i in on else 0 for i in range(hp.n_layer))
-
-
 class Decoder(CausalLM):
     """A decoder-only transformer described by its family's traits and hyper-parameters."""
 
@@ -154,7 +145,7 @@ class Decoder(CausalLM):
         self.head_dim = hp.head_dim or self.d // self.n_head
         self.n_ctx = hp.n_ctx or traits.default_ctx
         self.eps = hp.norm_eps
-        windows = _windows(hp)
+        windows = DecoderSpec.layer_windows(hp)
         g4 = gemma4_layers(ir, src, windows) if traits.gemma4_layers else None
         self.g4: Gemma4Layers | None = g4
         self.blocks = [self._block(ir, src, i) for i in range(hp.n_layer)]
@@ -181,7 +172,8 @@ class Decoder(CausalLM):
         self.rope_mscale = np.float32(mscale) if partial else None
         factor = 1.0 if partial else mscale**2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
-        self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
+        scale = math.sqrt(self.d) if traits.embd_scale else hp.embedding_scale  # gemma, granite
+        self.embd_scale = np.float32(scale) if scale else None
         if hp.mla:
             self.kv_shape = latent_kv_shape(len(self.blocks), hp.mla)
         else:
@@ -240,7 +232,9 @@ class Decoder(CausalLM):
             **(g4.spec_fields(hp) if g4 is not None else {}),
             attn_gate=traits.attn_gate,
             recurrent=tuple(b.mixer is not None for b in self.blocks),
-            short_conv=tuple(isinstance(b.mixer, ShortConv) for b in self.blocks),
+            mixers=tuple(mixer_feature(b.mixer) for b in self.blocks),
+            residual_scale=hp.residual_scale,
+            logit_scale=hp.logit_scale,
             attn_sinks=tuple(b.sinks is not None for b in self.blocks),
             attn_out_bias=tuple(b.bo is not None for b in self.blocks),
             moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
@@ -360,11 +354,12 @@ class Decoder(CausalLM):
             if sp.attn_temp
             else None
         )
+        res = np.float32(sp.residual_scale)  # the residual branches scaled (granite)
         for li, b in enumerate(self.blocks):
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             rot = local if sp.local_rope[li] else angles
-            if b.mixer is not None:  # a recurrent layer in place of attention (qwen35, lfm2)
-                x += mixer_forward(be, b.mixer, batch, slices, li, hin, self.eps)
+            if b.mixer is not None:  # a recurrent layer in place of attention
+                o = mixer_forward(be, b.mixer, batch, slices, li, hin, self.eps)
             else:
                 if b.mla is not None:  # multi-head latent attention (deepseek2)
                     assert hp_mla is not None
@@ -381,7 +376,8 @@ class Decoder(CausalLM):
                     if b.bo is not None:
                         o += b.bo
                 post = b.post_attn_norm
-                x += o if post is None else be.rms_norm(o, post, self.eps, out=h)
+                o = o if post is None else be.rms_norm(o, post, self.eps, out=h)
+            x += o * res if res else o
             hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
                 moe = llama4_moe_ffn if sp.moe_sigmoid_shared else moe_ffn
@@ -400,7 +396,8 @@ class Decoder(CausalLM):
             o = be.matmul(b.w_down, g, out=ob)
             if g4 is not None:  # a mixture beside the FFN
                 o = g4.beside_ffn(be, li, x, o)
-            x += o if b.post_ffw_norm is None else be.rms_norm(o, b.post_ffw_norm, self.eps, out=h)
+            o = o if b.post_ffw_norm is None else be.rms_norm(o, b.post_ffw_norm, self.eps, out=h)
+            x += o * res if res else o
             if g4 is not None:  # per-layer inputs, output scales
                 g4.after_layer(be, li, x, per_layer)
         rows = end_step(batch, slices)
@@ -408,6 +405,8 @@ class Decoder(CausalLM):
             return np.zeros((0, self.n_vocab), np.float32)
         hl = be.rms_norm(np.ascontiguousarray(x[rows]), self.output_norm, self.eps)  # (r, d)
         logits = be.matmul(self.output, hl)  # (r, vocab), a fresh array the caller may keep
+        if sp.logit_scale:
+            logits /= np.float32(sp.logit_scale)
         if sp.final_softcap:
             cap = np.float32(sp.final_softcap)
             logits /= cap

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from modelc.errors import UnsupportedError
+from modelc.formats.ir import HParams
 
 __all__ = ["FEATURES", "GQA_FEATURES", "DecoderSpec", "refuse_unsupported"]
 
@@ -56,6 +57,9 @@ FEATURES: dict[str, str] = {
     "attn_gate": "gated attention outputs",  # qwen35
     "gated_deltanet": "Gated DeltaNet linear attention (a recurrent state per sequence)",
     "short_conv": "short-convolution layers (a recurrent state per sequence)",  # lfm2
+    "mamba2": "Mamba-2 layers (a recurrent state per sequence)",  # granitehybrid
+    "residual_scale": "scaled residual branches",  # granitehybrid
+    "logit_scale": "scaled logits",  # granitehybrid
 }
 
 
@@ -132,7 +136,19 @@ class DecoderSpec:
     moe_sigmoid_shared: bool = False  # llama4's mixture (runtime/arch/llama4_moe.py)
     attn_gate: bool = False  # attention outputs times sigmoid(gate rows of attn_q)
     recurrent: tuple[bool, ...] = ()  # per layer: a recurrent layer in place of attention
-    short_conv: tuple[bool, ...] = ()  # per layer: ... a short convolution (else Gated DeltaNet)
+    # per layer: the recurrent layer's FEATURES name ("gated_deltanet", "short_conv",
+    # "mamba2"), "" for attention; (): Gated DeltaNet wherever recurrent
+    mixers: tuple[str, ...] = ()
+    residual_scale: float = 0.0  # each residual branch times this (granite); 0: none
+    logit_scale: float = 0.0  # the logits divided by this (granite); 0: none
+
+    @staticmethod
+    def layer_windows(hp: HParams) -> tuple[int, ...]:
+        """Each layer's sliding window: ``sliding_window`` on ``window_layers`` (all if none)."""
+        if not hp.sliding_window:
+            return (0,) * hp.n_layer
+        on = set(hp.window_layers) if hp.window_layers else set(range(hp.n_layer))
+        return tuple(hp.sliding_window if i in on else 0 for i in range(hp.n_layer))
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -172,11 +188,12 @@ class DecoderSpec:
             "qk_l2_norm": any(self.qk_l2_norm),
             "moe_sigmoid_shared": self.moe_sigmoid_shared,
             "attn_gate": self.attn_gate,
-            "gated_deltanet": any(
-                r and not (self.short_conv and self.short_conv[i])
-                for i, r in enumerate(self.recurrent)
-            ),
-            "short_conv": any(self.short_conv),
+            "gated_deltanet": "gated_deltanet" in self.mixers
+            or (any(self.recurrent) and not self.mixers),
+            "short_conv": "short_conv" in self.mixers,
+            "mamba2": "mamba2" in self.mixers,
+            "residual_scale": bool(self.residual_scale),
+            "logit_scale": bool(self.logit_scale),
         }
         return frozenset(k for k, v in used.items() if v)
 

@@ -91,13 +91,8 @@ def shortconv(
         keep = len(c.rows()) > 1  # a draft being verified: checkpoint every token
         n0 = state.n
         for t in range(m):
-            pos = n0 + t + 1
-            kept, marked = keep and t < m - 1, state.boundary and pos % state.boundary == 0
-            if kept or marked:
-                arrays = {"conv": x[t + 1 : t + w]}  # the state after token t
-                if kept:
-                    state.keep(li, pos, arrays)
-                if marked:
-                    state.mark(li, pos, arrays)
+            pos, draft = n0 + t + 1, keep and t < m - 1
+            if state.saves(pos, draft):
+                state.save(li, pos, draft, {"conv": x[t + 1 : t + w]})  # after token t
     y *= bcx[:, d : 2 * d]
     return be.matmul(net.w_out, np.ascontiguousarray(y))
