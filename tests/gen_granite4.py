@@ -22,8 +22,9 @@ from typing import Any
 import gguf
 import numpy as np
 
+from tests.assets import cache_lock
 from tests.gen_tiny import Arrays, Rand, add_vocab, ensure, permute
-from tests.gguf_support import gguf_file
+from tests.gguf_support import add_matrix, gguf_file
 
 VERSION = 1
 SEED = 20261250
@@ -145,7 +146,9 @@ def gguf_tensors(ws: Arrays) -> Arrays:
     return out
 
 
-def write_gguf(ws: Arrays, path: Path) -> None:
+def write_gguf(ws: Arrays, path: Path, q8: bool = False) -> None:
+    """The converter's GGUF; ``q8``: as ``--outtype q8_0`` writes it (the matrices Q8_0
+    but the convolution kernel and the grouped norm)."""
     c = CONFIG
     inner, _, nh, _ = _sizes()
     kv_heads = [c["num_key_value_heads"] if t == "attention" else 0 for t in c["layer_types"]]
@@ -160,7 +163,7 @@ def write_gguf(ws: Arrays, path: Path) -> None:
         w.add_head_count_kv(kv_heads)
         w.add_rope_freq_base(c["rope_theta"])
         w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
         w.add_vocab_size(c["vocab_size"])
         w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
         w.add_attention_scale(c["attention_multiplier"])
@@ -178,12 +181,23 @@ def write_gguf(ws: Arrays, path: Path) -> None:
         w.add_rope_scaling_finetuned(False)
         add_vocab(w, c["vocab_size"], TEMPLATE.read_text())
         for name, data in gguf_tensors(ws).items():
-            w.add_tensor(name, data)
+            keep = name.endswith(("ssm_conv1d.weight", "ssm_norm.weight"))
+            quant = q8 and data.ndim == 2 and name.endswith(".weight") and not keep
+            add_matrix(w, name, data, gguf.GGMLQuantizationType.Q8_0 if quant else None)
 
 
 def ensure_model() -> tuple[Path, Path]:
     """The HF directory and the GGUF (made if missing)."""
     return ensure(f"tiny-granite4-v{VERSION}", CONFIG, weights, write_gguf, TEMPLATE.read_text())
+
+
+def ensure_q8() -> Path:
+    """The tiny GGUF as ``--outtype q8_0`` (made if missing)."""
+    gg = ensure_model()[1].with_name("granite4-q8_0.gguf")
+    with cache_lock(gg.name):
+        if not gg.exists():
+            write_gguf(weights(), gg, q8=True)
+    return gg
 
 
 if __name__ == "__main__":

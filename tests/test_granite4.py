@@ -28,7 +28,7 @@ from modelc.runtime.model import LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
-from tests.gen_granite4 import TEMPLATE, ensure_model
+from tests.gen_granite4 import TEMPLATE, ensure_model, ensure_q8
 from tests.gguf_manifest import differences, manifest
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.recurrent_support import check_engine_equal_alone, check_prefix_hit, check_rollback
@@ -87,10 +87,21 @@ def test_each_part_is_what_matches(ir: ModelIR, part: str) -> None:
 
 
 def test_the_gguf_is_the_converters() -> None:
-    """The GGUF the tests write is the one llama.cpp's convert_hf_to_gguf.py writes for
-    the same HF directory: metadata and every tensor's name, type, shape and bytes."""
+    """The GGUFs the tests write are the ones llama.cpp's convert_hf_to_gguf.py writes for
+    the same HF directory (``--outtype f32`` and ``q8_0``): metadata and every tensor's
+    name, type, shape and bytes, Q8_0 blocks included."""
     want = golden(GOLDEN)["converter"]
     assert differences(manifest(source("gguf")), want) == []
+    assert differences(manifest(ensure_q8()), golden("granite4_q8_0_converter.json")) == []
+
+
+def test_the_q8_0_file_runs_close_to_transformers() -> None:
+    """The Q8_0 file a user downloads: its top-10 log-probs close to transformers' f32
+    ones on the fast CPU backend (8-bit rounding moves this random model's a little)."""
+    model = lm(load_model(ensure_q8()), "cpu")
+    for rec in golden(GOLDEN)["records"]:
+        err, _ = check_record(model, rec)
+        assert err < 0.1, (rec["prompt_ids"], err)
 
 
 @pytest.mark.parametrize("kind", SOURCES)
@@ -205,3 +216,18 @@ async def test_batched_cancelled_cached_and_speculative_equal_alone(ir: ModelIR)
 
 def test_a_prefix_cache_hit_starts_from_the_kept_state(ir: ModelIR) -> None:
     check_prefix_hit(lm(ir))
+
+
+def test_the_state_is_fixed_size(ir: ModelIR) -> None:
+    """A Mamba-2 layer keeps (width - 1, channels) convolution inputs and a (heads, head
+    size, state) S per sequence, the same at every length."""
+    from modelc.runtime.model import SeqChunk
+
+    model = lm(ir)
+    cache = model.new_cache()
+    assert cache.state is not None
+    want = {"conv": (3, 160), "ssm": (8, 16, 16)}
+    assert dict(cache.state.shapes) == {0: want, 1: want}
+    size = cache.state.nbytes
+    model.forward([SeqChunk(cache, [(7 * j) % 384 for j in range(100)])])
+    assert cache.state.nbytes == size and cache.rows(2) >= 100
