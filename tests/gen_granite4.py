@@ -1,5 +1,7 @@
-"""A tiny random Granite 4.0-H (``tests/gen_tiny.py``): Granite-4.0-H-Micro's shape
-scaled down (dense: no experts, the FFN its ``shared_mlp``).
+"""Tiny random Granite 4.0-H models (``tests/gen_tiny.py``): ``granite4``,
+Granite-4.0-H-Micro's shape scaled down (dense: the FFN its ``shared_mlp``), and
+``granite4moe``, Granite-4.0-H-Tiny's (every layer 4 experts, 2 a token, beside the
+``shared_mlp`` as a shared expert; its experts fused as ``block_sparse_moe.input_linear``).
 
 Mamba-2 layers and GQA attention layers without RoPE (``position_embedding_type``
 ``nope``), here ``mamba, mamba, attention``; 4 query heads on 1 KV head; the Mamba-2
@@ -10,7 +12,8 @@ head tied to the embeddings.  The GGUF is what ``convert_hf_to_gguf.py``'s
 ``GraniteHybridModel`` writes: ``head_count_kv`` per layer (0 on the Mamba layers), Q/K
 rows permuted to interleaved pairs, ``shared_mlp.input_linear`` split into
 ``ffn_gate`` / ``ffn_up``, ``A_log`` as ``ssm_a = -exp(A_log)``, ``ssm_norm`` as (groups,
-channels / groups).  The chat template is Granite 4.0's (llama.cpp's ``models/templates/``).
+channels / groups), the experts' fused gate + up split and the shared MLP as
+``ffn_*_shexp``.  The chat template is Granite 4.0's (llama.cpp's ``models/templates/``).
 ``python -m tests.gen_granite4``.
 """
 
@@ -27,7 +30,7 @@ from tests.gen_tiny import Arrays, Rand, add_vocab, ensure, permute
 from tests.gguf_support import add_matrix, gguf_file
 
 VERSION = 1
-SEED = 20261250
+SEEDS = {"granite4": 20261250, "granite4moe": 20261251}
 TEMPLATE = Path(__file__).parent / "fixtures" / "templates" / "ibm-granite-granite-4.0.jinja"
 CONFIG: dict[str, Any] = {
     "architectures": ["GraniteMoeHybridForCausalLM"],
@@ -69,6 +72,20 @@ CONFIG: dict[str, Any] = {
 }
 
 
+# Granite-4.0-H-Tiny's mixture scaled down: every layer 4 experts, 2 a token, beside the
+# shared_mlp (a shared expert)
+MOE: dict[str, Any] = {
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "intermediate_size": 32,
+    "shared_intermediate_size": 64,
+}
+
+
+def config(family: str = "granite4") -> dict[str, Any]:
+    return {**CONFIG, **MOE} if family == "granite4moe" else dict(CONFIG)
+
+
 def _sizes() -> tuple[int, int, int, int]:
     """(d_inner, conv channels, Mamba heads, groups x state)."""
     c = CONFIG
@@ -77,9 +94,9 @@ def _sizes() -> tuple[int, int, int, int]:
     return inner, inner + 2 * gs, c["mamba_n_heads"], gs
 
 
-def weights() -> Arrays:
-    """HF names -> f32 arrays, a pure function of the seed."""
-    c, r = CONFIG, Rand(SEED)
+def weights(family: str = "granite4") -> Arrays:
+    """HF names -> f32 arrays, a pure function of the family's seed."""
+    c, r = config(family), Rand(SEEDS[family])
     d, v, ff = c["hidden_size"], c["vocab_size"], c["shared_intermediate_size"]
     hd = d // c["num_attention_heads"]
     nq, nkv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
@@ -106,13 +123,19 @@ def weights() -> Arrays:
         out[p + "post_attention_layernorm.weight"] = r.norm(d)
         out[p + "shared_mlp.input_linear.weight"] = 2.0 * r.w(2 * ff, d)
         out[p + "shared_mlp.output_linear.weight"] = 16.0 * r.w(d, ff)
+        if c["num_local_experts"]:  # the router (std 1: decisive top-k), fused experts
+            n_e, fe, q = c["num_local_experts"], c["intermediate_size"], p + "block_sparse_moe."
+            out[q + "router.layer.weight"] = r.rng.standard_normal((n_e, d)).astype(np.float32)
+            out[q + "input_linear.weight"] = 2.0 * r.w(n_e, 2 * fe, d)
+            out[q + "output_linear.weight"] = 16.0 * r.w(n_e, d, fe)
     out["model.norm.weight"] = r.norm(d)
     return out
 
 
-def gguf_tensors(ws: Arrays) -> Arrays:
+def gguf_tensors(ws: Arrays, family: str = "granite4") -> Arrays:
     """The HF weights as the converter writes them (GGUF names and layouts)."""
-    c = CONFIG
+    c = config(family)
+    shexp = "_shexp" if c["num_local_experts"] else ""
     inner = _sizes()[0]
     nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GRANITE_HYBRID, c["num_hidden_layers"])
     out: Arrays = {}
@@ -120,11 +143,16 @@ def gguf_tensors(ws: Arrays) -> Arrays:
         i = name.split(".")[2] if name.startswith("model.layers.") else ""
         if name.endswith("shared_mlp.input_linear.weight"):
             half = data.shape[0] // 2
-            out[f"blk.{i}.ffn_gate.weight"] = np.ascontiguousarray(data[:half])
-            out[f"blk.{i}.ffn_up.weight"] = np.ascontiguousarray(data[half:])
+            out[f"blk.{i}.ffn_gate{shexp}.weight"] = np.ascontiguousarray(data[:half])
+            out[f"blk.{i}.ffn_up{shexp}.weight"] = np.ascontiguousarray(data[half:])
             continue
         if name.endswith("shared_mlp.output_linear.weight"):
-            out[f"blk.{i}.ffn_down.weight"] = data
+            out[f"blk.{i}.ffn_down{shexp}.weight"] = data
+            continue
+        if name.endswith("block_sparse_moe.input_linear.weight"):  # (n_e, 2 ff, d)
+            half = data.shape[1] // 2
+            out[f"blk.{i}.ffn_gate_exps.weight"] = np.ascontiguousarray(data[:, :half])
+            out[f"blk.{i}.ffn_up_exps.weight"] = np.ascontiguousarray(data[:, half:])
             continue
         if name.endswith(".dt_bias"):
             name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
@@ -146,15 +174,15 @@ def gguf_tensors(ws: Arrays) -> Arrays:
     return out
 
 
-def write_gguf(ws: Arrays, path: Path, q8: bool = False) -> None:
+def write_gguf(ws: Arrays, path: Path, q8: bool = False, family: str = "granite4") -> None:
     """The converter's GGUF; ``q8``: as ``--outtype q8_0`` writes it (the matrices Q8_0
     but the convolution kernel and the grouped norm)."""
-    c = CONFIG
+    c = config(family)
     inner, _, nh, _ = _sizes()
     kv_heads = [c["num_key_value_heads"] if t == "attention" else 0 for t in c["layer_types"]]
     with gguf_file(path, "granitehybrid", atomic=True) as w:
         w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-granite4")
+        w.add_name(f"tiny-{family}")
         w.add_block_count(c["num_hidden_layers"])
         w.add_context_length(2**20)  # the converter's, without RoPE
         w.add_embedding_length(c["hidden_size"])
@@ -180,15 +208,22 @@ def write_gguf(ws: Arrays, path: Path, q8: bool = False) -> None:
         w.add_ssm_time_step_rank(nh)
         w.add_rope_scaling_finetuned(False)
         add_vocab(w, c["vocab_size"], TEMPLATE.read_text())
-        for name, data in gguf_tensors(ws).items():
+        for name, data in gguf_tensors(ws, family).items():
             keep = name.endswith(("ssm_conv1d.weight", "ssm_norm.weight"))
             quant = q8 and data.ndim == 2 and name.endswith(".weight") and not keep
             add_matrix(w, name, data, gguf.GGMLQuantizationType.Q8_0 if quant else None)
 
 
-def ensure_model() -> tuple[Path, Path]:
-    """The HF directory and the GGUF (made if missing)."""
-    return ensure(f"tiny-granite4-v{VERSION}", CONFIG, weights, write_gguf, TEMPLATE.read_text())
+def ensure_model(family: str = "granite4") -> tuple[Path, Path]:
+    """The HF directory and the GGUF of ``granite4`` (dense) or ``granite4moe`` (made if
+    missing)."""
+    return ensure(
+        f"tiny-{family}-v{VERSION}",
+        config(family),
+        lambda: weights(family),
+        lambda ws, path: write_gguf(ws, path, family=family),
+        TEMPLATE.read_text(),
+    )
 
 
 def ensure_q8() -> Path:

@@ -1,18 +1,18 @@
 """Granite 4.0-H (``granitehybrid``): Mamba-2 + attention without RoPE, Granite's
-multipliers, against transformers, llama.cpp's converter and llama.cpp's server; the
-per-sequence Mamba state through the engine.
+multipliers, dense or with mixtures of experts beside a shared one, against transformers,
+llama.cpp's converter and llama.cpp's server; the per-sequence Mamba state through the
+engine.
 
-The tiny random model is numpy-made by ``tests/gen_granite4.py`` (HF directory and GGUF in
-the test-asset cache); ``tests/golden/family_granite4.json`` (transformers f32, and the
-manifest of what llama.cpp's ``convert_hf_to_gguf.py`` writes for the same HF directory)
-comes from ``scripts/make_tiny_granite4.py``.
+The tiny random models (``granite4`` dense, ``granite4moe``) are numpy-made by
+``tests/gen_granite4.py`` (HF directory and GGUF in the test-asset cache);
+``tests/golden/family_<family>.json`` (transformers f32, and the manifest of what
+llama.cpp's ``convert_hf_to_gguf.py`` writes for the same HF directory) come from
+``scripts/make_tiny_granite4.py``.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +35,12 @@ from tests.recurrent_support import check_engine_equal_alone, check_prefix_hit, 
 from tests.runtime_support import LOGPROB_TOL, check_record, golden, make_backend
 
 SOURCES = ["hf", "gguf"]
+FAMILIES = ["granite4", "granite4moe"]
 GOLDEN = "family_granite4.json"
 
 
-def source(kind: str) -> Path:
-    hf, gguf = ensure_model()
+def source(kind: str, family: str = "granite4") -> Path:
+    hf, gguf = ensure_model(family)
     return hf if kind == "hf" else gguf
 
 
@@ -55,34 +56,40 @@ def ir() -> ModelIR:
 
 
 @pytest.mark.parametrize("kind", SOURCES)
-def test_matches_transformers(kind: str) -> None:
-    ir = load_model(source(kind))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matches_transformers(family: str, kind: str) -> None:
+    ir = load_model(source(kind, family))
     assert ir.architecture == "granitehybrid"
     hp = ir.hparams
     assert (hp.recurrent_layers, hp.nope_layers, hp.n_head_kv) == ([0, 1], [0, 1, 2], 1)
     assert (hp.ssm_inner, hp.ssm_v_heads, hp.ssm_k_heads, hp.ssm_head_k) == (128, 8, 1, 16)
+    assert (hp.n_expert, hp.n_expert_used) == ((4, 2) if family == "granite4moe" else (0, 0))
     model = lm(ir)
-    for rec in golden(GOLDEN)["records"]:
+    for rec in golden(f"family_{family}.json")["records"]:
         err, toks = check_record(model, rec)
         assert err < LOGPROB_TOL, (rec["prompt_ids"], err)
         assert toks == rec["greedy"], rec["prompt_ids"]
 
 
-@pytest.mark.parametrize("part", ["decay", "skip", "residual_scale"])
-def test_each_part_is_what_matches(ir: ModelIR, part: str) -> None:
-    """Without the Mamba state's decay, without its D skip, or with the residual branches
-    unscaled, the model no longer matches transformers: each part is exercised."""
+@pytest.mark.parametrize("part", ["decay", "skip", "residual_scale", "shared_expert"])
+def test_each_part_is_what_matches(part: str) -> None:
+    """Without the Mamba state's decay, without its D skip, with the residual branches
+    unscaled, or without the shared expert beside the mixture, the model no longer matches
+    transformers: each part is exercised."""
     import dataclasses
 
-    model = lm(ir)
+    family = "granite4moe" if part in ("shared_expert", "residual_scale") else "granite4"
+    model = lm(load_model(source("gguf", family)))
     for b in model.blocks:
+        if b.experts is not None and part == "shared_expert":
+            b.experts.shared = None
         if isinstance(b.mixer, Mamba2) and part == "decay":
             b.mixer.a = np.zeros_like(b.mixer.a)  # exp(0 * dt) = 1: nothing forgotten
         if isinstance(b.mixer, Mamba2) and part == "skip":
             b.mixer.d_skip = np.zeros_like(b.mixer.d_skip)
     if part == "residual_scale":
         model.spec = dataclasses.replace(model.spec, residual_scale=0.0)
-    recs = golden(GOLDEN)["records"]
+    recs = golden(f"family_{family}.json")["records"]
     assert max(check_record(model, r)[0] for r in recs) > 10 * LOGPROB_TOL
 
 
@@ -90,8 +97,9 @@ def test_the_gguf_is_the_converters() -> None:
     """The GGUFs the tests write are the ones llama.cpp's convert_hf_to_gguf.py writes for
     the same HF directory (``--outtype f32`` and ``q8_0``): metadata and every tensor's
     name, type, shape and bytes, Q8_0 blocks included."""
-    want = golden(GOLDEN)["converter"]
-    assert differences(manifest(source("gguf")), want) == []
+    for family in FAMILIES:
+        want = golden(f"family_{family}.json")["converter"]
+        assert differences(manifest(source("gguf", family)), want) == [], family
     assert differences(manifest(ensure_q8()), golden("granite4_q8_0_converter.json")) == []
 
 
@@ -116,7 +124,8 @@ def test_tokenizer_and_the_real_chat_template(kind: str) -> None:
     assert fmt.chat(g["chat"]).ids == g["chat_ids"]
 
 
-def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF: the same prompt ids and greedy continuations (up to
     a near tie); records passing an end-of-generation id are left out (ignore_eos)."""
     pytest.importorskip("xllamacpp")
@@ -124,14 +133,13 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
 
     from modelc.bench.llamacpp import LlamaCppServer
 
-    g = golden(GOLDEN)
-    ir = load_model(source("gguf"))
+    g = golden(f"family_{family}.json")
+    gguf = source("gguf", family)
+    ir = load_model(gguf)
     assert ir.tokenizer is not None
     tok = Tokenizer(ir.tokenizer)
     model = lm(ir)
-    with LlamaCppServer(
-        source("gguf"), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
-    ) as s:
+    with LlamaCppServer(gguf, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
         theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
         compared = 0
@@ -192,17 +200,6 @@ def test_cuda_and_compile_refuse_it_in_one_line(ir: ModelIR) -> None:
     assert "\n" not in str(e.value)
 
 
-def test_the_mixtures_are_refused_in_one_line(tmp_path: Path) -> None:
-    """Granite 4.0-H Tiny / Small (experts) are refused at load, naming what runs."""
-    d = tmp_path / "m"
-    shutil.copytree(source("hf"), d)
-    cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "num_local_experts": 4}))
-    with pytest.raises(UnsupportedError, match="mixtures of experts") as e:
-        load_model(d)
-    assert "\n" not in str(e.value)
-
-
 # --- the Mamba state per sequence ----------------------------------------------------------
 
 
@@ -210,8 +207,9 @@ def test_a_state_rolls_back_only_to_its_last_steps_checkpoints(ir: ModelIR) -> N
     check_rollback(lm(ir))
 
 
-async def test_batched_cancelled_cached_and_speculative_equal_alone(ir: ModelIR) -> None:
-    await check_engine_equal_alone(ir)
+@pytest.mark.parametrize("family", FAMILIES)
+async def test_batched_cancelled_cached_and_speculative_equal_alone(family: str) -> None:
+    await check_engine_equal_alone(load_model(source("gguf", family)))
 
 
 def test_a_prefix_cache_hit_starts_from_the_kept_state(ir: ModelIR) -> None:

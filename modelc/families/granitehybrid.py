@@ -1,5 +1,6 @@
-"""Granite 4.0-H (IBM, GGUF ``granitehybrid``): Mamba-2 layers and GQA attention layers,
-dense (Micro, 1B, 350M: the FFN is the ``shared_mlp``).
+"""Granite 4.0-H (IBM, GGUF ``granitehybrid``): Mamba-2 layers and GQA attention layers;
+the FFN the ``shared_mlp`` (Micro, 1B, 350M), or a mixture of experts beside it as a
+shared expert (Tiny, Small: softmax top-k renormalised).
 
 A Mamba-2 layer (:mod:`modelc.runtime.arch.mamba2`) keeps per sequence a convolution state
 and a (heads, head size, state) state instead of keys and values; an attention layer is
@@ -14,9 +15,10 @@ Tensors as llama.cpp's ``convert_hf_to_gguf.py`` writes them (``GraniteHybridMod
 ``ssm_dt.bias`` / ``ssm_a`` (``-exp(A_log)``, (heads, 1)) / ``ssm_d`` (heads, 1) /
 ``ssm_norm`` (groups, channels / groups) / ``ssm_out``; Q/K rows permuted to interleaved
 pairs (as LLaMA's); ``shared_mlp.input_linear`` split into ``ffn_gate`` and ``ffn_up``,
-``output_linear`` as ``ffn_down``; ``head_count_kv`` per layer, 0 on the Mamba layers.
-An HF directory is transformed into that layout as it is read.  The mixtures of experts
-(Granite 4.0-H Tiny, Small) are refused.
+``output_linear`` as ``ffn_down`` (``ffn_*_shexp`` beside experts); the experts'
+``block_sparse_moe.input_linear`` (experts, 2 ff, d) split into ``ffn_gate_exps`` and
+``ffn_up_exps``; ``head_count_kv`` per layer, 0 on the Mamba layers.  An HF directory is
+transformed into that layout as it is read.
 """
 
 from __future__ import annotations
@@ -36,16 +38,13 @@ from modelc.families.llama import FAMILY as LLAMA
 from modelc.families.llama import gguf_hparams
 from modelc.formats.ir import HParams, Tensor
 
-_MLP = re.compile(r"(?:^|\.)layers\.(\d+)\.shared_mlp\.(input|output)_linear\.weight$")
+_MLP = re.compile(
+    r"(?:^|\.)layers\.(\d+)\.(shared_mlp|block_sparse_moe)\.(input|output)_linear\.weight$"
+)
 _QK = re.compile(r"\.attn_([qk])\.weight$")
 
 
 def _from_config(cfg: Mapping[str, Any]) -> HParams:
-    if cfg.get("num_local_experts"):
-        raise UnsupportedError(
-            "this Granite 4.0-H has mixtures of experts (Tiny, Small), which modelc does not "
-            "run yet; the dense ones (Micro, 1B, 350M) run"
-        )
     if cfg.get("mamba_proj_bias"):
         raise UnsupportedError("a Granite 4.0-H with Mamba projection biases is not supported")
     assert LLAMA.from_config is not None
@@ -81,11 +80,6 @@ def _from_gguf(m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: An
     hp.ssm_v_heads = int(m("ssm.time_step_rank", 0))
     hp.ssm_k_heads = int(m("ssm.group_count", 0))
     hp.ssm_head_k = int(m("ssm.state_size", 0))
-    if int(m("expert_count", 0)):
-        raise UnsupportedError(
-            "this granitehybrid GGUF has mixtures of experts (Granite 4.0-H Tiny, Small), "
-            "which modelc does not run yet; the dense ones run"
-        )
 
 
 def _rename(name: str) -> str:
@@ -93,8 +87,8 @@ def _rename(name: str) -> str:
 
 
 def _regroup(raw: Mapping[str, Tensor], hp: HParams) -> tuple[dict[str, Tensor], set[str]]:
-    """``shared_mlp.input_linear`` as ``ffn_gate`` + ``ffn_up``, ``output_linear`` as
-    ``ffn_down`` (the converter's ``GraniteMoeModel.modify_tensors`` without experts)."""
+    """The fused gate + up matrices split, the shared MLP named as the converter's
+    ``GraniteMoeModel.modify_tensors`` names it (``_shexp`` beside experts)."""
     out: dict[str, Tensor] = {}
     used: set[str] = set()
     for name, t in raw.items():
@@ -102,17 +96,20 @@ def _regroup(raw: Mapping[str, Tensor], hp: HParams) -> tuple[dict[str, Tensor],
         if m is None:
             continue
         i, used = m.group(1), used | {name}
-        if m.group(2) == "output":
-            out[f"blk.{i}.ffn_down.weight"] = renamed(t, f"blk.{i}.ffn_down.weight")
+        suffix = "_exps" if m.group(2) == "block_sparse_moe" else "_shexp" if hp.n_expert else ""
+        if m.group(3) == "output":
+            new = f"blk.{i}.ffn_down{suffix}.weight"
+            out[new] = renamed(t, new)
             continue
-        half = t.shape[0] // 2
+        half = t.shape[-2] // 2  # (2 ff, d), or (experts, 2 ff, d)
 
         def part(j: int, t: Tensor = t, half: int = half) -> np.ndarray[Any, Any]:
-            return np.ascontiguousarray(np.asarray(t.data())[j * half : (j + 1) * half])
+            return np.ascontiguousarray(np.asarray(t.data())[..., j * half : (j + 1) * half, :])
 
         for j, kind in enumerate(("gate", "up")):
-            new = f"blk.{i}.ffn_{kind}.weight"
-            out[new] = Tensor(new, t.dtype, (half, t.shape[1]), functools.partial(part, j))
+            new = f"blk.{i}.ffn_{kind}{suffix}.weight"
+            shape = (*t.shape[:-2], half, t.shape[-1])
+            out[new] = Tensor(new, t.dtype, shape, functools.partial(part, j))
     return out, used
 
 

@@ -381,7 +381,8 @@ class Decoder(CausalLM):
             hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
                 moe = llama4_moe_ffn if sp.moe_sigmoid_shared else moe_ffn
-                x += moe(be, b.experts, hin, ob)
+                o = moe(be, b.experts, hin, ob)
+                x += o * res if res else o
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
             if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths
