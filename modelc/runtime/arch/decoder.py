@@ -22,17 +22,17 @@ A layer, with the optional parts in brackets::
     [q, k = rms(q), rms(k)]                  after RoPE, no weights (llama4)
     [q *= temperature(position)]             past the original context (mistral3; llama4's
                                              NoPE layers)
-    o = attention(q, k, v) Wo [+ bo]         [window], [soft-capped scores] (gemma2),
-                                             [sinks] (gpt-oss: arch/sinks.py)
-    x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
+    o = attention(q, k, v) Wo [+ bo]  |  recurrent(h)   [window], [soft-capped scores]
+                                             (gemma2), [sinks] (gpt-oss); [arch/recurrent.py]
+    x += [r] o  |  x += post_attn_norm(o)    [post norms] (gemma); [r: granite]
     h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]; [sigmoid
                                              routing on the input + a shared expert] (llama4);
                                              [biased, clamped SwiGLU] (gpt-oss: arch/moe_oai.py)
-    x += f  |  x += post_ffw_norm(f)
+    x += [r] f  |  x += post_ffw_norm(f)
 
-with the embeddings [times sqrt(d)] (gemma) and the logits [soft-capped] (gemma2).  Tensors
-have GGUF names (``blk.{i}.attn_q.weight`` ...); a family whose file fuses Q/K/V or gate/up
-(phi3) is split into row views here (no copy, quantized or not).
+with the embeddings [scaled] (gemma, granite), the logits [soft-capped] (gemma2) or [divided]
+(granite).  Tensors have GGUF names (``blk.{i}.attn_q.weight`` ...); a family whose file
+fuses Q/K/V or gate/up (phi3) is split into row views here (no copy, quantized or not).
 """
 
 from __future__ import annotations
