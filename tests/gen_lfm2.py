@@ -55,28 +55,35 @@ CONFIG: dict[str, Any] = {
 FF = 128  # block_ff_dim 192: int(2 * 192 / 3) = 128, a multiple of 32
 
 
+def add_mixer(cfg: dict[str, Any], r: Rand, i: int, out: Arrays) -> None:
+    """Layer ``i``'s norm and its convolution or attention (drawn from ``r``)."""
+    d, width = cfg["hidden_size"], cfg["conv_L_cache"]
+    hd = d // cfg["num_attention_heads"]
+    nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    p = f"model.layers.{i}."
+    out[p + "operator_norm.weight"] = r.norm(d)
+    if cfg["layer_types"][i] == "conv":  # in_proj's B, C, x; a kernel large enough to matter
+        out[p + "conv.in_proj.weight"] = 2.0 * r.w(3 * d, d)
+        out[p + "conv.conv.weight"] = 6.0 * r.w(d, 1, width)
+        out[p + "conv.out_proj.weight"] = 2.0 * r.w(d, d)
+    else:
+        out[p + "self_attn.q_proj.weight"] = r.w(nq, d)
+        out[p + "self_attn.k_proj.weight"] = r.w(nkv, d)
+        out[p + "self_attn.v_proj.weight"] = r.w(nkv, d)
+        out[p + "self_attn.q_layernorm.weight"] = r.norm(hd)
+        out[p + "self_attn.k_layernorm.weight"] = r.norm(hd)
+        out[p + "self_attn.out_proj.weight"] = r.w(d, nq)
+    out[p + "ffn_norm.weight"] = r.norm(d)
+
+
 def weights() -> Arrays:
     """HF names -> f32 arrays, a pure function of the seed."""
     cfg, r = CONFIG, Rand(SEED)
-    d, v, width = cfg["hidden_size"], cfg["vocab_size"], cfg["conv_L_cache"]
-    hd = d // cfg["num_attention_heads"]
-    nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    d, v = cfg["hidden_size"], cfg["vocab_size"]
     out = {"model.embed_tokens.weight": r.w(v, d)}
-    for i, kind in enumerate(cfg["layer_types"]):
+    for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out[p + "operator_norm.weight"] = r.norm(d)
-        if kind == "conv":  # in_proj's B, C, x; a kernel large enough to matter
-            out[p + "conv.in_proj.weight"] = 2.0 * r.w(3 * d, d)
-            out[p + "conv.conv.weight"] = 6.0 * r.w(d, 1, width)
-            out[p + "conv.out_proj.weight"] = 2.0 * r.w(d, d)
-        else:
-            out[p + "self_attn.q_proj.weight"] = r.w(nq, d)
-            out[p + "self_attn.k_proj.weight"] = r.w(nkv, d)
-            out[p + "self_attn.v_proj.weight"] = r.w(nkv, d)
-            out[p + "self_attn.q_layernorm.weight"] = r.norm(hd)
-            out[p + "self_attn.k_layernorm.weight"] = r.norm(hd)
-            out[p + "self_attn.out_proj.weight"] = r.w(d, nq)
-        out[p + "ffn_norm.weight"] = r.norm(d)
+        add_mixer(cfg, r, i, out)
         out[p + "feed_forward.w1.weight"] = r.w(FF, d)
         out[p + "feed_forward.w3.weight"] = r.w(FF, d)
         out[p + "feed_forward.w2.weight"] = r.w(d, FF)

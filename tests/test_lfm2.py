@@ -1,10 +1,11 @@
-"""LFM2 (``lfm2``): short convolutions + GQA attention, against transformers, llama.cpp's
-converter and llama.cpp's server; the per-sequence convolution state through the engine.
+"""LFM2 (``lfm2``) and LFM2-MoE (``lfm2moe``): short convolutions + GQA attention (+
+sigmoid-routed experts), against transformers, llama.cpp's converter and llama.cpp's
+server; the per-sequence convolution state through the engine.
 
-The tiny random model is numpy-made by ``tests/gen_lfm2.py`` (HF directory and GGUF in the
-test-asset cache); ``tests/golden/family_lfm2.json`` (transformers f32, and the manifest of
-what llama.cpp's ``convert_hf_to_gguf.py`` writes for the same HF directory) comes from
-``scripts/make_tiny_lfm2.py``.
+The tiny random models are numpy-made by ``tests/gen_lfm2.py`` and ``tests/gen_lfm2moe.py``
+(HF directory and GGUF in the test-asset cache); ``tests/golden/family_<family>.json``
+(transformers f32, and the manifest of what llama.cpp's ``convert_hf_to_gguf.py`` writes
+for the same HF directory) come from ``scripts/make_tiny_lfm2.py``.
 """
 
 from __future__ import annotations
@@ -27,17 +28,19 @@ from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
 from tests.gen_lfm2 import TEMPLATE, ensure_model, ensure_q8, ensure_release_pre
+from tests.gen_lfm2moe import ensure_model as ensure_moe
 from tests.gguf_manifest import differences, manifest
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.recurrent_support import check_engine_equal_alone, check_prefix_hit, check_rollback
 from tests.runtime_support import LOGPROB_TOL, check_record, golden, make_backend
 
 SOURCES = ["hf", "gguf"]
+FAMILIES = ["lfm2", "lfm2moe"]
 GOLDEN = "family_lfm2.json"
 
 
-def source(kind: str) -> Path:
-    hf, gguf = ensure_model()
+def source(kind: str, family: str = "lfm2") -> Path:
+    hf, gguf = (ensure_moe if family == "lfm2moe" else ensure_model)()
     return hf if kind == "hf" else gguf
 
 
@@ -53,25 +56,35 @@ def ir() -> ModelIR:
 
 
 @pytest.mark.parametrize("kind", SOURCES)
-def test_matches_transformers(kind: str) -> None:
-    ir = load_model(source(kind))
-    assert ir.architecture == "lfm2"
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matches_transformers(family: str, kind: str) -> None:
+    ir = load_model(source(kind, family))
+    assert ir.architecture == family
     hp = ir.hparams
     assert (hp.recurrent_layers, hp.ssm_conv, hp.n_ff, hp.n_head_kv) == ([0, 2], 3, 128, 2)
+    if family == "lfm2moe":
+        assert (hp.n_expert, hp.n_expert_used) == (4, 2)
+        assert hp.routing is not None and hp.routing.gating == "sigmoid"
+        assert hp.routing.n_dense_lead == 1
     model = lm(ir)
-    for rec in golden(GOLDEN)["records"]:
+    for rec in golden(f"family_{family}.json")["records"]:
         err, toks = check_record(model, rec)
         assert err < LOGPROB_TOL, (rec["prompt_ids"], err)
         assert toks == rec["greedy"], rec["prompt_ids"]
 
 
-@pytest.mark.parametrize("part", ["memory", "gates"])
-def test_each_part_is_what_matches(ir: ModelIR, part: str) -> None:
-    """With the convolution seeing only the current token (its earlier taps zeroed), or
-    with in_proj's B and C rows swapped, the model no longer matches transformers."""
-    model = lm(ir)
+@pytest.mark.parametrize("part", ["memory", "gates", "expert_bias"])
+def test_each_part_is_what_matches(part: str) -> None:
+    """With the convolution seeing only the current token (its earlier taps zeroed), with
+    in_proj's B and C rows swapped, or the experts chosen without LFM2-MoE's expert bias,
+    the model no longer matches transformers."""
+    family = "lfm2moe" if part == "expert_bias" else "lfm2"
+    model = lm(load_model(source("gguf", family)))
     d = model.d
     for b in model.blocks:
+        if b.experts is not None:
+            assert b.experts.bias is not None
+            b.experts.bias = None
         if not isinstance(b.mixer, ShortConv):
             continue
         if part == "memory":
@@ -80,7 +93,7 @@ def test_each_part_is_what_matches(ir: ModelIR, part: str) -> None:
             w = b.mixer.w_in
             data = np.concatenate([w.data[d : 2 * d], w.data[:d], w.data[2 * d :]])
             b.mixer.w_in = Weight(w.dtype, w.shape, data)
-    recs = golden(GOLDEN)["records"]
+    recs = golden(f"family_{family}.json")["records"]
     assert max(check_record(model, r)[0] for r in recs) > 10 * LOGPROB_TOL
 
 
@@ -88,8 +101,9 @@ def test_the_gguf_is_the_converters() -> None:
     """The GGUFs the tests write are the ones llama.cpp's convert_hf_to_gguf.py writes for
     the same HF directory (``--outtype f32`` and ``q8_0``): metadata and every tensor's
     name, type, shape and bytes, Q8_0 blocks included."""
-    want = golden(GOLDEN)["converter"]
-    assert differences(manifest(source("gguf")), want) == []
+    for family in FAMILIES:
+        want = golden(f"family_{family}.json")["converter"]
+        assert differences(manifest(source("gguf", family)), want) == [], family
     assert differences(manifest(ensure_q8()), golden("lfm2_q8_0_converter.json")) == []
 
 
@@ -130,7 +144,8 @@ def test_tokenizer_and_the_real_chat_template(kind: str) -> None:
     )
 
 
-def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF: the same prompt ids and greedy continuations (up to
     a near tie); records passing an end-of-generation id are left out (ignore_eos)."""
     pytest.importorskip("xllamacpp")
@@ -138,14 +153,13 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path) -> None:
 
     from modelc.bench.llamacpp import LlamaCppServer
 
-    g = golden(GOLDEN)
-    ir = load_model(source("gguf"))
+    g = golden(f"family_{family}.json")
+    gguf = source("gguf", family)
+    ir = load_model(gguf)
     assert ir.tokenizer is not None
     tok = Tokenizer(ir.tokenizer)
     model = lm(ir)
-    with LlamaCppServer(
-        source("gguf"), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
-    ) as s:
+    with LlamaCppServer(gguf, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
         theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
         compared = 0
@@ -210,17 +224,23 @@ def test_pack_and_inspect(tmp_path: Path) -> None:
         assert "Gated DeltaNet" not in out and "fused QKV" not in out
 
 
-def test_cuda_and_compile_refuse_it_in_one_line(ir: ModelIR) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_and_compile_refuse_it_in_one_line(family: str) -> None:
     """What CUDA and ``modelc compile`` do not run is refused in one line naming it, before
     any GPU work (checkable without a GPU)."""
     from modelc.compile.spec import model_spec
     from modelc.runtime.backends.cuda_llama import cuda_host
 
+    ir = load_model(source("gguf", family))
     what = re.escape("short-convolution layers")
-    with pytest.raises(UnsupportedError, match=rf"uses {what}.*which --device cuda does not") as e:
+    with pytest.raises(
+        UnsupportedError, match=rf"uses .*{what}.*which --device cuda does not"
+    ) as e:
         cuda_host(ir)
     assert "\n" not in str(e.value) and "Gated DeltaNet" not in str(e.value)
-    with pytest.raises(UnsupportedError, match=rf"uses {what}.*which modelc compile does not") as e:
+    with pytest.raises(
+        UnsupportedError, match=rf"uses .*{what}.*which modelc compile does not"
+    ) as e:
         model_spec(ir, "m")
     assert "\n" not in str(e.value)
 
@@ -232,8 +252,9 @@ def test_a_state_rolls_back_only_to_its_last_steps_checkpoints(ir: ModelIR) -> N
     check_rollback(lm(ir))
 
 
-async def test_batched_cancelled_cached_and_speculative_equal_alone(ir: ModelIR) -> None:
-    await check_engine_equal_alone(ir)
+@pytest.mark.parametrize("family", FAMILIES)
+async def test_batched_cancelled_cached_and_speculative_equal_alone(family: str) -> None:
+    await check_engine_equal_alone(load_model(source("gguf", family)))
 
 
 def test_a_prefix_cache_hit_starts_from_the_kept_state(ir: ModelIR) -> None:

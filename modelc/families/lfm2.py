@@ -11,8 +11,8 @@ Tensors as llama.cpp's ``convert_hf_to_gguf.py`` writes them (``LFM2Model``):
 ``shortconv.in_proj`` / ``shortconv.conv`` (channels, width) / ``shortconv.out_proj`` on
 the convolution layers, HF's Q/K rows unpermuted; ``head_count_kv`` per layer, 0 on the
 convolution layers; ``feed_forward_length`` the FFN width as adjusted
-(``block_auto_adjust_ff_dim``).  LFM2-MoE (``lfm2moe``) and the bidirectional / ColBERT
-models are not read.
+(``block_auto_adjust_ff_dim``).  LFM2-MoE is :mod:`modelc.families.lfm2moe`; the
+bidirectional / ColBERT models are not read.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _ff_dim(cfg: Mapping[str, Any]) -> int:
     return of * ((ff + of - 1) // of)
 
 
-def _from_config(cfg: Mapping[str, Any]) -> HParams:
+def lfm2_config(cfg: Mapping[str, Any]) -> HParams:
     if cfg.get("conv_bias"):
         raise UnsupportedError(
             "this LFM2 config has biases in its convolution layers (conv_bias); llama.cpp's "
@@ -72,7 +72,7 @@ def recurrent_from_kv_heads(m: GGUFMeta, hp: HParams) -> None:
     hp.recurrent_layers = [i for i, k in enumerate(heads[: hp.n_layer]) if k == 0]
 
 
-def _from_gguf(m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Any) -> None:
+def lfm2_gguf(m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Any) -> None:
     neox_gguf(m, hp, tensors, meta)
     recurrent_from_kv_heads(m, hp)
     hp.ssm_conv = int(m("shortconv.l_cache", 0))
@@ -80,7 +80,7 @@ def _from_gguf(m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: An
         hp.window_layers = [i for i in range(hp.n_layer) if i not in hp.recurrent_layers]
 
 
-def _transform(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
+def lfm2_transform(src: str, name: str, t: Tensor, hp: HParams) -> Tensor:
     if not name.endswith(".shortconv.conv.weight"):
         return Tensor(name, t.dtype, t.shape, t.loader)
     shape = (t.shape[0], t.shape[-1])  # (channels, 1, width) -> (channels, width)
@@ -99,8 +99,8 @@ FAMILY = Family(
     gguf_names=("lfm2",),
     hf_classes=("Lfm2ForCausalLM", "LFM2ForCausalLM"),
     model_types=("lfm2",),
-    from_config=_from_config,
-    from_gguf=_from_gguf,
-    transform=_transform,
+    from_config=lfm2_config,
+    from_gguf=lfm2_gguf,
+    transform=lfm2_transform,
     required=("attn_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight"),
 )

@@ -20,6 +20,7 @@ from modelc.families import (
     gptoss,
     granitehybrid,
     lfm2,
+    lfm2moe,
     llama,
     llama4,
     mistral3,
@@ -64,6 +65,7 @@ FAMILIES: dict[str, Family] = {
         llama4.FAMILY,
         gptoss.FAMILY,
         lfm2.FAMILY,
+        lfm2moe.FAMILY,
         granitehybrid.FAMILY,
     )
 }
