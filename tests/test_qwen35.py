@@ -12,29 +12,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-import trio
 
 from modelc.artifact import open_artifact
-from modelc.engine import EngineOptions, LLMEngine, build_engine
-from modelc.engine.api import FinishEvent, FinishReason, GenerationRequest, TokenEvent
-from modelc.errors import ModelcError, UsageError
+from modelc.errors import ModelcError
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.backend import Weight
 from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
-from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
 from tests.gen_qwen35 import ensure_qwen35, ensure_qwen35_q8
 from tests.gguf_support import manifest
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
-from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
+from tests.recurrent_support import check_engine_equal_alone, check_prefix_hit, check_rollback
+from tests.runtime_support import LOGPROB_TOL, check_record, golden, make_backend
 
 SOURCES = ["hf", "gguf"]
 FAMILIES = ["qwen35", "qwen35moe", "qwen3next"]
@@ -224,120 +220,12 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
 
 
 def test_a_state_rolls_back_only_to_its_last_steps_checkpoints(ir: ModelIR) -> None:
-    """A step asking for several rows' logits (a draft) keeps the state after each token:
-    truncating to one of them equals having fed only that far; elsewhere is refused."""
-    model = lm(ir)
-    prompt, draft = [5, 17, 200, 31], [99, 64, 128]
-    a = model.new_cache()
-    model.forward([SeqChunk(a, prompt)])
-    model.forward([SeqChunk(a, [7, *draft], tuple(range(4)))])
-    a.truncate(len(prompt) + 2)  # the known token and the first draft kept
-    b = model.new_cache()
-    model.forward([SeqChunk(b, prompt)])
-    model.forward([SeqChunk(b, [7, draft[0]])])
-    assert a.state is not None and b.state is not None
-    for li in (0, 1, 2):
-        for k in ("conv", "ssm"):
-            np.testing.assert_array_equal(a.state.layer(li)[k], b.state.layer(li)[k])
-    nxt = [SeqChunk(a, [3])], [SeqChunk(b, [3])]
-    np.testing.assert_array_equal(model.forward(nxt[0]), model.forward(nxt[1]))
-    with pytest.raises(UsageError, match="cannot go back"):
-        a.truncate(2)
-    assert a.max_discard(1) == 0  # no context shift
-
-
-def make(ir: ModelIR, **kw: Any) -> LLMEngine:
-    return build_engine(ir, EngineOptions(kv_cache="f32", **kw), backend=make_backend("cpu"))
-
-
-def alone(eng: LLMEngine, prompt: list[int], n: int) -> list[int]:
-    assert eng.lm is not None
-    p = SamplingParams(temperature=0, max_tokens=n)
-    return decode_alone(eng.lm, eng.lm.new_cache("f32"), prompt, p, [])
-
-
-async def collect(handle: Any) -> tuple[list[int], FinishEvent]:
-    toks, fin = [], None
-    async for ev in handle:
-        if isinstance(ev, TokenEvent):
-            toks.append(ev.token_id)
-        else:
-            fin = ev
-    assert fin is not None
-    return toks, fin
-
-
-PROMPTS = [
-    [5, 17, 200, 31, 99],
-    [300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
-    list(range(100, 140)),
-    [42] * 20,
-]
+    check_rollback(lm(ir))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 async def test_batched_cancelled_cached_and_speculative_equal_alone(family: str) -> None:
-    """Issue 34's must-show 2: each sequence's greedy tokens through continuous batching
-    with other requests (one joining late, one cancelled mid-way), prefix-cache hits (the
-    same prompt again, and the next turn: prompt + answer + more, each starting from the
-    state checkpoint kept with the block it ends on) and speculative drafts rolled back,
-    equal the one-at-a-time ones."""
-    n = 24
-    ir = load_model(source("gguf", family))
-    eng = make(
-        ir,
-        speculative=True,
-        spec_adaptive=False,
-        spec_min_prompt=0,
-        spec_gamma=4,
-        prefix_block_tokens=4,
-    )
-    expected = [alone(eng, p, n) for p in PROMPTS]
-    p = SamplingParams(temperature=0, max_tokens=n)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(eng.run)
-
-        results: dict[str, list[int]] = {}
-
-        async def run(i: int, rid: str, delay: float = 0.0) -> None:
-            await trio.sleep(delay)
-            req = GenerationRequest(rid, PROMPTS[i], p, ignore_eos=True)
-            toks, _ = await collect(eng.submit(req))
-            results[rid] = toks
-
-        async def victim() -> None:
-            handle = eng.submit(GenerationRequest("victim", PROMPTS[2], p, ignore_eos=True))
-            seen = 0
-            async for ev in handle:
-                seen += 1
-                if seen == 3:
-                    handle.cancel()
-                if isinstance(ev, FinishEvent):
-                    assert ev.reason is FinishReason.CANCELLED
-
-        async with trio.open_nursery() as inner:
-            inner.start_soon(run, 0, "a")
-            inner.start_soon(run, 1, "b")
-            inner.start_soon(victim)
-            inner.start_soon(run, 3, "late", 0.05)
-        await run(0, "again")  # the same prompt again: its first block from the cache
-        nxt = [*PROMPTS[0], *results["a"], 9, 8, 7]  # the next turn of a chat
-        PROMPTS.append(nxt)
-        try:
-            handle = eng.submit(GenerationRequest("next", nxt, p, ignore_eos=True))
-            results["next"], fin = await collect(handle)
-        finally:
-            PROMPTS.pop()
-        nursery.cancel_scope.cancel()
-    assert results["a"] == results["again"] == expected[0]
-    assert results["b"] == expected[1]
-    assert results["late"] == expected[3]
-    st = eng.stats()
-    assert st.spec_drafted > 0 and st.spec_drafted > st.spec_accepted  # drafts rolled back
-    assert st.prefix_cache_hits >= 2 and st.kv_bytes_used == 0
-    # the first turn's KV ended at its last fed token: its blocks, the last with its state
-    assert fin.cached_tokens == (len(PROMPTS[0]) + n - 1) // 4 * 4 > len(PROMPTS[0])
-    assert results["next"] == alone(eng, nxt, n)
+    await check_engine_equal_alone(load_model(source("gguf", family)))
 
 
 def test_recurrent_layers_keep_no_context_of_keys(ir: ModelIR) -> None:
@@ -355,33 +243,4 @@ def test_recurrent_layers_keep_no_context_of_keys(ir: ModelIR) -> None:
 
 
 def test_a_prefix_cache_hit_starts_from_the_kept_state(ir: ModelIR) -> None:
-    """Blocks and the state kept with the last of them, loaded into a fresh cache, give
-    the logits of computing the whole prompt (bit for bit); without the state they do not."""
-    from modelc.engine.prefix_cache import PrefixCache
-
-    model = lm(ir)
-    prompt = [(5 * i + 3) % 384 for i in range(27)]
-    prefix = PrefixCache(model.new_cache().shape, 1 << 24, 8, recurrent=True)
-    a = model.new_cache()
-    assert a.state is not None
-    a.state.boundary = 8
-    want = model.forward([SeqChunk(a, prompt)])
-    prefix.insert(prompt, a)  # 3 blocks; the state at 24 with the last
-    blocks = prefix.match(prompt)
-    assert len(blocks) == 3 and blocks[-1].state is not None
-    for restore in (True, False):
-        b = model.new_cache()
-        if not restore:  # the KV blocks alone (the check that refuses them turned off)
-            blocks[-1].state, kept = None, blocks[-1].state
-            prefix.recurrent = False
-        prefix.load(blocks, b)
-        got = model.forward([SeqChunk(b, prompt[24:])])
-        if restore:
-            np.testing.assert_array_equal(got, want)
-        else:
-            blocks[-1].state = kept
-            assert np.abs(got - want).max() > 0.1
-    prefix.release(blocks)
-    prefix.recurrent = True
-    shorter = [*prompt[:20], 1, 2, 3, 4, 5]  # shares two blocks, no state kept after them
-    assert prefix.match(shorter) == []
+    check_prefix_hit(lm(ir))

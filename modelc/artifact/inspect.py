@@ -68,7 +68,8 @@ def _short_meta(meta: dict[str, Any]) -> dict[str, Any]:
 def attention_features(art: Artifact) -> list[str]:
     """What sets a transformer family apart, read from its hparams and tensor names:
     head size, RoPE layout and scaling, QKV biases, Q/K norms, a sliding window, a tied head,
-    a mixture of experts, recurrent (Gated DeltaNet) layers, an encoder's pooling."""
+    a mixture of experts, recurrent (Gated DeltaNet, short-convolution, Mamba-2) layers, an
+    encoder's pooling."""
     h = art.manifest.hparams
     names = {e.name for e in art.manifest.tensors}
     out = [f"head_dim {h.head_dim or h.n_embd // h.n_head}"]
@@ -85,7 +86,14 @@ def attention_features(art: Artifact) -> list[str]:
             out.append(f"NoPE layers {','.join(map(str, h.nope_layers))}")
     if h.rope_dim:
         out.append(f"partial RoPE ({h.rope_dim} of each head's {h.head_dim} dimensions)")
-    if h.recurrent_layers:  # qwen35: their attn_qkv is the linear attention's
+    if any(n.endswith(".shortconv.conv.weight") for n in names):  # lfm2
+        n_conv = len(h.recurrent_layers)
+        out.append(f"short convolution (width {h.ssm_conv}) {n_conv} of {h.n_layer} layers")
+    elif any(n.endswith(".ssm_in.weight") for n in names):  # granitehybrid
+        n_ssm = len(h.recurrent_layers)
+        mamba = f"Mamba-2 ({h.ssm_v_heads} heads, state {h.ssm_head_k})"
+        out.append(f"{mamba} {n_ssm} of {h.n_layer} layers")
+    elif h.recurrent_layers:  # qwen35: their attn_qkv is the linear attention's
         out.append(f"Gated DeltaNet {len(h.recurrent_layers)} of {h.n_layer} layers")
     elif any(n.startswith("blk.0.attn_qkv") for n in names):
         out.append("fused QKV")

@@ -85,6 +85,9 @@ class DecoderTraits:
         "ffn_norm"  # the pre-FFN norm's GGUF name (glm4moe, qwen35: post_attention_norm)
     )
     grouped_heads: bool = False  # Gated DeltaNet value heads grouped by key head (qwen3next)
+    short_conv: bool = False  # the recurrent layers are short convolutions (lfm2)
+    mamba2: bool = False  # the recurrent layers are Mamba-2 (granitehybrid)
+    output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm)
 
 
 DECODER = "modelc.runtime.arch.decoder:Decoder"  # the runtime of every DecoderTraits family

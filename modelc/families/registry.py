@@ -18,6 +18,9 @@ from modelc.families import (
     glm4moe,
     gpt2,
     gptoss,
+    granitehybrid,
+    lfm2,
+    lfm2moe,
     llama,
     llama4,
     mistral3,
@@ -61,6 +64,9 @@ FAMILIES: dict[str, Family] = {
         mistral3.FAMILY,
         llama4.FAMILY,
         gptoss.FAMILY,
+        lfm2.FAMILY,
+        lfm2moe.FAMILY,
+        granitehybrid.FAMILY,
     )
 }
 

@@ -206,9 +206,9 @@ def canonical_name(arch: str, hf_name: str) -> str | None:
 
 
 # one expert's matrix in a Hugging Face mixture of experts (Qwen3-MoE's mlp.experts.E.*_proj,
-# Mixtral's block_sparse_moe.experts.E.w1 gate / w3 up / w2 down)
+# Mixtral's block_sparse_moe.experts.E.w1 gate / w3 up / w2 down, LFM2-MoE's feed_forward)
 _EXPERT = re.compile(
-    r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+    r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(\d+)\."
     r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
 )
 _EXPERT_KIND = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up"}

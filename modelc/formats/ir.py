@@ -234,6 +234,10 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     ssm_v_heads: int = 0  # value heads (ssm.time_step_rank)
     ssm_head_k: int = 0  # key head size (ssm.state_size)
     ssm_inner: int = 0  # value heads x value head size (ssm.inner_size)
+    # granite: the embeddings, each layer's residual branches and the logits scaled (0: not)
+    embedding_scale: float = 0.0  # the embeddings times this
+    residual_scale: float = 0.0  # each attention / recurrent / FFN output times this
+    logit_scale: float = 0.0  # the logits divided by this
 
 
 class TokenizerSpec(msgspec.Struct, kw_only=True, omit_defaults=True):

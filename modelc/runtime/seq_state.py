@@ -84,6 +84,18 @@ class SeqState:
         """Boundary checkpoint of layer ``li`` after ``pos`` tokens (copies)."""
         self._marks[li] = (pos, {k: np.array(a) for k, a in arrays.items()})
 
+    def saves(self, pos: int, draft: bool) -> bool:
+        """Whether the state after ``pos`` tokens is checkpointed: a draft's token (not the
+        step's last), or a boundary."""
+        return draft or bool(self.boundary and pos % self.boundary == 0)
+
+    def save(self, li: int, pos: int, draft: bool, arrays: Mapping[str, F32Array]) -> None:
+        """The checkpoints :meth:`saves` asks for, of layer ``li`` after ``pos`` tokens."""
+        if draft:
+            self.keep(li, pos, arrays)
+        if self.boundary and pos % self.boundary == 0:
+            self.mark(li, pos, arrays)
+
     def checkpoint(self) -> tuple[int, dict[int, dict[str, F32Array]]] | None:
         """The last boundary checkpoint (position, layer -> arrays), if every layer has it."""
         pos = {p for p, _ in self._marks.values()}

@@ -68,7 +68,10 @@ _BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
 # llama.cpp's pre-tokenizer regexes (llm_tokenizer_bpe) by tokenizer.ggml.pre, applied in turn
 _PRE_GROUPS: list[tuple[tuple[str, ...], list[str]]] = [
     (("gpt-2", "mpt", "olmo", "phi-2", "roberta-bpe", "jais"), [_GPT2]),
-    (("llama3", "llama-bpe", "llama-v3", "falcon3", "dbrx", "smaug-bpe", "chatglm-bpe"), [_LLAMA3]),
+    (
+        ("llama3", "llama-bpe", "llama-v3", "falcon3", "dbrx", "smaug-bpe", "chatglm-bpe", "lfm2"),
+        [_LLAMA3],
+    ),
     (("qwen2", "stablelm2", "megrez"), [_QWEN2]),
     (("qwen35",), [_QWEN35]),
     (
@@ -89,7 +92,7 @@ _PRE_GROUPS: list[tuple[tuple[str, ...], list[str]]] = [
     (("default",), [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"]),
 ]
 PRE_REGEXES: dict[str, list[str]] = {name: rx for names, rx in _PRE_GROUPS for name in names}
-IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "falcon3", "tekken"}
+IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "falcon3", "tekken", "lfm2"}
 
 
 def _split_merge(m: str) -> tuple[str, str]:

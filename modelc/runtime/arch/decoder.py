@@ -1,15 +1,10 @@
-"""The one decoder: every decoder-only family (llama, mistral, mixtral, qwen2, qwen3,
-qwen3moe, phi3, gemma2, gemma3, gpt-oss) is this forward, driven by a :class:`DecoderSpec`.
-
-A family says how its layers differ from LLaMA's once, as data
-(:class:`~modelc.families.contract.DecoderTraits` in its module under
-:mod:`modelc.families`); with the hyper-parameters that gives the model's
-:class:`DecoderSpec`: the numbers, the per-layer windows and RoPE bases, and the features it
-uses.  Every backend runs that description: the CPU/numpy/WebGPU backends through
-:meth:`Decoder.forward` here, CUDA through
+"""The one decoder: every decoder-only family is this forward, driven by a
+:class:`DecoderSpec` made from its :class:`~modelc.families.contract.DecoderTraits` (its
+module under :mod:`modelc.families`) and hyper-parameters.  Every backend runs that
+description: CPU/numpy/WebGPU through :meth:`Decoder.forward` here, CUDA through
 :class:`~modelc.runtime.backends.cuda_llama.CudaLlama`, ``modelc compile`` through
-:mod:`modelc.compile.spec`; each answers which features it runs (:data:`FEATURES`) and
-refuses the rest in one place (:func:`refuse_unsupported`).
+:mod:`modelc.compile.spec`; each names the :data:`FEATURES` it runs and refuses the rest in
+one place (:func:`refuse_unsupported`).
 
 A layer, with the optional parts in brackets::
 
@@ -22,17 +17,17 @@ A layer, with the optional parts in brackets::
     [q, k = rms(q), rms(k)]                  after RoPE, no weights (llama4)
     [q *= temperature(position)]             past the original context (mistral3; llama4's
                                              NoPE layers)
-    o = attention(q, k, v) Wo [+ bo]         [window | chunks (llama4: arch/chunked.py)],
-                                             [soft-capped scores] (gemma2), [sinks] (gpt-oss)
-    x += o  |  x += post_attn_norm(o)        [post norms] (gemma)
+    o = attention(q, k, v) Wo [+ bo]  |  recurrent(h)   [window | chunks (llama4:
+                                             arch/chunked.py)], [soft-capped scores] (gemma2),
+                                             [sinks] (gpt-oss); [arch/recurrent.py]
+    x += [r] o  |  x += post_attn_norm(o)    [post norms] (gemma); [r: granite]
     h = ffn_norm(x); f = act(h Wgate) * (h Wup) Wdown  |  experts(h)   [moe]; [sigmoid
                                              routing on the input + a shared expert] (llama4);
                                              [biased, clamped SwiGLU] (gpt-oss: arch/moe_oai.py)
-    x += f  |  x += post_ffw_norm(f)
+    x += [r] f  |  x += post_ffw_norm(f)
 
-with the embeddings [times sqrt(d)] (gemma) and the logits [soft-capped] (gemma2).  Tensors
-have GGUF names (``blk.{i}.attn_q.weight`` ...); a family whose file fuses Q/K/V or gate/up
-(phi3) is split into row views here (no copy, quantized or not).
+with the embeddings [scaled] (gemma, granite), the logits [soft-capped] (gemma2) or [divided]
+(granite).  Tensors have GGUF names; fused Q/K/V or gate/up (phi3) become row views.
 """
 
 from __future__ import annotations
@@ -52,12 +47,12 @@ from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.chunked import chunked_attend, layer_chunks
 from modelc.runtime.arch.decoder_block import DecoderBlock, layer_windows, opt_vec, split_rows
 from modelc.runtime.arch.decoder_spec import FEATURES, DecoderSpec, refuse_unsupported
-from modelc.runtime.arch.deltanet import deltanet, load_deltanet
 from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
 from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import load_experts, moe_ffn
+from modelc.runtime.arch.recurrent import load_mixer, mixer_feature, mixer_forward
 from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
@@ -108,7 +103,7 @@ class Decoder(CausalLM):
         g4 = gemma4_layers(ir, src, windows) if traits.gemma4_layers else None
         self.g4: Gemma4Layers | None = g4
         self.blocks = [self._block(ir, src, i) for i in range(hp.n_layer)]
-        self.output_norm = src.vec("output_norm.weight")
+        self.output_norm = src.vec(f"{traits.output_norm}.weight")
         self.output = src.weight("output.weight") if src.has("output.weight") else self.tok_embd
         self.neox = hp.rope_style == "neox"
         rot = hp.mla.rope_dim if hp.mla else (hp.rope_dim or self.head_dim)  # partial RoPE
@@ -131,7 +126,8 @@ class Decoder(CausalLM):
         self.rope_mscale = np.float32(mscale) if partial else None
         factor = 1.0 if partial else mscale**2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
-        self.embd_scale = np.float32(math.sqrt(self.d)) if traits.embd_scale else None
+        scale = math.sqrt(self.d) if traits.embd_scale else hp.embedding_scale  # gemma, granite
+        self.embd_scale = np.float32(scale) if scale else None
         if hp.mla:
             self.kv_shape = latent_kv_shape(len(self.blocks), hp.mla)
         else:
@@ -192,6 +188,9 @@ class Decoder(CausalLM):
             attn_gate=traits.attn_gate,
             recurrent=tuple(b.mixer is not None for b in self.blocks),
             chunks=chunks,
+            mixers=tuple(mixer_feature(b.mixer) for b in self.blocks),
+            residual_scale=hp.residual_scale,
+            logit_scale=hp.logit_scale,
             attn_sinks=tuple(b.sinks is not None for b in self.blocks),
             attn_out_bias=tuple(b.bo is not None for b in self.blocks),
             moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
@@ -240,7 +239,7 @@ class Decoder(CausalLM):
         nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
         nq *= 2 if t.attn_gate else 1  # each head's query, then its gate
         mla = load_latent(ir, src, i, self.hparams) if self.hparams.mla else None
-        mixer = load_deltanet(src, i, self.hparams, t.grouped_heads)
+        mixer = load_mixer(src, i, self.hparams, t)
         if mixer is not None:  # a recurrent layer has no attention weights
             wq = wk = wv = Weight(DType.F32, (0, self.d), np.zeros((0, self.d), np.float32))
         elif mla is not None:
@@ -347,12 +346,13 @@ class Decoder(CausalLM):
             if sp.attn_temp
             else None
         )
+        res = np.float32(sp.residual_scale)  # the residual branches scaled (granite)
         for li in range(self.first, self.stop):
             b, ci = self.blocks[li], li - self.first  # ci: its layer in this model's caches
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             rot = local if sp.local_rope[li] else angles
-            if b.mixer is not None:  # a recurrent layer in place of attention (qwen35)
-                x += deltanet(be, b.mixer, batch, slices, li, hin, self.eps)
+            if b.mixer is not None:  # a recurrent layer in place of attention
+                o = mixer_forward(be, b.mixer, batch, slices, li, hin, self.eps)
             else:
                 if b.mla is not None:  # multi-head latent attention (deepseek2)
                     assert hp_mla is not None
@@ -369,11 +369,13 @@ class Decoder(CausalLM):
                     if b.bo is not None:
                         o += b.bo
                 post = b.post_attn_norm
-                x += o if post is None else be.rms_norm(o, post, self.eps, out=h)
+                o = o if post is None else be.rms_norm(o, post, self.eps, out=h)
+            x += o * res if res else o
             hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
                 moe = llama4_moe_ffn if sp.moe_sigmoid_shared else moe_ffn
-                x += moe(be, b.experts, hin, ob)
+                o = moe(be, b.experts, hin, ob)
+                x += o * res if res else o
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
             if b.w_gate.shape[0] != ff:  # the first dense block, or layers of other widths
@@ -388,7 +390,8 @@ class Decoder(CausalLM):
             o = be.matmul(b.w_down, g, out=ob)
             if g4 is not None:  # a mixture beside the FFN
                 o = g4.beside_ffn(be, li, x, o)
-            x += o if b.post_ffw_norm is None else be.rms_norm(o, b.post_ffw_norm, self.eps, out=h)
+            o = o if b.post_ffw_norm is None else be.rms_norm(o, b.post_ffw_norm, self.eps, out=h)
+            x += o * res if res else o
             if g4 is not None:  # per-layer inputs, output scales
                 g4.after_layer(be, li, x, per_layer)
         rows = end_step(batch, slices)
@@ -398,6 +401,8 @@ class Decoder(CausalLM):
             return np.zeros((0, self.n_vocab), np.float32)
         hl = be.rms_norm(np.ascontiguousarray(x[rows]), self.output_norm, self.eps)  # (r, d)
         logits = be.matmul(self.output, hl)  # (r, vocab), a fresh array the caller may keep
+        if sp.logit_scale:
+            logits /= np.float32(sp.logit_scale)
         if sp.final_softcap:
             cap = np.float32(sp.final_softcap)
             logits /= cap

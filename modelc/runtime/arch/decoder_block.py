@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from modelc.formats.ir import HParams, ModelIR
-from modelc.runtime.arch.deltanet import DeltaNet
 from modelc.runtime.arch.mla import LatentBlock
 from modelc.runtime.arch.moe import Experts
+from modelc.runtime.arch.recurrent import Mixer
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.model import TensorSource, check_rows
 
@@ -39,7 +39,7 @@ class DecoderBlock:
     post_attn_norm: F32Array | None = None  # (d,)
     post_ffw_norm: F32Array | None = None  # (d,)
     mla: LatentBlock | None = None  # latent attention: wq its Q, wk = wv its kv_a (unused)
-    mixer: DeltaNet | None = None  # a recurrent layer: in place of attention (wq..wo empty)
+    mixer: Mixer | None = None  # a recurrent layer in place of attention (wq..wo empty)
     bo: F32Array | None = None  # (d,)
     sinks: F32Array | None = None  # (n_head,)
 

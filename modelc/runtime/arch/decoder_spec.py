@@ -56,6 +56,10 @@ FEATURES: dict[str, str] = {
     "attn_gate": "gated attention outputs",  # qwen35
     "gated_deltanet": "Gated DeltaNet linear attention (a recurrent state per sequence)",
     "chunked_attn": "chunked attention",  # llama4 (runtime/arch/chunked.py)
+    "short_conv": "short-convolution layers (a recurrent state per sequence)",  # lfm2
+    "mamba2": "Mamba-2 layers (a recurrent state per sequence)",  # granitehybrid
+    "residual_scale": "scaled residual branches",  # granitehybrid
+    "logit_scale": "scaled logits",  # granitehybrid
 }
 
 
@@ -131,7 +135,12 @@ class DecoderSpec:
     qk_l2_norm: tuple[bool, ...] = ()  # per layer: Q/K RMS-normed after RoPE (llama4)
     moe_sigmoid_shared: bool = False  # llama4's mixture (runtime/arch/llama4_moe.py)
     attn_gate: bool = False  # attention outputs times sigmoid(gate rows of attn_q)
-    recurrent: tuple[bool, ...] = ()  # per layer: Gated DeltaNet in place of attention
+    recurrent: tuple[bool, ...] = ()  # per layer: a recurrent layer in place of attention
+    # per layer: the recurrent layer's FEATURES name ("gated_deltanet", "short_conv",
+    # "mamba2"), "" for attention; (): Gated DeltaNet wherever recurrent
+    mixers: tuple[str, ...] = ()
+    residual_scale: float = 0.0  # each residual branch times this (granite); 0: none
+    logit_scale: float = 0.0  # the logits divided by this (granite); 0: none
     chunks: tuple[int, ...] = ()  # per layer: attends within chunks of this; 0: not
 
     def features(self) -> frozenset[str]:
@@ -172,8 +181,13 @@ class DecoderSpec:
             "qk_l2_norm": any(self.qk_l2_norm),
             "moe_sigmoid_shared": self.moe_sigmoid_shared,
             "attn_gate": self.attn_gate,
-            "gated_deltanet": any(self.recurrent),
             "chunked_attn": any(self.chunks),
+            "gated_deltanet": "gated_deltanet" in self.mixers
+            or (any(self.recurrent) and not self.mixers),
+            "short_conv": "short_conv" in self.mixers,
+            "mamba2": "mamba2" in self.mixers,
+            "residual_scale": bool(self.residual_scale),
+            "logit_scale": bool(self.logit_scale),
         }
         return frozenset(k for k, v in used.items() if v)
 

@@ -1,0 +1,163 @@
+"""Mamba-2, the recurrent layer of Granite 4.0-H (``granitehybrid``), in its recurrent form.
+
+Per token of a sequence (llama.cpp's ``build_mamba2_layer``, transformers'
+``GraniteMoeHybridMambaLayer``)::
+
+    z, xbc, dt = split(h Win)                 (inner), (inner + 2 g n), (heads)
+    x, B, C = split(silu(causal_conv1d(xbc) + bias))     width-w convolution per channel
+    dt = softplus(dt + dt_bias);  S = exp(dt A) S + dt x B^T;  y = S C + D x
+    out = group_rms_norm(y * silu(z)) Wout    S: (heads, head size, n) per sequence
+
+head ``j`` reads group ``j // (heads / groups)`` of B and C.  What a sequence keeps
+between steps (:class:`~modelc.runtime.seq_state.SeqState`): the last ``w - 1`` inputs of
+the convolution, ``conv`` (w-1, channels), and ``ssm`` S.  Tokens go one at a time through
+S (correctness first; a chunked form and a C kernel are for later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from modelc.errors import FormatError
+from modelc.formats.ir import HParams
+from modelc.runtime.backend import Backend, F32Array, Weight
+from modelc.runtime.model import SeqChunk, TensorSource
+from modelc.runtime.seq_state import SeqState
+
+__all__ = ["Mamba2", "load_mamba2", "mamba2"]
+
+
+@dataclass(slots=True)
+class Mamba2:
+    """One Mamba-2 layer's weights (views into the model file)."""
+
+    w_in: Weight  # (2*inner + 2*groups*n + heads, d): z, x B C, dt
+    conv: F32Array  # (channels, width), channels = inner + 2*groups*n
+    conv_b: F32Array | None  # (channels,)
+    dt_b: F32Array  # (heads,)
+    a: F32Array  # (heads,): -exp(A_log)
+    d_skip: F32Array  # (heads,)
+    norm: F32Array  # (groups, inner / groups)
+    w_out: Weight  # (d, inner)
+    n_head: int
+    n_group: int
+    d_state: int
+
+    @property
+    def inner(self) -> int:
+        return self.norm.size
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """What a sequence keeps for this layer."""
+        hd = self.inner // self.n_head
+        conv = (self.conv.shape[1] - 1, self.conv.shape[0])
+        return {"conv": conv, "ssm": (self.n_head, hd, self.d_state)}
+
+
+def load_mamba2(src: TensorSource, i: int, hp: HParams) -> Mamba2 | None:
+    """Block ``i``'s Mamba-2 layer, or None for an attention block."""
+    if i not in hp.recurrent_layers:
+        return None
+    p = f"blk.{i}."
+    inner, heads, groups, n = hp.ssm_inner, hp.ssm_v_heads, hp.ssm_k_heads, hp.ssm_head_k
+    conv = src.array(p + "ssm_conv1d.weight")
+    net = Mamba2(
+        w_in=src.weight(p + "ssm_in.weight"),
+        conv=np.ascontiguousarray(conv.reshape(conv.shape[0], -1), np.float32),
+        conv_b=src.vec(p + "ssm_conv1d.bias") if src.has(p + "ssm_conv1d.bias") else None,
+        dt_b=src.vec(p + "ssm_dt.bias"),
+        a=src.vec(p + "ssm_a").reshape(-1),
+        d_skip=src.vec(p + "ssm_d").reshape(-1),
+        norm=src.vec(p + "ssm_norm.weight").reshape(max(groups, 1), -1),
+        w_out=src.weight(p + "ssm_out.weight"),
+        n_head=heads,
+        n_group=groups,
+        d_state=n,
+    )
+    channels = inner + 2 * groups * n
+    ok = heads and groups and heads % groups == 0 and inner % heads == 0
+    if not ok or net.w_in.shape[0] != channels + inner + heads or net.inner != inner:
+        raise FormatError(
+            f"blk.{i}: the Mamba-2 layer's sizes ({heads} heads, {groups} groups, state {n}, "
+            f"{inner} channels) do not match ssm_in ({net.w_in.shape[0]} rows) and ssm_norm "
+            f"({net.norm.size}); the metadata is wrong",
+            path=src.ir.source.path,
+        )
+    return net
+
+
+def _silu(x: F32Array) -> F32Array:
+    out: F32Array = (x / (1.0 + np.exp(-x))).astype(np.float32)
+    return out
+
+
+def mamba2(
+    be: Backend,
+    net: Mamba2,
+    batch: Sequence[SeqChunk],
+    slices: list[slice],
+    li: int,
+    h: F32Array,
+    eps: float,
+) -> F32Array:
+    """Layer ``li`` on the normed activations ``h`` (n, d): each sequence's rows through
+    its own state (``chunk.cache.state``); a fresh (n, d) output."""
+    n, inner, ch = len(h), net.inner, net.conv.shape[0]
+    proj = be.matmul(net.w_in, h)  # (n, inner + channels + heads)
+    z, xbc = proj[:, :inner], proj[:, inner : inner + ch]
+    dt = np.logaddexp(np.float32(0.0), proj[:, inner + ch :] + net.dt_b).astype(np.float32)
+    decay = np.exp(dt * net.a).astype(np.float32)  # (n, heads)
+    y = np.empty((n, net.n_head, inner // net.n_head), np.float32)  # (n, heads, head size)
+    for c, sl in zip(batch, slices, strict=True):
+        state = c.cache.state
+        assert state is not None, "a recurrent layer needs the sequence's state"
+        state.begin(li, c.cache.n)
+        keep = len(c.rows()) > 1  # a draft being verified: checkpoint every token
+        _sequence(net, state, li, xbc[sl], dt[sl], decay[sl], y[sl], keep)
+    g = net.n_group
+    y2 = y.reshape(n, inner) * _silu(z)  # (n, inner)
+    ones = np.ones(inner // g, np.float32)
+    normed = be.rms_norm(np.ascontiguousarray(y2.reshape(n * g, -1)), ones, eps)
+    out = (normed.reshape(n, g, -1) * net.norm).reshape(n, inner)
+    return be.matmul(net.w_out, np.ascontiguousarray(out, np.float32))
+
+
+def _sequence(
+    net: Mamba2,
+    state: SeqState,
+    li: int,
+    xbc: F32Array,
+    dt: F32Array,
+    decay: F32Array,
+    out: F32Array,
+    keep: bool,
+) -> None:
+    """One sequence's ``m`` tokens through the layer, its ``conv`` and ``ssm`` in place."""
+    st = state.layer(li)
+    m, w = len(xbc), net.conv.shape[1]
+    x = np.concatenate([st["conv"], xbc])  # (w-1+m, channels): the inputs the kernel sees
+    u = np.zeros_like(xbc)
+    for j in range(w):  # u[t] = sum_j x[t+j] * kernel[:, j]
+        u += x[j : j + m] * net.conv[:, j]
+    st["conv"][...] = x[m:]
+    if net.conv_b is not None:
+        u += net.conv_b
+    u = _silu(u)
+    inner, gn = net.inner, net.n_group * net.d_state
+    hd = inner // net.n_head
+    xs = u[:, :inner].reshape(m, net.n_head, hd)
+    grp = np.arange(net.n_head) // (net.n_head // net.n_group)
+    b = u[:, inner : inner + gn].reshape(m, net.n_group, net.d_state)[:, grp]  # (m, heads, n)
+    c = u[:, inner + gn :].reshape(m, net.n_group, net.d_state)[:, grp]
+    s = st["ssm"]  # (heads, head size, n)
+    n0 = state.n
+    for t in range(m):
+        s *= decay[t][:, None, None]
+        s += (dt[t][:, None] * xs[t])[:, :, None] * b[t][:, None, :]
+        out[t] = (s @ c[t][:, :, None])[:, :, 0] + net.d_skip[:, None] * xs[t]
+        pos, draft = n0 + t + 1, keep and t < m - 1
+        if state.saves(pos, draft):
+            state.save(li, pos, draft, {"conv": x[t + 1 : t + w], "ssm": s})
