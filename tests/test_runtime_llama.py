@@ -36,7 +36,6 @@ from tests.runtime_support import (
     first_divergence,
     golden,
     make_backend,
-    prompt_logprob_error,
 )
 
 RECORDS: list[dict[str, Any]] = golden("smollm2.json")["records"]
@@ -77,18 +76,15 @@ def test_smollm2_matches_transformers(model: Decoder, i: int) -> None:
 
 @pytest.mark.slow
 def test_smollm2_all_prompts_numpy(ir: ModelIR) -> None:
-    """The numpy twins: every prompt's top-10 logprobs; greedy continuations of every
-    third prompt (the compiled kernels below run all of them; numpy takes minutes)."""
-    model = build_llama(ir, "numpy")
-    errs, diverged = [], []
-    for i, r in enumerate(RECORDS):
-        if i % 3:
-            errs.append(prompt_logprob_error(model, r, model.new_cache())[0])
-            continue
-        err, gen = check_record(model, r)
-        errs.append(err)
-        if gen != r["greedy"]:
-            diverged.append((i, first_divergence(gen, r["greedy"])))
+    """The numpy twins: every prompt's top-10 logprobs and greedy continuation, the
+    prompts decoded in one batch (check_records)."""
+    results = check_records(build_llama(ir, "numpy"), RECORDS)
+    errs = [err for err, _ in results]
+    diverged = [
+        (i, first_divergence(gen, r["greedy"]))
+        for i, ((_, gen), r) in enumerate(zip(results, RECORDS, strict=True))
+        if gen != r["greedy"]
+    ]
     assert max(errs) <= LOGPROB_TOL, f"max top-10 logprob error {max(errs):.2e}"
     assert not diverged, f"greedy continuations diverge (prompt, token): {diverged}"
 
