@@ -233,27 +233,27 @@ def test_raw_file_model_argument_is_cached(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_tokenize_smollm2_gguf(cli: Cli, smol: Path) -> None:
-    ids = json.loads(cli("tokenize", str(smol), "Hello world").stdout)
+    # every TEXT verbatim, one JSON list a line
+    texts = ["Hello world", "", "   ", "-h", "a\\nb", "a\nb", "--"]
+    ids, empty, spaces, dash, escaped, newline, dashes = map(
+        json.loads, cli("tokenize", str(smol), *texts).stdout.splitlines()
+    )
     assert ids == [19556, 905]  # SmolLM2 adds no BOS (add_bos false)
-    assert json.loads(cli("tokenize", str(smol), "").stdout) == []
-    spaces = json.loads(cli("tokenize", str(smol), "   ").stdout)
+    assert empty == [] and dashes == json.loads(cli("tokenize", str(smol), "--").stdout)
     assert spaces and all(isinstance(i, int) for i in spaces)
-    dash = json.loads(cli("tokenize", str(smol), "-h").stdout)
     assert dash == json.loads(cli("tokenize", str(smol), "--", "-h").stdout) and len(dash) >= 1
-    assert json.loads(cli("tokenize", str(smol), "a\\nb").stdout) != json.loads(
-        cli("tokenize", str(smol), "a\nb").stdout
-    )  # no escape processing
+    assert escaped != newline  # no escape processing
 
 
 def test_tokenize_vocab_only_gguf_matches_vectors(cli: Cli) -> None:
     vocab = assets.vocab_dir() / "ggml-vocab-gpt-2.gguf"
     inp = (vocab.parent / "ggml-vocab-gpt-2.gguf.inp").read_text(encoding="utf-8")
     out = (vocab.parent / "ggml-vocab-gpt-2.gguf.out").read_text(encoding="utf-8")
-    texts = inp.split("\n__ggml_vocab_test__\n")[:-1]
-    expected = out.strip("\n").split("\n")
-    for text, want in list(zip(texts, expected, strict=False))[:6]:
-        got = json.loads(cli("tokenize", str(vocab), text).stdout)
-        assert got == [int(x) for x in want.split()], repr(text)
+    texts = inp.split("\n__ggml_vocab_test__\n")[:6]
+    expected = out.strip("\n").split("\n")[:6]
+    got = cli("tokenize", str(vocab), *texts).stdout.splitlines()
+    for text, line, want in zip(texts, got, expected, strict=True):
+        assert json.loads(line) == [int(x) for x in want.split()], repr(text)
 
 
 def test_tokenize_without_tokenizer(cli: Cli, tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ checked against its sha256). References on the same file:
 * in the default ``fast`` mode (int8 activations, as llama.cpp's CPU path), the top-10
   log-probs after each prompt are as close to transformers' f32 ones as llama.cpp's are.
   Both quantize activations, so greedy continuations drift from the f32 ones after a
-  near-tie; how often each stays identical is printed (and kept in bench/RESULTS.md),
-  not asserted: on these 44 records the count moves by several records with any change
-  of rounding, in either engine.
+  near-tie; how often each stays identical is not a test (on these 44 records the count
+  moves by several records with any change of rounding, in either engine):
+  ``bench/greedy_fidelity.py`` counts both engines' on 112 prompts, for bench/RESULTS.md.
 
 The golden continuations are transformers' plain greedy ones; the served requests set
 ``ignore_eos`` (the end-of-generation ids banned, as llama.cpp does), so a continuation
@@ -34,7 +34,7 @@ from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.model import LanguageModel
 from tests.assets import gemma3_gguf
-from tests.peers import llamacpp_greedy, openai_client, post, serve_exact
+from tests.peers import openai_client, post, serve_exact
 from tests.runtime_support import LOGPROB_TOL, golden, make_backend, prompt_logprob_error
 from tests.server_fixtures import Server, start
 
@@ -70,14 +70,14 @@ def fast_server() -> Iterator[Server]:
     srv.stop()
 
 
-def modelc_greedy(srv: Server, rec: dict[str, Any]) -> tuple[list[int], list[int]]:
-    """(prompt ids, greedy ids) of one golden record, through the route a user would take:
-    a chat for the chat records, a text completion for the raw ones."""
+def modelc_greedy(srv: Server, rec: dict[str, Any], n: int = N) -> tuple[list[int], list[int]]:
+    """(prompt ids, ``n`` greedy ids) of one golden record, through the route a user would
+    take: a chat for the chat records, a text completion for the raw ones."""
     c = openai_client(srv)
     kw: dict[str, Any] = {
         "model": c.models.list().data[0].id,
         "temperature": 0,
-        "max_tokens": N,
+        "max_tokens": n,
         "extra_body": {"return_token_ids": True, "ignore_eos": True},
     }
     if rec["kind"] == "chat":
@@ -127,14 +127,17 @@ def test_exact_logprobs_match_transformers() -> None:
 
 @pytest.fixture(scope="module")
 def exact_answers(exact_server: Server) -> list[tuple[list[int], list[int]]]:
-    with cf.ThreadPoolExecutor(4) as ex:
+    # as many at once as the server's default slots (8): a quarter less time than 4
+    with cf.ThreadPoolExecutor(8) as ex:
         return list(ex.map(lambda r: modelc_greedy(exact_server, r), RECORDS))
 
 
 @pytest.fixture(scope="module")
 def fast_answers(fast_server: Server) -> list[tuple[list[int], list[int]]]:
+    """The default mode's prompt ids (and first token: its continuations are not held to
+    f32's, see the module's docstring)."""
     with cf.ThreadPoolExecutor(4) as ex:
-        return list(ex.map(lambda r: modelc_greedy(fast_server, r), RECORDS))
+        return list(ex.map(lambda r: modelc_greedy(fast_server, r, 1), RECORDS))
 
 
 def test_served_prompt_ids_are_llamacpps(
@@ -167,32 +170,24 @@ def llamacpp_top_logprobs(url: str, ids: list[int]) -> dict[int, float]:
     return {d["id"]: d["logprob"] for d in r["completion_probabilities"][0]["top_logprobs"]}
 
 
-def test_fast_mode_is_as_close_to_f32_as_llamacpp(
-    fast_answers: list[tuple[list[int], list[int]]], peer: LlamaCppServer
-) -> None:
+def test_fast_mode_is_as_close_to_f32_as_llamacpp(peer: LlamaCppServer) -> None:
     """Default mode: the mean (over prompts) of the largest top-10 log-prob error against
     transformers' f32 is at most llama.cpp's on the same file (5% for rounding)."""
     model = build(load_model(gemma3_gguf()), make_backend("cpu-fast"))
     assert isinstance(model, LanguageModel)
-    ours, theirs = [], []
-    for rec in RECORDS:
-        ours.append(prompt_logprob_error(model, rec, model.new_cache("f16"))[0])
+    ours = [prompt_logprob_error(model, r, model.new_cache("f16"))[0] for r in RECORDS]
+
+    def their_error(rec: dict[str, Any]) -> float:
         lp = llamacpp_top_logprobs(peer.url, rec["prompt_ids"])
         gold = zip(rec["top_ids"], rec["top_logprobs"], strict=True)
-        theirs.append(max(abs(lp.get(i, -99.0) - g) for i, g in gold))
-    with cf.ThreadPoolExecutor(2) as ex:
-        answers = list(ex.map(lambda r: llamacpp_greedy(peer.url, r["prompt_ids"], N), RECORDS))
-    same_ours = sum(
-        agreed(got, r) == len(want(r)) for r, (_, got) in zip(RECORDS, fast_answers, strict=True)
-    )
-    same_theirs = sum(
-        agreed(got, r) == len(want(r)) for r, got in zip(RECORDS, answers, strict=True)
-    )
+        return max(abs(lp.get(i, -99.0) - g) for i, g in gold)
+
+    with cf.ThreadPoolExecutor(2) as ex:  # the peer's two slots
+        theirs = list(ex.map(their_error, RECORDS))
     mean_ours, mean_theirs = sum(ours) / len(ours), sum(theirs) / len(theirs)
     print(
         f"\ntop-10 log-prob error vs f32, mean: modelc fast {mean_ours:.4f}, llama.cpp"
-        f" {mean_theirs:.4f}; greedy continuations identical to f32: modelc fast"
-        f" {same_ours}/{len(RECORDS)}, llama.cpp {same_theirs}/{len(RECORDS)}"
+        f" {mean_theirs:.4f}"
     )
     assert mean_ours <= 1.05 * mean_theirs, (ours, theirs)
 
@@ -208,9 +203,10 @@ def test_the_catalog_pins_the_tested_file() -> None:
 
 def test_windowed_cache_past_the_window_equals_the_full_cache() -> None:
     """Past its 512-token window plus the cache's slack (832 rows), the real model's 15
-    windowed layers have moved their rows to the front: the logits of a 1,000-token
-    sequence (256-token prefill chunks, then greedy steps) are the full cache's, bit for
-    bit; windowed layers hold 832 rows, global ones 1024 (the saving grows with length)."""
+    windowed layers have moved their rows to the front: the logits of a 960-token
+    sequence (256-token prefill chunks, the last of which moves the rows, then 20 greedy
+    steps on the moved rows) are the full cache's, bit for bit; windowed layers hold 832
+    rows, global ones 1024 (the saving grows with length)."""
     import numpy as np
 
     from modelc.runtime.model import CausalLM, SeqChunk
@@ -222,7 +218,7 @@ def test_windowed_cache_past_the_window_equals_the_full_cache() -> None:
     runs = []
     for cache in (m.new_cache("f16", full=True), m.new_cache("f16")):
         logits = [m.forward([SeqChunk(cache, ids[i : i + 256])]) for i in range(0, 940, 256)]
-        for _ in range(60):
+        for _ in range(20):
             logits.append(m.forward([SeqChunk(cache, [int(np.argmax(logits[-1][-1]))])]))
         runs.append((np.concatenate(logits), cache.nbytes, cache.held_from(0)))
     (full, full_bytes, _), (win, win_bytes, base) = runs

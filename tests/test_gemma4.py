@@ -238,7 +238,13 @@ async def test_engine_batched_chunked_cached_speculative(variant: str) -> None:
     rep = (rng.integers(3, 384, 6).tolist()) * 4  # prompt lookup finds drafts in it
     spec = build_engine(
         ir,
-        EngineOptions(kv_cache="f32", speculative=True, draft="prompt-lookup", spec_min_prompt=0),
+        EngineOptions(
+            kv_cache="f32",
+            speculative=True,
+            draft="prompt-lookup",
+            spec_min_prompt=0,
+            spec_fixed_cost=True,  # drafts by the tokens, not by this machine's step times
+        ),
         backend=make_backend("cpu-exact"),
     )
     want = alone(rep)

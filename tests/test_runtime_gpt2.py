@@ -18,7 +18,14 @@ from modelc.formats import load_model
 from modelc.runtime.arch import GPT2, build
 from modelc.runtime.model import SeqChunk
 from tests.gen_gpt2 import ensure_gpt2_random, ensure_gpt2_random_bin
-from tests.runtime_support import LOGPROB_TOL, check_record, first_divergence, golden, make_backend
+from tests.runtime_support import (
+    LOGPROB_TOL,
+    check_record,
+    check_records,
+    first_divergence,
+    golden,
+    make_backend,
+)
 
 RECORDS: list[dict[str, Any]] = golden("gpt2_random.json")["records"]
 
@@ -51,9 +58,8 @@ def test_cpu_kernels_match_transformers() -> None:
 
 
 def test_pytorch_bin_copy_matches_transformers() -> None:
-    m = build_gpt2(ensure_gpt2_random_bin())
-    for i, r in enumerate(RECORDS):
-        err, gen = check_record(m, r)
+    m = build_gpt2(ensure_gpt2_random_bin())  # every prompt decoded in one batch
+    for i, (r, (err, gen)) in enumerate(zip(RECORDS, check_records(m, RECORDS), strict=True)):
         assert err <= LOGPROB_TOL, f"prompt {i}: top-10 logprob error {err:.2e}"
         assert gen == r["greedy"], f"prompt {i}: diverges at {first_divergence(gen, r['greedy'])}"
 

@@ -32,10 +32,10 @@ from tests.assets import smollm2_gguf
 from tests.runtime_support import (
     LOGPROB_TOL,
     check_record,
+    check_records,
     first_divergence,
     golden,
     make_backend,
-    prompt_logprob_error,
 )
 
 RECORDS: list[dict[str, Any]] = golden("smollm2.json")["records"]
@@ -76,27 +76,23 @@ def test_smollm2_matches_transformers(model: Decoder, i: int) -> None:
 
 @pytest.mark.slow
 def test_smollm2_all_prompts_numpy(ir: ModelIR) -> None:
-    """The numpy twins: every prompt's top-10 logprobs; greedy continuations of every
-    third prompt (the compiled kernels below run all of them; numpy takes minutes)."""
-    model = build_llama(ir, "numpy")
-    errs, diverged = [], []
-    for i, r in enumerate(RECORDS):
-        if i % 3:
-            errs.append(prompt_logprob_error(model, r, model.new_cache())[0])
-            continue
-        err, gen = check_record(model, r)
-        errs.append(err)
-        if gen != r["greedy"]:
-            diverged.append((i, first_divergence(gen, r["greedy"])))
+    """The numpy twins: every prompt's top-10 logprobs and greedy continuation, the
+    prompts decoded in one batch (check_records)."""
+    results = check_records(build_llama(ir, "numpy"), RECORDS)
+    errs = [err for err, _ in results]
+    diverged = [
+        (i, first_divergence(gen, r["greedy"]))
+        for i, ((_, gen), r) in enumerate(zip(results, RECORDS, strict=True))
+        if gen != r["greedy"]
+    ]
     assert max(errs) <= LOGPROB_TOL, f"max top-10 logprob error {max(errs):.2e}"
     assert not diverged, f"greedy continuations diverge (prompt, token): {diverged}"
 
 
 @pytest.mark.slow
 def test_smollm2_all_prompts_cpu_exact_kernels(model: Decoder) -> None:
-    m = model
-    for i, r in enumerate(RECORDS):
-        err, gen = check_record(m, r)
+    # every prompt decoded in one batch (check_records; each row as alone)
+    for i, (r, (err, gen)) in enumerate(zip(RECORDS, check_records(model, RECORDS), strict=True)):
         assert err <= LOGPROB_TOL, f"prompt {i}: top-10 logprob error {err:.2e}"
         assert gen == r["greedy"], f"prompt {i}: diverges at {first_divergence(gen, r['greedy'])}"
 
@@ -181,11 +177,9 @@ def test_quantized_kv_cache_on_a_prompt(model: Decoder, mode: KVMode) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [KVMode.INT8, KVMode.MIXED])
 def test_quantized_kv_cache_all_prompts(model: Decoder, mode: KVMode) -> None:
-    errs, matches = [], 0
-    for r in RECORDS:
-        err, gen = check_record(model, r, mode)
-        errs.append(err)
-        matches += gen == r["greedy"]
+    results = check_records(model, RECORDS, mode)
+    errs = [err for err, _ in results]
+    matches = sum(gen == r["greedy"] for (_, gen), r in zip(results, RECORDS, strict=True))
     print(
         f"{mode}: max top-10 logprob error {max(errs):.4f}, greedy identical {matches}/{len(RECORDS)}"
     )
@@ -222,11 +216,9 @@ def test_f16_kv_cache_close_to_f32(model: Decoder) -> None:
 
 @pytest.mark.slow
 def test_f16_kv_cache_all_prompts(model: Decoder) -> None:
-    errs, matches = [], 0
-    for r in RECORDS:
-        err, gen = check_record(model, r, KVMode.F16)
-        errs.append(err)
-        matches += gen == r["greedy"]
+    results = check_records(model, RECORDS, KVMode.F16)
+    errs = [err for err, _ in results]
+    matches = sum(gen == r["greedy"] for (_, gen), r in zip(results, RECORDS, strict=True))
     print(
         f"f16: max top-10 logprob error {max(errs):.4f}, greedy identical {matches}/{len(RECORDS)}"
     )

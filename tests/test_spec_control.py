@@ -132,6 +132,19 @@ def test_step_cost_prior_then_fit() -> None:
     assert 0.0 < d.per_row(1) <= 1.0
 
 
+def test_frozen_step_cost_keeps_its_prior() -> None:
+    """EngineOptions.spec_fixed_cost: the same steps that move a learning model leave a
+    frozen one at its prior, so the controller's decisions follow the tokens alone."""
+    steps = [(rows, 0.008 + 0.001 * rows) for rows in range(1, 10)] * 20
+    learning, frozen = StepCost(prior_row=0.2), StepCost(prior_row=0.2, frozen=True)
+    for rows, t in steps:
+        learning.observe(rows, t)
+        frozen.observe(rows, t)
+    assert learning.per_row(1) == pytest.approx(0.001 / 0.009, rel=2e-2)
+    assert frozen.per_row(1) == pytest.approx(0.2)
+    assert frozen.ratio(4, 2) == pytest.approx(1 + 2 * 0.2 / (1 + 0.2 * 3))
+
+
 def brute(tokens: list[int], k: int, max_n: int = 3) -> tuple[list[int], int]:
     for n in range(min(max_n, len(tokens) - 1), 0, -1):
         tail = tokens[len(tokens) - n :]

@@ -1,5 +1,6 @@
-"""llama.cpp's tokenizer test vectors through ``modelc tokenize`` on the vocab GGUF (every
-one, or an even spread for the vocabularies slow to load; the library test takes all).
+"""llama.cpp's tokenizer test vectors through ``modelc tokenize`` on the vocab GGUF: every
+vector of a vocabulary in one process (``modelc tokenize MODEL TEXT...`` loads the model
+once and prints one JSON list a line), each TEXT its own argv entry.
 
 The vectors were made with add_special=false; ``modelc tokenize`` adds special tokens
 only as the model's own settings say, so the expected ids get exactly those around them
@@ -14,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,9 +24,6 @@ from tests import assets
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCABS = ["gpt-2", "llama-spm", "llama-bpe", "bert-bge", "gemma-4", "nomic-bert-moe"]
-# vocabularies slow to build per process (~6 s for gemma-4's 262k tokens): the CLI runs
-# an even spread of this many of their vectors; tests/test_tokenizer.py runs every one
-CLI_SAMPLE = {"gemma-4": 8, "nomic-bert-moe": 12}
 OWN_VECTORS = Path(__file__).parent / "fixtures" / "vocab"
 
 
@@ -60,27 +57,22 @@ def _specials(vocab: Path) -> tuple[list[int], list[int]]:
 def test_every_vector_through_the_cli(name: str, tmp_path: Path) -> None:
     vocab = assets.vocab_dir() / f"ggml-vocab-{name}.gguf"
     head, tail = _specials(vocab)
-    env = {**os.environ, "MODELC_HOME": str(tmp_path)}
-
-    def run(text: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "modelc.cli", "tokenize", str(vocab), text],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            check=False,
-        )
-
     vectors = _vectors(vocab)
-    if name in CLI_SAMPLE:
-        vectors = vectors[:: -(-len(vectors) // CLI_SAMPLE[name])]
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(run, [t for t, _ in vectors]))
-    failures = []
-    for (text, want), r in zip(vectors, results, strict=True):
-        assert r.returncode == 0, r.stderr
-        if json.loads(r.stdout) != head + want + tail:
-            failures.append(text)
+    r = subprocess.run(
+        [sys.executable, "-m", "modelc.cli", "tokenize", str(vocab), *[t for t, _ in vectors]],
+        cwd=ROOT,
+        env={**os.environ, "MODELC_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines.pop() == "" and len(lines) == len(vectors), r.stdout[-500:]
+    failures = [
+        text
+        for (text, want), line in zip(vectors, lines, strict=True)
+        if json.loads(line) != head + want + tail
+    ]
     assert not failures, f"{len(failures)}/{len(vectors)} vectors differ, e.g. {failures[0]!r}"

@@ -107,9 +107,11 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 3 and argv[0] == "tokenize" and not argv[1].startswith("-"):
-        # `tokenize MODEL TEXT`: TEXT verbatim, even "-x" or "--help" (argparse would parse it)
-        args = argparse.Namespace(func=cmd_tokenize, model=argv[1], text=argv[2])
+    verbatim = len(argv) == 3 or (len(argv) > 3 and argv[2] != "--")
+    if verbatim and argv[0] == "tokenize" and not argv[1].startswith("-"):
+        # `tokenize MODEL TEXT...`: every TEXT verbatim, even "-x" or "--help" (argparse
+        # would parse them); `tokenize MODEL -- TEXT...` goes through argparse
+        args = argparse.Namespace(func=cmd_tokenize, model=argv[1], text=argv[2:])
     else:
         args = build_parser().parse_args(argv)
     func: CommandFn = args.func

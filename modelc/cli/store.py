@@ -258,17 +258,21 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     ir = load_ir(args.model, store=_store(), config=_config())
     if ir.tokenizer is None:
         raise TokenizerError(f"{args.model} has no tokenizer")
-    ids = Tokenizer(ir.tokenizer).encode(args.text, add_special=True)
-    print(json.dumps([int(i) for i in ids]))
+    tok = Tokenizer(ir.tokenizer)
+    for text in args.text:  # the model loads once for every TEXT
+        print(json.dumps([int(i) for i in tok.encode(text, add_special=True)]))
     return 0
 
 
 def add_tokenize(sub: Any) -> None:
-    p = sub.add_parser("tokenize", help="print the token ids of TEXT as a JSON list")
+    p = sub.add_parser(
+        "tokenize", help="print the token ids of each TEXT as a JSON list, one a line"
+    )
     p.add_argument("model", metavar="MODEL", help="any MODEL, or a (vocab-only) GGUF path")
     p.add_argument(
         "text",
+        nargs="+",
         metavar="TEXT",
-        help="taken verbatim (no escape processing), even if it starts with '-'",
+        help="each taken verbatim (no escape processing), even if it starts with '-'",
     )
     p.set_defaults(func=cmd_tokenize)

@@ -46,6 +46,9 @@ class EngineOptions:
     spec_adaptive: bool = True
     spec_gamma: int = 8  # longest draft verified per step (--spec-max)
     spec_min_prompt: int = 128  # auto: shorter prompts never draft (--spec-min-prompt)
+    # auto: the controller prices a step by StepCost's prior instead of measured step
+    # times, so a request drafts the same way however busy the machine is (tests)
+    spec_fixed_cost: bool = False
     spec_max_running: int = 4  # draft only while at most this many sequences run (a big
     # batch already keeps the cores busy, so verifying drafts would only add work)
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp

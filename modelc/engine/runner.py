@@ -142,7 +142,8 @@ class ModelRunner:
             raise UsageError("--draft mlp needs draft.* tensors in the model; this one has none")
         self._mlp = mlp_draft
         self.spec_config = SpecConfig(n_max=options.spec_gamma, min_prompt=options.spec_min_prompt)
-        self.step_cost = StepCost()  # decode steps' time by rows fed, for the controllers
+        # decode steps' time by rows fed, for the controllers (frozen: the prior alone)
+        self.step_cost = StepCost(frozen=options.spec_fixed_cost)
         self.seqs: dict[str, SeqRun] = {}
 
     def report(self, s: EngineStats) -> None:

@@ -11,7 +11,8 @@ after a 2-token match 20-33%, after a single token 6-15%.
 
 * :class:`StepCost` learns ``t(rows) = base + per_row * rows`` from the engine's own
   decode-only steps (least squares with exponential forgetting), with a prior per-row
-  ratio (0.15) until the observed row counts vary enough to fit.
+  ratio (0.15) until the observed row counts vary enough to fit; a ``frozen`` one keeps
+  the prior and ignores the timings (``EngineOptions.spec_fixed_cost``).
 * :class:`SpecController` (one per request) keeps, per match length (an "arm"), decayed
   counts of accepted and rejected draft tokens: a verification adds its accepted
   tokens, and one rejection unless all were taken, so ``a = accepted / (accepted +
@@ -32,7 +33,9 @@ after a 2-token match 20-33%, after a single token 6-15%.
 
 The decisions follow measured step times, so with sampling they would move the RNG
 from run to run; the engine therefore lets a seeded sampling request not draft (greedy
-output does not depend on the drafts at all).
+output does not depend on the drafts at all). With a frozen :class:`StepCost` the
+decisions depend on the tokens alone: the same request drafts the same way on an idle
+machine and on a loaded one.
 """
 
 from __future__ import annotations
@@ -73,14 +76,17 @@ class StepCost:
     ``observe`` takes the decode-only steps the engine runs (``rows``: tokens fed);
     old steps fade by ``forget`` per step. Until the observed row counts vary enough
     for a fit (a lone request that never drafts always feeds one row), ``ratio`` uses
-    ``prior_row`` (extra time per row as a share of a one-row step).
+    ``prior_row`` (extra time per row as a share of a one-row step). A ``frozen`` model
+    ignores what it is shown and always uses the prior.
     """
 
-    def __init__(self, prior_row: float = 0.15, forget: float = 0.98) -> None:
-        self.prior_row, self.forget = prior_row, forget
+    def __init__(self, prior_row: float = 0.15, forget: float = 0.98, frozen: bool = False) -> None:
+        self.prior_row, self.forget, self.frozen = prior_row, forget, frozen
         self._s = [0.0] * 5  # weighted sums of 1, x, x^2, y, x*y
 
     def observe(self, rows: int, seconds: float) -> None:
+        if self.frozen:
+            return
         f, x, y = self.forget, float(rows), seconds
         self._s = [v * f + d for v, d in zip(self._s, (1.0, x, x * x, y, x * y), strict=True)]
 
