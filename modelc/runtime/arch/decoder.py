@@ -69,6 +69,7 @@ from modelc.runtime.model import (
     check_heads,
     check_rows,
     end_step,
+    place_images,
 )
 
 __all__ = [
@@ -332,6 +333,7 @@ class Decoder(CausalLM):
         x = be.get_rows(self.tok_embd, ids, out=self.scratch.get("x", (n, self.d)))  # (n, d)
         if self.embd_scale is not None:
             x *= self.embd_scale
+        place_images(batch, slices, x)  # image embeddings in place of their tokens' (if any)
         g4 = self.g4
         per_layer = g4.inputs(be, ids, x) if g4 is not None else None  # (n, layers, p)
         h = self.scratch.get("h", (n, self.d))  # (n, d)

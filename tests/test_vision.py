@@ -1,0 +1,101 @@
+"""The vision part against transformers and llama.cpp's converter (``tests/golden/gemma3vl.json``,
+``scripts/make_tiny_gemma3vl.py``) on the tiny Gemma 3 VLM of ``tests/gen_gemma3vl.py``:
+pixel values equal the processor's, image embeddings within 1e-4 of the vision tower +
+projector, the mmproj GGUF the converter's byte for byte, and in ``exact`` mode the first
+answer token's log-probabilities and the greedy answer equal transformers' (the image's
+positions attending to each other both ways; causal attention there moves the
+log-probabilities by ~1e-3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.formats import load_model
+from modelc.runtime.arch import build
+from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.vision import VisionModel
+from tests.gen_gemma3vl import SPECIAL, ensure_model
+from tests.gguf_support import manifest
+from tests.runtime_support import golden, make_backend
+
+GOLD: dict[str, Any] = golden("gemma3vl.json")
+IMAGES = Path(__file__).parent / "fixtures" / "vision"
+CASES = [pytest.param(c, id=c["image"]) for c in GOLD["cases"]]
+
+
+@pytest.fixture(scope="module")
+def vision() -> VisionModel:
+    return VisionModel(ensure_model()[2])
+
+
+@pytest.fixture(scope="module")
+def lm() -> LanguageModel:
+    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
+    assert isinstance(model, LanguageModel)
+    return model
+
+
+def _bytes(case: dict[str, Any]) -> bytes:
+    return (IMAGES / case["image"]).read_bytes()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pixels_equal_the_processor(vision: VisionModel, case: dict[str, Any]) -> None:
+    want = np.asarray(case["pixel_values"], np.float32).reshape(case["pixel_shape"])
+    np.testing.assert_allclose(vision.pixels(_bytes(case)), want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]) -> None:
+    want = np.asarray(case["embeddings"], np.float32)
+    got = vision.embed(_bytes(case))
+    assert got.shape == want.shape == (vision.tokens_per_image, 64)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_mmproj_is_the_converters() -> None:
+    ours, theirs = manifest(ensure_model()[2]), GOLD["converter"]["mmproj"]
+    naming = ("general.name", "general.size_label")  # from the directory's name
+    drop = {k: v for k, v in theirs["metadata"].items() if k not in naming}
+    assert {k: v for k, v in ours["metadata"].items() if k not in naming} == drop
+    assert ours["tensors"] == theirs["tensors"]
+
+
+def _span(vision: VisionModel, case: dict[str, Any], *, bidirectional: bool = True) -> ImageSpan:
+    ids = case["prompt_ids"]
+    start = ids.index(SPECIAL["<image_soft_token>"])
+    return ImageSpan(start, vision.embed(_bytes(case)), bidirectional)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_greedy_answer_equals_transformers(
+    vision: VisionModel, lm: LanguageModel, case: dict[str, Any]
+) -> None:
+    span, ids = _span(vision, case), case["prompt_ids"]
+    cache = lm.new_cache(max_tokens=128)
+    logits = lm.forward([SeqChunk(cache, ids, None, (span,))])
+    x = logits[-1].astype(np.float64)
+    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+    for tok, want in case["top_logprobs"]:
+        assert abs(lp[tok] - want) < 1e-4, (tok, lp[tok], want)
+    out = []
+    for _ in case["greedy"]:
+        out.append(int(np.argmax(logits[-1])))
+        logits = lm.forward([SeqChunk(cache, [out[-1]], None, (span,))])
+    assert out == case["greedy"]
+
+
+def test_causal_image_attention_would_differ(vision: VisionModel, lm: LanguageModel) -> None:
+    """The check above can fail: the same image attended causally moves the log-probs."""
+    case = GOLD["cases"][0]
+    lps = []
+    for bidi in (True, False):
+        cache = lm.new_cache(max_tokens=128)
+        span = _span(vision, case, bidirectional=bidi)
+        x = lm.forward([SeqChunk(cache, case["prompt_ids"], None, (span,))])[-1]
+        lps.append(x.astype(np.float64))
+    assert np.abs(lps[0] - lps[1]).max() > 1e-3
