@@ -13,10 +13,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
+from modelc.engine import EngineOptions, build_engine
+from modelc.engine.api import GenerationRequest, TokenEvent
+from modelc.errors import FormatError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.sampling import SamplingParams
 from modelc.vision import VisionModel
 from tests.gen_gemma3vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
@@ -99,3 +104,30 @@ def test_causal_image_attention_would_differ(vision: VisionModel, lm: LanguageMo
         x = lm.forward([SeqChunk(cache, case["prompt_ids"], None, (span,))])[-1]
         lps.append(x.astype(np.float64))
     assert np.abs(lps[0] - lps[1]).max() > 1e-3
+
+
+async def test_engine_answers_each_image_in_chunks(vision: VisionModel) -> None:
+    """Through the engine, prompts fed 5 tokens a step (the image's 4 positions taken
+    whole by one chunk): the same prompt ids with each image give that image's answer
+    (the prefix cache shares no image's positions)."""
+    _, gg, mm = ensure_model()
+    opt = EngineOptions(kv_cache="f32", speculative=False, mmproj=str(mm), prefill_chunk=5)
+    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    assert eng.vision is not None
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        for i, case in enumerate(GOLD["cases"] * 2):
+            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
+            req = GenerationRequest(
+                f"r{i}", case["prompt_ids"], p, ignore_eos=True, images=(_span(vision, case),)
+            )
+            toks = [ev.token_id async for ev in eng.submit(req) if isinstance(ev, TokenEvent)]
+            assert toks == case["greedy"], case["image"]
+        n.cancel_scope.cancel()
+
+
+def test_a_model_file_is_no_projector() -> None:
+    """--mmproj given the model's own GGUF: one line at start."""
+    _, gg, _ = ensure_model()
+    with pytest.raises(FormatError, match="no vision projector"):
+        build_engine(gg, EngineOptions(mmproj=str(gg)))

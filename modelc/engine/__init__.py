@@ -16,11 +16,12 @@ from typing import Any
 
 from modelc.engine.options import EngineOptions
 from modelc.engine.scheduler import LLMEngine
-from modelc.errors import UnsupportedError
+from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import ModelIR
 from modelc.runtime.backend import Backend
 from modelc.runtime.backends.factory import get_backend
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
+from modelc.vision import VisionModel
 
 __all__ = ["EngineOptions", "LLMEngine", "build_engine"]
 
@@ -111,4 +112,24 @@ def build_engine(
     if isinstance(runtime, LanguageModel) and MLPDraftWeights.has(ir):
         mlp = MLPDraftWeights.from_ir(ir, backend)
     name = model_name or (Path(str(ir.source.path)).stem if ir.source.path else ir.architecture)
-    return LLMEngine(runtime, prompt, opt, model_name=name, mlp_draft=mlp)
+    vision = _vision(opt.mmproj, runtime) if opt.mmproj else None
+    return LLMEngine(runtime, prompt, opt, model_name=name, mlp_draft=mlp, vision=vision)
+
+
+def _vision(path: str, runtime: Any) -> VisionModel:
+    """The projector of ``--mmproj`` for ``runtime``: its width must be the model's, and the
+    model the one decoder (image embeddings go in where its token embeddings would)."""
+    from modelc.runtime.arch.decoder import Decoder
+
+    vision = VisionModel(path)
+    if not isinstance(runtime, Decoder):
+        raise UnsupportedError(
+            f"images run on the CPU decoder only; {type(runtime).__name__} takes none "
+            "(start it with --device cpu)"
+        )
+    if vision.cfg.n_embd != runtime.d:
+        raise UsageError(
+            f"{path}: the projector makes {vision.cfg.n_embd}-wide embeddings but the model "
+            f"is {runtime.d} wide; give the mmproj file made with this model"
+        )
+    return vision
