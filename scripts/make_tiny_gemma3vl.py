@@ -39,7 +39,7 @@ from transformers import AutoProcessor, Gemma3ForConditionalGeneration
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
-IMAGES = ("wide.png", "tall.jpg", "gray.png")
+IMAGES = ("square.png", "wide.png", "tall.jpg", "gray.png")
 QUESTION = "What is in the picture?"
 LLAMA_CPP = Path(os.environ.get("LLAMA_CPP", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
 PROJECT_PY = os.environ.get("MODELC_PY", str(ROOT / ".venv" / "bin" / "python"))

@@ -78,7 +78,8 @@ def build_engine(
         from modelc.resolve import load_ir
 
         ir = load_ir(str(model))
-    gpu = _cuda_runtime(ir, opt) if backend is None else None
+    on_cpu = backend is not None or (opt.mmproj is not None and opt.device == "auto")  # images
+    gpu = None if on_cpu else _cuda_runtime(ir, opt)
     if backend is None and opt.device in ("webgpu", "metal"):  # WGSL shaders through wgpu
         backend = get_backend(opt.device)
     backend = backend or get_backend(threads=opt.threads)

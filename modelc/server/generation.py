@@ -37,10 +37,12 @@ from modelc.engine.api import (
     TokenEvent,
 )
 from modelc.errors import ModelcError, UsageError
+from modelc.runtime.model import ImageSpan
 from modelc.runtime.prompt import ChatPrompt
 from modelc.runtime.sampling import SamplingParams
 from modelc.server.context import ctx, json_response, record, stream_response
 from modelc.server.errors import ParamError
+from modelc.server.images import image_parts
 from modelc.server.metrics import Metrics
 from modelc.server.schemas import Sampling
 from modelc.server.state import ModelInfo
@@ -86,7 +88,7 @@ def template_prompt(
     """The engine's prompt (text and ids) for a conversation (messages as Structs or
     dicts); ``template_kwargs``: extra template variables (``enable_thinking``...)."""
     return info.fmt().chat(
-        plain(list(messages)),
+        image_parts(plain(list(messages))),
         tools=plain(list(tools)) if tools else None,
         add_generation_prompt=add_generation_prompt,
         template_kwargs=template_kwargs,
@@ -237,6 +239,7 @@ def make_requests(
     prompt_logprobs: int | None = None,
     progress: bool = False,
     speculative: bool | None = None,
+    images: tuple[ImageSpan, ...] = (),
 ) -> list[GenerationRequest]:
     """``n`` requests for one prompt (seeds ``seed``, ``seed + 1`` ... when seeded)."""
     return [
@@ -255,6 +258,7 @@ def make_requests(
             prompt_logprobs=prompt_logprobs,
             progress=progress,
             speculative=speculative is not False,
+            images=images,
         )
         for i in range(n)
     ]

@@ -1,0 +1,203 @@
+"""Images on the chat routes of a real ``modelc run --mmproj`` (the tiny Gemma 3 VLM of
+``tests/gen_gemma3vl.py``, ``exact`` mode, f32 KV cache), against llama.cpp's server
+(``xllamacpp`` with the same model and mmproj GGUFs) and the official clients:
+
+* the ``openai`` client's ``image_url`` data URL: prompt token count equal to llama.cpp's
+  (``<start_of_image>``, one position per embedding, ``<end_of_image>`` at the marker, as
+  ``mtmd_tokenize``); for an image of the tower's own size the greedy answer equal up to
+  a near tie in llama.cpp's own log-probabilities (an image that is resized is not
+  compared: llama.cpp's bilinear resize is its own, transformers' and ours Pillow's);
+* the ``ollama`` client's ``images`` on ``/api/chat`` and ``/api/generate``: the same
+  answer as the OpenAI route;
+* a dozen broken or hostile images, each a 400 naming what is wrong; the server still
+  answers afterwards; a model started without ``--mmproj`` refuses images in one line.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from modelc.bench.llamacpp import LlamaCppServer
+from tests.gen_gemma3vl import ensure_model
+from tests.peers import HTTP_TIMEOUT, openai_client
+from tests.server_fixtures import Server, start
+
+IMAGES = Path(__file__).parent / "fixtures" / "vision"
+QUESTION = "What is in the picture?"
+N = 10
+
+
+def data_url(data: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
+
+
+def messages(url: str) -> list[Any]:
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.fixture(scope="module")
+def vlm() -> Iterator[Server]:
+    _, gg, mm = ensure_model()
+    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def oa(vlm: Server) -> openai.OpenAI:
+    return openai_client(vlm)
+
+
+def ask(oa: openai.OpenAI, url: str) -> Any:
+    return oa.chat.completions.create(
+        model="gemma3vl",
+        messages=messages(url),
+        temperature=0,
+        max_tokens=N,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+
+
+@pytest.mark.parametrize("name", ["square.png", "wide.png", "tall.jpg", "gray.png"])
+def test_openai_image_url_answers_as_llamacpp(oa: openai.OpenAI, name: str, tmp_path: Path) -> None:
+    _, gg, mm = ensure_model()
+    url = data_url((IMAGES / name).read_bytes(), "jpeg" if name.endswith("jpg") else "png")
+    ours = ask(oa, url)
+    body = {
+        "messages": messages(url),
+        "temperature": 0,
+        "max_tokens": N,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    with LlamaCppServer(gg, threads=1, n_parallel=1, n_ctx=512, mmproj=mm) as peer:
+        r = httpx.post(f"{peer.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
+        r.raise_for_status()
+        theirs = r.json()
+    assert ours.usage.prompt_tokens == theirs["usage"]["prompt_tokens"]
+    steps = theirs["choices"][0]["logprobs"]["content"]
+    want = [s["id"] for s in steps]
+    # compared up to llama.cpp's first near tie (its top two within 0.05 nats)
+    cut = next(
+        (i for i, s in enumerate(steps) if s["logprob"] - s["top_logprobs"][1]["logprob"] < 0.05),
+        len(steps),
+    )
+    got = ours.choices[0].model_extra["token_ids"]
+    if name != "square.png":  # resized: llama.cpp's bilinear filter is not Pillow's
+        return
+    assert cut >= 3, steps  # the comparison says something
+    assert got[:cut] == want[:cut]
+
+
+def test_ollama_images_answer_as_openai(vlm: Server, oa: openai.OpenAI) -> None:
+    path = IMAGES / "wide.png"
+    want = ask(oa, data_url(path.read_bytes())).choices[0].message.content
+    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
+    opts = {"temperature": 0, "num_predict": N}
+    chat = oc.chat(
+        model="gemma3vl",
+        messages=[{"role": "user", "content": QUESTION, "images": [path]}],
+        options=opts,
+    )
+    assert chat.message.content == want
+    gen = oc.generate(model="gemma3vl", prompt=QUESTION, images=[path], options=opts)
+    assert gen.response == want
+    assert gen.prompt_eval_count == chat.prompt_eval_count
+
+
+def _png(w: int, h: int, rest: bytes = b"") -> bytes:
+    """A PNG whose header declares w x h (valid CRCs), followed by ``rest``."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + rest + chunk(b"IEND", b"")
+
+
+def _bomb() -> bytes:
+    """A real 8000 x 8000 PNG (64 megapixels of black) of a few tens of kilobytes."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("1", (8000, 8000)).save(out, "PNG", optimize=True)
+    return out.getvalue()
+
+
+def _other(fmt: str) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(out, fmt)
+    return out.getvalue()
+
+
+def hostile() -> list[tuple[str, str]]:
+    png = (IMAGES / "wide.png").read_bytes()
+    jpg = (IMAGES / "tall.jpg").read_bytes()
+    return [
+        ("truncated png", data_url(png[: len(png) // 2])),
+        ("truncated jpeg", data_url(jpg[:200], "jpeg")),
+        ("not an image", data_url(b"hello, this is text")),
+        ("empty", "data:image/png;base64,"),
+        ("bad base64", "data:image/png;base64,@@not base64@@"),
+        ("not base64 data url", "data:image/png,raw"),
+        ("http url", "https://example.com/cat.png"),
+        ("30000x30000 declared", data_url(_png(30000, 30000))),
+        ("zero-size declared", data_url(_png(0, 0))),
+        ("png header then junk", data_url(_png(16, 16, b"\x00" * 64))),
+        ("decompression bomb", data_url(_bomb())),
+        ("bmp", data_url(_other("BMP"), "bmp")),
+        ("tiff", data_url(_other("TIFF"), "tiff")),
+    ]
+
+
+def test_hostile_images_each_get_a_400(oa: openai.OpenAI) -> None:
+    for what, url in hostile():
+        with pytest.raises(openai.BadRequestError) as err:
+            ask(oa, url)
+        msg = str(err.value)
+        assert "image" in msg.lower(), (what, msg)
+    # still serving, images and text
+    assert ask(oa, data_url((IMAGES / "gray.png").read_bytes())).choices[0].message.content
+    text = oa.chat.completions.create(
+        model="gemma3vl", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+    )
+    assert text.choices[0].finish_reason == "length"
+
+
+def test_an_animated_gif_is_read_by_its_first_frame(oa: openai.OpenAI) -> None:
+    from PIL import Image
+
+    frames = [Image.new("RGB", (20, 30), c) for c in ((250, 0, 0), (0, 0, 250))]
+    out = io.BytesIO()
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:], duration=50, loop=0)
+    still = io.BytesIO()
+    frames[0].save(still, "PNG")
+    gif = ask(oa, data_url(out.getvalue(), "gif")).choices[0].model_extra["token_ids"]
+    assert gif == ask(oa, data_url(still.getvalue())).choices[0].model_extra["token_ids"]
+
+
+def test_a_model_without_mmproj_refuses_images() -> None:
+    _, gg, _ = ensure_model()
+    srv = start(str(gg))
+    try:
+        with pytest.raises(openai.BadRequestError, match="takes no images; start it with --mmproj"):
+            ask(openai_client(srv), data_url((IMAGES / "wide.png").read_bytes()))
+    finally:
+        srv.stop()
