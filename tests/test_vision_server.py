@@ -60,13 +60,13 @@ def oa(vlm: Server) -> openai.OpenAI:
     return openai_client(vlm)
 
 
-def ask(oa: openai.OpenAI, url: str) -> Any:
+def ask(oa: openai.OpenAI, url: str, *, ignore_eos: bool = True) -> Any:
     return oa.chat.completions.create(
         model="gemma3vl",
         messages=messages(url),
         temperature=0,
         max_tokens=N,
-        extra_body={"return_token_ids": True, "ignore_eos": True},
+        extra_body={"return_token_ids": True, "ignore_eos": ignore_eos},
     )
 
 
@@ -116,6 +116,48 @@ def test_ollama_images_answer_as_openai(vlm: Server, oa: openai.OpenAI) -> None:
     gen = oc.generate(model="gemma3vl", prompt=QUESTION, images=[path], options=opts)
     assert gen.response == want
     assert gen.prompt_eval_count == chat.prompt_eval_count
+
+
+def test_anthropic_and_responses_images_answer_as_openai(vlm: Server, oa: openai.OpenAI) -> None:
+    """An Anthropic ``image`` block (base64) and a Responses ``input_image`` (data URL)
+    before the question: the chat route's prompt, so its answer."""
+    import anthropic
+
+    data = (IMAGES / "tall.jpg").read_bytes()
+    url = data_url(data, "jpeg")
+    want = ask(oa, url, ignore_eos=False)
+    ac = anthropic.Anthropic(base_url=vlm.url, api_key="x", max_retries=0, timeout=HTTP_TIMEOUT)
+    b64 = base64.b64encode(data).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64}}
+    msg = ac.messages.create(
+        model="gemma3vl",
+        max_tokens=N,
+        messages=[{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}],
+        extra_body={"temperature": 0},
+    )
+    assert msg.content[0].text == want.choices[0].message.content
+    assert msg.usage.input_tokens == want.usage.prompt_tokens
+    count = ac.messages.count_tokens(
+        model="gemma3vl",
+        messages=[{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}],
+    )
+    assert count.input_tokens == want.usage.prompt_tokens
+    resp = oa.responses.create(
+        model="gemma3vl",
+        max_output_tokens=N,
+        temperature=0,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": url, "detail": "auto"},
+                    {"type": "input_text", "text": QUESTION},
+                ],
+            }
+        ],
+    )
+    assert resp.output_text == want.choices[0].message.content
+    assert resp.usage is not None and resp.usage.input_tokens == want.usage.prompt_tokens
 
 
 def _png(w: int, h: int, rest: bytes = b"") -> bytes:
