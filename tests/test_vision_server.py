@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import struct
+import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,3 +246,20 @@ def test_a_model_without_mmproj_refuses_images() -> None:
             ask(openai_client(srv), data_url((IMAGES / "wide.png").read_bytes()))
     finally:
         srv.stop()
+
+
+def test_cli_generate_with_an_image_answers_as_the_server(oa: openai.OpenAI) -> None:
+    """``modelc generate --mmproj FILE --chat --image PATH``: the server's answer."""
+    _, gg, mm = ensure_model()
+    path = IMAGES / "tall.jpg"
+    want = ask(oa, data_url(path.read_bytes(), "jpeg"), ignore_eos=False)
+    cmd = [sys.executable, "-m", "modelc.cli", "generate", str(gg), "--mmproj", str(mm)]
+    cmd += ["--chat", "--image", str(path), QUESTION, "--temperature", "0"]
+    cmd += ["--max-tokens", str(N), "--kv-cache", "f32"]
+    env = {**os.environ, "MODELC_MATMUL": "exact", "MODELC_THREADS": "1"}
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        cmd, cwd=root, capture_output=True, env=env, timeout=HTTP_TIMEOUT, check=True
+    )
+    assert out.stdout.decode() == want.choices[0].message.content
+    assert f"prompt {want.usage.prompt_tokens} tok" in out.stderr.decode()

@@ -200,6 +200,7 @@ OPTIONS: list[Opt] = [
     _opt("--max-tokens", "run", "a request without max_tokens stops at the end of its turn or after N tokens (default 4096, or [sampling] max_tokens in config.toml)", type=int, metavar="N", engine="max_tokens"),
     # ---- one prompt or one conversation (generate, chat)
     _opt("--chat", "generate", "send PROMPT as a user message through the chat template", action="store_true"),
+    _opt("--image", "generate", "an image (PNG, JPEG, WebP, GIF) before PROMPT in the user message (repeatable; needs --chat and --mmproj, as llama-mtmd-cli's --image)", action="append", default=[], metavar="PATH"),
     _opt("--system", SAMPLE, "a system message (generate: with --chat)", metavar="TEXT"),
     _opt("--max-tokens", SAMPLE, "stop each answer after N tokens (default: at the end of the turn, at most the server's cap)", type=int, metavar="N"),
     _opt("--temperature", SAMPLE, "0 = greedy (default: the model's, else 0.8 as llama-server)", type=float, metavar="T", sampling="temperature"),
