@@ -45,11 +45,14 @@ def _attention(x: F32, b: VisionBlock, n_head: int) -> F32:
     q = (x @ b.wq.T + b.bq).reshape(n, n_head, hd).transpose(1, 0, 2)  # (heads, n, hd)
     k = (x @ b.wk.T + b.bk).reshape(n, n_head, hd).transpose(1, 0, 2)
     v = (x @ b.wv.T + b.bv).reshape(n, n_head, hd).transpose(1, 0, 2)
-    s = q @ k.transpose(0, 2, 1) * np.float32(1 / math.sqrt(hd))  # (heads, n, n)
-    s -= s.max(-1, keepdims=True)
-    e = np.exp(s)
-    e /= e.sum(-1, keepdims=True)
-    o = (e @ v).transpose(1, 0, 2).reshape(n, w)  # (n, width)
+    o = np.empty((n, n_head, hd), np.float32)
+    for h in range(n_head):  # one head's (n, n) scores at a time: Gemma 3's n is 4096
+        s = q[h] @ k[h].T * np.float32(1 / math.sqrt(hd))  # (n, n)
+        s -= s.max(-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(-1, keepdims=True)
+        o[:, h] = s @ v[h]
+    o = o.reshape(n, w)  # (n, width)
     out: F32 = o @ b.wo.T + b.bo
     return out
 
