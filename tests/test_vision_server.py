@@ -239,11 +239,21 @@ def test_an_animated_gif_is_read_by_its_first_frame(oa: openai.OpenAI) -> None:
 
 
 def test_a_model_without_mmproj_refuses_images() -> None:
-    _, gg, _ = ensure_model()
-    srv = start(str(gg))
+    """--mmproj is the first model's: a second model of the same server takes no images."""
+    from tests.gen_families import ensure_family
+
+    _, gg, mm = ensure_model()
+    _, other = ensure_family("qwen3")
+    srv = start(None, str(gg), str(other), "--mmproj", str(mm))
     try:
+        oa = openai_client(srv)
+        assert ask(oa, data_url((IMAGES / "wide.png").read_bytes())).choices[0].message.content
         with pytest.raises(openai.BadRequestError, match="takes no images; start it with --mmproj"):
-            ask(openai_client(srv), data_url((IMAGES / "wide.png").read_bytes()))
+            oa.chat.completions.create(
+                model="qwen3",
+                messages=messages(data_url((IMAGES / "wide.png").read_bytes())),
+                max_tokens=2,
+            )
     finally:
         srv.stop()
 
