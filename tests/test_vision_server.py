@@ -119,6 +119,7 @@ def test_ollama_images_answer_as_openai(vlm: Server, oa: openai.OpenAI) -> None:
     gen = oc.generate(model="gemma3vl", prompt=QUESTION, images=[path], options=opts)
     assert gen.response == want
     assert gen.prompt_eval_count == chat.prompt_eval_count
+    assert "vision" in (oc.show("gemma3vl").capabilities or [])  # as Ollama shows a VLM
 
 
 def test_anthropic_and_responses_images_answer_as_openai(vlm: Server, oa: openai.OpenAI) -> None:
@@ -254,6 +255,8 @@ def test_a_model_without_mmproj_refuses_images() -> None:
                 messages=messages(data_url((IMAGES / "wide.png").read_bytes())),
                 max_tokens=2,
             )
+        caps = ollama.Client(host=srv.url).show("qwen3").capabilities or []
+        assert "completion" in caps and "vision" not in caps
     finally:
         srv.stop()
 
