@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from modelc.engine import EngineOptions, build_engine
-from modelc.engine.api import GenerationRequest, TokenEvent
+from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import FormatError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
@@ -106,24 +106,59 @@ def test_causal_image_attention_would_differ(vision: VisionModel, lm: LanguageMo
     assert np.abs(lps[0] - lps[1]).max() > 1e-3
 
 
-async def test_engine_answers_each_image_in_chunks(vision: VisionModel) -> None:
-    """Through the engine, prompts fed 5 tokens a step (the image's 4 positions taken
-    whole by one chunk): the same prompt ids with each image give that image's answer
-    (the prefix cache shares no image's positions)."""
+async def _answers(
+    vision: VisionModel, opt: EngineOptions, reqs: list[tuple[list[int], dict[str, Any]]]
+) -> list[tuple[list[int], int, list[float]]]:
+    """Greedy answers (cached prompt tokens, each token's log-probability) of prompts with one case's image each,
+    one after another through one engine."""
     _, gg, mm = ensure_model()
-    opt = EngineOptions(kv_cache="f32", speculative=False, mmproj=str(mm), prefill_chunk=5)
+    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
     eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
-    assert eng.vision is not None
+    out = []
     async with trio.open_nursery() as n:
         await n.start(eng.run)
-        for i, case in enumerate(GOLD["cases"] * 2):
-            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
-            req = GenerationRequest(
-                f"r{i}", case["prompt_ids"], p, ignore_eos=True, images=(_span(vision, case),)
-            )
-            toks = [ev.token_id async for ev in eng.submit(req) if isinstance(ev, TokenEvent)]
-            assert toks == case["greedy"], case["image"]
+        for i, (ids, case) in enumerate(reqs):
+            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]), logprobs=0)
+            span = _span(vision, case)
+            req = GenerationRequest(f"r{i}", ids, p, ignore_eos=True, images=(span,))
+            toks, lps, cached = [], [], -1
+            async for ev in eng.submit(req):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                    lps.append(ev.logprob or 0.0)
+                elif isinstance(ev, FinishEvent):
+                    cached = ev.cached_tokens
+            out.append((toks, cached, lps))
         n.cancel_scope.cancel()
+    return out
+
+
+async def test_engine_answers_each_image_in_chunks(vision: VisionModel) -> None:
+    """Through the engine, prompts fed 5 tokens a step (the image's 4 positions taken
+    whole by one chunk): the same prompt ids with each image give that image's answer,
+    and the prefix cache (blocks keyed by the image's hash) serves a repeated image's
+    prompt and no other image's."""
+    cases = GOLD["cases"]
+    opt = EngineOptions(prefill_chunk=5)
+    got = await _answers(vision, opt, [(c["prompt_ids"], c) for c in cases * 2])
+    for k, ((toks, cached, _), case) in enumerate(zip(got, cases * 2, strict=True)):
+        assert toks == case["greedy"], case["image"]
+        assert cached == (0 if k < len(cases) else 32), (k, cached)  # 32: one block
+
+
+async def test_a_prefix_cached_into_an_image_is_completed(vision: VisionModel) -> None:
+    """Blocks of 5 tokens: a second prompt with the same image but another question
+    reuses the cache up to position 10, inside the image (9..12); its other positions are
+    computed attending to the whole image (both ways), as without the cache."""
+    case = GOLD["cases"][0]
+    ids = case["prompt_ids"]
+    other = [*ids[:14], *reversed(ids[14:29]), *ids[29:]]  # blank and question reversed
+    reqs = [(ids, case), (other, case)]
+    cached = await _answers(vision, EngineOptions(prefix_block_tokens=5), reqs)
+    fresh = await _answers(vision, EngineOptions(prefix_cache_bytes=0), reqs[1:])
+    assert cached[1][1] == 10
+    assert cached[1][0] == fresh[0][0]
+    np.testing.assert_allclose(cached[1][2], fresh[0][2], atol=1e-5)
 
 
 def test_a_model_file_is_no_projector() -> None:

@@ -78,6 +78,18 @@ def kv_cost_fn(
     return cost
 
 
+def prefix_key(tokens: list[int], images: tuple[ImageSpan, ...]) -> list[int]:
+    """``tokens`` (from position 0) as the prefix cache compares them: each image's
+    positions hold its key (a hash of its embeddings), so only the same image matches."""
+    if not images:
+        return tokens
+    out = list(tokens)
+    for im in images:
+        n = min(len(im.embeds), max(0, len(out) - im.start))
+        out[im.start : im.start + n] = [im.key] * n  # hashed on each call: a few ms at most
+    return out
+
+
 @dataclass(eq=False)
 class SeqRun:
     """The runner's state of one sequence."""
@@ -101,8 +113,8 @@ class SeqRun:
     spec_accepted: int = 0
     # the prompt's log-probabilities as prefill computes them (prompt_logprobs requests)
     prompt_lp: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
-    # image embeddings at their prompt positions: such a sequence shares no prefix-cache
-    # blocks (its token ids do not say which image) and never shifts its context
+    # image embeddings at their prompt positions (the prefix cache keys them by their
+    # hash, not their placeholder ids); such a sequence never shifts its context
     images: tuple[ImageSpan, ...] = ()
 
     @property
@@ -183,7 +195,8 @@ class ModelRunner:
         if any(im.start < 0 or im.end > len(prompt) for im in images):
             raise UsageError("an image lies outside the prompt", param="messages")
         # prompt log-probabilities need every prompt row computed: no cached prefix
-        blocks = self.prefix.match(prompt) if prompt_logprobs is None and not images else []
+        key = prefix_key(prompt, images)
+        blocks = self.prefix.match(key) if prompt_logprobs is None else []
         cached = min(len(blocks) * self.prefix.block_tokens, len(prompt) - 1)
         opt = self.opt
         use_spec = (
@@ -222,8 +235,8 @@ class ModelRunner:
         tokens (prompt + answer: the next turn of a chat starts with both) to the
         prefix cache, unless a context shift made its KV differ from a fresh run's."""
         if seq.cache is not None:
-            if keep and not seq.shifted and not seq.images:
-                self.prefix.insert(seq.tokens, seq.cache)
+            if keep and not seq.shifted:
+                self.prefix.insert(prefix_key(seq.tokens, seq.images), seq.cache)
             seq.cache.free()
             seq.cache = None
         self.prefix.release(seq.prefix_blocks)
@@ -323,8 +336,9 @@ class ModelRunner:
         row = 0
         for s, seq, chunk in zip(plan.seqs, seqs, batch, strict=True):
             assert seq.cache is not None
-            if not seq.prefix_inserted and seq.cache.n >= seq.prompt_len and not seq.images:
-                self.prefix.insert(seq.tokens[: seq.prompt_len], seq.cache)
+            if not seq.prefix_inserted and seq.cache.n >= seq.prompt_len:
+                key = prefix_key(seq.tokens[: seq.prompt_len], seq.images)
+                self.prefix.insert(key, seq.cache)
                 seq.prefix_inserted = True
             mine = logits[row : row + len(chunk.rows())]
             row += len(chunk.rows())

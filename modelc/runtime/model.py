@@ -13,6 +13,7 @@ ONNX plan) maps input arrays to output arrays.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -43,6 +44,13 @@ class ImageSpan:
     @property
     def end(self) -> int:
         return self.start + len(self.embeds)
+
+    @property
+    def key(self) -> int:
+        """A negative number naming the embeddings (a hash of them): the prefix cache
+        compares it in place of the positions' token ids."""
+        raw = np.ascontiguousarray(self.embeds).tobytes()
+        return -1 - (int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1)
 
 
 @dataclass(slots=True)
