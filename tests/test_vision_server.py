@@ -276,3 +276,32 @@ def test_cli_generate_with_an_image_answers_as_the_server(oa: openai.OpenAI) -> 
     )
     assert out.stdout.decode() == want.choices[0].message.content
     assert f"prompt {want.usage.prompt_tokens} tok" in out.stderr.decode()
+
+
+def test_a_repeated_image_hits_the_prefix_cache(oa: openai.OpenAI) -> None:
+    """The same image and question again: its prompt comes from the prefix cache (the
+    image's positions keyed by its hash), with the same answer; another image with the
+    same question shares nothing past the image."""
+    question = " ".join([QUESTION] * 6)
+
+    def once(name: str) -> Any:
+        url = data_url((IMAGES / name).read_bytes())
+        parts = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": question},
+        ]
+        return oa.chat.completions.create(
+            model="gemma3vl",
+            messages=[{"role": "user", "content": parts}],
+            temperature=0,
+            max_tokens=N,
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+        )
+
+    first, again, other = once("wide.png"), once("wide.png"), once("gray.png")
+    assert first.usage.prompt_tokens >= 64
+    assert first.choices[0].model_extra["token_ids"] == again.choices[0].model_extra["token_ids"]
+    details = again.usage.prompt_tokens_details
+    assert details is not None and (details.cached_tokens or 0) >= 32
+    assert other.usage.prompt_tokens_details is not None
+    assert not other.usage.prompt_tokens_details.cached_tokens

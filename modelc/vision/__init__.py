@@ -12,6 +12,9 @@ projector's begin text (Gemma 3: ``<start_of_image>``), one position per embeddi
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,7 @@ F32 = np.ndarray[Any, np.dtype[np.float32]]
 MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
 # per projector: the text before and after an image's embeddings (mtmd.cpp)
 MARKERS = {"gemma3": ("<start_of_image>", "<end_of_image>")}
+KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
 PLACEHOLDER = "<image_soft_token>"  # the token id an image position carries, if the vocab has it
 
 
@@ -56,6 +60,8 @@ class VisionModel:
         self.cfg: VisionConfig = cfg
         self.weights: VisionWeights = weights
         self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
+        self._kept: OrderedDict[bytes, F32] = OrderedDict()  # image hash -> embeddings
+        self._lock = threading.Lock()
 
     @property
     def tokens_per_image(self) -> int:
@@ -71,8 +77,22 @@ class VisionModel:
         return encode(self.cfg, self.weights, pixels)
 
     def embed(self, data: bytes, param: str = "image") -> F32:
-        """Decode, preprocess and encode one image (CPU work: run it in a worker thread)."""
-        return self.encode(self.pixels(data, param))
+        """Decode, preprocess and encode one image (CPU work: run it in a worker thread);
+        the last :data:`KEEP` images' embeddings are kept by the bytes' hash, so a repeated
+        image (a chat's earlier turns) is not encoded again."""
+        key = hashlib.blake2b(data, digest_size=16).digest()
+        with self._lock:
+            hit = self._kept.get(key)
+            if hit is not None:
+                self._kept.move_to_end(key)
+                return hit
+        emb = self.encode(self.pixels(data, param))
+        emb.flags.writeable = False  # shared between requests
+        with self._lock:
+            self._kept[key] = emb
+            while len(self._kept) > KEEP:
+                self._kept.popitem(last=False)
+        return emb
 
     def place(
         self,
