@@ -74,7 +74,7 @@ def ask(oa: openai.OpenAI, url: str, *, ignore_eos: bool = True) -> Any:
 
 
 @pytest.mark.parametrize("name", ["square.png", "wide.png", "tall.jpg", "gray.png"])
-def test_openai_image_url_answers_as_llamacpp(oa: openai.OpenAI, name: str, tmp_path: Path) -> None:
+def test_openai_image_url_answers_as_llamacpp(vlm: Server, oa: openai.OpenAI, name: str) -> None:
     _, gg, mm = ensure_model()
     url = data_url((IMAGES / name).read_bytes(), "jpeg" if name.endswith("jpg") else "png")
     ours = ask(oa, url)
@@ -90,6 +90,9 @@ def test_openai_image_url_answers_as_llamacpp(oa: openai.OpenAI, name: str, tmp_
         r = httpx.post(f"{peer.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
         r.raise_for_status()
         theirs = r.json()
+        modalities = httpx.get(f"{peer.url}/props", timeout=HTTP_TIMEOUT).json()["modalities"]
+    ours_props = httpx.get(f"{vlm.url}/props", timeout=HTTP_TIMEOUT).json()["modalities"]
+    assert ours_props["vision"] == modalities["vision"]  # llama.cpp's also says video: true
     assert ours.usage.prompt_tokens == theirs["usage"]["prompt_tokens"]
     steps = theirs["choices"][0]["logprobs"]["content"]
     want = [s["id"] for s in steps]
