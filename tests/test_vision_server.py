@@ -230,6 +230,16 @@ def test_hostile_images_each_get_a_400(oa: openai.OpenAI) -> None:
     assert text.choices[0].finish_reason == "length"
 
 
+def test_routes_without_images_refuse_them(vlm: Server) -> None:
+    """The native /chat and llama.cpp's /tokenize of messages take no images: a 400, not
+    a silently dropped image."""
+    body = {"messages": messages(data_url((IMAGES / "wide.png").read_bytes()))}
+    for route in ("/chat", "/tokenize"):
+        r = httpx.post(f"{vlm.url}{route}", json=body, timeout=HTTP_TIMEOUT)
+        assert r.status_code == 400, (route, r.text)
+        assert "takes no images" in r.text
+
+
 def test_an_animated_gif_is_read_by_its_first_frame(oa: openai.OpenAI) -> None:
     from PIL import Image
 

@@ -46,6 +46,7 @@ from modelc.server.images import image_parts
 from modelc.server.metrics import Metrics
 from modelc.server.schemas import Sampling
 from modelc.server.state import ModelInfo
+from modelc.vision import ImageError
 
 FINISH = {
     FinishReason.STOP: "stop",
@@ -102,8 +103,16 @@ def chat_ids(
     *,
     add_generation_prompt: bool = True,
 ) -> list[int]:
-    """The engine's prompt ids for a conversation (messages as Structs or dicts)."""
-    return template_prompt(info, messages, tools, add_generation_prompt=add_generation_prompt).ids
+    """The engine's prompt ids for a conversation (messages as Structs or dicts) on a route
+    that takes no images (they would be dropped): an image is a 400 naming the ones that do."""
+    prompt = template_prompt(info, messages, tools, add_generation_prompt=add_generation_prompt)
+    if prompt.images:
+        raise ImageError(
+            "this route takes no images; send them to /v1/chat/completions, /v1/responses, "
+            "/v1/messages or /api/chat",
+            param="messages",
+        )
+    return prompt.ids
 
 
 def text_ids(info: ModelInfo, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
