@@ -252,6 +252,16 @@ def test_an_animated_gif_is_read_by_its_first_frame(oa: openai.OpenAI) -> None:
     assert gif == ask(oa, data_url(still.getvalue())).choices[0].model_extra["token_ids"]
 
 
+def test_a_lossless_webp_answers_as_its_png(oa: openai.OpenAI) -> None:
+    from PIL import Image
+
+    png = (IMAGES / "square.png").read_bytes()
+    webp = io.BytesIO()
+    Image.open(io.BytesIO(png)).save(webp, "WEBP", lossless=True)
+    got = ask(oa, data_url(webp.getvalue(), "webp")).choices[0].model_extra["token_ids"]
+    assert got == ask(oa, data_url(png)).choices[0].model_extra["token_ids"]
+
+
 def test_a_model_without_mmproj_refuses_images() -> None:
     """--mmproj is the first model's: a second model of the same server takes no images."""
     from tests.gen_families import ensure_family
