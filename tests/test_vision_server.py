@@ -233,11 +233,20 @@ def test_hostile_images_each_get_a_400(oa: openai.OpenAI) -> None:
 def test_routes_without_images_refuse_them(vlm: Server) -> None:
     """The native /chat and llama.cpp's /tokenize of messages take no images: a 400, not
     a silently dropped image."""
-    body = {"messages": messages(data_url((IMAGES / "wide.png").read_bytes()))}
+    png = (IMAGES / "wide.png").read_bytes()
+    body = {"messages": messages(data_url(png))}
     for route in ("/chat", "/tokenize"):
         r = httpx.post(f"{vlm.url}{route}", json=body, timeout=HTTP_TIMEOUT)
         assert r.status_code == 400, (route, r.text)
         assert "takes no images" in r.text
+    b64 = base64.b64encode(png).decode()
+    raw = {"model": "gemma3vl", "prompt": "x", "raw": True, "images": [b64], "stream": False}
+    r = httpx.post(f"{vlm.url}/api/generate", json=raw, timeout=HTTP_TIMEOUT)
+    assert r.status_code == 400 and "leave raw off" in r.text
+    parts = [{"type": "image_url", "image_url": {"url": data_url(png)}}] * 17
+    many = {"model": "gemma3vl", "messages": [{"role": "user", "content": parts}]}
+    r = httpx.post(f"{vlm.url}/v1/chat/completions", json=many, timeout=HTTP_TIMEOUT)
+    assert r.status_code == 400 and "at most 16" in r.text
 
 
 def test_an_animated_gif_is_read_by_its_first_frame(oa: openai.OpenAI) -> None:
