@@ -51,6 +51,20 @@ def test_decode_first_then_chunked_prefill_under_budget() -> None:
     assert p.seq("long").num_tokens == 101  # prompt + the token sampled from its last chunk
 
 
+def test_a_chunk_takes_an_image_whole() -> None:
+    """Spans (images attending both ways) are never split: a chunk that would end inside
+    one stops before it, or takes all of it when it starts there."""
+    p = Policy(step_tokens=64, prefill_chunk=8, max_context=4096)
+    p.add("a", 45, 4, whole=((5, 25), (30, 33), (38, 42)))
+    chunks = []
+    while p.seq("a").prefilling:
+        plan = p.schedule()
+        (s,) = plan.seqs
+        chunks.append((s.start, s.n_tokens))
+        run_step(p, plan)
+    assert chunks == [(0, 5), (5, 20), (25, 8), (33, 5), (38, 7)]
+
+
 def test_prefill_unchunked_feeds_whole_prompt() -> None:
     p = Policy(step_tokens=16, prefill_chunk=0, max_context=4096)
     p.add("a", 300, 4)

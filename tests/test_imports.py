@@ -29,7 +29,11 @@ LAZY_CYCLE_EDGES: set[tuple[str, str]] = set()
 # (importer's package, what it must not import: a modelc package or a top-level library)
 LAYERS = [
     ("modelc.runtime", ("trio", "quart", "quart_trio", "msgspec", "hypercorn")),
-    ("modelc.runtime", ("modelc.engine", "modelc.server", "modelc.cli")),
+    ("modelc.runtime", ("modelc.engine", "modelc.server", "modelc.cli", "modelc.vision")),
+    (  # the vision part sits beside the runtime: numpy and Pillow, no requests
+        "modelc.vision",
+        ("modelc.engine", "modelc.server", "modelc.cli", "trio", "quart", "msgspec"),
+    ),
     ("modelc.formats", ("modelc.runtime", "modelc.engine", "modelc.server", "modelc.cli")),
     ("modelc.engine", ("modelc.server", "modelc.cli", "quart", "hypercorn", "msgspec")),
     ("modelc.server", ("modelc.cli",)),

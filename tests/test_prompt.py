@@ -106,7 +106,7 @@ def test_message_normalisation(smol: PromptFormat) -> None:
         ]
     )
     assert "<|im_start|>user\nHello \nthere<|im_end|>" in parts.text  # joined as llama.cpp
-    with pytest.raises(UsageError, match="only text parts") as e:
+    with pytest.raises(UsageError, match="text and image parts are supported") as e:
         smol.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
     assert e.value.param == "messages[0].content[0].type"
 

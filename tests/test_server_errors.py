@@ -81,7 +81,10 @@ def chat_cases() -> list[Case]:
         ([{"content": "no role"}], "messages[0]"),
         ([{"role": "wizard", "content": "x"}], "messages[0].role"),
         ([{"role": "user", "content": 5}], "messages[0].content"),
-        ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
+        (
+            [{"role": "user", "content": [{"type": "image_url"}]}],
+            "messages[0].content[0].image_url",
+        ),
         ([{"role": "user", "content": [{"text": "x"}]}], "messages[0].content[0]"),
         ([{"role": "user", "content": "x", "name": 3}], "messages[0].name"),
         (

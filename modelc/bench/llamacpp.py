@@ -119,6 +119,7 @@ class LlamaCppServer:
         env: dict[str, str] | None = None,
         embedding: bool = False,
         chat_template: Path | None = None,
+        mmproj: Path | None = None,
     ) -> None:
         self.cmd = [
             sys.executable,
@@ -133,6 +134,7 @@ class LlamaCppServer:
             str(n_ctx),
             *(["--embedding"] if embedding else []),
             *(["--chat-template-file", str(chat_template)] if chat_template else []),
+            *(["--mmproj", str(mmproj)] if mmproj else []),
         ]
         self.log = log
         self.env = {**os.environ, **(env or {})}
@@ -184,6 +186,7 @@ def _start(
     n_ctx: int,
     embedding: bool = False,
     chat_template: str | None = None,
+    mmproj: str | None = None,
 ) -> Any:
     import xllamacpp as x
 
@@ -199,6 +202,8 @@ def _start(
     if chat_template is not None:  # llama-server --jinja --chat-template-file
         p.use_jinja = True
         p.chat_template = Path(chat_template).read_text()
+    if mmproj is not None:  # llama-server --mmproj: images in (tools/mtmd)
+        p.mmproj.path = mmproj
     return x.Server(p)
 
 
@@ -209,8 +214,9 @@ def _serve(
     n_ctx: int,
     embedding: bool,
     chat_template: str | None = None,
+    mmproj: str | None = None,
 ) -> None:
-    server = _start(gguf, threads, n_parallel, n_ctx, embedding, chat_template)
+    server = _start(gguf, threads, n_parallel, n_ctx, embedding, chat_template, mmproj)
     url = str(server.listening_address).rstrip("/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the model loads in the background
@@ -236,8 +242,9 @@ def main() -> None:
         "--embedding", action="store_true", help="serve embeddings (llama-server --embedding)"
     )
     ap.add_argument("--chat-template-file", help="a Jinja chat template (llama-server --jinja)")
+    ap.add_argument("--mmproj", help="a vision projector GGUF (llama-server --mmproj)")
     a = ap.parse_args()
-    _serve(a.gguf, a.threads, a.parallel, a.ctx, a.embedding, a.chat_template_file)
+    _serve(a.gguf, a.threads, a.parallel, a.ctx, a.embedding, a.chat_template_file, a.mmproj)
 
 
 if __name__ == "__main__":

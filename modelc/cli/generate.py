@@ -14,13 +14,18 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from modelc.cli.args import add_options, engine_options, sampling_given
 from modelc.cli.common import standalone
 from modelc.errors import ModelcError, TokenizerError, UsageError
+
+if TYPE_CHECKING:
+    from modelc.engine import LLMEngine
+    from modelc.runtime.model import ImageSpan
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -37,10 +42,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "it does not generate text (use a llama or gpt2 model)"
         )
     pf = eng.prompt
+    images: tuple[ImageSpan, ...] = ()
+    if args.image and not args.chat:
+        raise UsageError("--image goes through the chat template: add --chat")
     if args.chat:
-        msgs = [{"role": "system", "content": args.system}] if args.system else []
-        msgs.append({"role": "user", "content": args.prompt})
-        ids = pf.chat(msgs).ids
+        ids, images = _chat(eng, args)
     else:
         ids = pf.encode(args.prompt)
     params = pf.defaults.params(
@@ -56,7 +62,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             await nursery.start(eng.run)
             try:
-                async with eng.submit(GenerationRequest("generate", ids, params)) as handle:
+                req = GenerationRequest("generate", ids, params, images=images)
+                async with eng.submit(req) as handle:
                     async for ev in handle:
                         if ev.text:
                             out.write(ev.text.encode("utf-8", "surrogatepass"))
@@ -83,6 +90,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"({tps:.1f} tok/s), finish: {f.reason.value}\n"
     )
     return 0
+
+
+def _chat(eng: LLMEngine, args: argparse.Namespace) -> tuple[list[int], tuple[ImageSpan, ...]]:
+    """PROMPT as a user message after the --image images (each one's embeddings placed
+    at its marker, as the server does); the ids and the images' spans."""
+    from modelc.vision import no_vision
+
+    pf = eng.prompt
+    assert pf is not None
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": args.system}] if args.system else []
+    parts = [{"type": "image", "data": _read(p)} for p in args.image]
+    text = [{"type": "text", "text": args.prompt}]
+    msgs.append({"role": "user", "content": [*parts, *text] if parts else args.prompt})
+    chat = pf.chat(msgs)
+    if not chat.images:
+        return chat.ids, ()
+    if eng.vision is None:
+        raise no_vision(str(args.model))
+    vision = eng.vision
+    embeds = [vision.embed(d, f"--image {p}") for d, p in zip(chat.images, args.image, strict=True)]
+
+    def encode(t: str) -> list[int]:
+        return pf.tokenizer.encode(t, add_special=False, parse_special=True)
+
+    placed = vision.place(chat.ids, chat.media, embeds, encode)
+    return placed.ids, placed.images
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise UsageError(f"--image {path}: {e.strerror or e}") from e
 
 
 def register(subparsers: Any) -> None:

@@ -210,6 +210,7 @@ OPTIONS: list[Opt] = [
     _opt("--max-tokens", "run", "a request without max_tokens stops at the end of its turn or after N tokens (default 4096, or [sampling] max_tokens in config.toml)", type=int, metavar="N", engine="max_tokens"),
     # ---- one prompt or one conversation (generate, chat)
     _opt("--chat", "generate", "send PROMPT as a user message through the chat template", action="store_true"),
+    _opt("--image", "generate", "an image (PNG, JPEG, WebP, GIF) before PROMPT in the user message (repeatable; needs --chat and --mmproj, as llama-mtmd-cli's --image)", action="append", default=[], metavar="PATH"),
     _opt("--system", SAMPLE, "a system message (generate: with --chat)", metavar="TEXT"),
     _opt("--max-tokens", SAMPLE, "stop each answer after N tokens (default: at the end of the turn, at most the server's cap)", type=int, metavar="N"),
     _opt("--temperature", SAMPLE, "0 = greedy (default: the model's, else 0.8 as llama-server)", type=float, metavar="T", sampling="temperature"),
@@ -232,6 +233,7 @@ OPTIONS: list[Opt] = [
     _opt("--spec-min-prompt", ENGINE, "auto: prompts shorter than N tokens never draft (default 128)", type=int, metavar="N", engine="spec_min_prompt"),
     _opt("--stream-interval", "run", "tokens a streamed response gets at a time (as vLLM's and SGLang's --stream-interval): 0 = auto (default): every token while fewer than 4 requests decode, every second token when more do, so a busy server spends its cores on the model rather than on writing frames; the first token always goes at once", type=int, metavar="N", engine="stream_interval"),
     _opt("--chat-template-file", ENGINE, "a Jinja chat template that replaces the model's (as llama-server's --chat-template-file); the output format (thinking trace, tool calls) is read from it", metavar="PATH", engine="chat_template_file"),
+    _opt("--mmproj", ENGINE, "the model's vision projector (an mmproj-*.gguf, as llama-server's --mmproj): images in on the chat routes (Gemma 3 so far; runs on the CPU)", metavar="FILE", engine="mmproj"),
     _opt("--device", f"{ENGINE} bench", "where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto (cuda when CuPy sees a GPU and the architecture runs there; default); webgpu (WGSL shaders through wgpu on a Metal/Vulkan/D3D12 adapter) or metal (the same, on a Metal adapter only)", choices=DEVICES, engine="device"),
     _opt("-ngl --n-gpu-layers", ENGINE, "layers on the GPU with --device cuda (or auto), the rest on the CPU kernels, as llama.cpp's -ngl: a number, all, or auto (default): as many as fit the GPU's free memory beside their KV cache, so a model larger than the GPU still runs; without a GPU auto runs every layer on the CPU", type=_gpu_layers, metavar="N|auto|all", engine="n_gpu_layers"),
     _opt("--grace", "run containerize", "seconds running streams get to finish on SIGINT/SIGTERM (30)", type=float, default=30.0, metavar="S"),

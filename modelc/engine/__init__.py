@@ -21,6 +21,7 @@ from modelc.formats.ir import ModelIR
 from modelc.runtime.backend import Backend
 from modelc.runtime.backends.factory import get_backend
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
+from modelc.vision import VisionModel
 
 __all__ = ["EngineOptions", "LLMEngine", "build_engine", "build_runtime"]
 
@@ -71,7 +72,8 @@ def build_runtime(
     host backend that goes with it (the engine's and the bench's one way to place a model)."""
     from modelc.runtime.arch import build
 
-    gpu = _cuda_runtime(ir, opt) if backend is None else None
+    on_cpu = backend is not None or (opt.mmproj is not None and opt.device == "auto")  # images
+    gpu = None if on_cpu else _cuda_runtime(ir, opt)
     if backend is None and opt.device in ("webgpu", "metal"):  # WGSL shaders through wgpu
         backend = get_backend(opt.device)
     backend = backend or get_backend(threads=opt.threads)
@@ -132,4 +134,24 @@ def build_engine(
     if isinstance(runtime, LanguageModel) and MLPDraftWeights.has(ir):
         mlp = MLPDraftWeights.from_ir(ir, backend)
     name = model_name or (Path(str(ir.source.path)).stem if ir.source.path else ir.architecture)
-    return LLMEngine(runtime, prompt, opt, model_name=name, mlp_draft=mlp)
+    vision = _vision(opt.mmproj, runtime) if opt.mmproj else None
+    return LLMEngine(runtime, prompt, opt, model_name=name, mlp_draft=mlp, vision=vision)
+
+
+def _vision(path: str, runtime: Any) -> VisionModel:
+    """The projector of ``--mmproj`` for ``runtime``: its width must be the model's, and the
+    model the one decoder (image embeddings go in where its token embeddings would)."""
+    from modelc.runtime.arch.decoder import Decoder
+
+    vision = VisionModel(path)
+    if not isinstance(runtime, Decoder):
+        raise UnsupportedError(
+            f"images run on the CPU decoder only; {type(runtime).__name__} takes none "
+            "(start it with --device cpu)"
+        )
+    if vision.cfg.n_embd != runtime.d:
+        raise UsageError(
+            f"{path}: the projector makes {vision.cfg.n_embd}-wide embeddings but the model "
+            f"is {runtime.d} wide; give the mmproj file made with this model"
+        )
+    return vision

@@ -25,8 +25,10 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
+from modelc.runtime.model import ImageSpan
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
+from modelc.vision import VisionModel
 
 
 class ConstraintKind(enum.StrEnum):
@@ -56,6 +58,8 @@ class GenerationRequest:
     # then computed in full (no prefix-cache reuse) and without speculation
     prompt_logprobs: int | None = None
     progress: bool = False  # a ProgressEvent after each step of prompt processing
+    # images' embeddings at their prompt positions (engine.vision.place makes both)
+    images: tuple[ImageSpan, ...] = ()
 
 
 class FinishReason(enum.StrEnum):
@@ -158,6 +162,7 @@ class Engine(Protocol):
     model_name: str
     architecture: str
     prompt: PromptFormat | None  # None: a model without a tokenizer
+    vision: VisionModel | None  # the images' tower (--mmproj); None: it takes no images
 
     def submit(self, req: GenerationRequest) -> RequestHandle: ...
 

@@ -69,6 +69,7 @@ class EngineOptions:
     stall_timeout: float = 30.0  # ... and a request paused this long is cancelled
     # a Jinja chat template that replaces the model's (--chat-template-file, as llama-server's)
     chat_template_file: str | None = None
+    mmproj: str | None = None  # the vision projector GGUF (--mmproj, as llama-server's)
     # the server's sampling defaults (config.toml [sampling]); the model's own come first
     sampling: dict[str, Any] = field(default_factory=dict)
 

@@ -55,6 +55,7 @@ class SeqState:
     paused: bool = False  # not scheduled (its reader fell behind); keeps its KV cache
     kv_reserved: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    whole: tuple[tuple[int, int], ...] = ()  # prompt spans a chunk never splits (images)
 
     @property
     def prefilling(self) -> bool:
@@ -154,8 +155,16 @@ class Policy:
     def _need(self, prompt_len: int, max_new: int) -> int:
         return self.kv_cost(min(prompt_len + max_new, self.max_context))
 
-    def add(self, request_id: str, prompt_len: int, max_new: int, num_cached: int = 0) -> None:
-        """Queue a request; CapacityError if the queue is full, UsageError if it can never run."""
+    def add(
+        self,
+        request_id: str,
+        prompt_len: int,
+        max_new: int,
+        num_cached: int = 0,
+        whole: tuple[tuple[int, int], ...] = (),
+    ) -> None:
+        """Queue a request; CapacityError if the queue is full, UsageError if it can never
+        run.  ``whole``: prompt spans (start, end) a prefill chunk takes whole or not at all."""
         if request_id in self:
             raise UsageError(f"request id {request_id!r} is already in use")
         if prompt_len < 1:
@@ -188,6 +197,7 @@ class Policy:
             self._arrivals,
             num_cached=min(num_cached, prompt_len - 1),
             num_tokens=prompt_len,
+            whole=whole,
         )
         self._arrivals += 1
         self.waiting[request_id] = st
@@ -254,7 +264,11 @@ class Policy:
         rest = st.num_tokens - st.num_computed
         if self.prefill_chunk == 0:
             return rest
-        return max(1, min(rest, self.prefill_chunk, budget))
+        n = max(1, min(rest, self.prefill_chunk, budget))
+        for a, b in st.whole:  # a chunk ending inside the span stops before it, or takes it
+            if a < st.num_computed + n < b:
+                n = a - st.num_computed if a > st.num_computed else b - st.num_computed
+        return n
 
     def _chunk(self, st: SeqState, n: int, *, admitted: bool) -> ScheduledSeq:
         done = st.num_computed + n == st.num_tokens

@@ -37,7 +37,7 @@ from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, ve
 from modelc.errors import ModelcError, UsageError
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.lora import AppliedLora, LoraAdapter, apply_adapter, remove_adapter
-from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
+from modelc.runtime.model import EmbeddingModel, ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler, token_logprobs
 
 if TYPE_CHECKING:  # the API's module holds the handles' trio channels
@@ -78,6 +78,18 @@ def kv_cost_fn(
     return cost
 
 
+def prefix_key(tokens: list[int], images: tuple[ImageSpan, ...]) -> list[int]:
+    """``tokens`` (from position 0) as the prefix cache compares them: each image's
+    positions hold its key (a hash of its embeddings), so only the same image matches."""
+    if not images:
+        return tokens
+    out = list(tokens)
+    for im in images:
+        n = min(len(im.embeds), max(0, len(out) - im.start))
+        out[im.start : im.start + n] = [im.key] * n  # hashed on each call: a few ms at most
+    return out
+
+
 @dataclass(eq=False)
 class SeqRun:
     """The runner's state of one sequence."""
@@ -101,6 +113,14 @@ class SeqRun:
     spec_accepted: int = 0
     # the prompt's log-probabilities as prefill computes them (prompt_logprobs requests)
     prompt_lp: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
+    # image embeddings at their prompt positions (the prefix cache keys them by their
+    # hash, not their placeholder ids); such a sequence never shifts its context
+    images: tuple[ImageSpan, ...] = ()
+
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        """The positions that one prefill chunk must take whole (bidirectional images)."""
+        return tuple((im.start, im.end) for im in self.images if im.bidirectional)
 
     @property
     def n_computed(self) -> int:
@@ -168,11 +188,16 @@ class ModelRunner:
         constraint: ConstraintState | None = None,
         prompt_logprobs: int | None = None,
         speculative: bool = True,
+        images: tuple[ImageSpan, ...] = (),
     ) -> SeqRun:
         """A sequence's state with its prefix-cache match (its blocks held: :meth:`add` it,
-        or :meth:`drop` it); ``speculative``: the request allows drafting."""
+        or :meth:`drop` it); ``speculative``: the request allows drafting; ``images``: its
+        image spans (within the prompt)."""
+        if any(im.start < 0 or im.end > len(prompt) for im in images):
+            raise UsageError("an image lies outside the prompt", param="messages")
         # prompt log-probabilities need every prompt row computed: no cached prefix
-        blocks = self.prefix.match(prompt) if prompt_logprobs is None else []
+        key = prefix_key(prompt, images)
+        blocks = self.prefix.match(key) if prompt_logprobs is None else []
         cached = min(len(blocks) * self.prefix.block_tokens, len(prompt) - 1)
         opt = self.opt
         use_spec = (
@@ -200,6 +225,7 @@ class ModelRunner:
             spec=spec if use_spec else None,
             prefix_blocks=blocks,
             cached_tokens=cached,
+            images=images,
         )
 
     def add(self, seq_id: str, seq: SeqRun) -> None:
@@ -211,7 +237,7 @@ class ModelRunner:
         prefix cache, unless a context shift made its KV differ from a fresh run's."""
         if seq.cache is not None:
             if keep and not seq.shifted:
-                self.prefix.insert(seq.tokens, seq.cache)
+                self.prefix.insert(prefix_key(seq.tokens, seq.images), seq.cache)
             seq.cache.free()
             seq.cache = None
         self.prefix.release(seq.prefix_blocks)
@@ -230,6 +256,8 @@ class ModelRunner:
         seq = self.seqs[seq_id]
         cache = seq.cache
         assert cache is not None
+        if seq.images:  # the images' positions would move
+            return 0
         keep = min(anchor, cache.n - 1)
         # a windowed layer must still hold what its window reaches after the shift
         discard = min(max(1, (cache.n - keep) // 2), cache.max_discard(keep))
@@ -302,7 +330,7 @@ class ModelRunner:
             rows = tuple(range(len(feed) - s.n_draft - 1, len(feed))) if s.sample else ()
             if seq.prompt_logprobs is not None and s.start < seq.prompt_len:
                 rows = tuple(range(len(feed)))  # every prompt row's next-token logits
-            batch.append(SeqChunk(seq.cache, feed, rows))
+            batch.append(SeqChunk(seq.cache, feed, rows, seq.images))
             seqs.append(seq)
         logits = self.lm.forward(batch)  # (sum of rows, n_vocab)
         out: StepOutput = []
@@ -310,7 +338,8 @@ class ModelRunner:
         for s, seq, chunk in zip(plan.seqs, seqs, batch, strict=True):
             assert seq.cache is not None
             if not seq.prefix_inserted and seq.cache.n >= seq.prompt_len:
-                self.prefix.insert(seq.tokens[: seq.prompt_len], seq.cache)
+                key = prefix_key(seq.tokens[: seq.prompt_len], seq.images)
+                self.prefix.insert(key, seq.cache)
                 seq.prefix_inserted = True
             mine = logits[row : row + len(chunk.rows())]
             row += len(chunk.rows())

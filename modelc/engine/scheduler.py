@@ -4,9 +4,8 @@
 of the same Trio run) validates the request, compiles its constraint, looks up the
 prefix cache and queues it in the :class:`~modelc.engine.policy.Policy`, or raises
 at once (CapacityError: queue full; UsageError: bad prompt, constraint or
-settings).  It returns a handle whose events arrive through a bounded memory
-channel (bounded by the request's own ``max_tokens + 1`` events, so delivering
-never blocks the loop on a slow reader).
+settings).  Its events arrive through a channel bounded by the request's own
+``max_tokens + 1`` events: delivering never blocks the loop on a slow reader.
 
 Each loop iteration:
 
@@ -26,8 +25,9 @@ completed grammar allows) ends the request without a TokenEvent of its own; it i
 counted in ``completion_tokens``.  Text held back for a possible stop string is
 released in the FinishEvent.
 
-A request cancelled while a step runs leaves right after it: its tokens from that
-step are dropped.  Nothing else is stopped by it.
+A request cancelled while a step runs leaves right after it (its tokens from that step
+dropped); nothing else is stopped by it.  A request's images (``req.images``: spans of
+embeddings, :mod:`modelc.vision`) ride with its sequence to the model.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from modelc.runtime.lora import load_adapter, scale_adapter
 from modelc.runtime.model import EmbeddingModel, LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import Sample, Sampler
+from modelc.vision import VisionModel
 
 
 @dataclass(eq=False)
@@ -100,9 +101,11 @@ class LLMEngine:
         *,
         model_name: str = "model",
         mlp_draft: MLPDraftWeights | None = None,
+        vision: VisionModel | None = None,
     ) -> None:
         options.validate()
         self.model = model
+        self.vision = vision  # the images' tower (--mmproj); None: takes no images
         self.prompt = prompt  # tokenizer, chat template, end-of-generation ids, defaults
         self.tok = prompt.tokenizer if prompt is not None else None
         self.opt = options
@@ -195,7 +198,7 @@ class LLMEngine:
             raise UsageError(f"request id {req.request_id!r} is already in use")
         n_prompt = len(prompt)
         if n_prompt >= self.max_context:
-            if not self.opt.context_shift:
+            if not self.opt.context_shift or req.images:
                 raise UsageError(
                     f"the prompt has {n_prompt} tokens but the context holds {self.max_context}; "
                     "shorten it or turn context shifting on",
@@ -223,9 +226,10 @@ class LLMEngine:
             constraint=constraint,
             prompt_logprobs=req.prompt_logprobs,
             speculative=req.speculative,
+            images=req.images,
         )
         try:
-            self.policy.add(req.request_id, len(prompt), max_new, seq.cached_tokens)
+            self.policy.add(req.request_id, len(prompt), max_new, seq.cached_tokens, seq.spans)
         except ModelcError:
             runner.drop(seq)
             raise
@@ -257,8 +261,7 @@ class LLMEngine:
         return self._lltok
 
     def _max_new(self, requested: int | None, n_prompt: int) -> int:
-        """Tokens a request may generate: its max_tokens, else the default cap, within the
-        context (unless the context shifts)."""
+        """Tokens it may generate: max_tokens or the cap, within the context unless it shifts."""
         cap = self.prompt.defaults.max_tokens if self.prompt is not None else self.opt.max_tokens
         n = cap if requested is None else requested
         if n < 0:

@@ -36,7 +36,7 @@ from modelc.formats.ir import (
     row_bytes,
 )
 
-__all__ = ["load_gguf"]
+__all__ = ["load_gguf", "read_gguf"]
 
 SUPPORTED_ARCHS = tuple(n for f in FAMILIES.values() for n in f.gguf_names)
 
@@ -179,6 +179,15 @@ def _split_parts(p: Path, meta: dict[str, Any]) -> list[Path]:
     if missing := [q.name for q in parts if not q.exists()]:
         raise FormatError(f"split GGUF parts missing beside it: {', '.join(missing)}", path=p)
     return parts
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """A single GGUF's metadata and tensors (memory-mapped), for a file that is no model
+    of a family (a vision projector, ``mmproj``)."""
+    p = Path(path)
+    reader = _open(p)
+    meta = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    return meta, {t.name: _tensor(t, p) for t in reader.tensors}
 
 
 def load_gguf(path: str | Path) -> ModelIR:

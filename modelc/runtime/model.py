@@ -13,6 +13,7 @@ ONNX plan) maps input arrays to output arrays.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -29,21 +30,66 @@ from modelc.runtime.seq_state import SeqState, StateShapes
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
 
+@dataclass(frozen=True, slots=True)
+class ImageSpan:
+    """An image's embeddings in a sequence: positions ``start .. start + len(embeds) - 1``
+    take these rows instead of their tokens' embeddings (llama.cpp's ``batch.embd``);
+    ``bidirectional``: the span's positions attend to each other both ways (Gemma 3's
+    image tokens; llama.cpp decodes them with causal attention off)."""
+
+    start: int
+    embeds: F32Array  # (n, d)
+    bidirectional: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.embeds)
+
+    @property
+    def key(self) -> int:
+        """A negative number naming the embeddings (a hash of them): the prefix cache
+        compares it in place of the positions' token ids."""
+        raw = np.ascontiguousarray(self.embeds).tobytes()
+        return -1 - (int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1)
+
+
 @dataclass(slots=True)
 class SeqChunk:
     """One sequence's tokens for this step.
 
     ``logit_rows``: indices into ``tokens`` whose next-token logits are returned;
     ``None`` means the last token only (the usual case), ``()`` none (a prefill
-    chunk that is not the prompt's last).
+    chunk that is not the prompt's last).  ``images``: the sequence's image spans
+    (absolute positions; those this chunk reaches replace its rows' embeddings; a
+    bidirectional span is never split between chunks).
     """
 
     cache: KVCache
     tokens: Sequence[int] | IntArray
     logit_rows: tuple[int, ...] | None = None
+    images: Sequence[ImageSpan] = ()
 
     def rows(self) -> tuple[int, ...]:
         return (len(self.tokens) - 1,) if self.logit_rows is None else self.logit_rows
+
+    def spans(self) -> list[tuple[ImageSpan, int, int]]:
+        """The image spans this chunk reaches: (span, first row, end row) in chunk rows."""
+        p0, n = self.cache.n, len(self.tokens)
+        out = []
+        for im in self.images:
+            a, b = max(im.start, p0), min(im.end, p0 + n)
+            if a < b:
+                out.append((im, a - p0, b - p0))
+        return out
+
+
+def place_images(batch: Sequence[SeqChunk], slices: Sequence[slice], x: F32Array) -> None:
+    """Overwrite the rows of ``x`` (n, d) at image positions with the images' embeddings
+    (after any embedding scale: llama.cpp scales token embeddings only)."""
+    for c, sl in zip(batch, slices, strict=True):
+        for im, a, b in c.spans():
+            off = c.cache.n + a - im.start
+            x[sl.start + a : sl.start + b] = im.embeds[off : off + b - a]
 
 
 @runtime_checkable
@@ -287,6 +333,7 @@ def attend(
             window=window,
             softcap=softcap,
         )
+        _attend_images(batch, slices, layer, q, scale, out, window, softcap)
         return
     ks, vs, p0s = [], [], []
     for c, sl in zip(batch, slices, strict=True):
@@ -299,6 +346,47 @@ def attend(
     qs = [np.ascontiguousarray(q[sl]) for sl in slices]  # each (n, n_head, hd)
     outs = [out[sl] for sl in slices]  # written in place
     be.attention_batch(qs, ks, vs, p0s, scale, outs=outs, window=window, softcap=softcap)
+    _attend_images(batch, slices, layer, q, scale, out, window, softcap)
+
+
+def _attend_images(
+    batch: Sequence[SeqChunk],
+    slices: list[slice],
+    layer: int,
+    q: F32Array,
+    scale: float,
+    out: F32Array,
+    window: int,
+    softcap: float,
+) -> None:
+    """Recompute the rows of bidirectional image spans (their K/V already in the cache):
+    a query of the span sees every earlier position and the whole span (within the
+    window: keys after ``p - window``, as transformers' ``sliding_window_overlay``)."""
+    for c, sl in zip(batch, slices, strict=True):
+        for im, a, b in c.spans():
+            if not im.bidirectional:
+                continue
+            p0 = c.cache.n
+            end = p0 + b  # the span's end in this chunk (never split: b - a is the span)
+            kk, vv = c.cache.read(layer, end)  # (rows, n_head_kv, hd) from base
+            base = end - len(kk)
+            kk, vv = np.asarray(kk, np.float32), np.asarray(vv, np.float32)
+            qs = q[sl.start + a : sl.start + b]  # (m, n_head, hd)
+            m, nh, hd = qs.shape
+            g = nh // kk.shape[1]
+            qg = qs.reshape(m, kk.shape[1], g, hd)
+            s = np.einsum("mkgd,rkd->kgmr", qg, kk) * np.float32(scale)  # (kv, g, m, rows)
+            if softcap:
+                s = np.float32(softcap) * np.tanh(s / np.float32(softcap))
+            if window:
+                pos = p0 + np.arange(a, b)[:, None]  # (m, 1)
+                key = base + np.arange(len(kk))[None, :]  # (1, rows)
+                s = np.where(key > pos - window, s, np.float32(-np.inf))
+            s -= s.max(axis=-1, keepdims=True)
+            e = np.exp(s)
+            e /= e.sum(axis=-1, keepdims=True)
+            o = np.einsum("kgmr,rkd->mkgd", e, vv)  # (m, kv, g, hd)
+            out[sl.start + a : sl.start + b] = o.reshape(m, nh, hd)
 
 
 def end_step(batch: Sequence[SeqChunk], slices: list[slice]) -> IntArray:

@@ -37,6 +37,7 @@ from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.chat_template import render_chat
 from modelc.runtime.gemma4_turns import gemma4_tool_turns
 from modelc.runtime.prompt_guard import ControlGuard, strings
+from modelc.runtime.prompt_media import encode_around, images_of, part_text
 from modelc.runtime.sampling_defaults import (
     DEFAULT_MAX_TOKENS,
     LLAMA_SERVER_DEFAULTS,
@@ -60,10 +61,13 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A rendered conversation: the template's text and the ids the model is fed."""
+    """A rendered conversation: the template's text and the ids the model is fed; with
+    images, each one's bytes and the index of the id it goes before (``modelc.vision``)."""
 
     text: str
     ids: list[int]
+    media: tuple[int, ...] = ()
+    images: tuple[bytes, ...] = ()
 
 
 # fill-in-the-middle control tokens (prefix, suffix, middle) of the families that have them
@@ -251,8 +255,8 @@ class PromptFormat:
         """
         given = [self._message(i, m) for i, m in enumerate(messages)]
         if self.messages:  # the model's opening turns, after the request's system messages
-            at = next((k for k, m in enumerate(given) if m["role"] != "system"), len(given))
-            given[at:at] = [self._message(i, m) for i, m in enumerate(self.messages)]
+            k0 = next((k for k, m in enumerate(given) if m["role"] != "system"), len(given))
+            given[k0:k0] = [self._message(i, m) for i, m in enumerate(self.messages)]
         msgs = gemma4_tool_turns(self.template, given)
         if self.system and not any(m["role"] == "system" for m in msgs):
             msgs.insert(0, {"role": "system", "content": self.system})
@@ -295,12 +299,18 @@ class PromptFormat:
         add_bos = self.tokenizer.adds_bos
         if add_bos and self.bos_text and text.startswith(self.bos_text):
             text = text[len(self.bos_text) :]  # the tokenizer adds it: never twice
-        ids = self.tokenizer.encode(
-            text, add_special=False, parse_special=True, literals=guard.originals
+        images = images_of(messages)
+        ids, at = encode_around(
+            lambda t: self.tokenizer.encode(
+                t, add_special=False, parse_special=True, literals=guard.originals
+            ),
+            text,
+            len(images),
         )
         if add_bos and self.tokenizer.bos_id is not None:
             ids.insert(0, self.tokenizer.bos_id)
-        return ChatPrompt(guard.restore(text), ids)
+            at = tuple(a + 1 for a in at)
+        return ChatPrompt(guard.restore(text), ids, at, images)
 
     def render(
         self,
@@ -331,18 +341,8 @@ class PromptFormat:
         role = m["role"]
         d: dict[str, Any] = {"role": "system" if role == "developer" else role}
         content = m.get("content")
-        if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, Mapping) or part.get("type") != "text":
-                    kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                    raise UsageError(
-                        f"messages[{i}].content[{j}] is of type {kind!r}; only text parts are "
-                        "supported",
-                        param=f"messages[{i}].content[{j}].type",
-                    )
-                parts.append(str(part.get("text") or ""))
-            content = "\n".join(parts)
+        if isinstance(content, list):  # text parts, images as markers
+            content = part_text(i, content)
         d["content"] = content if isinstance(content, str) else ""
         for key in ("name", "tool_call_id", "reasoning_content"):
             if m.get(key):

@@ -32,6 +32,8 @@ class ChatPrompt:
     ids: list[int]  # the prompt's token ids
     tools: list[Tool] | None  # the tools offered to the model (None: none)
     forced: tooling.ForcedCall | None  # a call forced by tool_choice (None: free text)
+    media: tuple[int, ...] = ()  # per image, the index of the id it goes before
+    images: tuple[bytes, ...] = ()  # the images' encoded bytes (server.images places them)
 
 
 def chat_prompt(
@@ -60,7 +62,7 @@ def chat_prompt(
             prompt=prompt.text,
             special=fmt.tokenizer.control_id,
         )
-    return ChatPrompt(prompt.text, prompt.ids, offered, forced)
+    return ChatPrompt(prompt.text, prompt.ids, offered, forced, prompt.media, prompt.images)
 
 
 def answer(

@@ -37,13 +37,16 @@ from modelc.engine.api import (
     TokenEvent,
 )
 from modelc.errors import ModelcError, UsageError
+from modelc.runtime.model import ImageSpan
 from modelc.runtime.prompt import ChatPrompt
 from modelc.runtime.sampling import SamplingParams
 from modelc.server.context import ctx, json_response, record, stream_response
 from modelc.server.errors import ParamError
+from modelc.server.images import image_parts
 from modelc.server.metrics import Metrics
 from modelc.server.schemas import Sampling
 from modelc.server.state import ModelInfo
+from modelc.vision import ImageError
 
 FINISH = {
     FinishReason.STOP: "stop",
@@ -86,7 +89,7 @@ def template_prompt(
     """The engine's prompt (text and ids) for a conversation (messages as Structs or
     dicts); ``template_kwargs``: extra template variables (``enable_thinking``...)."""
     return info.fmt().chat(
-        plain(list(messages)),
+        image_parts(plain(list(messages))),
         tools=plain(list(tools)) if tools else None,
         add_generation_prompt=add_generation_prompt,
         template_kwargs=template_kwargs,
@@ -100,8 +103,16 @@ def chat_ids(
     *,
     add_generation_prompt: bool = True,
 ) -> list[int]:
-    """The engine's prompt ids for a conversation (messages as Structs or dicts)."""
-    return template_prompt(info, messages, tools, add_generation_prompt=add_generation_prompt).ids
+    """The engine's prompt ids for a conversation (messages as Structs or dicts) on a route
+    that takes no images (they would be dropped): an image is a 400 naming the ones that do."""
+    prompt = template_prompt(info, messages, tools, add_generation_prompt=add_generation_prompt)
+    if prompt.images:
+        raise ImageError(
+            "this route takes no images; send them to /v1/chat/completions, /v1/responses, "
+            "/v1/messages or /api/chat",
+            param="messages",
+        )
+    return prompt.ids
 
 
 def text_ids(info: ModelInfo, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
@@ -237,6 +248,7 @@ def make_requests(
     prompt_logprobs: int | None = None,
     progress: bool = False,
     speculative: bool | None = None,
+    images: tuple[ImageSpan, ...] = (),
 ) -> list[GenerationRequest]:
     """``n`` requests for one prompt (seeds ``seed``, ``seed + 1`` ... when seeded)."""
     return [
@@ -255,6 +267,7 @@ def make_requests(
             prompt_logprobs=prompt_logprobs,
             progress=progress,
             speculative=speculative is not False,
+            images=images,
         )
         for i in range(n)
     ]

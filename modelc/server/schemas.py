@@ -190,9 +190,15 @@ class Sampling(Req):
         }
 
 
+class ImageURL(Req):
+    url: Annotated[str, Meta(max_length=8 << 20)]  # a data: URL (the body's limit)
+    detail: ShortText | None = None  # accepted, ignored (one size per model)
+
+
 class ContentPart(Req):
-    type: Literal["text"]  # images are not supported yet
+    type: Literal["text", "image_url"]  # images: with a vision part (--mmproj)
     text: Text | None = None
+    image_url: ImageURL | None = None
 
 
 class FunctionCall(Req):

@@ -10,6 +10,7 @@ to finish; then the engine is cancelled and the process exits 0.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import math
 import signal
@@ -96,9 +97,15 @@ def registry(opts: ServeOptions) -> ModelRegistry:
         for m in opts.models
     ]
     store = Store(opts.store_dir) if opts.store_dir is not None else None
-    return ModelRegistry(
-        slots, opts.engine, opts.engine_factory or make_engine, store, _say, opts.limits
-    )
+    make = opts.engine_factory or make_engine
+    first = opts.models[0].name if opts.models else None
+
+    def factory(path: Path, name: str, options: EngineOptions) -> Engine:
+        if options.mmproj is not None and name != first:  # the first model's projector
+            options = dataclasses.replace(options, mmproj=None)
+        return make(path, name, options)
+
+    return ModelRegistry(slots, opts.engine, factory, store, _say, opts.limits)
 
 
 class _InFlight:

@@ -18,6 +18,7 @@ from modelc.engine.api import EngineStats, GenerationRequest, RequestHandle
 from modelc.errors import UsageError
 from modelc.runtime.model import TensorModel
 from modelc.runtime.prompt import PromptFormat
+from modelc.vision import VisionModel
 
 
 class TensorEngine:
@@ -26,6 +27,7 @@ class TensorEngine:
         self.model_name = model_name
         self.architecture = model.architecture
         self.prompt: PromptFormat | None = None  # no text in or out
+        self.vision: VisionModel | None = None  # no images either
         self._lock = trio.Lock()
         self._stats = EngineStats()
 

@@ -66,15 +66,11 @@ from modelc.runtime.model import (
     check_heads,
     check_rows,
     end_step,
+    place_images,
 )
 
-__all__ = [
-    "FEATURES",
-    "Decoder",
-    "DecoderBlock",
-    "DecoderSpec",
-    "refuse_unsupported",
-]  # the spec's names are re-exported: every backend imports them from here
+# the spec's names are re-exported: every backend imports them from here
+__all__ = ["FEATURES", "Decoder", "DecoderBlock", "DecoderSpec", "refuse_unsupported"]
 
 
 class Decoder(CausalLM):
@@ -320,6 +316,7 @@ class Decoder(CausalLM):
             x = be.get_rows(self.tok_embd, ids, out=x)
             if self.embd_scale is not None:
                 x *= self.embd_scale
+            place_images(batch, slices, x)  # image embeddings in place of their tokens'
         g4 = self.g4
         per_layer = g4.inputs(be, ids, x) if g4 is not None else None  # (n, layers, p)
         h = self.scratch.get("h", (n, self.d))  # (n, d)

@@ -21,6 +21,7 @@ from modelc.server.anthropic.schemas import (
     AnthropicToolChoice,
     CountTokensRequest,
     CountTokensResponse,
+    ImageBlock,
     MessageParam,
     MessagesRequest,
     System,
@@ -35,6 +36,7 @@ from modelc.server.anthropic.schemas import (
 from modelc.server.context import body, ctx, json_response, use_model
 from modelc.server.conversation import ChatPrompt, answer, chat_prompt, reasoning_budget
 from modelc.server.generation import make_requests, new_id, respond, sampling, submit_all
+from modelc.server.images import place_images
 from modelc.server.schemas import (
     FunctionDef,
     NamedFunction,
@@ -63,11 +65,17 @@ def chat_messages(system: System | None, messages: list[MessageParam]) -> list[d
             out.append({"role": m.role, "content": m.content})
             continue
         texts: list[str] = []
+        parts: list[dict[str, Any]] = []  # text and images in order, when there are images
         calls: list[dict[str, Any]] = []
         thinking: list[str] = []
         for b in m.content:
             if isinstance(b, TextBlock):
                 texts.append(b.text)
+                parts.append({"type": "text", "text": b.text})
+            elif isinstance(b, ImageBlock):  # as an OpenAI image_url part (server.images)
+                src = b.source
+                url = src.url or f"data:{src.media_type or 'image/png'};base64,{src.data or ''}"
+                parts.append({"type": "image_url", "image_url": {"url": url}})
             elif isinstance(b, ThinkingBlock):
                 thinking.append(b.thinking)
             elif isinstance(b, ToolUseBlock):
@@ -83,8 +91,10 @@ def chat_messages(system: System | None, messages: list[MessageParam]) -> list[d
                 out.append(
                     {"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)}
                 )
-        if texts or calls or thinking:
-            msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts) if texts else None}
+        images = len(parts) > len(texts)
+        if texts or calls or thinking or images:
+            content = parts if images else ("\n".join(texts) if texts else None)
+            msg: dict[str, Any] = {"role": m.role, "content": content}
             if calls:
                 msg["tool_calls"] = calls
             if thinking:  # back into the template, as llama.cpp passes reasoning_content
@@ -148,14 +158,17 @@ async def messages() -> Response:
     budget = (req.thinking or {}).get("budget_tokens")  # {"type": "enabled", "budget_tokens": N}
     tokens = budget if isinstance(budget, int) and not isinstance(budget, bool) else None
     params.reasoning_budget = reasoning_budget(info, reader, ctx().state, tokens)
-    reqs = make_requests(mid, prompt.ids, params, 1, constraint)
+    ids, images = await place_images(info, engine, prompt.ids, prompt.media, prompt.images)
+    reqs = make_requests(mid, ids, params, 1, constraint, images=images)
     handles = submit_all(engine, reqs, prompt_param="messages")
-    r = MessagesRenderer(mid, info.model_id, len(prompt.ids), reader=reader, stops=stops)
-    return await respond(handles, r, stream=req.stream, n_prompt=len(prompt.ids))
+    r = MessagesRenderer(mid, info.model_id, len(ids), reader=reader, stops=stops)
+    return await respond(handles, r, stream=req.stream, n_prompt=len(ids))
 
 
 @bp.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
     req = await body(CountTokensRequest)
-    info, _ = await use_model(req.model, "text")
-    return json_response(CountTokensResponse(input_tokens=len(_prompt(info, req).ids)))
+    info, engine = await use_model(req.model, "text")
+    prompt = _prompt(info, req)
+    ids, _ = await place_images(info, engine, prompt.ids, prompt.media, prompt.images)
+    return json_response(CountTokensResponse(input_tokens=len(ids)))

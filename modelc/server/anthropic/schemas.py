@@ -1,7 +1,8 @@
 """Anthropic Messages' bodies: ``/v1/messages`` and ``/v1/messages/count_tokens``.
 
-Content blocks are tagged unions on ``type`` (msgspec refuses an unknown block type,
-such as an image, with a 400 naming it); a ``thinking`` block is accepted in input.
+Content blocks are tagged unions on ``type`` (msgspec refuses an unknown block type with a
+400 naming it); a ``thinking`` block is accepted in input, an ``image`` block (base64)
+goes to the model's vision part.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
-from modelc.server.schemas import Name, Req, Resp, StopList, Text, TopK, TopP
+from modelc.server.schemas import Name, Req, Resp, ShortText, StopList, Text, TopK, TopP
 
 AnthropicTemperature = Annotated[float, Meta(ge=0.0, le=1.0)]
 
@@ -23,6 +24,18 @@ class TextBlock(_Block, tag="text", kw_only=True):
     text: Text
     cache_control: dict[str, Any] | None = None
     citations: list[dict[str, Any]] | None = None
+
+
+class ImageSource(Req):
+    type: Literal["base64", "url"]
+    media_type: ShortText | None = None
+    data: Annotated[str, Meta(max_length=8 << 20)] | None = None  # base64
+    url: Annotated[str, Meta(max_length=8192)] | None = None  # refused: nothing is fetched
+
+
+class ImageBlock(_Block, tag="image", kw_only=True):
+    source: ImageSource
+    cache_control: dict[str, Any] | None = None
 
 
 class ToolUseBlock(_Block, tag="tool_use", kw_only=True):
@@ -48,7 +61,9 @@ class RedactedThinkingBlock(_Block, tag="redacted_thinking", kw_only=True):
     data: Annotated[str, Meta(max_length=1_000_000)]
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+Block = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
 
 
 class MessageParam(Req):

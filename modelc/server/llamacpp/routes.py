@@ -139,7 +139,7 @@ def sampling_settings(info: ModelInfo) -> SamplingSettings:
 @bp.get("/props")
 async def props() -> Response:
     s = ctx().state
-    info = (await use_model(request.args.get("model")))[0]
+    info, engine = await use_model(request.args.get("model"))
     fmt = info.prompt
     return json_response(
         PropsResponse(
@@ -153,6 +153,7 @@ async def props() -> Response:
             fmt.eos_text if fmt is not None else "",
             GenerationSettings(info.n_ctx, sampling_settings(info)),
             f"modelc {modelc.__version__}",
+            {"vision": engine.vision is not None, "audio": False, "video": False},
         )
     )
 

@@ -247,3 +247,4 @@ class PropsResponse(Resp):
     eos_token: str
     default_generation_settings: GenerationSettings
     build_info: str
+    modalities: dict[str, bool]  # llama.cpp's: vision, audio, video

@@ -21,6 +21,7 @@ from quart import Blueprint, Response
 
 from modelc.chat import StreamParser, ToolCall
 from modelc.engine.api import Constraint, ConstraintKind, Engine, FinishEvent
+from modelc.runtime.model import ImageSpan
 from modelc.runtime.prompt import ChatPrompt
 from modelc.runtime.sampling import SamplingParams
 from modelc.server import tools as tooling
@@ -36,6 +37,7 @@ from modelc.server.generation import (
     template_prompt,
     text_ids,
 )
+from modelc.server.images import place_images
 from modelc.server.models import parse_keep_alive
 from modelc.server.ollama.render import Chunk, OllamaRenderer, done_fields
 from modelc.server.ollama.schemas import (
@@ -54,6 +56,7 @@ from modelc.server.ollama.schemas import (
     OllamaToolCall,
 )
 from modelc.server.state import ModelInfo
+from modelc.vision import ImageError
 
 bp = Blueprint("ollama", __name__)
 
@@ -93,6 +96,7 @@ async def _answer(
     prefix: str,
     r: OllamaRenderer,
     reader: tooling.OutputReader | None = None,
+    images: tuple[ImageSpan, ...] = (),
 ) -> Response:
     params = _sampling(req.options, info)
     params.max_tokens = _limit(req.options, len(ids))
@@ -100,7 +104,7 @@ async def _answer(
     if reader is not None:  # a chat's format constrains the answer, after the trace
         constraint = tooling.after_trace(constraint, reader)
         params.reasoning_budget = reasoning_budget(info, reader, ctx().state)  # the server's
-    reqs = make_requests(new_id(prefix), ids, params, 1, constraint)
+    reqs = make_requests(new_id(prefix), ids, params, 1, constraint, images=images)
     return await respond(submit_all(engine, reqs), r, stream=req.stream, n_prompt=len(ids))
 
 
@@ -120,7 +124,10 @@ async def generate() -> Response:
         )
     info, engine = await use_model(req.model, "text", parse_keep_alive(req.keep_alive))
     reader = None
+    images: tuple[ImageSpan, ...] = ()
     if req.raw or not info.chat_template:
+        if req.images:
+            raise ImageError("images go through the chat template; leave raw off", param="images")
         text = (f"{req.system}\n\n" if req.system else "") + req.prompt
         ids = text_ids(info, text)
         ctx_len = req.options.num_ctx if req.options else None
@@ -130,9 +137,9 @@ async def generate() -> Response:
         msgs: list[dict[str, Any]] = (
             [{"role": "system", "content": req.system}] if req.system else []
         )
-        msgs.append({"role": "user", "content": req.prompt})
+        msgs.append({"role": "user", "content": req.prompt, "images": req.images})
         prompt = template_prompt(info, msgs, template_kwargs=_think_kwargs(req.think))
-        ids = prompt.ids
+        ids, images = await place_images(info, engine, prompt.ids, prompt.media, prompt.images)
         reader = tooling.output_reader(info.chat_template, prompt.text, None)
     parser = reader.parser() if reader is not None else None
 
@@ -151,7 +158,7 @@ async def generate() -> Response:
             thinking=thinking or None,
         )
 
-    return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk), reader)
+    return await _answer(req, info, engine, ids, "gen", OllamaRenderer(chunk), reader, images)
 
 
 def _read(
@@ -217,7 +224,8 @@ async def chat() -> Response:
         msg = _reply(*_read(parser, text, f, req.stream))
         return OllamaChatChunk(req.model, _now(), msg, f is not None, **done_fields(f))
 
-    return await _answer(req, info, engine, prompt.ids, "chat", OllamaRenderer(chunk), reader)
+    ids, images = await place_images(info, engine, prompt.ids, prompt.media, prompt.images)
+    return await _answer(req, info, engine, ids, "chat", OllamaRenderer(chunk), reader, images)
 
 
 def _reply(content: str, thinking: str, calls: list[ToolCall]) -> OllamaMessage:

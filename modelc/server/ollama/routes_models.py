@@ -150,7 +150,7 @@ FROM_OLLAMA = {v: k for k, v in _PARAMETERS.items()}
 async def show() -> Response:
     """The model's details, template and the sampling defaults in effect (``parameters``)."""
     req = await body(OllamaShowRequest)
-    info = (await use_model(model_name(req.model, req.name)))[0]
+    info, engine = await use_model(model_name(req.model, req.name))
     fmt = info.prompt
     lines = []
     if fmt is not None:
@@ -187,7 +187,7 @@ async def show() -> Response:
             template,
             _details(info),
             model_info,
-            info.capabilities(),
+            info.capabilities() + (["vision"] if engine.vision is not None else []),  # Ollama's
             _time(info.created),
             system,
             info.license,

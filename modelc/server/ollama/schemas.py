@@ -89,10 +89,14 @@ class OllamaGeneration(Req):
     think: bool | Literal["low", "medium", "high"] | None = None  # the trace -> thinking
 
 
+Images = Annotated[list[Annotated[str, Meta(max_length=8 << 20)]], Meta(max_length=16)]  # base64
+
+
 class OllamaGenerateRequest(OllamaGeneration, kw_only=True):
     prompt: Text = ""
     system: Text | None = None
     raw: bool = False
+    images: Images | None = None
 
 
 class OllamaMessageIn(Req):
@@ -100,6 +104,7 @@ class OllamaMessageIn(Req):
     content: Text = ""
     tool_calls: list[dict[str, Any]] | None = None
     thinking: Text | None = None
+    images: Images | None = None
 
 
 class OllamaChatRequest(OllamaGeneration, kw_only=True):

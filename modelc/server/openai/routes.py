@@ -26,6 +26,7 @@ from modelc.server.generation import (
     submit_all,
     text_ids,
 )
+from modelc.server.images import place_images
 from modelc.server.openai.render import ChatRenderer, CompletionRenderer, response_constraint
 from modelc.server.openai.schemas import (
     ChatCompletionRequest,
@@ -60,7 +61,7 @@ async def chat_completions() -> Response:
         reasoning=req.reasoning_format != "none",
         parallel=req.parallel_tool_calls is not False,
     )
-    ids = prompt.ids
+    ids, images = await place_images(info, engine, prompt.ids, prompt.media, prompt.images)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling(info, req, max_tokens=req.token_limit, logprobs=logprobs)
     budget = req.reasoning_budget_tokens
@@ -82,6 +83,7 @@ async def chat_completions() -> Response:
         req.ignore_eos,
         progress=progress,
         speculative=req.speculative,
+        images=images,
     )
     handles = submit_all(engine, reqs, prompt_param="messages")
     r = ChatRenderer(

@@ -22,10 +22,12 @@ from modelc.server.context import body, ctx, json_response, use_model
 from modelc.server.conversation import answer, chat_prompt, reasoning_budget
 from modelc.server.errors import ParamError
 from modelc.server.generation import make_requests, respond, sampling, submit_all
+from modelc.server.images import place_images
 from modelc.server.responses.render import ResponsesRenderer, item_id
 from modelc.server.responses.schemas import (
     Deleted,
     FunctionChoice,
+    InputImage,
     InputItem,
     Parts,
     Reasoning,
@@ -44,6 +46,7 @@ from modelc.server.schemas import (
     Tool,
     ToolChoice,
 )
+from modelc.vision import ImageError
 
 bp = Blueprint("responses", __name__)
 
@@ -63,7 +66,26 @@ class NotFound(ModelcError):
 def _text(content: str | Parts) -> str:
     if isinstance(content, str):
         return content
-    return "\n".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
+    return "\n".join(
+        p.refusal if isinstance(p, Refusal) else p.text
+        for p in content
+        if not isinstance(p, InputImage)
+    )
+
+
+def _content(content: str | Parts, where: str) -> str | list[dict[str, Any]]:
+    """A message item's content: its text, or with images OpenAI-style parts."""
+    if isinstance(content, str) or not any(isinstance(p, InputImage) for p in content):
+        return _text(content)
+    parts: list[dict[str, Any]] = []
+    for k, p in enumerate(content):
+        if isinstance(p, InputImage):
+            if not p.image_url:
+                raise ImageError("an input_image needs an image_url (a data URL)", param=where)
+            parts.append({"type": "image_url", "image_url": {"url": p.image_url}})
+        else:
+            parts.append({"type": "text", "text": _text(content[k : k + 1])})
+    return parts
 
 
 def _trace(it: InputItem) -> str:
@@ -90,7 +112,7 @@ def chat_messages(
         elif it.type == "message":
             if it.role is None or it.content is None:
                 raise ParamError(f"{where}: a message item needs role and content", param=where)
-            out.append({"role": it.role, "content": _text(it.content)})
+            out.append({"role": it.role, "content": _content(it.content, f"{where}.content")})
         elif it.type == "function_call":
             if not it.call_id or not it.name:
                 raise ParamError(
@@ -190,7 +212,8 @@ async def responses() -> Response:
     params = sampling(info, given, max_tokens=req.max_output_tokens)
     params.reasoning_budget = reasoning_budget(info, reader, ctx().state)  # the server's
     rid = item_id("resp")
-    reqs = make_requests(rid, prompt.ids, params, 1, constraint)
+    ids, images = await place_images(info, engine, prompt.ids, prompt.media, prompt.images)
+    reqs = make_requests(rid, ids, params, 1, constraint, images=images)
     handles = submit_all(engine, reqs, prompt_param="input")
     base = ResponseObject(
         id=rid,
@@ -218,8 +241,8 @@ async def responses() -> Response:
         if req.store is not False:
             kept.put(resp, conversation)
 
-    r = ResponsesRenderer(base, len(prompt.ids), reader=reader, keep=keep)
-    return await respond(handles, r, stream=req.stream, n_prompt=len(prompt.ids))
+    r = ResponsesRenderer(base, len(ids), reader=reader, keep=keep)
+    return await respond(handles, r, stream=req.stream, n_prompt=len(ids))
 
 
 @bp.get("/v1/responses/<response_id>")

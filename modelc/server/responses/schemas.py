@@ -22,6 +22,12 @@ class InputText(_Part, tag="input_text", kw_only=True):
     text: Text
 
 
+class InputImage(_Part, tag="input_image", kw_only=True):
+    image_url: Annotated[str, Meta(max_length=8 << 20)] | None = None  # a data: URL
+    file_id: Name | None = None  # refused: no files are kept
+    detail: Name | None = None  # accepted, ignored
+
+
 class OutputText(_Part, tag="output_text", kw_only=True):
     text: Text
     annotations: list[Any] | None = None
@@ -37,7 +43,7 @@ class ReasoningText(_Part, tag="reasoning_text", kw_only=True):
     text: Text
 
 
-Part = InputText | OutputText | Refusal | ReasoningText
+Part = InputText | InputImage | OutputText | Refusal | ReasoningText
 Parts = Annotated[list[Part], Meta(max_length=256)]
 
 

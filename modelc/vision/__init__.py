@@ -1,0 +1,130 @@
+"""Images in: a model's vision part (``--mmproj FILE``, llama.cpp's ``tools/mtmd``).
+
+:class:`VisionModel` is the projector file's tower (:mod:`~modelc.vision.mmproj`): it
+decodes a client's image bytes (:mod:`~modelc.vision.preprocess`), makes the pixels the
+model's processor would, and encodes them into one embedding per image token
+(:mod:`~modelc.vision.encoder`).  :meth:`VisionModel.place` puts a prompt's images at
+its media markers as llama.cpp's ``mtmd_tokenize`` does: each marker becomes the
+projector's begin text (Gemma 3: ``<start_of_image>``), one position per embedding (an
+:class:`~modelc.runtime.model.ImageSpan`, its token id a placeholder), then the end text
+(``<end_of_image>``).  Only Gemma 3's projector runs so far.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UsageError
+from modelc.runtime.model import ImageSpan
+from modelc.vision.encoder import encode
+from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
+from modelc.vision.preprocess import ImageError, decode_image, gemma3_pixels
+
+__all__ = ["MEDIA_MARKER", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
+
+F32 = np.ndarray[Any, np.dtype[np.float32]]
+MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
+# per projector: the text before and after an image's embeddings (mtmd.cpp)
+MARKERS = {"gemma3": ("<start_of_image>", "<end_of_image>")}
+KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
+PLACEHOLDER = "<image_soft_token>"  # the token id an image position carries, if the vocab has it
+
+
+def no_vision(model: str) -> ImageError:
+    return ImageError(
+        f"{model} takes no images; start it with --mmproj FILE (its vision projector)",
+        param="messages",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedPrompt:
+    ids: list[int]  # the prompt with each image's positions (placeholder ids)
+    images: tuple[ImageSpan, ...]
+
+
+class VisionModel:
+    """A projector file's vision tower (see the module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        cfg, weights = load_mmproj(path)
+        self.cfg: VisionConfig = cfg
+        self.weights: VisionWeights = weights
+        self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
+        self._kept: OrderedDict[bytes, F32] = OrderedDict()  # image hash -> embeddings
+        self._lock = threading.Lock()
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.cfg.tokens_per_image
+
+    def pixels(self, data: bytes, param: str = "image") -> F32:
+        """The pixel values (3, S, S) of encoded image bytes; ImageError if unusable."""
+        img = decode_image(data, param)
+        return gemma3_pixels(img, self.cfg.image_size, self.cfg.mean, self.cfg.std)
+
+    def encode(self, pixels: F32) -> F32:
+        """(tokens_per_image, n_embd) embeddings of one image's pixels."""
+        return encode(self.cfg, self.weights, pixels)
+
+    def embed(self, data: bytes, param: str = "image") -> F32:
+        """Decode, preprocess and encode one image (CPU work: run it in a worker thread);
+        the last :data:`KEEP` images' embeddings are kept by the bytes' hash, so a repeated
+        image (a chat's earlier turns) is not encoded again."""
+        key = hashlib.blake2b(data, digest_size=16).digest()
+        with self._lock:
+            hit = self._kept.get(key)
+            if hit is not None:
+                self._kept.move_to_end(key)
+                return hit
+        emb = self.encode(self.pixels(data, param))
+        emb.flags.writeable = False  # shared between requests
+        with self._lock:
+            self._kept[key] = emb
+            while len(self._kept) > KEEP:
+                self._kept.popitem(last=False)
+        return emb
+
+    def place(
+        self,
+        ids: Sequence[int],
+        at: Sequence[int],
+        embeds: Sequence[F32],
+        encode_text: Callable[[str], list[int]],
+    ) -> PlacedPrompt:
+        """The prompt ``ids`` with image ``i`` placed before ``ids[at[i]]`` (``at``
+        ascending: where each media marker was); ``encode_text`` tokenizes the begin and
+        end texts (control tokens parsed)."""
+        if len(at) != len(embeds):
+            raise UsageError(
+                f"the prompt has {len(at)} image markers for {len(embeds)} images; do not "
+                f"write {MEDIA_MARKER} in text",
+                param="messages",
+            )
+        begin, end = MARKERS[self.cfg.projector]
+        b_ids, e_ids = encode_text(begin), encode_text(end)
+        hold = encode_text(PLACEHOLDER)
+        fill = hold[0] if len(hold) == 1 else b_ids[0]
+        out: list[int] = []
+        spans = []
+        prev = 0
+        for pos, emb in zip(at, embeds, strict=True):
+            if emb.shape != (self.tokens_per_image, self.cfg.n_embd):
+                raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
+            out += ids[prev:pos]
+            out += b_ids
+            spans.append(ImageSpan(len(out), emb, self.bidirectional))
+            out += [fill] * len(emb)
+            out += e_ids
+            prev = pos
+        out += ids[prev:]
+        return PlacedPrompt(out, tuple(spans))

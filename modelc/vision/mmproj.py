@@ -1,0 +1,193 @@
+"""A vision projector file (``mmproj`` GGUF) as llama.cpp's ``convert_hf_to_gguf.py
+--mmproj`` writes it: ``general.architecture`` ``clip``, the ``clip.vision.*`` keys
+(image and patch size, width, heads, layers, mean and std, layer-norm epsilon) and
+``clip.projector_type``; tensors ``v.patch_embd`` (width, 3, p, p) with its bias,
+``v.position_embd`` (patches, width), per block ``v.blk.{i}.ln1`` / ``ln2`` (weight and
+bias), ``attn_q`` / ``attn_k`` / ``attn_v`` / ``attn_out`` and ``ffn_up`` / ``ffn_down``
+(each with a bias), ``v.post_ln``; Gemma 3's projector ``mm.soft_emb_norm`` (stored
+``1 + w``) and ``mm.input_projection`` (width, n_embd of the text model).
+
+Only Gemma 3's projector (``gemma3``) is read; other projectors are refused in one line.
+Weights are widened to f32 once at load (a projector is small beside its text model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import FormatError, ModelcError, UnsupportedError
+from modelc.formats.ir import DType, Tensor
+from modelc.formats.quants import dequantize
+
+F32 = np.ndarray[Any, np.dtype[np.float32]]
+PROJECTORS = ("gemma3",)
+
+
+@dataclass(frozen=True, slots=True)
+class VisionConfig:
+    projector: str
+    image_size: int
+    patch_size: int
+    width: int  # the encoder's hidden size
+    n_head: int
+    n_layer: int
+    eps: float
+    n_embd: int  # the text model's width (the projection's output)
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    n_merge: int  # the pooling kernel per side (Gemma 3: 4)
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def tokens_per_image(self) -> int:
+        return (self.patches_per_side // self.n_merge) ** 2
+
+
+@dataclass(frozen=True, slots=True)
+class VisionBlock:
+    ln1_w: F32  # (width,)
+    ln1_b: F32
+    wq: F32  # (width, width), each with its bias (width,)
+    bq: F32
+    wk: F32
+    bk: F32
+    wv: F32
+    bv: F32
+    wo: F32
+    bo: F32
+    ln2_w: F32
+    ln2_b: F32
+    w_up: F32  # (ff, width)
+    b_up: F32
+    w_down: F32  # (width, ff)
+    b_down: F32
+
+
+@dataclass(frozen=True, slots=True)
+class VisionWeights:
+    patch_w: F32  # (width, 3, p, p)
+    patch_b: F32  # (width,)
+    pos: F32  # (patches, width)
+    blocks: tuple[VisionBlock, ...]
+    post_w: F32
+    post_b: F32
+    soft_norm: F32  # (width,), 1 + w
+    proj: F32  # (width, n_embd)
+
+
+def _f32(t: Tensor) -> F32:
+    data = t.data()
+    if t.dtype is DType.BF16:
+        data = (np.asarray(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    elif t.dtype.is_quantized:
+        data = dequantize(data, t.dtype, tuple(t.shape))
+    return np.ascontiguousarray(data, dtype=np.float32).reshape(tuple(int(n) for n in t.shape))
+
+
+def _num(meta: Mapping[str, Any], key: str, path: Path, default: Any = None) -> Any:
+    value = meta.get(key, default)
+    if value is None:
+        raise FormatError(f"the vision projector has no {key}; is this an mmproj file?", path=path)
+    return value
+
+
+def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights]:
+    """The projector's settings and weights; FormatError / UnsupportedError on a file that
+    is no mmproj, or whose projector modelc does not run."""
+    from modelc.formats.gguf import read_gguf
+
+    p = Path(path)
+    try:
+        meta, tensors = read_gguf(p)
+    except ModelcError:
+        raise
+    except (OSError, ValueError) as e:
+        raise FormatError(f"cannot read the vision projector: {e}", path=p) from e
+    if meta.get("general.architecture") != "clip" or not meta.get("clip.has_vision_encoder"):
+        raise FormatError(
+            "this is no vision projector (general.architecture is "
+            f"{meta.get('general.architecture')!r}, not 'clip' with a vision encoder); give "
+            "--mmproj the mmproj-*.gguf file made with convert_hf_to_gguf.py --mmproj",
+            path=p,
+        )
+    proj = str(meta.get("clip.projector_type", ""))
+    if proj not in PROJECTORS:
+        raise UnsupportedError(
+            f"vision projector {proj!r} is not supported; modelc runs {', '.join(PROJECTORS)}",
+            path=p,
+        )
+    mean, std = _num(meta, "clip.vision.image_mean", p), _num(meta, "clip.vision.image_std", p)
+    cfg = VisionConfig(
+        projector=proj,
+        image_size=int(_num(meta, "clip.vision.image_size", p)),
+        patch_size=int(_num(meta, "clip.vision.patch_size", p)),
+        width=int(_num(meta, "clip.vision.embedding_length", p)),
+        n_head=int(_num(meta, "clip.vision.attention.head_count", p)),
+        n_layer=int(_num(meta, "clip.vision.block_count", p)),
+        eps=float(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-6)),
+        n_embd=int(_num(meta, "clip.vision.projection_dim", p)),
+        mean=(float(mean[0]), float(mean[1]), float(mean[2])),
+        std=(float(std[0]), float(std[1]), float(std[2])),
+        n_merge=int(meta.get("clip.vision.projector.scale_factor", 4)),
+    )
+    side = cfg.patches_per_side
+    if cfg.patch_size <= 0 or side <= 0 or cfg.n_merge <= 0 or side % cfg.n_merge:
+        raise FormatError(
+            f"image size {cfg.image_size}, patch size {cfg.patch_size} and pooling "
+            f"{cfg.n_merge} do not fit together",
+            path=p,
+        )
+    if cfg.n_head <= 0 or cfg.width % cfg.n_head:
+        raise FormatError(f"width {cfg.width} does not split into {cfg.n_head} heads", path=p)
+
+    def get(name: str, shape: tuple[int, ...] | None = None) -> F32:
+        t = tensors.get(name)
+        if t is None:
+            raise FormatError(f"the vision projector is missing tensor {name!r}", path=p)
+        a = _f32(t)
+        if shape is not None and a.shape != shape:
+            raise FormatError(f"{name} has shape {a.shape}, expected {shape}", path=p)
+        return a
+
+    w, ps = cfg.width, cfg.patch_size
+
+    def block(i: int) -> VisionBlock:
+        b = f"v.blk.{i}."
+        up = get(b + "ffn_up.weight")
+        ff = up.shape[0]
+        att = {
+            f"{x}{n}": get(b + f"attn_{a}.{s}", (w, w) if s == "weight" else (w,))
+            for a, n in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"))
+            for s, x in (("weight", "w"), ("bias", "b"))
+        }
+        return VisionBlock(
+            ln1_w=get(b + "ln1.weight", (w,)),
+            ln1_b=get(b + "ln1.bias", (w,)),
+            **att,
+            ln2_w=get(b + "ln2.weight", (w,)),
+            ln2_b=get(b + "ln2.bias", (w,)),
+            w_up=up,
+            b_up=get(b + "ffn_up.bias", (ff,)),
+            w_down=get(b + "ffn_down.weight", (w, ff)),
+            b_down=get(b + "ffn_down.bias", (w,)),
+        )
+
+    weights = VisionWeights(
+        patch_w=get("v.patch_embd.weight", (w, 3, ps, ps)),
+        patch_b=get("v.patch_embd.bias", (w,)),
+        pos=get("v.position_embd.weight", (side * side, w)),
+        blocks=tuple(block(i) for i in range(cfg.n_layer)),
+        post_w=get("v.post_ln.weight", (w,)),
+        post_b=get("v.post_ln.bias", (w,)),
+        soft_norm=get("mm.soft_emb_norm.weight", (w,)),
+        proj=get("mm.input_projection.weight", (w, cfg.n_embd)),
+    )
+    return cfg, weights

@@ -1,0 +1,110 @@
+"""Images in: decoding a client's bytes safely, and the pixels a vision tower takes.
+
+:func:`decode_image` opens PNG, JPEG, WebP or GIF bytes (a GIF or animated WebP: its first
+frame) with Pillow under limits (bytes, declared pixels, sides), so that a truncated,
+mistyped, zero-size or decompression-bomb image is one :class:`ImageError` (a 400 on the
+server) and never a crash; :func:`decode_data_url` reads a ``data:image/...;base64,``
+URL.  :func:`gemma3_pixels` is transformers' ``Gemma3ImageProcessor`` (its Pillow
+backend, no pan-and-scan): RGB (transparency composited on white), resized to the
+tower's square with Pillow's bilinear filter, rescaled by 1/255 and normalised with the
+projector's mean and std; (3, size, size) f32.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UsageError
+
+F32 = np.ndarray[Any, np.dtype[np.float32]]
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+MAX_BYTES = 20 << 20  # an encoded image
+MAX_PIXELS = 50_000_000  # declared width x height (a 7000 x 7000 photo fits)
+MAX_SIDE = 16384
+
+
+class ImageError(UsageError):
+    """An image a request carries cannot be used (broken, hostile, too large, a format
+    modelc does not read, or sent to a model without a vision part)."""
+
+
+def decode_data_url(url: str, param: str) -> bytes:
+    """The bytes of a ``data:image/<type>;base64,<data>`` URL."""
+    head, sep, data = url.partition(",")
+    if not sep or not head.startswith("data:") or not head.endswith(";base64"):
+        raise ImageError("an image URL must be a data URL (data:image/png;base64,...)", param=param)
+    return decode_base64(data, param)
+
+
+def decode_base64(data: str, param: str) -> bytes:
+    if len(data) > MAX_BYTES * 4 // 3 + 4:
+        raise ImageError(f"the image is larger than {MAX_BYTES >> 20} MiB", param=param)
+    try:
+        return base64.b64decode(data.strip(), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageError(f"the image is not valid base64: {e}", param=param) from e
+
+
+def decode_image(data: bytes, param: str = "image") -> Any:
+    """A Pillow RGB image from encoded bytes (its first frame); ImageError if it cannot be
+    used.  Pillow is imported here: modelc runs text models without it."""
+    try:
+        from PIL import Image
+    except ImportError as e:  # pragma: no cover - Pillow is a dependency
+        raise ImageError("images need Pillow: pip install pillow", param=param) from e
+    if not data:
+        raise ImageError("the image is empty (0 bytes)", param=param)
+    if len(data) > MAX_BYTES:
+        raise ImageError(f"the image is larger than {MAX_BYTES >> 20} MiB", param=param)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data), formats=FORMATS)
+            w, h = img.size
+            if w <= 0 or h <= 0:
+                raise ImageError(f"the image is {w}x{h} pixels; it has none", param=param)
+            if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
+                raise ImageError(
+                    f"the image declares {w}x{h} pixels; at most {MAX_SIDE} a side and "
+                    f"{MAX_PIXELS} in all are taken",
+                    param=param,
+                )
+            img.seek(0)  # an animation's first frame
+            img.load()
+            return _rgb(img)
+    except ImageError:
+        raise
+    except Exception as e:  # Pillow raises many kinds on hostile input; each is one 400
+        what = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ImageError(
+            f"the image cannot be decoded (PNG, JPEG, WebP or GIF): {what}", param=param
+        ) from e
+
+
+def _rgb(img: Any) -> Any:
+    """RGB, any transparency composited onto white (transformers' ``convert_to_rgb``)."""
+    from PIL import Image
+
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        img = img.convert("RGBA")
+        white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, img).convert("RGB")
+    return img.convert("RGB")
+
+
+def gemma3_pixels(
+    img: Any, size: int, mean: tuple[float, float, float], std: tuple[float, float, float]
+) -> F32:
+    """Gemma 3's pixel values of an RGB image: (3, size, size)."""
+    from PIL import Image
+
+    small = img.resize((size, size), resample=Image.Resampling.BILINEAR)
+    x = (np.asarray(small, np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)
+    y = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)  # (size, size, 3)
+    return np.ascontiguousarray(y.transpose(2, 0, 1), dtype=np.float32)
