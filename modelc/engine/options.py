@@ -12,6 +12,9 @@ from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.prompt import DEFAULT_MAX_TOKENS
 
 DEVICES = ("auto", "cpu", "cuda", "webgpu", "metal")  # where the engine computes (--device)
+# where a step samples (--device-sampling): on the model's device (auto: when its logits
+# live there; on: whenever it can, the numpy decoder's own host included) or on the host
+DEVICE_SAMPLING = ("auto", "on", "off")
 
 
 AUTO_STREAM_BUSY = (
@@ -51,6 +54,7 @@ class EngineOptions:
     draft: str = DraftKind.PROMPT_LOOKUP.value  # prompt-lookup | ngram | mlp
     threads: int | None = None  # kernel threads; default MODELC_THREADS or every core
     device: str = "auto"  # auto | cpu | cuda | webgpu | metal (--device): auto takes CUDA when CuPy sees a GPU
+    device_sampling: str = "auto"  # auto | on | off (--device-sampling): see DEVICE_SAMPLING
     max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
     # a reader this many events behind pauses its request (no compute, KV kept) ...
     max_unread: int = 64
@@ -120,6 +124,10 @@ class EngineOptions:
             (
                 self.device in DEVICES,
                 f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}",
+            ),
+            (
+                self.device_sampling in DEVICE_SAMPLING,
+                f"--device-sampling must be auto, on or off, got {self.device_sampling!r}",
             ),
             (
                 self.threads is None or self.threads >= 1,

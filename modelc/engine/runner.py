@@ -35,9 +35,10 @@ from modelc.engine.prefix_cache import Block, PrefixCache
 from modelc.engine.spec_control import SpecConfig, SpecController, StepCost
 from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
 from modelc.errors import ModelcError, UsageError
+from modelc.runtime.batch_sampler import BatchParams, batchable
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.lora import AppliedLora, LoraAdapter, apply_adapter, remove_adapter
-from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
+from modelc.runtime.model import CausalLM, EmbeddingModel, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler, token_logprobs
 
 if TYPE_CHECKING:  # the API's module holds the handles' trio channels
@@ -144,6 +145,7 @@ class ModelRunner:
         self.spec_config = SpecConfig(n_max=options.spec_gamma, min_prompt=options.spec_min_prompt)
         self.step_cost = StepCost()  # decode steps' time by rows fed, for the controllers
         self.seqs: dict[str, SeqRun] = {}
+        self.device_sampled_steps = 0  # steps sampled by the model's forward_sample
 
     def report(self, s: EngineStats) -> None:
         """The KV memory and prefix-cache figures of ``s``."""
@@ -156,6 +158,7 @@ class ModelRunner:
             prefix_cache_evicted=ps.evicted_blocks,
             spec_acceptance=s.spec_accepted / s.spec_drafted if s.spec_drafted else 0.0,
             kv_cache=self.mode.value,
+            device_sampled_steps=self.device_sampled_steps,
         )
 
     # -- sequences in and out ------------------------------------------------------------
@@ -303,7 +306,14 @@ class ModelRunner:
                 rows = tuple(range(len(feed)))  # every prompt row's next-token logits
             batch.append(SeqChunk(seq.cache, feed, rows))
             seqs.append(seq)
-        logits = self.lm.forward(batch)  # (sum of rows, n_vocab)
+        params = self._sample_on_device(plan, seqs)
+        if params is not None:  # only the chosen tokens (and log-probs asked for) come back
+            assert isinstance(self.lm, CausalLM)
+            self.device_sampled_steps += 1
+            drawn = iter(self.lm.forward_sample(batch, params).samples(params))
+            logits = np.zeros((0, self.lm.n_vocab), np.float32)
+        else:
+            logits = self.lm.forward(batch)  # (sum of rows, n_vocab)
         out: StepOutput = []
         row = 0
         for s, seq, chunk in zip(plan.seqs, seqs, batch, strict=True):
@@ -311,6 +321,12 @@ class ModelRunner:
             if not seq.prefix_inserted and seq.cache.n >= seq.prompt_len:
                 self.prefix.insert(seq.tokens[: seq.prompt_len], seq.cache)
                 seq.prefix_inserted = True
+            if params is not None:
+                smp = next(drawn) if s.sample else None
+                if smp is not None:
+                    seq.sampler.accept(smp.token)
+                out.append([smp] if smp is not None else [])
+                continue
             mine = logits[row : row + len(chunk.rows())]
             row += len(chunk.rows())
             if seq.prompt_logprobs is not None and s.start < seq.prompt_len:
@@ -325,6 +341,30 @@ class ModelRunner:
             except ModelcError as e:  # this sequence's constraint / sampler failed: it alone ends
                 out.append(e)
         return out
+
+    def _sample_on_device(self, plan: StepPlan, seqs: list[SeqRun]) -> BatchParams | None:
+        """Where this step samples, decided here alone: on the model's device (its
+        ``forward_sample``) when ``--device-sampling`` allows (auto: when the model's
+        logits live on a device) and no sequence of the step needs its logits on the
+        host: prompt log-probabilities, a constraint's mask, a speculative draft to
+        verify, or a sampler setting the batched sampler lacks (``batchable``).  Then the
+        rows' settings and draws (``BatchParams``, one row a sampling sequence, in order);
+        else None: the host samples every row."""
+        mode, lm = self.opt.device_sampling, self.lm
+        if mode == "off" or not isinstance(lm, CausalLM):
+            return None
+        if mode == "auto" and not lm.logits_on_device:
+            return None
+        samplers = []
+        for s, seq in zip(plan.seqs, seqs, strict=True):
+            if seq.prompt_logprobs is not None and s.start < seq.prompt_len:
+                return None
+            if not s.sample:
+                continue
+            if s.n_draft or seq.constraint is not None or not batchable(seq.sampler):
+                return None
+            samplers.append(seq.sampler)
+        return BatchParams.gather(samplers) if samplers else None
 
     def _sample(
         self, seq: SeqRun, s: ScheduledSeq, logits: np.ndarray[Any, Any], n_dec: int

@@ -1,0 +1,212 @@
+"""The batched sampler (numpy standing in for CuPy) against the host sampler, token for
+token, on real SmolLM2 logits; and the engine sampling on the model's side
+(``--device-sampling on``: the numpy decoder's ``forward_sample``) against the host path."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from modelc.engine import EngineOptions, LLMEngine, build_engine
+from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from modelc.errors import UsageError
+from modelc.formats import load_model
+from modelc.formats.ir import ModelIR
+from modelc.runtime.arch import build
+from modelc.runtime.batch_sampler import BatchParams, batchable, sample_batch
+from modelc.runtime.model import LanguageModel, SeqChunk
+from modelc.runtime.prompt import PromptFormat
+from modelc.runtime.sampling import Sample, Sampler, SamplingParams
+from tests.assets import smollm2_gguf
+
+TEXTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    return",
+    "Once upon a time, in a small village by the sea,",
+]
+
+
+@pytest.fixture(scope="module")
+def ir() -> ModelIR:
+    return load_model(smollm2_gguf())
+
+
+@pytest.fixture(scope="module")
+def rows(ir: ModelIR) -> np.ndarray[Any, Any]:
+    """Every position's next-token logits of a few prompts, (rows, n_vocab) f32."""
+    lm = build(ir)
+    assert isinstance(lm, LanguageModel) and ir.tokenizer is not None
+    tok = PromptFormat.build(ir.tokenizer).tokenizer
+    out = []
+    for text in TEXTS:
+        ids = tok.encode(text)
+        out.append(lm.forward([SeqChunk(lm.new_cache(), ids, tuple(range(len(ids))))]))
+    return np.concatenate(out)
+
+
+def random_params(rng: np.random.Generator, n_vocab: int, seed: int) -> SamplingParams:
+    """A mix of every setting the batched sampler has, each often at its neutral value."""
+
+    def pick(*values: Any) -> Any:
+        return values[int(rng.integers(len(values)))]
+
+    bias = {int(t): float(rng.uniform(-100, 100)) for t in rng.integers(0, n_vocab, 3)}
+    return SamplingParams(
+        temperature=pick(0.0, 0.3, 0.8, 1.0, 1.0, 1.7),
+        top_k=pick(0, 0, 1, 5, 40, n_vocab),
+        top_p=pick(1.0, 1.0, 0.95, 0.5, 0.1),
+        min_p=pick(0.0, 0.0, 0.05, 0.3),
+        repetition_penalty=pick(1.0, 1.0, 1.1, 1.5, 0.8),
+        repeat_last_n=pick(64, 64, 4, 0),
+        presence_penalty=pick(0.0, 0.5, -0.7),
+        frequency_penalty=pick(0.0, 0.4, -0.2),
+        logit_bias=pick({}, {}, bias),
+        banned_token_ids=pick([], [], [int(t) for t in rng.integers(0, n_vocab, 5)]),
+        logprobs=pick(None, None, 0, 3, 20),
+        seed=seed,
+    )
+
+
+def same(host: Sample, dev: Sample) -> bool:
+    lp_same = host.logprob == dev.logprob or (np.isnan(host.logprob) and np.isnan(dev.logprob))
+    return host.token == dev.token and lp_same and host.top == dev.top
+
+
+def run_both(
+    params: Sequence[SamplingParams], logits: np.ndarray[Any, Any], steps: int, prompt: list[int]
+) -> int:
+    """Sample ``steps`` tokens for each row both ways (the host sampler row by row, the
+    batch at once), each accepting its own tokens; assert they agree; the sampled count."""
+    n_vocab = logits.shape[1]
+    host = [Sampler(p, n_vocab, prompt) for p in params]
+    dev = [Sampler(p, n_vocab, prompt) for p in params]
+    for step in range(steps):
+        x = np.ascontiguousarray(logits[(np.arange(len(params)) * 7 + step) % len(logits)])
+        want = [s.sample(row) for s, row in zip(host, x, strict=True)]
+        bp = BatchParams.gather(dev)
+        got = sample_batch(np, x, bp).samples(bp)
+        for i, (w, g) in enumerate(zip(want, got, strict=True)):
+            assert same(w, g), (step, params[i], w, g)
+            host[i].accept(w.token)
+            dev[i].accept(g.token)
+    return sum(p.temperature > 0 for p in params) * steps
+
+
+def test_batch_equals_host_sampler_over_seeds_and_mixes(rows: np.ndarray[Any, Any]) -> None:
+    n_vocab = rows.shape[1]
+    prompt = [int(t) for t in np.argmax(rows, axis=1)]  # tokens the penalties then meet
+    sampled = 0
+    for seed in range(24):
+        rng = np.random.default_rng(seed)
+        params = [random_params(rng, n_vocab, seed * 100 + i) for i in range(10)]
+        sampled += run_both(params, rows, 6, prompt)
+    assert sampled > 600  # most rows drew from the generator, not argmax
+
+
+def test_each_setting_alone_equals_the_host(rows: np.ndarray[Any, Any]) -> None:
+    alone = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, logprobs=5, repetition_penalty=1.3),
+        SamplingParams(),
+        SamplingParams(temperature=0.7, top_k=40),
+        SamplingParams(temperature=0.9, top_p=0.9),
+        SamplingParams(temperature=1.2, min_p=0.1),
+        SamplingParams(presence_penalty=1.5, frequency_penalty=1.0),
+        SamplingParams(top_k=3, top_p=0.8, min_p=0.05, temperature=0.6, logprobs=20),
+    ]
+    for seed in range(6):
+        params = [dataclasses.replace(p, seed=seed) for p in alone]
+        run_both(params, rows, 10, [1, 2, 3])
+
+
+def test_rows_with_infinite_logits_as_the_host(rows: np.ndarray[Any, Any]) -> None:
+    """+inf from a tiny repetition penalty on a positive logit (those tokens only), every
+    token banned (-inf everywhere: all alike), next to an ordinary row."""
+    n_vocab = rows.shape[1]
+    prompt = [int(t) for t in np.argsort(-rows[0])[:3]]
+    params = [
+        SamplingParams(repetition_penalty=1e-38, seed=1),
+        SamplingParams(banned_token_ids=list(range(n_vocab)), seed=2),
+        SamplingParams(top_k=10, seed=3),
+    ]
+    run_both(params, rows[:1].repeat(3, axis=0), 8, prompt)
+
+
+def test_batchable_leaves_the_host_samplers_on_the_host() -> None:
+    on_host = [
+        SamplingParams(mirostat=2),
+        SamplingParams(typical_p=0.9),
+        SamplingParams(top_n_sigma=1.0),
+        SamplingParams(xtc_probability=0.5),
+        SamplingParams(dry_multiplier=0.8),
+    ]
+    for p in on_host:
+        assert not batchable(Sampler(p, 100)), p
+    assert batchable(Sampler(SamplingParams(xtc_probability=0.5, xtc_threshold=0.6), 100))
+    assert batchable(Sampler(SamplingParams(top_k=5, top_p=0.5, min_p=0.1, seed=4), 100))
+
+
+# -- the engine: the model's forward_sample against the host path -------------------------
+
+
+async def generate(
+    ir: ModelIR, mode: str, requests: list[tuple[list[int], SamplingParams]]
+) -> tuple[list[list[TokenEvent]], int]:
+    """Every request submitted at once to a fresh engine with ``--device-sampling mode``;
+    each one's token events, and the steps sampled on the model's side."""
+    eng: LLMEngine = build_engine(ir, EngineOptions(device_sampling=mode))
+    out: dict[int, list[TokenEvent]] = {}
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+
+        async def one(i: int, prompt: list[int], p: SamplingParams) -> None:
+            events = []
+            async for ev in eng.submit(GenerationRequest(f"r{i}", prompt, p)):
+                if isinstance(ev, TokenEvent):
+                    events.append(ev)
+                else:
+                    assert isinstance(ev, FinishEvent)
+            out[i] = events
+
+        async with trio.open_nursery() as reqs:
+            for i, (prompt, p) in enumerate(requests):
+                reqs.start_soon(one, i, prompt, p)
+        steps = int(eng.stats().extra["device_sampled_steps"])
+        n.cancel_scope.cancel()
+    return [out[i] for i in range(len(requests))], steps
+
+
+async def test_engine_device_sampling_equals_the_host_path(ir: ModelIR) -> None:
+    """A batch of mixed requests (greedy, seeded top-k / top-p / min-p with penalties,
+    log-probabilities, and one with DRY, which keeps its steps on the host) gives the same
+    tokens and log-probabilities sampled either way."""
+    assert ir.tokenizer is not None
+    tok = PromptFormat.build(ir.tokenizer).tokenizer
+    prompts = [tok.encode(t) for t in TEXTS]
+    mixes = [
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=3),
+        SamplingParams(temperature=0.8, top_k=40, seed=7, max_tokens=16),
+        SamplingParams(top_p=0.9, repetition_penalty=1.2, seed=8, max_tokens=16, logprobs=0),
+        SamplingParams(temperature=1.3, min_p=0.05, presence_penalty=0.6, seed=9, max_tokens=16),
+        SamplingParams(frequency_penalty=0.5, logit_bias={13: 4.0}, seed=10, max_tokens=10),
+    ]
+    device_only = [(prompts[i % len(prompts)], p) for i, p in enumerate(mixes)]
+    dry = SamplingParams(dry_multiplier=0.8, seed=11, max_tokens=6)
+    with_dry = [*device_only, (prompts[0], dry)]
+    for requests in (device_only, with_dry):
+        host, host_steps = await generate(ir, "off", requests)
+        dev, dev_steps = await generate(ir, "on", requests)
+        assert host_steps == 0 and dev_steps > 0
+        assert dev == host
+    # the CPU decoder's logits are on the host already: auto leaves sampling there
+    assert (await generate(ir, "auto", device_only[:1]))[1] == 0
+
+
+def test_device_sampling_option_is_checked() -> None:
+    with pytest.raises(UsageError, match="--device-sampling must be auto, on or off"):
+        EngineOptions(device_sampling="gpu").validate()
