@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import trio
 
-from modelc.engine import EngineOptions, LLMEngine, build_engine
-from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from modelc.engine import EngineOptions, build_engine
+from modelc.engine.api import TokenEvent
 from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
@@ -23,6 +22,7 @@ from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import Sample, Sampler, SamplingParams
 from tests.assets import smollm2_gguf
+from tests.runtime_support import engine_events
 
 TEXTS = [
     "The capital of France is",
@@ -157,28 +157,11 @@ def test_batchable_leaves_the_host_samplers_on_the_host() -> None:
 async def generate(
     ir: ModelIR, mode: str, requests: list[tuple[list[int], SamplingParams]]
 ) -> tuple[list[list[TokenEvent]], int]:
-    """Every request submitted at once to a fresh engine with ``--device-sampling mode``;
-    each one's token events, and the steps sampled on the model's side."""
-    eng: LLMEngine = build_engine(ir, EngineOptions(device_sampling=mode))
-    out: dict[int, list[TokenEvent]] = {}
-    async with trio.open_nursery() as n:
-        await n.start(eng.run)
-
-        async def one(i: int, prompt: list[int], p: SamplingParams) -> None:
-            events = []
-            async for ev in eng.submit(GenerationRequest(f"r{i}", prompt, p)):
-                if isinstance(ev, TokenEvent):
-                    events.append(ev)
-                else:
-                    assert isinstance(ev, FinishEvent)
-            out[i] = events
-
-        async with trio.open_nursery() as reqs:
-            for i, (prompt, p) in enumerate(requests):
-                reqs.start_soon(one, i, prompt, p)
-        steps = int(eng.stats().extra["device_sampled_steps"])
-        n.cancel_scope.cancel()
-    return [out[i] for i in range(len(requests))], steps
+    """Every request at once through a fresh engine with ``--device-sampling mode``: each
+    one's token events, and the steps sampled on the model's side."""
+    eng = build_engine(ir, EngineOptions(device_sampling=mode))
+    events = await engine_events(eng, requests)
+    return events, int(eng.stats().extra["device_sampled_steps"])
 
 
 async def test_engine_device_sampling_equals_the_host_path(ir: ModelIR) -> None:
