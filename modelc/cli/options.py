@@ -66,6 +66,7 @@ class Values(Sequence[str]):
 
 KV_MODES = Values("modelc.runtime.kv_store:KVMode")
 DEVICES = Values("modelc.engine.options:DEVICES")
+DEVICE_SAMPLING = Values("modelc.engine.options:DEVICE_SAMPLING")
 MATMUL_MODES = Values("modelc.runtime.backends.cpu:MATMUL_TOLS")
 SPECULATE = ("auto", "fixed", "off")
 
@@ -223,6 +224,7 @@ OPTIONS: list[Opt] = [
     _opt("--stream-interval", "run", "tokens a streamed response gets at a time (as vLLM's and SGLang's --stream-interval): 0 = auto (default): every token while fewer than 4 requests decode, every second token when more do, so a busy server spends its cores on the model rather than on writing frames; the first token always goes at once", type=int, metavar="N", engine="stream_interval"),
     _opt("--chat-template-file", ENGINE, "a Jinja chat template that replaces the model's (as llama-server's --chat-template-file); the output format (thinking trace, tool calls) is read from it", metavar="PATH", engine="chat_template_file"),
     _opt("--device", ENGINE, "where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto (cuda when CuPy sees a GPU and the architecture runs there; default); webgpu (WGSL shaders through wgpu on a Metal/Vulkan/D3D12 adapter) or metal (the same, on a Metal adapter only)", choices=DEVICES, engine="device"),
+    _opt("--device-sampling", ENGINE, "where tokens are sampled: auto (default) on the GPU when the model computes there, so only the chosen tokens and the log-probabilities asked for come back; on: by the batched sampler whatever the device; off: on the host, row by row. Requests with a grammar, DRY, mirostat, typical-p, XTC, top-n-sigma, prompt log-probabilities or a draft to verify are sampled on the host either way", choices=DEVICE_SAMPLING, engine="device_sampling"),
     _opt("--grace", "run containerize", "seconds running streams get to finish on SIGINT/SIGTERM (30)", type=float, default=30.0, metavar="S"),
     _opt("--ping-interval", "run", "send an SSE ': ping' comment after S seconds without a token (10)", type=float, default=10.0, metavar="S"),
     _opt("--http-keep-alive", "run", "close a client's idle keep-alive connection after S seconds (30)", type=float, default=30.0, metavar="S"),
