@@ -100,23 +100,22 @@ def decode_alone(
     return out
 
 
-async def engine_events(eng: Any, requests: Sequence[tuple[list[int], SamplingParams]]) -> Any:
-    """Every request submitted at once to ``eng`` (an ``LLMEngine``, run for the while):
-    each one's token events, in request order."""
+async def engine_events(eng: Any, requests: Sequence[Any]) -> Any:
+    """Every ``GenerationRequest`` submitted at once to ``eng`` (an ``LLMEngine``, run for
+    the while): each one's token events, in request order."""
     import trio
 
-    from modelc.engine.api import GenerationRequest, TokenEvent
+    from modelc.engine.api import TokenEvent
 
     out: dict[int, list[TokenEvent]] = {}
     async with trio.open_nursery() as n:
         await n.start(eng.run)
 
-        async def one(i: int, prompt: list[int], p: SamplingParams) -> None:
-            handle = eng.submit(GenerationRequest(f"r{i}", prompt, p))
-            out[i] = [ev async for ev in handle if isinstance(ev, TokenEvent)]
+        async def one(i: int, req: Any) -> None:
+            out[i] = [ev async for ev in eng.submit(req) if isinstance(ev, TokenEvent)]
 
         async with trio.open_nursery() as reqs:
-            for i, (prompt, p) in enumerate(requests):
-                reqs.start_soon(one, i, prompt, p)
+            for i, req in enumerate(requests):
+                reqs.start_soon(one, i, req)
         n.cancel_scope.cancel()
     return [out[i] for i in range(len(requests))]

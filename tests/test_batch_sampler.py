@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from modelc.engine import EngineOptions, build_engine
-from modelc.engine.api import TokenEvent
+from modelc.engine.api import Constraint, ConstraintKind, GenerationRequest, TokenEvent
 from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
@@ -137,6 +137,19 @@ def test_rows_with_infinite_logits_as_the_host(rows: np.ndarray[Any, Any]) -> No
     run_both(params, rows[:1].repeat(3, axis=0), 8, prompt)
 
 
+def test_rows_sampled_beside_rows_returned(rows: np.ndarray[Any, Any]) -> None:
+    """A step's rows 1 and 3 sampled, the others' logits back as they were."""
+    n_vocab = rows.shape[1]
+    params = [SamplingParams(top_k=20, seed=5, logprobs=2), SamplingParams(temperature=0.0)]
+    step = np.ascontiguousarray(rows[:5])
+    alone = [Sampler(p, n_vocab) for p in params]
+    want = [s.sample(x) for s, x in zip(alone, step[[1, 3]], strict=True)]
+    bp = BatchParams.gather([Sampler(p, n_vocab) for p in params], np.array([1, 3]), 5)
+    drawn = sample_batch(np, step, bp)
+    assert all(same(w, g) for w, g in zip(want, drawn.samples(bp), strict=True))
+    assert np.array_equal(drawn.logits, step[[0, 2, 4]])
+
+
 def test_batchable_leaves_the_host_samplers_on_the_host() -> None:
     on_host = [
         SamplingParams(mirostat=2),
@@ -155,19 +168,26 @@ def test_batchable_leaves_the_host_samplers_on_the_host() -> None:
 
 
 async def generate(
-    ir: ModelIR, mode: str, requests: list[tuple[list[int], SamplingParams]]
-) -> tuple[list[list[TokenEvent]], int]:
-    """Every request at once through a fresh engine with ``--device-sampling mode``: each
-    one's token events, and the steps sampled on the model's side."""
-    eng = build_engine(ir, EngineOptions(device_sampling=mode))
+    ir: ModelIR, mode: str, requests: list[GenerationRequest]
+) -> tuple[list[list[TokenEvent]], int, int]:
+    """The requests at once through a fresh engine with ``--device-sampling mode`` (fixed
+    drafting: a repetitive prompt's drafts are verified in the same steps): each one's
+    token events, the steps sampled on the model's side and the draft tokens verified."""
+    opt = EngineOptions(
+        device_sampling=mode, spec_adaptive=False, spec_gamma=4, spec_max_running=16
+    )
+    eng = build_engine(ir, opt)
     events = await engine_events(eng, requests)
-    return events, int(eng.stats().extra["device_sampled_steps"])
+    stats = eng.stats()
+    return events, int(stats.extra["device_sampled_steps"]), stats.spec_drafted
 
 
 async def test_engine_device_sampling_equals_the_host_path(ir: ModelIR) -> None:
-    """A batch of mixed requests (greedy, seeded top-k / top-p / min-p with penalties,
-    log-probabilities, and one with DRY, which keeps its steps on the host) gives the same
-    tokens and log-probabilities sampled either way."""
+    """A batch of mixed requests gives the same tokens and log-probabilities sampled
+    either way: greedy, seeded top-k / top-p / min-p with penalties and bias, log-probs,
+    sampled on the device; beside them in the same steps, sampled on the host, one with
+    DRY, one constrained by a regex, one asking for prompt log-probabilities and a
+    repetitive one whose drafts are verified."""
     assert ir.tokenizer is not None
     tok = PromptFormat.build(ir.tokenizer).tokenizer
     prompts = [tok.encode(t) for t in TEXTS]
@@ -178,16 +198,39 @@ async def test_engine_device_sampling_equals_the_host_path(ir: ModelIR) -> None:
         SamplingParams(temperature=1.3, min_p=0.05, presence_penalty=0.6, seed=9, max_tokens=16),
         SamplingParams(frequency_penalty=0.5, logit_bias={13: 4.0}, seed=10, max_tokens=10),
     ]
-    device_only = [(prompts[i % len(prompts)], p) for i, p in enumerate(mixes)]
-    dry = SamplingParams(dry_multiplier=0.8, seed=11, max_tokens=6)
-    with_dry = [*device_only, (prompts[0], dry)]
-    for requests in (device_only, with_dry):
-        host, host_steps = await generate(ir, "off", requests)
-        dev, dev_steps = await generate(ir, "on", requests)
-        assert host_steps == 0 and dev_steps > 0
-        assert dev == host
+    # only the greedy "draft" request drafts: how often a sampled one would depends on
+    # the steps' timing (the batch's size), and its verification draws differently
+    requests = [
+        GenerationRequest(f"d{i}", prompts[i % len(prompts)], p, speculative=False)
+        for i, p in enumerate(mixes)
+    ]
+    host_only = [
+        GenerationRequest(
+            "dry", prompts[0], SamplingParams(dry_multiplier=0.8, seed=11), speculative=False
+        ),
+        GenerationRequest(
+            "regex",
+            tok.encode("My phone number is"),
+            SamplingParams(seed=12, max_tokens=12),
+            constraint=Constraint(ConstraintKind.REGEX, r"[0-9]{3}-[0-9]{4}"),
+        ),
+        GenerationRequest(
+            "plp", prompts[1], SamplingParams(seed=13, max_tokens=8), prompt_logprobs=2
+        ),
+        GenerationRequest(
+            "draft",
+            tok.encode("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,"),
+            SamplingParams(temperature=0.0, max_tokens=16),
+        ),
+    ]
+    host_only[0].sampling.max_tokens = 10
+    host, host_steps, host_drafted = await generate(ir, "off", requests + host_only)
+    dev, dev_steps, dev_drafted = await generate(ir, "on", requests + host_only)
+    assert host_steps == 0 and dev_steps > 0 and host_drafted > 0 and dev_drafted > 0
+    assert dev == host
+    assert all(len(ev) > 0 for ev in dev)
     # the CPU decoder's logits are on the host already: auto leaves sampling there
-    assert (await generate(ir, "auto", device_only[:1]))[1] == 0
+    assert (await generate(ir, "auto", requests[:1]))[1] == 0
 
 
 def test_device_sampling_option_is_checked() -> None:

@@ -509,6 +509,7 @@ def test_device_sampling_matches_the_host_path() -> None:
     then the engine, which samples on the GPU by default (--device-sampling auto), gives
     the tokens of --device-sampling off."""
     from modelc.engine import EngineOptions, build_engine
+    from modelc.engine.api import GenerationRequest
     from modelc.runtime.batch_sampler import BatchParams, sample_batch
     from modelc.runtime.sampling import Sample, Sampler, SamplingParams
     from tests.runtime_support import engine_events
@@ -550,7 +551,8 @@ def test_device_sampling_matches_the_host_path() -> None:
     del dev
 
     requests = [
-        (pr, dataclasses.replace(p, max_tokens=16)) for pr, p in zip(prompts, mixes, strict=True)
+        GenerationRequest(f"r{i}", pr, dataclasses.replace(p, max_tokens=16))
+        for i, (pr, p) in enumerate(zip(prompts, mixes, strict=True))
     ]
     got_events: dict[str, Any] = {}
     for mode in ("off", "auto"):

@@ -22,7 +22,7 @@ swaps them between steps).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -306,26 +306,32 @@ class ModelRunner:
                 rows = tuple(range(len(feed)))  # every prompt row's next-token logits
             batch.append(SeqChunk(seq.cache, feed, rows))
             seqs.append(seq)
-        params = self._sample_on_device(plan, seqs)
-        if params is not None:  # only the chosen tokens (and log-probs asked for) come back
+        on_device = self._on_device(plan, seqs, batch)
+        drawn: Iterator[Sample] = iter(())
+        if any(on_device):  # those rows' tokens (and log-probs asked for) come back alone
             assert isinstance(self.lm, CausalLM)
             self.device_sampled_steps += 1
-            drawn = iter(self.lm.forward_sample(batch, params).samples(params))
-            logits = np.zeros((0, self.lm.n_vocab), np.float32)
+            n_rows = [len(c.rows()) for c in batch]
+            params = BatchParams.gather(
+                [seq.sampler for seq, dev in zip(seqs, on_device, strict=True) if dev],
+                np.cumsum(n_rows)[np.asarray(on_device)] - 1,  # each one's (only) row
+                sum(n_rows),
+            )
+            step = self.lm.forward_sample(batch, params)
+            drawn, logits = iter(step.samples(params)), step.logits
         else:
             logits = self.lm.forward(batch)  # (sum of rows, n_vocab)
         out: StepOutput = []
-        row = 0
-        for s, seq, chunk in zip(plan.seqs, seqs, batch, strict=True):
+        row = 0  # in ``logits``: the rows not sampled on the device
+        for s, seq, chunk, dev in zip(plan.seqs, seqs, batch, on_device, strict=True):
             assert seq.cache is not None
             if not seq.prefix_inserted and seq.cache.n >= seq.prompt_len:
                 self.prefix.insert(seq.tokens[: seq.prompt_len], seq.cache)
                 seq.prefix_inserted = True
-            if params is not None:
-                smp = next(drawn) if s.sample else None
-                if smp is not None:
-                    seq.sampler.accept(smp.token)
-                out.append([smp] if smp is not None else [])
+            if dev:
+                smp = next(drawn)
+                seq.sampler.accept(smp.token)
+                out.append([smp])
                 continue
             mine = logits[row : row + len(chunk.rows())]
             row += len(chunk.rows())
@@ -342,29 +348,28 @@ class ModelRunner:
                 out.append(e)
         return out
 
-    def _sample_on_device(self, plan: StepPlan, seqs: list[SeqRun]) -> BatchParams | None:
-        """Where this step samples, decided here alone: on the model's device (its
-        ``forward_sample``) when ``--device-sampling`` allows (auto: when the model's
-        logits live on a device) and no sequence of the step needs its logits on the
-        host: prompt log-probabilities, a constraint's mask, a speculative draft to
-        verify, or a sampler setting the batched sampler lacks (``batchable``).  Then the
-        rows' settings and draws (``BatchParams``, one row a sampling sequence, in order);
-        else None: the host samples every row."""
+    def _on_device(self, plan: StepPlan, seqs: list[SeqRun], batch: list[SeqChunk]) -> list[bool]:
+        """Where each sequence of the step samples, decided here alone: on the model's
+        device (its ``forward_sample``: only the chosen token and the log-probabilities
+        asked for come back) when ``--device-sampling`` allows (auto: when the model's
+        logits live on a device) and the sequence needs no logits on the host: a
+        sampling row of its own with no prompt log-probabilities, no constraint's mask,
+        no speculative draft to verify, and only settings the batched sampler has
+        (``batchable``); else on the host, as every sequence of a prefill-only step."""
         mode, lm = self.opt.device_sampling, self.lm
         if mode == "off" or not isinstance(lm, CausalLM):
-            return None
+            return [False] * len(seqs)
         if mode == "auto" and not lm.logits_on_device:
-            return None
-        samplers = []
-        for s, seq in zip(plan.seqs, seqs, strict=True):
-            if seq.prompt_logprobs is not None and s.start < seq.prompt_len:
-                return None
-            if not s.sample:
-                continue
-            if s.n_draft or seq.constraint is not None or not batchable(seq.sampler):
-                return None
-            samplers.append(seq.sampler)
-        return BatchParams.gather(samplers) if samplers else None
+            return [False] * len(seqs)
+        return [
+            s.sample
+            and len(chunk.rows()) == 1
+            and not s.n_draft
+            and seq.constraint is None
+            and not (seq.prompt_logprobs is not None and s.start < seq.prompt_len)
+            and batchable(seq.sampler)
+            for s, seq, chunk in zip(plan.seqs, seqs, batch, strict=True)
+        ]
 
     def _sample(
         self, seq: SeqRun, s: ScheduledSeq, logits: np.ndarray[Any, Any], n_dec: int

@@ -71,8 +71,11 @@ class Edits:
 @dataclass(frozen=True, slots=True)
 class BatchParams:
     """What :func:`sample_batch` needs of each row's sampler, gathered on the host (small:
-    per-row settings, the row's draw and the sparse penalty entries)."""
+    per-row settings, the row's draw and the sparse penalty entries); which of the step's
+    logit rows are sampled here, and which go back to the host as logits."""
 
+    rows: IntArray  # (B,) the step's logit rows sampled here, in order
+    host_rows: IntArray  # the step's other logit rows, returned (Drawn.logits)
     temperature: F64Array  # (B,) 0: greedy
     top_k: IntArray  # (B,) 0: off
     top_p: F64Array  # (B,)
@@ -85,10 +88,15 @@ class BatchParams:
     penalty: Edits  # presence + frequency amounts, subtracted
 
     @classmethod
-    def gather(cls, samplers: Sequence[Sampler]) -> BatchParams:
+    def gather(
+        cls, samplers: Sequence[Sampler], rows: IntArray | None = None, n_rows: int = 0
+    ) -> BatchParams:
         """Each sampler's settings, penalty entries and (for a sampled row) its draw,
-        which advances its generator as the host's ``choice`` would."""
+        which advances its generator as the host's ``choice`` would; ``rows``: the logit
+        row each one samples of a step's ``n_rows`` (default: all, in order)."""
         b = len(samplers)
+        rows = np.arange(b, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
+        host_rows = np.setdiff1d(np.arange(max(n_rows, b), dtype=np.int64), rows)
         temp, top_p, min_p = np.empty(b), np.empty(b), np.empty(b)
         top_k, n_lp = np.empty(b, np.int64), np.empty(b, np.int64)
         uniform = np.full(b, np.nan)
@@ -118,7 +126,7 @@ class BatchParams:
             if p.temperature > 0:
                 uniform[i] = s.rng.random()
         return cls(
-            temp, top_k, top_p, min_p, uniform, n_lp,
+            rows, host_rows, temp, top_k, top_p, min_p, uniform, n_lp,
             Edits.of(banned), Edits.of(bias), Edits.of(repeat), Edits.of(penalty),
         )  # fmt: skip
 
@@ -131,6 +139,7 @@ class Drawn:
     logprob: F64Array  # (B,) of each chosen token under the raw distribution; nan: not asked
     top_ids: IntArray  # (B, N) the N most likely tokens, best first (N: the most any row asked)
     top_lps: F64Array  # (B, N) their log-probabilities
+    logits: F32Array  # (H, n_vocab) the logits of the step's host rows (BatchParams.host_rows)
 
     def samples(self, params: BatchParams) -> list[Sample]:
         out = []
@@ -228,9 +237,14 @@ def _draw(xp: Any, probs: Any, u: F64Array) -> Any:
 
 
 def sample_batch(xp: Any, logits: Any, bp: BatchParams) -> Drawn:
-    """Choose one token per row of ``logits`` (B, n_vocab) f32, an ``xp`` array that is not
-    modified; the tokens and the log-probabilities the rows ask for come back to the host."""
-    b = logits.shape[0]
+    """Choose one token for each of ``bp.rows`` of a step's ``logits`` (rows, n_vocab) f32,
+    an ``xp`` array that is not modified; the tokens and the log-probabilities the rows ask
+    for come back to the host, with the logits of ``bp.host_rows``."""
+    v = logits.shape[1]
+    host = _host(xp, logits[xp.asarray(bp.host_rows)]) if len(bp.host_rows) else None
+    if len(bp.rows) != logits.shape[0]:
+        logits = logits[xp.asarray(bp.rows)]
+    b = len(bp.rows)
     x = _process(xp, logits, bp)
     sampled = np.flatnonzero(bp.temperature > 0)  # the others are greedy
     with np.errstate(all="ignore"):  # inf - inf in a row of +inf logits: replaced
@@ -242,7 +256,8 @@ def sample_batch(xp: Any, logits: Any, bp: BatchParams) -> Drawn:
                 sr = xp.asarray(sampled)
                 tokens[sr] = _draw(xp, _probs(xp, x[sr], bp, sampled), bp.uniform[sampled])
         logprob, top_ids, top_lps = _logprobs(xp, logits, tokens, bp.n_logprobs)
-    return Drawn(_host(xp, tokens).astype(np.int64), logprob, top_ids, top_lps)
+    rest = host if host is not None else np.zeros((0, v), np.float32)
+    return Drawn(_host(xp, tokens).astype(np.int64), logprob, top_ids, top_lps, rest)
 
 
 def _logprobs(xp: Any, logits: Any, tokens: Any, n: IntArray) -> tuple[Any, Any, Any]:
