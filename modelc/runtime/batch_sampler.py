@@ -224,7 +224,7 @@ def _probs(xp: Any, x: Any, bp: BatchParams, rows: IntArray) -> Any:
     probs /= probs.sum(axis=1, keepdims=True)
     # a row whose best logit is not finite (+inf from a penalty or bias: those tokens only;
     # -inf or nan: every token alike)
-    only = xp.where(best > 0, x64 == best, True).astype(np.float64)
+    only = ((x64 == best) | ~(best > 0)).astype(np.float64)
     only /= only.sum(axis=1, keepdims=True)
     return xp.where(xp.isfinite(best), probs, only)
 
