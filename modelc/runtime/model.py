@@ -325,8 +325,9 @@ class CausalLM:
         raise NotImplementedError
 
     def forward_sample(self, batch: Sequence[SeqChunk], params: BatchParams) -> Drawn:
-        """Run one step and sample every wanted row (one a sequence) with the batched
-        sampler: here over numpy, the host's logits; a device model samples on its device."""
+        """Run one step; sample the logit rows ``params.rows`` with the batched sampler,
+        the other rows' logits coming back beside them (``Drawn.logits``).  Here over
+        numpy, on the host's logits; a model whose logits live on a device samples there."""
         return sample_batch(np, self.forward(batch), params)
 
     def new_cache(

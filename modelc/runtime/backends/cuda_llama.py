@@ -438,7 +438,8 @@ class CudaLlama(CausalLM):
 
     def forward_sample(self, batch: Sequence[SeqChunk], params: BatchParams) -> Drawn:
         """One step sampled on the device (the batched sampler over CuPy): only the chosen
-        tokens and the log-probabilities asked for come back."""
+        tokens, the log-probabilities asked for and the logits of rows the host samples
+        (``params.host_rows``) come back."""
         r = self._step(batch)
         with self.stream:
             drawn = sample_batch(self.cp, self.logits[:r], params)
