@@ -137,6 +137,19 @@ def test_rows_with_infinite_logits_as_the_host(rows: np.ndarray[Any, Any]) -> No
     run_both(params, rows[:1].repeat(3, axis=0), 8, prompt)
 
 
+def test_ties_as_the_host(rows: np.ndarray[Any, Any]) -> None:
+    """Logits rounded to whole numbers: ties at the k-th token (top-k keeps them all, so
+    top-p sorts the whole row) and inside the nucleus (kept in id order)."""
+    tied = np.round(rows[:4] / 2).astype(np.float32)
+    params = [
+        SamplingParams(top_k=k, top_p=p, min_p=m, temperature=t, seed=i, logprobs=4)
+        for i, (k, p, m, t) in enumerate(
+            [(3, 0.9, 0.0, 0.7), (40, 0.5, 0.0, 1.3), (1, 0.99, 0.2, 1.0), (7, 0.3, 0.01, 0.9)]
+        )
+    ]
+    run_both(params, tied, 20, [1, 2, 3])
+
+
 def test_rows_sampled_beside_rows_returned(rows: np.ndarray[Any, Any]) -> None:
     """A step's rows 1 and 3 sampled, the others' logits back as they were."""
     n_vocab = rows.shape[1]

@@ -183,50 +183,83 @@ def _process(xp: Any, logits: Any, bp: BatchParams) -> Any:
     return x
 
 
+def _top_k(xp: Any, probs: Any, top_k: IntArray) -> tuple[IntArray, Any] | None:
+    """Zero all but each row's ``top_k`` largest (ties with the k-th kept), in place; the
+    rows it ran on and their candidates: the ids of the most any of them keeps (S_k, kmax),
+    ascending.  None when no row has a top-k."""
+    k_rows = np.flatnonzero((top_k > 0) & (top_k < probs.shape[1]))
+    if not len(k_rows):
+        return None
+    kr, k = xp.asarray(k_rows), top_k[k_rows]
+    kmax = int(k.max())
+    sub = probs[kr]
+    cand = xp.sort(xp.argpartition(-sub, kmax - 1, axis=1)[:, :kmax], axis=1)
+    vals = xp.sort(xp.take_along_axis(sub, cand, axis=1), axis=1)  # ascending
+    kth = vals[xp.arange(len(k_rows)), xp.asarray(kmax - k)]  # the k-th largest
+    sub[sub < kth[:, None]] = 0.0
+    probs[kr] = sub
+    return k_rows, cand
+
+
+def _top_p(xp: Any, probs: Any, top_p: F64Array, top_k: tuple[IntArray, Any] | None) -> None:
+    """Keep each row's smallest prefix, by descending probability (ties by id), whose mass
+    reaches its ``top_p`` (at least one token); in place, renormalised.  Rows that all
+    went through top-k sort their candidates only, unless a token it kept is not among
+    them (ties at the boundary): then, as the others, the whole row."""
+    p_rows = np.flatnonzero(top_p < 1.0)
+    if not len(p_rows):
+        return
+    pr = xp.asarray(p_rows)
+    sub = probs[pr]
+    ids = xp.broadcast_to(xp.arange(probs.shape[1]), sub.shape)
+    if top_k is not None and np.isin(p_rows, top_k[0]).all():
+        cand = top_k[1][xp.asarray(np.searchsorted(top_k[0], p_rows))]
+        kept = (sub > 0).sum(axis=1)
+        if bool((kept == (xp.take_along_axis(sub, cand, axis=1) > 0).sum(axis=1)).all()):
+            ids = cand
+    vals = xp.take_along_axis(sub, ids, axis=1)
+    order = _argsort_desc(xp, vals)  # ids ascending: ties stay in id order, as the host's
+    srt, ids = xp.take_along_axis(vals, order, axis=1), xp.take_along_axis(ids, order, axis=1)
+    n_keep = (xp.cumsum(srt, axis=1) < xp.asarray(top_p[p_rows])[:, None]).sum(axis=1) + 1
+    srt[xp.arange(srt.shape[1])[None, :] >= n_keep[:, None]] = 0.0
+    sub[xp.arange(len(p_rows))[:, None], ids] = srt
+    sub /= sub.sum(axis=1, keepdims=True)
+    probs[pr] = sub
+
+
 def _probs(xp: Any, x: Any, bp: BatchParams, rows: IntArray) -> Any:
     """The sampling distributions (S, n_vocab) f64 of the sampled ``rows`` of the processed
     logits ``x`` (S, n_vocab) f32, step for step as ``Sampler.probs``."""
-    n_vocab = x.shape[1]
-    temp, top_k, top_p, min_p = (a[rows] for a in (bp.temperature, bp.top_k, bp.top_p, bp.min_p))
+    temp, top_p, min_p, top_k = bp.temperature[rows], bp.top_p[rows], bp.min_p[rows], bp.top_k[rows]
     x64 = x.astype(np.float64)
     best = x64.max(axis=1, keepdims=True)  # (S, 1)
     z = x64 - best
     probs = xp.exp(z)
-    k_rows = np.flatnonzero((top_k > 0) & (top_k < n_vocab))
-    if len(k_rows):  # the k-th largest from a partition of the most any row keeps
-        kr, k = xp.asarray(k_rows), top_k[k_rows]
-        sub = probs[kr]
-        kmax = int(k.max())
-        tail = xp.sort(xp.partition(sub, n_vocab - kmax, axis=1)[:, n_vocab - kmax :], axis=1)
-        kth = tail[xp.arange(len(k_rows)), xp.asarray(kmax - k)]
-        sub[sub < kth[:, None]] = 0.0
-        probs[kr] = sub
+    candidates = _top_k(xp, probs, top_k)
     probs /= probs.sum(axis=1, keepdims=True)
-    p_rows = np.flatnonzero(top_p < 1.0)
-    if len(p_rows):  # the smallest prefix whose mass reaches top_p (at least one token)
-        pr = xp.asarray(p_rows)
-        sub = probs[pr]
-        order = _argsort_desc(xp, sub)
-        srt = xp.take_along_axis(sub, order, axis=1)
-        n_keep = (xp.cumsum(srt, axis=1) < xp.asarray(top_p[p_rows])[:, None]).sum(axis=1) + 1
-        srt[xp.arange(n_vocab)[None, :] >= n_keep[:, None]] = 0.0
-        sub[xp.arange(len(p_rows))[:, None], order] = srt
-        sub /= sub.sum(axis=1, keepdims=True)
-        probs[pr] = sub
+    _top_p(xp, probs, top_p, candidates)
     if (min_p > 0).any():  # a row with min_p 0 keeps every token (probs >= 0)
         thr = xp.asarray(min_p)[:, None] * probs.max(axis=1, keepdims=True)
         probs[probs < thr] = 0.0
     t_rows = np.flatnonzero(temp != 1.0)
     if len(t_rows):  # the temperature reshapes the tokens left
-        tr = xp.asarray(t_rows)
-        sub = probs[tr]
-        probs[tr] = xp.where(sub > 0, xp.exp(z[tr] / xp.asarray(temp[t_rows])[:, None]), sub)
+        tr, t = xp.asarray(t_rows), xp.asarray(temp[t_rows])[:, None]
+        sub, zt = probs[tr], z[tr]
+        if xp is np:  # the kept tokens' exp only (few, after a top-k), as the host's
+            keep = sub > 0
+            sub[keep] = np.exp(zt[keep] / np.broadcast_to(t, zt.shape)[keep])
+            probs[tr] = sub
+        else:  # every one: no sync for the kept tokens' count
+            probs[tr] = xp.where(sub > 0, xp.exp(zt / t), sub)
     probs /= probs.sum(axis=1, keepdims=True)
     # a row whose best logit is not finite (+inf from a penalty or bias: those tokens only;
     # -inf or nan: every token alike)
+    finite = xp.isfinite(best)
+    if xp is np and finite.all():
+        return probs
     only = ((x64 == best) | ~(best > 0)).astype(np.float64)
     only /= only.sum(axis=1, keepdims=True)
-    return xp.where(xp.isfinite(best), probs, only)
+    return xp.where(finite, probs, only)
 
 
 def _draw(xp: Any, probs: Any, u: F64Array) -> Any:
