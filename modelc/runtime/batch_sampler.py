@@ -10,13 +10,12 @@ last ``repeat_last_n`` tokens, presence and frequency penalties; greedy rows tak
 argmax; the others get top-k, top-p and min-p on the untempered distribution, then the
 temperature over the tokens left, then one draw.
 
-The draw is defined once for both paths: one uniform ``u`` in [0, 1) from the request's
-own seeded generator per sampled token (``Generator.random()``: what
-``Generator.choice(n, p=probs)`` draws on the host) picks the first token, in id order,
-whose cumulative probability exceeds ``u``.  The host draws it inside ``choice``; here
-:meth:`BatchParams.gather` draws it before the step.  So a seed gives the same tokens on
-either path, and a request may move between them from one step to the next.  Greedy
-rows draw nothing, as on the host.
+The draw is the same on both paths: one uniform ``u`` in [0, 1) from the request's own
+seeded generator per sampled token (``Generator.random()``) picks the first token, in id
+order, whose cumulative probability exceeds ``u`` (:func:`~modelc.runtime.sampling.draw`
+on the host).  The host draws ``u`` after the step; here :meth:`BatchParams.gather`
+draws it before.  So a seed gives the same tokens on either path, and a request may move
+between them from one step to the next.  Greedy rows draw nothing, as on the host.
 
 What the batch does not do (DRY, mirostat, typical-p, XTC, top-n-sigma, a reasoning
 budget) stays on the host: :func:`batchable` says which samplers can come here.
@@ -263,7 +262,8 @@ def _probs(xp: Any, x: Any, bp: BatchParams, rows: IntArray) -> Any:
 
 
 def _draw(xp: Any, probs: Any, u: F64Array) -> Any:
-    """Each row's token: the first whose cumulative probability exceeds its ``u``."""
+    """Each row's token: the first whose cumulative probability exceeds its ``u`` (the
+    host's :func:`~modelc.runtime.sampling.draw`, row by row)."""
     cdf = xp.cumsum(probs, axis=1)
     cdf /= cdf[:, -1:]
     return (cdf <= xp.asarray(u)[:, None]).sum(axis=1)
