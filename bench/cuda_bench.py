@@ -13,7 +13,9 @@ For each model (SmolLM2-135M Q4_1, random ~1.1B llama GGUFs in Q4_0 and Q8_0):
   not depend on their values), ``generate`` greedy, batch N, 32-token prompts; decode
   tokens/s from (time of 65 new tokens - time of 1) over 64 tokens;
 * with ``--engine``: the unchanged engine on ``--device cuda`` (SmolLM2, 64 concurrent
-  greedy requests of 64 tokens): aggregate tokens/s, host sampling included;
+  requests of 64 tokens, greedy and with llama-server's default sampler settings, each
+  sampled on the GPU (``--device-sampling auto``) and on the host (``off``)): aggregate
+  tokens/s;
 * with ``--types Q5_K,IQ4_XS,...``: the random 1.1B in those types too (written to
   ``--dir`` if missing), in their own blocks;
 * with ``--offload PATH [--ngl N]`` (partial offload, issue 35's must-show 4): batch-1
@@ -188,22 +190,35 @@ def hf_rate(ir: ModelIR, n: int) -> float:
 _HF: dict[Any, Any] = {}
 
 
-def engine_rate(path: Path, n_streams: int, n_tokens: int) -> float:
+# llama-server's default sampler settings (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8)
+LLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+def engine_rate(
+    path: Path, n_streams: int, n_tokens: int, sampling: str = "auto", greedy: bool = True
+) -> float:
+    """Aggregate tokens/s of ``n_streams`` concurrent requests through the engine, sampled
+    with ``--device-sampling sampling``: greedy, or seeded with llama-server's defaults."""
     import trio
 
     from modelc.engine import EngineOptions, build_engine
     from modelc.engine.api import GenerationRequest, TokenEvent
     from modelc.runtime.sampling import SamplingParams
 
-    eng = build_engine(
-        path,
-        EngineOptions(device="cuda", max_concurrent=n_streams, speculative=False, prefill_chunk=0),
+    opt = EngineOptions(
+        device="cuda",
+        max_concurrent=n_streams,
+        speculative=False,
+        prefill_chunk=0,
+        device_sampling=sampling,
     )
+    eng = build_engine(path, opt)
     assert eng.tok is not None
     stamps: list[float] = []
 
     async def one(i: int) -> None:
-        p = SamplingParams(temperature=0.0, max_tokens=n_tokens)
+        settings: dict[str, Any] = {"temperature": 0.0} if greedy else LLAMA_DEFAULTS
+        p = SamplingParams(max_tokens=n_tokens, seed=i, **settings)
         prompt = eng.tok.encode(f"Story {i}: once upon a time in a land far away,")  # type: ignore[union-attr]
         async for ev in eng.submit(GenerationRequest(f"s{i}", prompt, p, ignore_eos=True)):
             if isinstance(ev, TokenEvent):
@@ -297,10 +312,14 @@ def main() -> None:
         print(f"{name}: graphs on the cuBLAS path: {model.graph_error or 'captured'}", flush=True)
         del model
         be.cp.get_default_memory_pool().free_all_blocks()
-    if args.engine and args.smollm2:
-        r = engine_rate(args.smollm2, 64, 64)
-        rows.append({"model": "SmolLM2 engine --device cuda", "streams": 64, "tok_s": r})
-        print(json.dumps(rows[-1]), flush=True)
+    if args.engine and args.smollm2:  # sampled on the GPU (auto) and on the host (off)
+        for greedy in (True, False):
+            for sampling in ("auto", "off"):
+                rate = engine_rate(args.smollm2, 64, 64, sampling, greedy)
+                how = "greedy" if greedy else "t0.8 k40 p0.95 min-p0.05"
+                name = f"SmolLM2 engine --device cuda, {how}, --device-sampling {sampling}"
+                rows.append({"model": name, "streams": 64, "tok_s": rate})
+                print(json.dumps(rows[-1]), flush=True)
     print("\n| model | streams | step ms | tok/s | of 4.8 TB/s | transformers bf16 tok/s | ratio |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

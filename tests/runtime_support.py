@@ -126,3 +126,24 @@ def decode_alone(
         if len(out) < limit:
             logits = model.forward([SeqChunk(cache, [s.token])])[0]
     return out
+
+
+async def engine_events(eng: Any, requests: Sequence[Any]) -> Any:
+    """Every ``GenerationRequest`` submitted at once to ``eng`` (an ``LLMEngine``, run for
+    the while): each one's token events, in request order."""
+    import trio
+
+    from modelc.engine.api import TokenEvent
+
+    out: dict[int, list[TokenEvent]] = {}
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+
+        async def one(i: int, req: Any) -> None:
+            out[i] = [ev async for ev in eng.submit(req) if isinstance(ev, TokenEvent)]
+
+        async with trio.open_nursery() as reqs:
+            for i, req in enumerate(requests):
+                reqs.start_soon(one, i, req)
+        n.cancel_scope.cancel()
+    return [out[i] for i in range(len(requests))]

@@ -10,7 +10,7 @@ import pytest
 
 from modelc.cli import build_parser
 from modelc.cli.args import engine_given, engine_options, sampling_given
-from modelc.cli.options import DEVICES, KV_MODES, MATMUL_MODES, OPTIONS, options_of
+from modelc.cli.options import DEVICE_SAMPLING, DEVICES, KV_MODES, MATMUL_MODES, OPTIONS, options_of
 
 
 def _commands(p: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -54,12 +54,14 @@ def test_the_table_names_only_real_commands_and_no_flag_twice() -> None:
 
 
 def test_choices_are_the_enums() -> None:
+    from modelc.engine.options import DEVICE_SAMPLING as ENGINE_SAMPLING
     from modelc.engine.options import DEVICES as ENGINE_DEVICES
     from modelc.runtime.backends.cpu import MATMUL_TOLS
     from modelc.runtime.kv_store import KVMode
 
     assert list(KV_MODES) == [m.value for m in KVMode] == ["f32", "f16", "int8", "mixed"]
     assert tuple(DEVICES) == ENGINE_DEVICES
+    assert tuple(DEVICE_SAMPLING) == ENGINE_SAMPLING
     assert list(MATMUL_MODES) == list(MATMUL_TOLS)
     assert "int8" in KV_MODES and "q4" not in KV_MODES
     for name, p in COMMANDS.items():  # every --kv-cache takes the same values
@@ -72,6 +74,7 @@ ENGINE_FLAGS = [
     *("--kv-cache", "int8", "--device", "cpu", "--max-context", "512", "--threads", "2"),
     *("--anchor-tokens", "8", "--prefill-chunk", "64", "--context-shift", "--swa-full"),
     *("--speculate", "fixed", "--spec-max", "4", "--spec-min-prompt", "32"),
+    *("--device-sampling", "on"),
 ]
 EXPECTED = {
     "kv_cache": "int8",
@@ -86,6 +89,7 @@ EXPECTED = {
     "spec_adaptive": False,
     "spec_gamma": 4,
     "spec_min_prompt": 32,
+    "device_sampling": "on",
 }
 
 

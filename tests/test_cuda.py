@@ -15,6 +15,7 @@ identical greedy continuations (the issue's bar).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -497,3 +498,74 @@ def test_get_backend_cuda_without_cuda_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="use --device cpu") as e:
         get_backend("cuda")
     assert "\n" not in str(e.value)
+
+
+@gpu
+def test_device_sampling_matches_the_host_path() -> None:
+    """The batched sampler over CuPy (what ``CudaLlama.forward_sample`` runs: only the
+    chosen tokens and the log-probabilities asked for come back) against the host sampler
+    on the same device logits, step by step for a batch of mixed settings: the same
+    tokens, log-probabilities within 1e-6 (CuPy's exp and sums round apart from numpy's);
+    then the engine, which samples on the GPU by default (--device-sampling auto), gives
+    the tokens of --device-sampling off."""
+    from modelc.engine import EngineOptions, build_engine
+    from modelc.engine.api import GenerationRequest
+    from modelc.runtime.batch_sampler import BatchParams, sample_batch
+    from modelc.runtime.sampling import Sample, Sampler, SamplingParams
+    from tests.runtime_support import engine_events
+
+    path = smollm2_path()
+    dev = on_gpu(load_model(path))
+    n_vocab = dev.n_vocab
+    mixes = [
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(temperature=0.8, top_k=40, seed=7, logprobs=0),
+        SamplingParams(top_p=0.9, repetition_penalty=1.2, seed=8),
+        SamplingParams(temperature=1.3, min_p=0.05, presence_penalty=0.6, seed=9, logprobs=5),
+        SamplingParams(frequency_penalty=0.5, logit_bias={13: 4.0}, banned_token_ids=[2], seed=10),
+        SamplingParams(top_k=5, top_p=0.5, temperature=0.7, seed=11, logprobs=20),
+    ]
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, n_vocab, n).tolist() for n in (12, 5, 30, 8, 17, 3)]
+    host = [Sampler(p, n_vocab, pr) for p, pr in zip(mixes, prompts, strict=True)]
+    on_dev = [Sampler(p, n_vocab, pr) for p, pr in zip(mixes, prompts, strict=True)]
+    caches = [dev.new_cache("f32") for _ in prompts]
+    feed: list[list[int]] = prompts
+
+    def lps(s: Sample) -> list[float]:
+        return [s.logprob, *(v for _, v in s.top)]
+
+    for step in range(24):
+        logits = dev.forward([SeqChunk(c, f) for c, f in zip(caches, feed, strict=True)])
+        want = [s.sample(x) for s, x in zip(host, logits, strict=True)]
+        bp = BatchParams.gather(on_dev)
+        got = sample_batch(dev.cp, dev.logits[: len(feed)], bp).samples(bp)
+        for w, g, s_h, s_d in zip(want, got, host, on_dev, strict=True):
+            assert g.token == w.token and [t for t, _ in g.top] == [t for t, _ in w.top], step
+            np.testing.assert_allclose(lps(g), lps(w), rtol=0, atol=1e-6)
+            s_h.accept(w.token)
+            s_d.accept(g.token)
+        feed = [[w.token] for w in want]
+    for c in caches:
+        c.free()
+    del dev
+
+    requests = [
+        GenerationRequest(f"r{i}", pr, dataclasses.replace(p, max_tokens=16))
+        for i, (pr, p) in enumerate(zip(prompts, mixes, strict=True))
+    ]
+    got_events: dict[str, Any] = {}
+    for mode in ("off", "auto"):
+        eng = build_engine(path, EngineOptions(device="cuda", device_sampling=mode))
+        got_events[mode] = trio.run(engine_events, eng, requests)
+        steps = int(eng.stats().extra["device_sampled_steps"])
+        assert (steps > 0) == (mode == "auto"), (mode, steps)
+        del eng
+    for a, b in zip(got_events["off"], got_events["auto"], strict=True):
+        assert [e.token_id for e in a] == [e.token_id for e in b]
+        np.testing.assert_allclose(
+            [e.logprob if e.logprob is not None else 0.0 for e in a],
+            [e.logprob if e.logprob is not None else 0.0 for e in b],
+            rtol=0,
+            atol=1e-6,
+        )

@@ -66,6 +66,7 @@ class Values(Sequence[str]):
 
 KV_MODES = Values("modelc.runtime.kv_store:KVMode")
 DEVICES = Values("modelc.engine.options:DEVICES")
+DEVICE_SAMPLING = Values("modelc.engine.options:DEVICE_SAMPLING")
 MATMUL_MODES = Values("modelc.runtime.backends.cpu:MATMUL_TOLS")
 SPECULATE = ("auto", "fixed", "off")
 
@@ -236,6 +237,7 @@ OPTIONS: list[Opt] = [
     _opt("--mmproj", ENGINE, "the model's vision projector (an mmproj-*.gguf, as llama-server's --mmproj): images in on the chat routes (Gemma 3 so far; runs on the CPU)", metavar="FILE", engine="mmproj"),
     _opt("--device", f"{ENGINE} bench", "where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto (cuda when CuPy sees a GPU and the architecture runs there; default); webgpu (WGSL shaders through wgpu on a Metal/Vulkan/D3D12 adapter) or metal (the same, on a Metal adapter only)", choices=DEVICES, engine="device"),
     _opt("-ngl --n-gpu-layers", ENGINE, "layers on the GPU with --device cuda (or auto), the rest on the CPU kernels, as llama.cpp's -ngl: a number, all, or auto (default): as many as fit the GPU's free memory beside their KV cache, so a model larger than the GPU still runs; without a GPU auto runs every layer on the CPU", type=_gpu_layers, metavar="N|auto|all", engine="n_gpu_layers"),
+    _opt("--device-sampling", ENGINE, "where tokens are sampled: auto (default) on the GPU when the model computes there, so only the chosen tokens and the log-probabilities asked for come back; on: by the batched sampler whatever the device; off: on the host, row by row. Requests with a grammar, DRY, mirostat, typical-p, XTC, top-n-sigma, prompt log-probabilities or a draft to verify are sampled on the host either way", choices=DEVICE_SAMPLING, engine="device_sampling"),
     _opt("--grace", "run containerize", "seconds running streams get to finish on SIGINT/SIGTERM (30)", type=float, default=30.0, metavar="S"),
     _opt("--ping-interval", "run", "send an SSE ': ping' comment after S seconds without a token (10)", type=float, default=10.0, metavar="S"),
     _opt("--http-keep-alive", "run", "close a client's idle keep-alive connection after S seconds (30)", type=float, default=30.0, metavar="S"),

@@ -12,6 +12,9 @@ from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.prompt import DEFAULT_MAX_TOKENS
 
 DEVICES = ("auto", "cpu", "cuda", "webgpu", "metal")  # where the engine computes (--device)
+# where a step samples (--device-sampling): on the model's device (auto: when its logits
+# live there; on: whenever it can, the numpy decoder's own host included) or on the host
+DEVICE_SAMPLING = ("auto", "on", "off")
 
 
 AUTO_STREAM_BUSY = (
@@ -57,6 +60,7 @@ class EngineOptions:
     # layers on the GPU, the rest on the CPU (--n-gpu-layers, llama.cpp's -ngl): a count,
     # "all", or "auto": as many as fit its free memory (all on the CPU without a GPU)
     n_gpu_layers: int | str = "auto"
+    device_sampling: str = "auto"  # auto | on | off (--device-sampling): see DEVICE_SAMPLING
     max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
     # a reader this many events behind pauses its request (no compute, KV kept) ...
     max_unread: int = 64
@@ -137,6 +141,10 @@ class EngineOptions:
                 self.device not in ("cpu", "webgpu", "metal") or self.n_gpu_layers in ("auto", 0),
                 f"--n-gpu-layers {self.n_gpu_layers} needs --device cuda (or auto, with a GPU); "
                 f"--device {self.device} runs every layer itself",
+            ),
+            (
+                self.device_sampling in DEVICE_SAMPLING,
+                f"--device-sampling must be auto, on or off, got {self.device_sampling!r}",
             ),
             (
                 self.threads is None or self.threads >= 1,

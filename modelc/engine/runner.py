@@ -22,7 +22,7 @@ swaps them between steps).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +35,10 @@ from modelc.engine.prefix_cache import Block, PrefixCache
 from modelc.engine.spec_control import SpecConfig, SpecController, StepCost
 from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
 from modelc.errors import ModelcError, UsageError
+from modelc.runtime.batch_sampler import BatchParams, batchable
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.lora import AppliedLora, LoraAdapter, apply_adapter, remove_adapter
-from modelc.runtime.model import EmbeddingModel, ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.model import CausalLM, EmbeddingModel, ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler, token_logprobs
 
 if TYPE_CHECKING:  # the API's module holds the handles' trio channels
@@ -165,6 +166,7 @@ class ModelRunner:
         # decode steps' time by rows fed, for the controllers (frozen: the prior alone)
         self.step_cost = StepCost(frozen=options.spec_fixed_cost)
         self.seqs: dict[str, SeqRun] = {}
+        self.device_sampled_steps = 0  # steps sampled by the model's forward_sample
 
     def report(self, s: EngineStats) -> None:
         """The KV memory and prefix-cache figures of ``s``."""
@@ -177,6 +179,7 @@ class ModelRunner:
             prefix_cache_evicted=ps.evicted_blocks,
             spec_acceptance=s.spec_accepted / s.spec_drafted if s.spec_drafted else 0.0,
             kv_cache=self.mode.value,
+            device_sampled_steps=self.device_sampled_steps,
         )
 
     # -- sequences in and out ------------------------------------------------------------
@@ -332,15 +335,34 @@ class ModelRunner:
                 rows = tuple(range(len(feed)))  # every prompt row's next-token logits
             batch.append(SeqChunk(seq.cache, feed, rows, seq.images))
             seqs.append(seq)
-        logits = self.lm.forward(batch)  # (sum of rows, n_vocab)
+        on_device = self._on_device(plan, seqs, batch)
+        drawn: Iterator[Sample] = iter(())
+        if any(on_device):  # those rows' tokens (and log-probs asked for) come back alone
+            assert isinstance(self.lm, CausalLM)
+            self.device_sampled_steps += 1
+            n_rows = [len(c.rows()) for c in batch]
+            params = BatchParams.gather(
+                [seq.sampler for seq, dev in zip(seqs, on_device, strict=True) if dev],
+                np.cumsum(n_rows)[np.asarray(on_device)] - 1,  # each one's (only) row
+                sum(n_rows),
+            )
+            step = self.lm.forward_sample(batch, params)
+            drawn, logits = iter(step.samples(params)), step.logits
+        else:
+            logits = self.lm.forward(batch)  # (sum of rows, n_vocab)
         out: StepOutput = []
-        row = 0
-        for s, seq, chunk in zip(plan.seqs, seqs, batch, strict=True):
+        row = 0  # in ``logits``: the rows not sampled on the device
+        for s, seq, chunk, dev in zip(plan.seqs, seqs, batch, on_device, strict=True):
             assert seq.cache is not None
             if not seq.prefix_inserted and seq.cache.n >= seq.prompt_len:
                 key = prefix_key(seq.tokens[: seq.prompt_len], seq.images)
                 self.prefix.insert(key, seq.cache)
                 seq.prefix_inserted = True
+            if dev:
+                smp = next(drawn)
+                seq.sampler.accept(smp.token)
+                out.append([smp])
+                continue
             mine = logits[row : row + len(chunk.rows())]
             row += len(chunk.rows())
             if seq.prompt_logprobs is not None and s.start < seq.prompt_len:
@@ -355,6 +377,29 @@ class ModelRunner:
             except ModelcError as e:  # this sequence's constraint / sampler failed: it alone ends
                 out.append(e)
         return out
+
+    def _on_device(self, plan: StepPlan, seqs: list[SeqRun], batch: list[SeqChunk]) -> list[bool]:
+        """Where each sequence of the step samples, decided here alone: on the model's
+        device (its ``forward_sample``: only the chosen token and the log-probabilities
+        asked for come back) when ``--device-sampling`` allows (auto: when the model's
+        logits live on a device) and the sequence needs no logits on the host: a
+        sampling row of its own with no prompt log-probabilities, no constraint's mask,
+        no speculative draft to verify, and only settings the batched sampler has
+        (``batchable``); else on the host, as every sequence of a prefill-only step."""
+        mode, lm = self.opt.device_sampling, self.lm
+        if mode == "off" or not isinstance(lm, CausalLM):
+            return [False] * len(seqs)
+        if mode == "auto" and not lm.logits_on_device:
+            return [False] * len(seqs)
+        return [
+            s.sample
+            and len(chunk.rows()) == 1
+            and not s.n_draft
+            and seq.constraint is None
+            and not (seq.prompt_logprobs is not None and s.start < seq.prompt_len)
+            and batchable(seq.sampler)
+            for s, seq, chunk in zip(plan.seqs, seqs, batch, strict=True)
+        ]
 
     def _sample(
         self, seq: SeqRun, s: ScheduledSeq, logits: np.ndarray[Any, Any], n_dec: int

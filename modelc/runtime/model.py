@@ -24,6 +24,7 @@ from modelc.errors import FormatError, UsageError
 from modelc.formats.ir import DType, HParams, ModelIR
 from modelc.formats.quants import dequantize
 from modelc.runtime.backend import Backend, F32Array, Weight
+from modelc.runtime.batch_sampler import BatchParams, Drawn, sample_batch
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.seq_state import SeqState, StateShapes
 
@@ -403,6 +404,19 @@ class CausalLM:
     n_ctx: int
     kv_windows: tuple[int, ...] = ()  # each layer's sliding window (0: global); () none
     state_shapes: StateShapes | None = None  # recurrent layers' per-sequence state; None: none
+    # the logits live on a device and reach the host by a copy: sampling there saves it
+    # (the engine's --device-sampling auto)
+    logits_on_device: bool = False
+
+    def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
+        """Run one step (see :class:`LanguageModel`); each architecture has its own."""
+        raise NotImplementedError
+
+    def forward_sample(self, batch: Sequence[SeqChunk], params: BatchParams) -> Drawn:
+        """Run one step; sample the logit rows ``params.rows`` with the batched sampler,
+        the other rows' logits coming back beside them (``Drawn.logits``).  Here over
+        numpy, on the host's logits; a model whose logits live on a device samples there."""
+        return sample_batch(np, self.forward(batch), params)
 
     def new_cache(
         self,

@@ -19,6 +19,11 @@ truncation of the whole distribution; its ``mu`` (target surprise, first ``2 * t
 updated after each generated token.  The samplers themselves are in
 :mod:`modelc.runtime.samplers`.
 
+The draw (:func:`draw`): one uniform ``u`` in [0, 1) from the request's generator picks
+the first token, in id order, whose cumulative probability exceeds ``u`` (what numpy's
+``Generator.choice`` does).  The batched sampler (:mod:`modelc.runtime.batch_sampler`)
+draws the same way, so a seed gives the same tokens on the host and on a device.
+
 Log-probabilities (the chosen token's and the top-N alternatives) come from the raw
 model logits (log-softmax before any processing), as OpenAI reports them.
 """
@@ -160,6 +165,14 @@ class Sample:
     token: int
     logprob: float  # of ``token`` under the raw model distribution
     top: tuple[tuple[int, float], ...] = ()  # top-N (token, logprob), best first
+
+
+def draw(probs: np.ndarray[Any, np.dtype[np.float64]], u: float) -> int:
+    """The token a uniform ``u`` in [0, 1) picks from ``probs`` (n_vocab,): the first whose
+    cumulative probability (normalised to end at 1) exceeds ``u``."""
+    cdf = np.cumsum(probs)
+    cdf /= cdf[-1]
+    return int(np.searchsorted(cdf, u, side="right"))
 
 
 def log_softmax(logits: F32Array) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -317,7 +330,7 @@ class Sampler:
             tok = int(np.argmax(x))
         else:
             probs = self.probs(x)
-            tok = int(self.rng.choice(self.n_vocab, p=probs))
+            tok = draw(probs, self.rng.random())
         if self.p.logprobs is None:
             return Sample(tok, float("nan"))
         lp = log_softmax(logits)

@@ -15,7 +15,9 @@ into another), every sequence's KV cache lives in device memory
 the device: per step the host sends one small int64 array (token ids, positions, each
 row's sequence, each sequence's cache address and capacity, the rows whose logits are
 wanted) and gets back the logits of those rows, which the engine's samplers need, or
-with :meth:`CudaLlama.forward_greedy` only the argmax token ids.
+with :meth:`CudaLlama.forward_sample` only the tokens the engine's sampling settings
+choose on the device (:mod:`~modelc.runtime.batch_sampler`), or with
+:meth:`CudaLlama.forward_greedy` only the argmax token ids.
 
 A decode step (one token a sequence) is captured once per batch size as a CUDA graph and
 replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): up to 16 sequences at once (GEMV) at
@@ -42,6 +44,7 @@ from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda import CudaBackend, DevWeight
 from modelc.runtime.backends.cuda_kv import CudaKVCache
 from modelc.runtime.backends.numpy_ref import NumpyBackend
+from modelc.runtime.batch_sampler import BatchParams, Drawn, sample_batch
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
 
@@ -176,6 +179,8 @@ def cuda_host(ir: ModelIR) -> Decoder:
 
 class CudaLlama(CausalLM):
     """A decoder :class:`~modelc.runtime.model.LanguageModel` computing on the GPU."""
+
+    logits_on_device = True  # the engine samples here (forward_sample) unless told not to
 
     def __init__(
         self,
@@ -450,6 +455,16 @@ class CudaLlama(CausalLM):
         out: np.ndarray[Any, Any] = self.tokens[:r].get(stream=self.stream)
         self.stream.synchronize()
         return out
+
+    def forward_sample(self, batch: Sequence[SeqChunk], params: BatchParams) -> Drawn:
+        """One step sampled on the device (the batched sampler over CuPy): only the chosen
+        tokens, the log-probabilities asked for and the logits of rows the host samples
+        (``params.host_rows``) come back."""
+        _, r = self._step(batch)
+        with self.stream:
+            drawn = sample_batch(self.cp, self.logits[:r], params)
+        self.stream.synchronize()
+        return drawn
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """As :meth:`Decoder.shift_context`, the moved keys re-rotated through the host."""
