@@ -20,14 +20,18 @@ from typing import Any
 import gguf
 import numpy as np
 
-from modelc.artifact.mixes import K_MIXES
+from modelc.artifact import mixes
 from tests import gen_families
 from tests.gguf_support import gguf_file
 
 # 8 layers: every branch of the mixes' layer rules (use_more_bits: 0, 3, 6, 7; Q4_K_S: 0-3)
 WIDE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 8}
 # the mixes compared with llama-quantize: modelc's name -> llama-quantize's type argument
-MIXES = {mix: mix.upper() for mix in K_MIXES}
+MIXES = {mix: mix.upper() for mix in mixes.MIXES}
+# the mixes also compared with an importance matrix: each quantizer's weighted search (Q8_0
+# has none), and the rules that read it (Q4_0's ffn_down in Q4_1, IQ4's without Q5_K)
+IMATRIX_MIXES = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_m", "q4_k_m", "q5_k_s",
+                 "q6_k", "iq4_nl", "iq4_xs")  # fmt: skip
 IMATRIX_SEED = 36
 
 
