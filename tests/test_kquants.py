@@ -98,7 +98,12 @@ def test_compiled_quantizer_equals_its_numpy_twin(t: DType) -> None:
         assert np.array_equal(quantize(x, t), numpy_quantize(x, t))
 
 
-@pytest.mark.parametrize("t", [DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.Q5_0, DType.Q8_0])
+@pytest.mark.parametrize(
+    "t",
+    [DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.Q5_0, DType.Q8_0,
+     DType.IQ4_NL, DType.IQ4_XS],
+    ids=lambda t: t.value,
+)  # fmt: skip
 def test_blocks_equal_ggml_on_real_rows(t: DType) -> None:
     x = real_rows()
     im = (x * x).mean(axis=0).astype(np.float32)  # activation-like weights
