@@ -4,9 +4,8 @@ A *mix* (llama.cpp's ``llama_ftype``: Q4_K_M, Q3_K_L, Q4_0, IQ4_XS, ...) names a
 type and rules that give some tensors more bits: the output (or tied token embedding) in Q6_K,
 ``attn_v``, ``ffn_down`` and ``attn_output`` of some layers in more bits for the low-bit and
 ``_M``/``_L`` mixes, and a fallback to a 32-weight type when a row is not a whole number of
-256-weight blocks (F16 when not even of 32).  This is
-``llama_tensor_get_type`` of llama.cpp's ``src/llama-quant.cpp`` for the mixes modelc can
-write, with the same counters, visiting the tensors in the same order (by layer, then name),
+256-weight blocks (F16 when not even of 32).  This is ``llama_tensor_get_type`` of
+llama.cpp's ``src/llama-quant.cpp`` for the mixes modelc can write, with the same counters, visiting the tensors in the same order (by layer, then name),
 so a packed model's types equal those of ``llama-quantize`` on the same source.  Tensor
 names are GGUF's (``blk.N.attn_v.weight``), which every modelc reader produces.
 """
@@ -41,8 +40,6 @@ MIXES: dict[str, DType] = {
 
 # the K-quant mixes, by size
 K_MIXES = ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")
-# the mixes of one 32-weight type (but the output, Q6_K, and the fallbacks)
-LEGACY_MIXES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 IQ4_MIXES = ("iq4_nl", "iq4_xs")
 
 # a 256-weight type -> the 32-weight type it falls back to (tensor_type_fallback)
