@@ -1,16 +1,17 @@
-"""Perplexity of modelc's q4_k_m pack against llama.cpp's Q4_K_M of the same F16 source.
+"""Perplexity of modelc's packs (q4_k_m, or ``--mixes``) against llama.cpp's of the same F16 source.
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.kquant_perplexity [--text README.md]
-        [--ctx 128] [--chunks 16] [--bin ~/.cache/llama-quantize-build/bin] [--source F16.gguf] [--all-mixes]
+        [--ctx 128] [--chunks 16] [--bin ~/.cache/llama-quantize-build/bin] [--source F16.gguf]
+        [--all-mixes] [--mixes q4_k_m,q2_k,...]
 
 The source is the F16 tiny qwen3 of ``tests/kquant_source.py`` (random weights: the figure
 is near the vocabulary size; what matters is that both sides give the same one), or
 ``--source``: an F16 GGUF such as ``bench.big_models``' ``smollm2-135m-f16.gguf`` (SmolLM2's
 trained weights).
-``llama-quantize`` writes its Q4_K_M, ``llama-perplexity`` scores it on the text
+``llama-quantize`` writes each mix (Q4_K_M, ...), ``llama-perplexity`` scores it on the text
 (``-c CTX -b CTX --chunks N``: each chunk of CTX tokens evaluated from an empty cache, the
 tokens of its second half scored), and writes the token ids it read
-(``--kl-divergence-base``). modelc packs the F16 file with ``--quantize q4_k_m`` and scores
+(``--kl-divergence-base``). modelc packs the F16 file with ``--quantize MIX`` and scores
 the very same ids the same way, with its exact (f32 activations) and its default (int8
 activations, as llama.cpp's K-quant dot products quantize them to Q8_K) matmuls. The two
 packs' tensor bytes are compared too (``tests/test_kquant_goldens.py`` holds them equal).
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from modelc.artifact import PackOptions, load_artifact, open_artifact, write_artifact
-from modelc.artifact.mixes import K_MIXES
+from modelc.artifact.mixes import MIXES
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
@@ -37,7 +38,7 @@ from modelc.runtime.backends.cpu import CpuBackend
 from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.tokenizer import Tokenizer
 from tests.gguf_manifest import manifest
-from tests.kquant_source import write_imatrix, write_source
+from tests.kquant_source import IMATRIX_MIXES, write_imatrix, write_source
 
 Array = np.ndarray[Any, Any]
 BIN = Path.home() / ".cache" / "llama-quantize-build" / "bin"
@@ -123,9 +124,13 @@ def main() -> None:
     ap.add_argument("--bin", type=Path, default=BIN)
     ap.add_argument("--source", type=Path, help="an F16 GGUF (default: the tiny qwen3)")
     ap.add_argument(
-        "--all-mixes", action="store_true", help="first compare every K mix's tensors too"
+        "--all-mixes", action="store_true", help="first compare every mix's tensors too"
+    )
+    ap.add_argument(
+        "--mixes", default="q4_k_m", help="the mixes whose perplexity is measured, comma-separated"
     )
     args = ap.parse_args()
+    scored = args.mixes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         src = args.source or d / "f16.gguf"
@@ -135,36 +140,38 @@ def main() -> None:
         quantize = args.bin / "llama-quantize"
         if args.all_mixes:
             write_imatrix(src, d / "imatrix.gguf")
-            for mix, im in [*((m, None) for m in K_MIXES), ("q4_k_m", d / "imatrix.gguf")]:
-                _, _, same = same_tensors(quantize, ir, src, d, mix, im)
+            im = d / "imatrix.gguf"
+            for mix, imx in [*((m, None) for m in MIXES), *((m, im) for m in IMATRIX_MIXES)]:
+                _, _, same = same_tensors(quantize, ir, src, d, mix, imx)
                 print(
-                    f"{mix}{' + imatrix' if im else ''}: tensors equal to llama-quantize's: {same}"
+                    f"{mix}{' + imatrix' if imx else ''}: tensors equal to llama-quantize's: {same}"
                 )
-        theirs, ours, same_bytes = same_tensors(quantize, ir, src, d, "q4_k_m")
         exe, text = args.bin / "llama-perplexity", args.text
         llama_perplexity(exe, src, text, args.ctx, args.chunks, d / "base")
-        ppl = {
-            "llama.cpp f16": llama_perplexity(exe, src, text, args.ctx, args.chunks),
-            "llama.cpp q4_k_m": llama_perplexity(exe, theirs, text, args.ctx, args.chunks),
-        }
         n_ctx, ids = scored_ids(d / "base")
         assert ir.tokenizer is not None
         tok = Tokenizer(ir.tokenizer)
         bos = tok.bos_id if tok.adds_bos else None
         ours_ids = tok.encode(args.text.read_text())
         same_ids = ours_ids[: ids.size] == [int(t) for t in ids.reshape(-1)]
-        for mode in ("exact", "fast"):
-            ppl[f"modelc f16 {mode}"] = perplexity(
-                build(ir, CpuBackend(threads=2, matmul=mode)), ids, bos
-            )
-            packed = build(load_artifact(ours), CpuBackend(threads=2, matmul=mode))
-            ppl[f"modelc q4_k_m {mode}"] = perplexity(packed, ids, bos)
-    print(f"source {src.name}, text {args.text.name}: {ids.shape[0]} chunks of {n_ctx} tokens, "
-          f"{ids.shape[0] * (n_ctx - 1 - n_ctx // 2)} scored; modelc's tokens equal llama.cpp's: "
-          f"{same_ids}; modelc's q4_k_m tensors equal llama-quantize's: {same_bytes}")  # fmt: skip
-    ref = ppl["llama.cpp q4_k_m"]
-    for name, v in ppl.items():
-        print(f"{name:<22} PPL {v:10.4f}   vs llama.cpp q4_k_m {100 * (v / ref - 1):+.3f}%")
+        print(f"source {src.name}, text {args.text.name}: {ids.shape[0]} chunks of {n_ctx} "
+              f"tokens, {ids.shape[0] * (n_ctx - 1 - n_ctx // 2)} scored; modelc's tokens equal "
+              f"llama.cpp's: {same_ids}")  # fmt: skip
+        f16 = llama_perplexity(exe, src, text, args.ctx, args.chunks)
+        print(f"f16      llama.cpp PPL {f16:10.4f}   modelc exact "
+              f"{perplexity(build(ir, CpuBackend(threads=2, matmul='exact')), ids, bos):10.4f}")  # fmt: skip
+        for mix in scored:
+            theirs, ours, same_bytes = same_tensors(quantize, ir, src, d, mix)
+            ref = llama_perplexity(exe, theirs, text, args.ctx, args.chunks)
+            got = {
+                mode: perplexity(build(load_artifact(ours), CpuBackend(threads=2, matmul=mode)),
+                                 ids, bos)
+                for mode in ("fast", "exact")
+            }  # fmt: skip
+            print(f"{mix:<8} llama.cpp PPL {ref:10.4f}   modelc default {got['fast']:10.4f} "
+                  f"({100 * (got['fast'] / ref - 1):+.3f}%)   exact {got['exact']:10.4f} "
+                  f"({100 * (got['exact'] / ref - 1):+.3f}%)   tensors equal: {same_bytes}",
+                  flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

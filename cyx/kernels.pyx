@@ -200,7 +200,8 @@ def release_pages(const uint8_t[:, ::1] W):
 
 # GGML type id -> (weights, bytes) per block, of the types mc_quantize_rows writes
 _QUANT_BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
-                 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+                 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+                 20: (32, 18), 23: (256, 136)}
 
 
 def quantize_chunk(int ggml_type, const float[:, ::1] x, uint8_t[:, ::1] out,

@@ -4,7 +4,8 @@
  * same order, -ffp-contract=off (mc_build.py) so that nothing is fused.
  *
  * mc_quantize_rows(type, src, dst, nrow, n_per_row, imatrix): type is the GGML type id
- * (Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14); imatrix, when not NULL,
+ * (Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q2_K 10, Q3_K 11, Q4_K 12, Q5_K 13, Q6_K 14,
+ * IQ4_NL 20, IQ4_XS 23; the low-bit ones in mc_quantize_low.h); imatrix, when not NULL,
  * holds n_per_row importance weights (llama.cpp's imatrix for this tensor), used as ggml does:
  * the weighted search replaces the reference one, except for Q8_0, which ignores it.
  *
@@ -94,10 +95,11 @@ static float mcq_make_qx_quants(int n, int nmax, const float *x, int8_t *L, int 
 
 /* levels 0..nmax with a min (ggml's make_qkx2_quants when weights given and x3 = 0, or
  * make_qkx3_quants when x3 = 1: the same search, x3 accepting max <= min and default weights
- * x*x when none are given); returns the scale, *the_min = -min */
+ * x*x when none are given; mad: weigh absolute errors, not squared ones); returns the scale,
+ * *the_min = -min */
 static float mcq_make_qkx_quants(int x3, int n, int nmax, const float *x, const float *weights,
                                  uint8_t *L, float *the_min, uint8_t *Laux, float rmin,
-                                 float rdelta, int nstep) {
+                                 float rdelta, int nstep, int mad) {
     float min = x[0], max = x[0];
     float sum_w = weights ? weights[0] : x[0] * x[0];
     float sum_x = sum_w * x[0];
@@ -121,7 +123,7 @@ static float mcq_make_qkx_quants(int x3, int n, int nmax, const float *x, const 
         int l = mcq_nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)MCQ_MAX(0, MCQ_MIN(nmax, l));
         float diff = scale * L[i] + min - x[i];
-        diff = diff * diff;
+        diff = mad ? fabsf(diff) : diff * diff;
         float w = weights ? weights[i] : x[i] * x[i];
         best_error += w * diff;
     }
@@ -152,7 +154,7 @@ static float mcq_make_qkx_quants(int x3, int n, int nmax, const float *x, const 
             float cur_error = 0;
             for (int i = 0; i < n; ++i) {
                 float diff = this_scale * Laux[i] + this_min - x[i];
-                diff = diff * diff;
+                diff = mad ? fabsf(diff) : diff * diff;
                 float w = weights ? weights[i] : x[i] * x[i];
                 cur_error += w * diff;
             }
@@ -362,7 +364,7 @@ static void mcq_legacy_imatrix_row(int type, const float *x, uint8_t *y, int64_t
         } else { /* Q4_1, Q5_1 */
             float min;
             float d = mcq_make_qkx_quants(1, 32, type == 3 ? 15 : 31, xb, weight, U, &min, Laux,
-                                          -0.9f, 0.05f, 36);
+                                          -0.9f, 0.05f, 36, 0);
             uint8_t *b = y + ib * (type == 3 ? 20 : 24);
             mcq_put_f16(b, d);
             mcq_put_f16(b + 2, -min);
@@ -402,8 +404,8 @@ static void mcq_qk45_block(int nmax, const float *x, uint8_t *y, const float *qw
             float av_x = sqrtf(sum_x2 / 32);
             for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(x[32 * j + l]);
             scales[j] = nmax == 15
-                ? mcq_make_qkx_quants(0, 32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20)
-                : mcq_make_qkx_quants(0, 32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
+                ? mcq_make_qkx_quants(0, 32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20, 0)
+                : mcq_make_qkx_quants(0, 32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15, 0);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -427,7 +429,7 @@ static void mcq_qk45_block(int nmax, const float *x, uint8_t *y, const float *qw
             float sumw = 0;
             for (int l = 0; l < 32; ++l) sumw += weights[l];
             sw[j] = sumw;
-            scales[j] = mcq_make_qkx_quants(1, 32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
+            scales[j] = mcq_make_qkx_quants(1, 32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36, 0);
         }
         d_block = mcq_make_qp_quants(8, 63, scales, Ls, sw);
         m_block = mcq_make_qp_quants(8, 63, mins, Lm, sw);
@@ -534,6 +536,8 @@ static void mcq_q6_k_block(const float *x, uint8_t *y, const float *qw_block) {
     }
 }
 
+#include "mc_quantize_low.h"
+
 /* ------------------------------------------------------------------------ entry */
 
 /* bytes per block and weights per block of a type this file writes, 0 if none */
@@ -544,9 +548,13 @@ static int mcq_block(int type, int *bs) {
     case 6: *bs = 32; return 22;
     case 7: *bs = 32; return 24;
     case 8: *bs = 32; return 34;
+    case 10: *bs = 256; return 84;
+    case 11: *bs = 256; return 110;
     case 12: *bs = 256; return 144;
     case 13: *bs = 256; return 176;
     case 14: *bs = 256; return 210;
+    case 20: *bs = 32; return 18;
+    case 23: *bs = 256; return 136;
     default: return 0;
     }
 }
@@ -562,7 +570,7 @@ MC_API int64_t mc_quantize_rows(int type, const float *src, uint8_t *dst, int64_
     for (int64_t r = 0; r < nrow; ++r) {
         const float *x = src + r * n_per_row;
         uint8_t *y = dst + r * row_bytes;
-        if (imatrix && type != 8 && bs == 32) {
+        if (imatrix && (type == 2 || type == 3 || type == 6 || type == 7)) {
             mcq_legacy_imatrix_row(type, x, y, n_per_row, imatrix);
             continue;
         }
@@ -578,6 +586,10 @@ MC_API int64_t mc_quantize_rows(int type, const float *src, uint8_t *dst, int64_
             case 8: mcq_q8_0_ref(xb, yb, 1); break;
             case 12: mcq_qk45_block(15, xb, yb, qw); break;
             case 13: mcq_qk45_block(31, xb, yb, qw); break;
+            case 10: mcq_q2_k_block(xb, yb, qw); break;
+            case 11: mcq_q3_k_block(xb, yb, qw); break;
+            case 20: mcq_iq4_block(32, xb, yb, yb + 2, NULL, NULL, qw); break;
+            case 23: mcq_iq4_block(256, xb, yb, yb + 8, yb + 2, yb + 4, qw); break;
             default: mcq_q6_k_block(xb, yb, qw); break;
             }
         }

@@ -30,15 +30,17 @@ class StoreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: str | None = None
 
 
+# = modelc.artifact.format.QUANT_METHODS (tests/test_cli.py holds the two equal)
+QuantizeMethod = Literal[
+    "fp16", "int8", "int4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m",
+    "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs",
+]  # fmt: skip
+
+
 class PackConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     compress: bool = False
     compression_level: Annotated[int, msgspec.Meta(ge=1, le=22)] = 3
-    quantize: (
-        Literal[
-            "fp16", "int8", "int4", "q8_0", "q4_0", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k"
-        ]
-        | None
-    ) = None
+    quantize: QuantizeMethod | None = None
 
 
 class SamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

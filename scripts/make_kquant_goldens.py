@@ -1,10 +1,11 @@
 """Goldens of llama.cpp's ``llama-quantize`` for ``tests/test_kquant_goldens.py`` (issue 36).
 
 Writes the F16 tiny qwen3 of ``tests/kquant_source.py`` and its importance matrix, runs
-``llama-quantize`` on it for each mix (and Q4_K_M with the imatrix), and records each
-output's manifest (per tensor: name, type, shape, sha256 of the bytes) as
+``llama-quantize`` on it for each mix (and those of ``IMATRIX_MIXES`` with the imatrix), and
+records each output's manifest (per tensor: name, type, shape, sha256 of the bytes) as
 ``tests/golden/kquant_<mix>.json``, the source's as ``tests/golden/kquant_f16.json``; the same
-model stored as BF16 (``kquant_bf16.json``) and its Q4_K_M (``kquant_bf16_q4_k_m.json``).
+model stored as BF16 (``kquant_bf16.json``) and its Q4_K_M (``kquant_bf16_q4_k_m.json``); the
+model with one KV head (``kquant_gqa4_f16.json``) and its ``GQA4_MIXES``.
 
 ``llama-quantize`` is built from the llama-cpp-python 0.3.36 sdist's llama.cpp, CPU only::
 
@@ -28,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from tests.gguf_manifest import manifest
-from tests.kquant_source import MIXES, write_imatrix, write_source
+from tests.kquant_source import GQA4_MIXES, IMATRIX_MIXES, MIXES, write_imatrix, write_source
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden"
 BIN = Path.home() / ".cache" / "llama-quantize-build" / "bin"
@@ -75,10 +76,17 @@ def main() -> None:
         for mix, qtype in MIXES.items():
             out = d / f"kquant_{mix}.gguf"
             record(mix, out, quantize(exe, src, out, qtype, None))
-        out = d / "kquant_q4_k_m_imatrix.gguf"
-        record("q4_k_m_imatrix", out, quantize(exe, src, out, "Q4_K_M", im))
+        for mix in IMATRIX_MIXES:
+            out = d / f"kquant_{mix}_imatrix.gguf"
+            record(f"{mix}_imatrix", out, quantize(exe, src, out, MIXES[mix], im))
         out = d / "kquant_bf16_q4_k_m.gguf"
         record("bf16_q4_k_m", out, quantize(exe, bf16, out, "Q4_K_M", None))
+        gqa4 = d / "kquant_gqa4_f16.gguf"
+        write_source(gqa4, kv_heads=1)
+        record("gqa4_f16", gqa4, ["python -m scripts.make_kquant_goldens"])
+        for mix in GQA4_MIXES:
+            out = d / f"kquant_gqa4_{mix}.gguf"
+            record(f"gqa4_{mix}", out, quantize(exe, gqa4, out, MIXES[mix], None))
 
 
 if __name__ == "__main__":

@@ -20,31 +20,41 @@ from typing import Any
 import gguf
 import numpy as np
 
-from modelc.artifact.mixes import K_MIXES
+from modelc.artifact import mixes
 from tests import gen_families
 from tests.gguf_support import gguf_file
 
 # 8 layers: every branch of the mixes' layer rules (use_more_bits: 0, 3, 6, 7; Q4_K_S: 0-3)
 WIDE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 8}
 # the mixes compared with llama-quantize: modelc's name -> llama-quantize's type argument
-MIXES = {mix: mix.upper() for mix in K_MIXES}
+MIXES = {mix: mix.upper() for mix in mixes.MIXES}
+# the mixes also compared with an importance matrix: each quantizer's weighted search (Q8_0
+# has none), and the rules that read it (Q4_0's ffn_down in Q4_1, IQ4's without Q5_K)
+IMATRIX_MIXES = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_m", "q4_k_m", "q5_k_s",
+                 "q6_k", "iq4_nl", "iq4_xs")  # fmt: skip
+# the mixes also compared on the model with one KV head for its 4 query heads (their attn_v
+# rule for grouped-query attention of 4 or more)
+GQA4_MIXES = ("q2_k", "iq4_xs")
 IMATRIX_SEED = 36
 
 
 @contextmanager
-def wide_qwen3() -> Iterator[None]:
-    """gen_families' qwen3 config made 256 wide while the block runs."""
+def wide_qwen3(kv_heads: int | None = None) -> Iterator[None]:
+    """gen_families' qwen3 config made 256 wide (and given ``kv_heads`` KV heads) while the
+    block runs."""
     old = gen_families.CONFIGS["qwen3"]
-    gen_families.CONFIGS["qwen3"] = {**old, **WIDE}
+    kv = {} if kv_heads is None else {"num_key_value_heads": kv_heads}
+    gen_families.CONFIGS["qwen3"] = {**old, **WIDE, **kv}
     try:
         yield
     finally:
         gen_families.CONFIGS["qwen3"] = old
 
 
-def write_source(path: Path, qtype: str = "F16") -> None:
-    """The F16 (or ``qtype`` BF16) GGUF of the 256-wide tiny qwen3."""
-    with wide_qwen3():
+def write_source(path: Path, qtype: str = "F16", kv_heads: int | None = None) -> None:
+    """The F16 (or ``qtype`` BF16) GGUF of the 256-wide tiny qwen3 (``kv_heads``: with so
+    many KV heads for its 4 query heads, not 2)."""
+    with wide_qwen3(kv_heads):
         weights = gen_families.make_weights("qwen3")
         gen_families.write_gguf("qwen3", weights, path, gguf.GGMLQuantizationType[qtype])
 

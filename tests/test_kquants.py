@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import struct
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 from modelc.artifact import PackOptions, load_artifact, open_artifact, write_artifact
-from modelc.artifact.mixes import K_MIXES, tensor_types
+from modelc.artifact.mixes import K_MIXES, MIXES, tensor_types
 from modelc.artifact.transform import GGML_IDS, quantize
 from modelc.errors import UsageError
 from modelc.formats import load_model
@@ -97,7 +98,12 @@ def test_compiled_quantizer_equals_its_numpy_twin(t: DType) -> None:
         assert np.array_equal(quantize(x, t), numpy_quantize(x, t))
 
 
-@pytest.mark.parametrize("t", [DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.Q5_0, DType.Q8_0])
+@pytest.mark.parametrize(
+    "t",
+    [DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.Q5_0, DType.Q8_0,
+     DType.IQ4_NL, DType.IQ4_XS],
+    ids=lambda t: t.value,
+)  # fmt: skip
 def test_blocks_equal_ggml_on_real_rows(t: DType) -> None:
     x = real_rows()
     im = (x * x).mean(axis=0).astype(np.float32)  # activation-like weights
@@ -143,6 +149,34 @@ def test_mix_rules_by_layer() -> None:
     assert [s[f"blk.{i}.ffn_down.weight"] for i in range(3)] == [DType.Q5_K] * 2 + [DType.Q4_K]
     six = tensor_types(shapes, "q6_k", "llama", hp)
     assert set(six.values()) == {DType.Q6_K}
+
+
+def test_low_bit_mix_rules() -> None:
+    """Q2_K's attn_v in Q4_K under grouped-query attention of 4 or more heads a KV head (Q3_K
+    otherwise); Q3_K_M's first two attn_v in Q5_K and its first n/16 ffn_down; IQ4_XS's first
+    ffn_down in Q5_K without an imatrix only; attn_output by mix (llama_tensor_get_type)."""
+    from modelc.formats.ir import HParams
+
+    shapes = [("token_embd.weight", (1000, 256)), ("output.weight", (1000, 256))]
+    for i in range(16):
+        shapes += [(f"blk.{i}.attn_v.weight", (256, 256)), (f"blk.{i}.ffn_down.weight", (256, 512)),
+                   (f"blk.{i}.attn_output.weight", (256, 256))]  # fmt: skip
+    gqa8, mha = HParams(n_layer=16, n_head=32, n_head_kv=4), HParams(n_layer=16, n_head=8)
+    assert tensor_types(shapes, "q2_k", "llama", gqa8)["blk.3.attn_v.weight"] is DType.Q4_K
+    q2 = tensor_types(shapes, "q2_k", "llama", mha)
+    assert q2["blk.3.attn_v.weight"] is q2["blk.3.ffn_down.weight"] is DType.Q3_K
+    assert q2["blk.3.attn_output.weight"] is DType.Q3_K and q2["output.weight"] is DType.Q6_K
+    m = tensor_types(shapes, "q3_k_m", "llama", mha)
+    assert [m[f"blk.{i}.attn_v.weight"] for i in range(3)] == [DType.Q5_K] * 2 + [DType.Q4_K]
+    assert [m[f"blk.{i}.ffn_down.weight"] for i in range(2)] == [DType.Q5_K, DType.Q4_K]
+    assert m["blk.5.attn_output.weight"] is DType.Q4_K
+    lg = tensor_types(shapes, "q3_k_l", "llama", mha)
+    assert {lg[f"blk.9.{n}.weight"] for n in ("attn_v", "ffn_down", "attn_output")} == {DType.Q5_K}
+    assert tensor_types(shapes, "iq4_xs", "llama", mha)["blk.1.ffn_down.weight"] is DType.Q5_K
+    xs = tensor_types(shapes, "iq4_xs", "llama", mha, has_imatrix=True)
+    assert xs["blk.1.ffn_down.weight"] is DType.IQ4_XS
+    assert tensor_types(shapes, "q4_0", "llama", mha)["output.weight"] is DType.Q6_K
+    assert tensor_types(shapes, "q8_0", "llama", mha)["output.weight"] is DType.Q8_0
 
 
 def _write_imatrix_gguf(path: Path, entries: dict[str, tuple[Array, Array]]) -> None:
@@ -197,8 +231,8 @@ def test_pack_q4_k_m_with_imatrix_writes_ggml_blocks(tmp_path: Path) -> None:
     x = np.asarray(ir.tensors[name].data(), dtype=np.float32).reshape(-1, cols)
     want = ggml_blocks(dtypes[name], x, sums[0] / np.float32(2)).reshape(-1)
     assert np.array_equal(got, want)
-    with pytest.raises(UsageError, match="K-quant"):
-        PackOptions(quantize="q8_0", imatrix="x").check()
+    with pytest.raises(UsageError, match="llama-quantize's mixes only"):
+        PackOptions(quantize="int8", imatrix="x").check()
 
 
 @pytest.mark.parametrize("mix", K_MIXES)
@@ -245,37 +279,62 @@ def wide_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_packed_k_mixes_run_with_k_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Q4_K, Q5_K and Q6_K blocks in a running model (the existing kernels): the next-token
-    distributions stay near the f32 model's, nearer with more bits (random weights, the
-    hardest case for 4 bits)."""
-    from modelc.runtime.arch import build
-    from modelc.runtime.model import LanguageModel, SeqChunk
-    from tests.runtime_support import log_softmax, make_backend
-
+    """Q2_K to Q6_K blocks in a running model (the existing kernels, exact and fast paths):
+    the next-token distributions stay near the f32 model's, nearer with each step up in bits
+    (random weights, the hardest case for few bits)."""
     ir = load_model(wide_qwen3(tmp_path, monkeypatch))
-    prompts = [list(range(3, 3 + n)) for n in (4, 11, 23, 37)]
-
-    def logprobs(model_ir: Any) -> Array:
-        model = build(model_ir, make_backend("cpu-exact"))
-        assert isinstance(model, LanguageModel)
-        rows = []
-        for ids in prompts:
-            cache = model.new_cache("f32", hot_window=16)
-            rows.append(log_softmax(model.forward([SeqChunk(cache, ids)])[0]))
-        return np.asarray(rows, dtype=np.float64)
-
-    ref = logprobs(ir)
-    kl = {}
-    for mix in ("q4_k_m", "q5_k_m", "q6_k"):
+    ref = _logprobs(ir, "cpu-exact")
+    kl: dict[str, float] = {}
+    steps = ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "q6_k")
+    for mix in steps:
         m = write_artifact(ir, tmp_path / f"{mix}.modelc", PackOptions(quantize=mix))
         types = {e.name: e.dtype for e in m.tensors}
         if mix == "q4_k_m":
             assert types["blk.2.ffn_down.weight"] == "q6_k"  # use_more_bits(2, 3)
             assert types["blk.1.ffn_down.weight"] == types["blk.0.attn_q.weight"] == "q4_k"
             assert types["token_embd.weight"] == "q6_k"  # tied: as the output
-        got = logprobs(load_artifact(tmp_path / f"{mix}.modelc"))
-        kl[mix] = float((np.exp(ref) * (ref - got)).sum(axis=-1).mean())
-    assert 0 < kl["q6_k"] < kl["q5_k_m"] < kl["q4_k_m"] < 0.1, kl
+        packed = load_artifact(tmp_path / f"{mix}.modelc")
+        kl[mix] = _kl(ref, _logprobs(packed, "cpu-exact"))
+        # the fast path adds its 8-bit activations' error to the weights'
+        assert abs(_kl(ref, _logprobs(packed, "cpu")) - kl[mix]) < 0.2 * kl[mix] + 0.005, mix
+    assert all(kl[a] > kl[b] for a, b in itertools.pairwise(steps)), kl
+    assert kl["q6_k"] > 0 and kl["q4_k_m"] < 0.1 and kl["q2_k"] < 1.5, kl
+
+
+def test_packed_legacy_and_iq4_mixes_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS packs run (exact and fast paths) near
+    the f32 model; 5 bits nearer than 4, 8 nearest."""
+    ir = load_model(wide_qwen3(tmp_path, monkeypatch))
+    ref = _logprobs(ir, "cpu-exact")
+    kl: dict[str, float] = {}
+    for mix in ("q4_0", "q4_1", "iq4_nl", "iq4_xs", "q5_0", "q5_1", "q8_0"):
+        m = write_artifact(ir, tmp_path / f"{mix}.modelc", PackOptions(quantize=mix))
+        assert MIXES[mix].value in {e.dtype for e in m.tensors}
+        packed = load_artifact(tmp_path / f"{mix}.modelc")
+        kl[mix] = _kl(ref, _logprobs(packed, "cpu-exact"))
+        # the fast path adds its 8-bit activations' error to the weights'
+        assert abs(_kl(ref, _logprobs(packed, "cpu")) - kl[mix]) < 0.2 * kl[mix] + 0.005, mix
+    four = max(kl[m] for m in ("q4_0", "q4_1", "iq4_nl", "iq4_xs"))
+    assert kl["q8_0"] < min(kl["q5_0"], kl["q5_1"]) and max(kl["q5_0"], kl["q5_1"]) < four < 0.3
+
+
+def _logprobs(model_ir: Any, backend: str) -> Array:
+    """The tiny model's next-token log-probs after four prompts."""
+    from modelc.runtime.arch import build
+    from modelc.runtime.model import LanguageModel, SeqChunk
+    from tests.runtime_support import log_softmax, make_backend
+
+    model = build(model_ir, make_backend(backend))
+    assert isinstance(model, LanguageModel)
+    rows = []
+    for ids in [list(range(3, 3 + n)) for n in (4, 11, 23, 37)]:
+        cache = model.new_cache("f32", hot_window=16)
+        rows.append(log_softmax(model.forward([SeqChunk(cache, ids)])[0]))
+    return np.asarray(rows, dtype=np.float64)
+
+
+def _kl(ref: Array, got: Array) -> float:
+    return float((np.exp(ref) * (ref - got)).sum(axis=-1).mean())
 
 
 def test_llamacpp_runs_the_packed_blocks_the_same(
@@ -362,7 +421,7 @@ def test_cli_pack_with_a_k_mix_and_an_imatrix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``modelc pack --quantize q4_k_m --imatrix FILE``: the mix's types, recorded in the
-    manifest; --imatrix without a K-quant mix is refused."""
+    manifest; --imatrix without a llama-quantize mix is refused."""
     import json
 
     from tests.cli_support import Cli
@@ -377,9 +436,9 @@ def test_cli_pack_with_a_k_mix_and_an_imatrix(
     assert set(info["quantization"]["by_dtype"]) == {"q4_k", "q6_k", "q5_0", "f32"}
     assert info["pack"]["quantize"] == "q4_k_m"
     err = cli(
-        "pack", str(src), "-o", "x.modelc", "--quantize", "q8_0", "--imatrix", "im.gguf", ok=False
+        "pack", str(src), "-o", "x.modelc", "--quantize", "int8", "--imatrix", "im.gguf", ok=False
     )
-    assert err.returncode != 0 and "K-quant mixes only" in err.stderr
+    assert err.returncode != 0 and "llama-quantize's mixes only" in err.stderr
 
 
 @pytest.mark.parametrize("source", ["f16", "bf16"])

@@ -383,7 +383,7 @@ def test_create_with_quantize(oc: ollama.Client) -> None:
     assert shown.details is not None and shown.details.quantization_level == "Q4_K_M"
     assert chat_text(oc, "smolq4km", [user(Q)])
     with pytest.raises(ollama.ResponseError) as err:
-        oc.create("smolbad", from_=str(smollm2_gguf()), quantize="q3_K_L")
+        oc.create("smolbad", from_=str(smollm2_gguf()), quantize="q2_K_S")
     assert err.value.status_code == 400 and "quantize" in err.value.error
 
 

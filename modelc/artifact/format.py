@@ -52,14 +52,23 @@ QUANT_METHODS: dict[str, str] = {
     "fp16": "f16",
     "int8": "int8",
     "int4": "q4_1",  # int4 = 4-bit with a per-block scale and minimum: stored as GGML Q4_1 blocks
+    # llama-quantize's mixes (artifact.mixes): the default type; some tensors get others
     "q8_0": "q8_0",
     "q4_0": "q4_0",
-    # llama-quantize's mixes (artifact.mixes): the default type; some tensors get others
+    "q4_1": "q4_1",
+    "q5_0": "q5_0",
+    "q5_1": "q5_1",
+    "q2_k": "q2_k",
+    "q3_k_s": "q3_k",
+    "q3_k_m": "q3_k",
+    "q3_k_l": "q3_k",
     "q4_k_s": "q4_k",
     "q4_k_m": "q4_k",
     "q5_k_s": "q5_k",
     "q5_k_m": "q5_k",
     "q6_k": "q6_k",
+    "iq4_nl": "iq4_nl",
+    "iq4_xs": "iq4_xs",
 }
 
 

@@ -1,11 +1,11 @@
 """llama-quantize's quantization mixes: which type each tensor gets for ``--quantize q4_k_m`` & co.
 
-A *mix* (llama.cpp's ``llama_ftype``: Q4_K_M, Q5_K_S, Q8_0, ...) names a default block type
-and rules that give some tensors more bits: the output (or tied token embedding) in Q6_K,
-``attn_v`` and ``ffn_down`` of some layers in Q6_K for the ``_M`` mixes, and a fallback to a
-32-weight type when a row is not a whole number of 256-weight blocks.  This is
-``llama_tensor_get_type`` of llama.cpp's ``src/llama-quant.cpp`` for the mixes modelc can
-write, with the same counters, visiting the tensors in the same order (by layer, then name),
+A *mix* (llama.cpp's ``llama_ftype``: Q4_K_M, Q3_K_L, Q4_0, IQ4_XS, ...) names a default block
+type and rules that give some tensors more bits: the output (or tied token embedding) in Q6_K,
+``attn_v``, ``ffn_down`` and ``attn_output`` of some layers in more bits for the low-bit and
+``_M``/``_L`` mixes, and a fallback to a 32-weight type when a row is not a whole number of
+256-weight blocks (F16 when not even of 32).  This is ``llama_tensor_get_type`` of
+llama.cpp's ``src/llama-quant.cpp`` for the mixes modelc can write, with the same counters, visiting the tensors in the same order (by layer, then name),
 so a packed model's types equal those of ``llama-quantize`` on the same source.  Tensor
 names are GGUF's (``blk.N.attn_v.weight``), which every modelc reader produces.
 """
@@ -18,26 +18,35 @@ from dataclasses import dataclass
 
 from modelc.formats.ir import BLOCK_SIZES, DType, HParams
 
-# mix -> its default block type; the mixes whose types modelc can write
+# mix -> its default block type: every ``--quantize`` method that follows llama-quantize
 MIXES: dict[str, DType] = {
+    "q8_0": DType.Q8_0,
     "q4_0": DType.Q4_0,
     "q4_1": DType.Q4_1,
     "q5_0": DType.Q5_0,
     "q5_1": DType.Q5_1,
-    "q8_0": DType.Q8_0,
+    "q2_k": DType.Q2_K,
+    "q3_k_s": DType.Q3_K,
+    "q3_k_m": DType.Q3_K,
+    "q3_k_l": DType.Q3_K,
     "q4_k_s": DType.Q4_K,
     "q4_k_m": DType.Q4_K,
     "q5_k_s": DType.Q5_K,
     "q5_k_m": DType.Q5_K,
     "q6_k": DType.Q6_K,
+    "iq4_nl": DType.IQ4_NL,
+    "iq4_xs": DType.IQ4_XS,
 }
 
-# the mixes ``--quantize`` applies llama-quantize's rules for (q8_0 and q4_0 stay modelc's
-# uniform methods: every weight matrix in that type)
-K_MIXES = ("q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")
+# the K-quant mixes, by size
+K_MIXES = ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")
+IQ4_MIXES = ("iq4_nl", "iq4_xs")
 
 # a 256-weight type -> the 32-weight type it falls back to (tensor_type_fallback)
-_FALLBACK = {DType.Q4_K: DType.Q5_0, DType.Q5_K: DType.Q5_1, DType.Q6_K: DType.Q8_0}
+_FALLBACK = {
+    DType.Q2_K: DType.Q4_0, DType.Q3_K: DType.Q4_0, DType.Q4_K: DType.Q5_0,
+    DType.Q5_K: DType.Q5_1, DType.Q6_K: DType.Q8_0, DType.IQ4_XS: DType.IQ4_NL,
+}  # fmt: skip
 
 # substrings of 2-D weights llama-quantize never quantizes (tensor_allows_quantization)
 _KEEP = (
@@ -109,6 +118,7 @@ class _State:
     has_imatrix: bool
     tied: bool
     n_attention_wv: int
+    n_gqa: int
     i_attention_wv: int = 0
     i_ffn_down: int = 0
 
@@ -119,52 +129,74 @@ class _State:
 
     def rule(self, name: str, shape: tuple[int, ...], t: DType) -> DType:
         """llama_tensor_get_type_impl for the mixes of MIXES."""
-        mix, cat = self.mix, _category(name)
+        cat = _category(name)
         if cat == "output" or (self.tied and cat == "token_embd"):
             if self.arch == "falcon" or shape[-1] % BLOCK_SIZES[t][0]:
                 return DType.Q8_0
             return t if t is DType.Q8_0 else DType.Q6_K
-        if cat == "token_embd":
-            return t
         if cat == "attn_v":  # attn_v, attn_qkv and attn_kv_b: the values' projection
-            i = self.i_attention_wv
-            if mix in ("q4_k_m", "q5_k_m") and _use_more_bits(i, self.n_attention_wv):
-                t = DType.Q6_K
-            elif mix == "q4_k_s" and i < 4:
-                t = DType.Q5_K
-            if self.is_70b and t is DType.Q4_K:
-                t = DType.Q5_K
-            if self.n_expert == 8:
-                t = DType.Q8_0
+            t = self._attn_v(t)
             self.i_attention_wv += 1
             return t
         if cat == "attn_k":
             return DType.Q8_0 if self.n_expert == 8 else t
         if cat == "ffn_down":
-            i, n = self._layer_of(self.i_ffn_down, name), self.n_layer
-            if mix == "q4_k_m":
-                if self.arch == "falcon":
-                    t = (
-                        DType.Q6_K
-                        if i < n // 16
-                        else DType.Q5_K
-                        if _use_more_bits(i, n)
-                        else DType.Q4_K
-                    )
-                elif _use_more_bits(i, n):
-                    t = DType.Q6_K
-            elif mix == "q5_k_m" and _use_more_bits(i, n):
-                t = DType.Q6_K
-            elif mix == "q4_k_s" and self.arch != "falcon" and i < n // 8:
-                t = DType.Q5_K
-            elif mix in ("q4_0", "q5_0") and self.has_imatrix and i < n // 8:
-                t = DType.Q4_1 if mix == "q4_0" else DType.Q5_1
+            t = self._ffn_down(self._layer_of(self.i_ffn_down, name), t)
             self.i_ffn_down += 1
             return t
-        moe8 = self.arch != "falcon" and self.n_expert == 8
-        if cat == "attn_output" and moe8 and mix in ("q4_k_s", "q4_k_m"):
+        if cat == "attn_output":
+            return self._attn_output(t)
+        return t  # token_embd (untied), attn_q, ffn_gate, ffn_up and the rest
+
+    def _attn_v(self, t: DType) -> DType:
+        mix, i, gqa4 = self.mix, self.i_attention_wv, self.n_gqa >= 4
+        if mix == "q2_k":
+            t = DType.Q4_K if gqa4 else DType.Q3_K
+        elif mix == "q3_k_m":
+            t = DType.Q5_K if i < 2 else DType.Q4_K
+        elif mix == "q3_k_l" or (mix in IQ4_MIXES and gqa4):
+            t = DType.Q5_K
+        elif mix in ("q4_k_m", "q5_k_m") and _use_more_bits(i, self.n_attention_wv):
+            t = DType.Q6_K
+        elif mix == "q4_k_s" and i < 4:
+            t = DType.Q5_K
+        if self.is_70b and t in (DType.Q3_K, DType.Q4_K):
+            t = DType.Q5_K
+        return DType.Q8_0 if self.n_expert == 8 else t
+
+    def _ffn_down(self, i: int, t: DType) -> DType:
+        mix, n, falcon = self.mix, self.n_layer, self.arch == "falcon"
+        more = _use_more_bits(i, n)
+        if mix == "q2_k":
+            return DType.Q3_K
+        if mix == "q3_k_m":
+            if i < n // 16:
+                return DType.Q5_K
+            return DType.Q4_K if not falcon or more else DType.Q3_K
+        if mix == "q3_k_l":
+            return DType.Q4_K if falcon else DType.Q5_K
+        if mix == "q4_k_m":
+            if falcon:
+                return DType.Q6_K if i < n // 16 else DType.Q5_K if more else DType.Q4_K
+            return DType.Q6_K if more else t
+        if i < n // 8 and mix in IQ4_MIXES and not self.has_imatrix:
             return DType.Q5_K
+        if mix == "q5_k_m" and more:
+            return DType.Q6_K
+        if mix == "q4_k_s" and not falcon and i < n // 8:
+            return DType.Q5_K
+        if mix in ("q4_0", "q5_0") and self.has_imatrix and i < n // 8:
+            return DType.Q4_1 if mix == "q4_0" else DType.Q5_1
         return t
+
+    def _attn_output(self, t: DType) -> DType:
+        mix = self.mix
+        if self.arch == "falcon":
+            return DType.Q4_K if mix == "q3_k_l" else t
+        if self.n_expert == 8:
+            moe8 = ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m", *IQ4_MIXES)
+            return DType.Q5_K if mix in moe8 else t
+        return {"q2_k": DType.Q3_K, "q3_k_m": DType.Q4_K, "q3_k_l": DType.Q5_K}.get(mix, t)
 
 
 def _fallback(t: DType, cols: int) -> DType:
@@ -199,6 +231,7 @@ def tensor_types(
         has_imatrix=has_imatrix,
         tied="output.weight" not in shapes,
         n_attention_wv=sum(_category(n) == "attn_v" for n in names),
+        n_gqa=hp.n_head // n_kv if (n_kv := hp.n_head_kv or hp.n_head) else 0,
     )
     out: dict[str, DType] = {}
     for name in names:

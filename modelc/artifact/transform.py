@@ -107,7 +107,8 @@ def prune(x: np.ndarray[Any, Any], threshold: float) -> tuple[np.ndarray[Any, An
 # the GGML types the compiled quantizer (cyx/mc_quantize.h) writes, by GGML type id
 GGML_IDS = {
     DType.Q4_0: 2, DType.Q4_1: 3, DType.Q5_0: 6, DType.Q5_1: 7, DType.Q8_0: 8,
-    DType.Q4_K: 12, DType.Q5_K: 13, DType.Q6_K: 14,
+    DType.Q2_K: 10, DType.Q3_K: 11, DType.Q4_K: 12, DType.Q5_K: 13, DType.Q6_K: 14,
+    DType.IQ4_NL: 20, DType.IQ4_XS: 23,
 }  # fmt: skip
 
 

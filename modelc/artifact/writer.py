@@ -37,7 +37,7 @@ from modelc.artifact.format import (
     align,
     encode_manifest,
 )
-from modelc.artifact.mixes import K_MIXES, tensor_types
+from modelc.artifact.mixes import MIXES, tensor_types
 from modelc.artifact.transform import (
     can_store_as,
     is_weight_matrix,
@@ -74,9 +74,9 @@ class PackOptions:
             )
         if not 1 <= self.compression_level <= 22:
             raise UsageError(f"compression level must be 1..22, got {self.compression_level}")
-        if self.imatrix is not None and self.quantize not in K_MIXES:
+        if self.imatrix is not None and self.quantize not in MIXES:
             raise UsageError(
-                f"--imatrix steers the K-quant mixes only ({', '.join(K_MIXES)}); "
+                f"--imatrix steers llama-quantize's mixes only ({', '.join(MIXES)}); "
                 "add --quantize q4_k_m (or another)"
             )
         if self.prune is not None and not (self.prune >= 0 and np.isfinite(self.prune)):
@@ -107,7 +107,7 @@ _CHUNK_BYTES = 1 << 22  # tensors are transformed and written in row blocks of a
 
 def _target(t: Tensor, opts: PackOptions, plan: dict[str, DType] | None) -> DType | None:
     """The dtype ``--quantize`` (or ``--prune``, on a quantized matrix) turns this tensor
-    into, or None to keep its own.  ``plan``: a K-quant mix's types (artifact.mixes)."""
+    into, or None to keep its own.  ``plan``: a llama-quantize mix's types (artifact.mixes)."""
     if plan is not None:
         target = plan.get(t.name)
         if target is None or (target is t.dtype and not opts.prune):
@@ -124,8 +124,8 @@ def _target(t: Tensor, opts: PackOptions, plan: dict[str, DType] | None) -> DTyp
 
 
 def _plan(ir: ModelIR, opts: PackOptions) -> dict[str, DType] | None:
-    """Each tensor's type under a K-quant mix (llama-quantize's rules), None for other methods."""
-    if opts.quantize not in K_MIXES:
+    """Each tensor's type under a llama-quantize mix (its rules), None for other methods."""
+    if opts.quantize not in MIXES:
         return None
     shapes = ((t.name, t.shape) for t in ir.tensors.values())
     return tensor_types(

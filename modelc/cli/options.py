@@ -28,7 +28,8 @@ from typing import Any, Final, overload
 # = modelc.artifact.format.QUANT_METHODS (a copy: building a parser imports no numpy;
 # tests/test_cli.py holds the two equal)
 QUANTIZE_CHOICES = (
-    "fp16", "int8", "int4", "q8_0", "q4_0", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k",
+    "fp16", "int8", "int4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m",
+    "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs",
 )  # fmt: skip
 
 
@@ -165,8 +166,8 @@ OPTIONS: list[Opt] = [
     _opt("--sha256", "pull", "expected sha256 of the downloaded file", metavar="HEX"),
     _opt("--compress", "pack pull", "zstd-compress each tensor (default from config)", action=argparse.BooleanOptionalAction),
     _opt("--level", "pack pull", "zstd level 1..22 (default 3)", type=int, metavar="N"),
-    _opt("--quantize", "pack pull", "quantize weight matrices: fp16, int8, int4 (GGML Q4_1 blocks), q8_0 and q4_0 store every weight matrix in that type; q4_k_s, q4_k_m, q5_k_s, q5_k_m and q6_k are llama-quantize's mixes (its per-tensor types, its blocks bit for bit); matrices already quantized to another type are requantized through f32", choices=QUANTIZE_CHOICES),
-    _opt("--imatrix", "pack pull", "llama.cpp importance matrix (llama-imatrix's GGUF, or a legacy .dat) steering a K-quant mix's quantizer, as llama-quantize --imatrix", metavar="FILE"),
+    _opt("--quantize", "pack pull", "quantize weight matrices: fp16, int8 and int4 (GGML Q4_1 blocks) store every weight matrix in that type; q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl and iq4_xs are llama-quantize's mixes (its per-tensor types, its blocks bit for bit); matrices already quantized to another type are requantized through f32", choices=QUANTIZE_CHOICES),
+    _opt("--imatrix", "pack pull", "llama.cpp importance matrix (llama-imatrix's GGUF, or a legacy .dat) steering a llama-quantize mix's quantizer, as llama-quantize --imatrix", metavar="FILE"),
     _opt("--prune", "pack pull", "zero weights with |w| < T before quantizing (quantized matrices are dequantized, pruned and requantized)", type=float, metavar="T"),
     # ---- compile, containerize, deploy k8s
     _opt("-o --output", "compile", "the project directory", metavar="DIR", required=True),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from modelc.artifact import Artifact, open_artifact
 from modelc.artifact.inspect import by_dtype
-from modelc.artifact.mixes import K_MIXES
+from modelc.artifact.mixes import MIXES
 from modelc.errors import TokenizerError
 from modelc.runtime.arch.registry import names
 from modelc.runtime.prompt import PromptFormat
@@ -80,8 +80,9 @@ class ModelInfo:
 
 def quant_level(art: Artifact) -> str:
     """The type most of the weights are stored in, as Ollama names it (``Q4_1``, ``F16``), or
-    the K-quant mix the model was packed with (``Q4_K_M``, as llama-quantize's file type)."""
-    if art.manifest.pack.quantize in K_MIXES:
+    the llama-quantize mix the model was packed with (``Q4_K_M``, as llama-quantize's file
+    type)."""
+    if art.manifest.pack.quantize in MIXES:
         return art.manifest.pack.quantize.upper()
     counts = by_dtype(art)
     return next(iter(counts)).upper() if counts else "-"
