@@ -314,7 +314,7 @@ def main() -> None:
         be.cp.get_default_memory_pool().free_all_blocks()
     if args.engine and args.smollm2:  # sampled on the GPU (auto) and on the host (off)
         for greedy in (True, False):
-            for sampling in ("auto", "off"):
+            for sampling in ("on", "off"):
                 rate = engine_rate(args.smollm2, 64, 64, sampling, greedy)
                 how = "greedy" if greedy else "t0.8 k40 p0.95 min-p0.05"
                 name = f"SmolLM2 engine --device cuda, {how}, --device-sampling {sampling}"

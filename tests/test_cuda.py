@@ -506,8 +506,8 @@ def test_device_sampling_matches_the_host_path() -> None:
     chosen tokens and the log-probabilities asked for come back) against the host sampler
     on the same device logits, step by step for a batch of mixed settings: the same
     tokens, log-probabilities within 1e-6 (CuPy's exp and sums round apart from numpy's);
-    then the engine, which samples on the GPU by default (--device-sampling auto), gives
-    the tokens of --device-sampling off."""
+    then the engine sampling on the GPU (--device-sampling on) gives the tokens of
+    --device-sampling off."""
     from modelc.engine import EngineOptions, build_engine
     from modelc.engine.api import GenerationRequest
     from modelc.runtime.batch_sampler import BatchParams, sample_batch
@@ -555,13 +555,13 @@ def test_device_sampling_matches_the_host_path() -> None:
         for i, (pr, p) in enumerate(zip(prompts, mixes, strict=True))
     ]
     got_events: dict[str, Any] = {}
-    for mode in ("off", "auto"):
+    for mode in ("off", "on"):
         eng = build_engine(path, EngineOptions(device="cuda", device_sampling=mode))
         got_events[mode] = trio.run(engine_events, eng, requests)
         steps = int(eng.stats().extra["device_sampled_steps"])
-        assert (steps > 0) == (mode == "auto"), (mode, steps)
+        assert (steps > 0) == (mode == "on"), (mode, steps)
         del eng
-    for a, b in zip(got_events["off"], got_events["auto"], strict=True):
+    for a, b in zip(got_events["off"], got_events["on"], strict=True):
         assert [e.token_id for e in a] == [e.token_id for e in b]
         np.testing.assert_allclose(
             [e.logprob if e.logprob is not None else 0.0 for e in a],
