@@ -5,7 +5,8 @@ A name may be written ``hf.co/u/r``, ``huggingface.co/u/r`` (as Ollama takes the
 ``-hf`` does (``common/download.cpp``): the first model GGUF (not ``mmproj``,
 ``imatrix``, ...) whose path contains the tag followed by ``.`` or ``-``, compared
 without case; with no tag ``Q4_K_M``, then ``Q8_0``, then the first model GGUF.  A split
-GGUF (``-00001-of-0000N.gguf``) is fetched whole; the GGUF reader joins its parts.  A
+GGUF (``-00001-of-0000N.gguf``) is fetched whole; the GGUF reader joins its parts; an
+``mmproj`` GGUF beside it is fetched too (:func:`pick_mmproj`) and kept with the model.  A
 repository with no GGUF but a ``config.json`` and ``*.safetensors`` is fetched as a
 Hugging Face directory (config, tokenizer, shards).
 
@@ -131,6 +132,32 @@ def pick_gguf(ref: HubRef, paths: list[str]) -> list[str]:
     if len(parts) != count:
         raise DownloadError(f"{ref.repo_id}: {chosen} is one of {count} parts, {len(parts)} found")
     return parts
+
+
+def _bits(text: str) -> int:
+    """The bits of a quant tag (``Q4_K_M`` -> 4, ``F16`` -> 16; 0 for none)."""
+    m = re.search(r"[0-9]+", text)
+    return int(m.group()) if m else 0
+
+
+def pick_mmproj(model: str, paths: list[str], tag: str | None) -> str | None:
+    """The vision projector llama.cpp's ``-hf`` fetches beside ``model`` (``common/
+    download.cpp``'s ``find_best_sibling``): a GGUF with ``mmproj`` in its path, in the
+    model's folder or one above it, the deepest first, then one named with the exact tag,
+    then the one whose bits are closest to the tag's (or the model file's)."""
+    model_dirs = model.split("/")[:-1]
+    want = _bits(tag.upper()) if tag else _bits((_split(model) or ("", "", 0, 0))[1])
+    best: tuple[int, bool, int] | None = None
+    chosen = None
+    for p in paths:
+        dirs = p.split("/")[:-1]
+        if not p.endswith(".gguf") or "mmproj" not in p or dirs != model_dirs[: len(dirs)]:
+            continue
+        exact = tag is not None and f"-{tag.upper()}." in p.upper()
+        key = (len(dirs), exact, -abs(_bits((_split(p) or ("", "", 0, 0))[1]) - want))
+        if best is None or key > best:
+            best, chosen = key, p
+    return chosen
 
 
 def pick_files(ref: HubRef, files: list[HubFile]) -> list[HubFile]:
@@ -284,8 +311,9 @@ def _fetch_blob(repo_id: str, commit: str, f: HubFile, progress: FileProgress | 
         os.replace(part, blob)
 
 
-def fetch(ref: HubRef, progress: FileProgress | None = None) -> Path:
-    """Fetch ``ref``'s files into the Hugging Face cache; the GGUF (first part) or directory."""
+def fetch(ref: HubRef, progress: FileProgress | None = None) -> tuple[Path, Path | None]:
+    """Fetch ``ref``'s files into the Hugging Face cache: the GGUF (first part) or directory,
+    and the vision projector beside a GGUF where the repository has one (as ``-hf``)."""
     from httpx2 import HTTPError
     from huggingface_hub import hf_hub_download
     from huggingface_hub.constants import is_offline_mode
@@ -299,6 +327,11 @@ def fetch(ref: HubRef, progress: FileProgress | None = None) -> Path:
             if not is_offline_mode():
                 raise
             raise ModelNotFoundError(f"{e} (of the cached files: HF_HUB_OFFLINE is set)") from e
+        mmproj = None
+        if wanted[0].path.endswith(".gguf"):
+            by_path = {f.path: f for f in files}
+            mmproj = pick_mmproj(wanted[0].path, list(by_path), ref.tag)
+            wanted += [by_path[mmproj]] if mmproj is not None else []
         paths = []
         for f in wanted:
             if not is_offline_mode():
@@ -314,4 +347,6 @@ def fetch(ref: HubRef, progress: FileProgress | None = None) -> Path:
             os.replace(refs / "main.tmp", refs / "main")
     except (HfHubHTTPError, HTTPError, OSError, ValueError) as e:
         raise _hub_error(ref, e) from e
-    return paths[0] if paths[0].suffix == ".gguf" else paths[0].parent
+    if paths[0].suffix != ".gguf":
+        return paths[0].parent, None
+    return paths[0], paths[-1] if mmproj is not None else None

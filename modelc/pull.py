@@ -210,7 +210,7 @@ def fetch(
             raise UsageError(
                 "--sha256 applies to URLs; Hub files are checked against the Hub's sha256"
             )
-        return hub_fetch(parse_hub_ref(spec), file_progress)
+        return hub_fetch(parse_hub_ref(spec), file_progress)[0]
     scheme = url_scheme(spec)
     if scheme == "file":
         return local_file(spec, sha256=sha256)
@@ -258,19 +258,23 @@ def pull(
 
     n, v = parse_ref(ref)
     check_name(n, "model name")
-    src = fetch(
-        spec,
-        sha256=sha256,
-        progress=download_progress,
-        quiet=quiet,
-        file_progress=file_progress,
-    )
+    mmproj = None
+    if is_hub_ref(spec) and sha256 is None:  # with its vision projector, where it has one
+        src, mmproj = hub_fetch(parse_hub_ref(spec), file_progress)
+    else:
+        src = fetch(
+            spec,
+            sha256=sha256,
+            progress=download_progress,
+            quiet=quiet,
+            file_progress=file_progress,
+        )
     if is_artifact(src) and (opts is None or opts == PackOptions()):
-        path = store.add(src, ref)  # copied as it is
+        path = store.add(src, ref, mmproj=mmproj)  # copied as it is
     else:
         from modelc.artifact import load_artifact
         from modelc.formats import load_model
 
         ir = load_artifact(src) if is_artifact(src) else load_model(src)
-        path = store.add(ir, ref, opts, progress=pack_progress)
+        path = store.add(ir, ref, opts, progress=pack_progress, mmproj=mmproj)
     return f"{n}:{v or path.name[: -len('.modelc')]}", path

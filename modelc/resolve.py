@@ -116,9 +116,17 @@ def resolve_model(
 
 def load_ir(arg: str, *, store: Store | None = None, config: Config | None = None) -> ModelIR:
     """The model for a MODEL argument, reading a raw file directly instead of packing it."""
+    return open_ir(arg, store=store, config=config)[0]
+
+
+def open_ir(
+    arg: str, *, store: Store | None = None, config: Config | None = None
+) -> tuple[ModelIR, Path | None]:
+    """As :func:`load_ir`, and the ``.modelc`` file it was read from (None: a raw file)."""
     p = Path(arg).expanduser()
     if p.is_file() and not is_artifact(p):
         from modelc.formats import load_model
 
-        return load_model(p)
-    return load_artifact(resolve_model(arg, store=store, config=config))
+        return load_model(p), None
+    path = resolve_model(arg, store=store, config=config)
+    return load_artifact(path), path

@@ -33,6 +33,17 @@ from modelc.formats.ir import ModelIR
 DEFAULT_VERSION = "latest"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SUFFIX = ".modelc"
+MMPROJ_SUFFIX = ".mmproj.gguf"  # a version's vision projector, kept beside its artifact
+
+
+def mmproj_beside_path(artifact: Path) -> Path:
+    return artifact.with_name(artifact.name.removesuffix(SUFFIX) + MMPROJ_SUFFIX)
+
+
+def mmproj_beside(artifact: Path) -> Path | None:
+    """The vision projector kept with a store artifact (pulled beside its GGUF), if any."""
+    p = mmproj_beside_path(artifact)
+    return p if artifact.name.endswith(SUFFIX) and p.is_file() else None
 
 
 def parse_ref(ref: str) -> tuple[str, str | None]:
@@ -274,8 +285,10 @@ class Store:
         opts: PackOptions | None = None,
         *,
         progress: Callable[[int, int, str], None] | None = None,
+        mmproj: Path | None = None,
     ) -> Path:
-        """Add a ``.modelc`` file (copied) or a model IR (packed) as ``name[:version]``; make it current."""
+        """Add a ``.modelc`` file (copied) or a model IR (packed) as ``name[:version]``, with
+        its vision projector (``mmproj``) beside it; make it current."""
         name, version = parse_ref(ref)
         version = version or DEFAULT_VERSION
         d = self._dir(name)
@@ -288,6 +301,12 @@ class Store:
                 open_artifact(src).close()  # refuse anything that is not a good artifact
                 with atomic_output(dest) as f, Path(src).open("rb") as s:
                     shutil.copyfileobj(s, f, 1 << 20)
+            side = mmproj_beside_path(dest)
+            if mmproj is not None:
+                with atomic_output(side) as f, mmproj.open("rb") as s:
+                    shutil.copyfileobj(s, f, 1 << 20)
+            else:  # a version replaced by one without a projector keeps none
+                side.unlink(missing_ok=True)
         except BaseException:
             self._drop_if_empty(name)
             raise
@@ -328,6 +347,9 @@ class Store:
             except OSError:
                 with atomic_output(dest) as f, spath.open("rb") as s:
                     shutil.copyfileobj(s, f, 1 << 20)
+            if (side := mmproj_beside(spath)) is not None:
+                with atomic_output(mmproj_beside_path(dest)) as f, side.open("rb") as s:
+                    shutil.copyfileobj(s, f, 1 << 20)
         except BaseException:
             self._drop_if_empty(dname)
             raise
@@ -347,6 +369,7 @@ class Store:
                     f"model {name!r} has no version {version!r} (versions: {', '.join(versions)})"
                 )
             (self._dir(name) / f"{version}{SUFFIX}").unlink()
+            (self._dir(name) / f"{version}{MMPROJ_SUFFIX}").unlink(missing_ok=True)
             rest = [v for v in versions if v != version]
             if not rest:
                 self._remove_dir(name)

@@ -24,10 +24,11 @@ import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from modelc.errors import ModelNotFoundError
-from modelc.hub import parse_hub_ref, pick_gguf
+from modelc.hub import parse_hub_ref, pick_gguf, pick_mmproj
 from tests.assets import gemma3_gguf, smollm2_gguf
 from tests.cli_support import Cli
 from tests.gen_families import ensure_family
+from tests.gen_gemma3vl import ensure_model as ensure_vlm
 from tests.hub_support import FakeHub
 from tests.server_fixtures import Server
 
@@ -35,6 +36,8 @@ SMOL = "test/SmolLM2-135M-Instruct-GGUF"
 SPLIT = "test/tiny-qwen2-GGUF"
 HFDIR = "test/tiny-qwen2"
 GEMMA = "test/gemma-3-270m-GGUF"
+VLM = "test/tiny-gemma3vl-GGUF"
+IMAGE = Path(__file__).parent / "fixtures" / "vision" / "square.png"
 PROMPT = "The capital of France is"
 
 
@@ -67,10 +70,17 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]
     assert len(parts) == 2
     readme = tmp_path_factory.mktemp("readme") / "README.md"
     readme.write_text("# test repo\n")
+    _, vlm_gguf, vlm_mmproj = ensure_vlm()
     return {
         SMOL: {smollm2_gguf().name: smollm2_gguf(), "README.md": readme},
         SPLIT: {p.name: p for p in parts} | {"README.md": readme},
         HFDIR: {p.name: p for p in qwen_hf.iterdir() if p.is_file()},
+        VLM: {  # the model, its projector in the model's bits, and one llama.cpp passes over
+            "tiny-gemma3vl-F32.gguf": vlm_gguf,
+            "mmproj-tiny-gemma3vl-F16.gguf": readme,
+            "mmproj-tiny-gemma3vl-F32.gguf": vlm_mmproj,
+            "README.md": readme,
+        },
     }
 
 
@@ -333,3 +343,50 @@ def test_quant_tag_picks_files_as_llama_cpp(tag: str | None, want: list[str]) ->
 def test_a_tag_is_matched_followed_by_dot_or_dash() -> None:
     with pytest.raises(ModelNotFoundError, match=r"available: IQ4_XS, Q2_K, Q4_K_M, Q8_0$"):
         pick_gguf(parse_hub_ref("hf.co/u/r:Q8"), FILES)
+
+
+@pytest.mark.parametrize(
+    ("model", "tag", "paths", "want"),
+    [
+        ("m-Q8_0.gguf", "q8_0", FILES, "mmproj-m-Q4_K_M.gguf"),  # the only one
+        ("m-F32.gguf", None, ["mmproj-m-F16.gguf", "mmproj-m-F32.gguf"], "mmproj-m-F32.gguf"),
+        ("m-Q8_0.gguf", None, ["mmproj-m-F16.gguf", "mmproj-m-F32.gguf"], "mmproj-m-F16.gguf"),
+        ("m-Q4_K_M.gguf", "Q8_0", ["mmproj-m-F16.gguf", "mmproj-m-Q8_0.gguf"], "mmproj-m-Q8_0.gguf"),
+        # the deepest folder the model's path passes through first; never one beside it
+        ("big/m-Q2_K-00001-of-00002.gguf", "Q2_K",
+         ["mmproj-m-Q2_K.gguf", "big/mmproj-m-F16.gguf", "other/mmproj-m-Q2_K.gguf"],
+         "big/mmproj-m-F16.gguf"),
+        ("big/m-Q2_K-00001-of-00002.gguf", "Q2_K", ["other/mmproj-m-Q2_K.gguf"], None),
+        ("m-Q8_0.gguf", None, ["m-Q4_K_M.gguf", "imatrix.gguf", "README.md"], None),
+    ],
+)  # fmt: skip
+def test_the_projector_is_picked_as_llama_cpp(
+    model: str, tag: str | None, paths: list[str], want: str | None
+) -> None:
+    """llama.cpp's ``find_best_sibling`` (common/download.cpp): the model's folder or one
+    above, the deepest first, then the exact tag, then the closest bits."""
+    assert pick_mmproj(model, paths, tag) == want
+
+
+def test_a_pull_keeps_the_projector_beside_the_model(hub: FakeHub, tmp_path: Path) -> None:
+    """As ``llama-server -hf``: the mmproj comes with the model and images answer as with
+    ``--mmproj`` given by hand; ``--no-mmproj`` leaves it out; ``rm`` removes it."""
+    cli = _cli(tmp_path, hub)
+    cli("pull", f"hf.co/{VLM}")
+    name = "test-tiny-gemma3vl-gguf:latest"
+    assert _store_files(cli) == [
+        "test-tiny-gemma3vl-gguf/current",
+        "test-tiny-gemma3vl-gguf/latest.mmproj.gguf",
+        "test-tiny-gemma3vl-gguf/latest.modelc",
+    ]
+    _, gguf_path, mmproj = ensure_vlm()
+    kept = Path(cli.env["MODELC_HOME"]) / "models" / "test-tiny-gemma3vl-gguf/latest.mmproj.gguf"
+    assert kept.read_bytes() == mmproj.read_bytes()  # the F32 one, as the model's bits
+    ask = ("What is in the picture?", "--chat", "--image", str(IMAGE), "--max-tokens", "6",
+           "--temperature", "0")  # fmt: skip
+    by_hand = cli("generate", str(gguf_path), *ask, "--mmproj", str(mmproj)).stdout
+    assert by_hand.strip()
+    assert cli("generate", name, *ask).stdout == by_hand
+    cli.fails("generate", name, *ask, "--no-mmproj", match="takes no images")
+    cli("rm", name)
+    assert _store_files(cli) == []

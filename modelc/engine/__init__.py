@@ -10,6 +10,7 @@ and the model runner that executes each step (:mod:`modelc.engine.runner`: no tr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,12 +101,18 @@ def build_engine(
 
     opt = options or EngineOptions()
     opt.validate()
+    artifact = None
     if isinstance(model, ModelIR):
         ir = model
     else:
-        from modelc.resolve import load_ir
+        from modelc.resolve import open_ir
 
-        ir = load_ir(str(model))
+        ir, artifact = open_ir(str(model))
+    if opt.mmproj is None and not opt.no_mmproj and artifact is not None:  # pulled beside it
+        from modelc.store import mmproj_beside
+
+        if (side := mmproj_beside(artifact)) is not None:
+            opt = dataclasses.replace(opt, mmproj=str(side))
     runtime, backend = build_runtime(ir, opt, backend, runtime_factory)
     if not isinstance(runtime, (LanguageModel, EmbeddingModel)):
         raise UnsupportedError(

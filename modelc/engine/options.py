@@ -74,6 +74,7 @@ class EngineOptions:
     # a Jinja chat template that replaces the model's (--chat-template-file, as llama-server's)
     chat_template_file: str | None = None
     mmproj: str | None = None  # the vision projector GGUF (--mmproj, as llama-server's)
+    no_mmproj: bool = False  # --no-mmproj: not the projector a pull kept beside the model
     # the server's sampling defaults (config.toml [sampling]); the model's own come first
     sampling: dict[str, Any] = field(default_factory=dict)
 
