@@ -388,5 +388,7 @@ def test_a_pull_keeps_the_projector_beside_the_model(hub: FakeHub, tmp_path: Pat
     assert by_hand.strip()
     assert cli("generate", name, *ask).stdout == by_hand
     cli.fails("generate", name, *ask, "--no-mmproj", match="takes no images")
+    cli("cp", name, "copy:v1")
+    assert cli("generate", "copy:v1", *ask).stdout == by_hand
     cli("rm", name)
-    assert _store_files(cli) == []
+    assert _store_files(cli) == ["copy/current", "copy/v1.mmproj.gguf", "copy/v1.modelc"]
