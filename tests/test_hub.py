@@ -388,6 +388,11 @@ def test_a_pull_keeps_the_projector_beside_the_model(hub: FakeHub, tmp_path: Pat
     assert by_hand.strip()
     assert cli("generate", name, *ask).stdout == by_hand
     cli.fails("generate", name, *ask, "--no-mmproj", match="takes no images")
+    shown = cli("inspect", name).stdout  # the tiny tower's config (tests/gen_gemma3vl.py)
+    assert (
+        "vision         gemma3 projector, 2 layers 32 wide: 32px images as 4 tokens "
+        "(latest.mmproj.gguf)"
+    ) in shown
     cli("cp", name, "copy:v1")
     assert cli("generate", "copy:v1", *ask).stdout == by_hand
     cli("rm", name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelc.cli.args import add_options
@@ -131,7 +132,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from modelc.artifact import inspect as insp
     from modelc.artifact import open_artifact
 
-    art: Artifact = open_artifact(_resolve(args.model))
+    path = _resolve(args.model)
+    art: Artifact = open_artifact(path)
     try:
         # sampling defaults mean something for a model that generates text
         generates = art.manifest.tokenizer is not None and not art.manifest.hparams.pooling
@@ -144,12 +146,39 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(insp.quant_sizes_table(art))
         elif args.json:
             doc = insp.summary(art, args.model, tensors=args.tensors, sampling=sampling)
+            if (vision := _vision(path)) is not None:
+                doc["vision"] = vision
             print(json.dumps(doc, indent=2))
         else:
             print(insp.summary_text(art, args.model, tensors=args.tensors, sampling=sampling))
+            if (vision := _vision(path)) is not None:
+                print(
+                    f"  vision         {vision['projector']} projector, {vision['layers']} "
+                    f"layers {vision['width']} wide: {vision['image_size']}px images as "
+                    f"{vision['tokens_per_image']} tokens ({vision['file']})"
+                )
     finally:
         art.close()
     return 0
+
+
+def _vision(artifact: Path) -> dict[str, Any] | None:
+    """The vision projector a pull kept beside the model, described (None: none)."""
+    from modelc.store import mmproj_beside
+    from modelc.vision.mmproj import load_mmproj
+
+    side = mmproj_beside(artifact)
+    if side is None:
+        return None
+    cfg = load_mmproj(side)[0]
+    return {
+        "file": side.name,
+        "projector": cfg.projector,
+        "layers": cfg.n_layer,
+        "width": cfg.width,
+        "image_size": cfg.image_size,
+        "tokens_per_image": cfg.tokens_per_image,
+    }
 
 
 def _fit(args: argparse.Namespace) -> str:
