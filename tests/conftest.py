@@ -107,9 +107,21 @@ def page(browser: Browser) -> Iterator[Page]:
     assert not errors, errors
 
 
-# modules that take minutes on one worker: collected first, so that ``pytest -n 2 --dist
-# loadfile`` starts them at once instead of leaving one running alone at the end
-LONG_FIRST = ("test_soak.py", "test_compile.py", "test_runtime_llama.py", "test_gemma3_real.py")
+# the longest modules, longest first (from CI's --durations): collected first, so that
+# ``pytest -n 2 --dist loadfile`` hands them out early and the short modules fill the end,
+# instead of one worker running a long module alone while the other idles
+LONG_FIRST = (
+    "test_soak.py",
+    "test_compile.py",
+    "test_runtime_llama.py",
+    "test_gemma3_real.py",
+    "test_hub.py",
+    "test_llama_parity.py",
+    "test_chat_fidelity.py",
+    "test_families.py",
+    "test_split.py",
+    "test_cli.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
