@@ -106,7 +106,9 @@ def write_torch_zip(tensors: dict[str, np.ndarray[Any, Any]], path: Path) -> Non
     The pickle is written opcode by opcode: each tensor is
     ``torch._utils._rebuild_tensor_v2(storage, 0, size, stride, False, OrderedDict())``
     with its storage a persistent id ``("storage", torch.FloatStorage, key, "cpu", numel)``
-    whose bytes are ``archive/data/<key>``.
+    whose bytes are ``archive/data/<key>``.  Unlike ``torch.save``, which pads each member
+    to 64 bytes, the members follow their zip headers unpadded, mostly at offsets no
+    float32 can be read at in place (tests/test_formats_layout.py holds the readers to it).
     """
     ordered_dict = b"ccollections\nOrderedDict\n)R"  # GLOBAL, EMPTY_TUPLE, REDUCE
     pk = [b"\x80\x02", ordered_dict, b"("]  # PROTO 2, the dict, MARK

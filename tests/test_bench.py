@@ -68,6 +68,85 @@ def test_offline_bad_args(tmp_path: Path) -> None:
         ]
 
 
+def test_offline_on_another_device_says_where_it_ran(tmp_path: Path) -> None:
+    """``--device auto``: placed as ``modelc run`` places it; the result names the device
+    asked, where the model ran (the CPU here, without a GPU) and why the fresh-process
+    load timings were skipped."""
+    r = modelc(
+        "bench", str(smollm2_gguf()), "--device", "auto", "--json", "--prompt-lens", "8",
+        "--batches", "1", "--steps", "2", "--reps", "1", "--threads", "1", home=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["device"], d["n_gpu_layers"]) == ("auto", "auto")
+    if not _has_cupy():
+        assert d["backend"] == "cpu" and d["matmul"] is not None
+    assert d["import_s"] is None and d["load_cold_s"] is None and d["load_warm_s"] > 0
+    assert set(d["skipped"]) == {"import_s", "load_cold_s"}
+    assert d["skipped"]["load_cold_s"].startswith("measured with --device cpu only")
+
+
+def test_offline_gpu_layers_and_matmul_need_their_device(tmp_path: Path) -> None:
+    for argv, line in (
+        (
+            ["-ngl", "2"],
+            "--n-gpu-layers 2 needs --device cuda (or auto, with a GPU); "
+            "--device cpu runs every layer itself",
+        ),
+        (
+            ["--device", "auto", "--matmul", "exact"],
+            "--matmul sets the CPU kernels of --device cpu; the CPU layers of --device auto "
+            "take MODELC_MATMUL",
+        ),
+    ):
+        r = modelc("bench", str(smollm2_gguf()), *argv, home=tmp_path)
+        assert r.returncode == 2
+        assert r.stderr.strip().splitlines() == [f"modelc: error: {line}"]
+
+
+def test_placement_names_each_part_of_a_split_model() -> None:
+    from modelc.bench.offline import OfflineResult, placement
+    from modelc.bench.report import offline_table
+    from modelc.formats import load_model
+    from modelc.runtime.arch import build
+    from modelc.runtime.split import split_decoder
+    from tests.runtime_support import make_backend
+
+    ir = load_model(smollm2_gguf())
+    cpu = make_backend("cpu-exact")
+    last = ir.hparams.n_layer - 1
+    assert placement(build(ir, cpu), cpu) == "cpu"
+    split = split_decoder(ir, 3, make_backend("numpy"), cpu)
+    assert placement(split, cpu) == f"numpy layers 0-2 + cpu layers 3-{last}"
+
+    why = "measured with --device cpu only (the fresh process builds on the CPU kernels)"
+    res = OfflineResult(
+        model="m.gguf", architecture="llama", device="cuda", n_gpu_layers=3,
+        backend=f"cuda layers 0-2 + cpu layers 3-{last}", threads=2, matmul="fast",
+        kv_cache="f16", load_cold_s=None, load_warm_s=0.5, import_s=None,
+        skipped={"import_s": why, "load_cold_s": why},
+    )  # fmt: skip
+    from rich.console import Console
+
+    console = Console(width=300, record=True)
+    console.print(offline_table(res))
+    text = console.export_text()
+    assert f"m.gguf: llama on cuda layers 0-2 + cpu layers 3-{last} (--device cuda -ngl 3)" in text
+    for row in ("import runtime (fresh process)", "load, cold (fresh process)"):
+        line = next(ln for ln in text.splitlines() if row in ln)
+        assert line.rstrip(" │").endswith(f"skipped: {why}")
+    line = next(ln for ln in text.splitlines() if "load and place, once" in ln)
+    assert "(--device cuda -ngl 3)" in line and line.rstrip(" │").endswith("500 ms")
+
+
+def _has_cupy() -> bool:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     srv = start(str(smollm2_gguf()), "--max-concurrent", "4")

@@ -143,12 +143,13 @@ def test_python_dash_m_runs_the_command(module: str) -> None:
 
 def test_gpu_layers_flag() -> None:
     """``-ngl`` / ``--n-gpu-layers`` as llama.cpp's: a count, ``all`` or ``auto``, on every
-    command that builds an engine; asked of ``--device cpu``, one line before any load."""
+    command that builds an engine and on ``bench``; asked of ``--device cpu``, one line
+    before any load."""
     from modelc.engine.options import EngineOptions
     from modelc.errors import UsageError
 
     for argv, want in ((["-ngl", "12"], 12), (["--n-gpu-layers", "ALL"], "all"), ([], None)):
-        for cmd in (["run"], ["generate", "m", "p"], ["chat", "m"]):
+        for cmd in (["run"], ["generate", "m", "p"], ["chat", "m"], ["bench", "m"]):
             assert engine_given(_parse(*cmd, *argv)).get("n_gpu_layers") == want
     assert engine_options(_parse("run")).n_gpu_layers == "auto"
     with pytest.raises(SystemExit):

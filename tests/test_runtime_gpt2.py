@@ -8,6 +8,7 @@ checks ``torch.load`` reads the .bin bit for bit).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from modelc.formats import load_model
 from modelc.runtime.arch import GPT2, build
+from modelc.runtime.backend import Weight
 from modelc.runtime.model import SeqChunk
 from tests.gen_gpt2 import ensure_gpt2_random, ensure_gpt2_random_bin
 from tests.runtime_support import (
@@ -57,8 +59,19 @@ def test_cpu_kernels_match_transformers() -> None:
         assert gen == r["greedy"]
 
 
-def test_pytorch_bin_copy_matches_transformers() -> None:
+def _layout(m: GPT2) -> list[tuple[str, tuple[int, ...], bool, bool]]:
+    """Each weight array's dtype, shape and whether numpy's BLAS can read it in place."""
+    arrays = [m.tok_embd.data, m.pos_embd, m.out_w, m.out_b, m.output.data]
+    for b in m.blocks:
+        values = [getattr(b, f.name) for f in dataclasses.fields(b)]
+        arrays += [v.data if isinstance(v, Weight) else v for v in values]
+    return [(str(a.dtype), a.shape, a.flags.aligned, a.flags.c_contiguous) for a in arrays]
+
+
+def test_pytorch_bin_copy_matches_transformers(model: GPT2) -> None:
     m = build_gpt2(ensure_gpt2_random_bin())  # every prompt decoded in one batch
+    # the unpadded zip's tensors as the safetensors file's: aligned (no copy per matmul)
+    assert _layout(m) == _layout(model) and all(a and c for *_, a, c in _layout(m))
     for i, (r, (err, gen)) in enumerate(zip(RECORDS, check_records(m, RECORDS), strict=True)):
         assert err <= LOGPROB_TOL, f"prompt {i}: top-10 logprob error {err:.2e}"
         assert gen == r["greedy"], f"prompt {i}: diverges at {first_divergence(gen, r['greedy'])}"

@@ -11,6 +11,13 @@
 * **peak RSS**: this process's high-water mark (``VmHWM``) after the run.
 
 Prefill and decode use a ``kv_cache`` KV cache (f16 by default, as ``modelc run``).
+
+On another ``device`` (``cuda``, ``webgpu``, ``metal``, ``auto``) the model is placed as
+``modelc run --device`` places it (:func:`modelc.engine.build_runtime`, ``-ngl`` layers
+on the GPU), once: the fresh-process load and import timings, which build on the CPU
+kernels, are skipped and say so (``skipped``), and the warm load is that one placement.
+The result names where the model computed (:func:`placement`), which is not always the
+device asked for (``auto`` without a GPU runs on the CPU).
 """
 
 from __future__ import annotations
@@ -76,13 +83,17 @@ WORDS = tuple(
 class OfflineResult:
     model: str
     architecture: str
-    backend: str
+    device: str  # the device asked for (--device)
+    n_gpu_layers: int | str  # the layers asked on the GPU (-ngl)
+    backend: str  # where it computed (placement): "cpu", "cuda layers 0-9 + cpu layers 10-29"
     threads: int
-    matmul: str
+    matmul: str | None  # the CPU kernels' mode; None where no layer ran on them
     kv_cache: str  # KV-cache storage of the prefill and decode rows
-    load_cold_s: float | None  # open + build in a fresh process (CPU only)
-    load_warm_s: float  # the same, second time in this process
+    load_cold_s: float | None  # open + build in a fresh process (--device cpu only)
+    # cpu: open + build a second time in this process; another device: open + placement, once
+    load_warm_s: float
     import_s: float | None  # importing the runtime in a fresh process (not in load_cold_s)
+    skipped: dict[str, str] = field(default_factory=dict)  # a field left None -> why
     prefill_tps: dict[int, float] = field(default_factory=dict)  # prompt length -> tok/s
     decode_tps: dict[int, float] = field(default_factory=dict)  # batch -> aggregate tok/s
     decode_steps: int = 0
@@ -151,6 +162,29 @@ def cold_load_s(path: Path, threads: int, matmul: str) -> tuple[float, float]:
     return float(d["import_s"]), float(d["open_s"])
 
 
+def _parts(model: object, host: Backend) -> list[tuple[Backend, str]]:
+    """Each part of ``model`` (one, unless it is split by layers) and its backend."""
+    from modelc.runtime.split import SplitLM
+
+    def backend(m: object) -> Backend:
+        be: Backend = getattr(m, "be", host)  # the runtime models (CudaLlama too) keep theirs
+        return be
+
+    if isinstance(model, SplitLM):
+        return [(backend(p), f" layers {p.first}-{p.stop - 1}") for p in model.parts]
+    return [(backend(model), "")]
+
+
+def placement(model: object, host: Backend) -> str:
+    """Where ``model`` computes, in words: its backend's name (with a WebGPU adapter's
+    description), or, for a model split by layers (``-ngl``), each part's and its layers."""
+    words = []
+    for be, layers in _parts(model, host):
+        adapter = getattr(be, "device_name", None)  # a WebGPU adapter
+        words.append(f"{be.name}{f' ({adapter})' if adapter else ''}{layers}")
+    return " + ".join(words)
+
+
 def run_offline(
     model_arg: str,
     *,
@@ -162,11 +196,13 @@ def run_offline(
     matmul: str | None = None,
     kv_cache: str = "f16",
     device: str = "cpu",
+    n_gpu_layers: int | str = "auto",
     progress: Callable[[str], None] | None = None,
 ) -> OfflineResult:
     """Measure ``model_arg`` (a path, store or catalog name; see :mod:`modelc.resolve`) on
-    ``device`` (``cpu``; ``cuda``, ``webgpu``, ``metal``: placed as ``modelc run --device``
-    places it, without the fresh-process load timings, which measure the CPU path)."""
+    ``device`` (``cpu``; ``cuda`` with ``n_gpu_layers`` of its layers, ``webgpu``,
+    ``metal``, ``auto``: placed as ``modelc run --device`` places it, without the
+    fresh-process load timings, which measure the CPU path)."""
     from modelc.artifact import load_artifact
     from modelc.bench.timing import GreedyBatch, prefill_seconds
     from modelc.engine import EngineOptions, build_runtime
@@ -184,6 +220,19 @@ def run_offline(
     threads = threads or default_threads()
     mode = (matmul or "").strip().lower() or None
     matmul_tol(mode)  # validates the name
+    if mode is not None and device != "cpu":
+        raise UsageError(
+            f"--matmul sets the CPU kernels of --device cpu; the CPU layers of --device {device} "
+            "take MODELC_MATMUL"
+        )
+    opt = EngineOptions(
+        device=device,
+        kv_cache=kv_cache,
+        threads=threads,
+        max_concurrent=max(batches),
+        n_gpu_layers=n_gpu_layers,
+    )
+    opt.validate()  # -ngl with --device cpu, say: one line now
     import os
 
     mode_name = mode or os.environ.get("MODELC_MATMUL", "").strip().lower() or "fast"
@@ -192,7 +241,11 @@ def run_offline(
     path = resolve_model(model_arg)
     imp: float | None = None
     cold: float | None = None
-    if device == "cpu":
+    skipped: dict[str, str] = {}
+    if device != "cpu":
+        why = "measured with --device cpu only (the fresh process builds on the CPU kernels)"
+        skipped = {"import_s": why, "load_cold_s": why}
+    else:
         say("cold load (fresh process)")
         imp, cold = cold_load_s(path, threads, mode_name)
         model = build(load_artifact(path), CpuBackend(threads=threads, matmul=mode))  # first
@@ -204,16 +257,9 @@ def run_offline(
         model = build(ir, backend)
     else:
         say(f"placing the model ({device})")
-        opt = EngineOptions(
-            device=device, kv_cache=kv_cache, threads=threads, max_concurrent=max(batches)
-        )
         model, backend = build_runtime(ir, opt)
     warm = time.perf_counter() - t1
-    placed = backend.name
-    if device in ("auto", "cuda"):
-        from modelc.runtime.backends.cuda_llama import CudaLlama
-
-        placed = "cuda" if isinstance(model, CudaLlama) else placed
+    placed = placement(model, backend)
     if not isinstance(model, CausalLM):
         raise UnsupportedError(
             f"{model_arg} is a {ir.architecture} model; `modelc bench` measures language models"
@@ -228,13 +274,16 @@ def run_offline(
     res = OfflineResult(
         model=model_arg,
         architecture=ir.architecture,
+        device=device,
+        n_gpu_layers=n_gpu_layers,
         backend=placed,
         threads=threads,
-        matmul=mode_name,
+        matmul=mode_name if any(be.name == "cpu" for be, _ in _parts(model, backend)) else None,
         kv_cache=kv_cache,
         load_cold_s=cold,
         load_warm_s=warm,
         import_s=imp,
+        skipped=skipped,
         decode_steps=steps,
     )
     longest = max([*prompt_lens, 16 + steps * reps])

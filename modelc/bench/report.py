@@ -18,17 +18,29 @@ def _f(x: float, nd: int = 1) -> str:
     return "-" if math.isnan(x) else f"{x:,.{nd}f}"
 
 
+def _asked(r: OfflineResult) -> str:
+    """The placement asked for, as the flags that ask for it."""
+    ngl = "" if r.n_gpu_layers == "auto" else f" -ngl {r.n_gpu_layers}"
+    return f"--device {r.device}{ngl}"
+
+
 def offline_table(r: OfflineResult) -> Table:
+    cpu = f", {r.threads} threads, matmul {r.matmul}" if r.matmul is not None else ""
     t = Table(
-        title=f"{Path(r.model).name}: {r.architecture}, {r.backend}, "
-        f"{r.threads} threads, matmul {r.matmul}, KV cache {r.kv_cache}"
+        title=f"{Path(r.model).name}: {r.architecture} on {r.backend} ({_asked(r)})"
+        f"{cpu}, KV cache {r.kv_cache}"
     )
     t.add_column("measurement")
     t.add_column("value", justify="right")
-    if r.import_s is not None and r.load_cold_s is not None:  # measured on the CPU path only
-        t.add_row("import runtime (fresh process)", f"{r.import_s * 1000:,.0f} ms")
-        t.add_row("load, cold (fresh process)", f"{r.load_cold_s * 1000:,.0f} ms")
-    t.add_row("load, warm (second open)", f"{r.load_warm_s * 1000:,.0f} ms")
+    for label, v, why in (
+        ("import runtime (fresh process)", r.import_s, r.skipped.get("import_s")),
+        ("load, cold (fresh process)", r.load_cold_s, r.skipped.get("load_cold_s")),
+    ):
+        t.add_row(label, f"{v * 1000:,.0f} ms" if v is not None else f"skipped: {why}")
+    warm = (
+        "load, warm (second open)" if r.device == "cpu" else f"load and place, once ({_asked(r)})"
+    )
+    t.add_row(warm, f"{r.load_warm_s * 1000:,.0f} ms")
     for n, v in r.prefill_tps.items():
         t.add_row(f"prefill {n} tokens", f"{_f(v)} tok/s")
     for b, v in r.decode_tps.items():

@@ -51,6 +51,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             matmul=args.matmul,
             kv_cache=args.kv_cache or "f16",
             device=args.device or "cpu",
+            n_gpu_layers="auto" if args.n_gpu_layers is None else args.n_gpu_layers,  # -ngl 0 too
             progress=lambda s: status.update(s),
         )
     if args.json:

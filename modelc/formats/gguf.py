@@ -33,6 +33,7 @@ from modelc.formats.ir import (
     SourceInfo,
     Tensor,
     TokenizerSpec,
+    aligned,
     row_bytes,
 )
 
@@ -304,12 +305,9 @@ def _tensor_view(t: Any) -> Tensor:
         rb = row_bytes(dtype, shape[-1] if shape else 1)
         view = data.reshape(-1, rb)  # (rows, row_bytes)
         loader = lambda: view  # noqa: E731
-    elif dtype is DType.BF16:
-        view = data.view(np.uint16).reshape(shape)
-        loader = lambda: view  # noqa: E731
-    else:
-        view = data.reshape(shape)
-        loader = lambda: view  # noqa: E731
+    else:  # in place where general.alignment holds for the type (a multiple of 8 does)
+        view = (data.view(np.uint16) if dtype is DType.BF16 else data).reshape(shape)
+        loader = lambda: aligned(view)  # noqa: E731
     return Tensor(name=t.name, dtype=dtype, shape=shape, loader=loader)
 
 

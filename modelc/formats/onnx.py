@@ -31,7 +31,15 @@ import numpy as np
 
 from modelc.errors import ArchitectureError, FormatError, UnsupportedError
 from modelc.formats.arch import build_model_ir, detect_architecture, infer_architecture, mlp_names
-from modelc.formats.ir import NUMPY_DTYPES, DType, HParams, ModelIR, SourceInfo, Tensor
+from modelc.formats.ir import (
+    NUMPY_DTYPES,
+    DType,
+    HParams,
+    ModelIR,
+    SourceInfo,
+    Tensor,
+    aligned,
+)
 from modelc.formats.onnx_ops import CAST_TO, PLAN_FORMAT, SUPPORTED_OPS, run_plan
 
 __all__ = ["PLAN_FORMAT", "SUPPORTED_OPS", "build_plan", "load_onnx", "run_plan"]
@@ -74,7 +82,7 @@ def _inline_array(tp: Any, dtype: DType, path: Path) -> np.ndarray[Any, Any]:
                 f"initializer {tp.name!r}: {len(tp.raw_data)} bytes of raw data, shape {list(shape)} needs {want}",
                 path=path,
             )
-        return np.frombuffer(tp.raw_data, dtype=np_dtype).reshape(shape)
+        return aligned(np.frombuffer(tp.raw_data, dtype=np_dtype).reshape(shape))
     arr = np.asarray(numpy_helper.to_array(tp))
     if dtype is DType.BF16:
         return arr.view(np.uint16).reshape(shape)
@@ -117,7 +125,7 @@ def _external_loader(tp: Any, dtype: DType, base: Path, model_path: Path) -> tup
     def load() -> np.ndarray[Any, Any]:
         if want == 0:
             return np.zeros(shape, np_dtype)
-        return np.memmap(file, dtype=np_dtype, mode="r", offset=offset, shape=shape)
+        return aligned(np.memmap(file, dtype=np_dtype, mode="r", offset=offset, shape=shape))
 
     return load, file
 

@@ -6,7 +6,8 @@ whose ``find_class`` admits only the handful of globals tensor rebuilding needs,
 modelc's own harmless stand-ins; anything else (``os.system``, ``builtins.eval``...) raises
 :class:`UnsafePickleError` before it could be called.  Storages are memory-mapped straight out
 of the zip (members are stored, not deflated), so tensors sharing a storage (tied weights)
-are views of the same bytes.
+are views of the same bytes; a member its zip writer left at an offset its elements cannot
+be read at (``torch.save`` pads to 64 bytes, other writers do not) is copied once instead.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 from modelc.errors import FormatError, UnsafePickleError, UnsupportedError
 from modelc.formats.arch import build_model_ir, sibling_config
-from modelc.formats.ir import NUMPY_DTYPES, DType, ModelIR, SourceInfo, Tensor
+from modelc.formats.ir import NUMPY_DTYPES, DType, ModelIR, SourceInfo, Tensor, aligned
 
 _STORAGES: dict[str, DType | None] = {
     "FloatStorage": DType.F32,
@@ -228,11 +229,14 @@ class _ZipStorages:
             if nbytes == 0:
                 arr: np.ndarray[Any, Any] = np.zeros(0, dtype)
             else:
-                arr = np.memmap(self.path, dtype=dtype, mode="r", offset=start, shape=(st.numel,))
+                # mapped in place, unless the zip writer left it misaligned (not torch.save)
+                arr = aligned(
+                    np.memmap(self.path, dtype=dtype, mode="r", offset=start, shape=(st.numel,))
+                )
         else:  # a re-zipped checkpoint: read the member
             try:
                 with zipfile.ZipFile(self.path) as zf:
-                    arr = np.frombuffer(zf.read(info)[:nbytes], dtype=dtype)
+                    arr = aligned(np.frombuffer(zf.read(info)[:nbytes], dtype=dtype))
             except (*_ZIP_ERRORS, ValueError) as e:
                 raise FormatError(
                     f"cannot read storage {info.filename!r}: {e}", path=self.path

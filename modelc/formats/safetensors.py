@@ -27,6 +27,7 @@ from modelc.formats.ir import (
     SourceInfo,
     Tensor,
     TokenizerSpec,
+    aligned,
 )
 
 T = TypeVar("T")
@@ -64,7 +65,7 @@ class _Mapped:
             self._mm = np.memmap(
                 self.path, dtype=np.uint8, mode="r", offset=self.offset, shape=(self.size,)
             )
-        return self._mm[begin:end].view(dtype).reshape(shape)
+        return aligned(self._mm[begin:end].view(dtype).reshape(shape))
 
 
 def read_header(path: Path) -> tuple[dict[str, Any], int, int]:
