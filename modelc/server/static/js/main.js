@@ -1,5 +1,6 @@
-// The chat page: conversations, streaming, stop/continue/regenerate/edit, settings.
+// The chat page: conversations, streaming, stop/continue/regenerate/edit, settings, images.
 import {ApiError, getJSON, streamChat} from "./api.js";
+import * as attach from "./attach.js";
 import {copyCode, renderMarkdown} from "./markdown.js";
 import * as store from "./store.js";
 import {initSettings, openSettings} from "./settings.js";
@@ -17,6 +18,7 @@ const ui = {
   apiKey: store.loadApiKey(),
   settings: store.loadSettings(),
   editing: -1,           // the user message being edited
+  storageFull: false,    // said once: images no longer fit the browser's storage
 };
 
 // --- conversations -----------------------------------------------------------------------
@@ -38,7 +40,10 @@ function save(now = true) {
   if (now) {
     clearTimeout(saveTimer);
     saveTimer = 0;
-    store.saveState(state);
+    if (!store.saveState(state) && !ui.storageFull) {
+      ui.storageFull = true;
+      setStatus("browser storage full: this session's images are kept until the page closes");
+    }
   } else if (!saveTimer) {
     saveTimer = setTimeout(() => save(true), 400);
   }
@@ -156,7 +161,7 @@ function renderMessage(conv, i) {
   who.textContent = s.role === "user" ? "You" : s.role === "assistant" ? "Assistant" : "System";
   const body = document.createElement("div");
   body.className = "body";
-  div.append(who, body);
+  div.append(who, ...(a.images && a.images.length ? [attach.gallery(a.images)] : []), body);
   if (ui.editing === i) {
     const ta = document.createElement("textarea");
     ta.className = "edit-box";
@@ -267,7 +272,7 @@ function requestBody(messages) {
  * its content is the prefix the model continues). `snapshot` is the conversation before
  * this action: a refusal restores it, so a refused message never stays in the history.
  */
-async function generate(conv, i, snapshot, refusedText = "") {
+async function generate(conv, i, snapshot, refusedText = "", refusedImages = []) {
   const a = store.alt(conv.messages[i]);
   const messages = store.history(conv, i);
   if (a.content) messages.push({role: "assistant", content: a.content});  // continue it
@@ -333,6 +338,7 @@ async function generate(conv, i, snapshot, refusedText = "") {
       document.body.dataset.state = "error";
       setStatus("");
       if (refusedText && !prompt.value) prompt.value = refusedText;
+      if (refusedImages.length) attach.restore(refusedImages);
       if (e instanceof ApiError && e.status === 401) showKeyBanner();
     }
   } finally {
@@ -345,13 +351,14 @@ async function generate(conv, i, snapshot, refusedText = "") {
   }
 }
 
-function send(text) {
-  if (ui.busy || !text.trim()) return;
+function send(text, images = []) {
+  if (ui.busy || (!text.trim() && !images.length)) return;
   const conv = current();
   const snapshot = JSON.stringify(conv.messages);
-  if (!conv.messages.length) conv.title = store.titleFrom(text);
-  conv.messages.push(store.slot("user", text), store.slot("assistant", ""));
-  generate(conv, conv.messages.length - 1, snapshot, text);
+  if (!conv.messages.length) conv.title = text.trim() ? store.titleFrom(text) : "Image";
+  const user = store.slot("user", text, images.length ? {images} : {});
+  conv.messages.push(user, store.slot("assistant", ""));
+  generate(conv, conv.messages.length - 1, snapshot, text, images);
 }
 
 function stop() {
@@ -377,7 +384,8 @@ function editSend(i, text) {
   const conv = current();
   const snapshot = JSON.stringify(conv.messages);
   ui.editing = -1;
-  store.branch(conv, i, {content: text});
+  const images = store.alt(conv.messages[i]).images;  // an edit changes the words only
+  store.branch(conv, i, images ? {content: text, images} : {content: text});
   conv.messages.push(store.slot("assistant", ""));
   generate(conv, i + 1, snapshot);
 }
@@ -417,8 +425,10 @@ async function loadServerInfo() {
     const q = ui.models.length > 1 ? "?model=" + encodeURIComponent(ui.settings.model) : "";
     const p = await getJSON("props" + q, ui.apiKey);
     ui.defaults = (p.default_generation_settings && p.default_generation_settings.params) || {};
+    attach.setVision(Boolean(p.modalities && p.modalities.vision));
   } catch {
     ui.defaults = {};
+    attach.setVision(null);
   }
 }
 
@@ -448,13 +458,14 @@ function autosize() {
   prompt.style.height = Math.min(prompt.scrollHeight, window.innerHeight * 0.4) + "px";
 }
 
-$("composer").addEventListener("submit", (ev) => {
+$("composer").addEventListener("submit", async (ev) => {
   ev.preventDefault();
+  await attach.settled();  // images still being read go with this message
   const text = prompt.value;
-  if (ui.busy || !text.trim()) return;
+  if (ui.busy || (!text.trim() && !attach.count())) return;
   prompt.value = "";
   autosize();
-  send(text);
+  send(text, attach.take());
 });
 prompt.addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
@@ -509,6 +520,7 @@ $("model-select").addEventListener("change", (ev) => {
   loadServerInfo();
 });
 $("settings-btn").addEventListener("click", () => openSettings(ui));
+attach.initAttach({setStatus});
 initSettings(ui, {
   onSave: (settings, apiKey) => {
     ui.settings = settings;
