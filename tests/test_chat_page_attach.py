@@ -228,3 +228,36 @@ def test_a_refused_message_gives_its_image_back(page: Page, srv: Server) -> None
     assert pending(page) == [data_url(png)]
     assert page.input_value("#prompt") == QUESTION
     assert shown_messages(page) == []
+
+
+# fill the page's storage to the brim, then leave ``room`` characters free
+FILL = """(room) => {
+  let lo = 0, hi = 1 << 24;
+  while (hi - lo > 16) {
+    const mid = (lo + hi) >> 1;
+    try { localStorage.setItem('junk', 'x'.repeat(mid)); lo = mid; } catch { hi = mid; }
+  }
+  localStorage.setItem('junk', 'x'.repeat(lo - room));
+}"""
+
+
+def test_storage_full_keeps_the_text_without_the_image(page: Page, srv: Server) -> None:
+    """Conversations that do not fit the browser's storage with their images are saved
+    without the images' data: the page says so, this session still shows the image, and
+    after a reload a note stands in its place and the words are kept."""
+    open_page(page, srv.url)
+    set_settings(page, temperature=0, max_tokens=2)
+    page.evaluate(FILL, 1500)  # room for a short conversation, not for a 3 kB image
+    page.set_input_files("#attach-input", str(IMAGES / "square.png"))
+    page.wait_for_selector("#pending .thumb img")
+    send(page, QUESTION)
+    assert wait_idle(page) == "done"
+    assert "storage full" in page.locator("#status").inner_text()
+    assert len(shown_images(page)) == 1  # this session still has it
+    conv = stored(page)["conversations"][0]
+    assert conv["messages"][0]["alts"][0] == {"content": QUESTION, "images": [None]}
+    open_page(page, srv.url)
+    assert page.locator(".msg.user .gallery .thumb.missing").inner_text() == (
+        "image not kept (browser storage full)"
+    )
+    assert shown_messages(page)[0] == {"role": "user", "content": QUESTION}

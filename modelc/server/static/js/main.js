@@ -18,7 +18,6 @@ const ui = {
   apiKey: store.loadApiKey(),
   settings: store.loadSettings(),
   editing: -1,           // the user message being edited
-  storageFull: false,    // said once: images no longer fit the browser's storage
 };
 
 // --- conversations -----------------------------------------------------------------------
@@ -40,9 +39,8 @@ function save(now = true) {
   if (now) {
     clearTimeout(saveTimer);
     saveTimer = 0;
-    if (!store.saveState(state) && !ui.storageFull) {
-      ui.storageFull = true;
-      setStatus("browser storage full: this session's images are kept until the page closes");
+    if (!store.saveState(state)) {  // saved without the images' data
+      setStatus("browser storage full: images are kept only until this page closes");
     }
   } else if (!saveTimer) {
     saveTimer = setTimeout(() => save(true), 400);
