@@ -2,6 +2,7 @@
 import {ApiError, getJSON, streamChat} from "./api.js";
 import * as attach from "./attach.js";
 import {copyCode, renderMarkdown} from "./markdown.js";
+import {closeSidebar, initLayout} from "./layout.js";
 import * as store from "./store.js";
 import {initSettings, openSettings} from "./settings.js";
 
@@ -436,20 +437,6 @@ function setApiKey(key) {
   return loadServerInfo();
 }
 
-// --- theme and layout --------------------------------------------------------------------
-function applyTheme(theme) {
-  document.documentElement.dataset.theme = theme;
-  $("hljs-light").disabled = theme === "dark";
-  $("hljs-dark").disabled = theme !== "dark";
-  $("theme").setAttribute("aria-pressed", String(theme === "dark"));
-}
-
-function closeSidebar() {
-  document.body.classList.remove("side-open");
-  $("menu").setAttribute("aria-expanded", "false");
-  $("scrim").hidden = true;
-}
-
 // --- wiring ------------------------------------------------------------------------------
 function autosize() {
   prompt.style.height = "auto";
@@ -490,21 +477,6 @@ $("import").addEventListener("change", (ev) => {
   if (f) importFile(f);
   ev.target.value = "";
 });
-$("menu").addEventListener("click", () => {
-  const open = !document.body.classList.contains("side-open");
-  document.body.classList.toggle("side-open", open);
-  $("menu").setAttribute("aria-expanded", String(open));
-  $("scrim").hidden = !open;
-});
-$("scrim").addEventListener("click", closeSidebar);
-$("theme").addEventListener("click", () => {
-  const t = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
-  store.saveTheme(t);
-  applyTheme(t);
-});
-matchMedia("(prefers-color-scheme: dark)").addEventListener("change", (ev) => {
-  if (!store.loadTheme()) applyTheme(ev.matches ? "dark" : "light");
-});
 $("key-banner").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   await setApiKey($("key-input").value);
@@ -519,6 +491,7 @@ $("model-select").addEventListener("change", (ev) => {
 });
 $("settings-btn").addEventListener("click", () => openSettings(ui));
 attach.initAttach({setStatus});
+initLayout();
 initSettings(ui, {
   onSave: (settings, apiKey) => {
     ui.settings = settings;
@@ -527,7 +500,6 @@ initSettings(ui, {
   },
 });
 
-applyTheme(document.documentElement.dataset.theme || "light");
 renderAll();
 document.body.dataset.state = "idle";
 loadServerInfo().finally(() => { document.body.dataset.ready = "1"; });
