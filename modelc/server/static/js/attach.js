@@ -166,18 +166,18 @@ export function initAttach({setStatus}) {
     ev.preventDefault();
     add(files);
   });
-  const main = document.querySelector("main");
+  // a file dropped anywhere on the page is attached (never opened in place of the page)
   const hasFiles = (ev) => ev.dataTransfer && [...ev.dataTransfer.types].includes("Files");
-  main.addEventListener("dragover", (ev) => {
+  document.addEventListener("dragover", (ev) => {
     if (!hasFiles(ev)) return;
     ev.preventDefault();
     ev.dataTransfer.dropEffect = vision === true ? "copy" : "none";
     document.body.classList.add("dropping");
   });
-  main.addEventListener("dragleave", (ev) => {
-    if (!main.contains(ev.relatedTarget)) document.body.classList.remove("dropping");
+  document.addEventListener("dragleave", (ev) => {
+    if (!ev.relatedTarget) document.body.classList.remove("dropping");
   });
-  main.addEventListener("drop", (ev) => {
+  document.addEventListener("drop", (ev) => {
     document.body.classList.remove("dropping");
     if (!hasFiles(ev)) return;
     ev.preventDefault();
