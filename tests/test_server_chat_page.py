@@ -367,7 +367,7 @@ def test_dark_mode(browser: Any, smol_server: Server) -> None:
         pg.reload()
         pg.wait_for_function("document.body.dataset.ready === '1'")
         assert pg.evaluate(theme) == "light"  # the toggle is remembered
-        for sel in ["#settings-btn", "#theme", "#send", "#prompt"]:  # labelled controls
+        for sel in ["#settings-btn", "#theme", "#send", "#prompt", "#attach"]:  # labelled controls
             name = pg.evaluate(
                 f"(e => e.getAttribute('aria-label') || e.labels?.[0]?.textContent || "
                 f"e.textContent)(document.querySelector('{sel}'))"

@@ -35,10 +35,15 @@ class ImageError(UsageError):
 
 
 def decode_data_url(url: str, param: str) -> bytes:
-    """The bytes of a ``data:image/<type>;base64,<data>`` URL."""
+    """The bytes of a ``data:image/<type>;base64,<data>`` URL (another type, such as
+    ``text/plain``, is refused, as llama.cpp's server does; the image type need not be the
+    bytes': the bytes say what they are)."""
     head, sep, data = url.partition(",")
-    if not sep or not head.startswith("data:") or not head.endswith(";base64"):
-        raise ImageError("an image URL must be a data URL (data:image/png;base64,...)", param=param)
+    if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
+        raise ImageError(
+            "an image URL must be a base64 data URL of an image (data:image/png;base64,...)",
+            param=param,
+        )
     return decode_base64(data, param)
 
 

@@ -1,6 +1,8 @@
-// The chat page: conversations, streaming, stop/continue/regenerate/edit, settings.
+// The chat page: conversations, streaming, stop/continue/regenerate/edit, settings, images.
 import {ApiError, getJSON, streamChat} from "./api.js";
+import * as attach from "./attach.js";
 import {copyCode, renderMarkdown} from "./markdown.js";
+import {closeSidebar, initLayout} from "./layout.js";
 import * as store from "./store.js";
 import {initSettings, openSettings} from "./settings.js";
 
@@ -38,7 +40,9 @@ function save(now = true) {
   if (now) {
     clearTimeout(saveTimer);
     saveTimer = 0;
-    store.saveState(state);
+    if (!store.saveState(state)) {  // saved without the images' data
+      setStatus("browser storage full: images are kept only until this page closes");
+    }
   } else if (!saveTimer) {
     saveTimer = setTimeout(() => save(true), 400);
   }
@@ -156,7 +160,7 @@ function renderMessage(conv, i) {
   who.textContent = s.role === "user" ? "You" : s.role === "assistant" ? "Assistant" : "System";
   const body = document.createElement("div");
   body.className = "body";
-  div.append(who, body);
+  div.append(who, ...(a.images && a.images.length ? [attach.gallery(a.images)] : []), body);
   if (ui.editing === i) {
     const ta = document.createElement("textarea");
     ta.className = "edit-box";
@@ -267,7 +271,7 @@ function requestBody(messages) {
  * its content is the prefix the model continues). `snapshot` is the conversation before
  * this action: a refusal restores it, so a refused message never stays in the history.
  */
-async function generate(conv, i, snapshot, refusedText = "") {
+async function generate(conv, i, snapshot, refusedText = "", refusedImages = []) {
   const a = store.alt(conv.messages[i]);
   const messages = store.history(conv, i);
   if (a.content) messages.push({role: "assistant", content: a.content});  // continue it
@@ -333,6 +337,7 @@ async function generate(conv, i, snapshot, refusedText = "") {
       document.body.dataset.state = "error";
       setStatus("");
       if (refusedText && !prompt.value) prompt.value = refusedText;
+      if (refusedImages.length) attach.restore(refusedImages);
       if (e instanceof ApiError && e.status === 401) showKeyBanner();
     }
   } finally {
@@ -345,13 +350,14 @@ async function generate(conv, i, snapshot, refusedText = "") {
   }
 }
 
-function send(text) {
-  if (ui.busy || !text.trim()) return;
+function send(text, images = []) {
+  if (ui.busy || (!text.trim() && !images.length)) return;
   const conv = current();
   const snapshot = JSON.stringify(conv.messages);
-  if (!conv.messages.length) conv.title = store.titleFrom(text);
-  conv.messages.push(store.slot("user", text), store.slot("assistant", ""));
-  generate(conv, conv.messages.length - 1, snapshot, text);
+  if (!conv.messages.length) conv.title = text.trim() ? store.titleFrom(text) : "Image";
+  const user = store.slot("user", text, images.length ? {images} : {});
+  conv.messages.push(user, store.slot("assistant", ""));
+  generate(conv, conv.messages.length - 1, snapshot, text, images);
 }
 
 function stop() {
@@ -377,7 +383,8 @@ function editSend(i, text) {
   const conv = current();
   const snapshot = JSON.stringify(conv.messages);
   ui.editing = -1;
-  store.branch(conv, i, {content: text});
+  const images = store.alt(conv.messages[i]).images;  // an edit changes the words only
+  store.branch(conv, i, images ? {content: text, images} : {content: text});
   conv.messages.push(store.slot("assistant", ""));
   generate(conv, i + 1, snapshot);
 }
@@ -417,8 +424,10 @@ async function loadServerInfo() {
     const q = ui.models.length > 1 ? "?model=" + encodeURIComponent(ui.settings.model) : "";
     const p = await getJSON("props" + q, ui.apiKey);
     ui.defaults = (p.default_generation_settings && p.default_generation_settings.params) || {};
+    attach.setVision(Boolean(p.modalities && p.modalities.vision));
   } catch {
     ui.defaults = {};
+    attach.setVision(null);
   }
 }
 
@@ -428,33 +437,20 @@ function setApiKey(key) {
   return loadServerInfo();
 }
 
-// --- theme and layout --------------------------------------------------------------------
-function applyTheme(theme) {
-  document.documentElement.dataset.theme = theme;
-  $("hljs-light").disabled = theme === "dark";
-  $("hljs-dark").disabled = theme !== "dark";
-  $("theme").setAttribute("aria-pressed", String(theme === "dark"));
-}
-
-function closeSidebar() {
-  document.body.classList.remove("side-open");
-  $("menu").setAttribute("aria-expanded", "false");
-  $("scrim").hidden = true;
-}
-
 // --- wiring ------------------------------------------------------------------------------
 function autosize() {
   prompt.style.height = "auto";
   prompt.style.height = Math.min(prompt.scrollHeight, window.innerHeight * 0.4) + "px";
 }
 
-$("composer").addEventListener("submit", (ev) => {
+$("composer").addEventListener("submit", async (ev) => {
   ev.preventDefault();
+  await attach.settled();  // images still being read go with this message
   const text = prompt.value;
-  if (ui.busy || !text.trim()) return;
+  if (ui.busy || (!text.trim() && !attach.count())) return;
   prompt.value = "";
   autosize();
-  send(text);
+  send(text, attach.take());
 });
 prompt.addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
@@ -481,21 +477,6 @@ $("import").addEventListener("change", (ev) => {
   if (f) importFile(f);
   ev.target.value = "";
 });
-$("menu").addEventListener("click", () => {
-  const open = !document.body.classList.contains("side-open");
-  document.body.classList.toggle("side-open", open);
-  $("menu").setAttribute("aria-expanded", String(open));
-  $("scrim").hidden = !open;
-});
-$("scrim").addEventListener("click", closeSidebar);
-$("theme").addEventListener("click", () => {
-  const t = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
-  store.saveTheme(t);
-  applyTheme(t);
-});
-matchMedia("(prefers-color-scheme: dark)").addEventListener("change", (ev) => {
-  if (!store.loadTheme()) applyTheme(ev.matches ? "dark" : "light");
-});
 $("key-banner").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   await setApiKey($("key-input").value);
@@ -509,6 +490,8 @@ $("model-select").addEventListener("change", (ev) => {
   loadServerInfo();
 });
 $("settings-btn").addEventListener("click", () => openSettings(ui));
+attach.initAttach({setStatus});
+initLayout();
 initSettings(ui, {
   onSave: (settings, apiKey) => {
     ui.settings = settings;
@@ -517,7 +500,6 @@ initSettings(ui, {
   },
 });
 
-applyTheme(document.documentElement.dataset.theme || "light");
 renderAll();
 document.body.dataset.state = "idle";
 loadServerInfo().finally(() => { document.body.dataset.ready = "1"; });

@@ -1,9 +1,11 @@
 // Conversations kept in the browser (localStorage), and the page's settings.
 //
 // A conversation is {id, title, created, updated, messages: [slot]}. A slot is one turn:
-// {role, cur, alts: [{content, reasoning, finish, stats, tail}]}: its versions (an edited user
-// message, a regenerated reply), `cur` the one shown. Switching versions stashes the
-// turns after the slot in the old version's `tail` and brings back the new one's.
+// {role, cur, alts: [{content, images, reasoning, finish, stats, tail}]}: its versions (an
+// edited user message, a regenerated reply), `cur` the one shown. Switching versions
+// stashes the turns after the slot in the old version's `tail` and brings back the new
+// one's. `images`: a user message's attached images as data URLs (attach.js), `null` for
+// one the browser had no room to keep.
 
 const KEY = "modelc.chat.v1";
 const SETTINGS = "modelc.chat.settings";
@@ -23,12 +25,14 @@ function read(key, fallback) {
   }
 }
 
-function write(key, value) {
+function write(key, value, replacer = undefined) {
   try {
     if (value === null || value === undefined) localStorage.removeItem(key);
-    else localStorage.setItem(key, JSON.stringify(value));
+    else localStorage.setItem(key, JSON.stringify(value, replacer));
+    return true;
   } catch (e) {
     console.warn("modelc chat: could not save", key, e);
+    return false;
   }
 }
 
@@ -68,8 +72,17 @@ export function switchAlt(conv, i, k) {
 export function history(conv, upto = conv.messages.length) {
   return conv.messages
     .slice(0, upto)
-    .map((s) => ({role: s.role, content: alt(s).content}))
+    .map((s) => ({role: s.role, content: content(alt(s))}))
     .filter((m) => !(m.role === "assistant" && m.content === ""));
+}
+
+/** A version's content as sent: its text, or its images (OpenAI `image_url` parts) then
+ * its text. */
+function content(a) {
+  const images = (a.images || []).filter(Boolean);
+  if (!images.length) return a.content;
+  const parts = images.map((url) => ({type: "image_url", image_url: {url}}));
+  return a.content ? [...parts, {type: "text", text: a.content}] : parts;
 }
 
 export function loadState() {
@@ -78,7 +91,13 @@ export function loadState() {
   return {conversations: [], current: null};
 }
 
-export const saveState = (s) => write(KEY, s);
+/** Save the conversations; false when they do not fit the browser's storage with their
+ * images: then they are saved without the images' data (this session still shows them). */
+export function saveState(s) {
+  if (write(KEY, s)) return true;
+  write(KEY, s, (k, v) => (k === "images" && Array.isArray(v) ? v.map(() => null) : v));
+  return false;
+}
 export const loadSettings = () => ({system: "", ...read(SETTINGS, {})});
 export const saveSettings = (s) => write(SETTINGS, s);
 export const loadApiKey = () => read(API_KEY, "") || "";
@@ -104,11 +123,18 @@ function validStats(st) {
   return out;
 }
 
+function validImages(images) {
+  if (!Array.isArray(images)) return {};
+  const ok = images.filter((u) => typeof u === "string" && u.startsWith("data:image/"));
+  return ok.length ? {images: ok} : {};
+}
+
 function validSlot(s) {
   if (!s || typeof s !== "object" || !["user", "assistant", "system"].includes(s.role)) return null;
   if (Array.isArray(s.alts)) {
     const alts = s.alts.filter((a) => a && typeof a.content === "string").map((a) => ({
       content: a.content,
+      ...(validImages(a.images)),
       ...(typeof a.reasoning === "string" && a.reasoning ? {reasoning: a.reasoning} : {}),
       ...(typeof a.finish === "string" ? {finish: a.finish} : {}),
       ...(a.stats && typeof a.stats === "object" ? {stats: validStats(a.stats)} : {}),
