@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import trio
 
+from modelc.artifact import open_artifact
 from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import ModelcError
@@ -25,6 +26,7 @@ from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import VisionModel
+from tests.cli_support import Cli
 from tests.gen_qwen25vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
 from tests.runtime_support import golden, make_backend
@@ -237,3 +239,61 @@ def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path) -> No
         r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
     assert r["tokens_evaluated"] == len(case["prompt_ids"]), r.get("tokens_evaluated")
     assert r["tokens"] == case["greedy"]
+
+
+def test_pack_and_inspect(tmp_path: Path) -> None:
+    """``modelc pack`` makes the same tensors and M-RoPE sections of the HF directory and
+    of the GGUF; ``modelc inspect`` shows them."""
+    hf, gg, _ = ensure_model()
+    cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
+    for k, src in (("hf", hf), ("gguf", gg)):
+        cli("pack", str(src), "-o", str(tmp_path / f"{k}.modelc"))
+    arts = [open_artifact(tmp_path / f"{k}.modelc") for k in ("hf", "gguf")]
+    try:
+        irs = [a.to_ir() for a in arts]
+        assert irs[0].architecture == irs[1].architecture == "qwen2vl"
+        assert irs[0].hparams.rope_sections == irs[1].hparams.rope_sections == [2, 3, 3]
+        assert sorted(irs[0].tensors) == sorted(irs[1].tensors)
+        for name, t in irs[0].tensors.items():
+            np.testing.assert_array_equal(t.data(), irs[1].tensors[name].data(), err_msg=name)
+    finally:
+        for a in arts:
+            a.close()
+    out = cli("inspect", str(tmp_path / "gguf.modelc")).stdout
+    assert "architecture   qwen2vl" in out and "M-RoPE sections t/h/w 2/3/3" in out, out
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+async def test_engine_batched_equals_alone(vision: VisionModel, speculative: bool) -> None:
+    """The four image prompts at once through one engine (batched steps, each image's
+    M-RoPE positions its own; with speculation, drafts checked and rolled back): each
+    gets transformers' answer, as alone."""
+    _, gg, mm = ensure_model()
+    opt = EngineOptions(
+        prefill_chunk=16,
+        prefix_cache_bytes=0,
+        speculative=speculative,
+        spec_adaptive=False,
+        spec_min_prompt=0,
+        spec_gamma=4,
+    )
+    opt.mmproj, opt.kv_cache = str(mm), "f32"
+    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    cases = GOLD["cases"]
+    got: dict[int, list[int]] = {}
+
+    async def one(i: int, case: dict[str, Any]) -> None:
+        p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
+        span = _span(vision, case)
+        req = GenerationRequest(f"b{i}", case["prompt_ids"], p, ignore_eos=True, images=(span,))
+        got[i] = [ev.token_id async for ev in eng.submit(req) if isinstance(ev, TokenEvent)]
+
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        async with trio.open_nursery() as reqs:
+            for i, case in enumerate(cases):
+                reqs.start_soon(one, i, case)
+        st = eng.stats()
+        n.cancel_scope.cancel()
+    assert [got[i] for i in range(len(cases))] == [c["greedy"] for c in cases]
+    assert (st.spec_drafted > st.spec_accepted) == speculative, st  # drafts rolled back
