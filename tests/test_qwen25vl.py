@@ -19,7 +19,7 @@ import trio
 from modelc.artifact import open_artifact
 from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
-from modelc.errors import ModelcError
+from modelc.errors import ModelcError, UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
@@ -297,3 +297,15 @@ async def test_engine_batched_equals_alone(vision: VisionModel, speculative: boo
         n.cancel_scope.cancel()
     assert [got[i] for i in range(len(cases))] == [c["greedy"] for c in cases]
     assert (st.spec_drafted > st.spec_accepted) == speculative, st  # drafts rolled back
+
+
+def test_a_projector_of_another_family_is_refused_at_start() -> None:
+    """Qwen2.5-VL's projector with Gemma 3's model, and Gemma 3's with Qwen2.5-VL's: one
+    line at start (the images' positions would be wrong)."""
+    from tests import gen_gemma3vl
+
+    _, gemma, gemma_mm = gen_gemma3vl.ensure_model()
+    _, qwen, qwen_mm = ensure_model()
+    for model, mm in ((gemma, qwen_mm), (qwen, gemma_mm)):
+        with pytest.raises(UsageError, match="does not go with"):
+            build_engine(model, EngineOptions(mmproj=str(mm)))
