@@ -9,6 +9,7 @@ image's grid; the same image with plain positions would answer otherwise)."""
 from __future__ import annotations
 
 import base64
+import io
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from modelc.runtime.arch import build
 from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
-from modelc.vision import VisionModel
+from modelc.vision import ImageError, VisionModel
 from tests.cli_support import Cli
 from tests.gen_qwen25vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
@@ -309,3 +310,23 @@ def test_a_projector_of_another_family_is_refused_at_start() -> None:
     for model, mm in ((gemma, qwen_mm), (qwen, gemma_mm)):
         with pytest.raises(UsageError, match="does not go with"):
             build_engine(model, EngineOptions(mmproj=str(mm)))
+
+
+@pytest.mark.parametrize(
+    ("size", "grid"), [((250, 1), None), ((150, 1), (1, 25)), ((1, 1), (2, 2))]
+)
+def test_extreme_sizes(
+    vision: VisionModel, size: tuple[int, int], grid: tuple[int, int] | None
+) -> None:
+    """A 250:1 image is one ImageError (a 400, as the processor refuses a ratio over 200);
+    150:1 and a single pixel are resized within the processor's limits."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, (200, 10, 10)).save(buf, format="PNG")
+    if grid is None:
+        with pytest.raises(ImageError, match="ratio") as e:
+            vision.embed(buf.getvalue(), "messages[0].content[0]")
+        assert e.value.param == "messages[0].content[0]"
+        return
+    assert vision.embed(buf.getvalue()).shape[:2] == grid

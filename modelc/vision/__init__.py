@@ -83,7 +83,7 @@ class VisionModel:
         c = self.cfg
         if c.projector == "gemma3":
             return gemma3_pixels(img, c.image_size, c.mean, c.std)
-        x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std)
+        x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param=param)
         m = c.n_merge
         return x.reshape(gh // m, gw // m, m * m, -1)
 

@@ -118,11 +118,13 @@ def _normalise(img: Any, mean: tuple[float, ...], std: tuple[float, ...]) -> F32
     return y.astype(np.float32, copy=False)
 
 
-def smart_resize(h: int, w: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+def smart_resize(
+    h: int, w: int, factor: int, min_pixels: int, max_pixels: int, param: str = "image"
+) -> tuple[int, int]:
     """Qwen2-VL's target size: both sides multiples of ``factor``, the area within
     ``min_pixels .. max_pixels``, the aspect ratio kept as near as may be."""
     if max(h, w) / min(h, w) > 200:
-        raise ImageError(f"the image is {w}x{h}; its sides' ratio must be below 200")
+        raise ImageError(f"the image is {w}x{h}; its sides' ratio must be below 200", param=param)
     hb, wb = round(h / factor) * factor, round(w / factor) * factor
     if hb * wb > max_pixels:
         beta = math.sqrt(h * w / max_pixels)
@@ -141,6 +143,7 @@ def qwen_patches(
     mean: tuple[float, float, float],
     std: tuple[float, float, float],
     pixels: tuple[int, int] = QWEN_PIXELS,
+    param: str = "image",
 ) -> tuple[F32, int, int]:
     """Qwen2-VL / Qwen2.5-VL's pixel values of an RGB image (``Qwen2VLImageProcessor``, its
     Pillow backend): resized (bicubic) to :func:`smart_resize`'s size within ``pixels``
@@ -151,7 +154,7 @@ def qwen_patches(
     from PIL import Image
 
     f = patch * merge
-    h, w = smart_resize(img.height, img.width, f, *pixels)
+    h, w = smart_resize(img.height, img.width, f, *pixels, param)
     x = _normalise(img.resize((w, h), resample=Image.Resampling.BICUBIC), mean, std)
     gh, gw = h // patch, w // patch
     x = x.reshape(gh // merge, merge, patch, gw // merge, merge, patch, 3)
