@@ -332,11 +332,8 @@ class Decoder(CausalLM):
         ob = self.scratch.get("o", (n, self.d))
         ff = 0
         gb = ub = ob  # the FFN's buffers, fetched at the first dense block
-        angles = (  # the same for every global layer; M-RoPE: images' rows and columns
-            self.mrope.angles(be, batch, pos, slices)
-            if self.mrope
-            else be.rope_angles(pos, self.inv_freq)
-        )
+        mr = self.mrope  # M-RoPE: image rows and columns; else the same for every global layer
+        angles = mr.angles(be, batch, pos, slices) if mr else be.rope_angles(pos, self.inv_freq)
         if self.long_rope is not None:
             angles = self.long_rope.angles(be, batch, pos, angles)
         local = be.rope_angles(pos, self.inv_freq_local) if any(sp.local_rope) else angles
