@@ -330,3 +330,22 @@ def test_extreme_sizes(
         assert e.value.param == "messages[0].content[0]"
         return
     assert vision.embed(buf.getvalue()).shape[:2] == grid
+
+
+def test_llamacpp_runs_the_text_the_same(lm: LanguageModel, tmp_path: Path) -> None:
+    """llama.cpp's server on our model GGUF, no image: the same prompt ids and greedy
+    tokens (up to a near tie)."""
+    pytest.importorskip("xllamacpp")
+    import httpx
+
+    from modelc.bench.llamacpp import LlamaCppServer
+    from tests.peers import greedy_to_near_tie, llamacpp_greedy
+
+    t = GOLD["text"]
+    gg = ensure_model()[1]
+    with LlamaCppServer(gg, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
+        ids = httpx.post(f"{s.url}/tokenize", json={"content": t["prompt"]}, timeout=30).json()
+        got = llamacpp_greedy(s.url, t["prompt_ids"], len(t["greedy"]))
+    assert ids["tokens"] == t["prompt_ids"]
+    ours, cut = greedy_to_near_tie(lm, t["prompt_ids"], len(t["greedy"]))
+    assert ours == t["greedy"] and cut >= 8 and got[:cut] == ours[:cut], (got, ours, cut)
