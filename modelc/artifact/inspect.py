@@ -84,6 +84,8 @@ def attention_features(art: Artifact) -> list[str]:
         out.append(rope + ")")
         if h.nope_layers:
             out.append(f"NoPE layers {','.join(map(str, h.nope_layers))}")
+        if h.rope_sections:  # qwen2vl
+            out.append(f"M-RoPE sections t/h/w {'/'.join(map(str, h.rope_sections))}")
     if h.rope_dim:
         out.append(f"partial RoPE ({h.rope_dim} of each head's {h.head_dim} dimensions)")
     if any(n.endswith(".shortconv.conv.weight") for n in names):  # lfm2

@@ -158,6 +158,11 @@ def _vision(path: str, runtime: Any) -> VisionModel:
             f"images run on the CPU decoder only; {type(runtime).__name__} takes none "
             "(start it with --device cpu)"
         )
+    if (vision.cfg.projector == "qwen2.5vl_merger") != (runtime.mrope is not None):  # M-RoPE
+        raise UsageError(
+            f"{path}: a {vision.cfg.projector} projector does not go with a "
+            f"{runtime.architecture} model; give the mmproj file made with this model"
+        )
     if vision.cfg.n_embd != runtime.d:
         raise UsageError(
             f"{path}: the projector makes {vision.cfg.n_embd}-wide embeddings but the model "

@@ -216,6 +216,7 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     window_layers: list[int] = msgspec.field(default_factory=list)  # those windowed; []: all
     attn_chunk: int = 0  # llama4: RoPE layers attend within chunks of this many positions
     nope_layers: list[int] = msgspec.field(default_factory=list)  # smollm3: layers without RoPE
+    rope_sections: list[int] = msgspec.field(default_factory=list)  # qwen2vl: M-RoPE's t/h/w
     rope_theta_local: float = 0.0  # gemma3: the windowed layers' RoPE base, unscaled; 0: same
     attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
     attn_temp_scale: float = 0.0  # llama-4 attention temperature's beta (mistral3); 0: none

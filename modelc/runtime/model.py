@@ -36,11 +36,14 @@ class ImageSpan:
     """An image's embeddings in a sequence: positions ``start .. start + len(embeds) - 1``
     take these rows instead of their tokens' embeddings (llama.cpp's ``batch.embd``);
     ``bidirectional``: the span's positions attend to each other both ways (Gemma 3's
-    image tokens; llama.cpp decodes them with causal attention off)."""
+    image tokens; llama.cpp decodes them with causal attention off); ``grid``: the image's
+    rows and columns of tokens, row by row, for M-RoPE positions (Qwen2.5-VL:
+    :mod:`~modelc.runtime.arch.mrope`); (0, 0): one position per token."""
 
     start: int
     embeds: F32Array  # (n, d)
     bidirectional: bool = False
+    grid: tuple[int, int] = (0, 0)
 
     @property
     def end(self) -> int:

@@ -7,7 +7,9 @@ model's processor would, and encodes them into one embedding per image token
 its media markers as llama.cpp's ``mtmd_tokenize`` does: each marker becomes the
 projector's begin text (Gemma 3: ``<start_of_image>``), one position per embedding (an
 :class:`~modelc.runtime.model.ImageSpan`, its token id a placeholder), then the end text
-(``<end_of_image>``).  Only Gemma 3's projector runs so far.
+(``<end_of_image>``).  Gemma 3's projector and Qwen2.5-VL's run: a Qwen image's
+embeddings come as their grid (rows, columns, n_embd), a size of its own per image, and
+its span carries the grid for M-RoPE (:mod:`modelc.runtime.arch.mrope`).
 """
 
 from __future__ import annotations
@@ -26,16 +28,21 @@ from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
 from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
-from modelc.vision.preprocess import ImageError, decode_image, gemma3_pixels
+from modelc.vision.preprocess import ImageError, decode_image, gemma3_pixels, qwen_patches
+from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
 
 __all__ = ["MEDIA_MARKER", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
 # per projector: the text before and after an image's embeddings (mtmd.cpp)
-MARKERS = {"gemma3": ("<start_of_image>", "<end_of_image>")}
+MARKERS = {
+    "gemma3": ("<start_of_image>", "<end_of_image>"),
+    "qwen2.5vl_merger": ("<|vision_start|>", "<|vision_end|>"),
+}
 KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
-PLACEHOLDER = "<image_soft_token>"  # the token id an image position carries, if the vocab has it
+# per projector: the token id an image position carries, if the vocab has it
+PLACEHOLDER = {"gemma3": "<image_soft_token>", "qwen2.5vl_merger": "<|image_pad|>"}
 
 
 def no_vision(model: str) -> ImageError:
@@ -58,22 +65,36 @@ class VisionModel:
         self.path = str(path)
         cfg, weights = load_mmproj(path)
         self.cfg: VisionConfig = cfg
-        self.weights: VisionWeights = weights
+        self.weights: VisionWeights | Qwen25Weights = weights
         self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
         self._kept: OrderedDict[bytes, F32] = OrderedDict()  # image hash -> embeddings
         self._lock = threading.Lock()
 
     @property
     def tokens_per_image(self) -> int:
+        """Gemma 3's tokens an image (a Qwen image's depend on its size)."""
         return self.cfg.tokens_per_image
 
     def pixels(self, data: bytes, param: str = "image") -> F32:
-        """The pixel values (3, S, S) of encoded image bytes; ImageError if unusable."""
+        """The pixel values of encoded image bytes; ImageError if unusable.  Gemma 3:
+        (3, S, S); Qwen2.5-VL: (gh/2, gw/2, 4, 3*2*p*p), each 2x2 block's patches (flat:
+        the processor's (gh*gw, 3*2*p*p))."""
         img = decode_image(data, param)
-        return gemma3_pixels(img, self.cfg.image_size, self.cfg.mean, self.cfg.std)
+        c = self.cfg
+        if c.projector == "gemma3":
+            return gemma3_pixels(img, c.image_size, c.mean, c.std)
+        x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param=param)
+        m = c.n_merge
+        return x.reshape(gh // m, gw // m, m * m, -1)
 
     def encode(self, pixels: F32) -> F32:
-        """(tokens_per_image, n_embd) embeddings of one image's pixels."""
+        """One image's embeddings: (tokens_per_image, n_embd), or Qwen2.5-VL's grid
+        (rows, columns, n_embd)."""
+        if isinstance(self.weights, Qwen25Weights):
+            m, (r, c) = self.cfg.n_merge, pixels.shape[:2]
+            return encode_qwen25(
+                self.cfg, self.weights, pixels.reshape(r * c * m * m, -1), r * m, c * m
+            )
         return encode(self.cfg, self.weights, pixels)
 
     def embed(self, data: bytes, param: str = "image") -> F32:
@@ -112,17 +133,20 @@ class VisionModel:
             )
         begin, end = MARKERS[self.cfg.projector]
         b_ids, e_ids = encode_text(begin), encode_text(end)
-        hold = encode_text(PLACEHOLDER)
+        hold = encode_text(PLACEHOLDER[self.cfg.projector])
         fill = hold[0] if len(hold) == 1 else b_ids[0]
         out: list[int] = []
         spans = []
         prev = 0
         for pos, emb in zip(at, embeds, strict=True):
-            if emb.shape != (self.tokens_per_image, self.cfg.n_embd):
+            grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)
+            emb = emb.reshape(-1, emb.shape[-1]) if emb.ndim == 3 else emb
+            want = (len(emb) if grid[0] else self.tokens_per_image, self.cfg.n_embd)
+            if emb.shape != want:
                 raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
             out += ids[prev:pos]
             out += b_ids
-            spans.append(ImageSpan(len(out), emb, self.bidirectional))
+            spans.append(ImageSpan(len(out), emb, self.bidirectional, (grid[0], grid[1])))
             out += [fill] * len(emb)
             out += e_ids
             prev = pos

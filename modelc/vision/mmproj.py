@@ -7,7 +7,8 @@ bias), ``attn_q`` / ``attn_k`` / ``attn_v`` / ``attn_out`` and ``ffn_up`` / ``ff
 (each with a bias), ``v.post_ln``; Gemma 3's projector ``mm.soft_emb_norm`` (stored
 ``1 + w``) and ``mm.input_projection`` (width, n_embd of the text model).
 
-Only Gemma 3's projector (``gemma3``) is read; other projectors are refused in one line.
+Gemma 3's projector (``gemma3``) is read here, Qwen2.5-VL's (``qwen2.5vl_merger``) by
+:mod:`modelc.vision.qwen25vl`; other projectors are refused in one line.
 Weights are widened to f32 once at load (a projector is small beside its text model).
 """
 
@@ -23,9 +24,10 @@ import numpy as np
 from modelc.errors import FormatError, ModelcError, UnsupportedError
 from modelc.formats.ir import DType, Tensor
 from modelc.formats.quants import dequantize
+from modelc.vision.qwen25vl import Qwen25Weights, load_qwen25
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
-PROJECTORS = ("gemma3",)
+PROJECTORS = ("gemma3", "qwen2.5vl_merger")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +42,8 @@ class VisionConfig:
     n_embd: int  # the text model's width (the projection's output)
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    n_merge: int  # the pooling kernel per side (Gemma 3: 4)
+    n_merge: int  # the pooling kernel per side (Gemma 3: 4; Qwen2.5-VL's merger: 2)
+    n_wa_pattern: int = 0  # Qwen2.5-VL: every n-th block attends fully, the others in windows
 
     @property
     def patches_per_side(self) -> int:
@@ -99,7 +102,7 @@ def _num(meta: Mapping[str, Any], key: str, path: Path, default: Any = None) -> 
     return value
 
 
-def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights]:
+def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25Weights]:
     """The projector's settings and weights; FormatError / UnsupportedError on a file that
     is no mmproj, or whose projector modelc does not run."""
     from modelc.formats.gguf import read_gguf
@@ -136,15 +139,9 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights]:
         n_embd=int(_num(meta, "clip.vision.projection_dim", p)),
         mean=(float(mean[0]), float(mean[1]), float(mean[2])),
         std=(float(std[0]), float(std[1]), float(std[2])),
-        n_merge=int(meta.get("clip.vision.projector.scale_factor", 4)),
+        n_merge=int(meta.get("clip.vision.projector.scale_factor", 4 if proj == "gemma3" else 2)),
+        n_wa_pattern=int(meta.get("clip.vision.n_wa_pattern", 0)),
     )
-    side = cfg.patches_per_side
-    if cfg.patch_size <= 0 or side <= 0 or cfg.n_merge <= 0 or side % cfg.n_merge:
-        raise FormatError(
-            f"image size {cfg.image_size}, patch size {cfg.patch_size} and pooling "
-            f"{cfg.n_merge} do not fit together",
-            path=p,
-        )
     if cfg.n_head <= 0 or cfg.width % cfg.n_head:
         raise FormatError(f"width {cfg.width} does not split into {cfg.n_head} heads", path=p)
 
@@ -157,6 +154,15 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights]:
             raise FormatError(f"{name} has shape {a.shape}, expected {shape}", path=p)
         return a
 
+    if proj == "qwen2.5vl_merger":
+        return cfg, load_qwen25(cfg, get)
+    side = cfg.patches_per_side
+    if cfg.patch_size <= 0 or side <= 0 or cfg.n_merge <= 0 or side % cfg.n_merge:
+        raise FormatError(
+            f"image size {cfg.image_size}, patch size {cfg.patch_size} and pooling "
+            f"{cfg.n_merge} do not fit together",
+            path=p,
+        )
     w, ps = cfg.width, cfg.patch_size
 
     def block(i: int) -> VisionBlock:

@@ -7,7 +7,8 @@ server) and never a crash; :func:`decode_data_url` reads a ``data:image/...;base
 URL.  :func:`gemma3_pixels` is transformers' ``Gemma3ImageProcessor`` (its Pillow
 backend, no pan-and-scan): RGB (transparency composited on white), resized to the
 tower's square with Pillow's bilinear filter, rescaled by 1/255 and normalised with the
-projector's mean and std; (3, size, size) f32.
+projector's mean and std; (3, size, size) f32.  :func:`qwen_patches` is
+``Qwen2VLImageProcessor``'s (Qwen2-VL, Qwen2.5-VL): a size of its own per image.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 import warnings
 from typing import Any
 
@@ -27,6 +29,7 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 MAX_BYTES = 20 << 20  # an encoded image
 MAX_PIXELS = 50_000_000  # declared width x height (a 7000 x 7000 photo fits)
 MAX_SIDE = 16384
+QWEN_PIXELS = (56 * 56, 28 * 28 * 1280)  # Qwen2-VL's processor: min and max pixels
 
 
 class ImageError(UsageError):
@@ -110,6 +113,56 @@ def gemma3_pixels(
     from PIL import Image
 
     small = img.resize((size, size), resample=Image.Resampling.BILINEAR)
-    x = (np.asarray(small, np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)
-    y = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)  # (size, size, 3)
-    return np.ascontiguousarray(y.transpose(2, 0, 1), dtype=np.float32)
+    return np.ascontiguousarray(_normalise(small, mean, std).transpose(2, 0, 1))
+
+
+def _normalise(img: Any, mean: tuple[float, ...], std: tuple[float, ...]) -> F32:
+    """(H, W, 3) f32: rescaled by 1/255, less the mean, over the std (transformers' order)."""
+    x: F32 = (np.asarray(img, np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)
+    y = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)  # f32 already
+    return y.astype(np.float32, copy=False)
+
+
+def smart_resize(
+    h: int, w: int, factor: int, min_pixels: int, max_pixels: int, param: str = "image"
+) -> tuple[int, int]:
+    """Qwen2-VL's target size: both sides multiples of ``factor``, the area within
+    ``min_pixels .. max_pixels``, the aspect ratio kept as near as may be."""
+    if max(h, w) / min(h, w) > 200:
+        raise ImageError(f"the image is {w}x{h}; its sides' ratio must be below 200", param=param)
+    hb, wb = round(h / factor) * factor, round(w / factor) * factor
+    if hb * wb > max_pixels:
+        beta = math.sqrt(h * w / max_pixels)
+        hb = max(factor, math.floor(h / beta / factor) * factor)
+        wb = max(factor, math.floor(w / beta / factor) * factor)
+    elif hb * wb < min_pixels:
+        beta = math.sqrt(min_pixels / (h * w))
+        hb, wb = math.ceil(h * beta / factor) * factor, math.ceil(w * beta / factor) * factor
+    return hb, wb
+
+
+def qwen_patches(
+    img: Any,
+    patch: int,
+    merge: int,
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    pixels: tuple[int, int] = QWEN_PIXELS,
+    param: str = "image",
+) -> tuple[F32, int, int]:
+    """Qwen2-VL / Qwen2.5-VL's pixel values of an RGB image (``Qwen2VLImageProcessor``, its
+    Pillow backend): resized (bicubic) to :func:`smart_resize`'s size within ``pixels``
+    (min, max), normalised, cut into ``patch`` squares ordered by ``merge x merge``
+    blocks, row by row, each patch's values (channel, frame, row, column) with the one
+    frame twice (the temporal patch of 2); ((gh * gw), 3 * 2 * patch * patch) and the
+    grid gh x gw of patches."""
+    from PIL import Image
+
+    f = patch * merge
+    h, w = smart_resize(img.height, img.width, f, *pixels, param)
+    x = _normalise(img.resize((w, h), resample=Image.Resampling.BICUBIC), mean, std)
+    gh, gw = h // patch, w // patch
+    x = x.reshape(gh // merge, merge, patch, gw // merge, merge, patch, 3)
+    x = x.transpose(0, 3, 1, 4, 6, 2, 5)  # (gh/m, gw/m, m, m, C, p, p)
+    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], 2, patch, patch))
+    return np.ascontiguousarray(x.reshape(gh * gw, 3 * 2 * patch * patch)), gh, gw

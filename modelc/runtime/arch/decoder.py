@@ -52,6 +52,7 @@ from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import load_experts, moe_ffn
+from modelc.runtime.arch.mrope import MRope
 from modelc.runtime.arch.recurrent import load_mixer, mixer_feature, mixer_forward
 from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
@@ -115,6 +116,7 @@ class Decoder(CausalLM):
             self.inv_freq = proportional_inv_freq(hd_g, rot, hp.rope_theta)
         after = long_rope_after(hp)
         self.long_rope = LongRope(hp, rot, after) if after else None
+        self.mrope = MRope(hp.rope_sections, self.inv_freq) if hp.rope_sections else None
         # YaRN / LongRoPE scale cos and sin: each Q·K by the factor squared, unless only part
         # of each head rotates (then the angle tables carry it, to the rotated dims alone)
         mscale = rope_attention_factor(hp.rope_scaling)
@@ -190,6 +192,7 @@ class Decoder(CausalLM):
             attn_sinks=tuple(b.sinks is not None for b in self.blocks),
             attn_out_bias=tuple(b.bo is not None for b in self.blocks),
             moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
+            mrope_sections=tuple(hp.rope_sections),
         )
         self.state_shapes = {
             i: b.mixer.state_shapes() for i, b in enumerate(self.blocks) if b.mixer is not None
@@ -329,7 +332,8 @@ class Decoder(CausalLM):
         ob = self.scratch.get("o", (n, self.d))
         ff = 0
         gb = ub = ob  # the FFN's buffers, fetched at the first dense block
-        angles = be.rope_angles(pos, self.inv_freq)  # the same for every global layer
+        mr = self.mrope  # M-RoPE: image rows and columns; else the same for every global layer
+        angles = mr.angles(be, batch, pos, slices) if mr else be.rope_angles(pos, self.inv_freq)
         if self.long_rope is not None:
             angles = self.long_rope.angles(be, batch, pos, angles)
         local = be.rope_angles(pos, self.inv_freq_local) if any(sp.local_rope) else angles

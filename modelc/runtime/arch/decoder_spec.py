@@ -60,6 +60,7 @@ FEATURES: dict[str, str] = {
     "mamba2": "Mamba-2 layers (a recurrent state per sequence)",  # granitehybrid
     "residual_scale": "scaled residual branches",  # granitehybrid
     "logit_scale": "scaled logits",  # granitehybrid
+    "mrope": "M-RoPE (image positions by rows and columns)",  # qwen2vl (arch/mrope.py)
 }
 
 
@@ -142,6 +143,7 @@ class DecoderSpec:
     residual_scale: float = 0.0  # each residual branch times this (granite); 0: none
     logit_scale: float = 0.0  # the logits divided by this (granite); 0: none
     chunks: tuple[int, ...] = ()  # per layer: attends within chunks of this; 0: not
+    mrope_sections: tuple[int, ...] = ()  # M-RoPE's t/h/w pairs (qwen2vl); (): plain RoPE
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -188,6 +190,7 @@ class DecoderSpec:
             "mamba2": "mamba2" in self.mixers,
             "residual_scale": bool(self.residual_scale),
             "logit_scale": bool(self.logit_scale),
+            "mrope": bool(self.mrope_sections),
         }
         return frozenset(k for k, v in used.items() if v)
 

@@ -1,0 +1,325 @@
+"""A tiny randomly initialised Qwen2.5-VL, made with numpy only.
+
+As ``tests/gen_gemma3vl.py``: the weights are a pure function of a seed, so the tests (no
+torch) and ``scripts/make_tiny_qwen25vl.py`` (which loads the same HF directory into
+transformers for the goldens and runs llama.cpp's converter on it) see identical numbers.
+Written to the test-asset cache, never to the repository, as
+
+* an HF directory shaped like the Hub's ``Qwen/Qwen2.5-VL-3B-Instruct`` (a flat
+  ``config.json``, ``model.*`` / ``visual.*`` weights), scaled down: text 3 layers of width
+  64, 4 query heads on 2 KV heads of 16, M-RoPE sections 2/3/3 of its 8 pairs (the
+  release's 16/24/24 of 64); vision 4 blocks of width 32, 2 heads, patch 14, temporal patch
+  2, windows of 112 pixels with blocks 1 and 3 attending fully (the release's 7, 15, 23, 31
+  of 32), a 2x2 merger into the text width; the families' 384-token tokenizer with
+  Qwen2.5-VL's vision tokens added (384..388) and the release's chat template;
+* ``qwen25vl.gguf``: the text model as ``convert_hf_to_gguf.py`` writes ``qwen2vl``, and
+* ``mmproj-qwen25vl.gguf``: the tower and merger as its ``--mmproj`` writes them
+  (``qwen2.5vl_merger``; Q/K/V split, the 3-D patch kernel as two 2-D ones).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from tests.assets import assets_dir, cache_lock
+from tests.gguf_support import add_llama_shape, gguf_file
+
+FAM = Path(__file__).parent / "fixtures" / "families"
+FIX = Path(__file__).parent / "fixtures" / "qwenvl"
+VERSION = 2  # bump when the weights or the layout change
+SEED = 20261206
+SPECIAL = {
+    "<|vision_start|>": 384,
+    "<|vision_end|>": 385,
+    "<|vision_pad|>": 386,
+    "<|image_pad|>": 387,
+    "<|video_pad|>": 388,
+}
+N_VOCAB = 389
+SECTIONS = [2, 3, 3]
+VISION: dict[str, Any] = {
+    "depth": 4,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_heads": 2,
+    "in_chans": 3,
+    "out_hidden_size": 64,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "spatial_patch_size": 14,
+    "window_size": 112,
+    "fullatt_block_indexes": [1, 3],
+    "tokens_per_second": 2,
+    "temporal_patch_size": 2,
+}
+CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "attention_dropout": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "vision_start_token_id": SPECIAL["<|vision_start|>"],
+    "vision_end_token_id": SPECIAL["<|vision_end|>"],
+    "vision_token_id": SPECIAL["<|vision_pad|>"],
+    "image_token_id": SPECIAL["<|image_pad|>"],
+    "video_token_id": SPECIAL["<|video_pad|>"],
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "initializer_range": 0.02,
+    "intermediate_size": 128,
+    "max_position_embeddings": 2048,
+    "max_window_layers": 3,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "sliding_window": 2048,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vision_config": VISION,
+    "rope_scaling": {"type": "mrope", "mrope_section": SECTIONS},
+    "vocab_size": N_VOCAB,
+}
+MEAN = [0.48145466, 0.4578275, 0.40821073]  # OpenAI CLIP's, as the release
+STD = [0.26862954, 0.26130258, 0.27577711]
+PREPROCESSOR: dict[str, Any] = {
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": MEAN,
+    "image_std": STD,
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen2_5_VLProcessor",
+}
+
+
+def make_weights() -> dict[str, np.ndarray[Any, Any]]:
+    """HF tensor names -> f32 arrays, a pure function of :data:`SEED`."""
+    rng = np.random.default_rng(SEED)
+    c, v = CONFIG, VISION
+
+    def w(*shape: int, s: float = 0.25) -> np.ndarray[Any, Any]:
+        return (s * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray[Any, Any]:
+        return (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    d, ff, hd = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["hidden_size"] // c["num_attention_heads"],
+    )
+    nq, nkv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    out = {"model.embed_tokens.weight": w(N_VOCAB, d, s=0.5)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = norm(d)
+        out[p + "self_attn.q_proj.weight"] = w(nq, d)
+        out[p + "self_attn.q_proj.bias"] = w(nq, s=0.1)
+        out[p + "self_attn.k_proj.weight"] = w(nkv, d)
+        out[p + "self_attn.k_proj.bias"] = w(nkv, s=0.1)
+        out[p + "self_attn.v_proj.weight"] = w(nkv, d)
+        out[p + "self_attn.v_proj.bias"] = w(nkv, s=0.1)
+        out[p + "self_attn.o_proj.weight"] = w(d, nq)
+        out[p + "post_attention_layernorm.weight"] = norm(d)
+        out[p + "mlp.gate_proj.weight"] = w(ff, d)
+        out[p + "mlp.up_proj.weight"] = w(ff, d)
+        out[p + "mlp.down_proj.weight"] = w(d, ff)
+    # a large final gain: decisive logits, so greedy answers hold against llama.cpp
+    out["model.norm.weight"] = norm(d) * np.float32(4.0)
+    vd, vff, ps = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    out["visual.patch_embed.proj.weight"] = w(vd, 3, 2, ps, ps, s=0.05)
+    for i in range(v["depth"]):
+        p = f"visual.blocks.{i}."
+        out[p + "norm1.weight"] = norm(vd)
+        out[p + "norm2.weight"] = norm(vd)
+        out[p + "attn.qkv.weight"] = w(3 * vd, vd, s=0.3)
+        out[p + "attn.qkv.bias"] = w(3 * vd, s=0.1)
+        out[p + "attn.proj.weight"] = w(vd, vd, s=0.2)
+        out[p + "attn.proj.bias"] = w(vd, s=0.1)
+        for proj, shape in (
+            ("gate_proj", (vff, vd)),
+            ("up_proj", (vff, vd)),
+            ("down_proj", (vd, vff)),
+        ):
+            out[p + f"mlp.{proj}.weight"] = w(*shape, s=0.2)
+            out[p + f"mlp.{proj}.bias"] = w(shape[0], s=0.1)
+    m = 4 * vd
+    out["visual.merger.ln_q.weight"] = norm(vd)
+    out["visual.merger.mlp.0.weight"] = w(m, m, s=0.15)
+    out["visual.merger.mlp.0.bias"] = w(m, s=0.1)
+    out["visual.merger.mlp.2.weight"] = w(d, m, s=0.15)
+    out["visual.merger.mlp.2.bias"] = w(d, s=0.1)
+    return out
+
+
+CHAT_TEMPLATE = (FIX / "qwen2_5_vl.jinja").read_text()
+
+
+def tokenizer_files(dest: Path) -> None:
+    """The families' tokenizer with Qwen2.5-VL's vision tokens and chat template."""
+    tj = json.loads((FAM / "tokenizer.json").read_text())
+    for text, i in SPECIAL.items():
+        tj["added_tokens"].append(
+            {
+                "id": i,
+                "content": text,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
+    (dest / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
+    tc = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+        "extra_special_tokens": {
+            "image_token": "<|image_pad|>",
+            "video_token": "<|video_pad|>",
+            "vision_bos_token": "<|vision_start|>",
+            "vision_eos_token": "<|vision_end|>",
+        },
+        "processor_class": "Qwen2_5_VLProcessor",
+    }
+    (dest / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+
+
+def _vocab(w: gguf.GGUFWriter) -> None:
+    tj = json.loads((FAM / "tokenizer.json").read_text())
+    control = {a["content"]: a["id"] for a in tj["added_tokens"]} | SPECIAL
+    tokens = [""] * N_VOCAB
+    types = [gguf.TokenType.NORMAL] * N_VOCAB
+    for t, i in {**tj["model"]["vocab"], **control}.items():
+        tokens[i] = t
+        if t in control:
+            types[i] = gguf.TokenType.CONTROL
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    w.add_eos_token_id(control["<|im_end|>"])
+    w.add_pad_token_id(control["<|endoftext|>"])
+    w.add_bos_token_id(control["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
+def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
+    c = CONFIG
+    with gguf_file(path, "qwen2vl", atomic=True) as w:
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name("tiny-qwen25vl")
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        add_llama_shape(
+            w,
+            n_layer=c["num_hidden_layers"],
+            n_ctx=c["max_position_embeddings"],
+            d=c["hidden_size"],
+            ff=c["intermediate_size"],
+            n_head=c["num_attention_heads"],
+            n_head_kv=c["num_key_value_heads"],
+            rope_base=c["rope_theta"],
+            rms_eps=c["rms_norm_eps"],
+        )
+        w.add_rope_dimension_sections([*SECTIONS, 0])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        _vocab(w)
+        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2VL, c["num_hidden_layers"])
+        for name, data in weights.items():
+            if name.startswith("visual."):
+                continue
+            new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
+            assert new is not None, name
+            w.add_tensor(new, np.ascontiguousarray(data, dtype=np.float32))
+
+
+def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
+    """The vision tower + merger as ``convert_hf_to_gguf.py --mmproj`` writes them."""
+    v = VISION
+    with gguf_file(path, "clip", atomic=True) as w:
+        w.add_type(gguf.GGUFType.MMPROJ)
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_clip_has_vision_encoder(True)
+        w.add_vision_projection_dim(CONFIG["hidden_size"])
+        w.add_vision_image_size(560)
+        w.add_vision_patch_size(v["patch_size"])
+        w.add_vision_embedding_length(v["hidden_size"])
+        w.add_vision_feed_forward_length(v["intermediate_size"])
+        w.add_vision_block_count(v["depth"])
+        w.add_vision_head_count(v["num_heads"])
+        w.add_vision_image_mean(MEAN)
+        w.add_vision_image_std(STD)
+        w.add_clip_projector_type(gguf.VisionProjectorType.QWEN25VL)
+        w.add_vision_use_silu(True)
+        w.add_vision_n_wa_pattern(v["fullatt_block_indexes"][0] + 1)
+        w.add_vision_attention_layernorm_eps(CONFIG["rms_norm_eps"])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, v["depth"])
+        patch = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.V_ENC_EMBD_PATCH] + ".weight"
+        for name, data in weights.items():
+            if not name.startswith("visual."):
+                continue
+            if "patch_embed" in name:  # the 3-D kernel as two 2-D ones
+                w.add_tensor(patch, np.ascontiguousarray(data[:, :, 0]))
+                w.add_tensor(patch + ".1", np.ascontiguousarray(data[:, :, 1]))
+                continue
+            parts = [(name, data)]
+            if ".qkv." in name:
+                parts = [
+                    (name.replace("qkv", x), p)
+                    for x, p in zip("qkv", np.split(data, 3), strict=True)
+                ]
+            for hf, arr in parts:
+                new = nmap.get_name(hf, try_suffixes=(".weight", ".bias"))
+                assert new is not None, hf
+                w.add_tensor(new, np.ascontiguousarray(arr, dtype=np.float32))
+
+
+def model_dir() -> Path:
+    return assets_dir() / f"tiny-qwen25vl-v{VERSION}"
+
+
+def ensure_model() -> tuple[Path, Path, Path]:
+    """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
+    from safetensors.numpy import save_file
+
+    dest = model_dir()
+    hf, gg, mm = dest / "hf", dest / "qwen25vl.gguf", dest / "mmproj-qwen25vl.gguf"
+    with cache_lock(dest.name):
+        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
+            return hf, gg, mm
+        hf.mkdir(parents=True, exist_ok=True)
+        weights = make_weights()
+        tokenizer_files(hf)
+        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
+        (hf / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
+        shutil.copy(FIX / "qwen2_5_vl.jinja", hf / "chat_template.jinja")
+        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
+        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        write_text_gguf(weights, gg)
+        write_mmproj(weights, mm)
+    return hf, gg, mm
+
+
+if __name__ == "__main__":
+    print(*ensure_model())
