@@ -202,10 +202,9 @@ class Decoder(CausalLM):
         self.first, self.stop = 0, n_layer  # the layers this model runs (keep_layers)
 
     def keep_layers(self, first: int, stop: int) -> None:
-        """Run layers ``first .. stop-1`` only: this model becomes one part of a model split
-        between devices (:mod:`modelc.runtime.split`).  :meth:`forward_part` takes the
-        hidden state instead of token ids unless ``first`` is 0 and gives it instead of
-        logits unless ``stop`` is the last layer; caches hold these layers only."""
+        """Run layers ``first .. stop-1`` only, as one part of a split model
+        (:mod:`modelc.runtime.split`): :meth:`forward_part` takes and gives the hidden state
+        where the part does not start / end the model; caches hold these layers only."""
         n = len(self.blocks)
         if not 0 <= first < stop <= n or (self.first, self.stop) != (0, n):
             raise UsageError(f"cannot run layers {first}..{stop - 1} of {n} (a model splits once)")
