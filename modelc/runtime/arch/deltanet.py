@@ -14,7 +14,7 @@ value head ``j`` reads key head ``j % key heads`` (qwen35's GGUF: tiled order), 
 ``ssm_ba`` holds per key head its value heads' beta rows then their alpha rows.  What a sequence
 keeps between steps (:class:`~modelc.runtime.seq_state.SeqState`): the last ``w - 1``
 inputs of the convolution, ``conv`` (w-1, channels), and ``ssm`` S.  Tokens go one at a
-time through S (correctness first; a chunked form and a C kernel are for later).
+time through S, in the backend's ``causal_conv1d`` and ``delta_scan`` (C kernels on the CPU).
 """
 
 from __future__ import annotations
@@ -145,49 +145,38 @@ def deltanet(
         assert state is not None, "a recurrent layer needs the sequence's state"
         state.begin(li, c.cache.n)
         keep = len(c.rows()) > 1  # a draft being verified: checkpoint every token
-        _sequence(net, state.layer(li), qkv[sl], beta[sl], decay[sl], o[sl], keep, li, state)
+        _sequence(be, net, state, li, qkv[sl], beta[sl], decay[sl], o[sl], keep)
     y = be.rms_norm(o.reshape(n * net.n_v, net.d_v), net.norm, eps).reshape(n, -1)
     y = be.silu_mul(z, y, out=y)  # (n, n_v*d_v)
     return be.matmul(net.wout, y)
 
 
 def _sequence(
+    be: Backend,
     net: DeltaNet,
-    st: dict[str, F32Array],
+    state: SeqState,
+    li: int,
     qkv: F32Array,
     beta: F32Array,
     decay: F32Array,
     out: F32Array,
     keep: bool,
-    li: int,
-    state: SeqState,
 ) -> None:
     """One sequence's ``m`` tokens through the layer, its ``conv`` and ``ssm`` in place."""
-    m, w = len(qkv), net.conv.shape[1]
+    st = state.layer(li)
+    m = len(qkv)
     x = np.concatenate([st["conv"], qkv])  # (w-1+m, channels): the inputs the kernel sees
-    y = np.zeros_like(qkv)
-    for j in range(w):  # y[t] = sum_j x[t+j] * kernel[:, j]
-        y += x[j : j + m] * net.conv[:, j]
+    y = be.causal_conv1d(x, net.conv, silu=True)  # (m, channels)
     st["conv"][...] = x[m:]
-    y = y * _sigmoid(y)  # silu
     kd = net.n_k * net.d_k
     heads = np.arange(net.n_v)
     tile = heads // (net.n_v // net.n_k) if net.grouped else heads % net.n_k
     q = _l2norm(y[:, :kd].reshape(m, net.n_k, net.d_k))[:, tile] / np.float32(np.sqrt(net.d_k))
-    k = _l2norm(y[:, kd : 2 * kd].reshape(m, net.n_k, net.d_k))[:, tile]
-    v = y[:, 2 * kd :].reshape(m, net.n_v, net.d_v)
+    k = _l2norm(y[:, kd : 2 * kd].reshape(m, net.n_k, net.d_k))[:, tile]  # (m, n_v, d_k)
+    v = np.ascontiguousarray(y[:, 2 * kd :].reshape(m, net.n_v, net.d_v))
     s = st["ssm"]  # (n_v, d_k, d_v)
-    n0 = state.n
-    for t in range(m):
-        s *= decay[t][:, None, None]
-        mem = (k[t][:, None, :] @ s)[:, 0]  # (n_v, d_v): what S recalls for k
-        delta = (v[t] - mem) * beta[t][:, None]
-        s += k[t][:, :, None] * delta[:, None, :]
-        out[t] = (q[t][:, None, :] @ s)[:, 0]
-        pos = n0 + t + 1
-        if (keep and t < m - 1) or (state.boundary and pos % state.boundary == 0):
-            arrays = {"conv": x[t + 1 : t + w], "ssm": s}  # the state after token t
-            if keep and t < m - 1:
-                state.keep(li, pos, arrays)
-            if state.boundary and pos % state.boundary == 0:
-                state.mark(li, pos, arrays)
+
+    def step(t0: int, t1: int) -> None:
+        be.delta_scan(q[t0:t1], k[t0:t1], v[t0:t1], beta[t0:t1], decay[t0:t1], s, out[t0:t1])
+
+    state.scan(li, m, keep, x, s, step)

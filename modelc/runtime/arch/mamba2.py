@@ -11,7 +11,7 @@ Per token of a sequence (llama.cpp's ``build_mamba2_layer``, transformers'
 head ``j`` reads group ``j // (heads / groups)`` of B and C.  What a sequence keeps
 between steps (:class:`~modelc.runtime.seq_state.SeqState`): the last ``w - 1`` inputs of
 the convolution, ``conv`` (w-1, channels), and ``ssm`` S.  Tokens go one at a time through
-S (correctness first; a chunked form and a C kernel are for later).
+S, in the backend's ``causal_conv1d`` and ``ssm_scan`` (C kernels on the CPU).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def mamba2(
         assert state is not None, "a recurrent layer needs the sequence's state"
         state.begin(li, c.cache.n)
         keep = len(c.rows()) > 1  # a draft being verified: checkpoint every token
-        _sequence(net, state, li, xbc[sl], dt[sl], decay[sl], y[sl], keep)
+        _sequence(be, net, state, li, xbc[sl], dt[sl], decay[sl], y[sl], keep)
     g = net.n_group
     y2 = y.reshape(n, inner) * _silu(z)  # (n, inner)
     ones = np.ones(inner // g, np.float32)
@@ -126,6 +126,7 @@ def mamba2(
 
 
 def _sequence(
+    be: Backend,
     net: Mamba2,
     state: SeqState,
     li: int,
@@ -137,27 +138,20 @@ def _sequence(
 ) -> None:
     """One sequence's ``m`` tokens through the layer, its ``conv`` and ``ssm`` in place."""
     st = state.layer(li)
-    m, w = len(xbc), net.conv.shape[1]
+    m = len(xbc)
     x = np.concatenate([st["conv"], xbc])  # (w-1+m, channels): the inputs the kernel sees
-    u = np.zeros_like(xbc)
-    for j in range(w):  # u[t] = sum_j x[t+j] * kernel[:, j]
-        u += x[j : j + m] * net.conv[:, j]
+    u = be.causal_conv1d(x, net.conv, net.conv_b, silu=True)  # (m, channels)
     st["conv"][...] = x[m:]
-    if net.conv_b is not None:
-        u += net.conv_b
-    u = _silu(u)
     inner, gn = net.inner, net.n_group * net.d_state
     hd = inner // net.n_head
-    xs = u[:, :inner].reshape(m, net.n_head, hd)
+    xs = np.ascontiguousarray(u[:, :inner].reshape(m, net.n_head, hd))
     grp = np.arange(net.n_head) // (net.n_head // net.n_group)
     b = u[:, inner : inner + gn].reshape(m, net.n_group, net.d_state)[:, grp]  # (m, heads, n)
     c = u[:, inner + gn :].reshape(m, net.n_group, net.d_state)[:, grp]
     s = st["ssm"]  # (heads, head size, n)
-    n0 = state.n
-    for t in range(m):
-        s *= decay[t][:, None, None]
-        s += (dt[t][:, None] * xs[t])[:, :, None] * b[t][:, None, :]
-        out[t] = (s @ c[t][:, :, None])[:, :, 0] + net.d_skip[:, None] * xs[t]
-        pos, draft = n0 + t + 1, keep and t < m - 1
-        if state.saves(pos, draft):
-            state.save(li, pos, draft, {"conv": x[t + 1 : t + w], "ssm": s})
+
+    def step(t0: int, t1: int) -> None:
+        sl = slice(t0, t1)
+        be.ssm_scan(xs[sl], b[sl], c[sl], dt[sl], decay[sl], net.d_skip, s, out[sl])
+
+    state.scan(li, m, keep, x, s, step)
