@@ -10,12 +10,15 @@
  * which thread ran it or on how a sequence's tokens are split into calls -- batched equals
  * alone, and a prefill split at checkpoints equals one call, bit for bit.  The loop bodies
  * are written once (always inline) and compiled for AVX2 and for the portable baseline;
- * the vectoriser keeps each element's steps, so both paths give the same bits.
+ * the vectoriser keeps each element's steps, and the delta rule's AVX2 twin takes the same
+ * steps by hand, so the scans give the same bits on every path.  The convolution's silu
+ * takes a vectorised exp on AVX2 (within an ulp or two of expf).
  */
 #ifndef MC_RECUR_H
 #define MC_RECUR_H
 
 #include "mc_common.h"
+#include "mc_ops.h"
 #include "mc_pool.h"
 
 #define MC_RECUR_INLINE static inline __attribute__((always_inline))
@@ -55,7 +58,22 @@ MC_RECUR_INLINE void mc_conv_body(const mc_conv_job *jb, int t0, int t1) {
 }
 
 #if defined(MC_X86)
-MC_AVX2 static void mc_conv_avx2(const mc_conv_job *jb, int t0, int t1) { mc_conv_body(jb, t0, t1); }
+/* the sums as mc_conv_body's; silu's exp vectorised (mc_exp256, as mc_silu_mul's) */
+MC_AVX2 static void mc_conv_avx2(const mc_conv_job *jb, int t0, int t1) {
+    mc_conv_job plain = *jb;
+    plain.silu = 0;
+    mc_conv_body(&plain, t0, t1);
+    if (!jb->silu) return;
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    float *o = jb->out + (size_t)t0 * jb->ch;
+    const int64_t len = (int64_t)(t1 - t0) * jb->ch;
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const __m256 y = _mm256_loadu_ps(o + i);
+        _mm256_storeu_ps(o + i, _mm256_div_ps(y, _mm256_add_ps(one, mc_exp256(_mm256_sub_ps(zero, y)))));
+    }
+    for (; i < len; i++) o[i] = o[i] / (1.0f + expf(-o[i]));
+}
 #endif
 static void mc_conv_base(const mc_conv_job *jb, int t0, int t1) { mc_conv_body(jb, t0, t1); }
 
@@ -135,7 +153,73 @@ MC_RECUR_INLINE void mc_delta_body(const mc_delta_job *jb, int h) {
 }
 
 #if defined(MC_X86)
-MC_AVX2 static void mc_delta_avx2(const mc_delta_job *jb, int h) { mc_delta_body(jb, h); }
+/* mc_delta_body in blocks of 32 columns of S, the block's sums held in registers: the same
+ * steps on each element in the same order (no fused multiply-adds), so the same bits */
+MC_AVX2 static void mc_delta_avx2(const mc_delta_job *jb, int h) {
+    const int H = jb->heads, dk = jb->dk, dv = jb->dv;
+    if (dv % 32) {
+        mc_delta_body(jb, h);
+        return;
+    }
+    float *s = jb->s + (size_t)h * dk * dv;
+    float delta[MC_DELTA_MAX_DV];
+    for (int t = 0; t < jb->m; t++) {
+        const float *k = jb->k + ((size_t)t * H + h) * dk;
+        const float *q = jb->q + ((size_t)t * H + h) * dk;
+        const float *v = jb->v + ((size_t)t * H + h) * dv;
+        float *o = jb->out + ((size_t)t * H + h) * dv;
+        const __m256 g = _mm256_set1_ps(jb->decay[(size_t)t * H + h]);
+        const __m256 b = _mm256_set1_ps(jb->beta[(size_t)t * H + h]);
+        for (int j = 0; j < dv; j += 32) { /* S *= g, and what S recalls for k */
+            __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
+            for (int i = 0; i < dk; i++) {
+                float *r = s + (size_t)i * dv + j;
+                const __m256 ki = _mm256_set1_ps(k[i]);
+                const __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(r), g);
+                const __m256 r1 = _mm256_mul_ps(_mm256_loadu_ps(r + 8), g);
+                const __m256 r2 = _mm256_mul_ps(_mm256_loadu_ps(r + 16), g);
+                const __m256 r3 = _mm256_mul_ps(_mm256_loadu_ps(r + 24), g);
+                _mm256_storeu_ps(r, r0);
+                _mm256_storeu_ps(r + 8, r1);
+                _mm256_storeu_ps(r + 16, r2);
+                _mm256_storeu_ps(r + 24, r3);
+                m0 = _mm256_add_ps(m0, _mm256_mul_ps(ki, r0));
+                m1 = _mm256_add_ps(m1, _mm256_mul_ps(ki, r1));
+                m2 = _mm256_add_ps(m2, _mm256_mul_ps(ki, r2));
+                m3 = _mm256_add_ps(m3, _mm256_mul_ps(ki, r3));
+            }
+            _mm256_storeu_ps(delta + j, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + j), m0), b));
+            _mm256_storeu_ps(delta + j + 8, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + j + 8), m1), b));
+            _mm256_storeu_ps(delta + j + 16, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + j + 16), m2), b));
+            _mm256_storeu_ps(delta + j + 24, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + j + 24), m3), b));
+        }
+        for (int j = 0; j < dv; j += 32) { /* S += k delta^T, and the output q^T S */
+            const __m256 d0 = _mm256_loadu_ps(delta + j), d1 = _mm256_loadu_ps(delta + j + 8);
+            const __m256 d2 = _mm256_loadu_ps(delta + j + 16), d3 = _mm256_loadu_ps(delta + j + 24);
+            __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+            for (int i = 0; i < dk; i++) {
+                float *r = s + (size_t)i * dv + j;
+                const __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+                const __m256 r0 = _mm256_add_ps(_mm256_loadu_ps(r), _mm256_mul_ps(ki, d0));
+                const __m256 r1 = _mm256_add_ps(_mm256_loadu_ps(r + 8), _mm256_mul_ps(ki, d1));
+                const __m256 r2 = _mm256_add_ps(_mm256_loadu_ps(r + 16), _mm256_mul_ps(ki, d2));
+                const __m256 r3 = _mm256_add_ps(_mm256_loadu_ps(r + 24), _mm256_mul_ps(ki, d3));
+                _mm256_storeu_ps(r, r0);
+                _mm256_storeu_ps(r + 8, r1);
+                _mm256_storeu_ps(r + 16, r2);
+                _mm256_storeu_ps(r + 24, r3);
+                o0 = _mm256_add_ps(o0, _mm256_mul_ps(qi, r0));
+                o1 = _mm256_add_ps(o1, _mm256_mul_ps(qi, r1));
+                o2 = _mm256_add_ps(o2, _mm256_mul_ps(qi, r2));
+                o3 = _mm256_add_ps(o3, _mm256_mul_ps(qi, r3));
+            }
+            _mm256_storeu_ps(o + j, o0);
+            _mm256_storeu_ps(o + j + 8, o1);
+            _mm256_storeu_ps(o + j + 16, o2);
+            _mm256_storeu_ps(o + j + 24, o3);
+        }
+    }
+}
 #endif
 static void mc_delta_base(const mc_delta_job *jb, int h) { mc_delta_body(jb, h); }
 
@@ -207,7 +291,47 @@ MC_RECUR_INLINE void mc_ssm_body(const mc_ssm_job *jb, int h) {
 }
 
 #if defined(MC_X86)
-MC_AVX2 static void mc_ssm_avx2(const mc_ssm_job *jb, int h) { mc_ssm_body(jb, h); }
+/* lanes 0..7 of the sum as mc_ssm_body adds them, then pairwise */
+MC_AVX2 static inline float mc_ssm_lanes(__m256 acc) {
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+/* mc_ssm_body by hand, two rows of S at a time: the same steps on each element, the same
+ * lanes, so the same bits */
+MC_AVX2 static void mc_ssm_avx2(const mc_ssm_job *jb, int h) {
+    const int H = jb->heads, P = jb->p, N = jb->n;
+    if (N % 8 || P % 2) {
+        mc_ssm_body(jb, h);
+        return;
+    }
+    float *s = jb->s + (size_t)h * P * N;
+    for (int t = 0; t < jb->m; t++) {
+        const float *x = jb->x + ((size_t)t * H + h) * P;
+        const float *b = jb->b + ((size_t)t * H + h) * N;
+        const float *c = jb->c + ((size_t)t * H + h) * N;
+        float *o = jb->out + ((size_t)t * H + h) * P;
+        const float dt = jb->dt[(size_t)t * H + h], dsk = jb->d_skip[h];
+        const __m256 g = _mm256_set1_ps(jb->decay[(size_t)t * H + h]);
+        for (int i = 0; i < P; i += 2) {
+            float *r0 = s + (size_t)i * N, *r1 = r0 + N;
+            const __m256 u0 = _mm256_set1_ps(dt * x[i]), u1 = _mm256_set1_ps(dt * x[i + 1]);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            for (int j = 0; j < N; j += 8) {
+                const __m256 bj = _mm256_loadu_ps(b + j), cj = _mm256_loadu_ps(c + j);
+                const __m256 y0 = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(r0 + j), g), _mm256_mul_ps(u0, bj));
+                const __m256 y1 = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(r1 + j), g), _mm256_mul_ps(u1, bj));
+                _mm256_storeu_ps(r0 + j, y0);
+                _mm256_storeu_ps(r1 + j, y1);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(y0, cj));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(y1, cj));
+            }
+            o[i] = mc_ssm_lanes(a0) + dsk * x[i];
+            o[i + 1] = mc_ssm_lanes(a1) + dsk * x[i + 1];
+        }
+    }
+}
 #endif
 static void mc_ssm_base(const mc_ssm_job *jb, int h) { mc_ssm_body(jb, h); }
 

@@ -4,8 +4,9 @@
 inputs of the released models' shapes: equal to the numpy reference to f32 rounding (the
 element steps are the same; only the sums over a head's rows run in another order), on
 every SIMD path the CPU has.  And what the engine relies on, bit for bit: one thread equals
-several, every SIMD path gives the same bits, and a sequence's tokens split into several
-calls (at checkpoints) equal one call.
+several, every SIMD path gives the same bits (the scans; the convolution's silu takes a
+vectorised exp on AVX2), and a sequence's tokens split into several calls (at checkpoints)
+equal one call.
 """
 
 from __future__ import annotations
@@ -148,16 +149,16 @@ def test_scans_are_bit_identical_however_run(runs: Any) -> None:
 
 
 def test_conv_is_bit_identical_however_run() -> None:
+    """One thread or several, all rows at once or a row a call (decode steps): the same bits
+    on each SIMD path (their silu's exp differs by an ulp or two)."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3 + 70, 8192)).astype(np.float32)
     k = rng.standard_normal((8192, 4)).astype(np.float32)
     bias = rng.standard_normal(8192).astype(np.float32)
-    base = CpuBackend(simd="scalar", threads=1).causal_conv1d(x, k, bias, True)
     for simd in available_simd():
-        for threads in (1, 3):
-            got = CpuBackend(simd=simd, threads=threads).causal_conv1d(x, k, bias, True)
-            assert np.array_equal(got, base), (simd, threads)
-        # row by row (a decode step each) equals all at once
+        base = CpuBackend(simd=simd, threads=1).causal_conv1d(x, k, bias, True)
+        got = CpuBackend(simd=simd, threads=3).causal_conv1d(x, k, bias, True)
+        assert np.array_equal(got, base), simd
         one = CpuBackend(simd=simd, threads=3)
         rows = [one.causal_conv1d(x[t : t + 4], k, bias, True) for t in range(70)]
-        assert np.array_equal(np.concatenate(rows), base)
+        assert np.array_equal(np.concatenate(rows), base), simd
