@@ -11,6 +11,7 @@ equal one call.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 
 from modelc.runtime.backends.cpu import CpuBackend, available_simd
 from modelc.runtime.backends.numpy_ref import NumpyBackend
+from modelc.runtime.seq_state import SeqState
 
 REF = NumpyBackend()
 TOKENS = (1, 5, 40)  # a decode step, a draft being verified, a prefill
@@ -162,3 +164,15 @@ def test_conv_is_bit_identical_however_run() -> None:
         one = CpuBackend(simd=simd, threads=3)
         rows = [one.causal_conv1d(x[t : t + 4], k, bias, True) for t in range(70)]
         assert np.array_equal(np.concatenate(rows), base), simd
+
+
+@pytest.mark.parametrize("boundary", [0, 1, 4, 7])
+def test_save_points_are_where_the_state_saves(boundary: int) -> None:
+    """The pieces a scan runs in end exactly where :meth:`SeqState.saves` asks for a
+    checkpoint, token by token."""
+    state = SeqState({0: {"conv": (3, 2)}})
+    state.boundary = boundary
+    for n0, m, draft in itertools.product(range(9), range(1, 13), (False, True)):
+        state.n = n0
+        want = [e for e in range(1, m + 1) if state.saves(n0 + e, draft and e < m)]
+        assert state.save_points(m, draft) == want, (n0, m, draft)
