@@ -25,7 +25,6 @@ from modelc.errors import FormatError
 from modelc.formats.ir import HParams
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import SeqChunk, TensorSource
-from modelc.runtime.seq_state import SeqState
 
 __all__ = ["Mamba2", "load_mamba2", "mamba2"]
 
@@ -110,13 +109,21 @@ def mamba2(
     z, xbc = proj[:, :inner], proj[:, inner : inner + ch]
     dt = np.logaddexp(np.float32(0.0), proj[:, inner + ch :] + net.dt_b).astype(np.float32)
     decay = np.exp(dt * net.a).astype(np.float32)  # (n, heads)
+    # each sequence's rows of xbc through its convolution (in place), then every row's heads
+    conv_x = [_convolve(be, net, c, sl, li, xbc) for c, sl in zip(batch, slices, strict=True)]
+    xs, b, cc = _heads(net, xbc)
     y = np.empty((n, net.n_head, inner // net.n_head), np.float32)  # (n, heads, head size)
-    for c, sl in zip(batch, slices, strict=True):
+    for c, sl, x in zip(batch, slices, conv_x, strict=True):
         state = c.cache.state
-        assert state is not None, "a recurrent layer needs the sequence's state"
-        state.begin(li, c.cache.n)
+        assert state is not None
+        s = state.layer(li)["ssm"]  # (heads, head size, n)
+
+        def step(t0: int, t1: int, sl: slice = sl, s: F32Array = s) -> None:
+            r = slice(sl.start + t0, sl.start + t1)
+            be.ssm_scan(xs[r], b[r], cc[r], dt[r], decay[r], net.d_skip, s, y[r])
+
         keep = len(c.rows()) > 1  # a draft being verified: checkpoint every token
-        _sequence(be, net, state, li, xbc[sl], dt[sl], decay[sl], y[sl], keep)
+        state.scan(li, sl.stop - sl.start, keep, x, s, step)
     g = net.n_group
     y2 = y.reshape(n, inner) * _silu(z)  # (n, inner)
     ones = np.ones(inner // g, np.float32)
@@ -125,33 +132,26 @@ def mamba2(
     return be.matmul(net.w_out, np.ascontiguousarray(out, np.float32))
 
 
-def _sequence(
-    be: Backend,
-    net: Mamba2,
-    state: SeqState,
-    li: int,
-    xbc: F32Array,
-    dt: F32Array,
-    decay: F32Array,
-    out: F32Array,
-    keep: bool,
-) -> None:
-    """One sequence's ``m`` tokens through the layer, its ``conv`` and ``ssm`` in place."""
+def _convolve(be: Backend, net: Mamba2, c: SeqChunk, sl: slice, li: int, xbc: F32Array) -> F32Array:
+    """One sequence's rows ``sl`` of ``xbc`` (n, channels) through its convolution, bias and
+    silu, in place, its ``conv`` state advanced; returns the inputs the kernel saw (w-1+m,
+    channels)."""
+    state = c.cache.state
+    assert state is not None, "a recurrent layer needs the sequence's state"
+    state.begin(li, c.cache.n)
     st = state.layer(li)
-    m = len(xbc)
-    x = np.concatenate([st["conv"], xbc])  # (w-1+m, channels): the inputs the kernel sees
-    u = be.causal_conv1d(x, net.conv, net.conv_b, silu=True)  # (m, channels)
-    st["conv"][...] = x[m:]
-    inner, gn = net.inner, net.n_group * net.d_state
-    hd = inner // net.n_head
-    xs = np.ascontiguousarray(u[:, :inner].reshape(m, net.n_head, hd))
+    x = np.concatenate([st["conv"], xbc[sl]])  # (w-1+m, channels)
+    xbc[sl] = be.causal_conv1d(x, net.conv, net.conv_b, silu=True)
+    st["conv"][...] = x[sl.stop - sl.start :]
+    return x
+
+
+def _heads(net: Mamba2, u: F32Array) -> tuple[F32Array, F32Array, F32Array]:
+    """x (n, heads, head size), and each head's group's B and C (n, heads, state) from the
+    convolution's output u (n, channels)."""
+    n, inner, gn = len(u), net.inner, net.n_group * net.d_state
+    xs = np.ascontiguousarray(u[:, :inner].reshape(n, net.n_head, inner // net.n_head))
     grp = np.arange(net.n_head) // (net.n_head // net.n_group)
-    b = u[:, inner : inner + gn].reshape(m, net.n_group, net.d_state)[:, grp]  # (m, heads, n)
-    c = u[:, inner + gn :].reshape(m, net.n_group, net.d_state)[:, grp]
-    s = st["ssm"]  # (heads, head size, n)
-
-    def step(t0: int, t1: int) -> None:
-        sl = slice(t0, t1)
-        be.ssm_scan(xs[sl], b[sl], c[sl], dt[sl], decay[sl], net.d_skip, s, out[sl])
-
-    state.scan(li, m, keep, x, s, step)
+    b = u[:, inner : inner + gn].reshape(n, net.n_group, net.d_state)[:, grp]
+    c = u[:, inner + gn :].reshape(n, net.n_group, net.d_state)[:, grp]
+    return xs, b, c
