@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Cython wrappers over the C kernels declared in ``mc_api.h`` (``mc_quant.h``, ``mc_ops.h``).
+"""Cython wrappers over the C kernels declared in ``mc_api.h`` (``mc_quant.h``, ``mc_ops.h``,
+``mc_recur.h``).
 
 Every wrapper releases the GIL around its C call.  Shapes and dtypes are checked
 by ``modelc.runtime.backends.cpu``; here only what would corrupt memory is checked.
@@ -63,6 +64,16 @@ cdef extern from "mc_api.h" nogil:
                             void *const *kst, void *const *vst, const int *starts,
                             const int *counts, float *out, int n_head, int n_head_kv, int hd,
                             float scale, int window, float softcap, int kv_f16, int nth, int simd)
+
+cdef extern from "mc_api.h" nogil:
+    int mc_causal_conv1d(const float *x, const float *k, const float *bias, float *out, int m,
+                         int ch, int w, int silu, int simd, int nth)
+    int mc_delta_scan(const float *q, const float *k, const float *v, const float *beta,
+                      const float *decay, float *s, float *out, int m, int heads, int dk, int dv,
+                      int simd, int nth)
+    void mc_ssm_scan(const float *x, const float *b, const float *c, const float *dt,
+                     const float *decay, const float *d_skip, float *s, float *out, int m,
+                     int heads, int p, int n, int simd, int nth)
 
 # type codes of mc_common.h
 F32 = 0
@@ -560,3 +571,67 @@ def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
         free(ints)
     if rc == -2:
         raise MemoryError("attention_append: job table")
+
+
+def causal_conv1d(const float[:, ::1] x, const float[:, ::1] k, bias, float[:, ::1] out,
+                  bint silu, int simd=0, int nth=1):
+    """out (m, ch) = the causal depthwise convolution of x (w-1+m, ch) with k (ch, w), plus
+    ``bias`` (ch,) unless None, through silu when ``silu``."""
+    cdef int m = out.shape[0], ch = out.shape[1], w = k.shape[1]
+    cdef const float[::1] b
+    cdef const float *bp = NULL
+    cdef int rc
+    if k.shape[0] != ch or x.shape[1] != ch or x.shape[0] != w - 1 + m or w < 1:
+        raise ValueError("causal_conv1d: shape mismatch")
+    if bias is not None:
+        b = bias
+        if b.shape[0] != ch:
+            raise ValueError("causal_conv1d: bias shape mismatch")
+        bp = &b[0] if ch > 0 else NULL
+    if m == 0 or ch == 0:
+        return
+    with nogil:
+        rc = mc_causal_conv1d(&x[0, 0], &k[0, 0], bp, &out[0, 0], m, ch, w, silu, simd, nth)
+    if rc != 0:
+        raise MemoryError("causal_conv1d: kernel buffer")
+
+
+def delta_scan(const float[:, :, ::1] q, const float[:, :, ::1] k, const float[:, :, ::1] v,
+               const float[:, ::1] beta, const float[:, ::1] decay, float[:, :, ::1] s,
+               float[:, :, ::1] out, int simd=0, int nth=1):
+    """The gated delta rule over m tokens: q, k (m, heads, dk), v and out (m, heads, dv),
+    beta and decay (m, heads), the state s (heads, dk, dv) updated in place."""
+    cdef int m = q.shape[0], nh = q.shape[1], dk = q.shape[2], dv = v.shape[2]
+    cdef int rc
+    if (k.shape[0] != m or k.shape[1] != nh or k.shape[2] != dk or v.shape[0] != m
+            or v.shape[1] != nh or out.shape[0] != m or out.shape[1] != nh
+            or out.shape[2] != dv or beta.shape[0] != m or beta.shape[1] != nh
+            or decay.shape[0] != m or decay.shape[1] != nh or s.shape[0] != nh
+            or s.shape[1] != dk or s.shape[2] != dv):
+        raise ValueError("delta_scan: shape mismatch")
+    if m == 0 or nh == 0 or dk == 0 or dv == 0:
+        return
+    with nogil:
+        rc = mc_delta_scan(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &beta[0, 0], &decay[0, 0],
+                           &s[0, 0, 0], &out[0, 0, 0], m, nh, dk, dv, simd, nth)
+    if rc != 0:
+        raise ValueError(f"delta_scan: value heads of {dv} are wider than the kernel takes")
+
+
+def ssm_scan(const float[:, :, ::1] x, const float[:, :, ::1] b, const float[:, :, ::1] c,
+             const float[:, ::1] dt, const float[:, ::1] decay, const float[::1] d_skip,
+             float[:, :, ::1] s, float[:, :, ::1] out, int simd=0, int nth=1):
+    """Mamba-2's selective scan over m tokens: x and out (m, heads, p), b and c (m, heads,
+    n), dt and decay (m, heads), d_skip (heads,), the state s (heads, p, n) in place."""
+    cdef int m = x.shape[0], nh = x.shape[1], p = x.shape[2], n = b.shape[2]
+    if (b.shape[0] != m or b.shape[1] != nh or c.shape[0] != m or c.shape[1] != nh
+            or c.shape[2] != n or dt.shape[0] != m or dt.shape[1] != nh
+            or decay.shape[0] != m or decay.shape[1] != nh or d_skip.shape[0] != nh
+            or s.shape[0] != nh or s.shape[1] != p or s.shape[2] != n or out.shape[0] != m
+            or out.shape[1] != nh or out.shape[2] != p):
+        raise ValueError("ssm_scan: shape mismatch")
+    if m == 0 or nh == 0 or p == 0 or n == 0:
+        return
+    with nogil:
+        mc_ssm_scan(&x[0, 0, 0], &b[0, 0, 0], &c[0, 0, 0], &dt[0, 0], &decay[0, 0],
+                    &d_skip[0], &s[0, 0, 0], &out[0, 0, 0], m, nh, p, n, simd, nth)

@@ -12,6 +12,7 @@
 #if !defined(MC_SPLIT)
 #include "mc_quant.h"
 #include "mc_ops.h"
+#include "mc_recur.h"
 #include "mc_quantize.h"
 #else
 #include <stddef.h>
@@ -71,6 +72,16 @@ MC_API_DECL int mc_attention_append(int n_seq, const float *q, const float *k_ne
                                     const int *starts, const int *counts, float *out, int n_head,
                                     int n_head_kv, int hd, float scale, int window,
                                     float softcap, int kv_f16, int nth, int simd);
+
+/* mc_recur.h */
+MC_API_DECL int mc_causal_conv1d(const float *x, const float *k, const float *bias, float *out,
+                                 int m, int ch, int w, int silu, int simd, int nth);
+MC_API_DECL int mc_delta_scan(const float *q, const float *k, const float *v, const float *beta,
+                              const float *decay, float *s, float *out, int m, int heads, int dk,
+                              int dv, int simd, int nth);
+MC_API_DECL void mc_ssm_scan(const float *x, const float *b, const float *c, const float *dt,
+                             const float *decay, const float *d_skip, float *s, float *out, int m,
+                             int heads, int p, int n, int simd, int nth);
 
 /* mc_quantize.h */
 MC_API_DECL int64_t mc_quantize_rows(int type, const float *src, uint8_t *dst, int64_t nrow,

@@ -4,4 +4,5 @@
 #include "mc_api.h" /* the declarations the definitions below must match */
 #include "mc_quant.h"
 #include "mc_ops.h"
+#include "mc_recur.h"
 #include "mc_quantize.h"

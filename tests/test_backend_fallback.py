@@ -28,7 +28,7 @@ def test_every_backend_falls_back_the_same_way() -> None:
     for cls in (CpuBackend, CudaBackend, WebGPUBackend):
         assert issubclass(cls, NumpyFallback), cls
         assert not issubclass(cls, NumpyBackend), f"{cls.__name__} subclasses the reference"
-    assert len(OPS) == 14 and set(OPS) <= set(vars(NumpyFallback))
+    assert len(OPS) == 17 and set(OPS) <= set(vars(NumpyFallback))
 
 
 class _AttentionOnly(NumpyFallback):

@@ -177,3 +177,58 @@ class Backend(Protocol):
         """The exact GELU x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2)) (BERT), elementwise, erf
         within 1.2e-7 (:func:`modelc.runtime.backends.numpy_ref.erf`)."""
         ...
+
+    def causal_conv1d(
+        self,
+        x: F32Array,
+        kernel: F32Array,
+        bias: F32Array | None = None,
+        silu: bool = False,
+    ) -> F32Array:
+        """A causal depthwise convolution over one sequence (the recurrent layers' short
+        convolutions): x (w-1+m, ch), the last w-1 inputs the sequence kept then its m new
+        ones; kernel (ch, w).  Returns (m, ch): ``out[t] = sum_j x[t+j] * kernel[:, j]``
+        (summed from 0 in j's order), plus ``bias`` (ch,) where given, then through
+        ``silu`` (``y / (1 + exp(-y))``) when set."""
+        ...
+
+    def delta_scan(
+        self,
+        q: F32Array,
+        k: F32Array,
+        v: F32Array,
+        beta: F32Array,
+        decay: F32Array,
+        state: F32Array,
+        out: F32Array,
+    ) -> F32Array:
+        """The gated delta rule (Gated DeltaNet) over one sequence's m tokens, token by
+        token and head by head::
+
+            S = decay S;  S += k (beta (v - k^T S))^T;  out = q^T S
+
+        q, k (m, heads, d_k), one row per value head (l2-normed; q also scaled); v (m,
+        heads, d_v); beta, decay (m, heads); ``state`` S (heads, d_k, d_v), updated in
+        place; ``out`` (m, heads, d_v) written and returned.  Both C-contiguous."""
+        ...
+
+    def ssm_scan(
+        self,
+        x: F32Array,
+        b: F32Array,
+        c: F32Array,
+        dt: F32Array,
+        decay: F32Array,
+        d_skip: F32Array,
+        state: F32Array,
+        out: F32Array,
+    ) -> F32Array:
+        """Mamba-2's selective scan over one sequence's m tokens, token by token and head by
+        head::
+
+            S = decay S + (dt x) B^T;  out = S C + d_skip x
+
+        x (m, heads, p); b, c (m, heads, n), each head's group's B and C; dt, decay (m,
+        heads); d_skip (heads,); ``state`` S (heads, p, n), updated in place; ``out`` (m,
+        heads, p) written and returned.  Both C-contiguous."""
+        ...

@@ -25,7 +25,7 @@ checkpoints for its prompt cache.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -95,6 +95,40 @@ class SeqState:
             self.keep(li, pos, arrays)
         if self.boundary and pos % self.boundary == 0:
             self.mark(li, pos, arrays)
+
+    def save_points(self, m: int, draft: bool) -> list[int]:
+        """The counts ``e`` (1 .. m) of a step's tokens after which the state is
+        checkpointed (:meth:`saves` of position ``n + e``), ascending; ``draft``: the step
+        verifies a draft (every token but the last)."""
+        points = set(range(1, m)) if draft else set()
+        if self.boundary:
+            points.update(range(self.boundary - self.n % self.boundary, m + 1, self.boundary))
+        return sorted(points)
+
+    def scan(
+        self,
+        li: int,
+        m: int,
+        draft: bool,
+        conv_x: F32Array,
+        ssm: F32Array | None,
+        step: Callable[[int, int], object],
+    ) -> None:
+        """Layer ``li``'s ``m`` tokens of a step through ``step(t0, t1)`` (tokens t0 ..
+        t1 - 1 into the layer's state), in pieces that end where :meth:`save_points` asks
+        for a checkpoint, saved there: the convolution's last inputs, rows e .. of
+        ``conv_x`` (w-1+m, channels), and ``ssm`` (none for a convolution alone)."""
+        keep, t0 = len(conv_x) - m, 0
+        for e in self.save_points(m, draft):
+            if e > t0:
+                step(t0, e)
+            arrays = {"conv": conv_x[e : e + keep]}
+            if ssm is not None:
+                arrays["ssm"] = ssm
+            self.save(li, self.n + e, draft and e < m, arrays)
+            t0 = e
+        if t0 < m:
+            step(t0, m)
 
     def checkpoint(self) -> tuple[int, dict[int, dict[str, F32Array]]] | None:
         """The last boundary checkpoint (position, layer -> arrays), if every layer has it."""

@@ -14,7 +14,7 @@ value head ``j`` reads key head ``j % key heads`` (qwen35's GGUF: tiled order), 
 ``ssm_ba`` holds per key head its value heads' beta rows then their alpha rows.  What a sequence
 keeps between steps (:class:`~modelc.runtime.seq_state.SeqState`): the last ``w - 1``
 inputs of the convolution, ``conv`` (w-1, channels), and ``ssm`` S.  Tokens go one at a
-time through S (correctness first; a chunked form and a C kernel are for later).
+time through S, in the backend's ``causal_conv1d`` and ``delta_scan`` (C kernels on the CPU).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from modelc.errors import FormatError
 from modelc.formats.ir import HParams
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import SeqChunk, TensorSource
-from modelc.runtime.seq_state import SeqState
 
 __all__ = ["DeltaNet", "deltanet", "load_deltanet"]
 
@@ -139,55 +138,49 @@ def deltanet(
     qkv, z, b, a = be.matmul_many((net.wqkv, net.wz, net.wbeta, net.walpha), h)
     beta = _sigmoid(b)  # (n, n_v)
     decay = np.exp(net.a * np.logaddexp(np.float32(0.0), a + net.dt)).astype(np.float32)
+    # each sequence's rows of qkv through its convolution (in place), then every row's heads
+    conv_x = [_convolve(be, net, c, sl, li, qkv) for c, sl in zip(batch, slices, strict=True)]
+    q, k, v = _heads(net, qkv)
     o = np.empty((n, net.n_v, net.d_v), np.float32)  # (n, n_v, d_v)
-    for c, sl in zip(batch, slices, strict=True):
+    for c, sl, x in zip(batch, slices, conv_x, strict=True):
         state = c.cache.state
-        assert state is not None, "a recurrent layer needs the sequence's state"
-        state.begin(li, c.cache.n)
+        assert state is not None
+        s = state.layer(li)["ssm"]  # (n_v, d_k, d_v)
+
+        def step(t0: int, t1: int, sl: slice = sl, s: F32Array = s) -> None:
+            r = slice(sl.start + t0, sl.start + t1)
+            be.delta_scan(q[r], k[r], v[r], beta[r], decay[r], s, o[r])
+
         keep = len(c.rows()) > 1  # a draft being verified: checkpoint every token
-        _sequence(net, state.layer(li), qkv[sl], beta[sl], decay[sl], o[sl], keep, li, state)
+        state.scan(li, sl.stop - sl.start, keep, x, s, step)
     y = be.rms_norm(o.reshape(n * net.n_v, net.d_v), net.norm, eps).reshape(n, -1)
     y = be.silu_mul(z, y, out=y)  # (n, n_v*d_v)
     return be.matmul(net.wout, y)
 
 
-def _sequence(
-    net: DeltaNet,
-    st: dict[str, F32Array],
-    qkv: F32Array,
-    beta: F32Array,
-    decay: F32Array,
-    out: F32Array,
-    keep: bool,
-    li: int,
-    state: SeqState,
-) -> None:
-    """One sequence's ``m`` tokens through the layer, its ``conv`` and ``ssm`` in place."""
-    m, w = len(qkv), net.conv.shape[1]
-    x = np.concatenate([st["conv"], qkv])  # (w-1+m, channels): the inputs the kernel sees
-    y = np.zeros_like(qkv)
-    for j in range(w):  # y[t] = sum_j x[t+j] * kernel[:, j]
-        y += x[j : j + m] * net.conv[:, j]
-    st["conv"][...] = x[m:]
-    y = y * _sigmoid(y)  # silu
-    kd = net.n_k * net.d_k
+def _convolve(
+    be: Backend, net: DeltaNet, c: SeqChunk, sl: slice, li: int, qkv: F32Array
+) -> F32Array:
+    """One sequence's rows ``sl`` of ``qkv`` (n, channels) through its convolution and silu,
+    in place, its ``conv`` state advanced; returns the inputs the kernel saw (w-1+m,
+    channels)."""
+    state = c.cache.state
+    assert state is not None, "a recurrent layer needs the sequence's state"
+    state.begin(li, c.cache.n)
+    st = state.layer(li)
+    x = np.concatenate([st["conv"], qkv[sl]])  # (w-1+m, channels)
+    qkv[sl] = be.causal_conv1d(x, net.conv, silu=True)
+    st["conv"][...] = x[sl.stop - sl.start :]
+    return x
+
+
+def _heads(net: DeltaNet, y: F32Array) -> tuple[F32Array, F32Array, F32Array]:
+    """q and k (n, n_v, d_k), each value head's key head, l2-normed (q scaled), and v (n,
+    n_v, d_v) from the convolution's output y (n, channels)."""
+    n, kd = len(y), net.n_k * net.d_k
     heads = np.arange(net.n_v)
     tile = heads // (net.n_v // net.n_k) if net.grouped else heads % net.n_k
-    q = _l2norm(y[:, :kd].reshape(m, net.n_k, net.d_k))[:, tile] / np.float32(np.sqrt(net.d_k))
-    k = _l2norm(y[:, kd : 2 * kd].reshape(m, net.n_k, net.d_k))[:, tile]
-    v = y[:, 2 * kd :].reshape(m, net.n_v, net.d_v)
-    s = st["ssm"]  # (n_v, d_k, d_v)
-    n0 = state.n
-    for t in range(m):
-        s *= decay[t][:, None, None]
-        mem = (k[t][:, None, :] @ s)[:, 0]  # (n_v, d_v): what S recalls for k
-        delta = (v[t] - mem) * beta[t][:, None]
-        s += k[t][:, :, None] * delta[:, None, :]
-        out[t] = (q[t][:, None, :] @ s)[:, 0]
-        pos = n0 + t + 1
-        if (keep and t < m - 1) or (state.boundary and pos % state.boundary == 0):
-            arrays = {"conv": x[t + 1 : t + w], "ssm": s}  # the state after token t
-            if keep and t < m - 1:
-                state.keep(li, pos, arrays)
-            if state.boundary and pos % state.boundary == 0:
-                state.mark(li, pos, arrays)
+    q = _l2norm(y[:, :kd].reshape(n, net.n_k, net.d_k))[:, tile] / np.float32(np.sqrt(net.d_k))
+    k = _l2norm(y[:, kd : 2 * kd].reshape(n, net.n_k, net.d_k))[:, tile]
+    v = np.ascontiguousarray(y[:, 2 * kd :].reshape(n, net.n_v, net.d_v))
+    return q, k, v

@@ -11,7 +11,7 @@ Per token of a sequence (llama.cpp's ``build_mamba2_layer``, transformers'
 head ``j`` reads group ``j // (heads / groups)`` of B and C.  What a sequence keeps
 between steps (:class:`~modelc.runtime.seq_state.SeqState`): the last ``w - 1`` inputs of
 the convolution, ``conv`` (w-1, channels), and ``ssm`` S.  Tokens go one at a time through
-S (correctness first; a chunked form and a C kernel are for later).
+S, in the backend's ``causal_conv1d`` and ``ssm_scan`` (C kernels on the CPU).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from modelc.errors import FormatError
 from modelc.formats.ir import HParams
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import SeqChunk, TensorSource
-from modelc.runtime.seq_state import SeqState
 
 __all__ = ["Mamba2", "load_mamba2", "mamba2"]
 
@@ -110,13 +109,21 @@ def mamba2(
     z, xbc = proj[:, :inner], proj[:, inner : inner + ch]
     dt = np.logaddexp(np.float32(0.0), proj[:, inner + ch :] + net.dt_b).astype(np.float32)
     decay = np.exp(dt * net.a).astype(np.float32)  # (n, heads)
+    # each sequence's rows of xbc through its convolution (in place), then every row's heads
+    conv_x = [_convolve(be, net, c, sl, li, xbc) for c, sl in zip(batch, slices, strict=True)]
+    xs, b, cc = _heads(net, xbc)
     y = np.empty((n, net.n_head, inner // net.n_head), np.float32)  # (n, heads, head size)
-    for c, sl in zip(batch, slices, strict=True):
+    for c, sl, x in zip(batch, slices, conv_x, strict=True):
         state = c.cache.state
-        assert state is not None, "a recurrent layer needs the sequence's state"
-        state.begin(li, c.cache.n)
+        assert state is not None
+        s = state.layer(li)["ssm"]  # (heads, head size, n)
+
+        def step(t0: int, t1: int, sl: slice = sl, s: F32Array = s) -> None:
+            r = slice(sl.start + t0, sl.start + t1)
+            be.ssm_scan(xs[r], b[r], cc[r], dt[r], decay[r], net.d_skip, s, y[r])
+
         keep = len(c.rows()) > 1  # a draft being verified: checkpoint every token
-        _sequence(net, state, li, xbc[sl], dt[sl], decay[sl], y[sl], keep)
+        state.scan(li, sl.stop - sl.start, keep, x, s, step)
     g = net.n_group
     y2 = y.reshape(n, inner) * _silu(z)  # (n, inner)
     ones = np.ones(inner // g, np.float32)
@@ -125,39 +132,26 @@ def mamba2(
     return be.matmul(net.w_out, np.ascontiguousarray(out, np.float32))
 
 
-def _sequence(
-    net: Mamba2,
-    state: SeqState,
-    li: int,
-    xbc: F32Array,
-    dt: F32Array,
-    decay: F32Array,
-    out: F32Array,
-    keep: bool,
-) -> None:
-    """One sequence's ``m`` tokens through the layer, its ``conv`` and ``ssm`` in place."""
+def _convolve(be: Backend, net: Mamba2, c: SeqChunk, sl: slice, li: int, xbc: F32Array) -> F32Array:
+    """One sequence's rows ``sl`` of ``xbc`` (n, channels) through its convolution, bias and
+    silu, in place, its ``conv`` state advanced; returns the inputs the kernel saw (w-1+m,
+    channels)."""
+    state = c.cache.state
+    assert state is not None, "a recurrent layer needs the sequence's state"
+    state.begin(li, c.cache.n)
     st = state.layer(li)
-    m, w = len(xbc), net.conv.shape[1]
-    x = np.concatenate([st["conv"], xbc])  # (w-1+m, channels): the inputs the kernel sees
-    u = np.zeros_like(xbc)
-    for j in range(w):  # u[t] = sum_j x[t+j] * kernel[:, j]
-        u += x[j : j + m] * net.conv[:, j]
-    st["conv"][...] = x[m:]
-    if net.conv_b is not None:
-        u += net.conv_b
-    u = _silu(u)
-    inner, gn = net.inner, net.n_group * net.d_state
-    hd = inner // net.n_head
-    xs = u[:, :inner].reshape(m, net.n_head, hd)
+    x = np.concatenate([st["conv"], xbc[sl]])  # (w-1+m, channels)
+    xbc[sl] = be.causal_conv1d(x, net.conv, net.conv_b, silu=True)
+    st["conv"][...] = x[sl.stop - sl.start :]
+    return x
+
+
+def _heads(net: Mamba2, u: F32Array) -> tuple[F32Array, F32Array, F32Array]:
+    """x (n, heads, head size), and each head's group's B and C (n, heads, state) from the
+    convolution's output u (n, channels)."""
+    n, inner, gn = len(u), net.inner, net.n_group * net.d_state
+    xs = np.ascontiguousarray(u[:, :inner].reshape(n, net.n_head, inner // net.n_head))
     grp = np.arange(net.n_head) // (net.n_head // net.n_group)
-    b = u[:, inner : inner + gn].reshape(m, net.n_group, net.d_state)[:, grp]  # (m, heads, n)
-    c = u[:, inner + gn :].reshape(m, net.n_group, net.d_state)[:, grp]
-    s = st["ssm"]  # (heads, head size, n)
-    n0 = state.n
-    for t in range(m):
-        s *= decay[t][:, None, None]
-        s += (dt[t][:, None] * xs[t])[:, :, None] * b[t][:, None, :]
-        out[t] = (s @ c[t][:, :, None])[:, :, 0] + net.d_skip[:, None] * xs[t]
-        pos, draft = n0 + t + 1, keep and t < m - 1
-        if state.saves(pos, draft):
-            state.save(li, pos, draft, {"conv": x[t + 1 : t + w], "ssm": s})
+    b = u[:, inner : inner + gn].reshape(n, net.n_group, net.d_state)[:, grp]
+    c = u[:, inner + gn :].reshape(n, net.n_group, net.d_state)[:, grp]
+    return xs, b, c

@@ -75,7 +75,6 @@ def shortconv(
     bcx = be.matmul(net.w_in, h)  # (n, 3d)
     bx = bcx[:, :d] * bcx[:, 2 * d :]  # (n, d)
     y = np.empty_like(bx)  # (n, d)
-    w = net.conv.shape[1]
     for c, sl in zip(batch, slices, strict=True):
         state = c.cache.state
         assert state is not None, "a recurrent layer needs the sequence's state"
@@ -83,16 +82,9 @@ def shortconv(
         st = state.layer(li)
         m = sl.stop - sl.start
         x = np.concatenate([st["conv"], bx[sl]])  # (w-1+m, d): the inputs the kernel sees
-        out = np.zeros((m, d), np.float32)
-        for j in range(w):  # y[t] = sum_j x[t+j] * kernel[:, j]
-            out += x[j : j + m] * net.conv[:, j]
-        y[sl] = out
+        y[sl] = be.causal_conv1d(x, net.conv)
         st["conv"][...] = x[m:]
         keep = len(c.rows()) > 1  # a draft being verified: checkpoint every token
-        n0 = state.n
-        for t in range(m):
-            pos, draft = n0 + t + 1, keep and t < m - 1
-            if state.saves(pos, draft):
-                state.save(li, pos, draft, {"conv": x[t + 1 : t + w]})  # after token t
+        state.scan(li, m, keep, x, None, lambda t0, t1: None)  # the checkpoints alone
     y *= bcx[:, d : 2 * d]
     return be.matmul(net.w_out, np.ascontiguousarray(y))

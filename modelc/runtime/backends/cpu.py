@@ -52,6 +52,7 @@ __all__ = [
 ]  # fmt: skip
 
 _k: Any = importlib.import_module("modelc._kernels.kernels")
+DELTA_MAX_DV = 1024  # the widest value head the delta rule's kernel takes (mc_recur.h)
 
 
 def _f32(a: np.ndarray[Any, Any]) -> F32Array:
@@ -65,6 +66,13 @@ def _is_f16(a: np.ndarray[Any, Any]) -> bool:
 def _f16(a: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float16]]:
     """A float16 array, C-contiguous (what the f16 kernels take)."""
     return np.ascontiguousarray(a, dtype=np.float16)
+
+
+def _inplace(a: F32Array) -> F32Array:
+    """A caller's array a kernel updates in place: it must be C-contiguous float32."""
+    if a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise ValueError("an array updated in place must be C-contiguous float32")
+    return a
 
 
 def _flat(out: F32Array) -> F32Array:
@@ -375,4 +383,48 @@ class CpuBackend(NumpyFallback):
         if out is None:
             out = np.empty_like(x)
         _k.gelu_erf(x.reshape(-1), _flat(out), self.simd, self.threads)
+        return out
+
+    def causal_conv1d(
+        self, x: F32Array, kernel: F32Array, bias: F32Array | None = None, silu: bool = False
+    ) -> F32Array:
+        x, kernel = _f32(x), _f32(kernel)
+        out = np.empty((x.shape[0] - kernel.shape[1] + 1, x.shape[1]), np.float32)  # (m, ch)
+        b = None if bias is None else _f32(bias)
+        _k.causal_conv1d(x, kernel, b, out, silu, self.simd, self.threads)
+        return out
+
+    def delta_scan(
+        self,
+        q: F32Array,
+        k: F32Array,
+        v: F32Array,
+        beta: F32Array,
+        decay: F32Array,
+        state: F32Array,
+        out: F32Array,
+    ) -> F32Array:
+        if v.shape[2] > DELTA_MAX_DV:  # wider than the kernel's buffers
+            return self._fallback.delta_scan(q, k, v, beta, decay, state, out)
+        _k.delta_scan(
+            _f32(q), _f32(k), _f32(v), _f32(beta), _f32(decay), _inplace(state), _inplace(out),
+            self.simd, self.threads,
+        )  # fmt: skip
+        return out
+
+    def ssm_scan(
+        self,
+        x: F32Array,
+        b: F32Array,
+        c: F32Array,
+        dt: F32Array,
+        decay: F32Array,
+        d_skip: F32Array,
+        state: F32Array,
+        out: F32Array,
+    ) -> F32Array:
+        _k.ssm_scan(
+            _f32(x), _f32(b), _f32(c), _f32(dt), _f32(decay), _f32(d_skip), _inplace(state),
+            _inplace(out), self.simd, self.threads,
+        )  # fmt: skip
         return out

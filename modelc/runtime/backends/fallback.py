@@ -123,3 +123,33 @@ class NumpyFallback:
 
     def gelu_erf(self, x: F32Array, out: F32Array | None = None) -> F32Array:
         return self._fallback.gelu_erf(x, out)
+
+    def causal_conv1d(
+        self, x: F32Array, kernel: F32Array, bias: F32Array | None = None, silu: bool = False
+    ) -> F32Array:
+        return self._fallback.causal_conv1d(x, kernel, bias, silu)
+
+    def delta_scan(
+        self,
+        q: F32Array,
+        k: F32Array,
+        v: F32Array,
+        beta: F32Array,
+        decay: F32Array,
+        state: F32Array,
+        out: F32Array,
+    ) -> F32Array:
+        return self._fallback.delta_scan(q, k, v, beta, decay, state, out)
+
+    def ssm_scan(
+        self,
+        x: F32Array,
+        b: F32Array,
+        c: F32Array,
+        dt: F32Array,
+        decay: F32Array,
+        d_skip: F32Array,
+        state: F32Array,
+        out: F32Array,
+    ) -> F32Array:
+        return self._fallback.ssm_scan(x, b, c, dt, decay, d_skip, state, out)

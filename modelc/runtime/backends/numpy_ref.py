@@ -310,3 +310,55 @@ class NumpyBackend:
         return _put(
             x * (np.float32(0.5) * (np.float32(1.0) + erf(x * np.float32(1 / np.sqrt(2))))), out
         )
+
+    def causal_conv1d(
+        self, x: F32Array, kernel: F32Array, bias: F32Array | None = None, silu: bool = False
+    ) -> F32Array:
+        w = kernel.shape[1]
+        m = x.shape[0] - w + 1
+        y = np.zeros((m, x.shape[1]), np.float32)  # (m, ch)
+        for j in range(w):  # y[t] = sum_j x[t+j] * kernel[:, j]
+            y += x[j : j + m] * kernel[:, j]
+        if bias is not None:
+            y += bias
+        if silu:
+            with np.errstate(over="ignore"):
+                y /= np.float32(1.0) + np.exp(-y)
+        return y
+
+    def delta_scan(
+        self,
+        q: F32Array,
+        k: F32Array,
+        v: F32Array,
+        beta: F32Array,
+        decay: F32Array,
+        state: F32Array,
+        out: F32Array,
+    ) -> F32Array:
+        s = state  # (heads, d_k, d_v)
+        for t in range(len(q)):
+            s *= decay[t][:, None, None]
+            mem = (k[t][:, None, :] @ s)[:, 0]  # (heads, d_v): what S recalls for k
+            delta = (v[t] - mem) * beta[t][:, None]
+            s += k[t][:, :, None] * delta[:, None, :]
+            out[t] = (q[t][:, None, :] @ s)[:, 0]
+        return out
+
+    def ssm_scan(
+        self,
+        x: F32Array,
+        b: F32Array,
+        c: F32Array,
+        dt: F32Array,
+        decay: F32Array,
+        d_skip: F32Array,
+        state: F32Array,
+        out: F32Array,
+    ) -> F32Array:
+        s = state  # (heads, p, n)
+        for t in range(len(x)):
+            s *= decay[t][:, None, None]
+            s += (dt[t][:, None] * x[t])[:, :, None] * b[t][:, None, :]
+            out[t] = (s @ c[t][:, :, None])[:, :, 0] + d_skip[:, None] * x[t]
+        return out
