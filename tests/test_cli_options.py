@@ -74,7 +74,7 @@ ENGINE_FLAGS = [
     *("--kv-cache", "int8", "--device", "cpu", "--max-context", "512", "--threads", "2"),
     *("--anchor-tokens", "8", "--prefill-chunk", "64", "--context-shift", "--swa-full"),
     *("--speculate", "fixed", "--spec-max", "4", "--spec-min-prompt", "32"),
-    *("--device-sampling", "on"),
+    *("--device-sampling", "on", "--no-mmproj"),
 ]
 EXPECTED = {
     "kv_cache": "int8",
@@ -90,6 +90,7 @@ EXPECTED = {
     "spec_gamma": 4,
     "spec_min_prompt": 32,
     "device_sampling": "on",
+    "no_mmproj": True,
 }
 
 

@@ -372,6 +372,7 @@ def test_bert_adapter_loads_but_the_runtime_refuses_it(tmp_path: Path) -> None:
     assert adapter.arch == "bert" and adapter.layers[0].target == "blk.0.attn_q.weight"
     bert = build(load_model(minilm_dir()), NumpyBackend())
     with pytest.raises(
-        UnsupportedError, match=r"supported for llama, gpt2, qwen2, qwen3(, \w+)* models, not bert"
+        UnsupportedError,
+        match=r"supported for llama, gpt2, qwen2, (\w+, )*qwen3(, \w+)* models, not bert",
     ):
         apply_adapter(bert, adapter)  # type: ignore[arg-type]
