@@ -47,8 +47,6 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
             host = cuda_host(ir)
         except UnsupportedError:
             return None
-        if "moe" in host.spec.features():  # the GPU's experts have not yet run on a GPU:
-            return None  # --device cuda asks for them, auto keeps a mixture on the CPU
     elif ngl != "auto" and (why := cuda_unavailable()) is not None:  # layers of no GPU
         raise UsageError(f"--n-gpu-layers {ngl}: {why}; use --n-gpu-layers auto or 0")
     require_cuda()

@@ -180,9 +180,7 @@ def cuda_host(ir: ModelIR) -> Decoder:
 class CudaLlama(CausalLM):
     """A decoder :class:`~modelc.runtime.model.LanguageModel` computing on the GPU."""
 
-    # forward_sample (the batched sampler over CuPy) has not yet run on a GPU: the engine
-    # uses it with --device-sampling on only, not by default, until it has
-    logits_on_device = False
+    logits_on_device = True  # the engine samples here (forward_sample) unless told not to
 
     def __init__(
         self,
