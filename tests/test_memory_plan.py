@@ -87,6 +87,60 @@ def test_max_loaded_models_counts() -> None:
     assert plan("b", need(), loaded, limit=64 * G, base=G, max_loaded=2) == Plan(("c",), None, None)
 
 
+def test_the_gpu_budget_unloads_the_least_recently_used_idle_model_first() -> None:
+    # RAM is plenty; the GPU (10 G) holds two 4 G models, a third needs 4 G
+    loaded = [
+        Loaded("old", G, False, False, 1.0, gpu=4 * G),
+        Loaded("new", G, False, False, 2.0, gpu=4 * G),
+    ]
+    on_gpu = Need(G, 1000, G, 0, 8192, gpu=4 * G)
+    assert plan("b", on_gpu, loaded, limit=64 * G, base=G, gpu_limit=10 * G) == Plan(
+        ("old",), None, None
+    )
+    # without a GPU budget (a CPU server) the GPU figures are not looked at
+    assert plan("b", on_gpu, loaded, limit=64 * G, base=G) == Plan((), None, None)
+    # busy models hold the GPU: wait; pinned ones: refused in one line naming the flag
+    busy = [Loaded("busy", G, True, False, 1.0, gpu=8 * G)]
+    assert isinstance(plan("b", on_gpu, busy, limit=64 * G, base=G, gpu_limit=10 * G), Wait)
+    pinned = [Loaded("cli", G, False, True, 1.0, gpu=8 * G)]
+    refused = plan("b", on_gpu, pinned, limit=64 * G, base=G, gpu_limit=10 * G)
+    assert isinstance(refused, Refuse) and "--n-gpu-layers auto" in refused.reason
+    # more than the whole GPU with every layer there: refused before anything is unloaded
+    huge = Need(G, 1000, G, 0, 8192, gpu=12 * G)
+    alone = plan("b", huge, loaded, limit=64 * G, base=G, gpu_limit=10 * G)
+    assert isinstance(alone, Refuse) and "--max-gpu-memory" in alone.reason
+
+
+def test_auto_layers_take_what_the_gpu_has_left() -> None:
+    # --n-gpu-layers auto: idle models still go first (least recently used) ...
+    idle = [Loaded("a", G, False, False, 1.0, gpu=6 * G)]
+    auto = Need(G, 1000, G, 0, 8192, gpu=6 * G, gpu_fits_part=True)
+    assert plan("b", auto, idle, limit=64 * G, base=G, gpu_limit=10 * G) == Plan(("a",), None, None)
+    # ... but a busy or pinned neighbour, or a model larger than the GPU, does not stop the
+    # load: the layers that do not fit run on the CPU
+    busy = [Loaded("a", G, True, False, 1.0, gpu=6 * G)]
+    assert plan("b", auto, busy, limit=64 * G, base=G, gpu_limit=10 * G) == Plan((), None, None)
+    bigger = Need(G, 1000, G, 0, 8192, gpu=30 * G, gpu_fits_part=True)
+    assert plan("b", bigger, [], limit=64 * G, base=G, gpu_limit=10 * G) == Plan((), None, None)
+
+
+def test_max_gpu_memory_sizes() -> None:
+    assert parse_size("50%", flag="--max-gpu-memory", of="the GPU", total=80 * G) == 40 * G
+    with pytest.raises(UsageError, match="--max-gpu-memory '9X' is not a size.*of the GPU"):
+        parse_size("9X", flag="--max-gpu-memory", of="the GPU", total=80 * G)
+
+
+def test_max_gpu_memory_on_a_cpu_server_is_a_one_line_error(tmp_path: Path) -> None:
+    env = {**os.environ, "MODELC_HOME": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "modelc", "run", str(smollm2_gguf()), "--device", "cpu",
+         "--max-gpu-memory", "8G"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "--max-gpu-memory needs a GPU the server computes on" in out.stderr
+
+
 # --- a real server: three models, a budget for two ------------------------------------------
 def _rss(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as f:
@@ -172,6 +226,7 @@ def test_three_models_under_a_budget_for_two(home: Path, measured: tuple[int, in
         rows = {line.split()[0]: line for line in out.splitlines()[1:]}
         assert set(rows) == {"mlp", "smol-a", "smol-b"} and "Forever" in rows["mlp"], out
         assert "minutes from now" in rows["smol-a"] and " 512 " in rows["smol-a"], out
+        assert all(" CPU " in row for row in rows.values()), out  # no GPU: size_vram 0
         # an unloaded model's memory goes back: two loads later, still about two models
         one_model = after[1] - after[0]
         assert after[4] <= after[1] + one_model // 2, (after, one_model)

@@ -205,6 +205,7 @@ OPTIONS: list[Opt] = [
     _opt("--api-key", "run", "require 'Authorization: Bearer KEY'", metavar="KEY"),
     _opt("--cors-origins", "run", "browser origins allowed to call the server (CORS), comma-separated; * allows any", metavar="ORIGIN[,ORIGIN...]"),
     _opt("--max-memory", "run inspect", "memory the whole server may use: models are unloaded (least recently used first) or their KV budget fitted to stay inside it (e.g. 16G, 75%%; default 80%% of the RAM)", metavar="SIZE"),
+    _opt("--max-gpu-memory", "run", "GPU memory the server's models may use when it computes on a GPU: idle models are unloaded (least recently used first) to stay inside it (e.g. 70G, 90%% of the GPU; default what is free on it at start)", metavar="SIZE"),
     _opt("--max-loaded-models", "run", "models loaded at once, at most (0 = as many as fit the memory)", type=int, default=0, metavar="N"),
     _opt("--rate-limit", "run", "at most N requests per minute per client address (0 = off)", type=int, default=0, metavar="N"),
     _opt("--reasoning-budget", "run", "tokens of thinking trace before its end is forced, as llama-server's: -1 any (default), 0 ends a trace as soon as it opens; a request's reasoning_budget_tokens overrides it", type=int, default=-1, metavar="N"),

@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if fit_context:
         args.max_context = None  # each model's own, fitted to the budget at load
     engine = engine_options(args)
-    limits = _limits(args, fit_context)
+    limits = _limits(args, fit_context, engine)
     if len(args.alias) > len(args_models):
         raise UsageError(
             f"{len(args.alias)} --alias flags for {len(args_models)} model(s); give one "
@@ -105,15 +105,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return serve(opts)
 
 
-def _limits(args: argparse.Namespace, fit_context: bool) -> Any:
-    """The server's memory budget from --max-memory / --max-loaded-models / --max-context auto."""
+def _limits(args: argparse.Namespace, fit_context: bool, engine: Any) -> Any:
+    """The server's memory budget from --max-memory / --max-loaded-models / --max-context
+    auto, and on a GPU (``--device cuda``, or ``auto`` where CuPy sees one) from
+    --max-gpu-memory."""
     from modelc.server.memory import parse_size
     from modelc.server.models import MemoryLimits, default_limits
 
     if args.max_loaded_models < 0:
         raise UsageError(f"--max-loaded-models must be >= 0, got {args.max_loaded_models}")
     limit = parse_size(args.max_memory) if args.max_memory else default_limits().limit
-    return MemoryLimits(limit, args.max_loaded_models, fit_context)
+    gpu_limit = 0
+    if engine.device in ("cuda", "auto") and engine.n_gpu_layers != 0:
+        from modelc.runtime.backends.cuda import gpu_memory
+
+        got = gpu_memory()
+        if got is not None:
+            free, total = got
+            gpu_limit = free
+            if args.max_gpu_memory:
+                gpu_limit = parse_size(
+                    args.max_gpu_memory, flag="--max-gpu-memory", of="the GPU", total=total
+                )
+    if args.max_gpu_memory and not gpu_limit:
+        raise UsageError(
+            "--max-gpu-memory needs a GPU the server computes on (--device cuda, or auto "
+            "with CuPy and a GPU); this server runs on the CPU"
+        )
+    return MemoryLimits(limit, args.max_loaded_models, fit_context, gpu_limit)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -138,7 +157,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(models, indent=1))
         return 0
-    rows = [("NAME", "SIZE", "CONTEXT", "UNTIL")]
+    rows = [("NAME", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL")]
     now = datetime.datetime.now(datetime.UTC)
     for m in models:
         until = datetime.datetime.fromisoformat(m["expires_at"])
@@ -146,8 +165,16 @@ def cmd_ps(args: argparse.Namespace) -> int:
         when = (
             "Forever" if left > 100 * 365 * 86400 else f"{max(0, left) / 60:.0f} minutes from now"
         )
-        rows.append((m["name"], human_bytes(m["size"]), str(m.get("context_length", "")), when))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        rows.append(
+            (
+                m["name"],
+                human_bytes(m["size"]),
+                f"GPU {human_bytes(m['size_vram'])}" if m.get("size_vram") else "CPU",
+                str(m.get("context_length", "")),
+                when,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return 0

@@ -15,6 +15,15 @@ gets the room left as its KV budget instead — fewer long sequences at once, ne
 out-of-memory kill — and with ``--max-context auto`` its context is the longest one
 sequence can fill in that room.
 
+A server computing on a GPU has a second budget, the GPU's memory (``--max-gpu-memory``,
+default the memory free on it at start): each model's **GPU cost** is measured around its
+load as the drop in free GPU memory (weights uploaded, KV caches, scratch), estimated before
+it loads from the file and its KV.  Idle models are unloaded, least recently used first,
+until the new one fits there too.  A model whose layers must all go to the GPU
+(``--n-gpu-layers all`` or a number) and still cannot fit waits for busy ones or is
+refused in one line; with ``auto`` it loads anyway and puts on the GPU only the layers its
+free memory holds (the rest run on the CPU), as llama.cpp's ``--fit`` and Ollama do.
+
 The planning itself (:func:`plan`) is pure: the registry measures, asks, then acts.
 """
 
@@ -54,18 +63,21 @@ def total_ram() -> int:
     return ram
 
 
-def parse_size(text: str) -> int:
-    """Bytes from ``8G``, ``512MiB``, ``1.5g``, ``75%`` (of the RAM) or a plain number."""
+def parse_size(
+    text: str, *, flag: str = "--max-memory", of: str = "the RAM", total: int | None = None
+) -> int:
+    """Bytes from ``8G``, ``512MiB``, ``1.5g``, ``75%`` (of ``total``: by default the RAM)
+    or a plain number; ``flag`` and ``of`` name them in errors."""
     m = _SIZE.match(text)
     if m is None:
         raise UsageError(
-            f"--max-memory {text!r} is not a size; use e.g. 8G, 512M, 75% (of the RAM) or bytes"
+            f"{flag} {text!r} is not a size; use e.g. 8G, 512M, 75% (of {of}) or bytes"
         )
     n, unit = float(m.group(1)), (m.group(2) or "").lower()
     if unit == "%":
         if not 0 < n <= 100:
-            raise UsageError(f"--max-memory {text!r}: a share of the RAM is between 0 and 100%")
-        return int(total_ram() * n / 100)
+            raise UsageError(f"{flag} {text!r}: a share of {of} is between 0 and 100%")
+        return int((total_ram() if total is None else total) * n / 100)
     return int(n * _UNITS[unit[:1]])
 
 
@@ -102,6 +114,8 @@ class Need:
     kv_default: int  # the KV budget it would take on its own (0: none, e.g. embeddings)
     prefix: int  # its prefix cache's limit
     n_ctx: int  # its context (before fitting)
+    gpu: int = 0  # what it would take of the GPU's memory (0: it runs on the CPU)
+    gpu_fits_part: bool = False  # --n-gpu-layers auto: less GPU memory means fewer layers there
 
     @property
     def least(self) -> int:
@@ -118,6 +132,7 @@ class Loaded:
     busy: bool  # requests are using it
     pinned: bool  # named on the command line: never unloaded for another
     last_used: float
+    gpu: int = 0  # its measured share of the GPU's memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +167,11 @@ def plan(
     base: int,
     max_loaded: int = 0,
     fit_context: bool = False,
+    gpu_limit: int = 0,
 ) -> Plan | Wait | Refuse:
     """How to load ``name`` inside ``limit`` bytes, ``base`` of them the process's own and
-    ``loaded`` the models in memory; at most ``max_loaded`` models (0: no count limit)."""
+    ``loaded`` the models in memory; at most ``max_loaded`` models (0: no count limit); on
+    a GPU, also inside ``gpu_limit`` bytes of its memory (0: no GPU budget)."""
     alone = limit - base
     if need.least > alone:
         return Refuse(
@@ -163,29 +180,48 @@ def plan(
             f"and the server's budget leaves {_gib(alone)} for models (--max-memory "
             f"{_gib(limit)}, {_gib(base)} of it the server's own); raise --max-memory"
         )
+    gpu_want = need.gpu if gpu_limit > 0 else 0
+    if gpu_want > gpu_limit and not need.gpu_fits_part:
+        return Refuse(
+            f"model {name!r} needs {_gib(gpu_want)} of GPU memory (its layers and KV) and the "
+            f"GPU's budget is {_gib(gpu_limit)} (--max-gpu-memory); use --n-gpu-layers auto "
+            "(or fewer layers), a shorter --max-context, or --device cpu"
+        )
     want = need.weights + need.prefix + need.kv_default
     idle = sorted((m for m in loaded if not m.busy and not m.pinned), key=lambda m: m.last_used)
     used = sum(m.cost for m in loaded)
+    gpu_used = sum(m.gpu for m in loaded)
     count = len(loaded)
     unload: list[str] = []
 
     def room() -> int:
         return alone - used
 
+    def gpu_short() -> bool:  # the GPU part does not fit yet
+        return gpu_want > 0 and gpu_used + min(gpu_want, gpu_limit) > gpu_limit
+
     # unload idle models, least recently used first, until the model fits whole (or, when
-    # it would not fit whole even alone, until its smallest useful load fits) and the count
-    # allows one more
+    # it would not fit whole even alone, until its smallest useful load fits), its GPU part
+    # fits and the count allows one more
     target = want if want <= alone else need.least
     for m in idle:
-        if room() >= target and (max_loaded <= 0 or count < max_loaded):
+        if room() >= target and not gpu_short() and (max_loaded <= 0 or count < max_loaded):
             break
         unload.append(m.name)
         used -= m.cost
+        gpu_used -= m.gpu
         count -= 1
-    if room() < need.least or (max_loaded > 0 and count >= max_loaded):
+    gpu_blocks = gpu_short() and not need.gpu_fits_part
+    if room() < need.least or gpu_blocks or (max_loaded > 0 and count >= max_loaded):
         busy = [m.name for m in loaded if m.name not in unload and (m.busy or m.pinned)]
         if any(m.busy and not m.pinned for m in loaded if m.name not in unload):
             return Wait(f"model {name!r} waits for memory held by busy models {busy}")
+        if gpu_blocks:
+            return Refuse(
+                f"model {name!r} does not fit on the GPU beside the models kept loaded "
+                f"({', '.join(busy)}): {_gib(gpu_limit - gpu_used)} free of --max-gpu-memory "
+                f"{_gib(gpu_limit)}, it needs {_gib(gpu_want)}; use --n-gpu-layers auto"
+            )
         return Refuse(
             f"model {name!r} does not fit beside the models kept loaded ({', '.join(busy)}): "
             f"{_gib(room())} free of --max-memory {_gib(limit)}, it needs {_gib(need.least)}"

@@ -90,6 +90,7 @@ class ModelSlot:
     loaded_at: float = 0.0
     last_used: float = 0.0  # trio.current_time() of the last acquire or release
     cost: int = 0  # bytes of the memory budget it holds while loaded (modelc.server.memory)
+    gpu_cost: int = 0  # bytes of the GPU's memory it holds while loaded
     stopped: trio.Event | None = None  # set once its engine's task has ended
 
     @property
@@ -114,6 +115,7 @@ class ModelSlot:
 Need = Literal["text", "embed", "any"]
 EngineFactory = Callable[[Path, str, EngineOptions], Engine]
 MEMORY_WAIT = 300.0  # seconds a load waits for busy models to free memory, then 503
+GPU_SCRATCH = 256 << 20  # a model's activations and cuBLAS workspace on the GPU (estimate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,7 @@ class MemoryLimits:
     limit: int  # bytes for the whole process (--max-memory)
     max_loaded: int = 0  # models loaded at once; 0: as many as fit (--max-loaded-models)
     fit_context: bool = False  # --max-context auto
+    gpu_limit: int = 0  # bytes of the GPU's memory for models (--max-gpu-memory); 0: no GPU
 
 
 def default_limits() -> MemoryLimits:
@@ -275,8 +278,8 @@ class ModelRegistry:
             path = await self.path(slot)
             info = await trio.to_thread.run_sync(load_model_info, path, slot.name)
             async with self._load_lock:
-                options = await self._make_room(slot, info)
-                before = memory.rss()
+                options, gpu_want = await self._make_room(slot, info)
+                before, gpu_before = memory.rss(), self._gpu_free()
                 engine = await trio.to_thread.run_sync(
                     partial(self.make_engine, path, slot.name, options)
                 )
@@ -284,6 +287,10 @@ class ModelRegistry:
                 # and prefix cache
                 kv = engine.stats().kv_bytes_budget
                 slot.cost = max(0, memory.rss() - before) + kv + self._prefix_bytes(info)
+                if gpu_before is not None:  # what its load took of the GPU (at least the
+                    # estimate of what it reserves when all its layers went there)
+                    took = max(0, gpu_before - (self._gpu_free() or gpu_before))
+                    slot.gpu_cost = took if options.n_gpu_layers == "auto" else max(took, gpu_want)
             if options.max_context:
                 info.n_ctx = min(info.n_ctx, options.max_context)
             info.prompt = engine.prompt  # one tokenizer, template and set of defaults
@@ -304,24 +311,47 @@ class ModelRegistry:
             done.set()
             self.changed.set()
 
+    def _gpu_free(self) -> int | None:
+        """Free GPU memory now (None when the server has no GPU budget)."""
+        if not self.limits.gpu_limit:
+            return None
+        from modelc.runtime.backends.cuda import gpu_memory
+
+        got = gpu_memory()
+        return None if got is None else got[0]
+
+    def _gpu_need(self, info: ModelInfo, kv_default: int) -> int:
+        """What the model would take of the GPU's memory: its weights (the layers
+        ``--n-gpu-layers`` sends there) and their KV, plus scratch; 0 without a GPU budget."""
+        if not self.limits.gpu_limit or not info.generates:
+            return 0
+        layers, k = info.kv_dims[0] or 1, self.options.n_gpu_layers
+        share = 1.0 if k in ("auto", "all") else min(1.0, int(k) / layers)
+        return int((info.file_size + kv_default) * share) + GPU_SCRATCH
+
     def _prefix_bytes(self, info: ModelInfo) -> int:
         return self.options.prefix_cache_bytes if info.generates else 0
 
-    async def _make_room(self, slot: ModelSlot, info: ModelInfo) -> EngineOptions:
+    async def _make_room(self, slot: ModelSlot, info: ModelInfo) -> tuple[EngineOptions, int]:
         """Unload idle models until ``slot`` fits the budget (waiting for busy ones, at most
         MEMORY_WAIT seconds); its engine options, with the KV budget (and, with
-        ``--max-context auto``, the context) fitted to the room it has."""
+        ``--max-context auto``, the context) fitted to the room it has, and the GPU memory
+        it was planned to take."""
         opt, lim = self.options, self.limits
         n_ctx = min(info.n_ctx, opt.max_context or info.n_ctx)
         per_token = memory.kv_bytes_per_token(*info.kv_dims, opt.kv_cache, generates=info.generates)
         kv_default = opt.kv_budget_bytes
         if kv_default is None:
             kv_default = opt.max_concurrent * per_token * n_ctx
-        need = memory.Need(info.file_size, per_token, kv_default, self._prefix_bytes(info), n_ctx)
+        gpu = self._gpu_need(info, kv_default)
+        auto = opt.n_gpu_layers == "auto"
+        need = memory.Need(
+            info.file_size, per_token, kv_default, self._prefix_bytes(info), n_ctx, gpu, auto
+        )
         with trio.move_on_after(MEMORY_WAIT):
             while True:
                 loaded = [
-                    memory.Loaded(s.name, s.cost, s.active > 0, s.pinned, s.last_used)
+                    memory.Loaded(s.name, s.cost, s.active > 0, s.pinned, s.last_used, s.gpu_cost)
                     for s in self.loaded()
                     if s is not slot
                 ]
@@ -333,6 +363,7 @@ class ModelRegistry:
                     base=self.base,
                     max_loaded=lim.max_loaded,
                     fit_context=lim.fit_context,
+                    gpu_limit=lim.gpu_limit,
                 )
                 if isinstance(step, memory.Refuse):
                     raise MemoryBudgetError(step.reason)
@@ -354,7 +385,7 @@ class ModelRegistry:
             opt = dataclasses.replace(opt, kv_budget_bytes=step.kv_budget)
         if step.n_ctx is not None:
             opt = dataclasses.replace(opt, max_context=step.n_ctx)
-        return opt
+        return opt, gpu
 
     async def _run_engine(
         self,

@@ -83,6 +83,18 @@ def require_cuda() -> Any:
     return _import_cupy()
 
 
+def gpu_memory() -> tuple[int, int] | None:
+    """The GPU's (free, total) bytes as the driver reports them, after handing CuPy's
+    cached free blocks back (so what unloaded models held counts as free); None without a
+    usable GPU."""
+    if cuda_unavailable() is not None:
+        return None
+    cp = _import_cupy()
+    cp.get_default_memory_pool().free_all_blocks()
+    free, total = cp.cuda.runtime.memGetInfo()
+    return int(free), int(total)
+
+
 def exact_mode() -> bool:
     return os.environ.get("MODELC_MATMUL", "fast") == "exact"
 

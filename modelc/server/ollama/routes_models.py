@@ -121,11 +121,12 @@ async def ps() -> Response:
             OllamaRunning(
                 s.name,
                 s.name,
-                s.cost or info.file_size,  # its share of the memory budget once measured
+                # its share of the memory budgets once measured; size_vram the GPU's part
+                (s.cost or info.file_size) + s.gpu_cost,
                 _digest(info),
                 _details(info),
                 expires,
-                0,
+                s.gpu_cost,
                 info.n_ctx,
             )
         )
