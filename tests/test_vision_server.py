@@ -51,7 +51,10 @@ def messages(url: str) -> list[Any]:
 @pytest.fixture(scope="module")
 def vlm() -> Iterator[Server]:
     _, gg, mm = ensure_model()
-    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
+    srv = start(
+        str(gg), "--mmproj", str(mm), "--kv-cache", "f32", "--allow-image-urls",
+        env={"MODELC_MATMUL": "exact", "MODELC_IMAGE_FETCH_TIMEOUT": "2"},
+    )  # fmt: skip
     yield srv
     srv.stop()
 
@@ -272,3 +275,71 @@ def test_a_repeated_image_hits_the_prefix_cache(oa: openai.OpenAI) -> None:
     assert details is not None and (details.cached_tokens or 0) >= 32
     assert other.usage.prompt_tokens_details is not None
     assert not other.usage.prompt_tokens_details.cached_tokens
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    """A web server on loopback: ``/wide.png``, a redirect to it, a 404, a body over the
+    size limit and one slower than the fetch timeout (2 s in the ``vlm`` server)."""
+    import http.server
+    import threading
+    import time
+
+    png = (IMAGES / "wide.png").read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path == "/wide.png":
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(png)))
+                self.end_headers()
+                self.wfile.write(png)
+            elif self.path == "/moved":
+                self.send_response(302)
+                self.send_header("Location", "/wide.png")
+                self.end_headers()
+            elif self.path == "/huge":  # no Content-Length: the limit is on the bytes read
+                self.send_response(200)
+                self.end_headers()
+                for _ in range(21):
+                    self.wfile.write(b"\0" * (1 << 20))
+            elif self.path == "/slow":
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(png)))
+                self.end_headers()
+                self.wfile.write(png[:100])
+                self.wfile.flush()
+                time.sleep(4)
+                self.wfile.write(png[100:])
+            else:
+                self.send_error(404)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_image_urls_are_fetched_where_the_server_allows(
+    vlm: Server, oa: openai.OpenAI, image_host: str, smol_server: Server
+) -> None:
+    """``--allow-image-urls``: an ``http`` image URL (and one redirected) answers as the
+    same image inline; a 404, a body over 20 MiB and one slower than the timeout are one
+    400 each and the server keeps serving; a server without the flag refuses the URL."""
+    want = ask(oa, data_url((IMAGES / "wide.png").read_bytes())).choices[0]
+    for path in ("/wide.png", "/moved"):
+        got = ask(oa, image_host + path).choices[0]
+        assert got.model_extra["token_ids"] == want.model_extra["token_ids"], path
+    for path, says in (("/missing", "HTTP 404"), ("/huge", "larger than 20 MiB"),
+                       ("/slow", "did not arrive within 2 s")):  # fmt: skip
+        body = {"model": "gemma3vl", "messages": messages(image_host + path), "max_tokens": 2}
+        r = httpx.post(f"{vlm.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
+        assert r.status_code == 400 and says in r.text, (path, r.text)
+    assert ask(oa, image_host + "/wide.png").choices[0].message.content == want.message.content
+    name = httpx.get(f"{smol_server.url}/v1/models", timeout=HTTP_TIMEOUT).json()["data"][0]["id"]
+    body = {"model": name, "messages": messages(image_host + "/wide.png")}
+    r = httpx.post(f"{smol_server.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
+    assert r.status_code == 400 and "start the server with --allow-image-urls" in r.text

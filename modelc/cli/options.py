@@ -204,6 +204,7 @@ OPTIONS: list[Opt] = [
     _opt("--queue-size", "run", "requests waiting beyond those; more get 503 (engine default 64)", type=int, metavar="N", engine="queue_size"),
     _opt("--api-key", "run", "require 'Authorization: Bearer KEY'", metavar="KEY"),
     _opt("--cors-origins", "run", "browser origins allowed to call the server (CORS), comma-separated; * allows any", metavar="ORIGIN[,ORIGIN...]"),
+    _opt("--allow-image-urls", "run", "fetch http(s) image URLs that chat requests name (at most 20 MiB and 10 s each); without it only inline data URLs are taken", action="store_true"),
     _opt("--max-memory", "run inspect", "memory the whole server may use: models are unloaded (least recently used first) or their KV budget fitted to stay inside it (e.g. 16G, 75%%; default 80%% of the RAM)", metavar="SIZE"),
     _opt("--max-gpu-memory", "run", "GPU memory the server's models may use when it computes on a GPU: idle models are unloaded (least recently used first) to stay inside it (e.g. 70G, 90%% of the GPU; default what is free on it at start)", metavar="SIZE"),
     _opt("--max-loaded-models", "run", "models loaded at once, at most (0 = as many as fit the memory)", type=int, default=0, metavar="N"),

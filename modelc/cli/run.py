@@ -92,6 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         port=port,
         api_key=args.api_key,
         cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
+        allow_image_urls=args.allow_image_urls,
         reasoning_budget=args.reasoning_budget,
         reasoning_budget_message=args.reasoning_budget_message or "",
         rate_limit=args.rate_limit,

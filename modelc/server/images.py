@@ -2,8 +2,8 @@
 
 :func:`image_parts` turns the images a conversation carries into the prompt format's
 image parts (``{"type": "image", "data": <bytes>}``, :mod:`modelc.runtime.prompt_media`):
-OpenAI ``image_url`` parts (``data:`` URLs; ``http(s)`` ones are refused: modelc fetches
-nothing yet), Anthropic ``image`` blocks (``source.type`` ``base64``) and Responses
+OpenAI ``image_url`` parts (``data:`` URLs; ``http(s)`` ones were fetched before, by
+:mod:`.image_urls`, where the server allows it), Anthropic ``image`` blocks (``source.type`` ``base64``) and Responses
 ``input_image`` parts (both arrive here as ``image_url`` parts, their routes converting
 them), and Ollama's ``images`` (base64, placed before the message's text).
 :func:`place_images` decodes and encodes them on a worker thread with the engine's
@@ -36,8 +36,8 @@ def _url_part(part: dict[str, Any], param: str) -> dict[str, Any]:
         raise ImageError("an image_url part needs image_url.url", param=param)
     if url.startswith(("http://", "https://")):
         raise ImageError(
-            "image URLs are not fetched; send the image inline as a data URL "
-            "(data:image/png;base64,...)",
+            "image URLs are not fetched by this server; send the image inline as a data URL "
+            "(data:image/png;base64,...), or start the server with --allow-image-urls",
             param=param,
         )
     return {"type": "image", "data": decode_data_url(url, param)}

@@ -59,6 +59,7 @@ class ServeOptions:
     http_keep_alive: float = keepalive.DEFAULT_KEEP_ALIVE
     lora_dirs: list[Path] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)  # browser origins allowed; "*": any
+    allow_image_urls: bool = False  # fetch http(s) image URLs (server.image_urls)
     reasoning_budget: int = -1  # tokens of thinking trace before its end is forced (-1: any)
     reasoning_budget_message: str = ""  # written before the forced end of the trace
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -157,6 +158,7 @@ async def serve_async(opts: ServeOptions) -> None:
         lora_dirs=list(opts.lora_dirs),
         ping_interval=opts.ping_interval,
         cors_origins=list(opts.cors_origins),
+        allow_image_urls=opts.allow_image_urls,
         reasoning_budget=opts.reasoning_budget,
         reasoning_budget_message=opts.reasoning_budget_message,
     )

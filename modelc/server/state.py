@@ -132,6 +132,7 @@ class ServerState:
     started: float = field(default_factory=time.time)
     ping_interval: float = 10.0
     cors_origins: list[str] = field(default_factory=list)  # allowed origins; "*": any
+    allow_image_urls: bool = False  # --allow-image-urls: fetch http(s) image URLs
     reasoning_budget: int = -1  # --reasoning-budget: a request's default (-1: none)
     reasoning_budget_message: str = ""  # --reasoning-budget-message
     draining: bool = False

@@ -36,6 +36,7 @@ from modelc.server.anthropic.schemas import (
 from modelc.server.context import body, ctx, json_response, use_model
 from modelc.server.conversation import ChatPrompt, answer, chat_prompt, reasoning_budget
 from modelc.server.generation import make_requests, new_id, respond, sampling, submit_all
+from modelc.server.image_urls import fetch_image_urls
 from modelc.server.images import place_images
 from modelc.server.schemas import (
     FunctionDef,
@@ -135,10 +136,12 @@ def _thinking(thinking: dict[str, Any] | None) -> dict[str, Any]:
     return {"enable_thinking": kind == "enabled"} if kind in ("enabled", "disabled") else {}
 
 
-def _prompt(info: ModelInfo, req: CountTokensRequest) -> ChatPrompt:
+async def _prompt(info: ModelInfo, req: CountTokensRequest) -> ChatPrompt:
+    conversation = chat_messages(req.system, req.messages)
+    conversation = await fetch_image_urls(conversation, ctx().state.allow_image_urls)
     return chat_prompt(
         info,
-        chat_messages(req.system, req.messages),
+        conversation,
         _tools(req.tools),
         _choice(req.tool_choice),
         template_kwargs=_thinking(req.thinking),
@@ -149,7 +152,7 @@ def _prompt(info: ModelInfo, req: CountTokensRequest) -> ChatPrompt:
 async def messages() -> Response:
     req = await body(MessagesRequest)
     info, engine = await use_model(req.model, "text")
-    prompt = _prompt(info, req)
+    prompt = await _prompt(info, req)
     stops = list(req.stop_sequences or [])
     given = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, stop=stops)
     params = sampling(info, given, max_tokens=req.max_tokens)
@@ -169,6 +172,6 @@ async def messages() -> Response:
 async def count_tokens() -> Response:
     req = await body(CountTokensRequest)
     info, engine = await use_model(req.model, "text")
-    prompt = _prompt(info, req)
+    prompt = await _prompt(info, req)
     ids, _ = await place_images(info, engine, prompt.ids, prompt.media, prompt.images)
     return json_response(CountTokensResponse(input_tokens=len(ids)))

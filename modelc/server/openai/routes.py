@@ -26,6 +26,7 @@ from modelc.server.generation import (
     submit_all,
     text_ids,
 )
+from modelc.server.image_urls import fetch_image_urls
 from modelc.server.images import place_images
 from modelc.server.openai.render import ChatRenderer, CompletionRenderer, response_constraint
 from modelc.server.openai.schemas import (
@@ -52,7 +53,8 @@ async def chat_completions() -> Response:
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs needs logprobs: true", param="top_logprobs")
     kwargs = tooling.template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
-    prompt = chat_prompt(info, req.messages, req.tools, req.tool_choice, template_kwargs=kwargs)
+    msgs = await fetch_image_urls(req.messages, ctx().state.allow_image_urls)
+    prompt = chat_prompt(info, msgs, req.tools, req.tool_choice, template_kwargs=kwargs)
     constraint, reader = answer(
         info,
         prompt,

@@ -22,6 +22,7 @@ from modelc.server.context import body, ctx, json_response, use_model
 from modelc.server.conversation import answer, chat_prompt, reasoning_budget
 from modelc.server.errors import ParamError
 from modelc.server.generation import make_requests, respond, sampling, submit_all
+from modelc.server.image_urls import fetch_image_urls
 from modelc.server.images import place_images
 from modelc.server.responses.render import ResponsesRenderer, item_id
 from modelc.server.responses.schemas import (
@@ -195,6 +196,7 @@ async def responses() -> Response:
         else req.tool_choice
     )
     conversation = chat_messages(req.input, history)
+    conversation = await fetch_image_urls(conversation, ctx().state.allow_image_urls)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     kwargs = _effort(req.reasoning)
     prompt = chat_prompt(
