@@ -137,6 +137,40 @@ def test_placed_and_answered_as_transformers(
     assert out == case["greedy"]
 
 
+async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: VisionModel) -> None:
+    """Through the engine, prompts fed 3 tokens a step (an image's rows split between
+    chunks): each image's answer; a repeated image's prompt served from the prefix cache
+    past its first row gives the same answer (the other image's, only up to it)."""
+    import trio
+
+    from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+    from modelc.runtime.sampling import SamplingParams
+
+    _, gg, mm = ensure_model()
+    opt = EngineOptions(prefill_chunk=3, prefix_block_tokens=4)
+    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
+    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    cases = GOLD["cases"][:2] * 2
+    got = []
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        for i, case in enumerate(cases):
+            ids, spans = _placed(vision, _bytes(case))
+            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
+            req = GenerationRequest(f"r{i}", ids, p, ignore_eos=True, images=spans)
+            toks, cached = [], -1
+            async for ev in eng.submit(req):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                elif isinstance(ev, FinishEvent):
+                    cached = ev.cached_tokens
+            got.append((toks, cached, spans[0].end))
+        n.cancel_scope.cancel()
+    for k, ((toks, cached, row_end), case) in enumerate(zip(got, cases, strict=True)):
+        assert toks == case["greedy"], case["image"]
+        assert (cached > row_end) == (k >= 2), (k, cached)
+
+
 def test_text_alone_equals_transformers(lm: LanguageModel) -> None:
     t = GOLD["text"]
     lp, out = _first_and_greedy(lm, t["prompt_ids"], len(t["greedy"]), ())
@@ -196,8 +230,10 @@ def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path) -> No
 def test_openai_image_url_answers_as_transformers() -> None:
     """``modelc run --mmproj`` (``exact``, f32 KV cache): the ``openai`` client's
     ``image_url`` data URL gets transformers' greedy answer, with the processor's prompt
-    token count."""
-    from tests.peers import openai_client
+    token count; the ``ollama`` client's ``images`` the same."""
+    import ollama
+
+    from tests.peers import HTTP_TIMEOUT, openai_client
     from tests.server_fixtures import start
 
     case = next(c for c in GOLD["cases"] if c["image"].endswith("scene.png"))
@@ -217,8 +253,21 @@ def test_openai_image_url_answers_as_transformers() -> None:
             max_tokens=len(case["greedy"]),
             extra_body={"return_token_ids": True, "ignore_eos": True},
         )
+        oc = ollama.Client(host=srv.url, timeout=HTTP_TIMEOUT)
+        msg = {"role": "user", "content": GOLD["question"], "images": [FIX / case["image"]]}
+        chat = oc.chat(
+            model="pixtral", messages=[msg], options={"temperature": 0, "num_predict": 4}
+        )
+        want = openai_client(srv).chat.completions.create(
+            model="pixtral",
+            messages=[{"role": "user", "content": parts}],
+            temperature=0,
+            max_tokens=4,
+        )
     finally:
         srv.stop()
     assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
     assert r.choices[0].model_extra is not None
     assert r.choices[0].model_extra["token_ids"] == case["greedy"]
+    assert chat.message.content == want.choices[0].message.content
+    assert chat.prompt_eval_count == len(case["prompt_ids"])

@@ -6,8 +6,9 @@
 ``1 + beta * ln(1 + floor(pos / original))``.  GGUF (``mistral3``, as
 ``convert_hf_to_gguf.py``'s ``Ministral3Model``, a ``LlamaModel``, writes it): Q/K rows
 permuted to interleaved pairs, ``rope.scaling.yarn_log_multiplier`` = ``mscale_all_dim`` (llama.cpp
-takes ``mscale`` as 1) and ``attention.temperature_scale`` = beta.  The vision model
-(``Mistral3ForConditionalGeneration``) is refused; its text GGUF loads.
+takes ``mscale`` as 1) and ``attention.temperature_scale`` = beta.  The vision model's HF
+directory (``Mistral3ForConditionalGeneration``) is refused; its text GGUF loads, and its
+``--mmproj`` (``pixtral``) runs in :mod:`modelc.vision.pixtral`.
 """
 
 from __future__ import annotations

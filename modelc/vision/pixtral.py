@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 THETA = 10000.0  # llama.cpp's and PixtralVisionConfig's rope_theta
+ROWS = 2048  # queries a step: (ROWS, patches) f32 scores
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +150,12 @@ def _attention(x: F32, b: PixtralBlock, n_head: int, cos: F32, sin: F32) -> F32:
     o = np.empty((n, n_head, hd), np.float32)
     scale = np.float32(1 / math.sqrt(hd))
     for h in range(n_head):
-        s = q[:, h] @ k[:, h].T * scale  # (n, n)
-        s -= s.max(-1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(-1, keepdims=True)
-        o[:, h] = s @ v[:, h]
+        for a in range(0, n, ROWS):  # (ROWS, n) scores at a time: a 1540-pixel side is 12100
+            s = q[a : a + ROWS, h] @ k[:, h].T * scale
+            s -= s.max(-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(-1, keepdims=True)
+            o[a : a + ROWS, h] = s @ v[:, h]
     out: F32 = o.reshape(n, w) @ b.wo.T
     return out
 
