@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modelc.runtime.model import ImageSpan
+from modelc.vision.preprocess import patchify
 
 if TYPE_CHECKING:
     from modelc.vision.mmproj import VisionConfig
@@ -163,7 +164,6 @@ def _attention(x: F32, b: PixtralBlock, n_head: int, cos: F32, sin: F32) -> F32:
 def encode_pixtral(cfg: VisionConfig, wt: PixtralWeights, pixels: F32) -> F32:
     """One image's embeddings (gh/m, gw/m, n_embd) from its pixel values (3, H, W)."""
     from modelc.runtime.backends.numpy_ref import erf
-    from modelc.vision.encoder import patchify
 
     p, m = cfg.patch_size, cfg.n_merge
     gh, gw = pixels.shape[1] // p, pixels.shape[2] // p

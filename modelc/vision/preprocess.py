@@ -189,3 +189,11 @@ def pixtral_pixels(
     h, w = ((h - 1) // align + 1) * align, ((w - 1) // align + 1) * align
     x = _normalise(img.resize((w, h), resample=Image.Resampling.BICUBIC), mean, std)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def patchify(pixels: F32, patch: int) -> F32:
+    """(3, H, W) -> (H/p * W/p, 3 * p * p), patches row by row, each channel-major (the
+    convolution's weight order)."""
+    c, h, w = pixels.shape
+    x = pixels.reshape(c, h // patch, patch, w // patch, patch).transpose(1, 3, 0, 2, 4)
+    return np.ascontiguousarray(x.reshape((h // patch) * (w // patch), c * patch * patch))
