@@ -171,12 +171,17 @@ async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: Vision
         assert (cached > row_end) == (k >= 2), (k, cached)
 
 
-def test_text_alone_equals_transformers(lm: LanguageModel) -> None:
+def test_text_alone_equals_transformers_from_gguf_and_hf(lm: LanguageModel) -> None:
+    """The text GGUF, and the HF directory (``language_model.`` weights, ``text_config``;
+    its vision tower left out)."""
     t = GOLD["text"]
-    lp, out = _first_and_greedy(lm, t["prompt_ids"], len(t["greedy"]), ())
-    for tok, want in t["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == t["greedy"]
+    hf = build(load_model(str(ensure_model()[0])), make_backend("cpu-exact"))
+    assert isinstance(hf, LanguageModel)
+    for model in (lm, hf):
+        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        for tok, want in t["top_logprobs"]:
+            assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
+        assert out == t["greedy"]
 
 
 def test_a_projector_of_another_family_is_refused_at_start() -> None:
