@@ -270,7 +270,10 @@ def test_a_context_shift_rerotates_only_the_rope_layers(family: str) -> None:
     np.testing.assert_array_equal(c.read(3, 25)[0][4:], nope_before)
 
 
-def test_mistral3_with_its_vision_model_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_mistral3_with_its_vision_model_loads_its_text_model(tmp_path: Path) -> None:
+    """Ministral 3's config as a Mistral3ForConditionalGeneration's ``text_config``: the
+    same hyper-parameters (YaRN, the attention temperature) and tensors as alone (the
+    vision tower goes with ``--mmproj``: ``tests/test_pixtral.py``)."""
     import json
     import shutil
 
@@ -284,9 +287,10 @@ def test_mistral3_with_its_vision_model_is_refused_in_one_line(tmp_path: Path) -
         "vision_config": {"model_type": "pixtral"},
     }
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedError, match="vision model") as e:
-        load_model(d)
-    assert "\n" not in str(e.value)
+    wrapped, alone = load_model(d), load_model(source("mistral3", "hf"))
+    assert wrapped.architecture == alone.architecture == "mistral3"
+    assert wrapped.hparams == alone.hparams and wrapped.hparams.attn_temp_scale == 0.1
+    assert sorted(wrapped.tensors) == sorted(alone.tensors)
 
 
 def test_llama4_temperature_tuning_matches_transformers() -> None:

@@ -156,7 +156,11 @@ def _vision(path: str, runtime: Any) -> VisionModel:
             f"images run on the CPU decoder only; {type(runtime).__name__} takes none "
             "(start it with --device cpu)"
         )
-    if (vision.cfg.projector == "qwen2.5vl_merger") != (runtime.mrope is not None):  # M-RoPE
+    pixtral = vision.cfg.projector == "pixtral" and runtime.architecture not in (
+        "mistral3",
+        "llama",
+    )
+    if pixtral or (vision.cfg.projector == "qwen2.5vl_merger") != (runtime.mrope is not None):
         raise UsageError(
             f"{path}: a {vision.cfg.projector} projector does not go with a "
             f"{runtime.architecture} model; give the mmproj file made with this model"

@@ -6,12 +6,15 @@
 ``1 + beta * ln(1 + floor(pos / original))``.  GGUF (``mistral3``, as
 ``convert_hf_to_gguf.py``'s ``Ministral3Model``, a ``LlamaModel``, writes it): Q/K rows
 permuted to interleaved pairs, ``rope.scaling.yarn_log_multiplier`` = ``mscale_all_dim`` (llama.cpp
-takes ``mscale`` as 1) and ``attention.temperature_scale`` = beta.  The vision model
-(``Mistral3ForConditionalGeneration``) is refused; its text GGUF loads.
+takes ``mscale`` as 1) and ``attention.temperature_scale`` = beta.  The vision model's HF
+directory (``Mistral3ForConditionalGeneration``, Mistral Small 3.1: ``text_config`` over
+the top level, ``language_model.`` weights) loads its text model, the vision tower left
+to the ``--mmproj`` file (``pixtral``, :mod:`modelc.vision.pixtral`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,18 +27,19 @@ from modelc.families.llama import gguf_hparams
 from modelc.formats.ir import HParams, Tensor
 
 
-def _from_config(cfg: Mapping[str, Any]) -> HParams:
-    if "text_config" in cfg or "vision_config" in cfg:
-        raise UnsupportedError(
-            "Mistral 3 with its vision model (Mistral3ForConditionalGeneration) is not "
-            "supported; convert its text model to GGUF (convert_hf_to_gguf.py) and load that"
-        )
+def _from_config(config: Mapping[str, Any]) -> HParams:
+    cfg = {**config, **(config.get("text_config") or {})}
     assert LLAMA.from_config is not None
     hp = LLAMA.from_config(cfg)
     params = cfg.get("rope_parameters") or {}
     hp.attn_temp_scale = float(params.get("llama_4_scaling_beta") or 0.0)
     hp.attn_temp_floor = int(params.get("original_max_position_embeddings") or 0)
     return hp
+
+
+def _rename(name: str) -> str:
+    """A Mistral3ForConditionalGeneration's text weights under a causal LM's names."""
+    return re.sub(r"^language_model\.", "", re.sub(r"^model\.language_model\.", "model.", name))
 
 
 def _from_gguf(
@@ -63,7 +67,8 @@ FAMILY = Family(
     gguf_names=("mistral3",),
     hf_classes=("Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"),
     model_types=("ministral3", "mistral3"),
-    drop=LLAMA.drop,
+    drop=re.compile(r"rotary_emb\.inv_freq$|vision_tower\.|multi_modal_projector\."),
+    rename=_rename,
     from_config=_from_config,
     from_gguf=_from_gguf,
     transform=LLAMA.transform,

@@ -7,9 +7,11 @@ model's processor would, and encodes them into one embedding per image token
 its media markers as llama.cpp's ``mtmd_tokenize`` does: each marker becomes the
 projector's begin text (Gemma 3: ``<start_of_image>``), one position per embedding (an
 :class:`~modelc.runtime.model.ImageSpan`, its token id a placeholder), then the end text
-(``<end_of_image>``).  Gemma 3's projector and Qwen2.5-VL's run: a Qwen image's
-embeddings come as their grid (rows, columns, n_embd), a size of its own per image, and
-its span carries the grid for M-RoPE (:mod:`modelc.runtime.arch.mrope`).
+(``<end_of_image>``).  Gemma 3's projector, Qwen2.5-VL's and Mistral 3's (Pixtral) run: a
+Qwen or Mistral image's embeddings come as their grid (rows, columns, n_embd), a size of
+its own per image; a Qwen span carries the grid for M-RoPE
+(:mod:`modelc.runtime.arch.mrope`), a Mistral image's rows are spans of their own with an
+``[IMG_BREAK]`` token between them (:func:`~modelc.vision.pixtral.row_spans`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
 from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
-from modelc.vision.preprocess import ImageError, decode_image, gemma3_pixels, qwen_patches
+from modelc.vision.pixtral import PixtralWeights, encode_pixtral, row_spans
+from modelc.vision.preprocess import (
+    ImageError,
+    decode_image,
+    gemma3_pixels,
+    pixtral_pixels,
+    qwen_patches,
+)
 from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
 
 __all__ = ["MEDIA_MARKER", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
@@ -39,10 +48,15 @@ MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
 MARKERS = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "qwen2.5vl_merger": ("<|vision_start|>", "<|vision_end|>"),
+    "pixtral": ("", "[IMG_END]"),
 }
 KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
 # per projector: the token id an image position carries, if the vocab has it
-PLACEHOLDER = {"gemma3": "<image_soft_token>", "qwen2.5vl_merger": "<|image_pad|>"}
+PLACEHOLDER = {
+    "gemma3": "<image_soft_token>",
+    "qwen2.5vl_merger": "<|image_pad|>",
+    "pixtral": "[IMG]",
+}
 
 
 def no_vision(model: str) -> ImageError:
@@ -65,7 +79,7 @@ class VisionModel:
         self.path = str(path)
         cfg, weights = load_mmproj(path)
         self.cfg: VisionConfig = cfg
-        self.weights: VisionWeights | Qwen25Weights = weights
+        self.weights: VisionWeights | Qwen25Weights | PixtralWeights = weights
         self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
         self._kept: OrderedDict[bytes, F32] = OrderedDict()  # image hash -> embeddings
         self._lock = threading.Lock()
@@ -78,18 +92,22 @@ class VisionModel:
     def pixels(self, data: bytes, param: str = "image") -> F32:
         """The pixel values of encoded image bytes; ImageError if unusable.  Gemma 3:
         (3, S, S); Qwen2.5-VL: (gh/2, gw/2, 4, 3*2*p*p), each 2x2 block's patches (flat:
-        the processor's (gh*gw, 3*2*p*p))."""
+        the processor's (gh*gw, 3*2*p*p)); Mistral 3: (3, H, W)."""
         img = decode_image(data, param)
         c = self.cfg
         if c.projector == "gemma3":
             return gemma3_pixels(img, c.image_size, c.mean, c.std)
+        if c.projector == "pixtral":
+            return pixtral_pixels(img, c.image_size, c.patch_size * c.n_merge, c.mean, c.std)
         x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param=param)
         m = c.n_merge
         return x.reshape(gh // m, gw // m, m * m, -1)
 
     def encode(self, pixels: F32) -> F32:
         """One image's embeddings: (tokens_per_image, n_embd), or Qwen2.5-VL's grid
-        (rows, columns, n_embd)."""
+        (rows, columns, n_embd), or Mistral 3's grid (without its [IMG_BREAK] rows)."""
+        if isinstance(self.weights, PixtralWeights):
+            return encode_pixtral(self.cfg, self.weights, pixels)
         if isinstance(self.weights, Qwen25Weights):
             m, (r, c) = self.cfg.n_merge, pixels.shape[:2]
             return encode_qwen25(
@@ -115,6 +133,17 @@ class VisionModel:
                 self._kept.popitem(last=False)
         return emb
 
+    @staticmethod
+    def _token(encode_text: Callable[[str], list[int]], text: str) -> int:
+        ids = encode_text(text)
+        if len(ids) != 1:
+            raise UsageError(
+                f"the model's vocabulary has no {text} token for its images; give --mmproj the "
+                "projector made with this model",
+                param="messages",
+            )
+        return ids[0]
+
     def place(
         self,
         ids: Sequence[int],
@@ -134,20 +163,31 @@ class VisionModel:
         begin, end = MARKERS[self.cfg.projector]
         b_ids, e_ids = encode_text(begin), encode_text(end)
         hold = encode_text(PLACEHOLDER[self.cfg.projector])
-        fill = hold[0] if len(hold) == 1 else b_ids[0]
+        fill = hold[0] if len(hold) == 1 else (b_ids or e_ids)[0]
         out: list[int] = []
         spans = []
         prev = 0
         for pos, emb in zip(at, embeds, strict=True):
             grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)
-            emb = emb.reshape(-1, emb.shape[-1]) if emb.ndim == 3 else emb
-            want = (len(emb) if grid[0] else self.tokens_per_image, self.cfg.n_embd)
+            want = (*grid, self.cfg.n_embd) if grid[0] else (self.tokens_per_image, self.cfg.n_embd)
             if emb.shape != want:
                 raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
             out += ids[prev:pos]
             out += b_ids
-            spans.append(ImageSpan(len(out), emb, self.bidirectional, (grid[0], grid[1])))
-            out += [fill] * len(emb)
+            if self.cfg.projector == "pixtral":  # a span a row, [IMG_BREAK] between
+                tok, rows = row_spans(emb, len(out), fill, self._token(encode_text, "[IMG_BREAK]"))
+                spans += rows
+                out += tok
+            else:
+                spans.append(
+                    ImageSpan(
+                        len(out),
+                        emb.reshape(-1, emb.shape[-1]),
+                        self.bidirectional,
+                        (grid[0], grid[1]),
+                    )
+                )
+                out += [fill] * (grid[0] * grid[1] or len(emb))
             out += e_ids
             prev = pos
         out += ids[prev:]

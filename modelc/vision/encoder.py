@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from modelc.vision.mmproj import VisionBlock, VisionConfig, VisionWeights
+from modelc.vision.preprocess import patchify
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 
@@ -55,14 +56,6 @@ def _attention(x: F32, b: VisionBlock, n_head: int) -> F32:
     o = o.reshape(n, w)  # (n, width)
     out: F32 = o @ b.wo.T + b.bo
     return out
-
-
-def patchify(pixels: F32, patch: int) -> F32:
-    """(3, H, W) -> (H/p * W/p, 3 * p * p), patches row by row, each channel-major (the
-    convolution's weight order)."""
-    c, h, w = pixels.shape
-    x = pixels.reshape(c, h // patch, patch, w // patch, patch).transpose(1, 3, 0, 2, 4)
-    return np.ascontiguousarray(x.reshape((h // patch) * (w // patch), c * patch * patch))
 
 
 def encode(cfg: VisionConfig, wt: VisionWeights, pixels: F32) -> F32:

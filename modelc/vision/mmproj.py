@@ -8,7 +8,8 @@ bias), ``attn_q`` / ``attn_k`` / ``attn_v`` / ``attn_out`` and ``ffn_up`` / ``ff
 ``1 + w``) and ``mm.input_projection`` (width, n_embd of the text model).
 
 Gemma 3's projector (``gemma3``) is read here, Qwen2.5-VL's (``qwen2.5vl_merger``) by
-:mod:`modelc.vision.qwen25vl`; other projectors are refused in one line.
+:mod:`modelc.vision.qwen25vl`, Mistral 3's (``pixtral``) by :mod:`modelc.vision.pixtral`;
+other projectors are refused in one line.
 Weights are widened to f32 once at load (a projector is small beside its text model).
 """
 
@@ -24,10 +25,11 @@ import numpy as np
 from modelc.errors import FormatError, ModelcError, UnsupportedError
 from modelc.formats.ir import DType, Tensor
 from modelc.formats.quants import dequantize
+from modelc.vision.pixtral import PixtralWeights, load_pixtral
 from modelc.vision.qwen25vl import Qwen25Weights, load_qwen25
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
-PROJECTORS = ("gemma3", "qwen2.5vl_merger")
+PROJECTORS = ("gemma3", "qwen2.5vl_merger", "pixtral")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,17 @@ def _num(meta: Mapping[str, Any], key: str, path: Path, default: Any = None) -> 
     return value
 
 
-def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25Weights]:
+def _merge(meta: Mapping[str, Any], proj: str) -> int:
+    """Patches merged a side: Gemma 3's pooling, Qwen's merger, Mistral 3's patch merger
+    (Pixtral 12B has none)."""
+    if proj == "pixtral":
+        return int(meta.get("clip.vision.spatial_merge_size", 1))
+    return int(meta.get("clip.vision.projector.scale_factor", 4 if proj == "gemma3" else 2))
+
+
+def load_mmproj(
+    path: str | Path,
+) -> tuple[VisionConfig, VisionWeights | Qwen25Weights | PixtralWeights]:
     """The projector's settings and weights; FormatError / UnsupportedError on a file that
     is no mmproj, or whose projector modelc does not run."""
     from modelc.formats.gguf import read_gguf
@@ -139,7 +151,7 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25W
         n_embd=int(_num(meta, "clip.vision.projection_dim", p)),
         mean=(float(mean[0]), float(mean[1]), float(mean[2])),
         std=(float(std[0]), float(std[1]), float(std[2])),
-        n_merge=int(meta.get("clip.vision.projector.scale_factor", 4 if proj == "gemma3" else 2)),
+        n_merge=_merge(meta, proj),
         n_wa_pattern=int(meta.get("clip.vision.n_wa_pattern", 0)),
     )
     if cfg.n_head <= 0 or cfg.width % cfg.n_head:
@@ -156,6 +168,8 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25W
 
     if proj == "qwen2.5vl_merger":
         return cfg, load_qwen25(cfg, get)
+    if proj == "pixtral":
+        return cfg, load_pixtral(cfg, get, lambda name: name in tensors)
     side = cfg.patches_per_side
     if cfg.patch_size <= 0 or side <= 0 or cfg.n_merge <= 0 or side % cfg.n_merge:
         raise FormatError(

@@ -8,7 +8,8 @@ URL.  :func:`gemma3_pixels` is transformers' ``Gemma3ImageProcessor`` (its Pillo
 backend, no pan-and-scan): RGB (transparency composited on white), resized to the
 tower's square with Pillow's bilinear filter, rescaled by 1/255 and normalised with the
 projector's mean and std; (3, size, size) f32.  :func:`qwen_patches` is
-``Qwen2VLImageProcessor``'s (Qwen2-VL, Qwen2.5-VL): a size of its own per image.
+``Qwen2VLImageProcessor``'s (Qwen2-VL, Qwen2.5-VL): a size of its own per image;
+:func:`pixtral_pixels` ``PixtralImageProcessor``'s (Mistral 3).
 """
 
 from __future__ import annotations
@@ -166,3 +167,33 @@ def qwen_patches(
     x = x.transpose(0, 3, 1, 4, 6, 2, 5)  # (gh/m, gw/m, m, m, C, p, p)
     x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], 2, patch, patch))
     return np.ascontiguousarray(x.reshape(gh * gw, 3 * 2 * patch * patch)), gh, gw
+
+
+def pixtral_pixels(
+    img: Any,
+    longest: int,
+    align: int,
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+) -> F32:
+    """Pixtral / Mistral 3's pixel values of an RGB image (``PixtralImageProcessor``, its
+    Pillow backend, with ``PixtralProcessor``'s patch size times the merge as ``align``):
+    shrunk to fit ``longest`` a side, each side then rounded up to a multiple of
+    ``align``, resized (bicubic) and normalised; (3, H, W)."""
+    from PIL import Image
+
+    h, w = img.height, img.width
+    ratio = max(h / longest, w / longest)
+    if ratio > 1:
+        h, w = max(1, math.floor(h / ratio)), max(1, math.floor(w / ratio))
+    h, w = ((h - 1) // align + 1) * align, ((w - 1) // align + 1) * align
+    x = _normalise(img.resize((w, h), resample=Image.Resampling.BICUBIC), mean, std)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def patchify(pixels: F32, patch: int) -> F32:
+    """(3, H, W) -> (H/p * W/p, 3 * p * p), patches row by row, each channel-major (the
+    convolution's weight order)."""
+    c, h, w = pixels.shape
+    x = pixels.reshape(c, h // patch, patch, w // patch, patch).transpose(1, 3, 0, 2, 4)
+    return np.ascontiguousarray(x.reshape((h // patch) * (w // patch), c * patch * patch))

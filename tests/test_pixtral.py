@@ -1,0 +1,278 @@
+"""Mistral 3 / Pixtral vision against transformers and llama.cpp (``tests/golden/pixtral.json``,
+``scripts/make_tiny_pixtral.py``) on the tiny model of ``tests/gen_pixtral.py``: pixel
+values equal ``PixtralImageProcessor``'s, image embeddings (2-D RoPE tower, patch merger,
+projector) within 1e-4 of transformers', the model and mmproj GGUFs the converter's tensor
+for tensor, the release-shaped template's image placed as ``PixtralProcessor`` places it
+(rows of ``[IMG]``, ``[IMG_BREAK]`` between, ``[IMG_END]``), and in ``exact`` mode the
+first answer token's log-probabilities and the greedy answer equal transformers'; the
+prompt token count and greedy answer equal llama.cpp's mtmd server's, and the ``openai``
+client's ``image_url`` gets the same answer from ``modelc run``."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.engine import EngineOptions, build_engine
+from modelc.errors import UsageError
+from modelc.formats import load_model
+from modelc.runtime.arch import build
+from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.prompt import PromptFormat
+from modelc.vision import VisionModel
+from tests.gen_pixtral import IMG, IMG_BREAK, ensure_model, make_weights
+from tests.gguf_support import manifest
+from tests.runtime_support import golden, make_backend
+
+GOLD: dict[str, Any] = golden("pixtral.json")
+FIX = Path(__file__).parent / "fixtures"
+CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
+NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
+BREAK = "v.token_embd.img_break"  # llama.cpp needs it; this converter leaves it out
+
+
+@pytest.fixture(scope="module")
+def vision() -> VisionModel:
+    return VisionModel(ensure_model()[2])
+
+
+@pytest.fixture(scope="module")
+def lm() -> LanguageModel:
+    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
+    assert isinstance(model, LanguageModel)
+    return model
+
+
+def _bytes(case: dict[str, Any]) -> bytes:
+    return (FIX / case["image"]).read_bytes()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pixels_equal_the_processor(vision: VisionModel, case: dict[str, Any]) -> None:
+    got = vision.pixels(_bytes(case))
+    assert [1, *got.shape] == case["pixel_shape"] and list(got.shape[1:]) == case["image_size"]
+    flat = got.reshape(-1).astype(np.float64)
+    want = np.asarray(case["pixel_sample"])
+    np.testing.assert_allclose(flat[:: GOLD["pixel_stride"]], want, atol=1e-6, rtol=0)
+    assert abs(flat.sum() - case["pixel_sum"]) < 1e-3
+    assert abs(np.abs(flat).sum() - case["pixel_abs_sum"]) < 1e-3
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]) -> None:
+    want = np.asarray(case["embeddings"], np.float32)
+    got = vision.embed(_bytes(case))
+    h, w = case["image_size"]
+    assert got.shape == (h // 28, w // 28, 64)
+    np.testing.assert_allclose(got.reshape(-1, 64), want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["model", "mmproj"])
+def test_ggufs_are_the_converters(kind: str) -> None:
+    """Ours equal the converter's, key for key and tensor for tensor, but the mmproj's
+    ``[IMG_BREAK]`` row, which llama.cpp's ``clip.cpp`` requires and this converter drops
+    for an HF directory: it is the text model's embedding of ``[IMG_BREAK]``."""
+    _, gg, mm = ensure_model()
+    ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
+    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
+        k: v for k, v in theirs["metadata"].items() if k not in NAMING
+    }
+    assert [t for t in ours["tensors"] if t["name"] != BREAK] == theirs["tensors"]
+    if kind == "mmproj":
+        from modelc.formats.gguf import read_gguf
+
+        row = read_gguf(mm)[1][BREAK].data()
+        want = make_weights()["language_model.model.embed_tokens.weight"][IMG_BREAK]
+        np.testing.assert_array_equal(row, want)
+
+
+def _placed(vision: VisionModel, data: bytes) -> tuple[list[int], tuple[ImageSpan, ...]]:
+    """The release-shaped template through modelc's template path, the image placed."""
+    ir = load_model(str(ensure_model()[1]))
+    assert ir.tokenizer is not None
+    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+    msg = [{"type": "image", "data": data}, {"type": "text", "text": GOLD["question"]}]
+    chat = fmt.chat([{"role": "user", "content": msg}])
+
+    def enc(t: str) -> list[int]:
+        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
+
+    placed = vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
+    return placed.ids, placed.images
+
+
+def _first_and_greedy(
+    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
+) -> tuple[np.ndarray[Any, Any], list[int]]:
+    cache = lm.new_cache(max_tokens=256)
+    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
+    x = logits[-1].astype(np.float64)
+    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits[-1])))
+        logits = lm.forward([SeqChunk(cache, [out[-1]], None, spans)])
+    return lp, out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_placed_and_answered_as_transformers(
+    vision: VisionModel, lm: LanguageModel, case: dict[str, Any]
+) -> None:
+    """The prompt ids are the processor's (a span a row of ``[IMG]``, ``[IMG_BREAK]``
+    tokens between, ``[IMG_END]``); the first token's log-probabilities and the greedy
+    answer transformers'."""
+    ids, spans = _placed(vision, _bytes(case))
+    assert ids == case["prompt_ids"]
+    h, w = case["image_size"]
+    assert len(spans) == h // 28 and all(s.end - s.start == w // 28 for s in spans)
+    assert all(ids[s.start : s.end] == [IMG] * (w // 28) for s in spans)
+    lp, out = _first_and_greedy(lm, ids, len(case["greedy"]), spans)
+    for tok, want in case["top_logprobs"]:
+        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
+    assert out == case["greedy"]
+
+
+async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: VisionModel) -> None:
+    """Through the engine, prompts fed 3 tokens a step (an image's rows split between
+    chunks): each image's answer; a repeated image's prompt served from the prefix cache
+    past its first row gives the same answer (the other image's, only up to it)."""
+    import trio
+
+    from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+    from modelc.runtime.sampling import SamplingParams
+
+    _, gg, mm = ensure_model()
+    opt = EngineOptions(prefill_chunk=3, prefix_block_tokens=4)
+    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
+    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    cases = GOLD["cases"][:2] * 2
+    got = []
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        for i, case in enumerate(cases):
+            ids, spans = _placed(vision, _bytes(case))
+            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
+            req = GenerationRequest(f"r{i}", ids, p, ignore_eos=True, images=spans)
+            toks, cached = [], -1
+            async for ev in eng.submit(req):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                elif isinstance(ev, FinishEvent):
+                    cached = ev.cached_tokens
+            got.append((toks, cached, spans[0].end))
+        n.cancel_scope.cancel()
+    for k, ((toks, cached, row_end), case) in enumerate(zip(got, cases, strict=True)):
+        assert toks == case["greedy"], case["image"]
+        assert (cached > row_end) == (k >= 2), (k, cached)
+
+
+def test_text_alone_equals_transformers_from_gguf_and_hf(lm: LanguageModel) -> None:
+    """The text GGUF, and the HF directory (``language_model.`` weights, ``text_config``;
+    its vision tower left out)."""
+    t = GOLD["text"]
+    hf = build(load_model(str(ensure_model()[0])), make_backend("cpu-exact"))
+    assert isinstance(hf, LanguageModel)
+    for model in (lm, hf):
+        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        for tok, want in t["top_logprobs"]:
+            assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
+        assert out == t["greedy"]
+
+
+def test_a_projector_of_another_family_is_refused_at_start() -> None:
+    """Mistral 3's projector with Gemma 3's or Qwen2.5-VL's model, and Qwen's with Mistral
+    3's: one line at start."""
+    from tests import gen_gemma3vl, gen_qwen25vl
+
+    _, gg, mm = ensure_model()
+    gemma = gen_gemma3vl.ensure_model()[1]
+    _, qwen, qwen_mm = gen_qwen25vl.ensure_model()
+    for model, proj in ((gemma, mm), (qwen, mm), (gg, qwen_mm)):
+        with pytest.raises(UsageError, match="does not go with") as e:
+            build_engine(model, EngineOptions(mmproj=str(proj)))
+        assert "\n" not in str(e.value)
+
+
+def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path) -> None:
+    """llama.cpp's server (``--mmproj``) on the image already of a size both keep (its
+    sides multiples of 28 and within mtmd's 8..1024 tokens: no resize, where llama.cpp's
+    own bicubic would give other pixels): the same prompt token count and transformers'
+    greedy answer, which modelc gives above."""
+    pytest.importorskip("xllamacpp")
+    import httpx
+
+    from modelc.bench.llamacpp import LlamaCppServer
+
+    case = next(c for c in GOLD["cases"] if c["image"].endswith("scene.png"))
+    _, gg, mm = ensure_model()
+    body = {
+        "prompt": {
+            "prompt_string": case["prompt_text"].replace("[IMG]", "<__media__>"),
+            "multimodal_data": [base64.b64encode(_bytes(case)).decode()],
+        },
+        "n_predict": len(case["greedy"]),
+        "temperature": 0,
+        "samplers": ["top_k"],
+        "top_k": 1,
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "return_tokens": True,
+    }
+    marker = {"LLAMA_MEDIA_MARKER": "<__media__>"}  # the server's own is random
+    with LlamaCppServer(
+        gg, threads=1, n_parallel=1, n_ctx=512, log=tmp_path / "lc.log", mmproj=mm, env=marker
+    ) as s:
+        r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
+    assert r["tokens_evaluated"] == len(case["prompt_ids"]), r.get("tokens_evaluated")
+    assert r["tokens"] == case["greedy"]
+
+
+def test_openai_image_url_answers_as_transformers() -> None:
+    """``modelc run --mmproj`` (``exact``, f32 KV cache): the ``openai`` client's
+    ``image_url`` data URL gets transformers' greedy answer, with the processor's prompt
+    token count; the ``ollama`` client's ``images`` the same."""
+    import ollama
+
+    from tests.peers import HTTP_TIMEOUT, openai_client
+    from tests.server_fixtures import start
+
+    case = next(c for c in GOLD["cases"] if c["image"].endswith("scene.png"))
+    _, gg, mm = ensure_model()
+    env = {"MODELC_MATMUL": "exact"}
+    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env=env)
+    try:
+        url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
+        parts = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": GOLD["question"]},
+        ]
+        r = openai_client(srv).chat.completions.create(
+            model="pixtral",
+            messages=[{"role": "user", "content": parts}],
+            temperature=0,
+            max_tokens=len(case["greedy"]),
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+        )
+        oc = ollama.Client(host=srv.url, timeout=HTTP_TIMEOUT)
+        msg = {"role": "user", "content": GOLD["question"], "images": [FIX / case["image"]]}
+        chat = oc.chat(
+            model="pixtral", messages=[msg], options={"temperature": 0, "num_predict": 4}
+        )
+        want = openai_client(srv).chat.completions.create(
+            model="pixtral",
+            messages=[{"role": "user", "content": parts}],
+            temperature=0,
+            max_tokens=4,
+        )
+    finally:
+        srv.stop()
+    assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
+    assert r.choices[0].model_extra is not None
+    assert r.choices[0].model_extra["token_ids"] == case["greedy"]
+    assert chat.message.content == want.choices[0].message.content
+    assert chat.prompt_eval_count == len(case["prompt_ids"])
