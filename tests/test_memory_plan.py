@@ -126,7 +126,7 @@ def test_auto_layers_take_what_the_gpu_has_left() -> None:
 
 def test_max_gpu_memory_sizes() -> None:
     assert parse_size("50%", flag="--max-gpu-memory", of="the GPU", total=80 * G) == 40 * G
-    with pytest.raises(UsageError, match="--max-gpu-memory '9X' is not a size.*of the GPU"):
+    with pytest.raises(UsageError, match=r"--max-gpu-memory .9X. is not a size.*of the GPU"):
         parse_size("9X", flag="--max-gpu-memory", of="the GPU", total=80 * G)
 
 
