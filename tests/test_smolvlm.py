@@ -17,14 +17,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
+from modelc.engine import EngineOptions, build_engine
+from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.prompt_media import MEDIA_MARKER, encode_around
+from modelc.runtime.sampling import SamplingParams
 from modelc.vision import VisionModel
-from modelc.vision.idefics3 import Tiled
+from modelc.vision.idefics3 import Tiled, sizes, tile_texts, tiles
 from tests.gen_smolvlm import SPECIAL, TOKENS_PER_TILE, ensure_model
 from tests.gguf_support import manifest
 from tests.peers import openai_client
@@ -216,6 +221,85 @@ def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> N
         chat = {"messages": [{"role": "user", "content": parts}], "max_tokens": 1}
         r = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=120).json()
     assert r["usage"]["prompt_tokens"] == len(case["chat"]["prompt_ids"])
+
+
+async def test_engine_answers_in_chunks_and_from_the_prefix_cache(
+    vision: VisionModel, fmt: PromptFormat
+) -> None:
+    """Through the engine, prompts fed 7 tokens a step (tiles and the text between them
+    split across chunks): each image's answer; the same image again is served from the
+    prefix cache past its tiles (another image only up to its first tile)."""
+    _, gg, mm = ensure_model()
+    opt = EngineOptions(prefill_chunk=7, prefix_block_tokens=8)
+    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
+    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    cases = [GOLD["cases"][0], GOLD["cases"][-1]] * 2
+    got = []
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        for i, case in enumerate(cases):
+            text = case["prompt_text"].replace("<image>", MEDIA_MARKER)
+            ids, spans = _placed(vision, fmt, text, _bytes(case))
+            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
+            req = GenerationRequest(f"r{i}", ids, p, ignore_eos=True, images=spans)
+            toks, cached = [], -1
+            async for ev in eng.submit(req):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                elif isinstance(ev, FinishEvent):
+                    cached = ev.cached_tokens
+            got.append((toks, cached, spans[-1].end))
+        n.cancel_scope.cancel()
+    for k, ((toks, cached, end), case) in enumerate(zip(got, cases, strict=True)):
+        assert toks == case["greedy"], case["image"]
+        first = case["prompt_ids"].index(IMAGE)
+        assert (cached >= end - 8) if k >= 2 else (cached < first), (k, cached, end)
+
+
+def test_a_projector_of_another_family_is_refused_at_start() -> None:
+    """SmolVLM's projector with Gemma 3's or Qwen2.5-VL's model, and Qwen2.5-VL's with
+    SmolVLM's: one line at start."""
+    from tests import gen_gemma3vl, gen_qwen25vl
+
+    _, smol, smol_mm = ensure_model()
+    _, gemma, _ = gen_gemma3vl.ensure_model()
+    _, qwen, qwen_mm = gen_qwen25vl.ensure_model()
+    for model, mm in ((gemma, smol_mm), (qwen, smol_mm), (smol, qwen_mm)):
+        with pytest.raises(UsageError, match="does not go with") as e:
+            build_engine(model, EngineOptions(mmproj=str(mm)))
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("size", "grid"), [((1, 1), (2, 2)), ((250, 1), (1, 2)), ((1, 250), (2, 1)), ((64, 64), (2, 2))]
+)
+def test_extreme_sizes(vision: VisionModel, size: tuple[int, int], grid: tuple[int, int]) -> None:
+    """A single pixel and 250:1 strips are resized up to the longest side and tiled (the
+    short side at least one tile), as the processor computes their sizes."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, (200, 10, 10)).save(buf, format="PNG")
+    emb = vision.embed(buf.getvalue())
+    assert isinstance(emb, Tiled) and (emb.rows, emb.cols) == grid
+    assert emb.embeds.shape[0] == grid[0] * grid[1] + 1
+
+
+def test_one_tile_is_the_global_image_alone() -> None:
+    """A processor whose longest side is the tile: transformers' single image, no rows
+    and no columns, between ``<fake_token_around_image><global-img>`` and
+    ``<fake_token_around_image>`` (llama.cpp would add one 1 x 1 tile before it)."""
+    from PIL import Image
+
+    img = Image.new("RGB", (20, 40), (10, 200, 10))
+    assert sizes(40, 20, 32, 32) == ((32, 16), (32, 32))
+    pix, rows, cols = tiles(img, 32, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    assert pix.shape == (1, 3, 32, 32) and (rows, cols) == (0, 0)
+    assert tile_texts(0, 0) == [
+        ("<fake_token_around_image><global-img>", "<fake_token_around_image>")
+    ]
 
 
 @pytest.fixture(scope="module")

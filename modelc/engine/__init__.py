@@ -22,7 +22,7 @@ from modelc.formats.ir import ModelIR
 from modelc.runtime.backend import Backend
 from modelc.runtime.backends.factory import get_backend
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
-from modelc.vision import VisionModel
+from modelc.vision import TEXT_ARCH, VisionModel
 
 __all__ = ["EngineOptions", "LLMEngine", "build_engine", "build_runtime"]
 
@@ -160,6 +160,13 @@ def _vision(path: str, runtime: Any) -> VisionModel:
         raise UsageError(
             f"{path}: a {vision.cfg.projector} projector does not go with a "
             f"{runtime.architecture} model; give the mmproj file made with this model"
+        )
+    want = TEXT_ARCH.get(vision.cfg.projector, runtime.architecture)
+    if want != runtime.architecture:
+        raise UsageError(
+            f"{path}: a {vision.cfg.projector} projector does not go with a "
+            f"{runtime.architecture} model (it goes with {want}); give the mmproj file made "
+            "with this model"
         )
     if vision.cfg.n_embd != runtime.d:
         raise UsageError(

@@ -34,7 +34,7 @@ from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
 from modelc.vision.preprocess import ImageError, decode_image, gemma3_pixels, qwen_patches
 from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
 
-__all__ = ["MEDIA_MARKER", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
+__all__ = ["MEDIA_MARKER", "TEXT_ARCH", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
@@ -51,6 +51,7 @@ PLACEHOLDER = {
     "qwen2.5vl_merger": "<|image_pad|>",
     "idefics3": "<image>",
 }
+TEXT_ARCH = {"idefics3": "llama"}  # per projector: its text model's architecture, if one
 Embedding = F32 | Tiled  # one image's: its rows of embeddings, a Qwen grid, or tiles
 
 
