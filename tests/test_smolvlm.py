@@ -67,6 +67,11 @@ def _bytes(case: dict[str, Any]) -> bytes:
     return (FIX / case["image"]).read_bytes()
 
 
+def _data_url(path: Path) -> str:
+    kind = "jpeg" if path.suffix == ".jpg" else "png"
+    return f"data:image/{kind};base64," + base64.b64encode(path.read_bytes()).decode()
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_pixels_equal_the_processor(vision: VisionModel, case: dict[str, Any]) -> None:
     got, rows, cols = vision.tiles(_bytes(case))
@@ -213,9 +218,8 @@ def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> N
                 top = r["completion_probabilities"][cut]["top_logprobs"]
                 assert abs(top[0]["logprob"] - top[1]["logprob"]) < 0.05, (got, want, top)
         case = GOLD["cases"][-1]
-        url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
         parts = [
-            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "image_url", "image_url": {"url": _data_url(FIX / case["image"])}},
             {"type": "text", "text": GOLD["question"]},
         ]
         chat = {"messages": [{"role": "user", "content": parts}], "max_tokens": 1}
@@ -314,9 +318,8 @@ def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     """A real ``modelc run --mmproj``: the ``openai`` client's data URL gets the prompt
     token count of llama.cpp's chat rendering and transformers' greedy answer to it."""
     case = GOLD["cases"][-1]
-    url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
     parts = [
-        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "image_url", "image_url": {"url": _data_url(FIX / case["image"])}},
         {"type": "text", "text": GOLD["question"]},
     ]
     r = openai_client(vlm).chat.completions.create(
@@ -329,3 +332,32 @@ def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     assert r.usage is not None and r.usage.prompt_tokens == len(case["chat"]["prompt_ids"])
     assert r.choices[0].model_extra is not None
     assert r.choices[0].model_extra["token_ids"] == case["chat"]["greedy"]
+
+
+def test_ollama_images_answer_as_openai(vlm: Server) -> None:
+    """The ``ollama`` client's ``images``: the same prompt count and answer."""
+    import ollama
+
+    from tests.peers import HTTP_TIMEOUT
+
+    case = GOLD["cases"][0]
+    path = FIX / case["image"]
+    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
+    msg = {"role": "user", "content": GOLD["question"], "images": [path]}
+    chat = oc.chat(model="smolvlm", messages=[msg], options={"temperature": 0, "num_predict": 4})
+    assert chat.prompt_eval_count == len(case["chat"]["prompt_ids"])
+    want = openai_client(vlm).chat.completions.create(
+        model="smolvlm",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": _data_url(path)}},
+                    {"type": "text", "text": GOLD["question"]},
+                ],
+            }
+        ],
+        temperature=0,
+        max_tokens=4,
+    )
+    assert chat.message.content == want.choices[0].message.content
