@@ -174,12 +174,17 @@ def test_greedy_answer_equals_transformers(
     assert out == case["greedy"]
 
 
-def test_text_alone_equals_transformers(lm: LanguageModel) -> None:
+def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
+    """The GGUF and the HF directory (its llama text model; the tower left to the mmproj)."""
     t = GOLD["text"]
-    lp, out = _first_and_greedy(lm, t["prompt_ids"], len(t["greedy"]), ())
-    for tok, want in t["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == t["greedy"]
+    hf, gg, _ = ensure_model()
+    for src in (gg, hf):
+        model = build(load_model(str(src)), make_backend("cpu-exact"))
+        assert isinstance(model, LanguageModel) and model.architecture == "llama"
+        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        for tok, want in t["top_logprobs"]:
+            assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
+        assert out == t["greedy"], src
 
 
 def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> None:
