@@ -148,6 +148,16 @@ def test_the_chat_route_renders_as_llamacpp(vision: VisionModel, fmt: PromptForm
     assert placed.ids == case["chat"]["prompt_ids"]
 
 
+def test_only_a_template_blind_to_string_content_gets_typed_parts() -> None:
+    """The reshaping touches SmolVLM's template alone among the committed ones (each of
+    the others shows a string content as it is)."""
+    from modelc.runtime.template_caps import typed_content
+
+    others = sorted((FIX / "templates").glob("*.jinja"))
+    assert len(others) > 20 and not any(typed_content(f.read_text()) for f in others)
+    assert typed_content((FIX / "smolvlm" / "smolvlm.jinja").read_text())
+
+
 def _first_and_greedy(
     lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
 ) -> tuple[np.ndarray[Any, Any], list[int]]:
