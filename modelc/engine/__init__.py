@@ -22,7 +22,7 @@ from modelc.formats.ir import ModelIR
 from modelc.runtime.backend import Backend
 from modelc.runtime.backends.factory import get_backend
 from modelc.runtime.model import EmbeddingModel, LanguageModel, SeqChunk
-from modelc.vision import VisionModel
+from modelc.vision import TEXT_ARCH, VisionModel
 
 __all__ = ["EngineOptions", "LLMEngine", "build_engine", "build_runtime"]
 
@@ -156,14 +156,15 @@ def _vision(path: str, runtime: Any) -> VisionModel:
             f"images run on the CPU decoder only; {type(runtime).__name__} takes none "
             "(start it with --device cpu)"
         )
-    pixtral = vision.cfg.projector == "pixtral" and runtime.architecture not in (
-        "mistral3",
-        "llama",
-    )
-    if pixtral or (vision.cfg.projector == "qwen2.5vl_merger") != (runtime.mrope is not None):
+    arch = runtime.architecture
+    goes = TEXT_ARCH.get(vision.cfg.projector, (arch,))
+    if arch not in goes or (vision.cfg.projector == "qwen2.5vl_merger") != (
+        runtime.mrope is not None
+    ):
         raise UsageError(
-            f"{path}: a {vision.cfg.projector} projector does not go with a "
-            f"{runtime.architecture} model; give the mmproj file made with this model"
+            f"{path}: a {vision.cfg.projector} projector does not go with a {arch} model"
+            + (f" (it goes with {' or '.join(goes)})" if arch not in goes else "")
+            + "; give the mmproj file made with this model"
         )
     if vision.cfg.n_embd != runtime.d:
         raise UsageError(

@@ -2,7 +2,10 @@
 
 The forward is the one decoder (:class:`modelc.runtime.arch.decoder.Decoder`).  HF Q/K rows are permuted to
 GGUF's interleaved RoPE pairs as ``convert_hf_to_gguf.py`` does; ``sliding_window``
-(Mistral) is read from ``config.json`` or ``llama.attention.sliding_window``.
+(Mistral) is read from ``config.json`` or ``llama.attention.sliding_window``.  The HF
+directory of a ``SmolVLMForConditionalGeneration`` / ``Idefics3ForConditionalGeneration``
+loads as its llama text model (``text_config``, ``model.text_model.*``; the vision tower
+and connector are the ``--mmproj`` file's).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from modelc.formats.ir import HParams, Tensor
 _QK = re.compile(r"\.attn_([qk])\.(weight|bias)$")
 
 
-def _from_config(cfg: Mapping[str, Any]) -> HParams:
+def _from_config(config: Mapping[str, Any]) -> HParams:
+    cfg = {**config, **(config.get("text_config") or {})}  # SmolVLM: the text model's
     n_embd = int(cfg["hidden_size"])
     n_head = int(cfg["num_attention_heads"])
     theta, scaling = hf_rope(cfg)
@@ -132,10 +136,18 @@ FAMILY = Family(
     decoder=DecoderTraits(),
     gguf_arch=gguf.MODEL_ARCH.LLAMA,
     gguf_names=("llama",),
-    hf_classes=("LlamaForCausalLM", "LlamaModel", "MistralForCausalLM", "MixtralForCausalLM"),
-    model_types=("llama", "mistral", "mixtral"),
+    hf_classes=(
+        "LlamaForCausalLM",
+        "LlamaModel",
+        "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "SmolVLMForConditionalGeneration",
+        "Idefics3ForConditionalGeneration",
+    ),
+    model_types=("llama", "mistral", "mixtral", "smolvlm", "idefics3"),
     signature=re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
-    drop=re.compile(r"rotary_emb\.inv_freq$"),
+    drop=re.compile(r"rotary_emb\.inv_freq$|^model\.(vision_model|connector)\."),
+    rename=lambda name: name.replace("model.text_model.", "model.", 1),
     from_config=_from_config,
     from_shapes=_from_shapes,
     from_gguf=gguf_hparams,

@@ -10,6 +10,10 @@ reshaping here keeps prompt ids equal to llama-server's for the same template:
 * an earlier turn's trace (``reasoning_content``) becomes gpt-oss's ``thinking``
   (without the content of a turn that calls tools), or Ministral 3's leading
   ``{"type": "thinking"}`` content block;
+* a message's text goes in as one typed part (``[{"type": "text", "text": ...}]``) when
+  the template shows text only from typed parts (SmolVLM's; llama.cpp's
+  ``supports_string_content`` false, ``supports_typed_content`` true); an image stays
+  its media marker in that text, as llama.cpp's server writes it;
 * the variables ``date_string`` and ``datetime`` hold today's date (Llama 3.1's and
   Functionary's system prompts print it).
 """
@@ -65,6 +69,28 @@ def object_arguments(template: str | None) -> bool:
     return _PROBE_VALUE in text
 
 
+@functools.lru_cache(maxsize=32)
+def typed_content(template: str | None) -> bool:
+    """True when the template shows a message's text from typed parts but not from a
+    string (a probe text rendered both ways)."""
+    if not template:
+        return False
+
+    def shows(content: Any) -> bool:
+        msgs = [{"role": "user", "content": content}]
+        try:
+            return _PROBE_VALUE in render_chat(template, msgs, add_generation_prompt=False)
+        except UsageError:
+            return False
+
+    return not shows(_PROBE_VALUE) and shows([{"type": "text", "text": _PROBE_VALUE}])
+
+
+def _typed(m: dict[str, Any]) -> dict[str, Any]:
+    content = m.get("content")
+    return {**m, "content": [{"type": "text", "text": content}]} if isinstance(content, str) else m
+
+
 def _ministral_blocks(m: dict[str, Any]) -> dict[str, Any]:
     blocks: list[dict[str, Any]] = []
     if isinstance(m.get("reasoning_content"), str):
@@ -118,6 +144,8 @@ def adapt(template: str | None, messages: Sequence[Mapping[str, Any]]) -> list[d
     out = [dict(m) for m in messages]
     if not object_arguments(template):
         out = [_string_arguments(m) for m in out]
+    if typed_content(template):
+        out = [_typed(m) for m in out]
     if ministral3(src):
         out = [_ministral_blocks(m) if m["role"] in ("system", "assistant") else m for m in out]
     elif "<|channel|>" in src:

@@ -11,7 +11,9 @@ projector's begin text (Gemma 3: ``<start_of_image>``), one position per embeddi
 Qwen or Mistral image's embeddings come as their grid (rows, columns, n_embd), a size of
 its own per image; a Qwen span carries the grid for M-RoPE
 (:mod:`modelc.runtime.arch.mrope`), a Mistral image's rows are spans of their own with an
-``[IMG_BREAK]`` token between them (:func:`~modelc.vision.pixtral.row_spans`).
+``[IMG_BREAK]`` token between them (:func:`~modelc.vision.pixtral.row_spans`).  A SmolVLM /
+Idefics3 image is tiles (:mod:`~modelc.vision.idefics3`): one span per tile, each with
+its own text around it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
+from modelc.vision.idefics3 import Tiled, tile_texts, tiles
 from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
 from modelc.vision.pixtral import PixtralWeights, encode_pixtral, row_spans
 from modelc.vision.preprocess import (
@@ -40,7 +43,7 @@ from modelc.vision.preprocess import (
 )
 from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
 
-__all__ = ["MEDIA_MARKER", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
+__all__ = ["MEDIA_MARKER", "TEXT_ARCH", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
@@ -49,6 +52,7 @@ MARKERS = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "qwen2.5vl_merger": ("<|vision_start|>", "<|vision_end|>"),
     "pixtral": ("", "[IMG_END]"),
+    "idefics3": ("", ""),  # per tile: idefics3.tile_texts
 }
 KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
 # per projector: the token id an image position carries, if the vocab has it
@@ -56,7 +60,11 @@ PLACEHOLDER = {
     "gemma3": "<image_soft_token>",
     "qwen2.5vl_merger": "<|image_pad|>",
     "pixtral": "[IMG]",
+    "idefics3": "<image>",
 }
+# per projector: the text models' architectures it goes with, where that is limited
+TEXT_ARCH = {"idefics3": ("llama",), "pixtral": ("mistral3", "llama")}
+Embedding = F32 | Tiled  # one image's: its rows of embeddings, a Qwen grid, or tiles
 
 
 def no_vision(model: str) -> ImageError:
@@ -81,7 +89,7 @@ class VisionModel:
         self.cfg: VisionConfig = cfg
         self.weights: VisionWeights | Qwen25Weights | PixtralWeights = weights
         self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
-        self._kept: OrderedDict[bytes, F32] = OrderedDict()  # image hash -> embeddings
+        self._kept: OrderedDict[bytes, Embedding] = OrderedDict()  # image hash -> embeddings
         self._lock = threading.Lock()
 
     @property
@@ -92,16 +100,26 @@ class VisionModel:
     def pixels(self, data: bytes, param: str = "image") -> F32:
         """The pixel values of encoded image bytes; ImageError if unusable.  Gemma 3:
         (3, S, S); Qwen2.5-VL: (gh/2, gw/2, 4, 3*2*p*p), each 2x2 block's patches (flat:
-        the processor's (gh*gw, 3*2*p*p)); Mistral 3: (3, H, W)."""
+        the processor's (gh*gw, 3*2*p*p)); Mistral 3: (3, H, W); Idefics3: :meth:`tiles`'
+        pixels."""
+        return self.tiles(data, param)[0]
+
+    def tiles(self, data: bytes, param: str = "image") -> tuple[F32, int, int]:
+        """:meth:`pixels` and an Idefics3 image's rows and columns of tiles (0, 0 for
+        other projectors, and for an Idefics3 image that is its global image alone); an
+        Idefics3 image's pixels are (rows * cols + 1, 3, S, S), the global image last."""
         img = decode_image(data, param)
         c = self.cfg
+        if c.projector == "idefics3":
+            return tiles(img, c.image_size, c.longest_edge, c.mean, c.std)
         if c.projector == "gemma3":
-            return gemma3_pixels(img, c.image_size, c.mean, c.std)
+            return gemma3_pixels(img, c.image_size, c.mean, c.std), 0, 0
         if c.projector == "pixtral":
-            return pixtral_pixels(img, c.image_size, c.patch_size * c.n_merge, c.mean, c.std)
+            size = c.patch_size * c.n_merge
+            return pixtral_pixels(img, c.image_size, size, c.mean, c.std), 0, 0
         x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param=param)
         m = c.n_merge
-        return x.reshape(gh // m, gw // m, m * m, -1)
+        return x.reshape(gh // m, gw // m, m * m, -1), 0, 0
 
     def encode(self, pixels: F32) -> F32:
         """One image's embeddings: (tokens_per_image, n_embd), or Qwen2.5-VL's grid
@@ -115,18 +133,25 @@ class VisionModel:
             )
         return encode(self.cfg, self.weights, pixels)
 
-    def embed(self, data: bytes, param: str = "image") -> F32:
+    def embed(self, data: bytes, param: str = "image") -> Embedding:
         """Decode, preprocess and encode one image (CPU work: run it in a worker thread);
         the last :data:`KEEP` images' embeddings are kept by the bytes' hash, so a repeated
-        image (a chat's earlier turns) is not encoded again."""
+        image (a chat's earlier turns) is not encoded again.  An Idefics3 image's are
+        :class:`~modelc.vision.idefics3.Tiled`."""
         key = hashlib.blake2b(data, digest_size=16).digest()
         with self._lock:
             hit = self._kept.get(key)
             if hit is not None:
                 self._kept.move_to_end(key)
                 return hit
-        emb = self.encode(self.pixels(data, param))
-        emb.flags.writeable = False  # shared between requests
+        pix, rows, cols = self.tiles(data, param)
+        emb: Embedding
+        if self.cfg.projector == "idefics3":
+            emb = Tiled(rows, cols, np.stack([self.encode(t) for t in pix]))
+            emb.embeds.flags.writeable = False  # shared between requests
+        else:
+            emb = self.encode(pix)
+            emb.flags.writeable = False
         with self._lock:
             self._kept[key] = emb
             while len(self._kept) > KEEP:
@@ -148,7 +173,7 @@ class VisionModel:
         self,
         ids: Sequence[int],
         at: Sequence[int],
-        embeds: Sequence[F32],
+        embeds: Sequence[Embedding],
         encode_text: Callable[[str], list[int]],
     ) -> PlacedPrompt:
         """The prompt ``ids`` with image ``i`` placed before ``ids[at[i]]`` (``at``
@@ -163,16 +188,26 @@ class VisionModel:
         begin, end = MARKERS[self.cfg.projector]
         b_ids, e_ids = encode_text(begin), encode_text(end)
         hold = encode_text(PLACEHOLDER[self.cfg.projector])
-        fill = hold[0] if len(hold) == 1 else (b_ids or e_ids)[0]
+        fill = hold[0] if len(hold) == 1 else [*b_ids, *e_ids, 0][0]
         out: list[int] = []
         spans = []
         prev = 0
         for pos, emb in zip(at, embeds, strict=True):
+            out += ids[prev:pos]
+            prev = pos
+            if isinstance(emb, Tiled):
+                for (head, tail), part in zip(
+                    tile_texts(emb.rows, emb.cols), emb.embeds, strict=True
+                ):
+                    out += encode_text(head) if head else []
+                    spans.append(ImageSpan(len(out), part, self.bidirectional))
+                    out += [fill] * len(part)
+                    out += encode_text(tail) if tail else []
+                continue
             grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)
             want = (*grid, self.cfg.n_embd) if grid[0] else (self.tokens_per_image, self.cfg.n_embd)
             if emb.shape != want:
                 raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
-            out += ids[prev:pos]
             out += b_ids
             if self.cfg.projector == "pixtral":  # a span a row, [IMG_BREAK] between
                 tok, rows = row_spans(emb, len(out), fill, self._token(encode_text, "[IMG_BREAK]"))
@@ -189,6 +224,5 @@ class VisionModel:
                 )
                 out += [fill] * (grid[0] * grid[1] or len(emb))
             out += e_ids
-            prev = pos
         out += ids[prev:]
         return PlacedPrompt(out, tuple(spans))

@@ -10,6 +10,8 @@ Gemma 3 (``gemma3`` projector; llama.cpp's ``clip.cpp`` ``build_siglip`` and tra
     x = rms_norm(x) * soft_emb_norm                 (the file holds 1 + w)
     out = x Wproj                                   (tokens, n_embd)
 
+SmolVLM / Idefics3 (``idefics3``): the same tower on each tile, then
+:func:`~modelc.vision.idefics3.pixel_shuffle` and one matrix (no pooling, no norm).
 numpy f32 throughout; the math is the same for any image (the pixels are always the
 square the tower was trained on).
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from modelc.vision.idefics3 import pixel_shuffle
 from modelc.vision.mmproj import VisionBlock, VisionConfig, VisionWeights
 from modelc.vision.preprocess import patchify
 
@@ -58,8 +61,8 @@ def _attention(x: F32, b: VisionBlock, n_head: int) -> F32:
     return out
 
 
-def encode(cfg: VisionConfig, wt: VisionWeights, pixels: F32) -> F32:
-    """One image's embeddings (tokens_per_image, n_embd) from its pixels (3, S, S)."""
+def tower(cfg: VisionConfig, wt: VisionWeights, pixels: F32) -> F32:
+    """The SigLIP tower's last hidden states (patches, width) of pixels (3, S, S)."""
     x = patchify(pixels, cfg.patch_size) @ wt.patch_w.reshape(cfg.width, -1).T
     x += wt.patch_b
     x += wt.pos  # (patches, width)
@@ -67,11 +70,20 @@ def encode(cfg: VisionConfig, wt: VisionWeights, pixels: F32) -> F32:
         x = x + _attention(_layer_norm(x, b.ln1_w, b.ln1_b, cfg.eps), b, cfg.n_head)
         h = _gelu_tanh(_layer_norm(x, b.ln2_w, b.ln2_b, cfg.eps) @ b.w_up.T + b.b_up)
         x = x + (h @ b.w_down.T + b.b_down)
-    x = _layer_norm(x, wt.post_w, wt.post_b, cfg.eps)
+    return _layer_norm(x, wt.post_w, wt.post_b, cfg.eps)
+
+
+def encode(cfg: VisionConfig, wt: VisionWeights, pixels: F32) -> F32:
+    """One image's (or Idefics3 tile's) embeddings (tokens_per_image, n_embd) from its
+    pixels (3, S, S)."""
+    x = tower(cfg, wt, pixels)
     side, k = cfg.patches_per_side, cfg.n_merge
-    t = side // k
-    grid = x.reshape(t, k, t, k, cfg.width).mean(axis=(1, 3))  # (t, t, width) pooled
-    x = grid.reshape(t * t, cfg.width)
-    x = x / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(cfg.eps)) * wt.soft_norm
+    if wt.soft_norm is None:  # Idefics3: pixel shuffle, then the fc
+        x = pixel_shuffle(x.reshape(side, side, cfg.width), k)
+    else:
+        t = side // k
+        grid = x.reshape(t, k, t, k, cfg.width).mean(axis=(1, 3))  # (t, t, width) pooled
+        x = grid.reshape(t * t, cfg.width)
+        x = x / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(cfg.eps)) * wt.soft_norm
     out: F32 = np.ascontiguousarray(x @ wt.proj, dtype=np.float32)  # (tokens, n_embd)
     return out

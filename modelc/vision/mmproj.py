@@ -5,7 +5,10 @@
 ``v.position_embd`` (patches, width), per block ``v.blk.{i}.ln1`` / ``ln2`` (weight and
 bias), ``attn_q`` / ``attn_k`` / ``attn_v`` / ``attn_out`` and ``ffn_up`` / ``ffn_down``
 (each with a bias), ``v.post_ln``; Gemma 3's projector ``mm.soft_emb_norm`` (stored
-``1 + w``) and ``mm.input_projection`` (width, n_embd of the text model).
+``1 + w``) and ``mm.input_projection`` (width, n_embd of the text model); SmolVLM /
+Idefics3's (``idefics3``) ``mm.model.fc`` (n_embd, width * s * s) after the pixel
+shuffle by ``clip.vision.projector.scale_factor`` s, the images tiled to
+``clip.vision.preproc_image_size`` (:mod:`modelc.vision.idefics3`).
 
 Gemma 3's projector (``gemma3``) is read here, Qwen2.5-VL's (``qwen2.5vl_merger``) by
 :mod:`modelc.vision.qwen25vl`, Mistral 3's (``pixtral``) by :mod:`modelc.vision.pixtral`;
@@ -29,7 +32,7 @@ from modelc.vision.pixtral import PixtralWeights, load_pixtral
 from modelc.vision.qwen25vl import Qwen25Weights, load_qwen25
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
-PROJECTORS = ("gemma3", "qwen2.5vl_merger", "pixtral")
+PROJECTORS = ("gemma3", "qwen2.5vl_merger", "pixtral", "idefics3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class VisionConfig:
     std: tuple[float, float, float]
     n_merge: int  # the pooling kernel per side (Gemma 3: 4; Qwen2.5-VL's merger: 2)
     n_wa_pattern: int = 0  # Qwen2.5-VL: every n-th block attends fully, the others in windows
+    longest_edge: int = 0  # Idefics3: an image's longest side before it is cut into tiles
 
     @property
     def patches_per_side(self) -> int:
@@ -84,8 +88,8 @@ class VisionWeights:
     blocks: tuple[VisionBlock, ...]
     post_w: F32
     post_b: F32
-    soft_norm: F32  # (width,), 1 + w
-    proj: F32  # (width, n_embd)
+    soft_norm: F32 | None  # (width,), 1 + w (Gemma 3's; None: Idefics3's pixel shuffle)
+    proj: F32  # (width, n_embd); Idefics3: (width * s * s, n_embd)
 
 
 def _f32(t: Tensor) -> F32:
@@ -153,6 +157,7 @@ def load_mmproj(
         std=(float(std[0]), float(std[1]), float(std[2])),
         n_merge=_merge(meta, proj),
         n_wa_pattern=int(meta.get("clip.vision.n_wa_pattern", 0)),
+        longest_edge=int(meta.get("clip.vision.preproc_image_size", 0)),
     )
     if cfg.n_head <= 0 or cfg.width % cfg.n_head:
         raise FormatError(f"width {cfg.width} does not split into {cfg.n_head} heads", path=p)
@@ -178,6 +183,13 @@ def load_mmproj(
             path=p,
         )
     w, ps = cfg.width, cfg.patch_size
+    shuffle, wide = proj == "idefics3", w * cfg.n_merge**2
+    if shuffle and cfg.longest_edge < cfg.image_size:
+        raise FormatError(
+            f"the Idefics3 projector's preprocessor size {cfg.longest_edge} is below its "
+            f"tile size {cfg.image_size}; make the mmproj with convert_hf_to_gguf.py --mmproj",
+            path=p,
+        )
 
     def block(i: int) -> VisionBlock:
         b = f"v.blk.{i}."
@@ -207,7 +219,9 @@ def load_mmproj(
         blocks=tuple(block(i) for i in range(cfg.n_layer)),
         post_w=get("v.post_ln.weight", (w,)),
         post_b=get("v.post_ln.bias", (w,)),
-        soft_norm=get("mm.soft_emb_norm.weight", (w,)),
-        proj=get("mm.input_projection.weight", (w, cfg.n_embd)),
+        soft_norm=None if shuffle else get("mm.soft_emb_norm.weight", (w,)),
+        proj=np.ascontiguousarray(get("mm.model.fc.weight", (cfg.n_embd, wide)).T)
+        if shuffle
+        else get("mm.input_projection.weight", (w, cfg.n_embd)),
     )
     return cfg, weights

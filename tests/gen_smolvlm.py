@@ -1,0 +1,329 @@
+"""A tiny randomly initialised SmolVLM (Idefics3), made with numpy only.
+
+As ``tests/gen_qwen25vl.py``: the weights are a pure function of a seed, so the tests (no
+torch) and ``scripts/make_tiny_smolvlm.py`` (which loads the same HF directory into
+transformers for the goldens and runs llama.cpp's converter on it) see identical numbers.
+Written to the test-asset cache, never to the repository, as
+
+* an HF directory shaped like the Hub's ``HuggingFaceTB/SmolVLM-256M-Instruct``
+  (``SmolVLMForConditionalGeneration``; ``model.text_model.*``, ``model.vision_model.*``,
+  ``model.connector.*``, ``lm_head``), scaled down: text a llama of 2 layers of width 64
+  (4 query heads on 2 KV heads), vision a SigLIP of 2 layers of width 32 over 32 x 32
+  tiles in 4 x 4 patches, the pixel shuffle by 2 into 16 embeddings a tile; images
+  resized to a longest side of 64 (two tiles), so an image is at most 2 x 2 tiles and the
+  global image: 80 image tokens; the families' 384-token tokenizer with ``\\n\\n`` (384,
+  and its merge) and SmolVLM's image tokens added (385..), and the release's template;
+* ``smolvlm.gguf``: the text model as ``convert_hf_to_gguf.py`` writes ``llama`` (Q/K
+  rows permuted to interleaved pairs), and
+* ``mmproj-smolvlm.gguf``: the tower and connector as its ``--mmproj`` writes them
+  (``idefics3``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from tests.assets import assets_dir, cache_lock
+from tests.gen_families import _permute
+from tests.gguf_support import add_llama_shape, gguf_file
+
+FAM = Path(__file__).parent / "fixtures" / "families"
+FIX = Path(__file__).parent / "fixtures" / "smolvlm"
+VERSION = 2  # bump when the weights or the layout change
+SEED = 20261207
+NEWLINES = ("\u010a\u010a", 384)  # "\n\n": llama.cpp's mtmd looks it up as one token
+SPECIAL = {
+    "<fake_token_around_image>": 385,
+    "<image>": 386,
+    "<global-img>": 387,
+    "<end_of_utterance>": 388,
+    "<row_1_col_1>": 389,
+    "<row_1_col_2>": 390,
+    "<row_2_col_1>": 391,
+    "<row_2_col_2>": 392,
+}
+N_VOCAB = 393
+TEXT: dict[str, Any] = {
+    "architectures": ["VLlama3ForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": N_VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": SPECIAL["<end_of_utterance>"],
+    "pad_token_id": 0,
+}
+VISION: dict[str, Any] = {
+    "model_type": "smolvlm_vision",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_channels": 3,
+    "image_size": 32,
+    "patch_size": 4,
+    "hidden_act": "gelu_pytorch_tanh",
+    "layer_norm_eps": 1e-6,
+}
+SCALE = 2
+CONFIG: dict[str, Any] = {
+    "architectures": ["SmolVLMForConditionalGeneration"],
+    "model_type": "smolvlm",
+    "image_token_id": SPECIAL["<image>"],
+    "scale_factor": SCALE,
+    "text_config": TEXT,
+    "vision_config": VISION,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+    "torch_dtype": "float32",
+}
+MEAN = STD = [0.5, 0.5, 0.5]
+LONGEST = 64  # the preprocessor's longest side: two tiles
+TOKENS_PER_TILE = (VISION["image_size"] // VISION["patch_size"] // SCALE) ** 2
+PREPROCESSOR: dict[str, Any] = {
+    "image_processor_type": "SmolVLMImageProcessor",
+    "processor_class": "SmolVLMProcessor",
+    "do_convert_rgb": True,
+    "do_image_splitting": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": MEAN,
+    "image_std": STD,
+    "max_image_size": {"longest_edge": VISION["image_size"]},
+    "resample": 1,  # PIL Lanczos
+    "rescale_factor": 1 / 255,
+    "size": {"longest_edge": LONGEST},
+}
+CHAT_TEMPLATE = (FIX / "smolvlm.jinja").read_text()
+
+
+def make_weights() -> dict[str, np.ndarray[Any, Any]]:
+    """HF tensor names -> f32 arrays, a pure function of :data:`SEED`."""
+    rng = np.random.default_rng(SEED)
+    t, v = TEXT, VISION
+
+    def w(*shape: int, s: float = 0.25) -> np.ndarray[Any, Any]:
+        return (s * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray[Any, Any]:
+        return (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    d, ff, hd = t["hidden_size"], t["intermediate_size"], t["head_dim"]
+    nq, nkv = t["num_attention_heads"] * hd, t["num_key_value_heads"] * hd
+    out = {"model.text_model.embed_tokens.weight": w(N_VOCAB, d, s=0.5)}
+    for i in range(t["num_hidden_layers"]):
+        p = f"model.text_model.layers.{i}."
+        out[p + "input_layernorm.weight"] = norm(d)
+        out[p + "self_attn.q_proj.weight"] = w(nq, d)
+        out[p + "self_attn.k_proj.weight"] = w(nkv, d)
+        out[p + "self_attn.v_proj.weight"] = w(nkv, d)
+        out[p + "self_attn.o_proj.weight"] = w(d, nq)
+        out[p + "post_attention_layernorm.weight"] = norm(d)
+        out[p + "mlp.gate_proj.weight"] = w(ff, d)
+        out[p + "mlp.up_proj.weight"] = w(ff, d)
+        out[p + "mlp.down_proj.weight"] = w(d, ff)
+    # a large final gain: decisive logits, so greedy answers hold against llama.cpp
+    out["model.text_model.norm.weight"] = norm(d) * np.float32(4.0)
+    out["lm_head.weight"] = w(N_VOCAB, d, s=0.5)
+    vd, vff, ps = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    side = v["image_size"] // ps
+    p = "model.vision_model."
+    out[p + "embeddings.patch_embedding.weight"] = w(vd, 3, ps, ps, s=0.1)
+    out[p + "embeddings.patch_embedding.bias"] = w(vd, s=0.1)
+    out[p + "embeddings.position_embedding.weight"] = w(side * side, vd, s=0.3)
+    for i in range(v["num_hidden_layers"]):
+        b = f"{p}encoder.layers.{i}."
+        for n in ("layer_norm1", "layer_norm2"):
+            out[b + f"{n}.weight"] = norm(vd)
+            out[b + f"{n}.bias"] = w(vd, s=0.1)
+        for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            out[b + f"self_attn.{n}.weight"] = w(vd, vd, s=0.3)
+            out[b + f"self_attn.{n}.bias"] = w(vd, s=0.1)
+        out[b + "mlp.fc1.weight"] = w(vff, vd, s=0.2)
+        out[b + "mlp.fc1.bias"] = w(vff, s=0.1)
+        out[b + "mlp.fc2.weight"] = w(vd, vff, s=0.2)
+        out[b + "mlp.fc2.bias"] = w(vd, s=0.1)
+    out[p + "post_layernorm.weight"] = norm(vd)
+    out[p + "post_layernorm.bias"] = w(vd, s=0.1)
+    out["model.connector.modality_projection.proj.weight"] = w(d, vd * SCALE * SCALE, s=0.15)
+    return out
+
+
+def _added(text: str, i: int) -> dict[str, Any]:
+    return {
+        "id": i,
+        "content": text,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def tokenizer_json() -> dict[str, Any]:
+    """The families' tokenizer with ``\\n\\n`` and SmolVLM's image tokens."""
+    tj = json.loads((FAM / "tokenizer.json").read_text())
+    tj["model"]["vocab"][NEWLINES[0]] = NEWLINES[1]
+    tj["model"]["merges"].append(["\u010a", "\u010a"])
+    tj["added_tokens"] += [_added(text, i) for text, i in SPECIAL.items()]
+    return tj
+
+
+def tokenizer_files(dest: Path) -> None:
+    (dest / "tokenizer.json").write_text(json.dumps(tokenizer_json(), ensure_ascii=False))
+    tc = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|im_start|>",
+        "eos_token": "<end_of_utterance>",
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+        "extra_special_tokens": {
+            "fake_image_token": "<fake_token_around_image>",
+            "image_token": "<image>",
+            "global_image_token": "<global-img>",
+            "end_of_utterance_token": "<end_of_utterance>",
+        },
+        "processor_class": "SmolVLMProcessor",
+    }
+    (dest / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+
+
+def _vocab(w: gguf.GGUFWriter) -> None:
+    tj = tokenizer_json()
+    control = {a["content"]: a["id"] for a in tj["added_tokens"]}
+    tokens = [""] * N_VOCAB
+    types = [gguf.TokenType.NORMAL] * N_VOCAB
+    for t, i in {**tj["model"]["vocab"], **control}.items():
+        tokens[i] = t
+        if t in control:
+            types[i] = gguf.TokenType.CONTROL
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    w.add_bos_token_id(control["<|im_start|>"])
+    w.add_eos_token_id(control["<end_of_utterance>"])
+    w.add_pad_token_id(control["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
+def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
+    t = TEXT
+    with gguf_file(path, "llama", atomic=True) as w:
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name("tiny-smolvlm")
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        add_llama_shape(
+            w,
+            n_layer=t["num_hidden_layers"],
+            n_ctx=t["max_position_embeddings"],
+            d=t["hidden_size"],
+            ff=t["intermediate_size"],
+            n_head=t["num_attention_heads"],
+            n_head_kv=t["num_key_value_heads"],
+            rope_base=t["rope_theta"],
+            rms_eps=t["rms_norm_eps"],
+        )
+        w.add_vocab_size(N_VOCAB)
+        w.add_rope_dimension_count(t["head_dim"])
+        w.add_key_length(t["head_dim"])
+        w.add_value_length(t["head_dim"])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        _vocab(w)
+        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, t["num_hidden_layers"])
+        for name, data in weights.items():
+            if not name.startswith(("model.text_model.", "lm_head.")):
+                continue
+            hf = name.replace("text_model.", "")
+            new = nmap.get_name(hf, try_suffixes=(".weight", ".bias"))
+            assert new is not None, name
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = t["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+                data = _permute(data, heads)
+            w.add_tensor(new, np.ascontiguousarray(data, dtype=np.float32))
+
+
+def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
+    """The vision tower + connector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
+    v = VISION
+    with gguf_file(path, "clip", atomic=True) as w:
+        w.add_type(gguf.GGUFType.MMPROJ)
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_clip_has_vision_encoder(True)
+        w.add_vision_projection_dim(TEXT["hidden_size"])
+        w.add_vision_image_size(v["image_size"])
+        w.add_vision_patch_size(v["patch_size"])
+        w.add_vision_embedding_length(v["hidden_size"])
+        w.add_vision_feed_forward_length(v["intermediate_size"])
+        w.add_vision_block_count(v["num_hidden_layers"])
+        w.add_vision_head_count(v["num_attention_heads"])
+        w.add_vision_image_mean(MEAN)
+        w.add_vision_image_std(STD)
+        w.add_clip_projector_type(gguf.VisionProjectorType.IDEFICS3)
+        w.add_vision_attention_layernorm_eps(v["layer_norm_eps"])
+        w.add_vision_projector_scale_factor(SCALE)
+        w.add_vision_use_gelu(True)
+        w.add_vision_preproc_image_size(LONGEST)
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, v["num_hidden_layers"])
+        for name, data in weights.items():
+            if not name.startswith(("model.vision_model.", "model.connector.")):
+                continue
+            new = nmap.get_name(name, try_suffixes=(".weight", ".bias"))
+            assert new is not None, name
+            w.add_tensor(new, np.ascontiguousarray(data, dtype=np.float32))
+
+
+def model_dir() -> Path:
+    return assets_dir() / f"tiny-smolvlm-v{VERSION}"
+
+
+def ensure_model() -> tuple[Path, Path, Path]:
+    """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
+    from safetensors.numpy import save_file
+
+    dest = model_dir()
+    hf, gg, mm = dest / "hf", dest / "smolvlm.gguf", dest / "mmproj-smolvlm.gguf"
+    with cache_lock(dest.name):
+        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
+            return hf, gg, mm
+        hf.mkdir(parents=True, exist_ok=True)
+        weights = make_weights()
+        tokenizer_files(hf)
+        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
+        (hf / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
+        proc = {"image_seq_len": TOKENS_PER_TILE, "processor_class": "SmolVLMProcessor"}
+        (hf / "processor_config.json").write_text(json.dumps(proc, indent=2))
+        (hf / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
+        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        write_text_gguf(weights, gg)
+        write_mmproj(weights, mm)
+    return hf, gg, mm
+
+
+if __name__ == "__main__":
+    print(*ensure_model())
