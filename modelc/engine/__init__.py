@@ -156,7 +156,9 @@ def _vision(path: str, runtime: Any) -> VisionModel:
             f"images run on the CPU decoder only; {type(runtime).__name__} takes none "
             "(start it with --device cpu)"
         )
-    if (vision.cfg.projector == "qwen2.5vl_merger") != (runtime.mrope is not None):  # M-RoPE
+    mrope = vision.cfg.projector in ("qwen2.5vl_merger", "qwen3vl_merger")
+    deep = len(vision.cfg.deepstack) != runtime.spec.deepstack  # DeepStack layers (qwen3vl)
+    if mrope != (runtime.mrope is not None) or deep:  # M-RoPE positions, DeepStack layers
         raise UsageError(
             f"{path}: a {vision.cfg.projector} projector does not go with a "
             f"{runtime.architecture} model; give the mmproj file made with this model"

@@ -7,9 +7,10 @@ model's processor would, and encodes them into one embedding per image token
 its media markers as llama.cpp's ``mtmd_tokenize`` does: each marker becomes the
 projector's begin text (Gemma 3: ``<start_of_image>``), one position per embedding (an
 :class:`~modelc.runtime.model.ImageSpan`, its token id a placeholder), then the end text
-(``<end_of_image>``).  Gemma 3's projector and Qwen2.5-VL's run: a Qwen image's
+(``<end_of_image>``).  Gemma 3's projector, Qwen2.5-VL's and Qwen3-VL's run: a Qwen image's
 embeddings come as their grid (rows, columns, n_embd), a size of its own per image, and
-its span carries the grid for M-RoPE (:mod:`modelc.runtime.arch.mrope`).
+its span carries the grid for M-RoPE (:mod:`modelc.runtime.arch.mrope`); Qwen3-VL's are
+wider by their DeepStack features (n_embd each), which the span carries as ``deep``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,16 @@ import numpy as np
 from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
-from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
-from modelc.vision.preprocess import ImageError, decode_image, gemma3_pixels, qwen_patches
+from modelc.vision.mmproj import AnyWeights, VisionConfig, load_mmproj
+from modelc.vision.preprocess import (
+    QWEN_PIXELS,
+    ImageError,
+    decode_image,
+    gemma3_pixels,
+    qwen_patches,
+)
+from modelc.vision.qwen3vl import PIXELS as QWEN3_PIXELS
+from modelc.vision.qwen3vl import Qwen3Weights, encode_qwen3vl
 from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
 
 __all__ = ["MEDIA_MARKER", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
@@ -39,10 +48,15 @@ MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
 MARKERS = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "qwen2.5vl_merger": ("<|vision_start|>", "<|vision_end|>"),
+    "qwen3vl_merger": ("<|vision_start|>", "<|vision_end|>"),
 }
 KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
 # per projector: the token id an image position carries, if the vocab has it
-PLACEHOLDER = {"gemma3": "<image_soft_token>", "qwen2.5vl_merger": "<|image_pad|>"}
+PLACEHOLDER = {
+    "gemma3": "<image_soft_token>",
+    "qwen2.5vl_merger": "<|image_pad|>",
+    "qwen3vl_merger": "<|image_pad|>",
+}
 
 
 def no_vision(model: str) -> ImageError:
@@ -65,7 +79,7 @@ class VisionModel:
         self.path = str(path)
         cfg, weights = load_mmproj(path)
         self.cfg: VisionConfig = cfg
-        self.weights: VisionWeights | Qwen25Weights = weights
+        self.weights: AnyWeights = weights
         self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
         self._kept: OrderedDict[bytes, F32] = OrderedDict()  # image hash -> embeddings
         self._lock = threading.Lock()
@@ -83,19 +97,21 @@ class VisionModel:
         c = self.cfg
         if c.projector == "gemma3":
             return gemma3_pixels(img, c.image_size, c.mean, c.std)
-        x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param=param)
+        limits = QWEN3_PIXELS if c.projector == "qwen3vl_merger" else QWEN_PIXELS
+        x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, limits, param)
         m = c.n_merge
         return x.reshape(gh // m, gw // m, m * m, -1)
 
     def encode(self, pixels: F32) -> F32:
-        """One image's embeddings: (tokens_per_image, n_embd), or Qwen2.5-VL's grid
-        (rows, columns, n_embd)."""
-        if isinstance(self.weights, Qwen25Weights):
-            m, (r, c) = self.cfg.n_merge, pixels.shape[:2]
-            return encode_qwen25(
-                self.cfg, self.weights, pixels.reshape(r * c * m * m, -1), r * m, c * m
-            )
-        return encode(self.cfg, self.weights, pixels)
+        """One image's embeddings: (tokens_per_image, n_embd), or a Qwen VL grid (rows,
+        columns, n_embd; Qwen3-VL: n_embd * (1 + DeepStack layers))."""
+        w, m, (r, c) = self.weights, self.cfg.n_merge, pixels.shape[:2]
+        flat, gh, gw = pixels.reshape(r * c * m * m, -1), r * m, c * m
+        if isinstance(w, Qwen25Weights):
+            return encode_qwen25(self.cfg, w, flat, gh, gw)
+        if isinstance(w, Qwen3Weights):
+            return encode_qwen3vl(self.cfg, w, flat, gh, gw)
+        return encode(self.cfg, w, pixels)
 
     def embed(self, data: bytes, param: str = "image") -> F32:
         """Decode, preprocess and encode one image (CPU work: run it in a worker thread);
@@ -141,12 +157,16 @@ class VisionModel:
         for pos, emb in zip(at, embeds, strict=True):
             grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)
             emb = emb.reshape(-1, emb.shape[-1]) if emb.ndim == 3 else emb
-            want = (len(emb) if grid[0] else self.tokens_per_image, self.cfg.n_embd)
+            d, n_deep = self.cfg.n_embd, len(self.cfg.deepstack)
+            want = (len(emb) if grid[0] else self.tokens_per_image, d * (1 + n_deep))
             if emb.shape != want:
                 raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
+            deep = emb[:, d:].reshape(len(emb), n_deep, d).transpose(1, 0, 2) if n_deep else None
             out += ids[prev:pos]
             out += b_ids
-            spans.append(ImageSpan(len(out), emb, self.bidirectional, (grid[0], grid[1])))
+            spans.append(
+                ImageSpan(len(out), emb[:, :d], self.bidirectional, (grid[0], grid[1]), deep)
+            )
             out += [fill] * len(emb)
             out += e_ids
             prev = pos

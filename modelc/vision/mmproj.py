@@ -8,7 +8,8 @@ bias), ``attn_q`` / ``attn_k`` / ``attn_v`` / ``attn_out`` and ``ffn_up`` / ``ff
 ``1 + w``) and ``mm.input_projection`` (width, n_embd of the text model).
 
 Gemma 3's projector (``gemma3``) is read here, Qwen2.5-VL's (``qwen2.5vl_merger``) by
-:mod:`modelc.vision.qwen25vl`; other projectors are refused in one line.
+:mod:`modelc.vision.qwen25vl`, Qwen3-VL's (``qwen3vl_merger``) by :mod:`modelc.vision.qwen3vl`;
+other projectors are refused in one line.
 Weights are widened to f32 once at load (a projector is small beside its text model).
 """
 
@@ -24,10 +25,11 @@ import numpy as np
 from modelc.errors import FormatError, ModelcError, UnsupportedError
 from modelc.formats.ir import DType, Tensor
 from modelc.formats.quants import dequantize
+from modelc.vision.qwen3vl import Qwen3Weights, load_qwen3vl
 from modelc.vision.qwen25vl import Qwen25Weights, load_qwen25
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
-PROJECTORS = ("gemma3", "qwen2.5vl_merger")
+PROJECTORS = ("gemma3", "qwen2.5vl_merger", "qwen3vl_merger")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,7 @@ class VisionConfig:
     std: tuple[float, float, float]
     n_merge: int  # the pooling kernel per side (Gemma 3: 4; Qwen2.5-VL's merger: 2)
     n_wa_pattern: int = 0  # Qwen2.5-VL: every n-th block attends fully, the others in windows
+    deepstack: tuple[int, ...] = ()  # Qwen3-VL: the blocks whose DeepStack features are taken
 
     @property
     def patches_per_side(self) -> int:
@@ -86,6 +89,9 @@ class VisionWeights:
     proj: F32  # (width, n_embd)
 
 
+AnyWeights = VisionWeights | Qwen25Weights | Qwen3Weights
+
+
 def _f32(t: Tensor) -> F32:
     data = t.data()
     if t.dtype is DType.BF16:
@@ -102,7 +108,7 @@ def _num(meta: Mapping[str, Any], key: str, path: Path, default: Any = None) -> 
     return value
 
 
-def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25Weights]:
+def load_mmproj(path: str | Path) -> tuple[VisionConfig, AnyWeights]:
     """The projector's settings and weights; FormatError / UnsupportedError on a file that
     is no mmproj, or whose projector modelc does not run."""
     from modelc.formats.gguf import read_gguf
@@ -141,6 +147,9 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25W
         std=(float(std[0]), float(std[1]), float(std[2])),
         n_merge=int(meta.get("clip.vision.projector.scale_factor", 4 if proj == "gemma3" else 2)),
         n_wa_pattern=int(meta.get("clip.vision.n_wa_pattern", 0)),
+        deepstack=tuple(
+            i for i, on in enumerate(meta.get("clip.vision.is_deepstack_layers") or ()) if on
+        ),
     )
     if cfg.n_head <= 0 or cfg.width % cfg.n_head:
         raise FormatError(f"width {cfg.width} does not split into {cfg.n_head} heads", path=p)
@@ -156,6 +165,8 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25W
 
     if proj == "qwen2.5vl_merger":
         return cfg, load_qwen25(cfg, get)
+    if proj == "qwen3vl_merger":
+        return cfg, load_qwen3vl(cfg, get)
     side = cfg.patches_per_side
     if cfg.patch_size <= 0 or side <= 0 or cfg.n_merge <= 0 or side % cfg.n_merge:
         raise FormatError(
