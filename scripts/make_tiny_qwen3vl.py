@@ -3,7 +3,7 @@
 Run with the reference venv (torch + transformers 5.23), from the root:
 
     MODELC_PY=<the project venv's python> PYTHONPATH=<a directory linking the project venv's PIL> \\
-        /root/.cache/modelc-ref-venv/bin/python -m scripts.make_tiny_qwen3vl
+        /root/.cache/modelc-ref-venv/bin/python -m scripts.make_tiny_qwen3vl [moe]
 
 As ``scripts/make_tiny_qwen25vl.py`` (whose helpers run the project venv, the converter and
 transformers' greedy answer): ``tests/golden/qwen3vl.json``, per image
@@ -16,19 +16,26 @@ one's shape, sums and every 11th value), and for a one-image chat question the p
 transformers' 12-token greedy answer and the first answer token's top-10 log-probabilities
 (eager attention, f32; interleaved M-RoPE positions from ``get_rope_index``, the DeepStack
 features added after the first layers); one text-only prompt too; ``converter``: llama.cpp's
-converter's model and ``--mmproj`` GGUF manifests.
+converter's model and ``--mmproj`` GGUF manifests.  With ``moe``: ``tests/golden/qwen3vlmoe.json``
+for ``tests/gen_qwen3vlmoe.py``'s model (the same tower), two images' prompts and answers
+and the converter's manifests, no pixels or embeddings.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
 from PIL import Image
-from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+from transformers import (
+    AutoTokenizer,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeForConditionalGeneration,
+)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from scripts.make_tiny_qwen25vl import (
@@ -59,10 +66,13 @@ def summary(t: Any) -> dict[str, Any]:
 
 def main() -> None:
     torch.manual_seed(0)
+    moe = sys.argv[1:] == ["moe"]
+    name = "qwen3vlmoe" if moe else "qwen3vl"
     hf = Path(
-        project("from tests.gen_qwen3vl import ensure_model; print(ensure_model()[0])").strip()
+        project(f"from tests.gen_{name} import ensure_model; print(ensure_model()[0])").strip()
     )
-    model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+    cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
+    model, info = cls.from_pretrained(
         hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
     )
     missing = [k for k in info["missing_keys"] if "lm_head" not in k]
@@ -71,8 +81,8 @@ def main() -> None:
     proc = Qwen2VLImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     cases = []
-    for name in IMAGES:
-        img = Image.open(ROOT / "tests" / "fixtures" / name)
+    for image in IMAGES[1::2] if moe else IMAGES:
+        img = Image.open(ROOT / "tests" / "fixtures" / image)
         out = proc(images=img, return_tensors="pt")
         pix, grid = out["pixel_values"], out["image_grid_thw"]
         with torch.no_grad():
@@ -91,9 +101,12 @@ def main() -> None:
         mm = (enc["input_ids"] == pad).int()  # as Qwen3VLProcessor marks them
         enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
         flat = pix.flatten().double()
+        if moe:
+            cases.append({"image": image, "prompt_text": text, **answer(model, enc)})
+            continue
         cases.append(
             {
-                "image": name,
+                "image": image,
                 "processor": type(proc).__name__,
                 "pixel_shape": list(pix.shape),
                 "grid_thw": grid[0].tolist(),
@@ -117,8 +130,8 @@ def main() -> None:
         "text": {"prompt": TEXT_PROMPT, **text_case},
         "converter": converter(hf),
     }
-    (GOLDEN / "qwen3vl.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / "qwen3vl.json")
+    (GOLDEN / f"{name}.json").write_text(json.dumps(gold, indent=1) + "\n")
+    print("wrote", GOLDEN / f"{name}.json")
 
 
 if __name__ == "__main__":

@@ -170,11 +170,16 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     return out
 
 
-def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
-    c = TEXT
-    with gguf_file(path, "qwen3vl", atomic=True) as w:
+def write_text_gguf(
+    weights: dict[str, np.ndarray[Any, Any]], path: Path, c: dict[str, Any] = TEXT
+) -> None:
+    """The text model as the converter writes ``qwen3vl`` (``qwen3vlmoe`` where ``c`` has
+    experts: their count keys, the fused stacks split and transposed)."""
+    moe = "num_experts" in c
+    arch = gguf.MODEL_ARCH.QWEN3VLMOE if moe else gguf.MODEL_ARCH.QWEN3VL
+    with gguf_file(path, gguf.MODEL_ARCH_NAMES[arch], atomic=True) as w:
         w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-qwen3vl")
+        w.add_name(f"tiny-{gguf.MODEL_ARCH_NAMES[arch]}")
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         add_llama_shape(
             w,
@@ -187,20 +192,38 @@ def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> Non
             rope_base=c["rope_parameters"]["rope_theta"],
             rms_eps=c["rms_norm_eps"],
         )
+        if moe:
+            w.add_expert_count(c["num_experts"])
+            w.add_expert_used_count(c["num_experts_per_tok"])
+            w.add_expert_feed_forward_length(c["moe_intermediate_size"])
         w.add_key_length(c["head_dim"])
         w.add_value_length(c["head_dim"])
         w.add_rope_dimension_sections([*SECTIONS, 0])
         w.add_num_deepstack_layers(len(DEEPSTACK))
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         _vocab(w)
-        nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3VL, c["num_hidden_layers"])
+        nmap = gguf.get_tensor_name_map(arch, c["num_hidden_layers"])
         for name, data in weights.items():
             if name.startswith("model.visual."):
+                continue
+            arr = np.ascontiguousarray(data, dtype=np.float32)
+            if ".mlp.experts." in name:  # (E, d, 2ff) / (E, ff, d) -> rows as outputs
+                i = name.split(".")[3]
+                if name.endswith("down_proj"):
+                    w.add_tensor(f"blk.{i}.ffn_down_exps.weight", _rows(arr))
+                    continue
+                half = arr.shape[2] // 2
+                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", _rows(arr[:, :, :half]))
+                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", _rows(arr[:, :, half:]))
                 continue
             hf = name.replace("model.language_model.", "model.")
             new = nmap.get_name(hf, try_suffixes=(".weight", ".bias"))
             assert new is not None, name
-            w.add_tensor(new, np.ascontiguousarray(data, dtype=np.float32))
+            w.add_tensor(new, arr)
+
+
+def _rows(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.ascontiguousarray(x.transpose(0, 2, 1))
 
 
 def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:

@@ -7,7 +7,9 @@ the processor, and in ``exact`` mode the first answer token's log-probabilities 
 greedy answer equal transformers' (interleaved M-RoPE, DeepStack features added after the
 first layers: without them the answer moves); llama.cpp's server counts the same prompt
 and answers alike; the ``openai`` client's ``image_url`` gets the same answer from
-``modelc run``.  About 15 s (the server and llama.cpp's a few each)."""
+``modelc run``.  Qwen3-VL-MoE (``tests/gen_qwen3vlmoe.py``, ``tests/golden/qwen3vlmoe.json``)
+the same way, its GGUF the converter's, from GGUF and HF.  About 20 s (the server and
+llama.cpp's a few each)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import PlacedPrompt, VisionModel
+from tests import gen_qwen3vlmoe
 from tests.cli_support import Cli
 from tests.gen_qwen3vl import ensure_model
 from tests.gguf_support import manifest
@@ -39,6 +42,7 @@ from tests.runtime_support import golden, make_backend
 from tests.server_fixtures import Server, start
 
 GOLD: dict[str, Any] = golden("qwen3vl.json")
+MOE: dict[str, Any] = golden("qwen3vlmoe.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
 D = 64  # the text width
@@ -88,10 +92,13 @@ def test_pixels_and_embeddings_equal_transformers(
         _close(np.ascontiguousarray(emb[:, D * (k + 1) : D * (k + 2)]), deep)
 
 
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen3vl", "qwen3vlmoe"])
 @pytest.mark.parametrize("kind", ["model", "mmproj"])
-def test_ggufs_are_the_converters(kind: str) -> None:
-    _, gg, mm = ensure_model()
-    ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
+def test_ggufs_are_the_converters(kind: str, moe: bool) -> None:
+    """Both models' GGUFs; the mixture's projector is Qwen3-VL's (the same tower)."""
+    _, gg, mm = (gen_qwen3vlmoe.ensure_model if moe else ensure_model)()
+    gold = MOE if moe else GOLD
+    ours, theirs = manifest(gg if kind == "model" else mm), gold["converter"][kind]
     assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
         k: v for k, v in theirs["metadata"].items() if k not in NAMING
     }
@@ -152,6 +159,24 @@ def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
         for tok, want in t["top_logprobs"]:
             assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
         assert out == t["greedy"], src
+
+
+def test_the_mixture_answers_as_transformers_from_gguf_and_hf(vision: VisionModel) -> None:
+    """Qwen3-VL-MoE (its HF directory's experts stored as the release stores them): each
+    image's answer and the text prompt's, as transformers'."""
+    hf, gg, _ = gen_qwen3vlmoe.ensure_model()
+    for src in (gg, hf):
+        model = build(load_model(str(src)), make_backend("cpu-exact"))
+        assert isinstance(model, LanguageModel) and model.hparams.n_expert == 4
+        for case in [*MOE["cases"], MOE["text"]]:
+            placed = _placed(vision, case) if "image" in case else None
+            ids = placed.ids if placed else case["prompt_ids"]
+            assert ids == case["prompt_ids"]
+            spans = placed.images if placed else ()
+            lp, out = _first_and_greedy(model, ids, len(case["greedy"]), spans)
+            for tok, want in case["top_logprobs"]:
+                assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
+            assert out == case["greedy"], src
 
 
 def test_deepstack_and_interleaving_move_the_answer(vision: VisionModel, lm: LanguageModel) -> None:
@@ -224,17 +249,19 @@ def test_a_projector_of_another_family_is_refused_at_start() -> None:
             build_engine(model, EngineOptions(mmproj=str(mm)))
 
 
-def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path) -> None:
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen3vl", "qwen3vlmoe"])
+def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path, moe: bool) -> None:
     """llama.cpp's server (``--mmproj``) on the image already of a size both keep (sides
     multiples of 32, within both's limits): the same prompt token count and transformers'
-    greedy answer, which modelc gives above."""
+    greedy answer, which modelc gives (above; the mixture's below)."""
     pytest.importorskip("xllamacpp")
     import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
-    case = next(c for c in GOLD["cases"] if c["image"].endswith("scene320.png"))
-    _, gg, mm = ensure_model()
+    gold = MOE if moe else GOLD
+    case = next(c for c in gold["cases"] if c["image"].endswith("scene320.png"))
+    _, gg, mm = (gen_qwen3vlmoe.ensure_model if moe else ensure_model)()
     text = case["prompt_text"].replace("<|vision_start|><|image_pad|><|vision_end|>", "<__media__>")
     body = {
         "prompt": {

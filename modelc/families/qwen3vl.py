@@ -7,8 +7,8 @@ GGUF (``qwen3vl``, as ``convert_hf_to_gguf.py``'s ``Qwen3VLTextModel`` writes it
 tensors and keys plus ``qwen3vl.rope.dimension_sections`` (t/h/w, padded to four with 0)
 and ``qwen3vl.n_deepstack_layers``.  The HF directory of a
 ``Qwen3VLForConditionalGeneration`` (``text_config``; ``model.language_model.`` weights, the
-``model.visual.`` ones left to the ``--mmproj`` file) loads too.  Qwen3-VL-MoE
-(``qwen3vlmoe``) is refused: its packed experts are not read yet.
+``model.visual.`` ones left to the ``--mmproj`` file) loads too.  Qwen3-VL-MoE:
+:mod:`modelc.families.qwen3vlmoe`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from modelc.families.qwen3 import FAMILY as QWEN3
 from modelc.formats.ir import HParams, Tensor
 
 
-def _from_config(config: Mapping[str, Any]) -> HParams:
+def qwen3vl_config(config: Mapping[str, Any]) -> HParams:
     hp = mrope_config(config)
     vision = config.get("vision_config") or {}
     hp.n_deepstack = len(vision.get("deepstack_visual_indexes") or ())
     return hp
 
 
-def _from_gguf(
+def qwen3vl_gguf(
     m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]
 ) -> None:
     mrope_gguf(m, hp, tensors, meta)
@@ -54,8 +54,8 @@ FAMILY = Family(
     model_types=("qwen3_vl",),
     drop=re.compile(r"rotary_emb\.inv_freq$|^(model\.)?visual\."),
     rename=_rename,
-    from_config=_from_config,
-    from_gguf=_from_gguf,
+    from_config=qwen3vl_config,
+    from_gguf=qwen3vl_gguf,
     required=QWEN3.required,
     output_required=True,
     shapes=QWEN3.shapes,
