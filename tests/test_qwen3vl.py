@@ -25,7 +25,7 @@ import trio
 
 from modelc.artifact import open_artifact
 from modelc.engine import EngineOptions, build_engine
-from modelc.engine.api import GenerationRequest, TokenEvent
+from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import ModelcError, UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
@@ -35,7 +35,7 @@ from modelc.runtime.sampling import SamplingParams
 from modelc.vision import PlacedPrompt, VisionModel
 from tests import gen_qwen3vlmoe
 from tests.cli_support import Cli
-from tests.gen_qwen3vl import ensure_model
+from tests.gen_qwen3vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
 from tests.peers import openai_client
 from tests.runtime_support import golden, make_backend
@@ -212,29 +212,39 @@ def test_cuda_and_compile_refuse_in_one_line() -> None:
         assert where in msg, msg
 
 
-async def test_engine_in_chunks_and_batched(vision: VisionModel) -> None:
+async def test_engine_in_chunks_batched_and_from_the_prefix_cache(vision: VisionModel) -> None:
     """Through the engine, two image prompts at once fed 7 tokens a step (each image split
-    between chunks: its DeepStack rows added chunk by chunk): transformers' answers."""
+    between chunks: its DeepStack rows added chunk by chunk), then both again (served from
+    the prefix cache past the image): transformers' answers each time."""
     _, gg, mm = ensure_model()
-    opt = EngineOptions(prefill_chunk=7, prefix_cache_bytes=0, speculative=False)
+    opt = EngineOptions(prefill_chunk=7, prefix_block_tokens=8, speculative=False)
     opt.mmproj, opt.kv_cache = str(mm), "f32"
     eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
     cases = GOLD["cases"][2:]
-    got: dict[int, list[int]] = {}
+    got: dict[tuple[int, int], tuple[list[int], int]] = {}
 
-    async def one(i: int, case: dict[str, Any]) -> None:
+    async def one(r: int, i: int, case: dict[str, Any]) -> None:
         p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
         placed = _placed(vision, case)
-        req = GenerationRequest(f"q{i}", placed.ids, p, ignore_eos=True, images=placed.images)
-        got[i] = [ev.token_id async for ev in eng.submit(req) if isinstance(ev, TokenEvent)]
+        req = GenerationRequest(f"q{r}{i}", placed.ids, p, ignore_eos=True, images=placed.images)
+        toks, cached = [], -1
+        async for ev in eng.submit(req):
+            if isinstance(ev, TokenEvent):
+                toks.append(ev.token_id)
+            elif isinstance(ev, FinishEvent):
+                cached = ev.cached_tokens
+        got[r, i] = toks, cached
 
     async with trio.open_nursery() as n:
         await n.start(eng.run)
-        async with trio.open_nursery() as reqs:
-            for i, case in enumerate(cases):
-                reqs.start_soon(one, i, case)
+        for r in range(2):
+            async with trio.open_nursery() as reqs:
+                for i, case in enumerate(cases):
+                    reqs.start_soon(one, r, i, case)
         n.cancel_scope.cancel()
-    assert [got[i] for i in range(len(cases))] == [c["greedy"] for c in cases]
+    for (r, i), (toks, cached) in sorted(got.items()):
+        pad = cases[i]["prompt_ids"].index(SPECIAL["<|image_pad|>"])
+        assert toks == cases[i]["greedy"] and (cached > pad) == (r == 1), (r, i, cached)
 
 
 def test_a_projector_of_another_family_is_refused_at_start() -> None:
