@@ -29,7 +29,7 @@ from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import ModelcError, UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
-from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.model import LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import PlacedPrompt, VisionModel
@@ -37,8 +37,8 @@ from tests import gen_qwen3vlmoe
 from tests.cli_support import Cli
 from tests.gen_qwen3vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
-from tests.peers import openai_client
-from tests.runtime_support import golden, make_backend
+from tests.peers import llamacpp_image_answer, openai_client
+from tests.runtime_support import first_and_greedy, golden, make_backend
 from tests.server_fixtures import Server, start
 
 GOLD: dict[str, Any] = golden("qwen3vl.json")
@@ -46,7 +46,6 @@ MOE: dict[str, Any] = golden("qwen3vlmoe.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
 D = 64  # the text width
-MARKER = {"LLAMA_MEDIA_MARKER": "<__media__>"}  # the server's own is random
 NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 
 
@@ -120,20 +119,6 @@ def _placed(vision: VisionModel, case: dict[str, Any]) -> PlacedPrompt:
     return vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
 
 
-def _first_and_greedy(
-    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
-) -> tuple[np.ndarray[Any, Any], list[int]]:
-    cache = lm.new_cache(max_tokens=256)
-    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
-    x = logits[-1].astype(np.float64)
-    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits[-1])))
-        logits = lm.forward([SeqChunk(cache, [out[-1]], None, spans)])
-    return lp, out
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_answer_equals_transformers(
     vision: VisionModel, lm: LanguageModel, case: dict[str, Any]
@@ -143,7 +128,7 @@ def test_greedy_answer_equals_transformers(
     (span,) = placed.images
     _, gh, gw = case["grid_thw"]
     assert span.grid == (gh // 2, gw // 2) and span.deep is not None and len(span.deep) == 2
-    lp, out = _first_and_greedy(lm, placed.ids, len(case["greedy"]), placed.images)
+    lp, out = first_and_greedy(lm, placed.ids, len(case["greedy"]), placed.images)
     for tok, want in case["top_logprobs"]:
         assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
     assert out == case["greedy"]
@@ -155,7 +140,7 @@ def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     for src in (gg, hf):
         model = build(load_model(str(src)), make_backend("cpu-exact"))
         assert isinstance(model, LanguageModel)
-        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
         for tok, want in t["top_logprobs"]:
             assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
         assert out == t["greedy"], src
@@ -173,7 +158,7 @@ def test_the_mixture_answers_as_transformers_from_gguf_and_hf(vision: VisionMode
             ids = placed.ids if placed else case["prompt_ids"]
             assert ids == case["prompt_ids"]
             spans = placed.images if placed else ()
-            lp, out = _first_and_greedy(model, ids, len(case["greedy"]), spans)
+            lp, out = first_and_greedy(model, ids, len(case["greedy"]), spans)
             for tok, want in case["top_logprobs"]:
                 assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
             assert out == case["greedy"], src
@@ -186,14 +171,14 @@ def test_deepstack_and_interleaving_move_the_answer(vision: VisionModel, lm: Lan
 
     placed = _placed(vision, GOLD["cases"][1])
     (span,) = placed.images
-    base = _first_and_greedy(lm, placed.ids, 0, placed.images)[0]
-    bare = _first_and_greedy(lm, placed.ids, 0, (dataclasses.replace(span, deep=None),))[0]
+    base = first_and_greedy(lm, placed.ids, 0, placed.images)[0]
+    bare = first_and_greedy(lm, placed.ids, 0, (dataclasses.replace(span, deep=None),))[0]
     assert np.abs(base - bare).max() > 1e-3
     dec: Any = lm
     keep = dec.mrope
     dec.mrope = MRope(lm.hparams.rope_sections, dec.inv_freq, False)
     try:
-        flat = _first_and_greedy(lm, placed.ids, 0, placed.images)[0]
+        flat = first_and_greedy(lm, placed.ids, 0, placed.images)[0]
     finally:
         dec.mrope = keep
     assert np.abs(base - flat).max() > 1e-3
@@ -265,33 +250,14 @@ def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path, moe: 
     multiples of 32, within both's limits): the same prompt token count and transformers'
     greedy answer, which modelc gives (above; the mixture's below)."""
     pytest.importorskip("xllamacpp")
-    import httpx
-
-    from modelc.bench.llamacpp import LlamaCppServer
-
     gold = MOE if moe else GOLD
     case = next(c for c in gold["cases"] if c["image"].endswith("scene320.png"))
     _, gg, mm = (gen_qwen3vlmoe.ensure_model if moe else ensure_model)()
     text = case["prompt_text"].replace("<|vision_start|><|image_pad|><|vision_end|>", "<__media__>")
-    body = {
-        "prompt": {
-            "prompt_string": text,
-            "multimodal_data": [base64.b64encode(_bytes(case)).decode()],
-        },
-        "n_predict": len(case["greedy"]),
-        "temperature": 0,
-        "samplers": ["top_k"],
-        "top_k": 1,
-        "ignore_eos": True,
-        "cache_prompt": False,
-        "return_tokens": True,
-    }
-    with LlamaCppServer(
-        gg, threads=1, n_parallel=1, n_ctx=512, log=tmp_path / "lc.log", mmproj=mm, env=MARKER
-    ) as s:
-        r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
-    assert r["tokens_evaluated"] == len(case["prompt_ids"]), r.get("tokens_evaluated")
-    assert r["tokens"] == case["greedy"]
+    n, toks = llamacpp_image_answer(
+        gg, mm, text, _bytes(case), len(case["greedy"]), tmp_path / "lc.log"
+    )
+    assert n == len(case["prompt_ids"]) and toks == case["greedy"], (n, toks)
 
 
 def test_pack_and_inspect(tmp_path: Path) -> None:
