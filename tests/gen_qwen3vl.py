@@ -22,9 +22,6 @@ Written to the test-asset cache, never to the repository, as
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +29,7 @@ import gguf
 import numpy as np
 
 from tests.assets import assets_dir, cache_lock
-from tests.gen_qwen25vl import FIX, N_VOCAB, SPECIAL, _vocab, tokenizer_files
+from tests.gen_qwen25vl import N_VOCAB, SPECIAL, _vocab, write_hf
 from tests.gguf_support import add_llama_shape, gguf_file
 
 VERSION = 1  # bump when the weights or the layout change
@@ -290,21 +287,13 @@ def model_dir() -> Path:
 
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
-    from safetensors.numpy import save_file
-
     dest = model_dir()
     hf, gg, mm = dest / "hf", dest / "qwen3vl.gguf", dest / "mmproj-qwen3vl.gguf"
     with cache_lock(dest.name):
         if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
             return hf, gg, mm
-        hf.mkdir(parents=True, exist_ok=True)
         weights = make_weights()
-        tokenizer_files(hf)
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
-        (hf / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
-        shutil.copy(FIX / "qwen2_5_vl.jinja", hf / "chat_template.jinja")
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        write_hf(hf, weights, CONFIG, PREPROCESSOR)
         write_text_gguf(weights, gg)
         write_mmproj(weights, mm)
     return hf, gg, mm

@@ -11,9 +11,6 @@ stored as the Hub's ``Qwen/Qwen3-VL-30B-A3B-Instruct`` stores them: a router
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ import numpy as np
 
 from tests import gen_qwen3vl as base
 from tests.assets import assets_dir, cache_lock
-from tests.gen_qwen25vl import FIX, tokenizer_files
+from tests.gen_qwen25vl import write_hf
 
 VERSION = 2  # bump when the weights or the layout change
 N_EXPERT, N_USED, FF = 4, 2, 48  # 2 * FF != d: transformers transposes the stacks by their shape
@@ -64,22 +61,14 @@ def model_dir() -> Path:
 
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (Qwen3-VL's) (created if missing)."""
-    from safetensors.numpy import save_file
-
     mm = base.ensure_model()[2]
     dest = model_dir()
     hf, gg = dest / "hf", dest / "qwen3vlmoe.gguf"
     with cache_lock(dest.name):
         if gg.exists() and (hf / "model.safetensors").exists():
             return hf, gg, mm
-        hf.mkdir(parents=True, exist_ok=True)
         weights = make_weights()
-        tokenizer_files(hf)
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
-        (hf / "preprocessor_config.json").write_text(json.dumps(base.PREPROCESSOR, indent=2))
-        shutil.copy(FIX / "qwen2_5_vl.jinja", hf / "chat_template.jinja")
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        write_hf(hf, weights, CONFIG, base.PREPROCESSOR)
         base.write_text_gguf(weights, gg, TEXT)
     return hf, gg, mm
 
