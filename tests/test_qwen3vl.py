@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ollama
 import pytest
 import trio
 
@@ -37,7 +38,7 @@ from tests import gen_qwen3vlmoe
 from tests.cli_support import Cli
 from tests.gen_qwen3vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
-from tests.peers import llamacpp_image_answer, openai_client
+from tests.peers import HTTP_TIMEOUT, llamacpp_image_answer, openai_client
 from tests.runtime_support import first_and_greedy, golden, make_backend
 from tests.server_fixtures import Server, start
 
@@ -302,3 +303,23 @@ def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
     assert r.choices[0].model_extra is not None
     assert r.choices[0].model_extra["token_ids"] == case["greedy"]
+
+
+def test_ollama_images_answer_as_openai(vlm: Server) -> None:
+    """The ``ollama`` client's ``images``: the processor's prompt count, the answer the
+    OpenAI route gives (transformers' tokens, above)."""
+    case = GOLD["cases"][1]
+    path = FIX / case["image"]
+    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
+    msg = {"role": "user", "content": GOLD["question"], "images": [path]}
+    chat = oc.chat(model="qwen3vl", messages=[msg], options={"temperature": 0, "num_predict": 6})
+    assert chat.prompt_eval_count == len(case["prompt_ids"])
+    url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+    parts = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": GOLD["question"]},
+    ]
+    want = openai_client(vlm).chat.completions.create(
+        model="qwen3vl", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=6
+    )
+    assert chat.message.content and chat.message.content == want.choices[0].message.content
