@@ -295,27 +295,38 @@ def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
                 w.add_tensor(new, np.ascontiguousarray(arr, dtype=np.float32))
 
 
+def write_hf(
+    hf: Path,
+    weights: dict[str, np.ndarray[Any, Any]],
+    config: dict[str, Any],
+    preprocessor: dict[str, Any],
+) -> None:
+    """An HF directory: the tokenizer, config, preprocessor config, template and weights
+    (the Qwen VL generators')."""
+    from safetensors.numpy import save_file
+
+    hf.mkdir(parents=True, exist_ok=True)
+    tokenizer_files(hf)
+    (hf / "config.json").write_text(json.dumps(config, indent=2))
+    (hf / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    shutil.copy(FIX / "qwen2_5_vl.jinja", hf / "chat_template.jinja")
+    save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+
+
 def model_dir() -> Path:
     return assets_dir() / f"tiny-qwen25vl-v{VERSION}"
 
 
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
-    from safetensors.numpy import save_file
-
     dest = model_dir()
     hf, gg, mm = dest / "hf", dest / "qwen25vl.gguf", dest / "mmproj-qwen25vl.gguf"
     with cache_lock(dest.name):
         if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
             return hf, gg, mm
-        hf.mkdir(parents=True, exist_ok=True)
         weights = make_weights()
-        tokenizer_files(hf)
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
-        (hf / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
-        shutil.copy(FIX / "qwen2_5_vl.jinja", hf / "chat_template.jinja")
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        write_hf(hf, weights, CONFIG, PREPROCESSOR)
         write_text_gguf(weights, gg)
         write_mmproj(weights, mm)
     return hf, gg, mm

@@ -8,6 +8,7 @@ The reference servers themselves are session fixtures in ``tests/conftest.py``
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,28 @@ def llamacpp_greedy(url: str, ids: list[int], n: int) -> list[int]:
         "return_tokens": True,
     }
     return [int(t) for t in post(f"{url}/completion", body)["tokens"]]
+
+
+def llamacpp_image_answer(
+    gguf: Path, mmproj: Path, text: str, image: bytes, n: int, log: Path
+) -> tuple[int, list[int]]:
+    """llama.cpp's server with ``--mmproj``: the token count of the prompt ``text`` whose
+    ``<__media__>`` marker stands for ``image`` (its bytes), and ``n`` greedy ids after it."""
+    from modelc.bench.llamacpp import LlamaCppServer
+
+    body = {
+        "prompt": {"prompt_string": text, "multimodal_data": [base64.b64encode(image).decode()]},
+        "n_predict": n,
+        "temperature": 0,
+        "samplers": ["top_k"],
+        "top_k": 1,
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "return_tokens": True,
+    }
+    marker = {"LLAMA_MEDIA_MARKER": "<__media__>"}  # the server's own is random
+    with LlamaCppServer(
+        gguf, threads=1, n_parallel=1, n_ctx=512, log=log, mmproj=mmproj, env=marker
+    ) as s:
+        r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
+    return int(r["tokens_evaluated"]), [int(t) for t in r["tokens"]]

@@ -12,7 +12,7 @@ import pytest
 
 from modelc.runtime.backend import Backend
 from modelc.runtime.kv_cache import KVCache
-from modelc.runtime.model import LanguageModel, SeqChunk
+from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sampler, SamplingParams
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -64,6 +64,21 @@ def greedy(model: LanguageModel, cache: KVCache, first: int, n: int) -> list[int
     while len(out) < n:
         out.append(int(np.argmax(model.forward([SeqChunk(cache, [out[-1]])])[0])))
     return out
+
+
+def first_and_greedy(
+    model: LanguageModel, ids: Sequence[int], n: int, images: tuple[ImageSpan, ...] = ()
+) -> tuple[np.ndarray[Any, Any], list[int]]:
+    """The log-probabilities after the prompt ``ids`` (its ``images`` placed) and ``n``
+    greedy ids after it."""
+    cache = model.new_cache(max_tokens=len(ids) + n + 1)
+    logits = model.forward([SeqChunk(cache, ids, None, images)])
+    lp = log_softmax(logits[-1])
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits[-1])))
+        logits = model.forward([SeqChunk(cache, [out[-1]], None, images)])
+    return lp, out
 
 
 def check_record(

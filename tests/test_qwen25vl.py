@@ -8,7 +8,6 @@ image's grid; the same image with plain positions would answer otherwise)."""
 
 from __future__ import annotations
 
-import base64
 import io
 from pathlib import Path
 from typing import Any
@@ -23,20 +22,20 @@ from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import ModelcError, UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
-from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import ImageError, VisionModel
 from tests.cli_support import Cli
 from tests.gen_qwen25vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
-from tests.runtime_support import golden, make_backend
+from tests.peers import llamacpp_image_answer
+from tests.runtime_support import first_and_greedy, golden, make_backend
 
 GOLD: dict[str, Any] = golden("qwen25vl.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
 PAD = SPECIAL["<|image_pad|>"]
-MARKER = {"LLAMA_MEDIA_MARKER": "<__media__>"}  # the server's own is random
 NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 
 
@@ -94,27 +93,13 @@ def _span(vision: VisionModel, case: dict[str, Any], *, mrope: bool = True) -> I
     return ImageSpan(ids.index(PAD), emb.reshape(-1, emb.shape[-1]), False, (grid[0], grid[1]))
 
 
-def _first_and_greedy(
-    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
-) -> tuple[np.ndarray[Any, Any], list[int]]:
-    cache = lm.new_cache(max_tokens=256)
-    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
-    x = logits[-1].astype(np.float64)
-    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits[-1])))
-        logits = lm.forward([SeqChunk(cache, [out[-1]], None, spans)])
-    return lp, out
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_answer_equals_transformers(
     vision: VisionModel, lm: LanguageModel, case: dict[str, Any]
 ) -> None:
     span = _span(vision, case)
     assert span.end - span.start == case["prompt_ids"].count(PAD)
-    lp, out = _first_and_greedy(lm, case["prompt_ids"], len(case["greedy"]), (span,))
+    lp, out = first_and_greedy(lm, case["prompt_ids"], len(case["greedy"]), (span,))
     for tok, want in case["top_logprobs"]:
         assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
     assert out == case["greedy"]
@@ -126,7 +111,7 @@ def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     for src in (gg, hf):
         model = build(load_model(str(src)), make_backend("cpu-exact"))
         assert isinstance(model, LanguageModel)
-        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
         for tok, want in t["top_logprobs"]:
             assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
         assert out == t["greedy"], src
@@ -137,7 +122,7 @@ def test_plain_positions_would_differ(vision: VisionModel, lm: LanguageModel) ->
     the log-probabilities."""
     case = next(c for c in GOLD["cases"] if c["grid_thw"][1] != c["grid_thw"][2])
     lps = [
-        _first_and_greedy(lm, case["prompt_ids"], 0, (_span(vision, case, mrope=m),))[0]
+        first_and_greedy(lm, case["prompt_ids"], 0, (_span(vision, case, mrope=m),))[0]
         for m in (True, False)
     ]
     assert np.abs(lps[0] - lps[1]).max() > 1e-3
@@ -216,30 +201,13 @@ def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path) -> No
     pixels): the same prompt token count and transformers' greedy answer, which modelc
     gives above."""
     pytest.importorskip("xllamacpp")
-    import httpx
-
-    from modelc.bench.llamacpp import LlamaCppServer
-
     case = next(c for c in GOLD["cases"] if c["image"].endswith("scene.png"))
     _, gg, mm = ensure_model()
     text = case["prompt_text"].replace("<|vision_start|><|image_pad|><|vision_end|>", "<__media__>")
-    b64 = base64.b64encode(_bytes(case)).decode()
-    body = {
-        "prompt": {"prompt_string": text, "multimodal_data": [b64]},
-        "n_predict": len(case["greedy"]),
-        "temperature": 0,
-        "samplers": ["top_k"],
-        "top_k": 1,
-        "ignore_eos": True,
-        "cache_prompt": False,
-        "return_tokens": True,
-    }
-    with LlamaCppServer(
-        gg, threads=1, n_parallel=1, n_ctx=512, log=tmp_path / "lc.log", mmproj=mm, env=MARKER
-    ) as s:
-        r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
-    assert r["tokens_evaluated"] == len(case["prompt_ids"]), r.get("tokens_evaluated")
-    assert r["tokens"] == case["greedy"]
+    n, toks = llamacpp_image_answer(
+        gg, mm, text, _bytes(case), len(case["greedy"]), tmp_path / "lc.log"
+    )
+    assert n == len(case["prompt_ids"]) and toks == case["greedy"], (n, toks)
 
 
 def test_pack_and_inspect(tmp_path: Path) -> None:

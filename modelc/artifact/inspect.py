@@ -84,8 +84,11 @@ def attention_features(art: Artifact) -> list[str]:
         out.append(rope + ")")
         if h.nope_layers:
             out.append(f"NoPE layers {','.join(map(str, h.nope_layers))}")
-        if h.rope_sections:  # qwen2vl
-            out.append(f"M-RoPE sections t/h/w {'/'.join(map(str, h.rope_sections))}")
+        if h.rope_sections:  # qwen2vl, qwen3vl
+            way = " interleaved" if h.rope_interleaved else ""
+            out.append(f"M-RoPE sections t/h/w {'/'.join(map(str, h.rope_sections))}{way}")
+        if h.n_deepstack:  # qwen3vl
+            out.append(f"DeepStack image features into the first {h.n_deepstack} layers")
     if h.rope_dim:
         out.append(f"partial RoPE ({h.rope_dim} of each head's {h.head_dim} dimensions)")
     if any(n.endswith(".shortconv.conv.weight") for n in names):  # lfm2

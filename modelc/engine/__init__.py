@@ -158,9 +158,9 @@ def _vision(path: str, runtime: Any) -> VisionModel:
         )
     arch = runtime.architecture
     goes = TEXT_ARCH.get(vision.cfg.projector, (arch,))
-    if arch not in goes or (vision.cfg.projector == "qwen2.5vl_merger") != (
-        runtime.mrope is not None
-    ):
+    mrope = vision.cfg.projector in ("qwen2.5vl_merger", "qwen3vl_merger")
+    deep = len(vision.cfg.deepstack) != runtime.spec.deepstack  # DeepStack layers (qwen3vl)
+    if arch not in goes or mrope != (runtime.mrope is not None) or deep:
         raise UsageError(
             f"{path}: a {vision.cfg.projector} projector does not go with a {arch} model"
             + (f" (it goes with {' or '.join(goes)})" if arch not in goes else "")

@@ -24,32 +24,35 @@ from modelc.families.qwen2 import neox_config, neox_gguf
 from modelc.formats.ir import HParams, Tensor
 
 
-def _sections(raw: Any) -> list[int]:
+def sections(raw: Any) -> list[int]:
+    """The t/h/w M-RoPE sections of a config or GGUF value (a fourth, if any, must be 0)."""
+    if raw is not None and any(int(s) for s in list(raw)[3:]):
+        raise UnsupportedError(f"M-RoPE with a fourth section {list(raw)!r} is not supported")
     secs = [int(s) for s in (raw or [])][:3]
     if len(secs) != 3 or min(secs) < 0:
         raise UnsupportedError(f"M-RoPE sections {raw!r}: three (t, h, w) are needed")
     return secs
 
 
-def _from_config(config: Mapping[str, Any]) -> HParams:
+def mrope_config(config: Mapping[str, Any]) -> HParams:
+    """Qwen2's config reading of a VL model's ``text_config``, with its M-RoPE sections
+    (``mrope_interleaved``: Qwen3-VL's layout)."""
     cfg = {**config, **(config.get("text_config") or {})}
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    secs = _sections(params.pop("mrope_section", None))
+    secs = sections(params.pop("mrope_section", None))
+    interleaved = bool(params.pop("mrope_interleaved", False))
     if params.get("rope_type") == "mrope" or params.get("type") == "mrope":
         params = {k: v for k, v in params.items() if k not in ("rope_type", "type")}
     hp = neox_config({**cfg, "rope_parameters": params, "rope_scaling": None})
-    hp.rope_sections = secs
+    hp.rope_sections, hp.rope_interleaved = secs, interleaved
     return hp
 
 
-def _from_gguf(
+def mrope_gguf(
     m: GGUFMeta, hp: HParams, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]
 ) -> None:
     neox_gguf(m, hp, tensors, meta)
-    raw = m("rope.dimension_sections", None)
-    if raw is not None and any(int(s) for s in list(raw)[3:]):
-        raise UnsupportedError(f"M-RoPE with a fourth section {list(raw)!r} is not supported")
-    hp.rope_sections = _sections(list(raw)[:3] if raw is not None else None)
+    hp.rope_sections = sections(m("rope.dimension_sections", None))
 
 
 FAMILY = Family(
@@ -61,8 +64,8 @@ FAMILY = Family(
     hf_classes=("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
     model_types=("qwen2_5_vl", "qwen2_vl"),
     drop=re.compile(r"rotary_emb\.inv_freq$|^(model\.)?visual\."),
-    from_config=_from_config,
-    from_gguf=_from_gguf,
+    from_config=mrope_config,
+    from_gguf=mrope_gguf,
     required=QWEN2.required,
     output_required=True,
     shapes=QWEN2.shapes,

@@ -215,13 +215,15 @@ _EXPERT_KIND = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up"}
 
 
 # transformers 5's fused experts (Qwen3.5-MoE): gate_up_proj (n_expert, 2*ff, d), the gate
-# rows first, and down_proj (n_expert, d, ff)
+# rows first, and down_proj (n_expert, d, ff); Qwen3-VL-MoE's files hold them transposed,
+# (n_expert, d, 2*ff) and (n_expert, ff, d), as llama.cpp's converter permutes them
 _FUSED = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 
 
 def _fused_experts(raw: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], set[str]]:
     """Fused expert stacks split as llama.cpp's converter splits them (a pair whose
-    gate_up_proj's last axis is down_proj's middle one: rows are outputs)."""
+    gate_up_proj's last axis is down_proj's middle one: rows are outputs; or both
+    transposed)."""
     found = {(m.group(1), m.group(2)): n for n in raw if (m := _FUSED.search(n))}
     out: dict[str, Tensor] = {}
     consumed: set[str] = set()
@@ -230,17 +232,32 @@ def _fused_experts(raw: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], set[st
         if kind != "gate_up_proj" or down is None:
             continue
         gu, dn = raw[name], raw[down]
-        if len(gu.shape) != 3 or gu.shape[2] != dn.shape[1] or gu.shape[1] % 2:
+        if len(gu.shape) != 3 or len(dn.shape) != 3:
             continue
-        half = gu.shape[1] // 2
+        flip = gu.shape[1] == dn.shape[2] and gu.shape[2] == 2 * dn.shape[1]  # transposed
+        if not flip and (gu.shape[2] != dn.shape[1] or gu.shape[1] % 2):
+            continue
+        e, two_ff, d = (gu.shape[0], gu.shape[2], gu.shape[1]) if flip else gu.shape
+        half = two_ff // 2
         for part, rows in (("gate", slice(0, half)), ("up", slice(half, None))):
 
-            def load(t: Tensor = gu, rows: slice = rows) -> np.ndarray[Any, Any]:
-                return np.ascontiguousarray(t.data()[:, rows])
+            def load(t: Tensor = gu, rows: slice = rows, flip: bool = flip) -> np.ndarray[Any, Any]:
+                x = t.data()
+                return np.ascontiguousarray(
+                    x[:, :, rows].transpose(0, 2, 1) if flip else x[:, rows]
+                )
 
             new = f"blk.{i}.ffn_{part}_exps.weight"
-            out[new] = Tensor(new, gu.dtype, (gu.shape[0], half, gu.shape[2]), load)
-        out[f"blk.{i}.ffn_down_exps.weight"] = renamed(dn, f"blk.{i}.ffn_down_exps.weight")
+            out[new] = Tensor(new, gu.dtype, (e, half, d), load)
+        new = f"blk.{i}.ffn_down_exps.weight"
+        if flip:
+
+            def load_down(t: Tensor = dn) -> np.ndarray[Any, Any]:
+                return np.ascontiguousarray(t.data().transpose(0, 2, 1))
+
+            out[new] = Tensor(new, dn.dtype, (e, d, half), load_down)
+        else:
+            out[new] = renamed(dn, new)
         consumed |= {name, down}
     return out, consumed
 

@@ -217,6 +217,8 @@ class HParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     attn_chunk: int = 0  # llama4: RoPE layers attend within chunks of this many positions
     nope_layers: list[int] = msgspec.field(default_factory=list)  # smollm3: layers without RoPE
     rope_sections: list[int] = msgspec.field(default_factory=list)  # qwen2vl: M-RoPE's t/h/w
+    rope_interleaved: bool = False  # qwen3vl: M-RoPE's sections interleaved (t h w t h w ..)
+    n_deepstack: int = 0  # qwen3vl: layers after which DeepStack image features are added
     rope_theta_local: float = 0.0  # gemma3: the windowed layers' RoPE base, unscaled; 0: same
     attn_scale: float = 0.0  # Q·K scale (gemma: query_pre_attn_scalar^-0.5); 0: head_dim^-0.5
     attn_temp_scale: float = 0.0  # llama-4 attention temperature's beta (mistral3); 0: none

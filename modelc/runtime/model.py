@@ -38,12 +38,14 @@ class ImageSpan:
     ``bidirectional``: the span's positions attend to each other both ways (Gemma 3's
     image tokens; llama.cpp decodes them with causal attention off); ``grid``: the image's
     rows and columns of tokens, row by row, for M-RoPE positions (Qwen2.5-VL:
-    :mod:`~modelc.runtime.arch.mrope`); (0, 0): one position per token."""
+    :mod:`~modelc.runtime.arch.mrope`); (0, 0): one position per token; ``deep``: DeepStack
+    features added after the first layers (Qwen3-VL: :mod:`~modelc.runtime.arch.deepstack`)."""
 
     start: int
     embeds: F32Array  # (n, d)
     bidirectional: bool = False
     grid: tuple[int, int] = (0, 0)
+    deep: F32Array | None = None  # (layers, n, d)
 
     @property
     def end(self) -> int:

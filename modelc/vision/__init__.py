@@ -7,13 +7,14 @@ model's processor would, and encodes them into one embedding per image token
 its media markers as llama.cpp's ``mtmd_tokenize`` does: each marker becomes the
 projector's begin text (Gemma 3: ``<start_of_image>``), one position per embedding (an
 :class:`~modelc.runtime.model.ImageSpan`, its token id a placeholder), then the end text
-(``<end_of_image>``).  Gemma 3's projector, Qwen2.5-VL's and Mistral 3's (Pixtral) run: a
-Qwen or Mistral image's embeddings come as their grid (rows, columns, n_embd), a size of
-its own per image; a Qwen span carries the grid for M-RoPE
-(:mod:`modelc.runtime.arch.mrope`), a Mistral image's rows are spans of their own with an
-``[IMG_BREAK]`` token between them (:func:`~modelc.vision.pixtral.row_spans`).  A SmolVLM /
-Idefics3 image is tiles (:mod:`~modelc.vision.idefics3`): one span per tile, each with
-its own text around it.
+(``<end_of_image>``).  Gemma 3's projector, Qwen2.5-VL's, Qwen3-VL's and Mistral 3's
+(Pixtral) run: a Qwen or Mistral image's embeddings come as their grid (rows, columns,
+n_embd), a size of its own per image; a Qwen span carries the grid for M-RoPE
+(:mod:`modelc.runtime.arch.mrope`), Qwen3-VL's are wider by their DeepStack features
+(n_embd each), which the span carries as ``deep``; a Mistral image's rows are spans of
+their own with an ``[IMG_BREAK]`` token between them
+(:func:`~modelc.vision.pixtral.row_spans`).  A SmolVLM / Idefics3 image is tiles
+(:mod:`~modelc.vision.idefics3`): one span per tile, each with its own text around it.
 """
 
 from __future__ import annotations
@@ -32,15 +33,18 @@ from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
 from modelc.vision.idefics3 import Tiled, tile_texts, tiles
-from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
+from modelc.vision.mmproj import AnyWeights, VisionConfig, load_mmproj
 from modelc.vision.pixtral import PixtralWeights, encode_pixtral, row_spans
 from modelc.vision.preprocess import (
+    QWEN_PIXELS,
     ImageError,
     decode_image,
     gemma3_pixels,
     pixtral_pixels,
     qwen_patches,
 )
+from modelc.vision.qwen3vl import PIXELS as QWEN3_PIXELS
+from modelc.vision.qwen3vl import Qwen3Weights, encode_qwen3vl
 from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
 
 __all__ = ["MEDIA_MARKER", "TEXT_ARCH", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
@@ -53,6 +57,7 @@ MARKERS = {
     "qwen2.5vl_merger": ("<|vision_start|>", "<|vision_end|>"),
     "pixtral": ("", "[IMG_END]"),
     "idefics3": ("", ""),  # per tile: idefics3.tile_texts
+    "qwen3vl_merger": ("<|vision_start|>", "<|vision_end|>"),
 }
 KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
 # per projector: the token id an image position carries, if the vocab has it
@@ -61,6 +66,7 @@ PLACEHOLDER = {
     "qwen2.5vl_merger": "<|image_pad|>",
     "pixtral": "[IMG]",
     "idefics3": "<image>",
+    "qwen3vl_merger": "<|image_pad|>",
 }
 # per projector: the text models' architectures it goes with, where that is limited
 TEXT_ARCH = {"idefics3": ("llama",), "pixtral": ("mistral3", "llama")}
@@ -87,7 +93,7 @@ class VisionModel:
         self.path = str(path)
         cfg, weights = load_mmproj(path)
         self.cfg: VisionConfig = cfg
-        self.weights: VisionWeights | Qwen25Weights | PixtralWeights = weights
+        self.weights: AnyWeights = weights
         self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
         self._kept: OrderedDict[bytes, Embedding] = OrderedDict()  # image hash -> embeddings
         self._lock = threading.Lock()
@@ -117,21 +123,25 @@ class VisionModel:
         if c.projector == "pixtral":
             size = c.patch_size * c.n_merge
             return pixtral_pixels(img, c.image_size, size, c.mean, c.std), 0, 0
-        x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param=param)
+        limits = QWEN3_PIXELS if c.projector == "qwen3vl_merger" else QWEN_PIXELS
+        x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, limits, param)
         m = c.n_merge
         return x.reshape(gh // m, gw // m, m * m, -1), 0, 0
 
     def encode(self, pixels: F32) -> F32:
-        """One image's embeddings: (tokens_per_image, n_embd), or Qwen2.5-VL's grid
-        (rows, columns, n_embd), or Mistral 3's grid (without its [IMG_BREAK] rows)."""
-        if isinstance(self.weights, PixtralWeights):
-            return encode_pixtral(self.cfg, self.weights, pixels)
-        if isinstance(self.weights, Qwen25Weights):
+        """One image's embeddings: (tokens_per_image, n_embd), or a Qwen VL grid (rows,
+        columns, n_embd; Qwen3-VL: n_embd * (1 + DeepStack layers)), or Mistral 3's grid
+        (without its [IMG_BREAK] rows)."""
+        w = self.weights
+        if isinstance(w, PixtralWeights):
+            return encode_pixtral(self.cfg, w, pixels)
+        if isinstance(w, Qwen25Weights | Qwen3Weights):
             m, (r, c) = self.cfg.n_merge, pixels.shape[:2]
-            return encode_qwen25(
-                self.cfg, self.weights, pixels.reshape(r * c * m * m, -1), r * m, c * m
-            )
-        return encode(self.cfg, self.weights, pixels)
+            flat, gh, gw = pixels.reshape(r * c * m * m, -1), r * m, c * m
+            if isinstance(w, Qwen25Weights):
+                return encode_qwen25(self.cfg, w, flat, gh, gw)
+            return encode_qwen3vl(self.cfg, w, flat, gh, gw)
+        return encode(self.cfg, w, pixels)
 
     def embed(self, data: bytes, param: str = "image") -> Embedding:
         """Decode, preprocess and encode one image (CPU work: run it in a worker thread);
@@ -205,24 +215,25 @@ class VisionModel:
                     out += encode_text(tail) if tail else []
                 continue
             grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)
-            want = (*grid, self.cfg.n_embd) if grid[0] else (self.tokens_per_image, self.cfg.n_embd)
-            if emb.shape != want:
-                raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
-            out += b_ids
             if self.cfg.projector == "pixtral":  # a span a row, [IMG_BREAK] between
+                if emb.ndim != 3 or emb.shape[-1] != self.cfg.n_embd:
+                    raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
+                out += b_ids
                 tok, rows = row_spans(emb, len(out), fill, self._token(encode_text, "[IMG_BREAK]"))
                 spans += rows
-                out += tok
-            else:
-                spans.append(
-                    ImageSpan(
-                        len(out),
-                        emb.reshape(-1, emb.shape[-1]),
-                        self.bidirectional,
-                        (grid[0], grid[1]),
-                    )
-                )
-                out += [fill] * (grid[0] * grid[1] or len(emb))
+                out += tok + e_ids
+                continue
+            flat = emb.reshape(-1, emb.shape[-1]) if emb.ndim == 3 else emb
+            d, n_deep = self.cfg.n_embd, len(self.cfg.deepstack)
+            want = (len(flat) if grid[0] else self.tokens_per_image, d * (1 + n_deep))
+            if flat.shape != want:
+                raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
+            deep = flat[:, d:].reshape(len(flat), n_deep, d).transpose(1, 0, 2) if n_deep else None
+            out += b_ids
+            spans.append(
+                ImageSpan(len(out), flat[:, :d], self.bidirectional, (grid[0], grid[1]), deep)
+            )
+            out += [fill] * len(flat)
             out += e_ids
         out += ids[prev:]
         return PlacedPrompt(out, tuple(spans))

@@ -19,13 +19,15 @@ square the tower was trained on).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from modelc.vision.idefics3 import pixel_shuffle
-from modelc.vision.mmproj import VisionBlock, VisionConfig, VisionWeights
 from modelc.vision.preprocess import patchify
+
+if TYPE_CHECKING:
+    from modelc.vision.mmproj import VisionBlock, VisionConfig, VisionWeights
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 

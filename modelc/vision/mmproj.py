@@ -11,7 +11,8 @@ shuffle by ``clip.vision.projector.scale_factor`` s, the images tiled to
 ``clip.vision.preproc_image_size`` (:mod:`modelc.vision.idefics3`).
 
 Gemma 3's projector (``gemma3``) is read here, Qwen2.5-VL's (``qwen2.5vl_merger``) by
-:mod:`modelc.vision.qwen25vl`, Mistral 3's (``pixtral``) by :mod:`modelc.vision.pixtral`;
+:mod:`modelc.vision.qwen25vl`, Qwen3-VL's (``qwen3vl_merger``) by :mod:`modelc.vision.qwen3vl`,
+Mistral 3's (``pixtral``) by :mod:`modelc.vision.pixtral`;
 other projectors are refused in one line.
 Weights are widened to f32 once at load (a projector is small beside its text model).
 """
@@ -29,10 +30,11 @@ from modelc.errors import FormatError, ModelcError, UnsupportedError
 from modelc.formats.ir import DType, Tensor
 from modelc.formats.quants import dequantize
 from modelc.vision.pixtral import PixtralWeights, load_pixtral
+from modelc.vision.qwen3vl import Qwen3Weights, load_qwen3vl
 from modelc.vision.qwen25vl import Qwen25Weights, load_qwen25
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
-PROJECTORS = ("gemma3", "qwen2.5vl_merger", "pixtral", "idefics3")
+PROJECTORS = ("gemma3", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral", "idefics3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,7 @@ class VisionConfig:
     n_merge: int  # the pooling kernel per side (Gemma 3: 4; Qwen2.5-VL's merger: 2)
     n_wa_pattern: int = 0  # Qwen2.5-VL: every n-th block attends fully, the others in windows
     longest_edge: int = 0  # Idefics3: an image's longest side before it is cut into tiles
+    deepstack: tuple[int, ...] = ()  # Qwen3-VL: the blocks whose DeepStack features are taken
 
     @property
     def patches_per_side(self) -> int:
@@ -92,6 +95,9 @@ class VisionWeights:
     proj: F32  # (width, n_embd); Idefics3: (width * s * s, n_embd)
 
 
+AnyWeights = VisionWeights | Qwen25Weights | Qwen3Weights | PixtralWeights
+
+
 def _f32(t: Tensor) -> F32:
     data = t.data()
     if t.dtype is DType.BF16:
@@ -116,9 +122,7 @@ def _merge(meta: Mapping[str, Any], proj: str) -> int:
     return int(meta.get("clip.vision.projector.scale_factor", 4 if proj == "gemma3" else 2))
 
 
-def load_mmproj(
-    path: str | Path,
-) -> tuple[VisionConfig, VisionWeights | Qwen25Weights | PixtralWeights]:
+def load_mmproj(path: str | Path) -> tuple[VisionConfig, AnyWeights]:
     """The projector's settings and weights; FormatError / UnsupportedError on a file that
     is no mmproj, or whose projector modelc does not run."""
     from modelc.formats.gguf import read_gguf
@@ -158,6 +162,9 @@ def load_mmproj(
         n_merge=_merge(meta, proj),
         n_wa_pattern=int(meta.get("clip.vision.n_wa_pattern", 0)),
         longest_edge=int(meta.get("clip.vision.preproc_image_size", 0)),
+        deepstack=tuple(
+            i for i, on in enumerate(meta.get("clip.vision.is_deepstack_layers") or ()) if on
+        ),
     )
     if cfg.n_head <= 0 or cfg.width % cfg.n_head:
         raise FormatError(f"width {cfg.width} does not split into {cfg.n_head} heads", path=p)
@@ -175,6 +182,8 @@ def load_mmproj(
         return cfg, load_qwen25(cfg, get)
     if proj == "pixtral":
         return cfg, load_pixtral(cfg, get, lambda name: name in tensors)
+    if proj == "qwen3vl_merger":
+        return cfg, load_qwen3vl(cfg, get)
     side = cfg.patches_per_side
     if cfg.patch_size <= 0 or side <= 0 or cfg.n_merge <= 0 or side % cfg.n_merge:
         raise FormatError(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -118,9 +118,46 @@ def _grid(gh: int, gw: int, merge: int) -> tuple[np.ndarray[Any, Any], np.ndarra
     ).ravel()
 
 
-def _attention(
-    x: F32, b: Qwen25Block, n_head: int, cos: F32, sin: F32, groups: list[np.ndarray[Any, Any]]
+class AttnWeights(Protocol):
+    """A vision block's attention projections, each with its bias (Qwen2.5-VL, Qwen3-VL)."""
+
+    @property
+    def wq(self) -> F32: ...
+    @property
+    def bq(self) -> F32: ...
+    @property
+    def wk(self) -> F32: ...
+    @property
+    def bk(self) -> F32: ...
+    @property
+    def wv(self) -> F32: ...
+    @property
+    def bv(self) -> F32: ...
+    @property
+    def wo(self) -> F32: ...
+    @property
+    def bo(self) -> F32: ...
+
+
+def rope_tables(gh: int, gw: int, merge: int, head_dim: int) -> tuple[F32, F32]:
+    """The 2-D RoPE's cos and sin (n, 1, head_dim / 2) of a gh x gw grid of patches in
+    merge-block order: a head's first half of pairs turns by the patch's row, the second
+    by its column (``theta`` 10000)."""
+    rows, cols = _grid(gh, gw, merge)
+    hd = head_dim
+    inv = (1.0 / THETA ** (np.arange(0, hd // 2, 2, dtype=np.float32) / (hd // 2))).astype(
+        np.float32
+    )
+    ang = np.concatenate([rows[:, None] * inv, cols[:, None] * inv], axis=1)  # (n, hd/2)
+    cos = np.cos(ang.astype(np.float64)).astype(np.float32)[:, None, :]  # (n, 1, hd/2)
+    sin = np.sin(ang.astype(np.float64)).astype(np.float32)[:, None, :]
+    return cos, sin
+
+
+def attention(
+    x: F32, b: AttnWeights, n_head: int, cos: F32, sin: F32, groups: list[np.ndarray[Any, Any]]
 ) -> F32:
+    """Bidirectional attention with the 2-D RoPE, within each group of rows."""
     n, w = x.shape
     hd = w // n_head
     half = hd // 2
@@ -151,13 +188,7 @@ def encode_qwen25(cfg: VisionConfig, wt: Qwen25Weights, patches: F32, gh: int, g
     """One image's embeddings (gh/2, gw/2, n_embd) from its pixel values (gh*gw, 3*2*p*p)."""
     m = cfg.n_merge
     rows, cols = _grid(gh, gw, m)
-    hd = cfg.width // cfg.n_head
-    inv = (1.0 / THETA ** (np.arange(0, hd // 2, 2, dtype=np.float32) / (hd // 2))).astype(
-        np.float32
-    )
-    ang = np.concatenate([rows[:, None] * inv, cols[:, None] * inv], axis=1)  # (n, hd/2)
-    cos = np.cos(ang.astype(np.float64)).astype(np.float32)[:, None, :]  # (n, 1, hd/2)
-    sin = np.sin(ang.astype(np.float64)).astype(np.float32)[:, None, :]
+    cos, sin = rope_tables(gh, gw, m, cfg.width // cfg.n_head)
     ws = WINDOW // m // cfg.patch_size  # merge blocks a window's side
     win = (rows // m // ws) * (gw // m) + cols // m // ws  # each patch's window
     windows = [np.flatnonzero(win == g) for g in np.unique(win)]
@@ -165,7 +196,7 @@ def encode_qwen25(cfg: VisionConfig, wt: Qwen25Weights, patches: F32, gh: int, g
     x = patches @ wt.patch.T  # (n, width)
     for i, b in enumerate(wt.blocks):
         full = cfg.n_wa_pattern == 0 or (i + 1) % cfg.n_wa_pattern == 0
-        x = x + _attention(
+        x = x + attention(
             _rms(x, b.ln1, cfg.eps), b, cfg.n_head, cos, sin, whole if full else windows
         )
         h = _rms(x, b.ln2, cfg.eps)

@@ -47,6 +47,7 @@ from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.chunked import chunked_attend, layer_chunks
 from modelc.runtime.arch.decoder_block import DecoderBlock, layer_windows, opt_vec, split_rows
 from modelc.runtime.arch.decoder_spec import FEATURES, DecoderSpec, refuse_unsupported
+from modelc.runtime.arch.deepstack import add_deepstack
 from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
 from modelc.runtime.arch.llama4_moe import llama4_moe_ffn
 from modelc.runtime.arch.longrope import LongRope, long_rope_after
@@ -116,7 +117,8 @@ class Decoder(CausalLM):
             self.inv_freq = proportional_inv_freq(hd_g, rot, hp.rope_theta)
         after = long_rope_after(hp)
         self.long_rope = LongRope(hp, rot, after) if after else None
-        self.mrope = MRope(hp.rope_sections, self.inv_freq) if hp.rope_sections else None
+        secs, inter = hp.rope_sections, hp.rope_interleaved  # M-RoPE (qwen2vl, qwen3vl)
+        self.mrope = MRope(secs, self.inv_freq, inter) if secs else None
         # YaRN / LongRoPE scale cos and sin: each Q·K by the factor squared, unless only part
         # of each head rotates (then the angle tables carry it, to the rotated dims alone)
         mscale = rope_attention_factor(hp.rope_scaling)
@@ -193,6 +195,8 @@ class Decoder(CausalLM):
             attn_out_bias=tuple(b.bo is not None for b in self.blocks),
             moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
             mrope_sections=tuple(hp.rope_sections),
+            mrope_interleaved=hp.rope_interleaved,
+            deepstack=hp.n_deepstack,
         )
         self.state_shapes = {
             i: b.mixer.state_shapes() for i, b in enumerate(self.blocks) if b.mixer is not None
@@ -348,6 +352,8 @@ class Decoder(CausalLM):
         )
         res = np.float32(sp.residual_scale)  # the residual branches scaled (granite)
         for li in range(self.first, self.stop):
+            if self.first < li <= sp.deepstack:  # images' features after the layer before
+                add_deepstack(batch, slices, x, li - 1)
             b, ci = self.blocks[li], li - self.first  # ci: its layer in this model's caches
             hin = x if b.attn_norm is None else be.rms_norm(x, b.attn_norm, self.eps, out=h)
             rot = local if sp.local_rope[li] else angles
@@ -394,6 +400,8 @@ class Decoder(CausalLM):
             x += o * res if res else o
             if g4 is not None:  # per-layer inputs, output scales
                 g4.after_layer(be, li, x, per_layer)
+        if self.stop <= sp.deepstack:
+            add_deepstack(batch, slices, x, self.stop - 1)
         rows = end_step(batch, slices)
         if self.stop < len(self.blocks):
             return x  # the next part's input

@@ -61,6 +61,8 @@ FEATURES: dict[str, str] = {
     "residual_scale": "scaled residual branches",  # granitehybrid
     "logit_scale": "scaled logits",  # granitehybrid
     "mrope": "M-RoPE (image positions by rows and columns)",  # qwen2vl (arch/mrope.py)
+    "imrope": "interleaved M-RoPE",  # qwen3vl (arch/mrope.py)
+    "deepstack": "DeepStack image features added into the first layers",  # qwen3vl
 }
 
 
@@ -144,6 +146,8 @@ class DecoderSpec:
     logit_scale: float = 0.0  # the logits divided by this (granite); 0: none
     chunks: tuple[int, ...] = ()  # per layer: attends within chunks of this; 0: not
     mrope_sections: tuple[int, ...] = ()  # M-RoPE's t/h/w pairs (qwen2vl); (): plain RoPE
+    mrope_interleaved: bool = False  # the sections interleaved (qwen3vl)
+    deepstack: int = 0  # layers after which images' DeepStack features are added (qwen3vl)
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -191,6 +195,8 @@ class DecoderSpec:
             "residual_scale": bool(self.residual_scale),
             "logit_scale": bool(self.logit_scale),
             "mrope": bool(self.mrope_sections),
+            "imrope": self.mrope_interleaved,
+            "deepstack": bool(self.deepstack),
         }
         return frozenset(k for k, v in used.items() if v)
 

@@ -1,7 +1,9 @@
 """M-RoPE (Qwen2-VL / Qwen2.5-VL; llama.cpp's ``LLAMA_ROPE_TYPE_MROPE``): each head's
 rotary pairs cut into three contiguous sections rotating by a token's temporal, height and
 width positions (``mrope_section``; pairs ``0..s0-1`` by t, the next ``s1`` by h, the rest
-by w), NeoX layout.
+by w), NeoX layout.  Interleaved (Qwen3-VL, ``LLAMA_ROPE_TYPE_IMROPE``; transformers'
+``recomposition_frequencies``): pair ``i`` turns by h if ``i % 3 == 1`` and ``i < 3 * s1``,
+by w if ``i % 3 == 2`` and ``i < 3 * s2``, else by t.
 
 A text token's three positions are equal.  An image of ``gh x gw`` merged patches placed
 at positions ``s .. s + gh*gw - 1`` (an :class:`~modelc.runtime.model.ImageSpan` with its
@@ -45,17 +47,29 @@ def mrope_positions(batch: Sequence[SeqChunk], pos: IntArray, slices: Sequence[s
     return out
 
 
-class MRope:
-    """A model's M-RoPE: its sections over the inverse frequencies (rot_dim / 2 pairs)."""
+def section_of_pairs(sections: Sequence[int], interleaved: bool) -> IntArray:
+    """Each rotary pair's section: 0 (t), 1 (h) or 2 (w)."""
+    i = np.arange(sum(sections))
+    if not interleaved:
+        return np.repeat(np.arange(len(sections)), sections).astype(np.int64)
+    out = np.zeros(len(i), np.int64)
+    out[(i % 3 == 1) & (i < 3 * sections[1])] = 1
+    out[(i % 3 == 2) & (i < 3 * sections[2])] = 2
+    return out
 
-    def __init__(self, sections: Sequence[int], inv_freq: F32Array) -> None:
+
+class MRope:
+    """A model's M-RoPE: its sections over the inverse frequencies (rot_dim / 2 pairs),
+    contiguous or ``interleaved``."""
+
+    def __init__(self, sections: Sequence[int], inv_freq: F32Array, interleaved: bool) -> None:
         if sum(sections) != len(inv_freq):
             raise UnsupportedError(
                 f"M-RoPE sections {list(sections)} do not add up to the {len(inv_freq)} "
                 "rotary pairs of a head"
             )
-        ends = np.cumsum(sections)
-        self.cuts = [(int(a), int(b)) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        which = section_of_pairs(sections, interleaved)
+        self.pairs = [np.flatnonzero(which == s) for s in range(len(sections))]
         self.inv_freq = inv_freq
 
     def angles(
@@ -65,7 +79,7 @@ class MRope:
         p3 = mrope_positions(batch, pos, slices)
         cos = np.empty((len(pos), len(self.inv_freq)), np.float32)
         sin = np.empty_like(cos)
-        for s, (a, b) in enumerate(self.cuts):
-            if b > a:
-                cos[:, a:b], sin[:, a:b] = be.rope_angles(p3[s], self.inv_freq[a:b])
+        for s, idx in enumerate(self.pairs):
+            if len(idx):
+                cos[:, idx], sin[:, idx] = be.rope_angles(p3[s], self.inv_freq[idx])
         return cos, sin
