@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import modelc.runtime.arch.decoder_block as blk
 from modelc.errors import UnsupportedError, UsageError
 from modelc.families.contract import DecoderTraits, rope_attention_factor, rope_inv_freq
 from modelc.families.registry import FAMILIES
@@ -54,7 +55,7 @@ from modelc.runtime.arch.longrope import LongRope, long_rope_after
 from modelc.runtime.arch.mla import latent_attention, latent_kv_shape, load_latent
 from modelc.runtime.arch.moe import load_experts, moe_ffn
 from modelc.runtime.arch.mrope import MRope
-from modelc.runtime.arch.recurrent import load_mixer, mixer_feature, mixer_forward
+from modelc.runtime.arch.recurrent import load_mixer, mixer_forward
 from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
@@ -164,9 +165,6 @@ class Decoder(CausalLM):
             attn_softcap=float(hp.attn_softcap),
             final_softcap=float(hp.final_softcap),
             long_rope_after=after,
-            qkv_bias=tuple(b.bq is not None for b in self.blocks),
-            qk_norm=tuple(b.q_norm is not None for b in self.blocks),
-            moe=tuple(b.experts is not None for b in self.blocks),
             n_expert_used=hp.n_expert_used,
             nope=tuple(i in hp.nope_layers for i in range(len(self.blocks))),
             pre_norms=traits.pre_norms,
@@ -177,26 +175,17 @@ class Decoder(CausalLM):
                 not traits.attn_temp_nope_only or i in hp.nope_layers for i in range(n_layer)
             ),
             qk_l2_norm=tuple(hp.qk_l2_norm and i not in hp.nope_layers for i in range(n_layer)),
-            moe_sigmoid_shared=traits.moe_sigmoid_shared
-            and any(b.experts is not None for b in self.blocks),
-            qk_norm_whole=any(
-                b.q_norm is not None and b.q_norm.size > self.head_dim for b in self.blocks
-            ),
             mla=hp.mla is not None,
             moe_routing=hp.routing is not None,
             **(g4.spec_fields(hp) if g4 is not None else {}),
             attn_gate=traits.attn_gate,
-            recurrent=tuple(b.mixer is not None for b in self.blocks),
             chunks=chunks,
-            mixers=tuple(mixer_feature(b.mixer) for b in self.blocks),
             residual_scale=hp.residual_scale,
             logit_scale=hp.logit_scale,
-            attn_sinks=tuple(b.sinks is not None for b in self.blocks),
-            attn_out_bias=tuple(b.bo is not None for b in self.blocks),
-            moe_oai=any(b.experts is not None and b.experts.oai is not None for b in self.blocks),
             mrope_sections=tuple(hp.rope_sections),
             mrope_interleaved=hp.rope_interleaved,
             deepstack=hp.n_deepstack,
+            **blk.block_fields(self.blocks, self.head_dim, traits.moe_sigmoid_shared),
         )
         self.state_shapes = {
             i: b.mixer.state_shapes() for i, b in enumerate(self.blocks) if b.mixer is not None

@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.mla import LatentBlock
 from modelc.runtime.arch.moe import Experts
-from modelc.runtime.arch.recurrent import Mixer
+from modelc.runtime.arch.recurrent import Mixer, mixer_feature
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.model import TensorSource, check_rows
 
@@ -66,3 +67,24 @@ def layer_windows(hp: HParams) -> tuple[int, ...]:
         return (0,) * hp.n_layer
     on = set(hp.window_layers) if hp.window_layers else set(range(hp.n_layer))
     return tuple(hp.sliding_window if i in on else 0 for i in range(hp.n_layer))
+
+
+def block_fields(
+    blocks: Sequence[DecoderBlock], head_dim: int, sigmoid_shared: bool
+) -> dict[str, Any]:
+    """The :class:`~modelc.runtime.arch.decoder_spec.DecoderSpec` fields read off the
+    loaded blocks: which layers have biases, norms, experts, a recurrent mixer, sinks
+    (``sigmoid_shared``: the family routes its experts so, llama4)."""
+    moe = any(b.experts is not None for b in blocks)
+    return {
+        "moe_sigmoid_shared": sigmoid_shared and moe,
+        "qkv_bias": tuple(b.bq is not None for b in blocks),
+        "qk_norm": tuple(b.q_norm is not None for b in blocks),
+        "qk_norm_whole": any(b.q_norm is not None and b.q_norm.size > head_dim for b in blocks),
+        "moe": tuple(b.experts is not None for b in blocks),
+        "moe_oai": any(b.experts is not None and b.experts.oai is not None for b in blocks),
+        "recurrent": tuple(b.mixer is not None for b in blocks),
+        "mixers": tuple(mixer_feature(b.mixer) for b in blocks),
+        "attn_sinks": tuple(b.sinks is not None for b in blocks),
+        "attn_out_bias": tuple(b.bo is not None for b in blocks),
+    }
