@@ -169,6 +169,7 @@ def fused_lacks(model: Any) -> str:
     heads = sorted(h for h in set(sp.head_dims or (sp.head_dim,)) if not head_runs(h))
     why.append(f"a head size of {heads[0]}" if heads else "")
     mats = [w for b in model.blocks for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)]
+    mats += [w for b in model.blocks if b.experts for w in (*b.experts.up, *b.experts.down)]
     if sp.d % 32 or any(w is not None and w.shape[1] % 32 for w in mats):
         why.append("widths that are not multiples of 32")
     return "; ".join(w for w in why if w)
