@@ -57,3 +57,24 @@ def test_family_on_cuda_matches_cpu(family: str) -> None:
     prompt = np.random.default_rng(5).integers(0, min(ref.n_vocab, 300), 30).tolist()
     err = same_as_reference(ref, dev, prompt, 12)
     print(f"{family}: {type(dev).__name__}, top-10 log-prob error {err:.2e}")
+
+
+@pytest.mark.parametrize("family", ["gptoss", "lfm2"])
+def test_engine_runs_a_family_op_by_op(family: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``--device cuda`` through the engine's own choice (:func:`modelc.engine.build_runtime`):
+    a family the device-resident forward lacks runs op by op on the GPU, one log line says
+    why, and it answers as the CPU backend does (a 12-token prompt: GEMV products, f32)."""
+    import logging
+
+    from modelc.engine import EngineOptions, build_runtime
+    from modelc.runtime.arch import build
+    from modelc.runtime.arch.decoder import Decoder
+    from modelc.runtime.backends.cuda import CudaBackend
+
+    ir = load_model(TINY[family]())
+    with caplog.at_level(logging.WARNING, logger="modelc"):
+        model, _ = build_runtime(ir, EngineOptions(device="cuda"))
+    assert isinstance(model, Decoder) and isinstance(model.be, CudaBackend)
+    assert [r.getMessage().count("runs op by op") for r in caplog.records] == [1]
+    prompt = np.random.default_rng(6).integers(0, 300, 12).tolist()
+    same_as_reference(build(ir, make_backend("cpu-exact")), model, prompt, 8)
