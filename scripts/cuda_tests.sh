@@ -3,7 +3,10 @@
 # lent H200: no network there, so modelc's pure-python deps come as wheels in .whl and
 # SmolLM2 as two zstd halves in .cuda_a/ and .cuda_b/, which may arrive in two calls).
 #   scripts/cuda_tests.sh sanity   ops + small random models of every block type
-#   scripts/cuda_tests.sh full     every test in tests/test_cuda.py, then bench/cuda_bench.py
+#   scripts/cuda_tests.sh families every tiny family on --device cuda against the CPU
+#                                  (tests/test_cuda_families.py: CudaLlama or op by op)
+#   scripts/cuda_tests.sh full     every test in tests/test_cuda.py and the families, then
+#                                  bench/cuda_bench.py
 #                                  (CUDA_BENCH_ARGS="--no-hf ..." adds bench flags)
 # Logs go to $OUT (the device tool's folder) or ./cuda-logs.
 set -uo pipefail
@@ -35,9 +38,12 @@ case $MODE in
 sanity)
   python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "matmul or norm or small" 2>&1 | tee "$OUT/sanity.log"
   ;;
+families)
+  python3 -m pytest -v -s -p no:cacheprovider tests/test_cuda_families.py tests/test_cuda_route.py 2>&1 | tee "$OUT/families.log"
+  ;;
 full)
   [ -f /tmp/m1b/llama1b-q8_0.gguf ] || python3 -m tests.gen_cuda_models /tmp/m1b
-  python3 -m pytest -v -s -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/tests.log"
+  python3 -m pytest -v -s -p no:cacheprovider tests/test_cuda.py tests/test_cuda_families.py 2>&1 | tee "$OUT/tests.log"
   unset MODELC_MATMUL  # the benchmark runs the default (f16 tensor cores for large batches)
   # shellcheck disable=SC2086  # CUDA_BENCH_ARGS: extra flags, e.g. --no-hf
   python3 bench/cuda_bench.py ${MODELC_CUDA_SMOLLM2:+--smollm2 $SMOL} --dir /tmp/m1b --engine \

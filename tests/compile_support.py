@@ -64,7 +64,9 @@ def build_in_place(projects: dict[str, tuple[Path, Path]]) -> dict[str, str]:
     return dict(json.loads(out.splitlines()[-1]))
 
 
-def _build_in_place() -> None:
+def build_one_in_place(name: str, src: Path, out: Path) -> str:
+    """``modelc compile`` of ``src`` into ``out`` and its generated forward built in place,
+    in this process (which modelc it imports is the one that compiles); the package name."""
     import importlib.util
 
     from setuptools import setup
@@ -72,11 +74,11 @@ def _build_in_place() -> None:
     from modelc.compile import compile_model
     from modelc.resolve import resolve_model
 
-    done = {}
-    for name, (src, out) in json.loads(sys.argv[1]).items():
-        res = compile_model(resolve_model(src), Path(out), name=name)
-        os.chdir(out)
-        mod_spec = importlib.util.spec_from_file_location(f"setup_{len(done)}", "setup.py")
+    res = compile_model(resolve_model(str(src)), out, name=name)
+    here = os.getcwd()
+    os.chdir(out)
+    try:
+        mod_spec = importlib.util.spec_from_file_location(f"setup_{name}", "setup.py")
         assert mod_spec is not None and mod_spec.loader is not None
         mod = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(mod)
@@ -85,7 +87,15 @@ def _build_in_place() -> None:
             cmdclass={"build_ext": mod.ParallelBuildExt},  # the project's own build (-g0)
             script_args=["build_ext", "--inplace", "-q"],
         )
-        done[name] = res.names.package
+    finally:
+        os.chdir(here)
+    return res.names.package
+
+
+def _build_in_place() -> None:
+    done = {}
+    for name, (src, out) in json.loads(sys.argv[1]).items():
+        done[name] = build_one_in_place(name, Path(src), Path(out))
     print(json.dumps(done))
 
 
@@ -200,6 +210,11 @@ def _compare(package: str) -> dict[str, object]:
     wins = getattr(ref, "kv_windows", ()) or None
     cr = [KVCache(ref.kv_shape, 48, "f16", windows=wins, window_slack=3, window_keep=1)]
     cc = [kvc.KVCache(com.kv_shape, 48, "f16", windows=wins, window_slack=3, window_keep=1)]
+    if ref.state_shapes:  # recurrent layers: each sequence's state beside its cache
+        from modelc.runtime.seq_state import SeqState
+
+        vendored = importlib.import_module(f"{package}._rt.runtime.seq_state")
+        cr[0].state, cc[0].state = SeqState(ref.state_shapes), vendored.SeqState(com.state_shapes)
     cf = [ref.new_cache("f16", max_tokens=48, full=True)]
     toks = [[int(t) for t in rng.integers(0, ref.n_vocab, size=5)]]
     same = True

@@ -113,6 +113,7 @@ def page(browser: Browser) -> Iterator[Page]:
 LONG_FIRST = (
     "test_soak.py",
     "test_compile.py",
+    "test_new_family.py",
     "test_runtime_llama.py",
     "test_gemma3_real.py",
     "test_hub.py",

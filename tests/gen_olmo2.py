@@ -51,11 +51,12 @@ def weights() -> Arrays:
     return llama_weights(CONFIG, SEED, _olmo2_layer, input_norm=False)
 
 
-def write_gguf(ws: Arrays, path: Path) -> None:
+def write_gguf(ws: Arrays, path: Path, arch: str = "olmo2") -> None:
+    """``arch``: the file's ``general.architecture`` (a family of OLMo 2's layout)."""
     cfg = CONFIG
-    with gguf_file(path, "olmo2", atomic=True) as w:
+    with gguf_file(path, arch, atomic=True) as w:
         w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-olmo2")
+        w.add_name(f"tiny-{arch}")
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         add_llama_shape(
             w,

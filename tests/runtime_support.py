@@ -81,6 +81,24 @@ def first_and_greedy(
     return lp, out
 
 
+def same_as_reference(ref: Any, model: Any, prompt: list[int], n: int) -> float:
+    """``model`` against ``ref`` (the CPU backend) after ``prompt`` (one prefill, f32
+    caches): top-10 next-token log-probs within :data:`LOGPROB_TOL` and the same ``n``
+    greedy tokens (the issue's bar); returns the log-prob error."""
+    got = []
+    for m in (ref, model):
+        cache = m.new_cache("f32")
+        lp = log_softmax(m.forward([SeqChunk(cache, prompt)])[0])
+        got.append((lp, greedy(m, cache, int(np.argmax(lp)), n)))
+        cache.free()
+    (lp_ref, gen_ref), (lp, gen) = got
+    top = np.argsort(lp_ref)[-10:]
+    err = float(np.max(np.abs(lp[top] - lp_ref[top])))
+    assert err <= LOGPROB_TOL, f"top-10 log-prob error {err:.2e}"
+    assert gen == gen_ref, f"greedy continuations differ: {gen} vs {gen_ref}"
+    return err
+
+
 def check_record(
     model: LanguageModel, rec: dict[str, Any], mode: str = "f32"
 ) -> tuple[float, list[int]]:

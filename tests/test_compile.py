@@ -8,7 +8,10 @@ soft-caps, windows with their own RoPE base), Phi-3 (fused Q/K/V and gate/up), B
 their generated forward built in place (the kernels extension reused from the SmolLM2
 build: its sources are the same in every project; built on the second core while the
 wheel builds), then compared with modelc's runtime bit for bit; BERT's and the MLP's programs answer over
-HTTP, run by the venv without modelc.
+HTTP, run by the venv without modelc.  gpt-oss (sinks, MXFP4 experts), LFM2 (short
+convolutions) and Qwen 3.5 (Gated DeltaNet) use parts the compiled loop does not run: their
+programs' forward is the runtime's decoder (the ``runtime`` template), held to the same
+bit-for-bit comparison.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from tests.compile_support import (
 from tests.gen_families import ensure_family
 from tests.gen_gpt2 import ensure_gpt2_random
 from tests.server_fixtures import Server, free_port, start
+from tests.tiny_families import TINY
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +109,9 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
         "tiny-gemma3": ensure_family("gemma3")[1],
         "tiny-phi3": ensure_family("phi3")[1],
         "tiny-moe": ensure_family("qwen3moe")[1],
+        "tiny-gptoss": TINY["gptoss-mxfp4"](),  # the runtime template from here on
+        "tiny-lfm2": TINY["lfm2"](),
+        "tiny-qwen35": TINY["qwen35"](),
         "minilm": minilm_dir(),
         "mlp": mlp,
     }
@@ -265,6 +272,9 @@ def test_program_refuses_another_models_artifact(compared: dict[str, dict[str, o
         "tiny-gemma3",
         "tiny-phi3",
         "tiny-moe",
+        "tiny-gptoss",
+        "tiny-lfm2",
+        "tiny-qwen35",
     ],
 )
 def test_language_model_forward_bit_identical(
@@ -274,8 +284,11 @@ def test_language_model_forward_bit_identical(
     with f32 and f16 caches (the compiled loop, Mistral's sliding window of 8 in the
     attention kernel as in the runtime) and int8 (the runtime's loop); and 5 steps of
     short sequences (inside Mistral's window); and 40 steps over a cache whose windowed
-    layers move their rows (Mistral), against the runtime and a full cache."""
-    pkg = builds.projects[name][1]
+    layers move their rows (Mistral), against the runtime and a full cache.  The families
+    whose parts the compiled loop does not all run get the runtime's decoder."""
+    out, pkg = builds.projects[name]
+    template = json.loads((out / pkg / "spec.json").read_text())["template"]
+    assert (template == "runtime") == (name in ("tiny-gptoss", "tiny-lfm2", "tiny-qwen35"))
     assert compared[name] | {"architecture": None} == {
         "architecture": None,
         "class": f"{pkg}._forward",

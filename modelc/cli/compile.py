@@ -19,6 +19,7 @@ from modelc.cli.args import add_options
 def cmd_compile(args: argparse.Namespace) -> int:
     from modelc.cli.run import _model_id, _resolve
     from modelc.compile import compile_model
+    from modelc.compile.spec import forward_note
 
     artifact = _resolve(args.model)
     name = args.name or _model_id(args.model)
@@ -27,6 +28,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     s = res.spec
     sys.stdout.write(
         f"compiled {s['model_id']} ({s['architecture']}, {s['n_layer']} layers) into {out}\n"
+        f"  {forward_note(s)}\n"
         f"  build:  pip wheel --no-deps -w {out / 'dist'} {out}\n"
         f"  serve:  {res.names.script} --port 8080   (after pip install of the wheel)\n"
     )

@@ -26,7 +26,7 @@ import jinja2
 
 import modelc
 from modelc.artifact import load_artifact
-from modelc.compile.spec import Spec, model_spec
+from modelc.compile.spec import Spec, forward_note, model_spec
 from modelc.compile.vendor import vendor, vendor_kernels
 from modelc.errors import UsageError
 
@@ -152,6 +152,7 @@ def compile_model(
         "artifact_name": ARTIFACT_NAME,
         "dependencies": _dependencies(),
         "mods": _modules(),
+        "note": forward_note(spec),
     }
     (pkg_dir / "_forward.pyx").write_text(
         env.get_template(f"{spec['template']}.pyx.j2").render(ctx)

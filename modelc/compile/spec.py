@@ -4,7 +4,11 @@
 run`` builds) and returns the numbers the generated Cython inlines: dimensions, head
 counts, layers, per-layer weight types (the kernels' type codes) and which matrix
 products share one kernel call.  An architecture or feature the generator has no
-template for is refused here, with what to do instead.
+template for is refused here, with what to do instead.  A decoder using a part of the
+description the compiled loop does not run (outside :data:`COMPILE_RUNS`, or a weight type
+without a compiled kernel) gets the ``runtime`` template: the program's forward is the
+runtime's :class:`~modelc.runtime.arch.decoder.Decoder` itself (:func:`forward_note` says
+so in one line), so every family the runtime runs compiles.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from modelc.errors import UnsupportedError
 from modelc.formats.ir import DType, ModelIR
 from modelc.runtime.arch import FAMILIES
 from modelc.runtime.arch.bert import Bert
-from modelc.runtime.arch.decoder import Decoder, refuse_unsupported
-from modelc.runtime.arch.decoder_spec import GQA_FEATURES
+from modelc.runtime.arch.decoder import Decoder
+from modelc.runtime.arch.decoder_spec import GQA_FEATURES, DecoderSpec, lacks
 from modelc.runtime.arch.gpt2 import GPT2
 from modelc.runtime.arch.mlp import MLP
 from modelc.runtime.backend import Weight
@@ -29,10 +33,26 @@ def _refuse(what: str) -> UnsupportedError:
     return UnsupportedError(f"modelc compile: {what}; serve this model with `modelc run` instead")
 
 
-def _code(be: CpuBackend, w: Weight, name: str) -> int:
+def _kernel(be: CpuBackend, w: Weight) -> int | None:
+    """The kernels' type code of ``w``, None where no compiled kernel takes its type."""
     if w.dtype not in TYPE_CODES or be.kernel_for(w.dtype) != "c":
-        raise _refuse(f"{name} is {w.dtype.value}, which has no compiled kernel")
+        return None
     return int(TYPE_CODES[w.dtype])
+
+
+def _code(be: CpuBackend, w: Weight, name: str) -> int:
+    code = _kernel(be, w)
+    if code is None:
+        raise _refuse(f"{name} is {w.dtype.value}, which has no compiled kernel")
+    return code
+
+
+def _plain(sp: DecoderSpec) -> dict[str, Any]:
+    """A DecoderSpec as the JSON values spec.json holds (tuples as lists)."""
+    return {
+        f: list(v) if isinstance(v, tuple) else v
+        for f, v in ((f, getattr(sp, f)) for f in sp.__dataclass_fields__)
+    }
 
 
 def _fused(ws: tuple[Weight, ...]) -> bool:
@@ -48,29 +68,36 @@ def _fused(ws: tuple[Weight, ...]) -> bool:
 COMPILE_RUNS = GQA_FEATURES | {"qkv_bias+qk_norm", "moe"}
 
 
+def _runtime_forward(m: Decoder, why: str) -> Spec:
+    """The spec of a program whose forward is the runtime's decoder itself (the
+    ``runtime`` template): what the compiled loop does not run is ``why``."""
+    return {"template": "runtime", "why": why, "decoder": _plain(m.spec), "n_layer": m.spec.n_layer}
+
+
 def _decoder(m: Decoder, be: CpuBackend) -> Spec:
     sp = m.spec
-    refuse_unsupported(sp, "modelc compile", COMPILE_RUNS, "serve this model with `modelc run`")
+    if why := lacks(sp, COMPILE_RUNS):
+        return _runtime_forward(m, why)
     if len(set(sp.qkv_bias)) > 1 or len(set(sp.qk_norm)) > 1:
-        raise _refuse("layers that differ in Q/K/V biases or Q/K norms are not compiled")
+        return _runtime_forward(m, "layers that differ in Q/K/V biases or Q/K norms")
     types, fuse_qkv, fuse_gu, ffs = [], [], [], []
-    for i, b in enumerate(m.blocks):
-        if b.w_gate is None or b.w_up is None or b.w_down is None:  # experts: moe_ffn
-            attn = (b.wq, b.wk, b.wv, b.wo)
-            ffs.append(0)
-            types.append([_code(be, w, f"blk.{i} weights") for w in attn] + [-1, -1, -1])
-            fuse_qkv.append(_fused(attn[:3]))
-            fuse_gu.append(False)
-            continue
+    for b in m.blocks:
         ws = (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)
-        ffs.append(b.w_gate.shape[0])
-        types.append([_code(be, w, f"blk.{i} weights") for w in ws])
+        codes = [-1 if w is None else _kernel(be, w) for w in ws]
+        if None in codes:
+            bad = sorted({w.dtype.value for w in ws if w is not None and _kernel(be, w) is None})
+            return _runtime_forward(m, f"{', '.join(bad)} weights (no compiled kernel)")
+        types.append(codes)
         fuse_qkv.append(_fused(ws[:3]))
-        fuse_gu.append(_fused(ws[4:6]))
-    plain = {f: getattr(sp, f) for f in sp.__dataclass_fields__}
+        if b.w_gate is None or b.w_up is None:  # experts: moe_ffn
+            ffs.append(0)
+            fuse_gu.append(False)
+        else:
+            ffs.append(b.w_gate.shape[0])
+            fuse_gu.append(_fused((b.w_gate, b.w_up)))
     return {
-        "decoder": {k: list(v) if isinstance(v, tuple) else v for k, v in plain.items()},
-        **plain,
+        "decoder": _plain(sp),
+        **{f: getattr(sp, f) for f in sp.__dataclass_fields__},
         "windows": list(sp.windows),
         "local_rope": list(sp.local_rope),
         "ff": ffs,
@@ -166,3 +193,13 @@ def model_spec(ir: ModelIR, model_id: str) -> Spec:
         {DType(t.dtype).value for t in ir.tensors.values() if len(t.shape) == 2}
     )
     return spec
+
+
+def forward_note(spec: Spec) -> str:
+    """One line saying which forward the program runs (and why, for the runtime's)."""
+    if spec["template"] == "runtime":
+        return (
+            f"forward: modelc's decoder, op for op as `modelc run` runs it (the compiled "
+            f"loop does not run {spec['why']} yet)"
+        )
+    return f"forward: the {spec['template']} loop, compiled for this model's constants"

@@ -29,36 +29,36 @@ __all__ = ["EngineOptions", "LLMEngine", "build_engine", "build_runtime"]
 
 def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     """The model computing on the GPU when ``opt.device`` asks for CUDA (``auto``: when CuPy
-    sees a GPU and the architecture runs there): wholly, or its first
-    ``opt.n_gpu_layers`` layers with the rest on the CPU kernels; else None (the CPU runs
-    it all)."""
+    sees a GPU and the device-resident forward runs the model): wholly, or its first
+    ``opt.n_gpu_layers`` layers with the rest on the CPU kernels; a model that forward
+    does not run, op by op (one log line says why); else None (the CPU runs it all)."""
     ngl = opt.n_gpu_layers
     if opt.device in ("cpu", "webgpu", "metal") or ngl == 0:
         return None
-    from modelc.runtime.backends.cuda import cuda_unavailable, require_cuda
-    from modelc.runtime.backends.cuda_llama import cuda_host
-    from modelc.runtime.backends.cuda_offload import build_offload
+    from modelc.runtime.backends.cuda import CudaBackend, cuda_unavailable, require_cuda
+    from modelc.runtime.backends.cuda_offload import build_gpu
 
-    host = None
-    if opt.device == "auto" and ngl == "auto":  # the GPU where it can run the model
-        if opt.kv_cache not in ("f16", "f32") or cuda_unavailable() is not None:
-            return None
-        try:  # what the GPU does not run (some mixtures, say) stays on the CPU
-            host = cuda_host(ir)
-        except UnsupportedError:
-            return None
-    elif ngl != "auto" and (why := cuda_unavailable()) is not None:  # layers of no GPU
+    auto = opt.device == "auto" and ngl == "auto"  # the GPU where it runs the model whole
+    if auto and (opt.kv_cache not in ("f16", "f32") or cuda_unavailable() is not None):
+        return None
+    if ngl != "auto" and (why := cuda_unavailable()) is not None:  # layers of no GPU
         raise UsageError(f"--n-gpu-layers {ngl}: {why}; use --n-gpu-layers auto or 0")
-    require_cuda()
-    return build_offload(
+    if not auto:
+        require_cuda()
+
+    def cpu() -> Backend:
+        return get_backend(threads=opt.threads)
+
+    return build_gpu(
         ir,
         ngl,
-        lambda: get_backend(threads=opt.threads),
+        CudaBackend,
+        cpu,
         kv_mode=opt.kv_cache,
         max_context=opt.max_context,
         max_concurrent=opt.max_concurrent,
         kv_budget_bytes=opt.kv_budget_bytes,
-        host=host,
+        fused_only=auto,
     )
 
 

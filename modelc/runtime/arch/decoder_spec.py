@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from modelc.errors import UnsupportedError
 
-__all__ = ["FEATURES", "GQA_FEATURES", "DecoderSpec", "refuse_unsupported"]
+__all__ = ["FEATURES", "GQA_FEATURES", "DecoderSpec", "lacks", "refuse_unsupported"]
 
 # every feature a DecoderSpec may use, and how a refusal names it; a backend names the
 # subset it runs
@@ -201,12 +201,17 @@ class DecoderSpec:
         return frozenset(k for k, v in used.items() if v)
 
 
+def lacks(spec: DecoderSpec, runs: Iterable[str]) -> str:
+    """What ``spec`` uses that a forward running ``runs`` (names of :data:`FEATURES`) does
+    not, as :data:`FEATURES` words them, comma-separated; "" when it runs every part."""
+    return ", ".join(FEATURES[m] for m in sorted(spec.features() - set(runs)))
+
+
 def refuse_unsupported(spec: DecoderSpec, where: str, runs: Iterable[str], hint: str) -> None:
     """The one refusal: UnsupportedError naming what ``spec`` uses that ``where`` does not
     run (``runs``: names of :data:`FEATURES`)."""
-    missing = sorted(spec.features() - set(runs))
-    if missing:
-        what = ", ".join(FEATURES[m] for m in missing)
+    what = lacks(spec, runs)
+    if what:
         raise UnsupportedError(
             f"this {spec.architecture} model uses {what}, which {where} does not run yet; {hint}"
         )

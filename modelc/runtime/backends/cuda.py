@@ -346,11 +346,19 @@ def device() -> Device:
     return _DEVICE
 
 
+def head_runs(hd: int) -> bool:
+    """Whether the attention kernels are built for head size ``hd`` (32..256 by 32s)."""
+    return hd % 32 == 0 and hd // 32 in HEAD_LANES
+
+
 class CudaBackend(NumpyFallback):
-    """The Backend interface on the GPU for the ops with kernels (numpy in, numpy out);
-    the rest are the numpy reference's (:class:`NumpyFallback`).  Models of the llama
-    family run device-resident through
-    :class:`~modelc.runtime.backends.cuda_llama.CudaLlama` instead."""
+    """The Backend interface on the GPU for the ops with kernels (numpy in, numpy out):
+    matmul and rows of weights of the types it reads exactly and widths of 32s, RMS norms, SiLU and
+    attention at the head sizes of :func:`head_runs`; the rest, and those cases, are the
+    numpy reference's (:class:`NumpyFallback`).  A decoder whose every part the fused
+    forward runs goes device-resident through
+    :class:`~modelc.runtime.backends.cuda_llama.CudaLlama` instead; any other model runs
+    op by op on this backend (:mod:`~modelc.runtime.backends.cuda_offload`)."""
 
     name = "cuda"
 
@@ -368,7 +376,17 @@ class CudaBackend(NumpyFallback):
         self._weights[id(w.data)] = (w.data, dw)
         return dw
 
+    @staticmethod
+    def _on_device(w: Weight) -> bool:
+        """Whether the kernels take ``w`` exactly: a width of 32s, some rows, a type they
+        read as stored or widened without rounding (BF16 to f32; MXFP4's values and
+        power-of-two scales to f16, exact at the scales models use)."""
+        exact = w.dtype in CODES or w.dtype in (DType.BF16, DType.MXFP4)
+        return exact and w.shape[0] > 0 and w.shape[1] > 0 and w.shape[1] % 32 == 0
+
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
+        if not self._on_device(w) or len(x) == 0:
+            return self._fallback.matmul(w, x, out)
         cp = self.cp
         xd = cp.asarray(np.ascontiguousarray(x, np.float32))
         n = int(xd.shape[0])
@@ -383,6 +401,8 @@ class CudaBackend(NumpyFallback):
     def get_rows(
         self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
     ) -> F32Array:
+        if not self._on_device(w) or len(ids) == 0:
+            return self._fallback.get_rows(w, ids, out)
         cp = self.cp
         dw = self.weight(w)
         ids_d = cp.asarray(np.ascontiguousarray(ids, np.int64))
@@ -397,6 +417,8 @@ class CudaBackend(NumpyFallback):
     def rms_norm(
         self, x: F32Array, weight: F32Array, eps: float, out: F32Array | None = None
     ) -> F32Array:
+        if x.size == 0:
+            return self._fallback.rms_norm(x, weight, eps, out)
         cp = self.cp
         x2 = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
         xd, wd = cp.asarray(x2), cp.asarray(np.ascontiguousarray(weight, np.float32))
@@ -409,6 +431,8 @@ class CudaBackend(NumpyFallback):
         return res
 
     def silu_mul(self, gate: F32Array, up: F32Array, out: F32Array | None = None) -> F32Array:
+        if gate.size == 0:
+            return self._fallback.silu_mul(gate, up, out)
         cp = self.cp
         g2 = np.ascontiguousarray(gate, np.float32).reshape(-1, gate.shape[-1])
         gu = cp.asarray(np.concatenate([g2, np.asarray(up, np.float32).reshape(g2.shape)], axis=1))
@@ -431,9 +455,12 @@ class CudaBackend(NumpyFallback):
         window: int = 0,
         softcap: float = 0.0,
     ) -> F32Array:
-        cp = self.cp
         nq, nh, hd = q.shape
         n_kv, nkv = k.shape[0], k.shape[1]
+        if not head_runs(hd) or k.shape != v.shape or k.shape[2] != hd or q_pos0 + nq > n_kv:
+            # other head sizes, values unlike keys (MLA), queries past the cache (BERT)
+            return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap)
+        cp = self.cp
         f16 = k.dtype == np.float16
         kv = cp.asarray(np.stack([np.asarray(k), np.asarray(v).astype(k.dtype)]))  # cap = n_kv
         host = np.zeros(2 * nq + 2, np.int64)

@@ -9,24 +9,38 @@ scratch: :func:`plan_gpu_layers`, a pure function of those sizes.  The GPU part 
 embedding (the step starts there); the output head goes with the last layer.
 :func:`build_cuda` builds the whole model on the GPU (its checks, :func:`cuda_plan`,
 shared with :func:`build_offload`).
+
+What the fused forward does not run (:func:`fused_lacks`: a part of the description
+outside :data:`~modelc.runtime.backends.cuda_llama.CUDA_RUNS`, a head size or width its
+kernels are not built for, a model that is not the one decoder) runs op by op instead, as
+llama.cpp's scheduler hands a GPU backend's missing ops to the CPU: the model's own
+forward on :class:`~modelc.runtime.backends.cuda.CudaBackend`, whose matrix products,
+rows, norms and attention run on the GPU and the rest on the numpy reference
+(:func:`build_op_by_op`; :func:`op_by_op_note` is the line saying so).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from modelc.errors import UsageError
 from modelc.formats.ir import ModelIR
+from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock
+from modelc.runtime.arch.decoder_spec import lacks
 from modelc.runtime.backend import Backend
-from modelc.runtime.backends.cuda import CudaBackend, require_cuda
-from modelc.runtime.backends.cuda_llama import CudaLlama, cuda_host, cuda_n_ctx
+from modelc.runtime.backends.cuda import CudaBackend, head_runs, require_cuda
+from modelc.runtime.backends.cuda_llama import CUDA_RUNS, CudaLlama, cuda_host, cuda_n_ctx
+from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.model import CausalLM
 from modelc.runtime.split import SplitLM
 
+log = logging.getLogger("modelc")
 SCRATCH = 256 << 20  # the GPU's activations, cuBLAS workspace and allocator slack (check_fits')
 
 
@@ -142,3 +156,89 @@ def build_cuda(
     if kv_budget_bytes is not None:
         per_seq, max_concurrent = kv_budget_bytes, 1
     return CudaLlama(ir, CudaBackend(), kv_bytes=per_seq, n_seqs=max_concurrent, host=host)
+
+
+def fused_lacks(model: Any) -> str:
+    """What of ``model`` (a runtime model, on any backend) the device-resident
+    :class:`CudaLlama` does not run, worded for :func:`op_by_op_note`; "" when it runs
+    all of it."""
+    if not isinstance(model, Decoder):
+        return f"{model.architecture} models"
+    sp = model.spec
+    why = [lacks(sp, CUDA_RUNS)]
+    heads = sorted(h for h in set(sp.head_dims or (sp.head_dim,)) if not head_runs(h))
+    why.append(f"a head size of {heads[0]}" if heads else "")
+    mats = [w for b in model.blocks for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)]
+    mats += [w for b in model.blocks if b.experts for w in (*b.experts.up, *b.experts.down)]
+    if sp.d % 32 or any(w is not None and w.shape[1] % 32 for w in mats):
+        why.append("widths that are not multiples of 32")
+    return "; ".join(w for w in why if w)
+
+
+def op_by_op_note(architecture: str, lacking: str) -> str:
+    """The one line saying a model runs op by op on the GPU, and why."""
+    return (
+        f"--device cuda: this {architecture} model runs op by op (matrix products, norms "
+        f"and attention on the GPU, the rest on the CPU), since the device-resident forward "
+        f"does not run {lacking} yet"
+    )
+
+
+def build_op_by_op(
+    ir: ModelIR,
+    n_gpu_layers: int | str,
+    gpu: Callable[[], Backend],
+    cpu: Callable[[], Backend],
+) -> Any:
+    """The model's own forward (:func:`~modelc.runtime.arch.build`) on ``gpu()`` (the
+    op-level :class:`CudaBackend`; in tests the numpy reference stands in), or with
+    ``n_gpu_layers`` N below its layers, a :class:`SplitLM` of its first N layers there and
+    the rest on ``cpu()``; None for 0 layers (the CPU runs it all)."""
+    if n_gpu_layers == 0:
+        return None
+    model = build(ir, gpu())
+    n = len(model.blocks) if isinstance(model, Decoder) else 0
+    if n_gpu_layers in ("auto", "all") or int(n_gpu_layers) >= n:
+        return model
+    assert isinstance(model, Decoder)
+    k = int(n_gpu_layers)
+    model.keep_layers(0, k)
+    rest = Decoder(ir, cpu())
+    rest.keep_layers(k, n)
+    return SplitLM([model, rest])
+
+
+def build_gpu(
+    ir: ModelIR,
+    n_gpu_layers: int | str,
+    gpu: Callable[[], Backend],
+    cpu: Callable[[], Backend],
+    *,
+    kv_mode: str,
+    max_context: int | None,
+    max_concurrent: int,
+    kv_budget_bytes: int | None,
+    fused_only: bool = False,
+) -> Any:
+    """The model for ``--device cuda`` (``n_gpu_layers`` of it): device-resident
+    (:func:`build_offload`) where :func:`fused_lacks` finds nothing, else op by op on
+    ``gpu()`` (:func:`build_op_by_op`, after logging :func:`op_by_op_note`), or with
+    ``fused_only`` (``--device auto``) None: the CPU runs it."""
+    host = build(ir, NumpyBackend())  # the description, checked; no GPU work yet
+    lacking = fused_lacks(host)
+    if lacking and fused_only:
+        return None
+    if lacking:
+        log.warning(op_by_op_note(ir.architecture, lacking))
+        return build_op_by_op(ir, n_gpu_layers, gpu, cpu)
+    assert isinstance(host, Decoder)
+    return build_offload(
+        ir,
+        n_gpu_layers,
+        cpu,
+        kv_mode=kv_mode,
+        max_context=max_context,
+        max_concurrent=max_concurrent,
+        kv_budget_bytes=kv_budget_bytes,
+        host=host,
+    )

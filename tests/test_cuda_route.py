@@ -1,0 +1,89 @@
+"""Which path ``--device cuda`` takes, checked without a GPU: the device-resident forward
+(CudaLlama) for what it runs, op by op on the op-level backend for the rest, with one log
+line naming why (:func:`modelc.runtime.backends.cuda_offload.build_gpu`).
+
+The numpy reference stands in for the GPU's op-level backend (as in tests/test_split.py),
+so the op-by-op model's logits are checked against the CPU backend here; the same models
+on a real GPU are tests/test_cuda_families.py.  Cost: three tiny models, a few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.errors import UsageError
+from modelc.formats import load_model
+from modelc.runtime.arch import build
+from modelc.runtime.arch.decoder import Decoder
+from modelc.runtime.backends.cuda import cuda_unavailable
+from modelc.runtime.backends.cuda_offload import build_gpu, fused_lacks
+from modelc.runtime.backends.numpy_ref import NumpyBackend
+from modelc.runtime.split import SplitLM
+from tests.runtime_support import make_backend, same_as_reference
+from tests.tiny_families import TINY
+
+
+def _gpu(ir: Any, ngl: int | str = "auto", fused_only: bool = False) -> Any:
+    return build_gpu(
+        ir,
+        ngl,
+        NumpyBackend,  # stands in for CudaBackend
+        lambda: make_backend("cpu-exact"),
+        kv_mode="f32",
+        max_context=None,
+        max_concurrent=1,
+        kv_budget_bytes=None,
+        fused_only=fused_only,
+    )
+
+
+def _same_as_cpu(ir: Any, model: Any) -> None:
+    prompt = np.random.default_rng(3).integers(0, 300, 20).tolist()
+    same_as_reference(build(ir, make_backend("cpu-exact")), model, prompt, 6)
+
+
+@pytest.mark.parametrize(
+    ("family", "lacking"),
+    [
+        ("qwen3", ""),  # every part runs device-resident
+        ("gptoss", "attention sinks"),
+        ("lfm2", "short-convolution layers"),
+        ("deepseek2", "multi-head latent attention"),
+        ("gpt2", "gpt2 models"),
+    ],
+)
+def test_what_the_fused_forward_lacks(family: str, lacking: str) -> None:
+    why = fused_lacks(build(load_model(TINY[family]()), NumpyBackend()))
+    assert lacking in why and bool(why) == bool(lacking), why
+
+
+def test_a_family_the_fused_forward_lacks_runs_op_by_op(caplog: pytest.LogCaptureFixture) -> None:
+    """gpt-oss (sinks, its experts): the model's own forward on the GPU's op-level backend,
+    one warning line saying so and why, the CPU backend's greedy tokens and log-probs; with
+    ``--n-gpu-layers 1`` its first layer there and the rest on the CPU; with ``--device
+    auto`` (fused only) the CPU runs it."""
+    ir = load_model(TINY["gptoss"]())
+    with caplog.at_level(logging.WARNING, logger="modelc"):
+        model = _gpu(ir)
+    (rec,) = caplog.records
+    msg = rec.getMessage()
+    assert "runs op by op" in msg and "attention sinks" in msg and "\n" not in msg
+    assert isinstance(model, Decoder) and isinstance(model.be, NumpyBackend)
+    _same_as_cpu(ir, model)
+    split = _gpu(ir, 1)
+    assert isinstance(split, SplitLM)
+    _same_as_cpu(ir, split)
+    assert _gpu(ir, fused_only=True) is None
+
+
+@pytest.mark.skipif(cuda_unavailable() is None, reason="CUDA is usable here")
+def test_a_family_the_fused_forward_runs_goes_there(caplog: pytest.LogCaptureFixture) -> None:
+    """qwen3 takes the device-resident path (here: no GPU, so its one-line refusal), no
+    op-by-op line."""
+    with caplog.at_level(logging.WARNING, logger="modelc"), pytest.raises(UsageError, match="cuda"):
+        _gpu(load_model(TINY["qwen3"]()))
+    assert not caplog.records
