@@ -35,6 +35,8 @@ from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import DType
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
+from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
+from modelc.runtime.backends.cuda_gemvq import Q8_TYPES
 from modelc.runtime.backends.cuda_src import GEMV_ROWS, HEAD_LANES, kernel_names, source
 from modelc.runtime.backends.fallback import NumpyFallback
 from modelc.runtime.backends.numpy_ref import dequantize_weight
@@ -131,8 +133,12 @@ class Device:
         self._deq_buf: Any = None
         self._x16: Any = None
         self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
-        # gemv4 (coalesced; default) or gemv (a lane a group); rows up to gemv_max take GEMV
+        # gemv4 (coalesced; default), gemv (a lane a group) or q8 (int8 activations and
+        # dp4a for Q4_0 / Q8_0 / Q4_K / Q6_K, gemv4 for the rest; not in exact mode); rows up
+        # to gemv_max take GEMV
         self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", "gemv4")
+        self.deq_kind = os.environ.get("MODELC_CUDA_DEQ", "deq8")  # or deq32 (the first)
+        self._xq: Any = None
         self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_MAX)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
         self.blas: Blas | None = open_blas(self.cp)
@@ -168,8 +174,18 @@ class Device:
 
     def dequant(self, p: DevPart, ids: Any, n: int, out: Any, ldo: int, f16: bool = False) -> None:
         """Rows ``ids`` (device int64, or None for 0..n-1) of ``p`` into ``out`` (n, ldo)."""
-        total = n * (p.cols // 32)
         ids_arg = ids if ids is not None else np.uint64(0)
+        if self.deq_kind == "deq8":
+            blocks, bpr = launch_shape(n, p.cols)
+            vec = can_vec(int(out.data.ptr), ldo, 2 if f16 else 4)
+            self.fn[f"deq8_{p.code}_{int(f16)}"](
+                (blocks,),
+                (256,),
+                (p.data, np.int64(p.row_bytes), np.int32(p.cols), ids_arg, np.int32(bpr), out,
+                 np.int32(ldo), np.int32(vec)),
+            )  # fmt: skip
+            return
+        total = n * (p.cols // 32)
         self.fn[f"deq_{p.code}_{int(f16)}"](
             ((total + 127) // 128,),
             (128,),
@@ -185,17 +201,51 @@ class Device:
             )
         return self._x16[:n]
 
-    def _gemv(self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool) -> None:
+    def _quant_q8(self, x: Any, ldx: int, n: int, cols: int) -> tuple[Any, Any]:
+        """x[:n] (f32, row stride ldx) to 8 bits in groups of 32: (xq (n, cols) int8,
+        xs (n, cols / 32, 2) f32 scale and sum), in scratch reused by every product."""
+        size = n * cols * 9 // 8  # cols bytes + cols / 32 * 8 bytes of (scale, sum) a row
+        if self._xq is None or self._xq.nbytes < size:
+            self._retired.append(self._xq)
+            self._xq = self.cp.empty(
+                max(size, 2 * (0 if self._xq is None else self._xq.size)), np.uint8
+            )
+        xq, xs = self._xq[: n * cols], self._xq[n * cols : size]
+        warps = n * (cols // 32)
+        self.fn["quant_q8"](
+            ((warps + 7) // 8,), (256,), (x, np.int32(ldx), np.int32(cols), np.int32(n), xq, xs)
+        )
+        return xq, xs
+
+    def _use_q8(self, w: DevWeight, n: int) -> bool:
+        on = n <= self.gemv_max and self.gemv_kind == "q8" and not self.exact
+        return on and any(p.code in Q8_TYPES for p in w.parts)
+
+    def _wpr(self, p: DevPart, per_pass: int) -> int:
+        """Warps a row: enough warps in flight (~32k), each with >= 2 passes of
+        ``per_pass`` groups."""
+        wpr, want, ng = 1, max(1, 32768 // p.rows), p.cols // 32
+        while self.split_k and wpr * 2 <= min(8, want) and 4 * per_pass * wpr <= ng:
+            wpr *= 2
+        return wpr
+
+    def _gemv(
+        self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool, q8: Any = None
+    ) -> None:
         nr = next(r for r in GEMV_ROWS if r >= n)
+        if q8 is not None:  # x quantized by _quant_q8
+            wpr = self._wpr(p, 8)
+            qa = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols), *q8)
+            qa += (np.int32(n), y, np.int32(ldy), np.int32(int(acc)), np.int32(wpr))
+            grid = ((p.rows + 8 // wpr - 1) // (8 // wpr),)
+            self.fn[f"gemvq_{p.code}_{nr}"](grid, (256,), qa)
+            return
         args = [p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols), x]
         args += [np.int32(ldx), np.int32(n), y, np.int32(ldy), np.int32(int(acc))]
         if self.gemv_kind == "gemv":
             self.fn[f"gemv_{p.code}_{nr}"](((p.rows * 32 + 255) // 256,), (256,), tuple(args))
             return
-        # warps a row: enough warps in flight (~32k), each with >= 2 passes of 4 groups
-        wpr, want, ng = 1, max(1, 32768 // p.rows), p.cols // 32
-        while self.split_k and wpr * 2 <= min(8, want) and 16 * wpr <= ng:
-            wpr *= 2
+        wpr = self._wpr(p, 4)
         rpb = 8 // wpr
         grid = ((p.rows + rpb - 1) // rpb,)
         self.fn[f"gemv4_{p.code}_{nr}"](grid, (256,), (*args, np.int32(wpr)))
@@ -208,12 +258,18 @@ class Device:
         cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``)."""
         col0 = 0
         ldx, ldy = int(x.strides[0]) // 4, int(y.strides[0]) // 4
+        q8: Any = None  # x quantized once for every part (q8)
+        if self._use_q8(w, n):
+            q8 = self._quant_q8(x, ldx, n, w.cols)
         for p in w.parts:
             yp = y[:, col0:] if col0 else y
             if n <= self.gemv_max:
                 for r0 in range(0, n, GEMV_MAX):
-                    m = min(GEMV_MAX, n - r0)
-                    self._gemv(p, x[r0:] if r0 else x, ldx, m, yp[r0:] if r0 else yp, ldy, acc)
+                    m, xr, yr = min(GEMV_MAX, n - r0), x[r0:] if r0 else x, yp[r0:] if r0 else yp
+                    qr = None
+                    if q8 is not None and p.code in Q8_TYPES:  # pass r0's rows of xq and xs
+                        qr = (q8[0][r0 * w.cols :], q8[1][r0 * w.cols // 4 :])
+                    self._gemv(p, xr, ldx, m, yr, ldy, acc, qr)
             else:
                 dt = np.float32 if self.exact else np.float16
                 wd = self._deq_scratch(p.rows * p.cols, dt).reshape(p.rows, p.cols)

@@ -12,7 +12,7 @@ the others' unpacking is in :mod:`.cuda_quants`.
 
 from __future__ import annotations
 
-from modelc.runtime.backends import cuda_gemv, cuda_quants
+from modelc.runtime.backends import cuda_deq, cuda_gemv, cuda_gemvq, cuda_quants
 
 TYPES = (0, 1, 2, 3, 8, 12, 14, *cuda_quants.TYPES)
 GEMV_ROWS = (1, 2, 4, 8, 16)  # activation rows one GEMV pass takes (NR)
@@ -351,11 +351,13 @@ def kernel_names() -> list[str]:
     names += [f"gemv_{t}_{nr}" for t in TYPES for nr in GEMV_ROWS]
     names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
     names += [f"attn_{kv}_{e}" for kv in ("f32", "f16") for e in HEAD_LANES]
-    return names
+    return names + cuda_deq.names(TYPES) + cuda_gemvq.names()
 
 
 def source() -> str:
     body = SOURCE.replace("__DEQ32__", cuda_quants.DEQ32)
     body = body.replace("__TEMPLATE_INSTANCES__", _instances())
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
-    return body + gemv + cuda_gemv.instances(TYPES)
+    deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
+    gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances()
+    return body + gemv + cuda_gemv.instances(TYPES) + deq + gemvq

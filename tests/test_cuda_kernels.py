@@ -1,0 +1,181 @@
+"""The CUDA kernels of issue 35's decode work against numpy: the coalesced dequantizer
+(``deq8``, :mod:`modelc.runtime.backends.cuda_deq`) bit for bit the first one (``deq_rows``)
+and the reference, and the int8 GEMV (``q8``, :mod:`modelc.runtime.backends.cuda_gemvq`)
+against the weights' product with the activations quantized as it quantizes them; then
+models on the q8 path against the CPU backend's fast mode (which also quantizes its
+activations to 8 bits): top-10 log-probs within 2e-3 and greedy equal.
+
+Needs a GPU (skips elsewhere; the bit layouts are checked on the CPU by
+``tests/test_cuda_quants_host.py``, the source's compiling by ``tests/test_cuda_compile.py``).
+A few seconds on an H100, plus the 1B Q4_K_M's CPU run where ``MODELC_CUDA_1B_DIR`` has it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.formats import load_model
+from modelc.formats.ir import DType
+from modelc.runtime.backends.cuda import cuda_unavailable, device
+from tests.gen_cuda_models import Q4_K_M, SMALL, random_blocks, write_random_llama
+from tests.runtime_support import make_backend
+
+WHY = cuda_unavailable()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no CUDA here: {WHY}")
+DEQ_TYPES = [
+    *(DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q2_K, DType.Q3_K),
+    *(DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.IQ4_NL, DType.IQ4_XS, DType.F16, DType.F32),
+]
+Q8_TYPES = [DType.Q4_0, DType.Q8_0, DType.Q4_K, DType.Q6_K]
+
+
+@pytest.fixture(scope="module")
+def be() -> Any:
+    from modelc.runtime.backends.cuda import CudaBackend
+
+    return CudaBackend()
+
+
+def restore(dev: Any) -> None:
+    """The process's device back to the environment's settings (tests after these use it)."""
+    from modelc.runtime.backends.cuda import exact_mode
+
+    dev.exact, dev.gemv_kind = exact_mode(), os.environ.get("MODELC_CUDA_GEMV", "gemv4")
+
+
+def rel(a: Any, b: Any) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("dtype", DEQ_TYPES, ids=lambda d: d.name)
+def test_deq8_equals_the_first_dequantizer_bit_for_bit(be: Any, dtype: DType) -> None:
+    """Every row, f32 and f16, into a tight matrix (16-byte stores) and into a view one
+    column in (scalar stores), picked rows and all rows: the same bits as ``deq_rows``."""
+    from modelc.runtime.backend import Weight
+    from modelc.runtime.backends.numpy_ref import dequantize_weight
+
+    cp, dev = be.cp, be.dev
+    rows, cols = 37, 2304
+    data, _ = random_blocks(np.random.default_rng(7), dtype, rows, cols, 0.05)
+    w = Weight(dtype, (rows, cols), data)
+    part = be.weight(w).parts[0]
+    ids = cp.asarray(np.array([36, 0, 5, 5, 17], np.int64))
+    want32 = dequantize_weight(w)
+    try:
+        for f16, dt in ((False, np.float32), (True, np.float16)):
+            for picked in (None, ids):
+                n = rows if picked is None else int(ids.size)
+                outs = {}
+                for kind in ("deq32", "deq8"):
+                    dev.deq_kind = kind
+                    full = cp.full((n, cols + 9), 3, dt)
+                    for out in (full[:, :cols], full[:, 1 : cols + 1]):
+                        dev.dequant(part, picked, n, out, cols + 9, f16)
+                        outs[kind, out.data.ptr % 16] = out.get()
+                ref = want32 if picked is None else want32[ids.get()]
+                for got in outs.values():
+                    assert got.tobytes() == outs["deq32", 0].tobytes()
+                    np.testing.assert_array_equal(got, ref.astype(dt))
+    finally:
+        dev.deq_kind = "deq8"
+
+
+def q4k_mins(raw: np.ndarray[Any, Any], rows: int) -> np.ndarray[Any, Any]:
+    """Each 32-weight group's min ``dmin * mn`` of Q4_K blocks (rows, cols / 32)."""
+    b = raw.reshape(rows, -1, 144)
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    sm = b[..., 4:16].astype(np.int32)
+    hi = (sm[..., 8:12] >> 4) | ((sm[..., 4:8] >> 6) << 4)
+    mn = np.concatenate([sm[..., 4:8] & 63, hi], axis=-1).astype(np.float32)
+    return (dmin[..., None] * mn).reshape(rows, -1)
+
+
+def q8_reference(
+    dense: np.ndarray[Any, Any], x: np.ndarray[Any, Any], mins: np.ndarray[Any, Any] | None
+) -> np.ndarray[Any, Any]:
+    """dense @ x.T with x quantized as ``quant_q8`` does (groups of 32, scale amax / 127),
+    and a min's share (Q4_K: ``mins``) taken with the float sum of x, as ``gemvq``."""
+    g = x.reshape(x.shape[0], -1, 32)
+    d = (np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    q = np.rint(np.divide(g, d, out=np.zeros_like(g), where=d > 0))
+    xd = (q * d).astype(np.float64)
+    out: np.ndarray[Any, Any] = xd.reshape(x.shape) @ dense.T
+    if mins is not None:  # w = dl q - ml: the kernel's - ml sum(x) for the reference's - ml sum(xd)
+        out += (xd.sum(axis=-1) - g.astype(np.float64).sum(axis=-1)) @ mins.T
+    return out
+
+
+@pytest.mark.parametrize("dtype", Q8_TYPES, ids=lambda d: d.name)
+def test_int8_gemv_is_the_product_with_quantized_activations(be: Any, dtype: DType) -> None:
+    """1..16 rows a pass and 40 rows as 3 passes (gemv_max 64), with and without warps
+    splitting a row: within 1e-5 of the quantized product (sums in another order), and
+    off the float product by the quantizing."""
+    from modelc.runtime.backend import Weight
+    from modelc.runtime.backends.numpy_ref import dequantize_weight
+
+    rng = np.random.default_rng(11)
+    dev = be.dev
+    try:
+        dev.gemv_kind, dev.exact = "q8", False
+        for rows, cols in ((96, 512), (40, 2048), (300, 4096)):
+            data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
+            w = Weight(dtype, (rows, cols), data)
+            dense = dequantize_weight(w).astype(np.float64)
+            mins = q4k_mins(data, rows) if dtype is DType.Q4_K else None
+            for gmax, split in ((64, True), (64, False), (16, True)):
+                dev.gemv_max, dev.split_k = gmax, split
+                for n in (1, 3, 16, 40):
+                    x = rng.standard_normal((n, cols)).astype(np.float32)
+                    got = be.matmul(w, x)
+                    assert rel(got, q8_reference(dense, x, mins)) < 1e-5, (rows, n, gmax, split)
+                    assert 1e-5 < rel(got, x @ dense.T) < 3e-2, (rows, n, gmax, split)
+    finally:
+        restore(dev)
+        dev.gemv_max, dev.split_k = 16, True
+
+
+def q8_gpu(ir: Any) -> Any:
+    from modelc.runtime.backends.cuda import CudaBackend
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+
+    b = CudaBackend()
+    b.dev.exact, b.dev.gemv_kind = False, "q8"
+    return CudaLlama(ir, b)
+
+
+def cpu_fast(ir: Any) -> Any:
+    from modelc.runtime.arch import build
+
+    return build(ir, make_backend("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [*Q8_TYPES, Q4_K_M], ids=str)
+def test_small_models_on_the_int8_gemv_match_the_cpu_fast_mode(
+    tmp_path: Path, dtype: DType | str
+) -> None:
+    from tests.test_cuda import compare
+
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", dtype, SMALL, seed=3))
+    try:
+        compare(cpu_fast(ir), q8_gpu(ir), list(range(5, 40)), 12)
+    finally:
+        restore(device())
+
+
+def test_1b_q4_k_m_on_the_int8_gemv_matches_the_cpu_fast_mode() -> None:
+    d = os.environ.get("MODELC_CUDA_1B_DIR")
+    path = Path(d or ".") / "llama1b-q4_k_m.gguf"
+    if not d or not path.exists():
+        pytest.skip("no 1B Q4_K_M: set MODELC_CUDA_1B_DIR (python -m tests.gen_cuda_models DIR)")
+    from tests.test_cuda import compare
+
+    ir = load_model(path)
+    try:
+        compare(cpu_fast(ir), q8_gpu(ir), list(range(100, 164)), 8)
+    finally:
+        restore(device())
