@@ -201,15 +201,21 @@ class Device:
             )
         return self._x16[:n]
 
-    def _quant_q8(self, x: Any, ldx: int, n: int, cols: int) -> tuple[Any, Any]:
-        """x[:n] (f32, row stride ldx) to 8 bits in groups of 32: (xq (n, cols) int8,
-        xs (n, cols / 32, 2) f32 scale and sum), in scratch reused by every product."""
-        size = n * cols * 9 // 8  # cols bytes + cols / 32 * 8 bytes of (scale, sum) a row
+    def reserve_q8(self, n: int, cols: int) -> int:
+        """Scratch for n rows of ``cols`` quantized activations, made now (not inside a
+        graph capture); its bytes: cols a row + (scale, sum) a group of 32."""
+        size = n * cols * 9 // 8
         if self._xq is None or self._xq.nbytes < size:
             self._retired.append(self._xq)
             self._xq = self.cp.empty(
                 max(size, 2 * (0 if self._xq is None else self._xq.size)), np.uint8
             )
+        return size
+
+    def _quant_q8(self, x: Any, ldx: int, n: int, cols: int) -> tuple[Any, Any]:
+        """x[:n] (f32, row stride ldx) to 8 bits in groups of 32: (xq (n, cols) int8,
+        xs (n, cols / 32, 2) f32 scale and sum), in scratch reused by every product."""
+        size = self.reserve_q8(n, cols)
         xq, xs = self._xq[: n * cols], self._xq[n * cols : size]
         warps = n * (cols // 32)
         self.fn["quant_q8"](

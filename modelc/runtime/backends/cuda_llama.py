@@ -273,6 +273,7 @@ class CudaLlama(CausalLM):
         self.g = cp.zeros((m, self.ff), np.float32)
         self.logits = cp.zeros((m, self.n_vocab if self.output is not None else 1), np.float32)
         self.tokens = cp.zeros(m, np.int64)
+        self.dev.reserve_q8(m, max(self.d, self.nh * self.hd, self.ff))  # q8 GEMV's x
         self.reset_graphs()
 
     def reset_graphs(self) -> None:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 35's decode kernels on a GPU machine in one call (about 6 minutes on an H100):
+#   1. random models: the 1.1B in Q4_0, Q8_0 and Q4_K_M, the 8B in Q4_K_M (CHECK_8B=0: not)
+#   2. tests: the CPU-side kernel checks, the new kernels against numpy and the q8 path
+#      against the CPU's fast mode (tests/test_cuda_kernels.py), then tests/test_cuda.py
+#      (exact mode: parity with the CPU's exact mode, as before)
+#   3. bench/cuda_bench.py at 1 / 8 / 64 streams, before (MODELC_CUDA_DEQ=deq32
+#      MODELC_CUDA_GEMV=gemv4: the kernels of a04ce0e) and after (deq8, and the int8 GEMV q8)
+#   4. bench/cuda_profile.py of the 1.1B Q4_K_M at 1 and 64 streams, before and after
+# Each stage is skipped once the budget (CHECK_BUDGET seconds, 330) is spent; logs and JSON
+# in $OUT.  CUDA_BW: the card's bandwidth for the bench's share column (3.35e12, H100 SXM).
+set -uo pipefail
+# shellcheck source=scripts/cuda_env.sh
+. "$(dirname "$0")/cuda_env.sh"
+M=/tmp/m35
+BUDGET=${CHECK_BUDGET:-330}
+BW=${CUDA_BW:-3.35e12}
+T0=$SECONDS
+left() { echo $((BUDGET - (SECONDS - T0))); }
+stage() { echo "== $1 at $((SECONDS - T0)) s"; [ "$(left)" -gt "${2:-20}" ] || { echo "   skipped: budget spent"; return 1; }; }
+
+stage "models" && {
+  [ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M
+  if [ "${CHECK_8B:-1}" = 1 ] && [ ! -f $M/llama8b-q4_k_m.gguf ]; then
+    python3 -m tests.gen_cuda_models $M 8b-q4_k_m
+  fi
+  ls -la $M
+}
+MODELS=(--model $M/llama1b-q4_0.gguf --model $M/llama1b-q4_k_m.gguf)
+[ -f $M/llama8b-q4_k_m.gguf ] && MODELS+=(--model $M/llama8b-q4_k_m.gguf)
+
+stage "tests" 60 && MODELC_MATMUL=exact MODELC_CUDA_1B_DIR=$M timeout "$(($(left) - 40))" \
+  python3 -m pytest -q -p no:cacheprovider -rs --durations=8 tests/test_cuda_quants_host.py \
+  tests/test_cuda_kernels.py tests/test_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -40
+
+bench() {  # bench NAME DEQ GEMV
+  stage "bench $1 (MODELC_CUDA_DEQ=$2 MODELC_CUDA_GEMV=$3)" 30 || return
+  MODELC_CUDA_DEQ=$2 MODELC_CUDA_GEMV=$3 timeout "$(($(left) - 10))" python3 bench/cuda_bench.py \
+    --no-hf --no-variants --streams 1,8,64 --steps 48 --bw "$BW" "${MODELS[@]}" \
+    --json "$OUT/bench_$1.json" 2>&1 | tee "$OUT/bench_$1.log" | grep -v '^{'
+}
+bench before deq32 gemv4
+bench after deq8 q8
+bench deq8 deq8 gemv4
+
+profile() {
+  stage "profile $1" 30 || return
+  MODELC_CUDA_DEQ=$2 MODELC_CUDA_GEMV=$3 timeout "$(($(left) - 5))" python3 bench/cuda_profile.py \
+    $M/llama1b-q4_k_m.gguf --streams 1,64 --steps 16 2>&1 | grep -v "Warning\|_warn_once" \
+    | tee "$OUT/profile_$1.log" | head -40
+}
+profile after deq8 q8
+profile before deq32 gemv4
+echo "== done at $((SECONDS - T0)) s"
