@@ -179,3 +179,35 @@ def test_1b_q4_k_m_on_the_int8_gemv_matches_the_cpu_fast_mode() -> None:
         compare(cpu_fast(ir), q8_gpu(ir), list(range(100, 164)), 8)
     finally:
         restore(device())
+
+
+def test_norm_and_quantizing_in_one_launch_equal_the_two(be: Any) -> None:
+    """``norm_matmul`` on the q8 path (rms_norm_q8, then the GEMV of its quantized output)
+    against rms_norm, then the product quantizing on its own: the same bits, for a stack
+    of Q4_K, Q6_K and Q5_K rows (a Q4_K_M QKV's mix, and a type the int8 GEMV leaves to
+    gemv4); in exact mode the same call is rms_norm and the f32 product."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(12)
+    cols = 1024
+    ws = []
+    for dtype, rows in ((DType.Q4_K, 64), (DType.Q6_K, 32), (DType.Q5_K, 32)):
+        data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
+        ws.append(Weight(dtype, (rows, cols), data))
+    w = dev.upload(ws)
+    assert [p.code for p in w.parts] == [12, 14, 13]
+    wn = cp.asarray(rng.uniform(0.5, 1.5, cols).astype(np.float32))
+    try:
+        for exact in (False, True):
+            dev.gemv_kind, dev.exact = "q8", exact
+            for n in (1, 5, 16):
+                x = cp.asarray(rng.standard_normal((n, cols)).astype(np.float32) * 3)
+                h1, h2 = cp.zeros((n, cols), np.float32), cp.zeros((n, cols), np.float32)
+                y1, y2 = cp.zeros((n, w.rows), np.float32), cp.zeros((n, w.rows), np.float32)
+                dev.rms_norm(x, None, n, wn, 1e-5, h1)
+                dev.matmul(w, h1, n, y1)
+                dev.norm_matmul(x, n, wn, 1e-5, h2, w, y2)
+                assert h1.get().tobytes() == h2.get().tobytes()
+                assert y1.get().tobytes() == y2.get().tobytes(), (exact, n)
+    finally:
+        restore(dev)

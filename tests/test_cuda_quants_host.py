@@ -22,10 +22,10 @@ import pytest
 
 from modelc.formats.ir import DType
 from modelc.formats.quants import dequantize
-from modelc.runtime.backends import cuda, cuda_deq, cuda_gemvq, cuda_quants, cuda_src
+from modelc.runtime.backends import cuda_deq, cuda_gemvq, cuda_quants, cuda_src, cuda_weights
 from tests.gen_cuda_models import random_blocks
 
-CODES = cuda.CODES  # every type the GPU keeps in its blocks (GGML numbers)
+CODES = cuda_weights.CODES  # every type the GPU keeps in its blocks (GGML numbers)
 PRELUDE = r"""
 #include <cstring>
 typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32;

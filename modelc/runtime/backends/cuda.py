@@ -1,16 +1,20 @@
 """The CUDA backend: kernels compiled at run time by NVRTC through CuPy, weights on the GPU
 in their GGUF blocks.
 
-* :class:`Device` compiles :mod:`.cuda_src` (+ :mod:`.cuda_gemv`) once a process and
-  launches its kernels: GEMV straight from the quantized blocks (a weight row split over
-  1..8 warps, lanes reading 4 weights each so activations load coalesced; up to 16
-  activation rows a pass) for decode and small batches (``MODELC_CUDA_GEMV_MAX``, 16);
-  for more rows, the weight dequantized into a scratch matrix and one cuBLAS ``gemmEx``
+* :class:`Device` compiles :mod:`.cuda_src` (+ :mod:`.cuda_gemv`, :mod:`.cuda_deq`,
+  :mod:`.cuda_gemvq`) once a process and launches its kernels: GEMV straight from the
+  quantized blocks (a weight row split over 1..8 warps, lanes reading 4 weights each so
+  activations load coalesced; up to 16 activation rows a pass) for decode and small
+  batches (``MODELC_CUDA_GEMV_MAX``, 16), or with ``MODELC_CUDA_GEMV=q8`` the activations
+  quantized to 8 bits and ``dp4a`` dot products for Q4_0 / Q8_0 / Q4_K / Q6_K (never in
+  exact mode; the norm before a product quantizes its output in the same launch); for
+  more rows, the weight dequantized into a scratch matrix (``deq8``, coalesced;
+  ``MODELC_CUDA_DEQ=deq32`` the first kernel) and one cuBLAS ``gemmEx``
   (:mod:`.cuda_blas`; f16 tensor cores, f32 with ``MODELC_MATMUL=exact``, the CPU
   backend's switch for parity with a float reference).
-* :class:`DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K,
-  IQ4_NL, IQ4_XS, F16 and F32 as stored; BF16 widened to F32 and the other GGUF types
-  dequantized to F16 at upload.
+* :class:`~.cuda_weights.DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q5_0, Q5_1,
+  Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, F16 and F32 as stored; BF16 widened to F32 and the
+  other GGUF types dequantized to F16 at upload.
 * :class:`CudaBackend` is the :class:`~modelc.runtime.backend.Backend` (numpy in, numpy
   out) whose matmul, rows, norm, SiLU and attention run these kernels, for op-level
   parity tests; the model-level path that keeps a step on the device is
@@ -26,37 +30,19 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
-from modelc.formats.ir import DType
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES
 from modelc.runtime.backends.cuda_src import GEMV_ROWS, HEAD_LANES, kernel_names, source
+from modelc.runtime.backends.cuda_weights import CODES, DevPart, DevWeight, host_part
 from modelc.runtime.backends.fallback import NumpyFallback
-from modelc.runtime.backends.numpy_ref import dequantize_weight
 
-CODES: dict[DType, int] = {
-    DType.F32: 0,
-    DType.F16: 1,
-    DType.Q4_0: 2,
-    DType.Q4_1: 3,
-    DType.Q8_0: 8,
-    DType.Q4_K: 12,
-    DType.Q6_K: 14,
-    DType.Q5_0: 6,
-    DType.Q5_1: 7,
-    DType.Q2_K: 10,
-    DType.Q3_K: 11,
-    DType.Q5_K: 13,
-    DType.IQ4_NL: 20,
-    DType.IQ4_XS: 23,
-}
 GEMV_MAX = max(GEMV_ROWS)
 
 
@@ -89,39 +75,6 @@ def exact_mode() -> bool:
     return os.environ.get("MODELC_MATMUL", "fast") == "exact"
 
 
-@dataclass(slots=True)
-class DevPart:
-    """One uploaded block of weight rows of a single type."""
-
-    data: Any  # cupy uint8 (rows, row_bytes)
-    code: int  # CODES value
-    rows: int
-    cols: int
-    row_bytes: int
-
-
-@dataclass(slots=True)
-class DevWeight:
-    """A weight (or several stacked by rows: Q/K/V, gate/up) held on the device."""
-
-    parts: list[DevPart]
-    rows: int
-    cols: int
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(p.data.nbytes) for p in self.parts)
-
-
-def _host_part(w: Weight) -> tuple[np.ndarray[Any, Any], DType]:
-    """The bytes to upload for ``w`` and the type they are in."""
-    if w.dtype in CODES:
-        return np.ascontiguousarray(w.data).view(np.uint8).reshape(w.shape[0], -1), w.dtype
-    if w.dtype is DType.BF16:
-        return dequantize_weight(w).view(np.uint8), DType.F32
-    return dequantize_weight(w).astype(np.float16).view(np.uint8), DType.F16
-
-
 class Device:
     """The compiled kernels and the launches the CUDA paths share."""
 
@@ -149,7 +102,7 @@ class Device:
         cols = ws[0].shape[1]
         if any(w.shape[1] != cols for w in ws) or cols % 32:
             raise UnsupportedError(f"CUDA matmul needs widths that are multiples of 32, got {cols}")
-        hosts = [_host_part(w) for w in ws]
+        hosts = [host_part(w) for w in ws]
         parts: list[DevPart] = []
         i = 0
         while i < len(hosts):
@@ -212,11 +165,14 @@ class Device:
             )
         return size
 
+    def _q8_views(self, n: int, cols: int) -> tuple[Any, Any]:
+        size = self.reserve_q8(n, cols)
+        return self._xq[: n * cols], self._xq[n * cols : size]
+
     def _quant_q8(self, x: Any, ldx: int, n: int, cols: int) -> tuple[Any, Any]:
         """x[:n] (f32, row stride ldx) to 8 bits in groups of 32: (xq (n, cols) int8,
         xs (n, cols / 32, 2) f32 scale and sum), in scratch reused by every product."""
-        size = self.reserve_q8(n, cols)
-        xq, xs = self._xq[: n * cols], self._xq[n * cols : size]
+        xq, xs = self._q8_views(n, cols)
         warps = n * (cols // 32)
         self.fn["quant_q8"](
             ((warps + 7) // 8,), (256,), (x, np.int32(ldx), np.int32(cols), np.int32(n), xq, xs)
@@ -256,16 +212,36 @@ class Device:
         grid = ((p.rows + rpb - 1) // rpb,)
         self.fn[f"gemv4_{p.code}_{nr}"](grid, (256,), (*args, np.int32(wpr)))
 
-    def matmul(self, w: DevWeight, x: Any, n: int, y: Any, acc: bool = False) -> None:
+    def norm_matmul(
+        self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any
+    ) -> None:
+        """``h[:n] = rms_norm(x[:n]) * wn``, then ``y[:n] = h[:n] @ dequant(w).T``; on the q8
+        path the norm also quantizes its output for the GEMV (one launch, not two)."""
+        if not self._use_q8(w, n) or int(wn.shape[0]) != w.cols:
+            self.rms_norm(x, None, n, wn, eps, h)
+            self.matmul(w, h, n, y)
+            return
+        xq, xs = self._q8_views(n, w.cols)
+        self.fn["rms_norm_q8"](
+            (n,),
+            (256,),
+            (x, np.int32(x.strides[0] // 4), wn, np.float32(eps), np.int32(w.cols), h,
+             np.int32(h.strides[0] // 4), xq, xs),
+        )  # fmt: skip
+        self.matmul(w, h, n, y, q8=(xq, xs))
+
+    def matmul(
+        self, w: DevWeight, x: Any, n: int, y: Any, acc: bool = False, q8: Any = None
+    ) -> None:
         """``y[:n] (+)= x[:n] @ dequant(w).T``; x (>=n, cols) and y (>=n, w.rows) f32 on device.
 
         Up to ``gemv_max`` rows: GEMV passes of at most 16 rows straight from the blocks;
         more: the weight dequantized into a scratch matrix (f16, f32 when ``exact``) and one
-        cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``)."""
+        cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``).
+        ``q8``: x already quantized (:meth:`norm_matmul`)."""
         col0 = 0
         ldx, ldy = int(x.strides[0]) // 4, int(y.strides[0]) // 4
-        q8: Any = None  # x quantized once for every part (q8)
-        if self._use_q8(w, n):
+        if q8 is None and self._use_q8(w, n):  # x quantized once for every part
             q8 = self._quant_q8(x, ldx, n, w.cols)
         for p in w.parts:
             yp = y[:, col0:] if col0 else y

@@ -71,6 +71,15 @@ __device__ __forceinline__ float piece_dot(const int* q, float dl, float ml, int
 """
 
 KERNELS = r"""
+// lane's value v of a group of 32 (the warp's) to 8 bits: *q; lane 0 writes (scale, sum)
+__device__ __forceinline__ void quant_group(float v, int lane, signed char* __restrict__ q,
+                                            float2* __restrict__ s) {
+  float amax = warp_max(fabsf(v)), sum = warp_sum(v);
+  float d = amax / 127.f;
+  *q = (signed char)(d > 0.f ? __float2int_rn(v / d) : 0);
+  if (lane == 0) *s = make_float2(d, sum);
+}
+
 // x (n, cols) f32, row stride ldx -> xq (n, cols) int8 and xs (n, cols / 32) (scale, float
 // sum) a group of 32; a warp a group
 extern "C" __global__ void quant_q8(const float* __restrict__ x, int ldx, int cols, int n,
@@ -79,11 +88,25 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, int ldx, int co
   int lane = threadIdx.x & 31, ng = cols >> 5;
   if (gw >= (long long)n * ng) return;
   int i = (int)(gw / ng), g = (int)(gw % ng);
-  float v = x[(size_t)i * ldx + g * 32 + lane];
-  float amax = warp_max(fabsf(v)), sum = warp_sum(v);
-  float d = amax / 127.f;
-  xq[(size_t)i * cols + g * 32 + lane] = (signed char)(d > 0.f ? __float2int_rn(v / d) : 0);
-  if (lane == 0) xs[(size_t)i * ng + g] = make_float2(d, sum);
+  quant_group(x[(size_t)i * ldx + g * 32 + lane], lane, xq + (size_t)i * cols + g * 32 + lane,
+              xs + (size_t)i * ng + g);
+}
+
+// rms_norm (rows 0..n-1, no acc) and quant_q8 of its output in one launch: out[i] =
+// x[i] / rms * w as rms_norm writes it, and its groups to xq / xs; one block a row
+extern "C" __global__ void rms_norm_q8(const float* __restrict__ x, int ldx,
+                                       const float* __restrict__ w, float eps, int d,
+                                       float* __restrict__ out, int ldo,
+                                       signed char* __restrict__ xq, float2* __restrict__ xs) {
+  int i = blockIdx.x, lane = threadIdx.x & 31, ng = d >> 5;
+  const float* xr = x + (size_t)i * ldx;
+  float scale = row_rms_scale(xr, d, eps);
+  for (int g = threadIdx.x >> 5; g < ng; g += blockDim.x >> 5) {
+    int j = g * 32 + lane;
+    float v = xr[j] * scale * w[j];
+    out[(size_t)i * ldo + j] = v;
+    quant_group(v, lane, xq + (size_t)i * d + j, xs + (size_t)i * ng + g);
+  }
 }
 
 // y[r, row] (+)= W[row] . x[r] for nr <= NR rows of the quantized x; wpr warps a row
@@ -131,4 +154,4 @@ def instances() -> str:
 
 
 def names() -> list[str]:
-    return ["quant_q8"] + [f"gemvq_{t}_{nr}" for t in Q8_TYPES for nr in GEMVQ_ROWS]
+    return ["quant_q8", "rms_norm_q8"] + [f"gemvq_{t}_{nr}" for t in Q8_TYPES for nr in GEMVQ_ROWS]

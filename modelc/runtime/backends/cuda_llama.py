@@ -41,8 +41,9 @@ from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupporte
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import F32Array
-from modelc.runtime.backends.cuda import CudaBackend, DevWeight
+from modelc.runtime.backends.cuda import CudaBackend
 from modelc.runtime.backends.cuda_kv import CudaKVCache
+from modelc.runtime.backends.cuda_weights import DevWeight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.batch_sampler import BatchParams, Drawn, sample_batch
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
@@ -327,8 +328,7 @@ class CudaLlama(CausalLM):
                 dev.scale(self.x, n * self.d, self.embd_scale)
         rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
         for li, ly in enumerate(self.layers):
-            dev.rms_norm(self.x, None, n, ly.attn_norm, self.eps, self.h)
-            dev.matmul(ly.wqkv, self.h, n, self.qkv)
+            dev.norm_matmul(self.x, n, ly.attn_norm, self.eps, self.h, ly.wqkv, self.qkv)
             if ly.q_norm is not None:
                 dev.head_norm(
                     self.qkv, n, self.nh, self.nkv, self.hd, ly.q_norm, ly.k_norm, self.eps
@@ -364,15 +364,15 @@ class CudaLlama(CausalLM):
                 self.attn_softcap,
             )
             self._residual(ly.wo, self.attn, n, ly.post_attn_norm)
-            dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
             if ly.experts is not None:
+                dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
                 ly.experts.run(dev, self.cp, self.h, n, self.x)
                 continue
             assert ly.wgu is not None and ly.wdown is not None
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
-            dev.matmul(ly.wgu, self.h, n, gu)
+            dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu)
             dev.act_mul(gu, n, ly.ff, g, self.gelu)
             self._residual(ly.wdown, g, n, ly.post_ffw_norm)
         if r and self.output is not None:

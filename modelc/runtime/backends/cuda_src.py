@@ -104,13 +104,8 @@ __device__ __forceinline__ void deq_rows(const u8* __restrict__ W, long long rb,
   }
 }
 
-// out[i] = x[rows[i]] / rms * w (rows null: i; acc: out[i] +=); one block a row, sums in
-// double as numpy
-extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
-                                    const float* __restrict__ w, float eps, int d,
-                                    float* __restrict__ out, int ldo, int acc) {
-  int i = blockIdx.x;
-  const float* xr = x + (size_t)(rows ? rows[i] : i) * ldx;
+// 1 / rms of the row xr (d) for the whole block; sums in double as numpy
+__device__ __forceinline__ float row_rms_scale(const float* __restrict__ xr, int d, float eps) {
   __shared__ double part[32];
   double s = 0.0;
   for (int j = threadIdx.x; j < d; j += blockDim.x) { double v = xr[j]; s += v * v; }
@@ -123,7 +118,16 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const 
     if (threadIdx.x == 0) part[0] = v;
   }
   __syncthreads();
-  float scale = (float)(1.0 / sqrt(part[0] / d + (double)eps));
+  return (float)(1.0 / sqrt(part[0] / d + (double)eps));
+}
+
+// out[i] = x[rows[i]] / rms * w (rows null: i; acc: out[i] +=); one block a row
+extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
+                                    const float* __restrict__ w, float eps, int d,
+                                    float* __restrict__ out, int ldo, int acc) {
+  int i = blockIdx.x;
+  const float* xr = x + (size_t)(rows ? rows[i] : i) * ldx;
+  float scale = row_rms_scale(xr, d, eps);
   float* o = out + (size_t)i * ldo;
   if (acc) for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] += xr[j] * scale * w[j];
   else for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = xr[j] * scale * w[j];
