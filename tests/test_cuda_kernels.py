@@ -211,3 +211,32 @@ def test_norm_and_quantizing_in_one_launch_equal_the_two(be: Any) -> None:
                 assert y1.get().tobytes() == y2.get().tobytes(), (exact, n)
     finally:
         restore(dev)
+
+
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
+def test_activation_and_quantizing_in_one_launch_equal_the_two(be: Any, gelu: bool) -> None:
+    """``act_mul(..., then=w_down)`` on the q8 path against act_mul, then the product
+    quantizing on its own: the same activations and the same product, bit for bit; in
+    exact mode (or for a weight the int8 GEMV leaves to gemv4) no quantizing at all."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(13)
+    ff = 768
+    try:
+        for dtype, exact in ((DType.Q6_K, False), (DType.Q5_K, False), (DType.Q6_K, True)):
+            data, _ = random_blocks(rng, dtype, 96, ff, 0.05)
+            w = dev.upload([Weight(dtype, (96, ff), data)])
+            dev.gemv_kind, dev.exact = "q8", exact
+            for n in (1, 7):
+                gu = cp.asarray(rng.standard_normal((n, 2 * ff)).astype(np.float32) * 2)
+                g1, g2 = cp.zeros((n, ff), np.float32), cp.zeros((n, ff), np.float32)
+                y1, y2 = cp.ones((n, 96), np.float32), cp.ones((n, 96), np.float32)
+                assert dev.act_mul(gu, n, ff, g1, gelu) is None
+                dev.matmul(w, g1, n, y1, acc=True)
+                q8 = dev.act_mul(gu, n, ff, g2, gelu, then=w)
+                assert (q8 is not None) == (dtype is DType.Q6_K and not exact)
+                dev.matmul(w, g2, n, y2, acc=True, q8=q8)
+                assert g1.get().tobytes() == g2.get().tobytes()
+                assert y1.get().tobytes() == y2.get().tobytes(), (dtype, exact, n)
+    finally:
+        restore(dev)

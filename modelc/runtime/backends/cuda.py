@@ -308,12 +308,22 @@ class Device:
         """The first ``total`` values of contiguous x to c * tanh(x / c)."""
         self._elementwise("softcap_f32", x, total, c)
 
-    def act_mul(self, gu: Any, n: int, ff: int, out: Any, gelu: bool = False) -> None:
-        """silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)."""
+    def act_mul(
+        self, gu: Any, n: int, ff: int, out: Any, gelu: bool = False, then: DevWeight | None = None
+    ) -> Any:
+        """silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff); where ``then`` (the
+        next product, of out) takes the q8 path, out quantized in the same launch: returns
+        what :meth:`matmul`'s ``q8`` takes, else None."""
+        act = "gelu_mul" if gelu else "silu_mul"
+        if then is not None and self._use_q8(then, n) and then.cols == ff:
+            xq, xs = self._q8_views(n, ff)
+            warps = n * (ff // 32)
+            args = (gu, np.int32(ff), np.int32(n), out, xq, xs)
+            self.fn[f"{act}_q8"](((warps + 7) // 8,), (256,), args)
+            return xq, xs
         total = n * ff
-        self.fn["gelu_mul" if gelu else "silu_mul"](
-            ((total + 255) // 256,), (256,), (gu, np.int32(ff), np.int64(total), out)
-        )
+        self.fn[act](((total + 255) // 256,), (256,), (gu, np.int32(ff), np.int64(total), out))
+        return None
 
     def attention(
         self,

@@ -140,6 +140,25 @@ __device__ __forceinline__ void gemvq(const u8* __restrict__ W, long long rb, in
   }
   rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + row, ldy, acc);
 }
+
+// act_mul and quant_q8 of its output in one launch (the down product's x); a warp a group
+template <int GELU>
+__device__ __forceinline__ void act_mul_q8(const float* __restrict__ gu, int ff, int n,
+                                           float* __restrict__ out, signed char* __restrict__ xq,
+                                           float2* __restrict__ xs) {
+  long long gw = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+  int lane = threadIdx.x & 31, ng = ff >> 5;
+  if (gw >= (long long)n * ng) return;
+  int i = (int)(gw / ng), j = (int)(gw % ng) * 32 + lane;
+  float g = gu[(size_t)i * 2 * ff + j], u = gu[(size_t)i * 2 * ff + ff + j];
+  float v = GELU ? gelu_of(g, u) : silu_of(g, u);
+  out[(size_t)i * ff + j] = v;
+  quant_group(v, lane, xq + (size_t)i * ff + j, xs + gw);
+}
+extern "C" __global__ void silu_mul_q8(const float* gu, int ff, int n, float* out, signed char* xq,
+                                       float2* xs) { act_mul_q8<0>(gu, ff, n, out, xq, xs); }
+extern "C" __global__ void gelu_mul_q8(const float* gu, int ff, int n, float* out, signed char* xq,
+                                       float2* xs) { act_mul_q8<1>(gu, ff, n, out, xq, xs); }
 """
 
 
@@ -154,4 +173,5 @@ def instances() -> str:
 
 
 def names() -> list[str]:
-    return ["quant_q8", "rms_norm_q8"] + [f"gemvq_{t}_{nr}" for t in Q8_TYPES for nr in GEMVQ_ROWS]
+    fused = ["quant_q8", "rms_norm_q8", "silu_mul_q8", "gelu_mul_q8"]
+    return fused + [f"gemvq_{t}_{nr}" for t in Q8_TYPES for nr in GEMVQ_ROWS]

@@ -373,20 +373,21 @@ class CudaLlama(CausalLM):
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
             dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu)
-            dev.act_mul(gu, n, ly.ff, g, self.gelu)
-            self._residual(ly.wdown, g, n, ly.post_ffw_norm)
+            q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
+            self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8)
         if r and self.output is not None:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)
             if self.final_softcap:
                 dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
 
-    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any) -> None:
-        """x += a @ w.T, or x += post_norm(a @ w.T) (gemma; through ``h``, free by then)."""
+    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any = None) -> None:
+        """x += a @ w.T, or x += post_norm(a @ w.T) (gemma; through ``h``, free by then);
+        ``q8``: a already quantized for the int8 GEMV."""
         if post_norm is None:
-            self.dev.matmul(w, a, n, self.x, acc=True)
+            self.dev.matmul(w, a, n, self.x, acc=True, q8=q8)
         else:
-            self.dev.matmul(w, a, n, self.h)
+            self.dev.matmul(w, a, n, self.h, q8=q8)
             self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)
 
     def _step(self, batch: Sequence[SeqChunk], hidden: F32Array | None = None) -> tuple[int, int]:

@@ -158,24 +158,27 @@ extern "C" __global__ void softcap_f32(float* __restrict__ x, long long total, f
   if (t < total) x[t] = tanhf(x[t] / c) * c;
 }
 
-// silu(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)
-extern "C" __global__ void silu_mul(const float* __restrict__ gu, int ff, long long total,
-                                    float* __restrict__ out) {
-  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (t >= total) return;
-  long long i = t / ff, j = t % ff;
-  float g = gu[i * 2 * ff + j], u = gu[i * 2 * ff + ff + j];
-  out[t] = g / (1.0f + expf(-g)) * u;
+// silu(g) * u and gelu_tanh(g) * u (gemma)
+__device__ __forceinline__ float silu_of(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float gelu_of(float g, float u) {
+  return 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
 }
 
-// gelu_tanh(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)  (gemma)
-extern "C" __global__ void gelu_mul(const float* __restrict__ gu, int ff, long long total,
-                                    float* __restrict__ out) {
+// silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)
+template <int GELU>
+__device__ __forceinline__ void act_mul(const float* __restrict__ gu, int ff, long long total,
+                                        float* __restrict__ out) {
   long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= total) return;
   long long i = t / ff, j = t % ff;
   float g = gu[i * 2 * ff + j], u = gu[i * 2 * ff + ff + j];
-  out[t] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
+  out[t] = GELU ? gelu_of(g, u) : silu_of(g, u);
+}
+extern "C" __global__ void silu_mul(const float* gu, int ff, long long total, float* out) {
+  act_mul<0>(gu, ff, total, out);
+}
+extern "C" __global__ void gelu_mul(const float* gu, int ff, long long total, float* out) {
+  act_mul<1>(gu, ff, total, out);
 }
 
 // RoPE on q and k of each row of qkv (n, (nh + 2 nkv) hd) (+ bias), q -> qo (n, nh hd);
