@@ -6,7 +6,8 @@
 #      (exact mode: parity with the CPU's exact mode, as before)
 #   3. bench/cuda_bench.py at 1 / 8 / 64 streams, before (MODELC_CUDA_DEQ=deq32
 #      MODELC_CUDA_GEMV=gemv4: the kernels of a04ce0e) and after (deq8, and the int8 GEMV q8)
-#   4. bench/cuda_profile.py of the 1.1B Q4_K_M at 1 and 64 streams, before and after
+#   4. bench/cuda_profile.py of the 1.1B Q4_K_M at 1 and 64 streams, after and before; the
+#      1.1Bs at 32 / 64 streams as int8 GEMV passes (MODELC_CUDA_GEMV_MAX=64); deq8 alone
 # Each stage is skipped once the budget (CHECK_BUDGET seconds, 330) is spent; logs and JSON
 # in $OUT.  CUDA_BW: the card's bandwidth for the bench's share column (3.35e12, H100 SXM).
 set -uo pipefail
@@ -39,16 +40,20 @@ bench() {  # bench NAME DEQ GEMV
     --no-hf --no-variants --streams 1,8,64 --steps 48 --bw "$BW" "${MODELS[@]}" \
     --json "$OUT/bench_$1.json" 2>&1 | tee "$OUT/bench_$1.log" | grep -v '^{'
 }
-bench before deq32 gemv4
-bench after deq8 q8
-bench deq8 deq8 gemv4
-
 profile() {
   stage "profile $1" 30 || return
   MODELC_CUDA_DEQ=$2 MODELC_CUDA_GEMV=$3 timeout "$(($(left) - 5))" python3 bench/cuda_profile.py \
     $M/llama1b-q4_k_m.gguf --streams 1,64 --steps 16 2>&1 | grep -v "Warning\|_warn_once" \
     | tee "$OUT/profile_$1.log" | head -40
 }
+bench before deq32 gemv4
+bench after deq8 q8
 profile after deq8 q8
+# 64 streams as 4 int8 GEMV passes of 16 rows (the weights read 4 times, no f16 copy)
+stage "bench q8rows (MODELC_CUDA_GEMV_MAX=64)" 30 && MODELC_CUDA_GEMV=q8 MODELC_CUDA_GEMV_MAX=64 \
+  timeout "$(($(left) - 10))" python3 bench/cuda_bench.py --no-hf --no-variants --streams 32,64 \
+  --steps 48 --bw "$BW" "${MODELS[@]:0:4}" --json "$OUT/bench_q8rows.json" 2>&1 \
+  | tee "$OUT/bench_q8rows.log" | grep -v '^{'
 profile before deq32 gemv4
+bench deq8 deq8 gemv4
 echo "== done at $((SECONDS - T0)) s"

@@ -222,3 +222,10 @@ def test_int8_gemv_sums_are_the_quantized_product(lib: ctypes.CDLL, code: int) -
     ref = q8_reference(want.astype(np.float64), x[None], mins)[0]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     assert np.abs(ref - want.astype(np.float64) @ x).max() > 1e-6  # x was quantized
+
+
+def test_quantized_activations_fit_their_scratch() -> None:
+    """q8_bytes sizes what quant_q8 / rms_norm_q8 write: n * cols int8 values, then a
+    float2 (8 bytes) for every group of 32 of every row."""
+    assert cuda_gemvq.q8_bytes(3, 2048) == (3 * 2048, 3 * 64 * 8)
+    assert cuda_gemvq.q8_bytes(1, 32) == (32, 8)

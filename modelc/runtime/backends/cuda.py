@@ -38,7 +38,7 @@ from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
-from modelc.runtime.backends.cuda_gemvq import Q8_TYPES
+from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_src import GEMV_ROWS, HEAD_LANES, kernel_names, source
 from modelc.runtime.backends.cuda_weights import CODES, DevPart, DevWeight, host_part
 from modelc.runtime.backends.fallback import NumpyFallback
@@ -156,8 +156,8 @@ class Device:
 
     def reserve_q8(self, n: int, cols: int) -> int:
         """Scratch for n rows of ``cols`` quantized activations, made now (not inside a
-        graph capture); its bytes: cols a row + (scale, sum) a group of 32."""
-        size = n * cols * 9 // 8
+        graph capture); its bytes: :func:`~.cuda_gemvq.q8_bytes`."""
+        size = sum(q8_bytes(n, cols))
         if self._xq is None or self._xq.nbytes < size:
             self._retired.append(self._xq)
             self._xq = self.cp.empty(
@@ -250,7 +250,8 @@ class Device:
                     m, xr, yr = min(GEMV_MAX, n - r0), x[r0:] if r0 else x, yp[r0:] if r0 else yp
                     qr = None
                     if q8 is not None and p.code in Q8_TYPES:  # pass r0's rows of xq and xs
-                        qr = (q8[0][r0 * w.cols :], q8[1][r0 * w.cols // 4 :])
+                        qb, sb = q8_bytes(r0, w.cols)
+                        qr = (q8[0][qb:], q8[1][sb:])
                     self._gemv(p, xr, ldx, m, yr, ldy, acc, qr)
             else:
                 dt = np.float32 if self.exact else np.float16

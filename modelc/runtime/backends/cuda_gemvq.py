@@ -175,3 +175,9 @@ def instances() -> str:
 def names() -> list[str]:
     fused = ["quant_q8", "rms_norm_q8", "silu_mul_q8", "gelu_mul_q8"]
     return fused + [f"gemvq_{t}_{nr}" for t in Q8_TYPES for nr in GEMVQ_ROWS]
+
+
+def q8_bytes(n: int, cols: int) -> tuple[int, int]:
+    """Bytes of ``n`` rows of ``cols`` quantized activations: the int8 values (n, cols) and
+    the float (scale, sum) pairs (n, cols / 32, 2) that follow them."""
+    return n * cols, n * (cols // 32) * 8
