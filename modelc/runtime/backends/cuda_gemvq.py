@@ -40,14 +40,16 @@ template <> __device__ __forceinline__ void wq8<8>(const u8* __restrict__ row, i
   *dl = h2f(ld16(b)); *ml = 0.f;
 }
 template <> __device__ __forceinline__ void wq8<12>(const u8* __restrict__ row, int g, int j, int* q, float* dl, float* ml) {  // Q4_K
-  const u8* b = row + (size_t)(g >> 3) * 144;
-  int s = g & 7, sc, mn;
-  k_scale_min(b + 4, s, &sc, &mn);
+  const u8* b = row + (size_t)(g >> 3) * 144;  // 16-byte aligned: word loads throughout
+  int s = g & 7, k = 8 * (s & 3);
+  u32 dm = ld32(b), s0 = ld32(b + 4), s1 = ld32(b + 8), s2 = ld32(b + 12);
+  u32 sc = s < 4 ? (s0 >> k) & 63 : ((s2 >> k) & 15) | (((s0 >> k) >> 6 & 3) << 4);
+  u32 mn = s < 4 ? (s1 >> k) & 63 : ((s2 >> k) >> 4 & 15) | (((s1 >> k) >> 6 & 3) << 4);
   const u8* p = b + 16 + (s >> 1) * 32 + 8 * j;
   int sh = (s & 1) * 4;
   q[0] = (int)((ld32(p) >> sh) & 0x0f0f0f0fu); q[1] = (int)((ld32(p + 4) >> sh) & 0x0f0f0f0fu);
-  *dl = __fmul_rn(h2f(ld16(b)), (float)sc);
-  *ml = j == 0 ? __fmul_rn(h2f(ld16(b + 2)), (float)mn) : 0.f;
+  *dl = __fmul_rn(h2f(dm & 0xffff), (float)sc);
+  *ml = j == 0 ? __fmul_rn(h2f(dm >> 16), (float)mn) : 0.f;
 }
 template <> __device__ __forceinline__ void wq8<14>(const u8* __restrict__ row, int g, int j, int* q, float* dl, float* ml) {  // Q6_K
   const u8* b = row + (size_t)(g >> 3) * 210;
