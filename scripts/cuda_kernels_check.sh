@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 35's decode kernels on a GPU machine in one call (about 6 minutes on an H100):
 #   1. random models: the 1.1B in Q4_0, Q8_0 and Q4_K_M, the 8B in Q4_K_M (CHECK_8B=0: not)
-#   2. tests: the CPU-side kernel checks, the new kernels against numpy and the q8 path
-#      against the CPU's fast mode (tests/test_cuda_kernels.py), then tests/test_cuda.py
-#      (exact mode: parity with the CPU's exact mode, as before)
+#   2. tests: the CPU-side kernel checks, the new kernels against numpy, models on the q8
+#      path against their numpy twin and the CPU's exact / fast modes
+#      (tests/test_cuda_kernels.py), then tests/test_cuda.py (exact mode, as before)
 #   3. bench/cuda_bench.py at 1 / 8 / 64 streams, before (MODELC_CUDA_DEQ=deq32
 #      MODELC_CUDA_GEMV=gemv4: the kernels of a04ce0e) and after (deq8, and the int8 GEMV q8)
 #   4. bench/cuda_profile.py of the 1.1B Q4_K_M at 1 and 64 streams, after and before; the

@@ -289,3 +289,42 @@ def test_activation_and_quantizing_in_one_launch_equal_the_two(be: Any, gelu: bo
                 assert y1.get().tobytes() == y2.get().tobytes(), (dtype, exact, n)
     finally:
         restore(dev)
+
+
+@pytest.mark.parametrize("hd", [64, 128, 96])
+def test_attention_quantizes_its_output_for_the_next_product(be: Any, hd: int) -> None:
+    """``attention(..., then=w_o)`` on the q8 path: the same output bits as without, and
+    the product from its quantized output equal to the product quantizing on its own (bit
+    for bit for Q6_K; Q4_K's min takes the group's sum, added in another order); head size
+    96 (three lanes' values straddle a group) quantizes apart."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(14)
+    nq, nh, nkv, n_kv = 3, 4, 2, 20
+    q = cp.asarray(rng.standard_normal((nq, nh, hd)).astype(np.float32))
+    kv = cp.asarray(rng.standard_normal((2, n_kv, nkv, hd)).astype(np.float16))
+    host = np.zeros(2 * nq + 2, np.int64)
+    host[:nq] = np.arange(n_kv - nq, n_kv)  # the last 3 positions, sequence 0
+    host[2 * nq :] = (kv.data.ptr, n_kv)
+    meta = cp.asarray(host)
+    parts = (meta[:nq], meta[nq : 2 * nq], meta[2 * nq : 2 * nq + 1], meta[2 * nq + 1 :])
+    try:
+        for dtype in (DType.Q6_K, DType.Q4_K):
+            data, _ = random_blocks(rng, dtype, 96, nh * hd, 0.05)
+            w = dev.upload([Weight(dtype, (96, nh * hd), data)])
+            dev.gemv_kind, dev.exact = "q8", False
+            o1, o2 = cp.zeros((nq, nh * hd), np.float32), cp.zeros((nq, nh * hd), np.float32)
+            y1, y2 = cp.ones((nq, 96), np.float32), cp.ones((nq, 96), np.float32)
+            args = (parts, nq, nh, nkv, hd, True, 1 / np.sqrt(hd), 0, 0)
+            assert dev.attention(q, *args, o1) is None
+            dev.matmul(w, o1, nq, y1, acc=True)
+            q8 = dev.attention(q, *args, o2, then=w)
+            assert (q8 is not None) == (hd != 96)
+            dev.matmul(w, o2, nq, y2, acc=True, q8=q8)
+            assert o1.get().tobytes() == o2.get().tobytes()
+            if dtype is DType.Q6_K:
+                assert y1.get().tobytes() == y2.get().tobytes(), hd
+            else:
+                np.testing.assert_allclose(y2.get(), y1.get(), rtol=1e-5, atol=1e-6)
+    finally:
+        restore(dev)

@@ -340,15 +340,21 @@ class Device:
         layer: int,
         out: Any,
         softcap: float = 0.0,
-    ) -> None:
+        then: DevWeight | None = None,
+    ) -> Any:
         """Query rows (n, nh, hd) over their sequences' caches; meta = pos, seq, base, cap;
-        ``window`` > 0 sees the last ``window`` positions, ``softcap`` > 0 caps the scores."""
+        ``window`` > 0 sees the last ``window`` positions, ``softcap`` > 0 caps the scores.
+        Where ``then`` (the next product, of out) takes the q8 path, out is quantized in the
+        same launch (head sizes 32, 64, 128, 256): returns :meth:`matmul`'s ``q8``, else None."""
         e = hd // 32
         if hd % 32 or e not in HEAD_LANES:
             raise UnsupportedError(
                 f"CUDA attention supports head sizes 32..256 in steps of 32, got {hd}"
             )
         pos, seq, base, cap = meta
+        q8: Any = None
+        if then is not None and 32 % e == 0 and then.cols == nh * hd and self._use_q8(then, n):
+            q8 = self._q8_views(n, nh * hd)
         self.fn[f"attn_{'f16' if f16 else 'f32'}_{e}"](
             (n, nh),
             (128,),
@@ -365,8 +371,10 @@ class Device:
                 np.float32(softcap),
                 np.int32(layer),
                 out,
+                *(q8 if q8 is not None else (np.uint64(0), np.uint64(0))),
             ),
         )
+        return q8
 
     def argmax(self, x: Any, n: int, out: Any) -> None:
         self.fn["argmax_rows"]((n,), (1024,), (x, np.int32(x.shape[-1]), out))

@@ -73,15 +73,6 @@ __device__ __forceinline__ float piece_dot(const int* q, float dl, float ml, int
 """
 
 KERNELS = r"""
-// lane's value v of a group of 32 (the warp's) to 8 bits: *q; lane 0 writes (scale, sum)
-__device__ __forceinline__ void quant_group(float v, int lane, signed char* __restrict__ q,
-                                            float2* __restrict__ s) {
-  float amax = warp_max(fabsf(v)), sum = warp_sum(v);
-  float d = amax / 127.f;
-  *q = (signed char)(d > 0.f ? __float2int_rn(v / d) : 0);
-  if (lane == 0) *s = make_float2(d, sum);
-}
-
 // x (n, cols) f32, row stride ldx -> xq (n, cols) int8 and xs (n, cols / 32) (scale, float
 // sum) a group of 32; a warp a group
 extern "C" __global__ void quant_q8(const float* __restrict__ x, int ldx, int cols, int n,
@@ -90,8 +81,8 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, int ldx, int co
   int lane = threadIdx.x & 31, ng = cols >> 5;
   if (gw >= (long long)n * ng) return;
   int i = (int)(gw / ng), g = (int)(gw % ng);
-  quant_group(x[(size_t)i * ldx + g * 32 + lane], lane, xq + (size_t)i * cols + g * 32 + lane,
-              xs + (size_t)i * ng + g);
+  float v = x[(size_t)i * ldx + g * 32 + lane];
+  quant_lanes<1>(&v, lane, xq + (size_t)i * cols + g * 32 + lane, xs + (size_t)i * ng + g);
 }
 
 // rms_norm (rows 0..n-1, no acc) and quant_q8 of its output in one launch: out[i] =
@@ -107,7 +98,7 @@ extern "C" __global__ void rms_norm_q8(const float* __restrict__ x, int ldx,
     int j = g * 32 + lane;
     float v = xr[j] * scale * w[j];
     out[(size_t)i * ldo + j] = v;
-    quant_group(v, lane, xq + (size_t)i * d + j, xs + (size_t)i * ng + g);
+    quant_lanes<1>(&v, lane, xq + (size_t)i * d + j, xs + (size_t)i * ng + g);
   }
 }
 
@@ -155,7 +146,7 @@ __device__ __forceinline__ void act_mul_q8(const float* __restrict__ gu, int ff,
   float g = gu[(size_t)i * 2 * ff + j], u = gu[(size_t)i * 2 * ff + ff + j];
   float v = GELU ? gelu_of(g, u) : silu_of(g, u);
   out[(size_t)i * ff + j] = v;
-  quant_group(v, lane, xq + (size_t)i * ff + j, xs + gw);
+  quant_lanes<1>(&v, lane, xq + (size_t)i * ff + j, xs + gw);
 }
 extern "C" __global__ void silu_mul_q8(const float* gu, int ff, int n, float* out, signed char* xq,
                                        float2* xs) { act_mul_q8<0>(gu, ff, n, out, xq, xs); }

@@ -349,7 +349,7 @@ class CudaLlama(CausalLM):
                     self.q,
                 ),
             )
-            dev.attention(
+            q8 = dev.attention(
                 self.q,
                 kvmeta,
                 n,
@@ -362,8 +362,9 @@ class CudaLlama(CausalLM):
                 li,
                 self.attn,
                 self.attn_softcap,
+                then=ly.wo,
             )
-            self._residual(ly.wo, self.attn, n, ly.post_attn_norm)
+            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8)
             if ly.experts is not None:
                 dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
                 ly.experts.run(dev, self.cp, self.h, n, self.x)

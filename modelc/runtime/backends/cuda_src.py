@@ -230,13 +230,32 @@ extern "C" __global__ void rope_store_f16(const float* qkv, const float* bias, c
   rope_store<u16>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo);
 }
 
+// E values v of a lane, 32 / E lanes a group of 32 (E = 1, 2, 4, 8), to 8 bits: q[0..E),
+// and the group's (scale amax / 127, float sum) to *s by its first lane (the int8 GEMV's x)
+template <int E>
+__device__ __forceinline__ void quant_lanes(const float* v, int lane, signed char* __restrict__ q,
+                                            float2* __restrict__ s) {
+  float amax = 0.f, sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; e++) { amax = fmaxf(amax, fabsf(v[e])); sum += v[e]; }
+  for (int o = 16 / E; o > 0; o >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  float d = amax / 127.f;
+#pragma unroll
+  for (int e = 0; e < E; e++) q[e] = (signed char)(d > 0.f ? __float2int_rn(v[e] / d) : 0);
+  if ((lane * E) % 32 == 0) *s = make_float2(d, sum);
+}
+
 // causal attention of query row i (at pos[i]) and head h over its sequence's cache;
 // each warp an online softmax over every WARPS-th position, then the warps combine.
 #define WARPS 4
 template <typename KV, int E>
 __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* __restrict__ pos,
     const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
-    int nh, int nkv, float scale, int window, float softcap, int layer, float* __restrict__ out) {
+    int nh, int nkv, float scale, int window, float softcap, int layer, float* __restrict__ out,
+    signed char* __restrict__ xq, float2* __restrict__ xs) {
   int i = blockIdx.x, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int hd = 32 * E;
   long long p = pos[i], s = seq[i], c = cap[s];
@@ -282,9 +301,12 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
 #pragma unroll
       for (int e = 0; e < E; e++) o[e] += sacc[w][lane * E + e] * f;
     }
-    float* orow = out + ((size_t)i * nh + h) * hd + lane * E;
+    size_t at = ((size_t)i * nh + h) * hd + lane * E;
 #pragma unroll
-    for (int e = 0; e < E; e++) orow[e] = o[e] / L;
+    for (int e = 0; e < E; e++) { o[e] = o[e] / L; out[at + e] = o[e]; }
+    if constexpr (32 % E == 0) {  // xq: the output quantized for the next product too
+      if (xq) quant_lanes<E>(o, lane, xq + at, xs + at / 32);
+    }
   }
 }
 
@@ -334,9 +356,9 @@ def _instances() -> str:
             out.append(
                 f'extern "C" __global__ void attn_{kv}_{e}(const float* q, const i64* pos, '
                 "const i64* seq, const i64* base, const i64* cap, int nh, int nkv, float scale, "
-                "int window, float softcap, int layer, float* out) "
+                "int window, float softcap, int layer, float* out, signed char* xq, float2* xs) "
                 f"{{ attend<{ty}, {e}>(q, pos, seq, base, cap, nh, nkv, scale, window, softcap, "
-                "layer, out); }"
+                "layer, out, xq, xs); }"
             )
     return "\n".join(out)
 
