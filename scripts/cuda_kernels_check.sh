@@ -3,9 +3,10 @@
 #   1. random models: the 1.1B in Q4_0, Q8_0 and Q4_K_M, the 8B in Q4_K_M (CHECK_8B=0: not)
 #   2. tests: the CPU-side kernel checks, the new kernels against numpy, models on the q8
 #      path against their numpy twin and the CPU's exact / fast modes
-#      (tests/test_cuda_kernels.py), then tests/test_cuda.py (exact mode, as before)
+#      (tests/test_cuda_kernels.py)
 #   3. bench/cuda_bench.py at 1 / 8 / 64 streams, before (MODELC_CUDA_DEQ=deq32
-#      MODELC_CUDA_GEMV=gemv4: the kernels of a04ce0e) and after (deq8, and the int8 GEMV q8)
+#      MODELC_CUDA_GEMV=gemv4: the kernels of a04ce0e) and after (deq8, and the int8 GEMV
+#      q8); then tests/test_cuda.py (exact mode, every test as before)
 #   4. bench/cuda_profile.py of the 1.1B Q4_K_M at 1 and 64 streams, after and before; the
 #      1.1Bs at 32 / 64 streams as int8 GEMV passes (MODELC_CUDA_GEMV_MAX=64); deq8 alone
 # Each stage is skipped once the budget (CHECK_BUDGET seconds from the start, 340) is spent
@@ -31,9 +32,14 @@ stage "models" && {
 MODELS=(--model $M/llama1b-q4_0.gguf --model $M/llama1b-q4_k_m.gguf)
 [ -f $M/llama8b-q4_k_m.gguf ] && MODELS+=(--model $M/llama8b-q4_k_m.gguf)
 
-stage "tests" 60 && MODELC_MATMUL=exact MODELC_CUDA_1B_DIR=$M timeout "$(($(left) - 40))" \
-  python3 -m pytest -q -p no:cacheprovider -rs --durations=8 tests/test_cuda_quants_host.py \
-  tests/test_cuda_kernels.py tests/test_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -40
+tests() {  # tests NAME MODULES...: exact mode (the q8 tests set their own)
+  local name=$1
+  shift
+  stage "tests $name" 60 || return
+  MODELC_MATMUL=exact MODELC_CUDA_1B_DIR=$M timeout "$(($(left) - 40))" python3 -m pytest -q \
+    -p no:cacheprovider -rs --durations=8 "$@" 2>&1 | tee "$OUT/tests_$name.log" | tail -30
+}
+tests kernels tests/test_cuda_quants_host.py tests/test_cuda_kernels.py
 
 bench() {  # bench NAME DEQ GEMV
   stage "bench $1 (MODELC_CUDA_DEQ=$2 MODELC_CUDA_GEMV=$3)" 30 || return
@@ -49,6 +55,7 @@ profile() {
 }
 bench before deq32 gemv4
 bench after deq8 q8
+tests cuda tests/test_cuda.py
 profile after deq8 q8
 # 64 streams as 4 int8 GEMV passes of 16 rows (the weights read 4 times, no f16 copy)
 stage "bench q8rows (MODELC_CUDA_GEMV_MAX=64)" 30 && MODELC_CUDA_GEMV=q8 MODELC_CUDA_GEMV_MAX=64 \
