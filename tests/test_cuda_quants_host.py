@@ -200,8 +200,8 @@ def test_int8_gemv_weights_are_the_reference(lib: ctypes.CDLL, code: int) -> Non
 def test_int8_gemv_sums_are_the_quantized_product(lib: ctypes.CDLL, code: int) -> None:
     """gemvq's arithmetic (wq8, dp4a, the scales) over whole rows with x quantized as
     ``quant_q8`` does: the reference's weights times x's 8-bit values, within float
-    rounding (Q4_K's min taken with the float sum of x, as the kernel does)."""
-    from tests.test_cuda_kernels import q4k_mins, q8_reference
+    rounding (Q4_K's and Q5_K's min taken with the float sum of x, as the kernel does)."""
+    from tests.test_cuda_kernels import k_mins, q8_reference
 
     dtype = next(d for d, c in CODES.items() if c == code)
     rows, cols = 4, 2048
@@ -218,7 +218,7 @@ def test_int8_gemv_sums_are_the_quantized_product(lib: ctypes.CDLL, code: int) -
            xq.ctypes.data_as(ctypes.c_void_p), xs.ctypes.data_as(ctypes.c_void_p))
         for r in range(rows)
     ]  # fmt: skip
-    mins = q4k_mins(raw, rows) if dtype is DType.Q4_K else None
+    mins = k_mins(raw, rows, dtype)
     ref = q8_reference(want.astype(np.float64), x[None], mins)[0]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     assert np.abs(ref - want.astype(np.float64) @ x).max() > 1e-6  # x was quantized

@@ -5,9 +5,10 @@ in their GGUF blocks.
   :mod:`.cuda_gemvq`) once a process and launches its kernels: GEMV straight from the
   quantized blocks (a weight row split over 1..8 warps, lanes reading 4 weights each so
   activations load coalesced; up to 16 activation rows a pass) for decode and small
-  batches (``MODELC_CUDA_GEMV_MAX``, 16), or with ``MODELC_CUDA_GEMV=q8`` the activations
-  quantized to 8 bits and ``dp4a`` dot products for Q4_0 / Q8_0 / Q4_K / Q6_K (never in
-  exact mode; the norm before a product quantizes its output in the same launch); for
+  batches (``MODELC_CUDA_GEMV_MAX``, 16), or with ``MODELC_CUDA_GEMV=q8`` the
+  activations quantized to 8 bits and ``dp4a`` dot products for Q4_0 / Q8_0 / Q4_K /
+  Q5_K / Q6_K (never in exact mode; the kernel before a product, norm, attention or
+  activation, quantizes its output in the same launch); for
   more rows, the weight dequantized into a scratch matrix (``deq8``, coalesced;
   ``MODELC_CUDA_DEQ=deq32`` the first kernel) and one cuBLAS ``gemmEx``
   (:mod:`.cuda_blas`; f16 tensor cores, f32 with ``MODELC_MATMUL=exact``, the CPU
@@ -86,9 +87,9 @@ class Device:
         self._deq_buf: Any = None
         self._x16: Any = None
         self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
-        # gemv4 (coalesced; default), gemv (a lane a group) or q8 (int8 activations and
-        # dp4a for Q4_0 / Q8_0 / Q4_K / Q6_K, gemv4 for the rest; not in exact mode); rows up
-        # to gemv_max take GEMV
+        # gemv4 (coalesced; default), gemv (a lane a group) or q8 (int8 activations and dp4a
+        # for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K, gemv4 for the rest; not in exact mode); rows
+        # up to gemv_max take GEMV
         self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", "gemv4")
         self.deq_kind = os.environ.get("MODELC_CUDA_DEQ", "deq8")  # or deq32 (the first)
         self._xq: Any = None

@@ -4,7 +4,8 @@ llama.cpp's ``mmvq.cu`` / ``vecdotq.cuh``: the activations quantized once a prod
 sum kept for the types with a min), then each weight group's integer dot product with
 ``__dp4a`` on 4-byte words, scaled once a piece of 8 weights.
 
-Types: Q4_0, Q8_0, Q4_K, Q6_K (a Q4_K_M file's); the others stay on ``gemv4``.  Layout as
+Types: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (a Q4_K_M or Q5_K_M file's); the others stay on
+``gemv4``.  Layout as
 ``gemv4`` (a weight row split over ``wpr`` warps) but four lanes a group, eight weights
 each, so a warp reads eight groups (a K-quant super-block) an iteration.  Opt-in
 (``MODELC_CUDA_GEMV=q8``) until an H100 run holds it to the CPU's fast mode; never in
@@ -14,7 +15,7 @@ checks its bit layouts and a row's sum on the CPU.
 
 from __future__ import annotations
 
-Q8_TYPES = (2, 8, 12, 14)  # GGML's numbers: Q4_0 Q8_0 Q4_K Q6_K
+Q8_TYPES = (2, 8, 12, 13, 14)  # GGML's numbers: Q4_0 Q8_0 Q4_K Q5_K Q6_K
 GEMVQ_ROWS = (1, 2, 4, 8, 16)
 
 SOURCE = r"""
@@ -50,6 +51,20 @@ template <> __device__ __forceinline__ void wq8<12>(const u8* __restrict__ row, 
   q[0] = (int)((ld32(p) >> sh) & 0x0f0f0f0fu); q[1] = (int)((ld32(p + 4) >> sh) & 0x0f0f0f0fu);
   *dl = __fmul_rn(h2f(dm & 0xffff), (float)sc);
   *ml = j == 0 ? __fmul_rn(h2f(dm >> 16), (float)mn) : 0.f;
+}
+template <> __device__ __forceinline__ void wq8<13>(const u8* __restrict__ row, int g, int j, int* q, float* dl, float* ml) {  // Q5_K
+  const u8* b = row + (size_t)(g >> 3) * 176;  // 16-byte aligned
+  int s = g & 7, sc, mn;
+  k_scale_min(b + 4, s, &sc, &mn);
+  const u8* p = b + 48 + (s >> 1) * 32 + 8 * j;
+  int sh = (s & 1) * 4;
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    u32 h = (ld32(b + 16 + 8 * j + 4 * k) >> s) & 0x01010101u;
+    q[k] = (int)(((ld32(p + 4 * k) >> sh) & 0x0f0f0f0fu) | (h << 4));
+  }
+  *dl = __fmul_rn(h2f(ld16(b)), (float)sc);
+  *ml = j == 0 ? __fmul_rn(h2f(ld16(b + 2)), (float)mn) : 0.f;
 }
 template <> __device__ __forceinline__ void wq8<14>(const u8* __restrict__ row, int g, int j, int* q, float* dl, float* ml) {  // Q6_K
   const u8* b = row + (size_t)(g >> 3) * 210;
