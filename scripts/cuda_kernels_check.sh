@@ -8,7 +8,8 @@
 #      MODELC_CUDA_GEMV=gemv4: the kernels of a04ce0e) and after (deq8, and the int8 GEMV
 #      q8); then tests/test_cuda.py (exact mode, every test as before)
 #   4. bench/cuda_profile.py of the 1.1B Q4_K_M at 1 and 64 streams, after and before; the
-#      1.1Bs at 32 / 64 streams as int8 GEMV passes (MODELC_CUDA_GEMV_MAX=64); deq8 alone
+#      1.1Bs at 32 / 64 streams as int8 GEMV passes (MODELC_CUDA_GEMV_MAX=64); 8 / 64
+#      streams with the f16 copies kept (MODELC_CUDA_F16_CACHE=1); deq8 alone
 # Each stage is skipped once the budget (CHECK_BUDGET seconds from the start, 340) is spent
 # (CHECK_BUDGET=540 under a 600 s limit runs every stage); logs and JSON
 # in $OUT.  CUDA_BW: the card's bandwidth for the bench's share column (3.35e12, H100 SXM).
@@ -62,6 +63,11 @@ stage "bench q8rows (MODELC_CUDA_GEMV_MAX=64)" 30 && MODELC_CUDA_GEMV=q8 MODELC_
   timeout "$(($(left) - 10))" python3 bench/cuda_bench.py --no-hf --no-variants --streams 32,64 \
   --steps 48 --bw "$BW" "${MODELS[@]:0:4}" --json "$OUT/bench_q8rows.json" 2>&1 \
   | tee "$OUT/bench_q8rows.log" | grep -v '^{'
+# 8 / 64 streams with the weights' f16 copies kept (2 bytes a weight more, no dequantizing)
+stage "bench f16cache (MODELC_CUDA_F16_CACHE=1)" 30 && MODELC_CUDA_F16_CACHE=1 \
+  MODELC_CUDA_GEMV=q8 timeout "$(($(left) - 10))" python3 bench/cuda_bench.py --no-hf \
+  --no-variants --streams 8,64 --steps 48 --bw "$BW" "${MODELS[@]}" \
+  --json "$OUT/bench_f16cache.json" 2>&1 | tee "$OUT/bench_f16cache.log" | grep -v '^{'
 profile before deq32 gemv4
 bench deq8 deq8 gemv4
 echo "== done at $((SECONDS - T0)) s"

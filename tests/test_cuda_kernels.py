@@ -333,3 +333,28 @@ def test_attention_quantizes_its_output_for_the_next_product(be: Any, hd: int) -
                 np.testing.assert_allclose(y2.get(), y1.get(), rtol=1e-5, atol=1e-6)
     finally:
         restore(dev)
+
+
+def test_kept_f16_copies_give_the_same_products(be: Any) -> None:
+    """``MODELC_CUDA_F16_CACHE=1``: a batch past the GEMV rows takes the f16 copy kept on
+    the part (made by its first product) and gets the bits it got dequantizing each time."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(15)
+    data, _ = random_blocks(rng, DType.Q4_K, 96, 512, 0.05)
+    w = dev.upload([Weight(DType.Q4_K, (96, 512), data)])
+    x = cp.asarray(rng.standard_normal((40, 512)).astype(np.float32))
+    ys = [cp.zeros((40, 96), np.float32) for _ in range(3)]
+    try:
+        dev.exact, dev.gemv_max = False, 16
+        dev.matmul(w, x, 40, ys[0])
+        dev.f16_cache = True
+        dev.matmul(w, x, 40, ys[1])
+        kept = w.parts[0].dense16
+        assert kept is not None and kept.dtype == np.float16
+        dev.matmul(w, x, 40, ys[2])
+        assert w.parts[0].dense16 is kept
+        assert ys[0].get().tobytes() == ys[1].get().tobytes() == ys[2].get().tobytes()
+    finally:
+        dev.f16_cache = False
+        restore(dev)

@@ -40,6 +40,7 @@ class DevPart:
     rows: int
     cols: int
     row_bytes: int
+    dense16: Any = None  # cupy f16 (rows, cols), kept for cuBLAS (MODELC_CUDA_F16_CACHE=1)
 
 
 @dataclass(slots=True)
