@@ -5,7 +5,7 @@ For each model (SmolLM2-135M Q4_1, random ~1.1B llama GGUFs in Q4_0 and Q8_0):
 
 * batch 1: greedy decode steps (CUDA graph replay, argmax on the device), median step
   time over 3 runs of 128 steps after a 32-token prompt; bandwidth fraction =
-  (bytes of weights one step reads) / step time / 4.8 TB/s;
+  (bytes of weights one step reads) / step time / 4.8 TB/s (``--bw``: an H100 SXM's 3.35);
 * aggregate at N = 8, 32, 64, 128 streams: N sequences decoding together, one batched
   step each token (the model level: what the engine's steps run), tokens/s = N * steps /
   time;
@@ -16,8 +16,8 @@ For each model (SmolLM2-135M Q4_1, random ~1.1B llama GGUFs in Q4_0 and Q8_0):
   requests of 64 tokens, greedy and with llama-server's default sampler settings, each
   sampled on the GPU (``--device-sampling auto``) and on the host (``off``)): aggregate
   tokens/s;
-* with ``--types Q5_K,IQ4_XS,...``: the random 1.1B in those types too (written to
-  ``--dir`` if missing), in their own blocks;
+* with ``--types Q5_K,IQ4_XS,Q4_K_M,...``: the random 1.1B in those types too (written to
+  ``--dir`` if missing), in their own blocks; ``--model PATH`` (repeated) any GGUF;
 * with ``--offload PATH [--ngl N]`` (partial offload, issue 35's must-show 4): batch-1
   greedy decode of that model (``python -m tests.gen_cuda_models DIR 8b`` writes an
   8B-shaped Q4_0) all on the CPU kernels and with its first N layers on the GPU (default
@@ -249,9 +249,11 @@ def main() -> None:
     ap.add_argument("--streams", default=",".join(map(str, STREAMS)))
     ap.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--types", default="", help="more weight types for the random 1.1B")
+    ap.add_argument("--model", type=Path, action="append", default=[], help="more GGUF files")
     ap.add_argument("--offload", type=Path, help="a GGUF to run with --ngl layers on the GPU")
     ap.add_argument("--ngl", default="half", help="--offload: layers on the GPU (half)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--bw", type=float, default=BW, help="the card's bytes/s (bandwidth share)")
     args = ap.parse_args()
     models: list[tuple[str, Path]] = []
     if args.smollm2:
@@ -263,12 +265,13 @@ def main() -> None:
             if (args.dir / f"llama1b-{q.lower()}.gguf").exists() or not args.types
         ]
     for q in filter(None, args.types.split(",")):
-        from tests.gen_cuda_models import write_random_llama
+        from tests.gen_cuda_models import Q4_K_M, write_random_llama
 
         path = args.dir / f"llama1b-{q.lower()}.gguf"
         if not path.exists():
-            write_random_llama(path, DType[q])
+            write_random_llama(path, Q4_K_M if q == Q4_K_M else DType[q])
         models.append((f"random 1.1B {q}", path))
+    models += [(p.name, p) for p in args.model]
     rows: list[dict[str, Any]] = []
     if args.offload:
         for row in offload_rows(args.offload, args.ngl, args.steps):
@@ -289,7 +292,7 @@ def main() -> None:
                 "weight_bytes": model.weight_bytes,
             }
             if n == 1:
-                row["bw_fraction"] = model.weight_bytes / t / BW
+                row["bw_fraction"] = model.weight_bytes / t / args.bw
             if not args.no_hf:
                 th = hf_rate(ir, n)
                 row["hf_tok_s"] = n / th
@@ -306,7 +309,7 @@ def main() -> None:
                     "tok_s": n / t,
                 }
                 if n == 1:
-                    row["bw_fraction"] = model.weight_bytes / t / BW
+                    row["bw_fraction"] = model.weight_bytes / t / args.bw
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         print(f"{name}: graphs on the cuBLAS path: {model.graph_error or 'captured'}", flush=True)
@@ -320,7 +323,9 @@ def main() -> None:
                 name = f"SmolLM2 engine --device cuda, {how}, --device-sampling {sampling}"
                 rows.append({"model": name, "streams": 64, "tok_s": rate})
                 print(json.dumps(rows[-1]), flush=True)
-    print("\n| model | streams | step ms | tok/s | of 4.8 TB/s | transformers bf16 tok/s | ratio |")
+    print(
+        f"\n| model | streams | step ms | tok/s | of {args.bw / 1e12:.2f} TB/s | transformers bf16 tok/s | ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         bw = f"{100 * r['bw_fraction']:.0f}%" if "bw_fraction" in r else ""

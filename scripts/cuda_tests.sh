@@ -11,18 +11,8 @@
 # Logs go to $OUT (the device tool's folder) or ./cuda-logs.
 set -uo pipefail
 MODE=${1:-full}
-OUT=${OUT:-$PWD/cuda-logs}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if [ -d .whl ] && [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
-# the CPU kernels, the reference the GPU is compared with
-if ! python3 -c "import modelc._kernels.kernels" 2>/dev/null; then
-  python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-fi
+# shellcheck source=scripts/cuda_env.sh
+. "$(dirname "$0")/cuda_env.sh"
 SMOL=/tmp/smollm2.gguf
 for p in .cuda_a/smol.part00 .cuda_b/smol.part01; do [ -f $p ] && cp $p /tmp/; done
 if [ ! -f $SMOL ] && [ -f /tmp/smol.part00 ] && [ -f /tmp/smol.part01 ]; then
@@ -32,7 +22,6 @@ if [ ! -f $SMOL ] && [ -f /tmp/smol.part00 ] && [ -f /tmp/smol.part01 ]; then
 fi
 [ -f $SMOL ] && export MODELC_CUDA_SMOLLM2=$SMOL
 export MODELC_CUDA_1B_DIR=/tmp/m1b MODELC_MATMUL=exact
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import cupy, torch, transformers; print('cupy', cupy.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 case $MODE in
 sanity)

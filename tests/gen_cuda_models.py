@@ -3,8 +3,10 @@
 The blocks are drawn directly (random quants, scales set so every weight has a standard
 deviation near ``std``), so a 1B model in Q4_0 or Q8_0 takes seconds to make; the CUDA
 tests and ``bench/cuda_bench.py`` use it.  ``python -m tests.gen_cuda_models OUT_DIR``
-writes the ~1.1B TinyLlama-shape model in Q4_0 and Q8_0; ``... OUT_DIR 8b`` the
-Llama-3-8B-shape one in Q4_0 (``llama8b-q4_0.gguf``, ~4.4 GB: partial offload's test).
+writes the ~1.1B TinyLlama-shape model in Q4_0, Q8_0 and Q4_K_M (Q4_K + Q6_K, as
+llama.cpp mixes them); ``... OUT_DIR 8b`` the Llama-3-8B-shape one in Q4_0
+(``llama8b-q4_0.gguf``, ~4.4 GB: partial offload's test), ``... OUT_DIR 8b-q4_k_m`` in
+Q4_K_M (``llama8b-q4_k_m.gguf``, ~4.9 GB: issue 35's batch-1 figure).
 """
 
 from __future__ import annotations
@@ -94,13 +96,34 @@ def random_blocks(
     return b.reshape(rows, -1), Q[dtype.name]
 
 
+# llama.cpp's Q4_K_M: Q6_K for attn_v, half the layers' ffn_down (its use_more_bits:
+# the first and last eighth and every third between) and the output; Q4_K elsewhere
+Q4_K_M = "Q4_K_M"
+
+
+def _q4_k_m(name: str, n_layer: int) -> DType:
+    if name == "output.weight":
+        return DType.Q6_K
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        i = int(name.split(".")[1])
+        more = i < n_layer // 8 or i >= 7 * n_layer // 8 or (i - n_layer // 8) % 3 == 2
+        return DType.Q6_K if more else DType.Q4_K
+    return DType.Q4_K
+
+
 def write_random_llama(
-    path: Path, dtype: DType, shape: Shape = TINYLLAMA, *, seed: int = 0, std: float = 0.02
+    path: Path,
+    dtype: DType | str,
+    shape: Shape = TINYLLAMA,
+    *,
+    seed: int = 0,
+    std: float = 0.02,
 ) -> Path:
-    """A llama GGUF of ``shape`` whose every matrix is random ``dtype`` blocks."""
+    """A llama GGUF of ``shape`` whose every matrix is random ``dtype`` blocks (or the
+    mixture of :data:`Q4_K_M`)."""
     rng = np.random.default_rng(seed)
     with gguf_file(path, "llama") as w:
-        w.add_name(f"random-llama-{dtype.name.lower()}")
+        w.add_name(f"random-llama-{(dtype if isinstance(dtype, str) else dtype.name).lower()}")
         add_llama_shape(
             w,
             n_layer=shape.n_layer,
@@ -116,7 +139,8 @@ def write_random_llama(
         hd = shape.d // shape.n_head
 
         def mat(name: str, rows: int, cols: int, s: float = std) -> None:
-            data, raw = random_blocks(rng, dtype, rows, cols, s)
+            dt = _q4_k_m(name, shape.n_layer) if dtype == Q4_K_M else DType(dtype)
+            data, raw = random_blocks(rng, dt, rows, cols, s)
             w.add_tensor(name, data, raw_dtype=raw)
 
         def norm(name: str, n: int) -> None:
@@ -144,5 +168,9 @@ if __name__ == "__main__":
     if sys.argv[2:] == ["8b"]:
         print(write_random_llama(out / "llama8b-q4_0.gguf", DType.Q4_0, LLAMA8B))
         sys.exit()
-    for dt in (DType.Q4_0, DType.Q8_0):
-        print(write_random_llama(out / f"llama1b-{dt.name.lower()}.gguf", dt))
+    if sys.argv[2:] == ["8b-q4_k_m"]:
+        print(write_random_llama(out / "llama8b-q4_k_m.gguf", Q4_K_M, LLAMA8B))
+        sys.exit()
+    for dt in (DType.Q4_0, DType.Q8_0, Q4_K_M):
+        name = dt if isinstance(dt, str) else dt.name
+        print(write_random_llama(out / f"llama1b-{name.lower()}.gguf", dt))

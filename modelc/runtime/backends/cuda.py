@@ -1,16 +1,21 @@
 """The CUDA backend: kernels compiled at run time by NVRTC through CuPy, weights on the GPU
 in their GGUF blocks.
 
-* :class:`Device` compiles :mod:`.cuda_src` (+ :mod:`.cuda_gemv`) once a process and
-  launches its kernels: GEMV straight from the quantized blocks (a weight row split over
-  1..8 warps, lanes reading 4 weights each so activations load coalesced; up to 16
-  activation rows a pass) for decode and small batches (``MODELC_CUDA_GEMV_MAX``, 16);
-  for more rows, the weight dequantized into a scratch matrix and one cuBLAS ``gemmEx``
+* :class:`Device` compiles :mod:`.cuda_src` (+ :mod:`.cuda_gemv`, :mod:`.cuda_deq`,
+  :mod:`.cuda_gemvq`) once a process and launches its kernels: GEMV straight from the
+  quantized blocks (a weight row split over 1..8 warps, lanes reading 4 weights each so
+  activations load coalesced; up to 16 activation rows a pass) for decode and small
+  batches (``MODELC_CUDA_GEMV_MAX``, 16), or with ``MODELC_CUDA_GEMV=q8`` the
+  activations quantized to 8 bits and ``dp4a`` dot products for Q4_0 / Q8_0 / Q4_K /
+  Q5_K / Q6_K (never in exact mode; the kernel before a product, norm, attention or
+  activation, quantizes its output in the same launch); for
+  more rows, the weight dequantized into a scratch matrix (``deq8``, coalesced;
+  ``MODELC_CUDA_DEQ=deq32`` the first kernel) and one cuBLAS ``gemmEx``
   (:mod:`.cuda_blas`; f16 tensor cores, f32 with ``MODELC_MATMUL=exact``, the CPU
   backend's switch for parity with a float reference).
-* :class:`DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K,
-  IQ4_NL, IQ4_XS, F16 and F32 as stored; BF16 widened to F32 and the other GGUF types
-  dequantized to F16 at upload.
+* :class:`~.cuda_weights.DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q5_0, Q5_1,
+  Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, F16 and F32 as stored; BF16 widened to F32 and the
+  other GGUF types dequantized to F16 at upload.
 * :class:`CudaBackend` is the :class:`~modelc.runtime.backend.Backend` (numpy in, numpy
   out) whose matmul, rows, norm, SiLU and attention run these kernels, for op-level
   parity tests; the model-level path that keeps a step on the device is
@@ -26,35 +31,19 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
-from modelc.formats.ir import DType
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
+from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
+from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_src import GEMV_ROWS, HEAD_LANES, kernel_names, source
+from modelc.runtime.backends.cuda_weights import CODES, DevPart, DevWeight, host_part
 from modelc.runtime.backends.fallback import NumpyFallback
-from modelc.runtime.backends.numpy_ref import dequantize_weight
 
-CODES: dict[DType, int] = {
-    DType.F32: 0,
-    DType.F16: 1,
-    DType.Q4_0: 2,
-    DType.Q4_1: 3,
-    DType.Q8_0: 8,
-    DType.Q4_K: 12,
-    DType.Q6_K: 14,
-    DType.Q5_0: 6,
-    DType.Q5_1: 7,
-    DType.Q2_K: 10,
-    DType.Q3_K: 11,
-    DType.Q5_K: 13,
-    DType.IQ4_NL: 20,
-    DType.IQ4_XS: 23,
-}
 GEMV_MAX = max(GEMV_ROWS)
 
 
@@ -99,39 +88,6 @@ def exact_mode() -> bool:
     return os.environ.get("MODELC_MATMUL", "fast") == "exact"
 
 
-@dataclass(slots=True)
-class DevPart:
-    """One uploaded block of weight rows of a single type."""
-
-    data: Any  # cupy uint8 (rows, row_bytes)
-    code: int  # CODES value
-    rows: int
-    cols: int
-    row_bytes: int
-
-
-@dataclass(slots=True)
-class DevWeight:
-    """A weight (or several stacked by rows: Q/K/V, gate/up) held on the device."""
-
-    parts: list[DevPart]
-    rows: int
-    cols: int
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(p.data.nbytes) for p in self.parts)
-
-
-def _host_part(w: Weight) -> tuple[np.ndarray[Any, Any], DType]:
-    """The bytes to upload for ``w`` and the type they are in."""
-    if w.dtype in CODES:
-        return np.ascontiguousarray(w.data).view(np.uint8).reshape(w.shape[0], -1), w.dtype
-    if w.dtype is DType.BF16:
-        return dequantize_weight(w).view(np.uint8), DType.F32
-    return dequantize_weight(w).astype(np.float16).view(np.uint8), DType.F16
-
-
 class Device:
     """The compiled kernels and the launches the CUDA paths share."""
 
@@ -143,8 +99,13 @@ class Device:
         self._deq_buf: Any = None
         self._x16: Any = None
         self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
-        # gemv4 (coalesced; default) or gemv (a lane a group); rows up to gemv_max take GEMV
+        # gemv4 (coalesced; default), gemv (a lane a group) or q8 (int8 activations and dp4a
+        # for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K, gemv4 for the rest; not in exact mode); rows
+        # up to gemv_max take GEMV
         self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", "gemv4")
+        self.deq_kind = os.environ.get("MODELC_CUDA_DEQ", "deq8")  # or deq32 (the first)
+        self._xq: Any = None
+        self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
         self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_MAX)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
         self.blas: Blas | None = open_blas(self.cp)
@@ -155,7 +116,7 @@ class Device:
         cols = ws[0].shape[1]
         if any(w.shape[1] != cols for w in ws) or cols % 32:
             raise UnsupportedError(f"CUDA matmul needs widths that are multiples of 32, got {cols}")
-        hosts = [_host_part(w) for w in ws]
+        hosts = [host_part(w) for w in ws]
         parts: list[DevPart] = []
         i = 0
         while i < len(hosts):
@@ -180,8 +141,18 @@ class Device:
 
     def dequant(self, p: DevPart, ids: Any, n: int, out: Any, ldo: int, f16: bool = False) -> None:
         """Rows ``ids`` (device int64, or None for 0..n-1) of ``p`` into ``out`` (n, ldo)."""
-        total = n * (p.cols // 32)
         ids_arg = ids if ids is not None else np.uint64(0)
+        if self.deq_kind == "deq8":
+            blocks, bpr = launch_shape(n, p.cols)
+            vec = can_vec(int(out.data.ptr), ldo, 2 if f16 else 4)
+            self.fn[f"deq8_{p.code}_{int(f16)}"](
+                (blocks,),
+                (256,),
+                (p.data, np.int64(p.row_bytes), np.int32(p.cols), ids_arg, np.int32(bpr), out,
+                 np.int32(ldo), np.int32(vec)),
+            )  # fmt: skip
+            return
+        total = n * (p.cols // 32)
         self.fn[f"deq_{p.code}_{int(f16)}"](
             ((total + 127) // 128,),
             (128,),
@@ -197,39 +168,121 @@ class Device:
             )
         return self._x16[:n]
 
-    def _gemv(self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool) -> None:
+    def reserve_q8(self, n: int, cols: int) -> int:
+        """Scratch for n rows of ``cols`` quantized activations, made now (not inside a
+        graph capture); its bytes: :func:`~.cuda_gemvq.q8_bytes`."""
+        size = sum(q8_bytes(n, cols))
+        if self._xq is None or self._xq.nbytes < size:
+            self._retired.append(self._xq)
+            self._xq = self.cp.empty(
+                max(size, 2 * (0 if self._xq is None else self._xq.size)), np.uint8
+            )
+        return size
+
+    def _q8_views(self, n: int, cols: int) -> tuple[Any, Any]:
+        size = self.reserve_q8(n, cols)
+        return self._xq[: n * cols], self._xq[n * cols : size]
+
+    def _quant_q8(self, x: Any, ldx: int, n: int, cols: int) -> tuple[Any, Any]:
+        """x[:n] (f32, row stride ldx) to 8 bits in groups of 32: (xq (n, cols) int8,
+        xs (n, cols / 32, 2) f32 scale and sum), in scratch reused by every product."""
+        xq, xs = self._q8_views(n, cols)
+        warps = n * (cols // 32)
+        self.fn["quant_q8"](
+            ((warps + 7) // 8,), (256,), (x, np.int32(ldx), np.int32(cols), np.int32(n), xq, xs)
+        )
+        return xq, xs
+
+    def _dense(self, p: DevPart) -> Any:
+        """p dequantized for cuBLAS (f16; f32 when exact): into the scratch matrix each
+        product, or once into a copy kept on the part (``MODELC_CUDA_F16_CACHE=1``, f16
+        only: 2 bytes a weight more on the GPU, no dequantizing in the steps)."""
+        if self.f16_cache and not self.exact:
+            if p.dense16 is None:  # made eagerly: the cuBLAS path runs once before a capture
+                p.dense16 = self.cp.empty((p.rows, p.cols), np.float16)
+                self.dequant(p, None, p.rows, p.dense16, p.cols, f16=True)
+            return p.dense16
+        dt = np.float32 if self.exact else np.float16
+        wd = self._deq_scratch(p.rows * p.cols, dt).reshape(p.rows, p.cols)
+        self.dequant(p, None, p.rows, wd, p.cols, f16=not self.exact)
+        return wd
+
+    def _use_q8(self, w: DevWeight, n: int) -> bool:
+        on = n <= self.gemv_max and self.gemv_kind == "q8" and not self.exact
+        return on and any(p.code in Q8_TYPES for p in w.parts)
+
+    def _wpr(self, p: DevPart, per_pass: int) -> int:
+        """Warps a row: enough warps in flight (~32k), each with >= 2 passes of
+        ``per_pass`` groups."""
+        wpr, want, ng = 1, max(1, 32768 // p.rows), p.cols // 32
+        while self.split_k and wpr * 2 <= min(8, want) and 4 * per_pass * wpr <= ng:
+            wpr *= 2
+        return wpr
+
+    def _gemv(
+        self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool, q8: Any = None
+    ) -> None:
         nr = next(r for r in GEMV_ROWS if r >= n)
+        if q8 is not None:  # x quantized by _quant_q8
+            wpr = self._wpr(p, 8)
+            qa = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols), *q8)
+            qa += (np.int32(n), y, np.int32(ldy), np.int32(int(acc)), np.int32(wpr))
+            grid = ((p.rows + 8 // wpr - 1) // (8 // wpr),)
+            self.fn[f"gemvq_{p.code}_{nr}"](grid, (256,), qa)
+            return
         args = [p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols), x]
         args += [np.int32(ldx), np.int32(n), y, np.int32(ldy), np.int32(int(acc))]
         if self.gemv_kind == "gemv":
             self.fn[f"gemv_{p.code}_{nr}"](((p.rows * 32 + 255) // 256,), (256,), tuple(args))
             return
-        # warps a row: enough warps in flight (~32k), each with >= 2 passes of 4 groups
-        wpr, want, ng = 1, max(1, 32768 // p.rows), p.cols // 32
-        while self.split_k and wpr * 2 <= min(8, want) and 16 * wpr <= ng:
-            wpr *= 2
+        wpr = self._wpr(p, 4)
         rpb = 8 // wpr
         grid = ((p.rows + rpb - 1) // rpb,)
         self.fn[f"gemv4_{p.code}_{nr}"](grid, (256,), (*args, np.int32(wpr)))
 
-    def matmul(self, w: DevWeight, x: Any, n: int, y: Any, acc: bool = False) -> None:
+    def norm_matmul(
+        self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any
+    ) -> None:
+        """``h[:n] = rms_norm(x[:n]) * wn``, then ``y[:n] = h[:n] @ dequant(w).T``; on the q8
+        path the norm also quantizes its output for the GEMV (one launch, not two)."""
+        if not self._use_q8(w, n) or int(wn.shape[0]) != w.cols:
+            self.rms_norm(x, None, n, wn, eps, h)
+            self.matmul(w, h, n, y)
+            return
+        xq, xs = self._q8_views(n, w.cols)
+        self.fn["rms_norm_q8"](
+            (n,),
+            (256,),
+            (x, np.int32(x.strides[0] // 4), wn, np.float32(eps), np.int32(w.cols), h,
+             np.int32(h.strides[0] // 4), xq, xs),
+        )  # fmt: skip
+        self.matmul(w, h, n, y, q8=(xq, xs))
+
+    def matmul(
+        self, w: DevWeight, x: Any, n: int, y: Any, acc: bool = False, q8: Any = None
+    ) -> None:
         """``y[:n] (+)= x[:n] @ dequant(w).T``; x (>=n, cols) and y (>=n, w.rows) f32 on device.
 
         Up to ``gemv_max`` rows: GEMV passes of at most 16 rows straight from the blocks;
         more: the weight dequantized into a scratch matrix (f16, f32 when ``exact``) and one
-        cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``)."""
+        cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``).
+        ``q8``: x already quantized (:meth:`norm_matmul`)."""
         col0 = 0
         ldx, ldy = int(x.strides[0]) // 4, int(y.strides[0]) // 4
+        if q8 is None and self._use_q8(w, n):  # x quantized once for every part
+            q8 = self._quant_q8(x, ldx, n, w.cols)
         for p in w.parts:
             yp = y[:, col0:] if col0 else y
             if n <= self.gemv_max:
                 for r0 in range(0, n, GEMV_MAX):
-                    m = min(GEMV_MAX, n - r0)
-                    self._gemv(p, x[r0:] if r0 else x, ldx, m, yp[r0:] if r0 else yp, ldy, acc)
+                    m, xr, yr = min(GEMV_MAX, n - r0), x[r0:] if r0 else x, yp[r0:] if r0 else yp
+                    qr = None
+                    if q8 is not None and p.code in Q8_TYPES:  # pass r0's rows of xq and xs
+                        qb, sb = q8_bytes(r0, w.cols)
+                        qr = (q8[0][qb:], q8[1][sb:])
+                    self._gemv(p, xr, ldx, m, yr, ldy, acc, qr)
             else:
-                dt = np.float32 if self.exact else np.float16
-                wd = self._deq_scratch(p.rows * p.cols, dt).reshape(p.rows, p.cols)
-                self.dequant(p, None, p.rows, wd, p.cols, f16=not self.exact)
+                wd = self._dense(p)
                 if self.blas is not None:
                     xs, ldxs = x, ldx
                     if not self.exact:
@@ -282,12 +335,22 @@ class Device:
         """The first ``total`` values of contiguous x to c * tanh(x / c)."""
         self._elementwise("softcap_f32", x, total, c)
 
-    def act_mul(self, gu: Any, n: int, ff: int, out: Any, gelu: bool = False) -> None:
-        """silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)."""
+    def act_mul(
+        self, gu: Any, n: int, ff: int, out: Any, gelu: bool = False, then: DevWeight | None = None
+    ) -> Any:
+        """silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff); where ``then`` (the
+        next product, of out) takes the q8 path, out quantized in the same launch: returns
+        what :meth:`matmul`'s ``q8`` takes, else None."""
+        act = "gelu_mul" if gelu else "silu_mul"
+        if then is not None and self._use_q8(then, n) and then.cols == ff:
+            xq, xs = self._q8_views(n, ff)
+            warps = n * (ff // 32)
+            args = (gu, np.int32(ff), np.int32(n), out, xq, xs)
+            self.fn[f"{act}_q8"](((warps + 7) // 8,), (256,), args)
+            return xq, xs
         total = n * ff
-        self.fn["gelu_mul" if gelu else "silu_mul"](
-            ((total + 255) // 256,), (256,), (gu, np.int32(ff), np.int64(total), out)
-        )
+        self.fn[act](((total + 255) // 256,), (256,), (gu, np.int32(ff), np.int64(total), out))
+        return None
 
     def attention(
         self,
@@ -303,33 +366,29 @@ class Device:
         layer: int,
         out: Any,
         softcap: float = 0.0,
-    ) -> None:
+        then: DevWeight | None = None,
+    ) -> Any:
         """Query rows (n, nh, hd) over their sequences' caches; meta = pos, seq, base, cap;
-        ``window`` > 0 sees the last ``window`` positions, ``softcap`` > 0 caps the scores."""
+        ``window`` > 0 sees the last ``window`` positions, ``softcap`` > 0 caps the scores.
+        Where ``then`` (the next product, of out) takes the q8 path, out is quantized in the
+        same launch (head sizes 32, 64, 128, 256): returns :meth:`matmul`'s ``q8``, else None."""
         e = hd // 32
         if hd % 32 or e not in HEAD_LANES:
             raise UnsupportedError(
                 f"CUDA attention supports head sizes 32..256 in steps of 32, got {hd}"
             )
         pos, seq, base, cap = meta
+        q8: Any = None
+        if then is not None and 32 % e == 0 and then.cols == nh * hd and self._use_q8(then, n):
+            q8 = self._q8_views(n, nh * hd)
         self.fn[f"attn_{'f16' if f16 else 'f32'}_{e}"](
             (n, nh),
             (128,),
-            (
-                q,
-                pos,
-                seq,
-                base,
-                cap,
-                np.int32(nh),
-                np.int32(nkv),
-                np.float32(scale),
-                np.int32(window),
-                np.float32(softcap),
-                np.int32(layer),
-                out,
-            ),
-        )
+            (q, pos, seq, base, cap, np.int32(nh), np.int32(nkv), np.float32(scale),
+             np.int32(window), np.float32(softcap), np.int32(layer), out,
+             *(q8 if q8 is not None else (np.uint64(0), np.uint64(0)))),
+        )  # fmt: skip
+        return q8
 
     def argmax(self, x: Any, n: int, out: Any) -> None:
         self.fn["argmax_rows"]((n,), (1024,), (x, np.int32(x.shape[-1]), out))

@@ -16,6 +16,26 @@ GEMV4_ROWS = (1, 2, 4, 8, 16)
 SOURCE = r"""
 template <int T> __device__ __forceinline__ void deq4(const u8* __restrict__ row, int g, int sub, float* w);
 
+// a warp's NR sums a[] of its row (warp k of the wpr splitting it) added up, and lane r of
+// warp 0 of the row writes (or adds) y[r * ldy] (y: the row's column)
+template <int NR>
+__device__ __forceinline__ void rows_out(float* a, float (*part)[NR], int wib, int lane, int k,
+                                         int wpr, bool ok, int nr, float* __restrict__ y, int ldy,
+                                         int acc) {
+#pragma unroll
+  for (int r = 0; r < NR; r++) {
+    float s = warp_sum(a[r]);
+    if (lane == 0) part[wib][r] = s;
+  }
+  if (wpr > 1) __syncthreads(); else __syncwarp();
+  if (ok && k == 0 && lane < nr) {
+    float s = 0.f;
+    for (int j = 0; j < wpr; j++) s += part[wib + j][lane];
+    float* o = y + (size_t)lane * ldy;
+    *o = acc ? *o + s : s;
+  }
+}
+
 __DEQ4__
 // wpr warps split each weight row's groups (a block of 8 warps holds 8 / wpr rows), their
 // sums added in shared memory: rows with long K, or too few rows to fill the GPU, get more
@@ -47,18 +67,7 @@ __device__ __forceinline__ void gemv4(const u8* __restrict__ W, long long rb, in
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < NR; r++) {
-    float s = warp_sum(a[r]);
-    if (lane == 0) part[wib][r] = s;
-  }
-  if (wpr > 1) __syncthreads(); else __syncwarp();
-  if (ok && k == 0 && lane < nr) {
-    float s = 0.f;
-    for (int j = 0; j < wpr; j++) s += part[wib + j][lane];
-    float* o = y + (size_t)lane * ldy + row;
-    *o = acc ? *o + s : s;
-  }
+  rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + row, ldy, acc);
 }
 
 // x (n, cols) f32 with row stride ldx -> out (n, cols) f16, contiguous

@@ -41,8 +41,9 @@ from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupporte
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import F32Array
-from modelc.runtime.backends.cuda import CudaBackend, DevWeight
+from modelc.runtime.backends.cuda import CudaBackend
 from modelc.runtime.backends.cuda_kv import CudaKVCache
+from modelc.runtime.backends.cuda_weights import DevWeight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.batch_sampler import BatchParams, Drawn, sample_batch
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
@@ -273,6 +274,7 @@ class CudaLlama(CausalLM):
         self.g = cp.zeros((m, self.ff), np.float32)
         self.logits = cp.zeros((m, self.n_vocab if self.output is not None else 1), np.float32)
         self.tokens = cp.zeros(m, np.int64)
+        self.dev.reserve_q8(m, max(self.d, self.nh * self.hd, self.ff))  # q8 GEMV's x
         self.reset_graphs()
 
     def reset_graphs(self) -> None:
@@ -326,8 +328,7 @@ class CudaLlama(CausalLM):
                 dev.scale(self.x, n * self.d, self.embd_scale)
         rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
         for li, ly in enumerate(self.layers):
-            dev.rms_norm(self.x, None, n, ly.attn_norm, self.eps, self.h)
-            dev.matmul(ly.wqkv, self.h, n, self.qkv)
+            dev.norm_matmul(self.x, n, ly.attn_norm, self.eps, self.h, ly.wqkv, self.qkv)
             if ly.q_norm is not None:
                 dev.head_norm(
                     self.qkv, n, self.nh, self.nkv, self.hd, ly.q_norm, ly.k_norm, self.eps
@@ -348,7 +349,7 @@ class CudaLlama(CausalLM):
                     self.q,
                 ),
             )
-            dev.attention(
+            q8 = dev.attention(
                 self.q,
                 kvmeta,
                 n,
@@ -361,31 +362,33 @@ class CudaLlama(CausalLM):
                 li,
                 self.attn,
                 self.attn_softcap,
+                then=ly.wo,
             )
-            self._residual(ly.wo, self.attn, n, ly.post_attn_norm)
-            dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
+            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8)
             if ly.experts is not None:
+                dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
                 ly.experts.run(dev, self.cp, self.h, n, self.x)
                 continue
             assert ly.wgu is not None and ly.wdown is not None
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
-            dev.matmul(ly.wgu, self.h, n, gu)
-            dev.act_mul(gu, n, ly.ff, g, self.gelu)
-            self._residual(ly.wdown, g, n, ly.post_ffw_norm)
+            dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu)
+            q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
+            self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8)
         if r and self.output is not None:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)
             if self.final_softcap:
                 dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
 
-    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any) -> None:
-        """x += a @ w.T, or x += post_norm(a @ w.T) (gemma; through ``h``, free by then)."""
+    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any = None) -> None:
+        """x += a @ w.T, or x += post_norm(a @ w.T) (gemma; through ``h``, free by then);
+        ``q8``: a already quantized for the int8 GEMV."""
         if post_norm is None:
-            self.dev.matmul(w, a, n, self.x, acc=True)
+            self.dev.matmul(w, a, n, self.x, acc=True, q8=q8)
         else:
-            self.dev.matmul(w, a, n, self.h)
+            self.dev.matmul(w, a, n, self.h, q8=q8)
             self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)
 
     def _step(self, batch: Sequence[SeqChunk], hidden: F32Array | None = None) -> tuple[int, int]:

@@ -12,7 +12,7 @@ the others' unpacking is in :mod:`.cuda_quants`.
 
 from __future__ import annotations
 
-from modelc.runtime.backends import cuda_gemv, cuda_quants
+from modelc.runtime.backends import cuda_deq, cuda_gemv, cuda_gemvq, cuda_quants
 
 TYPES = (0, 1, 2, 3, 8, 12, 14, *cuda_quants.TYPES)
 GEMV_ROWS = (1, 2, 4, 8, 16)  # activation rows one GEMV pass takes (NR)
@@ -104,13 +104,8 @@ __device__ __forceinline__ void deq_rows(const u8* __restrict__ W, long long rb,
   }
 }
 
-// out[i] = x[rows[i]] / rms * w (rows null: i; acc: out[i] +=); one block a row, sums in
-// double as numpy
-extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
-                                    const float* __restrict__ w, float eps, int d,
-                                    float* __restrict__ out, int ldo, int acc) {
-  int i = blockIdx.x;
-  const float* xr = x + (size_t)(rows ? rows[i] : i) * ldx;
+// 1 / rms of the row xr (d) for the whole block; sums in double as numpy
+__device__ __forceinline__ float row_rms_scale(const float* __restrict__ xr, int d, float eps) {
   __shared__ double part[32];
   double s = 0.0;
   for (int j = threadIdx.x; j < d; j += blockDim.x) { double v = xr[j]; s += v * v; }
@@ -123,7 +118,16 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const 
     if (threadIdx.x == 0) part[0] = v;
   }
   __syncthreads();
-  float scale = (float)(1.0 / sqrt(part[0] / d + (double)eps));
+  return (float)(1.0 / sqrt(part[0] / d + (double)eps));
+}
+
+// out[i] = x[rows[i]] / rms * w (rows null: i; acc: out[i] +=); one block a row
+extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
+                                    const float* __restrict__ w, float eps, int d,
+                                    float* __restrict__ out, int ldo, int acc) {
+  int i = blockIdx.x;
+  const float* xr = x + (size_t)(rows ? rows[i] : i) * ldx;
+  float scale = row_rms_scale(xr, d, eps);
   float* o = out + (size_t)i * ldo;
   if (acc) for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] += xr[j] * scale * w[j];
   else for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = xr[j] * scale * w[j];
@@ -154,24 +158,27 @@ extern "C" __global__ void softcap_f32(float* __restrict__ x, long long total, f
   if (t < total) x[t] = tanhf(x[t] / c) * c;
 }
 
-// silu(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)
-extern "C" __global__ void silu_mul(const float* __restrict__ gu, int ff, long long total,
-                                    float* __restrict__ out) {
-  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (t >= total) return;
-  long long i = t / ff, j = t % ff;
-  float g = gu[i * 2 * ff + j], u = gu[i * 2 * ff + ff + j];
-  out[t] = g / (1.0f + expf(-g)) * u;
+// silu(g) * u and gelu_tanh(g) * u (gemma)
+__device__ __forceinline__ float silu_of(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float gelu_of(float g, float u) {
+  return 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
 }
 
-// gelu_tanh(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)  (gemma)
-extern "C" __global__ void gelu_mul(const float* __restrict__ gu, int ff, long long total,
-                                    float* __restrict__ out) {
+// silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff)
+template <int GELU>
+__device__ __forceinline__ void act_mul(const float* __restrict__ gu, int ff, long long total,
+                                        float* __restrict__ out) {
   long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= total) return;
   long long i = t / ff, j = t % ff;
   float g = gu[i * 2 * ff + j], u = gu[i * 2 * ff + ff + j];
-  out[t] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
+  out[t] = GELU ? gelu_of(g, u) : silu_of(g, u);
+}
+extern "C" __global__ void silu_mul(const float* gu, int ff, long long total, float* out) {
+  act_mul<0>(gu, ff, total, out);
+}
+extern "C" __global__ void gelu_mul(const float* gu, int ff, long long total, float* out) {
+  act_mul<1>(gu, ff, total, out);
 }
 
 // RoPE on q and k of each row of qkv (n, (nh + 2 nkv) hd) (+ bias), q -> qo (n, nh hd);
@@ -223,13 +230,32 @@ extern "C" __global__ void rope_store_f16(const float* qkv, const float* bias, c
   rope_store<u16>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo);
 }
 
+// E values v of a lane, 32 / E lanes a group of 32 (E = 1, 2, 4, 8), to 8 bits: q[0..E),
+// and the group's (scale amax / 127, float sum) to *s by its first lane (the int8 GEMV's x)
+template <int E>
+__device__ __forceinline__ void quant_lanes(const float* v, int lane, signed char* __restrict__ q,
+                                            float2* __restrict__ s) {
+  float amax = 0.f, sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; e++) { amax = fmaxf(amax, fabsf(v[e])); sum += v[e]; }
+  for (int o = 16 / E; o > 0; o >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  float d = amax / 127.f;
+#pragma unroll
+  for (int e = 0; e < E; e++) q[e] = (signed char)(d > 0.f ? __float2int_rn(v[e] / d) : 0);
+  if ((lane * E) % 32 == 0) *s = make_float2(d, sum);
+}
+
 // causal attention of query row i (at pos[i]) and head h over its sequence's cache;
 // each warp an online softmax over every WARPS-th position, then the warps combine.
 #define WARPS 4
 template <typename KV, int E>
 __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* __restrict__ pos,
     const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
-    int nh, int nkv, float scale, int window, float softcap, int layer, float* __restrict__ out) {
+    int nh, int nkv, float scale, int window, float softcap, int layer, float* __restrict__ out,
+    signed char* __restrict__ xq, float2* __restrict__ xs) {
   int i = blockIdx.x, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int hd = 32 * E;
   long long p = pos[i], s = seq[i], c = cap[s];
@@ -275,9 +301,12 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
 #pragma unroll
       for (int e = 0; e < E; e++) o[e] += sacc[w][lane * E + e] * f;
     }
-    float* orow = out + ((size_t)i * nh + h) * hd + lane * E;
+    size_t at = ((size_t)i * nh + h) * hd + lane * E;
 #pragma unroll
-    for (int e = 0; e < E; e++) orow[e] = o[e] / L;
+    for (int e = 0; e < E; e++) { o[e] = o[e] / L; out[at + e] = o[e]; }
+    if constexpr (32 % E == 0) {  // xq: the output quantized for the next product too
+      if (xq) quant_lanes<E>(o, lane, xq + at, xs + at / 32);
+    }
   }
 }
 
@@ -327,9 +356,9 @@ def _instances() -> str:
             out.append(
                 f'extern "C" __global__ void attn_{kv}_{e}(const float* q, const i64* pos, '
                 "const i64* seq, const i64* base, const i64* cap, int nh, int nkv, float scale, "
-                "int window, float softcap, int layer, float* out) "
+                "int window, float softcap, int layer, float* out, signed char* xq, float2* xs) "
                 f"{{ attend<{ty}, {e}>(q, pos, seq, base, cap, nh, nkv, scale, window, softcap, "
-                "layer, out); }"
+                "layer, out, xq, xs); }"
             )
     return "\n".join(out)
 
@@ -351,11 +380,13 @@ def kernel_names() -> list[str]:
     names += [f"gemv_{t}_{nr}" for t in TYPES for nr in GEMV_ROWS]
     names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
     names += [f"attn_{kv}_{e}" for kv in ("f32", "f16") for e in HEAD_LANES]
-    return names
+    return names + cuda_deq.names(TYPES) + cuda_gemvq.names()
 
 
 def source() -> str:
     body = SOURCE.replace("__DEQ32__", cuda_quants.DEQ32)
     body = body.replace("__TEMPLATE_INSTANCES__", _instances())
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
-    return body + gemv + cuda_gemv.instances(TYPES)
+    deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
+    gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances()
+    return body + gemv + cuda_gemv.instances(TYPES) + deq + gemvq

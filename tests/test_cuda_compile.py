@@ -1,0 +1,92 @@
+"""The CUDA backend's whole generated source (:func:`cuda_src.source`) compiled for sm_90 on a
+machine without a GPU, so a syntax or type error in a kernel never first shows on the
+lent H100/H200: NVRTC to PTX (every kernel of :func:`cuda_src.kernel_names` in it), then,
+where ``ptxas`` is found, to a cubin with no register spills in any kernel.
+
+Needs NVRTC, not a GPU: ``MODELC_NVRTC`` (the path of ``libnvrtc.so.12``) or the
+``nvidia-cuda-nvrtc-cu12`` wheel in this Python; ``ptxas`` from ``MODELC_PTXAS`` or the
+``nvidia-cuda-nvcc-cu12`` wheel.  Neither is a project dependency (install them into a
+scratch venv and point the variables at them); without NVRTC the module skips.  Cost:
+~35 s of NVRTC and ~25 s of ptxas on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from modelc.runtime.backends import cuda_src
+
+
+def _wheel_file(package: str, rel: str) -> Path | None:
+    try:
+        mod = __import__(package, fromlist=["_"])
+    except ImportError:
+        return None
+    for base in getattr(mod, "__path__", []):
+        if (Path(base) / rel).exists():
+            return Path(base) / rel
+    return None
+
+
+def _nvrtc() -> ctypes.CDLL | None:
+    path = os.environ.get("MODELC_NVRTC") or _wheel_file("nvidia.cuda_nvrtc", "lib/libnvrtc.so.12")
+    found = str(path) if path else ctypes.util.find_library("nvrtc")
+    return ctypes.CDLL(found) if found else None
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lib = _nvrtc()
+    if lib is None:
+        pytest.skip("no NVRTC here (set MODELC_NVRTC to libnvrtc.so.12)")
+    prog = ctypes.c_void_p()
+    src = cuda_src.source().encode()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"modelc.cu", 0, None, None) == 0
+    opts = [b"-std=c++17", b"--gpu-architecture=compute_90"]  # CuPy's options, on sm_90
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    assert rc == 0, log.value.decode(errors="replace")[-4000:]
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, buf)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    out = tmp_path_factory.mktemp("nvrtc") / "modelc.ptx"
+    out.write_bytes(buf.value)
+    return out
+
+
+def test_every_kernel_compiles_for_sm90(ptx: Path) -> None:
+    entries = set(re.findall(r"\.entry\s+(\w+)\(", ptx.read_text()))
+    names = cuda_src.kernel_names()
+    assert len(names) == len(set(names))
+    assert sorted(set(names) - entries) == []
+
+
+def test_no_kernel_spills_registers(ptx: Path) -> None:
+    ptxas = os.environ.get("MODELC_PTXAS") or _wheel_file("nvidia.cuda_nvcc", "bin/ptxas")
+    if ptxas is None:
+        pytest.skip("no ptxas here (set MODELC_PTXAS)")
+    run = subprocess.run(
+        [str(ptxas), "-v", "-arch=sm_90", "-o", str(ptx.with_suffix(".cubin")), str(ptx)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    fn, spills = "", []
+    for line in run.stderr.splitlines():
+        if m := re.search(r"Function properties for (\w+)", line):
+            fn = m.group(1)
+        elif (m := re.search(r"(\d+) bytes spill stores", line)) and int(m.group(1)):
+            spills.append(f"{fn}: {line.strip()}")
+    assert len(re.findall(r"Compiling entry function", run.stderr)) == len(cuda_src.kernel_names())
+    assert spills == []

@@ -1,0 +1,360 @@
+"""The CUDA kernels of issue 35's decode work against numpy: the coalesced dequantizer
+(``deq8``, :mod:`modelc.runtime.backends.cuda_deq`) bit for bit the first one (``deq_rows``)
+and the reference, and the int8 GEMV (``q8``, :mod:`modelc.runtime.backends.cuda_gemvq`)
+against the weights' product with the activations quantized as it quantizes them; then
+models on the q8 path against their numpy twin (the same quantizing; top-10 log-probs
+within 2e-3, greedy equal) and against the CPU's exact mode, no further from it than the
+CPU's fast mode is.
+
+Needs a GPU (skips elsewhere; the bit layouts are checked on the CPU by
+``tests/test_cuda_quants_host.py``, the source's compiling by ``tests/test_cuda_compile.py``).
+A few seconds on an H100, plus the 1B Q4_K_M's CPU runs (numpy twin, exact and fast modes,
+64-token prompt and 6 tokens: ~30 s) where ``MODELC_CUDA_1B_DIR`` has it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.formats import load_model
+from modelc.formats.ir import DType
+from modelc.runtime.backends.cuda import cuda_unavailable, device
+from tests.gen_cuda_models import Q4_K_M, SMALL, random_blocks, write_random_llama
+from tests.runtime_support import LOGPROB_TOL, make_backend
+
+WHY = cuda_unavailable()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no CUDA here: {WHY}")
+DEQ_TYPES = [
+    *(DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q2_K, DType.Q3_K),
+    *(DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.IQ4_NL, DType.IQ4_XS, DType.F16, DType.F32),
+]
+Q8_TYPES = [DType.Q4_0, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K]
+
+
+@pytest.fixture(scope="module")
+def be() -> Any:
+    from modelc.runtime.backends.cuda import CudaBackend
+
+    return CudaBackend()
+
+
+def restore(dev: Any) -> None:
+    """The process's device back to the environment's settings (tests after these use it)."""
+    from modelc.runtime.backends.cuda import exact_mode
+
+    dev.exact, dev.gemv_kind = exact_mode(), os.environ.get("MODELC_CUDA_GEMV", "gemv4")
+    dev.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", "16"))
+
+
+def rel(a: Any, b: Any) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("dtype", DEQ_TYPES, ids=lambda d: d.name)
+def test_deq8_equals_the_first_dequantizer_bit_for_bit(be: Any, dtype: DType) -> None:
+    """Every row, f32 and f16, into a tight matrix (16-byte stores) and into a view one
+    column in (scalar stores), picked rows and all rows: the same bits as ``deq_rows``."""
+    from modelc.runtime.backend import Weight
+    from modelc.runtime.backends.numpy_ref import dequantize_weight
+
+    cp, dev = be.cp, be.dev
+    rows, cols = 37, 2304
+    data, _ = random_blocks(np.random.default_rng(7), dtype, rows, cols, 0.05)
+    w = Weight(dtype, (rows, cols), data)
+    part = be.weight(w).parts[0]
+    ids = cp.asarray(np.array([36, 0, 5, 5, 17], np.int64))
+    want32 = dequantize_weight(w)
+    try:
+        for f16, dt in ((False, np.float32), (True, np.float16)):
+            for picked in (None, ids):
+                n = rows if picked is None else int(ids.size)
+                outs = {}
+                for kind in ("deq32", "deq8"):
+                    dev.deq_kind = kind
+                    full = cp.full((n, cols + 9), 3, dt)
+                    for out in (full[:, :cols], full[:, 1 : cols + 1]):
+                        dev.dequant(part, picked, n, out, cols + 9, f16)
+                        outs[kind, out.data.ptr % 16] = out.get()
+                ref = want32 if picked is None else want32[ids.get()]
+                for got in outs.values():
+                    assert got.tobytes() == outs["deq32", 0].tobytes()
+                    np.testing.assert_array_equal(got, ref.astype(dt))
+    finally:
+        dev.deq_kind = "deq8"
+
+
+def k_mins(raw: np.ndarray[Any, Any], rows: int, dtype: DType) -> np.ndarray[Any, Any] | None:
+    """Each 32-weight group's min ``dmin * mn`` (rows, cols / 32) of Q4_K or Q5_K blocks
+    (the weights ``dl * q - ml``); None for the types without a min."""
+    size = {DType.Q4_K: 144, DType.Q5_K: 176}.get(dtype)
+    if size is None:
+        return None
+    b = raw.reshape(rows, -1, size)
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    sm = b[..., 4:16].astype(np.int32)
+    hi = (sm[..., 8:12] >> 4) | ((sm[..., 4:8] >> 6) << 4)
+    mn = np.concatenate([sm[..., 4:8] & 63, hi], axis=-1).astype(np.float32)
+    return (dmin[..., None] * mn).reshape(rows, -1)
+
+
+def q8_reference(
+    dense: np.ndarray[Any, Any], x: np.ndarray[Any, Any], mins: np.ndarray[Any, Any] | None
+) -> np.ndarray[Any, Any]:
+    """dense @ x.T with x quantized as ``quant_q8`` does (groups of 32, scale amax / 127),
+    and a min's share (Q4_K, Q5_K: ``mins``) taken with the float sum of x, as ``gemvq``."""
+    g = x.reshape(x.shape[0], -1, 32)
+    d = (np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    q = np.rint(np.divide(g, d, out=np.zeros_like(g), where=d > 0))
+    xd = (q * d).astype(dense.dtype)  # float64 for the kernels' checks, float32 for models'
+    out: np.ndarray[Any, Any] = xd.reshape(x.shape) @ dense.T
+    if mins is not None:  # w = dl q - ml: the kernel's - ml sum(x) for the reference's - ml sum(xd)
+        xs = xd.astype(np.float64).sum(axis=-1) - g.astype(np.float64).sum(axis=-1)
+        out += (xs @ mins.T).astype(out.dtype)
+    return out
+
+
+@pytest.mark.parametrize("dtype", Q8_TYPES, ids=lambda d: d.name)
+def test_int8_gemv_is_the_product_with_quantized_activations(be: Any, dtype: DType) -> None:
+    """1..16 rows a pass and 40 rows as 3 passes (gemv_max 64), with and without warps
+    splitting a row: within 1e-5 of the quantized product (sums in another order), and
+    off the float product by the quantizing."""
+    from modelc.runtime.backend import Weight
+    from modelc.runtime.backends.numpy_ref import dequantize_weight
+
+    rng = np.random.default_rng(11)
+    dev = be.dev
+    try:
+        dev.gemv_kind, dev.exact = "q8", False
+        for rows, cols in ((96, 512), (40, 2048), (300, 4096)):
+            data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
+            w = Weight(dtype, (rows, cols), data)
+            dense = dequantize_weight(w).astype(np.float64)
+            mins = k_mins(data, rows, dtype)
+            for gmax, split in ((64, True), (64, False), (16, True)):
+                dev.gemv_max, dev.split_k = gmax, split
+                for n in (1, 3, 16, 40):
+                    x = rng.standard_normal((n, cols)).astype(np.float32)
+                    got = be.matmul(w, x)
+                    assert rel(got, q8_reference(dense, x, mins)) < 1e-5, (rows, n, gmax, split)
+                    assert 1e-5 < rel(got, x @ dense.T) < 3e-2, (rows, n, gmax, split)
+    finally:
+        restore(dev)
+        dev.split_k = True
+
+
+def q8_gpu(ir: Any) -> Any:
+    from modelc.runtime.backends.cuda import CudaBackend
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+
+    b = CudaBackend()
+    b.dev.exact, b.dev.gemv_kind = False, "q8"
+    model = CudaLlama(ir, b)
+    b.dev.gemv_max = 256  # prompts too in int8 GEMV passes, not through f16 cuBLAS
+    return model
+
+
+def q8_twin(ir: Any) -> Any:
+    """The model on the numpy reference with every product of a Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K
+    weight taking its activations quantized as the GPU's q8 path does
+    (:func:`q8_reference`): the GPU's int8 arithmetic in float64-free numpy."""
+    from modelc.runtime.arch import build
+    from modelc.runtime.backends.numpy_ref import NumpyBackend
+
+    class Q8Twin(NumpyBackend):
+        def matmul(self, w: Any, x: Any, out: Any = None) -> Any:
+            if w.dtype not in Q8_TYPES:
+                return super().matmul(w, x, out)
+            raw = np.asarray(w.data).view(np.uint8).reshape(w.shape[0], -1)
+            mins = k_mins(raw, w.shape[0], w.dtype)
+            x2 = np.asarray(x, np.float32).reshape(-1, w.shape[1])
+            y = q8_reference(self._dense(w), x2, mins).astype(np.float32)
+            if out is None:
+                return y
+            out[...] = y
+            return out
+
+    return build(ir, Q8Twin())
+
+
+def top10_error(ref: Any, dev: Any, prompt: list[int], n: int) -> tuple[float, bool]:
+    """Top-10 log-prob error of ``dev`` after the prompt, and whether n greedy tokens agree."""
+    from tests.test_cuda import greedy_run
+
+    lp_ref, gen_ref = greedy_run(ref, prompt, n, "f32")
+    lp_dev, gen_dev = greedy_run(dev, prompt, n, "f32")
+    top = np.argsort(lp_ref)[-10:]
+    return float(np.max(np.abs(lp_dev[top] - lp_ref[top]))), gen_dev == gen_ref
+
+
+def check_q8_model(ir: Any, prompt: list[int], n: int) -> None:
+    """The GPU's q8 path against its numpy twin (top-10 log-probs within 2e-3, greedy
+    equal), and from the CPU's exact mode no more than twice as far as the CPU's fast mode
+    is (which quantizes to 8 bits too, K-quants in groups of 256, outliers kept apart; the
+    twin on the random SMALL models, top-10 error from exact, twin / fast: Q4_0 5.1e-3 /
+    4.8e-3, Q8_0 equal, Q4_K 2.5e-2 / 5.0e-2, Q5_K 5.3e-2 / 3.5e-2, Q6_K 8.7e-3 / 1.5e-2,
+    Q4_K_M 2.6e-2 / 2.9e-2: neither is the closer one for every type)."""
+    from tests.test_cuda import cpu_exact
+
+    exact = cpu_exact(ir)
+    try:
+        gpu = q8_gpu(ir)
+        err, same = top10_error(q8_twin(ir), gpu, prompt, n)
+        assert err <= LOGPROB_TOL and same, f"q8 GPU vs its numpy twin: {err:.2e}, greedy {same}"
+        gpu_err, _ = top10_error(exact, gpu, prompt, n)
+    finally:
+        restore(device())
+    fast_err, _ = top10_error(exact, build_fast(ir), prompt, n)
+    assert gpu_err <= max(LOGPROB_TOL, 2 * fast_err), (gpu_err, fast_err)
+
+
+def build_fast(ir: Any) -> Any:
+    from modelc.runtime.arch import build
+
+    return build(ir, make_backend("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [*Q8_TYPES, Q4_K_M], ids=str)
+def test_small_models_on_the_int8_gemv(tmp_path: Path, dtype: DType | str) -> None:
+    check_q8_model(
+        load_model(write_random_llama(tmp_path / "m.gguf", dtype, SMALL, seed=3)),
+        list(range(5, 40)),
+        12,
+    )
+
+
+def test_1b_q4_k_m_on_the_int8_gemv() -> None:
+    d = os.environ.get("MODELC_CUDA_1B_DIR")
+    path = Path(d or ".") / "llama1b-q4_k_m.gguf"
+    if not d or not path.exists():
+        pytest.skip("no 1B Q4_K_M: set MODELC_CUDA_1B_DIR (python -m tests.gen_cuda_models DIR)")
+    check_q8_model(load_model(path), list(range(100, 164)), 6)
+
+
+def test_norm_and_quantizing_in_one_launch_equal_the_two(be: Any) -> None:
+    """``norm_matmul`` on the q8 path (rms_norm_q8, then the GEMV of its quantized output)
+    against rms_norm, then the product quantizing on its own: the same bits, for a stack
+    of Q4_K, Q6_K and Q5_0 rows (a Q4_K_M QKV's mix, and a type the int8 GEMV leaves to
+    gemv4); in exact mode the same call is rms_norm and the f32 product."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(12)
+    cols = 1024
+    ws = []
+    for dtype, rows in ((DType.Q4_K, 64), (DType.Q6_K, 32), (DType.Q5_0, 32)):
+        data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
+        ws.append(Weight(dtype, (rows, cols), data))
+    w = dev.upload(ws)
+    assert [p.code for p in w.parts] == [12, 14, 6]
+    wn = cp.asarray(rng.uniform(0.5, 1.5, cols).astype(np.float32))
+    try:
+        for exact in (False, True):
+            dev.gemv_kind, dev.exact = "q8", exact
+            for n in (1, 5, 16):
+                x = cp.asarray(rng.standard_normal((n, cols)).astype(np.float32) * 3)
+                h1, h2 = cp.zeros((n, cols), np.float32), cp.zeros((n, cols), np.float32)
+                y1, y2 = cp.zeros((n, w.rows), np.float32), cp.zeros((n, w.rows), np.float32)
+                dev.rms_norm(x, None, n, wn, 1e-5, h1)
+                dev.matmul(w, h1, n, y1)
+                dev.norm_matmul(x, n, wn, 1e-5, h2, w, y2)
+                assert h1.get().tobytes() == h2.get().tobytes()
+                assert y1.get().tobytes() == y2.get().tobytes(), (exact, n)
+    finally:
+        restore(dev)
+
+
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
+def test_activation_and_quantizing_in_one_launch_equal_the_two(be: Any, gelu: bool) -> None:
+    """``act_mul(..., then=w_down)`` on the q8 path against act_mul, then the product
+    quantizing on its own: the same activations and the same product, bit for bit; in
+    exact mode (or for a weight the int8 GEMV leaves to gemv4) no quantizing at all."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(13)
+    ff = 768
+    try:
+        for dtype, exact in ((DType.Q6_K, False), (DType.Q5_0, False), (DType.Q6_K, True)):
+            data, _ = random_blocks(rng, dtype, 96, ff, 0.05)
+            w = dev.upload([Weight(dtype, (96, ff), data)])
+            dev.gemv_kind, dev.exact = "q8", exact
+            for n in (1, 7):
+                gu = cp.asarray(rng.standard_normal((n, 2 * ff)).astype(np.float32) * 2)
+                g1, g2 = cp.zeros((n, ff), np.float32), cp.zeros((n, ff), np.float32)
+                y1, y2 = cp.ones((n, 96), np.float32), cp.ones((n, 96), np.float32)
+                assert dev.act_mul(gu, n, ff, g1, gelu) is None
+                dev.matmul(w, g1, n, y1, acc=True)
+                q8 = dev.act_mul(gu, n, ff, g2, gelu, then=w)
+                assert (q8 is not None) == (dtype is DType.Q6_K and not exact)
+                dev.matmul(w, g2, n, y2, acc=True, q8=q8)
+                assert g1.get().tobytes() == g2.get().tobytes()
+                assert y1.get().tobytes() == y2.get().tobytes(), (dtype, exact, n)
+    finally:
+        restore(dev)
+
+
+@pytest.mark.parametrize("hd", [64, 128, 96])
+def test_attention_quantizes_its_output_for_the_next_product(be: Any, hd: int) -> None:
+    """``attention(..., then=w_o)`` on the q8 path: the same output bits as without, and
+    the product from its quantized output equal to the product quantizing on its own (bit
+    for bit for Q6_K; Q4_K's min takes the group's sum, added in another order); head size
+    96 (three lanes' values straddle a group) quantizes apart."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(14)
+    nq, nh, nkv, n_kv = 3, 4, 2, 20
+    q = cp.asarray(rng.standard_normal((nq, nh, hd)).astype(np.float32))
+    kv = cp.asarray(rng.standard_normal((2, n_kv, nkv, hd)).astype(np.float16))
+    host = np.zeros(2 * nq + 2, np.int64)
+    host[:nq] = np.arange(n_kv - nq, n_kv)  # the last 3 positions, sequence 0
+    host[2 * nq :] = (kv.data.ptr, n_kv)
+    meta = cp.asarray(host)
+    parts = (meta[:nq], meta[nq : 2 * nq], meta[2 * nq : 2 * nq + 1], meta[2 * nq + 1 :])
+    try:
+        for dtype in (DType.Q6_K, DType.Q4_K):
+            data, _ = random_blocks(rng, dtype, 96, nh * hd, 0.05)
+            w = dev.upload([Weight(dtype, (96, nh * hd), data)])
+            dev.gemv_kind, dev.exact = "q8", False
+            o1, o2 = cp.zeros((nq, nh * hd), np.float32), cp.zeros((nq, nh * hd), np.float32)
+            y1, y2 = cp.ones((nq, 96), np.float32), cp.ones((nq, 96), np.float32)
+            args = (parts, nq, nh, nkv, hd, True, 1 / np.sqrt(hd), 0, 0)
+            assert dev.attention(q, *args, o1) is None
+            dev.matmul(w, o1, nq, y1, acc=True)
+            q8 = dev.attention(q, *args, o2, then=w)
+            assert (q8 is not None) == (hd != 96)
+            dev.matmul(w, o2, nq, y2, acc=True, q8=q8)
+            assert o1.get().tobytes() == o2.get().tobytes()
+            if dtype is DType.Q6_K:
+                assert y1.get().tobytes() == y2.get().tobytes(), hd
+            else:
+                np.testing.assert_allclose(y2.get(), y1.get(), rtol=1e-5, atol=1e-6)
+    finally:
+        restore(dev)
+
+
+def test_kept_f16_copies_give_the_same_products(be: Any) -> None:
+    """``MODELC_CUDA_F16_CACHE=1``: a batch past the GEMV rows takes the f16 copy kept on
+    the part (made by its first product) and gets the bits it got dequantizing each time."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(15)
+    data, _ = random_blocks(rng, DType.Q4_K, 96, 512, 0.05)
+    w = dev.upload([Weight(DType.Q4_K, (96, 512), data)])
+    x = cp.asarray(rng.standard_normal((40, 512)).astype(np.float32))
+    ys = [cp.zeros((40, 96), np.float32) for _ in range(3)]
+    try:
+        dev.exact, dev.gemv_max = False, 16
+        dev.matmul(w, x, 40, ys[0])
+        dev.f16_cache = True
+        dev.matmul(w, x, 40, ys[1])
+        kept = w.parts[0].dense16
+        assert kept is not None and kept.dtype == np.float16
+        dev.matmul(w, x, 40, ys[2])
+        assert w.parts[0].dense16 is kept
+        assert ys[0].get().tobytes() == ys[1].get().tobytes() == ys[2].get().tobytes()
+    finally:
+        dev.f16_cache = False
+        restore(dev)
