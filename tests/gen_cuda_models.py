@@ -111,6 +111,24 @@ def _q4_k_m(name: str, n_layer: int) -> DType:
     return DType.Q4_K
 
 
+def add_spm_vocab(w: Any, n_vocab: int) -> None:
+    """A SentencePiece vocabulary of ``n_vocab`` pieces (the three specials, the 256 byte
+    pieces, printable characters alone and after ``▁``, then filler pieces), so that
+    llama.cpp's tools and modelc's text routes load the random model."""
+    chars = [chr(c) for c in range(33, 127)]
+    pieces = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    pieces += ["▁", *chars, *("▁" + c for c in chars)]
+    pieces += [f"▁w{i}" for i in range(n_vocab - len(pieces))]
+    types = [2, 3, 3, *([6] * 256), *([1] * (n_vocab - 259))]  # unknown, control, byte, normal
+    w.add_tokenizer_model("llama")
+    w.add_token_list(pieces[:n_vocab])
+    w.add_token_scores([-float(i) for i in range(n_vocab)])
+    w.add_token_types(types[:n_vocab])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
 def write_random_llama(
     path: Path,
     dtype: DType | str,
@@ -136,6 +154,7 @@ def write_random_llama(
             rms_eps=1e-5,
         )
         w.add_vocab_size(shape.n_vocab)
+        add_spm_vocab(w, shape.n_vocab)
         hd = shape.d // shape.n_head
 
         def mat(name: str, rows: int, cols: int, s: float = std) -> None:

@@ -1,10 +1,10 @@
 """The GPU's memory as a budget across models (issue 36: "on a GPU its free memory").
 
 On a GPU (``scripts/cuda_tests.sh``; ``MODELC_CUDA_1B_DIR`` from ``python -m
-tests.gen_cuda_models DIR``): three store models (the random 1.1B Q4_0 under three names)
-served with ``--device cuda`` and a ``--max-gpu-memory`` that holds two, as measured by a
-server with room for all.  Requests name them in turn: the least recently used idle one is
-unloaded for the third, every answer equals the probe's, ``/api/ps`` names exactly the
+tests.gen_cuda_models DIR``): the random 1.1B Q4_0 under three names, one named on the
+command line (kept loaded) and two in the store, served with ``--device cuda`` and a
+``--max-gpu-memory`` that holds two, as measured by a server with room for all.  Requests
+name them in turn: the idle store model is unloaded for the other, every answer equals the probe's, ``/api/ps`` names exactly the
 loaded models with their ``size_vram`` (each measured, their sum inside the budget) and
 ``modelc ps`` says they run on the GPU.  The planner itself is held on the CPU by
 ``tests/test_memory_plan.py``.
@@ -57,7 +57,8 @@ def _ps(srv: Server) -> dict[str, dict[str, Any]]:
 
 
 def test_three_gpu_models_under_a_gpu_budget_for_two(home: Path) -> None:
-    probe = start(None, *OPTS, home=home)
+    pinned = ["g-a", "--alias", "g-a"]  # the command line's: never unloaded
+    probe = start(*pinned, *OPTS, home=home)
     try:
         first = _ask(probe, "g-a")
         _ask(probe, "g-b")
@@ -67,15 +68,16 @@ def test_three_gpu_models_under_a_gpu_budget_for_two(home: Path) -> None:
         probe.stop()
     assert cost_a > 0 and cost_b > 0  # measured, not zero as on a CPU server
     budget = cost_a + cost_b + cost_b // 2
-    srv = start(None, *OPTS, "--max-gpu-memory", str(budget), home=home)
+    srv = start(*pinned, *OPTS, "--max-gpu-memory", str(budget), home=home)
     try:
-        for model, want in (("g-a", {"g-a"}), ("g-b", {"g-a", "g-b"}), ("g-c", {"g-b", "g-c"}),
-                            ("g-a", {"g-c", "g-a"})):  # fmt: skip
+        for model, want in (("g-a", {"g-a"}), ("g-b", {"g-a", "g-b"}), ("g-c", {"g-a", "g-c"}),
+                            ("g-b", {"g-a", "g-b"})):  # fmt: skip
             assert _ask(srv, model) == first
             ps = _ps(srv)
             assert set(ps) == want, (model, set(ps))
             assert all(m["size_vram"] > 0 for m in ps.values())
             assert sum(m["size_vram"] for m in ps.values()) <= budget
+        assert "unloading g-b to make room for g-c" in srv.log()
         out = subprocess.run(
             [sys.executable, "-m", "modelc.cli", "ps", "--url", srv.url],
             cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,

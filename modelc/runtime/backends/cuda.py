@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
+from modelc.formats.ir import DType
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
