@@ -156,7 +156,8 @@ def _vision(path: str, runtime: Any) -> VisionModel:
             f"images run on the CPU decoder only; {type(runtime).__name__} takes none "
             "(start it with --device cpu)"
         )
-    if (vision.cfg.projector == "qwen2.5vl_merger") != (runtime.mrope is not None):  # M-RoPE
+    mrope = (vision.cfg.projector == "qwen2.5vl_merger") != (runtime.mrope is not None)
+    if mrope or not vision.goes_with(runtime.architecture):  # M-RoPE, or another family's
         raise UsageError(
             f"{path}: a {vision.cfg.projector} projector does not go with a "
             f"{runtime.architecture} model; give the mmproj file made with this model"

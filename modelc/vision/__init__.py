@@ -7,9 +7,11 @@ model's processor would, and encodes them into one embedding per image token
 its media markers as llama.cpp's ``mtmd_tokenize`` does: each marker becomes the
 projector's begin text (Gemma 3: ``<start_of_image>``), one position per embedding (an
 :class:`~modelc.runtime.model.ImageSpan`, its token id a placeholder), then the end text
-(``<end_of_image>``).  Gemma 3's projector and Qwen2.5-VL's run: a Qwen image's
-embeddings come as their grid (rows, columns, n_embd), a size of its own per image, and
-its span carries the grid for M-RoPE (:mod:`modelc.runtime.arch.mrope`).
+(``<end_of_image>``).  Gemma 3's projector, Qwen2.5-VL's and LFM2-VL's run
+(:mod:`~modelc.vision.lfm2vl`: ``<|image_start|>`` .. ``<|image_end|>``, one image
+whole, no tiles): a Qwen or LFM2 image's embeddings come as their grid (rows, columns,
+n_embd), a size of its own per image, and its span carries the grid for M-RoPE
+(:mod:`modelc.runtime.arch.mrope`; a model without M-RoPE ignores it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
+from modelc.vision.lfm2vl import Lfm2Weights, encode_lfm2, lfm2_patches
 from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
 from modelc.vision.preprocess import ImageError, decode_image, gemma3_pixels, qwen_patches
 from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
@@ -39,10 +42,16 @@ MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
 MARKERS = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "qwen2.5vl_merger": ("<|vision_start|>", "<|vision_end|>"),
+    "lfm2": ("<|image_start|>", "<|image_end|>"),
 }
+FAMILIES = {"gemma3": ("gemma3",), "lfm2": ("lfm2",)}  # projector -> its text families
 KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
 # per projector: the token id an image position carries, if the vocab has it
-PLACEHOLDER = {"gemma3": "<image_soft_token>", "qwen2.5vl_merger": "<|image_pad|>"}
+PLACEHOLDER = {
+    "gemma3": "<image_soft_token>",
+    "qwen2.5vl_merger": "<|image_pad|>",
+    "lfm2": "<image>",
+}
 
 
 def no_vision(model: str) -> ImageError:
@@ -65,10 +74,14 @@ class VisionModel:
         self.path = str(path)
         cfg, weights = load_mmproj(path)
         self.cfg: VisionConfig = cfg
-        self.weights: VisionWeights | Qwen25Weights = weights
+        self.weights: VisionWeights | Qwen25Weights | Lfm2Weights = weights
         self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
         self._kept: OrderedDict[bytes, F32] = OrderedDict()  # image hash -> embeddings
         self._lock = threading.Lock()
+
+    def goes_with(self, architecture: str) -> bool:
+        """Whether this projector's embeddings are for a model of ``architecture``."""
+        return architecture in FAMILIES.get(self.cfg.projector, (architecture,))
 
     @property
     def tokens_per_image(self) -> int:
@@ -83,13 +96,17 @@ class VisionModel:
         c = self.cfg
         if c.projector == "gemma3":
             return gemma3_pixels(img, c.image_size, c.mean, c.std)
+        if c.projector == "lfm2":  # (gh, gw, p*p*3)
+            return lfm2_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param)
         x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param=param)
         m = c.n_merge
         return x.reshape(gh // m, gw // m, m * m, -1)
 
     def encode(self, pixels: F32) -> F32:
-        """One image's embeddings: (tokens_per_image, n_embd), or Qwen2.5-VL's grid
-        (rows, columns, n_embd)."""
+        """One image's embeddings: (tokens_per_image, n_embd), or Qwen2.5-VL's and
+        LFM2-VL's grid (rows, columns, n_embd)."""
+        if isinstance(self.weights, Lfm2Weights):
+            return encode_lfm2(self.cfg, self.weights, pixels)
         if isinstance(self.weights, Qwen25Weights):
             m, (r, c) = self.cfg.n_merge, pixels.shape[:2]
             return encode_qwen25(
@@ -139,7 +156,7 @@ class VisionModel:
         spans = []
         prev = 0
         for pos, emb in zip(at, embeds, strict=True):
-            grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)
+            grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)  # M-RoPE's, where the model has it
             emb = emb.reshape(-1, emb.shape[-1]) if emb.ndim == 3 else emb
             want = (len(emb) if grid[0] else self.tokens_per_image, self.cfg.n_embd)
             if emb.shape != want:

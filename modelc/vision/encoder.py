@@ -26,7 +26,7 @@ from modelc.vision.mmproj import VisionBlock, VisionConfig, VisionWeights
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 
 
-def _layer_norm(x: F32, w: F32, b: F32, eps: float) -> F32:
+def layer_norm(x: F32, w: F32, b: F32, eps: float) -> F32:
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     out: F32 = (x - mu) / np.sqrt(var + np.float32(eps)) * w + b
@@ -65,16 +65,23 @@ def patchify(pixels: F32, patch: int) -> F32:
     return np.ascontiguousarray(x.reshape((h // patch) * (w // patch), c * patch * patch))
 
 
+def siglip_blocks(
+    cfg: VisionConfig, blocks: tuple[VisionBlock, ...], x: F32, post_w: F32, post_b: F32
+) -> F32:
+    """The SigLIP blocks and the final layer norm over embedded patches (n, width)."""
+    for b in blocks:
+        x = x + _attention(layer_norm(x, b.ln1_w, b.ln1_b, cfg.eps), b, cfg.n_head)
+        h = _gelu_tanh(layer_norm(x, b.ln2_w, b.ln2_b, cfg.eps) @ b.w_up.T + b.b_up)
+        x = x + (h @ b.w_down.T + b.b_down)
+    return layer_norm(x, post_w, post_b, cfg.eps)
+
+
 def encode(cfg: VisionConfig, wt: VisionWeights, pixels: F32) -> F32:
     """One image's embeddings (tokens_per_image, n_embd) from its pixels (3, S, S)."""
     x = patchify(pixels, cfg.patch_size) @ wt.patch_w.reshape(cfg.width, -1).T
     x += wt.patch_b
     x += wt.pos  # (patches, width)
-    for b in wt.blocks:
-        x = x + _attention(_layer_norm(x, b.ln1_w, b.ln1_b, cfg.eps), b, cfg.n_head)
-        h = _gelu_tanh(_layer_norm(x, b.ln2_w, b.ln2_b, cfg.eps) @ b.w_up.T + b.b_up)
-        x = x + (h @ b.w_down.T + b.b_down)
-    x = _layer_norm(x, wt.post_w, wt.post_b, cfg.eps)
+    x = siglip_blocks(cfg, wt.blocks, x, wt.post_w, wt.post_b)
     side, k = cfg.patches_per_side, cfg.n_merge
     t = side // k
     grid = x.reshape(t, k, t, k, cfg.width).mean(axis=(1, 3))  # (t, t, width) pooled

@@ -8,16 +8,17 @@ bias), ``attn_q`` / ``attn_k`` / ``attn_v`` / ``attn_out`` and ``ffn_up`` / ``ff
 ``1 + w``) and ``mm.input_projection`` (width, n_embd of the text model).
 
 Gemma 3's projector (``gemma3``) is read here, Qwen2.5-VL's (``qwen2.5vl_merger``) by
-:mod:`modelc.vision.qwen25vl`; other projectors are refused in one line.
+:mod:`modelc.vision.qwen25vl`, LFM2-VL's (``lfm2``: these SigLIP blocks, then its own
+projector) by :mod:`modelc.vision.lfm2vl`; other projectors are refused in one line.
 Weights are widened to f32 once at load (a projector is small beside its text model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,8 +27,11 @@ from modelc.formats.ir import DType, Tensor
 from modelc.formats.quants import dequantize
 from modelc.vision.qwen25vl import Qwen25Weights, load_qwen25
 
+if TYPE_CHECKING:
+    from modelc.vision.lfm2vl import Lfm2Weights
+
 F32 = np.ndarray[Any, np.dtype[np.float32]]
-PROJECTORS = ("gemma3", "qwen2.5vl_merger")
+PROJECTORS = ("gemma3", "qwen2.5vl_merger", "lfm2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +106,37 @@ def _num(meta: Mapping[str, Any], key: str, path: Path, default: Any = None) -> 
     return value
 
 
-def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25Weights]:
+def siglip_blocks(cfg: VisionConfig, get: Callable[..., F32]) -> tuple[VisionBlock, ...]:
+    """The SigLIP blocks' weights by their mmproj names (``get(name, shape)``)."""
+    w = cfg.width
+
+    def block(i: int) -> VisionBlock:
+        b = f"v.blk.{i}."
+        up = get(b + "ffn_up.weight")
+        ff = up.shape[0]
+        att = {
+            f"{x}{n}": get(b + f"attn_{a}.{s}", (w, w) if s == "weight" else (w,))
+            for a, n in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"))
+            for s, x in (("weight", "w"), ("bias", "b"))
+        }
+        return VisionBlock(
+            ln1_w=get(b + "ln1.weight", (w,)),
+            ln1_b=get(b + "ln1.bias", (w,)),
+            **att,
+            ln2_w=get(b + "ln2.weight", (w,)),
+            ln2_b=get(b + "ln2.bias", (w,)),
+            w_up=up,
+            b_up=get(b + "ffn_up.bias", (ff,)),
+            w_down=get(b + "ffn_down.weight", (w, ff)),
+            b_down=get(b + "ffn_down.bias", (w,)),
+        )
+
+    return tuple(block(i) for i in range(cfg.n_layer))
+
+
+def load_mmproj(
+    path: str | Path,
+) -> tuple[VisionConfig, VisionWeights | Qwen25Weights | Lfm2Weights]:
     """The projector's settings and weights; FormatError / UnsupportedError on a file that
     is no mmproj, or whose projector modelc does not run."""
     from modelc.formats.gguf import read_gguf
@@ -156,6 +190,10 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25W
 
     if proj == "qwen2.5vl_merger":
         return cfg, load_qwen25(cfg, get)
+    if proj == "lfm2":
+        from modelc.vision.lfm2vl import load_lfm2
+
+        return cfg, load_lfm2(cfg, get, siglip_blocks(cfg, get))
     side = cfg.patches_per_side
     if cfg.patch_size <= 0 or side <= 0 or cfg.n_merge <= 0 or side % cfg.n_merge:
         raise FormatError(
@@ -164,33 +202,11 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, VisionWeights | Qwen25W
             path=p,
         )
     w, ps = cfg.width, cfg.patch_size
-
-    def block(i: int) -> VisionBlock:
-        b = f"v.blk.{i}."
-        up = get(b + "ffn_up.weight")
-        ff = up.shape[0]
-        att = {
-            f"{x}{n}": get(b + f"attn_{a}.{s}", (w, w) if s == "weight" else (w,))
-            for a, n in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"))
-            for s, x in (("weight", "w"), ("bias", "b"))
-        }
-        return VisionBlock(
-            ln1_w=get(b + "ln1.weight", (w,)),
-            ln1_b=get(b + "ln1.bias", (w,)),
-            **att,
-            ln2_w=get(b + "ln2.weight", (w,)),
-            ln2_b=get(b + "ln2.bias", (w,)),
-            w_up=up,
-            b_up=get(b + "ffn_up.bias", (ff,)),
-            w_down=get(b + "ffn_down.weight", (w, ff)),
-            b_down=get(b + "ffn_down.bias", (w,)),
-        )
-
     weights = VisionWeights(
         patch_w=get("v.patch_embd.weight", (w, 3, ps, ps)),
         patch_b=get("v.patch_embd.bias", (w,)),
         pos=get("v.position_embd.weight", (side * side, w)),
-        blocks=tuple(block(i) for i in range(cfg.n_layer)),
+        blocks=siglip_blocks(cfg, get),
         post_w=get("v.post_ln.weight", (w,)),
         post_b=get("v.post_ln.bias", (w,)),
         soft_norm=get("mm.soft_emb_norm.weight", (w,)),

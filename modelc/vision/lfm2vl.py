@@ -1,0 +1,157 @@
+"""LFM2-VL's vision tower and projector (``lfm2`` projector; llama.cpp's ``clip.cpp`` /
+``models/siglip.cpp`` and transformers' ``Lfm2VlModel.get_image_features``)::
+
+    x = patches Wpatch + b + pos(gh, gw)     (gh*gw, width); pos: the 16 x 16 grid resized
+    per block: x += attn(ln1(x)); x += fc2(gelu_tanh(fc1(ln2(x))))   (SigLIP, bidirectional)
+    x = post_ln(x), each 2x2 block of patches as one row (gh/2 * gw/2, 4 * width)
+    out = fc2(gelu(fc1(layer_norm(x))))      (gh/2 * gw/2, n_embd), row by row
+
+SigLIP2 NaFlex: an image keeps its own aspect ratio; the position embeddings (a square
+grid) are resized to its patch grid with antialiased bilinear interpolation (PyTorch's
+``interpolate(..., antialias=True)``).  The pixels are ``Lfm2VlImageProcessor``'s
+(:func:`lfm2_patches`): RGB resized (bilinear) to :func:`~modelc.vision.preprocess.smart_resize`'s
+size, both sides multiples of 32, within 64 .. 256 image tokens (256 x 256 .. 512 x 512
+pixels), normalised, cut into 16 x 16 patches row by row, each patch's values (row,
+column, channel).  An image the processor would split into 512-pixel tiles (over twice
+the 256 tokens' pixels, e.g. larger than ~724 x 724) is taken whole at that size instead,
+as the processor does with ``do_image_splitting=False``: fewer tokens than the release's
+tiles and thumbnail.  numpy f32 throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from modelc.vision.encoder import layer_norm, siglip_blocks
+from modelc.vision.preprocess import normalise, smart_resize
+
+if TYPE_CHECKING:
+    from modelc.vision.mmproj import VisionBlock, VisionConfig
+
+F32 = np.ndarray[Any, np.dtype[np.float32]]
+TOKENS = (64, 256)  # the image tokens an image takes (llama.cpp and the release's processor)
+PROJ_EPS = 1e-5  # the projector's nn.LayerNorm
+
+
+@dataclass(frozen=True, slots=True)
+class Lfm2Weights:
+    patch: F32  # (width, p * p * 3): the patches' (row, column, channel) order
+    patch_b: F32  # (width,)
+    pos: F32  # (side, side, width) the position embeddings' grid
+    blocks: tuple[VisionBlock, ...]
+    post_w: F32  # (width,)
+    post_b: F32
+    norm_w: F32 | None  # (4 * width,) the projector's layer norm (optional in llama.cpp)
+    norm_b: F32 | None
+    w1: F32  # (hidden, 4 * width), with its bias
+    b1: F32
+    w2: F32  # (n_embd, hidden), with its bias
+    b2: F32
+
+
+def load_lfm2(
+    cfg: VisionConfig, get: Callable[..., F32], blocks: tuple[VisionBlock, ...]
+) -> Lfm2Weights:
+    """The tower's weights by their mmproj names (``get(name, shape)``) around its SigLIP
+    ``blocks``; the projector's layer norm only where the file has it."""
+    from modelc.errors import FormatError
+
+    w, ps = cfg.width, cfg.patch_size
+    kernel = get("v.patch_embd.weight", (w, 3, ps, ps))
+    pos = get("v.position_embd.weight")
+    side = math.isqrt(pos.shape[0])
+    if side * side != pos.shape[0] or pos.shape[1:] != (w,):
+        raise FormatError(f"v.position_embd has shape {pos.shape}: no square grid of {w}")
+    m = cfg.n_merge * cfg.n_merge * w
+    norm_w: F32 | None = None
+    norm_b: F32 | None = None
+    try:
+        norm_w, norm_b = get("mm.input_norm.weight", (m,)), get("mm.input_norm.bias", (m,))
+    except FormatError:  # LFM2-VL's projector without its layer norm
+        norm_w = norm_b = None
+    w1 = get("mm.1.weight")
+    if w1.shape[1:] != (m,):
+        raise FormatError(f"mm.1.weight has shape {w1.shape}, expected (*, {m})")
+    return Lfm2Weights(
+        patch=np.ascontiguousarray(kernel.transpose(0, 2, 3, 1).reshape(w, -1)),
+        patch_b=get("v.patch_embd.bias", (w,)),
+        pos=np.ascontiguousarray(pos.reshape(side, side, w)),
+        blocks=blocks,
+        post_w=get("v.post_ln.weight", (w,)),
+        post_b=get("v.post_ln.bias", (w,)),
+        norm_w=norm_w,
+        norm_b=norm_b,
+        w1=w1,
+        b1=get("mm.1.bias", (w1.shape[0],)),
+        w2=get("mm.2.weight", (cfg.n_embd, w1.shape[0])),
+        b2=get("mm.2.bias", (cfg.n_embd,)),
+    )
+
+
+def lfm2_patches(
+    img: Any,
+    patch: int,
+    merge: int,
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    param: str = "image",
+) -> F32:
+    """``Lfm2VlImageProcessor``'s pixel values of an RGB image (see the module docstring):
+    (gh, gw, p * p * 3), the image's grid of patches."""
+    from PIL import Image
+
+    f = patch * merge
+    lo, hi = (n * f * f for n in TOKENS)
+    h, w = smart_resize(img.height, img.width, f, lo, hi, param, max_ratio=math.inf, floor=f)
+    x = normalise(img.resize((w, h), resample=Image.Resampling.BILINEAR), mean, std)
+    gh, gw = h // patch, w // patch
+    x = x.reshape(gh, patch, gw, patch, 3).transpose(0, 2, 1, 3, 4)  # (gh, gw, p, p, C)
+    return np.ascontiguousarray(x.reshape(gh, gw, patch * patch * 3))
+
+
+def _aa_bilinear(n_in: int, n_out: int) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """(n_out, n_in) weights of PyTorch's antialiased bilinear resize (align_corners
+    False): a triangle filter widened by the scale when shrinking, normalised."""
+    scale = n_in / n_out
+    support, inv = (scale, 1 / scale) if scale > 1 else (1.0, 1.0)
+    out = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
+        j = np.arange(lo, hi)
+        wt = np.maximum(0.0, 1 - np.abs((j - center + 0.5) * inv))
+        out[i, lo:hi] = wt / wt.sum()
+    return out
+
+
+def resize_pos(pos: F32, gh: int, gw: int) -> F32:
+    """The (side, side, width) position grid resized to (gh * gw, width), row by row."""
+    rows, cols = _aa_bilinear(pos.shape[0], gh), _aa_bilinear(pos.shape[1], gw)
+    out = np.einsum("ir,rcw,jc->ijw", rows, pos.astype(np.float64), cols)
+    return np.ascontiguousarray(out.reshape(gh * gw, -1), dtype=np.float32)
+
+
+def encode_lfm2(cfg: VisionConfig, wt: Lfm2Weights, pixels: F32) -> F32:
+    """One image's embeddings (gh/2, gw/2, n_embd) from its pixel values (gh, gw, p*p*3)."""
+    from modelc.runtime.backends.numpy_ref import erf
+
+    gh, gw, _ = pixels.shape
+    x = pixels.reshape(gh * gw, -1) @ wt.patch.T + wt.patch_b
+    x += resize_pos(wt.pos, gh, gw)  # (gh * gw, width)
+    x = siglip_blocks(cfg, wt.blocks, x, wt.post_w, wt.post_b)
+    k = cfg.n_merge  # pixel unshuffle: each k x k block's patches, row by row, as one row
+    x = x.reshape(gh // k, k, gw // k, k, cfg.width).transpose(0, 2, 1, 3, 4)
+    x = x.reshape((gh // k) * (gw // k), k * k * cfg.width)
+    if wt.norm_w is not None and wt.norm_b is not None:
+        x = layer_norm(x, wt.norm_w, wt.norm_b, PROJ_EPS)
+    h = x @ wt.w1.T + wt.b1
+    h = np.float32(0.5) * h * (1 + erf(h * np.float32(1 / math.sqrt(2))))
+    out: F32 = np.ascontiguousarray(
+        (h @ wt.w2.T + wt.b2).reshape(gh // k, gw // k, -1), dtype=np.float32
+    )
+    return out

@@ -1,0 +1,275 @@
+"""LFM2-VL against transformers and llama.cpp (``tests/golden/lfm2vl.json``,
+``scripts/make_tiny_lfm2vl.py``) on the tiny model of ``tests/gen_lfm2vl.py``: pixel
+values equal ``Lfm2VlImageProcessor``'s, image embeddings (SigLIP2 with its position
+grid resized to the image's, the pixel unshuffle, the projector's layer norm and MLP)
+within 1e-4 of transformers', the model and mmproj GGUFs the converter's tensor for
+tensor, and in ``exact`` mode the first answer token's log-probabilities and the greedy
+answer equal transformers' (the image's ``<|image_start|>``, one ``<image>`` per
+embedding, ``<|image_end|>``); llama.cpp's mtmd server counts the same prompt and gives
+the same answer; the ``openai`` client's ``image_url`` gets it from ``modelc run``."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from modelc.engine import EngineOptions, build_engine
+from modelc.engine.api import GenerationRequest, TokenEvent
+from modelc.errors import UsageError
+from modelc.formats import load_model
+from modelc.runtime.arch import build
+from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.prompt import PromptFormat
+from modelc.runtime.sampling import SamplingParams
+from modelc.vision import VisionModel
+from tests.gen_lfm2vl import SPECIAL, ensure_model
+from tests.gguf_support import manifest
+from tests.peers import openai_client
+from tests.runtime_support import golden, make_backend
+from tests.server_fixtures import Server, start
+
+GOLD: dict[str, Any] = golden("lfm2vl.json")
+FIX = Path(__file__).parent / "fixtures"
+CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
+IMAGE = SPECIAL["<image>"]
+MARKER = {"LLAMA_MEDIA_MARKER": "<__media__>"}  # the server's own is random
+NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
+N_EMBD = 64
+
+
+@pytest.fixture(scope="module")
+def vision() -> VisionModel:
+    return VisionModel(ensure_model()[2])
+
+
+@pytest.fixture(scope="module")
+def lm() -> LanguageModel:
+    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
+    assert isinstance(model, LanguageModel)
+    return model
+
+
+def _bytes(case: dict[str, Any]) -> bytes:
+    return (FIX / case["image"]).read_bytes()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pixels_equal_the_processor(vision: VisionModel, case: dict[str, Any]) -> None:
+    got = vision.pixels(_bytes(case))
+    gh, gw = case["grid"]
+    assert got.shape == (gh, gw, case["pixel_shape"][1])
+    flat = got.reshape(-1).astype(np.float64)
+    want = np.asarray(case["pixel_sample"])
+    np.testing.assert_allclose(flat[:: GOLD["pixel_stride"]], want, atol=1e-6, rtol=0)
+    # torch folds 1/255 into the normalisation: each value within ~1e-7, so the sums ~1e-2
+    assert abs(flat.sum() - case["pixel_sum"]) < 2e-2
+    assert abs(np.abs(flat).sum() - case["pixel_abs_sum"]) < 2e-2
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]) -> None:
+    want = np.asarray(case["embeddings"], np.float32)
+    got = vision.embed(_bytes(case))
+    gh, gw = case["grid"]
+    assert got.shape == (gh // 2, gw // 2, N_EMBD)
+    np.testing.assert_allclose(got.reshape(-1, N_EMBD), want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["model", "mmproj"])
+def test_ggufs_are_the_converters(kind: str) -> None:
+    _, gg, mm = ensure_model()
+    ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
+    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
+        k: v for k, v in theirs["metadata"].items() if k not in NAMING
+    }
+    assert ours["tensors"] == theirs["tensors"]
+
+
+def _span(vision: VisionModel, case: dict[str, Any], image: bytes | None = None) -> ImageSpan:
+    ids = case["prompt_ids"]
+    emb = vision.embed(image if image is not None else _bytes(case))
+    return ImageSpan(ids.index(IMAGE), emb.reshape(-1, N_EMBD))
+
+
+def _first_and_greedy(
+    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
+) -> tuple[np.ndarray[Any, Any], list[int]]:
+    cache = lm.new_cache(max_tokens=256)
+    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
+    x = logits[-1].astype(np.float64)
+    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits[-1])))
+        logits = lm.forward([SeqChunk(cache, [out[-1]], None, spans)])
+    return lp, out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_greedy_answer_equals_transformers(
+    vision: VisionModel, lm: LanguageModel, case: dict[str, Any]
+) -> None:
+    span = _span(vision, case)
+    assert span.end - span.start == case["prompt_ids"].count(IMAGE)
+    lp, out = _first_and_greedy(lm, case["prompt_ids"], len(case["greedy"]), (span,))
+    for tok, want in case["top_logprobs"]:
+        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
+    assert out == case["greedy"]
+
+
+def test_another_image_would_differ(vision: VisionModel, lm: LanguageModel) -> None:
+    """The check above can fail: the square image's prompt with the gray image's
+    embeddings (as many) moves the first answer token's log-probabilities."""
+    case, other = (
+        next(c for c in GOLD["cases"] if c["image"].endswith(n)) for n in ("square.png", "gray.png")
+    )
+    lps = [
+        _first_and_greedy(lm, case["prompt_ids"], 0, (_span(vision, case, _bytes(c)),))[0]
+        for c in (case, other)
+    ]
+    assert np.abs(lps[0] - lps[1]).max() > 1e-3
+
+
+def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
+    t = GOLD["text"]
+    hf, gg, _ = ensure_model()
+    for src in (gg, hf):
+        model = build(load_model(str(src)), make_backend("cpu-exact"))
+        assert isinstance(model, LanguageModel)
+        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        for tok, want in t["top_logprobs"]:
+            assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
+        assert out == t["greedy"], src
+
+
+@pytest.mark.parametrize("case", CASES[-1:])
+def test_the_template_places_the_image_as_the_processor(
+    vision: VisionModel, case: dict[str, Any]
+) -> None:
+    """The chat template through modelc's template path, the image's marker replaced by
+    ``<|image_start|>``, one ``<image>`` per embedding and ``<|image_end|>``: the
+    processor's prompt ids."""
+    ir = load_model(str(ensure_model()[1]))
+    assert ir.tokenizer is not None
+    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+    data = _bytes(case)
+    msg = [{"type": "image", "data": data}, {"type": "text", "text": GOLD["question"]}]
+    chat = fmt.chat([{"role": "user", "content": msg}])
+
+    def enc(t: str) -> list[int]:
+        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
+
+    placed = vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
+    assert placed.ids == case["prompt_ids"]
+    (span,) = placed.images
+    assert span.start == case["prompt_ids"].index(IMAGE) and not span.bidirectional
+
+
+async def test_engine_answers_in_chunks(vision: VisionModel) -> None:
+    """Through the engine, prompts fed 7 tokens a step (an image split between chunks,
+    the convolution layers' state carried across): each image's answer."""
+    _, gg, mm = ensure_model()
+    opt = EngineOptions(prefill_chunk=7, prefix_cache_bytes=0)
+    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
+    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    cases = GOLD["cases"][:2]
+    got = []
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        for i, case in enumerate(cases):
+            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
+            req = GenerationRequest(
+                f"r{i}", case["prompt_ids"], p, ignore_eos=True, images=(_span(vision, case),)
+            )
+            got.append([ev.token_id async for ev in eng.submit(req) if isinstance(ev, TokenEvent)])
+        n.cancel_scope.cancel()
+    assert got == [c["greedy"] for c in cases]
+
+
+def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path) -> None:
+    """llama.cpp's server (``--mmproj``) on the 320 x 224 image (a size both keep: no
+    resize, where llama.cpp's own bilinear would give other pixels): the same prompt
+    token count and transformers' greedy answer, which modelc gives above."""
+    pytest.importorskip("xllamacpp")
+    import httpx
+
+    from modelc.bench.llamacpp import LlamaCppServer
+
+    case = next(c for c in GOLD["cases"] if c["image"].endswith("lfm2vl/scene.png"))
+    _, gg, mm = ensure_model()
+    text = case["prompt_text"].replace("<image>", "<__media__>")
+    b64 = base64.b64encode(_bytes(case)).decode()
+    body = {
+        "prompt": {"prompt_string": text, "multimodal_data": [b64]},
+        "n_predict": len(case["greedy"]),
+        "temperature": 0,
+        "samplers": ["top_k"],
+        "top_k": 1,
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "return_tokens": True,
+    }
+    with LlamaCppServer(
+        gg, threads=1, n_parallel=1, n_ctx=512, log=tmp_path / "lc.log", mmproj=mm, env=MARKER
+    ) as s:
+        r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
+    assert r["tokens_evaluated"] == len(case["prompt_ids"]), r.get("tokens_evaluated")
+    assert r["tokens"] == case["greedy"]
+
+
+def test_a_projector_of_another_family_is_refused_at_start() -> None:
+    """LFM2-VL's projector with Gemma 3's model, and Gemma 3's with LFM2's: one line at
+    start."""
+    from tests import gen_gemma3vl
+
+    _, gemma, gemma_mm = gen_gemma3vl.ensure_model()
+    _, lfm2, lfm2_mm = ensure_model()
+    for model, mm in ((gemma, lfm2_mm), (lfm2, gemma_mm)):
+        with pytest.raises(UsageError) as e:
+            build_engine(model, EngineOptions(mmproj=str(mm)))
+        assert "\n" not in str(e.value) and "mmproj file made with this model" in str(e.value)
+
+
+def test_a_large_image_is_taken_whole_within_256_tokens(vision: VisionModel) -> None:
+    """An image the processor would tile (1200 x 900) is resized whole to at most 256
+    tokens (as ``do_image_splitting=False``); a 1 x 1 one up to 64."""
+    from PIL import Image
+
+    for size, grid in (((1200, 900), (13, 18)), ((1, 1), (8, 8))):  # 416 x 576, 256 x 256
+        buf = io.BytesIO()
+        Image.new("RGB", size, (200, 10, 10)).save(buf, format="PNG")
+        assert vision.embed(buf.getvalue()).shape[:2] == grid
+
+
+@pytest.fixture(scope="module")
+def vlm() -> Iterator[Server]:
+    _, gg, mm = ensure_model()
+    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
+    yield srv
+    srv.stop()
+
+
+def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
+    case = GOLD["cases"][-1]
+    url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
+    parts = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": GOLD["question"]},
+    ]
+    r = openai_client(vlm).chat.completions.create(
+        model="lfm2vl",
+        messages=[{"role": "user", "content": parts}],
+        temperature=0,
+        max_tokens=len(case["greedy"]),
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
+    assert r.choices[0].model_extra is not None
+    assert r.choices[0].model_extra["token_ids"] == case["greedy"]
