@@ -10,13 +10,15 @@ Run with the reference venv (torch + transformers 5.23), from the root:
 wheel's Python files; the compiled ops it fails to load are not used by resizing) is
 imported with its fake-op registrations skipped.  The model is numpy-made by the project
 venv (``python -m tests.gen_lfm2vl``), so this script and the tests load the very same
-files.  ``tests/golden/lfm2vl.json``, per image (``tests/fixtures/vision/`` and
-``tests/fixtures/lfm2vl/scene.png``, 320 x 224: a size the processor keeps):
-``Lfm2VlImageProcessor``'s pixel values (their patch grid, sums and every 211th value of
-the image's patches, the padding left out), the SigLIP2 tower + projector's embeddings
-(``get_image_features``, f32), and for a one-image chat question the prompt ids as
-``Lfm2VlProcessor`` expands ``<image>`` (``<|image_start|>``, one ``<image>`` per
-embedding, ``<|image_end|>``) with transformers' 12-token greedy answer and the first
+files.  ``tests/golden/lfm2vl.json``, per image (``tests/fixtures/vision/``,
+``tests/fixtures/lfm2vl/scene.png``, 320 x 224: a size the processor keeps, and
+``panorama.png``, 1536 x 512: three 512-pixel tiles and a thumbnail):
+``Lfm2VlImageProcessor``'s pixel values per piece (each tile's or the whole image's patch
+grid, sums and every 211th value, a split image's every 997th, the padding left out), the SigLIP2 tower + projector's
+embeddings (``get_image_features``, f32; a split image's every 16th row), and for a
+one-image chat question the prompt ids as ``Lfm2VlProcessor`` expands ``<image>``
+(``<|image_start|>``, each tile's ``<|img_row_R_col_C|>`` and the thumbnail's
+``<|img_thumbnail|>`` before its ``<image>`` per embedding, ``<|image_end|>``) with transformers' 12-token greedy answer and the first
 answer token's top-10 log-probabilities (eager attention, f32); one text-only prompt too.
 ``converter``: llama.cpp's ``convert_hf_to_gguf.py`` (``LLAMA_CPP``) on the HF directory,
 ``--outtype f32``, the model and ``--mmproj``: each GGUF's manifest.  The converter does
@@ -40,10 +42,17 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
-IMAGES = ("vision/square.png", "vision/wide.png", "vision/gray.png", "lfm2vl/scene.png")
+IMAGES = (
+    "vision/square.png",
+    "vision/wide.png",
+    "vision/gray.png",
+    "lfm2vl/scene.png",
+    "lfm2vl/panorama.png",
+)
 QUESTION = "What is in the picture?"
 TEXT_PROMPT = "Hello, tell me a story"
-STRIDE = 211  # pixel values kept: every 211th
+STRIDE = 211  # pixel values kept: every 211th (a split image's: every 997th)
+EMB_STRIDE = 16  # a split image's embeddings kept: every 16th row (a whole one's: all)
 LLAMA_CPP = Path(os.environ.get("LLAMA_CPP", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
 PROJECT_PY = os.environ.get("MODELC_PY", str(ROOT / ".venv" / "bin" / "python"))
 CONVERT = f"""
@@ -110,6 +119,21 @@ def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def piece(pix: Any, shape: list[int], stride: int) -> dict[str, Any]:
+    """One tile's (or a whole image's) pixel values, the padding left out."""
+    gh, gw = shape
+    valid = pix[: gh * gw]  # (gh * gw, 16 * 16 * 3)
+    flat = valid.flatten().double()
+    return {
+        "grid": [gh, gw],
+        "pixel_shape": list(valid.shape),
+        "pixel_sum": float(flat.sum()),
+        "pixel_abs_sum": float(flat.abs().sum()),
+        "pixel_stride": stride,
+        "pixel_sample": [round(float(x), 7) for x in valid.flatten()[::stride]],
+    }
+
+
 def main() -> None:
     _torchvision()
     from transformers import AutoTokenizer, Lfm2VlForConditionalGeneration, Lfm2VlProcessor
@@ -133,30 +157,29 @@ def main() -> None:
         img = Image.open(ROOT / "tests" / "fixtures" / name).convert("RGB")
         out = ip(images=img, return_tensors="pt")
         pix, mask, shapes = out["pixel_values"], out["pixel_attention_mask"], out["spatial_shapes"]
-        gh, gw = shapes[0].tolist()
         with torch.no_grad():
             emb = model.model.get_image_features(
                 pixel_values=pix, spatial_shapes=shapes, pixel_attention_mask=mask
             ).pooler_output
         emb = torch.cat(list(emb), 0) if isinstance(emb, (list, tuple)) else emb
+        stride = 1 if len(pix) == 1 else EMB_STRIDE
         msgs = [
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
         ]
         text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         enc = dict(proc(images=[[img]], text=[text], return_tensors="pt"))
-        valid = pix[0, : gh * gw]  # (gh * gw, 16 * 16 * 3)
-        flat = valid.flatten().double()
         cases.append(
             {
                 "image": name,
                 "processor": type(ip).__name__,
-                "grid": [gh, gw],
-                "pixel_shape": list(valid.shape),
                 "padded_to": pix.shape[1],
-                "pixel_sum": float(flat.sum()),
-                "pixel_abs_sum": float(flat.abs().sum()),
-                "pixel_sample": [round(float(x), 7) for x in valid.flatten()[::STRIDE]],
-                "embeddings": [[round(float(x), 6) for x in row] for row in emb],
+                "pieces": [
+                    piece(p, s, STRIDE if len(pix) == 1 else 997)
+                    for p, s in zip(pix, shapes.tolist(), strict=True)
+                ],
+                "n_embeddings": len(emb),
+                "emb_stride": stride,
+                "embeddings": [[round(float(x), 6) for x in row] for row in emb[::stride]],
                 "prompt_text": text,
                 **answer(model, enc),
             }
@@ -166,7 +189,6 @@ def main() -> None:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "question": QUESTION,
-        "pixel_stride": STRIDE,
         "cases": cases,
         "text": {"prompt": TEXT_PROMPT, **text_case},
         "converter": converter(hf),

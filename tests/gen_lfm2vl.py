@@ -12,7 +12,8 @@ Written to the test-asset cache, never to the repository, as
   embeddings (a 16 x 16 grid, resized to each image's), the projector's layer norm over
   the 2 x 2 pixel unshuffle (128) and its MLP 128 -> 96 -> 64; the processor the
   release's (64 .. 256 image tokens, 512-pixel tiles); the families' 384-token tokenizer
-  with LFM2-VL's image tokens added (384..387) and an LFM2-VL chat template;
+  with LFM2-VL's image tokens added (384..387, then the tiles' ``<|img_row_R_col_C|>``)
+  and an LFM2-VL chat template;
 * ``lfm2vl.gguf``: the text model as ``convert_hf_to_gguf.py`` writes ``lfm2``, and
 * ``mmproj-lfm2vl.gguf``: the tower and projector as its ``--mmproj`` writes them
   (``lfm2``; the linear patch embedding as a (width, 3, 16, 16) kernel).
@@ -37,11 +38,14 @@ from tests.gguf_support import gguf_file
 FIX = Path(__file__).parent / "fixtures"
 VERSION = 1  # bump when the weights or the layout change
 SEED = 20261251
-SPECIALS = ("<|image_start|>", "<|image_end|>", "<image>", "<|img_thumbnail|>")
+TILE_LABELS = tuple(
+    f"<|img_row_{r}_col_{c}|>" for r in range(1, 11) for c in range(1, 11) if r * c <= 10
+)
+SPECIALS = ("<|image_start|>", "<|image_end|>", "<image>", "<|img_thumbnail|>", *TILE_LABELS)
 SPECIAL = {t: 384 + i for i, t in enumerate(SPECIALS)}
 N_VOCAB = 384 + len(SPECIALS)
 TEMPLATE = (FIX / "lfm2vl" / "lfm2_vl.jinja").read_text()
-TEXT: dict[str, Any] = {**LFM2, "vocab_size": N_VOCAB}
+TEXT: dict[str, Any] = {**LFM2, "vocab_size": N_VOCAB, "max_position_embeddings": 2048}
 VISION: dict[str, Any] = {
     "model_type": "siglip2_vision_model",
     "hidden_size": 32,

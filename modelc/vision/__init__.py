@@ -29,12 +29,12 @@ import numpy as np
 from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
-from modelc.vision.lfm2vl import Lfm2Weights, encode_lfm2, lfm2_patches
+from modelc.vision.lfm2vl import Lfm2Weights, Tiles, encode_lfm2, lfm2_pixels
 from modelc.vision.mmproj import VisionConfig, VisionWeights, load_mmproj
 from modelc.vision.preprocess import ImageError, decode_image, gemma3_pixels, qwen_patches
 from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
 
-__all__ = ["MEDIA_MARKER", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
+__all__ = ["MEDIA_MARKER", "ImageError", "PlacedPrompt", "Tiles", "VisionModel", "no_vision"]
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
@@ -76,7 +76,7 @@ class VisionModel:
         self.cfg: VisionConfig = cfg
         self.weights: VisionWeights | Qwen25Weights | Lfm2Weights = weights
         self.bidirectional = cfg.projector == "gemma3"  # llama.cpp: causal attention off
-        self._kept: OrderedDict[bytes, F32] = OrderedDict()  # image hash -> embeddings
+        self._kept: OrderedDict[bytes, F32 | Tiles] = OrderedDict()  # image hash -> embeddings
         self._lock = threading.Lock()
 
     def goes_with(self, architecture: str) -> bool:
@@ -88,7 +88,7 @@ class VisionModel:
         """Gemma 3's tokens an image (a Qwen image's depend on its size)."""
         return self.cfg.tokens_per_image
 
-    def pixels(self, data: bytes, param: str = "image") -> F32:
+    def pixels(self, data: bytes, param: str = "image") -> F32 | Tiles:
         """The pixel values of encoded image bytes; ImageError if unusable.  Gemma 3:
         (3, S, S); Qwen2.5-VL: (gh/2, gw/2, 4, 3*2*p*p), each 2x2 block's patches (flat:
         the processor's (gh*gw, 3*2*p*p))."""
@@ -96,17 +96,21 @@ class VisionModel:
         c = self.cfg
         if c.projector == "gemma3":
             return gemma3_pixels(img, c.image_size, c.mean, c.std)
-        if c.projector == "lfm2":  # (gh, gw, p*p*3)
-            return lfm2_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param)
+        if c.projector == "lfm2":  # (gh, gw, p*p*3), or a large image's tiles
+            return lfm2_pixels(img, c.patch_size, c.n_merge, c.mean, c.std, param)
         x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, param=param)
         m = c.n_merge
         return x.reshape(gh // m, gw // m, m * m, -1)
 
-    def encode(self, pixels: F32) -> F32:
+    def encode(self, pixels: F32 | Tiles) -> F32 | Tiles:
         """One image's embeddings: (tokens_per_image, n_embd), or Qwen2.5-VL's and
         LFM2-VL's grid (rows, columns, n_embd)."""
         if isinstance(self.weights, Lfm2Weights):
-            return encode_lfm2(self.cfg, self.weights, pixels)
+            wt = self.weights
+            if isinstance(pixels, Tiles):  # each tile's and the thumbnail's
+                return Tiles(tuple((t, encode_lfm2(self.cfg, wt, p)) for t, p in pixels.pieces))
+            return encode_lfm2(self.cfg, wt, pixels)
+        assert not isinstance(pixels, Tiles)
         if isinstance(self.weights, Qwen25Weights):
             m, (r, c) = self.cfg.n_merge, pixels.shape[:2]
             return encode_qwen25(
@@ -114,7 +118,7 @@ class VisionModel:
             )
         return encode(self.cfg, self.weights, pixels)
 
-    def embed(self, data: bytes, param: str = "image") -> F32:
+    def embed(self, data: bytes, param: str = "image") -> F32 | Tiles:
         """Decode, preprocess and encode one image (CPU work: run it in a worker thread);
         the last :data:`KEEP` images' embeddings are kept by the bytes' hash, so a repeated
         image (a chat's earlier turns) is not encoded again."""
@@ -125,7 +129,8 @@ class VisionModel:
                 self._kept.move_to_end(key)
                 return hit
         emb = self.encode(self.pixels(data, param))
-        emb.flags.writeable = False  # shared between requests
+        for _, e in emb.pieces if isinstance(emb, Tiles) else (("", emb),):
+            e.flags.writeable = False  # shared between requests
         with self._lock:
             self._kept[key] = emb
             while len(self._kept) > KEEP:
@@ -136,7 +141,7 @@ class VisionModel:
         self,
         ids: Sequence[int],
         at: Sequence[int],
-        embeds: Sequence[F32],
+        embeds: Sequence[F32 | Tiles],
         encode_text: Callable[[str], list[int]],
     ) -> PlacedPrompt:
         """The prompt ``ids`` with image ``i`` placed before ``ids[at[i]]`` (``at``
@@ -155,16 +160,18 @@ class VisionModel:
         out: list[int] = []
         spans = []
         prev = 0
-        for pos, emb in zip(at, embeds, strict=True):
-            grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)  # M-RoPE's, where the model has it
-            emb = emb.reshape(-1, emb.shape[-1]) if emb.ndim == 3 else emb
-            want = (len(emb) if grid[0] else self.tokens_per_image, self.cfg.n_embd)
-            if emb.shape != want:
-                raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
+        for pos, image in zip(at, embeds, strict=True):
             out += ids[prev:pos]
             out += b_ids
-            spans.append(ImageSpan(len(out), emb, self.bidirectional, (grid[0], grid[1])))
-            out += [fill] * len(emb)
+            for label, emb in image.pieces if isinstance(image, Tiles) else (("", image),):
+                out += encode_text(label) if label else []  # a tile's (LFM2-VL)
+                grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)  # M-RoPE's, if the model's
+                emb = emb.reshape(-1, emb.shape[-1]) if emb.ndim == 3 else emb
+                want = (len(emb) if grid[0] else self.tokens_per_image, self.cfg.n_embd)
+                if emb.shape != want:
+                    raise ImageError(f"an image embedding has shape {emb.shape}", param="messages")
+                spans.append(ImageSpan(len(out), emb, self.bidirectional, (grid[0], grid[1])))
+                out += [fill] * len(emb)
             out += e_ids
             prev = pos
         out += ids[prev:]

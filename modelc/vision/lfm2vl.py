@@ -12,10 +12,12 @@ grid) are resized to its patch grid with antialiased bilinear interpolation (PyT
 (:func:`lfm2_patches`): RGB resized (bilinear) to :func:`~modelc.vision.preprocess.smart_resize`'s
 size, both sides multiples of 32, within 64 .. 256 image tokens (256 x 256 .. 512 x 512
 pixels), normalised, cut into 16 x 16 patches row by row, each patch's values (row,
-column, channel).  An image the processor would split into 512-pixel tiles (over twice
-the 256 tokens' pixels, e.g. larger than ~724 x 724) is taken whole at that size instead,
-as the processor does with ``do_image_splitting=False``: fewer tokens than the release's
-tiles and thumbnail.  numpy f32 throughout.
+column, channel).  An image over twice the 256 tokens' pixels (e.g. larger than
+~724 x 724) is split as the processor and llama.cpp's ``mtmd`` split it (:func:`lfm2_pixels`,
+:class:`Tiles`): resized (bilinear) to a grid of 512-pixel tiles (2 to 10 of them, the
+grid's aspect ratio the nearest the image's), each tile 256 tokens labelled
+``<|img_row_R_col_C|>``, then the whole image at the size above as a thumbnail
+(``<|img_thumbnail|>``).  numpy f32 throughout.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ if TYPE_CHECKING:
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 TOKENS = (64, 256)  # the image tokens an image takes (llama.cpp and the release's processor)
+TILE = 512  # a tile's side in pixels
+TILES = (2, 10)  # a split image's tiles, at least and at most
+TOLERANCE = 2.0  # an image over TOLERANCE x the most tokens' pixels is split
 PROJ_EPS = 1e-5  # the projector's nn.LayerNorm
 
 
@@ -93,25 +98,75 @@ def load_lfm2(
     )
 
 
-def lfm2_patches(
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    """A split image: each piece's label text (``<|img_row_1_col_1|>`` ..
+    ``<|img_thumbnail|>``) and its pixel values, or once encoded its embeddings."""
+
+    pieces: tuple[tuple[str, F32], ...]
+
+
+def _patches(img: Any, size: tuple[int, int], patch: int, mean: Any, std: Any) -> F32:
+    """(gh, gw, p * p * 3): ``img`` resized (bilinear) to ``size`` (w, h), normalised and
+    cut into patches, row by row, each patch's values (row, column, channel)."""
+    from PIL import Image
+
+    if img.size != size:
+        img = img.resize(size, resample=Image.Resampling.BILINEAR)
+    x = normalise(img, mean, std)
+    gh, gw = size[1] // patch, size[0] // patch
+    x = x.reshape(gh, patch, gw, patch, 3).transpose(0, 2, 1, 3, 4)  # (gh, gw, p, p, C)
+    return np.ascontiguousarray(x.reshape(gh, gw, patch * patch * 3))
+
+
+def _grid(h: int, w: int) -> tuple[int, int]:
+    """The tiles' (columns, rows): the aspect ratio nearest the image's among 2 to 10
+    tiles, a larger grid on a tie where the image has over half its pixels."""
+    lo, hi = TILES
+    every = [
+        (c, r)
+        for n in range(lo, hi + 1)
+        for c in range(1, n + 1)
+        for r in range(1, n + 1)
+        if lo <= c * r <= hi
+    ]  # as the processor builds them, so that its set orders equal areas alike
+    ratios = sorted(set(every), key=lambda cr: cr[0] * cr[1])
+    best, diff = (1, 1), math.inf
+    for c, r in ratios:
+        d = abs(w / h - c / r)
+        if d < diff:
+            best, diff = (c, r), d
+        elif d == diff and h * w > 0.5 * TILE * TILE * c * r:
+            best = (c, r)
+    return best
+
+
+def lfm2_pixels(
     img: Any,
     patch: int,
     merge: int,
     mean: tuple[float, float, float],
     std: tuple[float, float, float],
     param: str = "image",
-) -> F32:
+) -> F32 | Tiles:
     """``Lfm2VlImageProcessor``'s pixel values of an RGB image (see the module docstring):
-    (gh, gw, p * p * 3), the image's grid of patches."""
-    from PIL import Image
-
+    (gh, gw, p * p * 3), the image's grid of patches, or a large image's :class:`Tiles`."""
     f = patch * merge
     lo, hi = (n * f * f for n in TOKENS)
     h, w = smart_resize(img.height, img.width, f, lo, hi, param, max_ratio=math.inf, floor=f)
-    x = normalise(img.resize((w, h), resample=Image.Resampling.BILINEAR), mean, std)
-    gh, gw = h // patch, w // patch
-    x = x.reshape(gh, patch, gw, patch, 3).transpose(0, 2, 1, 3, 4)  # (gh, gw, p, p, C)
-    return np.ascontiguousarray(x.reshape(gh, gw, patch * patch * 3))
+    whole = _patches(img, (w, h), patch, mean, std)
+    hb, wb = (max(patch, round(n / f) * f) for n in (img.height, img.width))
+    if hb * wb <= hi * TOLERANCE:
+        return whole
+    cols, rows = _grid(img.height, img.width)
+    big = _patches(img, (TILE * cols, TILE * rows), patch, mean, std)
+    n = TILE // patch
+    tiles = [
+        (f"<|img_row_{r + 1}_col_{c + 1}|>", big[r * n : (r + 1) * n, c * n : (c + 1) * n])
+        for r in range(rows)
+        for c in range(cols)
+    ]
+    return Tiles((*tiles, ("<|img_thumbnail|>", whole)))
 
 
 def _aa_bilinear(n_in: int, n_out: int) -> np.ndarray[Any, np.dtype[np.float64]]:
