@@ -19,7 +19,8 @@ embeddings (``get_image_features``, f32; a split image's every 16th row), and fo
 one-image chat question the prompt ids as ``Lfm2VlProcessor`` expands ``<image>``
 (``<|image_start|>``, each tile's ``<|img_row_R_col_C|>`` and the thumbnail's
 ``<|img_thumbnail|>`` before its ``<image>`` per embedding, ``<|image_end|>``) with transformers' 12-token greedy answer and the first
-answer token's top-10 log-probabilities (eager attention, f32); one text-only prompt too.
+answer token's top-10 log-probabilities (eager attention, f32); one text-only prompt too;
+``noise``: seeded random images' pixel values (a hard test of the resize's rounding).
 ``converter``: llama.cpp's ``convert_hf_to_gguf.py`` (``LLAMA_CPP``) on the HF directory,
 ``--outtype f32``, the model and ``--mmproj``: each GGUF's manifest.  The converter does
 not know the tiny tokenizer's pre-tokenizer hash; it is told ``qwen2`` (the families').
@@ -35,6 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.library
 import transformers
@@ -52,6 +54,7 @@ IMAGES = (
 QUESTION = "What is in the picture?"
 TEXT_PROMPT = "Hello, tell me a story"
 STRIDE = 211  # pixel values kept: every 211th (a split image's: every 997th)
+NOISE = ((37, 91), (777, 1333))  # seeded noise images (h, w): pixel values only
 EMB_STRIDE = 16  # a split image's embeddings kept: every 16th row (a whole one's: all)
 LLAMA_CPP = Path(os.environ.get("LLAMA_CPP", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
 PROJECT_PY = os.environ.get("MODELC_PY", str(ROOT / ".venv" / "bin" / "python"))
@@ -119,6 +122,13 @@ def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def levels(x: Any) -> list[int]:
+    """The pixel levels (0..255) behind normalised values (mean and std 0.5): their sum
+    and their sum weighted by position mod 251, exact integers where float sums are not."""
+    lv = np.rint((x.astype(np.float64) * 0.5 + 0.5) * 255).astype(np.int64)
+    return [int(lv.sum()), int((lv * (np.arange(lv.size) % 251)).sum())]
+
+
 def piece(pix: Any, shape: list[int], stride: int) -> dict[str, Any]:
     """One tile's (or a whole image's) pixel values, the padding left out."""
     gh, gw = shape
@@ -129,6 +139,7 @@ def piece(pix: Any, shape: list[int], stride: int) -> dict[str, Any]:
         "pixel_shape": list(valid.shape),
         "pixel_sum": float(flat.sum()),
         "pixel_abs_sum": float(flat.abs().sum()),
+        "levels": levels(valid.flatten().numpy()),
         "pixel_stride": stride,
         "pixel_sample": [round(float(x), 7) for x in valid.flatten()[::stride]],
     }
@@ -184,12 +195,19 @@ def main() -> None:
                 **answer(model, enc),
             }
         )
+    noise = []
+    for k, (h, w) in enumerate(NOISE):
+        img = Image.fromarray(np.random.default_rng(k).integers(0, 256, (h, w, 3), np.uint8))
+        out = ip(images=img, return_tensors="pt")
+        pieces = zip(out["pixel_values"], out["spatial_shapes"].tolist(), strict=True)
+        noise.append({"seed": k, "size": [h, w], "pieces": [piece(p, s, 997) for p, s in pieces]})
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
     gold = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "question": QUESTION,
         "cases": cases,
+        "noise": noise,
         "text": {"prompt": TEXT_PROMPT, **text_case},
         "converter": converter(hf),
     }

@@ -8,9 +8,10 @@ its media markers as llama.cpp's ``mtmd_tokenize`` does: each marker becomes the
 projector's begin text (Gemma 3: ``<start_of_image>``), one position per embedding (an
 :class:`~modelc.runtime.model.ImageSpan`, its token id a placeholder), then the end text
 (``<end_of_image>``).  Gemma 3's projector, Qwen2.5-VL's and LFM2-VL's run
-(:mod:`~modelc.vision.lfm2vl`: ``<|image_start|>`` .. ``<|image_end|>``, one image
-whole, no tiles): a Qwen or LFM2 image's embeddings come as their grid (rows, columns,
-n_embd), a size of its own per image, and its span carries the grid for M-RoPE
+(:mod:`~modelc.vision.lfm2vl`: ``<|image_start|>`` .. ``<|image_end|>``, a large image
+as its tiles, each after its label, and a thumbnail: :class:`Tiles`, one span each): a
+Qwen or LFM2 image's embeddings come as their grid (rows, columns, n_embd), a size of
+its own per image, and its span carries the grid for M-RoPE
 (:mod:`modelc.runtime.arch.mrope`; a model without M-RoPE ignores it).
 """
 

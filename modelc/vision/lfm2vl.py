@@ -9,15 +9,16 @@
 SigLIP2 NaFlex: an image keeps its own aspect ratio; the position embeddings (a square
 grid) are resized to its patch grid with antialiased bilinear interpolation (PyTorch's
 ``interpolate(..., antialias=True)``).  The pixels are ``Lfm2VlImageProcessor``'s
-(:func:`lfm2_patches`): RGB resized (bilinear) to :func:`~modelc.vision.preprocess.smart_resize`'s
-size, both sides multiples of 32, within 64 .. 256 image tokens (256 x 256 .. 512 x 512
+(:func:`lfm2_pixels`): RGB resized (PyTorch's antialiased bilinear on uint8 pixels, bit
+for bit: :func:`_resize_u8`) to :func:`~modelc.vision.preprocess.smart_resize`'s size,
+both sides multiples of 32, within 64 .. 256 image tokens (256 x 256 .. 512 x 512
 pixels), normalised, cut into 16 x 16 patches row by row, each patch's values (row,
-column, channel).  An image over twice the 256 tokens' pixels (e.g. larger than
-~724 x 724) is split as the processor and llama.cpp's ``mtmd`` split it (:func:`lfm2_pixels`,
-:class:`Tiles`): resized (bilinear) to a grid of 512-pixel tiles (2 to 10 of them, the
-grid's aspect ratio the nearest the image's), each tile 256 tokens labelled
-``<|img_row_R_col_C|>``, then the whole image at the size above as a thumbnail
-(``<|img_thumbnail|>``).  numpy f32 throughout.
+column, channel).  An image over twice the 256 tokens' pixels (e.g. 724 x 724, which
+rounds to 736 x 736) is split as the processor and llama.cpp's ``mtmd`` split it
+(:class:`Tiles`): resized to a grid of 512-pixel tiles (2 to 10 of them, the grid's
+aspect ratio the nearest the image's), each tile 256 tokens after its
+``<|img_row_R_col_C|>``, then the whole image at the size above as a thumbnail after
+``<|img_thumbnail|>``.  numpy f32 throughout.
 """
 
 from __future__ import annotations
@@ -106,14 +107,35 @@ class Tiles:
     pieces: tuple[tuple[str, F32], ...]
 
 
-def _patches(img: Any, size: tuple[int, int], patch: int, mean: Any, std: Any) -> F32:
-    """(gh, gw, p * p * 3): ``img`` resized (bilinear) to ``size`` (w, h), normalised and
-    cut into patches, row by row, each patch's values (row, column, channel)."""
-    from PIL import Image
+def _resize_u8(img: Any, size: tuple[int, int]) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """``img`` (RGB) resized to ``size`` (w, h) as PyTorch's antialiased bilinear resize
+    of uint8 pixels (the processor's, through torchvision): Pillow's two passes, columns
+    then rows, each rounded to uint8, but with int16 weights of as many fraction bits
+    as the largest weight leaves (Pillow's have 22, and round a few pixels apart)."""
+    x = np.asarray(img, np.uint8).astype(np.int64)  # (h, w, 3)
+    for axis, n_out in ((1, size[0]), (0, size[1])):
+        if x.shape[axis] == n_out:
+            continue
+        first, wt = _aa_taps(x.shape[axis], n_out)  # (n_out,), (n_out, taps)
+        bits = 0
+        while bits < 22 and int(0.5 + wt.max() * (1 << (bits + 1))) < (1 << 15):
+            bits += 1
+        k = (wt * (1 << bits) + 0.5).astype(np.int64)  # the weights are >= 0
+        idx = np.minimum(first[:, None] + np.arange(wt.shape[1]), x.shape[axis] - 1)
+        shape = [1, 1, 1]
+        shape[axis] = n_out
+        y = np.full((*x.shape[:axis], n_out, *x.shape[axis + 1 :]), 1 << (bits - 1), np.int64)
+        for j in range(wt.shape[1]):  # each tap (padded taps weigh 0)
+            y += np.take(x, idx[:, j], axis=axis) * k[:, j].reshape(shape)
+        x = np.clip(y >> bits, 0, 255)
+    return x.astype(np.uint8)
 
-    if img.size != size:
-        img = img.resize(size, resample=Image.Resampling.BILINEAR)
-    x = normalise(img, mean, std)
+
+def _patches(img: Any, size: tuple[int, int], patch: int, mean: Any, std: Any) -> F32:
+    """(gh, gw, p * p * 3): ``img`` resized (:func:`_resize_u8`) to ``size`` (w, h),
+    normalised and cut into patches, row by row, each patch's values (row, column,
+    channel)."""
+    x = normalise(_resize_u8(img, size), mean, std)
     gh, gw = size[1] // patch, size[0] // patch
     x = x.reshape(gh, patch, gw, patch, 3).transpose(0, 2, 1, 3, 4)  # (gh, gw, p, p, C)
     return np.ascontiguousarray(x.reshape(gh, gw, patch * patch * 3))
@@ -169,19 +191,29 @@ def lfm2_pixels(
     return Tiles((*tiles, ("<|img_thumbnail|>", whole)))
 
 
-def _aa_bilinear(n_in: int, n_out: int) -> np.ndarray[Any, np.dtype[np.float64]]:
-    """(n_out, n_in) weights of PyTorch's antialiased bilinear resize (align_corners
-    False): a triangle filter widened by the scale when shrinking, normalised."""
+def _aa_taps(n_in: int, n_out: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """PyTorch's antialiased bilinear resize (align_corners False), a triangle filter
+    widened by the scale when shrinking, normalised: each output's first input (n_out,)
+    and its weights (n_out, taps), zero past its last input."""
     scale = n_in / n_out
     support, inv = (scale, 1 / scale) if scale > 1 else (1.0, 1.0)
-    out = np.zeros((n_out, n_in))
+    first = np.zeros(n_out, np.int64)
+    out = np.zeros((n_out, 2 * math.ceil(support) + 1))
     for i in range(n_out):
         center = scale * (i + 0.5)
         lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
-        j = np.arange(lo, hi)
-        wt = np.maximum(0.0, 1 - np.abs((j - center + 0.5) * inv))
-        out[i, lo:hi] = wt / wt.sum()
-    return out
+        wt = np.maximum(0.0, 1 - np.abs((np.arange(lo, hi) - center + 0.5) * inv))
+        first[i], out[i, : hi - lo] = lo, wt / wt.sum()
+    return first, out
+
+
+def _aa_bilinear(n_in: int, n_out: int) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """:func:`_aa_taps` as a (n_out, n_in) matrix."""
+    first, wt = _aa_taps(n_in, n_out)
+    out = np.zeros((n_out, n_in + wt.shape[1]))
+    for i in range(n_out):
+        out[i, first[i] : first[i] + wt.shape[1]] = wt[i]
+    return out[:, :n_in]
 
 
 def resize_pos(pos: F32, gh: int, gw: int) -> F32:
