@@ -330,3 +330,28 @@ def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
     assert r.choices[0].model_extra is not None
     assert r.choices[0].model_extra["token_ids"] == case["greedy"]
+
+
+def test_ollama_images_answer_as_openai(vlm: Server) -> None:
+    """The ``ollama`` client's ``images`` (the 320 x 224 image): the processor's prompt
+    token count and the ``openai`` client's answer."""
+    import ollama
+
+    from tests.peers import HTTP_TIMEOUT
+
+    case = next(c for c in GOLD["cases"] if c["image"].endswith("lfm2vl/scene.png"))
+    path = FIX / case["image"]
+    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
+    msg = {"role": "user", "content": GOLD["question"], "images": [path]}
+    n = len(case["greedy"])  # the answers to the other images part within these
+    chat = oc.chat(model="lfm2vl", messages=[msg], options={"temperature": 0, "num_predict": n})
+    url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+    parts = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": GOLD["question"]},
+    ]
+    want = openai_client(vlm).chat.completions.create(
+        model="lfm2vl", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=n
+    )
+    assert chat.message.content and chat.message.content == want.choices[0].message.content
+    assert chat.prompt_eval_count == len(case["prompt_ids"])
