@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from modelc.engine import EngineOptions, build_engine
-from modelc.engine.api import GenerationRequest, TokenEvent
+from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
@@ -212,14 +212,16 @@ def test_the_template_places_the_image_as_the_processor(
     assert not any(s.bidirectional for s in placed.images)
 
 
-async def test_engine_answers_in_chunks(vision: VisionModel) -> None:
-    """Through the engine, prompts fed 7 tokens a step (an image split between chunks,
-    the convolution layers' state carried across): each image's answer."""
+async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: VisionModel) -> None:
+    """Through the engine, prompts fed 7 tokens a step (an image, or a tile, split between
+    chunks, the convolution layers' state carried across): each image's answer; a
+    repeated image's prompt served from the prefix cache past its images (the
+    convolution state kept at the block's end) gives the same answer."""
     _, gg, mm = ensure_model()
-    opt = EngineOptions(prefill_chunk=7, prefix_cache_bytes=0)
+    opt = EngineOptions(prefill_chunk=7, prefix_block_tokens=8)
     opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
     eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
-    cases = [GOLD["cases"][0], GOLD["cases"][-1]]
+    cases = [GOLD["cases"][0], GOLD["cases"][-1]] * 2
     got = []
     async with trio.open_nursery() as n:
         await n.start(eng.run)
@@ -228,9 +230,18 @@ async def test_engine_answers_in_chunks(vision: VisionModel) -> None:
             req = GenerationRequest(
                 f"r{i}", case["prompt_ids"], p, ignore_eos=True, images=_spans(vision, case)
             )
-            got.append([ev.token_id async for ev in eng.submit(req) if isinstance(ev, TokenEvent)])
+            toks, cached = [], -1
+            async for ev in eng.submit(req):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                elif isinstance(ev, FinishEvent):
+                    cached = ev.cached_tokens
+            got.append((toks, cached))
         n.cancel_scope.cancel()
-    assert got == [c["greedy"] for c in cases]
+    for k, ((toks, cached), case) in enumerate(zip(got, cases, strict=True)):
+        assert toks == case["greedy"], case["image"]
+        last = len(case["prompt_ids"]) - case["prompt_ids"][::-1].index(IMAGE)
+        assert (cached >= last) == (k >= 2), (k, cached, last)
 
 
 @pytest.mark.parametrize("case", CASES[-2:])
