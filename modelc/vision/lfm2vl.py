@@ -112,7 +112,7 @@ def _resize_u8(img: Any, size: tuple[int, int]) -> np.ndarray[Any, np.dtype[np.u
     of uint8 pixels (the processor's, through torchvision): Pillow's two passes, columns
     then rows, each rounded to uint8, but with int16 weights of as many fraction bits
     as the largest weight leaves (Pillow's have 22, and round a few pixels apart)."""
-    x = np.asarray(img, np.uint8).astype(np.int64)  # (h, w, 3)
+    x: np.ndarray[Any, Any] = np.asarray(img, np.uint8)  # (h, w, 3)
     for axis, n_out in ((1, size[0]), (0, size[1])):
         if x.shape[axis] == n_out:
             continue
@@ -120,11 +120,11 @@ def _resize_u8(img: Any, size: tuple[int, int]) -> np.ndarray[Any, np.dtype[np.u
         bits = 0
         while bits < 22 and int(0.5 + wt.max() * (1 << (bits + 1))) < (1 << 15):
             bits += 1
-        k = (wt * (1 << bits) + 0.5).astype(np.int64)  # the weights are >= 0
+        k = (wt * (1 << bits) + 0.5).astype(np.int32)  # >= 0; a sum stays below 2**30
         idx = np.minimum(first[:, None] + np.arange(wt.shape[1]), x.shape[axis] - 1)
         shape = [1, 1, 1]
         shape[axis] = n_out
-        y = np.full((*x.shape[:axis], n_out, *x.shape[axis + 1 :]), 1 << (bits - 1), np.int64)
+        y = np.full((*x.shape[:axis], n_out, *x.shape[axis + 1 :]), 1 << (bits - 1), np.int32)
         for j in range(wt.shape[1]):  # each tap (padded taps weigh 0)
             y += np.take(x, idx[:, j], axis=axis) * k[:, j].reshape(shape)
         x = np.clip(y >> bits, 0, 255)
