@@ -92,7 +92,8 @@ class VisionModel:
     def pixels(self, data: bytes, param: str = "image") -> F32 | Tiles:
         """The pixel values of encoded image bytes; ImageError if unusable.  Gemma 3:
         (3, S, S); Qwen2.5-VL: (gh/2, gw/2, 4, 3*2*p*p), each 2x2 block's patches (flat:
-        the processor's (gh*gw, 3*2*p*p))."""
+        the processor's (gh*gw, 3*2*p*p)); LFM2-VL: (gh, gw, p*p*3), or a large image's
+        :class:`Tiles` of those."""
         img = decode_image(data, param)
         c = self.cfg
         if c.projector == "gemma3":
