@@ -5,7 +5,10 @@ A convolution layer (:mod:`modelc.runtime.arch.shortconv`) keeps per sequence th
 Qwen3's (per-head Q/K norms before NeoX RoPE).  Every layer's FFN is a SwiGLU; the norm
 before a layer is ``operator_norm`` (GGUF ``attn_norm``), the final one HF's
 ``embedding_norm``, which the converter names ``token_embd_norm``; the head is tied to the
-embeddings (``tie_embedding``).
+embeddings (``tie_embedding``).  LFM2-VL's text model is this one (the HF directory of
+an ``Lfm2VlForConditionalGeneration``: its ``text_config``, the ``model.language_model.``
+weights; the vision tower and projector are the ``--mmproj`` file's,
+:mod:`modelc.vision.lfm2vl`).
 
 Tensors as llama.cpp's ``convert_hf_to_gguf.py`` writes them (``LFM2Model``):
 ``shortconv.in_proj`` / ``shortconv.conv`` (channels, width) / ``shortconv.out_proj`` on
@@ -17,6 +20,7 @@ bidirectional / ColBERT models are not read.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +48,8 @@ def _ff_dim(cfg: Mapping[str, Any]) -> int:
 
 
 def lfm2_config(cfg: Mapping[str, Any]) -> HParams:
+    text = cfg.get("text_config")
+    cfg = {**cfg, **text} if isinstance(text, Mapping) else cfg
     if cfg.get("conv_bias"):
         raise UnsupportedError(
             "this LFM2 config has biases in its convolution layers (conv_bias); llama.cpp's "
@@ -97,8 +103,10 @@ FAMILY = Family(
     decoder=DecoderTraits(short_conv=True, output_norm="token_embd_norm", default_ctx=4096),
     gguf_arch=gguf.MODEL_ARCH.LFM2,
     gguf_names=("lfm2",),
-    hf_classes=("Lfm2ForCausalLM", "LFM2ForCausalLM"),
-    model_types=("lfm2",),
+    hf_classes=("Lfm2ForCausalLM", "LFM2ForCausalLM", "Lfm2VlForConditionalGeneration"),
+    model_types=("lfm2", "lfm2_vl"),
+    drop=re.compile(r"^model\.(vision_tower|multi_modal_projector)\.|^lm_head\.weight$"),
+    rename=lambda name: name.replace("model.language_model.", "model.", 1),
     from_config=lfm2_config,
     from_gguf=lfm2_gguf,
     transform=lfm2_transform,

@@ -14,7 +14,9 @@ n_embd), a size of its own per image; a Qwen span carries the grid for M-RoPE
 (n_embd each), which the span carries as ``deep``; a Mistral image's rows are spans of
 their own with an ``[IMG_BREAK]`` token between them
 (:func:`~modelc.vision.pixtral.row_spans`).  A SmolVLM / Idefics3 image is tiles
-(:mod:`~modelc.vision.idefics3`): one span per tile, each with its own text around it.
+(:mod:`~modelc.vision.idefics3`): one span per tile, each with its own text around it; an
+LFM2-VL image (:mod:`~modelc.vision.lfm2vl`) its grid, or a large one its tiles, each after
+its label, and a thumbnail (:class:`Tiles`, one span each).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
 from modelc.vision.idefics3 import Tiled, tile_texts, tiles
+from modelc.vision.lfm2vl import Lfm2Weights, Tiles, encode_lfm2, lfm2_pixels
 from modelc.vision.mmproj import AnyWeights, VisionConfig, load_mmproj
 from modelc.vision.pixtral import PixtralWeights, encode_pixtral, row_spans
 from modelc.vision.preprocess import (
@@ -47,7 +50,15 @@ from modelc.vision.qwen3vl import PIXELS as QWEN3_PIXELS
 from modelc.vision.qwen3vl import Qwen3Weights, encode_qwen3vl
 from modelc.vision.qwen25vl import Qwen25Weights, encode_qwen25
 
-__all__ = ["MEDIA_MARKER", "TEXT_ARCH", "ImageError", "PlacedPrompt", "VisionModel", "no_vision"]
+__all__ = [
+    "MEDIA_MARKER",
+    "TEXT_ARCH",
+    "ImageError",
+    "PlacedPrompt",
+    "Tiles",
+    "VisionModel",
+    "no_vision",
+]
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker()
@@ -58,6 +69,7 @@ MARKERS = {
     "pixtral": ("", "[IMG_END]"),
     "idefics3": ("", ""),  # per tile: idefics3.tile_texts
     "qwen3vl_merger": ("<|vision_start|>", "<|vision_end|>"),
+    "lfm2": ("<|image_start|>", "<|image_end|>"),
 }
 KEEP = 16  # images whose embeddings are kept (a 4B Gemma 3's: 2.6 MB each)
 # per projector: the token id an image position carries, if the vocab has it
@@ -67,10 +79,17 @@ PLACEHOLDER = {
     "pixtral": "[IMG]",
     "idefics3": "<image>",
     "qwen3vl_merger": "<|image_pad|>",
+    "lfm2": "<image>",
 }
 # per projector: the text models' architectures it goes with, where that is limited
-TEXT_ARCH = {"idefics3": ("llama",), "pixtral": ("mistral3", "llama")}
-Embedding = F32 | Tiled  # one image's: its rows of embeddings, a Qwen grid, or tiles
+TEXT_ARCH = {
+    "gemma3": ("gemma3",),
+    "idefics3": ("llama",),
+    "pixtral": ("mistral3", "llama"),
+    "lfm2": ("lfm2",),
+}
+# one image's: its rows of embeddings, a Qwen / LFM2 grid, or tiles (SmolVLM's, LFM2-VL's)
+Embedding = F32 | Tiled | Tiles
 
 
 def no_vision(model: str) -> ImageError:
@@ -103,14 +122,14 @@ class VisionModel:
         """Gemma 3's tokens an image (a Qwen image's depend on its size)."""
         return self.cfg.tokens_per_image
 
-    def pixels(self, data: bytes, param: str = "image") -> F32:
+    def pixels(self, data: bytes, param: str = "image") -> F32 | Tiles:
         """The pixel values of encoded image bytes; ImageError if unusable.  Gemma 3:
         (3, S, S); Qwen2.5-VL: (gh/2, gw/2, 4, 3*2*p*p), each 2x2 block's patches (flat:
         the processor's (gh*gw, 3*2*p*p)); Mistral 3: (3, H, W); Idefics3: :meth:`tiles`'
-        pixels."""
+        pixels; LFM2-VL: (gh, gw, p*p*3), or a large image's :class:`Tiles` of those."""
         return self.tiles(data, param)[0]
 
-    def tiles(self, data: bytes, param: str = "image") -> tuple[F32, int, int]:
+    def tiles(self, data: bytes, param: str = "image") -> tuple[F32 | Tiles, int, int]:
         """:meth:`pixels` and an Idefics3 image's rows and columns of tiles (0, 0 for
         other projectors, and for an Idefics3 image that is its global image alone); an
         Idefics3 image's pixels are (rows * cols + 1, 3, S, S), the global image last."""
@@ -123,16 +142,23 @@ class VisionModel:
         if c.projector == "pixtral":
             size = c.patch_size * c.n_merge
             return pixtral_pixels(img, c.image_size, size, c.mean, c.std), 0, 0
+        if c.projector == "lfm2":  # (gh, gw, p*p*3), or a large image's tiles
+            return lfm2_pixels(img, c.patch_size, c.n_merge, c.mean, c.std, param), 0, 0
         limits = QWEN3_PIXELS if c.projector == "qwen3vl_merger" else QWEN_PIXELS
         x, gh, gw = qwen_patches(img, c.patch_size, c.n_merge, c.mean, c.std, limits, param)
         m = c.n_merge
         return x.reshape(gh // m, gw // m, m * m, -1), 0, 0
 
-    def encode(self, pixels: F32) -> F32:
-        """One image's embeddings: (tokens_per_image, n_embd), or a Qwen VL grid (rows,
-        columns, n_embd; Qwen3-VL: n_embd * (1 + DeepStack layers)), or Mistral 3's grid
-        (without its [IMG_BREAK] rows)."""
+    def encode(self, pixels: F32 | Tiles) -> F32 | Tiles:
+        """One image's embeddings: (tokens_per_image, n_embd), or a Qwen VL or LFM2-VL grid
+        (rows, columns, n_embd; Qwen3-VL: n_embd * (1 + DeepStack layers)), or Mistral 3's
+        grid (without its [IMG_BREAK] rows); a large LFM2-VL image's :class:`Tiles`."""
         w = self.weights
+        if isinstance(w, Lfm2Weights):
+            if isinstance(pixels, Tiles):  # each tile's and the thumbnail's
+                return Tiles(tuple((t, encode_lfm2(self.cfg, w, p)) for t, p in pixels.pieces))
+            return encode_lfm2(self.cfg, w, pixels)
+        assert not isinstance(pixels, Tiles)
         if isinstance(w, PixtralWeights):
             return encode_pixtral(self.cfg, w, pixels)
         if isinstance(w, Qwen25Weights | Qwen3Weights):
@@ -157,11 +183,14 @@ class VisionModel:
         pix, rows, cols = self.tiles(data, param)
         emb: Embedding
         if self.cfg.projector == "idefics3":
-            emb = Tiled(rows, cols, np.stack([self.encode(t) for t in pix]))
+            assert not isinstance(pix, Tiles)
+            parts = [self.encode(t) for t in pix]
+            emb = Tiled(rows, cols, np.stack([p for p in parts if not isinstance(p, Tiles)]))
             emb.embeds.flags.writeable = False  # shared between requests
         else:
             emb = self.encode(pix)
-            emb.flags.writeable = False
+            for _, e in emb.pieces if isinstance(emb, Tiles) else (("", emb),):
+                e.flags.writeable = False  # shared between requests
         with self._lock:
             self._kept[key] = emb
             while len(self._kept) > KEEP:
@@ -213,6 +242,16 @@ class VisionModel:
                     spans.append(ImageSpan(len(out), part, self.bidirectional))
                     out += [fill] * len(part)
                     out += encode_text(tail) if tail else []
+                continue
+            if isinstance(emb, Tiles):  # LFM2-VL: each tile after its label, the thumbnail
+                out += b_ids
+                for label, part in emb.pieces:
+                    out += encode_text(label) if label else []
+                    grid = part.shape[:2] if part.ndim == 3 else (0, 0)
+                    flat = part.reshape(-1, part.shape[-1])
+                    spans.append(ImageSpan(len(out), flat, self.bidirectional, (grid[0], grid[1])))
+                    out += [fill] * len(flat)
+                out += e_ids
                 continue
             grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)
             if self.cfg.projector == "pixtral":  # a span a row, [IMG_BREAK] between

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 
 
-def _layer_norm(x: F32, w: F32, b: F32, eps: float) -> F32:
+def layer_norm(x: F32, w: F32, b: F32, eps: float) -> F32:
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     out: F32 = (x - mu) / np.sqrt(var + np.float32(eps)) * w + b
@@ -63,16 +63,23 @@ def _attention(x: F32, b: VisionBlock, n_head: int) -> F32:
     return out
 
 
+def siglip_blocks(
+    cfg: VisionConfig, blocks: tuple[VisionBlock, ...], x: F32, post_w: F32, post_b: F32
+) -> F32:
+    """The SigLIP blocks and the final layer norm over embedded patches (n, width)."""
+    for b in blocks:
+        x = x + _attention(layer_norm(x, b.ln1_w, b.ln1_b, cfg.eps), b, cfg.n_head)
+        h = _gelu_tanh(layer_norm(x, b.ln2_w, b.ln2_b, cfg.eps) @ b.w_up.T + b.b_up)
+        x = x + (h @ b.w_down.T + b.b_down)
+    return layer_norm(x, post_w, post_b, cfg.eps)
+
+
 def tower(cfg: VisionConfig, wt: VisionWeights, pixels: F32) -> F32:
     """The SigLIP tower's last hidden states (patches, width) of pixels (3, S, S)."""
     x = patchify(pixels, cfg.patch_size) @ wt.patch_w.reshape(cfg.width, -1).T
     x += wt.patch_b
     x += wt.pos  # (patches, width)
-    for b in wt.blocks:
-        x = x + _attention(_layer_norm(x, b.ln1_w, b.ln1_b, cfg.eps), b, cfg.n_head)
-        h = _gelu_tanh(_layer_norm(x, b.ln2_w, b.ln2_b, cfg.eps) @ b.w_up.T + b.b_up)
-        x = x + (h @ b.w_down.T + b.b_down)
-    return _layer_norm(x, wt.post_w, wt.post_b, cfg.eps)
+    return siglip_blocks(cfg, wt.blocks, x, wt.post_w, wt.post_b)
 
 
 def encode(cfg: VisionConfig, wt: VisionWeights, pixels: F32) -> F32:

@@ -88,7 +88,7 @@ def tiles(
     last, and its rows and columns of tiles (0, 0: the global image alone)."""
     from PIL import Image
 
-    from modelc.vision.preprocess import _normalise
+    from modelc.vision.preprocess import normalise
 
     lanczos = Image.Resampling.LANCZOS
     (h1, w1), (h2, w2) = sizes(img.height, img.width, longest, tile)
@@ -103,7 +103,7 @@ def tiles(
             for c in range(cols)
         ]
         parts.append(big.resize((tile, tile), resample=lanczos))
-    x = np.stack([_normalise(p, mean, std).transpose(2, 0, 1) for p in parts])
+    x = np.stack([normalise(p, mean, std).transpose(2, 0, 1) for p in parts])
     return np.ascontiguousarray(x, dtype=np.float32), rows, cols
 
 

@@ -12,17 +12,18 @@ shuffle by ``clip.vision.projector.scale_factor`` s, the images tiled to
 
 Gemma 3's projector (``gemma3``) is read here, Qwen2.5-VL's (``qwen2.5vl_merger``) by
 :mod:`modelc.vision.qwen25vl`, Qwen3-VL's (``qwen3vl_merger``) by :mod:`modelc.vision.qwen3vl`,
-Mistral 3's (``pixtral``) by :mod:`modelc.vision.pixtral`;
-other projectors are refused in one line.
+Mistral 3's (``pixtral``) by :mod:`modelc.vision.pixtral`, LFM2-VL's (``lfm2``: these
+SigLIP blocks, then its own projector) by :mod:`modelc.vision.lfm2vl`; other projectors
+are refused in one line.
 Weights are widened to f32 once at load (a projector is small beside its text model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -33,8 +34,11 @@ from modelc.vision.pixtral import PixtralWeights, load_pixtral
 from modelc.vision.qwen3vl import Qwen3Weights, load_qwen3vl
 from modelc.vision.qwen25vl import Qwen25Weights, load_qwen25
 
+if TYPE_CHECKING:
+    from modelc.vision.lfm2vl import Lfm2Weights
+
 F32 = np.ndarray[Any, np.dtype[np.float32]]
-PROJECTORS = ("gemma3", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral", "idefics3")
+PROJECTORS = ("gemma3", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral", "idefics3", "lfm2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +99,9 @@ class VisionWeights:
     proj: F32  # (width, n_embd); Idefics3: (width * s * s, n_embd)
 
 
-AnyWeights = VisionWeights | Qwen25Weights | Qwen3Weights | PixtralWeights
+AnyWeights: TypeAlias = (
+    "VisionWeights | Qwen25Weights | Qwen3Weights | PixtralWeights | Lfm2Weights"
+)
 
 
 def _f32(t: Tensor) -> F32:
@@ -120,6 +126,34 @@ def _merge(meta: Mapping[str, Any], proj: str) -> int:
     if proj == "pixtral":
         return int(meta.get("clip.vision.spatial_merge_size", 1))
     return int(meta.get("clip.vision.projector.scale_factor", 4 if proj == "gemma3" else 2))
+
+
+def siglip_blocks(cfg: VisionConfig, get: Callable[..., F32]) -> tuple[VisionBlock, ...]:
+    """The SigLIP blocks' weights by their mmproj names (``get(name, shape)``)."""
+    w = cfg.width
+
+    def block(i: int) -> VisionBlock:
+        b = f"v.blk.{i}."
+        up = get(b + "ffn_up.weight")
+        ff = up.shape[0]
+        att = {
+            f"{x}{n}": get(b + f"attn_{a}.{s}", (w, w) if s == "weight" else (w,))
+            for a, n in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"))
+            for s, x in (("weight", "w"), ("bias", "b"))
+        }
+        return VisionBlock(
+            ln1_w=get(b + "ln1.weight", (w,)),
+            ln1_b=get(b + "ln1.bias", (w,)),
+            **att,
+            ln2_w=get(b + "ln2.weight", (w,)),
+            ln2_b=get(b + "ln2.bias", (w,)),
+            w_up=up,
+            b_up=get(b + "ffn_up.bias", (ff,)),
+            w_down=get(b + "ffn_down.weight", (w, ff)),
+            b_down=get(b + "ffn_down.bias", (w,)),
+        )
+
+    return tuple(block(i) for i in range(cfg.n_layer))
 
 
 def load_mmproj(path: str | Path) -> tuple[VisionConfig, AnyWeights]:
@@ -184,6 +218,10 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, AnyWeights]:
         return cfg, load_pixtral(cfg, get, lambda name: name in tensors)
     if proj == "qwen3vl_merger":
         return cfg, load_qwen3vl(cfg, get)
+    if proj == "lfm2":
+        from modelc.vision.lfm2vl import load_lfm2
+
+        return cfg, load_lfm2(cfg, get, siglip_blocks(cfg, get))
     side = cfg.patches_per_side
     if cfg.patch_size <= 0 or side <= 0 or cfg.n_merge <= 0 or side % cfg.n_merge:
         raise FormatError(
@@ -200,32 +238,11 @@ def load_mmproj(path: str | Path) -> tuple[VisionConfig, AnyWeights]:
             path=p,
         )
 
-    def block(i: int) -> VisionBlock:
-        b = f"v.blk.{i}."
-        up = get(b + "ffn_up.weight")
-        ff = up.shape[0]
-        att = {
-            f"{x}{n}": get(b + f"attn_{a}.{s}", (w, w) if s == "weight" else (w,))
-            for a, n in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"))
-            for s, x in (("weight", "w"), ("bias", "b"))
-        }
-        return VisionBlock(
-            ln1_w=get(b + "ln1.weight", (w,)),
-            ln1_b=get(b + "ln1.bias", (w,)),
-            **att,
-            ln2_w=get(b + "ln2.weight", (w,)),
-            ln2_b=get(b + "ln2.bias", (w,)),
-            w_up=up,
-            b_up=get(b + "ffn_up.bias", (ff,)),
-            w_down=get(b + "ffn_down.weight", (w, ff)),
-            b_down=get(b + "ffn_down.bias", (w,)),
-        )
-
     weights = VisionWeights(
         patch_w=get("v.patch_embd.weight", (w, 3, ps, ps)),
         patch_b=get("v.patch_embd.bias", (w,)),
         pos=get("v.position_embd.weight", (side * side, w)),
-        blocks=tuple(block(i) for i in range(cfg.n_layer)),
+        blocks=siglip_blocks(cfg, get),
         post_w=get("v.post_ln.weight", (w,)),
         post_b=get("v.post_ln.bias", (w,)),
         soft_norm=None if shuffle else get("mm.soft_emb_norm.weight", (w,)),

@@ -114,10 +114,10 @@ def gemma3_pixels(
     from PIL import Image
 
     small = img.resize((size, size), resample=Image.Resampling.BILINEAR)
-    return np.ascontiguousarray(_normalise(small, mean, std).transpose(2, 0, 1))
+    return np.ascontiguousarray(normalise(small, mean, std).transpose(2, 0, 1))
 
 
-def _normalise(img: Any, mean: tuple[float, ...], std: tuple[float, ...]) -> F32:
+def normalise(img: Any, mean: tuple[float, ...], std: tuple[float, ...]) -> F32:
     """(H, W, 3) f32: rescaled by 1/255, less the mean, over the std (transformers' order)."""
     x: F32 = (np.asarray(img, np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)
     y = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)  # f32 already
@@ -125,13 +125,24 @@ def _normalise(img: Any, mean: tuple[float, ...], std: tuple[float, ...]) -> F32
 
 
 def smart_resize(
-    h: int, w: int, factor: int, min_pixels: int, max_pixels: int, param: str = "image"
+    h: int,
+    w: int,
+    factor: int,
+    min_pixels: int,
+    max_pixels: int,
+    param: str = "image",
+    *,
+    max_ratio: float = 200,
+    floor: int = 0,
 ) -> tuple[int, int]:
     """Qwen2-VL's target size: both sides multiples of ``factor``, the area within
-    ``min_pixels .. max_pixels``, the aspect ratio kept as near as may be."""
-    if max(h, w) / min(h, w) > 200:
-        raise ImageError(f"the image is {w}x{h}; its sides' ratio must be below 200", param=param)
-    hb, wb = round(h / factor) * factor, round(w / factor) * factor
+    ``min_pixels .. max_pixels``, the aspect ratio kept as near as may be (LFM2-VL's:
+    no ratio limit, each side first rounded to at least ``floor``)."""
+    if max(h, w) / min(h, w) > max_ratio:
+        raise ImageError(
+            f"the image is {w}x{h}; its sides' ratio must be below {max_ratio:g}", param=param
+        )
+    hb, wb = max(floor, round(h / factor) * factor), max(floor, round(w / factor) * factor)
     if hb * wb > max_pixels:
         beta = math.sqrt(h * w / max_pixels)
         hb = max(factor, math.floor(h / beta / factor) * factor)
@@ -161,7 +172,7 @@ def qwen_patches(
 
     f = patch * merge
     h, w = smart_resize(img.height, img.width, f, *pixels, param)
-    x = _normalise(img.resize((w, h), resample=Image.Resampling.BICUBIC), mean, std)
+    x = normalise(img.resize((w, h), resample=Image.Resampling.BICUBIC), mean, std)
     gh, gw = h // patch, w // patch
     x = x.reshape(gh // merge, merge, patch, gw // merge, merge, patch, 3)
     x = x.transpose(0, 3, 1, 4, 6, 2, 5)  # (gh/m, gw/m, m, m, C, p, p)
@@ -187,7 +198,7 @@ def pixtral_pixels(
     if ratio > 1:
         h, w = max(1, math.floor(h / ratio)), max(1, math.floor(w / ratio))
     h, w = ((h - 1) // align + 1) * align, ((w - 1) // align + 1) * align
-    x = _normalise(img.resize((w, h), resample=Image.Resampling.BICUBIC), mean, std)
+    x = normalise(img.resize((w, h), resample=Image.Resampling.BICUBIC), mean, std)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 

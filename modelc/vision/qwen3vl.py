@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modelc.errors import FormatError
-from modelc.vision.encoder import _gelu_tanh, _layer_norm
+from modelc.vision.encoder import _gelu_tanh, layer_norm
 from modelc.vision.qwen25vl import _erf, _grid, attention, rope_tables
 
 if TYPE_CHECKING:
@@ -143,9 +143,9 @@ def _gelu(x: F32) -> F32:
 def _merge(mg: Merger, x: F32, eps: float, width: int, per_patch: bool) -> F32:
     """A merger: (patches, width) -> (patches / 4, n_embd)."""
     if per_patch:  # the main merger norms each patch, then joins each 2x2 block
-        y = _layer_norm(x, mg.norm_w, mg.norm_b, eps).reshape(-1, 4 * width)
+        y = layer_norm(x, mg.norm_w, mg.norm_b, eps).reshape(-1, 4 * width)
     else:  # a DeepStack merger joins first
-        y = _layer_norm(x.reshape(-1, 4 * width), mg.norm_w, mg.norm_b, eps)
+        y = layer_norm(x.reshape(-1, 4 * width), mg.norm_w, mg.norm_b, eps)
     out: F32 = _gelu(y @ mg.w1.T + mg.b1) @ mg.w2.T + mg.b2
     return out
 
@@ -185,9 +185,9 @@ def encode_qwen3vl(cfg: VisionConfig, wt: Qwen3Weights, patches: F32, gh: int, g
     x += position_embeddings(wt.pos, gh, gw, m)
     outs = []
     for i, b in enumerate(wt.blocks):
-        h = _layer_norm(x, b.ln1_w, b.ln1_b, cfg.eps)
+        h = layer_norm(x, b.ln1_w, b.ln1_b, cfg.eps)
         x = x + attention(h, b, cfg.n_head, cos, sin, whole)
-        h = _gelu_tanh(_layer_norm(x, b.ln2_w, b.ln2_b, cfg.eps) @ b.w_up.T + b.b_up)
+        h = _gelu_tanh(layer_norm(x, b.ln2_w, b.ln2_b, cfg.eps) @ b.w_up.T + b.b_up)
         x = x + (h @ b.w_down.T + b.b_down)
         if i in wt.deep:
             outs.append(_merge(wt.deep[i], x, cfg.eps, w, per_patch=False))

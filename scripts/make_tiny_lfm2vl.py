@@ -1,0 +1,219 @@
+"""Goldens for the tiny random LFM2-VL of ``tests/gen_lfm2vl.py``.
+
+Run with the reference venv (torch + transformers 5.23), from the root:
+
+    MODELC_PY=<the project venv's python> \\
+        PYTHONPATH=<a directory linking the project venv's PIL and torchvision 0.28's files> \\
+        /root/.cache/modelc-ref-venv/bin/python -m scripts.make_tiny_lfm2vl
+
+``Lfm2VlImageProcessor`` has only a torchvision backend: torchvision 0.28 (its CPU
+wheel's Python files; the compiled ops it fails to load are not used by resizing) is
+imported with its fake-op registrations skipped.  The model is numpy-made by the project
+venv (``python -m tests.gen_lfm2vl``), so this script and the tests load the very same
+files.  ``tests/golden/lfm2vl.json``, per image (``tests/fixtures/vision/``,
+``tests/fixtures/lfm2vl/scene.png``, 320 x 224: a size the processor keeps, and
+``panorama.png``, 1536 x 512: three 512-pixel tiles and a thumbnail):
+``Lfm2VlImageProcessor``'s pixel values per piece (each tile's or the whole image's patch
+grid, sums and every 211th value, a split image's every 997th, the padding left out), the SigLIP2 tower + projector's
+embeddings (``get_image_features``, f32; a split image's every 16th row), and for a
+one-image chat question the prompt ids as ``Lfm2VlProcessor`` expands ``<image>``
+(``<|image_start|>``, each tile's ``<|img_row_R_col_C|>`` and the thumbnail's
+``<|img_thumbnail|>`` before its ``<image>`` per embedding, ``<|image_end|>``) with transformers' 12-token greedy answer and the first
+answer token's top-10 log-probabilities (eager attention, f32); one text-only prompt too;
+``noise``: seeded random images' pixel values (a hard test of the resize's rounding).
+``converter``: llama.cpp's ``convert_hf_to_gguf.py`` (``LLAMA_CPP``) on the HF directory,
+``--outtype f32``, the model and ``--mmproj``: each GGUF's manifest.  The converter does
+not know the tiny tokenizer's pre-tokenizer hash; it is told ``qwen2`` (the families').
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.library
+import transformers
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+IMAGES = (
+    "vision/square.png",
+    "vision/wide.png",
+    "vision/gray.png",
+    "lfm2vl/scene.png",
+    "lfm2vl/panorama.png",
+)
+QUESTION = "What is in the picture?"
+TEXT_PROMPT = "Hello, tell me a story"
+STRIDE = 211  # pixel values kept: every 211th (a split image's: every 997th)
+NOISE = ((37, 91), (777, 1333))  # seeded noise images (h, w): pixel values only
+EMB_STRIDE = 16  # a split image's embeddings kept: every 16th row (a whole one's: all)
+LLAMA_CPP = Path(os.environ.get("LLAMA_CPP", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+PROJECT_PY = os.environ.get("MODELC_PY", str(ROOT / ".venv" / "bin" / "python"))
+CONVERT = f"""
+import sys
+sys.path.insert(0, {str(LLAMA_CPP)!r})
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[1:]]
+import runpy
+runpy.run_path({str(LLAMA_CPP / "convert_hf_to_gguf.py")!r}, run_name="__main__")
+"""
+
+
+def _torchvision() -> None:
+    real = torch.library.register_fake
+    torch.library.register_fake = lambda *a, **k: lambda f: f  # type: ignore[assignment]
+    try:
+        import torchvision  # noqa: F401
+    finally:
+        torch.library.register_fake = real
+
+
+def project(code: str) -> str:
+    """Run ``code`` in the project venv (the numpy-made model, manifests); its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [PROJECT_PY, "-c", code], cwd=ROOT, env=env, check=True, text=True, capture_output=True
+    )
+    return out.stdout
+
+
+def converter(hf: Path) -> dict[str, object]:
+    """llama.cpp's converter on the HF directory: the model's and the mmproj's manifests."""
+    out: dict[str, object] = {"converter": f"{LLAMA_CPP}/convert_hf_to_gguf.py --outtype f32"}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, extra in (("model", []), ("mmproj", ["--mmproj"])):
+            dest = Path(tmp) / f"{kind}.gguf"
+            args = [str(hf), "--outtype", "f32", *extra, "--outfile", str(dest)]
+            subprocess.run([sys.executable, "-c", CONVERT, *args], cwd=LLAMA_CPP, check=True)
+            code = (
+                "import json; from tests.gguf_support import manifest; "
+                f"print(json.dumps(manifest({str(dest)!r})))"
+            )
+            out[kind] = json.loads(project(code))
+    return out
+
+
+def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
+    with torch.no_grad():
+        gen = model.generate(
+            **enc,
+            max_new_tokens=12,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    first = torch.log_softmax(gen.logits[0][0].float(), -1)
+    top = torch.topk(first, 10)
+    n = enc["input_ids"].shape[1]
+    return {
+        "prompt_ids": enc["input_ids"][0].tolist(),
+        "greedy": gen.sequences[0, n:].tolist(),
+        "top_logprobs": [[int(i), float(v)] for v, i in zip(top.values, top.indices, strict=True)],
+    }
+
+
+def levels(x: Any) -> list[int]:
+    """The pixel levels (0..255) behind normalised values (mean and std 0.5): their sum
+    and their sum weighted by position mod 251, exact integers where float sums are not."""
+    lv = np.rint((x.astype(np.float64) * 0.5 + 0.5) * 255).astype(np.int64)
+    return [int(lv.sum()), int((lv * (np.arange(lv.size) % 251)).sum())]
+
+
+def piece(pix: Any, shape: list[int], stride: int) -> dict[str, Any]:
+    """One tile's (or a whole image's) pixel values, the padding left out."""
+    gh, gw = shape
+    valid = pix[: gh * gw]  # (gh * gw, 16 * 16 * 3)
+    flat = valid.flatten().double()
+    return {
+        "grid": [gh, gw],
+        "pixel_shape": list(valid.shape),
+        "pixel_sum": float(flat.sum()),
+        "pixel_abs_sum": float(flat.abs().sum()),
+        "levels": levels(valid.flatten().numpy()),
+        "pixel_stride": stride,
+        "pixel_sample": [round(float(x), 7) for x in valid.flatten()[::stride]],
+    }
+
+
+def main() -> None:
+    _torchvision()
+    from transformers import AutoTokenizer, Lfm2VlForConditionalGeneration, Lfm2VlProcessor
+    from transformers.models.lfm2_vl.image_processing_lfm2_vl import Lfm2VlImageProcessor
+
+    torch.manual_seed(0)
+    hf = Path(
+        project("from tests.gen_lfm2vl import ensure_model; print(ensure_model()[0])").strip()
+    )
+    model, info = Lfm2VlForConditionalGeneration.from_pretrained(
+        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
+    assert not missing and not info["unexpected_keys"], info
+    model.eval()
+    ip = Lfm2VlImageProcessor.from_pretrained(hf)
+    tok = AutoTokenizer.from_pretrained(hf)
+    proc = Lfm2VlProcessor(image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)
+    cases = []
+    for name in IMAGES:
+        img = Image.open(ROOT / "tests" / "fixtures" / name).convert("RGB")
+        out = ip(images=img, return_tensors="pt")
+        pix, mask, shapes = out["pixel_values"], out["pixel_attention_mask"], out["spatial_shapes"]
+        with torch.no_grad():
+            emb = model.model.get_image_features(
+                pixel_values=pix, spatial_shapes=shapes, pixel_attention_mask=mask
+            ).pooler_output
+        emb = torch.cat(list(emb), 0) if isinstance(emb, (list, tuple)) else emb
+        stride = 1 if len(pix) == 1 else EMB_STRIDE
+        msgs = [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
+        ]
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        enc = dict(proc(images=[[img]], text=[text], return_tensors="pt"))
+        cases.append(
+            {
+                "image": name,
+                "processor": type(ip).__name__,
+                "padded_to": pix.shape[1],
+                "pieces": [
+                    piece(p, s, STRIDE if len(pix) == 1 else 997)
+                    for p, s in zip(pix, shapes.tolist(), strict=True)
+                ],
+                "n_embeddings": len(emb),
+                "emb_stride": stride,
+                "embeddings": [[round(float(x), 6) for x in row] for row in emb[::stride]],
+                "prompt_text": text,
+                **answer(model, enc),
+            }
+        )
+    noise = []
+    for k, (h, w) in enumerate(NOISE):
+        img = Image.fromarray(np.random.default_rng(k).integers(0, 256, (h, w, 3), np.uint8))
+        out = ip(images=img, return_tensors="pt")
+        pieces = zip(out["pixel_values"], out["spatial_shapes"].tolist(), strict=True)
+        noise.append({"seed": k, "size": [h, w], "pieces": [piece(p, s, 997) for p, s in pieces]})
+    text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
+    gold = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "question": QUESTION,
+        "cases": cases,
+        "noise": noise,
+        "text": {"prompt": TEXT_PROMPT, **text_case},
+        "converter": converter(hf),
+    }
+    (GOLDEN / "lfm2vl.json").write_text(json.dumps(gold, indent=1) + "\n")
+    print("wrote", GOLDEN / "lfm2vl.json")
+
+
+if __name__ == "__main__":
+    main()
