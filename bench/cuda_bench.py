@@ -41,7 +41,7 @@ import numpy as np
 
 from modelc.formats import load_model
 from modelc.formats.ir import DType, ModelIR
-from modelc.runtime.backends.cuda import CudaBackend
+from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_llama import CudaLlama
 from modelc.runtime.model import SeqChunk
 

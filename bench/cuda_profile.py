@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from modelc.formats import load_model
-from modelc.runtime.backends.cuda import CudaBackend
+from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_llama import CudaLlama
 from modelc.runtime.model import SeqChunk
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from modelc.formats.ir import DType
 from modelc.runtime.backend import Backend, Weight
-from modelc.runtime.backends.cuda import CudaBackend
+from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.fallback import NumpyFallback
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import WebGPUBackend

@@ -133,7 +133,7 @@ def test_device_kv_cache_behaves_as_the_host_cache() -> None:
 # -- ops ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda_be() -> Any:
-    from modelc.runtime.backends.cuda import CudaBackend
+    from modelc.runtime.backends.cuda_backend import CudaBackend
 
     be = CudaBackend()
     be.dev.exact = True
@@ -208,7 +208,7 @@ def cpu_exact(ir: ModelIR) -> Any:
 
 
 def on_gpu(ir: ModelIR) -> Any:
-    from modelc.runtime.backends.cuda import CudaBackend
+    from modelc.runtime.backends.cuda_backend import CudaBackend
     from modelc.runtime.backends.cuda_llama import CudaLlama
 
     be = CudaBackend()

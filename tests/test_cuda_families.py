@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no CUDA here: {WHY}")
 
 
 def _exact_gpu() -> Any:
-    from modelc.runtime.backends.cuda import CudaBackend
+    from modelc.runtime.backends.cuda_backend import CudaBackend
 
     be = CudaBackend()
     be.dev.exact = True  # the process's kernels: f32 products past 16 rows too
@@ -69,7 +69,7 @@ def test_engine_runs_a_family_op_by_op(family: str, caplog: pytest.LogCaptureFix
     from modelc.engine import EngineOptions, build_runtime
     from modelc.runtime.arch import build
     from modelc.runtime.arch.decoder import Decoder
-    from modelc.runtime.backends.cuda import CudaBackend
+    from modelc.runtime.backends.cuda_backend import CudaBackend
 
     ir = load_model(TINY[family]())
     with caplog.at_level(logging.WARNING, logger="modelc"):

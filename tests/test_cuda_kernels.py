@@ -38,7 +38,7 @@ Q8_TYPES = [DType.Q4_0, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K]
 
 @pytest.fixture(scope="module")
 def be() -> Any:
-    from modelc.runtime.backends.cuda import CudaBackend
+    from modelc.runtime.backends.cuda_backend import CudaBackend
 
     return CudaBackend()
 
@@ -148,7 +148,7 @@ def test_int8_gemv_is_the_product_with_quantized_activations(be: Any, dtype: DTy
 
 
 def q8_gpu(ir: Any) -> Any:
-    from modelc.runtime.backends.cuda import CudaBackend
+    from modelc.runtime.backends.cuda_backend import CudaBackend
     from modelc.runtime.backends.cuda_llama import CudaLlama
 
     b = CudaBackend()

@@ -185,17 +185,20 @@ def test_deepstack_and_interleaving_move_the_answer(vision: VisionModel, lm: Lan
     assert np.abs(base - flat).max() > 1e-3
 
 
-def test_cuda_and_compile_refuse_in_one_line() -> None:
-    from modelc.compile.spec import model_spec
+def test_the_fused_cuda_forward_refuses_and_compile_runs_the_decoder() -> None:
+    """The device-resident CUDA forward names what it lacks in one line (``--device cuda``
+    then goes op by op); a compiled program runs the runtime's decoder, and says why."""
+    from modelc.compile.spec import forward_note, model_spec
     from modelc.runtime.backends.cuda_llama import cuda_host
 
     ir = load_model(str(ensure_model()[1]))
-    for refuse, where in ((cuda_host, "--device cuda"), (lambda i: model_spec(i, "t"), "compile")):
-        with pytest.raises(ModelcError) as e:
-            refuse(ir)
-        msg = str(e.value)
-        assert "\n" not in msg and "DeepStack" in msg and "interleaved M-RoPE" in msg, msg
-        assert where in msg, msg
+    with pytest.raises(ModelcError) as e:
+        cuda_host(ir)
+    msg = str(e.value)
+    assert "\n" not in msg and "DeepStack" in msg and "interleaved M-RoPE" in msg, msg
+    assert "--device cuda" in msg, msg
+    note = forward_note(model_spec(ir, "t"))
+    assert "DeepStack" in note and "interleaved M-RoPE" in note, note
 
 
 async def test_engine_in_chunks_batched_and_from_the_prefix_cache(vision: VisionModel) -> None:

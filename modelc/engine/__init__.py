@@ -35,7 +35,8 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     ngl = opt.n_gpu_layers
     if opt.device in ("cpu", "webgpu", "metal") or ngl == 0:
         return None
-    from modelc.runtime.backends.cuda import CudaBackend, cuda_unavailable, require_cuda
+    from modelc.runtime.backends.cuda import cuda_unavailable, require_cuda
+    from modelc.runtime.backends.cuda_backend import CudaBackend
     from modelc.runtime.backends.cuda_offload import build_gpu
 
     auto = opt.device == "auto" and ngl == "auto"  # the GPU where it runs the model whole

@@ -41,7 +41,7 @@ from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupporte
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import F32Array
-from modelc.runtime.backends.cuda import CudaBackend
+from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_kv import CudaKVCache
 from modelc.runtime.backends.cuda_weights import DevWeight
 from modelc.runtime.backends.numpy_ref import NumpyBackend

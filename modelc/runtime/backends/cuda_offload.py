@@ -33,7 +33,8 @@ from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock
 from modelc.runtime.arch.decoder_spec import lacks
 from modelc.runtime.backend import Backend
-from modelc.runtime.backends.cuda import CudaBackend, head_runs, require_cuda
+from modelc.runtime.backends.cuda import head_runs, require_cuda
+from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_llama import CUDA_RUNS, CudaLlama, cuda_host, cuda_n_ctx
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVMode

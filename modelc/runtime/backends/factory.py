@@ -19,7 +19,7 @@ def get_backend(name: str = "auto", *, threads: int | None = None) -> Backend:
     ``cuda``: NVRTC kernels through CuPy (a one-line UsageError without CuPy or a GPU).
     ``threads``: the CPU kernels' threads (default ``MODELC_THREADS`` or every core)."""
     if name == "cuda":
-        from modelc.runtime.backends.cuda import CudaBackend
+        from modelc.runtime.backends.cuda_backend import CudaBackend
 
         return CudaBackend()
     if name in ("webgpu", "metal"):
