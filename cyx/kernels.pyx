@@ -175,7 +175,7 @@ def repack_simd(int wtype, int simd):
 
 def repack(int wtype, const uint8_t[:, ::1] W, int K, alloc=None):
     """((M + 7) / 8, K / 32 * block bytes): Q4_1 (160 bytes a block of 8 rows), Q8_0
-    (272), Q4_0 and IQ4_NL (144), Q5_0 (176), Q5_1 (192), Q2_K (84 per 32 columns), Q3_K (114), IQ4_XS (138), Q4_K (148), Q5_K (180) or Q6_K (210) rows repacked 8 at a time for
+    (272), Q4_0 and IQ4_NL (144), MXFP4 (136), Q5_0 (176), Q5_1 (192), Q2_K (84 per 32 columns), Q3_K (114), IQ4_XS (138), Q4_K (148), Q5_K (180) or Q6_K (210) rows repacked 8 at a time for
     the VNNI kernels (mc_gemm_repack); in ``alloc(shape)``'s uint8 array when given (else
     numpy's)."""
     import numpy as np
@@ -184,7 +184,7 @@ def repack(int wtype, const uint8_t[:, ::1] W, int K, alloc=None):
     if per == 0:
         raise ValueError(f"repack: weight type code {wtype} is not repacked")
     row_bytes = {Q4_1: K // 32 * 20, Q8_0: K // 32 * 34, Q2_K: K // 256 * 84, Q3_K: K // 256 * 110,
-                 IQ4_NL: K // 32 * 18, Q4_0: K // 32 * 18, Q5_0: K // 32 * 22, Q5_1: K // 32 * 24, IQ4_XS: K // 256 * 136,
+                 IQ4_NL: K // 32 * 18, MXFP4: K // 32 * 17, Q4_0: K // 32 * 18, Q5_0: K // 32 * 22, Q5_1: K // 32 * 24, IQ4_XS: K // 256 * 136,
                  Q4_K: K // 256 * 144, Q5_K: K // 256 * 176, Q6_K: K // 256 * 210}
     if K % (256 if wtype in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) else 32) or W.shape[1] < row_bytes[wtype]:
         raise ValueError("repack: rows do not hold K elements of their type")

@@ -87,7 +87,7 @@ class CpuBackend(NumpyFallback):
 
     ``threads``, ``simd`` and ``matmul`` default to ``MODELC_THREADS``, ``MODELC_SIMD``
     and ``MODELC_MATMUL`` (see :mod:`modelc.runtime.backends.cpu_config`).  ``repack``:
-    whether Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS and Q2_K to Q6_K weights are
+    whether Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4 and Q2_K to Q6_K weights are
     repacked for the VNNI / AVX2 kernels (fast mode); by default only weights read from a
     file mapping, whose pages are then handed back, so memory does not double (weights held
     in memory, such as a compressed artifact's, keep the other kernels).
@@ -152,7 +152,7 @@ class CpuBackend(NumpyFallback):
 
     def _gemm_aux(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
         """A weight repacked 8 rows to a group for the kernels that read it (Q4_0, Q4_1, Q5_*,
-        Q8_0, IQ4_*, Q2_K to Q6_K, VNNI or AVX2), made on first use (as large as the weight; Q3_K's,
+        Q8_0, IQ4_*, MXFP4, Q2_K to Q6_K, VNNI or AVX2), made on first use (as large as the weight; Q3_K's,
         Q5_K's 4 and 2 % larger).  Fast mode then reads
         only the copy, so the pages of a file mapping are handed back to the OS (read again
         only for what else touches the rows, such as a tied embedding's lookups).  None
