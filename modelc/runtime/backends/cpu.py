@@ -59,6 +59,11 @@ def _f32(a: np.ndarray[Any, Any]) -> F32Array:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _opt_f32(a: np.ndarray[Any, Any] | None) -> F32Array | None:
+    """``_f32`` of an optional array (the attention's sinks)."""
+    return None if a is None else _f32(a)
+
+
 def _is_f16(a: np.ndarray[Any, Any]) -> bool:
     return bool(a.dtype == np.float16)
 
@@ -276,6 +281,7 @@ class CpuBackend(NumpyFallback):
         out: F32Array | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         q = _f32(q)
         if out is None:
@@ -283,8 +289,9 @@ class CpuBackend(NumpyFallback):
         f16 = _is_f16(k) and _is_f16(v)
         conv = _f16 if f16 else _f32
         _k.attention(
-            q, conv(k), conv(v), q_pos0, scale, out, self.threads, self.simd, f16, window, softcap
-        )
+            q, conv(k), conv(v), q_pos0, scale, out, self.threads, self.simd, f16, window,
+            softcap, _opt_f32(sinks),
+        )  # fmt: skip
         return out
 
     def attention_batch(
@@ -297,6 +304,7 @@ class CpuBackend(NumpyFallback):
         outs: Sequence[F32Array] | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> list[F32Array]:
         q_list = [_f32(q) for q in qs]
         out_list = (
@@ -319,6 +327,7 @@ class CpuBackend(NumpyFallback):
             f16,
             window,
             softcap,
+            _opt_f32(sinks),
         )
         return out_list
 
@@ -335,6 +344,7 @@ class CpuBackend(NumpyFallback):
         out: F32Array,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         if not out.flags.c_contiguous:
             raise ValueError("out must be a C-contiguous float32 array")
@@ -354,6 +364,7 @@ class CpuBackend(NumpyFallback):
             f16,
             window,
             softcap,
+            _opt_f32(sinks),
         )
         return out
 

@@ -418,7 +418,10 @@ class CudaBackend(NumpyFallback):
         out: F32Array | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
+        if sinks is not None:  # no sink in the device kernel yet: numpy's attention
+            return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap, sinks)
         cp = self.cp
         nq, nh, hd = q.shape
         n_kv, nkv = k.shape[0], k.shape[1]
