@@ -87,6 +87,12 @@ def _flat(out: F32Array) -> F32Array:
     return out.reshape(-1)
 
 
+# weights whose row views and repacked copies are kept: a large mixture holds tens of
+# thousands of expert matrices (gpt-oss-120b 13,824, DeepSeek-V3 44,544), and a cache
+# emptied when full would repack every one of them again each pass
+MEMO_LIMIT = 1 << 16
+
+
 class CpuBackend(NumpyFallback):
     """Compiled kernels.
 
@@ -139,7 +145,7 @@ class CpuBackend(NumpyFallback):
             raw = raw_rows(w)
             return raw, np.shares_memory(raw, w.data)  # a copy would go stale if w.data changes
 
-        return memo(self._raw, w.data, 4096, make)
+        return memo(self._raw, w.data, MEMO_LIMIT, make)
 
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
         code = TYPE_CODES.get(w.dtype)
@@ -184,7 +190,7 @@ class CpuBackend(NumpyFallback):
                 _k.release_pages(raw)
             return copy, True
 
-        return memo(self._aux, w.data, 4096, make)
+        return memo(self._aux, w.data, MEMO_LIMIT, make)
 
     def matmul_many(
         self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
