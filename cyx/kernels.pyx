@@ -54,16 +54,18 @@ cdef extern from "mc_api.h" nogil:
     void mc_tanh(const float *x, float *out, int64_t length, int simd)
     void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                       int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                      int window, float softcap, int kv_f16, int nth, int simd)
+                      int window, float softcap, const float *sinks, int kv_f16, int nth,
+                      int simd)
     int mc_attention_batch(int n_seq, const float *const *qs, const void *const *ks,
                            const void *const *vs, float *const *outs, const int *n_qs,
                            const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
-                           int hd, float scale, int window, float softcap, int kv_f16, int nth,
-                           int simd)
+                           int hd, float scale, int window, float softcap, const float *sinks,
+                           int kv_f16, int nth, int simd)
     int mc_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
                             void *const *kst, void *const *vst, const int *starts,
                             const int *counts, float *out, int n_head, int n_head_kv, int hd,
-                            float scale, int window, float softcap, int kv_f16, int nth, int simd)
+                            float scale, int window, float softcap, const float *sinks,
+                            int kv_f16, int nth, int simd)
 
 cdef extern from "mc_api.h" nogil:
     int mc_causal_conv1d(const float *x, const float *k, const float *bias, float *out, int m,
@@ -175,7 +177,7 @@ def repack_simd(int wtype, int simd):
 
 def repack(int wtype, const uint8_t[:, ::1] W, int K, alloc=None):
     """((M + 7) / 8, K / 32 * block bytes): Q4_1 (160 bytes a block of 8 rows), Q8_0
-    (272), Q4_0 and IQ4_NL (144), Q5_0 (176), Q5_1 (192), Q2_K (84 per 32 columns), Q3_K (114), IQ4_XS (138), Q4_K (148), Q5_K (180) or Q6_K (210) rows repacked 8 at a time for
+    (272), Q4_0 and IQ4_NL (144), MXFP4 (136), Q5_0 (176), Q5_1 (192), Q2_K (84 per 32 columns), Q3_K (114), IQ4_XS (138), Q4_K (148), Q5_K (180) or Q6_K (210) rows repacked 8 at a time for
     the VNNI kernels (mc_gemm_repack); in ``alloc(shape)``'s uint8 array when given (else
     numpy's)."""
     import numpy as np
@@ -184,7 +186,7 @@ def repack(int wtype, const uint8_t[:, ::1] W, int K, alloc=None):
     if per == 0:
         raise ValueError(f"repack: weight type code {wtype} is not repacked")
     row_bytes = {Q4_1: K // 32 * 20, Q8_0: K // 32 * 34, Q2_K: K // 256 * 84, Q3_K: K // 256 * 110,
-                 IQ4_NL: K // 32 * 18, Q4_0: K // 32 * 18, Q5_0: K // 32 * 22, Q5_1: K // 32 * 24, IQ4_XS: K // 256 * 136,
+                 IQ4_NL: K // 32 * 18, MXFP4: K // 32 * 17, Q4_0: K // 32 * 18, Q5_0: K // 32 * 22, Q5_1: K // 32 * 24, IQ4_XS: K // 256 * 136,
                  Q4_K: K // 256 * 144, Q5_K: K // 256 * 176, Q6_K: K // 256 * 210}
     if K % (256 if wtype in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) else 32) or W.shape[1] < row_bytes[wtype]:
         raise ValueError("repack: rows do not hold K elements of their type")
@@ -403,6 +405,17 @@ cdef int _window_check(int window, float softcap) except -1:
     return 0
 
 
+cdef const float *_sinks_ptr(object sinks, int nh) except? NULL:
+    """The sink logits' data (a C-contiguous float32 array of one per head), or NULL for
+    None; the caller holds ``sinks`` for as long as it uses the pointer."""
+    if sinks is None:
+        return NULL
+    cdef const float[::1] sv = sinks
+    if sv.shape[0] != nh:
+        raise ValueError(f"attention: {sv.shape[0]} sinks for {nh} heads")
+    return &sv[0] if nh > 0 else NULL
+
+
 cdef int _attention_check(int n_q, int nh, int hd, int n_kv, int nkh, int k2, int v0, int v1,
                           int v2, int q_pos0, int o0, int o1, int o2) except -1:
     if (k2 != hd or v0 != n_kv or v1 != nkh or v2 != hd or nkh == 0 or nh % nkh != 0
@@ -434,11 +447,13 @@ cdef const void *_kv_data(object a, bint f16, int *shape, bint writable=False) e
 
 
 def attention(const float[:, :, ::1] q, k, v, int q_pos0, float scale, float[:, :, ::1] out,
-              int nth, int simd=0, bint kv_f16=False, int window=0, float softcap=0.0):
+              int nth, int simd=0, bint kv_f16=False, int window=0, float softcap=0.0,
+              sinks=None):
     """out (n_q, n_head, hd): causal GQA of q over cache rows k, v (n_kv, n_head_kv, hd):
     C-contiguous float32, or (``kv_f16``) float16.  ``window`` > 0: the query at position p
     sees rows p - window + 1 .. p only; ``softcap`` > 0: each score s becomes
-    softcap * tanh(s / softcap) before the softmax."""
+    softcap * tanh(s / softcap) before the softmax; ``sinks`` (n_head,) float32, unless
+    None: a logit per head in each softmax's denominator only (gpt-oss)."""
     cdef int n_q = q.shape[0], nh = q.shape[1], hd = q.shape[2]
     cdef int kshape[3]
     cdef int vshape[3]
@@ -447,17 +462,19 @@ def attention(const float[:, :, ::1] q, k, v, int q_pos0, float scale, float[:, 
     _attention_check(n_q, nh, hd, kshape[0], kshape[1], kshape[2], vshape[0], vshape[1],
                      vshape[2], q_pos0, out.shape[0], out.shape[1], out.shape[2])
     _window_check(window, softcap)
+    cdef const float *sp = _sinks_ptr(sinks, nh)
     if n_q == 0 or nh == 0 or hd == 0:
         return
     with nogil:
         mc_attention(&q[0, 0, 0], kp, vp, &out[0, 0, 0], n_q, nh, kshape[0], kshape[1], hd,
-                     q_pos0, scale, window, softcap, kv_f16, nth, simd)
+                     q_pos0, scale, window, softcap, sp, kv_f16, nth, simd)
 
 
 def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list outs, int nth,
-                    int simd=0, bint kv_f16=False, int window=0, float softcap=0.0):
+                    int simd=0, bint kv_f16=False, int window=0, float softcap=0.0,
+                    sinks=None):
     """``attention`` for every sequence i at once: outs[i] from qs[i] over ks[i], vs[i]
-    (``window`` and ``softcap`` as ``attention``'s, the same for every sequence).
+    (``window``, ``softcap`` and ``sinks`` as ``attention``'s, the same for every sequence).
 
     All sequences share n_head, n_head_kv and hd; one pool job covers every work
     item.  With ``kv_f16`` every ks[i], vs[i] is a C-contiguous float16 array.
@@ -476,6 +493,7 @@ def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list o
     cdef int vshape[3]
     if nkh == 0 or nh % nkh != 0 or hd > 512:
         raise ValueError("attention_batch: shape mismatch")
+    cdef const float *sp = _sinks_ptr(sinks, nh)
     cdef const float **qp = <const float **>malloc(n_seq * sizeof(float *))
     cdef const void **kp = <const void **>malloc(n_seq * sizeof(void *))
     cdef const void **vp = <const void **>malloc(n_seq * sizeof(void *))
@@ -504,7 +522,7 @@ def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list o
         with nogil:
             rc = mc_attention_batch(n_seq, qp, kp, vp, op, &ints[0], &ints[n_seq],
                                     &ints[2 * n_seq], nh, nkh, hd, scale, window, softcap,
-                                    kv_f16, nth, simd)
+                                    sp, kv_f16, nth, simd)
         if rc == -2:
             raise MemoryError("attention_batch: job table")
     finally:
@@ -518,14 +536,14 @@ def attention_batch(list qs, list ks, list vs, list q_pos0s, float scale, list o
 def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
                      const float[:, :, ::1] v_new, list k_stores, list v_stores, list starts,
                      list counts, float scale, float[:, :, ::1] out, int nth, int simd=0,
-                     bint kv_f16=False, int window=0, float softcap=0.0):
+                     bint kv_f16=False, int window=0, float softcap=0.0, sinks=None):
     """Write each sequence's new K/V rows into its cache storage, then attend (one pool job).
 
     Sequence s owns ``counts[s]`` consecutive rows of q, k_new, v_new and out; its rows
     go to positions ``starts[s]`` .. of ``k_stores[s]`` / ``v_stores[s]`` ((capacity,
     n_head_kv, hd) float32, or float16 when ``kv_f16``), and its queries
     attend over positions 0 .. starts[s] + counts[s] - 1, as ``attention_batch`` does
-    (``window`` and ``softcap`` as ``attention``'s).
+    (``window``, ``softcap`` and ``sinks`` as ``attention``'s).
     """
     cdef int n_seq = len(k_stores), s, rc = 0, total = 0, st, cnt, cap
     cdef int nrows = q.shape[0], nh = q.shape[1], hd = q.shape[2], nkh = k_new.shape[1]
@@ -537,6 +555,7 @@ def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
             or out.shape[1] != nh or out.shape[2] != hd or nkh == 0 or nh % nkh != 0
             or hd > 512):
         raise ValueError("attention_append: shape mismatch")
+    cdef const float *sp = _sinks_ptr(sinks, nh)
     if n_seq == 0 or nrows == 0:
         return
     cdef int kshape[3]
@@ -564,7 +583,7 @@ def attention_append(const float[:, :, ::1] q, const float[:, :, ::1] k_new,
         with nogil:
             rc = mc_attention_append(n_seq, &q[0, 0, 0], &k_new[0, 0, 0], &v_new[0, 0, 0], kp, vp,
                                      ints, ints + n_seq, &out[0, 0, 0], nh, nkh, hd, scale,
-                                     window, softcap, kv_f16, nth, simd)
+                                     window, softcap, sp, kv_f16, nth, simd)
     finally:
         free(kp)
         free(vp)

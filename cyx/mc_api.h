@@ -60,18 +60,19 @@ MC_API_DECL void mc_gelu_erf(const float *x, float *out, int64_t len, int simd, 
 MC_API_DECL void mc_tanh(const float *x, float *out, int64_t len, int simd);
 MC_API_DECL void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                               int n_head, int n_kv, int n_head_kv, int hd, int q_pos0,
-                              float scale, int window, float softcap, int kv_f16, int nth,
-                              int simd);
+                              float scale, int window, float softcap, const float *sinks,
+                              int kv_f16, int nth, int simd);
 MC_API_DECL int mc_attention_batch(int n_seq, const float *const *qs, const void *const *ks,
                                    const void *const *vs, float *const *outs, const int *n_qs,
                                    const int *n_kvs, const int *q_pos0s, int n_head,
                                    int n_head_kv, int hd, float scale, int window, float softcap,
-                                   int kv_f16, int nth, int simd);
+                                   const float *sinks, int kv_f16, int nth, int simd);
 MC_API_DECL int mc_attention_append(int n_seq, const float *q, const float *k_new,
                                     const float *v_new, void *const *kst, void *const *vst,
                                     const int *starts, const int *counts, float *out, int n_head,
                                     int n_head_kv, int hd, float scale, int window,
-                                    float softcap, int kv_f16, int nth, int simd);
+                                    float softcap, const float *sinks, int kv_f16, int nth,
+                                    int simd);
 
 /* mc_recur.h */
 MC_API_DECL int mc_causal_conv1d(const float *x, const float *k, const float *bias, float *out,

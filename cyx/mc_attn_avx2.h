@@ -241,7 +241,7 @@ MC_AVX2 static void mc_att_tile(const mc_att_job *jb, int i0, int nr, int kh, in
     }
     for (int a = 0; a < M; a++) {
         float *o = jb->out + ((size_t)(i0 + a / g) * jb->n_head + h0 + a % g) * hd;
-        const __m256 inv = _mm256_set1_ps(l[a] > 0.0f ? 1.0f / l[a] : 0.0f);
+        const __m256 inv = _mm256_set1_ps(mc_att_inv(jb, h0 + a % g, m[a], l[a]));
         for (int j = 0; j < hd; j += 8)
             _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)a * hd + j), inv));
     }

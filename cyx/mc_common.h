@@ -201,6 +201,14 @@ typedef struct {
     uint16_t d[8];
 } mc_iq4nlx8;
 
+/* MXFP4 weights repacked as IQ4_NL's (its nibbles index the doubled E2M1 values): per
+ * block of 32 columns the 4 vectors of nibbles, then the 8 rows' E8M0 scale bytes.  17
+ * bytes a row and block, as stored. */
+typedef struct {
+    uint8_t qs[128];
+    uint8_t e[8];
+} mc_mxfp4x8;
+
 /* IQ4_XS weights repacked: per block of 256 columns the 8 rows' f16 d, their 8
  * sub-block scales as int8 ([sub-block][row], unpacked from 6 bits, less 32), and per
  * sub-block the nibbles as mc_iq4nlx8 holds them.  138 bytes a row and block (136

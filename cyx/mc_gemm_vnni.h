@@ -1,7 +1,7 @@
 /* Int8 GEMM for AVX512-VNNI (on 256-bit registers), two designs; the repacked one also
  * for AVX2 without VNNI (vpmaddubsw + vpmaddwd for vpdpbusd, the same exact ints):
  *
- * Repacked (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS; Q2_K to Q6_K in mc_gemm_kx8.h; every x row
+ * Repacked (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4; Q2_K to Q6_K in mc_gemm_kx8.h; every x row
  * count).  The weights are copied once, 8 rows to a
  * group and interleaved by dword (mc_q41x8, mc_q80x8: same size as the original), so
  * one 32-byte load holds 4 columns of 8 rows; Q4_1's nibbles are split in registers.
@@ -51,6 +51,7 @@ MC_API size_t mc_repack_block_bytes(int t) {
     case MC_Q3_K: return sizeof(mc_q3kx8) / 8;
     case MC_Q2_K: return sizeof(mc_q2kx8) / 8;
     case MC_IQ4_NL: case MC_Q4_0: return sizeof(mc_iq4nlx8);
+    case MC_MXFP4: return sizeof(mc_mxfp4x8);
     case MC_Q5_0: return sizeof(mc_q50x8);
     case MC_Q5_1: return sizeof(mc_q51x8);
     case MC_IQ4_XS: return sizeof(mc_iq4xsx8) / 8;
@@ -64,11 +65,12 @@ MC_API size_t mc_repack_block_bytes(int t) {
  * each x block's int sum (cx): on VNNI those holding the weights as unsigned ints + 128,
  * and Q4_0 and Q5_0 (their - 8, - 16) at both levels */
 static inline int mc_repack_cx(int t, int simd) {
-    return t == MC_Q4_0 || t == MC_Q5_0 || (simd == MC_SIMD_VNNI && (t == MC_Q8_0 || t == MC_IQ4_NL || t == MC_IQ4_XS));
+    return t == MC_Q4_0 || t == MC_Q5_0 ||
+           (simd == MC_SIMD_VNNI && (t == MC_Q8_0 || t == MC_IQ4_NL || t == MC_IQ4_XS || t == MC_MXFP4));
 }
 
 /* whether SIMD level simd has kernels for weights of type t repacked: Q4_1, Q8_0, Q2_K
- * to Q6_K, IQ4_NL and IQ4_XS, with VNNI or AVX2 */
+ * to Q6_K, IQ4_NL, IQ4_XS and MXFP4, with VNNI or AVX2 */
 MC_API int mc_repack_simd(int t, int simd) {
     return (simd == MC_SIMD_VNNI || simd == MC_SIMD_AVX2) && mc_repack_block_bytes(t) != 0;
 }
@@ -214,30 +216,32 @@ static void mc_repack_lane(int t, uint8_t *row, uint8_t *grp, int j, int nb, int
         mc_repack_lane_k(t, row, grp, j, nb / 8, pack);
         return;
     }
-    /* Q4_1, Q4_0, IQ4_NL and Q5_0: 4 vectors of nibbles (Q5_0's high bits apart); Q8_0 8
-     * of ints, flipped to unsigned */
+    /* Q4_1, Q4_0, IQ4_NL, MXFP4 and Q5_0: 4 vectors of nibbles (Q5_0's high bits apart);
+     * Q8_0 8 of ints, flipped to unsigned */
     const int q41 = t == MC_Q4_1, q51 = t == MC_Q5_1, q50 = t == MC_Q5_0 || q51;
-    const int nl = t == MC_IQ4_NL || t == MC_Q4_0;
-    const int bs = q41 ? 20 : q51 ? 24 : q50 ? 22 : nl ? 18 : 34;
-    const int nv = q41 || nl || q50 ? 4 : 8, hb = q41 ? 4 : q51 ? 8 : q50 ? 6 : 2;
+    const int mx = t == MC_MXFP4, nl = t == MC_IQ4_NL || t == MC_Q4_0 || mx;
+    const int bs = q41 ? 20 : q51 ? 24 : q50 ? 22 : mx ? 17 : nl ? 18 : 34;
+    const int nv = q41 || nl || q50 ? 4 : 8, hb = q41 ? 4 : q51 ? 8 : q50 ? 6 : mx ? 1 : 2;
+    const int sb = mx ? 1 : 2; /* bytes of a row's scale: E8M0 or f16 */
     const int at = q51 ? 4 : 2; /* Q5_0's / Q5_1's high bits */
     const uint8_t flip = q41 || nl || q50 ? 0 : 0x80;
     const size_t ob = mc_repack_block_bytes(t);
     for (int i = 0; i < nb; i++) {
         uint8_t *o = grp + ob * (size_t)i, *b = row + (size_t)bs * i;
-        uint8_t *d = (uint8_t *)(q41 ? ((mc_q41x8 *)o)->d
-                                 : q51 ? ((mc_q51x8 *)o)->d
-                                 : q50 ? ((mc_q50x8 *)o)->d
-                                 : nl  ? ((mc_iq4nlx8 *)o)->d
-                                       : ((mc_q80x8 *)o)->d) + 2 * j;
+        uint8_t *d = mx ? ((mc_mxfp4x8 *)o)->e + j
+                        : (uint8_t *)(q41 ? ((mc_q41x8 *)o)->d
+                                      : q51 ? ((mc_q51x8 *)o)->d
+                                      : q50 ? ((mc_q50x8 *)o)->d
+                                      : nl  ? ((mc_iq4nlx8 *)o)->d
+                                            : ((mc_q80x8 *)o)->d) + 2 * j;
         if (q50 && pack) memcpy(((mc_q50x8 *)o)->qh + 4 * j, b + at, 4);
         if (q50 && !pack) memcpy(b + at, ((mc_q50x8 *)o)->qh + 4 * j, 4);
         uint8_t *m = q41 ? (uint8_t *)((mc_q41x8 *)o)->m + 2 * j : q51 ? (uint8_t *)((mc_q51x8 *)o)->m + 2 * j : NULL;
         if (pack) {
-            memcpy(d, b, 2);
+            memcpy(d, b, sb);
             if (m != NULL) memcpy(m, b + 2, 2);
         } else {
-            memcpy(b, d, 2);
+            memcpy(b, d, sb);
             if (m != NULL) memcpy(b + 2, m, 2);
         }
         for (int v = 0; v < nv; v++)
@@ -675,26 +679,38 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr);
 }
 
-/* IQ4_NL and IQ4_XS (xs) on repacked weights: per 32-column block (IQ4_XS: sub-block)
- * the nibbles as Q4_1's (mc_q41x8_split) mapped through the IQ4 levels, the exact block
- * sums, then the single-row kernels' float steps, sum += (d * dx) * s (IQ4_XS: s times
- * the sub-block's scale first).  VNNI (vnni): the levels + 128 as vpdpbusd's unsigned
- * operand and 128 sum(x) (cx) taken back, as Q8_0's; AVX2: mc_signdot8. */
-#define MC_IQ4X8_BODY(xs, vnni)                                                                    \
-    const __m128i lv_ = _mm_loadu_si128((const __m128i *)mc_iq4_kvalues);                          \
+/* the 8 rows' E8M0 scale bytes e as mc_e8m0_half's floats: 2^(e - 128), bit for bit */
+MC_AVX2 static inline __m256 mc_e8m0_half8(const uint8_t *e) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e));
+    const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(v, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), v); /* e < 2 */
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), v)));
+}
+
+/* IQ4_NL, IQ4_XS (xs) and MXFP4 (mx) on repacked weights: per 32-column block (IQ4_XS:
+ * sub-block) the nibbles as Q4_1's (mc_q41x8_split) mapped through the IQ4 levels (MXFP4:
+ * the doubled E2M1 values), the exact block sums, then the single-row kernels' float steps,
+ * sum += (d * dx) * s (IQ4_XS: s times the sub-block's scale first; MXFP4: d the halved
+ * E8M0 scale).  VNNI (vnni): the levels + 128 as vpdpbusd's unsigned operand and 128 sum(x)
+ * (cx) taken back, as Q8_0's; AVX2: mc_signdot8. */
+#define MC_IQ4X8_BODY(xs, vnni, mx)                                                                \
+    const __m128i lv_ = _mm_loadu_si128((const __m128i *)((mx) ? mc_mxfp4_kvalues : mc_iq4_kvalues)); \
     const __m256i tbl = _mm256_broadcastsi128_si256(vnni ? _mm_xor_si128(lv_, _mm_set1_epi8((char)0x80)) : lv_); \
     const int per = (xs) ? 8 : 1; /* 32-column blocks per repacked block */                        \
     __m256 f[8];                                                                                   \
     for (int a = 0; a < na; a++) f[a] = _mm256_setzero_ps();                                       \
     for (int i = 0; i < nb / per; i++) {                                                           \
         const mc_iq4xsx8 *bx = (xs) ? (const mc_iq4xsx8 *)wv + i : NULL;                           \
-        const mc_iq4nlx8 *bn = (xs) ? NULL : (const mc_iq4nlx8 *)wv + i;                           \
-        const char *ahead = (xs) ? (const char *)(bx + 1) : (const char *)(bn + 4);                \
-        for (size_t c = 0; c < ((xs) ? sizeof *bx : sizeof *bn); c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0); \
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((xs) ? bx->d : bn->d))); \
+        const mc_iq4nlx8 *bn = (xs) || (mx) ? NULL : (const mc_iq4nlx8 *)wv + i;                   \
+        const mc_mxfp4x8 *bm = (mx) ? (const mc_mxfp4x8 *)wv + i : NULL;                           \
+        const char *ahead = (xs) ? (const char *)(bx + 1) : (mx) ? (const char *)(bm + 4) : (const char *)(bn + 4); \
+        const size_t bsz = (xs) ? sizeof *bx : (mx) ? sizeof *bm : sizeof *bn;                     \
+        for (size_t c = 0; c < bsz; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);                 \
+        const __m256 dw = (mx) ? mc_e8m0_half8(bm->e)                                              \
+                               : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((xs) ? bx->d : bn->d))); \
         for (int ib = 0; ib < per; ib++) {                                                         \
             __m256i u[8], au[8];                                                                   \
-            mc_q41x8_split((const mc_q41x8 *)((xs) ? bx->qs[ib] : bn->qs), u);                     \
+            mc_q41x8_split((const mc_q41x8 *)((xs) ? bx->qs[ib] : (mx) ? bm->qs : bn->qs), u);     \
             for (int v = 0; v < 8; v++) {                                                          \
                 u[v] = _mm256_shuffle_epi8(tbl, u[v]);                                             \
                 au[v] = vnni ? u[v] : _mm256_abs_epi8(u[v]);                                       \
@@ -713,35 +729,27 @@ mc_gemm_q80x8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8],
     }                                                                                              \
     for (int a = 0; a < na; a++) mc_x8_store(f[a], y + (size_t)a * ldy, nr)
 
-#define MC_IQ4X8_SUM(u, au, xd, cxv) _mm256_sub_epi32(mc_dpbusd8(u, xd), _mm256_set1_epi32(cxv))
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_iq4nlx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                     float *y, size_t ldy, int nr, const int na) {
-    MC_IQ4X8_BODY(0, 1);
-}
+/* the IQ4_NL / IQ4_XS / MXFP4 kernel body `name` at one target (vnni: VNNI's sums) */
+#define MC_IQ4X8_FN(target, name, xs, vnni, mx)                                                    \
+    target static inline __attribute__((always_inline)) void name(                                 \
+        int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8], float *y,     \
+        size_t ldy, int nr, const int na) {                                                        \
+        (void)cx;                                                                                  \
+        MC_IQ4X8_BODY(xs, vnni, mx);                                                               \
+    }
 
-MC_VNNI static inline __attribute__((always_inline)) void
-mc_gemm_iq4xsx8_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                     float *y, size_t ldy, int nr, const int na) {
-    MC_IQ4X8_BODY(1, 1);
-}
+#define MC_IQ4X8_SUM(u, au, xd, cxv) _mm256_sub_epi32(mc_dpbusd8(u, xd), _mm256_set1_epi32(cxv))
+MC_IQ4X8_FN(MC_VNNI, mc_gemm_iq4nlx8_body, 0, 1, 0)
+MC_IQ4X8_FN(MC_VNNI, mc_gemm_iq4xsx8_body, 1, 1, 0)
+MC_IQ4X8_FN(MC_VNNI, mc_gemm_mxfp4x8_body, 0, 1, 1)
 #undef MC_IQ4X8_SUM
 
 #define MC_IQ4X8_SUM(u, au, xd, cxv) mc_signdot8(u, au, xd)
-MC_AVX2 static inline __attribute__((always_inline)) void
-mc_gemm_iq4nlx8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                          float *y, size_t ldy, int nr, const int na) {
-    (void)cx;
-    MC_IQ4X8_BODY(0, 0);
-}
-
-MC_AVX2 static inline __attribute__((always_inline)) void
-mc_gemm_iq4xsx8_avx2_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8],
-                          float *y, size_t ldy, int nr, const int na) {
-    (void)cx;
-    MC_IQ4X8_BODY(1, 0);
-}
+MC_IQ4X8_FN(MC_AVX2, mc_gemm_iq4nlx8_avx2_body, 0, 0, 0)
+MC_IQ4X8_FN(MC_AVX2, mc_gemm_iq4xsx8_avx2_body, 1, 0, 0)
+MC_IQ4X8_FN(MC_AVX2, mc_gemm_mxfp4x8_avx2_body, 0, 0, 1)
 #undef MC_IQ4X8_SUM
+#undef MC_IQ4X8_FN
 #undef MC_IQ4X8_BODY
 
 /* body(args..., na) with na a constant 1 .. 8 (so each count's loops unroll) */
@@ -1095,6 +1103,7 @@ MC_REPACKED_PAIR(mc_gemm_q51x8)
 MC_REPACKED_PAIR(mc_gemm_q40x8)
 MC_REPACKED_PAIR(mc_gemm_iq4nlx8)
 MC_REPACKED_PAIR(mc_gemm_iq4xsx8)
+MC_REPACKED_PAIR(mc_gemm_mxfp4x8)
 #undef MC_REPACKED_PAIR
 
 #endif /* MC_X86 */

@@ -91,6 +91,22 @@ MC_ZMM41 static inline __attribute__((always_inline)) __m512i mc_zmm41_iq4_level
         _mm_xor_si128(_mm_loadu_si128((const __m128i *)mc_iq4_kvalues), _mm_set1_epi8((char)0x80)));
 }
 
+/* MXFP4's doubled E2M1 values + 128 in every 128-bit lane */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512i mc_zmm41_mxfp4_levels(void) {
+    return _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)mc_mxfp4_kvalues), _mm_set1_epi8((char)0x80)));
+}
+
+/* two groups' 8 E8M0 scale bytes (e0: lanes 0-7, e1: 8-15) as mc_e8m0_half's floats */
+MC_ZMM41 static inline __attribute__((always_inline)) __m512 mc_zmm41_e8m0(const uint8_t *e0,
+                                                                          const uint8_t *e1) {
+    const __m512i v = _mm512_cvtepu8_epi32(
+        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)e0), _mm_loadl_epi64((const __m128i *)e1)));
+    const __m512i norm = _mm512_slli_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(1)), 23);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), v); /* e < 2 */
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(norm, _mm512_cmplt_epi32_mask(v, _mm512_set1_epi32(2)), sub));
+}
+
 /* Prefetch for the pair's two streams (group g at w0, g + 1 at w1 = w0 + nb blocks): the
  * block each stream reads `ahead` blocks on, past the pair's end the next pair's (groups
  * g + 2, g + 3: nb blocks further), so both streams of the next pair are fetched too, as
@@ -161,19 +177,20 @@ mc_gemm_q80x16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32
     for (int a = 0; a < na; a++) mc_x16_store(f[a], y + (size_t)a * ldy, nr);
 }
 
-/* Q4_0 (mc_iq4nlx8: nibbles as Q4_1's), Q5_0 (mc_q50x8, the fifth bits apart) and IQ4_NL
- * (mc_iq4nlx8, its nibbles indexing the IQ4 levels + 128) on two groups, t a constant:
+/* Q4_0 (mc_iq4nlx8: nibbles as Q4_1's), Q5_0 (mc_q50x8, the fifth bits apart), IQ4_NL
+ * (mc_iq4nlx8, its nibbles indexing the IQ4 levels + 128) and MXFP4 (mc_mxfp4x8, the
+ * doubled E2M1 values + 128, its E8M0 scales) on two groups, t a constant:
  * the exact block sums of their unsigned ints less 8, 16 or 128 sum(x) (cx >> shift),
  * then the ymm kernels' float step in block order: acc = fma(dw * dx, s, acc)
- * (MC_OFFX8_BODY), IQ4_NL's acc + (dw * dx) * s (MC_IQ4X8_BODY) */
+ * (MC_OFFX8_BODY), IQ4_NL's and MXFP4's acc + (dw * dx) * s (MC_IQ4X8_BODY) */
 MC_ZMM41 static inline __attribute__((always_inline)) void
 mc_gemm_off16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_t *const cx[8], float *y,
                    size_t ldy, int nr, const int na, const int t) {
-    const int q5 = t == MC_Q5_0, nl = t == MC_IQ4_NL;
-    const size_t bs = q5 ? sizeof(mc_q50x8) : sizeof(mc_iq4nlx8);
+    const int q5 = t == MC_Q5_0, mx = t == MC_MXFP4, nl = t == MC_IQ4_NL || mx;
+    const size_t bs = q5 ? sizeof(mc_q50x8) : mx ? sizeof(mc_mxfp4x8) : sizeof(mc_iq4nlx8);
     const char *w0 = (const char *)wv, *w1 = w0 + bs * (size_t)nb;
     const int shift = q5 ? 3 : nl ? 0 : 4;
-    const __m512i tbl = mc_zmm41_iq4_levels();
+    const __m512i tbl = mx ? mc_zmm41_mxfp4_levels() : mc_zmm41_iq4_levels();
     /* Q5_0: each lane's qh word (bits e .. e + 3: elements 4k .. 4k + 3 of u[k]) spread
      * by vpshufb to the lane's 4 bytes (byte e / 8), each byte then testing its own bit */
     const __m512i lane = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0x00000000);
@@ -202,7 +219,9 @@ mc_gemm_off16_body(int nb, const void *wv, const mc_q8 *const x[8], const int32_
                 u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(0x10)));
             }
         }
-        const __m512 dw = q5 ? mc_zmm41_h16(f0->d, f1->d) : mc_zmm41_h16(n0->d, n1->d);
+        const __m512 dw = q5   ? mc_zmm41_h16(f0->d, f1->d)
+                          : mx ? mc_zmm41_e8m0(((const mc_mxfp4x8 *)b0)->e, ((const mc_mxfp4x8 *)b1)->e)
+                               : mc_zmm41_h16(n0->d, n1->d);
         for (int a = 0; a < na; a++) {
             const mc_q8 *xq = x[a] + i;
             const __m512i s = _mm512_sub_epi32(mc_dpbusd8x16(u, (const int32_t *)xq->qs),
@@ -257,6 +276,7 @@ mc_gemm_iq4xsx16_body(int nb, const void *wv, const mc_q8 *const x[8], const int
 MC_OFF16_BODY(mc_gemm_q40x16_body, MC_Q4_0)
 MC_OFF16_BODY(mc_gemm_q50x16_body, MC_Q5_0)
 MC_OFF16_BODY(mc_gemm_iq4nlx16_body, MC_IQ4_NL)
+MC_OFF16_BODY(mc_gemm_mxfp4x16_body, MC_MXFP4)
 #undef MC_OFF16_BODY
 
 /* as mc_repacked_fn for a pair of groups (nr 9 .. 16 weight rows); below min_na x rows the
@@ -285,6 +305,7 @@ static inline size_t mc_gemm_q40x8_gbytes(int nb) { return sizeof(mc_iq4nlx8) * 
 static inline size_t mc_gemm_q50x8_gbytes(int nb) { return sizeof(mc_q50x8) * (size_t)nb; }
 static inline size_t mc_gemm_iq4nlx8_gbytes(int nb) { return sizeof(mc_iq4nlx8) * (size_t)nb; }
 static inline size_t mc_gemm_iq4xsx8_gbytes(int nb) { return sizeof(mc_iq4xsx8) * (size_t)(nb / 8); }
+static inline size_t mc_gemm_mxfp4x8_gbytes(int nb) { return sizeof(mc_mxfp4x8) * (size_t)nb; }
 
 MC_ZMM41_FN(mc_gemm_q41x16, mc_gemm_q41x16_body, mc_gemm_q41x8, MC_ZMM41_Q41_MIN_NA)
 MC_ZMM41_FN(mc_gemm_q80x16, mc_gemm_q80x16_body, mc_gemm_q80x8, MC_ZMM41_Q80_MIN_NA)
@@ -292,6 +313,7 @@ MC_ZMM41_FN(mc_gemm_q40x16, mc_gemm_q40x16_body, mc_gemm_q40x8, MC_ZMM41_Q41_MIN
 MC_ZMM41_FN(mc_gemm_q50x16, mc_gemm_q50x16_body, mc_gemm_q50x8, MC_ZMM41_Q41_MIN_NA)
 MC_ZMM41_FN(mc_gemm_iq4nlx16, mc_gemm_iq4nlx16_body, mc_gemm_iq4nlx8, MC_ZMM41_Q41_MIN_NA)
 MC_ZMM41_FN(mc_gemm_iq4xsx16, mc_gemm_iq4xsx16_body, mc_gemm_iq4xsx8, MC_ZMM41_Q41_MIN_NA)
+MC_ZMM41_FN(mc_gemm_mxfp4x16, mc_gemm_mxfp4x16_body, mc_gemm_mxfp4x8, MC_ZMM41_Q41_MIN_NA)
 
 /* the zmm kernel for repacked weights of type t at SIMD level simd, or NULL */
 static mc_repacked_fn mc_repacked16_pick(int t, int simd) {
@@ -302,6 +324,7 @@ static mc_repacked_fn mc_repacked16_pick(int t, int simd) {
            : t == MC_Q5_0 ? mc_gemm_q50x16
            : t == MC_IQ4_NL ? mc_gemm_iq4nlx16
            : t == MC_IQ4_XS ? mc_gemm_iq4xsx16
+           : t == MC_MXFP4 ? mc_gemm_mxfp4x16
                           : NULL;
 }
 

@@ -415,6 +415,7 @@ typedef struct {
     float scale;
     int window;    /* > 0: query at position p sees keys p - window + 1 .. p only */
     float softcap; /* > 0: each score s becomes softcap * tanh(s / softcap) */
+    const float *sinks; /* (n_head,) or NULL: a logit per head in the denominator only */
     int simd;
     int kv_f16;
     int gs;    /* query heads per work item */
@@ -440,6 +441,21 @@ static inline int mc_att_item(const mc_att_job *jb, int idx, int *i, int *kh, in
 static inline int mc_att_lo(const mc_att_job *jb, int i) {
     const int p = jb->q_pos0 + i;
     return jb->window > 0 && p - jb->window + 1 > 0 ? p - jb->window + 1 : 0;
+}
+
+/* What head h's running sums acc are multiplied by at the end, the online softmax's max m
+ * and sum l: 1 / l, or with a sink logit sk (gpt-oss) 1 / (l + exp(sk - m)), the sink a
+ * key without a value (taken as the max where it is larger, so nothing overflows); 0 when
+ * no key was seen (l == 0, m == -inf) and no sink. */
+static inline float mc_att_inv(const mc_att_job *jb, int h, float m, float l) {
+    if (jb->sinks == NULL) return l > 0.0f ? 1.0f / l : 0.0f;
+    const float sk = jb->sinks[h];
+    if (sk > m) {
+        const float c = expf(m - sk); /* 0 when m is -inf */
+        return c / (l * c + 1.0f);
+    }
+    const float d = l + expf(sk - m); /* 0: no key and a sink of -inf */
+    return d > 0.0f ? 1.0f / d : 0.0f;
 }
 
 /* gemma2's soft-capped score cap * tanh(s / cap) (cap > 0); every kernel caps this way */
@@ -539,7 +555,7 @@ static void mc_attention_one(void *ctx, int idx) {
         }
     }
     float *o = jb->out + (size_t)idx * hd;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = mc_att_inv(jb, h, m, l);
     for (int j = 0; j < hd; j++) o[j] = acc[j] * inv;
 }
 
@@ -596,7 +612,7 @@ static void mc_attention_f16(void *ctx, int idx) {
     }
     for (int a = 0; a < g; a++) {
         float *o = jb->out + ((size_t)i * jb->n_head + h0 + a) * hd;
-        const float inv = l[a] > 0.0f ? 1.0f / l[a] : 0.0f;
+        const float inv = mc_att_inv(jb, h0 + a, m[a], l[a]);
         for (int j = 0; j < hd; j++) o[j] = acc[a * hd + j] * inv;
     }
 }
@@ -653,8 +669,8 @@ static mc_chunk_fn mc_att_fn(int hd, int kv_f16, int simd) {
 
 static mc_att_job mc_att_make(const float *q, const void *k, const void *v, float *out, int n_q,
                               int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                              int window, float softcap, int kv_f16, int gs, int mq, int kvs,
-                              int simd) {
+                              int window, float softcap, const float *sinks, int kv_f16, int gs,
+                              int mq, int kvs, int simd) {
     const int group = n_head / n_head_kv;
     const mc_att_job jb = {q,
                            k,
@@ -669,6 +685,7 @@ static mc_att_job mc_att_make(const float *q, const void *k, const void *v, floa
                            scale,
                            window > 0 ? window : 0,
                            softcap > 0.0f ? softcap : 0.0f,
+                           sinks,
                            simd,
                            kv_f16,
                            kvs > 1 ? group : gs,
@@ -693,18 +710,20 @@ static inline int64_t mc_att_span(int q_pos0, int n_q, int window) {
  * out (n_q, n_head, hd).  Query i (at position p = q_pos0 + i) sees cache rows
  * 0 .. p (clipped to n_kv), or with window > 0 only p - window + 1 .. p; with
  * softcap > 0 each score s = q.k * scale becomes softcap * tanh(s / softcap) before the
- * softmax (gemma2).  The only scratch is on the stack (hd <= 512); work items run in
+ * softmax (gemma2); sinks (n_head,), where not NULL, is a logit per head that joins each
+ * softmax's denominator only (gpt-oss: mc_att_inv).  The only scratch is on the stack (hd <= 512); work items run in
  * parallel. */
 MC_API void mc_attention(const float *q, const void *k, const void *v, float *out, int n_q,
                          int n_head, int n_kv, int n_head_kv, int hd, int q_pos0, float scale,
-                         int window, float softcap, int kv_f16, int nth, int simd) {
+                         int window, float softcap, const float *sinks, int kv_f16, int nth,
+                         int simd) {
     const int64_t work = (int64_t)n_q * n_head * mc_att_span(q_pos0, n_q, window) * hd;
     const int nt = work < 65536 ? 1 : nth;
     const int gs = mc_att_group_size(n_head, n_head_kv, hd, n_q, kv_f16, nt, simd);
     const int mq = mc_att_rows(n_head, n_head_kv, gs, hd, n_q, n_q, nt, simd);
     const int kvs = mc_att_kv_span(n_head, n_head_kv, hd, n_q, mq, nt, simd);
     const mc_att_job jb = mc_att_make(q, k, v, out, n_q, n_head, n_kv, n_head_kv, hd, q_pos0,
-                                      scale, window, softcap, kv_f16, gs, mq, kvs, simd);
+                                      scale, window, softcap, sinks, kv_f16, gs, mq, kvs, simd);
     mc_parallel(nt, mc_att_items(&jb, n_q), mc_att_fn(hd, kv_f16, simd), (void *)&jb);
 }
 
@@ -737,8 +756,8 @@ static void mc_attention_batch_one(void *ctx, int idx) {
 MC_API int mc_attention_batch(int n_seq, const float *const *qs, const void *const *ks,
                               const void *const *vs, float *const *outs, const int *n_qs,
                               const int *n_kvs, const int *q_pos0s, int n_head, int n_head_kv,
-                              int hd, float scale, int window, float softcap, int kv_f16, int nth,
-                              int simd) {
+                              int hd, float scale, int window, float softcap, const float *sinks,
+                              int kv_f16, int nth, int simd) {
     if (n_seq <= 0) return 0;
     mc_att_job *jobs = (mc_att_job *)malloc(sizeof(mc_att_job) * (size_t)n_seq);
     int *offs = (int *)malloc(sizeof(int) * ((size_t)n_seq + 1));
@@ -761,7 +780,8 @@ MC_API int mc_attention_batch(int n_seq, const float *const *qs, const void *con
     offs[0] = 0;
     for (int s = 0; s < n_seq; s++) {
         jobs[s] = mc_att_make(qs[s], ks[s], vs[s], outs[s], n_qs[s], n_head, n_kvs[s], n_head_kv,
-                              hd, q_pos0s[s], scale, window, softcap, kv_f16, gs, mq, kvs, simd);
+                              hd, q_pos0s[s], scale, window, softcap, sinks, kv_f16, gs, mq, kvs,
+                              simd);
         offs[s + 1] = offs[s] + mc_att_items(&jobs[s], n_qs[s]);
     }
     mc_att_batch b = {jobs, offs, n_seq, mc_att_fn(hd, kv_f16, simd)};
@@ -799,13 +819,13 @@ static void mc_f32_to_f16(const float *x, uint16_t *y, int64_t n, int simd) {
  * first written at positions starts[s] .. of its cache storage kst[s] / vst[s]
  * ((capacity, n_head_kv, hd), f32, or IEEE half when kv_f16, rounded to nearest even),
  * then its queries attend over positions 0 .. starts[s] + counts[s] - 1 (window and
- * softcap as mc_attention's) exactly as mc_attention_batch does.  The caller checks that every sequence fits its storage.
+ * softcap and sinks as mc_attention's) exactly as mc_attention_batch does.  The caller checks that every sequence fits its storage.
  * Returns 0 or -2 (out of memory). */
 MC_API int mc_attention_append(int n_seq, const float *q, const float *k_new, const float *v_new,
                                void *const *kst, void *const *vst, const int *starts,
                                const int *counts, float *out, int n_head, int n_head_kv, int hd,
-                               float scale, int window, float softcap, int kv_f16, int nth,
-                               int simd) {
+                               float scale, int window, float softcap, const float *sinks,
+                               int kv_f16, int nth, int simd) {
     if (n_seq <= 0) return 0;
     const float **qs = (const float **)malloc(sizeof(float *) * (size_t)n_seq);
     float **outs = (float **)malloc(sizeof(float *) * (size_t)n_seq);
@@ -832,7 +852,7 @@ MC_API int mc_attention_append(int n_seq, const float *q, const float *k_new, co
     }
     const int rc = mc_attention_batch(n_seq, qs, (const void *const *)kst, (const void *const *)vst,
                                       outs, counts, n_kvs, starts, n_head, n_head_kv, hd, scale,
-                                      window, softcap, kv_f16, nth, simd);
+                                      window, softcap, sinks, kv_f16, nth, simd);
     free(qs), free(outs), free(n_kvs);
     return rc;
 }

@@ -597,6 +597,7 @@ static void mc_matmul_tile(void *ctx, int tile) {
                                   : jb->t == MC_Q5_0 ? (vnni ? mc_gemm_q50x8 : mc_gemm_q50x8_avx2)
                                   : jb->t == MC_Q5_1 ? (vnni ? mc_gemm_q51x8 : mc_gemm_q51x8_avx2)
                                   : jb->t == MC_IQ4_XS ? (vnni ? mc_gemm_iq4xsx8 : mc_gemm_iq4xsx8_avx2)
+                                  : jb->t == MC_MXFP4 ? (vnni ? mc_gemm_mxfp4x8 : mc_gemm_mxfp4x8_avx2)
                                   : jb->t == MC_Q6_K ? (vnni ? mc_gemm_q6kx8 : mc_gemm_q6kx8_avx2)
                                                      : (vnni ? mc_gemm_q41x8 : mc_gemm_q41x8_avx2);
         /* Q4_K, Q5_K, Q6_K on VNNI: 16 weight rows a step on zmm registers (mc_gemm_zmm.h),

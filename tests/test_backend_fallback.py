@@ -74,3 +74,21 @@ def test_the_fallback_equals_the_reference() -> None:
     )  # fmt: skip
     assert np.array_equal(got, want) and be.calls == 2
     assert all(np.array_equal(a, b) for a, b in zip(stores, ref_stores, strict=True))
+
+    # with sinks (gpt-oss) too: they reach the backend's attention through both helpers
+    sinks = np.array([0.5, -1.0, 2.0, -np.inf], np.float32)
+    kw: dict[str, Any] = {"out": np.empty_like(q), "sinks": sinks}
+    got = be.attention_append(
+        q, kv_new[0], kv_new[1], [s[0] for s in stores], [s[1] for s in stores], *args, **kw
+    )
+    kw["out"] = np.empty_like(q)
+    want = ref.attention_append(
+        q, kv_new[0], kv_new[1], [s[0] for s in ref_stores], [s[1] for s in ref_stores], *args, **kw
+    )
+    assert np.array_equal(got, want) and be.calls == 4
+    plain = ref.attention(q[:2], ref_stores[0][0][:5], ref_stores[0][1][:5], 3, 0.35)
+    assert not np.allclose(want[:2], plain) and np.array_equal(want[:2, 3], plain[:, 3])
+    batch = be.attention_batch(
+        [q[:2]], [stores[0][0][:5]], [stores[0][1][:5]], [3], 0.35, sinks=sinks
+    )
+    assert np.array_equal(batch[0], want[:2]) and be.calls == 5

@@ -75,6 +75,7 @@ KQ_CODES = {
     DType.Q5_1: cpu_backend._k.Q5_1,
     DType.IQ4_NL: cpu_backend._k.IQ4_NL,
     DType.IQ4_XS: cpu_backend._k.IQ4_XS,
+    DType.MXFP4: cpu_backend._k.MXFP4,
     DType.Q2_K: cpu_backend._k.Q2_K,
     DType.Q3_K: cpu_backend._k.Q3_K,
     DType.Q4_K: cpu_backend._k.Q4_K,
@@ -404,6 +405,7 @@ def test_kquant_repacked_path_is_bit_identical(dtype: DType) -> None:
         DType.Q5_1: 192,
         DType.IQ4_NL: 144,
         DType.IQ4_XS: 138,
+        DType.MXFP4: 136,
         DType.Q2_K: 84,
         DType.Q3_K: 114,
         DType.Q4_K: 148,
@@ -496,8 +498,10 @@ def test_kquant_repacked_sums_at_their_bounds_are_bit_identical(dtype: DType, si
     best = SIMD_LEVELS[available_simd()[0]]
     for fill in INT8_SCALE_FILLS.get(dtype, (None,)):
         raw = np.full((rows, cols // bs, ts), 0xFF, np.uint8)
-        for off, value in BOUND_SCALES[dtype].items():
+        for off, value in BOUND_SCALES.get(dtype, {}).items():
             raw[:, :, off : off + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+        if dtype is DType.MXFP4:  # its E8M0 scale: 2^-1 (0xFF: 2^127)
+            raw[:, :, 0] = 127
         if fill is not None:
             raw[:, :, INT8_SCALES[dtype]] = fill
         raw = np.ascontiguousarray(raw.reshape(rows, -1))

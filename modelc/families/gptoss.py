@@ -17,7 +17,7 @@ interleaved) is split and stacked as the converter does (:func:`regroup`): the f
 form (E, d, 2ff) transposed, or the release's ``*_blocks`` / ``*_scales`` (MXFP4 with
 the two codes of a byte in order) repacked into GGML's MXFP4 blocks without a float copy.
 The experts' clamped SwiGLU (limit 7, alpha 1.702) and their softmax over the chosen
-logits: :mod:`modelc.runtime.arch.moe_oai`; the sinks: :mod:`modelc.runtime.arch.sinks`.
+logits: :mod:`modelc.runtime.arch.moe_oai`; the sinks: the backends' ``attention(sinks=)``.
 """
 
 from __future__ import annotations

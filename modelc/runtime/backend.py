@@ -101,6 +101,7 @@ class Backend(Protocol):
         out: F32Array | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         """Causal attention for one sequence over its own cache.
 
@@ -111,7 +112,9 @@ class Backend(Protocol):
         cache's last row are not there, so ``q_pos0 = n_kv - 1`` lets every query see the
         whole cache (BERT's bidirectional attention).  With ``softcap`` > 0
         each score ``s = q·k * scale`` becomes ``softcap * tanh(s / softcap)`` before the
-        softmax (gemma2).  Returns (n_q, n_head, hd).  k and v are float32 or float16 (an
+        softmax (gemma2).  ``sinks`` (n_head,), where given, is a logit per head that joins
+        each softmax's denominator only, a key without a value (gpt-oss): a query's weights
+        are ``exp(s_j) / (sum_j exp(s_j) + exp(sinks[h]))``.  Returns (n_q, n_head, hd).  k and v are float32 or float16 (an
         f16 cache); float16 is computed as its exact float32 widening, read without
         converting the whole cache first where the backend can.
         """
@@ -127,12 +130,13 @@ class Backend(Protocol):
         outs: Sequence[F32Array] | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> list[F32Array]:
         """:meth:`attention` for several sequences at once, each over its own cache.
 
         Entry i of every list belongs to sequence i; all share n_head, n_head_kv, hd,
-        ``window`` and ``softcap``.  Equal to one ``attention(qs[i], ks[i], vs[i],
-        q_pos0s[i], scale, outs[i], window, softcap)`` per sequence; a backend may run
+        ``window``, ``softcap`` and ``sinks``.  Equal to one ``attention(qs[i], ks[i], vs[i],
+        q_pos0s[i], scale, outs[i], window, softcap, sinks)`` per sequence; a backend may run
         them as one job (one decode step's layer).
         """
         ...
@@ -150,13 +154,14 @@ class Backend(Protocol):
         out: F32Array,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         """One layer's attention over caches held as plain arrays: sequence i owns
         ``counts[i]`` consecutive rows of q (rows, n_head, hd), k_new and v_new (rows,
         n_head_kv, hd) and out; its new K/V rows are stored at positions ``starts[i]`` ..
         of ``k_stores[i]`` / ``v_stores[i]`` ((capacity, n_head_kv, hd), f32 or f16, all of
         one dtype; f16 rounds to nearest even), then its queries attend over positions
-        0 .. starts[i] + counts[i] - 1 (``window`` and ``softcap`` as :meth:`attention`'s).
+        0 .. starts[i] + counts[i] - 1 (``window``, ``softcap``, ``sinks`` as :meth:`attention`'s).
         Equal to writing the rows and calling :meth:`attention_batch` on the stores'
         prefixes."""
         ...

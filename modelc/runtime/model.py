@@ -313,6 +313,7 @@ def attend(
     out: F32Array,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: F32Array | None = None,
 ) -> None:
     """One layer's attention: each sequence writes its new K/V (n, n_head_kv, hd) to its
     own cache, then every sequence attends over its cache in one backend call; results go
@@ -320,7 +321,9 @@ def attend(
     ``attention_append`` call (writes included); quantized ones write, read back, then
     ``attention_batch``.  ``window`` > 0: the query at position p sees positions
     ``p - window + 1 .. p`` only (a sliding window); ``softcap`` > 0: scores become
-    ``softcap * tanh(score / softcap)`` (gemma2).  The kernels get storage rows, which a
+    ``softcap * tanh(score / softcap)`` (gemma2); ``sinks`` (n_head,): a logit per head in
+    every softmax's denominator (gpt-oss; image spans, recomputed here, take none).  The
+    kernels get storage rows, which a
     windowed cache layer numbers from its ``base``: the first query's is
     ``KVCache.start(layer)`` (``n - base``), windows and causality being relative."""
     stores = [c.cache.storage(layer) for c in batch]
@@ -338,6 +341,7 @@ def attend(
             out,
             window=window,
             softcap=softcap,
+            sinks=sinks,
         )
         _attend_images(batch, slices, layer, q, scale, out, window, softcap)
         return
@@ -351,7 +355,9 @@ def attend(
         p0s.append(c.cache.start(layer))
     qs = [np.ascontiguousarray(q[sl]) for sl in slices]  # each (n, n_head, hd)
     outs = [out[sl] for sl in slices]  # written in place
-    be.attention_batch(qs, ks, vs, p0s, scale, outs=outs, window=window, softcap=softcap)
+    be.attention_batch(
+        qs, ks, vs, p0s, scale, outs=outs, window=window, softcap=softcap, sinks=sinks
+    )
     _attend_images(batch, slices, layer, q, scale, out, window, softcap)
 
 

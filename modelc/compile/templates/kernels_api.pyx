@@ -44,4 +44,4 @@ cdef int k_attention_append(int n_seq, const float *q, const float *k_new, const
                             float scale, int window, float softcap, int kv_f16, int nth,
                             int simd) noexcept nogil:
     return mc_attention_append(n_seq, q, k_new, v_new, kst, vst, starts, counts, out, n_head,
-                               n_head_kv, hd, scale, window, softcap, kv_f16, nth, simd)
+                               n_head_kv, hd, scale, window, softcap, NULL, kv_f16, nth, simd)

@@ -56,7 +56,6 @@ from modelc.runtime.arch.mla import latent_attention, latent_kv_shape, load_late
 from modelc.runtime.arch.moe import load_experts, moe_ffn
 from modelc.runtime.arch.mrope import MRope
 from modelc.runtime.arch.recurrent import load_mixer, mixer_forward
-from modelc.runtime.arch.sinks import apply_sinks
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import (
@@ -454,9 +453,8 @@ class Decoder(CausalLM):
         if sp.chunks and sp.chunks[li]:  # within chunks of positions (llama4)
             chunked_attend(be, batch, slices, ci, q, k, v, self.scale, attn, sp.chunks[li])
         else:
-            attend(be, batch, slices, ci, q, k, v, self.scale, attn, win, sp.attn_softcap)
-        if b.sinks is not None:  # a sink logit per head in the softmax (gpt-oss)
-            apply_sinks(batch, slices, ci, q, b.sinks, self.scale, attn, win)
+            # b.sinks: a logit per head in the softmax's denominator (gpt-oss)
+            attend(be, batch, slices, ci, q, k, v, self.scale, attn, win, sp.attn_softcap, b.sinks)
         if gate is not None:
             attn *= 1.0 / (1.0 + np.exp(-gate))
 

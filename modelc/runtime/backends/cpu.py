@@ -59,6 +59,11 @@ def _f32(a: np.ndarray[Any, Any]) -> F32Array:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _opt_f32(a: np.ndarray[Any, Any] | None) -> F32Array | None:
+    """``_f32`` of an optional array (the attention's sinks)."""
+    return None if a is None else _f32(a)
+
+
 def _is_f16(a: np.ndarray[Any, Any]) -> bool:
     return bool(a.dtype == np.float16)
 
@@ -82,12 +87,18 @@ def _flat(out: F32Array) -> F32Array:
     return out.reshape(-1)
 
 
+# weights whose row views and repacked copies are kept: a large mixture holds tens of
+# thousands of expert matrices (gpt-oss-120b 13,824, DeepSeek-V3 44,544), and a cache
+# emptied when full would repack every one of them again each pass
+MEMO_LIMIT = 1 << 16
+
+
 class CpuBackend(NumpyFallback):
     """Compiled kernels.
 
     ``threads``, ``simd`` and ``matmul`` default to ``MODELC_THREADS``, ``MODELC_SIMD``
     and ``MODELC_MATMUL`` (see :mod:`modelc.runtime.backends.cpu_config`).  ``repack``:
-    whether Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS and Q2_K to Q6_K weights are
+    whether Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4 and Q2_K to Q6_K weights are
     repacked for the VNNI / AVX2 kernels (fast mode); by default only weights read from a
     file mapping, whose pages are then handed back, so memory does not double (weights held
     in memory, such as a compressed artifact's, keep the other kernels).
@@ -134,7 +145,7 @@ class CpuBackend(NumpyFallback):
             raw = raw_rows(w)
             return raw, np.shares_memory(raw, w.data)  # a copy would go stale if w.data changes
 
-        return memo(self._raw, w.data, 4096, make)
+        return memo(self._raw, w.data, MEMO_LIMIT, make)
 
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
         code = TYPE_CODES.get(w.dtype)
@@ -152,7 +163,7 @@ class CpuBackend(NumpyFallback):
 
     def _gemm_aux(self, w: Weight, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
         """A weight repacked 8 rows to a group for the kernels that read it (Q4_0, Q4_1, Q5_*,
-        Q8_0, IQ4_*, Q2_K to Q6_K, VNNI or AVX2), made on first use (as large as the weight; Q3_K's,
+        Q8_0, IQ4_*, MXFP4, Q2_K to Q6_K, VNNI or AVX2), made on first use (as large as the weight; Q3_K's,
         Q5_K's 4 and 2 % larger).  Fast mode then reads
         only the copy, so the pages of a file mapping are handed back to the OS (read again
         only for what else touches the rows, such as a tied embedding's lookups).  None
@@ -179,7 +190,7 @@ class CpuBackend(NumpyFallback):
                 _k.release_pages(raw)
             return copy, True
 
-        return memo(self._aux, w.data, 4096, make)
+        return memo(self._aux, w.data, MEMO_LIMIT, make)
 
     def matmul_many(
         self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
@@ -276,6 +287,7 @@ class CpuBackend(NumpyFallback):
         out: F32Array | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         q = _f32(q)
         if out is None:
@@ -283,8 +295,9 @@ class CpuBackend(NumpyFallback):
         f16 = _is_f16(k) and _is_f16(v)
         conv = _f16 if f16 else _f32
         _k.attention(
-            q, conv(k), conv(v), q_pos0, scale, out, self.threads, self.simd, f16, window, softcap
-        )
+            q, conv(k), conv(v), q_pos0, scale, out, self.threads, self.simd, f16, window,
+            softcap, _opt_f32(sinks),
+        )  # fmt: skip
         return out
 
     def attention_batch(
@@ -297,6 +310,7 @@ class CpuBackend(NumpyFallback):
         outs: Sequence[F32Array] | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> list[F32Array]:
         q_list = [_f32(q) for q in qs]
         out_list = (
@@ -319,6 +333,7 @@ class CpuBackend(NumpyFallback):
             f16,
             window,
             softcap,
+            _opt_f32(sinks),
         )
         return out_list
 
@@ -335,6 +350,7 @@ class CpuBackend(NumpyFallback):
         out: F32Array,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         if not out.flags.c_contiguous:
             raise ValueError("out must be a C-contiguous float32 array")
@@ -354,6 +370,7 @@ class CpuBackend(NumpyFallback):
             f16,
             window,
             softcap,
+            _opt_f32(sinks),
         )
         return out
 

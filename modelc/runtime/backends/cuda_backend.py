@@ -120,12 +120,19 @@ class CudaBackend(NumpyFallback):
         out: F32Array | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         nq, nh, hd = q.shape
         n_kv, nkv = k.shape[0], k.shape[1]
-        if not head_runs(hd) or k.shape != v.shape or k.shape[2] != hd or q_pos0 + nq > n_kv:
-            # other head sizes, values unlike keys (MLA), queries past the cache (BERT)
-            return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap)
+        if (
+            sinks is not None
+            or not head_runs(hd)
+            or k.shape != v.shape
+            or k.shape[2] != hd
+            or q_pos0 + nq > n_kv
+        ):  # sinks (no sink in the kernel yet), other head sizes, values unlike keys (MLA),
+            # queries past the cache (BERT): numpy's attention
+            return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap, sinks)
         cp = self.cp
         f16 = k.dtype == np.float16
         kv = cp.asarray(np.stack([np.asarray(k), np.asarray(v).astype(k.dtype)]))  # cap = n_kv

@@ -77,8 +77,9 @@ class NumpyFallback:
         out: F32Array | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
-        return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap)
+        return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap, sinks)
 
     def attention_batch(
         self,
@@ -90,9 +91,10 @@ class NumpyFallback:
         outs: Sequence[F32Array] | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> list[F32Array]:
         # through this backend's own attention
-        return attention_each(self, qs, ks, vs, q_pos0s, scale, outs, window, softcap)
+        return attention_each(self, qs, ks, vs, q_pos0s, scale, outs, window, softcap, sinks)
 
     def attention_append(
         self,
@@ -107,10 +109,12 @@ class NumpyFallback:
         out: F32Array,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         return store_and_attend(  # through this backend's own attention
-            self, q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window, softcap
-        )
+            self, q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window,
+            softcap, sinks,
+        )  # fmt: skip
 
     def softmax(self, x: F32Array) -> F32Array:
         return self._fallback.softmax(x)

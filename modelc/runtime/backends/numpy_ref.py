@@ -96,15 +96,16 @@ def attention_each(
     outs: Sequence[F32Array] | None,
     window: int,
     softcap: float,
+    sinks: F32Array | None = None,
 ) -> list[F32Array]:
     """``attention_batch`` as one ``b.attention`` per sequence."""
     if outs is None:
         return [
-            b.attention(q, k, v, p0, scale, window=window, softcap=softcap)
+            b.attention(q, k, v, p0, scale, window=window, softcap=softcap, sinks=sinks)
             for q, k, v, p0 in zip(qs, ks, vs, q_pos0s, strict=True)
         ]
     return [
-        b.attention(q, k, v, p0, scale, out=o, window=window, softcap=softcap)
+        b.attention(q, k, v, p0, scale, out=o, window=window, softcap=softcap, sinks=sinks)
         for q, k, v, p0, o in zip(qs, ks, vs, q_pos0s, outs, strict=True)
     ]
 
@@ -122,6 +123,7 @@ def store_and_attend(
     out: F32Array,
     window: int,
     softcap: float,
+    sinks: F32Array | None = None,
 ) -> F32Array:
     """``attention_append``: each sequence's new rows written into its stores, then one
     ``b.attention`` over the stores' prefixes."""
@@ -138,6 +140,7 @@ def store_and_attend(
             out=out[r : r + n],
             window=window,
             softcap=softcap,
+            sinks=sinks,
         )
         r += n
     return out
@@ -238,6 +241,7 @@ class NumpyBackend:
         out: F32Array | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         n_q, n_head, hd = q.shape
         n_kv, n_head_kv, _ = k.shape
@@ -257,7 +261,12 @@ class NumpyBackend:
             if softcap > 0:  # gemma2: cap * tanh(s / cap)
                 scores = np.tanh(scores / cap) * cap
             scores = np.where(visible, scores, -np.inf)
-            probs = self.softmax(scores.astype(np.float32))
+            if sinks is None:
+                probs = self.softmax(scores.astype(np.float32))
+            else:  # a key without a value: a last column, in the denominator only
+                sink = np.full((n_q, 1), sinks[h], np.float32)
+                probs = self.softmax(np.concatenate([scores, sink], axis=1, dtype=np.float32))
+                probs = probs[:, :-1]
             res[:, h, :] = probs @ v[:, kh, :]
         return _put(res, out)
 
@@ -271,8 +280,9 @@ class NumpyBackend:
         outs: Sequence[F32Array] | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> list[F32Array]:
-        return attention_each(self, qs, ks, vs, q_pos0s, scale, outs, window, softcap)
+        return attention_each(self, qs, ks, vs, q_pos0s, scale, outs, window, softcap, sinks)
 
     def attention_append(
         self,
@@ -287,10 +297,12 @@ class NumpyBackend:
         out: F32Array,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
         return store_and_attend(
-            self, q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window, softcap
-        )
+            self, q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window,
+            softcap, sinks,
+        )  # fmt: skip
 
     def softmax(self, x: F32Array) -> F32Array:
         x -= x.max(axis=-1, keepdims=True)

@@ -216,7 +216,10 @@ class ActivationOps(NumpyFallback):
         out: F32Array | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
+        if sinks is not None:  # no sink in the shader yet: numpy's attention
+            return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap, sinks)
         (res,) = self._attend([q], [k], [v], [q_pos0], scale, window, softcap)
         if out is None:
             return res
@@ -233,7 +236,12 @@ class ActivationOps(NumpyFallback):
         outs: Sequence[F32Array] | None = None,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> list[F32Array]:
+        if sinks is not None:  # no sink in the shader yet: numpy's attention
+            return self._fallback.attention_batch(
+                qs, ks, vs, q_pos0s, scale, outs, window, softcap, sinks
+            )
         if not qs:
             return []
         res = self._attend(qs, ks, vs, q_pos0s, scale, window, softcap)
@@ -256,7 +264,13 @@ class ActivationOps(NumpyFallback):
         out: F32Array,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> F32Array:
+        if sinks is not None:  # no sink in the shader yet: numpy's attention
+            return self._fallback.attention_append(
+                q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window,
+                softcap, sinks,
+            )  # fmt: skip
         r = 0
         qs, ks, vs = [], [], []
         for kst, vst, p0, n in zip(k_stores, v_stores, starts, counts, strict=True):
