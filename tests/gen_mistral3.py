@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 
 from tests.gen_tiny import Arrays, add_tensors, add_vocab, ensure, head_dim, llama_weights, permute
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gguf_support import hf_gguf
 
 VERSION = 1
 SEED = 20261223
@@ -76,21 +76,7 @@ def _layout(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 def write_gguf(ws: Arrays, path: Path) -> None:
     cfg = CONFIG
-    with gguf_file(path, "mistral3", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-mistral3")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=cfg["num_hidden_layers"],
-            n_ctx=cfg["max_position_embeddings"],
-            d=cfg["hidden_size"],
-            ff=cfg["intermediate_size"],
-            n_head=cfg["num_attention_heads"],
-            n_head_kv=cfg["num_key_value_heads"],
-            rope_base=ROPE["rope_theta"],
-            rms_eps=cfg["rms_norm_eps"],
-        )
+    with hf_gguf(path, "mistral3", "tiny-mistral3", cfg, rope_base=ROPE["rope_theta"]) as w:
         w.add_vocab_size(cfg["vocab_size"])
         w.add_key_length(head_dim(cfg))
         w.add_value_length(head_dim(cfg))

@@ -4,7 +4,7 @@
 block, and leaving it writes the header, the key-values and the tensors, in that order,
 and closes the file (``atomic=True``: under ``NAME.PID.tmp``, renamed once complete, so a
 cached model is never seen half-written, even by a parallel worker).  :func:`add_matrix` stores a float matrix in a
-GGUF type, :func:`add_llama_shape` the llama-style hyper-parameters, and :func:`write_gguf`
+GGUF type, :func:`add_llama_shape` the llama-style hyper-parameters (:func:`hf_gguf`: from an HF config), and :func:`write_gguf`
 a whole file from plain dicts; :func:`manifest` what a GGUF holds, to compare two writers.  The bytes are exactly what the same gguf-py calls made by
 hand give (the goldens of the generated models do not move).
 """
@@ -76,6 +76,37 @@ def add_llama_shape(
     w.add_head_count_kv(n_head_kv)
     w.add_rope_freq_base(rope_base)
     w.add_layer_norm_rms_eps(rms_eps)
+
+
+@contextmanager
+def hf_gguf(
+    path: Path,
+    arch: str,
+    name: str,
+    cfg: Mapping[str, Any],
+    *,
+    ff: int | None = None,
+    rope_base: float | None = None,
+) -> Iterator[gguf.GGUFWriter]:
+    """:func:`gguf_file` (atomic) of an f32 model begun as ``convert_hf_to_gguf`` begins one
+    from its HF ``config.json`` ``cfg``: type, ``name``, file type, then the llama-style
+    hyper-parameters (``ff`` and ``rope_base`` where the config names them otherwise)."""
+    with gguf_file(path, arch, atomic=True) as w:
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name(name)
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        add_llama_shape(
+            w,
+            n_layer=cfg["num_hidden_layers"],
+            n_ctx=cfg["max_position_embeddings"],
+            d=cfg["hidden_size"],
+            ff=cfg["intermediate_size"] if ff is None else ff,
+            n_head=cfg["num_attention_heads"],
+            n_head_kv=cfg["num_key_value_heads"],
+            rope_base=cfg["rope_theta"] if rope_base is None else rope_base,
+            rms_eps=cfg["rms_norm_eps"],
+        )
+        yield w
 
 
 def write_gguf(
