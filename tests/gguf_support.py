@@ -11,8 +11,6 @@ hand give (the goldens of the generated models do not move).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -22,6 +20,8 @@ from typing import Any
 import gguf
 import gguf.quants
 import numpy as np
+
+from tests.gguf_manifest import read
 
 G = gguf.GGMLQuantizationType
 
@@ -170,26 +170,12 @@ def tiny_llama(path: Path) -> Path:
     )
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, list) and len(v) > 16:  # token lists, merges: their hash
-        return "sha256:" + hashlib.sha256(json.dumps(v).encode()).hexdigest()
-    if isinstance(v, float):
-        return round(v, 9)
-    return v
-
-
 def manifest(path: Path) -> dict[str, Any]:
     """A GGUF's metadata (long lists as their sha256) and per tensor its name, type, shape
     and the sha256 of its bytes: what two writers of one model are compared on."""
-    r = gguf.GGUFReader(path)
-    meta = {k: _plain(f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    tensors = [
-        {
-            "name": t.name,
-            "type": t.tensor_type.name,
-            "shape": [int(s) for s in t.shape],
-            "sha256": hashlib.sha256(bytes(t.data)).hexdigest(),
-        }
-        for t in r.tensors
+    meta, tensors = read(path, lambda k: True, digits=9)
+    rows = [
+        {"name": t.name, "type": t.type, "shape": t.shape, "sha256": t.sha256}
+        for t in sorted(tensors, key=lambda t: t.name)
     ]
-    return {"metadata": meta, "tensors": sorted(tensors, key=lambda t: str(t["name"]))}
+    return {"metadata": meta, "tensors": rows}
