@@ -352,22 +352,28 @@ def family_dir(family: str) -> Path:
     return assets_dir() / f"tiny-{family}-v{VERSION}"
 
 
-def ensure_family(family: str) -> tuple[Path, Path]:
-    """The family's HF directory and GGUF (created if missing)."""
+def save_hf(hf: Path, cfg: dict[str, Any], weights: dict[str, np.ndarray[Any, Any]]) -> None:
+    """An HF directory: the committed tokenizer, ``cfg`` as config.json and ``weights``
+    (model.safetensors, written under another name and renamed once complete)."""
     from safetensors.numpy import save_file
 
+    hf.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIX / name, hf / name)
+    (hf / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+
+
+def ensure_family(family: str) -> tuple[Path, Path]:
+    """The family's HF directory and GGUF (created if missing)."""
     dest = family_dir(family)
     hf, gg = dest / "hf", dest / f"{family}.gguf"
     with cache_lock(dest.name):
         if gg.exists() and (hf / "model.safetensors").exists():
             return hf, gg
-        hf.mkdir(parents=True, exist_ok=True)
         weights = make_weights(family)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(FIX / name, hf / name)
-        (hf / "config.json").write_text(json.dumps(config(family), indent=2))
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        save_hf(hf, config(family), weights)
         write_gguf(family, weights, gg)
     return hf, gg
 

@@ -87,6 +87,20 @@ def permute(w: np.ndarray[Any, Any], n_head: int) -> np.ndarray[Any, Any]:
     )
 
 
+def permute_qk(cfg: dict[str, Any]) -> Callable[[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+    """:func:`add_tensors`' ``fix`` for a llama-style model: Q rows permuted by the heads,
+    K rows by the KV heads (:func:`permute`)."""
+
+    def fix(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        if name.endswith("q_proj.weight"):
+            return permute(data, cfg["num_attention_heads"])
+        if name.endswith("k_proj.weight"):
+            return permute(data, cfg["num_key_value_heads"])
+        return data
+
+    return fix
+
+
 def add_tensors(
     w: gguf.GGUFWriter,
     arch: gguf.MODEL_ARCH,
