@@ -7,6 +7,10 @@ Session-scoped (one process for the whole run, stopped at its end):
 * ``minilm_server``: ``modelc run`` on the MiniLM embedding model.
 * ``smol_exact_server``: ``modelc run`` on the SmolLM2 GGUF with ``MODELC_MATMUL=exact``
   (activations stay f32) and an f32 KV cache: the mode compared with transformers' goldens.
+* ``templates_server``: ``modelc run`` on the SmolLM2 GGUF as ``smol`` in a private store,
+  with ``qwen3``, ``qwen35`` and ``gptoss``: SmolLM2 under Qwen3's, Qwen3.5's and gpt-oss's
+  chat templates (``/api/create``); a module may create more models from ``smol``
+  (:func:`tests.server_fixtures.create_from`) under names no other module uses.
 * ``llamacpp``: llama.cpp's own server (the ``xllamacpp`` wheel, :mod:`modelc.bench.llamacpp`)
   on the same GGUF; the fixture's value has ``url``.
 
@@ -31,7 +35,7 @@ from modelc.bench.llamacpp import LlamaCppServer
 from tests.assets import minilm_dir, smollm2_gguf
 from tests.chat_page_support import ARGS, CHROMIUM, DESKTOP, sync_playwright
 from tests.peers import serve_exact
-from tests.server_fixtures import FORMATS, STARTED, Server, start
+from tests.server_fixtures import FORMATS, STARTED, TEMPLATES, Server, create_from, start
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -54,6 +58,19 @@ def minilm_server() -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def smol_exact_server() -> Iterator[Server]:
     yield from serve_exact(smollm2_gguf())
+
+
+@pytest.fixture(scope="session")
+def templates_server() -> Iterator[Server]:
+    srv = start(None, str(smollm2_gguf()), "--alias", "smol")
+    for name, tpl in (
+        ("qwen3", "Qwen-Qwen3-0.6B"),
+        ("qwen35", "Qwen3.5-4B"),
+        ("gptoss", "openai-gpt-oss-120b"),
+    ):
+        create_from(srv, name, (TEMPLATES / f"{tpl}.jinja").read_text())
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture(scope="session")

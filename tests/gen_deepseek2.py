@@ -18,7 +18,6 @@ converter's own, tensor by tensor (``tests/golden/deepseek2_*_manifest.json``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ import numpy as np
 
 from tests.assets import assets_dir, cache_lock
 from tests.gen_families import FIX
+from tests.gguf_manifest import read
 from tests.gguf_support import add_matrix, gguf_file
 
 VERSION = 1
@@ -308,25 +308,10 @@ def write_gguf(
 def manifest(path: Path) -> dict[str, Any]:
     """A GGUF's metadata key/values (long arrays as a sha256) and, per tensor, its type,
     shape (numpy order) and the sha256 of its bytes; what the converter manifest holds."""
-    r = gguf.GGUFReader(str(path))
     skip = {"general.name", "general.size_label", "general.version", "general.quantization_version"}
-    meta: dict[str, Any] = {}
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k in skip:
-            continue
-        v = f.contents()
-        if isinstance(v, list) and len(v) > 16:
-            v = "sha256:" + hashlib.sha256(json.dumps(v).encode()).hexdigest()
-        meta[k] = round(v, 7) if isinstance(v, float) else v
-    tensors = {
-        t.name: {
-            "type": t.tensor_type.name,
-            "shape": [int(n) for n in reversed(t.shape)],
-            "sha256": hashlib.sha256(bytes(t.data.tobytes())).hexdigest(),
-        }
-        for t in r.tensors
-    }
-    return {"metadata": meta, "tensors": dict(sorted(tensors.items()))}
+    meta, tensors = read(path, lambda k: k not in skip)
+    rows = {t.name: {"type": t.type, "shape": t.shape[::-1], "sha256": t.sha256} for t in tensors}
+    return {"metadata": meta, "tensors": dict(sorted(rows.items()))}
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import gguf.quants
 import numpy as np
 
 from tests.assets import assets_dir, cache_lock
-from tests.gguf_support import add_llama_shape, add_matrix, gguf_file
+from tests.gguf_support import add_matrix, hf_gguf
 
 FIX = Path(__file__).parent / "fixtures" / "families"
 VERSION = 1
@@ -264,22 +264,8 @@ def write_gguf(
     """The family's GGUF; with ``quant``, its matrices in that type (the router kept f32,
     as llama.cpp's quantizer keeps ``ffn_gate_inp``)."""
     cfg, arch = config(family), GGUF_ARCH[family]
-    with gguf_file(path, arch, atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        # llama.cpp gives Phi-3 names' "</s>" special attributes; this vocabulary has none
-        w.add_name(f"tiny-{family}" if family != "phi3" else "tiny-p-three")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=cfg["num_hidden_layers"],
-            n_ctx=cfg["max_position_embeddings"],
-            d=cfg["hidden_size"],
-            ff=cfg["intermediate_size"],
-            n_head=cfg["num_attention_heads"],
-            n_head_kv=cfg["num_key_value_heads"],
-            rope_base=cfg["rope_theta"],
-            rms_eps=cfg["rms_norm_eps"],
-        )
+    # llama.cpp gives Phi-3 names' "</s>" special attributes; this vocabulary has none
+    with hf_gguf(path, arch, f"tiny-{family}" if family != "phi3" else "tiny-p-three", cfg) as w:
         if family in ("qwen3", "qwen3moe", *GEMMA):
             w.add_key_length(head_dim(cfg))
             w.add_value_length(head_dim(cfg))
@@ -366,22 +352,28 @@ def family_dir(family: str) -> Path:
     return assets_dir() / f"tiny-{family}-v{VERSION}"
 
 
-def ensure_family(family: str) -> tuple[Path, Path]:
-    """The family's HF directory and GGUF (created if missing)."""
+def save_hf(hf: Path, cfg: dict[str, Any], weights: dict[str, np.ndarray[Any, Any]]) -> None:
+    """An HF directory: the committed tokenizer, ``cfg`` as config.json and ``weights``
+    (model.safetensors, written under another name and renamed once complete)."""
     from safetensors.numpy import save_file
 
+    hf.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIX / name, hf / name)
+    (hf / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+
+
+def ensure_family(family: str) -> tuple[Path, Path]:
+    """The family's HF directory and GGUF (created if missing)."""
     dest = family_dir(family)
     hf, gg = dest / "hf", dest / f"{family}.gguf"
     with cache_lock(dest.name):
         if gg.exists() and (hf / "model.safetensors").exists():
             return hf, gg
-        hf.mkdir(parents=True, exist_ok=True)
         weights = make_weights(family)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(FIX / name, hf / name)
-        (hf / "config.json").write_text(json.dumps(config(family), indent=2))
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        save_hf(hf, config(family), weights)
         write_gguf(family, weights, gg)
     return hf, gg
 

@@ -34,9 +34,9 @@ import gguf
 import numpy as np
 
 from tests.assets import assets_dir, cache_lock
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gen_tiny import add_gpt2_tokens, write_tokenizer
+from tests.gguf_support import gguf_file, hf_gguf
 
-FAM = Path(__file__).parent / "fixtures" / "families"
 FIX = Path(__file__).parent / "fixtures" / "vision"
 VERSION = 3  # bump when the weights or the layout change
 SEED = 20261205
@@ -184,20 +184,6 @@ CHAT_TEMPLATE = (FIX / "gemma3.jinja").read_text() if (FIX / "gemma3.jinja").exi
 
 def tokenizer_files(dest: Path) -> None:
     """The families' tokenizer with Gemma 3's special tokens and chat template."""
-    tj = json.loads((FAM / "tokenizer.json").read_text())
-    for text, i in SPECIAL.items():
-        tj["added_tokens"].append(
-            {
-                "id": i,
-                "content": text,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-        )
-    (dest / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
     tc = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<bos>",
@@ -212,23 +198,11 @@ def tokenizer_files(dest: Path) -> None:
         },
         "processor_class": "Gemma3Processor",
     }
-    (dest / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+    write_tokenizer(dest, list(SPECIAL), tc, indent=2)
 
 
 def _vocab(w: gguf.GGUFWriter) -> None:
-    tj = json.loads((FAM / "tokenizer.json").read_text())
-    control = {a["content"]: a["id"] for a in tj["added_tokens"]} | SPECIAL
-    tokens = [""] * N_VOCAB
-    types = [gguf.TokenType.NORMAL] * N_VOCAB
-    for t, i in {**tj["model"]["vocab"], **control}.items():
-        tokens[i] = t
-        if t in control:
-            types[i] = gguf.TokenType.CONTROL
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    add_gpt2_tokens(w, N_VOCAB, list(SPECIAL))
     w.add_bos_token_id(SPECIAL["<bos>"])
     w.add_eos_token_id(SPECIAL["<eos>"])
     w.add_pad_token_id(SPECIAL["<pad>"])
@@ -238,21 +212,13 @@ def _vocab(w: gguf.GGUFWriter) -> None:
 
 def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     t = TEXT
-    with gguf_file(path, "gemma3", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-gemma3vl")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=t["num_hidden_layers"],
-            n_ctx=t["max_position_embeddings"],
-            d=t["hidden_size"],
-            ff=t["intermediate_size"],
-            n_head=t["num_attention_heads"],
-            n_head_kv=t["num_key_value_heads"],
-            rope_base=t["rope_parameters"]["full_attention"]["rope_theta"],
-            rms_eps=t["rms_norm_eps"],
-        )
+    with hf_gguf(
+        path,
+        "gemma3",
+        "tiny-gemma3vl",
+        t,
+        rope_base=t["rope_parameters"]["full_attention"]["rope_theta"],
+    ) as w:
         w.add_key_length(t["head_dim"])
         w.add_value_length(t["head_dim"])
         w.add_sliding_window(t["sliding_window"])

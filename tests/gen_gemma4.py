@@ -31,6 +31,7 @@ import gguf
 import numpy as np
 
 from tests.assets import assets_dir, cache_lock
+from tests.gguf_manifest import read
 from tests.gguf_support import add_matrix, gguf_file
 
 FIX = Path(__file__).parent / "fixtures" / "gemma4"
@@ -340,26 +341,9 @@ def manifest(path: Path) -> dict[str, Any]:
     """A GGUF's metadata (``general.*`` naming keys left out: they follow the directory's
     name; long arrays as the sha256 of their JSON) and per tensor its type, shape and the
     sha256 of its bytes: what the converter's file and ours are compared by."""
-    import hashlib
-
-    r = gguf.GGUFReader(path)
-    meta: dict[str, Any] = {}
-    for key, field in r.fields.items():
-        if key.startswith("GGUF.") or (key.startswith("general.") and key not in GENERAL):
-            continue
-        value = field.contents()
-        if isinstance(value, list) and len(value) > 16:
-            value = hashlib.sha256(json.dumps(value).encode()).hexdigest()
-        meta[key] = value
-    tensors = {
-        t.name: [
-            t.tensor_type.name,
-            [int(n) for n in t.shape],
-            hashlib.sha256(t.data.tobytes()).hexdigest(),
-        ]
-        for t in r.tensors
-    }
-    return {"metadata": meta, "tensors": tensors}
+    keep = lambda k: not k.startswith("general.") or k in GENERAL  # noqa: E731
+    meta, tensors = read(path, keep, digits=None, prefix="")
+    return {"metadata": meta, "tensors": {t.name: [t.type, t.shape, t.sha256] for t in tensors}}
 
 
 GENERAL = (

@@ -33,6 +33,7 @@ import gguf
 import numpy as np
 
 from tests.assets import assets_dir, cache_lock
+from tests.gen_tiny import add_gpt2_tokens, write_tokenizer
 from tests.gguf_support import gguf_file
 
 FIX = Path(__file__).parent / "fixtures"
@@ -173,20 +174,6 @@ def make_weights(kind: str) -> dict[str, np.ndarray[Any, Any]]:
 
 def tokenizer_files(dest: Path) -> None:
     """The committed BPE with harmony's special tokens and the release's chat template."""
-    tj = json.loads((FIX / "families" / "tokenizer.json").read_text())
-    for i, t in enumerate(HARMONY):
-        tj["added_tokens"].append(
-            {
-                "id": 384 + i,
-                "content": t,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-        )
-    (dest / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
     tc = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|startoftext|>",
@@ -195,7 +182,7 @@ def tokenizer_files(dest: Path) -> None:
         "add_bos_token": False,
         "chat_template": (FIX / "templates" / "openai-gpt-oss-120b.jinja").read_text(),
     }
-    (dest / "tokenizer_config.json").write_text(json.dumps(tc, indent=1))
+    write_tokenizer(dest, HARMONY, tc)
 
 
 def gptoss_dir(kind: str) -> Path:
@@ -308,20 +295,7 @@ def _add_experts(
 
 def _add_vocab(w: gguf.GGUFWriter) -> None:
     """The vocabulary as the converter's ``_set_vocab_gpt2`` writes it."""
-    tj = json.loads((FIX / "families" / "tokenizer.json").read_text())
-    specials = {a["content"]: a["id"] for a in tj["added_tokens"]}
-    specials |= {t: 384 + i for i, t in enumerate(HARMONY)}
-    tokens = [""] * N_VOCAB
-    types = [gguf.TokenType.NORMAL] * N_VOCAB
-    for t, i in {**tj["model"]["vocab"], **specials}.items():
-        tokens[i] = t
-        if t in specials:
-            types[i] = gguf.TokenType.CONTROL
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    specials = add_gpt2_tokens(w, N_VOCAB, HARMONY)
     w.add_bos_token_id(specials["<|startoftext|>"])
     w.add_eos_token_id(specials["<|return|>"])
     w.add_pad_token_id(specials["<|endoftext|>"])

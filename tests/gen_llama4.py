@@ -27,7 +27,7 @@ import gguf
 import numpy as np
 
 from tests.gen_tiny import Arrays, Rand, add_vocab, ensure, head_dim, llama_weights
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gguf_support import hf_gguf
 
 VERSION = 4
 SEED = 20261224
@@ -153,21 +153,14 @@ def _rope_freqs() -> np.ndarray[Any, Any]:
 
 def write_gguf(ws: Arrays, path: Path) -> None:
     cfg = CONFIG
-    with gguf_file(path, "llama4", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-llama4")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=cfg["num_hidden_layers"],
-            n_ctx=cfg["max_position_embeddings"],
-            d=cfg["hidden_size"],
-            ff=cfg["intermediate_size_mlp"],
-            n_head=cfg["num_attention_heads"],
-            n_head_kv=cfg["num_key_value_heads"],
-            rope_base=cfg["rope_parameters"]["rope_theta"],
-            rms_eps=cfg["rms_norm_eps"],
-        )
+    with hf_gguf(
+        path,
+        "llama4",
+        "tiny-llama4",
+        cfg,
+        ff=cfg["intermediate_size_mlp"],
+        rope_base=cfg["rope_parameters"]["rope_theta"],
+    ) as w:
         w.add_key_length(head_dim(cfg))
         w.add_value_length(head_dim(cfg))
         w.add_expert_count(cfg["num_local_experts"])

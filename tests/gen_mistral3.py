@@ -14,10 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 
-from tests.gen_tiny import Arrays, add_tensors, add_vocab, ensure, head_dim, llama_weights, permute
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gen_tiny import (
+    Arrays,
+    add_tensors,
+    add_vocab,
+    ensure,
+    head_dim,
+    llama_weights,
+    permute_qk,
+)
+from tests.gguf_support import hf_gguf
 
 VERSION = 1
 SEED = 20261223
@@ -66,31 +73,9 @@ def weights() -> Arrays:
     return llama_weights(CONFIG, SEED)
 
 
-def _layout(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    if name.endswith("q_proj.weight"):
-        return permute(data, CONFIG["num_attention_heads"])
-    if name.endswith("k_proj.weight"):
-        return permute(data, CONFIG["num_key_value_heads"])
-    return data
-
-
 def write_gguf(ws: Arrays, path: Path) -> None:
     cfg = CONFIG
-    with gguf_file(path, "mistral3", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-mistral3")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=cfg["num_hidden_layers"],
-            n_ctx=cfg["max_position_embeddings"],
-            d=cfg["hidden_size"],
-            ff=cfg["intermediate_size"],
-            n_head=cfg["num_attention_heads"],
-            n_head_kv=cfg["num_key_value_heads"],
-            rope_base=ROPE["rope_theta"],
-            rms_eps=cfg["rms_norm_eps"],
-        )
+    with hf_gguf(path, "mistral3", "tiny-mistral3", cfg, rope_base=ROPE["rope_theta"]) as w:
         w.add_vocab_size(cfg["vocab_size"])
         w.add_key_length(head_dim(cfg))
         w.add_value_length(head_dim(cfg))
@@ -103,7 +88,7 @@ def write_gguf(ws: Arrays, path: Path) -> None:
         w.add_rope_scaling_yarn_log_mul(ROPE["mscale_all_dim"])
         w.add_attn_temperature_scale(ROPE["llama_4_scaling_beta"])
         add_vocab(w, cfg["vocab_size"], TEMPLATE.read_text())
-        add_tensors(w, gguf.MODEL_ARCH.MISTRAL3, cfg, ws, _layout)
+        add_tensors(w, gguf.MODEL_ARCH.MISTRAL3, cfg, ws, permute_qk(CONFIG))
 
 
 def ensure_model() -> tuple[Path, Path]:

@@ -14,7 +14,7 @@ from typing import Any
 import gguf
 
 from tests.gen_tiny import Arrays, Rand, add_tensors, add_vocab, ensure, head_dim, llama_weights
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gguf_support import hf_gguf
 
 VERSION = 1
 SEED = 20261222
@@ -54,21 +54,7 @@ def weights() -> Arrays:
 def write_gguf(ws: Arrays, path: Path, arch: str = "olmo2") -> None:
     """``arch``: the file's ``general.architecture`` (a family of OLMo 2's layout)."""
     cfg = CONFIG
-    with gguf_file(path, arch, atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name(f"tiny-{arch}")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=cfg["num_hidden_layers"],
-            n_ctx=cfg["max_position_embeddings"],
-            d=cfg["hidden_size"],
-            ff=cfg["intermediate_size"],
-            n_head=cfg["num_attention_heads"],
-            n_head_kv=cfg["num_key_value_heads"],
-            rope_base=cfg["rope_theta"],
-            rms_eps=cfg["rms_norm_eps"],
-        )
+    with hf_gguf(path, arch, f"tiny-{arch}", cfg) as w:
         add_vocab(w, cfg["vocab_size"])
         add_tensors(w, gguf.MODEL_ARCH.OLMO2, cfg, ws)
 

@@ -29,9 +29,9 @@ import gguf
 import numpy as np
 
 from tests.assets import assets_dir, cache_lock
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gen_tiny import add_gpt2_tokens, write_tokenizer
+from tests.gguf_support import gguf_file, hf_gguf
 
-FAM = Path(__file__).parent / "fixtures" / "families"
 FIX = Path(__file__).parent / "fixtures" / "qwenvl"
 VERSION = 2  # bump when the weights or the layout change
 SEED = 20261206
@@ -171,20 +171,6 @@ CHAT_TEMPLATE = (FIX / "qwen2_5_vl.jinja").read_text()
 
 def tokenizer_files(dest: Path) -> None:
     """The families' tokenizer with Qwen2.5-VL's vision tokens and chat template."""
-    tj = json.loads((FAM / "tokenizer.json").read_text())
-    for text, i in SPECIAL.items():
-        tj["added_tokens"].append(
-            {
-                "id": i,
-                "content": text,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-        )
-    (dest / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
     tc = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
@@ -200,23 +186,11 @@ def tokenizer_files(dest: Path) -> None:
         },
         "processor_class": "Qwen2_5_VLProcessor",
     }
-    (dest / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+    write_tokenizer(dest, list(SPECIAL), tc, indent=2)
 
 
 def _vocab(w: gguf.GGUFWriter) -> None:
-    tj = json.loads((FAM / "tokenizer.json").read_text())
-    control = {a["content"]: a["id"] for a in tj["added_tokens"]} | SPECIAL
-    tokens = [""] * N_VOCAB
-    types = [gguf.TokenType.NORMAL] * N_VOCAB
-    for t, i in {**tj["model"]["vocab"], **control}.items():
-        tokens[i] = t
-        if t in control:
-            types[i] = gguf.TokenType.CONTROL
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    control = add_gpt2_tokens(w, N_VOCAB, list(SPECIAL))
     w.add_eos_token_id(control["<|im_end|>"])
     w.add_pad_token_id(control["<|endoftext|>"])
     w.add_bos_token_id(control["<|endoftext|>"])
@@ -226,21 +200,7 @@ def _vocab(w: gguf.GGUFWriter) -> None:
 
 def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     c = CONFIG
-    with gguf_file(path, "qwen2vl", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-qwen25vl")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=c["num_hidden_layers"],
-            n_ctx=c["max_position_embeddings"],
-            d=c["hidden_size"],
-            ff=c["intermediate_size"],
-            n_head=c["num_attention_heads"],
-            n_head_kv=c["num_key_value_heads"],
-            rope_base=c["rope_theta"],
-            rms_eps=c["rms_norm_eps"],
-        )
+    with hf_gguf(path, "qwen2vl", "tiny-qwen25vl", c) as w:
         w.add_rope_dimension_sections([*SECTIONS, 0])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         _vocab(w)

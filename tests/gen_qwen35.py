@@ -24,8 +24,6 @@ Run ``python -m tests.gen_qwen35`` to (re)create them.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ import gguf
 import numpy as np
 
 from tests.assets import assets_dir, cache_lock
-from tests.gen_families import FIX
+from tests.gen_families import FIX, save_hf
 from tests.gguf_support import add_matrix, gguf_file
 
 VERSION = 2
@@ -297,20 +295,13 @@ def family_dir(family: str) -> Path:
 def ensure_qwen35(family: str = "qwen35") -> tuple[Path, Path]:
     """The tiny Qwen3.5's (``qwen35`` or ``qwen35moe``) HF directory and GGUF (created if
     missing)."""
-    from safetensors.numpy import save_file
-
     dest = family_dir(family)
     hf, gg = dest / "hf", dest / f"{family}.gguf"
     with cache_lock(dest.name):
         if gg.exists() and (hf / "model.safetensors").exists():
             return hf, gg
-        hf.mkdir(parents=True, exist_ok=True)
         weights = make_weights(family)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(FIX / name, hf / name)
-        (hf / "config.json").write_text(json.dumps(config(family), indent=2))
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+        save_hf(hf, config(family), weights)
         write_gguf(weights, gg, family)
     return hf, gg
 

@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 
-from tests.gen_tiny import Arrays, add_tensors, add_vocab, ensure, head_dim, llama_weights, permute
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gen_tiny import (
+    Arrays,
+    add_tensors,
+    add_vocab,
+    ensure,
+    head_dim,
+    llama_weights,
+    permute_qk,
+)
+from tests.gguf_support import hf_gguf
 
 VERSION = 1
 SEED = 20261220
@@ -52,35 +59,13 @@ def weights() -> Arrays:
     return llama_weights(CONFIG, SEED)
 
 
-def _layout(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    if name.endswith("q_proj.weight"):
-        return permute(data, CONFIG["num_attention_heads"])
-    if name.endswith("k_proj.weight"):
-        return permute(data, CONFIG["num_key_value_heads"])
-    return data
-
-
 def write_gguf(ws: Arrays, path: Path) -> None:
     cfg = CONFIG
-    with gguf_file(path, "smollm3", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-smollm3")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=cfg["num_hidden_layers"],
-            n_ctx=cfg["max_position_embeddings"],
-            d=cfg["hidden_size"],
-            ff=cfg["intermediate_size"],
-            n_head=cfg["num_attention_heads"],
-            n_head_kv=cfg["num_key_value_heads"],
-            rope_base=cfg["rope_theta"],
-            rms_eps=cfg["rms_norm_eps"],
-        )
+    with hf_gguf(path, "smollm3", "tiny-smollm3", cfg) as w:
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(head_dim(cfg))
         add_vocab(w, cfg["vocab_size"], TEMPLATE.read_text())
-        add_tensors(w, gguf.MODEL_ARCH.SMOLLM3, cfg, ws, _layout)
+        add_tensors(w, gguf.MODEL_ARCH.SMOLLM3, cfg, ws, permute_qk(CONFIG))
 
 
 def ensure_model() -> tuple[Path, Path]:

@@ -87,6 +87,20 @@ def permute(w: np.ndarray[Any, Any], n_head: int) -> np.ndarray[Any, Any]:
     )
 
 
+def permute_qk(cfg: dict[str, Any]) -> Callable[[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+    """:func:`add_tensors`' ``fix`` for a llama-style model: Q rows permuted by the heads,
+    K rows by the KV heads (:func:`permute`)."""
+
+    def fix(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        if name.endswith("q_proj.weight"):
+            return permute(data, cfg["num_attention_heads"])
+        if name.endswith("k_proj.weight"):
+            return permute(data, cfg["num_key_value_heads"])
+        return data
+
+    return fix
+
+
 def add_tensors(
     w: gguf.GGUFWriter,
     arch: gguf.MODEL_ARCH,
@@ -121,17 +135,12 @@ def tokenizer_json(specials: Sequence[str] = ()) -> dict[str, Any]:
     return tj
 
 
-def add_vocab(
-    w: gguf.GGUFWriter,
-    n_vocab: int,
-    chat_template: str | None = None,
-    specials: Sequence[str] = (),
-    bos: str | None = None,
-    eos: str = "<|im_end|>",
-) -> None:
-    """The committed tokenizer as ``_set_vocab_gpt2`` writes it (pre ``qwen2``: its regex;
-    no BOS unless ``bos`` names one), with ``chat_template`` or the committed one, and
-    ``specials`` added (:func:`tokenizer_json`)."""
+def add_gpt2_tokens(
+    w: gguf.GGUFWriter, n_vocab: int, specials: Sequence[str] = ()
+) -> dict[str, int]:
+    """The committed tokenizer's tokens, types and merges with ``specials`` added
+    (:func:`tokenizer_json`), as ``_set_vocab_gpt2`` writes them (pre ``qwen2``: its regex);
+    the added tokens' ids, by text."""
     tj = tokenizer_json(specials)
     added = {a["content"]: a["id"] for a in tj["added_tokens"]}
     tokens = [""] * n_vocab
@@ -145,6 +154,31 @@ def add_vocab(
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    return added
+
+
+def write_tokenizer(
+    dest: Path, specials: Sequence[str], config: Mapping[str, Any], indent: int = 1
+) -> None:
+    """``dest``'s tokenizer.json (the committed one with ``specials``: :func:`tokenizer_json`)
+    and its tokenizer_config.json (``config``)."""
+    tj = tokenizer_json(specials)
+    (dest / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
+    (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=indent))
+
+
+def add_vocab(
+    w: gguf.GGUFWriter,
+    n_vocab: int,
+    chat_template: str | None = None,
+    specials: Sequence[str] = (),
+    bos: str | None = None,
+    eos: str = "<|im_end|>",
+) -> None:
+    """The committed tokenizer as ``_set_vocab_gpt2`` writes it (pre ``qwen2``: its regex;
+    no BOS unless ``bos`` names one), with ``chat_template`` or the committed one, and
+    ``specials`` added (:func:`tokenizer_json`)."""
+    added = add_gpt2_tokens(w, n_vocab, specials)
     if bos is not None:
         w.add_bos_token_id(added[bos])
     w.add_eos_token_id(added[eos])

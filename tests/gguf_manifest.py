@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,30 +23,52 @@ _LONG = 16
 IGNORED = frozenset({"general.name", "general.size_label", "general.quantization_version"})
 
 
-def _value(field: gguf.ReaderField) -> Any:
-    v = field.contents()
-    if isinstance(v, list) and len(v) > _LONG:
-        return "sha256:" + hashlib.sha256(json.dumps(v).encode()).hexdigest()
-    if isinstance(v, float):
-        return round(v, 7)
-    return v
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    type: str  # the GGML type's name
+    shape: list[int]  # as GGUF stores it (rows last: reversed, numpy's order)
+    sha256: str  # of its bytes
+
+
+def read(
+    path: Path, keep: Callable[[str], bool], digits: int | None = 7, prefix: str = "sha256:"
+) -> tuple[dict[str, Any], list[Tensor]]:
+    """A GGUF's metadata (the keys ``keep`` accepts; long arrays as ``prefix`` and the
+    sha256 of their JSON, floats rounded to ``digits``) and its tensors: what every
+    goldens' manifest below is a view of."""
+    r = gguf.GGUFReader(str(path))
+    meta: dict[str, Any] = {}
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or not keep(k):
+            continue
+        v = f.contents()
+        if isinstance(v, list) and len(v) > _LONG:
+            v = prefix + hashlib.sha256(json.dumps(v).encode()).hexdigest()
+        elif isinstance(v, float) and digits is not None:
+            v = round(v, digits)
+        meta[k] = v
+    tensors = [
+        Tensor(
+            t.name,
+            t.tensor_type.name,
+            [int(n) for n in t.shape],
+            hashlib.sha256(t.data.tobytes()).hexdigest(),
+        )
+        for t in r.tensors
+    ]
+    return meta, tensors
 
 
 def manifest(path: Path) -> dict[str, Any]:
-    r = gguf.GGUFReader(str(path))
-    meta = {
-        k: _value(f) for k, f in r.fields.items() if not k.startswith("GGUF.") and k not in IGNORED
-    }
-    tensors = [
-        {
-            "name": t.name,
-            "type": t.tensor_type.name,
-            "shape": [int(n) for n in reversed(t.shape)],  # rows last, as numpy
-            "sha256": hashlib.sha256(bytes(t.data.tobytes())).hexdigest(),
-        }
-        for t in r.tensors
+    """The manifest ``scripts/make_tiny_<family>.py`` records: tensors sorted by name,
+    shapes in numpy's order."""
+    meta, tensors = read(path, lambda k: k not in IGNORED)
+    rows = [
+        {"name": t.name, "type": t.type, "shape": t.shape[::-1], "sha256": t.sha256}
+        for t in sorted(tensors, key=lambda t: t.name)
     ]
-    return {"metadata": meta, "tensors": sorted(tensors, key=lambda t: t["name"])}
+    return {"metadata": meta, "tensors": rows}
 
 
 def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:

@@ -4,15 +4,13 @@
 block, and leaving it writes the header, the key-values and the tensors, in that order,
 and closes the file (``atomic=True``: under ``NAME.PID.tmp``, renamed once complete, so a
 cached model is never seen half-written, even by a parallel worker).  :func:`add_matrix` stores a float matrix in a
-GGUF type, :func:`add_llama_shape` the llama-style hyper-parameters, and :func:`write_gguf`
+GGUF type, :func:`add_llama_shape` the llama-style hyper-parameters (:func:`hf_gguf`: from an HF config), and :func:`write_gguf`
 a whole file from plain dicts; :func:`manifest` what a GGUF holds, to compare two writers.  The bytes are exactly what the same gguf-py calls made by
 hand give (the goldens of the generated models do not move).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -22,6 +20,8 @@ from typing import Any
 import gguf
 import gguf.quants
 import numpy as np
+
+from tests.gguf_manifest import read
 
 G = gguf.GGMLQuantizationType
 
@@ -76,6 +76,37 @@ def add_llama_shape(
     w.add_head_count_kv(n_head_kv)
     w.add_rope_freq_base(rope_base)
     w.add_layer_norm_rms_eps(rms_eps)
+
+
+@contextmanager
+def hf_gguf(
+    path: Path,
+    arch: str,
+    name: str,
+    cfg: Mapping[str, Any],
+    *,
+    ff: int | None = None,
+    rope_base: float | None = None,
+) -> Iterator[gguf.GGUFWriter]:
+    """:func:`gguf_file` (atomic) of an f32 model begun as ``convert_hf_to_gguf`` begins one
+    from its HF ``config.json`` ``cfg``: type, ``name``, file type, then the llama-style
+    hyper-parameters (``ff`` and ``rope_base`` where the config names them otherwise)."""
+    with gguf_file(path, arch, atomic=True) as w:
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name(name)
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        add_llama_shape(
+            w,
+            n_layer=cfg["num_hidden_layers"],
+            n_ctx=cfg["max_position_embeddings"],
+            d=cfg["hidden_size"],
+            ff=cfg["intermediate_size"] if ff is None else ff,
+            n_head=cfg["num_attention_heads"],
+            n_head_kv=cfg["num_key_value_heads"],
+            rope_base=cfg["rope_theta"] if rope_base is None else rope_base,
+            rms_eps=cfg["rms_norm_eps"],
+        )
+        yield w
 
 
 def write_gguf(
@@ -139,26 +170,12 @@ def tiny_llama(path: Path) -> Path:
     )
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, list) and len(v) > 16:  # token lists, merges: their hash
-        return "sha256:" + hashlib.sha256(json.dumps(v).encode()).hexdigest()
-    if isinstance(v, float):
-        return round(v, 9)
-    return v
-
-
 def manifest(path: Path) -> dict[str, Any]:
     """A GGUF's metadata (long lists as their sha256) and per tensor its name, type, shape
     and the sha256 of its bytes: what two writers of one model are compared on."""
-    r = gguf.GGUFReader(path)
-    meta = {k: _plain(f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    tensors = [
-        {
-            "name": t.name,
-            "type": t.tensor_type.name,
-            "shape": [int(s) for s in t.shape],
-            "sha256": hashlib.sha256(bytes(t.data)).hexdigest(),
-        }
-        for t in r.tensors
+    meta, tensors = read(path, lambda k: True, digits=9)
+    rows = [
+        {"name": t.name, "type": t.type, "shape": t.shape, "sha256": t.sha256}
+        for t in sorted(tensors, key=lambda t: t.name)
     ]
-    return {"metadata": meta, "tensors": sorted(tensors, key=lambda t: str(t["name"]))}
+    return {"metadata": meta, "tensors": rows}

@@ -9,7 +9,7 @@ The reference servers themselves are session fixtures in ``tests/conftest.py``
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,9 @@ import httpx
 import numpy as np
 import openai
 
+from modelc.bench.llamacpp import LlamaCppServer
 from modelc.runtime.model import LanguageModel, SeqChunk
+from modelc.runtime.tokenizer import Tokenizer
 from tests.server_fixtures import Server, start
 
 
@@ -105,3 +107,26 @@ def llamacpp_image_answer(
     ) as s:
         r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
     return int(r["tokens_evaluated"]), [int(t) for t in r["tokens"]]
+
+
+def greedy_as_llamacpp(
+    model: LanguageModel, tok: Tokenizer, gguf: Path, g: Mapping[str, Any], log: Path
+) -> int:
+    """llama.cpp's server on ``gguf`` against ``model`` (ours, on the same file) and the
+    golden record set ``g``: the same ids for ``g["text"]``, and for each record whose
+    greedy continuation passes no end-of-generation id (llama.cpp's ``ignore_eos`` bans
+    them) the same greedy tokens up to a near tie, ours the golden's; how many records
+    were compared."""
+    with LlamaCppServer(gguf, threads=1, n_parallel=1, n_ctx=256, log=log) as s:
+        theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
+        assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
+        compared = 0
+        for rec in g["records"]:
+            if set(rec["greedy"]) & set(tok.eot_ids):
+                continue
+            ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], len(rec["greedy"]))
+            assert ours[:cut] == rec["greedy"][:cut]
+            got = llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
+            assert got[:cut] == ours[:cut], (rec["prompt_ids"], cut)
+            compared += 1
+    return compared

@@ -22,7 +22,15 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ROOT / "tests" / "fixtures" / "formats"
+TEMPLATES = ROOT / "tests" / "fixtures" / "templates"  # real releases' chat templates
 STARTED: Counter[str] = Counter()  # `modelc run` processes started, by arguments
+
+
+def create_from(srv: Server, name: str, template: str, base: str = "smol") -> None:
+    """Ollama's ``/api/create`` on ``srv``: the model ``name``, ``base`` under ``template``."""
+    body = {"model": name, "from": base, "template": template, "stream": False}
+    r = httpx.post(f"{srv.url}/api/create", json=body, timeout=300)
+    assert r.status_code == 200 and r.json()["status"] == "success", r.text
 
 
 def free_port() -> int:

@@ -6,16 +6,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from modelc.bench.loadgen import Dist
 from tests.assets import smollm2_gguf
-from tests.server_fixtures import Server, free_port, start
+from tests.server_fixtures import Server, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,13 +145,6 @@ def _has_cupy() -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    srv = start(str(smollm2_gguf()), "--max-concurrent", "4")
-    yield srv
-    srv.stop()
-
-
 def test_dist_matches_numpy_percentiles() -> None:
     rng = np.random.default_rng(0)
     xs = rng.exponential(0.05, size=101).tolist()
@@ -164,10 +155,11 @@ def test_dist_matches_numpy_percentiles() -> None:
     assert np.isnan(Dist.of([]).p50)
 
 
-def test_loadgen_against_modelc_run(server: Server, tmp_path: Path) -> None:
+def test_loadgen_against_modelc_run(smol_server: Server, tmp_path: Path) -> None:
+    """``modelc bench --url`` against the shared server (its streams carry SSE comments)."""
     plot = tmp_path / "lat.png"
     r = modelc(
-        "bench", "--url", server.url, "--concurrency", "1,3", "--requests", "3",
+        "bench", "--url", smol_server.url, "--concurrency", "1,3", "--requests", "3",
         "--prompt-len", "12", "--max-tokens", "5", "--plot", str(plot), "--json", home=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -188,9 +180,9 @@ def test_loadgen_against_modelc_run(server: Server, tmp_path: Path) -> None:
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_loadgen_chat_table(server: Server, tmp_path: Path) -> None:
+def test_loadgen_chat_table(smol_server: Server, tmp_path: Path) -> None:
     r = modelc(
-        "bench", "--url", server.url + "/v1/chat/completions", "--concurrency", "2",
+        "bench", "--url", smol_server.url + "/v1/chat/completions", "--concurrency", "2",
         "--requests", "2", "--prompt-len", "6", "--max-tokens", "3", home=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -7,10 +7,8 @@ tool's schema, through the official ``openai`` client, streamed and not."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import jsonschema
 import pytest
 
@@ -21,7 +19,7 @@ from modelc.formats.gguf import load_gguf
 from modelc.runtime.tokenizer import Tokenizer
 from tests.assets import smollm2_gguf
 from tests.peers import openai_client
-from tests.server_fixtures import Server, start
+from tests.server_fixtures import Server, create_from
 from tests.test_chat_constraint import accepts
 from tests.test_chat_formats import prompt, template
 from tests.test_chat_formats_server import streamed
@@ -67,23 +65,11 @@ def model(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    """SmolLM2 as ``smol``, and under each family's template."""
-    s = start(None, str(smollm2_gguf()), "--alias", "smol")
+def srv(templates_server: Server) -> Server:
+    """The shared SmolLM2 server, with ``smol`` under each family's template too."""
     for name in FAMILIES:
-        r = httpx.post(
-            f"{s.url}/api/create",
-            json={
-                "model": model(name),
-                "from": "smol",
-                "template": template(name),
-                "stream": False,
-            },
-            timeout=300,
-        )
-        assert r.status_code == 200 and r.json()["status"] == "success", r.text
-    yield s
-    s.stop()
+        create_from(templates_server, model(name), template(name))
+    return templates_server
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

@@ -7,17 +7,15 @@ cases the chat route is held to), streamed and not."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from tests.assets import smollm2_gguf
 from tests.peers import openai_client
-from tests.server_fixtures import Server, start
-from tests.test_chat_formats import CASES, TOOLS, template
+from tests.server_fixtures import Server
+from tests.test_chat_formats import CASES, TOOLS
 
 TRACE = "<think>\nX\n</think>\n\nY"  # Qwen3's template: trace "X\n", answer "Y" (llama.cpp)
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -26,18 +24,9 @@ CALL = CASES["qwen3.5-opened"]  # the prompt opens the trace; the call in Qwen's
 
 
 @pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    """SmolLM2 as ``smol``, and as ``qwen3`` / ``qwen35`` with those templates."""
-    s = start(None, str(smollm2_gguf()), "--alias", "smol")
-    for name, tpl in (("qwen3", "Qwen-Qwen3-0.6B"), ("qwen35", "Qwen3.5-4B")):
-        r = httpx.post(
-            f"{s.url}/api/create",
-            json={"model": name, "from": "smol", "template": template(tpl), "stream": False},
-            timeout=300,
-        )
-        assert r.status_code == 200 and r.json()["status"] == "success", r.text
-    yield s
-    s.stop()
+def srv(templates_server: Server) -> Server:
+    """SmolLM2 as ``smol``, and as ``qwen3`` / ``qwen35`` / ``gptoss`` with those templates."""
+    return templates_server
 
 
 def forced(text: str) -> dict[str, Any]:

@@ -7,7 +7,6 @@ renders it (same prompt ids)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +17,17 @@ import pytest
 from modelc.bench.llamacpp import LlamaCppServer
 from tests.assets import smollm2_gguf
 from tests.peers import openai_client
-from tests.server_fixtures import Server, start
-from tests.test_chat_formats import CASES, TEMPLATES, TOOLS, template
+from tests.server_fixtures import Server
+from tests.test_chat_formats import CASES, TEMPLATES, TOOLS
 
 QWEN3, QWEN35, GPTOSS = "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "openai-gpt-oss-120b"
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    """SmolLM2 as ``smol``, and as ``qwen3`` / ``qwen35`` with those templates."""
-    s = start(None, str(smollm2_gguf()), "--alias", "smol")
-    for name, tpl in (("qwen3", QWEN3), ("qwen35", QWEN35), ("gptoss", GPTOSS)):
-        r = httpx.post(
-            f"{s.url}/api/create",
-            json={"model": name, "from": "smol", "template": template(tpl), "stream": False},
-            timeout=300,
-        )
-        assert r.status_code == 200 and r.json()["status"] == "success", r.text
-    yield s
-    s.stop()
+def srv(templates_server: Server) -> Server:
+    """SmolLM2 as ``smol``, and as ``qwen3`` / ``qwen35`` / ``gptoss`` with those templates."""
+    return templates_server
 
 
 def forced(text: str) -> dict[str, Any]:

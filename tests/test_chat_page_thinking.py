@@ -7,17 +7,14 @@ while the reply streams is recorded by a MutationObserver."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.assets import smollm2_gguf
 from tests.chat_page_support import Page, open_page, send, stored, wait_idle
-from tests.server_fixtures import Server, start
-from tests.test_chat_formats import template
+from tests.server_fixtures import Server
 
 TRACE = (
     "The user asks for the capital of France. France is a country in Europe, and its "
@@ -47,17 +44,9 @@ RECORD = """() => {
 
 
 @pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    """SmolLM2 as ``smol``, and as ``qwen3`` with Qwen3's template."""
-    s = start(None, str(smollm2_gguf()), "--alias", "smol")
-    r = httpx.post(
-        f"{s.url}/api/create",
-        json={"model": "qwen3", "from": "smol", "template": template("Qwen-Qwen3-0.6B")},
-        timeout=300,
-    )
-    assert r.status_code == 200, r.text
-    yield s
-    s.stop()
+def srv(templates_server: Server) -> Server:
+    """SmolLM2 as ``smol``, and as ``qwen3`` / ``qwen35`` / ``gptoss`` with those templates."""
+    return templates_server
 
 
 def force(page: Page, text: str) -> None:

@@ -30,7 +30,7 @@ from tests.cli_support import Cli
 from tests.gen_lfm2 import TEMPLATE, ensure_model, ensure_q8, ensure_release_pre
 from tests.gen_lfm2moe import ensure_model as ensure_moe
 from tests.gguf_manifest import differences, manifest
-from tests.peers import greedy_to_near_tie, llamacpp_greedy
+from tests.peers import greedy_as_llamacpp
 from tests.recurrent_support import check_engine_equal_alone, check_prefix_hit, check_rollback
 from tests.runtime_support import LOGPROB_TOL, check_record, golden, make_backend
 
@@ -149,29 +149,13 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF: the same prompt ids and greedy continuations (up to
     a near tie); records passing an end-of-generation id are left out (ignore_eos)."""
     pytest.importorskip("xllamacpp")
-    import httpx
-
-    from modelc.bench.llamacpp import LlamaCppServer
-
     g = golden(f"family_{family}.json")
     gguf = source("gguf", family)
     ir = load_model(gguf)
     assert ir.tokenizer is not None
     tok = Tokenizer(ir.tokenizer)
     model = lm(ir)
-    with LlamaCppServer(gguf, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
-        theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
-        assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
-        compared = 0
-        for rec in g["records"]:
-            if set(rec["greedy"]) & set(tok.eot_ids):
-                continue
-            ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], len(rec["greedy"]))
-            assert ours[:cut] == rec["greedy"][:cut]
-            got = llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
-            assert got[:cut] == ours[:cut], (rec["prompt_ids"], cut)
-            compared += 1
-    assert compared >= 4
+    assert greedy_as_llamacpp(model, tok, gguf, g, tmp_path / "lc.log") >= 4
 
 
 def test_the_releases_pretokenizer_splits_as_llamacpp(tmp_path: Path) -> None:

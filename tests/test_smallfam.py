@@ -35,7 +35,7 @@ from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests.cli_support import Cli
 from tests.gguf_manifest import differences, manifest
-from tests.peers import greedy_to_near_tie, llamacpp_greedy
+from tests.peers import greedy_as_llamacpp
 from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
 
 # family -> what it uses that CUDA and `modelc compile` do not run (FEATURES' words)
@@ -127,29 +127,13 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     """llama.cpp's server on our GGUF: the same prompt ids and greedy continuations (up to
     a near tie); records passing an end-of-generation id are left out (ignore_eos)."""
     pytest.importorskip("xllamacpp")
-    import httpx
-
-    from modelc.bench.llamacpp import LlamaCppServer
-
     g = golden(f"family_{family}.json")
     ir = load(family, "gguf")
     assert ir.tokenizer is not None
     tok = Tokenizer(ir.tokenizer)
     model = lm(ir)
     gguf = source(family, "gguf")
-    with LlamaCppServer(gguf, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
-        theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
-        assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
-        compared = 0
-        for rec in g["records"]:
-            if set(rec["greedy"]) & tok.eot_ids:
-                continue
-            ours, cut = greedy_to_near_tie(model, rec["prompt_ids"], len(rec["greedy"]))
-            assert ours[:cut] == rec["greedy"][:cut]
-            theirs = llamacpp_greedy(s.url, rec["prompt_ids"], len(rec["greedy"]))
-            assert theirs[:cut] == ours[:cut], (rec["prompt_ids"], cut)
-            compared += 1
-    assert compared >= 4
+    assert greedy_as_llamacpp(model, tok, gguf, g, tmp_path / "lc.log") >= 4
 
 
 async def _serve(ir: ModelIR, prompts: list[list[int]], **opts: Any) -> list[Any]:

@@ -11,21 +11,15 @@ accelerates; the rest comes out equal to the reference by construction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from modelc.runtime.backend import F32Array, KVArray, Weight
-from modelc.runtime.backends.numpy_ref import (
-    NumpyBackend,
-    attention_each,
-    matmul_each,
-    store_and_attend,
-)
+from modelc.runtime.backends.numpy_ref import NumpyBackend, PerSequence
 
 
-class NumpyFallback:
+class NumpyFallback(PerSequence):
     """Every :class:`~modelc.runtime.backend.Backend` op, on ``_fallback``."""
 
     name: str
@@ -38,11 +32,6 @@ class NumpyFallback:
 
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
         return self._fallback.matmul(w, x, out)
-
-    def matmul_many(
-        self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
-    ) -> list[F32Array]:
-        return matmul_each(self, ws, x, outs)  # through this backend's own matmul
 
     def get_rows(
         self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
@@ -80,41 +69,6 @@ class NumpyFallback:
         sinks: F32Array | None = None,
     ) -> F32Array:
         return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap, sinks)
-
-    def attention_batch(
-        self,
-        qs: Sequence[F32Array],
-        ks: Sequence[KVArray],
-        vs: Sequence[KVArray],
-        q_pos0s: Sequence[int],
-        scale: float,
-        outs: Sequence[F32Array] | None = None,
-        window: int = 0,
-        softcap: float = 0.0,
-        sinks: F32Array | None = None,
-    ) -> list[F32Array]:
-        # through this backend's own attention
-        return attention_each(self, qs, ks, vs, q_pos0s, scale, outs, window, softcap, sinks)
-
-    def attention_append(
-        self,
-        q: F32Array,
-        k_new: F32Array,
-        v_new: F32Array,
-        k_stores: Sequence[KVArray],
-        v_stores: Sequence[KVArray],
-        starts: Sequence[int],
-        counts: Sequence[int],
-        scale: float,
-        out: F32Array,
-        window: int = 0,
-        softcap: float = 0.0,
-        sinks: F32Array | None = None,
-    ) -> F32Array:
-        return store_and_attend(  # through this backend's own attention
-            self, q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window,
-            softcap, sinks,
-        )  # fmt: skip
 
     def softmax(self, x: F32Array) -> F32Array:
         return self._fallback.softmax(x)

@@ -75,81 +75,84 @@ def erf(x: F32Array) -> F32Array:
     return np.where(x >= 0, r, -r).astype(np.float32)
 
 
-# The batched ops as loops over a backend's single ones: the reference's definition of
-# them, and what a backend without a batched kernel runs (through its own single ops).
+class PerSequence:
+    """The batched ops as loops over a backend's single ones (``matmul``, ``attention``):
+    the reference's definition of them, and what a backend without a batched kernel runs,
+    through its own single ops."""
 
+    def matmul_many(
+        self: Backend,
+        ws: Sequence[Weight],
+        x: F32Array,
+        outs: Sequence[F32Array | None] | None = None,
+    ) -> list[F32Array]:
+        """One ``matmul`` per weight."""
+        return [self.matmul(w, x, o) for w, o in zip(ws, outs or [None] * len(ws), strict=True)]
 
-def matmul_each(
-    b: Backend, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None
-) -> list[F32Array]:
-    """``matmul_many`` as one ``b.matmul`` per weight."""
-    return [b.matmul(w, x, o) for w, o in zip(ws, outs or [None] * len(ws), strict=True)]
-
-
-def attention_each(
-    b: Backend,
-    qs: Sequence[F32Array],
-    ks: Sequence[KVArray],
-    vs: Sequence[KVArray],
-    q_pos0s: Sequence[int],
-    scale: float,
-    outs: Sequence[F32Array] | None,
-    window: int,
-    softcap: float,
-    sinks: F32Array | None = None,
-) -> list[F32Array]:
-    """``attention_batch`` as one ``b.attention`` per sequence."""
-    if outs is None:
+    def attention_batch(
+        self: Backend,
+        qs: Sequence[F32Array],
+        ks: Sequence[KVArray],
+        vs: Sequence[KVArray],
+        q_pos0s: Sequence[int],
+        scale: float,
+        outs: Sequence[F32Array] | None = None,
+        window: int = 0,
+        softcap: float = 0.0,
+        sinks: F32Array | None = None,
+    ) -> list[F32Array]:
+        """One ``attention`` per sequence."""
+        kw: dict[str, Any] = {"window": window, "softcap": softcap, "sinks": sinks}
+        if outs is None:
+            return [
+                self.attention(q, k, v, p0, scale, **kw)
+                for q, k, v, p0 in zip(qs, ks, vs, q_pos0s, strict=True)
+            ]
         return [
-            b.attention(q, k, v, p0, scale, window=window, softcap=softcap, sinks=sinks)
-            for q, k, v, p0 in zip(qs, ks, vs, q_pos0s, strict=True)
+            self.attention(q, k, v, p0, scale, out=o, **kw)
+            for q, k, v, p0, o in zip(qs, ks, vs, q_pos0s, outs, strict=True)
         ]
-    return [
-        b.attention(q, k, v, p0, scale, out=o, window=window, softcap=softcap, sinks=sinks)
-        for q, k, v, p0, o in zip(qs, ks, vs, q_pos0s, outs, strict=True)
-    ]
 
-
-def store_and_attend(
-    b: Backend,
-    q: F32Array,
-    k_new: F32Array,
-    v_new: F32Array,
-    k_stores: Sequence[KVArray],
-    v_stores: Sequence[KVArray],
-    starts: Sequence[int],
-    counts: Sequence[int],
-    scale: float,
-    out: F32Array,
-    window: int,
-    softcap: float,
-    sinks: F32Array | None = None,
-) -> F32Array:
-    """``attention_append``: each sequence's new rows written into its stores, then one
-    ``b.attention`` over the stores' prefixes."""
-    r = 0
-    for ks, vs, p0, n in zip(k_stores, v_stores, starts, counts, strict=True):
-        ks[p0 : p0 + n] = k_new[r : r + n]  # an f16 store rounds to nearest even
-        vs[p0 : p0 + n] = v_new[r : r + n]
-        b.attention(
-            q[r : r + n],
-            ks[: p0 + n],
-            vs[: p0 + n],
-            p0,
-            scale,
-            out=out[r : r + n],
-            window=window,
-            softcap=softcap,
-            sinks=sinks,
-        )
-        r += n
-    return out
+    def attention_append(
+        self: Backend,
+        q: F32Array,
+        k_new: F32Array,
+        v_new: F32Array,
+        k_stores: Sequence[KVArray],
+        v_stores: Sequence[KVArray],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        scale: float,
+        out: F32Array,
+        window: int = 0,
+        softcap: float = 0.0,
+        sinks: F32Array | None = None,
+    ) -> F32Array:
+        """Each sequence's new rows written into its stores, then one ``attention`` over
+        the stores' prefixes."""
+        r = 0
+        for ks, vs, p0, n in zip(k_stores, v_stores, starts, counts, strict=True):
+            ks[p0 : p0 + n] = k_new[r : r + n]  # an f16 store rounds to nearest even
+            vs[p0 : p0 + n] = v_new[r : r + n]
+            self.attention(
+                q[r : r + n],
+                ks[: p0 + n],
+                vs[: p0 + n],
+                p0,
+                scale,
+                out=out[r : r + n],
+                window=window,
+                softcap=softcap,
+                sinks=sinks,
+            )
+            r += n
+        return out
 
 
 _CACHE_MAX = 4096  # dequantized weights kept (a model has a few hundred)
 
 
-class NumpyBackend:
+class NumpyBackend(PerSequence):
     """Reference kernels in numpy.
 
     ``cache_dequantized`` keeps each weight's float32 copy after its first use
@@ -178,11 +181,6 @@ class NumpyBackend:
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
         # x (n, in) @ W.T (in, out) -> (n, out)
         return _put(np.asarray(x, dtype=np.float32) @ self._dense(w).T, out)
-
-    def matmul_many(
-        self, ws: Sequence[Weight], x: F32Array, outs: Sequence[F32Array | None] | None = None
-    ) -> list[F32Array]:
-        return matmul_each(self, ws, x, outs)
 
     def get_rows(
         self, w: Weight, ids: np.ndarray[Any, Any], out: F32Array | None = None
@@ -269,40 +267,6 @@ class NumpyBackend:
                 probs = probs[:, :-1]
             res[:, h, :] = probs @ v[:, kh, :]
         return _put(res, out)
-
-    def attention_batch(
-        self,
-        qs: Sequence[F32Array],
-        ks: Sequence[KVArray],
-        vs: Sequence[KVArray],
-        q_pos0s: Sequence[int],
-        scale: float,
-        outs: Sequence[F32Array] | None = None,
-        window: int = 0,
-        softcap: float = 0.0,
-        sinks: F32Array | None = None,
-    ) -> list[F32Array]:
-        return attention_each(self, qs, ks, vs, q_pos0s, scale, outs, window, softcap, sinks)
-
-    def attention_append(
-        self,
-        q: F32Array,
-        k_new: F32Array,
-        v_new: F32Array,
-        k_stores: Sequence[KVArray],
-        v_stores: Sequence[KVArray],
-        starts: Sequence[int],
-        counts: Sequence[int],
-        scale: float,
-        out: F32Array,
-        window: int = 0,
-        softcap: float = 0.0,
-        sinks: F32Array | None = None,
-    ) -> F32Array:
-        return store_and_attend(
-            self, q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window,
-            softcap, sinks,
-        )  # fmt: skip
 
     def softmax(self, x: F32Array) -> F32Array:
         x -= x.max(axis=-1, keepdims=True)
