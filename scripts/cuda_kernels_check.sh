@@ -37,7 +37,7 @@ tests() {  # tests NAME MODULES...: exact mode (the q8 tests set their own)
   local name=$1
   shift
   stage "tests $name" 60 || return
-  MODELC_MATMUL=exact MODELC_CUDA_1B_DIR=$M timeout "$(($(left) - 40))" python3 -m pytest -q \
+  MODELC_MATMUL=exact MODELC_CUDA_1B_DIR=$M timeout "$(($(left) - 40))" python3 -m pytest -q --noconftest \
     -p no:cacheprovider -rs --durations=8 "$@" 2>&1 | tee "$OUT/tests_$name.log" | tail -30
 }
 tests kernels tests/test_cuda_quants_host.py tests/test_cuda_kernels.py

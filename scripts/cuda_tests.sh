@@ -25,14 +25,14 @@ export MODELC_CUDA_1B_DIR=/tmp/m1b MODELC_MATMUL=exact
 python3 -c "import cupy, torch, transformers; print('cupy', cupy.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 case $MODE in
 sanity)
-  python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "matmul or norm or small" 2>&1 | tee "$OUT/sanity.log"
+  python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_cuda.py -k "matmul or norm or small" 2>&1 | tee "$OUT/sanity.log"
   ;;
 families)
-  python3 -m pytest -v -s -p no:cacheprovider tests/test_cuda_families.py tests/test_cuda_route.py 2>&1 | tee "$OUT/families.log"
+  python3 -m pytest -v -s -p no:cacheprovider --noconftest tests/test_cuda_families.py tests/test_cuda_route.py 2>&1 | tee "$OUT/families.log"
   ;;
 full)
   [ -f /tmp/m1b/llama1b-q8_0.gguf ] || python3 -m tests.gen_cuda_models /tmp/m1b
-  python3 -m pytest -v -s -p no:cacheprovider tests/test_cuda.py tests/test_cuda_families.py 2>&1 | tee "$OUT/tests.log"
+  python3 -m pytest -v -s -p no:cacheprovider --noconftest tests/test_cuda.py tests/test_cuda_families.py 2>&1 | tee "$OUT/tests.log"
   unset MODELC_MATMUL  # the benchmark runs the default (f16 tensor cores for large batches)
   # shellcheck disable=SC2086  # CUDA_BENCH_ARGS: extra flags, e.g. --no-hf
   python3 bench/cuda_bench.py ${MODELC_CUDA_SMOLLM2:+--smollm2 $SMOL} --dir /tmp/m1b --engine \
