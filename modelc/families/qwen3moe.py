@@ -35,7 +35,11 @@ def _from_config(cfg: Mapping[str, Any]) -> HParams:
             "among the mixtures); modelc runs the released layout, every layer a mixture "
             "with its top-k weights renormalised"
         )
-    hp = neox_config(cfg)
+    return with_experts(neox_config(cfg), cfg)
+
+
+def with_experts(hp: HParams, cfg: Mapping[str, Any]) -> HParams:
+    """``hp`` with a Qwen mixture's experts: each one's width, how many, how many a token."""
     hp.n_ff = int(cfg["moe_intermediate_size"])
     hp.n_expert = int(cfg["num_experts"])
     hp.n_expert_used = int(cfg["num_experts_per_tok"])

@@ -19,6 +19,7 @@ import gguf
 from modelc.errors import UnsupportedError
 from modelc.families.contract import DecoderTraits, Family
 from modelc.families.qwen3moe import FAMILY as QWEN3MOE
+from modelc.families.qwen3moe import with_experts
 from modelc.families.qwen3vl import FAMILY as QWEN3VL
 from modelc.families.qwen3vl import qwen3vl_config, qwen3vl_gguf
 from modelc.formats.ir import HParams
@@ -31,11 +32,7 @@ def _from_config(config: Mapping[str, Any]) -> HParams:
             "this Qwen3-VL-MoE config has dense layers among the mixtures; modelc runs the "
             "released layout, every layer a mixture"
         )
-    hp = qwen3vl_config(config)
-    hp.n_ff = int(cfg["moe_intermediate_size"])
-    hp.n_expert = int(cfg["num_experts"])
-    hp.n_expert_used = int(cfg["num_experts_per_tok"])
-    return hp
+    return with_experts(qwen3vl_config(config), cfg)
 
 
 FAMILY = Family(
