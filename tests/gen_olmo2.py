@@ -70,6 +70,14 @@ def write_gguf(
             w.add_sliding_window(cfg["sliding_window"])
             w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
             w.add_rope_freq_base_swa(cfg["rope_theta"])
+        if "rope_scaling" in cfg:  # YaRN, with the keys the config names
+            rs = cfg["rope_scaling"]
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rs["factor"])
+            w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+            w.add_rope_scaling_yarn_attn_factor(rs["attention_factor"])
+            w.add_rope_scaling_yarn_beta_fast(rs["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(rs["beta_slow"])
         add_vocab(w, cfg["vocab_size"])
         add_tensors(w, gguf.MODEL_ARCH.OLMO2, cfg, ws)
 

@@ -319,23 +319,35 @@ def test_llama4_rope_freqs_are_what_matches() -> None:
 
 def test_olmo3_config_as_transformers_5_writes_it(tmp_path: Path) -> None:
     """OLMo 3's config.json as transformers 5.23 saves it (``rope_parameters`` per layer
-    type, no ``rope_theta``): the same hyper-parameters as the transformers 4 form; a
-    windowed layer's RoPE of its own (YaRN on the full layers only, another base) is
-    refused in one line, never run as the full layers'."""
+    type, YaRN under ``full_attention``, no ``rope_theta``): the same hyper-parameters as
+    the transformers 4 form; windowed layers with a RoPE base of their own are refused in
+    one line (llama.cpp's graph turns them at the full layers' base)."""
     import json
     import shutil
 
     d = tmp_path / "m"
     shutil.copytree(source("olmo3", "hf"), d)
     cfg = json.loads((d / "config.json").read_text())
-    del cfg["rope_theta"]
-    default = {"rope_type": "default", "rope_theta": 500000.0}
-    cfg["rope_parameters"] = {"sliding_attention": default, "full_attention": default}
+    yarn = cfg.pop("rope_scaling")
+    default = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")}
+    full = {**default, **yarn}
+    cfg["rope_parameters"] = {"sliding_attention": default, "full_attention": full}
     (d / "config.json").write_text(json.dumps(cfg))
     assert load_model(d).hparams == load("olmo3", "hf").hparams
-    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64}
-    cfg["rope_parameters"]["full_attention"] = {**default, **yarn}
+    cfg["rope_parameters"]["sliding_attention"] = {**default, "rope_theta": 10000.0}
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedError, match=r"OLMo 3 .*yarn scaling") as e:
+    with pytest.raises(UnsupportedError, match=r"OLMo 3 with a RoPE base of 10000") as e:
         load_model(d)
     assert "\n" not in str(e.value)
+
+
+def test_olmo3_yarn_is_on_the_full_layers_only() -> None:
+    """The windowed layers rotate unscaled: with YaRN (and its attention factor) on every
+    layer the answers move past the tolerance."""
+    ir = load("olmo3", "gguf")
+    assert ir.hparams.rope_scaling.type == "yarn" and ir.hparams.rope_theta_local == 500000.0
+    model = lm(ir)
+    assert "yarn_full_only" in model.spec.features()
+    ir.hparams.rope_theta_local = 0.0
+    recs = golden("family_olmo3.json")["records"]
+    assert max(check_record(lm(ir), r)[0] for r in recs) > 10 * LOGPROB_TOL

@@ -12,6 +12,8 @@ config.json's ``sliding_window`` on its ``layer_types``' ``"sliding_attention"``
 (transformers' default: all but every 4th), which the converter writes as the same
 ``olmo2`` GGUF architecture with ``olmo2.attention.sliding_window`` and a bool per layer in
 ``olmo2.attention.sliding_window_pattern`` (llama.cpp's default: every 4th layer full).
+The releases' YaRN is on the full layers only: the windowed ones rotate unscaled
+(``rope_theta_local``, the same base), as in transformers and llama.cpp.
 """
 
 from __future__ import annotations
@@ -39,17 +41,18 @@ FULL_EVERY = 4  # OLMo 3's default pattern: every 4th layer unwindowed
 
 def _windows(hp: HParams, windowed: list[int], theta_swa: float) -> None:
     """The windowed layers (OLMo 3); none: no window at all (``[]`` would mean every
-    layer).  Their RoPE must be the full layers' (no scaling, the same base)."""
+    layer).  They rotate without the full layers' RoPE scaling (YaRN), at the same base."""
     hp.window_layers = windowed
     if not windowed:
         hp.sliding_window = 0
         return
-    if hp.rope_scaling.type != "none" or theta_swa != hp.rope_theta:
+    if theta_swa != hp.rope_theta:
         raise UnsupportedError(
-            "OLMo 3 whose windowed layers' RoPE differs from its full layers' "
-            f"({hp.rope_scaling.type} scaling, base {theta_swa:g} against "
-            f"{hp.rope_theta:g}) is not supported yet"
+            f"OLMo 3 with a RoPE base of {theta_swa:g} on its windowed layers and "
+            f"{hp.rope_theta:g} on its full layers is not supported yet"
         )
+    if hp.rope_scaling.type != "none":
+        hp.rope_theta_local = theta_swa
 
 
 def _from_config(cfg: Mapping[str, Any]) -> HParams:
