@@ -320,7 +320,7 @@ def test_llama4_rope_freqs_are_what_matches() -> None:
 def test_olmo3_config_as_transformers_5_writes_it(tmp_path: Path) -> None:
     """OLMo 3's config.json as transformers 5.23 saves it (``rope_parameters`` per layer
     type, YaRN under ``full_attention``, no ``rope_theta``): the same hyper-parameters as
-    the transformers 4 form; windowed layers with a RoPE base of their own are refused in
+    the transformers 4 form, also without ``layer_types``; windowed layers with a RoPE base of their own are refused in
     one line (llama.cpp's graph turns them at the full layers' base)."""
     import json
     import shutil
@@ -332,6 +332,9 @@ def test_olmo3_config_as_transformers_5_writes_it(tmp_path: Path) -> None:
     default = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")}
     full = {**default, **yarn}
     cfg["rope_parameters"] = {"sliding_attention": default, "full_attention": full}
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert load_model(d).hparams == load("olmo3", "hf").hparams
+    del cfg["layer_types"]  # transformers' default: every 4th layer full
     (d / "config.json").write_text(json.dumps(cfg))
     assert load_model(d).hparams == load("olmo3", "hf").hparams
     cfg["rope_parameters"]["sliding_attention"] = {**default, "rope_theta": 10000.0}
