@@ -40,21 +40,44 @@ CONFIG: dict[str, Any] = {
 }
 
 
-def _olmo2_layer(r: Rand, p: str, out: Arrays) -> None:
-    hd = head_dim(CONFIG)
-    out[p + "self_attn.q_norm.weight"] = r.norm(CONFIG["num_attention_heads"] * hd)
-    out[p + "self_attn.k_norm.weight"] = r.norm(CONFIG["num_key_value_heads"] * hd)
-    out[p + "post_feedforward_layernorm.weight"] = r.norm(CONFIG["hidden_size"])
+def olmo_weights(cfg: dict[str, Any], seed: int) -> Arrays:
+    """An OLMo 2 / 3 model's weights: llama's without input norms, with whole-projection
+    Q/K norms and a post-feedforward norm."""
+    hd = head_dim(cfg)
+
+    def extra(r: Rand, p: str, out: Arrays) -> None:
+        out[p + "self_attn.q_norm.weight"] = r.norm(cfg["num_attention_heads"] * hd)
+        out[p + "self_attn.k_norm.weight"] = r.norm(cfg["num_key_value_heads"] * hd)
+        out[p + "post_feedforward_layernorm.weight"] = r.norm(cfg["hidden_size"])
+
+    return llama_weights(cfg, seed, extra, input_norm=False)
 
 
 def weights() -> Arrays:
-    return llama_weights(CONFIG, SEED, _olmo2_layer, input_norm=False)
+    return olmo_weights(CONFIG, SEED)
 
 
-def write_gguf(ws: Arrays, path: Path, arch: str = "olmo2") -> None:
-    """``arch``: the file's ``general.architecture`` (a family of OLMo 2's layout)."""
-    cfg = CONFIG
+def write_gguf(
+    ws: Arrays, path: Path, arch: str = "olmo2", cfg: dict[str, Any] | None = None
+) -> None:
+    """``arch``: the file's ``general.architecture`` (a family of OLMo 2's layout);
+    ``cfg``: the model's config.json (OLMo 2's by default); its ``sliding_window`` and
+    ``layer_types`` written as the converter's ``Olmo2Model`` writes them (OLMo 3, with
+    the windowed layers' RoPE base, the same)."""
+    cfg = cfg or CONFIG
     with hf_gguf(path, arch, f"tiny-{arch}", cfg) as w:
+        if "sliding_window" in cfg:
+            w.add_sliding_window(cfg["sliding_window"])
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+            w.add_rope_freq_base_swa(cfg["rope_theta"])
+        if "rope_scaling" in cfg:  # YaRN, with the keys the config names
+            rs = cfg["rope_scaling"]
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rs["factor"])
+            w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+            w.add_rope_scaling_yarn_attn_factor(rs["attention_factor"])
+            w.add_rope_scaling_yarn_beta_fast(rs["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(rs["beta_slow"])
         add_vocab(w, cfg["vocab_size"])
         add_tensors(w, gguf.MODEL_ARCH.OLMO2, cfg, ws)
 

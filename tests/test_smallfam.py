@@ -1,4 +1,4 @@
-"""The smaller 2026 families (issue 34): SmolLM3, Phi-4-mini, OLMo 2,
+"""The smaller 2026 families (issue 34): SmolLM3, Phi-4-mini, OLMo 2 and 3,
 Ministral 3, Llama 4 against transformers, llama.cpp's
 converter and llama.cpp's server.
 
@@ -43,10 +43,14 @@ FAMILIES = {
     "smollm3": "layers without RoPE (NoPE)",
     "phi4mini": "partial RoPE (rotary dimensions below the head size)",
     "olmo2": "post-norms without pre-norms, Q/K norms over the whole projection",
+    "olmo3": "post-norms without pre-norms, Q/K norms over the whole projection",
     "mistral3": "attention temperature tuning by position",
     "llama4": "attention temperature tuning by position, chunked attention",
 }
-ARCH = {"phi4mini": "phi3"}  # GGUF / modelc architecture names where not the family's
+ARCH = {
+    "phi4mini": "phi3",
+    "olmo3": "olmo2",
+}  # GGUF / modelc architecture names where not the family's
 SOURCES = ["hf", "gguf"]
 CASES = [(f, k) for f in FAMILIES for k in SOURCES]
 
@@ -97,6 +101,9 @@ def test_the_family_feature_is_what_matches(family: str) -> None:
         rs.short_factor = rs.long_factor = [*rs.short_factor, 1.0, 1.0]
     if family == "mistral3":
         ir.hparams.attn_temp_scale = 0.0
+    if family == "olmo3":  # every layer sees the whole prompt
+        assert ir.hparams.window_layers == [0, 1, 2]
+        ir.hparams.sliding_window = 0
     if family == "llama4":  # RoPE on every layer, no Q/K norms
         ir.hparams.nope_layers, ir.hparams.qk_l2_norm = [], False
     model = lm(ir)
@@ -196,6 +203,7 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
         irs = [a.to_ir() for a in arts] + [load(family, "gguf")]
         assert irs[0].architecture == irs[-1].architecture == ARCH.get(family, family)
         assert irs[0].hparams.nope_layers == irs[-1].hparams.nope_layers
+        assert irs[0].hparams.window_layers == irs[-1].hparams.window_layers
         assert sorted(irs[0].tensors) == sorted(irs[-1].tensors)
         for name, t in irs[0].tensors.items():
             np.testing.assert_array_equal(t.data(), irs[-1].tensors[name].data(), err_msg=name)
@@ -206,6 +214,7 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
         "smollm3": "NoPE layers 3",
         "phi4mini": "partial RoPE (12 of each head's",
         "olmo2": "Q/K norm",
+        "olmo3": "sliding window 8 (3 of 4 layers)",
         "mistral3": "RoPE interleaved (theta 1e+06, yarn x16)",
         "llama4": "attention in chunks of 8192 (the RoPE layers)",
     }
@@ -306,3 +315,42 @@ def test_llama4_rope_freqs_are_what_matches() -> None:
     # only the slowest pairs are scaled: over 40 positions they move the log-probs a little,
     # yet past the tolerance the goldens are held to
     assert max(check_record(lm(ir), r)[0] for r in recs) > 2 * LOGPROB_TOL
+
+
+def test_olmo3_config_as_transformers_5_writes_it(tmp_path: Path) -> None:
+    """OLMo 3's config.json as transformers 5.23 saves it (``rope_parameters`` per layer
+    type, YaRN under ``full_attention``, no ``rope_theta``): the same hyper-parameters as
+    the transformers 4 form, also without ``layer_types``; windowed layers with a RoPE base of their own are refused in
+    one line (llama.cpp's graph turns them at the full layers' base)."""
+    import json
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(source("olmo3", "hf"), d)
+    cfg = json.loads((d / "config.json").read_text())
+    yarn = cfg.pop("rope_scaling")
+    default = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")}
+    full = {**default, **yarn}
+    cfg["rope_parameters"] = {"sliding_attention": default, "full_attention": full}
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert load_model(d).hparams == load("olmo3", "hf").hparams
+    del cfg["layer_types"]  # transformers' default: every 4th layer full
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert load_model(d).hparams == load("olmo3", "hf").hparams
+    cfg["rope_parameters"]["sliding_attention"] = {**default, "rope_theta": 10000.0}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedError, match=r"OLMo 3 with a RoPE base of 10000") as e:
+        load_model(d)
+    assert "\n" not in str(e.value)
+
+
+def test_olmo3_yarn_is_on_the_full_layers_only() -> None:
+    """The windowed layers rotate unscaled: with YaRN (and its attention factor) on every
+    layer the answers move past the tolerance."""
+    ir = load("olmo3", "gguf")
+    assert ir.hparams.rope_scaling.type == "yarn" and ir.hparams.rope_theta_local == 500000.0
+    model = lm(ir)
+    assert "yarn_full_only" in model.spec.features()
+    ir.hparams.rope_theta_local = 0.0
+    recs = golden("family_olmo3.json")["records"]
+    assert max(check_record(lm(ir), r)[0] for r in recs) > 10 * LOGPROB_TOL

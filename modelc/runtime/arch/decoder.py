@@ -120,9 +120,10 @@ class Decoder(CausalLM):
         secs, inter = hp.rope_sections, hp.rope_interleaved  # M-RoPE (qwen2vl, qwen3vl)
         self.mrope = MRope(secs, self.inv_freq, inter) if secs else None
         # YaRN / LongRoPE scale cos and sin: each Q·K by the factor squared, unless only part
-        # of each head rotates (then the angle tables carry it, to the rotated dims alone)
+        # of each head rotates or the windowed layers rotate unscaled (olmo3): then the
+        # (global) angle tables carry it, to the rotated dims alone
         mscale = rope_attention_factor(hp.rope_scaling)
-        partial = rot != self.head_dim and mscale != 1.0
+        partial = (rot != self.head_dim or hp.rope_theta_local > 0) and mscale != 1.0
         self.rope_mscale = np.float32(mscale) if partial else None
         factor = 1.0 if partial else mscale**2
         self.scale = factor * hp.attn_scale if hp.attn_scale else factor / math.sqrt(self.head_dim)
@@ -184,6 +185,7 @@ class Decoder(CausalLM):
             mrope_sections=tuple(hp.rope_sections),
             mrope_interleaved=hp.rope_interleaved,
             deepstack=hp.n_deepstack,
+            full_rope_mscale=mscale if partial and local else 0.0,
             **blk.block_fields(self.blocks, self.head_dim, traits.moe_sigmoid_shared),
         )
         self.state_shapes = {
@@ -328,9 +330,8 @@ class Decoder(CausalLM):
         if self.long_rope is not None:
             angles = self.long_rope.angles(be, batch, pos, angles)
         local = be.rope_angles(pos, self.inv_freq_local) if any(sp.local_rope) else angles
-        if self.rope_mscale is not None:
+        if self.rope_mscale is not None:  # the local tables stay unscaled
             angles = (angles[0] * self.rope_mscale, angles[1] * self.rope_mscale)
-            local = (local[0] * self.rope_mscale, local[1] * self.rope_mscale)
         gelu = sp.act == "gelu_tanh"
         hp_mla = self.hparams.mla
         temp = (

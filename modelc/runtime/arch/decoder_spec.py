@@ -28,6 +28,7 @@ FEATURES: dict[str, str] = {
     "embd_scale": "scaled embeddings",  # gemma
     "windows": "sliding-window attention",  # mistral, gemma
     "local_rope": "a RoPE base of its own on windowed layers",  # gemma3
+    "yarn_full_only": "YaRN on the full-attention layers only",  # olmo3
     "attn_softcap": "soft-capped attention scores",  # gemma2
     "final_softcap": "soft-capped logits",  # gemma2
     "long_rope": "LongRoPE long factors",  # phi3
@@ -148,6 +149,9 @@ class DecoderSpec:
     mrope_sections: tuple[int, ...] = ()  # M-RoPE's t/h/w pairs (qwen2vl); (): plain RoPE
     mrope_interleaved: bool = False  # the sections interleaved (qwen3vl)
     deepstack: int = 0  # layers after which images' DeepStack features are added (qwen3vl)
+    # YaRN's cos/sin factor on the layers without local_rope only (olmo3: the windowed
+    # layers rotate unscaled), then not in ``scale``; 0: none
+    full_rope_mscale: float = 0.0
 
     def features(self) -> frozenset[str]:
         """The parts of :data:`FEATURES` this model uses."""
@@ -162,6 +166,7 @@ class DecoderSpec:
             "embd_scale": bool(self.embd_scale),
             "windows": any(self.windows),
             "local_rope": any(self.local_rope),
+            "yarn_full_only": bool(self.full_rope_mscale),
             "attn_softcap": bool(self.attn_softcap),
             "final_softcap": bool(self.final_softcap),
             "long_rope": bool(self.long_rope_after),
