@@ -1,0 +1,161 @@
+"""What the tiny vision-language generators share (``tests/gen_{gemma3vl,qwen25vl,qwen3vl,
+pixtral,smolvlm,lfm2vl}.py``): the random draws, a llama-shaped decoder's weights, the
+HF directory, the ``mmproj`` GGUF's common header and the made-once cache entry.
+
+Each generator keeps what is its family's own (config, tensor names, the converter's
+renames); what is here is written once so the six cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from tests.assets import cache_lock
+from tests.gguf_support import gguf_file
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+class VlmRand:
+    """The random parts of a tiny VLM, drawn in call order from one seed (the scales the
+    vision generators use: weights of 0.25 unless told, norms about 1)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def w(self, *shape: int, s: float = 0.25) -> np.ndarray[Any, Any]:
+        return (s * self.rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(self, n: int) -> np.ndarray[Any, Any]:
+        return (1 + 0.2 * self.rng.standard_normal(n)).astype(np.float32)
+
+    def ln(self, n: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """A LayerNorm's weight and bias."""
+        return self.norm(n), self.w(n, s=0.1)
+
+
+def decoder_weights(
+    r: VlmRand,
+    prefix: str,
+    t: Mapping[str, Any],
+    n_vocab: int,
+    head_dim: int,
+    *,
+    qkv_bias: bool = False,
+    qk_norm: bool = False,
+) -> Arrays:
+    """A llama-shaped text decoder under ``prefix`` (``embed_tokens``, ``layers.{i}.*``,
+    ``norm``) from the HF text config ``t``: Q/K/V biases (Qwen2) or Q/K norms (Qwen3)
+    where asked, and a large final gain, for decisive logits, so greedy answers hold
+    against llama.cpp."""
+    d, ff = t["hidden_size"], t["intermediate_size"]
+    nq, nkv = t["num_attention_heads"] * head_dim, t["num_key_value_heads"] * head_dim
+    out = {prefix + "embed_tokens.weight": r.w(n_vocab, d, s=0.5)}
+    for i in range(t["num_hidden_layers"]):
+        p = f"{prefix}layers.{i}."
+        out[p + "input_layernorm.weight"] = r.norm(d)
+        for x, rows in (("q", nq), ("k", nkv), ("v", nkv)):
+            out[p + f"self_attn.{x}_proj.weight"] = r.w(rows, d)
+            if qkv_bias:
+                out[p + f"self_attn.{x}_proj.bias"] = r.w(rows, s=0.1)
+        out[p + "self_attn.o_proj.weight"] = r.w(d, nq)
+        if qk_norm:
+            out[p + "self_attn.q_norm.weight"] = r.norm(head_dim)
+            out[p + "self_attn.k_norm.weight"] = r.norm(head_dim)
+        out[p + "post_attention_layernorm.weight"] = r.norm(d)
+        out[p + "mlp.gate_proj.weight"] = r.w(ff, d)
+        out[p + "mlp.up_proj.weight"] = r.w(ff, d)
+        out[p + "mlp.down_proj.weight"] = r.w(d, ff)
+    out[prefix + "norm.weight"] = r.norm(d) * np.float32(4.0)
+    return out
+
+
+def write_hf(
+    hf: Path,
+    weights: Arrays,
+    *,
+    tokenizer: Callable[[Path], None],
+    config: Mapping[str, Any],
+    preprocessor: Mapping[str, Any],
+    processor: Mapping[str, Any] | None = None,
+    template: str | None = None,
+) -> None:
+    """An HF directory: ``tokenizer(hf)``'s files, ``config.json``,
+    ``preprocessor_config.json``, ``processor_config.json`` and ``chat_template.jinja``
+    where given, and the weights (``model.safetensors`` last, so its presence means done)."""
+    from safetensors.numpy import save_file
+
+    hf.mkdir(parents=True, exist_ok=True)
+    tokenizer(hf)
+    (hf / "config.json").write_text(json.dumps(config, indent=2))
+    (hf / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    if processor is not None:
+        (hf / "processor_config.json").write_text(json.dumps(processor, indent=2))
+    if template is not None:
+        (hf / "chat_template.jinja").write_text(template)
+    save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+
+
+@contextmanager
+def mmproj_file(
+    path: Path,
+    projector: str,
+    *,
+    proj_dim: int,
+    image_size: int,
+    patch_size: int,
+    width: int,
+    ff: int,
+    blocks: int,
+    heads: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> Iterator[gguf.GGUFWriter]:
+    """:func:`gguf_file` (atomic) of an f32 ``mmproj`` begun as ``convert_hf_to_gguf.py
+    --mmproj`` begins one: the vision encoder's shape, normalisation and ``projector``
+    type; the caller adds its family's keys, then the quantization version and tensors."""
+    with gguf_file(path, "clip", atomic=True) as w:
+        w.add_type(gguf.GGUFType.MMPROJ)
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_clip_has_vision_encoder(True)
+        w.add_vision_projection_dim(proj_dim)
+        w.add_vision_image_size(image_size)
+        w.add_vision_patch_size(patch_size)
+        w.add_vision_embedding_length(width)
+        w.add_vision_feed_forward_length(ff)
+        w.add_vision_block_count(blocks)
+        w.add_vision_head_count(heads)
+        w.add_vision_image_mean(list(mean))
+        w.add_vision_image_std(list(std))
+        w.add_clip_projector_type(projector)
+        yield w
+
+
+def ensure_vlm(
+    dest: Path,
+    stem: str,
+    make_weights: Callable[[], Arrays],
+    write_hf_dir: Callable[[Path, Arrays], None],
+    write_text_gguf: Callable[[Arrays, Path], None],
+    write_mmproj: Callable[[Arrays, Path], None],
+) -> tuple[Path, Path, Path]:
+    """``dest``'s HF directory, ``{stem}.gguf`` and ``mmproj-{stem}.gguf``, made once (under
+    the cache lock) from one draw of the weights."""
+    hf, gg, mm = dest / "hf", dest / f"{stem}.gguf", dest / f"mmproj-{stem}.gguf"
+    with cache_lock(dest.name):
+        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
+            return hf, gg, mm
+        weights = make_weights()
+        write_hf_dir(hf, weights)
+        write_text_gguf(weights, gg)
+        write_mmproj(weights, mm)
+    return hf, gg, mm
