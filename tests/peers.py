@@ -38,6 +38,15 @@ def openai_client(srv: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=HTTP_TIMEOUT)
 
 
+def image_question(data: bytes, question: str, kind: str = "png") -> list[dict[str, Any]]:
+    """An OpenAI user message's content: the image ``data`` as a data URL, then ``question``."""
+    url = f"data:image/{kind};base64," + base64.b64encode(data).decode()
+    return [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": question},
+    ]
+
+
 def post(url: str, body: dict[str, Any]) -> Any:
     r = httpx.post(url, json=body, timeout=HTTP_TIMEOUT)
     r.raise_for_status()

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelc.formats import load_model
+from modelc.runtime.arch import build
 from modelc.runtime.backend import Backend
 from modelc.runtime.kv_cache import KVCache
 from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
@@ -64,6 +66,13 @@ def greedy(model: LanguageModel, cache: KVCache, first: int, n: int) -> list[int
     while len(out) < n:
         out.append(int(np.argmax(model.forward([SeqChunk(cache, [out[-1]])])[0])))
     return out
+
+
+def exact_lm(path: Path) -> LanguageModel:
+    """The model file ``path`` on the ``cpu-exact`` backend (the goldens' mode)."""
+    model = build(load_model(str(path)), make_backend("cpu-exact"))
+    assert isinstance(model, LanguageModel)
+    return model
 
 
 def first_and_greedy(

@@ -25,14 +25,14 @@ from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
-from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import Tiles, VisionModel
 from tests.gen_lfm2vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
-from tests.peers import openai_client
-from tests.runtime_support import golden, make_backend
+from tests.peers import image_question, openai_client
+from tests.runtime_support import exact_lm, first_and_greedy, golden, make_backend
 from tests.server_fixtures import Server, start
 
 GOLD: dict[str, Any] = golden("lfm2vl.json")
@@ -51,9 +51,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
@@ -136,26 +134,12 @@ def _spans(
     return spans
 
 
-def _first_and_greedy(
-    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
-) -> tuple[np.ndarray[Any, Any], list[int]]:
-    cache = lm.new_cache(max_tokens=len(ids) + n + 1)
-    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
-    x = logits[-1].astype(np.float64)
-    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits[-1])))
-        logits = lm.forward([SeqChunk(cache, [out[-1]], None, spans)])
-    return lp, out
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_answer_equals_transformers(
     vision: VisionModel, lm: LanguageModel, case: dict[str, Any]
 ) -> None:
     spans = _spans(vision, case)
-    lp, out = _first_and_greedy(lm, case["prompt_ids"], len(case["greedy"]), spans)
+    lp, out = first_and_greedy(lm, case["prompt_ids"], len(case["greedy"]), spans)
     for tok, want in case["top_logprobs"]:
         assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
     assert out == case["greedy"]
@@ -168,7 +152,7 @@ def test_another_image_would_differ(vision: VisionModel, lm: LanguageModel) -> N
         next(c for c in GOLD["cases"] if c["image"].endswith(n)) for n in ("square.png", "gray.png")
     )
     lps = [
-        _first_and_greedy(lm, case["prompt_ids"], 0, _spans(vision, case, _bytes(c)))[0]
+        first_and_greedy(lm, case["prompt_ids"], 0, _spans(vision, case, _bytes(c)))[0]
         for c in (case, other)
     ]
     assert np.abs(lps[0] - lps[1]).max() > 1e-3
@@ -180,7 +164,7 @@ def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     for src in (gg, hf):
         model = build(load_model(str(src)), make_backend("cpu-exact"))
         assert isinstance(model, LanguageModel)
-        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
         for tok, want in t["top_logprobs"]:
             assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
         assert out == t["greedy"], src
@@ -326,11 +310,7 @@ def vlm() -> Iterator[Server]:
 
 def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     case = GOLD["cases"][-1]
-    url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
+    parts = image_question(_bytes(case), GOLD["question"])
     r = openai_client(vlm).chat.completions.create(
         model="lfm2vl",
         messages=[{"role": "user", "content": parts}],
@@ -356,11 +336,7 @@ def test_ollama_images_answer_as_openai(vlm: Server) -> None:
     msg = {"role": "user", "content": GOLD["question"], "images": [path]}
     n = len(case["greedy"])  # the answers to the other images part within these
     chat = oc.chat(model="lfm2vl", messages=[msg], options={"temperature": 0, "num_predict": n})
-    url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
+    parts = image_question(path.read_bytes(), GOLD["question"])
     want = openai_client(vlm).chat.completions.create(
         model="lfm2vl", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=n
     )

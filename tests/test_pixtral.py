@@ -21,12 +21,12 @@ from modelc.engine import EngineOptions, build_engine
 from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
-from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.vision import VisionModel
 from tests.gen_pixtral import IMG, IMG_BREAK, ensure_model, make_weights
 from tests.gguf_support import manifest
-from tests.runtime_support import golden, make_backend
+from tests.runtime_support import exact_lm, first_and_greedy, golden, make_backend
 
 GOLD: dict[str, Any] = golden("pixtral.json")
 FIX = Path(__file__).parent / "fixtures"
@@ -42,9 +42,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
@@ -105,20 +103,6 @@ def _placed(vision: VisionModel, data: bytes) -> tuple[list[int], tuple[ImageSpa
     return placed.ids, placed.images
 
 
-def _first_and_greedy(
-    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
-) -> tuple[np.ndarray[Any, Any], list[int]]:
-    cache = lm.new_cache(max_tokens=256)
-    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
-    x = logits[-1].astype(np.float64)
-    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits[-1])))
-        logits = lm.forward([SeqChunk(cache, [out[-1]], None, spans)])
-    return lp, out
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_placed_and_answered_as_transformers(
     vision: VisionModel, lm: LanguageModel, case: dict[str, Any]
@@ -131,7 +115,7 @@ def test_placed_and_answered_as_transformers(
     h, w = case["image_size"]
     assert len(spans) == h // 28 and all(s.end - s.start == w // 28 for s in spans)
     assert all(ids[s.start : s.end] == [IMG] * (w // 28) for s in spans)
-    lp, out = _first_and_greedy(lm, ids, len(case["greedy"]), spans)
+    lp, out = first_and_greedy(lm, ids, len(case["greedy"]), spans)
     for tok, want in case["top_logprobs"]:
         assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
     assert out == case["greedy"]
@@ -178,7 +162,7 @@ def test_text_alone_equals_transformers_from_gguf_and_hf(lm: LanguageModel) -> N
     hf = build(load_model(str(ensure_model()[0])), make_backend("cpu-exact"))
     assert isinstance(hf, LanguageModel)
     for model in (lm, hf):
-        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
         for tok, want in t["top_logprobs"]:
             assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
         assert out == t["greedy"]
@@ -238,7 +222,7 @@ def test_openai_image_url_answers_as_transformers() -> None:
     token count; the ``ollama`` client's ``images`` the same."""
     import ollama
 
-    from tests.peers import HTTP_TIMEOUT, openai_client
+    from tests.peers import HTTP_TIMEOUT, image_question, openai_client
     from tests.server_fixtures import start
 
     case = next(c for c in GOLD["cases"] if c["image"].endswith("scene.png"))
@@ -246,11 +230,7 @@ def test_openai_image_url_answers_as_transformers() -> None:
     env = {"MODELC_MATMUL": "exact"}
     srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env=env)
     try:
-        url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
-        parts = [
-            {"type": "image_url", "image_url": {"url": url}},
-            {"type": "text", "text": GOLD["question"]},
-        ]
+        parts = image_question(_bytes(case), GOLD["question"])
         r = openai_client(srv).chat.completions.create(
             model="pixtral",
             messages=[{"role": "user", "content": parts}],

@@ -30,7 +30,7 @@ from tests.cli_support import Cli
 from tests.gen_qwen25vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
 from tests.peers import llamacpp_image_answer
-from tests.runtime_support import first_and_greedy, golden, make_backend
+from tests.runtime_support import exact_lm, first_and_greedy, golden, make_backend
 
 GOLD: dict[str, Any] = golden("qwen25vl.json")
 FIX = Path(__file__).parent / "fixtures"
@@ -46,9 +46,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:

@@ -6,7 +6,6 @@ answer."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import ollama
 import pytest
 
 from tests.gen_qwen25vl import ensure_model
-from tests.peers import HTTP_TIMEOUT, openai_client
+from tests.peers import HTTP_TIMEOUT, image_question, openai_client
 from tests.runtime_support import golden
 from tests.server_fixtures import Server, start
 
@@ -35,11 +34,7 @@ def vlm() -> Iterator[Server]:
 def test_openai_image_url_answers_as_transformers(vlm: Server, case: dict[str, Any]) -> None:
     data = (FIX / case["image"]).read_bytes()
     kind = "jpeg" if case["image"].endswith("jpg") else "png"
-    url = f"data:image/{kind};base64," + base64.b64encode(data).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
+    parts = image_question(data, GOLD["question"], kind)
     r = openai_client(vlm).chat.completions.create(
         model="qwen25vl",
         messages=[{"role": "user", "content": parts}],
@@ -59,11 +54,7 @@ def test_ollama_images_answer_as_openai(vlm: Server) -> None:
     opts = {"temperature": 0, "num_predict": 4}
     msg = {"role": "user", "content": GOLD["question"], "images": [path]}
     chat = oc.chat(model="qwen25vl", messages=[msg], options=opts)
-    url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
+    parts = image_question(path.read_bytes(), GOLD["question"])
     want = openai_client(vlm).chat.completions.create(
         model="qwen25vl", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=4
     )

@@ -13,7 +13,6 @@ llama.cpp's a few each)."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,8 +37,8 @@ from tests import gen_qwen3vlmoe
 from tests.cli_support import Cli
 from tests.gen_qwen3vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
-from tests.peers import HTTP_TIMEOUT, llamacpp_image_answer, openai_client
-from tests.runtime_support import first_and_greedy, golden, make_backend
+from tests.peers import HTTP_TIMEOUT, image_question, llamacpp_image_answer, openai_client
+from tests.runtime_support import exact_lm, first_and_greedy, golden, make_backend
 from tests.server_fixtures import Server, start
 
 GOLD: dict[str, Any] = golden("qwen3vl.json")
@@ -57,9 +56,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
@@ -291,11 +288,7 @@ def vlm() -> Iterator[Server]:
 
 def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     case = GOLD["cases"][-1]
-    url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
+    parts = image_question(_bytes(case), GOLD["question"])
     r = openai_client(vlm).chat.completions.create(
         model="qwen3vl",
         messages=[{"role": "user", "content": parts}],
@@ -317,11 +310,7 @@ def test_ollama_images_answer_as_openai(vlm: Server) -> None:
     msg = {"role": "user", "content": GOLD["question"], "images": [path]}
     chat = oc.chat(model="qwen3vl", messages=[msg], options={"temperature": 0, "num_predict": 6})
     assert chat.prompt_eval_count == len(case["prompt_ids"])
-    url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
+    parts = image_question(path.read_bytes(), GOLD["question"])
     want = openai_client(vlm).chat.completions.create(
         model="qwen3vl", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=6
     )

@@ -24,7 +24,7 @@ from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import UsageError
 from modelc.formats import load_model
 from modelc.runtime.arch import build
-from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.prompt_media import MEDIA_MARKER, encode_around
 from modelc.runtime.sampling import SamplingParams
@@ -32,8 +32,8 @@ from modelc.vision import VisionModel
 from modelc.vision.idefics3 import Tiled, sizes, tile_texts, tiles
 from tests.gen_smolvlm import SPECIAL, TOKENS_PER_TILE, ensure_model
 from tests.gguf_support import manifest
-from tests.peers import openai_client
-from tests.runtime_support import golden, make_backend
+from tests.peers import image_question, openai_client
+from tests.runtime_support import exact_lm, first_and_greedy, golden, make_backend
 from tests.server_fixtures import Server, start
 
 GOLD: dict[str, Any] = golden("smolvlm.json")
@@ -51,9 +51,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +65,10 @@ def _bytes(case: dict[str, Any]) -> bytes:
     return (FIX / case["image"]).read_bytes()
 
 
-def _data_url(path: Path) -> str:
+def _question(path: Path) -> list[dict[str, Any]]:
+    """The OpenAI content of the image at ``path`` and the goldens' question."""
     kind = "jpeg" if path.suffix == ".jpg" else "png"
-    return f"data:image/{kind};base64," + base64.b64encode(path.read_bytes()).decode()
+    return image_question(path.read_bytes(), GOLD["question"], kind)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -158,27 +157,13 @@ def test_only_a_template_blind_to_string_content_gets_typed_parts() -> None:
     assert typed_content((FIX / "smolvlm" / "smolvlm.jinja").read_text())
 
 
-def _first_and_greedy(
-    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
-) -> tuple[np.ndarray[Any, Any], list[int]]:
-    cache = lm.new_cache(max_tokens=256)
-    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
-    x = logits[-1].astype(np.float64)
-    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits[-1])))
-        logits = lm.forward([SeqChunk(cache, [out[-1]], None, ())])
-    return lp, out
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_answer_equals_transformers(
     vision: VisionModel, lm: LanguageModel, fmt: PromptFormat, case: dict[str, Any]
 ) -> None:
     text = case["prompt_text"].replace("<image>", MEDIA_MARKER)
     ids, spans = _placed(vision, fmt, text, _bytes(case))
-    lp, out = _first_and_greedy(lm, ids, len(case["greedy"]), spans)
+    lp, out = first_and_greedy(lm, ids, len(case["greedy"]), spans)
     for tok, want in case["top_logprobs"]:
         assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
     assert out == case["greedy"]
@@ -191,7 +176,7 @@ def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     for src in (gg, hf):
         model = build(load_model(str(src)), make_backend("cpu-exact"))
         assert isinstance(model, LanguageModel) and model.architecture == "llama"
-        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
+        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
         for tok, want in t["top_logprobs"]:
             assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
         assert out == t["greedy"], src
@@ -233,10 +218,7 @@ def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> N
                 top = r["completion_probabilities"][cut]["top_logprobs"]
                 assert abs(top[0]["logprob"] - top[1]["logprob"]) < 0.05, (got, want, top)
         case = GOLD["cases"][-1]
-        parts = [
-            {"type": "image_url", "image_url": {"url": _data_url(FIX / case["image"])}},
-            {"type": "text", "text": GOLD["question"]},
-        ]
+        parts = _question(FIX / case["image"])
         chat = {"messages": [{"role": "user", "content": parts}], "max_tokens": 1}
         r = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=120).json()
     assert r["usage"]["prompt_tokens"] == len(case["chat"]["prompt_ids"])
@@ -333,10 +315,7 @@ def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     """A real ``modelc run --mmproj``: the ``openai`` client's data URL gets the prompt
     token count of llama.cpp's chat rendering and transformers' greedy answer to it."""
     case = GOLD["cases"][-1]
-    parts = [
-        {"type": "image_url", "image_url": {"url": _data_url(FIX / case["image"])}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
+    parts = _question(FIX / case["image"])
     r = openai_client(vlm).chat.completions.create(
         model="smolvlm",
         messages=[{"role": "user", "content": parts}],
@@ -366,10 +345,7 @@ def test_ollama_images_answer_as_openai(vlm: Server) -> None:
         messages=[
             {
                 "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": _data_url(path)}},
-                    {"type": "text", "text": GOLD["question"]},
-                ],
+                "content": _question(path),
             }
         ],
         temperature=0,
