@@ -18,19 +18,16 @@ prompt too; ``converter``: llama.cpp's converter's model and ``--mmproj`` manife
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-import transformers
 from PIL import Image
 from transformers import AutoTokenizer, Mistral3ForConditionalGeneration
 from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 
-from scripts.make_tiny_qwen25vl import answer, converter, project
+from scripts.make_tiny_qwen25vl import answer
+from scripts.vl_goldens import ROOT, project, write_golden
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "tests" / "golden"
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene.png")
 QUESTION = "What is in the picture?"
 TEXT_PROMPT = "Hello, tell me a story"
@@ -91,17 +88,12 @@ def main() -> None:
             }
         )
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
-    gold = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "question": QUESTION,
+    fields = {
         "pixel_stride": STRIDE,
         "cases": cases,
-        "text": {"prompt": TEXT_PROMPT, **text_case},
-        "converter": converter(hf),
     }
-    (GOLDEN / "pixtral.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / "pixtral.json")
+    text = {"prompt": TEXT_PROMPT, **text_case}
+    write_golden("pixtral", QUESTION, fields, text, hf)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,11 @@ and the converter's manifests, no pixels or embeddings.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from PIL import Image
 from transformers import (
     AutoTokenizer,
@@ -38,15 +36,8 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from scripts.make_tiny_qwen25vl import (
-    GOLDEN,
-    QUESTION,
-    ROOT,
-    TEXT_PROMPT,
-    answer,
-    converter,
-    project,
-)
+from scripts.make_tiny_qwen25vl import QUESTION, TEXT_PROMPT, answer
+from scripts.vl_goldens import ROOT, project, write_golden
 
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene320.png")
 PIX_STRIDE = 401  # pixel values kept: every 401st
@@ -120,18 +111,13 @@ def main() -> None:
             }
         )
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
-    gold = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "question": QUESTION,
+    fields = {
         "pixel_stride": PIX_STRIDE,
         "embedding_stride": EMB_STRIDE,
         "cases": cases,
-        "text": {"prompt": TEXT_PROMPT, **text_case},
-        "converter": converter(hf),
     }
-    (GOLDEN / f"{name}.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / f"{name}.json")
+    text = {"prompt": TEXT_PROMPT, **text_case}
+    write_golden(name, QUESTION, fields, text, hf)
 
 
 if __name__ == "__main__":

@@ -27,40 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from PIL import Image
 from transformers import AutoTokenizer, SmolVLMForConditionalGeneration
 from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
-from scripts.make_tiny_qwen25vl import converter, project
+from scripts.vl_goldens import ROOT, answer, project, write_golden
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "tests" / "golden"
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "smolvlm/band.png")
 QUESTION = "What is in the picture?"
 TEXT_PROMPT = "Hello, tell me a story"
 STRIDE = 97  # pixel values kept: every 97th
-N_NEW = 12
-
-
-def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
-    with torch.no_grad():
-        gen = model.generate(
-            **enc,
-            max_new_tokens=N_NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    first = torch.log_softmax(gen.logits[0][0].float(), -1)
-    top = torch.topk(first, 10)
-    n = enc["input_ids"].shape[1]
-    return {
-        "prompt_ids": enc["input_ids"][0].tolist(),
-        "greedy": gen.sequences[0, n:].tolist(),
-        "top_logprobs": [[int(i), float(v)] for v, i in zip(top.values, top.indices, strict=True)],
-    }
 
 
 def main() -> None:
@@ -117,17 +94,12 @@ def main() -> None:
                 case |= got
         cases.append(case)
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
-    gold = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "question": QUESTION,
+    fields = {
         "pixel_stride": STRIDE,
         "cases": cases,
-        "text": {"prompt": TEXT_PROMPT, **text_case},
-        "converter": converter(hf),
     }
-    (GOLDEN / "smolvlm.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / "smolvlm.json")
+    text = {"prompt": TEXT_PROMPT, **text_case}
+    write_golden("smolvlm", QUESTION, fields, text, hf)
 
 
 if __name__ == "__main__":
