@@ -237,19 +237,7 @@ def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> Non
 def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower + projector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
-    with mmproj_file(
-        path,
-        gguf.VisionProjectorType.GEMMA3,
-        proj_dim=TEXT["hidden_size"],
-        image_size=v["image_size"],
-        patch_size=v["patch_size"],
-        width=v["hidden_size"],
-        ff=v["intermediate_size"],
-        blocks=v["num_hidden_layers"],
-        heads=v["num_attention_heads"],
-        mean=MEAN,
-        std=STD,
-    ) as w:
+    with mmproj_file(path, gguf.VisionProjectorType.GEMMA3, v, TEXT["hidden_size"], MEAN, STD) as w:
         w.add_vision_attention_layernorm_eps(v["layer_norm_eps"])
         w.add_vision_use_gelu(True)
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)

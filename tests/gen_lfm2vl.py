@@ -183,18 +183,9 @@ def write_text_gguf(weights: Arrays, path: Path) -> None:
 def write_mmproj(weights: Arrays, path: Path) -> None:
     """The vision tower + projector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
+    size = 256  # the converter's stand-in image size (NaFlex has none)
     with mmproj_file(
-        path,
-        gguf.VisionProjectorType.LFM2,
-        proj_dim=TEXT["hidden_size"],
-        image_size=256,  # the converter's stand-in (NaFlex has none)
-        patch_size=v["patch_size"],
-        width=v["hidden_size"],
-        ff=v["intermediate_size"],
-        blocks=v["num_hidden_layers"],
-        heads=v["num_attention_heads"],
-        mean=MEAN,
-        std=STD,
+        path, gguf.VisionProjectorType.LFM2, v, TEXT["hidden_size"], MEAN, STD, size
     ) as w:
         w.add_vision_attention_layernorm_eps(v["layer_norm_eps"])
         w.add_vision_projector_scale_factor(CONFIG["downsample_factor"])

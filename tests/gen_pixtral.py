@@ -158,17 +158,7 @@ def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower + projector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
     with mmproj_file(
-        path,
-        gguf.VisionProjectorType.PIXTRAL,
-        proj_dim=TEXT["hidden_size"],
-        image_size=v["image_size"],
-        patch_size=v["patch_size"],
-        width=v["hidden_size"],
-        ff=v["intermediate_size"],
-        blocks=v["num_hidden_layers"],
-        heads=v["num_attention_heads"],
-        mean=MEAN,
-        std=STD,
+        path, gguf.VisionProjectorType.PIXTRAL, v, TEXT["hidden_size"], MEAN, STD
     ) as w:
         w.add_vision_attention_layernorm_eps(1e-5)
         w.add_vision_use_silu(True)

@@ -188,17 +188,7 @@ def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower + merger as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
     with mmproj_file(
-        path,
-        gguf.VisionProjectorType.QWEN25VL,
-        proj_dim=CONFIG["hidden_size"],
-        image_size=560,
-        patch_size=v["patch_size"],
-        width=v["hidden_size"],
-        ff=v["intermediate_size"],
-        blocks=v["depth"],
-        heads=v["num_heads"],
-        mean=MEAN,
-        std=STD,
+        path, gguf.VisionProjectorType.QWEN25VL, v, CONFIG["hidden_size"], MEAN, STD, 560
     ) as w:
         w.add_vision_use_silu(True)
         w.add_vision_n_wa_pattern(v["fullatt_block_indexes"][0] + 1)

@@ -195,15 +195,11 @@ def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     with mmproj_file(
         path,
         gguf.VisionProjectorType.QWEN3VL,
-        proj_dim=TEXT["hidden_size"],
-        image_size=side * v["patch_size"],
-        patch_size=v["patch_size"],
-        width=v["hidden_size"],
-        ff=v["intermediate_size"],
-        blocks=v["depth"],
-        heads=v["num_heads"],
-        mean=MEAN,
-        std=STD,
+        v,
+        TEXT["hidden_size"],
+        MEAN,
+        STD,
+        side * v["patch_size"],
     ) as w:
         w.add_vision_use_gelu(True)
         w.add_vision_spatial_merge_size(v["spatial_merge_size"])

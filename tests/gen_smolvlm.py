@@ -31,6 +31,7 @@ import numpy as np
 from tests import vision_support
 from tests.assets import assets_dir
 from tests.gen_families import _permute
+from tests.gen_tiny import add_gpt2_vocab, added_token
 from tests.gguf_support import hf_gguf
 from tests.vision_support import VlmRand, decoder_weights, ensure_vlm, mmproj_file
 
@@ -148,24 +149,12 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     return out
 
 
-def _added(text: str, i: int) -> dict[str, Any]:
-    return {
-        "id": i,
-        "content": text,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": True,
-    }
-
-
 def tokenizer_json() -> dict[str, Any]:
     """The families' tokenizer with ``\\n\\n`` and SmolVLM's image tokens."""
     tj = json.loads((FAM / "tokenizer.json").read_text())
     tj["model"]["vocab"][NEWLINES[0]] = NEWLINES[1]
     tj["model"]["merges"].append(["\u010a", "\u010a"])
-    tj["added_tokens"] += [_added(text, i) for text, i in SPECIAL.items()]
+    tj["added_tokens"] += [added_token(text, i) for text, i in SPECIAL.items()]
     return tj
 
 
@@ -190,19 +179,7 @@ def tokenizer_files(dest: Path) -> None:
 
 
 def _vocab(w: gguf.GGUFWriter) -> None:
-    tj = tokenizer_json()
-    control = {a["content"]: a["id"] for a in tj["added_tokens"]}
-    tokens = [""] * N_VOCAB
-    types = [gguf.TokenType.NORMAL] * N_VOCAB
-    for t, i in {**tj["model"]["vocab"], **control}.items():
-        tokens[i] = t
-        if t in control:
-            types[i] = gguf.TokenType.CONTROL
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    control = add_gpt2_vocab(w, tokenizer_json(), N_VOCAB)
     w.add_bos_token_id(control["<|im_start|>"])
     w.add_eos_token_id(control["<end_of_utterance>"])
     w.add_pad_token_id(control["<|endoftext|>"])
@@ -236,17 +213,7 @@ def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower + connector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
     with mmproj_file(
-        path,
-        gguf.VisionProjectorType.IDEFICS3,
-        proj_dim=TEXT["hidden_size"],
-        image_size=v["image_size"],
-        patch_size=v["patch_size"],
-        width=v["hidden_size"],
-        ff=v["intermediate_size"],
-        blocks=v["num_hidden_layers"],
-        heads=v["num_attention_heads"],
-        mean=MEAN,
-        std=STD,
+        path, gguf.VisionProjectorType.IDEFICS3, v, TEXT["hidden_size"], MEAN, STD
     ) as w:
         w.add_vision_attention_layernorm_eps(v["layer_norm_eps"])
         w.add_vision_projector_scale_factor(SCALE)

@@ -109,31 +109,29 @@ def write_hf(
 def mmproj_file(
     path: Path,
     projector: str,
-    *,
+    vision: Mapping[str, Any],
     proj_dim: int,
-    image_size: int,
-    patch_size: int,
-    width: int,
-    ff: int,
-    blocks: int,
-    heads: int,
     mean: Sequence[float],
     std: Sequence[float],
+    image_size: int | None = None,
 ) -> Iterator[gguf.GGUFWriter]:
     """:func:`gguf_file` (atomic) of an f32 ``mmproj`` begun as ``convert_hf_to_gguf.py
-    --mmproj`` begins one: the vision encoder's shape, normalisation and ``projector``
-    type; the caller adds its family's keys, then the quantization version and tensors."""
+    --mmproj`` begins one: the encoder's shape from the HF ``vision`` config (SigLIP's and
+    Pixtral's keys, or Qwen's ``depth`` / ``num_heads``), the projection width, the
+    normalisation and the ``projector`` type; the caller adds its family's keys, then the
+    quantization version and the tensors."""
+    qwen = "depth" in vision
     with gguf_file(path, "clip", atomic=True) as w:
         w.add_type(gguf.GGUFType.MMPROJ)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         w.add_clip_has_vision_encoder(True)
         w.add_vision_projection_dim(proj_dim)
-        w.add_vision_image_size(image_size)
-        w.add_vision_patch_size(patch_size)
-        w.add_vision_embedding_length(width)
-        w.add_vision_feed_forward_length(ff)
-        w.add_vision_block_count(blocks)
-        w.add_vision_head_count(heads)
+        w.add_vision_image_size(vision["image_size"] if image_size is None else image_size)
+        w.add_vision_patch_size(vision["patch_size"])
+        w.add_vision_embedding_length(vision["hidden_size"])
+        w.add_vision_feed_forward_length(vision["intermediate_size"])
+        w.add_vision_block_count(vision["depth" if qwen else "num_hidden_layers"])
+        w.add_vision_head_count(vision["num_heads" if qwen else "num_attention_heads"])
         w.add_vision_image_mean(list(mean))
         w.add_vision_image_std(list(std))
         w.add_clip_projector_type(projector)
