@@ -90,6 +90,21 @@ def first_and_greedy(
     return lp, out
 
 
+def assert_greedy_as_golden(
+    model: LanguageModel,
+    ids: Sequence[int],
+    want: dict[str, Any],
+    images: tuple[ImageSpan, ...] = (),
+    label: object = None,
+) -> None:
+    """``model`` after ``ids`` (``images`` placed) against a transformers golden ``want``:
+    the first token's ``top_logprobs`` within 2e-3 and the ``greedy`` answer."""
+    lp, out = first_and_greedy(model, ids, len(want["greedy"]), images)
+    for tok, p in want["top_logprobs"]:
+        assert abs(lp[tok] - p) < 2e-3, (label, tok, lp[tok], p)
+    assert out == want["greedy"], label
+
+
 def same_as_reference(ref: Any, model: Any, prompt: list[int], n: int) -> float:
     """``model`` against ``ref`` (the CPU backend) after ``prompt`` (one prefill, f32
     caches): top-10 next-token log-probs within :data:`LOGPROB_TOL` and the same ``n``

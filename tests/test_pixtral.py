@@ -19,14 +19,17 @@ import pytest
 
 from modelc.engine import EngineOptions, build_engine
 from modelc.errors import UsageError
-from modelc.formats import load_model
-from modelc.runtime.arch import build
 from modelc.runtime.model import ImageSpan, LanguageModel
-from modelc.runtime.prompt import PromptFormat
 from modelc.vision import VisionModel
 from tests.gen_pixtral import IMG, IMG_BREAK, ensure_model, make_weights
 from tests.gguf_support import manifest
-from tests.runtime_support import exact_lm, first_and_greedy, golden, make_backend
+from tests.runtime_support import (
+    assert_greedy_as_golden,
+    exact_lm,
+    golden,
+    make_backend,
+)
+from tests.vision_support import chat_format, place_chat
 
 GOLD: dict[str, Any] = golden("pixtral.json")
 FIX = Path(__file__).parent / "fixtures"
@@ -90,16 +93,8 @@ def test_ggufs_are_the_converters(kind: str) -> None:
 
 def _placed(vision: VisionModel, data: bytes) -> tuple[list[int], tuple[ImageSpan, ...]]:
     """The release-shaped template through modelc's template path, the image placed."""
-    ir = load_model(str(ensure_model()[1]))
-    assert ir.tokenizer is not None
-    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
-    msg = [{"type": "image", "data": data}, {"type": "text", "text": GOLD["question"]}]
-    chat = fmt.chat([{"role": "user", "content": msg}])
-
-    def enc(t: str) -> list[int]:
-        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
-
-    placed = vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
+    fmt = chat_format(ensure_model()[1])
+    placed = place_chat(vision, fmt, data, GOLD["question"])
     return placed.ids, placed.images
 
 
@@ -115,10 +110,7 @@ def test_placed_and_answered_as_transformers(
     h, w = case["image_size"]
     assert len(spans) == h // 28 and all(s.end - s.start == w // 28 for s in spans)
     assert all(ids[s.start : s.end] == [IMG] * (w // 28) for s in spans)
-    lp, out = first_and_greedy(lm, ids, len(case["greedy"]), spans)
-    for tok, want in case["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == case["greedy"]
+    assert_greedy_as_golden(lm, ids, case, spans)
 
 
 async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: VisionModel) -> None:
@@ -159,13 +151,9 @@ def test_text_alone_equals_transformers_from_gguf_and_hf(lm: LanguageModel) -> N
     """The text GGUF, and the HF directory (``language_model.`` weights, ``text_config``;
     its vision tower left out)."""
     t = GOLD["text"]
-    hf = build(load_model(str(ensure_model()[0])), make_backend("cpu-exact"))
-    assert isinstance(hf, LanguageModel)
+    hf = exact_lm(ensure_model()[0])
     for model in (lm, hf):
-        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
-        for tok, want in t["top_logprobs"]:
-            assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-        assert out == t["greedy"]
+        assert_greedy_as_golden(model, t["prompt_ids"], t)
 
 
 def test_a_projector_of_another_family_is_refused_at_start() -> None:
@@ -220,39 +208,18 @@ def test_openai_image_url_answers_as_transformers() -> None:
     """``modelc run --mmproj`` (``exact``, f32 KV cache): the ``openai`` client's
     ``image_url`` data URL gets transformers' greedy answer, with the processor's prompt
     token count; the ``ollama`` client's ``images`` the same."""
-    import ollama
-
-    from tests.peers import HTTP_TIMEOUT, image_question, openai_client
-    from tests.server_fixtures import start
+    from tests.peers import ollama_and_openai_answers, openai_image_greedy, serve_exact
 
     case = next(c for c in GOLD["cases"] if c["image"].endswith("scene.png"))
     _, gg, mm = ensure_model()
-    env = {"MODELC_MATMUL": "exact"}
-    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env=env)
+    server = serve_exact(gg, mm)
+    srv = next(server)
     try:
-        parts = image_question(_bytes(case), GOLD["question"])
-        r = openai_client(srv).chat.completions.create(
-            model="pixtral",
-            messages=[{"role": "user", "content": parts}],
-            temperature=0,
-            max_tokens=len(case["greedy"]),
-            extra_body={"return_token_ids": True, "ignore_eos": True},
-        )
-        oc = ollama.Client(host=srv.url, timeout=HTTP_TIMEOUT)
-        msg = {"role": "user", "content": GOLD["question"], "images": [FIX / case["image"]]}
-        chat = oc.chat(
-            model="pixtral", messages=[msg], options={"temperature": 0, "num_predict": 4}
-        )
-        want = openai_client(srv).chat.completions.create(
-            model="pixtral",
-            messages=[{"role": "user", "content": parts}],
-            temperature=0,
-            max_tokens=4,
-        )
+        q = GOLD["question"]
+        n, ids = openai_image_greedy(srv, "pixtral", _bytes(case), q, len(case["greedy"]))
+        got, want, n_ollama = ollama_and_openai_answers(srv, "pixtral", FIX / case["image"], q, 4)
     finally:
-        srv.stop()
-    assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
-    assert r.choices[0].model_extra is not None
-    assert r.choices[0].model_extra["token_ids"] == case["greedy"]
-    assert chat.message.content == want.choices[0].message.content
-    assert chat.prompt_eval_count == len(case["prompt_ids"])
+        next(server, None)  # stops it
+    assert n == len(case["prompt_ids"]) and ids == case["greedy"]
+    assert got == want
+    assert n_ollama == len(case["prompt_ids"])

@@ -21,16 +21,21 @@ from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import ModelcError, UsageError
 from modelc.formats import load_model
-from modelc.runtime.arch import build
 from modelc.runtime.model import ImageSpan, LanguageModel
-from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import ImageError, VisionModel
 from tests.cli_support import Cli
 from tests.gen_qwen25vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
 from tests.peers import llamacpp_image_answer
-from tests.runtime_support import exact_lm, first_and_greedy, golden, make_backend
+from tests.runtime_support import (
+    assert_greedy_as_golden,
+    exact_lm,
+    first_and_greedy,
+    golden,
+    make_backend,
+)
+from tests.vision_support import chat_format, place_chat
 
 GOLD: dict[str, Any] = golden("qwen25vl.json")
 FIX = Path(__file__).parent / "fixtures"
@@ -97,22 +102,15 @@ def test_greedy_answer_equals_transformers(
 ) -> None:
     span = _span(vision, case)
     assert span.end - span.start == case["prompt_ids"].count(PAD)
-    lp, out = first_and_greedy(lm, case["prompt_ids"], len(case["greedy"]), (span,))
-    for tok, want in case["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == case["greedy"]
+    assert_greedy_as_golden(lm, case["prompt_ids"], case, (span,))
 
 
 def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     t = GOLD["text"]
     hf, gg, _ = ensure_model()
     for src in (gg, hf):
-        model = build(load_model(str(src)), make_backend("cpu-exact"))
-        assert isinstance(model, LanguageModel)
-        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
-        for tok, want in t["top_logprobs"]:
-            assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
-        assert out == t["greedy"], src
+        model = exact_lm(src)
+        assert_greedy_as_golden(model, t["prompt_ids"], t, (), src)
 
 
 def test_plain_positions_would_differ(vision: VisionModel, lm: LanguageModel) -> None:
@@ -133,17 +131,9 @@ def test_the_template_places_the_image_as_the_processor(
     """The release's chat template through modelc's template path, the image's marker
     replaced by ``<|vision_start|>``, one ``<|image_pad|>`` per embedding and
     ``<|vision_end|>``: the processor's prompt ids."""
-    ir = load_model(str(ensure_model()[1]))
-    assert ir.tokenizer is not None
-    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+    fmt = chat_format(ensure_model()[1])
     data = _bytes(case)
-    msg = [{"type": "image", "data": data}, {"type": "text", "text": GOLD["question"]}]
-    chat = fmt.chat([{"role": "user", "content": msg}])
-
-    def enc(t: str) -> list[int]:
-        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
-
-    placed = vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
+    placed = place_chat(vision, fmt, data, GOLD["question"])
     assert placed.ids == case["prompt_ids"]
     (span,) = placed.images
     _, gh, gw = case["grid_thw"]

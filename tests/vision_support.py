@@ -1,6 +1,7 @@
 """What the tiny vision-language generators share (``tests/gen_{gemma3vl,qwen25vl,qwen3vl,
 pixtral,smolvlm,lfm2vl}.py``): the random draws, a llama-shaped decoder's weights, the
-HF directory, the ``mmproj`` GGUF's common header and the made-once cache entry.
+HF directory, the ``mmproj`` GGUF's common header and the made-once cache entry; and
+what their tests share: a chat with an image through modelc's template path, placed.
 
 Each generator keeps what is its family's own (config, tensor names, the converter's
 renames); what is here is written once so the six cannot drift apart.
@@ -18,6 +19,9 @@ from typing import Any
 import gguf
 import numpy as np
 
+from modelc.formats import load_model
+from modelc.runtime.prompt import PromptFormat
+from modelc.vision import PlacedPrompt, VisionModel
 from tests.assets import cache_lock
 from tests.gguf_support import gguf_file
 
@@ -157,3 +161,27 @@ def ensure_vlm(
         write_text_gguf(weights, gg)
         write_mmproj(weights, mm)
     return hf, gg, mm
+
+
+def chat_format(model: Path) -> PromptFormat:
+    """The prompt format (tokenizer and chat template) of the model GGUF ``model``."""
+    ir = load_model(str(model))
+    assert ir.tokenizer is not None
+    return PromptFormat.build(ir.tokenizer, ir.chat_template)
+
+
+def token_encoder(fmt: PromptFormat) -> Callable[[str], list[int]]:
+    """Text -> ids as the server encodes a prompt's pieces (special tokens parsed)."""
+
+    def enc(t: str) -> list[int]:
+        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
+
+    return enc
+
+
+def place_chat(vision: VisionModel, fmt: PromptFormat, data: bytes, question: str) -> PlacedPrompt:
+    """A user turn of the image ``data`` then ``question`` through ``fmt``'s chat template
+    (modelc's template path), the image's embeddings placed at its marker."""
+    msg = [{"type": "image", "data": data}, {"type": "text", "text": question}]
+    chat = fmt.chat([{"role": "user", "content": msg}])
+    return vision.place(chat.ids, chat.media, [vision.embed(data)], token_encoder(fmt))
