@@ -185,6 +185,40 @@ def decode_alone(
     return out
 
 
+def vision_engine(model: Path, mmproj: Path, prefill_chunk: int, block: int) -> Any:
+    """An ``LLMEngine`` of ``model`` with the projector ``mmproj`` on ``cpu-exact`` (f32 KV
+    cache, no speculation): prompts fed ``prefill_chunk`` tokens a step, the prefix cache
+    in blocks of ``block`` tokens."""
+    from modelc.engine import EngineOptions, build_engine
+
+    opt = EngineOptions(prefill_chunk=prefill_chunk, prefix_block_tokens=block)
+    opt.mmproj, opt.kv_cache, opt.speculative = str(mmproj), "f32", False
+    return build_engine(model, opt, backend=make_backend("cpu-exact"))
+
+
+async def engine_in_turn(eng: Any, requests: Sequence[Any]) -> list[tuple[list[int], int]]:
+    """Each ``GenerationRequest`` submitted to ``eng`` (run for the while) once the one
+    before has finished, so the prefix cache holds the earlier prompts: each one's token
+    ids and cached prompt tokens."""
+    import trio
+
+    from modelc.engine.api import FinishEvent, TokenEvent
+
+    got = []
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        for req in requests:
+            toks, cached = [], -1
+            async for ev in eng.submit(req):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                elif isinstance(ev, FinishEvent):
+                    cached = ev.cached_tokens
+            got.append((toks, cached))
+        n.cancel_scope.cancel()
+    return got
+
+
 async def engine_events(eng: Any, requests: Sequence[Any]) -> Any:
     """Every ``GenerationRequest`` submitted at once to ``eng`` (an ``LLMEngine``, run for
     the while): each one's token events, in request order."""

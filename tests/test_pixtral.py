@@ -22,19 +22,19 @@ from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.vision import VisionModel
 from tests.gen_pixtral import IMG, IMG_BREAK, ensure_model, make_weights
-from tests.gguf_support import manifest
+from tests.gguf_support import manifest, unnamed
 from tests.runtime_support import (
     assert_greedy_as_golden,
+    engine_in_turn,
     exact_lm,
     golden,
-    make_backend,
+    vision_engine,
 )
 from tests.vision_support import chat_format, place_chat
 
 GOLD: dict[str, Any] = golden("pixtral.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
-NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 BREAK = "v.token_embd.img_break"  # llama.cpp needs it; this converter leaves it out
 
 
@@ -79,9 +79,7 @@ def test_ggufs_are_the_converters(kind: str) -> None:
     for an HF directory: it is the text model's embedding of ``[IMG_BREAK]``."""
     _, gg, mm = ensure_model()
     ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
-    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
-        k: v for k, v in theirs["metadata"].items() if k not in NAMING
-    }
+    assert unnamed(ours["metadata"]) == unnamed(theirs["metadata"])
     assert [t for t in ours["tensors"] if t["name"] != BREAK] == theirs["tensors"]
     if kind == "mmproj":
         from modelc.formats.gguf import read_gguf
@@ -117,34 +115,27 @@ async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: Vision
     """Through the engine, prompts fed 3 tokens a step (an image's rows split between
     chunks): each image's answer; a repeated image's prompt served from the prefix cache
     past its first row gives the same answer (the other image's, only up to it)."""
-    import trio
-
-    from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+    from modelc.engine.api import GenerationRequest
     from modelc.runtime.sampling import SamplingParams
 
     _, gg, mm = ensure_model()
-    opt = EngineOptions(prefill_chunk=3, prefix_block_tokens=4)
-    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
-    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    eng = vision_engine(gg, mm, 3, 4)
     cases = GOLD["cases"][:2] * 2
-    got = []
-    async with trio.open_nursery() as n:
-        await n.start(eng.run)
-        for i, case in enumerate(cases):
-            ids, spans = _placed(vision, _bytes(case))
-            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
-            req = GenerationRequest(f"r{i}", ids, p, ignore_eos=True, images=spans)
-            toks, cached = [], -1
-            async for ev in eng.submit(req):
-                if isinstance(ev, TokenEvent):
-                    toks.append(ev.token_id)
-                elif isinstance(ev, FinishEvent):
-                    cached = ev.cached_tokens
-            got.append((toks, cached, spans[0].end))
-        n.cancel_scope.cancel()
-    for k, ((toks, cached, row_end), case) in enumerate(zip(got, cases, strict=True)):
+    placed = [_placed(vision, _bytes(case)) for case in cases]
+    reqs = [
+        GenerationRequest(
+            f"r{i}",
+            ids,
+            SamplingParams(temperature=0, max_tokens=len(case["greedy"])),
+            ignore_eos=True,
+            images=spans,
+        )
+        for i, ((ids, spans), case) in enumerate(zip(placed, cases, strict=True))
+    ]
+    got = await engine_in_turn(eng, reqs)
+    for k, ((toks, cached), (_, spans), case) in enumerate(zip(got, placed, cases, strict=True)):
         assert toks == case["greedy"], case["image"]
-        assert (cached > row_end) == (k >= 2), (k, cached)
+        assert (cached > spans[0].end) == (k >= 2), (k, cached)
 
 
 def test_text_alone_equals_transformers_from_gguf_and_hf(lm: LanguageModel) -> None:

@@ -18,7 +18,7 @@ import trio
 
 from modelc.artifact import open_artifact
 from modelc.engine import EngineOptions, build_engine
-from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from modelc.engine.api import GenerationRequest, TokenEvent
 from modelc.errors import ModelcError, UsageError
 from modelc.formats import load_model
 from modelc.runtime.model import ImageSpan, LanguageModel
@@ -26,14 +26,16 @@ from modelc.runtime.sampling import SamplingParams
 from modelc.vision import ImageError, VisionModel
 from tests.cli_support import Cli
 from tests.gen_qwen25vl import SPECIAL, ensure_model
-from tests.gguf_support import manifest
+from tests.gguf_support import manifest, unnamed
 from tests.peers import llamacpp_image_answer
 from tests.runtime_support import (
     assert_greedy_as_golden,
+    engine_in_turn,
     exact_lm,
     first_and_greedy,
     golden,
     make_backend,
+    vision_engine,
 )
 from tests.vision_support import chat_format, place_chat
 
@@ -41,7 +43,6 @@ GOLD: dict[str, Any] = golden("qwen25vl.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
 PAD = SPECIAL["<|image_pad|>"]
-NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +84,7 @@ def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]
 def test_ggufs_are_the_converters(kind: str) -> None:
     _, gg, mm = ensure_model()
     ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
-    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
-        k: v for k, v in theirs["metadata"].items() if k not in NAMING
-    }
+    assert unnamed(ours["metadata"]) == unnamed(theirs["metadata"])
     assert ours["tensors"] == theirs["tensors"]
 
 
@@ -158,26 +157,19 @@ async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: Vision
     image's prompt served from the prefix cache past the image gives the same answer (the
     other image's, only up to it)."""
     _, gg, mm = ensure_model()
-    opt = EngineOptions(prefill_chunk=7, prefix_block_tokens=8)
-    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
-    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    eng = vision_engine(gg, mm, 7, 8)
     cases = GOLD["cases"][:2] * 2
-    got = []
-    async with trio.open_nursery() as n:
-        await n.start(eng.run)
-        for i, case in enumerate(cases):
-            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
-            req = GenerationRequest(
-                f"r{i}", case["prompt_ids"], p, ignore_eos=True, images=(_span(vision, case),)
-            )
-            toks, cached = [], -1
-            async for ev in eng.submit(req):
-                if isinstance(ev, TokenEvent):
-                    toks.append(ev.token_id)
-                elif isinstance(ev, FinishEvent):
-                    cached = ev.cached_tokens
-            got.append((toks, cached))
-        n.cancel_scope.cancel()
+    reqs = [
+        GenerationRequest(
+            f"r{i}",
+            case["prompt_ids"],
+            SamplingParams(temperature=0, max_tokens=len(case["greedy"])),
+            ignore_eos=True,
+            images=(_span(vision, case),),
+        )
+        for i, case in enumerate(cases)
+    ]
+    got = await engine_in_turn(eng, reqs)
     for k, ((toks, cached), case) in enumerate(zip(got, cases, strict=True)):
         assert toks == case["greedy"], case["image"]
         assert (cached > case["prompt_ids"].index(PAD)) == (k >= 2), (k, cached)
