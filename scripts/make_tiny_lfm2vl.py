@@ -28,7 +28,6 @@ not know the tiny tokenizer's pre-tokenizer hash; it is told ``qwen2`` (the fami
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ import torch
 import torch.library
 from PIL import Image
 
-from scripts.vl_goldens import ROOT, answer, project, write_golden
+from scripts.vl_goldens import ROOT, answer, load_tiny, write_golden
 
 IMAGES = (
     "vision/square.png",
@@ -90,15 +89,7 @@ def main() -> None:
     from transformers.models.lfm2_vl.image_processing_lfm2_vl import Lfm2VlImageProcessor
 
     torch.manual_seed(0)
-    hf = Path(
-        project("from tests.gen_lfm2vl import ensure_model; print(ensure_model()[0])").strip()
-    )
-    model, info = Lfm2VlForConditionalGeneration.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
-    assert not missing and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(Lfm2VlForConditionalGeneration, "lfm2vl", tied=True)
     ip = Lfm2VlImageProcessor.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     proc = Lfm2VlProcessor(image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)

@@ -18,15 +18,13 @@ prompt too; ``converter``: llama.cpp's converter's model and ``--mmproj`` manife
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from PIL import Image
 from transformers import AutoTokenizer, Mistral3ForConditionalGeneration
 from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 
 from scripts.make_tiny_qwen25vl import answer
-from scripts.vl_goldens import ROOT, project, write_golden
+from scripts.vl_goldens import ROOT, load_tiny, pixel_stats, write_golden
 
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene.png")
 QUESTION = "What is in the picture?"
@@ -44,14 +42,7 @@ def expand(text: str, rows: int, cols: int) -> str:
 
 def main() -> None:
     torch.manual_seed(0)
-    hf = Path(
-        project("from tests.gen_pixtral import ensure_model; print(ensure_model()[0])").strip()
-    )
-    model, info = Mistral3ForConditionalGeneration.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(Mistral3ForConditionalGeneration, "pixtral")
     proc = PixtralImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     patch = model.config.vision_config.patch_size * MERGE
@@ -72,16 +63,13 @@ def main() -> None:
         h, w = (int(x) for x in sizes[0])
         enc = dict(tok(expand(text, h // patch, w // patch), return_tensors="pt"))
         enc |= {"pixel_values": pix, "image_sizes": sizes}
-        flat = pix.flatten().double()
         cases.append(
             {
                 "image": name,
                 "processor": type(proc).__name__,
                 "pixel_shape": list(pix.shape),
                 "image_size": [h, w],
-                "pixel_sum": float(flat.sum()),
-                "pixel_abs_sum": float(flat.abs().sum()),
-                "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::STRIDE]],
+                **pixel_stats(pix, STRIDE),
                 "embeddings": [[float(x) for x in row] for row in emb],
                 "prompt_text": text,
                 **answer(model, enc),

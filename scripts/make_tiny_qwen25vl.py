@@ -21,7 +21,6 @@ not know the tiny tokenizer's pre-tokenizer hash; it is told ``qwen2`` (the rele
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from scripts import vl_goldens
-from scripts.vl_goldens import ROOT, project, write_golden
+from scripts.vl_goldens import ROOT, load_tiny, pixel_stats, write_golden
 
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene.png")
 QUESTION = "What is in the picture?"
@@ -46,15 +45,7 @@ def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     torch.manual_seed(0)
-    hf = Path(
-        project("from tests.gen_qwen25vl import ensure_model; print(ensure_model()[0])").strip()
-    )
-    model, info = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
-    assert not missing and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(Qwen2_5_VLForConditionalGeneration, "qwen25vl", tied=True)
     proc = Qwen2VLImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     cases = []
@@ -77,16 +68,13 @@ def main() -> None:
         pad = tok.convert_tokens_to_ids("<|image_pad|>")
         mm = (enc["input_ids"] == pad).int()  # as Qwen2_5_VLProcessor marks them
         enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
-        flat = pix.flatten().double()
         cases.append(
             {
                 "image": name,
                 "processor": type(proc).__name__,
                 "pixel_shape": list(pix.shape),
                 "grid_thw": grid[0].tolist(),
-                "pixel_sum": float(flat.sum()),
-                "pixel_abs_sum": float(flat.abs().sum()),
-                "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::STRIDE]],
+                **pixel_stats(pix, STRIDE),
                 "embeddings": [[float(x) for x in row] for row in emb],
                 "prompt_text": text,
                 **answer(model, enc),

@@ -24,7 +24,6 @@ and the converter's manifests, no pixels or embeddings.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,7 +36,7 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from scripts.make_tiny_qwen25vl import QUESTION, TEXT_PROMPT, answer
-from scripts.vl_goldens import ROOT, project, write_golden
+from scripts.vl_goldens import ROOT, load_tiny, pixel_stats, write_golden
 
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene320.png")
 PIX_STRIDE = 401  # pixel values kept: every 401st
@@ -59,16 +58,8 @@ def main() -> None:
     torch.manual_seed(0)
     moe = sys.argv[1:] == ["moe"]
     name = "qwen3vlmoe" if moe else "qwen3vl"
-    hf = Path(
-        project(f"from tests.gen_{name} import ensure_model; print(ensure_model()[0])").strip()
-    )
     cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
-    model, info = cls.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
-    assert not missing and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(cls, name, tied=True)
     proc = Qwen2VLImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     cases = []
@@ -91,7 +82,6 @@ def main() -> None:
         pad = tok.convert_tokens_to_ids("<|image_pad|>")
         mm = (enc["input_ids"] == pad).int()  # as Qwen3VLProcessor marks them
         enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
-        flat = pix.flatten().double()
         if moe:
             cases.append({"image": image, "prompt_text": text, **answer(model, enc)})
             continue
@@ -101,9 +91,7 @@ def main() -> None:
                 "processor": type(proc).__name__,
                 "pixel_shape": list(pix.shape),
                 "grid_thw": grid[0].tolist(),
-                "pixel_sum": float(flat.sum()),
-                "pixel_abs_sum": float(flat.abs().sum()),
-                "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::PIX_STRIDE]],
+                **pixel_stats(pix, PIX_STRIDE),
                 "embeddings": summary(emb),
                 "deepstack": [summary(f) for f in deep],
                 "prompt_text": text,

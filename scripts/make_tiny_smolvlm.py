@@ -23,7 +23,6 @@ the image's marker in it: ``User: <image>...``); one text-only prompt too.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from transformers import AutoTokenizer, SmolVLMForConditionalGeneration
 from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
-from scripts.vl_goldens import ROOT, answer, project, write_golden
+from scripts.vl_goldens import ROOT, answer, load_tiny, pixel_stats, write_golden
 
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "smolvlm/band.png")
 QUESTION = "What is in the picture?"
@@ -42,14 +41,7 @@ STRIDE = 97  # pixel values kept: every 97th
 
 def main() -> None:
     torch.manual_seed(0)
-    hf = Path(
-        project("from tests.gen_smolvlm import ensure_model; print(ensure_model()[0])").strip()
-    )
-    model, info = SmolVLMForConditionalGeneration.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(SmolVLMForConditionalGeneration, "smolvlm")
     model.generation_config.eos_token_id = None  # 12 tokens, as the tests' ignore_eos
     proc = SmolVLMImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
@@ -70,16 +62,13 @@ def main() -> None:
         expand = get_image_prompt_string(
             rows, cols, n_tok, "<fake_token_around_image>", "<image>", "<global-img>"
         )
-        flat = pix.flatten().double()
         case: dict[str, Any] = {
             "image": name,
             "processor": type(proc).__name__,
             "pixel_shape": list(pix.shape[1:]),
             "rows": rows,
             "cols": cols,
-            "pixel_sum": float(flat.sum()),
-            "pixel_abs_sum": float(flat.abs().sum()),
-            "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::STRIDE]],
+            **pixel_stats(pix, STRIDE),
             "embeddings": [[float(x) for x in row] for row in emb.reshape(-1, emb.shape[-1])],
         }
         for key, content in (("", user), ("chat", typed)):

@@ -59,6 +59,33 @@ def converter(hf: Path) -> dict[str, object]:
     return out
 
 
+def load_tiny(cls: Any, family: str, tied: bool = False) -> tuple[Any, Path]:
+    """The HF directory of ``tests/gen_{family}.py`` (made by the project venv) loaded as
+    ``cls`` (f32, eager attention, in eval mode) and its path; every weight used and none
+    missing (but ``lm_head`` where ``tied`` to the embeddings)."""
+    hf = Path(
+        project(f"from tests.gen_{family} import ensure_model; print(ensure_model()[0])").strip()
+    )
+    model, info = cls.from_pretrained(
+        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    missing = [k for k in info["missing_keys"] if not (tied and "lm_head" in k)]
+    assert not missing and not info["unexpected_keys"], info
+    model.eval()
+    return model, hf
+
+
+def pixel_stats(pix: Any, stride: int) -> dict[str, Any]:
+    """Pixel values as the goldens keep them: their sum, absolute sum (f64) and every
+    ``stride``-th value."""
+    flat = pix.flatten().double()
+    return {
+        "pixel_sum": float(flat.sum()),
+        "pixel_abs_sum": float(flat.abs().sum()),
+        "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::stride]],
+    }
+
+
 def answer(model: Any, enc: dict[str, Any], n_new: int = 12) -> dict[str, Any]:
     """transformers' greedy answer to ``enc``: the prompt ids, ``n_new`` greedy ids and
     the first answer token's top-10 log-probabilities."""
