@@ -43,6 +43,20 @@ def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
     return vl_goldens.answer(model, enc)
 
 
+def chat(tok: Any, pix: Any, grid: Any) -> tuple[str, dict[str, Any]]:
+    """The release template's one-image question and the model's inputs: ``<|image_pad|>``
+    once per merged patch, marked in ``mm_token_type_ids`` as the Qwen VL processors do."""
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    n_tok = int(grid.prod()) // 4
+    full = text.replace("<|image_pad|>", "<|image_pad|>" * n_tok)
+    enc = dict(tok(full, return_tensors="pt"))
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    mm = (enc["input_ids"] == pad).int()
+    enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
+    return text, enc
+
+
 def main() -> None:
     torch.manual_seed(0)
     model, hf = load_tiny(Qwen2_5_VLForConditionalGeneration, "qwen25vl", tied=True)
@@ -58,16 +72,7 @@ def main() -> None:
                 pixel_values=pix, image_grid_thw=grid
             ).pooler_output
         emb = torch.cat(list(emb), 0) if isinstance(emb, (list, tuple)) else emb
-        msgs = [
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
-        ]
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        n_tok = int(grid.prod()) // 4
-        full = text.replace("<|image_pad|>", "<|image_pad|>" * n_tok)
-        enc = dict(tok(full, return_tensors="pt"))
-        pad = tok.convert_tokens_to_ids("<|image_pad|>")
-        mm = (enc["input_ids"] == pad).int()  # as Qwen2_5_VLProcessor marks them
-        enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
+        text, enc = chat(tok, pix, grid)
         cases.append(
             {
                 "image": name,

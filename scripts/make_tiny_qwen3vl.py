@@ -35,7 +35,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from scripts.make_tiny_qwen25vl import QUESTION, TEXT_PROMPT, answer
+from scripts.make_tiny_qwen25vl import QUESTION, TEXT_PROMPT, answer, chat
 from scripts.vl_goldens import ROOT, load_tiny, pixel_stats, write_golden
 
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene320.png")
@@ -72,16 +72,7 @@ def main() -> None:
         emb = feats.pooler_output
         emb = torch.cat(list(emb), 0) if isinstance(emb, (list, tuple)) else emb
         deep = torch.stack([torch.cat(list(f), 0) for f in feats.deepstack_features])  # (L, n, d)
-        msgs = [
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
-        ]
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        n_tok = int(grid.prod()) // 4
-        full = text.replace("<|image_pad|>", "<|image_pad|>" * n_tok)
-        enc = dict(tok(full, return_tensors="pt"))
-        pad = tok.convert_tokens_to_ids("<|image_pad|>")
-        mm = (enc["input_ids"] == pad).int()  # as Qwen3VLProcessor marks them
-        enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
+        text, enc = chat(tok, pix, grid)
         if moe:
             cases.append({"image": image, "prompt_text": text, **answer(model, enc)})
             continue
