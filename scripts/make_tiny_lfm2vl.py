@@ -28,22 +28,15 @@ not know the tiny tokenizer's pre-tokenizer hash; it is told ``qwen2`` (the fami
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.library
-import transformers
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "tests" / "golden"
+from scripts.vl_goldens import ROOT, answer, load_tiny, write_golden
+
 IMAGES = (
     "vision/square.png",
     "vision/wide.png",
@@ -56,17 +49,6 @@ TEXT_PROMPT = "Hello, tell me a story"
 STRIDE = 211  # pixel values kept: every 211th (a split image's: every 997th)
 NOISE = ((37, 91), (777, 1333))  # seeded noise images (h, w): pixel values only
 EMB_STRIDE = 16  # a split image's embeddings kept: every 16th row (a whole one's: all)
-LLAMA_CPP = Path(os.environ.get("LLAMA_CPP", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-PROJECT_PY = os.environ.get("MODELC_PY", str(ROOT / ".venv" / "bin" / "python"))
-CONVERT = f"""
-import sys
-sys.path.insert(0, {str(LLAMA_CPP)!r})
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[1:]]
-import runpy
-runpy.run_path({str(LLAMA_CPP / "convert_hf_to_gguf.py")!r}, run_name="__main__")
-"""
 
 
 def _torchvision() -> None:
@@ -76,50 +58,6 @@ def _torchvision() -> None:
         import torchvision  # noqa: F401
     finally:
         torch.library.register_fake = real
-
-
-def project(code: str) -> str:
-    """Run ``code`` in the project venv (the numpy-made model, manifests); its stdout."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [PROJECT_PY, "-c", code], cwd=ROOT, env=env, check=True, text=True, capture_output=True
-    )
-    return out.stdout
-
-
-def converter(hf: Path) -> dict[str, object]:
-    """llama.cpp's converter on the HF directory: the model's and the mmproj's manifests."""
-    out: dict[str, object] = {"converter": f"{LLAMA_CPP}/convert_hf_to_gguf.py --outtype f32"}
-    with tempfile.TemporaryDirectory() as tmp:
-        for kind, extra in (("model", []), ("mmproj", ["--mmproj"])):
-            dest = Path(tmp) / f"{kind}.gguf"
-            args = [str(hf), "--outtype", "f32", *extra, "--outfile", str(dest)]
-            subprocess.run([sys.executable, "-c", CONVERT, *args], cwd=LLAMA_CPP, check=True)
-            code = (
-                "import json; from tests.gguf_support import manifest; "
-                f"print(json.dumps(manifest({str(dest)!r})))"
-            )
-            out[kind] = json.loads(project(code))
-    return out
-
-
-def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
-    with torch.no_grad():
-        gen = model.generate(
-            **enc,
-            max_new_tokens=12,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    first = torch.log_softmax(gen.logits[0][0].float(), -1)
-    top = torch.topk(first, 10)
-    n = enc["input_ids"].shape[1]
-    return {
-        "prompt_ids": enc["input_ids"][0].tolist(),
-        "greedy": gen.sequences[0, n:].tolist(),
-        "top_logprobs": [[int(i), float(v)] for v, i in zip(top.values, top.indices, strict=True)],
-    }
 
 
 def levels(x: Any) -> list[int]:
@@ -151,15 +89,7 @@ def main() -> None:
     from transformers.models.lfm2_vl.image_processing_lfm2_vl import Lfm2VlImageProcessor
 
     torch.manual_seed(0)
-    hf = Path(
-        project("from tests.gen_lfm2vl import ensure_model; print(ensure_model()[0])").strip()
-    )
-    model, info = Lfm2VlForConditionalGeneration.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
-    assert not missing and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(Lfm2VlForConditionalGeneration, "lfm2vl", tied=True)
     ip = Lfm2VlImageProcessor.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     proc = Lfm2VlProcessor(image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)
@@ -202,17 +132,12 @@ def main() -> None:
         pieces = zip(out["pixel_values"], out["spatial_shapes"].tolist(), strict=True)
         noise.append({"seed": k, "size": [h, w], "pieces": [piece(p, s, 997) for p, s in pieces]})
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
-    gold = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "question": QUESTION,
+    fields = {
         "cases": cases,
         "noise": noise,
-        "text": {"prompt": TEXT_PROMPT, **text_case},
-        "converter": converter(hf),
     }
-    (GOLDEN / "lfm2vl.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / "lfm2vl.json")
+    text = {"prompt": TEXT_PROMPT, **text_case}
+    write_golden("lfm2vl", QUESTION, fields, text, hf)
 
 
 if __name__ == "__main__":

@@ -18,19 +18,14 @@ prompt too; ``converter``: llama.cpp's converter's model and ``--mmproj`` manife
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-import transformers
 from PIL import Image
 from transformers import AutoTokenizer, Mistral3ForConditionalGeneration
 from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 
-from scripts.make_tiny_qwen25vl import answer, converter, project
+from scripts.make_tiny_qwen25vl import answer
+from scripts.vl_goldens import ROOT, load_tiny, pixel_stats, write_golden
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "tests" / "golden"
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene.png")
 QUESTION = "What is in the picture?"
 TEXT_PROMPT = "Hello, tell me a story"
@@ -47,14 +42,7 @@ def expand(text: str, rows: int, cols: int) -> str:
 
 def main() -> None:
     torch.manual_seed(0)
-    hf = Path(
-        project("from tests.gen_pixtral import ensure_model; print(ensure_model()[0])").strip()
-    )
-    model, info = Mistral3ForConditionalGeneration.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(Mistral3ForConditionalGeneration, "pixtral")
     proc = PixtralImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     patch = model.config.vision_config.patch_size * MERGE
@@ -75,33 +63,25 @@ def main() -> None:
         h, w = (int(x) for x in sizes[0])
         enc = dict(tok(expand(text, h // patch, w // patch), return_tensors="pt"))
         enc |= {"pixel_values": pix, "image_sizes": sizes}
-        flat = pix.flatten().double()
         cases.append(
             {
                 "image": name,
                 "processor": type(proc).__name__,
                 "pixel_shape": list(pix.shape),
                 "image_size": [h, w],
-                "pixel_sum": float(flat.sum()),
-                "pixel_abs_sum": float(flat.abs().sum()),
-                "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::STRIDE]],
+                **pixel_stats(pix, STRIDE),
                 "embeddings": [[float(x) for x in row] for row in emb],
                 "prompt_text": text,
                 **answer(model, enc),
             }
         )
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
-    gold = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "question": QUESTION,
+    fields = {
         "pixel_stride": STRIDE,
         "cases": cases,
-        "text": {"prompt": TEXT_PROMPT, **text_case},
-        "converter": converter(hf),
     }
-    (GOLDEN / "pixtral.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / "pixtral.json")
+    text = {"prompt": TEXT_PROMPT, **text_case}
+    write_golden("pixtral", QUESTION, fields, text, hf)
 
 
 if __name__ == "__main__":

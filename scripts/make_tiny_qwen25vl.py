@@ -21,95 +21,45 @@ not know the tiny tokenizer's pre-tokenizer hash; it is told ``qwen2`` (the rele
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from PIL import Image
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "tests" / "golden"
+from scripts import vl_goldens
+from scripts.vl_goldens import ROOT, load_tiny, pixel_stats, write_golden
+
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene.png")
 QUESTION = "What is in the picture?"
 TEXT_PROMPT = "Hello, tell me a story"
 STRIDE = 53  # pixel values kept: every 53rd
-LLAMA_CPP = Path(os.environ.get("LLAMA_CPP", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-PROJECT_PY = os.environ.get("MODELC_PY", str(ROOT / ".venv" / "bin" / "python"))
-CONVERT = f"""
-import sys
-sys.path.insert(0, {str(LLAMA_CPP)!r})
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[1:]]
-import runpy
-runpy.run_path({str(LLAMA_CPP / "convert_hf_to_gguf.py")!r}, run_name="__main__")
-"""
-
-
-def project(code: str) -> str:
-    """Run ``code`` in the project venv (the numpy-made model, manifests); its stdout."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [PROJECT_PY, "-c", code], cwd=ROOT, env=env, check=True, text=True, capture_output=True
-    )
-    return out.stdout
-
-
-def converter(hf: Path) -> dict[str, object]:
-    """llama.cpp's converter on the HF directory: the model's and the mmproj's manifests."""
-    out: dict[str, object] = {"converter": f"{LLAMA_CPP}/convert_hf_to_gguf.py --outtype f32"}
-    with tempfile.TemporaryDirectory() as tmp:
-        for kind, extra in (("model", []), ("mmproj", ["--mmproj"])):
-            dest = Path(tmp) / f"{kind}.gguf"
-            args = [str(hf), "--outtype", "f32", *extra, "--outfile", str(dest)]
-            subprocess.run([sys.executable, "-c", CONVERT, *args], cwd=LLAMA_CPP, check=True)
-            code = (
-                "import json; from tests.gguf_support import manifest; "
-                f"print(json.dumps(manifest({str(dest)!r})))"
-            )
-            out[kind] = json.loads(project(code))
-    return out
 
 
 def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
+    """:func:`vl_goldens.answer` with no earlier image's M-RoPE offsets."""
     model.model.rope_deltas = None  # kept between calls: no earlier image's offsets
-    with torch.no_grad():
-        gen = model.generate(
-            **enc,
-            max_new_tokens=12,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    first = torch.log_softmax(gen.logits[0][0].float(), -1)
-    top = torch.topk(first, 10)
-    n = enc["input_ids"].shape[1]
-    return {
-        "prompt_ids": enc["input_ids"][0].tolist(),
-        "greedy": gen.sequences[0, n:].tolist(),
-        "top_logprobs": [[int(i), float(v)] for v, i in zip(top.values, top.indices, strict=True)],
-    }
+    return vl_goldens.answer(model, enc)
+
+
+def chat(tok: Any, pix: Any, grid: Any) -> tuple[str, dict[str, Any]]:
+    """The release template's one-image question and the model's inputs: ``<|image_pad|>``
+    once per merged patch, marked in ``mm_token_type_ids`` as the Qwen VL processors do."""
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    n_tok = int(grid.prod()) // 4
+    full = text.replace("<|image_pad|>", "<|image_pad|>" * n_tok)
+    enc = dict(tok(full, return_tensors="pt"))
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    mm = (enc["input_ids"] == pad).int()
+    enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
+    return text, enc
 
 
 def main() -> None:
     torch.manual_seed(0)
-    hf = Path(
-        project("from tests.gen_qwen25vl import ensure_model; print(ensure_model()[0])").strip()
-    )
-    model, info = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
-    assert not missing and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(Qwen2_5_VLForConditionalGeneration, "qwen25vl", tied=True)
     proc = Qwen2VLImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     cases = []
@@ -122,43 +72,26 @@ def main() -> None:
                 pixel_values=pix, image_grid_thw=grid
             ).pooler_output
         emb = torch.cat(list(emb), 0) if isinstance(emb, (list, tuple)) else emb
-        msgs = [
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
-        ]
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        n_tok = int(grid.prod()) // 4
-        full = text.replace("<|image_pad|>", "<|image_pad|>" * n_tok)
-        enc = dict(tok(full, return_tensors="pt"))
-        pad = tok.convert_tokens_to_ids("<|image_pad|>")
-        mm = (enc["input_ids"] == pad).int()  # as Qwen2_5_VLProcessor marks them
-        enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
-        flat = pix.flatten().double()
+        text, enc = chat(tok, pix, grid)
         cases.append(
             {
                 "image": name,
                 "processor": type(proc).__name__,
                 "pixel_shape": list(pix.shape),
                 "grid_thw": grid[0].tolist(),
-                "pixel_sum": float(flat.sum()),
-                "pixel_abs_sum": float(flat.abs().sum()),
-                "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::STRIDE]],
+                **pixel_stats(pix, STRIDE),
                 "embeddings": [[float(x) for x in row] for row in emb],
                 "prompt_text": text,
                 **answer(model, enc),
             }
         )
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
-    gold = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "question": QUESTION,
+    fields = {
         "pixel_stride": STRIDE,
         "cases": cases,
-        "text": {"prompt": TEXT_PROMPT, **text_case},
-        "converter": converter(hf),
     }
-    (GOLDEN / "qwen25vl.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / "qwen25vl.json")
+    text = {"prompt": TEXT_PROMPT, **text_case}
+    write_golden("qwen25vl", QUESTION, fields, text, hf)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,10 @@ and the converter's manifests, no pixels or embeddings.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from PIL import Image
 from transformers import (
     AutoTokenizer,
@@ -38,15 +35,8 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from scripts.make_tiny_qwen25vl import (
-    GOLDEN,
-    QUESTION,
-    ROOT,
-    TEXT_PROMPT,
-    answer,
-    converter,
-    project,
-)
+from scripts.make_tiny_qwen25vl import QUESTION, TEXT_PROMPT, answer, chat
+from scripts.vl_goldens import ROOT, load_tiny, pixel_stats, write_golden
 
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "qwenvl/scene320.png")
 PIX_STRIDE = 401  # pixel values kept: every 401st
@@ -68,16 +58,8 @@ def main() -> None:
     torch.manual_seed(0)
     moe = sys.argv[1:] == ["moe"]
     name = "qwen3vlmoe" if moe else "qwen3vl"
-    hf = Path(
-        project(f"from tests.gen_{name} import ensure_model; print(ensure_model()[0])").strip()
-    )
     cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
-    model, info = cls.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
-    assert not missing and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(cls, name, tied=True)
     proc = Qwen2VLImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     cases = []
@@ -90,17 +72,7 @@ def main() -> None:
         emb = feats.pooler_output
         emb = torch.cat(list(emb), 0) if isinstance(emb, (list, tuple)) else emb
         deep = torch.stack([torch.cat(list(f), 0) for f in feats.deepstack_features])  # (L, n, d)
-        msgs = [
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
-        ]
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        n_tok = int(grid.prod()) // 4
-        full = text.replace("<|image_pad|>", "<|image_pad|>" * n_tok)
-        enc = dict(tok(full, return_tensors="pt"))
-        pad = tok.convert_tokens_to_ids("<|image_pad|>")
-        mm = (enc["input_ids"] == pad).int()  # as Qwen3VLProcessor marks them
-        enc |= {"pixel_values": pix, "image_grid_thw": grid, "mm_token_type_ids": mm}
-        flat = pix.flatten().double()
+        text, enc = chat(tok, pix, grid)
         if moe:
             cases.append({"image": image, "prompt_text": text, **answer(model, enc)})
             continue
@@ -110,9 +82,7 @@ def main() -> None:
                 "processor": type(proc).__name__,
                 "pixel_shape": list(pix.shape),
                 "grid_thw": grid[0].tolist(),
-                "pixel_sum": float(flat.sum()),
-                "pixel_abs_sum": float(flat.abs().sum()),
-                "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::PIX_STRIDE]],
+                **pixel_stats(pix, PIX_STRIDE),
                 "embeddings": summary(emb),
                 "deepstack": [summary(f) for f in deep],
                 "prompt_text": text,
@@ -120,18 +90,13 @@ def main() -> None:
             }
         )
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
-    gold = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "question": QUESTION,
+    fields = {
         "pixel_stride": PIX_STRIDE,
         "embedding_stride": EMB_STRIDE,
         "cases": cases,
-        "text": {"prompt": TEXT_PROMPT, **text_case},
-        "converter": converter(hf),
     }
-    (GOLDEN / f"{name}.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / f"{name}.json")
+    text = {"prompt": TEXT_PROMPT, **text_case}
+    write_golden(name, QUESTION, fields, text, hf)
 
 
 if __name__ == "__main__":

@@ -23,56 +23,25 @@ the image's marker in it: ``User: <image>...``); one text-only prompt too.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from PIL import Image
 from transformers import AutoTokenizer, SmolVLMForConditionalGeneration
 from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
-from scripts.make_tiny_qwen25vl import converter, project
+from scripts.vl_goldens import ROOT, answer, load_tiny, pixel_stats, write_golden
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "tests" / "golden"
 IMAGES = ("vision/square.png", "vision/wide.png", "vision/tall.jpg", "smolvlm/band.png")
 QUESTION = "What is in the picture?"
 TEXT_PROMPT = "Hello, tell me a story"
 STRIDE = 97  # pixel values kept: every 97th
-N_NEW = 12
-
-
-def answer(model: Any, enc: dict[str, Any]) -> dict[str, Any]:
-    with torch.no_grad():
-        gen = model.generate(
-            **enc,
-            max_new_tokens=N_NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    first = torch.log_softmax(gen.logits[0][0].float(), -1)
-    top = torch.topk(first, 10)
-    n = enc["input_ids"].shape[1]
-    return {
-        "prompt_ids": enc["input_ids"][0].tolist(),
-        "greedy": gen.sequences[0, n:].tolist(),
-        "top_logprobs": [[int(i), float(v)] for v, i in zip(top.values, top.indices, strict=True)],
-    }
 
 
 def main() -> None:
     torch.manual_seed(0)
-    hf = Path(
-        project("from tests.gen_smolvlm import ensure_model; print(ensure_model()[0])").strip()
-    )
-    model, info = SmolVLMForConditionalGeneration.from_pretrained(
-        hf, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
-    )
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    model.eval()
+    model, hf = load_tiny(SmolVLMForConditionalGeneration, "smolvlm")
     model.generation_config.eos_token_id = None  # 12 tokens, as the tests' ignore_eos
     proc = SmolVLMImageProcessorPil.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
@@ -93,16 +62,13 @@ def main() -> None:
         expand = get_image_prompt_string(
             rows, cols, n_tok, "<fake_token_around_image>", "<image>", "<global-img>"
         )
-        flat = pix.flatten().double()
         case: dict[str, Any] = {
             "image": name,
             "processor": type(proc).__name__,
             "pixel_shape": list(pix.shape[1:]),
             "rows": rows,
             "cols": cols,
-            "pixel_sum": float(flat.sum()),
-            "pixel_abs_sum": float(flat.abs().sum()),
-            "pixel_sample": [round(float(x), 7) for x in pix.flatten()[::STRIDE]],
+            **pixel_stats(pix, STRIDE),
             "embeddings": [[float(x) for x in row] for row in emb.reshape(-1, emb.shape[-1])],
         }
         for key, content in (("", user), ("chat", typed)):
@@ -117,17 +83,12 @@ def main() -> None:
                 case |= got
         cases.append(case)
     text_case = answer(model, dict(tok(TEXT_PROMPT, return_tensors="pt")))
-    gold = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "question": QUESTION,
+    fields = {
         "pixel_stride": STRIDE,
         "cases": cases,
-        "text": {"prompt": TEXT_PROMPT, **text_case},
-        "converter": converter(hf),
     }
-    (GOLDEN / "smolvlm.json").write_text(json.dumps(gold, indent=1) + "\n")
-    print("wrote", GOLDEN / "smolvlm.json")
+    text = {"prompt": TEXT_PROMPT, **text_case}
+    write_golden("smolvlm", QUESTION, fields, text, hf)
 
 
 if __name__ == "__main__":

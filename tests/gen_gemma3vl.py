@@ -24,18 +24,17 @@ Written to the test-asset cache, never to the repository, as
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from tests.assets import assets_dir, cache_lock
+from tests import vision_support
+from tests.assets import assets_dir
 from tests.gen_tiny import add_gpt2_tokens, write_tokenizer
-from tests.gguf_support import gguf_file, hf_gguf
+from tests.gguf_support import hf_gguf
+from tests.vision_support import ensure_vlm, mmproj_file
 
 FIX = Path(__file__).parent / "fixtures" / "vision"
 VERSION = 3  # bump when the weights or the layout change
@@ -238,20 +237,7 @@ def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> Non
 def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower + projector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
-    with gguf_file(path, "clip", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MMPROJ)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_clip_has_vision_encoder(True)
-        w.add_vision_projection_dim(TEXT["hidden_size"])
-        w.add_vision_image_size(v["image_size"])
-        w.add_vision_patch_size(v["patch_size"])
-        w.add_vision_embedding_length(v["hidden_size"])
-        w.add_vision_feed_forward_length(v["intermediate_size"])
-        w.add_vision_block_count(v["num_hidden_layers"])
-        w.add_vision_head_count(v["num_attention_heads"])
-        w.add_vision_image_mean(MEAN)
-        w.add_vision_image_std(STD)
-        w.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
+    with mmproj_file(path, gguf.VisionProjectorType.GEMMA3, v, TEXT["hidden_size"], MEAN, STD) as w:
         w.add_vision_attention_layernorm_eps(v["layer_norm_eps"])
         w.add_vision_use_gelu(True)
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -274,28 +260,23 @@ def model_dir() -> Path:
     return assets_dir() / f"tiny-gemma3vl-v{VERSION}"
 
 
+def write_hf(hf: Path, weights: dict[str, np.ndarray[Any, Any]]) -> None:
+    vision_support.write_hf(
+        hf,
+        weights,
+        tokenizer=tokenizer_files,
+        config=CONFIG,
+        preprocessor=PREPROCESSOR,
+        processor={"processor_class": "Gemma3Processor", "image_seq_length": 4},
+        template=(FIX / "gemma3.jinja").read_text(),
+    )
+
+
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
-    from safetensors.numpy import save_file
-
-    dest = model_dir()
-    hf, gg, mm = dest / "hf", dest / "gemma3vl.gguf", dest / "mmproj-gemma3vl.gguf"
-    with cache_lock(dest.name):
-        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
-            return hf, gg, mm
-        hf.mkdir(parents=True, exist_ok=True)
-        weights = make_weights()
-        tokenizer_files(hf)
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
-        (hf / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
-        proc = {"processor_class": "Gemma3Processor", "image_seq_length": 4}
-        (hf / "processor_config.json").write_text(json.dumps(proc, indent=2))
-        shutil.copy(FIX / "gemma3.jinja", hf / "chat_template.jinja")
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
-        write_text_gguf(weights, gg)
-        write_mmproj(weights, mm)
-    return hf, gg, mm
+    return ensure_vlm(
+        model_dir(), "gemma3vl", make_weights, write_hf, write_text_gguf, write_mmproj
+    )
 
 
 if __name__ == "__main__":

@@ -22,18 +22,19 @@ Written to the test-asset cache, never to the repository, as
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from tests.assets import assets_dir, cache_lock
+from tests import vision_support
+from tests.assets import assets_dir
 from tests.gen_lfm2 import CONFIG as LFM2
 from tests.gen_lfm2 import FF, add_mixer
 from tests.gen_tiny import Arrays, Rand, add_tensors, add_vocab, tokenizer_json
 from tests.gguf_support import gguf_file
+from tests.vision_support import ensure_vlm, mmproj_file
 
 FIX = Path(__file__).parent / "fixtures"
 VERSION = 1  # bump when the weights or the layout change
@@ -182,20 +183,10 @@ def write_text_gguf(weights: Arrays, path: Path) -> None:
 def write_mmproj(weights: Arrays, path: Path) -> None:
     """The vision tower + projector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
-    with gguf_file(path, "clip", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MMPROJ)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_clip_has_vision_encoder(True)
-        w.add_vision_projection_dim(TEXT["hidden_size"])
-        w.add_vision_image_size(256)  # the converter's stand-in (NaFlex has none)
-        w.add_vision_patch_size(v["patch_size"])
-        w.add_vision_embedding_length(v["hidden_size"])
-        w.add_vision_feed_forward_length(v["intermediate_size"])
-        w.add_vision_block_count(v["num_hidden_layers"])
-        w.add_vision_head_count(v["num_attention_heads"])
-        w.add_vision_image_mean(MEAN)
-        w.add_vision_image_std(STD)
-        w.add_clip_projector_type(gguf.VisionProjectorType.LFM2)
+    size = 256  # the converter's stand-in image size (NaFlex has none)
+    with mmproj_file(
+        path, gguf.VisionProjectorType.LFM2, v, TEXT["hidden_size"], MEAN, STD, size
+    ) as w:
         w.add_vision_attention_layernorm_eps(v["layer_norm_eps"])
         w.add_vision_projector_scale_factor(CONFIG["downsample_factor"])
         w.add_vision_use_gelu(True)
@@ -237,26 +228,20 @@ def model_dir() -> Path:
     return assets_dir() / f"tiny-lfm2vl-v{VERSION}"
 
 
+def write_hf(hf: Path, weights: dict[str, np.ndarray[Any, Any]]) -> None:
+    vision_support.write_hf(
+        hf,
+        weights,
+        tokenizer=tokenizer_files,
+        config=CONFIG,
+        preprocessor=PREPROCESSOR,
+        template=TEMPLATE,
+    )
+
+
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
-    from safetensors.numpy import save_file
-
-    dest = model_dir()
-    hf, gg, mm = dest / "hf", dest / "lfm2vl.gguf", dest / "mmproj-lfm2vl.gguf"
-    with cache_lock(dest.name):
-        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
-            return hf, gg, mm
-        hf.mkdir(parents=True, exist_ok=True)
-        weights = make_weights()
-        tokenizer_files(hf)
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
-        (hf / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
-        (hf / "chat_template.jinja").write_text(TEMPLATE)
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
-        write_text_gguf(weights, gg)
-        write_mmproj(weights, mm)
-    return hf, gg, mm
+    return ensure_vlm(model_dir(), "lfm2vl", make_weights, write_hf, write_text_gguf, write_mmproj)
 
 
 if __name__ == "__main__":

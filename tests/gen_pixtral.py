@@ -24,16 +24,17 @@ identical numbers.  Written to the test-asset cache, never to the repository, as
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from tests.assets import assets_dir, cache_lock
+from tests import vision_support
+from tests.assets import assets_dir
 from tests.gen_tiny import add_vocab, permute, tokenizer_json
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gguf_support import hf_gguf
+from tests.vision_support import VlmRand, decoder_weights, ensure_vlm, mmproj_file
 
 FIX = Path(__file__).parent / "fixtures" / "pixtral"
 VERSION = 2  # bump when the weights or the layout change
@@ -106,31 +107,10 @@ PREPROCESSOR: dict[str, Any] = {
 
 def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     """HF tensor names (the release's) -> f32 arrays, a pure function of :data:`SEED`."""
-    rng = np.random.default_rng(SEED)
-    t, v = TEXT, VISION
-
-    def w(*shape: int, s: float = 0.25) -> np.ndarray[Any, Any]:
-        return (s * rng.standard_normal(shape)).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray[Any, Any]:
-        return (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
-
-    d, ff, hd = t["hidden_size"], t["intermediate_size"], t["head_dim"]
-    nq, nkv = t["num_attention_heads"] * hd, t["num_key_value_heads"] * hd
-    out = {"language_model.model.embed_tokens.weight": w(N_VOCAB, d, s=0.5)}
-    for i in range(t["num_hidden_layers"]):
-        p = f"language_model.model.layers.{i}."
-        out[p + "input_layernorm.weight"] = norm(d)
-        out[p + "self_attn.q_proj.weight"] = w(nq, d)
-        out[p + "self_attn.k_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.v_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.o_proj.weight"] = w(d, nq)
-        out[p + "post_attention_layernorm.weight"] = norm(d)
-        out[p + "mlp.gate_proj.weight"] = w(ff, d)
-        out[p + "mlp.up_proj.weight"] = w(ff, d)
-        out[p + "mlp.down_proj.weight"] = w(d, ff)
-    # a large final gain: decisive logits, so greedy answers hold against llama.cpp
-    out["language_model.model.norm.weight"] = norm(d) * np.float32(4.0)
+    r, t, v = VlmRand(SEED), TEXT, VISION
+    w, norm = r.w, r.norm
+    d = t["hidden_size"]
+    out = decoder_weights(r, "language_model.model.", t, N_VOCAB, t["head_dim"])
     out["language_model.lm_head.weight"] = w(N_VOCAB, d, s=0.5)
     vd, vff, ps = v["hidden_size"], v["intermediate_size"], v["patch_size"]
     out["vision_tower.patch_conv.weight"] = w(vd, 3, ps, ps, s=0.05)
@@ -153,21 +133,7 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
 
 def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     t = TEXT
-    with gguf_file(path, "mistral3", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-pixtral")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=t["num_hidden_layers"],
-            n_ctx=t["max_position_embeddings"],
-            d=t["hidden_size"],
-            ff=t["intermediate_size"],
-            n_head=t["num_attention_heads"],
-            n_head_kv=t["num_key_value_heads"],
-            rope_base=t["rope_theta"],
-            rms_eps=t["rms_norm_eps"],
-        )
+    with hf_gguf(path, "mistral3", "tiny-pixtral", t) as w:
         w.add_vocab_size(N_VOCAB)
         w.add_key_length(t["head_dim"])
         w.add_value_length(t["head_dim"])
@@ -191,20 +157,9 @@ def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> Non
 def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower + projector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
-    with gguf_file(path, "clip", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MMPROJ)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_clip_has_vision_encoder(True)
-        w.add_vision_projection_dim(TEXT["hidden_size"])
-        w.add_vision_image_size(v["image_size"])
-        w.add_vision_patch_size(v["patch_size"])
-        w.add_vision_embedding_length(v["hidden_size"])
-        w.add_vision_feed_forward_length(v["intermediate_size"])
-        w.add_vision_block_count(v["num_hidden_layers"])
-        w.add_vision_head_count(v["num_attention_heads"])
-        w.add_vision_image_mean(MEAN)
-        w.add_vision_image_std(STD)
-        w.add_clip_projector_type(gguf.VisionProjectorType.PIXTRAL)
+    with mmproj_file(
+        path, gguf.VisionProjectorType.PIXTRAL, v, TEXT["hidden_size"], MEAN, STD
+    ) as w:
         w.add_vision_attention_layernorm_eps(1e-5)
         w.add_vision_use_silu(True)
         w.add_vision_spatial_merge_size(CONFIG["spatial_merge_size"])
@@ -229,35 +184,30 @@ def model_dir() -> Path:
     return assets_dir() / f"tiny-pixtral-v{VERSION}"
 
 
+def tokenizer_files(dest: Path) -> None:
+    """The families' tokenizer with the Mistral 3 specials and template."""
+    tj = tokenizer_json(SPECIALS)
+    (dest / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
+    tc = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "chat_template": TEMPLATE,
+    }
+    (dest / "tokenizer_config.json").write_text(json.dumps(tc, indent=1) + "\n")
+
+
+def write_hf(hf: Path, weights: dict[str, np.ndarray[Any, Any]]) -> None:
+    vision_support.write_hf(
+        hf, weights, tokenizer=tokenizer_files, config=CONFIG, preprocessor=PREPROCESSOR
+    )
+
+
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
-    from safetensors.numpy import save_file
-
-    dest = model_dir()
-    hf, gg, mm = dest / "hf", dest / "pixtral.gguf", dest / "mmproj-pixtral.gguf"
-    with cache_lock(dest.name):
-        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
-            return hf, gg, mm
-        hf.mkdir(parents=True, exist_ok=True)
-        weights = make_weights()
-        tj = tokenizer_json(SPECIALS)
-        (hf / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
-        tc = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": None,
-            "eos_token": "<|im_end|>",
-            "pad_token": "<|endoftext|>",
-            "add_bos_token": False,
-            "chat_template": TEMPLATE,
-        }
-        (hf / "tokenizer_config.json").write_text(json.dumps(tc, indent=1) + "\n")
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
-        (hf / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
-        write_text_gguf(weights, gg)
-        write_mmproj(weights, mm)
-    return hf, gg, mm
+    return ensure_vlm(model_dir(), "pixtral", make_weights, write_hf, write_text_gguf, write_mmproj)
 
 
 if __name__ == "__main__":

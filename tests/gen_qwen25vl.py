@@ -19,18 +19,17 @@ Written to the test-asset cache, never to the repository, as
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from tests.assets import assets_dir, cache_lock
+from tests import vision_support
+from tests.assets import assets_dir
 from tests.gen_tiny import add_gpt2_tokens, write_tokenizer
-from tests.gguf_support import gguf_file, hf_gguf
+from tests.gguf_support import hf_gguf
+from tests.vision_support import VlmRand, decoder_weights, ensure_vlm, mmproj_file
 
 FIX = Path(__file__).parent / "fixtures" / "qwenvl"
 VERSION = 2  # bump when the weights or the layout change
@@ -108,38 +107,10 @@ PREPROCESSOR: dict[str, Any] = {
 
 def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     """HF tensor names -> f32 arrays, a pure function of :data:`SEED`."""
-    rng = np.random.default_rng(SEED)
-    c, v = CONFIG, VISION
-
-    def w(*shape: int, s: float = 0.25) -> np.ndarray[Any, Any]:
-        return (s * rng.standard_normal(shape)).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray[Any, Any]:
-        return (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
-
-    d, ff, hd = (
-        c["hidden_size"],
-        c["intermediate_size"],
-        c["hidden_size"] // c["num_attention_heads"],
-    )
-    nq, nkv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    out = {"model.embed_tokens.weight": w(N_VOCAB, d, s=0.5)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = norm(d)
-        out[p + "self_attn.q_proj.weight"] = w(nq, d)
-        out[p + "self_attn.q_proj.bias"] = w(nq, s=0.1)
-        out[p + "self_attn.k_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.k_proj.bias"] = w(nkv, s=0.1)
-        out[p + "self_attn.v_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.v_proj.bias"] = w(nkv, s=0.1)
-        out[p + "self_attn.o_proj.weight"] = w(d, nq)
-        out[p + "post_attention_layernorm.weight"] = norm(d)
-        out[p + "mlp.gate_proj.weight"] = w(ff, d)
-        out[p + "mlp.up_proj.weight"] = w(ff, d)
-        out[p + "mlp.down_proj.weight"] = w(d, ff)
-    # a large final gain: decisive logits, so greedy answers hold against llama.cpp
-    out["model.norm.weight"] = norm(d) * np.float32(4.0)
+    r, c, v = VlmRand(SEED), CONFIG, VISION
+    w, norm = r.w, r.norm
+    d, hd = c["hidden_size"], c["hidden_size"] // c["num_attention_heads"]
+    out = decoder_weights(r, "model.", c, N_VOCAB, hd, qkv_bias=True)
     vd, vff, ps = v["hidden_size"], v["intermediate_size"], v["patch_size"]
     out["visual.patch_embed.proj.weight"] = w(vd, 3, 2, ps, ps, s=0.05)
     for i in range(v["depth"]):
@@ -216,20 +187,9 @@ def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> Non
 def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower + merger as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
-    with gguf_file(path, "clip", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MMPROJ)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_clip_has_vision_encoder(True)
-        w.add_vision_projection_dim(CONFIG["hidden_size"])
-        w.add_vision_image_size(560)
-        w.add_vision_patch_size(v["patch_size"])
-        w.add_vision_embedding_length(v["hidden_size"])
-        w.add_vision_feed_forward_length(v["intermediate_size"])
-        w.add_vision_block_count(v["depth"])
-        w.add_vision_head_count(v["num_heads"])
-        w.add_vision_image_mean(MEAN)
-        w.add_vision_image_std(STD)
-        w.add_clip_projector_type(gguf.VisionProjectorType.QWEN25VL)
+    with mmproj_file(
+        path, gguf.VisionProjectorType.QWEN25VL, v, CONFIG["hidden_size"], MEAN, STD, 560
+    ) as w:
         w.add_vision_use_silu(True)
         w.add_vision_n_wa_pattern(v["fullatt_block_indexes"][0] + 1)
         w.add_vision_attention_layernorm_eps(CONFIG["rms_norm_eps"])
@@ -261,17 +221,15 @@ def write_hf(
     config: dict[str, Any],
     preprocessor: dict[str, Any],
 ) -> None:
-    """An HF directory: the tokenizer, config, preprocessor config, template and weights
-    (the Qwen VL generators')."""
-    from safetensors.numpy import save_file
-
-    hf.mkdir(parents=True, exist_ok=True)
-    tokenizer_files(hf)
-    (hf / "config.json").write_text(json.dumps(config, indent=2))
-    (hf / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
-    shutil.copy(FIX / "qwen2_5_vl.jinja", hf / "chat_template.jinja")
-    save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-    os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
+    """An HF directory with Qwen2.5-VL's tokenizer and template (the Qwen VL generators')."""
+    vision_support.write_hf(
+        hf,
+        weights,
+        tokenizer=tokenizer_files,
+        config=config,
+        preprocessor=preprocessor,
+        template=CHAT_TEMPLATE,
+    )
 
 
 def model_dir() -> Path:
@@ -280,16 +238,14 @@ def model_dir() -> Path:
 
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
-    dest = model_dir()
-    hf, gg, mm = dest / "hf", dest / "qwen25vl.gguf", dest / "mmproj-qwen25vl.gguf"
-    with cache_lock(dest.name):
-        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
-            return hf, gg, mm
-        weights = make_weights()
-        write_hf(hf, weights, CONFIG, PREPROCESSOR)
-        write_text_gguf(weights, gg)
-        write_mmproj(weights, mm)
-    return hf, gg, mm
+    return ensure_vlm(
+        model_dir(),
+        "qwen25vl",
+        make_weights,
+        lambda hf, weights: write_hf(hf, weights, CONFIG, PREPROCESSOR),
+        write_text_gguf,
+        write_mmproj,
+    )
 
 
 if __name__ == "__main__":

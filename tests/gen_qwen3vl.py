@@ -28,9 +28,10 @@ from typing import Any
 import gguf
 import numpy as np
 
-from tests.assets import assets_dir, cache_lock
+from tests.assets import assets_dir
 from tests.gen_qwen25vl import N_VOCAB, SPECIAL, _vocab, write_hf
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gguf_support import hf_gguf
+from tests.vision_support import VlmRand, decoder_weights, ensure_vlm, mmproj_file
 
 VERSION = 1  # bump when the weights or the layout change
 SEED = 20261207
@@ -107,34 +108,10 @@ PREPROCESSOR: dict[str, Any] = {
 
 def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     """HF tensor names -> f32 arrays, a pure function of :data:`SEED`."""
-    rng = np.random.default_rng(SEED)
-    c, v = TEXT, VISION
-
-    def w(*shape: int, s: float = 0.25) -> np.ndarray[Any, Any]:
-        return (s * rng.standard_normal(shape)).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray[Any, Any]:
-        return (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
-
-    d, ff, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    nq, nkv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    lm = "model.language_model."
-    out = {lm + "embed_tokens.weight": w(N_VOCAB, d, s=0.5)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"{lm}layers.{i}."
-        out[p + "input_layernorm.weight"] = norm(d)
-        out[p + "self_attn.q_proj.weight"] = w(nq, d)
-        out[p + "self_attn.k_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.v_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.o_proj.weight"] = w(d, nq)
-        out[p + "self_attn.q_norm.weight"] = norm(hd)
-        out[p + "self_attn.k_norm.weight"] = norm(hd)
-        out[p + "post_attention_layernorm.weight"] = norm(d)
-        out[p + "mlp.gate_proj.weight"] = w(ff, d)
-        out[p + "mlp.up_proj.weight"] = w(ff, d)
-        out[p + "mlp.down_proj.weight"] = w(d, ff)
-    # a large final gain: decisive logits, so greedy answers hold against llama.cpp
-    out[lm + "norm.weight"] = norm(d) * np.float32(4.0)
+    r, c, v = VlmRand(SEED), TEXT, VISION
+    w, norm = r.w, r.norm
+    d = c["hidden_size"]
+    out = decoder_weights(r, "model.language_model.", c, N_VOCAB, c["head_dim"], qk_norm=True)
     vd, vff, ps = v["hidden_size"], v["intermediate_size"], v["patch_size"]
     vis = "model.visual."
     out[vis + "patch_embed.proj.weight"] = w(vd, 3, 2, ps, ps, s=0.05)
@@ -174,21 +151,9 @@ def write_text_gguf(
     experts: their count keys, the fused stacks split and transposed)."""
     moe = "num_experts" in c
     arch = gguf.MODEL_ARCH.QWEN3VLMOE if moe else gguf.MODEL_ARCH.QWEN3VL
-    with gguf_file(path, gguf.MODEL_ARCH_NAMES[arch], atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name(f"tiny-{gguf.MODEL_ARCH_NAMES[arch]}")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=c["num_hidden_layers"],
-            n_ctx=c["max_position_embeddings"],
-            d=c["hidden_size"],
-            ff=c["intermediate_size"],
-            n_head=c["num_attention_heads"],
-            n_head_kv=c["num_key_value_heads"],
-            rope_base=c["rope_parameters"]["rope_theta"],
-            rms_eps=c["rms_norm_eps"],
-        )
+    label = gguf.MODEL_ARCH_NAMES[arch]
+    rope_base = c["rope_parameters"]["rope_theta"]
+    with hf_gguf(path, label, f"tiny-{label}", c, rope_base=rope_base) as w:
         if moe:
             w.add_expert_count(c["num_experts"])
             w.add_expert_used_count(c["num_experts_per_tok"])
@@ -227,20 +192,15 @@ def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower and mergers as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
     side = round(v["num_position_embeddings"] ** 0.5)
-    with gguf_file(path, "clip", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MMPROJ)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_clip_has_vision_encoder(True)
-        w.add_vision_projection_dim(TEXT["hidden_size"])
-        w.add_vision_image_size(side * v["patch_size"])
-        w.add_vision_patch_size(v["patch_size"])
-        w.add_vision_embedding_length(v["hidden_size"])
-        w.add_vision_feed_forward_length(v["intermediate_size"])
-        w.add_vision_block_count(v["depth"])
-        w.add_vision_head_count(v["num_heads"])
-        w.add_vision_image_mean(MEAN)
-        w.add_vision_image_std(STD)
-        w.add_clip_projector_type(gguf.VisionProjectorType.QWEN3VL)
+    with mmproj_file(
+        path,
+        gguf.VisionProjectorType.QWEN3VL,
+        v,
+        TEXT["hidden_size"],
+        MEAN,
+        STD,
+        side * v["patch_size"],
+    ) as w:
         w.add_vision_use_gelu(True)
         w.add_vision_spatial_merge_size(v["spatial_merge_size"])
         w.add_vision_attention_layernorm_eps(TEXT["rms_norm_eps"])
@@ -287,16 +247,14 @@ def model_dir() -> Path:
 
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
-    dest = model_dir()
-    hf, gg, mm = dest / "hf", dest / "qwen3vl.gguf", dest / "mmproj-qwen3vl.gguf"
-    with cache_lock(dest.name):
-        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
-            return hf, gg, mm
-        weights = make_weights()
-        write_hf(hf, weights, CONFIG, PREPROCESSOR)
-        write_text_gguf(weights, gg)
-        write_mmproj(weights, mm)
-    return hf, gg, mm
+    return ensure_vlm(
+        model_dir(),
+        "qwen3vl",
+        make_weights,
+        lambda hf, weights: write_hf(hf, weights, CONFIG, PREPROCESSOR),
+        write_text_gguf,
+        write_mmproj,
+    )
 
 
 if __name__ == "__main__":

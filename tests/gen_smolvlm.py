@@ -22,16 +22,18 @@ Written to the test-asset cache, never to the repository, as
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from tests.assets import assets_dir, cache_lock
+from tests import vision_support
+from tests.assets import assets_dir
 from tests.gen_families import _permute
-from tests.gguf_support import add_llama_shape, gguf_file
+from tests.gen_tiny import add_gpt2_vocab, added_token
+from tests.gguf_support import hf_gguf
+from tests.vision_support import VlmRand, decoder_weights, ensure_vlm, mmproj_file
 
 FAM = Path(__file__).parent / "fixtures" / "families"
 FIX = Path(__file__).parent / "fixtures" / "smolvlm"
@@ -118,31 +120,10 @@ CHAT_TEMPLATE = (FIX / "smolvlm.jinja").read_text()
 
 def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     """HF tensor names -> f32 arrays, a pure function of :data:`SEED`."""
-    rng = np.random.default_rng(SEED)
-    t, v = TEXT, VISION
-
-    def w(*shape: int, s: float = 0.25) -> np.ndarray[Any, Any]:
-        return (s * rng.standard_normal(shape)).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray[Any, Any]:
-        return (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
-
-    d, ff, hd = t["hidden_size"], t["intermediate_size"], t["head_dim"]
-    nq, nkv = t["num_attention_heads"] * hd, t["num_key_value_heads"] * hd
-    out = {"model.text_model.embed_tokens.weight": w(N_VOCAB, d, s=0.5)}
-    for i in range(t["num_hidden_layers"]):
-        p = f"model.text_model.layers.{i}."
-        out[p + "input_layernorm.weight"] = norm(d)
-        out[p + "self_attn.q_proj.weight"] = w(nq, d)
-        out[p + "self_attn.k_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.v_proj.weight"] = w(nkv, d)
-        out[p + "self_attn.o_proj.weight"] = w(d, nq)
-        out[p + "post_attention_layernorm.weight"] = norm(d)
-        out[p + "mlp.gate_proj.weight"] = w(ff, d)
-        out[p + "mlp.up_proj.weight"] = w(ff, d)
-        out[p + "mlp.down_proj.weight"] = w(d, ff)
-    # a large final gain: decisive logits, so greedy answers hold against llama.cpp
-    out["model.text_model.norm.weight"] = norm(d) * np.float32(4.0)
+    r, t, v = VlmRand(SEED), TEXT, VISION
+    w, norm = r.w, r.norm
+    d = t["hidden_size"]
+    out = decoder_weights(r, "model.text_model.", t, N_VOCAB, t["head_dim"])
     out["lm_head.weight"] = w(N_VOCAB, d, s=0.5)
     vd, vff, ps = v["hidden_size"], v["intermediate_size"], v["patch_size"]
     side = v["image_size"] // ps
@@ -168,24 +149,12 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     return out
 
 
-def _added(text: str, i: int) -> dict[str, Any]:
-    return {
-        "id": i,
-        "content": text,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": True,
-    }
-
-
 def tokenizer_json() -> dict[str, Any]:
     """The families' tokenizer with ``\\n\\n`` and SmolVLM's image tokens."""
     tj = json.loads((FAM / "tokenizer.json").read_text())
     tj["model"]["vocab"][NEWLINES[0]] = NEWLINES[1]
     tj["model"]["merges"].append(["\u010a", "\u010a"])
-    tj["added_tokens"] += [_added(text, i) for text, i in SPECIAL.items()]
+    tj["added_tokens"] += [added_token(text, i) for text, i in SPECIAL.items()]
     return tj
 
 
@@ -210,19 +179,7 @@ def tokenizer_files(dest: Path) -> None:
 
 
 def _vocab(w: gguf.GGUFWriter) -> None:
-    tj = tokenizer_json()
-    control = {a["content"]: a["id"] for a in tj["added_tokens"]}
-    tokens = [""] * N_VOCAB
-    types = [gguf.TokenType.NORMAL] * N_VOCAB
-    for t, i in {**tj["model"]["vocab"], **control}.items():
-        tokens[i] = t
-        if t in control:
-            types[i] = gguf.TokenType.CONTROL
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    control = add_gpt2_vocab(w, tokenizer_json(), N_VOCAB)
     w.add_bos_token_id(control["<|im_start|>"])
     w.add_eos_token_id(control["<end_of_utterance>"])
     w.add_pad_token_id(control["<|endoftext|>"])
@@ -232,21 +189,7 @@ def _vocab(w: gguf.GGUFWriter) -> None:
 
 def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     t = TEXT
-    with gguf_file(path, "llama", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MODEL)
-        w.add_name("tiny-smolvlm")
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        add_llama_shape(
-            w,
-            n_layer=t["num_hidden_layers"],
-            n_ctx=t["max_position_embeddings"],
-            d=t["hidden_size"],
-            ff=t["intermediate_size"],
-            n_head=t["num_attention_heads"],
-            n_head_kv=t["num_key_value_heads"],
-            rope_base=t["rope_theta"],
-            rms_eps=t["rms_norm_eps"],
-        )
+    with hf_gguf(path, "llama", "tiny-smolvlm", t) as w:
         w.add_vocab_size(N_VOCAB)
         w.add_rope_dimension_count(t["head_dim"])
         w.add_key_length(t["head_dim"])
@@ -269,20 +212,9 @@ def write_text_gguf(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> Non
 def write_mmproj(weights: dict[str, np.ndarray[Any, Any]], path: Path) -> None:
     """The vision tower + connector as ``convert_hf_to_gguf.py --mmproj`` writes them."""
     v = VISION
-    with gguf_file(path, "clip", atomic=True) as w:
-        w.add_type(gguf.GGUFType.MMPROJ)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_clip_has_vision_encoder(True)
-        w.add_vision_projection_dim(TEXT["hidden_size"])
-        w.add_vision_image_size(v["image_size"])
-        w.add_vision_patch_size(v["patch_size"])
-        w.add_vision_embedding_length(v["hidden_size"])
-        w.add_vision_feed_forward_length(v["intermediate_size"])
-        w.add_vision_block_count(v["num_hidden_layers"])
-        w.add_vision_head_count(v["num_attention_heads"])
-        w.add_vision_image_mean(MEAN)
-        w.add_vision_image_std(STD)
-        w.add_clip_projector_type(gguf.VisionProjectorType.IDEFICS3)
+    with mmproj_file(
+        path, gguf.VisionProjectorType.IDEFICS3, v, TEXT["hidden_size"], MEAN, STD
+    ) as w:
         w.add_vision_attention_layernorm_eps(v["layer_norm_eps"])
         w.add_vision_projector_scale_factor(SCALE)
         w.add_vision_use_gelu(True)
@@ -301,28 +233,21 @@ def model_dir() -> Path:
     return assets_dir() / f"tiny-smolvlm-v{VERSION}"
 
 
+def write_hf(hf: Path, weights: dict[str, np.ndarray[Any, Any]]) -> None:
+    vision_support.write_hf(
+        hf,
+        weights,
+        tokenizer=tokenizer_files,
+        config=CONFIG,
+        preprocessor=PREPROCESSOR,
+        processor={"image_seq_len": TOKENS_PER_TILE, "processor_class": "SmolVLMProcessor"},
+        template=CHAT_TEMPLATE,
+    )
+
+
 def ensure_model() -> tuple[Path, Path, Path]:
     """The HF directory, the model GGUF and the mmproj GGUF (created if missing)."""
-    from safetensors.numpy import save_file
-
-    dest = model_dir()
-    hf, gg, mm = dest / "hf", dest / "smolvlm.gguf", dest / "mmproj-smolvlm.gguf"
-    with cache_lock(dest.name):
-        if gg.exists() and mm.exists() and (hf / "model.safetensors").exists():
-            return hf, gg, mm
-        hf.mkdir(parents=True, exist_ok=True)
-        weights = make_weights()
-        tokenizer_files(hf)
-        (hf / "config.json").write_text(json.dumps(CONFIG, indent=2))
-        (hf / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
-        proc = {"image_seq_len": TOKENS_PER_TILE, "processor_class": "SmolVLMProcessor"}
-        (hf / "processor_config.json").write_text(json.dumps(proc, indent=2))
-        (hf / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-        save_file(weights, str(hf / "model.safetensors.tmp"), metadata={"format": "pt"})
-        os.replace(hf / "model.safetensors.tmp", hf / "model.safetensors")
-        write_text_gguf(weights, gg)
-        write_mmproj(weights, mm)
-    return hf, gg, mm
+    return ensure_vlm(model_dir(), "smolvlm", make_weights, write_hf, write_text_gguf, write_mmproj)
 
 
 if __name__ == "__main__":

@@ -120,19 +120,21 @@ def tokenizer_json(specials: Sequence[str] = ()) -> dict[str, Any]:
     """The committed tokenizer, with ``specials`` added as special tokens from id 384 on."""
     tj: dict[str, Any] = json.loads((FIX / "tokenizer.json").read_text())
     base = len(tj["model"]["vocab"])
-    for i, t in enumerate(specials):
-        tj["added_tokens"].append(
-            {
-                "id": base + i,
-                "content": t,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-        )
+    tj["added_tokens"] += [added_token(t, base + i) for i, t in enumerate(specials)]
     return tj
+
+
+def added_token(text: str, i: int) -> dict[str, Any]:
+    """A tokenizer.json ``added_tokens`` entry: special token ``text`` at id ``i``."""
+    return {
+        "id": i,
+        "content": text,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
 
 
 def add_gpt2_tokens(
@@ -141,7 +143,12 @@ def add_gpt2_tokens(
     """The committed tokenizer's tokens, types and merges with ``specials`` added
     (:func:`tokenizer_json`), as ``_set_vocab_gpt2`` writes them (pre ``qwen2``: its regex);
     the added tokens' ids, by text."""
-    tj = tokenizer_json(specials)
+    return add_gpt2_vocab(w, tokenizer_json(specials), n_vocab)
+
+
+def add_gpt2_vocab(w: gguf.GGUFWriter, tj: Mapping[str, Any], n_vocab: int) -> dict[str, int]:
+    """The tokens, types and merges of the tokenizer.json ``tj`` as ``_set_vocab_gpt2``
+    writes them (pre ``qwen2``); the added tokens' ids, by text."""
     added = {a["content"]: a["id"] for a in tj["added_tokens"]}
     tokens = [""] * n_vocab
     types = [gguf.TokenType.NORMAL] * n_vocab

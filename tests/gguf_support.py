@@ -170,6 +170,15 @@ def tiny_llama(path: Path) -> Path:
     )
 
 
+NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
+
+
+def unnamed(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest's metadata without the naming keys (the converter names a model after
+    its directory)."""
+    return {k: v for k, v in metadata.items() if k not in NAMING}
+
+
 def manifest(path: Path) -> dict[str, Any]:
     """A GGUF's metadata (long lists as their sha256) and per tensor its name, type, shape
     and the sha256 of its bytes: what two writers of one model are compared on."""

@@ -23,10 +23,12 @@ from modelc.runtime.tokenizer import Tokenizer
 from tests.server_fixtures import Server, start
 
 
-def serve_exact(path: Path) -> Iterator[Server]:
-    """``modelc run`` of ``path`` in ``exact`` mode with an f32 KV cache, the mode the
-    transformers goldens are compared in; stopped when the fixture using it ends."""
-    srv = start(str(path), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
+def serve_exact(path: Path, mmproj: Path | None = None) -> Iterator[Server]:
+    """``modelc run`` of ``path`` (with the projector ``mmproj`` where given) in ``exact``
+    mode with an f32 KV cache, the mode the transformers goldens are compared in; stopped
+    when the fixture using it ends."""
+    vision = ("--mmproj", str(mmproj)) if mmproj is not None else ()
+    srv = start(str(path), *vision, "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
     yield srv
     srv.stop()
 
@@ -36,6 +38,51 @@ HTTP_TIMEOUT = 300.0
 
 def openai_client(srv: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=HTTP_TIMEOUT)
+
+
+def image_question(data: bytes, question: str, kind: str = "png") -> list[dict[str, Any]]:
+    """An OpenAI user message's content: the image ``data`` as a data URL, then ``question``."""
+    url = f"data:image/{kind};base64," + base64.b64encode(data).decode()
+    return [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": question},
+    ]
+
+
+def openai_image_greedy(
+    srv: Server, model: str, data: bytes, question: str, n: int, kind: str = "png"
+) -> tuple[int, list[int]]:
+    """The ``openai`` client's greedy answer of ``n`` tokens (past any end of turn) to
+    ``question`` about the image ``data``: the prompt's token count and the answer's ids."""
+    messages: Any = [{"role": "user", "content": image_question(data, question, kind)}]
+    r = openai_client(srv).chat.completions.create(
+        model=model,
+        messages=messages,
+        temperature=0,
+        max_tokens=n,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    assert r.usage is not None and r.choices[0].model_extra is not None
+    return r.usage.prompt_tokens, r.choices[0].model_extra["token_ids"]
+
+
+def ollama_and_openai_answers(
+    srv: Server, model: str, image: Path, question: str, n: int, kind: str = "png"
+) -> tuple[str | None, str | None, int | None]:
+    """The answers of the ``ollama`` client (``images``) and the ``openai`` client (a data
+    URL) to ``question`` about ``image``, greedy, ``n`` tokens each, and ``ollama``'s prompt
+    token count."""
+    import ollama
+
+    oc = ollama.Client(host=srv.url, timeout=HTTP_TIMEOUT)
+    msg = {"role": "user", "content": question, "images": [image]}
+    chat = oc.chat(model=model, messages=[msg], options={"temperature": 0, "num_predict": n})
+    parts = image_question(image.read_bytes(), question, kind)
+    messages: Any = [{"role": "user", "content": parts}]
+    want = openai_client(srv).chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=n
+    )
+    return chat.message.content, want.choices[0].message.content, chat.prompt_eval_count
 
 
 def post(url: str, body: dict[str, Any]) -> Any:

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelc.formats import load_model
+from modelc.runtime.arch import build
 from modelc.runtime.backend import Backend
 from modelc.runtime.kv_cache import KVCache
 from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
@@ -66,6 +68,13 @@ def greedy(model: LanguageModel, cache: KVCache, first: int, n: int) -> list[int
     return out
 
 
+def exact_lm(path: Path) -> LanguageModel:
+    """The model file ``path`` on the ``cpu-exact`` backend (the goldens' mode)."""
+    model = build(load_model(str(path)), make_backend("cpu-exact"))
+    assert isinstance(model, LanguageModel)
+    return model
+
+
 def first_and_greedy(
     model: LanguageModel, ids: Sequence[int], n: int, images: tuple[ImageSpan, ...] = ()
 ) -> tuple[np.ndarray[Any, Any], list[int]]:
@@ -79,6 +88,21 @@ def first_and_greedy(
         out.append(int(np.argmax(logits[-1])))
         logits = model.forward([SeqChunk(cache, [out[-1]], None, images)])
     return lp, out
+
+
+def assert_greedy_as_golden(
+    model: LanguageModel,
+    ids: Sequence[int],
+    want: dict[str, Any],
+    images: tuple[ImageSpan, ...] = (),
+    label: object = None,
+) -> None:
+    """``model`` after ``ids`` (``images`` placed) against a transformers golden ``want``:
+    the first token's ``top_logprobs`` within 2e-3 and the ``greedy`` answer."""
+    lp, out = first_and_greedy(model, ids, len(want["greedy"]), images)
+    for tok, p in want["top_logprobs"]:
+        assert abs(lp[tok] - p) < 2e-3, (label, tok, lp[tok], p)
+    assert out == want["greedy"], label
 
 
 def same_as_reference(ref: Any, model: Any, prompt: list[int], n: int) -> float:
@@ -159,6 +183,40 @@ def decode_alone(
         if len(out) < limit:
             logits = model.forward([SeqChunk(cache, [s.token])])[0]
     return out
+
+
+def vision_engine(model: Path, mmproj: Path, prefill_chunk: int, block: int) -> Any:
+    """An ``LLMEngine`` of ``model`` with the projector ``mmproj`` on ``cpu-exact`` (f32 KV
+    cache, no speculation): prompts fed ``prefill_chunk`` tokens a step, the prefix cache
+    in blocks of ``block`` tokens."""
+    from modelc.engine import EngineOptions, build_engine
+
+    opt = EngineOptions(prefill_chunk=prefill_chunk, prefix_block_tokens=block)
+    opt.mmproj, opt.kv_cache, opt.speculative = str(mmproj), "f32", False
+    return build_engine(model, opt, backend=make_backend("cpu-exact"))
+
+
+async def engine_in_turn(eng: Any, requests: Sequence[Any]) -> list[tuple[list[int], int]]:
+    """Each ``GenerationRequest`` submitted to ``eng`` (run for the while) once the one
+    before has finished, so the prefix cache holds the earlier prompts: each one's token
+    ids and cached prompt tokens."""
+    import trio
+
+    from modelc.engine.api import FinishEvent, TokenEvent
+
+    got = []
+    async with trio.open_nursery() as n:
+        await n.start(eng.run)
+        for req in requests:
+            toks, cached = [], -1
+            async for ev in eng.submit(req):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                elif isinstance(ev, FinishEvent):
+                    cached = ev.cached_tokens
+            got.append((toks, cached))
+        n.cancel_scope.cancel()
+    return got
 
 
 async def engine_events(eng: Any, requests: Sequence[Any]) -> Any:

@@ -18,29 +18,36 @@ from typing import Any
 
 import numpy as np
 import pytest
-import trio
 
 from modelc.engine import EngineOptions, build_engine
-from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from modelc.engine.api import GenerationRequest
 from modelc.errors import UsageError
-from modelc.formats import load_model
-from modelc.runtime.arch import build
-from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
-from modelc.runtime.prompt import PromptFormat
+from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import Tiles, VisionModel
 from tests.gen_lfm2vl import SPECIAL, ensure_model
-from tests.gguf_support import manifest
-from tests.peers import openai_client
-from tests.runtime_support import golden, make_backend
-from tests.server_fixtures import Server, start
+from tests.gguf_support import manifest, unnamed
+from tests.peers import (
+    ollama_and_openai_answers,
+    openai_image_greedy,
+    serve_exact,
+)
+from tests.runtime_support import (
+    assert_greedy_as_golden,
+    engine_in_turn,
+    exact_lm,
+    first_and_greedy,
+    golden,
+    vision_engine,
+)
+from tests.server_fixtures import Server
+from tests.vision_support import chat_format, place_chat
 
 GOLD: dict[str, Any] = golden("lfm2vl.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
 IMAGE = SPECIAL["<image>"]
 MARKER = {"LLAMA_MEDIA_MARKER": "<__media__>"}  # the server's own is random
-NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 N_EMBD = 64
 
 
@@ -51,9 +58,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
@@ -115,9 +120,7 @@ def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]
 def test_ggufs_are_the_converters(kind: str) -> None:
     _, gg, mm = ensure_model()
     ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
-    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
-        k: v for k, v in theirs["metadata"].items() if k not in NAMING
-    }
+    assert unnamed(ours["metadata"]) == unnamed(theirs["metadata"])
     assert ours["tensors"] == theirs["tensors"]
 
 
@@ -136,29 +139,12 @@ def _spans(
     return spans
 
 
-def _first_and_greedy(
-    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
-) -> tuple[np.ndarray[Any, Any], list[int]]:
-    cache = lm.new_cache(max_tokens=len(ids) + n + 1)
-    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
-    x = logits[-1].astype(np.float64)
-    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits[-1])))
-        logits = lm.forward([SeqChunk(cache, [out[-1]], None, spans)])
-    return lp, out
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_answer_equals_transformers(
     vision: VisionModel, lm: LanguageModel, case: dict[str, Any]
 ) -> None:
     spans = _spans(vision, case)
-    lp, out = _first_and_greedy(lm, case["prompt_ids"], len(case["greedy"]), spans)
-    for tok, want in case["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == case["greedy"]
+    assert_greedy_as_golden(lm, case["prompt_ids"], case, spans)
 
 
 def test_another_image_would_differ(vision: VisionModel, lm: LanguageModel) -> None:
@@ -168,7 +154,7 @@ def test_another_image_would_differ(vision: VisionModel, lm: LanguageModel) -> N
         next(c for c in GOLD["cases"] if c["image"].endswith(n)) for n in ("square.png", "gray.png")
     )
     lps = [
-        _first_and_greedy(lm, case["prompt_ids"], 0, _spans(vision, case, _bytes(c)))[0]
+        first_and_greedy(lm, case["prompt_ids"], 0, _spans(vision, case, _bytes(c)))[0]
         for c in (case, other)
     ]
     assert np.abs(lps[0] - lps[1]).max() > 1e-3
@@ -178,12 +164,8 @@ def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     t = GOLD["text"]
     hf, gg, _ = ensure_model()
     for src in (gg, hf):
-        model = build(load_model(str(src)), make_backend("cpu-exact"))
-        assert isinstance(model, LanguageModel)
-        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
-        for tok, want in t["top_logprobs"]:
-            assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
-        assert out == t["greedy"], src
+        model = exact_lm(src)
+        assert_greedy_as_golden(model, t["prompt_ids"], t, (), src)
 
 
 @pytest.mark.parametrize("case", CASES[-2:])
@@ -194,17 +176,9 @@ def test_the_template_places_the_image_as_the_processor(
     ``<|image_start|>``, one ``<image>`` per embedding (a split image's tiles each after
     its ``<|img_row_R_col_C|>``, then ``<|img_thumbnail|>`` and the thumbnail's) and
     ``<|image_end|>``: the processor's prompt ids."""
-    ir = load_model(str(ensure_model()[1]))
-    assert ir.tokenizer is not None
-    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+    fmt = chat_format(ensure_model()[1])
     data = _bytes(case)
-    msg = [{"type": "image", "data": data}, {"type": "text", "text": GOLD["question"]}]
-    chat = fmt.chat([{"role": "user", "content": msg}])
-
-    def enc(t: str) -> list[int]:
-        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
-
-    placed = vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
+    placed = place_chat(vision, fmt, data, GOLD["question"])
     assert placed.ids == case["prompt_ids"]
     assert [(s.start, s.end) for s in placed.images] == [
         (s.start, s.end) for s in _spans(vision, case)
@@ -218,26 +192,19 @@ async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: Vision
     repeated image's prompt served from the prefix cache past its images (the
     convolution state kept at the block's end) gives the same answer."""
     _, gg, mm = ensure_model()
-    opt = EngineOptions(prefill_chunk=7, prefix_block_tokens=8)
-    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
-    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    eng = vision_engine(gg, mm, 7, 8)
     cases = [GOLD["cases"][0], GOLD["cases"][-1]] * 2
-    got = []
-    async with trio.open_nursery() as n:
-        await n.start(eng.run)
-        for i, case in enumerate(cases):
-            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
-            req = GenerationRequest(
-                f"r{i}", case["prompt_ids"], p, ignore_eos=True, images=_spans(vision, case)
-            )
-            toks, cached = [], -1
-            async for ev in eng.submit(req):
-                if isinstance(ev, TokenEvent):
-                    toks.append(ev.token_id)
-                elif isinstance(ev, FinishEvent):
-                    cached = ev.cached_tokens
-            got.append((toks, cached))
-        n.cancel_scope.cancel()
+    reqs = [
+        GenerationRequest(
+            f"r{i}",
+            case["prompt_ids"],
+            SamplingParams(temperature=0, max_tokens=len(case["greedy"])),
+            ignore_eos=True,
+            images=_spans(vision, case),
+        )
+        for i, case in enumerate(cases)
+    ]
+    got = await engine_in_turn(eng, reqs)
     for k, ((toks, cached), case) in enumerate(zip(got, cases, strict=True)):
         assert toks == case["greedy"], case["image"]
         last = len(case["prompt_ids"]) - case["prompt_ids"][::-1].index(IMAGE)
@@ -319,50 +286,21 @@ def test_sizes_and_tiles(
 @pytest.fixture(scope="module")
 def vlm() -> Iterator[Server]:
     _, gg, mm = ensure_model()
-    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
-    yield srv
-    srv.stop()
+    yield from serve_exact(gg, mm)
 
 
 def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     case = GOLD["cases"][-1]
-    url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
-    r = openai_client(vlm).chat.completions.create(
-        model="lfm2vl",
-        messages=[{"role": "user", "content": parts}],
-        temperature=0,
-        max_tokens=len(case["greedy"]),
-        extra_body={"return_token_ids": True, "ignore_eos": True},
-    )
-    assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
-    assert r.choices[0].model_extra is not None
-    assert r.choices[0].model_extra["token_ids"] == case["greedy"]
+    n, ids = openai_image_greedy(vlm, "lfm2vl", _bytes(case), GOLD["question"], len(case["greedy"]))
+    assert n == len(case["prompt_ids"]) and ids == case["greedy"]
 
 
 def test_ollama_images_answer_as_openai(vlm: Server) -> None:
     """The ``ollama`` client's ``images`` (the 320 x 224 image): the processor's prompt
     token count and the ``openai`` client's answer."""
-    import ollama
-
-    from tests.peers import HTTP_TIMEOUT
-
     case = next(c for c in GOLD["cases"] if c["image"].endswith("lfm2vl/scene.png"))
+    n_new = len(case["greedy"])  # the answers to the other images part within these
     path = FIX / case["image"]
-    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
-    msg = {"role": "user", "content": GOLD["question"], "images": [path]}
-    n = len(case["greedy"])  # the answers to the other images part within these
-    chat = oc.chat(model="lfm2vl", messages=[msg], options={"temperature": 0, "num_predict": n})
-    url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
-    want = openai_client(vlm).chat.completions.create(
-        model="lfm2vl", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=n
-    )
-    assert chat.message.content and chat.message.content == want.choices[0].message.content
-    assert chat.prompt_eval_count == len(case["prompt_ids"])
+    got, want, n = ollama_and_openai_answers(vlm, "lfm2vl", path, GOLD["question"], n_new)
+    assert got and got == want
+    assert n == len(case["prompt_ids"])

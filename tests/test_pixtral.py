@@ -19,19 +19,22 @@ import pytest
 
 from modelc.engine import EngineOptions, build_engine
 from modelc.errors import UsageError
-from modelc.formats import load_model
-from modelc.runtime.arch import build
-from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
-from modelc.runtime.prompt import PromptFormat
+from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.vision import VisionModel
 from tests.gen_pixtral import IMG, IMG_BREAK, ensure_model, make_weights
-from tests.gguf_support import manifest
-from tests.runtime_support import golden, make_backend
+from tests.gguf_support import manifest, unnamed
+from tests.runtime_support import (
+    assert_greedy_as_golden,
+    engine_in_turn,
+    exact_lm,
+    golden,
+    vision_engine,
+)
+from tests.vision_support import chat_format, place_chat
 
 GOLD: dict[str, Any] = golden("pixtral.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
-NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 BREAK = "v.token_embd.img_break"  # llama.cpp needs it; this converter leaves it out
 
 
@@ -42,9 +45,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
@@ -78,9 +79,7 @@ def test_ggufs_are_the_converters(kind: str) -> None:
     for an HF directory: it is the text model's embedding of ``[IMG_BREAK]``."""
     _, gg, mm = ensure_model()
     ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
-    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
-        k: v for k, v in theirs["metadata"].items() if k not in NAMING
-    }
+    assert unnamed(ours["metadata"]) == unnamed(theirs["metadata"])
     assert [t for t in ours["tensors"] if t["name"] != BREAK] == theirs["tensors"]
     if kind == "mmproj":
         from modelc.formats.gguf import read_gguf
@@ -92,31 +91,9 @@ def test_ggufs_are_the_converters(kind: str) -> None:
 
 def _placed(vision: VisionModel, data: bytes) -> tuple[list[int], tuple[ImageSpan, ...]]:
     """The release-shaped template through modelc's template path, the image placed."""
-    ir = load_model(str(ensure_model()[1]))
-    assert ir.tokenizer is not None
-    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
-    msg = [{"type": "image", "data": data}, {"type": "text", "text": GOLD["question"]}]
-    chat = fmt.chat([{"role": "user", "content": msg}])
-
-    def enc(t: str) -> list[int]:
-        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
-
-    placed = vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
+    fmt = chat_format(ensure_model()[1])
+    placed = place_chat(vision, fmt, data, GOLD["question"])
     return placed.ids, placed.images
-
-
-def _first_and_greedy(
-    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
-) -> tuple[np.ndarray[Any, Any], list[int]]:
-    cache = lm.new_cache(max_tokens=256)
-    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
-    x = logits[-1].astype(np.float64)
-    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits[-1])))
-        logits = lm.forward([SeqChunk(cache, [out[-1]], None, spans)])
-    return lp, out
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -131,57 +108,43 @@ def test_placed_and_answered_as_transformers(
     h, w = case["image_size"]
     assert len(spans) == h // 28 and all(s.end - s.start == w // 28 for s in spans)
     assert all(ids[s.start : s.end] == [IMG] * (w // 28) for s in spans)
-    lp, out = _first_and_greedy(lm, ids, len(case["greedy"]), spans)
-    for tok, want in case["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == case["greedy"]
+    assert_greedy_as_golden(lm, ids, case, spans)
 
 
 async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: VisionModel) -> None:
     """Through the engine, prompts fed 3 tokens a step (an image's rows split between
     chunks): each image's answer; a repeated image's prompt served from the prefix cache
     past its first row gives the same answer (the other image's, only up to it)."""
-    import trio
-
-    from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+    from modelc.engine.api import GenerationRequest
     from modelc.runtime.sampling import SamplingParams
 
     _, gg, mm = ensure_model()
-    opt = EngineOptions(prefill_chunk=3, prefix_block_tokens=4)
-    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
-    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    eng = vision_engine(gg, mm, 3, 4)
     cases = GOLD["cases"][:2] * 2
-    got = []
-    async with trio.open_nursery() as n:
-        await n.start(eng.run)
-        for i, case in enumerate(cases):
-            ids, spans = _placed(vision, _bytes(case))
-            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
-            req = GenerationRequest(f"r{i}", ids, p, ignore_eos=True, images=spans)
-            toks, cached = [], -1
-            async for ev in eng.submit(req):
-                if isinstance(ev, TokenEvent):
-                    toks.append(ev.token_id)
-                elif isinstance(ev, FinishEvent):
-                    cached = ev.cached_tokens
-            got.append((toks, cached, spans[0].end))
-        n.cancel_scope.cancel()
-    for k, ((toks, cached, row_end), case) in enumerate(zip(got, cases, strict=True)):
+    placed = [_placed(vision, _bytes(case)) for case in cases]
+    reqs = [
+        GenerationRequest(
+            f"r{i}",
+            ids,
+            SamplingParams(temperature=0, max_tokens=len(case["greedy"])),
+            ignore_eos=True,
+            images=spans,
+        )
+        for i, ((ids, spans), case) in enumerate(zip(placed, cases, strict=True))
+    ]
+    got = await engine_in_turn(eng, reqs)
+    for k, ((toks, cached), (_, spans), case) in enumerate(zip(got, placed, cases, strict=True)):
         assert toks == case["greedy"], case["image"]
-        assert (cached > row_end) == (k >= 2), (k, cached)
+        assert (cached > spans[0].end) == (k >= 2), (k, cached)
 
 
 def test_text_alone_equals_transformers_from_gguf_and_hf(lm: LanguageModel) -> None:
     """The text GGUF, and the HF directory (``language_model.`` weights, ``text_config``;
     its vision tower left out)."""
     t = GOLD["text"]
-    hf = build(load_model(str(ensure_model()[0])), make_backend("cpu-exact"))
-    assert isinstance(hf, LanguageModel)
+    hf = exact_lm(ensure_model()[0])
     for model in (lm, hf):
-        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
-        for tok, want in t["top_logprobs"]:
-            assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-        assert out == t["greedy"]
+        assert_greedy_as_golden(model, t["prompt_ids"], t)
 
 
 def test_a_projector_of_another_family_is_refused_at_start() -> None:
@@ -236,43 +199,18 @@ def test_openai_image_url_answers_as_transformers() -> None:
     """``modelc run --mmproj`` (``exact``, f32 KV cache): the ``openai`` client's
     ``image_url`` data URL gets transformers' greedy answer, with the processor's prompt
     token count; the ``ollama`` client's ``images`` the same."""
-    import ollama
-
-    from tests.peers import HTTP_TIMEOUT, openai_client
-    from tests.server_fixtures import start
+    from tests.peers import ollama_and_openai_answers, openai_image_greedy, serve_exact
 
     case = next(c for c in GOLD["cases"] if c["image"].endswith("scene.png"))
     _, gg, mm = ensure_model()
-    env = {"MODELC_MATMUL": "exact"}
-    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env=env)
+    server = serve_exact(gg, mm)
+    srv = next(server)
     try:
-        url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
-        parts = [
-            {"type": "image_url", "image_url": {"url": url}},
-            {"type": "text", "text": GOLD["question"]},
-        ]
-        r = openai_client(srv).chat.completions.create(
-            model="pixtral",
-            messages=[{"role": "user", "content": parts}],
-            temperature=0,
-            max_tokens=len(case["greedy"]),
-            extra_body={"return_token_ids": True, "ignore_eos": True},
-        )
-        oc = ollama.Client(host=srv.url, timeout=HTTP_TIMEOUT)
-        msg = {"role": "user", "content": GOLD["question"], "images": [FIX / case["image"]]}
-        chat = oc.chat(
-            model="pixtral", messages=[msg], options={"temperature": 0, "num_predict": 4}
-        )
-        want = openai_client(srv).chat.completions.create(
-            model="pixtral",
-            messages=[{"role": "user", "content": parts}],
-            temperature=0,
-            max_tokens=4,
-        )
+        q = GOLD["question"]
+        n, ids = openai_image_greedy(srv, "pixtral", _bytes(case), q, len(case["greedy"]))
+        got, want, n_ollama = ollama_and_openai_answers(srv, "pixtral", FIX / case["image"], q, 4)
     finally:
-        srv.stop()
-    assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
-    assert r.choices[0].model_extra is not None
-    assert r.choices[0].model_extra["token_ids"] == case["greedy"]
-    assert chat.message.content == want.choices[0].message.content
-    assert chat.prompt_eval_count == len(case["prompt_ids"])
+        next(server, None)  # stops it
+    assert n == len(case["prompt_ids"]) and ids == case["greedy"]
+    assert got == want
+    assert n_ollama == len(case["prompt_ids"])

@@ -18,25 +18,31 @@ import trio
 
 from modelc.artifact import open_artifact
 from modelc.engine import EngineOptions, build_engine
-from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+from modelc.engine.api import GenerationRequest, TokenEvent
 from modelc.errors import ModelcError, UsageError
 from modelc.formats import load_model
-from modelc.runtime.arch import build
 from modelc.runtime.model import ImageSpan, LanguageModel
-from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import ImageError, VisionModel
 from tests.cli_support import Cli
 from tests.gen_qwen25vl import SPECIAL, ensure_model
-from tests.gguf_support import manifest
+from tests.gguf_support import manifest, unnamed
 from tests.peers import llamacpp_image_answer
-from tests.runtime_support import first_and_greedy, golden, make_backend
+from tests.runtime_support import (
+    assert_greedy_as_golden,
+    engine_in_turn,
+    exact_lm,
+    first_and_greedy,
+    golden,
+    make_backend,
+    vision_engine,
+)
+from tests.vision_support import chat_format, place_chat
 
 GOLD: dict[str, Any] = golden("qwen25vl.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
 PAD = SPECIAL["<|image_pad|>"]
-NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +52,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
@@ -80,9 +84,7 @@ def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]
 def test_ggufs_are_the_converters(kind: str) -> None:
     _, gg, mm = ensure_model()
     ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
-    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
-        k: v for k, v in theirs["metadata"].items() if k not in NAMING
-    }
+    assert unnamed(ours["metadata"]) == unnamed(theirs["metadata"])
     assert ours["tensors"] == theirs["tensors"]
 
 
@@ -99,22 +101,15 @@ def test_greedy_answer_equals_transformers(
 ) -> None:
     span = _span(vision, case)
     assert span.end - span.start == case["prompt_ids"].count(PAD)
-    lp, out = first_and_greedy(lm, case["prompt_ids"], len(case["greedy"]), (span,))
-    for tok, want in case["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == case["greedy"]
+    assert_greedy_as_golden(lm, case["prompt_ids"], case, (span,))
 
 
 def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     t = GOLD["text"]
     hf, gg, _ = ensure_model()
     for src in (gg, hf):
-        model = build(load_model(str(src)), make_backend("cpu-exact"))
-        assert isinstance(model, LanguageModel)
-        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
-        for tok, want in t["top_logprobs"]:
-            assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
-        assert out == t["greedy"], src
+        model = exact_lm(src)
+        assert_greedy_as_golden(model, t["prompt_ids"], t, (), src)
 
 
 def test_plain_positions_would_differ(vision: VisionModel, lm: LanguageModel) -> None:
@@ -135,17 +130,9 @@ def test_the_template_places_the_image_as_the_processor(
     """The release's chat template through modelc's template path, the image's marker
     replaced by ``<|vision_start|>``, one ``<|image_pad|>`` per embedding and
     ``<|vision_end|>``: the processor's prompt ids."""
-    ir = load_model(str(ensure_model()[1]))
-    assert ir.tokenizer is not None
-    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+    fmt = chat_format(ensure_model()[1])
     data = _bytes(case)
-    msg = [{"type": "image", "data": data}, {"type": "text", "text": GOLD["question"]}]
-    chat = fmt.chat([{"role": "user", "content": msg}])
-
-    def enc(t: str) -> list[int]:
-        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
-
-    placed = vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
+    placed = place_chat(vision, fmt, data, GOLD["question"])
     assert placed.ids == case["prompt_ids"]
     (span,) = placed.images
     _, gh, gw = case["grid_thw"]
@@ -170,26 +157,19 @@ async def test_engine_answers_in_chunks_and_from_the_prefix_cache(vision: Vision
     image's prompt served from the prefix cache past the image gives the same answer (the
     other image's, only up to it)."""
     _, gg, mm = ensure_model()
-    opt = EngineOptions(prefill_chunk=7, prefix_block_tokens=8)
-    opt.mmproj, opt.kv_cache, opt.speculative = str(mm), "f32", False
-    eng = build_engine(gg, opt, backend=make_backend("cpu-exact"))
+    eng = vision_engine(gg, mm, 7, 8)
     cases = GOLD["cases"][:2] * 2
-    got = []
-    async with trio.open_nursery() as n:
-        await n.start(eng.run)
-        for i, case in enumerate(cases):
-            p = SamplingParams(temperature=0, max_tokens=len(case["greedy"]))
-            req = GenerationRequest(
-                f"r{i}", case["prompt_ids"], p, ignore_eos=True, images=(_span(vision, case),)
-            )
-            toks, cached = [], -1
-            async for ev in eng.submit(req):
-                if isinstance(ev, TokenEvent):
-                    toks.append(ev.token_id)
-                elif isinstance(ev, FinishEvent):
-                    cached = ev.cached_tokens
-            got.append((toks, cached))
-        n.cancel_scope.cancel()
+    reqs = [
+        GenerationRequest(
+            f"r{i}",
+            case["prompt_ids"],
+            SamplingParams(temperature=0, max_tokens=len(case["greedy"])),
+            ignore_eos=True,
+            images=(_span(vision, case),),
+        )
+        for i, case in enumerate(cases)
+    ]
+    got = await engine_in_turn(eng, reqs)
     for k, ((toks, cached), case) in enumerate(zip(got, cases, strict=True)):
         assert toks == case["greedy"], case["image"]
         assert (cached > case["prompt_ids"].index(PAD)) == (k >= 2), (k, cached)

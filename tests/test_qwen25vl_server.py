@@ -6,18 +6,20 @@ answer."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ollama
 import pytest
 
 from tests.gen_qwen25vl import ensure_model
-from tests.peers import HTTP_TIMEOUT, openai_client
+from tests.peers import (
+    ollama_and_openai_answers,
+    openai_image_greedy,
+    serve_exact,
+)
 from tests.runtime_support import golden
-from tests.server_fixtures import Server, start
+from tests.server_fixtures import Server
 
 GOLD: dict[str, Any] = golden("qwen25vl.json")
 FIX = Path(__file__).parent / "fixtures"
@@ -26,46 +28,20 @@ FIX = Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="module")
 def vlm() -> Iterator[Server]:
     _, gg, mm = ensure_model()
-    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
-    yield srv
-    srv.stop()
+    yield from serve_exact(gg, mm)
 
 
 @pytest.mark.parametrize("case", GOLD["cases"], ids=lambda c: c["image"].split("/")[-1])
 def test_openai_image_url_answers_as_transformers(vlm: Server, case: dict[str, Any]) -> None:
     data = (FIX / case["image"]).read_bytes()
     kind = "jpeg" if case["image"].endswith("jpg") else "png"
-    url = f"data:image/{kind};base64," + base64.b64encode(data).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
-    r = openai_client(vlm).chat.completions.create(
-        model="qwen25vl",
-        messages=[{"role": "user", "content": parts}],
-        temperature=0,
-        max_tokens=len(case["greedy"]),
-        extra_body={"return_token_ids": True, "ignore_eos": True},
-    )
-    assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
-    assert r.choices[0].model_extra is not None
-    assert r.choices[0].model_extra["token_ids"] == case["greedy"]
+    n, ids = openai_image_greedy(vlm, "qwen25vl", data, GOLD["question"], len(case["greedy"]), kind)
+    assert n == len(case["prompt_ids"]) and ids == case["greedy"]
 
 
 def test_ollama_images_answer_as_openai(vlm: Server) -> None:
     case = GOLD["cases"][-1]
     path = FIX / case["image"]
-    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
-    opts = {"temperature": 0, "num_predict": 4}
-    msg = {"role": "user", "content": GOLD["question"], "images": [path]}
-    chat = oc.chat(model="qwen25vl", messages=[msg], options=opts)
-    url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
-    want = openai_client(vlm).chat.completions.create(
-        model="qwen25vl", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=4
-    )
-    assert chat.message.content == want.choices[0].message.content
-    assert chat.prompt_eval_count == len(case["prompt_ids"])
+    got, want, n = ollama_and_openai_answers(vlm, "qwen25vl", path, GOLD["question"], 4)
+    assert got == want
+    assert n == len(case["prompt_ids"])

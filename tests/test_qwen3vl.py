@@ -13,14 +13,12 @@ llama.cpp's a few each)."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ollama
 import pytest
 import trio
 
@@ -29,25 +27,34 @@ from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import ModelcError, UsageError
 from modelc.formats import load_model
-from modelc.runtime.arch import build
 from modelc.runtime.model import LanguageModel
-from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import PlacedPrompt, VisionModel
 from tests import gen_qwen3vlmoe
 from tests.cli_support import Cli
 from tests.gen_qwen3vl import SPECIAL, ensure_model
-from tests.gguf_support import manifest
-from tests.peers import HTTP_TIMEOUT, llamacpp_image_answer, openai_client
-from tests.runtime_support import first_and_greedy, golden, make_backend
-from tests.server_fixtures import Server, start
+from tests.gguf_support import manifest, unnamed
+from tests.peers import (
+    llamacpp_image_answer,
+    ollama_and_openai_answers,
+    openai_image_greedy,
+    serve_exact,
+)
+from tests.runtime_support import (
+    assert_greedy_as_golden,
+    exact_lm,
+    first_and_greedy,
+    golden,
+    make_backend,
+)
+from tests.server_fixtures import Server
+from tests.vision_support import chat_format, place_chat
 
 GOLD: dict[str, Any] = golden("qwen3vl.json")
 MOE: dict[str, Any] = golden("qwen3vlmoe.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
 D = 64  # the text width
-NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +64,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
@@ -99,25 +104,15 @@ def test_ggufs_are_the_converters(kind: str, moe: bool) -> None:
     _, gg, mm = (gen_qwen3vlmoe.ensure_model if moe else ensure_model)()
     gold = MOE if moe else GOLD
     ours, theirs = manifest(gg if kind == "model" else mm), gold["converter"][kind]
-    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
-        k: v for k, v in theirs["metadata"].items() if k not in NAMING
-    }
+    assert unnamed(ours["metadata"]) == unnamed(theirs["metadata"])
     assert ours["tensors"] == theirs["tensors"]
 
 
 def _placed(vision: VisionModel, case: dict[str, Any]) -> PlacedPrompt:
     """The release's template through modelc's template path, the image placed."""
-    ir = load_model(str(ensure_model()[1]))
-    assert ir.tokenizer is not None
-    fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
+    fmt = chat_format(ensure_model()[1])
     data = _bytes(case)
-    msg = [{"type": "image", "data": data}, {"type": "text", "text": GOLD["question"]}]
-    chat = fmt.chat([{"role": "user", "content": msg}])
-
-    def enc(t: str) -> list[int]:
-        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
-
-    return vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
+    return place_chat(vision, fmt, data, GOLD["question"])
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -129,22 +124,15 @@ def test_greedy_answer_equals_transformers(
     (span,) = placed.images
     _, gh, gw = case["grid_thw"]
     assert span.grid == (gh // 2, gw // 2) and span.deep is not None and len(span.deep) == 2
-    lp, out = first_and_greedy(lm, placed.ids, len(case["greedy"]), placed.images)
-    for tok, want in case["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == case["greedy"]
+    assert_greedy_as_golden(lm, placed.ids, case, placed.images)
 
 
 def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     t = GOLD["text"]
     hf, gg, _ = ensure_model()
     for src in (gg, hf):
-        model = build(load_model(str(src)), make_backend("cpu-exact"))
-        assert isinstance(model, LanguageModel)
-        lp, out = first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
-        for tok, want in t["top_logprobs"]:
-            assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
-        assert out == t["greedy"], src
+        model = exact_lm(src)
+        assert_greedy_as_golden(model, t["prompt_ids"], t, (), src)
 
 
 def test_the_mixture_answers_as_transformers_from_gguf_and_hf(vision: VisionModel) -> None:
@@ -152,17 +140,14 @@ def test_the_mixture_answers_as_transformers_from_gguf_and_hf(vision: VisionMode
     image's answer and the text prompt's, as transformers'."""
     hf, gg, _ = gen_qwen3vlmoe.ensure_model()
     for src in (gg, hf):
-        model = build(load_model(str(src)), make_backend("cpu-exact"))
-        assert isinstance(model, LanguageModel) and model.hparams.n_expert == 4
+        model = exact_lm(src)
+        assert model.hparams.n_expert == 4
         for case in [*MOE["cases"], MOE["text"]]:
             placed = _placed(vision, case) if "image" in case else None
             ids = placed.ids if placed else case["prompt_ids"]
             assert ids == case["prompt_ids"]
             spans = placed.images if placed else ()
-            lp, out = first_and_greedy(model, ids, len(case["greedy"]), spans)
-            for tok, want in case["top_logprobs"]:
-                assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
-            assert out == case["greedy"], src
+            assert_greedy_as_golden(model, ids, case, spans, src)
 
 
 def test_deepstack_and_interleaving_move_the_answer(vision: VisionModel, lm: LanguageModel) -> None:
@@ -284,28 +269,15 @@ def test_pack_and_inspect(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def vlm() -> Iterator[Server]:
     _, gg, mm = ensure_model()
-    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
-    yield srv
-    srv.stop()
+    yield from serve_exact(gg, mm)
 
 
 def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     case = GOLD["cases"][-1]
-    url = "data:image/png;base64," + base64.b64encode(_bytes(case)).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
-    r = openai_client(vlm).chat.completions.create(
-        model="qwen3vl",
-        messages=[{"role": "user", "content": parts}],
-        temperature=0,
-        max_tokens=len(case["greedy"]),
-        extra_body={"return_token_ids": True, "ignore_eos": True},
+    n, ids = openai_image_greedy(
+        vlm, "qwen3vl", _bytes(case), GOLD["question"], len(case["greedy"])
     )
-    assert r.usage is not None and r.usage.prompt_tokens == len(case["prompt_ids"])
-    assert r.choices[0].model_extra is not None
-    assert r.choices[0].model_extra["token_ids"] == case["greedy"]
+    assert n == len(case["prompt_ids"]) and ids == case["greedy"]
 
 
 def test_ollama_images_answer_as_openai(vlm: Server) -> None:
@@ -313,16 +285,6 @@ def test_ollama_images_answer_as_openai(vlm: Server) -> None:
     OpenAI route gives (transformers' tokens, above)."""
     case = GOLD["cases"][1]
     path = FIX / case["image"]
-    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
-    msg = {"role": "user", "content": GOLD["question"], "images": [path]}
-    chat = oc.chat(model="qwen3vl", messages=[msg], options={"temperature": 0, "num_predict": 6})
-    assert chat.prompt_eval_count == len(case["prompt_ids"])
-    url = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
-    want = openai_client(vlm).chat.completions.create(
-        model="qwen3vl", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=6
-    )
-    assert chat.message.content and chat.message.content == want.choices[0].message.content
+    got, want, n = ollama_and_openai_answers(vlm, "qwen3vl", path, GOLD["question"], 6)
+    assert n == len(case["prompt_ids"])
+    assert got and got == want

@@ -22,26 +22,34 @@ import trio
 from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import UsageError
-from modelc.formats import load_model
-from modelc.runtime.arch import build
-from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.prompt_media import MEDIA_MARKER, encode_around
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import VisionModel
 from modelc.vision.idefics3 import Tiled, sizes, tile_texts, tiles
 from tests.gen_smolvlm import SPECIAL, TOKENS_PER_TILE, ensure_model
-from tests.gguf_support import manifest
-from tests.peers import openai_client
-from tests.runtime_support import golden, make_backend
-from tests.server_fixtures import Server, start
+from tests.gguf_support import manifest, unnamed
+from tests.peers import (
+    image_question,
+    ollama_and_openai_answers,
+    openai_image_greedy,
+    serve_exact,
+)
+from tests.runtime_support import (
+    assert_greedy_as_golden,
+    exact_lm,
+    golden,
+    make_backend,
+)
+from tests.server_fixtures import Server
+from tests.vision_support import chat_format, token_encoder
 
 GOLD: dict[str, Any] = golden("smolvlm.json")
 FIX = Path(__file__).parent / "fixtures"
 CASES = [pytest.param(c, id=c["image"].split("/")[-1]) for c in GOLD["cases"]]
 IMAGE = SPECIAL["<image>"]
 MARKER = {"LLAMA_MEDIA_MARKER": "<__media__>"}  # the server's own is random
-NAMING = ("general.name", "general.size_label", "general.basename", "general.finetune")
 
 
 @pytest.fixture(scope="module")
@@ -51,25 +59,25 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 @pytest.fixture(scope="module")
 def fmt() -> PromptFormat:
-    ir = load_model(str(ensure_model()[1]))
-    assert ir.tokenizer is not None
-    return PromptFormat.build(ir.tokenizer, ir.chat_template)
+    return chat_format(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
     return (FIX / case["image"]).read_bytes()
 
 
-def _data_url(path: Path) -> str:
-    kind = "jpeg" if path.suffix == ".jpg" else "png"
-    return f"data:image/{kind};base64," + base64.b64encode(path.read_bytes()).decode()
+def _kind(path: Path) -> str:
+    return "jpeg" if path.suffix == ".jpg" else "png"
+
+
+def _question(path: Path) -> list[dict[str, Any]]:
+    """The OpenAI content of the image at ``path`` and the goldens' question."""
+    return image_question(path.read_bytes(), GOLD["question"], _kind(path))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -97,9 +105,7 @@ def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]
 def test_ggufs_are_the_converters(kind: str) -> None:
     _, gg, mm = ensure_model()
     ours, theirs = manifest(gg if kind == "model" else mm), GOLD["converter"][kind]
-    assert {k: v for k, v in ours["metadata"].items() if k not in NAMING} == {
-        k: v for k, v in theirs["metadata"].items() if k not in NAMING
-    }
+    assert unnamed(ours["metadata"]) == unnamed(theirs["metadata"])
     assert ours["tensors"] == theirs["tensors"]
 
 
@@ -109,8 +115,7 @@ def _placed(
     """``text`` (a rendered prompt, the image's marker in it) tokenized around the marker,
     the image's tiles placed there."""
 
-    def enc(t: str) -> list[int]:
-        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
+    enc = token_encoder(fmt)
 
     ids, at = encode_around(enc, text, 1)
     placed = vision.place(ids, at, [vision.embed(data)], enc)
@@ -141,8 +146,7 @@ def test_the_chat_route_renders_as_llamacpp(vision: VisionModel, fmt: PromptForm
     chat = fmt.chat([{"role": "user", "content": msg}])
     assert chat.text == case["chat"]["prompt_text"].replace("<image>", MEDIA_MARKER)
 
-    def enc(t: str) -> list[int]:
-        return fmt.tokenizer.encode(t, add_special=False, parse_special=True)
+    enc = token_encoder(fmt)
 
     placed = vision.place(chat.ids, chat.media, [vision.embed(data)], enc)
     assert placed.ids == case["chat"]["prompt_ids"]
@@ -158,30 +162,13 @@ def test_only_a_template_blind_to_string_content_gets_typed_parts() -> None:
     assert typed_content((FIX / "smolvlm" / "smolvlm.jinja").read_text())
 
 
-def _first_and_greedy(
-    lm: LanguageModel, ids: list[int], n: int, spans: tuple[ImageSpan, ...]
-) -> tuple[np.ndarray[Any, Any], list[int]]:
-    cache = lm.new_cache(max_tokens=256)
-    logits = lm.forward([SeqChunk(cache, ids, None, spans)])
-    x = logits[-1].astype(np.float64)
-    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits[-1])))
-        logits = lm.forward([SeqChunk(cache, [out[-1]], None, ())])
-    return lp, out
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_answer_equals_transformers(
     vision: VisionModel, lm: LanguageModel, fmt: PromptFormat, case: dict[str, Any]
 ) -> None:
     text = case["prompt_text"].replace("<image>", MEDIA_MARKER)
     ids, spans = _placed(vision, fmt, text, _bytes(case))
-    lp, out = _first_and_greedy(lm, ids, len(case["greedy"]), spans)
-    for tok, want in case["top_logprobs"]:
-        assert abs(lp[tok] - want) < 2e-3, (tok, lp[tok], want)
-    assert out == case["greedy"]
+    assert_greedy_as_golden(lm, ids, case, spans)
 
 
 def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
@@ -189,12 +176,9 @@ def test_text_alone_equals_transformers_from_gguf_and_hf() -> None:
     t = GOLD["text"]
     hf, gg, _ = ensure_model()
     for src in (gg, hf):
-        model = build(load_model(str(src)), make_backend("cpu-exact"))
-        assert isinstance(model, LanguageModel) and model.architecture == "llama"
-        lp, out = _first_and_greedy(model, t["prompt_ids"], len(t["greedy"]), ())
-        for tok, want in t["top_logprobs"]:
-            assert abs(lp[tok] - want) < 2e-3, (src, tok, lp[tok], want)
-        assert out == t["greedy"], src
+        model = exact_lm(src)
+        assert model.architecture == "llama"
+        assert_greedy_as_golden(model, t["prompt_ids"], t, (), src)
 
 
 def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> None:
@@ -233,10 +217,7 @@ def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> N
                 top = r["completion_probabilities"][cut]["top_logprobs"]
                 assert abs(top[0]["logprob"] - top[1]["logprob"]) < 0.05, (got, want, top)
         case = GOLD["cases"][-1]
-        parts = [
-            {"type": "image_url", "image_url": {"url": _data_url(FIX / case["image"])}},
-            {"type": "text", "text": GOLD["question"]},
-        ]
+        parts = _question(FIX / case["image"])
         chat = {"messages": [{"role": "user", "content": parts}], "max_tokens": 1}
         r = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=120).json()
     assert r["usage"]["prompt_tokens"] == len(case["chat"]["prompt_ids"])
@@ -324,55 +305,24 @@ def test_one_tile_is_the_global_image_alone() -> None:
 @pytest.fixture(scope="module")
 def vlm() -> Iterator[Server]:
     _, gg, mm = ensure_model()
-    srv = start(str(gg), "--mmproj", str(mm), "--kv-cache", "f32", env={"MODELC_MATMUL": "exact"})
-    yield srv
-    srv.stop()
+    yield from serve_exact(gg, mm)
 
 
 def test_openai_image_url_answers_as_transformers(vlm: Server) -> None:
     """A real ``modelc run --mmproj``: the ``openai`` client's data URL gets the prompt
     token count of llama.cpp's chat rendering and transformers' greedy answer to it."""
     case = GOLD["cases"][-1]
-    parts = [
-        {"type": "image_url", "image_url": {"url": _data_url(FIX / case["image"])}},
-        {"type": "text", "text": GOLD["question"]},
-    ]
-    r = openai_client(vlm).chat.completions.create(
-        model="smolvlm",
-        messages=[{"role": "user", "content": parts}],
-        temperature=0,
-        max_tokens=len(case["chat"]["greedy"]),
-        extra_body={"return_token_ids": True, "ignore_eos": True},
+    path, n_new = FIX / case["image"], len(case["chat"]["greedy"])
+    n, ids = openai_image_greedy(
+        vlm, "smolvlm", path.read_bytes(), GOLD["question"], n_new, _kind(path)
     )
-    assert r.usage is not None and r.usage.prompt_tokens == len(case["chat"]["prompt_ids"])
-    assert r.choices[0].model_extra is not None
-    assert r.choices[0].model_extra["token_ids"] == case["chat"]["greedy"]
+    assert n == len(case["chat"]["prompt_ids"]) and ids == case["chat"]["greedy"]
 
 
 def test_ollama_images_answer_as_openai(vlm: Server) -> None:
     """The ``ollama`` client's ``images``: the same prompt count and answer."""
-    import ollama
-
-    from tests.peers import HTTP_TIMEOUT
-
     case = GOLD["cases"][0]
     path = FIX / case["image"]
-    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
-    msg = {"role": "user", "content": GOLD["question"], "images": [path]}
-    chat = oc.chat(model="smolvlm", messages=[msg], options={"temperature": 0, "num_predict": 4})
-    assert chat.prompt_eval_count == len(case["chat"]["prompt_ids"])
-    want = openai_client(vlm).chat.completions.create(
-        model="smolvlm",
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": _data_url(path)}},
-                    {"type": "text", "text": GOLD["question"]},
-                ],
-            }
-        ],
-        temperature=0,
-        max_tokens=4,
-    )
-    assert chat.message.content == want.choices[0].message.content
+    got, want, n = ollama_and_openai_answers(vlm, "smolvlm", path, GOLD["question"], 4, _kind(path))
+    assert n == len(case["chat"]["prompt_ids"])
+    assert got == want

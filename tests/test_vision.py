@@ -18,14 +18,12 @@ import trio
 from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
 from modelc.errors import FormatError
-from modelc.formats import load_model
-from modelc.runtime.arch import build
 from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import VisionModel
 from tests.gen_gemma3vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest
-from tests.runtime_support import golden, make_backend
+from tests.runtime_support import exact_lm, golden, make_backend
 
 GOLD: dict[str, Any] = golden("gemma3vl.json")
 IMAGES = Path(__file__).parent / "fixtures" / "vision"
@@ -39,9 +37,7 @@ def vision() -> VisionModel:
 
 @pytest.fixture(scope="module")
 def lm() -> LanguageModel:
-    model = build(load_model(str(ensure_model()[1])), make_backend("cpu-exact"))
-    assert isinstance(model, LanguageModel)
-    return model
+    return exact_lm(ensure_model()[1])
 
 
 def _bytes(case: dict[str, Any]) -> bytes:
