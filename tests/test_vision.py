@@ -162,3 +162,23 @@ def test_a_model_file_is_no_projector() -> None:
     _, gg, _ = ensure_model()
     with pytest.raises(FormatError, match="no vision projector"):
         build_engine(gg, EngineOptions(mmproj=str(gg)))
+
+
+def test_inspect_says_how_each_projector_sizes_an_image(tmp_path: Path) -> None:
+    """``modelc inspect``'s vision line: Gemma 3's fixed tokens an image, SmolVLM's per
+    tile, a Qwen image's a token per merged patch square (its count set by the image)."""
+    import shutil
+
+    from modelc.cli.store import _vision
+    from modelc.store import mmproj_beside_path
+    from tests import gen_qwen25vl, gen_smolvlm
+
+    art = tmp_path / "1.modelc"
+    want = {
+        gen_smolvlm: "images up to 64px in 32px tiles and the whole, 16 tokens each",
+        gen_qwen25vl: "a token per 28x28 pixels of the resized image",
+    }
+    for gen, text in want.items():
+        shutil.copy(gen.ensure_model()[2], mmproj_beside_path(art))
+        got = _vision(art)
+        assert got is not None and got["images"] == text, got

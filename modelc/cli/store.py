@@ -154,8 +154,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             if (vision := _vision(path)) is not None:
                 print(
                     f"  vision         {vision['projector']} projector, {vision['layers']} "
-                    f"layers {vision['width']} wide: {vision['image_size']}px images as "
-                    f"{vision['tokens_per_image']} tokens ({vision['file']})"
+                    f"layers {vision['width']} wide: {vision['images']} ({vision['file']})"
                 )
     finally:
         art.close()
@@ -171,13 +170,25 @@ def _vision(artifact: Path) -> dict[str, Any] | None:
     if side is None:
         return None
     cfg = load_mmproj(side)[0]
+    fixed = cfg.projector in ("gemma3", "idefics3")  # a size of their own, else the image's
+    if cfg.projector == "gemma3":
+        images = f"{cfg.image_size}px images as {cfg.tokens_per_image} tokens"
+    elif cfg.projector == "idefics3":
+        images = (
+            f"images up to {cfg.longest_edge}px in {cfg.image_size}px tiles and the whole, "
+            f"{cfg.tokens_per_image} tokens each"
+        )
+    else:
+        square = cfg.patch_size * cfg.n_merge
+        images = f"a token per {square}x{square} pixels of the resized image"
     return {
         "file": side.name,
         "projector": cfg.projector,
         "layers": cfg.n_layer,
         "width": cfg.width,
         "image_size": cfg.image_size,
-        "tokens_per_image": cfg.tokens_per_image,
+        "tokens_per_image": cfg.tokens_per_image if fixed else None,
+        "images": images,
     }
 
 
