@@ -27,7 +27,8 @@ from modelc.vision.idefics3 import pixel_shuffle
 from modelc.vision.preprocess import patchify
 
 if TYPE_CHECKING:
-    from modelc.vision.mmproj import VisionBlock, VisionConfig, VisionWeights
+    from modelc.vision.blocks import VisionBlock
+    from modelc.vision.mmproj import VisionConfig, VisionWeights
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 

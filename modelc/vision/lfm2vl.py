@@ -34,7 +34,8 @@ from modelc.vision.encoder import layer_norm, siglip_blocks
 from modelc.vision.preprocess import normalise, smart_resize
 
 if TYPE_CHECKING:
-    from modelc.vision.mmproj import VisionBlock, VisionConfig
+    from modelc.vision.blocks import VisionBlock
+    from modelc.vision.mmproj import VisionConfig
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
 TOKENS = (64, 256)  # the image tokens an image takes (llama.cpp and the release's processor)

@@ -30,6 +30,7 @@ import numpy as np
 from modelc.errors import FormatError, ModelcError, UnsupportedError
 from modelc.formats.ir import DType, Tensor
 from modelc.formats.quants import dequantize
+from modelc.vision.blocks import VisionBlock
 from modelc.vision.pixtral import PixtralWeights, load_pixtral
 from modelc.vision.qwen3vl import Qwen3Weights, load_qwen3vl
 from modelc.vision.qwen25vl import Qwen25Weights, load_qwen25
@@ -65,26 +66,6 @@ class VisionConfig:
     @property
     def tokens_per_image(self) -> int:
         return (self.patches_per_side // self.n_merge) ** 2
-
-
-@dataclass(frozen=True, slots=True)
-class VisionBlock:
-    ln1_w: F32  # (width,)
-    ln1_b: F32
-    wq: F32  # (width, width), each with its bias (width,)
-    bq: F32
-    wk: F32
-    bk: F32
-    wv: F32
-    bv: F32
-    wo: F32
-    bo: F32
-    ln2_w: F32
-    ln2_b: F32
-    w_up: F32  # (ff, width)
-    b_up: F32
-    w_down: F32  # (width, ff)
-    b_down: F32
 
 
 @dataclass(frozen=True, slots=True)

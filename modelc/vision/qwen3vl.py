@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modelc.errors import FormatError
+from modelc.vision.blocks import VisionBlock
 from modelc.vision.encoder import _gelu_tanh, layer_norm
 from modelc.vision.qwen25vl import _erf, _grid, attention, rope_tables
 
@@ -37,26 +38,6 @@ F32 = np.ndarray[Any, np.dtype[np.float32]]
 # Qwen3-VL's processor: at least 65536 pixels; at most llama.cpp's 4096 tokens (the
 # processor's own 16777216 would be 16384 tokens, past what one attention over the image takes)
 PIXELS = (65536, 4096 * 32 * 32)
-
-
-@dataclass(frozen=True, slots=True)
-class Qwen3Block:
-    ln1_w: F32  # (width,) layer norms, each with its bias
-    ln1_b: F32
-    ln2_w: F32
-    ln2_b: F32
-    wq: F32  # (width, width): row views of attn_qkv, each with its bias
-    bq: F32
-    wk: F32
-    bk: F32
-    wv: F32
-    bv: F32
-    wo: F32
-    bo: F32
-    w_up: F32  # (ff, width)
-    b_up: F32
-    w_down: F32  # (width, ff)
-    b_down: F32
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +55,7 @@ class Qwen3Weights:
     patch: F32  # (width, 3 * 2 * p * p): (channel, frame, row, column) as the pixel values
     patch_b: F32  # (width,)
     pos: F32  # (s * s, width) the learned position table
-    blocks: tuple[Qwen3Block, ...]
+    blocks: tuple[VisionBlock, ...]
     merger: Merger
     deep: dict[int, Merger]  # block index -> its DeepStack merger, in block order
 
@@ -88,11 +69,11 @@ def load_qwen3vl(cfg: VisionConfig, get: Callable[..., F32]) -> Qwen3Weights:
     if side * side != len(pos) or pos.shape[1:] != (w,):
         raise FormatError(f"v.position_embd has shape {pos.shape}: a square table is needed")
 
-    def block(i: int) -> Qwen3Block:
+    def block(i: int) -> VisionBlock:
         b = f"v.blk.{i}."
         ff = get(b + "ffn_up.weight").shape[0]
         qkv, bqkv = get(b + "attn_qkv.weight", (3 * w, w)), get(b + "attn_qkv.bias", (3 * w,))
-        return Qwen3Block(
+        return VisionBlock(
             ln1_w=get(b + "ln1.weight", (w,)),
             ln1_b=get(b + "ln1.bias", (w,)),
             ln2_w=get(b + "ln2.weight", (w,)),
