@@ -23,6 +23,7 @@ import httpx
 import msgspec
 import trio
 
+from modelc.server.images import part_url
 from modelc.vision import ImageError
 from modelc.vision.preprocess import MAX_BYTES
 
@@ -31,44 +32,26 @@ FETCH_TIMEOUT = float(os.environ.get("MODELC_IMAGE_FETCH_TIMEOUT", "10"))
 MAX_REDIRECTS = 3
 
 
-def _url(part: Any) -> str | None:
-    """An ``image_url`` part's URL when it is ``http(s)``, else None."""
-    if isinstance(part, dict):
-        if part.get("type") != "image_url":
-            return None
-        url = part.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-    else:
-        if getattr(part, "type", None) != "image_url":
-            return None
-        url = getattr(getattr(part, "image_url", None), "url", None)
-    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
-
-
-def _content(message: Any) -> Any:
-    return (
-        message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
-    )
-
-
-def remote_parts(messages: Sequence[Any]) -> list[tuple[int, int, str]]:
-    """(message, part, URL) of every ``http(s)`` image URL in ``messages`` (Structs or
-    dicts)."""
+def remote_parts(messages: list[Any]) -> list[tuple[int, int, str]]:
+    """(message, part, URL) of every ``http(s)`` image URL in plain (dict) ``messages``."""
     out = []
     for i, m in enumerate(messages):
-        content = _content(m)
-        if isinstance(content, list):
-            out += [(i, j, u) for j, p in enumerate(content) if (u := _url(p)) is not None]
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, p in enumerate(content if isinstance(content, list) else []):
+            url = part_url(p) if isinstance(p, dict) and p.get("type") == "image_url" else None
+            if isinstance(url, str) and url.startswith(("http://", "https://")):
+                out.append((i, j, url))
     return out
 
 
 async def fetch_image_urls(messages: Sequence[Any], allow: bool) -> list[Any]:
-    """``messages`` with every ``http(s)`` image URL replaced by the fetched image as a
-    ``data:`` URL (plain dicts then; unchanged when there is none); ImageError when the
-    server does not fetch URLs or a fetch fails."""
-    found = remote_parts(messages)
+    """``messages`` as plain dicts, every ``http(s)`` image URL replaced by the fetched
+    image as a ``data:`` URL; ImageError when the server does not fetch URLs or a fetch
+    fails."""
+    out: list[Any] = msgspec.to_builtins(list(messages))
+    found = remote_parts(out)
     if not found:
-        return list(messages)
+        return out
     i, j, _ = found[0]
     if not allow:
         raise ImageError(
@@ -76,7 +59,6 @@ async def fetch_image_urls(messages: Sequence[Any], allow: bool) -> list[Any]:
             "(data:image/png;base64,...), or start the server with --allow-image-urls",
             param=f"messages[{i}].content[{j}].image_url",
         )
-    out: list[Any] = msgspec.to_builtins(list(messages))
     async with httpx.AsyncClient(follow_redirects=True, max_redirects=MAX_REDIRECTS) as client:
         for i, j, url in found:
             param = f"messages[{i}].content[{j}].image_url"

@@ -29,9 +29,15 @@ from modelc.vision.preprocess import decode_base64, decode_data_url
 MAX_IMAGES = 16  # a request's images (each one's work is the tower's whole forward)
 
 
-def _url_part(part: dict[str, Any], param: str) -> dict[str, Any]:
+def part_url(part: dict[str, Any]) -> Any:
+    """An ``image_url`` part's URL (``image_url.url``, or ``image_url`` itself as a string;
+    whatever it holds, for the caller to check)."""
     url = part.get("image_url")
-    url = url.get("url") if isinstance(url, dict) else url
+    return url.get("url") if isinstance(url, dict) else url
+
+
+def _url_part(part: dict[str, Any], param: str) -> dict[str, Any]:
+    url = part_url(part)
     if not isinstance(url, str):
         raise ImageError("an image_url part needs image_url.url", param=param)
     if url.startswith(("http://", "https://")):
