@@ -36,7 +36,7 @@ from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
 from modelc.vision.idefics3 import Tiled, tile_texts, tiles
 from modelc.vision.lfm2vl import Lfm2Weights, Tiles, encode_lfm2, lfm2_pixels
-from modelc.vision.mmproj import AnyWeights, VisionConfig, load_mmproj
+from modelc.vision.mmproj import AnyWeights, VisionConfig, VisionWeights, load_mmproj
 from modelc.vision.pixtral import PixtralWeights, encode_pixtral, row_spans
 from modelc.vision.preprocess import (
     QWEN_PIXELS,
@@ -182,10 +182,10 @@ class VisionModel:
                 return hit
         pix, rows, cols = self.tiles(data, param)
         emb: Embedding
-        if self.cfg.projector == "idefics3":
-            assert not isinstance(pix, Tiles)
-            parts = [self.encode(t) for t in pix]
-            emb = Tiled(rows, cols, np.stack([p for p in parts if not isinstance(p, Tiles)]))
+        if self.cfg.projector == "idefics3":  # SigLIP weights, pixels a stack of tiles
+            w = self.weights
+            assert isinstance(w, VisionWeights) and not isinstance(pix, Tiles)
+            emb = Tiled(rows, cols, np.stack([encode(self.cfg, w, t) for t in pix]))
             emb.embeds.flags.writeable = False  # shared between requests
         else:
             emb = self.encode(pix)
