@@ -342,8 +342,9 @@ def test_big_decode_batches_replayed_as_graphs(tmp_path: Path) -> None:
         assert nxt == [int(t) for t in np.argmax(b, axis=1)]
         a = ref.forward([SeqChunk(c, [t]) for c, t in zip(cr, nxt, strict=True)])
         b = dev.forward([SeqChunk(c, [t]) for c, t in zip(cd, nxt, strict=True)])
+    assert dev.dev.blas is not None, "cuBLAS called directly did not pass its own check"
     assert dev.graph_error is None
-    assert len(dev._graphs) == (1 if dev.dev.blas is not None else 0)
+    assert len(dev._graphs) == 1
 
 
 @gpu
@@ -369,7 +370,7 @@ def test_models_one_after_another_on_the_cublas_path(tmp_path: Path) -> None:
             nxt = [int(t) for t in np.argmax(a, axis=1)]
             a = ref.forward([SeqChunk(c, [t]) for c, t in zip(cr, nxt, strict=True)])
             b = dev.forward([SeqChunk(c, [t]) for c, t in zip(cd, nxt, strict=True)])
-        assert len(dev._graphs) == (1 if dev.dev.blas is not None else 0)
+        assert dev.dev.blas is not None and len(dev._graphs) == 1
         for c in cd:
             c.free()
         del dev, cd
@@ -569,3 +570,34 @@ def test_device_sampling_matches_the_host_path() -> None:
             rtol=0,
             atol=1e-6,
         )
+
+
+@gpu
+def test_cublas_steps_from_another_thread(tmp_path: Path) -> None:
+    """The server runs steps on a worker thread, not the one that built the model: a
+    24-sequence batch (the cuBLAS path) stepped there gives the main thread's logits."""
+    import threading
+
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=9))
+    dev = on_gpu(ir)
+    dev.dev.gemv_max = 16
+    rng = np.random.default_rng(10)
+    seqs = [rng.integers(0, SMALL.n_vocab, 5).tolist() for _ in range(24)]
+    out: dict[str, Any] = {}
+
+    def run(key: str) -> None:
+        try:
+            caches = [dev.new_cache("f16") for _ in seqs]
+            out[key] = dev.forward([SeqChunk(c, s) for c, s in zip(caches, seqs, strict=True)])
+            for c in caches:
+                c.free()
+        except Exception as e:  # reported below, on the test's thread
+            out[key] = e
+
+    run("main")
+    t = threading.Thread(target=run, args=("worker",))
+    t.start()
+    t.join()
+    assert dev.dev.blas is not None
+    assert not isinstance(out["worker"], Exception), out["worker"]
+    assert np.array_equal(out["main"], out["worker"])
