@@ -2,17 +2,18 @@
 in their GGUF blocks.
 
 * :class:`Device` compiles :mod:`.cuda_src` (+ :mod:`.cuda_gemv`, :mod:`.cuda_deq`,
-  :mod:`.cuda_gemvq`) once a process and launches its kernels: GEMV straight from the
-  quantized blocks (a weight row split over 1..8 warps, lanes reading 4 weights each so
-  activations load coalesced; up to 16 activation rows a pass) for decode and small
-  batches (``MODELC_CUDA_GEMV_MAX``, 16), or with ``MODELC_CUDA_GEMV=q8`` the
-  activations quantized to 8 bits and ``dp4a`` dot products for Q4_0 / Q8_0 / Q4_K /
-  Q5_K / Q6_K (never in exact mode; the kernel before a product, norm, attention or
-  activation, quantizes its output in the same launch); for
-  more rows, the weight dequantized into a scratch matrix (``deq8``, coalesced;
+  :mod:`.cuda_gemvq`, :mod:`.cuda_norm`) once a process and launches its kernels: for
+  decode and small batches (up to ``MODELC_CUDA_GEMV_MAX`` rows, 8) a GEMV straight from
+  the quantized blocks, the activations quantized to 8 bits and ``dp4a`` dot products
+  for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K (as llama.cpp's ``mmvq``; the kernel before a
+  product, norm, attention or activation, quantizes its output in the same launch), the
+  float GEMV (``gemv4``: lanes reading 4 weights each) for the other types, in exact mode
+  (``MODELC_MATMUL=exact``, the CPU backend's switch for parity with a float reference)
+  and with ``MODELC_CUDA_GEMV=gemv4``; a weight row split over 1..8 warps; for more rows,
+  the weight dequantized into a scratch matrix (``deq8``, coalesced;
   ``MODELC_CUDA_DEQ=deq32`` the first kernel) and one cuBLAS ``gemmEx``
-  (:mod:`.cuda_blas`; f16 tensor cores, f32 with ``MODELC_MATMUL=exact``, the CPU
-  backend's switch for parity with a float reference).
+  (:mod:`.cuda_blas`; f16 tensor cores, f32 in exact mode), captured in the step's CUDA
+  graph like the rest.
 * :class:`~.cuda_weights.DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q5_0, Q5_1,
   Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, F16 and F32 as stored; BF16 widened to F32 and the
   other GGUF types dequantized to F16 at upload.
@@ -40,10 +41,20 @@ from modelc.runtime.backend import Weight
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
-from modelc.runtime.backends.cuda_src import GEMV_ROWS, HEAD_LANES, kernel_names, source
+from modelc.runtime.backends.cuda_norm import aligned
+from modelc.runtime.backends.cuda_norm import threads as norm_threads
+from modelc.runtime.backends.cuda_src import (
+    ATTN_WARPS,
+    GEMV_ROWS,
+    HEAD_LANES,
+    kernel_names,
+    source,
+)
 from modelc.runtime.backends.cuda_weights import CODES, DevPart, DevWeight, host_part
 
-GEMV_MAX = max(GEMV_ROWS)
+GEMV_MAX = max(GEMV_ROWS)  # rows a GEMV pass takes
+GEMV_ROWS_DEFAULT = 8  # rows up to which a product takes GEMV passes, not cuBLAS
+GEMV_KIND = "q8"
 
 
 def _import_cupy() -> Any:
@@ -98,14 +109,15 @@ class Device:
         self._deq_buf: Any = None
         self._x16: Any = None
         self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
-        # gemv4 (coalesced; default), gemv (a lane a group) or q8 (int8 activations and dp4a
-        # for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K, gemv4 for the rest; not in exact mode); rows
-        # up to gemv_max take GEMV
-        self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", "gemv4")
+        # q8 (default: int8 activations and dp4a for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K,
+        # gemv4 for the rest and in exact mode), gemv4 (float, coalesced) or gemv (a lane a
+        # group); rows up to gemv_max take GEMV, more cuBLAS (an H100: q8 passes of 8 rows
+        # and cuBLAS for 16 take about the same time, cuBLAS 2.5x less for 16-32 rows)
+        self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", GEMV_KIND)
         self.deq_kind = os.environ.get("MODELC_CUDA_DEQ", "deq8")  # or deq32 (the first)
         self._xq: Any = None
         self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
-        self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_MAX)))
+        self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_ROWS_DEFAULT)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
         self.blas: Blas | None = open_blas(self.cp)
 
@@ -211,10 +223,11 @@ class Device:
         return on and any(p.code in Q8_TYPES for p in w.parts)
 
     def _wpr(self, p: DevPart, per_pass: int) -> int:
-        """Warps a row: enough warps in flight (~32k), each with >= 2 passes of
-        ``per_pass`` groups."""
-        wpr, want, ng = 1, max(1, 32768 // p.rows), p.cols // 32
-        while self.split_k and wpr * 2 <= min(8, want) and 4 * per_pass * wpr <= ng:
+        """Warps a row: up to ~16k warps in all, each with >= 4 passes of ``per_pass``
+        groups (bench/cuda_gemv_sweep.py on an H100: within ~10 % of the fastest split
+        for each 1.1B and 8B shape; more warps than that wait for a second wave)."""
+        wpr, want, ng = 1, max(1, 16384 // p.rows), p.cols // 32
+        while self.split_k and wpr * 2 <= min(8, want) and 4 * per_pass * wpr * 2 <= ng:
             wpr *= 2
         return wpr
 
@@ -249,13 +262,22 @@ class Device:
             self.matmul(w, h, n, y)
             return
         xq, xs = self._q8_views(n, w.cols)
-        self.fn["rms_norm_q8"](
+        nt = self._v4(x, h, wn)
+        self.fn["rms_norm_q8" if nt is None else "rms_norm_v4_q8"](
             (n,),
-            (256,),
+            (nt or 256,),
             (x, np.int32(x.strides[0] // 4), wn, np.float32(eps), np.int32(w.cols), h,
              np.int32(h.strides[0] // 4), xq, xs),
         )  # fmt: skip
         self.matmul(w, h, n, y, q8=(xq, xs))
+
+    @staticmethod
+    def _v4(x: Any, out: Any, w: Any) -> int | None:
+        """Threads a block for the register norms (:mod:`.cuda_norm`) of rows of x into
+        out, or None where they do not take them (sizes, alignment)."""
+        nt = norm_threads(int(w.shape[0]))
+        ptrs = (x.data.ptr, x.strides[0], out.data.ptr, out.strides[0], w.data.ptr)
+        return nt if nt is not None and aligned(*(int(v) for v in ptrs)) else None
 
     def matmul(
         self, w: DevWeight, x: Any, n: int, y: Any, acc: bool = False, q8: Any = None
@@ -308,9 +330,10 @@ class Device:
     ) -> None:
         """out[i] (+)= rms_norm(x[rows[i]]) * w for i < n (rows None: x[i])."""
         d = int(w.shape[0])
-        self.fn["rms_norm"](
+        nt = self._v4(x, out, w)
+        self.fn["rms_norm" if nt is None else "rms_norm_v4"](
             (n,),
-            (256,),
+            (nt or 256,),
             (x, np.int32(x.strides[0] // 4), rows if rows is not None else np.uint64(0), w,
              np.float32(eps), np.int32(d), out, np.int32(out.strides[0] // 4), np.int32(acc)),
         )  # fmt: skip
@@ -382,7 +405,7 @@ class Device:
             q8 = self._q8_views(n, nh * hd)
         self.fn[f"attn_{'f16' if f16 else 'f32'}_{e}"](
             (n, nh),
-            (128,),
+            (32 * ATTN_WARPS,),
             (q, pos, seq, base, cap, np.int32(nh), np.int32(nkv), np.float32(scale),
              np.int32(window), np.float32(softcap), np.int32(layer), out,
              *(q8 if q8 is not None else (np.uint64(0), np.uint64(0)))),

@@ -132,7 +132,7 @@ __device__ __forceinline__ void gemvq(const u8* __restrict__ W, long long rb, in
   if (ok) {
     const u8* wr = W + (size_t)row * rb;
     int ng = cols >> 5;
-#pragma unroll 2
+#pragma unroll 8
     for (int g = k * 8 + (lane >> 2); g < ng; g += 8 * wpr) {
       int q[2];
       float dl, ml;

@@ -20,9 +20,10 @@ choose on the device (:mod:`~modelc.runtime.batch_sampler`), or with
 :meth:`CudaLlama.forward_greedy` only the argmax token ids.
 
 A decode step (one token a sequence) is captured once per batch size as a CUDA graph and
-replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): up to 16 sequences at once (GEMV) at
-the first step of that size, more (cuBLAS) at the second, after an eager one has let
-cuBLAS set itself up; where a capture fails, such steps run eagerly (``graph_error``).
+replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): up to ``gemv_max`` sequences at once
+(GEMV) at the first step of that size, more (cuBLAS) at the second, after an eager one
+has let cuBLAS set itself up; where a capture fails, such steps run eagerly
+(``graph_error``).
 Prefill and mixed steps run eagerly.
 """
 
@@ -152,15 +153,6 @@ class _Experts:
             x[rd] += y  # rows are distinct within one expert
 
 
-def gemv_rows_for(weight_bytes: int) -> int:
-    """Up to how many rows a step runs GEMV passes (16 rows each, every pass reading the
-    weights again) rather than dequantizing to f16 for one cuBLAS product, whose path costs
-    a near-fixed 15-22 ms a step on the H200 whatever the model (bench/RESULTS.md, the
-    9b93f97 re-run): SmolLM2 (96 MB) is faster in passes up to 128 rows and beyond, a 1.1B
-    Q4_0 (582 MB) up to 32, a 1.1B Q8_0 (1.1 GB) about even at 32."""
-    return 16 * max(1, min(16, int(1.2e9 // max(weight_bytes, 1))))
-
-
 # what the GPU forward runs of the decoder's description (a feature added to it is refused
 # here until this backend runs it)
 CUDA_RUNS = GQA_FEATURES | {"moe"}
@@ -250,8 +242,6 @@ class CudaLlama(CausalLM):
         self._blas_graphs = backend.dev.blas is not None
         self.graph_error: str | None = None  # why steps on cuBLAS run without graphs, if so
         self._alloc(64)
-        if "MODELC_CUDA_GEMV_MAX" not in os.environ:
-            backend.dev.gemv_max = gemv_rows_for(self.weight_bytes)
 
     @property
     def weight_bytes(self) -> int:

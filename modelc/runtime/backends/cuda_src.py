@@ -12,11 +12,12 @@ the others' unpacking is in :mod:`.cuda_quants`.
 
 from __future__ import annotations
 
-from modelc.runtime.backends import cuda_deq, cuda_gemv, cuda_gemvq, cuda_quants
+from modelc.runtime.backends import cuda_deq, cuda_gemv, cuda_gemvq, cuda_norm, cuda_quants
 
 TYPES = (0, 1, 2, 3, 8, 12, 14, *cuda_quants.TYPES)
 GEMV_ROWS = (1, 2, 4, 8, 16)  # activation rows one GEMV pass takes (NR)
 HEAD_LANES = (1, 2, 3, 4, 8)  # head_dim / 32 that attention is built for
+ATTN_WARPS = 8  # warps a (row, head) block of attention: WARPS in the source
 
 SOURCE = r"""
 typedef unsigned char u8;
@@ -104,11 +105,10 @@ __device__ __forceinline__ void deq_rows(const u8* __restrict__ W, long long rb,
   }
 }
 
-// 1 / rms of the row xr (d) for the whole block; sums in double as numpy
-__device__ __forceinline__ float row_rms_scale(const float* __restrict__ xr, int d, float eps) {
+// every thread's s added up, for the whole block (once a kernel: its shared slots are
+// not waited on again)
+__device__ __forceinline__ double block_sum(double s) {
   __shared__ double part[32];
-  double s = 0.0;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) { double v = xr[j]; s += v * v; }
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
   __syncthreads();
@@ -118,7 +118,14 @@ __device__ __forceinline__ float row_rms_scale(const float* __restrict__ xr, int
     if (threadIdx.x == 0) part[0] = v;
   }
   __syncthreads();
-  return (float)(1.0 / sqrt(part[0] / d + (double)eps));
+  return part[0];
+}
+
+// 1 / rms of the row xr (d) for the whole block; sums in double as numpy
+__device__ __forceinline__ float row_rms_scale(const float* __restrict__ xr, int d, float eps) {
+  double s = 0.0;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) { double v = xr[j]; s += v * v; }
+  return (float)(1.0 / sqrt(block_sum(s) / d + (double)eps));
 }
 
 // out[i] = x[rows[i]] / rms * w (rows null: i; acc: out[i] +=); one block a row
@@ -249,8 +256,9 @@ __device__ __forceinline__ void quant_lanes(const float* v, int lane, signed cha
 }
 
 // causal attention of query row i (at pos[i]) and head h over its sequence's cache;
-// each warp an online softmax over every WARPS-th position, then the warps combine.
-#define WARPS 4
+// each warp an online softmax over every WARPS-th position, two positions an iteration
+// (both keys' loads in flight together), then the warps combine.
+#define WARPS __ATTN_WARPS__
 template <typename KV, int E>
 __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* __restrict__ pos,
     const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
@@ -268,19 +276,30 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
   for (int e = 0; e < E; e++) { qv[e] = qr[e] * scale; acc[e] = 0.f; }
   float m = -INFINITY, l = 0.f;
   long long lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-  for (long long t = lo + warp; t <= p; t += WARPS) {
+  for (long long t = lo + warp; t <= p; t += 2 * WARPS) {
+    long long t2 = t + WARPS;
+    bool two = t2 <= p;
     const KV* kr = kc + (size_t)t * nkv * hd;
-    float d = 0.f;
+    const KV* kr2 = kc + (size_t)(two ? t2 : t) * nkv * hd;
+    float k1[E], k2[E], d = 0.f, d2 = 0.f;
 #pragma unroll
-    for (int e = 0; e < E; e++) d += qv[e] * load_kv<KV>(kr + e);
+    for (int e = 0; e < E; e++) { k1[e] = load_kv<KV>(kr + e); k2[e] = load_kv<KV>(kr2 + e); }
+#pragma unroll
+    for (int e = 0; e < E; e++) { d += qv[e] * k1[e]; d2 += qv[e] * k2[e]; }
     d = warp_sum(d);
-    if (softcap > 0.f) d = tanhf(d / softcap) * softcap;  // gemma2: the score capped
-    float mn = fmaxf(m, d);
-    float corr = expf(m - mn), pw = expf(d - mn);
-    l = l * corr + pw;
+    d2 = warp_sum(d2);
+    if (softcap > 0.f) {  // gemma2: the score capped
+      d = tanhf(d / softcap) * softcap;
+      d2 = tanhf(d2 / softcap) * softcap;
+    }
+    float mn = fmaxf(m, two ? fmaxf(d, d2) : d);
+    float corr = expf(m - mn), pw = expf(d - mn), pw2 = two ? expf(d2 - mn) : 0.f;
+    l = l * corr + pw + pw2;
     const KV* vr = vc + (size_t)t * nkv * hd;
+    const KV* vr2 = vc + (size_t)(two ? t2 : t) * nkv * hd;
 #pragma unroll
-    for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pw * load_kv<KV>(vr + e);
+    for (int e = 0; e < E; e++)
+      acc[e] = acc[e] * corr + pw * load_kv<KV>(vr + e) + pw2 * load_kv<KV>(vr2 + e);
     m = mn;
   }
   __shared__ float sm[WARPS], sl[WARPS], sacc[WARPS][32 * E];
@@ -380,13 +399,14 @@ def kernel_names() -> list[str]:
     names += [f"gemv_{t}_{nr}" for t in TYPES for nr in GEMV_ROWS]
     names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
     names += [f"attn_{kv}_{e}" for kv in ("f32", "f16") for e in HEAD_LANES]
-    return names + cuda_deq.names(TYPES) + cuda_gemvq.names()
+    return names + cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_norm.NAMES
 
 
 def source() -> str:
     body = SOURCE.replace("__DEQ32__", cuda_quants.DEQ32)
     body = body.replace("__TEMPLATE_INSTANCES__", _instances())
+    body = body.replace("__ATTN_WARPS__", str(ATTN_WARPS))
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances()
-    return body + gemv + cuda_gemv.instances(TYPES) + deq + gemvq
+    return body + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + cuda_norm.SOURCE
