@@ -15,6 +15,7 @@ A few seconds on an H100, plus the 1B Q4_K_M's CPU runs (numpy twin, exact and f
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -422,3 +423,37 @@ def test_register_norms_equal_numpy(be: Any, d: int) -> None:
     np.testing.assert_allclose(sc[..., 0], np.abs(g).max(axis=-1) / 127, rtol=1e-6)
     np.testing.assert_allclose(sc[..., 1], g.sum(axis=-1), rtol=1e-4, atol=1e-4)
     assert np.abs(q * sc[..., :1] - g).max() <= sc[..., 0].max() * 0.5 + 1e-6
+
+
+@pytest.mark.parametrize("hd", [32, 64, 96, 128])
+@pytest.mark.parametrize("f16", [True, False], ids=["f16", "f32"])
+def test_tiled_prompt_attention_equals_a_block_a_row(be: Any, hd: int, f16: bool) -> None:
+    """``attn_tile`` (:mod:`~modelc.runtime.backends.cuda_attn`: a tile of rows a block,
+    keys read once into shared memory) against ``attend`` (a block a row and head), with
+    GQA, on a step mixing a 37-row prompt chunk (three tiles, at positions 20..56), a
+    decode row (at 70) and a 3-row chunk (0..2), causal, in a sliding window of 5 and with
+    soft-capped scores: within 1e-5."""
+    from modelc.runtime.backends.cuda_attn import tiles
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(16)
+    nh, nkv, cap = 4, 2, 80
+    dt = np.float16 if f16 else np.float32
+    chunks = [(0, 20, 37), (1, 70, 1), (2, 0, 3)]  # (sequence, first position, rows)
+    caches = [cp.asarray(rng.standard_normal((2, cap, nkv, hd)).astype(dt)) for _ in range(3)]
+    pos = np.concatenate([np.arange(p, p + r) for _, p, r in chunks])
+    seq = np.concatenate([np.full(r, s) for s, _, r in chunks])
+    n = len(pos)
+    host = np.concatenate([pos, seq, [c.data.ptr for c in caches], [cap] * 3]).astype(np.int64)
+    meta = cp.asarray(host)
+    parts = (meta[:n], meta[n : 2 * n], meta[2 * n : 2 * n + 3], meta[2 * n + 3 :])
+    starts = np.cumsum([0] + [r for _, _, r in chunks])
+    t = tiles([slice(int(a), int(b)) for a, b in pairwise(starts)])
+    assert t[:, 1].tolist() == [16, 16, 5, 1, 3]
+    td = cp.asarray(t.ravel())
+    q = cp.asarray(rng.standard_normal((n, nh, hd)).astype(np.float32))
+    for window, softcap in ((0, 0.0), (5, 0.0), (0, 30.0)):
+        a, b = cp.zeros((n, nh * hd), np.float32), cp.zeros((n, nh * hd), np.float32)
+        args = (parts, n, nh, nkv, hd, f16, 1 / np.sqrt(hd), window, 0)
+        dev.attention(q, *args, a, softcap)
+        assert dev.attention(q, *args, b, softcap, tiles=(td, len(t))) is None
+        np.testing.assert_allclose(b.get(), a.get(), rtol=1e-5, atol=1e-5)

@@ -38,6 +38,7 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
+from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
@@ -389,17 +390,29 @@ class Device:
         out: Any,
         softcap: float = 0.0,
         then: DevWeight | None = None,
+        tiles: tuple[Any, int] | None = None,
     ) -> Any:
         """Query rows (n, nh, hd) over their sequences' caches; meta = pos, seq, base, cap;
         ``window`` > 0 sees the last ``window`` positions, ``softcap`` > 0 caps the scores.
-        Where ``then`` (the next product, of out) takes the q8 path, out is quantized in the
-        same launch (head sizes 32, 64, 128, 256): returns :meth:`matmul`'s ``q8``, else None."""
+        ``tiles`` (device (first row, rows) pairs of each chunk's runs, and their count:
+        :func:`.cuda_attn.tiles`): the rows a tile at a time (:mod:`.cuda_attn`; head sizes
+        32..128), for steps with prompt chunks.  Where ``then`` (the next product, of out)
+        takes the q8 path, out is quantized in the same launch (head sizes 32, 64, 128,
+        256): returns :meth:`matmul`'s ``q8``, else None."""
         e = hd // 32
         if hd % 32 or e not in HEAD_LANES:
             raise UnsupportedError(
                 f"CUDA attention supports head sizes 32..256 in steps of 32, got {hd}"
             )
         pos, seq, base, cap = meta
+        if tiles is not None and attn_tiles_run(hd):
+            self.fn[f"attn_tile_{'f16' if f16 else 'f32'}_{e}"](
+                (tiles[1], nh),
+                (256,),
+                (q, pos, seq, base, cap, tiles[0], np.int32(nh), np.int32(nkv),
+                 np.float32(scale), np.int32(window), np.float32(softcap), np.int32(layer), out),
+            )  # fmt: skip
+            return None
         q8: Any = None
         if then is not None and 32 % e == 0 and then.cols == nh * hd and self._use_q8(then, n):
             q8 = self._q8_views(n, nh * hd)

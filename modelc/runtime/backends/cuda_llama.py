@@ -42,6 +42,7 @@ from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupporte
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import F32Array
+from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_kv import CudaKVCache
 from modelc.runtime.backends.cuda_weights import DevWeight
@@ -241,6 +242,10 @@ class CudaLlama(CausalLM):
         self._seen: set[int] = set()
         self._blas_graphs = backend.dev.blas is not None
         self.graph_error: str | None = None  # why steps on cuBLAS run without graphs, if so
+        # prompt chunks' attention in tiles (cuda_attn; MODELC_CUDA_ATTN_TILES=0: a block a
+        # row and head, as decode)
+        self.attn_tiles = os.environ.get("MODELC_CUDA_ATTN_TILES", "1") != "0"
+        self._tiles = 0
         self._alloc(64)
 
     @property
@@ -254,7 +259,7 @@ class CudaLlama(CausalLM):
         cp, m = self.cp, rows
         width = (self.nh + 2 * self.nkv) * self.hd
         self.rows = m
-        self.meta = cp.zeros(6 * m, np.int64)  # ids|pos|seq|base|cap|logit rows
+        self.meta = cp.zeros(8 * m, np.int64)  # ids|pos|seq|base|cap|logit rows|tiles (2m)
         self.x = cp.zeros((m, self.d), np.float32)
         self.h = cp.zeros((m, self.d), np.float32)
         self.qkv = cp.zeros((m, width), np.float32)
@@ -294,7 +299,7 @@ class CudaLlama(CausalLM):
         if n > self.rows:
             self._alloc(max(n, 2 * self.rows))
         m = self.rows
-        host = np.zeros(6 * m, np.int64)
+        host = np.zeros(8 * m, np.int64)
         host[:n], host[m : m + n] = ids, pos
         for s, (c, sl) in enumerate(zip(batch, slices, strict=True)):
             if not isinstance(c.cache, CudaKVCache):
@@ -302,6 +307,11 @@ class CudaLlama(CausalLM):
             host[2 * m + sl.start : 2 * m + sl.stop] = s
             host[3 * m + s], host[4 * m + s] = c.cache.base_ptr, c.cache.capacity
         host[5 * m : 5 * m + len(rows)] = rows
+        self._tiles = 0  # a step with prompt chunks: attention a tile of rows at a time
+        if self.attn_tiles and any(len(c.tokens) > 1 for c in batch):
+            t = tiles_of(slices)
+            host[6 * m : 6 * m + t.size] = t.ravel()
+            self._tiles = len(t)
         self.meta.set(host)
         end_step(batch, slices)  # the caches count the new tokens (written by this step)
         return n, len(rows), rows
@@ -317,6 +327,7 @@ class CudaLlama(CausalLM):
             if self.embd_scale:
                 dev.scale(self.x, n * self.d, self.embd_scale)
         rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
+        tiles = (meta[6 * m :], self._tiles) if self._tiles else None
         for li, ly in enumerate(self.layers):
             dev.norm_matmul(self.x, n, ly.attn_norm, self.eps, self.h, ly.wqkv, self.qkv)
             if ly.q_norm is not None:
@@ -353,6 +364,7 @@ class CudaLlama(CausalLM):
                 self.attn,
                 self.attn_softcap,
                 then=ly.wo,
+                tiles=tiles,
             )
             self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8)
             if ly.experts is not None:

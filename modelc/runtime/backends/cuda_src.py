@@ -12,7 +12,14 @@ the others' unpacking is in :mod:`.cuda_quants`.
 
 from __future__ import annotations
 
-from modelc.runtime.backends import cuda_deq, cuda_gemv, cuda_gemvq, cuda_norm, cuda_quants
+from modelc.runtime.backends import (
+    cuda_attn,
+    cuda_deq,
+    cuda_gemv,
+    cuda_gemvq,
+    cuda_norm,
+    cuda_quants,
+)
 
 TYPES = (0, 1, 2, 3, 8, 12, 14, *cuda_quants.TYPES)
 GEMV_ROWS = (1, 2, 4, 8, 16)  # activation rows one GEMV pass takes (NR)
@@ -370,15 +377,17 @@ def _instances() -> str:
                 "const i64* ids, int n, void* out, int ldo) "
                 f"{{ deq_rows<{t}, {f16}>(W, rb, cols, ids, n, out, ldo); }}"
             )
-    for kv, ty in (("f32", "float"), ("f16", "u16")):
-        for e in HEAD_LANES:
-            out.append(
-                f'extern "C" __global__ void attn_{kv}_{e}(const float* q, const i64* pos, '
-                "const i64* seq, const i64* base, const i64* cap, int nh, int nkv, float scale, "
-                "int window, float softcap, int layer, float* out, signed char* xq, float2* xs) "
-                f"{{ attend<{ty}, {e}>(q, pos, seq, base, cap, nh, nkv, scale, window, softcap, "
-                "layer, out, xq, xs); }"
-            )
+    out.append(
+        cuda_attn.kv_instances(
+            "attn",
+            "attend",
+            HEAD_LANES,
+            "const float* q, const i64* pos, const i64* seq, const i64* base, const i64* cap, "
+            "int nh, int nkv, float scale, int window, float softcap, int layer, float* out, "
+            "signed char* xq, float2* xs",
+            "q, pos, seq, base, cap, nh, nkv, scale, window, softcap, layer, out, xq, xs",
+        )
+    )
     return "\n".join(out)
 
 
@@ -399,6 +408,7 @@ def kernel_names() -> list[str]:
     names += [f"gemv_{t}_{nr}" for t in TYPES for nr in GEMV_ROWS]
     names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
     names += [f"attn_{kv}_{e}" for kv in ("f32", "f16") for e in HEAD_LANES]
+    names += cuda_attn.names()
     return names + cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_norm.NAMES
 
 
@@ -409,4 +419,5 @@ def source() -> str:
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances()
-    return body + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + cuda_norm.SOURCE
+    attn = cuda_attn.SOURCE + cuda_attn.instances()
+    return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + cuda_norm.SOURCE
