@@ -67,7 +67,7 @@ def _bytes(case: dict[str, Any]) -> bytes:
 
 def _pieces(got: np.ndarray[Any, Any] | Tiles) -> list[np.ndarray[Any, Any]]:
     """A whole image's array, or a split image's tiles' and thumbnail's, in order."""
-    return [p for _, p in got.pieces] if isinstance(got, Tiles) else [got]
+    return [p.data for p in got.pieces] if isinstance(got, Tiles) else [got]
 
 
 def _equal_pieces(got: list[np.ndarray[Any, Any]], pieces: list[dict[str, Any]]) -> None:

@@ -27,7 +27,8 @@ from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.prompt_media import MEDIA_MARKER, encode_around
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import VisionModel
-from modelc.vision.idefics3 import Tiled, sizes, tile_texts, tiles
+from modelc.vision.idefics3 import sizes, tile_texts, tiles
+from modelc.vision.pieces import Tiles
 from tests.gen_smolvlm import SPECIAL, TOKENS_PER_TILE, ensure_model
 from tests.gguf_support import manifest, unnamed
 from tests.peers import (
@@ -95,10 +96,14 @@ def test_pixels_equal_the_processor(vision: VisionModel, case: dict[str, Any]) -
 @pytest.mark.parametrize("case", CASES)
 def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]) -> None:
     got = vision.embed(_bytes(case))
-    assert isinstance(got, Tiled)
-    assert got.embeds.shape == (case["rows"] * case["cols"] + 1, TOKENS_PER_TILE, 64)
+    assert isinstance(got, Tiles)
+    embeds = np.stack([p.data for p in got.pieces])
+    assert embeds.shape == (case["rows"] * case["cols"] + 1, TOKENS_PER_TILE, 64)
+    # each tile after its own text, the global image last (the processor's prompt)
+    texts = [(p.head, p.tail) for p in got.pieces]
+    assert texts == tile_texts(case["rows"], case["cols"])
     want = np.asarray(case["embeddings"], np.float32)
-    np.testing.assert_allclose(got.embeds.reshape(-1, 64), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(embeds.reshape(-1, 64), want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["model", "mmproj"])
@@ -282,9 +287,10 @@ def test_extreme_sizes(vision: VisionModel, size: tuple[int, int], grid: tuple[i
 
     buf = io.BytesIO()
     Image.new("RGB", size, (200, 10, 10)).save(buf, format="PNG")
+    _, rows, cols = vision.tiles(buf.getvalue())
     emb = vision.embed(buf.getvalue())
-    assert isinstance(emb, Tiled) and (emb.rows, emb.cols) == grid
-    assert emb.embeds.shape[0] == grid[0] * grid[1] + 1
+    assert (rows, cols) == grid
+    assert isinstance(emb, Tiles) and len(emb.pieces) == grid[0] * grid[1] + 1
 
 
 def test_one_tile_is_the_global_image_alone() -> None:

@@ -13,10 +13,10 @@ n_embd), a size of its own per image; a Qwen span carries the grid for M-RoPE
 (:mod:`modelc.runtime.arch.mrope`), Qwen3-VL's are wider by their DeepStack features
 (n_embd each), which the span carries as ``deep``; a Mistral image's rows are spans of
 their own with an ``[IMG_BREAK]`` token between them
-(:func:`~modelc.vision.pixtral.row_spans`).  A SmolVLM / Idefics3 image is tiles
-(:mod:`~modelc.vision.idefics3`): one span per tile, each with its own text around it; an
-LFM2-VL image (:mod:`~modelc.vision.lfm2vl`) its grid, or a large one its tiles, each after
-its label, and a thumbnail (:class:`Tiles`, one span each).
+(:func:`~modelc.vision.pixtral.row_spans`).  A SmolVLM / Idefics3 image
+(:mod:`~modelc.vision.idefics3`) and a large LFM2-VL one (:mod:`~modelc.vision.lfm2vl`;
+a small one is its grid) are :class:`~modelc.vision.pieces.Tiles`: pieces in prompt order,
+one span each, each with its own text around it.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ import numpy as np
 from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan
 from modelc.vision.encoder import encode
-from modelc.vision.idefics3 import Tiled, tile_texts, tiles
-from modelc.vision.lfm2vl import Lfm2Weights, Tiles, encode_lfm2, lfm2_pixels
+from modelc.vision.idefics3 import tile_texts, tiles
+from modelc.vision.lfm2vl import Lfm2Weights, encode_lfm2, lfm2_pixels
 from modelc.vision.mmproj import AnyWeights, VisionConfig, VisionWeights, load_mmproj
+from modelc.vision.pieces import Piece, Tiles
 from modelc.vision.pixtral import PixtralWeights, encode_pixtral, row_spans
 from modelc.vision.preprocess import (
     QWEN_PIXELS,
@@ -89,7 +90,7 @@ TEXT_ARCH = {
     "lfm2": ("lfm2",),
 }
 # one image's: its rows of embeddings, a Qwen / LFM2 grid, or tiles (SmolVLM's, LFM2-VL's)
-Embedding = F32 | Tiled | Tiles
+Embedding = F32 | Tiles
 
 
 def no_vision(model: str) -> ImageError:
@@ -156,7 +157,7 @@ class VisionModel:
         w = self.weights
         if isinstance(w, Lfm2Weights):
             if isinstance(pixels, Tiles):  # each tile's and the thumbnail's
-                return Tiles(tuple((t, encode_lfm2(self.cfg, w, p)) for t, p in pixels.pieces))
+                return pixels.encoded(lambda p: encode_lfm2(self.cfg, w, p))
             return encode_lfm2(self.cfg, w, pixels)
         assert not isinstance(pixels, Tiles)
         if isinstance(w, PixtralWeights):
@@ -172,8 +173,8 @@ class VisionModel:
     def embed(self, data: bytes, param: str = "image") -> Embedding:
         """Decode, preprocess and encode one image (CPU work: run it in a worker thread);
         the last :data:`KEEP` images' embeddings are kept by the bytes' hash, so a repeated
-        image (a chat's earlier turns) is not encoded again.  An Idefics3 image's are
-        :class:`~modelc.vision.idefics3.Tiled`."""
+        image (a chat's earlier turns) is not encoded again.  A split image's (LFM2-VL's
+        large ones, every Idefics3 one) are :class:`~modelc.vision.pieces.Tiles`."""
         key = hashlib.blake2b(data, digest_size=16).digest()
         with self._lock:
             hit = self._kept.get(key)
@@ -185,12 +186,17 @@ class VisionModel:
         if self.cfg.projector == "idefics3":  # SigLIP weights, pixels a stack of tiles
             w = self.weights
             assert isinstance(w, VisionWeights) and not isinstance(pix, Tiles)
-            emb = Tiled(rows, cols, np.stack([encode(self.cfg, w, t) for t in pix]))
-            emb.embeds.flags.writeable = False  # shared between requests
+            texts = tile_texts(rows, cols)
+            emb = Tiles(
+                tuple(
+                    Piece(head, encode(self.cfg, w, t), tail)
+                    for (head, tail), t in zip(texts, pix, strict=True)
+                )
+            )
         else:
             emb = self.encode(pix)
-            for _, e in emb.pieces if isinstance(emb, Tiles) else (("", emb),):
-                e.flags.writeable = False  # shared between requests
+        for e in [p.data for p in emb.pieces] if isinstance(emb, Tiles) else [emb]:
+            e.flags.writeable = False  # shared between requests
         with self._lock:
             self._kept[key] = emb
             while len(self._kept) > KEEP:
@@ -234,23 +240,15 @@ class VisionModel:
         for pos, emb in zip(at, embeds, strict=True):
             out += ids[prev:pos]
             prev = pos
-            if isinstance(emb, Tiled):
-                for (head, tail), part in zip(
-                    tile_texts(emb.rows, emb.cols), emb.embeds, strict=True
-                ):
-                    out += encode_text(head) if head else []
-                    spans.append(ImageSpan(len(out), part, self.bidirectional))
-                    out += [fill] * len(part)
-                    out += encode_text(tail) if tail else []
-                continue
-            if isinstance(emb, Tiles):  # LFM2-VL: each tile after its label, the thumbnail
+            if isinstance(emb, Tiles):  # each piece after its text (modelc.vision.pieces)
                 out += b_ids
-                for label, part in emb.pieces:
-                    out += encode_text(label) if label else []
-                    grid = part.shape[:2] if part.ndim == 3 else (0, 0)
-                    flat = part.reshape(-1, part.shape[-1])
+                for p in emb.pieces:
+                    out += encode_text(p.head) if p.head else []
+                    grid = p.data.shape[:2] if p.data.ndim == 3 else (0, 0)
+                    flat = p.data.reshape(-1, p.data.shape[-1])
                     spans.append(ImageSpan(len(out), flat, self.bidirectional, (grid[0], grid[1])))
                     out += [fill] * len(flat)
+                    out += encode_text(p.tail) if p.tail else []
                 out += e_ids
                 continue
             grid = emb.shape[:2] if emb.ndim == 3 else (0, 0)

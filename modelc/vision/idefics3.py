@@ -29,7 +29,6 @@ away from Pillow's wherever an image is really resized (the global image always 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,16 +38,6 @@ MAX_SIDE = 4096  # transformers' MAX_IMAGE_SIZE: no resized side beyond it
 FAKE = "<fake_token_around_image>"
 GLOBAL = "<global-img>"
 IMAGE = "<image>"  # the token an embedding's position carries
-
-
-@dataclass(frozen=True, slots=True)
-class Tiled:
-    """One image's embeddings, tile by tile: ``rows x cols`` tiles row by row, then the
-    global image; rows = cols = 0: the global image alone."""
-
-    rows: int
-    cols: int
-    embeds: F32  # (rows * cols + 1, tokens a tile, n_embd)
 
 
 def sizes(h: int, w: int, longest: int, tile: int) -> tuple[tuple[int, int], tuple[int, int]]:

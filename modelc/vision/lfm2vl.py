@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modelc.vision.encoder import layer_norm, siglip_blocks
+from modelc.vision.pieces import Piece, Tiles
 from modelc.vision.preprocess import normalise, smart_resize
 
 if TYPE_CHECKING:
@@ -98,14 +99,6 @@ def load_lfm2(
         w2=get("mm.2.weight", (cfg.n_embd, w1.shape[0])),
         b2=get("mm.2.bias", (cfg.n_embd,)),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Tiles:
-    """A split image: each piece's label text (``<|img_row_1_col_1|>`` ..
-    ``<|img_thumbnail|>``) and its pixel values, or once encoded its embeddings."""
-
-    pieces: tuple[tuple[str, F32], ...]
 
 
 def _resize_u8(img: Any, size: tuple[int, int]) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -185,11 +178,11 @@ def lfm2_pixels(
     big = _patches(img, (TILE * cols, TILE * rows), patch, mean, std)
     n = TILE // patch
     tiles = [
-        (f"<|img_row_{r + 1}_col_{c + 1}|>", big[r * n : (r + 1) * n, c * n : (c + 1) * n])
+        Piece(f"<|img_row_{r + 1}_col_{c + 1}|>", big[r * n : (r + 1) * n, c * n : (c + 1) * n])
         for r in range(rows)
         for c in range(cols)
     ]
-    return Tiles((*tiles, ("<|img_thumbnail|>", whole)))
+    return Tiles((*tiles, Piece("<|img_thumbnail|>", whole)))
 
 
 def _aa_taps(n_in: int, n_out: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
