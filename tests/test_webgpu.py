@@ -210,19 +210,22 @@ def test_attention_ops(gpu: WebGPUBackend, cpu: Backend, kv: Any) -> None:
     for s, r in zip(stores, ref_stores, strict=True):
         np.testing.assert_array_equal(s, r)  # f16 stores round as numpy does
     close(out, ref_out)
-    # a sliding window (the shader starts each row at its window) and soft-capped scores
-    # (numpy's reference): as the CPU kernels
-    for window, softcap in ((3, 0.0), (1, 0.0), (0, 2.0), (4, 1.5)):
-        got1 = gpu.attention(q * 3, k, v, 5, 0.17, window=window, softcap=softcap)
-        close(got1, cpu.attention(q * 3, k, v, 5, 0.17, window=window, softcap=softcap))
-        want = cpu.attention_batch(qs, ks, vs, [5, 2, 5], 0.2, window=window, softcap=softcap)
-        got = gpu.attention_batch(qs, ks, vs, [5, 2, 5], 0.2, window=window, softcap=softcap)
+    # a sliding window (the shader starts each row at its window), soft-capped scores and
+    # sinks (gpt-oss: a logit a head in the denominator), in the shader: as the CPU kernels
+    sinks = (RNG.standard_normal(nh) * 2).astype(np.float32)
+    for window, softcap, sk in ((3, 0.0, None), (1, 0.0, None), (0, 2.0, None), (4, 1.5, None),
+                                (0, 0.0, sinks), (3, 0.0, sinks), (2, 1.5, sinks)):  # fmt: skip
+        kw: dict[str, Any] = {"window": window, "softcap": softcap, "sinks": sk}
+        got1 = gpu.attention(q * 3, k, v, 5, 0.17, **kw)
+        close(got1, cpu.attention(q * 3, k, v, 5, 0.17, **kw))
+        want = cpu.attention_batch(qs, ks, vs, [5, 2, 5], 0.2, **kw)
+        got = gpu.attention_batch(qs, ks, vs, [5, 2, 5], 0.2, **kw)
         for g, e in zip(got, want, strict=True):
             close(g, e)
-        gpu.attention_append(qn, kn, vn, stores[:2], stores[2:], [3, 0], [2, 3], 0.3, out, window, softcap)  # fmt: skip
-        cpu.attention_append(qn, kn, vn, ref_stores[:2], ref_stores[2:], [3, 0], [2, 3], 0.3, ref_out, window, softcap)  # fmt: skip
+        gpu.attention_append(qn, kn, vn, stores[:2], stores[2:], [3, 0], [2, 3], 0.3, out, **kw)  # fmt: skip
+        cpu.attention_append(qn, kn, vn, ref_stores[:2], ref_stores[2:], [3, 0], [2, 3], 0.3, ref_out, **kw)  # fmt: skip
         close(out, ref_out)
-    assert not np.allclose(got1, gpu.attention(q * 3, k, v, 5, 0.17))  # they matter
+        assert not np.allclose(got1, gpu.attention(q * 3, k, v, 5, 0.17))  # they matter
 
 
 @pytest.fixture(scope="module")
@@ -323,3 +326,19 @@ def test_weights_over_the_memory_budget_refused_at_load(gpu: WebGPUBackend) -> N
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert "16 MiB budget (MODELC_WEBGPU_MEMORY): 0 MiB placed, the next needs 28 MiB" in lines[0]
+
+
+@pytest.mark.parametrize("family", ["gptoss", "gptoss-mxfp4", "gemma2"])
+def test_sinks_and_soft_caps_in_the_shader(gpu: WebGPUBackend, family: str) -> None:
+    """gpt-oss (attention sinks, sliding windows) and Gemma 2 (soft-capped scores), tiny and
+    random, with attention in the WGSL shader: a 30-token prompt and 8 greedy tokens equal
+    to the CPU's exact mode, top-10 log-probs within 2e-3 (lavapipe: ~5e-7)."""
+    from modelc.formats import load_model
+    from modelc.runtime.arch import build
+    from tests.runtime_support import make_backend, same_as_reference
+    from tests.tiny_families import TINY
+
+    ir = load_model(TINY[family]())
+    ref = build(ir, make_backend("cpu-exact"))
+    prompt = np.random.default_rng(5).integers(0, min(ref.n_vocab, 300), 30).tolist()
+    same_as_reference(ref, build(ir, gpu), prompt, 8)

@@ -147,16 +147,12 @@ class ActivationOps(NumpyFallback):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: F32Array | None = None,
     ) -> list[F32Array]:
         """Causal attention of each sequence over its own K/V, in one dispatch per chunk of
         query rows (the scores scratch stays under SCORES_BYTES); a window moves each row's
-        first visible K/V row.  Soft-capped scores (gemma2) have no shader: numpy's
-        reference computes them."""
-        if softcap > 0:
-            return [
-                self._fallback.attention(_f32(q), k, v, p0, scale, window=window, softcap=softcap)
-                for q, k, v, p0 in zip(qs, ks, vs, q_pos0s, strict=True)
-            ]
+        first visible K/V row; soft-capped scores (gemma2) and sinks (gpt-oss: a logit per
+        head in the softmax's denominator) in the shader too."""
         n_head, hd = qs[0].shape[1], qs[0].shape[2]
         n_head_kv = ks[0].shape[1]
         sizes = [q.shape[0] for q in qs]
@@ -192,13 +188,15 @@ class ActivationOps(NumpyFallback):
                 3: ob,
                 5: self.gpu.put("a_info", info),
                 6: self.gpu.scratch("a_scores", min(chunk, total) * n_head * sstride * 4),
+                7: self.gpu.put("a_sinks", _f32(sinks if sinks is not None else np.zeros(1))),
             }
             job = Job()
             for row0 in range(0, total, chunk):
                 rows = min(chunk, total - row0)
                 params = struct.pack(
-                    "<7If", row0, n_head, n_head_kv, hd, int(f16), sstride, 0, scale
-                )
+                    "<7I2f3I", row0, n_head, n_head_kv, hd, int(f16), sstride,
+                    int(sinks is not None), scale, softcap, 0, 0, 0,
+                )  # fmt: skip
                 job.add(Dispatch(pipe, bind, params, 4, (rows, n_head, 1)))
             job.reads.append((ob[0], total * n_head * hd * 4))
             (data,) = self.gpu.run(job)
@@ -218,9 +216,7 @@ class ActivationOps(NumpyFallback):
         softcap: float = 0.0,
         sinks: F32Array | None = None,
     ) -> F32Array:
-        if sinks is not None:  # no sink in the shader yet: numpy's attention
-            return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap, sinks)
-        (res,) = self._attend([q], [k], [v], [q_pos0], scale, window, softcap)
+        (res,) = self._attend([q], [k], [v], [q_pos0], scale, window, softcap, sinks)
         if out is None:
             return res
         out[...] = res
@@ -238,13 +234,9 @@ class ActivationOps(NumpyFallback):
         softcap: float = 0.0,
         sinks: F32Array | None = None,
     ) -> list[F32Array]:
-        if sinks is not None:  # no sink in the shader yet: numpy's attention
-            return self._fallback.attention_batch(
-                qs, ks, vs, q_pos0s, scale, outs, window, softcap, sinks
-            )
         if not qs:
             return []
-        res = self._attend(qs, ks, vs, q_pos0s, scale, window, softcap)
+        res = self._attend(qs, ks, vs, q_pos0s, scale, window, softcap, sinks)
         if outs is None:
             return res
         for o, r in zip(outs, res, strict=True):
@@ -266,11 +258,6 @@ class ActivationOps(NumpyFallback):
         softcap: float = 0.0,
         sinks: F32Array | None = None,
     ) -> F32Array:
-        if sinks is not None:  # no sink in the shader yet: numpy's attention
-            return self._fallback.attention_append(
-                q, k_new, v_new, k_stores, v_stores, starts, counts, scale, out, window,
-                softcap, sinks,
-            )  # fmt: skip
         r = 0
         qs, ks, vs = [], [], []
         for kst, vst, p0, n in zip(k_stores, v_stores, starts, counts, strict=True):
@@ -281,7 +268,7 @@ class ActivationOps(NumpyFallback):
             vs.append(vst[: p0 + n])
             r += n
         if qs:
-            res = self._attend(qs, ks, vs, list(starts), scale, window, softcap)
+            res = self._attend(qs, ks, vs, list(starts), scale, window, softcap, sinks)
             out[:r] = np.concatenate(res) if len(res) > 1 else res[0]
         return out
 

@@ -1,6 +1,8 @@
 // Causal attention, one workgroup per (query row, head): scores, softmax and the weighted
 // sum of values over the row's visible cache positions.  K and V are float32, or float16
-// read as is (two to a u32 word); half.wgsl is prepended.
+// read as is (two to a u32 word); half.wgsl is prepended.  Scores may be soft-capped
+// (gemma2: cap * tanh(s / cap)) and a head may have a sink (gpt-oss: a logit in the
+// softmax's denominator with no value).
 
 struct Params {
     row0: u32,  // the first query row of this dispatch
@@ -9,8 +11,12 @@ struct Params {
     hd: u32,
     f16: u32,  // K and V are float16
     sstride: u32,  // scores per (row, head) in the scratch buffer
-    pad: u32,
+    has_sinks: u32,  // sinks (binding 7) hold each head's sink logit
     scale: f32,
+    softcap: f32,  // > 0: scores capped
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;  // (rows, n_head, hd)
@@ -20,6 +26,7 @@ struct Params {
 @group(0) @binding(4) var<uniform> p: Params;
 @group(0) @binding(5) var<storage, read> rowinfo: array<u32>;  // per row: first kv row, visible
 @group(0) @binding(6) var<storage, read_write> sc: array<f32>;  // scores scratch
+@group(0) @binding(7) var<storage, read> sinks: array<f32>;  // (n_head), or a dummy word
 
 var<workgroup> red: array<f32, 64>;
 
@@ -82,17 +89,26 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             s += q[qb + d] * ldk(kb + d);
         }
         s = s * p.scale;
+        if (p.softcap > 0.0) {
+            s = tanh(s / p.softcap) * p.softcap;
+        }
         sc[sb + t] = s;
         m = max(m, s);
     }
-    let mx = reduce_max(li, m);
+    var mx = reduce_max(li, m);
+    if (p.has_sinks != 0u) {
+        mx = max(mx, sinks[h]);
+    }
     var l = 0.0;
     for (var t = li; t < nvis; t += 64u) {
         let e = exp(sc[sb + t] - mx);
         sc[sb + t] = e;
         l += e;
     }
-    let total = reduce_sum(li, l);
+    var total = reduce_sum(li, l);
+    if (p.has_sinks != 0u) {
+        total += exp(sinks[h] - mx);
+    }
     storageBarrier();
     for (var d = li; d < p.hd; d += 64u) {
         var a = 0.0;
