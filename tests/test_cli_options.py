@@ -161,3 +161,9 @@ def test_gpu_layers_flag() -> None:
     EngineOptions(device="cpu", n_gpu_layers=0).validate()
     with pytest.raises(UsageError, match="must be a number of layers"):
         EngineOptions(n_gpu_layers=-1).validate()
+    # --n-cpu-moe N: a number of layers, for the commands that build an engine
+    for cmd in (["run"], ["generate", "m", "p"], ["chat", "m"]):
+        assert engine_options(_parse(*cmd, "--n-cpu-moe", "12")).n_cpu_moe == 12
+        assert engine_options(_parse(*cmd)).n_cpu_moe == 0
+    with pytest.raises(SystemExit):
+        _parse("run", "--n-cpu-moe", "half")

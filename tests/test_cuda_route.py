@@ -27,17 +27,24 @@ from tests.runtime_support import make_backend, same_as_reference
 from tests.tiny_families import TINY
 
 
-def _gpu(ir: Any, ngl: int | str = "auto", fused_only: bool = False) -> Any:
+def _gpu(
+    ir: Any,
+    ngl: int | str = "auto",
+    fused_only: bool = False,
+    n_cpu_moe: int = 0,
+    gpu: Any = NumpyBackend,  # stands in for CudaBackend
+) -> Any:
     return build_gpu(
         ir,
         ngl,
-        NumpyBackend,  # stands in for CudaBackend
+        gpu,
         lambda: make_backend("cpu-exact"),
         kv_mode="f32",
         max_context=None,
         max_concurrent=1,
         kv_budget_bytes=None,
         fused_only=fused_only,
+        n_cpu_moe=n_cpu_moe,
     )
 
 
@@ -98,3 +105,74 @@ def test_prompt_attention_tiles_split_each_chunk() -> None:
     assert t.tolist() == [[0, 16], [16, 16], [32, 5], [37, 1], [38, 3], [41, 16]]
     assert ROWS == 16 and tiles([]).shape == (0, 2)
     assert [hd for hd in (32, 64, 80, 96, 128, 256) if runs(hd)] == [32, 64, 96, 128]
+
+
+class _Counted(NumpyBackend):
+    """The numpy stand-in for the GPU, noting every weight it multiplies by."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[int] = set()
+
+    def matmul(self, w: Any, x: Any, out: Any = None) -> Any:
+        self.seen.add(id(w))
+        return super().matmul(w, x, out)
+
+
+@pytest.mark.parametrize("family", ["qwen3moe", "gptoss", "deepseek2"])
+def test_experts_of_the_first_layers_on_the_cpu(
+    family: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--n-cpu-moe k`` (k: up to the first mixture layer, as llama.cpp counts layers, not
+    mixtures: DeepSeek's first layer is dense): that layer's experts computed by the CPU
+    kernels (the GPU's backend never multiplies by them), every other weight on the GPU's,
+    op by op even for a family the fused forward runs (qwen3moe); one line says so; the
+    CPU's greedy tokens and log-probs."""
+    ir = load_model(TINY[family]())
+    gpus: list[_Counted] = []
+
+    def gpu() -> _Counted:
+        gpus.append(_Counted())
+        return gpus[-1]
+
+    host = build(ir, NumpyBackend())
+    assert isinstance(host, Decoder)
+    k = 1 + next(i for i, b in enumerate(host.blocks) if b.experts is not None)
+    with caplog.at_level(logging.WARNING, logger="modelc"):
+        model = _gpu(ir, n_cpu_moe=k, gpu=gpu)
+    assert f"--n-cpu-moe {k}: the experts of 1 mixture layer(s) on the CPU" in caplog.text
+    assert isinstance(model, Decoder) and model.be is gpus[0]
+    _same_as_cpu(ir, model)
+    first = model.blocks[k - 1].experts
+    assert first is not None and first.backend is not None
+    assert not isinstance(first.backend, NumpyBackend)  # the CPU kernels'
+    later = [b.experts for b in model.blocks[k:] if b.experts is not None]
+    assert later and all(e.backend is None for e in later)
+
+    def ids(e: Any) -> set[int]:
+        return {id(w) for w in (e.router, *e.gate, *e.up, *e.down)}
+
+    assert not ids(first) & gpus[0].seen
+    assert all(ids(e) & gpus[0].seen for e in later)
+    assert id(model.blocks[k - 1].wo) in gpus[0].seen
+
+
+def test_n_cpu_moe_on_a_dense_model_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """A model with no experts: ``--n-cpu-moe`` is a no-op (as llama.cpp's) and the model
+    takes its usual path (LFM2 here: op by op, which runs without a GPU)."""
+    ir = load_model(TINY["lfm2"]())
+    with caplog.at_level(logging.INFO, logger="modelc"):
+        model = _gpu(ir, n_cpu_moe=4)
+    assert "--n-cpu-moe 4: this lfm2 model has no experts" in caplog.text
+    assert isinstance(model, Decoder) and isinstance(model.be, NumpyBackend)
+    _same_as_cpu(ir, model)
+
+
+def test_n_cpu_moe_needs_the_gpu_and_a_number() -> None:
+    from modelc.engine import EngineOptions
+
+    with pytest.raises(UsageError, match="--n-cpu-moe 2 needs --device cuda"):
+        EngineOptions(device="cpu", n_cpu_moe=2).validate()
+    with pytest.raises(UsageError, match="--n-cpu-moe must be a number of layers"):
+        EngineOptions(n_cpu_moe=-1).validate()
+    EngineOptions(device="cpu", n_cpu_moe=0).validate()

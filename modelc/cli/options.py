@@ -92,6 +92,13 @@ def _gpu_layers(v: str) -> int | str:
     raise argparse.ArgumentTypeError(f"{v!r} is not a number of layers, auto or all")
 
 
+def _layers(v: str) -> int:
+    """A number of layers (0 or more)."""
+    if v.strip().isdigit():
+        return int(v.strip())
+    raise argparse.ArgumentTypeError(f"{v!r} is not a number of layers")
+
+
 def _speculate(v: str) -> dict[str, Any]:
     return {"speculative": v != "off", "spec_adaptive": v == "auto"}
 
@@ -241,6 +248,7 @@ OPTIONS: list[Opt] = [
     _opt("--no-mmproj", ENGINE, "leave out the vision projector a Hugging Face pull kept beside the model (as llama-server's --no-mmproj)", action="store_true", engine="no_mmproj"),
     _opt("--device", f"{ENGINE} bench", "where the model computes: cuda (NVRTC kernels through CuPy), cpu, or auto (cuda when CuPy sees a GPU and the architecture runs there; default); webgpu (WGSL shaders through wgpu on a Metal/Vulkan/D3D12 adapter) or metal (the same, on a Metal adapter only)", choices=DEVICES, engine="device"),
     _opt("-ngl --n-gpu-layers", f"{ENGINE} bench", "layers on the GPU with --device cuda (or auto), the rest on the CPU kernels, as llama.cpp's -ngl: a number, all, or auto (default): as many as fit the GPU's free memory beside their KV cache, so a model larger than the GPU still runs; without a GPU auto runs every layer on the CPU", type=_gpu_layers, metavar="N|auto|all", engine="n_gpu_layers"),
+    _opt("--n-cpu-moe", ENGINE, "the experts of the first N layers of a mixture on the CPU kernels, the rest of the model on the GPU (--device cuda), as llama.cpp's --n-cpu-moe: a mixture larger than the GPU keeps its attention there; 0 (default): every layer's experts where the layer is", type=_layers, metavar="N", engine="n_cpu_moe"),
     _opt("--device-sampling", ENGINE, "where tokens are sampled: auto (default) on the GPU when the model computes there, so only the chosen tokens and the log-probabilities asked for come back; on: by the batched sampler whatever the device; off: on the host, row by row. Requests with a grammar, DRY, mirostat, typical-p, XTC, top-n-sigma, prompt log-probabilities or a draft to verify are sampled on the host either way", choices=DEVICE_SAMPLING, engine="device_sampling"),
     _opt("--grace", "run containerize", "seconds running streams get to finish on SIGINT/SIGTERM (30)", type=float, default=30.0, metavar="S"),
     _opt("--ping-interval", "run", "send an SSE ': ping' comment after S seconds without a token (10)", type=float, default=10.0, metavar="S"),

@@ -39,11 +39,14 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     from modelc.runtime.backends.cuda_backend import CudaBackend
     from modelc.runtime.backends.cuda_offload import build_gpu
 
-    auto = opt.device == "auto" and ngl == "auto"  # the GPU where it runs the model whole
+    # the GPU where it runs the model whole (experts asked on the CPU: the GPU, as -ngl N)
+    auto = opt.device == "auto" and ngl == "auto" and not opt.n_cpu_moe
     if auto and (opt.kv_cache not in ("f16", "f32") or cuda_unavailable() is not None):
         return None
     if ngl != "auto" and (why := cuda_unavailable()) is not None:  # layers of no GPU
         raise UsageError(f"--n-gpu-layers {ngl}: {why}; use --n-gpu-layers auto or 0")
+    if opt.n_cpu_moe and opt.device == "auto" and (why := cuda_unavailable()) is not None:
+        raise UsageError(f"--n-cpu-moe {opt.n_cpu_moe}: {why}; drop --n-cpu-moe")
     if not auto:
         require_cuda()
 
@@ -60,6 +63,7 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
         max_concurrent=opt.max_concurrent,
         kv_budget_bytes=opt.kv_budget_bytes,
         fused_only=auto,
+        n_cpu_moe=opt.n_cpu_moe,
     )
 
 

@@ -60,6 +60,9 @@ class EngineOptions:
     # layers on the GPU, the rest on the CPU (--n-gpu-layers, llama.cpp's -ngl): a count,
     # "all", or "auto": as many as fit its free memory (all on the CPU without a GPU)
     n_gpu_layers: int | str = "auto"
+    # the first N layers' experts on the CPU kernels, the rest of the model on the GPU
+    # (--n-cpu-moe, llama.cpp's): a mixture larger than the GPU with its attention there
+    n_cpu_moe: int = 0
     device_sampling: str = "auto"  # auto | on | off (--device-sampling): see DEVICE_SAMPLING
     max_tokens: int = DEFAULT_MAX_TOKENS  # a request without max_tokens stops here (--max-tokens)
     # a reader this many events behind pauses its request (no compute, KV kept) ...
@@ -142,6 +145,15 @@ class EngineOptions:
                 self.device not in ("cpu", "webgpu", "metal") or self.n_gpu_layers in ("auto", 0),
                 f"--n-gpu-layers {self.n_gpu_layers} needs --device cuda (or auto, with a GPU); "
                 f"--device {self.device} runs every layer itself",
+            ),
+            (
+                type(self.n_cpu_moe) is int and self.n_cpu_moe >= 0,
+                f"--n-cpu-moe must be a number of layers, got {self.n_cpu_moe!r}",
+            ),
+            (
+                self.device not in ("cpu", "webgpu", "metal") or self.n_cpu_moe == 0,
+                f"--n-cpu-moe {self.n_cpu_moe} needs --device cuda (or auto, with a GPU); "
+                f"--device {self.device} runs every expert itself",
             ),
             (
                 self.device_sampling in DEVICE_SAMPLING,

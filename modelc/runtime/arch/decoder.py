@@ -369,7 +369,8 @@ class Decoder(CausalLM):
             hin = x if b.ffn_norm is None else be.rms_norm(x, b.ffn_norm, self.eps, out=h)
             if b.experts is not None:
                 moe = llama4_moe_ffn if sp.moe_sigmoid_shared else moe_ffn
-                o = moe(be, b.experts, hin, ob)
+                ebe = be if b.experts.backend is None else b.experts.backend  # --n-cpu-moe
+                o = moe(ebe, b.experts, hin, ob)
                 x += o * res if res else o
                 continue
             assert b.w_gate is not None and b.w_up is not None and b.w_down is not None

@@ -45,6 +45,7 @@ class Experts:
     shared: tuple[Weight, Weight, Weight] | None = None  # shared experts' gate, up, down
     shared_gate: Weight | None = None  # (1, d): sigmoid of it scales the shared expert
     oai: OaiBiases | None = None  # gpt-oss: biases, the clamped SwiGLU (moe_oai)
+    backend: Backend | None = None  # computes them where not the model's (--n-cpu-moe)
 
 
 def load_experts(

@@ -190,14 +190,22 @@ def build_op_by_op(
     n_gpu_layers: int | str,
     gpu: Callable[[], Backend],
     cpu: Callable[[], Backend],
+    n_cpu_moe: int = 0,
 ) -> Any:
     """The model's own forward (:func:`~modelc.runtime.arch.build`) on ``gpu()`` (the
     op-level :class:`CudaBackend`; in tests the numpy reference stands in), or with
     ``n_gpu_layers`` N below its layers, a :class:`SplitLM` of its first N layers there and
-    the rest on ``cpu()``; None for 0 layers (the CPU runs it all)."""
+    the rest on ``cpu()``; None for 0 layers (the CPU runs it all).  ``n_cpu_moe`` N: the
+    experts of the first N layers computed by one ``cpu()`` backend (their weights never
+    go to the GPU: the op-level backend uploads a weight at its first product)."""
     if n_gpu_layers == 0:
         return None
     model = build(ir, gpu())
+    if n_cpu_moe and isinstance(model, Decoder):
+        host = cpu()
+        for b in model.blocks[:n_cpu_moe]:
+            if b.experts is not None:
+                b.experts.backend = host
     n = len(model.blocks) if isinstance(model, Decoder) else 0
     if n_gpu_layers in ("auto", "all") or int(n_gpu_layers) >= n:
         return model
@@ -220,13 +228,26 @@ def build_gpu(
     max_concurrent: int,
     kv_budget_bytes: int | None,
     fused_only: bool = False,
+    n_cpu_moe: int = 0,
 ) -> Any:
     """The model for ``--device cuda`` (``n_gpu_layers`` of it): device-resident
     (:func:`build_offload`) where :func:`fused_lacks` finds nothing, else op by op on
     ``gpu()`` (:func:`build_op_by_op`, after logging :func:`op_by_op_note`), or with
-    ``fused_only`` (``--device auto``) None: the CPU runs it."""
+    ``fused_only`` (``--device auto``) None: the CPU runs it.  ``n_cpu_moe`` N on a
+    mixture: op by op, the first N layers' experts on the CPU kernels (the fused forward
+    keeps every expert on the GPU)."""
     host = build(ir, NumpyBackend())  # the description, checked; no GPU work yet
     lacking = fused_lacks(host)
+    blocks = host.blocks if isinstance(host, Decoder) else []
+    if n_cpu_moe and any(b.experts is not None for b in blocks):
+        experts = sum(b.experts is not None for b in blocks[:n_cpu_moe])
+        log.warning(
+            f"--n-cpu-moe {n_cpu_moe}: the experts of {experts} mixture layer(s) on the CPU "
+            "kernels, the rest of this model op by op on the GPU"
+        )
+        return build_op_by_op(ir, n_gpu_layers, gpu, cpu, n_cpu_moe)
+    if n_cpu_moe:
+        log.info(f"--n-cpu-moe {n_cpu_moe}: this {ir.architecture} model has no experts")
     if lacking and fused_only:
         return None
     if lacking:
