@@ -162,8 +162,8 @@ def test_gpu_layers_flag() -> None:
     with pytest.raises(UsageError, match="must be a number of layers"):
         EngineOptions(n_gpu_layers=-1).validate()
     # --n-cpu-moe N: a number of layers, for the commands that build an engine
-    for cmd in (["run"], ["generate", "m", "p"], ["chat", "m"]):
-        assert engine_options(_parse(*cmd, "--n-cpu-moe", "12")).n_cpu_moe == 12
-        assert engine_options(_parse(*cmd)).n_cpu_moe == 0
+    for cmd in (["run"], ["generate", "m", "p"], ["chat", "m"], ["bench", "m"]):
+        assert engine_given(_parse(*cmd, "--n-cpu-moe", "12")).get("n_cpu_moe") == 12
+        assert engine_given(_parse(*cmd)).get("n_cpu_moe") is None
     with pytest.raises(SystemExit):
         _parse("run", "--n-cpu-moe", "half")

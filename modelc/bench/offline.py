@@ -198,9 +198,11 @@ def run_offline(
     device: str = "cpu",
     n_gpu_layers: int | str = "auto",
     progress: Callable[[str], None] | None = None,
+    n_cpu_moe: int = 0,
 ) -> OfflineResult:
     """Measure ``model_arg`` (a path, store or catalog name; see :mod:`modelc.resolve`) on
-    ``device`` (``cpu``; ``cuda`` with ``n_gpu_layers`` of its layers, ``webgpu``,
+    ``device`` (``cpu``; ``cuda`` with ``n_gpu_layers`` of its layers and the experts of
+    the first ``n_cpu_moe`` on the CPU, ``webgpu``,
     ``metal``, ``auto``: placed as ``modelc run --device`` places it, without the
     fresh-process load timings, which measure the CPU path)."""
     from modelc.artifact import load_artifact
@@ -231,6 +233,7 @@ def run_offline(
         threads=threads,
         max_concurrent=max(batches),
         n_gpu_layers=n_gpu_layers,
+        n_cpu_moe=n_cpu_moe,
     )
     opt.validate()  # -ngl with --device cpu, say: one line now
     import os

@@ -53,6 +53,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             device=args.device or "cpu",
             n_gpu_layers="auto" if args.n_gpu_layers is None else args.n_gpu_layers,  # -ngl 0 too
             progress=lambda s: status.update(s),
+            n_cpu_moe=args.n_cpu_moe or 0,
         )
     if args.json:
         sys.stdout.write(json.dumps(res.to_json(), indent=2) + "\n")
