@@ -46,10 +46,7 @@ def be() -> Any:
 
 def restore(dev: Any) -> None:
     """The process's device back to the environment's settings (tests after these use it)."""
-    from modelc.runtime.backends.cuda import GEMV_KIND, GEMV_ROWS_DEFAULT, exact_mode
-
-    dev.exact, dev.gemv_kind = exact_mode(), os.environ.get("MODELC_CUDA_GEMV", GEMV_KIND)
-    dev.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_ROWS_DEFAULT)))
+    dev.read_env()
 
 
 def rel(a: Any, b: Any) -> float:
@@ -86,7 +83,7 @@ def test_deq8_equals_the_first_dequantizer_bit_for_bit(be: Any, dtype: DType) ->
                     assert got.tobytes() == outs["deq32", 0].tobytes()
                     np.testing.assert_array_equal(got, ref.astype(dt))
     finally:
-        dev.deq_kind = "deq8"
+        restore(dev)
 
 
 def k_mins(raw: np.ndarray[Any, Any], rows: int, dtype: DType) -> np.ndarray[Any, Any] | None:
@@ -148,7 +145,6 @@ def test_int8_gemv_is_the_product_with_quantized_activations(be: Any, dtype: DTy
                     assert 1e-5 < rel(got, x @ dense.T) < 3e-2, (rows, n, gmax, split)
     finally:
         restore(dev)
-        dev.split_k = True
 
 
 def q8_gpu(ir: Any, gemv_max: int | None = 256) -> Any:

@@ -106,21 +106,26 @@ class Device:
         self.cp = require_cuda()
         mod = self.cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=None)
         self.fn = {n: mod.get_function(n) for n in kernel_names()}
-        self.exact = exact_mode()
         self._deq_buf: Any = None
         self._x16: Any = None
         self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
+        self._xq: Any = None
+        self.read_env()
+        self.blas: Blas | None = open_blas(self.cp)
+
+    def read_env(self) -> None:
+        """The kernels' settings as the environment gives them (the defaults where it is
+        silent); tests that change them call this to put them back."""
+        self.exact = exact_mode()
         # q8 (default: int8 activations and dp4a for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K,
         # gemv4 for the rest and in exact mode), gemv4 (float, coalesced) or gemv (a lane a
         # group); rows up to gemv_max take GEMV, more cuBLAS (an H100: q8 passes of 8 rows
         # and cuBLAS for 16 take about the same time, cuBLAS 2.5x less for 16-32 rows)
         self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", GEMV_KIND)
         self.deq_kind = os.environ.get("MODELC_CUDA_DEQ", "deq8")  # or deq32 (the first)
-        self._xq: Any = None
         self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
         self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_ROWS_DEFAULT)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
-        self.blas: Blas | None = open_blas(self.cp)
 
     # -- weights -----------------------------------------------------------------------
     def upload(self, ws: Sequence[Weight]) -> DevWeight:
