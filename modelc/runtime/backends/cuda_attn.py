@@ -103,14 +103,22 @@ __device__ __forceinline__ void attend_tile(const float* __restrict__ q, const i
 """
 
 
+KV_TYPES = (("f32", "float"), ("f16", "u16"))  # a KV cache's name in kernels, its C type
+
+
 def kv_instances(name: str, template: str, lanes: tuple[int, ...], params: str, args: str) -> str:
     """``extern "C"`` kernels ``{name}_{f32|f16}_{e}`` calling ``template<KV, e>(args)`` for
-    each cache type and each head size / 32 in ``lanes``."""
+    each cache type and each head size / 32 in ``lanes`` (:func:`kv_names`)."""
     return "\n".join(
         f'extern "C" __global__ void {name}_{kv}_{e}({params}) {{ {template}<{ty}, {e}>({args}); }}'
-        for kv, ty in (("f32", "float"), ("f16", "u16"))
+        for kv, ty in KV_TYPES
         for e in lanes
     )
+
+
+def kv_names(name: str, lanes: tuple[int, ...]) -> list[str]:
+    """The kernels :func:`kv_instances` makes."""
+    return [f"{name}_{kv}_{e}" for kv, _ in KV_TYPES for e in lanes]
 
 
 def instances() -> str:
@@ -126,7 +134,7 @@ def instances() -> str:
 
 
 def names() -> list[str]:
-    return [f"attn_tile_{kv}_{e}" for kv in ("f32", "f16") for e in TILE_LANES]
+    return kv_names("attn_tile", TILE_LANES)
 
 
 def tiles(slices: list[slice]) -> np.ndarray[tuple[int, ...], np.dtype[np.int64]]:

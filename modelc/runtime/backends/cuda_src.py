@@ -407,7 +407,7 @@ def kernel_names() -> list[str]:
     ]
     names += [f"gemv_{t}_{nr}" for t in TYPES for nr in GEMV_ROWS]
     names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
-    names += [f"attn_{kv}_{e}" for kv in ("f32", "f16") for e in HEAD_LANES]
+    names += cuda_attn.kv_names("attn", HEAD_LANES)
     names += cuda_attn.names()
     return names + cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_norm.NAMES
 
