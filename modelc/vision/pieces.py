@@ -10,6 +10,7 @@ of the prompt (:meth:`modelc.vision.VisionModel.place`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,6 @@ class Piece:
 class Tiles:
     pieces: tuple[Piece, ...]
 
-    def encoded(self, encode: Any) -> Tiles:
+    def encoded(self, encode: Callable[[F32], F32]) -> Tiles:
         """Each piece's data through ``encode`` (pixels -> embeddings), texts kept."""
         return Tiles(tuple(Piece(p.head, encode(p.data), p.tail) for p in self.pieces))
