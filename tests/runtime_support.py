@@ -105,6 +105,34 @@ def assert_greedy_as_golden(
     assert out == want["greedy"], label
 
 
+def gpu_path(
+    ir: Any,
+    gpu: Any,
+    ngl: int | str = "auto",
+    *,
+    fused_only: bool = False,
+    n_cpu_moe: int = 0,
+    max_concurrent: int = 1,
+) -> Any:
+    """The model ``--device cuda`` builds (:func:`~modelc.runtime.backends.cuda_offload.
+    build_gpu`) with ``gpu`` making its op-level backend, the CPU's exact mode for the
+    CPU's layers, an f32 KV cache at the model's context."""
+    from modelc.runtime.backends.cuda_offload import build_gpu
+
+    return build_gpu(
+        ir,
+        ngl,
+        gpu,
+        lambda: make_backend("cpu-exact"),
+        kv_mode="f32",
+        max_context=None,
+        max_concurrent=max_concurrent,
+        kv_budget_bytes=None,
+        fused_only=fused_only,
+        n_cpu_moe=n_cpu_moe,
+    )
+
+
 def same_as_reference(ref: Any, model: Any, prompt: list[int], n: int) -> float:
     """``model`` against ``ref`` (the CPU backend) after ``prompt`` (one prefill, f32
     caches): top-10 next-token log-probs within :data:`LOGPROB_TOL` and the same ``n``

@@ -18,7 +18,7 @@ import pytest
 
 from modelc.formats import load_model
 from modelc.runtime.backends.cuda import cuda_unavailable
-from tests.runtime_support import make_backend, same_as_reference
+from tests.runtime_support import gpu_path, make_backend, same_as_reference
 from tests.tiny_families import TINY
 
 WHY = cuda_unavailable()
@@ -38,19 +38,9 @@ def test_family_on_cuda_matches_cpu(family: str) -> None:
     """A 30-token prompt (past every tiny sliding window and chunk) and 12 greedy tokens."""
     from modelc.runtime.arch import build
     from modelc.runtime.backends.cuda_llama import CudaLlama
-    from modelc.runtime.backends.cuda_offload import build_gpu
 
     ir = load_model(TINY[family]())
-    dev = build_gpu(
-        ir,
-        "auto",
-        _exact_gpu,
-        lambda: make_backend("cpu-exact"),
-        kv_mode="f32",
-        max_context=None,
-        max_concurrent=2,
-        kv_budget_bytes=None,
-    )
+    dev = gpu_path(ir, _exact_gpu, max_concurrent=2)
     if isinstance(dev, CudaLlama):  # the device-resident forward
         dev.dev.exact = True
     ref = build(ir, make_backend("cpu-exact"))

@@ -20,10 +20,10 @@ from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder
 from modelc.runtime.backends.cuda import cuda_unavailable
-from modelc.runtime.backends.cuda_offload import build_gpu, fused_lacks
+from modelc.runtime.backends.cuda_offload import fused_lacks
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.split import SplitLM
-from tests.runtime_support import make_backend, same_as_reference
+from tests.runtime_support import gpu_path, make_backend, same_as_reference
 from tests.tiny_families import TINY
 
 
@@ -34,18 +34,7 @@ def _gpu(
     n_cpu_moe: int = 0,
     gpu: Any = NumpyBackend,  # stands in for CudaBackend
 ) -> Any:
-    return build_gpu(
-        ir,
-        ngl,
-        gpu,
-        lambda: make_backend("cpu-exact"),
-        kv_mode="f32",
-        max_context=None,
-        max_concurrent=1,
-        kv_budget_bytes=None,
-        fused_only=fused_only,
-        n_cpu_moe=n_cpu_moe,
-    )
+    return gpu_path(ir, gpu, ngl, fused_only=fused_only, n_cpu_moe=n_cpu_moe)
 
 
 def _same_as_cpu(ir: Any, model: Any) -> None:
