@@ -1,25 +1,33 @@
-"""The batch-1 GEMV kernels of the CUDA backend timed one by one, for each weight shape of
-a 1.1B (TinyLlama) and an 8B (Llama 3) layer, each weight type, each split of a row over
-warps (``wpr``) and each unroll of the inner loop: which settings read the blocks fastest.
+"""The decode GEMV kernels of the CUDA backend timed one by one, for each weight shape of
+a 1.1B (TinyLlama) and an 8B (Llama 3) layer, each weight type, each kind of GEMV
+(``--kinds``: gemv4, q8 = gemvq, wide = :mod:`~modelc.runtime.backends.cuda_gemvw`), each
+count of x rows, each split of a row over warps (``wpr``; 0: the device's own choice, as
+served) and each variant of the inner loops (``--unrolls`` for gemv4 / gemvq, ``--wide-unrolls``
+and ``--wide-loads`` for wide): which settings read the blocks fastest.
 
 Each launch reads a different copy of the weight (copies enough to pass 120 MB, so the
 50 MB L2 holds none of them), 40 launches captured in one CUDA graph; the figure is the
-graph's time over 40 (launch gaps included, as in a captured decode step) and the bytes
-read a second.
+graph's time over 40 (launch gaps included, as in a captured decode step) and the GGUF
+bytes read a second (the same bytes for every kind: a repacked row is the GGUF row's size,
+or at most 15 bytes more).  The last table: each kind's fastest and as-served figures side
+by side.
 
-    python3 bench/cuda_gemv_sweep.py [--types Q4_0,Q4_K,Q6_K,Q8_0] [--rows 1]
+    python3 bench/cuda_gemv_sweep.py --types Q4_0,Q4_K,Q6_K --kinds q8,wide --rows 1,2,4,8
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import numpy as np
 
 from modelc.formats.ir import DType
 from modelc.runtime.backend import Weight
+from modelc.runtime.backends import cuda_gemvw
 from modelc.runtime.backends.cuda import device
+from modelc.runtime.backends.cuda_gemvq import Q8_TYPES
 from modelc.runtime.backends.cuda_src import source
 from tests.gen_cuda_models import random_blocks
 
@@ -33,28 +41,27 @@ SHAPES = {
     "8b gate+up": (28672, 4096),
     "8b down": (4096, 14336),
 }
-# the inner loops' unroll, as in the source, and the variants tried
+KERNEL = {"gemv4": "gemv4", "q8": "gemvq", "wide": "gemvw"}
+# the inner loops' unroll pragmas in the source, and what a variant puts there
 UNROLLS = {
-    "gemvq": (
-        "#pragma unroll 2\n    for (int g = k * 8",
-        "#pragma unroll {u}\n    for (int g = k * 8",
-    ),
-    "gemv4": (
-        "#pragma unroll 4\n    for (int g = k * 4",
-        "#pragma unroll {u}\n    for (int g = k * 4",
-    ),
+    "gemvq": r"#pragma unroll \d+(\n    for \(int g = k \* 8)",
+    "gemv4": r"#pragma unroll \d+(\n    for \(int g = k \* 4)",
 }
 
 
-def variant(u: int) -> Any:
-    """The kernels compiled with both GEMVs' inner loops unrolled ``u`` times."""
-    import cupy as cp
-
-    src = source()
-    for old, new in UNROLLS.values():
-        assert old in src, old
-        src = src.replace(old, new.format(u=u))
-    return cp.RawModule(code=src, options=("-std=c++17",))
+def variant(src: str, kind: str, u: int, load: str) -> str:
+    """The source with ``kind``'s inner loop unrolled ``u`` times (wide: U units a lane,
+    every type, and its weights' ``load``; 0: as the source has it)."""
+    if kind == "wide":
+        unroll = dict.fromkeys(cuda_gemvw.WIDE_TYPES, u) if u else None
+        old = cuda_gemvw.source()
+        assert old in src
+        return src.replace(old, cuda_gemvw.source(unroll, load))
+    if not u:
+        return src
+    out, n = re.subn(UNROLLS[KERNEL[kind]], rf"#pragma unroll {u}\1", src)
+    assert n == 1, kind
+    return out
 
 
 def time_graph(dev: Any, launch: Any, n: int = 40, reps: int = 5) -> float:
@@ -89,63 +96,100 @@ def time_gemv(dev: Any, copies: list[Any], x: Any, n: int, y: Any, q8: Any) -> f
     return time_graph(dev, launch)
 
 
+def upload_copies(dev: Any, kind: str, w: Weight) -> list[Any]:
+    """The weight uploaded as ``kind`` reads it, copies enough to pass 120 MB."""
+    dev.gemv_kind = kind
+    first = dev.upload([w]).parts[0]
+    more = max(0, int(120e6 // first.data.nbytes))
+    return [first] + [dev.upload([w]).parts[0] for _ in range(more)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q4_0,Q4_K,Q6_K,Q8_0")
-    ap.add_argument("--rows", type=int, default=1)
-    ap.add_argument("--unrolls", default="0,8")  # 0: the source as it is
+    ap.add_argument("--kinds", default="q8,wide")  # of gemv4, q8, wide
+    ap.add_argument("--rows", default="1")  # rows of x, e.g. 1,2,4,8
+    ap.add_argument("--unrolls", default="0")  # gemv4 / gemvq; 0: the source as it is
+    ap.add_argument("--wide-unrolls", default="0")  # wide's U; 0: cuda_gemvw.WIDE_UNROLL
+    ap.add_argument("--wide-loads", default=cuda_gemvw.LOAD)  # keys of cuda_gemvw.LOADS
+    ap.add_argument("--wprs", default="0,1,2,4,8")  # 0: the device's own split
     ap.add_argument("--shapes", default=",".join(SHAPES))
     args = ap.parse_args()
     dev = device()
     cp = dev.cp
     rng = np.random.default_rng(0)
-    mods = {u: (variant(u) if u else None) for u in map(int, args.unrolls.split(","))}
-    base_fn = dict(dev.fn)
-    wpr0 = dev._wpr
-    print("| shape | type | MB | kernel | unroll | wpr | us | GB/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    kinds = args.kinds.split(",")
+    src = source()
+    mods: dict[tuple[str, int, str], Any] = {}
+    for kind in kinds:
+        loads = args.wide_loads.split(",") if kind == "wide" else [""]
+        us = args.wide_unrolls if kind == "wide" else args.unrolls
+        for u in map(int, us.split(",")):
+            for load in loads:
+                vsrc = variant(src, kind, u, load or cuda_gemvw.LOAD)
+                plain = vsrc == src
+                mods[kind, u, load] = (
+                    None if plain else cp.RawModule(code=vsrc, options=("-std=c++17",))
+                )
+    base_fn, wpr0 = dict(dev.fn), dev._wpr
+    best: dict[tuple[str, str, int, str], tuple[float, float]] = {}  # (fastest, as served)
+    print("| shape | type | rows | MB | kind | variant | wpr | us | GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for sname in args.shapes.split(","):
         rows, cols = SHAPES[sname]
-        x = cp.asarray(rng.standard_normal((args.rows, cols)).astype(np.float32))
-        y = cp.zeros((args.rows, rows), np.float32)
         for tname in args.types.split(","):
             dt = DType[tname]
             data, _ = random_blocks(rng, dt, rows, cols, 0.02)
-            one = dev.upload([Weight(dt, (rows, cols), data)])
-            p0 = one.parts[0]
-            copies = [p0] + [
-                dev.upload([Weight(dt, (rows, cols), data)]).parts[0]
-                for _ in range(max(0, int(120e6 // p0.data.nbytes)))
-            ]
-            mb = p0.data.nbytes / 1e6
-            q8 = dev._quant_q8(x, cols, args.rows, cols)
-            for kernel in ("gemv4", "gemvq"):
-                if kernel == "gemvq" and p0.code not in (2, 8, 12, 13, 14):
+            w = Weight(dt, (rows, cols), data)
+            nbytes = int(np.ascontiguousarray(data).nbytes)  # the GGUF bytes
+            mb = nbytes / 1e6
+            for kind in kinds:
+                code = dev.upload([w]).parts[0].code
+                if kind == "q8" and code not in Q8_TYPES:
                     continue
-                for u, mod in mods.items():
-                    for wpr in (1, 2, 4, 8):
-                        if mod is not None:
-                            for name in base_fn:
-                                if name.startswith(kernel + "_"):
-                                    dev.fn[name] = mod.get_function(name)
-                        setattr(dev, "_wpr", lambda p, per, w=wpr: w)  # noqa: B010
-                        qa = q8 if kernel == "gemvq" else None
-                        try:
-                            t = time_gemv(dev, copies, x, args.rows, y, qa)
-                        except Exception as e:  # a split the row cannot take
-                            print(
-                                f"| {sname} | {tname} | {mb:.1f} | {kernel} | {u} | {wpr} | {type(e).__name__} | |"
-                            )
+                if kind == "wide" and code not in cuda_gemvw.WIDE_TYPES:
+                    continue
+                copies = upload_copies(dev, kind, w)
+                for n in map(int, args.rows.split(",")):
+                    x = cp.asarray(rng.standard_normal((n, cols)).astype(np.float32))
+                    y = cp.zeros((n, rows), np.float32)
+                    q8 = dev._quant_q8(x, cols, n, cols) if kind != "gemv4" else None
+                    for (k, u, load), mod in mods.items():
+                        if k != kind:
                             continue
-                        finally:
-                            dev.fn.update(base_fn)
-                            setattr(dev, "_wpr", wpr0)  # noqa: B010
-                        print(
-                            f"| {sname} | {tname} | {mb:.1f} | {kernel} | {u or 'src'} | {wpr} | "
-                            f"{t * 1e6:.2f} | {p0.data.nbytes / t / 1e9:.0f} |"
-                        )
-            copies.clear()
-            cp.get_default_memory_pool().free_all_blocks()
+                        for wpr in map(int, args.wprs.split(",")):
+                            if mod is not None:
+                                for name in base_fn:
+                                    if name.startswith(KERNEL[kind] + "_"):
+                                        dev.fn[name] = mod.get_function(name)
+                            if wpr:
+                                setattr(dev, "_wpr", lambda p, per, w=wpr: w)  # noqa: B010
+                            name = f"{u or 'src'}{'/' + load if load else ''}"
+                            try:
+                                t = time_gemv(dev, copies, x, n, y, q8)
+                            except Exception as e:  # a split the row cannot take
+                                print(f"| {sname} | {tname} | {n} | {mb:.1f} | {kind} | {name} | "
+                                      f"{wpr} | {type(e).__name__} | |")  # fmt: skip
+                                continue
+                            finally:
+                                dev.fn.update(base_fn)
+                                setattr(dev, "_wpr", wpr0)  # noqa: B010
+                            gbs = nbytes / t / 1e9
+                            print(f"| {sname} | {tname} | {n} | {mb:.1f} | {kind} | {name} | "
+                                  f"{wpr or 'auto'} | {t * 1e6:.2f} | {gbs:.0f} |")  # fmt: skip
+                            key = (sname, tname, n, kind)
+                            fast, served = best.get(key, (0.0, 0.0))
+                            as_served = not wpr and mod is None
+                            best[key] = (max(fast, gbs), gbs if as_served else served)
+                copies.clear()
+                cp.get_default_memory_pool().free_all_blocks()
+    dev.read_env()
+    print("\n| shape | type | rows | " + " | ".join(f"{k} best | {k} served" for k in kinds) + " |")
+    print("|---|---|---|" + "---|---|" * len(kinds))
+    for sname, tname, n in dict.fromkeys((s, t, n) for s, t, n, _ in best):
+        cells = [best.get((sname, tname, n, k), (0.0, 0.0)) for k in kinds]
+        figs = " | ".join(f"{f:.0f} | {s:.0f}" for f, s in cells)
+        print(f"| {sname} | {tname} | {n} | {figs} |")
 
 
 if __name__ == "__main__":

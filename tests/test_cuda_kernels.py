@@ -147,14 +147,15 @@ def test_int8_gemv_is_the_product_with_quantized_activations(be: Any, dtype: DTy
         restore(dev)
 
 
-def q8_gpu(ir: Any, gemv_max: int | None = 256) -> Any:
-    """The model on the GPU's q8 path; ``gemv_max`` 256: prompts too in int8 GEMV passes,
-    not through f16 cuBLAS (None: the backend's own split)."""
+def q8_gpu(ir: Any, gemv_max: int | None = 256, kind: str = "q8") -> Any:
+    """The model on the GPU's q8 path (``kind`` "wide": :mod:`.cuda_gemvw`'s); ``gemv_max``
+    256: prompts too in int8 GEMV passes, not through f16 cuBLAS (None: the backend's own
+    split)."""
     from modelc.runtime.backends.cuda_backend import CudaBackend
     from modelc.runtime.backends.cuda_llama import CudaLlama
 
     b = CudaBackend()
-    b.dev.exact, b.dev.gemv_kind = False, "q8"
+    b.dev.exact, b.dev.gemv_kind = False, kind
     model = CudaLlama(ir, b)
     if gemv_max is not None:
         b.dev.gemv_max = gemv_max
@@ -191,7 +192,7 @@ def _apart(a: tuple[Any, list[int]], b: tuple[Any, list[int]]) -> tuple[float, b
     return float(np.max(np.abs(b[0][top] - a[0][top]))), a[1] == b[1]
 
 
-def check_q8_model(ir: Any, prompt: list[int], n: int, twin: bool = True) -> None:
+def check_q8_model(ir: Any, prompt: list[int], n: int, twin: bool = True, kind: str = "q8") -> None:
     """The GPU's q8 path (``twin``: every product in int8 GEMV passes, prompts too) against
     its numpy twin, and from the CPU's exact mode no more than twice as far as the CPU's
     fast mode is (which quantizes to 8 bits too: K-quants in groups of 256, outliers kept
@@ -208,7 +209,7 @@ def check_q8_model(ir: Any, prompt: list[int], n: int, twin: bool = True) -> Non
 
     exact = greedy_run(cpu_exact(ir), prompt, n, "f32")
     try:
-        gpu_model = q8_gpu(ir) if twin else q8_gpu(ir, gemv_max=None)
+        gpu_model = q8_gpu(ir, kind=kind) if twin else q8_gpu(ir, gemv_max=None, kind=kind)
         gpu = greedy_run(gpu_model, prompt, n, "f32")
     finally:
         restore(device())
@@ -453,3 +454,71 @@ def test_tiled_prompt_attention_equals_a_block_a_row(be: Any, hd: int, f16: bool
         dev.attention(q, *args, a, softcap)
         assert dev.attention(q, *args, b, softcap, tiles=(td, len(t))) is None
         np.testing.assert_allclose(b.get(), a.get(), rtol=1e-5, atol=1e-5)
+
+
+WIDE_TYPES = [DType.Q4_0, DType.Q4_K, DType.Q6_K]
+
+
+@pytest.mark.parametrize("dtype", WIDE_TYPES, ids=lambda d: d.name)
+def test_wide_gemv_equals_the_int8_gemv(be: Any, dtype: DType) -> None:
+    """``MODELC_CUDA_GEMV=wide`` (:mod:`~modelc.runtime.backends.cuda_gemvw`: 16-byte loads,
+    Q4_0 and Q6_K repacked at upload) against gemvq over the GGUF blocks, the same int8
+    arithmetic: within 1e-5 for 1..16 rows of x (8-row launches past 8), odd weight rows,
+    a 4096 x 14336 down projection, with and without warps splitting a row, ``acc`` on and
+    off.  A repacked part also gives the native part's bits through ``deqw`` (picked rows,
+    a batch past the GEMV rows on cuBLAS) and, in exact mode, its float product."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(21)
+    try:
+        dev.exact, dev.gemv_max = False, 16
+        for rows, cols in ((37, 512), (300, 4096), (4096, 14336)):
+            data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
+            w = Weight(dtype, (rows, cols), data)
+            dev.gemv_kind = "q8"
+            native = dev.upload([w])
+            dev.gemv_kind = "wide"
+            wide = dev.upload([w])
+            assert (wide.parts[0].layout == "wide") == (dtype is not DType.Q4_K)
+            for n in (1, 2, 3, 4, 5, 8, 11, 16):
+                x = cp.asarray(rng.standard_normal((n, cols)).astype(np.float32))
+                base = cp.asarray(rng.standard_normal((n, rows)).astype(np.float32))
+                for acc in (False, True):
+                    for split in (True, False):
+                        dev.split_k = split
+                        y0, y1 = base.copy(), base.copy()
+                        dev.gemv_kind = "q8"
+                        dev.matmul(native, x, n, y0, acc)
+                        dev.gemv_kind = "wide"
+                        dev.matmul(wide, x, n, y1, acc)
+                        assert rel(y1.get(), y0.get()) < 1e-5, (rows, cols, n, acc, split)
+            ids = cp.asarray(np.array([rows - 1, 0, 5, 5], np.int64))
+            for f16, dt in ((False, np.float32), (True, np.float16)):
+                a, b = cp.zeros((4, cols), dt), cp.zeros((4, cols), dt)
+                dev.dequant(native.parts[0], ids, 4, a, cols, f16)
+                dev.dequant(wide.parts[0], ids, 4, b, cols, f16)
+                assert a.get().tobytes() == b.get().tobytes()
+            if rows > 1000:
+                continue
+            x = cp.asarray(rng.standard_normal((20, cols)).astype(np.float32))
+            for exact, n in ((False, 20), (True, 3)):  # cuBLAS f16, and exact mode's floats
+                dev.exact = exact
+                y0, y1 = cp.zeros((n, rows), np.float32), cp.zeros((n, rows), np.float32)
+                dev.matmul(native, x, n, y0)
+                dev.matmul(wide, x, n, y1)
+                assert rel(y1.get(), y0.get()) < (1e-6 if exact else 1e-3), (exact, n)
+            dev.exact = False
+    finally:
+        restore(dev)
+
+
+@pytest.mark.parametrize("dtype", [DType.Q4_0, Q4_K_M], ids=str)
+def test_small_models_on_the_wide_gemv(tmp_path: Path, dtype: DType | str) -> None:
+    """A model with its products on the wide GEMV (Q4_K_M: Q4_K as stored, Q6_K
+    repacked), prompts too: held to its numpy twin and the CPU's exact mode as q8 is."""
+    check_q8_model(
+        load_model(write_random_llama(tmp_path / "m.gguf", dtype, SMALL, seed=3)),
+        list(range(5, 40)),
+        12,
+        kind="wide",
+    )

@@ -42,6 +42,8 @@ from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
+from modelc.runtime.backends.cuda_gemvw import WIDE_TYPES, host_layout
+from modelc.runtime.backends.cuda_gemvw import launch as gemvw_launch
 from modelc.runtime.backends.cuda_norm import aligned
 from modelc.runtime.backends.cuda_norm import threads as norm_threads
 from modelc.runtime.backends.cuda_src import (
@@ -118,7 +120,8 @@ class Device:
         silent); tests that change them call this to put them back."""
         self.exact = exact_mode()
         # q8 (default: int8 activations and dp4a for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K,
-        # gemv4 for the rest and in exact mode), gemv4 (float, coalesced) or gemv (a lane a
+        # gemv4 for the rest and in exact mode), wide (q8 with cuda_gemvw's 16-byte loads
+        # for Q4_0 / Q4_K / Q6_K, Q4_0 and Q6_K repacked at upload), gemv4 (float, coalesced) or gemv (a lane a
         # group); rows up to gemv_max take GEMV, more cuBLAS (an H100: q8 passes of 8 rows
         # and cuBLAS for 16 take about the same time, cuBLAS 2.5x less for 16-32 rows)
         self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", GEMV_KIND)
@@ -141,10 +144,12 @@ class Device:
             while j + 1 < len(hosts) and hosts[j + 1][1] is hosts[i][1]:
                 j += 1
             data = np.concatenate([h[0] for h in hosts[i : j + 1]]) if j > i else hosts[i][0]
+            code = CODES[hosts[i][1]]
+            wide = self.gemv_kind == "wide" and not self.exact
+            data, layout = host_layout(code, data, cols, wide)
             dev = self.cp.asarray(np.ascontiguousarray(data))
-            parts.append(
-                DevPart(dev, CODES[hosts[i][1]], int(data.shape[0]), cols, int(data.shape[1]))
-            )
+            rows, rb = int(data.shape[0]), int(data.shape[1])
+            parts.append(DevPart(dev, code, rows, cols, rb, layout=layout))
             i = j + 1
         return DevWeight(parts, sum(p.rows for p in parts), cols)
 
@@ -159,7 +164,7 @@ class Device:
     def dequant(self, p: DevPart, ids: Any, n: int, out: Any, ldo: int, f16: bool = False) -> None:
         """Rows ``ids`` (device int64, or None for 0..n-1) of ``p`` into ``out`` (n, ldo)."""
         ids_arg = ids if ids is not None else np.uint64(0)
-        if self.deq_kind == "deq8":
+        if self.deq_kind == "deq8" and not p.layout:
             blocks, bpr = launch_shape(n, p.cols)
             vec = can_vec(int(out.data.ptr), ldo, 2 if f16 else 4)
             self.fn[f"deq8_{p.code}_{int(f16)}"](
@@ -170,7 +175,8 @@ class Device:
             )  # fmt: skip
             return
         total = n * (p.cols // 32)
-        self.fn[f"deq_{p.code}_{int(f16)}"](
+        kind = "deqw" if p.layout else "deq"  # a repacked part: cuda_gemvw's dequantizer
+        self.fn[f"{kind}_{p.code}_{int(f16)}"](
             ((total + 127) // 128,),
             (128,),
             (p.data, np.int64(p.row_bytes), np.int32(p.cols), ids_arg, np.int32(n), out,
@@ -225,7 +231,7 @@ class Device:
         return wd
 
     def _use_q8(self, w: DevWeight, n: int) -> bool:
-        on = n <= self.gemv_max and self.gemv_kind == "q8" and not self.exact
+        on = n <= self.gemv_max and self.gemv_kind in ("q8", "wide") and not self.exact
         return on and any(p.code in Q8_TYPES for p in w.parts)
 
     def _wpr(self, p: DevPart, per_pass: int) -> int:
@@ -241,6 +247,9 @@ class Device:
         self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool, q8: Any = None
     ) -> None:
         nr = next(r for r in GEMV_ROWS if r >= n)
+        if q8 is not None and (p.layout or (self.gemv_kind == "wide" and p.code in WIDE_TYPES)):
+            gemvw_launch(self.fn, self._wpr, p, q8, n, y, ldy, acc)  # 16-byte loads
+            return
         if q8 is not None:  # x quantized by _quant_q8
             wpr = self._wpr(p, 8)
             qa = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols), *q8)
@@ -300,7 +309,7 @@ class Device:
             q8 = self._quant_q8(x, ldx, n, w.cols)
         for p in w.parts:
             yp = y[:, col0:] if col0 else y
-            if n <= self.gemv_max:
+            if n <= self.gemv_max and (q8 is not None or not p.layout):  # repacked: int8 only
                 for r0 in range(0, n, GEMV_MAX):
                     m, xr, yr = min(GEMV_MAX, n - r0), x[r0:] if r0 else x, yp[r0:] if r0 else yp
                     qr = None

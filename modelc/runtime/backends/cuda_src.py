@@ -17,6 +17,7 @@ from modelc.runtime.backends import (
     cuda_deq,
     cuda_gemv,
     cuda_gemvq,
+    cuda_gemvw,
     cuda_norm,
     cuda_quants,
 )
@@ -409,7 +410,8 @@ def kernel_names() -> list[str]:
     names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
     names += cuda_attn.kv_names("attn", HEAD_LANES)
     names += cuda_attn.names()
-    return names + cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_norm.NAMES
+    names += cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_gemvw.names()
+    return names + cuda_norm.NAMES
 
 
 def source() -> str:
@@ -418,6 +420,6 @@ def source() -> str:
     body = body.replace("__ATTN_WARPS__", str(ATTN_WARPS))
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
-    gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances()
+    gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances() + cuda_gemvw.source()
     attn = cuda_attn.SOURCE + cuda_attn.instances()
     return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + cuda_norm.SOURCE

@@ -41,6 +41,7 @@ class DevPart:
     cols: int
     row_bytes: int
     dense16: Any = None  # cupy f16 (rows, cols), kept for cuBLAS (MODELC_CUDA_F16_CACHE=1)
+    layout: str = ""  # "" the GGUF blocks; "wide": repacked for cuda_gemvw (its own reads only)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,370 @@
+"""The "wide" int8 GEMV of the CUDA backend (CUDA C, appended after :mod:`.cuda_gemvq`):
+the same quantized activations (``quant_q8``'s xq / xs) and the same integer arithmetic as
+``gemvq``, but each lane issues 16-byte loads of weight quants, ``U`` units of them
+(unrolled, all loads before any ``dp4a``), and reads x's int8 values 16 bytes at a time:
+more bytes in flight per thread than gemvq's 4-byte words, which an H100 needs to read
+HBM near its bandwidth (Little's law: ~16-20 KB in flight per SM).
+
+Opt-in: ``MODELC_CUDA_GEMV=wide`` (never in ``exact`` mode).  Types and units (what a
+group of lanes reads):
+
+* Q4_K (code 12) as stored (144-byte super-blocks, 16-byte aligned): 8 lanes a super-block,
+  lane ``t`` its 16-byte header (d, dmin, 6-bit scales; the 8 lanes load the same bytes) and
+  nibble bytes ``16 t .. 16 t + 15`` (sub-blocks ``2 (t >> 1)`` and ``+1``, 16 weights each).
+* Q6_K (code 14) repacked at upload (:func:`repack`): a row's quant bytes (ql 128 + qh 64
+  a super-block, as stored) first, then its scales (16 a super-block, reordered so a lane's
+  four are one word), then its f16 d's, padded to 16 bytes.  4 lanes a super-block, lane
+  ``t = 2 rr + hh``: three 16-byte loads (ql ``rr*64 + 16 hh``, ql ``rr*64 + 32 + 16 hh``, qh
+  ``128 + rr*32 + 16 hh``) = weights ``16 hh .. 16 hh + 15`` of the super-block's groups
+  ``4 rr .. 4 rr + 3``.
+* Q4_0 (code 2) repacked: a row's 16-byte nibble blocks, then its f16 d's, padded to 16
+  bytes.  A lane a group.
+
+Same row bytes as the GGUF blocks wherever a row's super-blocks (Q6_K) or groups (Q4_0)
+come in eights.  A repacked part says so (``DevPart.layout == "wide"``) and is only ever
+read by these kernels: ``gemvw`` on the int8 path, ``deqw`` (bit for bit ``deq_rows``'s
+values) for cuBLAS batches, embedding rows and exact mode.  Rows of x: 1, 2, 4, 8 a launch
+(more: launches of 8).  ``tests/test_cuda_repack.py`` checks the layouts, the dequantizer
+and each lane's sums on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from modelc.runtime.backends.cuda_gemvq import q8_bytes
+
+WIDE_TYPES = (2, 12, 14)  # GGML's numbers: Q4_0 Q4_K Q6_K
+REPACKED = (2, 14)  # the types whose blocks are repacked at upload
+WIDE_ROWS = (1, 2, 4, 8)
+WIDE_UNROLL = {2: 4, 12: 4, 14: 2}  # units a lane loads before its dp4a (U)
+# blocks of 256 an SM by rows of x (__launch_bounds__: 4 caps a thread at 64 registers)
+WIDE_BLOCKS = {1: 4, 2: 4, 4: 3, 8: 2}
+WIDE_PASS = 32  # groups of a warp's unrolled pass over U units / 4: Device._wpr's per_pass
+LAYOUT = "wide"
+# Q6_K's 16 scales a super-block, reordered: new index 8 rr + 4 hh + f takes the stored
+# 8 rr + 2 f + hh (scale of weights 16 hh .. of group 4 rr + f), lane 2 rr + hh's 4 in a word
+Q6K_SCALES = np.array([8 * (m // 8) + 2 * (m % 4) + (m % 8) // 4 for m in range(16)])
+
+# 16-byte loads: weights past L1 (read once), x and its scales through it (every row reads them)
+LOADS = {
+    "na": 'asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"',
+    "na256": 'asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"',
+    "ldg": 'asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"',
+}
+LOAD = "na"
+
+LOAD_SRC = r"""
+__device__ __forceinline__ uint4 ldw(const u8* p) {
+  uint4 v;
+  __WLOAD__ : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ int4 ldx(const signed char* p) { return __ldg((const int4*)p); }
+__device__ __forceinline__ float2 lds(const float2* p) { return __ldg(p); }
+"""
+
+SOURCE = r"""
+__device__ __forceinline__ int dp16(uint4 w, int4 x) {  // 16 int8 pairs
+  return __dp4a((int)w.w, x.w, __dp4a((int)w.z, x.z, __dp4a((int)w.y, x.y, __dp4a((int)w.x, x.x, 0))));
+}
+__device__ __forceinline__ uint4 nib4(uint4 q, int sh) {  // 16 nibbles (sh 0: low, 4: high)
+  return make_uint4((q.x >> sh) & 0x0f0f0f0fu, (q.y >> sh) & 0x0f0f0f0fu, (q.z >> sh) & 0x0f0f0f0fu,
+                    (q.w >> sh) & 0x0f0f0f0fu);
+}
+
+// a type's unit (what LANES lanes read: WEIGHTS weights of a row), its loads (load: only
+// loads, into Reg) and its share of the NR sums (dot: unit u of the row, lane t of its LANES)
+template <int T> struct Wide;
+template <> struct Wide<12> {  // Q4_K as stored: 8 lanes a super-block
+  static constexpr int LANES = 8, WEIGHTS = 256;
+  struct Reg { uint4 h, q; };
+  static __device__ __forceinline__ void load(const u8* __restrict__ wr, int cols, int u, int t, Reg& r) {
+    const u8* b = wr + (size_t)u * 144;
+    r.h = ldw(b);
+    r.q = ldw(b + 16 + 16 * t);
+  }
+  template <int NR>
+  static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
+      const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
+    int c = t >> 1, hh = t & 1, ng = cols >> 5, sh = 16 * (c & 1);
+    float d = h2f(r.h.x & 0xffff), dmin = h2f(r.h.x >> 16);
+    // sub-blocks 2c and 2c + 1's 6-bit scales and mins, a byte each (llama.cpp's aux16)
+    u32 y = r.h.y >> sh, z = r.h.z >> sh, v = r.h.w >> sh;
+    u32 sc2 = c < 2 ? y & 0x3f3f : (v & 0x0f0f) | ((y & 0xc0c0) >> 2);
+    u32 mn2 = c < 2 ? z & 0x3f3f : ((v >> 4) & 0x0f0f) | ((z & 0xc0c0) >> 2);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {  // sub-block 2c + j: low (j 0) or high (j 1) nibbles
+      int s = 2 * c + j;
+      u32 sc = (sc2 >> (8 * j)) & 63, mn = (mn2 >> (8 * j)) & 63;
+      float dl = __fmul_rn(d, (float)sc), ml = hh ? 0.f : __fmul_rn(dmin, (float)mn);
+      uint4 w = nib4(r.q, 4 * j);
+      int g = u * 8 + s;
+#pragma unroll
+      for (int i = 0; i < NR; i++) {
+        if (i < nr) {
+          int4 xv = ldx(xq + (size_t)i * cols + g * 32 + 16 * hh);
+          float2 sv = lds(xs + (size_t)i * ng + g);
+          a[i] += dl * (sv.x * (float)dp16(w, xv)) - ml * sv.y;  // the min once a group
+        }
+      }
+    }
+  }
+};
+template <> struct Wide<14> {  // Q6_K repacked: 4 lanes a super-block
+  static constexpr int LANES = 4, WEIGHTS = 256;
+  struct Reg { uint4 a, b, h; u32 sc, d; };
+  static __device__ __forceinline__ void load(const u8* __restrict__ wr, int cols, int u, int t, Reg& r) {
+    const u8* q = wr + (size_t)u * 192 + (t >> 1) * 64 + 16 * (t & 1);
+    r.a = ldw(q);
+    r.b = ldw(q + 32);
+    r.h = ldw(wr + (size_t)u * 192 + 128 + 16 * t);
+    int nsb = cols >> 8;
+    const u8* aux = wr + (size_t)nsb * 192;
+    r.sc = ld32(aux + (size_t)u * 16 + 4 * t);
+    r.d = ld16(aux + (size_t)nsb * 16 + 2 * u);
+  }
+  template <int NR>
+  static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
+      const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
+    int hh = t & 1, ng = cols >> 5;
+    float d = h2f((u16)r.d);
+#pragma unroll
+    for (int f = 0; f < 4; f++) {  // group 4 rr + f: ql's low (f < 2) or high nibbles, qh's bits 2f
+      uint4 l = nib4(f & 1 ? r.b : r.a, (f >> 1) * 4), w;
+      w.x = sub4(l.x | (((r.h.x >> (2 * f)) & 0x03030303u) << 4), 0x20202020u);
+      w.y = sub4(l.y | (((r.h.y >> (2 * f)) & 0x03030303u) << 4), 0x20202020u);
+      w.z = sub4(l.z | (((r.h.z >> (2 * f)) & 0x03030303u) << 4), 0x20202020u);
+      w.w = sub4(l.w | (((r.h.w >> (2 * f)) & 0x03030303u) << 4), 0x20202020u);
+      float dl = __fmul_rn(d, (float)(signed char)(r.sc >> (8 * f)));
+      int g = u * 8 + (t >> 1) * 4 + f;
+#pragma unroll
+      for (int i = 0; i < NR; i++) {
+        if (i < nr) {
+          int4 xv = ldx(xq + (size_t)i * cols + g * 32 + 16 * hh);
+          a[i] += dl * (lds(xs + (size_t)i * ng + g).x * (float)dp16(w, xv));
+        }
+      }
+    }
+  }
+};
+template <> struct Wide<2> {  // Q4_0 repacked: a lane a group
+  static constexpr int LANES = 1, WEIGHTS = 32;
+  struct Reg { uint4 q; u32 d; };
+  static __device__ __forceinline__ void load(const u8* __restrict__ wr, int cols, int u, int t, Reg& r) {
+    r.q = ldw(wr + (size_t)u * 16);
+    r.d = ld16(wr + (size_t)(cols >> 1) + 2 * u);
+  }
+  template <int NR>
+  static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
+      const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
+    uint4 lo = nib4(r.q, 0), hi = nib4(r.q, 4);
+    lo = make_uint4(sub4(lo.x, 0x08080808u), sub4(lo.y, 0x08080808u), sub4(lo.z, 0x08080808u), sub4(lo.w, 0x08080808u));
+    hi = make_uint4(sub4(hi.x, 0x08080808u), sub4(hi.y, 0x08080808u), sub4(hi.z, 0x08080808u), sub4(hi.w, 0x08080808u));
+    float d = h2f((u16)r.d);
+    int ng = cols >> 5;
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+      if (i < nr) {
+        const signed char* xp = xq + (size_t)i * cols + u * 32;
+        int s = dp16(lo, ldx(xp)) + dp16(hi, ldx(xp + 16));
+        a[i] += d * (lds(xs + (size_t)i * ng + u).x * (float)s);
+      }
+    }
+  }
+};
+
+// group g (32 weights) of a repacked row -> w[32], the float steps of deq32<T>
+template <int T> __device__ __forceinline__ void wdeq(const u8* __restrict__ row, int cols, int g, float* w);
+template <> __device__ __forceinline__ void wdeq<2>(const u8* __restrict__ row, int cols, int g, float* w) {
+  const u8* q = row + (size_t)g * 16;
+  float d = h2f(ld16(row + (size_t)(cols >> 1) + 2 * g));
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    u32 v = q[i];
+    w[i] = __fmul_rn(d, (float)((int)(v & 15) - 8));
+    w[i + 16] = __fmul_rn(d, (float)((int)(v >> 4) - 8));
+  }
+}
+template <> __device__ __forceinline__ void wdeq<14>(const u8* __restrict__ row, int cols, int g, float* w) {
+  int sb = g >> 3, s = g & 7, rr = s >> 2, f = s & 3, nsb = cols >> 8;
+  const u8* ql = row + (size_t)sb * 192 + rr * 64 + (f & 1) * 32;
+  const u8* qh = row + (size_t)sb * 192 + 128 + rr * 32;
+  const u8* aux = row + (size_t)nsb * 192;
+  float d = h2f(ld16(aux + (size_t)nsb * 16 + 2 * sb));
+  float d0 = __fmul_rn(d, (float)(signed char)aux[(size_t)sb * 16 + 8 * rr + f]);
+  float d1 = __fmul_rn(d, (float)(signed char)aux[(size_t)sb * 16 + 8 * rr + 4 + f]);
+  int lsh = (f >> 1) * 4;
+#pragma unroll
+  for (int j = 0; j < 32; j++) {
+    int q = (int)(((ql[j] >> lsh) & 15) | (((qh[j] >> (2 * f)) & 3) << 4)) - 32;
+    w[j] = __fmul_rn(j < 16 ? d0 : d1, (float)q);
+  }
+}
+"""
+
+KERNELS = r"""
+// y[r, row] (+)= W[row] . x[r] for nr <= NR rows of the quantized x; wpr warps a row, each
+// lane U units at a time: their loads first, then their sums
+template <int T, int NR, int U>
+__device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, int rows, int cols,
+                                      const signed char* __restrict__ xq, const float2* __restrict__ xs,
+                                      int nr, float* __restrict__ y, int ldy, int acc, int wpr) {
+  typedef Wide<T> P;
+  constexpr int UPW = 32 / P::LANES;  // units a warp reads a pass
+  __shared__ float part[8][NR];
+  int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane % P::LANES;
+  int row = blockIdx.x * (8 / wpr) + wib / wpr, k = wib % wpr;
+  bool ok = row < rows;
+  float a[NR];
+#pragma unroll
+  for (int i = 0; i < NR; i++) a[i] = 0.f;
+  if (ok) {
+    const u8* wr = W + (size_t)row * rb;
+    int nu = cols / P::WEIGHTS, step = UPW * wpr;
+    for (int u0 = k * UPW + lane / P::LANES; u0 < nu; u0 += U * step) {
+      typename P::Reg r[U];
+#pragma unroll
+      for (int j = 0; j < U; j++)
+        if (u0 + j * step < nu) P::load(wr, cols, u0 + j * step, t, r[j]);
+#pragma unroll
+      for (int j = 0; j < U; j++)
+        if (u0 + j * step < nu) P::template dot<NR>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
+    }
+  }
+  rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + row, ldy, acc);
+}
+
+// rows of a repacked W (ids, or 0..n-1 when ids is null) dequantized to f32 (F16O=0) or f16
+template <int T, int F16O>
+__device__ __forceinline__ void deqw_rows(const u8* __restrict__ W, long long rb, int cols,
+                                          const i64* __restrict__ ids, int n, void* out, int ldo) {
+  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  int ng = cols >> 5;
+  if (t >= (long long)n * ng) return;
+  int i = (int)(t / ng), g = (int)(t % ng);
+  long long src = ids ? ids[i] : i;
+  float w[32];
+  wdeq<T>(W + (size_t)src * rb, cols, g, w);
+  if (F16O) {
+    u16* o = (u16*)out + (size_t)i * ldo + g * 32;
+#pragma unroll
+    for (int k = 0; k < 32; k++) o[k] = f2h(w[k]);
+  } else {
+    float* o = (float*)out + (size_t)i * ldo + g * 32;
+#pragma unroll
+    for (int k = 0; k < 32; k++) o[k] = w[k];
+  }
+}
+"""
+
+
+def instances(unroll: dict[int, int] | None = None) -> str:
+    """The kernels' entry points; ``unroll``: U by type (:data:`WIDE_UNROLL` where absent)."""
+    us = {**WIDE_UNROLL, **(unroll or {})}
+    out = [
+        f'extern "C" __global__ void __launch_bounds__(256, {WIDE_BLOCKS[nr]}) '
+        f"gemvw_{t}_{nr}(const u8* W, long long rb, int rows, "
+        "int cols, const signed char* xq, const float2* xs, int nr, float* y, int ldy, "
+        f"int acc, int wpr) {{ gemvw<{t}, {nr}, {us[t]}>(W, rb, rows, cols, xq, xs, nr, y, "
+        "ldy, acc, wpr); }"
+        for t in WIDE_TYPES
+        for nr in WIDE_ROWS
+    ]
+    out += [
+        f'extern "C" __global__ void deqw_{t}_{f}(const u8* W, long long rb, int cols, '
+        "const i64* ids, int n, void* out, int ldo) "
+        f"{{ deqw_rows<{t}, {f}>(W, rb, cols, ids, n, out, ldo); }}"
+        for t in REPACKED
+        for f in (0, 1)
+    ]
+    return "\n".join(out)
+
+
+def source(unroll: dict[int, int] | None = None, load: str = LOAD) -> str:
+    """This module's CUDA C (after :mod:`.cuda_gemvq`'s, whose ``sub4`` it uses, and
+    :mod:`.cuda_gemv`'s ``rows_out``); ``unroll`` and ``load`` (a key of :data:`LOADS`):
+    the variants ``bench/cuda_gemv_sweep.py`` times."""
+    return LOAD_SRC.replace("__WLOAD__", LOADS[load]) + SOURCE + KERNELS + instances(unroll)
+
+
+def names() -> list[str]:
+    gemvw = [f"gemvw_{t}_{nr}" for t in WIDE_TYPES for nr in WIDE_ROWS]
+    return gemvw + [f"deqw_{t}_{f}" for t in REPACKED for f in (0, 1)]
+
+
+def _padded(parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    rows = parts[0].shape[0]
+    used = sum(p.shape[1] for p in parts)
+    return np.concatenate([*parts, np.zeros((rows, -used % 16), np.uint8)], axis=1)
+
+
+def repack(code: int, data: np.ndarray[Any, Any], cols: int) -> np.ndarray[Any, Any]:
+    """GGUF blocks (rows, row_bytes) uint8 of a :data:`REPACKED` type to the wide layout:
+    a row's quant bytes, then its scales (Q6_K: reordered by :data:`Q6K_SCALES`), then its
+    f16 d's, padded to a multiple of 16 bytes."""
+    rows = data.shape[0]
+    if code == 2:
+        b = data.reshape(rows, cols // 32, 18)
+        return _padded([b[..., 2:].reshape(rows, -1), b[..., :2].reshape(rows, -1)])
+    if code == 14:
+        b = data.reshape(rows, cols // 256, 210)
+        scales = b[..., 192:208][..., Q6K_SCALES]
+        return _padded([b[..., :192].reshape(rows, -1), scales.reshape(rows, -1),
+                        b[..., 208:].reshape(rows, -1)])  # fmt: skip
+    raise ValueError(f"no wide layout for GGML type {code}")
+
+
+def unpack(code: int, data: np.ndarray[Any, Any], cols: int) -> np.ndarray[Any, Any]:
+    """:func:`repack`'s bytes back to the GGUF blocks (rows, row_bytes)."""
+    rows = data.shape[0]
+    if code == 2:
+        ng = cols // 32
+        q = data[:, : 16 * ng].reshape(rows, ng, 16)
+        d = data[:, 16 * ng : 18 * ng].reshape(rows, ng, 2)
+        return np.concatenate([d, q], axis=2).reshape(rows, -1)
+    if code == 14:
+        nsb = cols // 256
+        q = data[:, : 192 * nsb].reshape(rows, nsb, 192)
+        sc = np.empty((rows, nsb, 16), np.uint8)
+        sc[..., Q6K_SCALES] = data[:, 192 * nsb : 208 * nsb].reshape(rows, nsb, 16)
+        d = data[:, 208 * nsb : 210 * nsb].reshape(rows, nsb, 2)
+        return np.concatenate([q, sc, d], axis=2).reshape(rows, -1)
+    raise ValueError(f"no wide layout for GGML type {code}")
+
+
+def host_layout(
+    code: int, data: np.ndarray[Any, Any], cols: int, wide: bool
+) -> tuple[np.ndarray[Any, Any], str]:
+    """The bytes to upload for a part of type ``code`` and their layout ("" as stored,
+    :data:`LAYOUT` repacked): repacked where ``wide`` (the wide GEMV is on) and the type
+    has a wide layout."""
+    if wide and code in REPACKED:
+        return repack(code, data, cols), LAYOUT
+    return data, ""
+
+
+def launch(
+    fn: dict[str, Any],
+    wpr: Callable[[Any, int], int],
+    p: Any,
+    q8: tuple[Any, Any],
+    n: int,
+    y: Any,
+    ldy: int,
+    acc: bool,
+) -> None:
+    """``y[:n] (+)= xq[:n] . p`` by ``gemvw``: n rows of the quantized x (launches of at most
+    8), ``wpr(p, WIDE_PASS)`` warps a weight row (``Device._wpr``)."""
+    w = wpr(p, WIDE_PASS)
+    grid = ((p.rows + 8 // w - 1) // (8 // w),)
+    for r0 in range(0, n, max(WIDE_ROWS)):
+        m = min(max(WIDE_ROWS), n - r0)
+        nr = next(r for r in WIDE_ROWS if r >= m)
+        qb, sb = q8_bytes(r0, p.cols)
+        args: tuple[Any, ...] = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols))
+        args += (q8[0][qb:], q8[1][sb:], np.int32(m), y[r0:] if r0 else y, np.int32(ldy))
+        fn[f"gemvw_{p.code}_{nr}"](grid, (256,), (*args, np.int32(int(acc)), np.int32(w)))

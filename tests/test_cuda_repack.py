@@ -1,0 +1,192 @@
+"""The wide int8 GEMV's layouts (:mod:`modelc.runtime.backends.cuda_gemvw`) on the CPU: the
+repack at upload round-trips to the GGUF blocks, its dequantizer (``wdeq``, compiled here
+as C++ as ``tests/test_cuda_quants_host.py`` does) gives the reference's weights bit for
+bit, each lane's loads and sums (``Wide<T>::load`` / ``dot``, every lane of every unit
+one after another) give the product with quantized x as gemvq's pieces do, and the launch
+splits rows of x into passes of at most 8.  The kernels themselves run in
+``tests/test_cuda_kernels.py`` (GPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.formats.ir import DType
+from modelc.formats.quants import dequantize
+from modelc.runtime.backends import cuda_gemvq, cuda_gemvw, cuda_quants
+from tests.gen_cuda_models import random_blocks
+from tests.test_cuda_kernels import k_mins, q8_reference
+from tests.test_cuda_quants_host import PRELUDE
+
+TYPES = {2: DType.Q4_0, 12: DType.Q4_K, 14: DType.Q6_K}
+WIDE_PRELUDE = r"""
+struct int4 { int x, y, z, w; };
+static inline uint4 make_uint4(u32 x, u32 y, u32 z, u32 w) { uint4 v = {x, y, z, w}; return v; }
+static inline uint4 ldw(const u8* p) { uint4 v; memcpy(&v, p, 16); return v; }
+static inline int4 ldx(const signed char* p) { int4 v; memcpy(&v, p, 16); return v; }
+static inline float2 lds(const float2* p) { return *p; }
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    d = tmp_path_factory.mktemp("cuda-wide")
+    entry = "".join(  # a repacked row dequantized, group by group
+        f'extern "C" void wd_{t}(const u8* r, int cols, float* o) '
+        f"{{ for (int g = 0; g < cols / 32; g++) wdeq<{t}>(r, cols, g, o + 32 * g); }}\n"
+        for t in cuda_gemvw.REPACKED
+    )
+    entry += "".join(  # a row's two sums (NR 2), every lane of every unit in turn
+        f'extern "C" void wdot_{t}(const u8* r, int cols, const signed char* xq, '
+        "const float2* xs, float* out) { typedef Wide<" + str(t) + "> P; "
+        "for (int u = 0; u < cols / P::WEIGHTS; u++) for (int t = 0; t < P::LANES; t++) { "
+        "P::Reg reg; P::load(r, cols, u, t, reg); float a[2] = {0.f, 0.f}; "
+        "P::dot<2>(reg, cols, u, t, xq, xs, 2, a); out[0] += a[0]; out[1] += a[1]; } }\n"
+        for t in cuda_gemvw.WIDE_TYPES
+    )
+    entry += "".join(  # gemvq's pieces of one row (x row 0), for comparison
+        f'extern "C" float gq_{t}(const u8* r, int ng, const int2* xq, const float2* xs) '
+        "{ float a = 0.f; for (int g = 0; g < ng; g++) for (int j = 0; j < 4; j++) { "
+        f"int q[2]; float dl, ml; wq8<{t}>(r, g, j, q, &dl, &ml); "
+        "a += piece_dot(q, dl, ml, xq[4 * g + j], xs[g]); } return a; }\n"
+        for t in cuda_gemvw.WIDE_TYPES
+    )
+    src, so = d / "wide.cpp", d / "wide.so"
+    src.write_text(
+        PRELUDE + WIDE_PRELUDE + cuda_quants.DEQ32 + cuda_gemvq.SOURCE + cuda_gemvw.SOURCE + entry
+    )
+    flags = ["-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC"]
+    run = subprocess.run([cxx, *flags, "-o", str(so), str(src)], capture_output=True, text=True)
+    if run.returncode and "_Float16" in run.stderr:
+        pytest.skip(f"{Path(cxx).name} has no _Float16")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return ctypes.CDLL(str(so))
+
+
+def _raw(code: int, rows: int, cols: int, seed: int = 0) -> np.ndarray[Any, Any]:
+    data, _ = random_blocks(np.random.default_rng(seed + code), TYPES[code], rows, cols, 0.05)
+    return np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+
+
+def _ptr(a: np.ndarray[Any, Any]) -> ctypes.c_void_p:
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("code", cuda_gemvw.REPACKED)
+@pytest.mark.parametrize("cols", [256, 768, 2048, 14336])
+def test_repack_round_trips_and_keeps_rows_aligned(code: int, cols: int) -> None:
+    """Repacked rows are 16-byte multiples, the GGUF row's size where its units come in
+    eights (768: 3 Q6_K super-blocks, padded), and unpack to the same bytes."""
+    raw = _raw(code, 5, cols)
+    wide = cuda_gemvw.repack(code, raw, cols)
+    assert wide.dtype == np.uint8 and wide.shape[0] == 5 and wide.shape[1] % 16 == 0
+    unit = 8 * (32 if code == 2 else 256)
+    assert (wide.shape[1] == raw.shape[1]) == (cols % unit == 0)
+    assert wide.shape[1] - raw.shape[1] < 16
+    assert cuda_gemvw.unpack(code, wide, cols).tobytes() == raw.tobytes()
+
+
+def test_q6k_scales_reorder_is_a_permutation() -> None:
+    """Lane t = 2 rr + hh's four scales (groups 4 rr + f, weights 16 hh ..) are word t."""
+    order = cuda_gemvw.Q6K_SCALES
+    assert sorted(order.tolist()) == list(range(16))
+    for t in range(4):
+        rr, hh = t >> 1, t & 1
+        assert order[4 * t : 4 * t + 4].tolist() == [8 * rr + 2 * f + hh for f in range(4)]
+
+
+def test_only_the_wide_kind_repacks() -> None:
+    raw = _raw(14, 3, 512)
+    same, layout = cuda_gemvw.host_layout(14, raw, 512, wide=False)
+    assert same is raw and layout == ""
+    q4k = _raw(12, 3, 512)
+    same, layout = cuda_gemvw.host_layout(12, q4k, 512, wide=True)  # read as stored
+    assert same is q4k and layout == ""
+    wide, layout = cuda_gemvw.host_layout(14, raw, 512, wide=True)
+    assert (
+        layout == cuda_gemvw.LAYOUT and wide.tobytes() == cuda_gemvw.repack(14, raw, 512).tobytes()
+    )
+
+
+@pytest.mark.parametrize("code", cuda_gemvw.REPACKED)
+def test_wide_dequantizer_is_the_reference(lib: ctypes.CDLL, code: int) -> None:
+    """``wdeq`` (``deqw``'s groups: cuBLAS batches, embedding rows) over repacked rows:
+    the reference's f32 weights bit for bit."""
+    rows, cols = 3, 1792  # 7 Q6_K super-blocks: a padded tail
+    raw = _raw(code, rows, cols, seed=1)
+    want = dequantize(raw, TYPES[code], (rows, cols)).reshape(rows, cols)
+    wide = np.ascontiguousarray(cuda_gemvw.repack(code, raw, cols))
+    got = np.zeros((rows, cols), np.float32)
+    for r in range(rows):
+        getattr(lib, f"wd_{code}")(_ptr(wide[r]), cols, _ptr(got[r]))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def _quantized(x: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """x (n, cols) as quant_q8 writes it: int8 values and (scale, float sum) a group."""
+    g = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(g).max(axis=-1) / np.float32(127)
+    xq = np.rint(g / d[..., None]).astype(np.int8).reshape(x.shape)
+    xs = np.stack([d, g.sum(axis=-1, dtype=np.float32)], axis=-1).astype(np.float32)
+    return np.ascontiguousarray(xq), np.ascontiguousarray(xs)
+
+
+@pytest.mark.parametrize("code", cuda_gemvw.WIDE_TYPES)
+@pytest.mark.parametrize("cols", [512, 4096])
+def test_lane_sums_are_the_quantized_product(lib: ctypes.CDLL, code: int, cols: int) -> None:
+    """Every lane's loads and sums over whole rows (2 rows of x: the row offsets), Q4_0 and
+    Q6_K repacked, Q4_K as stored: the quantized product within float rounding, and
+    gemvq's pieces over the same blocks within 1e-5."""
+    rows = 3
+    raw = _raw(code, rows, cols, seed=2)
+    want = dequantize(raw, TYPES[code], (rows, cols)).reshape(rows, cols)
+    wide = np.ascontiguousarray(cuda_gemvw.host_layout(code, raw, cols, wide=True)[0])
+    x = np.random.default_rng(5).standard_normal((2, cols)).astype(np.float32)
+    xq, xs = _quantized(x)
+    ref = q8_reference(want.astype(np.float64), x, k_mins(raw, rows, TYPES[code]))
+    gq = getattr(lib, f"gq_{code}")
+    gq.restype = ctypes.c_float
+    for r in range(rows):
+        out = np.zeros(2, np.float32)
+        getattr(lib, f"wdot_{code}")(_ptr(wide[r]), cols, _ptr(xq), _ptr(xs), _ptr(out))
+        np.testing.assert_allclose(out, ref[:, r], rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        old = gq(_ptr(raw[r]), cols // 32, _ptr(xq[0]), _ptr(xs[0]))
+        assert abs(out[0] - old) <= 1e-5 * max(abs(old), np.abs(ref).max())
+
+
+def test_launch_passes_rows_of_x_in_eights() -> None:
+    """n rows of x: launches of 8 (the last of 1, 2, 4 or 8 rows, nr the rest), each with
+    its rows' xq, xs and y, the grid of the row split ``wpr`` returns."""
+    calls: list[tuple[str, Any, Any]] = []
+
+    class Fn:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __call__(self, grid: Any, block: Any, args: Any) -> None:
+            calls.append((self.name, grid, args))
+
+    fn = {n: Fn(n) for n in cuda_gemvw.names()}
+    p = SimpleNamespace(data="W", row_bytes=2304, rows=100, cols=4096, code=12)
+    cols, n = 4096, 11
+    xq, xs = np.arange(16 * cols, dtype=np.uint8), np.arange(16 * cols // 4, dtype=np.uint8)
+    y = np.zeros((16, 100), np.float32)
+    cuda_gemvw.launch(fn, lambda part, per: 2, p, (xq, xs), n, y, 100, True)
+    assert [c[0] for c in calls] == ["gemvw_12_8", "gemvw_12_4"]
+    assert all(c[1] == ((100 + 3) // 4,) for c in calls)
+    second = calls[1][2]
+    qb, sb = cuda_gemvq.q8_bytes(8, cols)
+    assert second[4].base is xq and second[4][0] == xq[qb] and second[5][0] == xs[sb]
+    assert int(second[6]) == 3 and second[7].base is y and int(second[-1]) == 2
+    assert int(second[-2]) == 1 and int(calls[0][2][6]) == 8
