@@ -88,11 +88,13 @@ def test_a_family_the_fused_forward_runs_goes_there(caplog: pytest.LogCaptureFix
 def test_prompt_attention_tiles_split_each_chunk() -> None:
     """The tiles the GPU's prompt attention takes (:func:`cuda_attn.tiles`): each chunk's
     rows in runs of 16, never across chunks (one sequence a tile), a decode row alone."""
-    from modelc.runtime.backends.cuda_attn import ROWS, runs, tiles
+    from modelc.runtime.backends.cuda_attn import MMA_ROWS, ROWS, runs, tiles
 
     t = tiles([slice(0, 37), slice(37, 38), slice(38, 41), slice(41, 57)])
     assert t.tolist() == [[0, 16], [16, 16], [32, 5], [37, 1], [38, 3], [41, 16]]
     assert ROWS == 16 and tiles([]).shape == (0, 2)
+    t = tiles([slice(0, 130), slice(130, 131)], MMA_ROWS)  # attend_mma's tiles of 64
+    assert t.tolist() == [[0, 64], [64, 64], [128, 2], [130, 1]]
     assert [hd for hd in (32, 64, 80, 96, 128, 256) if runs(hd)] == [32, 64, 96, 128]
 
 

@@ -38,6 +38,8 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
+from modelc.runtime.backends.cuda_attn import MMA_ROWS
+from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
@@ -129,6 +131,9 @@ class Device:
         self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
         self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_ROWS_DEFAULT)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
+        # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
+        # probabilities), else in floats; never in exact mode
+        self.attn_mma = os.environ.get("MODELC_CUDA_ATTN_MMA", "1") != "0" and not self.exact
 
     # -- weights -----------------------------------------------------------------------
     def upload(self, ws: Sequence[Weight]) -> DevWeight:
@@ -419,6 +424,14 @@ class Device:
                 f"CUDA attention supports head sizes 32..256 in steps of 32, got {hd}"
             )
         pos, seq, base, cap = meta
+        if tiles is not None and attn_tiles_run(hd) and self.tile_rows(f16) == MMA_ROWS:
+            self.fn[f"attn_mma_{e}"](
+                (tiles[1], nh),
+                (128,),
+                (q, pos, seq, base, cap, tiles[0], np.int32(nh), np.int32(nkv),
+                 np.float32(scale), np.int32(window), np.float32(softcap), np.int32(layer), out),
+            )  # fmt: skip
+            return None
         if tiles is not None and attn_tiles_run(hd):
             self.fn[f"attn_tile_{'f16' if f16 else 'f32'}_{e}"](
                 (tiles[1], nh),
@@ -438,6 +451,12 @@ class Device:
              *(q8 if q8 is not None else (np.uint64(0), np.uint64(0)))),
         )  # fmt: skip
         return q8
+
+    def tile_rows(self, f16: bool) -> int:
+        """Rows a tile of :meth:`attention`'s ``tiles`` (:func:`.cuda_attn.tiles`) holds:
+        :data:`~.cuda_attn.MMA_ROWS` on tensor cores (an f16 cache), else
+        :data:`~.cuda_attn.ROWS`."""
+        return MMA_ROWS if f16 and self.attn_mma else TILE_ROWS
 
     def argmax(self, x: Any, n: int, out: Any) -> None:
         self.fn["argmax_rows"]((n,), (1024,), (x, np.int32(x.shape[-1]), out))

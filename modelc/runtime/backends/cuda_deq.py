@@ -18,7 +18,6 @@ from __future__ import annotations
 DEQ_KINDS = ("deq8", "deq32")
 
 SOURCE = r"""
-__device__ __forceinline__ u32 pack_h2(float a, float b) { return (u32)f2h(a) | ((u32)f2h(b) << 16); }
 
 // piece c (8 weights: group c / 4, weights 8 (c % 4) ..) of row ids[i] (or i) -> out row i;
 // vec: 16-byte stores (out and ldo aligned for them)

@@ -309,7 +309,7 @@ class CudaLlama(CausalLM):
         host[5 * m : 5 * m + len(rows)] = rows
         self._tiles = 0  # a step with prompt chunks: attention a tile of rows at a time
         if self.attn_tiles and any(len(c.tokens) > 1 for c in batch):
-            t = tiles_of(slices)
+            t = tiles_of(slices, self.dev.tile_rows(self._kv_f16))
             host[6 * m : 6 * m + t.size] = t.ravel()
             self._tiles = len(t)
         self.meta.set(host)

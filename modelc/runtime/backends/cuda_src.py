@@ -36,6 +36,12 @@ typedef long long i64;
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+// two floats as one f16 pair, lo in the low half (each rounded to nearest even, as f2h)
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
 __device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }
 __device__ __forceinline__ float warp_sum(float v) {
@@ -421,5 +427,5 @@ def source() -> str:
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances() + cuda_gemvw.source()
-    attn = cuda_attn.SOURCE + cuda_attn.instances()
+    attn = cuda_attn.source()
     return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + cuda_norm.SOURCE
