@@ -58,6 +58,7 @@ static inline int __dp4a(int a, int b, int c) {  // signed bytes
   return c;
 }
 static inline u16 f2h(float f) { _Float16 h = (_Float16)f; u16 v; memcpy(&v, &h, 2); return v; }
+static inline u32 pack_h2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
 """
 
 
