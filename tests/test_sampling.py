@@ -45,6 +45,44 @@ def test_greedy_is_argmax_and_ignores_rng() -> None:
         )
 
 
+def test_greedy_with_bans_is_the_argmax_of_the_banned_row() -> None:
+    """Greedy with bans only (ignore_eos) skips the row's copy unless the raw best is
+    banned: the token is still the first best of the row with the bans applied."""
+    x = logits(2)
+    best = int(np.argmax(x))
+    second = int(np.argsort(-x, kind="stable")[1])
+    tie = x.copy()
+    tie[[3, 7]] = tie.max() + 1  # two equal bests: the first wins unless it is banned
+    nan = x.copy()
+    nan[[5, 9]] = np.nan  # argmax takes the first NaN, as on the banned row
+    for row, bans in [
+        (x, [best]),
+        (x, [second]),
+        (x, [best, second]),
+        (tie, [3]),
+        (tie, [7]),
+        (tie, [0]),
+        (nan, [5]),
+        (nan, [9]),
+    ]:
+        masked = row.copy()
+        masked[bans] = -np.inf
+        s = Sampler(SamplingParams(temperature=0, banned_token_ids=bans, logprobs=2), V)
+        smp = s.sample(row)
+        assert smp.token == int(np.argmax(masked)), bans
+        assert smp.token not in bans
+        with np.errstate(invalid="ignore"):
+            assert smp.logprob == pytest.approx(float(log_softmax(row)[smp.token]), nan_ok=True)
+    # with a penalty as well, the whole chain runs
+    s = Sampler(
+        SamplingParams(temperature=0, banned_token_ids=[second], logit_bias={best: -100}), V
+    )
+    masked = x.copy()
+    masked[second] = -np.inf
+    masked[best] -= 100
+    assert s.sample(x).token == int(np.argmax(masked))
+
+
 def test_top_k_limits_support() -> None:
     x = logits(2)
     got = set(draws(SamplingParams(top_k=3, temperature=5.0, seed=1), x))

@@ -212,6 +212,9 @@ class Sampler:
         self.history: list[int] = list(prompt)  # prompt + generated
         self.counts = np.zeros(n_vocab, np.int32)  # generated-token counts
         self.chain: list[Processor] = self._build_chain()
+        # greedy with nothing but bans (ignore_eos): the raw argmax, unless it is banned
+        only_bans = len(self.chain) == 1 and bool(params.banned_token_ids)
+        self._bans_only = frozenset(params.banned_token_ids) if only_bans else None
         self._work: F32Array = np.empty(n_vocab, np.float32)
         self.mu = 2.0 * params.mirostat_tau  # mirostat's target surprise, updated per token
         self._drawn_from: np.ndarray[Any, np.dtype[np.float64]] | None = None  # for mu
@@ -322,14 +325,13 @@ class Sampler:
 
     def sample(self, logits: F32Array) -> Sample:
         """Choose the next token from raw logits (n_vocab,), which are not modified."""
-        x = self.process(logits) if self.chain else logits  # nothing to apply: no copy
         forced = self.budget.forced_token() if self.budget is not None else None
         if forced is not None:  # the reasoning budget ends the trace
             tok = forced
         elif self.p.temperature == 0:
-            tok = int(np.argmax(x))
+            tok = self._greedy(logits)
         else:
-            probs = self.probs(x)
+            probs = self.probs(self.process(logits) if self.chain else logits)
             tok = draw(probs, self.rng.random())
         if self.p.logprobs is None:
             return Sample(tok, float("nan"))
@@ -340,6 +342,18 @@ class Sampler:
             idx = idx[np.argsort(-lp[idx], kind="stable")]
             top = tuple((int(i), float(lp[i])) for i in idx)
         return Sample(tok, float(lp[tok]), top)
+
+    def _greedy(self, logits: F32Array) -> int:
+        """The processed logits' argmax.  Bans only lower logits to -inf: when the raw
+        argmax (the first best) is not banned it is also the first best once they are
+        applied, with no copy of the row (a vocabulary's worth a token)."""
+        if self.chain:
+            if self._bans_only is not None:
+                tok = int(np.argmax(logits))
+                if tok not in self._bans_only:
+                    return tok
+            logits = self.process(logits)
+        return int(np.argmax(logits))
 
     def accept(self, token: int) -> None:
         """Record a generated token (for the penalties and mirostat's ``mu``)."""
