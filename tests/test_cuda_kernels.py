@@ -522,7 +522,7 @@ def test_wide_gemv_equals_the_int8_gemv(be: Any, dtype: DType) -> None:
     Q4_0 and Q6_K repacked at upload) against gemvq over the GGUF blocks, the same int8
     arithmetic: within 1e-5 for 1..16 rows of x (8-row launches past 8), odd weight rows,
     a 4096 x 14336 down projection, with and without warps splitting a row, ``acc`` on and
-    off.  A repacked part also gives the native part's bits through ``deqw`` (picked rows,
+    off.  A repacked part also gives the native part's bits through ``deq8w`` (picked rows,
     a batch past the GEMV rows on cuBLAS) and, in exact mode, its float product."""
     from modelc.runtime.backend import Weight
 

@@ -21,7 +21,7 @@ import pytest
 
 from modelc.formats.ir import DType
 from modelc.formats.quants import dequantize
-from modelc.runtime.backends import cuda_gemvq, cuda_gemvw, cuda_quants
+from modelc.runtime.backends import cuda_deq, cuda_gemvq, cuda_gemvw, cuda_quants
 from tests.gen_cuda_models import random_blocks
 from tests.test_cuda_kernels import k_mins, q8_reference
 from tests.test_cuda_quants_host import PRELUDE
@@ -62,10 +62,17 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         "a += piece_dot(q, dl, ml, xq[4 * g + j], xs[g]); } return a; }\n"
         for t in cuda_gemvw.WIDE_TYPES
     )
-    src, so = d / "wide.cpp", d / "wide.so"
-    src.write_text(
-        PRELUDE + WIDE_PRELUDE + cuda_quants.DEQ32 + cuda_gemvq.SOURCE + cuda_gemvw.SOURCE + entry
+    entry += "".join(  # every thread of deq8w's launch (deq8 over repacked rows) in turn
+        f'extern "C" void d8w_{t}_{f}(const u8* W, long long rb, int cols, const i64* ids, '
+        "int blocks, int bpr, void* out, int ldo, int vec) { blockDim.x = 256; "
+        "for (int b = 0; b < blocks; b++) for (int t = 0; t < 256; t++) { blockIdx.x = b; "
+        f"threadIdx.x = t; deq8<{t}, {f}, 1>(W, rb, cols, ids, bpr, out, ldo, vec); }} }}\n"
+        for t in cuda_gemvw.REPACKED
+        for f in (0, 1)
     )
+    src, so = d / "wide.cpp", d / "wide.so"
+    body = cuda_quants.DEQ32 + cuda_quants.DEQ4 + cuda_deq.SOURCE + cuda_gemvq.SOURCE
+    src.write_text(PRELUDE + WIDE_PRELUDE + body + cuda_gemvw.SOURCE + entry)
     flags = ["-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC"]
     run = subprocess.run([cxx, *flags, "-o", str(so), str(src)], capture_output=True, text=True)
     if run.returncode and "_Float16" in run.stderr:
@@ -131,6 +138,29 @@ def test_wide_dequantizer_is_the_reference(lib: ctypes.CDLL, code: int) -> None:
     for r in range(rows):
         getattr(lib, f"wd_{code}")(_ptr(wide[r]), cols, _ptr(got[r]))
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("code", cuda_gemvw.REPACKED)
+def test_deq8_over_repacked_rows_is_the_reference(lib: ctypes.CDLL, code: int) -> None:
+    """``deq8w`` (deq8's coalesced launch, ``deq4w`` reading the repacked rows: what cuBLAS
+    batches and embedding rows take) over picked rows: f32 bit for bit the reference, f16
+    its round to nearest, with 16-byte stores and without, nothing past a row's width."""
+    rows, cols, ldo = 5, 1792, 1800  # 7 Q6_K super-blocks: a padded tail, idle threads
+    raw = _raw(code, rows, cols, seed=3)
+    want = dequantize(raw, TYPES[code], (rows, cols)).reshape(rows, cols)
+    wide = np.ascontiguousarray(cuda_gemvw.repack(code, raw, cols))
+    ids = np.array([4, 0, 2, 4, 1, 3], np.int64)
+    blocks, bpr = cuda_deq.launch_shape(len(ids), cols)
+    for f16, dt in ((0, np.float32), (1, np.float16)):
+        for vec in (0, 1):
+            out = np.full((len(ids), ldo), 7, dt)
+            getattr(lib, f"d8w_{code}_{f16}")(
+                _ptr(wide), ctypes.c_longlong(wide.shape[1]), cols, _ptr(ids), blocks, bpr,
+                _ptr(out), ldo, vec,
+            )  # fmt: skip
+            u = f"u{out.itemsize}"
+            np.testing.assert_array_equal(out[:, :cols].view(u), want[ids].astype(dt).view(u))
+            assert (out[:, cols:] == 7).all()
 
 
 def _quantized(x: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:

@@ -59,7 +59,7 @@ from modelc.runtime.backends.cuda_weights import CODES, DevPart, DevWeight, host
 
 GEMV_MAX = max(GEMV_ROWS)  # rows a GEMV pass takes
 GEMV_ROWS_DEFAULT = 8  # rows up to which a product takes GEMV passes, not cuBLAS
-GEMV_KIND = "q8"
+GEMV_KIND = "wide"  # an H100: 1.1B Q4_K_M one stream 749 -> 929 tok/s, 8B 212 -> 292
 
 
 def _import_cupy() -> Any:
@@ -121,11 +121,12 @@ class Device:
         """The kernels' settings as the environment gives them (the defaults where it is
         silent); tests that change them call this to put them back."""
         self.exact = exact_mode()
-        # q8 (default: int8 activations and dp4a for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K,
-        # gemv4 for the rest and in exact mode), wide (q8 with cuda_gemvw's 16-byte loads
-        # for Q4_0 / Q4_K / Q6_K, Q4_0 and Q6_K repacked at upload), gemv4 (float, coalesced) or gemv (a lane a
-        # group); rows up to gemv_max take GEMV, more cuBLAS (an H100: q8 passes of 8 rows
-        # and cuBLAS for 16 take about the same time, cuBLAS 2.5x less for 16-32 rows)
+        # wide (default: q8's arithmetic with cuda_gemvw's 16-byte loads for Q4_0 / Q4_K /
+        # Q6_K, Q4_0 and Q6_K repacked at upload; q8 for the other types), q8 (int8
+        # activations and dp4a for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K; gemv4 for the rest and
+        # in exact mode), gemv4 (float, coalesced) or gemv (a lane a group); rows up to
+        # gemv_max take GEMV, more cuBLAS (an H100: q8 passes of 8 rows and cuBLAS for 16
+        # take about the same time, cuBLAS 2.5x less for 16-32 rows)
         self.gemv_kind = os.environ.get("MODELC_CUDA_GEMV", GEMV_KIND)
         self.deq_kind = os.environ.get("MODELC_CUDA_DEQ", "deq8")  # or deq32 (the first)
         self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
@@ -169,10 +170,10 @@ class Device:
     def dequant(self, p: DevPart, ids: Any, n: int, out: Any, ldo: int, f16: bool = False) -> None:
         """Rows ``ids`` (device int64, or None for 0..n-1) of ``p`` into ``out`` (n, ldo)."""
         ids_arg = ids if ids is not None else np.uint64(0)
-        if self.deq_kind == "deq8" and not p.layout:
+        if self.deq_kind == "deq8":  # a repacked part: deq8w (cuda_gemvw's deq4w)
             blocks, bpr = launch_shape(n, p.cols)
             vec = can_vec(int(out.data.ptr), ldo, 2 if f16 else 4)
-            self.fn[f"deq8_{p.code}_{int(f16)}"](
+            self.fn[f"deq8{'w' if p.layout else ''}_{p.code}_{int(f16)}"](
                 (blocks,),
                 (256,),
                 (p.data, np.int64(p.row_bytes), np.int32(p.cols), ids_arg, np.int32(bpr), out,

@@ -7,7 +7,9 @@ streams, ~0.2 TB/s).  ``deq8`` gives four lanes a group, eight consecutive weigh
 (two ``deq4<T>``: the same float steps, so the f32 output is bit for bit ``deq_rows``'),
 so a warp writes eight whole groups of one row back to back (512 bytes of f16) in 16-byte
 stores; a block covers 256 x 8 weights of a single row, so no thread divides by the
-width.  ``MODELC_CUDA_DEQ=deq32`` selects the old kernel (before/after figures).
+width.  ``MODELC_CUDA_DEQ=deq32`` selects the old kernel (before/after figures).  A part in
+:mod:`.cuda_gemvw`'s repacked layout takes the same launch (``deq8w_{type}_{f16}``, its
+``deq4w<T>`` reading the repacked row).
 
 ``deq8_piece`` is the per-thread body, apart from the launch, so
 ``tests/test_cuda_quants_host.py`` runs it for every thread index on the CPU.
@@ -18,18 +20,26 @@ from __future__ import annotations
 DEQ_KINDS = ("deq8", "deq32")
 
 SOURCE = r"""
+// weights 4 sub .. 4 sub + 3 of group g of a row in cuda_gemvw's repacked layout (its
+// specializations there), the float steps of deq4<T>
+template <int T> __device__ __forceinline__ void deq4w(const u8* __restrict__ row, int cols, int g, int sub, float* w);
 
 // piece c (8 weights: group c / 4, weights 8 (c % 4) ..) of row ids[i] (or i) -> out row i;
-// vec: 16-byte stores (out and ldo aligned for them)
-template <int T, int F16O>
-__device__ __forceinline__ void deq8_piece(const u8* __restrict__ W, long long rb,
+// vec: 16-byte stores (out and ldo aligned for them); L: the row in the repacked layout
+template <int T, int F16O, int L>
+__device__ __forceinline__ void deq8_piece(const u8* __restrict__ W, long long rb, int cols,
                                            const i64* __restrict__ ids, int i, int c,
                                            void* __restrict__ out, int ldo, int vec) {
   long long src = ids ? ids[i] : i;
   const u8* row = W + (size_t)src * rb;
   float w[8];
-  deq4<T>(row, c >> 2, (c & 3) * 2, w);
-  deq4<T>(row, c >> 2, (c & 3) * 2 + 1, w + 4);
+  if constexpr (L) {
+    deq4w<T>(row, cols, c >> 2, (c & 3) * 2, w);
+    deq4w<T>(row, cols, c >> 2, (c & 3) * 2 + 1, w + 4);
+  } else {
+    deq4<T>(row, c >> 2, (c & 3) * 2, w);
+    deq4<T>(row, c >> 2, (c & 3) * 2 + 1, w + 4);
+  }
   if (F16O) {
     u16* o = (u16*)out + (size_t)i * ldo + (size_t)c * 8;
     if (vec) {
@@ -56,12 +66,12 @@ __device__ __forceinline__ void deq8_piece(const u8* __restrict__ W, long long r
 }
 
 // grid n * bpr blocks of 256: block b takes pieces (b % bpr) * 256 .. of row b / bpr
-template <int T, int F16O>
+template <int T, int F16O, int L = 0>
 __device__ __forceinline__ void deq8(const u8* __restrict__ W, long long rb, int cols,
                                      const i64* __restrict__ ids, int bpr, void* __restrict__ out,
                                      int ldo, int vec) {
   int i = blockIdx.x / bpr, c = (blockIdx.x % bpr) * blockDim.x + threadIdx.x;
-  if (c < (cols >> 3)) deq8_piece<T, F16O>(W, rb, ids, i, c, out, ldo, vec);
+  if (c < (cols >> 3)) deq8_piece<T, F16O, L>(W, rb, cols, ids, i, c, out, ldo, vec);
 }
 """
 

@@ -5,7 +5,7 @@ the same quantized activations (``quant_q8``'s xq / xs) and the same integer ari
 more bytes in flight per thread than gemvq's 4-byte words, which an H100 needs to read
 HBM near its bandwidth (Little's law: ~16-20 KB in flight per SM).
 
-Opt-in: ``MODELC_CUDA_GEMV=wide`` (never in ``exact`` mode).  Types and units (what a
+``MODELC_CUDA_GEMV=wide``, the default (never in ``exact`` mode; ``q8`` the GEMV before it).  Types and units (what a
 group of lanes reads):
 
 * Q4_K (code 12) as stored (144-byte super-blocks, 16-byte aligned): 8 lanes a super-block,
@@ -22,8 +22,11 @@ group of lanes reads):
 
 Same row bytes as the GGUF blocks wherever a row's super-blocks (Q6_K) or groups (Q4_0)
 come in eights.  A repacked part says so (``DevPart.layout == "wide"``) and is only ever
-read by these kernels: ``gemvw`` on the int8 path, ``deqw`` (bit for bit ``deq_rows``'s
-values) for cuBLAS batches, embedding rows and exact mode.  Rows of x: 1, 2, 4, 8 a launch
+read by these kernels: ``gemvw`` on the int8 path, ``deq8w`` (:mod:`.cuda_deq`'s coalesced
+``deq8`` launch with ``deq4w`` reading the repacked rows; bit for bit ``deq_rows``'s values)
+for cuBLAS batches, embedding rows and exact mode, ``deqw`` (a thread a group) where
+``MODELC_CUDA_DEQ=deq32`` asks for the first dequantizer.  The default GEMV since session
+23 (an H100, one stream: the 1.1B Q4_K_M 749 -> 929 tok/s, the 8B 212 -> 292).  Rows of x: 1, 2, 4, 8 a launch
 (more: launches of 8).  ``tests/test_cuda_repack.py`` checks the layouts, the dequantizer
 and each lane's sums on the CPU.
 """
@@ -178,6 +181,30 @@ template <> struct Wide<2> {  // Q4_0 repacked: a lane a group
 };
 
 // group g (32 weights) of a repacked row -> w[32], the float steps of deq32<T>
+// weights 4 sub .. of group g of a repacked row (cuda_deq's deq8 with L = 1: cuBLAS
+// batches, embedding rows), the float steps of deq4<T> on the stored blocks
+template <> __device__ __forceinline__ void deq4w<2>(const u8* __restrict__ row, int cols, int g, int sub, float* w) {
+  float d = h2f(ld16(row + (size_t)(cols >> 1) + 2 * g));
+  u32 v = ld32(row + (size_t)g * 16 + (sub & 3) * 4);
+  int sh = (sub >> 2) * 4;
+#pragma unroll
+  for (int k = 0; k < 4; k++) w[k] = __fmul_rn(d, (float)((int)((v >> (8 * k + sh)) & 15) - 8));
+}
+template <> __device__ __forceinline__ void deq4w<14>(const u8* __restrict__ row, int cols, int g, int sub, float* w) {
+  int sb = g >> 3, s = g & 7, r = s >> 2, f = s & 3, nsb = cols >> 8;
+  const u8* b = row + (size_t)sb * 192;
+  const u8* aux = row + (size_t)nsb * 192;
+  float d = h2f(ld16(aux + (size_t)nsb * 16 + 2 * sb));
+  float dl = __fmul_rn(d, (float)(signed char)aux[(size_t)sb * 16 + 8 * r + 4 * (sub >> 2) + f]);
+  u32 l = ld32(b + r * 64 + (f & 1) * 32 + sub * 4), h = ld32(b + 128 + r * 32 + sub * 4);
+  int lsh = (f >> 1) * 4;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    int q = (int)(((l >> (8 * k + lsh)) & 15) | (((h >> (8 * k + 2 * f)) & 3) << 4)) - 32;
+    w[k] = __fmul_rn(dl, (float)q);
+  }
+}
+
 template <int T> __device__ __forceinline__ void wdeq(const u8* __restrict__ row, int cols, int g, float* w);
 template <> __device__ __forceinline__ void wdeq<2>(const u8* __restrict__ row, int cols, int g, float* w) {
   const u8* q = row + (size_t)g * 16;
@@ -281,6 +308,13 @@ def instances(unroll: dict[int, int] | None = None) -> str:
         for t in REPACKED
         for f in (0, 1)
     ]
+    out += [
+        f'extern "C" __global__ void deq8w_{t}_{f}(const u8* W, long long rb, int cols, '
+        "const i64* ids, int bpr, void* out, int ldo, int vec) "
+        f"{{ deq8<{t}, {f}, 1>(W, rb, cols, ids, bpr, out, ldo, vec); }}"
+        for t in REPACKED
+        for f in (0, 1)
+    ]
     return "\n".join(out)
 
 
@@ -293,7 +327,7 @@ def source(unroll: dict[int, int] | None = None, load: str = LOAD) -> str:
 
 def names() -> list[str]:
     gemvw = [f"gemvw_{t}_{nr}" for t in WIDE_TYPES for nr in WIDE_ROWS]
-    return gemvw + [f"deqw_{t}_{f}" for t in REPACKED for f in (0, 1)]
+    return gemvw + [f"{k}_{t}_{f}" for k in ("deqw", "deq8w") for t in REPACKED for f in (0, 1)]
 
 
 def _padded(parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
