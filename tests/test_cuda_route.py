@@ -167,3 +167,34 @@ def test_n_cpu_moe_needs_the_gpu_and_a_number() -> None:
     with pytest.raises(UsageError, match="--n-cpu-moe must be a number of layers"):
         EngineOptions(n_cpu_moe=-1).validate()
     EngineOptions(device="cpu", n_cpu_moe=0).validate()
+
+
+def test_decode_steps_pad_to_graph_buckets() -> None:
+    """With MODELC_CUDA_GRAPH_BUCKETS=1 a decode step of n sequences runs as
+    :func:`graph_rows` (n up to 8, then the next multiple of 8: 64 streams meet 15 graphs);
+    :func:`step_meta` gives the padding rows token 0 at position 0 of one more sequence,
+    the scratch cache, and their own logit rows; the batch's own rows are as unpadded."""
+    from modelc.runtime.backends.cuda_llama import graph_rows, step_meta
+
+    assert [graph_rows(n) for n in (1, 5, 8, 9, 16, 17, 63, 64, 65)] == [
+        1, 5, 8, 16, 16, 24, 64, 64, 72,
+    ]  # fmt: skip
+    assert len({graph_rows(n) for n in range(1, 65)}) == 15
+    ids, pos = np.array([11, 12, 13], np.int64), np.array([4, 9, 2], np.int64)
+    slices = [slice(0, 1), slice(1, 2), slice(2, 3)]
+    caches = [(1000, 16), (2000, 32), (3000, 8)]
+    rows = np.arange(3, dtype=np.int64)
+    m = 8
+    plain = step_meta(ids, pos, slices, caches, rows, m).reshape(8, m)
+    padded = step_meta(ids, pos, slices, caches, rows, m, 5, (9000, 1)).reshape(8, m)
+    assert plain[:, :3].tolist() == padded[:, :3].tolist()  # the batch's own rows alike
+    assert plain[0, :3].tolist() == [11, 12, 13] and plain[1, :3].tolist() == [4, 9, 2]
+    assert plain[2, :3].tolist() == [0, 1, 2] and plain[3, :3].tolist() == [1000, 2000, 3000]
+    assert plain[4, :3].tolist() == [16, 32, 8] and plain[5, :3].tolist() == [0, 1, 2]
+    assert padded[0, 3:5].tolist() == [0, 0] and padded[1, 3:5].tolist() == [0, 0]
+    assert padded[2, 3:5].tolist() == [3, 3]  # the padding rows' sequence: the fourth
+    assert padded[3, 3] == 9000 and padded[4, 3] == 1  # the scratch cache
+    assert padded[5, 3:5].tolist() == [3, 4]  # their logits: rows 3 and 4
+    assert not padded[:, 5:].any() and not plain[:, 3:].any()
+    with pytest.raises(ValueError, match="does not fit"):
+        step_meta(ids, pos, slices, caches, rows, 4, 5, (9000, 1))

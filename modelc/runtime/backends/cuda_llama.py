@@ -23,7 +23,12 @@ A decode step (one token a sequence) is captured once per batch size as a CUDA g
 replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): up to ``gemv_max`` sequences at once
 (GEMV) at the first step of that size, more (cuBLAS) at the second, after an eager one
 has let cuBLAS set itself up; where a capture fails, such steps run eagerly
-(``graph_error``).
+(``graph_error``).  With ``MODELC_CUDA_GRAPH_BUCKETS=1`` (not yet the default: it has not
+run on a GPU) a decode step past 8 sequences runs as the next multiple of 8
+(:func:`graph_rows`), the rows past its own reading token 0 at position 0 of a
+one-position scratch cache (:func:`step_meta`), so that 64 streams meet 15 graphs, not 64,
+and :meth:`CudaLlama.warm` captures them all when the model loads (a server's first
+requests otherwise pay each capture).
 Prefill and mixed steps run eagerly.
 """
 
@@ -56,6 +61,49 @@ GiB = float(1 << 30)
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
+
+
+GRAPH_BUCKET = 8  # past this many sequences a decode step pads to a multiple of it
+
+
+def graph_rows(n: int) -> int:
+    """The rows a decode step of ``n`` sequences runs as when steps are padded to graph
+    buckets: ``n`` up to :data:`GRAPH_BUCKET` (each a GEMV row count of its own), past it
+    the next multiple of :data:`GRAPH_BUCKET`."""
+    return n if n <= GRAPH_BUCKET else -(-n // GRAPH_BUCKET) * GRAPH_BUCKET
+
+
+def step_meta(
+    ids: np.ndarray[Any, Any],
+    pos: np.ndarray[Any, Any],
+    slices: Sequence[slice],
+    caches: Sequence[tuple[int, int]],
+    logit_rows: np.ndarray[Any, Any],
+    m: int,
+    pad_to: int = 0,
+    pad_cache: tuple[int, int] = (0, 0),
+) -> np.ndarray[Any, Any]:
+    """The int64 array a step sends the device, 8 sections of ``m``: token ids, positions,
+    each row's sequence, each sequence's cache (address, capacity), the rows whose logits
+    are wanted, then the tiles (section 6, two long: filled by the caller).  Rows
+    ``len(ids)`` .. ``pad_to`` - 1 (a decode step run as its graph bucket) read token 0 at
+    position 0 of one more sequence, ``pad_cache`` (a one-position scratch cache: every
+    padding row writes the same K/V there), and their logits are computed and unused."""
+    n, k, r = len(ids), len(caches), len(logit_rows)
+    if max(n, pad_to, r + max(pad_to - n, 0)) > m or k + (pad_to > n) > m:
+        raise ValueError(f"a step of {max(n, pad_to)} rows does not fit meta of {m}")
+    host = np.zeros(8 * m, np.int64)
+    host[:n], host[m : m + n] = ids, pos
+    for s, sl in enumerate(slices):
+        host[2 * m + sl.start : 2 * m + sl.stop] = s
+    for s, (base, cap) in enumerate(caches):
+        host[3 * m + s], host[4 * m + s] = base, cap
+    host[5 * m : 5 * m + r] = logit_rows
+    if pad_to > n:
+        host[2 * m + n : 2 * m + pad_to] = k
+        host[3 * m + k], host[4 * m + k] = pad_cache
+        host[5 * m + r : 5 * m + r + pad_to - n] = np.arange(n, pad_to)
+    return host
 
 
 def check_fits(weights: int, kv_per_seq: int, n_seqs: int, free: int, what: str) -> None:
@@ -246,6 +294,9 @@ class CudaLlama(CausalLM):
         # row and head, as decode)
         self.attn_tiles = os.environ.get("MODELC_CUDA_ATTN_TILES", "1") != "0"
         self._tiles = 0
+        # decode steps padded to graph buckets (graph_rows), their padding rows' cache
+        self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "0") == "1"
+        self._pad_caches: dict[bool, CudaKVCache] = {}
         self._alloc(64)
 
     @property
@@ -292,21 +343,34 @@ class CudaLlama(CausalLM):
         return CudaKVCache(self.cp, self.kv_shape, n, mode, budget=budget)
 
     # -- the step --------------------------------------------------------------------------
-    def _upload_meta(self, batch: Sequence[SeqChunk]) -> tuple[int, int, np.ndarray[Any, Any]]:
+    def _pad_cache(self) -> tuple[int, int]:
+        """(address, capacity) of the one-position cache padding rows write and read."""
+        c = self._pad_caches.get(self._kv_f16)
+        if c is None:
+            mode = KVMode.F16 if self._kv_f16 else KVMode.F32
+            c = self._pad_caches[self._kv_f16] = CudaKVCache(self.cp, self.kv_shape, 1, mode)
+            c.reserve(1)
+        return c.base_ptr, c.capacity
+
+    def _upload_meta(
+        self, batch: Sequence[SeqChunk], pad: bool = False
+    ) -> tuple[int, int, int, int]:
+        """Send the step's meta (:func:`step_meta`); the rows and logit rows it runs (with
+        ``pad``, a decode step's :func:`graph_rows`), then the batch's own."""
         ids, pos, slices = begin_step(batch, self.n_vocab)
         rows = logit_row_index(batch, slices)
         n = len(ids)
-        if n > self.rows:
-            self._alloc(max(n, 2 * self.rows))
-        m = self.rows
-        host = np.zeros(8 * m, np.int64)
-        host[:n], host[m : m + n] = ids, pos
-        for s, (c, sl) in enumerate(zip(batch, slices, strict=True)):
+        run = graph_rows(n) if pad else n
+        if run > self.rows:  # (the padding rows' sequence is one of the run's rows)
+            self._alloc(max(run, 2 * self.rows))
+        caches = []
+        for c in batch:
             if not isinstance(c.cache, CudaKVCache):
                 raise UnsupportedError("a CUDA model needs caches made by its own new_cache")
-            host[2 * m + sl.start : 2 * m + sl.stop] = s
-            host[3 * m + s], host[4 * m + s] = c.cache.base_ptr, c.cache.capacity
-        host[5 * m : 5 * m + len(rows)] = rows
+            caches.append((c.cache.base_ptr, c.cache.capacity))
+        m = self.rows
+        pad_cache = self._pad_cache() if run > n else (0, 0)
+        host = step_meta(ids, pos, slices, caches, rows, m, run, pad_cache)
         self._tiles = 0  # a step with prompt chunks: attention a tile of rows at a time
         if self.attn_tiles and any(len(c.tokens) > 1 for c in batch):
             t = tiles_of(slices, self.dev.tile_rows(self._kv_f16))
@@ -314,7 +378,7 @@ class CudaLlama(CausalLM):
             self._tiles = len(t)
         self.meta.set(host)
         end_step(batch, slices)  # the caches count the new tokens (written by this step)
-        return n, len(rows), rows
+        return run, len(rows) + run - n, n, len(rows)
 
     def _run(self, n: int, r: int) -> None:
         """Every layer and the head for n rows; logits of the r wanted rows into ``logits``."""
@@ -401,8 +465,9 @@ class CudaLlama(CausalLM):
             raise UnsupportedError("one CUDA step needs every cache in one mode")
         self._kv_f16 = modes.pop() is KVMode.F16
         decode = all(len(c.tokens) == 1 and c.rows() == (0,) for c in batch)
+        pad = decode and self.use_graphs and self.pad_graphs and hidden is None
         with self.stream:
-            n, r, _ = self._upload_meta(batch)
+            n, r, n_own, r_own = self._upload_meta(batch, pad)
             if hidden is not None:  # outside any graph, which reads x as it is
                 self.x[:n].set(np.ascontiguousarray(hidden, np.float32), stream=self.stream)
             key = n * 2 + int(self._kv_f16)
@@ -425,7 +490,23 @@ class CudaLlama(CausalLM):
                     self._run(n, r)
                 else:
                     self._graphs[key].launch(self.stream)
-        return n, r
+        return n_own, r_own
+
+    def warm(self, max_seqs: int, mode: KVMode | str = KVMode.F16) -> None:
+        """With :attr:`pad_graphs`, capture the decode graph of every bucket up to
+        ``max_seqs`` sequences now (a step of each on throwaway caches), so that a
+        server's first steps of each size replay one instead of capturing it."""
+        if not (self.use_graphs and self.pad_graphs) or self.tok_embd is None:
+            return
+        for b in sorted({graph_rows(k) for k in range(1, max_seqs + 1)}):
+            caches = [self.new_cache(mode, max_tokens=2) for _ in range(b)]
+            try:
+                for _ in range(2):  # a cuBLAS bucket: an eager step first, then the capture
+                    self._step([SeqChunk(c, [0]) for c in caches])
+            finally:
+                self.stream.synchronize()
+                for c in caches:
+                    c.free()
 
     def _capture(self, n: int, r: int) -> Any:
         self.stream.begin_capture()

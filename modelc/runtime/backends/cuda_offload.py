@@ -119,6 +119,7 @@ def build_offload(
         )
     )
     gpu = CudaLlama(ir, CudaBackend(), kv_bytes=per_seq, n_seqs=n_seqs, host=host)
+    gpu.warm(max_concurrent, kv_mode)  # the decode graphs now (MODELC_CUDA_GRAPH_BUCKETS=1)
     if k == n:
         return gpu
     rest = Decoder(ir, cpu())
