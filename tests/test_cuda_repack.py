@@ -1,5 +1,5 @@
 """The wide int8 GEMV's layouts (:mod:`modelc.runtime.backends.cuda_gemvw`) on the CPU: the
-repack at upload round-trips to the GGUF blocks, its dequantizer (``wdeq``, compiled here
+repack at upload round-trips to the GGUF blocks, its dequantizer (``deq8w``, compiled here
 as C++ as ``tests/test_cuda_quants_host.py`` does) gives the reference's weights bit for
 bit, each lane's loads and sums (``Wide<T>::load`` / ``dot``, every lane of every unit
 one after another) give the product with quantized x as gemvq's pieces do, and the launch
@@ -42,12 +42,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     if cxx is None:
         pytest.skip("no C++ compiler")
     d = tmp_path_factory.mktemp("cuda-wide")
-    entry = "".join(  # a repacked row dequantized, group by group
-        f'extern "C" void wd_{t}(const u8* r, int cols, float* o) '
-        f"{{ for (int g = 0; g < cols / 32; g++) wdeq<{t}>(r, cols, g, o + 32 * g); }}\n"
-        for t in cuda_gemvw.REPACKED
-    )
-    entry += "".join(  # a row's two sums (NR 2), every lane of every unit in turn
+    entry = "".join(  # a row's two sums (NR 2), every lane of every unit in turn
         f'extern "C" void wdot_{t}(const u8* r, int cols, const signed char* xq, '
         "const float2* xs, float* out) { typedef Wide<" + str(t) + "> P; "
         "for (int u = 0; u < cols / P::WEIGHTS; u++) for (int t = 0; t < P::LANES; t++) { "
@@ -124,20 +119,6 @@ def test_only_the_wide_kind_repacks() -> None:
     assert (
         layout == cuda_gemvw.LAYOUT and wide.tobytes() == cuda_gemvw.repack(14, raw, 512).tobytes()
     )
-
-
-@pytest.mark.parametrize("code", cuda_gemvw.REPACKED)
-def test_wide_dequantizer_is_the_reference(lib: ctypes.CDLL, code: int) -> None:
-    """``wdeq`` (``deqw``'s groups: cuBLAS batches, embedding rows) over repacked rows:
-    the reference's f32 weights bit for bit."""
-    rows, cols = 3, 1792  # 7 Q6_K super-blocks: a padded tail
-    raw = _raw(code, rows, cols, seed=1)
-    want = dequantize(raw, TYPES[code], (rows, cols)).reshape(rows, cols)
-    wide = np.ascontiguousarray(cuda_gemvw.repack(code, raw, cols))
-    got = np.zeros((rows, cols), np.float32)
-    for r in range(rows):
-        getattr(lib, f"wd_{code}")(_ptr(wide[r]), cols, _ptr(got[r]))
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("code", cuda_gemvw.REPACKED)

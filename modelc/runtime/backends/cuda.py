@@ -170,7 +170,7 @@ class Device:
     def dequant(self, p: DevPart, ids: Any, n: int, out: Any, ldo: int, f16: bool = False) -> None:
         """Rows ``ids`` (device int64, or None for 0..n-1) of ``p`` into ``out`` (n, ldo)."""
         ids_arg = ids if ids is not None else np.uint64(0)
-        if self.deq_kind == "deq8":  # a repacked part: deq8w (cuda_gemvw's deq4w)
+        if self.deq_kind == "deq8" or p.layout:  # a repacked part: deq8w (cuda_gemvw's deq4w)
             blocks, bpr = launch_shape(n, p.cols)
             vec = can_vec(int(out.data.ptr), ldo, 2 if f16 else 4)
             self.fn[f"deq8{'w' if p.layout else ''}_{p.code}_{int(f16)}"](
@@ -181,8 +181,7 @@ class Device:
             )  # fmt: skip
             return
         total = n * (p.cols // 32)
-        kind = "deqw" if p.layout else "deq"  # a repacked part: cuda_gemvw's dequantizer
-        self.fn[f"{kind}_{p.code}_{int(f16)}"](
+        self.fn[f"deq_{p.code}_{int(f16)}"](
             ((total + 127) // 128,),
             (128,),
             (p.data, np.int64(p.row_bytes), np.int32(p.cols), ids_arg, np.int32(n), out,

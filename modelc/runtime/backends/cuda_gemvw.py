@@ -24,8 +24,7 @@ Same row bytes as the GGUF blocks wherever a row's super-blocks (Q6_K) or groups
 come in eights.  A repacked part says so (``DevPart.layout == "wide"``) and is only ever
 read by these kernels: ``gemvw`` on the int8 path, ``deq8w`` (:mod:`.cuda_deq`'s coalesced
 ``deq8`` launch with ``deq4w`` reading the repacked rows; bit for bit ``deq_rows``'s values)
-for cuBLAS batches, embedding rows and exact mode, ``deqw`` (a thread a group) where
-``MODELC_CUDA_DEQ=deq32`` asks for the first dequantizer.  The default GEMV since session
+for cuBLAS batches, embedding rows and exact mode (also under ``MODELC_CUDA_DEQ=deq32``).  The default GEMV since session
 23 (an H100, one stream: the 1.1B Q4_K_M 749 -> 929 tok/s, the 8B 212 -> 292).  Rows of x: 1, 2, 4, 8 a launch
 (more: launches of 8).  ``tests/test_cuda_repack.py`` checks the layouts, the dequantizer
 and each lane's sums on the CPU.
@@ -204,33 +203,6 @@ template <> __device__ __forceinline__ void deq4w<14>(const u8* __restrict__ row
     w[k] = __fmul_rn(dl, (float)q);
   }
 }
-
-template <int T> __device__ __forceinline__ void wdeq(const u8* __restrict__ row, int cols, int g, float* w);
-template <> __device__ __forceinline__ void wdeq<2>(const u8* __restrict__ row, int cols, int g, float* w) {
-  const u8* q = row + (size_t)g * 16;
-  float d = h2f(ld16(row + (size_t)(cols >> 1) + 2 * g));
-#pragma unroll
-  for (int i = 0; i < 16; i++) {
-    u32 v = q[i];
-    w[i] = __fmul_rn(d, (float)((int)(v & 15) - 8));
-    w[i + 16] = __fmul_rn(d, (float)((int)(v >> 4) - 8));
-  }
-}
-template <> __device__ __forceinline__ void wdeq<14>(const u8* __restrict__ row, int cols, int g, float* w) {
-  int sb = g >> 3, s = g & 7, rr = s >> 2, f = s & 3, nsb = cols >> 8;
-  const u8* ql = row + (size_t)sb * 192 + rr * 64 + (f & 1) * 32;
-  const u8* qh = row + (size_t)sb * 192 + 128 + rr * 32;
-  const u8* aux = row + (size_t)nsb * 192;
-  float d = h2f(ld16(aux + (size_t)nsb * 16 + 2 * sb));
-  float d0 = __fmul_rn(d, (float)(signed char)aux[(size_t)sb * 16 + 8 * rr + f]);
-  float d1 = __fmul_rn(d, (float)(signed char)aux[(size_t)sb * 16 + 8 * rr + 4 + f]);
-  int lsh = (f >> 1) * 4;
-#pragma unroll
-  for (int j = 0; j < 32; j++) {
-    int q = (int)(((ql[j] >> lsh) & 15) | (((qh[j] >> (2 * f)) & 3) << 4)) - 32;
-    w[j] = __fmul_rn(j < 16 ? d0 : d1, (float)q);
-  }
-}
 """
 
 KERNELS = r"""
@@ -264,28 +236,6 @@ __device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, in
   }
   rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + row, ldy, acc);
 }
-
-// rows of a repacked W (ids, or 0..n-1 when ids is null) dequantized to f32 (F16O=0) or f16
-template <int T, int F16O>
-__device__ __forceinline__ void deqw_rows(const u8* __restrict__ W, long long rb, int cols,
-                                          const i64* __restrict__ ids, int n, void* out, int ldo) {
-  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  int ng = cols >> 5;
-  if (t >= (long long)n * ng) return;
-  int i = (int)(t / ng), g = (int)(t % ng);
-  long long src = ids ? ids[i] : i;
-  float w[32];
-  wdeq<T>(W + (size_t)src * rb, cols, g, w);
-  if (F16O) {
-    u16* o = (u16*)out + (size_t)i * ldo + g * 32;
-#pragma unroll
-    for (int k = 0; k < 32; k++) o[k] = f2h(w[k]);
-  } else {
-    float* o = (float*)out + (size_t)i * ldo + g * 32;
-#pragma unroll
-    for (int k = 0; k < 32; k++) o[k] = w[k];
-  }
-}
 """
 
 
@@ -300,13 +250,6 @@ def instances(unroll: dict[int, int] | None = None) -> str:
         "ldy, acc, wpr); }"
         for t in WIDE_TYPES
         for nr in WIDE_ROWS
-    ]
-    out += [
-        f'extern "C" __global__ void deqw_{t}_{f}(const u8* W, long long rb, int cols, '
-        "const i64* ids, int n, void* out, int ldo) "
-        f"{{ deqw_rows<{t}, {f}>(W, rb, cols, ids, n, out, ldo); }}"
-        for t in REPACKED
-        for f in (0, 1)
     ]
     out += [
         f'extern "C" __global__ void deq8w_{t}_{f}(const u8* W, long long rb, int cols, '
@@ -327,7 +270,7 @@ def source(unroll: dict[int, int] | None = None, load: str = LOAD) -> str:
 
 def names() -> list[str]:
     gemvw = [f"gemvw_{t}_{nr}" for t in WIDE_TYPES for nr in WIDE_ROWS]
-    return gemvw + [f"{k}_{t}_{f}" for k in ("deqw", "deq8w") for t in REPACKED for f in (0, 1)]
+    return gemvw + [f"deq8w_{t}_{f}" for t in REPACKED for f in (0, 1)]
 
 
 def _padded(parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
