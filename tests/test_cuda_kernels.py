@@ -579,3 +579,43 @@ def test_small_models_on_the_wide_gemv(tmp_path: Path, dtype: DType | str) -> No
         12,
         kind="wide",
     )
+
+
+def test_decode_steps_padded_to_graph_buckets(tmp_path: Path) -> None:
+    """``MODELC_CUDA_GRAPH_BUCKETS=1`` (:func:`~modelc.runtime.backends.cuda_llama.graph_rows`):
+    11 sequences' decode steps run as graphs of 16 rows, the 5 padding rows on the scratch
+    cache; the 11 rows' logits and greedy tokens as the unpadded steps' (cuBLAS over 16 rows
+    against 11: within 1e-4), the graph keyed by 16, and :meth:`CudaLlama.warm` captures every
+    bucket up to 20 sequences (1..8, 16, 24) at once."""
+    from modelc.runtime.backends.cuda_llama import graph_rows
+    from modelc.runtime.model import SeqChunk
+
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=5))
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(3, 500, int(rng.integers(3, 9))).tolist() for _ in range(11)]
+    runs = []
+    for pad in (False, True):
+        model = q8_gpu(ir, gemv_max=None)
+        model.pad_graphs = pad
+        caches = [model.new_cache("f16", max_tokens=32) for _ in prompts]
+        logits = model.forward([SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)])
+        out, last = [], np.argmax(logits, axis=1)
+        for _ in range(4):  # the second step of a cuBLAS size is its capture
+            logits = model.forward(
+                [SeqChunk(c, [int(t)]) for c, t in zip(caches, last, strict=True)]
+            )
+            out.append(logits)
+            last = np.argmax(logits, axis=1)
+        assert logits.shape == (11, SMALL.n_vocab)
+        keys = sorted(k // 2 for k in model._graphs)
+        assert keys == ([graph_rows(11)] if pad else [11]), keys
+        runs.append(np.stack(out))
+        if pad:
+            model._graphs.clear()
+            model.warm(20, "f16")
+            assert sorted(k // 2 for k in model._graphs) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
+        for c in caches:
+            c.free()
+    assert rel(runs[1], runs[0]) < 1e-4
+    assert (runs[1].argmax(axis=-1) == runs[0].argmax(axis=-1)).all()
+    restore(device())
