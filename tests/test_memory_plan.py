@@ -19,11 +19,21 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gguf import GGUFReader
 
+from modelc.artifact import PackOptions, open_artifact, write_artifact
+from modelc.engine.api import Engine
+from modelc.engine.options import EngineOptions
 from modelc.errors import UsageError
+from modelc.formats import load_model
 from modelc.server import memory
-from modelc.server.memory import Loaded, Need, Plan, Refuse, Wait, parse_size, plan
+from modelc.server.memory import Loaded, Need, Plan, Refuse, Wait, gpu_need, parse_size, plan
+from modelc.server.models import MemoryLimits, ModelRegistry, ModelSlot
+from modelc.server.state import load_model_info
 from tests.assets import smollm2_gguf
+from tests.gen_deepseek2 import ensure_model as ensure_deepseek2
+from tests.gen_families import ensure_family
+from tests.gen_gptoss import ensure_gptoss
 from tests.server_fixtures import FORMATS, ROOT, Server, start
 
 G = 1 << 30
@@ -122,6 +132,122 @@ def test_auto_layers_take_what_the_gpu_has_left() -> None:
     assert plan("b", auto, busy, limit=64 * G, base=G, gpu_limit=10 * G) == Plan((), None, None)
     bigger = Need(G, 1000, G, 0, 8192, gpu=30 * G, gpu_fits_part=True)
     assert plan("b", bigger, [], limit=64 * G, base=G, gpu_limit=10 * G) == Plan((), None, None)
+
+
+S = memory.GPU_SCRATCH
+
+
+def test_a_dense_models_gpu_estimate_is_its_share_of_the_file_and_kv() -> None:
+    # 32 layers, an 8 G file, 2 G of KV: every layer there takes all of it, 16 layers half,
+    # none only the scratch; no experts, so --n-cpu-moe changes nothing
+    for ngl in ("auto", "all", 32, 40):
+        assert gpu_need(8 * G, 32, 2 * G, ngl) == 10 * G + S
+    assert gpu_need(8 * G, 32, 2 * G, 16) == 5 * G + S
+    assert gpu_need(8 * G, 32, 2 * G, 0) == S
+    assert gpu_need(8 * G, 32, 2 * G, "all", n_cpu_moe=4) == 10 * G + S
+    assert gpu_need(8 * G, 32, 2 * G, 16, n_cpu_moe=4, scratch=0) == 5 * G
+
+
+def test_the_experts_n_cpu_moe_keeps_on_the_cpu_are_left_out() -> None:
+    # 4 layers, a 10 G file of which 8 G experts (2 G a layer), 2 G of KV: the rest of the
+    # file and the KV, 4 G, go by the layers' share; each GPU layer's experts add 2 G
+    # unless --n-cpu-moe keeps them on the CPU
+    exps = (2 * G,) * 4
+
+    def need(ngl: int | str, n_cpu_moe: int) -> int:
+        return gpu_need(10 * G, 4, 2 * G, ngl, expert_bytes=exps, n_cpu_moe=n_cpu_moe)
+
+    assert need("all", 0) == 12 * G + S  # every expert there: the whole file and KV
+    assert need("auto", 0) == 12 * G + S
+    assert need("all", 1) == 4 * G + 6 * G + S  # layers 1..3's experts
+    assert need("all", 3) == 4 * G + 2 * G + S
+    assert need("all", 4) == need("all", 99) == 4 * G + S  # no expert there
+    # -ngl 3 above --n-cpu-moe 1: 3/4 of the 4 G, and layers 1 and 2's experts
+    assert need(3, 1) == 3 * G + 4 * G + S
+    # -ngl 2 below --n-cpu-moe 3: half of the 4 G, and no expert (layers 0, 1 keep theirs
+    # on the CPU, layers 2, 3 are all on the CPU)
+    assert need(2, 3) == 2 * G + S
+    assert need(2, 0) == 2 * G + 4 * G + S  # without it: layers 0 and 1's experts
+    assert need(0, 2) == S
+    # a first dense layer (as DeepSeek's): 12 G, 9 G of it experts, 1 G of KV
+    lead = (0, 3 * G, 3 * G, 3 * G)
+    assert gpu_need(12 * G, 4, G, "all", expert_bytes=lead, n_cpu_moe=2) == 4 * G + 6 * G + S
+    assert gpu_need(12 * G, 4, G, 2, expert_bytes=lead, n_cpu_moe=1) == 2 * G + 3 * G + S
+    assert gpu_need(12 * G, 4, G, 2, expert_bytes=lead, n_cpu_moe=0, scratch=0) == 5 * G
+
+
+def test_a_mixture_with_its_experts_on_the_cpu_fits_where_it_would_be_refused() -> None:
+    # a gpt-oss-120b-like file (36 layers, 60 G, 57.6 G of it experts) on a 24 G GPU budget
+    # with every layer there: refused while its experts count, a plan with --n-cpu-moe 36
+    exps = (int(1.6 * G),) * 36
+
+    def on_gpu(n_cpu_moe: int) -> Need:
+        g = gpu_need(60 * G, 36, 2 * G, "all", expert_bytes=exps, n_cpu_moe=n_cpu_moe)
+        return Need(60 * G, 1000, 2 * G, 0, 8192, gpu=g)
+
+    assert on_gpu(36).gpu == 60 * G - 36 * int(1.6 * G) + 2 * G + S
+    assert isinstance(plan("oss", on_gpu(0), [], limit=256 * G, base=G, gpu_limit=24 * G), Refuse)
+    assert plan("oss", on_gpu(36), [], limit=256 * G, base=G, gpu_limit=24 * G) == Plan(
+        (), None, None
+    )
+
+
+def _packed_moe(name: str) -> Path:
+    return {
+        "qwen3moe": lambda: ensure_family("qwen3moe")[1],
+        "gptoss": lambda: ensure_gptoss("mxfp4")[1],  # MXFP4 experts and their biases
+        "deepseek2": lambda: ensure_deepseek2("v2lite")[1],  # layer 0 dense, shared experts
+    }[name]()
+
+
+@pytest.mark.parametrize("family", ["qwen3moe", "gptoss", "deepseek2"])
+def test_model_info_reads_each_layers_expert_bytes(family: str, tmp_path: Path) -> None:
+    """A packed tiny mixture (compressed: its stored bytes are not its bytes in memory):
+    ``load_model_info`` reports each layer's routed experts' bytes as the GGUF it came
+    from has them (``*_exps.*``; the shared experts, ``*_shexp.*``, are not among them)."""
+    src = _packed_moe(family)
+    out = tmp_path / "m.modelc"
+    write_artifact(load_model(src), out, PackOptions(compress=True))
+    reference: dict[int, int] = {}
+    for t in GGUFReader(src).tensors:
+        if "_exps." in t.name:
+            i = int(t.name.split(".")[1])
+            reference[i] = reference.get(i, 0) + int(t.n_bytes)
+    info = load_model_info(out, family)
+    n_layer = info.kv_dims[0]
+    assert info.expert_bytes == tuple(reference.get(i, 0) for i in range(n_layer))
+    assert len(reference) > 1 and all(reference.values())
+    if family == "deepseek2":
+        assert info.expert_bytes[0] == 0 and 0 not in reference
+    art = open_artifact(out)
+    try:
+        stored = sum(e.stored_nbytes for e in art.manifest.tensors if "_exps." in e.name)
+    finally:
+        art.close()
+    assert stored != sum(info.expert_bytes)  # the bytes in memory, not in the file
+    # the server's estimate, every layer on the GPU: the file and KV, less every expert
+    # with --n-cpu-moe on all layers, less layer 0's with --n-cpu-moe 1
+    kv = 3 * M
+
+    def server(n_cpu_moe: int) -> int:
+        opt = EngineOptions(device="cuda", n_gpu_layers="all", n_cpu_moe=n_cpu_moe)
+        limits = MemoryLimits(64 * G, gpu_limit=8 * G)
+        reg = ModelRegistry([ModelSlot(family, str(out))], opt, _no_engine, limits=limits)
+        return reg._gpu_need(info, kv)
+
+    whole = info.file_size + kv + S
+    assert server(0) == whole
+    assert server(n_layer) == whole - sum(reference.values())
+    assert server(1) == whole - reference.get(0, 0)
+
+
+def _no_engine(path: Path, name: str, opt: EngineOptions) -> Engine:
+    raise AssertionError("no model is loaded here")
+
+
+def test_a_dense_models_info_has_no_expert_bytes(tmp_path: Path) -> None:
+    write_artifact(load_model(ensure_family("qwen3")[1]), tmp_path / "m.modelc", PackOptions())
+    assert load_model_info(tmp_path / "m.modelc", "qwen3").expert_bytes == ()
 
 
 def test_max_gpu_memory_sizes() -> None:

@@ -18,7 +18,9 @@ sequence can fill in that room.
 A server computing on a GPU has a second budget, the GPU's memory (``--max-gpu-memory``,
 default the memory free on it at start): each model's **GPU cost** is measured around its
 load as the drop in free GPU memory (weights uploaded, KV caches, scratch), estimated before
-it loads from the file and its KV.  Idle models are unloaded, least recently used first,
+it loads from the file and its KV (:func:`gpu_need`: the share of the file and KV of the
+layers ``--n-gpu-layers`` sends there, less the experts ``--n-cpu-moe`` keeps on the CPU,
+plus scratch).  Idle models are unloaded, least recently used first,
 until the new one fits there too.  A model whose layers must all go to the GPU
 (``--n-gpu-layers all`` or a number) and still cannot fit waits for busy ones or is
 refused in one line; with ``auto`` it loads anyway and puts on the GPU only the layers its
@@ -48,6 +50,7 @@ DEFAULT_SHARE = 0.8
 _SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*(%|[kmgt]i?b?|b)?\s*$")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _KV_BYTES = {"f32": 4.0, "f16": 2.0, "int8": 1.0 + 4 / 32, "mixed": 1.0 + 4 / 32}
+GPU_SCRATCH = 256 << 20  # a model's activations and cuBLAS workspace on the GPU (estimate)
 
 
 def total_ram() -> int:
@@ -103,6 +106,29 @@ def kv_bytes_per_token(
     if not generates:
         return 0
     return int(2 * n_layer * n_head_kv * head_dim * _KV_BYTES.get(kv_cache, 4.0))
+
+
+def gpu_need(
+    file_size: int,
+    n_layer: int,
+    kv_default: int,
+    n_gpu_layers: int | str,
+    *,
+    expert_bytes: Sequence[int] = (),
+    n_cpu_moe: int = 0,
+    scratch: int = GPU_SCRATCH,
+) -> int:
+    """An estimate of what a model would take of the GPU's memory: of its layers, the first
+    ``n_gpu_layers`` (``auto`` / ``all``: every one) go there, so that share of the file
+    without its routed experts (``expert_bytes``, by layer index) and of the KV
+    ``kv_default``, plus the experts of those layers that ``n_cpu_moe`` does not keep on
+    the CPU (``--n-cpu-moe N``: the first N layers' never go to the GPU), plus ``scratch``.
+    A dense model (no expert bytes) is the plain share of its file and KV."""
+    layers = max(n_layer, 1)
+    k = layers if n_gpu_layers in ("auto", "all") else min(int(n_gpu_layers), layers)
+    experts = sum(expert_bytes)
+    on_gpu = sum(expert_bytes[min(max(n_cpu_moe, 0), k) : k])
+    return int((file_size - experts + kv_default) * (k / layers)) + on_gpu + scratch
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,7 +126,6 @@ class ModelSlot:
 Need = Literal["text", "embed", "any"]
 EngineFactory = Callable[[Path, str, EngineOptions], Engine]
 MEMORY_WAIT = 300.0  # seconds a load waits for busy models to free memory, then 503
-GPU_SCRATCH = 256 << 20  # a model's activations and cuBLAS workspace on the GPU (estimate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,13 +332,19 @@ class ModelRegistry:
         return None if got is None else got[0]
 
     def _gpu_need(self, info: ModelInfo, kv_default: int) -> int:
-        """What the model would take of the GPU's memory: its weights (the layers
-        ``--n-gpu-layers`` sends there) and their KV, plus scratch; 0 without a GPU budget."""
+        """What the model would take of the GPU's memory (:func:`memory.gpu_need`): its
+        weights (the layers ``--n-gpu-layers`` sends there, less the experts ``--n-cpu-moe``
+        keeps on the CPU) and their KV, plus scratch; 0 without a GPU budget."""
         if not self.limits.gpu_limit or not info.generates:
             return 0
-        layers, k = info.kv_dims[0] or 1, self.options.n_gpu_layers
-        share = 1.0 if k in ("auto", "all") else min(1.0, int(k) / layers)
-        return int((info.file_size + kv_default) * share) + GPU_SCRATCH
+        return memory.gpu_need(
+            info.file_size,
+            info.kv_dims[0],
+            kv_default,
+            self.options.n_gpu_layers,
+            expert_bytes=info.expert_bytes,
+            n_cpu_moe=self.options.n_cpu_moe,
+        )
 
     def _prefix_bytes(self, info: ModelInfo) -> int:
         return self.options.prefix_cache_bytes if info.generates else 0

@@ -7,12 +7,15 @@ themselves (loading, routing, unloading) are :mod:`modelc.server.models`.
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelc.artifact import Artifact, open_artifact
+from modelc.artifact.format import TensorEntry
 from modelc.artifact.inspect import by_dtype
 from modelc.artifact.mixes import MIXES
 from modelc.errors import TokenizerError
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
 
 TEXT_ARCHS = names("text")
 EMBED_ARCHS = names("embed")
+# a mixture layer's routed experts, as GGUF names them (weights, gpt-oss's biases, Gemma 4's
+# scales): what --n-cpu-moe keeps on the CPU (the shared experts, ``_shexp``, are not these)
+_EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
 
 
 @dataclass(slots=True)
@@ -43,6 +49,9 @@ class ModelInfo:
     prompt: PromptFormat | None = None
     kv_dims: tuple[int, int, int] = (0, 0, 0)  # layers, KV heads, head size (memory planning)
     license: str = ""  # the file's general.license (Ollama's LICENSE / /api/create license)
+    # bytes of each layer's routed experts in memory, by layer index (memory planning:
+    # --n-cpu-moe keeps the first layers' on the CPU); () for a model without experts
+    expert_bytes: tuple[int, ...] = ()
 
     @property
     def generates(self) -> bool:
@@ -88,6 +97,20 @@ def quant_level(art: Artifact) -> str:
     return next(iter(counts)).upper() if counts else "-"
 
 
+def expert_bytes(tensors: Iterable[TensorEntry], n_layer: int) -> tuple[int, ...]:
+    """The bytes in memory (``nbytes``: uncompressed, as a device holds them) of each
+    layer's routed experts (``blk.{i}.ffn_{gate,up,down,gate_up}_exps.*``), by layer index
+    (at least ``n_layer`` of them); () when there are none."""
+    found: dict[int, int] = {}
+    for e in tensors:
+        if (m := _EXPERTS.match(e.name)) is not None:
+            i = int(m.group(1))
+            found[i] = found.get(i, 0) + e.nbytes
+    if not found:
+        return ()
+    return tuple(found.get(i, 0) for i in range(max(n_layer, max(found) + 1)))
+
+
 def load_model_info(path: Path, model_id: str) -> ModelInfo:
     """Read the manifest of a ``.modelc`` file (no weights are read)."""
     art = open_artifact(path)
@@ -96,6 +119,7 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
         n_params = art.n_params
         quantization = quant_level(art)
         license_ = m.metadata.get("general.license")
+        experts = expert_bytes(m.tensors, m.hparams.n_layer)
     finally:
         art.close()
     spec, hp = m.tokenizer, m.hparams
@@ -116,6 +140,7 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
             hp.head_dim or hp.n_embd // (hp.n_head or 1),
         ),
         license=license_ if isinstance(license_, str) else "",
+        expert_bytes=experts,
     )
 
 
