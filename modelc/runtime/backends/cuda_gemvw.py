@@ -179,7 +179,6 @@ template <> struct Wide<2> {  // Q4_0 repacked: a lane a group
   }
 };
 
-// group g (32 weights) of a repacked row -> w[32], the float steps of deq32<T>
 // weights 4 sub .. of group g of a repacked row (cuda_deq's deq8 with L = 1: cuBLAS
 // batches, embedding rows), the float steps of deq4<T> on the stored blocks
 template <> __device__ __forceinline__ void deq4w<2>(const u8* __restrict__ row, int cols, int g, int sub, float* w) {
