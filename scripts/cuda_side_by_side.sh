@@ -68,6 +68,9 @@ cp.cuda.Device().synchronize(); print(f'device copy: {2 * a.nbytes / ((time.perf
     timeout 60 $B/llama-batched-bench -m $M/$m.gguf -ngl 99 -c 16384 -b 2048 -ub 512 -npp 32 \
       -ntg 64 -npl 1,8,64 2>&1 | grep -E "^\|  |error" | tail -3
   done
+  at "models in turn in one process"
+  timeout 60 python3 bench/cuda_models_in_turn.py $M/llama1b-q4_0.gguf $M/llama1b-q4_k_m.gguf \
+    $M/llama8b-q4_k_m.gguf 2>&1 | grep -E "ok|failed"
   at "end"
   exit 0
 fi
