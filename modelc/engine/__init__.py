@@ -67,6 +67,32 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
     )
 
 
+def _webgpu_runtime(ir: ModelIR, opt: EngineOptions, backend: Backend) -> Any:
+    """The decoder resident on the WebGPU device (one submit a step) where it runs the
+    model, else None (op by op on the WGSL backend; one log line says why)."""
+    import logging
+
+    from modelc.runtime.backends.webgpu import WebGPUBackend
+    from modelc.runtime.backends.webgpu_llama import WebGpuLlama, resident_wanted
+
+    if not resident_wanted() or not isinstance(backend, WebGPUBackend):
+        return None
+    why = None
+    if opt.mmproj is not None:
+        why = "images (--mmproj) run on the op-level decoder"
+    elif opt.kv_cache not in ("f16", "f32"):
+        why = f"--kv-cache {opt.kv_cache} (it keeps f16 or f32 caches)"
+    else:
+        try:
+            return WebGpuLlama(ir, backend)
+        except UnsupportedError as e:
+            why = str(e)
+    logging.getLogger("modelc").warning(
+        f"--device {opt.device}: this {ir.architecture} model runs op by op, not resident: {why}"
+    )
+    return None
+
+
 def build_runtime(
     ir: ModelIR,
     opt: EngineOptions,
@@ -82,6 +108,7 @@ def build_runtime(
     gpu = None if on_cpu else _cuda_runtime(ir, opt)
     if backend is None and opt.device in ("webgpu", "metal"):  # WGSL shaders through wgpu
         backend = get_backend(opt.device)
+        gpu = None if runtime_factory else _webgpu_runtime(ir, opt, backend)
     backend = backend or get_backend(threads=opt.threads)
     return gpu or (runtime_factory or build)(ir, backend), backend
 

@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -136,11 +137,13 @@ def grid(n_groups: int) -> tuple[int, int]:
 
 @dataclass
 class Dispatch:
-    """One compute dispatch: ``bind`` maps binding -> (buffer, bytes) for storage buffers;
-    ``params`` are the uniform's bytes (bound at the module's ``params_binding``)."""
+    """One compute dispatch: ``bind`` maps binding -> (buffer, bytes) for storage buffers,
+    or (buffer, bytes, offset) for a part of one (the offset a multiple of the adapter's
+    storage offset alignment); ``params`` are the uniform's bytes (bound at the module's
+    ``params_binding``)."""
 
     pipeline: Any
-    bind: dict[int, tuple[Any, int]]
+    bind: Mapping[int, tuple[Any, ...]]
     params: bytes
     params_binding: int
     groups: tuple[int, int, int]
@@ -182,6 +185,8 @@ class Gpu:
         self._scratch: dict[str, Any] = {}
         self._staging: dict[int, Any] = {}
         self._ring: Any = None
+        self.offset_align = int(lim.get("min-storage-buffer-offset-alignment", 256))
+        self.runs = 0  # jobs run (each one submit)
         self.uploaded = 0  # bytes of weights placed on the device
         self.budget, self.budget_source = memory_budget(str(self.adapter.info["backend_type"]))
 
@@ -285,6 +290,7 @@ class Gpu:
         """Record the job's dispatches in one compute pass, copy what it reads to mappable
         buffers, submit, wait, and return those bytes (in ``job.reads`` order)."""
         dev = self.device
+        self.runs += 1
         ring = self._params_ring(_SLOT * max(1, len(job.dispatches)))
         params = bytearray(_SLOT * len(job.dispatches))
         for i, d in enumerate(job.dispatches):
@@ -294,10 +300,11 @@ class Gpu:
         enc = dev.create_command_encoder()
         cp = enc.begin_compute_pass()
         for i, d in enumerate(job.dispatches):
-            entries = [
-                {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": size}}
-                for b, (buf, size) in d.bind.items()
-            ]
+            entries = []
+            for b, r in d.bind.items():
+                where = r[2] if len(r) > 2 else 0
+                res = {"buffer": r[0], "offset": where, "size": r[1]}
+                entries.append({"binding": b, "resource": res})
             entries.append(
                 {
                     "binding": d.params_binding,
@@ -332,3 +339,37 @@ class Gpu:
         finally:
             stage.unmap()
         return out
+
+    def read_region(self, buf: Any, offset: int, nbytes: int) -> bytes:
+        """``nbytes`` of ``buf`` from ``offset`` (both multiples of 4), through a staging copy."""
+        if nbytes == 0:
+            return b""
+        stage = self._stage(nbytes)
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(buf, offset, stage, 0, nbytes)
+        self.device.queue.submit([enc.finish()])
+        stage.map_sync(self.wgpu.MapMode.READ, 0, stage.size)
+        try:
+            return bytes(stage.read_mapped(0, stage.size)[:nbytes])
+        finally:
+            stage.unmap()
+
+    def copy_regions(self, copies: list[tuple[Any, int, Any, int, int]]) -> None:
+        """Device copies (src, src offset, dst, dst offset, bytes) in one submit."""
+        enc = self.device.create_command_encoder()
+        for src, so, dst, do, n in copies:
+            if n:
+                enc.copy_buffer_to_buffer(src, so, dst, do, n)
+        self.device.queue.submit([enc.finish()])
+
+    def storage_buffer(self, nbytes: int, label: str) -> Any:
+        """A fresh device buffer of ``nbytes`` (rounded up to 16) the shaders read and write."""
+        try:
+            return self.device.create_buffer(
+                label=label, size=max(16, (nbytes + 15) & ~15), usage=self._usage_storage()
+            )
+        except Exception as e:  # out of device memory
+            raise UsageError(
+                f"WebGPU: cannot allocate {nbytes >> 20} MiB ({label}) on {self.describe()} "
+                f"({e}); lower --max-concurrent or --max-context, or use --device cpu"
+            ) from e

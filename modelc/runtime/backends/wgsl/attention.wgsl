@@ -14,8 +14,8 @@ struct Params {
     has_sinks: u32,  // sinks (binding 7) hold each head's sink logit
     scale: f32,
     softcap: f32,  // > 0: scores capped
-    pad0: u32,
-    pad1: u32,
+    k_off: u32,  // elements of kk before position 0's keys (a cache layer's place)
+    v_off: u32,  // ... of vv before its values
     pad2: u32,
 }
 
@@ -30,14 +30,16 @@ struct Params {
 
 var<workgroup> red: array<f32, 64>;
 
-fn ldk(i: u32) -> f32 {
+fn ldk(j: u32) -> f32 {
+    let i = j + p.k_off;
     if (p.f16 != 0u) {
         return half_to_f32((kk[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);
     }
     return bitcast<f32>(kk[i]);
 }
 
-fn ldv(i: u32) -> f32 {
+fn ldv(j: u32) -> f32 {
+    let i = j + p.v_off;
     if (p.f16 != 0u) {
         return half_to_f32((vv[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);
     }

@@ -12,6 +12,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> bv: array<f32>;
 @group(0) @binding(3) var<storage, read_write> outs: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;
+@group(0) @binding(5) var<storage, read> sel: array<u32>;  // rms_norm_rows: the rows of xs
 
 var<workgroup> red: array<f32, 64>;
 
@@ -101,6 +102,31 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     if (valid) {
         for (var i = li; i < p.d; i += 64u) {
             outs[rb + i] = outs[rb + i] / total;
+        }
+    }
+}
+
+// RMS norm of the rows sel[0 .. n-1] of xs into rows 0 .. n-1 of outs (the logit rows)
+@compute @workgroup_size(64)
+fn rms_norm_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row = wid.x + wid.y * p.gx;
+    let valid = row < p.n;
+    var rb = 0u;
+    if (valid) {
+        rb = sel[row] * p.d;
+    }
+    var s = 0.0;
+    if (valid) {
+        for (var i = li; i < p.d; i += 64u) {
+            let v = xs[rb + i];
+            s += v * v;
+        }
+    }
+    let ms = reduce(li, s, false) / f32(p.d);
+    let scale = 1.0 / sqrt(ms + p.eps);
+    if (valid) {
+        for (var i = li; i < p.d; i += 64u) {
+            outs[row * p.d + i] = xs[rb + i] * scale * wv[i];
         }
     }
 }

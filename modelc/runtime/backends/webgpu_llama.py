@@ -1,0 +1,452 @@
+"""The decoder on a WebGPU device, resident: weights, KV caches and a step's activations
+stay in device buffers, and a step is one job (one submit).
+
+The mirror of :mod:`~modelc.runtime.backends.cuda_llama` for ``--device webgpu`` /
+``metal``: the host model (:class:`~modelc.runtime.arch.decoder.Decoder` on the numpy
+backend) gives the :class:`~modelc.runtime.arch.decoder.DecoderSpec` run here, and what
+this forward does not run (:data:`WEBGPU_RUNS` leaves it out; weight types without a
+shader) is refused in one line, before any GPU work: the engine then runs the model op by
+op on :class:`~modelc.runtime.backends.webgpu.WebGPUBackend` (``MODELC_WEBGPU_RESIDENT=0``
+does so always).
+
+Weights are uploaded once in their GGUF blocks (the backend's ``_chunks``: the matmul
+shaders dequantize them), every sequence's KV cache is one device buffer
+(:class:`WebGpuKVCache`, f16 or f32), and per step the host writes four small int arrays
+(token ids, positions, each row's visible cache positions, the rows whose logits are
+wanted), records every layer's dispatches into one command buffer, and reads back the
+logits of the wanted rows only.  A cache that grows (every 256 positions) copies itself in
+a submit of its own.  The shaders are the op-level backend's (``wgsl/``) plus
+``kv_store.wgsl`` (K/V rows into a cache at their positions), ``rms_norm_rows`` (the logit
+rows) and ``add_into`` / ``add_bias`` / ``gelu_mul``; numerics are the op-level path's
+(float32 throughout, an f16 cache rounded to nearest even as the CPU's).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UnsupportedError, UsageError
+from modelc.formats.ir import HParams, ModelIR, row_bytes
+from modelc.runtime.arch import build
+from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
+from modelc.runtime.backend import F32Array, KVArray, Weight
+from modelc.runtime.backends.numpy_ref import NumpyBackend
+from modelc.runtime.backends.webgpu import DEQ, NX, WebGPUBackend
+from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source
+from modelc.runtime.backends.webgpu_ops import SCORES_BYTES
+from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
+
+# what the resident forward runs of the decoder's description (FEATURES names); the rest
+# is refused (the engine then runs the model op by op)
+WEBGPU_RUNS = frozenset({"qkv_bias", "gelu_tanh"})
+ALIGN_ROWS = 128  # cache positions are allocated in multiples of this (binding offsets)
+
+
+def resident_wanted() -> bool:
+    """Whether ``--device webgpu``/``metal`` tries the resident decoder
+    (``MODELC_WEBGPU_RESIDENT=0``: the op-level path, for comparison)."""
+    return os.environ.get("MODELC_WEBGPU_RESIDENT", "1") != "0"
+
+
+def _u(*vals: int) -> bytes:
+    return struct.pack(f"<{len(vals)}I", *vals)
+
+
+def _flat(n: int) -> tuple[int, int, int]:
+    gx, gy = grid(math.ceil(n / 64))
+    return gx, gy, gx * 64
+
+
+class WebGpuKVCache(KVCache):
+    """Keys and values of one sequence in one device buffer, f16 or f32: per layer K then V,
+    ``(n_layer, 2, rows, n_head_kv, head_dim)`` with ``rows`` the capacity rounded up to
+    :data:`ALIGN_ROWS` (so each layer starts at an aligned binding offset).  Grown in
+    ``BLOCK``-token steps and charged to the engine's budget as a host cache of the same
+    mode; :meth:`write` / :meth:`read` copy through the host (prefix cache, context shift)."""
+
+    def __init__(
+        self,
+        gpu: Gpu,
+        shape: KVShape,
+        max_tokens: int,
+        mode: KVMode | str = KVMode.F16,
+        *,
+        budget: KVBudget | None = None,
+    ) -> None:
+        self.gpu = gpu
+        if KVMode(mode) not in (KVMode.F16, KVMode.F32):
+            raise UsageError(
+                f"--kv-cache {KVMode(mode).value} is not supported by the resident WebGPU "
+                "decoder; use f16 or f32 (or MODELC_WEBGPU_RESIDENT=0)"
+            )
+        super().__init__(shape, max_tokens, mode, budget=budget)
+
+    def _empty(self) -> None:
+        self.n = 0
+        self.capacity = 0
+        self.rows_alloc = 0
+        self.buf: Any = None
+        self._base = [0] * self.shape.n_layer
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.shape.bytes_per_token(self.mode)
+
+    @property
+    def width(self) -> int:
+        return self.shape.n_head_kv * self.shape.head_dim
+
+    @property
+    def elem(self) -> int:
+        return 2 if self.mode is KVMode.F16 else 4
+
+    def layer_bytes(self) -> int:
+        """Bytes of one layer's K and V (the binding of a layer)."""
+        return 2 * self.rows_alloc * self.width * self.elem
+
+    def _at(self, layer: int, kv: int, pos: int) -> int:
+        """Byte offset of position ``pos`` of layer ``layer``'s K (kv 0) or V (kv 1)."""
+        return ((2 * layer + kv) * self.rows_alloc + pos) * self.width * self.elem
+
+    def reserve(self, n_tokens: int) -> None:
+        if n_tokens > self.max_tokens:
+            raise UsageError(
+                f"sequence of {n_tokens} tokens exceeds the KV cache size {self.max_tokens}; "
+                "shorten the prompt or shift the context"
+            )
+        if n_tokens <= self.capacity:
+            return
+        cap = min(self.max_tokens, -(-n_tokens // BLOCK) * BLOCK)
+        extra = (cap - self.capacity) * self.shape.bytes_per_token(self.mode)
+        if self.budget is not None and extra > self.budget.free:
+            self.budget.reserve(extra)  # raises CapacityError before anything is allocated
+        rows = -(-cap // ALIGN_ROWS) * ALIGN_ROWS
+        per_layer = 2 * rows * self.width * self.elem
+        if per_layer > self.gpu.max_binding:
+            raise UsageError(
+                f"WebGPU: a KV cache layer of {cap} positions ({per_layer >> 20} MiB) is over "
+                f"the adapter's {self.gpu.max_binding >> 20} MiB binding limit; lower "
+                "--max-context, or MODELC_WEBGPU_RESIDENT=0"
+            )
+        new = self.gpu.storage_buffer(self.shape.n_layer * per_layer, "kv_cache")
+        if self.buf is not None and self.n:
+            old_rows, self.rows_alloc = self.rows_alloc, rows
+            n_bytes = self.n * self.width * self.elem
+            copies = []
+            for li in range(self.shape.n_layer):
+                for kv in (0, 1):
+                    src = ((2 * li + kv) * old_rows) * self.width * self.elem
+                    copies.append((self.buf, src, new, self._at(li, kv, 0), n_bytes))
+            self.gpu.copy_regions(copies)
+        if self.buf is not None:
+            self.buf.destroy()
+        self.buf, self.rows_alloc, self.capacity = new, rows, cap
+        self._charge()
+
+    def free(self) -> None:
+        if self.buf is not None:
+            self.buf.destroy()
+        super().free()
+
+    def write(self, layer: int, pos: int, k: KVArray, v: KVArray) -> None:
+        assert pos + len(k) <= self.capacity
+        for kv, a in ((0, k), (1, v)):
+            data = np.ascontiguousarray(a, self.dtype).reshape(-1).view(np.uint8)
+            if data.nbytes:
+                self.gpu.device.queue.write_buffer(self.buf, self._at(layer, kv, pos), data)
+
+    def read(self, layer: int, n: int) -> tuple[KVArray, KVArray]:
+        """Host copies of positions 0 .. n-1."""
+        s = self.shape
+        out = []
+        for kv in (0, 1):
+            raw = self.gpu.read_region(self.buf, self._at(layer, kv, 0), n * self.width * self.elem)
+            out.append(np.frombuffer(raw, self.dtype).reshape(n, s.n_head_kv, s.head_dim).copy())
+        return out[0], out[1]
+
+    def storage(self, layer: int) -> tuple[KVArray, KVArray] | None:
+        return None  # device memory: the resident model writes and reads it itself
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.n:
+            raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
+        self.n = n
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        if n_keep < 0 or n_discard <= 0 or n_keep + n_discard > self.n:
+            raise UsageError(
+                f"bad context shift: keep {n_keep}, discard {n_discard} of {self.n} tokens"
+            )
+        src = n_keep + n_discard
+        for li in range(self.shape.n_layer):  # through the host: a rare, whole-cache move
+            k, v = self.read(li, self.n)
+            self.write(li, n_keep, k[src:], v[src:])
+        self.n -= n_discard
+
+    def update_keys(self, start: int, fn: Callable[[F32Array], None]) -> None:
+        for li in range(self.shape.n_layer):
+            k, v = self.read(li, self.n)
+            kf = k[start:].astype(np.float32)
+            fn(kf)
+            self.write(li, start, kf, v[start:])
+
+
+class _Layer:
+    def __init__(self, gpu: Gpu, b: DecoderBlock) -> None:
+        assert b.attn_norm is not None and b.ffn_norm is not None
+        assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
+        self.attn_norm = _vec(gpu, b.attn_norm, "attn_norm")
+        self.ffn_norm = _vec(gpu, b.ffn_norm, "ffn_norm")
+        self.wq, self.wk, self.wv, self.wo = b.wq, b.wk, b.wv, b.wo
+        self.gate, self.up, self.down = b.w_gate, b.w_up, b.w_down
+        self.ff = int(b.w_gate.shape[0])
+        bias = (b.bq, b.bk, b.bv)
+        self.bias = (
+            tuple(_vec(gpu, x, "bias") for x in bias) if all(x is not None for x in bias) else None
+        )
+
+    def mats(self) -> list[Weight]:
+        return [self.wq, self.wk, self.wv, self.wo, self.gate, self.up, self.down]
+
+
+def _vec(gpu: Gpu, a: Any, label: str) -> tuple[Any, int]:
+    data = np.ascontiguousarray(a, np.float32).reshape(-1)
+    buf = gpu.weight_buffer(data.view(np.uint8), label)
+    return buf, buf.size
+
+
+def webgpu_host(ir: ModelIR) -> Decoder:
+    """The host model of ``ir`` (numpy: no GPU work), after refusing in one line what the
+    resident forward does not run."""
+    host = build(ir, NumpyBackend())
+    if not isinstance(host, Decoder):
+        raise UnsupportedError(f"{ir.architecture} models are not the one decoder")
+    sp = host.spec
+    refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
+    if host.rope_mscale is not None or any(b.experts is not None for b in host.blocks):
+        raise UnsupportedError(f"this {sp.architecture} model's RoPE scaling is not run here")
+    mats = [w for b in host.blocks for w in _mats_of(b)] + [host.tok_embd, host.output]
+    odd = sorted({w.dtype.name for w in mats if w.dtype not in DEQ})
+    if odd:
+        raise UnsupportedError(f"this model has {', '.join(odd)} weights, which have no shader")
+    widths = {sp.d, sp.n_head * sp.head_dim, sp.n_head_kv * sp.head_dim}
+    widths |= {int(b.w_gate.shape[0]) for b in host.blocks if b.w_gate is not None}
+    if any(w % 4 for w in widths) or sp.head_dim % 2:
+        raise UnsupportedError(f"widths {sorted(widths)} are not all multiples of 4")
+    return host
+
+
+def _mats_of(b: DecoderBlock) -> list[Weight]:
+    return [w for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down) if w is not None]
+
+
+class WebGpuLlama(CausalLM):
+    """A decoder :class:`~modelc.runtime.model.LanguageModel` resident on a WebGPU device."""
+
+    def __init__(self, ir: ModelIR, backend: WebGPUBackend, host: Decoder | None = None) -> None:
+        host = host if host is not None else webgpu_host(ir)
+        sp = host.spec
+        self.architecture = sp.architecture
+        self.hparams: HParams = host.hparams
+        self.be, self.gpu = backend, backend.gpu
+        self.n_vocab, self.d, self.n_ctx = sp.n_vocab, sp.d, host.n_ctx
+        self.nh, self.nkv, self.hd = sp.n_head, sp.n_head_kv, sp.head_dim
+        self.eps, self.scale, self.neox = sp.eps, sp.scale, sp.neox
+        self.gelu = sp.act == "gelu_tanh"
+        self.kv_shape = KVShape(len(host.blocks), self.nkv, self.hd)
+        gpu = self.gpu
+        self.tok_embd, self.output = host.tok_embd, host.output
+        backend._chunks(self.tok_embd)  # every weight placed now (the budget's checks)
+        self.layers = [_Layer(gpu, b) for b in host.blocks]
+        for w in [m for ly in self.layers for m in ly.mats()] + [self.output]:
+            backend._chunks(w)
+        self.output_norm = _vec(gpu, host.output_norm, "output_norm")
+        inv = self.inv_host = np.asarray(host.inv_freq, np.float32)
+        self.hn = len(inv)
+        self.inv = _vec(gpu, inv, "inv_freq")
+        self.ff = max(ly.ff for ly in self.layers)
+        self.dummy = _vec(gpu, np.zeros(4, np.float32), "no_sinks")
+        self._pipes: dict[tuple[str, str], Any] = {}
+
+    # -- the CausalLM surface ----------------------------------------------------------
+    def new_cache(
+        self,
+        mode: KVMode | str = KVMode.F16,
+        *,
+        max_tokens: int | None = None,
+        hot_window: int = 256,
+        budget: KVBudget | None = None,
+        full: bool = False,
+    ) -> KVCache:
+        n = min(max_tokens or self.n_ctx, self.n_ctx)
+        return WebGpuKVCache(self.gpu, self.kv_shape, n, mode, budget=budget)
+
+    def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
+        """As :meth:`Decoder.shift_context`: the moved keys re-rotated on the host."""
+        cache.shift(n_keep, n_discard)
+        if cache.n <= n_keep:
+            return
+        delta = np.full(cache.n - n_keep, -n_discard, np.int64)
+        ref = self.be._fallback
+
+        def rerotate(k: F32Array) -> None:
+            ref.rope(k, ref.rope_angles(delta[: len(k)], self.inv_host), self.neox)
+
+        cache.update_keys(n_keep, rerotate)
+
+    def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
+        """One step (prompt chunks and decode rows of any sequences): one submit; the
+        logits of the wanted rows back."""
+        for c in batch:
+            if not isinstance(c.cache, WebGpuKVCache):
+                raise UnsupportedError("the resident WebGPU model needs caches of its new_cache")
+            if c.images:
+                raise UnsupportedError("images run on the CPU decoder only")
+        if len({c.cache.mode for c in batch}) != 1:
+            raise UnsupportedError("one WebGPU step needs every cache in one mode")
+        ids, pos, slices = begin_step(batch, self.n_vocab)  # caches grow here
+        rows = logit_row_index(batch, slices)
+        with self.gpu.lock:
+            job = self._record(batch, ids, pos, slices, rows)
+            data = self.gpu.run(job)
+        end_step(batch, slices)
+        if not len(rows):
+            return np.zeros((0, self.n_vocab), np.float32)
+        return np.frombuffer(data[0], np.float32).reshape(len(rows), self.n_vocab).copy()
+
+    # -- the step ------------------------------------------------------------------------
+    def _pipe(self, module: str, entry: str, *files: str) -> Any:
+        hit = self._pipes.get((module, entry))
+        if hit is None:
+            src = shader_source(*(files or (module,)))
+            hit = self._pipes[(module, entry)] = self.gpu.pipeline(module, entry, src)
+        return hit
+
+    def _buf(self, name: str, nbytes: int) -> tuple[Any, int]:
+        buf, _ = self.gpu.scratch(f"res_{name}", nbytes)
+        return buf, buf.size
+
+    def _put(self, name: str, a: np.ndarray[Any, Any]) -> tuple[Any, int]:
+        buf, _ = self.gpu.put(f"res_{name}", a)
+        return buf, buf.size
+
+    def _matmul(self, job: Job, w: Weight, x: Any, n: int, out: Any) -> None:
+        nx = min(NX, 1 << (n - 1).bit_length())
+        key, src = self.be._module(w.dtype, nx)
+        pipe = self.gpu.pipeline(key, "matmul", src)
+        rows, cols = w.shape
+        rb = row_bytes(w.dtype, cols)
+        for buf, r0, nr in self.be._chunks(w):
+            gx, gy = grid(math.ceil(nr / 64))
+            params = _u(nr, cols, n, rb, rows, r0, gx * 64, 0)
+            bind = {0: (buf, buf.size), 1: x, 2: out}
+            job.add(Dispatch(pipe, bind, params, 3, (gx, gy, math.ceil(n / nx))))
+
+    def _norm(self, job: Job, x: Any, w: Any, n: int, out: Any, sel: Any = None) -> None:
+        gx, gy = grid(n)
+        params = struct.pack("<IIIf", n, self.d, gx, self.eps)
+        bind = {0: x, 1: w, 3: out}
+        if sel is not None:
+            bind[5] = sel
+        entry = "rms_norm" if sel is None else "rms_norm_rows"
+        job.add(Dispatch(self._pipe("norm", entry), bind, params, 4, (gx, gy, 1)))
+
+    def _elem(self, job: Job, entry: str, n: int, bind: dict[int, Any], extra: int = 0) -> None:
+        gx, gy, gxs = _flat(n)
+        params = _u(n, gxs, extra, 0)
+        job.add(Dispatch(self._pipe("elementwise", entry), bind, params, 3, (gx, gy, 1)))
+
+    def _record(
+        self,
+        batch: Sequence[SeqChunk],
+        ids: np.ndarray[Any, Any],
+        pos: np.ndarray[Any, Any],
+        slices: list[slice],
+        rows: np.ndarray[Any, Any],
+    ) -> Job:
+        n, r, d, nh, nkv, hd, hn = len(ids), len(rows), self.d, self.nh, self.nkv, self.hd, self.hn
+        f16 = batch[0].cache.mode is KVMode.F16
+        qw, kw = nh * hd, nkv * hd
+        # the step's small arrays up; its buffers (sized for n rows)
+        ids_b = self._put("ids", ids.astype(np.uint32))
+        pos_b = self._put("pos", pos.astype(np.int32))
+        info = np.zeros((n, 2), np.uint32)
+        info[:, 1] = pos + 1  # each row sees its sequence's positions 0 .. its own
+        info_b = self._put("info", info)
+        sel_b = self._put("sel", rows.astype(np.uint32)) if r else None
+        x, h = self._buf("x", n * d * 4), self._buf("h", n * d * 4)
+        q, k, v = self._buf("q", n * qw * 4), self._buf("k", n * kw * 4), self._buf("v", n * kw * 4)
+        att, o = self._buf("attn", n * qw * 4), self._buf("o", n * d * 4)
+        g, u = self._buf("g", n * self.ff * 4), self._buf("u", n * self.ff * 4)
+        act = self._buf("act", n * self.ff * 4)
+        cs, sn = self._buf("cos", n * hn * 4), self._buf("sin", n * hn * 4)
+        sstride = int(pos.max()) + 1
+        chunk = max(1, min(65535, SCORES_BYTES // (nh * sstride * 4)))
+        scores = self._buf("scores", min(chunk, n) * nh * sstride * 4)
+        job = Job()
+        # embeddings, then the step's RoPE table
+        emb = self.be._module(self.tok_embd.dtype, 1)
+        pipe = self.gpu.pipeline(emb[0], "get_rows", emb[1])
+        cols = self.tok_embd.shape[1]
+        gy, gz = grid(n)
+        for buf, r0, nr in self.be._chunks(self.tok_embd):
+            params = _u(nr, cols, n, row_bytes(self.tok_embd.dtype, cols), 0, r0, 0, 0)
+            bind = {0: (buf, buf.size), 2: x, 4: ids_b}
+            job.add(Dispatch(pipe, bind, params, 3, (math.ceil(math.ceil(cols / 4) / 64), gy, gz)))
+        gx, gy, gxs = _flat(n * hn)
+        bind = {0: pos_b, 1: self.inv, 2: cs, 3: sn}
+        params = _u(n, 0, 0, hn, 0, gxs, 0, 0)
+        job.add(Dispatch(self._pipe("rope", "rope_angles"), bind, params, 4, (gx, gy, 1)))
+        rope = self._pipe("rope", "rope")
+        store = self._pipe("kv_store", "kv_store")
+        attn = self._pipe("attention", "attention", "half", "attention")
+        for li, ly in enumerate(self.layers):
+            self._norm(job, x, ly.attn_norm, n, h)
+            for w, out in ((ly.wq, q), (ly.wk, k), (ly.wv, v)):
+                self._matmul(job, w, h, n, out)
+            if ly.bias is not None:
+                for bias, out, width in zip(ly.bias, (q, k, v), (qw, kw, kw), strict=True):
+                    self._elem(job, "add_bias", n * width, {1: bias, 2: out}, width)
+            for buf, heads in ((q, nh), (k, nkv)):
+                gx, gy, gxs = _flat(n * heads * hn)
+                params = _u(n, heads, hd, hn, int(self.neox), gxs, 0, 0)
+                job.add(Dispatch(rope, {2: cs, 3: sn, 5: buf}, params, 4, (gx, gy, 1)))
+            for c, sl in zip(batch, slices, strict=True):
+                cache = c.cache
+                assert isinstance(cache, WebGpuKVCache)
+                layer = (cache.buf, cache.layer_bytes(), cache._at(li, 0, 0))
+                v_off = cache.rows_alloc * kw
+                m = sl.stop - sl.start
+                gx, gy, gxs = _flat(m * kw // 2)
+                params = _u(sl.start, m, cache.n, kw, 0, v_off, int(f16), gxs)
+                job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
+                abind = {0: q, 1: layer, 2: layer, 3: att, 5: info_b, 6: scores, 7: self.dummy}
+                for row0 in range(sl.start, sl.stop, chunk):
+                    m = min(chunk, sl.stop - row0)
+                    params = struct.pack(
+                        "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, 0, self.scale, 0.0,
+                        0, v_off, 0,
+                    )  # fmt: skip
+                    job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
+            self._matmul(job, ly.wo, att, n, o)
+            self._elem(job, "add_into", n * d, {1: o, 2: x})
+            self._norm(job, x, ly.ffn_norm, n, h)
+            self._matmul(job, ly.gate, h, n, g)
+            self._matmul(job, ly.up, h, n, u)
+            gu = "gelu_mul" if self.gelu else "silu_mul"
+            self._elem(job, gu, n * ly.ff, {0: g, 1: u, 2: act})
+            self._matmul(job, ly.down, act, n, o)
+            self._elem(job, "add_into", n * d, {1: o, 2: x})
+        if r:
+            hl, logits = self._buf("hl", r * d * 4), self._buf("logits", r * self.n_vocab * 4)
+            self._norm(job, x, self.output_norm, r, hl, sel_b)
+            self._matmul(job, self.output, hl, r, logits)
+            job.reads.append((logits[0], r * self.n_vocab * 4))
+        return job

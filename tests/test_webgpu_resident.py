@@ -1,0 +1,136 @@
+"""The resident WebGPU decoder (webgpu_llama.py: weights, KV caches and a step's
+activations on the device, one submit a step) against the CPU backend in exact mode, on
+Mesa's software Vulkan in CI: tiny random llama (Q4_K_M's mixture) and qwen2 (Q/K/V
+biases), f16 and f32 caches, greedy tokens equal and top-10 log-probs within 2e-3; a step
+mixing a prompt chunk with decode rows of other sequences after a cache was freed; one
+submit a step; a family it does not run refused in one line, the engine then op by op.
+SmolLM2 through ``modelc generate --device webgpu`` is test_webgpu.py's (resident there
+by default)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.errors import UnsupportedError, UsageError
+from modelc.runtime.model import SeqChunk
+from tests.runtime_support import LOGPROB_TOL, log_softmax, make_backend
+
+pytest.importorskip("wgpu")
+
+from modelc.runtime.backends.webgpu import WebGPUBackend
+from modelc.runtime.backends.webgpu_llama import WebGpuLlama, webgpu_host
+
+if not os.environ.get("XDG_RUNTIME_DIR"):  # Mesa's WSI warns without one
+    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="modelc-xdg-")
+
+
+@pytest.fixture(scope="module")
+def gpu() -> WebGPUBackend:
+    try:
+        return WebGPUBackend()
+    except UsageError as e:
+        if os.environ.get("MODELC_REQUIRE_WEBGPU"):
+            raise
+        pytest.skip(f"no WebGPU adapter: {e}")
+
+
+def _llama() -> Path:
+    from tests.assets import assets_dir, cache_lock
+    from tests.gen_cuda_models import Q4_K_M, SMALL, write_random_llama
+
+    p = assets_dir() / "webgpu-resident-llama-q4km.gguf"
+    with cache_lock(p.name):
+        if not p.exists():
+            tmp = p.with_suffix(".tmp")
+            write_random_llama(tmp, Q4_K_M, SMALL, seed=3, std=0.05)
+            tmp.replace(p)
+    return p
+
+
+def _qwen2() -> Path:
+    from tests.tiny_families import TINY
+
+    return TINY["qwen2"]()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
+    from modelc.formats import load_model
+    from modelc.runtime.arch import build
+
+    ir = load_model(_llama() if request.param == "llama" else _qwen2())
+    return WebGpuLlama(ir, gpu), build(ir, make_backend("cpu-exact"))
+
+
+def _close(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any]) -> None:
+    for g, c in zip(log_softmax(got), log_softmax(want), strict=True):
+        top = np.argsort(c)[-10:]
+        assert int(np.argmax(g)) == int(np.argmax(c))
+        assert float(np.abs(g[top] - c[top]).max()) <= LOGPROB_TOL
+
+
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+def test_prompt_and_decode_match_cpu(pair: tuple[Any, Any], kv: str) -> None:
+    """A 9-token prompt and 5 greedy steps: the same tokens, top-10 log-probs within 2e-3."""
+    model, ref = pair
+    prompt = [1, 17, 33, 5, 90, 12, 7, 64, 3]
+    runs = []
+    for m in (model, ref):
+        cache = m.new_cache(kv)
+        out = [m.forward([SeqChunk(cache, prompt)])]
+        for _ in range(5):
+            out.append(m.forward([SeqChunk(cache, [int(np.argmax(out[-1][0]))])]))
+        runs.append(np.concatenate(out))
+        cache.free()
+    _close(*runs)
+
+
+def test_mixed_step_freed_cache_and_one_submit(pair: tuple[Any, Any], gpu: WebGPUBackend) -> None:
+    """Sequence A's prompt chunk (two logit rows) beside decode rows of B and C, after D's
+    cache was filled and freed (a cancelled request), f16 caches: each row as the CPU's;
+    the step and a decode step of three sequences are one submit each."""
+    model, ref = pair
+    got = []
+    for m in (model, ref):
+        b, c, d = (m.new_cache("f16") for _ in range(3))
+        m.forward([SeqChunk(b, [4, 8, 15]), SeqChunk(c, [16, 23]), SeqChunk(d, [42, 5, 6, 7])])
+        d.free()
+        a = m.new_cache("f16")
+        runs0 = gpu.gpu.runs
+        mixed = [SeqChunk(b, [9]), SeqChunk(a, [2, 11, 29, 30, 31], (1, 4)), SeqChunk(c, [77])]
+        out1 = m.forward(mixed)
+        out2 = m.forward([SeqChunk(x, [5]) for x in (a, b, c)])
+        if m is model:
+            assert gpu.gpu.runs - runs0 == 2  # one job (one submit) a step
+        got.append(np.concatenate([out1, out2]))
+        assert out1.shape[0] == 4 and (a.n, b.n, c.n) == (6, 5, 4)
+    _close(*got)
+
+
+def test_refused_in_one_line_and_the_engine_goes_op_by_op(
+    gpu: WebGPUBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Gemma 2 (soft caps, windows, post-norms): refused naming what it lacks; the engine's
+    --device webgpu then builds the op-level decoder and logs why."""
+    from modelc.engine import EngineOptions, build_runtime
+    from modelc.formats import load_model
+    from modelc.runtime.arch.decoder import Decoder
+    from tests.tiny_families import TINY
+
+    ir = load_model(TINY["gemma2"]())
+    with pytest.raises(UnsupportedError) as e:
+        webgpu_host(ir)
+    assert "\n" not in str(e.value) and "soft-capped" in str(e.value)
+    with caplog.at_level(logging.WARNING, logger="modelc"):
+        runtime, _ = build_runtime(ir, EngineOptions(device="webgpu"))
+    assert isinstance(runtime, Decoder)
+    assert any("op by op" in r.getMessage() for r in caplog.records)
+    runtime, _ = build_runtime(load_model(_llama()), EngineOptions(device="webgpu"))
+    assert isinstance(runtime, WebGpuLlama)
