@@ -7,9 +7,11 @@ the shader: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and I
 Other weight types fall back to the numpy reference on the host.  A weight over the
 adapter's storage-binding limit is split by rows into several buffers.
 
-This first increment keeps the Backend protocol's numpy-in / numpy-out contract:
-activations, and the KV cache that attention reads, cross to the device and back on every
-call (one submit per call; a step of SmolLM2 makes ~300).  Numerics: every product and
+These ops keep the Backend protocol's numpy-in / numpy-out contract: activations, and
+the KV cache that attention reads, cross to the device and back on every call (one submit
+per call; a step of SmolLM2 makes ~300).  Dense llama-like decoders skip that: they run
+resident (:mod:`~modelc.runtime.backends.webgpu_llama`, one submit a step) on these
+shaders; the other families run op by op here.  Numerics: every product and
 reduction is float32 with the activations kept in float32 (as the CPU backend's
 ``MODELC_MATMUL=exact``), summed in another order than the CPU's kernels, so results
 agree to float32 rounding, not bit for bit.
