@@ -53,21 +53,20 @@ async def collect(handle: Any) -> tuple[list[int], FinishEvent]:
     return toks, fin
 
 
-async def check_engine_equal_alone(ir: ModelIR) -> None:
+ENGINE_CHECK = dict(
+    speculative=True, spec_adaptive=False, spec_min_prompt=0, spec_gamma=4, prefix_block_tokens=4
+)
+
+
+async def check_engine_equal_alone(ir: ModelIR, eng: LLMEngine | None = None) -> None:
     """Issue 34's must-show 2: each sequence's greedy tokens through continuous batching
     with other requests (one joining late, one cancelled mid-way), prefix-cache hits (the
     same prompt again, and the next turn: prompt + answer + more, each starting from the
     state checkpoint kept with the block it ends on) and speculative drafts rolled back,
-    equal the one-at-a-time ones."""
+    equal the one-at-a-time ones.  ``eng``: an engine of ``ir`` built with
+    :data:`ENGINE_CHECK` and an f32 cache on another device (default: the CPU's)."""
     n = 24
-    eng = make(
-        ir,
-        speculative=True,
-        spec_adaptive=False,
-        spec_min_prompt=0,
-        spec_gamma=4,
-        prefix_block_tokens=4,
-    )
+    eng = eng if eng is not None else make(ir, **ENGINE_CHECK)
     expected = [alone(eng, p, n) for p in PROMPTS]
     p = SamplingParams(temperature=0, max_tokens=n)
     async with trio.open_nursery() as nursery:

@@ -134,3 +134,22 @@ def test_refused_in_one_line_and_the_engine_goes_op_by_op(
     assert any("op by op" in r.getMessage() for r in caplog.records)
     runtime, _ = build_runtime(load_model(_llama()), EngineOptions(device="webgpu"))
     assert isinstance(runtime, WebGpuLlama)
+
+
+def test_engine_batching_and_prefix_hits(gpu: WebGPUBackend) -> None:
+    """Through the engine on ``--device webgpu`` (resident): requests batched (one joining
+    late, one cancelled mid-way), the same prompt again and the next turn (prefix-cache
+    hits: blocks copied through the host into a fresh device cache), speculative drafts
+    rolled back (the cache truncated): each request's greedy tokens are the resident
+    model's one-at-a-time tokens (``recurrent_support.check_engine_equal_alone``; the
+    steps themselves are held to the CPU above)."""
+    import trio
+
+    from modelc.engine import EngineOptions, build_engine
+    from modelc.formats import load_model
+    from tests.recurrent_support import ENGINE_CHECK, check_engine_equal_alone
+
+    ir = load_model(_llama())
+    eng = build_engine(ir, EngineOptions(device="webgpu", kv_cache="f32", **ENGINE_CHECK))
+    assert isinstance(eng.lm, WebGpuLlama)
+    trio.run(check_engine_equal_alone, ir, eng)
