@@ -426,3 +426,57 @@ class KVCache:
             x = st.read(rows, self._scratch_k)[first:].astype(np.float32)  # a copy
             fn(x)
             st.write(first, x)
+
+
+class DeviceKVCache(KVCache):
+    """What a sequence's KV cache in a device's memory (CUDA, WebGPU) shares: f16 or f32
+    only, every layer keeps every position (a sliding window only masks), grown in
+    ``BLOCK``-token steps charged to the budget as a host cache of the same mode, the
+    model's forward reading and writing the storage itself (``storage`` is None; ``write``
+    / ``read`` copy through the host for the prefix cache and context shifts).  A subclass
+    keeps its device handle before calling this ``__init__`` (``_empty`` runs in it)."""
+
+    def __init__(
+        self,
+        shape: KVShape,
+        max_tokens: int,
+        mode: KVMode | str,
+        *,
+        budget: KVBudget | None,
+        where: str,
+    ) -> None:
+        """``where``: the refusal's words for the device (``with --device cuda; use f16
+        or f32``)."""
+        if KVMode(mode) not in (KVMode.F16, KVMode.F32):
+            raise UsageError(f"--kv-cache {KVMode(mode).value} is not supported {where}")
+        super().__init__(shape, max_tokens, mode, budget=budget)
+
+    def _grown(self, n_tokens: int) -> int:
+        """The capacity ``reserve(n_tokens)`` grows to, its bytes reserved in the budget
+        (CapacityError before anything is allocated); 0 when the cache holds them already."""
+        if n_tokens > self.max_tokens:
+            raise UsageError(
+                f"sequence of {n_tokens} tokens exceeds the KV cache size {self.max_tokens}; "
+                "shorten the prompt or shift the context"
+            )
+        if n_tokens <= self.capacity:
+            return 0
+        cap = min(self.max_tokens, -(-n_tokens // BLOCK) * BLOCK)
+        extra = (cap - self.capacity) * self.shape.bytes_per_token(self.mode)
+        if self.budget is not None and extra > self.budget.free:
+            self.budget.reserve(extra)
+        return cap
+
+    def storage(self, layer: int) -> tuple[KVArray, KVArray] | None:
+        return None  # device memory: the model writes and reads it itself
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.n:
+            raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
+        self.n = n
+
+    def _check_shift(self, n_keep: int, n_discard: int) -> None:
+        if n_keep < 0 or n_discard <= 0 or n_keep + n_discard > self.n:
+            raise UsageError(
+                f"bad context shift: keep {n_keep}, discard {n_discard} of {self.n} tokens"
+            )

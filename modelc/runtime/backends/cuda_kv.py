@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from modelc.errors import CapacityError, UsageError
+from modelc.errors import CapacityError
 from modelc.runtime.backend import F32Array, KVArray
-from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.kv_cache import DeviceKVCache, KVBudget, KVMode, KVShape
 
 
-class CudaKVCache(KVCache):
+class CudaKVCache(DeviceKVCache):
     """Keys and values of one sequence on the GPU (f16 or f32)."""
 
     def __init__(
@@ -38,12 +38,8 @@ class CudaKVCache(KVCache):
         budget: KVBudget | None = None,
     ) -> None:
         self.cp = cp
-        if KVMode(mode) not in (KVMode.F16, KVMode.F32):
-            raise UsageError(
-                f"--kv-cache {KVMode(mode).value} is not supported with --device cuda; "
-                "use f16 or f32"
-            )
-        super().__init__(shape, max_tokens, mode, budget=budget)
+        where = "with --device cuda; use f16 or f32"
+        super().__init__(shape, max_tokens, mode, budget=budget, where=where)
 
     def _empty(self) -> None:
         self.n = 0
@@ -60,17 +56,9 @@ class CudaKVCache(KVCache):
         return 0 if self.buf is None else int(self.buf.data.ptr)
 
     def reserve(self, n_tokens: int) -> None:
-        if n_tokens > self.max_tokens:
-            raise UsageError(
-                f"sequence of {n_tokens} tokens exceeds the KV cache size {self.max_tokens}; "
-                "shorten the prompt or shift the context"
-            )
-        if n_tokens <= self.capacity:
+        cap = self._grown(n_tokens)
+        if not cap:
             return
-        cap = min(self.max_tokens, -(-n_tokens // BLOCK) * BLOCK)
-        extra = (cap - self.capacity) * self.shape.bytes_per_token(self.mode)
-        if self.budget is not None and extra > self.budget.free:
-            self.budget.reserve(extra)  # raises CapacityError before anything is allocated
         s = self.shape
         try:
             new = self.cp.empty((s.n_layer, 2, cap, s.n_head_kv, s.head_dim), self.dtype)
@@ -98,19 +86,8 @@ class CudaKVCache(KVCache):
             return z, z.copy()
         return self.buf[layer, 0, :n].get(), self.buf[layer, 1, :n].get()
 
-    def storage(self, layer: int) -> tuple[KVArray, KVArray] | None:
-        return None  # device memory: the CUDA model writes and reads it itself
-
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= self.n:
-            raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
-        self.n = n
-
     def shift(self, n_keep: int, n_discard: int) -> None:
-        if n_keep < 0 or n_discard <= 0 or n_keep + n_discard > self.n:
-            raise UsageError(
-                f"bad context shift: keep {n_keep}, discard {n_discard} of {self.n} tokens"
-            )
+        self._check_shift(n_keep, n_discard)
         src, m = n_keep + n_discard, self.n - n_keep - n_discard
         self.buf[:, :, n_keep : n_keep + m] = self.buf[:, :, src : src + m].copy()
         self.n -= n_discard

@@ -40,7 +40,7 @@ from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import DEQ, NX, WebGPUBackend
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source
 from modelc.runtime.backends.webgpu_ops import SCORES_BYTES
-from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
+from modelc.runtime.kv_cache import DeviceKVCache, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
 
 # what the resident forward runs of the decoder's description (FEATURES names); the rest
@@ -64,7 +64,7 @@ def _flat(n: int) -> tuple[int, int, int]:
     return gx, gy, gx * 64
 
 
-class WebGpuKVCache(KVCache):
+class WebGpuKVCache(DeviceKVCache):
     """Keys and values of one sequence in one device buffer, f16 or f32: per layer K then V,
     ``(n_layer, 2, rows, n_head_kv, head_dim)`` with ``rows`` the capacity rounded up to
     :data:`ALIGN_ROWS` (so each layer starts at an aligned binding offset).  Grown in
@@ -81,12 +81,8 @@ class WebGpuKVCache(KVCache):
         budget: KVBudget | None = None,
     ) -> None:
         self.gpu = gpu
-        if KVMode(mode) not in (KVMode.F16, KVMode.F32):
-            raise UsageError(
-                f"--kv-cache {KVMode(mode).value} is not supported by the resident WebGPU "
-                "decoder; use f16 or f32 (or MODELC_WEBGPU_RESIDENT=0)"
-            )
-        super().__init__(shape, max_tokens, mode, budget=budget)
+        where = "by the resident WebGPU decoder; use f16 or f32 (or MODELC_WEBGPU_RESIDENT=0)"
+        super().__init__(shape, max_tokens, mode, budget=budget, where=where)
 
     def _empty(self) -> None:
         self.n = 0
@@ -116,17 +112,9 @@ class WebGpuKVCache(KVCache):
         return ((2 * layer + kv) * self.rows_alloc + pos) * self.width * self.elem
 
     def reserve(self, n_tokens: int) -> None:
-        if n_tokens > self.max_tokens:
-            raise UsageError(
-                f"sequence of {n_tokens} tokens exceeds the KV cache size {self.max_tokens}; "
-                "shorten the prompt or shift the context"
-            )
-        if n_tokens <= self.capacity:
+        cap = self._grown(n_tokens)
+        if not cap:
             return
-        cap = min(self.max_tokens, -(-n_tokens // BLOCK) * BLOCK)
-        extra = (cap - self.capacity) * self.shape.bytes_per_token(self.mode)
-        if self.budget is not None and extra > self.budget.free:
-            self.budget.reserve(extra)  # raises CapacityError before anything is allocated
         rows = -(-cap // ALIGN_ROWS) * ALIGN_ROWS
         per_layer = 2 * rows * self.width * self.elem
         if per_layer > self.gpu.max_binding:
@@ -171,19 +159,8 @@ class WebGpuKVCache(KVCache):
             out.append(np.frombuffer(raw, self.dtype).reshape(n, s.n_head_kv, s.head_dim).copy())
         return out[0], out[1]
 
-    def storage(self, layer: int) -> tuple[KVArray, KVArray] | None:
-        return None  # device memory: the resident model writes and reads it itself
-
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= self.n:
-            raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
-        self.n = n
-
     def shift(self, n_keep: int, n_discard: int) -> None:
-        if n_keep < 0 or n_discard <= 0 or n_keep + n_discard > self.n:
-            raise UsageError(
-                f"bad context shift: keep {n_keep}, discard {n_discard} of {self.n} tokens"
-            )
+        self._check_shift(n_keep, n_discard)
         src = n_keep + n_discard
         for li in range(self.shape.n_layer):  # through the host: a rare, whole-cache move
             k, v = self.read(li, self.n)
