@@ -4,6 +4,9 @@
 #   bash scripts/cuda_side_by_side.sh         (~9 min: builds, checks, then the kernels' figures)
 #   bash scripts/cuda_side_by_side.sh http    (~6 min, on the same machine while warm: HTTP and
 #                                              the 8B split with the CPU)
+#   bash scripts/cuda_side_by_side.sh webgpu  (~3 min, warm too: the WebGPU backend through
+#                                              NVIDIA's Vulkan driver, carry .gl: the Vulkan
+#                                              loader's .deb, parity and decode next to CUDA)
 # Here, once: scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
 # and, for the HTTP baseline (the code issue 35 was filed against), git archive dfffbcb |
 # zstd -19 -o .devrun/old_dfffbcb.tar.zst (.devrun and .whl ignored by git: .git/info/exclude);
@@ -71,6 +74,31 @@ cp.cuda.Device().synchronize(); print(f'device copy: {2 * a.nbytes / ((time.perf
   at "models in turn in one process"
   timeout 60 python3 bench/cuda_models_in_turn.py $M/llama1b-q4_0.gguf $M/llama1b-q4_k_m.gguf \
     $M/llama8b-q4_k_m.gguf 2>&1 | grep -E "ok|failed"
+  at "end"
+  exit 0
+fi
+
+if [ "${1:-}" = webgpu ]; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  python3 -c "from modelc.runtime.backends.webgpu_device import find_adapter as f; print(f().info)"
+  at "WebGPU tests"
+  MODELC_REQUIRE_WEBGPU=1 timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rs \
+    tests/test_webgpu.py tests/test_webgpu_resident.py >"$OUT/tests_webgpu.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_webgpu.log" | head -20
+  at "parity (exact mode, f32 cache)"
+  for d in cpu webgpu cuda; do
+    MODELC_MATMUL=exact timeout 60 python3 -m modelc generate $M/llama1b-q4_0.gguf --device $d \
+      "The quick brown fox" --max-tokens 12 --kv-cache f32 --temperature 0 2>/dev/null | md5sum | sed "s/^/$d /"
+  done
+  at "decode, WebGPU resident / op by op / CUDA"
+  for m in llama1b-q4_0 llama1b-q4_k_m; do
+    for d in webgpu cuda; do
+      timeout 90 python3 -m modelc bench $M/$m.gguf --device $d --prompt-lens 64 --batches 1 \
+        --steps 32 --reps 2 2>&1 | grep -E "prefill|decode" | sed "s/^/$m $d /"
+    done
+    MODELC_WEBGPU_RESIDENT=0 timeout 90 python3 -m modelc bench $M/$m.gguf --device webgpu \
+      --prompt-lens 64 --batches 1 --steps 8 --reps 1 2>&1 | grep -E "decode" | sed "s/^/$m webgpu op-level /"
+  done
   at "end"
   exit 0
 fi
