@@ -27,6 +27,7 @@ from modelc.errors import ConfigError, UsageError
 COMPUTE_BACKENDS = ("Metal", "Vulkan", "D3D12")
 _ORDER = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
 _SLOT = 256  # bytes per dispatch's parameters in the uniform ring (the largest offset alignment)
+GROUPS_KEPT = 16384  # bind groups kept for reuse (Job.reuse_groups) before they are dropped
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU's default limit)
 
 
@@ -153,6 +154,9 @@ class Dispatch:
 class Job:
     dispatches: list[Dispatch] = field(default_factory=list)
     reads: list[tuple[Any, int]] = field(default_factory=list)  # (buffer, bytes) read back
+    # keep the bind groups for the next job of the same shape (a resident model's steps:
+    # the same buffers at the same dispatch index), instead of making ~500 a step
+    reuse_groups: bool = False
 
     def add(self, d: Dispatch) -> None:
         self.dispatches.append(d)
@@ -185,6 +189,10 @@ class Gpu:
         self._scratch: dict[str, Any] = {}
         self._staging: dict[int, Any] = {}
         self._ring: Any = None
+        # Job.reuse_groups' bind groups: key -> (group, the buffers it binds, held so that
+        # their ids stay theirs); cleared past GROUPS_KEPT
+        self._groups: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+        self.groups_made = 0
         self.offset_align = int(lim.get("min-storage-buffer-offset-alignment", 256))
         self.runs = 0  # jobs run (each one submit)
         self.uploaded = 0  # bytes of weights placed on the device
@@ -300,20 +308,7 @@ class Gpu:
         enc = dev.create_command_encoder()
         cp = enc.begin_compute_pass()
         for i, d in enumerate(job.dispatches):
-            entries = []
-            for b, r in d.bind.items():
-                where = r[2] if len(r) > 2 else 0
-                res = {"buffer": r[0], "offset": where, "size": r[1]}
-                entries.append({"binding": b, "resource": res})
-            entries.append(
-                {
-                    "binding": d.params_binding,
-                    "resource": {"buffer": ring, "offset": i * _SLOT, "size": len(d.params)},
-                }
-            )
-            group = dev.create_bind_group(
-                layout=d.pipeline.get_bind_group_layout(0), entries=entries
-            )
+            group = self._group(d, i, ring, job.reuse_groups)
             cp.set_pipeline(d.pipeline)
             cp.set_bind_group(0, group)
             cp.dispatch_workgroups(*d.groups)
@@ -339,6 +334,38 @@ class Gpu:
         finally:
             stage.unmap()
         return out
+
+    def _group(self, d: Dispatch, i: int, ring: Any, reuse: bool) -> Any:
+        """The bind group of dispatch ``i`` (its parameters at slot ``i`` of ``ring``):
+        made, or with ``reuse`` the one made for the same pipeline, buffers, offsets and
+        sizes before."""
+        binds = sorted((b, r[0], r[2] if len(r) > 2 else 0, r[1]) for b, r in d.bind.items())
+        key: tuple[Any, ...] = ()
+        if reuse:
+            key = (id(d.pipeline), id(ring), i, len(d.params), d.params_binding)
+            key += tuple((b, id(buf), at, n) for b, buf, at, n in binds)
+            hit = self._groups.get(key)
+            if hit is not None:
+                return hit[0]
+        entries = [
+            {"binding": b, "resource": {"buffer": buf, "offset": at, "size": n}}
+            for b, buf, at, n in binds
+        ]
+        entries.append(
+            {
+                "binding": d.params_binding,
+                "resource": {"buffer": ring, "offset": i * _SLOT, "size": len(d.params)},
+            }
+        )
+        group = self.device.create_bind_group(
+            layout=d.pipeline.get_bind_group_layout(0), entries=entries
+        )
+        self.groups_made += 1
+        if reuse:
+            if len(self._groups) >= GROUPS_KEPT:
+                self._groups.clear()
+            self._groups[key] = (group, (d.pipeline, ring, *(buf for _, buf, _, _ in binds)))
+        return group
 
     def read_region(self, buf: Any, offset: int, nbytes: int) -> bytes:
         """``nbytes`` of ``buf`` from ``offset`` (both multiples of 4), through a staging copy."""

@@ -367,7 +367,7 @@ class WebGpuLlama(CausalLM):
         sstride = int(pos.max()) + 1
         chunk = max(1, min(65535, SCORES_BYTES // (nh * sstride * 4)))
         scores = self._buf("scores", min(chunk, n) * nh * sstride * 4)
-        job = Job()
+        job = Job(reuse_groups=True)  # the same bind groups step after step
         # embeddings, then the step's RoPE table
         emb = self.be._module(self.tok_embd.dtype, 1)
         pipe = self.gpu.pipeline(emb[0], "get_rows", emb[1])
