@@ -75,8 +75,9 @@ def matmul_source(fn: str, nx: int) -> str:
     body = body.replace("const NX: u32 = 8u;", f"const NX: u32 = {nx}u;")
     decl = "".join(f"var a{r} = 0.0;\n    " for r in range(nx))
     step = "".join(f"a{r} += dot(w, xs[xq[{r}] + k]);\n        " for r in range(nx))
-    store = "".join(
-        f"if (x0 + {r}u < p.n) {{ outs[(x0 + {r}u) * p.out_stride + p.row0 + row] = a{r}; }}\n    "
+    store = "".join(  # acc: added to what out holds (a residual), as x + (W h) on the CPU
+        f"if (x0 + {r}u < p.n) {{ let o{r} = (x0 + {r}u) * p.out_stride + p.row0 + row; "
+        f"outs[o{r}] = select(a{r}, outs[o{r}] + a{r}, p.acc != 0u); }}\n    "
         for r in range(nx)
     )
     body = body.replace("ACC_DECL", decl).replace("ACC_STEP", step).replace("ACC_STORE", store)

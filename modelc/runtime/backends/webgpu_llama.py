@@ -17,7 +17,8 @@ wanted), records every layer's dispatches into one command buffer, and reads bac
 logits of the wanted rows only.  A cache that grows (every 256 positions) copies itself in
 a submit of its own.  The shaders are the op-level backend's (``wgsl/``) plus
 ``kv_store.wgsl`` (K/V rows into a cache at their positions), ``rms_norm_rows`` (the logit
-rows) and ``add_into`` / ``add_bias`` / ``gelu_mul``; numerics are the op-level path's
+rows), ``add_bias`` and ``gelu_mul``, the output and down products adding into the residual
+stream in the matmul shader (``acc``); numerics are the op-level path's
 (float32 throughout, an f16 cache rounded to nearest even as the CPU's).
 """
 
@@ -314,7 +315,8 @@ class WebGpuLlama(CausalLM):
         buf, _ = self.gpu.put(f"res_{name}", a)
         return buf, buf.size
 
-    def _matmul(self, job: Job, w: Weight, x: Any, n: int, out: Any) -> None:
+    def _matmul(self, job: Job, w: Weight, x: Any, n: int, out: Any, acc: bool = False) -> None:
+        """``out (+)= x @ dequant(w).T`` (``acc``: added into out, a residual)."""
         nx = min(NX, 1 << (n - 1).bit_length())
         key, src = self.be._module(w.dtype, nx)
         pipe = self.gpu.pipeline(key, "matmul", src)
@@ -322,7 +324,7 @@ class WebGpuLlama(CausalLM):
         rb = row_bytes(w.dtype, cols)
         for buf, r0, nr in self.be._chunks(w):
             gx, gy = grid(math.ceil(nr / 64))
-            params = _u(nr, cols, n, rb, rows, r0, gx * 64, 0)
+            params = _u(nr, cols, n, rb, rows, r0, gx * 64, int(acc))
             bind = {0: (buf, buf.size), 1: x, 2: out}
             job.add(Dispatch(pipe, bind, params, 3, (gx, gy, math.ceil(n / nx))))
 
@@ -360,7 +362,7 @@ class WebGpuLlama(CausalLM):
         sel_b = self._put("sel", rows.astype(np.uint32)) if r else None
         x, h = self._buf("x", n * d * 4), self._buf("h", n * d * 4)
         q, k, v = self._buf("q", n * qw * 4), self._buf("k", n * kw * 4), self._buf("v", n * kw * 4)
-        att, o = self._buf("attn", n * qw * 4), self._buf("o", n * d * 4)
+        att = self._buf("attn", n * qw * 4)
         g, u = self._buf("g", n * self.ff * 4), self._buf("u", n * self.ff * 4)
         act = self._buf("act", n * self.ff * 4)
         cs, sn = self._buf("cos", n * hn * 4), self._buf("sin", n * hn * 4)
@@ -412,15 +414,13 @@ class WebGpuLlama(CausalLM):
                         0, v_off, 0,
                     )  # fmt: skip
                     job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
-            self._matmul(job, ly.wo, att, n, o)
-            self._elem(job, "add_into", n * d, {1: o, 2: x})
+            self._matmul(job, ly.wo, att, n, x, acc=True)  # the residual added in place
             self._norm(job, x, ly.ffn_norm, n, h)
             self._matmul(job, ly.gate, h, n, g)
             self._matmul(job, ly.up, h, n, u)
             gu = "gelu_mul" if self.gelu else "silu_mul"
             self._elem(job, gu, n * ly.ff, {0: g, 1: u, 2: act})
-            self._matmul(job, ly.down, act, n, o)
-            self._elem(job, "add_into", n * d, {1: o, 2: x})
+            self._matmul(job, ly.down, act, n, x, acc=True)
         if r:
             hl, logits = self._buf("hl", r * d * 4), self._buf("logits", r * self.n_vocab * 4)
             self._norm(job, x, self.output_norm, r, hl, sel_b)

@@ -48,16 +48,6 @@ fn gelu_mul(@builtin(global_invocation_id) gid: vec3<u32>) {
     outs[i] = 0.5 * x * (1.0 + t) * xb[i];
 }
 
-// outs += b, in place (the residual stream)
-@compute @workgroup_size(64)
-fn add_into(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x + gid.y * p.gxs;
-    if (i >= p.n) {
-        return;
-    }
-    outs[i] = outs[i] + xb[i];
-}
-
 // outs[i] += b[i % width] (a bias on each row of width p.pad0)
 @compute @workgroup_size(64)
 fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -10,7 +10,7 @@ struct Params {
     out_stride: u32,  // matmul: out_features of the whole weight
     row0: u32,  // the first weight row this buffer holds
     gxs: u32,  // threads along x (indices past it go on in y)
-    pad: u32,
+    acc: u32,  // matmul: 1 adds the product to what out holds (a residual), 0 writes it
 }
 
 @group(0) @binding(0) var<storage, read> wt: array<u32>;
