@@ -30,7 +30,7 @@ from modelc.errors import CapacityError
 from modelc.formats import load_model
 from modelc.formats.ir import DType, ModelIR
 from modelc.runtime.backends.cuda import cuda_unavailable
-from modelc.runtime.backends.cuda_llama import check_fits
+from modelc.runtime.backends.cuda_step import check_fits
 from modelc.runtime.model import SeqChunk
 from tests.gen_cuda_models import SMALL, random_blocks, write_random_llama
 from tests.runtime_support import LOGPROB_TOL, golden, log_softmax, make_backend

@@ -587,7 +587,7 @@ def test_decode_steps_padded_to_graph_buckets(tmp_path: Path) -> None:
     cache; the 11 rows' logits and greedy tokens as the unpadded steps' (cuBLAS over 16 rows
     against 11: within 1e-4), the graph keyed by 16, and :meth:`CudaLlama.warm` captures every
     bucket up to 20 sequences (1..8, 16, 24) at once."""
-    from modelc.runtime.backends.cuda_llama import graph_rows
+    from modelc.runtime.backends.cuda_step import graph_rows
     from modelc.runtime.model import SeqChunk
 
     ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=5))

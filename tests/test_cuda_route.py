@@ -174,7 +174,7 @@ def test_decode_steps_pad_to_graph_buckets() -> None:
     :func:`graph_rows` (n up to 8, then the next multiple of 8: 64 streams meet 15 graphs);
     :func:`step_meta` gives the padding rows token 0 at position 0 of one more sequence,
     the scratch cache, and their own logit rows; the batch's own rows are as unpadded."""
-    from modelc.runtime.backends.cuda_llama import graph_rows, step_meta
+    from modelc.runtime.backends.cuda_step import graph_rows, step_meta
 
     assert [graph_rows(n) for n in (1, 5, 8, 9, 16, 17, 63, 64, 65)] == [
         1, 5, 8, 16, 16, 24, 64, 64, 72,

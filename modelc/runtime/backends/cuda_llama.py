@@ -25,8 +25,8 @@ replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): up to ``gemv_max`` sequences
 has let cuBLAS set itself up; where a capture fails, such steps run eagerly
 (``graph_error``).  With ``MODELC_CUDA_GRAPH_BUCKETS=1`` (not yet the default: it has not
 run on a GPU) a decode step past 8 sequences runs as the next multiple of 8
-(:func:`graph_rows`), the rows past its own reading token 0 at position 0 of a
-one-position scratch cache (:func:`step_meta`), so that 64 streams meet 15 graphs, not 64,
+(:func:`~.cuda_step.graph_rows`), the rows past its own reading token 0 at position 0 of a
+one-position scratch cache (:func:`~.cuda_step.step_meta`), so that 64 streams meet 15 graphs, not 64,
 and :meth:`CudaLlama.warm` captures them all when the model loads (a server's first
 requests otherwise pay each capture).
 Prefill and mixed steps run eagerly.
@@ -40,167 +40,22 @@ from typing import Any
 
 import numpy as np
 
-from modelc.errors import CapacityError, UnsupportedError, UsageError
+from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
-from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_kv import CudaKVCache
+from modelc.runtime.backends.cuda_layer import DevLayer
+from modelc.runtime.backends.cuda_step import check_fits, graph_rows, step_meta
 from modelc.runtime.backends.cuda_weights import DevWeight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.batch_sampler import BatchParams, Drawn, sample_batch
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
-
-GiB = float(1 << 30)
-
-
-def _gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
-
-
-GRAPH_BUCKET = 8  # past this many sequences a decode step pads to a multiple of it
-
-
-def graph_rows(n: int) -> int:
-    """The rows a decode step of ``n`` sequences runs as when steps are padded to graph
-    buckets: ``n`` up to :data:`GRAPH_BUCKET` (each a GEMV row count of its own), past it
-    the next multiple of :data:`GRAPH_BUCKET`."""
-    return n if n <= GRAPH_BUCKET else -(-n // GRAPH_BUCKET) * GRAPH_BUCKET
-
-
-def step_meta(
-    ids: np.ndarray[Any, Any],
-    pos: np.ndarray[Any, Any],
-    slices: Sequence[slice],
-    caches: Sequence[tuple[int, int]],
-    logit_rows: np.ndarray[Any, Any],
-    m: int,
-    pad_to: int = 0,
-    pad_cache: tuple[int, int] = (0, 0),
-) -> np.ndarray[Any, Any]:
-    """The int64 array a step sends the device, 8 sections of ``m``: token ids, positions,
-    each row's sequence, each sequence's cache (address, capacity), the rows whose logits
-    are wanted, then the tiles (section 6, two long: filled by the caller).  Rows
-    ``len(ids)`` .. ``pad_to`` - 1 (a decode step run as its graph bucket) read token 0 at
-    position 0 of one more sequence, ``pad_cache`` (a one-position scratch cache: every
-    padding row writes the same K/V there), and their logits are computed and unused."""
-    n, k, r = len(ids), len(caches), len(logit_rows)
-    if max(n, pad_to, r + max(pad_to - n, 0)) > m or k + (pad_to > n) > m:
-        raise ValueError(f"a step of {max(n, pad_to)} rows does not fit meta of {m}")
-    host = np.zeros(8 * m, np.int64)
-    host[:n], host[m : m + n] = ids, pos
-    for s, sl in enumerate(slices):
-        host[2 * m + sl.start : 2 * m + sl.stop] = s
-    for s, (base, cap) in enumerate(caches):
-        host[3 * m + s], host[4 * m + s] = base, cap
-    host[5 * m : 5 * m + r] = logit_rows
-    if pad_to > n:
-        host[2 * m + n : 2 * m + pad_to] = k
-        host[3 * m + k], host[4 * m + k] = pad_cache
-        host[5 * m + r : 5 * m + r + pad_to - n] = np.arange(n, pad_to)
-    return host
-
-
-def check_fits(weights: int, kv_per_seq: int, n_seqs: int, free: int, what: str) -> None:
-    """CapacityError naming what would fit when weights + n_seqs caches exceed ``free``."""
-    need = weights + kv_per_seq * n_seqs
-    if need <= free:
-        return
-    fit = max(0, (free - weights) // max(kv_per_seq, 1))
-    hint = (
-        f"at most {fit} sequence(s) of that context fit: lower --max-concurrent or --max-context"
-        if fit
-        else "the weights alone do not fit; use a smaller quantization or --device cpu"
-    )
-    raise CapacityError(
-        f"{what} needs {_gib(weights)} of weights + {n_seqs} x {_gib(kv_per_seq)} of KV cache "
-        f"= {_gib(need)}, but the GPU has {_gib(free)} free; {hint}"
-    )
-
-
-class _Layer:
-    def __init__(self, be: CudaBackend, b: DecoderBlock, window: int, inv_freq: Any) -> None:
-        cp = be.cp
-
-        def vec(a: Any) -> Any:
-            return None if a is None else cp.asarray(a)
-
-        self.attn_norm = cp.asarray(b.attn_norm)
-        self.ffn_norm = cp.asarray(b.ffn_norm)
-        self.wqkv = be.dev.upload([b.wq, b.wk, b.wv])
-        self.wo = be.dev.upload([b.wo])
-        self.experts: _Experts | None = None
-        if b.experts is not None:
-            self.experts = _Experts(be, b.experts)
-            self.wgu = self.wdown = None
-            self.ff = 0  # the experts' buffers are their own
-        else:
-            assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
-            self.wgu = be.dev.upload([b.w_gate, b.w_up])
-            self.wdown = be.dev.upload([b.w_down])
-            self.ff = int(b.w_gate.shape[0])
-        bias = None if b.bq is None else np.concatenate([b.bq, b.bk, b.bv])
-        self.bias = None if bias is None else cp.asarray(bias)
-        self.q_norm, self.k_norm = vec(b.q_norm), vec(b.k_norm)  # (hd,) each, or None
-        self.post_attn_norm = vec(b.post_attn_norm)  # (d,) or None
-        self.post_ffw_norm = vec(b.post_ffw_norm)
-        self.window, self.inv_freq = window, inv_freq
-
-    @property
-    def nbytes(self) -> int:
-        mats = (self.wqkv, self.wo, self.wgu, self.wdown)
-        n = sum(w.nbytes for w in mats if w is not None)
-        return n + (self.experts.nbytes if self.experts is not None else 0)
-
-
-class _Experts:
-    """A mixture's FFN on the GPU: the router, each expert's gate+up and down (as llama.cpp's
-    ``build_moe_ffn``: softmax over every expert, the ``n_used`` most probable, their
-    weights renormalised to sum to 1).  Which experts a step uses is read on the host, so
-    such a model's steps run without CUDA graphs."""
-
-    def __init__(self, be: CudaBackend, e: Experts) -> None:
-        if e.routing is not None or e.bias is not None or e.shared is not None or e.oai:
-            raise UnsupportedError("CUDA runs softmax-routed experts only; use --device cpu")
-        self.router = be.dev.upload([e.router])  # (n_expert, d)
-        self.gu = [be.dev.upload([g, u]) for g, u in zip(e.gate, e.up, strict=True)]
-        self.down = [be.dev.upload([w]) for w in e.down]  # (d, ff) each
-        self.n_used = e.n_used
-        self.ff = int(e.gate[0].shape[0])
-
-    @property
-    def nbytes(self) -> int:
-        return self.router.nbytes + sum(w.nbytes for w in (*self.gu, *self.down))
-
-    def run(self, dev: Any, cp: Any, h: Any, n: int, x: Any) -> None:
-        """x[:n] += the experts' FFN of h[:n] (both (rows, d) on the device)."""
-        logits = cp.empty((n, self.router.rows), np.float32)
-        dev.matmul(self.router, h, n, logits)
-        p = cp.exp(logits - logits.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        top = cp.argsort(-p, axis=1)[:, : self.n_used]  # (n, used)
-        w = cp.take_along_axis(p, top, axis=1)
-        w /= w.sum(axis=1, keepdims=True)
-        top_h = top.get()  # which experts run: a host decision
-        for ex in np.unique(top_h):
-            rows, slot = np.nonzero(top_h == ex)
-            rd = cp.asarray(rows)
-            m = len(rows)
-            xe = cp.ascontiguousarray(h[rd])  # (m, d)
-            gu = cp.empty((m, 2 * self.ff), np.float32)
-            dev.matmul(self.gu[ex], xe, m, gu)
-            g = cp.empty((m, self.ff), np.float32)
-            dev.act_mul(gu, m, self.ff, g)
-            y = cp.empty((m, h.shape[1]), np.float32)
-            dev.matmul(self.down[ex], g, m, y)
-            y *= w[rd, cp.asarray(slot)][:, None]
-            x[rd] += y  # rows are distinct within one expert
-
 
 # what the GPU forward runs of the decoder's description (a feature added to it is refused
 # here until this backend runs it)
@@ -274,7 +129,7 @@ class CudaLlama(CausalLM):
         check_fits(weights + (256 << 20), kv_bytes, n_seqs, free, f"{ir.architecture} model")
         freqs = {id(f): cp.asarray(f) for f in self.inv_freq_host}
         self.layers = [
-            _Layer(backend, b, w, freqs[id(f)])
+            DevLayer(backend, b, w, freqs[id(f)])
             for b, w, f in zip(blocks, windows, self.inv_freq_host, strict=True)
         ]
         up = {k: backend.dev.upload([w]) for k, w in ends.items()}  # a tied table once

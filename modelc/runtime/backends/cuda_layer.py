@@ -1,0 +1,95 @@
+"""A decoder layer's weights as :class:`~modelc.runtime.backends.cuda_llama.CudaLlama`
+holds them on the GPU (:class:`DevLayer`), and a mixture's experts (:class:`DevExperts`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UnsupportedError
+from modelc.runtime.arch.decoder import DecoderBlock
+from modelc.runtime.arch.moe import Experts
+from modelc.runtime.backends.cuda_backend import CudaBackend
+
+
+class DevLayer:
+    """One decoder layer's weights on the GPU (Q/K/V stacked, gate/up stacked), its norms,
+    biases, window and RoPE frequencies; a mixture's experts as :class:`DevExperts`."""
+
+    def __init__(self, be: CudaBackend, b: DecoderBlock, window: int, inv_freq: Any) -> None:
+        cp = be.cp
+
+        def vec(a: Any) -> Any:
+            return None if a is None else cp.asarray(a)
+
+        self.attn_norm = cp.asarray(b.attn_norm)
+        self.ffn_norm = cp.asarray(b.ffn_norm)
+        self.wqkv = be.dev.upload([b.wq, b.wk, b.wv])
+        self.wo = be.dev.upload([b.wo])
+        self.experts: DevExperts | None = None
+        if b.experts is not None:
+            self.experts = DevExperts(be, b.experts)
+            self.wgu = self.wdown = None
+            self.ff = 0  # the experts' buffers are their own
+        else:
+            assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
+            self.wgu = be.dev.upload([b.w_gate, b.w_up])
+            self.wdown = be.dev.upload([b.w_down])
+            self.ff = int(b.w_gate.shape[0])
+        bias = None if b.bq is None else np.concatenate([b.bq, b.bk, b.bv])
+        self.bias = None if bias is None else cp.asarray(bias)
+        self.q_norm, self.k_norm = vec(b.q_norm), vec(b.k_norm)  # (hd,) each, or None
+        self.post_attn_norm = vec(b.post_attn_norm)  # (d,) or None
+        self.post_ffw_norm = vec(b.post_ffw_norm)
+        self.window, self.inv_freq = window, inv_freq
+
+    @property
+    def nbytes(self) -> int:
+        mats = (self.wqkv, self.wo, self.wgu, self.wdown)
+        n = sum(w.nbytes for w in mats if w is not None)
+        return n + (self.experts.nbytes if self.experts is not None else 0)
+
+
+class DevExperts:
+    """A mixture's FFN on the GPU: the router, each expert's gate+up and down (as llama.cpp's
+    ``build_moe_ffn``: softmax over every expert, the ``n_used`` most probable, their
+    weights renormalised to sum to 1).  Which experts a step uses is read on the host, so
+    such a model's steps run without CUDA graphs."""
+
+    def __init__(self, be: CudaBackend, e: Experts) -> None:
+        if e.routing is not None or e.bias is not None or e.shared is not None or e.oai:
+            raise UnsupportedError("CUDA runs softmax-routed experts only; use --device cpu")
+        self.router = be.dev.upload([e.router])  # (n_expert, d)
+        self.gu = [be.dev.upload([g, u]) for g, u in zip(e.gate, e.up, strict=True)]
+        self.down = [be.dev.upload([w]) for w in e.down]  # (d, ff) each
+        self.n_used = e.n_used
+        self.ff = int(e.gate[0].shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.router.nbytes + sum(w.nbytes for w in (*self.gu, *self.down))
+
+    def run(self, dev: Any, cp: Any, h: Any, n: int, x: Any) -> None:
+        """x[:n] += the experts' FFN of h[:n] (both (rows, d) on the device)."""
+        logits = cp.empty((n, self.router.rows), np.float32)
+        dev.matmul(self.router, h, n, logits)
+        p = cp.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        top = cp.argsort(-p, axis=1)[:, : self.n_used]  # (n, used)
+        w = cp.take_along_axis(p, top, axis=1)
+        w /= w.sum(axis=1, keepdims=True)
+        top_h = top.get()  # which experts run: a host decision
+        for ex in np.unique(top_h):
+            rows, slot = np.nonzero(top_h == ex)
+            rd = cp.asarray(rows)
+            m = len(rows)
+            xe = cp.ascontiguousarray(h[rd])  # (m, d)
+            gu = cp.empty((m, 2 * self.ff), np.float32)
+            dev.matmul(self.gu[ex], xe, m, gu)
+            g = cp.empty((m, self.ff), np.float32)
+            dev.act_mul(gu, m, self.ff, g)
+            y = cp.empty((m, h.shape[1]), np.float32)
+            dev.matmul(self.down[ex], g, m, y)
+            y *= w[rd, cp.asarray(slot)][:, None]
+            x[rd] += y  # rows are distinct within one expert
