@@ -158,3 +158,40 @@ def test_engine_batching_and_prefix_hits(gpu: WebGPUBackend) -> None:
     eng = build_engine(ir, EngineOptions(device="webgpu", kv_cache="f32", **ENGINE_CHECK))
     assert isinstance(eng.lm, WebGpuLlama)
     trio.run(check_engine_equal_alone, ir, eng)
+
+
+def test_step_plans_kept_only_while_their_buffers_are(gpu: WebGPUBackend) -> None:
+    """A decode step after a decode step runs the plan kept for its shape (no recording);
+    a cache that grew (its buffer replaced, at 256 positions) or other rows make a fresh
+    one (a kept plan would bind the destroyed buffer): every step's logits bit-equal to
+    a model recording every step afresh, gate and up as two products besides."""
+    from modelc.formats import load_model
+
+    ir = load_model(_llama())
+    kept, fresh = WebGpuLlama(ir, gpu), WebGpuLlama(ir, gpu)
+    for ly in fresh.layers:
+        ly.gate_up = None  # two products into gu's halves
+    prompt = [(7 * i) % 90 + 1 for i in range(254)]
+    got: list[list[np.ndarray[Any, Any]]] = [[], []]
+    made = []
+    for i, m in enumerate((kept, fresh)):
+        cache, other = m.new_cache("f16"), m.new_cache("f16")
+        m.forward([SeqChunk(other, [3, 4])])
+        out = m.forward([SeqChunk(cache, prompt)])
+        for _ in range(4):  # positions 254 .. 257: the cache grows at 256
+            if m is fresh:
+                m._plans.clear()
+            buf = cache.buf
+            out = m.forward([SeqChunk(cache, [int(np.argmax(out[-1]))])])
+            got[i].append(out)
+            if m is kept:
+                made.append((kept.plans_made, cache.buf is buf))
+        both = [SeqChunk(cache, [5]), SeqChunk(other, [6])]
+        got[i].append(m.forward(both))  # two rows: not the one-row plan
+        if m is kept:
+            made.append((kept.plans_made, True))
+    # 2 (the first steps) + the decode plan, kept at 255; a fresh one at 256 (grown), kept
+    # at 257; one for the two-row step
+    assert made == [(3, True), (3, True), (4, False), (4, True), (5, True)]
+    for a, b in zip(*got, strict=True):
+        assert np.array_equal(a, b)

@@ -162,6 +162,21 @@ class Job:
         self.dispatches.append(d)
 
 
+@dataclass
+class Plan:
+    """A job ready to run (:meth:`Gpu.plan`), and to run again while every buffer it binds
+    is the one it was made with: per dispatch (pipeline, bind group, workgroups); the
+    uniforms' image, one ``_SLOT`` of u32 words a dispatch (a caller may rewrite words
+    before each :meth:`Gpu.run_plan`); the reads; the bound buffers, held so that no other
+    buffer takes their ids while the plan is kept (a key of ids stays sound)."""
+
+    ring: Any
+    calls: list[tuple[Any, Any, tuple[int, int, int]]]
+    params: np.ndarray[Any, np.dtype[np.uint32]]
+    reads: list[tuple[Any, int]]
+    held: tuple[Any, ...]
+
+
 class Gpu:
     """One WebGPU device and what lives on it besides the weights."""
 
@@ -297,29 +312,45 @@ class Gpu:
     def run(self, job: Job) -> list[bytes]:
         """Record the job's dispatches in one compute pass, copy what it reads to mappable
         buffers, submit, wait, and return those bytes (in ``job.reads`` order)."""
+        return self.run_plan(self.plan(job))
+
+    def plan(self, job: Job) -> Plan:
+        """The job made ready to run (:meth:`run_plan`), once or again: its bind groups
+        (found or made, as ``job.reuse_groups`` says) and its uniforms' image."""
+        ring = self._params_ring(_SLOT * max(1, len(job.dispatches)))
+        params = np.zeros((len(job.dispatches), _SLOT // 4), np.uint32)
+        raw = params.view(np.uint8)
+        calls = []
+        for i, d in enumerate(job.dispatches):
+            raw[i, : len(d.params)] = np.frombuffer(d.params, np.uint8)
+            calls.append((d.pipeline, self._group(d, i, ring, job.reuse_groups), d.groups))
+        held = tuple(r[0] for d in job.dispatches for r in d.bind.values())
+        return Plan(ring, calls, params, list(job.reads), held)
+
+    def run_plan(self, plan: Plan) -> list[bytes]:
+        """Run a plan (:meth:`plan`), its ``params`` as they are now: one compute pass, the
+        reads copied to mappable buffers, one submit, the wait; the read bytes back."""
         dev = self.device
         self.runs += 1
-        ring = self._params_ring(_SLOT * max(1, len(job.dispatches)))
-        params = bytearray(_SLOT * len(job.dispatches))
-        for i, d in enumerate(job.dispatches):
-            params[i * _SLOT : i * _SLOT + len(d.params)] = d.params
-        if params:
-            dev.queue.write_buffer(ring, 0, bytes(params))
+        if len(plan.params):
+            dev.queue.write_buffer(plan.ring, 0, plan.params)
         enc = dev.create_command_encoder()
         cp = enc.begin_compute_pass()
-        for i, d in enumerate(job.dispatches):
-            group = self._group(d, i, ring, job.reuse_groups)
-            cp.set_pipeline(d.pipeline)
+        last = None
+        for pipeline, group, groups in plan.calls:
+            if pipeline is not last:  # the pipeline stays set between dispatches
+                cp.set_pipeline(pipeline)
+                last = pipeline
             cp.set_bind_group(0, group)
-            cp.dispatch_workgroups(*d.groups)
+            cp.dispatch_workgroups(*groups)
         cp.end()
         # one staging buffer per read, at consecutive offsets of a single mapping
         offsets, total = [], 0
-        for _, n in job.reads:
+        for _, n in plan.reads:
             offsets.append(total)
             total += (n + 255) & ~255
-        stage = self._stage(max(total, 256)) if job.reads else None
-        for (buf, n), off in zip(job.reads, offsets, strict=True):
+        stage = self._stage(max(total, 256)) if plan.reads else None
+        for (buf, n), off in zip(plan.reads, offsets, strict=True):
             enc.copy_buffer_to_buffer(buf, 0, stage, off, (n + 3) & ~3)
         dev.queue.submit([enc.finish()])
         if stage is None:
@@ -329,7 +360,7 @@ class Gpu:
         try:
             data = stage.read_mapped(0, stage.size)
             out = [
-                bytes(data[off : off + n]) for (_, n), off in zip(job.reads, offsets, strict=True)
+                bytes(data[off : off + n]) for (_, n), off in zip(plan.reads, offsets, strict=True)
             ]
         finally:
             stage.unmap()

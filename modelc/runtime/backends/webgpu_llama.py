@@ -19,7 +19,11 @@ a submit of its own.  The shaders are the op-level backend's (``wgsl/``) plus
 ``kv_store.wgsl`` (K/V rows into a cache at their positions), ``rms_norm_rows`` (the logit
 rows), ``add_bias`` and ``gelu_mul``, the output and down products adding into the residual
 stream in the matmul shader (``acc``); numerics are the op-level path's
-(float32 throughout, an f16 cache rounded to nearest even as the CPU's).
+(float32 throughout, an f16 cache rounded to nearest even as the CPU's).  Queries and keys
+share one buffer (one RoPE dispatch), gate and up one weight where their types agree (one
+product; the activation reads each row's halves).  A step's plan (``Gpu.plan``: bind
+groups, uniforms) is kept by shape, so a decode step like the one before only rewrites
+each cache's length and the scores' stride and encodes (``_plan``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupporte
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import DEQ, NX, WebGPUBackend
-from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source
+from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, Plan, grid, shader_source
 from modelc.runtime.backends.webgpu_ops import SCORES_BYTES
 from modelc.runtime.kv_cache import DeviceKVCache, KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
@@ -48,6 +52,9 @@ from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit
 # is refused (the engine then runs the model op by op)
 WEBGPU_RUNS = frozenset({"qkv_bias", "gelu_tanh"})
 ALIGN_ROWS = 128  # cache positions are allocated in multiples of this (binding offsets)
+PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
+_STORE_POS = 2  # the word of kv_store's uniforms that holds the cache's length (pos0)
+_ATTN_SSTRIDE = 5  # the word of attention's uniforms that holds the scores' stride
 
 
 def resident_wanted() -> bool:
@@ -185,13 +192,20 @@ class _Layer:
         self.wq, self.wk, self.wv, self.wo = b.wq, b.wk, b.wv, b.wo
         self.gate, self.up, self.down = b.w_gate, b.w_up, b.w_down
         self.ff = int(b.w_gate.shape[0])
+        # gate and up as one weight (one product a step, each row of the output gate then
+        # up), where they share a type and width; else two products into those halves
+        self.gate_up: Weight | None = None
+        if b.w_gate.dtype == b.w_up.dtype and b.w_gate.shape == b.w_up.shape:
+            data = np.concatenate([b.w_gate.data, b.w_up.data])
+            self.gate_up = Weight(b.w_gate.dtype, (2 * self.ff, b.w_gate.shape[1]), data)
         bias = (b.bq, b.bk, b.bv)
         self.bias = (
             tuple(_vec(gpu, x, "bias") for x in bias) if all(x is not None for x in bias) else None
         )
 
     def mats(self) -> list[Weight]:
-        return [self.wq, self.wk, self.wv, self.wo, self.gate, self.up, self.down]
+        ffn = [self.gate, self.up] if self.gate_up is None else [self.gate_up]
+        return [self.wq, self.wk, self.wv, self.wo, *ffn, self.down]
 
 
 def _vec(gpu: Gpu, a: Any, label: str) -> tuple[Any, int]:
@@ -252,6 +266,9 @@ class WebGpuLlama(CausalLM):
         self.ff = max(ly.ff for ly in self.layers)
         self.dummy = _vec(gpu, np.zeros(4, np.float32), "no_sinks")
         self._pipes: dict[tuple[str, str], Any] = {}
+        # steps' plans by shape (_plan), and how many were made (a test's count)
+        self._plans: dict[tuple[Any, ...], tuple[Plan, list[list[int]], list[int]]] = {}
+        self.plans_made = 0
 
     # -- the CausalLM surface ----------------------------------------------------------
     def new_cache(
@@ -292,8 +309,7 @@ class WebGpuLlama(CausalLM):
         ids, pos, slices = begin_step(batch, self.n_vocab)  # caches grow here
         rows = logit_row_index(batch, slices)
         with self.gpu.lock:
-            job = self._record(batch, ids, pos, slices, rows)
-            data = self.gpu.run(job)
+            data = self.gpu.run_plan(self._plan(batch, ids, pos, slices, rows))
         end_step(batch, slices)
         if not len(rows):
             return np.zeros((0, self.n_vocab), np.float32)
@@ -315,8 +331,20 @@ class WebGpuLlama(CausalLM):
         buf, _ = self.gpu.put(f"res_{name}", a)
         return buf, buf.size
 
-    def _matmul(self, job: Job, w: Weight, x: Any, n: int, out: Any, acc: bool = False) -> None:
-        """``out (+)= x @ dequant(w).T`` (``acc``: added into out, a residual)."""
+    def _matmul(
+        self,
+        job: Job,
+        w: Weight,
+        x: Any,
+        n: int,
+        out: Any,
+        acc: bool = False,
+        stride: int = 0,
+        col0: int = 0,
+    ) -> None:
+        """``out (+)= x @ dequant(w).T`` (``acc``: added into out, a residual); ``stride``
+        (default the weight's rows) and ``col0``: out's row width and the first column
+        written (two products into one buffer's halves)."""
         nx = min(NX, 1 << (n - 1).bit_length())
         key, src = self.be._module(w.dtype, nx)
         pipe = self.gpu.pipeline(key, "matmul", src)
@@ -324,7 +352,7 @@ class WebGpuLlama(CausalLM):
         rb = row_bytes(w.dtype, cols)
         for buf, r0, nr in self.be._chunks(w):
             gx, gy = grid(math.ceil(nr / 64))
-            params = _u(nr, cols, n, rb, rows, r0, gx * 64, int(acc))
+            params = _u(nr, cols, n, rb, stride or rows, col0 + r0, gx * 64, int(acc))
             bind = {0: (buf, buf.size), 1: x, 2: out}
             job.add(Dispatch(pipe, bind, params, 3, (gx, gy, math.ceil(n / nx))))
 
@@ -342,33 +370,96 @@ class WebGpuLlama(CausalLM):
         params = _u(n, gxs, extra, 0)
         job.add(Dispatch(self._pipe("elementwise", entry), bind, params, 3, (gx, gy, 1)))
 
-    def _record(
+    def _plan(
         self,
         batch: Sequence[SeqChunk],
         ids: np.ndarray[Any, Any],
         pos: np.ndarray[Any, Any],
         slices: list[slice],
         rows: np.ndarray[Any, Any],
-    ) -> Job:
-        n, r, d, nh, nkv, hd, hn = len(ids), len(rows), self.d, self.nh, self.nkv, self.hd, self.hn
-        f16 = batch[0].cache.mode is KVMode.F16
-        qw, kw = nh * hd, nkv * hd
+    ) -> Plan:
+        """The step's plan: the step's small arrays written to the device, then the plan
+        kept for a step of the same shape (the same rows, caches, buffers: a decode step
+        after a decode step) with its varying uniforms rewritten (each cache's length,
+        the scores' stride), else a fresh one from :meth:`_record`."""
+        n, r, nh = len(ids), len(rows), self.nh
         # the step's small arrays up; its buffers (sized for n rows)
-        ids_b = self._put("ids", ids.astype(np.uint32))
-        pos_b = self._put("pos", pos.astype(np.int32))
+        bufs: dict[str, tuple[Any, ...]] = {
+            "ids": self._put("ids", ids.astype(np.uint32)),
+            "pos": self._put("pos", pos.astype(np.int32)),
+        }
         info = np.zeros((n, 2), np.uint32)
         info[:, 1] = pos + 1  # each row sees its sequence's positions 0 .. its own
-        info_b = self._put("info", info)
-        sel_b = self._put("sel", rows.astype(np.uint32)) if r else None
-        x, h = self._buf("x", n * d * 4), self._buf("h", n * d * 4)
-        q, k, v = self._buf("q", n * qw * 4), self._buf("k", n * kw * 4), self._buf("v", n * kw * 4)
-        att = self._buf("attn", n * qw * 4)
-        g, u = self._buf("g", n * self.ff * 4), self._buf("u", n * self.ff * 4)
-        act = self._buf("act", n * self.ff * 4)
-        cs, sn = self._buf("cos", n * hn * 4), self._buf("sin", n * hn * 4)
+        bufs["info"] = self._put("info", info)
+        if r:
+            bufs["sel"] = self._put("sel", rows.astype(np.uint32))
+        qw, kw, ff, hn = nh * self.hd, self.nkv * self.hd, self.ff, self.hn
+        for name, width in (("x", self.d), ("h", self.d), ("v", kw), ("attn", qw)):
+            bufs[name] = self._buf(name, n * width * 4)
+        bufs["gu"], bufs["act"] = self._buf("gu", n * 2 * ff * 4), self._buf("act", n * ff * 4)
+        # queries then keys in one buffer (one RoPE dispatch for both), keys at an offset
+        # the binding alignment allows
+        align = self.gpu.offset_align
+        k_at = -(-n * qw * 4 // align) * align
+        qk, _ = self._buf("qk", k_at + n * kw * 4)
+        bufs["q"], bufs["k"] = (qk, n * qw * 4), (qk, n * kw * 4, k_at)
+        bufs["qk"] = (qk, k_at + n * kw * 4)
+        bufs["cos"], bufs["sin"] = self._buf("cos", n * hn * 4), self._buf("sin", n * hn * 4)
         sstride = int(pos.max()) + 1
         chunk = max(1, min(65535, SCORES_BYTES // (nh * sstride * 4)))
-        scores = self._buf("scores", min(chunk, n) * nh * sstride * 4)
+        bufs["scores"] = self._buf("scores", min(chunk, n) * nh * sstride * 4)
+        if r:
+            bufs["hl"] = self._buf("hl", r * self.d * 4)
+            bufs["logits"] = self._buf("logits", r * self.n_vocab * 4)
+        # what the plan's static part depends on: every bound buffer (a grown scratch or
+        # cache buffer is a new one), the rows, each sequence's rows and attention chunks
+        key = (
+            n,
+            r,
+            batch[0].cache.mode,
+            chunk if n > 1 else 0,
+            tuple((name, id(b[0]), b[1]) for name, b in bufs.items()),
+            tuple(
+                (id(c.cache.buf), c.cache.rows_alloc, sl.start, sl.stop)  # type: ignore[attr-defined]
+                for c, sl in zip(batch, slices, strict=True)
+            ),
+        )
+        kept = self._plans.get(key)
+        if kept is None:
+            job, stores, attns = self._record(batch, bufs, slices, n, r, sstride, chunk)
+            plan = self.gpu.plan(job)
+            if len(self._plans) >= PLANS_KEPT:
+                self._plans.clear()
+            kept = self._plans[key] = (plan, stores, attns)
+            self.plans_made += 1
+        plan, stores, attns = kept
+        for c, slots in zip(batch, stores, strict=True):
+            plan.params[slots, _STORE_POS] = c.cache.n
+        plan.params[attns, _ATTN_SSTRIDE] = sstride
+        return plan
+
+    def _record(
+        self,
+        batch: Sequence[SeqChunk],
+        bufs: dict[str, tuple[Any, ...]],
+        slices: list[slice],
+        n: int,
+        r: int,
+        sstride: int,
+        chunk: int,
+    ) -> tuple[Job, list[list[int]], list[int]]:
+        """The step's dispatches, and the indices of those whose uniforms vary between
+        steps of one shape: each sequence's ``kv_store`` ones (its cache length, word
+        ``_STORE_POS``) and the attention ones (the scores' stride, ``_ATTN_SSTRIDE``)."""
+        nh, nkv, hd, hn = self.nh, self.nkv, self.hd, self.hn
+        f16 = batch[0].cache.mode is KVMode.F16
+        qw, kw = nh * hd, nkv * hd
+        ids_b, pos_b, info_b = bufs["ids"], bufs["pos"], bufs["info"]
+        x, h, q, k, v = (bufs[name] for name in ("x", "h", "q", "k", "v"))
+        att, gu, act = bufs["attn"], bufs["gu"], bufs["act"]
+        cs, sn, scores = bufs["cos"], bufs["sin"], bufs["scores"]
+        stores: list[list[int]] = [[] for _ in batch]
+        attns: list[int] = []
         job = Job(reuse_groups=True)  # the same bind groups step after step
         # embeddings, then the step's RoPE table
         emb = self.be._module(self.tok_embd.dtype, 1)
@@ -393,11 +484,11 @@ class WebGpuLlama(CausalLM):
             if ly.bias is not None:
                 for bias, out, width in zip(ly.bias, (q, k, v), (qw, kw, kw), strict=True):
                     self._elem(job, "add_bias", n * width, {1: bias, 2: out}, width)
-            for buf, heads in ((q, nh), (k, nkv)):
-                gx, gy, gxs = _flat(n * heads * hn)
-                params = _u(n, heads, hd, hn, int(self.neox), gxs, 0, 0)
-                job.add(Dispatch(rope, {2: cs, 3: sn, 5: buf}, params, 4, (gx, gy, 1)))
-            for c, sl in zip(batch, slices, strict=True):
+            # queries and keys (at k's offset) in one dispatch
+            gx, gy, gxs = _flat(n * (nh + nkv) * hn)
+            params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
+            job.add(Dispatch(rope, {2: cs, 3: sn, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
+            for c, sl, slots in zip(batch, slices, stores, strict=True):
                 cache = c.cache
                 assert isinstance(cache, WebGpuKVCache)
                 layer = (cache.buf, cache.layer_bytes(), cache._at(li, 0, 0))
@@ -405,6 +496,7 @@ class WebGpuLlama(CausalLM):
                 m = sl.stop - sl.start
                 gx, gy, gxs = _flat(m * kw // 2)
                 params = _u(sl.start, m, cache.n, kw, 0, v_off, int(f16), gxs)
+                slots.append(len(job.dispatches))
                 job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
                 abind = {0: q, 1: layer, 2: layer, 3: att, 5: info_b, 6: scores, 7: self.dummy}
                 for row0 in range(sl.start, sl.stop, chunk):
@@ -413,17 +505,21 @@ class WebGpuLlama(CausalLM):
                         "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, 0, self.scale, 0.0,
                         0, v_off, 0,
                     )  # fmt: skip
+                    attns.append(len(job.dispatches))
                     job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
             self._matmul(job, ly.wo, att, n, x, acc=True)  # the residual added in place
             self._norm(job, x, ly.ffn_norm, n, h)
-            self._matmul(job, ly.gate, h, n, g)
-            self._matmul(job, ly.up, h, n, u)
-            gu = "gelu_mul" if self.gelu else "silu_mul"
-            self._elem(job, gu, n * ly.ff, {0: g, 1: u, 2: act})
+            if ly.gate_up is not None:  # each row of gu: gate then up
+                self._matmul(job, ly.gate_up, h, n, gu)
+            else:
+                self._matmul(job, ly.gate, h, n, gu, stride=2 * ly.ff)
+                self._matmul(job, ly.up, h, n, gu, stride=2 * ly.ff, col0=ly.ff)
+            entry = "gelu_mul" if self.gelu else "silu_mul"
+            self._elem(job, entry, n * ly.ff, {0: gu, 1: gu, 2: act}, ly.ff)
             self._matmul(job, ly.down, act, n, x, acc=True)
         if r:
-            hl, logits = self._buf("hl", r * d * 4), self._buf("logits", r * self.n_vocab * 4)
-            self._norm(job, x, self.output_norm, r, hl, sel_b)
+            hl, logits = bufs["hl"], bufs["logits"]
+            self._norm(job, x, self.output_norm, r, hl, bufs["sel"])
             self._matmul(job, self.output, hl, r, logits)
             job.reads.append((logits[0], r * self.n_vocab * 4))
-        return job
+        return job, stores, attns

@@ -3,7 +3,8 @@
 struct Params {
     n: u32,
     gxs: u32,  // threads along x (indices past it go on in y)
-    pad0: u32,
+    pad0: u32,  // add_bias: the row width; silu_mul, gelu_mul: > 0, xa holds rows of
+                // gate then up, each this wide (xb unread)
     pad1: u32,
 }
 
@@ -12,6 +13,15 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> outs: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
+// element i's gate and up: xa[i] and xb[i], or (p.pad0 > 0) from one row of gate then up
+fn gate_up(i: u32) -> vec2<f32> {
+    if (p.pad0 == 0u) {
+        return vec2<f32>(xa[i], xb[i]);
+    }
+    let at = (i / p.pad0) * 2u * p.pad0 + i % p.pad0;
+    return vec2<f32>(xa[at], xa[at + p.pad0]);
+}
+
 // silu(gate) * up
 @compute @workgroup_size(64)
 fn silu_mul(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -19,8 +29,9 @@ fn silu_mul(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= p.n) {
         return;
     }
-    let g = xa[i];
-    outs[i] = g / (1.0 + exp(-g)) * xb[i];
+    let gu = gate_up(i);
+    let g = gu.x;
+    outs[i] = g / (1.0 + exp(-g)) * gu.y;
 }
 
 // GELU, tanh approximation (the tanh argument clamped: tanh(+-10) is +-1 in float32, and
@@ -43,9 +54,10 @@ fn gelu_mul(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= p.n) {
         return;
     }
-    let x = xa[i];
+    let gu = gate_up(i);
+    let x = gu.x;
     let t = tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -10.0, 10.0));
-    outs[i] = 0.5 * x * (1.0 + t) * xb[i];
+    outs[i] = 0.5 * x * (1.0 + t) * gu.y;
 }
 
 // outs[i] += b[i % width] (a bias on each row of width p.pad0)

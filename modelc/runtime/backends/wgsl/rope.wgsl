@@ -7,8 +7,8 @@ struct Params {
     hn: u32,  // rot_dim / 2: pairs rotated per head
     neox: u32,  // 1: rotate halves (NeoX); 0: adjacent pairs (GGUF NORM)
     gxs: u32,  // threads along x (indices past it go on in y)
-    pad0: u32,
-    pad1: u32,
+    heads2: u32,  // rope: heads of a second block rotated by the same dispatch (0: none)
+    off2: u32,  // ... its first element in xs (the resident decoder's keys after its queries)
 }
 
 @group(0) @binding(0) var<storage, read> pos: array<i32>;
@@ -62,14 +62,22 @@ fn rope_angles(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @compute @workgroup_size(64)
 fn rope(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x + gid.y * p.gxs;  // (row, head, pair)
-    if (i >= p.n * p.heads * p.hn) {
+    var i = gid.x + gid.y * p.gxs;  // (row, head, pair), then those of the second block
+    var heads = p.heads;
+    var off = 0u;
+    let first = p.n * p.heads * p.hn;
+    if (i >= first) {
+        i -= first;
+        heads = p.heads2;
+        off = p.off2;
+    }
+    if (i >= p.n * heads * p.hn) {
         return;
     }
     let k = i % p.hn;
     let rh = i / p.hn;
-    let row = rh / p.heads;
-    let base = rh * p.hd;
+    let row = rh / heads;
+    let base = off + rh * p.hd;
     let ia = select(base + 2u * k, base + k, p.neox != 0u);
     let ib = select(base + 2u * k + 1u, base + k + p.hn, p.neox != 0u);
     let c = cs[row * p.hn + k];
