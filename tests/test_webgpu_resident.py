@@ -195,3 +195,19 @@ def test_step_plans_kept_only_while_their_buffers_are(gpu: WebGPUBackend) -> Non
     assert made == [(3, True), (3, True), (4, False), (4, True), (5, True)]
     for a, b in zip(*got, strict=True):
         assert np.array_equal(a, b)
+
+
+def test_a_chunk_without_logit_rows(pair: tuple[Any, Any]) -> None:
+    """A long prompt's first chunk, whose logits nobody wants (the engine's chunked
+    prefill): the step waits for its work with nothing to read back, and the next chunk
+    continues from the cache it wrote as the CPU's does."""
+    model, ref = pair
+    prompt = [1, 17, 33, 5, 90, 12, 7, 64, 3, 11, 19]
+    got = []
+    for m in (model, ref):
+        cache = m.new_cache("f16")
+        first = m.forward([SeqChunk(cache, prompt[:6], ())])
+        assert first.shape[0] == 0 and cache.n == 6
+        got.append(m.forward([SeqChunk(cache, prompt[6:])]))
+        cache.free()
+    _close(*got)

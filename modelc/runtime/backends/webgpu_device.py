@@ -294,7 +294,7 @@ class Gpu:
             u = self.wgpu.BufferUsage
             cap = 1 << max(12, (nbytes - 1).bit_length())
             self._ring = self.device.create_buffer(
-                label="params", size=cap, usage=int(u.UNIFORM | u.COPY_DST)
+                label="params", size=cap, usage=int(u.UNIFORM | u.COPY_DST | u.COPY_SRC)
             )
         return self._ring
 
@@ -344,17 +344,22 @@ class Gpu:
             cp.set_bind_group(0, group)
             cp.dispatch_workgroups(*groups)
         cp.end()
-        # one staging buffer per read, at consecutive offsets of a single mapping
+        # one staging buffer per read, at consecutive offsets of a single mapping; a job
+        # that reads nothing waits for its work by reading 4 bytes of the uniforms
+        # (queue.on_submitted_work_done_sync fails under wgpu-py 0.32's bindings)
+        reads = plan.reads or ([(plan.ring, 4)] if plan.calls else [])
         offsets, total = [], 0
-        for _, n in plan.reads:
+        for _, n in reads:
             offsets.append(total)
             total += (n + 255) & ~255
-        stage = self._stage(max(total, 256)) if plan.reads else None
-        for (buf, n), off in zip(plan.reads, offsets, strict=True):
+        stage = self._stage(max(total, 256)) if reads else None
+        for (buf, n), off in zip(reads, offsets, strict=True):
             enc.copy_buffer_to_buffer(buf, 0, stage, off, (n + 3) & ~3)
         dev.queue.submit([enc.finish()])
-        if stage is None:
-            dev.queue.on_submitted_work_done_sync()
+        if stage is None or not plan.reads:
+            if stage is not None:
+                stage.map_sync(self.wgpu.MapMode.READ, 0, stage.size)
+                stage.unmap()
             return []
         stage.map_sync(self.wgpu.MapMode.READ, 0, stage.size)
         try:
