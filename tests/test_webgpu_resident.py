@@ -54,18 +54,15 @@ def _llama() -> Path:
     return p
 
 
-def _qwen2() -> Path:
-    from tests.tiny_families import TINY
-
-    return TINY["qwen2"]()
-
-
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
+    """The resident model and the CPU's exact one: a random llama (Q4_K_M's mixture), tiny
+    qwen2 (Q/K/V biases) and qwen3 (per-head Q/K norms)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
+    from tests.tiny_families import TINY
 
-    ir = load_model(_llama() if request.param == "llama" else _qwen2())
+    ir = load_model(_llama() if request.param == "llama" else TINY[request.param]())
     return WebGpuLlama(ir, gpu), build(ir, make_backend("cpu-exact"))
 
 

@@ -51,7 +51,7 @@ from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit
 
 # what the resident forward runs of the decoder's description (FEATURES names); the rest
 # is refused (the engine then runs the model op by op)
-WEBGPU_RUNS = frozenset({"qkv_bias", "gelu_tanh"})
+WEBGPU_RUNS = frozenset({"qkv_bias", "qk_norm", "gelu_tanh"})
 PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
 _STORE_POS = 2  # the word of kv_store's uniforms that holds the cache's length (pos0)
 _ATTN_SSTRIDE = 5  # the word of attention's uniforms that holds the scores' stride
@@ -87,6 +87,10 @@ class _Layer:
         if b.w_gate.dtype == b.w_up.dtype and b.w_gate.shape == b.w_up.shape:
             data = np.concatenate([b.w_gate.data, b.w_up.data])
             self.gate_up = Weight(b.w_gate.dtype, (2 * self.ff, b.w_gate.shape[1]), data)
+        # per-head Q/K norms (qwen3): each head's row of q and of k RMS-normed in place
+        self.qk_norm = None
+        if b.q_norm is not None and b.k_norm is not None:
+            self.qk_norm = (_vec(gpu, b.q_norm, "q_norm"), _vec(gpu, b.k_norm, "k_norm"))
         bias = (b.bq, b.bk, b.bv)
         self.bias = (
             tuple(_vec(gpu, x, "bias") for x in bias) if all(x is not None for x in bias) else None
@@ -245,13 +249,17 @@ class WebGpuLlama(CausalLM):
             bind = {0: (buf, buf.size), 1: x, 2: out}
             job.add(Dispatch(pipe, bind, params, 3, (gx, gy, math.ceil(n / nx))))
 
-    def _norm(self, job: Job, x: Any, w: Any, n: int, out: Any, sel: Any = None) -> None:
+    def _norm(
+        self, job: Job, x: Any, w: Any, n: int, out: Any, sel: Any = None, width: int = 0
+    ) -> None:
+        """``out = rms_norm(x) * w`` over n rows of ``width`` (default d); ``sel``: the rows
+        of x to take; ``x`` None: out normed in place."""
         gx, gy = grid(n)
-        params = struct.pack("<IIIf", n, self.d, gx, self.eps)
-        bind = {0: x, 1: w, 3: out}
+        params = struct.pack("<IIIf", n, width or self.d, gx, self.eps)
+        bind = {1: w, 3: out} if x is None else {0: x, 1: w, 3: out}
         if sel is not None:
             bind[5] = sel
-        entry = "rms_norm" if sel is None else "rms_norm_rows"
+        entry = "rms_norm_inplace" if x is None else "rms_norm" if sel is None else "rms_norm_rows"
         job.add(Dispatch(self._pipe("norm", entry), bind, params, 4, (gx, gy, 1)))
 
     def _elem(self, job: Job, entry: str, n: int, bind: dict[int, Any], extra: int = 0) -> None:
@@ -373,6 +381,9 @@ class WebGpuLlama(CausalLM):
             if ly.bias is not None:
                 for bias, out, width in zip(ly.bias, (q, k, v), (qw, kw, kw), strict=True):
                     self._elem(job, "add_bias", n * width, {1: bias, 2: out}, width)
+            if ly.qk_norm is not None:  # each head's row of q, then of k, in place
+                for wn, buf, heads in zip(ly.qk_norm, (q, k), (nh, nkv), strict=True):
+                    self._norm(job, None, wn, n * heads, buf, width=hd)
             # queries and keys (at k's offset) in one dispatch
             gx, gy, gxs = _flat(n * (nh + nkv) * hn)
             params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)

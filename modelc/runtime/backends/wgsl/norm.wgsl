@@ -51,6 +51,28 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
 }
 
+// rms_norm of each row of outs in place (per-head Q/K norms: rows of one head's width)
+@compute @workgroup_size(64)
+fn rms_norm_inplace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row = wid.x + wid.y * p.gx;
+    let valid = row < p.n;
+    let rb = row * p.d;
+    var s = 0.0;
+    if (valid) {
+        for (var i = li; i < p.d; i += 64u) {
+            let v = outs[rb + i];
+            s += v * v;
+        }
+    }
+    let ms = reduce(li, s, false) / f32(p.d);
+    let scale = 1.0 / sqrt(ms + p.eps);
+    if (valid) {
+        for (var i = li; i < p.d; i += 64u) {
+            outs[rb + i] = outs[rb + i] * scale * wv[i];
+        }
+    }
+}
+
 @compute @workgroup_size(64)
 fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let row = wid.x + wid.y * p.gx;
