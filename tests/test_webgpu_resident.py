@@ -54,10 +54,11 @@ def _llama() -> Path:
     return p
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral"])
 def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
     """The resident model and the CPU's exact one: a random llama (Q4_K_M's mixture), tiny
-    qwen2 (Q/K/V biases) and qwen3 (per-head Q/K norms)."""
+    qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms) and mistral (a sliding window of 8:
+    the tests' prompts and steps run past it)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from tests.tiny_families import TINY

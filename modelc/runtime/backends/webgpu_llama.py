@@ -51,7 +51,7 @@ from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit
 
 # what the resident forward runs of the decoder's description (FEATURES names); the rest
 # is refused (the engine then runs the model op by op)
-WEBGPU_RUNS = frozenset({"qkv_bias", "qk_norm", "gelu_tanh"})
+WEBGPU_RUNS = frozenset({"qkv_bias", "qk_norm", "gelu_tanh", "windows"})
 PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
 _STORE_POS = 2  # the word of kv_store's uniforms that holds the cache's length (pos0)
 _ATTN_SSTRIDE = 5  # the word of attention's uniforms that holds the scores' stride
@@ -157,6 +157,7 @@ class WebGpuLlama(CausalLM):
         self.hn = len(inv)
         self.inv = _vec(gpu, inv, "inv_freq")
         self.ff = max(ly.ff for ly in self.layers)
+        self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
         self.dummy = _vec(gpu, np.zeros(4, np.float32), "no_sinks")
         self._pipes: dict[tuple[str, str], Any] = {}
         # steps' plans by shape (_plan), and how many were made (a test's count)
@@ -288,6 +289,11 @@ class WebGpuLlama(CausalLM):
         info = np.zeros((n, 2), np.uint32)
         info[:, 1] = pos + 1  # each row sees its sequence's positions 0 .. its own
         bufs["info"] = self._put("info", info)
+        for w in sorted(set(self.windows) - {0}):  # a sliding window: its last w positions
+            lo = np.maximum(pos - w + 1, 0)
+            bufs[f"info{w}"] = self._put(
+                f"info{w}", np.stack([lo, pos + 1 - lo], 1).astype(np.uint32)
+            )
         if r:
             bufs["sel"] = self._put("sel", rows.astype(np.uint32))
         qw, kw, ff, hn = nh * self.hd, self.nkv * self.hd, self.ff, self.hn
@@ -398,7 +404,8 @@ class WebGpuLlama(CausalLM):
                 params = _u(sl.start, m, cache.n, kw, 0, v_off, int(f16), gxs)
                 slots.append(len(job.dispatches))
                 job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
-                abind = {0: q, 1: layer, 2: layer, 3: att, 5: info_b, 6: scores, 7: self.dummy}
+                seen = bufs[f"info{self.windows[li]}"] if self.windows[li] else info_b
+                abind = {0: q, 1: layer, 2: layer, 3: att, 5: seen, 6: scores, 7: self.dummy}
                 for row0 in range(sl.start, sl.stop, chunk):
                     m = min(chunk, sl.stop - row0)
                     params = struct.pack(
