@@ -266,3 +266,19 @@ async def engine_events(eng: Any, requests: Sequence[Any]) -> Any:
                 reqs.start_soon(one, i, req)
         n.cancel_scope.cancel()
     return [out[i] for i in range(len(requests))]
+
+
+def webgpu_backend() -> Any:
+    """The WebGPU backend on this machine's adapter (lavapipe in CI), or a skip where there
+    is none; under ``MODELC_REQUIRE_WEBGPU=1`` (CI) a missing adapter is an error."""
+    import os
+
+    from modelc.errors import UsageError
+    from modelc.runtime.backends.webgpu import WebGPUBackend
+
+    try:
+        return WebGPUBackend()
+    except UsageError as e:
+        if os.environ.get("MODELC_REQUIRE_WEBGPU"):
+            raise
+        pytest.skip(f"no WebGPU adapter: {e}")

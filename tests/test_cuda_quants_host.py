@@ -62,12 +62,25 @@ static inline u32 pack_h2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(
 """
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+def host_lib(source: str, folder: Path, name: str) -> ctypes.CDLL:
+    """``source`` (PRELUDE and kernel sources as C++, with ``extern "C"`` entries) built
+    into a shared library in ``folder`` with the float steps CUDA takes
+    (``-ffp-contract=off``); skips where no C++ compiler with ``_Float16`` is found."""
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    d = tmp_path_factory.mktemp("cuda-quants")
+    src, so = folder / f"{name}.cpp", folder / f"{name}.so"
+    src.write_text(source)
+    flags = ["-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC"]
+    run = subprocess.run([cxx, *flags, "-o", str(so), str(src)], capture_output=True, text=True)
+    if run.returncode and "_Float16" in run.stderr:
+        pytest.skip(f"{Path(cxx).name} has no _Float16")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return ctypes.CDLL(str(so))
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     entry = "\n".join(
         f'extern "C" void d32_{t}(const u8* r, int ng, float* o) '
         f"{{ for (int g = 0; g < ng; g++) deq32<{t}>(r, g, o + 32 * g); }}\n"
@@ -98,16 +111,8 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         "a += piece_dot(q, dl, ml, xq[4 * g + j], xs[g]); } return a; }\n"
         for t in cuda_gemvq.Q8_TYPES
     )
-    src, so = d / "deq.cpp", d / "deq.so"
-    src.write_text(
-        PRELUDE + cuda_quants.DEQ32 + cuda_quants.DEQ4 + cuda_deq.SOURCE + cuda_gemvq.SOURCE + entry
-    )
-    flags = ["-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC"]
-    run = subprocess.run([cxx, *flags, "-o", str(so), str(src)], capture_output=True, text=True)
-    if run.returncode and "_Float16" in run.stderr:
-        pytest.skip(f"{Path(cxx).name} has no _Float16")
-    assert run.returncode == 0, run.stderr[-2000:]
-    return ctypes.CDLL(str(so))
+    body = cuda_quants.DEQ32 + cuda_quants.DEQ4 + cuda_deq.SOURCE + cuda_gemvq.SOURCE
+    return host_lib(PRELUDE + body + entry, tmp_path_factory.mktemp("cuda-quants"), "deq")
 
 
 def test_every_type_is_checked() -> None:

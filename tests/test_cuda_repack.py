@@ -10,9 +10,6 @@ splits rows of x into passes of at most 8.  The kernels themselves run in
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,7 +21,7 @@ from modelc.formats.quants import dequantize
 from modelc.runtime.backends import cuda_deq, cuda_gemvq, cuda_gemvw, cuda_quants
 from tests.gen_cuda_models import random_blocks
 from tests.test_cuda_kernels import k_mins, q8_reference
-from tests.test_cuda_quants_host import PRELUDE
+from tests.test_cuda_quants_host import PRELUDE, host_lib
 
 TYPES = {2: DType.Q4_0, 12: DType.Q4_K, 14: DType.Q6_K}
 WIDE_PRELUDE = r"""
@@ -38,10 +35,6 @@ static inline float2 lds(const float2* p) { return *p; }
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    d = tmp_path_factory.mktemp("cuda-wide")
     entry = "".join(  # a row's two sums (NR 2), every lane of every unit in turn
         f'extern "C" void wdot_{t}(const u8* r, int cols, const signed char* xq, '
         "const float2* xs, float* out) { typedef Wide<" + str(t) + "> P; "
@@ -65,15 +58,9 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         for t in cuda_gemvw.REPACKED
         for f in (0, 1)
     )
-    src, so = d / "wide.cpp", d / "wide.so"
     body = cuda_quants.DEQ32 + cuda_quants.DEQ4 + cuda_deq.SOURCE + cuda_gemvq.SOURCE
-    src.write_text(PRELUDE + WIDE_PRELUDE + body + cuda_gemvw.SOURCE + entry)
-    flags = ["-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC"]
-    run = subprocess.run([cxx, *flags, "-o", str(so), str(src)], capture_output=True, text=True)
-    if run.returncode and "_Float16" in run.stderr:
-        pytest.skip(f"{Path(cxx).name} has no _Float16")
-    assert run.returncode == 0, run.stderr[-3000:]
-    return ctypes.CDLL(str(so))
+    source = PRELUDE + WIDE_PRELUDE + body + cuda_gemvw.SOURCE + entry
+    return host_lib(source, tmp_path_factory.mktemp("cuda-wide"), "wide")
 
 
 def _raw(code: int, rows: int, cols: int, seed: int = 0) -> np.ndarray[Any, Any]:

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from modelc.errors import UnsupportedError, UsageError
+from modelc.errors import UnsupportedError
 from modelc.formats.ir import BLOCK_SIZES, DType
 from modelc.formats.quants import quantize
 from modelc.runtime.backend import Backend, Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
-from tests.runtime_support import LOGPROB_TOL, golden, log_softmax, make_backend
+from tests.runtime_support import LOGPROB_TOL, golden, log_softmax, make_backend, webgpu_backend
 
 pytest.importorskip("wgpu")
 
@@ -58,12 +58,7 @@ QUANTIZED_BY_MODELC = (DType.Q8_0, DType.Q4_0, DType.Q4_1)
 
 @pytest.fixture(scope="module")
 def gpu() -> WebGPUBackend:
-    try:
-        return WebGPUBackend()
-    except UsageError as e:
-        if os.environ.get("MODELC_REQUIRE_WEBGPU"):
-            raise
-        pytest.skip(f"no WebGPU adapter: {e}")
+    return webgpu_backend()  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from modelc.errors import UnsupportedError, UsageError
+from modelc.errors import UnsupportedError
 from modelc.runtime.model import SeqChunk
-from tests.runtime_support import LOGPROB_TOL, log_softmax, make_backend
+from tests.runtime_support import LOGPROB_TOL, log_softmax, make_backend, webgpu_backend
 
 pytest.importorskip("wgpu")
 
@@ -33,12 +33,7 @@ if not os.environ.get("XDG_RUNTIME_DIR"):  # Mesa's WSI warns without one
 
 @pytest.fixture(scope="module")
 def gpu() -> WebGPUBackend:
-    try:
-        return WebGPUBackend()
-    except UsageError as e:
-        if os.environ.get("MODELC_REQUIRE_WEBGPU"):
-            raise
-        pytest.skip(f"no WebGPU adapter: {e}")
+    return webgpu_backend()  # type: ignore[no-any-return]
 
 
 def _llama() -> Path:

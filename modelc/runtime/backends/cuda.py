@@ -424,18 +424,12 @@ class Device:
                 f"CUDA attention supports head sizes 32..256 in steps of 32, got {hd}"
             )
         pos, seq, base, cap = meta
-        if tiles is not None and attn_tiles_run(hd) and self.tile_rows(f16) == MMA_ROWS:
-            self.fn[f"attn_mma_{e}"](
+        if tiles is not None and attn_tiles_run(hd):  # tensor cores (4 warps) or floats (8)
+            mma = self.tile_rows(f16) == MMA_ROWS
+            name = f"attn_mma_{e}" if mma else f"attn_tile_{'f16' if f16 else 'f32'}_{e}"
+            self.fn[name](
                 (tiles[1], nh),
-                (128,),
-                (q, pos, seq, base, cap, tiles[0], np.int32(nh), np.int32(nkv),
-                 np.float32(scale), np.int32(window), np.float32(softcap), np.int32(layer), out),
-            )  # fmt: skip
-            return None
-        if tiles is not None and attn_tiles_run(hd):
-            self.fn[f"attn_tile_{'f16' if f16 else 'f32'}_{e}"](
-                (tiles[1], nh),
-                (256,),
+                (128 if mma else 256,),
                 (q, pos, seq, base, cap, tiles[0], np.int32(nh), np.int32(nkv),
                  np.float32(scale), np.int32(window), np.float32(softcap), np.int32(layer), out),
             )  # fmt: skip
