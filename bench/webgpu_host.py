@@ -73,6 +73,21 @@ def count_dispatches(model: Any, step: Any) -> int:
     return calls[0]
 
 
+def timed_steps(model: Any, step: Any, steps: int) -> tuple[list[float], list[float]]:
+    """``steps`` calls of ``step()``: each one's host seconds (:class:`HostClock`) and wall
+    seconds."""
+    clock = HostClock(model)
+    total = []
+    try:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            total.append(time.perf_counter() - t0)
+    finally:
+        clock.close()
+    return clock.host, total
+
+
 def bench(path: Path, be: Any, steps: int, warm: int, kv: str) -> dict[str, float]:
     from modelc.formats import load_model
     from modelc.runtime.backends.webgpu_llama import WebGpuLlama
@@ -88,18 +103,12 @@ def bench(path: Path, be: Any, steps: int, warm: int, kv: str) -> dict[str, floa
     for _ in range(warm):
         step()
     dispatches = count_dispatches(model, step)
-    clock = HostClock(model)
-    total = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        total.append(time.perf_counter() - t0)
-    clock.close()
+    host, total = timed_steps(model, step, steps)
     cache.free()
     return {
         "dispatches": dispatches,
-        "host_ms": 1e3 * float(np.median(clock.host)),
-        "host_min_ms": 1e3 * float(np.min(clock.host)),
+        "host_ms": 1e3 * float(np.median(host)),
+        "host_min_ms": 1e3 * float(np.min(host)),
         "total_ms": 1e3 * float(np.median(total)),
     }
 

@@ -99,6 +99,10 @@ if [ "${1:-}" = webgpu ]; then
     MODELC_WEBGPU_RESIDENT=0 timeout 90 python3 -m modelc bench $M/$m.gguf --device webgpu \
       --prompt-lens 64 --batches 1 --steps 8 --reps 1 2>&1 | grep -E "decode" | sed "s/^/$m webgpu op-level /"
   done
+  at "WebGPU gap: host / GPU (timestamps) / total ms a step, matmul GB/s"
+  for m in llama1b-q4_0 llama1b-q4_k_m; do
+    PYTHONPATH=. timeout 120 python3 bench/webgpu_gap.py --model $M/$m.gguf --json "$OUT/gap_$m.json" 2>&1 | grep -v XDG_RUNTIME
+  done
   at "end"
   exit 0
 fi

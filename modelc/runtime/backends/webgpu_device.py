@@ -136,6 +136,18 @@ def grid(n_groups: int) -> tuple[int, int]:
     return x, max(1, math.ceil(n_groups / x))
 
 
+def record_pass(cp: Any, calls: list[tuple[Any, Any, tuple[int, int, int]]]) -> None:
+    """The calls (pipeline, bind group, workgroups) into the compute pass ``cp``, ended."""
+    last = None
+    for pipeline, group, groups in calls:
+        if pipeline is not last:  # the pipeline stays set between dispatches
+            cp.set_pipeline(pipeline)
+            last = pipeline
+        cp.set_bind_group(0, group)
+        cp.dispatch_workgroups(*groups)
+    cp.end()
+
+
 @dataclass
 class Dispatch:
     """One compute dispatch: ``bind`` maps binding -> (buffer, bytes) for storage buffers,
@@ -180,19 +192,27 @@ class Plan:
 class Gpu:
     """One WebGPU device and what lives on it besides the weights."""
 
+    # request "timestamp-query" where the adapter has it (a profiler sets this, before the
+    # device is made: bench/webgpu_gap.py); ``timer``: an object that encodes a plan's
+    # calls itself (webgpu_timer.PassTimer), None (the default) for the plain pass
+    want_timestamps = False
+
     def __init__(self, require: str | None = None) -> None:
         self.wgpu = _wgpu()
+        self.timer: Any = None
         self.adapter = find_adapter(require)
         lim = self.adapter.limits
         # byte offsets in the shaders are u32: no binding past 2 GiB even where allowed
         self.max_binding = min(int(lim["max-storage-buffer-binding-size"]), (1 << 31) - 256)
         self.max_buffer = int(lim["max-buffer-size"])
         try:
+            feats = ["timestamp-query"] if self.timestamps_available else []
             self.device = self.adapter.request_device_sync(
+                required_features=feats,
                 required_limits={
                     "max-storage-buffer-binding-size": self.max_binding,
                     "max-buffer-size": self.max_buffer,
-                }
+                },
             )
         except Exception as e:
             raise UsageError(
@@ -215,6 +235,10 @@ class Gpu:
 
     def describe(self) -> str:
         return _describe(self.adapter)
+
+    @property
+    def timestamps_available(self) -> bool:
+        return self.want_timestamps and "timestamp-query" in self.adapter.features
 
     @property
     def unified_memory(self) -> bool:
@@ -335,15 +359,10 @@ class Gpu:
         if len(plan.params):
             dev.queue.write_buffer(plan.ring, 0, plan.params)
         enc = dev.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        last = None
-        for pipeline, group, groups in plan.calls:
-            if pipeline is not last:  # the pipeline stays set between dispatches
-                cp.set_pipeline(pipeline)
-                last = pipeline
-            cp.set_bind_group(0, group)
-            cp.dispatch_workgroups(*groups)
-        cp.end()
+        if self.timer is not None:
+            self.timer.encode(enc, plan.calls)
+        else:
+            record_pass(enc.begin_compute_pass(), plan.calls)
         # one staging buffer per read, at consecutive offsets of a single mapping; a job
         # that reads nothing waits for its work by reading 4 bytes of the uniforms
         # (queue.on_submitted_work_done_sync fails under wgpu-py 0.32's bindings)
