@@ -107,10 +107,11 @@ if [ "${1:-}" = webgpu ]; then
   exit 0
 fi
 
-serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream
+serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
+  # $ARGS: more arguments for modelc run
   local L=$1 R=$2; shift 2
   (cd "$R" && env "$@" PYTHONPATH=/tmp/site:$R python3 -m modelc run $M/llama1b-q4_0.gguf --device cuda \
-    --max-concurrent 64 --max-context 256 --speculate off --port 18070 >"$OUT/server_$L.log" 2>&1) &
+    --max-concurrent 64 --max-context 256 --speculate off --port 18070 ${ARGS:-} >"$OUT/server_$L.log" 2>&1) &
   for _ in $(seq 1 90); do curl -sf http://127.0.0.1:18070/health >/dev/null && break; sleep 1; done
   for run in cold warm; do
     echo "-- $L, 64 streams, $run"
@@ -125,6 +126,7 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
 at "HTTP"
 serve now "$PWD"
 serve buckets "$PWD" MODELC_CUDA_GRAPH_BUCKETS=1
+ARGS="--stream-interval 8" serve buckets_si8 "$PWD" MODELC_CUDA_GRAPH_BUCKETS=1
 if [ -f .devrun/old_dfffbcb.tar.zst ]; then
   mkdir -p /tmp/old && (cd /tmp/old && unz "$OLDPWD/.devrun/old_dfffbcb.tar.zst" | tar xf - \
     && python3 setup.py build_ext --inplace >"$OUT/old_ext.log" 2>&1) && serve dfffbcb /tmp/old
@@ -140,6 +142,9 @@ done
 kill $LP; wait $LP 2>/dev/null
 at "-ngl 16 of the 8B"
 timeout 60 $B/llama-bench -m $M/llama8b-q4_k_m.gguf -ngl 16 -p 64 -n 32 -r 2 2>&1 | grep -E "pp|tg|error"
+echo "-- llama.cpp, -ngl 16 and the output head on the GPU too (-ot output.weight=CUDA0)"
+timeout 60 $B/llama-bench -m $M/llama8b-q4_k_m.gguf -ngl 16 -ot "output\.weight=CUDA0" -p 64 -n 32 -r 2 \
+  2>&1 | grep -E "pp|tg|error"
 timeout $((590 - (SECONDS - T0))) python3 bench/cuda_bench.py --offload $M/llama8b-q4_k_m.gguf \
   --ngl 16 --steps 32 --no-hf 2>&1 | grep -E "^\|.*llama8b|Error"
 at "end"

@@ -25,6 +25,7 @@ from modelc.engine.api import (
     GenerationRequest,
     TokenEvent,
 )
+from modelc.engine.options import AUTO_STREAM_HOLD, AUTO_STREAM_MAX, release_held
 from modelc.errors import CapacityError, UnsupportedError, UsageError
 from modelc.formats import load_model
 from modelc.formats.ir import DType, ModelIR, Tensor
@@ -736,7 +737,8 @@ async def test_stream_interval_hands_out_tokens_in_groups(ir: ModelIR, interval:
 
 
 async def test_stream_interval_auto_groups_a_busy_batch(ir: ModelIR) -> None:
-    """auto: one token at a time for a lone request, two at a time with 4+ decoding."""
+    """auto: one token at a time for a lone request, at least two at a time with 4+
+    decoding (the last hand-off, at the finish, may hold one)."""
     eng = make(ir, speculative=False)
     p = params(eng, max_tokens=9)
     async with running(eng):
@@ -758,4 +760,26 @@ async def test_stream_interval_auto_groups_a_busy_batch(ir: ModelIR) -> None:
     assert lone[0] == 1 and sum(lone) == 9 and any(s % 2 for s in lone[1:]), lone
     for sizes in busy.values():
         assert sizes[0] == 1 and sum(sizes) == 9
-        assert all(s % 2 == 0 for s in sizes[1:]), sizes
+        assert all(s >= 2 for s in sizes[1:-1]) and len(sizes) <= 5, sizes
+
+
+@pytest.mark.parametrize(
+    ("n_held", "first", "age", "busy", "interval", "want"),
+    [
+        (0, True, 1.0, True, 0, False),  # nothing held
+        (1, True, 0.0, True, 0, True),  # a response's first token at once
+        (1, False, 0.0, False, 0, True),  # auto, not busy: every token
+        (1, False, 1.0, True, 0, False),  # auto, busy: never one alone ...
+        (2, False, AUTO_STREAM_HOLD - 1e-4, True, 0, False),  # ... nor before the hold
+        (2, False, AUTO_STREAM_HOLD, True, 0, True),
+        (AUTO_STREAM_MAX - 1, False, 0.0, True, 0, False),
+        (AUTO_STREAM_MAX, False, 0.0, True, 0, True),  # ... or once enough wait
+        (2, False, 0.0, True, 3, False),  # --stream-interval 3: three at a time
+        (3, False, 0.0, False, 3, True),
+        (1, False, 0.0, True, 1, True),  # --stream-interval 1: every token, busy or not
+    ],
+)
+def test_release_held_rule(
+    n_held: int, first: bool, age: float, busy: bool, interval: int, want: bool
+) -> None:
+    assert release_held(n_held, first, age, busy, interval) is want

@@ -17,9 +17,27 @@ DEVICES = ("auto", "cpu", "cuda", "webgpu", "metal")  # where the engine compute
 DEVICE_SAMPLING = ("auto", "on", "off")
 
 
-AUTO_STREAM_BUSY = (
-    4  # --stream-interval auto: from this many decoding sequences, 2 tokens a hand-off
-)
+# --stream-interval auto: from AUTO_STREAM_BUSY decoding sequences, a response gets its
+# tokens in hand-offs of at least 2, each holding tokens until the oldest has waited
+# AUTO_STREAM_HOLD seconds (or AUTO_STREAM_MAX are held): a fast batch (a GPU's few ms a
+# step) hands out a frame every ~20 ms instead of one a token, a slow one 2 at a time
+AUTO_STREAM_BUSY = 4
+AUTO_STREAM_HOLD = 0.02
+AUTO_STREAM_MAX = 16
+
+
+def release_held(n_held: int, first: bool, age: float, busy: bool, interval: int) -> bool:
+    """Whether a response's ``n_held`` held tokens go out now: the ``first`` of a response
+    at once; with ``interval`` N (--stream-interval) N at a time; auto (0): every token
+    unless ``busy`` (:data:`AUTO_STREAM_BUSY` decoding), else at least 2, once the oldest
+    is ``age`` >= :data:`AUTO_STREAM_HOLD` seconds old or :data:`AUTO_STREAM_MAX` wait."""
+    if n_held == 0:
+        return False
+    if first or interval == 1 or (interval == 0 and not busy):
+        return True
+    if interval:
+        return n_held >= interval
+    return n_held >= AUTO_STREAM_MAX or (n_held >= 2 and age >= AUTO_STREAM_HOLD)
 
 
 @dataclass(slots=True)
@@ -68,10 +86,10 @@ class EngineOptions:
     # a reader this many events behind pauses its request (no compute, KV kept) ...
     max_unread: int = 64
     # tokens handed to a response at a time (--stream-interval): 0 = auto, every token
-    # while fewer than AUTO_STREAM_BUSY sequences decode, every second token from then on
-    # (each hand-off wakes the response and writes one frame through the HTTP stack: on a
-    # busy batch that Python takes the cores from the kernels); a response's first token
-    # and its last always go at once
+    # while fewer than AUTO_STREAM_BUSY sequences decode, then release_held's hold (each
+    # hand-off wakes the response and writes one frame through the HTTP stack: on a busy
+    # batch that Python takes the cores from the kernels, or holds a GPU's next step
+    # back); a response's first token and its last always go at once
     stream_interval: int = 0
     stall_timeout: float = 30.0  # ... and a request paused this long is cancelled
     # a Jinja chat template that replaces the model's (--chat-template-file, as llama-server's)

@@ -55,7 +55,7 @@ from modelc.engine.api import (
 )
 from modelc.engine.constraints import ConstraintState, build_lltokenizer
 from modelc.engine.handle import Handle
-from modelc.engine.options import AUTO_STREAM_BUSY, EngineOptions
+from modelc.engine.options import AUTO_STREAM_BUSY, EngineOptions, release_held
 from modelc.engine.output import TextOutput
 from modelc.engine.policy import Policy, SeqResult, StepPlan, StepResult
 from modelc.engine.runner import LoraStack, ModelRunner, SeqRun, StepOutput
@@ -88,6 +88,7 @@ class _Request:
     stop_token: TokenEvent | None = None  # the end-of-generation token that ended it
     paused_at: float | None = None  # trio time its reader fell behind (see _pace)
     held: list[TokenEvent] = field(default_factory=list)  # tokens not handed out yet
+    held_since: float = 0.0  # when the oldest of them was made (trio's clock)
 
 
 class LLMEngine:
@@ -388,7 +389,7 @@ class LLMEngine:
     def _deliver(self, plan: StepPlan, out: StepOutput) -> None:
         results = []
         now = trio.current_time()
-        interval = self.opt.stream_interval or (1 if self._n_dec < AUTO_STREAM_BUSY else 2)
+        busy = self._n_dec >= AUTO_STREAM_BUSY
         for s, samples in zip(plan.seqs, out, strict=True):
             r = self._reqs.get(s.request_id)
             if r is None or r.seq.cache is None:
@@ -420,7 +421,8 @@ class LLMEngine:
                 self._finish(s.request_id, reason)
                 continue
             # none handed out yet (every generated token held): the first goes at once
-            if r.held and (len(r.held) >= interval or len(r.held) == r.completion):
+            first, age = len(r.held) == r.completion, now - r.held_since
+            if release_held(len(r.held), first, age, busy, self.opt.stream_interval):
                 self._release(r)
             results.append(SeqResult(s.request_id, seq.n_computed, len(samples)))
         self.policy.update(StepResult(tuple(results)))
@@ -450,6 +452,8 @@ class LLMEngine:
         ):
             reason = FinishReason.LENGTH
         lp = None if math.isnan(smp.logprob) else smp.logprob
+        if not r.held:
+            r.held_since = now
         r.held.append(TokenEvent(tok, text, lp, smp.top))  # out in _deliver or _finish
         return reason
 
