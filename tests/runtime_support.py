@@ -13,6 +13,7 @@ import pytest
 from modelc.formats import load_model
 from modelc.runtime.arch import build
 from modelc.runtime.backend import Backend
+from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVCache
 from modelc.runtime.model import ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sampler, SamplingParams
@@ -27,11 +28,21 @@ def golden(name: str) -> dict[str, Any]:
     return data
 
 
+class CountedNumpy(NumpyBackend):
+    """The numpy stand-in for a GPU, noting (by id) every weight it multiplies by."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[int] = set()
+
+    def matmul(self, w: Any, x: Any, out: Any = None) -> Any:
+        self.seen.add(id(w))
+        return super().matmul(w, x, out)
+
+
 def make_backend(name: str) -> Backend:
     """``numpy`` (reference twins) or ``cpu-exact`` (compiled kernels, f32 activations)."""
     if name == "numpy":
-        from modelc.runtime.backends.numpy_ref import NumpyBackend
-
         return NumpyBackend()
     try:
         from modelc.runtime.backends.cpu import CpuBackend

@@ -5,7 +5,8 @@ Without a GPU only the planner (pure: given sizes) and the one-line refusals run
 split's logic is held to the CPU in CI by ``tests/test_split.py`` with the numpy backend in
 the GPU's place.  Where CuPy sees a GPU (``scripts/cuda_tests.sh``): the tiny random
 families split half and half (top-10 log-probs within 2e-3 and greedy equal, as the whole
-model on the GPU is held), the engine on a split SmolLM2 (batching, prefix cache, context
+model on the GPU is held; the output head on the GPU part, and with
+``MODELC_OFFLOAD_HEAD=last`` on the CPU's), the engine on a split SmolLM2 (batching, prefix cache, context
 shift), and with ``MODELC_CUDA_8B`` (``python -m tests.gen_cuda_models DIR 8b``) the
 8B-shaped Q4_0 half offloaded: greedy equal to the CPU's and faster than all-CPU.
 """
@@ -33,18 +34,25 @@ gpu = pytest.mark.skipif(WHY is not None, reason=f"no CUDA here: {WHY}")
 
 def test_auto_gpu_layers_fit_free_memory() -> None:
     """``--n-gpu-layers auto``: the first layers whose weights and KV fit beside the
-    embedding and the scratch; all of them only with the head too."""
+    embedding, the output head (the GPU part's with any layer there) and the scratch; with
+    ``MODELC_OFFLOAD_HEAD=last`` the head only with every layer."""
     from modelc.runtime.backends.cuda_offload import SCRATCH, plan_gpu_layers
 
     gib = 1 << 30
     layers = [gib] * 8  # an 8 GiB model of 8 layers, 0.25 GiB of KV each, 1 GiB embedding
     room = gib + SCRATCH
-    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 11 * gib) == 8
-    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 11 * gib - 1) == 7  # no head
-    assert plan_gpu_layers(layers, gib // 4, gib, 0, room + 10 * gib) == 8  # tied head
-    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 5 * gib) == 4
-    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + gib) == 0
-    assert plan_gpu_layers(layers, 0, gib, gib, gib // 2) == 0  # not even the embedding
+    for first in (True, False):
+        assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 11 * gib, first) == 8
+        assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 11 * gib - 1, first) == 7
+        assert plan_gpu_layers(layers, gib // 4, gib, 0, room + 10 * gib, first) == 8  # tied
+        assert plan_gpu_layers(layers, gib // 4, gib, 0, room + 5 * gib, first) == 4
+        assert plan_gpu_layers(layers, gib // 4, gib, gib, room + gib, first) == 0
+        assert plan_gpu_layers(layers, 0, gib, gib, gib // 2, first) == 0  # not the embedding
+    # the head on the GPU part takes its bytes from the layers at any split
+    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 5 * gib) == 3
+    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 5 * gib, False) == 4
+    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 2 * gib) == 0
+    assert plan_gpu_layers(layers, gib // 4, gib, gib, room + 2 * gib, False) == 1
 
 
 @pytest.mark.skipif(WHY is None, reason="CUDA is usable here")
@@ -104,10 +112,13 @@ def offload(ir: Any, n_gpu: int | str, cpu: str = "cpu-exact", **kw: Any) -> Any
 def test_families_split_half_match_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
-    """Each tiny family at CUDA's head sizes, its first layers on the GPU: batches of prefill
-    chunks and decodes give the CPU's logits on every row, greedy tokens equal."""
+    """Each tiny family at CUDA's head sizes, its first layers and the output head on the
+    GPU: batches of prefill chunks and decodes give the CPU's logits on every row, greedy
+    tokens equal, also where some sequences want no logits (the head then runs on the rows
+    the CPU part hands back); with ``MODELC_OFFLOAD_HEAD=last`` the head on the CPU."""
     from tests import gen_families as gf
     from tests.test_cuda import FAMILY_SHAPES, check_batches, cpu_exact
+    from tests.test_split import head_steps
 
     monkeypatch.setitem(gf.CONFIGS, family, {**gf.CONFIGS[family], **FAMILY_SHAPES[family]})
     path = tmp_path / f"{family}.gguf"
@@ -117,7 +128,20 @@ def test_families_split_half_match_cpu(
     for k in sorted({1, n // 2}):
         lm = offload(ir, k)
         assert isinstance(lm, SplitLM) and lm.n_layers == (k, n - k)
+        assert lm.head is lm.parts[0] and lm.parts[0].output is not None  # the head on the GPU
         check_batches(cpu_exact(ir), lm, gf.BASE["vocab_size"])
+        prompts = [np.random.default_rng(k).integers(3, 300, m).tolist() for m in (9, 7, 5)]
+        want, want_tokens = head_steps(cpu_exact(ir), prompts, 4)
+        got, tokens = head_steps(lm, prompts, 4)
+        for a, b in zip(got, want, strict=True):  # as check_batches' rows
+            assert a.shape == b.shape
+            assert np.abs(a - b).max(initial=0) < 1e-3 * max(1.0, np.abs(b).max(initial=0))
+        assert tokens == want_tokens
+    monkeypatch.setenv("MODELC_OFFLOAD_HEAD", "last")
+    lm = offload(ir, n // 2)
+    assert isinstance(lm, SplitLM) and lm.head is lm.parts[-1] and lm.parts[0].output is None
+    check_batches(cpu_exact(ir), lm, gf.BASE["vocab_size"])
+    monkeypatch.delenv("MODELC_OFFLOAD_HEAD")
     assert offload(ir, 0) is None  # no layer on the GPU: the CPU runs it all
     assert not isinstance(offload(ir, "all"), SplitLM)
 

@@ -23,7 +23,7 @@ from modelc.runtime.backends.cuda import cuda_unavailable
 from modelc.runtime.backends.cuda_offload import fused_lacks
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.split import SplitLM
-from tests.runtime_support import gpu_path, make_backend, same_as_reference
+from tests.runtime_support import CountedNumpy, gpu_path, make_backend, same_as_reference
 from tests.tiny_families import TINY
 
 
@@ -98,18 +98,6 @@ def test_prompt_attention_tiles_split_each_chunk() -> None:
     assert [hd for hd in (32, 64, 80, 96, 128, 256) if runs(hd)] == [32, 64, 96, 128]
 
 
-class _Counted(NumpyBackend):
-    """The numpy stand-in for the GPU, noting every weight it multiplies by."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[int] = set()
-
-    def matmul(self, w: Any, x: Any, out: Any = None) -> Any:
-        self.seen.add(id(w))
-        return super().matmul(w, x, out)
-
-
 @pytest.mark.parametrize("family", ["qwen3moe", "gptoss", "deepseek2"])
 def test_experts_of_the_first_layers_on_the_cpu(
     family: str, caplog: pytest.LogCaptureFixture
@@ -120,10 +108,10 @@ def test_experts_of_the_first_layers_on_the_cpu(
     op by op even for a family the fused forward runs (qwen3moe); one line says so; the
     CPU's greedy tokens and log-probs."""
     ir = load_model(TINY[family]())
-    gpus: list[_Counted] = []
+    gpus: list[CountedNumpy] = []
 
-    def gpu() -> _Counted:
-        gpus.append(_Counted())
+    def gpu() -> CountedNumpy:
+        gpus.append(CountedNumpy())
         return gpus[-1]
 
     host = build(ir, NumpyBackend())

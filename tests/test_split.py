@@ -27,13 +27,15 @@ from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder
 from modelc.runtime.backend import KVArray
+from modelc.runtime.backends.cuda_offload import build_op_by_op
+from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVCache, KVShape
 from modelc.runtime.model import SeqChunk
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.split import SplitKVCache, SplitLM, split_decoder
 from tests.assets import smollm2_gguf
 from tests.gen_families import ensure_family
-from tests.runtime_support import make_backend
+from tests.runtime_support import CountedNumpy, make_backend
 
 FAMILIES = ["qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
 MODELS = ["smollm2", *FAMILIES]
@@ -53,8 +55,9 @@ def whole(ir: ModelIR) -> Decoder:
     return model
 
 
-def split(ir: ModelIR, n_first: int, first: str = "numpy") -> SplitLM:
-    return split_decoder(ir, n_first, make_backend(first), make_backend("cpu-exact"))
+def split(ir: ModelIR, n_first: int, first: str = "numpy", head_first: bool = False) -> SplitLM:
+    be = make_backend(first)
+    return split_decoder(ir, n_first, be, make_backend("cpu-exact"), head_first=head_first)
 
 
 def steps(model: Any, prompts: list[list[int]], n_decode: int) -> tuple[list[Any], list[int]]:
@@ -64,14 +67,21 @@ def steps(model: Any, prompts: list[list[int]], n_decode: int) -> tuple[list[Any
     rows = tuple(range(len(prompts[1])))
     out = [model.forward([SeqChunk(caches[0], prompts[0]), SeqChunk(caches[1], prompts[1], rows)])]
     toks = [int(out[0][0].argmax()), int(out[0][-1].argmax())]
-    chosen = list(toks)
-    for _ in range(n_decode):
+    chosen = toks + decode(model, caches, toks, n_decode, out)
+    assert all(c.n == len(p) + n_decode for c, p in zip(caches, prompts, strict=True))
+    return out, chosen
+
+
+def decode(model: Any, caches: list[KVCache], toks: list[int], n: int, out: list[Any]) -> list[int]:
+    """``n`` batched greedy steps from ``toks``, one a sequence, their logits appended to
+    ``out``; the tokens chosen."""
+    chosen = []
+    for _ in range(n):
         logits = model.forward([SeqChunk(c, [t]) for c, t in zip(caches, toks, strict=True)])
         out.append(logits)
         toks = [int(r.argmax()) for r in logits]
         chosen += toks
-    assert all(c.n == len(p) + n_decode for c, p in zip(caches, prompts, strict=True))
-    return out, chosen
+    return chosen
 
 
 @pytest.mark.parametrize("name", [*MODELS, "qwen3moe", "mixtral"])
@@ -183,6 +193,104 @@ def test_split_phi3_keeps_to_its_original_context(
     got, _ = steps(split(ir, 2, "cpu-exact"), [prompt, prompt[:5]], 4)
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+# -- the output head on the first part (the GPU's, in --n-gpu-layers) --------------------
+def head_steps(model: Any, prompts: list[list[int]], n_decode: int) -> tuple[list[Any], list[int]]:
+    """Three sequences in prompt chunks, logits wanted of some rows of some sequences only
+    (none at all in the first step), then ``n_decode`` batched greedy steps of all three;
+    every step's logits and the tokens chosen."""
+    a, b, c = prompts
+    caches = [model.new_cache("f32") for _ in prompts]
+    out = [model.forward([SeqChunk(caches[0], a[:4], ())])]  # a chunk before its last
+    out.append(
+        model.forward(
+            [
+                SeqChunk(caches[0], a[4:], (0, len(a) - 5)),  # a middle row and the last
+                SeqChunk(caches[1], b[:3], ()),
+                SeqChunk(caches[2], c),  # its last row
+            ]
+        )
+    )
+    toks = [int(out[1][1].argmax()), -1, int(out[1][2].argmax())]
+    out.append(
+        model.forward(
+            [
+                SeqChunk(caches[1], b[3:], tuple(range(len(b) - 3))),  # every row
+                SeqChunk(caches[0], [toks[0]], ()),  # a decode row nobody samples
+            ]
+        )
+    )
+    toks[0], toks[1] = 11, int(out[2][-1].argmax())
+    return out, toks + decode(model, caches, toks, n_decode, out)
+
+
+def close(got: list[Any], want: list[Any]) -> None:
+    """Each step's logits within f32 rounding of the reference's (as the split tests')."""
+    for x, y in zip(got, want, strict=True):
+        assert x.shape == y.shape
+        if y.size:
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-4 * float(np.abs(y).max()))
+
+
+# untied heads, then tied ones (gemma2: soft-capped logits; smollm2: a Q8_0 table)
+@pytest.mark.parametrize("name", ["qwen2", "phi3", "mixtral", "qwen3", "gemma2", "smollm2"])
+def test_split_with_the_head_on_the_first_part(name: str) -> None:
+    """GPU layers, CPU layers, GPU head: the logits are the whole model's (bit for bit on
+    one backend, within f32 rounding across two), the first part's backend multiplies by
+    the head and the last part gives only the wanted rows' hidden state."""
+    ir = model_ir(name)
+    n, vocab = ir.hparams.n_layer, whole(ir).n_vocab
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 300, k).tolist() for k in (9, 7, 5)]
+    ref, ref_tokens = head_steps(whole(ir), prompts, 4)
+    assert [r.shape[0] for r in ref[:3]] == [0, 3, 4]
+    for k in sorted({1, n // 2, n - 1}):
+        same, _ = head_steps(split(ir, k, "cpu-exact", head_first=True), prompts, 4)
+        for x, y in zip(same, ref, strict=True):
+            np.testing.assert_array_equal(x, y)
+        gpu = CountedNumpy()
+        lm = split_decoder(ir, k, gpu, make_backend("cpu-exact"), head_first=True)
+        a, b = lm.parts
+        assert isinstance(a, Decoder) and isinstance(b, Decoder)
+        assert lm.head is a and a.head and not b.head and lm.n_vocab == vocab
+        across, tokens = head_steps(lm, prompts, 4)
+        close(across, ref)
+        assert tokens == ref_tokens, (name, k)
+        assert id(a.output) in gpu.seen, "the first part never multiplied by the head"
+        cache = b.new_cache("f32")  # the last part alone: the wanted rows' hidden state
+        hidden = b.forward_part([SeqChunk(cache, [5, 6, 7], (0, 2))], np.ones((3, b.d), np.float32))
+        assert hidden.shape == (2, b.d)
+
+
+def test_offload_head_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--n-gpu-layers``' split holds the head on its GPU part; ``MODELC_OFFLOAD_HEAD=last``
+    keeps it with the last layer (llama.cpp's placement), the logits the same; a split
+    needs one part with the head."""
+    ir = model_ir("qwen2")
+    ref, ref_tokens = head_steps(whole(ir), [[5, 6, 7, 8, 9], [3, 4, 5, 6], [7, 8]], 3)
+
+    def offload() -> SplitLM:
+        lm = build_op_by_op(ir, 1, NumpyBackend, lambda: make_backend("cpu-exact"))
+        assert isinstance(lm, SplitLM)
+        got, tokens = head_steps(lm, [[5, 6, 7, 8, 9], [3, 4, 5, 6], [7, 8]], 3)
+        close(got, ref)
+        assert tokens == ref_tokens
+        return lm
+
+    lm = offload()
+    assert lm.head is lm.parts[0] and [p.head for p in lm.parts] == [True, False]
+    monkeypatch.setenv("MODELC_OFFLOAD_HEAD", "last")
+    lm = offload()
+    assert lm.head is lm.parts[-1] and [p.head for p in lm.parts] == [False, True]
+    monkeypatch.setenv("MODELC_OFFLOAD_HEAD", "gpu")
+    with pytest.raises(UsageError, match="MODELC_OFFLOAD_HEAD=gpu: use first"):
+        offload()
+    a, b = Decoder(ir, NumpyBackend()), Decoder(ir, NumpyBackend())
+    a.keep_layers(0, 1, head=True)
+    b.keep_layers(1, ir.hparams.n_layer)
+    with pytest.raises(UsageError, match="one part with the head, not 2"):
+        SplitLM([a, b])
 
 
 # -- through the engine ------------------------------------------------------------------

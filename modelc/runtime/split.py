@@ -5,13 +5,17 @@ through both.
 Each part is a :class:`ModelPart`: layers ``first .. stop-1`` of the one model
 description (:meth:`~modelc.runtime.arch.decoder.Decoder.keep_layers`, which
 :class:`~modelc.runtime.backends.cuda_llama.CudaLlama` reads too), with caches of its own
-layers.  :class:`SplitLM` is the :class:`~modelc.runtime.model.CausalLM` the engine
-drives: a step runs the first part from the token ids, hands its hidden state
-``(rows, d)`` to the next, and the last part's logits are the step's.  A sequence's cache
-is a :class:`SplitKVCache`: one cache per part, seen by the engine and the prefix cache as
-one cache of every layer (layer ``i`` is layer ``i - first`` of the part that runs it), so
-lengths, truncation, context shifts and prefix-cache blocks stay those of the whole
-model.  In CI the numpy backend stands in for the GPU.
+layers; one part holds the output norm and head (its ``head``).  :class:`SplitLM` is the
+:class:`~modelc.runtime.model.CausalLM` the engine drives: a step runs the first part from
+the token ids, hands its hidden state ``(rows, d)`` to the next, and the last part's
+logits are the step's, or, where the head is another part's (the GPU's, in
+``--n-gpu-layers``), the last part gives the hidden state of the rows whose logits are
+wanted and that part computes them (:meth:`ModelPart.head_logits`): GPU layers, CPU
+layers, GPU head.  A sequence's cache is a :class:`SplitKVCache`: one cache per part,
+seen by the engine and the prefix cache as one cache of every layer (layer ``i`` is layer
+``i - first`` of the part that runs it), so lengths, truncation, context shifts and
+prefix-cache blocks stay those of the whole model.  In CI the numpy backend stands in for
+the GPU.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class ModelPart(Protocol):
     n_ctx: int
     first: int
     stop: int
+    head: bool  # it computes the logits (head_logits): one part of a split
 
     def new_cache(
         self,
@@ -53,7 +58,12 @@ class ModelPart(Protocol):
 
     def forward_part(self, batch: Sequence[SeqChunk], hidden: F32Array | None) -> F32Array:
         """One step from the token ids (``first`` 0) or the hidden state (rows, d); the
-        hidden state after ``stop - 1`` (rows, d), or the logits where the model ends."""
+        hidden state after ``stop - 1`` (rows, d), or where the model ends the logits
+        (``head``) or else the hidden state of the rows whose logits are wanted (r, d)."""
+        ...
+
+    def head_logits(self, hidden: F32Array) -> F32Array:
+        """The logits (r, vocab) of the hidden state (r, d) after the last layer (``head``)."""
         ...
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
@@ -192,7 +202,7 @@ class SplitKVCache(KVCache):
 
 class SplitLM(CausalLM):
     """A causal LM run by its parts in turn (the first from layer 0), each part's hidden
-    state the next one's input."""
+    state the next one's input, then the logits by the part with the head."""
 
     def __init__(self, parts: Sequence[ModelPart]) -> None:
         self.parts = tuple(parts)
@@ -200,7 +210,10 @@ class SplitLM(CausalLM):
         ends = (edges[0][0], edges[-1][1]) == (0, self.parts[-1].hparams.n_layer)
         if not ends or any(a[1] != b[0] for a, b in itertools.pairwise(edges)):
             raise UsageError(f"the parts of a split model do not chain: layers {edges}")
-        head = self.parts[-1]
+        heads = [p for p in self.parts if p.head]
+        if len(heads) != 1:
+            raise UsageError(f"a split model needs one part with the head, not {len(heads)}")
+        self.head = head = heads[0]
         self.architecture, self.hparams, self.n_vocab = (
             head.architecture,
             head.hparams,
@@ -232,8 +245,9 @@ class SplitLM(CausalLM):
         )
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
-        """One step through every part; room is made in every part's cache first, so a
-        step that does not fit changes no cache."""
+        """One step through every part, then the head where it is not the last part's;
+        room is made in every part's cache first, so a step that does not fit changes no
+        cache."""
         caches = [_split(c.cache) for c in batch]
         for c, cache in zip(batch, caches, strict=True):
             cache.reserve(cache.n + len(c.tokens))
@@ -245,6 +259,8 @@ class SplitLM(CausalLM):
             ]
             hidden = part.forward_part(chunks, hidden)
         assert hidden is not None
+        if self.head is not self.parts[-1]:  # the wanted rows' hidden state (r, d)
+            hidden = self.head.head_logits(hidden)
         return hidden
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
@@ -261,10 +277,13 @@ def _split(cache: KVCache) -> SplitKVCache:
     return cache
 
 
-def split_decoder(ir: ModelIR, n_first: int, first: Backend, rest: Backend) -> SplitLM:
+def split_decoder(
+    ir: ModelIR, n_first: int, first: Backend, rest: Backend, *, head_first: bool = False
+) -> SplitLM:
     """``ir``'s first ``n_first`` layers on ``first``, the others on ``rest`` (the numpy
-    backend standing in for a GPU, in CI)."""
+    backend standing in for a GPU, in CI); the output head with the last layer, or with
+    ``head_first`` on ``first``."""
     a, b = Decoder(ir, first), Decoder(ir, rest)
-    a.keep_layers(0, n_first)
-    b.keep_layers(n_first, len(b.blocks))
+    a.keep_layers(0, n_first, head=head_first)
+    b.keep_layers(n_first, len(b.blocks), head=not head_first)
     return SplitLM([a, b])

@@ -194,14 +194,19 @@ class Decoder(CausalLM):
         self.scratch = Scratch()
         self.ones_hd = np.ones(self.head_dim, np.float32)  # the weight of a plain RMS norm
         self.first, self.stop = 0, n_layer  # the layers this model runs (keep_layers)
+        self.head = True  # it computes the logits (keep_layers)
 
-    def keep_layers(self, first: int, stop: int) -> None:
+    def keep_layers(self, first: int, stop: int, head: bool | None = None) -> None:
         """Run layers ``first .. stop-1`` only, as one part of a split model
         (:mod:`modelc.runtime.split`): :meth:`forward_part` takes and gives the hidden state
-        where the part does not start / end the model; caches hold these layers only."""
+        where the part does not start / end the model; caches hold these layers only.
+        ``head`` (default: where they end the model): this part computes the logits
+        (:meth:`head_logits`); a part ending the model without it gives the hidden state of
+        the rows whose logits are wanted."""
         n = len(self.blocks)
         if not 0 <= first < stop <= n or (self.first, self.stop) != (0, n):
             raise UsageError(f"cannot run layers {first}..{stop - 1} of {n} (a model splits once)")
+        self.head = stop == n if head is None else head
         if (first, stop) == (0, n):
             return
         if self.g4 is not None or self.state_shapes:
@@ -395,18 +400,14 @@ class Decoder(CausalLM):
         rows = end_step(batch, slices)
         if self.stop < len(self.blocks):
             return x  # the next part's input
-        if len(rows) == 0:
-            return np.zeros((0, self.n_vocab), np.float32)
-        hl = be.rms_norm(np.ascontiguousarray(x[rows]), self.output_norm, self.eps)  # (r, d)
-        logits = be.matmul(self.output, hl)  # (r, vocab), a fresh array the caller may keep
-        if sp.logit_scale:
-            logits /= np.float32(sp.logit_scale)
-        if sp.final_softcap:
-            cap = np.float32(sp.final_softcap)
-            logits /= cap
-            np.tanh(logits, out=logits)
-            logits *= cap
-        return logits
+        hidden = x[rows]  # (r, d), a fresh array: the part with the head takes it
+        return self.head_logits(hidden) if self.head else hidden
+
+    def head_logits(self, hidden: F32Array) -> F32Array:
+        """The logits (r, vocab) of ``hidden`` (r, d), the state after the last layer."""
+        return blk.output_logits(
+            self.be, self.spec, self.output_norm, self.output, self.eps, hidden
+        )
 
     def _attention(
         self,

@@ -1,5 +1,6 @@
 """One decoder layer's weights (:class:`DecoderBlock`) and the helpers that read them:
-optional tensors, row views of fused ones, each layer's sliding window."""
+optional tensors, row views of fused ones, each layer's sliding window; the output head
+(:func:`output_logits`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import Any
 import numpy as np
 
 from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.decoder_spec import DecoderSpec
 from modelc.runtime.arch.mla import LatentBlock
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.arch.recurrent import Mixer, mixer_feature
-from modelc.runtime.backend import F32Array, Weight
+from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import TensorSource, check_rows
 
 
@@ -88,3 +90,22 @@ def block_fields(
         "attn_sinks": tuple(b.sinks is not None for b in blocks),
         "attn_out_bias": tuple(b.bo is not None for b in blocks),
     }
+
+
+def output_logits(
+    be: Backend, sp: DecoderSpec, norm: F32Array, output: Weight, eps: float, hidden: F32Array
+) -> F32Array:
+    """The logits (r, vocab) of ``hidden`` (r, d), the state after the last layer: the
+    output norm and head, [divided] (granite), [soft-capped] (gemma2); a fresh array."""
+    if len(hidden) == 0:
+        return np.zeros((0, sp.n_vocab), np.float32)
+    h = be.rms_norm(np.ascontiguousarray(hidden), norm, eps)  # (r, d)
+    logits = be.matmul(output, h)  # (r, vocab)
+    if sp.logit_scale:
+        logits /= np.float32(sp.logit_scale)
+    if sp.final_softcap:
+        cap = np.float32(sp.final_softcap)
+        logits /= cap
+        np.tanh(logits, out=logits)
+        logits *= cap
+    return logits

@@ -102,9 +102,13 @@ class CudaLlama(CausalLM):
         self.attn_softcap = sp.attn_softcap
         self.final_softcap = sp.final_softcap
         # the host's layers first .. stop-1 (all, unless a part of a split model): the
-        # embedding where they start the model, the head where they end it
+        # embedding where they start the model; the output norm and head where the host
+        # holds them (where they end it, or in a split the GPU part: head_logits)
         self.first, self.stop = lo, hi = host.first, host.stop
-        blocks, head = host.blocks[lo:hi], hi == len(host.blocks)
+        blocks, head = host.blocks[lo:hi], host.head
+        self.head, self.ends = head, hi == len(host.blocks)  # ends: _run gives the logits
+        if self.ends and not head:
+            raise UnsupportedError("the GPU part that ends a model computes its head too")
         windows = sp.windows[lo:hi]
         self.inv_freq_host = [
             host.inv_freq_local if loc else host.inv_freq for loc in sp.local_rope[lo:hi]
@@ -297,7 +301,7 @@ class CudaLlama(CausalLM):
             dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu)
             q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
             self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8)
-        if r and self.output is not None:
+        if r and self.ends and self.output is not None:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)
             if self.final_softcap:
@@ -381,14 +385,33 @@ class CudaLlama(CausalLM):
         if (hidden is None) != (self.tok_embd is not None):
             raise UsageError(f"layers {self.first}.. take the hidden state, not token ids")
         n, r = self._step(batch, hidden)
-        dev_out = self.logits[:r] if self.output is not None else self.x[:n]
+        dev_out = self.logits[:r] if self.ends else self.x[:n]
         out: F32Array = dev_out.get(stream=self.stream)
+        self.stream.synchronize()
+        return out
+
+    def head_logits(self, hidden: F32Array) -> F32Array:
+        """As :meth:`Decoder.head_logits`, on the device (eagerly: one norm, one product):
+        the logits (r, vocab) of the hidden state (r, d) the last part gives."""
+        if self.output is None:
+            raise UsageError(f"layers {self.first}..{self.stop - 1} on the GPU hold no head")
+        r = len(hidden)
+        if r > self.rows:
+            self._alloc(max(r, 2 * self.rows))
+        with self.stream:
+            if r:
+                self.x[:r].set(np.ascontiguousarray(hidden, np.float32), stream=self.stream)
+                self.dev.rms_norm(self.x, None, r, self.output_norm, self.eps, self.h)
+                self.dev.matmul(self.output, self.h, r, self.logits)
+                if self.final_softcap:
+                    self.dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
+            out: F32Array = self.logits[:r].get(stream=self.stream)
         self.stream.synchronize()
         return out
 
     def forward_greedy(self, batch: Sequence[SeqChunk]) -> np.ndarray[Any, Any]:
         """One step; the argmax token id of each wanted row, computed on the device."""
-        if self.tok_embd is None or self.output is None:
+        if self.tok_embd is None or not self.ends:
             raise UsageError("greedy steps on the GPU need the whole model there")
         _, r = self._step(batch)
         with self.stream:

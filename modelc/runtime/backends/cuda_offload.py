@@ -6,7 +6,10 @@ model larger than the GPU still runs.
 ``auto`` (as llama.cpp's ``--fit``) puts as many layers on the GPU as its free memory
 holds beside their KV caches (every sequence at its full context), the embedding table and
 scratch: :func:`plan_gpu_layers`, a pure function of those sizes.  The GPU part takes the
-embedding (the step starts there); the output head goes with the last layer.
+embedding (the step starts there) and the output norm and head, so a step runs the GPU's
+layers, the CPU's, then the head on the GPU (a tied head is the embedding table already
+there: no more memory); ``MODELC_OFFLOAD_HEAD=last`` keeps the head with the last layer
+on the CPU, as llama.cpp's ``-ngl`` below every layer does (:func:`head_on_gpu`).
 :func:`build_cuda` builds the whole model on the GPU (its checks, :func:`cuda_plan`,
 shared with :func:`build_offload`).
 
@@ -22,6 +25,7 @@ rows, norms and attention run on the GPU and the rest on the numpy reference
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,21 +49,37 @@ log = logging.getLogger("modelc")
 SCRATCH = 256 << 20  # the GPU's activations, cuBLAS workspace and allocator slack (check_fits')
 
 
+def head_on_gpu() -> bool:
+    """Whether a split's GPU part holds the output head: yes, unless
+    ``MODELC_OFFLOAD_HEAD=last`` (llama.cpp's placement, for side-by-side figures)."""
+    where = os.environ.get("MODELC_OFFLOAD_HEAD", "first")
+    if where not in ("first", "last"):
+        raise UsageError(f"MODELC_OFFLOAD_HEAD={where}: use first (the default) or last")
+    return where == "first"
+
+
 def plan_gpu_layers(
-    layer_bytes: Sequence[int], kv_per_layer: int, embd: int, head: int, free: int
+    layer_bytes: Sequence[int],
+    kv_per_layer: int,
+    embd: int,
+    head: int,
+    free: int,
+    head_first: bool = True,
 ) -> int:
     """How many first layers ``auto`` puts on the GPU: the most whose weights
     (``layer_bytes``, in order) and KV caches (``kv_per_layer`` each: every sequence at
-    its full context) fit in ``free`` bytes beside the embedding table and
-    :data:`SCRATCH`; every layer only if the output head (``head`` bytes: 0 when it is the
-    embedding table) fits too.  0 when not even the first layer fits."""
-    room = free - embd - SCRATCH
+    its full context) fit in ``free`` bytes beside the embedding table, the output head
+    (``head`` bytes: 0 when it is the embedding table) and :data:`SCRATCH`.  The head is
+    the GPU part's with any layer there (``head_first``), else (``MODELC_OFFLOAD_HEAD=last``)
+    only with every layer: then every layer only if it fits too.  0 when not even the
+    first layer fits."""
+    room = free - embd - SCRATCH - (head if head_first else 0)
     k, used = 0, 0
     for w in layer_bytes:
         if used + w + kv_per_layer > room:
             break
         used, k = used + w + kv_per_layer, k + 1
-    if k == len(layer_bytes) and used + head > room:
+    if not head_first and k == len(layer_bytes) and used + head > room:
         k -= 1
     return max(k, 0)
 
@@ -87,9 +107,10 @@ def build_offload(
     :func:`~modelc.runtime.backends.cuda_llama.build_cuda`, the same checks): the GPU's
     :class:`CudaLlama` when every layer goes there, None when none does (the CPU runs it
     all), else a :class:`SplitLM` of the first layers on the GPU and the rest on
-    ``cpu()``."""
+    ``cpu()``, the output head on the GPU (:func:`head_on_gpu`)."""
 
     host, ctx = cuda_plan(ir, kv_mode, max_context, host)
+    head_first = head_on_gpu()
     n = len(host.blocks)
     per_token_layer = host.kv_shape.bytes_per_token(KVMode(kv_mode)) // n
     kv_layer = per_token_layer * ctx * max_concurrent  # every sequence at its context
@@ -104,12 +125,13 @@ def build_offload(
             int(host.tok_embd.data.nbytes),
             0 if tied else int(host.output.data.nbytes),
             free,
+            head_first,
         )
     else:
         k = n if n_gpu_layers == "all" else min(int(n_gpu_layers), n)
     if k == 0:
         return None
-    host.keep_layers(0, k)
+    host.keep_layers(0, k, head=head_first or k == n)
     per_seq, n_seqs = (
         (kv_layer * k, 1)
         if kv_budget_bytes is not None
@@ -123,7 +145,7 @@ def build_offload(
     if k == n:
         return gpu
     rest = Decoder(ir, cpu())
-    rest.keep_layers(k, n)
+    rest.keep_layers(k, n, head=not head_first)
     return SplitLM([gpu, rest])
 
 
@@ -195,10 +217,11 @@ def build_op_by_op(
 ) -> Any:
     """The model's own forward (:func:`~modelc.runtime.arch.build`) on ``gpu()`` (the
     op-level :class:`CudaBackend`; in tests the numpy reference stands in), or with
-    ``n_gpu_layers`` N below its layers, a :class:`SplitLM` of its first N layers there and
-    the rest on ``cpu()``; None for 0 layers (the CPU runs it all).  ``n_cpu_moe`` N: the
-    experts of the first N layers computed by one ``cpu()`` backend (their weights never
-    go to the GPU: the op-level backend uploads a weight at its first product)."""
+    ``n_gpu_layers`` N below its layers, a :class:`SplitLM` of its first N layers and the
+    output head there (:func:`head_on_gpu`) and the rest on ``cpu()``; None for 0 layers
+    (the CPU runs it all).  ``n_cpu_moe`` N: the experts of the first N layers computed by
+    one ``cpu()`` backend (their weights never go to the GPU: the op-level backend uploads
+    a weight at its first product)."""
     if n_gpu_layers == 0:
         return None
     model = build(ir, gpu())
@@ -211,10 +234,10 @@ def build_op_by_op(
     if n_gpu_layers in ("auto", "all") or int(n_gpu_layers) >= n:
         return model
     assert isinstance(model, Decoder)
-    k = int(n_gpu_layers)
-    model.keep_layers(0, k)
+    k, head_first = int(n_gpu_layers), head_on_gpu()
+    model.keep_layers(0, k, head=head_first)
     rest = Decoder(ir, cpu())
-    rest.keep_layers(k, n)
+    rest.keep_layers(k, n, head=not head_first)
     return SplitLM([model, rest])
 
 
