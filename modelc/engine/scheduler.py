@@ -2,32 +2,28 @@
 
 ``await nursery.start(engine.run)`` starts it.  ``engine.submit(req)`` (from any task
 of the same Trio run) validates the request, compiles its constraint, looks up the
-prefix cache and queues it in the :class:`~modelc.engine.policy.Policy`, or raises
-at once (CapacityError: queue full; UsageError: bad prompt, constraint or
-settings).  Its events arrive through a channel bounded by the request's own
-``max_tokens + 1`` events: delivering never blocks the loop on a slow reader.
+prefix cache and queues it in the :class:`~modelc.engine.policy.Policy`, or raises at
+once (CapacityError: queue full; UsageError: bad prompt, constraint or settings).  Its
+events come through a channel of ``max_tokens + 1``: delivering never blocks the loop.
 
 Each loop iteration:
 
 1. requests cancelled (``handle.cancel()``, the reader gone) or past their deadline
    leave: their KV cache is freed and they get their :class:`FinishEvent`;
 2. running decoders get speculative drafts, and context limits are applied;
-3. ``policy.schedule()`` plans the step; the model runner executes it
-   (:meth:`~modelc.engine.runner.ModelRunner.execute`: prefix-cache loads, one batched
-   ``model.forward``, constraint masks, sampling / draft verification, prefix-cache
-   inserts) on the step thread (:mod:`~modelc.engine.step_thread`), one step at a
-   time, started without yielding so responses are written while it computes;
-4. back on the event loop the new tokens are detokenized, checked against stop
-   tokens / stop strings / limits and delivered; ``policy.update`` closes the step.
+3. ``policy.schedule()`` plans the step; :meth:`~modelc.engine.runner.ModelRunner.execute`
+   runs it on the step thread (prefix-cache loads, one batched ``model.forward``,
+   masks, sampling / draft checks, prefix-cache inserts), started without yielding so
+   responses are written while it computes;
+4. the new tokens are detokenized, checked against stop tokens / strings / limits and
+   handed out (:func:`~modelc.engine.options.release_held`); ``policy.update``.
 
-A stop token (EOS/EOT in ``stop_token_ids``, or the end-of-generation token a
-completed grammar allows) ends the request without a TokenEvent of its own; it is
-counted in ``completion_tokens``.  Text held back for a possible stop string is
-released in the FinishEvent.
+A stop token (in ``stop_token_ids``, or the end of generation a completed grammar
+allows) ends the request without a TokenEvent, counted in ``completion_tokens``; text
+held back for a possible stop string comes in the FinishEvent.
 
 A request cancelled while a step runs leaves right after it (its tokens from that step
-dropped); nothing else is stopped by it.  A request's images (``req.images``: spans of
-embeddings, :mod:`modelc.vision`) ride with its sequence to the model.
+dropped).  Its images (``req.images``, :mod:`modelc.vision`) ride with its sequence.
 """
 
 from __future__ import annotations
