@@ -26,7 +26,7 @@ export PYTHONPATH=/tmp/site:$PWD M OUT
 at() { echo "== $1 at $((SECONDS - T0)) s"; }
 unz() { python3 -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(open(sys.argv[1], 'rb'), sys.stdout.buffer)" "$1"; }
 
-if [ "${1:-}" != http ]; then
+if [ -z "${1:-}" ]; then
   [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target /tmp/site .whl/*.whl || exit 1
   (python3 setup.py build_ext --inplace >"$OUT/ext_build.log" 2>&1) &
@@ -101,7 +101,7 @@ if [ "${1:-}" = webgpu ]; then
   done
   at "WebGPU gap: host / GPU (timestamps) / total ms a step, matmul GB/s"
   for m in llama1b-q4_0 llama1b-q4_k_m; do
-    PYTHONPATH=. timeout 120 python3 bench/webgpu_gap.py --model $M/$m.gguf --json "$OUT/gap_$m.json" 2>&1 | grep -v XDG_RUNTIME
+    timeout 120 python3 bench/webgpu_gap.py --model $M/$m.gguf --json "$OUT/gap_$m.json" 2>&1 | grep -v XDG_RUNTIME
   done
   at "end"
   exit 0
