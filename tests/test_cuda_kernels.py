@@ -432,10 +432,12 @@ def _attention_step(
     cap: int,
     dt: Any,
     rows: int,
-) -> tuple[Any, Any, int, Any, list[int]]:
+) -> tuple[Any, Any, int, Any, list[int], list[Any]]:
     """A step's queries and attention meta over random caches, one a sequence: ``chunks``
     (sequence, first position, rows); returns q, (pos, seq, base, cap), the row count,
-    the device tiles of ``rows`` and their sizes."""
+    the device tiles of ``rows``, their sizes and the caches (the meta holds only their
+    addresses: the caller keeps them alive, or CuPy's pool hands their memory to the
+    next arrays, the outputs among them)."""
     from modelc.runtime.backends.cuda_attn import tiles
 
     cp = be.cp
@@ -450,7 +452,7 @@ def _attention_step(
     starts = np.cumsum([0] + [r for _, _, r in chunks])
     t = tiles([slice(int(a), int(b)) for a, b in pairwise(starts)], rows)
     q = cp.asarray(rng.standard_normal((n, nh, hd)).astype(np.float32))
-    return q, parts, n, (cp.asarray(t.ravel()), len(t)), t[:, 1].tolist()
+    return q, parts, n, (cp.asarray(t.ravel()), len(t)), t[:, 1].tolist(), caches
 
 
 @pytest.mark.parametrize("hd", [32, 64, 96, 128])
@@ -467,7 +469,7 @@ def test_tiled_prompt_attention_equals_a_block_a_row(be: Any, hd: int, f16: bool
     dt = np.float16 if f16 else np.float32
     chunks = [(0, 20, 37), (1, 70, 1), (2, 0, 3)]  # (sequence, first position, rows)
     step = _attention_step(be, np.random.default_rng(16), chunks, nh, nkv, hd, 80, dt, ROWS)
-    q, parts, n, tiles, sizes = step
+    q, parts, n, tiles, sizes, _caches = step
     assert sizes == [16, 16, 5, 1, 3]
     dev.attn_mma = False  # the float tiles (an f16 cache takes the tensor cores' by default)
     try:
@@ -498,7 +500,7 @@ def test_prompt_attention_on_tensor_cores(be: Any, hd: int) -> None:
     assert dev.tile_rows(True) == MMA_ROWS and dev.tile_rows(False) < MMA_ROWS
     chunks = [(0, 20, 100), (1, 70, 1), (2, 0, 3)]
     rng = np.random.default_rng(17)
-    q, parts, n, tiles, sizes = _attention_step(
+    q, parts, n, tiles, sizes, _caches = _attention_step(
         be, rng, chunks, nh, nkv, hd, 130, np.float16, MMA_ROWS
     )
     assert sizes == [64, 36, 1, 3]
