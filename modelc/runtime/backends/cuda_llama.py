@@ -23,8 +23,8 @@ A decode step (one token a sequence) is captured once per batch size as a CUDA g
 replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): up to ``gemv_max`` sequences at once
 (GEMV) at the first step of that size, more (cuBLAS) at the second, after an eager one
 has let cuBLAS set itself up; where a capture fails, such steps run eagerly
-(``graph_error``).  With ``MODELC_CUDA_GRAPH_BUCKETS=1`` (not yet the default: it has not
-run on a GPU) a decode step past 8 sequences runs as the next multiple of 8
+(``graph_error``).  By default (``MODELC_CUDA_GRAPH_BUCKETS=0``: one graph a row count)
+a decode step past 8 sequences runs as the next multiple of 8
 (:func:`~.cuda_step.graph_rows`), the rows past its own reading token 0 at position 0 of a
 one-position scratch cache (:func:`~.cuda_step.step_meta`), so that 64 streams meet 15 graphs, not 64,
 and :meth:`CudaLlama.warm` captures them all when the model loads (a server's first
@@ -154,7 +154,7 @@ class CudaLlama(CausalLM):
         self.attn_tiles = os.environ.get("MODELC_CUDA_ATTN_TILES", "1") != "0"
         self._tiles = 0
         # decode steps padded to graph buckets (graph_rows), their padding rows' cache
-        self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "0") == "1"
+        self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "1") == "1"
         self._pad_caches: dict[bool, CudaKVCache] = {}
         self._alloc(64)
 

@@ -141,7 +141,7 @@ def build_offload(
         )
     )
     gpu = CudaLlama(ir, CudaBackend(), kv_bytes=per_seq, n_seqs=n_seqs, host=host)
-    gpu.warm(max_concurrent, kv_mode)  # the decode graphs now (MODELC_CUDA_GRAPH_BUCKETS=1)
+    gpu.warm(max_concurrent, kv_mode)  # every decode graph now (the graph buckets)
     if k == n:
         return gpu
     rest = Decoder(ir, cpu())
