@@ -44,7 +44,7 @@ PROMPT = 64
 def kind_of(label: str) -> str:
     """matmul / attention / rest, from a pipeline's label (``module.entry``)."""
     module, _, entry = label.partition(".")
-    if entry == "matmul":
+    if entry in ("matmul", "gemv"):  # matmul.wgsl, or gemv.wgsl (few rows of x)
         return "matmul"
     return "attention" if "attention" in module else "rest"
 
@@ -95,6 +95,7 @@ def matmul_alone(model: Any, reps: int, timed: bool) -> dict[str, Any]:
 
 def bench(path: Path, be: Any, steps: int, warm: int, kv: str, reps: int) -> dict[str, Any]:
     from modelc.formats import load_model
+    from modelc.runtime.backends.webgpu import DEQ
     from modelc.runtime.backends.webgpu_llama import WebGpuLlama
     from modelc.runtime.backends.webgpu_timer import PassTimer, timestamps_supported
     from modelc.runtime.model import SeqChunk
@@ -153,7 +154,9 @@ def bench(path: Path, be: Any, steps: int, warm: int, kv: str, reps: int) -> dic
         for m in mats:
             t = by_type.setdefault(str(m.dtype.name), {"mib": 0.0})
             t["mib"] += weight_bytes(model, m) / 2**20
-            t["ms"] = by_label.get(be._module(m.dtype, 1)[0] + ".matmul", 0.0)
+            fn = DEQ[m.dtype]  # batch 1: gemv.wgsl's pipeline, or matmul.wgsl's (GEMV off)
+            mods = (f"matmul_{fn}_1.", f"gemv_{fn}_1_")  # gemv_<fn>_<nx>_<threads a row>
+            t["ms"] = sum(ms for k, ms in by_label.items() if k.startswith(mods))
         for t in by_type.values():
             t["gbs"] = t["mib"] * 2**20 / (t["ms"] * 1e6) if t["ms"] else 0.0
         r["matmul_by_type"] = by_type

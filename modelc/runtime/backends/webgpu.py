@@ -3,7 +3,10 @@ Backend op as a WGSL compute shader (``wgsl/``), run through wgpu on Metal, Vulk
 
 Weights are uploaded once, in their quantized blocks as stored (keyed by the identity of
 their data array, as the CPU backend's caches), and the matrix products dequantize them in
-the shader: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_NL.
+the shader: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_NL.  A
+product of up to 8 rows of x (decode; ``MODELC_WEBGPU_GEMV``: that count, 0 never) runs
+``gemv.wgsl`` (threads along a weight row, reading it coalesced, their parts summed in
+workgroup memory), more rows ``matmul.wgsl`` (a thread a weight row and 8 rows of x).
 Other weight types fall back to the numpy reference on the host.  A weight over the
 adapter's storage-binding limit is split by rows into several buffers.
 
@@ -21,13 +24,15 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from modelc.errors import UnsupportedError, UsageError
+from modelc.errors import ConfigError, UnsupportedError, UsageError
 from modelc.formats.ir import DType, row_bytes
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source
@@ -49,6 +54,9 @@ DEQ: dict[DType, str] = {
 }
 
 NX = 8  # the most rows of x per matmul thread (matmul.wgsl): 1, 2, 4 or 8 by batch size
+GEMV_ROWS = 8  # products of at most this many rows of x take gemv.wgsl (MODELC_WEBGPU_GEMV)
+GEMV_WG = 64  # gemv.wgsl's threads a workgroup (a weight row, or a few short ones)
+_FLOATS = (DType.F32, DType.F16, DType.BF16)
 _CACHE_MAX = 4096
 
 
@@ -84,6 +92,32 @@ def matmul_source(fn: str, nx: int) -> str:
     return body + "\n" + shader_source("half", "quants")
 
 
+@functools.cache
+def gemv_source(fn: str, nx: int, qpt: int, tpr: int) -> str:
+    """gemv.wgsl for a weight type (its deq4_* function), ``nx`` rows of x, ``qpt`` quads a
+    thread's chunk and ``tpr`` threads a weight row, the accumulators written as scalars."""
+    body = shader_source("gemv").replace("DEQ4(", f"{fn}(")
+    for name, v in (("NX", nx), ("WG", GEMV_WG), ("QPT", qpt), ("TPR", tpr)):
+        body = re.sub(rf"const {name}: u32 = \d+u;", f"const {name}: u32 = {v}u;", body)
+    decl = "".join(f"var a{r} = 0.0;\n    " for r in range(nx))
+    step = "".join(f"a{r} += dot(w, xs[xq[{r}] + k]);\n            " for r in range(nx))
+    part = "".join(f"part[{r}u * WG + lid] = a{r};\n    " for r in range(nx))
+    body = body.replace("ACC_DECL", decl).replace("ACC_STEP", step).replace("ACC_PART", part)
+    return body + "\n" + shader_source("half", "quants")
+
+
+def gemv_rows() -> int:
+    """The most rows of x a product takes the GEMV shader for: ``MODELC_WEBGPU_GEMV`` (0:
+    never, the per-row matmul shader always, for comparison), default GEMV_ROWS."""
+    env = os.environ.get("MODELC_WEBGPU_GEMV", "").strip()
+    if not env:
+        return GEMV_ROWS
+    try:
+        return max(0, int(env))
+    except ValueError as e:
+        raise ConfigError(f"MODELC_WEBGPU_GEMV={env!r} is not a whole number (0: off)") from e
+
+
 class WebGPUBackend(ActivationOps):
     """Backend ops on a WebGPU device.  ``require``: the adapter's backend must be this one
     (``"Metal"`` for ``--device metal``); default any of Metal, Vulkan, D3D12."""
@@ -96,6 +130,7 @@ class WebGPUBackend(ActivationOps):
         super().__init__()  # the numpy reference: what has no shader
         # id(weight data) -> (that data, [(buffer, first row, rows)])
         self._weights: dict[int, tuple[np.ndarray[Any, Any], list[tuple[Any, int, int]]]] = {}
+        self.gemv_rows = gemv_rows()  # products of up to this many rows of x: gemv.wgsl
 
     # --- weights ------------------------------------------------------------------------
 
@@ -159,6 +194,47 @@ class WebGPUBackend(ActivationOps):
 
     # --- matrix products ----------------------------------------------------------------
 
+    def matmul_dispatches(
+        self,
+        w: Weight,
+        x: tuple[Any, ...],
+        n: int,
+        out: tuple[Any, ...],
+        acc: bool = False,
+        stride: int = 0,
+        col0: int = 0,
+    ) -> list[Dispatch]:
+        """The dispatches of ``out (+)= x @ dequant(w).T`` for ``n`` rows of x (bound
+        buffers, x's rows padded to whole quads): ``acc`` adds into out (a residual);
+        ``stride`` (default the weight's rows) and ``col0`` are out's row width and the first
+        column written.  Up to ``gemv_rows`` rows of x: gemv.wgsl (a workgroup a weight row,
+        its threads along the row); more: matmul.wgsl (a thread a weight row and NX rows)."""
+        rows, cols = w.shape
+        rb = row_bytes(w.dtype, cols)
+        nx = min(NX, 1 << (n - 1).bit_length())
+        fn = DEQ[w.dtype]
+        gemv = n <= self.gemv_rows
+        rpw = 1  # weight rows a workgroup
+        if gemv:
+            qpt = 1 if w.dtype in _FLOATS else 8  # a thread's chunk: a quad, or a block's 8
+            # threads a row: a power of two up to GEMV_WG, none without a chunk (short rows:
+            # several rows a workgroup)
+            tpr = min(GEMV_WG, 1 << (max(1, -(-cols // (4 * qpt))).bit_length() - 1))
+            rpw = GEMV_WG // tpr
+            src = gemv_source(fn, nx, qpt, tpr)
+            pipe = self.gpu.pipeline(f"gemv_{fn}_{nx}_{tpr}", "gemv", src)
+        else:
+            key, src = self._module(w.dtype, nx)
+            pipe = self.gpu.pipeline(key, "matmul", src)
+        res = []
+        for buf, r0, nr in self._chunks(w):
+            gx, gy = grid(math.ceil(nr / rpw) if gemv else math.ceil(nr / 64))
+            gxs = gx if gemv else gx * 64  # workgroups / threads along x
+            params = _u(nr, cols, n, rb, stride or rows, col0 + r0, gxs, int(acc))
+            bind = {0: (buf, buf.size), 1: x, 2: out}
+            res.append(Dispatch(pipe, bind, params, 3, (gx, gy, math.ceil(n / nx))))
+        return res
+
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:
         return self.matmul_many([w], x, [out])[0]
 
@@ -178,7 +254,6 @@ class WebGPUBackend(ActivationOps):
         if gpu_ws:
             with self.gpu.lock:
                 job = Job()
-                nx = min(NX, 1 << (n - 1).bit_length())
                 cols4 = -(-x.shape[1] // 4) * 4  # x rows padded to whole vec4s
                 xp = x if cols4 == x.shape[1] else np.pad(x, ((0, 0), (0, cols4 - x.shape[1])))
                 xb = self.gpu.put("mm_x", xp)
@@ -187,21 +262,9 @@ class WebGPUBackend(ActivationOps):
                     rows, cols = w.shape
                     if x.shape[1] != cols:
                         raise ValueError(f"matmul: x has {x.shape[1]} columns, weight {w.shape}")
-                    key, src = self._module(w.dtype, nx)
-                    pipe = self.gpu.pipeline(key, "matmul", src)
                     ob = self.gpu.scratch(f"mm_out{slot}", n * rows * 4)
-                    rb = row_bytes(w.dtype, cols)
-                    for buf, r0, nr in self._chunks(w):
-                        gx, gy = grid(math.ceil(nr / 64))
-                        job.add(
-                            Dispatch(
-                                pipe,
-                                {0: (buf, buf.size), 1: xb, 2: ob},
-                                _u(nr, cols, n, rb, rows, r0, gx * 64, 0),
-                                3,
-                                (gx, gy, math.ceil(n / nx)),
-                            )
-                        )
+                    for d in self.matmul_dispatches(w, xb, n, ob):
+                        job.add(d)
                     job.reads.append((ob[0], n * rows * 4))
                 data = self.gpu.run(job)
             for k, i in enumerate(gpu_ws):

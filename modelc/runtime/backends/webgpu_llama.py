@@ -42,7 +42,7 @@ from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
-from modelc.runtime.backends.webgpu import DEQ, NX, WebGPUBackend
+from modelc.runtime.backends.webgpu import DEQ, WebGPUBackend
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, Plan, grid, shader_source
 from modelc.runtime.backends.webgpu_kv import WebGpuKVCache
 from modelc.runtime.backends.webgpu_ops import SCORES_BYTES
@@ -239,16 +239,8 @@ class WebGpuLlama(CausalLM):
         """``out (+)= x @ dequant(w).T`` (``acc``: added into out, a residual); ``stride``
         (default the weight's rows) and ``col0``: out's row width and the first column
         written (two products into one buffer's halves)."""
-        nx = min(NX, 1 << (n - 1).bit_length())
-        key, src = self.be._module(w.dtype, nx)
-        pipe = self.gpu.pipeline(key, "matmul", src)
-        rows, cols = w.shape
-        rb = row_bytes(w.dtype, cols)
-        for buf, r0, nr in self.be._chunks(w):
-            gx, gy = grid(math.ceil(nr / 64))
-            params = _u(nr, cols, n, rb, stride or rows, col0 + r0, gx * 64, int(acc))
-            bind = {0: (buf, buf.size), 1: x, 2: out}
-            job.add(Dispatch(pipe, bind, params, 3, (gx, gy, math.ceil(n / nx))))
+        for d in self.be.matmul_dispatches(w, x, n, out, acc, stride, col0):
+            job.add(d)
 
     def _norm(
         self, job: Job, x: Any, w: Any, n: int, out: Any, sel: Any = None, width: int = 0
