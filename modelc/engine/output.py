@@ -67,6 +67,8 @@ class TextOutput:
     def push(self, token: int) -> str:
         """The text ``token`` completes (``matched`` turns True on a stop string)."""
         text = self.decoder.feed(token) if self.decoder is not None else ""
+        if not self.stops.stops:  # nothing held back, nothing to match
+            return text
         out, self.matched = self.stops.push(text)
         return out
 

@@ -28,6 +28,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelc.errors import CapacityError, UsageError
 
@@ -62,13 +63,14 @@ class SeqState:
         return self.num_computed < self.prompt_len
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledSeq:
+class ScheduledSeq(NamedTuple):
     """Feed tokens ``start .. start + n_tokens - 1`` of one sequence this step.
 
     The last ``n_draft`` of them are speculative draft tokens (appended by the engine
     after the known tokens).  ``sample``: the chunk reaches the end of the known
     tokens, so the step must return logits for it (all ``n_draft + 1`` last rows).
+    (A named tuple, as :class:`SeqResult`: one of each a sequence a step, made a third
+    as fast as a frozen dataclass.)
     """
 
     request_id: str
@@ -91,8 +93,7 @@ class StepPlan:
         return bool(self.seqs)
 
 
-@dataclass(frozen=True, slots=True)
-class SeqResult:
+class SeqResult(NamedTuple):
     """What one step did to a sequence: ``num_computed`` after it (speculative
     rollback applied), ``new_tokens`` sampled, and whether it finished."""
 
@@ -229,14 +230,19 @@ class Policy:
     def schedule(self) -> StepPlan:
         budget = self.step_tokens
         out: list[ScheduledSeq] = []
-        decoding = [s for s in self.running.values() if not s.prefilling and not s.paused]
-        prefilling = [s for s in self.running.values() if s.prefilling]
-        for st in decoding:  # always scheduled: a running stream never stalls
-            n_known = st.num_tokens - st.num_computed
-            draft = max(0, min(st.draft, budget - n_known))
-            out.append(
-                ScheduledSeq(st.request_id, st.num_computed, n_known + draft, draft, True, False)
-            )
+        prefilling = []
+        for st in self.running.values():  # decodes always scheduled: a stream never stalls
+            computed = st.num_computed
+            if computed < st.prompt_len:
+                prefilling.append(st)
+                continue
+            if st.paused:
+                continue
+            n_known = st.num_tokens - computed
+            draft = st.draft
+            if draft:
+                draft = max(0, min(draft, budget - n_known))
+            out.append(ScheduledSeq(st.request_id, computed, n_known + draft, draft, True, False))
             budget -= n_known + draft
         for st in prefilling:
             if budget <= 0:

@@ -323,17 +323,22 @@ class ModelRunner:
         seq.prefix_loaded = True
 
     def _compute(self, plan: StepPlan, n_dec: int) -> StepOutput:
-        batch, seqs = [], []
+        batch, seqs, by_id = [], [], self.seqs
         for s in plan.seqs:
-            seq = self.seqs[s.request_id]
+            seq = by_id[s.request_id]
             if s.admitted:
                 self._admit(seq)
-            assert seq.cache is not None and seq.cache.n == s.start, (s, seq.cache and seq.cache.n)
-            feed = seq.tokens[s.start : s.start + s.n_tokens - s.n_draft] + seq.draft[: s.n_draft]
-            rows = tuple(range(len(feed) - s.n_draft - 1, len(feed))) if s.sample else ()
-            if seq.prompt_logprobs is not None and s.start < seq.prompt_len:
+            start, n_draft, cache = s.start, s.n_draft, seq.cache
+            assert cache is not None and cache.n == start, (s, cache and cache.n)
+            if s.n_tokens == 1 and not n_draft:  # a decode's one token (or a 1-token chunk)
+                feed = seq.tokens[start : start + 1]
+                rows: tuple[int, ...] = (len(feed) - 1,) if s.sample else ()
+            else:
+                feed = seq.tokens[start : start + s.n_tokens - n_draft] + seq.draft[:n_draft]
+                rows = tuple(range(len(feed) - n_draft - 1, len(feed))) if s.sample else ()
+            if seq.prompt_logprobs is not None and start < seq.prompt_len:
                 rows = tuple(range(len(feed)))  # every prompt row's next-token logits
-            batch.append(SeqChunk(seq.cache, feed, rows, seq.images))
+            batch.append(SeqChunk(cache, feed, rows, seq.images))
             seqs.append(seq)
         on_device = self._on_device(plan, seqs, batch)
         drawn: Iterator[Sample] = iter(())

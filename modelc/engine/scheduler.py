@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,8 @@ from modelc.engine.handle import Handle
 from modelc.engine.options import AUTO_STREAM_BUSY, EngineOptions, release_held
 from modelc.engine.output import TextOutput
 from modelc.engine.policy import Policy, SeqResult, StepPlan, StepResult
-from modelc.engine.runner import LoraStack, ModelRunner, SeqRun, StepOutput
+from modelc.engine.request import RequestState as _Request
+from modelc.engine.runner import LoraStack, ModelRunner, StepOutput
 from modelc.engine.speculative import MLPDraftWeights
 from modelc.engine.step_thread import StepThread
 from modelc.errors import ModelcError, UnsupportedError, UsageError
@@ -63,28 +63,6 @@ from modelc.runtime.model import EmbeddingModel, LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import Sample, Sampler
 from modelc.vision import VisionModel
-
-
-@dataclass(eq=False)
-class _Request:
-    """The scheduler's state of one request (the model's side is its ``seq``)."""
-
-    req: GenerationRequest
-    send: trio.MemorySendChannel[Event]
-    seq: SeqRun  # the runner's state: tokens, sampler, KV cache, drafts
-    prompt_tokens: int  # as submitted (before any context shift)
-    max_new: int  # generated tokens allowed (the request's max_tokens, or the default cap)
-    stop_ids: frozenset[int]  # ids that end the request (end of generation + its own)
-    submitted: float
-    output: TextOutput
-    completion: int = 0
-    first_token_at: float | None = None
-    cancelled: bool = False
-    prompt_lp_sent: bool = False
-    stop_token: TokenEvent | None = None  # the end-of-generation token that ended it
-    paused_at: float | None = None  # trio time its reader fell behind (see _pace)
-    held: list[TokenEvent] = field(default_factory=list)  # tokens not handed out yet
-    held_since: float = 0.0  # when the oldest of them was made (trio's clock)
 
 
 class LLMEngine:
@@ -330,7 +308,9 @@ class LLMEngine:
         """Pause a decoder whose reader fell ``max_unread`` events behind (no compute while
         nobody reads), resume it when the reader catches up, cancel it after
         ``stall_timeout`` paused.  False if the request ended."""
-        behind = r.send.statistics().current_buffer_used >= self.opt.max_unread
+        if r.paused_at is None and r.unread < self.opt.max_unread:
+            return True  # cannot be behind (see RequestState.behind): nothing to do
+        behind = r.behind(self.opt.max_unread)
         now = trio.current_time()
         if behind and r.paused_at is None:
             r.paused_at = now
@@ -357,16 +337,20 @@ class LLMEngine:
         assert runner is not None
         # rows of this step's decodes before drafts (each controller weighs its draft
         # against the time it adds to all of them)
-        n_dec = sum(1 for st in self.policy.running.values() if not st.prefilling and not st.paused)
+        running, max_context = self.policy.running, self.max_context
+        n_dec = sum(1 for st in running.values() if not st.prefilling and not st.paused)
         self._n_dec = max(n_dec, 1)
-        for rid, st in list(self.policy.running.items()):
+        for rid, st in list(running.items()):
             r = self._reqs[rid]
             seq = r.seq
             if st.prefilling or seq.cache is None:
                 continue
             if not self._pace(rid, r) or r.paused_at is not None:
                 continue
-            if len(seq.tokens) > self.max_context:  # the next decode would not fit
+            fits = len(seq.tokens) <= max_context
+            if fits and seq.drafter is None and not seq.draft:
+                continue  # nothing to draft, nothing to clear (what draft() would find)
+            if not fits:  # the next decode would not fit
                 discard = runner.shift(rid, self.opt.anchor_tokens) if self.opt.context_shift else 0
                 if discard < 1:
                     self._finish(rid, FinishReason.LENGTH)
@@ -397,17 +381,18 @@ class LLMEngine:
             if isinstance(samples, ModelcError):
                 self._finish(s.request_id, FinishReason.ERROR, error=str(samples))
                 continue
-            self._stats.spec_drafted += s.n_draft
-            self._stats.spec_accepted += max(0, len(samples) - 1) if s.n_draft else 0
+            if s.n_draft:
+                self._stats.spec_drafted += s.n_draft
+                self._stats.spec_accepted += max(0, len(samples) - 1)
             if r.req.progress and s.start < seq.prompt_len:
                 done = min(seq.n_computed, seq.prompt_len)
-                self._send(
-                    r, ProgressEvent(done, r.prompt_tokens, seq.cached_tokens, now - r.submitted)
+                r.send_event(
+                    ProgressEvent(done, r.prompt_tokens, seq.cached_tokens, now - r.submitted)
                 )
             if r.req.prompt_logprobs is not None and samples and not r.prompt_lp_sent:
                 r.prompt_lp_sent = True
                 lps = (None, *(lp for lp, _ in seq.prompt_lp))
-                self._send(r, PromptEvent(lps, ((), *(top for _, top in seq.prompt_lp))))
+                r.send_event(PromptEvent(lps, ((), *(top for _, top in seq.prompt_lp))))
             reason = None
             for smp in samples:
                 reason = self._emit(r, smp, now)
@@ -419,7 +404,7 @@ class LLMEngine:
             # none handed out yet (every generated token held): the first goes at once
             first, age = len(r.held) == r.completion, now - r.held_since
             if release_held(len(r.held), first, age, busy, self.opt.stream_interval):
-                self._release(r)
+                r.release()
             results.append(SeqResult(s.request_id, seq.n_computed, len(samples)))
         self.policy.update(StepResult(tuple(results)))
         self._stats.steps += 1
@@ -453,18 +438,6 @@ class LLMEngine:
         r.held.append(TokenEvent(tok, text, lp, smp.top))  # out in _deliver or _finish
         return reason
 
-    def _release(self, r: _Request) -> None:
-        """Hand the request's held tokens to its response."""
-        for ev in r.held:
-            self._send(r, ev)
-        r.held.clear()
-
-    def _send(self, r: _Request, ev: Event) -> None:
-        try:
-            r.send.send_nowait(ev)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-            r.cancelled = True  # nobody reads any more
-
     def _finish(self, rid: str, reason: FinishReason, *, error: str | None = None) -> None:
         r = self._reqs.pop(rid, None)
         if r is None:
@@ -477,9 +450,8 @@ class LLMEngine:
         # held-back text is released unless it completes a stop string
         tail = r.output.close() if completed else ""
         now = trio.current_time()
-        self._release(r)
-        self._send(
-            r,
+        r.release()
+        r.send_event(
             FinishEvent(
                 reason,
                 tail,

@@ -61,7 +61,9 @@ class Edits:
     def of(parts: list[tuple[int, IntArray, F32Array]]) -> Edits:
         if not parts:
             return Edits(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
-        rows = np.concatenate([np.full(len(t), r, np.int64) for r, t, _ in parts])
+        rows = np.repeat(
+            np.array([r for r, _, _ in parts], np.int64), [len(t) for _, t, _ in parts]
+        )
         toks = np.concatenate([t for _, t, _ in parts])
         vals = np.concatenate([v for _, _, v in parts])
         return Edits(rows, toks, vals)
@@ -95,9 +97,20 @@ class BatchParams:
         row each one samples of a step's ``n_rows`` (default: all, in order)."""
         b = len(samplers)
         rows = np.arange(b, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
-        host_rows = np.setdiff1d(np.arange(max(n_rows, b), dtype=np.int64), rows)
-        temp, top_p, min_p = np.empty(b), np.empty(b), np.empty(b)
-        top_k, n_lp = np.empty(b, np.int64), np.empty(b, np.int64)
+        m = max(n_rows, b)
+        if len(rows) and (rows.min() < 0 or rows.max() >= m):
+            host_rows = np.setdiff1d(np.arange(m, dtype=np.int64), rows)
+        else:  # the same rows, without setdiff1d's sorts
+            keep = np.ones(m, bool)
+            keep[rows] = False
+            host_rows = np.flatnonzero(keep).astype(np.int64, copy=False)
+        # the per-row settings a list each (a numpy store a row and setting cost more)
+        ps = [s.p for s in samplers]
+        temp = np.array([p.temperature for p in ps], np.float64)
+        top_k = np.array([p.top_k for p in ps], np.int64)
+        top_p = np.array([p.top_p for p in ps], np.float64)
+        min_p = np.array([p.min_p for p in ps], np.float64)
+        n_lp = np.array([-1 if p.logprobs is None else p.logprobs for p in ps], np.int64)
         uniform = np.full(b, np.nan)
         banned: list[tuple[int, IntArray, F32Array]] = []
         bias: list[tuple[int, IntArray, F32Array]] = []
@@ -106,10 +119,8 @@ class BatchParams:
         none = np.zeros(0, np.float32)
         for i, s in enumerate(samplers):
             p = s.p
-            temp[i], top_k[i], top_p[i], min_p[i] = p.temperature, p.top_k, p.top_p, p.min_p
-            n_lp[i] = -1 if p.logprobs is None else p.logprobs
             if p.banned_token_ids:
-                banned.append((i, np.asarray(p.banned_token_ids, np.int64), none))
+                banned.append((i, s.banned, none))
             if p.logit_bias:
                 ids = np.fromiter(p.logit_bias.keys(), np.int64)
                 bias.append((i, ids, np.fromiter(p.logit_bias.values(), np.float32)))
@@ -142,8 +153,9 @@ class Drawn:
 
     def samples(self, params: BatchParams) -> list[Sample]:
         out = []
+        tokens = self.tokens.tolist()
         for r, n in enumerate(params.n_logprobs.tolist()):
-            tok = int(self.tokens[r])
+            tok = int(tokens[r])
             if n < 0:
                 out.append(Sample(tok, float("nan")))
                 continue

@@ -211,6 +211,7 @@ class Sampler:
         self.rng = np.random.default_rng(seed)
         self.history: list[int] = list(prompt)  # prompt + generated
         self.counts = np.zeros(n_vocab, np.int32)  # generated-token counts
+        self.banned = np.asarray(params.banned_token_ids, np.int64)  # (the batch's too)
         self.chain: list[Processor] = self._build_chain()
         # greedy with nothing but bans (ignore_eos): the raw argmax, unless it is banned
         only_bans = len(self.chain) == 1 and bool(params.banned_token_ids)
@@ -224,7 +225,7 @@ class Sampler:
     def _build_chain(self) -> list[Processor]:
         p, chain = self.p, []
         if p.banned_token_ids:
-            banned = np.asarray(p.banned_token_ids, np.int64)
+            banned = self.banned
             chain.append(lambda x: x.__setitem__(banned, -np.inf))
         if p.logit_bias:
             ids = np.fromiter(p.logit_bias.keys(), np.int64)
