@@ -21,7 +21,7 @@ from tests.test_webgpu import REF, RNG, close, weight
 pytest.importorskip("wgpu")
 
 from modelc.runtime.backends import webgpu_device
-from modelc.runtime.backends.webgpu import DEQ, WebGPUBackend, gemv_rows
+from modelc.runtime.backends.webgpu import DEQ, GEMV_ROWS, WebGPUBackend, gemv_rows
 from modelc.runtime.backends.webgpu_device import Job
 from tests.runtime_support import webgpu_backend
 
@@ -33,7 +33,10 @@ FLOATS = (DType.F32, DType.F16, DType.BF16)
 
 @pytest.fixture(scope="module")
 def gpu() -> WebGPUBackend:
-    return webgpu_backend()  # type: ignore[no-any-return]
+    """The adapter's backend with decode products on gemv.wgsl, as on a GPU."""
+    be = webgpu_backend()
+    be.gemv_rows = GEMV_ROWS
+    return be  # type: ignore[no-any-return]
 
 
 def _both(gpu: WebGPUBackend, w: Weight, x: np.ndarray[Any, Any]) -> list[np.ndarray[Any, Any]]:
@@ -130,9 +133,11 @@ def test_gemv_rows_past_the_grid_limit(gpu: WebGPUBackend, monkeypatch: Any) -> 
 
 def test_gemv_rows_setting(monkeypatch: Any) -> None:
     monkeypatch.delenv("MODELC_WEBGPU_GEMV", raising=False)
-    assert gemv_rows() == 8
+    assert gemv_rows() == 8 and gemv_rows(cpu=True) == 0  # a CPU adapter keeps matmul.wgsl
     monkeypatch.setenv("MODELC_WEBGPU_GEMV", "0")
     assert gemv_rows() == 0
+    monkeypatch.setenv("MODELC_WEBGPU_GEMV", "4")
+    assert gemv_rows(cpu=True) == 4
     monkeypatch.setenv("MODELC_WEBGPU_GEMV", "x")
     with pytest.raises(Exception, match="MODELC_WEBGPU_GEMV"):
         gemv_rows()

@@ -24,7 +24,7 @@ from tests.runtime_support import LOGPROB_TOL, log_softmax, make_backend, webgpu
 
 pytest.importorskip("wgpu")
 
-from modelc.runtime.backends.webgpu import WebGPUBackend
+from modelc.runtime.backends.webgpu import GEMV_ROWS, WebGPUBackend
 from modelc.runtime.backends.webgpu_llama import WebGpuLlama, webgpu_host
 
 if not os.environ.get("XDG_RUNTIME_DIR"):  # Mesa's WSI warns without one
@@ -33,7 +33,11 @@ if not os.environ.get("XDG_RUNTIME_DIR"):  # Mesa's WSI warns without one
 
 @pytest.fixture(scope="module")
 def gpu() -> WebGPUBackend:
-    return webgpu_backend()  # type: ignore[no-any-return]
+    """The adapter's backend with decode products on gemv.wgsl, as on a GPU (a CPU
+    adapter, lavapipe in CI, would take matmul.wgsl)."""
+    be = webgpu_backend()
+    be.gemv_rows = GEMV_ROWS
+    return be  # type: ignore[no-any-return]
 
 
 def _llama() -> Path:

@@ -21,6 +21,7 @@ from tests.runtime_support import webgpu_backend
 
 pytest.importorskip("wgpu")
 
+from modelc.runtime.backends.webgpu import GEMV_ROWS
 from modelc.runtime.backends.webgpu_device import Gpu
 from modelc.runtime.backends.webgpu_llama import WebGpuLlama
 from modelc.runtime.backends.webgpu_timer import PassTimer, timestamps_supported
@@ -41,6 +42,7 @@ def model() -> Iterator[WebGpuLlama]:
         Gpu.want_timestamps = False
     if not timestamps_supported(be.gpu):
         pytest.skip(f"{be.device_name}: no timestamp-query feature")
+    be.gemv_rows = GEMV_ROWS  # decode products on gemv.wgsl, as on a GPU
     yield WebGpuLlama(load_model(str(_llama())), be)
 
 

@@ -5,8 +5,10 @@ Weights are uploaded once, in their quantized blocks as stored (keyed by the ide
 their data array, as the CPU backend's caches), and the matrix products dequantize them in
 the shader: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_NL.  A
 product of up to 8 rows of x (decode; ``MODELC_WEBGPU_GEMV``: that count, 0 never) runs
-``gemv.wgsl`` (threads along a weight row, reading it coalesced, their parts summed in
-workgroup memory), more rows ``matmul.wgsl`` (a thread a weight row and 8 rows of x).
+``gemv.wgsl`` on a GPU (threads along a weight row, reading it coalesced, their parts
+summed in workgroup memory), more rows ``matmul.wgsl`` (a thread a weight row and 8 rows
+of x), as do all products on a CPU adapter (lavapipe: there a thread a row already reads
+its row in order, and workgroup sums cost; the GEMV was 2x slower).
 Other weight types fall back to the numpy reference on the host.  A weight over the
 adapter's storage-binding limit is split by rows into several buffers.
 
@@ -106,12 +108,13 @@ def gemv_source(fn: str, nx: int, qpt: int, tpr: int) -> str:
     return body + "\n" + shader_source("half", "quants")
 
 
-def gemv_rows() -> int:
+def gemv_rows(cpu: bool = False) -> int:
     """The most rows of x a product takes the GEMV shader for: ``MODELC_WEBGPU_GEMV`` (0:
-    never, the per-row matmul shader always, for comparison), default GEMV_ROWS."""
+    never, the per-row matmul shader always, for comparison), by default GEMV_ROWS on a
+    GPU and 0 on a ``cpu`` adapter."""
     env = os.environ.get("MODELC_WEBGPU_GEMV", "").strip()
     if not env:
-        return GEMV_ROWS
+        return 0 if cpu else GEMV_ROWS
     try:
         return max(0, int(env))
     except ValueError as e:
@@ -130,7 +133,8 @@ class WebGPUBackend(ActivationOps):
         super().__init__()  # the numpy reference: what has no shader
         # id(weight data) -> (that data, [(buffer, first row, rows)])
         self._weights: dict[int, tuple[np.ndarray[Any, Any], list[tuple[Any, int, int]]]] = {}
-        self.gemv_rows = gemv_rows()  # products of up to this many rows of x: gemv.wgsl
+        # products of up to this many rows of x: gemv.wgsl
+        self.gemv_rows = gemv_rows(str(self.gpu.adapter.info["adapter_type"]) == "CPU")
 
     # --- weights ------------------------------------------------------------------------
 
