@@ -13,8 +13,12 @@
 # carry .whl and .devrun.  What session 23 learnt: llama.cpp's build (~4.5 min on 12 jobs)
 # takes the host's cores, so timings wait for it (the GPU checks run beside it); each model
 # is timed in a process of its own (a third model built in one process once failed,
-# docs/gpu.md); a server's first load test pays a graph capture per new row count, so
-# HTTP is run twice on one server (cold, warm) and again with MODELC_CUDA_GRAPH_BUCKETS=1.
+# docs/gpu.md); a server's first load test paid a graph capture per new row count, so
+# HTTP is run twice on one server (cold, warm), and again without the graph buckets
+# (MODELC_CUDA_GRAPH_BUCKETS=0) and with --stream-interval 8.  Session 24: the three
+# calls can run back to back on one warm machine (each within 30 s of the last); the
+# .whl folder holds py-spy's wheel, which profiles the server's warm load
+# ($OUT/pyspy_now.txt: where the ~9 ms a step beyond the GPU's 3 ms go).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/cuda-logs}
@@ -115,6 +119,10 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
   for _ in $(seq 1 90); do curl -sf http://127.0.0.1:18070/health >/dev/null && break; sleep 1; done
   for run in cold warm; do
     echo "-- $L, 64 streams, $run"
+    if [ $run = warm ] && [ $L = now ] && [ -x /tmp/site/bin/py-spy ]; then  # where its time goes
+      (sleep 1; /tmp/site/bin/py-spy record -p "$(pgrep -f "modelc run $M/llama1b" | head -1)" -d 5 \
+        -r 200 --threads -f raw -o "$OUT/pyspy_$L.txt" >/dev/null 2>&1) &
+    fi
     timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests 128 \
       --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
   done
@@ -125,8 +133,8 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
 }
 at "HTTP"
 serve now "$PWD"
-serve buckets "$PWD" MODELC_CUDA_GRAPH_BUCKETS=1
-ARGS="--stream-interval 8" serve buckets_si8 "$PWD" MODELC_CUDA_GRAPH_BUCKETS=1
+serve nobuckets "$PWD" MODELC_CUDA_GRAPH_BUCKETS=0
+ARGS="--stream-interval 8" serve si8 "$PWD"
 if [ -f .devrun/old_dfffbcb.tar.zst ]; then
   mkdir -p /tmp/old && (cd /tmp/old && unz "$OLDPWD/.devrun/old_dfffbcb.tar.zst" | tar xf - \
     && python3 setup.py build_ext --inplace >"$OUT/old_ext.log" 2>&1) && serve dfffbcb /tmp/old
