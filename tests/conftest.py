@@ -124,22 +124,49 @@ def page(browser: Browser) -> Iterator[Page]:
     assert not errors, errors
 
 
-# the longest modules, longest first (from CI's --durations): collected first, so that
-# ``pytest -n 2 --dist loadfile`` hands them out early and the short modules fill the end,
-# instead of one worker running a long module alone while the other idles
+# the longest modules, longest first (from --durations of a full run, summed per module):
+# collected first, so that ``pytest -n 2 --dist loadfile`` hands them out early and the short
+# modules fill the end, instead of one worker running a long module alone while the other
+# idles. The soak leads: its 150 s are wall-clock time, mostly idle, beside the other
+# worker's busiest modules.
 LONG_FIRST = (
     "test_soak.py",
-    "test_compile.py",
-    "test_new_family.py",
-    "test_runtime_llama.py",
     "test_gemma3_real.py",
-    "test_hub.py",
-    "test_llama_parity.py",
-    "test_chat_fidelity.py",
-    "test_families.py",
-    "test_split.py",
+    "test_chat_formats_peer.py",
+    "test_compile.py",
+    "test_store_kill.py",
+    "test_cli_pack.py",
     "test_cli.py",
+    "test_chat_fidelity.py",
+    "test_server_chat_page.py",
+    "test_hub.py",
+    "test_runtime_llama.py",
+    "test_chat_formats_dialects.py",
+    "test_cli_completions.py",
+    "test_ollama_client.py",
+    "test_split.py",
+    "test_llama_parity.py",
+    "test_batch_sampler.py",
+    "test_ollama_create.py",
+    "test_chat_formats_server.py",
+    "test_cli_chat.py",
+    "test_chat_template_file.py",
+    "test_server_lifecycle.py",
+    "test_reasoning_budget.py",
+    "test_vision_server.py",
+    "test_engine.py",
+    "test_bench.py",
+    "test_chat_forced_call.py",
+    "test_schemathesis.py",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist (3.6 and later) hands out ``--dist loadfile``'s modules by their test
+    count, most first, unless told not to: the collection order below would be lost, and
+    the one-test soak (150 s) came last, run alone at the end of the run."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
