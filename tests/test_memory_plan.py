@@ -146,6 +146,11 @@ def test_a_dense_models_gpu_estimate_is_its_share_of_the_file_and_kv() -> None:
     assert gpu_need(8 * G, 32, 2 * G, 0) == S
     assert gpu_need(8 * G, 32, 2 * G, "all", n_cpu_moe=4) == 10 * G + S
     assert gpu_need(8 * G, 32, 2 * G, 16, n_cpu_moe=4, scratch=0) == 5 * G
+    # 1 G of it the embedding table and the head: whole on any GPU part, the rest by share
+    for ngl in ("all", 32):
+        assert gpu_need(8 * G, 32, 2 * G, ngl, ends_bytes=G) == 10 * G + S
+    assert gpu_need(8 * G, 32, 2 * G, 16, ends_bytes=G) == G + (7 * G + 2 * G) // 2 + S
+    assert gpu_need(8 * G, 32, 2 * G, 0, ends_bytes=G) == S
 
 
 def test_the_experts_n_cpu_moe_keeps_on_the_cpu_are_left_out() -> None:
@@ -245,9 +250,16 @@ def _no_engine(path: Path, name: str, opt: EngineOptions) -> Engine:
     raise AssertionError("no model is loaded here")
 
 
-def test_a_dense_models_info_has_no_expert_bytes(tmp_path: Path) -> None:
-    write_artifact(load_model(ensure_family("qwen3")[1]), tmp_path / "m.modelc", PackOptions())
-    assert load_model_info(tmp_path / "m.modelc", "qwen3").expert_bytes == ()
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_a_dense_models_info_has_no_expert_bytes_and_its_ends(family: str, tmp_path: Path) -> None:
+    """No experts; the embedding table's and the head's bytes as the GGUF has them (one
+    table where the head is tied to it)."""
+    src = ensure_family(family)[1]
+    write_artifact(load_model(src), tmp_path / "m.modelc", PackOptions())
+    info = load_model_info(tmp_path / "m.modelc", family)
+    assert info.expert_bytes == ()
+    ends = [t for t in GGUFReader(src).tensors if t.name in ("token_embd.weight", "output.weight")]
+    assert ends and info.ends_bytes == sum(int(t.n_bytes) for t in ends)
 
 
 def test_max_gpu_memory_sizes() -> None:

@@ -117,18 +117,24 @@ def gpu_need(
     expert_bytes: Sequence[int] = (),
     n_cpu_moe: int = 0,
     scratch: int = GPU_SCRATCH,
+    ends_bytes: int = 0,
 ) -> int:
     """An estimate of what a model would take of the GPU's memory: of its layers, the first
     ``n_gpu_layers`` (``auto`` / ``all``: every one) go there, so that share of the file
     without its routed experts (``expert_bytes``, by layer index) and of the KV
     ``kv_default``, plus the experts of those layers that ``n_cpu_moe`` does not keep on
     the CPU (``--n-cpu-moe N``: the first N layers' never go to the GPU), plus ``scratch``.
-    A dense model (no expert bytes) is the plain share of its file and KV."""
+    ``ends_bytes`` (the embedding table and the output head) go with any GPU part whole
+    (a split's GPU part holds both), not by share.  A dense model (no expert or end
+    bytes) is the plain share of its file and KV."""
     layers = max(n_layer, 1)
     k = layers if n_gpu_layers in ("auto", "all") else min(int(n_gpu_layers), layers)
+    if k <= 0:
+        return scratch
     experts = sum(expert_bytes)
     on_gpu = sum(expert_bytes[min(max(n_cpu_moe, 0), k) : k])
-    return int((file_size - experts + kv_default) * (k / layers)) + on_gpu + scratch
+    rest = file_size - experts - ends_bytes + kv_default
+    return ends_bytes + int(rest * (k / layers)) + on_gpu + scratch
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,6 +344,7 @@ class ModelRegistry:
             self.options.n_gpu_layers,
             expert_bytes=info.expert_bytes,
             n_cpu_moe=self.options.n_cpu_moe,
+            ends_bytes=info.ends_bytes,
         )
 
     def _prefix_bytes(self, info: ModelInfo) -> int:

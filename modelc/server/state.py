@@ -31,6 +31,7 @@ EMBED_ARCHS = names("embed")
 # a mixture layer's routed experts, as GGUF names them (weights, gpt-oss's biases, Gemma 4's
 # scales): what --n-cpu-moe keeps on the CPU (the shared experts, ``_shexp``, are not these)
 _EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
+_ENDS = re.compile(r"^(?:token_embd|output)\.weight$")
 
 
 @dataclass(slots=True)
@@ -52,6 +53,8 @@ class ModelInfo:
     # bytes of each layer's routed experts in memory, by layer index (memory planning:
     # --n-cpu-moe keeps the first layers' on the CPU); () for a model without experts
     expert_bytes: tuple[int, ...] = ()
+    # bytes of the embedding table and the output head (a split's GPU part holds both)
+    ends_bytes: int = 0
 
     @property
     def generates(self) -> bool:
@@ -111,6 +114,12 @@ def expert_bytes(tensors: Iterable[TensorEntry], n_layer: int) -> tuple[int, ...
     return tuple(found.get(i, 0) for i in range(max(n_layer, max(found) + 1)))
 
 
+def ends_bytes(tensors: Iterable[TensorEntry]) -> int:
+    """The bytes in memory of the embedding table and the output head (``token_embd.*``,
+    ``output.*``: one tensor when the head is tied to the table)."""
+    return sum(e.nbytes for e in tensors if _ENDS.match(e.name))
+
+
 def load_model_info(path: Path, model_id: str) -> ModelInfo:
     """Read the manifest of a ``.modelc`` file (no weights are read)."""
     art = open_artifact(path)
@@ -120,6 +129,7 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
         quantization = quant_level(art)
         license_ = m.metadata.get("general.license")
         experts = expert_bytes(m.tensors, m.hparams.n_layer)
+        ends = ends_bytes(m.tensors)
     finally:
         art.close()
     spec, hp = m.tokenizer, m.hparams
@@ -141,6 +151,7 @@ def load_model_info(path: Path, model_id: str) -> ModelInfo:
         ),
         license=license_ if isinstance(license_, str) else "",
         expert_bytes=experts,
+        ends_bytes=ends,
     )
 
 
