@@ -153,6 +153,9 @@ timeout 60 $B/llama-bench -m $M/llama8b-q4_k_m.gguf -ngl 16 -p 64 -n 32 -r 2 2>&
 echo "-- llama.cpp, -ngl 16 and the output head on the GPU too (-ot output.weight=CUDA0)"
 timeout 60 $B/llama-bench -m $M/llama8b-q4_k_m.gguf -ngl 16 -ot "output\.weight=CUDA0" -p 64 -n 32 -r 2 \
   2>&1 | grep -E "pp|tg|error"
-timeout $((590 - (SECONDS - T0))) python3 bench/cuda_bench.py --offload $M/llama8b-q4_k_m.gguf \
+timeout 90 python3 bench/cuda_bench.py --offload $M/llama8b-q4_k_m.gguf \
   --ngl 16 --steps 32 --no-hf 2>&1 | grep -E "^\|.*llama8b|Error"
+echo "-- modelc, -ngl 16 with the head left on the CPU (MODELC_OFFLOAD_HEAD=last, llama.cpp's placement)"
+MODELC_OFFLOAD_HEAD=last timeout $((590 - (SECONDS - T0))) python3 bench/cuda_bench.py --offload \
+  $M/llama8b-q4_k_m.gguf --ngl 16 --steps 32 --no-hf 2>&1 | grep -E "^\|.*llama8b|Error"
 at "end"
