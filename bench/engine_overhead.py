@@ -2,6 +2,11 @@
 
     .venv/bin/python -m bench.engine_overhead [--model PATH] [--streams 64] [--requests 128]
         [--tokens 64,128] [--reps 3] [--device-sampling on|off] [--profile out.prof]
+        [--real-forward [--device cuda] [--prompt-len 192]]
+
+(``--real-forward --device cuda --model M``: the engine in process on the GPU at the HTTP
+load's shape, to split a served step's time between the model, the step thread and the
+event loop without HTTP.)
 
 The engine is built as ``modelc run MODEL --device cpu --max-concurrent N --max-context
 256 --speculate off --threads 1`` builds it, around a random llama of a 32,000-token
@@ -123,10 +128,10 @@ def instrument(eng: LLMEngine, t: Timers) -> None:
 
 
 async def run_load(
-    eng: LLMEngine, streams: int, requests: int, lo: int, hi: int, tag: str
+    eng: LLMEngine, streams: int, requests: int, lo: int, hi: int, tag: str, plen: int = 32
 ) -> tuple[int, float, float]:
     """(tokens, wall seconds, main-thread CPU seconds) of one load."""
-    prompt = [1 + (7 * k) % 31000 for k in range(32)]
+    prompt = [1 + (7 * k) % 31000 for k in range(plen)]
     limit = trio.Semaphore(streams)
     n_tokens = 0
 
@@ -175,10 +180,11 @@ def fake_forward(lm: Any) -> None:
 def model_path(given: str | None, tmp: Path) -> Path:
     if given:
         return Path(given)
+    from modelc.formats.ir import DType
     from tests.gen_cuda_models import Shape, write_random_llama
 
     shape = Shape(n_vocab=32000, d=64, n_layer=2, n_head=2, n_head_kv=1, ff=128, n_ctx=512)
-    return write_random_llama(tmp / "tiny32k.gguf", "Q8_0", shape)
+    return write_random_llama(tmp / "tiny32k.gguf", DType.Q8_0, shape)
 
 
 def main() -> None:
@@ -190,7 +196,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device-sampling", default="on", choices=("on", "off"))
     ap.add_argument("--profile")
-    ap.add_argument("--real-forward", action="store_true", help="the tiny model's own layers")
+    ap.add_argument("--real-forward", action="store_true", help="the model's own layers")
+    ap.add_argument("--device", default="cpu", help="as modelc run's (cuda: with --real-forward)")
+    ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens a request")
     a = ap.parse_args()
     lo, hi = (int(x) for x in a.tokens.split(","))
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,7 +207,7 @@ def main() -> None:
             max_concurrent=a.streams,
             max_context=256,
             speculative=False,
-            device="cpu",
+            device=a.device,
             threads=1,
             device_sampling=a.device_sampling,
         )
@@ -221,7 +229,9 @@ def main() -> None:
                 if prof is not None and last:
                     t.step_prof = cProfile.Profile()
                     prof.enable()
-                n, wall, main_cpu = await run_load(eng, a.streams, a.requests, lo, hi, f"r{rep}")
+                n, wall, main_cpu = await run_load(
+                    eng, a.streams, a.requests, lo, hi, f"r{rep}", a.prompt_len
+                )
                 if prof is not None and last:
                     prof.disable()
                     t.kept_prof, t.step_prof = t.step_prof, None
@@ -237,6 +247,7 @@ def main() -> None:
                         * ((t.execute_cpu - snap[1]) - (t.model_cpu - snap[2]))
                         / steps,
                         "model µs/step": 1e6 * (t.model_cpu - snap[2]) / steps,
+                        "model wall µs/step": 1e6 * (t.model_wall - snap[3]) / steps,
                         "tok/step": n / steps,
                     }
                 )

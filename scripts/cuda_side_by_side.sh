@@ -131,6 +131,9 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
     --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
   pkill -f "modelc run $M/llama1b-q4_0.gguf"; sleep 2
 }
+at "the engine in process at the HTTP load's shape (no HTTP): model / step thread / event loop"
+timeout 120 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --device cuda --real-forward \
+  --streams 64 --requests 128 --tokens 60,64 --prompt-len 192 --reps 2 2>&1 | tail -4
 at "HTTP"
 serve now "$PWD"
 serve nobuckets "$PWD" MODELC_CUDA_GRAPH_BUCKETS=0
