@@ -371,22 +371,19 @@ class IncrementalDecoder:
 
     def feed(self, ids: int | Iterable[int]) -> str:
         if type(ids) is int and not self._skip and not self._first:  # a token as generated
-            tok = self._tok
-            tok._check(ids)
-            buf = self._buf + tok._pieces[ids]
-            if buf and buf[-1] < 0x80:  # ends in ASCII: every character complete
-                self._buf = b""
-                return buf.decode("utf-8", "replace")
-            cut = _complete_prefix_len(buf)
-            out, self._buf = buf[:cut], buf[cut:]
-            return out.decode("utf-8", "replace")
-        seq = [ids] if isinstance(ids, int) else list(ids)
-        if not seq:
-            return ""
-        self._buf += self._tok._render(seq, self._skip, self._first)
-        self._first = False
-        cut = _complete_prefix_len(self._buf)
-        out, self._buf = self._buf[:cut], self._buf[cut:]
+            self._tok._check(ids)
+            buf = self._buf + self._tok._pieces[ids]  # what _render gives for it
+        else:
+            seq = [ids] if isinstance(ids, int) else list(ids)
+            if not seq:
+                return ""
+            buf = self._buf + self._tok._render(seq, self._skip, self._first)
+            self._first = False
+        if buf and buf[-1] < 0x80:  # ends in ASCII: every character complete
+            self._buf = b""
+            return buf.decode("utf-8", "replace")
+        cut = _complete_prefix_len(buf)
+        out, self._buf = buf[:cut], buf[cut:]
         return out.decode("utf-8", "replace")
 
     def flush(self) -> str:

@@ -375,13 +375,12 @@ class Gpu:
         for (buf, n), off in zip(reads, offsets, strict=True):
             enc.copy_buffer_to_buffer(buf, 0, stage, off, (n + 3) & ~3)
         dev.queue.submit([enc.finish()])
-        if stage is None or not plan.reads:
-            if stage is not None:
-                stage.map_sync(self.wgpu.MapMode.READ, 0, stage.size)
-                stage.unmap()
+        if stage is None:
             return []
-        stage.map_sync(self.wgpu.MapMode.READ, 0, stage.size)
+        stage.map_sync(self.wgpu.MapMode.READ, 0, stage.size)  # the wait
         try:
+            if not plan.reads:
+                return []
             data = stage.read_mapped(0, stage.size)
             out = [
                 bytes(data[off : off + n]) for (_, n), off in zip(plan.reads, offsets, strict=True)
