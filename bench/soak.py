@@ -17,8 +17,8 @@ fills up to its budget, 256 MiB by default, on purpose), and at the end, once id
 ``/metrics``.  It passes (exit 0) when no valid request failed, every malformed one got a
 4xx, no request is left in flight (active requests, running and queued sequences 0), the
 KV cache holds no sequence (used bytes back to the level before the run), the RSS of the
-last fifth of the run is within 5% of the first fifth's (medians of the samples after
-warm-up, less the prefix cache), and the p99 time to first token of the last
+last fifth of the run is at most 5% above the first fifth's (medians of the samples after
+warm-up, less the prefix cache; a fall is memory handed back, not a leak), and the p99 time to first token of the last
 fifth of the run is within 1.5x of the first fifth's (plus 50 ms, for a quiet first fifth).
 The first tokens are timed by one more client beside the ``--streams``: it sends the same
 request shape (a 64-word text completion, 4 tokens, streamed) back to back, so every
@@ -316,7 +316,9 @@ def soak(url: str, pid: int | None, minutes: float, warmup: float, streams: int)
         and m.get("modelc_engine_running") == 0
         and m.get("modelc_engine_queued") == 0,
         "KV cache back to its level": m.get("modelc_kv_cache_used_bytes") == kv_before,
-        "RSS within 5% of the first fifth": pid is None or abs(report["rss_change"]) <= 0.05,
+        # a leak is growth: RSS that falls (the allocator handing pages back, a busy first
+        # fifth's transient buffers gone) is not one, so only a rise past 5% fails
+        "RSS at most 5% above the first fifth": pid is None or report["rss_change"] <= 0.05,
         # a short soak has a few dozen TTFT samples a fifth: their p99 is one request's
         # luck with the batch it met, so below TTFT_P99_MIN_SAMPLES the medians are compared
         "TTFT stable": bool(first and last)
