@@ -152,6 +152,19 @@ async def run_load(
     return n_tokens, time.perf_counter() - w0, time.thread_time() - c0
 
 
+def advance_and_peak(batch: Sequence[SeqChunk], n_vocab: int) -> list[int]:
+    """Advance each chunk's cache past its tokens, as a step does; the token each of its
+    rows would choose: one that depends on the position (greedy output that looks like
+    text to the detokenizer, not one repeated id)."""
+    peaks = []
+    for c in batch:
+        c.cache.reserve(c.cache.n + len(c.tokens))
+        for r in c.rows():
+            peaks.append(100 + (c.cache.n + r) * 7919 % (n_vocab - 200))
+        c.cache.advance(len(c.tokens))
+    return peaks
+
+
 def fake_forward(lm: Any) -> None:
     """Make ``lm``'s step nearly free: no layers, each cache advanced past its chunk, and
     logits whose every row peaks at a token that depends on the position (greedy output
@@ -162,12 +175,7 @@ def fake_forward(lm: Any) -> None:
     last: list[int] = []
 
     def forward(batch: Sequence[SeqChunk]) -> npt.NDArray[np.float32]:
-        peaks = []
-        for c in batch:
-            c.cache.reserve(c.cache.n + len(c.tokens))
-            for r in c.rows():
-                peaks.append(100 + (c.cache.n + r) * 7919 % (n_vocab - 200))
-            c.cache.advance(len(c.tokens))
+        peaks = advance_and_peak(batch, n_vocab)
         n = len(peaks)
         pool[np.arange(len(last)), last] = 0.0  # the last step's peaks (the rest stays 0)
         pool[np.arange(n), peaks] = 1.0

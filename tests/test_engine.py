@@ -4,6 +4,7 @@ constraints and admission (pytest-trio: trio_mode is on)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
@@ -23,6 +24,7 @@ from modelc.engine.api import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    KeepAliveEvent,
     TokenEvent,
 )
 from modelc.engine.options import AUTO_STREAM_HOLD, AUTO_STREAM_MAX, release_held
@@ -195,6 +197,41 @@ async def test_deadline_times_out(ir: ModelIR) -> None:
         toks, _, fin = await collect(h)
     assert fin.reason is FinishReason.TIMEOUT and len(toks) < 200
     assert eng.kv_budget.used == 0
+
+
+async def test_keep_alive_while_queued_never_early_one_unread_at_most(ir: ModelIR) -> None:
+    # one slot: "b" waits in the queue while "a" generates; its reader asked for a
+    # keep-alive every 50 ms (a stream's ping); "c" asked too but is not read for a while
+    eng = make(ir, max_concurrent=1, speculative=False)
+    p = params(eng, max_tokens=24)
+    prompt = ids(eng, PROMPTS[2])
+    ka = 0.05
+    async with running(eng):
+        a = eng.submit(GenerationRequest("a", prompt, p))
+        b = eng.submit(GenerationRequest("b", prompt, p))
+        c = eng.submit(GenerationRequest("c", prompt, p))
+        b.keep_alive(ka)
+        c.keep_alive(ka)
+        b_events: list[tuple[float, Any]] = []
+
+        async def read_b() -> None:
+            async for ev in b:
+                b_events.append((trio.current_time(), ev))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(read_b)
+            a_toks, _, _ = await collect(a)
+            unread_c = eng._reqs["c"].send.statistics().current_buffer_used
+        c_events = [ev async for ev in c]
+    first_token = next(i for i, (_, ev) in enumerate(b_events) if isinstance(ev, TokenEvent))
+    waits = [t for t, ev in b_events[:first_token] if isinstance(ev, KeepAliveEvent)]
+    assert len(waits) >= 2, b_events[: first_token + 1]  # "a" took 24 steps: b waited
+    assert all(later - earlier >= ka for earlier, later in itertools.pairwise(waits))
+    # the keep-alives changed nothing of b's answer: the same prompt, the same tokens
+    assert [ev.token_id for _, ev in b_events if isinstance(ev, TokenEvent)] == a_toks
+    # c's reader did not read: one keep-alive waited for it, no more
+    assert unread_c == 1 and isinstance(c_events[0], KeepAliveEvent)
+    assert [ev.token_id for ev in c_events if isinstance(ev, TokenEvent)] == a_toks
 
 
 async def test_prefix_cache_skips_shared_prefill(ir: ModelIR) -> None:

@@ -116,7 +116,16 @@ class FinishEvent:
     error: str | None = None
 
 
-Event = TokenEvent | PromptEvent | ProgressEvent | FinishEvent
+@dataclass(frozen=True, slots=True)
+class KeepAliveEvent:
+    """Nothing was sent to the request for the seconds its reader asked for
+    (``handle.keep_alive``), and its reader has read everything: it still waits in the
+    queue or behind a long step (a stream's ``: ping``)."""
+
+    text: str = ""
+
+
+Event = TokenEvent | PromptEvent | ProgressEvent | KeepAliveEvent | FinishEvent
 
 
 class RequestHandle(Protocol):
@@ -136,6 +145,11 @@ class RequestHandle(Protocol):
 
     def cancel(self) -> None:
         """Idempotent; the engine drops the request at its next step."""
+        ...
+
+    def keep_alive(self, seconds: float) -> None:
+        """A :class:`KeepAliveEvent` after each ``seconds`` (or up to a quarter more)
+        in which the request was sent nothing and its reader had nothing left to read."""
         ...
 
 

@@ -18,10 +18,12 @@ class Handle:
         request_id: str,
         recv: trio.MemoryReceiveChannel[Event],
         cancel: Callable[[str], None],
+        keep_alive: Callable[[str, float], None],
     ) -> None:
         self.request_id = request_id
         self._recv = recv
         self._cancel = cancel
+        self._keep_alive = keep_alive
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
@@ -43,6 +45,9 @@ class Handle:
 
     def cancel(self) -> None:
         self._cancel(self.request_id)
+
+    def keep_alive(self, seconds: float) -> None:
+        self._keep_alive(self.request_id, seconds)
 
     async def __aenter__(self) -> Handle:
         return self

@@ -40,6 +40,9 @@ class RequestState:
     held: list[TokenEvent] = field(default_factory=list)  # tokens not handed out yet
     held_since: float = 0.0  # when the oldest of them was made (trio's clock)
     unread: int = 0  # at least the events its reader has not taken (see the module docstring)
+    sent: int = 0  # events sent so far
+    keepalive: float | None = None  # seconds of silence before a KeepAliveEvent (its reader's)
+    quiet_since: tuple[int, float] = (0, 0.0)  # ``sent`` when the keep-alive task last saw it
 
     def behind(self, max_unread: int) -> bool:
         """Whether ``max_unread`` or more sent events wait for the reader."""
@@ -56,6 +59,7 @@ class RequestState:
             self.cancelled = True  # nobody reads any more
             return
         self.unread += 1
+        self.sent += 1
 
     def release(self) -> None:
         """Hand the held tokens to the reader."""

@@ -50,6 +50,7 @@ from modelc.engine.api import (
 )
 from modelc.engine.constraints import ConstraintState, build_lltokenizer
 from modelc.engine.handle import Handle
+from modelc.engine.keepalive import KeepAlive
 from modelc.engine.options import AUTO_STREAM_BUSY, EngineOptions, release_held
 from modelc.engine.output import TextOutput
 from modelc.engine.policy import Policy, SeqResult, StepPlan, StepResult
@@ -89,6 +90,7 @@ class LLMEngine:
         self._lock = trio.Lock()  # one compute at a time (steps and embeddings)
         self._stepper = StepThread()
         self._reqs: dict[str, _Request] = {}
+        self._keepalive = KeepAlive(self._reqs)
         self._wake = trio.Event()
         self._stats = EngineStats()
         self._lltok: Any = None
@@ -192,7 +194,7 @@ class LLMEngine:
             send0, recv0 = trio.open_memory_channel[Event](1)
             send0.send_nowait(FinishEvent(FinishReason.LENGTH, prompt_tokens=n_prompt))
             send0.close()
-            return Handle(req.request_id, recv0, self._cancel)
+            return Handle(req.request_id, recv0, self._cancel, self._keep_alive)
         runner = self.runner
         assert runner is not None
         seq = runner.new_seq(
@@ -208,10 +210,10 @@ class LLMEngine:
         except ModelcError:
             runner.drop(seq)
             raise
-        # every token, a prompt event, progress events (one a prefill chunk at most) and the
-        # finish event fit: delivering never blocks
+        # every token, a prompt event, progress events (one a prefill chunk at most), the
+        # finish event and a keep-alive event (one unread at most) fit: delivering never blocks
         chunks = -(-len(prompt) // max(self.opt.prefill_chunk, 1)) + 1 if req.progress else 0
-        send, recv = trio.open_memory_channel[Event](max_new + 3 + chunks)
+        send, recv = trio.open_memory_channel[Event](max_new + 4 + chunks)
         r = _Request(
             req,
             send,
@@ -226,7 +228,7 @@ class LLMEngine:
         self._reqs[req.request_id] = r
         self._stats.prompt_tokens += n_prompt
         self._wake.set()
-        return Handle(req.request_id, recv, self._cancel)
+        return Handle(req.request_id, recv, self._cancel, self._keep_alive)
 
     def _llg_tokenizer(self) -> Any:
         if self._lltok is None:
@@ -250,38 +252,48 @@ class LLMEngine:
             r.cancelled = True
             self._wake.set()
 
+    def _keep_alive(self, request_id: str, seconds: float) -> None:
+        r = self._reqs.get(request_id)
+        if r is not None:
+            self._keepalive.ask(r, seconds)
+
     # -- the loop ---------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The scheduler task: ``await nursery.start(engine.run)``; runs until cancelled."""
         self._running = True
         task_status.started()
         try:
-            while True:
-                # no yield here: the step below starts before the readers its last tokens
-                # woke run (they write while it computes); each step and each idle wait
-                # is a checkpoint of its own
-                await trio.lowlevel.checkpoint_if_cancelled()
-                self._reap()
-                plan = StepPlan(())
-                if self.lm is not None and self.policy.has_work:
-                    self._prepare()
-                    plan = self.policy.schedule()
-                if not plan:
-                    await self._idle()
-                    continue
-                try:
-                    out = await self._step(plan)
-                except Exception as e:  # a failed step ends its requests, not the engine
-                    msg = str(e) if isinstance(e, ModelcError) else f"{type(e).__name__}: {e}"
-                    for s in plan.seqs:
-                        self._finish(s.request_id, FinishReason.ERROR, error=msg)
-                    continue
-                self._deliver(plan, out)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._keepalive.run)
+                await self._loop()
         finally:
             self._running = False
             self._stepper.close()
             for rid in list(self._reqs):
                 self._finish(rid, FinishReason.ERROR, error="the engine stopped")
+
+    async def _loop(self) -> None:
+        while True:
+            # no yield here: the step below starts before the readers its last tokens
+            # woke run (they write while it computes); each step and each idle wait
+            # is a checkpoint of its own
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._reap()
+            plan = StepPlan(())
+            if self.lm is not None and self.policy.has_work:
+                self._prepare()
+                plan = self.policy.schedule()
+            if not plan:
+                await self._idle()
+                continue
+            try:
+                out = await self._step(plan)
+            except Exception as e:  # a failed step ends its requests, not the engine
+                msg = str(e) if isinstance(e, ModelcError) else f"{type(e).__name__}: {e}"
+                for s in plan.seqs:
+                    self._finish(s.request_id, FinishReason.ERROR, error=msg)
+                continue
+            self._deliver(plan, out)
 
     async def _step(self, plan: StepPlan) -> StepOutput:
         """Run ``plan`` on the step thread, holding the compute lock; neither starting it

@@ -31,6 +31,7 @@ from modelc.engine.api import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    KeepAliveEvent,
     ProgressEvent,
     PromptEvent,
     RequestHandle,
@@ -421,34 +422,26 @@ async def collect_all(handles: list[RequestHandle], metrics: Metrics) -> list[Ou
     return [r for r in results if r is not None]
 
 
-async def _next(handle: RequestHandle, wait: float) -> Event | None:
-    """The handle's next event, or None after ``wait`` seconds without one."""
-    with trio.move_on_after(wait):
-        try:
-            return await handle.next_event()
-        except trio.EndOfChannel:
-            raise GenerationFailed("the engine ended the request without a finish event") from None
-    return None
-
-
 async def _stream(
     handles: list[RequestHandle], r: Renderer, metrics: Metrics, ping: float
 ) -> AsyncIterator[bytes]:
     """The one stream loop: every streamed answer of every dialect comes out of here."""
     rec = record()
     metrics.active.inc(len(handles))
-    wait = ping if r.ping is not None else math.inf
     try:
         for i, h in enumerate(handles):
+            if r.ping is not None:  # a KeepAliveEvent after ``ping`` seconds with none
+                h.keep_alive(ping)
             for b in r.start(i):
                 yield b
             done = False
             while not done:
-                ev = await _next(h, wait)
-                if ev is None:
-                    assert r.ping is not None
-                    yield r.ping
-                    continue
+                try:
+                    ev: Event | None = await h.next_event()
+                except trio.EndOfChannel:
+                    raise GenerationFailed(
+                        "the engine ended the request without a finish event"
+                    ) from None
                 # the events that piled up while the client was being written to go out
                 # as one write: a client that falls behind gets fewer, larger frames
                 parts: list[bytes] = []
@@ -459,6 +452,9 @@ async def _stream(
                         parts += r.prompt(i, ev)
                     elif isinstance(ev, ProgressEvent):
                         parts += r.progress(i, ev)
+                    elif isinstance(ev, KeepAliveEvent):
+                        if r.ping is not None:
+                            parts.append(r.ping)
                     else:
                         metrics.finished(ev)
                         if ev.reason is FinishReason.ERROR:

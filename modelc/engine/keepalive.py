@@ -1,0 +1,58 @@
+"""Keep-alive events for readers that wait with nothing to read (a stream's ``: ping``).
+
+A streamed response sends a comment after some seconds without a token, so that proxies
+and clients do not time out a request that waits in the queue or behind a long step.  A
+timeout around each wait for the next event cost a cancel scope a wake-up (a tenth of
+the stream loop's own work at 64 streams); instead the reader asks once
+(``handle.keep_alive(seconds)``) and this one task of the scheduler's sends a
+:class:`~modelc.engine.api.KeepAliveEvent` to each request that was sent nothing for
+that long and whose reader has read everything.  It looks every quarter of the shortest
+interval asked for, so an event comes ``seconds`` to 1.25 x ``seconds`` after the last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import trio
+
+from modelc.engine.api import KeepAliveEvent
+from modelc.engine.request import RequestState
+
+MIN_TICK = 0.005  # seconds between looks at most
+
+
+class KeepAlive:
+    """The keep-alive task over the scheduler's requests (``run`` in its nursery)."""
+
+    def __init__(self, reqs: Mapping[str, RequestState]) -> None:
+        self._reqs = reqs
+        self._asked = trio.Event()
+
+    def ask(self, r: RequestState, seconds: float) -> None:
+        """Keep ``r`` alive every ``seconds`` from now."""
+        r.keepalive = seconds
+        r.quiet_since = (r.sent, trio.current_time())
+        self._asked.set()
+
+    def tick(self, now: float) -> None:
+        """Send the keep-alive events due at ``now``."""
+        for r in self._reqs.values():
+            if r.keepalive is None:
+                continue
+            n, since = r.quiet_since
+            if r.sent != n:
+                r.quiet_since = (r.sent, now)
+            elif now - since >= r.keepalive and not r.send.statistics().current_buffer_used:
+                r.send_event(KeepAliveEvent())
+                r.quiet_since = (r.sent, now)
+
+    async def run(self) -> None:
+        while True:
+            asked = [r.keepalive for r in self._reqs.values() if r.keepalive is not None]
+            if not asked:
+                self._asked = trio.Event()
+                await self._asked.wait()
+                continue
+            await trio.sleep(max(min(asked) / 4, MIN_TICK))
+            self.tick(trio.current_time())
