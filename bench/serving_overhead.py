@@ -14,9 +14,11 @@ cache past its chunk and hands back a greedy token a row (the position's, so the
 not one repeated id) as a device sampler does: no logits reach the host.  The load is
 ``modelc bench --url`` in a process of its own (``--streams`` at a time, ``--requests``
 text completions of ``--prompt-len`` words, ``--max-tokens`` each, streamed), once to warm
-up and ``--reps`` times measured.  Each row: output tok/s, TPOT p50, the server's CPU a
-token (its main thread: the event loop, and the rest of its threads), and the ceiling the
-simulated device alone allows (``streams / device-ms``).
+up and ``--reps`` times measured.  Each row: output tok/s (and its share of the ceiling
+the simulated device alone allows, ``streams / device-ms``), TPOT p50, the wall time a
+step, the share of the wall time the simulated device was busy (the rest: the host's
+work between two steps, which a GPU would spend idle), and the server's CPU a token (its
+main thread: the event loop, and the rest of its threads).
 
 ``--switch-interval`` sets ``sys.setswitchinterval`` in the server (Python's default is
 5 ms): a thread that gave up the GIL to wait (the step thread on the device) waits up to
@@ -44,20 +46,28 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def simulate_device(lm: Any, device_ms: float, token_ms: float = 0.0) -> None:
+def simulate_device(
+    lm: Any, device_ms: float, token_ms: float = 0.0, stats: Path | None = None
+) -> None:
     """Make ``lm``'s step a simulated device's (see the module's docstring)."""
     from bench.engine_overhead import advance_and_peak
     from modelc.runtime.batch_sampler import BatchParams, Drawn
     from modelc.runtime.model import SeqChunk
 
     n_vocab = lm.n_vocab
+    done = [0, 0.0]  # steps, seconds of the simulated device
     lm.logits_on_device = True  # the engine samples in forward_sample, as on a GPU
 
     def forward_sample(batch: Sequence[SeqChunk], params: BatchParams) -> Drawn:
         peaks = advance_and_peak(batch, n_vocab)
         n_fed = sum(len(c.tokens) for c in batch)
         # the GIL released, as a wait for the device's step
-        time.sleep((device_ms + token_ms * max(n_fed - len(batch), 0)) / 1000)
+        busy = (device_ms + token_ms * max(n_fed - len(batch), 0)) / 1000
+        time.sleep(busy)
+        done[0] += 1
+        done[1] += busy
+        if stats is not None and done[0] % 20 == 0:  # steps, device seconds (for the parent)
+            stats.write_text(f"{done[0]} {done[1]}")
         tokens = np.asarray(peaks, np.int64)[params.rows]
         b = len(tokens)
         empty = np.zeros((b, 0))
@@ -78,7 +88,7 @@ def serve_child(
 
     def build(*args: Any, **kwargs: Any) -> Any:
         eng = real(*args, **kwargs)
-        simulate_device(eng.lm, device_ms, token_ms)
+        simulate_device(eng.lm, device_ms, token_ms, Path(os.environ["MODELC_OVERHEAD_STATS"]))
         return eng
 
     engine_pkg.build_engine = build  # type: ignore[assignment]
@@ -100,6 +110,15 @@ def _cpu(pid: int) -> tuple[float, float]:
         else:
             rest += s
     return main, rest
+
+
+def _device(stats: Path) -> tuple[int, float]:
+    """The child's steps and simulated-device seconds so far (to the last 20 steps)."""
+    try:
+        steps, busy = stats.read_text().split()
+    except (OSError, ValueError):
+        return 0, 0.0
+    return int(steps), float(busy)
 
 
 def _pinned(cpus: str) -> list[str]:
@@ -138,6 +157,7 @@ def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, f
     cmd += ["--device-ms", str(a.device_ms), "--token-ms", str(a.token_ms)]
     cmd += ["--switch-interval", str(switch), "--"]
     cmd += ["--max-concurrent", str(a.streams), *a.run_args]
+    stats = Path(os.environ["MODELC_OVERHEAD_STATS"])
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -145,9 +165,9 @@ def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, f
             _load(port, a, a.streams)  # warm-up
             rows = []
             for _ in range(a.reps):
-                c0 = _cpu(proc.pid)
+                c0, d0 = _cpu(proc.pid), _device(stats)
                 lv = _load(port, a, a.requests)
-                c1 = _cpu(proc.pid)
+                c1, d1 = _cpu(proc.pid), _device(stats)
                 n = lv["output_tokens"]
                 rows.append(
                     {
@@ -155,6 +175,8 @@ def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, f
                         "TPOT p50 ms": lv["tpot"]["p50"],
                         "main µs/tok": 1e6 * (c1[0] - c0[0]) / n,
                         "other threads µs/tok": 1e6 * (c1[1] - c0[1]) / n,
+                        "device busy": (d1[1] - d0[1]) / lv["wall_s"],
+                        "ms a step": 1000 * lv["wall_s"] / max(d1[0] - d0[0], 1),
                     }
                 )
         finally:
@@ -186,22 +208,25 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MODELC_OVERHEAD_MODEL"] = str(model_path(None, Path(tmp)))
+        os.environ["MODELC_OVERHEAD_STATS"] = str(Path(tmp) / "device.txt")
         ceiling = a.streams / (a.device_ms / 1000) if a.device_ms else float("inf")
         print(f"simulated device {a.device_ms} ms a step: at most {ceiling:,.0f} tok/s")
         print(
-            "| switch interval | rep | tok/s | of the ceiling | TPOT p50 ms | main µs/tok | other µs/tok |"
+            "| switch interval | rep | tok/s | of the ceiling | TPOT p50 ms | ms a step "
+            "| device busy | main µs/tok | other µs/tok |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for switch in (float(s) for s in a.switch_interval.split(",")):
             rows = measure(a, switch, a.port)
             for i, r in enumerate(rows):
                 print(
                     f"| {switch * 1000:g} ms | {i + 1} | {r['tok/s']:,.0f} | "
                     f"{r['tok/s'] / ceiling:.0%} | {r['TPOT p50 ms']:.1f} | "
+                    f"{r['ms a step']:.1f} | {r['device busy']:.0%} | "
                     f"{r['main µs/tok']:.0f} | {r['other threads µs/tok']:.0f} |"
                 )
             med = statistics.median(r["tok/s"] for r in rows)
-            print(f"| {switch * 1000:g} ms | median | {med:,.0f} | {med / ceiling:.0%} | | | |")
+            print(f"| {switch * 1000:g} ms | median | {med:,.0f} | {med / ceiling:.0%} |||||")
 
 
 if __name__ == "__main__":

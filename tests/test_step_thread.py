@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import trio
@@ -73,3 +74,46 @@ async def test_cancel_waits_for_the_call_then_cancels() -> None:
     assert scope.cancelled_caught
     assert after == ["done"]
     assert trio.current_time() - t0 >= 0.3
+
+
+class _IOWaits(trio.abc.Instrument):
+    """Counts the run loop's I/O checks (one between each two batches of ready tasks)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.n += 1
+
+
+async def test_the_caller_is_ready_at_the_io_check_after_the_call_ends() -> None:
+    """A crowd of busy tasks fills every batch (4 ms of work); the caller resumes in the
+    batch right after the I/O check that follows the call's end.  Woken through ``run_sync_soon``
+    it waited a batch more: Trio's entry-queue task ran in that one and made it ready
+    for the next (two checks, every time)."""
+    st = StepThread()
+    waits = _IOWaits()
+    trio.lowlevel.add_instrument(waits)
+    checks: list[int] = []
+    stop = False
+
+    async def busy() -> None:  # a response writing its frame: 0.2 ms of Python a turn (the GIL free)
+        while not stop:
+            time.sleep(0.0002)  # the GIL free: the step thread is not held up by it
+            await trio.lowlevel.checkpoint()
+
+    def step() -> int:
+        threading.Event().wait(0.005)
+        return waits.n  # read as the call ends
+
+    async with trio.open_nursery() as n:
+        for _ in range(20):
+            n.start_soon(busy)
+        for _ in range(12):
+            at_end = await st.run(step)
+            checks.append(waits.n - at_end)
+        stop = True
+    trio.lowlevel.remove_instrument(waits)
+    st.close()
+    # the end can race an I/O check that has begun but not returned: then one more
+    assert sum(c <= 1 for c in checks) >= 9, checks

@@ -8,6 +8,13 @@ between two steps.  :class:`StepThread` hands the call to one long-lived thread 
 a queue without yielding, then parks the scheduler task until the result comes back;
 the responses are written while the step computes.
 
+The call's end wakes the scheduler through a socket it waits on, not through
+``run_sync_soon``: that hands the wake-up to Trio's entry-queue task, which runs in the
+next batch of ready tasks and only then makes the scheduler ready for the batch after.
+Each batch holds every response the last step woke, writing its frame, so the extra
+hop kept the next step waiting for a whole batch of HTTP work (the GPU idle).  A
+readable socket makes the scheduler ready at the I/O check right after the call ends.
+
 Like ``to_thread.run_sync`` without ``abandon_on_cancel``, a cancelled caller still
 waits for the call to end (a step is never abandoned half-way) and is cancelled at its
 next checkpoint.
@@ -18,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import queue
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -37,6 +45,7 @@ class StepThread:
         self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # (read, write)
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -48,18 +57,24 @@ class StepThread:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
             self._thread.start()
-        task = trio.lowlevel.current_task()
-        token = trio.lowlevel.current_trio_token()
+        if self._wake is None:
+            self._wake = socket.socketpair()
+            self._wake[0].setblocking(False)
+        rd, wr = self._wake
         context = contextvars.copy_context()
+        done: list[outcome.Outcome[Any]] = []
 
         def report(result: outcome.Outcome[Any]) -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+            done.append(result)
+            with contextlib.suppress(OSError):  # closed: nobody waits any more
+                wr.send(b"\0")
 
         self._jobs.put((lambda: context.run(fn, *args), report))
-        result: T = await trio.lowlevel.wait_task_rescheduled(
-            lambda _raise_cancel: trio.lowlevel.Abort.FAILED
-        )
+        with trio.CancelScope(shield=True):  # the call runs to its end whatever happens
+            while not done:
+                await trio.lowlevel.wait_readable(rd)
+                rd.recv(64)
+        result: T = done[0].unwrap()
         return result
 
     def close(self) -> None:
@@ -67,3 +82,7 @@ class StepThread:
         if self._thread is not None:
             self._jobs.put(None)
             self._thread = None
+        if self._wake is not None:
+            for sock in self._wake:
+                sock.close()
+            self._wake = None
