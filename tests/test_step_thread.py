@@ -88,16 +88,16 @@ class _IOWaits(trio.abc.Instrument):
 
 async def test_the_caller_is_ready_at_the_io_check_after_the_call_ends() -> None:
     """A crowd of busy tasks fills every batch (4 ms of work); the caller resumes in the
-    batch right after the I/O check that follows the call's end.  Woken through ``run_sync_soon``
-    it waited a batch more: Trio's entry-queue task ran in that one and made it ready
-    for the next (two checks, every time)."""
+    batch right after the I/O check that follows the call's end.  Woken through
+    ``run_sync_soon`` it waited a batch more: Trio's entry-queue task ran in that one and
+    made it ready for the next (two checks, every time)."""
     st = StepThread()
     waits = _IOWaits()
     trio.lowlevel.add_instrument(waits)
     checks: list[int] = []
     stop = False
 
-    async def busy() -> None:  # a response writing its frame: 0.2 ms of Python a turn (the GIL free)
+    async def busy() -> None:  # a response writing its frame: 0.2 ms a turn (the GIL free)
         while not stop:
             time.sleep(0.0002)  # the GIL free: the step thread is not held up by it
             await trio.lowlevel.checkpoint()
