@@ -20,6 +20,11 @@ step, the share of the wall time the simulated device was busy (the rest: the ho
 work between two steps, which a GPU would spend idle), and the server's CPU a token (its
 main thread: the event loop, and the rest of its threads).
 
+``--gil-waits K`` splits the simulated step into K waits, each giving the GIL up and
+taking it back (a GPU step's CUDA calls do: CuPy releases the GIL around graph launches,
+synchronizing, copies and, in recent versions, kernel launches); while the event loop is
+busy writing responses, each take-back waits its turn.
+
 ``--switch-interval`` sets ``sys.setswitchinterval`` in the server (Python's default is
 5 ms): a thread that gave up the GIL to wait (the step thread on the device) waits up to
 that long to get it back from a thread that is running Python (the event loop writing
@@ -47,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def simulate_device(
-    lm: Any, device_ms: float, token_ms: float = 0.0, stats: Path | None = None
+    lm: Any, device_ms: float, token_ms: float = 0.0, stats: Path | None = None, waits: int = 1
 ) -> None:
     """Make ``lm``'s step a simulated device's (see the module's docstring)."""
     from bench.engine_overhead import advance_and_peak
@@ -63,7 +68,8 @@ def simulate_device(
         n_fed = sum(len(c.tokens) for c in batch)
         # the GIL released, as a wait for the device's step
         busy = (device_ms + token_ms * max(n_fed - len(batch), 0)) / 1000
-        time.sleep(busy)
+        for _ in range(waits):  # each gives the GIL up and takes it back, as a CUDA call does
+            time.sleep(busy / waits)
         done[0] += 1
         done[1] += busy
         if stats is not None and done[0] % 20 == 0:  # steps, device seconds (for the parent)
@@ -78,7 +84,7 @@ def simulate_device(
 
 
 def serve_child(
-    port: int, device_ms: float, token_ms: float, switch: float, run_args: list[str]
+    port: int, device_ms: float, token_ms: float, waits: int, switch: float, run_args: list[str]
 ) -> int:
     """The child: ``modelc run`` of the tiny model with the simulated device."""
     import modelc.engine as engine_pkg
@@ -88,7 +94,8 @@ def serve_child(
 
     def build(*args: Any, **kwargs: Any) -> Any:
         eng = real(*args, **kwargs)
-        simulate_device(eng.lm, device_ms, token_ms, Path(os.environ["MODELC_OVERHEAD_STATS"]))
+        stats = Path(os.environ["MODELC_OVERHEAD_STATS"])
+        simulate_device(eng.lm, device_ms, token_ms, stats, waits)
         return eng
 
     engine_pkg.build_engine = build  # type: ignore[assignment]
@@ -155,6 +162,7 @@ def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, f
     cmd = [*_pinned(a.server_cpus), sys.executable, "-m", "bench.serving_overhead"]
     cmd += ["--serve", str(port)]
     cmd += ["--device-ms", str(a.device_ms), "--token-ms", str(a.token_ms)]
+    cmd += ["--gil-waits", str(a.gil_waits)]
     cmd += ["--switch-interval", str(switch), "--"]
     cmd += ["--max-concurrent", str(a.streams), *a.run_args]
     stats = Path(os.environ["MODELC_OVERHEAD_STATS"])
@@ -189,6 +197,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device-ms", type=float, default=3.0)
     ap.add_argument("--token-ms", type=float, default=0.0, help="more ms a prompt token")
+    ap.add_argument("--gil-waits", type=int, default=1, help="GIL hand-backs a step")
     ap.add_argument("--switch-interval", default="0.005,0.0005")
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--requests", type=int, default=256)
@@ -203,7 +212,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.serve:
         switch = float(a.switch_interval)
-        raise SystemExit(serve_child(a.serve, a.device_ms, a.token_ms, switch, a.run_args))
+        raise SystemExit(
+            serve_child(a.serve, a.device_ms, a.token_ms, a.gil_waits, switch, a.run_args)
+        )
     from bench.engine_overhead import model_path
 
     with tempfile.TemporaryDirectory() as tmp:
