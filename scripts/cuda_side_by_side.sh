@@ -18,7 +18,8 @@
 # (MODELC_CUDA_GRAPH_BUCKETS=0) and with --stream-interval 8.  Session 24: the three
 # calls can run back to back on one warm machine (each within 30 s of the last); the
 # .whl folder holds py-spy's wheel, which profiles the server's warm load
-# ($OUT/pyspy_now.txt: where the ~9 ms a step beyond the GPU's 3 ms go).
+# ($OUT/pyspy_now.txt: where the ~9 ms a step beyond the GPU's 3 ms go; $OUT/gil_now.md:
+# how much of it each thread spends waiting for the GIL, bench/gil_wait.py).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/cuda-logs}
@@ -120,8 +121,11 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
   for run in cold warm; do
     echo "-- $L, 64 streams, $run"
     if [ $run = warm ] && [ $L = now ] && [ -x /tmp/site/bin/py-spy ]; then  # where its time goes
-      (sleep 1; /tmp/site/bin/py-spy record -p "$(pgrep -f "modelc run $M/llama1b" | head -1)" -d 5 \
-        -r 200 --threads -f raw -o "$OUT/pyspy_$L.txt" >/dev/null 2>&1) &
+      # native stacks, idle included: each thread's share running / waiting for the GIL /
+      # idle (bench/gil_wait.py), and the raw profile for the Python-level view
+      (sleep 1; PATH=/tmp/site/bin:$PATH python3 -m bench.gil_wait --seconds 5 \
+        --pid "$(pgrep -f "modelc run $M/llama1b" | head -1)" --raw "$OUT/pyspy_$L.txt" \
+        > "$OUT/gil_$L.md" 2>&1) &
     fi
     timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests 128 \
       --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
@@ -136,6 +140,7 @@ timeout 120 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --devi
   --streams 64 --requests 128 --tokens 60,64 --prompt-len 192 --reps 2 2>&1 | tail -4
 at "HTTP"
 serve now "$PWD"
+[ -f "$OUT/gil_now.md" ] && cat "$OUT/gil_now.md"
 serve nobuckets "$PWD" MODELC_CUDA_GRAPH_BUCKETS=0
 ARGS="--stream-interval 8" serve si8 "$PWD"
 if [ -f .devrun/old_dfffbcb.tar.zst ]; then
