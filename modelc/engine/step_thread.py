@@ -59,21 +59,30 @@ class StepThread:
             self._thread.start()
         if self._wake is None:
             self._wake = socket.socketpair()
-            self._wake[0].setblocking(False)
+            for sock in self._wake:  # a report never blocks: a full socket is readable anyway
+                sock.setblocking(False)
         rd, wr = self._wake
         context = contextvars.copy_context()
         done: list[outcome.Outcome[Any]] = []
 
         def report(result: outcome.Outcome[Any]) -> None:
             done.append(result)
-            with contextlib.suppress(OSError):  # closed: nobody waits any more
+            with contextlib.suppress(OSError):  # full (read soon) or closed (nobody waits)
                 wr.send(b"\0")
 
         self._jobs.put((lambda: context.run(fn, *args), report))
-        with trio.CancelScope(shield=True):  # the call runs to its end whatever happens
-            while not done:
+        # the call runs to its end whatever happens; every call waits at least once and
+        # drains all there is, so a byte left by a call that ended before its caller
+        # looked is read by the next one and bytes never pile up in the socket (a full
+        # one would block the thread's next report)
+        with trio.CancelScope(shield=True):
+            while True:
                 await trio.lowlevel.wait_readable(rd)
-                rd.recv(64)
+                with contextlib.suppress(BlockingIOError):
+                    while rd.recv(4096):
+                        pass
+                if done:
+                    break
         result: T = done[0].unwrap()
         return result
 
