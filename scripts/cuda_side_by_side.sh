@@ -113,9 +113,10 @@ if [ "${1:-}" = webgpu ]; then
 fi
 
 serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
-  # $ARGS: more arguments for modelc run
+  # $ARGS: more arguments for modelc run; $LAUNCH: what runs it (python3 LAUNCH run ...)
   local L=$1 R=$2; shift 2
-  (cd "$R" && env "$@" PYTHONPATH=/tmp/site:$R python3 -m modelc run $M/llama1b-q4_0.gguf --device cuda \
+  # shellcheck disable=SC2086
+  (cd "$R" && env "$@" PYTHONPATH=/tmp/site:$R python3 ${LAUNCH:--m modelc} run $M/llama1b-q4_0.gguf --device cuda \
     --max-concurrent 64 --max-context 256 --speculate off --port 18070 ${ARGS:-} >"$OUT/server_$L.log" 2>&1) &
   for _ in $(seq 1 90); do curl -sf http://127.0.0.1:18070/health >/dev/null && break; sleep 1; done
   for run in cold warm; do
@@ -124,7 +125,7 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
       # native stacks, idle included: each thread's share running / waiting for the GIL /
       # idle (bench/gil_wait.py), and the raw profile for the Python-level view
       (sleep 1; PATH=/tmp/site/bin:$PATH python3 -m bench.gil_wait --seconds 5 \
-        --pid "$(pgrep -f "modelc run $M/llama1b" | head -1)" --raw "$OUT/pyspy_$L.txt" \
+        --pid "$(pgrep -f "run $M/llama1b" | head -1)" --raw "$OUT/pyspy_$L.txt" \
         > "$OUT/gil_$L.md" 2>&1) &
     fi
     timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests 128 \
@@ -133,7 +134,7 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
   echo "-- $L, 1 stream"
   timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 1 --requests 12 \
     --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
-  pkill -f "modelc run $M/llama1b-q4_0.gguf"; sleep 2
+  pkill -f "run $M/llama1b-q4_0.gguf"; sleep 2
 }
 at "the engine in process at the HTTP load's shape (no HTTP): model / step thread / event loop"
 timeout 120 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --device cuda --real-forward \
@@ -143,6 +144,10 @@ serve now "$PWD"
 [ -f "$OUT/gil_now.md" ] && cat "$OUT/gil_now.md"
 serve nobuckets "$PWD" MODELC_CUDA_GRAPH_BUCKETS=0
 ARGS="--stream-interval 8" serve si8 "$PWD"
+# a thread napping 1 ms beside the server: how long a hand-back of the GIL waits under this
+# load (no ptrace needed, unlike py-spy); the step thread makes one a CuPy call
+LAUNCH="-m bench.gil_probe --every 1 --" serve probe "$PWD"  # a line a second
+grep gil_probe "$OUT/server_probe.log"
 if [ -f .devrun/old_dfffbcb.tar.zst ]; then
   mkdir -p /tmp/old && (cd /tmp/old && unz "$OLDPWD/.devrun/old_dfffbcb.tar.zst" | tar xf - \
     && python3 setup.py build_ext --inplace >"$OUT/old_ext.log" 2>&1) && serve dfffbcb /tmp/old
