@@ -41,12 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from modelc.bench.procs import ServerStartError, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,19 +146,6 @@ def _load(port: int, a: argparse.Namespace, requests: int) -> dict[str, Any]:
     return level
 
 
-def _wait_ready(port: int, proc: subprocess.Popen[bytes], log: Any) -> None:
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return
-        except OSError:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise SystemExit(log.read().decode()[-3000:]) from None
-            time.sleep(0.2)
-    raise SystemExit("the server did not start in 120 s")
-
-
 def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, float]]:
     cmd = [*_pinned(a.server_cpus), sys.executable, "-m", "bench.serving_overhead"]
     cmd += ["--serve", str(port)]
@@ -169,7 +157,11 @@ def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, f
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_ready(port, proc, log)
+            try:
+                wait_healthy(f"http://127.0.0.1:{port}", proc, 120.0, poll=0.2)
+            except ServerStartError as e:
+                log.seek(0)
+                raise SystemExit(f"{e}\n{log.read().decode()[-3000:]}") from None
             _load(port, a, a.streams)  # warm-up
             rows = []
             for _ in range(a.reps):

@@ -35,24 +35,27 @@ class KeepAlive:
         r.quiet_since = (r.sent, trio.current_time())
         self._asked.set()
 
-    def tick(self, now: float) -> None:
-        """Send the keep-alive events due at ``now``."""
+    def tick(self, now: float) -> float | None:
+        """Send the keep-alive events due at ``now``; the shortest interval asked for
+        (None: nobody asks)."""
+        shortest: float | None = None
         for r in self._reqs.values():
             if r.keepalive is None:
                 continue
+            shortest = r.keepalive if shortest is None else min(shortest, r.keepalive)
             n, since = r.quiet_since
             if r.sent != n:
                 r.quiet_since = (r.sent, now)
             elif now - since >= r.keepalive and not r.send.statistics().current_buffer_used:
                 r.send_event(KeepAliveEvent())
                 r.quiet_since = (r.sent, now)
+        return shortest
 
     async def run(self) -> None:
         while True:
-            asked = [r.keepalive for r in self._reqs.values() if r.keepalive is not None]
-            if not asked:
+            shortest = self.tick(trio.current_time())
+            if shortest is None:
                 self._asked = trio.Event()
                 await self._asked.wait()
-                continue
-            await trio.sleep(max(min(asked) / 4, MIN_TICK))
-            self.tick(trio.current_time())
+            else:
+                await trio.sleep(max(shortest / 4, MIN_TICK))

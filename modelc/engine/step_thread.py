@@ -72,9 +72,9 @@ class StepThread:
 
         self._jobs.put((lambda: context.run(fn, *args), report))
         # the call runs to its end whatever happens; every call waits at least once and
-        # drains all there is, so a byte left by a call that ended before its caller
-        # looked is read by the next one and bytes never pile up in the socket (a full
-        # one would block the thread's next report)
+        # drains all there is: a report's byte that comes after its caller saw the result
+        # (or a call that ended before its caller looked) is read by the next call, so
+        # bytes never pile up in the socket
         with trio.CancelScope(shield=True):
             while True:
                 await trio.lowlevel.wait_readable(rd)
