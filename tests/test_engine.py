@@ -207,7 +207,9 @@ async def test_keep_alive_while_queued_never_early_one_unread_at_most(ir: ModelI
     prompt = ids(eng, PROMPTS[2])
     ka = 0.05
     async with running(eng):
-        a = eng.submit(GenerationRequest("a", prompt, p))
+        t0 = trio.current_time()
+        # "a" runs 4x as long as the others: b and c wait several keep-alive intervals
+        a = eng.submit(GenerationRequest("a", prompt, params(eng, max_tokens=96)))
         b = eng.submit(GenerationRequest("b", prompt, p))
         c = eng.submit(GenerationRequest("c", prompt, p))
         b.keep_alive(ka)
@@ -225,13 +227,15 @@ async def test_keep_alive_while_queued_never_early_one_unread_at_most(ir: ModelI
         c_events = [ev async for ev in c]
     first_token = next(i for i, (_, ev) in enumerate(b_events) if isinstance(ev, TokenEvent))
     waits = [t for t, ev in b_events[:first_token] if isinstance(ev, KeepAliveEvent)]
-    assert len(waits) >= 2, b_events[: first_token + 1]  # "a" took 24 steps: b waited
+    waited = b_events[first_token][0] - t0  # "a" took 96 steps: b waited that long
+    assert len(waits) >= min(2, int(waited / ka) - 1), (waited, b_events[: first_token + 1])
     assert all(later - earlier >= ka for earlier, later in itertools.pairwise(waits))
     # the keep-alives changed nothing of b's answer: the same prompt, the same tokens
-    assert [ev.token_id for _, ev in b_events if isinstance(ev, TokenEvent)] == a_toks
+    b_toks = [ev.token_id for _, ev in b_events if isinstance(ev, TokenEvent)]
+    assert b_toks == a_toks[: len(b_toks)] and len(b_toks) == min(24, len(a_toks))
     # c's reader did not read: one keep-alive waited for it, no more
     assert unread_c == 1 and isinstance(c_events[0], KeepAliveEvent)
-    assert [ev.token_id for ev in c_events if isinstance(ev, TokenEvent)] == a_toks
+    assert [ev.token_id for ev in c_events if isinstance(ev, TokenEvent)] == b_toks
 
 
 async def test_prefix_cache_skips_shared_prefill(ir: ModelIR) -> None:
