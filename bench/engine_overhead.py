@@ -269,6 +269,9 @@ def main() -> None:
         print(f"| {i + 1} | " + " | ".join(f"{r[k]:,.1f}" for k in keys) + " |")
     med = {k: statistics.median(r[k] for r in rows) for k in keys}
     print("| median | " + " | ".join(f"{med[k]:,.1f}" for k in keys) + " |")
+    graphs = getattr(eng.lm, "graph_steps", None)  # a CUDA model: its steps replayed, eager
+    if graphs is not None:
+        print("CUDA steps: " + ", ".join(f"{k} {v}" for k, v in sorted(graphs.items())))
     if prof is not None:
         prof.dump_stats(a.profile)
         assert t.kept_prof is not None

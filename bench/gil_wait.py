@@ -1,7 +1,7 @@
 """Where a running modelc server's threads wait for the GIL, from a py-spy profile.
 
     .venv/bin/python -m bench.gil_wait --pid PID [--seconds 5] [--rate 200] [--raw out.txt]
-    .venv/bin/python -m bench.gil_wait --from out.txt
+    .venv/bin/python -m bench.gil_wait --from out.txt [--top 25]
 
 Records ``py-spy record --native --idle --threads -f raw`` of the process (py-spy must be
 on the PATH or beside this interpreter) and sorts each thread's samples into: waiting for
@@ -20,6 +20,7 @@ import collections
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 # frames a thread sits in when it has nothing to do (the native leaves below them)
@@ -39,16 +40,33 @@ def classify(frames: list[str]) -> str:
     return "running"
 
 
-def tally(raw: Path) -> dict[str, collections.Counter[str]]:
-    out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+def samples(raw: Path) -> Iterator[tuple[str, list[str], int]]:
+    """(thread name, frames outermost first, count) of each line of a raw profile."""
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not stack or not n.isdigit():
             continue
         frames = stack.split(";")
         thread = frames[0].split(": ", 1)[-1] if ": " in frames[0] else frames[0]
-        out[thread][classify(frames[1:])] += int(n)
+        yield thread, frames[1:], int(n)
+
+
+def tally(raw: Path) -> dict[str, collections.Counter[str]]:
+    out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for thread, frames, n in samples(raw):
+        out[thread][classify(frames)] += n
     return out
+
+
+def top(raw: Path, n: int) -> dict[str, collections.Counter[str]]:
+    """Each thread's ``n`` most sampled Python functions of modelc and the server's stack
+    (``function (file)``), each sample counted once a function however deep it recurs."""
+    keep = ("modelc/", "hypercorn/", "quart", "h11/", "trio/_core/_run")
+    out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for thread, frames, k in samples(raw):
+        for f in sorted({f.rsplit(":", 1)[0] + ")" for f in frames if any(m in f for m in keep)}):
+            out[thread][f] += k
+    return {t: collections.Counter(dict(c.most_common(n))) for t, c in out.items()}
 
 
 def record(pid: int, seconds: int, rate: int, raw: Path) -> None:
@@ -67,6 +85,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--rate", type=int, default=200)
     ap.add_argument("--raw", default="gil_wait_raw.txt")
+    ap.add_argument("--top", type=int, default=0, help="then each thread's N busiest functions")
     a = ap.parse_args()
     raw = Path(a.given or a.raw)
     if not a.given:
@@ -81,6 +100,13 @@ def main() -> None:
             f"| {thread} | {n} | {c['running'] / n:.0%} | {c['gil'] / n:.0%} | "
             f"{c['idle'] / n:.0%} |"
         )
+    if a.top:
+        counts = tally(raw)
+        for thread, c in top(raw, a.top).items():
+            total = sum(counts[thread].values())
+            print(f"\n{thread} ({total} samples): share of samples in each function")
+            for f, k in c.most_common():
+                print(f"  {k / total:6.1%}  {f}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@
 #   bash scripts/cuda_side_by_side.sh webgpu  (~3 min, warm too: the WebGPU backend through
 #                                              NVIDIA's Vulkan driver, carry .gl: the Vulkan
 #                                              loader's .deb, parity and decode next to CUDA)
+#   OLD=abc1234 bash scripts/cuda_side_by_side.sh ab  (~6 min from a bare machine: the GPU
+#       tests, then HTTP at 64 streams alternating this checkout and the commit in
+#       .devrun/old_$OLD.tar.zst (git archive $OLD | zstd -19 -o ...), this checkout with
+#       MODELC_CUDA_LAUNCH=gil, the engine in process, a py-spy profile; LLAMA=1 builds
+#       llama.cpp at nice 19 beside and ends with llama-server)
 # Here, once: scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
 # and, for the HTTP baseline (the code issue 35 was filed against), git archive dfffbcb |
 # zstd -19 -o .devrun/old_dfffbcb.tar.zst (.devrun and .whl ignored by git: .git/info/exclude);
@@ -19,7 +24,9 @@
 # calls can run back to back on one warm machine (each within 30 s of the last); the
 # .whl folder holds py-spy's wheel, which profiles the server's warm load
 # ($OUT/pyspy_now.txt: where the ~9 ms a step beyond the GPU's 3 ms go; $OUT/gil_now.md:
-# how much of it each thread spends waiting for the GIL, bench/gil_wait.py).
+# how much of it each thread spends waiting for the GIL, bench/gil_wait.py).  Session 26:
+# py-spy halves the server's speed while it samples, so it profiles a third load of its
+# own, never one whose figures are reported.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/cuda-logs}
@@ -31,17 +38,96 @@ export PYTHONPATH=/tmp/site:$PWD M OUT
 at() { echo "== $1 at $((SECONDS - T0)) s"; }
 unz() { python3 -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(open(sys.argv[1], 'rb'), sys.stdout.buffer)" "$1"; }
 
-if [ -z "${1:-}" ]; then
+serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
+  # $ARGS: more arguments for modelc run; $LAUNCH: what runs it (python3 LAUNCH run ...);
+  # $PROFILE: a third 64-stream load under py-spy (bench/gil_wait.py: $OUT/gil_$1.md)
+  local L=$1 R=$2; shift 2
+  # shellcheck disable=SC2086
+  (cd "$R" && env "$@" PYTHONPATH=/tmp/site:$R python3 ${LAUNCH:--m modelc} run $M/llama1b-q4_0.gguf --device cuda \
+    --max-concurrent 64 --max-context 256 --speculate off --port 18070 ${ARGS:-} >"$OUT/server_$L.log" 2>&1) &
+  for _ in $(seq 1 90); do curl -sf http://127.0.0.1:18070/health >/dev/null && break; sleep 1; done
+  local runs="cold warm"
+  [ -n "${PROFILE:-}" ] && [ -x /tmp/site/bin/py-spy ] && runs="cold warm profiled"
+  for run in $runs; do
+    echo "-- $L, 64 streams, $run"
+    local GW=
+    if [ $run = profiled ]; then  # native stacks, idle included: each thread's share running /
+      # waiting for the GIL / idle, and the raw profile for the Python-level view
+      (sleep 1; PATH=/tmp/site/bin:$PATH timeout 20 python3 -m bench.gil_wait --seconds 5 \
+        --pid "$(pgrep -f "run $M/llama1b" | head -1)" --raw "$OUT/pyspy_$L.txt" >"$OUT/gil_$L.md" 2>&1) &
+      GW=$!
+    fi
+    timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests 128 \
+      --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
+    [ -n "$GW" ] && wait "$GW" && cat "$OUT/gil_$L.md"
+  done
+  echo "-- $L, 1 stream"
+  timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 1 --requests 12 \
+    --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
+  pkill -f "run $M/llama1b-q4_0.gguf"; sleep 2
+}
+setup() {  # wheels, the CPU kernels, the models; llama.cpp built beside ($1: nice level)
   [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target /tmp/site .whl/*.whl || exit 1
   (python3 setup.py build_ext --inplace >"$OUT/ext_build.log" 2>&1) &
   EB=$!
-  touch /tmp/llama_building
-  ([ -x $B/llama-server ] || bash scripts/llamacpp_cuda.sh build "$PWD/${LLAMA_SRC:-.devrun/llama_src.tar.zst}" 12 \
-    >"$OUT/llama_build.log" 2>&1; rm -f /tmp/llama_building) &
+  if [ -n "${1:-}" ]; then
+    touch /tmp/llama_building
+    ([ -x $B/llama-server ] || nice -n "$1" bash scripts/llamacpp_cuda.sh build \
+      "$PWD/${LLAMA_SRC:-.devrun/llama_src.tar.zst}" 12 >"$OUT/llama_build.log" 2>&1; rm -f /tmp/llama_building) &
+  fi
   [ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M >"$OUT/gen.log" 2>&1
-  [ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1
   wait $EB
+}
+llama_server() {  # llama-server -np 64 on the same file, the same load twice
+  while [ -f /tmp/llama_building ]; do sleep 2; done
+  $B/llama-server -m $M/llama1b-q4_0.gguf -ngl 99 -np 64 -c 16384 --port 18081 >"$OUT/llama_server.log" 2>&1 &
+  local LP=$!
+  for _ in $(seq 1 60); do curl -sf http://127.0.0.1:18081/health >/dev/null && break; sleep 1; done
+  for run in cold warm; do
+    echo "-- llama-server, 64 streams, $run"
+    timeout 40 python3 -m modelc bench --url http://127.0.0.1:18081 --concurrency 64 --requests 128 \
+      --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
+  done
+  kill $LP; wait $LP 2>/dev/null
+}
+old_checkout() {  # .devrun/old_$1.tar.zst unpacked and built in /tmp/old_$1
+  mkdir -p "/tmp/old_$1" && (cd "/tmp/old_$1" && unz "$OLDPWD/.devrun/old_$1.tar.zst" | tar xf - \
+    && python3 setup.py build_ext --inplace >"$OUT/old_$1_ext.log" 2>&1)
+}
+
+if [ "${1:-}" = ab ]; then
+  setup ${LLAMA:+19}
+  old_checkout "$OLD" & OB=$!
+  at "GPU tests"
+  MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rs \
+    tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
+  MODELC_CUDA_LAUNCH=gil MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q -x --noconftest \
+    -p no:cacheprovider -rs tests/test_cuda_kernels.py >"$OUT/tests_kernels_gil.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_gil.log" | head -12
+  MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider \
+    -rs tests/test_cuda.py tests/test_cuda_route.py >"$OUT/tests_cuda.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
+  wait $OB
+  at "HTTP, alternated"
+  serve now "$PWD"
+  serve "old_$OLD" "/tmp/old_$OLD"
+  grep -q failed "$OUT/tests_kernels_gil.log" || serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
+  serve now2 "$PWD"
+  serve "old2_$OLD" "/tmp/old_$OLD"
+  at "the engine in process, the HTTP load's shape"
+  timeout 90 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --device cuda --real-forward \
+    --streams 64 --requests 128 --tokens 64,64 --prompt-len 32 --reps 2 2>&1 | tail -5
+  PROFILE=1 serve prof "$PWD"
+  [ -n "${LLAMA:-}" ] && llama_server
+  at "end"
+  exit 0
+fi
+
+if [ -z "${1:-}" ]; then
+  setup 0
+  [ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "
 import cupy as cp, time
@@ -112,55 +198,19 @@ if [ "${1:-}" = webgpu ]; then
   exit 0
 fi
 
-serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
-  # $ARGS: more arguments for modelc run; $LAUNCH: what runs it (python3 LAUNCH run ...)
-  local L=$1 R=$2; shift 2
-  # shellcheck disable=SC2086
-  (cd "$R" && env "$@" PYTHONPATH=/tmp/site:$R python3 ${LAUNCH:--m modelc} run $M/llama1b-q4_0.gguf --device cuda \
-    --max-concurrent 64 --max-context 256 --speculate off --port 18070 ${ARGS:-} >"$OUT/server_$L.log" 2>&1) &
-  for _ in $(seq 1 90); do curl -sf http://127.0.0.1:18070/health >/dev/null && break; sleep 1; done
-  for run in cold warm; do
-    echo "-- $L, 64 streams, $run"
-    if [ $run = warm ] && [ $L = now ] && [ -x /tmp/site/bin/py-spy ]; then  # where its time goes
-      # native stacks, idle included: each thread's share running / waiting for the GIL /
-      # idle (bench/gil_wait.py), and the raw profile for the Python-level view
-      (sleep 1; PATH=/tmp/site/bin:$PATH python3 -m bench.gil_wait --seconds 5 \
-        --pid "$(pgrep -f "run $M/llama1b" | head -1)" --raw "$OUT/pyspy_$L.txt" \
-        > "$OUT/gil_$L.md" 2>&1) &
-    fi
-    timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests 128 \
-      --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
-  done
-  echo "-- $L, 1 stream"
-  timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 1 --requests 12 \
-    --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
-  pkill -f "run $M/llama1b-q4_0.gguf"; sleep 2
-}
 at "the engine in process at the HTTP load's shape (no HTTP): model / step thread / event loop"
 timeout 120 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --device cuda --real-forward \
   --streams 64 --requests 128 --tokens 60,64 --prompt-len 192 --reps 2 2>&1 | tail -4
 at "HTTP"
-serve now "$PWD"
-[ -f "$OUT/gil_now.md" ] && cat "$OUT/gil_now.md"
+PROFILE=1 serve now "$PWD"
 serve nobuckets "$PWD" MODELC_CUDA_GRAPH_BUCKETS=0
 ARGS="--stream-interval 8" serve si8 "$PWD"
 # a thread napping 1 ms beside the server: how long a hand-back of the GIL waits under this
 # load (no ptrace needed, unlike py-spy); the step thread makes one a CuPy call
 LAUNCH="-m bench.gil_probe --every 1 --" serve probe "$PWD"  # a line a second
 grep gil_probe "$OUT/server_probe.log"
-if [ -f .devrun/old_dfffbcb.tar.zst ]; then
-  mkdir -p /tmp/old && (cd /tmp/old && unz "$OLDPWD/.devrun/old_dfffbcb.tar.zst" | tar xf - \
-    && python3 setup.py build_ext --inplace >"$OUT/old_ext.log" 2>&1) && serve dfffbcb /tmp/old
-fi
-$B/llama-server -m $M/llama1b-q4_0.gguf -ngl 99 -np 64 -c 16384 --port 18081 >"$OUT/llama_server.log" 2>&1 &
-LP=$!
-for _ in $(seq 1 60); do curl -sf http://127.0.0.1:18081/health >/dev/null && break; sleep 1; done
-for run in cold warm; do
-  echo "-- llama-server, 64 streams, $run"
-  timeout 40 python3 -m modelc bench --url http://127.0.0.1:18081 --concurrency 64 --requests 128 \
-    --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
-done
-kill $LP; wait $LP 2>/dev/null
+[ -f .devrun/old_dfffbcb.tar.zst ] && old_checkout dfffbcb && serve dfffbcb /tmp/old_dfffbcb
+llama_server
 at "-ngl 16 of the 8B"
 timeout 60 $B/llama-bench -m $M/llama8b-q4_k_m.gguf -ngl 16 -p 64 -n 32 -r 2 2>&1 | grep -E "pp|tg|error"
 echo "-- llama.cpp, -ngl 16 and the output head on the GPU too (-ot output.weight=CUDA0)"

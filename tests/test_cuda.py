@@ -115,6 +115,14 @@ def test_device_kv_cache_behaves_as_the_host_cache() -> None:
         assert dev.capacity == host.capacity == 512 and bd.used == bh.used == dev.nbytes
 
         same_kv(host, dev)
+        whole = list(dev.read_all(dev.n))  # the prefix cache's read: one copy
+        for layer, (k, v) in enumerate(whole):
+            np.testing.assert_array_equal(k, host.read(layer, host.n)[0])
+            np.testing.assert_array_equal(v, host.read(layer, host.n)[1])
+        again = CudaKVCache(cp, shape, 1024, mode, budget=KVBudget(1 << 30))
+        again.fill(dev.n, lambda layer, first, w=whole: w[layer])  # a prefix-cache hit
+        same_kv(host, again)
+        again.free()
         for c in (host, dev):
             c.shift(4, 10)
         same_kv(host, dev)

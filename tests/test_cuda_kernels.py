@@ -583,6 +583,46 @@ def test_small_models_on_the_wide_gemv(tmp_path: Path, dtype: DType | str) -> No
     )
 
 
+def test_mixed_steps_replay_graphs_of_their_bucket(tmp_path: Path) -> None:
+    """A step of 6 decoding sequences and a new 7-token prompt (13 rows, 7 logit rows) runs
+    as its bucket (:func:`~modelc.runtime.backends.cuda_step.run_shape`: 16 rows, its tiles
+    padded with the padding row's): eagerly the first time that shape comes, captured the
+    second, replayed the third; each step's logits as the unpadded eager step's (cuBLAS
+    over 16 rows against 13: within 1e-4), greedy tokens equal."""
+    from modelc.runtime.backends.cuda_step import graph_rows
+    from modelc.runtime.model import SeqChunk
+
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=5))
+    rng = np.random.default_rng(10)
+    prompts = [rng.integers(3, 500, int(rng.integers(3, 9))).tolist() for _ in range(6)]
+    news = [rng.integers(3, 500, 7).tolist() for _ in range(3)]
+    runs = []
+    for pad in (False, True):
+        model = q8_gpu(ir, gemv_max=None)
+        model.pad_graphs, model.mixed_rows = pad, 256 if pad else 0
+        caches = [model.new_cache("f16", max_tokens=32) for _ in prompts]
+        logits = model.forward([SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)])
+        last, out = np.argmax(logits, axis=1), []
+        for new in news:
+            fresh = model.new_cache("f16", max_tokens=32)
+            batch = [SeqChunk(c, [int(t)]) for c, t in zip(caches, last, strict=True)]
+            logits = model.forward([*batch, SeqChunk(fresh, new)])
+            assert logits.shape == (7, SMALL.n_vocab)
+            out.append(logits)
+            last = np.argmax(logits[:6], axis=1)
+            fresh.free()
+        keys = list(model._graphs)
+        if pad:  # the prefill's shape came once: not captured
+            assert len(keys) == 1 and keys[0][:2] == (graph_rows(14), 7), keys
+        else:
+            assert not keys, keys
+        runs.append(np.stack(out))
+        for c in caches:
+            c.free()
+    assert rel(runs[1], runs[0]) < 1e-4
+    assert (runs[1].argmax(axis=-1) == runs[0].argmax(axis=-1)).all()
+
+
 def test_decode_steps_padded_to_graph_buckets(tmp_path: Path) -> None:
     """``MODELC_CUDA_GRAPH_BUCKETS=1`` (:func:`~modelc.runtime.backends.cuda_llama.graph_rows`):
     11 sequences' decode steps run as graphs of 16 rows, the 5 padding rows on the scratch
@@ -609,13 +649,13 @@ def test_decode_steps_padded_to_graph_buckets(tmp_path: Path) -> None:
             out.append(logits)
             last = np.argmax(logits, axis=1)
         assert logits.shape == (11, SMALL.n_vocab)
-        keys = sorted(k // 2 for k in model._graphs)
+        keys = sorted(k[0] for k in model._graphs)
         assert keys == ([graph_rows(11)] if pad else [11]), keys
         runs.append(np.stack(out))
         if pad:
             model._graphs.clear()
             model.warm(20, "f16")
-            assert sorted(k // 2 for k in model._graphs) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
+            assert sorted(k[0] for k in model._graphs) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
         for c in caches:
             c.free()
     assert rel(runs[1], runs[0]) < 1e-4

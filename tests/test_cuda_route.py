@@ -186,3 +186,129 @@ def test_decode_steps_pad_to_graph_buckets() -> None:
     assert not padded[:, 5:].any() and not plain[:, 3:].any()
     with pytest.raises(ValueError, match="does not fit"):
         step_meta(ids, pos, slices, caches, rows, 4, 5, (9000, 1))
+
+
+def test_steps_with_prompt_chunks_pad_to_graph_buckets() -> None:
+    """:func:`run_shape`: a decode step pads its rows (each padding row its logits); a step
+    with prompt chunks of up to ``mixed_rows`` rows pads its rows past one more (the
+    padding tiles' and logit rows' row), its logit rows and tiles each to
+    :func:`graph_rows`; past ``mixed_rows`` it runs as it is.  :func:`step_meta` points
+    the padding logit rows at the padding rows in turn, :func:`pad_tiles` the padding
+    tiles at the first padding row."""
+    from modelc.runtime.backends.cuda_step import graph_rows, pad_tiles, run_shape, step_meta
+
+    assert run_shape(11, 11, 0, True, 256) == (16, 16, 0)
+    assert run_shape(11, 9, 0, True, 0) == (16, 14, 0)  # decode buckets whatever mixed_rows
+    assert run_shape(95, 63, 66, False, 256) == (96, 64, 72)
+    assert run_shape(96, 63, 66, False, 256) == (104, 64, 72)  # one padding row at least
+    assert run_shape(5, 2, 3, False, 256) == (6, 2, 3)
+    assert run_shape(255, 9, 30, False, 256) == (256, 16, 32)
+    assert run_shape(256, 9, 30, False, 256) is None and run_shape(40, 2, 4, False, 0) is None
+    for n, r, t in ((13, 7, 7), (100, 64, 70), (200, 3, 20)):
+        run, r_run, t_run = run_shape(n, r, t, False, 256) or (0, 0, 0)
+        assert run > n and r <= r_run <= run and t <= t_run <= run
+        assert (run, r_run, t_run) == (graph_rows(n + 1), graph_rows(r), graph_rows(t))
+    tiles = np.array([[0, 1], [1, 1], [2, 16], [18, 4]], np.int64)
+    assert pad_tiles(tiles, 6, 22).tolist() == [[0, 1], [1, 1], [2, 16], [18, 4], [22, 1], [22, 1]]
+    assert pad_tiles(tiles, 4, 22).tolist() == tiles.tolist()
+    # 2 decodes and a 3-token chunk: 5 rows run as 8, 3 logit rows as 6
+    ids, pos = np.arange(1, 6, dtype=np.int64), np.array([7, 3, 0, 1, 2], np.int64)
+    slices = [slice(0, 1), slice(1, 2), slice(2, 5)]
+    meta = step_meta(
+        ids, pos, slices, [(1, 8), (2, 8), (3, 8)], np.array([0, 1, 4]), 8, 8, (9, 1), 6
+    )
+    meta = meta.reshape(8, 8)
+    assert meta[5, :6].tolist() == [0, 1, 4, 5, 6, 7]  # padding logit rows: rows 5, 6, 7
+    assert meta[2, :8].tolist() == [0, 1, 2, 2, 2, 3, 3, 3] and meta[3, 3] == 9
+    meta = step_meta(
+        ids, pos, slices, [(1, 8), (2, 8), (3, 8)], np.array([0, 1, 4]), 8, 6, (9, 1), 6
+    )
+    assert meta.reshape(8, 8)[5, :6].tolist() == [0, 1, 4, 5, 5, 5]  # one padding row, thrice
+    with pytest.raises(ValueError, match="need padding rows"):
+        step_meta(ids, pos, slices, [(1, 8), (2, 8), (3, 8)], np.array([0, 1, 4]), 8, 0, (0, 0), 6)
+
+
+class NumpyAsCupy:
+    """The CuPy calls :class:`CudaKVCache` makes, on numpy, counting copies between the
+    host and the (stand-in) device."""
+
+    def __init__(self) -> None:
+        self.copies = 0
+        self.empty = np.empty
+        self.cuda = type(
+            "cuda", (), {"get_current_stream": lambda: type("s", (), {"synchronize": lambda: None})}
+        )
+
+    def asarray(self, a: Any) -> Any:
+        self.copies += 1
+        return np.array(a)
+
+    def asnumpy(self, a: Any) -> Any:
+        self.copies += 1
+        return np.array(a)
+
+
+def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
+    """The prefix cache's insert reads a GPU cache with one copy to the host
+    (:meth:`CudaKVCache.read_all`, not two a layer) and a hit fills one with one copy to
+    the device (:meth:`CudaKVCache.fill`); the blocks it stores and the cache it fills hold
+    what the host :class:`KVCache` given the same rows holds (CuPy's calls on numpy)."""
+    from modelc.engine.prefix_cache import PrefixCache
+    from modelc.runtime.backends.cuda_kv import CudaKVCache
+    from modelc.runtime.kv_cache import KVCache, KVShape
+
+    shape, rng = KVShape(3, 2, 32), np.random.default_rng(3)
+    tokens = rng.integers(0, 1000, 40).tolist()
+    cp = NumpyAsCupy()
+    host, dev = KVCache(shape, 256, "f16"), CudaKVCache(cp, shape, 256, "f16")
+    for c in (host, dev):
+        c.reserve(40)
+    for layer in range(3):
+        k, v = rng.standard_normal((2, 40, 2, 32)).astype(np.float32)
+        for c in (host, dev):
+            c.write(layer, 0, k, v)
+    for c in (host, dev):
+        c.advance(40)
+    stores = []
+    for c in (host, dev):
+        pc = PrefixCache(shape, 1 << 24, block_tokens=16)
+        before = cp.copies
+        assert pc.insert(tokens, c) == 2  # 32 of the 40 tokens: two blocks
+        if c is dev:
+            assert cp.copies - before == 1
+        stores.append(pc)
+    for pc in stores:
+        blocks = pc.match(tokens)
+        assert len(blocks) == 2
+        for c in (KVCache(shape, 256, "f16"), CudaKVCache(cp, shape, 256, "f16")):
+            before = cp.copies
+            assert pc.load(blocks, c) == 32
+            if isinstance(c, CudaKVCache):
+                assert cp.copies - before == 1
+            for layer in range(3):
+                for a, b in zip(c.read(layer, 32), host.read(layer, 32), strict=True):
+                    np.testing.assert_array_equal(a, b[:32])
+        pc.release(blocks)
+
+
+def test_kernel_arguments_pack_as_the_kernel_reads_them() -> None:
+    """:func:`cuda_launch.pack`: a device array as its pointer, each numpy scalar as its own
+    bytes, one 8-byte slot each (what ``cuLaunchKernel`` reads through the slot's address);
+    a Python number or a type it does not know goes to CuPy's launch (None)."""
+    from types import SimpleNamespace
+
+    from modelc.runtime.backends.cuda_launch import dims, pack
+
+    class Dev:  # a device array's stand-in: its data pointer
+        def __init__(self, ptr: int) -> None:
+            self.data = SimpleNamespace(ptr=ptr)
+
+    args = [Dev(0x7F00_1234_5678), np.int32(-3), np.float32(1.5), np.uint64(7), np.int64(-9)]
+    blob = pack([*args, np.float64(2.5), np.uint32(5)], Dev)
+    assert blob is not None and len(blob) == 7 * 8
+    assert blob[:8] == np.uint64(0x7F00_1234_5678).tobytes()
+    for i, a in enumerate([np.int32(-3), np.float32(1.5), np.uint64(7), np.int64(-9)], 1):
+        assert blob[8 * i : 8 * i + a.nbytes] == a.tobytes()
+    assert blob[48:52] == np.uint32(5).tobytes() and blob[12:16] == bytes(4)
+    assert pack([Dev(1), 3], Dev) is None and pack([np.bool_(True)], Dev) is None
+    assert dims(5) == (5, 1, 1) and dims((2, 3)) == (2, 3, 1) and dims(np.int64(4)) == (4, 1, 1)

@@ -209,14 +209,10 @@ class PrefixCache:
             k = np.empty(blk, dtype)
             new[keys[i]] = Block(keys[i], k, k if sh.shared_values else np.empty(blk, dtype))
         if new or patch:
-            # one read per layer, copied out at once: an int8 cache dequantizes every
-            # layer into the same scratch buffer
-            for layer in range(sh.n_layer):
-                h0 = held[layer]  # a windowed layer holds positions h0 .. only
-                if n_blocks * bt <= h0:
-                    kk = vv = np.zeros((0, sh.n_head_kv, sh.head_dim), dtype)
-                else:
-                    kk, vv = cache.read(layer, n_blocks * bt)  # (n - h0, n_head_kv, head_dim)
+            # each layer copied out before the next is read: an int8 cache dequantizes every
+            # layer into the same scratch buffer (a GPU cache: one copy to the host)
+            for layer, (kk, vv) in enumerate(cache.read_all(n_blocks * bt)):
+                h0 = held[layer]  # a windowed layer holds positions h0 .. only: (n - h0, ...)
                 for i, key in enumerate(keys):
                     b = new[key] if key in new else patch.get(key)
                     if b is None:

@@ -64,7 +64,7 @@ keys are rotated in f32 and stored again, rounded to the storage type).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -304,6 +304,18 @@ class KVCache:
             k, v = get(li, self.held_from(li))
             self.write(li, self.held_from(li), k, v)
         self.advance(n)
+
+    def read_all(self, n: int) -> Iterator[tuple[KVArray, KVArray]]:
+        """:meth:`read` of every layer in turn, positions up to ``n`` - 1 (none where a
+        windowed layer holds none of them); a pair is good until the next is taken (an
+        int8 cache's scratch).  A device cache copies them all to the host at once."""
+        s = self.shape
+        for li in range(s.n_layer):
+            if n <= self.held_from(li):
+                z = np.zeros((0, s.n_head_kv, s.head_dim), self.dtype)
+                yield z, z
+            else:
+                yield self.read(li, n)
 
     # -- the forward pass ------------------------------------------------------------
     def write(self, layer: int, pos: int, k: KVArray, v: KVArray) -> None:

@@ -46,6 +46,7 @@ from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_gemvw import WIDE_TYPES, host_layout
 from modelc.runtime.backends.cuda_gemvw import launch as gemvw_launch
+from modelc.runtime.backends.cuda_launch import kernels
 from modelc.runtime.backends.cuda_norm import aligned
 from modelc.runtime.backends.cuda_norm import threads as norm_threads
 from modelc.runtime.backends.cuda_src import (
@@ -109,7 +110,8 @@ class Device:
     def __init__(self) -> None:
         self.cp = require_cuda()
         mod = self.cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=None)
-        self.fn = {n: mod.get_function(n) for n in kernel_names()}
+        # launched keeping the GIL (cuda_launch): a hand-back a launch waits on the event loop
+        self.fn = kernels(self.cp, {n: mod.get_function(n) for n in kernel_names()})
         self._deq_buf: Any = None
         self._x16: Any = None
         self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it

@@ -2,8 +2,10 @@
 for the CUDA backend's large-batch products: into preallocated outputs, accumulating with
 ``beta = 1``, with no CuPy array made per call, so a whole decode step (these products
 included) can be captured as one CUDA graph (CuPy's own cuBLAS bindings refuse any call
-during a capture).  :func:`open_blas` checks it against ``cupy.matmul`` once and returns
-None where it does not work (the backend then uses ``cupy.matmul``, eagerly).
+during a capture).  With ``MODELC_CUDA_LAUNCH=gil`` (:func:`.cuda_launch.keep_gil`) the
+calls keep the GIL (``ctypes.PyDLL``): they only queue work, and giving the GIL up made a
+server's step thread wait for the event loop after each of an eager step's ~90 products.  :func:`open_blas` checks it against ``cupy.matmul`` once and
+returns None where it does not work (the backend then uses ``cupy.matmul``, eagerly).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import ctypes
 from typing import Any
 
 import numpy as np
+
+from modelc.runtime.backends.cuda_launch import keep_gil
 
 CUDA_R_32F, CUDA_R_16F = 0, 2
 CUBLAS_COMPUTE_32F = 68
@@ -70,7 +74,7 @@ def _libcublas() -> ctypes.CDLL:
     errors = []
     for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
         try:
-            lib = ctypes.CDLL(name)
+            lib = ctypes.PyDLL(name) if keep_gil() else ctypes.CDLL(name)
         except OSError as e:
             errors.append(str(e))
             continue

@@ -15,12 +15,12 @@ host, for the prefix cache and context shifts only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from modelc.errors import CapacityError
+from modelc.errors import CapacityError, UsageError
 from modelc.runtime.backend import F32Array, KVArray
 from modelc.runtime.kv_cache import DeviceKVCache, KVBudget, KVMode, KVShape
 
@@ -78,13 +78,42 @@ class CudaKVCache(DeviceKVCache):
         self.buf[layer, 0, pos : pos + len(k)] = self.cp.asarray(np.asarray(k, self.dtype))
         self.buf[layer, 1, pos : pos + len(v)] = self.cp.asarray(np.asarray(v, self.dtype))
 
+    def fill(self, n: int, get: Callable[[int, int], tuple[KVArray, KVArray]]) -> None:
+        """As :meth:`KVCache.fill`, in one copy to the device (not two a layer)."""
+        if self.n:
+            raise UsageError("only an empty KV cache can be filled")
+        s = self.shape
+        for li in range(s.n_layer):
+            self._base[li] = self.needed_from(li, n)  # as KVCache.fill: any base will do
+        self.reserve(n)
+        host = np.zeros((s.n_layer, 2, n, s.n_head_kv, s.head_dim), self.dtype)
+        for li in range(s.n_layer):
+            first = self.held_from(li)
+            host[li, 0, first:], host[li, 1, first:] = get(li, first)
+        self.buf[:, :, :n] = self.cp.asarray(host)
+        self.cp.cuda.get_current_stream().synchronize()  # before a step on the model's stream
+        self.advance(n)
+
+    def read_all(self, n: int) -> Iterator[tuple[KVArray, KVArray]]:
+        """As :meth:`KVCache.read_all`, every layer copied to the host at once."""
+        if (
+            n == 0
+            or self.buf is None
+            or any(self.held_from(li) for li in range(self.shape.n_layer))
+        ):
+            yield from super().read_all(n)
+            return
+        host = self.cp.asnumpy(self.buf[:, :, :n])
+        for li in range(self.shape.n_layer):
+            yield host[li, 0], host[li, 1]
+
     def read(self, layer: int, n: int) -> tuple[KVArray, KVArray]:
         """Host copies of positions 0 .. n-1 (the prefix cache keeps them)."""
         if n == 0 or self.buf is None:
             s = self.shape
             z = np.zeros((0, s.n_head_kv, s.head_dim), self.dtype)
             return z, z.copy()
-        return self.buf[layer, 0, :n].get(), self.buf[layer, 1, :n].get()
+        return self.cp.asnumpy(self.buf[layer, 0, :n]), self.cp.asnumpy(self.buf[layer, 1, :n])
 
     def shift(self, n_keep: int, n_discard: int) -> None:
         self._check_shift(n_keep, n_discard)

@@ -28,13 +28,19 @@ a decode step past 8 sequences runs as the next multiple of 8
 (:func:`~.cuda_step.graph_rows`), the rows past its own reading token 0 at position 0 of a
 one-position scratch cache (:func:`~.cuda_step.step_meta`), so that 64 streams meet 15 graphs, not 64,
 and :meth:`CudaLlama.warm` captures them all when the model loads (a server's first
-requests otherwise pay each capture).
-Prefill and mixed steps run eagerly.
+requests otherwise pay each capture).  A step with prompt chunks of up to
+:data:`~.cuda_step.MIXED_GRAPH_ROWS` rows (under load, nearly every step: the decoding
+sequences and a new prompt's chunk) is padded the same way, its rows, logit rows and
+attention tiles each to its bucket (:func:`~.cuda_step.run_shape`), and replays a graph
+from the second step of its shape on (the first runs eagerly: a one-off shape costs no
+capture); at most :data:`MAX_GRAPHS` are kept, the least recently replayed dropped.
+Longer prefill steps run eagerly (their launches are a small part of their GPU time).
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +56,14 @@ from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_kv import CudaKVCache
 from modelc.runtime.backends.cuda_layer import DevLayer
-from modelc.runtime.backends.cuda_step import check_fits, graph_rows, step_meta
+from modelc.runtime.backends.cuda_step import (
+    MIXED_GRAPH_ROWS,
+    check_fits,
+    graph_rows,
+    pad_tiles,
+    run_shape,
+    step_meta,
+)
 from modelc.runtime.backends.cuda_weights import DevWeight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.batch_sampler import BatchParams, Drawn, sample_batch
@@ -60,6 +73,8 @@ from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit
 # what the GPU forward runs of the decoder's description (a feature added to it is refused
 # here until this backend runs it)
 CUDA_RUNS = GQA_FEATURES | {"moe"}
+MAX_GRAPHS = 160  # captured steps kept (the decode buckets and the mixed steps' shapes)
+GraphKey = tuple[int, int, int, bool]  # rows, logit rows, attention tiles, f16 cache
 
 
 def cuda_host(ir: ModelIR) -> Decoder:
@@ -145,8 +160,9 @@ class CudaLlama(CausalLM):
         # a mixture picks its experts on the host each step: no graph can hold that
         moe = any(ly.experts is not None for ly in self.layers)
         self.use_graphs = os.environ.get("MODELC_CUDA_GRAPHS", "1") != "0" and not moe
-        self._graphs: dict[int, Any] = {}
-        self._seen: set[int] = set()
+        self._graphs: OrderedDict[GraphKey, Any] = OrderedDict()  # least recently replayed first
+        self._seen: set[GraphKey] = set()
+        self.graph_steps: Counter[str] = Counter()  # steps replayed, captured, run eagerly
         self._blas_graphs = backend.dev.blas is not None
         self.graph_error: str | None = None  # why steps on cuBLAS run without graphs, if so
         # prompt chunks' attention in tiles (cuda_attn; MODELC_CUDA_ATTN_TILES=0: a block a
@@ -155,6 +171,8 @@ class CudaLlama(CausalLM):
         self._tiles = 0
         # decode steps padded to graph buckets (graph_rows), their padding rows' cache
         self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "1") == "1"
+        mixed = os.environ.get("MODELC_CUDA_MIXED_GRAPH_ROWS", str(MIXED_GRAPH_ROWS))
+        self.mixed_rows = int(mixed) if self.pad_graphs else 0
         self._pad_caches: dict[bool, CudaKVCache] = {}
         self._alloc(64)
 
@@ -213,13 +231,20 @@ class CudaLlama(CausalLM):
 
     def _upload_meta(
         self, batch: Sequence[SeqChunk], pad: bool = False
-    ) -> tuple[int, int, int, int]:
-        """Send the step's meta (:func:`step_meta`); the rows and logit rows it runs (with
-        ``pad``, a decode step's :func:`graph_rows`), then the batch's own."""
+    ) -> tuple[GraphKey | None, int, int]:
+        """Send the step's meta (:func:`step_meta`); the shape it runs as (with ``pad``, its
+        graph bucket, :func:`run_shape`: the key of its graph; else None, run as it is),
+        then the batch's own rows and logit rows."""
         ids, pos, slices = begin_step(batch, self.n_vocab)
         rows = logit_row_index(batch, slices)
-        n = len(ids)
-        run = graph_rows(n) if pad else n
+        n, r = len(ids), len(rows)
+        chunks = any(len(c.tokens) > 1 for c in batch)
+        t = None
+        if self.attn_tiles and chunks:  # a step with prompt chunks: attention in tiles of rows
+            t = tiles_of(slices, self.dev.tile_rows(self._kv_f16))
+        nt = 0 if t is None else len(t)
+        shape = run_shape(n, r, nt, not chunks, self.mixed_rows) if pad else None
+        run, r_run, t_run = shape or (n, r, nt)
         if run > self.rows:  # (the padding rows' sequence is one of the run's rows)
             self._alloc(max(run, 2 * self.rows))
         caches = []
@@ -229,15 +254,14 @@ class CudaLlama(CausalLM):
             caches.append((c.cache.base_ptr, c.cache.capacity))
         m = self.rows
         pad_cache = self._pad_cache() if run > n else (0, 0)
-        host = step_meta(ids, pos, slices, caches, rows, m, run, pad_cache)
-        self._tiles = 0  # a step with prompt chunks: attention a tile of rows at a time
-        if self.attn_tiles and any(len(c.tokens) > 1 for c in batch):
-            t = tiles_of(slices, self.dev.tile_rows(self._kv_f16))
-            host[6 * m : 6 * m + t.size] = t.ravel()
-            self._tiles = len(t)
+        host = step_meta(ids, pos, slices, caches, rows, m, run, pad_cache, r_run)
+        if t is not None:
+            host[6 * m : 6 * m + 2 * t_run] = pad_tiles(t, t_run, n).ravel()
+        self._tiles = t_run
         self.meta.set(host)
         end_step(batch, slices)  # the caches count the new tokens (written by this step)
-        return run, len(rows) + run - n, n, len(rows)
+        key = None if shape is None else (run, r_run, t_run, self._kv_f16)
+        return key, n, r
 
     def _run(self, n: int, r: int) -> None:
         """Every layer and the head for n rows; logits of the r wanted rows into ``logits``."""
@@ -324,23 +348,34 @@ class CudaLlama(CausalLM):
             raise UnsupportedError("one CUDA step needs every cache in one mode")
         self._kv_f16 = modes.pop() is KVMode.F16
         decode = all(len(c.tokens) == 1 and c.rows() == (0,) for c in batch)
-        pad = decode and self.use_graphs and self.pad_graphs and hidden is None
+        pad = self.use_graphs and self.pad_graphs and hidden is None
         with self.stream:
-            n, r, n_own, r_own = self._upload_meta(batch, pad)
+            key, n_own, r_own = self._upload_meta(batch, pad and (decode or self.mixed_rows > 0))
             if hidden is not None:  # outside any graph, which reads x as it is
-                self.x[:n].set(np.ascontiguousarray(hidden, np.float32), stream=self.stream)
-            key = n * 2 + int(self._kv_f16)
+                self.x[:n_own].set(np.ascontiguousarray(hidden, np.float32), stream=self.stream)
+            if key is None:  # unpadded: a decode step of its own size (graphs unpadded), or eager
+                key = (n_own, r_own, self._tiles, self._kv_f16)
+                graphable = self.use_graphs and decode
+            else:
+                graphable = self.use_graphs
+            n, r = key[0], key[1]
             gemv = n <= self.dev.gemv_max
             if key in self._graphs:
+                self._graphs.move_to_end(key)
                 self._graphs[key].launch(self.stream)
-            elif not (self.use_graphs and decode and (gemv or self._blas_graphs)):
+                self.graph_steps["replayed"] += 1
+            elif not (graphable and (gemv or self._blas_graphs)):
                 self._run(n, r)
-            elif not gemv and key not in self._seen:  # cuBLAS sets itself up outside a capture
+                self.graph_steps["eager"] += 1
+            elif (not gemv or not decode) and key not in self._seen:
+                # cuBLAS sets itself up outside a capture; a prompt's shape may not recur
                 self._seen.add(key)
                 self._run(n, r)
+                self.graph_steps["eager"] += 1
             else:
+                self.graph_steps["captured"] += 1
                 try:
-                    self._graphs[key] = self._capture(n, r)
+                    graph = self._capture(n, r)
                 except Exception as e:
                     if gemv:
                         raise
@@ -348,7 +383,10 @@ class CudaLlama(CausalLM):
                     self.graph_error = f"{type(e).__name__}: {e}"
                     self._run(n, r)
                 else:
-                    self._graphs[key].launch(self.stream)
+                    self._graphs[key] = graph
+                    while len(self._graphs) > MAX_GRAPHS:
+                        self._graphs.popitem(last=False)
+                    graph.launch(self.stream)
         return n_own, r_own
 
     def warm(self, max_seqs: int, mode: KVMode | str = KVMode.F16) -> None:
@@ -357,6 +395,8 @@ class CudaLlama(CausalLM):
         server's first steps of each size replay one instead of capturing it."""
         if not (self.use_graphs and self.pad_graphs) or self.tok_embd is None:
             return
+        if self.mixed_rows > self.rows:  # buffers for the largest graphed step now: growing
+            self._alloc(self.mixed_rows)  # them later would drop every graph captured
         for b in sorted({graph_rows(k) for k in range(1, max_seqs + 1)}):
             caches = [self.new_cache(mode, max_tokens=2) for _ in range(b)]
             try:

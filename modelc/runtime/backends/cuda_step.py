@@ -1,7 +1,7 @@
 """A CUDA step's bookkeeping on the host: the int64 array a step sends the device
-(:func:`step_meta`), the graph buckets decode steps are padded to (:func:`graph_rows`,
-``MODELC_CUDA_GRAPH_BUCKETS=1``) and the memory check before a model is placed
-(:func:`check_fits`).  Pure numpy: tested without a GPU."""
+(:func:`step_meta`), the graph buckets steps are padded to (:func:`graph_rows`,
+:func:`run_shape`, ``MODELC_CUDA_GRAPH_BUCKETS=1``) and the memory check before a model
+is placed (:func:`check_fits`).  Pure numpy: tested without a GPU."""
 
 from __future__ import annotations
 
@@ -29,6 +29,36 @@ def graph_rows(n: int) -> int:
     return n if n <= GRAPH_BUCKET else -(-n // GRAPH_BUCKET) * GRAPH_BUCKET
 
 
+# a step with prompt chunks of up to this many rows (its own and one padding row) replays a
+# graph of its bucket (MODELC_CUDA_MIXED_GRAPH_ROWS; 0: such steps run eagerly): under a
+# steady load nearly every step mixes the decoding sequences with a new prompt's chunk,
+# and launching ~10 kernels a layer from Python costs more than the GPU's step.  The
+# engine's step budget (EngineOptions.step_tokens, 512) and the padding row
+MIXED_GRAPH_ROWS = 520
+
+
+def run_shape(n: int, r: int, t: int, decode: bool, mixed_rows: int) -> tuple[int, int, int] | None:
+    """The (rows, logit rows, attention tiles) a step of ``n`` rows, ``r`` logit rows and
+    ``t`` tiles runs as when it replays a graph of its bucket, or None: run as it is.  A
+    decode step: :func:`graph_rows` of ``n``, each padding row its logits (``t`` is 0).  A
+    step with prompt chunks, up to ``mixed_rows`` rows with the padding row: one padding
+    row at least (the padding tiles and logit rows read it), each count its
+    :func:`graph_rows`."""
+    if decode:
+        run = graph_rows(n)
+        return run, r + run - n, t
+    if n + 1 > mixed_rows:
+        return None
+    return graph_rows(n + 1), graph_rows(r), graph_rows(t) if t else 0
+
+
+def pad_tiles(tiles: np.ndarray[Any, Any], to: int, row: int) -> np.ndarray[Any, Any]:
+    """``tiles`` (t, 2) of (first row, rows), then ``to`` - t tiles of the one padding row
+    ``row`` (each writes that row's attention: the same values, never a real row's)."""
+    extra = np.tile(np.array([[row, 1]], np.int64), (to - len(tiles), 1))
+    return np.concatenate([tiles.reshape(-1, 2), extra])
+
+
 def step_meta(
     ids: np.ndarray[Any, Any],
     pos: np.ndarray[Any, Any],
@@ -38,15 +68,21 @@ def step_meta(
     m: int,
     pad_to: int = 0,
     pad_cache: tuple[int, int] = (0, 0),
+    logits_to: int = 0,
 ) -> np.ndarray[Any, Any]:
     """The int64 array a step sends the device, 8 sections of ``m``: token ids, positions,
     each row's sequence, each sequence's cache (address, capacity), the rows whose logits
     are wanted, then the tiles (section 6, two long: filled by the caller).  Rows
     ``len(ids)`` .. ``pad_to`` - 1 (a decode step run as its graph bucket) read token 0 at
     position 0 of one more sequence, ``pad_cache`` (a one-position scratch cache: every
-    padding row writes the same K/V there), and their logits are computed and unused."""
+    padding row writes the same K/V there), and their logits are computed and unused:
+    ``logits_to`` - ``len(logit_rows)`` padding logit rows (default: one a padding row),
+    the padding rows in turn."""
     n, k, r = len(ids), len(caches), len(logit_rows)
-    if max(n, pad_to, r + max(pad_to - n, 0)) > m or k + (pad_to > n) > m:
+    r_to = logits_to or r + max(pad_to - n, 0)
+    if r_to > r and pad_to <= n:
+        raise ValueError("padding logit rows need padding rows")
+    if max(n, pad_to, r_to) > m or k + (pad_to > n) > m:
         raise ValueError(f"a step of {max(n, pad_to)} rows does not fit meta of {m}")
     host = np.zeros(8 * m, np.int64)
     host[:n], host[m : m + n] = ids, pos
@@ -58,7 +94,7 @@ def step_meta(
     if pad_to > n:
         host[2 * m + n : 2 * m + pad_to] = k
         host[3 * m + k], host[4 * m + k] = pad_cache
-        host[5 * m + r : 5 * m + r + pad_to - n] = np.arange(n, pad_to)
+        host[5 * m + r : 5 * m + r_to] = n + np.arange(r_to - r) % (pad_to - n)
     return host
 
 
