@@ -234,6 +234,7 @@ class NumpyAsCupy:
 
     def __init__(self) -> None:
         self.copies = 0
+        self.copied: list[tuple[int, ...]] = []  # the shapes copied to the host
         self.empty = np.empty
         self.cuda = type(
             "cuda", (), {"get_current_stream": lambda: type("s", (), {"synchronize": lambda: None})}
@@ -245,49 +246,49 @@ class NumpyAsCupy:
 
     def asnumpy(self, a: Any) -> Any:
         self.copies += 1
+        self.copied.append(a.shape)
         return np.array(a)
 
 
 def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
     """The prefix cache's insert reads a GPU cache with one copy to the host
-    (:meth:`CudaKVCache.read_all`, not two a layer) and a hit fills one with one copy to
-    the device (:meth:`CudaKVCache.fill`); the blocks it stores and the cache it fills hold
+    (:meth:`CudaKVCache.read_all`, not two a layer), from its first new block on (a
+    sequence that grew: the new blocks only), and a hit fills one with one copy to the
+    device (:meth:`CudaKVCache.fill`); the blocks it stores and the cache it fills hold
     what the host :class:`KVCache` given the same rows holds (CuPy's calls on numpy)."""
     from modelc.engine.prefix_cache import PrefixCache
     from modelc.runtime.backends.cuda_kv import CudaKVCache
     from modelc.runtime.kv_cache import KVCache, KVShape
 
     shape, rng = KVShape(3, 2, 32), np.random.default_rng(3)
-    tokens = rng.integers(0, 1000, 40).tolist()
+    tokens = rng.integers(0, 1000, 72).tolist()
     cp = NumpyAsCupy()
     host, dev = KVCache(shape, 256, "f16"), CudaKVCache(cp, shape, 256, "f16")
-    for c in (host, dev):
-        c.reserve(40)
-    for layer in range(3):
-        k, v = rng.standard_normal((2, 40, 2, 32)).astype(np.float32)
+    stores = [PrefixCache(shape, 1 << 24, block_tokens=16) for _ in (host, dev)]
+    for n0, n in ((0, 40), (40, 32)):  # a prompt of 40, then 32 generated tokens
         for c in (host, dev):
-            c.write(layer, 0, k, v)
-    for c in (host, dev):
-        c.advance(40)
-    stores = []
-    for c in (host, dev):
-        pc = PrefixCache(shape, 1 << 24, block_tokens=16)
-        before = cp.copies
-        assert pc.insert(tokens, c) == 2  # 32 of the 40 tokens: two blocks
-        if c is dev:
-            assert cp.copies - before == 1
-        stores.append(pc)
+            c.reserve(n0 + n)
+        for layer in range(3):
+            k, v = rng.standard_normal((2, n, 2, 32)).astype(np.float32)
+            for c in (host, dev):
+                c.write(layer, n0, k, v)
+        for c, pc in zip((host, dev), stores, strict=True):
+            c.advance(n)
+            before = cp.copies
+            assert pc.insert(tokens[: n0 + n], c) == 2  # 32 of 40 tokens, then 64 of 72
+            if c is dev:  # one copy, of the new blocks' positions only
+                assert cp.copies - before == 1 and cp.copied[-1] == (3, 2, 32, 2, 32), cp.copied
     for pc in stores:
         blocks = pc.match(tokens)
-        assert len(blocks) == 2
+        assert len(blocks) == 4
         for c in (KVCache(shape, 256, "f16"), CudaKVCache(cp, shape, 256, "f16")):
             before = cp.copies
-            assert pc.load(blocks, c) == 32
+            assert pc.load(blocks, c) == 64
             if isinstance(c, CudaKVCache):
                 assert cp.copies - before == 1
             for layer in range(3):
-                for a, b in zip(c.read(layer, 32), host.read(layer, 32), strict=True):
-                    np.testing.assert_array_equal(a, b[:32])
+                for a, b in zip(c.read(layer, 64), host.read(layer, 64), strict=True):
+                    np.testing.assert_array_equal(a, b[:64])
         pc.release(blocks)
 
 

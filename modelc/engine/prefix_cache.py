@@ -210,9 +210,12 @@ class PrefixCache:
             new[keys[i]] = Block(keys[i], k, k if sh.shared_values else np.empty(blk, dtype))
         if new or patch:
             # each layer copied out before the next is read: an int8 cache dequantizes every
-            # layer into the same scratch buffer (a GPU cache: one copy to the host)
-            for layer, (kk, vv) in enumerate(cache.read_all(n_blocks * bt)):
-                h0 = held[layer]  # a windowed layer holds positions h0 .. only: (n - h0, ...)
+            # layer into the same scratch buffer (a GPU cache: one copy to the host); from
+            # the first block written on (a finished sequence: its new blocks only)
+            lo = min(i for i, key in enumerate(keys) if key in new or key in patch) * bt
+            for layer, (kk, vv) in enumerate(cache.read_all(n_blocks * bt, lo)):
+                h0 = held[layer]  # a windowed layer holds positions h0 .. only
+                at = max(lo, h0)  # kk, vv: positions at .. n - 1
                 for i, key in enumerate(keys):
                     b = new[key] if key in new else patch.get(key)
                     if b is None:
@@ -221,8 +224,8 @@ class PrefixCache:
                     was = bt if key in new else b.gaps.get(layer, (0, 0))[1]
                     if first >= was and key not in new:
                         continue
-                    b.k[layer, first:was] = kk[i * bt + first - h0 : i * bt + was - h0]
-                    b.v[layer, first:was] = vv[i * bt + first - h0 : i * bt + was - h0]
+                    b.k[layer, first:was] = kk[i * bt + first - at : i * bt + was - at]
+                    b.v[layer, first:was] = vv[i * bt + first - at : i * bt + was - at]
                     if first:
                         b.gaps[layer] = (cache.bounded[layer], first)
                     else:

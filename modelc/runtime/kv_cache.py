@@ -305,17 +305,20 @@ class KVCache:
             self.write(li, self.held_from(li), k, v)
         self.advance(n)
 
-    def read_all(self, n: int) -> Iterator[tuple[KVArray, KVArray]]:
-        """:meth:`read` of every layer in turn, positions up to ``n`` - 1 (none where a
-        windowed layer holds none of them); a pair is good until the next is taken (an
-        int8 cache's scratch).  A device cache copies them all to the host at once."""
+    def read_all(self, n: int, start: int = 0) -> Iterator[tuple[KVArray, KVArray]]:
+        """:meth:`read` of every layer in turn, positions ``max(start, held_from(layer))``
+        .. ``n`` - 1 (none where a windowed layer holds none of them); a pair is good until
+        the next is taken (an int8 cache's scratch).  A device cache copies them all to the
+        host at once."""
         s = self.shape
         for li in range(s.n_layer):
-            if n <= self.held_from(li):
+            h0 = self.held_from(li)
+            if n <= max(start, h0):
                 z = np.zeros((0, s.n_head_kv, s.head_dim), self.dtype)
                 yield z, z
             else:
-                yield self.read(li, n)
+                k, v = self.read(li, n)
+                yield k[max(start - h0, 0) :], v[max(start - h0, 0) :]
 
     # -- the forward pass ------------------------------------------------------------
     def write(self, layer: int, pos: int, k: KVArray, v: KVArray) -> None:

@@ -94,16 +94,16 @@ class CudaKVCache(DeviceKVCache):
         self.cp.cuda.get_current_stream().synchronize()  # before a step on the model's stream
         self.advance(n)
 
-    def read_all(self, n: int) -> Iterator[tuple[KVArray, KVArray]]:
+    def read_all(self, n: int, start: int = 0) -> Iterator[tuple[KVArray, KVArray]]:
         """As :meth:`KVCache.read_all`, every layer copied to the host at once."""
         if (
-            n == 0
+            n <= start
             or self.buf is None
             or any(self.held_from(li) for li in range(self.shape.n_layer))
         ):
-            yield from super().read_all(n)
+            yield from super().read_all(n, start)
             return
-        host = self.cp.asnumpy(self.buf[:, :, :n])
+        host = self.cp.asnumpy(self.buf[:, :, start:n])
         for li in range(self.shape.n_layer):
             yield host[li, 0], host[li, 1]
 
