@@ -40,25 +40,30 @@ unz() { python3 -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_str
 
 serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
   # $ARGS: more arguments for modelc run; $LAUNCH: what runs it (python3 LAUNCH run ...);
-  # $PROFILE: a third 64-stream load under py-spy (bench/gil_wait.py: $OUT/gil_$1.md)
+  # $SAMPLED: a third load sampled as llama-server's defaults; $PROFILE: one more load
+  # under py-spy (bench/gil_wait.py: $OUT/gil_$1.md)
   local L=$1 R=$2; shift 2
   # shellcheck disable=SC2086
   (cd "$R" && env "$@" PYTHONPATH=/tmp/site:$R python3 ${LAUNCH:--m modelc} run $M/llama1b-q4_0.gguf --device cuda \
     --max-concurrent 64 --max-context 256 --speculate off --port 18070 ${ARGS:-} >"$OUT/server_$L.log" 2>&1) &
   for _ in $(seq 1 90); do curl -sf http://127.0.0.1:18070/health >/dev/null && break; sleep 1; done
-  local runs="cold warm"
-  [ -n "${PROFILE:-}" ] && [ -x /tmp/site/bin/py-spy ] && runs="cold warm profiled"
+  local runs="cold warm ${SAMPLED:+sampled}"
+  [ -n "${PROFILE:-}" ] && [ -x /tmp/site/bin/py-spy ] && runs="$runs profiled"
   for run in $runs; do
     echo "-- $L, 64 streams, $run"
-    local GW=
+    local GW= how=
+    # llama-server's defaults: every step samples 64 rows (the batched sampler's many
+    # device calls) where the greedy loads take the argmax
+    [ $run = sampled ] && how="--temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05"
     if [ $run = profiled ]; then  # native stacks, idle included: each thread's share running /
       # waiting for the GIL / idle, and the raw profile for the Python-level view
       (sleep 1; PATH=/tmp/site/bin:$PATH timeout 20 python3 -m bench.gil_wait --seconds 5 \
         --pid "$(pgrep -f "run $M/llama1b" | head -1)" --raw "$OUT/pyspy_$L.txt" >"$OUT/gil_$L.md" 2>&1) &
       GW=$!
     fi
+    # shellcheck disable=SC2086
     timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests 128 \
-      --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
+      --prompt-len 32 --max-tokens 64 $how --markdown 2>&1 | tail -1
     [ -n "$GW" ] && wait "$GW" && cat "$OUT/gil_$L.md"
   done
   echo "-- $L, 1 stream"
@@ -84,10 +89,13 @@ llama_server() {  # llama-server -np 64 on the same file, the same load twice
   $B/llama-server -m $M/llama1b-q4_0.gguf -ngl 99 -np 64 -c 16384 --port 18081 >"$OUT/llama_server.log" 2>&1 &
   local LP=$!
   for _ in $(seq 1 60); do curl -sf http://127.0.0.1:18081/health >/dev/null && break; sleep 1; done
-  for run in cold warm; do
+  for run in cold warm ${SAMPLED:+sampled}; do
     echo "-- llama-server, 64 streams, $run"
+    local how=
+    [ $run = sampled ] && how="--temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05"
+    # shellcheck disable=SC2086
     timeout 40 python3 -m modelc bench --url http://127.0.0.1:18081 --concurrency 64 --requests 128 \
-      --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
+      --prompt-len 32 --max-tokens 64 $how --markdown 2>&1 | tail -1
   done
   kill $LP; wait $LP 2>/dev/null
 }
@@ -97,6 +105,7 @@ old_checkout() {  # .devrun/old_$1.tar.zst unpacked and built in /tmp/old_$1
 }
 
 if [ "${1:-}" = ab ]; then
+  export SAMPLED=1
   setup ${LLAMA:+19}
   old_checkout "$OLD" & OB=$!
   at "GPU tests"

@@ -180,6 +180,29 @@ def test_loadgen_against_modelc_run(smol_server: Server, tmp_path: Path) -> None
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_loadgen_sends_the_sampling_asked_for(smol_server: Server, tmp_path: Path) -> None:
+    """``--temperature/--top-k/--top-p/--min-p`` go into every request (default greedy): a
+    valid set is served (each stream its max_tokens), a top_p of 7 is refused by the server
+    for every request (so the field reached it); the offline benchmark refuses them."""
+    from modelc.bench.loadgen import request_body
+
+    assert request_body("m", 5, {})["temperature"] == 0.0
+    b = request_body("m", 5, {"temperature": 0.8, "top_k": 40, "top_p": 0.95})
+    assert (b["temperature"], b["top_k"], b["top_p"], b["ignore_eos"]) == (0.8, 40, 0.95, True)
+    for top_p, done in (("0.95", 2), ("7", 0)):
+        r = modelc(
+            "bench", "--url", smol_server.url, "--concurrency", "2", "--requests", "2",
+            "--prompt-len", "6", "--max-tokens", "4", "--temperature", "0.8", "--top-k", "40",
+            "--top-p", top_p, "--min-p", "0.05", "--json", home=tmp_path,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        (lv,) = json.loads(r.stdout)["levels"]
+        assert (lv["completed"], lv["errors"]) == (done, 2 - done), lv
+        assert lv["output_tokens"] == 4 * done
+    r = modelc("bench", "model.gguf", "--top-k", "4", home=tmp_path, timeout=60)
+    assert r.returncode == 2 and "set a load test's requests (--url)" in r.stderr, r.stderr
+
+
 def test_loadgen_chat_table(smol_server: Server, tmp_path: Path) -> None:
     r = modelc(
         "bench", "--url", smol_server.url + "/v1/chat/completions", "--concurrency", "2",

@@ -29,7 +29,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -322,6 +322,21 @@ async def run_level(
     return summarize(c, requests, traces, time.perf_counter() - t0)
 
 
+def request_body(model: str, max_tokens: int, sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """A load request's fields but its prompt: streamed, ``max_tokens`` long whatever the
+    model says (``ignore_eos``), greedy unless ``sampling`` sets temperature, top_k, top_p
+    or min_p (the OpenAI fields and the llama.cpp / vLLM extensions every peer reads)."""
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        **sampling,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+
+
 async def run_load(
     url: str,
     *,
@@ -336,8 +351,10 @@ async def run_load(
     on_done: Callable[[int, RequestTrace], None] | None = None,
     turns: int = 1,
     header: str | None = None,
+    sampling: Mapping[str, Any] | None = None,
 ) -> LoadResult:
-    """Drive the server at ``url`` at each concurrency level in turn (see the module doc)."""
+    """Drive the server at ``url`` at each concurrency level in turn (see the module doc);
+    ``sampling``: the requests' sampling fields (temperature, top_k, ...; default greedy)."""
     if requests < 1 or prompt_len < 1 or max_tokens < 1 or not concurrency:
         raise UsageError("--requests, --prompt-len and --max-tokens must be >= 1")
     if any(c < 1 for c in concurrency):
@@ -362,14 +379,7 @@ async def run_load(
     def conversation(name: str, c: int) -> Conversation:
         nonlocal n_conv
         n_conv += 1
-        b: dict[str, Any] = {
-            "model": name,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-        }
+        b = request_body(name, max_tokens, sampling or {})
         key = (header, f"c{c}-{n_conv}") if header else None
         return Conversation(b, is_chat, make_prompt(prompt_len, rng), key)
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modelc.cli.args import add_options
+from modelc.cli.args import add_options, sampling_given
 from modelc.errors import UsageError
 
 
@@ -36,6 +36,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _cmd_load(args)
     if not args.model:
         raise UsageError("give a MODEL to benchmark offline, or --url URL to load-test a server")
+    if sampling_given(args):
+        raise UsageError(
+            "--temperature, --top-k, --top-p and --min-p set a load test's requests (--url); "
+            "the offline benchmark times steps, not sampling"
+        )
     from modelc.bench.offline import run_offline
     from modelc.bench.report import offline_table
 
@@ -132,6 +137,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
                 on_done=on_done,
                 turns=args.turns,
                 header=args.conversation_header,
+                sampling=sampling_given(args),
             )
         )
     if args.plot:
