@@ -10,8 +10,9 @@
 #   OLD=abc1234 bash scripts/cuda_side_by_side.sh ab  (~6 min from a bare machine: the GPU
 #       tests, then HTTP at 64 streams alternating this checkout and the commit in
 #       .devrun/old_$OLD.tar.zst (git archive $OLD | zstd -19 -o ...), this checkout with
-#       MODELC_CUDA_LAUNCH=gil, the engine in process, a py-spy profile; LLAMA=1 builds
-#       llama.cpp at nice 19 beside and ends with llama-server)
+#       MODELC_CUDA_LAUNCH=gil and with MODELC_CUDA_SAMPLER=fused too, each server also
+#       under a load sampled as llama-server's defaults; the engine in process, a py-spy
+#       profile; LLAMA=1 builds llama.cpp at nice 19 beside and ends with llama-server)
 # Here, once: scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
 # and, for the HTTP baseline (the code issue 35 was filed against), git archive dfffbcb |
 # zstd -19 -o .devrun/old_dfffbcb.tar.zst (.devrun and .whl ignored by git: .git/info/exclude);
@@ -116,13 +117,15 @@ if [ "${1:-}" = ab ]; then
     -p no:cacheprovider -rs tests/test_cuda_kernels.py >"$OUT/tests_kernels_gil.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_gil.log" | head -12
   MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider \
-    -rs tests/test_cuda.py tests/test_cuda_route.py >"$OUT/tests_cuda.log" 2>&1
+    -rs tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
   wait $OB
   at "HTTP, alternated"
   serve now "$PWD"
   serve "old_$OLD" "/tmp/old_$OLD"
   grep -q failed "$OUT/tests_kernels_gil.log" || serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
+  grep -q "test_cuda_sampler.py.*FAILED\|FAILED.*test_cuda_sampler" "$OUT/tests_cuda.log" ||
+    serve fused "$PWD" MODELC_CUDA_SAMPLER=fused MODELC_CUDA_LAUNCH=gil
   serve now2 "$PWD"
   serve "old2_$OLD" "/tmp/old_$OLD"
   at "the engine in process, the HTTP load's shape"

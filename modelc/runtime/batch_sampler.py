@@ -174,7 +174,7 @@ def _argsort_desc(xp: Any, a: Any) -> Any:
     return np.argsort(-a, axis=1, kind="stable") if xp is np else xp.argsort(-a, axis=1)
 
 
-def _process(xp: Any, logits: Any, bp: BatchParams) -> Any:
+def apply_edits(xp: Any, logits: Any, bp: BatchParams) -> Any:
     """The logits after banned ids, bias and penalties (a copy when any applies)."""
     edits = (bp.banned, bp.bias, bp.repeat, bp.penalty)
     if not any(len(e.rows) for e in edits):
@@ -290,7 +290,7 @@ def sample_batch(xp: Any, logits: Any, bp: BatchParams) -> Drawn:
     if len(bp.rows) != logits.shape[0]:
         logits = logits[xp.asarray(bp.rows)]
     b = len(bp.rows)
-    x = _process(xp, logits, bp)
+    x = apply_edits(xp, logits, bp)
     sampled = np.flatnonzero(bp.temperature > 0)  # the others are greedy
     with np.errstate(all="ignore"):  # inf - inf in a row of +inf logits: replaced
         if len(sampled) == b:

@@ -34,7 +34,7 @@ sequences and a new prompt's chunk) is padded the same way, its rows, logit rows
 attention tiles each to its bucket (:func:`~.cuda_step.run_shape`), and replays a graph
 from the second step of its shape on (the first runs eagerly: a one-off shape costs no
 capture); at most :data:`MAX_GRAPHS` are kept, the least recently replayed dropped.
-Longer prefill steps run eagerly (their launches are a small part of their GPU time).
+Longer steps run eagerly (their launches are a small part of their GPU time).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
 from modelc.runtime.backend import F32Array
+from modelc.runtime.backends import cuda_sampler
 from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_kv import CudaKVCache
@@ -173,6 +174,7 @@ class CudaLlama(CausalLM):
         self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "1") == "1"
         mixed = os.environ.get("MODELC_CUDA_MIXED_GRAPH_ROWS", str(MIXED_GRAPH_ROWS))
         self.mixed_rows = int(mixed) if self.pad_graphs else 0
+        self.fused_sampler = cuda_sampler.enabled()
         self._pad_caches: dict[bool, CudaKVCache] = {}
         self._alloc(64)
 
@@ -466,7 +468,11 @@ class CudaLlama(CausalLM):
         (``params.host_rows``) come back."""
         _, r = self._step(batch)
         with self.stream:
-            drawn = sample_batch(self.cp, self.logits[:r], params)
+            drawn = None  # one launch (MODELC_CUDA_SAMPLER=fused), else the batched sampler
+            if self.fused_sampler and cuda_sampler.fits(params):
+                drawn = cuda_sampler.sample(self.dev, self.logits[:r], params, self.tokens)
+            if drawn is None:
+                drawn = sample_batch(self.cp, self.logits[:r], params)
         self.stream.synchronize()
         return drawn
 

@@ -20,6 +20,7 @@ from modelc.runtime.backends import (
     cuda_gemvw,
     cuda_norm,
     cuda_quants,
+    cuda_sampler,
 )
 
 TYPES = (0, 1, 2, 3, 8, 12, 14, *cuda_quants.TYPES)
@@ -417,7 +418,7 @@ def kernel_names() -> list[str]:
     names += cuda_attn.kv_names("attn", HEAD_LANES)
     names += cuda_attn.names()
     names += cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_gemvw.names()
-    return names + cuda_norm.NAMES
+    return names + cuda_norm.NAMES + cuda_sampler.NAMES
 
 
 def source() -> str:
@@ -428,4 +429,5 @@ def source() -> str:
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances() + cuda_gemvw.source()
     attn = cuda_attn.source()
-    return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + cuda_norm.SOURCE
+    tail = cuda_norm.SOURCE + cuda_sampler.SOURCE
+    return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + tail
