@@ -13,7 +13,9 @@
 #       MODELC_CUDA_LAUNCH=gil and with MODELC_CUDA_SAMPLER=fused too, each server also
 #       under a load sampled as llama-server's defaults; the engine in process, a py-spy
 #       profile; LLAMA=1 builds llama.cpp at nice 19 beside and ends with llama-server)
-# Here, once: scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
+# Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
+# folders below, from the registries), or by hand:
+# scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
 # and, for the HTTP baseline (the code issue 35 was filed against), git archive dfffbcb |
 # zstd -19 -o .devrun/old_dfffbcb.tar.zst (.devrun and .whl ignored by git: .git/info/exclude);
 # carry .whl and .devrun.  What session 23 learnt: llama.cpp's build (~4.5 min on 12 jobs)
