@@ -10,6 +10,7 @@ on a real GPU are tests/test_cuda_families.py.  Cost: three tiny models, a few s
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -313,3 +314,82 @@ def test_kernel_arguments_pack_as_the_kernel_reads_them() -> None:
     assert blob[48:52] == np.uint32(5).tobytes() and blob[12:16] == bytes(4)
     assert pack([Dev(1), 3], Dev) is None and pack([np.bool_(True)], Dev) is None
     assert dims(5) == (5, 1, 1) and dims((2, 3)) == (2, 3, 1) and dims(np.int64(4)) == (4, 1, 1)
+
+
+FAKE_DRIVER = r"""
+#include <string.h>
+static unsigned long long seen[16];
+static unsigned char args[64];
+static int rc = 0, nargs = 0;  /* the driver knows a kernel's parameters; here, the test */
+void set_rc(int r) { rc = r; }
+void set_nargs(int n) { nargs = n; }
+unsigned long long* calls(void) { return seen; }
+unsigned char* arg_bytes(void) { return args; }
+int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned shmem, void* stream, void** params, void** extra) {
+  seen[0] = (unsigned long long)f; seen[1] = gx; seen[2] = gy; seen[3] = gz;
+  seen[4] = bx; seen[5] = by; seen[6] = bz; seen[7] = shmem;
+  seen[8] = (unsigned long long)stream; seen[9] = (unsigned long long)extra;
+  for (int i = 0; i < nargs && i < 8; i++) memcpy(args + 8 * i, params[i], 8);
+  seen[10] += 1;
+  return rc;
+}
+"""
+
+
+def test_kernel_launches_reach_the_driver_as_cupys_would(tmp_path: Path) -> None:
+    """:class:`cuda_launch.Kernel` through ctypes into a stand-in for libcuda (built here
+    with gcc): the function, grid and block (padded to three), shared memory, the current
+    stream, each argument's bytes at the address it passes; a Python number goes to
+    CuPy's own launch, an uninitialised context (201) too, any other error is raised."""
+    import ctypes
+    import shutil
+    import subprocess
+    from types import SimpleNamespace
+
+    from modelc.runtime.backends.cuda_launch import Launcher
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc here")
+    (tmp_path / "fake.c").write_text(FAKE_DRIVER)
+    so = tmp_path / "libfakecuda.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O1", "-o", str(so), str(tmp_path / "fake.c")], check=True
+    )
+
+    class Dev:  # a device array's stand-in
+        def __init__(self, ptr: int) -> None:
+            self.data = SimpleNamespace(ptr=ptr)
+
+    stream = SimpleNamespace(ptr=0x5150)
+    cp = SimpleNamespace(ndarray=Dev, cuda=SimpleNamespace(get_current_stream=lambda: stream))
+    by_cupy: list[tuple[Any, ...]] = []
+
+    class Fn:  # CuPy's Function: its handle, and its own launch
+        ptr = 0xABC0
+
+        def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0) -> None:
+            by_cupy.append((grid, block, args, shared_mem))
+
+    kernel = Launcher(cp, str(so)).wrap(Fn())
+    lib = ctypes.CDLL(str(so))
+    lib.calls.restype = ctypes.POINTER(ctypes.c_ulonglong)
+    lib.arg_bytes.restype = ctypes.POINTER(ctypes.c_ubyte * 64)
+    args = (Dev(0x7F00_0000_1230), np.int32(-5), np.float32(2.5), np.uint64(9))
+    lib.set_nargs(4)
+    kernel((3, 2), (128,), args, shared_mem=4096)
+    seen = lib.calls()
+    assert [seen[i] for i in range(11)] == [0xABC0, 3, 2, 1, 128, 1, 1, 4096, 0x5150, 0, 1]
+    got = bytes(lib.arg_bytes().contents)
+    assert got[:8] == np.uint64(0x7F00_0000_1230).tobytes()
+    assert got[8:12] == np.int32(-5).tobytes() and got[16:20] == np.float32(2.5).tobytes()
+    assert got[24:32] == np.uint64(9).tobytes() and not by_cupy
+    kernel(7, 32, (Dev(1), 3))  # a Python int: CuPy's launch, not the driver's
+    assert seen[10] == 1 and len(by_cupy) == 1 and by_cupy[0][:2] == (7, 32)
+    lib.set_nargs(1)
+    lib.set_rc(201)  # CUDA_ERROR_INVALID_CONTEXT: CuPy's launch sets the thread up
+    kernel((1,), (1,), (np.int32(1),))
+    assert seen[10] == 2 and len(by_cupy) == 2
+    lib.set_rc(700)
+    with pytest.raises(RuntimeError, match="CUDA error 700"):
+        kernel((1,), (1,), (np.int32(1),))

@@ -65,11 +65,11 @@ def dims(d: int | Sequence[int]) -> tuple[int, int, int]:
 
 
 class Launcher:
-    """libcuda's ``cuLaunchKernel``, called keeping the GIL."""
+    """libcuda's ``cuLaunchKernel`` (``lib``: the library's path), called keeping the GIL."""
 
-    def __init__(self, cp: Any) -> None:
+    def __init__(self, cp: Any, lib: str = "libcuda.so.1") -> None:
         self.cp = cp
-        self.lib = ctypes.PyDLL("libcuda.so.1")
+        self.lib = ctypes.PyDLL(lib)
         u, p = ctypes.c_uint, ctypes.c_void_p
         self.lib.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
         self.lib.cuLaunchKernel.restype = ctypes.c_int
