@@ -54,10 +54,11 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
   [ -n "${PROFILE:-}" ] && [ -x /tmp/site/bin/py-spy ] && runs="$runs profiled"
   for run in $runs; do
     echo "-- $L, 64 streams, $run"
-    local GW= how=
+    local GW= how= n=128
     # llama-server's defaults: every step samples 64 rows (the batched sampler's many
     # device calls) where the greedy loads take the argmax
     [ $run = sampled ] && how="--temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05"
+    [ $run = profiled ] && n=512  # outlasts py-spy's 5 s (128 requests take ~2 s on an H100)
     if [ $run = profiled ]; then  # native stacks, idle included: each thread's share running /
       # waiting for the GIL / idle, and the raw profile for the Python-level view
       (sleep 1; PATH=/tmp/site/bin:$PATH timeout 20 python3 -m bench.gil_wait --seconds 5 \
@@ -65,7 +66,7 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
       GW=$!
     fi
     # shellcheck disable=SC2086
-    timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests 128 \
+    timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests $n \
       --prompt-len 32 --max-tokens 64 $how --markdown 2>&1 | tail -1
     [ -n "$GW" ] && wait "$GW" && cat "$OUT/gil_$L.md"
   done
