@@ -7,12 +7,13 @@
 #   bash scripts/cuda_side_by_side.sh webgpu  (~3 min, warm too: the WebGPU backend through
 #                                              NVIDIA's Vulkan driver, carry .gl: the Vulkan
 #                                              loader's .deb, parity and decode next to CUDA)
-#   OLD=abc1234 bash scripts/cuda_side_by_side.sh ab  (~6 min from a bare machine: the GPU
-#       tests, then HTTP at 64 streams alternating this checkout and the commit in
-#       .devrun/old_$OLD.tar.zst (git archive $OLD | zstd -19 -o ...), this checkout with
-#       MODELC_CUDA_LAUNCH=gil and with MODELC_CUDA_SAMPLER=fused too, each server also
-#       under a load sampled as llama-server's defaults; the engine in process, a py-spy
-#       profile; LLAMA=1 builds llama.cpp at nice 19 beside and ends with llama-server)
+#   OLD=abc1234 bash scripts/cuda_side_by_side.sh ab  (~6 min from a bare machine, ~8 with
+#       LLAMA=1: the GPU tests (launches keeping the GIL; CuPy's too where those fail), then
+#       HTTP at 64 streams, greedy and sampled as llama-server's defaults: the commit in
+#       .devrun/old_$OLD.tar.zst (scripts/device_wheels.sh OLD), this checkout, with
+#       MODELC_CUDA_LAUNCH=gil, and with MODELC_CUDA_SAMPLER=fused (each where its tests
+#       passed); the engine in process, a py-spy profile; LLAMA=1 builds llama.cpp at
+#       nice 19 beside and ends with llama-server)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -108,33 +109,37 @@ old_checkout() {  # .devrun/old_$1.tar.zst unpacked and built in /tmp/old_$1
     && python3 setup.py build_ext --inplace >"$OUT/old_$1_ext.log" 2>&1)
 }
 
-if [ "${1:-}" = ab ]; then
+if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   export SAMPLED=1
   setup ${LLAMA:+19}
   old_checkout "$OLD" & OB=$!
-  at "GPU tests"
-  MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rs \
-    tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
-  MODELC_CUDA_LAUNCH=gil MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q -x --noconftest \
-    -p no:cacheprovider -rs tests/test_cuda_kernels.py >"$OUT/tests_kernels_gil.log" 2>&1
+  at "GPU tests, launches keeping the GIL"
+  MODELC_CUDA_LAUNCH=gil MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
+    -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels_gil.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_gil.log" | head -12
-  MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider \
-    -rs tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py >"$OUT/tests_cuda.log" 2>&1
+  GIL=gil
+  if grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels_gil.log"; then
+    GIL=cupy  # the same tests with CuPy's launches: the launcher's fault or the kernels'?
+    MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider \
+      -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
+  fi
+  MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
+    tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
+  FUSED=fused
+  grep -q "^FAILED tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED=batch
   wait $OB
   at "HTTP, alternated"
-  serve now "$PWD"
   serve "old_$OLD" "/tmp/old_$OLD"
-  grep -q failed "$OUT/tests_kernels_gil.log" || serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
-  grep -q "test_cuda_sampler.py.*FAILED\|FAILED.*test_cuda_sampler" "$OUT/tests_cuda.log" ||
-    serve fused "$PWD" MODELC_CUDA_SAMPLER=fused MODELC_CUDA_LAUNCH=gil
-  serve now2 "$PWD"
-  serve "old2_$OLD" "/tmp/old_$OLD"
+  serve now "$PWD"
+  [ $GIL = gil ] && serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
+  [ $FUSED = fused ] && serve fused "$PWD" MODELC_CUDA_SAMPLER=fused MODELC_CUDA_LAUNCH=$GIL
   at "the engine in process, the HTTP load's shape"
-  timeout 90 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --device cuda --real-forward \
-    --streams 64 --requests 128 --tokens 64,64 --prompt-len 32 --reps 2 2>&1 | tail -5
-  PROFILE=1 serve prof "$PWD"
+  MODELC_CUDA_LAUNCH=$GIL timeout 60 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf \
+    --device cuda --real-forward --streams 64 --requests 128 --tokens 64,64 --prompt-len 32 --reps 1 \
+    2>&1 | tail -4
+  PROFILE=1 serve prof "$PWD" MODELC_CUDA_SAMPLER=$FUSED MODELC_CUDA_LAUNCH=$GIL
   [ -n "${LLAMA:-}" ] && llama_server
   at "end"
   exit 0
