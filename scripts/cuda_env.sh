@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/cuda_tests.sh and scripts/cuda_kernels_check.sh on the device machine:
 # modelc's pure-python deps from the wheels in .whl (no network there), the CPU kernels
 # built in place (the reference the GPU is compared with), logs to $OUT (the device tool's

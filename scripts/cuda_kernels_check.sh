@@ -30,8 +30,8 @@ stage "models" && {
   fi
   ls -la $M
 }
-MODELS=(--model $M/llama1b-q4_0.gguf --model $M/llama1b-q4_k_m.gguf)
-[ -f $M/llama8b-q4_k_m.gguf ] && MODELS+=(--model $M/llama8b-q4_k_m.gguf)
+MODELS=(--model "$M/llama1b-q4_0.gguf" --model "$M/llama1b-q4_k_m.gguf")
+[ -f $M/llama8b-q4_k_m.gguf ] && MODELS+=(--model "$M/llama8b-q4_k_m.gguf")
 
 tests() {  # tests NAME MODULES...: exact mode (the q8 tests set their own)
   local name=$1

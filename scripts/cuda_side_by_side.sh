@@ -55,7 +55,7 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
   [ -n "${PROFILE:-}" ] && [ -x /tmp/site/bin/py-spy ] && runs="$runs profiled"
   for run in $runs; do
     echo "-- $L, 64 streams, $run"
-    local GW= how= n=128
+    local GW='' how='' n=128
     # llama-server's defaults: every step samples 64 rows (the batched sampler's many
     # device calls) where the greedy loads take the argmax
     [ $run = sampled ] && how="--temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05"
@@ -128,7 +128,7 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
   FUSED=fused
-  grep -q "^FAILED tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED=batch
+  grep -q "^FAILED tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED='batch'
   wait $OB
   at "HTTP, alternated"
   serve "old_$OLD" "/tmp/old_$OLD"
