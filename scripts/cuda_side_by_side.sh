@@ -71,6 +71,8 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
       --prompt-len 32 --max-tokens 64 $how --markdown 2>&1 | tail -1
     [ -n "$GW" ] && wait "$GW" && cat "$OUT/gil_$L.md"
   done
+  # the steps its graphs replayed / captured / ran eagerly (CudaLlama.graph_steps)
+  curl -s http://127.0.0.1:18070/metrics | grep "^modelc_engine_graph_steps" | tr '\n' ' '; echo
   echo "-- $L, 1 stream"
   timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 1 --requests 12 \
     --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1

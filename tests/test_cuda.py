@@ -568,8 +568,11 @@ def test_device_sampling_matches_the_host_path() -> None:
     for mode in ("off", "on"):
         eng = build_engine(path, EngineOptions(device="cuda", device_sampling=mode))
         got_events[mode] = trio.run(engine_events, eng, requests)
-        steps = int(eng.stats().extra["device_sampled_steps"])
+        extra = eng.stats().extra
+        steps = int(extra["device_sampled_steps"])
         assert (steps > 0) == (mode == "on"), (mode, steps)
+        # the model's graph counts reach the stats (and /metrics: modelc_engine_graph_steps_*)
+        assert extra.get("graph_steps_replayed", 0) + extra.get("graph_steps_eager", 0) > 0, extra
         del eng
     for a, b in zip(got_events["off"], got_events["on"], strict=True):
         assert [e.token_id for e in a] == [e.token_id for e in b]

@@ -181,6 +181,9 @@ class ModelRunner:
             kv_cache=self.mode.value,
             device_sampled_steps=self.device_sampled_steps,
         )
+        # a GPU model's steps replayed from a CUDA graph, captured, run eagerly
+        for kind, n in getattr(self.lm, "graph_steps", {}).items():
+            s.extra[f"graph_steps_{kind}"] = n
 
     # -- sequences in and out ------------------------------------------------------------
     def new_seq(
