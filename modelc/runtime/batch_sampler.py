@@ -88,6 +88,11 @@ class BatchParams:
     repeat: Edits  # the repetition penalty of each recent token's row (positive: divided)
     penalty: Edits  # presence + frequency amounts, subtracted
 
+    @property
+    def edited(self) -> bool:
+        """Whether any row has banned ids, a bias or penalties (:func:`apply_edits`)."""
+        return any(len(e.rows) for e in (self.banned, self.bias, self.repeat, self.penalty))
+
     @classmethod
     def gather(
         cls, samplers: Sequence[Sampler], rows: IntArray | None = None, n_rows: int = 0
@@ -176,8 +181,7 @@ def _argsort_desc(xp: Any, a: Any) -> Any:
 
 def apply_edits(xp: Any, logits: Any, bp: BatchParams) -> Any:
     """The logits after banned ids, bias and penalties (a copy when any applies)."""
-    edits = (bp.banned, bp.bias, bp.repeat, bp.penalty)
-    if not any(len(e.rows) for e in edits):
+    if not bp.edited:
         return logits
     x = logits.copy()
     if len(bp.banned.rows):

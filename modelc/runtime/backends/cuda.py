@@ -110,7 +110,7 @@ class Device:
     def __init__(self) -> None:
         self.cp = require_cuda()
         mod = self.cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=None)
-        # launched keeping the GIL (cuda_launch): a hand-back a launch waits on the event loop
+        # with MODELC_CUDA_LAUNCH=gil, launched keeping the GIL (cuda_launch)
         self.fn = kernels(self.cp, {n: mod.get_function(n) for n in kernel_names()})
         self._deq_buf: Any = None
         self._x16: Any = None

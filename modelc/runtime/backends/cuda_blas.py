@@ -4,8 +4,9 @@ for the CUDA backend's large-batch products: into preallocated outputs, accumula
 included) can be captured as one CUDA graph (CuPy's own cuBLAS bindings refuse any call
 during a capture).  With ``MODELC_CUDA_LAUNCH=gil`` (:func:`.cuda_launch.keep_gil`) the
 calls keep the GIL (``ctypes.PyDLL``): they only queue work, and giving the GIL up made a
-server's step thread wait for the event loop after each of an eager step's ~90 products.  :func:`open_blas` checks it against ``cupy.matmul`` once and
-returns None where it does not work (the backend then uses ``cupy.matmul``, eagerly).
+server's step thread wait for the event loop after each of an eager step's ~90 products.
+:func:`open_blas` checks it against ``cupy.matmul`` once and returns None where it does
+not work (the backend then uses ``cupy.matmul``, eagerly).
 """
 
 from __future__ import annotations

@@ -79,28 +79,23 @@ class CudaKVCache(DeviceKVCache):
         self.buf[layer, 1, pos : pos + len(v)] = self.cp.asarray(np.asarray(v, self.dtype))
 
     def fill(self, n: int, get: Callable[[int, int], tuple[KVArray, KVArray]]) -> None:
-        """As :meth:`KVCache.fill`, in one copy to the device (not two a layer)."""
+        """As :meth:`KVCache.fill`, in one copy to the device (not two a layer); every
+        layer holds every position here (:class:`DeviceKVCache`), so each from 0."""
         if self.n:
             raise UsageError("only an empty KV cache can be filled")
         s = self.shape
-        for li in range(s.n_layer):
-            self._base[li] = self.needed_from(li, n)  # as KVCache.fill: any base will do
         self.reserve(n)
-        host = np.zeros((s.n_layer, 2, n, s.n_head_kv, s.head_dim), self.dtype)
+        host = np.empty((s.n_layer, 2, n, s.n_head_kv, s.head_dim), self.dtype)
         for li in range(s.n_layer):
-            first = self.held_from(li)
-            host[li, 0, first:], host[li, 1, first:] = get(li, first)
+            host[li, 0], host[li, 1] = get(li, 0)
         self.buf[:, :, :n] = self.cp.asarray(host)
         self.cp.cuda.get_current_stream().synchronize()  # before a step on the model's stream
         self.advance(n)
 
     def read_all(self, n: int, start: int = 0) -> Iterator[tuple[KVArray, KVArray]]:
-        """As :meth:`KVCache.read_all`, every layer copied to the host at once."""
-        if (
-            n <= start
-            or self.buf is None
-            or any(self.held_from(li) for li in range(self.shape.n_layer))
-        ):
+        """As :meth:`KVCache.read_all`, every layer copied to the host at once (each holds
+        every position: :class:`DeviceKVCache`)."""
+        if n <= start or self.buf is None:
             yield from super().read_all(n, start)
             return
         host = self.cp.asnumpy(self.buf[:, :, start:n])

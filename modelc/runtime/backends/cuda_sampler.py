@@ -288,8 +288,9 @@ def sample_rows_ref(
             xc, ic = x[ids[n]], ids[n]
             keep &= (x > xc) | ((x == xc) & (np.arange(v) <= ic))
         e = np.where(keep, np.exp(x.astype(np.float64) - m), 0.0)
-        q = e / e.sum()
-        keep &= (q >= (mp * (1.0 / e.sum()) if mp > 0 else 0.0)) & (q > 0)
+        z2 = e.sum()
+        q = e / z2
+        keep &= (q >= (mp * (1.0 / z2) if mp > 0 else 0.0)) & (q > 0)
         w = np.where(keep, np.exp((x.astype(np.float64) - m) / t) if t != 1.0 else q, 0.0)
         cdf = np.cumsum(w) / w.sum()
         out[r] = int(np.count_nonzero(cdf <= u))
@@ -302,8 +303,7 @@ def sample(dev: Any, logits: Any, bp: BatchParams, out: Any) -> Drawn | None:
     kernel handed the step back (the caller samples it with ``sample_batch``)."""
     cp, b, v = dev.cp, len(bp.rows), logits.shape[1]
     rows = bp.rows
-    if (bp.banned.rows.size or bp.bias.rows.size or bp.repeat.rows.size
-            or bp.penalty.rows.size):  # fmt: skip
+    if bp.edited:
         logits = apply_edits(cp, logits[cp.asarray(rows)], bp)  # a copy, rows in bp's order
         rows = np.arange(b)
     prm = cp.asarray(params(bp, rows))

@@ -49,7 +49,7 @@ def run_shape(n: int, r: int, t: int, decode: bool, mixed_rows: int) -> tuple[in
         return run, r + run - n, t
     if n + 1 > mixed_rows:
         return None
-    return graph_rows(n + 1), graph_rows(r), graph_rows(t) if t else 0
+    return graph_rows(n + 1), graph_rows(r), graph_rows(t)
 
 
 def pad_tiles(tiles: np.ndarray[Any, Any], to: int, row: int) -> np.ndarray[Any, Any]:
