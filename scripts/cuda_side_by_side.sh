@@ -7,10 +7,10 @@
 #   bash scripts/cuda_side_by_side.sh webgpu  (~3 min, warm too: the WebGPU backend through
 #                                              NVIDIA's Vulkan driver, carry .gl: the Vulkan
 #                                              loader's .deb, parity and decode next to CUDA)
-#   OLD=abc1234 bash scripts/cuda_side_by_side.sh ab  (~6 min from a bare machine, ~8 with
+#   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~6 min from a bare machine, ~8 with
 #       LLAMA=1: the GPU tests (launches keeping the GIL; CuPy's too where those fail), then
 #       HTTP at 64 streams, greedy and sampled as llama-server's defaults: the commit in
-#       .devrun/old_$OLD.tar.zst (scripts/device_wheels.sh OLD), this checkout, with
+#       .devrun/old_$OLD.tar.zst (scripts/device_wheels.sh OLD; each of several), this checkout, with
 #       MODELC_CUDA_LAUNCH=gil, and with MODELC_CUDA_SAMPLER=fused (each where its tests
 #       passed); the engine in process, a py-spy profile; LLAMA=1 builds llama.cpp at
 #       nice 19 beside and ends with llama-server)
@@ -114,7 +114,8 @@ old_checkout() {  # .devrun/old_$1.tar.zst unpacked and built in /tmp/old_$1
 if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   export SAMPLED=1
   setup ${LLAMA:+19}
-  old_checkout "$OLD" & OB=$!
+  OB=()
+  for o in $OLD; do old_checkout "$o" & OB+=($!); done  # OLD: one commit or several
   at "GPU tests, launches keeping the GIL"
   MODELC_CUDA_LAUNCH=gil MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
     -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels_gil.log" 2>&1
@@ -126,14 +127,15 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
       -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
   fi
+  [ -f .gpuA/smollm2_rows.npy ] && export MODELC_TEST_LOGITS=$PWD/.gpuA/smollm2_rows.npy
   MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
     tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
-  FUSED=fused
-  grep -q "^FAILED tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED='batch'
-  wait $OB
+  FUSED=fused  # its GPU test needs SmolLM2's logits: .gpuA (scripts/device_wheels.sh)
+  grep -qE "^(FAILED|ERROR) tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED='batch'
+  wait "${OB[@]}"  # not a bare wait: llama.cpp's build runs beside
   at "HTTP, alternated"
-  serve "old_$OLD" "/tmp/old_$OLD"
+  for o in $OLD; do serve "old_$o" "/tmp/old_$o"; done
   serve now "$PWD"
   [ $GIL = gil ] && serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
   [ $FUSED = fused ] && serve fused "$PWD" MODELC_CUDA_SAMPLER=fused MODELC_CUDA_LAUNCH=$GIL

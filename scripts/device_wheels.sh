@@ -7,6 +7,7 @@
 #   .devrun  llama.cpp's source from the llama-cpp-python 0.3.36 sdist
 #            (scripts/llamacpp_cuda.sh pack) and, for OLD=<commit>, git archive <commit>
 #   .gl      the Vulkan loader's .deb (the WebGPU call)
+#   .gpuA    SmolLM2's logits for the device sampler's GPU test (MODELC_TEST_LOGITS)
 # Usage: bash scripts/device_wheels.sh [OLD_COMMIT ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,9 @@ if [ ! -f .devrun/llama_src.tar.zst ]; then
   tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp"
   bash scripts/llamacpp_cuda.sh pack "$tmp/llama_cpp_python-0.3.36/vendor/llama.cpp" .devrun/llama_src.tar.zst
 fi
+# the batched sampler's real logits (SmolLM2's) for tests/test_cuda_sampler.py's GPU test
+mkdir -p .gpuA
+[ -f .gpuA/smollm2_rows.npy ] || "${PY:-.venv/bin/python}" -m tests.test_batch_sampler .gpuA/smollm2_rows.npy
 for c in "$@"; do git archive "$c" | zstd -19 -T2 -q -f -o ".devrun/old_$c.tar.zst"; done
 if [ ! -d .gl ] && command -v apt-get >/dev/null; then
   mkdir -p .gl /tmp/amd64/partial
@@ -43,4 +47,4 @@ if [ ! -d .gl ] && command -v apt-get >/dev/null; then
   (cd .gl && apt-get "${o[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 >/dev/null 2>&1)
 fi
 rm -rf "$tmp"
-du -sh .whl .devrun .gl 2>/dev/null
+du -sh .whl .devrun .gl .gpuA 2>/dev/null

@@ -5,6 +5,7 @@ token, on real SmolLM2 logits; and the engine sampling on the model's side
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,8 +38,16 @@ def ir() -> ModelIR:
 
 
 @pytest.fixture(scope="module")
-def rows(ir: ModelIR) -> np.ndarray[Any, Any]:
-    """Every position's next-token logits of a few prompts, (rows, n_vocab) f32."""
+def rows(request: pytest.FixtureRequest) -> np.ndarray[Any, Any]:
+    """Every position's next-token logits of a few prompts, (rows, n_vocab) f32; read from
+    ``MODELC_TEST_LOGITS`` (an .npy this fixture's rows were saved to, ``python -m
+    tests.test_batch_sampler FILE``) where set: a GPU machine has no model files."""
+    if saved := os.environ.get("MODELC_TEST_LOGITS"):
+        return np.load(saved)  # type: ignore[no-any-return]
+    return logits_of(request.getfixturevalue("ir"))
+
+
+def logits_of(ir: ModelIR) -> np.ndarray[Any, Any]:
     lm = build(ir)
     assert isinstance(lm, LanguageModel) and ir.tokenizer is not None
     tok = PromptFormat.build(ir.tokenizer).tokenizer
@@ -249,3 +258,9 @@ async def test_engine_device_sampling_equals_the_host_path(ir: ModelIR) -> None:
 def test_device_sampling_option_is_checked() -> None:
     with pytest.raises(UsageError, match="--device-sampling must be auto, on or off"):
         EngineOptions(device_sampling="gpu").validate()
+
+
+if __name__ == "__main__":  # the rows for a machine without the model: an .npy
+    import sys
+
+    np.save(sys.argv[1], logits_of(load_model(smollm2_gguf())))

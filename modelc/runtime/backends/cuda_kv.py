@@ -92,13 +92,18 @@ class CudaKVCache(DeviceKVCache):
         self.cp.cuda.get_current_stream().synchronize()  # before a step on the model's stream
         self.advance(n)
 
+    def read_stack(self, n: int, start: int = 0) -> KVArray | None:
+        if n <= start or self.buf is None:
+            return None
+        return self.cp.asnumpy(self.buf[:, :, start:n])  # type: ignore[no-any-return]
+
     def read_all(self, n: int, start: int = 0) -> Iterator[tuple[KVArray, KVArray]]:
         """As :meth:`KVCache.read_all`, every layer copied to the host at once (each holds
         every position: :class:`DeviceKVCache`)."""
-        if n <= start or self.buf is None:
+        host = self.read_stack(n, start)
+        if host is None:
             yield from super().read_all(n, start)
             return
-        host = self.cp.asnumpy(self.buf[:, :, start:n])
         for li in range(self.shape.n_layer):
             yield host[li, 0], host[li, 1]
 
