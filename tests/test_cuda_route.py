@@ -365,8 +365,8 @@ def test_kernel_launches_reach_the_driver_as_cupys_would(tmp_path: Path) -> None
     cp = SimpleNamespace(ndarray=Dev, cuda=SimpleNamespace(get_current_stream=lambda: stream))
     by_cupy: list[tuple[Any, ...]] = []
 
-    class Fn:  # CuPy's Function: its handle, and its own launch
-        ptr = 0xABC0
+    class Fn:  # CuPy's RawKernel (RawModule.get_function's): its Function's handle, its launch
+        kernel = SimpleNamespace(ptr=0xABC0)
 
         def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0) -> None:
             by_cupy.append((grid, block, args, shared_mem))

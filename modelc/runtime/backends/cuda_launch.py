@@ -79,12 +79,17 @@ class Launcher:
 
 
 class Kernel:
-    """A compiled kernel (CuPy's ``Function``), called as CuPy's: ``(grid, block, args)``."""
+    """A compiled kernel (CuPy's ``RawKernel`` or ``Function``), called as CuPy's: ``(grid,
+    block, args)``."""
 
     __slots__ = ("fn", "launcher", "ptr")
 
     def __init__(self, launcher: Launcher, fn: Any) -> None:
-        self.launcher, self.fn, self.ptr = launcher, fn, fn.ptr
+        # CuPy's RawModule.get_function gives a RawKernel (its ``kernel``: the Function,
+        # compiled for the current device, whose ``ptr`` is the CUfunction); a Function
+        # is its own
+        self.launcher, self.fn = launcher, fn
+        self.ptr = getattr(fn, "kernel", fn).ptr
 
     def __call__(
         self, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[Any],
