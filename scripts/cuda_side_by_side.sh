@@ -7,13 +7,14 @@
 #   bash scripts/cuda_side_by_side.sh webgpu  (~3 min, warm too: the WebGPU backend through
 #                                              NVIDIA's Vulkan driver, carry .gl: the Vulkan
 #                                              loader's .deb, parity and decode next to CUDA)
-#   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~6 min from a bare machine, ~8 with
-#       LLAMA=1: the GPU tests (launches keeping the GIL; CuPy's too where those fail), then
-#       HTTP at 64 streams, greedy and sampled as llama-server's defaults: the commit in
-#       .devrun/old_$OLD.tar.zst (scripts/device_wheels.sh OLD; each of several), this checkout, with
-#       MODELC_CUDA_LAUNCH=gil, and with MODELC_CUDA_SAMPLER=fused (each where its tests
-#       passed); the engine in process, a py-spy profile; LLAMA=1 builds llama.cpp at
-#       nice 19 beside and ends with llama-server)
+#   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
+#       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
+#       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
+#       (scripts/device_wheels.sh OLD), this checkout, and with MODELC_CUDA_SAMPLER=batch;
+#       GILRUN=1: the kernel tests and a server with MODELC_CUDA_LAUNCH=gil too; the engine
+#       in process; PROFILE=1: a py-spy profile; LLAMA=1 builds llama.cpp at nice 19
+#       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
+#       server, no engine in process: ~3 min)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -116,16 +117,16 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   setup ${LLAMA:+19}
   OB=()
   for o in $OLD; do old_checkout "$o" & OB+=($!); done  # OLD: one commit or several
-  at "GPU tests, launches keeping the GIL"
-  MODELC_CUDA_LAUNCH=gil MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
-    -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels_gil.log" 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_gil.log" | head -12
-  GIL=gil
-  if grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels_gil.log"; then
-    GIL=cupy  # the same tests with CuPy's launches: the launcher's fault or the kernels'?
-    MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider \
-      -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
+  at "GPU tests"
+  [ -z "${QUICK:-}" ] && MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
+    -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1 \
+    && grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
+  GIL=cupy
+  if [ -n "${GILRUN:-}" ]; then  # the same with launches keeping the GIL (cuda_launch)
+    MODELC_CUDA_LAUNCH=gil MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
+      -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels_gil.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_gil.log" | head -12
+    grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels_gil.log" || GIL=gil
   fi
   [ -f .gpuA/smollm2_rows.npy ] && export MODELC_TEST_LOGITS=$PWD/.gpuA/smollm2_rows.npy
   MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
@@ -133,17 +134,19 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
   FUSED=fused  # its GPU test needs SmolLM2's logits: .gpuA (scripts/device_wheels.sh)
   grep -qE "^(FAILED|ERROR) tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED='batch'
-  wait "${OB[@]}"  # not a bare wait: llama.cpp's build runs beside
+  [ ${#OB[@]} -gt 0 ] && wait "${OB[@]}"  # never a bare wait: llama.cpp's build runs beside
   at "HTTP, alternated"
   for o in $OLD; do serve "old_$o" "/tmp/old_$o"; done
   serve now "$PWD"
-  [ $GIL = gil ] && serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
-  [ $FUSED = fused ] && serve fused "$PWD" MODELC_CUDA_SAMPLER=fused MODELC_CUDA_LAUNCH=$GIL
-  at "the engine in process, the HTTP load's shape"
-  MODELC_CUDA_LAUNCH=$GIL timeout 60 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf \
-    --device cuda --real-forward --streams 64 --requests 128 --tokens 64,64 --prompt-len 32 --reps 1 \
-    2>&1 | tail -4
-  PROFILE=1 serve prof "$PWD" MODELC_CUDA_SAMPLER=$FUSED MODELC_CUDA_LAUNCH=$GIL
+  [ $GIL = gil ] && [ -n "${GILRUN:-}" ] && serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
+  if [ -z "${QUICK:-}" ]; then
+    serve batch "$PWD" MODELC_CUDA_SAMPLER=batch  # the batched sampler, before the default
+    at "the engine in process, the HTTP load's shape"
+    timeout 60 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --device cuda \
+      --real-forward --streams 64 --requests 128 --tokens 64,64 --prompt-len 32 --reps 1 \
+      2>&1 | tail -4
+  fi
+  [ -n "${PROFILE:-}" ] && serve prof "$PWD" MODELC_CUDA_SAMPLER=$FUSED
   [ -n "${LLAMA:-}" ] && llama_server
   at "end"
   exit 0

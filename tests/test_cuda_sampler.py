@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from modelc.runtime.backends.cuda import cuda_unavailable
-from modelc.runtime.backends.cuda_sampler import CAND, fits, kth_key, params, sample_rows_ref
+from modelc.runtime.backends.cuda_sampler import (
+    CAND,
+    fits,
+    kth_key,
+    params,
+    sample_rows_ref,
+    takes,
+)
 from modelc.runtime.batch_sampler import BatchParams, apply_edits, sample_batch
 from modelc.runtime.sampling import Sampler, SamplingParams
 from tests.test_batch_sampler import ir, rows  # noqa: F401  (the real logits)
@@ -132,6 +139,7 @@ def test_what_the_kernel_hands_back() -> None:
 
 
 def test_fits_takes_the_common_batches() -> None:
+    """Which steps the kernel samples (``fits``: every row; ``takes``: and one draws)."""
     v = 32000
 
     def bp(*ps: SamplingParams, which: Any = None, n: int = 0) -> BatchParams:
@@ -145,6 +153,10 @@ def test_fits_takes_the_common_batches() -> None:
     assert not fits(bp(SamplingParams(logprobs=2)))
     assert not fits(bp(chat, which=np.array([1]), n=3))  # rows the host samples
     assert not fits(bp(SamplingParams(logprobs=0)))  # the chosen token's log-probability
+    # the kernel takes a step with a sampled row; a greedy-only one keeps the argmax
+    assert takes(bp(chat, SamplingParams(temperature=0.0)))
+    assert not takes(bp(SamplingParams(temperature=0.0), SamplingParams(temperature=0.0)))
+    assert not takes(bp(SamplingParams(temperature=0.8, top_p=0.9)))  # nor one it cannot fit
 
 
 @pytest.mark.skipif(cuda_unavailable() is not None, reason="no CUDA here")

@@ -468,8 +468,8 @@ class CudaLlama(CausalLM):
         (``params.host_rows``) come back."""
         _, r = self._step(batch)
         with self.stream:
-            drawn = None  # one launch (MODELC_CUDA_SAMPLER=fused), else the batched sampler
-            if self.fused_sampler and cuda_sampler.fits(params):
+            drawn = None  # a sampled step in one launch (cuda_sampler), else the batched one
+            if self.fused_sampler and cuda_sampler.takes(params):
                 drawn = cuda_sampler.sample(self.dev, self.logits[:r], params, self.tokens)
             if drawn is None:
                 drawn = sample_batch(self.cp, self.logits[:r], params)

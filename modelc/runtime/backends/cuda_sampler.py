@@ -25,8 +25,12 @@ the host samples, takes the batched sampler.  A row the kernel cannot decide (a 
 infinite largest logit, more than :data:`CAND` tokens left before top-p) gets -1 and the
 step is sampled again by the batched sampler.  :func:`sample_rows_ref` is the same
 algorithm in numpy, checked against the batched sampler on the CPU; the kernel is checked
-against both on a GPU (tests/test_cuda_kernels.py).  ``MODELC_CUDA_SAMPLER=fused`` turns it
-on (opt-in until a GPU run has checked it).
+against both on a GPU (tests/test_cuda_sampler.py).  On by default for steps with a sampled
+row (a greedy-only step keeps the batched sampler's argmax: three calls either way, and
+its HTTP loads ran ~10 % faster so); ``MODELC_CUDA_SAMPLER=batch`` turns it off.  An H100
+at 64 streams over HTTP, sampled as llama-server's defaults: 529-2,473 tok/s through the
+batched sampler (bimodal across servers), 3,031-3,713 through this kernel, greedy
+3,600-3,750 (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -211,8 +215,15 @@ NAMES = ["sample_rows"]
 
 
 def enabled() -> bool:
-    """Whether steps sample through :func:`sample_rows` (``MODELC_CUDA_SAMPLER=fused``)."""
-    return os.environ.get("MODELC_CUDA_SAMPLER", "batch") == "fused"
+    """Whether steps with a sampled row go through :func:`sample_rows` (the default;
+    ``MODELC_CUDA_SAMPLER=batch``: the batched sampler)."""
+    return os.environ.get("MODELC_CUDA_SAMPLER", "fused") != "batch"
+
+
+def takes(bp: BatchParams) -> bool:
+    """Whether the kernel samples this step: it :func:`fits` and a row draws (a greedy-only
+    step keeps the batched sampler's argmax)."""
+    return bool((bp.temperature > 0).any()) and fits(bp)
 
 
 def fits(bp: BatchParams) -> bool:
