@@ -14,7 +14,8 @@
 #       GILRUN=1: the kernel tests and a server with MODELC_CUDA_LAUNCH=gil too; the engine
 #       in process; PROFILE=1: a py-spy profile; LLAMA=1 builds llama.cpp at nice 19
 #       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
-#       server, no engine in process: ~3 min)
+#       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph
+#       (kernels too), and a server so where they pass)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -117,10 +118,14 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   setup ${LLAMA:+19}
   OB=()
   for o in $OLD; do old_checkout "$o" & OB+=($!); done  # OLD: one commit or several
-  at "GPU tests"
-  [ -z "${QUICK:-}" ] && MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
-    -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1 \
-    && grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
+  at "GPU tests${IORUN:+ (MODELC_CUDA_STEP_IO=graph)}"
+  IO=()  # IORUN=1: the tests with each step's own I/O (cuda_io), and a server so
+  [ -n "${IORUN:-}" ] && IO=(MODELC_CUDA_STEP_IO=graph)
+  if [ -z "${QUICK:-}" ] || [ -n "${IORUN:-}" ]; then
+    env "${IO[@]}" MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
+      -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
+  fi
   GIL=cupy
   if [ -n "${GILRUN:-}" ]; then  # the same with launches keeping the GIL (cuda_launch)
     MODELC_CUDA_LAUNCH=gil MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
@@ -129,8 +134,9 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels_gil.log" || GIL=gil
   fi
   [ -f .gpuA/smollm2_rows.npy ] && export MODELC_TEST_LOGITS=$PWD/.gpuA/smollm2_rows.npy
-  MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
-    tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py >"$OUT/tests_cuda.log" 2>&1
+  env "${IO[@]}" MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider \
+    -rfEs tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py tests/test_cuda_io.py \
+    >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
   FUSED=fused  # its GPU test needs SmolLM2's logits: .gpuA (scripts/device_wheels.sh)
   grep -qE "^(FAILED|ERROR) tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED='batch'
@@ -138,6 +144,9 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   at "HTTP, alternated"
   for o in $OLD; do serve "old_$o" "/tmp/old_$o"; done
   serve now "$PWD"
+  IOOK=1
+  grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels.log" "$OUT/tests_cuda.log" 2>/dev/null && IOOK=
+  [ -n "${IORUN:-}" ] && [ -n "$IOOK" ] && serve io "$PWD" MODELC_CUDA_STEP_IO=graph
   [ $GIL = gil ] && [ -n "${GILRUN:-}" ] && serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
   if [ -z "${QUICK:-}" ]; then
     serve batch "$PWD" MODELC_CUDA_SAMPLER=batch  # the batched sampler, before the default

@@ -265,7 +265,7 @@ def test_cuda_refuses_it_and_compile_runs_the_decoder(
     """The device-resident CUDA forward refuses MLA in one line (``--device cuda`` then runs
     the model op by op); ``modelc compile`` writes a program whose forward is the runtime's
     decoder, saying so and why in one line."""
-    from modelc.runtime.backends.cuda_llama import cuda_host
+    from modelc.runtime.backends.cuda_family import cuda_host
 
     ir = load_model(source(model, "gguf"))
     with pytest.raises(UnsupportedError, match=what) as e:

@@ -124,7 +124,7 @@ def test_cuda_refuses_and_compile_runs_the_decoder(tmp_path: Path) -> None:
     naming them, before any GPU work (``--device cuda`` then runs the model op by op);
     ``modelc compile`` writes a program whose forward is the runtime's decoder, saying so
     in one line."""
-    from modelc.runtime.backends.cuda_llama import cuda_host
+    from modelc.runtime.backends.cuda_family import cuda_host
 
     ir = load_model(source("gguf"))
     with pytest.raises(ModelcError) as e:

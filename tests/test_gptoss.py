@@ -323,7 +323,7 @@ def test_cuda_refuses_and_compile_runs_the_decoder() -> None:
     refuses in one line naming them, before any GPU work (``--device cuda`` then runs the
     model op by op); ``modelc compile`` gives the program the runtime's decoder."""
     from modelc.compile.spec import forward_note, model_spec
-    from modelc.runtime.backends.cuda_llama import cuda_host
+    from modelc.runtime.backends.cuda_family import cuda_host
 
     ir = load_model(source("mxfp4", "gguf"))
     with pytest.raises(ModelcError, match="attention sinks") as e:

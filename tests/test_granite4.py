@@ -169,7 +169,7 @@ def test_cuda_refuses_it_and_compile_runs_the_decoder(ir: ModelIR) -> None:
     before any GPU work (``--device cuda`` then runs it op by op); ``modelc compile`` gives
     the program the runtime's decoder, saying why in one line."""
     from modelc.compile.spec import forward_note, model_spec
-    from modelc.runtime.backends.cuda_llama import cuda_host
+    from modelc.runtime.backends.cuda_family import cuda_host
 
     what = re.escape("Mamba-2 layers")
     with pytest.raises(

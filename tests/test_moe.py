@@ -231,7 +231,7 @@ def test_cuda_takes_a_mixture_from_its_description() -> None:
     """A mixture's description is one the GPU runs (its parity is ``tests/test_cuda.py``'s
     qwen3moe and mixtral, on a GPU): the host model is accepted without GPU work; with no
     GPU here ``--device auto`` keeps it on the CPU."""
-    from modelc.runtime.backends.cuda_llama import CUDA_RUNS, cuda_host
+    from modelc.runtime.backends.cuda_family import CUDA_RUNS, cuda_host
 
     host = cuda_host(load_model(moe_gguf(family="mixtral")))  # a llama GGUF with experts
     assert "moe" in host.spec.features() <= CUDA_RUNS

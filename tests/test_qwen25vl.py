@@ -141,7 +141,7 @@ def test_the_template_places_the_image_as_the_processor(
 
 def test_cuda_refuses_mrope_and_compile_runs_the_decoder() -> None:
     from modelc.compile.spec import forward_note, model_spec
-    from modelc.runtime.backends.cuda_llama import cuda_host
+    from modelc.runtime.backends.cuda_family import cuda_host
 
     ir = load_model(str(ensure_model()[1]))
     with pytest.raises(ModelcError) as e:

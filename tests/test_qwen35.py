@@ -172,7 +172,7 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
 
 def test_cuda_refuses_it_and_compile_runs_the_decoder(ir: ModelIR) -> None:
     from modelc.compile.spec import forward_note, model_spec
-    from modelc.runtime.backends.cuda_llama import cuda_host
+    from modelc.runtime.backends.cuda_family import cuda_host
 
     with pytest.raises(ModelcError) as e:
         cuda_host(ir)

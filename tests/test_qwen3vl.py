@@ -174,7 +174,7 @@ def test_the_fused_cuda_forward_refuses_and_compile_runs_the_decoder() -> None:
     """The device-resident CUDA forward names what it lacks in one line (``--device cuda``
     then goes op by op); a compiled program runs the runtime's decoder, and says why."""
     from modelc.compile.spec import forward_note, model_spec
-    from modelc.runtime.backends.cuda_llama import cuda_host
+    from modelc.runtime.backends.cuda_family import cuda_host
 
     ir = load_model(str(ensure_model()[1]))
     with pytest.raises(ModelcError) as e:

@@ -5,7 +5,7 @@ it checks the hyper-parameters and holds host views of the weights) gives the
 :class:`~modelc.runtime.arch.decoder.DecoderSpec` this forward runs, with no family code
 of its own: per-head Q/K norms, the embedding scale, norms after attention and FFN, GELU,
 windowed layers with their own RoPE base, soft-capped scores and logits.  What the GPU does
-not run yet (:data:`CUDA_RUNS` leaves it out) is refused in one place, before any GPU work.
+not run yet (:data:`~.cuda_family.CUDA_RUNS` leaves it out) is refused in one place, before any GPU work.
 A model with LongRoPE long factors runs within its original context (its short factors),
 as llama.cpp does at that context size.
 
@@ -19,22 +19,14 @@ with :meth:`CudaLlama.forward_sample` only the tokens the engine's sampling sett
 choose on the device (:mod:`~modelc.runtime.batch_sampler`), or with
 :meth:`CudaLlama.forward_greedy` only the argmax token ids.
 
-A decode step (one token a sequence) is captured once per batch size as a CUDA graph and
-replayed (``MODELC_CUDA_GRAPHS=0`` turns that off): up to ``gemv_max`` sequences at once
-(GEMV) at the first step of that size, more (cuBLAS) at the second, after an eager one
-has let cuBLAS set itself up; where a capture fails, such steps run eagerly
-(``graph_error``).  By default (``MODELC_CUDA_GRAPH_BUCKETS=0``: one graph a row count)
-a decode step past 8 sequences runs as the next multiple of 8
-(:func:`~.cuda_step.graph_rows`), the rows past its own reading token 0 at position 0 of a
-one-position scratch cache (:func:`~.cuda_step.step_meta`), so that 64 streams meet 15 graphs, not 64,
-and :meth:`CudaLlama.warm` captures them all when the model loads (a server's first
-requests otherwise pay each capture).  A step with prompt chunks of up to
-:data:`~.cuda_step.MIXED_GRAPH_ROWS` rows (under load, nearly every step: the decoding
-sequences and a new prompt's chunk) is padded the same way, its rows, logit rows and
-attention tiles each to its bucket (:func:`~.cuda_step.run_shape`), and replays a graph
-from the second step of its shape on (the first runs eagerly: a one-off shape costs no
-capture); at most :data:`MAX_GRAPHS` are kept, the least recently replayed dropped.
-Longer steps run eagerly (their launches are a small part of their GPU time).
+Steps are captured as CUDA graphs and replayed (``MODELC_CUDA_GRAPHS=0``: never): decode
+steps padded to the buckets of :func:`~.cuda_step.graph_rows` (all captured by
+:meth:`CudaLlama.warm` when a server loads the model), steps with prompt chunks of up to
+:data:`~.cuda_step.MIXED_GRAPH_ROWS` rows to theirs (:func:`~.cuda_step.run_shape`, from the
+second step of a shape on), at most :data:`MAX_GRAPHS` kept; longer steps run eagerly, and
+where a capture fails (cuBLAS) so do such steps (``graph_error``).  docs/gpu.md tells why
+and what each bought.  With ``MODELC_CUDA_STEP_IO=graph`` a step also carries its meta in
+and its greedy picks out (:mod:`~.cuda_io`).
 """
 
 from __future__ import annotations
@@ -48,13 +40,12 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
-from modelc.runtime.arch import build
-from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
-from modelc.runtime.arch.decoder_spec import GQA_FEATURES
+from modelc.runtime.arch.decoder import Decoder, DecoderBlock
 from modelc.runtime.backend import F32Array
-from modelc.runtime.backends import cuda_sampler
+from modelc.runtime.backends import cuda_io, cuda_sampler
 from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
+from modelc.runtime.backends.cuda_family import cuda_host, cuda_n_ctx
 from modelc.runtime.backends.cuda_kv import CudaKVCache
 from modelc.runtime.backends.cuda_layer import DevLayer
 from modelc.runtime.backends.cuda_step import (
@@ -66,28 +57,12 @@ from modelc.runtime.backends.cuda_step import (
     step_meta,
 )
 from modelc.runtime.backends.cuda_weights import DevWeight
-from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.batch_sampler import BatchParams, Drawn, sample_batch
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
 
-# what the GPU forward runs of the decoder's description (a feature added to it is refused
-# here until this backend runs it)
-CUDA_RUNS = GQA_FEATURES | {"moe"}
 MAX_GRAPHS = 160  # captured steps kept (the decode buckets and the mixed steps' shapes)
 GraphKey = tuple[int, int, int, bool]  # rows, logit rows, attention tiles, f16 cache
-
-
-def cuda_host(ir: ModelIR) -> Decoder:
-    """The host model of ``ir`` (numpy backend: no GPU work), after refusing in one line
-    what the GPU does not run."""
-    host = build(ir, NumpyBackend())
-    if not isinstance(host, Decoder):
-        raise UnsupportedError(
-            f"{ir.architecture} models do not run on --device cuda yet; use --device cpu"
-        )
-    refuse_unsupported(host.spec, "--device cuda", CUDA_RUNS, "use --device cpu")
-    return host
 
 
 class CudaLlama(CausalLM):
@@ -175,6 +150,8 @@ class CudaLlama(CausalLM):
         mixed = os.environ.get("MODELC_CUDA_MIXED_GRAPH_ROWS", str(MIXED_GRAPH_ROWS))
         self.mixed_rows = int(mixed) if self.pad_graphs else 0
         self.fused_sampler = cuda_sampler.enabled()
+        self.step_io = cuda_io.enabled() and self.use_graphs  # meta in, picks out (cuda_io)
+        self.io: cuda_io.StepIO | None = None
         self._pad_caches: dict[bool, CudaKVCache] = {}
         self._alloc(64)
 
@@ -199,6 +176,7 @@ class CudaLlama(CausalLM):
         self.g = cp.zeros((m, self.ff), np.float32)
         self.logits = cp.zeros((m, self.n_vocab if self.output is not None else 1), np.float32)
         self.tokens = cp.zeros(m, np.int64)
+        self.io = cuda_io.StepIO(cp, m, len(self.meta)) if self.step_io else None
         self.dev.reserve_q8(m, max(self.d, self.nh * self.hd, self.ff))  # q8 GEMV's x
         self.reset_graphs()
 
@@ -260,10 +238,21 @@ class CudaLlama(CausalLM):
         if t is not None:
             host[6 * m : 6 * m + 2 * t_run] = pad_tiles(t, t_run, n).ravel()
         self._tiles = t_run
-        self.meta.set(host)
+        if self.io is None:
+            self.meta.set(host)
+        else:  # copied by the step itself (_body)
+            self.io.meta[: len(host)] = host
         end_step(batch, slices)  # the caches count the new tokens (written by this step)
         key = None if shape is None else (run, r_run, t_run, self._kv_f16)
         return key, n, r
+
+    def _body(self, n: int, r: int) -> None:
+        """:meth:`_run`, with :attr:`io` between the meta's copy in and the picks' out."""
+        if self.io is not None:
+            self.io.send(self.meta, self.stream)
+        self._run(n, r)
+        if self.io is not None and self.ends and self.output is not None:
+            self.io.pick(self.dev, self.logits, r, self.tokens, self.stream)
 
     def _run(self, n: int, r: int) -> None:
         """Every layer and the head for n rows; logits of the r wanted rows into ``logits``."""
@@ -367,12 +356,12 @@ class CudaLlama(CausalLM):
                 self._graphs[key].launch(self.stream)
                 self.graph_steps["replayed"] += 1
             elif not (graphable and (gemv or self._blas_graphs)):
-                self._run(n, r)
+                self._body(n, r)
                 self.graph_steps["eager"] += 1
             elif (not gemv or not decode) and key not in self._seen:
                 # cuBLAS sets itself up outside a capture; a prompt's shape may not recur
                 self._seen.add(key)
-                self._run(n, r)
+                self._body(n, r)
                 self.graph_steps["eager"] += 1
             else:
                 self.graph_steps["captured"] += 1
@@ -383,7 +372,7 @@ class CudaLlama(CausalLM):
                         raise
                     self._blas_graphs = False  # cuBLAS would not be captured here: run eagerly
                     self.graph_error = f"{type(e).__name__}: {e}"
-                    self._run(n, r)
+                    self._body(n, r)
                 else:
                     self._graphs[key] = graph
                     while len(self._graphs) > MAX_GRAPHS:
@@ -412,7 +401,7 @@ class CudaLlama(CausalLM):
     def _capture(self, n: int, r: int) -> Any:
         self.stream.begin_capture()
         try:
-            self._run(n, r)
+            self._body(n, r)
         except BaseException:
             self.stream.end_capture()
             raise
@@ -467,6 +456,11 @@ class CudaLlama(CausalLM):
         tokens, the log-probabilities asked for and the logits of rows the host samples
         (``params.host_rows``) come back."""
         _, r = self._step(batch)
+        if self.io is not None and self.ends and cuda_sampler.argmax_only(params):
+            self.stream.synchronize()  # the step picked every row (cuda_io): if none failed
+            picks = self.io.picks[:r][params.rows]
+            if (picks >= 0).all():
+                return cuda_sampler.drawn(picks.copy(), self.n_vocab)
         with self.stream:
             drawn = None  # a sampled step in one launch (cuda_sampler), else the batched one
             if self.fused_sampler and cuda_sampler.takes(params):
@@ -492,9 +486,3 @@ class CudaLlama(CausalLM):
 
 def _mats(b: DecoderBlock) -> list[Any]:
     return [w for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down) if w is not None]
-
-
-def cuda_n_ctx(n_ctx: int, host: Decoder) -> int:
-    """The context on the GPU: a model with LongRoPE long factors stops at its original."""
-    after = host.spec.long_rope_after
-    return min(n_ctx, after) if after else n_ctx

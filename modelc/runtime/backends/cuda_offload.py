@@ -14,7 +14,7 @@ on the CPU, as llama.cpp's ``-ngl`` below every layer does (:func:`head_on_gpu`)
 shared with :func:`build_offload`).
 
 What the fused forward does not run (:func:`fused_lacks`: a part of the description
-outside :data:`~modelc.runtime.backends.cuda_llama.CUDA_RUNS`, a head size or width its
+outside :data:`~modelc.runtime.backends.cuda_family.CUDA_RUNS`, a head size or width its
 kernels are not built for, a model that is not the one decoder) runs op by op instead, as
 llama.cpp's scheduler hands a GPU backend's missing ops to the CPU: the model's own
 forward on :class:`~modelc.runtime.backends.cuda.CudaBackend`, whose matrix products,
@@ -39,7 +39,8 @@ from modelc.runtime.arch.decoder_spec import lacks
 from modelc.runtime.backend import Backend
 from modelc.runtime.backends.cuda import head_runs, require_cuda
 from modelc.runtime.backends.cuda_backend import CudaBackend
-from modelc.runtime.backends.cuda_llama import CUDA_RUNS, CudaLlama, cuda_host, cuda_n_ctx
+from modelc.runtime.backends.cuda_family import CUDA_RUNS, cuda_host, cuda_n_ctx
+from modelc.runtime.backends.cuda_llama import CudaLlama
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVMode
 from modelc.runtime.model import CausalLM

@@ -220,6 +220,19 @@ def enabled() -> bool:
     return os.environ.get("MODELC_CUDA_SAMPLER", "fused") != "batch"
 
 
+def argmax_only(bp: BatchParams) -> bool:
+    """Whether every row of the step is greedy with nothing edited and no log-probabilities
+    asked: the argmax of each row is all it needs (:mod:`.cuda_io`'s picks)."""
+    return not bp.edited and not bool((bp.temperature > 0).any()) and fits(bp)
+
+
+def drawn(tokens: np.ndarray[Any, Any], v: int) -> Drawn:
+    """``tokens`` (B,) as a :class:`Drawn` with no log-probabilities and no host rows."""
+    b, nothing = len(tokens), np.zeros((len(tokens), 0))
+    return Drawn(tokens, np.full(b, np.nan), nothing.astype(np.int64), nothing,
+                 np.zeros((0, v), np.float32))  # fmt: skip
+
+
 def takes(bp: BatchParams) -> bool:
     """Whether the kernel samples this step: it :func:`fits` and a row draws (a greedy-only
     step keeps the batched sampler's argmax)."""
@@ -320,8 +333,4 @@ def sample(dev: Any, logits: Any, bp: BatchParams, out: Any) -> Drawn | None:
     prm = cp.asarray(params(bp, rows))
     dev.fn["sample_rows"]((b,), (1024,), (logits, np.int32(v), prm, out))
     tokens = out[:b].get()
-    if (tokens < 0).any():
-        return None
-    nothing = np.zeros((b, 0))
-    return Drawn(tokens, np.full(b, np.nan), nothing.astype(np.int64), nothing,
-                 np.zeros((0, v), np.float32))  # fmt: skip
+    return None if (tokens < 0).any() else drawn(tokens, v)

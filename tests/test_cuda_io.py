@@ -1,0 +1,152 @@
+"""A CUDA step carrying its own meta in and greedy picks out (``cuda_io.StepIO``,
+``MODELC_CUDA_STEP_IO=graph``): the greedy parameters as the one-launch sampler reads them,
+which steps take the picks, the copies' sizes and addresses (CuPy's calls on numpy stand-ins
+here); on a GPU, a model's greedy tokens with the step's own I/O as without it."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelc.runtime.backends.cuda import cuda_unavailable
+from modelc.runtime.backends.cuda_io import StepIO, greedy_params
+from modelc.runtime.backends.cuda_sampler import argmax_only, sample_rows_ref
+from modelc.runtime.batch_sampler import BatchParams
+from modelc.runtime.sampling import Sampler, SamplingParams
+
+
+def test_greedy_params_pick_each_rows_argmax() -> None:
+    """The kernel's algorithm (``sample_rows_ref``) on :func:`greedy_params`: row i's first
+    largest logit, -1 (handed back) for a row with a NaN or an infinite maximum."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 300)).astype(np.float32)
+    x[2, [7, 40]] = 9.0  # a tie: the first
+    x[4, 11] = np.nan
+    x[5, 3] = np.inf
+    got = sample_rows_ref(x, greedy_params(6))
+    assert got[:4].tolist() == np.argmax(x[:4], axis=1).tolist() and got[2] == 7
+    assert got[4:].tolist() == [-1, -1]
+
+
+def test_argmax_only_takes_greedy_unedited_steps() -> None:
+    v = 1000
+
+    def bp(*ps: SamplingParams) -> BatchParams:
+        return BatchParams.gather([Sampler(p, v, [3, 5]) for p in ps])  # a prompt: penalties
+
+    greedy = SamplingParams(temperature=0.0)
+    assert argmax_only(bp(greedy, greedy))
+    assert not argmax_only(bp(greedy, SamplingParams(temperature=0.7)))
+    assert not argmax_only(bp(SamplingParams(temperature=0.0, banned_token_ids=[3])))
+    assert not argmax_only(bp(SamplingParams(temperature=0.0, logprobs=2)))
+    assert not argmax_only(bp(SamplingParams(temperature=0.0, repetition_penalty=1.3)))
+    assert argmax_only(bp(SamplingParams(temperature=0.0, top_k=5, top_p=0.5)))  # unused
+
+
+class Mem:
+    """A device array's ``data`` (or pinned memory) on the host: copies through ctypes."""
+
+    def __init__(self, arr: np.ndarray[Any, Any]) -> None:
+        self.arr, self.ptr = arr, arr.ctypes.data
+        self.copies: list[tuple[str, int]] = []
+
+    def copy_from_host_async(self, src: ctypes.c_void_p, n: int, stream: Any) -> None:
+        ctypes.memmove(self.ptr, src.value, n)
+        self.copies.append(("in", n))
+
+    def copy_to_host_async(self, dst: ctypes.c_void_p, n: int, stream: Any) -> None:
+        ctypes.memmove(dst.value, self.ptr, n)
+        self.copies.append(("out", n))
+
+
+class Arr:
+    def __init__(self, arr: np.ndarray[Any, Any]) -> None:
+        self.a, self.data, self.shape = arr, Mem(arr), arr.shape
+
+
+def test_step_io_copies_the_meta_in_and_the_picks_out() -> None:
+    """:meth:`StepIO.send` copies the page-locked meta to the device array whole;
+    :meth:`StepIO.pick` launches the sampler's kernel over the first r logit rows with the
+    greedy parameters and copies r picks back to :attr:`StepIO.picks`."""
+
+    class PinnedBuf(bytearray):  # page-locked memory's stand-in: a buffer with an address
+        def __init__(self, n: int) -> None:
+            super().__init__(n)
+            self.ptr = ctypes.addressof(ctypes.c_char.from_buffer(self))
+
+    cp = SimpleNamespace(
+        cuda=SimpleNamespace(alloc_pinned_memory=lambda n: PinnedBuf(n)),
+        asarray=lambda a: Arr(np.array(a)),
+    )
+    io = StepIO(cp, rows=8, meta_len=64)
+    meta = Arr(np.zeros(64, np.int64))
+    io.meta[:10] = np.arange(10) * 3
+    io.send(meta, None)
+    assert meta.a[:10].tolist() == (np.arange(10) * 3).tolist() and meta.data.copies == [
+        ("in", 512)
+    ]
+
+    launched = []
+
+    def sample_rows(grid: Any, block: Any, args: Any) -> None:
+        logits, v, prm, out = args
+        launched.append(grid)
+        r = grid[0]
+        out.a[:r] = sample_rows_ref(logits.a[:, : int(v)], prm.a[:r])
+
+    dev = SimpleNamespace(fn={"sample_rows": sample_rows})
+    rng = np.random.default_rng(1)
+    logits = Arr(rng.standard_normal((8, 50)).astype(np.float32))
+    logits.a[3, 0] = np.nan
+    tokens = Arr(np.zeros(8, np.int64))
+    io.pick(dev, logits, 5, tokens, None)
+    assert launched == [(5,)] and tokens.data.copies == [("out", 40)]
+    want = np.argmax(logits.a[:5], axis=1)
+    want[3] = -1
+    assert io.picks[:5].tolist() == want.tolist()
+    io.pick(dev, logits, 0, tokens, None)  # no logit rows: nothing launched
+    assert launched == [(5,)]
+
+
+@pytest.mark.skipif(cuda_unavailable() is not None, reason="no CUDA here")
+def test_greedy_steps_pick_on_the_device_as_the_batched_sampler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small random llama's greedy steps through ``forward_sample`` with the step's own
+    I/O (decode steps replayed, a mixed step, 11 sequences in a 16-row bucket): the tokens
+    the batched sampler picks without it; a sampled step still takes the sampler."""
+    from modelc.formats import load_model
+    from modelc.formats.ir import DType
+    from modelc.runtime.backends.cuda import device
+    from modelc.runtime.model import SeqChunk
+    from tests.gen_cuda_models import SMALL, write_random_llama
+    from tests.test_cuda_kernels import q8_gpu, restore
+
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=5))
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(3, 500, int(rng.integers(3, 9))).tolist() for _ in range(11)]
+    greedy = BatchParams.gather([Sampler(SamplingParams(temperature=0.0), SMALL.n_vocab)] * 11)
+    runs = []
+    for io in ("host", "graph"):
+        monkeypatch.setenv("MODELC_CUDA_STEP_IO", io)
+        model = q8_gpu(ir, gemv_max=None)
+        assert (model.io is not None) == (io == "graph")
+        caches = [model.new_cache("f16", max_tokens=40) for _ in prompts]
+        chunks = [SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)]
+        toks = model.forward_sample(chunks, greedy).tokens
+        out = [toks]
+        for _ in range(6):
+            chunks = [SeqChunk(c, [int(t)]) for c, t in zip(caches, toks, strict=True)]
+            toks = model.forward_sample(chunks, greedy).tokens
+            out.append(toks)
+        assert model.graph_steps["replayed"] >= 3
+        runs.append(np.stack(out))
+        for c in caches:
+            c.free()
+    restore(device())
+    assert (runs[0] == runs[1]).all(), (runs[0], runs[1])
