@@ -6,6 +6,7 @@ here); on a GPU, a model's greedy tokens with the step's own I/O as without it."
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from modelc.runtime.backends.cuda import cuda_unavailable
 from modelc.runtime.backends.cuda_io import StepIO, greedy_params
-from modelc.runtime.backends.cuda_sampler import argmax_only, sample_rows_ref
+from modelc.runtime.backends.cuda_sampler import params, sample_rows_ref
 from modelc.runtime.batch_sampler import BatchParams
 from modelc.runtime.sampling import Sampler, SamplingParams
 
@@ -33,19 +34,18 @@ def test_greedy_params_pick_each_rows_argmax() -> None:
     assert got[4:].tolist() == [-1, -1]
 
 
-def test_argmax_only_takes_greedy_unedited_steps() -> None:
-    v = 1000
-
-    def bp(*ps: SamplingParams) -> BatchParams:
-        return BatchParams.gather([Sampler(p, v, [3, 5]) for p in ps])  # a prompt: penalties
-
-    greedy = SamplingParams(temperature=0.0)
-    assert argmax_only(bp(greedy, greedy))
-    assert not argmax_only(bp(greedy, SamplingParams(temperature=0.7)))
-    assert not argmax_only(bp(SamplingParams(temperature=0.0, banned_token_ids=[3])))
-    assert not argmax_only(bp(SamplingParams(temperature=0.0, logprobs=2)))
-    assert not argmax_only(bp(SamplingParams(temperature=0.0, repetition_penalty=1.3)))
-    assert argmax_only(bp(SamplingParams(temperature=0.0, top_k=5, top_p=0.5)))  # unused
+def test_set_params_puts_the_batch_first_and_greedy_rows_after() -> None:
+    """:meth:`StepIO.set_params`: the batch's rows as :func:`.cuda_sampler.params` gives them,
+    greedy rows past them (a step of other rows after a wider one picks greedily there)."""
+    io = StepIO(stand_in_cupy(), rows=6, meta_len=8)
+    chat = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1)
+    bp = BatchParams.gather([Sampler(chat, 100), Sampler(SamplingParams(temperature=0.0), 100)])
+    prm = params(bp, np.array([3, 1]))
+    io.set_params(prm)
+    assert (io.params[:2] == prm).all() and (io.params[2:] == greedy_params(6)[2:]).all()
+    assert io.params[0, 0] == 0.8 and io.params[0, 5] == 3 and 0 < io.params[0, 4] < 1
+    io.set_params(None)
+    assert (io.params == greedy_params(6)).all()
 
 
 class Mem:
@@ -69,20 +69,26 @@ class Arr:
         self.a, self.data, self.shape = arr, Mem(arr), arr.shape
 
 
-def test_step_io_copies_the_meta_in_and_the_picks_out() -> None:
-    """:meth:`StepIO.send` copies the page-locked meta to the device array whole;
-    :meth:`StepIO.pick` launches the sampler's kernel over the first r logit rows with the
-    greedy parameters and copies r picks back to :attr:`StepIO.picks`."""
+class PinnedBuf(bytearray):  # page-locked memory's stand-in: a buffer with an address
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.ptr = ctypes.addressof(ctypes.c_char.from_buffer(self))
 
-    class PinnedBuf(bytearray):  # page-locked memory's stand-in: a buffer with an address
-        def __init__(self, n: int) -> None:
-            super().__init__(n)
-            self.ptr = ctypes.addressof(ctypes.c_char.from_buffer(self))
 
-    cp = SimpleNamespace(
-        cuda=SimpleNamespace(alloc_pinned_memory=lambda n: PinnedBuf(n)),
+def stand_in_cupy() -> Any:
+    return SimpleNamespace(
+        cuda=SimpleNamespace(alloc_pinned_memory=PinnedBuf),
         asarray=lambda a: Arr(np.array(a)),
+        zeros=lambda shape, dtype: Arr(np.zeros(shape, dtype)),
     )
+
+
+def test_step_io_copies_the_meta_in_and_the_picks_out() -> None:
+    """:meth:`StepIO.send` copies the page-locked meta and parameters to their device arrays
+    whole; :meth:`StepIO.pick` launches the sampler's kernel over r rows with those
+    parameters and copies r picks back to :attr:`StepIO.picks`."""
+
+    cp = stand_in_cupy()
     io = StepIO(cp, rows=8, meta_len=64)
     meta = Arr(np.zeros(64, np.int64))
     io.meta[:10] = np.arange(10) * 3
@@ -114,12 +120,13 @@ def test_step_io_copies_the_meta_in_and_the_picks_out() -> None:
 
 
 @pytest.mark.skipif(cuda_unavailable() is not None, reason="no CUDA here")
-def test_greedy_steps_pick_on_the_device_as_the_batched_sampler(
+def test_steps_pick_on_the_device_as_the_samplers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A small random llama's greedy steps through ``forward_sample`` with the step's own
-    I/O (decode steps replayed, a mixed step, 11 sequences in a 16-row bucket): the tokens
-    the batched sampler picks without it; a sampled step still takes the sampler."""
+    """A small random llama's steps through ``forward_sample`` with the step's own I/O
+    (prompts, then decode steps replayed, 11 sequences in a 16-row bucket), greedy and then
+    with sampled rows (llama-server's defaults, seeded) and a banned id (the sampler's other
+    calls): the tokens the default path picks (the one-launch sampler, the batched one)."""
     from modelc.formats import load_model
     from modelc.formats.ir import DType
     from modelc.runtime.backends.cuda import device
@@ -130,23 +137,33 @@ def test_greedy_steps_pick_on_the_device_as_the_batched_sampler(
     ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=5))
     rng = np.random.default_rng(9)
     prompts = [rng.integers(3, 500, int(rng.integers(3, 9))).tolist() for _ in range(11)]
-    greedy = BatchParams.gather([Sampler(SamplingParams(temperature=0.0), SMALL.n_vocab)] * 11)
-    runs = []
-    for io in ("host", "graph"):
-        monkeypatch.setenv("MODELC_CUDA_STEP_IO", io)
-        model = q8_gpu(ir, gemv_max=None)
-        assert (model.io is not None) == (io == "graph")
-        caches = [model.new_cache("f16", max_tokens=40) for _ in prompts]
-        chunks = [SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)]
-        toks = model.forward_sample(chunks, greedy).tokens
-        out = [toks]
-        for _ in range(6):
-            chunks = [SeqChunk(c, [int(t)]) for c, t in zip(caches, toks, strict=True)]
-            toks = model.forward_sample(chunks, greedy).tokens
-            out.append(toks)
-        assert model.graph_steps["replayed"] >= 3
-        runs.append(np.stack(out))
-        for c in caches:
-            c.free()
+    chat = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    mixes = {
+        "greedy": [SamplingParams(temperature=0.0)] * 11,
+        "sampled": [dataclasses.replace(chat, seed=i) if i % 3 else chat for i in range(11)],
+        "banned": [SamplingParams(temperature=0.0, banned_token_ids=[1, 2])] * 11,
+    }
+    for name, ps in mixes.items():
+        runs = []
+        for io in ("host", "graph"):
+            monkeypatch.setenv("MODELC_CUDA_STEP_IO", io)
+            model = q8_gpu(ir, gemv_max=None)
+            assert (model.io is not None) == (io == "graph")
+            samplers = [
+                Sampler(dataclasses.replace(p, seed=i), SMALL.n_vocab) for i, p in enumerate(ps)
+            ]
+            caches = [model.new_cache("f16", max_tokens=40) for _ in prompts]
+            chunks = [SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)]
+            out = []
+            for _ in range(7):
+                toks = model.forward_sample(chunks, BatchParams.gather(samplers)).tokens
+                out.append(toks)
+                for s, t in zip(samplers, toks, strict=True):
+                    s.accept(int(t))
+                chunks = [SeqChunk(c, [int(t)]) for c, t in zip(caches, toks, strict=True)]
+            assert model.graph_steps["replayed"] >= 3
+            runs.append(np.stack(out))
+            for c in caches:
+                c.free()
+        assert (runs[0] == runs[1]).all(), (name, runs[0], runs[1])
     restore(device())
-    assert (runs[0] == runs[1]).all(), (runs[0], runs[1])

@@ -331,9 +331,12 @@ class CudaLlama(CausalLM):
             self.dev.matmul(w, a, n, self.h, q8=q8)
             self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)
 
-    def _step(self, batch: Sequence[SeqChunk], hidden: F32Array | None = None) -> tuple[int, int]:
+    def _step(
+        self, batch: Sequence[SeqChunk], hidden: F32Array | None = None, prm: Any = None
+    ) -> tuple[int, int]:
         """Run one step on the stream, from ``hidden`` (rows, d) where this part does not
-        start the model; its rows, and its logit rows (left in ``logits``)."""
+        start the model; its rows, and its logit rows (left in ``logits``); with :attr:`io`,
+        sampled as ``prm`` says (None: greedily)."""
         modes = {c.cache.mode for c in batch}
         if len(modes) != 1:
             raise UnsupportedError("one CUDA step needs every cache in one mode")
@@ -342,6 +345,8 @@ class CudaLlama(CausalLM):
         pad = self.use_graphs and self.pad_graphs and hidden is None
         with self.stream:
             key, n_own, r_own = self._upload_meta(batch, pad and (decode or self.mixed_rows > 0))
+            if self.io is not None:  # after any growth of the buffers (_alloc)
+                self.io.set_params(prm)
             if hidden is not None:  # outside any graph, which reads x as it is
                 self.x[:n_own].set(np.ascontiguousarray(hidden, np.float32), stream=self.stream)
             if key is None:  # unpadded: a decode step of its own size (graphs unpadded), or eager
@@ -455,11 +460,13 @@ class CudaLlama(CausalLM):
         """One step sampled on the device (the batched sampler over CuPy): only the chosen
         tokens, the log-probabilities asked for and the logits of rows the host samples
         (``params.host_rows``) come back."""
-        _, r = self._step(batch)
-        if self.io is not None and self.ends and cuda_sampler.argmax_only(params):
-            self.stream.synchronize()  # the step picked every row (cuda_io): if none failed
-            picks = self.io.picks[:r][params.rows]
-            if (picks >= 0).all():
+        io = self.io if self.ends and cuda_sampler.fits(params) and not params.edited else None
+        prm = cuda_sampler.params(params, params.rows) if io else None
+        _, r = self._step(batch, prm=prm)  # the step samples as prm says (cuda_io)
+        if io is not None:
+            self.stream.synchronize()
+            picks = io.picks[: len(params.rows)]
+            if (picks >= 0).all():  # else handed back: the batched sampler below
                 return cuda_sampler.drawn(picks.copy(), self.n_vocab)
         with self.stream:
             drawn = None  # a sampled step in one launch (cuda_sampler), else the batched one

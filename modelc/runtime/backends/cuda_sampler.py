@@ -220,12 +220,6 @@ def enabled() -> bool:
     return os.environ.get("MODELC_CUDA_SAMPLER", "fused") != "batch"
 
 
-def argmax_only(bp: BatchParams) -> bool:
-    """Whether every row of the step is greedy with nothing edited and no log-probabilities
-    asked: the argmax of each row is all it needs (:mod:`.cuda_io`'s picks)."""
-    return not bp.edited and not bool((bp.temperature > 0).any()) and fits(bp)
-
-
 def drawn(tokens: np.ndarray[Any, Any], v: int) -> Drawn:
     """``tokens`` (B,) as a :class:`Drawn` with no log-probabilities and no host rows."""
     b, nothing = len(tokens), np.zeros((len(tokens), 0))
