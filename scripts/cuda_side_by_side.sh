@@ -14,8 +14,8 @@
 #       GILRUN=1: the kernel tests and a server with MODELC_CUDA_LAUNCH=gil too; the engine
 #       in process; PROFILE=1: a py-spy profile; LLAMA=1 builds llama.cpp at nice 19
 #       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
-#       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph
-#       (kernels too), and a server so where they pass)
+#       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
+#       and a server so where they pass)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -121,7 +121,7 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   at "GPU tests${IORUN:+ (MODELC_CUDA_STEP_IO=graph)}"
   IO=()  # IORUN=1: the tests with each step's own I/O (cuda_io), and a server so
   [ -n "${IORUN:-}" ] && IO=(MODELC_CUDA_STEP_IO=graph)
-  if [ -z "${QUICK:-}" ] || [ -n "${IORUN:-}" ]; then
+  if [ -z "${QUICK:-}" ]; then
     env "${IO[@]}" MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest \
       -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels.log" | head -12
