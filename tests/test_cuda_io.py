@@ -48,25 +48,21 @@ def test_set_params_puts_the_batch_first_and_greedy_rows_after() -> None:
     assert (io.params == greedy_params(6)).all()
 
 
-class Mem:
-    """A device array's ``data`` (or pinned memory) on the host: copies through ctypes."""
-
+class Arr:  # a device array's stand-in: its ``data.ptr`` an address on the host
     def __init__(self, arr: np.ndarray[Any, Any]) -> None:
-        self.arr, self.ptr = arr, arr.ctypes.data
-        self.copies: list[tuple[str, int]] = []
-
-    def copy_from_host_async(self, src: ctypes.c_void_p, n: int, stream: Any) -> None:
-        ctypes.memmove(self.ptr, src.value, n)
-        self.copies.append(("in", n))
-
-    def copy_to_host_async(self, dst: ctypes.c_void_p, n: int, stream: Any) -> None:
-        ctypes.memmove(dst.value, self.ptr, n)
-        self.copies.append(("out", n))
+        self.a, self.shape = arr, arr.shape
+        self.data = SimpleNamespace(ptr=arr.ctypes.data)
 
 
-class Arr:
-    def __init__(self, arr: np.ndarray[Any, Any]) -> None:
-        self.a, self.data, self.shape = arr, Mem(arr), arr.shape
+class Runtime:  # cudaMemcpyAsync's stand-in: each copy made at once, and noted
+    memcpyHostToDevice, memcpyDeviceToHost = 1, 2
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[int, int, int, int]] = []  # dst, n, kind, stream
+
+    def memcpyAsync(self, dst: int, src: int, n: int, kind: int, stream: int) -> None:
+        ctypes.memmove(dst, src, n)
+        self.copies.append((dst, n, kind, stream))
 
 
 class PinnedBuf(bytearray):  # page-locked memory's stand-in: a buffer with an address
@@ -77,7 +73,7 @@ class PinnedBuf(bytearray):  # page-locked memory's stand-in: a buffer with an a
 
 def stand_in_cupy() -> Any:
     return SimpleNamespace(
-        cuda=SimpleNamespace(alloc_pinned_memory=PinnedBuf),
+        cuda=SimpleNamespace(alloc_pinned_memory=PinnedBuf, runtime=Runtime()),
         asarray=lambda a: Arr(np.array(a)),
         zeros=lambda shape, dtype: Arr(np.zeros(shape, dtype)),
     )
@@ -85,37 +81,41 @@ def stand_in_cupy() -> Any:
 
 def test_step_io_copies_the_meta_in_and_the_picks_out() -> None:
     """:meth:`StepIO.send` copies the page-locked meta and parameters to their device arrays
-    whole; :meth:`StepIO.pick` launches the sampler's kernel over r rows with those
-    parameters and copies r picks back to :attr:`StepIO.picks`."""
-
+    whole, on the step's stream; :meth:`StepIO.pick` launches the sampler's kernel over r
+    rows with those parameters and copies r picks back to :attr:`StepIO.picks`."""
     cp = stand_in_cupy()
+    rt, stream = cp.cuda.runtime, SimpleNamespace(ptr=0x5150)
     io = StepIO(cp, rows=8, meta_len=64)
     meta = Arr(np.zeros(64, np.int64))
     io.meta[:10] = np.arange(10) * 3
-    io.send(meta, None)
-    assert meta.a[:10].tolist() == (np.arange(10) * 3).tolist() and meta.data.copies == [
-        ("in", 512)
+    io.params[1] = [0.8, 40, 0.95, 0.05, 0.5, 1]
+    io.send(meta, stream)
+    assert meta.a[:10].tolist() == (np.arange(10) * 3).tolist() and (io.prm.a == io.params).all()
+    h2d = rt.memcpyHostToDevice
+    assert rt.copies == [
+        (meta.data.ptr, 512, h2d, 0x5150),
+        (io.prm.data.ptr, 8 * 6 * 8, h2d, 0x5150),
     ]
-
     launched = []
 
     def sample_rows(grid: Any, block: Any, args: Any) -> None:
         logits, v, prm, out = args
         launched.append(grid)
-        r = grid[0]
-        out.a[:r] = sample_rows_ref(logits.a[:, : int(v)], prm.a[:r])
+        out.a[: grid[0]] = sample_rows_ref(logits.a[:, : int(v)], prm.a[: grid[0]])
 
     dev = SimpleNamespace(fn={"sample_rows": sample_rows})
     rng = np.random.default_rng(1)
     logits = Arr(rng.standard_normal((8, 50)).astype(np.float32))
     logits.a[3, 0] = np.nan
     tokens = Arr(np.zeros(8, np.int64))
-    io.pick(dev, logits, 5, tokens, None)
-    assert launched == [(5,)] and tokens.data.copies == [("out", 40)]
+    io.set_params(None)
+    io.send(meta, stream)
+    io.pick(dev, logits, 5, tokens, stream)
+    assert launched == [(5,)] and rt.copies[-1][1:] == (40, rt.memcpyDeviceToHost, 0x5150)
     want = np.argmax(logits.a[:5], axis=1)
     want[3] = -1
     assert io.picks[:5].tolist() == want.tolist()
-    io.pick(dev, logits, 0, tokens, None)  # no logit rows: nothing launched
+    io.pick(dev, logits, 0, tokens, stream)  # no logit rows: nothing launched
     assert launched == [(5,)]
 
 

@@ -22,7 +22,6 @@ server's speed).
 
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import Any
 
@@ -77,13 +76,13 @@ class StepIO:
 
     def send(self, meta_dev: Any, stream: Any) -> None:
         """Queue the meta's copy to ``meta_dev`` and the parameters' on ``stream`` (captured:
-        a graph's nodes)."""
-        meta_dev.data.copy_from_host_async(
-            ctypes.c_void_p(self._meta_mem.ptr), self.meta.nbytes, stream
-        )
-        self.prm.data.copy_from_host_async(
-            ctypes.c_void_p(self._prm_mem.ptr), self.params.nbytes, stream
-        )
+        a graph's nodes).  Through the runtime's ``cudaMemcpyAsync`` itself: CuPy's
+        ``copy_from_host_async`` refuses any copy from the host during a capture (pageable
+        memory cannot be captured; this is page-locked, which can)."""
+        rt = self.cp.cuda.runtime
+        h2d = rt.memcpyHostToDevice
+        rt.memcpyAsync(meta_dev.data.ptr, self._meta_mem.ptr, self.meta.nbytes, h2d, stream.ptr)
+        rt.memcpyAsync(self.prm.data.ptr, self._prm_mem.ptr, self.params.nbytes, h2d, stream.ptr)
 
     def pick(self, dev: Any, logits: Any, r: int, tokens_dev: Any, stream: Any) -> None:
         """Queue the sampler's picks of ``r`` rows (row b as :attr:`params` row b says) of
@@ -92,4 +91,7 @@ class StepIO:
             return
         v = np.int32(logits.shape[1])
         dev.fn["sample_rows"]((r,), (1024,), (logits, v, self.prm, tokens_dev))
-        tokens_dev.data.copy_to_host_async(ctypes.c_void_p(self._tok_mem.ptr), 8 * r, stream)
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(
+            self._tok_mem.ptr, tokens_dev.data.ptr, 8 * r, rt.memcpyDeviceToHost, stream.ptr
+        )
