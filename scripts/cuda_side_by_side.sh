@@ -81,6 +81,8 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
   pkill -f "run $M/llama1b-q4_0.gguf"; sleep 2
 }
 setup() {  # wheels, the CPU kernels, the models; llama.cpp built beside ($1: nice level)
+  # the host: a server's HTTP figures follow its CPU (the GPU's step is a fifth of a step)
+  echo "host: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
   [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target /tmp/site .whl/*.whl || exit 1
   (python3 setup.py build_ext --inplace >"$OUT/ext_build.log" 2>&1) &
