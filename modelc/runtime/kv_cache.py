@@ -306,17 +306,13 @@ class KVCache:
         self.advance(n)
 
     def read_stack(self, n: int, start: int = 0) -> KVArray | None:
-        """Positions ``start`` .. ``n`` - 1 of every layer as one host array ``(n_layer, 2,
-        n - start, n_head_kv, head_dim)`` (K then V) where the cache keeps its layers so (a
-        device cache: one copy, and the prefix cache one numpy copy a block, not two a
-        layer); None here (:meth:`read_all`)."""
+        """Every layer's positions start..n-1 in one host array: a GPU cache's; else None."""
         return None
 
     def read_all(self, n: int, start: int = 0) -> Iterator[tuple[KVArray, KVArray]]:
         """:meth:`read` of every layer in turn, positions ``max(start, held_from(layer))``
-        .. ``n`` - 1 (none where a windowed layer holds none of them); a pair is good until
-        the next is taken (an int8 cache's scratch).  A device cache copies them all to the
-        host at once."""
+        .. ``n`` - 1 (none where a windowed layer holds none); a pair is good until the next
+        is taken (an int8 cache's scratch; a device cache: :meth:`read_stack`'s views)."""
         s = self.shape
         for li in range(s.n_layer):
             h0 = self.held_from(li)

@@ -93,6 +93,7 @@ class CudaKVCache(DeviceKVCache):
         self.advance(n)
 
     def read_stack(self, n: int, start: int = 0) -> KVArray | None:
+        """(n_layer, 2, n - start, n_head_kv, head_dim): the storage's own layout, one copy."""
         if n <= start or self.buf is None:
             return None
         return self.cp.asnumpy(self.buf[:, :, start:n])  # type: ignore[no-any-return]
