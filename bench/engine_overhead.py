@@ -272,6 +272,10 @@ def main() -> None:
     graphs = getattr(eng.lm, "graph_steps", None)  # a CUDA model: its steps replayed, eager
     if graphs is not None:
         print("CUDA steps: " + ", ".join(f"{k} {v}" for k, v in sorted(graphs.items())))
+        # the shapes kept (rows, logit rows, attention tiles, f16 cache): how many a load
+        # of this shape meets, each an eager step and a capture on a cold server
+        keys = sorted(getattr(eng.lm, "_graphs", {}))
+        print(f"CUDA graphs kept ({len(keys)}): " + " ".join(f"{k[0]}/{k[1]}/{k[2]}" for k in keys))
     if prof is not None:
         prof.dump_stats(a.profile)
         assert t.kept_prof is not None

@@ -155,7 +155,7 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     at "the engine in process, the HTTP load's shape"
     timeout 60 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --device cuda \
       --real-forward --streams 64 --requests 128 --tokens 64,64 --prompt-len 32 --reps 1 \
-      2>&1 | tail -4
+      2>&1 | tail -5
   fi
   [ -n "${PROFILE:-}" ] && serve prof "$PWD" MODELC_CUDA_SAMPLER=$FUSED
   [ -n "${LLAMA:-}" ] && llama_server
@@ -238,7 +238,7 @@ fi
 
 at "the engine in process at the HTTP load's shape (no HTTP): model / step thread / event loop"
 timeout 120 python3 -m bench.engine_overhead --model $M/llama1b-q4_0.gguf --device cuda --real-forward \
-  --streams 64 --requests 128 --tokens 60,64 --prompt-len 192 --reps 2 2>&1 | tail -4
+  --streams 64 --requests 128 --tokens 60,64 --prompt-len 192 --reps 2 2>&1 | tail -5
 at "HTTP"
 PROFILE=1 serve now "$PWD"
 serve nobuckets "$PWD" MODELC_CUDA_GRAPH_BUCKETS=0
