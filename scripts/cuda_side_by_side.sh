@@ -15,7 +15,7 @@
 #       in process; PROFILE=1: a py-spy profile; LLAMA=1 builds llama.cpp at nice 19
 #       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
 #       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
-#       and a server so where they pass)
+#       and a server so where they pass; BUCKETRUN=1: a server with MODELC_CUDA_MIXED_BUCKET=32)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -149,6 +149,8 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   IOOK=1
   grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels.log" "$OUT/tests_cuda.log" 2>/dev/null && IOOK=
   [ -n "${IORUN:-}" ] && [ -n "$IOOK" ] && serve io "$PWD" MODELC_CUDA_STEP_IO=graph
+  # mixed steps in multiples of 32 (a third of the shapes: fewer eager steps and captures cold)
+  [ -n "${BUCKETRUN:-}" ] && serve bucket32 "$PWD" MODELC_CUDA_MIXED_BUCKET=32
   [ $GIL = gil ] && [ -n "${GILRUN:-}" ] && serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
   if [ -z "${QUICK:-}" ]; then
     serve batch "$PWD" MODELC_CUDA_SAMPLER=batch  # the batched sampler, before the default

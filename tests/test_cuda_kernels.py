@@ -583,13 +583,15 @@ def test_small_models_on_the_wide_gemv(tmp_path: Path, dtype: DType | str) -> No
     )
 
 
-def test_mixed_steps_replay_graphs_of_their_bucket(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bucket", [8, 32])
+def test_mixed_steps_replay_graphs_of_their_bucket(tmp_path: Path, bucket: int) -> None:
     """A step of 6 decoding sequences and a new 7-token prompt (13 rows, 7 logit rows) runs
     as its bucket (:func:`~modelc.runtime.backends.cuda_step.run_shape`: 16 rows, its tiles
-    padded with the padding row's): eagerly the first time that shape comes, captured the
-    second, replayed the third; each step's logits as the unpadded eager step's (cuBLAS
-    over 16 rows against 13: within 1e-4), greedy tokens equal."""
-    from modelc.runtime.backends.cuda_step import graph_rows
+    padded with the padding row's; ``MODELC_CUDA_MIXED_BUCKET=32``: 32 rows, 32 logit rows):
+    eagerly the first time that shape comes, captured the second, replayed the third; each
+    step's logits as the unpadded eager step's (cuBLAS over the padded rows against 13:
+    within 1e-4), greedy tokens equal."""
+    from modelc.runtime.backends.cuda_step import run_shape
     from modelc.runtime.model import SeqChunk
 
     ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=5))
@@ -600,6 +602,7 @@ def test_mixed_steps_replay_graphs_of_their_bucket(tmp_path: Path) -> None:
     for pad in (False, True):
         model = q8_gpu(ir, gemv_max=None)
         model.pad_graphs, model.mixed_rows = pad, 256 if pad else 0
+        model.mixed_bucket = bucket
         caches = [model.new_cache("f16", max_tokens=32) for _ in prompts]
         logits = model.forward([SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)])
         last, out = np.argmax(logits, axis=1), []
@@ -613,7 +616,8 @@ def test_mixed_steps_replay_graphs_of_their_bucket(tmp_path: Path) -> None:
             fresh.free()
         keys = list(model._graphs)
         if pad:  # the prefill's shape came once: not captured
-            assert len(keys) == 1 and keys[0][:2] == (graph_rows(14), 7), keys
+            want = (run_shape(13, 7, 0, False, 256, bucket) or (0, 0, 0))[:2]
+            assert len(keys) == 1 and keys[0][:2] == want and want[0] in (16, 32), keys
         else:
             assert not keys, keys
         runs.append(np.stack(out))

@@ -205,6 +205,17 @@ def test_steps_with_prompt_chunks_pad_to_graph_buckets() -> None:
     assert run_shape(5, 2, 3, False, 256) == (6, 2, 3)
     assert run_shape(255, 9, 30, False, 256) == (256, 16, 32)
     assert run_shape(256, 9, 30, False, 256) is None and run_shape(40, 2, 4, False, 0) is None
+    # MODELC_CUDA_MIXED_BUCKET=32: mixed steps in multiples of 32, the rows within the buffers
+    assert run_shape(258, 65, 70, False, 520, 32) == (288, 96, 96)
+    assert run_shape(500, 65, 70, False, 520, 32) == (512, 96, 96)
+    assert run_shape(515, 65, 70, False, 520, 32) == (520, 96, 96)  # 544 > 520: its 8s
+    assert run_shape(5, 2, 3, False, 520, 32) == (32, 32, 32)
+    assert run_shape(11, 11, 0, True, 520, 32) == (16, 16, 0)  # decode steps as before
+    # the shapes of a 64-stream load's mixed steps (decoding rows beside a ~190-token
+    # chunk): 8s meet several times as many as 32s
+    load = [(d + c, d + 1, d + c // 16) for d in range(40, 65) for c in range(185, 200)]
+    count = [len({run_shape(*x, False, 520, b) for x in load}) for b in (8, 32)]
+    assert count[1] * 3 <= count[0], count
     for n, r, t in ((13, 7, 7), (100, 64, 70), (200, 3, 20)):
         run, r_run, t_run = run_shape(n, r, t, False, 256) or (0, 0, 0)
         assert run > n and r <= r_run <= run and t <= t_run <= run

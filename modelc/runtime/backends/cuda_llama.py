@@ -149,6 +149,7 @@ class CudaLlama(CausalLM):
         self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "1") == "1"
         mixed = os.environ.get("MODELC_CUDA_MIXED_GRAPH_ROWS", str(MIXED_GRAPH_ROWS))
         self.mixed_rows = int(mixed) if self.pad_graphs else 0
+        self.mixed_bucket = int(os.environ.get("MODELC_CUDA_MIXED_BUCKET", "8"))  # run_shape's
         self.fused_sampler = cuda_sampler.enabled()
         self.step_io = cuda_io.enabled() and self.use_graphs  # meta in, picks out (cuda_io)
         self.io: cuda_io.StepIO | None = None
@@ -223,7 +224,7 @@ class CudaLlama(CausalLM):
         if self.attn_tiles and chunks:  # a step with prompt chunks: attention in tiles of rows
             t = tiles_of(slices, self.dev.tile_rows(self._kv_f16))
         nt = 0 if t is None else len(t)
-        shape = run_shape(n, r, nt, not chunks, self.mixed_rows) if pad else None
+        shape = run_shape(n, r, nt, not chunks, self.mixed_rows, self.mixed_bucket) if pad else None
         run, r_run, t_run = shape or (n, r, nt)
         if run > self.rows:  # (the padding rows' sequence is one of the run's rows)
             self._alloc(max(run, 2 * self.rows))

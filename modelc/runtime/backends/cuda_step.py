@@ -37,19 +37,32 @@ def graph_rows(n: int) -> int:
 MIXED_GRAPH_ROWS = 520
 
 
-def run_shape(n: int, r: int, t: int, decode: bool, mixed_rows: int) -> tuple[int, int, int] | None:
+def run_shape(
+    n: int, r: int, t: int, decode: bool, mixed_rows: int, mixed_bucket: int = GRAPH_BUCKET
+) -> tuple[int, int, int] | None:
     """The (rows, logit rows, attention tiles) a step of ``n`` rows, ``r`` logit rows and
     ``t`` tiles runs as when it replays a graph of its bucket, or None: run as it is.  A
     decode step: :func:`graph_rows` of ``n``, each padding row its logits (``t`` is 0).  A
     step with prompt chunks, up to ``mixed_rows`` rows with the padding row: one padding
     row at least (the padding tiles and logit rows read it), each count its
-    :func:`graph_rows`."""
+    :func:`graph_rows`, or with ``mixed_bucket`` past 8 the next multiple of it (fewer
+    shapes, so fewer eager steps and captures on a cold server, for more padding; the
+    rows never past ``mixed_rows``, the buffers' size, nor the other two past the rows)."""
     if decode:
         run = graph_rows(n)
         return run, r + run - n, t
     if n + 1 > mixed_rows:
         return None
-    return graph_rows(n + 1), graph_rows(r), graph_rows(t)
+
+    def up(x: int) -> int:
+        return (
+            graph_rows(x) if mixed_bucket <= GRAPH_BUCKET else -(-x // mixed_bucket) * mixed_bucket
+        )
+
+    run = up(n + 1)
+    if run > mixed_rows:
+        run = graph_rows(n + 1)
+    return run, min(up(r), run), min(up(t), run)
 
 
 def pad_tiles(tiles: np.ndarray[Any, Any], to: int, row: int) -> np.ndarray[Any, Any]:
