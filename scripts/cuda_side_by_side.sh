@@ -15,7 +15,8 @@
 #       in process; PROFILE=1: a py-spy profile; LLAMA=1 builds llama.cpp at nice 19
 #       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
 #       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
-#       and a server so where they pass; BUCKETRUN=1: a server with MODELC_CUDA_MIXED_BUCKET=32)
+#       and a server so where they pass; COLDRUN=1: servers with MODELC_CUDA_MIXED_BUCKET=32,
+#       MODELC_CUDA_CAPTURE_FIRST=1 and both)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -140,6 +141,13 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     -rfEs tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py tests/test_cuda_io.py \
     >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
+  COLDOK=1  # COLDRUN=1: the mixed steps' GPU test at 32s and captured at once, first
+  if [ -n "${COLDRUN:-}" ]; then
+    timeout 120 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
+      tests/test_cuda_kernels.py -k mixed_steps >"$OUT/tests_cold.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cold.log" | head -5
+    grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_cold.log" && COLDOK=
+  fi
   FUSED=fused  # its GPU test needs SmolLM2's logits: .gpuA (scripts/device_wheels.sh)
   grep -qE "^(FAILED|ERROR) tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED='batch'
   [ ${#OB[@]} -gt 0 ] && wait "${OB[@]}"  # never a bare wait: llama.cpp's build runs beside
@@ -149,8 +157,11 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   IOOK=1
   grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels.log" "$OUT/tests_cuda.log" 2>/dev/null && IOOK=
   [ -n "${IORUN:-}" ] && [ -n "$IOOK" ] && serve io "$PWD" MODELC_CUDA_STEP_IO=graph
-  # mixed steps in multiples of 32 (a third of the shapes: fewer eager steps and captures cold)
-  [ -n "${BUCKETRUN:-}" ] && serve bucket32 "$PWD" MODELC_CUDA_MIXED_BUCKET=32
+  if [ -n "${COLDRUN:-}" ] && [ -n "$COLDOK" ]; then  # the cold load: fewer shapes, captured at once
+    serve bucket32 "$PWD" MODELC_CUDA_MIXED_BUCKET=32
+    serve first "$PWD" MODELC_CUDA_CAPTURE_FIRST=1
+    serve first32 "$PWD" MODELC_CUDA_CAPTURE_FIRST=1 MODELC_CUDA_MIXED_BUCKET=32
+  fi
   [ $GIL = gil ] && [ -n "${GILRUN:-}" ] && serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
   if [ -z "${QUICK:-}" ]; then
     serve batch "$PWD" MODELC_CUDA_SAMPLER=batch  # the batched sampler, before the default

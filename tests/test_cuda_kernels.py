@@ -583,14 +583,18 @@ def test_small_models_on_the_wide_gemv(tmp_path: Path, dtype: DType | str) -> No
     )
 
 
-@pytest.mark.parametrize("bucket", [8, 32])
-def test_mixed_steps_replay_graphs_of_their_bucket(tmp_path: Path, bucket: int) -> None:
+@pytest.mark.parametrize(("bucket", "first"), [(8, False), (32, False), (8, True)])
+def test_mixed_steps_replay_graphs_of_their_bucket(
+    tmp_path: Path, bucket: int, first: bool
+) -> None:
     """A step of 6 decoding sequences and a new 7-token prompt (13 rows, 7 logit rows) runs
     as its bucket (:func:`~modelc.runtime.backends.cuda_step.run_shape`: 16 rows, its tiles
     padded with the padding row's; ``MODELC_CUDA_MIXED_BUCKET=32``: 32 rows, 32 logit rows):
     eagerly the first time that shape comes, captured the second, replayed the third; each
     step's logits as the unpadded eager step's (cuBLAS over the padded rows against 13:
-    within 1e-4), greedy tokens equal."""
+    within 1e-4), greedy tokens equal; ``MODELC_CUDA_CAPTURE_FIRST=1``, once a cuBLAS step
+    has been captured (``warm``'s 16-row bucket): each captured the first time it comes, the
+    prefill's shape too, and no step eager."""
     from modelc.runtime.backends.cuda_step import run_shape
     from modelc.runtime.model import SeqChunk
 
@@ -602,7 +606,10 @@ def test_mixed_steps_replay_graphs_of_their_bucket(tmp_path: Path, bucket: int) 
     for pad in (False, True):
         model = q8_gpu(ir, gemv_max=None)
         model.pad_graphs, model.mixed_rows = pad, 256 if pad else 0
-        model.mixed_bucket = bucket
+        model.mixed_bucket, model.capture_first = bucket, first
+        if pad and first:
+            model.warm(16, "f16")
+        steps0, warmed = dict(model.graph_steps), set(model._graphs)
         caches = [model.new_cache("f16", max_tokens=32) for _ in prompts]
         logits = model.forward([SeqChunk(c, p) for c, p in zip(caches, prompts, strict=True)])
         last, out = np.argmax(logits, axis=1), []
@@ -614,10 +621,12 @@ def test_mixed_steps_replay_graphs_of_their_bucket(tmp_path: Path, bucket: int) 
             out.append(logits)
             last = np.argmax(logits[:6], axis=1)
             fresh.free()
-        keys = list(model._graphs)
-        if pad:  # the prefill's shape came once: not captured
+        keys = [k for k in model._graphs if k not in warmed]  # the steps with prompt chunks
+        if pad:  # the prefill's shape came once: not captured (unless at once)
             want = (run_shape(13, 7, 0, False, 256, bucket) or (0, 0, 0))[:2]
-            assert len(keys) == 1 and keys[0][:2] == want and want[0] in (16, 32), keys
+            assert len(keys) == 1 + first and keys[-1][:2] == want and want[0] in (16, 32), keys
+            done = {k: model.graph_steps[k] - steps0.get(k, 0) for k in ("captured", "eager")}
+            assert done == ({"captured": 2, "eager": 0} if first else {"captured": 1, "eager": 2})
         else:
             assert not keys, keys
         runs.append(np.stack(out))

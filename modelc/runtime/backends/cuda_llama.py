@@ -150,6 +150,9 @@ class CudaLlama(CausalLM):
         mixed = os.environ.get("MODELC_CUDA_MIXED_GRAPH_ROWS", str(MIXED_GRAPH_ROWS))
         self.mixed_rows = int(mixed) if self.pad_graphs else 0
         self.mixed_bucket = int(os.environ.get("MODELC_CUDA_MIXED_BUCKET", "8"))  # run_shape's
+        # a new shape captured at once: GEMV-only, or on cuBLAS once a cuBLAS step was
+        self.capture_first = os.environ.get("MODELC_CUDA_CAPTURE_FIRST") == "1"
+        self._blas_captured = False
         self.fused_sampler = cuda_sampler.enabled()
         self.step_io = cuda_io.enabled() and self.use_graphs  # meta in, picks out (cuda_io)
         self.io: cuda_io.StepIO | None = None
@@ -356,7 +359,8 @@ class CudaLlama(CausalLM):
             else:
                 graphable = self.use_graphs
             n, r = key[0], key[1]
-            gemv = n <= self.dev.gemv_max
+            gemv = n <= self.dev.gemv_max  # first: a new shape captured at once (opt-in)
+            first = self.capture_first and (gemv or self._blas_captured)
             if key in self._graphs:
                 self._graphs.move_to_end(key)
                 self._graphs[key].launch(self.stream)
@@ -364,7 +368,7 @@ class CudaLlama(CausalLM):
             elif not (graphable and (gemv or self._blas_graphs)):
                 self._body(n, r)
                 self.graph_steps["eager"] += 1
-            elif (not gemv or not decode) and key not in self._seen:
+            elif (not gemv or not decode) and key not in self._seen and not first:
                 # cuBLAS sets itself up outside a capture; a prompt's shape may not recur
                 self._seen.add(key)
                 self._body(n, r)
@@ -380,7 +384,7 @@ class CudaLlama(CausalLM):
                     self.graph_error = f"{type(e).__name__}: {e}"
                     self._body(n, r)
                 else:
-                    self._graphs[key] = graph
+                    self._graphs[key], self._blas_captured = graph, self._blas_captured or not gemv
                     while len(self._graphs) > MAX_GRAPHS:
                         self._graphs.popitem(last=False)
                     graph.launch(self.stream)
