@@ -31,7 +31,7 @@ PARAMS = 6  # cuda_sampler.params' columns: temperature, top_k, top_p, min_p, u,
 
 
 def enabled() -> bool:
-    """Whether steps carry their own meta and greedy picks (``MODELC_CUDA_STEP_IO=graph``)."""
+    """Whether steps carry their own meta and sampling (``MODELC_CUDA_STEP_IO=graph``)."""
     return os.environ.get("MODELC_CUDA_STEP_IO", "host") == "graph"
 
 
