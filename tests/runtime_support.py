@@ -71,6 +71,18 @@ def _top_error(logits: np.ndarray[Any, Any], rec: dict[str, Any]) -> tuple[float
     return err, int(np.argmax(logits))
 
 
+def write_alike(caches: Sequence[KVCache], n0: int, n: int, rng: np.random.Generator) -> None:
+    """The same random keys and values at positions ``n0`` .. ``n0 + n - 1`` of every layer
+    of each of ``caches`` (room reserved first; each advanced by the caller)."""
+    s = caches[0].shape
+    for c in caches:
+        c.reserve(n0 + n)
+    for layer in range(s.n_layer):
+        k, v = rng.standard_normal((2, n, s.n_head_kv, s.head_dim)).astype(np.float32)
+        for c in caches:
+            c.write(layer, n0, k, v)
+
+
 def greedy(model: LanguageModel, cache: KVCache, first: int, n: int) -> list[int]:
     """``n`` greedy tokens starting with ``first`` (already chosen), prompt in ``cache``."""
     out = [first]

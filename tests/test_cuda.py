@@ -33,7 +33,7 @@ from modelc.runtime.backends.cuda import cuda_unavailable
 from modelc.runtime.backends.cuda_step import check_fits
 from modelc.runtime.model import SeqChunk
 from tests.gen_cuda_models import SMALL, random_blocks, write_random_llama
-from tests.runtime_support import LOGPROB_TOL, golden, log_softmax, make_backend
+from tests.runtime_support import LOGPROB_TOL, golden, log_softmax, make_backend, write_alike
 
 WHY = cuda_unavailable()
 gpu = pytest.mark.skipif(WHY is not None, reason=f"no CUDA here: {WHY}")
@@ -104,12 +104,7 @@ def test_device_kv_cache_behaves_as_the_host_cache() -> None:
             CudaKVCache(cp, shape, 1024, mode, budget=bd),
         )
         for n0, n in ((0, 100), (100, 300)):  # the second write grows 256 -> 512 slots
-            for c in (host, dev):
-                c.reserve(n0 + n)
-            for layer in range(2):
-                k, v = rng.standard_normal((2, n, 2, 64)).astype(np.float32)
-                for c in (host, dev):
-                    c.write(layer, n0, k, v)
+            write_alike((host, dev), n0, n, rng)
             for c in (host, dev):
                 c.advance(n)
         assert dev.capacity == host.capacity == 512 and bd.used == bh.used == dev.nbytes

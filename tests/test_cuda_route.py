@@ -24,7 +24,13 @@ from modelc.runtime.backends.cuda import cuda_unavailable
 from modelc.runtime.backends.cuda_offload import fused_lacks
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.split import SplitLM
-from tests.runtime_support import CountedNumpy, gpu_path, make_backend, same_as_reference
+from tests.runtime_support import (
+    CountedNumpy,
+    gpu_path,
+    make_backend,
+    same_as_reference,
+    write_alike,
+)
 from tests.tiny_families import TINY
 
 
@@ -278,12 +284,7 @@ def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
     host, dev = KVCache(shape, 256, "f16"), CudaKVCache(cp, shape, 256, "f16")
     stores = [PrefixCache(shape, 1 << 24, block_tokens=16) for _ in (host, dev)]
     for n0, n in ((0, 40), (40, 32)):  # a prompt of 40, then 32 generated tokens
-        for c in (host, dev):
-            c.reserve(n0 + n)
-        for layer in range(3):
-            k, v = rng.standard_normal((2, n, 2, 32)).astype(np.float32)
-            for c in (host, dev):
-                c.write(layer, n0, k, v)
+        write_alike((host, dev), n0, n, rng)
         for c, pc in zip((host, dev), stores, strict=True):
             c.advance(n)
             before = cp.copies

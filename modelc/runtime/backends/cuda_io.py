@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from modelc.runtime.backends import cuda_sampler
+
 PARAMS = 6  # cuda_sampler.params' columns: temperature, top_k, top_p, min_p, u, row
 
 
@@ -89,8 +91,7 @@ class StepIO:
         ``logits`` into ``tokens_dev`` and their copy to :attr:`picks` (a launch, a copy)."""
         if r <= 0:
             return
-        v = np.int32(logits.shape[1])
-        dev.fn["sample_rows"]((r,), (1024,), (logits, v, self.prm, tokens_dev))
+        cuda_sampler.launch(dev, logits, self.prm, tokens_dev, r)
         rt = self.cp.cuda.runtime
         rt.memcpyAsync(
             self._tok_mem.ptr, tokens_dev.data.ptr, 8 * r, rt.memcpyDeviceToHost, stream.ptr

@@ -5,7 +5,7 @@ it checks the hyper-parameters and holds host views of the weights) gives the
 :class:`~modelc.runtime.arch.decoder.DecoderSpec` this forward runs, with no family code
 of its own: per-head Q/K norms, the embedding scale, norms after attention and FFN, GELU,
 windowed layers with their own RoPE base, soft-capped scores and logits.  What the GPU does
-not run yet (:data:`~.cuda_family.CUDA_RUNS` leaves it out) is refused in one place, before any GPU work.
+not run yet (:data:`~.cuda_family.CUDA_RUNS` leaves it out) is refused before any GPU work.
 A model with LongRoPE long factors runs within its original context (its short factors),
 as llama.cpp does at that context size.
 
@@ -25,8 +25,8 @@ steps padded to the buckets of :func:`~.cuda_step.graph_rows` (all captured by
 :data:`~.cuda_step.MIXED_GRAPH_ROWS` rows to theirs (:func:`~.cuda_step.run_shape`, from the
 second step of a shape on), at most :data:`MAX_GRAPHS` kept; longer steps run eagerly, and
 where a capture fails (cuBLAS) so do such steps (``graph_error``).  docs/gpu.md tells why
-and what each bought.  With ``MODELC_CUDA_STEP_IO=graph`` a step also carries its meta in
-and its greedy picks out (:mod:`~.cuda_io`).
+and what each bought.  With ``MODELC_CUDA_STEP_IO=graph`` a step also carries its meta and
+sampling parameters in and its sampled tokens out (:mod:`~.cuda_io`).
 """
 
 from __future__ import annotations
@@ -359,8 +359,8 @@ class CudaLlama(CausalLM):
             else:
                 graphable = self.use_graphs
             n, r = key[0], key[1]
-            gemv = n <= self.dev.gemv_max  # first: a new shape captured at once (opt-in)
-            first = self.capture_first and (gemv or self._blas_captured)
+            gemv = n <= self.dev.gemv_max
+            first = self.capture_first and (gemv or self._blas_captured)  # captured at once
             if key in self._graphs:
                 self._graphs.move_to_end(key)
                 self._graphs[key].launch(self.stream)
@@ -474,8 +474,8 @@ class CudaLlama(CausalLM):
             if (picks >= 0).all():  # else handed back: the batched sampler below
                 return cuda_sampler.drawn(picks.copy(), self.n_vocab)
         with self.stream:
-            drawn = None  # a sampled step in one launch (cuda_sampler), else the batched one
-            if self.fused_sampler and cuda_sampler.takes(params):
+            drawn = None  # in one launch (cuda_sampler; not again where io's handed back)
+            if self.fused_sampler and io is None and cuda_sampler.takes(params):
                 drawn = cuda_sampler.sample(self.dev, self.logits[:r], params, self.tokens)
             if drawn is None:
                 drawn = sample_batch(self.cp, self.logits[:r], params)

@@ -315,6 +315,13 @@ def sample_rows_ref(
     return out
 
 
+def launch(dev: Any, logits: Any, prm: Any, out: Any, b: int) -> None:
+    """Queue :func:`sample_rows` on the current stream: row i of ``out`` picked from the
+    device ``logits`` (rows, V) as row i of the device ``prm`` (:func:`params`) says, for
+    i < ``b`` (a block of 1,024 threads a row)."""
+    dev.fn["sample_rows"]((b,), (1024,), (logits, np.int32(logits.shape[1]), prm, out))
+
+
 def sample(dev: Any, logits: Any, bp: BatchParams, out: Any) -> Drawn | None:
     """The rows of ``bp`` sampled from the device ``logits`` (rows, V) by one launch into
     ``out`` (a device int64 array of at least B), on the current stream; None where the
@@ -324,7 +331,6 @@ def sample(dev: Any, logits: Any, bp: BatchParams, out: Any) -> Drawn | None:
     if bp.edited:
         logits = apply_edits(cp, logits[cp.asarray(rows)], bp)  # a copy, rows in bp's order
         rows = np.arange(b)
-    prm = cp.asarray(params(bp, rows))
-    dev.fn["sample_rows"]((b,), (1024,), (logits, np.int32(v), prm, out))
+    launch(dev, logits, cp.asarray(params(bp, rows)), out, b)
     tokens = out[:b].get()
     return None if (tokens < 0).any() else drawn(tokens, v)
