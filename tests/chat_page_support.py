@@ -38,6 +38,12 @@ def set_settings(page: Page, **values: Any) -> None:
         page.fill(f"#settings-form [name={name}]", "" if v is None else str(v))
     page.click("#settings-save")
     page.wait_for_function("!document.getElementById('settings').open")
+    # saved by the time the dialog has closed (a message sent next goes with them)
+    saved = json.loads(page.evaluate("localStorage.getItem('modelc.chat.settings')") or "{}")
+    for name, v in values.items():
+        if name in ("system", "apiKey"):
+            continue
+        assert saved.get(name) == (None if v is None else float(v)), (name, saved)
 
 
 def send(page: Page, text: str) -> None:

@@ -27,14 +27,18 @@ export function initSettings(ui, {onSave}) {
   document.getElementById("settings-reset").addEventListener("click", () => {
     for (const k of PARAMS) f.elements[k].value = "";
   });
-  d.addEventListener("close", () => {
-    if (d.returnValue !== "save") return;
+  // saved on the form's submit (before the dialog closes), not on its close event: close is
+  // queued as a task, and a message sent at once after Save could go out with the old settings
+  f.addEventListener("submit", (ev) => {
+    if (!ev.submitter || ev.submitter.value !== "save") return;
     const settings = {model: ui.settings.model, system: f.elements.system.value};
     for (const k of PARAMS) {
       const v = f.elements[k].value.trim();
       if (v !== "" && Number.isFinite(Number(v))) settings[k] = Number(v);
     }
     onSave(settings, f.elements.apiKey.value.trim());
-    document.getElementById("prompt").focus();
+  });
+  d.addEventListener("close", () => {
+    if (d.returnValue === "save") document.getElementById("prompt").focus();
   });
 }
