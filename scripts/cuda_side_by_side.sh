@@ -16,7 +16,8 @@
 #       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
 #       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
 #       and a server so where they pass; COLDRUN=1: servers with MODELC_CUDA_MIXED_BUCKET=32,
-#       MODELC_CUDA_CAPTURE_FIRST=1 and both)
+#       MODELC_CUDA_CAPTURE_FIRST=1 and both); STEPS="2 4": a server with --scheduler-steps N
+#       for each N (multi-step batches), and with the step I/O too where IORUN's tests passed)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -157,6 +158,12 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   IOOK=1
   grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels.log" "$OUT/tests_cuda.log" 2>/dev/null && IOOK=
   [ -n "${IORUN:-}" ] && [ -n "$IOOK" ] && serve io "$PWD" MODELC_CUDA_STEP_IO=graph
+  for k in ${STEPS:-}; do  # multi-step batches (--scheduler-steps), alone and with the step I/O
+    ARGS="--scheduler-steps $k" serve "steps$k" "$PWD"
+    if [ -n "${IORUN:-}" ] && [ -n "$IOOK" ]; then
+      ARGS="--scheduler-steps $k" serve "io_steps$k" "$PWD" MODELC_CUDA_STEP_IO=graph
+    fi
+  done
   if [ -n "${COLDRUN:-}" ] && [ -n "$COLDOK" ]; then  # the cold load: fewer shapes, captured at once
     serve bucket32 "$PWD" MODELC_CUDA_MIXED_BUCKET=32
     serve first "$PWD" MODELC_CUDA_CAPTURE_FIRST=1

@@ -81,9 +81,9 @@ def run(
         for s, samples in zip(plan.seqs, runner.execute(plan, max(n_dec, 1)), strict=True):
             assert isinstance(samples, list), samples
             got = out[s.request_id]
-            for smp in samples[: MAX_NEW - len(got)]:
-                got.append(smp.token)
-                runner.seqs[s.request_id].tokens.append(smp.token)
+            taken = samples[: MAX_NEW - len(got)]
+            got += [smp.token for smp in taken]
+            runner.trim(s.request_id, len(samples) - len(taken))  # the runner appended them
             done = len(got) == MAX_NEW
             seq = runner.seqs[s.request_id]
             accepted += len(samples) - 1 if s.n_draft else 0

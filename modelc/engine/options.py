@@ -91,6 +91,10 @@ class EngineOptions:
     # batch that Python takes the cores from the kernels, or holds a GPU's next step
     # back); a response's first token and its last always go at once
     stream_interval: int = 0
+    # decode steps one scheduled plan runs (--scheduler-steps, as vLLM's multi-step
+    # scheduling): the runner goes on feeding each sequence its last token for up to
+    # N - 1 more steps before the scheduler delivers (ModelRunner.execute)
+    scheduler_steps: int = 1
     stall_timeout: float = 30.0  # ... and a request paused this long is cancelled
     # a Jinja chat template that replaces the model's (--chat-template-file, as llama-server's)
     chat_template_file: str | None = None
@@ -150,6 +154,10 @@ class EngineOptions:
                 f"--stream-interval must be >= 0 (0: auto), got {self.stream_interval}",
             ),
             (self.stall_timeout > 0, f"stall_timeout must be > 0, got {self.stall_timeout}"),
+            (
+                1 <= self.scheduler_steps <= 64,
+                f"--scheduler-steps must be 1..64, got {self.scheduler_steps}",
+            ),
             (
                 self.device in DEVICES,
                 f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}",

@@ -117,6 +117,11 @@ class SeqRun:
     # image embeddings at their prompt positions (the prefix cache keys them by their
     # hash, not their placeholder ids); such a sequence never shifts its context
     images: tuple[ImageSpan, ...] = ()
+    # what the runner knows of the request's end, to run more steps of a plan on its own
+    # (execute's ``steps``): tokens it may generate, those generated, the ids that end it
+    max_new: int = 0
+    generated: int = 0
+    stop_ids: frozenset[int] = frozenset()
 
     @property
     def spans(self) -> tuple[tuple[int, int], ...]:
@@ -167,6 +172,8 @@ class ModelRunner:
         self.step_cost = StepCost(frozen=options.spec_fixed_cost)
         self.seqs: dict[str, SeqRun] = {}
         self.device_sampled_steps = 0  # steps sampled by the model's forward_sample
+        self.last_steps = 1  # steps the last execute ran (its ``steps``)
+        self.batches = 0  # execute calls (steps / batches: the steps a batch ran)
 
     def report(self, s: EngineStats) -> None:
         """The KV memory and prefix-cache figures of ``s``."""
@@ -180,6 +187,7 @@ class ModelRunner:
             spec_acceptance=s.spec_accepted / s.spec_drafted if s.spec_drafted else 0.0,
             kv_cache=self.mode.value,
             device_sampled_steps=self.device_sampled_steps,
+            scheduled_batches=self.batches,
         )
         # a GPU model's steps replayed from a CUDA graph, captured, run eagerly
         for kind, n in getattr(self.lm, "graph_steps", {}).items():
@@ -295,10 +303,48 @@ class ModelRunner:
         return lambda k: 1.0 + per_row * k
 
     # -- the step ------------------------------------------------------------------------
-    def execute(self, plan: StepPlan, n_dec: int = 1) -> StepOutput:
+    def execute(self, plan: StepPlan, n_dec: int = 1, steps: int = 1) -> StepOutput:
         """One batched forward and the sampling it feeds (``n_dec``: the sequences
         decoding, for the speculation controllers); a decode-only step's time goes to
-        ``step_cost``."""
+        ``step_cost``.  Every sampled token is appended to its sequence's ``tokens``.
+
+        ``steps`` > 1 (--scheduler-steps, as vLLM's multi-step scheduling): up to
+        ``steps - 1`` more decode steps follow at once, each feeding the token the last
+        one sampled, for the sequences that can go on without the scheduler (see
+        :meth:`_continues`), so the model is not kept waiting for the scheduler's
+        delivery and planning between two steps; each sequence's samples of all the
+        steps come back together (the scheduler delivers them as it does a verified
+        draft's, and :meth:`trim` takes back what followed a stop it found in the text).
+        :attr:`last_steps`: how many ran."""
+        out = self._timed(plan, n_dec)
+        self.batches += 1
+        self.last_steps, last = 1, out
+        while self.last_steps < steps:
+            idx = [i for i, s in enumerate(plan.seqs) if self._continues(s, last[i])]
+            if not idx:
+                break
+            nxt = StepPlan(tuple(self._next(plan.seqs[i]) for i in idx))
+            try:
+                more = self._timed(nxt, n_dec)
+            except Exception as e:  # the sequences it held end; the first step's others stand
+                err = e if isinstance(e, ModelcError) else ModelcError(f"{type(e).__name__}: {e}")
+                err.__cause__ = e
+                for i in idx:
+                    out[i] = err
+                break
+            last = [[] for _ in plan.seqs]
+            for i, got in zip(idx, more, strict=True):
+                last[i] = got
+                had = out[i]
+                out[i] = (
+                    got
+                    if isinstance(got, ModelcError) or isinstance(had, ModelcError)
+                    else had + got
+                )
+            self.last_steps += 1
+        return out
+
+    def _timed(self, plan: StepPlan, n_dec: int) -> StepOutput:
         t0 = time.perf_counter()
         out = self._compute(plan, n_dec)
         decode_only = all(
@@ -307,6 +353,40 @@ class ModelRunner:
         if decode_only:
             self.step_cost.observe(plan.n_tokens, time.perf_counter() - t0)
         return out
+
+    def _continues(self, s: ScheduledSeq, samples: list[Sample] | ModelcError) -> bool:
+        """Whether a sequence goes on into the next of a plan's steps with the token it
+        just sampled: one token sampled (no draft verified), one the runner knows does
+        not end it (not a stop id, within ``max_new`` and the context), and nothing the
+        scheduler does between two steps (no constraint to check for completion, no
+        drafter, no prompt log-probabilities); a stop string in the text is found only
+        when the scheduler delivers, and :meth:`trim` takes back the tokens after it."""
+        if not isinstance(samples, list) or len(samples) != 1 or s.n_draft:
+            return False
+        seq = self.seqs.get(s.request_id)
+        return (
+            seq is not None
+            and seq.cache is not None
+            and seq.constraint is None
+            and seq.drafter is None
+            and seq.prompt_logprobs is None
+            and seq.generated < seq.max_new
+            and samples[0].token not in seq.stop_ids
+            and len(seq.tokens) <= self.max_context
+        )
+
+    def _next(self, s: ScheduledSeq) -> ScheduledSeq:
+        """The next step of a sequence that :meth:`_continues`: its last token fed."""
+        cache = self.seqs[s.request_id].cache
+        assert cache is not None
+        return ScheduledSeq(s.request_id, cache.n, 1, 0, True, False)
+
+    def trim(self, seq_id: str, n: int) -> None:
+        """Take the last ``n`` sampled tokens back from a sequence (the scheduler found
+        its end before them): what the prefix cache keeps of it ends before them."""
+        seq = self.seqs.get(seq_id)
+        if seq is not None and n > 0:
+            del seq.tokens[len(seq.tokens) - n :]
 
     def _admit(self, seq: SeqRun) -> None:
         seq.cache = self.lm.new_cache(
@@ -369,6 +449,8 @@ class ModelRunner:
             if dev:
                 smp = next(drawn)
                 seq.sampler.accept(smp.token)
+                seq.tokens.append(smp.token)
+                seq.generated += 1
                 out.append([smp])
                 continue
             mine = logits[row : row + len(chunk.rows())]
@@ -381,9 +463,13 @@ class ModelRunner:
                 out.append([])
                 continue
             try:
-                out.append(self._sample(seq, s, mine, n_dec))
+                samples = self._sample(seq, s, mine, n_dec)
             except ModelcError as e:  # this sequence's constraint / sampler failed: it alone ends
                 out.append(e)
+                continue
+            seq.tokens += [smp.token for smp in samples]
+            seq.generated += len(samples)
+            out.append(samples)
         return out
 
     def _on_device(self, plan: StepPlan, seqs: list[SeqRun], batch: list[SeqChunk]) -> list[bool]:

@@ -224,6 +224,7 @@ class LLMEngine:
             trio.current_time(),
             TextOutput(self.tok.incremental_decoder() if self.tok is not None else None, p.stop),
         )
+        seq.max_new, seq.stop_ids = max_new, r.stop_ids  # for the runner's steps on its own
         runner.add(req.request_id, seq)
         self._reqs[req.request_id] = r
         self._stats.prompt_tokens += n_prompt
@@ -304,9 +305,19 @@ class LLMEngine:
             self._lock.acquire_nowait()
         try:
             assert self.runner is not None
-            return await self._stepper.run(self.runner.execute, plan, self._n_dec)
+            return await self._stepper.run(
+                self.runner.execute, plan, self._n_dec, self._steps(plan)
+            )
         finally:
             self._lock.release()
+
+    def _steps(self, plan: StepPlan) -> int:
+        """Steps ``plan`` may run (--scheduler-steps): one while a request waits to be
+        admitted or a prompt is still being fed (its next chunk, or a new request's,
+        would wait for the whole batch), else the option's."""
+        if self.opt.scheduler_steps == 1 or self.policy.waiting:
+            return 1
+        return self.opt.scheduler_steps if all(s.sample for s in plan.seqs) else 1
 
     async def _idle(self) -> None:
         deadlines = [r.req.deadline for r in self._reqs.values() if r.req.deadline is not None]
@@ -405,10 +416,13 @@ class LLMEngine:
                 r.prompt_lp_sent = True
                 lps = (None, *(lp for lp, _ in seq.prompt_lp))
                 r.send_event(PromptEvent(lps, ((), *(top for _, top in seq.prompt_lp))))
-            reason = None
-            for smp in samples:
-                reason = self._emit(r, smp, now)
+            # the runner appended every sample; those after the one that ends it go back
+            reason, n = None, len(samples)
+            for i, smp in enumerate(samples):
+                reason = self._emit(r, smp, now, len(seq.tokens) - (n - 1 - i))
                 if reason is not None:
+                    assert self.runner is not None
+                    self.runner.trim(s.request_id, n - 1 - i)
                     break
             if reason is not None:
                 self._finish(s.request_id, reason)
@@ -419,13 +433,13 @@ class LLMEngine:
                 r.release()
             results.append(SeqResult(s.request_id, seq.n_computed, len(samples)))
         self.policy.update(StepResult(tuple(results)))
-        self._stats.steps += 1
+        self._stats.steps += self.runner.last_steps if self.runner is not None else 1
         self._stats.last_batch_size = len(plan.seqs)
 
-    def _emit(self, r: _Request, smp: Sample, now: float) -> FinishReason | None:
-        """Deliver one token; the finish reason if it ends the request."""
+    def _emit(self, r: _Request, smp: Sample, now: float, length: int) -> FinishReason | None:
+        """Deliver one token (the sequence ``length`` tokens long with it); the finish
+        reason if it ends the request."""
         tok, seq = smp.token, r.seq
-        seq.tokens.append(tok)
         r.completion += 1
         self._stats.tokens_generated += 1
         if r.first_token_at is None:
@@ -441,7 +455,7 @@ class LLMEngine:
         if r.output.matched or done:
             reason = FinishReason.STOP
         elif r.completion >= r.max_new or (
-            len(seq.tokens) > self.max_context and not self.opt.context_shift
+            length > self.max_context and not self.opt.context_shift
         ):
             reason = FinishReason.LENGTH
         lp = None if math.isnan(smp.logprob) else smp.logprob

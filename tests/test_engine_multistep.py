@@ -1,0 +1,196 @@
+"""Multi-step scheduling (``--scheduler-steps N``) on the real SmolLM2 GGUF: a scheduled
+batch runs up to N decode steps before the scheduler delivers, and every request's
+tokens, text, finish reason and counts equal those of one step a batch (greedy and
+seeded sampling, stop ids, stop strings found in the text after more steps ran, max
+tokens and the context's end reached inside a batch, cancellation), and what the prefix
+cache keeps of a finished request is the same."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+
+from modelc.engine import EngineOptions, LLMEngine, build_engine
+from modelc.engine.api import FinishEvent, FinishReason, GenerationRequest, TokenEvent
+from modelc.formats import load_model
+from modelc.formats.ir import ModelIR
+from tests.assets import smollm2_gguf
+from tests.test_engine import PROMPTS, alone, collect, ids, params, running
+
+Result = tuple[list[int], str, FinishReason, int, int]
+
+
+@pytest.fixture(scope="module")
+def ir() -> ModelIR:
+    return load_model(smollm2_gguf())
+
+
+def requests(eng: LLMEngine) -> list[GenerationRequest]:
+    """Greedy requests of several lengths (not multiples of the batch's steps), a stop
+    string met mid-batch, seeded sampling, ignore_eos, and one ending on its stop id."""
+    out = []
+    for i, text in enumerate(PROMPTS):
+        p = params(eng, max_tokens=(5, 12, 23, 9)[i % 4])
+        out.append(GenerationRequest(f"g{i}", ids(eng, text), p))
+    out.append(GenerationRequest("stop", ids(eng, PROMPTS[0]), params(eng, stop=["."])))
+    out.append(GenerationRequest("stop2", ids(eng, PROMPTS[4]), params(eng, 30, stop=[" Celsius"])))
+    for seed in (7, 8):
+        p = params(eng, 17, temperature=0.8, top_k=40, top_p=0.95, seed=seed)
+        out.append(GenerationRequest(f"seed{seed}", ids(eng, PROMPTS[2]), p))
+    out.append(GenerationRequest("noeos", ids(eng, PROMPTS[7]), params(eng, 21), ignore_eos=True))
+    chat = "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n"
+    assert eng.prompt is not None
+    out.append(GenerationRequest("eos", eng.prompt.encode(chat), params(eng, 64)))
+    return out
+
+
+async def serve(
+    eng: LLMEngine, reqs: Sequence[GenerationRequest]
+) -> tuple[dict[str, Result], dict[str, Any]]:
+    results: dict[str, Result] = {}
+    async with running(eng):
+
+        async def one(req: GenerationRequest) -> None:
+            toks, text, fin = await collect(eng.submit(req))
+            results[req.request_id] = (
+                toks,
+                text,
+                fin.reason,
+                fin.completion_tokens,
+                fin.cached_tokens,
+            )
+
+        async with trio.open_nursery() as n:
+            for req in reqs:
+                n.start_soon(one, req)
+        st = eng.stats()
+    return results, {"steps": st.steps, **st.extra, "kv": st.kv_bytes_used}
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+async def test_n_steps_a_batch_equal_one(ir: ModelIR, steps: int) -> None:
+    one = build_engine(ir, EngineOptions(speculative=False, max_concurrent=16))
+    many = build_engine(
+        ir, EngineOptions(speculative=False, max_concurrent=16, scheduler_steps=steps)
+    )
+    want, st1 = await serve(one, requests(one))
+    got, stn = await serve(many, requests(many))
+    assert got == want
+    # the references: greedy alone, the stop id, the stop strings, the seeded pair differ
+    for i, text in enumerate(PROMPTS):
+        p = params(one, max_tokens=(5, 12, 23, 9)[i % 4])
+        assert want[f"g{i}"][0] == alone(one, ids(one, text), p)
+    assert want["stop"][1] == " Paris" and want["stop"][2] is FinishReason.STOP
+    assert (
+        want["stop2"][2] is FinishReason.STOP and want["stop2"][1] == " 100°C, which is a perfect"
+    )
+    assert want["eos"][2] is FinishReason.STOP and want["eos"][3] < 64
+    assert want["noeos"][3] == 21 and want["seed7"][0] != want["seed8"][0]
+    # the batches really ran several steps each; nothing left held
+    assert st1["scheduled_batches"] == st1["steps"]
+    assert stn["scheduled_batches"] < stn["steps"] * 0.75
+    assert st1["kv"] == stn["kv"] == 0
+
+
+async def test_what_the_prefix_cache_keeps_is_the_same(ir: ModelIR) -> None:
+    """A request ended by a stop string that the scheduler finds after the runner went on:
+    the tokens after it are taken back, so the prefix cache holds the same blocks (a
+    token each) and the next turn (prompt + answer + more) finds as many cached tokens
+    as with one step a batch."""
+    cached, blocks = [], []
+    for steps in (1, 4):
+        opt = EngineOptions(speculative=False, scheduler_steps=steps, prefix_block_tokens=1)
+        eng = build_engine(ir, opt)
+        a_ids = ids(eng, "Rule: be brief. " * 12 + PROMPTS[2])
+        async with running(eng):
+            ta, text, fa = await collect(
+                eng.submit(GenerationRequest("a", a_ids, params(eng, 60, stop=[","])))
+            )
+            assert fa.reason is FinishReason.STOP
+            blocks.append(set(eng.prefix.blocks))
+            c_ids = a_ids + ta + ids(eng, " and then")
+            _, _, fc = await collect(eng.submit(GenerationRequest("c", c_ids, params(eng, 4))))
+        cached.append((ta, text, fc.cached_tokens))
+    # the same answer; its stop token's KV (which the runner's next step computed, where
+    # one step a batch never feeds it) is kept too: one block more, nothing after it
+    assert cached[0][:2] == cached[1][:2]
+    assert blocks[0] <= blocks[1] and len(blocks[1] - blocks[0]) == 1
+    ta, _, n_cached = cached[0]
+    assert n_cached == len(ids(eng, "Rule: be brief. " * 12 + PROMPTS[2])) + len(ta) - 1
+    assert cached[1][2] == n_cached + 1
+
+
+def test_the_runner_goes_on_only_where_the_scheduler_would(ir: ModelIR) -> None:
+    """Told 8 steps, the runner stops each sequence at its max_new, at a stop id, and
+    before a step would write past the context: the cache never holds more."""
+    from modelc.engine.policy import Policy
+    from modelc.engine.runner import ModelRunner
+    from modelc.runtime.arch import build
+    from modelc.runtime.model import LanguageModel
+    from modelc.runtime.sampling import Sampler, SamplingParams
+
+    lm = build(ir)
+    assert isinstance(lm, LanguageModel)
+    runner = ModelRunner(lm, EngineOptions(max_context=24, speculative=False))
+    policy = Policy(
+        max_context=24, prefill_chunk=256, kv_budget=runner.kv_budget.limit, kv_cost=runner.kv_cost
+    )
+    eng = build_engine(ir, EngineOptions(speculative=False))
+    greedy = SamplingParams(temperature=0.0)
+    prompt = ids(eng, PROMPTS[0])  # 5 tokens
+    second = alone(eng, prompt, params(eng, 2))[1]
+    long = ids(eng, PROMPTS[2])  # ~20 tokens: the context's end within 8 steps
+    for rid, p, max_new, stops in [
+        ("max", prompt, 3, frozenset()),
+        ("stop", prompt, 50, frozenset({second})),
+        ("ctx", long, 50, frozenset()),
+    ]:
+        seq = runner.new_seq(list(p), Sampler(greedy, lm.n_vocab, list(p)))
+        seq.max_new, seq.stop_ids = max_new, stops
+        policy.add(rid, len(p), max_new, seq.cached_tokens)
+        runner.add(rid, seq)
+    plan = policy.schedule()
+    out = runner.execute(plan, 3, steps=8)
+    n = {s.request_id: len(o) for s, o in zip(plan.seqs, out, strict=True) if isinstance(o, list)}
+    assert n == {"max": 3, "stop": 2, "ctx": 24 - len(long) + 1}
+    assert runner.last_steps == n["ctx"]
+    assert runner.seqs["ctx"].n_computed == 24 and len(runner.seqs["ctx"].tokens) == 25
+
+
+async def test_context_end_and_cancel_inside_a_batch(ir: ModelIR) -> None:
+    got = []
+    for steps in (1, 4):
+        eng = build_engine(
+            ir, EngineOptions(speculative=False, max_context=40, scheduler_steps=steps)
+        )
+        prompt = ids(eng, PROMPTS[2])  # ~20 tokens: the context ends inside a batch
+        async with running(eng):
+            toks, _, fin = await collect(
+                eng.submit(GenerationRequest("c", prompt, params(eng, 100), ignore_eos=True))
+            )
+            h = eng.submit(GenerationRequest("x", prompt[:8], params(eng, 30), ignore_eos=True))
+            n = 0
+            async for ev in h:
+                if isinstance(ev, TokenEvent):
+                    n += 1
+                    if n == 3:
+                        h.cancel()
+                elif isinstance(ev, FinishEvent):
+                    assert ev.reason is FinishReason.CANCELLED
+            await trio.sleep(0.05)
+            assert eng.stats().kv_bytes_used == 0
+        assert fin.reason is FinishReason.LENGTH
+        assert len(prompt) + len(toks) == 41  # the one past the context ends it, as alone
+        got.append(toks)
+    assert got[0] == got[1]
+
+
+def test_scheduler_steps_bounds() -> None:
+    from modelc.errors import UsageError
+
+    for bad in (0, 65):
+        with pytest.raises(UsageError, match=r"--scheduler-steps must be 1\.\.64"):
+            EngineOptions(scheduler_steps=bad).validate()
