@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.engine_overhead [--model PATH] [--streams 64] [--requests 128]
         [--tokens 64,128] [--reps 3] [--device-sampling on|off] [--profile out.prof]
-        [--real-forward [--device cuda] [--prompt-len 192]]
+        [--real-forward [--device cuda] [--prompt-len 192]] [--scheduler-steps N]
 
 (``--real-forward --device cuda --model M``: the engine in process on the GPU at the HTTP
 load's shape, to split a served step's time between the model, the step thread and the
@@ -96,6 +96,7 @@ def instrument(eng: LLMEngine, t: Timers) -> None:
             if depth[0]:
                 return fn(*args, **kwargs)
             depth[0] += 1
+            t.steps += 1  # a model step (a multi-step batch makes several)
             c0, w0 = time.thread_time(), time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -121,7 +122,6 @@ def instrument(eng: LLMEngine, t: Timers) -> None:
             if prof is not None:
                 prof.disable()
             t.execute_cpu += time.thread_time() - c0
-            t.steps += 1
             t.step_times.append(time.perf_counter())
 
     runner.execute = timed_execute  # type: ignore[method-assign]
@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--real-forward", action="store_true", help="the model's own layers")
     ap.add_argument("--device", default="cpu", help="as modelc run's (cuda: with --real-forward)")
     ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens a request")
+    ap.add_argument("--scheduler-steps", type=int, default=1, help="as modelc run's")
     a = ap.parse_args()
     lo, hi = (int(x) for x in a.tokens.split(","))
     with tempfile.TemporaryDirectory() as tmp:
@@ -218,6 +219,7 @@ def main() -> None:
             device=a.device,
             threads=1,
             device_sampling=a.device_sampling,
+            scheduler_steps=a.scheduler_steps,
         )
         eng = build_engine(path, opt)
     if not a.real_forward:
