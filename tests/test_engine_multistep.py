@@ -194,3 +194,24 @@ def test_scheduler_steps_bounds() -> None:
     for bad in (0, 65):
         with pytest.raises(UsageError, match=r"--scheduler-steps must be 1\.\.64"):
             EngineOptions(scheduler_steps=bad).validate()
+
+
+async def test_a_constrained_request_keeps_its_batches_to_one_step(ir: ModelIR) -> None:
+    """A request whose steps need the scheduler between them (here a regex) would get one
+    step a batch beside the others' several: while it runs, batches are one step; the
+    outputs are those of one step a batch."""
+    from modelc.engine.api import Constraint, ConstraintKind
+
+    got = []
+    for steps in (1, 4):
+        eng = build_engine(ir, EngineOptions(speculative=False, scheduler_steps=steps))
+        c = Constraint(ConstraintKind.REGEX, r"[0-9]{3}-[0-9]{4}")
+        reqs = [
+            GenerationRequest("re", ids(eng, "My phone number is"), params(eng, 30), constraint=c),
+            GenerationRequest("plain", ids(eng, PROMPTS[1]), params(eng, 4)),
+        ]
+        res, st = await serve(eng, reqs)
+        got.append(res)
+        # the plain request is done within the constrained one's steps
+        assert st["scheduled_batches"] == st["steps"]
+    assert got[0] == got[1] and got[1]["re"][2] is FinishReason.STOP

@@ -367,13 +367,18 @@ class ModelRunner:
         return (
             seq is not None
             and seq.cache is not None
-            and seq.constraint is None
-            and seq.drafter is None
-            and seq.prompt_logprobs is None
+            and self.steady(seq)
             and seq.generated < seq.max_new
             and samples[0].token not in seq.stop_ids
             and len(seq.tokens) <= self.max_context
         )
+
+    @staticmethod
+    def steady(seq: SeqRun) -> bool:
+        """A sequence whose decode steps need nothing from the scheduler between them: no
+        constraint, no drafter, no prompt log-probabilities (the scheduler runs a batch
+        of several steps only when each of its sequences is so, or one would fall behind)."""
+        return seq.constraint is None and seq.drafter is None and seq.prompt_logprobs is None
 
     def _next(self, s: ScheduledSeq) -> ScheduledSeq:
         """The next step of a sequence that :meth:`_continues`: its last token fed."""

@@ -314,10 +314,16 @@ class LLMEngine:
     def _steps(self, plan: StepPlan) -> int:
         """Steps ``plan`` may run (--scheduler-steps): one while a request waits to be
         admitted or a prompt is still being fed (its next chunk, or a new request's,
-        would wait for the whole batch), else the option's."""
+        would wait for the whole batch), or while a sequence needs the scheduler between
+        its steps (a draft, a constraint: it would get one step a batch); else the option's."""
         if self.opt.scheduler_steps == 1 or self.policy.waiting:
             return 1
-        return self.opt.scheduler_steps if all(s.sample for s in plan.seqs) else 1
+        seqs = self.runner.seqs if self.runner is not None else {}
+        for s in plan.seqs:
+            seq = seqs.get(s.request_id)
+            if not s.sample or s.n_draft or seq is None or not ModelRunner.steady(seq):
+                return 1
+        return self.opt.scheduler_steps
 
     async def _idle(self) -> None:
         deadlines = [r.req.deadline for r in self._reqs.values() if r.req.deadline is not None]
