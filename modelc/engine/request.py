@@ -16,7 +16,7 @@ import trio
 
 from modelc.engine.api import Event, GenerationRequest, TokenEvent
 from modelc.engine.output import TextOutput
-from modelc.engine.runner import SeqRun
+from modelc.engine.seq_run import SeqRun
 
 
 @dataclass(eq=False)

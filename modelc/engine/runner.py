@@ -15,15 +15,14 @@ model's side, per sequence a :class:`SeqRun`:
 * context shifts (:meth:`shift`).
 
 Runs on the scheduler's step thread, one call at a time; testable without trio.
-:class:`LoraStack` keeps the adapters merged into a model's weights (the scheduler
-swaps them between steps).
+:mod:`modelc.engine.seq_run` holds a sequence's state, :mod:`modelc.engine.lora_stack`
+the adapters merged into the weights.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,14 +30,14 @@ import numpy as np
 from modelc.engine.constraints import ConstraintState
 from modelc.engine.options import EngineOptions
 from modelc.engine.policy import KVCost, ScheduledSeq, StepPlan
-from modelc.engine.prefix_cache import Block, PrefixCache
+from modelc.engine.prefix_cache import PrefixCache
+from modelc.engine.seq_run import SeqRun, prefix_key
 from modelc.engine.spec_control import SpecConfig, SpecController, StepCost
-from modelc.engine.speculative import Drafter, MLPDraftWeights, make_drafter, verify
+from modelc.engine.speculative import MLPDraftWeights, make_drafter, verify
 from modelc.errors import ModelcError, UsageError
 from modelc.runtime.batch_sampler import BatchParams, batchable
 from modelc.runtime.kv_cache import BLOCK, KVBudget, KVCache, KVMode, KVShape
-from modelc.runtime.lora import AppliedLora, LoraAdapter, apply_adapter, remove_adapter
-from modelc.runtime.model import CausalLM, EmbeddingModel, ImageSpan, LanguageModel, SeqChunk
+from modelc.runtime.model import CausalLM, ImageSpan, LanguageModel, SeqChunk
 from modelc.runtime.sampling import Sample, Sampler, token_logprobs
 
 if TYPE_CHECKING:  # the API's module holds the handles' trio channels
@@ -77,61 +76,6 @@ def kv_cost_fn(
         return cache.nbytes_at(min(n, max_context), chunk) + state
 
     return cost
-
-
-def prefix_key(tokens: list[int], images: tuple[ImageSpan, ...]) -> list[int]:
-    """``tokens`` (from position 0) as the prefix cache compares them: each image's
-    positions hold its key (a hash of its embeddings), so only the same image matches."""
-    if not images:
-        return tokens
-    out = list(tokens)
-    for im in images:
-        n = min(len(im.embeds), max(0, len(out) - im.start))
-        out[im.start : im.start + n] = [im.key] * n  # hashed on each call: a few ms at most
-    return out
-
-
-@dataclass(eq=False)
-class SeqRun:
-    """The runner's state of one sequence."""
-
-    tokens: list[int]  # prompt + generated; tokens[:cache.n] are in the KV cache
-    prompt_len: int
-    sampler: Sampler
-    prompt_logprobs: int | None = None  # top-n of every prompt row (None: not asked)
-    constraint: ConstraintState | None = None
-    drafter: Drafter | None = None
-    spec: SpecController | None = None  # adaptive speculation (None: fixed or none)
-    cache: KVCache | None = None  # made when the sequence is first scheduled
-    prefix_blocks: list[Block] = field(default_factory=list)  # matched, loaded at admission
-    cached_tokens: int = 0
-    prefix_inserted: bool = False
-    prefix_loaded: bool = False
-    shifted: bool = False  # a context shift happened: the KV no longer matches a fresh run
-    draft: list[int] = field(default_factory=list)
-    draft_match: int = 0  # how the drafter found it (prompt lookup: the n-gram length)
-    spec_drafted: int = 0
-    spec_accepted: int = 0
-    # the prompt's log-probabilities as prefill computes them (prompt_logprobs requests)
-    prompt_lp: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
-    # image embeddings at their prompt positions (the prefix cache keys them by their
-    # hash, not their placeholder ids); such a sequence never shifts its context
-    images: tuple[ImageSpan, ...] = ()
-    # what the runner knows of the request's end, to run more steps of a plan on its own
-    # (execute's ``steps``): tokens it may generate, those generated, the ids that end it
-    max_new: int = 0
-    generated: int = 0
-    stop_ids: frozenset[int] = frozenset()
-
-    @property
-    def spans(self) -> tuple[tuple[int, int], ...]:
-        """The positions that one prefill chunk must take whole (bidirectional images)."""
-        return tuple((im.start, im.end) for im in self.images if im.bidirectional)
-
-    @property
-    def n_computed(self) -> int:
-        """Tokens in the KV cache."""
-        return self.cache.n if self.cache is not None else 0
 
 
 class ModelRunner:
@@ -373,6 +317,16 @@ class ModelRunner:
             and len(seq.tokens) <= self.max_context
         )
 
+    def steps_for(self, plan: StepPlan, steps: int) -> int:
+        """Steps ``plan`` may run as one batch: ``steps`` where each of its sequences
+        samples and is :meth:`steady`, else one (a prompt still being fed would wait for
+        the whole batch for its next chunk, a draft or a constraint get one step a batch)."""
+        for s in plan.seqs:
+            seq = self.seqs.get(s.request_id)
+            if not s.sample or s.n_draft or seq is None or not self.steady(seq):
+                return 1
+        return steps
+
     @staticmethod
     def steady(seq: SeqRun) -> bool:
         """A sequence whose decode steps need nothing from the scheduler between them: no
@@ -524,32 +478,3 @@ class ModelRunner:
         if seq.constraint is not None:
             seq.constraint.accept(smp.token)
         return [smp]
-
-
-class LoraStack:
-    """The LoRA adapters merged into a model's weights, oldest first."""
-
-    def __init__(self, model: LanguageModel | EmbeddingModel) -> None:
-        self.model = model
-        self.applied: list[AppliedLora] = []
-
-    def apply(self, adapter: LoraAdapter) -> None:
-        self.applied.append(apply_adapter(self.model, adapter))
-
-    def remove(self, path: str | None = None) -> None:
-        """Remove one adapter (by path) or all of them; base weights come back exactly."""
-        keep = [a for a in self.applied if path is not None and a.adapter.path != path]
-        if path is not None and len(keep) == len(self.applied):
-            raise UsageError(f"no adapter {path} is loaded")
-        # stacked adapters come off in reverse order: take off everything above the
-        # target too, then put the kept ones back on
-        for applied in reversed(self.applied):
-            remove_adapter(self.model, applied)
-        self.applied = []
-        for applied in keep:
-            self.apply(applied.adapter)
-
-    @property
-    def salt(self) -> bytes:
-        """What the prefix cache keys on: KV computed under other weights is not shared."""
-        return b"lora:" + ",".join(f"{a.adapter.path}@{id(a)}" for a in self.applied).encode()

@@ -51,11 +51,12 @@ from modelc.engine.api import (
 from modelc.engine.constraints import ConstraintState, build_lltokenizer
 from modelc.engine.handle import Handle
 from modelc.engine.keepalive import KeepAlive
+from modelc.engine.lora_stack import LoraStack
 from modelc.engine.options import AUTO_STREAM_BUSY, EngineOptions, release_held
 from modelc.engine.output import TextOutput
 from modelc.engine.policy import Policy, SeqResult, StepPlan, StepResult
 from modelc.engine.request import RequestState as _Request
-from modelc.engine.runner import LoraStack, ModelRunner, StepOutput
+from modelc.engine.runner import ModelRunner, StepOutput
 from modelc.engine.speculative import MLPDraftWeights
 from modelc.engine.step_thread import StepThread
 from modelc.errors import ModelcError, UnsupportedError, UsageError
@@ -305,25 +306,11 @@ class LLMEngine:
             self._lock.acquire_nowait()
         try:
             assert self.runner is not None
-            return await self._stepper.run(
-                self.runner.execute, plan, self._n_dec, self._steps(plan)
-            )
+            # a batch of several steps (--scheduler-steps) unless a request waits to be admitted
+            k = 1 if self.policy.waiting else self.runner.steps_for(plan, self.opt.scheduler_steps)
+            return await self._stepper.run(self.runner.execute, plan, self._n_dec, k)
         finally:
             self._lock.release()
-
-    def _steps(self, plan: StepPlan) -> int:
-        """Steps ``plan`` may run (--scheduler-steps): one while a request waits to be
-        admitted or a prompt is still being fed (its next chunk, or a new request's,
-        would wait for the whole batch), or while a sequence needs the scheduler between
-        its steps (a draft, a constraint: it would get one step a batch); else the option's."""
-        if self.opt.scheduler_steps == 1 or self.policy.waiting:
-            return 1
-        seqs = self.runner.seqs if self.runner is not None else {}
-        for s in plan.seqs:
-            seq = seqs.get(s.request_id)
-            if not s.sample or s.n_draft or seq is None or not ModelRunner.steady(seq):
-                return 1
-        return self.opt.scheduler_steps
 
     async def _idle(self) -> None:
         deadlines = [r.req.deadline for r in self._reqs.values() if r.req.deadline is not None]
