@@ -16,8 +16,9 @@
 #       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
 #       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
 #       and a server so where they pass; COLDRUN=1: servers with MODELC_CUDA_MIXED_BUCKET=32,
-#       MODELC_CUDA_CAPTURE_FIRST=1 and both); STEPS="2 4": a server with --scheduler-steps N
-#       for each N (multi-step batches), and with the step I/O too where IORUN's tests passed)
+#       MODELC_CUDA_CAPTURE_FIRST=1 and both); STEPS="1 4": a server with --scheduler-steps N
+#       for each N (multi-step batches; the default, auto, is "now"), and with the step I/O
+#       too where IORUN's tests passed)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst

@@ -15,6 +15,7 @@ import trio
 
 from modelc.engine import EngineOptions, LLMEngine, build_engine
 from modelc.engine.api import FinishEvent, FinishReason, GenerationRequest, TokenEvent
+from modelc.engine.batch_depth import BatchDepth
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
 from tests.assets import smollm2_gguf
@@ -72,7 +73,7 @@ async def serve(
 
 @pytest.mark.parametrize("steps", [2, 4])
 async def test_n_steps_a_batch_equal_one(ir: ModelIR, steps: int) -> None:
-    one = build_engine(ir, EngineOptions(speculative=False, max_concurrent=16))
+    one = build_engine(ir, EngineOptions(speculative=False, max_concurrent=16, scheduler_steps=1))
     many = build_engine(
         ir, EngineOptions(speculative=False, max_concurrent=16, scheduler_steps=steps)
     )
@@ -191,9 +192,43 @@ async def test_context_end_and_cancel_inside_a_batch(ir: ModelIR) -> None:
 def test_scheduler_steps_bounds() -> None:
     from modelc.errors import UsageError
 
-    for bad in (0, 65):
-        with pytest.raises(UsageError, match=r"--scheduler-steps must be 1\.\.64"):
+    for bad in (-1, 65):
+        with pytest.raises(UsageError, match=r"--scheduler-steps must be 0 \(auto\) \.\. 64"):
             EngineOptions(scheduler_steps=bad).validate()
+
+
+def test_auto_depth_pays_the_gap_within_the_latency_budget() -> None:
+    """Auto: one step a batch where the gap between batches is short beside a step (a
+    CPU's), the smallest depth making it at most a tenth of the batch where it is
+    long (a GPU's: 7 ms gaps around 5 ms steps), never more than 20 ms of steps."""
+    cases = [
+        (0.012, 0.001, 1),  # a CPU's step, a short gap
+        (0.005, 0.007, 4),  # ceil(7 / 0.5) = 14, but 4 x 5 ms fill the 20 ms budget
+        (0.0035, 0.002, 5),  # ceil(2 / 0.35) = 6, but 5 x 3.5 ms fill 20 ms
+        (0.0005, 0.01, 8),  # at most MAX_AUTO
+        (0.03, 0.05, 1),  # one step is already past the budget
+    ]
+    for step, gap, want in cases:
+        d = BatchDepth(0)
+        d.observe(step, gap)
+        assert d.steps() == want, (step, gap)
+    d = BatchDepth(0)
+    d.observe(0.005, None)  # after an idle wait: no gap measured
+    assert d.steps() == 1
+    for _ in range(60):  # the averages follow a change
+        d.observe(0.005, 0.007)
+    assert d.steps() == 4
+    assert BatchDepth(3).steps() == 3  # fixed
+
+
+async def test_auto_is_the_default_and_exact(ir: ModelIR) -> None:
+    """The default engine (auto) answers as one step a batch does."""
+    one = build_engine(ir, EngineOptions(speculative=False, max_concurrent=16, scheduler_steps=1))
+    auto = build_engine(ir, EngineOptions(speculative=False, max_concurrent=16))
+    assert auto.opt.scheduler_steps == 0
+    want, _ = await serve(one, requests(one))
+    got, _ = await serve(auto, requests(auto))
+    assert got == want
 
 
 async def test_a_constrained_request_keeps_its_batches_to_one_step(ir: ModelIR) -> None:

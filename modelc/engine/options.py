@@ -93,8 +93,9 @@ class EngineOptions:
     stream_interval: int = 0
     # decode steps one scheduled plan runs (--scheduler-steps, as vLLM's multi-step
     # scheduling): the runner goes on feeding each sequence its last token for up to
-    # N - 1 more steps before the scheduler delivers (ModelRunner.execute)
-    scheduler_steps: int = 1
+    # N - 1 more steps before the scheduler delivers (ModelRunner.execute); 0 = auto
+    # (engine/batch_depth.py: more than 1 where the gap between batches is long)
+    scheduler_steps: int = 0
     stall_timeout: float = 30.0  # ... and a request paused this long is cancelled
     # a Jinja chat template that replaces the model's (--chat-template-file, as llama-server's)
     chat_template_file: str | None = None
@@ -155,8 +156,8 @@ class EngineOptions:
             ),
             (self.stall_timeout > 0, f"stall_timeout must be > 0, got {self.stall_timeout}"),
             (
-                1 <= self.scheduler_steps <= 64,
-                f"--scheduler-steps must be 1..64, got {self.scheduler_steps}",
+                0 <= self.scheduler_steps <= 64,
+                f"--scheduler-steps must be 0 (auto) .. 64, got {self.scheduler_steps}",
             ),
             (
                 self.device in DEVICES,

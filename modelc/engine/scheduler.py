@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -48,6 +49,7 @@ from modelc.engine.api import (
     PromptEvent,
     TokenEvent,
 )
+from modelc.engine.batch_depth import BatchDepth
 from modelc.engine.constraints import ConstraintState, build_lltokenizer
 from modelc.engine.handle import Handle
 from modelc.engine.keepalive import KeepAlive
@@ -117,6 +119,8 @@ class LLMEngine:
             kv_cost=self.kv_cost,
         )
         self._n_dec = 1  # sequences decoding in the step being planned / run
+        self.depth = BatchDepth(options.scheduler_steps)  # steps a batch (--scheduler-steps)
+        self._busy = False  # a batch ran and no idle wait came since
 
     # -- the server's side ------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -124,6 +128,7 @@ class LLMEngine:
         if self.runner is not None:
             s.running, s.waiting = len(self.policy.running), len(self.policy.waiting)
             self.runner.report(s)
+            s.extra["batch_depth"] = self.depth.steps()  # steps a batch now (--scheduler-steps)
         return s
 
     async def load_lora(self, path: Path, scale: float = 1.0) -> None:
@@ -305,10 +310,13 @@ class LLMEngine:
         else:
             self._lock.acquire_nowait()
         try:
-            assert self.runner is not None
-            # a batch of several steps (--scheduler-steps) unless a request waits to be admitted
-            k = 1 if self.policy.waiting else self.runner.steps_for(plan, self.opt.scheduler_steps)
-            return await self._stepper.run(self.runner.execute, plan, self._n_dec, k)
+            assert self.runner is not None  # several steps a batch, unless a request waits:
+            k = 1 if self.policy.waiting else self.runner.steps_for(plan, self.depth.steps())
+            st, self._busy, busy = self._stepper, True, self._busy
+            gap = time.perf_counter() - st.ended_at if busy else None  # since the last batch
+            out = await st.run(self.runner.execute, plan, self._n_dec, k)
+            self.depth.observe((st.ended_at - st.started_at) / self.runner.last_steps, gap)
+            return out
         finally:
             self._lock.release()
 
@@ -317,6 +325,7 @@ class LLMEngine:
         if any(r.paused_at is not None for r in self._reqs.values()):
             deadlines.append(trio.current_time() + 0.05)  # see whether the readers caught up
         self._wake = trio.Event()
+        self._busy = False
         with trio.move_on_at(min(deadlines, default=math.inf)):
             await self._wake.wait()
 

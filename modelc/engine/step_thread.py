@@ -27,6 +27,7 @@ import contextvars
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -46,11 +47,16 @@ class StepThread:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None  # (read, write)
+        # when the last call started and ended on the thread (perf_counter)
+        self.started_at = self.ended_at = 0.0
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             fn, report = job
-            report(outcome.capture(fn))
+            self.started_at = time.perf_counter()
+            result = outcome.capture(fn)
+            self.ended_at = time.perf_counter()
+            report(result)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the thread, started before this task yields."""
