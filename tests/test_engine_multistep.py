@@ -250,3 +250,46 @@ async def test_a_constrained_request_keeps_its_batches_to_one_step(ir: ModelIR) 
         # the plain request is done within the constrained one's steps
         assert st["scheduled_batches"] == st["steps"]
     assert got[0] == got[1] and got[1]["re"][2] is FinishReason.STOP
+
+
+def test_a_failed_later_step_ends_only_the_sequences_it_held(ir: ModelIR) -> None:
+    """The model failing in a batch's second step: the sequences that went on end with
+    the error (its cause kept), the others keep the first step's token."""
+    from modelc.engine.policy import Policy
+    from modelc.engine.runner import ModelRunner
+    from modelc.errors import ModelcError
+    from modelc.runtime.arch import build
+    from modelc.runtime.model import LanguageModel
+    from modelc.runtime.sampling import Sampler, SamplingParams
+
+    lm = build(ir)
+    assert isinstance(lm, LanguageModel)
+    runner = ModelRunner(lm, EngineOptions(max_context=64, speculative=False))
+    policy = Policy(
+        max_context=64, prefill_chunk=256, kv_budget=runner.kv_budget.limit, kv_cost=runner.kv_cost
+    )
+    eng = build_engine(ir, EngineOptions(speculative=False))
+    for rid, max_new in [("done", 1), ("more", 10)]:
+        p = ids(eng, PROMPTS[0])
+        seq = runner.new_seq(list(p), Sampler(SamplingParams(temperature=0.0), lm.n_vocab, p))
+        seq.max_new = max_new
+        policy.add(rid, len(p), max_new, seq.cached_tokens)
+        runner.add(rid, seq)
+    real, calls = lm.forward, [0]
+
+    def failing(batch: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("boom")
+        return real(batch)
+
+    lm.forward = failing  # type: ignore[method-assign]
+    plan = policy.schedule()
+    out = dict(
+        zip((s.request_id for s in plan.seqs), runner.execute(plan, 2, steps=4), strict=True)
+    )
+    assert isinstance(out["done"], list) and len(out["done"]) == 1
+    err = out["more"]
+    assert isinstance(err, ModelcError) and str(err) == "RuntimeError: boom"
+    assert isinstance(err.__cause__, RuntimeError)
+    assert calls[0] == 2 and runner.last_steps == 1
