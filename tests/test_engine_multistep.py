@@ -293,3 +293,19 @@ def test_a_failed_later_step_ends_only_the_sequences_it_held(ir: ModelIR) -> Non
     assert isinstance(err, ModelcError) and str(err) == "RuntimeError: boom"
     assert isinstance(err.__cause__, RuntimeError)
     assert calls[0] == 2 and runner.last_steps == 1
+
+
+async def test_a_full_engine_runs_several_steps_with_requests_queued(ir: ModelIR) -> None:
+    """Requests queued behind a full engine (every place taken) cannot start before one
+    ends, which is delivered at a batch's end either way: batches keep their steps; the
+    answers are those of one step a batch."""
+    got, stats = [], []
+    for steps in (1, 4):
+        eng = build_engine(
+            ir, EngineOptions(speculative=False, max_concurrent=2, scheduler_steps=steps)
+        )
+        res, st = await serve(eng, requests(eng)[:6])
+        got.append(res)
+        stats.append(st)
+    assert got[0] == got[1]
+    assert stats[1]["scheduled_batches"] < stats[1]["steps"] * 0.6

@@ -301,5 +301,11 @@ class Policy:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    @property
+    def admitting(self) -> bool:
+        """A request waits while a sequence's place is free (it waits on the step's token
+        budget or on memory, not for a running sequence to end)."""
+        return bool(self.waiting) and len(self.running) < self.max_concurrent
+
     def ids(self) -> Sequence[str]:
         return [*self.running, *self.waiting]

@@ -310,8 +310,8 @@ class LLMEngine:
         else:
             self._lock.acquire_nowait()
         try:
-            assert self.runner is not None  # several steps a batch, unless a request waits:
-            k = 1 if self.policy.waiting else self.runner.steps_for(plan, self.depth.steps())
+            assert self.runner is not None  # several steps a batch, unless one is being let in
+            k = 1 if self.policy.admitting else self.runner.steps_for(plan, self.depth.steps())
             st, self._busy, busy = self._stepper, True, self._busy
             gap = time.perf_counter() - st.ended_at if busy else None  # since the last batch
             out = await st.run(self.runner.execute, plan, self._n_dec, k)
