@@ -280,6 +280,23 @@ def test_regenerate_with_seed(page: Page, smol_server: Server) -> None:
     assert shown_messages(page) == first
 
 
+def test_enter_in_a_setting_saves_escape_cancels(page: Page, smol_server: Server) -> None:
+    open_page(page, smol_server.url)
+    page.click("#settings-btn")
+    page.fill("#settings-form [name=temperature]", "0.3")
+    page.press("#settings-form [name=temperature]", "Enter")
+    page.wait_for_function("!document.getElementById('settings').open")
+    saved = json.loads(page.evaluate("localStorage.getItem('modelc.chat.settings')"))
+    assert saved["temperature"] == 0.3
+    page.wait_for_function("document.activeElement.id === 'prompt'")  # on the close event
+    page.click("#settings-btn")
+    page.fill("#settings-form [name=max_tokens]", "7")
+    page.press("#settings-form [name=max_tokens]", "Escape")
+    page.wait_for_function("!document.getElementById('settings').open")
+    saved = json.loads(page.evaluate("localStorage.getItem('modelc.chat.settings')"))
+    assert "max_tokens" not in saved and saved["temperature"] == 0.3
+
+
 CODE = "def add(a, b):\n    return a + b\n"
 
 

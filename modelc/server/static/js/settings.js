@@ -41,4 +41,11 @@ export function initSettings(ui, {onSave}) {
   d.addEventListener("close", () => {
     if (d.returnValue === "save") document.getElementById("prompt").focus();
   });
+  // Enter in a field saves (the form's own default would be its first button: Cancel)
+  f.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && ev.target.tagName === "INPUT" && !ev.isComposing) {
+      ev.preventDefault();
+      f.requestSubmit(document.getElementById("settings-save"));
+    }
+  });
 }
