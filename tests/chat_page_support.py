@@ -39,7 +39,7 @@ def set_settings(page: Page, **values: Any) -> None:
     page.click("#settings-save")
     page.wait_for_function("!document.getElementById('settings').open")
     # saved by the time the dialog has closed (a message sent next goes with them)
-    saved = json.loads(page.evaluate("localStorage.getItem('modelc.chat.settings')") or "{}")
+    saved = saved_settings(page)
     for name, v in values.items():
         if name in ("system", "apiKey"):
             continue
@@ -62,6 +62,11 @@ def wait_idle(page: Page, timeout: float = 60_000) -> str:
 def stored(page: Page) -> dict[str, Any]:
     """The page's saved state (localStorage)."""
     return json.loads(page.evaluate("localStorage.getItem('modelc.chat.v1')"))  # type: ignore[no-any-return]
+
+
+def saved_settings(page: Page) -> dict[str, Any]:
+    """The page's saved settings (localStorage; {} before any save)."""
+    return json.loads(page.evaluate("localStorage.getItem('modelc.chat.settings')") or "{}")  # type: ignore[no-any-return]
 
 
 def shown_messages(page: Page) -> list[dict[str, str]]:

@@ -16,10 +16,17 @@ import trio
 from modelc.engine import EngineOptions, LLMEngine, build_engine
 from modelc.engine.api import FinishEvent, FinishReason, GenerationRequest, TokenEvent
 from modelc.engine.batch_depth import BatchDepth
+from modelc.engine.policy import Policy
+from modelc.engine.runner import ModelRunner
+from modelc.errors import ModelcError
 from modelc.formats import load_model
 from modelc.formats.ir import ModelIR
+from modelc.runtime.arch import build
+from modelc.runtime.model import LanguageModel
+from modelc.runtime.sampling import Sampler, SamplingParams
 from tests.assets import smollm2_gguf
 from tests.test_engine import PROMPTS, alone, collect, ids, params, running
+from tests.test_engine_runner import runner_and_policy
 
 Result = tuple[list[int], str, FinishReason, int, int]
 
@@ -27,6 +34,29 @@ Result = tuple[list[int], str, FinishReason, int, int]
 @pytest.fixture(scope="module")
 def ir() -> ModelIR:
     return load_model(smollm2_gguf())
+
+
+@pytest.fixture(scope="module")
+def lm(ir: ModelIR) -> LanguageModel:
+    model = build(ir)
+    assert isinstance(model, LanguageModel)
+    return model
+
+
+def add_greedy(
+    runner: ModelRunner,
+    policy: Policy,
+    rid: str,
+    prompt: list[int],
+    max_new: int,
+    stops: frozenset[int] = frozenset(),
+) -> None:
+    """A greedy sequence given to the runner and the policy as the engine's submit does."""
+    greedy = Sampler(SamplingParams(temperature=0.0), runner.lm.n_vocab, prompt)
+    seq = runner.new_seq(list(prompt), greedy)
+    seq.max_new, seq.stop_ids = max_new, stops
+    policy.add(rid, len(prompt), max_new, seq.cached_tokens)
+    runner.add(rid, seq)
 
 
 def requests(eng: LLMEngine) -> list[GenerationRequest]:
@@ -124,35 +154,17 @@ async def test_what_the_prefix_cache_keeps_is_the_same(ir: ModelIR) -> None:
     assert cached[1][2] == n_cached + 1
 
 
-def test_the_runner_goes_on_only_where_the_scheduler_would(ir: ModelIR) -> None:
+def test_the_runner_goes_on_only_where_the_scheduler_would(ir: ModelIR, lm: LanguageModel) -> None:
     """Told 8 steps, the runner stops each sequence at its max_new, at a stop id, and
     before a step would write past the context: the cache never holds more."""
-    from modelc.engine.policy import Policy
-    from modelc.engine.runner import ModelRunner
-    from modelc.runtime.arch import build
-    from modelc.runtime.model import LanguageModel
-    from modelc.runtime.sampling import Sampler, SamplingParams
-
-    lm = build(ir)
-    assert isinstance(lm, LanguageModel)
-    runner = ModelRunner(lm, EngineOptions(max_context=24, speculative=False))
-    policy = Policy(
-        max_context=24, prefill_chunk=256, kv_budget=runner.kv_budget.limit, kv_cost=runner.kv_cost
-    )
+    runner, policy = runner_and_policy(lm, max_context=24, speculative=False)
     eng = build_engine(ir, EngineOptions(speculative=False))
-    greedy = SamplingParams(temperature=0.0)
     prompt = ids(eng, PROMPTS[0])  # 5 tokens
     second = alone(eng, prompt, params(eng, 2))[1]
     long = ids(eng, PROMPTS[2])  # ~20 tokens: the context's end within 8 steps
-    for rid, p, max_new, stops in [
-        ("max", prompt, 3, frozenset()),
-        ("stop", prompt, 50, frozenset({second})),
-        ("ctx", long, 50, frozenset()),
-    ]:
-        seq = runner.new_seq(list(p), Sampler(greedy, lm.n_vocab, list(p)))
-        seq.max_new, seq.stop_ids = max_new, stops
-        policy.add(rid, len(p), max_new, seq.cached_tokens)
-        runner.add(rid, seq)
+    add_greedy(runner, policy, "max", prompt, 3)
+    add_greedy(runner, policy, "stop", prompt, 50, frozenset({second}))
+    add_greedy(runner, policy, "ctx", long, 50)
     plan = policy.schedule()
     out = runner.execute(plan, 3, steps=8)
     n = {s.request_id: len(o) for s, o in zip(plan.seqs, out, strict=True) if isinstance(o, list)}
@@ -252,29 +264,15 @@ async def test_a_constrained_request_keeps_its_batches_to_one_step(ir: ModelIR) 
     assert got[0] == got[1] and got[1]["re"][2] is FinishReason.STOP
 
 
-def test_a_failed_later_step_ends_only_the_sequences_it_held(ir: ModelIR) -> None:
+def test_a_failed_later_step_ends_only_the_sequences_it_held(
+    ir: ModelIR, lm: LanguageModel
+) -> None:
     """The model failing in a batch's second step: the sequences that went on end with
     the error (its cause kept), the others keep the first step's token."""
-    from modelc.engine.policy import Policy
-    from modelc.engine.runner import ModelRunner
-    from modelc.errors import ModelcError
-    from modelc.runtime.arch import build
-    from modelc.runtime.model import LanguageModel
-    from modelc.runtime.sampling import Sampler, SamplingParams
-
-    lm = build(ir)
-    assert isinstance(lm, LanguageModel)
-    runner = ModelRunner(lm, EngineOptions(max_context=64, speculative=False))
-    policy = Policy(
-        max_context=64, prefill_chunk=256, kv_budget=runner.kv_budget.limit, kv_cost=runner.kv_cost
-    )
+    runner, policy = runner_and_policy(lm, max_context=64, speculative=False)
     eng = build_engine(ir, EngineOptions(speculative=False))
     for rid, max_new in [("done", 1), ("more", 10)]:
-        p = ids(eng, PROMPTS[0])
-        seq = runner.new_seq(list(p), Sampler(SamplingParams(temperature=0.0), lm.n_vocab, p))
-        seq.max_new = max_new
-        policy.add(rid, len(p), max_new, seq.cached_tokens)
-        runner.add(rid, seq)
+        add_greedy(runner, policy, rid, ids(eng, PROMPTS[0]), max_new)
     real, calls = lm.forward, [0]
 
     def failing(batch: Any) -> Any:
@@ -284,10 +282,13 @@ def test_a_failed_later_step_ends_only_the_sequences_it_held(ir: ModelIR) -> Non
         return real(batch)
 
     lm.forward = failing  # type: ignore[method-assign]
-    plan = policy.schedule()
-    out = dict(
-        zip((s.request_id for s in plan.seqs), runner.execute(plan, 2, steps=4), strict=True)
-    )
+    try:
+        plan = policy.schedule()
+        out = dict(
+            zip((s.request_id for s in plan.seqs), runner.execute(plan, 2, steps=4), strict=True)
+        )
+    finally:
+        lm.forward = real  # type: ignore[method-assign]
     assert isinstance(out["done"], list) and len(out["done"]) == 1
     err = out["more"]
     assert isinstance(err, ModelcError) and str(err) == "RuntimeError: boom"

@@ -43,8 +43,10 @@ def prompts(ir: ModelIR) -> list[list[int]]:
     return [tok.encode(t) for t in TEXTS]
 
 
-def runner_and_policy(lm: LanguageModel, **kw: object) -> tuple[ModelRunner, Policy]:
-    opt = EngineOptions(max_context=128, **kw)  # type: ignore[arg-type]
+def runner_and_policy(
+    lm: LanguageModel, max_context: int = 128, **kw: object
+) -> tuple[ModelRunner, Policy]:
+    opt = EngineOptions(max_context=max_context, **kw)  # type: ignore[arg-type]
     runner = ModelRunner(lm, opt)
     policy = Policy(
         max_context=runner.max_context,

@@ -24,6 +24,7 @@ from tests.chat_page_support import (
     chat_bodies,
     fake_answer,
     open_page,
+    saved_settings,
     send,
     set_settings,
     shown_messages,
@@ -286,14 +287,14 @@ def test_enter_in_a_setting_saves_escape_cancels(page: Page, smol_server: Server
     page.fill("#settings-form [name=temperature]", "0.3")
     page.press("#settings-form [name=temperature]", "Enter")
     page.wait_for_function("!document.getElementById('settings').open")
-    saved = json.loads(page.evaluate("localStorage.getItem('modelc.chat.settings')"))
+    saved = saved_settings(page)
     assert saved["temperature"] == 0.3
     page.wait_for_function("document.activeElement.id === 'prompt'")  # on the close event
     page.click("#settings-btn")
     page.fill("#settings-form [name=max_tokens]", "7")
     page.press("#settings-form [name=max_tokens]", "Escape")
     page.wait_for_function("!document.getElementById('settings').open")
-    saved = json.loads(page.evaluate("localStorage.getItem('modelc.chat.settings')"))
+    saved = saved_settings(page)
     assert "max_tokens" not in saved and saved["temperature"] == 0.3
 
 

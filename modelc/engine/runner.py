@@ -279,12 +279,9 @@ class ModelRunner:
             last = [[] for _ in plan.seqs]
             for i, got in zip(idx, more, strict=True):
                 last[i] = got
-                had = out[i]
-                out[i] = (
-                    got
-                    if isinstance(got, ModelcError) or isinstance(had, ModelcError)
-                    else had + got
-                )
+                had = out[i]  # samples: a sequence went on only from samples
+                assert isinstance(had, list)
+                out[i] = got if isinstance(got, ModelcError) else had + got
             self.last_steps += 1
         return out
 
