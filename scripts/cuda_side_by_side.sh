@@ -17,8 +17,9 @@
 #       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
 #       and a server so where they pass; COLDRUN=1: servers with MODELC_CUDA_MIXED_BUCKET=32,
 #       MODELC_CUDA_CAPTURE_FIRST=1 and both); STEPS="1 4": a server with --scheduler-steps N
-#       for each N (multi-step batches; the default, auto, is "now"), and with the step I/O
-#       too where IORUN's tests passed)
+#       for each N (multi-step batches; 0 is auto, "now" the default 1), and with the step I/O
+#       too where IORUN's tests passed); REPEAT=2: the old commits, this checkout and its
+#       step I/O server twice, in turn)
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -49,7 +50,8 @@ unz() { python3 -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_str
 
 serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
   # $ARGS: more arguments for modelc run; $LAUNCH: what runs it (python3 LAUNCH run ...);
-  # $SAMPLED: a third load sampled as llama-server's defaults; $PROFILE: one more load
+  # $SAMPLED: a third load sampled as llama-server's defaults; $REQS: requests a load (128);
+  # $PROFILE: one more load
   # under py-spy (bench/gil_wait.py: $OUT/gil_$1.md)
   local L=$1 R=$2; shift 2
   # shellcheck disable=SC2086
@@ -60,7 +62,7 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
   [ -n "${PROFILE:-}" ] && [ -x /tmp/site/bin/py-spy ] && runs="$runs profiled"
   for run in $runs; do
     echo "-- $L, 64 streams, $run"
-    local GW='' how='' n=128
+    local GW='' how='' n=${REQS:-128}
     # llama-server's defaults: every step samples 64 rows (the batched sampler's many
     # device calls) where the greedy loads take the argmax
     [ $run = sampled ] && how="--temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05"
@@ -72,12 +74,12 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
       GW=$!
     fi
     # shellcheck disable=SC2086
-    timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests $n \
+    timeout 60 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests $n \
       --prompt-len 32 --max-tokens 64 $how --markdown 2>&1 | tail -1
     [ -n "$GW" ] && wait "$GW" && cat "$OUT/gil_$L.md"
   done
   # the steps its graphs replayed / captured / ran eagerly (CudaLlama.graph_steps)
-  curl -s http://127.0.0.1:18070/metrics | grep "^modelc_engine_graph_steps" | tr '\n' ' '; echo
+  curl -s http://127.0.0.1:18070/metrics | grep -E "^modelc_engine_(graph_steps|batch_depth|scheduled_batches)" | tr '\n' ' '; echo
   echo "-- $L, 1 stream"
   timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 1 --requests 12 \
     --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
@@ -143,6 +145,7 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     -rfEs tests/test_cuda.py tests/test_cuda_route.py tests/test_cuda_sampler.py tests/test_cuda_io.py \
     >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
+  grep -E "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_cuda.log" | head -30  # why, where one failed
   COLDOK=1  # COLDRUN=1: the mixed steps' GPU test at 32s and captured at once, first
   if [ -n "${COLDRUN:-}" ]; then
     timeout 120 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
@@ -154,11 +157,13 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   grep -qE "^(FAILED|ERROR) tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED='batch'
   [ ${#OB[@]} -gt 0 ] && wait "${OB[@]}"  # never a bare wait: llama.cpp's build runs beside
   at "HTTP, alternated"
-  for o in $OLD; do serve "old_$o" "/tmp/old_$o"; done
-  serve now "$PWD"
   IOOK=1
   grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels.log" "$OUT/tests_cuda.log" 2>/dev/null && IOOK=
-  [ -n "${IORUN:-}" ] && [ -n "$IOOK" ] && serve io "$PWD" MODELC_CUDA_STEP_IO=graph
+  for rep in $(seq 1 "${REPEAT:-1}"); do  # REPEAT=2: the first servers twice, in turn
+    for o in $OLD; do serve "old_$o$rep" "/tmp/old_$o"; done
+    serve "now$rep" "$PWD"
+    [ -n "${IORUN:-}" ] && [ -n "$IOOK" ] && serve "io$rep" "$PWD" MODELC_CUDA_STEP_IO=graph
+  done
   for k in ${STEPS:-}; do  # multi-step batches (--scheduler-steps), alone and with the step I/O
     ARGS="--scheduler-steps $k" serve "steps$k" "$PWD"
     if [ -n "${IORUN:-}" ] && [ -n "$IOOK" ]; then

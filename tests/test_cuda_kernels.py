@@ -595,7 +595,7 @@ def test_mixed_steps_replay_graphs_of_their_bucket(
     within 1e-4), greedy tokens equal; ``MODELC_CUDA_CAPTURE_FIRST=1``, once a cuBLAS step
     has been captured (``warm``'s 16-row bucket): each captured the first time it comes, the
     prefill's shape too, and no step eager."""
-    from modelc.runtime.backends.cuda_step import run_shape
+    from modelc.runtime.backends.cuda_step import GRAPH_BUCKET, run_shape
     from modelc.runtime.model import SeqChunk
 
     ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=5))
@@ -632,7 +632,9 @@ def test_mixed_steps_replay_graphs_of_their_bucket(
         runs.append(np.stack(out))
         for c in caches:
             c.free()
-    assert rel(runs[1], runs[0]) < 1e-4
+    # cuBLAS's kernels for 32 rows sum otherwise than for 13 (4.0e-3 on an H100; 1e-4 with
+    # every product on the GEMV, MODELC_CUDA_GEMV_MAX=64); 16 rows as 13
+    assert rel(runs[1], runs[0]) < (1e-4 if bucket <= GRAPH_BUCKET else 1e-2)
     assert (runs[1].argmax(axis=-1) == runs[0].argmax(axis=-1)).all()
 
 

@@ -94,8 +94,11 @@ class EngineOptions:
     # decode steps one scheduled plan runs (--scheduler-steps, as vLLM's multi-step
     # scheduling): the runner goes on feeding each sequence its last token for up to
     # N - 1 more steps before the scheduler delivers (ModelRunner.execute); 0 = auto
-    # (engine/batch_depth.py: more than 1 where the gap between batches is long)
-    scheduler_steps: int = 0
+    # (engine/batch_depth.py: more than 1 where the gap between batches is long). 1 by
+    # default: on an H100 over HTTP, 64 streams, auto (it chose 3) and 4 were 5 % and 12 %
+    # slower than 1 (bench/RESULTS.md "Multi-step batches"), though faster with the GPU's
+    # step simulated
+    scheduler_steps: int = 1
     stall_timeout: float = 30.0  # ... and a request paused this long is cancelled
     # a Jinja chat template that replaces the model's (--chat-template-file, as llama-server's)
     chat_template_file: str | None = None

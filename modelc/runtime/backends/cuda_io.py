@@ -64,6 +64,7 @@ class StepIO:
         self.picks: np.ndarray[Any, np.dtype[np.int64]] = np.frombuffer(
             self._tok_mem, np.int64, rows
         )
+        self.picks[:] = -1  # never a token: read before a step wrote them, handed back
         self._greedy = greedy_params(rows)
         self.params[:] = self._greedy
         self.prm = cp.zeros((rows, PARAMS), np.float64)

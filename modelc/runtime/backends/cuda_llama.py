@@ -465,9 +465,9 @@ class CudaLlama(CausalLM):
         """One step sampled on the device (the batched sampler over CuPy): only the chosen
         tokens, the log-probabilities asked for and the logits of rows the host samples
         (``params.host_rows``) come back."""
-        io = self.io if self.ends and cuda_sampler.fits(params) and not params.edited else None
-        prm = cuda_sampler.params(params, params.rows) if io else None
-        _, r = self._step(batch, prm=prm)  # the step samples as prm says (cuda_io)
+        on = self.io is not None and self.ends and cuda_sampler.fits(params) and not params.edited
+        _, r = self._step(batch, prm=cuda_sampler.params(params, params.rows) if on else None)
+        io = self.io if on else None  # after the step: one growing the buffers made a new one
         if io is not None:
             self.stream.synchronize()
             picks = io.picks[: len(params.rows)]
