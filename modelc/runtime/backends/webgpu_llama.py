@@ -17,8 +17,10 @@ logits are wanted), records every layer's dispatches into one command buffer, an
 logits of the wanted rows only.  A cache that grows (every 256 positions) copies itself in
 a submit of its own.  The shaders are the op-level backend's (``wgsl/``) plus
 ``kv_store.wgsl`` (K/V rows into a cache at their positions), ``rms_norm_rows`` (the logit
-rows), ``add_bias`` and ``gelu_mul``, the output and down products adding into the residual
-stream in the matmul shader (``acc``); numerics are the op-level path's
+rows), ``add_bias``, ``gelu_mul``, ``scale`` (Gemma's scaled embeddings) and
+``rms_norm_add`` (a post-norm added into the residual), the output and down products
+otherwise adding into the residual stream in the matmul shader (``acc``); windowed layers
+with a RoPE base of their own (Gemma 3) rotate by a second table a step; numerics are the op-level path's
 (float32 throughout, an f16 cache rounded to nearest even as the CPU's).  Queries and keys
 share one buffer (one RoPE dispatch), gate and up one weight where their types agree (one
 product; the activation reads each row's halves).  A step's plan (``Gpu.plan``: bind
@@ -51,7 +53,9 @@ from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit
 
 # what the resident forward runs of the decoder's description (FEATURES names); the rest
 # is refused (the engine then runs the model op by op)
-WEBGPU_RUNS = frozenset({"qkv_bias", "qk_norm", "gelu_tanh", "windows"})
+WEBGPU_RUNS = frozenset(
+    {"qkv_bias", "qk_norm", "gelu_tanh", "windows", "post_norms", "embd_scale", "local_rope"}
+)
 PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
 _STORE_POS = 2  # the word of kv_store's uniforms that holds the cache's length (pos0)
 _ATTN_SSTRIDE = 5  # the word of attention's uniforms that holds the scores' stride
@@ -91,6 +95,11 @@ class _Layer:
         self.qk_norm = None
         if b.q_norm is not None and b.k_norm is not None:
             self.qk_norm = (_vec(gpu, b.q_norm, "q_norm"), _vec(gpu, b.k_norm, "k_norm"))
+        # norms of the attention's and the FFN's outputs before the residual adds them (gemma)
+        self.post = tuple(
+            None if w is None else _vec(gpu, w, label)
+            for w, label in ((b.post_attn_norm, "post_attn"), (b.post_ffw_norm, "post_ffw"))
+        )
         bias = (b.bq, b.bk, b.bv)
         self.bias = (
             tuple(_vec(gpu, x, "bias") for x in bias) if all(x is not None for x in bias) else None
@@ -156,6 +165,11 @@ class WebGpuLlama(CausalLM):
         inv = self.inv_host = np.asarray(host.inv_freq, np.float32)
         self.hn = len(inv)
         self.inv = _vec(gpu, inv, "inv_freq")
+        # the windowed layers' own RoPE base (gemma3): a second table a step
+        self.local = tuple(bool(x) for x in sp.local_rope) or (False,) * len(host.blocks)
+        self.inv_local_host = np.asarray(host.inv_freq_local, np.float32)
+        self.inv_local = _vec(gpu, self.inv_local_host, "inv_freq_local")
+        self.embd_scale = float(sp.embd_scale)  # gemma: sqrt(d); 0: none
         self.ff = max(ly.ff for ly in self.layers)
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
         self.dummy = _vec(gpu, np.zeros(4, np.float32), "no_sinks")
@@ -184,9 +198,10 @@ class WebGpuLlama(CausalLM):
             return
         delta = np.full(cache.n - n_keep, -n_discard, np.int64)
         ref = self.be._fallback
+        invs = iter(self.inv_local_host if loc else self.inv_host for loc in self.local)
 
-        def rerotate(k: F32Array) -> None:
-            ref.rope(k, ref.rope_angles(delta[: len(k)], self.inv_host), self.neox)
+        def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
+            ref.rope(k, ref.rope_angles(delta[: len(k)], next(invs)), self.neox)
 
         cache.update_keys(n_keep, rerotate)
 
@@ -255,10 +270,24 @@ class WebGpuLlama(CausalLM):
         entry = "rms_norm_inplace" if x is None else "rms_norm" if sel is None else "rms_norm_rows"
         job.add(Dispatch(self._pipe("norm", entry), bind, params, 4, (gx, gy, 1)))
 
-    def _elem(self, job: Job, entry: str, n: int, bind: dict[int, Any], extra: int = 0) -> None:
+    def _elem(
+        self, job: Job, entry: str, n: int, bind: dict[int, Any], extra: int = 0, f: float = 0.0
+    ) -> None:
         gx, gy, gxs = _flat(n)
-        params = _u(n, gxs, extra, 0)
+        params = struct.pack("<3If", n, gxs, extra, f)
         job.add(Dispatch(self._pipe("elementwise", entry), bind, params, 3, (gx, gy, 1)))
+
+    def _residual(self, job: Job, w: Weight, a: Any, n: int, x: Any, h: Any, post: Any) -> None:
+        """``x += a @ w.T``, added in place by the product, or with a post-norm ``post``
+        (gemma) ``x += rms_norm(a @ w.T) * post`` through ``h`` (free by then)."""
+        if post is None:
+            self._matmul(job, w, a, n, x, acc=True)
+            return
+        self._matmul(job, w, a, n, h)
+        gx, gy = grid(n)
+        params = struct.pack("<IIIf", n, self.d, gx, self.eps)
+        bind = {0: h, 1: post, 3: x}
+        job.add(Dispatch(self._pipe("norm", "rms_norm_add"), bind, params, 4, (gx, gy, 1)))
 
     def _plan(
         self,
@@ -300,6 +329,8 @@ class WebGpuLlama(CausalLM):
         bufs["q"], bufs["k"] = (qk, n * qw * 4), (qk, n * kw * 4, k_at)
         bufs["qk"] = (qk, k_at + n * kw * 4)
         bufs["cos"], bufs["sin"] = self._buf("cos", n * hn * 4), self._buf("sin", n * hn * 4)
+        if any(self.local):
+            bufs["cos_l"], bufs["sin_l"] = (self._buf(f"{t}_l", n * hn * 4) for t in ("cos", "sin"))
         sstride = int(pos.max()) + 1
         chunk = max(1, min(65535, SCORES_BYTES // (nh * sstride * 4)))
         bufs["scores"] = self._buf("scores", min(chunk, n) * nh * sstride * 4)
@@ -365,10 +396,16 @@ class WebGpuLlama(CausalLM):
             params = _u(nr, cols, n, row_bytes(self.tok_embd.dtype, cols), 0, r0, 0, 0)
             bind = {0: (buf, buf.size), 2: x, 4: ids_b}
             job.add(Dispatch(pipe, bind, params, 3, (math.ceil(math.ceil(cols / 4) / 64), gy, gz)))
+        if self.embd_scale:
+            self._elem(job, "scale", n * self.d, {2: x}, f=self.embd_scale)
         gx, gy, gxs = _flat(n * hn)
-        bind = {0: pos_b, 1: self.inv, 2: cs, 3: sn}
         params = _u(n, 0, 0, hn, 0, gxs, 0, 0)
-        job.add(Dispatch(self._pipe("rope", "rope_angles"), bind, params, 4, (gx, gy, 1)))
+        tables = {False: (cs, sn, self.inv)}
+        if any(self.local):
+            tables[True] = (bufs["cos_l"], bufs["sin_l"], self.inv_local)
+        for c_b, s_b, inv_b in tables.values():
+            bind = {0: pos_b, 1: inv_b, 2: c_b, 3: s_b}
+            job.add(Dispatch(self._pipe("rope", "rope_angles"), bind, params, 4, (gx, gy, 1)))
         rope = self._pipe("rope", "rope")
         store = self._pipe("kv_store", "kv_store")
         attn = self._pipe("attention", "attention", "half", "attention")
@@ -385,7 +422,8 @@ class WebGpuLlama(CausalLM):
             # queries and keys (at k's offset) in one dispatch
             gx, gy, gxs = _flat(n * (nh + nkv) * hn)
             params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
-            job.add(Dispatch(rope, {2: cs, 3: sn, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
+            c_b, s_b, _ = tables[self.local[li]]
+            job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
             for c, sl, slots in zip(batch, slices, stores, strict=True):
                 cache = c.cache
                 assert isinstance(cache, WebGpuKVCache)
@@ -406,7 +444,7 @@ class WebGpuLlama(CausalLM):
                     )  # fmt: skip
                     attns.append(len(job.dispatches))
                     job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
-            self._matmul(job, ly.wo, att, n, x, acc=True)  # the residual added in place
+            self._residual(job, ly.wo, att, n, x, h, ly.post[0])
             self._norm(job, x, ly.ffn_norm, n, h)
             if ly.gate_up is not None:  # each row of gu: gate then up
                 self._matmul(job, ly.gate_up, h, n, gu)
@@ -415,7 +453,7 @@ class WebGpuLlama(CausalLM):
                 self._matmul(job, ly.up, h, n, gu, stride=2 * ly.ff, col0=ly.ff)
             entry = "gelu_mul" if self.gelu else "silu_mul"
             self._elem(job, entry, n * ly.ff, {0: gu, 1: gu, 2: act}, ly.ff)
-            self._matmul(job, ly.down, act, n, x, acc=True)
+            self._residual(job, ly.down, act, n, x, h, ly.post[1])
         if r:
             hl, logits = bufs["hl"], bufs["logits"]
             self._norm(job, x, self.output_norm, r, hl, bufs["sel"])

@@ -5,7 +5,7 @@ struct Params {
     gxs: u32,  // threads along x (indices past it go on in y)
     pad0: u32,  // add_bias: the row width; silu_mul, gelu_mul: > 0, xa holds rows of
                 // gate then up, each this wide (xb unread)
-    pad1: u32,
+    pad1: u32,  // scale: the factor's bits (an f32)
 }
 
 @group(0) @binding(0) var<storage, read> xa: array<f32>;
@@ -68,4 +68,14 @@ fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     outs[i] = outs[i] + xb[i % p.pad0];
+}
+
+// outs[i] *= the factor (scaled embeddings, gemma)
+@compute @workgroup_size(64)
+fn scale(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.gxs;
+    if (i >= p.n) {
+        return;
+    }
+    outs[i] = outs[i] * bitcast<f32>(p.pad1);
 }

@@ -30,11 +30,8 @@ fn reduce(li: u32, v: f32, is_max: bool) -> f32 {
     return r;
 }
 
-@compute @workgroup_size(64)
-fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let row = wid.x + wid.y * p.gx;
-    let valid = row < p.n;
-    let rb = row * p.d;
+// 1 / rms of the row of xs at rb (every invocation of the workgroup calls it)
+fn xs_inv_rms(li: u32, rb: u32, valid: bool) -> f32 {
     var s = 0.0;
     if (valid) {
         for (var i = li; i < p.d; i += 64u) {
@@ -43,7 +40,15 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         }
     }
     let ms = reduce(li, s, false) / f32(p.d);
-    let scale = 1.0 / sqrt(ms + p.eps);
+    return 1.0 / sqrt(ms + p.eps);
+}
+
+@compute @workgroup_size(64)
+fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row = wid.x + wid.y * p.gx;
+    let valid = row < p.n;
+    let rb = row * p.d;
+    let scale = xs_inv_rms(li, rb, valid);
     if (valid) {
         for (var i = li; i < p.d; i += 64u) {
             outs[rb + i] = xs[rb + i] * scale * wv[i];
@@ -137,18 +142,25 @@ fn rms_norm_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     if (valid) {
         rb = sel[row] * p.d;
     }
-    var s = 0.0;
-    if (valid) {
-        for (var i = li; i < p.d; i += 64u) {
-            let v = xs[rb + i];
-            s += v * v;
-        }
-    }
-    let ms = reduce(li, s, false) / f32(p.d);
-    let scale = 1.0 / sqrt(ms + p.eps);
+    let scale = xs_inv_rms(li, rb, valid);
     if (valid) {
         for (var i = li; i < p.d; i += 64u) {
             outs[row * p.d + i] = xs[rb + i] * scale * wv[i];
+        }
+    }
+}
+
+// outs += rms_norm(xs) * w, row by row: a branch's output normed into the residual stream
+// (post-attention and post-FFN norms, gemma)
+@compute @workgroup_size(64)
+fn rms_norm_add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row = wid.x + wid.y * p.gx;
+    let valid = row < p.n;
+    let rb = row * p.d;
+    let scale = xs_inv_rms(li, rb, valid);
+    if (valid) {
+        for (var i = li; i < p.d; i += 64u) {
+            outs[rb + i] = outs[rb + i] + xs[rb + i] * scale * wv[i];
         }
     }
 }
