@@ -100,7 +100,12 @@ def output_logits(
     if len(hidden) == 0:
         return np.zeros((0, sp.n_vocab), np.float32)
     h = be.rms_norm(np.ascontiguousarray(hidden), norm, eps)  # (r, d)
-    logits = be.matmul(output, h)  # (r, vocab)
+    return finish_logits(sp, be.matmul(output, h))  # (r, vocab)
+
+
+def finish_logits(sp: DecoderSpec, logits: F32Array) -> F32Array:
+    """The head's ``logits`` (r, vocab), in place: [divided] (granite), [soft-capped]
+    (gemma2)."""
     if sp.logit_scale:
         logits /= np.float32(sp.logit_scale)
     if sp.final_softcap:

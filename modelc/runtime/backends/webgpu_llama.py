@@ -42,6 +42,7 @@ from modelc.errors import UnsupportedError
 from modelc.formats.ir import HParams, ModelIR, row_bytes
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
+from modelc.runtime.arch.decoder_block import finish_logits
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import DEQ, WebGPUBackend
@@ -54,7 +55,17 @@ from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit
 # what the resident forward runs of the decoder's description (FEATURES names); the rest
 # is refused (the engine then runs the model op by op)
 WEBGPU_RUNS = frozenset(
-    {"qkv_bias", "qk_norm", "gelu_tanh", "windows", "post_norms", "embd_scale", "local_rope"}
+    {
+        "qkv_bias",
+        "qk_norm",
+        "gelu_tanh",
+        "windows",
+        "post_norms",
+        "embd_scale",
+        "local_rope",
+        "attn_softcap",
+        "final_softcap",
+    }
 )
 PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
 _STORE_POS = 2  # the word of kv_store's uniforms that holds the cache's length (pos0)
@@ -170,6 +181,7 @@ class WebGpuLlama(CausalLM):
         self.inv_local_host = np.asarray(host.inv_freq_local, np.float32)
         self.inv_local = _vec(gpu, self.inv_local_host, "inv_freq_local")
         self.embd_scale = float(sp.embd_scale)  # gemma: sqrt(d); 0: none
+        self.spec, self.softcap = sp, float(sp.attn_softcap)  # gemma2's capped scores
         self.ff = max(ly.ff for ly in self.layers)
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
         self.dummy = _vec(gpu, np.zeros(4, np.float32), "no_sinks")
@@ -222,7 +234,8 @@ class WebGpuLlama(CausalLM):
         end_step(batch, slices)
         if not len(rows):
             return np.zeros((0, self.n_vocab), np.float32)
-        return np.frombuffer(data[0], np.float32).reshape(len(rows), self.n_vocab).copy()
+        logits = np.frombuffer(data[0], np.float32).reshape(len(rows), self.n_vocab).copy()
+        return finish_logits(self.spec, logits)  # gemma2's soft cap as the CPU's, on the host
 
     # -- the step ------------------------------------------------------------------------
     def _pipe(self, module: str, entry: str, *files: str) -> Any:
@@ -439,8 +452,8 @@ class WebGpuLlama(CausalLM):
                 for row0 in range(sl.start, sl.stop, chunk):
                     m = min(chunk, sl.stop - row0)
                     params = struct.pack(
-                        "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, 0, self.scale, 0.0,
-                        0, v_off, 0,
+                        "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, 0, self.scale,
+                        self.softcap, 0, v_off, 0,
                     )  # fmt: skip
                     attns.append(len(job.dispatches))
                     job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
