@@ -55,13 +55,29 @@ def _llama() -> Path:
     return p
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"])
+# the random llama and the tiny families (tests/tiny_families.py) the resident decoder runs
+FAMILIES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma2",
+    "gemma3",
+    "smollm3",
+    "phi4mini",
+    "olmo2",
+)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
     """The resident model and the CPU's exact one: a random llama (Q4_K_M's mixture), tiny
     qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), mistral (a sliding window of 8:
     the tests' prompts and steps run past it), gemma2 (soft-capped scores and logits,
-    windows of 4 on alternate layers) and gemma3 (windows of 4 on 5 of 6 layers, their
-    RoPE base their own); both with scaled embeddings, post-norms and GELU."""
+    windows of 4 on alternate layers), gemma3 (windows of 4 on 5 of 6 layers, their RoPE
+    base their own; both with scaled embeddings, post-norms and GELU), smollm3 (layers
+    without RoPE), phi4mini (partial RoPE) and olmo2 (post-norms only, Q/K norms over the
+    whole projection)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from tests.tiny_families import TINY

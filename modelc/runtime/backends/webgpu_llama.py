@@ -65,6 +65,10 @@ WEBGPU_RUNS = frozenset(
         "local_rope",
         "attn_softcap",
         "final_softcap",
+        "nope",
+        "partial_rope",
+        "no_pre_norms",
+        "qk_norm_whole",
     }
 )
 PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
@@ -89,10 +93,10 @@ def _flat(n: int) -> tuple[int, int, int]:
 
 class _Layer:
     def __init__(self, gpu: Gpu, b: DecoderBlock) -> None:
-        assert b.attn_norm is not None and b.ffn_norm is not None
         assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
-        self.attn_norm = _vec(gpu, b.attn_norm, "attn_norm")
-        self.ffn_norm = _vec(gpu, b.ffn_norm, "ffn_norm")
+        # None: no pre-norm (olmo2: the branch reads the residual stream as it is)
+        self.attn_norm = None if b.attn_norm is None else _vec(gpu, b.attn_norm, "attn_norm")
+        self.ffn_norm = None if b.ffn_norm is None else _vec(gpu, b.ffn_norm, "ffn_norm")
         self.wq, self.wk, self.wv, self.wo = b.wq, b.wk, b.wv, b.wo
         self.gate, self.up, self.down = b.w_gate, b.w_up, b.w_down
         self.ff = int(b.w_gate.shape[0])
@@ -102,7 +106,8 @@ class _Layer:
         if b.w_gate.dtype == b.w_up.dtype and b.w_gate.shape == b.w_up.shape:
             data = np.concatenate([b.w_gate.data, b.w_up.data])
             self.gate_up = Weight(b.w_gate.dtype, (2 * self.ff, b.w_gate.shape[1]), data)
-        # per-head Q/K norms (qwen3): each head's row of q and of k RMS-normed in place
+        # per-head Q/K norms (qwen3): each head's row of q and of k RMS-normed in place (or
+        # the whole projection's row, olmo2: Decoder's qk_norm_whole)
         self.qk_norm = None
         if b.q_norm is not None and b.k_norm is not None:
             self.qk_norm = (_vec(gpu, b.q_norm, "q_norm"), _vec(gpu, b.k_norm, "k_norm"))
@@ -135,8 +140,6 @@ def webgpu_host(ir: ModelIR) -> Decoder:
         raise UnsupportedError(f"{ir.architecture} models are not the one decoder")
     sp = host.spec
     refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
-    if host.rope_mscale is not None or any(b.experts is not None for b in host.blocks):
-        raise UnsupportedError(f"this {sp.architecture} model's RoPE scaling is not run here")
     mats = [w for b in host.blocks for w in _mats_of(b)] + [host.tok_embd, host.output]
     odd = sorted({w.dtype.name for w in mats if w.dtype not in DEQ})
     if odd:
@@ -181,7 +184,12 @@ class WebGpuLlama(CausalLM):
         self.inv_local_host = np.asarray(host.inv_freq_local, np.float32)
         self.inv_local = _vec(gpu, self.inv_local_host, "inv_freq_local")
         self.embd_scale = float(sp.embd_scale)  # gemma: sqrt(d); 0: none
+        # YaRN's / LongRoPE's factor on the global table's cos and sin (Decoder.rope_mscale:
+        # where only part of a head rotates), as its f32 bits; 0: none
+        ms = host.rope_mscale
+        self.mscale = 0 if ms is None else int(np.float32(ms).view(np.uint32))
         self.spec, self.softcap = sp, float(sp.attn_softcap)  # gemma2's capped scores
+        self.nope = tuple(sp.nope) or (False,) * len(host.blocks)  # layers without RoPE
         self.ff = max(ly.ff for ly in self.layers)
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
         self.dummy = _vec(gpu, np.zeros(4, np.float32), "no_sinks")
@@ -210,10 +218,15 @@ class WebGpuLlama(CausalLM):
             return
         delta = np.full(cache.n - n_keep, -n_discard, np.int64)
         ref = self.be._fallback
-        invs = iter(self.inv_local_host if loc else self.inv_host for loc in self.local)
+        invs = iter(
+            None if nope else self.inv_local_host if loc else self.inv_host
+            for loc, nope in zip(self.local, self.nope, strict=True)
+        )
 
         def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            ref.rope(k, ref.rope_angles(delta[: len(k)], next(invs)), self.neox)
+            inv = next(invs)
+            if inv is not None:  # a NoPE layer's keys carry no position
+                ref.rope(k, ref.rope_angles(delta[: len(k)], inv), self.neox)
 
         cache.update_keys(n_keep, rerotate)
 
@@ -289,6 +302,13 @@ class WebGpuLlama(CausalLM):
         gx, gy, gxs = _flat(n)
         params = struct.pack("<3If", n, gxs, extra, f)
         job.add(Dispatch(self._pipe("elementwise", entry), bind, params, 3, (gx, gy, 1)))
+
+    def _pre_norm(self, job: Job, x: Any, w: Any, n: int, h: Any) -> Any:
+        """A branch's input: ``rms_norm(x) * w`` in ``h``, or ``x`` itself without a norm."""
+        if w is None:
+            return x
+        self._norm(job, x, w, n, h)
+        return h
 
     def _residual(self, job: Job, w: Weight, a: Any, n: int, x: Any, h: Any, post: Any) -> None:
         """``x += a @ w.T``, added in place by the product, or with a post-norm ``post``
@@ -412,31 +432,33 @@ class WebGpuLlama(CausalLM):
         if self.embd_scale:
             self._elem(job, "scale", n * self.d, {2: x}, f=self.embd_scale)
         gx, gy, gxs = _flat(n * hn)
-        params = _u(n, 0, 0, hn, 0, gxs, 0, 0)
-        tables = {False: (cs, sn, self.inv)}
+        tables = {False: (cs, sn, self.inv, self.mscale)}  # the local table unscaled
         if any(self.local):
-            tables[True] = (bufs["cos_l"], bufs["sin_l"], self.inv_local)
-        for c_b, s_b, inv_b in tables.values():
+            tables[True] = (bufs["cos_l"], bufs["sin_l"], self.inv_local, 0)
+        for c_b, s_b, inv_b, f in tables.values():
+            params = _u(n, 0, 0, hn, 0, gxs, f, 0)
             bind = {0: pos_b, 1: inv_b, 2: c_b, 3: s_b}
             job.add(Dispatch(self._pipe("rope", "rope_angles"), bind, params, 4, (gx, gy, 1)))
         rope = self._pipe("rope", "rope")
         store = self._pipe("kv_store", "kv_store")
         attn = self._pipe("attention", "attention", "half", "attention")
+        whole = self.spec.qk_norm_whole
         for li, ly in enumerate(self.layers):
-            self._norm(job, x, ly.attn_norm, n, h)
+            hin = self._pre_norm(job, x, ly.attn_norm, n, h)
             for w, out in ((ly.wq, q), (ly.wk, k), (ly.wv, v)):
-                self._matmul(job, w, h, n, out)
+                self._matmul(job, w, hin, n, out)
             if ly.bias is not None:
                 for bias, out, width in zip(ly.bias, (q, k, v), (qw, kw, kw), strict=True):
                     self._elem(job, "add_bias", n * width, {1: bias, 2: out}, width)
             if ly.qk_norm is not None:  # each head's row of q, then of k, in place
                 for wn, buf, heads in zip(ly.qk_norm, (q, k), (nh, nkv), strict=True):
-                    self._norm(job, None, wn, n * heads, buf, width=hd)
-            # queries and keys (at k's offset) in one dispatch
-            gx, gy, gxs = _flat(n * (nh + nkv) * hn)
-            params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
-            c_b, s_b, _ = tables[self.local[li]]
-            job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
+                    rows, width = (n, heads * hd) if whole else (n * heads, hd)
+                    self._norm(job, None, wn, rows, buf, width=width)
+            if not self.nope[li]:  # queries and keys (at k's offset) in one dispatch
+                gx, gy, gxs = _flat(n * (nh + nkv) * hn)
+                params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
+                c_b, s_b, _, _ = tables[self.local[li]]
+                job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
             for c, sl, slots in zip(batch, slices, stores, strict=True):
                 cache = c.cache
                 assert isinstance(cache, WebGpuKVCache)
@@ -458,12 +480,12 @@ class WebGpuLlama(CausalLM):
                     attns.append(len(job.dispatches))
                     job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
             self._residual(job, ly.wo, att, n, x, h, ly.post[0])
-            self._norm(job, x, ly.ffn_norm, n, h)
+            hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
             if ly.gate_up is not None:  # each row of gu: gate then up
-                self._matmul(job, ly.gate_up, h, n, gu)
+                self._matmul(job, ly.gate_up, hin, n, gu)
             else:
-                self._matmul(job, ly.gate, h, n, gu, stride=2 * ly.ff)
-                self._matmul(job, ly.up, h, n, gu, stride=2 * ly.ff, col0=ly.ff)
+                self._matmul(job, ly.gate, hin, n, gu, stride=2 * ly.ff)
+                self._matmul(job, ly.up, hin, n, gu, stride=2 * ly.ff, col0=ly.ff)
             entry = "gelu_mul" if self.gelu else "silu_mul"
             self._elem(job, entry, n * ly.ff, {0: gu, 1: gu, 2: act}, ly.ff)
             self._residual(job, ly.down, act, n, x, h, ly.post[1])

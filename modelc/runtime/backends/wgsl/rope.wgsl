@@ -7,7 +7,9 @@ struct Params {
     hn: u32,  // rot_dim / 2: pairs rotated per head
     neox: u32,  // 1: rotate halves (NeoX); 0: adjacent pairs (GGUF NORM)
     gxs: u32,  // threads along x (indices past it go on in y)
-    heads2: u32,  // rope: heads of a second block rotated by the same dispatch (0: none)
+    heads2: u32,  // rope: heads of a second block rotated by the same dispatch (0: none);
+                  // rope_angles: a factor on cos and sin, its f32 bits (0: none; YaRN's or
+                  // LongRoPE's where only part of a head rotates)
     off2: u32,  // ... its first element in xs (the resident decoder's keys after its queries)
 }
 
@@ -56,8 +58,9 @@ fn rope_angles(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let theta = f32(pos[i / p.hn]) * inv[i % p.hn];
     let v = sincos(theta);
-    cs[i] = v.y;
-    sn[i] = v.x;
+    let f = select(bitcast<f32>(p.heads2), 1.0, p.heads2 == 0u);
+    cs[i] = v.y * f;
+    sn[i] = v.x * f;
 }
 
 @compute @workgroup_size(64)
