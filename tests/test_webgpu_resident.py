@@ -57,15 +57,8 @@ def _llama() -> Path:
 
 # the random llama and the tiny families (tests/tiny_families.py) the resident decoder runs
 FAMILIES = (
-    "llama",
-    "qwen2",
-    "qwen3",
-    "mistral",
-    "gemma2",
-    "gemma3",
-    "smollm3",
-    "phi4mini",
-    "olmo2",
+    *("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"),
+    *("smollm3", "phi4mini", "olmo2", "olmo3", "mistral3"),
 )
 
 
@@ -76,8 +69,9 @@ def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
     the tests' prompts and steps run past it), gemma2 (soft-capped scores and logits,
     windows of 4 on alternate layers), gemma3 (windows of 4 on 5 of 6 layers, their RoPE
     base their own; both with scaled embeddings, post-norms and GELU), smollm3 (layers
-    without RoPE), phi4mini (partial RoPE) and olmo2 (post-norms only, Q/K norms over the
-    whole projection)."""
+    without RoPE), phi4mini (partial RoPE), olmo2 (post-norms only, Q/K norms over the
+    whole projection), olmo3 (that, windows, and YaRN on the full-attention layers only)
+    and mistral3 (the queries' temperature by position)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from tests.tiny_families import TINY

@@ -41,6 +41,7 @@ import numpy as np
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import HParams, ModelIR, row_bytes
 from modelc.runtime.arch import build
+from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
 from modelc.runtime.arch.decoder_block import finish_logits
 from modelc.runtime.backend import F32Array, Weight
@@ -69,6 +70,8 @@ WEBGPU_RUNS = frozenset(
         "partial_rope",
         "no_pre_norms",
         "qk_norm_whole",
+        "attn_temp",
+        "yarn_full_only",
     }
 )
 PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
@@ -350,6 +353,10 @@ class WebGpuLlama(CausalLM):
             )
         if r:
             bufs["sel"] = self._put("sel", rows.astype(np.uint32))
+        sp = self.spec
+        if sp.attn_temp:  # each row's query scale (mistral3, llama4)
+            temp = attn_temperature(pos, sp.attn_temp, sp.attn_temp_floor, sp.attn_temp_offset)
+            bufs["temp"] = self._put("temp", temp.reshape(-1))
         qw, kw, ff, hn = nh * self.hd, self.nkv * self.hd, self.ff, self.hn
         for name, width in (("x", self.d), ("h", self.d), ("v", kw), ("attn", qw)):
             bufs[name] = self._buf(name, n * width * 4)
@@ -459,6 +466,8 @@ class WebGpuLlama(CausalLM):
                 params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
                 c_b, s_b, _, _ = tables[self.local[li]]
                 job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
+            if self.spec.attn_temp and self.spec.attn_temp_layers[li]:  # sharper far out
+                self._elem(job, "scale_rows", n * qw, {1: bufs["temp"], 2: q}, qw)
             for c, sl, slots in zip(batch, slices, stores, strict=True):
                 cache = c.cache
                 assert isinstance(cache, WebGpuKVCache)

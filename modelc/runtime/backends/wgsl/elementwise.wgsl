@@ -3,8 +3,8 @@
 struct Params {
     n: u32,
     gxs: u32,  // threads along x (indices past it go on in y)
-    pad0: u32,  // add_bias: the row width; silu_mul, gelu_mul: > 0, xa holds rows of
-                // gate then up, each this wide (xb unread)
+    pad0: u32,  // add_bias, scale_rows: the row width; silu_mul, gelu_mul: > 0, xa holds
+                // rows of gate then up, each this wide (xb unread)
     pad1: u32,  // scale: the factor's bits (an f32)
 }
 
@@ -78,4 +78,14 @@ fn scale(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     outs[i] = outs[i] * bitcast<f32>(p.pad1);
+}
+
+// outs[i] *= xb[row of i] (rows of width p.pad0: each query row by its attention temperature)
+@compute @workgroup_size(64)
+fn scale_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.gxs;
+    if (i >= p.n) {
+        return;
+    }
+    outs[i] = outs[i] * xb[i / p.pad0];
 }
