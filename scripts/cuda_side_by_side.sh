@@ -16,7 +16,8 @@
 #       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
 #       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
 #       and a server so where they pass; COLDRUN=1: servers with MODELC_CUDA_MIXED_BUCKET=32,
-#       MODELC_CUDA_CAPTURE_FIRST=1 and both); STEPS="1 4": a server with --scheduler-steps N
+#       MODELC_CUDA_CAPTURE_FIRST=1 and both, and MODELC_CUDA_MIXED_KEY=rows with each
+#       bucket; the graph steps after each load); STEPS="1 4": a server with --scheduler-steps N
 #       for each N (multi-step batches; 0 is auto, "now" the default 1), and with the step I/O
 #       too where IORUN's tests passed); REPEAT=2: the old commits, this checkout and its
 #       step I/O server twice, in turn)
@@ -48,6 +49,10 @@ export PYTHONPATH=/tmp/site:$PWD M OUT
 at() { echo "== $1 at $((SECONDS - T0)) s"; }
 unz() { python3 -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(open(sys.argv[1], 'rb'), sys.stdout.buffer)" "$1"; }
 
+graphs() {  # the server's steps so far: replayed / captured / eager (CudaLlama.graph_steps)
+  curl -s http://127.0.0.1:18070/metrics | sed -n 's/^modelc_engine_graph_steps_\([a-z]*\){.*} \([0-9]*\).*/\1 \2/p' \
+    | tr '\n' ' '; echo
+}
 serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
   # $ARGS: more arguments for modelc run; $LAUNCH: what runs it (python3 LAUNCH run ...);
   # $SAMPLED: a third load sampled as llama-server's defaults; $REQS: requests a load (128);
@@ -77,6 +82,7 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
     timeout 60 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 64 --requests $n \
       --prompt-len 32 --max-tokens 64 $how --markdown 2>&1 | tail -1
     [ -n "$GW" ] && wait "$GW" && cat "$OUT/gil_$L.md"
+    graphs  # so far: a load's own eager steps and captures are the difference from the last
   done
   # the steps its graphs replayed / captured / ran eagerly (CudaLlama.graph_steps)
   curl -s http://127.0.0.1:18070/metrics | grep -E "^modelc_engine_(graph_steps|batch_depth|scheduled_batches)" | tr '\n' ' '; echo
@@ -174,6 +180,9 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     serve bucket32 "$PWD" MODELC_CUDA_MIXED_BUCKET=32
     serve first "$PWD" MODELC_CUDA_CAPTURE_FIRST=1
     serve first32 "$PWD" MODELC_CUDA_CAPTURE_FIRST=1 MODELC_CUDA_MIXED_BUCKET=32
+    # one graph a row bucket of the mixed steps, all captured as the model loads
+    serve fixed "$PWD" MODELC_CUDA_MIXED_KEY=rows
+    serve fixed32 "$PWD" MODELC_CUDA_MIXED_KEY=rows MODELC_CUDA_MIXED_BUCKET=32
   fi
   [ $GIL = gil ] && [ -n "${GILRUN:-}" ] && serve gil "$PWD" MODELC_CUDA_LAUNCH=gil
   if [ -z "${QUICK:-}" ]; then

@@ -583,9 +583,12 @@ def test_small_models_on_the_wide_gemv(tmp_path: Path, dtype: DType | str) -> No
     )
 
 
-@pytest.mark.parametrize(("bucket", "first"), [(8, False), (32, False), (8, True)])
+@pytest.mark.parametrize(
+    ("bucket", "first", "fixed"),
+    [(8, False, False), (32, False, False), (8, True, False), (8, False, True)],
+)
 def test_mixed_steps_replay_graphs_of_their_bucket(
-    tmp_path: Path, bucket: int, first: bool
+    tmp_path: Path, bucket: int, first: bool, fixed: bool
 ) -> None:
     """A step of 6 decoding sequences and a new 7-token prompt (13 rows, 7 logit rows) runs
     as its bucket (:func:`~modelc.runtime.backends.cuda_step.run_shape`: 16 rows, its tiles
@@ -594,7 +597,8 @@ def test_mixed_steps_replay_graphs_of_their_bucket(
     step's logits as the unpadded eager step's (cuBLAS over the padded rows against 13:
     within 1e-4), greedy tokens equal; ``MODELC_CUDA_CAPTURE_FIRST=1``, once a cuBLAS step
     has been captured (``warm``'s 16-row bucket): each captured the first time it comes, the
-    prefill's shape too, and no step eager."""
+    prefill's shape too, and no step eager; ``MODELC_CUDA_MIXED_KEY=rows``: 16 logit rows
+    and tiles (run_shape's fixed), the same logits."""
     from modelc.runtime.backends.cuda_step import GRAPH_BUCKET, run_shape
     from modelc.runtime.model import SeqChunk
 
@@ -606,7 +610,7 @@ def test_mixed_steps_replay_graphs_of_their_bucket(
     for pad in (False, True):
         model = q8_gpu(ir, gemv_max=None)
         model.pad_graphs, model.mixed_rows = pad, 256 if pad else 0
-        model.mixed_bucket, model.capture_first = bucket, first
+        model.mixed_bucket, model.capture_first, model.mixed_fixed = bucket, first, fixed
         if pad and first:
             model.warm(16, "f16")
         steps0, warmed = dict(model.graph_steps), set(model._graphs)
@@ -623,7 +627,7 @@ def test_mixed_steps_replay_graphs_of_their_bucket(
             fresh.free()
         keys = [k for k in model._graphs if k not in warmed]  # the steps with prompt chunks
         if pad:  # the prefill's shape came once: not captured (unless at once)
-            want = (run_shape(13, 7, 0, False, 256, bucket) or (0, 0, 0))[:2]
+            want = (run_shape(13, 7, 0, False, 256, bucket, fixed) or (0, 0, 0))[:2]
             assert len(keys) == 1 + first and keys[-1][:2] == want and want[0] in (16, 32), keys
             done = {k: model.graph_steps[k] - steps0.get(k, 0) for k in ("captured", "eager")}
             assert done == ({"captured": 2, "eager": 0} if first else {"captured": 1, "eager": 2})

@@ -202,7 +202,13 @@ def test_steps_with_prompt_chunks_pad_to_graph_buckets() -> None:
     :func:`graph_rows`; past ``mixed_rows`` it runs as it is.  :func:`step_meta` points
     the padding logit rows at the padding rows in turn, :func:`pad_tiles` the padding
     tiles at the first padding row."""
-    from modelc.runtime.backends.cuda_step import graph_rows, pad_tiles, run_shape, step_meta
+    from modelc.runtime.backends.cuda_step import (
+        graph_rows,
+        mixed_runs,
+        pad_tiles,
+        run_shape,
+        step_meta,
+    )
 
     assert run_shape(11, 11, 0, True, 256) == (16, 16, 0)
     assert run_shape(11, 9, 0, True, 0) == (16, 14, 0)  # decode buckets whatever mixed_rows
@@ -226,6 +232,19 @@ def test_steps_with_prompt_chunks_pad_to_graph_buckets() -> None:
         run, r_run, t_run = run_shape(n, r, t, False, 256) or (0, 0, 0)
         assert run > n and r <= r_run <= run and t <= t_run <= run
         assert (run, r_run, t_run) == (graph_rows(n + 1), graph_rows(r), graph_rows(t))
+    # MODELC_CUDA_MIXED_KEY=rows: the logit rows and tiles as the rows say, so one graph a
+    # row bucket (every one captured when the model loads: mixed_runs), unless they need more
+    assert run_shape(95, 63, 66, False, 520, 8, True) == (96, 72, 84)
+    assert run_shape(95, 73, 66, False, 520, 8, True) == (96, 80, 72)  # past 72 logit rows
+    assert run_shape(95, 63, 90, False, 520, 8, True) == (96, 64, 96)  # past 72 + run / 8 tiles
+    assert run_shape(5, 2, 3, False, 520, 8, True) == (6, 6, 6)
+    for b in (8, 32):
+        keys = {run_shape(*x, False, 520, b, True) for x in load}
+        runs = {k[0] for k in keys if k is not None}
+        assert len(keys) == len(runs) and runs <= set(mixed_runs(520, b, 4096)), (b, keys)
+    assert mixed_runs(520, 32, 4096) == [*range(32, 513, 32), 520]
+    assert mixed_runs(520, 32, 200) == [32, 64, 96, 128, 160, 192]  # a chunk within n_ctx
+    assert mixed_runs(520, 8, 4096)[:6] == [4, 5, 6, 7, 8, 16]  # a decode row, a 2-row chunk
     tiles = np.array([[0, 1], [1, 1], [2, 16], [18, 4]], np.int64)
     assert pad_tiles(tiles, 6, 22).tolist() == [[0, 1], [1, 1], [2, 16], [18, 4], [22, 1], [22, 1]]
     assert pad_tiles(tiles, 4, 22).tolist() == tiles.tolist()

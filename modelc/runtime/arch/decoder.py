@@ -33,7 +33,6 @@ with the embeddings [scaled] (gemma, granite), the logits [soft-capped] (gemma2)
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -46,7 +45,14 @@ from modelc.families.registry import FAMILIES
 from modelc.formats.ir import DType, HParams, ModelIR
 from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.chunked import chunked_attend, layer_chunks
-from modelc.runtime.arch.decoder_block import DecoderBlock, layer_windows, opt_vec, split_rows
+from modelc.runtime.arch.decoder_block import (
+    DecoderBlock,
+    layer_inv_freqs,
+    layer_windows,
+    opt_vec,
+    shift_keys,
+    split_rows,
+)
 from modelc.runtime.arch.decoder_spec import FEATURES, DecoderSpec, refuse_unsupported
 from modelc.runtime.arch.deepstack import add_deepstack
 from modelc.runtime.arch.gemma4 import Gemma4Layers, gemma4_layers, proportional_inv_freq
@@ -464,30 +470,11 @@ class Decoder(CausalLM):
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """Drop tokens after the anchors; re-rotate the moved keys by ``-n_discard``, each
         layer with its own RoPE base."""
-        cache.shift(n_keep, n_discard)
-        if cache.n <= n_keep:
-            return
-        delta = np.full(cache.n - n_keep, -n_discard, np.int64)
-        sp = self.spec
         # a cache layer per layer producing K/V (gemma4), of layers first.. (a split model)
         a, z = self.first, self.first + cache.shape.n_layer
-        invs = iter(
-            [
-                None if nope else self.inv_freq_local if loc else self.inv_freq
-                for loc, nope in zip(
-                    sp.local_rope[a:z],
-                    (sp.nope or (False,) * sp.n_layer)[a:z],
-                    strict=True,
-                )
-            ]
-        )
-        layers = itertools.count()
+        invs = layer_inv_freqs(self.spec, self.inv_freq, self.inv_freq_local, a, z)
 
-        def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            inv, layer = next(invs), next(layers)
-            if inv is None:  # a NoPE layer's keys carry no position
-                return
-            angles = self.be.rope_angles(delta[: len(k)], inv)
+        def rotate(k: F32Array, angles: tuple[F32Array, F32Array], layer: int) -> None:
             if self.g4 is not None:  # each layer's own head size of the padded rows
                 self.g4.rerotate(self.be, k, layer, angles, self.neox)
                 return
@@ -495,4 +482,4 @@ class Decoder(CausalLM):
             self.be.rope(part, angles, self.neox)
             k[..., self.rope_from :] = part
 
-        cache.update_keys(n_keep, rerotate)
+        shift_keys(cache, n_keep, n_discard, self.be, invs, self.neox, rotate)

@@ -5,7 +5,7 @@ optional tensors, row views of fused ones, each layer's sliding window; the outp
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,3 +114,53 @@ def finish_logits(sp: DecoderSpec, logits: F32Array) -> F32Array:
         np.tanh(logits, out=logits)
         logits *= cap
     return logits
+
+
+def layer_inv_freqs(
+    sp: DecoderSpec, inv_freq: F32Array, inv_freq_local: F32Array, a: int, z: int
+) -> list[F32Array | None]:
+    """The RoPE base each of layers ``a``..``z`` rotates by: the windowed layers' own where
+    they have one (gemma3), None for a layer without RoPE (smollm3)."""
+    nope = sp.nope or (False,) * sp.n_layer
+    return [
+        None if nope[li] else inv_freq_local if sp.local_rope[li] else inv_freq
+        for li in range(a, z)
+    ]
+
+
+def shift_keys(
+    cache: Any,
+    n_keep: int,
+    n_discard: int,
+    be: Backend,
+    invs: Sequence[F32Array | None],
+    neox: bool,
+    rotate: Callable[[F32Array, tuple[F32Array, F32Array], int], object] | None = None,
+) -> None:
+    """A context shift: ``cache`` drops ``n_discard`` positions after the first ``n_keep``,
+    and the keys moved back are re-rotated by ``-n_discard``, cache layer i by ``invs[i]``
+    (:func:`layer_inv_freqs`; None: no RoPE, left as they are) with ``be.rope``, or
+    ``rotate(k, angles, i)`` (one rule for every backend: the GPUs' caches hand their keys
+    to the host)."""
+    cache.shift(n_keep, n_discard)
+    if cache.n <= n_keep:
+        return
+    delta = np.full(cache.n - n_keep, -n_discard, np.int64)
+    layers = iter(enumerate(invs))
+
+    def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
+        layer, inv = next(layers)
+        if inv is None:
+            return
+        angles = be.rope_angles(delta[: len(k)], inv)
+        if rotate is None:
+            be.rope(k, angles, neox)
+        else:
+            rotate(k, angles, layer)
+
+    cache.update_keys(n_keep, rerotate)
+
+
+def block_mats(b: DecoderBlock) -> list[Weight]:
+    """A dense block's matrices (Q, K, V, output, gate, up, down) it has."""
+    return [w for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down) if w is not None]

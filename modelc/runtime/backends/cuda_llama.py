@@ -9,24 +9,18 @@ not run yet (:data:`~.cuda_family.CUDA_RUNS` leaves it out) is refused before an
 A model with LongRoPE long factors runs within its original context (its short factors),
 as llama.cpp does at that context size.
 
-Weights are uploaded once in their GGUF blocks (Q/K/V stacked into one matrix, gate/up
-into another), every sequence's KV cache lives in device memory
-(:class:`~modelc.runtime.backends.cuda_kv.CudaKVCache`), and a step's activations stay on
-the device: per step the host sends one small int64 array (token ids, positions, each
-row's sequence, each sequence's cache address and capacity, the rows whose logits are
-wanted) and gets back the logits of those rows, which the engine's samplers need, or
-with :meth:`CudaLlama.forward_sample` only the tokens the engine's sampling settings
-choose on the device (:mod:`~modelc.runtime.batch_sampler`), or with
-:meth:`CudaLlama.forward_greedy` only the argmax token ids.
+Weights are uploaded once in their GGUF blocks (Q/K/V stacked, gate/up stacked), KV caches
+live in device memory (:class:`~.cuda_kv.CudaKVCache`), a step's activations stay on the
+device: the host sends one int64 array (:func:`~.cuda_step.step_meta`) and gets back the
+wanted rows' logits, or (:meth:`CudaLlama.forward_sample`) only the tokens sampled there.
 
-Steps are captured as CUDA graphs and replayed (``MODELC_CUDA_GRAPHS=0``: never): decode
-steps padded to the buckets of :func:`~.cuda_step.graph_rows` (all captured by
-:meth:`CudaLlama.warm` when a server loads the model), steps with prompt chunks of up to
-:data:`~.cuda_step.MIXED_GRAPH_ROWS` rows to theirs (:func:`~.cuda_step.run_shape`, from the
-second step of a shape on), at most :data:`MAX_GRAPHS` kept; longer steps run eagerly, and
-where a capture fails (cuBLAS) so do such steps (``graph_error``).  docs/gpu.md tells why
-and what each bought.  With ``MODELC_CUDA_STEP_IO=graph`` a step also carries its meta and
-sampling parameters in and its sampled tokens out (:mod:`~.cuda_io`).
+Steps replay CUDA graphs (``MODELC_CUDA_GRAPHS=0``: never): decode steps padded to
+:func:`~.cuda_step.graph_rows`' buckets (all captured by :meth:`CudaLlama.warm`), steps with
+prompt chunks of up to :data:`~.cuda_step.MIXED_GRAPH_ROWS` rows to theirs
+(:func:`~.cuda_step.run_shape`: from a shape's second step on, or all captured by warm with
+``MODELC_CUDA_MIXED_KEY=rows``), at most :data:`MAX_GRAPHS` kept; longer steps, and those a
+failed cuBLAS capture leaves (``graph_error``), run eagerly (docs/gpu.md).
+``MODELC_CUDA_STEP_IO=graph``: a step carries its own I/O (:mod:`~.cuda_io`).
 """
 
 from __future__ import annotations
@@ -40,7 +34,8 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
-from modelc.runtime.arch.decoder import Decoder, DecoderBlock
+from modelc.runtime.arch.decoder import Decoder
+from modelc.runtime.arch.decoder_block import block_mats, layer_inv_freqs, shift_keys
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends import cuda_io, cuda_sampler
 from modelc.runtime.backends.cuda_attn import tiles as tiles_of
@@ -52,6 +47,7 @@ from modelc.runtime.backends.cuda_step import (
     MIXED_GRAPH_ROWS,
     check_fits,
     graph_rows,
+    mixed_runs,
     pad_tiles,
     run_shape,
     step_meta,
@@ -104,10 +100,11 @@ class CudaLlama(CausalLM):
         self.inv_freq_host = [
             host.inv_freq_local if loc else host.inv_freq for loc in sp.local_rope[lo:hi]
         ]
+        self.shift_invs = layer_inv_freqs(sp, host.inv_freq, host.inv_freq_local, lo, hi)
         self.kv_shape = KVShape(hi - lo, self.nkv, self.hd)
         self.be, self.dev, self.cp = backend, backend.dev, backend.cp
         cp = self.cp
-        weights = sum(int(np.asarray(w.data).nbytes) for b in blocks for w in _mats(b))
+        weights = sum(int(np.asarray(w.data).nbytes) for b in blocks for w in block_mats(b))
         weights += sum(
             int(np.asarray(w.data).nbytes)
             for b in blocks
@@ -150,6 +147,7 @@ class CudaLlama(CausalLM):
         mixed = os.environ.get("MODELC_CUDA_MIXED_GRAPH_ROWS", str(MIXED_GRAPH_ROWS))
         self.mixed_rows = int(mixed) if self.pad_graphs else 0
         self.mixed_bucket = int(os.environ.get("MODELC_CUDA_MIXED_BUCKET", "8"))  # run_shape's
+        self.mixed_fixed = os.environ.get("MODELC_CUDA_MIXED_KEY") == "rows"  # all warmed
         # a new shape captured at once: GEMV-only, or on cuBLAS once a cuBLAS step was
         self.capture_first = os.environ.get("MODELC_CUDA_CAPTURE_FIRST") == "1"
         self._blas_captured = False
@@ -227,7 +225,11 @@ class CudaLlama(CausalLM):
         if self.attn_tiles and chunks:  # a step with prompt chunks: attention in tiles of rows
             t = tiles_of(slices, self.dev.tile_rows(self._kv_f16))
         nt = 0 if t is None else len(t)
-        shape = run_shape(n, r, nt, not chunks, self.mixed_rows, self.mixed_bucket) if pad else None
+        shape = (
+            run_shape(n, r, nt, not chunks, self.mixed_rows, self.mixed_bucket, self.mixed_fixed)
+            if pad
+            else None
+        )
         run, r_run, t_run = shape or (n, r, nt)
         if run > self.rows:  # (the padding rows' sequence is one of the run's rows)
             self._alloc(max(run, 2 * self.rows))
@@ -399,10 +401,18 @@ class CudaLlama(CausalLM):
         if self.mixed_rows > self.rows:  # buffers for the largest graphed step now: growing
             self._alloc(self.mixed_rows)  # them later would drop every graph captured
         for b in sorted({graph_rows(k) for k in range(1, max_seqs + 1)}):
-            caches = [self.new_cache(mode, max_tokens=2) for _ in range(b)]
+            self._warm_step([1] * b, mode)
+        if self.mixed_fixed:  # and one a row bucket of the steps with prompt chunks
+            for run in mixed_runs(self.mixed_rows, self.mixed_bucket, self.n_ctx):
+                self._warm_step([1, run - 2], mode)
+
+    def _warm_step(self, lens: list[int], mode: KVMode | str) -> None:
+        """Two steps of chunks of ``lens`` tokens on throwaway caches (cuBLAS: eager, then
+        captured)."""
+        for _ in range(2):
+            caches = [self.new_cache(mode, max_tokens=max(lens) + 1) for _ in lens]
             try:
-                for _ in range(2):  # a cuBLAS bucket: an eager step first, then the capture
-                    self._step([SeqChunk(c, [0]) for c in caches])
+                self._step([SeqChunk(c, [0] * k) for c, k in zip(caches, lens, strict=True)])
             finally:
                 self.stream.synchronize()
                 for c in caches:
@@ -412,10 +422,9 @@ class CudaLlama(CausalLM):
         self.stream.begin_capture()
         try:
             self._body(n, r)
-        except BaseException:
-            self.stream.end_capture()
-            raise
-        return self.stream.end_capture()
+        finally:
+            graph = self.stream.end_capture()
+        return graph
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
         return self.forward_part(batch, None)
@@ -485,16 +494,4 @@ class CudaLlama(CausalLM):
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """As :meth:`Decoder.shift_context`, the moved keys re-rotated through the host."""
         self.stream.synchronize()
-        cache.shift(n_keep, n_discard)
-        delta = np.full(max(cache.n - n_keep, 0), -n_discard, np.int64)
-        invs = iter(self.inv_freq_host)  # each layer's RoPE base
-
-        def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            self.be.rope(k, self.be.rope_angles(delta[: len(k)], next(invs)), self.neox)
-
-        if cache.n > n_keep:
-            cache.update_keys(n_keep, rerotate)
-
-
-def _mats(b: DecoderBlock) -> list[Any]:
-    return [w for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down) if w is not None]
+        shift_keys(cache, n_keep, n_discard, self.be, self.shift_invs, self.neox)

@@ -35,10 +35,22 @@ def graph_rows(n: int) -> int:
 # and launching ~10 kernels a layer from Python costs more than the GPU's step.  The
 # engine's step budget (EngineOptions.step_tokens, 512) and the padding row
 MIXED_GRAPH_ROWS = 520
+# MODELC_CUDA_MIXED_KEY=rows: a step with prompt chunks runs its logit rows as this many and
+# its attention tiles as this many plus an eighth of its rows (more padding rows' logits
+# and one-row tiles, cheap beside the chunk), so its graph is one a row bucket: few enough
+# to capture them all when the model loads (CudaLlama.warm); a step needing more runs as
+# run_shape's three buckets say
+FIXED_LOGITS = 72  # 64 streams: 64 rows and a new prompt's (its last chunk), in 8s
 
 
 def run_shape(
-    n: int, r: int, t: int, decode: bool, mixed_rows: int, mixed_bucket: int = GRAPH_BUCKET
+    n: int,
+    r: int,
+    t: int,
+    decode: bool,
+    mixed_rows: int,
+    mixed_bucket: int = GRAPH_BUCKET,
+    fixed: bool = False,
 ) -> tuple[int, int, int] | None:
     """The (rows, logit rows, attention tiles) a step of ``n`` rows, ``r`` logit rows and
     ``t`` tiles runs as when it replays a graph of its bucket, or None: run as it is.  A
@@ -47,7 +59,9 @@ def run_shape(
     row at least (the padding tiles and logit rows read it), each count its
     :func:`graph_rows`, or with ``mixed_bucket`` past 8 the next multiple of it (fewer
     shapes, so fewer eager steps and captures on a cold server, for more padding; the
-    rows never past ``mixed_rows``, the buffers' size, nor the other two past the rows)."""
+    rows never past ``mixed_rows``, the buffers' size, nor the other two past the rows);
+    ``fixed``: the logit rows and tiles too as the rows say (:data:`FIXED_LOGITS`) where
+    they fit there."""
     if decode:
         run = graph_rows(n)
         return run, r + run - n, t
@@ -62,7 +76,19 @@ def run_shape(
     run = up(n + 1)
     if run > mixed_rows:
         run = graph_rows(n + 1)
+    r_fix, t_fix = min(FIXED_LOGITS, run), min(FIXED_LOGITS + run // 8, run)
+    if fixed and r <= r_fix and t <= t_fix:
+        return run, r_fix, t_fix
     return run, min(up(r), run), min(up(t), run)
+
+
+def mixed_runs(mixed_rows: int, mixed_bucket: int, n_ctx: int) -> list[int]:
+    """The rows of every graph bucket of a step with prompt chunks (:func:`run_shape`), up
+    to ``mixed_rows`` and a prompt chunk within ``n_ctx``: what CudaLlama.warm captures
+    with ``MODELC_CUDA_MIXED_KEY=rows``."""
+    top = min(mixed_rows, n_ctx + 2)  # a decode row, a chunk of run - 2 >= 2, a padding row
+    shapes = (run_shape(n, 1, 1, False, mixed_rows, mixed_bucket) for n in range(3, top))
+    return sorted({s[0] for s in shapes if s is not None and s[0] <= top})
 
 
 def pad_tiles(tiles: np.ndarray[Any, Any], to: int, row: int) -> np.ndarray[Any, Any]:

@@ -43,7 +43,12 @@ from modelc.formats.ir import HParams, ModelIR, row_bytes
 from modelc.runtime.arch import build
 from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
-from modelc.runtime.arch.decoder_block import finish_logits
+from modelc.runtime.arch.decoder_block import (
+    block_mats,
+    finish_logits,
+    layer_inv_freqs,
+    shift_keys,
+)
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import DEQ, WebGPUBackend
@@ -143,7 +148,7 @@ def webgpu_host(ir: ModelIR) -> Decoder:
         raise UnsupportedError(f"{ir.architecture} models are not the one decoder")
     sp = host.spec
     refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
-    mats = [w for b in host.blocks for w in _mats_of(b)] + [host.tok_embd, host.output]
+    mats = [w for b in host.blocks for w in block_mats(b)] + [host.tok_embd, host.output]
     odd = sorted({w.dtype.name for w in mats if w.dtype not in DEQ})
     if odd:
         raise UnsupportedError(f"this model has {', '.join(odd)} weights, which have no shader")
@@ -152,10 +157,6 @@ def webgpu_host(ir: ModelIR) -> Decoder:
     if any(w % 4 for w in widths) or sp.head_dim % 2:
         raise UnsupportedError(f"widths {sorted(widths)} are not all multiples of 4")
     return host
-
-
-def _mats_of(b: DecoderBlock) -> list[Weight]:
-    return [w for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down) if w is not None]
 
 
 class WebGpuLlama(CausalLM):
@@ -179,13 +180,12 @@ class WebGpuLlama(CausalLM):
         for w in [m for ly in self.layers for m in ly.mats()] + [self.output]:
             backend._chunks(w)
         self.output_norm = _vec(gpu, host.output_norm, "output_norm")
-        inv = self.inv_host = np.asarray(host.inv_freq, np.float32)
+        inv = np.asarray(host.inv_freq, np.float32)
         self.hn = len(inv)
         self.inv = _vec(gpu, inv, "inv_freq")
         # the windowed layers' own RoPE base (gemma3): a second table a step
         self.local = tuple(bool(x) for x in sp.local_rope) or (False,) * len(host.blocks)
-        self.inv_local_host = np.asarray(host.inv_freq_local, np.float32)
-        self.inv_local = _vec(gpu, self.inv_local_host, "inv_freq_local")
+        self.inv_local = _vec(gpu, host.inv_freq_local, "inv_freq_local")
         self.embd_scale = float(sp.embd_scale)  # gemma: sqrt(d); 0: none
         # YaRN's / LongRoPE's factor on the global table's cos and sin (Decoder.rope_mscale:
         # where only part of a head rotates), as its f32 bits; 0: none
@@ -193,6 +193,8 @@ class WebGpuLlama(CausalLM):
         self.mscale = 0 if ms is None else int(np.float32(ms).view(np.uint32))
         self.spec, self.softcap = sp, float(sp.attn_softcap)  # gemma2's capped scores
         self.nope = tuple(sp.nope) or (False,) * len(host.blocks)  # layers without RoPE
+        n_layer = len(host.blocks)
+        self.shift_invs = layer_inv_freqs(sp, host.inv_freq, host.inv_freq_local, 0, n_layer)
         self.ff = max(ly.ff for ly in self.layers)
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
         self.dummy = _vec(gpu, np.zeros(4, np.float32), "no_sinks")
@@ -216,22 +218,7 @@ class WebGpuLlama(CausalLM):
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """As :meth:`Decoder.shift_context`: the moved keys re-rotated on the host."""
-        cache.shift(n_keep, n_discard)
-        if cache.n <= n_keep:
-            return
-        delta = np.full(cache.n - n_keep, -n_discard, np.int64)
-        ref = self.be._fallback
-        invs = iter(
-            None if nope else self.inv_local_host if loc else self.inv_host
-            for loc, nope in zip(self.local, self.nope, strict=True)
-        )
-
-        def rerotate(k: F32Array) -> None:  # called once per layer, in layer order
-            inv = next(invs)
-            if inv is not None:  # a NoPE layer's keys carry no position
-                ref.rope(k, ref.rope_angles(delta[: len(k)], inv), self.neox)
-
-        cache.update_keys(n_keep, rerotate)
+        shift_keys(cache, n_keep, n_discard, self.be._fallback, self.shift_invs, self.neox)
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
         """One step (prompt chunks and decode rows of any sequences): one submit; the
