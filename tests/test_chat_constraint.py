@@ -70,3 +70,26 @@ def test_traceless_format_keeps_its_constraint() -> None:
     assert after_trace(c, reader("Qwen-Qwen2.5-7B-Instruct")) is c
     off = OutputReader(detect(template("Qwen-Qwen3-0.6B")), reasoning=False)
     assert after_trace(c, off) is c  # reasoning_format none: the trace is not set apart
+
+
+def test_objects_closed_as_llamacpps_converter(tok: Tokenizer) -> None:
+    """An object that lists its properties and says nothing of additionalProperties takes
+    no other key (llama.cpp's common/json-schema.cpp; JSON Schema would take any), at any
+    depth; one that says takes what it says; a bare object takes any; the members of an
+    allOf stay open (each closed would refuse the keys the others add)."""
+    from modelc.json_schema import closed
+
+    def ok(schema: object, text: str) -> bool:
+        return accepts(tok, Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema)), text)
+
+    assert ok(SCHEMA, ANSWER) and not ok(SCHEMA, '{"city":"Paris","days":2,"unit":"C"}')
+    nested = {"type": "object", "properties": {"a": {"type": "array", "items": SCHEMA}}}
+    assert ok(nested, '{"a":[' + ANSWER + "]}")
+    assert not ok(nested, '{"a":[{"city":"Paris","days":2,"unit":"C"}]}')
+    assert ok({**SCHEMA, "additionalProperties": True}, '{"city":"Paris","days":2,"unit":"C"}')
+    assert ok({"type": "object"}, '{"unit":"C"}')
+    both = {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}
+    assert closed(both) == both
+    defs = {"$defs": {"p": SCHEMA}, "properties": {"p": {"$ref": "#/$defs/p"}}}
+    assert closed(defs)["$defs"]["p"]["additionalProperties"] is False
+    assert closed(defs)["additionalProperties"] is False and "additionalProperties" not in defs

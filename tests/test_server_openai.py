@@ -146,7 +146,9 @@ def test_chat_tools_required(client: openai.OpenAI, model_id: str) -> None:
     calls = c.message.tool_calls
     assert calls and calls[0].type == "function" and calls[0].function.name == "get_weather"
     args = json.loads(calls[0].function.arguments)
-    assert isinstance(args, dict) and isinstance(args["city"], str)
+    # the schema's keys only: an object that lists its properties is closed, as llama.cpp's
+    # grammar converter closes it (this call added "temperature" while it was open)
+    assert set(args) == {"city"} and isinstance(args["city"], str)
 
 
 def test_chat_tools_named_streamed(client: openai.OpenAI, model_id: str) -> None:
@@ -189,6 +191,78 @@ def test_chat_json_schema(client: openai.OpenAI, model_id: str) -> None:
     )
     obj = json.loads(r.choices[0].message.content or "")
     assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+
+
+OPEN_SCHEMAS = [  # no additionalProperties: each prompt asks for a key the schema lacks
+    (
+        {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}},
+        "Give me a person as JSON with their name, age and city.",
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+        "The weather in Paris for the next 3 days, as JSON with a unit too.",
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "tags": {"type": "array", "items": {"properties": {"name": {"type": "string"}}}},
+            },
+            "required": ["title", "tags"],
+        },
+        "A blog post as JSON: title, tags (each with a name and a color), author.",
+    ),
+]
+
+
+def _keys(obj: Any) -> set[str]:
+    """Every key of every object in ``obj``."""
+    if isinstance(obj, dict):
+        return set(obj).union(*(_keys(v) for v in obj.values()))
+    if isinstance(obj, list):
+        return set().union(*(_keys(v) for v in obj))
+    return set()
+
+
+def _declared(schema: Any) -> set[str]:
+    """Every property a schema names, at any depth."""
+    if not isinstance(schema, dict):
+        return set()
+    props = schema.get("properties", {})
+    return set(props).union(*(_declared(v) for v in [*props.values(), schema.get("items")]))
+
+
+@pytest.mark.parametrize(("schema", "ask"), OPEN_SCHEMAS)
+def test_json_schema_objects_closed_as_llamacpps(
+    client: openai.OpenAI, model_id: str, llamacpp: LlamaCppServer, schema: Any, ask: str
+) -> None:
+    """A schema's objects that list properties without additionalProperties take no other
+    key, as llama-server's answer to the same request on the same GGUF (its grammar
+    converter's rule; JSON Schema's own would admit any: every answer here added one)."""
+    msg = [{"role": "user", "content": ask}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    r = client.chat.completions.create(
+        model=model_id,
+        messages=msg,
+        response_format=fmt,
+        max_tokens=80,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    ref = httpx.post(
+        f"{llamacpp.url}/v1/chat/completions",
+        json={"messages": msg, "max_tokens": 80, "temperature": 0, "response_format": fmt},
+        timeout=120,
+    ).json()
+    got, want = (
+        json.loads(r.choices[0].message.content or ""),
+        json.loads(ref["choices"][0]["message"]["content"]),
+    )
+    assert set(got) == set(want) and _keys(got) <= _declared(schema), (got, want)
 
 
 def test_completions_echo_and_prompt_logprobs(client: openai.OpenAI, model_id: str) -> None:

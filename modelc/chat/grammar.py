@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from modelc.chat.formats import ChatFormat, trace_grammar
+from modelc.json_schema import closed
 
 Special = Callable[[str], int | None]  # a marker's control-token id, if the vocabulary has one
 _COMPACT = {"whitespace_flexible": False}
@@ -77,8 +78,8 @@ class _Writer:
         return " ".join(out)
 
     def json(self, schema: Any) -> str:
-        if isinstance(schema, Mapping):
-            schema = {**schema, "x-guidance": _COMPACT}
+        if isinstance(schema, Mapping):  # closed as llama.cpp's (modelc/json_schema.py)
+            schema = {**closed(schema), "x-guidance": _COMPACT}
         return f"%json {json.dumps(schema)}"
 
 

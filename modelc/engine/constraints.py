@@ -24,6 +24,7 @@ import numpy as np
 
 from modelc.engine.api import Constraint, ConstraintKind
 from modelc.errors import UsageError
+from modelc.json_schema import closed
 from modelc.runtime.backend import F32Array
 from modelc.runtime.tokenizer import CONTROL, Tokenizer
 
@@ -74,7 +75,9 @@ def grammar_text(c: Constraint) -> str:
                 raise UsageError(f"the JSON schema is not valid JSON: {e}") from e
             if not isinstance(schema, (dict, bool)):
                 raise UsageError("a JSON schema must be a JSON object (or true/false)")
-            return str(llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), _JSON_DEFAULTS))
+            # objects closed as llama.cpp's converter closes them (modelc/json_schema.py)
+            text = json.dumps(closed(schema))
+            return str(llg.LLMatcher.grammar_from_json_schema(text, _JSON_DEFAULTS))
         if c.kind is ConstraintKind.JSON_OBJECT:
             return str(llg.LLMatcher.grammar_from_json_schema('{"type": "object"}', _JSON_DEFAULTS))
         if c.kind is ConstraintKind.GRAMMAR:
