@@ -4,7 +4,7 @@ stay in device buffers, and a step is one job (one submit).
 The mirror of :mod:`~modelc.runtime.backends.cuda_llama` for ``--device webgpu`` /
 ``metal``: the host model (:class:`~modelc.runtime.arch.decoder.Decoder` on the numpy
 backend) gives the :class:`~modelc.runtime.arch.decoder.DecoderSpec` run here, and what
-this forward does not run (:data:`WEBGPU_RUNS` leaves it out; weight types without a
+this forward does not run (:data:`~.webgpu_layer.WEBGPU_RUNS` leaves it out; weight types without a
 shader) is refused in one line, before any GPU work: the engine then runs the model op by
 op on :class:`~modelc.runtime.backends.webgpu.WebGPUBackend` (``MODELC_WEBGPU_RESIDENT=0``
 does so always).
@@ -20,7 +20,8 @@ a submit of its own.  The shaders are the op-level backend's (``wgsl/``) plus
 rows), ``add_bias``, ``gelu_mul``, ``scale`` (Gemma's scaled embeddings) and
 ``rms_norm_add`` (a post-norm added into the residual), the output and down products
 otherwise adding into the residual stream in the matmul shader (``acc``); windowed layers
-with a RoPE base of their own (Gemma 3) rotate by a second table a step; numerics are the op-level path's
+with a RoPE base of their own (Gemma 3) rotate by a second table a step; a mixture's
+experts run in the step too (:mod:`~.webgpu_moe`); numerics are the op-level path's
 (float32 throughout, an f16 cache rounded to nearest even as the CPU's).  Queries and keys
 share one buffer (one RoPE dispatch), gate and up one weight where their types agree (one
 product; the activation reads each row's halves).  A step's plan (``Gpu.plan``: bind
@@ -40,45 +41,23 @@ import numpy as np
 
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import HParams, ModelIR, row_bytes
-from modelc.runtime.arch import build
 from modelc.runtime.arch.attn_temp import attn_temperature
-from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
+from modelc.runtime.arch.decoder import Decoder
 from modelc.runtime.arch.decoder_block import (
-    block_mats,
     finish_logits,
     layer_inv_freqs,
     shift_keys,
 )
 from modelc.runtime.backend import F32Array, Weight
-from modelc.runtime.backends.numpy_ref import NumpyBackend
-from modelc.runtime.backends.webgpu import DEQ, WebGPUBackend
-from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, Plan, grid, shader_source
+from modelc.runtime.backends.webgpu import WebGPUBackend
+from modelc.runtime.backends.webgpu_device import Dispatch, Job, Plan, grid, shader_source
 from modelc.runtime.backends.webgpu_kv import WebGpuKVCache
+from modelc.runtime.backends.webgpu_layer import Layer, vec, webgpu_host
+from modelc.runtime.backends.webgpu_moe import MoeLayer
 from modelc.runtime.backends.webgpu_ops import SCORES_BYTES
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
 
-# what the resident forward runs of the decoder's description (FEATURES names); the rest
-# is refused (the engine then runs the model op by op)
-WEBGPU_RUNS = frozenset(
-    {
-        "qkv_bias",
-        "qk_norm",
-        "gelu_tanh",
-        "windows",
-        "post_norms",
-        "embd_scale",
-        "local_rope",
-        "attn_softcap",
-        "final_softcap",
-        "nope",
-        "partial_rope",
-        "no_pre_norms",
-        "qk_norm_whole",
-        "attn_temp",
-        "yarn_full_only",
-    }
-)
 PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
 _STORE_POS = 2  # the word of kv_store's uniforms that holds the cache's length (pos0)
 _ATTN_SSTRIDE = 5  # the word of attention's uniforms that holds the scores' stride
@@ -99,66 +78,6 @@ def _flat(n: int) -> tuple[int, int, int]:
     return gx, gy, gx * 64
 
 
-class _Layer:
-    def __init__(self, gpu: Gpu, b: DecoderBlock) -> None:
-        assert b.w_gate is not None and b.w_up is not None and b.w_down is not None
-        # None: no pre-norm (olmo2: the branch reads the residual stream as it is)
-        self.attn_norm = None if b.attn_norm is None else _vec(gpu, b.attn_norm, "attn_norm")
-        self.ffn_norm = None if b.ffn_norm is None else _vec(gpu, b.ffn_norm, "ffn_norm")
-        self.wq, self.wk, self.wv, self.wo = b.wq, b.wk, b.wv, b.wo
-        self.gate, self.up, self.down = b.w_gate, b.w_up, b.w_down
-        self.ff = int(b.w_gate.shape[0])
-        # gate and up as one weight (one product a step, each row of the output gate then
-        # up), where they share a type and width; else two products into those halves
-        self.gate_up: Weight | None = None
-        if b.w_gate.dtype == b.w_up.dtype and b.w_gate.shape == b.w_up.shape:
-            data = np.concatenate([b.w_gate.data, b.w_up.data])
-            self.gate_up = Weight(b.w_gate.dtype, (2 * self.ff, b.w_gate.shape[1]), data)
-        # per-head Q/K norms (qwen3): each head's row of q and of k RMS-normed in place (or
-        # the whole projection's row, olmo2: Decoder's qk_norm_whole)
-        self.qk_norm = None
-        if b.q_norm is not None and b.k_norm is not None:
-            self.qk_norm = (_vec(gpu, b.q_norm, "q_norm"), _vec(gpu, b.k_norm, "k_norm"))
-        # norms of the attention's and the FFN's outputs before the residual adds them (gemma)
-        self.post = tuple(
-            None if w is None else _vec(gpu, w, label)
-            for w, label in ((b.post_attn_norm, "post_attn"), (b.post_ffw_norm, "post_ffw"))
-        )
-        bias = (b.bq, b.bk, b.bv)
-        self.bias = (
-            tuple(_vec(gpu, x, "bias") for x in bias) if all(x is not None for x in bias) else None
-        )
-
-    def mats(self) -> list[Weight]:
-        ffn = [self.gate, self.up] if self.gate_up is None else [self.gate_up]
-        return [self.wq, self.wk, self.wv, self.wo, *ffn, self.down]
-
-
-def _vec(gpu: Gpu, a: Any, label: str) -> tuple[Any, int]:
-    data = np.ascontiguousarray(a, np.float32).reshape(-1)
-    buf = gpu.weight_buffer(data.view(np.uint8), label)
-    return buf, buf.size
-
-
-def webgpu_host(ir: ModelIR) -> Decoder:
-    """The host model of ``ir`` (numpy: no GPU work), after refusing in one line what the
-    resident forward does not run."""
-    host = build(ir, NumpyBackend())
-    if not isinstance(host, Decoder):
-        raise UnsupportedError(f"{ir.architecture} models are not the one decoder")
-    sp = host.spec
-    refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
-    mats = [w for b in host.blocks for w in block_mats(b)] + [host.tok_embd, host.output]
-    odd = sorted({w.dtype.name for w in mats if w.dtype not in DEQ})
-    if odd:
-        raise UnsupportedError(f"this model has {', '.join(odd)} weights, which have no shader")
-    widths = {sp.d, sp.n_head * sp.head_dim, sp.n_head_kv * sp.head_dim}
-    widths |= {int(b.w_gate.shape[0]) for b in host.blocks if b.w_gate is not None}
-    if any(w % 4 for w in widths) or sp.head_dim % 2:
-        raise UnsupportedError(f"widths {sorted(widths)} are not all multiples of 4")
-    return host
-
-
 class WebGpuLlama(CausalLM):
     """A decoder :class:`~modelc.runtime.model.LanguageModel` resident on a WebGPU device."""
 
@@ -176,16 +95,16 @@ class WebGpuLlama(CausalLM):
         gpu = self.gpu
         self.tok_embd, self.output = host.tok_embd, host.output
         backend._chunks(self.tok_embd)  # every weight placed now (the budget's checks)
-        self.layers = [_Layer(gpu, b) for b in host.blocks]
+        self.layers = [Layer(gpu, b) for b in host.blocks]
         for w in [m for ly in self.layers for m in ly.mats()] + [self.output]:
             backend._chunks(w)
-        self.output_norm = _vec(gpu, host.output_norm, "output_norm")
+        self.output_norm = vec(gpu, host.output_norm, "output_norm")
         inv = np.asarray(host.inv_freq, np.float32)
         self.hn = len(inv)
-        self.inv = _vec(gpu, inv, "inv_freq")
+        self.inv = vec(gpu, inv, "inv_freq")
         # the windowed layers' own RoPE base (gemma3): a second table a step
         self.local = tuple(bool(x) for x in sp.local_rope) or (False,) * len(host.blocks)
-        self.inv_local = _vec(gpu, host.inv_freq_local, "inv_freq_local")
+        self.inv_local = vec(gpu, host.inv_freq_local, "inv_freq_local")
         self.embd_scale = float(sp.embd_scale)  # gemma: sqrt(d); 0: none
         # YaRN's / LongRoPE's factor on the global table's cos and sin (Decoder.rope_mscale:
         # where only part of a head rotates), as its f32 bits; 0: none
@@ -195,9 +114,10 @@ class WebGpuLlama(CausalLM):
         self.nope = tuple(sp.nope) or (False,) * len(host.blocks)  # layers without RoPE
         n_layer = len(host.blocks)
         self.shift_invs = layer_inv_freqs(sp, host.inv_freq, host.inv_freq_local, 0, n_layer)
-        self.ff = max(ly.ff for ly in self.layers)
+        self.ff = max(1, *(ly.ff for ly in self.layers))  # dense FFNs' (mixtures: their own)
+        self.moes = [ly.moe for ly in self.layers if ly.moe is not None]
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
-        self.dummy = _vec(gpu, np.zeros(4, np.float32), "no_sinks")
+        self.dummy = vec(gpu, np.zeros(4, np.float32), "no_sinks")
         self._pipes: dict[tuple[str, str], Any] = {}
         # steps' plans by shape (_plan), and how many were made (a test's count)
         self._plans: dict[tuple[Any, ...], tuple[Plan, list[list[int]], list[int]]] = {}
@@ -348,6 +268,8 @@ class WebGpuLlama(CausalLM):
         for name, width in (("x", self.d), ("h", self.d), ("v", kw), ("attn", qw)):
             bufs[name] = self._buf(name, n * width * 4)
         bufs["gu"], bufs["act"] = self._buf("gu", n * 2 * ff * 4), self._buf("act", n * ff * 4)
+        if self.moes:
+            bufs |= {k: self._buf(k, b) for k, b in MoeLayer.sizes(self.moes, n).items()}
         # queries then keys in one buffer (one RoPE dispatch for both), keys at an offset
         # the binding alignment allows
         align = self.gpu.offset_align
@@ -477,12 +399,16 @@ class WebGpuLlama(CausalLM):
                     job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
             self._residual(job, ly.wo, att, n, x, h, ly.post[0])
             hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
+            entry = "gelu_mul" if self.gelu else "silu_mul"
+            if ly.moe is not None:  # the experts' weighted sum added into x
+                ly.moe.record(self.be, job, bufs, hin, x, n, self._elem, entry)
+                continue
+            assert ly.gate is not None and ly.up is not None and ly.down is not None
             if ly.gate_up is not None:  # each row of gu: gate then up
                 self._matmul(job, ly.gate_up, hin, n, gu)
             else:
                 self._matmul(job, ly.gate, hin, n, gu, stride=2 * ly.ff)
                 self._matmul(job, ly.up, hin, n, gu, stride=2 * ly.ff, col0=ly.ff)
-            entry = "gelu_mul" if self.gelu else "silu_mul"
             self._elem(job, entry, n * ly.ff, {0: gu, 1: gu, 2: act}, ly.ff)
             self._residual(job, ly.down, act, n, x, h, ly.post[1])
         if r:

@@ -1,0 +1,119 @@
+"""What the resident WebGPU decoder (:mod:`.webgpu_llama`) runs of a decoder's one
+description, and a layer's weights on the device: :func:`webgpu_host` refuses the rest in
+one line before any GPU work (the engine then runs the model op by op), :class:`_Layer`
+holds a block's norms, biases and matrices (a mixture's experts as
+:class:`~.webgpu_moe.MoeLayer`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UnsupportedError
+from modelc.formats.ir import ModelIR
+from modelc.runtime.arch import build
+from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
+from modelc.runtime.arch.decoder_block import block_mats
+from modelc.runtime.backend import Weight
+from modelc.runtime.backends.numpy_ref import NumpyBackend
+from modelc.runtime.backends.webgpu import DEQ
+from modelc.runtime.backends.webgpu_device import Gpu
+from modelc.runtime.backends.webgpu_moe import MoeLayer, refuse_routing
+
+# what the resident forward runs of the decoder's description (FEATURES names); the rest
+# is refused (the engine then runs the model op by op)
+WEBGPU_RUNS = frozenset(
+    {
+        "qkv_bias",
+        "qk_norm",
+        "gelu_tanh",
+        "windows",
+        "post_norms",
+        "embd_scale",
+        "local_rope",
+        "attn_softcap",
+        "final_softcap",
+        "nope",
+        "partial_rope",
+        "no_pre_norms",
+        "qk_norm_whole",
+        "attn_temp",
+        "yarn_full_only",
+        "moe",
+    }
+)
+
+
+class Layer:
+    def __init__(self, gpu: Gpu, b: DecoderBlock) -> None:
+        # a mixture's experts in place of the FFN (webgpu_moe.py)
+        self.moe = None if b.experts is None else MoeLayer(b.experts)
+        # None: no pre-norm (olmo2: the branch reads the residual stream as it is)
+        self.attn_norm = None if b.attn_norm is None else vec(gpu, b.attn_norm, "attn_norm")
+        self.ffn_norm = None if b.ffn_norm is None else vec(gpu, b.ffn_norm, "ffn_norm")
+        self.wq, self.wk, self.wv, self.wo = b.wq, b.wk, b.wv, b.wo
+        self.gate, self.up, self.down = b.w_gate, b.w_up, b.w_down
+        self.ff = 0 if b.w_gate is None else int(b.w_gate.shape[0])
+        # gate and up as one weight (one product a step, each row of the output gate then
+        # up), where they share a type and width; else two products into those halves
+        self.gate_up: Weight | None = None
+        if b.w_gate is None or b.w_up is None:
+            pass
+        elif b.w_gate.dtype == b.w_up.dtype and b.w_gate.shape == b.w_up.shape:
+            data = np.concatenate([b.w_gate.data, b.w_up.data])
+            self.gate_up = Weight(b.w_gate.dtype, (2 * self.ff, b.w_gate.shape[1]), data)
+        # per-head Q/K norms (qwen3): each head's row of q and of k RMS-normed in place (or
+        # the whole projection's row, olmo2: Decoder's qk_norm_whole)
+        self.qk_norm = None
+        if b.q_norm is not None and b.k_norm is not None:
+            self.qk_norm = (vec(gpu, b.q_norm, "q_norm"), vec(gpu, b.k_norm, "k_norm"))
+        # norms of the attention's and the FFN's outputs before the residual adds them (gemma)
+        self.post = tuple(
+            None if w is None else vec(gpu, w, label)
+            for w, label in ((b.post_attn_norm, "post_attn"), (b.post_ffw_norm, "post_ffw"))
+        )
+        bias = (b.bq, b.bk, b.bv)
+        self.bias = (
+            tuple(vec(gpu, x, "bias") for x in bias) if all(x is not None for x in bias) else None
+        )
+
+    def mats(self) -> list[Weight]:
+        if self.moe is not None:
+            return [self.wq, self.wk, self.wv, self.wo, *self.moe.mats()]
+        ffn = [self.gate, self.up] if self.gate_up is None else [self.gate_up]
+        assert self.down is not None and all(w is not None for w in ffn)
+        return [self.wq, self.wk, self.wv, self.wo, *ffn, self.down]  # type: ignore[list-item]
+
+
+def vec(gpu: Gpu, a: Any, label: str) -> tuple[Any, int]:
+    data = np.ascontiguousarray(a, np.float32).reshape(-1)
+    buf = gpu.weight_buffer(data.view(np.uint8), label)
+    return buf, buf.size
+
+
+def webgpu_host(ir: ModelIR) -> Decoder:
+    """The host model of ``ir`` (numpy: no GPU work), after refusing in one line what the
+    resident forward does not run."""
+    host = build(ir, NumpyBackend())
+    if not isinstance(host, Decoder):
+        raise UnsupportedError(f"{ir.architecture} models are not the one decoder")
+    sp = host.spec
+    refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
+    mats = [w for b in host.blocks for w in block_mats(b)] + [host.tok_embd, host.output]
+    for b in host.blocks:  # a mixture's experts: softmax top-k, each type's shader
+        if b.experts is not None:
+            refuse_routing(b.experts)
+            if b.post_ffw_norm is not None:
+                raise UnsupportedError("a mixture with a post-FFN norm is not run here")
+            e = b.experts
+            mats += [e.router, e.gate[0], e.up[0], e.down[0]]
+    odd = sorted({w.dtype.name for w in mats if w.dtype not in DEQ})
+    if odd:
+        raise UnsupportedError(f"this model has {', '.join(odd)} weights, which have no shader")
+    widths = {sp.d, sp.n_head * sp.head_dim, sp.n_head_kv * sp.head_dim}
+    widths |= {int(b.w_gate.shape[0]) for b in host.blocks if b.w_gate is not None}
+    widths |= {int(b.experts.gate[0].shape[0]) for b in host.blocks if b.experts is not None}
+    if any(w % 4 for w in widths) or sp.head_dim % 2:
+        raise UnsupportedError(f"widths {sorted(widths)} are not all multiples of 4")
+    return host

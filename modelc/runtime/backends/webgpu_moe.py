@@ -1,0 +1,148 @@
+"""A mixture of experts in the resident WebGPU step (softmax top-k renormalised: Mixtral,
+Qwen3-MoE), on the device with the rest of the step: the router's product, each token's
+experts and weights (``moe.wgsl``'s ``moe_route``), the chosen experts' gate, up and down
+products of every (token, slot) pair (``moe_gemv.wgsl``: each pair's rows of the stacked
+experts, read as stored), the activation, and their weighted sum added into the residual
+stream (``moe_combine``, in expert-id order as :func:`~modelc.runtime.arch.moe.moe_ffn`).
+
+Each pair reads its expert's whole matrix: right for decode (a few pairs), slower than
+grouping a prompt's rows by expert (the op-level path's way) for long prompts."""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from modelc.errors import UnsupportedError
+from modelc.formats.ir import row_bytes
+from modelc.runtime.arch.moe import Experts
+from modelc.runtime.backend import Weight
+from modelc.runtime.backends.webgpu import _FLOATS, DEQ, GEMV_WG, WebGPUBackend
+from modelc.runtime.backends.webgpu_device import Dispatch, Job, grid, shader_source
+
+
+def stacked(ws: list[Weight]) -> Weight:
+    """The experts' matrices as one (n * rows, cols) weight: the stack they are row views
+    of where they are (no copy), else joined."""
+    rows, cols = ws[0].shape
+    base = ws[0].data.base
+    if (
+        isinstance(base, np.ndarray)
+        and base.ndim == 3
+        and len(base) == len(ws)
+        and base.flags.c_contiguous
+        and all(np.shares_memory(w.data, base[i]) for i, w in enumerate(ws))
+    ):
+        data = base.reshape(len(ws) * rows, -1)
+    else:
+        data = np.concatenate([w.data for w in ws])
+    return Weight(ws[0].dtype, (len(ws) * rows, cols), data)
+
+
+def refuse_routing(e: Experts) -> None:
+    """UnsupportedError unless ``e`` routes as softmax top-k renormalised, alone."""
+    if e.routing is not None or e.bias is not None or e.shared is not None or e.oai:
+        raise UnsupportedError("the resident WebGPU decoder runs softmax top-k mixtures only")
+
+
+def _moe_gemv_source(fn: str, qpt: int, tpr: int) -> str:
+    body = shader_source("moe_gemv").replace("DEQ4(", f"{fn}(")
+    for name, v in (("WG", GEMV_WG), ("QPT", qpt), ("TPR", tpr)):
+        body = re.sub(rf"const {name}: u32 = \d+u;", f"const {name}: u32 = {v}u;", body)
+    return body + "\n" + shader_source("half", "quants")
+
+
+class MoeLayer:
+    """A layer's experts on the device (stacked), and the dispatches of their FFN."""
+
+    def __init__(self, e: Experts) -> None:
+        refuse_routing(e)
+        self.router = e.router
+        self.gate, self.up, self.down = stacked(e.gate), stacked(e.up), stacked(e.down)
+        self.n_expert, self.k = int(e.router.shape[0]), int(e.n_used)
+        self.ff, self.d = int(e.gate[0].shape[0]), int(e.down[0].shape[0])
+
+    def mats(self) -> list[Weight]:
+        return [self.router, self.gate, self.up, self.down]
+
+    @staticmethod
+    def sizes(layers: list[MoeLayer], n: int) -> dict[str, int]:
+        """The step's MoE buffers for ``n`` rows (bytes), by name."""
+        e = max(m.n_expert for m in layers)
+        pairs = n * max(m.k for m in layers)
+        ff, d = max(m.ff for m in layers), max(m.d for m in layers)
+        return {
+            "moe_logits": n * e * 4,
+            "moe_ids": pairs * 4,
+            "moe_wts": pairs * 4,
+            "moe_gu": pairs * 2 * ff * 4,
+            "moe_act": pairs * ff * 4,
+            "moe_out": pairs * d * 4,
+        }
+
+    def record(
+        self,
+        be: WebGPUBackend,
+        job: Job,
+        bufs: dict[str, tuple[Any, ...]],
+        h: tuple[Any, ...],
+        x: tuple[Any, ...],
+        n: int,
+        elem: Callable[..., None],
+        entry: str,
+    ) -> None:
+        """``x += the experts' FFN of h`` for n rows; ``elem``/``entry``: the model's
+        elementwise dispatch and its activation (silu_mul, gelu_mul)."""
+        logits, ids, wts = bufs["moe_logits"], bufs["moe_ids"], bufs["moe_wts"]
+        gu, act, out = bufs["moe_gu"], bufs["moe_act"], bufs["moe_out"]
+        for dsp in be.matmul_dispatches(self.router, h, n, logits):
+            job.add(dsp)
+        gx, gy = grid(math.ceil(n / 64))
+        params = struct.pack("<8I", n, self.n_expert, self.k, self.d, gx * 64, 0, 0, 0)
+        route = be.gpu.pipeline("moe", "moe_route", shader_source("moe"))
+        job.add(Dispatch(route, {0: logits, 1: ids, 2: wts}, params, 3, (gx, gy, 1)))
+        pairs = n * self.k
+        self._experts(be, job, self.gate, h, pairs, self.k, gu, 2 * self.ff, 0, ids)
+        self._experts(be, job, self.up, h, pairs, self.k, gu, 2 * self.ff, self.ff, ids)
+        elem(job, entry, pairs * self.ff, {0: gu, 1: gu, 2: act}, self.ff)
+        self._experts(be, job, self.down, act, pairs, 1, out, self.d, 0, ids)
+        gx, gy = grid(math.ceil(n * self.d / 64))
+        params = struct.pack("<8I", n, self.n_expert, self.k, self.d, gx * 64, 0, 0, 0)
+        combine = be.gpu.pipeline("moe", "moe_combine", shader_source("moe"))
+        job.add(Dispatch(combine, {0: out, 2: wts, 4: x}, params, 3, (gx, gy, 1)))
+
+    def _experts(
+        self,
+        be: WebGPUBackend,
+        job: Job,
+        w: Weight,
+        x: tuple[Any, ...],
+        pairs: int,
+        x_div: int,
+        out: tuple[Any, ...],
+        stride: int,
+        col0: int,
+        ids: tuple[Any, ...],
+    ) -> None:
+        """Pair p's expert's rows of the stack ``w`` times x row p / ``x_div``, into out's
+        row p from column ``col0`` (rows ``stride`` wide): a dispatch a weight buffer."""
+        rows, cols = w.shape
+        per_expert = rows // self.n_expert
+        qpt = 1 if w.dtype in _FLOATS else 8  # a thread's chunk, as gemv.wgsl's
+        tpr = min(GEMV_WG, 1 << (max(1, -(-cols // (4 * qpt))).bit_length() - 1))
+        fn = DEQ[w.dtype]
+        src = _moe_gemv_source(fn, qpt, tpr)
+        pipe = be.gpu.pipeline(f"moe_gemv_{fn}_{tpr}", "moe_gemv", src)
+        rb = row_bytes(w.dtype, cols)
+        gx, gy = grid(math.ceil(per_expert / (GEMV_WG // tpr)))
+        for buf, r0, nr in be._chunks(w):
+            params = struct.pack(
+                "<12I", nr, cols, pairs, rb, stride, col0, gx, r0, per_expert, x_div, 0, 0
+            )
+            bind = {0: (buf, buf.size), 1: x, 2: out, 4: ids}
+            job.add(Dispatch(pipe, bind, params, 3, (gx, gy, pairs)))
