@@ -80,9 +80,11 @@ def weight(dtype: DType, rows: int, cols: int) -> Weight:
         return Weight(dtype, (rows, cols), quantize(dense, dtype))
     bs, ts = BLOCK_SIZES[dtype]
     raw = RNG.integers(0, 256, (rows, cols // bs, ts), dtype=np.uint8)
-    for off in F16_FIELDS[dtype]:
+    for off in F16_FIELDS.get(dtype, ()):
         scales = RNG.uniform(-0.05, 0.05, (rows, cols // bs, 1)).astype(np.float16)
         raw[:, :, off : off + 2] = scales.view(np.uint8)
+    if dtype is DType.MXFP4:  # its E8M0 scale byte: 2^-10 .. 2^2, and the subnormal 0 and 1
+        raw[:, :, 0] = RNG.choice([0, 1, *range(118, 131)], (rows, cols // bs))
     return Weight(dtype, (rows, cols), raw.reshape(rows, -1))
 
 

@@ -60,6 +60,7 @@ def _llama() -> Path:
 FAMILIES = (
     *("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"),
     *("smollm3", "phi4mini", "olmo2", "olmo3", "mistral3", "qwen3moe", "mixtral"),
+    *("gptoss", "gptoss-mxfp4"),
 )
 
 
@@ -73,7 +74,8 @@ def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
     without RoPE), phi4mini (partial RoPE), olmo2 (post-norms only, Q/K norms over the
     whole projection), olmo3 (that, windows, and YaRN on the full-attention layers only),
     mistral3 (the queries' temperature by position), qwen3moe and mixtral (mixtures of
-    experts, softmax top-k)."""
+    experts, softmax top-k), gpt-oss with f32 and MXFP4 experts (attention sinks, output
+    biases, its routing, expert biases and clamped SwiGLU)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from tests.tiny_families import TINY
@@ -135,17 +137,17 @@ def test_mixed_step_freed_cache_and_one_submit(pair: tuple[Any, Any], gpu: WebGP
 def test_refused_in_one_line_and_the_engine_goes_op_by_op(
     gpu: WebGPUBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """gpt-oss (attention sinks, its own experts): refused naming what it lacks; the engine's
+    """LFM2 (short-convolution layers): refused naming what it lacks; the engine's
     --device webgpu then builds the op-level decoder and logs why."""
     from modelc.engine import EngineOptions, build_runtime
     from modelc.formats import load_model
     from modelc.runtime.arch.decoder import Decoder
     from tests.tiny_families import TINY
 
-    ir = load_model(TINY["gptoss"]())
+    ir = load_model(TINY["lfm2"]())
     with pytest.raises(UnsupportedError) as e:
         webgpu_host(ir)
-    assert "\n" not in str(e.value) and "attention sinks" in str(e.value)
+    assert "\n" not in str(e.value) and "short-convolution" in str(e.value)
     with caplog.at_level(logging.WARNING, logger="modelc"):
         runtime, _ = build_runtime(ir, EngineOptions(device="webgpu"))
     assert isinstance(runtime, Decoder)

@@ -53,6 +53,7 @@ DEQ: dict[DType, str] = {
     DType.Q5_K: "deq4_q5_k",
     DType.Q6_K: "deq4_q6_k",
     DType.IQ4_NL: "deq4_iq4_nl",
+    DType.MXFP4: "deq4_mxfp4",
 }
 
 NX = 8  # the most rows of x per matmul thread (matmul.wgsl): 1, 2, 4 or 8 by batch size

@@ -454,3 +454,10 @@ class Gpu:
                 f"WebGPU: cannot allocate {nbytes >> 20} MiB ({label}) on {self.describe()} "
                 f"({e}); lower --max-concurrent or --max-context, or use --device cpu"
             ) from e
+
+
+def vec(gpu: Gpu, a: Any, label: str) -> tuple[Any, int]:
+    """An f32 vector (norm weights, biases) in a device buffer: (buffer, bytes)."""
+    data = np.ascontiguousarray(a, np.float32).reshape(-1)
+    buf = gpu.weight_buffer(data.view(np.uint8), label)
+    return buf, buf.size

@@ -6,8 +6,6 @@ holds a block's norms, biases and matrices (a mixture's experts as
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from modelc.errors import UnsupportedError
@@ -18,7 +16,7 @@ from modelc.runtime.arch.decoder_block import block_mats
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import DEQ
-from modelc.runtime.backends.webgpu_device import Gpu
+from modelc.runtime.backends.webgpu_device import Gpu, vec
 from modelc.runtime.backends.webgpu_moe import MoeLayer, refuse_routing
 
 # what the resident forward runs of the decoder's description (FEATURES names); the rest
@@ -41,6 +39,9 @@ WEBGPU_RUNS = frozenset(
         "attn_temp",
         "yarn_full_only",
         "moe",
+        "attn_sinks",
+        "attn_out_bias",
+        "moe_oai",
     }
 )
 
@@ -48,7 +49,10 @@ WEBGPU_RUNS = frozenset(
 class Layer:
     def __init__(self, gpu: Gpu, b: DecoderBlock) -> None:
         # a mixture's experts in place of the FFN (webgpu_moe.py)
-        self.moe = None if b.experts is None else MoeLayer(b.experts)
+        self.moe = None if b.experts is None else MoeLayer(gpu, b.experts)
+        # gpt-oss: each head's sink logit, the attention output's bias
+        self.sinks = None if b.sinks is None else vec(gpu, b.sinks, "sinks")
+        self.bo = None if b.bo is None else vec(gpu, b.bo, "bo")
         # None: no pre-norm (olmo2: the branch reads the residual stream as it is)
         self.attn_norm = None if b.attn_norm is None else vec(gpu, b.attn_norm, "attn_norm")
         self.ffn_norm = None if b.ffn_norm is None else vec(gpu, b.ffn_norm, "ffn_norm")
@@ -86,12 +90,6 @@ class Layer:
         return [self.wq, self.wk, self.wv, self.wo, *ffn, self.down]  # type: ignore[list-item]
 
 
-def vec(gpu: Gpu, a: Any, label: str) -> tuple[Any, int]:
-    data = np.ascontiguousarray(a, np.float32).reshape(-1)
-    buf = gpu.weight_buffer(data.view(np.uint8), label)
-    return buf, buf.size
-
-
 def webgpu_host(ir: ModelIR) -> Decoder:
     """The host model of ``ir`` (numpy: no GPU work), after refusing in one line what the
     resident forward does not run."""
@@ -101,7 +99,9 @@ def webgpu_host(ir: ModelIR) -> Decoder:
     sp = host.spec
     refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
     mats = [w for b in host.blocks for w in block_mats(b)] + [host.tok_embd, host.output]
-    for b in host.blocks:  # a mixture's experts: softmax top-k, each type's shader
+    for b in host.blocks:  # a mixture's experts: their routing, each type's shader
+        if b.bo is not None and b.post_attn_norm is not None:
+            raise UnsupportedError("an attention output bias before a post-norm is not run here")
         if b.experts is not None:
             refuse_routing(b.experts)
             if b.post_ffw_norm is not None:

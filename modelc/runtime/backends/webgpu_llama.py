@@ -50,9 +50,9 @@ from modelc.runtime.arch.decoder_block import (
 )
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.webgpu import WebGPUBackend
-from modelc.runtime.backends.webgpu_device import Dispatch, Job, Plan, grid, shader_source
+from modelc.runtime.backends.webgpu_device import Dispatch, Job, Plan, grid, shader_source, vec
 from modelc.runtime.backends.webgpu_kv import WebGpuKVCache
-from modelc.runtime.backends.webgpu_layer import Layer, vec, webgpu_host
+from modelc.runtime.backends.webgpu_layer import Layer, webgpu_host
 from modelc.runtime.backends.webgpu_moe import MoeLayer
 from modelc.runtime.backends.webgpu_ops import SCORES_BYTES
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
@@ -388,16 +388,19 @@ class WebGpuLlama(CausalLM):
                 slots.append(len(job.dispatches))
                 job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
                 seen = bufs[f"info{self.windows[li]}"] if self.windows[li] else info_b
-                abind = {0: q, 1: layer, 2: layer, 3: att, 5: seen, 6: scores, 7: self.dummy}
+                sinks = self.dummy if ly.sinks is None else ly.sinks  # gpt-oss's sink logits
+                abind = {0: q, 1: layer, 2: layer, 3: att, 5: seen, 6: scores, 7: sinks}
                 for row0 in range(sl.start, sl.stop, chunk):
                     m = min(chunk, sl.stop - row0)
                     params = struct.pack(
-                        "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, 0, self.scale,
+                        "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, int(ly.sinks is not None), self.scale,
                         self.softcap, 0, v_off, 0,
                     )  # fmt: skip
                     attns.append(len(job.dispatches))
                     job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
             self._residual(job, ly.wo, att, n, x, h, ly.post[0])
+            if ly.bo is not None:  # the output's bias (gpt-oss), into the residual stream
+                self._elem(job, "add_bias", n * self.d, {1: ly.bo, 2: x}, self.d)
             hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
             entry = "gelu_mul" if self.gelu else "silu_mul"
             if ly.moe is not None:  # the experts' weighted sum added into x

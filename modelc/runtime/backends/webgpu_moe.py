@@ -23,7 +23,7 @@ from modelc.formats.ir import row_bytes
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends.webgpu import _FLOATS, DEQ, GEMV_WG, WebGPUBackend
-from modelc.runtime.backends.webgpu_device import Dispatch, Job, grid, shader_source
+from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source, vec
 
 
 def stacked(ws: list[Weight]) -> Weight:
@@ -45,9 +45,12 @@ def stacked(ws: list[Weight]) -> Weight:
 
 
 def refuse_routing(e: Experts) -> None:
-    """UnsupportedError unless ``e`` routes as softmax top-k renormalised, alone."""
-    if e.routing is not None or e.bias is not None or e.shared is not None or e.oai:
-        raise UnsupportedError("the resident WebGPU decoder runs softmax top-k mixtures only")
+    """UnsupportedError unless ``e`` routes as softmax top-k renormalised, or as gpt-oss's,
+    alone (no grouped or sigmoid routing, no shared experts)."""
+    if e.routing is not None or e.bias is not None or e.shared is not None:
+        raise UnsupportedError(
+            "the resident WebGPU decoder runs softmax top-k and gpt-oss's mixtures only"
+        )
 
 
 def _moe_gemv_source(fn: str, qpt: int, tpr: int) -> str:
@@ -60,12 +63,19 @@ def _moe_gemv_source(fn: str, qpt: int, tpr: int) -> str:
 class MoeLayer:
     """A layer's experts on the device (stacked), and the dispatches of their FFN."""
 
-    def __init__(self, e: Experts) -> None:
+    def __init__(self, gpu: Gpu, e: Experts) -> None:
         refuse_routing(e)
         self.router = e.router
         self.gate, self.up, self.down = stacked(e.gate), stacked(e.up), stacked(e.down)
         self.n_expert, self.k = int(e.router.shape[0]), int(e.n_used)
         self.ff, self.d = int(e.gate[0].shape[0]), int(e.down[0].shape[0])
+        # gpt-oss: the router's and each expert's biases, the SwiGLU's clamp (moe_oai)
+        self.oai = None
+        if e.oai is not None:
+            b = e.oai
+            names = ("router", "gate", "up", "down")
+            self.oai = {n: vec(gpu, getattr(b, n), f"oai_{n}") for n in names}
+            self.limit = float(b.limit)
 
     def mats(self) -> list[Weight]:
         return [self.router, self.gate, self.up, self.down]
@@ -102,19 +112,51 @@ class MoeLayer:
         gu, act, out = bufs["moe_gu"], bufs["moe_act"], bufs["moe_out"]
         for dsp in be.matmul_dispatches(self.router, h, n, logits):
             job.add(dsp)
-        gx, gy = grid(math.ceil(n / 64))
-        params = struct.pack("<8I", n, self.n_expert, self.k, self.d, gx * 64, 0, 0, 0)
-        route = be.gpu.pipeline("moe", "moe_route", shader_source("moe"))
-        job.add(Dispatch(route, {0: logits, 1: ids, 2: wts}, params, 3, (gx, gy, 1)))
-        pairs = n * self.k
-        self._experts(be, job, self.gate, h, pairs, self.k, gu, 2 * self.ff, 0, ids)
-        self._experts(be, job, self.up, h, pairs, self.k, gu, 2 * self.ff, self.ff, ids)
-        elem(job, entry, pairs * self.ff, {0: gu, 1: gu, 2: act}, self.ff)
-        self._experts(be, job, self.down, act, pairs, 1, out, self.d, 0, ids)
-        gx, gy = grid(math.ceil(n * self.d / 64))
-        params = struct.pack("<8I", n, self.n_expert, self.k, self.d, gx * 64, 0, 0, 0)
-        combine = be.gpu.pipeline("moe", "moe_combine", shader_source("moe"))
-        job.add(Dispatch(combine, {0: out, 2: wts, 4: x}, params, 3, (gx, gy, 1)))
+        oai, e, k, ff, d = self.oai, self.n_expert, self.k, self.ff, self.d
+        if oai is not None:
+            elem(job, "add_bias", n * e, {1: oai["router"], 2: logits}, e)
+        self._moe(be, job, "moe_route", n, {0: logits, 1: ids, 2: wts}, 0)
+        pairs = n * k
+        self._experts(be, job, self.gate, h, pairs, k, gu, 2 * ff, 0, ids)
+        self._experts(be, job, self.up, h, pairs, k, gu, 2 * ff, ff, ids)
+        if oai is not None:  # each pair's expert's biases, then the clamped SwiGLU
+            self._moe(
+                be, job, "moe_bias", pairs * ff, {0: oai["gate"], 1: ids, 4: gu}, ff, 0, 2 * ff
+            )
+            self._moe(
+                be, job, "moe_bias", pairs * ff, {0: oai["up"], 1: ids, 4: gu}, ff, ff, 2 * ff
+            )
+            elem(job, "swiglu_oai", pairs * ff, {0: gu, 1: gu, 2: act}, ff, self.limit)
+        else:
+            elem(job, entry, pairs * ff, {0: gu, 1: gu, 2: act}, ff)
+        self._experts(be, job, self.down, act, pairs, 1, out, d, 0, ids)
+        if oai is not None:
+            self._moe(be, job, "moe_bias", pairs * d, {0: oai["down"], 1: ids, 4: out}, d, 0, d)
+        self._moe(be, job, "moe_combine", n * d, {0: out, 2: wts, 4: x}, n)
+
+    def _moe(
+        self,
+        be: WebGPUBackend,
+        job: Job,
+        entry: str,
+        threads: int,
+        bind: dict[int, tuple[Any, ...]],
+        a: int,
+        col0: int = 0,
+        stride: int = 0,
+    ) -> None:
+        """A dispatch of moe.wgsl's ``entry`` over ``threads``: moe_route (a thread a
+        token), moe_bias (``a``: the width, ``col0``, ``stride``), moe_combine (``a``: the
+        tokens)."""
+        gx, gy = grid(math.ceil(threads / 64))
+        n, width = {
+            "moe_route": (threads, self.d),
+            "moe_bias": (threads // max(a, 1), a),
+            "moe_combine": (a, self.d),
+        }[entry]
+        params = struct.pack("<8I", n, self.n_expert, self.k, width, gx * 64, 0, col0, stride)
+        pipe = be.gpu.pipeline("moe", entry, shader_source("moe"))
+        job.add(Dispatch(pipe, bind, params, 3, (gx, gy, 1)))
 
     def _experts(
         self,

@@ -5,7 +5,7 @@ struct Params {
     gxs: u32,  // threads along x (indices past it go on in y)
     pad0: u32,  // add_bias, scale_rows: the row width; silu_mul, gelu_mul: > 0, xa holds
                 // rows of gate then up, each this wide (xb unread)
-    pad1: u32,  // scale: the factor's bits (an f32)
+    pad1: u32,  // scale: the factor's bits (an f32); swiglu_oai: the clamp's
 }
 
 @group(0) @binding(0) var<storage, read> xa: array<f32>;
@@ -88,4 +88,19 @@ fn scale_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     outs[i] = outs[i] * xb[i / p.pad0];
+}
+
+// gpt-oss's clamped SwiGLU (moe_oai.swiglu_oai): g = min(gate, L), u = clamp(up, -L, L),
+// (u + 1) * g * sigmoid(1.702 g), L the f32 bits of p.pad1, gate and up as gelu_mul's
+@compute @workgroup_size(64)
+fn swiglu_oai(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.gxs;
+    if (i >= p.n) {
+        return;
+    }
+    let lim = bitcast<f32>(p.pad1);
+    let gu = gate_up(i);
+    let g = min(gu.x, lim);
+    let u = clamp(gu.y, -lim, lim) + 1.0;
+    outs[i] = g / (1.0 + exp(-1.702 * g)) * u;
 }

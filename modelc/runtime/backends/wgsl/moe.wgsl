@@ -8,8 +8,8 @@ struct Params {
     d: u32,  // moe_combine: the row width
     gxs: u32,  // threads along x (indices past it go on in y)
     pad0: u32,
-    pad1: u32,
-    pad2: u32,
+    col0: u32,  // moe_bias: the first column of each pair's row it adds to
+    stride: u32,  // moe_bias: outs' row width
 }
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;  // (n, n_expert); combine: (n * k, d)
@@ -19,7 +19,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> outs: array<f32>;  // combine: (n, d), added to
 
 // each token's k most probable experts (softmax over all; ties to the lower id), in id
-// order, and their probabilities renormalised to sum to 1
+// order, and their probabilities renormalised to sum to 1: the softmax of the k logits
+// alone, so gpt-oss's weighting too (its router's bias added to the logits before)
 @compute @workgroup_size(64)
 fn moe_route(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x + gid.y * p.gxs;
@@ -75,4 +76,18 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
         s += logits[(t * p.k + j) * p.d + c] * wts[t * p.k + j];
     }
     outs[i] = outs[i] + s;
+}
+
+// each pair's expert's bias (logits binds the biases, (n_expert, d)) added to its row of
+// outs (p.n pairs, p.d wide from column p.col0 of rows p.stride wide)
+@compute @workgroup_size(64)
+fn moe_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.gxs;
+    if (i >= p.n * p.d) {
+        return;
+    }
+    let pair = i / p.d;
+    let c = i % p.d;
+    let o = pair * p.stride + p.col0 + c;
+    outs[o] = outs[o] + logits[ids[pair] * p.d + c];
 }

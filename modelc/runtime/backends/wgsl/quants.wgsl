@@ -182,3 +182,19 @@ fn deq4_iq4_nl(rb: u32, k: u32, cols: u32) -> vec4<f32> {
     let v = vec4<f32>(IQ4_KVALUES[q.x], IQ4_KVALUES[q.y], IQ4_KVALUES[q.z], IQ4_KVALUES[q.w]);
     return ld_f16(base) * v;
 }
+
+var<private> MXFP4_KVALUES: array<f32, 16> = array<f32, 16>(
+    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0,
+);
+
+// MXFP4 (gpt-oss's experts): e:E8M0, qs[16]; x = MXFP4_KVALUES[nibble] * 2^(e - 128) (the
+// E2M1 values doubled, the scale halved: ggml's kvalues_mxfp4 and E8M0_TO_FP32_HALF)
+fn deq4_mxfp4(rb: u32, k: u32, cols: u32) -> vec4<f32> {
+    let base = rb + (k >> 3u) * 17u;
+    let i = k & 7u;
+    let q = bytes4(ld_u32(base + 1u + 4u * (i & 3u)), (i >> 2u) * 4u, 15u);
+    let e = ld_u8(base);
+    let bits = select((e - 1u) << 23u, 0x00200000u << e, e < 2u);
+    let v = vec4<f32>(MXFP4_KVALUES[q.x], MXFP4_KVALUES[q.y], MXFP4_KVALUES[q.z], MXFP4_KVALUES[q.w]);
+    return bitcast<f32>(bits) * v;
+}
