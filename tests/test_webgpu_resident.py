@@ -60,7 +60,7 @@ def _llama() -> Path:
 FAMILIES = (
     *("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"),
     *("smollm3", "phi4mini", "olmo2", "olmo3", "mistral3", "qwen3moe", "mixtral"),
-    *("gptoss", "gptoss-mxfp4"),
+    *("gptoss", "gptoss-mxfp4", "glm4moe"),
 )
 
 
@@ -75,7 +75,9 @@ def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
     whole projection), olmo3 (that, windows, and YaRN on the full-attention layers only),
     mistral3 (the queries' temperature by position), qwen3moe and mixtral (mixtures of
     experts, softmax top-k), gpt-oss with f32 and MXFP4 experts (attention sinks, output
-    biases, its routing, expert biases and clamped SwiGLU)."""
+    biases, its routing, expert biases and clamped SwiGLU) and glm4moe (sigmoid routing
+    with a bias for the choice, scaled, a shared expert, a dense first layer; partial RoPE;
+    Q/K/V biases with Q/K norms)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from tests.tiny_families import TINY

@@ -42,6 +42,8 @@ WEBGPU_RUNS = frozenset(
         "attn_sinks",
         "attn_out_bias",
         "moe_oai",
+        "moe_routing",
+        "qkv_bias+qk_norm",
     }
 )
 
@@ -107,13 +109,15 @@ def webgpu_host(ir: ModelIR) -> Decoder:
             if b.post_ffw_norm is not None:
                 raise UnsupportedError("a mixture with a post-FFN norm is not run here")
             e = b.experts
-            mats += [e.router, e.gate[0], e.up[0], e.down[0]]
+            mats += [e.router, e.gate[0], e.up[0], e.down[0], *(e.shared or ())]
     odd = sorted({w.dtype.name for w in mats if w.dtype not in DEQ})
     if odd:
         raise UnsupportedError(f"this model has {', '.join(odd)} weights, which have no shader")
     widths = {sp.d, sp.n_head * sp.head_dim, sp.n_head_kv * sp.head_dim}
     widths |= {int(b.w_gate.shape[0]) for b in host.blocks if b.w_gate is not None}
-    widths |= {int(b.experts.gate[0].shape[0]) for b in host.blocks if b.experts is not None}
+    for b in host.blocks:  # the experts' widths, and the shared experts'
+        if b.experts is not None:
+            widths |= {int(w.shape[0]) for w in (b.experts.gate[0], *(b.experts.shared or ()))}
     if any(w % 4 for w in widths) or sp.head_dim % 2:
         raise UnsupportedError(f"widths {sorted(widths)} are not all multiples of 4")
     return host

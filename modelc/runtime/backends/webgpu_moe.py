@@ -45,12 +45,13 @@ def stacked(ws: list[Weight]) -> Weight:
 
 
 def refuse_routing(e: Experts) -> None:
-    """UnsupportedError unless ``e`` routes as softmax top-k renormalised, or as gpt-oss's,
-    alone (no grouped or sigmoid routing, no shared experts)."""
-    if e.routing is not None or e.bias is not None or e.shared is not None:
-        raise UnsupportedError(
-            "the resident WebGPU decoder runs softmax top-k and gpt-oss's mixtures only"
-        )
+    """UnsupportedError unless ``e`` routes as this runs: softmax top-k renormalised
+    (Mixtral, Qwen3-MoE), gpt-oss's, or GLM's (sigmoid scores, a bias for the choice,
+    scaled, shared experts); not in groups (DeepSeek V3) nor a gated shared expert."""
+    if e.routing is not None and e.routing.n_group > 1:
+        raise UnsupportedError("the resident WebGPU decoder does not route in expert groups")
+    if e.shared_gate is not None:
+        raise UnsupportedError("the resident WebGPU decoder runs no gated shared expert")
 
 
 def _moe_gemv_source(fn: str, qpt: int, tpr: int) -> str:
@@ -69,6 +70,16 @@ class MoeLayer:
         self.gate, self.up, self.down = stacked(e.gate), stacked(e.up), stacked(e.down)
         self.n_expert, self.k = int(e.router.shape[0]), int(e.n_used)
         self.ff, self.d = int(e.gate[0].shape[0]), int(e.down[0].shape[0])
+        # moe.wgsl's moe_route: its flags (1 sigmoid, 2 renormalised), the weights' scale,
+        # the scores' bias for the choice (DeepSeek's and GLM's exp_probs_b; else zeros)
+        r = e.routing
+        self.flags = 2 if r is None else int(r.gating == "sigmoid") | (2 * int(r.norm))
+        scale = np.float32(1.0 if r is None else r.scale)
+        self.scale_bits = int(scale.view(np.uint32))
+        bias = e.bias if e.bias is not None else np.zeros(self.n_expert, np.float32)
+        self.ebias = vec(gpu, bias, "exp_probs_b")
+        self.shared = e.shared  # every token's experts beside (gate, up, down)
+        self.sff = 0 if e.shared is None else int(e.shared[0].shape[0])
         # gpt-oss: the router's and each expert's biases, the SwiGLU's clamp (moe_oai)
         self.oai = None
         if e.oai is not None:
@@ -78,7 +89,7 @@ class MoeLayer:
             self.limit = float(b.limit)
 
     def mats(self) -> list[Weight]:
-        return [self.router, self.gate, self.up, self.down]
+        return [self.router, self.gate, self.up, self.down, *(self.shared or ())]
 
     @staticmethod
     def sizes(layers: list[MoeLayer], n: int) -> dict[str, int]:
@@ -86,12 +97,13 @@ class MoeLayer:
         e = max(m.n_expert for m in layers)
         pairs = n * max(m.k for m in layers)
         ff, d = max(m.ff for m in layers), max(m.d for m in layers)
+        wide = max(pairs * ff, n * max(m.sff for m in layers))  # the shared experts' too
         return {
             "moe_logits": n * e * 4,
             "moe_ids": pairs * 4,
             "moe_wts": pairs * 4,
-            "moe_gu": pairs * 2 * ff * 4,
-            "moe_act": pairs * ff * 4,
+            "moe_gu": wide * 2 * 4,
+            "moe_act": wide * 4,
             "moe_out": pairs * d * 4,
         }
 
@@ -115,7 +127,8 @@ class MoeLayer:
         oai, e, k, ff, d = self.oai, self.n_expert, self.k, self.ff, self.d
         if oai is not None:
             elem(job, "add_bias", n * e, {1: oai["router"], 2: logits}, e)
-        self._moe(be, job, "moe_route", n, {0: logits, 1: ids, 2: wts}, 0)
+        bind = {0: logits, 1: ids, 2: wts, 5: self.ebias}
+        self._moe(be, job, "moe_route", n, bind, self.scale_bits, self.flags)
         pairs = n * k
         self._experts(be, job, self.gate, h, pairs, k, gu, 2 * ff, 0, ids)
         self._experts(be, job, self.up, h, pairs, k, gu, 2 * ff, ff, ids)
@@ -133,6 +146,15 @@ class MoeLayer:
         if oai is not None:
             self._moe(be, job, "moe_bias", pairs * d, {0: oai["down"], 1: ids, 4: out}, d, 0, d)
         self._moe(be, job, "moe_combine", n * d, {0: out, 2: wts, 4: x}, n)
+        if self.shared is not None:  # the shared experts' FFN, added into x too
+            sgate, sup, sdown = self.shared
+            sff = self.sff
+            for w, col0 in ((sgate, 0), (sup, sff)):
+                for dsp in be.matmul_dispatches(w, h, n, gu, stride=2 * sff, col0=col0):
+                    job.add(dsp)
+            elem(job, entry, n * sff, {0: gu, 1: gu, 2: act}, sff)
+            for dsp in be.matmul_dispatches(sdown, act, n, x, acc=True):
+                job.add(dsp)
 
     def _moe(
         self,
@@ -142,19 +164,19 @@ class MoeLayer:
         threads: int,
         bind: dict[int, tuple[Any, ...]],
         a: int,
-        col0: int = 0,
+        b: int = 0,
         stride: int = 0,
     ) -> None:
         """A dispatch of moe.wgsl's ``entry`` over ``threads``: moe_route (a thread a
-        token), moe_bias (``a``: the width, ``col0``, ``stride``), moe_combine (``a``: the
-        tokens)."""
+        token; ``a`` the scale's bits, ``b`` the flags), moe_bias (``a``: the width, ``b``
+        the first column, ``stride``), moe_combine (``a``: the tokens)."""
         gx, gy = grid(math.ceil(threads / 64))
-        n, width = {
-            "moe_route": (threads, self.d),
-            "moe_bias": (threads // max(a, 1), a),
-            "moe_combine": (a, self.d),
+        n, width, flags, col0 = {
+            "moe_route": (threads, a, b, 0),
+            "moe_bias": (threads // max(a, 1), a, 0, b),
+            "moe_combine": (a, self.d, 0, 0),
         }[entry]
-        params = struct.pack("<8I", n, self.n_expert, self.k, width, gx * 64, 0, col0, stride)
+        params = struct.pack("<8I", n, self.n_expert, self.k, width, gx * 64, flags, col0, stride)
         pipe = be.gpu.pipeline("moe", entry, shader_source("moe"))
         job.add(Dispatch(pipe, bind, params, 3, (gx, gy, 1)))
 

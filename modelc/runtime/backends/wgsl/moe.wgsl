@@ -5,9 +5,9 @@ struct Params {
     n: u32,  // tokens
     n_expert: u32,
     k: u32,  // experts a token
-    d: u32,  // moe_combine: the row width
+    d: u32,  // moe_combine, moe_bias: the row width; moe_route: the weights' scale (f32 bits)
     gxs: u32,  // threads along x (indices past it go on in y)
-    pad0: u32,
+    flags: u32,  // moe_route: 1 sigmoid scores, 2 renormalised
     col0: u32,  // moe_bias: the first column of each pair's row it adds to
     stride: u32,  // moe_bias: outs' row width
 }
@@ -17,10 +17,26 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> wts: array<f32>;  // (n, k) their weights
 @group(0) @binding(3) var<uniform> p: Params;
 @group(0) @binding(4) var<storage, read_write> outs: array<f32>;  // combine: (n, d), added to
+@group(0) @binding(5) var<storage, read> ebias: array<f32>;  // route: (n_expert,) for the choice
 
-// each token's k most probable experts (softmax over all; ties to the lower id), in id
-// order, and their probabilities renormalised to sum to 1: the softmax of the k logits
-// alone, so gpt-oss's weighting too (its router's bias added to the logits before)
+// each token's k experts of highest score plus ebias (for the choice only; zeros where the
+// mixture has none; ties to the lower id), in id order, weighted by their scores: softmax over all (or
+// sigmoid, flags bit 0), renormalised to sum to 1 (flags bit 1; the sum at least f16's
+// smallest normal, as llama.cpp), times the f32 of p.d's bits (moe.py's route).  Softmax
+// renormalised is the softmax of the k logits alone: gpt-oss's weighting too (its
+// router's bias added to the logits before)
+fn score(row: u32, e: u32, mx: f32, total: f32) -> f32 {
+    let l = logits[row + e];
+    if ((p.flags & 1u) != 0u) {
+        return 1.0 / (1.0 + exp(-l));
+    }
+    return exp(l - mx) / total;
+}
+
+fn pick(row: u32, e: u32, mx: f32, total: f32) -> f32 {
+    return score(row, e, mx, total) + ebias[e];
+}
+
 @compute @workgroup_size(64)
 fn moe_route(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x + gid.y * p.gxs;
@@ -40,24 +56,26 @@ fn moe_route(@builtin(global_invocation_id) gid: vec3<u32>) {
     var j = 0u;
     var sum = 0.0;
     for (var e = 0u; e < p.n_expert; e++) {
-        let v = logits[row + e];
+        let v = pick(row, e, mx, total);
         var better = 0u;
         for (var o = 0u; o < p.n_expert; o++) {
-            let w = logits[row + o];
+            let w = pick(row, o, mx, total);
             if (w > v || (w == v && o < e)) {
                 better++;
             }
         }
         if (better < p.k) {
-            let prob = exp(v - mx) / total;
+            let s = score(row, e, mx, total);
             ids[t * p.k + j] = e;
-            wts[t * p.k + j] = prob;
-            sum += prob;
+            wts[t * p.k + j] = s;
+            sum += s;
             j++;
         }
     }
+    let scale = bitcast<f32>(p.d);
+    let div = select(1.0, max(sum, 6.103515625e-5), (p.flags & 2u) != 0u);
     for (var s = 0u; s < p.k; s++) {
-        wts[t * p.k + s] = wts[t * p.k + s] / sum;
+        wts[t * p.k + s] = wts[t * p.k + s] / div * scale;
     }
 }
 
