@@ -44,14 +44,17 @@ WEBGPU_RUNS = frozenset(
         "moe_oai",
         "moe_routing",
         "qkv_bias+qk_norm",
+        "chunked_attn",
+        "qk_l2_norm",
+        "moe_sigmoid_shared",
     }
 )
 
 
 class Layer:
-    def __init__(self, gpu: Gpu, b: DecoderBlock) -> None:
+    def __init__(self, gpu: Gpu, b: DecoderBlock, scaled_input: bool = False) -> None:
         # a mixture's experts in place of the FFN (webgpu_moe.py)
-        self.moe = None if b.experts is None else MoeLayer(gpu, b.experts)
+        self.moe = None if b.experts is None else MoeLayer(gpu, b.experts, scaled_input)
         # gpt-oss: each head's sink logit, the attention output's bias
         self.sinks = None if b.sinks is None else vec(gpu, b.sinks, "sinks")
         self.bo = None if b.bo is None else vec(gpu, b.bo, "bo")

@@ -95,7 +95,7 @@ class WebGpuLlama(CausalLM):
         gpu = self.gpu
         self.tok_embd, self.output = host.tok_embd, host.output
         backend._chunks(self.tok_embd)  # every weight placed now (the budget's checks)
-        self.layers = [Layer(gpu, b) for b in host.blocks]
+        self.layers = [Layer(gpu, b, sp.moe_sigmoid_shared) for b in host.blocks]
         for w in [m for ly in self.layers for m in ly.mats()] + [self.output]:
             backend._chunks(w)
         self.output_norm = vec(gpu, host.output_norm, "output_norm")
@@ -117,6 +117,9 @@ class WebGpuLlama(CausalLM):
         self.ff = max(1, *(ly.ff for ly in self.layers))  # dense FFNs' (mixtures: their own)
         self.moes = [ly.moe for ly in self.layers if ly.moe is not None]
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
+        # per layer: attends within chunks of this many positions (llama 4), 0: not
+        self.chunks = tuple(int(c) for c in sp.chunks) or (0,) * len(host.blocks)
+        self.ones = vec(gpu, np.ones(self.hd, np.float32), "ones")  # a plain RMS norm's
         self.dummy = vec(gpu, np.zeros(4, np.float32), "no_sinks")
         self._pipes: dict[tuple[str, str], Any] = {}
         # steps' plans by shape (_plan), and how many were made (a test's count)
@@ -253,6 +256,11 @@ class WebGpuLlama(CausalLM):
         info = np.zeros((n, 2), np.uint32)
         info[:, 1] = pos + 1  # each row sees its sequence's positions 0 .. its own
         bufs["info"] = self._put("info", info)
+        for size in sorted(set(self.chunks) - {0}):  # a chunk: from its first position on
+            lo = pos - pos % size
+            bufs[f"chunk{size}"] = self._put(
+                f"chunk{size}", np.stack([lo, pos + 1 - lo], 1).astype(np.uint32)
+            )
         for w in sorted(set(self.windows) - {0}):  # a sliding window: its last w positions
             lo = np.maximum(pos - w + 1, 0)
             bufs[f"info{w}"] = self._put(
@@ -375,6 +383,9 @@ class WebGpuLlama(CausalLM):
                 params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
                 c_b, s_b, _, _ = tables[self.local[li]]
                 job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
+            if self.spec.qk_l2_norm and self.spec.qk_l2_norm[li]:  # weightless (llama 4)
+                for buf, heads in ((q, nh), (k, nkv)):
+                    self._norm(job, None, self.ones, n * heads, buf, width=hd)
             if self.spec.attn_temp and self.spec.attn_temp_layers[li]:  # sharper far out
                 self._elem(job, "scale_rows", n * qw, {1: bufs["temp"], 2: q}, qw)
             for c, sl, slots in zip(batch, slices, stores, strict=True):
@@ -388,6 +399,8 @@ class WebGpuLlama(CausalLM):
                 slots.append(len(job.dispatches))
                 job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
                 seen = bufs[f"info{self.windows[li]}"] if self.windows[li] else info_b
+                if self.chunks[li]:
+                    seen = bufs[f"chunk{self.chunks[li]}"]
                 sinks = self.dummy if ly.sinks is None else ly.sinks  # gpt-oss's sink logits
                 abind = {0: q, 1: layer, 2: layer, 3: att, 5: seen, 6: scores, 7: sinks}
                 for row0 in range(sl.start, sl.stop, chunk):

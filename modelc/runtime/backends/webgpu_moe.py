@@ -64,8 +64,10 @@ def _moe_gemv_source(fn: str, qpt: int, tpr: int) -> str:
 class MoeLayer:
     """A layer's experts on the device (stacked), and the dispatches of their FFN."""
 
-    def __init__(self, gpu: Gpu, e: Experts) -> None:
+    def __init__(self, gpu: Gpu, e: Experts, scaled_input: bool = False) -> None:
         refuse_routing(e)
+        # llama 4: sigmoid scores of the top k scale each expert's input, not its output
+        self.scaled_input = scaled_input
         self.router = e.router
         self.gate, self.up, self.down = stacked(e.gate), stacked(e.up), stacked(e.down)
         self.n_expert, self.k = int(e.router.shape[0]), int(e.n_used)
@@ -74,6 +76,8 @@ class MoeLayer:
         # the scores' bias for the choice (DeepSeek's and GLM's exp_probs_b; else zeros)
         r = e.routing
         self.flags = 2 if r is None else int(r.gating == "sigmoid") | (2 * int(r.norm))
+        if scaled_input:
+            self.flags = 1
         scale = np.float32(1.0 if r is None else r.scale)
         self.scale_bits = int(scale.view(np.uint32))
         bias = e.bias if e.bias is not None else np.zeros(self.n_expert, np.float32)
@@ -105,6 +109,7 @@ class MoeLayer:
             "moe_gu": wide * 2 * 4,
             "moe_act": wide * 4,
             "moe_out": pairs * d * 4,
+            "moe_in": pairs * d * 4 if any(m.scaled_input for m in layers) else 4,
         }
 
     def record(
@@ -130,8 +135,12 @@ class MoeLayer:
         bind = {0: logits, 1: ids, 2: wts, 5: self.ebias}
         self._moe(be, job, "moe_route", n, bind, self.scale_bits, self.flags)
         pairs = n * k
-        self._experts(be, job, self.gate, h, pairs, k, gu, 2 * ff, 0, ids)
-        self._experts(be, job, self.up, h, pairs, k, gu, 2 * ff, ff, ids)
+        xin, div = h, k  # each pair reads its token's row
+        if self.scaled_input:  # or its own, the token's row times its weight
+            xin, div = bufs["moe_in"], 1
+            self._moe(be, job, "moe_scale_in", pairs * self.d, {0: h, 2: wts, 4: xin}, pairs)
+        self._experts(be, job, self.gate, xin, pairs, div, gu, 2 * ff, 0, ids)
+        self._experts(be, job, self.up, xin, pairs, div, gu, 2 * ff, ff, ids)
         if oai is not None:  # each pair's expert's biases, then the clamped SwiGLU
             self._moe(
                 be, job, "moe_bias", pairs * ff, {0: oai["gate"], 1: ids, 4: gu}, ff, 0, 2 * ff
@@ -145,7 +154,7 @@ class MoeLayer:
         self._experts(be, job, self.down, act, pairs, 1, out, d, 0, ids)
         if oai is not None:
             self._moe(be, job, "moe_bias", pairs * d, {0: oai["down"], 1: ids, 4: out}, d, 0, d)
-        self._moe(be, job, "moe_combine", n * d, {0: out, 2: wts, 4: x}, n)
+        self._moe(be, job, "moe_combine", n * d, {0: out, 2: wts, 4: x}, n, self.scaled_input)
         if self.shared is not None:  # the shared experts' FFN, added into x too
             sgate, sup, sdown = self.shared
             sff = self.sff
@@ -169,12 +178,14 @@ class MoeLayer:
     ) -> None:
         """A dispatch of moe.wgsl's ``entry`` over ``threads``: moe_route (a thread a
         token; ``a`` the scale's bits, ``b`` the flags), moe_bias (``a``: the width, ``b``
-        the first column, ``stride``), moe_combine (``a``: the tokens)."""
+        the first column, ``stride``), moe_combine (``a``: the tokens, ``b`` unweighted),
+        moe_scale_in (``a``: the pairs)."""
         gx, gy = grid(math.ceil(threads / 64))
         n, width, flags, col0 = {
             "moe_route": (threads, a, b, 0),
             "moe_bias": (threads // max(a, 1), a, 0, b),
-            "moe_combine": (a, self.d, 0, 0),
+            "moe_combine": (a, self.d, b, 0),
+            "moe_scale_in": (a, self.d, 0, 0),
         }[entry]
         params = struct.pack("<8I", n, self.n_expert, self.k, width, gx * 64, flags, col0, stride)
         pipe = be.gpu.pipeline("moe", entry, shader_source("moe"))

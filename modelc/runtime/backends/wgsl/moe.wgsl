@@ -7,7 +7,7 @@ struct Params {
     k: u32,  // experts a token
     d: u32,  // moe_combine, moe_bias: the row width; moe_route: the weights' scale (f32 bits)
     gxs: u32,  // threads along x (indices past it go on in y)
-    flags: u32,  // moe_route: 1 sigmoid scores, 2 renormalised
+    flags: u32,  // moe_route: 1 sigmoid scores, 2 renormalised; moe_combine: 1 unweighted
     col0: u32,  // moe_bias: the first column of each pair's row it adds to
     stride: u32,  // moe_bias: outs' row width
 }
@@ -90,8 +90,9 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = i / p.d;
     let c = i % p.d;
     var s = 0.0;
+    let unweighted = (p.flags & 1u) != 0u;  // llama 4: the weights scaled the experts' input
     for (var j = 0u; j < p.k; j++) {
-        s += logits[(t * p.k + j) * p.d + c] * wts[t * p.k + j];
+        s += logits[(t * p.k + j) * p.d + c] * select(wts[t * p.k + j], 1.0, unweighted);
     }
     outs[i] = outs[i] + s;
 }
@@ -108,4 +109,16 @@ fn moe_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = i % p.d;
     let o = pair * p.stride + p.col0 + c;
     outs[o] = outs[o] + logits[ids[pair] * p.d + c];
+}
+
+// llama 4 (llama4_moe.llama4_moe_ffn): each pair's input, its token's row of h (logits
+// binds h, (n, d)) times the pair's weight, into outs (n * k, d)
+@compute @workgroup_size(64)
+fn moe_scale_in(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.gxs;
+    if (i >= p.n * p.d) {
+        return;
+    }
+    let pair = i / p.d;
+    outs[i] = logits[(pair / p.k) * p.d + i % p.d] * wts[pair];
 }
