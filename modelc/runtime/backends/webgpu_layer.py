@@ -47,6 +47,11 @@ WEBGPU_RUNS = frozenset(
         "chunked_attn",
         "qk_l2_norm",
         "moe_sigmoid_shared",
+        # M-RoPE of text alone is RoPE (every section at the token's position); a step
+        # with images is refused, and --mmproj keeps the op-level decoder
+        "mrope",
+        "imrope",
+        "deepstack",
     }
 )
 
