@@ -1,11 +1,16 @@
-"""A mixture of experts in the resident WebGPU step (softmax top-k renormalised: Mixtral,
-Qwen3-MoE), on the device with the rest of the step: the router's product, each token's
-experts and weights (``moe.wgsl``'s ``moe_route``), the chosen experts' gate, up and down
-products of every (token, slot) pair (``moe_gemv.wgsl``: each pair's rows of the stacked
-experts, read as stored), the activation, and their weighted sum added into the residual
-stream (``moe_combine``, in expert-id order as :func:`~modelc.runtime.arch.moe.moe_ffn`).
+"""A mixture of experts in the resident WebGPU step, on the device with the rest of it:
+the router's product, each token's experts and weights (``moe.wgsl``'s ``moe_route``:
+softmax top-k renormalised as Mixtral's and Qwen3-MoE's, which is gpt-oss's softmax of the
+k logits once its router's bias is added; or GLM-4.5's sigmoid scores with a bias for the
+choice, scaled; or Llama 4's sigmoid scores scaling each expert's input), the chosen
+experts' gate, up and down products of every (token, slot) pair (``moe_gemv.wgsl``: each
+pair's rows of the stacked experts, read as stored, MXFP4 included), gpt-oss's expert
+biases and clamped SwiGLU, the weighted sum added into the residual stream
+(``moe_combine``, in expert-id order as :func:`~modelc.runtime.arch.moe.moe_ffn`), and the
+shared experts' FFN beside.  Expert groups (DeepSeek V3) and a gated shared expert
+(Qwen3.5-MoE) are refused (:func:`refuse_routing`).
 
-Each pair reads its expert's whole matrix: right for decode (a few pairs), slower than
+Each pair reads its expert's whole matrices: right for decode (a few pairs), slower than
 grouping a prompt's rows by expert (the op-level path's way) for long prompts."""
 
 from __future__ import annotations
