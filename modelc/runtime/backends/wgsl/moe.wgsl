@@ -52,25 +52,40 @@ fn moe_route(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var e = 0u; e < p.n_expert; e++) {
         total += exp(logits[row + e] - mx);
     }
-    // the k best, by rank: expert e is chosen when fewer than k others beat it
-    var j = 0u;
-    var sum = 0.0;
-    for (var e = 0u; e < p.n_expert; e++) {
-        let v = pick(row, e, mx, total);
-        var better = 0u;
-        for (var o = 0u; o < p.n_expert; o++) {
-            let w = pick(row, o, mx, total);
-            if (w > v || (w == v && o < e)) {
-                better++;
+    // the k best in k passes (O(k * n_expert)), each the best of those below the last one
+    // chosen in the order (pick descending, id ascending)
+    let at = t * p.k;
+    var last_v = 0.0;
+    var last_e = 0u;
+    for (var s = 0u; s < p.k; s++) {
+        var best_v = 0.0;
+        var best_e = p.n_expert;  // none yet
+        for (var e = 0u; e < p.n_expert; e++) {
+            let v = pick(row, e, mx, total);
+            let below = s == 0u || v < last_v || (v == last_v && e > last_e);
+            if (below && (best_e == p.n_expert || v > best_v)) {
+                best_v = v;
+                best_e = e;
             }
         }
-        if (better < p.k) {
-            let s = score(row, e, mx, total);
-            ids[t * p.k + j] = e;
-            wts[t * p.k + j] = s;
-            sum += s;
-            j++;
+        ids[at + s] = select(best_e, 0u, best_e == p.n_expert);  // (NaN scores: expert 0)
+        last_v = best_v;
+        last_e = best_e;
+    }
+    for (var a = 1u; a < p.k; a++) {  // in id order (insertion, k is small)
+        let v = ids[at + a];
+        var b = a;
+        while (b > 0u && ids[at + b - 1u] > v) {
+            ids[at + b] = ids[at + b - 1u];
+            b--;
         }
+        ids[at + b] = v;
+    }
+    var sum = 0.0;
+    for (var s = 0u; s < p.k; s++) {
+        let w = score(row, ids[at + s], mx, total);
+        wts[at + s] = w;
+        sum += w;
     }
     let scale = bitcast<f32>(p.d);
     let div = select(1.0, max(sum, 6.103515625e-5), (p.flags & 2u) != 0u);
