@@ -160,8 +160,10 @@ def test_refused_in_one_line_and_the_engine_goes_op_by_op(
     assert isinstance(runtime, WebGpuLlama)
 
 
-def test_engine_batching_and_prefix_hits(gpu: WebGPUBackend) -> None:
-    """Through the engine on ``--device webgpu`` (resident): requests batched (one joining
+@pytest.mark.parametrize("family", ["llama", "gptoss", "llama4"])
+def test_engine_batching_and_prefix_hits(gpu: WebGPUBackend, family: str) -> None:
+    """Through the engine on ``--device webgpu`` (resident; a mixture's experts picked on
+    the device row by row, gpt-oss's and Llama 4's): requests batched (one joining
     late, one cancelled mid-way), the same prompt again and the next turn (prefix-cache
     hits: blocks copied through the host into a fresh device cache), speculative drafts
     rolled back (the cache truncated): each request's greedy tokens are the resident
@@ -172,8 +174,9 @@ def test_engine_batching_and_prefix_hits(gpu: WebGPUBackend) -> None:
     from modelc.engine import EngineOptions, build_engine
     from modelc.formats import load_model
     from tests.recurrent_support import ENGINE_CHECK, check_engine_equal_alone
+    from tests.tiny_families import TINY
 
-    ir = load_model(_llama())
+    ir = load_model(_llama() if family == "llama" else TINY[family]())
     eng = build_engine(ir, EngineOptions(device="webgpu", kv_cache="f32", **ENGINE_CHECK))
     assert isinstance(eng.lm, WebGpuLlama)
     trio.run(check_engine_equal_alone, ir, eng)
