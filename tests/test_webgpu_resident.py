@@ -60,7 +60,7 @@ def _llama() -> Path:
 FAMILIES = (
     *("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"),
     *("smollm3", "phi4mini", "olmo2", "olmo3", "mistral3", "qwen3moe", "mixtral"),
-    *("gptoss", "gptoss-mxfp4", "glm4moe", "llama4", "qwen2vl"),
+    *("gptoss", "gptoss-mxfp4", "glm4moe", "llama4", "qwen2vl", "deepseek2", "deepseek3"),
 )
 
 
@@ -79,7 +79,8 @@ def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
     with a bias for the choice, scaled, a shared expert, a dense first layer; partial RoPE;
     Q/K/V biases with Q/K norms) and llama4 (chunked attention, weightless Q/K norms, NoPE
     layers, the query temperature, sigmoid top-k scaling the experts' input, a shared
-    expert), qwen2vl's text (M-RoPE with every section at the token's position)."""
+    expert), qwen2vl's text (M-RoPE with every section at the token's position), deepseek2
+    and deepseek3 (latent attention; V3's expert groups)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from tests.tiny_families import TINY

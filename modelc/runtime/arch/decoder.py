@@ -474,12 +474,14 @@ class Decoder(CausalLM):
         a, z = self.first, self.first + cache.shape.n_layer
         invs = layer_inv_freqs(self.spec, self.inv_freq, self.inv_freq_local, a, z)
 
-        def rotate(k: F32Array, angles: tuple[F32Array, F32Array], layer: int) -> None:
-            if self.g4 is not None:  # each layer's own head size of the padded rows
-                self.g4.rerotate(self.be, k, layer, angles, self.neox)
-                return
-            part = np.ascontiguousarray(k[..., self.rope_from :])  # latent: the RoPE tail
-            self.be.rope(part, angles, self.neox)
-            k[..., self.rope_from :] = part
+        g4 = self.g4
 
-        shift_keys(cache, n_keep, n_discard, self.be, invs, self.neox, rotate)
+        def rotate(k: F32Array, angles: tuple[F32Array, F32Array], layer: int) -> None:
+            assert g4 is not None  # each layer's own head size of the padded rows
+            g4.rerotate(self.be, k, layer, angles, self.neox)
+
+        # latent attention: only each row's RoPE tail rotates (rope_from)
+        shift_keys(
+            cache, n_keep, n_discard, self.be, invs, self.neox,
+            rotate if g4 is not None else None, self.rope_from,
+        )  # fmt: skip

@@ -136,12 +136,14 @@ def shift_keys(
     invs: Sequence[F32Array | None],
     neox: bool,
     rotate: Callable[[F32Array, tuple[F32Array, F32Array], int], object] | None = None,
+    rope_from: int = 0,
 ) -> None:
     """A context shift: ``cache`` drops ``n_discard`` positions after the first ``n_keep``,
     and the keys moved back are re-rotated by ``-n_discard``, cache layer i by ``invs[i]``
-    (:func:`layer_inv_freqs`; None: no RoPE, left as they are) with ``be.rope``, or
-    ``rotate(k, angles, i)`` (one rule for every backend: the GPUs' caches hand their keys
-    to the host)."""
+    (:func:`layer_inv_freqs`; None: no RoPE, left as they are) with ``be.rope`` from each
+    row's value ``rope_from`` on (latent attention's rows: the RoPE tail after the latent),
+    or ``rotate(k, angles, i)`` (one rule for every backend: the GPUs' caches hand their
+    keys to the host)."""
     cache.shift(n_keep, n_discard)
     if cache.n <= n_keep:
         return
@@ -153,10 +155,14 @@ def shift_keys(
         if inv is None:
             return
         angles = be.rope_angles(delta[: len(k)], inv)
-        if rotate is None:
-            be.rope(k, angles, neox)
-        else:
+        if rotate is not None:
             rotate(k, angles, layer)
+        elif rope_from:
+            part = np.ascontiguousarray(k[..., rope_from:])
+            be.rope(part, angles, neox)
+            k[..., rope_from:] = part
+        else:
+            be.rope(k, angles, neox)
 
     cache.update_keys(n_keep, rerotate)
 

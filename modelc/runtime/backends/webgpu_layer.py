@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from modelc.errors import UnsupportedError
-from modelc.formats.ir import ModelIR
+from modelc.formats.ir import LatentAttention, ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
 from modelc.runtime.arch.decoder_block import block_mats
@@ -17,6 +17,7 @@ from modelc.runtime.backend import Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import DEQ
 from modelc.runtime.backends.webgpu_device import Gpu, vec
+from modelc.runtime.backends.webgpu_mla import MlaLayer
 from modelc.runtime.backends.webgpu_moe import MoeLayer, refuse_routing
 
 # what the resident forward runs of the decoder's description (FEATURES names); the rest
@@ -52,14 +53,27 @@ WEBGPU_RUNS = frozenset(
         "mrope",
         "imrope",
         "deepstack",
+        "mla",
     }
 )
 
 
 class Layer:
-    def __init__(self, gpu: Gpu, b: DecoderBlock, scaled_input: bool = False) -> None:
+    def __init__(
+        self,
+        gpu: Gpu,
+        b: DecoderBlock,
+        scaled_input: bool = False,
+        mla: LatentAttention | None = None,
+        eps: float = 0.0,
+    ) -> None:
         # a mixture's experts in place of the FFN (webgpu_moe.py)
         self.moe = None if b.experts is None else MoeLayer(gpu, b.experts, scaled_input)
+        # latent attention in place of Q/K/V (webgpu_mla.py)
+        self.mla = None
+        if b.mla is not None:
+            assert mla is not None
+            self.mla = MlaLayer(gpu, b.mla, mla, eps)
         # gpt-oss: each head's sink logit, the attention output's bias
         self.sinks = None if b.sinks is None else vec(gpu, b.sinks, "sinks")
         self.bo = None if b.bo is None else vec(gpu, b.bo, "bo")
@@ -93,11 +107,12 @@ class Layer:
         )
 
     def mats(self) -> list[Weight]:
+        attn = [self.wq, self.wk, self.wv] if self.mla is None else self.mla.mats()
         if self.moe is not None:
-            return [self.wq, self.wk, self.wv, self.wo, *self.moe.mats()]
+            return [*attn, self.wo, *self.moe.mats()]  # type: ignore[list-item]
         ffn = [self.gate, self.up] if self.gate_up is None else [self.gate_up]
         assert self.down is not None and all(w is not None for w in ffn)
-        return [self.wq, self.wk, self.wv, self.wo, *ffn, self.down]  # type: ignore[list-item]
+        return [*attn, self.wo, *ffn, self.down]  # type: ignore[list-item]
 
 
 def webgpu_host(ir: ModelIR) -> Decoder:
@@ -110,6 +125,8 @@ def webgpu_host(ir: ModelIR) -> Decoder:
     refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
     mats = [w for b in host.blocks for w in block_mats(b)] + [host.tok_embd, host.output]
     for b in host.blocks:  # a mixture's experts: their routing, each type's shader
+        if b.mla is not None:  # latent attention's matrices
+            mats += [b.mla.wq, b.mla.wkv_a, *([b.mla.wq_a] if b.mla.wq_a is not None else [])]
         if b.bo is not None and b.post_attn_norm is not None:
             raise UnsupportedError("an attention output bias before a post-norm is not run here")
         if b.experts is not None:

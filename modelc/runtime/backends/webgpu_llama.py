@@ -91,11 +91,17 @@ class WebGpuLlama(CausalLM):
         self.nh, self.nkv, self.hd = sp.n_head, sp.n_head_kv, sp.head_dim
         self.eps, self.scale, self.neox = sp.eps, sp.scale, sp.neox
         self.gelu = sp.act == "gelu_tanh"
-        self.kv_shape = KVShape(len(host.blocks), self.nkv, self.hd)
+        mla = self.hparams.mla  # latent attention: one cached row of rank + rope a token
+        self.kv_shape = (
+            KVShape(len(host.blocks), 1, mla.kv_rank + mla.rope_dim)
+            if mla is not None
+            else KVShape(len(host.blocks), self.nkv, self.hd)
+        )
         gpu = self.gpu
         self.tok_embd, self.output = host.tok_embd, host.output
         backend._chunks(self.tok_embd)  # every weight placed now (the budget's checks)
-        self.layers = [Layer(gpu, b, sp.moe_sigmoid_shared) for b in host.blocks]
+        self.layers = [Layer(gpu, b, sp.moe_sigmoid_shared, mla, sp.eps) for b in host.blocks]
+        self.mlas = [ly.mla for ly in self.layers if ly.mla is not None]
         for w in [m for ly in self.layers for m in ly.mats()] + [self.output]:
             backend._chunks(w)
         self.output_norm = vec(gpu, host.output_norm, "output_norm")
@@ -141,7 +147,11 @@ class WebGpuLlama(CausalLM):
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """As :meth:`Decoder.shift_context`: the moved keys re-rotated on the host."""
-        shift_keys(cache, n_keep, n_discard, self.be._fallback, self.shift_invs, self.neox)
+        rope_from = self.mlas[0].rank if self.mlas else 0  # latent: the RoPE tail only
+        shift_keys(
+            cache, n_keep, n_discard, self.be._fallback, self.shift_invs, self.neox,
+            rope_from=rope_from,
+        )  # fmt: skip
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
         """One step (prompt chunks and decode rows of any sequences): one submit; the
@@ -278,6 +288,8 @@ class WebGpuLlama(CausalLM):
         bufs["gu"], bufs["act"] = self._buf("gu", n * 2 * ff * 4), self._buf("act", n * ff * 4)
         if self.moes:
             bufs |= {k: self._buf(k, b) for k, b in MoeLayer.sizes(self.moes, n).items()}
+        if self.mlas:
+            bufs |= {k: self._buf(k, b) for k, b in self.mlas[0].sizes(n).items()}
         # queries then keys in one buffer (one RoPE dispatch for both), keys at an offset
         # the binding alignment allows
         align = self.gpu.offset_align
@@ -334,13 +346,11 @@ class WebGpuLlama(CausalLM):
         """The step's dispatches, and the indices of those whose uniforms vary between
         steps of one shape: each sequence's ``kv_store`` ones (its cache length, word
         ``_STORE_POS``) and the attention ones (the scores' stride, ``_ATTN_SSTRIDE``)."""
-        nh, nkv, hd, hn = self.nh, self.nkv, self.hd, self.hn
+        nh, hn = self.nh, self.hn
         f16 = batch[0].cache.mode is KVMode.F16
-        qw, kw = nh * hd, nkv * hd
-        ids_b, pos_b, info_b = bufs["ids"], bufs["pos"], bufs["info"]
-        x, h, q, k, v = (bufs[name] for name in ("x", "h", "q", "k", "v"))
-        att, gu, act = bufs["attn"], bufs["gu"], bufs["act"]
-        cs, sn, scores = bufs["cos"], bufs["sin"], bufs["scores"]
+        ids_b, pos_b = bufs["ids"], bufs["pos"]
+        x, h, gu, act = bufs["x"], bufs["h"], bufs["gu"], bufs["act"]
+        cs, sn = bufs["cos"], bufs["sin"]
         stores: list[list[int]] = [[] for _ in batch]
         attns: list[int] = []
         job = Job(reuse_groups=True)  # the same bind groups step after step
@@ -364,56 +374,28 @@ class WebGpuLlama(CausalLM):
             bind = {0: pos_b, 1: inv_b, 2: c_b, 3: s_b}
             job.add(Dispatch(self._pipe("rope", "rope_angles"), bind, params, 4, (gx, gy, 1)))
         rope = self._pipe("rope", "rope")
-        store = self._pipe("kv_store", "kv_store")
-        attn = self._pipe("attention", "attention", "half", "attention")
-        whole = self.spec.qk_norm_whole
         for li, ly in enumerate(self.layers):
             hin = self._pre_norm(job, x, ly.attn_norm, n, h)
-            for w, out in ((ly.wq, q), (ly.wk, k), (ly.wv, v)):
-                self._matmul(job, w, hin, n, out)
-            if ly.bias is not None:
-                for bias, out, width in zip(ly.bias, (q, k, v), (qw, kw, kw), strict=True):
-                    self._elem(job, "add_bias", n * width, {1: bias, 2: out}, width)
-            if ly.qk_norm is not None:  # each head's row of q, then of k, in place
-                for wn, buf, heads in zip(ly.qk_norm, (q, k), (nh, nkv), strict=True):
-                    rows, width = (n, heads * hd) if whole else (n * heads, hd)
-                    self._norm(job, None, wn, rows, buf, width=width)
-            if not self.nope[li]:  # queries and keys (at k's offset) in one dispatch
-                gx, gy, gxs = _flat(n * (nh + nkv) * hn)
-                params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
-                c_b, s_b, _, _ = tables[self.local[li]]
-                job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
-            if self.spec.qk_l2_norm and self.spec.qk_l2_norm[li]:  # weightless (llama 4)
-                for buf, heads in ((q, nh), (k, nkv)):
-                    self._norm(job, None, self.ones, n * heads, buf, width=hd)
-            if self.spec.attn_temp and self.spec.attn_temp_layers[li]:  # sharper far out
-                self._elem(job, "scale_rows", n * qw, {1: bufs["temp"], 2: q}, qw)
-            for c, sl, slots in zip(batch, slices, stores, strict=True):
-                cache = c.cache
-                assert isinstance(cache, WebGpuKVCache)
-                layer = (cache.buf, cache.layer_bytes(), cache._at(li, 0, 0))
-                v_off = cache.rows_alloc * kw
-                m = sl.stop - sl.start
-                gx, gy, gxs = _flat(m * kw // 2)
-                params = _u(sl.start, m, cache.n, kw, 0, v_off, int(f16), gxs)
-                slots.append(len(job.dispatches))
-                job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
-                seen = bufs[f"info{self.windows[li]}"] if self.windows[li] else info_b
-                if self.chunks[li]:
-                    seen = bufs[f"chunk{self.chunks[li]}"]
-                sinks = self.dummy if ly.sinks is None else ly.sinks  # gpt-oss's sink logits
-                abind = {0: q, 1: layer, 2: layer, 3: att, 5: seen, 6: scores, 7: sinks}
-                for row0 in range(sl.start, sl.stop, chunk):
-                    m = min(chunk, sl.stop - row0)
-                    params = struct.pack(
-                        "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, int(ly.sinks is not None), self.scale,
-                        self.softcap, 0, v_off, 0,
-                    )  # fmt: skip
-                    attns.append(len(job.dispatches))
-                    job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
-            self._residual(job, ly.wo, att, n, x, h, ly.post[0])
-            if ly.bo is not None:  # the output's bias (gpt-oss), into the residual stream
-                self._elem(job, "add_bias", n * self.d, {1: ly.bo, 2: x}, self.d)
+            c_b, s_b, _, _ = tables[self.local[li]]
+            if ly.mla is not None:  # latent attention (webgpu_mla.py)
+                m = ly.mla
+
+                def rotate(
+                    buf: Any, heads: int, m: Any = m, c_b: Any = c_b, s_b: Any = s_b
+                ) -> None:
+                    gx, gy, gxs = _flat(n * heads * hn)  # each head's last rope values
+                    params = _u(n, 0, m.width, hn, int(self.neox), gxs, heads, m.rank)
+                    job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: buf}, params, 4, (gx, gy, 1)))
+
+                m.project(self.be, job, bufs, hin, n, self._norm, rotate)
+                kv = bufs["mla_kv"]
+                self._attend(job, batch, slices, stores, attns, bufs, li, ly, f16, sstride,
+                             chunk, (bufs["mla_qq"], kv, kv, bufs["mla_o"]), (nh, 1, m.width))  # fmt: skip
+                m.values(self.be, job, bufs, n)
+                self._after_attention(job, ly, bufs["mla_out"], n, x, h)
+            else:
+                self._attention(job, ly, li, bufs, tables, hin, n, f16, sstride, chunk, batch,
+                                slices, stores, attns)  # fmt: skip
             hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
             entry = "gelu_mul" if self.gelu else "silu_mul"
             if ly.moe is not None:  # the experts' weighted sum added into x
@@ -433,3 +415,104 @@ class WebGpuLlama(CausalLM):
             self._matmul(job, self.output, hl, r, logits)
             job.reads.append((logits[0], r * self.n_vocab * 4))
         return job, stores, attns
+
+    def _attention(
+        self,
+        job: Job,
+        ly: Layer,
+        li: int,
+        bufs: dict[str, tuple[Any, ...]],
+        tables: dict[bool, tuple[Any, ...]],
+        hin: Any,
+        n: int,
+        f16: bool,
+        sstride: int,
+        chunk: int,
+        batch: Sequence[SeqChunk],
+        slices: list[slice],
+        stores: list[list[int]],
+        attns: list[int],
+    ) -> None:
+        """A GQA layer's attention of ``hin`` added into x (its Q/K/V, their biases and
+        norms, RoPE, the cache's new rows and the attention, the output product)."""
+        nh, nkv, hd, hn = self.nh, self.nkv, self.hd, self.hn
+        qw, kw = nh * hd, nkv * hd
+        x, h, q, k, v = (bufs[name] for name in ("x", "h", "q", "k", "v"))
+        whole = self.spec.qk_norm_whole
+        rope = self._pipe("rope", "rope")
+        for w, out in ((ly.wq, q), (ly.wk, k), (ly.wv, v)):
+            self._matmul(job, w, hin, n, out)
+        if ly.bias is not None:
+            for bias, out, width in zip(ly.bias, (q, k, v), (qw, kw, kw), strict=True):
+                self._elem(job, "add_bias", n * width, {1: bias, 2: out}, width)
+        if ly.qk_norm is not None:  # each head's row of q, then of k, in place
+            for wn, buf, heads in zip(ly.qk_norm, (q, k), (nh, nkv), strict=True):
+                rows, width = (n, heads * hd) if whole else (n * heads, hd)
+                self._norm(job, None, wn, rows, buf, width=width)
+        if not self.nope[li]:  # queries and keys (at k's offset) in one dispatch
+            gx, gy, gxs = _flat(n * (nh + nkv) * hn)
+            params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
+            c_b, s_b, _, _ = tables[self.local[li]]
+            job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
+        if self.spec.qk_l2_norm and self.spec.qk_l2_norm[li]:  # weightless (llama 4)
+            for buf, heads in ((q, nh), (k, nkv)):
+                self._norm(job, None, self.ones, n * heads, buf, width=hd)
+        if self.spec.attn_temp and self.spec.attn_temp_layers[li]:  # sharper far out
+            self._elem(job, "scale_rows", n * qw, {1: bufs["temp"], 2: q}, qw)
+        att = bufs["attn"]
+        self._attend(job, batch, slices, stores, attns, bufs, li, ly, f16, sstride, chunk,
+                     (q, k, v, att), (nh, nkv, hd))  # fmt: skip
+        self._after_attention(job, ly, att, n, x, h)
+
+    def _attend(
+        self,
+        job: Job,
+        batch: Sequence[SeqChunk],
+        slices: list[slice],
+        stores: list[list[int]],
+        attns: list[int],
+        bufs: dict[str, tuple[Any, ...]],
+        li: int,
+        ly: Layer,
+        f16: bool,
+        sstride: int,
+        chunk: int,
+        qkvo: tuple[Any, Any, Any, Any],
+        heads: tuple[int, int, int],
+    ) -> None:
+        """Each sequence's new rows of k and v into its cache layer, then the attention of
+        its rows of q over its cache into o (``heads``: query heads, KV heads, head size)."""
+        q, k, v, att = qkvo
+        nh, nkv, hd = heads
+        kw = nkv * hd
+        store = self._pipe("kv_store", "kv_store")
+        attn = self._pipe("attention", "attention", "half", "attention")
+        for c, sl, slots in zip(batch, slices, stores, strict=True):
+            cache = c.cache
+            assert isinstance(cache, WebGpuKVCache)
+            layer = (cache.buf, cache.layer_bytes(), cache._at(li, 0, 0))
+            v_off = cache.rows_alloc * kw
+            m = sl.stop - sl.start
+            gx, gy, gxs = _flat(m * kw // 2)
+            params = _u(sl.start, m, cache.n, kw, 0, v_off, int(f16), gxs)
+            slots.append(len(job.dispatches))
+            job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
+            seen = bufs[f"info{self.windows[li]}"] if self.windows[li] else bufs["info"]
+            if self.chunks[li]:
+                seen = bufs[f"chunk{self.chunks[li]}"]
+            sinks = self.dummy if ly.sinks is None else ly.sinks  # gpt-oss's sink logits
+            abind = {0: q, 1: layer, 2: layer, 3: att, 5: seen, 6: bufs["scores"], 7: sinks}
+            for row0 in range(sl.start, sl.stop, chunk):
+                m = min(chunk, sl.stop - row0)
+                params = struct.pack(
+                    "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, int(ly.sinks is not None),
+                    self.scale, self.softcap, 0, v_off, 0,
+                )  # fmt: skip
+                attns.append(len(job.dispatches))
+                job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
+
+    def _after_attention(self, job: Job, ly: Layer, att: Any, n: int, x: Any, h: Any) -> None:
+        """The output product of the attention ``att`` added into x, and its bias."""
+        self._residual(job, ly.wo, att, n, x, h, ly.post[0])
+        if ly.bo is not None:  # the output's bias (gpt-oss), into the residual stream
+            self._elem(job, "add_bias", n * self.d, {1: ly.bo, 2: x}, self.d)

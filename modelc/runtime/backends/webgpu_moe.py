@@ -53,8 +53,8 @@ def refuse_routing(e: Experts) -> None:
     """UnsupportedError unless ``e`` routes as this runs: softmax top-k renormalised
     (Mixtral, Qwen3-MoE), gpt-oss's, or GLM's (sigmoid scores, a bias for the choice,
     scaled, shared experts); not in groups (DeepSeek V3) nor a gated shared expert."""
-    if e.routing is not None and e.routing.n_group > 1:
-        raise UnsupportedError("the resident WebGPU decoder does not route in expert groups")
+    if e.routing is not None and e.routing.n_group > 32:
+        raise UnsupportedError("the resident WebGPU decoder routes in at most 32 expert groups")
     if e.shared_gate is not None:
         raise UnsupportedError("the resident WebGPU decoder runs no gated shared expert")
 
@@ -87,6 +87,8 @@ class MoeLayer:
         self.scale_bits = int(scale.view(np.uint32))
         bias = e.bias if e.bias is not None else np.zeros(self.n_expert, np.float32)
         self.ebias = vec(gpu, bias, "exp_probs_b")
+        # DeepSeek V3: the experts in n_group groups, a token's from its best n_group_used
+        self.groups = (r.n_group, r.n_group_used) if r is not None and r.n_group > 1 else (0, 0)
         self.shared = e.shared  # every token's experts beside (gate, up, down)
         self.sff = 0 if e.shared is None else int(e.shared[0].shape[0])
         # gpt-oss: the router's and each expert's biases, the SwiGLU's clamp (moe_oai)
@@ -138,7 +140,7 @@ class MoeLayer:
         if oai is not None:
             elem(job, "add_bias", n * e, {1: oai["router"], 2: logits}, e)
         bind = {0: logits, 1: ids, 2: wts, 5: self.ebias}
-        self._moe(be, job, "moe_route", n, bind, self.scale_bits, self.flags)
+        self._moe(be, job, "moe_route", n, bind, self.scale_bits, self.flags, *self.groups)
         pairs = n * k
         xin, div = h, k  # each pair reads its token's row
         if self.scaled_input:  # or its own, the token's row times its weight
@@ -180,19 +182,21 @@ class MoeLayer:
         a: int,
         b: int = 0,
         stride: int = 0,
+        c: int = 0,
     ) -> None:
         """A dispatch of moe.wgsl's ``entry`` over ``threads``: moe_route (a thread a
-        token; ``a`` the scale's bits, ``b`` the flags), moe_bias (``a``: the width, ``b``
+        token; ``a`` the scale's bits, ``b`` the flags, ``stride`` and ``c`` the groups and
+        the groups a token uses), moe_bias (``a``: the width, ``b``
         the first column, ``stride``), moe_combine (``a``: the tokens, ``b`` unweighted),
         moe_scale_in (``a``: the pairs)."""
         gx, gy = grid(math.ceil(threads / 64))
-        n, width, flags, col0 = {
-            "moe_route": (threads, a, b, 0),
-            "moe_bias": (threads // max(a, 1), a, 0, b),
-            "moe_combine": (a, self.d, b, 0),
-            "moe_scale_in": (a, self.d, 0, 0),
+        n, width, flags, col0, last = {
+            "moe_route": (threads, a, b, stride, c),
+            "moe_bias": (threads // max(a, 1), a, 0, b, stride),
+            "moe_combine": (a, self.d, b, 0, 0),
+            "moe_scale_in": (a, self.d, 0, 0, 0),
         }[entry]
-        params = struct.pack("<8I", n, self.n_expert, self.k, width, gx * 64, flags, col0, stride)
+        params = struct.pack("<8I", n, self.n_expert, self.k, width, gx * 64, flags, col0, last)
         pipe = be.gpu.pipeline("moe", entry, shader_source("moe"))
         job.add(Dispatch(pipe, bind, params, 3, (gx, gy, 1)))
 

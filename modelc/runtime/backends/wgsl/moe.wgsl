@@ -8,8 +8,8 @@ struct Params {
     d: u32,  // moe_combine, moe_bias: the row width; moe_route: the weights' scale (f32 bits)
     gxs: u32,  // threads along x (indices past it go on in y)
     flags: u32,  // moe_route: 1 sigmoid scores, 2 renormalised; moe_combine: 1 unweighted
-    col0: u32,  // moe_bias: the first column of each pair's row it adds to
-    stride: u32,  // moe_bias: outs' row width
+    col0: u32,  // moe_bias: the first column of each pair's row it adds to; moe_route: groups
+    stride: u32,  // moe_bias: outs' row width; moe_route: the groups a token may use
 }
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;  // (n, n_expert); combine: (n * k, d)
@@ -37,6 +37,22 @@ fn pick(row: u32, e: u32, mx: f32, total: f32) -> f32 {
     return score(row, e, mx, total) + ebias[e];
 }
 
+// a group's score: the sum of its two best picks (DeepSeek V3's group routing)
+fn group_score(row: u32, g: u32, size: u32, mx: f32, total: f32) -> f32 {
+    var a = -3.4028234e38;  // the best
+    var b = -3.4028234e38;  // the second
+    for (var e = g * size; e < (g + 1u) * size; e++) {
+        let v = pick(row, e, mx, total);
+        if (v > a) {
+            b = a;
+            a = v;
+        } else if (v > b) {
+            b = v;
+        }
+    }
+    return b + a;
+}
+
 @compute @workgroup_size(64)
 fn moe_route(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x + gid.y * p.gxs;
@@ -52,6 +68,25 @@ fn moe_route(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var e = 0u; e < p.n_expert; e++) {
         total += exp(logits[row + e] - mx);
     }
+    // in groups (p.col0 > 1): only the p.stride groups of best score (ties to the lower)
+    var allowed = 0xffffffffu;
+    let size = p.n_expert / max(p.col0, 1u);
+    if (p.col0 > 1u) {
+        allowed = 0u;
+        for (var g = 0u; g < p.col0; g++) {
+            let sg = group_score(row, g, size, mx, total);
+            var better = 0u;
+            for (var o = 0u; o < p.col0; o++) {
+                let so = group_score(row, o, size, mx, total);
+                if (so > sg || (so == sg && o < g)) {
+                    better++;
+                }
+            }
+            if (better < p.stride) {
+                allowed |= 1u << g;
+            }
+        }
+    }
     // the k best in k passes (O(k * n_expert)), each the best of those below the last one
     // chosen in the order (pick descending, id ascending)
     let at = t * p.k;
@@ -61,6 +96,9 @@ fn moe_route(@builtin(global_invocation_id) gid: vec3<u32>) {
         var best_v = 0.0;
         var best_e = p.n_expert;  // none yet
         for (var e = 0u; e < p.n_expert; e++) {
+            if (((allowed >> (e / size)) & 1u) == 0u) {
+                continue;
+            }
             let v = pick(row, e, mx, total);
             let below = s == 0u || v < last_v || (v == last_v && e > last_e);
             if (below && (best_e == p.n_expert || v > best_v)) {
