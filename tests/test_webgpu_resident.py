@@ -161,10 +161,11 @@ def test_refused_in_one_line_and_the_engine_goes_op_by_op(
     assert isinstance(runtime, WebGpuLlama)
 
 
-@pytest.mark.parametrize("family", ["llama", "gptoss", "llama4"])
+@pytest.mark.parametrize("family", ["llama", "gptoss", "llama4", "deepseek3"])
 def test_engine_batching_and_prefix_hits(gpu: WebGPUBackend, family: str) -> None:
     """Through the engine on ``--device webgpu`` (resident; a mixture's experts picked on
-    the device row by row, gpt-oss's and Llama 4's): requests batched (one joining
+    the device row by row, gpt-oss's, Llama 4's and DeepSeek V3's, its latent rows through
+    the prefix cache): requests batched (one joining
     late, one cancelled mid-way), the same prompt again and the next turn (prefix-cache
     hits: blocks copied through the host into a fresh device cache), speculative drafts
     rolled back (the cache truncated): each request's greedy tokens are the resident
