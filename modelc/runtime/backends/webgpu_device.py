@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import struct
 import sys
 import threading
 from collections.abc import Mapping
@@ -461,3 +462,14 @@ def vec(gpu: Gpu, a: Any, label: str) -> tuple[Any, int]:
     data = np.ascontiguousarray(a, np.float32).reshape(-1)
     buf = gpu.weight_buffer(data.view(np.uint8), label)
     return buf, buf.size
+
+
+def u32s(*vals: int) -> bytes:
+    """Uniform words, little-endian u32 each."""
+    return struct.pack(f"<{len(vals)}I", *vals)
+
+
+def flat(n: int) -> tuple[int, int, int]:
+    """(x, y) workgroups of 64 threads covering ``n`` threads, and the threads along x."""
+    gx, gy = grid(math.ceil(n / 64))
+    return gx, gy, gx * 64

@@ -50,7 +50,17 @@ from modelc.runtime.arch.decoder_block import (
 )
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.webgpu import WebGPUBackend
-from modelc.runtime.backends.webgpu_device import Dispatch, Job, Plan, grid, shader_source, vec
+from modelc.runtime.backends.webgpu_attn import record_attend, record_attention
+from modelc.runtime.backends.webgpu_device import (
+    Dispatch,
+    Job,
+    Plan,
+    flat,
+    grid,
+    shader_source,
+    u32s,
+    vec,
+)
 from modelc.runtime.backends.webgpu_kv import WebGpuKVCache
 from modelc.runtime.backends.webgpu_layer import Layer, webgpu_host
 from modelc.runtime.backends.webgpu_moe import MoeLayer
@@ -67,15 +77,6 @@ def resident_wanted() -> bool:
     """Whether ``--device webgpu``/``metal`` tries the resident decoder
     (``MODELC_WEBGPU_RESIDENT=0``: the op-level path, for comparison)."""
     return os.environ.get("MODELC_WEBGPU_RESIDENT", "1") != "0"
-
-
-def _u(*vals: int) -> bytes:
-    return struct.pack(f"<{len(vals)}I", *vals)
-
-
-def _flat(n: int) -> tuple[int, int, int]:
-    gx, gy = grid(math.ceil(n / 64))
-    return gx, gy, gx * 64
 
 
 class WebGpuLlama(CausalLM):
@@ -222,7 +223,7 @@ class WebGpuLlama(CausalLM):
     def _elem(
         self, job: Job, entry: str, n: int, bind: dict[int, Any], extra: int = 0, f: float = 0.0
     ) -> None:
-        gx, gy, gxs = _flat(n)
+        gx, gy, gxs = flat(n)
         params = struct.pack("<3If", n, gxs, extra, f)
         job.add(Dispatch(self._pipe("elementwise", entry), bind, params, 3, (gx, gy, 1)))
 
@@ -360,17 +361,17 @@ class WebGpuLlama(CausalLM):
         cols = self.tok_embd.shape[1]
         gy, gz = grid(n)
         for buf, r0, nr in self.be._chunks(self.tok_embd):
-            params = _u(nr, cols, n, row_bytes(self.tok_embd.dtype, cols), 0, r0, 0, 0)
+            params = u32s(nr, cols, n, row_bytes(self.tok_embd.dtype, cols), 0, r0, 0, 0)
             bind = {0: (buf, buf.size), 2: x, 4: ids_b}
             job.add(Dispatch(pipe, bind, params, 3, (math.ceil(math.ceil(cols / 4) / 64), gy, gz)))
         if self.embd_scale:
             self._elem(job, "scale", n * self.d, {2: x}, f=self.embd_scale)
-        gx, gy, gxs = _flat(n * hn)
+        gx, gy, gxs = flat(n * hn)
         tables = {False: (cs, sn, self.inv, self.mscale)}  # the local table unscaled
         if any(self.local):
             tables[True] = (bufs["cos_l"], bufs["sin_l"], self.inv_local, 0)
         for c_b, s_b, inv_b, f in tables.values():
-            params = _u(n, 0, 0, hn, 0, gxs, f, 0)
+            params = u32s(n, 0, 0, hn, 0, gxs, f, 0)
             bind = {0: pos_b, 1: inv_b, 2: c_b, 3: s_b}
             job.add(Dispatch(self._pipe("rope", "rope_angles"), bind, params, 4, (gx, gy, 1)))
         rope = self._pipe("rope", "rope")
@@ -383,18 +384,18 @@ class WebGpuLlama(CausalLM):
                 def rotate(
                     buf: Any, heads: int, m: Any = m, c_b: Any = c_b, s_b: Any = s_b
                 ) -> None:
-                    gx, gy, gxs = _flat(n * heads * hn)  # each head's last rope values
-                    params = _u(n, 0, m.width, hn, int(self.neox), gxs, heads, m.rank)
+                    gx, gy, gxs = flat(n * heads * hn)  # each head's last rope values
+                    params = u32s(n, 0, m.width, hn, int(self.neox), gxs, heads, m.rank)
                     job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: buf}, params, 4, (gx, gy, 1)))
 
                 m.project(self.be, job, bufs, hin, n, self._norm, rotate)
                 kv = bufs["mla_kv"]
-                self._attend(job, batch, slices, stores, attns, bufs, li, ly, f16, sstride,
+                record_attend(self, job, batch, slices, stores, attns, bufs, li, ly, f16, sstride,
                              chunk, (bufs["mla_qq"], kv, kv, bufs["mla_o"]), (nh, 1, m.width))  # fmt: skip
                 m.values(self.be, job, bufs, n)
                 self._after_attention(job, ly, bufs["mla_out"], n, x, h)
             else:
-                self._attention(job, ly, li, bufs, tables, hin, n, f16, sstride, chunk, batch,
+                record_attention(self, job, ly, li, bufs, tables, hin, n, f16, sstride, chunk, batch,
                                 slices, stores, attns)  # fmt: skip
             hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
             entry = "gelu_mul" if self.gelu else "silu_mul"
@@ -415,101 +416,6 @@ class WebGpuLlama(CausalLM):
             self._matmul(job, self.output, hl, r, logits)
             job.reads.append((logits[0], r * self.n_vocab * 4))
         return job, stores, attns
-
-    def _attention(
-        self,
-        job: Job,
-        ly: Layer,
-        li: int,
-        bufs: dict[str, tuple[Any, ...]],
-        tables: dict[bool, tuple[Any, ...]],
-        hin: Any,
-        n: int,
-        f16: bool,
-        sstride: int,
-        chunk: int,
-        batch: Sequence[SeqChunk],
-        slices: list[slice],
-        stores: list[list[int]],
-        attns: list[int],
-    ) -> None:
-        """A GQA layer's attention of ``hin`` added into x (its Q/K/V, their biases and
-        norms, RoPE, the cache's new rows and the attention, the output product)."""
-        nh, nkv, hd, hn = self.nh, self.nkv, self.hd, self.hn
-        qw, kw = nh * hd, nkv * hd
-        x, h, q, k, v = (bufs[name] for name in ("x", "h", "q", "k", "v"))
-        whole = self.spec.qk_norm_whole
-        rope = self._pipe("rope", "rope")
-        for w, out in ((ly.wq, q), (ly.wk, k), (ly.wv, v)):
-            self._matmul(job, w, hin, n, out)
-        if ly.bias is not None:
-            for bias, out, width in zip(ly.bias, (q, k, v), (qw, kw, kw), strict=True):
-                self._elem(job, "add_bias", n * width, {1: bias, 2: out}, width)
-        if ly.qk_norm is not None:  # each head's row of q, then of k, in place
-            for wn, buf, heads in zip(ly.qk_norm, (q, k), (nh, nkv), strict=True):
-                rows, width = (n, heads * hd) if whole else (n * heads, hd)
-                self._norm(job, None, wn, rows, buf, width=width)
-        if not self.nope[li]:  # queries and keys (at k's offset) in one dispatch
-            gx, gy, gxs = _flat(n * (nh + nkv) * hn)
-            params = _u(n, nh, hd, hn, int(self.neox), gxs, nkv, k[2] // 4)
-            c_b, s_b, _, _ = tables[self.local[li]]
-            job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
-        if self.spec.qk_l2_norm and self.spec.qk_l2_norm[li]:  # weightless (llama 4)
-            for buf, heads in ((q, nh), (k, nkv)):
-                self._norm(job, None, self.ones, n * heads, buf, width=hd)
-        if self.spec.attn_temp and self.spec.attn_temp_layers[li]:  # sharper far out
-            self._elem(job, "scale_rows", n * qw, {1: bufs["temp"], 2: q}, qw)
-        att = bufs["attn"]
-        self._attend(job, batch, slices, stores, attns, bufs, li, ly, f16, sstride, chunk,
-                     (q, k, v, att), (nh, nkv, hd))  # fmt: skip
-        self._after_attention(job, ly, att, n, x, h)
-
-    def _attend(
-        self,
-        job: Job,
-        batch: Sequence[SeqChunk],
-        slices: list[slice],
-        stores: list[list[int]],
-        attns: list[int],
-        bufs: dict[str, tuple[Any, ...]],
-        li: int,
-        ly: Layer,
-        f16: bool,
-        sstride: int,
-        chunk: int,
-        qkvo: tuple[Any, Any, Any, Any],
-        heads: tuple[int, int, int],
-    ) -> None:
-        """Each sequence's new rows of k and v into its cache layer, then the attention of
-        its rows of q over its cache into o (``heads``: query heads, KV heads, head size)."""
-        q, k, v, att = qkvo
-        nh, nkv, hd = heads
-        kw = nkv * hd
-        store = self._pipe("kv_store", "kv_store")
-        attn = self._pipe("attention", "attention", "half", "attention")
-        for c, sl, slots in zip(batch, slices, stores, strict=True):
-            cache = c.cache
-            assert isinstance(cache, WebGpuKVCache)
-            layer = (cache.buf, cache.layer_bytes(), cache._at(li, 0, 0))
-            v_off = cache.rows_alloc * kw
-            m = sl.stop - sl.start
-            gx, gy, gxs = _flat(m * kw // 2)
-            params = _u(sl.start, m, cache.n, kw, 0, v_off, int(f16), gxs)
-            slots.append(len(job.dispatches))
-            job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
-            seen = bufs[f"info{self.windows[li]}"] if self.windows[li] else bufs["info"]
-            if self.chunks[li]:
-                seen = bufs[f"chunk{self.chunks[li]}"]
-            sinks = self.dummy if ly.sinks is None else ly.sinks  # gpt-oss's sink logits
-            abind = {0: q, 1: layer, 2: layer, 3: att, 5: seen, 6: bufs["scores"], 7: sinks}
-            for row0 in range(sl.start, sl.stop, chunk):
-                m = min(chunk, sl.stop - row0)
-                params = struct.pack(
-                    "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, int(ly.sinks is not None),
-                    self.scale, self.softcap, 0, v_off, 0,
-                )  # fmt: skip
-                attns.append(len(job.dispatches))
-                job.add(Dispatch(attn, abind, params, 4, (m, nh, 1)))
 
     def _after_attention(self, job: Job, ly: Layer, att: Any, n: int, x: Any, h: Any) -> None:
         """The output product of the attention ``att`` added into x, and its bias."""
