@@ -17,7 +17,8 @@
 #       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
 #       and a server so where they pass; COLDRUN=1: servers with MODELC_CUDA_MIXED_BUCKET=32,
 #       MODELC_CUDA_CAPTURE_FIRST=1 and both, and MODELC_CUDA_MIXED_KEY=rows with each
-#       bucket; the graph steps after each load); STEPS="1 4": a server with --scheduler-steps N
+#       bucket; the graph steps after each load); FAMILIES=1: every tiny family on CUDA
+#       against the CPU (tests/test_cuda_families.py, ~2 min); STEPS="1 4": a server with --scheduler-steps N
 #       for each N (multi-step batches; 0 is auto, "now" the default 1), and with the step I/O
 #       too where IORUN's tests passed); REPEAT=2: the old commits, this checkout and its
 #       step I/O server twice, in turn)
@@ -152,6 +153,11 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
   grep -E "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_cuda.log" | head -30  # why, where one failed
+  if [ -n "${FAMILIES:-}" ]; then  # FAMILIES=1: every tiny family on CUDA against the CPU
+    MODELC_MATMUL=exact timeout 240 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
+      tests/test_cuda_families.py >"$OUT/tests_families.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_families.log" | head -20
+  fi
   COLDOK=1  # COLDRUN=1: the mixed steps' GPU test at 32s and captured at once, first
   if [ -n "${COLDRUN:-}" ]; then
     timeout 120 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
