@@ -1,12 +1,14 @@
 """The attention of a resident WebGPU step's layer (:class:`~.webgpu_llama.WebGpuLlama`'s
-``_record``): a GQA layer's projections, norms and RoPE (:func:`record_attention`), and for
-it and latent attention alike each sequence's new cache rows and the attention over its
-cache (:func:`record_attend`)."""
+``_record``), added into the residual stream: a GQA layer's (:func:`record_attention`:
+projections, biases, norms, RoPE) or latent attention's (:func:`record_latent_attention`,
+:mod:`~.webgpu_mla`), both through one RoPE dispatch (:func:`_rope`), each sequence's new
+cache rows and the attention over its cache (:func:`_attend`) and the output product."""
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from modelc.runtime.backends.webgpu_device import Dispatch, Job, flat, u32s
@@ -18,86 +20,111 @@ if TYPE_CHECKING:
     from modelc.runtime.backends.webgpu_llama import WebGpuLlama
 
 
-def record_attention(
-    m: WebGpuLlama,
-    job: Job,
-    ly: Layer,
-    li: int,
-    bufs: dict[str, tuple[Any, ...]],
-    tables: dict[bool, tuple[Any, ...]],
-    hin: Any,
-    n: int,
-    f16: bool,
-    sstride: int,
-    chunk: int,
-    batch: Sequence[SeqChunk],
-    slices: list[slice],
-    stores: list[list[int]],
-    attns: list[int],
-) -> None:
+@dataclass(slots=True)
+class StepRec:
+    """What recording one step's layers shares: the job, the step's buffers and RoPE
+    tables (by whether a layer has a base of its own), its sequences and their rows, the
+    indices of the dispatches whose uniforms vary between steps of one shape (``stores``
+    a sequence, ``attns``), the cache mode and the attention's scores stride and chunk."""
+
+    job: Job
+    bufs: dict[str, tuple[Any, ...]]
+    tables: dict[bool, tuple[Any, ...]]
+    batch: Sequence[SeqChunk]
+    slices: list[slice]
+    stores: list[list[int]]
+    attns: list[int]
+    n: int
+    f16: bool
+    sstride: int
+    chunk: int
+
+
+def record_attention(m: WebGpuLlama, s: StepRec, ly: Layer, li: int, hin: Any) -> None:
     """A GQA layer's attention of ``hin`` added into x (its Q/K/V, their biases and
     norms, RoPE, the cache's new rows and the attention, the output product)."""
-    nh, nkv, hd, hn = m.nh, m.nkv, m.hd, m.hn
+    job, bufs, n = s.job, s.bufs, s.n
+    nh, nkv, hd = m.nh, m.nkv, m.hd
     qw, kw = nh * hd, nkv * hd
-    x, h, q, k, v = (bufs[name] for name in ("x", "h", "q", "k", "v"))
-    whole = m.spec.qk_norm_whole
-    rope = m._pipe("rope", "rope")
+    q, k, v = bufs["q"], bufs["k"], bufs["v"]
     for w, out in ((ly.wq, q), (ly.wk, k), (ly.wv, v)):
         m._matmul(job, w, hin, n, out)
     if ly.bias is not None:
         for bias, out, width in zip(ly.bias, (q, k, v), (qw, kw, kw), strict=True):
             m._elem(job, "add_bias", n * width, {1: bias, 2: out}, width)
     if ly.qk_norm is not None:  # each head's row of q, then of k, in place
+        whole = m.spec.qk_norm_whole
         for wn, buf, heads in zip(ly.qk_norm, (q, k), (nh, nkv), strict=True):
             rows, width = (n, heads * hd) if whole else (n * heads, hd)
             m._norm(job, None, wn, rows, buf, width=width)
     if not m.nope[li]:  # queries and keys (at k's offset) in one dispatch
-        gx, gy, gxs = flat(n * (nh + nkv) * hn)
-        params = u32s(n, nh, hd, hn, int(m.neox), gxs, nkv, k[2] // 4)
-        c_b, s_b, _, _ = tables[m.local[li]]
-        job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: bufs["qk"]}, params, 4, (gx, gy, 1)))
+        _rope(m, s, li, bufs["qk"], hd, (nh, nkv, k[2] // 4))
     if m.spec.qk_l2_norm and m.spec.qk_l2_norm[li]:  # weightless (llama 4)
         for buf, heads in ((q, nh), (k, nkv)):
             m._norm(job, None, m.ones, n * heads, buf, width=hd)
     if m.spec.attn_temp and m.spec.attn_temp_layers[li]:  # sharper far out
         m._elem(job, "scale_rows", n * qw, {1: bufs["temp"], 2: q}, qw)
-    att = bufs["attn"]
-    record_attend(m, job, batch, slices, stores, attns, bufs, li, ly, f16, sstride, chunk,
-                 (q, k, v, att), (nh, nkv, hd))  # fmt: skip
-    m._after_attention(job, ly, att, n, x, h)
+    _attend(m, s, ly, li, (q, k, v, bufs["attn"]), (nh, nkv, hd))
+    _output(m, s, ly, bufs["attn"])
 
 
-def record_attend(
+def record_latent_attention(m: WebGpuLlama, s: StepRec, ly: Layer, li: int, hin: Any) -> None:
+    """A latent-attention layer's (DeepSeek's) of ``hin`` added into x: its queries and
+    cached rows (:meth:`~.webgpu_mla.MlaLayer.project`, their RoPE tails rotated here),
+    the attention over one KV head whose values are its keys, the values through V_b, the
+    output product."""
+    mla, bufs = ly.mla, s.bufs
+    assert mla is not None
+    width = mla.width
+
+    def rotate(buf: Any, heads: int) -> None:  # each head's last rope values
+        _rope(m, s, li, buf, width, (0, heads, mla.rank))
+
+    mla.project(m, s.job, bufs, hin, s.n, rotate)
+    kv = bufs["mla_kv"]
+    _attend(m, s, ly, li, (bufs["mla_qq"], kv, kv, bufs["mla_o"]), (m.nh, 1, width))
+    mla.values(m, s.job, bufs, s.n)
+    _output(m, s, ly, bufs["mla_out"])
+
+
+def _rope(
+    m: WebGpuLlama, s: StepRec, li: int, buf: Any, hd: int, heads: tuple[int, int, int]
+) -> None:
+    """RoPE in place on ``buf``'s rows of heads ``hd`` wide, by layer ``li``'s table:
+    ``heads`` (h, h2, off2): h heads from each row's start, then h2 more from element off2
+    on (rope.wgsl's two blocks: a GQA layer's queries and keys, latent attention's tails)."""
+    c_b, s_b, _, _ = s.tables[m.local[li]]
+    h, h2, off2 = heads
+    gx, gy, gxs = flat(s.n * (h + h2) * m.hn)
+    params = u32s(s.n, h, hd, m.hn, int(m.neox), gxs, h2, off2)
+    pipe = m._pipe("rope", "rope")
+    s.job.add(Dispatch(pipe, {2: c_b, 3: s_b, 5: buf}, params, 4, (gx, gy, 1)))
+
+
+def _attend(
     m: WebGpuLlama,
-    job: Job,
-    batch: Sequence[SeqChunk],
-    slices: list[slice],
-    stores: list[list[int]],
-    attns: list[int],
-    bufs: dict[str, tuple[Any, ...]],
-    li: int,
+    s: StepRec,
     ly: Layer,
-    f16: bool,
-    sstride: int,
-    chunk: int,
+    li: int,
     qkvo: tuple[Any, Any, Any, Any],
     heads: tuple[int, int, int],
 ) -> None:
     """Each sequence's new rows of k and v into its cache layer, then the attention of
     its rows of q over its cache into o (``heads``: query heads, KV heads, head size)."""
+    job, bufs = s.job, s.bufs
     q, k, v, att = qkvo
     nh, nkv, hd = heads
     kw = nkv * hd
     store = m._pipe("kv_store", "kv_store")
     attn = m._pipe("attention", "attention", "half", "attention")
-    for c, sl, slots in zip(batch, slices, stores, strict=True):
+    for c, sl, slots in zip(s.batch, s.slices, s.stores, strict=True):
         cache = c.cache
         assert isinstance(cache, WebGpuKVCache)
         layer = (cache.buf, cache.layer_bytes(), cache._at(li, 0, 0))
         v_off = cache.rows_alloc * kw
         rows = sl.stop - sl.start
         gx, gy, gxs = flat(rows * kw // 2)
-        params = u32s(sl.start, rows, cache.n, kw, 0, v_off, int(f16), gxs)
+        params = u32s(sl.start, rows, cache.n, kw, 0, v_off, int(s.f16), gxs)
         slots.append(len(job.dispatches))
         job.add(Dispatch(store, {0: k, 1: v, 2: layer}, params, 3, (gx, gy, 1)))
         seen = bufs[f"info{m.windows[li]}"] if m.windows[li] else bufs["info"]
@@ -105,11 +132,19 @@ def record_attend(
             seen = bufs[f"chunk{m.chunks[li]}"]
         sinks = m.dummy if ly.sinks is None else ly.sinks  # gpt-oss's sink logits
         abind = {0: q, 1: layer, 2: layer, 3: att, 5: seen, 6: bufs["scores"], 7: sinks}
-        for row0 in range(sl.start, sl.stop, chunk):
-            part = min(chunk, sl.stop - row0)
+        for row0 in range(sl.start, sl.stop, s.chunk):
+            part = min(s.chunk, sl.stop - row0)
             params = struct.pack(
-                "<7I2f3I", row0, nh, nkv, hd, int(f16), sstride, int(ly.sinks is not None),
+                "<7I2f3I", row0, nh, nkv, hd, int(s.f16), s.sstride, int(ly.sinks is not None),
                 m.scale, m.softcap, 0, v_off, 0,
             )  # fmt: skip
-            attns.append(len(job.dispatches))
+            s.attns.append(len(job.dispatches))
             job.add(Dispatch(attn, abind, params, 4, (part, nh, 1)))
+
+
+def _output(m: WebGpuLlama, s: StepRec, ly: Layer, att: Any) -> None:
+    """The output product of the attention ``att`` added into x, and its bias."""
+    x, h = s.bufs["x"], s.bufs["h"]
+    m._residual(s.job, ly.wo, att, s.n, x, h, ly.post[0])
+    if ly.bo is not None:  # the output's bias (gpt-oss), into the residual stream
+        m._elem(s.job, "add_bias", s.n * m.d, {1: ly.bo, 2: x}, m.d)

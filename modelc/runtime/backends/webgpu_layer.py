@@ -86,11 +86,10 @@ class Layer:
         # gate and up as one weight (one product a step, each row of the output gate then
         # up), where they share a type and width; else two products into those halves
         self.gate_up: Weight | None = None
-        if b.w_gate is None or b.w_up is None:
-            pass
-        elif b.w_gate.dtype == b.w_up.dtype and b.w_gate.shape == b.w_up.shape:
-            data = np.concatenate([b.w_gate.data, b.w_up.data])
-            self.gate_up = Weight(b.w_gate.dtype, (2 * self.ff, b.w_gate.shape[1]), data)
+        g, u = b.w_gate, b.w_up
+        if g is not None and u is not None and g.dtype == u.dtype and g.shape == u.shape:
+            data = np.concatenate([g.data, u.data])
+            self.gate_up = Weight(g.dtype, (2 * self.ff, g.shape[1]), data)
         # per-head Q/K norms (qwen3): each head's row of q and of k RMS-normed in place (or
         # the whole projection's row, olmo2: Decoder's qk_norm_whole)
         self.qk_norm = None
@@ -124,8 +123,10 @@ def webgpu_host(ir: ModelIR) -> Decoder:
     sp = host.spec
     refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
     mats = [w for b in host.blocks for w in block_mats(b)] + [host.tok_embd, host.output]
-    for b in host.blocks:  # a mixture's experts: their routing, each type's shader
-        if b.mla is not None:  # latent attention's matrices
+    widths = {sp.d, sp.n_head * sp.head_dim, sp.n_head_kv * sp.head_dim}
+    widths |= {int(b.w_gate.shape[0]) for b in host.blocks if b.w_gate is not None}
+    for b in host.blocks:  # latent attention's and experts' matrices, the experts' routing
+        if b.mla is not None:
             mats += [b.mla.wq, b.mla.wkv_a, *([b.mla.wq_a] if b.mla.wq_a is not None else [])]
         if b.bo is not None and b.post_attn_norm is not None:
             raise UnsupportedError("an attention output bias before a post-norm is not run here")
@@ -135,14 +136,10 @@ def webgpu_host(ir: ModelIR) -> Decoder:
                 raise UnsupportedError("a mixture with a post-FFN norm is not run here")
             e = b.experts
             mats += [e.router, e.gate[0], e.up[0], e.down[0], *(e.shared or ())]
+            widths |= {int(w.shape[0]) for w in (e.gate[0], *(e.shared or ()))}
     odd = sorted({w.dtype.name for w in mats if w.dtype not in DEQ})
     if odd:
         raise UnsupportedError(f"this model has {', '.join(odd)} weights, which have no shader")
-    widths = {sp.d, sp.n_head * sp.head_dim, sp.n_head_kv * sp.head_dim}
-    widths |= {int(b.w_gate.shape[0]) for b in host.blocks if b.w_gate is not None}
-    for b in host.blocks:  # the experts' widths, and the shared experts'
-        if b.experts is not None:
-            widths |= {int(w.shape[0]) for w in (b.experts.gate[0], *(b.experts.shared or ()))}
     if any(w % 4 for w in widths) or sp.head_dim % 2:
         raise UnsupportedError(f"widths {sorted(widths)} are not all multiples of 4")
     return host

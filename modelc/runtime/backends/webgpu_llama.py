@@ -50,7 +50,11 @@ from modelc.runtime.arch.decoder_block import (
 )
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.webgpu import WebGPUBackend
-from modelc.runtime.backends.webgpu_attn import record_attend, record_attention
+from modelc.runtime.backends.webgpu_attn import (
+    StepRec,
+    record_attention,
+    record_latent_attention,
+)
 from modelc.runtime.backends.webgpu_device import (
     Dispatch,
     Job,
@@ -347,7 +351,7 @@ class WebGpuLlama(CausalLM):
         """The step's dispatches, and the indices of those whose uniforms vary between
         steps of one shape: each sequence's ``kv_store`` ones (its cache length, word
         ``_STORE_POS``) and the attention ones (the scores' stride, ``_ATTN_SSTRIDE``)."""
-        nh, hn = self.nh, self.hn
+        hn = self.hn
         f16 = batch[0].cache.mode is KVMode.F16
         ids_b, pos_b = bufs["ids"], bufs["pos"]
         x, h, gu, act = bufs["x"], bufs["h"], bufs["gu"], bufs["act"]
@@ -374,33 +378,15 @@ class WebGpuLlama(CausalLM):
             params = u32s(n, 0, 0, hn, 0, gxs, f, 0)
             bind = {0: pos_b, 1: inv_b, 2: c_b, 3: s_b}
             job.add(Dispatch(self._pipe("rope", "rope_angles"), bind, params, 4, (gx, gy, 1)))
-        rope = self._pipe("rope", "rope")
+        rec = StepRec(job, bufs, tables, batch, slices, stores, attns, n, f16, sstride, chunk)
         for li, ly in enumerate(self.layers):
             hin = self._pre_norm(job, x, ly.attn_norm, n, h)
-            c_b, s_b, _, _ = tables[self.local[li]]
-            if ly.mla is not None:  # latent attention (webgpu_mla.py)
-                m = ly.mla
-
-                def rotate(
-                    buf: Any, heads: int, m: Any = m, c_b: Any = c_b, s_b: Any = s_b
-                ) -> None:
-                    gx, gy, gxs = flat(n * heads * hn)  # each head's last rope values
-                    params = u32s(n, 0, m.width, hn, int(self.neox), gxs, heads, m.rank)
-                    job.add(Dispatch(rope, {2: c_b, 3: s_b, 5: buf}, params, 4, (gx, gy, 1)))
-
-                m.project(self.be, job, bufs, hin, n, self._norm, rotate)
-                kv = bufs["mla_kv"]
-                record_attend(self, job, batch, slices, stores, attns, bufs, li, ly, f16, sstride,
-                             chunk, (bufs["mla_qq"], kv, kv, bufs["mla_o"]), (nh, 1, m.width))  # fmt: skip
-                m.values(self.be, job, bufs, n)
-                self._after_attention(job, ly, bufs["mla_out"], n, x, h)
-            else:
-                record_attention(self, job, ly, li, bufs, tables, hin, n, f16, sstride, chunk, batch,
-                                slices, stores, attns)  # fmt: skip
+            record = record_attention if ly.mla is None else record_latent_attention
+            record(self, rec, ly, li, hin)  # added into x
             hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
             entry = "gelu_mul" if self.gelu else "silu_mul"
             if ly.moe is not None:  # the experts' weighted sum added into x
-                ly.moe.record(self.be, job, bufs, hin, x, n, self._elem, entry)
+                ly.moe.record(self, job, bufs, hin, x, n, entry)
                 continue
             assert ly.gate is not None and ly.up is not None and ly.down is not None
             if ly.gate_up is not None:  # each row of gu: gate then up
@@ -416,9 +402,3 @@ class WebGpuLlama(CausalLM):
             self._matmul(job, self.output, hl, r, logits)
             job.reads.append((logits[0], r * self.n_vocab * 4))
         return job, stores, attns
-
-    def _after_attention(self, job: Job, ly: Layer, att: Any, n: int, x: Any, h: Any) -> None:
-        """The output product of the attention ``att`` added into x, and its bias."""
-        self._residual(job, ly.wo, att, n, x, h, ly.post[0])
-        if ly.bo is not None:  # the output's bias (gpt-oss), into the residual stream
-            self._elem(job, "add_bias", n * self.d, {1: ly.bo, 2: x}, self.d)

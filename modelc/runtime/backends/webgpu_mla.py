@@ -12,13 +12,16 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelc.formats.ir import LatentAttention
 from modelc.runtime.arch.mla import LatentBlock
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends.webgpu import WebGPUBackend
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source, vec
+
+if TYPE_CHECKING:
+    from modelc.runtime.backends.webgpu_llama import WebGpuLlama
 
 
 class MlaLayer:
@@ -56,43 +59,38 @@ class MlaLayer:
 
     def project(
         self,
-        be: WebGPUBackend,
+        m: WebGpuLlama,
         job: Job,
         bufs: dict[str, tuple[Any, ...]],
         h: tuple[Any, ...],
         n: int,
-        norm: Callable[..., None],
         rotate: Callable[[tuple[Any, ...], int], None],
     ) -> None:
         """The queries ``mla_qq`` (n, heads, rank + rope) and the cached rows ``mla_kv``
-        (n, rank + rope) of ``h``: ``norm`` the model's RMS norm dispatch, ``rotate(buf,
-        heads)`` its RoPE of the last ``rope`` values of each head's row."""
+        (n, rank + rope) of ``h``, through the model ``m``'s products and norms;
+        ``rotate(buf, heads)``: RoPE on the last ``rope`` values of each head's row."""
+        be = m.be
         q, kv, qq = bufs["mla_q"], bufs["mla_kv"], bufs["mla_qq"]
         if self.wq_a is not None and self.q_a_norm is not None:
             qa = bufs["mla_qa"]
-            self._matmul(be, job, self.wq_a, h, n, qa)
-            norm(job, None, self.q_a_norm, n, qa, width=self.q_rank)
-            self._matmul(be, job, self.wq, qa, n, q)
+            m._matmul(job, self.wq_a, h, n, qa)
+            m._norm(job, None, self.q_a_norm, n, qa, width=self.q_rank)
+            m._matmul(job, self.wq, qa, n, q)
         else:
-            self._matmul(be, job, self.wq, h, n, q)
-        self._matmul(be, job, self.wkv_a, h, n, kv)
+            m._matmul(job, self.wq, h, n, q)
+        m._matmul(job, self.wkv_a, h, n, kv)
         gx, gy = grid(n)
         job.add(self._dispatch(be, "mla_kv_norm", {2: kv, 1: self.kv_a_norm}, n, gx, (gx, gy, 1)))
         rotate(kv, 1)
         self._flat(be, job, "mla_absorb", {0: q, 1: self.k_b, 2: qq}, n, n * self.nh * self.width)
         rotate(qq, self.nh)
 
-    def values(self, be: WebGPUBackend, job: Job, bufs: dict[str, tuple[Any, ...]], n: int) -> None:
+    def values(self, m: WebGpuLlama, job: Job, bufs: dict[str, tuple[Any, ...]], n: int) -> None:
         """``mla_out`` (n, heads * v_dim): each head's values out of ``mla_o``."""
         o, out = bufs["mla_o"], bufs["mla_out"]
-        self._flat(be, job, "mla_values", {0: o, 1: self.v_b, 2: out}, n, n * self.nh * self.v_dim)
-
-    @staticmethod
-    def _matmul(
-        be: WebGPUBackend, job: Job, w: Weight, x: tuple[Any, ...], n: int, out: tuple[Any, ...]
-    ) -> None:
-        for dsp in be.matmul_dispatches(w, x, n, out):
-            job.add(dsp)
+        self._flat(
+            m.be, job, "mla_values", {0: o, 1: self.v_b, 2: out}, n, n * self.nh * self.v_dim
+        )
 
     def _flat(
         self, be: WebGPUBackend, job: Job, entry: str, bind: dict[int, Any], n: int, threads: int

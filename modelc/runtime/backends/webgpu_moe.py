@@ -18,8 +18,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +28,9 @@ from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends.webgpu import _FLOATS, DEQ, GEMV_WG, WebGPUBackend
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, grid, shader_source, vec
+
+if TYPE_CHECKING:
+    from modelc.runtime.backends.webgpu_llama import WebGpuLlama
 
 
 def stacked(ws: list[Weight]) -> Weight:
@@ -121,56 +123,58 @@ class MoeLayer:
 
     def record(
         self,
-        be: WebGPUBackend,
+        m: WebGpuLlama,
         job: Job,
         bufs: dict[str, tuple[Any, ...]],
         h: tuple[Any, ...],
         x: tuple[Any, ...],
         n: int,
-        elem: Callable[..., None],
         entry: str,
     ) -> None:
-        """``x += the experts' FFN of h`` for n rows; ``elem``/``entry``: the model's
-        elementwise dispatch and its activation (silu_mul, gelu_mul)."""
+        """``x += the experts' FFN of h`` for n rows, through the model ``m``'s products
+        and elementwise dispatches; ``entry``: its activation (silu_mul, gelu_mul)."""
+        be, elem = m.be, m._elem
         logits, ids, wts = bufs["moe_logits"], bufs["moe_ids"], bufs["moe_wts"]
         gu, act, out = bufs["moe_gu"], bufs["moe_act"], bufs["moe_out"]
-        for dsp in be.matmul_dispatches(self.router, h, n, logits):
-            job.add(dsp)
+        m._matmul(job, self.router, h, n, logits)
         oai, e, k, ff, d = self.oai, self.n_expert, self.k, self.ff, self.d
         if oai is not None:
             elem(job, "add_bias", n * e, {1: oai["router"], 2: logits}, e)
         bind = {0: logits, 1: ids, 2: wts, 5: self.ebias}
-        self._moe(be, job, "moe_route", n, bind, self.scale_bits, self.flags, *self.groups)
+        n_group, used = self.groups
+        self._moe(
+            be, job, "moe_route", n, bind, n,
+            d=self.scale_bits, flags=self.flags, col0=n_group, stride=used,
+        )  # fmt: skip
         pairs = n * k
         xin, div = h, k  # each pair reads its token's row
         if self.scaled_input:  # or its own, the token's row times its weight
             xin, div = bufs["moe_in"], 1
-            self._moe(be, job, "moe_scale_in", pairs * self.d, {0: h, 2: wts, 4: xin}, pairs)
+            self._moe(be, job, "moe_scale_in", pairs * d, {0: h, 2: wts, 4: xin}, pairs, d=d)
         self._experts(be, job, self.gate, xin, pairs, div, gu, 2 * ff, 0, ids)
         self._experts(be, job, self.up, xin, pairs, div, gu, 2 * ff, ff, ids)
         if oai is not None:  # each pair's expert's biases, then the clamped SwiGLU
-            self._moe(
-                be, job, "moe_bias", pairs * ff, {0: oai["gate"], 1: ids, 4: gu}, ff, 0, 2 * ff
-            )
-            self._moe(
-                be, job, "moe_bias", pairs * ff, {0: oai["up"], 1: ids, 4: gu}, ff, ff, 2 * ff
-            )
+            for name, col0 in (("gate", 0), ("up", ff)):
+                bind = {0: oai[name], 1: ids, 4: gu}
+                self._moe(
+                    be, job, "moe_bias", pairs * ff, bind, pairs, d=ff, col0=col0, stride=2 * ff
+                )
             elem(job, "swiglu_oai", pairs * ff, {0: gu, 1: gu, 2: act}, ff, self.limit)
         else:
             elem(job, entry, pairs * ff, {0: gu, 1: gu, 2: act}, ff)
         self._experts(be, job, self.down, act, pairs, 1, out, d, 0, ids)
         if oai is not None:
-            self._moe(be, job, "moe_bias", pairs * d, {0: oai["down"], 1: ids, 4: out}, d, 0, d)
-        self._moe(be, job, "moe_combine", n * d, {0: out, 2: wts, 4: x}, n, self.scaled_input)
+            bind = {0: oai["down"], 1: ids, 4: out}
+            self._moe(be, job, "moe_bias", pairs * d, bind, pairs, d=d, stride=d)
+        bind = {0: out, 2: wts, 4: x}
+        self._moe(be, job, "moe_combine", n * d, bind, n, d=d, flags=int(self.scaled_input))
         if self.shared is not None:  # the shared experts' FFN, added into x too
             sgate, sup, sdown = self.shared
             sff = self.sff
             for w, col0 in ((sgate, 0), (sup, sff)):
-                for dsp in be.matmul_dispatches(w, h, n, gu, stride=2 * sff, col0=col0):
-                    job.add(dsp)
+                m._matmul(job, w, h, n, gu, stride=2 * sff, col0=col0)
             elem(job, entry, n * sff, {0: gu, 1: gu, 2: act}, sff)
-            for dsp in be.matmul_dispatches(sdown, act, n, x, acc=True):
-                job.add(dsp)
+            m._matmul(job, sdown, act, n, x, acc=True)
 
     def _moe(
         self,
@@ -179,24 +183,19 @@ class MoeLayer:
         entry: str,
         threads: int,
         bind: dict[int, tuple[Any, ...]],
-        a: int,
-        b: int = 0,
+        n: int,
+        *,
+        d: int,
+        flags: int = 0,
+        col0: int = 0,
         stride: int = 0,
-        c: int = 0,
     ) -> None:
-        """A dispatch of moe.wgsl's ``entry`` over ``threads``: moe_route (a thread a
-        token; ``a`` the scale's bits, ``b`` the flags, ``stride`` and ``c`` the groups and
-        the groups a token uses), moe_bias (``a``: the width, ``b``
-        the first column, ``stride``), moe_combine (``a``: the tokens, ``b`` unweighted),
-        moe_scale_in (``a``: the pairs)."""
+        """A dispatch of moe.wgsl's ``entry`` over ``threads``, with its uniforms (moe.wgsl's
+        Params, by their names there: ``n`` tokens or pairs, ``d`` a width or the route's
+        scale bits, ``flags``, ``col0``, ``stride``: moe_bias' row stride, moe_route's groups
+        a token uses)."""
         gx, gy = grid(math.ceil(threads / 64))
-        n, width, flags, col0, last = {
-            "moe_route": (threads, a, b, stride, c),
-            "moe_bias": (threads // max(a, 1), a, 0, b, stride),
-            "moe_combine": (a, self.d, b, 0, 0),
-            "moe_scale_in": (a, self.d, 0, 0, 0),
-        }[entry]
-        params = struct.pack("<8I", n, self.n_expert, self.k, width, gx * 64, flags, col0, last)
+        params = struct.pack("<8I", n, self.n_expert, self.k, d, gx * 64, flags, col0, stride)
         pipe = be.gpu.pipeline("moe", entry, shader_source("moe"))
         job.add(Dispatch(pipe, bind, params, 3, (gx, gy, 1)))
 
