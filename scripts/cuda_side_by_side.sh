@@ -7,6 +7,8 @@
 #   bash scripts/cuda_side_by_side.sh webgpu  (~3 min, warm too: the WebGPU backend through
 #                                              NVIDIA's Vulkan driver, carry .gl: the Vulkan
 #                                              loader's .deb, parity and decode next to CUDA)
+#   bash scripts/cuda_side_by_side.sh pdl     (~7 min: the GPU tests with MODELC_CUDA_PDL=1, batch-1
+#                                              decode with it and without, alternated)
 #   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
@@ -244,6 +246,41 @@ cp.cuda.Device().synchronize(); print(f'device copy: {2 * a.nbytes / ((time.perf
   at "models in turn in one process"
   timeout 60 python3 bench/cuda_models_in_turn.py $M/llama1b-q4_0.gguf $M/llama1b-q4_k_m.gguf \
     $M/llama8b-q4_k_m.gguf 2>&1 | grep -E "ok|failed"
+  at "end"
+  exit 0
+fi
+
+if [ "${1:-}" = pdl ]; then  # ~7 min from a bare machine: programmatic dependent launch
+  # (MODELC_CUDA_PDL=1, cuda_launch): the GPU tests with it, then batch-1 decode of the 1.1Bs
+  # and the 8B with and without it, alternated, each run a process of its own
+  setup
+  ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
+  G8=$!
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  BW=$(python3 -c "
+import cupy as cp, time
+a = cp.empty(4 << 30, cp.uint8); b = cp.empty_like(a); b[:] = a; cp.cuda.Device().synchronize()
+t = time.perf_counter()
+for _ in range(10): b[:] = a
+cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - t) / 10):.4g}')")
+  echo "device copy: $BW B/s"
+  at "GPU tests with MODELC_CUDA_PDL=1"
+  MODELC_CUDA_PDL=1 MODELC_CUDA_1B_DIR=$M timeout 170 python3 -m pytest -q --noconftest \
+    -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels_pdl.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_pdl.log" | head -12
+  MODELC_CUDA_PDL=1 MODELC_MATMUL=exact timeout 120 python3 -m pytest -q --noconftest \
+    -p no:cacheprovider -rfEs tests/test_cuda.py >"$OUT/tests_cuda_pdl.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda_pdl.log" | head -12
+  grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT"/tests_*_pdl.log | head -20
+  wait $G8
+  at "batch-1 decode, PDL off / on, alternated"
+  for m in ${PDL_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m}; do
+    for p in 0 1; do
+      echo "-- $m, MODELC_CUDA_PDL=$p"
+      MODELC_CUDA_PDL=$p timeout 100 python3 bench/cuda_bench.py --no-hf --no-variants --streams 1,64 \
+        --steps 64 --bw "$BW" --model $M/$m.gguf 2>&1 | grep -E '^\{|Error|error' | tail -3
+    done
+  done
   at "end"
   exit 0
 fi

@@ -90,3 +90,29 @@ def test_no_kernel_spills_registers(ptx: Path) -> None:
             spills.append(f"{fn}: {line.strip()}")
     assert len(re.findall(r"Compiling entry function", run.stderr)) == len(cuda_src.kernel_names())
     assert spills == []
+
+
+def _entries(ptx: Path) -> dict[str, str]:
+    """Each kernel's PTX body by name."""
+    text = ptx.read_text()
+    starts = [(m.group(1), m.start()) for m in re.finditer(r"\.entry\s+(\w+)\(", text)]
+    ends = [s for _, s in starts[1:]] + [len(text)]
+    return {name: text[s:e] for (name, s), e in zip(starts, ends, strict=True)}
+
+
+def test_every_kernel_waits_for_the_one_before_it_first(ptx: Path) -> None:
+    """Launched with programmatic dependent launch (``MODELC_CUDA_PDL``), a kernel may start
+    while the kernel before it still runs: every kernel waits (``griddepcontrol.wait``)
+    before it writes anything (a write before it could land under a read of the kernel
+    before), and the GEMVs prefetch their weight rows into L2 before waiting."""
+    early = {}
+    for name, body in _entries(ptx).items():
+        at = body.find("griddepcontrol.wait")
+        assert at >= 0, f"{name} never waits for the kernel before it"
+        writes = re.findall(r"\b(st\.global|red\.global|atom\.global|st\.shared)\S*", body[:at])
+        if writes:
+            early[name] = writes
+        assert "griddepcontrol.launch_dependents" in body[at:], name
+        if name.startswith(("gemvw_", "gemvq_", "gemv4_")):
+            assert "prefetch.global.L2" in body[:at], f"{name} does not prefetch its rows"
+    assert early == {}

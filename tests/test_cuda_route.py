@@ -424,3 +424,69 @@ def test_kernel_launches_reach_the_driver_as_cupys_would(tmp_path: Path) -> None
     lib.set_rc(700)
     with pytest.raises(RuntimeError, match="CUDA error 700"):
         kernel((1,), (1,), (np.int32(1),))
+
+
+FAKE_DRIVER_EX = r"""
+#include <string.h>
+#include <cuda.h>
+static unsigned long long seen[16];
+static unsigned char args[16];
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shmem, CUstream stream, void** params,
+                        void** extra) { return CUDA_ERROR_NOT_SUPPORTED; }
+unsigned long long* calls(void) { return seen; }
+unsigned char* arg_bytes(void) { return args; }
+CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
+  seen[0] = (unsigned long long)f; seen[1] = c->gridDimX; seen[2] = c->gridDimY;
+  seen[3] = c->gridDimZ; seen[4] = c->blockDimX; seen[5] = c->blockDimY; seen[6] = c->blockDimZ;
+  seen[7] = c->sharedMemBytes; seen[8] = (unsigned long long)c->hStream; seen[9] = c->numAttrs;
+  seen[10] = c->numAttrs ? (unsigned long long)c->attrs[0].id : 99;
+  seen[11] = c->numAttrs ? (unsigned long long)c->attrs[0].value.programmaticStreamSerializationAllowed : 99;
+  seen[12] = (unsigned long long)extra;
+  memcpy(args, params[0], 8); memcpy(args + 8, params[1], 8);
+  seen[13] += 1;
+  return CUDA_SUCCESS;
+}
+"""
+
+
+def test_pdl_launches_pass_cuda_h_s_launch_config(tmp_path: Path) -> None:
+    """``MODELC_CUDA_PDL``'s launches (:class:`cuda_launch.Launcher` with ``pdl``) through
+    ctypes into a stand-in for libcuda compiled against CUDA's own ``cuda.h``: the
+    ``CUlaunchConfig`` it reads (grid, block, shared memory, stream) and one attribute,
+    programmatic stream serialization allowed, as the header lays them out."""
+    import ctypes
+    import shutil
+    import subprocess
+    from types import SimpleNamespace
+
+    from modelc.runtime.backends.cuda_launch import Launcher
+
+    inc = next(iter(sorted(Path("/usr/local").glob("cuda*/include/cuda.h"))), None)
+    if shutil.which("gcc") is None or inc is None:
+        pytest.skip("no gcc or no CUDA toolkit header here")
+    (tmp_path / "fake.c").write_text(FAKE_DRIVER_EX)
+    so = tmp_path / "libfakecudaex.so"
+    cmd = ["gcc", "-shared", "-fPIC", "-O1", f"-I{inc.parent}", "-o", str(so)]
+    subprocess.run([*cmd, str(tmp_path / "fake.c")], check=True)
+
+    class Dev:
+        def __init__(self, ptr: int) -> None:
+            self.data = SimpleNamespace(ptr=ptr)
+
+    stream = SimpleNamespace(ptr=0x5150)
+    cp = SimpleNamespace(ndarray=Dev, cuda=SimpleNamespace(get_current_stream=lambda: stream))
+
+    class Fn:
+        kernel = SimpleNamespace(ptr=0xABC0)
+
+    for gil in (True, False):
+        kernel = Launcher(cp, str(so), gil=gil, pdl=True).wrap(Fn())
+        kernel((3, 2), (256,), (Dev(0x7F00_0000_1230), np.int32(-5)), shared_mem=1024)
+    lib = ctypes.CDLL(str(so))
+    lib.calls.restype = ctypes.POINTER(ctypes.c_ulonglong)
+    lib.arg_bytes.restype = ctypes.POINTER(ctypes.c_ubyte * 16)
+    seen = lib.calls()
+    assert [seen[i] for i in range(14)] == [0xABC0, 3, 2, 1, 256, 1, 1, 1024, 0x5150, 1, 6, 1, 0, 2]
+    got = bytes(lib.arg_bytes().contents)
+    assert got[:8] == np.uint64(0x7F00_0000_1230).tobytes() and got[8:12] == np.int32(-5).tobytes()

@@ -273,7 +273,7 @@ def kv_instances(name: str, template: str, lanes: tuple[int, ...], params: str, 
     """``extern "C"`` kernels ``{name}_{f32|f16}_{e}`` calling ``template<KV, e>(args)`` for
     each cache type and each head size / 32 in ``lanes`` (:func:`kv_names`)."""
     return "\n".join(
-        f'extern "C" __global__ void {name}_{kv}_{e}({params}) {{ {template}<{ty}, {e}>({args}); }}'
+        f'extern "C" __global__ void {name}_{kv}_{e}({params}) {{ ENTER(); {template}<{ty}, {e}>({args}); }}'
         for kv, ty in KV_TYPES
         for e in lanes
     )
@@ -295,7 +295,7 @@ MMA_ARGS = "q, pos, seq, base, cap, tiles, nh, nkv, scale, window, softcap, laye
 def instances() -> str:
     tiled = kv_instances("attn_tile", "attend_tile", TILE_LANES, MMA_PARAMS, MMA_ARGS)
     mma = (
-        f'extern "C" __global__ void attn_mma_{e}({MMA_PARAMS}) {{ attend_mma<{e}>({MMA_ARGS}); }}'
+        f'extern "C" __global__ void attn_mma_{e}({MMA_PARAMS}) {{ ENTER(); attend_mma<{e}>({MMA_ARGS}); }}'
         for e in TILE_LANES
     )
     return "\n".join([tiled, *mma])

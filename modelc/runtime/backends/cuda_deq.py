@@ -80,7 +80,7 @@ def instances(types: tuple[int, ...]) -> str:
     return "\n".join(
         f'extern "C" __global__ void deq8_{t}_{f16}(const u8* W, long long rb, int cols, '
         "const i64* ids, int bpr, void* out, int ldo, int vec) "
-        f"{{ deq8<{t}, {f16}>(W, rb, cols, ids, bpr, out, ldo, vec); }}"
+        f"{{ ENTER(); deq8<{t}, {f16}>(W, rb, cols, ids, bpr, out, ldo, vec); }}"
         for t in types
         for f16 in (0, 1)
     )

@@ -73,6 +73,7 @@ __device__ __forceinline__ void gemv4(const u8* __restrict__ W, long long rb, in
 // x (n, cols) f32 with row stride ldx -> out (n, cols) f16, contiguous
 extern "C" __global__ void to_f16(const float* __restrict__ x, int ldx, int cols, long long total,
                                   u16* __restrict__ out) {
+  ENTER();
   long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= total) return;
   long long i = t / cols, j = t % cols;
@@ -85,7 +86,7 @@ def instances(types: tuple[int, ...]) -> str:
     return "\n".join(
         f'extern "C" __global__ void gemv4_{t}_{nr}(const u8* W, long long rb, int rows, '
         "int cols, const float* x, int ldx, int nr, float* y, int ldy, int acc, int wpr) "
-        f"{{ gemv4<{t}, {nr}>(W, rb, rows, cols, x, ldx, nr, y, ldy, acc, wpr); }}"
+        f"{{ prefetch_rows(W, rb, rows, wpr); ENTER(); gemv4<{t}, {nr}>(W, rb, rows, cols, x, ldx, nr, y, ldy, acc, wpr); }}"
         for t in types
         for nr in GEMV4_ROWS
     )

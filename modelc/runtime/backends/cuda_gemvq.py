@@ -92,6 +92,7 @@ KERNELS = r"""
 // sum) a group of 32; a warp a group
 extern "C" __global__ void quant_q8(const float* __restrict__ x, int ldx, int cols, int n,
                                     signed char* __restrict__ xq, float2* __restrict__ xs) {
+  ENTER();
   long long gw = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
   int lane = threadIdx.x & 31, ng = cols >> 5;
   if (gw >= (long long)n * ng) return;
@@ -106,6 +107,7 @@ extern "C" __global__ void rms_norm_q8(const float* __restrict__ x, int ldx,
                                        const float* __restrict__ w, float eps, int d,
                                        float* __restrict__ out, int ldo,
                                        signed char* __restrict__ xq, float2* __restrict__ xs) {
+  ENTER();
   int i = blockIdx.x, lane = threadIdx.x & 31, ng = d >> 5;
   const float* xr = x + (size_t)i * ldx;
   float scale = row_rms_scale(xr, d, eps);
@@ -164,9 +166,9 @@ __device__ __forceinline__ void act_mul_q8(const float* __restrict__ gu, int ff,
   quant_lanes<1>(&v, lane, xq + (size_t)i * ff + j, xs + gw);
 }
 extern "C" __global__ void silu_mul_q8(const float* gu, int ff, int n, float* out, signed char* xq,
-                                       float2* xs) { act_mul_q8<0>(gu, ff, n, out, xq, xs); }
+                                       float2* xs) { ENTER(); act_mul_q8<0>(gu, ff, n, out, xq, xs); }
 extern "C" __global__ void gelu_mul_q8(const float* gu, int ff, int n, float* out, signed char* xq,
-                                       float2* xs) { act_mul_q8<1>(gu, ff, n, out, xq, xs); }
+                                       float2* xs) { ENTER(); act_mul_q8<1>(gu, ff, n, out, xq, xs); }
 """
 
 
@@ -174,7 +176,7 @@ def instances() -> str:
     return "\n".join(
         f'extern "C" __global__ void gemvq_{t}_{nr}(const u8* W, long long rb, int rows, '
         "int cols, const signed char* xq, const float2* xs, int nr, float* y, int ldy, "
-        f"int acc, int wpr) {{ gemvq<{t}, {nr}>(W, rb, rows, cols, xq, xs, nr, y, ldy, acc, wpr); }}"
+        f"int acc, int wpr) {{ prefetch_rows(W, rb, rows, wpr); ENTER(); gemvq<{t}, {nr}>(W, rb, rows, cols, xq, xs, nr, y, ldy, acc, wpr); }}"
         for t in Q8_TYPES
         for nr in GEMVQ_ROWS
     )

@@ -245,7 +245,8 @@ def instances(unroll: dict[int, int] | None = None) -> str:
         f'extern "C" __global__ void __launch_bounds__(256, {WIDE_BLOCKS[nr]}) '
         f"gemvw_{t}_{nr}(const u8* W, long long rb, int rows, "
         "int cols, const signed char* xq, const float2* xs, int nr, float* y, int ldy, "
-        f"int acc, int wpr) {{ gemvw<{t}, {nr}, {us[t]}>(W, rb, rows, cols, xq, xs, nr, y, "
+        f"int acc, int wpr) {{ prefetch_rows(W, rb, rows, wpr); ENTER(); "
+        f"gemvw<{t}, {nr}, {us[t]}>(W, rb, rows, cols, xq, xs, nr, y, "
         "ldy, acc, wpr); }"
         for t in WIDE_TYPES
         for nr in WIDE_ROWS
@@ -253,7 +254,7 @@ def instances(unroll: dict[int, int] | None = None) -> str:
     out += [
         f'extern "C" __global__ void deq8w_{t}_{f}(const u8* W, long long rb, int cols, '
         "const i64* ids, int bpr, void* out, int ldo, int vec) "
-        f"{{ deq8<{t}, {f}, 1>(W, rb, cols, ids, bpr, out, ldo, vec); }}"
+        f"{{ ENTER(); deq8<{t}, {f}, 1>(W, rb, cols, ids, bpr, out, ldo, vec); }}"
         for t in REPACKED
         for f in (0, 1)
     ]

@@ -14,6 +14,15 @@ Opt-in until a GPU run has checked it (``MODELC_CUDA_LAUNCH=gil``; the default, 
 sends every launch through CuPy, and calls cuBLAS giving the GIL up, as before): written
 and its packing tested on the CPU (tests/test_cuda_route.py) in a session whose GPU time
 ran out before the call that would have run the GPU tests with it.
+
+``MODELC_CUDA_PDL=1`` launches every kernel through ``cuLaunchKernelEx`` with programmatic
+dependent launch allowed (``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``): the
+next kernel of a step may start while the one before it ends, each kernel waiting for its
+predecessor's results at its ``ENTER()`` (:mod:`.cuda_src`; the GEMVs prefetch their weight
+rows into L2 before that), so a decode step's ~10 kernels a layer overlap their launch,
+ramp and drain.  Captured into the step's CUDA graphs as programmatic edges (CUDA 12.3+).
+Opt-in until GPU runs measure it; with ``MODELC_CUDA_LAUNCH=gil`` too, launched keeping the
+GIL, else giving it up as CuPy does.
 """
 
 from __future__ import annotations
@@ -64,15 +73,63 @@ def dims(d: int | Sequence[int]) -> tuple[int, int, int]:
     return (*t, 1, 1, 1)[:3]  # type: ignore[return-value]
 
 
-class Launcher:
-    """libcuda's ``cuLaunchKernel`` (``lib``: the library's path), called keeping the GIL."""
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
-    def __init__(self, cp: Any, lib: str = "libcuda.so.1") -> None:
+
+class LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (cuLaunchKernelEx's first argument)."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_mem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("n_attrs", ctypes.c_uint),
+    ]
+
+
+def pdl_attribute() -> LaunchAttribute:
+    """Programmatic stream serialization allowed (the value's first int: 1)."""
+    a = LaunchAttribute()
+    a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    a.value = struct.pack("<i", 1).ljust(64, b"\0")
+    return a
+
+
+class Launcher:
+    """libcuda's ``cuLaunchKernel`` (``lib``: the library's path), called keeping the GIL
+    (``gil``) or giving it up; ``pdl``: ``cuLaunchKernelEx`` with programmatic dependent
+    launch allowed."""
+
+    def __init__(
+        self, cp: Any, lib: str = "libcuda.so.1", *, gil: bool = True, pdl: bool = False
+    ) -> None:
         self.cp = cp
-        self.lib = ctypes.PyDLL(lib)
+        self.lib = ctypes.PyDLL(lib) if gil else ctypes.CDLL(lib)
         u, p = ctypes.c_uint, ctypes.c_void_p
         self.lib.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
         self.lib.cuLaunchKernel.restype = ctypes.c_int
+        self.pdl = pdl
+        if pdl:
+            self.lib.cuLaunchKernelEx.argtypes = [p, p, p, p]
+            self.lib.cuLaunchKernelEx.restype = ctypes.c_int
+            self.attr = pdl_attribute()
+
+    def launch(self, fn: int, g: tuple[int, int, int], b: tuple[int, int, int], shared_mem: int,
+               stream: int, params: Any) -> int:  # fmt: skip
+        """cuLaunchKernel(Ex)'s result code."""
+        if not self.pdl:
+            return int(self.lib.cuLaunchKernel(fn, *g, *b, shared_mem, stream, params, None))
+        cfg = LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream)
+        cfg.attrs, cfg.n_attrs = ctypes.addressof(self.attr), 1
+        return int(self.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, params, None))
 
     def wrap(self, fn: Any) -> Kernel:
         return Kernel(self, fn)
@@ -106,11 +163,11 @@ class Kernel:
         params = (ctypes.c_void_p * n)(*range(at, at + 8 * n, 8))
         g, b = dims(grid), dims(block)
         stream = lc.cp.cuda.get_current_stream().ptr
-        rc = lc.lib.cuLaunchKernel(self.ptr, *g, *b, shared_mem, stream, params, None)
+        rc = lc.launch(self.ptr, g, b, shared_mem, stream, params)
         if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread CuPy has not yet set up
             self.fn(grid, block, tuple(args), shared_mem=shared_mem)
         elif rc:
-            raise RuntimeError(f"cuLaunchKernel failed (CUDA error {rc})")
+            raise RuntimeError(f"cuLaunchKernel{'Ex' if lc.pdl else ''} failed (CUDA error {rc})")
 
 
 def keep_gil() -> bool:
@@ -118,13 +175,18 @@ def keep_gil() -> bool:
     return os.environ.get("MODELC_CUDA_LAUNCH", "cupy") == "gil"
 
 
+def pdl() -> bool:
+    """Whether kernels launch with programmatic dependent launch (``MODELC_CUDA_PDL=1``)."""
+    return os.environ.get("MODELC_CUDA_PDL", "0") == "1"
+
+
 def kernels(cp: Any, fns: dict[str, Any]) -> dict[str, Any]:
-    """``fns`` launched through :class:`Kernel` with :func:`keep_gil`, else (or where
-    libcuda cannot be opened) as they are."""
-    if not keep_gil():
+    """``fns`` launched through :class:`Kernel` with :func:`keep_gil` or :func:`pdl`, else
+    (or where libcuda cannot be opened) as they are."""
+    if not (keep_gil() or pdl()):
         return fns
     try:
-        lc = Launcher(cp)
-    except OSError:
+        lc = Launcher(cp, gil=keep_gil(), pdl=pdl())
+    except (OSError, AttributeError):  # no libcuda, or one without cuLaunchKernelEx
         return fns
     return {name: lc.wrap(f) for name, f in fns.items()}

@@ -44,6 +44,7 @@ __device__ __forceinline__ float4 scaled4(float4 v, float s, float4 w) {
 extern "C" __global__ void rms_norm_v4(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
                                        const float* __restrict__ w, float eps, int d,
                                        float* __restrict__ out, int ldo, int acc) {
+  ENTER();
   int i = blockIdx.x, n4 = d >> 2;
   float4 v[NV4];
   float s = row_scale_v4(x + (size_t)(rows ? rows[i] : i) * ldx, d, eps, v);
@@ -65,6 +66,7 @@ extern "C" __global__ void rms_norm_v4_q8(const float* __restrict__ x, int ldx,
                                           const float* __restrict__ w, float eps, int d,
                                           float* __restrict__ out, int ldo,
                                           signed char* __restrict__ xq, float2* __restrict__ xs) {
+  ENTER();
   int i = blockIdx.x, n4 = d >> 2, lane = threadIdx.x & 31;
   float4 v[NV4];
   float s = row_scale_v4(x + (size_t)i * ldx, d, eps, v);

@@ -63,6 +63,7 @@ __device__ double block_sum_d(double v, double* red) {  // every thread gets the
 // prm: 6 doubles a row: temperature, top_k, top_p, min_p, u, the row of logits it samples
 extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ logits,
     int V, const double* __restrict__ prm, i64* __restrict__ out) {
+  ENTER();
   __shared__ float cx[SAMPLE_CAND];
   __shared__ int ci[SAMPLE_CAND];
   __shared__ u32 hist[256];

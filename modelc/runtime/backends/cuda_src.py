@@ -35,6 +35,31 @@ typedef unsigned int u32;
 typedef long long i64;
 #define INFINITY __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (cuda_launch, MODELC_CUDA_PDL): a kernel launched so may
+// start while the one before it in the stream ends.  Every kernel begins with ENTER():
+// wait for the kernels before to finish and their writes to be seen (before reading or
+// writing anything), then let the next kernel launch; a no-op for a plain launch.  What a
+// kernel does before ENTER() may only read weights (prefetch_l2).
+#if __CUDA_ARCH__ >= 900
+#define ENTER() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define ENTER()
+#endif
+// the first bytes (up to 64 KB) of [p, p + n) into L2, 128-byte lines over the block's threads:
+// a GEMV's weight rows, fetched while the kernel before it ends
+__device__ __forceinline__ void prefetch_l2(const u8* p, long long n) {
+#if __CUDA_ARCH__ >= 900
+  n = n < 65536 ? n : 65536;
+  for (long long o = 128LL * threadIdx.x; o < n; o += 128LL * blockDim.x)
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p + o));
+#endif
+}
+// the rows of W a GEMV block of 8 warps reads (8 / wpr rows from blockIdx.x * (8 / wpr))
+__device__ __forceinline__ void prefetch_rows(const u8* W, long long rb, int rows, int wpr) {
+  int per = 8 / wpr, r0 = blockIdx.x * per, n = rows - r0 < per ? rows - r0 : per;
+  if (n > 0) prefetch_l2(W + (size_t)r0 * rb, rb * n);
+}
+
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 // two floats as one f16 pair, lo in the low half (each rounded to nearest even, as f2h)
@@ -147,6 +172,7 @@ __device__ __forceinline__ float row_rms_scale(const float* __restrict__ xr, int
 extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
                                     const float* __restrict__ w, float eps, int d,
                                     float* __restrict__ out, int ldo, int acc) {
+  ENTER();
   int i = blockIdx.x;
   const float* xr = x + (size_t)(rows ? rows[i] : i) * ldx;
   float scale = row_rms_scale(xr, d, eps);
@@ -160,6 +186,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, int ldx, const 
 extern "C" __global__ void head_norm(float* __restrict__ qkv, int width, int nh, int hd,
                                      const float* __restrict__ qn, const float* __restrict__ kn,
                                      float eps) {
+  ENTER();
   int h = blockIdx.y;
   float* r = qkv + (size_t)blockIdx.x * width + (size_t)h * hd;
   const float* w = h < nh ? qn : kn;
@@ -172,10 +199,12 @@ extern "C" __global__ void head_norm(float* __restrict__ qkv, int width, int nh,
 
 // x[t] *= s (gemma's embedding scale); x[t] = c * tanh(x[t] / c) (gemma2's logit cap)
 extern "C" __global__ void scale_f32(float* __restrict__ x, long long total, float s) {
+  ENTER();
   long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t < total) x[t] *= s;
 }
 extern "C" __global__ void softcap_f32(float* __restrict__ x, long long total, float c) {
+  ENTER();
   long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t < total) x[t] = tanhf(x[t] / c) * c;
 }
@@ -197,9 +226,11 @@ __device__ __forceinline__ void act_mul(const float* __restrict__ gu, int ff, lo
   out[t] = GELU ? gelu_of(g, u) : silu_of(g, u);
 }
 extern "C" __global__ void silu_mul(const float* gu, int ff, long long total, float* out) {
+  ENTER();
   act_mul<0>(gu, ff, total, out);
 }
 extern "C" __global__ void gelu_mul(const float* gu, int ff, long long total, float* out) {
+  ENTER();
   act_mul<1>(gu, ff, total, out);
 }
 
@@ -245,10 +276,12 @@ __device__ __forceinline__ void rope_store(const float* __restrict__ qkv, const 
 }
 extern "C" __global__ void rope_store_f32(const float* qkv, const float* bias, const i64* pos, const i64* seq,
     const i64* base, const i64* cap, const float* inv_freq, int nh, int nkv, int hd, int neox, int layer, float* qo) {
+  ENTER();
   rope_store<float>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo);
 }
 extern "C" __global__ void rope_store_f16(const float* qkv, const float* bias, const i64* pos, const i64* seq,
     const i64* base, const i64* cap, const float* inv_freq, int nh, int nkv, int hd, int neox, int layer, float* qo) {
+  ENTER();
   rope_store<u16>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo);
 }
 
@@ -346,6 +379,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
 
 // argmax of each row of x (n, d): the first index of the largest value
 extern "C" __global__ void argmax_rows(const float* __restrict__ x, int d, i64* __restrict__ out) {
+  ENTER();
   int i = blockIdx.x;
   const float* r = x + (size_t)i * d;
   float best = -INFINITY; int bi = 0x7fffffff;
@@ -377,13 +411,13 @@ def _instances() -> str:
             out.append(
                 f'extern "C" __global__ void gemv_{t}_{nr}(const u8* W, long long rb, int rows, '
                 "int cols, const float* x, int ldx, int nr, float* y, int ldy, int acc) "
-                f"{{ gemv<{t}, {nr}>(W, rb, rows, cols, x, ldx, nr, y, ldy, acc); }}"
+                f"{{ ENTER(); gemv<{t}, {nr}>(W, rb, rows, cols, x, ldx, nr, y, ldy, acc); }}"
             )
         for f16 in (0, 1):
             out.append(
                 f'extern "C" __global__ void deq_{t}_{f16}(const u8* W, long long rb, int cols, '
                 "const i64* ids, int n, void* out, int ldo) "
-                f"{{ deq_rows<{t}, {f16}>(W, rb, cols, ids, n, out, ldo); }}"
+                f"{{ ENTER(); deq_rows<{t}, {f16}>(W, rb, cols, ids, n, out, ldo); }}"
             )
     out.append(
         cuda_attn.kv_instances(
