@@ -8,7 +8,8 @@
 #                                              NVIDIA's Vulkan driver, carry .gl: the Vulkan
 #                                              loader's .deb, parity and decode next to CUDA)
 #   bash scripts/cuda_side_by_side.sh pdl     (~7 min: the GPU tests with MODELC_CUDA_PDL=1, batch-1
-#                                              decode with it and without, alternated)
+#                                              decode with it and without, alternated; QUICK=1
+#                                              test_cuda.py only; PDL_MODELS="a b": the models)
 #   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
@@ -265,9 +266,11 @@ for _ in range(10): b[:] = a
 cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - t) / 10):.4g}')")
   echo "device copy: $BW B/s"
   at "GPU tests with MODELC_CUDA_PDL=1"
-  MODELC_CUDA_PDL=1 MODELC_CUDA_1B_DIR=$M timeout 170 python3 -m pytest -q --noconftest \
-    -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels_pdl.log" 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_pdl.log" | head -12
+  if [ -z "${QUICK:-}" ]; then  # QUICK=1: test_cuda.py only
+    MODELC_CUDA_PDL=1 MODELC_CUDA_1B_DIR=$M timeout 170 python3 -m pytest -q --noconftest \
+      -p no:cacheprovider -rfEs tests/test_cuda_kernels.py >"$OUT/tests_kernels_pdl.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_pdl.log" | head -12
+  fi
   MODELC_CUDA_PDL=1 MODELC_MATMUL=exact timeout 120 python3 -m pytest -q --noconftest \
     -p no:cacheprovider -rfEs tests/test_cuda.py >"$OUT/tests_cuda_pdl.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda_pdl.log" | head -12

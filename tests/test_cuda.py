@@ -352,6 +352,30 @@ def test_big_decode_batches_replayed_as_graphs(tmp_path: Path) -> None:
 
 
 @gpu
+def test_a_step_that_grows_the_buffers_behind_queued_work(tmp_path: Path) -> None:
+    """A step bigger than the model's buffers regrows them (``_alloc``: fresh zeroed arrays,
+    the meta among them, zero-filled on the model's stream) while that stream is still
+    busy: the step's meta must be copied in after those fills, not beside them (a random
+    8B's first prompt once wrote its keys to address 0: the meta's copy ran on the legacy
+    stream, before its zero fill)."""
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=9))
+    ref, dev = cpu_exact(ir), on_gpu(ir)
+    cp = dev.cp
+    rng = np.random.default_rng(9)
+    seqs = [rng.integers(0, SMALL.n_vocab, 40).tolist() for _ in range(6)]
+    cr = [ref.new_cache("f16") for _ in seqs]
+    cd = [dev.new_cache("f16") for _ in seqs]
+    assert sum(map(len, seqs)) > dev.rows  # this step regrows the buffers
+    with dev.stream:  # ~tens of ms of queued work on the model's stream
+        busy = cp.ones(1 << 26, np.float32)
+        for _ in range(40):
+            busy *= 1.0001
+    a = ref.forward([SeqChunk(c, s) for c, s in zip(cr, seqs, strict=True)])
+    b = dev.forward([SeqChunk(c, s) for c, s in zip(cd, seqs, strict=True)])
+    assert np.abs(a - b).max() < 1e-3 * np.abs(a).max()
+
+
+@gpu
 def test_models_one_after_another_on_the_cublas_path(tmp_path: Path) -> None:
     """Models built one after another in a process, each freed (its stream, caches and
     captured cuBLAS graph gone) before the next: each one's steps equal the CPU backend's."""

@@ -245,7 +245,9 @@ class CudaLlama(CausalLM):
             host[6 * m : 6 * m + 2 * t_run] = pad_tiles(t, t_run, n).ravel()
         self._tiles = t_run
         if self.io is None:
-            self.meta.set(host)
+            # on the model's stream: a copy without one runs on the legacy stream, unordered
+            # with this (non-blocking) stream's queued work, such as _alloc's zero fills
+            self.meta.set(host, stream=self.stream)
         else:  # copied by the step itself (_body)
             self.io.meta[: len(host)] = host
         end_step(batch, slices)  # the caches count the new tokens (written by this step)
