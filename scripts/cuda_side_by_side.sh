@@ -9,7 +9,8 @@
 #                                              loader's .deb, parity and decode next to CUDA)
 #   bash scripts/cuda_side_by_side.sh pdl     (~7 min: the GPU tests with MODELC_CUDA_PDL=1, batch-1
 #                                              decode with it and without, alternated; QUICK=1
-#                                              test_cuda.py only; PDL_MODELS="a b": the models)
+#                                              test_cuda.py only; PDL_MODELS="a b": the models;
+#                                              PDL_TESTK: test_cuda.py's tests by -k)
 #   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
@@ -107,7 +108,10 @@ setup() {  # wheels, the CPU kernels, the models; llama.cpp built beside ($1: ni
     ([ -x $B/llama-server ] || nice -n "$1" bash scripts/llamacpp_cuda.sh build \
       "$PWD/${LLAMA_SRC:-.devrun/llama_src.tar.zst}" 12 >"$OUT/llama_build.log" 2>&1; rm -f /tmp/llama_building) &
   fi
-  [ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M >"$OUT/gen.log" 2>&1
+  # the 1.1Bs (not when $PDL_MODELS names none of them)
+  case "${PDL_MODELS:-llama1b}" in *llama1b*)
+    [ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M >"$OUT/gen.log" 2>&1 ;;
+  esac
   wait $EB
 }
 llama_server() {  # llama-server -np 64 on the same file, the same load twice
@@ -272,7 +276,7 @@ cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - 
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_kernels_pdl.log" | head -12
   fi
   MODELC_CUDA_PDL=1 MODELC_MATMUL=exact timeout 120 python3 -m pytest -q --noconftest \
-    -p no:cacheprovider -rfEs tests/test_cuda.py >"$OUT/tests_cuda_pdl.log" 2>&1
+    -p no:cacheprovider -rfEs tests/test_cuda.py -k "${PDL_TESTK:-}" >"$OUT/tests_cuda_pdl.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda_pdl.log" | head -12
   grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT"/tests_*_pdl.log | head -20
   wait $G8

@@ -597,8 +597,8 @@ def test_mixed_steps_replay_graphs_of_their_bucket(
     step's logits as the unpadded eager step's (cuBLAS over the padded rows against 13:
     within 1e-4), greedy tokens equal; ``MODELC_CUDA_CAPTURE_FIRST=1``, once a cuBLAS step
     has been captured (``warm``'s 16-row bucket): each captured the first time it comes, the
-    prefill's shape too, and no step eager; ``MODELC_CUDA_MIXED_KEY=rows``: 16 logit rows
-    and tiles (run_shape's fixed), the same logits."""
+    prefill's shape too, and no step eager; ``MODELC_CUDA_MIXED_KEY=rows``: 72 logit rows
+    and tiles (run_shape's fixed), the same logits within 1e-2 (the head on cuBLAS)."""
     from modelc.runtime.backends.cuda_step import GRAPH_BUCKET, run_shape
     from modelc.runtime.model import SeqChunk
 
@@ -637,8 +637,9 @@ def test_mixed_steps_replay_graphs_of_their_bucket(
         for c in caches:
             c.free()
     # cuBLAS's kernels for 32 rows sum otherwise than for 13 (4.0e-3 on an H100; 1e-4 with
-    # every product on the GEMV, MODELC_CUDA_GEMV_MAX=64); 16 rows as 13
-    assert rel(runs[1], runs[0]) < (1e-4 if bucket <= GRAPH_BUCKET else 1e-2)
+    # every product on the GEMV, MODELC_CUDA_GEMV_MAX=64); 16 rows as 13; the fixed key's
+    # 72 logit rows take the head to cuBLAS where 7 take the GEMV (4.0e-3 on an H100 too)
+    assert rel(runs[1], runs[0]) < (1e-4 if bucket <= GRAPH_BUCKET and not fixed else 1e-2)
     assert (runs[1].argmax(axis=-1) == runs[0].argmax(axis=-1)).all()
 
 
