@@ -490,3 +490,32 @@ def test_pdl_launches_pass_cuda_h_s_launch_config(tmp_path: Path) -> None:
     assert [seen[i] for i in range(14)] == [0xABC0, 3, 2, 1, 256, 1, 1, 1024, 0x5150, 1, 6, 1, 0, 2]
     got = bytes(lib.arg_bytes().contents)
     assert got[:8] == np.uint64(0x7F00_0000_1230).tobytes() and got[8:12] == np.int32(-5).tobytes()
+
+
+def test_pdl_is_on_from_hopper_on_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`cuda_launch.pdl`: programmatic dependent launch by default on compute
+    capability 9.0 and later (``griddepcontrol`` exists there), ``MODELC_CUDA_PDL`` 0 or 1
+    either way; :func:`cuda_launch.kernels` keeps CuPy's launches where libcuda cannot be
+    opened (no GPU: this machine)."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from modelc.runtime.backends import cuda_launch
+
+    def cp_of(cc: str) -> Any:
+        dev = SimpleNamespace(compute_capability=cc)
+        return SimpleNamespace(cuda=SimpleNamespace(Device=lambda: dev))
+
+    monkeypatch.delenv("MODELC_CUDA_PDL", raising=False)
+    assert [cuda_launch.pdl(cp_of(cc)) for cc in ("75", "80", "89", "90", "100")] == [
+        False, False, False, True, True,
+    ]  # fmt: skip
+    monkeypatch.setenv("MODELC_CUDA_PDL", "0")
+    assert not cuda_launch.pdl(cp_of("90"))
+    monkeypatch.setenv("MODELC_CUDA_PDL", "1")
+    assert cuda_launch.pdl(cp_of("80"))
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no driver: the kernels keep CuPy's launches
+        fns = {"k": object()}
+        assert cuda_launch.kernels(cp_of("90"), fns) is fns

@@ -21,8 +21,10 @@ next kernel of a step may start while the one before it ends, each kernel waitin
 predecessor's results at its ``ENTER()`` (:mod:`.cuda_src`; the GEMVs prefetch their weight
 rows into L2 before that), so a decode step's ~10 kernels a layer overlap their launch,
 ramp and drain.  Captured into the step's CUDA graphs as programmatic edges (CUDA 12.3+).
-Opt-in until GPU runs measure it; with ``MODELC_CUDA_LAUNCH=gil`` too, launched keeping the
-GIL, else giving it up as CuPy does.
+On by default on Hopper and later (compute capability 9.0+; ``MODELC_CUDA_PDL=0`` turns it
+off): an H100's batch-1 decode of a 1.1B 1.12-1.18x faster with it (bench/RESULTS.md,
+session 30).  With ``MODELC_CUDA_LAUNCH=gil`` too, launched keeping the GIL, else giving it
+up as CuPy does.
 """
 
 from __future__ import annotations
@@ -175,18 +177,24 @@ def keep_gil() -> bool:
     return os.environ.get("MODELC_CUDA_LAUNCH", "cupy") == "gil"
 
 
-def pdl() -> bool:
-    """Whether kernels launch with programmatic dependent launch (``MODELC_CUDA_PDL=1``)."""
-    return os.environ.get("MODELC_CUDA_PDL", "0") == "1"
+def pdl(cp: Any) -> bool:
+    """Whether kernels launch with programmatic dependent launch: ``MODELC_CUDA_PDL=1`` or
+    ``0``; by default on a GPU of compute capability 9.0 or more (Hopper on), where
+    ``griddepcontrol`` exists (``ENTER()`` compiles to nothing before it)."""
+    v = os.environ.get("MODELC_CUDA_PDL", "auto")
+    if v in ("0", "1"):
+        return v == "1"
+    return int(cp.cuda.Device().compute_capability) >= 90
 
 
 def kernels(cp: Any, fns: dict[str, Any]) -> dict[str, Any]:
     """``fns`` launched through :class:`Kernel` with :func:`keep_gil` or :func:`pdl`, else
     (or where libcuda cannot be opened) as they are."""
-    if not (keep_gil() or pdl()):
+    use_pdl = pdl(cp)
+    if not (keep_gil() or use_pdl):
         return fns
     try:
-        lc = Launcher(cp, gil=keep_gil(), pdl=pdl())
+        lc = Launcher(cp, gil=keep_gil(), pdl=use_pdl)
     except (OSError, AttributeError):  # no libcuda, or one without cuLaunchKernelEx
         return fns
     return {name: lc.wrap(f) for name, f in fns.items()}
