@@ -17,6 +17,7 @@ from modelc.runtime.backend import Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import DEQ
 from modelc.runtime.backends.webgpu_device import Gpu, vec
+from modelc.runtime.backends.webgpu_gemma4 import GEMMA4_RUNS, g4_mats, g4_widths
 from modelc.runtime.backends.webgpu_mla import MlaLayer
 from modelc.runtime.backends.webgpu_moe import MoeLayer, refuse_routing
 
@@ -55,6 +56,7 @@ WEBGPU_RUNS = frozenset(
         "deepstack",
         "mla",
     }
+    | GEMMA4_RUNS  # gemma4's dense layer kinds (webgpu_gemma4.py)
 )
 
 
@@ -124,6 +126,9 @@ def webgpu_host(ir: ModelIR) -> Decoder:
     refuse_unsupported(sp, "the resident WebGPU decoder", WEBGPU_RUNS, "it runs op by op")
     mats = [w for b in host.blocks for w in block_mats(b)] + [host.tok_embd, host.output]
     widths = {sp.d, sp.n_head * sp.head_dim, sp.n_head_kv * sp.head_dim}
+    if host.g4 is not None:  # its attention's and per-layer inputs' matrices and widths
+        mats += g4_mats(host.g4)
+        widths |= g4_widths(host.g4, sp.n_head)
     widths |= {int(b.w_gate.shape[0]) for b in host.blocks if b.w_gate is not None}
     for b in host.blocks:  # latent attention's and experts' matrices, the experts' routing
         if b.mla is not None:

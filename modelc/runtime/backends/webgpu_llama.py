@@ -53,6 +53,7 @@ from modelc.runtime.backends.webgpu import WebGPUBackend
 from modelc.runtime.backends.webgpu_attn import (
     StepRec,
     record_attention,
+    record_g4_attention,
     record_latent_attention,
 )
 from modelc.runtime.backends.webgpu_device import (
@@ -65,6 +66,7 @@ from modelc.runtime.backends.webgpu_device import (
     u32s,
     vec,
 )
+from modelc.runtime.backends.webgpu_gemma4 import Gemma4Step
 from modelc.runtime.backends.webgpu_kv import WebGpuKVCache
 from modelc.runtime.backends.webgpu_layer import Layer, webgpu_host
 from modelc.runtime.backends.webgpu_moe import MoeLayer
@@ -103,19 +105,28 @@ class WebGpuLlama(CausalLM):
             else KVShape(len(host.blocks), self.nkv, self.hd)
         )
         gpu = self.gpu
+        # gemma4: layers of two head shapes in a cache of the largest, KV sharing, per-layer
+        # inputs (webgpu_gemma4.py); the step's Q/K/V buffers are of the cache's shape
+        self.g4 = None if host.g4 is None else Gemma4Step(gpu, host.g4, self.nh)
+        if self.g4 is not None:
+            self.kv_shape = host.kv_shape
+            self.nkv, self.hd = self.g4.kc, self.g4.hc
         self.tok_embd, self.output = host.tok_embd, host.output
         backend._chunks(self.tok_embd)  # every weight placed now (the budget's checks)
         self.layers = [Layer(gpu, b, sp.moe_sigmoid_shared, mla, sp.eps) for b in host.blocks]
         self.mlas = [ly.mla for ly in self.layers if ly.mla is not None]
-        for w in [m for ly in self.layers for m in ly.mats()] + [self.output]:
+        extra = [] if self.g4 is None else self.g4.mats()
+        for w in [m for ly in self.layers for m in ly.mats()] + [self.output, *extra]:
             backend._chunks(w)
         self.output_norm = vec(gpu, host.output_norm, "output_norm")
         inv = np.asarray(host.inv_freq, np.float32)
         self.hn = len(inv)
         self.inv = vec(gpu, inv, "inv_freq")
-        # the windowed layers' own RoPE base (gemma3): a second table a step
+        # the windowed layers' own RoPE base (gemma3): a second table a step (gemma4: of its
+        # own length too, the windowed layers' head size)
         self.local = tuple(bool(x) for x in sp.local_rope) or (False,) * len(host.blocks)
         self.inv_local = vec(gpu, host.inv_freq_local, "inv_freq_local")
+        self.hn_local = len(host.inv_freq_local)
         self.embd_scale = float(sp.embd_scale)  # gemma: sqrt(d); 0: none
         # YaRN's / LongRoPE's factor on the global table's cos and sin (Decoder.rope_mscale:
         # where only part of a head rotates), as its f32 bits; 0: none
@@ -123,8 +134,9 @@ class WebGpuLlama(CausalLM):
         self.mscale = 0 if ms is None else int(np.float32(ms).view(np.uint32))
         self.spec, self.softcap = sp, float(sp.attn_softcap)  # gemma2's capped scores
         self.nope = tuple(sp.nope) or (False,) * len(host.blocks)  # layers without RoPE
-        n_layer = len(host.blocks)
-        self.shift_invs = layer_inv_freqs(sp, host.inv_freq, host.inv_freq_local, 0, n_layer)
+        n_cache = self.kv_shape.n_layer  # gemma4: a cache layer per layer writing K/V
+        self.shift_invs = layer_inv_freqs(sp, host.inv_freq, host.inv_freq_local, 0, n_cache)
+        self._rerotate = None if host.g4 is None else host.g4.rerotate
         self.ff = max(1, *(ly.ff for ly in self.layers))  # dense FFNs' (mixtures: their own)
         self.moes = [ly.moe for ly in self.layers if ly.moe is not None]
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
@@ -153,9 +165,15 @@ class WebGpuLlama(CausalLM):
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """As :meth:`Decoder.shift_context`: the moved keys re-rotated on the host."""
         rope_from = self.mlas[0].rank if self.mlas else 0  # latent: the RoPE tail only
+        fb, rerotate = self.be._fallback, self._rerotate
+
+        def rotate(k: F32Array, angles: tuple[F32Array, F32Array], layer: int) -> None:
+            assert rerotate is not None  # gemma4: each layer's own head size of the rows
+            rerotate(fb, k, layer, angles, self.neox)
+
         shift_keys(
-            cache, n_keep, n_discard, self.be._fallback, self.shift_invs, self.neox,
-            rope_from=rope_from,
+            cache, n_keep, n_discard, fb, self.shift_invs, self.neox,
+            rotate if rerotate is not None else None, rope_from,
         )  # fmt: skip
 
     def forward(self, batch: Sequence[SeqChunk]) -> F32Array:
@@ -295,6 +313,9 @@ class WebGpuLlama(CausalLM):
             bufs |= {k: self._buf(k, b) for k, b in MoeLayer.sizes(self.moes, n).items()}
         if self.mlas:
             bufs |= {k: self._buf(k, b) for k, b in self.mlas[0].sizes(n).items()}
+        if self.g4 is not None:
+            sizes = self.g4.sizes(n, self.gpu.offset_align)
+            bufs |= {k: self._buf(k, b) for k, b in sizes.items()}
         # queries then keys in one buffer (one RoPE dispatch for both), keys at an offset
         # the binding alignment allows
         align = self.gpu.offset_align
@@ -304,7 +325,8 @@ class WebGpuLlama(CausalLM):
         bufs["qk"] = (qk, k_at + n * kw * 4)
         bufs["cos"], bufs["sin"] = self._buf("cos", n * hn * 4), self._buf("sin", n * hn * 4)
         if any(self.local):
-            bufs["cos_l"], bufs["sin_l"] = (self._buf(f"{t}_l", n * hn * 4) for t in ("cos", "sin"))
+            hl = self.hn_local
+            bufs["cos_l"], bufs["sin_l"] = (self._buf(f"{t}_l", n * hl * 4) for t in ("cos", "sin"))
         sstride = int(pos.max()) + 1
         chunk = max(1, min(65535, SCORES_BYTES // (nh * sstride * 4)))
         bufs["scores"] = self._buf("scores", min(chunk, n) * nh * sstride * 4)
@@ -370,19 +392,22 @@ class WebGpuLlama(CausalLM):
             job.add(Dispatch(pipe, bind, params, 3, (math.ceil(math.ceil(cols / 4) / 64), gy, gz)))
         if self.embd_scale:
             self._elem(job, "scale", n * self.d, {2: x}, f=self.embd_scale)
-        gx, gy, gxs = flat(n * hn)
-        tables = {False: (cs, sn, self.inv, self.mscale)}  # the local table unscaled
+        tables = {False: (cs, sn, self.inv, self.mscale, hn)}  # the local table unscaled
         if any(self.local):
-            tables[True] = (bufs["cos_l"], bufs["sin_l"], self.inv_local, 0)
-        for c_b, s_b, inv_b, f in tables.values():
-            params = u32s(n, 0, 0, hn, 0, gxs, f, 0)
+            tables[True] = (bufs["cos_l"], bufs["sin_l"], self.inv_local, 0, self.hn_local)
+        for c_b, s_b, inv_b, f, hn_t in tables.values():
+            gx, gy, gxs = flat(n * hn_t)
+            params = u32s(n, 0, 0, hn_t, 0, gxs, f, 0)
             bind = {0: pos_b, 1: inv_b, 2: c_b, 3: s_b}
             job.add(Dispatch(self._pipe("rope", "rope_angles"), bind, params, 4, (gx, gy, 1)))
+        g4 = self.g4
+        if g4 is not None:  # the step's per-layer inputs
+            g4.record_inputs(self, job, bufs, n)
         rec = StepRec(job, bufs, tables, batch, slices, stores, attns, n, f16, sstride, chunk)
         for li, ly in enumerate(self.layers):
             hin = self._pre_norm(job, x, ly.attn_norm, n, h)
             record = record_attention if ly.mla is None else record_latent_attention
-            record(self, rec, ly, li, hin)  # added into x
+            (record if g4 is None else record_g4_attention)(self, rec, ly, li, hin)  # into x
             hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
             entry = "gelu_mul" if self.gelu else "silu_mul"
             if ly.moe is not None:  # the experts' weighted sum added into x
@@ -396,6 +421,8 @@ class WebGpuLlama(CausalLM):
                 self._matmul(job, ly.up, hin, n, gu, stride=2 * ly.ff, col0=ly.ff)
             self._elem(job, entry, n * ly.ff, {0: gu, 1: gu, 2: act}, ly.ff)
             self._residual(job, ly.down, act, n, x, h, ly.post[1])
+            if g4 is not None:  # its per-layer input, its output scale
+                g4.record_after_layer(self, job, bufs, li, n)
         if r:
             hl, logits = bufs["hl"], bufs["logits"]
             self._norm(job, x, self.output_norm, r, hl, bufs["sel"])

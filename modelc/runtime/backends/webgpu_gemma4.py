@@ -1,0 +1,182 @@
+"""Gemma 4's dense layer kinds in the resident WebGPU step (:mod:`.webgpu_llama`), the
+device side of :mod:`modelc.runtime.arch.gemma4`'s hooks, with the CPU's arithmetic (the
+attention's recording is :func:`.webgpu_attn.record_g4_attention`, beside the others):
+
+* **two head shapes, one cache**: a layer's queries, keys and values are projected, normed
+  and rotated at its own head size and KV head count, then reshaped to the cache's (the
+  largest head size, zeros past a narrower head; each KV head repeated to the largest
+  count: ``heads.wgsl``), attended there (scale 1: the Q/K norms carry it) and the output
+  cut back to the layer's head size before W_o;
+* **KV sharing**: the last layers project no keys or values and attend over the cache
+  layer of the last earlier layer of their kind, written earlier in the same step;
+* **V norms** (weightless, per head) and **values from keys** (a global layer without
+  ``attn_v`` takes the key projection's output before the K norm: the product run twice);
+* **per-layer input embeddings**, made once a step after the scaled embeddings, and after
+  each layer ``post_norm(proj(gelu(inp_gate x) * inputs[:, i]))`` added into the residual,
+  then its output scale.
+
+A mixture beside the FFN (the 26B-A4B's ``side_experts``) is not run here: refused, the
+engine then runs the model op by op.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from modelc.formats.ir import row_bytes
+from modelc.runtime.arch.gemma4 import Gemma4Layers
+from modelc.runtime.backend import Weight
+from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, flat, grid, u32s, vec
+
+if TYPE_CHECKING:
+    from modelc.runtime.backends.webgpu_llama import WebGpuLlama
+
+# the decoder's features this runs (webgpu_layer.WEBGPU_RUNS)
+GEMMA4_RUNS = frozenset(
+    {
+        "head_shapes",
+        "kv_sharing",
+        "v_norm",
+        "values_from_keys",
+        "proportional_rope",
+        "per_layer_embd",
+        "layer_scale",
+    }
+)
+
+
+def g4_mats(g4: Gemma4Layers) -> list[Weight]:
+    """Every matrix a Gemma 4 step reads beyond the blocks' output and FFN products."""
+    out: list[Weight] = []
+    for a in g4.attn:
+        out += [w for w in (a.wq, a.wk, a.wv) if w is not None]
+    if g4.ple is not None:
+        out += [g4.ple.tok, g4.ple.proj, *g4.ple.gate, *g4.ple.out]
+    return out
+
+
+def g4_widths(g4: Gemma4Layers, n_head: int) -> set[int]:
+    """The row widths its shaders see (each must be a multiple of 4 to run here)."""
+    hc, kc = g4.cache_head_dim, g4.cache_kv_heads
+    w = {hc, kc * hc, n_head * hc}
+    for hd, kv in zip(g4.head_dims, g4.kv_heads, strict=True):
+        w |= {hd, kv * hd, n_head * hd}
+    p = 0 if g4.ple is None else len(g4.ple.proj_norm)
+    return w | ({p, len(g4.attn) * p} if p else set())
+
+
+@dataclass(slots=True)
+class G4Attn:
+    """One layer's attention on the device: its shapes, cache layer and norms."""
+
+    hd: int  # its head size
+    kv: int  # its KV head count
+    source: int  # the cache layer it writes (or, KV sharing, reads)
+    wq: Weight
+    wk: Weight | None  # None: KV sharing
+    wv: Weight | None  # None with wk: values from keys
+    q_norm: Any
+    k_norm: Any
+
+
+class Gemma4Step:
+    """A Gemma 4 model's weights beyond the one decoder's, and the dispatches that use them."""
+
+    def __init__(self, gpu: Gpu, g4: Gemma4Layers, n_head: int) -> None:
+        self.layers, self.nh = g4, n_head
+        self.hc, self.kc = g4.cache_head_dim, g4.cache_kv_heads
+        self.attn = []
+        for i, a in enumerate(g4.attn):
+            k_norm = None if a.k_norm is None else vec(gpu, a.k_norm, "k_norm")
+            shape = (g4.head_dims[i], g4.kv_heads[i], g4.kv_source[i])
+            self.attn.append(G4Attn(*shape, a.wq, a.wk, a.wv, vec(gpu, a.q_norm, "q_norm"), k_norm))
+        self.ple = g4.ple
+        self.p = 0 if g4.ple is None else len(g4.ple.proj_norm)
+        self.ple_norms = (
+            []
+            if g4.ple is None
+            else [vec(gpu, g4.ple.proj_norm, "ple_norm")]
+            + [vec(gpu, w, "ple_post") for w in g4.ple.post_norm]
+        )
+        self.scales = [None if s is None else float(s[0]) for s in g4.scales]
+        self.n_layer = len(g4.attn)
+
+    def mats(self) -> list[Weight]:
+        return g4_mats(self.layers)
+
+    def sizes(self, n: int, align: int) -> dict[str, int]:
+        """The step's extra buffers (bytes): unpadded Q (then K at an aligned offset) and V,
+        the attention output cut back, the per-layer inputs and their gate's rows."""
+        qw, kw = self.nh * self.hc, self.kc * self.hc
+        k_at = -(-n * qw * 4 // align) * align
+        out = {"g4qk": k_at + n * kw * 4, "g4v": n * kw * 4, "g4o": n * qw * 4}
+        if self.p:
+            lp = self.n_layer * self.p
+            out |= {"ple_in": n * lp * 4, "ple_proj": n * lp * 4, "ple_gu": n * 2 * self.p * 4}
+            out |= {"ple_act": n * self.p * 4}
+        return out
+
+    # -- the step ----------------------------------------------------------------------
+    def heads(
+        self,
+        m: WebGpuLlama,
+        job: Job,
+        src: Any,
+        out: Any,
+        n: int,
+        shape: tuple[int, int, int, int, int],
+        where: tuple[int, int] = (0, 0),
+    ) -> None:
+        """``heads.wgsl``: ``shape`` (h_out, d_out, d_in, rep, h0), input rows ``istride``
+        apart (``where``: input row stride, 0: h_in * d_in contiguous; output column)."""
+        h_out, d_out, d_in, rep, h0 = shape
+        istride, oc = where
+        istride = istride or (h_out // rep) * d_in  # rows of the input heads, contiguous
+        ostride = h_out * d_out if not oc else 2 * d_out  # the PLE gate's rows: [gate | input]
+        gx, gy, gxs = flat(n * h_out * d_out)
+        params = u32s(n, h_out, d_out, d_in, rep, h0, istride, ostride, oc, gxs, 0, 0)
+        job.add(
+            Dispatch(m._pipe("heads", "reshape_heads"), {0: src, 1: out}, params, 2, (gx, gy, 1))
+        )
+
+    def record_inputs(self, m: WebGpuLlama, job: Job, bufs: dict[str, Any], n: int) -> None:
+        """The step's per-layer inputs (n, n_layer, p) into ``ple_in``, from its ids and the
+        scaled embeddings in x: ``(tok * sqrt(p) + rms_norm(proj x / sqrt(d))) / sqrt(2)``."""
+        e = self.ple
+        if e is None:
+            return
+        p, lp = self.p, self.n_layer * self.p
+        tok, proj = bufs["ple_in"], bufs["ple_proj"]
+        emb = m.be._module(e.tok.dtype, 1)
+        pipe = m.gpu.pipeline(emb[0], "get_rows", emb[1])
+        gy, gz = grid(n)
+        for buf, r0, nr in m.be._chunks(e.tok):
+            params = u32s(nr, lp, n, row_bytes(e.tok.dtype, lp), 0, r0, 0, 0)
+            bind = {0: (buf, buf.size), 2: tok, 4: bufs["ids"]}
+            job.add(Dispatch(pipe, bind, params, 3, (math.ceil(math.ceil(lp / 4) / 64), gy, gz)))
+        m._elem(job, "scale", n * lp, {2: tok}, f=math.sqrt(p))
+        m._matmul(job, e.proj, bufs["x"], n, proj)
+        m._elem(job, "scale", n * lp, {2: proj}, f=1.0 / math.sqrt(m.d))
+        m._norm(job, None, self.ple_norms[0], n * self.n_layer, proj, width=p)
+        m._elem(job, "add_bias", n * lp, {1: proj, 2: tok}, n * lp)  # tok += proj
+        m._elem(job, "scale", n * lp, {2: tok}, f=float(np.float32(1.0 / math.sqrt(2.0))))
+
+    def record_after_layer(
+        self, m: WebGpuLlama, job: Job, bufs: dict[str, Any], li: int, n: int
+    ) -> None:
+        """After layer ``li``'s FFN: its per-layer input added into x, then x times its scale."""
+        e = self.ple
+        x = bufs["x"]
+        if e is not None:
+            p, gu, act = self.p, bufs["ple_gu"], bufs["ple_act"]
+            m._matmul(job, e.gate[li], x, n, gu, stride=2 * p)  # each row: gate, then input
+            self.heads(m, job, bufs["ple_in"], gu, n, (1, p, p, 1, li), (self.n_layer * p, p))
+            m._elem(job, "gelu_mul", n * p, {0: gu, 1: gu, 2: act}, p)
+            m._residual(job, e.out[li], act, n, x, bufs["h"], self.ple_norms[1 + li])
+        s = self.scales[li]
+        if s is not None:
+            m._elem(job, "scale", n * m.d, {2: x}, f=s)
