@@ -61,7 +61,7 @@ FAMILIES = (
     *("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"),
     *("smollm3", "phi4mini", "olmo2", "olmo3", "mistral3", "qwen3moe", "mixtral"),
     *("gptoss", "gptoss-mxfp4", "glm4moe", "llama4", "qwen2vl", "deepseek2", "deepseek3"),
-    "gemma4",
+    *("gemma4", "gemma4moe"),
 )
 
 
@@ -83,7 +83,9 @@ def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
     expert), qwen2vl's text (M-RoPE with every section at the token's position), deepseek2
     and deepseek3 (latent attention; V3's expert groups), gemma4 (layers of two head shapes
     in one cache, the last two reusing the keys and values of earlier ones, V norms, values
-    from keys, proportional RoPE, per-layer input embeddings, output scales)."""
+    from keys, proportional RoPE, per-layer input embeddings, output scales) and gemma4moe
+    (a mixture of 4 experts beside every layer's FFN, its router's norm and scale, each
+    expert's output scale)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from tests.tiny_families import TINY
@@ -145,9 +147,8 @@ def test_mixed_step_freed_cache_and_one_submit(pair: tuple[Any, Any], gpu: WebGP
 def test_refused_in_one_line_and_the_engine_goes_op_by_op(
     gpu: WebGPUBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """LFM2 (short-convolution layers) and Gemma 4's mixture beside the FFN: refused naming
-    what they lack; the engine's --device webgpu then builds the op-level decoder and logs
-    why."""
+    """LFM2 (short-convolution layers): refused naming what it lacks; the engine's
+    --device webgpu then builds the op-level decoder and logs why."""
     from modelc.engine import EngineOptions, build_runtime
     from modelc.formats import load_model
     from modelc.runtime.arch.decoder import Decoder
@@ -157,9 +158,6 @@ def test_refused_in_one_line_and_the_engine_goes_op_by_op(
     with pytest.raises(UnsupportedError) as e:
         webgpu_host(ir)
     assert "\n" not in str(e.value) and "short-convolution" in str(e.value)
-    with pytest.raises(UnsupportedError) as e:  # gemma4's dense kinds run; its mixture not
-        webgpu_host(load_model(TINY["gemma4moe"]()))
-    assert "\n" not in str(e.value) and "beside the FFN" in str(e.value)
     with caplog.at_level(logging.WARNING, logger="modelc"):
         runtime, _ = build_runtime(ir, EngineOptions(device="webgpu"))
     assert isinstance(runtime, Decoder)
@@ -168,7 +166,9 @@ def test_refused_in_one_line_and_the_engine_goes_op_by_op(
     assert isinstance(runtime, WebGpuLlama)
 
 
-@pytest.mark.parametrize("family", ["llama", "gptoss", "llama4", "deepseek3", "gemma4"])
+@pytest.mark.parametrize(
+    "family", ["llama", "gptoss", "llama4", "deepseek3", "gemma4", "gemma4moe"]
+)
 def test_engine_batching_and_prefix_hits(gpu: WebGPUBackend, family: str) -> None:
     """Through the engine on ``--device webgpu`` (resident; a mixture's experts picked on
     the device row by row, gpt-oss's, Llama 4's and DeepSeek V3's, its latent rows through

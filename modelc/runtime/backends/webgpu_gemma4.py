@@ -15,8 +15,11 @@ attention's recording is :func:`.webgpu_attn.record_g4_attention`, beside the ot
   each layer ``post_norm(proj(gelu(inp_gate x) * inputs[:, i]))`` added into the residual,
   then its output scale.
 
-A mixture beside the FFN (the 26B-A4B's ``side_experts``) is not run here: refused, the
-engine then runs the model op by op.
+* **a mixture beside the FFN** (the 26B-A4B): the router reads the residual RMS-normed
+  times its scale / sqrt(d), softmax top-k renormalised, each weight times its expert's
+  scale; the experts (GELU, :class:`~.webgpu_moe.MoeLayer`) read the residual normed by
+  ``pre_ffw_norm_2``; the FFN's output normed by ``post_ffw_norm_1`` plus the mixture's by
+  ``post_ffw_norm_2``, then the layer's post-FFN norm, added into the residual.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modelc.formats.ir import row_bytes
-from modelc.runtime.arch.gemma4 import Gemma4Layers
+from modelc.runtime.arch.gemma4 import Gemma4Layers, SideExperts
+from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, flat, grid, u32s, vec
+from modelc.runtime.backends.webgpu_moe import MoeLayer
 
 if TYPE_CHECKING:
     from modelc.runtime.backends.webgpu_llama import WebGpuLlama
@@ -45,6 +50,7 @@ GEMMA4_RUNS = frozenset(
         "proportional_rope",
         "per_layer_embd",
         "layer_scale",
+        "side_experts",
     }
 )
 
@@ -56,6 +62,9 @@ def g4_mats(g4: Gemma4Layers) -> list[Weight]:
         out += [w for w in (a.wq, a.wk, a.wv) if w is not None]
     if g4.ple is not None:
         out += [g4.ple.tok, g4.ple.proj, *g4.ple.gate, *g4.ple.out]
+    for e in g4.side:
+        if e is not None:
+            out += [e.router, e.gate[0], e.up[0], e.down[0]]
     return out
 
 
@@ -66,6 +75,7 @@ def g4_widths(g4: Gemma4Layers, n_head: int) -> set[int]:
     for hd, kv in zip(g4.head_dims, g4.kv_heads, strict=True):
         w |= {hd, kv * hd, n_head * hd}
     p = 0 if g4.ple is None else len(g4.ple.proj_norm)
+    w |= {int(e.gate[0].shape[0]) for e in g4.side if e is not None}
     return w | ({p, len(g4.attn) * p} if p else set())
 
 
@@ -104,9 +114,19 @@ class Gemma4Step:
         )
         self.scales = [None if s is None else float(s[0]) for s in g4.scales]
         self.n_layer = len(g4.attn)
+        # the mixtures beside the FFN: experts as MoeLayer runs them, and their norms
+        self.side = [None if e is None else _Side(gpu, e) for e in g4.side]
+        self.moes = [x.moe for x in self.side if x is not None]
 
     def mats(self) -> list[Weight]:
-        return g4_mats(self.layers)
+        """The matrices its dispatches read (a mixture's stacked as MoeLayer reads them)."""
+        dense = [w for w in g4_mats(self.layers) if all(w is not e.router for e in self.moes)]
+        if self.moes:
+            views = {
+                id(w) for x in self.layers.side if x is not None for w in (*x.gate, *x.up, *x.down)
+            }
+            dense = [w for w in dense if id(w) not in views]
+        return dense + [w for moe in self.moes for w in moe.mats()]
 
     def sizes(self, n: int, align: int) -> dict[str, int]:
         """The step's extra buffers (bytes): unpadded Q (then K at an aligned offset) and V,
@@ -114,6 +134,9 @@ class Gemma4Step:
         qw, kw = self.nh * self.hc, self.kc * self.hc
         k_at = -(-n * qw * 4 // align) * align
         out = {"g4qk": k_at + n * kw * 4, "g4v": n * kw * 4, "g4o": n * qw * 4}
+        if self.moes:  # the FFN's output, the router's and the experts' inputs, the mixture's
+            d = self.moes[0].d
+            out |= {k: n * d * 4 for k in ("g4ffn", "g4rin", "g4ein", "g4moe")}
         if self.p:
             lp = self.n_layer * self.p
             out |= {"ple_in": n * lp * 4, "ple_proj": n * lp * 4, "ple_gu": n * 2 * self.p * 4}
@@ -180,3 +203,39 @@ class Gemma4Step:
         s = self.scales[li]
         if s is not None:
             m._elem(job, "scale", n * m.d, {2: x}, f=s)
+
+    def record_side_ffn(
+        self, m: WebGpuLlama, job: Job, bufs: dict[str, Any], li: int, n: int, act: Any, ly: Any
+    ) -> None:
+        """Layer ``li``'s FFN output (its down product of ``act``) and its mixture beside,
+        normed and added into x (see the module's docstring)."""
+        side = self.side[li]
+        assert side is not None
+        x, h, ffn, moe = bufs["x"], bufs["h"], bufs["g4ffn"], bufs["g4moe"]
+        m._matmul(job, ly.down, act, n, ffn)
+        rin, ein = bufs["g4rin"], bufs["g4ein"]
+        m._norm(job, x, side.router_scale, n, rin)  # rms_norm(x) * scale, as (x / rms) * s
+        m._elem(job, "scale", n * m.d, {2: rin}, f=float(np.float32(1.0 / math.sqrt(m.d))))
+        m._norm(job, x, side.pre_norm_2, n, ein)
+        side.moe.record(
+            m, job, bufs, ein, moe, n, "gelu_mul", router_in=rin, wscale=side.expert_scale,
+            written=True,
+        )  # fmt: skip
+        m._norm(job, ffn, side.post_norm_1, n, h)  # h = norm(ffn) + norm(moe)
+        m._add_norm(job, moe, side.post_norm_2, n, h)
+        if ly.post[1] is not None:
+            m._add_norm(job, h, ly.post[1], n, x)
+        else:
+            m._elem(job, "add_bias", n * m.d, {1: h, 2: x}, n * m.d)
+
+
+class _Side:
+    """A layer's mixture beside its FFN on the device."""
+
+    def __init__(self, gpu: Gpu, e: SideExperts) -> None:
+        self.moe = MoeLayer(gpu, Experts(e.router, e.gate, e.up, e.down, e.n_used))
+        self.router_scale = vec(gpu, e.router_scale, "router_scale")
+        self.expert_scale = vec(gpu, e.expert_scale, "expert_scale")
+        self.pre_norm_2 = vec(gpu, e.pre_norm_2, "pre_norm_2")
+        self.post_norm_1 = vec(gpu, e.post_norm_1, "post_norm_1")
+        self.post_norm_2 = vec(gpu, e.post_norm_2, "post_norm_2")

@@ -139,6 +139,7 @@ class WebGpuLlama(CausalLM):
         self._rerotate = None if host.g4 is None else host.g4.rerotate
         self.ff = max(1, *(ly.ff for ly in self.layers))  # dense FFNs' (mixtures: their own)
         self.moes = [ly.moe for ly in self.layers if ly.moe is not None]
+        self.moes += [] if self.g4 is None else self.g4.moes  # gemma4's beside the FFN
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
         # per layer: attends within chunks of this many positions (llama 4), 0: not
         self.chunks = tuple(int(c) for c in sp.chunks) or (0,) * len(host.blocks)
@@ -263,9 +264,13 @@ class WebGpuLlama(CausalLM):
             self._matmul(job, w, a, n, x, acc=True)
             return
         self._matmul(job, w, a, n, h)
+        self._add_norm(job, h, post, n, x)
+
+    def _add_norm(self, job: Job, h: Any, w: Any, n: int, x: Any) -> None:
+        """``x += rms_norm(h) * w`` over n rows of d."""
         gx, gy = grid(n)
         params = struct.pack("<IIIf", n, self.d, gx, self.eps)
-        bind = {0: h, 1: post, 3: x}
+        bind = {0: h, 1: w, 3: x}
         job.add(Dispatch(self._pipe("norm", "rms_norm_add"), bind, params, 4, (gx, gy, 1)))
 
     def _plan(
@@ -420,7 +425,10 @@ class WebGpuLlama(CausalLM):
                 self._matmul(job, ly.gate, hin, n, gu, stride=2 * ly.ff)
                 self._matmul(job, ly.up, hin, n, gu, stride=2 * ly.ff, col0=ly.ff)
             self._elem(job, entry, n * ly.ff, {0: gu, 1: gu, 2: act}, ly.ff)
-            self._residual(job, ly.down, act, n, x, h, ly.post[1])
+            if g4 is not None and g4.side[li] is not None:  # a mixture beside (gemma4)
+                g4.record_side_ffn(self, job, bufs, li, n, act, ly)
+            else:
+                self._residual(job, ly.down, act, n, x, h, ly.post[1])
             if g4 is not None:  # its per-layer input, its output scale
                 g4.record_after_layer(self, job, bufs, li, n)
         if r:

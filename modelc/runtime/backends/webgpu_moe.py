@@ -42,6 +42,7 @@ def stacked(ws: list[Weight]) -> Weight:
         isinstance(base, np.ndarray)
         and base.ndim == 3
         and len(base) == len(ws)
+        and base.shape[1] == rows  # not halves of bigger rows (gemma4's fused gate_up)
         and base.flags.c_contiguous
         and all(np.shares_memory(w.data, base[i]) for i, w in enumerate(ws))
     ):
@@ -130,13 +131,19 @@ class MoeLayer:
         x: tuple[Any, ...],
         n: int,
         entry: str,
+        *,
+        router_in: tuple[Any, ...] | None = None,
+        wscale: Any = None,
+        written: bool = False,
     ) -> None:
         """``x += the experts' FFN of h`` for n rows, through the model ``m``'s products
-        and elementwise dispatches; ``entry``: its activation (silu_mul, gelu_mul)."""
+        and elementwise dispatches; ``entry``: its activation (silu_mul, gelu_mul).  Gemma
+        4's mixture beside the FFN: the router reads ``router_in`` (default h), each pair's
+        weight times its expert's ``wscale``, and x is ``written``, not added to."""
         be, elem = m.be, m._elem
         logits, ids, wts = bufs["moe_logits"], bufs["moe_ids"], bufs["moe_wts"]
         gu, act, out = bufs["moe_gu"], bufs["moe_act"], bufs["moe_out"]
-        m._matmul(job, self.router, h, n, logits)
+        m._matmul(job, self.router, h if router_in is None else router_in, n, logits)
         oai, e, k, ff, d = self.oai, self.n_expert, self.k, self.ff, self.d
         if oai is not None:
             elem(job, "add_bias", n * e, {1: oai["router"], 2: logits}, e)
@@ -147,6 +154,8 @@ class MoeLayer:
             d=self.scale_bits, flags=self.flags, col0=n_group, stride=used,
         )  # fmt: skip
         pairs = n * k
+        if wscale is not None:
+            self._moe(be, job, "moe_wscale", pairs, {0: wscale, 1: ids, 2: wts}, pairs, d=0)
         xin, div = h, k  # each pair reads its token's row
         if self.scaled_input:  # or its own, the token's row times its weight
             xin, div = bufs["moe_in"], 1
@@ -167,7 +176,8 @@ class MoeLayer:
             bind = {0: oai["down"], 1: ids, 4: out}
             self._moe(be, job, "moe_bias", pairs * d, bind, pairs, d=d, stride=d)
         bind = {0: out, 2: wts, 4: x}
-        self._moe(be, job, "moe_combine", n * d, bind, n, d=d, flags=int(self.scaled_input))
+        flags = int(self.scaled_input) | 2 * int(written)
+        self._moe(be, job, "moe_combine", n * d, bind, n, d=d, flags=flags)
         if self.shared is not None:  # the shared experts' FFN, added into x too
             sgate, sup, sdown = self.shared
             sff = self.sff

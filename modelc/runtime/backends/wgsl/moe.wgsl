@@ -7,7 +7,8 @@ struct Params {
     k: u32,  // experts a token
     d: u32,  // moe_combine, moe_bias: the row width; moe_route: the weights' scale (f32 bits)
     gxs: u32,  // threads along x (indices past it go on in y)
-    flags: u32,  // moe_route: 1 sigmoid scores, 2 renormalised; moe_combine: 1 unweighted
+    flags: u32,  // moe_route: 1 sigmoid scores, 2 renormalised; moe_combine: 1 unweighted,
+                 // 2 written (not added)
     col0: u32,  // moe_bias: the first column of each pair's row it adds to; moe_route: groups
     stride: u32,  // moe_bias: outs' row width; moe_route: the groups a token may use
 }
@@ -147,7 +148,19 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var j = 0u; j < p.k; j++) {
         s += logits[(t * p.k + j) * p.d + c] * select(wts[t * p.k + j], 1.0, unweighted);
     }
-    outs[i] = outs[i] + s;
+    // flags & 2: outs written, not added to (gemma 4: the mixture's own buffer)
+    outs[i] = select(outs[i], 0.0, (p.flags & 2u) != 0u) + s;
+}
+
+// each pair's weight times its expert's scale (logits binds the scales, (n_expert,);
+// gemma 4's ffn_down_exps.scale), p.n pairs
+@compute @workgroup_size(64)
+fn moe_wscale(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.gxs;
+    if (i >= p.n) {
+        return;
+    }
+    wts[i] = wts[i] * logits[ids[i]];
 }
 
 // each pair's expert's bias (logits binds the biases, (n_expert, d)) added to its row of
