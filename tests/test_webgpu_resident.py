@@ -335,3 +335,33 @@ def test_llama4_chunks_of_8(gpu: WebGPUBackend) -> None:
         runs.append(np.concatenate(out))
         cache.free()
     _close(*runs)
+
+
+@pytest.mark.parametrize("family", ["qwen3moe", "gptoss-mxfp4", "llama4", "deepseek3", "gemma4moe"])
+def test_experts_grouped_by_expert_as_per_pair(
+    gpu: WebGPUBackend, family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's (token, slot) pairs grouped by expert (moe_group.wgsl, then each expert's
+    rows read once over its pairs: moe_gemv_grouped) give the per-pair products' logits
+    bit for bit (a 12-token prompt, every row's logits, and a decode step); a step groups
+    when it has more pairs than half the experts (``MODELC_WEBGPU_MOE_GROUP`` 1 / 0: always
+    / never)."""
+    from modelc.formats import load_model
+    from modelc.runtime.backends.webgpu_moe import grouped
+    from tests.tiny_families import TINY
+
+    monkeypatch.delenv("MODELC_WEBGPU_MOE_GROUP", raising=False)
+    assert [grouped(p, 128) for p in (8, 64, 65, 4096)] == [False, False, True, True]
+    assert not grouped(10_000, 1024)  # more experts than moe_group counts
+    ir = load_model(TINY[family]())
+    prompt = [1, 17, 33, 5, 90, 12, 7, 64, 3, 44, 21, 8]
+    runs = []
+    for mode in ("0", "1"):
+        monkeypatch.setenv("MODELC_WEBGPU_MOE_GROUP", mode)
+        model = WebGpuLlama(ir, gpu)
+        cache = model.new_cache("f32")
+        a = model.forward([SeqChunk(cache, prompt, tuple(range(len(prompt))))])
+        b = model.forward([SeqChunk(cache, [int(np.argmax(a[-1]))])])
+        runs.append(np.concatenate([a, b]))
+        cache.free()
+    assert np.array_equal(runs[0], runs[1])

@@ -10,12 +10,15 @@ biases and clamped SwiGLU, the weighted sum added into the residual stream
 shared experts' FFN beside.  Expert groups (DeepSeek V3) and a gated shared expert
 (Qwen3.5-MoE) are refused (:func:`refuse_routing`).
 
-Each pair reads its expert's whole matrices: right for decode (a few pairs), slower than
-grouping a prompt's rows by expert (the op-level path's way) for long prompts."""
+A step of few pairs (decode) reads each pair's expert's rows (``moe_gemv``); one of more
+pairs than half the experts (a prompt's chunk, many streams) first groups its pairs by
+expert (``moe_group.wgsl``) and reads each expert's rows once, over its pairs
+(``moe_gemv_grouped``: each pair's sums as ``moe_gemv``'s, bit for bit)."""
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import struct
 from typing import TYPE_CHECKING, Any
@@ -60,6 +63,19 @@ def refuse_routing(e: Experts) -> None:
         raise UnsupportedError("the resident WebGPU decoder routes in at most 32 expert groups")
     if e.shared_gate is not None:
         raise UnsupportedError("the resident WebGPU decoder runs no gated shared expert")
+
+
+MAX_GROUPED_EXPERTS = 512  # moe_group.wgsl's counts
+
+
+def grouped(pairs: int, n_expert: int) -> bool:
+    """Whether a step's ``pairs`` are grouped by expert before the experts' products: more
+    of them than half the experts (``MODELC_WEBGPU_MOE_GROUP``: ``1`` always, ``0``
+    never)."""
+    forced = os.environ.get("MODELC_WEBGPU_MOE_GROUP")
+    if n_expert > MAX_GROUPED_EXPERTS or forced == "0":
+        return False
+    return forced == "1" or 2 * pairs > n_expert
 
 
 def _moe_gemv_source(fn: str, qpt: int, tpr: int) -> str:
@@ -120,6 +136,8 @@ class MoeLayer:
             "moe_act": wide * 4,
             "moe_out": pairs * d * 4,
             "moe_in": pairs * d * 4 if any(m.scaled_input for m in layers) else 4,
+            "moe_offs": (e + 1) * 4,
+            "moe_plist": pairs * 4,
         }
 
     def record(
@@ -156,12 +174,18 @@ class MoeLayer:
         pairs = n * k
         if wscale is not None:
             self._moe(be, job, "moe_wscale", pairs, {0: wscale, 1: ids, 2: wts}, pairs, d=0)
+        group = None  # many pairs: grouped by expert, each expert's rows read once
+        if grouped(pairs, e):
+            group = (bufs["moe_offs"], bufs["moe_plist"])
+            pipe = be.gpu.pipeline("moe_group", "moe_group", shader_source("moe_group"))
+            bind = {0: ids, 1: group[0], 2: group[1]}
+            job.add(Dispatch(pipe, bind, struct.pack("<4I", pairs, e, 0, 0), 3, (1, 1, 1)))
         xin, div = h, k  # each pair reads its token's row
         if self.scaled_input:  # or its own, the token's row times its weight
             xin, div = bufs["moe_in"], 1
             self._moe(be, job, "moe_scale_in", pairs * d, {0: h, 2: wts, 4: xin}, pairs, d=d)
-        self._experts(be, job, self.gate, xin, pairs, div, gu, 2 * ff, 0, ids)
-        self._experts(be, job, self.up, xin, pairs, div, gu, 2 * ff, ff, ids)
+        self._experts(be, job, self.gate, xin, pairs, div, gu, 2 * ff, 0, ids, group)
+        self._experts(be, job, self.up, xin, pairs, div, gu, 2 * ff, ff, ids, group)
         if oai is not None:  # each pair's expert's biases, then the clamped SwiGLU
             for name, col0 in (("gate", 0), ("up", ff)):
                 bind = {0: oai[name], 1: ids, 4: gu}
@@ -171,7 +195,7 @@ class MoeLayer:
             elem(job, "swiglu_oai", pairs * ff, {0: gu, 1: gu, 2: act}, ff, self.limit)
         else:
             elem(job, entry, pairs * ff, {0: gu, 1: gu, 2: act}, ff)
-        self._experts(be, job, self.down, act, pairs, 1, out, d, 0, ids)
+        self._experts(be, job, self.down, act, pairs, 1, out, d, 0, ids, group)
         if oai is not None:
             bind = {0: oai["down"], 1: ids, 4: out}
             self._moe(be, job, "moe_bias", pairs * d, bind, pairs, d=d, stride=d)
@@ -221,21 +245,30 @@ class MoeLayer:
         stride: int,
         col0: int,
         ids: tuple[Any, ...],
+        group: tuple[Any, Any] | None = None,
     ) -> None:
         """Pair p's expert's rows of the stack ``w`` times x row p / ``x_div``, into out's
-        row p from column ``col0`` (rows ``stride`` wide): a dispatch a weight buffer."""
+        row p from column ``col0`` (rows ``stride`` wide): a dispatch a weight buffer, a
+        workgroup's rows for one pair, or (``group``: moe_group's offsets and pair list)
+        for every pair of one expert."""
         rows, cols = w.shape
         per_expert = rows // self.n_expert
         qpt = 1 if w.dtype in _FLOATS else 8  # a thread's chunk, as gemv.wgsl's
         tpr = min(GEMV_WG, 1 << (max(1, -(-cols // (4 * qpt))).bit_length() - 1))
         fn = DEQ[w.dtype]
         src = _moe_gemv_source(fn, qpt, tpr)
-        pipe = be.gpu.pipeline(f"moe_gemv_{fn}_{tpr}", "moe_gemv", src)
+        entry = "moe_gemv" if group is None else "moe_gemv_grouped"
+        pipe = be.gpu.pipeline(f"moe_gemv_{fn}_{tpr}", entry, src)
         rb = row_bytes(w.dtype, cols)
         gx, gy = grid(math.ceil(per_expert / (GEMV_WG // tpr)))
         for buf, r0, nr in be._chunks(w):
             params = struct.pack(
                 "<12I", nr, cols, pairs, rb, stride, col0, gx, r0, per_expert, x_div, 0, 0
             )
-            bind = {0: (buf, buf.size), 1: x, 2: out, 4: ids}
-            job.add(Dispatch(pipe, bind, params, 3, (gx, gy, pairs)))
+            bind = {0: (buf, buf.size), 1: x, 2: out}
+            if group is None:
+                bind[4] = ids
+            else:
+                bind[5], bind[6] = group
+            z = pairs if group is None else self.n_expert
+            job.add(Dispatch(pipe, bind, params, 3, (gx, gy, z)))
