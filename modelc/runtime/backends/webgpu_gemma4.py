@@ -30,11 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from modelc.formats.ir import row_bytes
 from modelc.runtime.arch.gemma4 import Gemma4Layers, SideExperts
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, flat, grid, u32s, vec
+from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, flat, u32s, vec
 from modelc.runtime.backends.webgpu_moe import MoeLayer
 
 if TYPE_CHECKING:
@@ -55,17 +54,21 @@ GEMMA4_RUNS = frozenset(
 )
 
 
-def g4_mats(g4: Gemma4Layers) -> list[Weight]:
-    """Every matrix a Gemma 4 step reads beyond the blocks' output and FFN products."""
+def _dense_mats(g4: Gemma4Layers) -> list[Weight]:
+    """Its attention's and per-layer inputs' matrices."""
     out: list[Weight] = []
     for a in g4.attn:
         out += [w for w in (a.wq, a.wk, a.wv) if w is not None]
     if g4.ple is not None:
         out += [g4.ple.tok, g4.ple.proj, *g4.ple.gate, *g4.ple.out]
-    for e in g4.side:
-        if e is not None:
-            out += [e.router, e.gate[0], e.up[0], e.down[0]]
     return out
+
+
+def g4_mats(g4: Gemma4Layers) -> list[Weight]:
+    """Every matrix a Gemma 4 step reads beyond the blocks' output and FFN products (of a
+    mixture beside the FFN: its router's and one expert's, for their types)."""
+    side = [w for e in g4.side if e is not None for w in (e.router, e.gate[0], e.up[0], e.down[0])]
+    return _dense_mats(g4) + side
 
 
 def g4_widths(g4: Gemma4Layers, n_head: int) -> set[int]:
@@ -119,14 +122,8 @@ class Gemma4Step:
         self.moes = [x.moe for x in self.side if x is not None]
 
     def mats(self) -> list[Weight]:
-        """The matrices its dispatches read (a mixture's stacked as MoeLayer reads them)."""
-        dense = [w for w in g4_mats(self.layers) if all(w is not e.router for e in self.moes)]
-        if self.moes:
-            views = {
-                id(w) for x in self.layers.side if x is not None for w in (*x.gate, *x.up, *x.down)
-            }
-            dense = [w for w in dense if id(w) not in views]
-        return dense + [w for moe in self.moes for w in moe.mats()]
+        """The matrices its dispatches read (a mixture's stacked, as MoeLayer reads them)."""
+        return _dense_mats(self.layers) + [w for moe in self.moes for w in moe.mats()]
 
     def sizes(self, n: int, align: int) -> dict[str, int]:
         """The step's extra buffers (bytes): unpadded Q (then K at an aligned offset) and V,
@@ -174,13 +171,7 @@ class Gemma4Step:
             return
         p, lp = self.p, self.n_layer * self.p
         tok, proj = bufs["ple_in"], bufs["ple_proj"]
-        emb = m.be._module(e.tok.dtype, 1)
-        pipe = m.gpu.pipeline(emb[0], "get_rows", emb[1])
-        gy, gz = grid(n)
-        for buf, r0, nr in m.be._chunks(e.tok):
-            params = u32s(nr, lp, n, row_bytes(e.tok.dtype, lp), 0, r0, 0, 0)
-            bind = {0: (buf, buf.size), 2: tok, 4: bufs["ids"]}
-            job.add(Dispatch(pipe, bind, params, 3, (math.ceil(math.ceil(lp / 4) / 64), gy, gz)))
+        m._get_rows(job, e.tok, bufs["ids"], n, tok)
         m._elem(job, "scale", n * lp, {2: tok}, f=math.sqrt(p))
         m._matmul(job, e.proj, bufs["x"], n, proj)
         m._elem(job, "scale", n * lp, {2: proj}, f=1.0 / math.sqrt(m.d))

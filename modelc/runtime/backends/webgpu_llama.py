@@ -230,6 +230,17 @@ class WebGpuLlama(CausalLM):
         for d in self.be.matmul_dispatches(w, x, n, out, acc, stride, col0):
             job.add(d)
 
+    def _get_rows(self, job: Job, table: Weight, ids: Any, n: int, out: Any) -> None:
+        """``out = dequant(table)[ids]``: n rows of the table (embeddings) as stored."""
+        emb = self.be._module(table.dtype, 1)
+        pipe = self.gpu.pipeline(emb[0], "get_rows", emb[1])
+        cols = table.shape[1]
+        gy, gz = grid(n)
+        for buf, r0, nr in self.be._chunks(table):
+            params = u32s(nr, cols, n, row_bytes(table.dtype, cols), 0, r0, 0, 0)
+            bind = {0: (buf, buf.size), 2: out, 4: ids}
+            job.add(Dispatch(pipe, bind, params, 3, (math.ceil(math.ceil(cols / 4) / 64), gy, gz)))
+
     def _norm(
         self, job: Job, x: Any, w: Any, n: int, out: Any, sel: Any = None, width: int = 0
     ) -> None:
@@ -387,14 +398,7 @@ class WebGpuLlama(CausalLM):
         attns: list[int] = []
         job = Job(reuse_groups=True)  # the same bind groups step after step
         # embeddings, then the step's RoPE table
-        emb = self.be._module(self.tok_embd.dtype, 1)
-        pipe = self.gpu.pipeline(emb[0], "get_rows", emb[1])
-        cols = self.tok_embd.shape[1]
-        gy, gz = grid(n)
-        for buf, r0, nr in self.be._chunks(self.tok_embd):
-            params = u32s(nr, cols, n, row_bytes(self.tok_embd.dtype, cols), 0, r0, 0, 0)
-            bind = {0: (buf, buf.size), 2: x, 4: ids_b}
-            job.add(Dispatch(pipe, bind, params, 3, (math.ceil(math.ceil(cols / 4) / 64), gy, gz)))
+        self._get_rows(job, self.tok_embd, ids_b, n, x)
         if self.embd_scale:
             self._elem(job, "scale", n * self.d, {2: x}, f=self.embd_scale)
         tables = {False: (cs, sn, self.inv, self.mscale, hn)}  # the local table unscaled
