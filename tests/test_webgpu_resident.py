@@ -61,7 +61,7 @@ FAMILIES = (
     *("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"),
     *("smollm3", "phi4mini", "olmo2", "olmo3", "mistral3", "qwen3moe", "mixtral"),
     *("gptoss", "gptoss-mxfp4", "glm4moe", "llama4", "qwen2vl", "deepseek2", "deepseek3"),
-    *("gemma4", "gemma4moe"),
+    *("gemma4", "gemma4moe", "lfm2", "lfm2moe"),
 )
 
 
@@ -83,9 +83,10 @@ def pair(request: Any, gpu: WebGPUBackend) -> tuple[Any, Any]:
     expert), qwen2vl's text (M-RoPE with every section at the token's position), deepseek2
     and deepseek3 (latent attention; V3's expert groups), gemma4 (layers of two head shapes
     in one cache, the last two reusing the keys and values of earlier ones, V norms, values
-    from keys, proportional RoPE, per-layer input embeddings, output scales) and gemma4moe
+    from keys, proportional RoPE, per-layer input embeddings, output scales), gemma4moe
     (a mixture of 4 experts beside every layer's FFN, its router's norm and scale, each
-    expert's output scale)."""
+    expert's output scale), lfm2 and lfm2moe (short convolutions in place of attention on
+    two of three layers, each sequence's state kept on the host and moved each step)."""
     from modelc.formats import load_model
     from modelc.runtime.arch import build
     from tests.tiny_families import TINY
@@ -147,17 +148,17 @@ def test_mixed_step_freed_cache_and_one_submit(pair: tuple[Any, Any], gpu: WebGP
 def test_refused_in_one_line_and_the_engine_goes_op_by_op(
     gpu: WebGPUBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """LFM2 (short-convolution layers): refused naming what it lacks; the engine's
+    """Qwen3.5 (Gated DeltaNet layers): refused naming what it lacks; the engine's
     --device webgpu then builds the op-level decoder and logs why."""
     from modelc.engine import EngineOptions, build_runtime
     from modelc.formats import load_model
     from modelc.runtime.arch.decoder import Decoder
     from tests.tiny_families import TINY
 
-    ir = load_model(TINY["lfm2"]())
+    ir = load_model(TINY["qwen35"]())
     with pytest.raises(UnsupportedError) as e:
         webgpu_host(ir)
-    assert "\n" not in str(e.value) and "short-convolution" in str(e.value)
+    assert "\n" not in str(e.value) and "Gated DeltaNet" in str(e.value)
     with caplog.at_level(logging.WARNING, logger="modelc"):
         runtime, _ = build_runtime(ir, EngineOptions(device="webgpu"))
     assert isinstance(runtime, Decoder)
@@ -167,12 +168,13 @@ def test_refused_in_one_line_and_the_engine_goes_op_by_op(
 
 
 @pytest.mark.parametrize(
-    "family", ["llama", "gptoss", "llama4", "deepseek3", "gemma4", "gemma4moe"]
+    "family", ["llama", "gptoss", "llama4", "deepseek3", "gemma4", "gemma4moe", "lfm2"]
 )
 def test_engine_batching_and_prefix_hits(gpu: WebGPUBackend, family: str) -> None:
     """Through the engine on ``--device webgpu`` (resident; a mixture's experts picked on
     the device row by row, gpt-oss's, Llama 4's and DeepSeek V3's, its latent rows through
-    the prefix cache; Gemma 4's layers sharing cache layers): requests batched (one joining
+    the prefix cache; Gemma 4's layers sharing cache layers; LFM2's states, their
+    checkpoints for drafts and the prefix cache's blocks): requests batched (one joining
     late, one cancelled mid-way), the same prompt again and the next turn (prefix-cache
     hits: blocks copied through the host into a fresh device cache), speculative drafts
     rolled back (the cache truncated): each request's greedy tokens are the resident
@@ -249,6 +251,11 @@ def test_context_shift_rerotates_each_layer_with_its_base(pair: tuple[Any, Any])
     windowed layers by their own RoPE base), then two greedy steps: as the CPU's."""
     model, ref = pair
     prompt = [(5 * i) % 80 + 1 for i in range(20)]
+    if model.state_shapes:  # a recurrent state cannot forget tokens: no shift is offered
+        cache = model.new_cache("f32", full=True)
+        model.forward([SeqChunk(cache, prompt)])
+        assert cache.max_discard(4) == 0 == ref.new_cache("f32").max_discard(4)
+        return
     got = []
     for m in (model, ref):
         cache = m.new_cache("f32", full=True)

@@ -452,7 +452,8 @@ class DeviceKVCache(KVCache):
     ``BLOCK``-token steps charged to the budget as a host cache of the same mode, the
     model's forward reading and writing the storage itself (``storage`` is None; ``write``
     / ``read`` copy through the host for the prefix cache and context shifts).  A subclass
-    keeps its device handle before calling this ``__init__`` (``_empty`` runs in it)."""
+    keeps its device handle before calling this ``__init__`` (``_empty`` runs in it);
+    ``where``: its refusal's words for the device (``with --device cuda; use f16 or f32``)."""
 
     def __init__(
         self,
@@ -463,15 +464,12 @@ class DeviceKVCache(KVCache):
         budget: KVBudget | None,
         where: str,
     ) -> None:
-        """``where``: the refusal's words for the device (``with --device cuda; use f16
-        or f32``)."""
         if KVMode(mode) not in (KVMode.F16, KVMode.F32):
             raise UsageError(f"--kv-cache {KVMode(mode).value} is not supported {where}")
         super().__init__(shape, max_tokens, mode, budget=budget)
 
     def _grown(self, n_tokens: int) -> int:
-        """The capacity ``reserve(n_tokens)`` grows to, its bytes reserved in the budget
-        (CapacityError before anything is allocated); 0 when the cache holds them already."""
+        """What ``reserve(n_tokens)`` grows to (0: held), its bytes reserved (or CapacityError)."""
         if n_tokens > self.max_tokens:
             raise UsageError(
                 f"sequence of {n_tokens} tokens exceeds the KV cache size {self.max_tokens}; "
@@ -491,6 +489,8 @@ class DeviceKVCache(KVCache):
     def truncate(self, n: int) -> None:
         if not 0 <= n <= self.n:
             raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
+        if self.state is not None:  # a checkpoint of the last step, or UsageError (lfm2)
+            self.state.truncate(n)
         self.n = n
 
     def _check_shift(self, n_keep: int, n_discard: int) -> None:

@@ -13,9 +13,11 @@ from modelc.formats.ir import LatentAttention, ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock, refuse_unsupported
 from modelc.runtime.arch.decoder_block import block_mats
+from modelc.runtime.arch.shortconv import ShortConv
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.backends.webgpu import DEQ
+from modelc.runtime.backends.webgpu_conv import ConvLayer
 from modelc.runtime.backends.webgpu_device import Gpu, vec
 from modelc.runtime.backends.webgpu_gemma4 import GEMMA4_RUNS, g4_mats, g4_widths
 from modelc.runtime.backends.webgpu_mla import MlaLayer
@@ -55,6 +57,7 @@ WEBGPU_RUNS = frozenset(
         "imrope",
         "deepstack",
         "mla",
+        "short_conv",  # lfm2 (webgpu_conv.py: the states stay the CPU's, moved each step)
     }
     | GEMMA4_RUNS  # gemma4's dense layer kinds (webgpu_gemma4.py)
 )
@@ -71,6 +74,11 @@ class Layer:
     ) -> None:
         # a mixture's experts in place of the FFN (webgpu_moe.py)
         self.moe = None if b.experts is None else MoeLayer(gpu, b.experts, scaled_input)
+        # a short convolution in place of attention (lfm2: webgpu_conv.py)
+        self.conv = None
+        if b.mixer is not None:
+            assert isinstance(b.mixer, ShortConv)  # webgpu_host refuses the other mixers
+            self.conv = ConvLayer(gpu, b.mixer)
         # latent attention in place of Q/K/V (webgpu_mla.py)
         self.mla = None
         if b.mla is not None:
@@ -108,12 +116,22 @@ class Layer:
         )
 
     def mats(self) -> list[Weight]:
-        attn = [self.wq, self.wk, self.wv] if self.mla is None else self.mla.mats()
+        mixer: list[Weight | None]
+        ffn: list[Weight | None]
+        if self.conv is not None:  # its in- and out-projections (no W_o of its own)
+            mixer = [*self.conv.mats()]
+        elif self.mla is not None:
+            mixer = [*self.mla.mats(), self.wo]
+        else:
+            mixer = [self.wq, self.wk, self.wv, self.wo]
         if self.moe is not None:
-            return [*attn, self.wo, *self.moe.mats()]  # type: ignore[list-item]
-        ffn = [self.gate, self.up] if self.gate_up is None else [self.gate_up]
-        assert self.down is not None and all(w is not None for w in ffn)
-        return [*attn, self.wo, *ffn, self.down]  # type: ignore[list-item]
+            ffn = [*self.moe.mats()]
+        else:
+            ffn = [self.gate, self.up] if self.gate_up is None else [self.gate_up]
+            ffn.append(self.down)
+        out = [w for w in (*mixer, *ffn) if w is not None]
+        assert len(out) == len(mixer) + len(ffn), "a block lacks a matrix the step reads"
+        return out
 
 
 def webgpu_host(ir: ModelIR) -> Decoder:
@@ -131,6 +149,10 @@ def webgpu_host(ir: ModelIR) -> Decoder:
         widths |= g4_widths(host.g4, sp.n_head)
     widths |= {int(b.w_gate.shape[0]) for b in host.blocks if b.w_gate is not None}
     for b in host.blocks:  # latent attention's and experts' matrices, the experts' routing
+        if b.mixer is not None:
+            if not isinstance(b.mixer, ShortConv):  # the feature check names it first
+                raise UnsupportedError(f"{type(b.mixer).__name__} layers are not run here")
+            mats += [b.mixer.w_in, b.mixer.w_out]
         if b.mla is not None:
             mats += [b.mla.wq, b.mla.wkv_a, *([b.mla.wq_a] if b.mla.wq_a is not None else [])]
         if b.bo is not None and b.post_attn_norm is not None:

@@ -56,6 +56,7 @@ from modelc.runtime.backends.webgpu_attn import (
     record_g4_attention,
     record_latent_attention,
 )
+from modelc.runtime.backends.webgpu_conv import advance_states, record_shortconv, step_inputs
 from modelc.runtime.backends.webgpu_device import (
     Dispatch,
     Job,
@@ -73,6 +74,7 @@ from modelc.runtime.backends.webgpu_moe import MoeLayer
 from modelc.runtime.backends.webgpu_ops import SCORES_BYTES
 from modelc.runtime.kv_cache import KVBudget, KVCache, KVMode, KVShape
 from modelc.runtime.model import CausalLM, SeqChunk, begin_step, end_step, logit_row_index
+from modelc.runtime.seq_state import SeqState
 
 PLANS_KEPT = 8  # steps' plans kept (by shape) before they are dropped
 _STORE_POS = 2  # the word of kv_store's uniforms that holds the cache's length (pos0)
@@ -139,6 +141,9 @@ class WebGpuLlama(CausalLM):
         self._rerotate = None if host.g4 is None else host.g4.rerotate
         self.ff = max(1, *(ly.ff for ly in self.layers))  # dense FFNs' (mixtures: their own)
         self.moes = [ly.moe for ly in self.layers if ly.moe is not None]
+        # short convolutions (lfm2): their layers, and the states' shapes a cache keeps
+        self.convs = [li for li, ly in enumerate(self.layers) if ly.conv is not None]
+        self.state_shapes = host.state_shapes
         self.moes += [] if self.g4 is None else self.g4.moes  # gemma4's beside the FFN
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
         # per layer: attends within chunks of this many positions (llama 4), 0: not
@@ -161,7 +166,10 @@ class WebGpuLlama(CausalLM):
         full: bool = False,
     ) -> KVCache:
         n = min(max_tokens or self.n_ctx, self.n_ctx)
-        return WebGpuKVCache(self.gpu, self.kv_shape, n, mode, budget=budget)
+        cache = WebGpuKVCache(self.gpu, self.kv_shape, n, mode, budget=budget)
+        if self.state_shapes:  # the recurrent layers' states, on the host (webgpu_conv.py)
+            cache.state = SeqState(self.state_shapes)
+        return cache
 
     def shift_context(self, cache: KVCache, n_keep: int, n_discard: int) -> None:
         """As :meth:`Decoder.shift_context`: the moved keys re-rotated on the host."""
@@ -191,10 +199,12 @@ class WebGpuLlama(CausalLM):
         rows = logit_row_index(batch, slices)
         with self.gpu.lock:
             data = self.gpu.run_plan(self._plan(batch, ids, pos, slices, rows))
+        if self.convs:  # the short convolutions' inputs, read back first: the states move
+            advance_states(batch, slices, self.convs, data[: len(self.convs)], self.d)
         end_step(batch, slices)
         if not len(rows):
             return np.zeros((0, self.n_vocab), np.float32)
-        logits = np.frombuffer(data[0], np.float32).reshape(len(rows), self.n_vocab).copy()
+        logits = np.frombuffer(data[-1], np.float32).reshape(len(rows), self.n_vocab).copy()
         return finish_logits(self.spec, logits)  # gemma2's soft cap as the CPU's, on the host
 
     # -- the step ------------------------------------------------------------------------
@@ -332,6 +342,17 @@ class WebGpuLlama(CausalLM):
         if self.g4 is not None:
             sizes = self.g4.sizes(n, self.gpu.offset_align)
             bufs |= {k: self._buf(k, b) for k, b in sizes.items()}
+        if self.convs:  # each row's sequence and index; each conv layer's states, inputs
+            keep = self.layers[self.convs[0]].conv.width - 1  # type: ignore[union-attr]
+            sc_rows, states = step_inputs(batch, slices, self.convs, keep, self.d)
+            bufs["sc_rows"] = self._put("sc_rows", sc_rows)
+            bufs["sc_bcx"], bufs["sc_y"] = (
+                self._buf("sc_bcx", n * 3 * self.d * 4),
+                self._buf("sc_y", n * self.d * 4),
+            )
+            for i, li in enumerate(self.convs):
+                bufs[f"sc_state{li}"] = self._put(f"sc_state{li}", states[i])
+                bufs[f"sc_bx{li}"] = self._buf(f"sc_bx{li}", n * self.d * 4)
         # queries then keys in one buffer (one RoPE dispatch for both), keys at an offset
         # the binding alignment allows
         align = self.gpu.offset_align
@@ -416,6 +437,8 @@ class WebGpuLlama(CausalLM):
         for li, ly in enumerate(self.layers):
             hin = self._pre_norm(job, x, ly.attn_norm, n, h)
             record = record_attention if ly.mla is None else record_latent_attention
+            if ly.conv is not None:  # a short convolution in place of attention (lfm2)
+                record = record_shortconv
             (record if g4 is None else record_g4_attention)(self, rec, ly, li, hin)  # into x
             hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
             entry = "gelu_mul" if self.gelu else "silu_mul"
