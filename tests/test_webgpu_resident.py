@@ -372,3 +372,16 @@ def test_experts_grouped_by_expert_as_per_pair(
         runs.append(np.concatenate([a, b]))
         cache.free()
     assert np.array_equal(runs[0], runs[1])
+
+
+def test_lfm2_cache_holds_its_attention_layers_only(gpu: WebGPUBackend) -> None:
+    """LFM2's layers with a short convolution keep no keys or values: the device cache has
+    a layer per attention layer (the tiny model: 1 of 3), as the CPU's keeps those layers'
+    rows only, and its attention reads the right one (the prompt's greedy tokens and
+    log-probs are test_prompt_and_decode_match_cpu's)."""
+    from modelc.formats import load_model
+    from tests.tiny_families import TINY
+
+    model = WebGpuLlama(load_model(TINY["lfm2"]()), gpu)
+    assert model.convs == [0, 2] and model.cache_layer == {1: 0}
+    assert model.kv_shape.n_layer == 1 and model.new_cache("f16").shape.n_layer == 1

@@ -65,7 +65,7 @@ def record_attention(m: WebGpuLlama, s: StepRec, ly: Layer, li: int, hin: Any) -
             m._norm(job, None, m.ones, n * heads, buf, width=hd)
     if m.spec.attn_temp and m.spec.attn_temp_layers[li]:  # sharper far out
         m._elem(job, "scale_rows", n * qw, {1: bufs["temp"], 2: q}, qw)
-    _attend(m, s, ly, li, (q, k, v, bufs["attn"]), (nh, nkv, hd))
+    _attend(m, s, ly, li, (q, k, v, bufs["attn"]), (nh, nkv, hd), layer=m.cache_layer[li])
     _output(m, s, ly, bufs["attn"])
 
 

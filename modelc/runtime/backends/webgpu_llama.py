@@ -116,6 +116,14 @@ class WebGpuLlama(CausalLM):
         self.tok_embd, self.output = host.tok_embd, host.output
         backend._chunks(self.tok_embd)  # every weight placed now (the budget's checks)
         self.layers = [Layer(gpu, b, sp.moe_sigmoid_shared, mla, sp.eps) for b in host.blocks]
+        # short convolutions (lfm2): their layers, and the states' shapes a cache keeps;
+        # each attention layer's cache layer (a layer with a convolution keeps none)
+        self.convs = [li for li, ly in enumerate(self.layers) if ly.conv is not None]
+        self.state_shapes = host.state_shapes
+        attn_layers = [li for li, ly in enumerate(self.layers) if ly.conv is None]
+        self.cache_layer = {li: ci for ci, li in enumerate(attn_layers)}
+        if self.convs:
+            self.kv_shape = KVShape(len(attn_layers), self.nkv, self.hd)
         self.mlas = [ly.mla for ly in self.layers if ly.mla is not None]
         extra = [] if self.g4 is None else self.g4.mats()
         for w in [m for ly in self.layers for m in ly.mats()] + [self.output, *extra]:
@@ -141,9 +149,6 @@ class WebGpuLlama(CausalLM):
         self._rerotate = None if host.g4 is None else host.g4.rerotate
         self.ff = max(1, *(ly.ff for ly in self.layers))  # dense FFNs' (mixtures: their own)
         self.moes = [ly.moe for ly in self.layers if ly.moe is not None]
-        # short convolutions (lfm2): their layers, and the states' shapes a cache keeps
-        self.convs = [li for li, ly in enumerate(self.layers) if ly.conv is not None]
-        self.state_shapes = host.state_shapes
         self.moes += [] if self.g4 is None else self.g4.moes  # gemma4's beside the FFN
         self.windows = tuple(int(w) for w in sp.windows)  # per layer, 0: global (mistral: 4k)
         # per layer: attends within chunks of this many positions (llama 4), 0: not
