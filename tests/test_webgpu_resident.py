@@ -59,7 +59,7 @@ def _llama() -> Path:
 # the random llama and the tiny families (tests/tiny_families.py) the resident decoder runs
 FAMILIES = (
     *("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"),
-    *("smollm3", "phi4mini", "olmo2", "olmo3", "mistral3", "qwen3moe", "mixtral"),
+    *("smollm3", "phi3", "phi4mini", "olmo2", "olmo3", "mistral3", "qwen3moe", "mixtral"),
     *("gptoss", "gptoss-mxfp4", "glm4moe", "llama4", "qwen2vl", "deepseek2", "deepseek3"),
     *("gemma4", "gemma4moe", "lfm2", "lfm2moe"),
 )
@@ -385,3 +385,34 @@ def test_lfm2_cache_holds_its_attention_layers_only(gpu: WebGPUBackend) -> None:
     model = WebGpuLlama(load_model(TINY["lfm2"]()), gpu)
     assert model.convs == [0, 2] and model.cache_layer == {1: 0}
     assert model.kv_shape.n_layer == 1 and model.new_cache("f16").shape.n_layer == 1
+
+
+def test_phi3_long_factors_keep_to_the_original_context(
+    gpu: WebGPUBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Phi-3 whose LongRoPE has long factors runs resident within its original context
+    (64 of 256, as on CUDA and as llama.cpp at that context size), where its short factors
+    hold: a prompt and greedy steps as the CPU's."""
+    from modelc.formats import load_model
+    from modelc.runtime.arch import build
+    from tests import gen_families as gf
+
+    short = gf.CONFIGS["phi3"]["rope_scaling"]["short_factor"]
+    rope = {"type": "longrope", "short_factor": short, "long_factor": [2 * f for f in short]}
+    monkeypatch.setitem(gf.CONFIGS, "phi3", {**gf.CONFIGS["phi3"], "rope_scaling": rope})
+    path = tmp_path / "phi3.gguf"
+    gf.write_gguf("phi3", gf.make_weights("phi3"), path)
+    ir = load_model(path)
+    model, ref = WebGpuLlama(ir, gpu), build(ir, make_backend("cpu-exact"))
+    assert "long_rope" in model.spec.features()
+    assert (ir.hparams.n_ctx, model.n_ctx) == (256, 64)
+    prompt = [(7 * i) % 90 + 1 for i in range(40)]
+    runs = []
+    for m in (model, ref):
+        cache = m.new_cache("f32")
+        out = [m.forward([SeqChunk(cache, prompt)])]
+        for _ in range(4):
+            out.append(m.forward([SeqChunk(cache, [int(np.argmax(out[-1][0]))])]))
+        runs.append(np.concatenate(out))
+        cache.free()
+    _close(*runs)

@@ -36,6 +36,14 @@ def long_rope_after(hp: HParams) -> int:
     return 0
 
 
+def short_factors_ctx(n_ctx: int, after: int) -> int:
+    """The context a GPU's forward (CUDA's, WebGPU's) runs a model in: with LongRoPE long
+    factors past ``after`` (:func:`long_rope_after`), no more than that, where its short
+    factors hold, as llama.cpp does at that context size (those forwards keep no token
+    ids to restart a sequence with the long factors)."""
+    return min(n_ctx, after) if after else n_ctx
+
+
 class LongRope:
     """The long factors of one model and the token ids of every cache that may cross."""
 

@@ -25,9 +25,3 @@ def cuda_host(ir: ModelIR) -> Decoder:
         )
     refuse_unsupported(host.spec, "--device cuda", CUDA_RUNS, "use --device cpu")
     return host
-
-
-def cuda_n_ctx(n_ctx: int, host: Decoder) -> int:
-    """The context on the GPU: a model with LongRoPE long factors stops at its original."""
-    after = host.spec.long_rope_after
-    return min(n_ctx, after) if after else n_ctx

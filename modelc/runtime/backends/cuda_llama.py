@@ -36,11 +36,12 @@ from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
 from modelc.runtime.arch.decoder import Decoder
 from modelc.runtime.arch.decoder_block import block_mats, layer_inv_freqs, shift_keys
+from modelc.runtime.arch.longrope import short_factors_ctx
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends import cuda_io, cuda_sampler
 from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
-from modelc.runtime.backends.cuda_family import cuda_host, cuda_n_ctx
+from modelc.runtime.backends.cuda_family import cuda_host
 from modelc.runtime.backends.cuda_kv import CudaKVCache
 from modelc.runtime.backends.cuda_layer import DevLayer
 from modelc.runtime.backends.cuda_step import (
@@ -80,10 +81,10 @@ class CudaLlama(CausalLM):
         sp = host.spec
         self.architecture = sp.architecture
         self.hparams: HParams = host.hparams
-        self.n_vocab, self.d, self.n_ctx = sp.n_vocab, sp.d, cuda_n_ctx(sp.n_ctx, host)
+        self.n_ctx = short_factors_ctx(sp.n_ctx, sp.long_rope_after)
+        self.n_vocab, self.d = sp.n_vocab, sp.d
         self.nh, self.nkv, self.hd = sp.n_head, sp.n_head_kv, sp.head_dim
-        self.eps, self.scale = sp.eps, sp.scale
-        self.neox = sp.neox
+        self.eps, self.scale, self.neox = sp.eps, sp.scale, sp.neox
         self.gelu = sp.act == "gelu_tanh"
         self.embd_scale = sp.embd_scale
         self.attn_softcap = sp.attn_softcap

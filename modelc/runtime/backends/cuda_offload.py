@@ -36,10 +36,11 @@ from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, DecoderBlock
 from modelc.runtime.arch.decoder_spec import lacks
+from modelc.runtime.arch.longrope import short_factors_ctx
 from modelc.runtime.backend import Backend
 from modelc.runtime.backends.cuda import head_runs, require_cuda
 from modelc.runtime.backends.cuda_backend import CudaBackend
-from modelc.runtime.backends.cuda_family import CUDA_RUNS, cuda_host, cuda_n_ctx
+from modelc.runtime.backends.cuda_family import CUDA_RUNS, cuda_host
 from modelc.runtime.backends.cuda_llama import CudaLlama
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVMode
@@ -160,7 +161,7 @@ def cuda_plan(
             f"--kv-cache {kv_mode} is not supported with --device cuda; use f16 or f32"
         )
     host = host if host is not None else cuda_host(ir)
-    n_ctx = cuda_n_ctx(host.n_ctx, host)
+    n_ctx = short_factors_ctx(host.n_ctx, host.spec.long_rope_after)
     return host, min(max_context or n_ctx, n_ctx)
 
 

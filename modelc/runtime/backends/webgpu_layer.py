@@ -57,6 +57,7 @@ WEBGPU_RUNS = frozenset(
         "imrope",
         "deepstack",
         "mla",
+        "long_rope",  # phi3: within its original context, its short factors (as CUDA)
         "short_conv",  # lfm2 (webgpu_conv.py: the states stay the CPU's, moved each step)
     }
     | GEMMA4_RUNS  # gemma4's dense layer kinds (webgpu_gemma4.py)

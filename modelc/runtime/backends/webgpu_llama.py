@@ -48,6 +48,7 @@ from modelc.runtime.arch.decoder_block import (
     layer_inv_freqs,
     shift_keys,
 )
+from modelc.runtime.arch.longrope import short_factors_ctx
 from modelc.runtime.backend import F32Array, Weight
 from modelc.runtime.backends.webgpu import WebGPUBackend
 from modelc.runtime.backends.webgpu_attn import (
@@ -96,7 +97,8 @@ class WebGpuLlama(CausalLM):
         self.architecture = sp.architecture
         self.hparams: HParams = host.hparams
         self.be, self.gpu = backend, backend.gpu
-        self.n_vocab, self.d, self.n_ctx = sp.n_vocab, sp.d, host.n_ctx
+        self.n_vocab, self.d = sp.n_vocab, sp.d
+        self.n_ctx = short_factors_ctx(host.n_ctx, sp.long_rope_after)  # LongRoPE: as CUDA
         self.nh, self.nkv, self.hd = sp.n_head, sp.n_head_kv, sp.head_dim
         self.eps, self.scale, self.neox = sp.eps, sp.scale, sp.neox
         self.gelu = sp.act == "gelu_tanh"
