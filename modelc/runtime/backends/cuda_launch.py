@@ -49,24 +49,43 @@ _CODES = {
 }
 
 
+Packer = tuple[struct.Struct, tuple[bool, ...]]  # the slots' layout, which are arrays
+# by the arguments' types (a kernel is called with the same ones launch after launch)
+_PACKERS: dict[tuple[type[Any], ...], Packer | None] = {}
+
+
+def _packer(types: tuple[type[Any], ...], array: type[Any]) -> Packer | None:
+    """How arguments of ``types`` pack, or None when one does not pack here."""
+    key = (array, *types)
+    if key in _PACKERS:
+        return _PACKERS[key]
+    fmt, arrays, out = ["<"], [], None
+    for t in types:
+        if issubclass(t, array):
+            fmt.append("Q")
+            arrays.append(True)
+            continue
+        dt = np.dtype(t) if issubclass(t, np.generic) else None
+        code = None if dt is None else _CODES.get((dt.kind, dt.itemsize))
+        if code is None:
+            break
+        fmt.append(code)
+        arrays.append(False)
+    else:
+        out = (struct.Struct("".join(fmt)), tuple(arrays))
+    _PACKERS[key] = out
+    return out
+
+
 def pack(args: Sequence[Any], array: type[Any]) -> bytes | None:
     """The kernel's arguments in 8-byte slots, or None when one is not packable here:
     ``array`` instances (device arrays) as their data pointers, numpy scalars as their
     bytes (little-endian)."""
-    fmt, vals = ["<"], []
-    for a in args:
-        if isinstance(a, array):
-            fmt.append("Q")
-            vals.append(a.data.ptr)
-        elif isinstance(a, np.generic):
-            code = _CODES.get((a.dtype.kind, a.dtype.itemsize))
-            if code is None:
-                return None
-            fmt.append(code)
-            vals.append(a.item())
-        else:
-            return None
-    return struct.pack("".join(fmt), *vals)
+    pk = _packer(tuple(map(type, args)), array)
+    if pk is None:
+        return None
+    st, arrays = pk
+    return st.pack(*[a.data.ptr if arr else a for a, arr in zip(args, arrays, strict=True)])
 
 
 def dims(d: int | Sequence[int]) -> tuple[int, int, int]:
