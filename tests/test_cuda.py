@@ -355,9 +355,8 @@ def test_big_decode_batches_replayed_as_graphs(tmp_path: Path) -> None:
 def test_a_step_that_grows_the_buffers_behind_queued_work(tmp_path: Path) -> None:
     """A step bigger than the model's buffers regrows them (``_alloc``: fresh zeroed arrays,
     the meta among them, zero-filled on the model's stream) while that stream is still
-    busy: the step's meta must be copied in after those fills, not beside them (a random
-    8B's first prompt once wrote its keys to address 0: the meta's copy ran on the legacy
-    stream, before its zero fill)."""
+    busy: the step's meta must land after those fills (a random 8B's first prompt wrote
+    its keys to address 0 in session 30, cause not established; this is one way it could)."""
     ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=9))
     ref, dev = cpu_exact(ir), on_gpu(ir)
     cp = dev.cp

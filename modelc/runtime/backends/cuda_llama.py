@@ -246,8 +246,8 @@ class CudaLlama(CausalLM):
             host[6 * m : 6 * m + 2 * t_run] = pad_tiles(t, t_run, n).ravel()
         self._tiles = t_run
         if self.io is None:
-            # on the model's stream: a copy without one runs on the legacy stream, unordered
-            # with this (non-blocking) stream's queued work, such as _alloc's zero fills
+            # on the model's stream, after _alloc's zero fills (named: CuPy before 13 copied
+            # on the legacy stream, unordered with this non-blocking one)
             self.meta.set(host, stream=self.stream)
         else:  # copied by the step itself (_body)
             self.io.meta[: len(host)] = host
