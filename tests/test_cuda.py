@@ -352,11 +352,34 @@ def test_big_decode_batches_replayed_as_graphs(tmp_path: Path) -> None:
 
 
 @gpu
+def test_a_first_step_waits_for_the_models_own_loading(tmp_path: Path) -> None:
+    """The model's weights upload and its buffers' zero fills queue on CuPy's default stream,
+    which the model's non-blocking stream does not wait for: built behind ~50-100 ms of
+    queued default-stream work, its first step (at once) must still read loaded weights and
+    its own meta (a random 8B's first prompt wrote its keys to address 0 in session 30:
+    its meta zeroed by the load's fill landing after the step's copy)."""
+    from modelc.runtime.backends.cuda_backend import CudaBackend
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=11))
+    be = CudaBackend()
+    be.dev.exact = True
+    busy = be.cp.ones(1 << 27, np.float32)  # the default stream busy ~50-100 ms
+    for _ in range(200):
+        busy *= 1.0001
+    dev = CudaLlama(ir, be)  # its uploads and fills queue behind that
+    ref = cpu_exact(ir)
+    prompt = np.random.default_rng(11).integers(0, SMALL.n_vocab, 20).tolist()
+    b = dev.forward([SeqChunk(dev.new_cache("f32"), prompt)])
+    a = ref.forward([SeqChunk(ref.new_cache("f32"), prompt)])
+    assert np.abs(a - b).max() < 1e-3 * np.abs(a).max()
+
+
+@gpu
 def test_a_step_that_grows_the_buffers_behind_queued_work(tmp_path: Path) -> None:
     """A step bigger than the model's buffers regrows them (``_alloc``: fresh zeroed arrays,
     the meta among them, zero-filled on the model's stream) while that stream is still
-    busy: the step's meta must land after those fills (a random 8B's first prompt wrote
-    its keys to address 0 in session 30, cause not established; this is one way it could)."""
+    busy: the step's meta must land after those fills."""
     ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_0, SMALL, seed=9))
     ref, dev = cpu_exact(ir), on_gpu(ir)
     cp = dev.cp

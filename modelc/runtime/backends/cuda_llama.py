@@ -139,8 +139,7 @@ class CudaLlama(CausalLM):
         self.graph_steps: Counter[str] = Counter()  # steps replayed, captured, run eagerly
         self._blas_graphs = backend.dev.blas is not None
         self.graph_error: str | None = None  # why steps on cuBLAS run without graphs, if so
-        # prompt chunks' attention in tiles (cuda_attn; MODELC_CUDA_ATTN_TILES=0: a block a
-        # row and head, as decode)
+        # prompt chunks' attention in tiles (MODELC_CUDA_ATTN_TILES=0: a block a row and head)
         self.attn_tiles = os.environ.get("MODELC_CUDA_ATTN_TILES", "1") != "0"
         self._tiles = 0
         # decode steps padded to graph buckets (graph_rows), their padding rows' cache
@@ -157,6 +156,9 @@ class CudaLlama(CausalLM):
         self.io: cuda_io.StepIO | None = None
         self._pad_caches: dict[bool, CudaKVCache] = {}
         self._alloc(64)
+        # the weights' uploads queue on the default stream (CuPy's asarray: async), which
+        # this non-blocking stream does not wait for: done before any step reads them
+        cp.cuda.Device().synchronize()
 
     @property
     def weight_bytes(self) -> int:
@@ -166,22 +168,22 @@ class CudaLlama(CausalLM):
 
     # -- buffers -------------------------------------------------------------------------
     def _alloc(self, rows: int) -> None:
-        cp, m = self.cp, rows
-        width = (self.nh + 2 * self.nkv) * self.hd
-        self.rows = m
-        self.meta = cp.zeros(8 * m, np.int64)  # ids|pos|seq|base|cap|logit rows|tiles (2m)
-        self.x = cp.zeros((m, self.d), np.float32)
-        self.h = cp.zeros((m, self.d), np.float32)
-        self.qkv = cp.zeros((m, width), np.float32)
-        self.q = cp.zeros((m, self.nh * self.hd), np.float32)
-        self.attn = cp.zeros((m, self.nh * self.hd), np.float32)
-        self.gu = cp.zeros((m, 2 * self.ff), np.float32)
-        self.g = cp.zeros((m, self.ff), np.float32)
-        self.logits = cp.zeros((m, self.n_vocab if self.output is not None else 1), np.float32)
-        self.tokens = cp.zeros(m, np.int64)
-        self.io = cuda_io.StepIO(cp, m, len(self.meta)) if self.step_io else None
-        self.dev.reserve_q8(m, max(self.d, self.nh * self.hd, self.ff))  # q8 GEMV's x
-        self.reset_graphs()
+        with self.stream:  # zero fills ordered with the steps, whoever calls (warm, __init__)
+            cp, m, width = self.cp, rows, (self.nh + 2 * self.nkv) * self.hd
+            self.rows = m
+            self.meta = cp.zeros(8 * m, np.int64)  # ids|pos|seq|base|cap|logit rows|tiles (2m)
+            self.x = cp.zeros((m, self.d), np.float32)
+            self.h = cp.zeros((m, self.d), np.float32)
+            self.qkv = cp.zeros((m, width), np.float32)
+            self.q = cp.zeros((m, self.nh * self.hd), np.float32)
+            self.attn = cp.zeros((m, self.nh * self.hd), np.float32)
+            self.gu = cp.zeros((m, 2 * self.ff), np.float32)
+            self.g = cp.zeros((m, self.ff), np.float32)
+            self.logits = cp.zeros((m, self.n_vocab if self.output is not None else 1), np.float32)
+            self.tokens = cp.zeros(m, np.int64)
+            self.io = cuda_io.StepIO(cp, m, len(self.meta)) if self.step_io else None
+            self.dev.reserve_q8(m, max(self.d, self.nh * self.hd, self.ff))  # q8 GEMV's x
+            self.reset_graphs()
 
     def reset_graphs(self) -> None:
         """Forget captured steps (their buffers were replaced, or the kernels chosen changed)."""
@@ -246,9 +248,7 @@ class CudaLlama(CausalLM):
             host[6 * m : 6 * m + 2 * t_run] = pad_tiles(t, t_run, n).ravel()
         self._tiles = t_run
         if self.io is None:
-            # on the model's stream, after _alloc's zero fills (named: CuPy before 13 copied
-            # on the legacy stream, unordered with this non-blocking one)
-            self.meta.set(host, stream=self.stream)
+            self.meta.set(host, stream=self.stream)  # after _alloc's fills (older CuPy: legacy)
         else:  # copied by the step itself (_body)
             self.io.meta[: len(host)] = host
         end_step(batch, slices)  # the caches count the new tokens (written by this step)
