@@ -390,9 +390,13 @@ class KVCache:
         self._check_held(n)
         if self.state is not None:  # a checkpoint of the last step, or UsageError
             self.state.truncate(n)
+        self._forget_from(n)
+        self.n = n
+
+    def _forget_from(self, n: int) -> None:
+        """The storage's part of :meth:`truncate` (rows from ``n`` on)."""
         for st in (*self._k, *self._v):
             st.forget_from(n)
-        self.n = n
 
     # -- context shift ---------------------------------------------------------------
     def max_discard(self, n_keep: int) -> int:
@@ -486,12 +490,8 @@ class DeviceKVCache(KVCache):
     def storage(self, layer: int) -> tuple[KVArray, KVArray] | None:
         return None  # device memory: the model writes and reads it itself
 
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= self.n:
-            raise UsageError(f"cannot truncate a KV cache of {self.n} tokens to {n}")
-        if self.state is not None:  # a checkpoint of the last step, or UsageError (lfm2)
-            self.state.truncate(n)
-        self.n = n
+    def _forget_from(self, n: int) -> None:
+        pass  # the rows past n stay until overwritten; n is the length
 
     def _check_shift(self, n_keep: int, n_discard: int) -> None:
         if n_keep < 0 or n_discard <= 0 or n_keep + n_discard > self.n:
