@@ -86,7 +86,7 @@ def instances(types: tuple[int, ...]) -> str:
     return "\n".join(
         f'extern "C" __global__ void gemv4_{t}_{nr}(const u8* W, long long rb, int rows, '
         "int cols, const float* x, int ldx, int nr, float* y, int ldy, int acc, int wpr) "
-        f"{{ prefetch_rows(W, rb, rows, wpr); ENTER(); gemv4<{t}, {nr}>(W, rb, rows, cols, x, ldx, nr, y, ldy, acc, wpr); }}"
+        f"{{ enter_gemv(W, rb, rows, wpr); gemv4<{t}, {nr}>(W, rb, rows, cols, x, ldx, nr, y, ldy, acc, wpr); }}"
         for t in types
         for nr in GEMV4_ROWS
     )

@@ -176,7 +176,7 @@ def instances() -> str:
     return "\n".join(
         f'extern "C" __global__ void gemvq_{t}_{nr}(const u8* W, long long rb, int rows, '
         "int cols, const signed char* xq, const float2* xs, int nr, float* y, int ldy, "
-        f"int acc, int wpr) {{ prefetch_rows(W, rb, rows, wpr); ENTER(); gemvq<{t}, {nr}>(W, rb, rows, cols, xq, xs, nr, y, ldy, acc, wpr); }}"
+        f"int acc, int wpr) {{ enter_gemv(W, rb, rows, wpr); gemvq<{t}, {nr}>(W, rb, rows, cols, xq, xs, nr, y, ldy, acc, wpr); }}"
         for t in Q8_TYPES
         for nr in GEMVQ_ROWS
     )

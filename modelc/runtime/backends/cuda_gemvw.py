@@ -245,7 +245,7 @@ def instances(unroll: dict[int, int] | None = None) -> str:
         f'extern "C" __global__ void __launch_bounds__(256, {WIDE_BLOCKS[nr]}) '
         f"gemvw_{t}_{nr}(const u8* W, long long rb, int rows, "
         "int cols, const signed char* xq, const float2* xs, int nr, float* y, int ldy, "
-        f"int acc, int wpr) {{ prefetch_rows(W, rb, rows, wpr); ENTER(); "
+        f"int acc, int wpr) {{ enter_gemv(W, rb, rows, wpr); "
         f"gemvw<{t}, {nr}, {us[t]}>(W, rb, rows, cols, xq, xs, nr, y, "
         "ldy, acc, wpr); }"
         for t in WIDE_TYPES

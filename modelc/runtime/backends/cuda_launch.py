@@ -1,4 +1,5 @@
-"""Kernel launches that keep the GIL: ``cuLaunchKernel`` called through ``ctypes.PyDLL``.
+"""Kernel launches through ctypes: keeping the GIL (``cuLaunchKernel`` through
+``ctypes.PyDLL``), and with programmatic dependent launch (``cuLaunchKernelEx``).
 
 CuPy gives the GIL up around every launch (as around every CUDA call), and a launch
 takes microseconds; but in a server the event loop holds the GIL most of the time, so
@@ -15,8 +16,8 @@ sends every launch through CuPy, and calls cuBLAS giving the GIL up, as before):
 and its packing tested on the CPU (tests/test_cuda_route.py) in a session whose GPU time
 ran out before the call that would have run the GPU tests with it.
 
-``MODELC_CUDA_PDL=1`` launches every kernel through ``cuLaunchKernelEx`` with programmatic
-dependent launch allowed (``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``): the
+Programmatic dependent launch: every kernel launched through ``cuLaunchKernelEx`` with it
+allowed (``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``): the
 next kernel of a step may start while the one before it ends, each kernel waiting for its
 predecessor's results at its ``ENTER()`` (:mod:`.cuda_src`; the GEMVs prefetch their weight
 rows into L2 before that), so a decode step's ~10 kernels a layer overlap their launch,

@@ -54,10 +54,12 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, long long n) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p + o));
 #endif
 }
-// the rows of W a GEMV block of 8 warps reads (8 / wpr rows from blockIdx.x * (8 / wpr))
-__device__ __forceinline__ void prefetch_rows(const u8* W, long long rb, int rows, int wpr) {
+// a GEMV's ENTER(): first the rows of W its block of 8 warps reads (8 / wpr rows from
+// blockIdx.x * (8 / wpr)) into L2, while the kernel before it ends
+__device__ __forceinline__ void enter_gemv(const u8* W, long long rb, int rows, int wpr) {
   int per = 8 / wpr, r0 = blockIdx.x * per, n = rows - r0 < per ? rows - r0 : per;
   if (n > 0) prefetch_l2(W + (size_t)r0 * rb, rb * n);
+  ENTER();
 }
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
