@@ -28,8 +28,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from modelc.runtime.arch.gemma4 import Gemma4Layers, SideExperts
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import Weight
@@ -149,14 +147,16 @@ class Gemma4Step:
         out: Any,
         n: int,
         shape: tuple[int, int, int, int, int],
-        where: tuple[int, int] = (0, 0),
+        istride: int = 0,
+        ostride: int = 0,
+        oc: int = 0,
     ) -> None:
-        """``heads.wgsl``: ``shape`` (h_out, d_out, d_in, rep, h0), input rows ``istride``
-        apart (``where``: input row stride, 0: h_in * d_in contiguous; output column)."""
+        """``heads.wgsl``: ``shape`` (h_out, d_out, d_in, rep, h0); input rows ``istride``
+        floats apart (0: its heads contiguous), output rows ``ostride`` apart (0: likewise)
+        written from column ``oc``."""
         h_out, d_out, d_in, rep, h0 = shape
-        istride, oc = where
-        istride = istride or (h_out // rep) * d_in  # rows of the input heads, contiguous
-        ostride = h_out * d_out if not oc else 2 * d_out  # the PLE gate's rows: [gate | input]
+        istride = istride or (h_out // rep) * d_in
+        ostride = ostride or h_out * d_out
         gx, gy, gxs = flat(n * h_out * d_out)
         params = u32s(n, h_out, d_out, d_in, rep, h0, istride, ostride, oc, gxs, 0, 0)
         job.add(
@@ -177,7 +177,7 @@ class Gemma4Step:
         m._elem(job, "scale", n * lp, {2: proj}, f=1.0 / math.sqrt(m.d))
         m._norm(job, None, self.ple_norms[0], n * self.n_layer, proj, width=p)
         m._elem(job, "add_bias", n * lp, {1: proj, 2: tok}, n * lp)  # tok += proj
-        m._elem(job, "scale", n * lp, {2: tok}, f=float(np.float32(1.0 / math.sqrt(2.0))))
+        m._elem(job, "scale", n * lp, {2: tok}, f=1.0 / math.sqrt(2.0))
 
     def record_after_layer(
         self, m: WebGpuLlama, job: Job, bufs: dict[str, Any], li: int, n: int
@@ -188,7 +188,7 @@ class Gemma4Step:
         if e is not None:
             p, gu, act = self.p, bufs["ple_gu"], bufs["ple_act"]
             m._matmul(job, e.gate[li], x, n, gu, stride=2 * p)  # each row: gate, then input
-            self.heads(m, job, bufs["ple_in"], gu, n, (1, p, p, 1, li), (self.n_layer * p, p))
+            self.heads(m, job, bufs["ple_in"], gu, n, (1, p, p, 1, li), self.n_layer * p, 2 * p, p)
             m._elem(job, "gelu_mul", n * p, {0: gu, 1: gu, 2: act}, p)
             m._residual(job, e.out[li], act, n, x, bufs["h"], self.ple_norms[1 + li])
         s = self.scales[li]
@@ -206,7 +206,7 @@ class Gemma4Step:
         m._matmul(job, ly.down, act, n, ffn)
         rin, ein = bufs["g4rin"], bufs["g4ein"]
         m._norm(job, x, side.router_scale, n, rin)  # rms_norm(x) * scale, as (x / rms) * s
-        m._elem(job, "scale", n * m.d, {2: rin}, f=float(np.float32(1.0 / math.sqrt(m.d))))
+        m._elem(job, "scale", n * m.d, {2: rin}, f=1.0 / math.sqrt(m.d))
         m._norm(job, x, side.pre_norm_2, n, ein)
         side.moe.record(
             m, job, bufs, ein, moe, n, "gelu_mul", router_in=rin, wscale=side.expert_scale,
