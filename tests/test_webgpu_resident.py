@@ -102,20 +102,24 @@ def _close(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any]) -> None:
         assert float(np.abs(g[top] - c[top]).max()) <= LOGPROB_TOL
 
 
-@pytest.mark.parametrize("kv", ["f16", "f32"])
-def test_prompt_and_decode_match_cpu(pair: tuple[Any, Any], kv: str) -> None:
-    """A 9-token prompt and 5 greedy steps: the same tokens, top-10 log-probs within 2e-3."""
-    model, ref = pair
-    prompt = [1, 17, 33, 5, 90, 12, 7, 64, 3]
+def _greedy_like_cpu(model: Any, ref: Any, prompt: list[int], steps: int, kv: str) -> None:
+    """``prompt`` and ``steps`` greedy steps on each: the same tokens, top-10 log-probs
+    within 2e-3 (:func:`_close`)."""
     runs = []
     for m in (model, ref):
         cache = m.new_cache(kv)
         out = [m.forward([SeqChunk(cache, prompt)])]
-        for _ in range(5):
+        for _ in range(steps):
             out.append(m.forward([SeqChunk(cache, [int(np.argmax(out[-1][0]))])]))
         runs.append(np.concatenate(out))
         cache.free()
     _close(*runs)
+
+
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+def test_prompt_and_decode_match_cpu(pair: tuple[Any, Any], kv: str) -> None:
+    """A 9-token prompt and 5 greedy steps: the same tokens, top-10 log-probs within 2e-3."""
+    _greedy_like_cpu(*pair, [1, 17, 33, 5, 90, 12, 7, 64, 3], 5, kv)
 
 
 def test_mixed_step_freed_cache_and_one_submit(pair: tuple[Any, Any], gpu: WebGPUBackend) -> None:
@@ -406,13 +410,4 @@ def test_phi3_long_factors_keep_to_the_original_context(
     model, ref = WebGpuLlama(ir, gpu), build(ir, make_backend("cpu-exact"))
     assert "long_rope" in model.spec.features()
     assert (ir.hparams.n_ctx, model.n_ctx) == (256, 64)
-    prompt = [(7 * i) % 90 + 1 for i in range(40)]
-    runs = []
-    for m in (model, ref):
-        cache = m.new_cache("f32")
-        out = [m.forward([SeqChunk(cache, prompt)])]
-        for _ in range(4):
-            out.append(m.forward([SeqChunk(cache, [int(np.argmax(out[-1][0]))])]))
-        runs.append(np.concatenate(out))
-        cache.free()
-    _close(*runs)
+    _greedy_like_cpu(model, ref, [(7 * i) % 90 + 1 for i in range(40)], 4, "f32")

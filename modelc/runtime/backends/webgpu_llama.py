@@ -443,10 +443,13 @@ class WebGpuLlama(CausalLM):
         rec = StepRec(job, bufs, tables, batch, slices, stores, attns, n, f16, sstride, chunk)
         for li, ly in enumerate(self.layers):
             hin = self._pre_norm(job, x, ly.attn_norm, n, h)
-            record = record_attention if ly.mla is None else record_latent_attention
-            if ly.conv is not None:  # a short convolution in place of attention (lfm2)
+            if g4 is not None:  # a layer's own head shape, KV sharing (gemma4)
+                record = record_g4_attention
+            elif ly.conv is not None:  # a short convolution in place of attention (lfm2)
                 record = record_shortconv
-            (record if g4 is None else record_g4_attention)(self, rec, ly, li, hin)  # into x
+            else:
+                record = record_attention if ly.mla is None else record_latent_attention
+            record(self, rec, ly, li, hin)  # added into x
             hin = self._pre_norm(job, x, ly.ffn_norm, n, h)
             entry = "gelu_mul" if self.gelu else "silu_mul"
             if ly.moe is not None:  # the experts' weighted sum added into x
