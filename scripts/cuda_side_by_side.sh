@@ -54,6 +54,15 @@ export PYTHONPATH=/tmp/site:$PWD M OUT
 at() { echo "== $1 at $((SECONDS - T0)) s"; }
 unz() { python3 -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(open(sys.argv[1], 'rb'), sys.stdout.buffer)" "$1"; }
 
+copy_bw() {  # the GPU's device-to-device copy, bytes read and written a second (the bandwidth limit)
+  python3 -c "
+import cupy as cp, time
+a = cp.empty(4 << 30, cp.uint8); b = cp.empty_like(a); b[:] = a; cp.cuda.Device().synchronize()
+t = time.perf_counter()
+for _ in range(10): b[:] = a
+cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - t) / 10):.4g}')"
+}
+tbs() { awk -v b="$1" 'BEGIN { printf "device copy: %.2f TB/s\n", b / 1e12 }'; }
 graphs() {  # the server's steps so far: replayed / captured / eager (CudaLlama.graph_steps)
   curl -s http://127.0.0.1:18070/metrics | sed -n 's/^modelc_engine_graph_steps_\([a-z]*\){.*} \([0-9]*\).*/\1 \2/p' \
     | tr '\n' ' '; echo
@@ -215,12 +224,7 @@ if [ -z "${1:-}" ]; then
   setup 0
   [ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "
-import cupy as cp, time
-a = cp.empty(4 << 30, cp.uint8); b = cp.empty_like(a); b[:] = a; cp.cuda.Device().synchronize()
-t = time.perf_counter()
-for _ in range(10): b[:] = a
-cp.cuda.Device().synchronize(); print(f'device copy: {2 * a.nbytes / ((time.perf_counter() - t) / 10) / 1e12:.2f} TB/s')"
+  tbs "$(copy_bw)"
   at "GPU checks (llama.cpp building beside)"
   MODELC_CUDA_1B_DIR=$M timeout 200 python3 -m pytest -q --noconftest -p no:cacheprovider -rs \
     tests/test_cuda_kernels.py >"$OUT/tests_kernels.log" 2>&1
@@ -262,13 +266,8 @@ if [ "${1:-}" = pdl ]; then  # ~7 min from a bare machine: programmatic dependen
   ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
   G8=$!
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  BW=$(python3 -c "
-import cupy as cp, time
-a = cp.empty(4 << 30, cp.uint8); b = cp.empty_like(a); b[:] = a; cp.cuda.Device().synchronize()
-t = time.perf_counter()
-for _ in range(10): b[:] = a
-cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - t) / 10):.4g}')")
-  echo "device copy: $BW B/s"
+  BW=$(copy_bw)
+  tbs "$BW"
   at "GPU tests with MODELC_CUDA_PDL=1"
   if [ -z "${QUICK:-}" ]; then  # QUICK=1: test_cuda.py only
     MODELC_CUDA_PDL=1 MODELC_CUDA_1B_DIR=$M timeout 170 python3 -m pytest -q --noconftest \
