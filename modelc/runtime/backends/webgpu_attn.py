@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from modelc.runtime.backends.webgpu_device import Dispatch, Job, flat, u32s
+from modelc.runtime.backends.webgpu_device import Dispatch, Job, aligned, flat, u32s
 from modelc.runtime.backends.webgpu_kv import WebGpuKVCache
 from modelc.runtime.backends.webgpu_layer import Layer
 from modelc.runtime.model import SeqChunk
@@ -98,8 +98,7 @@ def record_g4_attention(m: WebGpuLlama, s: StepRec, ly: Layer, li: int, hin: Any
     a, job, bufs, n = g4.attn[li], s.job, s.bufs, s.n
     nh, hc, kc, hd, kv = g4.nh, g4.hc, g4.kc, a.hd, a.kv
     qk, v = bufs["g4qk"], bufs["g4v"]
-    align = m.gpu.offset_align  # K after Q at Gemma4Step.sizes' offset
-    k = (qk[0], n * kv * hd * 4, -(-n * nh * hc * 4 // align) * align)
+    k = (qk[0], n * kv * hd * 4, aligned(n * nh * hc * 4, m.gpu.offset_align))  # as sizes()
     q = (qk[0], n * nh * hd * 4)
     m._matmul(job, a.wq, hin, n, q)
     m._norm(job, None, a.q_norm, n * nh, q, width=hd)

@@ -469,6 +469,11 @@ def u32s(*vals: int) -> bytes:
     return struct.pack(f"<{len(vals)}I", *vals)
 
 
+def aligned(nbytes: int, align: int) -> int:
+    """The first binding offset at or past ``nbytes`` (a multiple of ``align``)."""
+    return -(-nbytes // align) * align
+
+
 def flat(n: int) -> tuple[int, int, int]:
     """(x, y) workgroups of 64 threads covering ``n`` threads, and the threads along x."""
     gx, gy = grid(math.ceil(n / 64))

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from modelc.runtime.arch.gemma4 import Gemma4Layers, SideExperts
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, flat, u32s, vec
+from modelc.runtime.backends.webgpu_device import Dispatch, Gpu, Job, aligned, flat, u32s, vec
 from modelc.runtime.backends.webgpu_moe import MoeLayer
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class Gemma4Step:
         """The step's extra buffers (bytes): unpadded Q (then K at an aligned offset) and V,
         the attention output cut back, the per-layer inputs and their gate's rows."""
         qw, kw = self.nh * self.hc, self.kc * self.hc
-        k_at = -(-n * qw * 4 // align) * align
+        k_at = aligned(n * qw * 4, align)  # K after Q
         out = {"g4qk": k_at + n * kw * 4, "g4v": n * kw * 4, "g4o": n * qw * 4}
         if self.moes:  # the FFN's output, the router's and the experts' inputs, the mixture's
             d = self.moes[0].d

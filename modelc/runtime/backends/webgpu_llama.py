@@ -62,6 +62,7 @@ from modelc.runtime.backends.webgpu_device import (
     Dispatch,
     Job,
     Plan,
+    aligned,
     flat,
     grid,
     shader_source,
@@ -363,7 +364,7 @@ class WebGpuLlama(CausalLM):
         # queries then keys in one buffer (one RoPE dispatch for both), keys at an offset
         # the binding alignment allows
         align = self.gpu.offset_align
-        k_at = -(-n * qw * 4 // align) * align
+        k_at = aligned(n * qw * 4, align)
         qk, _ = self._buf("qk", k_at + n * kw * 4)
         bufs["q"], bufs["k"] = (qk, n * qw * 4), (qk, n * kw * 4, k_at)
         bufs["qk"] = (qk, k_at + n * kw * 4)

@@ -15,8 +15,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> plist: array<u32>;  // (pairs,)
 @group(0) @binding(3) var<uniform> p: Params;
 
-const MAX_EXPERTS: u32 = 512u;
-var<workgroup> cursor: array<atomic<u32>, 512>;
+var<workgroup> cursor: array<atomic<u32>, 512>;  // experts: webgpu_moe.MAX_GROUPED_EXPERTS
 
 @compute @workgroup_size(256)
 fn moe_group(@builtin(local_invocation_index) lid: u32) {
