@@ -25,7 +25,7 @@ import numpy as np
 
 from modelc.formats.ir import DType
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends import cuda_gemvw
+from modelc.runtime.backends import cuda_gemvp, cuda_gemvw
 from modelc.runtime.backends.cuda import device
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES
 from modelc.runtime.backends.cuda_src import source
@@ -41,7 +41,7 @@ SHAPES = {
     "8b gate+up": (28672, 4096),
     "8b down": (4096, 14336),
 }
-KERNEL = {"gemv4": "gemv4", "q8": "gemvq", "wide": "gemvw"}
+KERNEL = {"gemv4": "gemv4", "q8": "gemvq", "wide": "gemvw", "pipe": "gemvp"}
 # the inner loops' unroll pragmas in the source, and what a variant puts there
 UNROLLS = {
     "gemvq": r"#pragma unroll \d+(\n    for \(int g = k \* 8)",
@@ -57,7 +57,7 @@ def variant(src: str, kind: str, u: int, load: str) -> str:
         old = cuda_gemvw.source()
         assert old in src
         return src.replace(old, cuda_gemvw.source(unroll, load))
-    if not u:
+    if not u or kind == "pipe":
         return src
     out, n = re.subn(UNROLLS[KERNEL[kind]], rf"#pragma unroll {u}\1", src)
     assert n == 1, kind
@@ -96,6 +96,58 @@ def time_gemv(dev: Any, copies: list[Any], x: Any, n: int, y: Any, q8: Any) -> f
     return time_graph(dev, launch)
 
 
+READ_SRC = r"""
+extern "C" __global__ void read_all(const uint4* __restrict__ p, long long n16, unsigned* out) {
+  unsigned s = 0;
+  long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n16; i += 4 * step) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (i + j * step < n16)
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(p + i + j * step));
+      else v[j] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) s ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  if (s == 0x9e3779b9u) out[0] = s;  // keeps the loads; never true of random bytes in practice
+}
+"""
+
+
+def time_read(dev: Any, nbytes: int, grids: list[int]) -> list[tuple[int, float]]:
+    """Seconds a pure streaming read of ``nbytes`` (16-byte loads, 4 in flight a thread, no
+    arithmetic): the floor a GEMV of that many bytes could reach, launch and ramp included;
+    each launch on another copy, as :func:`time_gemv`; for each grid size (0: one pass, a
+    block of 256 threads for each 16 KB)."""
+    cp = dev.cp
+    fn = cp.RawModule(code=READ_SRC).get_function("read_all")
+    n16 = nbytes // 16
+    copies = [cp.empty(n16 * 16, cp.uint8) for _ in range(max(2, int(120e6 // nbytes) + 1))]
+    out = cp.zeros(1, cp.uint32)
+    res = []
+    for g in grids:
+        blocks = g or (n16 + 1023) // 1024
+
+        def launch(i: int, blocks: int = blocks) -> None:
+            fn((blocks,), (256,), (copies[i % len(copies)], np.int64(n16), out))
+
+        res.append((g, time_graph(dev, launch)))
+    return res
+
+
+PLAN0 = (cuda_gemvp.TILE_BYTES, cuda_gemvp.STAGE_BYTES, cuda_gemvp.BLOCKS_PER_SM)
+
+
+def set_plan(plan: str) -> None:
+    """cuda_gemvp's plan constants from "TILE_KB:STAGES_KB:BLOCKS" ("": its own)."""
+    t, s, b = (int(v) for v in plan.split(":")) if plan else (0, 0, 0)
+    cuda_gemvp.TILE_BYTES = t << 10 or PLAN0[0]
+    cuda_gemvp.STAGE_BYTES = s << 10 or PLAN0[1]
+    cuda_gemvp.BLOCKS_PER_SM = b or PLAN0[2]
+
+
 def upload_copies(dev: Any, kind: str, w: Weight) -> list[Any]:
     """The weight uploaded as ``kind`` reads it, copies enough to pass 120 MB."""
     dev.gemv_kind = kind
@@ -114,6 +166,12 @@ def main() -> None:
     ap.add_argument("--wide-loads", default=cuda_gemvw.LOAD)  # keys of cuda_gemvw.LOADS
     ap.add_argument("--wprs", default="0,1,2,4,8")  # 0: the device's own split
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    # pure reads of each shape's bytes beside the GEMVs: grid sizes (0: one pass; e.g. 1056
+    # = 8 blocks an SM of an H100, persistent); empty: none
+    ap.add_argument("--read-grids", default="")
+    # the pipelined GEMV's plans: "TILE_KB:STAGES_KB:BLOCKS_A_SM" each (cuda_gemvp's
+    # TILE_BYTES, STAGE_BYTES, BLOCKS_PER_SM); empty: the module's own
+    ap.add_argument("--pipe-plans", default="")
     args = ap.parse_args()
     dev = device()
     cp = dev.cp
@@ -143,6 +201,10 @@ def main() -> None:
             w = Weight(dt, (rows, cols), data)
             nbytes = int(np.ascontiguousarray(data).nbytes)  # the GGUF bytes
             mb = nbytes / 1e6
+            if args.read_grids:
+                for g, t in time_read(dev, nbytes, [int(v) for v in args.read_grids.split(",")]):
+                    print(f"| {sname} | {tname} | - | {mb:.1f} | read | grid {g or 'one pass'} | - | "
+                          f"{t * 1e6:.2f} | {nbytes / t / 1e9:.0f} |")  # fmt: skip
             for kind in kinds:
                 code = dev.upload([w]).parts[0].code
                 if kind == "q8" and code not in Q8_TYPES:
@@ -157,14 +219,19 @@ def main() -> None:
                     for (k, u, load), mod in mods.items():
                         if k != kind:
                             continue
-                        for wpr in map(int, args.wprs.split(",")):
+                        wprs = list(map(int, args.wprs.split(",")))
+                        plans = [""]
+                        if kind == "pipe":  # no warps-a-row choice: its plans instead
+                            wprs, plans = [0], args.pipe_plans.split(",")
+                        for wpr, plan in ((w, pl) for w in wprs for pl in plans):
+                            set_plan(plan)
                             if mod is not None:
                                 for name in base_fn:
                                     if name.startswith(KERNEL[kind] + "_"):
                                         dev.fn[name] = mod.get_function(name)
                             if wpr:
                                 setattr(dev, "_wpr", lambda p, per, w=wpr: w)  # noqa: B010
-                            name = f"{u or 'src'}{'/' + load if load else ''}"
+                            name = f"{u or 'src'}{'/' + load if load else ''}{'/' + plan if plan else ''}"
                             try:
                                 t = time_gemv(dev, copies, x, n, y, q8)
                             except Exception as e:  # a split the row cannot take
@@ -179,7 +246,7 @@ def main() -> None:
                                   f"{wpr or 'auto'} | {t * 1e6:.2f} | {gbs:.0f} |")  # fmt: skip
                             key = (sname, tname, n, kind)
                             fast, served = best.get(key, (0.0, 0.0))
-                            as_served = not wpr and mod is None
+                            as_served = not wpr and mod is None and not plan
                             best[key] = (max(fast, gbs), gbs if as_served else served)
                 copies.clear()
                 cp.get_default_memory_pool().free_all_blocks()

@@ -11,6 +11,11 @@
 #                                              decode with it and without, alternated; QUICK=1
 #                                              test_cuda.py only; PDL_MODELS="a b": the models;
 #                                              PDL_TESTK: test_cuda.py's tests by -k)
+#   bash scripts/cuda_side_by_side.sh gemv    (~6 min: the pipelined GEMV (cuda_gemvp) -- its GPU
+#                                              tests, the 1.1B's and 8B's shapes against the wide
+#                                              GEMV and a pure read, batch-1 decode with each,
+#                                              alternated; GEMV_PLANS: its plans to sweep;
+#                                              GEMV_TESTK: test_cuda.py's tests by -k beside)
 #   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
@@ -61,6 +66,18 @@ a = cp.empty(4 << 30, cp.uint8); b = cp.empty_like(a); b[:] = a; cp.cuda.Device(
 t = time.perf_counter()
 for _ in range(10): b[:] = a
 cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - t) / 10):.4g}')"
+}
+alternate() {  # $1 a variable, $2 its values, $3 streams, then models: cuda_bench.py's decode of
+  # each model with each value in turn, each run a process of its own ($BW: the copy bandwidth)
+  local var=$1 vals=$2 streams=$3 m v
+  shift 3
+  for m in "$@"; do
+    for v in $vals; do
+      echo "-- $m, $var=$v"
+      env "$var=$v" timeout 100 python3 bench/cuda_bench.py --no-hf --no-variants --streams "$streams" \
+        --steps 64 --bw "$BW" --model "$M/$m.gguf" 2>&1 | grep -E '^\{|Error|error' | tail -3
+    done
+  done
 }
 tbs() { awk -v b="$1" 'BEGIN { printf "device copy: %.2f TB/s\n", b / 1e12 }'; }
 graphs() {  # the server's steps so far: replayed / captured / eager (CudaLlama.graph_steps)
@@ -280,13 +297,37 @@ if [ "${1:-}" = pdl ]; then  # ~7 min from a bare machine: programmatic dependen
   grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT"/tests_*_pdl.log | head -20
   wait $G8
   at "batch-1 decode, PDL off / on, alternated"
-  for m in ${PDL_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m}; do
-    for p in 0 1; do
-      echo "-- $m, MODELC_CUDA_PDL=$p"
-      MODELC_CUDA_PDL=$p timeout 100 python3 bench/cuda_bench.py --no-hf --no-variants --streams 1,64 \
-        --steps 64 --bw "$BW" --model $M/$m.gguf 2>&1 | grep -E '^\{|Error|error' | tail -3
-    done
-  done
+  # shellcheck disable=SC2086
+  alternate MODELC_CUDA_PDL "0 1" 1,64 ${PDL_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m}
+  at "end"
+  exit 0
+fi
+
+if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pipe against wide
+  PDL_MODELS=llama8b setup
+  ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
+  G8=$!
+  ([ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M >"$OUT/gen.log" 2>&1) &
+  G1=$!
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  BW=$(copy_bw)
+  tbs "$BW"
+  at "the pipelined GEMV's tests (and GEMV_TESTK: test_cuda.py's by -k)"
+  timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs tests/test_cuda_gemvp.py \
+    ${GEMV_TESTK:+tests/test_cuda.py -k "$GEMV_TESTK"} >"$OUT/tests_gemvp.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_gemvp.log" | head -12
+  grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_gemvp.log" | head -20
+  at "GEMVs alone: wide, pipe (plans), a pure read of the same bytes"
+  timeout 170 python3 bench/cuda_gemv_sweep.py --types Q4_K,Q6_K,Q4_0 --kinds wide,pipe --rows 1 \
+    --wprs 0 --read-grids 0,1056 --pipe-plans "${GEMV_PLANS:-,16:64:2,24:96:2,24:48:3}" \
+    >"$OUT/sweep_gemv.txt" 2>&1
+  grep -m4 -E "Error|error" "$OUT/sweep_gemv.txt"
+  grep -E "\| Q4_K \| - .*\| read \|" "$OUT/sweep_gemv.txt"  # the pure reads, then each kind's fastest and as served
+  sed -n '/best |/,$p' "$OUT/sweep_gemv.txt"
+  grep -E "^\| 8b [a-z+]+ \| Q4_K \| 1 .*\| pipe \|" "$OUT/sweep_gemv.txt"  # the 8B's Q4_K by plan
+  wait $G1 $G8
+  at "batch-1 decode, MODELC_CUDA_GEMV wide / pipe, alternated"
+  alternate MODELC_CUDA_GEMV "wide pipe" 1,8 llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m
   at "end"
   exit 0
 fi

@@ -28,6 +28,7 @@ WIDE_PRELUDE = r"""
 struct int4 { int x, y, z, w; };
 static inline uint4 make_uint4(u32 x, u32 y, u32 z, u32 w) { uint4 v = {x, y, z, w}; return v; }
 static inline uint4 ldw(const u8* p) { uint4 v; memcpy(&v, p, 16); return v; }
+template <bool SH> static inline uint4 ldwt(const u8* p) { return ldw(p); }  // global or shared
 static inline int4 ldx(const signed char* p) { int4 v; memcpy(&v, p, 16); return v; }
 static inline float2 lds(const float2* p) { return *p; }
 """

@@ -43,6 +43,7 @@ from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
+from modelc.runtime.backends.cuda_gemvp import launch as gemvp_launch
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_gemvw import WIDE_TYPES, host_layout
 from modelc.runtime.backends.cuda_gemvw import launch as gemvw_launch
@@ -60,6 +61,7 @@ from modelc.runtime.backends.cuda_weights import CODES, DevPart, DevWeight, host
 
 GEMV_MAX = max(GEMV_ROWS)  # rows a GEMV pass takes
 GEMV_ROWS_DEFAULT = 8  # rows up to which a product takes GEMV passes, not cuBLAS
+WIDE_KINDS = ("wide", "pipe")  # the GEMV kinds that read the wide layouts (cuda_gemvw)
 GEMV_KIND = "wide"  # an H100: 1.1B Q4_K_M one stream 749 -> 929 tok/s, 8B 212 -> 292
 
 
@@ -116,6 +118,10 @@ class Device:
         self._x16: Any = None
         self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
         self._xq: Any = None
+        dev = self.cp.cuda.Device()
+        self._sms = int(dev.attributes["MultiProcessorCount"])
+        self._pipe_ok = int(dev.compute_capability) >= 90  # gemvp's bulk copies
+        self._smem_set: dict[int, int] = {}  # a kernel's dynamic shared memory limit, raised
         self.read_env()
         self.blas: Blas | None = open_blas(self.cp)
 
@@ -153,7 +159,7 @@ class Device:
                 j += 1
             data = np.concatenate([h[0] for h in hosts[i : j + 1]]) if j > i else hosts[i][0]
             code = CODES[hosts[i][1]]
-            wide = self.gemv_kind == "wide" and not self.exact
+            wide = self.gemv_kind in WIDE_KINDS and not self.exact
             data, layout = host_layout(code, data, cols, wide)
             dev = self.cp.asarray(np.ascontiguousarray(data))
             rows, rb = int(data.shape[0]), int(data.shape[1])
@@ -238,8 +244,16 @@ class Device:
         return wd
 
     def _use_q8(self, w: DevWeight, n: int) -> bool:
-        on = n <= self.gemv_max and self.gemv_kind in ("q8", "wide") and not self.exact
+        on = n <= self.gemv_max and self.gemv_kind in ("q8", *WIDE_KINDS) and not self.exact
         return on and any(p.code in Q8_TYPES for p in w.parts)
+
+    def _smem(self, kern: Any, nbytes: int) -> None:
+        """Let ``kern`` (CuPy's, or a cuda_launch.Kernel around one) use ``nbytes`` of dynamic
+        shared memory (past 48 KB a kernel must ask)."""
+        raw = getattr(kern, "fn", kern)
+        if nbytes > self._smem_set.get(id(raw), 48 << 10):
+            raw.max_dynamic_shared_size_bytes = nbytes
+            self._smem_set[id(raw)] = nbytes
 
     def _wpr(self, p: DevPart, per_pass: int) -> int:
         """Warps a row: up to ~16k warps in all, each with >= 4 passes of ``per_pass``
@@ -254,7 +268,11 @@ class Device:
         self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool, q8: Any = None
     ) -> None:
         nr = next(r for r in GEMV_ROWS if r >= n)
-        if q8 is not None and (p.layout or (self.gemv_kind == "wide" and p.code in WIDE_TYPES)):
+        wide = p.layout or (self.gemv_kind in WIDE_KINDS and p.code in WIDE_TYPES)
+        if q8 is not None and wide and self.gemv_kind == "pipe" and self._pipe_ok:
+            gemvp_launch(self.fn, self._sms, p, q8, n, y, ldy, acc, self._smem)  # bulk copies
+            return
+        if q8 is not None and wide:
             gemvw_launch(self.fn, self._wpr, p, q8, n, y, ldy, acc)  # 16-byte loads
             return
         if q8 is not None:  # x quantized by _quant_q8

@@ -32,7 +32,7 @@ and each lane's sums on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,9 @@ __device__ __forceinline__ uint4 ldw(const u8* p) {
   __WLOAD__ : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// a weight load from global memory (ldw) or, for the pipelined GEMV (cuda_gemvp), shared
+template <bool SH> __device__ __forceinline__ uint4 ldwt(const u8* p) { return ldw(p); }
+template <> __device__ __forceinline__ uint4 ldwt<true>(const u8* p) { return *(const uint4*)p; }
 __device__ __forceinline__ int4 ldx(const signed char* p) { return __ldg((const int4*)p); }
 __device__ __forceinline__ float2 lds(const float2* p) { return __ldg(p); }
 """
@@ -84,10 +87,11 @@ template <int T> struct Wide;
 template <> struct Wide<12> {  // Q4_K as stored: 8 lanes a super-block
   static constexpr int LANES = 8, WEIGHTS = 256;
   struct Reg { uint4 h, q; };
+  template <bool SH = false>
   static __device__ __forceinline__ void load(const u8* __restrict__ wr, int cols, int u, int t, Reg& r) {
     const u8* b = wr + (size_t)u * 144;
-    r.h = ldw(b);
-    r.q = ldw(b + 16 + 16 * t);
+    r.h = ldwt<SH>(b);
+    r.q = ldwt<SH>(b + 16 + 16 * t);
   }
   template <int NR>
   static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
@@ -119,11 +123,12 @@ template <> struct Wide<12> {  // Q4_K as stored: 8 lanes a super-block
 template <> struct Wide<14> {  // Q6_K repacked: 4 lanes a super-block
   static constexpr int LANES = 4, WEIGHTS = 256;
   struct Reg { uint4 a, b, h; u32 sc, d; };
+  template <bool SH = false>
   static __device__ __forceinline__ void load(const u8* __restrict__ wr, int cols, int u, int t, Reg& r) {
     const u8* q = wr + (size_t)u * 192 + (t >> 1) * 64 + 16 * (t & 1);
-    r.a = ldw(q);
-    r.b = ldw(q + 32);
-    r.h = ldw(wr + (size_t)u * 192 + 128 + 16 * t);
+    r.a = ldwt<SH>(q);
+    r.b = ldwt<SH>(q + 32);
+    r.h = ldwt<SH>(wr + (size_t)u * 192 + 128 + 16 * t);
     int nsb = cols >> 8;
     const u8* aux = wr + (size_t)nsb * 192;
     r.sc = ld32(aux + (size_t)u * 16 + 4 * t);
@@ -156,8 +161,9 @@ template <> struct Wide<14> {  // Q6_K repacked: 4 lanes a super-block
 template <> struct Wide<2> {  // Q4_0 repacked: a lane a group
   static constexpr int LANES = 1, WEIGHTS = 32;
   struct Reg { uint4 q; u32 d; };
+  template <bool SH = false>
   static __device__ __forceinline__ void load(const u8* __restrict__ wr, int cols, int u, int t, Reg& r) {
-    r.q = ldw(wr + (size_t)u * 16);
+    r.q = ldwt<SH>(wr + (size_t)u * 16);
     r.d = ld16(wr + (size_t)(cols >> 1) + 2 * u);
   }
   template <int NR>
@@ -338,10 +344,19 @@ def launch(
     8), ``wpr(p, WIDE_PASS)`` warps a weight row (``Device._wpr``)."""
     w = wpr(p, WIDE_PASS)
     grid = ((p.rows + 8 // w - 1) // (8 // w),)
+    for nr, args in passes(p, q8, n, y, ldy, acc):
+        fn[f"gemvw_{p.code}_{nr}"](grid, (256,), (*args, np.int32(w)))
+
+
+def passes(
+    p: Any, q8: tuple[Any, Any], n: int, y: Any, ldy: int, acc: bool
+) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """A wide-layout GEMV's launches over n rows of the quantized x, at most 8 a launch: each
+    one's NR and its arguments up to ``acc`` (the kernels' common head)."""
     for r0 in range(0, n, max(WIDE_ROWS)):
         m = min(max(WIDE_ROWS), n - r0)
         nr = next(r for r in WIDE_ROWS if r >= m)
         qb, sb = q8_bytes(r0, p.cols)
         args: tuple[Any, ...] = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols))
         args += (q8[0][qb:], q8[1][sb:], np.int32(m), y[r0:] if r0 else y, np.int32(ldy))
-        fn[f"gemvw_{p.code}_{nr}"](grid, (256,), (*args, np.int32(int(acc)), np.int32(w)))
+        yield nr, (*args, np.int32(int(acc)))

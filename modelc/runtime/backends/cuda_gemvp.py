@@ -1,0 +1,176 @@
+"""The pipelined GEMV of the CUDA backend (CUDA C, appended after :mod:`.cuda_gemvw`): the
+wide GEMV's arithmetic (``Wide<T>``, the same quantized activations) fed from shared memory
+by Hopper's bulk copy engine, a fixed grid of blocks streaming the weight through a ring of
+stages, as a memory-bound kernel near the bandwidth does (Marlin's and FlashInfer's
+pipelines; llama.cpp's ``mmvq`` reads straight from global memory, as ``gemvw`` does).
+
+Why: ``gemvw`` gives each warp a row and each block eight, loads then computes, then the
+block ends and another starts; an H100 ran its 8B shapes at 1.2-1.7 TB/s of the 3.0 TB/s a
+copy reaches (bench/RESULTS.md, session 22), the bytes in flight dipping as blocks come and
+go.  Here a block of 8 warps stays for the whole matrix: its tiles (``R`` consecutive rows,
+``R * rb`` contiguous bytes) are copied by ``cp.async.bulk`` into ``S`` stage buffers, each
+completing an mbarrier; the block computes tile ``i`` while tiles ``i + 1 .. i + S - 1`` are
+in flight, and refills a stage as soon as every warp is done with it.  The first ``S`` copies
+are issued before ``ENTER()`` (the weights do not depend on the kernel before; x and y do),
+so under programmatic dependent launch they overlap the previous kernel's tail.
+
+Tiles go to blocks in turn (block ``b``: tiles ``b, b + grid, ...``); ``8 / R`` warps a row
+(their sums added as ``gemvw``'s); ``R`` is the largest of 8, 4, 2, 1 whose tile fits
+:data:`TILE_BYTES` and leaves at least :data:`TILES_A_BLOCK` tiles a block, ``S`` fills
+:data:`STAGE_BYTES`.  Compute capability 9.0 and up (the bulk copy); opt-in
+(``MODELC_CUDA_GEMV=pipe``: the wide types and layouts, the wide GEMV's rules otherwise)
+until an H100 run holds it to ``gemvw``'s sums and shows it faster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from modelc.runtime.backends.cuda_gemvw import WIDE_ROWS, WIDE_TYPES, WIDE_UNROLL, passes
+
+TILE_BYTES = 24 << 10  # a stage's most bytes
+STAGE_BYTES = 64 << 10  # a block's stages together (the bytes in flight a block)
+MIN_STAGES, MAX_STAGES = 2, 8
+BLOCKS_PER_SM = 2  # blocks of 8 warps resident on a multiprocessor (2 x ~64 KB of stages)
+TILES_A_BLOCK = 4  # fewest tiles a block at the widest R (else R shrinks: balance)
+HEADER = 128  # the stages' mbarriers, before the buffers (16-byte aligned for the copies)
+
+SOURCE = r"""
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 smem_at(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(unsigned long long* b, u32 n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_at(b)), "r"(n) : "memory");
+}
+// bytes of global memory into shared, completing the stage's barrier (its one arrival here)
+__device__ __forceinline__ void bulk_in(void* dst, const void* src, u32 bytes, unsigned long long* b) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_at(b)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(smem_at(dst)), "l"(src), "r"(bytes), "r"(smem_at(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* b, u32 parity) {
+  u32 done;
+  do {
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(smem_at(b)), "r"(parity) : "memory");
+  } while (!done);
+}
+#endif
+
+// y[r, row] (+)= W[row] . x[r] for nr <= NR rows of the quantized x: a fixed grid, tiles of
+// R rows through S shared-memory stages (the module's docstring)
+template <int T, int NR, int U>
+__device__ __forceinline__ void gemvp(const u8* __restrict__ W, long long rb, int rows, int cols,
+                                      const signed char* __restrict__ xq, const float2* __restrict__ xs,
+                                      int nr, float* __restrict__ y, int ldy, int acc, int R, int S) {
+#if __CUDA_ARCH__ >= 900
+  typedef Wide<T> P;
+  constexpr int UPW = 32 / P::LANES;
+  extern __shared__ __align__(128) u8 smem[];
+  __shared__ float part[8][NR];
+  unsigned long long* bar = (unsigned long long*)smem;
+  u8* buf = smem + __HEADER__;
+  long long tb = (long long)R * rb;
+  int ntiles = (rows + R - 1) / R, tid = threadIdx.x, wib = tid >> 5, lane = tid & 31;
+  int wpr = 8 / R, rin = wib / wpr, k = wib % wpr, t = lane % P::LANES;
+  if (tid == 0) {
+    for (int s = 0; s < S; s++) mbar_init(bar + s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < S; s++) {  // the first S tiles, before waiting for the kernel before
+      int tile = blockIdx.x + s * gridDim.x;
+      if (tile < ntiles) {
+        int n = rows - tile * R < R ? rows - tile * R : R;
+        bulk_in(buf + s * tb, W + tile * tb, (u32)(n * rb), bar + s);
+      }
+    }
+  }
+  __syncthreads();
+  ENTER();
+  int nu = cols / P::WEIGHTS, step = UPW * wpr;
+  for (int i = 0, tile = blockIdx.x; tile < ntiles; i++, tile += gridDim.x) {
+    int s = i % S, row = tile * R + rin;
+    bool ok = row < rows;
+    mbar_wait(bar + s, (u32)(i / S) & 1);
+    float a[NR];
+#pragma unroll
+    for (int j = 0; j < NR; j++) a[j] = 0.f;
+    if (ok) {
+      const u8* wr = buf + s * tb + (long long)rin * rb;
+      for (int u0 = k * UPW + lane / P::LANES; u0 < nu; u0 += U * step) {
+        typename P::Reg r[U];
+#pragma unroll
+        for (int j = 0; j < U; j++)
+          if (u0 + j * step < nu) P::template load<true>(wr, cols, u0 + j * step, t, r[j]);
+#pragma unroll
+        for (int j = 0; j < U; j++)
+          if (u0 + j * step < nu) P::template dot<NR>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
+      }
+    }
+    rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + (ok ? row : 0), ldy, acc);
+    __syncthreads();  // every warp done with stage s (and with part[])
+    int next = tile + S * gridDim.x;
+    if (tid == 0 && next < ntiles) {
+      int n = rows - next * R < R ? rows - next * R : R;
+      bulk_in(buf + s * tb, W + next * tb, (u32)(n * rb), bar + s);
+    }
+  }
+#else
+  __trap();
+#endif
+}
+"""
+
+
+def instances() -> str:
+    return "\n".join(
+        f'extern "C" __global__ void __launch_bounds__(256, {BLOCKS_PER_SM}) '
+        f"gemvp_{t}_{nr}(const u8* W, long long rb, int rows, int cols, "
+        "const signed char* xq, const float2* xs, int nr, float* y, int ldy, int acc, int R, "
+        f"int S) {{ gemvp<{t}, {nr}, {WIDE_UNROLL[t]}>(W, rb, rows, cols, xq, xs, nr, y, ldy, "
+        "acc, R, S); }"
+        for t in WIDE_TYPES
+        for nr in WIDE_ROWS
+    )
+
+
+def source() -> str:
+    return SOURCE.replace("__HEADER__", str(HEADER)) + instances()
+
+
+def names() -> list[str]:
+    return [f"gemvp_{t}_{nr}" for t in WIDE_TYPES for nr in WIDE_ROWS]
+
+
+def plan(rows: int, rb: int, sms: int) -> tuple[int, int, int, int]:
+    """(R rows a tile, S stages, the grid, dynamic shared bytes) for a matrix of ``rows``
+    rows of ``rb`` bytes on ``sms`` multiprocessors."""
+    blocks = sms * BLOCKS_PER_SM
+    fits = [r for r in (8, 4, 2, 1) if r * rb <= TILE_BYTES] or [1]
+    tile_r = next((r for r in fits if -(-rows // r) >= TILES_A_BLOCK * blocks), fits[-1])
+    tb = tile_r * rb
+    stages = max(MIN_STAGES, min(MAX_STAGES, STAGE_BYTES // tb))
+    grid = min(blocks, -(-rows // tile_r))
+    return tile_r, stages, grid, HEADER + stages * tb
+
+
+def launch(
+    fn: dict[str, Any],
+    sms: int,
+    p: Any,
+    q8: tuple[Any, Any],
+    n: int,
+    y: Any,
+    ldy: int,
+    acc: bool,
+    grow: Callable[[Any, int], None] | None = None,
+) -> None:
+    """``y[:n] (+)= xq[:n] . p`` by ``gemvp`` (launches of at most 8 rows of x); ``grow(fn,
+    bytes)``: raises a kernel's dynamic shared memory limit when a plan needs more."""
+    tile_r, stages, grid, smem = plan(p.rows, p.row_bytes, sms)
+    for nr, args in passes(p, q8, n, y, ldy, acc):
+        kern = fn[f"gemvp_{p.code}_{nr}"]
+        if grow is not None:
+            grow(kern, smem)
+        kern((grid,), (256,), (*args, np.int32(tile_r), np.int32(stages)), shared_mem=smem)
