@@ -55,7 +55,7 @@ def be() -> Any:
     from modelc.runtime.backends.cuda_backend import CudaBackend
 
     b = CudaBackend()
-    if not b.dev._pipe_ok:
+    if not b.dev.pipe_ok:
         pytest.skip("the pipelined GEMV needs compute capability 9.0+")
     return b
 
@@ -107,3 +107,38 @@ def test_small_models_on_the_pipelined_gemv(be: Any, tmp_path: Path, dtype: DTyp
         12,
         kind="pipe",
     )
+
+
+@gpu
+def test_the_norm_in_the_gemvs_prologue_equals_the_norm_launch(be: Any) -> None:
+    """``norm_matmul`` with each pipelined GEMV norming x itself (a Q4_K_M QKV's Q4_K and Q6_K
+    parts, 1..8 rows of x with a row stride past the width) against the norm's own launch
+    then the same GEMVs (``MODELC_CUDA_PIPE_NORM=0``): within 1e-4 (an 8-bit rounding may
+    flip where the two norms' sums differ in the last place); a stack with a part the
+    pipelined GEMV does not take (Q5_0) goes the launch's way, its product as before."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(41)
+    cols = 2048
+    try:
+        dev.exact, dev.gemv_kind = False, "pipe"
+        for types in ((DType.Q4_K, DType.Q6_K), (DType.Q4_K, DType.Q5_0)):
+            ws = []
+            for dtype, rows in zip(types, (1536, 512), strict=True):
+                data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
+                ws.append(Weight(dtype, (rows, cols), data))
+            w = dev.upload(ws)
+            wn = cp.asarray(rng.uniform(0.5, 1.5, cols).astype(np.float32))
+            for n in (1, 2, 5, 8):
+                x = cp.asarray(rng.standard_normal((n, cols + 64)).astype(np.float32))
+                h = cp.zeros((n, cols), np.float32)
+                ys = []
+                for fused in (True, False):
+                    dev.pipe_norm = fused
+                    y = cp.full((n, w.rows), np.nan, np.float32)
+                    dev.norm_matmul(x, n, wn, 1e-5, h, w, y)
+                    ys.append(y.get())
+                assert np.isfinite(ys[0]).all()
+                assert rel(ys[0], ys[1]) < 1e-4, (types, n)
+    finally:
+        dev.read_env()

@@ -31,6 +31,8 @@ static inline uint4 ldw(const u8* p) { uint4 v; memcpy(&v, p, 16); return v; }
 template <bool SH> static inline uint4 ldwt(const u8* p) { return ldw(p); }  // global or shared
 static inline int4 ldx(const signed char* p) { int4 v; memcpy(&v, p, 16); return v; }
 static inline float2 lds(const float2* p) { return *p; }
+template <bool SX> static inline int4 ldxt(const signed char* p) { return ldx(p); }
+template <bool SX> static inline float2 ldst(const float2* p) { return lds(p); }
 """
 
 

@@ -43,7 +43,9 @@ from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
+from modelc.runtime.backends.cuda_gemvp import SharedLimits, pipe_takes
 from modelc.runtime.backends.cuda_gemvp import launch as gemvp_launch
+from modelc.runtime.backends.cuda_gemvp import normed as gemvp_normed
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_gemvw import WIDE_TYPES, host_layout
 from modelc.runtime.backends.cuda_gemvw import launch as gemvw_launch
@@ -119,9 +121,9 @@ class Device:
         self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
         self._xq: Any = None
         dev = self.cp.cuda.Device()
-        self._sms = int(dev.attributes["MultiProcessorCount"])
-        self._pipe_ok = int(dev.compute_capability) >= 90  # gemvp's bulk copies
-        self._smem_set: dict[int, int] = {}  # a kernel's dynamic shared memory limit, raised
+        self.sms = int(dev.attributes["MultiProcessorCount"])
+        self.pipe_ok = int(dev.compute_capability) >= 90  # gemvp's bulk copies
+        self.shared = SharedLimits()
         self.read_env()
         self.blas: Blas | None = open_blas(self.cp)
 
@@ -140,6 +142,8 @@ class Device:
         self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
         self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_ROWS_DEFAULT)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
+        # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
+        self.pipe_norm = os.environ.get("MODELC_CUDA_PIPE_NORM", "1") != "0"
         # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
         # probabilities), else in floats; never in exact mode
         self.attn_mma = os.environ.get("MODELC_CUDA_ATTN_MMA", "1") != "0" and not self.exact
@@ -247,14 +251,6 @@ class Device:
         on = n <= self.gemv_max and self.gemv_kind in ("q8", *WIDE_KINDS) and not self.exact
         return on and any(p.code in Q8_TYPES for p in w.parts)
 
-    def _smem(self, kern: Any, nbytes: int) -> None:
-        """Let ``kern`` (CuPy's, or a cuda_launch.Kernel around one) use ``nbytes`` of dynamic
-        shared memory (past 48 KB a kernel must ask)."""
-        raw = getattr(kern, "fn", kern)
-        if nbytes > self._smem_set.get(id(raw), 48 << 10):
-            raw.max_dynamic_shared_size_bytes = nbytes
-            self._smem_set[id(raw)] = nbytes
-
     def _wpr(self, p: DevPart, per_pass: int) -> int:
         """Warps a row: up to ~16k warps in all, each with >= 4 passes of ``per_pass``
         groups (bench/cuda_gemv_sweep.py on an H100: within ~10 % of the fastest split
@@ -269,8 +265,8 @@ class Device:
     ) -> None:
         nr = next(r for r in GEMV_ROWS if r >= n)
         wide = p.layout or (self.gemv_kind in WIDE_KINDS and p.code in WIDE_TYPES)
-        if q8 is not None and wide and self.gemv_kind == "pipe" and self._pipe_ok:
-            gemvp_launch(self.fn, self._sms, p, q8, n, y, ldy, acc, self._smem)  # bulk copies
+        if q8 is not None and wide and pipe_takes(self, None, n):
+            gemvp_launch(self.fn, self.sms, p, q8, n, y, ldy, acc, self.shared)  # bulk copies
             return
         if q8 is not None and wide:
             gemvw_launch(self.fn, self._wpr, p, q8, n, y, ldy, acc)  # 16-byte loads
@@ -296,7 +292,11 @@ class Device:
         self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any
     ) -> None:
         """``h[:n] = rms_norm(x[:n]) * wn``, then ``y[:n] = h[:n] @ dequant(w).T``; on the q8
-        path the norm also quantizes its output for the GEMV (one launch, not two)."""
+        path the norm also quantizes its output for the GEMV (one launch, not two); on the
+        pipelined GEMV (up to 8 rows) each GEMV block norms and quantizes x itself, and h is
+        left unwritten (a scratch its callers do not read after)."""
+        if gemvp_normed(self, x, n, wn, eps, w, y):  # the GEMVs norm x themselves
+            return
         if not self._use_q8(w, n) or int(wn.shape[0]) != w.cols:
             self.rms_norm(x, None, n, wn, eps, h)
             self.matmul(w, h, n, y)

@@ -59,12 +59,35 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* b, u32 parity) {
 }
 #endif
 
-// y[r, row] (+)= W[row] . x[r] for nr <= NR rows of the quantized x: a fixed grid, tiles of
-// R rows through S shared-memory stages (the module's docstring)
-template <int T, int NR, int U>
+// x's nr rows normed (x / rms * wn, as rms_norm_q8) and quantized into shared memory (sq, ss):
+// the pipelined GEMV's prologue in place of a norm launch of its own
+template <int NR>
+__device__ __forceinline__ void stage_norm(const float* __restrict__ x, int ldx, const float* __restrict__ wn,
+                                           float eps, int cols, int nr, signed char* sq, float2* ss) {
+  __shared__ float scale[NR];
+  int lane = threadIdx.x & 31, ng = cols >> 5;
+  for (int r = 0; r < nr; r++) {
+    float sc = row_rms_scale(x + (size_t)r * ldx, cols, eps);
+    if (threadIdx.x == 0) scale[r] = sc;
+    __syncthreads();  // block_sum's slots free for the next row
+  }
+  for (int r = 0; r < nr; r++)
+    for (int g = threadIdx.x >> 5; g < ng; g += blockDim.x >> 5) {
+      int j = g * 32 + lane;
+      float v = x[(size_t)r * ldx + j] * scale[r] * wn[j];
+      quant_lanes<1>(&v, lane, sq + r * cols + j, ss + r * ng + g);
+    }
+  __syncthreads();
+}
+
+// y[r, row] (+)= W[row] . x[r] for nr <= NR rows of x: a fixed grid, tiles of R rows through
+// S shared-memory stages (the module's docstring); XN false: x quantized by the kernel before
+// (xq, xs), true: x's f32 rows (x, ldx), normed by wn and quantized here into shared memory
+template <int T, int NR, int U, bool XN>
 __device__ __forceinline__ void gemvp(const u8* __restrict__ W, long long rb, int rows, int cols,
-                                      const signed char* __restrict__ xq, const float2* __restrict__ xs,
-                                      int nr, float* __restrict__ y, int ldy, int acc, int R, int S) {
+                                      const signed char* xq, const float2* xs, const float* __restrict__ x,
+                                      int ldx, const float* __restrict__ wn, float eps, int nr,
+                                      float* __restrict__ y, int ldy, int acc, int R, int S) {
 #if __CUDA_ARCH__ >= 900
   typedef Wide<T> P;
   constexpr int UPW = 32 / P::LANES;
@@ -88,6 +111,13 @@ __device__ __forceinline__ void gemvp(const u8* __restrict__ W, long long rb, in
   }
   __syncthreads();
   ENTER();
+  if (XN) {  // x's rows after the stages
+    signed char* sq = (signed char*)(buf + S * tb);
+    float2* ss = (float2*)(sq + NR * cols);
+    stage_norm<NR>(x, ldx, wn, eps, cols, nr, sq, ss);
+    xq = sq;
+    xs = ss;
+  }
   int nu = cols / P::WEIGHTS, step = UPW * wpr;
   for (int i = 0, tile = blockIdx.x; tile < ntiles; i++, tile += gridDim.x) {
     int s = i % S, row = tile * R + rin;
@@ -105,7 +135,7 @@ __device__ __forceinline__ void gemvp(const u8* __restrict__ W, long long rb, in
           if (u0 + j * step < nu) P::template load<true>(wr, cols, u0 + j * step, t, r[j]);
 #pragma unroll
         for (int j = 0; j < U; j++)
-          if (u0 + j * step < nu) P::template dot<NR>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
+          if (u0 + j * step < nu) P::template dot<NR, XN>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
       }
     }
     rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + (ok ? row : 0), ldy, acc);
@@ -124,15 +154,23 @@ __device__ __forceinline__ void gemvp(const u8* __restrict__ W, long long rb, in
 
 
 def instances() -> str:
-    return "\n".join(
-        f'extern "C" __global__ void __launch_bounds__(256, {BLOCKS_PER_SM}) '
-        f"gemvp_{t}_{nr}(const u8* W, long long rb, int rows, int cols, "
-        "const signed char* xq, const float2* xs, int nr, float* y, int ldy, int acc, int R, "
-        f"int S) {{ gemvp<{t}, {nr}, {WIDE_UNROLL[t]}>(W, rb, rows, cols, xq, xs, nr, y, ldy, "
-        "acc, R, S); }"
-        for t in WIDE_TYPES
-        for nr in WIDE_ROWS
-    )
+    out = []
+    for t in WIDE_TYPES:
+        for nr in WIDE_ROWS:
+            head = f'extern "C" __global__ void __launch_bounds__(256, {BLOCKS_PER_SM}) '
+            tail = "int nr, float* y, int ldy, int acc, int R, int S)"
+            call = f"gemvp<{t}, {nr}, {WIDE_UNROLL[t]}, "
+            out.append(
+                f"{head}gemvp_{t}_{nr}(const u8* W, long long rb, int rows, int cols, "
+                f"const signed char* xq, const float2* xs, {tail} {{ {call}false>(W, rb, rows, "
+                "cols, xq, xs, nullptr, 0, nullptr, 0.f, nr, y, ldy, acc, R, S); }"
+            )
+            out.append(
+                f"{head}gemvpn_{t}_{nr}(const u8* W, long long rb, int rows, int cols, "
+                f"const float* x, int ldx, const float* wn, float eps, {tail} {{ {call}true>(W, "
+                "rb, rows, cols, nullptr, nullptr, x, ldx, wn, eps, nr, y, ldy, acc, R, S); }"
+            )
+    return "\n".join(out)
 
 
 def source() -> str:
@@ -140,37 +178,91 @@ def source() -> str:
 
 
 def names() -> list[str]:
-    return [f"gemvp_{t}_{nr}" for t in WIDE_TYPES for nr in WIDE_ROWS]
+    return [f"gemvp{k}_{t}_{nr}" for k in ("", "n") for t in WIDE_TYPES for nr in WIDE_ROWS]
 
 
-def plan(rows: int, rb: int, sms: int) -> tuple[int, int, int, int]:
+def plan(rows: int, rb: int, sms: int, extra: int = 0) -> tuple[int, int, int, int]:
     """(R rows a tile, S stages, the grid, dynamic shared bytes) for a matrix of ``rows``
-    rows of ``rb`` bytes on ``sms`` multiprocessors."""
+    rows of ``rb`` bytes on ``sms`` multiprocessors; ``extra``: shared bytes beyond the
+    stages (x staged by the norm's prologue)."""
     blocks = sms * BLOCKS_PER_SM
     fits = [r for r in (8, 4, 2, 1) if r * rb <= TILE_BYTES] or [1]
     tile_r = next((r for r in fits if -(-rows // r) >= TILES_A_BLOCK * blocks), fits[-1])
     tb = tile_r * rb
     stages = max(MIN_STAGES, min(MAX_STAGES, STAGE_BYTES // tb))
     grid = min(blocks, -(-rows // tile_r))
-    return tile_r, stages, grid, HEADER + stages * tb
+    return tile_r, stages, grid, HEADER + stages * tb + extra
+
+
+def x_bytes(nr: int, cols: int) -> int:
+    """Shared bytes of nr rows of x staged by the norm's prologue (int8 values, then their
+    groups' float2 scales)."""
+    return nr * cols + nr * (cols // 32) * 8
+
+
+Grow = Callable[[Any, int], None]
+
+
+class SharedLimits:
+    """Kernels' dynamic shared memory limits, raised as plans need them (past 48 KB a kernel
+    must ask): called with the kernel (CuPy's, or a cuda_launch.Kernel around one)."""
+
+    def __init__(self) -> None:
+        self.limits: dict[int, int] = {}
+
+    def __call__(self, kern: Any, nbytes: int) -> None:
+        raw = getattr(kern, "fn", kern)
+        if nbytes > self.limits.get(id(raw), 48 << 10):
+            raw.max_dynamic_shared_size_bytes = nbytes
+            self.limits[id(raw)] = nbytes
+
+
+def pipe_takes(dev: Any, w: Any, n: int) -> bool:
+    """Whether the device's pipelined GEMV takes n rows (of every part of ``w``, where given):
+    ``MODELC_CUDA_GEMV=pipe``, compute capability 9.0+, the int8 path's rows, not exact."""
+    on = dev.gemv_kind == "pipe" and dev.pipe_ok and n <= dev.gemv_max and not dev.exact
+    return on and (w is None or all(p.layout or p.code in WIDE_TYPES for p in w.parts))
+
+
+def normed(dev: Any, x: Any, n: int, wn: Any, eps: float, w: Any, y: Any) -> bool:
+    """``y[:n] = (x[:n] / rms * wn) . w`` with each part's GEMV norming x in its prologue
+    (:func:`launch_normed`), where the pipelined GEMV takes it (``dev.pipe_norm``, up to 8 rows,
+    a norm as wide as w): whether it did."""
+    if not (dev.pipe_norm and n <= max(WIDE_ROWS) and int(wn.shape[0]) == w.cols):
+        return False
+    if not pipe_takes(dev, w, n):
+        return False
+    col0 = 0
+    for p in w.parts:
+        launch_normed(dev.fn, dev.sms, p, x, n, wn, eps, y[:, col0:], dev.shared)
+        col0 += p.rows
+    return True
 
 
 def launch(
-    fn: dict[str, Any],
-    sms: int,
-    p: Any,
-    q8: tuple[Any, Any],
-    n: int,
-    y: Any,
-    ldy: int,
-    acc: bool,
-    grow: Callable[[Any, int], None] | None = None,
-) -> None:
+    fn: dict[str, Any], sms: int, p: Any, q8: tuple[Any, Any], n: int, y: Any, ldy: int,
+    acc: bool, grow: Grow,
+) -> None:  # fmt: skip
     """``y[:n] (+)= xq[:n] . p`` by ``gemvp`` (launches of at most 8 rows of x); ``grow(fn,
     bytes)``: raises a kernel's dynamic shared memory limit when a plan needs more."""
     tile_r, stages, grid, smem = plan(p.rows, p.row_bytes, sms)
     for nr, args in passes(p, q8, n, y, ldy, acc):
         kern = fn[f"gemvp_{p.code}_{nr}"]
-        if grow is not None:
-            grow(kern, smem)
+        grow(kern, smem)
         kern((grid,), (256,), (*args, np.int32(tile_r), np.int32(stages)), shared_mem=smem)
+
+
+def launch_normed(
+    fn: dict[str, Any], sms: int, p: Any, x: Any, n: int, wn: Any, eps: float, y: Any,
+    grow: Grow,
+) -> None:  # fmt: skip
+    """``y[:n] = (x[:n] / rms * wn) . p`` by ``gemvpn``: the norm and the activations'
+    quantizing in each block's prologue (no launch of their own); n <= 8."""
+    nr = next(r for r in WIDE_ROWS if r >= n)
+    tile_r, stages, grid, smem = plan(p.rows, p.row_bytes, sms, x_bytes(nr, p.cols))
+    kern = fn[f"gemvpn_{p.code}_{nr}"]
+    grow(kern, smem)
+    args: tuple[Any, ...] = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols), x)
+    args += (np.int32(x.strides[0] // 4), wn, np.float32(eps), np.int32(n), y)
+    args += (np.int32(y.strides[0] // 4), np.int32(0), np.int32(tile_r), np.int32(stages))
+    kern((grid,), (256,), args, shared_mem=smem)

@@ -70,6 +70,11 @@ template <bool SH> __device__ __forceinline__ uint4 ldwt(const u8* p) { return l
 template <> __device__ __forceinline__ uint4 ldwt<true>(const u8* p) { return *(const uint4*)p; }
 __device__ __forceinline__ int4 ldx(const signed char* p) { return __ldg((const int4*)p); }
 __device__ __forceinline__ float2 lds(const float2* p) { return __ldg(p); }
+// x's values and scales from global memory or, where the pipelined GEMV staged them, shared
+template <bool SX> __device__ __forceinline__ int4 ldxt(const signed char* p) { return ldx(p); }
+template <> __device__ __forceinline__ int4 ldxt<true>(const signed char* p) { return *(const int4*)p; }
+template <bool SX> __device__ __forceinline__ float2 ldst(const float2* p) { return lds(p); }
+template <> __device__ __forceinline__ float2 ldst<true>(const float2* p) { return *p; }
 """
 
 SOURCE = r"""
@@ -93,7 +98,7 @@ template <> struct Wide<12> {  // Q4_K as stored: 8 lanes a super-block
     r.h = ldwt<SH>(b);
     r.q = ldwt<SH>(b + 16 + 16 * t);
   }
-  template <int NR>
+  template <int NR, bool SX = false>
   static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
       const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
     int c = t >> 1, hh = t & 1, ng = cols >> 5, sh = 16 * (c & 1);
@@ -112,8 +117,8 @@ template <> struct Wide<12> {  // Q4_K as stored: 8 lanes a super-block
 #pragma unroll
       for (int i = 0; i < NR; i++) {
         if (i < nr) {
-          int4 xv = ldx(xq + (size_t)i * cols + g * 32 + 16 * hh);
-          float2 sv = lds(xs + (size_t)i * ng + g);
+          int4 xv = ldxt<SX>(xq + (size_t)i * cols + g * 32 + 16 * hh);
+          float2 sv = ldst<SX>(xs + (size_t)i * ng + g);
           a[i] += dl * (sv.x * (float)dp16(w, xv)) - ml * sv.y;  // the min once a group
         }
       }
@@ -134,7 +139,7 @@ template <> struct Wide<14> {  // Q6_K repacked: 4 lanes a super-block
     r.sc = ld32(aux + (size_t)u * 16 + 4 * t);
     r.d = ld16(aux + (size_t)nsb * 16 + 2 * u);
   }
-  template <int NR>
+  template <int NR, bool SX = false>
   static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
       const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
     int hh = t & 1, ng = cols >> 5;
@@ -151,8 +156,8 @@ template <> struct Wide<14> {  // Q6_K repacked: 4 lanes a super-block
 #pragma unroll
       for (int i = 0; i < NR; i++) {
         if (i < nr) {
-          int4 xv = ldx(xq + (size_t)i * cols + g * 32 + 16 * hh);
-          a[i] += dl * (lds(xs + (size_t)i * ng + g).x * (float)dp16(w, xv));
+          int4 xv = ldxt<SX>(xq + (size_t)i * cols + g * 32 + 16 * hh);
+          a[i] += dl * (ldst<SX>(xs + (size_t)i * ng + g).x * (float)dp16(w, xv));
         }
       }
     }
@@ -166,7 +171,7 @@ template <> struct Wide<2> {  // Q4_0 repacked: a lane a group
     r.q = ldwt<SH>(wr + (size_t)u * 16);
     r.d = ld16(wr + (size_t)(cols >> 1) + 2 * u);
   }
-  template <int NR>
+  template <int NR, bool SX = false>
   static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
       const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
     uint4 lo = nib4(r.q, 0), hi = nib4(r.q, 4);
@@ -178,8 +183,8 @@ template <> struct Wide<2> {  // Q4_0 repacked: a lane a group
     for (int i = 0; i < NR; i++) {
       if (i < nr) {
         const signed char* xp = xq + (size_t)i * cols + u * 32;
-        int s = dp16(lo, ldx(xp)) + dp16(hi, ldx(xp + 16));
-        a[i] += d * (lds(xs + (size_t)i * ng + u).x * (float)s);
+        int s = dp16(lo, ldxt<SX>(xp)) + dp16(hi, ldxt<SX>(xp + 16));
+        a[i] += d * (ldst<SX>(xs + (size_t)i * ng + u).x * (float)s);
       }
     }
   }
