@@ -15,7 +15,10 @@
 #                                              tests, the 1.1B's and 8B's shapes against the wide
 #                                              GEMV and a pure read, batch-1 decode with each,
 #                                              alternated; GEMV_PLANS: its plans to sweep;
-#                                              GEMV_TESTK: test_cuda.py's tests by -k beside)
+#                                              GEMV_TESTK: test_cuda.py's tests by -k beside;
+#                                              GEMV_TYPES, GEMV_SHAPES: the sweep's; GEMV_MODELS,
+#                                              GEMV_STREAMS: the decode runs'; each model wide,
+#                                              pipe with the norm launched, pipe norming itself)
 #   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
@@ -67,16 +70,18 @@ t = time.perf_counter()
 for _ in range(10): b[:] = a
 cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - t) / 10):.4g}')"
 }
-alternate() {  # $1 a variable, $2 its values, $3 streams, then models: cuda_bench.py's decode of
-  # each model with each value in turn, each run a process of its own ($BW: the copy bandwidth)
-  local var=$1 vals=$2 streams=$3 m v
-  shift 3
+alternate() {  # $1 streams, $2 settings ("A=1 B=2;A=0": env assignments, ";" apart), then models:
+  # cuda_bench.py's decode of each model with each setting in turn, each run a process of its
+  # own ($BW: the copy bandwidth)
+  local streams=$1 sets=$2 m v
+  shift 2
   for m in "$@"; do
-    for v in $vals; do
-      echo "-- $m, $var=$v"
-      env "$var=$v" timeout 100 python3 bench/cuda_bench.py --no-hf --no-variants --streams "$streams" \
+    while IFS= read -r v; do
+      echo "-- $m, $v"
+      # shellcheck disable=SC2086
+      env $v timeout 100 python3 bench/cuda_bench.py --no-hf --no-variants --streams "$streams" \
         --steps 64 --bw "$BW" --model "$M/$m.gguf" 2>&1 | grep -E '^\{|Error|error' | tail -3
-    done
+    done <<<"${sets//;/$'\n'}"
   done
 }
 tbs() { awk -v b="$1" 'BEGIN { printf "device copy: %.2f TB/s\n", b / 1e12 }'; }
@@ -298,7 +303,7 @@ if [ "${1:-}" = pdl ]; then  # ~7 min from a bare machine: programmatic dependen
   wait $G8
   at "batch-1 decode, PDL off / on, alternated"
   # shellcheck disable=SC2086
-  alternate MODELC_CUDA_PDL "0 1" 1,64 ${PDL_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m}
+  alternate 1,64 "MODELC_CUDA_PDL=0;MODELC_CUDA_PDL=1" ${PDL_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m}
   at "end"
   exit 0
 fi
@@ -318,8 +323,9 @@ if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pip
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_gemvp.log" | head -12
   grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_gemvp.log" | head -20
   at "GEMVs alone: wide, pipe (plans), a pure read of the same bytes"
-  timeout 170 python3 bench/cuda_gemv_sweep.py --types Q4_K,Q6_K,Q4_0 --kinds wide,pipe --rows 1 \
-    --wprs 0 --read-grids 0,1056 --pipe-plans "${GEMV_PLANS:-,16:64:2,24:96:2,24:48:3}" \
+  # shellcheck disable=SC2086
+  timeout 170 python3 bench/cuda_gemv_sweep.py --types "${GEMV_TYPES:-Q4_K,Q6_K,Q4_0}" --kinds wide,pipe --rows 1 \
+    --wprs 0 --read-grids 0,1056 --pipe-plans "${GEMV_PLANS:-,16:64:2,24:96:2,24:48:3}" ${GEMV_SHAPES:+--shapes "$GEMV_SHAPES"} \
     >"$OUT/sweep_gemv.txt" 2>&1
   grep -m4 -E "Error|error" "$OUT/sweep_gemv.txt"
   grep -E "\| Q4_K \| - .*\| read \|" "$OUT/sweep_gemv.txt"  # the pure reads, then each kind's fastest and as served
@@ -327,7 +333,9 @@ if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pip
   grep -E "^\| 8b [a-z+]+ \| Q4_K \| 1 .*\| pipe \|" "$OUT/sweep_gemv.txt"  # the 8B's Q4_K by plan
   wait $G1 $G8
   at "batch-1 decode, MODELC_CUDA_GEMV wide / pipe, alternated"
-  alternate MODELC_CUDA_GEMV "wide pipe" 1,8 llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m
+  # shellcheck disable=SC2086
+  alternate "${GEMV_STREAMS:-1,8}" "MODELC_CUDA_GEMV=wide;MODELC_CUDA_GEMV=pipe MODELC_CUDA_PIPE_NORM=0;MODELC_CUDA_GEMV=pipe" \
+    ${GEMV_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m}
   at "end"
   exit 0
 fi
