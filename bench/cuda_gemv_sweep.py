@@ -140,8 +140,12 @@ def time_read(dev: Any, nbytes: int, grids: list[int]) -> list[tuple[int, float]
 PLAN0 = (cuda_gemvp.TILE_BYTES, cuda_gemvp.STAGE_BYTES, cuda_gemvp.BLOCKS_PER_SM)
 
 
-def set_plan(plan: str) -> None:
-    """cuda_gemvp's plan constants from "TILE_KB:STAGES_KB:BLOCKS" ("": its own)."""
+def set_plan(plan: str, dev: Any) -> None:
+    """cuda_gemvp's plan constants from "TILE_KB:STAGES_KB:BLOCKS" ("": its own), or the wide
+    GEMV's grid cap from "waves=N"."""
+    dev.waves = int(plan[6:]) if plan.startswith("waves=") else 0
+    if plan.startswith("waves="):
+        plan = ""
     t, s, b = (int(v) for v in plan.split(":")) if plan else (0, 0, 0)
     cuda_gemvp.TILE_BYTES = t << 10 or PLAN0[0]
     cuda_gemvp.STAGE_BYTES = s << 10 or PLAN0[1]
@@ -172,6 +176,7 @@ def main() -> None:
     # the pipelined GEMV's plans: "TILE_KB:STAGES_KB:BLOCKS_A_SM" each (cuda_gemvp's
     # TILE_BYTES, STAGE_BYTES, BLOCKS_PER_SM); empty: the module's own
     ap.add_argument("--pipe-plans", default="")
+    ap.add_argument("--waves", default="0")  # the wide GEMV's grid caps (MODELC_CUDA_GEMV_WAVES)
     args = ap.parse_args()
     dev = device()
     cp = dev.cp
@@ -223,8 +228,12 @@ def main() -> None:
                         plans = [""]
                         if kind == "pipe":  # no warps-a-row choice: its plans instead
                             wprs, plans = [0], args.pipe_plans.split(",")
+                        if kind == "wide":  # its grid: capped at N waves (0: none)
+                            plans = [
+                                f"waves={w}" if w != "0" else "" for w in args.waves.split(",")
+                            ]
                         for wpr, plan in ((w, pl) for w in wprs for pl in plans):
-                            set_plan(plan)
+                            set_plan(plan, dev)
                             if mod is not None:
                                 for name in base_fn:
                                     if name.startswith(KERNEL[kind] + "_"):

@@ -18,7 +18,10 @@
 #                                              GEMV_TESTK: test_cuda.py's tests by -k beside;
 #                                              GEMV_TYPES, GEMV_SHAPES: the sweep's; GEMV_MODELS,
 #                                              GEMV_STREAMS: the decode runs'; each model wide,
-#                                              pipe with the norm launched, pipe norming itself)
+#                                              pipe with the norm launched, pipe norming itself,
+#                                              or GEMV_SETS; GEMV_TESTS: the test files;
+#                                              GEMV_KINDS, GEMV_SWEEP: the sweep's kinds and more
+#                                              arguments; GEMV_BY: the kind its 8B Q4_K lines show)
 #   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
@@ -318,23 +321,27 @@ if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pip
   BW=$(copy_bw)
   tbs "$BW"
   at "the pipelined GEMV's tests (and GEMV_TESTK: test_cuda.py's by -k)"
-  timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs tests/test_cuda_gemvp.py \
-    ${GEMV_TESTK:+tests/test_cuda.py -k "$GEMV_TESTK"} >"$OUT/tests_gemvp.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout 170 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs ${GEMV_TESTS:-tests/test_cuda_gemvp.py} \
+    >"$OUT/tests_gemvp.log" 2>&1
+  [ -n "${GEMV_TESTK:-}" ] && MODELC_MATMUL=exact timeout 100 python3 -m pytest -q --noconftest -p no:cacheprovider \
+    -rfEs tests/test_cuda.py -k "$GEMV_TESTK" >>"$OUT/tests_gemvp.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_gemvp.log" | head -12
   grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_gemvp.log" | head -20
   at "GEMVs alone: wide, pipe (plans), a pure read of the same bytes"
   # shellcheck disable=SC2086
-  timeout 170 python3 bench/cuda_gemv_sweep.py --types "${GEMV_TYPES:-Q4_K,Q6_K,Q4_0}" --kinds wide,pipe --rows 1 \
-    --wprs 0 --read-grids 0,1056 --pipe-plans "${GEMV_PLANS:-,16:64:2,24:96:2,24:48:3}" ${GEMV_SHAPES:+--shapes "$GEMV_SHAPES"} \
+  timeout 170 python3 bench/cuda_gemv_sweep.py --types "${GEMV_TYPES:-Q4_K,Q6_K,Q4_0}" --kinds "${GEMV_KINDS:-wide,pipe}" \
+    --rows 1 --wprs 0 --read-grids 0,1056 --pipe-plans "${GEMV_PLANS:-,16:64:2,24:96:2,24:48:3}" \
+    ${GEMV_SHAPES:+--shapes "$GEMV_SHAPES"} ${GEMV_SWEEP:-} \
     >"$OUT/sweep_gemv.txt" 2>&1
   grep -m4 -E "Error|error" "$OUT/sweep_gemv.txt"
   grep -E "\| Q4_K \| - .*\| read \|" "$OUT/sweep_gemv.txt"  # the pure reads, then each kind's fastest and as served
   sed -n '/best |/,$p' "$OUT/sweep_gemv.txt"
-  grep -E "^\| 8b [a-z+]+ \| Q4_K \| 1 .*\| pipe \|" "$OUT/sweep_gemv.txt"  # the 8B's Q4_K by plan
+  grep -E "^\| 8b [a-z+]+ \| Q4_K \| 1 .*\| ${GEMV_BY:-pipe} \|" "$OUT/sweep_gemv.txt"  # the 8B's Q4_K by plan
   wait $G1 $G8
   at "batch-1 decode, MODELC_CUDA_GEMV wide / pipe, alternated"
   # shellcheck disable=SC2086
-  alternate "${GEMV_STREAMS:-1,8}" "MODELC_CUDA_GEMV=wide;MODELC_CUDA_GEMV=pipe MODELC_CUDA_PIPE_NORM=0;MODELC_CUDA_GEMV=pipe" \
+  alternate "${GEMV_STREAMS:-1,8}" "${GEMV_SETS:-MODELC_CUDA_GEMV=wide;MODELC_CUDA_GEMV=pipe MODELC_CUDA_PIPE_NORM=0;MODELC_CUDA_GEMV=pipe}" \
     ${GEMV_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m}
   at "end"
   exit 0

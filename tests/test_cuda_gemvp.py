@@ -142,3 +142,33 @@ def test_the_norm_in_the_gemvs_prologue_equals_the_norm_launch(be: Any) -> None:
                 assert rel(ys[0], ys[1]) < 1e-4, (types, n)
     finally:
         dev.read_env()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q4_K, DType.Q6_K], ids=lambda d: d.name)
+def test_the_wide_gemv_on_a_capped_grid_gives_the_same_bits(be: Any, dtype: DType) -> None:
+    """``MODELC_CUDA_GEMV_WAVES=1`` (gemvw's grid capped at one resident wave, each block
+    taking every grid-th group of rows): the same bits as a block a group (each row's sums in
+    the same order), with and without warps splitting rows, ``acc`` on and off, x of 1..8
+    rows, a matrix of several waves (28,672 rows) and one under a wave."""
+    from modelc.runtime.backend import Weight
+
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(51)
+    try:
+        dev.exact, dev.gemv_kind = False, "wide"
+        for rows, cols in ((300, 4096), (4096, 14336), (28672, 4096)):
+            data, _ = random_blocks(rng, dtype, rows, cols, 0.05)
+            w = dev.upload([Weight(dtype, (rows, cols), data)])
+            for n, acc, split in ((1, False, True), (3, True, True), (8, False, False)):
+                dev.split_k = split
+                x = cp.asarray(rng.standard_normal((n, cols)).astype(np.float32))
+                base = cp.asarray(rng.standard_normal((n, rows)).astype(np.float32))
+                ys = []
+                for waves in (0, 1):
+                    dev.waves = waves
+                    y = base.copy()
+                    dev.matmul(w, x, n, y, acc)
+                    ys.append(y.get())
+                assert ys[0].tobytes() == ys[1].tobytes(), (rows, cols, n, acc, split)
+    finally:
+        dev.read_env()

@@ -142,6 +142,8 @@ class Device:
         self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
         self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_ROWS_DEFAULT)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
+        # the wide GEMV's grid capped at this many resident waves of blocks (0: no cap)
+        self.waves = int(os.environ.get("MODELC_CUDA_GEMV_WAVES", "0"))
         # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
         self.pipe_norm = os.environ.get("MODELC_CUDA_PIPE_NORM", "1") != "0"
         # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
@@ -269,7 +271,9 @@ class Device:
             gemvp_launch(self.fn, self.sms, p, q8, n, y, ldy, acc, self.shared)  # bulk copies
             return
         if q8 is not None and wide:
-            gemvw_launch(self.fn, self._wpr, p, q8, n, y, ldy, acc)  # 16-byte loads
+            gemvw_launch(
+                self.fn, self._wpr, p, q8, n, y, ldy, acc, self.sms, self.waves
+            )  # 16-byte loads
             return
         if q8 is not None:  # x quantized by _quant_q8
             wpr = self._wpr(p, 8)

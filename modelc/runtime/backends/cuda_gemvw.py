@@ -225,26 +225,31 @@ __device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, in
   typedef Wide<T> P;
   constexpr int UPW = 32 / P::LANES;  // units a warp reads a pass
   __shared__ float part[8][NR];
-  int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane % P::LANES;
-  int row = blockIdx.x * (8 / wpr) + wib / wpr, k = wib % wpr;
-  bool ok = row < rows;
-  float a[NR];
+  int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane % P::LANES, k = wib % wpr;
+  int per = 8 / wpr, groups = (rows + per - 1) / per;
+  // a block per group of 8 / wpr rows, or fewer blocks each taking every gridDim.x-th group
+  for (int rg = blockIdx.x; rg < groups; rg += gridDim.x) {
+    int row = rg * per + wib / wpr;
+    bool ok = row < rows;
+    float a[NR];
 #pragma unroll
-  for (int i = 0; i < NR; i++) a[i] = 0.f;
-  if (ok) {
-    const u8* wr = W + (size_t)row * rb;
-    int nu = cols / P::WEIGHTS, step = UPW * wpr;
-    for (int u0 = k * UPW + lane / P::LANES; u0 < nu; u0 += U * step) {
-      typename P::Reg r[U];
+    for (int i = 0; i < NR; i++) a[i] = 0.f;
+    if (ok) {
+      const u8* wr = W + (size_t)row * rb;
+      int nu = cols / P::WEIGHTS, step = UPW * wpr;
+      for (int u0 = k * UPW + lane / P::LANES; u0 < nu; u0 += U * step) {
+        typename P::Reg r[U];
 #pragma unroll
-      for (int j = 0; j < U; j++)
-        if (u0 + j * step < nu) P::load(wr, cols, u0 + j * step, t, r[j]);
+        for (int j = 0; j < U; j++)
+          if (u0 + j * step < nu) P::load(wr, cols, u0 + j * step, t, r[j]);
 #pragma unroll
-      for (int j = 0; j < U; j++)
-        if (u0 + j * step < nu) P::template dot<NR>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
+        for (int j = 0; j < U; j++)
+          if (u0 + j * step < nu) P::template dot<NR>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
+      }
     }
+    rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + row, ldy, acc);
+    if (wpr > 1 && rg + gridDim.x < groups) __syncthreads();  // part[] read before it is reused
   }
-  rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + row, ldy, acc);
 }
 """
 
@@ -344,13 +349,18 @@ def launch(
     y: Any,
     ldy: int,
     acc: bool,
+    sms: int = 0,
+    waves: int = 0,
 ) -> None:
     """``y[:n] (+)= xq[:n] . p`` by ``gemvw``: n rows of the quantized x (launches of at most
-    8), ``wpr(p, WIDE_PASS)`` warps a weight row (``Device._wpr``)."""
+    8), ``wpr(p, WIDE_PASS)`` warps a weight row (``Device._wpr``); ``sms``: the GPU's
+    multiprocessors and ``waves``: the grid capped at that many resident waves of blocks, each
+    block taking every grid-th group of rows (0: a block a group, the last wave partial)."""
     w = wpr(p, WIDE_PASS)
-    grid = ((p.rows + 8 // w - 1) // (8 // w),)
+    groups = (p.rows + 8 // w - 1) // (8 // w)
     for nr, args in passes(p, q8, n, y, ldy, acc):
-        fn[f"gemvw_{p.code}_{nr}"](grid, (256,), (*args, np.int32(w)))
+        cap = sms * WIDE_BLOCKS[nr] * waves if sms and waves else groups
+        fn[f"gemvw_{p.code}_{nr}"]((min(groups, cap),), (256,), (*args, np.int32(w)))
 
 
 def passes(

@@ -282,7 +282,7 @@ class CudaLlama(CausalLM):
                     self.qkv, n, self.nh, self.nkv, self.hd, ly.q_norm, ly.k_norm, self.eps
                 )
             rope(
-                (n, 4),
+                (n, -(-(self.nh + self.nkv) * self.hd // 256)),  # a pair a thread: one pass
                 (128,),
                 (
                     self.qkv,

@@ -36,6 +36,15 @@ __device__ __forceinline__ float row_scale_v4(const float* __restrict__ xr, int 
   return (float)(1.0 / sqrt(block_sum(s) / d + (double)eps));
 }
 
+// the row w's float4s as row_scale_v4 leaves x's (loaded before the sums: one wait, not two)
+__device__ __forceinline__ void load_v4(const float* __restrict__ w, int d, float4* wv) {
+#pragma unroll
+  for (int k = 0; k < NV4; k++) {
+    int i = threadIdx.x + k * blockDim.x;
+    wv[k] = i < (d >> 2) ? ((const float4*)w)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
 __device__ __forceinline__ float4 scaled4(float4 v, float s, float4 w) {
   return make_float4(v.x * s * w.x, v.y * s * w.y, v.z * s * w.z, v.w * s * w.w);
 }
@@ -68,14 +77,15 @@ extern "C" __global__ void rms_norm_v4_q8(const float* __restrict__ x, int ldx,
                                           signed char* __restrict__ xq, float2* __restrict__ xs) {
   ENTER();
   int i = blockIdx.x, n4 = d >> 2, lane = threadIdx.x & 31;
-  float4 v[NV4];
+  float4 v[NV4], wv[NV4];
+  load_v4(w, d, wv);
   float s = row_scale_v4(x + (size_t)i * ldx, d, eps, v);
   float4* o = (float4*)(out + (size_t)i * ldo);
 #pragma unroll
   for (int k = 0; k < NV4; k++) {
     int j = threadIdx.x + k * blockDim.x;
     bool ok = j < n4;  // a whole group of 8 lanes in or out (d % 32 == 0)
-    float4 r = scaled4(v[k], s, ok ? ((const float4*)w)[j] : make_float4(0.f, 0.f, 0.f, 0.f));
+    float4 r = scaled4(v[k], s, wv[k]);
     if (ok) o[j] = r;
     float amax = fmaxf(fmaxf(fabsf(r.x), fabsf(r.y)), fmaxf(fabsf(r.z), fabsf(r.w)));
     float sum = r.x + r.y + r.z + r.w;

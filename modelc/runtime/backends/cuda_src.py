@@ -332,9 +332,14 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
     bool two = t2 <= p;
     const KV* kr = kc + (size_t)t * nkv * hd;
     const KV* kr2 = kc + (size_t)(two ? t2 : t) * nkv * hd;
-    float k1[E], k2[E], d = 0.f, d2 = 0.f;
+    const KV* vr = vc + (size_t)t * nkv * hd;
+    const KV* vr2 = vc + (size_t)(two ? t2 : t) * nkv * hd;
+    float k1[E], k2[E], v1[E], v2[E], d = 0.f, d2 = 0.f;
 #pragma unroll
-    for (int e = 0; e < E; e++) { k1[e] = load_kv<KV>(kr + e); k2[e] = load_kv<KV>(kr2 + e); }
+    for (int e = 0; e < E; e++) {  // keys and values in flight together: one wait an iteration
+      k1[e] = load_kv<KV>(kr + e); k2[e] = load_kv<KV>(kr2 + e);
+      v1[e] = load_kv<KV>(vr + e); v2[e] = load_kv<KV>(vr2 + e);
+    }
 #pragma unroll
     for (int e = 0; e < E; e++) { d += qv[e] * k1[e]; d2 += qv[e] * k2[e]; }
     d = warp_sum(d);
@@ -346,11 +351,8 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
     float mn = fmaxf(m, two ? fmaxf(d, d2) : d);
     float corr = expf(m - mn), pw = expf(d - mn), pw2 = two ? expf(d2 - mn) : 0.f;
     l = l * corr + pw + pw2;
-    const KV* vr = vc + (size_t)t * nkv * hd;
-    const KV* vr2 = vc + (size_t)(two ? t2 : t) * nkv * hd;
 #pragma unroll
-    for (int e = 0; e < E; e++)
-      acc[e] = acc[e] * corr + pw * load_kv<KV>(vr + e) + pw2 * load_kv<KV>(vr2 + e);
+    for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pw * v1[e] + pw2 * v2[e];
     m = mn;
   }
   __shared__ float sm[WARPS], sl[WARPS], sacc[WARPS][32 * E];
