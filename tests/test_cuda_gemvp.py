@@ -172,3 +172,48 @@ def test_the_wide_gemv_on_a_capped_grid_gives_the_same_bits(be: Any, dtype: DTyp
                 assert ys[0].tobytes() == ys[1].tobytes(), (rows, cols, n, acc, split)
     finally:
         dev.read_env()
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "want"),
+    [(6144, 4096, 2), (4096, 4096, 1), (28672, 4096, 1), (4096, 14336, 4), (2560, 2048, 1),
+     (11264, 2048, 1), (128256, 4096, 1)],
+)  # fmt: skip
+def test_the_wide_gemvs_warps_a_row_follow_the_sweep(rows: int, cols: int, want: int) -> None:
+    """``cuda_gemvw.split`` on an H100 (132 SMs) gives the split the session-31 sweep found
+    fastest for each 8B and 1.1B shape in Q4_K and Q6_K: QKV two warps a row (its blocks fill
+    1.45 waves at one), the 14,336-wide down projection four (one unrolled pass a warp), the
+    rest one; a split always leaves each warp at least one pass, at most 8 warps a row."""
+    from modelc.runtime.backends import cuda_gemvw
+
+    for code in (12, 14):
+        assert cuda_gemvw.split(code, rows, cols, 1, 132) == want, (code, rows, cols)
+    for code in cuda_gemvw.WIDE_TYPES:
+        for nr in cuda_gemvw.WIDE_ROWS:
+            w = cuda_gemvw.split(code, rows, cols, nr, 132)
+            weights, lanes = cuda_gemvw.WIDE_UNITS[code]
+            assert w in (1, 2, 4, 8)
+            assert cols // weights >= w * (32 // lanes) or w == 1
+
+
+@gpu
+def test_argmax_in_parts_is_numpys(be: Any) -> None:
+    """``argmax_parts`` (a block a part of each row, the last block the row's pick): numpy's
+    first index of the largest value for vocabularies of 1 to 262,144 logits, rows of ties
+    (the first wins across parts), a -inf row, a row whose NaN is skipped, and row counts
+    past the scratch's first size (the parts' buffers grown)."""
+    cp, dev, rng = be.cp, be.dev, np.random.default_rng(61)
+    for d in (1, 100, 2048, 2049, 32000, 128256, 262144):
+        for n in (1, 5, 70):
+            x = rng.standard_normal((n, d)).astype(np.float32)
+            if d > 3000 and n > 1:
+                x[0, [17, d - 5, 2600]] = 9.0  # ties in different parts: the first wins
+                x[1] = -np.inf
+            out = cp.full(n, -1, np.int64)
+            dev.argmax(cp.asarray(x), n, out)
+            assert out.get().tolist() == np.argmax(x, axis=1).tolist(), (d, n)
+    x = rng.standard_normal((2, 5000)).astype(np.float32)
+    x[0, 10], x[0, 4000] = np.nan, 7.0
+    out = cp.full(2, -1, np.int64)
+    dev.argmax(cp.asarray(x), 2, out)
+    assert out.get().tolist() == [4000, int(np.argmax(x[1]))]

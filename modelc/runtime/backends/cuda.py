@@ -1,27 +1,22 @@
 """The CUDA backend: kernels compiled at run time by NVRTC through CuPy, weights on the GPU
 in their GGUF blocks.
 
-* :class:`Device` compiles :mod:`.cuda_src` (+ :mod:`.cuda_gemv`, :mod:`.cuda_deq`,
-  :mod:`.cuda_gemvq`, :mod:`.cuda_norm`) once a process and launches its kernels: for
-  decode and small batches (up to ``MODELC_CUDA_GEMV_MAX`` rows, 8) a GEMV straight from
-  the quantized blocks, the activations quantized to 8 bits and ``dp4a`` dot products
-  for Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K (as llama.cpp's ``mmvq``; the kernel before a
-  product, norm, attention or activation, quantizes its output in the same launch), the
-  float GEMV (``gemv4``: lanes reading 4 weights each) for the other types, in exact mode
-  (``MODELC_MATMUL=exact``, the CPU backend's switch for parity with a float reference)
-  and with ``MODELC_CUDA_GEMV=gemv4``; a weight row split over 1..8 warps; for more rows,
-  the weight dequantized into a scratch matrix (``deq8``, coalesced;
-  ``MODELC_CUDA_DEQ=deq32`` the first kernel) and one cuBLAS ``gemmEx``
-  (:mod:`.cuda_blas`; f16 tensor cores, f32 in exact mode), captured in the step's CUDA
-  graph like the rest.
+* :class:`Device` compiles :mod:`.cuda_src` (with the modules it gathers) once a process
+  and launches its kernels: for decode and small batches (up to ``MODELC_CUDA_GEMV_MAX``
+  rows, 8) a GEMV straight from the quantized blocks, the activations quantized to 8 bits
+  and ``dp4a`` dot products (as llama.cpp's ``mmvq``; the kernel before a product quantizes
+  its output in the same launch): 16-byte loads for Q4_0 / Q4_K / Q6_K (:mod:`.cuda_gemvw`,
+  the default; :mod:`.cuda_gemvp` opt-in), :mod:`.cuda_gemvq` for Q8_0 / Q5_K, the float
+  ``gemv4`` for the other types and in exact mode (``MODELC_MATMUL=exact``, the CPU
+  backend's switch for parity with a float reference); for more rows, the weight
+  dequantized into a scratch matrix (``deq8``) and one cuBLAS ``gemmEx`` (:mod:`.cuda_blas`;
+  f16 tensor cores, f32 in exact mode), captured in the step's CUDA graph like the rest.
 * :class:`~.cuda_weights.DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q5_0, Q5_1,
   Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, F16 and F32 as stored; BF16 widened to F32 and the
   other GGUF types dequantized to F16 at upload.
-* :class:`CudaBackend` is the :class:`~modelc.runtime.backend.Backend` (numpy in, numpy
-  out) whose matmul, rows, norm, SiLU and attention run these kernels, for op-level
-  parity tests; the model-level path that keeps a step on the device is
-  :class:`~modelc.runtime.backends.cuda_llama.CudaLlama`, with its KV cache in
-  :mod:`.cuda_kv`.
+* :class:`CudaBackend` is the :class:`~modelc.runtime.backend.Backend` for op-level parity
+  tests; the model-level path that keeps a step on the device is
+  :class:`~modelc.runtime.backends.cuda_llama.CudaLlama`, its KV cache in :mod:`.cuda_kv`.
 
 CuPy is imported only here; without it (or without a GPU) :func:`cuda_unavailable`
 says why in one line and ``get_backend("cuda")`` raises :class:`UsageError`.
@@ -38,6 +33,7 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
+from modelc.runtime.backends.cuda_argmax import Argmax
 from modelc.runtime.backends.cuda_attn import MMA_ROWS
 from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
@@ -49,6 +45,7 @@ from modelc.runtime.backends.cuda_gemvp import normed as gemvp_normed
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_gemvw import WIDE_TYPES, host_layout
 from modelc.runtime.backends.cuda_gemvw import launch as gemvw_launch
+from modelc.runtime.backends.cuda_gemvw import split as gemvw_split
 from modelc.runtime.backends.cuda_launch import kernels
 from modelc.runtime.backends.cuda_norm import aligned
 from modelc.runtime.backends.cuda_norm import threads as norm_threads
@@ -124,6 +121,7 @@ class Device:
         self.sms = int(dev.attributes["MultiProcessorCount"])
         self.pipe_ok = int(dev.compute_capability) >= 90  # gemvp's bulk copies
         self.shared = SharedLimits()
+        self._argmax = Argmax(self.cp)
         self.read_env()
         self.blas: Blas | None = open_blas(self.cp)
 
@@ -252,6 +250,10 @@ class Device:
     def _use_q8(self, w: DevWeight, n: int) -> bool:
         on = n <= self.gemv_max and self.gemv_kind in ("q8", *WIDE_KINDS) and not self.exact
         return on and any(p.code in Q8_TYPES for p in w.parts)
+
+    def _wpr_wide(self, p: DevPart, nr: int) -> int:
+        """Warps a row for the wide GEMV (:func:`.cuda_gemvw.split`; 1 without split-K)."""
+        return gemvw_split(p.code, p.rows, p.cols, nr, self.sms) if self.split_k else 1
 
     def _wpr(self, p: DevPart, per_pass: int) -> int:
         """Warps a row: up to ~16k warps in all, each with >= 4 passes of ``per_pass``
@@ -477,7 +479,8 @@ class Device:
         return MMA_ROWS if f16 and self.attn_mma else TILE_ROWS
 
     def argmax(self, x: Any, n: int, out: Any) -> None:
-        self.fn["argmax_rows"]((n,), (1024,), (x, np.int32(x.shape[-1]), out))
+        """out[i] = the first index of row i's largest value, i < n (rows of x contiguous)."""
+        self._argmax(self.fn, x, n, out)
 
 
 _DEVICE: Device | None = None

@@ -43,9 +43,9 @@ WIDE_TYPES = (2, 12, 14)  # GGML's numbers: Q4_0 Q4_K Q6_K
 REPACKED = (2, 14)  # the types whose blocks are repacked at upload
 WIDE_ROWS = (1, 2, 4, 8)
 WIDE_UNROLL = {2: 4, 12: 4, 14: 2}  # units a lane loads before its dp4a (U)
+WIDE_UNITS = {2: (32, 1), 12: (256, 8), 14: (256, 4)}  # a unit's weights and lanes (Wide<T>)
 # blocks of 256 an SM by rows of x (__launch_bounds__: 4 caps a thread at 64 registers)
 WIDE_BLOCKS = {1: 4, 2: 4, 4: 3, 8: 2}
-WIDE_PASS = 32  # groups of a warp's unrolled pass over U units / 4: Device._wpr's per_pass
 LAYOUT = "wide"
 # Q6_K's 16 scales a super-block, reordered: new index 8 rr + 4 hh + f takes the stored
 # 8 rr + 2 f + hh (scale of weights 16 hh .. of group 4 rr + f), lane 2 rr + hh's 4 in a word
@@ -353,14 +353,39 @@ def launch(
     waves: int = 0,
 ) -> None:
     """``y[:n] (+)= xq[:n] . p`` by ``gemvw``: n rows of the quantized x (launches of at most
-    8), ``wpr(p, WIDE_PASS)`` warps a weight row (``Device._wpr``); ``sms``: the GPU's
+    8), ``wpr(p, NR)`` warps a weight row (:func:`split`, through the device); ``sms``: the GPU's
     multiprocessors and ``waves``: the grid capped at that many resident waves of blocks, each
     block taking every grid-th group of rows (0: a block a group, the last wave partial)."""
-    w = wpr(p, WIDE_PASS)
-    groups = (p.rows + 8 // w - 1) // (8 // w)
     for nr, args in passes(p, q8, n, y, ldy, acc):
+        w = wpr(p, nr)
+        groups = (p.rows + 8 // w - 1) // (8 // w)
         cap = sms * WIDE_BLOCKS[nr] * waves if sms and waves else groups
         fn[f"gemvw_{p.code}_{nr}"]((min(groups, cap),), (256,), (*args, np.int32(w)))
+
+
+def split(code: int, rows: int, cols: int, nr: int, sms: int) -> int:
+    """Warps a weight row for ``gemvw`` (1, 2, 4 or 8): the fewest that give each warp one
+    unrolled pass over its units (a long row split: its loads in flight at once), doubled once
+    more where that fills the last resident wave of blocks at least 15 % better.
+
+    From ``bench/cuda_gemv_sweep.py`` on an H100 (session 31): the 8B's QKV (6,144 rows,
+    1.45 waves at one warp a row) 1.11-1.26x faster at two; its down projection (14,336
+    wide, 56 super-blocks a row) 1.15x at four; the O projection (0.97 waves) and gate+up
+    (28,672 rows) best at one, as the 1.1B's shapes."""
+    units = cols // WIDE_UNITS[code][0]
+    per = WIDE_UNROLL[code] * (32 // WIDE_UNITS[code][1])  # units a warp's unrolled pass reads
+    w = 1
+    while w < 8 and units > w * per:
+        w *= 2
+    slots = max(1, sms * WIDE_BLOCKS[nr])
+
+    def fill(w: int) -> float:
+        blocks = -(-rows // (8 // w))
+        return blocks / (-(-blocks // slots) * slots)
+
+    if w < 8 and units >= 2 * w * (32 // WIDE_UNITS[code][1]) and fill(2 * w) > 1.15 * fill(w):
+        w *= 2
+    return w
 
 
 def passes(

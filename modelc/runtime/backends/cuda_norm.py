@@ -114,7 +114,7 @@ def threads(d: int) -> int | None:
     n4 = d // 4
     if d % 32 or n4 > NV4 * MAX_THREADS:
         return None
-    return max(32, min(MAX_THREADS, (n4 + 31) // 32 * 32))
+    return max(32, min(MAX_THREADS, (-(-n4 // NV4) + 31) // 32 * 32))  # NV4 float4s a thread
 
 
 def aligned(*arrays_and_strides: int) -> bool:

@@ -13,6 +13,7 @@ the others' unpacking is in :mod:`.cuda_quants`.
 from __future__ import annotations
 
 from modelc.runtime.backends import (
+    cuda_argmax,
     cuda_attn,
     cuda_deq,
     cuda_gemv,
@@ -458,7 +459,7 @@ def kernel_names() -> list[str]:
     names += cuda_attn.names()
     names += cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_gemvw.names()
     names += cuda_gemvp.names()
-    return names + cuda_norm.NAMES + cuda_sampler.NAMES
+    return names + cuda_norm.NAMES + cuda_sampler.NAMES + cuda_argmax.NAMES
 
 
 def source() -> str:
@@ -470,5 +471,5 @@ def source() -> str:
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances() + cuda_gemvw.source()
     gemvq += cuda_gemvp.source()
     attn = cuda_attn.source()
-    tail = cuda_norm.SOURCE + cuda_sampler.SOURCE
+    tail = cuda_norm.SOURCE + cuda_sampler.SOURCE + cuda_argmax.SOURCE
     return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + tail
