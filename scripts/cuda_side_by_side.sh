@@ -21,7 +21,9 @@
 #                                              pipe with the norm launched, pipe norming itself,
 #                                              or GEMV_SETS; GEMV_TESTS: the test files;
 #                                              GEMV_KINDS, GEMV_SWEEP: the sweep's kinds and more
-#                                              arguments; GEMV_BY: the kind its 8B Q4_K lines show)
+#                                              arguments; GEMV_BY: the kind its 8B Q4_K lines show;
+#                                              OLD=abc1234: that commit unpacked for a setting
+#                                              "@/tmp/old_abc1234" in GEMV_SETS)
 #   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
@@ -76,14 +78,18 @@ cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - 
 alternate() {  # $1 streams, $2 settings ("A=1 B=2;A=0": env assignments, ";" apart), then models:
   # cuda_bench.py's decode of each model with each setting in turn, each run a process of its
   # own ($BW: the copy bandwidth)
-  local streams=$1 sets=$2 m v
+  # (a setting "@DIR": that checkout's code, e.g. @/tmp/old_abc1234 from old_checkout)
+  local streams=$1 sets=$2 m v dir
   shift 2
   for m in "$@"; do
     while IFS= read -r v; do
       echo "-- $m, $v"
+      dir=$PWD
+      [[ $v == @* ]] && dir=${v#@} && v=
       # shellcheck disable=SC2086
-      env $v timeout 100 python3 bench/cuda_bench.py --no-hf --no-variants --streams "$streams" \
-        --steps 64 --bw "$BW" --model "$M/$m.gguf" 2>&1 | grep -E '^\{|Error|error' | tail -3
+      (cd "$dir" && env $v PYTHONPATH="/tmp/site:$dir" timeout 100 python3 bench/cuda_bench.py --no-hf \
+        --no-variants --streams "$streams" --steps 64 --bw "$BW" --model "$M/$m.gguf" 2>&1 \
+        | grep -E '^\{|Error|error' | tail -3)
     done <<<"${sets//;/$'\n'}"
   done
 }
@@ -313,10 +319,9 @@ fi
 
 if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pipe against wide
   PDL_MODELS=llama8b setup
+  [ -n "${OLD:-}" ] && { old_checkout "$OLD" & }  # OLD=abc1234: GEMV_SETS may name @/tmp/old_abc1234
   ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
-  G8=$!
   ([ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M >"$OUT/gen.log" 2>&1) &
-  G1=$!
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   BW=$(copy_bw)
   tbs "$BW"
@@ -338,7 +343,7 @@ if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pip
   grep -E "\| Q4_K \| - .*\| read \|" "$OUT/sweep_gemv.txt"  # the pure reads, then each kind's fastest and as served
   sed -n '/best |/,$p' "$OUT/sweep_gemv.txt"
   grep -E "^\| 8b [a-z+]+ \| Q4_K \| 1 .*\| ${GEMV_BY:-pipe} \|" "$OUT/sweep_gemv.txt"  # the 8B's Q4_K by plan
-  wait $G1 $G8
+  wait  # the models (and the old checkout)
   at "batch-1 decode, MODELC_CUDA_GEMV wide / pipe, alternated"
   # shellcheck disable=SC2086
   alternate "${GEMV_STREAMS:-1,8}" "${GEMV_SETS:-MODELC_CUDA_GEMV=wide;MODELC_CUDA_GEMV=pipe MODELC_CUDA_PIPE_NORM=0;MODELC_CUDA_GEMV=pipe}" \
