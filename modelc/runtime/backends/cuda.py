@@ -33,19 +33,15 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
+from modelc.runtime.backends import cuda_gemvp, cuda_gemvw
 from modelc.runtime.backends.cuda_argmax import Argmax
 from modelc.runtime.backends.cuda_attn import MMA_ROWS
 from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
+from modelc.runtime.backends.cuda_attn import Split as AttnSplit
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
-from modelc.runtime.backends.cuda_gemvp import SharedLimits, pipe_takes
-from modelc.runtime.backends.cuda_gemvp import launch as gemvp_launch
-from modelc.runtime.backends.cuda_gemvp import normed as gemvp_normed
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
-from modelc.runtime.backends.cuda_gemvw import WIDE_TYPES, host_layout
-from modelc.runtime.backends.cuda_gemvw import launch as gemvw_launch
-from modelc.runtime.backends.cuda_gemvw import split as gemvw_split
 from modelc.runtime.backends.cuda_launch import kernels
 from modelc.runtime.backends.cuda_norm import aligned
 from modelc.runtime.backends.cuda_norm import threads as norm_threads
@@ -120,8 +116,8 @@ class Device:
         dev = self.cp.cuda.Device()
         self.sms = int(dev.attributes["MultiProcessorCount"])
         self.pipe_ok = int(dev.compute_capability) >= 90  # gemvp's bulk copies
-        self.shared = SharedLimits()
-        self._argmax = Argmax(self.cp)
+        self.shared = cuda_gemvp.SharedLimits()
+        self._argmax, self._split = Argmax(self.cp), AttnSplit(self.cp)
         self.read_env()
         self.blas: Blas | None = open_blas(self.cp)
 
@@ -140,6 +136,8 @@ class Device:
         self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
         self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_ROWS_DEFAULT)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
+        # decode attention in S runs of positions a row and head, merged (flash-decoding)
+        self.attn_split = max(1, int(os.environ.get("MODELC_CUDA_ATTN_SPLIT", "1")))
         # the wide GEMV's grid capped at this many resident waves of blocks (0: no cap)
         self.waves = int(os.environ.get("MODELC_CUDA_GEMV_WAVES", "0"))
         # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
@@ -164,7 +162,7 @@ class Device:
             data = np.concatenate([h[0] for h in hosts[i : j + 1]]) if j > i else hosts[i][0]
             code = CODES[hosts[i][1]]
             wide = self.gemv_kind in WIDE_KINDS and not self.exact
-            data, layout = host_layout(code, data, cols, wide)
+            data, layout = cuda_gemvw.host_layout(code, data, cols, wide)
             dev = self.cp.asarray(np.ascontiguousarray(data))
             rows, rb = int(data.shape[0]), int(data.shape[1])
             parts.append(DevPart(dev, code, rows, cols, rb, layout=layout))
@@ -253,7 +251,7 @@ class Device:
 
     def _wpr_wide(self, p: DevPart, nr: int) -> int:
         """Warps a row for the wide GEMV (:func:`.cuda_gemvw.split`; 1 without split-K)."""
-        return gemvw_split(p.code, p.rows, p.cols, nr, self.sms) if self.split_k else 1
+        return cuda_gemvw.split(p.code, p.rows, p.cols, nr, self.sms) if self.split_k else 1
 
     def _wpr(self, p: DevPart, per_pass: int) -> int:
         """Warps a row: up to ~16k warps in all, each with >= 4 passes of ``per_pass``
@@ -268,12 +266,12 @@ class Device:
         self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool, q8: Any = None
     ) -> None:
         nr = next(r for r in GEMV_ROWS if r >= n)
-        wide = p.layout or (self.gemv_kind in WIDE_KINDS and p.code in WIDE_TYPES)
-        if q8 is not None and wide and pipe_takes(self, None, n):
-            gemvp_launch(self.fn, self.sms, p, q8, n, y, ldy, acc, self.shared)  # bulk copies
+        wide = p.layout or (self.gemv_kind in WIDE_KINDS and p.code in cuda_gemvw.WIDE_TYPES)
+        if q8 is not None and wide and cuda_gemvp.pipe_takes(self, None, n):
+            cuda_gemvp.launch(self.fn, self.sms, p, q8, n, y, ldy, acc, self.shared)  # bulk copies
             return
         if q8 is not None and wide:
-            gemvw_launch(
+            cuda_gemvw.launch(
                 self.fn, self._wpr, p, q8, n, y, ldy, acc, self.sms, self.waves
             )  # 16-byte loads
             return
@@ -301,7 +299,7 @@ class Device:
         path the norm also quantizes its output for the GEMV (one launch, not two); on the
         pipelined GEMV (up to 8 rows) each GEMV block norms and quantizes x itself, and h is
         left unwritten (a scratch its callers do not read after)."""
-        if gemvp_normed(self, x, n, wn, eps, w, y):  # the GEMVs norm x themselves
+        if cuda_gemvp.normed(self, x, n, wn, eps, w, y):  # the GEMVs norm x themselves
             return
         if not self._use_q8(w, n) or int(wn.shape[0]) != w.cols:
             self.rms_norm(x, None, n, wn, eps, h)
@@ -464,11 +462,12 @@ class Device:
         if then is not None and 32 % e == 0 and then.cols == nh * hd and self._use_q8(then, n):
             q8 = self._q8_views(n, nh * hd)
         self.fn[f"attn_{'f16' if f16 else 'f32'}_{e}"](
-            (n, nh),
+            (n, nh, self.attn_split),
             (32 * ATTN_WARPS,),
             (q, pos, seq, base, cap, np.int32(nh), np.int32(nkv), np.float32(scale),
              np.int32(window), np.float32(softcap), np.int32(layer), out,
-             *(q8 if q8 is not None else (np.uint64(0), np.uint64(0)))),
+             *(q8 if q8 is not None else (np.uint64(0), np.uint64(0))),
+             *self._split.args(n, nh, hd, self.attn_split)),
         )  # fmt: skip
         return q8
 

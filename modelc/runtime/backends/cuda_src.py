@@ -309,13 +309,27 @@ __device__ __forceinline__ void quant_lanes(const float* v, int lane, signed cha
 
 // causal attention of query row i (at pos[i]) and head h over its sequence's cache;
 // each warp an online softmax over every WARPS-th position, two positions an iteration
-// (both keys' loads in flight together), then the warps combine.
+// (their keys' and values' loads in flight together), then the warps combine.  Split
+// (gridDim.z = S > 1: flash-decoding): block z takes the z-th of S runs of the positions and
+// leaves its (max, sum, unnormalized output) in part; the last of the S blocks to finish
+// (count: an atomic a row and head, reset by it) merges them.
 #define WARPS __ATTN_WARPS__
+template <int E>
+__device__ __forceinline__ void attn_out(const float* o, float L, int lane, size_t at, float* __restrict__ out,
+                                         signed char* __restrict__ xq, float2* __restrict__ xs) {
+  float r[E];
+#pragma unroll
+  for (int e = 0; e < E; e++) { r[e] = o[e] / L; out[at + e] = r[e]; }
+  if constexpr (32 % E == 0) {  // xq: the output quantized for the next product too
+    if (xq) quant_lanes<E>(r, lane, xq + at, xs + at / 32);
+  }
+}
 template <typename KV, int E>
 __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* __restrict__ pos,
     const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
     int nh, int nkv, float scale, int window, float softcap, int layer, float* __restrict__ out,
-    signed char* __restrict__ xq, float2* __restrict__ xs) {
+    signed char* __restrict__ xq, float2* __restrict__ xs, float* __restrict__ part,
+    unsigned* __restrict__ count) {
   int i = blockIdx.x, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int hd = 32 * E;
   long long p = pos[i], s = seq[i], c = cap[s];
@@ -327,10 +341,16 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
 #pragma unroll
   for (int e = 0; e < E; e++) { qv[e] = qr[e] * scale; acc[e] = 0.f; }
   float m = -INFINITY, l = 0.f;
-  long long lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-  for (long long t = lo + warp; t <= p; t += 2 * WARPS) {
+  long long lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, hi = p;
+  int S = gridDim.z;
+  if (S > 1) {  // this block's run of the positions
+    long long run = (p - lo + S) / S;
+    lo += blockIdx.z * run;
+    hi = lo + run - 1 < p ? lo + run - 1 : p;
+  }
+  for (long long t = lo + warp; t <= hi; t += 2 * WARPS) {
     long long t2 = t + WARPS;
-    bool two = t2 <= p;
+    bool two = t2 <= hi;
     const KV* kr = kc + (size_t)t * nkv * hd;
     const KV* kr2 = kc + (size_t)(two ? t2 : t) * nkv * hd;
     const KV* vr = vc + (size_t)t * nkv * hd;
@@ -361,10 +381,10 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
 #pragma unroll
   for (int e = 0; e < E; e++) sacc[warp][lane * E + e] = acc[e];
   __syncthreads();
+  size_t at = ((size_t)i * nh + h) * hd + lane * E;
+  float M = -INFINITY, L = 0.f, o[E];
   if (warp == 0) {
-    float M = -INFINITY;
     for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w]);
-    float L = 0.f, o[E];
 #pragma unroll
     for (int e = 0; e < E; e++) o[e] = 0.f;
     for (int w = 0; w < WARPS; w++) {
@@ -374,13 +394,40 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
 #pragma unroll
       for (int e = 0; e < E; e++) o[e] += sacc[w][lane * E + e] * f;
     }
-    size_t at = ((size_t)i * nh + h) * hd + lane * E;
+    if (S > 1) {
+      float* pp = part + (((size_t)i * nh + h) * S + blockIdx.z) * (hd + 2);
+      if (lane == 0) { pp[0] = M; pp[1] = L; }
 #pragma unroll
-    for (int e = 0; e < E; e++) { o[e] = o[e] / L; out[at + e] = o[e]; }
-    if constexpr (32 % E == 0) {  // xq: the output quantized for the next product too
-      if (xq) quant_lanes<E>(o, lane, xq + at, xs + at / 32);
+      for (int e = 0; e < E; e++) pp[2 + lane * E + e] = o[e];
+      __threadfence();  // this block's part visible before it is counted
     }
   }
+  if (S == 1) {  // the whole block returns together (no barrier after)
+    if (warp == 0) attn_out<E>(o, L, lane, at, out, xq, xs);
+    return;
+  }
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(count + (size_t)i * nh + h, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (!last || warp != 0) return;
+  __threadfence();
+  const volatile float* pr = part + ((size_t)i * nh + h) * S * (hd + 2);
+  M = -INFINITY;
+  L = 0.f;
+  for (int z = 0; z < S; z++) M = fmaxf(M, pr[z * (hd + 2)]);
+#pragma unroll
+  for (int e = 0; e < E; e++) o[e] = 0.f;
+  for (int z = 0; z < S; z++) {
+    float mz = pr[z * (hd + 2)];
+    if (mz == -INFINITY) continue;  // a run past the positions, or all masked
+    float f = expf(mz - M);
+    L += pr[z * (hd + 2) + 1] * f;
+#pragma unroll
+    for (int e = 0; e < E; e++) o[e] += pr[z * (hd + 2) + 2 + lane * E + e] * f;
+  }
+  attn_out<E>(o, L, lane, at, out, xq, xs);
+  if (lane == 0) count[(size_t)i * nh + h] = 0;  // for the next launch
 }
 
 // argmax of each row of x (n, d): the first index of the largest value
@@ -432,8 +479,8 @@ def _instances() -> str:
             HEAD_LANES,
             "const float* q, const i64* pos, const i64* seq, const i64* base, const i64* cap, "
             "int nh, int nkv, float scale, int window, float softcap, int layer, float* out, "
-            "signed char* xq, float2* xs",
-            "q, pos, seq, base, cap, nh, nkv, scale, window, softcap, layer, out, xq, xs",
+            "signed char* xq, float2* xs, float* part, unsigned* count",
+            "q, pos, seq, base, cap, nh, nkv, scale, window, softcap, layer, out, xq, xs, part, count",
         )
     )
     return "\n".join(out)
