@@ -194,7 +194,7 @@ def main() -> None:
                 mods[kind, u, load] = (
                     None if plain else cp.RawModule(code=vsrc, options=("-std=c++17",))
                 )
-    base_fn, wpr0, wide0 = dict(dev.fn), dev._wpr, dev._wpr_wide
+    base_fn, wpr0 = dict(dev.fn), dev._wpr
     best: dict[tuple[str, str, int, str], tuple[float, float]] = {}  # (fastest, as served)
     print("| shape | type | rows | MB | kind | variant | wpr | us | GB/s |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -240,7 +240,7 @@ def main() -> None:
                                         dev.fn[name] = mod.get_function(name)
                             if wpr:
                                 setattr(dev, "_wpr", lambda p, per, w=wpr: w)  # noqa: B010
-                                setattr(dev, "_wpr_wide", lambda p, nr, w=wpr: w)  # noqa: B010
+                                dev.wpr = wpr  # the wide GEMV's
                             name = f"{u or 'src'}{'/' + load if load else ''}{'/' + plan if plan else ''}"
                             try:
                                 t = time_gemv(dev, copies, x, n, y, q8)
@@ -251,7 +251,7 @@ def main() -> None:
                             finally:
                                 dev.fn.update(base_fn)
                                 setattr(dev, "_wpr", wpr0)  # noqa: B010
-                                setattr(dev, "_wpr_wide", wide0)  # noqa: B010
+                                dev.wpr = 0
                             gbs = nbytes / t / 1e9
                             print(f"| {sname} | {tname} | {n} | {mb:.1f} | {kind} | {name} | "
                                   f"{wpr or 'auto'} | {t * 1e6:.2f} | {gbs:.0f} |")  # fmt: skip

@@ -83,6 +83,43 @@ def test_the_wide_gemvs_warps_a_row_follow_the_sweep(rows: int, cols: int, want:
             assert cols // weights >= w * (32 // lanes) or w == 1
 
 
+def test_the_wide_gemv_launch_takes_the_split_rule() -> None:
+    """``cuda_gemvw.launch`` (on the CPU, its launches recorded): each launch's warps a row
+    are :func:`split`'s for its rows of x (session 31's first wiring passed the device's old
+    rule instead, which the 8B survived and the 1.1B lost 18 % to), or the ``wpr`` forced,
+    or one without split-K; the grid a block a group of 8 / wpr rows, capped by ``waves``."""
+    from types import SimpleNamespace
+
+    from modelc.runtime.backends import cuda_gemvw
+
+    calls: list[tuple[str, tuple[int, ...], tuple[Any, ...]]] = []
+
+    class Rec(dict[str, Any]):
+        def __missing__(self, name: str) -> Any:
+            return lambda grid, block, args: calls.append((name, grid, args))
+
+    for rows, cols, n in ((4096, 4096, 1), (6144, 4096, 1), (4096, 14336, 3), (2048, 2048, 11)):
+        p = SimpleNamespace(code=12, rows=rows, cols=cols, row_bytes=cols // 256 * 144, data=None)
+        q8 = (np.zeros(n * cols, np.int8), np.zeros(n * cols // 32 * 2, np.float32))
+        y = np.zeros((n, rows), np.float32)
+        for wpr, split_k, waves in ((0, True, 0), (4, True, 0), (0, False, 0), (0, True, 1)):
+            calls.clear()
+            cuda_gemvw.launch(Rec(), p, q8, n, y, rows, False, 132, waves, wpr, split_k)
+            assert len(calls) == -(-n // 8)  # launches of at most 8 rows of x
+            for name, grid, args in calls:
+                nr = int(name.rsplit("_", 1)[1])
+                w = wpr or (cuda_gemvw.split(12, rows, cols, nr, 132) if split_k else 1)
+                assert int(args[-1]) == w, (rows, cols, n, wpr, split_k)
+                groups = -(-rows // (8 // w))
+                cap = 132 * cuda_gemvw.WIDE_BLOCKS[nr] * waves if waves else groups
+                assert grid == (min(groups, cap),)
+    p = SimpleNamespace(code=12, rows=4096, cols=4096, row_bytes=2304, data=None)
+    calls.clear()
+    q8 = (np.zeros(4096, np.int8), np.zeros(256, np.float32))
+    cuda_gemvw.launch(Rec(), p, q8, 1, np.zeros((1, 4096), np.float32), 4096, False, 132)
+    assert int(calls[0][2][-1]) == 1  # the 8B's O projection: one warp a row, not the old 4
+
+
 @gpu
 def test_argmax_in_parts_is_numpys(be: Any) -> None:
     """``argmax_parts`` (a block a part of each row, the last block the row's pick): numpy's

@@ -168,7 +168,7 @@ def test_lane_sums_are_the_quantized_product(lib: ctypes.CDLL, code: int, cols: 
 
 def test_launch_passes_rows_of_x_in_eights() -> None:
     """n rows of x: launches of 8 (the last of 1, 2, 4 or 8 rows, nr the rest), each with
-    its rows' xq, xs and y, the grid of the row split ``wpr`` returns."""
+    its rows' xq, xs and y, the grid of the row split ``wpr`` forces."""
     calls: list[tuple[str, Any, Any]] = []
 
     class Fn:
@@ -183,7 +183,7 @@ def test_launch_passes_rows_of_x_in_eights() -> None:
     cols, n = 4096, 11
     xq, xs = np.arange(16 * cols, dtype=np.uint8), np.arange(16 * cols // 4, dtype=np.uint8)
     y = np.zeros((16, 100), np.float32)
-    cuda_gemvw.launch(fn, lambda part, per: 2, p, (xq, xs), n, y, 100, True)
+    cuda_gemvw.launch(fn, p, (xq, xs), n, y, 100, True, 132, wpr=2)
     assert [c[0] for c in calls] == ["gemvw_12_8", "gemvw_12_4"]
     assert all(c[1] == ((100 + 3) // 4,) for c in calls)
     second = calls[1][2]

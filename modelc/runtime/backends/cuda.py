@@ -136,6 +136,7 @@ class Device:
         self.f16_cache = os.environ.get("MODELC_CUDA_F16_CACHE", "0") == "1"
         self.gemv_max = int(os.environ.get("MODELC_CUDA_GEMV_MAX", str(GEMV_ROWS_DEFAULT)))
         self.split_k = os.environ.get("MODELC_CUDA_SPLIT_K", "1") != "0"
+        self.wpr = 0  # the wide GEMV's warps a row (0: cuda_gemvw.split's; a sweep sets it)
         # decode attention in S runs of positions a row and head, merged (flash-decoding)
         self.attn_split = max(1, int(os.environ.get("MODELC_CUDA_ATTN_SPLIT", "1")))
         # the wide GEMV's grid capped at this many resident waves of blocks (0: no cap)
@@ -249,10 +250,6 @@ class Device:
         on = n <= self.gemv_max and self.gemv_kind in ("q8", *WIDE_KINDS) and not self.exact
         return on and any(p.code in Q8_TYPES for p in w.parts)
 
-    def _wpr_wide(self, p: DevPart, nr: int) -> int:
-        """Warps a row for the wide GEMV (:func:`.cuda_gemvw.split`; 1 without split-K)."""
-        return cuda_gemvw.split(p.code, p.rows, p.cols, nr, self.sms) if self.split_k else 1
-
     def _wpr(self, p: DevPart, per_pass: int) -> int:
         """Warps a row: up to ~16k warps in all, each with >= 4 passes of ``per_pass``
         groups (bench/cuda_gemv_sweep.py on an H100: within ~10 % of the fastest split
@@ -272,8 +269,8 @@ class Device:
             return
         if q8 is not None and wide:
             cuda_gemvw.launch(
-                self.fn, self._wpr, p, q8, n, y, ldy, acc, self.sms, self.waves
-            )  # 16-byte loads
+                self.fn, p, q8, n, y, ldy, acc, self.sms, self.waves, self.wpr, self.split_k
+            )  # 16-byte loads, cuda_gemvw.split's warps a row
             return
         if q8 is not None:  # x quantized by _quant_q8
             wpr = self._wpr(p, 8)

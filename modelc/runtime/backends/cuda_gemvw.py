@@ -32,7 +32,7 @@ and each lane's sums on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -342,22 +342,23 @@ def host_layout(
 
 def launch(
     fn: dict[str, Any],
-    wpr: Callable[[Any, int], int],
     p: Any,
     q8: tuple[Any, Any],
     n: int,
     y: Any,
     ldy: int,
     acc: bool,
-    sms: int = 0,
+    sms: int,
     waves: int = 0,
+    wpr: int = 0,
+    split_k: bool = True,
 ) -> None:
     """``y[:n] (+)= xq[:n] . p`` by ``gemvw``: n rows of the quantized x (launches of at most
-    8), ``wpr(p, NR)`` warps a weight row (:func:`split`, through the device); ``sms``: the GPU's
-    multiprocessors and ``waves``: the grid capped at that many resident waves of blocks, each
-    block taking every grid-th group of rows (0: a block a group, the last wave partial)."""
+    8); warps a weight row by :func:`split` on ``sms`` multiprocessors (``wpr`` > 0: that
+    many; ``split_k`` False: one); ``waves``: the grid capped at that many resident waves of
+    blocks, each block taking every grid-th group of rows (0: a block a group)."""
     for nr, args in passes(p, q8, n, y, ldy, acc):
-        w = wpr(p, nr)
+        w = wpr or (split(p.code, p.rows, p.cols, nr, sms) if split_k else 1)
         groups = (p.rows + 8 // w - 1) // (8 // w)
         cap = sms * WIDE_BLOCKS[nr] * waves if sms and waves else groups
         fn[f"gemvw_{p.code}_{nr}"]((min(groups, cap),), (256,), (*args, np.int32(w)))

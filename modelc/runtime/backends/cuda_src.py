@@ -307,129 +307,7 @@ __device__ __forceinline__ void quant_lanes(const float* v, int lane, signed cha
   if ((lane * E) % 32 == 0) *s = make_float2(d, sum);
 }
 
-// causal attention of query row i (at pos[i]) and head h over its sequence's cache;
-// each warp an online softmax over every WARPS-th position, two positions an iteration
-// (their keys' and values' loads in flight together), then the warps combine.  Split
-// (gridDim.z = S > 1: flash-decoding): block z takes the z-th of S runs of the positions and
-// leaves its (max, sum, unnormalized output) in part; the last of the S blocks to finish
-// (count: an atomic a row and head, reset by it) merges them.
-#define WARPS __ATTN_WARPS__
-template <int E>
-__device__ __forceinline__ void attn_out(const float* o, float L, int lane, size_t at, float* __restrict__ out,
-                                         signed char* __restrict__ xq, float2* __restrict__ xs) {
-  float r[E];
-#pragma unroll
-  for (int e = 0; e < E; e++) { r[e] = o[e] / L; out[at + e] = r[e]; }
-  if constexpr (32 % E == 0) {  // xq: the output quantized for the next product too
-    if (xq) quant_lanes<E>(r, lane, xq + at, xs + at / 32);
-  }
-}
-template <typename KV, int E>
-__device__ __forceinline__ void attend(const float* __restrict__ q, const i64* __restrict__ pos,
-    const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
-    int nh, int nkv, float scale, int window, float softcap, int layer, float* __restrict__ out,
-    signed char* __restrict__ xq, float2* __restrict__ xs, float* __restrict__ part,
-    unsigned* __restrict__ count) {
-  int i = blockIdx.x, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int hd = 32 * E;
-  long long p = pos[i], s = seq[i], c = cap[s];
-  int kh = h / (nh / nkv);
-  const KV* kc = (const KV*)base[s] + (size_t)layer * 2 * c * nkv * hd + kh * hd + lane * E;
-  const KV* vc = kc + (size_t)c * nkv * hd;
-  float qv[E], acc[E];
-  const float* qr = q + ((size_t)i * nh + h) * hd + lane * E;
-#pragma unroll
-  for (int e = 0; e < E; e++) { qv[e] = qr[e] * scale; acc[e] = 0.f; }
-  float m = -INFINITY, l = 0.f;
-  long long lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, hi = p;
-  int S = gridDim.z;
-  if (S > 1) {  // this block's run of the positions
-    long long run = (p - lo + S) / S;
-    lo += blockIdx.z * run;
-    hi = lo + run - 1 < p ? lo + run - 1 : p;
-  }
-  for (long long t = lo + warp; t <= hi; t += 2 * WARPS) {
-    long long t2 = t + WARPS;
-    bool two = t2 <= hi;
-    const KV* kr = kc + (size_t)t * nkv * hd;
-    const KV* kr2 = kc + (size_t)(two ? t2 : t) * nkv * hd;
-    const KV* vr = vc + (size_t)t * nkv * hd;
-    const KV* vr2 = vc + (size_t)(two ? t2 : t) * nkv * hd;
-    float k1[E], k2[E], v1[E], v2[E], d = 0.f, d2 = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; e++) {  // keys and values in flight together: one wait an iteration
-      k1[e] = load_kv<KV>(kr + e); k2[e] = load_kv<KV>(kr2 + e);
-      v1[e] = load_kv<KV>(vr + e); v2[e] = load_kv<KV>(vr2 + e);
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) { d += qv[e] * k1[e]; d2 += qv[e] * k2[e]; }
-    d = warp_sum(d);
-    d2 = warp_sum(d2);
-    if (softcap > 0.f) {  // gemma2: the score capped
-      d = tanhf(d / softcap) * softcap;
-      d2 = tanhf(d2 / softcap) * softcap;
-    }
-    float mn = fmaxf(m, two ? fmaxf(d, d2) : d);
-    float corr = expf(m - mn), pw = expf(d - mn), pw2 = two ? expf(d2 - mn) : 0.f;
-    l = l * corr + pw + pw2;
-#pragma unroll
-    for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pw * v1[e] + pw2 * v2[e];
-    m = mn;
-  }
-  __shared__ float sm[WARPS], sl[WARPS], sacc[WARPS][32 * E];
-  if (lane == 0) { sm[warp] = m; sl[warp] = l; }
-#pragma unroll
-  for (int e = 0; e < E; e++) sacc[warp][lane * E + e] = acc[e];
-  __syncthreads();
-  size_t at = ((size_t)i * nh + h) * hd + lane * E;
-  float M = -INFINITY, L = 0.f, o[E];
-  if (warp == 0) {
-    for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w]);
-#pragma unroll
-    for (int e = 0; e < E; e++) o[e] = 0.f;
-    for (int w = 0; w < WARPS; w++) {
-      if (sm[w] == -INFINITY) continue;
-      float f = expf(sm[w] - M);
-      L += sl[w] * f;
-#pragma unroll
-      for (int e = 0; e < E; e++) o[e] += sacc[w][lane * E + e] * f;
-    }
-    if (S > 1) {
-      float* pp = part + (((size_t)i * nh + h) * S + blockIdx.z) * (hd + 2);
-      if (lane == 0) { pp[0] = M; pp[1] = L; }
-#pragma unroll
-      for (int e = 0; e < E; e++) pp[2 + lane * E + e] = o[e];
-      __threadfence();  // this block's part visible before it is counted
-    }
-  }
-  if (S == 1) {  // the whole block returns together (no barrier after)
-    if (warp == 0) attn_out<E>(o, L, lane, at, out, xq, xs);
-    return;
-  }
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(count + (size_t)i * nh + h, 1u) == (unsigned)(S - 1);
-  __syncthreads();
-  if (!last || warp != 0) return;
-  __threadfence();
-  const volatile float* pr = part + ((size_t)i * nh + h) * S * (hd + 2);
-  M = -INFINITY;
-  L = 0.f;
-  for (int z = 0; z < S; z++) M = fmaxf(M, pr[z * (hd + 2)]);
-#pragma unroll
-  for (int e = 0; e < E; e++) o[e] = 0.f;
-  for (int z = 0; z < S; z++) {
-    float mz = pr[z * (hd + 2)];
-    if (mz == -INFINITY) continue;  // a run past the positions, or all masked
-    float f = expf(mz - M);
-    L += pr[z * (hd + 2) + 1] * f;
-#pragma unroll
-    for (int e = 0; e < E; e++) o[e] += pr[z * (hd + 2) + 2 + lane * E + e] * f;
-  }
-  attn_out<E>(o, L, lane, at, out, xq, xs);
-  if (lane == 0) count[(size_t)i * nh + h] = 0;  // for the next launch
-}
-
+__DECODE_ATTN__
 // argmax of each row of x (n, d): the first index of the largest value
 extern "C" __global__ void argmax_rows(const float* __restrict__ x, int d, i64* __restrict__ out) {
   ENTER();
@@ -512,6 +390,7 @@ def kernel_names() -> list[str]:
 def source() -> str:
     body = SOURCE.replace("__DEQ32__", cuda_quants.DEQ32)
     body = body.replace("__TEMPLATE_INSTANCES__", _instances())
+    body = body.replace("__DECODE_ATTN__", cuda_attn.DECODE)
     body = body.replace("__ATTN_WARPS__", str(ATTN_WARPS))
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
