@@ -49,13 +49,14 @@ BW = 4.8e12
 STREAMS = (1, 8, 32, 64, 128)
 
 
-def decode_rate(model: CudaLlama, n: int, steps: int, reps: int = 3) -> float:
-    """Median seconds per batched decode step of ``n`` sequences."""
+def decode_rate(model: CudaLlama, n: int, steps: int, reps: int = 3, prompt_len: int = 32) -> float:
+    """Median seconds per batched decode step of ``n`` sequences after prompts of
+    ``prompt_len`` tokens (the decode's attention reads that many positions and more)."""
     rng = np.random.default_rng(n)
     times = []
     for _ in range(reps):
-        caches = [model.new_cache("f16", max_tokens=32 + steps + 2) for _ in range(n)]
-        prompts = [rng.integers(0, model.n_vocab, 32).tolist() for _ in range(n)]
+        caches = [model.new_cache("f16", max_tokens=prompt_len + steps + 2) for _ in range(n)]
+        prompts = [rng.integers(0, model.n_vocab, prompt_len).tolist() for _ in range(n)]
         for i in range(0, n, 16):  # prefill 16 prompts a step
             model.forward_greedy(
                 [
@@ -244,6 +245,7 @@ def main() -> None:
     ap.add_argument("--smollm2", type=Path)
     ap.add_argument("--dir", type=Path, help="folder of llama1b-q4_0.gguf / llama1b-q8_0.gguf")
     ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=32, help="tokens before the decode steps")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--engine", action="store_true")
     ap.add_argument("--streams", default=",".join(map(str, STREAMS)))
@@ -283,13 +285,14 @@ def main() -> None:
         model = CudaLlama(ir, be)
         for n in [int(v) for v in args.streams.split(",")]:
             steps = args.steps if n <= 16 else max(32, args.steps // 2)
-            t = decode_rate(model, n, steps)
+            t = decode_rate(model, n, steps, prompt_len=args.prompt_len)
             row: dict[str, Any] = {
                 "model": name,
                 "streams": n,
                 "step_ms": t * 1e3,
                 "tok_s": n / t,
                 "weight_bytes": model.weight_bytes,
+                "prompt_len": args.prompt_len,
             }
             if n == 1:
                 row["bw_fraction"] = model.weight_bytes / t / args.bw

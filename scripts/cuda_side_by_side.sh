@@ -78,7 +78,8 @@ cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - 
 alternate() {  # $1 streams, $2 settings ("A=1 B=2;A=0": env assignments, ";" apart), then models:
   # cuda_bench.py's decode of each model with each setting in turn, each run a process of its
   # own ($BW: the copy bandwidth)
-  # (a setting "@DIR": that checkout's code, e.g. @/tmp/old_abc1234 from old_checkout)
+  # (a setting "@DIR": that checkout's code, e.g. @/tmp/old_abc1234 from old_checkout;
+  # $BENCH_ARGS: more cuda_bench.py arguments, e.g. "--prompt-len 4000")
   local streams=$1 sets=$2 m v dir
   shift 2
   for m in "$@"; do
@@ -88,7 +89,7 @@ alternate() {  # $1 streams, $2 settings ("A=1 B=2;A=0": env assignments, ";" ap
       [[ $v == @* ]] && dir=${v#@} && v=
       # shellcheck disable=SC2086
       (cd "$dir" && env $v PYTHONPATH="/tmp/site:$dir" timeout 100 python3 bench/cuda_bench.py --no-hf \
-        --no-variants --streams "$streams" --steps 64 --bw "$BW" --model "$M/$m.gguf" 2>&1 \
+        --no-variants --streams "$streams" --steps 64 --bw "$BW" --model "$M/$m.gguf" ${BENCH_ARGS:-} 2>&1 \
         | grep -E '^\{|Error|error' | tail -3)
     done <<<"${sets//;/$'\n'}"
   done

@@ -796,9 +796,10 @@ async def test_stream_interval_auto_groups_a_busy_batch(ir: ModelIR) -> None:
         async with trio.open_nursery() as n:
             for i in range(4):
                 n.start_soon(one, i)
-    # a lone request's tokens go one at a time (a reader that lags may find two waiting,
-    # but not always an even number)
-    assert lone[0] == 1 and sum(lone) == 9 and any(s % 2 for s in lone[1:]), lone
+    # a lone request's tokens go one at a time (a reader that lags may find two waiting, the
+    # first two too under a loaded CI machine -- the first token's own release is
+    # test_release_held_rule's -- but not always an even number)
+    assert lone[0] <= 2 and sum(lone) == 9 and any(s % 2 for s in lone[1:]), lone
     for sizes in busy.values():
         assert sizes[0] == 1 and sum(sizes) == 9
         assert all(s >= 2 for s in sizes[1:-1]) and len(sizes) <= 5, sizes
