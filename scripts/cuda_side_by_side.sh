@@ -24,6 +24,9 @@
 #                                              arguments; GEMV_BY: the kind its 8B Q4_K lines show;
 #                                              OLD=abc1234: that commit unpacked for a setting
 #                                              "@/tmp/old_abc1234" in GEMV_SETS)
+#   bash scripts/cuda_side_by_side.sh depth   (~8 min: decode after a DEPTH-token prompt (4000),
+#                                              modelc's attention unsplit and split
+#                                              (DEPTH_SETS), llama-bench -d beside)
 #   OLD="abc1234 [def5678]" bash scripts/cuda_side_by_side.sh ab  (~5 min from a bare machine, ~8
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
@@ -349,6 +352,33 @@ if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pip
   # shellcheck disable=SC2086
   alternate "${GEMV_STREAMS:-1,8}" "${GEMV_SETS:-MODELC_CUDA_GEMV=wide;MODELC_CUDA_GEMV=pipe MODELC_CUDA_PIPE_NORM=0;MODELC_CUDA_GEMV=pipe}" \
     ${GEMV_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama1b-q4_0 llama8b-q4_k_m}
+  at "end"
+  exit 0
+fi
+
+if [ "${1:-}" = depth ]; then  # ~8 min from a bare machine: decode after a long prompt (DEPTH
+  # tokens, 4000), modelc's attention in one block a row and head and split in S runs
+  # (MODELC_CUDA_ATTN_SPLIT), against llama.cpp's llama-bench -d at the same depth
+  setup 0
+  ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  BW=$(copy_bw)
+  tbs "$BW"
+  at "the split attention's GPU test"
+  timeout 120 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs tests/test_cuda_decode.py \
+    >"$OUT/tests_decode.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_decode.log" | head -8
+  at "waiting for llama.cpp (its build takes the host's cores)"
+  while [ -f /tmp/llama_building ]; do sleep 2; done
+  wait
+  at "modelc decode after ${DEPTH:-4000} tokens, one block a row and head / split"
+  BENCH_ARGS="--prompt-len ${DEPTH:-4000}" alternate 1 \
+    "${DEPTH_SETS:-;MODELC_CUDA_ATTN_SPLIT=4;MODELC_CUDA_ATTN_SPLIT=16}" llama1b-q4_k_m llama8b-q4_k_m
+  at "llama.cpp tg at depth 0 and ${DEPTH:-4000}"
+  for m in llama1b-q4_k_m llama8b-q4_k_m; do
+    timeout 120 $B/llama-bench -m $M/$m.gguf -ngl 99 -fa 1 -p 0 -n 64 -d 0,"${DEPTH:-4000}" -r 2 2>&1 \
+      | grep -E "tg|error"
+  done
   at "end"
   exit 0
 fi
