@@ -18,8 +18,13 @@ Tiles go to blocks in turn (block ``b``: tiles ``b, b + grid, ...``); ``8 / R`` 
 (their sums added as ``gemvw``'s); ``R`` is the largest of 8, 4, 2, 1 whose tile fits
 :data:`TILE_BYTES` and leaves at least :data:`TILES_A_BLOCK` tiles a block, ``S`` fills
 :data:`STAGE_BYTES`.  Compute capability 9.0 and up (the bulk copy); opt-in
-(``MODELC_CUDA_GEMV=pipe``: the wide types and layouts, the wide GEMV's rules otherwise)
-until an H100 run holds it to ``gemvw``'s sums and shows it faster.
+(``MODELC_CUDA_GEMV=pipe``: the wide types and layouts, the wide GEMV's rules otherwise).
+
+Measured on an H100 (session 31, bench/RESULTS.md): its sums hold to ``gemvw``'s, but it is
+slower on every 8B and 1.1B shape but one (batch-1 decode of the 8B 276 tok/s against 290,
+230 with the norm in its prologue): a block's 8 warps wait for one another at every tile
+before its stage is refilled, and an SM holds 16 warps where ``gemvw``'s 32 never wait.
+What would change that: a producer warp and consumers released a stage each by mbarriers.
 """
 
 from __future__ import annotations
