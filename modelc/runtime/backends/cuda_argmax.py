@@ -5,7 +5,8 @@ A row of a 128k vocabulary scanned by one block of 1,024 threads took ~52 us of 
 3.3 ms decode step on an H100 (``bench/cuda_profile.py``, session 31); here each row is cut
 into parts of ~2,048 logits, a block a part (``argmax_parts``), and the row's last block to
 finish (an atomic count a row, reset by that block) takes the parts' best: the first index
-of the largest value, as ``argmax_rows`` and numpy's ``argmax`` (NaNs never chosen).
+of the largest value, as numpy's ``argmax`` (NaNs never chosen; the one-block kernel
+before it, ``argmax_rows``, is gone).
 """
 
 from __future__ import annotations

@@ -18,31 +18,26 @@ MAX_THREADS = 1024
 
 SOURCE = r"""
 #define NV4 4
-// 1 / rms of the row xr (d, 16-byte aligned) for the whole block, its float4s left in v
-// (thread t: t, t + blockDim.x, ...; zeros past the row)
-__device__ __forceinline__ float row_scale_v4(const float* __restrict__ xr, int d, float eps, float4* v) {
-  int n4 = d >> 2;
-  double s = 0.0;
+// a thread's float4s of the row r (d, 16-byte aligned): t, t + blockDim.x, ...; zeros past it
+__device__ __forceinline__ void load_v4(const float* __restrict__ r, int d, float4* v) {
 #pragma unroll
   for (int k = 0; k < NV4; k++) {
     int i = threadIdx.x + k * blockDim.x;
-    v[k] = i < n4 ? ((const float4*)xr)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[k] = i < (d >> 2) ? ((const float4*)r)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+}
+
+// 1 / rms of the row xr (d, 16-byte aligned) for the whole block, its float4s left in v
+// (load_v4's); a norm's weights loaded before it are in flight with x's
+__device__ __forceinline__ float row_scale_v4(const float* __restrict__ xr, int d, float eps, float4* v) {
+  double s = 0.0;
+  load_v4(xr, d, v);
 #pragma unroll
   for (int k = 0; k < NV4; k++) {
     double a = v[k].x, b = v[k].y, c = v[k].z, e = v[k].w;
     s += a * a; s += b * b; s += c * c; s += e * e;
   }
   return (float)(1.0 / sqrt(block_sum(s) / d + (double)eps));
-}
-
-// the row w's float4s as row_scale_v4 leaves x's (loaded before the sums: one wait, not two)
-__device__ __forceinline__ void load_v4(const float* __restrict__ w, int d, float4* wv) {
-#pragma unroll
-  for (int k = 0; k < NV4; k++) {
-    int i = threadIdx.x + k * blockDim.x;
-    wv[k] = i < (d >> 2) ? ((const float4*)w)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
 }
 
 __device__ __forceinline__ float4 scaled4(float4 v, float s, float4 w) {

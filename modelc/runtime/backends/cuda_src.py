@@ -308,29 +308,6 @@ __device__ __forceinline__ void quant_lanes(const float* v, int lane, signed cha
 }
 
 __DECODE_ATTN__
-// argmax of each row of x (n, d): the first index of the largest value
-extern "C" __global__ void argmax_rows(const float* __restrict__ x, int d, i64* __restrict__ out) {
-  ENTER();
-  int i = blockIdx.x;
-  const float* r = x + (size_t)i * d;
-  float best = -INFINITY; int bi = 0x7fffffff;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) {
-    float v = r[j];
-    if (v > best || (v == best && j < bi)) { best = v; bi = j; }
-  }
-  __shared__ float sv[1024]; __shared__ int si[1024];
-  sv[threadIdx.x] = best; si[threadIdx.x] = bi;
-  __syncthreads();
-  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-    if (threadIdx.x < o) {
-      float v = sv[threadIdx.x + o]; int j = si[threadIdx.x + o];
-      if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) { sv[threadIdx.x] = v; si[threadIdx.x] = j; }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[i] = si[0];
-}
-
 __TEMPLATE_INSTANCES__
 """
 
@@ -376,7 +353,6 @@ def kernel_names() -> list[str]:
         "gelu_mul",
         "rope_store_f32",
         "rope_store_f16",
-        "argmax_rows",
     ]
     names += [f"gemv_{t}_{nr}" for t in TYPES for nr in GEMV_ROWS]
     names += [f"deq_{t}_{f}" for t in TYPES for f in (0, 1)]
