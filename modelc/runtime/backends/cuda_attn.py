@@ -291,6 +291,27 @@ __device__ __forceinline__ void attn_out(const float* o, float L, int lane, size
     if (xq) quant_lanes<E>(r, lane, xq + at, xs + at / 32);
   }
 }
+// n runs' (max m, sum l, unnormalized output o: E values a lane) merged into (M, L, out), run k's
+// at m[k ms], l[k ms], o[k os + lane E + e]; runs with m -inf (no positions, or all masked)
+// skipped: the warps of a block, then (split) the blocks of a row and head
+template <int E>
+__device__ __forceinline__ void merge_runs(const volatile float* m, const volatile float* l,
+                                           const volatile float* o, int n, int ms, int os, int lane,
+                                           float& M, float& L, float* out) {
+  M = -INFINITY;
+  L = 0.f;
+  for (int k = 0; k < n; k++) M = fmaxf(M, m[k * ms]);
+#pragma unroll
+  for (int e = 0; e < E; e++) out[e] = 0.f;
+  for (int k = 0; k < n; k++) {
+    float mk = m[k * ms];
+    if (mk == -INFINITY) continue;
+    float f = expf(mk - M);
+    L += l[k * ms] * f;
+#pragma unroll
+    for (int e = 0; e < E; e++) out[e] += o[k * os + lane * E + e] * f;
+  }
+}
 template <typename KV, int E>
 __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* __restrict__ pos,
     const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
@@ -349,18 +370,9 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
   for (int e = 0; e < E; e++) sacc[warp][lane * E + e] = acc[e];
   __syncthreads();
   size_t at = ((size_t)i * nh + h) * hd + lane * E;
-  float M = -INFINITY, L = 0.f, o[E];
+  float M, L, o[E];
   if (warp == 0) {
-    for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w]);
-#pragma unroll
-    for (int e = 0; e < E; e++) o[e] = 0.f;
-    for (int w = 0; w < WARPS; w++) {
-      if (sm[w] == -INFINITY) continue;
-      float f = expf(sm[w] - M);
-      L += sl[w] * f;
-#pragma unroll
-      for (int e = 0; e < E; e++) o[e] += sacc[w][lane * E + e] * f;
-    }
+    merge_runs<E>(sm, sl, &sacc[0][0], WARPS, 1, 32 * E, lane, M, L, o);  // the warps'
     if (S > 1) {
       float* pp = part + (((size_t)i * nh + h) * S + blockIdx.z) * (hd + 2);
       if (lane == 0) { pp[0] = M; pp[1] = L; }
@@ -380,19 +392,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
   if (!last || warp != 0) return;
   __threadfence();
   const volatile float* pr = part + ((size_t)i * nh + h) * S * (hd + 2);
-  M = -INFINITY;
-  L = 0.f;
-  for (int z = 0; z < S; z++) M = fmaxf(M, pr[z * (hd + 2)]);
-#pragma unroll
-  for (int e = 0; e < E; e++) o[e] = 0.f;
-  for (int z = 0; z < S; z++) {
-    float mz = pr[z * (hd + 2)];
-    if (mz == -INFINITY) continue;  // a run past the positions, or all masked
-    float f = expf(mz - M);
-    L += pr[z * (hd + 2) + 1] * f;
-#pragma unroll
-    for (int e = 0; e < E; e++) o[e] += pr[z * (hd + 2) + 2 + lane * E + e] * f;
-  }
+  merge_runs<E>(pr, pr + 1, pr + 2, S, hd + 2, hd + 2, lane, M, L, o);  // the blocks' runs
   attn_out<E>(o, L, lane, at, out, xq, xs);
   if (lane == 0) count[(size_t)i * nh + h] = 0;  // for the next launch
 }

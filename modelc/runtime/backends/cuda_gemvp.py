@@ -94,15 +94,13 @@ __device__ __forceinline__ void gemvp(const u8* __restrict__ W, long long rb, in
                                       int ldx, const float* __restrict__ wn, float eps, int nr,
                                       float* __restrict__ y, int ldy, int acc, int R, int S) {
 #if __CUDA_ARCH__ >= 900
-  typedef Wide<T> P;
-  constexpr int UPW = 32 / P::LANES;
   extern __shared__ __align__(128) u8 smem[];
   __shared__ float part[8][NR];
   unsigned long long* bar = (unsigned long long*)smem;
   u8* buf = smem + __HEADER__;
   long long tb = (long long)R * rb;
   int ntiles = (rows + R - 1) / R, tid = threadIdx.x, wib = tid >> 5, lane = tid & 31;
-  int wpr = 8 / R, rin = wib / wpr, k = wib % wpr, t = lane % P::LANES;
+  int wpr = 8 / R, rin = wib / wpr, k = wib % wpr;
   if (tid == 0) {
     for (int s = 0; s < S; s++) mbar_init(bar + s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -123,7 +121,6 @@ __device__ __forceinline__ void gemvp(const u8* __restrict__ W, long long rb, in
     xq = sq;
     xs = ss;
   }
-  int nu = cols / P::WEIGHTS, step = UPW * wpr;
   for (int i = 0, tile = blockIdx.x; tile < ntiles; i++, tile += gridDim.x) {
     int s = i % S, row = tile * R + rin;
     bool ok = row < rows;
@@ -131,18 +128,7 @@ __device__ __forceinline__ void gemvp(const u8* __restrict__ W, long long rb, in
     float a[NR];
 #pragma unroll
     for (int j = 0; j < NR; j++) a[j] = 0.f;
-    if (ok) {
-      const u8* wr = buf + s * tb + (long long)rin * rb;
-      for (int u0 = k * UPW + lane / P::LANES; u0 < nu; u0 += U * step) {
-        typename P::Reg r[U];
-#pragma unroll
-        for (int j = 0; j < U; j++)
-          if (u0 + j * step < nu) P::template load<true>(wr, cols, u0 + j * step, t, r[j]);
-#pragma unroll
-        for (int j = 0; j < U; j++)
-          if (u0 + j * step < nu) P::template dot<NR, XN>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
-      }
-    }
+    if (ok) row_units<T, NR, U, true, XN>(buf + s * tb + (long long)rin * rb, cols, k, lane, wpr, xq, xs, nr, a);
     rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + (ok ? row : 0), ldy, acc);
     __syncthreads();  // every warp done with stage s (and with part[])
     int next = tile + S * gridDim.x;

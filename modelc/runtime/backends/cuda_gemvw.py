@@ -216,16 +216,34 @@ template <> __device__ __forceinline__ void deq4w<14>(const u8* __restrict__ row
 """
 
 KERNELS = r"""
+// warp k (of the wpr splitting the row wr)'s share of the row's NR sums: its units U at a
+// time, all their loads before any arithmetic; the weights (SH) and x (SX) from global
+// memory or shared (cuda_gemvp's)
+template <int T, int NR, int U, bool SH, bool SX>
+__device__ __forceinline__ void row_units(const u8* __restrict__ wr, int cols, int k, int lane, int wpr,
+                                          const signed char* xq, const float2* xs, int nr, float* a) {
+  typedef Wide<T> P;
+  constexpr int UPW = 32 / P::LANES;  // units a warp reads a pass
+  int t = lane % P::LANES, nu = cols / P::WEIGHTS, step = UPW * wpr;
+  for (int u0 = k * UPW + lane / P::LANES; u0 < nu; u0 += U * step) {
+    typename P::Reg r[U];
+#pragma unroll
+    for (int j = 0; j < U; j++)
+      if (u0 + j * step < nu) P::template load<SH>(wr, cols, u0 + j * step, t, r[j]);
+#pragma unroll
+    for (int j = 0; j < U; j++)
+      if (u0 + j * step < nu) P::template dot<NR, SX>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
+  }
+}
+
 // y[r, row] (+)= W[row] . x[r] for nr <= NR rows of the quantized x; wpr warps a row, each
 // lane U units at a time: their loads first, then their sums
 template <int T, int NR, int U>
 __device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, int rows, int cols,
                                       const signed char* __restrict__ xq, const float2* __restrict__ xs,
                                       int nr, float* __restrict__ y, int ldy, int acc, int wpr) {
-  typedef Wide<T> P;
-  constexpr int UPW = 32 / P::LANES;  // units a warp reads a pass
   __shared__ float part[8][NR];
-  int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane % P::LANES, k = wib % wpr;
+  int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, k = wib % wpr;
   int per = 8 / wpr, groups = (rows + per - 1) / per;
   // a block per group of 8 / wpr rows, or fewer blocks each taking every gridDim.x-th group
   for (int rg = blockIdx.x; rg < groups; rg += gridDim.x) {
@@ -234,19 +252,7 @@ __device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, in
     float a[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) a[i] = 0.f;
-    if (ok) {
-      const u8* wr = W + (size_t)row * rb;
-      int nu = cols / P::WEIGHTS, step = UPW * wpr;
-      for (int u0 = k * UPW + lane / P::LANES; u0 < nu; u0 += U * step) {
-        typename P::Reg r[U];
-#pragma unroll
-        for (int j = 0; j < U; j++)
-          if (u0 + j * step < nu) P::load(wr, cols, u0 + j * step, t, r[j]);
-#pragma unroll
-        for (int j = 0; j < U; j++)
-          if (u0 + j * step < nu) P::template dot<NR>(r[j], cols, u0 + j * step, t, xq, xs, nr, a);
-      }
-    }
+    if (ok) row_units<T, NR, U, false, false>(W + (size_t)row * rb, cols, k, lane, wpr, xq, xs, nr, a);
     rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + row, ldy, acc);
     if (wpr > 1 && rg + gridDim.x < groups) __syncthreads();  // part[] read before it is reused
   }
