@@ -175,7 +175,7 @@ def test_split_decode_attention_equals_one_block(
             assert rel(split, one) < 1e-4, (s, rel(split, one))
             assert int(np.argmax(split)) == int(np.argmax(one))
             tok = int(np.argmax(one))
-        assert int(be.dev._split.count.get().max()) == 0
+        assert int(be.dev.scratch.bufs["attn_count"].get().max()) == 0
         for c in caches:
             c.free()
     finally:

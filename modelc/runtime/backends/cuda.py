@@ -33,11 +33,9 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends import cuda_gemvp, cuda_gemvw
-from modelc.runtime.backends.cuda_argmax import Argmax
-from modelc.runtime.backends.cuda_attn import MMA_ROWS
+from modelc.runtime.backends import cuda_argmax, cuda_fuse, cuda_gemvp, cuda_gemvw
+from modelc.runtime.backends.cuda_attn import MMA_ROWS, split_args
 from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
-from modelc.runtime.backends.cuda_attn import Split as AttnSplit
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
@@ -45,6 +43,7 @@ from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_launch import kernels
 from modelc.runtime.backends.cuda_norm import aligned
 from modelc.runtime.backends.cuda_norm import threads as norm_threads
+from modelc.runtime.backends.cuda_scratch import Scratch
 from modelc.runtime.backends.cuda_src import (
     ATTN_WARPS,
     GEMV_ROWS,
@@ -109,15 +108,12 @@ class Device:
         mod = self.cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=None)
         # with MODELC_CUDA_LAUNCH=gil, launched keeping the GIL (cuda_launch)
         self.fn = kernels(self.cp, {n: mod.get_function(n) for n in kernel_names()})
-        self._deq_buf: Any = None
-        self._x16: Any = None
-        self._retired: list[Any] = []  # outgrown scratch, kept: captured graphs may use it
-        self._xq: Any = None
+        self.scratch = Scratch(self.cp)
+        self.edges = cuda_fuse.Edges(self.scratch)  # norms and activations in the GEMVs
         dev = self.cp.cuda.Device()
         self.sms = int(dev.attributes["MultiProcessorCount"])
         self.pipe_ok = int(dev.compute_capability) >= 90  # gemvp's bulk copies
         self.shared = cuda_gemvp.SharedLimits()
-        self._argmax, self._split = Argmax(self.cp), AttnSplit(self.cp)
         self.read_env()
         self.blas: Blas | None = open_blas(self.cp)
 
@@ -143,6 +139,8 @@ class Device:
         self.waves = int(os.environ.get("MODELC_CUDA_GEMV_WAVES", "0"))
         # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
         self.pipe_norm = os.environ.get("MODELC_CUDA_PIPE_NORM", "1") != "0"
+        # batch 1: the norms and the gated activation in the wide GEMVs' edges (cuda_fuse)
+        self.fuse = os.environ.get("MODELC_CUDA_FUSE", "1") != "0"
         # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
         # probabilities), else in floats; never in exact mode
         self.attn_mma = os.environ.get("MODELC_CUDA_ATTN_MMA", "1") != "0" and not self.exact
@@ -171,15 +169,9 @@ class Device:
         return DevWeight(parts, sum(p.rows for p in parts), cols)
 
     # -- launches ----------------------------------------------------------------------
-    def _deq_scratch(self, n: int, dtype: Any) -> Any:
-        size = n * np.dtype(dtype).itemsize
-        if self._deq_buf is None or self._deq_buf.nbytes < size:
-            self._retired.append(self._deq_buf)  # captured graphs may still point at it
-            self._deq_buf = self.cp.empty(size, np.uint8)
-        return self._deq_buf[:size].view(dtype)
-
     def dequant(self, p: DevPart, ids: Any, n: int, out: Any, ldo: int, f16: bool = False) -> None:
         """Rows ``ids`` (device int64, or None for 0..n-1) of ``p`` into ``out`` (n, ldo)."""
+        self.edges.pending = None
         ids_arg = ids if ids is not None else np.uint64(0)
         if self.deq_kind == "deq8" or p.layout:  # a repacked part: deq8w (cuda_gemvw's deq4w)
             blocks, bpr = launch_shape(n, p.cols)
@@ -199,28 +191,17 @@ class Device:
              np.int32(ldo)),
         )  # fmt: skip
 
-    def _scratch16(self, n: int) -> Any:
-        if self._x16 is None or self._x16.size < n:
-            self._retired.append(self._x16)
-            self._x16 = self.cp.empty(
-                max(n, 2 * (0 if self._x16 is None else self._x16.size)), np.float16
-            )
-        return self._x16[:n]
-
     def reserve_q8(self, n: int, cols: int) -> int:
         """Scratch for n rows of ``cols`` quantized activations, made now (not inside a
         graph capture); its bytes: :func:`~.cuda_gemvq.q8_bytes`."""
         size = sum(q8_bytes(n, cols))
-        if self._xq is None or self._xq.nbytes < size:
-            self._retired.append(self._xq)
-            self._xq = self.cp.empty(
-                max(size, 2 * (0 if self._xq is None else self._xq.size)), np.uint8
-            )
+        self.scratch.get("xq", size, np.uint8)
         return size
 
     def _q8_views(self, n: int, cols: int) -> tuple[Any, Any]:
         size = self.reserve_q8(n, cols)
-        return self._xq[: n * cols], self._xq[n * cols : size]
+        xq = self.scratch.get("xq", size, np.uint8)
+        return xq[: n * cols], xq[n * cols : size]
 
     def _quant_q8(self, x: Any, ldx: int, n: int, cols: int) -> tuple[Any, Any]:
         """x[:n] (f32, row stride ldx) to 8 bits in groups of 32: (xq (n, cols) int8,
@@ -242,7 +223,9 @@ class Device:
                 self.dequant(p, None, p.rows, p.dense16, p.cols, f16=True)
             return p.dense16
         dt = np.float32 if self.exact else np.float16
-        wd = self._deq_scratch(p.rows * p.cols, dt).reshape(p.rows, p.cols)
+        size = p.rows * p.cols * np.dtype(dt).itemsize
+        wd = self.scratch.get("deq", size, np.uint8, double=False)[:size].view(dt)
+        wd = wd.reshape(p.rows, p.cols)
         self.dequant(p, None, p.rows, wd, p.cols, f16=not self.exact)
         return wd
 
@@ -290,27 +273,35 @@ class Device:
         self.fn[f"gemv4_{p.code}_{nr}"](grid, (256,), (*args, np.int32(wpr)))
 
     def norm_matmul(
-        self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any
+        self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any, act: Any = None
     ) -> None:
         """``h[:n] = rms_norm(x[:n]) * wn``, then ``y[:n] = h[:n] @ dequant(w).T``; on the q8
         path the norm also quantizes its output for the GEMV (one launch, not two); on the
-        pipelined GEMV (up to 8 rows) each GEMV block norms and quantizes x itself, and h is
-        left unwritten (a scratch its callers do not read after)."""
+        pipelined GEMV (up to 8 rows) each GEMV block norms and quantizes x itself, and at
+        batch 1 on the wide GEMV the product before did (:mod:`.cuda_fuse`): h is then left
+        unwritten (a scratch its callers do not read after).  ``act``: (ff, gelu, the down
+        weight) where w is gate+up, whose activation :mod:`.cuda_fuse` may fold in."""
         if cuda_gemvp.normed(self, x, n, wn, eps, w, y):  # the GEMVs norm x themselves
+            return
+        if cuda_fuse.norm_matmul(self, x, n, wn, eps, h, w, y, act):
             return
         if not self._use_q8(w, n) or int(wn.shape[0]) != w.cols:
             self.rms_norm(x, None, n, wn, eps, h)
             self.matmul(w, h, n, y)
             return
-        xq, xs = self._q8_views(n, w.cols)
+        self.matmul(w, h, n, y, q8=self.norm_q8(x, n, wn, eps, h, w.cols))
+
+    def norm_q8(self, x: Any, n: int, wn: Any, eps: float, h: Any, d: int) -> tuple[Any, Any]:
+        """``h[:n] = rms_norm(x[:n]) * wn`` and its values quantized for the int8 GEMV."""
+        xq, xs = self._q8_views(n, d)
         nt = self._v4(x, h, wn)
         self.fn["rms_norm_q8" if nt is None else "rms_norm_v4_q8"](
             (n,),
             (nt or 256,),
-            (x, np.int32(x.strides[0] // 4), wn, np.float32(eps), np.int32(w.cols), h,
+            (x, np.int32(x.strides[0] // 4), wn, np.float32(eps), np.int32(d), h,
              np.int32(h.strides[0] // 4), xq, xs),
         )  # fmt: skip
-        self.matmul(w, h, n, y, q8=(xq, xs))
+        return xq, xs
 
     @staticmethod
     def _v4(x: Any, out: Any, w: Any) -> int | None:
@@ -321,14 +312,25 @@ class Device:
         return nt if nt is not None and aligned(*(int(v) for v in ptrs)) else None
 
     def matmul(
-        self, w: DevWeight, x: Any, n: int, y: Any, acc: bool = False, q8: Any = None
+        self,
+        w: DevWeight,
+        x: Any,
+        n: int,
+        y: Any,
+        acc: bool = False,
+        q8: Any = None,
+        then: Any = None,
     ) -> None:
         """``y[:n] (+)= x[:n] @ dequant(w).T``; x (>=n, cols) and y (>=n, w.rows) f32 on device.
 
         Up to ``gemv_max`` rows: GEMV passes of at most 16 rows straight from the blocks;
         more: the weight dequantized into a scratch matrix (f16, f32 when ``exact``) and one
         cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``).
-        ``q8``: x already quantized (:meth:`norm_matmul`)."""
+        ``q8``: x already quantized (:meth:`norm_matmul`); ``then``: the weights of the norm of y
+        that comes next (y the residual stream), which :mod:`.cuda_fuse` may fold in at batch 1."""
+        if then is not None and cuda_fuse.out_norm(self, w, n, y, acc, q8, then):
+            return
+        self.edges.pending = None
         col0 = 0
         ldx, ldy = int(x.strides[0]) // 4, int(y.strides[0]) // 4
         if q8 is None and self._use_q8(w, n):  # x quantized once for every part
@@ -348,7 +350,7 @@ class Device:
                 if self.blas is not None:
                     xs, ldxs = x, ldx
                     if not self.exact:
-                        xs, ldxs = self._scratch16(n * p.cols), p.cols
+                        xs, ldxs = self.scratch.get("x16", n * p.cols, np.float16), p.cols
                         total = n * p.cols
                         self.fn["to_f16"](
                             ((total + 255) // 256,),
@@ -372,6 +374,7 @@ class Device:
         """out[i] (+)= rms_norm(x[rows[i]]) * w for i < n (rows None: x[i])."""
         d = int(w.shape[0])
         nt = self._v4(x, out, w)
+        self.edges.pending = None
         self.fn["rms_norm" if nt is None else "rms_norm_v4"](
             (n,),
             (nt or 256,),
@@ -404,6 +407,8 @@ class Device:
         """silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff); where ``then`` (the
         next product, of out) takes the q8 path, out quantized in the same launch: returns
         what :meth:`matmul`'s ``q8`` takes, else None."""
+        if (fused := cuda_fuse.act_taken(self, gu, ff)) is not None:
+            return fused  # gate+up's out edge quantized it
         act = "gelu_mul" if gelu else "silu_mul"
         if then is not None and self._use_q8(then, n) and then.cols == ff:
             xq, xs = self._q8_views(n, ff)
@@ -464,7 +469,7 @@ class Device:
             (q, pos, seq, base, cap, np.int32(nh), np.int32(nkv), np.float32(scale),
              np.int32(window), np.float32(softcap), np.int32(layer), out,
              *(q8 if q8 is not None else (np.uint64(0), np.uint64(0))),
-             *self._split.args(n, nh, hd, self.attn_split)),
+             *split_args(self.scratch, n, nh, hd, self.attn_split)),
         )  # fmt: skip
         return q8
 
@@ -476,7 +481,7 @@ class Device:
 
     def argmax(self, x: Any, n: int, out: Any) -> None:
         """out[i] = the first index of row i's largest value, i < n (rows of x contiguous)."""
-        self._argmax(self.fn, x, n, out)
+        cuda_argmax.launch(self.fn, self.scratch, x, n, out)
 
 
 _DEVICE: Device | None = None

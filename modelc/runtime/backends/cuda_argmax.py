@@ -83,26 +83,13 @@ def parts(d: int) -> tuple[int, int]:
     return nb, -(-d // nb)
 
 
-class Argmax:
-    """The parts' scratch (grown by rows, outgrown buffers kept: captured graphs may point at
-    them) and the launch."""
-
-    def __init__(self, cp: Any) -> None:
-        self.cp = cp
-        self.rows = 0
-        self.pv: Any = None
-        self.pj: Any = None
-        self.done: Any = None
-        self.retired: list[Any] = []
-
-    def __call__(self, fn: dict[str, Any], x: Any, n: int, out: Any) -> None:
-        d = int(x.shape[-1])
-        nb, chunk = parts(d)
-        if n > self.rows or self.pv is None or self.pv.size < self.rows * MAX_PARTS:
-            self.retired += [self.pv, self.pj, self.done]
-            self.rows = max(n, 2 * self.rows, 64)
-            self.pv = self.cp.empty(self.rows * MAX_PARTS, np.float32)
-            self.pj = self.cp.empty(self.rows * MAX_PARTS, np.int32)
-            self.done = self.cp.zeros(self.rows, np.uint32)
-        args = (x, np.int32(d), np.int32(chunk), self.pv, self.pj, self.done, out)
-        fn["argmax_parts"]((n, nb), (256,), args)
+def launch(fn: dict[str, Any], scratch: Any, x: Any, n: int, out: Any) -> None:
+    """out[i] = row i's argmax (i < n) by ``argmax_parts``, its parts in ``scratch``'s
+    (a :class:`~.cuda_scratch.Scratch`) buffers."""
+    d = int(x.shape[-1])
+    nb, chunk = parts(d)
+    m = n * MAX_PARTS
+    pv = scratch.get("argmax_v", m, np.float32, least=64 * MAX_PARTS)
+    pj = scratch.get("argmax_j", m, np.int32, least=64 * MAX_PARTS)
+    done = scratch.get("argmax_done", n, np.uint32, zero=True, least=64)
+    fn["argmax_parts"]((n, nb), (256,), (x, np.int32(d), np.int32(chunk), pv, pj, done, out))

@@ -452,27 +452,13 @@ def runs(hd: int) -> bool:
     return hd % 32 == 0 and hd // 32 in TILE_LANES
 
 
-class Split:
-    """The decode attention split over runs of positions a (row, head) (flash-decoding,
-    ``MODELC_CUDA_ATTN_SPLIT=S``; 1: one block a row and head): the runs' parts (max, sum,
-    unnormalized output) and an atomic count a (row, head), grown by rows x heads x head size
-    (outgrown buffers kept: captured graphs may point at them)."""
-
-    def __init__(self, cp: Any) -> None:
-        self.cp = cp
-        self.part: Any = None
-        self.count: Any = None
-        self.retired: list[Any] = []
-
-    def args(self, n: int, nh: int, hd: int, s: int) -> tuple[Any, Any]:
-        """The kernel's ``part`` and ``count`` for n rows of nh heads of hd in s runs (null
-        pointers when s is 1)."""
-        if s <= 1:
-            return np.uint64(0), np.uint64(0)
-        units = n * nh
-        if self.count is None or self.count.size < units or self.part.size < units * s * (hd + 2):
-            self.retired += [self.part, self.count]
-            grow = max(2 * (0 if self.count is None else self.count.size), units, 1024)
-            self.part = self.cp.empty(grow * s * (hd + 2), np.float32)
-            self.count = self.cp.zeros(grow, np.uint32)
-        return self.part, self.count
+def split_args(scratch: Any, n: int, nh: int, hd: int, s: int) -> tuple[Any, Any]:
+    """The split decode attention's (flash-decoding, ``MODELC_CUDA_ATTN_SPLIT=S``; 1: one
+    block a row and head) ``part`` and ``count`` for n rows of nh heads of hd in s runs:
+    the runs' parts (max, sum, unnormalized output) and an atomic count a (row, head), in
+    ``scratch``'s buffers; null pointers when s is 1."""
+    if s <= 1:
+        return np.uint64(0), np.uint64(0)
+    units = n * nh
+    part = scratch.get("attn_part", units * s * (hd + 2), np.float32, least=1024 * s * (hd + 2))
+    return part, scratch.get("attn_count", units, np.uint32, zero=True, least=1024)

@@ -284,19 +284,10 @@ class CudaLlama(CausalLM):
             rope(
                 (n, -(-(self.nh + self.nkv) * self.hd // 256)),  # a pair a thread: one pass
                 (128,),
-                (
-                    self.qkv,
-                    ly.bias if ly.bias is not None else np.uint64(0),
-                    *kvmeta,
-                    ly.inv_freq,
-                    np.int32(self.nh),
-                    np.int32(self.nkv),
-                    np.int32(self.hd),
-                    np.int32(int(self.neox)),
-                    np.int32(li),
-                    self.q,
-                ),
-            )
+                (self.qkv, ly.bias if ly.bias is not None else np.uint64(0), *kvmeta, ly.inv_freq,
+                 np.int32(self.nh), np.int32(self.nkv), np.int32(self.hd), np.int32(int(self.neox)),
+                 np.int32(li), self.q),
+            )  # fmt: skip
             q8 = dev.attention(
                 self.q,
                 kvmeta,
@@ -313,7 +304,8 @@ class CudaLlama(CausalLM):
                 then=ly.wo,
                 tiles=tiles,
             )
-            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8)
+            fnorm = ly.ffn_norm if ly.experts is None else None  # O's out edge (cuda_fuse)
+            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8, fnorm)
             if ly.experts is not None:
                 dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
                 ly.experts.run(dev, self.cp, self.h, n, self.x)
@@ -322,20 +314,22 @@ class CudaLlama(CausalLM):
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
-            dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu)
+            act = (ly.ff, self.gelu, ly.wdown)
+            dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu, act)
             q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
-            self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8)
+            nxt = self.layers[li + 1].attn_norm if li + 1 < len(self.layers) else None
+            self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8, nxt)
         if r and self.ends and self.output is not None:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)
             if self.final_softcap:
                 dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
 
-    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any = None) -> None:
+    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any, then: Any) -> None:
         """x += a @ w.T, or x += post_norm(a @ w.T) (gemma; through ``h``, free by then);
-        ``q8``: a already quantized for the int8 GEMV."""
+        ``q8``: a already quantized for the int8 GEMV; ``then``: the next norm's weights."""
         if post_norm is None:
-            self.dev.matmul(w, a, n, self.x, acc=True, q8=q8)
+            self.dev.matmul(w, a, n, self.x, acc=True, q8=q8, then=then)
         else:
             self.dev.matmul(w, a, n, self.h, q8=q8)
             self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)
