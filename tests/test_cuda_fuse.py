@@ -77,12 +77,14 @@ def test_a_decode_layers_products_carry_its_norms_and_activation() -> None:
     q8 = ("aq", "as")
     assert cuda_fuse.out_norm(dev, wo, 1, x, True, q8, wn1)
     assert dev.edges.pending == ("norm", x.data.ptr, wn1.data.ptr)
-    assert cuda_fuse.norm_matmul(dev, x, 1, wn1, 1e-5, None, wgu, gu, (14336, False, wdown))
+    act = cuda_fuse.Act(14336, False, wdown)
+    assert cuda_fuse.norm_matmul(dev, x, 1, wn1, 1e-5, None, wgu, gu, act)
     assert dev.edges.pending == ("act", gu.data.ptr, 14336)
     hq8 = cuda_fuse.act_taken(dev, gu, 14336)
     assert hq8 is not None and dev.edges.pending is None
     assert cuda_fuse.out_norm(dev, wdown, 1, x, True, hq8, wn2)
-    assert cuda_fuse.norm_matmul(dev, x, 1, wn2, 1e-5, None, wqkv, Arr(6 << 20, (1, 6144)), None)
+    qkv = Arr(6 << 20, (1, 6144))
+    assert cuda_fuse.norm_matmul(dev, x, 1, wn2, 1e-5, None, wqkv, qkv, None) is False
     assert dev.edges.pending is None
     names = [c[0] for c in dev.calls]
     assert names == ["gemvf_12", "gemvf_12", "gemvf_14", "gemvf_12", "gemvf_14"]
@@ -108,8 +110,8 @@ def test_a_decode_layers_products_carry_its_norms_and_activation() -> None:
 def test_no_edges_where_they_do_not_apply(kw: dict[str, Any]) -> None:
     """Two rows of x, another GEMV kind, exact mode, ``MODELC_CUDA_FUSE=0`` or rows not in
     whole groups of 32: nothing launched, nothing left pending (the plain kernels run); an
-    in edge only where the last out edge was x's by the same norm, and an activation's out
-    edge only for gate+up whose down product is wide."""
+    in edge only where the last out edge was x's by the same norm, an activation's out edge
+    only for gate+up whose down product is wide."""
     n, rows = kw.pop("n", 1), kw.pop("rows", 4096)
     dev = fake_device(**kw)
     x, wn = Arr(1 << 20, (n, rows)), Arr(2 << 20, (rows,))
@@ -121,14 +123,18 @@ def test_no_edges_where_they_do_not_apply(kw: dict[str, Any]) -> None:
     wq = weight((12, 4096), cols=4096)
     assert not cuda_fuse.norm_matmul(dev, x, 1, wn, 1e-5, None, wq, Arr(9, (1, 4096)), None)
     assert dev.edges.pending is None and not dev.calls
-    act = (2048, False, weight((2, 4096), (12, 4096), cols=2048))  # down in two parts: fine
+    act = cuda_fuse.Act(2048, False, weight((2, 4096), (12, 4096), cols=2048))  # down: 2 parts
     y = Arr(9 << 20, (1, 4096))
     assert cuda_fuse.norm_matmul(dev, x, 1, wn, 1e-5, None, wq, y, act)  # no in, act's out
     assert [c[0] for c in dev.calls] == ["rms_norm_v4_q8", "gemvf_12"]
     assert int(dev.calls[1][2][12]) == 2 and int(dev.calls[1][2][10]) == 0
     dev = fake_device()
-    act = (2048, False, weight((8, 4096), cols=2048))  # Q8_0 down: not wide, no edge
-    assert not cuda_fuse.norm_matmul(dev, x, 1, wn, 1e-5, None, wq, y, act)
+    act = cuda_fuse.Act(2048, False, weight((8, 4096), cols=2048))  # Q8_0 down: not wide
+    assert cuda_fuse.norm_matmul(dev, x, 1, wn, 1e-5, None, wq, y, act) is None
+
+
+def rel(a: Any, b: Any) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
 FUSE_SHAPE = Shape(n_vocab=512, d=512, n_layer=4, n_head=4, n_head_kv=2, ff=1536, n_ctx=512)
@@ -142,15 +148,22 @@ def be() -> Any:
 
 
 @gpu
-@pytest.mark.parametrize("dtype", [DType.Q4_0, Q4_K_M, DType.Q6_K], ids=str)
-def test_fused_decode_matches_the_unfused_one(be: Any, tmp_path: Path, dtype: Any) -> None:
-    """A 4-layer random llama (d 512, ff 1,536: Q4_0, Q4_K with Q6_K V and down, Q6_K):
-    after a 40-token prompt, 12 decode steps with the edges (eager) within 1e-3 of the
-    steps without (each layer's norms and SiLU as their own kernels), greedy tokens equal;
+@pytest.mark.parametrize(
+    ("dtype", "kv"), [(DType.Q4_0, "f16"), (Q4_K_M, "f16"), (Q4_K_M, "f32"), (DType.Q6_K, "f16")]
+)
+def test_fused_decode_matches_the_unfused_one(be: Any, tmp_path: Path, dtype: Any, kv: str) -> None:
+    """A 4-layer random llama (d 512, ff 1,536: Q4_0, Q4_K with Q6_K V and down (an f16 and
+    an f32 cache), Q6_K): after a 40-token prompt, 12 decode steps with the edges (eager)
+    as close to the float CPU model's logits as the steps
+    without (each layer's norms and SiLU as their own kernels): within twice their error
+    and 1e-3 (8-bit rounding of x in another order: a last-place difference now and then
+    turns into a quantization step, which Q4_K's min term carries undamped), greedy tokens
+    equal;
     then graph replays of the fused step give the eager fused step's logits (1e-5); the counts are
     zero after every step."""
     from modelc.runtime.backends.cuda_llama import CudaLlama
     from modelc.runtime.model import SeqChunk
+    from tests.test_cuda import cpu_exact
 
     ir = load_model(write_random_llama(tmp_path / "m.gguf", dtype, FUSE_SHAPE, seed=11))
     model = CudaLlama(ir, be)
@@ -159,17 +172,21 @@ def test_fused_decode_matches_the_unfused_one(be: Any, tmp_path: Path, dtype: An
     try:
         dev.gemv_kind, dev.exact = "wide", False
         model.use_graphs = False
-        caches = [model.new_cache("f16") for _ in range(3)]
+        caches = [model.new_cache(kv) for _ in range(3)]
+        cpu = cpu_exact(ir)  # the float reference both paths are held to
+        ccache = cpu.new_cache("f32")
+        cpu.forward([SeqChunk(ccache, prompt)])
         last = [model.forward([SeqChunk(c, prompt)])[-1] for c in caches[:2]]
         tok = int(np.argmax(last[0]))
         eager = []
-        for _ in range(12):
+        for i in range(12):
             dev.fuse = False
             plain = model.forward([SeqChunk(caches[0], [tok])])[0]
             dev.fuse = True
             fused = model.forward([SeqChunk(caches[1], [tok])])[0]
-            err = float(np.linalg.norm(fused - plain) / np.linalg.norm(plain))
-            assert err < 1e-3, err
+            ref = cpu.forward([SeqChunk(ccache, [tok])])[0]
+            e_plain, e_fused = rel(plain, ref), rel(fused, ref)
+            assert e_fused <= 2 * e_plain + 1e-3, (i, e_fused, e_plain)
             assert int(np.argmax(fused)) == int(np.argmax(plain))
             assert int(dev.scratch.bufs["edge_cnt"].get().max()) == 0
             eager.append(fused)
@@ -179,7 +196,7 @@ def test_fused_decode_matches_the_unfused_one(be: Any, tmp_path: Path, dtype: An
         toks = [int(np.argmax(model.forward([SeqChunk(caches[2], prompt)])[-1]))]
         for e in eager:  # the same tokens through captured graphs: the same logits
             got = model.forward([SeqChunk(caches[2], [toks[-1]])])[0]
-            assert float(np.linalg.norm(got - e) / np.linalg.norm(e)) < 1e-5
+            assert rel(got, e) < 1e-5
             toks.append(int(np.argmax(got)))
         assert int(dev.scratch.bufs["edge_cnt"].get().max()) == 0
         for c in caches:

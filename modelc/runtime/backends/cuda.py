@@ -106,7 +106,6 @@ class Device:
     def __init__(self) -> None:
         self.cp = require_cuda()
         mod = self.cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=None)
-        # with MODELC_CUDA_LAUNCH=gil, launched keeping the GIL (cuda_launch)
         self.fn = kernels(self.cp, {n: mod.get_function(n) for n in kernel_names()})
         self.scratch = Scratch(self.cp)
         self.edges = cuda_fuse.Edges(self.scratch)  # norms and activations in the GEMVs
@@ -140,7 +139,7 @@ class Device:
         # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
         self.pipe_norm = os.environ.get("MODELC_CUDA_PIPE_NORM", "1") != "0"
         # batch 1: the norms and the gated activation in the wide GEMVs' edges (cuda_fuse)
-        self.fuse = os.environ.get("MODELC_CUDA_FUSE", "1") != "0"
+        self.fuse = os.environ.get("MODELC_CUDA_FUSE", "0") == "1"
         # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
         # probabilities), else in floats; never in exact mode
         self.attn_mma = os.environ.get("MODELC_CUDA_ATTN_MMA", "1") != "0" and not self.exact
@@ -273,23 +272,23 @@ class Device:
         self.fn[f"gemv4_{p.code}_{nr}"](grid, (256,), (*args, np.int32(wpr)))
 
     def norm_matmul(
-        self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any, act: Any = None
-    ) -> None:
+        self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any, then: Any = None
+    ) -> bool:
         """``h[:n] = rms_norm(x[:n]) * wn``, then ``y[:n] = h[:n] @ dequant(w).T``; on the q8
-        path the norm also quantizes its output for the GEMV (one launch, not two); on the
-        pipelined GEMV (up to 8 rows) each GEMV block norms and quantizes x itself, and at
-        batch 1 on the wide GEMV the product before did (:mod:`.cuda_fuse`): h is then left
-        unwritten (a scratch its callers do not read after).  ``act``: (ff, gelu, the down
-        weight) where w is gate+up, whose activation :mod:`.cuda_fuse` may fold in."""
+        path the norm quantizes its output for the GEMV too; on the pipelined GEMV each block
+        norms x itself, at batch 1 on the wide GEMV the product before did (:mod:`.cuda_fuse`;
+        h then unwritten: a scratch its callers do not read after).  ``then``: the work after
+        (``cuda_fuse.Act``) to fold into the product; returns whether it was."""
         if cuda_gemvp.normed(self, x, n, wn, eps, w, y):  # the GEMVs norm x themselves
-            return
-        if cuda_fuse.norm_matmul(self, x, n, wn, eps, h, w, y, act):
-            return
+            return False
+        if (fused := cuda_fuse.norm_matmul(self, x, n, wn, eps, h, w, y, then)) is not None:
+            return fused
         if not self._use_q8(w, n) or int(wn.shape[0]) != w.cols:
             self.rms_norm(x, None, n, wn, eps, h)
             self.matmul(w, h, n, y)
-            return
+            return False
         self.matmul(w, h, n, y, q8=self.norm_q8(x, n, wn, eps, h, w.cols))
+        return False
 
     def norm_q8(self, x: Any, n: int, wn: Any, eps: float, h: Any, d: int) -> tuple[Any, Any]:
         """``h[:n] = rms_norm(x[:n]) * wn`` and its values quantized for the int8 GEMV."""

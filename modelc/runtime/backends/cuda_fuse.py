@@ -21,9 +21,16 @@ costs its own few microseconds and a boundary (its predecessor's drain, its own 
   warp of the grid scales by the same bits).
 
 The float outputs the fused kernels replaced (the normed h, the activation's float out) are
-not written: the wide GEMV reads only the quantized x.  Where it applies
-(:func:`takes`): one row of x, the wide GEMV, every part of the weight on its int8 path,
-rows (or half the rows) in whole groups of 32.  ``MODELC_CUDA_FUSE=0`` turns it off.
+not written: the wide GEMV reads only the quantized x.  Where it applies: one row of x, the
+wide GEMV, every part of the weight on its int8 path, an out edge's rows in whole groups
+(of 32 for a norm, 64 for gate+up: :func:`takes`, :meth:`Act.takes`).
+
+Opt-in (``MODELC_CUDA_FUSE=1``): on an H100 (session 32) the norm and activation edges made
+the 8B's batch-1 decode slower, 333 -> 274 tok/s (the 1.1B 1,040 -> 990): every block of
+a producer waits for a fence and an atomic before it exits, and every warp of a consumer for
+the groups' sums, once a wave of blocks (the 8B's gate+up has 6.8), ~28 us a layer against
+the ~8 us of the three kernels they replace.  (A RoPE + KV store edge on QKV, written the
+same way, was dropped unmeasured: its blocks would wait the same.)
 """
 
 from __future__ import annotations
@@ -153,13 +160,16 @@ class Edges:
     def gss(self, cols: int) -> Any:
         return self.scratch.get("gss", cols // 32, np.float64)
 
+    def counts(self, n: int) -> Any:
+        return self.scratch.get("edge_cnt", n, np.uint32, zero=True, least=1024)
+
     def out_args(self, mode: int, half: int, wn: Any, cols: int) -> tuple[Any, ...]:
-        """gemvf's out-edge arguments (mode .. cnt) for ``cols`` values out."""
+        """gemvf's norm or activation out-edge arguments (mode .. rt) for ``cols`` values."""
         xq, xs = self.q8("norm" if mode == NORM else "act", cols)
-        cnt = self.scratch.get("edge_cnt", cols // 32, np.uint32, zero=True, least=1024)
         null = np.uint64(0)
         gss = self.gss(cols) if mode == NORM else null
-        return (np.int32(mode), np.int32(half), null if wn is None else wn, xq, xs, gss, cnt)
+        wn = null if wn is None else wn
+        return (np.int32(mode), np.int32(half), wn, xq, xs, gss, self.counts(cols // 32))
 
 
 NO_IN = (np.uint64(0), np.int32(0), np.float32(0.0))
@@ -199,8 +209,7 @@ def launch(
         cap = dev.sms * WIDE_BLOCKS[1] * dev.waves if dev.waves else groups
         yp = y[:, col0:] if col0 else y
         args: tuple[Any, ...] = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols))
-        args += (*q8, yp)
-        args += (np.int32(int(acc)), np.int32(s), *ins, *out)
+        args += (*q8, yp, np.int32(int(acc)), np.int32(s), *ins, *out)
         dev.fn[f"gemvf_{p.code}"]((min(groups, cap),), (256,), args)
         col0 += p.rows
 
@@ -217,29 +226,42 @@ def out_norm(dev: Any, w: Any, n: int, y: Any, acc: bool, q8: Any, wn: Any) -> b
 
 
 def norm_matmul(
-    dev: Any, x: Any, n: int, wn: Any, eps: float, h: Any, w: Any, y: Any, act: Any
-) -> bool:
+    dev: Any, x: Any, n: int, wn: Any, eps: float, h: Any, w: Any, y: Any, then: Act | None
+) -> bool | None:
     """``y = rms_norm(x) * wn . w`` with the in edge (where the last out edge left x's
-    groups) and, for gate+up (``act``: (ff, gelu, the down weight)), the activation's out
-    edge: True when launched so."""
+    groups) and, for gate+up, the activation's out edge (``then``); None when not launched
+    so, else whether the out edge was taken."""
     pend, dev.edges.pending = dev.edges.pending, None
     if not fusing(dev, n) or not wide(w) or int(wn.shape[0]) != w.cols:
-        return False
+        return None
     ins = pend == ("norm", ptr(x), ptr(wn))
-    ff = act[0] if act is not None else 0
-    out = bool(ff) and takes(w, 64) and w.rows == 2 * ff and wide(act[2]) and act[2].cols == ff
+    out = then is not None and then.takes(w)
     if not ins and not out:
-        return False
+        return None
     if ins:
         q8 = dev.edges.q8("norm", w.cols)
         gss = (dev.edges.gss(w.cols), np.int32(w.cols // 32), np.float32(eps))
     else:
         q8, gss = dev.norm_q8(x, n, wn, eps, h, w.cols), NO_IN
-    outs = dev.edges.out_args(GELU if act[1] else SILU, ff, None, ff) if out else NO_OUT
-    launch(dev, w, q8, y, False, gss, outs)
-    if out:
-        dev.edges.pending = ("act", ptr(y), ff)
-    return True
+    if then is not None and out:
+        outs = dev.edges.out_args(GELU if then.gelu else SILU, then.ff, None, then.ff)
+        launch(dev, w, q8, y, False, gss, outs)
+        dev.edges.pending = ("act", ptr(y), then.ff)
+    else:
+        launch(dev, w, q8, y, False, gss, NO_OUT)
+    return out
+
+
+class Act:
+    """gate+up's out edge: the activation (SiLU, or GELU where ``gelu``) of its ``ff``
+    pairs quantized for ``down`` (:meth:`takes`: gate+up one wide part, down wide)."""
+
+    def __init__(self, ff: int, gelu: bool, down: Any) -> None:
+        self.ff, self.gelu, self.down = ff, gelu, down
+
+    def takes(self, w: Any) -> bool:
+        ok = takes(w, 64) and w.rows == 2 * self.ff
+        return ok and wide(self.down) and self.down.cols == self.ff
 
 
 def act_taken(dev: Any, gu: Any, ff: int) -> Any:

@@ -38,7 +38,7 @@ from modelc.runtime.arch.decoder import Decoder
 from modelc.runtime.arch.decoder_block import block_mats, layer_inv_freqs, shift_keys
 from modelc.runtime.arch.longrope import short_factors_ctx
 from modelc.runtime.backend import F32Array
-from modelc.runtime.backends import cuda_io, cuda_sampler
+from modelc.runtime.backends import cuda_fuse, cuda_io, cuda_sampler
 from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_family import cuda_host
@@ -289,21 +289,9 @@ class CudaLlama(CausalLM):
                  np.int32(li), self.q),
             )  # fmt: skip
             q8 = dev.attention(
-                self.q,
-                kvmeta,
-                n,
-                self.nh,
-                self.nkv,
-                self.hd,
-                f16,
-                self.scale,
-                ly.window,
-                li,
-                self.attn,
-                self.attn_softcap,
-                then=ly.wo,
-                tiles=tiles,
-            )
+                self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scale, ly.window, li,
+                self.attn, self.attn_softcap, then=ly.wo, tiles=tiles,
+            )  # fmt: skip
             fnorm = ly.ffn_norm if ly.experts is None else None  # O's out edge (cuda_fuse)
             self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8, fnorm)
             if ly.experts is not None:
@@ -314,7 +302,7 @@ class CudaLlama(CausalLM):
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
-            act = (ly.ff, self.gelu, ly.wdown)
+            act = cuda_fuse.Act(ly.ff, self.gelu, ly.wdown)
             dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu, act)
             q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
             nxt = self.layers[li + 1].attn_norm if li + 1 < len(self.layers) else None
