@@ -180,3 +180,56 @@ def test_split_decode_attention_equals_one_block(
             c.free()
     finally:
         be.dev.read_env()
+
+
+@gpu
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+@pytest.mark.parametrize("shape", [SMALL, WIDE_HEADS], ids=["hd64", "hd128"])
+def test_rope_in_attention_equals_rope_store(
+    be: Any, tmp_path: Path, kv: str, shape: Shape
+) -> None:
+    """``MODELC_CUDA_ROPE_ATTN=1`` (a decode step's attention rotates q and stores the rows'
+    keys and values itself, no rope_store launch): after prompts of 40 and 70 tokens, 8
+    decode steps of the two sequences together (two rows, two positions) give the logits of
+    the steps with rope_store within 1e-5, greedy tokens equal (later steps read the keys
+    and values the earlier ones stored); a step with a prompt chunk keeps rope_store."""
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+    from modelc.runtime.model import SeqChunk
+
+    ir = load_model(write_random_llama(tmp_path / "m.gguf", DType.Q4_K, shape, seed=9))
+    model = CudaLlama(ir, be)
+    model.use_graphs = False
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 500, k).tolist() for k in (40, 70)]
+    sides = [[model.new_cache(kv) for _ in prompts] for _ in range(2)]
+    try:
+        toks = []
+        for side in sides:
+            model.rope_attn = False  # the prompts through rope_store and the tiles
+            toks = [
+                int(np.argmax(model.forward([SeqChunk(c, p)])[-1]))
+                for c, p in zip(side, prompts, strict=True)
+            ]
+        for _ in range(8):
+            out = []
+            for on, side in zip((False, True), sides, strict=True):
+                model.rope_attn = on
+                out.append(
+                    model.forward([SeqChunk(c, [t]) for c, t in zip(side, toks, strict=True)])
+                )
+            assert rel(out[1], out[0]) < 1e-5, rel(out[1], out[0])
+            assert np.argmax(out[1], axis=1).tolist() == np.argmax(out[0], axis=1).tolist()
+            toks = np.argmax(out[0], axis=1).tolist()
+        model.rope_attn = True  # a prompt chunk beside a decode row: rope_store, the same
+        a = model.forward(
+            [SeqChunk(sides[0][0], [toks[0], 5, 6]), SeqChunk(sides[0][1], [toks[1]])]
+        )
+        model.rope_attn = False
+        b = model.forward(
+            [SeqChunk(sides[1][0], [toks[0], 5, 6]), SeqChunk(sides[1][1], [toks[1]])]
+        )
+        assert rel(a, b) < 1e-5
+    finally:
+        for side in sides:
+            for c in side:
+                c.free()

@@ -34,10 +34,11 @@ import numpy as np
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
 from modelc.runtime.backends import cuda_argmax, cuda_fuse, cuda_gemvp, cuda_gemvw
-from modelc.runtime.backends.cuda_attn import MMA_ROWS, split_args
+from modelc.runtime.backends.cuda_attn import MMA_ROWS
 from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
 from modelc.runtime.backends.cuda_blas import Blas, open_blas
+from modelc.runtime.backends.cuda_decode import split_args
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_launch import kernels
@@ -292,8 +293,7 @@ class Device:
 
     def norm_q8(self, x: Any, n: int, wn: Any, eps: float, h: Any, d: int) -> tuple[Any, Any]:
         """``h[:n] = rms_norm(x[:n]) * wn`` and its values quantized for the int8 GEMV."""
-        xq, xs = self._q8_views(n, d)
-        nt = self._v4(x, h, wn)
+        (xq, xs), nt = self._q8_views(n, d), self._v4(x, h, wn)
         self.fn["rms_norm_q8" if nt is None else "rms_norm_v4_q8"](
             (n,),
             (nt or 256,),
@@ -435,6 +435,7 @@ class Device:
         softcap: float = 0.0,
         then: DevWeight | None = None,
         tiles: tuple[Any, int] | None = None,
+        rope: tuple[Any, Any, Any, bool] | None = None,
     ) -> Any:
         """Query rows (n, nh, hd) over their sequences' caches; meta = pos, seq, base, cap;
         ``window`` > 0 sees the last ``window`` positions, ``softcap`` > 0 caps the scores.
@@ -442,12 +443,11 @@ class Device:
         :func:`.cuda_attn.tiles`): the rows a tile at a time (:mod:`.cuda_attn`; head sizes
         32..128), for steps with prompt chunks.  Where ``then`` (the next product, of out)
         takes the q8 path, out is quantized in the same launch (head sizes 32, 64, 128,
-        256): returns :meth:`matmul`'s ``q8``, else None."""
+        256): returns :meth:`matmul`'s ``q8``, else None.  ``rope`` (qkv, bias, inv_freq,
+        neox; a decode step): rope_store's work done here (:mod:`.cuda_decode`)."""
         e = hd // 32
         if hd % 32 or e not in HEAD_LANES:
-            raise UnsupportedError(
-                f"CUDA attention supports head sizes 32..256 in steps of 32, got {hd}"
-            )
+            raise UnsupportedError(f"CUDA attention takes head sizes 32..256 by 32s, got {hd}")
         pos, seq, base, cap = meta
         if tiles is not None and attn_tiles_run(hd):  # tensor cores (4 warps) or floats (8)
             mma = self.tile_rows(f16) == MMA_ROWS
@@ -468,7 +468,8 @@ class Device:
             (q, pos, seq, base, cap, np.int32(nh), np.int32(nkv), np.float32(scale),
              np.int32(window), np.float32(softcap), np.int32(layer), out,
              *(q8 if q8 is not None else (np.uint64(0), np.uint64(0))),
-             *split_args(self.scratch, n, nh, hd, self.attn_split)),
+             *split_args(self.scratch, n, nh, hd, self.attn_split),
+             *(rope[:3] if rope else (np.uint64(0),) * 3), np.int32(bool(rope and rope[3]))),
         )  # fmt: skip
         return q8
 

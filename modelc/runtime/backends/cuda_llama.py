@@ -141,6 +141,9 @@ class CudaLlama(CausalLM):
         self.graph_error: str | None = None  # why steps on cuBLAS run without graphs, if so
         # prompt chunks' attention in tiles (MODELC_CUDA_ATTN_TILES=0: a block a row and head)
         self.attn_tiles = os.environ.get("MODELC_CUDA_ATTN_TILES", "1") != "0"
+        # decode steps: RoPE and the KV store in the attention kernel (neox or even hd / 32)
+        even = self.neox or (self.hd // 32) % 2 == 0
+        self.rope_attn = os.environ.get("MODELC_CUDA_ROPE_ATTN", "0") == "1" and even
         self._tiles = 0
         # decode steps padded to graph buckets (graph_rows), their padding rows' cache
         self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "1") == "1"
@@ -281,16 +284,20 @@ class CudaLlama(CausalLM):
                 dev.head_norm(
                     self.qkv, n, self.nh, self.nkv, self.hd, ly.q_norm, ly.k_norm, self.eps
                 )
-            rope(
-                (n, -(-(self.nh + self.nkv) * self.hd // 256)),  # a pair a thread: one pass
-                (128,),
-                (self.qkv, ly.bias if ly.bias is not None else np.uint64(0), *kvmeta, ly.inv_freq,
-                 np.int32(self.nh), np.int32(self.nkv), np.int32(self.hd), np.int32(int(self.neox)),
-                 np.int32(li), self.q),
-            )  # fmt: skip
+            bias = ly.bias if ly.bias is not None else np.uint64(0)
+            ra = None  # a decode step (no tiles: one row a sequence): RoPE in attention
+            if self.rope_attn and self.attn_tiles and not self._tiles:
+                ra = (self.qkv, bias, ly.inv_freq, self.neox)
+            else:
+                rope(
+                    (n, -(-(self.nh + self.nkv) * self.hd // 256)),  # a pair a thread
+                    (128,),
+                    (self.qkv, bias, *kvmeta, ly.inv_freq, np.int32(self.nh), np.int32(self.nkv),
+                     np.int32(self.hd), np.int32(int(self.neox)), np.int32(li), self.q),
+                )  # fmt: skip
             q8 = dev.attention(
                 self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scale, ly.window, li,
-                self.attn, self.attn_softcap, then=ly.wo, tiles=tiles,
+                self.attn, self.attn_softcap, then=ly.wo, tiles=tiles, rope=ra,
             )  # fmt: skip
             fnorm = ly.ffn_norm if ly.experts is None else None  # O's out edge (cuda_fuse)
             self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8, fnorm)

@@ -17,6 +17,7 @@ import os
 from modelc.runtime.backends import (
     cuda_argmax,
     cuda_attn,
+    cuda_decode,
     cuda_deq,
     cuda_fuse,
     cuda_gemv,
@@ -349,8 +350,10 @@ def _instances() -> str:
             HEAD_LANES,
             "const float* q, const i64* pos, const i64* seq, const i64* base, const i64* cap, "
             "int nh, int nkv, float scale, int window, float softcap, int layer, float* out, "
-            "signed char* xq, float2* xs, float* part, unsigned* count",
-            "q, pos, seq, base, cap, nh, nkv, scale, window, softcap, layer, out, xq, xs, part, count",
+            "signed char* xq, float2* xs, float* part, unsigned* count, const float* qkv, "
+            "const float* bias, const float* inv_freq, int neox",
+            "q, pos, seq, base, cap, nh, nkv, scale, window, softcap, layer, out, xq, xs, part, "
+            "count, qkv, bias, inv_freq, neox",
         )
     )
     return "\n".join(out)
@@ -385,7 +388,7 @@ def source() -> str:
     body = body.replace("__TEMPLATE_INSTANCES__", _instances())
     waves = max(1, int(os.environ.get("MODELC_CUDA_PREFETCH_WAVES", "1")))
     body = body.replace("__PREFETCH_WAVES__", str(waves))
-    body = body.replace("__DECODE_ATTN__", cuda_attn.DECODE)
+    body = body.replace("__DECODE_ATTN__", cuda_decode.DECODE)
     body = body.replace("__ATTN_WARPS__", str(ATTN_WARPS))
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
