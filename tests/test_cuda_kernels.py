@@ -538,7 +538,7 @@ def test_wide_gemv_equals_the_int8_gemv(be: Any, dtype: DType) -> None:
             native = dev.upload([w])
             dev.gemv_kind = "wide"
             wide = dev.upload([w])
-            assert (wide.parts[0].layout == "wide") == (dtype is not DType.Q4_K)
+            assert wide.parts[0].layout == "wide"  # Q4_0, Q4_K, Q6_K repacked
             for n in (1, 2, 3, 4, 5, 8, 11, 16):
                 x = cp.asarray(rng.standard_normal((n, cols)).astype(np.float32))
                 base = cp.asarray(rng.standard_normal((n, rows)).astype(np.float32))

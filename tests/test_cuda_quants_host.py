@@ -40,6 +40,10 @@ static inline float __fsub_rn(float a, float b) { volatile float r = a - b; retu
 static inline float h2f(u16 h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline u16 ld16(const u8* p) { u16 v; memcpy(&v, p, 2); return v; }
 static inline u32 ld32(const u8* p) { u32 v; memcpy(&v, p, 4); return v; }
+static inline u32 __funnelshift_r(u32 lo, u32 hi, u32 sh) {  // CUDA's shf.r.clamp
+  sh = sh < 32 ? sh : 32;
+  return (u32)((((unsigned long long)hi << 32) | lo) >> sh);
+}
 static inline u32 __byte_perm(u32 x, u32 y, u32 s) {  // CUDA's prmt, selectors 0..7 only
   unsigned long long v = ((unsigned long long)y << 32) | x; u32 r = 0;
   for (int k = 0; k < 4; k++) r |= (u32)((v >> (8 * ((s >> (4 * k)) & 7))) & 0xff) << (8 * k);

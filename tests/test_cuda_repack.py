@@ -79,14 +79,34 @@ def _ptr(a: np.ndarray[Any, Any]) -> ctypes.c_void_p:
 @pytest.mark.parametrize("cols", [256, 768, 2048, 14336])
 def test_repack_round_trips_and_keeps_rows_aligned(code: int, cols: int) -> None:
     """Repacked rows are 16-byte multiples, the GGUF row's size where its units come in
-    eights (768: 3 Q6_K super-blocks, padded), and unpack to the same bytes."""
+    eights (768: 3 Q6_K super-blocks, padded; Q4_K always: rearranged in place), and unpack
+    to the same bytes."""
     raw = _raw(code, 5, cols)
     wide = cuda_gemvw.repack(code, raw, cols)
     assert wide.dtype == np.uint8 and wide.shape[0] == 5 and wide.shape[1] % 16 == 0
     unit = 8 * (32 if code == 2 else 256)
-    assert (wide.shape[1] == raw.shape[1]) == (cols % unit == 0)
+    assert (wide.shape[1] == raw.shape[1]) == (cols % unit == 0 or code == 12)
     assert wide.shape[1] - raw.shape[1] < 16
     assert cuda_gemvw.unpack(code, wide, cols).tobytes() == raw.tobytes()
+
+
+def test_q4k_fields_are_each_lane_pairs_scales_and_mins() -> None:
+    """Repacked Q4_K: the header's 12 bytes hold lane pair c's sub-blocks 2c and 2c + 1
+    (scale, scale, min, min: 6 bits each) at bit 24 c, the values llama.cpp's
+    get_scale_min_k4 reads from the stored bytes; d, dmin and the nibbles in place."""
+    raw = _raw(12, 4, 1024, seed=5)
+    wide = cuda_gemvw.repack(12, raw, 1024)
+    b, w = raw.reshape(4, 4, 144), wide.reshape(4, 4, 144)
+    assert (b[..., :4] == w[..., :4]).all() and (b[..., 16:] == w[..., 16:]).all()
+    for r in range(4):
+        for u in range(4):
+            s = b[r, u, 4:16].astype(int)
+            field = int.from_bytes(w[r, u, 4:16].tobytes(), "little")
+            for j in range(8):  # get_scale_min_k4
+                sc = s[j] & 63 if j < 4 else (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4)
+                mn = s[j + 4] & 63 if j < 4 else (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
+                f = field >> (24 * (j // 2))
+                assert (f >> (6 * (j % 2))) & 63 == sc and (f >> (12 + 6 * (j % 2))) & 63 == mn
 
 
 def test_q6k_scales_reorder_is_a_permutation() -> None:
@@ -102,9 +122,9 @@ def test_only_the_wide_kind_repacks() -> None:
     raw = _raw(14, 3, 512)
     same, layout = cuda_gemvw.host_layout(14, raw, 512, wide=False)
     assert same is raw and layout == ""
-    q4k = _raw(12, 3, 512)
-    same, layout = cuda_gemvw.host_layout(12, q4k, 512, wide=True)  # read as stored
-    assert same is q4k and layout == ""
+    q8 = _raw(12, 3, 512).copy()
+    same, layout = cuda_gemvw.host_layout(8, q8, 512, wide=True)  # Q8_0: no wide layout
+    assert same is q8 and layout == ""
     wide, layout = cuda_gemvw.host_layout(14, raw, 512, wide=True)
     assert (
         layout == cuda_gemvw.LAYOUT and wide.tobytes() == cuda_gemvw.repack(14, raw, 512).tobytes()
@@ -146,8 +166,8 @@ def _quantized(x: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarra
 @pytest.mark.parametrize("code", cuda_gemvw.WIDE_TYPES)
 @pytest.mark.parametrize("cols", [512, 4096])
 def test_lane_sums_are_the_quantized_product(lib: ctypes.CDLL, code: int, cols: int) -> None:
-    """Every lane's loads and sums over whole rows (2 rows of x: the row offsets), Q4_0 and
-    Q6_K repacked, Q4_K as stored: the quantized product within float rounding, and
+    """Every lane's loads and sums over whole rows (2 rows of x: the row offsets), each type
+    repacked: the quantized product within float rounding, and
     gemvq's pieces over the same blocks within 1e-5."""
     rows = 3
     raw = _raw(code, rows, cols, seed=2)

@@ -8,9 +8,12 @@ HBM near its bandwidth (Little's law: ~16-20 KB in flight per SM).
 ``MODELC_CUDA_GEMV=wide``, the default (never in ``exact`` mode; ``q8`` the GEMV before it).  Types and units (what a
 group of lanes reads):
 
-* Q4_K (code 12) as stored (144-byte super-blocks, 16-byte aligned): 8 lanes a super-block,
-  lane ``t`` its 16-byte header (d, dmin, 6-bit scales; the 8 lanes load the same bytes) and
-  nibble bytes ``16 t .. 16 t + 15`` (sub-blocks ``2 (t >> 1)`` and ``+1``, 16 weights each).
+* Q4_K (code 12) repacked in place (:func:`repack`: 144-byte super-blocks, 16-byte aligned,
+  the same size): 8 lanes a super-block, lane ``t`` its 16-byte header (d, dmin, then the
+  12 bytes of 6-bit scales and mins rearranged so that lane pair ``c = t >> 1``'s four --
+  sub-blocks ``2c``, ``2c + 1``'s scales, then their mins -- are the 24 bits at bit ``24 c``:
+  one funnel shift and four field extracts, where the stored packing took ~20 operations)
+  and nibble bytes ``16 t .. 16 t + 15`` (sub-blocks ``2c`` and ``2c + 1``, 16 weights each).
 * Q6_K (code 14) repacked at upload (:func:`repack`): a row's quant bytes (ql 128 + qh 64
   a super-block, as stored) first, then its scales (16 a super-block, reordered so a lane's
   four are one word), then its f16 d's, padded to 16 bytes.  4 lanes a super-block, lane
@@ -40,7 +43,7 @@ import numpy as np
 from modelc.runtime.backends.cuda_gemvq import q8_bytes
 
 WIDE_TYPES = (2, 12, 14)  # GGML's numbers: Q4_0 Q4_K Q6_K
-REPACKED = (2, 14)  # the types whose blocks are repacked at upload
+REPACKED = (2, 12, 14)  # the types whose blocks are repacked at upload
 WIDE_ROWS = (1, 2, 4, 8)
 WIDE_UNROLL = {2: 4, 12: 4, 14: 2}  # units a lane loads before its dp4a (U)
 WIDE_UNITS = {2: (32, 1), 12: (256, 8), 14: (256, 4)}  # a unit's weights and lanes (Wide<T>)
@@ -89,7 +92,7 @@ __device__ __forceinline__ uint4 nib4(uint4 q, int sh) {  // 16 nibbles (sh 0: l
 // a type's unit (what LANES lanes read: WEIGHTS weights of a row), its loads (load: only
 // loads, into Reg) and its share of the NR sums (dot: unit u of the row, lane t of its LANES)
 template <int T> struct Wide;
-template <> struct Wide<12> {  // Q4_K as stored: 8 lanes a super-block
+template <> struct Wide<12> {  // Q4_K repacked in place: 8 lanes a super-block
   static constexpr int LANES = 8, WEIGHTS = 256;
   struct Reg { uint4 h, q; };
   template <bool SH = false>
@@ -101,16 +104,15 @@ template <> struct Wide<12> {  // Q4_K as stored: 8 lanes a super-block
   template <int NR, bool SX = false>
   static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
       const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
-    int c = t >> 1, hh = t & 1, ng = cols >> 5, sh = 16 * (c & 1);
+    int c = t >> 1, hh = t & 1, ng = cols >> 5;
     float d = h2f(r.h.x & 0xffff), dmin = h2f(r.h.x >> 16);
-    // sub-blocks 2c and 2c + 1's 6-bit scales and mins, a byte each (llama.cpp's aux16)
-    u32 y = r.h.y >> sh, z = r.h.z >> sh, v = r.h.w >> sh;
-    u32 sc2 = c < 2 ? y & 0x3f3f : (v & 0x0f0f) | ((y & 0xc0c0) >> 2);
-    u32 mn2 = c < 2 ? z & 0x3f3f : ((v >> 4) & 0x0f0f) | ((z & 0xc0c0) >> 2);
+    // sub-blocks 2c and 2c + 1's 6-bit scales and mins: the 24 bits at bit 24 c of the
+    // header's last 12 bytes (repack's order)
+    u32 f = __funnelshift_r(c < 2 ? r.h.y : c == 2 ? r.h.z : r.h.w, c < 2 ? r.h.z : r.h.w, (24 * c) & 31);
 #pragma unroll
     for (int j = 0; j < 2; j++) {  // sub-block 2c + j: low (j 0) or high (j 1) nibbles
       int s = 2 * c + j;
-      u32 sc = (sc2 >> (8 * j)) & 63, mn = (mn2 >> (8 * j)) & 63;
+      u32 sc = (f >> (6 * j)) & 63, mn = (f >> (12 + 6 * j)) & 63;
       float dl = __fmul_rn(d, (float)sc), ml = hh ? 0.f : __fmul_rn(dmin, (float)mn);
       uint4 w = nib4(r.q, 4 * j);
       int g = u * 8 + s;
@@ -198,6 +200,18 @@ template <> __device__ __forceinline__ void deq4w<2>(const u8* __restrict__ row,
   int sh = (sub >> 2) * 4;
 #pragma unroll
   for (int k = 0; k < 4; k++) w[k] = __fmul_rn(d, (float)((int)((v >> (8 * k + sh)) & 15) - 8));
+}
+template <> __device__ __forceinline__ void deq4w<12>(const u8* __restrict__ row, int cols, int g, int sub, float* w) {
+  const u8* b = row + (size_t)(g >> 3) * 144;
+  int s = g & 7, c = s >> 1, j = s & 1;
+  float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+  u32 lo = ld32(b + 4 + 4 * (c * 3 / 4)), hi = ld32(b + 8 + 4 * (c * 3 / 4));
+  u32 f = __funnelshift_r(lo, hi, (24 * c) & 31);
+  float dl = __fmul_rn(d, (float)((f >> (6 * j)) & 63)), ml = __fmul_rn(dmin, (float)((f >> (12 + 6 * j)) & 63));
+  u32 v = ld32(b + 16 + c * 32 + sub * 4);
+  int sh = j * 4;
+#pragma unroll
+  for (int k = 0; k < 4; k++) w[k] = __fsub_rn(__fmul_rn(dl, (float)((v >> (8 * k + sh)) & 15)), ml);
 }
 template <> __device__ __forceinline__ void deq4w<14>(const u8* __restrict__ row, int cols, int g, int sub, float* w) {
   int sb = g >> 3, s = g & 7, r = s >> 2, f = s & 3, nsb = cols >> 8;
@@ -309,6 +323,10 @@ def repack(code: int, data: np.ndarray[Any, Any], cols: int) -> np.ndarray[Any, 
     if code == 2:
         b = data.reshape(rows, cols // 32, 18)
         return _padded([b[..., 2:].reshape(rows, -1), b[..., :2].reshape(rows, -1)])
+    if code == 12:
+        b = data.reshape(rows, cols // 256, 144).copy()
+        b[..., 4:16] = _q4k_fields(b[..., 4:16])
+        return b.reshape(rows, -1)
     if code == 14:
         b = data.reshape(rows, cols // 256, 210)
         scales = b[..., 192:208][..., Q6K_SCALES]
@@ -317,9 +335,39 @@ def repack(code: int, data: np.ndarray[Any, Any], cols: int) -> np.ndarray[Any, 
     raise ValueError(f"no wide layout for GGML type {code}")
 
 
+def _q4k_fields(s: np.ndarray[Any, Any], back: bool = False) -> np.ndarray[Any, Any]:
+    """Q4_K's 12 bytes of 6-bit scales and mins a super-block (..., 12), as stored
+    (llama.cpp's get_scale_min_k4) to lane pairs' 24-bit fields (sub-block 2c's scale, 2c +
+    1's, 2c's min, 2c + 1's, 6 bits each, at bit 24 c, little-endian), or back."""
+    s = s.astype(np.uint32)
+    if not back:
+        sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+        mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+        f = sc[..., 0::2] | sc[..., 1::2] << 6 | mn[..., 0::2] << 12 | mn[..., 1::2] << 18
+        v = [
+            f[..., 2 * k].astype(np.uint64) | f[..., 2 * k + 1].astype(np.uint64) << 24
+            for k in (0, 1)
+        ]
+        return np.concatenate([x[..., None].view(np.uint8)[..., :6] for x in v], -1)
+    w = [np.zeros(s.shape[:-1], np.uint64) for _ in (0, 1)]
+    for k in (0, 1):
+        for i in range(6):
+            w[k] |= s[..., 6 * k + i].astype(np.uint64) << (8 * i)
+    f = np.stack([(w[c // 2] >> (24 * (c % 2))) & 0xFFFFFF for c in range(4)], -1).astype(np.uint32)
+    sc = np.stack([(f[..., i // 2] >> (6 * (i % 2))) & 63 for i in range(8)], -1)
+    mn = np.stack([(f[..., i // 2] >> (12 + 6 * (i % 2))) & 63 for i in range(8)], -1)
+    out = np.concatenate([sc[..., :4] | (sc[..., 4:] >> 4) << 6, mn[..., :4] | (mn[..., 4:] >> 4) << 6,
+                          (sc[..., 4:] & 15) | (mn[..., 4:] & 15) << 4], -1)  # fmt: skip
+    return out.astype(np.uint8)
+
+
 def unpack(code: int, data: np.ndarray[Any, Any], cols: int) -> np.ndarray[Any, Any]:
     """:func:`repack`'s bytes back to the GGUF blocks (rows, row_bytes)."""
     rows = data.shape[0]
+    if code == 12:
+        b = data.reshape(rows, cols // 256, 144).copy()
+        b[..., 4:16] = _q4k_fields(b[..., 4:16], back=True)
+        return b.reshape(rows, -1)
     if code == 2:
         ng = cols // 32
         q = data[:, : 16 * ng].reshape(rows, ng, 16)
