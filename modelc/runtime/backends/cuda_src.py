@@ -66,17 +66,11 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, long long n) {
 #endif
 }
 // a GEMV's ENTER(): first the rows of W its block of 8 warps reads (8 / wpr rows from
-// blockIdx.x * (8 / wpr)) into L2, while the kernel before it ends, and those of the blocks
-// 1 .. PREFETCH_WAVES - 1 resident waves after it (4 blocks an SM: MODELC_CUDA_PREFETCH_WAVES)
-#define PREFETCH_WAVES __PREFETCH_WAVES__
+// blockIdx.x * (8 / wpr)) into L2, while the kernel before it ends (prefetching the rows
+// of the next waves' blocks too was slower on an H100, session 32)
 __device__ __forceinline__ void enter_gemv(const u8* W, long long rb, int rows, int wpr) {
-  int per = 8 / wpr;
-  unsigned sms = 0;
-  if (PREFETCH_WAVES > 1) asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  for (int k = 0; k < PREFETCH_WAVES; k++) {
-    int r0 = (blockIdx.x + k * 4 * (int)sms) * per, n = rows - r0 < per ? rows - r0 : per;
-    if (n > 0) prefetch_l2(W + (size_t)r0 * rb, rb * n);
-  }
+  int per = 8 / wpr, r0 = blockIdx.x * per, n = rows - r0 < per ? rows - r0 : per;
+  if (n > 0) prefetch_l2(W + (size_t)r0 * rb, rb * n);
   ENTER();
 }
 
@@ -386,8 +380,6 @@ def source() -> str:
     order = ENTER_EARLY if early else ENTER_AFTER
     body = SOURCE.replace("__ENTER_ORDER__", order).replace("__DEQ32__", cuda_quants.DEQ32)
     body = body.replace("__TEMPLATE_INSTANCES__", _instances())
-    waves = max(1, int(os.environ.get("MODELC_CUDA_PREFETCH_WAVES", "1")))
-    body = body.replace("__PREFETCH_WAVES__", str(waves))
     body = body.replace("__DECODE_ATTN__", cuda_decode.DECODE)
     body = body.replace("__ATTN_WARPS__", str(ATTN_WARPS))
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
