@@ -33,7 +33,7 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends import cuda_argmax, cuda_fuse, cuda_gemvp, cuda_gemvw
+from modelc.runtime.backends import cuda_argmax, cuda_gemvp, cuda_gemvw
 from modelc.runtime.backends.cuda_attn import MMA_ROWS
 from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
@@ -109,7 +109,6 @@ class Device:
         mod = self.cp.RawModule(code=source(), options=("-std=c++17",), name_expressions=None)
         self.fn = kernels(self.cp, {n: mod.get_function(n) for n in kernel_names()})
         self.scratch = Scratch(self.cp)
-        self.edges = cuda_fuse.Edges(self.scratch)  # norms and activations in the GEMVs
         dev = self.cp.cuda.Device()
         self.sms = int(dev.attributes["MultiProcessorCount"])
         self.pipe_ok = int(dev.compute_capability) >= 90  # gemvp's bulk copies
@@ -139,8 +138,6 @@ class Device:
         self.waves = int(os.environ.get("MODELC_CUDA_GEMV_WAVES", "0"))
         # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
         self.pipe_norm = os.environ.get("MODELC_CUDA_PIPE_NORM", "1") != "0"
-        # batch 1: the norms and the gated activation in the wide GEMVs' edges (cuda_fuse)
-        self.fuse = os.environ.get("MODELC_CUDA_FUSE", "0") == "1"
         # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
         # probabilities), else in floats; never in exact mode
         self.attn_mma = os.environ.get("MODELC_CUDA_ATTN_MMA", "1") != "0" and not self.exact
@@ -171,7 +168,6 @@ class Device:
     # -- launches ----------------------------------------------------------------------
     def dequant(self, p: DevPart, ids: Any, n: int, out: Any, ldo: int, f16: bool = False) -> None:
         """Rows ``ids`` (device int64, or None for 0..n-1) of ``p`` into ``out`` (n, ldo)."""
-        self.edges.pending = None
         ids_arg = ids if ids is not None else np.uint64(0)
         if self.deq_kind == "deq8" or p.layout:  # a repacked part: deq8w (cuda_gemvw's deq4w)
             blocks, bpr = launch_shape(n, p.cols)
@@ -273,23 +269,19 @@ class Device:
         self.fn[f"gemv4_{p.code}_{nr}"](grid, (256,), (*args, np.int32(wpr)))
 
     def norm_matmul(
-        self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any, then: Any = None
-    ) -> bool:
+        self, x: Any, n: int, wn: Any, eps: float, h: Any, w: DevWeight, y: Any
+    ) -> None:
         """``h[:n] = rms_norm(x[:n]) * wn``, then ``y[:n] = h[:n] @ dequant(w).T``; on the q8
-        path the norm quantizes its output for the GEMV too; on the pipelined GEMV each block
-        norms x itself, at batch 1 on the wide GEMV the product before did (:mod:`.cuda_fuse`;
-        h then unwritten: a scratch its callers do not read after).  ``then``: the work after
-        (``cuda_fuse.Act``) to fold into the product; returns whether it was."""
+        path the norm also quantizes its output for the GEMV (one launch, not two); on the
+        pipelined GEMV (up to 8 rows) each GEMV block norms and quantizes x itself, and h is
+        left unwritten (a scratch its callers do not read after)."""
         if cuda_gemvp.normed(self, x, n, wn, eps, w, y):  # the GEMVs norm x themselves
-            return False
-        if (fused := cuda_fuse.norm_matmul(self, x, n, wn, eps, h, w, y, then)) is not None:
-            return fused
+            return
         if not self._use_q8(w, n) or int(wn.shape[0]) != w.cols:
             self.rms_norm(x, None, n, wn, eps, h)
             self.matmul(w, h, n, y)
-            return False
+            return
         self.matmul(w, h, n, y, q8=self.norm_q8(x, n, wn, eps, h, w.cols))
-        return False
 
     def norm_q8(self, x: Any, n: int, wn: Any, eps: float, h: Any, d: int) -> tuple[Any, Any]:
         """``h[:n] = rms_norm(x[:n]) * wn`` and its values quantized for the int8 GEMV."""
@@ -311,25 +303,14 @@ class Device:
         return nt if nt is not None and aligned(*(int(v) for v in ptrs)) else None
 
     def matmul(
-        self,
-        w: DevWeight,
-        x: Any,
-        n: int,
-        y: Any,
-        acc: bool = False,
-        q8: Any = None,
-        then: Any = None,
+        self, w: DevWeight, x: Any, n: int, y: Any, acc: bool = False, q8: Any = None
     ) -> None:
         """``y[:n] (+)= x[:n] @ dequant(w).T``; x (>=n, cols) and y (>=n, w.rows) f32 on device.
 
         Up to ``gemv_max`` rows: GEMV passes of at most 16 rows straight from the blocks;
         more: the weight dequantized into a scratch matrix (f16, f32 when ``exact``) and one
         cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``).
-        ``q8``: x already quantized (:meth:`norm_matmul`); ``then``: the weights of the norm of y
-        that comes next (y the residual stream), which :mod:`.cuda_fuse` may fold in at batch 1."""
-        if then is not None and cuda_fuse.out_norm(self, w, n, y, acc, q8, then):
-            return
-        self.edges.pending = None
+        ``q8``: x already quantized (:meth:`norm_matmul`)."""
         col0 = 0
         ldx, ldy = int(x.strides[0]) // 4, int(y.strides[0]) // 4
         if q8 is None and self._use_q8(w, n):  # x quantized once for every part
@@ -373,7 +354,6 @@ class Device:
         """out[i] (+)= rms_norm(x[rows[i]]) * w for i < n (rows None: x[i])."""
         d = int(w.shape[0])
         nt = self._v4(x, out, w)
-        self.edges.pending = None
         self.fn["rms_norm" if nt is None else "rms_norm_v4"](
             (n,),
             (nt or 256,),
@@ -406,8 +386,6 @@ class Device:
         """silu (or gelu_tanh)(gu[:, :ff]) * gu[:, ff:] -> out (n, ff); where ``then`` (the
         next product, of out) takes the q8 path, out quantized in the same launch: returns
         what :meth:`matmul`'s ``q8`` takes, else None."""
-        if (fused := cuda_fuse.act_taken(self, gu, ff)) is not None:
-            return fused  # gate+up's out edge quantized it
         act = "gelu_mul" if gelu else "silu_mul"
         if then is not None and self._use_q8(then, n) and then.cols == ff:
             xq, xs = self._q8_views(n, ff)

@@ -38,7 +38,7 @@ from modelc.runtime.arch.decoder import Decoder
 from modelc.runtime.arch.decoder_block import block_mats, layer_inv_freqs, shift_keys
 from modelc.runtime.arch.longrope import short_factors_ctx
 from modelc.runtime.backend import F32Array
-from modelc.runtime.backends import cuda_fuse, cuda_io, cuda_sampler
+from modelc.runtime.backends import cuda_io, cuda_sampler
 from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_family import cuda_host
@@ -299,8 +299,7 @@ class CudaLlama(CausalLM):
                 self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scale, ly.window, li,
                 self.attn, self.attn_softcap, then=ly.wo, tiles=tiles, rope=ra,
             )  # fmt: skip
-            fnorm = ly.ffn_norm if ly.experts is None else None  # O's out edge (cuda_fuse)
-            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8, fnorm)
+            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8)
             if ly.experts is not None:
                 dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
                 ly.experts.run(dev, self.cp, self.h, n, self.x)
@@ -309,22 +308,20 @@ class CudaLlama(CausalLM):
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
-            act = cuda_fuse.Act(ly.ff, self.gelu, ly.wdown)
-            dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu, act)
+            dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu)
             q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
-            nxt = self.layers[li + 1].attn_norm if li + 1 < len(self.layers) else None
-            self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8, nxt)
+            self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8)
         if r and self.ends and self.output is not None:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)
             if self.final_softcap:
                 dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
 
-    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any, then: Any) -> None:
+    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any = None) -> None:
         """x += a @ w.T, or x += post_norm(a @ w.T) (gemma; through ``h``, free by then);
-        ``q8``: a already quantized for the int8 GEMV; ``then``: the next norm's weights."""
+        ``q8``: a already quantized for the int8 GEMV."""
         if post_norm is None:
-            self.dev.matmul(w, a, n, self.x, acc=True, q8=q8, then=then)
+            self.dev.matmul(w, a, n, self.x, acc=True, q8=q8)
         else:
             self.dev.matmul(w, a, n, self.h, q8=q8)
             self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)

@@ -19,7 +19,6 @@ from modelc.runtime.backends import (
     cuda_attn,
     cuda_decode,
     cuda_deq,
-    cuda_fuse,
     cuda_gemv,
     cuda_gemvp,
     cuda_gemvq,
@@ -371,7 +370,7 @@ def kernel_names() -> list[str]:
     names += cuda_attn.kv_names("attn", HEAD_LANES)
     names += cuda_attn.names()
     names += cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_gemvw.names()
-    names += cuda_gemvp.names() + cuda_fuse.names()
+    names += cuda_gemvp.names()
     return names + cuda_norm.NAMES + cuda_sampler.NAMES + cuda_argmax.NAMES
 
 
@@ -385,7 +384,6 @@ def source() -> str:
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances() + cuda_gemvw.source()
-    gemvq += cuda_fuse.source()
     gemvq += cuda_gemvp.source()
     attn = cuda_attn.source()
     tail = cuda_norm.SOURCE + cuda_sampler.SOURCE + cuda_argmax.SOURCE
