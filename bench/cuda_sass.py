@@ -10,7 +10,8 @@ of ``gemvw_12_1``'s instructions gave 5-8 % on an H100), so a change to a hot lo
 weighed here before a GPU call measures it.  Tools: NVRTC and ptxas as
 ``tests/test_cuda_compile.py`` finds them (the test extra's wheels, ``MODELC_NVRTC``,
 ``MODELC_PTXAS``), cuobjdump from ``MODELC_CUOBJDUMP``, the PATH, or the
-``nvidia-cuda-cuobjdump`` wheel installed beside (``pip install nvidia-cuda-cuobjdump``).
+``nvidia-cuda-cuobjdump`` wheel, with nvdisasm beside it (``pip install
+nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``).
 """
 
 from __future__ import annotations
@@ -77,9 +78,14 @@ def ptx(source: str, out: Path) -> Path:
 def sass(cubin: Path, kernel: str) -> list[str]:
     """The kernel's SASS instructions' opcodes, in order."""
     dump = _tool("MODELC_CUOBJDUMP", "cuobjdump", "nvidia.cu13")
-    text = subprocess.run(
-        [dump, "-sass", "-fun", kernel, str(cubin)], capture_output=True, text=True, check=True
-    ).stdout
+    env = dict(os.environ)  # cuobjdump runs nvdisasm: found beside it (the wheels' bin/)
+    env["PATH"] = f"{Path(dump).parent}{os.pathsep}{env.get('PATH', '')}"
+    run = subprocess.run(
+        [dump, "-sass", "-fun", kernel, str(cubin)], capture_output=True, text=True, env=env
+    )
+    if run.returncode:
+        sys.exit(f"cuobjdump: {run.stderr.strip()}")
+    text = run.stdout
     return INSTRUCTION.findall(text)
 
 
