@@ -2,8 +2,9 @@
 a 1.1B (TinyLlama) and an 8B (Llama 3) layer, each weight type, each kind of GEMV
 (``--kinds``: gemv4, q8 = gemvq, wide = :mod:`~modelc.runtime.backends.cuda_gemvw`), each
 count of x rows, each split of a row over warps (``wpr``; 0: the device's own choice, as
-served) and each variant of the inner loops (``--unrolls`` for gemv4 / gemvq, ``--wide-unrolls``
-and ``--wide-loads`` for wide): which settings read the blocks fastest.
+served) and each variant of the inner loops (``--unrolls`` for gemv4 / gemvq; for wide
+``--wide-unrolls``, ``--wide-loads`` and ``--wide-blocks``, one x row's launch bound in
+blocks an SM, labelled ``load@blocks``): which settings read the blocks fastest.
 
 Each launch reads a different copy of the weight (copies enough to pass 120 MB, so the
 50 MB L2 holds none of them), 40 launches captured in one CUDA graph; the figure is the
@@ -49,14 +50,15 @@ UNROLLS = {
 }
 
 
-def variant(src: str, kind: str, u: int, load: str) -> str:
+def variant(src: str, kind: str, u: int, load: str, blocks: int = 0) -> str:
     """The source with ``kind``'s inner loop unrolled ``u`` times (wide: U units a lane,
-    every type, and its weights' ``load``; 0: as the source has it)."""
+    every type, its weights' ``load`` and one x row's launch bound of ``blocks`` an SM; 0:
+    as the source has it)."""
     if kind == "wide":
         unroll = dict.fromkeys(cuda_gemvw.WIDE_TYPES, u) if u else None
         old = cuda_gemvw.source()
         assert old in src
-        return src.replace(old, cuda_gemvw.source(unroll, load))
+        return src.replace(old, cuda_gemvw.source(unroll, load, blocks))
     if not u or kind == "pipe":
         return src
     out, n = re.subn(UNROLLS[KERNEL[kind]], rf"#pragma unroll {u}\1", src)
@@ -167,6 +169,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1")  # rows of x, e.g. 1,2,4,8
     ap.add_argument("--unrolls", default="0")  # gemv4 / gemvq; 0: the source as it is
     ap.add_argument("--wide-unrolls", default="0")  # wide's U; 0: cuda_gemvw.WIDE_UNROLL
+    # wide's launch bound at one x row, blocks an SM (4: 64 registers a thread; 0: as served)
+    ap.add_argument("--wide-blocks", default="0")
     ap.add_argument("--wide-loads", default=cuda_gemvw.LOAD)  # keys of cuda_gemvw.LOADS
     ap.add_argument("--wprs", default="0,1,2,4,8")  # 0: the device's own split
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -187,11 +191,12 @@ def main() -> None:
     for kind in kinds:
         loads = args.wide_loads.split(",") if kind == "wide" else [""]
         us = args.wide_unrolls if kind == "wide" else args.unrolls
+        blocks = [int(b) for b in args.wide_blocks.split(",")] if kind == "wide" else [0]
         for u in map(int, us.split(",")):
-            for load in loads:
-                vsrc = variant(src, kind, u, load or cuda_gemvw.LOAD)
+            for load, nb in ((ld, b) for ld in loads for b in blocks):
+                vsrc = variant(src, kind, u, load or cuda_gemvw.LOAD, nb)
                 plain = vsrc == src
-                mods[kind, u, load] = (
+                mods[kind, u, load + (f"@{nb}" if nb else "")] = (  # na@3: 3 blocks an SM
                     None if plain else cp.RawModule(code=vsrc, options=("-std=c++17",))
                 )
     base_fn, wpr0 = dict(dev.fn), dev._wpr

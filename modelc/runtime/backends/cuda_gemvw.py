@@ -274,11 +274,13 @@ __device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, in
 """
 
 
-def instances(unroll: dict[int, int] | None = None) -> str:
-    """The kernels' entry points; ``unroll``: U by type (:data:`WIDE_UNROLL` where absent)."""
+def instances(unroll: dict[int, int] | None = None, blocks: int = 0) -> str:
+    """The kernels' entry points; ``unroll``: U by type (:data:`WIDE_UNROLL` where absent);
+    ``blocks``: one row of x's launch bound in blocks an SM (0: :data:`WIDE_BLOCKS`'s)."""
     us = {**WIDE_UNROLL, **(unroll or {})}
+    bs = {**WIDE_BLOCKS, **({1: blocks} if blocks else {})}
     out = [
-        f'extern "C" __global__ void __launch_bounds__(256, {WIDE_BLOCKS[nr]}) '
+        f'extern "C" __global__ void __launch_bounds__(256, {bs[nr]}) '
         f"gemvw_{t}_{nr}(const u8* W, long long rb, int rows, "
         "int cols, const signed char* xq, const float2* xs, int nr, float* y, int ldy, "
         f"int acc, int wpr) {{ enter_gemv(W, rb, rows, wpr); "
@@ -297,11 +299,12 @@ def instances(unroll: dict[int, int] | None = None) -> str:
     return "\n".join(out)
 
 
-def source(unroll: dict[int, int] | None = None, load: str = LOAD) -> str:
+def source(unroll: dict[int, int] | None = None, load: str = LOAD, blocks: int = 0) -> str:
     """This module's CUDA C (after :mod:`.cuda_gemvq`'s, whose ``sub4`` it uses, and
-    :mod:`.cuda_gemv`'s ``rows_out``); ``unroll`` and ``load`` (a key of :data:`LOADS`):
-    the variants ``bench/cuda_gemv_sweep.py`` times."""
-    return LOAD_SRC.replace("__WLOAD__", LOADS[load]) + SOURCE + KERNELS + instances(unroll)
+    :mod:`.cuda_gemv`'s ``rows_out``); ``unroll``, ``load`` (a key of :data:`LOADS`) and
+    ``blocks`` (:func:`instances`): the variants ``bench/cuda_gemv_sweep.py`` times."""
+    body = LOAD_SRC.replace("__WLOAD__", LOADS[load]) + SOURCE + KERNELS
+    return body + instances(unroll, blocks)
 
 
 def names() -> list[str]:
