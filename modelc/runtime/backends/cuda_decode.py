@@ -53,7 +53,7 @@ __device__ __forceinline__ void merge_runs(const volatile float* m, const volati
   }
 }
 // RoPE of one head's values a lane holds (E: lane l's are l E .. l E + E - 1 of the head's raw
-// values hr, + hb where not null) at position p, as rope_store rotates them: neox pairs j and
+// values hr, + hb where not null) at position p, by rope_store's rope_rot: neox pairs j and
 // j + hd / 2 (lanes l and l ^ 16), else 2j and 2j + 1 (within a lane: E even)
 template <int E>
 __device__ __forceinline__ void rope_lane(const float* hr, const float* hb, long long p,
@@ -64,17 +64,17 @@ __device__ __forceinline__ void rope_lane(const float* hr, const float* hb, long
   if (neox) {
 #pragma unroll
     for (int e = 0; e < E; e++) {
-      float o = __shfl_xor_sync(0xffffffffu, x[e], 16), cs, sn;
-      sincosf((float)p * inv_freq[(lane & 15) * E + e], &sn, &cs);
-      out[e] = lane < 16 ? x[e] * cs - o * sn : o * sn + x[e] * cs;
+      float o = __shfl_xor_sync(0xffffffffu, x[e], 16), f = inv_freq[(lane & 15) * E + e];
+      bool lo = lane < 16;  // the pair's first (j) or its second (j + hd / 2)
+      float2 y = rope_rot(lo ? x[e] : o, lo ? o : x[e], p, f);
+      out[e] = lo ? y.x : y.y;
     }
   } else if constexpr (E % 2 == 0) {
 #pragma unroll
     for (int e = 0; e < E; e += 2) {
-      float cs, sn;
-      sincosf((float)p * inv_freq[(lane * E + e) / 2], &sn, &cs);
-      out[e] = x[e] * cs - x[e + 1] * sn;
-      out[e + 1] = x[e] * sn + x[e + 1] * cs;
+      float2 y = rope_rot(x[e], x[e + 1], p, inv_freq[(lane * E + e) / 2]);
+      out[e] = y.x;
+      out[e + 1] = y.y;
     }
   }
 }

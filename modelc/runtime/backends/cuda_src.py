@@ -258,6 +258,14 @@ __device__ __forceinline__ float load_kv(const KV* p);
 template <> __device__ __forceinline__ float load_kv<float>(const float* p) { return *p; }
 template <> __device__ __forceinline__ float load_kv<u16>(const u16* p) { return h2f(*p); }
 
+// RoPE's rotation of the pair (x0, x1) at position p, frequency f: (y0, y1); sincosf within
+// 2 ulp (the CPU rounds double cos/sin of the same angle)
+__device__ __forceinline__ float2 rope_rot(float x0, float x1, long long p, float f) {
+  float cs, sn;
+  sincosf((float)p * f, &sn, &cs);
+  return make_float2(x0 * cs - x1 * sn, x0 * sn + x1 * cs);
+}
+
 template <typename KV>
 __device__ __forceinline__ void rope_store(const float* __restrict__ qkv, const float* __restrict__ bias,
     const i64* __restrict__ pos, const i64* __restrict__ seq, const i64* __restrict__ base,
@@ -275,11 +283,9 @@ __device__ __forceinline__ void rope_store(const float* __restrict__ qkv, const 
     int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
     float x0 = r[h * hd + a], x1 = r[h * hd + b];
     if (bias) { x0 += bias[h * hd + a]; x1 += bias[h * hd + b]; }
-    float th = (float)p * inv_freq[j], cs, sn;
-    sincosf(th, &sn, &cs);  // within 2 ulp; the CPU rounds double cos/sin of the same th
-    float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
-    if (h < nh) { qo[(size_t)i * nh * hd + h * hd + a] = y0; qo[(size_t)i * nh * hd + h * hd + b] = y1; }
-    else { int k = h - nh; store_kv<KV>(kc + k * hd + a, y0); store_kv<KV>(kc + k * hd + b, y1); }
+    float2 y = rope_rot(x0, x1, p, inv_freq[j]);
+    if (h < nh) { qo[(size_t)i * nh * hd + h * hd + a] = y.x; qo[(size_t)i * nh * hd + h * hd + b] = y.y; }
+    else { int k = h - nh; store_kv<KV>(kc + k * hd + a, y.x); store_kv<KV>(kc + k * hd + b, y.y); }
   }
   for (int t = t0; t < nkv * hd; t += step) {
     float v = r[(nh + nkv) * hd + t];
