@@ -187,17 +187,16 @@ class Device:
              np.int32(ldo)),
         )  # fmt: skip
 
-    def reserve_q8(self, n: int, cols: int) -> int:
-        """Scratch for n rows of ``cols`` quantized activations, made now (not inside a
-        graph capture); its bytes: :func:`~.cuda_gemvq.q8_bytes`."""
-        size = sum(q8_bytes(n, cols))
-        self.scratch.get("xq", size, np.uint8)
-        return size
+    def reserve_q8(self, n: int, cols: int) -> Any:
+        """Scratch for n rows of ``cols`` quantized activations (its bytes:
+        :func:`~.cuda_gemvq.q8_bytes`), made now where it is not yet (not inside a graph
+        capture)."""
+        return self.scratch.get("xq", sum(q8_bytes(n, cols)), np.uint8)
 
     def _q8_views(self, n: int, cols: int) -> tuple[Any, Any]:
-        size = self.reserve_q8(n, cols)
-        xq = self.scratch.get("xq", size, np.uint8)
-        return xq[: n * cols], xq[n * cols : size]
+        qb, sb = q8_bytes(n, cols)
+        xq = self.reserve_q8(n, cols)
+        return xq[:qb], xq[qb : qb + sb]
 
     def _quant_q8(self, x: Any, ldx: int, n: int, cols: int) -> tuple[Any, Any]:
         """x[:n] (f32, row stride ldx) to 8 bits in groups of 32: (xq (n, cols) int8,

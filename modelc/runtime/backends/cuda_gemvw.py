@@ -327,9 +327,7 @@ def repack(code: int, data: np.ndarray[Any, Any], cols: int) -> np.ndarray[Any, 
         b = data.reshape(rows, cols // 32, 18)
         return _padded([b[..., 2:].reshape(rows, -1), b[..., :2].reshape(rows, -1)])
     if code == 12:
-        b = data.reshape(rows, cols // 256, 144).copy()
-        b[..., 4:16] = _q4k_fields(b[..., 4:16])
-        return b.reshape(rows, -1)
+        return _q4k_fields(data, cols)
     if code == 14:
         b = data.reshape(rows, cols // 256, 210)
         scales = b[..., 192:208][..., Q6K_SCALES]
@@ -338,11 +336,13 @@ def repack(code: int, data: np.ndarray[Any, Any], cols: int) -> np.ndarray[Any, 
     raise ValueError(f"no wide layout for GGML type {code}")
 
 
-def _q4k_fields(s: np.ndarray[Any, Any], back: bool = False) -> np.ndarray[Any, Any]:
-    """Q4_K's 12 bytes of 6-bit scales and mins a super-block (..., 12), as stored
-    (llama.cpp's get_scale_min_k4) to lane pairs' 24-bit fields (sub-block 2c's scale, 2c +
-    1's, 2c's min, 2c + 1's, 6 bits each, at bit 24 c, little-endian), or back."""
-    s = s.astype(np.uint32)
+def _q4k_fields(data: np.ndarray[Any, Any], cols: int, back: bool = False) -> np.ndarray[Any, Any]:
+    """Q4_K rows (rows, row_bytes) with each super-block's 12 bytes of 6-bit scales and mins
+    as stored (llama.cpp's get_scale_min_k4) turned into lane pairs' 24-bit fields (sub-block
+    2c's scale, 2c + 1's, 2c's min, 2c + 1's, 6 bits each, at bit 24 c, little-endian), or
+    back; d, dmin and the nibbles where they were."""
+    b = data.reshape(data.shape[0], cols // 256, 144).copy()
+    s = b[..., 4:16].astype(np.uint32)
     if not back:
         sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
         mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
@@ -351,7 +351,8 @@ def _q4k_fields(s: np.ndarray[Any, Any], back: bool = False) -> np.ndarray[Any, 
             f[..., 2 * k].astype(np.uint64) | f[..., 2 * k + 1].astype(np.uint64) << 24
             for k in (0, 1)
         ]
-        return np.concatenate([x[..., None].view(np.uint8)[..., :6] for x in v], -1)
+        b[..., 4:16] = np.concatenate([x[..., None].view(np.uint8)[..., :6] for x in v], -1)
+        return b.reshape(data.shape[0], -1)
     w = [np.zeros(s.shape[:-1], np.uint64) for _ in (0, 1)]
     for k in (0, 1):
         for i in range(6):
@@ -361,16 +362,15 @@ def _q4k_fields(s: np.ndarray[Any, Any], back: bool = False) -> np.ndarray[Any, 
     mn = np.stack([(f[..., i // 2] >> (12 + 6 * (i % 2))) & 63 for i in range(8)], -1)
     out = np.concatenate([sc[..., :4] | (sc[..., 4:] >> 4) << 6, mn[..., :4] | (mn[..., 4:] >> 4) << 6,
                           (sc[..., 4:] & 15) | (mn[..., 4:] & 15) << 4], -1)  # fmt: skip
-    return out.astype(np.uint8)
+    b[..., 4:16] = out
+    return b.reshape(data.shape[0], -1)
 
 
 def unpack(code: int, data: np.ndarray[Any, Any], cols: int) -> np.ndarray[Any, Any]:
     """:func:`repack`'s bytes back to the GGUF blocks (rows, row_bytes)."""
     rows = data.shape[0]
     if code == 12:
-        b = data.reshape(rows, cols // 256, 144).copy()
-        b[..., 4:16] = _q4k_fields(b[..., 4:16], back=True)
-        return b.reshape(rows, -1)
+        return _q4k_fields(data, cols, back=True)
     if code == 2:
         ng = cols // 32
         q = data[:, : 16 * ng].reshape(rows, ng, 16)
