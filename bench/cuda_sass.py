@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import os
 import re
 import shutil
@@ -28,56 +27,23 @@ import tempfile
 from pathlib import Path
 
 from modelc.runtime.backends import cuda_src
+from tests.test_cuda_compile import _nvrtc, _wheel_file, compile_ptx, find_ptxas
 
 INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
-def _tool(env: str, name: str, wheel: str) -> str:
-    """A CUDA tool's path: ``env``, the PATH, or the nvidia wheel ``wheel``'s bin/."""
-    found = os.environ.get(env) or shutil.which(name)
-    if found:
-        return found
-    try:
-        import importlib
-
-        mod = importlib.import_module(wheel)
-        for base in getattr(mod, "__path__", []):
-            path = Path(base) / "bin" / name
-            if path.exists():
-                return str(path)
-    except ImportError:
-        pass
-    sys.exit(f"no {name} here: set {env}, or pip install the nvidia-cuda-{name} wheel")
-
-
-def ptx(source: str, out: Path) -> Path:
-    """``source`` compiled by NVRTC to PTX for compute_90 (CuPy's options) into ``out``."""
-    from tests.test_cuda_compile import _nvrtc
-
-    lib = _nvrtc()
-    if lib is None:
-        sys.exit("no NVRTC here: set MODELC_NVRTC to libnvrtc.so")
-    prog = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"modelc.cu", 0, None, None):
-        sys.exit("NVRTC would not take the source")
-    opts = [b"-std=c++17", b"--gpu-architecture=compute_90"]
-    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    size = ctypes.c_size_t()
-    if rc:
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(prog, log)
-        sys.exit(log.value.decode()[-4000:])
-    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
-    buf = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetPTX(prog, buf)
-    out.write_bytes(buf.value)
-    return out
+def cuobjdump() -> str:
+    """``MODELC_CUOBJDUMP``, the PATH's, or the ``nvidia-cuda-cuobjdump`` wheel's."""
+    found = os.environ.get("MODELC_CUOBJDUMP") or shutil.which("cuobjdump")
+    found = found or _wheel_file("nvidia.cu13", "bin/cuobjdump")
+    if not found:
+        sys.exit("no cuobjdump here: set MODELC_CUOBJDUMP, or pip install nvidia-cuda-cuobjdump")
+    return str(found)
 
 
 def sass(cubin: Path, kernel: str) -> list[str]:
     """The kernel's SASS instructions' opcodes, in order."""
-    dump = _tool("MODELC_CUOBJDUMP", "cuobjdump", "nvidia.cu13")
+    dump = cuobjdump()
     env = dict(os.environ)  # cuobjdump runs nvdisasm: found beside it (the wheels' bin/)
     env["PATH"] = f"{Path(dump).parent}{os.pathsep}{env.get('PATH', '')}"
     run = subprocess.run(
@@ -85,8 +51,7 @@ def sass(cubin: Path, kernel: str) -> list[str]:
     )
     if run.returncode:
         sys.exit(f"cuobjdump: {run.stderr.strip()}")
-    text = run.stdout
-    return INSTRUCTION.findall(text)
+    return INSTRUCTION.findall(run.stdout)
 
 
 def main() -> None:
@@ -98,16 +63,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         where = args.dump or Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
-        p = ptx(cuda_src.source(), where / "modelc.ptx")
-        from tests.test_cuda_compile import _wheel_file
-
-        ptxas = os.environ.get("MODELC_PTXAS") or _wheel_file("nvidia.cuda_nvcc", "bin/ptxas")
-        cubin = where / "modelc.cubin"
-        subprocess.run(
-            [str(ptxas or _tool("MODELC_PTXAS", "ptxas", "nvidia.cuda_nvcc")),
-             f"-arch={args.arch}", str(p), "-o", str(cubin)],
-            check=True,
-        )  # fmt: skip
+        lib, ptxas = _nvrtc(), find_ptxas()
+        if lib is None or ptxas is None:
+            sys.exit("no NVRTC or ptxas here: set MODELC_NVRTC, MODELC_PTXAS")
+        text, log = compile_ptx(lib, cuda_src.source())
+        if text is None:
+            sys.exit(log[-4000:])
+        p, cubin = where / "modelc.ptx", where / "modelc.cubin"
+        p.write_bytes(text)
+        subprocess.run([ptxas, f"-arch={args.arch}", str(p), "-o", str(cubin)], check=True)
         print("| kernel | instructions | opcodes by count |\n|---|---:|---|")
         for k in args.kernels:
             ops = sass(cubin, k)

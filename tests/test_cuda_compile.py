@@ -53,27 +53,44 @@ def _nvrtc() -> ctypes.CDLL | None:
     return ctypes.CDLL(found)
 
 
-@pytest.fixture(scope="module")
-def ptx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lib = _nvrtc()
-    if lib is None:
-        pytest.skip("no NVRTC here (set MODELC_NVRTC to libnvrtc.so.12)")
+def compile_ptx(lib: ctypes.CDLL, source: str) -> tuple[bytes | None, str]:
+    """``source`` compiled by NVRTC (``lib``: :func:`_nvrtc`'s) to PTX for compute_90, with
+    CuPy's options: (the PTX, None where it failed; NVRTC's log).  ``bench/cuda_sass.py``
+    compiles through it too."""
     prog = ctypes.c_void_p()
-    src = cuda_src.source().encode()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"modelc.cu", 0, None, None) == 0
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"modelc.cu", 0, None, None):
+        return None, "NVRTC would not take the source"
     opts = [b"-std=c++17", b"--gpu-architecture=compute_90"]  # CuPy's options, on sm_90
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)
     lib.nvrtcGetProgramLog(prog, log)
-    assert rc == 0, log.value.decode(errors="replace")[-4000:]
-    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
-    buf = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetPTX(prog, buf)
+    text = None
+    if rc == 0:
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetPTX(prog, buf)
+        text = buf.value
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return text, log.value.decode(errors="replace")
+
+
+def find_ptxas() -> str | None:
+    """ptxas: ``MODELC_PTXAS``, the ``nvidia-cuda-nvcc`` wheel's, or the PATH's."""
+    found = os.environ.get("MODELC_PTXAS") or _wheel_file("nvidia.cuda_nvcc", "bin/ptxas")
+    return str(found) if found else shutil.which("ptxas")
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lib = _nvrtc()
+    if lib is None:
+        pytest.skip("no NVRTC here (set MODELC_NVRTC to libnvrtc.so.12)")
+    text, log = compile_ptx(lib, cuda_src.source())
+    assert text is not None, log[-4000:]
     out = tmp_path_factory.mktemp("nvrtc") / "modelc.ptx"
-    out.write_bytes(buf.value)
+    out.write_bytes(text)
     return out
 
 
@@ -85,11 +102,7 @@ def test_every_kernel_compiles_for_sm90(ptx: Path) -> None:
 
 
 def test_no_kernel_spills_registers(ptx: Path) -> None:
-    ptxas = (
-        os.environ.get("MODELC_PTXAS")
-        or _wheel_file("nvidia.cuda_nvcc", "bin/ptxas")
-        or shutil.which("ptxas")
-    )
+    ptxas = find_ptxas()
     if ptxas is None:
         pytest.skip("no ptxas here (set MODELC_PTXAS)")
     run = subprocess.run(
