@@ -822,6 +822,7 @@ async def test_stream_interval_auto_groups_a_busy_batch(ir: ModelIR) -> None:
         (2, False, 0.0, True, 3, False),  # --stream-interval 3: three at a time
         (3, False, 0.0, False, 3, True),
         (1, False, 0.0, True, 1, True),  # --stream-interval 1: every token, busy or not
+        (1, True, 0.0, True, 3, True),  # --stream-interval N: the first token at once
     ],
 )
 def test_release_held_rule(
