@@ -33,6 +33,11 @@ static inline int4 ldx(const signed char* p) { int4 v; memcpy(&v, p, 16); return
 static inline float2 lds(const float2* p) { return *p; }
 template <bool SX> static inline int4 ldxt(const signed char* p) { return ldx(p); }
 template <bool SX> static inline float2 ldst(const float2* p) { return lds(p); }
+template <bool SX> static inline float4 ldst4(const float2* p) { float4 v; memcpy(&v, p, 16); return v; }
+static inline int dp4us(u32 a, int b, int c) {  // PTX dp4a.u32.s32
+  for (int k = 0; k < 4; k++) c += (int)((a >> (8 * k)) & 255) * (int)(signed char)(b >> (8 * k));
+  return c;
+}
 """
 
 

@@ -78,11 +78,24 @@ template <bool SX> __device__ __forceinline__ int4 ldxt(const signed char* p) { 
 template <> __device__ __forceinline__ int4 ldxt<true>(const signed char* p) { return *(const int4*)p; }
 template <bool SX> __device__ __forceinline__ float2 ldst(const float2* p) { return lds(p); }
 template <> __device__ __forceinline__ float2 ldst<true>(const float2* p) { return *p; }
+// two neighbouring groups' (scale, sum), 16-byte aligned (an even group)
+template <bool SX> __device__ __forceinline__ float4 ldst4(const float2* p) { return __ldg((const float4*)p); }
+template <> __device__ __forceinline__ float4 ldst4<true>(const float2* p) { return *(const float4*)p; }
+__device__ __forceinline__ int dp4us(u32 a, int b, int c) {  // unsigned bytes of a, signed of b
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
 """
 
 SOURCE = r"""
 __device__ __forceinline__ int dp16(uint4 w, int4 x) {  // 16 int8 pairs
   return __dp4a((int)w.w, x.w, __dp4a((int)w.z, x.z, __dp4a((int)w.y, x.y, __dp4a((int)w.x, x.x, 0))));
+}
+// 16 high nibbles in place (q & 0xf0..: each 16 times its value) . 16 int8: 16 times the sum
+__device__ __forceinline__ int dp16hi(uint4 q, int4 x) {
+  return dp4us(q.w & 0xf0f0f0f0u, x.w, dp4us(q.z & 0xf0f0f0f0u, x.z,
+               dp4us(q.y & 0xf0f0f0f0u, x.y, dp4us(q.x & 0xf0f0f0f0u, x.x, 0))));
 }
 __device__ __forceinline__ uint4 nib4(uint4 q, int sh) {  // 16 nibbles (sh 0: low, 4: high)
   return make_uint4((q.x >> sh) & 0x0f0f0f0fu, (q.y >> sh) & 0x0f0f0f0fu, (q.z >> sh) & 0x0f0f0f0fu,
@@ -109,6 +122,20 @@ template <> struct Wide<12> {  // Q4_K repacked in place: 8 lanes a super-block
     // sub-blocks 2c and 2c + 1's 6-bit scales and mins: the 24 bits at bit 24 c of the
     // header's last 12 bytes (repack's order)
     u32 f = __funnelshift_r(c < 2 ? r.h.y : c == 2 ? r.h.z : r.h.w, c < 2 ? r.h.z : r.h.w, (24 * c) & 31);
+    if constexpr (NR == 1) {
+      // sub-block 2c (low nibbles) and 2c + 1 (high, left in place: 16 times the sum, the
+      // scale a 16th: the same products to the bit); their x scales in one 16-byte load
+      float dl0 = __fmul_rn(d, (float)(f & 63)), dl1 = __fmul_rn(d, (float)((f >> 6) & 63)) * 0.0625f;
+      float ml0 = hh ? 0.f : __fmul_rn(dmin, (float)((f >> 12) & 63));
+      float ml1 = hh ? 0.f : __fmul_rn(dmin, (float)((f >> 18) & 63));
+      int g = u * 8 + 2 * c;
+      const signed char* xr = xq + g * 32 + 16 * hh;
+      int4 x0 = ldxt<SX>(xr), x1 = ldxt<SX>(xr + 32);
+      float4 sv = ldst4<SX>(xs + g);
+      a[0] += dl0 * (sv.x * (float)dp16(nib4(r.q, 0), x0)) - ml0 * sv.y;  // the min once a group
+      a[0] += dl1 * (sv.z * (float)dp16hi(r.q, x1)) - ml1 * sv.w;
+      return;
+    }
 #pragma unroll
     for (int j = 0; j < 2; j++) {  // sub-block 2c + j: low (j 0) or high (j 1) nibbles
       int s = 2 * c + j;
