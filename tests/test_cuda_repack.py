@@ -51,6 +51,14 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         "P::dot<2>(reg, cols, u, t, xq, xs, 2, a); out[0] += a[0]; out[1] += a[1]; } }\n"
         for t in cuda_gemvw.WIDE_TYPES
     )
+    entry += "".join(  # the same with one row of x (NR 1: the types' own one-row paths)
+        f'extern "C" void wdot1_{t}(const u8* r, int cols, const signed char* xq, '
+        "const float2* xs, float* out) { typedef Wide<" + str(t) + "> P; "
+        "for (int u = 0; u < cols / P::WEIGHTS; u++) for (int t = 0; t < P::LANES; t++) { "
+        "P::Reg reg; P::load(r, cols, u, t, reg); float a[1] = {0.f}; "
+        "P::dot<1>(reg, cols, u, t, xq, xs, 1, a); out[0] += a[0]; } }\n"
+        for t in cuda_gemvw.WIDE_TYPES
+    )
     entry += "".join(  # gemvq's pieces of one row (x row 0), for comparison
         f'extern "C" float gq_{t}(const u8* r, int ng, const int2* xq, const float2* xs) '
         "{ float a = 0.f; for (int g = 0; g < ng; g++) for (int j = 0; j < 4; j++) { "
@@ -189,6 +197,9 @@ def test_lane_sums_are_the_quantized_product(lib: ctypes.CDLL, code: int, cols: 
         np.testing.assert_allclose(out, ref[:, r], rtol=1e-5, atol=1e-5 * np.abs(ref).max())
         old = gq(_ptr(raw[r]), cols // 32, _ptr(xq[0]), _ptr(xs[0]))
         assert abs(out[0] - old) <= 1e-5 * max(abs(old), np.abs(ref).max())
+        one = np.zeros(1, np.float32)  # one row of x: its own path, the same bits
+        getattr(lib, f"wdot1_{code}")(_ptr(wide[r]), cols, _ptr(xq[0]), _ptr(xs[0]), _ptr(one))
+        assert one[0] == out[0], (one[0], out[0])  # the same integer sums and float steps
 
 
 def test_launch_passes_rows_of_x_in_eights() -> None:

@@ -92,6 +92,10 @@ SOURCE = r"""
 __device__ __forceinline__ int dp16(uint4 w, int4 x) {  // 16 int8 pairs
   return __dp4a((int)w.w, x.w, __dp4a((int)w.z, x.z, __dp4a((int)w.y, x.y, __dp4a((int)w.x, x.x, 0))));
 }
+// a constant byte b (in each byte of the word) times 16 int8, added to c
+__device__ __forceinline__ int dp4a16(u32 b, int4 x, int c) {
+  return __dp4a((int)b, x.w, __dp4a((int)b, x.z, __dp4a((int)b, x.y, __dp4a((int)b, x.x, c))));
+}
 // 16 high nibbles in place (q & 0xf0..: each 16 times its value) . 16 int8: 16 times the sum
 __device__ __forceinline__ int dp16hi(uint4 q, int4 x) {
   return dp4us(q.w & 0xf0f0f0f0u, x.w, dp4us(q.z & 0xf0f0f0f0u, x.z,
@@ -173,6 +177,23 @@ template <> struct Wide<14> {  // Q6_K repacked: 4 lanes a super-block
       const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
     int hh = t & 1, ng = cols >> 5;
     float d = h2f((u16)r.d);
+    if constexpr (NR == 1) {
+      // one row of x: the quants left unsigned (0..63) for an unsigned-by-signed dp4a, the
+      // 32 off each taken as -32 times x's bytes in the same chain (the same integer sum)
+#pragma unroll
+      for (int f = 0; f < 4; f++) {
+        uint4 l = nib4(f & 1 ? r.b : r.a, (f >> 1) * 4);
+        int4 xv = ldxt<SX>(xq + (u * 8 + (t >> 1) * 4 + f) * 32 + 16 * hh);
+        int s = dp4a16(0xe0e0e0e0u, xv, 0);
+        s = dp4us(l.x | (((r.h.x >> (2 * f)) & 0x03030303u) << 4), xv.x, s);
+        s = dp4us(l.y | (((r.h.y >> (2 * f)) & 0x03030303u) << 4), xv.y, s);
+        s = dp4us(l.z | (((r.h.z >> (2 * f)) & 0x03030303u) << 4), xv.z, s);
+        s = dp4us(l.w | (((r.h.w >> (2 * f)) & 0x03030303u) << 4), xv.w, s);
+        float dl = __fmul_rn(d, (float)(signed char)(r.sc >> (8 * f)));
+        a[0] += dl * (ldst<SX>(xs + u * 8 + (t >> 1) * 4 + f).x * (float)s);
+      }
+      return;
+    }
 #pragma unroll
     for (int f = 0; f < 4; f++) {  // group 4 rr + f: ql's low (f < 2) or high nibbles, qh's bits 2f
       uint4 l = nib4(f & 1 ? r.b : r.a, (f >> 1) * 4), w;
