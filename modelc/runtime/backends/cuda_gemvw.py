@@ -305,11 +305,13 @@ __device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, in
                                       const signed char* __restrict__ xq, const float2* __restrict__ xs,
                                       int nr, float* __restrict__ y, int ldy, int acc, int wpr) {
   __shared__ float part[8][NR];
-  int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, k = wib % wpr;
-  int per = 8 / wpr, groups = (rows + per - 1) / per;
+  // wpr a power of two: shifts, not the divisions a runtime divisor costs (~30 instructions
+  // each, three a warp before its first load)
+  int lw = __ffs(wpr) - 1, wib = threadIdx.x >> 5, lane = threadIdx.x & 31, k = wib & (wpr - 1);
+  int per = 8 >> lw, groups = (rows + per - 1) >> (3 - lw);
   // a block per group of 8 / wpr rows, or fewer blocks each taking every gridDim.x-th group
   for (int rg = blockIdx.x; rg < groups; rg += gridDim.x) {
-    int row = rg * per + wib / wpr;
+    int row = rg * per + (wib >> lw);
     bool ok = row < rows;
     float a[NR];
 #pragma unroll

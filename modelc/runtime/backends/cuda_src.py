@@ -68,7 +68,7 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, long long n) {
 // blockIdx.x * (8 / wpr)) into L2, while the kernel before it ends (prefetching the rows
 // of the next waves' blocks too was slower on an H100, session 32)
 __device__ __forceinline__ void enter_gemv(const u8* W, long long rb, int rows, int wpr) {
-  int per = 8 / wpr, r0 = blockIdx.x * per, n = rows - r0 < per ? rows - r0 : per;
+  int per = 8 >> (__ffs(wpr) - 1), r0 = blockIdx.x * per, n = rows - r0 < per ? rows - r0 : per;
   if (n > 0) prefetch_l2(W + (size_t)r0 * rb, rb * n);
   ENTER();
 }
