@@ -126,33 +126,34 @@ template <> struct Wide<12> {  // Q4_K repacked in place: 8 lanes a super-block
     // sub-blocks 2c and 2c + 1's 6-bit scales and mins: the 24 bits at bit 24 c of the
     // header's last 12 bytes (repack's order)
     u32 f = __funnelshift_r(c < 2 ? r.h.y : c == 2 ? r.h.z : r.h.w, c < 2 ? r.h.z : r.h.w, (24 * c) & 31);
+    // the min once a group: lane hh of the pair takes sub-block 2c + hh's (no lane idle)
+    float ml = __fmul_rn(dmin, (float)((f >> (12 + 6 * hh)) & 63));
     if constexpr (NR == 1) {
       // sub-block 2c (low nibbles) and 2c + 1 (high, left in place: 16 times the sum, the
-      // scale a 16th: the same products to the bit); their x scales in one 16-byte load
+      // scale a 16th: the same products to the bit); their x scales and sums in one load
       float dl0 = __fmul_rn(d, (float)(f & 63)), dl1 = __fmul_rn(d, (float)((f >> 6) & 63)) * 0.0625f;
-      float ml0 = hh ? 0.f : __fmul_rn(dmin, (float)((f >> 12) & 63));
-      float ml1 = hh ? 0.f : __fmul_rn(dmin, (float)((f >> 18) & 63));
       int g = u * 8 + 2 * c;
       const signed char* xr = xq + g * 32 + 16 * hh;
       int4 x0 = ldxt<SX>(xr), x1 = ldxt<SX>(xr + 32);
       float4 sv = ldst4<SX>(xs + g);
-      a[0] += dl0 * (sv.x * (float)dp16(nib4(r.q, 0), x0)) - ml0 * sv.y;  // the min once a group
-      a[0] += dl1 * (sv.z * (float)dp16hi(r.q, x1)) - ml1 * sv.w;
+      a[0] += dl0 * (sv.x * (float)dp16(nib4(r.q, 0), x0)) - ml * (hh ? sv.w : sv.y);
+      a[0] += dl1 * (sv.z * (float)dp16hi(r.q, x1));
       return;
     }
 #pragma unroll
     for (int j = 0; j < 2; j++) {  // sub-block 2c + j: low (j 0) or high (j 1) nibbles
-      int s = 2 * c + j;
-      u32 sc = (f >> (6 * j)) & 63, mn = (f >> (12 + 6 * j)) & 63;
-      float dl = __fmul_rn(d, (float)sc), ml = hh ? 0.f : __fmul_rn(dmin, (float)mn);
+      int g = u * 8 + 2 * c + j;
+      float dl = __fmul_rn(d, (float)((f >> (6 * j)) & 63));
       uint4 w = nib4(r.q, 4 * j);
-      int g = u * 8 + s;
 #pragma unroll
       for (int i = 0; i < NR; i++) {
         if (i < nr) {
           int4 xv = ldxt<SX>(xq + (size_t)i * cols + g * 32 + 16 * hh);
           float2 sv = ldst<SX>(xs + (size_t)i * ng + g);
-          a[i] += dl * (sv.x * (float)dp16(w, xv)) - ml * sv.y;  // the min once a group
+          if (j == 0)  // with sub-block 2c + hh's min (the pair's other lane the other's)
+            a[i] += dl * (sv.x * (float)dp16(w, xv)) - ml * ldst<SX>(xs + (size_t)i * ng + g + hh).y;
+          else
+            a[i] += dl * (sv.x * (float)dp16(w, xv));
         }
       }
     }
