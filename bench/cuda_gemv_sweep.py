@@ -26,7 +26,7 @@ import numpy as np
 
 from modelc.formats.ir import DType
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends import cuda_gemvp, cuda_gemvs, cuda_gemvw
+from modelc.runtime.backends import cuda_gemvp, cuda_gemvw
 from modelc.runtime.backends.cuda import device
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES
 from modelc.runtime.backends.cuda_src import source
@@ -42,7 +42,7 @@ SHAPES = {
     "8b gate+up": (28672, 4096),
     "8b down": (4096, 14336),
 }
-KERNEL = {"gemv4": "gemv4", "q8": "gemvq", "wide": "gemvw", "pipe": "gemvp", "stream": "gemvs"}
+KERNEL = {"gemv4": "gemv4", "q8": "gemvq", "wide": "gemvw", "pipe": "gemvp"}
 # the inner loops' unroll pragmas in the source, and what a variant puts there
 UNROLLS = {
     "gemvq": r"#pragma unroll \d+(\n    for \(int g = k \* 8)",
@@ -59,11 +59,6 @@ def variant(src: str, kind: str, u: int, load: str, blocks: int = 0) -> str:
         old = cuda_gemvw.source()
         assert old in src
         return src.replace(old, cuda_gemvw.source(unroll, load, blocks))
-    if kind == "stream":
-        unroll = dict.fromkeys(cuda_gemvs.STREAM_UNROLL, u) if u else None
-        old = cuda_gemvs.source()
-        assert old in src
-        return src.replace(old, cuda_gemvs.source(unroll, blocks or cuda_gemvs.BLOCKS))
     if not u or kind == "pipe":
         return src
     out, n = re.subn(UNROLLS[KERNEL[kind]], rf"#pragma unroll {u}\1", src)
@@ -161,8 +156,7 @@ def set_plan(plan: str, dev: Any) -> None:
 
 def upload_copies(dev: Any, kind: str, w: Weight) -> list[Any]:
     """The weight uploaded as ``kind`` reads it, copies enough to pass 120 MB."""
-    dev.gemv_kind = "wide" if kind == "stream" else kind
-    dev.stream = kind == "stream"
+    dev.gemv_kind = kind
     first = dev.upload([w]).parts[0]
     more = max(0, int(120e6 // first.data.nbytes))
     return [first] + [dev.upload([w]).parts[0] for _ in range(more)]
@@ -177,7 +171,6 @@ def main() -> None:
     ap.add_argument("--wide-unrolls", default="0")  # wide's U; 0: cuda_gemvw.WIDE_UNROLL
     # wide's launch bound at one x row, blocks an SM (4: 64 registers a thread; 0: as served)
     ap.add_argument("--wide-blocks", default="0")
-    ap.add_argument("--stream-unrolls", default="0")  # stream's U; 0: cuda_gemvs.STREAM_UNROLL
     ap.add_argument("--wide-loads", default=cuda_gemvw.LOAD)  # keys of cuda_gemvw.LOADS
     ap.add_argument("--wprs", default="0,1,2,4,8")  # 0: the device's own split
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -197,9 +190,8 @@ def main() -> None:
     mods: dict[tuple[str, int, str], Any] = {}
     for kind in kinds:
         loads = args.wide_loads.split(",") if kind == "wide" else [""]
-        us = {"wide": args.wide_unrolls, "stream": args.stream_unrolls}.get(kind, args.unrolls)
-        wb = args.wide_blocks.split(",") if kind in ("wide", "stream") else ["0"]
-        blocks = [int(b) for b in wb]
+        us = args.wide_unrolls if kind == "wide" else args.unrolls
+        blocks = [int(b) for b in args.wide_blocks.split(",")] if kind == "wide" else [0]
         for u in map(int, us.split(",")):
             for load, nb in ((ld, b) for ld in loads for b in blocks):
                 vsrc = variant(src, kind, u, load or cuda_gemvw.LOAD, nb)
@@ -227,7 +219,7 @@ def main() -> None:
                 code = dev.upload([w]).parts[0].code
                 if kind == "q8" and code not in Q8_TYPES:
                     continue
-                if kind in ("wide", "stream") and code not in cuda_gemvw.WIDE_TYPES:
+                if kind == "wide" and code not in cuda_gemvw.WIDE_TYPES:
                     continue
                 copies = upload_copies(dev, kind, w)
                 for n in map(int, args.rows.split(",")):

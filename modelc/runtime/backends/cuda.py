@@ -33,7 +33,7 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends import cuda_argmax, cuda_gemvp, cuda_gemvs, cuda_gemvw
+from modelc.runtime.backends import cuda_argmax, cuda_gemvp, cuda_gemvw
 from modelc.runtime.backends.cuda_attn import MMA_ROWS
 from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
@@ -136,8 +136,6 @@ class Device:
         self.attn_split = max(1, int(os.environ.get("MODELC_CUDA_ATTN_SPLIT", "1")))
         # the wide GEMV's grid capped at this many resident waves of blocks (0: no cap)
         self.waves = int(os.environ.get("MODELC_CUDA_GEMV_WAVES", "0"))
-        # one x row's wide GEMV streamed (cuda_gemvs: a fixed grid, next loads before sums)
-        self.stream = os.environ.get("MODELC_CUDA_GEMV_STREAM", "0") == "1"
         # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
         self.pipe_norm = os.environ.get("MODELC_CUDA_PIPE_NORM", "1") != "0"
         # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
@@ -246,9 +244,6 @@ class Device:
         wide = p.layout or (self.gemv_kind in WIDE_KINDS and p.code in cuda_gemvw.WIDE_TYPES)
         if q8 is not None and wide and cuda_gemvp.pipe_takes(self, None, n):
             cuda_gemvp.launch(self.fn, self.sms, p, q8, n, y, ldy, acc, self.shared)  # bulk copies
-            return
-        if q8 is not None and wide and n == 1 and self.stream:
-            cuda_gemvs.launch(self.fn, p, q8, y, acc, self.sms, self.wpr)
             return
         if q8 is not None and wide:
             cuda_gemvw.launch(

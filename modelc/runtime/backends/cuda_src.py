@@ -22,7 +22,6 @@ from modelc.runtime.backends import (
     cuda_gemv,
     cuda_gemvp,
     cuda_gemvq,
-    cuda_gemvs,
     cuda_gemvw,
     cuda_norm,
     cuda_quants,
@@ -377,7 +376,7 @@ def kernel_names() -> list[str]:
     names += cuda_attn.kv_names("attn", HEAD_LANES)
     names += cuda_attn.names()
     names += cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_gemvw.names()
-    names += cuda_gemvp.names() + cuda_gemvs.names()
+    names += cuda_gemvp.names()
     return names + cuda_norm.NAMES + cuda_sampler.NAMES + cuda_argmax.NAMES
 
 
@@ -391,7 +390,7 @@ def source() -> str:
     gemv = cuda_gemv.SOURCE.replace("__DEQ4__", cuda_quants.DEQ4)
     deq = cuda_deq.SOURCE + cuda_deq.instances(TYPES)
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances() + cuda_gemvw.source()
-    gemvq += cuda_gemvp.source() + cuda_gemvs.source()
+    gemvq += cuda_gemvp.source()
     attn = cuda_attn.source()
     tail = cuda_norm.SOURCE + cuda_sampler.SOURCE + cuda_argmax.SOURCE
     return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + tail
