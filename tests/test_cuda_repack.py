@@ -1,6 +1,6 @@
-"""The wide int8 GEMV's layouts (:mod:`modelc.runtime.backends.cuda_gemvw`) on the CPU: the
-repack at upload round-trips to the GGUF blocks, its dequantizer (``deq8w``, compiled here
-as C++ as ``tests/test_cuda_quants_host.py`` does) gives the reference's weights bit for
+"""The wide int8 GEMV's layouts (:mod:`modelc.runtime.backends.cuda_repack`, read by
+:mod:`.cuda_gemvw`) on the CPU: the repack at upload round-trips to the GGUF blocks, its
+dequantizer (``deq8w``, compiled here as C++ as ``tests/test_cuda_quants_host.py`` does) gives the reference's weights bit for
 bit, each lane's loads and sums (``Wide<T>::load`` / ``dot``, every lane of every unit
 one after another) give the product with quantized x as gemvq's pieces do, and the launch
 splits rows of x into passes of at most 8.  The kernels themselves run in
@@ -18,7 +18,7 @@ import pytest
 
 from modelc.formats.ir import DType
 from modelc.formats.quants import dequantize
-from modelc.runtime.backends import cuda_deq, cuda_gemvq, cuda_gemvw, cuda_quants
+from modelc.runtime.backends import cuda_deq, cuda_gemvq, cuda_gemvw, cuda_quants, cuda_repack
 from tests.gen_cuda_models import random_blocks
 from tests.test_cuda_kernels import k_mins, q8_reference
 from tests.test_cuda_quants_host import PRELUDE, host_lib
@@ -71,7 +71,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         "int blocks, int bpr, void* out, int ldo, int vec) { blockDim.x = 256; "
         "for (int b = 0; b < blocks; b++) for (int t = 0; t < 256; t++) { blockIdx.x = b; "
         f"threadIdx.x = t; deq8<{t}, {f}, 1>(W, rb, cols, ids, bpr, out, ldo, vec); }} }}\n"
-        for t in cuda_gemvw.REPACKED
+        for t in cuda_repack.REPACKED
         for f in (0, 1)
     )
     body = cuda_quants.DEQ32 + cuda_quants.DEQ4 + cuda_deq.SOURCE + cuda_gemvq.SOURCE
@@ -88,19 +88,19 @@ def _ptr(a: np.ndarray[Any, Any]) -> ctypes.c_void_p:
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
-@pytest.mark.parametrize("code", cuda_gemvw.REPACKED)
+@pytest.mark.parametrize("code", cuda_repack.REPACKED)
 @pytest.mark.parametrize("cols", [256, 768, 2048, 14336])
 def test_repack_round_trips_and_keeps_rows_aligned(code: int, cols: int) -> None:
     """Repacked rows are 16-byte multiples, the GGUF row's size where its units come in
     eights (768: 3 Q6_K super-blocks, padded; Q4_K always: rearranged in place), and unpack
     to the same bytes."""
     raw = _raw(code, 5, cols)
-    wide = cuda_gemvw.repack(code, raw, cols)
+    wide = cuda_repack.repack(code, raw, cols)
     assert wide.dtype == np.uint8 and wide.shape[0] == 5 and wide.shape[1] % 16 == 0
     unit = 8 * (32 if code == 2 else 256)
     assert (wide.shape[1] == raw.shape[1]) == (cols % unit == 0 or code == 12)
     assert wide.shape[1] - raw.shape[1] < 16
-    assert cuda_gemvw.unpack(code, wide, cols).tobytes() == raw.tobytes()
+    assert cuda_repack.unpack(code, wide, cols).tobytes() == raw.tobytes()
 
 
 def test_q4k_fields_are_each_lane_pairs_scales_and_mins() -> None:
@@ -108,7 +108,7 @@ def test_q4k_fields_are_each_lane_pairs_scales_and_mins() -> None:
     (scale, scale, min, min: 6 bits each) at bit 24 c, the values llama.cpp's
     get_scale_min_k4 reads from the stored bytes; d, dmin and the nibbles in place."""
     raw = _raw(12, 4, 1024, seed=5)
-    wide = cuda_gemvw.repack(12, raw, 1024)
+    wide = cuda_repack.repack(12, raw, 1024)
     b, w = raw.reshape(4, 4, 144), wide.reshape(4, 4, 144)
     assert (b[..., :4] == w[..., :4]).all() and (b[..., 16:] == w[..., 16:]).all()
     for r in range(4):
@@ -124,7 +124,7 @@ def test_q4k_fields_are_each_lane_pairs_scales_and_mins() -> None:
 
 def test_q6k_scales_reorder_is_a_permutation() -> None:
     """Lane t = 2 rr + hh's four scales (groups 4 rr + f, weights 16 hh ..) are word t."""
-    order = cuda_gemvw.Q6K_SCALES
+    order = cuda_repack.Q6K_SCALES
     assert sorted(order.tolist()) == list(range(16))
     for t in range(4):
         rr, hh = t >> 1, t & 1
@@ -133,18 +133,19 @@ def test_q6k_scales_reorder_is_a_permutation() -> None:
 
 def test_only_the_wide_kind_repacks() -> None:
     raw = _raw(14, 3, 512)
-    same, layout = cuda_gemvw.host_layout(14, raw, 512, wide=False)
+    same, layout = cuda_repack.host_layout(14, raw, 512, wide=False)
     assert same is raw and layout == ""
     q8 = _raw(12, 3, 512).copy()
-    same, layout = cuda_gemvw.host_layout(8, q8, 512, wide=True)  # Q8_0: no wide layout
+    same, layout = cuda_repack.host_layout(8, q8, 512, wide=True)  # Q8_0: no wide layout
     assert same is q8 and layout == ""
-    wide, layout = cuda_gemvw.host_layout(14, raw, 512, wide=True)
+    wide, layout = cuda_repack.host_layout(14, raw, 512, wide=True)
     assert (
-        layout == cuda_gemvw.LAYOUT and wide.tobytes() == cuda_gemvw.repack(14, raw, 512).tobytes()
+        layout == cuda_repack.LAYOUT
+        and wide.tobytes() == cuda_repack.repack(14, raw, 512).tobytes()
     )
 
 
-@pytest.mark.parametrize("code", cuda_gemvw.REPACKED)
+@pytest.mark.parametrize("code", cuda_repack.REPACKED)
 def test_deq8_over_repacked_rows_is_the_reference(lib: ctypes.CDLL, code: int) -> None:
     """``deq8w`` (deq8's coalesced launch, ``deq4w`` reading the repacked rows: what cuBLAS
     batches and embedding rows take) over picked rows: f32 bit for bit the reference, f16
@@ -152,7 +153,7 @@ def test_deq8_over_repacked_rows_is_the_reference(lib: ctypes.CDLL, code: int) -
     rows, cols, ldo = 5, 1792, 1800  # 7 Q6_K super-blocks: a padded tail, idle threads
     raw = _raw(code, rows, cols, seed=3)
     want = dequantize(raw, TYPES[code], (rows, cols)).reshape(rows, cols)
-    wide = np.ascontiguousarray(cuda_gemvw.repack(code, raw, cols))
+    wide = np.ascontiguousarray(cuda_repack.repack(code, raw, cols))
     ids = np.array([4, 0, 2, 4, 1, 3], np.int64)
     blocks, bpr = cuda_deq.launch_shape(len(ids), cols)
     for f16, dt in ((0, np.float32), (1, np.float16)):
@@ -185,7 +186,7 @@ def test_lane_sums_are_the_quantized_product(lib: ctypes.CDLL, code: int, cols: 
     rows = 3
     raw = _raw(code, rows, cols, seed=2)
     want = dequantize(raw, TYPES[code], (rows, cols)).reshape(rows, cols)
-    wide = np.ascontiguousarray(cuda_gemvw.host_layout(code, raw, cols, wide=True)[0])
+    wide = np.ascontiguousarray(cuda_repack.host_layout(code, raw, cols, wide=True)[0])
     x = np.random.default_rng(5).standard_normal((2, cols)).astype(np.float32)
     xq, xs = _quantized(x)
     ref = q8_reference(want.astype(np.float64), x, k_mins(raw, rows, TYPES[code]))

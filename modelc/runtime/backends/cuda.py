@@ -33,7 +33,7 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.runtime.backend import Weight
-from modelc.runtime.backends import cuda_argmax, cuda_gemvp, cuda_gemvw
+from modelc.runtime.backends import cuda_argmax, cuda_gemvp, cuda_gemvw, cuda_repack
 from modelc.runtime.backends.cuda_attn import MMA_ROWS
 from modelc.runtime.backends.cuda_attn import ROWS as TILE_ROWS
 from modelc.runtime.backends.cuda_attn import runs as attn_tiles_run
@@ -158,7 +158,7 @@ class Device:
             data = np.concatenate([h[0] for h in hosts[i : j + 1]]) if j > i else hosts[i][0]
             code = CODES[hosts[i][1]]
             wide = self.gemv_kind in WIDE_KINDS and not self.exact
-            data, layout = cuda_gemvw.host_layout(code, data, cols, wide)
+            data, layout = cuda_repack.host_layout(code, data, cols, wide)
             dev = self.cp.asarray(np.ascontiguousarray(data))
             rows, rb = int(data.shape[0]), int(data.shape[1])
             parts.append(DevPart(dev, code, rows, cols, rb, layout=layout))
