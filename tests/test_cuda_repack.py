@@ -1,10 +1,10 @@
 """The wide int8 GEMV's layouts (:mod:`modelc.runtime.backends.cuda_repack`, read by
 :mod:`.cuda_gemvw`) on the CPU: the repack at upload round-trips to the GGUF blocks, its
-dequantizer (``deq8w``, compiled here as C++ as ``tests/test_cuda_quants_host.py`` does) gives the reference's weights bit for
-bit, each lane's loads and sums (``Wide<T>::load`` / ``dot``, every lane of every unit
-one after another) give the product with quantized x as gemvq's pieces do, and the launch
-splits rows of x into passes of at most 8.  The kernels themselves run in
-``tests/test_cuda_kernels.py`` (GPU).
+dequantizer (``deq8w``, compiled here as C++ as ``tests/test_cuda_quants_host.py`` does)
+gives the reference's weights bit for bit, each lane's loads and sums (``Wide<T>::load`` /
+``dot``, every lane of every unit one after another) give the product with quantized x as
+gemvq's pieces do, and the launch splits rows of x into passes of at most 8. The kernels
+themselves run in ``tests/test_cuda_kernels.py`` (GPU).
 """
 
 from __future__ import annotations
