@@ -12,8 +12,6 @@ the others' unpacking is in :mod:`.cuda_quants`.
 
 from __future__ import annotations
 
-import os
-
 from modelc.runtime.backends import (
     cuda_argmax,
     cuda_attn,
@@ -29,9 +27,6 @@ from modelc.runtime.backends import (
 )
 
 TYPES = (0, 1, 2, 3, 8, 12, 14, *cuda_quants.TYPES)
-# ENTER()'s PTX: the next kernel let launch after this one's wait, or before it
-ENTER_AFTER = '"griddepcontrol.wait;\\n\\tgriddepcontrol.launch_dependents;"'
-ENTER_EARLY = '"griddepcontrol.launch_dependents;\\n\\tgriddepcontrol.wait;"'
 GEMV_ROWS = (1, 2, 4, 8, 16)  # activation rows one GEMV pass takes (NR)
 HEAD_LANES = (1, 2, 3, 4, 8)  # head_dim / 32 that attention is built for
 ATTN_WARPS = 8  # warps a (row, head) block of attention: WARPS in the source
@@ -46,12 +41,11 @@ typedef long long i64;
 // Programmatic dependent launch (cuda_launch, MODELC_CUDA_PDL): a kernel launched so may
 // start while the one before it in the stream ends.  Every kernel begins with ENTER():
 // wait for the kernels before to finish and their writes to be seen (before reading or
-// writing anything), and let the next kernel launch: after the wait, or before it
-// (MODELC_CUDA_PDL_EARLY=1: the next kernel's blocks may then take free slots and prefetch
-// while this one still waits); a no-op for a plain launch.  What a kernel does before
+// writing anything), then let the next kernel launch (triggering before the wait was
+// measured no faster, session 32); a no-op for a plain launch.  What a kernel does before
 // ENTER() may only read weights (prefetch_l2).
 #if __CUDA_ARCH__ >= 900
-#define ENTER() asm volatile(__ENTER_ORDER__ ::: "memory")
+#define ENTER() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define ENTER()
 #endif
@@ -381,9 +375,7 @@ def kernel_names() -> list[str]:
 
 
 def source() -> str:
-    early = os.environ.get("MODELC_CUDA_PDL_EARLY", "0") == "1"
-    order = ENTER_EARLY if early else ENTER_AFTER
-    body = SOURCE.replace("__ENTER_ORDER__", order).replace("__DEQ32__", cuda_quants.DEQ32)
+    body = SOURCE.replace("__DEQ32__", cuda_quants.DEQ32)
     body = body.replace("__TEMPLATE_INSTANCES__", _instances())
     body = body.replace("__DECODE_ATTN__", cuda_decode.DECODE)
     body = body.replace("__ATTN_WARPS__", str(ATTN_WARPS))
