@@ -8,18 +8,19 @@ HBM near its bandwidth (Little's law: ~16-20 KB in flight per SM).
 ``MODELC_CUDA_GEMV=wide``, the default (never in ``exact`` mode; ``q8`` the GEMV before it).  Types and units (what a
 group of lanes reads):
 
-* Q4_K (code 12) repacked in place (:func:`.cuda_repack.repack`: 144-byte super-blocks, 16-byte aligned,
-  the same size): 8 lanes a super-block, lane ``t`` its 16-byte header (d, dmin, then the
-  12 bytes of 6-bit scales and mins rearranged so that lane pair ``c = t >> 1``'s four --
-  sub-blocks ``2c``, ``2c + 1``'s scales, then their mins -- are the 24 bits at bit ``24 c``:
-  one funnel shift and four field extracts, where the stored packing took ~20 operations)
-  and nibble bytes ``16 t .. 16 t + 15`` (sub-blocks ``2c`` and ``2c + 1``, 16 weights each).
-* Q6_K (code 14) repacked at upload (:func:`.cuda_repack.repack`): a row's quant bytes (ql 128 + qh 64
-  a super-block, as stored) first, then its scales (16 a super-block, reordered so a lane's
-  four are one word), then its f16 d's, padded to 16 bytes.  4 lanes a super-block, lane
-  ``t = 2 rr + hh``: three 16-byte loads (ql ``rr*64 + 16 hh``, ql ``rr*64 + 32 + 16 hh``, qh
-  ``128 + rr*32 + 16 hh``) = weights ``16 hh .. 16 hh + 15`` of the super-block's groups
-  ``4 rr .. 4 rr + 3``.
+* Q4_K (code 12) repacked in place (:func:`.cuda_repack.repack`: 144-byte super-blocks,
+  16-byte aligned, the same size): 8 lanes a super-block, lane ``t`` its 16-byte header (d,
+  dmin, then the 12 bytes of 6-bit scales and mins rearranged so that lane pair
+  ``c = t >> 1``'s four -- sub-blocks ``2c``, ``2c + 1``'s scales, then their mins -- are the 24 bits
+  at bit ``24 c``: one funnel shift and four field extracts, where the stored packing took
+  ~20 operations) and nibble bytes ``16 t .. 16 t + 15`` (sub-blocks ``2c`` and ``2c + 1``,
+  16 weights each).
+* Q6_K (code 14) repacked at upload (:func:`.cuda_repack.repack`): a row's quant bytes (ql
+  128 + qh 64 a super-block, as stored) first, then its scales (16 a super-block, reordered
+  so a lane's four are one word), then its f16 d's, padded to 16 bytes. 4 lanes a
+  super-block, lane ``t = 2 rr + hh``: three 16-byte loads (ql ``rr*64 + 16 hh``, ql
+  ``rr*64 + 32 + 16 hh``, qh ``128 + rr*32 + 16 hh``) = weights ``16 hh .. 16 hh + 15`` of the
+  super-block's groups ``4 rr .. 4 rr + 3``.
 * Q4_0 (code 2) repacked: a row's 16-byte nibble blocks, then its f16 d's, padded to 16
   bytes.  A lane a group.
 
