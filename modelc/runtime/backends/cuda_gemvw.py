@@ -93,10 +93,14 @@ __device__ __forceinline__ int dp16(uint4 w, int4 x) {  // 16 int8 pairs
 __device__ __forceinline__ int dp4a16(u32 b, int4 x, int c) {
   return __dp4a((int)b, x.w, __dp4a((int)b, x.z, __dp4a((int)b, x.y, __dp4a((int)b, x.x, c))));
 }
+// 16 unsigned bytes . 16 int8, added to c
+__device__ __forceinline__ int dp16us(uint4 w, int4 x, int c) {
+  return dp4us(w.w, x.w, dp4us(w.z, x.z, dp4us(w.y, x.y, dp4us(w.x, x.x, c))));
+}
 // 16 high nibbles in place (q & 0xf0..: each 16 times its value) . 16 int8: 16 times the sum
 __device__ __forceinline__ int dp16hi(uint4 q, int4 x) {
-  return dp4us(q.w & 0xf0f0f0f0u, x.w, dp4us(q.z & 0xf0f0f0f0u, x.z,
-               dp4us(q.y & 0xf0f0f0f0u, x.y, dp4us(q.x & 0xf0f0f0f0u, x.x, 0))));
+  uint4 h = make_uint4(q.x & 0xf0f0f0f0u, q.y & 0xf0f0f0f0u, q.z & 0xf0f0f0f0u, q.w & 0xf0f0f0f0u);
+  return dp16us(h, x, 0);
 }
 __device__ __forceinline__ uint4 nib4(uint4 q, int sh) {  // 16 nibbles (sh 0: low, 4: high)
   return make_uint4((q.x >> sh) & 0x0f0f0f0fu, (q.y >> sh) & 0x0f0f0f0fu, (q.z >> sh) & 0x0f0f0f0fu,
@@ -170,6 +174,15 @@ template <> struct Wide<14> {  // Q6_K repacked: 4 lanes a super-block
     r.sc = ld32(aux + (size_t)u * 16 + 4 * t);
     r.d = ld16(aux + (size_t)nsb * 16 + 2 * u);
   }
+  // the lane's 16 quants of group 4 rr + f, unsigned (0..63): ql's low (f < 2) or high
+  // nibbles, qh's bits 2f above them
+  static __device__ __forceinline__ uint4 quants(const Reg& r, int f) {
+    uint4 l = nib4(f & 1 ? r.b : r.a, (f >> 1) * 4);
+    return make_uint4(l.x | (((r.h.x >> (2 * f)) & 0x03030303u) << 4),
+                      l.y | (((r.h.y >> (2 * f)) & 0x03030303u) << 4),
+                      l.z | (((r.h.z >> (2 * f)) & 0x03030303u) << 4),
+                      l.w | (((r.h.w >> (2 * f)) & 0x03030303u) << 4));
+  }
   template <int NR, bool SX = false>
   static __device__ __forceinline__ void dot(const Reg& r, int cols, int u, int t,
       const signed char* __restrict__ xq, const float2* __restrict__ xs, int nr, float* a) {
@@ -180,25 +193,17 @@ template <> struct Wide<14> {  // Q6_K repacked: 4 lanes a super-block
       // 32 off each taken as -32 times x's bytes in the same chain (the same integer sum)
 #pragma unroll
       for (int f = 0; f < 4; f++) {
-        uint4 l = nib4(f & 1 ? r.b : r.a, (f >> 1) * 4);
         int4 xv = ldxt<SX>(xq + (u * 8 + (t >> 1) * 4 + f) * 32 + 16 * hh);
-        int s = dp4a16(0xe0e0e0e0u, xv, 0);
-        s = dp4us(l.x | (((r.h.x >> (2 * f)) & 0x03030303u) << 4), xv.x, s);
-        s = dp4us(l.y | (((r.h.y >> (2 * f)) & 0x03030303u) << 4), xv.y, s);
-        s = dp4us(l.z | (((r.h.z >> (2 * f)) & 0x03030303u) << 4), xv.z, s);
-        s = dp4us(l.w | (((r.h.w >> (2 * f)) & 0x03030303u) << 4), xv.w, s);
+        int s = dp16us(quants(r, f), xv, dp4a16(0xe0e0e0e0u, xv, 0));
         float dl = __fmul_rn(d, (float)(signed char)(r.sc >> (8 * f)));
         a[0] += dl * (ldst<SX>(xs + u * 8 + (t >> 1) * 4 + f).x * (float)s);
       }
       return;
     }
 #pragma unroll
-    for (int f = 0; f < 4; f++) {  // group 4 rr + f: ql's low (f < 2) or high nibbles, qh's bits 2f
-      uint4 l = nib4(f & 1 ? r.b : r.a, (f >> 1) * 4), w;
-      w.x = sub4(l.x | (((r.h.x >> (2 * f)) & 0x03030303u) << 4), 0x20202020u);
-      w.y = sub4(l.y | (((r.h.y >> (2 * f)) & 0x03030303u) << 4), 0x20202020u);
-      w.z = sub4(l.z | (((r.h.z >> (2 * f)) & 0x03030303u) << 4), 0x20202020u);
-      w.w = sub4(l.w | (((r.h.w >> (2 * f)) & 0x03030303u) << 4), 0x20202020u);
+    for (int f = 0; f < 4; f++) {  // group 4 rr + f
+      uint4 q = quants(r, f), w = make_uint4(sub4(q.x, 0x20202020u), sub4(q.y, 0x20202020u),
+                                             sub4(q.z, 0x20202020u), sub4(q.w, 0x20202020u));
       float dl = __fmul_rn(d, (float)(signed char)(r.sc >> (8 * f)));
       int g = u * 8 + (t >> 1) * 4 + f;
 #pragma unroll
