@@ -24,6 +24,9 @@
 #                                              arguments; GEMV_BY: the kind its 8B Q4_K lines show;
 #                                              OLD=abc1234: that commit unpacked for a setting
 #                                              "@/tmp/old_abc1234" in GEMV_SETS)
+#   bash scripts/cuda_side_by_side.sh ms1     (~8 min: issue 35's must-shows 1 and 3 alone: batch-1
+#                                              decode and pp2048, modelc and llama-bench on the same
+#                                              files; MS1_MODELS: which)
 #   bash scripts/cuda_side_by_side.sh depth   (~8 min: decode after a DEPTH-token prompt (4000),
 #                                              modelc's attention unsplit and split
 #                                              (DEPTH_SETS), llama-bench -d beside)
@@ -379,6 +382,39 @@ if [ "${1:-}" = depth ]; then  # ~8 min from a bare machine: decode after a long
     timeout 120 $B/llama-bench -m $M/$m.gguf -ngl 99 -fa 1 -p 0 -n 64 -d 0,"${DEPTH:-4000}" -r 2 2>&1 \
       | grep -E "tg|error"
   done
+  at "end"
+  exit 0
+fi
+
+if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows 1 and 3 alone --
+  # batch-1 decode (graph replay) and prefill of 2,048 tokens, modelc and llama-bench on the
+  # same files in the same call; modelc's decode once while llama.cpp builds, once after
+  setup 0
+  ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
+  G8=$!
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  BW=$(copy_bw)
+  tbs "$BW"
+  wait $G8  # not the build's
+  MS1=${MS1_MODELS:-llama1b-q4_k_m llama8b-q4_k_m llama1b-q4_0}
+  at "modelc decode, one stream (llama.cpp building beside)"
+  # shellcheck disable=SC2086
+  alternate 1 "" $MS1
+  at "modelc prefill of 2,048 tokens"
+  for m in $MS1; do
+    timeout 90 python3 -m modelc bench $M/$m.gguf --device cuda --prompt-lens 2048 --batches 1 \
+      --steps 16 --reps 2 2>&1 | grep -E "prefill|decode" | sed "s/^/$m /"
+  done
+  at "waiting for llama.cpp"
+  while [ -f /tmp/llama_building ]; do sleep 2; done
+  grep -iE "error|failed" "$OUT/llama_build.log" /tmp/lsrc/build.log 2>/dev/null | head -5
+  at "llama.cpp: llama-bench pp2048 and tg128"
+  for m in $MS1; do
+    timeout 90 $B/llama-bench -m $M/$m.gguf -ngl 99 -p 2048 -n 128 -r 3 2>&1 | grep -E "pp|tg|error"
+  done
+  at "modelc decode again, the host idle"
+  # shellcheck disable=SC2086
+  alternate 1 "" $MS1
   at "end"
   exit 0
 fi
