@@ -3,7 +3,7 @@ compiles at run time (:func:`modelc.runtime.backends.cuda_src.source`, with the 
 compile-time settings) to PTX, ptxas to a cubin for sm_90a, ``cuobjdump -sass``; for each
 kernel named, its instruction count and its opcodes by count.
 
-    python -m bench.cuda_sass gemvw_12_1 gemvw_14_1 [--arch sm_90a] [--dump DIR]
+    python -m bench.cuda_sass gemvw_12_1 gemvw_14_1 [--arch sm_90a] [--dump DIR] [--only]
 
 What a kernel's instructions cost is what session 32 found the wide GEMV bound by (a 6 % cut
 of ``gemvw_12_1``'s instructions gave 5-8 % on an H100), so a change to a hot loop can be
@@ -29,6 +29,9 @@ from pathlib import Path
 from modelc.runtime.backends import cuda_src
 from tests.test_cuda_compile import _nvrtc, _wheel_file, compile_ptx, find_ptxas
 
+# an entry point's head: its name (``--only`` makes the others static device functions, which
+# NVRTC drops unreferenced: a kernel's SASS in ~5 s, not the whole module's ~60)
+ENTRY = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(')
 INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
@@ -41,8 +44,18 @@ def cuobjdump() -> str:
     return str(found)
 
 
-def sass(cubin: Path, kernel: str) -> list[str]:
-    """The kernel's SASS instructions' opcodes, in order."""
+def only(source: str, keep: set[str]) -> str:
+    """``source`` with every entry point but ``keep``'s made a static device function."""
+
+    def head(m: re.Match[str]) -> str:
+        name = m.group(1)
+        return m.group(0) if name in keep else f"static __device__ void {name}("
+
+    return ENTRY.sub(head, source)
+
+
+def listing(cubin: Path, kernel: str) -> str:
+    """The kernel's SASS as cuobjdump prints it."""
     dump = cuobjdump()
     env = dict(os.environ)  # cuobjdump runs nvdisasm: found beside it (the wheels' bin/)
     env["PATH"] = f"{Path(dump).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -51,7 +64,12 @@ def sass(cubin: Path, kernel: str) -> list[str]:
     )
     if run.returncode:
         sys.exit(f"cuobjdump: {run.stderr.strip()}")
-    return INSTRUCTION.findall(run.stdout)
+    return run.stdout
+
+
+def sass(cubin: Path, kernel: str) -> list[str]:
+    """The kernel's SASS instructions' opcodes, in order."""
+    return INSTRUCTION.findall(listing(cubin, kernel))
 
 
 def main() -> None:
@@ -59,6 +77,7 @@ def main() -> None:
     ap.add_argument("kernels", nargs="+")
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--dump", type=Path, help="keep the PTX, cubin and each kernel's SASS here")
+    ap.add_argument("--only", action="store_true", help="compile the kernels named alone")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         where = args.dump or Path(tmp)
@@ -66,7 +85,8 @@ def main() -> None:
         lib, ptxas = _nvrtc(), find_ptxas()
         if lib is None or ptxas is None:
             sys.exit("no NVRTC or ptxas here: set MODELC_NVRTC, MODELC_PTXAS")
-        text, log = compile_ptx(lib, cuda_src.source())
+        src = cuda_src.source()
+        text, log = compile_ptx(lib, only(src, set(args.kernels)) if args.only else src)
         if text is None:
             sys.exit(log[-4000:])
         p, cubin = where / "modelc.ptx", where / "modelc.cubin"
@@ -79,7 +99,7 @@ def main() -> None:
             top = ", ".join(f"{op} {n}" for op, n in counts.most_common(12))
             print(f"| {k} | {len(ops)} | {top} |")
             if args.dump:
-                (where / f"{k}.sass").write_text("\n".join(ops) + "\n")
+                (where / f"{k}.sass").write_text(listing(cubin, k))
 
 
 if __name__ == "__main__":

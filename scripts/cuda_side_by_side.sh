@@ -24,6 +24,10 @@
 #                                              arguments; GEMV_BY: the kind its 8B Q4_K lines show;
 #                                              OLD=abc1234: that commit unpacked for a setting
 #                                              "@/tmp/old_abc1234" in GEMV_SETS)
+#   OLD=abc1234 bash scripts/cuda_side_by_side.sh decode  (~5 min: the GPU tests here, batch-1
+#                                              decode alternated with the old code; DECODE_SETS,
+#                                              DECODE_MODELS, DECODE_TESTS; PROFILE=1: the 8B's
+#                                              eager step kernel by kernel)
 #   bash scripts/cuda_side_by_side.sh ms1     (~8 min: issue 35's must-shows 1 and 3 alone: batch-1
 #                                              decode and pp2048, modelc and llama-bench on the same
 #                                              files; MS1_MODELS: which)
@@ -181,6 +185,16 @@ old_checkout() {  # .devrun/old_$1.tar.zst unpacked and built in /tmp/old_$1
     && python3 setup.py build_ext --inplace >"$OUT/old_$1_ext.log" 2>&1)
 }
 
+start_ab() {  # setup, OLD's checkout and the models (both in the background: wait), the copy bandwidth
+  PDL_MODELS=llama8b setup
+  [ -n "${OLD:-}" ] && { old_checkout "$OLD" & }
+  ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
+  ([ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M >"$OUT/gen.log" 2>&1) &
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  BW=$(copy_bw)
+  tbs "$BW"
+}
+
 if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   export SAMPLED=1
   setup ${LLAMA:+19}
@@ -325,13 +339,7 @@ if [ "${1:-}" = pdl ]; then  # ~7 min from a bare machine: programmatic dependen
 fi
 
 if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pipe against wide
-  PDL_MODELS=llama8b setup
-  [ -n "${OLD:-}" ] && { old_checkout "$OLD" & }  # OLD=abc1234: GEMV_SETS may name @/tmp/old_abc1234
-  ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
-  ([ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M >"$OUT/gen.log" 2>&1) &
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  BW=$(copy_bw)
-  tbs "$BW"
+  start_ab  # OLD=abc1234: GEMV_SETS may name @/tmp/old_abc1234
   at "the pipelined GEMV's tests (and GEMV_TESTK: test_cuda.py's by -k)"
   # shellcheck disable=SC2086
   timeout 170 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs ${GEMV_TESTS:-tests/test_cuda_gemvp.py} \
@@ -382,6 +390,29 @@ if [ "${1:-}" = depth ]; then  # ~8 min from a bare machine: decode after a long
     timeout 120 $B/llama-bench -m $M/$m.gguf -ngl 99 -fa 1 -p 0 -n 64 -d 0,"${DEPTH:-4000}" -r 2 2>&1 \
       | grep -E "tg|error"
   done
+  at "end"
+  exit 0
+fi
+
+if [ "${1:-}" = decode ]; then  # ~5 min from a bare machine: this checkout against OLD=abc1234
+  # (.devrun/old_abc1234.tar.zst) at batch 1 -- the GPU tests here (DECODE_TESTS), batch-1
+  # decode alternated over DECODE_SETS (";" apart; "@/tmp/old_$OLD": the old code) and
+  # DECODE_MODELS, then (PROFILE=1) where the 8B's eager step goes, kernel by kernel, here
+  start_ab
+  at "GPU tests here"
+  # shellcheck disable=SC2086
+  MODELC_CUDA_1B_DIR=$M timeout 200 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
+    ${DECODE_TESTS:-tests/test_cuda_decode.py tests/test_cuda_kernels.py} >"$OUT/tests_decode.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_decode.log" | head -12
+  grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_decode.log" | head -20
+  wait  # the models and the old checkout
+  at "batch-1 decode, alternated"
+  # shellcheck disable=SC2086
+  alternate 1 "${DECODE_SETS:-;@/tmp/old_$OLD}" ${DECODE_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama8b-q4_k_m llama1b-q4_k_m}
+  if [ -n "${PROFILE:-}" ]; then
+    at "the 8B's eager step, kernel by kernel"
+    timeout 120 python3 bench/cuda_profile.py $M/llama8b-q4_k_m.gguf --streams 1 --steps 16 2>&1 | tail -30
+  fi
   at "end"
   exit 0
 fi

@@ -303,7 +303,7 @@ __device__ __forceinline__ void row_units(const u8* __restrict__ wr, int cols, i
 
 // y[r, row] (+)= W[row] . x[r] for nr <= NR rows of the quantized x; wpr warps a row, each
 // lane U units at a time: their loads first, then their sums
-template <int T, int NR, int U>
+template <int T, int NR, int U, bool SX = false>
 __device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, int rows, int cols,
                                       const signed char* __restrict__ xq, const float2* __restrict__ xs,
                                       int nr, float* __restrict__ y, int ldy, int acc, int wpr) {
@@ -319,7 +319,7 @@ __device__ __forceinline__ void gemvw(const u8* __restrict__ W, long long rb, in
     float a[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) a[i] = 0.f;
-    if (ok) row_units<T, NR, U, false, false>(W + (size_t)row * rb, cols, k, lane, wpr, xq, xs, nr, a);
+    if (ok) row_units<T, NR, U, false, SX>(W + (size_t)row * rb, cols, k, lane, wpr, xq, xs, nr, a);
     rows_out<NR>(a, part, wib, lane, k, wpr, ok, nr, y + row, ldy, acc);
     if (wpr > 1 && rg + gridDim.x < groups) __syncthreads();  // part[] read before it is reused
   }

@@ -371,7 +371,7 @@ def kernel_names() -> list[str]:
     names += cuda_attn.names()
     names += cuda_deq.names(TYPES) + cuda_gemvq.names() + cuda_gemvw.names()
     names += cuda_gemvp.names()
-    return names + cuda_norm.NAMES + cuda_sampler.NAMES + cuda_argmax.NAMES
+    return names + cuda_norm.names() + cuda_sampler.NAMES + cuda_argmax.NAMES
 
 
 def source() -> str:
@@ -384,5 +384,5 @@ def source() -> str:
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances() + cuda_gemvw.source()
     gemvq += cuda_gemvp.source()
     attn = cuda_attn.source()
-    tail = cuda_norm.SOURCE + cuda_sampler.SOURCE + cuda_argmax.SOURCE
+    tail = cuda_norm.source() + cuda_sampler.SOURCE + cuda_argmax.SOURCE
     return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + tail
