@@ -30,7 +30,8 @@
 #                                              eager step kernel by kernel)
 #   bash scripts/cuda_side_by_side.sh ms1     (~8 min: issue 35's must-shows 1 and 3 alone: batch-1
 #                                              decode and pp2048, modelc and llama-bench on the same
-#                                              files; MS1_MODELS: which)
+#                                              files; MS1_MODELS: which; MS1_SETS, OLD, MS1_TESTS:
+#                                              settings / old code alternated, the GPU tests first)
 #   bash scripts/cuda_side_by_side.sh depth   (~8 min: decode after a DEPTH-token prompt (4000),
 #                                              modelc's attention unsplit and split
 #                                              (DEPTH_SETS), llama-bench -d beside)
@@ -419,21 +420,33 @@ fi
 
 if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows 1 and 3 alone --
   # batch-1 decode (graph replay) and prefill of 2,048 tokens, modelc and llama-bench on the
-  # same files in the same call; modelc's decode once while llama.cpp builds, once after
+  # same files (MS1_MODELS) in the same call; modelc's decode while llama.cpp builds (each
+  # model with each of MS1_SETS in turn, as alternate's; OLD=abc1234 unpacks the old code for
+  # a set "@/tmp/old_abc1234"; MS1_TESTS=1: the GPU tests here first) and again after it
   setup 0
+  OC=
+  if [ -n "${OLD:-}" ]; then old_checkout "$OLD" & OC=$!; fi
   ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
   G8=$!
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   BW=$(copy_bw)
   tbs "$BW"
+  if [ -n "${MS1_TESTS:-}" ]; then
+    at "GPU tests here (llama.cpp building beside)"
+    MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
+      tests/test_cuda_decode.py tests/test_cuda_kernels.py >"$OUT/tests_ms1.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_ms1.log" | head -12
+    grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_ms1.log" | head -20
+  fi
   wait $G8  # not the build's
-  MS1=${MS1_MODELS:-llama1b-q4_k_m llama8b-q4_k_m llama1b-q4_0}
+  [ -n "$OC" ] && wait $OC
+  MS1=${MS1_MODELS:-llama1b-q4_k_m llama8b-q4_k_m}
   at "modelc decode, one stream (llama.cpp building beside)"
   # shellcheck disable=SC2086
-  alternate 1 "" $MS1
+  alternate 1 "${MS1_SETS:-}" $MS1
   at "modelc prefill of 2,048 tokens"
   for m in $MS1; do
-    timeout 90 python3 -m modelc bench $M/$m.gguf --device cuda --prompt-lens 2048 --batches 1 \
+    timeout 60 python3 -m modelc bench $M/$m.gguf --device cuda --prompt-lens 2048 --batches 1 \
       --steps 16 --reps 2 2>&1 | grep -E "prefill|decode" | sed "s/^/$m /"
   done
   at "waiting for llama.cpp"
