@@ -138,8 +138,9 @@ class Device:
         self.waves = int(os.environ.get("MODELC_CUDA_GEMV_WAVES", "0"))
         # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
         self.pipe_norm = os.environ.get("MODELC_CUDA_PIPE_NORM", "1") != "0"
-        # with the wide GEMV, one row of x: the same (cuda_norm.normed_wide)
-        self.norm_gemv = os.environ.get("MODELC_CUDA_NORM_GEMV", "1") != "0"
+        # with the wide GEMV, one row of x: the same (cuda_norm.normed_wide; opt-in until a
+        # GPU has run its test and timed it: session 34 got no machine)
+        self.norm_gemv = os.environ.get("MODELC_CUDA_NORM_GEMV", "0") == "1"
         # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
         # probabilities), else in floats; never in exact mode
         self.attn_mma = os.environ.get("MODELC_CUDA_ATTN_MMA", "1") != "0" and not self.exact
