@@ -113,7 +113,9 @@ def test_embeddings_equal_transformers(vision: VisionModel, case: dict[str, Any]
         assert emb.shape == (gh // 2, gw // 2, N_EMBD)
     flat = np.concatenate([e.reshape(-1, N_EMBD) for e in got])
     assert len(flat) == case["n_embeddings"]
-    np.testing.assert_allclose(flat[:: case["emb_stride"]], want, atol=1e-4, rtol=0)
+    # f32 through the whole tower in another order than PyTorch's: within 1e-4 on AVX-512
+    # machines; an EPYC with AVX2 alone (other kernels, other sums) was 1.4e-4 off at ~0.9
+    np.testing.assert_allclose(flat[:: case["emb_stride"]], want, atol=1e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize("kind", ["model", "mmproj"])
