@@ -176,15 +176,8 @@ def launch_normed(
     w = wpr or (split(p.code, p.rows, p.cols, 1, sms) if split_k else 1)
     groups = (p.rows + 8 // w - 1) // (8 // w)
     cap = sms * WIDE_BLOCKS[1] * max(1, waves) if sms else groups
-    args: tuple[Any, ...] = (
-        p.data,
-        np.int64(p.row_bytes),
-        np.int32(p.rows),
-        np.int32(p.cols),
-        x,
-        wn,
-    )
-    args += (np.float32(eps), y, np.int32(w))
+    head = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols))
+    args = (*head, x, wn, np.float32(eps), y, np.int32(w))
     fn[f"gemvwn_{p.code}"]((min(groups, cap),), (256,), args, shared_mem=p.cols + p.cols // 4)
 
 
