@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from modelc.runtime.backends.cuda_gemvw import WIDE_BLOCKS, WIDE_TYPES, WIDE_UNROLL, split
+from modelc.runtime.backends.cuda_gemvw import WIDE_BLOCKS, WIDE_TYPES, WIDE_UNROLL, grid
 
 NV4 = 4  # float4s a thread at most
 MAX_THREADS = 1024
@@ -173,12 +173,10 @@ def launch_normed(
     each block's prologue (no norm launch); warps a row by :func:`~.cuda_gemvw.split` (``wpr``
     > 0: that many; ``split_k`` False: one), the grid capped at ``waves`` resident waves of
     blocks (at least one: a block norms once, however many groups of rows it takes)."""
-    w = wpr or (split(p.code, p.rows, p.cols, 1, sms) if split_k else 1)
-    groups = (p.rows + 8 // w - 1) // (8 // w)
-    cap = sms * WIDE_BLOCKS[1] * max(1, waves) if sms else groups
+    w, blocks = grid(p, 1, sms, max(1, waves), wpr, split_k)
     head = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols))
     args = (*head, x, wn, np.float32(eps), y, np.int32(w))
-    fn[f"gemvwn_{p.code}"]((min(groups, cap),), (256,), args, shared_mem=p.cols + p.cols // 4)
+    fn[f"gemvwn_{p.code}"]((blocks,), (256,), args, shared_mem=p.cols + p.cols // 4)
 
 
 def normed_wide(dev: Any, x: Any, n: int, wn: Any, eps: float, w: Any, y: Any) -> bool:
