@@ -186,14 +186,24 @@ old_checkout() {  # .devrun/old_$1.tar.zst unpacked and built in /tmp/old_$1
     && python3 setup.py build_ext --inplace >"$OUT/old_$1_ext.log" 2>&1)
 }
 
-start_ab() {  # setup, OLD's checkout and the models (both in the background: wait), the copy bandwidth
-  PDL_MODELS=llama8b setup
-  [ -n "${OLD:-}" ] && { old_checkout "$OLD" & }
+start_ab() {  # setup (the 1.1Bs made, as the GPU tests read them; $1: llama.cpp built beside
+  # at that nice level), then in the background OLD's checkout and the 8B (their PIDs in
+  # AB_PIDS: wait "${AB_PIDS[@]}", not for the build), the copy bandwidth
+  setup "${1:-}"
+  AB_PIDS=()
+  if [ -n "${OLD:-}" ]; then old_checkout "$OLD" & AB_PIDS+=($!); fi
   ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
-  ([ -f $M/llama1b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M >"$OUT/gen.log" 2>&1) &
+  AB_PIDS+=($!)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   BW=$(copy_bw)
   tbs "$BW"
+}
+gpu_tests() {  # $1 a log's name, $2 a timeout, then pytest's files: run, failures shown
+  local log="$OUT/tests_$1.log" t=$2
+  shift 2
+  MODELC_CUDA_1B_DIR=$M timeout "$t" python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs "$@" >"$log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$log" | head -12
+  grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$log" | head -20
 }
 
 if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
@@ -359,7 +369,7 @@ if [ "${1:-}" = gemv ]; then  # ~6 min from a bare machine: MODELC_CUDA_GEMV=pip
   grep -E "\| Q4_K \| - .*\| read \|" "$OUT/sweep_gemv.txt"  # the pure reads, then each kind's fastest and as served
   sed -n '/best |/,$p' "$OUT/sweep_gemv.txt"
   grep -E "^\| 8b [a-z+]+ \| Q4_K \| 1 .*\| ${GEMV_BY:-pipe} \|" "$OUT/sweep_gemv.txt"  # the 8B's Q4_K by plan
-  wait  # the models (and the old checkout)
+  wait "${AB_PIDS[@]}"  # the 8B (and the old checkout)
   at "batch-1 decode, MODELC_CUDA_GEMV wide / pipe, alternated"
   # shellcheck disable=SC2086
   alternate "${GEMV_STREAMS:-1,8}" "${GEMV_SETS:-MODELC_CUDA_GEMV=wide;MODELC_CUDA_GEMV=pipe MODELC_CUDA_PIPE_NORM=0;MODELC_CUDA_GEMV=pipe}" \
@@ -402,11 +412,8 @@ if [ "${1:-}" = decode ]; then  # ~5 min from a bare machine: this checkout agai
   start_ab
   at "GPU tests here"
   # shellcheck disable=SC2086
-  MODELC_CUDA_1B_DIR=$M timeout 200 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
-    ${DECODE_TESTS:-tests/test_cuda_decode.py tests/test_cuda_kernels.py} >"$OUT/tests_decode.log" 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_decode.log" | head -12
-  grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_decode.log" | head -20
-  wait  # the models and the old checkout
+  gpu_tests decode 200 ${DECODE_TESTS:-tests/test_cuda_decode.py tests/test_cuda_kernels.py}
+  wait "${AB_PIDS[@]}"
   at "batch-1 decode, alternated"
   # shellcheck disable=SC2086
   alternate 1 "${DECODE_SETS:-;@/tmp/old_$OLD}" ${DECODE_MODELS:-llama8b-q4_k_m llama1b-q4_k_m llama8b-q4_k_m llama1b-q4_k_m}
@@ -423,23 +430,12 @@ if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows
   # same files (MS1_MODELS) in the same call; modelc's decode while llama.cpp builds (each
   # model with each of MS1_SETS in turn, as alternate's; OLD=abc1234 unpacks the old code for
   # a set "@/tmp/old_abc1234"; MS1_TESTS=1: the GPU tests here first) and again after it
-  setup 0
-  OC=
-  if [ -n "${OLD:-}" ]; then old_checkout "$OLD" & OC=$!; fi
-  ([ -f $M/llama8b-q4_k_m.gguf ] || python3 -m tests.gen_cuda_models $M 8b-q4_k_m >"$OUT/gen8b.log" 2>&1) &
-  G8=$!
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  BW=$(copy_bw)
-  tbs "$BW"
+  start_ab 0
   if [ -n "${MS1_TESTS:-}" ]; then
     at "GPU tests here (llama.cpp building beside)"
-    MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider -rfEs \
-      tests/test_cuda_decode.py tests/test_cuda_kernels.py >"$OUT/tests_ms1.log" 2>&1
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_ms1.log" | head -12
-    grep -hE "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_ms1.log" | head -20
+    gpu_tests ms1 150 tests/test_cuda_decode.py tests/test_cuda_kernels.py
   fi
-  wait $G8  # not the build's
-  [ -n "$OC" ] && wait $OC
+  wait "${AB_PIDS[@]}"  # not the build's
   MS1=${MS1_MODELS:-llama1b-q4_k_m llama8b-q4_k_m}
   at "modelc decode, one stream (llama.cpp building beside)"
   # shellcheck disable=SC2086
