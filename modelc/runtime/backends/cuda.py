@@ -315,12 +315,10 @@ class Device:
         more: the weight dequantized into a scratch matrix (f16, f32 when ``exact``) and one
         cuBLAS product (direct ``gemmEx`` when :mod:`.cuda_blas` works, else ``cupy.matmul``).
         ``q8``: x already quantized (:meth:`norm_matmul`)."""
-        col0 = 0
         ldx, ldy = int(x.strides[0]) // 4, int(y.strides[0]) // 4
         if q8 is None and self._use_q8(w, n):  # x quantized once for every part
             q8 = self._quant_q8(x, ldx, n, w.cols)
-        for p in w.parts:
-            yp = y[:, col0:] if col0 else y
+        for p, yp in w.columns(y):
             if n <= self.gemv_max and (q8 is not None or not p.layout):  # repacked: int8 only
                 for r0 in range(0, n, GEMV_MAX):
                     m, xr, yr = min(GEMV_MAX, n - r0), x[r0:] if r0 else x, yp[r0:] if r0 else yp
@@ -345,12 +343,11 @@ class Device:
                 else:
                     xh = x[:n] if self.exact else x[:n].astype(np.float16)
                     prod = self.cp.matmul(xh, wd.T)
-                    dst = y[:n, col0 : col0 + p.rows]
+                    dst = yp[:n, : p.rows]
                     if acc:
                         dst += prod
                     else:
                         dst[...] = prod
-            col0 += p.rows
 
     def rms_norm(
         self, x: Any, rows: Any, n: int, w: Any, eps: float, out: Any, acc: bool = False

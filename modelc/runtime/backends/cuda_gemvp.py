@@ -223,10 +223,8 @@ def normed(dev: Any, x: Any, n: int, wn: Any, eps: float, w: Any, y: Any) -> boo
         return False
     if not pipe_takes(dev, w, n):
         return False
-    col0 = 0
-    for p in w.parts:
-        launch_normed(dev.fn, dev.sms, p, x, n, wn, eps, y[:, col0:], dev.shared)
-        col0 += p.rows
+    for p, yp in w.columns(y):
+        launch_normed(dev.fn, dev.sms, p, x, n, wn, eps, yp, dev.shared)
     return True
 
 

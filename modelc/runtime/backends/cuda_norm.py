@@ -192,9 +192,6 @@ def normed_wide(dev: Any, x: Any, n: int, wn: Any, eps: float, w: Any, y: Any) -
         return False
     if not aligned(int(x.data.ptr), int(wn.data.ptr)):
         return False
-    col0 = 0
-    for p in w.parts:
-        yp = y[:, col0:] if col0 else y
+    for p, yp in w.columns(y):
         launch_normed(dev.fn, p, x, wn, eps, yp, dev.sms, dev.waves, dev.wpr, dev.split_k)
-        col0 += p.rows
     return True

@@ -4,6 +4,7 @@ for a GGUF weight (``CODES``: the types kept in their blocks, by GGML's numbers)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,14 @@ class DevWeight:
     @property
     def nbytes(self) -> int:
         return sum(int(p.data.nbytes) for p in self.parts)
+
+    def columns(self, y: Any) -> Iterator[tuple[DevPart, Any]]:
+        """Each part with the view of ``y`` (rows of at least ``self.rows``) its rows fill:
+        the columns from the part's first (a part's output rows follow the one before)."""
+        col0 = 0
+        for p in self.parts:
+            yield p, (y[:, col0:] if col0 else y)
+            col0 += p.rows
 
 
 def host_part(w: Weight) -> tuple[np.ndarray[Any, Any], DType]:
