@@ -58,6 +58,23 @@ def test_quantize_choices_agree() -> None:
 def test_version_and_help(cli: Cli) -> None:
     assert cli("--version").stdout.strip() == "modelc 0.1.0"
     assert "pack" in cli("--help").stdout
+    # an option whose choices are read lazily lists them in its help
+    assert "(one of: f32, f16, int8, mixed)" in " ".join(cli("run", "--help").stdout.split())
+
+
+def test_the_command_line_imports_no_engine_to_parse() -> None:
+    """Building the whole parser (every command's options) imports neither the engine nor
+    numpy nor trio: `modelc --version` or `modelc list` do not pay for them (they had made
+    every command ~1 s slower; a value given to `--device` or `--kv-cache` imports their
+    module to check it, as the command needs it anyway)."""
+    code = (
+        "import sys\n"
+        "from modelc.cli import build_parser\n"
+        "build_parser().parse_args(['list', '--json'])\n"
+        "print(' '.join(sorted(m for m in ('numpy', 'trio', 'modelc.engine') if m in sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == []
 
 
 def test_inspect_catalog_name_pulls_smollm2(asset_cli: Cli) -> None:

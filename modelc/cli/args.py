@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from modelc.cli.options import UNSET, Opt, options_of
+from modelc.cli.options import UNSET, Opt, Values, options_of
 
 if TYPE_CHECKING:
     from modelc.engine.options import EngineOptions
@@ -28,6 +28,12 @@ def _add(target: Any, o: Opt) -> None:
         value = getattr(o, name)
         if value is not None:
             kw[name] = value
+    if isinstance(o.choices, Values) and o.metavar is None:
+        # argparse checks a metavar as it adds the option, which lists the choices and so
+        # would import the engine for every command (`modelc --version` took ~1 s): a named
+        # metavar, and the choices in the help (expanded only when help is printed)
+        kw["metavar"] = o.flags[-1].lstrip("-").replace("-", "_").upper()
+        kw["help"] = f"{kw['help']} (one of: %(choices)s)" if kw.get("help") else None
     if o.default is not UNSET:
         kw["default"] = o.default
     if o.required:

@@ -20,21 +20,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import trio
-
 from modelc.cli.args import add_options, engine_options, sampling_given
-from modelc.cli.chat_session import ChatState, read_entry, run_command
 from modelc.cli.common import standalone
-from modelc.errors import ModelcError, TokenizerError, UsageError
+from modelc.errors import TokenizerError, UsageError
 
 if TYPE_CHECKING:
+    from modelc.cli.chat_session import ChatState
+    from modelc.cli.engine_thread import EngineThread
     from modelc.engine import LLMEngine
-    from modelc.engine.api import FinishEvent, GenerationRequest
 
 HINT = "Use Ctrl + d or /bye to exit."
 HISTORY_LINES = 1000
@@ -45,115 +42,6 @@ def write(text: str) -> None:
     sys.stdout.flush()
     sys.stdout.buffer.write(text.encode("utf-8", "surrogatepass"))
     sys.stdout.buffer.flush()
-
-
-class _Turn:
-    """One answer streaming in the engine's thread; ``done`` is set when it is over."""
-
-    def __init__(self, req: GenerationRequest, out: Callable[[str], None]) -> None:
-        self.req = req
-        self.out = out
-        self.scope = trio.CancelScope()
-        self.done = threading.Event()
-        self.text: list[str] = []
-        self.finish: FinishEvent | None = None
-        self.refused: ModelcError | None = None
-        self.interrupted = False
-
-    async def run(self, engine: LLMEngine) -> None:
-        from modelc.engine.api import FinishEvent
-
-        try:
-            with self.scope:
-                async with engine.submit(self.req) as handle:  # leaving it cancels the request
-                    async for ev in handle:
-                        if ev.text:
-                            self.text.append(ev.text)
-                            self.out(ev.text)
-                        if isinstance(ev, FinishEvent):
-                            self.finish = ev
-        except ModelcError as e:  # refused at submit (a prompt too long for the context ...)
-            self.refused = e
-        finally:
-            self.done.set()
-
-
-class EngineThread:
-    """The engine's scheduler in a ``trio.run`` on a worker thread, for the whole session."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._nursery: trio.Nursery | None = None
-        self._stop: trio.Event | None = None
-        self._turn: _Turn | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="modelc-engine", daemon=True)
-
-    def start(self) -> None:
-        """Start the scheduler; return once it takes requests."""
-        self._thread.start()
-        self._ready.wait()
-        self._check()
-
-    def _main(self) -> None:
-        try:
-            trio.run(self._serve)
-        except BaseException as e:  # handed to the main thread by _check
-            self._error = e
-        finally:
-            self._ready.set()
-            if self._turn is not None:
-                self._turn.done.set()
-
-    async def _serve(self) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.engine.run)
-            self._token = trio.lowlevel.current_trio_token()
-            self._nursery = nursery
-            self._stop = trio.Event()
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
-
-    def _check(self) -> None:
-        if isinstance(self._error, ModelcError):
-            raise self._error
-        if self._error is not None:
-            raise UsageError(f"the engine stopped: {self._error!r}") from self._error
-
-    def answer(self, req: GenerationRequest, out: Callable[[str], None]) -> _Turn:
-        """Run ``req``, each text piece to ``out`` as it comes; Ctrl-C (KeyboardInterrupt
-        in this thread) cancels the request, and this returns once it is over."""
-        nursery = self._nursery
-        assert nursery is not None
-        turn = self._turn = _Turn(req, out)
-        self._call(nursery.start_soon, turn.run, self.engine)
-        while not turn.done.is_set():
-            try:
-                turn.done.wait()
-            except KeyboardInterrupt:
-                turn.interrupted = True
-                self._call(turn.scope.cancel)
-        self._turn = None
-        self._check()
-        return turn
-
-    def _call(self, fn: Callable[..., object], *args: Any) -> None:
-        """``fn(*args)`` soon in the engine's thread (this returns at once)."""
-        assert self._token is not None
-        try:
-            self._token.run_sync_soon(fn, *args)
-        except trio.RunFinishedError:  # the engine's run is over (_check says why)
-            if self._turn is not None:
-                self._turn.done.set()
-
-    def stop(self) -> None:
-        """Stop the scheduler and wait for its thread."""
-        if self._stop is not None:
-            self._call(self._stop.set)
-        self._thread.join()
 
 
 def _build_engine(args: argparse.Namespace) -> LLMEngine:
@@ -213,6 +101,7 @@ def chat_loop(
     interactive: bool,
 ) -> int:
     """Read entries and answer them until /bye or the end of input; the exit status."""
+    from modelc.cli.chat_session import read_entry, run_command
     from modelc.engine.api import GenerationRequest
 
     pf = engine.engine.prompt
@@ -256,12 +145,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-tokens must be >= 0, got {args.max_tokens}")
     if args.temperature is not None and not args.temperature >= 0:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    from modelc.cli.chat_session import ChatState
+
     eng = _build_engine(args)
     assert eng.prompt is not None
     state = ChatState(system=args.system, seed=args.seed, max_tokens=args.max_tokens)
     state.sampling.update(sampling_given(args))
     interactive = sys.stdin.isatty()
     save_history = _load_history() if interactive else (lambda: None)
+    from modelc.cli.engine_thread import EngineThread
+
     runner = EngineThread(eng)
     runner.start()
     try:

@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from modelc.cli.args import add_options, engine_options, sampling_given
 from modelc.cli.common import standalone
 from modelc.errors import ModelcError, TokenizerError, UsageError
@@ -29,6 +27,8 @@ if TYPE_CHECKING:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import trio
+
     from modelc.engine import build_engine
     from modelc.engine.api import FinishEvent, GenerationRequest
 
