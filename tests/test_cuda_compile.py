@@ -111,14 +111,23 @@ def test_no_kernel_spills_registers(ptx: Path) -> None:
         text=True,
     )
     assert run.returncode == 0, run.stderr[-4000:]
-    fn, spills = "", []
+    fn, spills, regs = "", [], {}
     for line in run.stderr.splitlines():
         if m := re.search(r"Function properties for (\w+)", line):
             fn = m.group(1)
         elif (m := re.search(r"(\d+) bytes spill stores", line)) and int(m.group(1)):
             spills.append(f"{fn}: {line.strip()}")
+        elif m := re.search(r"Used (\d+) registers", line):
+            regs[fn] = int(m.group(1))
     assert len(re.findall(r"Compiling entry function", run.stderr)) == len(cuda_src.kernel_names())
     assert spills == []
+    # the register norms take up to MAX_THREADS a block (a 16,384-wide row): 64 registers a
+    # thread at most, or the launch fails (CUDA error 701, met on an H100 in session 35)
+    from modelc.runtime.backends.cuda_norm import MAX_THREADS, threads
+
+    assert threads(16384) == MAX_THREADS
+    big = {k: regs[k] for k in ("rms_norm_v4", "rms_norm_v4_q8") if regs[k] * MAX_THREADS > 65536}
+    assert big == {}
 
 
 def _entries(ptx: Path) -> dict[str, str]:

@@ -51,7 +51,7 @@ __device__ __forceinline__ float4 scaled4(float4 v, float s, float4 w) {
 }
 
 // out[i] (+)= x[rows[i]] / rms * w (rows null: i); one block a row
-extern "C" __global__ void rms_norm_v4(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_v4(const float* __restrict__ x, int ldx, const i64* __restrict__ rows,
                                        const float* __restrict__ w, float eps, int d,
                                        float* __restrict__ out, int ldo, int acc) {
   ENTER();
@@ -105,7 +105,7 @@ __device__ __forceinline__ void norm_q8_v4(const float* __restrict__ xr, const f
 }
 
 // rms_norm_v4 (rows 0..n-1, no acc) and its output quantized for the int8 GEMV, one launch
-extern "C" __global__ void rms_norm_v4_q8(const float* __restrict__ x, int ldx,
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_v4_q8(const float* __restrict__ x, int ldx,
                                           const float* __restrict__ w, float eps, int d,
                                           float* __restrict__ out, int ldo,
                                           signed char* __restrict__ xq, float2* __restrict__ xs) {
