@@ -412,7 +412,7 @@ if [ "${1:-}" = decode ]; then  # ~5 min from a bare machine: this checkout agai
   start_ab
   at "GPU tests here"
   # shellcheck disable=SC2086
-  gpu_tests decode 200 ${DECODE_TESTS:-tests/test_cuda_decode.py tests/test_cuda_kernels.py}
+  gpu_tests decode "${DECODE_TIMEOUT:-200}" ${DECODE_TESTS:-tests/test_cuda_decode.py tests/test_cuda_kernels.py}
   wait "${AB_PIDS[@]}"
   at "batch-1 decode, alternated"
   # shellcheck disable=SC2086
