@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # modelc against llama.cpp CUDA on the same random models, on the lent GPU machine
-# (bench/RESULTS.md "Side by side with llama.cpp CUDA, current"), in two calls:
+# (bench/RESULTS.md "Side by side with llama.cpp CUDA, the whole table"), in two calls:
 #   bash scripts/cuda_side_by_side.sh         (~9 min: builds, checks, then the kernels' figures)
 #   bash scripts/cuda_side_by_side.sh http    (~6 min, on the same machine while warm: HTTP and
 #                                              the 8B split with the CPU)
