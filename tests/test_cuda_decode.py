@@ -61,47 +61,6 @@ def test_the_wide_gemv_on_a_capped_grid_gives_the_same_bits(be: Any, dtype: DTyp
         dev.read_env()
 
 
-@gpu
-def test_the_normed_wide_gemv_gives_the_norm_launchs_bits(be: Any) -> None:
-    """``MODELC_CUDA_NORM_GEMV`` (one row of x: each wide GEMV block norms and quantizes x
-    into shared memory, no rms_norm_v4_q8 launch): the same bits as the norm's launch and the
-    wide GEMV, for each wide type, a weight of two parts (Q4_K over Q6_K, as a Q4_K_M QKV),
-    rows split over warps or not, several resident waves of blocks (one, capped) and less; a
-    norm wider than the kernel takes (8,192) takes the launch."""
-    from modelc.runtime.backend import Weight
-    from modelc.runtime.backends.cuda_norm import NORM_GEMV_COLS
-
-    cp, dev, rng = be.cp, be.dev, np.random.default_rng(52)
-    try:
-        dev.exact, dev.gemv_kind = False, "wide"
-        cases = [((300, 4096), (DType.Q4_0,)), ((28672, 4096), (DType.Q4_K,)),
-                 ((2560, 2048), (DType.Q6_K,)), ((6144, 4096), (DType.Q4_K, DType.Q6_K)),
-                 ((512, 8192), (DType.Q4_K,))]  # fmt: skip
-        for (rows, cols), types in cases:
-            parts = [random_blocks(rng, t, rows // len(types), cols, 0.05)[0] for t in types]
-            w = dev.upload(
-                [
-                    Weight(t, (rows // len(types), cols), d)
-                    for t, d in zip(types, parts, strict=True)
-                ]
-            )
-            wn = cp.asarray(rng.uniform(0.5, 1.5, cols).astype(np.float32))
-            x = cp.asarray(rng.standard_normal((2, cols)).astype(np.float32))
-            for split in (True, False):
-                dev.split_k = split
-                ys = []
-                for on in (False, True):
-                    dev.norm_gemv = on
-                    y, h = cp.zeros((2, rows), np.float32), cp.zeros((2, cols), np.float32)
-                    dev.norm_matmul(x, 1, wn, 1e-5, h, w, y)
-                    assert (not h.any()) == (on and cols <= NORM_GEMV_COLS)  # h: the launch's
-                    ys.append(y.get())
-                assert ys[0].tobytes() == ys[1].tobytes(), (rows, cols, types, split)
-                assert np.abs(ys[0][0]).max() > 0 and not ys[0][1].any()
-    finally:
-        dev.read_env()
-
-
 @pytest.mark.parametrize(
     ("rows", "cols", "want"),
     [(6144, 4096, 2), (4096, 4096, 1), (28672, 4096, 1), (4096, 14336, 4), (2560, 2048, 1),

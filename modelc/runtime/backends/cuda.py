@@ -42,7 +42,7 @@ from modelc.runtime.backends.cuda_decode import split_args
 from modelc.runtime.backends.cuda_deq import can_vec, launch_shape
 from modelc.runtime.backends.cuda_gemvq import Q8_TYPES, q8_bytes
 from modelc.runtime.backends.cuda_launch import kernels
-from modelc.runtime.backends.cuda_norm import aligned, normed_wide
+from modelc.runtime.backends.cuda_norm import aligned
 from modelc.runtime.backends.cuda_norm import threads as norm_threads
 from modelc.runtime.backends.cuda_scratch import Scratch
 from modelc.runtime.backends.cuda_src import (
@@ -138,9 +138,6 @@ class Device:
         self.waves = int(os.environ.get("MODELC_CUDA_GEMV_WAVES", "0"))
         # with the pipelined GEMV: the RMS norm before QKV and gate/up in its prologue
         self.pipe_norm = os.environ.get("MODELC_CUDA_PIPE_NORM", "1") != "0"
-        # with the wide GEMV, one row of x: the same (cuda_norm.normed_wide; opt-in until a
-        # GPU has run its test and timed it: session 34 got no machine)
-        self.norm_gemv = os.environ.get("MODELC_CUDA_NORM_GEMV", "0") == "1"
         # prompt tiles of an f16 cache on tensor cores (cuda_attn.attend_mma: f16 queries and
         # probabilities), else in floats; never in exact mode
         self.attn_mma = os.environ.get("MODELC_CUDA_ATTN_MMA", "1") != "0" and not self.exact
@@ -275,11 +272,9 @@ class Device:
     ) -> None:
         """``h[:n] = rms_norm(x[:n]) * wn``, then ``y[:n] = h[:n] @ dequant(w).T``; on the q8
         path the norm also quantizes its output for the GEMV (one launch, not two); on the
-        pipelined GEMV (up to 8 rows) and the wide one (one row) each GEMV block norms and
-        quantizes x itself, and h is left unwritten (a scratch its callers do not read after)."""
+        pipelined GEMV (up to 8 rows) each GEMV block norms and quantizes x itself, and h is
+        left unwritten (a scratch its callers do not read after)."""
         if cuda_gemvp.normed(self, x, n, wn, eps, w, y):  # the GEMVs norm x themselves
-            return
-        if normed_wide(self, x, n, wn, eps, w, y):  # so do the wide ones, at one row
             return
         if not self._use_q8(w, n) or int(wn.shape[0]) != w.cols:
             self.rms_norm(x, None, n, wn, eps, h)

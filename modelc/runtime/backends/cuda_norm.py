@@ -13,12 +13,6 @@ these where rows, weights and outputs are 16-byte aligned, ``rms_norm`` elsewher
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
-from modelc.runtime.backends.cuda_gemvw import WIDE_BLOCKS, WIDE_TYPES, WIDE_UNROLL, grid
-
 NV4 = 4  # float4s a thread at most
 MAX_THREADS = 1024
 
@@ -72,8 +66,8 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_v4(const float* __re
 
 // a row xr (d, 16-byte aligned) / rms * w into out (null: not written) and quantized for the
 // int8 GEMV into xq / xs (as quant_q8: scale amax / 127 a group of 32, the group's float sum),
-// by the whole block: rms_norm_v4_q8's work, and the normed wide GEMV's prologue (gemvwn:
-// into shared memory)
+// by the whole block (rms_norm_v4_q8's work; session 34's normed wide GEMV ran it in its
+// prologue into shared memory, slower on an H100 than the launch: removed)
 __device__ __forceinline__ void norm_q8_v4(const float* __restrict__ xr, const float* __restrict__ w,
                                            float eps, int d, float* __restrict__ out,
                                            signed char* xq, float2* xs) {
@@ -113,42 +107,16 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_v4_q8(const float* _
   int i = blockIdx.x;
   norm_q8_v4(x + (size_t)i * ldx, w, eps, d, out + (size_t)i * ldo, xq + (size_t)i * d, xs + (size_t)i * (d >> 5));
 }
-
-// y = (x / rms * wn) . W for one row of x (f32, d = cols <= 4 * NV4 * 256): the wide GEMV
-// (cuda_gemvw's gemvw) with the norm and x's quantizing in each block's prologue, into shared
-// memory (cols int8, then cols / 32 (scale, sum)), where a launch of rms_norm_v4_q8 had been
-// (its bits); the grid capped so that each block norms once
-template <int T, int U>
-__device__ __forceinline__ void gemvwn(const u8* __restrict__ W, long long rb, int rows, int cols,
-                                       const float* __restrict__ x, const float* __restrict__ wn,
-                                       float eps, float* __restrict__ y, int wpr) {
-  extern __shared__ __align__(16) u8 xsm[];
-  signed char* sq = (signed char*)xsm;
-  float2* ss = (float2*)(xsm + cols);
-  norm_q8_v4(x, wn, eps, cols, nullptr, sq, ss);
-  __syncthreads();
-  gemvw<T, 1, U, true>(W, rb, rows, cols, sq, ss, 1, y, 1, 0, wpr);
-}
 """
-
-NORM_GEMV_COLS = 4 * NV4 * 256  # the normed wide GEMV's widest x (its 256 threads' float4s)
 
 
 def source() -> str:
-    """This module's CUDA C (after :mod:`.cuda_gemvw`'s, whose ``gemvw`` the normed GEMV
-    runs) with the normed wide GEMV's entry points, one a wide type."""
-    entries = [
-        f'extern "C" __global__ void __launch_bounds__(256, {WIDE_BLOCKS[1]}) gemvwn_{t}('
-        "const u8* W, long long rb, int rows, int cols, const float* x, const float* wn, "
-        f"float eps, float* y, int wpr) {{ enter_gemv(W, rb, rows, wpr); "
-        f"gemvwn<{t}, {WIDE_UNROLL[t]}>(W, rb, rows, cols, x, wn, eps, y, wpr); }}"
-        for t in WIDE_TYPES
-    ]
-    return SOURCE + "\n".join(entries) + "\n"
+    """This module's CUDA C."""
+    return SOURCE
 
 
 def names() -> list[str]:
-    return ["rms_norm_v4", "rms_norm_v4_q8", *(f"gemvwn_{t}" for t in WIDE_TYPES)]
+    return ["rms_norm_v4", "rms_norm_v4_q8"]
 
 
 def threads(d: int) -> int | None:
@@ -163,35 +131,3 @@ def threads(d: int) -> int | None:
 def aligned(*arrays_and_strides: int) -> bool:
     """Every pointer and row stride (bytes) a multiple of 16."""
     return all(v % 16 == 0 for v in arrays_and_strides)
-
-
-def launch_normed(
-    fn: dict[str, Any], p: Any, x: Any, wn: Any, eps: float, y: Any, sms: int, waves: int,
-    wpr: int = 0, split_k: bool = True,
-) -> None:  # fmt: skip
-    """``y[0] = (x[0] / rms * wn) . p`` by ``gemvwn``: one row of x, normed and quantized in
-    each block's prologue (no norm launch); warps a row by :func:`~.cuda_gemvw.split` (``wpr``
-    > 0: that many; ``split_k`` False: one), the grid capped at ``waves`` resident waves of
-    blocks (at least one: a block norms once, however many groups of rows it takes)."""
-    w, blocks = grid(p, 1, sms, max(1, waves), wpr, split_k)
-    head = (p.data, np.int64(p.row_bytes), np.int32(p.rows), np.int32(p.cols))
-    args = (*head, x, wn, np.float32(eps), y, np.int32(w))
-    fn[f"gemvwn_{p.code}"]((blocks,), (256,), args, shared_mem=p.cols + p.cols // 4)
-
-
-def normed_wide(dev: Any, x: Any, n: int, wn: Any, eps: float, w: Any, y: Any) -> bool:
-    """``y[:1] = (x[:1] / rms * wn) . w`` by :func:`launch_normed` a part, where the device
-    takes it (``MODELC_CUDA_NORM_GEMV`` on, one row, every part on the wide GEMV's int8 path, a
-    norm as wide as w and no wider than :data:`NORM_GEMV_COLS`, x and the norm 16-byte
-    aligned): whether it did."""
-    if not (dev.norm_gemv and n == 1 and dev.gemv_kind == "wide" and dev._use_q8(w, 1)):
-        return False
-    if int(wn.shape[0]) != w.cols or w.cols > NORM_GEMV_COLS:
-        return False
-    if not all(p.layout or p.code in WIDE_TYPES for p in w.parts):
-        return False
-    if not aligned(int(x.data.ptr), int(wn.data.ptr)):
-        return False
-    for p, yp in w.columns(y):
-        launch_normed(dev.fn, p, x, wn, eps, yp, dev.sms, dev.waves, dev.wpr, dev.split_k)
-    return True
