@@ -180,7 +180,8 @@ class Tokenizer:
             return text.encode()
         if ty == UNUSED:
             return b""
-        m = _BYTE_TOKEN.fullmatch(text) if ty == BYTE or self.kind == "spm" else None
+        byte = (ty == BYTE or self.kind == "spm") and text.startswith("<0x")
+        m = _BYTE_TOKEN.fullmatch(text) if byte else None
         if m:
             return bytes([int(m.group(1), 16)])
         if self.kind == "gpt2":

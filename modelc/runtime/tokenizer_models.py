@@ -123,11 +123,14 @@ def spm_bpe(spec: TokenizerSpec) -> HFTokenizer:
     vocab = {t: i for i, t in enumerate(spec.tokens)}
     scores = spec.scores if len(spec.scores) == len(spec.tokens) else [0.0] * len(spec.tokens)
     ranked: list[tuple[float, int, str, str]] = []
-    for t, i in vocab.items():
-        for k in range(1, len(t)):
-            left, right = t[:k], t[k:]
-            if left in vocab and right in vocab:
-                ranked.append((-scores[i], i, left, right))
+    add = ranked.append
+    for t, i in vocab.items():  # every split of every token into two tokens (a 262k
+        for k in range(1, len(t)):  # vocabulary: ~1.5M splits, the load's longest part)
+            left = t[:k]
+            if left in vocab:
+                right = t[k:]
+                if right in vocab:
+                    add((-scores[i], i, left, right))
     ranked.sort()
     unk = spec.tokens[spec.unk_id] if spec.unk_id is not None else None
     tok = HFTokenizer(
