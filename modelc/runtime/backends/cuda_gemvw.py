@@ -383,17 +383,10 @@ def launch(
     many; ``split_k`` False: one); ``waves``: the grid capped at that many resident waves of
     blocks, each block taking every grid-th group of rows (0: a block a group)."""
     for nr, args in passes(p, q8, n, y, ldy, acc):
-        w, blocks = grid(p, nr, sms, waves, wpr, split_k)
-        fn[f"gemvw_{p.code}_{nr}"]((blocks,), (256,), (*args, np.int32(w)))
-
-
-def grid(p: Any, nr: int, sms: int, waves: int, wpr: int, split_k: bool) -> tuple[int, int]:
-    """A ``gemvw``-shaped launch's warps a row (``wpr`` > 0: that many; else :func:`split`'s,
-    or one without ``split_k``) and blocks: one a group of 8 / warps rows, capped at
-    ``waves`` resident waves on ``sms`` multiprocessors (0: no cap)."""
-    w = wpr or (split(p.code, p.rows, p.cols, nr, sms) if split_k else 1)
-    groups = (p.rows + 8 // w - 1) // (8 // w)
-    return w, min(groups, sms * WIDE_BLOCKS[nr] * waves) if sms and waves else groups
+        w = wpr or (split(p.code, p.rows, p.cols, nr, sms) if split_k else 1)
+        groups = (p.rows + 8 // w - 1) // (8 // w)
+        cap = sms * WIDE_BLOCKS[nr] * waves if sms and waves else groups
+        fn[f"gemvw_{p.code}_{nr}"]((min(groups, cap),), (256,), (*args, np.int32(w)))
 
 
 def split(code: int, rows: int, cols: int, nr: int, sms: int) -> int:

@@ -66,8 +66,7 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_v4(const float* __re
 
 // a row xr (d, 16-byte aligned) / rms * w into out (null: not written) and quantized for the
 // int8 GEMV into xq / xs (as quant_q8: scale amax / 127 a group of 32, the group's float sum),
-// by the whole block (rms_norm_v4_q8's work; session 34's normed wide GEMV ran it in its
-// prologue into shared memory, slower on an H100 than the launch: removed)
+// by the whole block (rms_norm_v4_q8's work)
 __device__ __forceinline__ void norm_q8_v4(const float* __restrict__ xr, const float* __restrict__ w,
                                            float eps, int d, float* __restrict__ out,
                                            signed char* xq, float2* xs) {
