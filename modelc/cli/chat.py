@@ -141,20 +141,19 @@ def chat_loop(
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """``modelc chat``: build the engine, then chat until /bye or the end of input."""
+    from modelc.cli.chat_session import ChatState
+    from modelc.cli.engine_thread import EngineThread
+
     if args.max_tokens is not None and args.max_tokens < 0:
         raise UsageError(f"--max-tokens must be >= 0, got {args.max_tokens}")
     if args.temperature is not None and not args.temperature >= 0:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
-    from modelc.cli.chat_session import ChatState
-
     eng = _build_engine(args)
     assert eng.prompt is not None
     state = ChatState(system=args.system, seed=args.seed, max_tokens=args.max_tokens)
     state.sampling.update(sampling_given(args))
     interactive = sys.stdin.isatty()
     save_history = _load_history() if interactive else (lambda: None)
-    from modelc.cli.engine_thread import EngineThread
-
     runner = EngineThread(eng)
     runner.start()
     try:
