@@ -18,8 +18,10 @@ fills up to its budget, 256 MiB by default, on purpose), and at the end, once id
 4xx, no request is left in flight (active requests, running and queued sequences 0), the
 KV cache holds no sequence (used bytes back to the level before the run), the RSS of the
 last fifth of the run is at most 5% above the first fifth's (medians of the samples after
-warm-up, less the prefix cache; a fall is memory handed back, not a leak), and the p99 time to first token of the last
-fifth of the run is within 1.5x of the first fifth's (plus 50 ms, for a quiet first fifth).
+warm-up, less the prefix cache; a fall is memory handed back, not a leak), and the p99 time
+to first token of the last fifth of the run is within 1.5x of the first fifth's (plus 50 ms,
+for a quiet first fifth), each weighed by the server's CPU rate in its fifth, so that a
+neighbour taking cores from the server does not count as the server slowing down.
 The first tokens are timed by one more client beside the ``--streams``: it sends the same
 request shape (a 64-word text completion, 4 tokens, streamed) back to back, so every
 sample meets the same kind of load and a fifth of even a 1-minute run holds dozens of them.
@@ -80,6 +82,7 @@ class Tally:
     malformed_bad: list[str] = field(default_factory=list)
     ttft: list[tuple[float, float]] = field(default_factory=list)  # (t since start, ttft)
     rss: list[tuple[float, int]] = field(default_factory=list)  # (t since start, bytes)
+    cpu: list[tuple[float, float]] = field(default_factory=list)  # (t, server CPU seconds)
 
 
 def _prompt(rng: random.Random) -> str:
@@ -218,6 +221,20 @@ def _rss(pid: int) -> int:
     return 0
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The process's user and system CPU time (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_rate(samples: list[tuple[float, float]], lo: float, hi: float) -> float | None:
+    """The server's CPU seconds a wall second between ``lo`` and ``hi`` (None: < 2 samples)."""
+    inside = [(t, c) for t, c in samples if lo <= t < hi]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
 def _gauge(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name):
@@ -245,6 +262,31 @@ def _ttft_level(xs: list[float], p99: bool) -> float:
     return _p99(xs) if p99 else statistics.median(xs) if xs else float("nan")
 
 
+def ttft_stable(
+    first: list[float],
+    last: list[float],
+    rate_first: float | None,
+    rate_last: float | None,
+    use_p99: bool,
+) -> bool:
+    """Whether the last fifth's first tokens came within 1.5x (+ 50 ms) of the first fifth's.
+
+    The server is busy throughout, so a first token's wall time is the CPU work before it
+    over the CPU share the server got.  A neighbour that takes cores (another test, in CI)
+    lowers the share and stretches every wall time alike; a server that slows itself (a
+    growing list scanned per request, a leak) spends more CPU on the same work.  With the
+    server's CPU rate (CPU seconds a wall second) known for both fifths, each level is
+    weighed by it: the comparison is of the server's own CPU time, which only the second
+    kind of slowing moves.
+    """
+    if not first or not last:
+        return False
+    a, b = _ttft_level(first, use_p99), _ttft_level(last, use_p99)
+    if rate_first and rate_last:
+        return b * rate_last <= 1.5 * a * rate_first + 0.05 * rate_first
+    return b <= 1.5 * a + 0.05
+
+
 def soak(url: str, pid: int | None, minutes: float, warmup: float, streams: int) -> dict[str, Any]:
     model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
     kv_before = _metrics(url).get("modelc_kv_cache_used_bytes", 0.0)
@@ -258,7 +300,9 @@ def soak(url: str, pid: int | None, minutes: float, warmup: float, streams: int)
                 while time.monotonic() < t_end and pid is not None:
                     text = (await client.get(f"{url}/metrics")).text
                     held = _gauge(text, "modelc_engine_prefix_cache_bytes")
-                    tally.rss.append((time.monotonic() - t0, _rss(pid) - int(held)))
+                    now = time.monotonic() - t0
+                    tally.rss.append((now, _rss(pid) - int(held)))
+                    tally.cpu.append((now, _cpu_seconds(pid)))
                     await trio.sleep(2)
 
         async with trio.open_nursery() as nursery:
@@ -280,6 +324,8 @@ def soak(url: str, pid: int | None, minutes: float, warmup: float, streams: int)
     rss_last = [r for s, r in tally.rss if s >= warmup + run_s - fifth] or [0]
     rss_warm, rss_end = statistics.median(rss_first), statistics.median(rss_last)
     use_p99 = min(len(first), len(last)) >= TTFT_P99_MIN_SAMPLES
+    rate_first = _cpu_rate(tally.cpu, warmup, warmup + fifth)
+    rate_last = _cpu_rate(tally.cpu, warmup + run_s - fifth, warmup + run_s + 1)
     report: dict[str, Any] = {
         "minutes": minutes,
         "streams": streams,
@@ -303,6 +349,8 @@ def soak(url: str, pid: int | None, minutes: float, warmup: float, streams: int)
         "ttft_compared": "p99" if use_p99 else "median (few samples)",
         "ttft_median_first_fifth_s": round(statistics.median(first), 3) if first else None,
         "ttft_median_last_fifth_s": round(statistics.median(last), 3) if last else None,
+        "server_cpu_rate_first_fifth": round(rate_first, 3) if rate_first else None,
+        "server_cpu_rate_last_fifth": round(rate_last, 3) if rate_last else None,
         "rss_mb_by_minute": [
             round(max(r for s, r in tally.rss if k * 60 <= s < (k + 1) * 60) / 2**20, 1)
             for k in range(int((warmup + run_s) // 60))
@@ -320,9 +368,9 @@ def soak(url: str, pid: int | None, minutes: float, warmup: float, streams: int)
         # fifth's transient buffers gone) is not one, so only a rise past 5% fails
         "RSS at most 5% above the first fifth": pid is None or report["rss_change"] <= 0.05,
         # a short soak has a few dozen TTFT samples a fifth: their p99 is one request's
-        # luck with the batch it met, so below TTFT_P99_MIN_SAMPLES the medians are compared
-        "TTFT stable": bool(first and last)
-        and _ttft_level(last, use_p99) <= 1.5 * _ttft_level(first, use_p99) + 0.05,
+        # luck with the batch it met, so below TTFT_P99_MIN_SAMPLES the medians are compared,
+        # each weighed by the server's CPU rate in its fifth (ttft_stable says why)
+        "TTFT stable": ttft_stable(first, last, rate_first, rate_last, use_p99),
     }
     report["checks"] = checks
     report["passed"] = all(checks.values())
