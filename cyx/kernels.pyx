@@ -9,7 +9,7 @@ Weights arrive as uint8 ``(rows, row_bytes)`` views whatever their dtype.
 
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 
 
@@ -34,6 +34,10 @@ cdef extern from "mc_api.h" nogil:
 cdef extern from "mc_api.h" nogil:
     int64_t mc_quantize_rows(int type, const float *src, uint8_t *dst, int64_t nrow,
                               int64_t n_per_row, const float *imatrix)
+
+cdef extern from "mc_api.h" nogil:
+    int64_t mc_vocab_pairs(const uint8_t *text, const int64_t *off, int32_t n, int32_t *tok,
+                           int32_t *left, int32_t *right, int64_t cap)
 
 cdef extern from "mc_api.h" nogil:
     void mc_pool_backoff(int on)
@@ -199,6 +203,33 @@ def repack(int wtype, const uint8_t[:, ::1] W, int K, alloc=None):
         with nogil:
             mc_gemm_repack(wtype, &W[0, 0], W.strides[0], M, K, &o[0, 0])
     return out
+
+
+def vocab_pairs(const uint8_t[::1] text, const int64_t[::1] off, int32_t[::1] tok,
+                int32_t[::1] left, int32_t[::1] right):
+    """The splits of a vocabulary's tokens into two tokens (``mc_vocab.h``): token ``i`` is
+    ``text[off[i]:off[i + 1]]`` (UTF-8); fills ``tok``, ``left``, ``right`` (the same length)
+    with as many triples as fit and returns how many there are."""
+    if off.shape[0] < 1 or off.shape[0] > 2**31 or off[0] != 0:
+        raise ValueError("offsets do not fit the text")
+    cdef int32_t n = <int32_t>(off.shape[0] - 1), i
+    for i in range(n):
+        if off[i + 1] < off[i]:
+            raise ValueError("offsets do not fit the text")
+    if off[n] > text.shape[0]:
+        raise ValueError("offsets do not fit the text")
+    if tok.shape[0] != left.shape[0] or tok.shape[0] != right.shape[0]:
+        raise ValueError("tok, left and right differ in length")
+    cdef int64_t cap = tok.shape[0], found
+    cdef const uint8_t *t = &text[0] if text.shape[0] else NULL
+    cdef int32_t *pt = &tok[0] if cap else NULL
+    cdef int32_t *pl = &left[0] if cap else NULL
+    cdef int32_t *pr = &right[0] if cap else NULL
+    with nogil:
+        found = mc_vocab_pairs(t, &off[0], n, pt, pl, pr, cap)
+    if found < 0:
+        raise MemoryError("vocab_pairs: out of memory")
+    return found
 
 
 def release_pages(const uint8_t[:, ::1] W):

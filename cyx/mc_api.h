@@ -14,6 +14,7 @@
 #include "mc_ops.h"
 #include "mc_recur.h"
 #include "mc_quantize.h"
+#include "mc_vocab.h"
 #else
 #include <stddef.h>
 #include <stdint.h>
@@ -87,6 +88,10 @@ MC_API_DECL void mc_ssm_scan(const float *x, const float *b, const float *c, con
 /* mc_quantize.h */
 MC_API_DECL int64_t mc_quantize_rows(int type, const float *src, uint8_t *dst, int64_t nrow,
                                       int64_t n_per_row, const float *imatrix);
+
+/* mc_vocab.h */
+MC_API_DECL int64_t mc_vocab_pairs(const uint8_t *text, const int64_t *off, int32_t n,
+                                   int32_t *tok, int32_t *left, int32_t *right, int64_t cap);
 #endif /* MC_SPLIT */
 
 #endif /* MC_API_H */

@@ -6,3 +6,4 @@
 #include "mc_ops.h"
 #include "mc_recur.h"
 #include "mc_quantize.h"
+#include "mc_vocab.h"

@@ -15,7 +15,7 @@ from modelc.formats import load_model
 from modelc.formats.gguf import load_gguf
 from modelc.formats.ir import TokenizerSpec
 from modelc.runtime.tokenizer import Tokenizer, from_tokenizer_json
-from modelc.runtime.tokenizer_models import PRE_REGEXES
+from modelc.runtime.tokenizer_models import PRE_REGEXES, token_pairs
 from tests import assets
 
 # every llama.cpp vocabulary with test vectors that modelc tokenizes 100% like llama.cpp
@@ -291,3 +291,30 @@ def test_hf_tokenizer_json_matches_the_library() -> None:
         assert tok.decode(want, skip_special=True) == ref.decode(want), s
     assert tok.encode("[SEP]") == [101, 1031, 19802, 1033, 102]  # not parsed unless asked
     assert tok.n_vocab == ref.get_vocab_size()
+
+
+def _pairs_in_python(tokens: list[str]) -> list[tuple[int, int, int]]:
+    """The scan ``token_pairs`` does in C, as plain Python: the reference it must equal."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    return [
+        (i, vocab[t[:k]], vocab[t[k:]])
+        for t, i in sorted(vocab.items(), key=lambda p: p[1])
+        for k in range(1, len(t))
+        if t[:k] in vocab and t[k:] in vocab
+    ]
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+def test_token_pairs_equal_the_python_scan(name: str) -> None:
+    spec = load_gguf(assets.vocab_dir() / f"ggml-vocab-{name}.gguf").tokenizer
+    assert spec is not None and spec.model == "llama"
+    tokens = list(spec.tokens)
+    got = list(zip(*(a.tolist() for a in token_pairs(tokens)), strict=True))
+    assert len(got) > 10_000 and got == _pairs_in_python(tokens)
+    # texts that a split would cut inside a code point, repeated texts (the last id stands
+    # for them), an empty token, a lone surrogate (as a damaged GGUF's text decodes)
+    odd = ["a", "b", "ab", "é", "aé", "éa", "ab", "", "\ud800", "a\ud800", "𝄞", "a𝄞b", "a𝄞", "b"]
+    got = list(zip(*(a.tolist() for a in token_pairs(odd)), strict=True))
+    want = [(4, 0, 3), (5, 3, 0), (6, 0, 13), (9, 0, 8), (11, 12, 13), (12, 0, 10)]
+    assert got == _pairs_in_python(odd) == want
+    assert [len(a) for a in token_pairs([])] == [0, 0, 0]

@@ -10,17 +10,21 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+import numpy as np
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from modelc.errors import TokenizerError
 from modelc.formats.ir import TokenizerSpec
 
+_k: Any = importlib.import_module("modelc._kernels.kernels")
+
 __all__ = [
     "BYTE", "CONTROL", "IGNORE_MERGES", "NORMAL", "PRE_REGEXES", "UNKNOWN", "UNUSED",
-    "USER_DEFINED", "byte_level_bpe", "gemma4_bpe", "spm_bpe", "wordpiece",
+    "USER_DEFINED", "byte_level_bpe", "gemma4_bpe", "spm_bpe", "token_pairs", "wordpiece",
 ]  # fmt: skip
 
 # GGUF tokenizer.ggml.token_type values
@@ -118,32 +122,35 @@ def byte_level_bpe(spec: TokenizerSpec) -> HFTokenizer:
     return tok
 
 
+def token_pairs(tokens: list[str]) -> tuple[np.ndarray[Any, Any], ...]:
+    """Every split of a token into two tokens, as ``(token, left, right)`` id columns: for
+    each text its last id, in order, and its splits between code points left to right
+    (``cyx/mc_vocab.h``)."""
+    enc = [t.encode("utf-8", "surrogatepass") for t in tokens]
+    off = np.zeros(len(enc) + 1, np.int64)
+    np.cumsum([len(b) for b in enc], out=off[1:])
+    cap = int(off[-1])  # at most one split a byte
+    tok, left, right = (np.empty(cap, np.int32) for _ in range(3))
+    n = _k.vocab_pairs(np.frombuffer(b"".join(enc), np.uint8), off, tok, left, right)
+    return tok[:n], left[:n], right[:n]
+
+
 def spm_bpe(spec: TokenizerSpec) -> HFTokenizer:
-    """llama.cpp's SPM: merge the adjacent pair whose join is the highest-scoring token."""
-    vocab = {t: i for i, t in enumerate(spec.tokens)}
-    scores = spec.scores if len(spec.scores) == len(spec.tokens) else [0.0] * len(spec.tokens)
-    ranked: list[tuple[float, int, str, str]] = []
-    add = ranked.append
-    for t, i in vocab.items():  # every split of every token into two tokens (a 262k
-        for k in range(1, len(t)):  # vocabulary: ~1.5M splits, the load's longest part)
-            left = t[:k]
-            if left in vocab:
-                right = t[k:]
-                if right in vocab:
-                    add((-scores[i], i, left, right))
-    ranked.sort()
+    """llama.cpp's SPM: merge the adjacent pair whose join is the highest-scoring token.
+
+    The merges are every split of a token into two tokens, ranked by the joined token's
+    score (highest first), then its id, then the split's position."""
+    tokens = list(spec.tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    scores = spec.scores if len(spec.scores) == len(tokens) else [0.0] * len(tokens)
+    tok, left, right = token_pairs(tokens)
+    order = np.lexsort((tok, -np.asarray(scores, np.float64)[tok]))  # stable: splits in order
+    pairs = zip(left[order].tolist(), right[order].tolist(), strict=True)
+    merges = [(tokens[a], tokens[b]) for a, b in pairs]
     unk = spec.tokens[spec.unk_id] if spec.unk_id is not None else None
-    tok = HFTokenizer(
-        models.BPE(
-            vocab,
-            [(a, b) for _, _, a, b in ranked],
-            unk_token=unk,
-            byte_fallback=True,
-            fuse_unk=True,
-        )
-    )
-    tok.normalizer = normalizers.Replace(" ", "\u2581")
-    return tok
+    hf = HFTokenizer(models.BPE(vocab, merges, unk_token=unk, byte_fallback=True, fuse_unk=True))
+    hf.normalizer = normalizers.Replace(" ", "\u2581")
+    return hf
 
 
 def gemma4_bpe(spec: TokenizerSpec) -> HFTokenizer:
