@@ -8,10 +8,18 @@ climb lasts longer (fewer requests a second), and 75 s of warm-up left the compa
 fifths of 12 s hold 15 to 25 first-token probes on a busy machine, a 45 s run's as few as
 6, whose medians a single slow batch moves past the 1.5x line.
 
+The server's RSS moves in steps as its buffers reach the largest batch and prompt met so far
+(1 s samples of a fifth: 312.1 MB for 12 s; 317.3, 314.1 for 6 s, 317.8, 319.9), and it
+levels off: 298.8 MB after warm-up and 313.9 at the end of a 30-minute run, 302.8 / 315.2
+over 4 minutes with the by-minute peaks 303, 310, 325, 319.  A 1-minute run may meet one
+such step late: CI saw 311.2 -> 333.2 MB (+7.1 %) on 2026-12-07.  So the short run allows a
+10 % rise (~31 MB): a leak of more than ~60 KB a request (~500 requests a minute here)
+still fails it; the 30-minute run keeps 5 %.
+
 8 clients against a real ``modelc run``: 20% drop their stream part-way, 5% send
 malformed requests; no valid request may fail, every malformed one gets a 4xx, nothing is
 left in flight and the KV cache is back where it started, RSS (less the prefix cache)
-of the last fifth at most 5% above the first fifth's (a fall, seen once in CI at -5.5%, is
+of the last fifth at most 10% above the first fifth's (a fall, seen once in CI at -5.5%, is
 memory handed back, not a leak), p99 TTFT of the last fifth within 1.5x of the
 first's, each weighed by the server's CPU rate in its fifth: CI failed once (2026-12-07) on
 medians of 0.365 against 0.634 s while the other worker's tests took cores.  The
@@ -35,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_short_soak(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     cmd = [sys.executable, "-m", "bench.soak", "--minutes", "1", "--warmup", "90"]
-    cmd += ["--threads", "1", "--json", str(out)]
+    cmd += ["--threads", "1", "--rss-tolerance", "0.1", "--json", str(out)]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.exists(), run.stderr[-3000:]
     report = json.loads(out.read_text())
