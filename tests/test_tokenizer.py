@@ -318,3 +318,31 @@ def test_token_pairs_equal_the_python_scan(name: str) -> None:
     want = [(4, 0, 3), (5, 3, 0), (6, 0, 13), (9, 0, 8), (11, 12, 13), (12, 0, 10)]
     assert got == _pairs_in_python(odd) == want
     assert [len(a) for a in token_pairs([])] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "gpt-2"])
+def test_byte_level_pieces_and_merges_equal_the_plain_loops(name: str) -> None:
+    """The load's fast paths (a translate table, ``str.partition``) against the plain
+    per-character and per-merge loops they replaced, on real vocabularies and odd texts."""
+    from modelc.runtime.tokenizer import _BYTE_DECODER
+    from modelc.runtime.tokenizer_models import _split_merge, split_merges
+
+    def plain(text: str) -> bytes:
+        try:
+            return bytes(_BYTE_DECODER[c] for c in text)
+        except KeyError:
+            return text.encode()
+
+    tok = vocab(name)
+    odd = ["\x7f", "a\xa0b", "\xad", "Ġhello", "中文", "Ġ\u0100", " ", "\u0120\u0121", ""]
+    texts = [*tok.tokens, *odd]
+    fast = Tokenizer(TokenizerSpec(model="gpt2", tokens=texts, merges=[]))
+    assert [fast._piece(i) for i in range(len(texts))] == [plain(t) for t in texts]
+    spec = load_gguf(assets.vocab_dir() / f"ggml-vocab-{name}.gguf").tokenizer
+    assert spec is not None and len(spec.merges) > 40_000
+    edge = [" a b", "a  b", "a b c", "Ġt he"]
+    merges = [*spec.merges, *edge]
+    assert split_merges(merges) == [_split_merge(m) for m in merges]
+    for bad in ("ab", " a", ""):
+        with pytest.raises(TokenizerError, match="malformed BPE merge"):
+            split_merges(["a b", bad])

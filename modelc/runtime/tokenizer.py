@@ -83,6 +83,9 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+# the same as a str.translate table into latin-1: a char outside the byte alphabet becomes
+# U+0100, which latin-1 cannot encode (the token is then not byte-level text)
+_BYTE_TABLE = {i: 0x100 for i in range(256)} | {ord(c): b for c, b in _BYTE_DECODER.items()}
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 # the HF WordPiece decoder's cleanup: no space before punctuation and contractions
 _WORDPIECE_CLEANUP = re.compile(r" ([.?!,]|'(?:s|m|ve|re)\b|n't\b)")
@@ -186,8 +189,8 @@ class Tokenizer:
             return bytes([int(m.group(1), 16)])
         if self.kind == "gpt2":
             try:
-                return bytes(_BYTE_DECODER[c] for c in text)
-            except KeyError:
+                return text.translate(_BYTE_TABLE).encode("latin-1")
+            except UnicodeEncodeError:
                 return text.encode()
         if self.kind in ("spm", "bert"):  # GGUF bert pieces: "▁word" starts a word
             return text.replace("\u2581", " ").encode()

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,8 @@ _k: Any = importlib.import_module("modelc._kernels.kernels")
 
 __all__ = [
     "BYTE", "CONTROL", "IGNORE_MERGES", "NORMAL", "PRE_REGEXES", "UNKNOWN", "UNUSED",
-    "USER_DEFINED", "byte_level_bpe", "gemma4_bpe", "spm_bpe", "token_pairs", "wordpiece",
+    "USER_DEFINED", "byte_level_bpe", "gemma4_bpe", "split_merges", "spm_bpe", "token_pairs",
+    "wordpiece",
 ]  # fmt: skip
 
 # GGUF tokenizer.ggml.token_type values
@@ -106,9 +108,18 @@ def _split_merge(m: str) -> tuple[str, str]:
     return m[:pos], m[pos + 1 :]
 
 
+def split_merges(merges: Sequence[str]) -> list[tuple[str, str]]:
+    """GGUF merges ``"left right"`` as pairs, split at the first space after the first
+    character (a left side may start with a space); a merge with no such space refused."""
+    return [
+        (a, b) if a and s else _split_merge(m)
+        for m, (a, s, b) in zip(merges, [m.partition(" ") for m in merges], strict=True)
+    ]
+
+
 def byte_level_bpe(spec: TokenizerSpec) -> HFTokenizer:
     vocab = {t: i for i, t in enumerate(spec.tokens)}
-    merges = [_split_merge(m) for m in spec.merges]
+    merges = split_merges(spec.merges)
     pre = spec.pre if spec.pre in PRE_REGEXES else "default"
     tok = HFTokenizer(
         models.BPE(vocab, merges, fuse_unk=False, ignore_merges=spec.pre in IGNORE_MERGES)
@@ -156,7 +167,7 @@ def spm_bpe(spec: TokenizerSpec) -> HFTokenizer:
 def gemma4_bpe(spec: TokenizerSpec) -> HFTokenizer:
     """llama.cpp's gemma4 BPE: merges by rank on raw UTF-8 (``▁`` for spaces), ``<0xXX>`` fallback."""
     vocab = {t: i for i, t in enumerate(spec.tokens)}
-    merges = [_split_merge(m) for m in spec.merges]
+    merges = split_merges(spec.merges)
     return HFTokenizer(models.BPE(vocab, merges, byte_fallback=True, fuse_unk=False))
 
 
