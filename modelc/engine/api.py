@@ -123,6 +123,7 @@ class KeepAliveEvent:
     queue or behind a long step (a stream's ``: ping``)."""
 
     text: str = ""
+    sent_at: float = 0.0  # the scheduler's clock (trio.current_time()) when it was sent
 
 
 Event = TokenEvent | PromptEvent | ProgressEvent | KeepAliveEvent | FinishEvent

@@ -7,7 +7,8 @@ the stream loop's own work at 64 streams); instead the reader asks once
 (``handle.keep_alive(seconds)``) and this one task of the scheduler's sends a
 :class:`~modelc.engine.api.KeepAliveEvent` to each request that was sent nothing for
 that long and whose reader has read everything.  It looks every quarter of the shortest
-interval asked for, so an event comes ``seconds`` to 1.25 x ``seconds`` after the last.
+interval asked for, so an event is sent ``seconds`` to 1.25 x ``seconds`` after the last
+(its ``sent_at``; a reader busy elsewhere may read two closer together).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class KeepAlive:
             if r.sent != n:
                 r.quiet_since = (r.sent, now)
             elif now - since >= r.keepalive and not r.send.statistics().current_buffer_used:
-                r.send_event(KeepAliveEvent())
+                r.send_event(KeepAliveEvent(sent_at=now))
                 r.quiet_since = (r.sent, now)
         return shortest
 
