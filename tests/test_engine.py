@@ -226,13 +226,13 @@ async def test_keep_alive_while_queued_never_early_one_unread_at_most(ir: ModelI
             unread_c = eng._reqs["c"].send.statistics().current_buffer_used
         c_events = [ev async for ev in c]
     first_token = next(i for i, (_, ev) in enumerate(b_events) if isinstance(ev, TokenEvent))
-    waits = [ev.sent_at for _, ev in b_events[:first_token] if isinstance(ev, KeepAliveEvent)]
+    kept = [(ev.sent_at, t) for t, ev in b_events[:first_token] if isinstance(ev, KeepAliveEvent)]
+    waits = [sent for sent, _ in kept]
     waited = b_events[first_token][0] - t0  # "a" took 96 steps: b waited that long
     assert len(waits) >= min(2, int(waited / ka) - 1), (waited, b_events[: first_token + 1])
     # never early, as sent: the reader's own clock may see two closer together when it
     # was late to the first (CI, 2026-12-07, with the other worker's tests beside it)
     assert all(later - earlier >= ka for earlier, later in itertools.pairwise(waits)), waits
-    kept = [(ev.sent_at, t) for t, ev in b_events[:first_token] if isinstance(ev, KeepAliveEvent)]
     assert all(t0 < sent <= read for sent, read in kept)  # stamped when sent, read later
     # the keep-alives changed nothing of b's answer: the same prompt, the same tokens
     b_toks = [ev.token_id for _, ev in b_events if isinstance(ev, TokenEvent)]
