@@ -31,7 +31,8 @@
 #   bash scripts/cuda_side_by_side.sh ms1     (~8 min: issue 35's must-shows 1 and 3 alone: batch-1
 #                                              decode and pp2048, modelc and llama-bench on the same
 #                                              files; MS1_MODELS: which; MS1_SETS, OLD, MS1_TESTS:
-#                                              settings / old code alternated, the GPU tests first)
+#                                              settings / old code alternated, the GPU tests first;
+#                                              FLOOR=1: bench/cuda_floor.py on each model)
 #   bash scripts/cuda_side_by_side.sh depth   (~8 min: decode after a DEPTH-token prompt (4000),
 #                                              modelc's attention unsplit and split
 #                                              (DEPTH_SETS), llama-bench -d beside)
@@ -437,6 +438,11 @@ if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows
   fi
   wait "${AB_PIDS[@]}"  # not the build's
   MS1=${MS1_MODELS:-llama1b-q4_k_m llama8b-q4_k_m}
+  if [ -n "${FLOOR:-}" ]; then  # FLOOR=1: each model's bytes read with no arithmetic, a kernel
+    # a matrix against one persistent kernel (bench/cuda_floor.py)
+    at "the step's floor: pure reads, kernels against a persistent kernel"
+    for m in $MS1; do timeout 120 python3 -m bench.cuda_floor --gguf $M/$m.gguf 2>&1 | tail -14; done
+  fi
   at "modelc decode, one stream (llama.cpp building beside)"
   # shellcheck disable=SC2086
   alternate 1 "${MS1_SETS:-}" $MS1

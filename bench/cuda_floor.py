@@ -1,0 +1,305 @@
+"""The floor of a batch-1 decode step on this GPU: a model's weight bytes read as the step
+reads them, with no arithmetic, under two structures -- so that what a kernel design could
+reach at best is measured before it is written (issue 35, must-show 1's 60 % of the copy).
+
+A GGUF's matrices are grouped as a decode step reads them (a layer's Q+K+V, O, gate+up,
+down; then the output head) into one device buffer of the same bytes, and one step is
+timed (a CUDA graph replayed; the buffer is far larger than L2, so no step finds the last
+one's bytes):
+
+- ``one read``: the whole buffer in one kernel: what a step's bytes cost at best.
+- ``kernels``: a kernel a matrix, launched as the CUDA backend launches (programmatic
+  dependent launch: each block prefetches its first 16 KB into L2, then waits for the
+  kernel before), with ``--small`` dependent small kernels a layer between them (each
+  reads a 16 KB vector, reduces it, writes it: a norm's, RoPE's, attention's chain), as
+  today's ~9 kernels a layer.
+- ``persistent``: one kernel for the whole step, every block resident, a grid-wide barrier
+  after each matrix and each small op (5 a layer: QKV, attention, O, gate+up, down); before
+  each barrier a block either does nothing (``wait``), prefetches its first 16 KB of the next
+  matrix into L2 (``l2``), or loads them into registers (``regs``: a GEMV's weights do not
+  depend on the barrier, only its x does) -- the "megakernel" whose overlap across matrices
+  the kernel-a-step design lacks.
+
+Usage (on the GPU machine): ``python -m bench.cuda_floor --gguf llama8b-q4_k_m.gguf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+CHUNK16 = 1024  # uint4s a block reads a pass (16 KB: 256 threads, 4 loads each)
+
+SRC = r"""
+typedef unsigned long long u64;
+#if __CUDA_ARCH__ >= 900
+#define ENTER() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define ENTER()
+#endif
+#define CH 1024
+__device__ __forceinline__ uint4 ldnc(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void pf_chunk(const uint4* p, long long c, long long n16) {
+  long long o = c * CH + threadIdx.x * 8;  // 128 lines of 128 bytes: threads 0..127
+  if (threadIdx.x < 128 && o < n16) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + o));
+}
+// chunk c of p (n16 uint4s) into v (four loads a thread, coalesced)
+__device__ __forceinline__ void load_chunk(const uint4* p, long long c, long long n16, uint4* v) {
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    long long i = c * CH + j * 256 + threadIdx.x;
+    v[j] = i < n16 ? ldnc(p + i) : make_uint4(0, 0, 0, 0);
+  }
+}
+__device__ __forceinline__ unsigned fold(const uint4* v) {
+  unsigned s = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) s ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  return s;
+}
+// chunks c0, c0 + step, ... of p; the first already in v when have
+__device__ __forceinline__ unsigned read_chunks(const uint4* p, long long n16, long long c0, long long step,
+                                                uint4* v, bool have) {
+  unsigned s = 0;
+  long long nc = (n16 + CH - 1) / CH;
+  for (long long c = c0; c < nc; c += step) {
+    if (!(have && c == c0)) load_chunk(p, c, n16, v);
+    s ^= fold(v);
+  }
+  return s;
+}
+// a 16 KB vector read, reduced over the block, written (a small op's dependent chain)
+__device__ __forceinline__ void small_op(const float* in, float* out, int n) {
+  __shared__ float red[8];
+  float s = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += in[i];
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < 8; w++) t += red[w];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i] * 0.999f + t * 1e-9f;
+  __syncthreads();
+}
+extern "C" __global__ void read_k(const uint4* __restrict__ p, long long n16, unsigned* out) {
+  pf_chunk(p, blockIdx.x, n16);
+  ENTER();
+  uint4 v[4];
+  unsigned s = read_chunks(p, n16, blockIdx.x, gridDim.x, v, false);
+  if (s == 0x9e3779b9u) out[0] = s;  // keeps the loads; never true of these bytes in practice
+}
+extern "C" __global__ void small_k(const float* __restrict__ in, float* __restrict__ out, int n) {
+  ENTER();
+  small_op(in, out, n);  // every block writes the same values: a chain, not work
+}
+// the whole step: phase k reads [off[k], off[k] + n16[k]) of p, or (n16 0) is a small op of
+// the first 32 blocks; a phase after a norm (norm[k]) has every block read and reduce the
+// 16 KB vector first (a norm each block does itself: no barrier of its own); a grid barrier
+// after each phase; mode 0 wait, 1 L2 prefetch, 2 registers
+extern "C" __global__ void persist(const uint4* __restrict__ p, const long long* __restrict__ off,
+                                   const long long* __restrict__ n16, const int* __restrict__ norm,
+                                   int phases, int mode, unsigned* bar, float* vec, unsigned* out) {
+  __shared__ float red[8];
+  uint4 v[4];
+  int have = -1;  // the phase whose first chunk v holds
+  unsigned s = 0;
+  for (int k = 0; k < phases; k++) {
+    long long n = n16[k];
+    if (norm[k]) {  // x's sum of squares, each block for itself
+      float q = 0.f;
+      for (int i = threadIdx.x; i < 4096; i += blockDim.x) q += vec[i] * vec[i];
+      for (int o = 16; o; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+      if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = q;
+      __syncthreads();
+      if (red[0] == -1.f) s ^= 1u;  // uses the sum
+      __syncthreads();
+    }
+    if (n) s ^= read_chunks(p + off[k], n, blockIdx.x, gridDim.x, v, have == k);
+    else if (blockIdx.x < 32) small_op(vec + (k & 1) * 4096, vec + ((k + 1) & 1) * 4096, 4096);
+    // the next read phase's first chunk, before the barrier (it does not depend on it)
+    int nk = k + 1;
+    while (nk < phases && n16[nk] == 0) nk++;
+    if (nk < phases && have < nk) {
+      if (mode == 1) pf_chunk(p + off[nk], blockIdx.x, n16[nk]);
+      if (mode == 2 && blockIdx.x < (n16[nk] + CH - 1) / CH) {
+        load_chunk(p + off[nk], blockIdx.x, n16[nk], v);
+        have = nk;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      unsigned target = (unsigned)(k + 1) * gridDim.x;
+      atomicAdd(bar, 1u);
+      unsigned seen;
+      long long spins = 0;
+      do {
+        asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(bar));
+        if (++spins > (1LL << 26)) { out[1] = 1; break; }  // not every block resident: give up
+      } while (seen < target);
+    }
+    __syncthreads();
+  }
+  if (s == 0x9e3779b9u) out[0] = s;
+}
+"""
+
+
+def matrices(path: str) -> tuple[list[list[int]], int]:
+    """Bytes of each matrix a decode step reads, a list a layer in the step's order (QKV, O,
+    gate+up, down), and the output head's."""
+    from gguf import GGUFReader
+
+    t = {x.name: int(x.n_bytes) for x in GGUFReader(path).tensors}
+    layers = []
+    i = 0
+    while f"blk.{i}.attn_q.weight" in t:
+        b = f"blk.{i}."
+        qkv = sum(t[b + f"attn_{k}.weight"] for k in "qkv")
+        gu = t[b + "ffn_gate.weight"] + t[b + "ffn_up.weight"]
+        layers.append([qkv, t[b + "attn_output.weight"], gu, t[b + "ffn_down.weight"]])
+        i += 1
+    return layers, t.get("output.weight", t["token_embd.weight"])
+
+
+def main() -> None:
+    cp: Any = __import__("cupy")  # on the GPU machine only
+
+    from modelc.runtime.backends.cuda_launch import Launcher
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--small", default="0,5", help="small kernels a layer, for 'kernels'")
+    ap.add_argument("--blocks-per-sm", default="2,4", help="the persistent kernel's")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    layers, head = matrices(args.gguf)
+    sizes = [b for ly in layers for b in ly] + [head]
+    n16s = [-(-b // 16) for b in sizes]
+    offs = np.concatenate([[0], np.cumsum(n16s)[:-1]]).astype(np.int64)
+    total16 = int(sum(n16s))
+    nbytes = sum(sizes)
+    buf = cp.random.randint(0, 2**31, size=total16 * 4, dtype=cp.int32).view(cp.uint8)
+    out = cp.zeros(2, cp.uint32)  # [1]: a persistent launch gave up waiting
+    vec = cp.ones(2 * 4096, cp.float32)
+    mod = cp.RawModule(code=SRC, options=("-std=c++17",))
+    pdl = int(cp.cuda.Device().compute_capability) >= 90
+    lc = Launcher(cp, gil=False, pdl=pdl)
+    read_k, small_k, persist = (
+        lc.wrap(mod.get_function(n)) for n in ("read_k", "small_k", "persist")
+    )
+    sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    base = buf.data.ptr
+    s = cp.cuda.Stream(non_blocking=True)
+
+    def timed(step: Any) -> float:
+        """ms a step: the step captured once, replayed."""
+        with s:
+            step()
+            s.begin_capture()
+            step()
+            g = s.end_capture()
+            for _ in range(2):
+                g.launch(s)
+            s.synchronize()
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(s)
+            for _ in range(args.reps):
+                g.launch(s)
+            b.record(s)
+            b.synchronize()
+        return float(cp.cuda.get_elapsed_time(a, b)) / args.reps  # type: ignore[no-any-return]
+
+    def read(k: int) -> None:
+        n = n16s[k]
+        read_k((-(-n // CHUNK16),), (256,), (np.uint64(base + int(offs[k]) * 16), np.int64(n), out))
+
+    def chain() -> None:
+        small_k((32,), (256,), (vec, vec[4096:], np.int32(4096)))
+
+    rows: list[tuple[str, float]] = []
+
+    def one() -> None:
+        read_k((sms * 8,), (256,), (buf, np.int64(total16), out))
+
+    rows.append(("one read of every byte", timed(one)))
+    for small in (int(v) for v in args.small.split(",")):  # 0 or 5 (a layer's as served)
+
+        def kernels(small: int = small) -> None:
+            k = 0
+            for ly in layers:
+                for j in range(
+                    len(ly)
+                ):  # small: norm, QKV, RoPE, attention, O, norm, gate+up, SiLU, down
+                    for _ in range(((1, 2, 1, 1) if small else (0, 0, 0, 0))[j]):
+                        chain()
+                    read(k)
+                    k += 1
+            chain()
+            read(k)
+
+        rows.append((f"kernels, {small} small a layer", timed(kernels)))
+    # persistent: per layer QKV, attention (small), O, gate+up, down; the output norm, the head
+    # (QKV and gate+up after a norm each block does itself; the head after the output norm)
+    ph_n, ph_off, ph_norm = [], [], []
+    k = 0
+    for ly in layers:
+        for j in range(len(ly)):
+            ph_n.append(n16s[k])
+            ph_off.append(int(offs[k]))
+            ph_norm.append(int(j in (0, 2)))
+            k += 1
+            if j == 0:  # attention
+                ph_n.append(0)
+                ph_off.append(0)
+                ph_norm.append(0)
+    ph_n.append(n16s[k])
+    ph_off.append(int(offs[k]))
+    ph_norm.append(1)
+    d_n, d_off = cp.asarray(np.array(ph_n, np.int64)), cp.asarray(np.array(ph_off, np.int64))
+    d_norm = cp.asarray(np.array(ph_norm, np.int32))
+    bar = cp.zeros(1, cp.uint32)
+    regs = int(persist.fn.num_regs)
+    fit = min(8, 65536 // (256 * max(regs, 1)))  # blocks an SM by registers and threads
+    for bpsm in (min(int(v), fit) for v in args.blocks_per_sm.split(",")):
+        for mode, name in ((0, "wait"), (1, "l2"), (2, "regs")):
+
+            def persistent(mode: int = mode, bpsm: int = bpsm) -> None:
+                bar.fill(0)
+                persist(
+                    (sms * bpsm,),
+                    (256,),
+                    (buf, d_off, d_n, d_norm, np.int32(len(ph_n)), np.int32(mode), bar, vec, out),
+                )
+
+            ms = timed(persistent)
+            if int(out[1].get()):
+                raise SystemExit(f"persistent, {bpsm} blocks an SM: not every block resident")
+            rows.append((f"persistent, {bpsm} blocks an SM ({regs} registers), {name}", ms))
+    a = cp.empty(4 << 30, cp.uint8)
+    b = cp.empty_like(a)
+    copy_ms = timed(lambda: b.__setitem__(slice(None), a))
+    copy_bw = 2 * a.nbytes / (copy_ms / 1e3)
+    print(
+        f"{args.gguf}: {len(layers)} layers, {nbytes / 1e9:.3f} GB a step; device copy {copy_bw / 1e12:.2f} TB/s"
+    )
+    print("| structure | ms a step | GB/s | of the copy |\n|---|---:|---:|---:|")
+    for name, ms in rows:
+        bw = nbytes / (ms / 1e3)
+        print(f"| {name} | {ms:.3f} | {bw / 1e9:,.0f} | {100 * bw / copy_bw:.1f} % |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bytes": nbytes, "copy": copy_bw, "rows": rows}, f)
+
+
+if __name__ == "__main__":
+    main()
