@@ -143,7 +143,8 @@ extern "C" __global__ void persist(const uint4* __restrict__ p, const long long*
       long long spins = 0;
       do {
         asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(bar));
-        if (++spins > (1LL << 26)) { out[1] = 1; break; }  // not every block resident: give up
+        // not every block resident: give up (and every later barrier at once)
+        if (++spins > (1LL << 26) || *(volatile unsigned*)(out + 1)) { out[1] = 1; break; }
       } while (seen < target);
     }
     __syncthreads();
@@ -237,9 +238,8 @@ def main() -> None:
         def kernels(small: int = small) -> None:
             k = 0
             for ly in layers:
-                for j in range(
-                    len(ly)
-                ):  # small: norm, QKV, RoPE, attention, O, norm, gate+up, SiLU, down
+                # small: norm, QKV, RoPE, attention, O, norm, gate+up, SiLU, down
+                for j in range(len(ly)):
                     for _ in range(((1, 2, 1, 1) if small else (0, 0, 0, 0))[j]):
                         chain()
                     read(k)
@@ -248,43 +248,49 @@ def main() -> None:
             read(k)
 
         rows.append((f"kernels, {small} small a layer", timed(kernels)))
-    # persistent: per layer QKV, attention (small), O, gate+up, down; the output norm, the head
-    # (QKV and gate+up after a norm each block does itself; the head after the output norm)
-    ph_n, ph_off, ph_norm = [], [], []
-    k = 0
-    for ly in layers:
-        for j in range(len(ly)):
-            ph_n.append(n16s[k])
-            ph_off.append(int(offs[k]))
-            ph_norm.append(int(j in (0, 2)))
-            k += 1
-            if j == 0:  # attention
-                ph_n.append(0)
-                ph_off.append(0)
-                ph_norm.append(0)
-    ph_n.append(n16s[k])
-    ph_off.append(int(offs[k]))
-    ph_norm.append(1)
-    d_n, d_off = cp.asarray(np.array(ph_n, np.int64)), cp.asarray(np.array(ph_off, np.int64))
-    d_norm = cp.asarray(np.array(ph_norm, np.int32))
     bar = cp.zeros(1, cp.uint32)
     regs = int(persist.fn.num_regs)
     fit = min(8, 65536 // (256 * max(regs, 1)))  # blocks an SM by registers and threads
-    for bpsm in (min(int(v), fit) for v in args.blocks_per_sm.split(",")):
-        for mode, name in ((0, "wait"), (1, "l2"), (2, "regs")):
+    for split in (False, True):
+        # a layer's phases: QKV, attention (small), O, gate+up, down, each block norming x
+        # itself before QKV and gate+up (5 barriers a layer); or (split) the two norms and
+        # the SiLU as small phases of their own (8); then the output norm and the head
+        ph: list[tuple[int, int, int]] = []  # (uint4s, offset, norm first) a phase
+        k = 0
+        for ly in layers:
+            for j in range(len(ly)):
+                if split and j in (0, 2, 3):  # norm, norm, SiLU
+                    ph.append((0, 0, 0))
+                ph.append((n16s[k], int(offs[k]), int(j in (0, 2) and not split)))
+                k += 1
+                if j == 0:  # attention
+                    ph.append((0, 0, 0))
+        if split:
+            ph.append((0, 0, 0))
+        ph.append((n16s[k], int(offs[k]), int(not split)))
+        cols = np.array(ph, np.int64).T
+        d_n, d_off, d_norm = (
+            cp.asarray(cols[0]),
+            cp.asarray(cols[1]),
+            cp.asarray(cols[2].astype(np.int32)),
+        )
+        for bpsm in (min(int(v), fit) for v in args.blocks_per_sm.split(",")):
+            for mode, name in ((0, "wait"), (1, "l2"), (2, "regs")):
 
-            def persistent(mode: int = mode, bpsm: int = bpsm) -> None:
-                bar.fill(0)
-                persist(
-                    (sms * bpsm,),
-                    (256,),
-                    (buf, d_off, d_n, d_norm, np.int32(len(ph_n)), np.int32(mode), bar, vec, out),
-                )
+                def persistent(mode: int = mode, bpsm: int = bpsm, d_n: Any = d_n, d_off: Any = d_off,
+                               d_norm: Any = d_norm, nph: int = len(ph)) -> None:  # fmt: skip
+                    bar.fill(0)
+                    persist(
+                        (sms * bpsm,),
+                        (256,),
+                        (buf, d_off, d_n, d_norm, np.int32(nph), np.int32(mode), bar, vec, out),
+                    )
 
-            ms = timed(persistent)
-            if int(out[1].get()):
-                raise SystemExit(f"persistent, {bpsm} blocks an SM: not every block resident")
-            rows.append((f"persistent, {bpsm} blocks an SM ({regs} registers), {name}", ms))
+                ms = timed(persistent)
+                if int(out[1].get()):
+                    raise SystemExit(f"persistent, {bpsm} blocks an SM: not every block resident")
+                what = f"{len(ph) // len(layers)} barriers a layer"
+                rows.append((f"persistent, {what}, {bpsm} blocks an SM ({regs} regs), {name}", ms))
     a = cp.empty(4 << 30, cp.uint8)
     b = cp.empty_like(a)
     copy_ms = timed(lambda: b.__setitem__(slice(None), a))
