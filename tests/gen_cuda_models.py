@@ -91,6 +91,10 @@ def random_blocks(
         b[:, 2:4] = _scaled(b[:, :2], 15.5)
     elif dtype is DType.Q6_K:  # d * sc(int8) * (q - 32)
         b[:, 208:210] = _f16_field(rng, nb, std / (74 * 18))
+    elif dtype is DType.MXFP4:  # level (doubled E2M1, std ~5.9) * 2^(e - 128)
+        e = round(128 + np.log2(std / 5.9))
+        b[:, 0] = rng.integers(e - 1, e + 2, nb)
+        b[: min(2, nb), 0] = (0, 1)[: min(2, nb)]  # the subnormal scales (e < 2) too
     else:
         raise ValueError(f"no random blocks for {dtype}")
     return b.reshape(rows, -1), Q[dtype.name]

@@ -1,6 +1,6 @@
 """The CUDA backend's unpacking of every block type it keeps on the GPU
 (:mod:`modelc.runtime.backends.cuda_quants`: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K
-to Q6_K, IQ4_NL, IQ4_XS), compiled here as C++ for the CPU and held bit for bit to
+to Q6_K, IQ4_NL, IQ4_XS, MXFP4), compiled here as C++ for the CPU and held bit for bit to
 :mod:`modelc.formats.quants`, so their bit layouts are checked in CI, which has no GPU
 (the H200 runs ``tests/test_cuda.py`` over the same types through the real kernels).
 
@@ -39,6 +39,7 @@ static inline float __fadd_rn(float a, float b) { volatile float r = a + b; retu
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 static inline float h2f(u16 h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline u16 ld16(const u8* p) { u16 v; memcpy(&v, p, 2); return v; }
+static inline float __uint_as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 static inline u32 ld32(const u8* p) { u32 v; memcpy(&v, p, 4); return v; }
 static inline u32 __funnelshift_r(u32 lo, u32 hi, u32 sh) {  // CUDA's shf.r.clamp
   sh = sh < 32 ? sh : 32;

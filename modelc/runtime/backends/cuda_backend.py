@@ -45,9 +45,8 @@ class CudaBackend(NumpyFallback):
     @staticmethod
     def _on_device(w: Weight) -> bool:
         """Whether the kernels take ``w`` exactly: a width of 32s, some rows, a type they
-        read as stored or widened without rounding (BF16 to f32; MXFP4's values and
-        power-of-two scales to f16, exact at the scales models use)."""
-        exact = w.dtype in CODES or w.dtype in (DType.BF16, DType.MXFP4)
+        read as stored or widened without rounding (BF16 to f32)."""
+        exact = w.dtype in CODES or w.dtype is DType.BF16
         return exact and w.shape[0] > 0 and w.shape[1] > 0 and w.shape[1] % 32 == 0
 
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:

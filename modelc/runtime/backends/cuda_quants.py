@@ -1,6 +1,7 @@
 """CUDA C for unpacking every GGUF block type the CUDA backend keeps on the GPU: F32, F16,
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (Q5_0 and
-after in session 17; they were widened to f16 at upload before: 3-4x the memory).
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4 (Q5_0
+and after in session 17, MXFP4 -- gpt-oss's experts -- in session 37; they were widened to
+f16 at upload before: 3-4x the memory).
 
 ``DEQ32`` holds each type's ``deq32<T>`` (one 32-weight group: the lane-a-group GEMV and
 the row dequantizer before cuBLAS), spliced into :mod:`.cuda_src` after the template's
@@ -12,7 +13,8 @@ bit with it (``tests/test_cuda_quants_host.py`` compiles this for the CPU to che
 
 from __future__ import annotations
 
-TYPES = (6, 7, 10, 11, 13, 20, 23)  # GGML's numbers: Q5_0 Q5_1 Q2_K Q3_K Q5_K IQ4_NL IQ4_XS
+# GGML's numbers: Q5_0 Q5_1 Q2_K Q3_K Q5_K IQ4_NL IQ4_XS MXFP4
+TYPES = (6, 7, 10, 11, 13, 20, 23, 39)
 
 DEQ32 = r"""
 // IQ4_NL / IQ4_XS's 16 levels {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
@@ -21,6 +23,17 @@ DEQ32 = r"""
 __device__ __forceinline__ float iq4_level(u32 i) {
   u32 lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, i & 7), hi = __byte_perm(0x26190D01u, 0x71594535u, i & 7);
   return (float)(signed char)((i & 8 ? hi : lo) & 0xff);
+}
+// MXFP4's 16 levels (ggml's kvalues_mxfp4: the E2M1 values doubled) {0, 1, 2, 3, 4, 6, 8, 12,
+// 0, -1, -2, -3, -4, -6, -8, -12}, picked the same way
+__device__ __forceinline__ float mxfp4_level(u32 i) {
+  u32 lo = __byte_perm(0x03020100u, 0x0C080604u, i & 7), hi = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, i & 7);
+  return (float)(signed char)((i & 8 ? hi : lo) & 0xff);
+}
+// an E8M0 scale halved (ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), subnormal below e = 2),
+// the doubled levels' match
+__device__ __forceinline__ float e8m0_half(u32 e) {
+  return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
 }
 
 // Q4_K / Q5_K: the 6-bit scale and min of group s (0..7) of a super-block
@@ -203,6 +216,16 @@ template <> __device__ __forceinline__ void deq32<23>(const u8* __restrict__ row
     w[i + 16] = __fmul_rn(dl, iq4_level(v >> 4));
   }
 }
+template <> __device__ __forceinline__ void deq32<39>(const u8* __restrict__ row, int g, float* w) {  // MXFP4
+  const u8* b = row + (size_t)g * 17;
+  float d = e8m0_half(b[0]);
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    u32 v = b[1 + i];
+    w[i] = __fmul_rn(mxfp4_level(v & 15), d);
+    w[i + 16] = __fmul_rn(mxfp4_level(v >> 4), d);
+  }
+}
 """
 
 DEQ4 = r"""
@@ -338,5 +361,13 @@ template <> __device__ __forceinline__ void deq4<23>(const u8* __restrict__ row,
   int sh = (sub >> 2) * 4;
 #pragma unroll
   for (int k = 0; k < 4; k++) w[k] = __fmul_rn(dl, iq4_level((q[k] >> sh) & 15));
+}
+template <> __device__ __forceinline__ void deq4<39>(const u8* __restrict__ row, int g, int sub, float* w) {  // MXFP4
+  const u8* b = row + (size_t)g * 17;
+  float d = e8m0_half(b[0]);
+  const u8* q = b + 1 + (sub & 3) * 4;
+  int sh = (sub >> 2) * 4;
+#pragma unroll
+  for (int k = 0; k < 4; k++) w[k] = __fmul_rn(mxfp4_level((q[k] >> sh) & 15), d);
 }
 """

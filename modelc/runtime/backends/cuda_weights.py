@@ -29,6 +29,7 @@ CODES: dict[DType, int] = {
     DType.Q5_K: 13,
     DType.IQ4_NL: 20,
     DType.IQ4_XS: 23,
+    DType.MXFP4: 39,
 }
 
 
