@@ -61,6 +61,10 @@ def random_blocks(
             np.float32 if dtype is DType.F32 else np.float16
         )
         return x, None
+    if dtype is DType.BF16:  # f32 rounded to its high half (to nearest, ties to even)
+        u = rng.normal(0, std, (rows, cols)).astype(np.float32).view(np.uint32)
+        bits = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        return bits.astype(np.uint16).view(np.uint8).reshape(rows, -1), Q.BF16
     bs, ts = BLOCK_SIZES[dtype]
     nb = rows * cols // bs
     b = rng.integers(0, 256, (nb, ts), dtype=np.uint8)

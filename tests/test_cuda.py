@@ -40,7 +40,7 @@ gpu = pytest.mark.skipif(WHY is not None, reason=f"no CUDA here: {WHY}")
 TYPES = [
     *(DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0),
     *(DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K),
-    *(DType.IQ4_NL, DType.IQ4_XS, DType.MXFP4, DType.F16, DType.F32),
+    *(DType.IQ4_NL, DType.IQ4_XS, DType.MXFP4, DType.BF16, DType.F16, DType.F32),
 ]
 
 

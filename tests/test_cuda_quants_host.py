@@ -1,6 +1,6 @@
 """The CUDA backend's unpacking of every block type it keeps on the GPU
 (:mod:`modelc.runtime.backends.cuda_quants`: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K
-to Q6_K, IQ4_NL, IQ4_XS, MXFP4), compiled here as C++ for the CPU and held bit for bit to
+to Q6_K, IQ4_NL, IQ4_XS, MXFP4, BF16), compiled here as C++ for the CPU and held bit for bit to
 :mod:`modelc.formats.quants`, so their bit layouts are checked in CI, which has no GPU
 (the H200 runs ``tests/test_cuda.py`` over the same types through the real kernels).
 

@@ -12,8 +12,8 @@ in their GGUF blocks.
   dequantized into a scratch matrix (``deq8``) and one cuBLAS ``gemmEx`` (:mod:`.cuda_blas`;
   f16 tensor cores, f32 in exact mode), captured in the step's CUDA graph like the rest.
 * :class:`~.cuda_weights.DevWeight` is a weight uploaded once: Q4_0, Q4_1, Q5_0, Q5_1,
-  Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, F16 and F32 as stored; BF16 widened to F32 and the
-  other GGUF types dequantized to F16 at upload.
+  Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, BF16, F16 and F32 as stored; the other GGUF
+  types dequantized to F16 at upload.
 * :class:`CudaBackend` is the :class:`~modelc.runtime.backend.Backend` for op-level parity
   tests; the model-level path that keeps a step on the device is
   :class:`~modelc.runtime.backends.cuda_llama.CudaLlama`, its KV cache in :mod:`.cuda_kv`.

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from modelc.formats.ir import DType
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda import device, head_runs
 from modelc.runtime.backends.cuda_weights import CODES, DevWeight
@@ -45,8 +44,8 @@ class CudaBackend(NumpyFallback):
     @staticmethod
     def _on_device(w: Weight) -> bool:
         """Whether the kernels take ``w`` exactly: a width of 32s, some rows, a type they
-        read as stored or widened without rounding (BF16 to f32)."""
-        exact = w.dtype in CODES or w.dtype is DType.BF16
+        read as stored."""
+        exact = w.dtype in CODES
         return exact and w.shape[0] > 0 and w.shape[1] > 0 and w.shape[1] % 32 == 0
 
     def matmul(self, w: Weight, x: F32Array, out: F32Array | None = None) -> F32Array:

@@ -1,7 +1,7 @@
 """CUDA C for unpacking every GGUF block type the CUDA backend keeps on the GPU: F32, F16,
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4 (Q5_0
-and after in session 17, MXFP4 -- gpt-oss's experts -- in session 37; they were widened to
-f16 at upload before: 3-4x the memory).
+BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4
+(Q5_0 and after in session 17, MXFP4 -- gpt-oss's experts -- and BF16 in session 37; they
+were widened at upload before: MXFP4 to f16, 3.8x the memory, BF16 to f32, 2x).
 
 ``DEQ32`` holds each type's ``deq32<T>`` (one 32-weight group: the lane-a-group GEMV and
 the row dequantizer before cuBLAS), spliced into :mod:`.cuda_src` after the template's
@@ -13,8 +13,8 @@ bit with it (``tests/test_cuda_quants_host.py`` compiles this for the CPU to che
 
 from __future__ import annotations
 
-# GGML's numbers: Q5_0 Q5_1 Q2_K Q3_K Q5_K IQ4_NL IQ4_XS MXFP4
-TYPES = (6, 7, 10, 11, 13, 20, 23, 39)
+# GGML's numbers: Q5_0 Q5_1 Q2_K Q3_K Q5_K IQ4_NL IQ4_XS BF16 MXFP4
+TYPES = (6, 7, 10, 11, 13, 20, 23, 30, 39)
 
 DEQ32 = r"""
 // IQ4_NL / IQ4_XS's 16 levels {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
@@ -216,6 +216,15 @@ template <> __device__ __forceinline__ void deq32<23>(const u8* __restrict__ row
     w[i + 16] = __fmul_rn(dl, iq4_level(v >> 4));
   }
 }
+template <> __device__ __forceinline__ void deq32<30>(const u8* __restrict__ row, int g, float* w) {  // BF16
+  const u8* b = row + (size_t)g * 64;  // a bf16 is the high half of its f32: exact
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    u32 v = ld32(b + 4 * i);
+    w[2 * i] = __uint_as_float(v << 16);
+    w[2 * i + 1] = __uint_as_float(v & 0xffff0000u);
+  }
+}
 template <> __device__ __forceinline__ void deq32<39>(const u8* __restrict__ row, int g, float* w) {  // MXFP4
   const u8* b = row + (size_t)g * 17;
   float d = e8m0_half(b[0]);
@@ -361,6 +370,12 @@ template <> __device__ __forceinline__ void deq4<23>(const u8* __restrict__ row,
   int sh = (sub >> 2) * 4;
 #pragma unroll
   for (int k = 0; k < 4; k++) w[k] = __fmul_rn(dl, iq4_level((q[k] >> sh) & 15));
+}
+template <> __device__ __forceinline__ void deq4<30>(const u8* __restrict__ row, int g, int sub, float* w) {  // BF16
+  const u8* b = row + (size_t)(g * 32 + sub * 4) * 2;
+  u32 a = ld32(b), c = ld32(b + 4);
+  w[0] = __uint_as_float(a << 16); w[1] = __uint_as_float(a & 0xffff0000u);
+  w[2] = __uint_as_float(c << 16); w[3] = __uint_as_float(c & 0xffff0000u);
 }
 template <> __device__ __forceinline__ void deq4<39>(const u8* __restrict__ row, int g, int sub, float* w) {  // MXFP4
   const u8* b = row + (size_t)g * 17;

@@ -17,6 +17,7 @@ from modelc.runtime.backends.numpy_ref import dequantize_weight
 CODES: dict[DType, int] = {
     DType.F32: 0,
     DType.F16: 1,
+    DType.BF16: 30,
     DType.Q4_0: 2,
     DType.Q4_1: 3,
     DType.Q8_0: 8,
@@ -71,6 +72,4 @@ def host_part(w: Weight) -> tuple[np.ndarray[Any, Any], DType]:
     """The bytes to upload for ``w`` and the type they are in."""
     if w.dtype in CODES:
         return np.ascontiguousarray(w.data).view(np.uint8).reshape(w.shape[0], -1), w.dtype
-    if w.dtype is DType.BF16:
-        return dequantize_weight(w).view(np.uint8), DType.F32
     return dequantize_weight(w).astype(np.float16).view(np.uint8), DType.F16
