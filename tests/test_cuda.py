@@ -181,7 +181,9 @@ def test_matmul_and_rows_match_the_reference(cuda_be: Any, dtype: DType) -> None
 
 
 @gpu
-def test_norm_silu_attention_match_the_reference(cuda_be: Any) -> None:
+def test_norm_silu_attention_match_the_reference(
+    cuda_be: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from modelc.runtime.backends.numpy_ref import NumpyBackend
 
     ref, rng = NumpyBackend(), np.random.default_rng(2)
@@ -202,6 +204,14 @@ def test_norm_silu_attention_match_the_reference(cuda_be: Any) -> None:
             want = ref.attention(q, k, v, 34, s, window=window, softcap=cap)
             assert rel(got, want) < 1e-5, (hd, kv_dtype, window, cap)
             assert rel(want, ref.attention(q, k, v, 34, s)) > 1e-3  # the case is not moot
+        sinks = rng.standard_normal(8).astype(np.float32) * 3  # gpt-oss: a logit a head
+        monkeypatch.setenv("MODELC_CUDA_GPTOSS", "1")  # the kernel's sinks, not numpy's
+        for window in (0, 4):
+            got = cuda_be.attention(q, k, v, 34, s, window=window, sinks=sinks)
+            want = ref.attention(q, k, v, 34, s, window=window, sinks=sinks)
+            assert rel(got, want) < 1e-5, (hd, kv_dtype, window, "sinks")
+            assert rel(want, ref.attention(q, k, v, 34, s, window=window)) > 1e-3
+        monkeypatch.delenv("MODELC_CUDA_GPTOSS")
 
 
 # -- models -------------------------------------------------------------------------------
@@ -303,6 +313,27 @@ def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fam
     dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
     dev.dev.exact = True
     check_batches(cpu_exact(ir), dev, gf.BASE["vocab_size"])
+
+
+@gpu
+def test_gptoss_fused_matches_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny gpt-oss (tests/gen_gptoss: sinks, the attention output's bias, alternating
+    windows of 4, YaRN, MXFP4 experts with biases and the clamped SwiGLU) at head size 32
+    through ``build_cuda`` with ``MODELC_CUDA_GPTOSS=1`` (the device-resident forward, not
+    op by op) against the CPU backend (:func:`check_batches`)."""
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+    from modelc.runtime.backends.cuda_offload import build_cuda
+    from tests import gen_gptoss as go
+
+    monkeypatch.setenv("MODELC_CUDA_GPTOSS", "1")
+    monkeypatch.setattr(go, "CONFIG", {**go.CONFIG, "head_dim": 32})
+    path = tmp_path / "gptoss.gguf"
+    go.write_gguf("mxfp4", go.make_weights("mxfp4"), path)
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    assert isinstance(dev, CudaLlama)
+    dev.dev.exact = True
+    check_batches(cpu_exact(ir), dev, go.N_VOCAB)
 
 
 @gpu

@@ -462,8 +462,8 @@ def test_tiled_prompt_attention_equals_a_block_a_row(be: Any, hd: int, f16: bool
     """``attn_tile`` (:mod:`~modelc.runtime.backends.cuda_attn`: a tile of rows a block,
     keys read once into shared memory) against ``attend`` (a block a row and head), with
     GQA, on a step mixing a 37-row prompt chunk (three tiles, at positions 20..56), a
-    decode row (at 70) and a 3-row chunk (0..2), causal, in a sliding window of 5 and with
-    soft-capped scores: within 1e-5."""
+    decode row (at 70) and a 3-row chunk (0..2), causal, in a sliding window of 5, with
+    soft-capped scores and with sinks: within 1e-5."""
     from modelc.runtime.backends.cuda_attn import ROWS
 
     cp, dev, nh, nkv = be.cp, be.dev, 4, 2
@@ -473,13 +473,17 @@ def test_tiled_prompt_attention_equals_a_block_a_row(be: Any, hd: int, f16: bool
     q, parts, n, tiles, sizes, _caches = step
     assert sizes == [16, 16, 5, 1, 3]
     dev.attn_mma = False  # the float tiles (an f16 cache takes the tensor cores' by default)
-    try:
-        for window, softcap in ((0, 0.0), (5, 0.0), (0, 30.0)):
+    sinks = cp.asarray(np.random.default_rng(18).standard_normal(nh).astype(np.float32) * 3)
+    try:  # gpt-oss's sinks too: a logit a head in the softmax's denominator
+        for window, softcap, sk in ((0, 0.0, None), (5, 0.0, None), (0, 30.0, None), (0, 0.0, sinks), (5, 0.0, sinks)):  # fmt: skip
             a, b = cp.zeros((n, nh * hd), np.float32), cp.zeros((n, nh * hd), np.float32)
             args = (parts, n, nh, nkv, hd, f16, 1 / np.sqrt(hd), window, 0)
-            dev.attention(q, *args, a, softcap)
-            assert dev.attention(q, *args, b, softcap, tiles=tiles) is None
+            dev.attention(q, *args, a, softcap, sinks=sk)
+            assert dev.attention(q, *args, b, softcap, tiles=tiles, sinks=sk) is None
             np.testing.assert_allclose(b.get(), a.get(), rtol=1e-5, atol=1e-5)
+            if sk is not None:  # the case is not moot
+                dev.attention(q, *args, b, softcap, tiles=tiles)
+                assert float(np.abs(b.get() - a.get()).max()) > 1e-3
     finally:
         restore(dev)
 
@@ -505,13 +509,14 @@ def test_prompt_attention_on_tensor_cores(be: Any, hd: int) -> None:
         be, rng, chunks, nh, nkv, hd, 130, np.float16, MMA_ROWS
     )
     assert sizes == [64, 36, 1, 3]
-    for window, softcap in ((0, 0.0), (5, 0.0), (40, 0.0), (0, 30.0)):
+    sinks = cp.asarray(rng.standard_normal(nh).astype(np.float32) * 3)  # gpt-oss's
+    for window, softcap, sk in ((0, 0.0, None), (5, 0.0, None), (40, 0.0, None), (0, 30.0, None), (0, 0.0, sinks), (40, 0.0, sinks)):  # fmt: skip
         a, b = cp.zeros((n, nh * hd), np.float32), cp.zeros((n, nh * hd), np.float32)
         args = (parts, n, nh, nkv, hd, True, 1 / np.sqrt(hd), window, 0)
-        dev.attention(q, *args, a, softcap)
-        assert dev.attention(q, *args, b, softcap, tiles=tiles) is None
+        dev.attention(q, *args, a, softcap, sinks=sk)
+        assert dev.attention(q, *args, b, softcap, tiles=tiles, sinks=sk) is None
         err = float(np.abs(b.get() - a.get()).max())
-        print(f"hd {hd} window {window} softcap {softcap}: {err:.2e}")
+        print(f"hd {hd} window {window} softcap {softcap} sinks {sk is not None}: {err:.2e}")
         assert np.isfinite(b.get()).all() and err < 4e-3, err
     restore(dev)
 

@@ -410,6 +410,7 @@ class Device:
         then: DevWeight | None = None,
         tiles: tuple[Any, int] | None = None,
         rope: tuple[Any, Any, Any, bool] | None = None,
+        sinks: Any = None,
     ) -> Any:
         """Query rows (n, nh, hd) over their sequences' caches; meta = pos, seq, base, cap;
         ``window`` > 0 sees the last ``window`` positions, ``softcap`` > 0 caps the scores.
@@ -418,11 +419,13 @@ class Device:
         32..128), for steps with prompt chunks.  Where ``then`` (the next product, of out)
         takes the q8 path, out is quantized in the same launch (head sizes 32, 64, 128,
         256): returns :meth:`matmul`'s ``q8``, else None.  ``rope`` (qkv, bias, inv_freq,
-        neox; a decode step): rope_store's work done here (:mod:`.cuda_decode`)."""
+        neox; a decode step): rope_store's work done here (:mod:`.cuda_decode`).  ``sinks``
+        (nh,) on the device: each head's sink logit in its softmax's denominator (gpt-oss)."""
         e = hd // 32
         if hd % 32 or e not in HEAD_LANES:
             raise UnsupportedError(f"CUDA attention takes head sizes 32..256 by 32s, got {hd}")
         pos, seq, base, cap = meta
+        sk = sinks if sinks is not None else np.uint64(0)
         if tiles is not None and attn_tiles_run(hd):  # tensor cores (4 warps) or floats (8)
             mma = self.tile_rows(f16) == MMA_ROWS
             name = f"attn_mma_{e}" if mma else f"attn_tile_{'f16' if f16 else 'f32'}_{e}"
@@ -430,7 +433,7 @@ class Device:
                 (tiles[1], nh),
                 (128 if mma else 256,),
                 (q, pos, seq, base, cap, tiles[0], np.int32(nh), np.int32(nkv),
-                 np.float32(scale), np.int32(window), np.float32(softcap), np.int32(layer), out),
+                 np.float32(scale), np.int32(window), np.float32(softcap), np.int32(layer), out, sk),
             )  # fmt: skip
             return None
         q8: Any = None
@@ -443,7 +446,7 @@ class Device:
              np.int32(window), np.float32(softcap), np.int32(layer), out,
              *(q8 if q8 is not None else (np.uint64(0), np.uint64(0))),
              *split_args(self.scratch, n, nh, hd, self.attn_split),
-             *(rope[:3] if rope else (np.uint64(0),) * 3), np.int32(bool(rope and rope[3]))),
+             *(rope[:3] if rope else (np.uint64(0),) * 3), np.int32(bool(rope and rope[3])), sk),
         )  # fmt: skip
         return q8
 

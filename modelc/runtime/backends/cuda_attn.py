@@ -8,7 +8,7 @@ sequence's chunk and one head: each 32-key piece of the cache is read once into 
 memory (as f32) and used by every row of the tile, lane ``t`` scoring key ``t`` against
 the tile's queries (kept in shared memory, scaled), then an online softmax a row
 (FlashAttention's) and each lane accumulating the values of dimensions ``lane + 32 e``.
-Causal within the chunk, sliding windows and soft-capped scores as ``attend``.
+Causal within the chunk, sliding windows, soft-capped scores and sinks as ``attend``.
 
 Tiles come from the host as (first row, rows) pairs (:func:`tiles`), so a step mixing
 prompt chunks and decode rows runs in one launch (a decode row is a tile of one).  Head
@@ -41,7 +41,7 @@ template <typename KV, int E>
 __device__ __forceinline__ void attend_tile(const float* __restrict__ q, const i64* __restrict__ pos,
     const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
     const i64* __restrict__ tiles, int nh, int nkv, float scale, int window, float softcap,
-    int layer, float* __restrict__ out) {
+    int layer, float* __restrict__ out, const float* __restrict__ sinks) {
   const int hd = 32 * E;
   __shared__ float ks[32][32 * E + 1];  // +1: lane t reads row t, column d, no bank clashes
   __shared__ float vs[32][32 * E];
@@ -107,8 +107,9 @@ __device__ __forceinline__ void attend_tile(const float* __restrict__ q, const i
   for (int j = 0; j < 2; j++) {
     if (p[j] < 0) continue;
     float* orow = out + ((size_t)(r0 + warp + 8 * j) * nh + h) * hd;
+    float lj = sinks ? l[j] + expf(sinks[h] - m[j]) : l[j];  // gpt-oss: the head's sink
 #pragma unroll
-    for (int e = 0; e < E; e++) orow[e * 32 + lane] = o[j][e] / l[j];
+    for (int e = 0; e < E; e++) orow[e * 32 + lane] = o[j][e] / lj;
   }
 }
 // tensor cores: D = A (16 x 16, f16, rows) . B (16 x 8, f16, columns) + D, in f32
@@ -128,7 +129,7 @@ template <int E>
 __device__ __forceinline__ void attend_mma(const float* __restrict__ q, const i64* __restrict__ pos,
     const i64* __restrict__ seq, const i64* __restrict__ base, const i64* __restrict__ cap,
     const i64* __restrict__ tiles, int nh, int nkv, float scale, int window, float softcap,
-    int layer, float* __restrict__ out) {
+    int layer, float* __restrict__ out, const float* __restrict__ sinks) {
   constexpr int HD = 32 * E, KS = HD / 16, ND = HD / 8, NK = __MMA_KEYS__, NT = NK / 8;
   constexpr int KST = HD + 8, VST = NK + 8;  // padded rows: a fragment's 8 rows in 8 bank sets
   __shared__ __align__(16) u16 ks[NK * KST];  // keys (key, dim)
@@ -251,6 +252,7 @@ __device__ __forceinline__ void attend_mma(const float* __restrict__ q, const i6
   for (int r = 0; r < 2; r++) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (sinks) l[r] += exp2f(sinks[h] * LOG2E - m[r]);  // gpt-oss: the head's sink (m in log2 units)
   }
 #pragma unroll
   for (int n = 0; n < ND; n++) {
@@ -287,9 +289,9 @@ def kv_names(name: str, lanes: tuple[int, ...]) -> list[str]:
 MMA_PARAMS = (
     "const float* q, const i64* pos, const i64* seq, const i64* base, const i64* cap, "
     "const i64* tiles, int nh, int nkv, float scale, int window, float softcap, int layer, "
-    "float* out"
+    "float* out, const float* sinks"
 )
-MMA_ARGS = "q, pos, seq, base, cap, tiles, nh, nkv, scale, window, softcap, layer, out"
+MMA_ARGS = "q, pos, seq, base, cap, tiles, nh, nkv, scale, window, softcap, layer, out, sinks"
 
 
 def instances() -> str:

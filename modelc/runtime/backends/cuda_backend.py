@@ -12,6 +12,7 @@ import numpy as np
 
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda import device, head_runs
+from modelc.runtime.backends.cuda_family import gptoss_on
 from modelc.runtime.backends.cuda_weights import CODES, DevWeight
 from modelc.runtime.backends.fallback import NumpyFallback
 
@@ -123,13 +124,13 @@ class CudaBackend(NumpyFallback):
         nq, nh, hd = q.shape
         n_kv, nkv = k.shape[0], k.shape[1]
         if (
-            sinks is not None
+            (sinks is not None and not gptoss_on())
             or not head_runs(hd)
             or k.shape != v.shape
             or k.shape[2] != hd
             or q_pos0 + nq > n_kv
-        ):  # sinks (no sink in the kernel yet), other head sizes, values unlike keys (MLA),
-            # queries past the cache (BERT): numpy's attention
+        ):  # sinks (their kernel path opt-in: cuda_family.gptoss_on), other head sizes,
+            # values unlike keys (MLA), queries past the cache (BERT): numpy's attention
             return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap, sinks)
         cp = self.cp
         f16 = k.dtype == np.float16
@@ -141,7 +142,8 @@ class CudaBackend(NumpyFallback):
         parts = (meta[:nq], meta[nq : 2 * nq], meta[2 * nq : 2 * nq + 1], meta[2 * nq + 1 :])
         qd = cp.asarray(np.ascontiguousarray(q, np.float32))
         y = cp.empty_like(qd)
-        self.dev.attention(qd, parts, nq, nh, nkv, hd, f16, scale, window, 0, y, softcap)
+        sk = None if sinks is None else cp.asarray(np.ascontiguousarray(sinks, np.float32))
+        self.dev.attention(qd, parts, nq, nh, nkv, hd, f16, scale, window, 0, y, softcap, sinks=sk)
         res: F32Array = y.get()
         if out is not None:
             out[...] = res

@@ -3,7 +3,8 @@ its helpers are): a query row at a time over its sequence's cache, a block a row
 (8 warps, each an online softmax over every 8th position), optionally split over runs of
 the positions (flash-decoding, ``MODELC_CUDA_ATTN_SPLIT=S``), optionally rotating q and
 storing the row's key and value itself (``MODELC_CUDA_ROPE_ATTN=1``: a decode step's RoPE
-and KV store without the rope_store launch)."""
+and KV store without the rope_store launch); with a head's sink (gpt-oss) in the softmax's
+denominator where ``sinks`` is not null."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ __device__ __forceinline__ void merge_runs(const volatile float* m, const volati
     for (int e = 0; e < E; e++) out[e] += o[k * os + lane * E + e] * f;
   }
 }
+// the softmax's denominator L (over scores of max M) with head h's sink, a logit without a
+// value (gpt-oss: a last column in the denominator only), where sinks is not null
+__device__ __forceinline__ float sink_sum(const float* __restrict__ sinks, int h, float M, float L) {
+  return sinks ? L + expf(sinks[h] - M) : L;
+}
 // RoPE of one head's values a lane holds (E: lane l's are l E .. l E + E - 1 of the head's raw
 // values hr, + hb where not null) at position p, by rope_store's rope_rot: neox pairs j and
 // j + hd / 2 (lanes l and l ^ 16), else 2j and 2j + 1 (within a lane: E even)
@@ -85,7 +91,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
     int nh, int nkv, float scale, int window, float softcap, int layer, float* __restrict__ out,
     signed char* __restrict__ xq, float2* __restrict__ xs, float* __restrict__ part,
     unsigned* __restrict__ count, const float* __restrict__ qkv, const float* __restrict__ bias,
-    const float* __restrict__ inv_freq, int neox) {
+    const float* __restrict__ inv_freq, int neox, const float* __restrict__ sinks) {
   int i = blockIdx.x, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int hd = 32 * E;
   long long p = pos[i], s = seq[i], c = cap[s];
@@ -172,7 +178,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
     }
   }
   if (S == 1) {  // the whole block returns together (no barrier after)
-    if (warp == 0) attn_out<E>(o, L, lane, at, out, xq, xs);
+    if (warp == 0) attn_out<E>(o, sink_sum(sinks, h, M, L), lane, at, out, xq, xs);
     return;
   }
   __shared__ bool last;
@@ -183,7 +189,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const i64* _
   __threadfence();
   const volatile float* pr = part + ((size_t)i * nh + h) * S * (hd + 2);
   merge_runs<E>(pr, pr + 1, pr + 2, S, hd + 2, hd + 2, lane, M, L, o);  // the blocks' runs
-  attn_out<E>(o, L, lane, at, out, xq, xs);
+  attn_out<E>(o, sink_sum(sinks, h, M, L), lane, at, out, xq, xs);
   if (lane == 0) count[(size_t)i * nh + h] = 0;  // for the next launch
 }
 """

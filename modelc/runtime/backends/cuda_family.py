@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
@@ -13,6 +15,23 @@ from modelc.runtime.backends.numpy_ref import NumpyBackend
 # what the GPU forward runs of the decoder's description (a feature added to it is refused
 # here until this backend runs it)
 CUDA_RUNS = GQA_FEATURES | {"moe"}
+# gpt-oss's parts (attention sinks, the attention output's bias, its experts' biases and
+# clamped SwiGLU): written in session 37 and held to the CPU by tests/test_cuda.py's GPU
+# tests, which no GPU has run yet; opt-in (MODELC_CUDA_GPTOSS=1) until one has
+GPTOSS_FEATURES = frozenset({"attn_sinks", "attn_out_bias", "moe_oai"})
+
+
+def gptoss_on() -> bool:
+    """Whether gpt-oss's parts run on the GPU (``MODELC_CUDA_GPTOSS=1``): the fused
+    forward's, and the op-level attention's sinks (else numpy's attention takes a layer
+    with sinks)."""
+    return os.environ.get("MODELC_CUDA_GPTOSS") == "1"
+
+
+def cuda_runs() -> frozenset[str]:
+    """What the device-resident forward runs: :data:`CUDA_RUNS`, and gpt-oss's parts with
+    :func:`gptoss_on`."""
+    return frozenset(CUDA_RUNS | (GPTOSS_FEATURES if gptoss_on() else frozenset()))
 
 
 def cuda_host(ir: ModelIR) -> Decoder:
@@ -23,5 +42,5 @@ def cuda_host(ir: ModelIR) -> Decoder:
         raise UnsupportedError(
             f"{ir.architecture} models do not run on --device cuda yet; use --device cpu"
         )
-    refuse_unsupported(host.spec, "--device cuda", CUDA_RUNS, "use --device cpu")
+    refuse_unsupported(host.spec, "--device cuda", cuda_runs(), "use --device cpu")
     return host

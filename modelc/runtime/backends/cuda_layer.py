@@ -10,6 +10,7 @@ import numpy as np
 from modelc.errors import UnsupportedError
 from modelc.runtime.arch.decoder import DecoderBlock
 from modelc.runtime.arch.moe import Experts
+from modelc.runtime.arch.moe_oai import OaiBiases, swiglu_oai
 from modelc.runtime.backends.cuda_backend import CudaBackend
 
 
@@ -41,6 +42,7 @@ class DevLayer:
         self.bias = None if bias is None else cp.asarray(bias)
         self.q_norm, self.k_norm = vec(b.q_norm), vec(b.k_norm)  # (hd,) each, or None
         self.post_attn_norm = vec(b.post_attn_norm)  # (d,) or None
+        self.sinks, self.bo = vec(b.sinks), vec(b.bo)  # gpt-oss: (nh,) and (d,), or None
         self.post_ffw_norm = vec(b.post_ffw_norm)
         self.window, self.inv_freq = window, inv_freq
 
@@ -54,17 +56,20 @@ class DevLayer:
 class DevExperts:
     """A mixture's FFN on the GPU: the router, each expert's gate+up and down (as llama.cpp's
     ``build_moe_ffn``: softmax over every expert, the ``n_used`` most probable, their
-    weights renormalised to sum to 1).  Which experts a step uses is read on the host, so
-    such a model's steps run without CUDA graphs."""
+    weights renormalised to sum to 1 -- the softmax of the chosen logits alone, as gpt-oss
+    weighs them).  gpt-oss's (:mod:`~modelc.runtime.arch.moe_oai`): the router's and each
+    expert's biases, its clamped SwiGLU.  Which experts a step uses is read on the host,
+    so such a model's steps run without CUDA graphs."""
 
     def __init__(self, be: CudaBackend, e: Experts) -> None:
-        if e.routing is not None or e.bias is not None or e.shared is not None or e.oai:
+        if e.routing is not None or e.bias is not None or e.shared is not None:
             raise UnsupportedError("CUDA runs softmax-routed experts only; use --device cpu")
         self.router = be.dev.upload([e.router])  # (n_expert, d)
         self.gu = [be.dev.upload([g, u]) for g, u in zip(e.gate, e.up, strict=True)]
         self.down = [be.dev.upload([w]) for w in e.down]  # (d, ff) each
         self.n_used = e.n_used
         self.ff = int(e.gate[0].shape[0])
+        self.oai = None if e.oai is None else DevOai(be.cp, e.oai)
 
     @property
     def nbytes(self) -> int:
@@ -72,8 +77,11 @@ class DevExperts:
 
     def run(self, dev: Any, cp: Any, h: Any, n: int, x: Any) -> None:
         """x[:n] += the experts' FFN of h[:n] (both (rows, d) on the device)."""
+        oai = self.oai
         logits = cp.empty((n, self.router.rows), np.float32)
         dev.matmul(self.router, h, n, logits)
+        if oai is not None:
+            logits += oai.router
         p = cp.exp(logits - logits.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         top = cp.argsort(-p, axis=1)[:, : self.n_used]  # (n, used)
@@ -87,9 +95,28 @@ class DevExperts:
             xe = cp.ascontiguousarray(h[rd])  # (m, d)
             gu = cp.empty((m, 2 * self.ff), np.float32)
             dev.matmul(self.gu[ex], xe, m, gu)
-            g = cp.empty((m, self.ff), np.float32)
-            dev.act_mul(gu, m, self.ff, g)
             y = cp.empty((m, h.shape[1]), np.float32)
-            dev.matmul(self.down[ex], g, m, y)
+            if oai is not None:
+                g = oai.act(gu, int(ex), self.ff)
+                dev.matmul(self.down[ex], g, m, y)
+                y += oai.down[ex]
+            else:
+                g = cp.empty((m, self.ff), np.float32)
+                dev.act_mul(gu, m, self.ff, g)
+                dev.matmul(self.down[ex], g, m, y)
             y *= w[rd, cp.asarray(slot)][:, None]
             x[rd] += y  # rows are distinct within one expert
+
+
+class DevOai:
+    """gpt-oss's expert biases on the device, and its clamped SwiGLU: the CPU's own
+    :func:`~modelc.runtime.arch.moe_oai.swiglu_oai` (its numpy calls run CuPy's on device
+    arrays: NumPy's ``__array_ufunc__`` / ``__array_function__`` dispatch)."""
+
+    def __init__(self, cp: Any, b: OaiBiases) -> None:
+        self.router, self.gate, self.up = cp.asarray(b.router), cp.asarray(b.gate), cp.asarray(b.up)
+        self.down, self.limit = cp.asarray(b.down), np.float32(b.limit)
+
+    def act(self, gu: Any, ex: int, ff: int) -> Any:
+        """swiglu_oai(g + b_gate, u + b_up) of expert ``ex``'s gate+up rows ``gu`` (m, 2 ff)."""
+        return swiglu_oai(gu[:, :ff] + self.gate[ex], gu[:, ff:] + self.up[ex], self.limit)

@@ -297,9 +297,9 @@ class CudaLlama(CausalLM):
                 )  # fmt: skip
             q8 = dev.attention(
                 self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scale, ly.window, li,
-                self.attn, self.attn_softcap, then=ly.wo, tiles=tiles, rope=ra,
+                self.attn, self.attn_softcap, then=ly.wo, tiles=tiles, rope=ra, sinks=ly.sinks,
             )  # fmt: skip
-            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8)
+            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8, ly.bo)
             if ly.experts is not None:
                 dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
                 ly.experts.run(dev, self.cp, self.h, n, self.x)
@@ -317,13 +317,19 @@ class CudaLlama(CausalLM):
             if self.final_softcap:
                 dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
 
-    def _residual(self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any = None) -> None:
-        """x += a @ w.T, or x += post_norm(a @ w.T) (gemma; through ``h``, free by then);
-        ``q8``: a already quantized for the int8 GEMV."""
+    def _residual(
+        self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any = None, bias: Any = None
+    ) -> None:
+        """x += a @ w.T (+ bias: gpt-oss's attention output), or x += post_norm(a @ w.T)
+        (gemma; through ``h``, free by then); ``q8``: a already quantized for the int8 GEMV."""
         if post_norm is None:
             self.dev.matmul(w, a, n, self.x, acc=True, q8=q8)
+            if bias is not None:
+                self.x[:n] += bias
         else:
             self.dev.matmul(w, a, n, self.h, q8=q8)
+            if bias is not None:
+                self.h[:n] += bias
             self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)
 
     def _step(

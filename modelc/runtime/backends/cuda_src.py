@@ -344,9 +344,9 @@ def _instances() -> str:
             "const float* q, const i64* pos, const i64* seq, const i64* base, const i64* cap, "
             "int nh, int nkv, float scale, int window, float softcap, int layer, float* out, "
             "signed char* xq, float2* xs, float* part, unsigned* count, const float* qkv, "
-            "const float* bias, const float* inv_freq, int neox",
+            "const float* bias, const float* inv_freq, int neox, const float* sinks",
             "q, pos, seq, base, cap, nh, nkv, scale, window, softcap, layer, out, xq, xs, part, "
-            "count, qkv, bias, inv_freq, neox",
+            "count, qkv, bias, inv_freq, neox, sinks",
         )
     )
     return "\n".join(out)
