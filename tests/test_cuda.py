@@ -337,6 +337,26 @@ def test_gptoss_fused_matches_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @gpu
+def test_smollm3_nope_layers_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny SmolLM3 (tests/gen_smollm3: its fourth layer without RoPE) at head size 32
+    device-resident, its NoPE layer rotated by zero frequencies, against the CPU backend
+    (:func:`check_batches`)."""
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+    from modelc.runtime.backends.cuda_offload import build_cuda
+    from tests import gen_smollm3 as sm
+
+    monkeypatch.setattr(sm, "CONFIG", {**sm.CONFIG, "hidden_size": 128})  # 4 heads of 32
+    path = tmp_path / "smollm3.gguf"
+    sm.write_gguf(sm.weights(), path)
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    assert isinstance(dev, CudaLlama)
+    assert [bool(f.any()) for f in dev.inv_freq_host] == [True, True, True, False]  # layer 4: NoPE
+    dev.dev.exact = True
+    check_batches(cpu_exact(ir), dev, sm.CONFIG["vocab_size"])
+
+
+@gpu
 def test_phi3_long_factors_keep_to_the_original_context(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -98,10 +98,11 @@ class CudaLlama(CausalLM):
         if self.ends and not head:
             raise UnsupportedError("the GPU part that ends a model computes its head too")
         windows = sp.windows[lo:hi]
-        self.inv_freq_host = [
-            host.inv_freq_local if loc else host.inv_freq for loc in sp.local_rope[lo:hi]
-        ]
         self.shift_invs = layer_inv_freqs(sp, host.inv_freq, host.inv_freq_local, lo, hi)
+        # a layer without RoPE (smollm3's NoPE) rotates by zero frequencies: sin 0 = 0 and
+        # cos 0 = 1 leave every pair as it was, to the bit
+        still = np.zeros_like(host.inv_freq)
+        self.inv_freq_host = [still if f is None else f for f in self.shift_invs]
         self.kv_shape = KVShape(hi - lo, self.nkv, self.hd)
         self.be, self.dev, self.cp = backend, backend.dev, backend.cp
         cp = self.cp
