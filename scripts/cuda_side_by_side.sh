@@ -32,7 +32,8 @@
 #                                              decode and pp2048, modelc and llama-bench on the same
 #                                              files; MS1_MODELS: which; MS1_SETS, OLD, MS1_TESTS:
 #                                              settings / old code alternated, the GPU tests first;
-#                                              FLOOR=1: bench/cuda_floor.py on each model)
+#                                              FLOOR=1: bench/cuda_floor.py on each model;
+#                                              NO_LLAMA=1: no llama.cpp, ~4 min)
 #   bash scripts/cuda_side_by_side.sh depth   (~8 min: decode after a DEPTH-token prompt (4000),
 #                                              modelc's attention unsplit and split
 #                                              (DEPTH_SETS), llama-bench -d beside)
@@ -296,6 +297,7 @@ if [ -z "${1:-}" ]; then
   MODELC_CUDA_GRAPH_BUCKETS=1 MODELC_MATMUL=exact timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider \
     -rs tests/test_cuda.py >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -20
+  [ -n "${NO_LLAMA:-}" ] && { at "end"; exit 0; }
   at "waiting for llama.cpp"
   while [ -f /tmp/llama_building ]; do sleep 2; done
   at "modelc decode steps"
@@ -431,7 +433,7 @@ if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows
   # same files (MS1_MODELS) in the same call; modelc's decode while llama.cpp builds (each
   # model with each of MS1_SETS in turn, as alternate's; OLD=abc1234 unpacks the old code for
   # a set "@/tmp/old_abc1234"; MS1_TESTS=1: the GPU tests here first) and again after it
-  start_ab 0
+  if [ -n "${NO_LLAMA:-}" ]; then start_ab; else start_ab 0; fi  # NO_LLAMA=1: modelc alone (~4 min)
   if [ -n "${MS1_TESTS:-}" ]; then
     at "GPU tests here (llama.cpp building beside)"
     gpu_tests ms1 150 tests/test_cuda_decode.py tests/test_cuda_kernels.py
@@ -453,6 +455,7 @@ if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows
     timeout 60 python3 -m modelc bench $M/$m.gguf --device cuda --prompt-lens 2048 --batches 1 \
       --steps 16 --reps 2 2>&1 | grep -E "prefill|decode" | sed "s/^/$m /"
   done
+  [ -n "${NO_LLAMA:-}" ] && { at "end"; exit 0; }
   at "waiting for llama.cpp"
   while [ -f /tmp/llama_building ]; do sleep 2; done
   grep -iE "error|failed" "$OUT/llama_build.log" /tmp/lsrc/build.log 2>/dev/null | head -5
