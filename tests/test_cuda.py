@@ -357,6 +357,26 @@ def test_smollm3_nope_layers_match_cpu(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 @gpu
+def test_olmo2_post_norms_and_whole_qk_norms_match_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny OLMo 2 (tests/gen_olmo2: norms after attention and the FFN only, Q/K norms
+    over the whole projection) at head size 32 device-resident against the CPU backend."""
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+    from modelc.runtime.backends.cuda_offload import build_cuda
+    from tests import gen_olmo2 as ol
+
+    cfg = {**ol.CONFIG, "hidden_size": 128}  # 4 heads of 32
+    path = tmp_path / "olmo2.gguf"
+    ol.write_gguf(ol.olmo_weights(cfg, ol.SEED), path, cfg=cfg)
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    assert isinstance(dev, CudaLlama) and dev.qk_whole
+    dev.dev.exact = True
+    check_batches(cpu_exact(ir), dev, cfg["vocab_size"])
+
+
+@gpu
 def test_phi3_long_factors_keep_to_the_original_context(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,8 +24,8 @@ class DevLayer:
         def vec(a: Any) -> Any:
             return None if a is None else cp.asarray(a)
 
-        self.attn_norm = cp.asarray(b.attn_norm)
-        self.ffn_norm = cp.asarray(b.ffn_norm)
+        self.attn_norm = vec(b.attn_norm)  # (d,), or None: post-norms only (olmo2)
+        self.ffn_norm = vec(b.ffn_norm)
         self.wqkv = be.dev.upload([b.wq, b.wk, b.wv])
         self.wo = be.dev.upload([b.wo])
         self.experts: DevExperts | None = None
@@ -40,7 +40,8 @@ class DevLayer:
             self.ff = int(b.w_gate.shape[0])
         bias = None if b.bq is None else np.concatenate([b.bq, b.bk, b.bv])
         self.bias = None if bias is None else cp.asarray(bias)
-        self.q_norm, self.k_norm = vec(b.q_norm), vec(b.k_norm)  # (hd,) each, or None
+        # (hd,) each (per head), or (nh hd,) and (nkv hd,) (over the whole projection: olmo2)
+        self.q_norm, self.k_norm = vec(b.q_norm), vec(b.k_norm)
         self.post_attn_norm = vec(b.post_attn_norm)  # (d,) or None
         self.sinks, self.bo = vec(b.sinks), vec(b.bo)  # gpt-oss: (nh,) and (d,), or None
         self.post_ffw_norm = vec(b.post_ffw_norm)

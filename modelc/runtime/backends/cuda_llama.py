@@ -88,6 +88,7 @@ class CudaLlama(CausalLM):
         self.gelu = sp.act == "gelu_tanh"
         self.embd_scale = sp.embd_scale
         self.attn_softcap = sp.attn_softcap
+        self.qk_whole = sp.qk_norm_whole  # Q/K norms over the whole projection (olmo2)
         self.final_softcap = sp.final_softcap
         # the host's layers first .. stop-1 (all, unless a part of a split model): the
         # embedding where they start the model; the output norm and head where the host
@@ -280,8 +281,12 @@ class CudaLlama(CausalLM):
         rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
         tiles = (meta[6 * m :], self._tiles) if self._tiles else None
         for li, ly in enumerate(self.layers):
-            dev.norm_matmul(self.x, n, ly.attn_norm, self.eps, self.h, ly.wqkv, self.qkv)
-            if ly.q_norm is not None:
+            self._pre_matmul(n, ly.attn_norm, ly.wqkv, self.qkv)
+            if ly.q_norm is not None and self.qk_whole:  # in place, Q's columns then K's
+                nq, nk = self.nh * self.hd, self.nkv * self.hd
+                for part, w in ((self.qkv[:n, :nq], ly.q_norm), (self.qkv[:n, nq : nq + nk], ly.k_norm)):  # fmt: skip
+                    dev.rms_norm(part, None, n, w, self.eps, part)
+            elif ly.q_norm is not None:
                 dev.head_norm(
                     self.qkv, n, self.nh, self.nkv, self.hd, ly.q_norm, ly.k_norm, self.eps
                 )
@@ -302,6 +307,7 @@ class CudaLlama(CausalLM):
             )  # fmt: skip
             self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8, ly.bo)
             if ly.experts is not None:
+                assert ly.ffn_norm is not None  # a mixture with its norm (the spec's)
                 dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
                 ly.experts.run(dev, self.cp, self.h, n, self.x)
                 continue
@@ -309,7 +315,7 @@ class CudaLlama(CausalLM):
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
-            dev.norm_matmul(self.x, n, ly.ffn_norm, self.eps, self.h, ly.wgu, gu)
+            self._pre_matmul(n, ly.ffn_norm, ly.wgu, gu)
             q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
             self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8)
         if r and self.ends and self.output is not None:
@@ -317,6 +323,14 @@ class CudaLlama(CausalLM):
             dev.matmul(self.output, self.h, r, self.logits)
             if self.final_softcap:
                 dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
+
+    def _pre_matmul(self, n: int, norm: Any, w: DevWeight, y: Any) -> None:
+        """y = rms_norm(x) * norm @ w.T, or x @ w.T where the layer has no pre-norm (olmo2:
+        its norms come after attention and the FFN)."""
+        if norm is None:
+            self.dev.matmul(w, self.x, n, y)
+        else:
+            self.dev.norm_matmul(self.x, n, norm, self.eps, self.h, w, y)
 
     def _residual(
         self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any = None, bias: Any = None
