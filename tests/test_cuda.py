@@ -377,6 +377,27 @@ def test_olmo2_post_norms_and_whole_qk_norms_match_cpu(
 
 
 @gpu
+def test_mistral3_attention_temperature_matches_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny Mistral 3 (tests/gen_mistral3: queries scaled by position past an original
+    context of 16, which the 30-token prompts cross) at head size 32 device-resident against
+    the CPU backend."""
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+    from modelc.runtime.backends.cuda_offload import build_cuda
+    from tests import gen_mistral3 as mi
+
+    monkeypatch.setattr(mi, "CONFIG", {**mi.CONFIG, "head_dim": 32})
+    path = tmp_path / "mistral3.gguf"
+    mi.write_gguf(mi.weights(), path)
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    assert isinstance(dev, CudaLlama) and all(dev.temp_layers)
+    dev.dev.exact = True
+    check_batches(cpu_exact(ir), dev, mi.CONFIG["vocab_size"])
+
+
+@gpu
 def test_phi3_long_factors_keep_to_the_original_context(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,10 +17,10 @@ from modelc.runtime.backend import F32Array
 
 
 def attn_temperature(
-    pos: np.ndarray[Any, Any], beta: float, floor_scale: int, offset: float = 0.0
+    pos: np.ndarray[Any, Any], beta: float, floor_scale: int, offset: float = 0.0, xp: Any = np
 ) -> F32Array:
     """Each row's query scale, (n, 1, 1) f32, for positions ``pos`` (n,) (plus ``offset``:
-    llama 4 counts from 1)."""
-    steps = np.floor((np.asarray(pos, np.float32) + np.float32(offset)) / np.float32(floor_scale))
-    t: F32Array = (1.0 + np.float32(beta) * np.log1p(steps)).astype(np.float32)
+    llama 4 counts from 1); ``xp``: the array module (CuPy for positions on the GPU)."""
+    steps = xp.floor((xp.asarray(pos, np.float32) + np.float32(offset)) / np.float32(floor_scale))
+    t: F32Array = (1.0 + np.float32(beta) * xp.log1p(steps)).astype(np.float32)
     return t.reshape(-1, 1, 1)

@@ -3,12 +3,14 @@ holds them on the GPU (:class:`DevLayer`), and a mixture's experts (:class:`DevE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from modelc.errors import UnsupportedError
 from modelc.runtime.arch.decoder import DecoderBlock
+from modelc.runtime.arch.decoder_block import block_mats
 from modelc.runtime.arch.moe import Experts
 from modelc.runtime.arch.moe_oai import OaiBiases, swiglu_oai
 from modelc.runtime.backends.cuda_backend import CudaBackend
@@ -46,6 +48,22 @@ class DevLayer:
         self.sinks, self.bo = vec(b.sinks), vec(b.bo)  # gpt-oss: (nh,) and (d,), or None
         self.post_ffw_norm = vec(b.post_ffw_norm)
         self.window, self.inv_freq = window, inv_freq
+
+    def norm_qk(
+        self, dev: Any, qkv: Any, n: int, heads: tuple[int, int, int], eps: float, whole: bool
+    ) -> None:
+        """The layer's Q/K norms of the first n rows of qkv, in place (none without them):
+        per head (qwen3, gemma3), or (``whole``: olmo2) over the whole projection, as two
+        row norms of Q's columns, then K's."""
+        if self.q_norm is None:
+            return
+        nh, nkv, hd = heads
+        if not whole:
+            dev.head_norm(qkv, n, nh, nkv, hd, self.q_norm, self.k_norm, eps)
+            return
+        nq, nk = nh * hd, nkv * hd
+        for part, w in ((qkv[:n, :nq], self.q_norm), (qkv[:n, nq : nq + nk], self.k_norm)):
+            dev.rms_norm(part, None, n, w, eps, part)
 
     @property
     def nbytes(self) -> int:
@@ -121,3 +139,43 @@ class DevOai:
     def act(self, gu: Any, ex: int, ff: int) -> Any:
         """swiglu_oai(g + b_gate, u + b_up) of expert ``ex``'s gate+up rows ``gu`` (m, 2 ff)."""
         return swiglu_oai(gu[:, :ff] + self.gate[ex], gu[:, ff:] + self.up[ex], self.limit)
+
+
+def blocks_bytes(blocks: Sequence[DecoderBlock]) -> int:
+    """The host bytes of the layers' weights (their matrices, a mixture's router and experts):
+    what the upload puts on the GPU."""
+    n = sum(int(np.asarray(w.data).nbytes) for b in blocks for w in block_mats(b))
+    return n + sum(
+        int(np.asarray(w.data).nbytes)
+        for b in blocks
+        if b.experts is not None
+        for w in (b.experts.router, *b.experts.gate, *b.experts.up, *b.experts.down)
+    )
+
+
+def pre_matmul(dev: Any, x: Any, h: Any, eps: float, n: int, norm: Any, w: Any, y: Any) -> None:
+    """y[:n] = rms_norm(x) * norm @ w.T (through h), or x @ w.T where the layer has no
+    pre-norm (olmo2: its norms come after attention and the FFN)."""
+    if norm is None:
+        dev.matmul(w, x, n, y)
+    else:
+        dev.norm_matmul(x, n, norm, eps, h, w, y)
+
+
+def residual(
+    dev: Any, x: Any, h: Any, eps: float, prod: tuple[Any, Any, int], post_norm: Any,
+    q8: Any = None, bias: Any = None,
+) -> None:  # fmt: skip
+    """x += a @ w.T (+ bias: gpt-oss's attention output), or x += post_norm(a @ w.T (+ bias))
+    (gemma; through h, free by then), for ``prod`` (w, a, n); ``q8``: a already quantized
+    for the int8 GEMV."""
+    w, a, n = prod
+    if post_norm is None:
+        dev.matmul(w, a, n, x, acc=True, q8=q8)
+        if bias is not None:
+            x[:n] += bias
+    else:
+        dev.matmul(w, a, n, h, q8=q8)
+        if bias is not None:
+            h[:n] += bias
+        dev.rms_norm(h, None, n, post_norm, eps, x, acc=True)

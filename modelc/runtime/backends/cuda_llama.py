@@ -34,8 +34,9 @@ import numpy as np
 
 from modelc.errors import UnsupportedError, UsageError
 from modelc.formats.ir import HParams, ModelIR
+from modelc.runtime.arch.attn_temp import attn_temperature
 from modelc.runtime.arch.decoder import Decoder
-from modelc.runtime.arch.decoder_block import block_mats, layer_inv_freqs, shift_keys
+from modelc.runtime.arch.decoder_block import layer_inv_freqs, shift_keys
 from modelc.runtime.arch.longrope import short_factors_ctx
 from modelc.runtime.backend import F32Array
 from modelc.runtime.backends import cuda_io, cuda_sampler
@@ -43,7 +44,7 @@ from modelc.runtime.backends.cuda_attn import tiles as tiles_of
 from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_family import cuda_host
 from modelc.runtime.backends.cuda_kv import CudaKVCache
-from modelc.runtime.backends.cuda_layer import DevLayer
+from modelc.runtime.backends.cuda_layer import DevLayer, blocks_bytes, pre_matmul, residual
 from modelc.runtime.backends.cuda_step import (
     MIXED_GRAPH_ROWS,
     check_fits,
@@ -99,6 +100,9 @@ class CudaLlama(CausalLM):
         if self.ends and not head:
             raise UnsupportedError("the GPU part that ends a model computes its head too")
         windows = sp.windows[lo:hi]
+        # queries scaled by position on these layers (mistral3's attention temperature)
+        self.temp_layers = sp.attn_temp_layers[lo:hi] if sp.attn_temp else ()
+        self.temp_args = (sp.attn_temp, sp.attn_temp_floor, sp.attn_temp_offset)
         self.shift_invs = layer_inv_freqs(sp, host.inv_freq, host.inv_freq_local, lo, hi)
         # a layer without RoPE (smollm3's NoPE) rotates by zero frequencies: sin 0 = 0 and
         # cos 0 = 1 leave every pair as it was, to the bit
@@ -107,13 +111,7 @@ class CudaLlama(CausalLM):
         self.kv_shape = KVShape(hi - lo, self.nkv, self.hd)
         self.be, self.dev, self.cp = backend, backend.dev, backend.cp
         cp = self.cp
-        weights = sum(int(np.asarray(w.data).nbytes) for b in blocks for w in block_mats(b))
-        weights += sum(
-            int(np.asarray(w.data).nbytes)
-            for b in blocks
-            if b.experts is not None
-            for w in (b.experts.router, *b.experts.gate, *b.experts.up, *b.experts.down)
-        )
+        weights = blocks_bytes(blocks)
         ends = {
             id(w): w
             for w in (host.tok_embd if lo == 0 else None, host.output if head else None)
@@ -145,7 +143,9 @@ class CudaLlama(CausalLM):
         self.attn_tiles = os.environ.get("MODELC_CUDA_ATTN_TILES", "1") != "0"
         # decode steps: RoPE and the KV store in the attention kernel (neox or even hd / 32)
         even = self.neox or (self.hd // 32) % 2 == 0
-        self.rope_attn = os.environ.get("MODELC_CUDA_ROPE_ATTN", "0") == "1" and even
+        self.rope_attn = (
+            os.environ.get("MODELC_CUDA_ROPE_ATTN", "0") == "1" and even and not self.temp_layers
+        )
         self._tiles = 0
         # decode steps padded to graph buckets (graph_rows), their padding rows' cache
         self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "1") == "1"
@@ -280,16 +280,12 @@ class CudaLlama(CausalLM):
                 dev.scale(self.x, n * self.d, self.embd_scale)
         rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
         tiles = (meta[6 * m :], self._tiles) if self._tiles else None
+        temp = None  # each row's query scale by its position (attn_temp_layers)
+        if any(self.temp_layers):
+            temp = attn_temperature(kvmeta[0][:n], *self.temp_args, xp=self.cp).reshape(n, 1)
         for li, ly in enumerate(self.layers):
-            self._pre_matmul(n, ly.attn_norm, ly.wqkv, self.qkv)
-            if ly.q_norm is not None and self.qk_whole:  # in place, Q's columns then K's
-                nq, nk = self.nh * self.hd, self.nkv * self.hd
-                for part, w in ((self.qkv[:n, :nq], ly.q_norm), (self.qkv[:n, nq : nq + nk], ly.k_norm)):  # fmt: skip
-                    dev.rms_norm(part, None, n, w, self.eps, part)
-            elif ly.q_norm is not None:
-                dev.head_norm(
-                    self.qkv, n, self.nh, self.nkv, self.hd, ly.q_norm, ly.k_norm, self.eps
-                )
+            pre_matmul(dev, self.x, self.h, self.eps, n, ly.attn_norm, ly.wqkv, self.qkv)
+            ly.norm_qk(dev, self.qkv, n, (self.nh, self.nkv, self.hd), self.eps, self.qk_whole)
             bias = ly.bias if ly.bias is not None else np.uint64(0)
             ra = None  # a decode step (no tiles: one row a sequence): RoPE in attention
             if self.rope_attn and self.attn_tiles and not self._tiles:
@@ -301,11 +297,15 @@ class CudaLlama(CausalLM):
                     (self.qkv, bias, *kvmeta, ly.inv_freq, np.int32(self.nh), np.int32(self.nkv),
                      np.int32(self.hd), np.int32(int(self.neox)), np.int32(li), self.q),
                 )  # fmt: skip
+            if temp is not None and self.temp_layers[li]:  # sharper past the original context
+                self.q[:n] *= temp
             q8 = dev.attention(
                 self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scale, ly.window, li,
                 self.attn, self.attn_softcap, then=ly.wo, tiles=tiles, rope=ra, sinks=ly.sinks,
             )  # fmt: skip
-            self._residual(ly.wo, self.attn, n, ly.post_attn_norm, q8, ly.bo)
+            residual(
+                dev, self.x, self.h, self.eps, (ly.wo, self.attn, n), ly.post_attn_norm, q8, ly.bo
+            )
             if ly.experts is not None:
                 assert ly.ffn_norm is not None  # a mixture with its norm (the spec's)
                 dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
@@ -315,37 +315,14 @@ class CudaLlama(CausalLM):
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
-            self._pre_matmul(n, ly.ffn_norm, ly.wgu, gu)
+            pre_matmul(dev, self.x, self.h, self.eps, n, ly.ffn_norm, ly.wgu, gu)
             q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
-            self._residual(ly.wdown, g, n, ly.post_ffw_norm, q8)
+            residual(dev, self.x, self.h, self.eps, (ly.wdown, g, n), ly.post_ffw_norm, q8)
         if r and self.ends and self.output is not None:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)
             if self.final_softcap:
                 dev.softcap(self.logits, r * self.n_vocab, self.final_softcap)
-
-    def _pre_matmul(self, n: int, norm: Any, w: DevWeight, y: Any) -> None:
-        """y = rms_norm(x) * norm @ w.T, or x @ w.T where the layer has no pre-norm (olmo2:
-        its norms come after attention and the FFN)."""
-        if norm is None:
-            self.dev.matmul(w, self.x, n, y)
-        else:
-            self.dev.norm_matmul(self.x, n, norm, self.eps, self.h, w, y)
-
-    def _residual(
-        self, w: DevWeight, a: Any, n: int, post_norm: Any, q8: Any = None, bias: Any = None
-    ) -> None:
-        """x += a @ w.T (+ bias: gpt-oss's attention output), or x += post_norm(a @ w.T)
-        (gemma; through ``h``, free by then); ``q8``: a already quantized for the int8 GEMV."""
-        if post_norm is None:
-            self.dev.matmul(w, a, n, self.x, acc=True, q8=q8)
-            if bias is not None:
-                self.x[:n] += bias
-        else:
-            self.dev.matmul(w, a, n, self.h, q8=q8)
-            if bias is not None:
-                self.h[:n] += bias
-            self.dev.rms_norm(self.h, None, n, post_norm, self.eps, self.x, acc=True)
 
     def _step(
         self, batch: Sequence[SeqChunk], hidden: F32Array | None = None, prm: Any = None
