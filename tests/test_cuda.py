@@ -361,19 +361,26 @@ def test_olmo2_post_norms_and_whole_qk_norms_match_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tiny OLMo 2 (tests/gen_olmo2: norms after attention and the FFN only, Q/K norms
-    over the whole projection) at head size 32 device-resident against the CPU backend."""
+    over the whole projection) and OLMo 3 (tests/gen_olmo3: and windowed layers with their
+    own RoPE base, YaRN on the full ones) at head size 32 device-resident against the CPU."""
     from modelc.runtime.backends.cuda_llama import CudaLlama
     from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_olmo2 as ol
+    from tests import gen_olmo3 as o3
 
-    cfg = {**ol.CONFIG, "hidden_size": 128}  # 4 heads of 32
-    path = tmp_path / "olmo2.gguf"
-    ol.write_gguf(ol.olmo_weights(cfg, ol.SEED), path, cfg=cfg)
-    ir = load_model(path)
-    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
-    assert isinstance(dev, CudaLlama) and dev.qk_whole
-    dev.dev.exact = True
-    check_batches(cpu_exact(ir), dev, cfg["vocab_size"])
+    # OLMo 3: windowed layers with their own RoPE base, YaRN on the full layers only
+    for name, base in (("olmo2", ol.CONFIG), ("olmo3", o3.CONFIG)):
+        cfg = {**base, "hidden_size": 128}  # 4 heads of 32
+        path = tmp_path / f"{name}.gguf"
+        ol.write_gguf(ol.olmo_weights(cfg, ol.SEED), path, "olmo2", cfg=cfg)
+        ir = load_model(path)
+        dev = build_cuda(
+            ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None
+        )
+        assert isinstance(dev, CudaLlama) and dev.qk_whole
+        assert (len(set(dev.scales)) > 1) == (name == "olmo3")  # the full layers' own
+        dev.dev.exact = True
+        check_batches(cpu_exact(ir), dev, cfg["vocab_size"])
 
 
 @gpu

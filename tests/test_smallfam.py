@@ -49,13 +49,13 @@ FAMILIES = {
 }
 # family -> what of it the device-resident CUDA forward does not run ("": it runs it all:
 # smollm3's NoPE as zero RoPE frequencies, olmo2's post-norms alone and Q/K norms over the
-# whole projection, mistral3's queries scaled by position; their GPU tests in
-# tests/test_cuda.py)
+# whole projection, olmo3's YaRN on its full layers as their score scale, mistral3's
+# queries scaled by position; their GPU tests in tests/test_cuda.py)
 CUDA_LACKS = {
     **FAMILIES,
     "smollm3": "",
     "olmo2": "",
-    "olmo3": "YaRN on the full-attention layers only",
+    "olmo3": "",
     "mistral3": "",
     "llama4": "chunked attention",
 }

@@ -100,6 +100,10 @@ class CudaLlama(CausalLM):
         if self.ends and not head:
             raise UnsupportedError("the GPU part that ends a model computes its head too")
         windows = sp.windows[lo:hi]
+        # each layer's score scale: YaRN's cos/sin factor on the full-attention layers only
+        # (olmo3; the whole head rotates, so its square scales the scores), else sp.scale
+        ms2 = np.float32(sp.full_rope_mscale) ** 2 if sp.full_rope_mscale else np.float32(1)
+        self.scales = [sp.scale * (1.0 if loc else float(ms2)) for loc in sp.local_rope[lo:hi]]
         # queries scaled by position on these layers (mistral3's attention temperature)
         self.temp_layers = sp.attn_temp_layers[lo:hi] if sp.attn_temp else ()
         self.temp_args = (sp.attn_temp, sp.attn_temp_floor, sp.attn_temp_offset)
@@ -300,7 +304,7 @@ class CudaLlama(CausalLM):
             if temp is not None and self.temp_layers[li]:  # sharper past the original context
                 self.q[:n] *= temp
             q8 = dev.attention(
-                self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scale, ly.window, li,
+                self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scales[li], ly.window, li,
                 self.attn, self.attn_softcap, then=ly.wo, tiles=tiles, rope=ra, sinks=ly.sinks,
             )  # fmt: skip
             residual(
