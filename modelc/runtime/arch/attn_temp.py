@@ -17,10 +17,23 @@ from modelc.runtime.backend import F32Array
 
 
 def attn_temperature(
-    pos: np.ndarray[Any, Any], beta: float, floor_scale: int, offset: float = 0.0, xp: Any = np
+    pos: np.ndarray[Any, Any],
+    beta: float,
+    floor_scale: int,
+    offset: float = 0.0,
+    out: Any = None,
+    xp: Any = np,
 ) -> F32Array:
     """Each row's query scale, (n, 1, 1) f32, for positions ``pos`` (n,) (plus ``offset``:
-    llama 4 counts from 1); ``xp``: the array module (CuPy for positions on the GPU)."""
-    steps = xp.floor((xp.asarray(pos, np.float32) + np.float32(offset)) / np.float32(floor_scale))
-    t: F32Array = (1.0 + np.float32(beta) * xp.log1p(steps)).astype(np.float32)
-    return t.reshape(-1, 1, 1)
+    llama 4 counts from 1), computed in ``out`` (n,) f32 where given (CUDA: a buffer of the
+    step's, ``xp`` CuPy -- nothing allocated while a graph captures), each step in place."""
+    t = xp.empty(len(pos), np.float32) if out is None else out
+    t[...] = pos
+    t += np.float32(offset)
+    t /= np.float32(floor_scale)
+    xp.floor(t, out=t)
+    xp.log1p(t, out=t)
+    t *= np.float32(beta)
+    t += np.float32(1.0)
+    res: F32Array = t.reshape(-1, 1, 1)
+    return res

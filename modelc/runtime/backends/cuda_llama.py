@@ -190,6 +190,7 @@ class CudaLlama(CausalLM):
             self.g = cp.zeros((m, self.ff), np.float32)
             self.logits = cp.zeros((m, self.n_vocab if self.output is not None else 1), np.float32)
             self.tokens = cp.zeros(m, np.int64)
+            self.temp = cp.zeros(m, np.float32)  # the rows' query scales (attn_temperature)
             self.io = cuda_io.StepIO(cp, m, len(self.meta)) if self.step_io else None
             self.dev.reserve_q8(m, max(self.d, self.nh * self.hd, self.ff))  # q8 GEMV's x
             self.reset_graphs()
@@ -284,9 +285,10 @@ class CudaLlama(CausalLM):
                 dev.scale(self.x, n * self.d, self.embd_scale)
         rope = dev.fn["rope_store_f16" if f16 else "rope_store_f32"]
         tiles = (meta[6 * m :], self._tiles) if self._tiles else None
-        temp = None  # each row's query scale by its position (attn_temp_layers)
+        temp = None  # each row's query scale by its position (attn_temp_layers), in place
         if any(self.temp_layers):
-            temp = attn_temperature(kvmeta[0][:n], *self.temp_args, xp=self.cp).reshape(n, 1)
+            temp = attn_temperature(kvmeta[0][:n], *self.temp_args, self.temp[:n], self.cp)
+            temp = temp.reshape(n, 1)
         for li, ly in enumerate(self.layers):
             pre_matmul(dev, self.x, self.h, self.eps, n, ly.attn_norm, ly.wqkv, self.qkv)
             ly.norm_qk(dev, self.qkv, n, (self.nh, self.nkv, self.hd), self.eps, self.qk_whole)
