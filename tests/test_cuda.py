@@ -405,6 +405,27 @@ def test_mistral3_attention_temperature_matches_cpu(
 
 
 @gpu
+def test_phi4mini_partial_rope_matches_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny Phi-4-mini (tests/gen_phi4mini: 24 of each 32-wide head rotate, LongRoPE's
+    factor on the rotation as the CPU scales its tables) device-resident against the CPU."""
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+    from modelc.runtime.backends.cuda_offload import build_cuda
+    from tests import gen_phi4mini as ph
+
+    factors = [1.0 + 0.25 * i for i in range(12)]  # a divisor a rotated pair
+    rope = {"type": "longrope", "short_factor": factors, "long_factor": factors}
+    monkeypatch.setattr(ph, "CONFIG", {**ph.CONFIG, "hidden_size": 96, "rope_scaling": rope})
+    path = tmp_path / "phi4mini.gguf"
+    ph.write_gguf(ph.weights(), path)
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    assert isinstance(dev, CudaLlama) and (dev.rot, dev.hd) == (24, 32)
+    assert dev.rope_ms[0] != 1.0  # LongRoPE's factor on the rotation
+    dev.dev.exact = True
+    check_batches(cpu_exact(ir), dev, ph.CONFIG["vocab_size"])
+
+
+@gpu
 def test_phi3_long_factors_keep_to_the_original_context(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -49,14 +49,16 @@ FAMILIES = {
 }
 # family -> what of it the device-resident CUDA forward does not run ("": it runs it all:
 # smollm3's NoPE as zero RoPE frequencies, olmo2's post-norms alone and Q/K norms over the
-# whole projection, olmo3's YaRN on its full layers as their score scale, mistral3's
-# queries scaled by position; their GPU tests in tests/test_cuda.py)
+# whole projection, olmo3's YaRN on its full layers and phi4mini's partial RoPE (the
+# rotation's own magnitude and dimensions), mistral3's queries scaled by position; their GPU
+# tests in tests/test_cuda.py)
 CUDA_LACKS = {
     **FAMILIES,
     "smollm3": "",
     "olmo2": "",
     "olmo3": "",
     "mistral3": "",
+    "phi4mini": "",
     "llama4": "chunked attention",
 }
 ARCH = {

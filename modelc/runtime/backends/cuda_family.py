@@ -15,7 +15,7 @@ from modelc.runtime.backends.numpy_ref import NumpyBackend
 # what the GPU forward runs of the decoder's description (a feature added to it is refused
 # here until this backend runs it)
 CUDA_RUNS = GQA_FEATURES | {"moe", "nope", "no_pre_norms", "qk_norm_whole", "attn_temp"}
-CUDA_RUNS |= {"yarn_full_only"}  # with the whole head rotating (partial RoPE refused)
+CUDA_RUNS |= {"yarn_full_only", "partial_rope"}
 # gpt-oss's parts (attention sinks, the attention output's bias, its experts' biases and
 # clamped SwiGLU): written in session 37 and held to the CPU by tests/test_cuda.py's GPU
 # tests, which no GPU has run yet; opt-in (MODELC_CUDA_GPTOSS=1) until one has

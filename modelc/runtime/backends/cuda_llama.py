@@ -100,10 +100,13 @@ class CudaLlama(CausalLM):
         if self.ends and not head:
             raise UnsupportedError("the GPU part that ends a model computes its head too")
         windows = sp.windows[lo:hi]
-        # each layer's score scale: YaRN's cos/sin factor on the full-attention layers only
-        # (olmo3; the whole head rotates, so its square scales the scores), else sp.scale
-        ms2 = np.float32(sp.full_rope_mscale) ** 2 if sp.full_rope_mscale else np.float32(1)
-        self.scales = [sp.scale * (1.0 if loc else float(ms2)) for loc in sp.local_rope[lo:hi]]
+        # RoPE's rotated dimensions (fewer than a head's: partial RoPE, phi4mini) and each
+        # layer's rotation magnitude: YaRN / LongRoPE's cos and sin factor where the scores
+        # do not take it (the host's rope_mscale: partial RoPE, or olmo3's full-attention
+        # layers only, the windowed ones' tables unscaled), else 1
+        self.rot = sp.rot_dim
+        ms = float(host.rope_mscale) if host.rope_mscale is not None else 1.0
+        self.rope_ms = [1.0 if loc else ms for loc in sp.local_rope[lo:hi]]
         # queries scaled by position on these layers (mistral3's attention temperature)
         self.temp_layers = sp.attn_temp_layers[lo:hi] if sp.attn_temp else ()
         self.temp_args = (sp.attn_temp, sp.attn_temp_floor, sp.attn_temp_offset)
@@ -147,9 +150,8 @@ class CudaLlama(CausalLM):
         self.attn_tiles = os.environ.get("MODELC_CUDA_ATTN_TILES", "1") != "0"
         # decode steps: RoPE and the KV store in the attention kernel (neox or even hd / 32)
         even = self.neox or (self.hd // 32) % 2 == 0
-        self.rope_attn = (
-            os.environ.get("MODELC_CUDA_ROPE_ATTN", "0") == "1" and even and not self.temp_layers
-        )
+        plain = not self.temp_layers and self.rot == self.hd and set(self.rope_ms) == {1.0}
+        self.rope_attn = os.environ.get("MODELC_CUDA_ROPE_ATTN", "0") == "1" and even and plain
         self._tiles = 0
         # decode steps padded to graph buckets (graph_rows), their padding rows' cache
         self.pad_graphs = os.environ.get("MODELC_CUDA_GRAPH_BUCKETS", "1") == "1"
@@ -301,12 +303,13 @@ class CudaLlama(CausalLM):
                     (n, -(-(self.nh + self.nkv) * self.hd // 256)),  # a pair a thread
                     (128,),
                     (self.qkv, bias, *kvmeta, ly.inv_freq, np.int32(self.nh), np.int32(self.nkv),
-                     np.int32(self.hd), np.int32(int(self.neox)), np.int32(li), self.q),
+                     np.int32(self.hd), np.int32(int(self.neox)), np.int32(li), self.q,
+                     np.int32(self.rot), np.float32(self.rope_ms[li])),
                 )  # fmt: skip
             if temp is not None and self.temp_layers[li]:  # sharper past the original context
                 self.q[:n] *= temp
             q8 = dev.attention(
-                self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scales[li], ly.window, li,
+                self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scale, ly.window, li,
                 self.attn, self.attn_softcap, then=ly.wo, tiles=tiles, rope=ra, sinks=ly.sinks,
             )  # fmt: skip
             residual(

@@ -260,24 +260,35 @@ __device__ __forceinline__ float2 rope_rot(float x0, float x1, long long p, floa
   return make_float2(x0 * cs - x1 * sn, x0 * sn + x1 * cs);
 }
 
+// rot: the rotated dimensions of a head (hd, or fewer: partial RoPE, the rest as they are);
+// ms: the rotation's magnitude (YaRN / LongRoPE's cos and sin factor where the scores cannot
+// take it: 1 else)
 template <typename KV>
 __device__ __forceinline__ void rope_store(const float* __restrict__ qkv, const float* __restrict__ bias,
     const i64* __restrict__ pos, const i64* __restrict__ seq, const i64* __restrict__ base,
     const i64* __restrict__ cap, const float* __restrict__ inv_freq, int nh, int nkv, int hd,
-    int neox, int layer, float* __restrict__ qo) {
+    int neox, int layer, float* __restrict__ qo, int rot, float ms) {
   int i = blockIdx.x;
-  int width = (nh + 2 * nkv) * hd, half = hd / 2;
+  int width = (nh + 2 * nkv) * hd, slots = hd / 2, half = rot / 2;
   const float* r = qkv + (size_t)i * width;
   long long p = pos[i], s = seq[i], c = cap[s];
   KV* kc = (KV*)base[s] + ((size_t)layer * 2 * c + p) * nkv * hd;
   KV* vc = kc + (size_t)c * nkv * hd;
   int t0 = blockIdx.y * blockDim.x + threadIdx.x, step = gridDim.y * blockDim.x;
-  for (int t = t0; t < (nh + nkv) * half; t += step) {
-    int h = t / half, j = t % half;
-    int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+  for (int t = t0; t < (nh + nkv) * slots; t += step) {
+    int h = t / slots, j = t % slots;
+    // a pair a slot: rotated (j < half), else two dimensions past rot as they are
+    int a = j >= half ? rot + 2 * (j - half) : neox ? j : 2 * j;
+    int b = j >= half ? a + 1 : neox ? j + half : 2 * j + 1;
     float x0 = r[h * hd + a], x1 = r[h * hd + b];
     if (bias) { x0 += bias[h * hd + a]; x1 += bias[h * hd + b]; }
-    float2 y = rope_rot(x0, x1, p, inv_freq[j]);
+    float2 y = make_float2(x0, x1);
+    if (j < half) {
+      float cs, sn;
+      sincosf((float)p * inv_freq[j], &sn, &cs);
+      if (ms != 1.f) { cs *= ms; sn *= ms; }  // the CPU's scaled tables
+      y = make_float2(x0 * cs - x1 * sn, x0 * sn + x1 * cs);
+    }
     if (h < nh) { qo[(size_t)i * nh * hd + h * hd + a] = y.x; qo[(size_t)i * nh * hd + h * hd + b] = y.y; }
     else { int k = h - nh; store_kv<KV>(kc + k * hd + a, y.x); store_kv<KV>(kc + k * hd + b, y.y); }
   }
@@ -288,14 +299,16 @@ __device__ __forceinline__ void rope_store(const float* __restrict__ qkv, const 
   }
 }
 extern "C" __global__ void rope_store_f32(const float* qkv, const float* bias, const i64* pos, const i64* seq,
-    const i64* base, const i64* cap, const float* inv_freq, int nh, int nkv, int hd, int neox, int layer, float* qo) {
+    const i64* base, const i64* cap, const float* inv_freq, int nh, int nkv, int hd, int neox, int layer, float* qo,
+    int rot, float ms) {
   ENTER();
-  rope_store<float>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo);
+  rope_store<float>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo, rot, ms);
 }
 extern "C" __global__ void rope_store_f16(const float* qkv, const float* bias, const i64* pos, const i64* seq,
-    const i64* base, const i64* cap, const float* inv_freq, int nh, int nkv, int hd, int neox, int layer, float* qo) {
+    const i64* base, const i64* cap, const float* inv_freq, int nh, int nkv, int hd, int neox, int layer, float* qo,
+    int rot, float ms) {
   ENTER();
-  rope_store<u16>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo);
+  rope_store<u16>(qkv, bias, pos, seq, base, cap, inv_freq, nh, nkv, hd, neox, layer, qo, rot, ms);
 }
 
 // E values v of a lane, 32 / E lanes a group of 32 (E = 1, 2, 4, 8), to 8 bits: q[0..E),
