@@ -6,15 +6,22 @@ device is :class:`~modelc.runtime.backends.cuda_llama.CudaLlama`."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda import device, head_runs
-from modelc.runtime.backends.cuda_family import gptoss_on
 from modelc.runtime.backends.cuda_weights import CODES, DevWeight
 from modelc.runtime.backends.fallback import NumpyFallback
+
+
+def gptoss_on() -> bool:
+    """Whether gpt-oss's parts run on the GPU (``MODELC_CUDA_GPTOSS=1``): the fused
+    forward's (:func:`.cuda_family.cuda_runs`), and the op-level attention's sinks (else
+    numpy's attention takes a layer with sinks)."""
+    return os.environ.get("MODELC_CUDA_GPTOSS") == "1"
 
 
 class CudaBackend(NumpyFallback):

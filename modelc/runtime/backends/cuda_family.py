@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import os
-
 from modelc.errors import UnsupportedError
 from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, refuse_unsupported
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
+from modelc.runtime.backends.cuda_backend import gptoss_on
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 
 # what the GPU forward runs of the decoder's description (a feature added to it is refused
@@ -20,13 +19,6 @@ CUDA_RUNS |= {"yarn_full_only", "partial_rope"}
 # clamped SwiGLU): written in session 37 and held to the CPU by tests/test_cuda.py's GPU
 # tests, which no GPU has run yet; opt-in (MODELC_CUDA_GPTOSS=1) until one has
 GPTOSS_FEATURES = frozenset({"attn_sinks", "attn_out_bias", "moe_oai"})
-
-
-def gptoss_on() -> bool:
-    """Whether gpt-oss's parts run on the GPU (``MODELC_CUDA_GPTOSS=1``): the fused
-    forward's, and the op-level attention's sinks (else numpy's attention takes a layer
-    with sinks)."""
-    return os.environ.get("MODELC_CUDA_GPTOSS") == "1"
 
 
 def cuda_runs() -> frozenset[str]:
