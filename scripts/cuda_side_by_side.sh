@@ -438,7 +438,7 @@ if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows
     at "GPU tests here (llama.cpp building beside)"
     gpu_tests ms1 150 tests/test_cuda_decode.py tests/test_cuda_kernels.py
     # session 37's: MXFP4 and BF16 kept as stored, sinks, gpt-oss device-resident, NoPE, OLMo 2
-    gpu_tests ms1_s37 150 tests/test_cuda.py -k "gptoss or smollm3 or olmo2 or mistral3 or phi4mini or norm_silu or MXFP4 or BF16"
+    gpu_tests ms1_s37 150 tests/test_cuda.py -k "gptoss or smollm3 or olmo2 or mistral3 or phi4mini or glm4moe or norm_silu or MXFP4 or BF16"
   fi
   wait "${AB_PIDS[@]}"  # not the build's
   MS1=${MS1_MODELS:-llama1b-q4_k_m llama8b-q4_k_m}

@@ -205,13 +205,13 @@ def test_norm_silu_attention_match_the_reference(
             assert rel(got, want) < 1e-5, (hd, kv_dtype, window, cap)
             assert rel(want, ref.attention(q, k, v, 34, s)) > 1e-3  # the case is not moot
         sinks = rng.standard_normal(8).astype(np.float32) * 3  # gpt-oss: a logit a head
-        monkeypatch.setenv("MODELC_CUDA_GPTOSS", "1")  # the kernel's sinks, not numpy's
+        monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # the kernel's sinks, not numpy's
         for window in (0, 4):
             got = cuda_be.attention(q, k, v, 34, s, window=window, sinks=sinks)
             want = ref.attention(q, k, v, 34, s, window=window, sinks=sinks)
             assert rel(got, want) < 1e-5, (hd, kv_dtype, window, "sinks")
             assert rel(want, ref.attention(q, k, v, 34, s, window=window)) > 1e-3
-        monkeypatch.delenv("MODELC_CUDA_GPTOSS")
+        monkeypatch.delenv("MODELC_CUDA_NEW_FAMILIES")
 
 
 # -- models -------------------------------------------------------------------------------
@@ -319,13 +319,13 @@ def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fam
 def test_gptoss_fused_matches_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny gpt-oss (tests/gen_gptoss: sinks, the attention output's bias, alternating
     windows of 4, YaRN, MXFP4 experts with biases and the clamped SwiGLU) at head size 32
-    through ``build_cuda`` with ``MODELC_CUDA_GPTOSS=1`` (the device-resident forward, not
+    through ``build_cuda`` with ``MODELC_CUDA_NEW_FAMILIES=1`` (the device-resident forward, not
     op by op) against the CPU backend (:func:`check_batches`)."""
     from modelc.runtime.backends.cuda_llama import CudaLlama
     from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_gptoss as go
 
-    monkeypatch.setenv("MODELC_CUDA_GPTOSS", "1")
+    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")
     monkeypatch.setattr(go, "CONFIG", {**go.CONFIG, "head_dim": 32})
     path = tmp_path / "gptoss.gguf"
     go.write_gguf("mxfp4", go.make_weights("mxfp4"), path)
@@ -341,6 +341,7 @@ def test_smollm3_nope_layers_match_cpu(tmp_path: Path, monkeypatch: pytest.Monke
     """The tiny SmolLM3 (tests/gen_smollm3: its fourth layer without RoPE) at head size 32
     device-resident, its NoPE layer rotated by zero frequencies, against the CPU backend
     (:func:`check_batches`)."""
+    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from modelc.runtime.backends.cuda_llama import CudaLlama
     from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_smollm3 as sm
@@ -363,6 +364,7 @@ def test_olmo2_post_norms_and_whole_qk_norms_match_cpu(
     """The tiny OLMo 2 (tests/gen_olmo2: norms after attention and the FFN only, Q/K norms
     over the whole projection) and OLMo 3 (tests/gen_olmo3: and windowed layers with their
     own RoPE base, YaRN on the full ones) at head size 32 device-resident against the CPU."""
+    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from modelc.runtime.backends.cuda_llama import CudaLlama
     from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_olmo2 as ol
@@ -390,6 +392,7 @@ def test_mistral3_attention_temperature_matches_cpu(
     """The tiny Mistral 3 (tests/gen_mistral3: queries scaled by position past an original
     context of 16, which the 30-token prompts cross) at head size 32 device-resident against
     the CPU backend."""
+    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from modelc.runtime.backends.cuda_llama import CudaLlama
     from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_mistral3 as mi
@@ -408,6 +411,7 @@ def test_mistral3_attention_temperature_matches_cpu(
 def test_phi4mini_partial_rope_matches_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny Phi-4-mini (tests/gen_phi4mini: 24 of each 32-wide head rotate, LongRoPE's
     factor on the rotation as the CPU scales its tables) device-resident against the CPU."""
+    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from modelc.runtime.backends.cuda_llama import CudaLlama
     from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_phi4mini as ph
@@ -423,6 +427,28 @@ def test_phi4mini_partial_rope_matches_cpu(tmp_path: Path, monkeypatch: pytest.M
     assert dev.rope_ms[0] != 1.0  # LongRoPE's factor on the rotation
     dev.dev.exact = True
     check_batches(cpu_exact(ir), dev, ph.CONFIG["vocab_size"])
+
+
+@gpu
+def test_glm4moe_routing_and_shared_expert_match_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny GLM-4.5 (tests/gen_glm4moe: sigmoid scores with a bias for the choice, scaled
+    weights, a shared expert, the first layer dense; Q/K/V biases before Q/K norms; half of
+    each head rotated) at head size 32 device-resident against the CPU backend."""
+    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+    from modelc.runtime.backends.cuda_offload import build_cuda
+    from tests import gen_glm4moe as gl
+
+    monkeypatch.setattr(gl, "CONFIG", {**gl.CONFIG, "head_dim": 32})
+    path = tmp_path / "glm4moe.gguf"
+    gl.write_gguf(gl.make_weights(), path)
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    assert isinstance(dev, CudaLlama) and (dev.rot, dev.hd) == (16, 32)
+    dev.dev.exact = True
+    check_batches(cpu_exact(ir), dev, gl.CONFIG["vocab_size"])
 
 
 @gpu

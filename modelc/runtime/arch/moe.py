@@ -18,6 +18,7 @@ weights) is scaled by ``sigmoid(h . gate_inp_shexp)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,7 @@ from modelc.runtime.arch.moe_oai import OaiBiases, load_oai, oai_moe_ffn
 from modelc.runtime.backend import Backend, F32Array, Weight
 from modelc.runtime.model import IntArray, TensorSource
 
-__all__ = ["Experts", "load_experts", "moe_ffn"]
+__all__ = ["Experts", "load_experts", "moe_ffn", "route_logits"]
 
 
 @dataclass(slots=True)
@@ -102,19 +103,26 @@ def moe_ffn(be: Backend, e: Experts, h: F32Array, out: F32Array) -> F32Array:
 
 def route(be: Backend, e: Experts, h: F32Array) -> tuple[IntArray, F32Array]:
     """Each row's experts (n, used) and their weights (n, used)."""
+    return route_logits(e, be.matmul(e.router, h), be.softmax)
+
+
+def route_logits(
+    e: Experts, logits: F32Array, softmax: Callable[[F32Array], F32Array]
+) -> tuple[IntArray, F32Array]:
+    """:func:`route` from the router's logits (n, n_expert) on the host (the CUDA mixture's
+    choice too: :class:`~modelc.runtime.backends.cuda_layer.DevExperts`)."""
     r = e.routing
-    logits = be.matmul(e.router, h)  # (n, n_expert)
     if r is None:
-        p = be.softmax(logits)
+        p = softmax(logits)
         top = np.argsort(-p, axis=1, kind="stable")[:, : e.n_used]  # (n, used)
         w = np.take_along_axis(p, top, axis=1)
         w /= w.sum(axis=1, keepdims=True)
         return top, w
     sigmoid = r.gating == "sigmoid"
-    p = (np.float32(1) / (np.float32(1) + np.exp(-logits))) if sigmoid else be.softmax(logits)
+    p = (np.float32(1) / (np.float32(1) + np.exp(-logits))) if sigmoid else softmax(logits)
     pick = p + e.bias if e.bias is not None else p.copy()  # (n, n_expert)
     if r.n_group > 1:  # only the groups whose two best scores sum highest
-        groups = pick.reshape(len(h), r.n_group, -1)  # (n, n_group, per group)
+        groups = pick.reshape(len(logits), r.n_group, -1)  # (n, n_group, per group)
         score = np.sort(groups, axis=2)[:, :, -2:].sum(axis=2)  # (n, n_group)
         best = np.argsort(-score, axis=1, kind="stable")[:, : r.n_group_used]
         keep = np.zeros(score.shape, bool)

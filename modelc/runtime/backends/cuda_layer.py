@@ -8,10 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from modelc.errors import UnsupportedError
 from modelc.runtime.arch.decoder import DecoderBlock
 from modelc.runtime.arch.decoder_block import block_mats
-from modelc.runtime.arch.moe import Experts
+from modelc.runtime.arch.moe import Experts, route_logits
 from modelc.runtime.arch.moe_oai import OaiBiases, swiglu_oai
 from modelc.runtime.backends.cuda_backend import CudaBackend
 
@@ -77,12 +76,16 @@ class DevExperts:
     ``build_moe_ffn``: softmax over every expert, the ``n_used`` most probable, their
     weights renormalised to sum to 1 -- the softmax of the chosen logits alone, as gpt-oss
     weighs them).  gpt-oss's (:mod:`~modelc.runtime.arch.moe_oai`): the router's and each
-    expert's biases, its clamped SwiGLU.  Which experts a step uses is read on the host,
-    so such a model's steps run without CUDA graphs."""
+    expert's biases, its clamped SwiGLU.  Other routings (sigmoid scores, a bias for the
+    choice, groups, scaled weights: GLM-4.5, DeepSeek) choose on the host from the router's
+    logits by the CPU's own :func:`~modelc.runtime.arch.moe.route_logits`; shared experts
+    (and qwen35moe's sigmoid gate on them) run on every row.  Which experts a step uses is
+    read on the host, so such a model's steps run without CUDA graphs."""
 
     def __init__(self, be: CudaBackend, e: Experts) -> None:
-        if e.routing is not None or e.bias is not None or e.shared is not None:
-            raise UnsupportedError("CUDA runs softmax-routed experts only; use --device cpu")
+        self.host = e if e.routing is not None or e.bias is not None else None  # its choice
+        self.softmax = be.softmax
+        self.shared = None if e.shared is None else DevShared(be, e)
         self.router = be.dev.upload([e.router])  # (n_expert, d)
         self.gu = [be.dev.upload([g, u]) for g, u in zip(e.gate, e.up, strict=True)]
         self.down = [be.dev.upload([w]) for w in e.down]  # (d, ff) each
@@ -92,7 +95,8 @@ class DevExperts:
 
     @property
     def nbytes(self) -> int:
-        return self.router.nbytes + sum(w.nbytes for w in (*self.gu, *self.down))
+        n = self.router.nbytes + sum(w.nbytes for w in (*self.gu, *self.down))
+        return n + (self.shared.nbytes if self.shared is not None else 0)
 
     def run(self, dev: Any, cp: Any, h: Any, n: int, x: Any) -> None:
         """x[:n] += the experts' FFN of h[:n] (both (rows, d) on the device)."""
@@ -101,12 +105,16 @@ class DevExperts:
         dev.matmul(self.router, h, n, logits)
         if oai is not None:
             logits += oai.router
-        p = cp.exp(logits - logits.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        top = cp.argsort(-p, axis=1)[:, : self.n_used]  # (n, used)
-        w = cp.take_along_axis(p, top, axis=1)
-        w /= w.sum(axis=1, keepdims=True)
-        top_h = top.get()  # which experts run: a host decision
+        if self.host is not None:  # the CPU's rule on the logits (n x n_expert: small)
+            top_h, w_h = route_logits(self.host, logits.get(), self.softmax)
+            w = cp.asarray(w_h)
+        else:
+            p = cp.exp(logits - logits.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            top = cp.argsort(-p, axis=1)[:, : self.n_used]  # (n, used)
+            w = cp.take_along_axis(p, top, axis=1)
+            w /= w.sum(axis=1, keepdims=True)
+            top_h = top.get()  # which experts run: a host decision
         for ex in np.unique(top_h):
             rows, slot = np.nonzero(top_h == ex)
             rd = cp.asarray(rows)
@@ -125,6 +133,38 @@ class DevExperts:
                 dev.matmul(self.down[ex], g, m, y)
             y *= w[rd, cp.asarray(slot)][:, None]
             x[rd] += y  # rows are distinct within one expert
+        if self.shared is not None:
+            self.shared.run(dev, cp, h, n, x)
+
+
+class DevShared:
+    """A mixture's shared experts on the GPU (every row through them; qwen35moe: scaled by
+    the sigmoid of the row's product with its gate), as :func:`~modelc.runtime.arch.moe.moe_ffn`."""
+
+    def __init__(self, be: CudaBackend, e: Experts) -> None:
+        assert e.shared is not None
+        gate, up, down = e.shared
+        self.gu, self.down = be.dev.upload([gate, up]), be.dev.upload([down])
+        self.gate = None if e.shared_gate is None else be.dev.upload([e.shared_gate])
+        self.ff = int(gate.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.gu.nbytes + self.down.nbytes + (self.gate.nbytes if self.gate else 0)
+
+    def run(self, dev: Any, cp: Any, h: Any, n: int, x: Any) -> None:
+        """x[:n] += the shared experts' SwiGLU of h[:n]."""
+        gu = cp.empty((n, 2 * self.ff), np.float32)
+        dev.matmul(self.gu, h, n, gu)
+        g = cp.empty((n, self.ff), np.float32)
+        dev.act_mul(gu, n, self.ff, g)
+        y = cp.empty((n, h.shape[1]), np.float32)
+        dev.matmul(self.down, g, n, y)
+        if self.gate is not None:
+            s = cp.empty((n, 1), np.float32)
+            dev.matmul(self.gate, h, n, s)
+            y *= 1.0 / (1.0 + cp.exp(-s))
+        x[:n] += y
 
 
 class DevOai:

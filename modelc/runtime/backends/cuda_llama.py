@@ -293,8 +293,11 @@ class CudaLlama(CausalLM):
             temp = temp.reshape(n, 1)
         for li, ly in enumerate(self.layers):
             pre_matmul(dev, self.x, self.h, self.eps, n, ly.attn_norm, ly.wqkv, self.qkv)
-            ly.norm_qk(dev, self.qkv, n, (self.nh, self.nkv, self.hd), self.eps, self.qk_whole)
             bias = ly.bias if ly.bias is not None else np.uint64(0)
+            if ly.bias is not None and ly.q_norm is not None:  # the biases before the norms
+                self.qkv[:n] += ly.bias  # (glm4moe), so not again in RoPE
+                bias = np.uint64(0)
+            ly.norm_qk(dev, self.qkv, n, (self.nh, self.nkv, self.hd), self.eps, self.qk_whole)
             ra = None  # a decode step (no tiles: one row a sequence): RoPE in attention
             if self.rope_attn and self.attn_tiles and not self._tiles:
                 ra = (self.qkv, bias, ly.inv_freq, self.neox)
