@@ -315,24 +315,32 @@ def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fam
     check_batches(cpu_exact(ir), dev, gf.BASE["vocab_size"])
 
 
+def fused_on_gpu(path: Path) -> tuple[ModelIR, Any]:
+    """The GGUF at ``path`` through ``build_cuda`` as ``--device cuda`` loads it, asserted
+    device-resident (not op by op), in exact mode: (its IR, the model)."""
+    from modelc.runtime.backends.cuda_llama import CudaLlama
+    from modelc.runtime.backends.cuda_offload import build_cuda
+
+    ir = load_model(path)
+    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    assert isinstance(dev, CudaLlama)
+    dev.dev.exact = True
+    return ir, dev
+
+
 @gpu
 def test_gptoss_fused_matches_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny gpt-oss (tests/gen_gptoss: sinks, the attention output's bias, alternating
     windows of 4, YaRN, MXFP4 experts with biases and the clamped SwiGLU) at head size 32
     through ``build_cuda`` with ``MODELC_CUDA_NEW_FAMILIES=1`` (the device-resident forward, not
     op by op) against the CPU backend (:func:`check_batches`)."""
-    from modelc.runtime.backends.cuda_llama import CudaLlama
-    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_gptoss as go
 
     monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")
     monkeypatch.setattr(go, "CONFIG", {**go.CONFIG, "head_dim": 32})
     path = tmp_path / "gptoss.gguf"
     go.write_gguf("mxfp4", go.make_weights("mxfp4"), path)
-    ir = load_model(path)
-    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
-    assert isinstance(dev, CudaLlama)
-    dev.dev.exact = True
+    ir, dev = fused_on_gpu(path)
     check_batches(cpu_exact(ir), dev, go.N_VOCAB)
 
 
@@ -342,18 +350,13 @@ def test_smollm3_nope_layers_match_cpu(tmp_path: Path, monkeypatch: pytest.Monke
     device-resident, its NoPE layer rotated by zero frequencies, against the CPU backend
     (:func:`check_batches`)."""
     monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
-    from modelc.runtime.backends.cuda_llama import CudaLlama
-    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_smollm3 as sm
 
     monkeypatch.setattr(sm, "CONFIG", {**sm.CONFIG, "hidden_size": 128})  # 4 heads of 32
     path = tmp_path / "smollm3.gguf"
     sm.write_gguf(sm.weights(), path)
-    ir = load_model(path)
-    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
-    assert isinstance(dev, CudaLlama)
-    assert [bool(f.any()) for f in dev.inv_freq_host] == [True, True, True, False]  # layer 4: NoPE
-    dev.dev.exact = True
+    ir, dev = fused_on_gpu(path)
+    assert [bool(f.any()) for f in dev.inv_freq_host] == [True, True, True, False]  # 4: NoPE
     check_batches(cpu_exact(ir), dev, sm.CONFIG["vocab_size"])
 
 
@@ -365,8 +368,6 @@ def test_olmo2_post_norms_and_whole_qk_norms_match_cpu(
     over the whole projection) and OLMo 3 (tests/gen_olmo3: and windowed layers with their
     own RoPE base, YaRN on the full ones) at head size 32 device-resident against the CPU."""
     monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
-    from modelc.runtime.backends.cuda_llama import CudaLlama
-    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_olmo2 as ol
     from tests import gen_olmo3 as o3
 
@@ -375,13 +376,9 @@ def test_olmo2_post_norms_and_whole_qk_norms_match_cpu(
         cfg = {**base, "hidden_size": 128}  # 4 heads of 32
         path = tmp_path / f"{name}.gguf"
         ol.write_gguf(ol.olmo_weights(cfg, ol.SEED), path, "olmo2", cfg=cfg)
-        ir = load_model(path)
-        dev = build_cuda(
-            ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None
-        )
-        assert isinstance(dev, CudaLlama) and dev.qk_whole
-        assert (len(set(dev.scales)) > 1) == (name == "olmo3")  # the full layers' own
-        dev.dev.exact = True
+        ir, dev = fused_on_gpu(path)
+        assert dev.qk_whole
+        assert (len(set(dev.rope_ms)) > 1) == (name == "olmo3")  # the full layers' factor
         check_batches(cpu_exact(ir), dev, cfg["vocab_size"])
 
 
@@ -393,17 +390,13 @@ def test_mistral3_attention_temperature_matches_cpu(
     context of 16, which the 30-token prompts cross) at head size 32 device-resident against
     the CPU backend."""
     monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
-    from modelc.runtime.backends.cuda_llama import CudaLlama
-    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_mistral3 as mi
 
     monkeypatch.setattr(mi, "CONFIG", {**mi.CONFIG, "head_dim": 32})
     path = tmp_path / "mistral3.gguf"
     mi.write_gguf(mi.weights(), path)
-    ir = load_model(path)
-    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
-    assert isinstance(dev, CudaLlama) and all(dev.temp_layers)
-    dev.dev.exact = True
+    ir, dev = fused_on_gpu(path)
+    assert all(dev.temp_layers)
     check_batches(cpu_exact(ir), dev, mi.CONFIG["vocab_size"])
 
 
@@ -412,8 +405,6 @@ def test_phi4mini_partial_rope_matches_cpu(tmp_path: Path, monkeypatch: pytest.M
     """The tiny Phi-4-mini (tests/gen_phi4mini: 24 of each 32-wide head rotate, LongRoPE's
     factor on the rotation as the CPU scales its tables) device-resident against the CPU."""
     monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
-    from modelc.runtime.backends.cuda_llama import CudaLlama
-    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_phi4mini as ph
 
     factors = [1.0 + 0.25 * i for i in range(12)]  # a divisor a rotated pair
@@ -421,11 +412,9 @@ def test_phi4mini_partial_rope_matches_cpu(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(ph, "CONFIG", {**ph.CONFIG, "hidden_size": 96, "rope_scaling": rope})
     path = tmp_path / "phi4mini.gguf"
     ph.write_gguf(ph.weights(), path)
-    ir = load_model(path)
-    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
-    assert isinstance(dev, CudaLlama) and (dev.rot, dev.hd) == (24, 32)
+    ir, dev = fused_on_gpu(path)
+    assert (dev.rot, dev.hd) == (24, 32)
     assert dev.rope_ms[0] != 1.0  # LongRoPE's factor on the rotation
-    dev.dev.exact = True
     check_batches(cpu_exact(ir), dev, ph.CONFIG["vocab_size"])
 
 
@@ -437,17 +426,13 @@ def test_glm4moe_routing_and_shared_expert_match_cpu(
     weights, a shared expert, the first layer dense; Q/K/V biases before Q/K norms; half of
     each head rotated) at head size 32 device-resident against the CPU backend."""
     monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
-    from modelc.runtime.backends.cuda_llama import CudaLlama
-    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_glm4moe as gl
 
     monkeypatch.setattr(gl, "CONFIG", {**gl.CONFIG, "head_dim": 32})
     path = tmp_path / "glm4moe.gguf"
     gl.write_gguf(gl.make_weights(), path)
-    ir = load_model(path)
-    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
-    assert isinstance(dev, CudaLlama) and (dev.rot, dev.hd) == (16, 32)
-    dev.dev.exact = True
+    ir, dev = fused_on_gpu(path)
+    assert (dev.rot, dev.hd) == (16, 32)
     check_batches(cpu_exact(ir), dev, gl.CONFIG["vocab_size"])
 
 
