@@ -34,6 +34,7 @@
 #                                              settings / old code alternated, the GPU tests first;
 #                                              FLOOR=1: bench/cuda_floor.py on each model;
 #                                              NO_LLAMA=1: no llama.cpp, ~4 min)
+#   bash scripts/cuda_side_by_side.sh tests37 (~4 min: session 37's GPU tests alone)
 #   bash scripts/cuda_side_by_side.sh depth   (~8 min: decode after a DEPTH-token prompt (4000),
 #                                              modelc's attention unsplit and split
 #                                              (DEPTH_SETS), llama-bench -d beside)
@@ -424,6 +425,15 @@ if [ "${1:-}" = decode ]; then  # ~5 min from a bare machine: this checkout agai
     at "the 8B's eager step, kernel by kernel"
     timeout 120 python3 bench/cuda_profile.py $M/llama8b-q4_k_m.gguf --streams 1 --steps 16 2>&1 | tail -30
   fi
+  at "end"
+  exit 0
+fi
+
+if [ "${1:-}" = tests37 ]; then  # ~4 min: session 37's GPU tests alone (no llama.cpp)
+  setup
+  at "session 37's GPU tests: families, sinks, MXFP4 and BF16"
+  gpu_tests s37 170 tests/test_cuda.py -k "gptoss or smollm3 or olmo2 or mistral3 or phi4mini or glm4moe or norm_silu or MXFP4 or BF16"
+  gpu_tests s37k 120 tests/test_cuda_kernels.py -k "deq8 or tiled or tensor_cores"
   at "end"
   exit 0
 fi
