@@ -182,15 +182,15 @@ class DevOai:
 
 
 def blocks_bytes(blocks: Sequence[DecoderBlock]) -> int:
-    """The host bytes of the layers' weights (their matrices, a mixture's router and experts):
-    what the upload puts on the GPU."""
+    """The host bytes of the layers' weights (their matrices, a mixture's router, experts
+    and shared experts): what the upload puts on the GPU."""
     n = sum(int(np.asarray(w.data).nbytes) for b in blocks for w in block_mats(b))
-    return n + sum(
-        int(np.asarray(w.data).nbytes)
-        for b in blocks
-        if b.experts is not None
-        for w in (b.experts.router, *b.experts.gate, *b.experts.up, *b.experts.down)
-    )
+    for b in blocks:
+        e = b.experts
+        if e is not None:
+            ws = (e.router, *e.gate, *e.up, *e.down, *(e.shared or ()), e.shared_gate)
+            n += sum(int(np.asarray(w.data).nbytes) for w in ws if w is not None)
+    return n
 
 
 def pre_matmul(dev: Any, x: Any, h: Any, eps: float, n: int, norm: Any, w: Any, y: Any) -> None:
