@@ -296,25 +296,6 @@ FAMILY_SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-@gpu
-@pytest.mark.parametrize("family", list(FAMILY_SHAPES))
-def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str) -> None:
-    """The tiny random families (f32, randomised norms) through ``build_cuda``, as
-    ``--device cuda`` loads them, against the CPU backend: prompts of 30 tokens cross every
-    sliding window (:func:`check_batches`)."""
-    from modelc.runtime.backends.cuda_offload import build_cuda
-    from tests import gen_families as gf
-
-    cfg = {**gf.CONFIGS[family], **FAMILY_SHAPES[family]}
-    monkeypatch.setitem(gf.CONFIGS, family, cfg)
-    path = tmp_path / f"{family}.gguf"
-    gf.write_gguf(family, gf.make_weights(family), path)
-    ir = load_model(path)
-    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
-    dev.dev.exact = True
-    check_batches(cpu_exact(ir), dev, gf.BASE["vocab_size"])
-
-
 def fused_on_gpu(path: Path) -> tuple[ModelIR, Any]:
     """The GGUF at ``path`` through ``build_cuda`` as ``--device cuda`` loads it, asserted
     device-resident (not op by op), in exact mode: (its IR, the model)."""
@@ -326,6 +307,22 @@ def fused_on_gpu(path: Path) -> tuple[ModelIR, Any]:
     assert isinstance(dev, CudaLlama)
     dev.dev.exact = True
     return ir, dev
+
+
+@gpu
+@pytest.mark.parametrize("family", list(FAMILY_SHAPES))
+def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str) -> None:
+    """The tiny random families (f32, randomised norms) through ``build_cuda``, as
+    ``--device cuda`` loads them, against the CPU backend: prompts of 30 tokens cross every
+    sliding window (:func:`check_batches`)."""
+    from tests import gen_families as gf
+
+    cfg = {**gf.CONFIGS[family], **FAMILY_SHAPES[family]}
+    monkeypatch.setitem(gf.CONFIGS, family, cfg)
+    path = tmp_path / f"{family}.gguf"
+    gf.write_gguf(family, gf.make_weights(family), path)
+    ir, dev = fused_on_gpu(path)
+    check_batches(cpu_exact(ir), dev, gf.BASE["vocab_size"])
 
 
 @gpu
@@ -442,7 +439,6 @@ def test_phi3_long_factors_keep_to_the_original_context(
 ) -> None:
     """A Phi-3 whose LongRoPE has long factors runs on the GPU within its original context
     (64 here, of 256), where the short factors hold and it matches the CPU backend."""
-    from modelc.runtime.backends.cuda_offload import build_cuda
     from tests import gen_families as gf
 
     long = [2 * f for f in PHI3_16]
@@ -451,10 +447,8 @@ def test_phi3_long_factors_keep_to_the_original_context(
     monkeypatch.setitem(gf.CONFIGS, "phi3", cfg)
     path = tmp_path / "phi3.gguf"
     gf.write_gguf("phi3", gf.make_weights("phi3"), path)
-    ir = load_model(path)
-    dev = build_cuda(ir, kv_mode="f32", max_context=None, max_concurrent=4, kv_budget_bytes=None)
+    ir, dev = fused_on_gpu(path)
     assert (ir.hparams.n_ctx, dev.n_ctx) == (256, 64)
-    dev.dev.exact = True
     check_batches(cpu_exact(ir), dev, gf.BASE["vocab_size"])
 
 
