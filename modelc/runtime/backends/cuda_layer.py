@@ -72,24 +72,22 @@ class DevLayer:
 
 
 class DevExperts:
-    """A mixture's FFN on the GPU: the router, each expert's gate+up and down (as llama.cpp's
-    ``build_moe_ffn``: softmax over every expert, the ``n_used`` most probable, their
-    weights renormalised to sum to 1 -- the softmax of the chosen logits alone, as gpt-oss
-    weighs them).  gpt-oss's (:mod:`~modelc.runtime.arch.moe_oai`): the router's and each
-    expert's biases, its clamped SwiGLU.  Other routings (sigmoid scores, a bias for the
-    choice, groups, scaled weights: GLM-4.5, DeepSeek) choose on the host from the router's
-    logits by the CPU's own :func:`~modelc.runtime.arch.moe.route_logits`; shared experts
-    (and qwen35moe's sigmoid gate on them) run on every row.  Which experts a step uses is
-    read on the host, so such a model's steps run without CUDA graphs."""
+    """A mixture's FFN on the GPU: the router's logits, then each row's experts and their
+    weights chosen on the host by the CPU's own :func:`~modelc.runtime.arch.moe.route_logits`
+    from them (n x n_expert: small; softmax top-k renormalised as llama.cpp's
+    ``build_moe_ffn`` -- the softmax of the chosen logits alone, as gpt-oss weighs them --
+    or sigmoid scores, a bias for the choice, groups, scaled weights: GLM-4.5, DeepSeek);
+    each chosen expert's gate+up and down; gpt-oss's (:mod:`~modelc.runtime.arch.moe_oai`)
+    router and expert biases and clamped SwiGLU; shared experts (and qwen35moe's sigmoid
+    gate on them) on every row.  Which experts a step uses is a host decision, so such a
+    model's steps run without CUDA graphs."""
 
     def __init__(self, be: CudaBackend, e: Experts) -> None:
-        self.host = e if e.routing is not None or e.bias is not None else None  # its choice
-        self.softmax = be.softmax
+        self.e, self.softmax = e, be.softmax  # the routing's description, the host's softmax
         self.shared = None if e.shared is None else DevShared(be, e)
         self.router = be.dev.upload([e.router])  # (n_expert, d)
         self.gu = [be.dev.upload([g, u]) for g, u in zip(e.gate, e.up, strict=True)]
         self.down = [be.dev.upload([w]) for w in e.down]  # (d, ff) each
-        self.n_used = e.n_used
         self.ff = int(e.gate[0].shape[0])
         self.oai = None if e.oai is None else DevOai(be.cp, e.oai)
 
@@ -105,16 +103,8 @@ class DevExperts:
         dev.matmul(self.router, h, n, logits)
         if oai is not None:
             logits += oai.router
-        if self.host is not None:  # the CPU's rule on the logits (n x n_expert: small)
-            top_h, w_h = route_logits(self.host, logits.get(), self.softmax)
-            w = cp.asarray(w_h)
-        else:
-            p = cp.exp(logits - logits.max(axis=1, keepdims=True))
-            p /= p.sum(axis=1, keepdims=True)
-            top = cp.argsort(-p, axis=1)[:, : self.n_used]  # (n, used)
-            w = cp.take_along_axis(p, top, axis=1)
-            w /= w.sum(axis=1, keepdims=True)
-            top_h = top.get()  # which experts run: a host decision
+        top_h, w_h = route_logits(self.e, logits.get(), self.softmax)  # the CPU's rule
+        w = cp.asarray(w_h)
         for ex in np.unique(top_h):
             rows, slot = np.nonzero(top_h == ex)
             rd = cp.asarray(rows)
