@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -174,6 +175,7 @@ def matrices(path: str) -> tuple[list[list[int]], int]:
 def main() -> None:
     cp: Any = __import__("cupy")  # on the GPU machine only
 
+    from bench.cuda_gemv_sweep import time_graph
     from modelc.runtime.backends.cuda_launch import Launcher
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -200,25 +202,10 @@ def main() -> None:
     )
     sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
     base = buf.data.ptr
-    s = cp.cuda.Stream(non_blocking=True)
 
     def timed(step: Any) -> float:
-        """ms a step: the step captured once, replayed."""
-        with s:
-            step()
-            s.begin_capture()
-            step()
-            g = s.end_capture()
-            for _ in range(2):
-                g.launch(s)
-            s.synchronize()
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(s)
-            for _ in range(args.reps):
-                g.launch(s)
-            b.record(s)
-            b.synchronize()
-        return float(cp.cuda.get_elapsed_time(a, b)) / args.reps  # type: ignore[no-any-return]
+        """ms a step: the step captured once in a graph, replayed (cuda_gemv_sweep's timing)."""
+        return 1e3 * time_graph(SimpleNamespace(cp=cp), lambda _: step(), n=1, reps=args.reps)
 
     def read(k: int) -> None:
         n = n16s[k]
