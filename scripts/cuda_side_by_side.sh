@@ -201,6 +201,9 @@ start_ab() {  # setup (the 1.1Bs made, as the GPU tests read them; $1: llama.cpp
   BW=$(copy_bw)
   tbs "$BW"
 }
+# session 37's GPU tests of tests/test_cuda.py (MXFP4 and BF16 as stored, sinks, the families
+# behind MODELC_CUDA_NEW_FAMILIES), by -k
+S37_K="gptoss or smollm3 or olmo2 or mistral3 or phi4mini or glm4moe or norm_silu or MXFP4 or BF16"
 gpu_tests() {  # $1 a log's name, $2 a timeout, then pytest's files: run, failures shown
   local log="$OUT/tests_$1.log" t=$2
   shift 2
@@ -432,7 +435,7 @@ fi
 if [ "${1:-}" = tests37 ]; then  # ~4 min: session 37's GPU tests alone (no llama.cpp)
   setup
   at "session 37's GPU tests: families, sinks, MXFP4 and BF16"
-  gpu_tests s37 170 tests/test_cuda.py -k "gptoss or smollm3 or olmo2 or mistral3 or phi4mini or glm4moe or norm_silu or MXFP4 or BF16"
+  gpu_tests s37 170 tests/test_cuda.py -k "$S37_K"
   gpu_tests s37k 120 tests/test_cuda_kernels.py -k "deq8 or tiled or tensor_cores"
   at "end"
   exit 0
@@ -447,8 +450,7 @@ if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows
   if [ -n "${MS1_TESTS:-}" ]; then
     at "GPU tests here (llama.cpp building beside)"
     gpu_tests ms1 150 tests/test_cuda_decode.py tests/test_cuda_kernels.py
-    # session 37's: MXFP4 and BF16 kept as stored, sinks, gpt-oss device-resident, NoPE, OLMo 2
-    gpu_tests ms1_s37 150 tests/test_cuda.py -k "gptoss or smollm3 or olmo2 or mistral3 or phi4mini or glm4moe or norm_silu or MXFP4 or BF16"
+    gpu_tests ms1_s37 150 tests/test_cuda.py -k "$S37_K"
   fi
   wait "${AB_PIDS[@]}"  # not the build's
   MS1=${MS1_MODELS:-llama1b-q4_k_m llama8b-q4_k_m}
