@@ -54,7 +54,6 @@ FAMILIES = {
 # rotation's own magnitude and dimensions), mistral3's queries scaled by position; their GPU
 # tests in tests/test_cuda.py)
 CUDA_LACKS = {
-    **FAMILIES,
     "smollm3": "",
     "olmo2": "",
     "olmo3": "",
