@@ -104,6 +104,16 @@ def random_blocks(
     return b.reshape(rows, -1), Q[dtype.name]
 
 
+def flush_subnormals(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``a`` as the GPU's kernels read it: f32 values below the smallest normal (2^-126) are
+    signed zeros there, for CuPy compiles every kernel with ``-ftz=true`` (NVRTC then
+    flushes each subnormal a float instruction meets; cupy/cupy#9576: a caller's
+    ``-ftz=false`` is overridden). MXFP4's two smallest E8M0 scales (``random_blocks`` makes
+    them) give such weights; the CPU keeps them (tests/test_cuda_quants_host.py)."""
+    small = np.abs(a) < np.finfo(np.float32).tiny
+    return np.where(small, np.copysign(np.zeros_like(a), a), a)
+
+
 # llama.cpp's Q4_K_M: Q6_K for attn_v, half the layers' ffn_down (its use_more_bits:
 # the first and last eighth and every third between) and the output; Q4_K elsewhere
 Q4_K_M = "Q4_K_M"
