@@ -173,11 +173,11 @@ def matrices(path: str) -> tuple[list[list[int]], int]:
 
 
 def copy_tbs(cp: Any) -> float:
-    """The device-to-device copy's bytes read and written a second, in TB/s, timed as
-    ``scripts/cuda_side_by_side.sh``'s ``copy_bw`` times it (4 GiB, ten eager copies): the
-    limit the issue's fractions are of. (Timed as a graph replay, the same copy came out
-    at 2.43 TB/s on an H100 whose eager copy is 3.03: the first floor run's column was
-    of that.)"""
+    """The device-to-device copy's bytes read and written a second, in TB/s (4 GiB, ten
+    eager copies): the limit the issue's fractions are of, here and in
+    ``scripts/cuda_side_by_side.sh``'s ``copy_bw``. (Timed as a graph replay, the same copy
+    came out at 2.43 TB/s on an H100 whose eager copy is 3.03: the first floor run's column
+    was of that.)"""
     import time
 
     a = cp.empty(4 << 30, cp.uint8)

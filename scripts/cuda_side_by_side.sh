@@ -82,12 +82,7 @@ at() { echo "== $1 at $((SECONDS - T0)) s"; }
 unz() { python3 -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(open(sys.argv[1], 'rb'), sys.stdout.buffer)" "$1"; }
 
 copy_bw() {  # the GPU's device-to-device copy, bytes read and written a second (the bandwidth limit)
-  python3 -c "
-import cupy as cp, time
-a = cp.empty(4 << 30, cp.uint8); b = cp.empty_like(a); b[:] = a; cp.cuda.Device().synchronize()
-t = time.perf_counter()
-for _ in range(10): b[:] = a
-cp.cuda.Device().synchronize(); print(f'{2 * a.nbytes / ((time.perf_counter() - t) / 10):.4g}')"
+  python3 -c "import cupy; from bench.cuda_floor import copy_tbs; print(f'{copy_tbs(cupy) * 1e12:.4g}')"
 }
 alternate() {  # $1 streams, $2 settings ("A=1 B=2;A=0": env assignments, ";" apart), then models:
   # cuda_bench.py's decode of each model with each setting in turn, each run a process of its
