@@ -197,7 +197,7 @@ start_ab() {  # setup (the 1.1Bs made, as the GPU tests read them; $1: llama.cpp
   tbs "$BW"
 }
 # session 37's GPU tests of tests/test_cuda.py (MXFP4 and BF16 as stored, sinks, the families
-# behind MODELC_CUDA_NEW_FAMILIES, the mixtures' routing now on the host), by -k
+# (device-resident by default since session 38), the mixtures' routing now on the host), by -k
 S37_K="families_match or gptoss or smollm3 or olmo2 or mistral3 or phi4mini or glm4moe or norm_silu or MXFP4 or BF16"
 gpu_tests() {  # $1 a log's name, $2 a timeout, then pytest's files: run, failures shown
   local log="$OUT/tests_$1.log" t=$2

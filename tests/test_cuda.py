@@ -183,9 +183,7 @@ def test_matmul_and_rows_match_the_reference(cuda_be: Any, dtype: DType) -> None
 
 
 @gpu
-def test_norm_silu_attention_match_the_reference(
-    cuda_be: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_norm_silu_attention_match_the_reference(cuda_be: Any) -> None:
     from modelc.runtime.backends.numpy_ref import NumpyBackend
 
     ref, rng = NumpyBackend(), np.random.default_rng(2)
@@ -207,13 +205,11 @@ def test_norm_silu_attention_match_the_reference(
             assert rel(got, want) < 1e-5, (hd, kv_dtype, window, cap)
             assert rel(want, ref.attention(q, k, v, 34, s)) > 1e-3  # the case is not moot
         sinks = rng.standard_normal(8).astype(np.float32) * 3  # gpt-oss: a logit a head
-        monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # the kernel's sinks, not numpy's
         for window in (0, 4):
             got = cuda_be.attention(q, k, v, 34, s, window=window, sinks=sinks)
             want = ref.attention(q, k, v, 34, s, window=window, sinks=sinks)
             assert rel(got, want) < 1e-5, (hd, kv_dtype, window, "sinks")
             assert rel(want, ref.attention(q, k, v, 34, s, window=window)) > 1e-3
-        monkeypatch.delenv("MODELC_CUDA_NEW_FAMILIES")
 
 
 # -- models -------------------------------------------------------------------------------
@@ -331,11 +327,10 @@ def test_families_match_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fam
 def test_gptoss_fused_matches_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny gpt-oss (tests/gen_gptoss: sinks, the attention output's bias, alternating
     windows of 4, YaRN, MXFP4 experts with biases and the clamped SwiGLU) at head size 32
-    through ``build_cuda`` with ``MODELC_CUDA_NEW_FAMILIES=1`` (the device-resident forward, not
-    op by op) against the CPU backend (:func:`check_batches`)."""
+    through ``build_cuda`` (the device-resident forward, not op by op) against the CPU
+    backend (:func:`check_batches`)."""
     from tests import gen_gptoss as go
 
-    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")
     monkeypatch.setattr(go, "CONFIG", {**go.CONFIG, "head_dim": 32})
     path = tmp_path / "gptoss.gguf"
     go.write_gguf("mxfp4", go.make_weights("mxfp4"), path)
@@ -348,7 +343,6 @@ def test_smollm3_nope_layers_match_cpu(tmp_path: Path, monkeypatch: pytest.Monke
     """The tiny SmolLM3 (tests/gen_smollm3: its fourth layer without RoPE) at head size 32
     device-resident, its NoPE layer rotated by zero frequencies, against the CPU backend
     (:func:`check_batches`)."""
-    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from tests import gen_smollm3 as sm
 
     monkeypatch.setattr(sm, "CONFIG", {**sm.CONFIG, "hidden_size": 128})  # 4 heads of 32
@@ -360,13 +354,10 @@ def test_smollm3_nope_layers_match_cpu(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 @gpu
-def test_olmo2_post_norms_and_whole_qk_norms_match_cpu(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_olmo2_post_norms_and_whole_qk_norms_match_cpu(tmp_path: Path) -> None:
     """The tiny OLMo 2 (tests/gen_olmo2: norms after attention and the FFN only, Q/K norms
     over the whole projection) and OLMo 3 (tests/gen_olmo3: and windowed layers with their
     own RoPE base, YaRN on the full ones) at head size 32 device-resident against the CPU."""
-    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from tests import gen_olmo2 as ol
     from tests import gen_olmo3 as o3
 
@@ -388,7 +379,6 @@ def test_mistral3_attention_temperature_matches_cpu(
     """The tiny Mistral 3 (tests/gen_mistral3: queries scaled by position past an original
     context of 16, which the 30-token prompts cross) at head size 32 device-resident against
     the CPU backend."""
-    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from tests import gen_mistral3 as mi
 
     monkeypatch.setattr(mi, "CONFIG", {**mi.CONFIG, "head_dim": 32})
@@ -403,7 +393,6 @@ def test_mistral3_attention_temperature_matches_cpu(
 def test_phi4mini_partial_rope_matches_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny Phi-4-mini (tests/gen_phi4mini: 24 of each 32-wide head rotate, LongRoPE's
     factor on the rotation as the CPU scales its tables) device-resident against the CPU."""
-    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from tests import gen_phi4mini as ph
 
     factors = [1.0 + 0.25 * i for i in range(12)]  # a divisor a rotated pair
@@ -424,7 +413,6 @@ def test_glm4moe_routing_and_shared_expert_match_cpu(
     """The tiny GLM-4.5 (tests/gen_glm4moe: sigmoid scores with a bias for the choice, scaled
     weights, a shared expert, the first layer dense; Q/K/V biases before Q/K norms; half of
     each head rotated) at head size 32 device-resident against the CPU backend."""
-    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # opt-in until this test has run
     from tests import gen_glm4moe as gl
 
     monkeypatch.setattr(gl, "CONFIG", {**gl.CONFIG, "head_dim": 32})

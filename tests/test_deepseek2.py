@@ -259,27 +259,22 @@ def test_pack_and_inspect(model: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("model", "what"), [("v2lite", "multi-head latent attention"), ("glm4moe", "partial RoPE")]
 )
-def test_cuda_refuses_it_and_compile_runs_the_decoder(
-    model: str, what: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_cuda_runs_glm_refuses_mla_and_compile_runs_the_decoder(
+    model: str, what: str, tmp_path: Path
 ) -> None:
-    """The device-resident CUDA forward refuses MLA, partial RoPE and their routing in one
-    line (``--device cuda`` then runs the model op by op); with MODELC_CUDA_NEW_FAMILIES=1 it
-    runs GLM-4.5's parts (its sigmoid routing and shared expert, partial RoPE, Q/K/V biases
-    with Q/K norms: tests/test_cuda.py) and refuses MLA alone; ``modelc compile`` writes a
-    program whose forward is the runtime's decoder, saying so and why in one line."""
+    """The device-resident CUDA forward runs GLM-4.5's parts (its sigmoid routing and shared
+    expert, partial RoPE, Q/K/V biases with Q/K norms: tests/test_cuda.py) and refuses MLA
+    alone, in one line (``--device cuda`` then runs the model op by op); ``modelc compile``
+    writes a program whose forward is the runtime's decoder, saying so and why in one line."""
     from modelc.runtime.backends.cuda_family import cuda_host
 
     ir = load_model(source(model, "gguf"))
-    with pytest.raises(UnsupportedError, match=what) as e:
-        cuda_host(ir)
-    assert "\n" not in str(e.value) and "grouped or sigmoid expert routing" in str(e.value)
-    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # session 37's parts (opt-in)
     if model == "glm4moe":
         cuda_host(ir)  # no refusal
     else:
         with pytest.raises(UnsupportedError, match=what) as e:
             cuda_host(ir)
-        assert "routing" not in str(e.value)
+        assert "\n" not in str(e.value) and "routing" not in str(e.value)
     cli = Cli(tmp_path / "home", tmp_path / "cache", tmp_path)
     out = cli("compile", str(source(model, "gguf")), "-o", str(tmp_path / "x")).stdout
     (line,) = [ln for ln in out.splitlines() if "forward:" in ln]

@@ -47,8 +47,7 @@ FAMILIES = {
     "mistral3": "attention temperature tuning by position",
     "llama4": "attention temperature tuning by position, chunked attention",
 }
-# family -> what of it the device-resident CUDA forward does not run with
-# MODELC_CUDA_NEW_FAMILIES=1 (by default: FAMILIES' parts are refused; "": it runs it all:
+# family -> what of it the device-resident CUDA forward does not run ("": it runs it all:
 # smollm3's NoPE as zero RoPE frequencies, olmo2's post-norms alone and Q/K norms over the
 # whole projection, olmo3's YaRN on its full layers and phi4mini's partial RoPE (the
 # rotation's own magnitude and dimensions), mistral3's queries scaled by position; their GPU
@@ -239,27 +238,22 @@ def test_pack_and_inspect(family: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_cuda_refuses_it_and_compile_runs_the_decoder(
-    family: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What the device-resident CUDA forward does not run is refused in one line naming it,
-    before any GPU work (``--device cuda`` then runs it op by op); ``modelc compile`` gives
-    the program the runtime's decoder, saying why in one line."""
+def test_cuda_runs_it_or_refuses_and_compile_runs_the_decoder(family: str) -> None:
+    """The device-resident CUDA forward runs what it can of the family and refuses the rest
+    in one line naming it, before any GPU work (``--device cuda`` then runs it op by op);
+    ``modelc compile`` gives the program the runtime's decoder, saying why in one line."""
     from modelc.compile.spec import forward_note, model_spec
     from modelc.runtime.backends.cuda_family import cuda_host
 
     ir = load(family, "gguf")
-    what = re.escape(FAMILIES[family])
-    with pytest.raises(UnsupportedError, match=rf"uses {what}.*which --device cuda does not") as e:
-        cuda_host(ir)
-    assert "\n" not in str(e.value)
-    monkeypatch.setenv("MODELC_CUDA_NEW_FAMILIES", "1")  # session 37's parts (opt-in)
     if not CUDA_LACKS[family]:
         cuda_host(ir)  # no refusal
     else:
         lacks = re.escape(CUDA_LACKS[family])
-        with pytest.raises(UnsupportedError, match=rf"uses {lacks}.*which --device cuda does"):
+        with pytest.raises(UnsupportedError, match=rf"uses {lacks}.*which --device cuda does") as e:
             cuda_host(ir)
+        assert "\n" not in str(e.value)
+    what = re.escape(FAMILIES[family])
     assert re.search(rf"modelc's decoder.*does not run .*{what}", forward_note(model_spec(ir, "m")))
 
 

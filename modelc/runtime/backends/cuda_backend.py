@@ -6,7 +6,6 @@ device is :class:`~modelc.runtime.backends.cuda_llama.CudaLlama`."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -15,14 +14,6 @@ from modelc.runtime.backend import F32Array, KVArray, Weight
 from modelc.runtime.backends.cuda import device, head_runs
 from modelc.runtime.backends.cuda_weights import CODES, DevWeight
 from modelc.runtime.backends.fallback import NumpyFallback
-
-
-def new_families_on() -> bool:
-    """Whether the families' parts added in session 37 with no GPU lent run on the GPU
-    (``MODELC_CUDA_NEW_FAMILIES=1``, until their GPU tests have run): the fused forward's
-    (:func:`.cuda_family.cuda_runs`), and the op-level attention's sinks (else numpy's
-    attention takes a layer with sinks)."""
-    return os.environ.get("MODELC_CUDA_NEW_FAMILIES") == "1"
 
 
 class CudaBackend(NumpyFallback):
@@ -132,13 +123,9 @@ class CudaBackend(NumpyFallback):
         nq, nh, hd = q.shape
         n_kv, nkv = k.shape[0], k.shape[1]
         if (
-            (sinks is not None and not new_families_on())
-            or not head_runs(hd)
-            or k.shape != v.shape
-            or k.shape[2] != hd
-            or q_pos0 + nq > n_kv
-        ):  # sinks (their kernel path opt-in: new_families_on), other head sizes,
-            # values unlike keys (MLA), queries past the cache (BERT): numpy's attention
+            not head_runs(hd) or k.shape != v.shape or k.shape[2] != hd or q_pos0 + nq > n_kv
+        ):  # other head sizes, values unlike keys (MLA), queries past the cache (BERT):
+            # numpy's attention
             return self._fallback.attention(q, k, v, q_pos0, scale, out, window, softcap, sinks)
         cp = self.cp
         f16 = k.dtype == np.float16

@@ -8,28 +8,20 @@ from modelc.formats.ir import ModelIR
 from modelc.runtime.arch import build
 from modelc.runtime.arch.decoder import Decoder, refuse_unsupported
 from modelc.runtime.arch.decoder_spec import GQA_FEATURES
-from modelc.runtime.backends.cuda_backend import new_families_on
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 
 # what the GPU forward runs of the decoder's description (a feature added to it is refused
-# here until this backend runs it)
-CUDA_RUNS = GQA_FEATURES | {"moe"}
-# the families' parts written in session 37 with no GPU lent, each held to the CPU by a GPU
-# test in tests/test_cuda.py that has not run yet: opt-in (MODELC_CUDA_NEW_FAMILIES=1) until
-# they have. gpt-oss (sinks, the attention output's bias, its experts), SmolLM3 (NoPE),
-# OLMo 2 / 3 (post-norms alone, whole-projection Q/K norms, YaRN on the full layers),
-# Mistral 3 (the attention temperature), Phi-4-mini and GLM-4.5 (partial RoPE; GLM's
-# routing and shared expert, its Q/K/V biases before its Q/K norms)
-NEW_FEATURES = frozenset(
-    {"attn_sinks", "attn_out_bias", "moe_oai", "nope", "no_pre_norms", "qk_norm_whole"}
+# here until this backend runs it), each held to the CPU by a GPU test in tests/test_cuda.py:
+# the llama-like features and softmax top-k mixtures; gpt-oss (sinks, the attention
+# output's bias, its experts), SmolLM3 (NoPE), OLMo 2 / 3 (post-norms alone,
+# whole-projection Q/K norms, YaRN on the full layers), Mistral 3 (the attention
+# temperature), Phi-4-mini and GLM-4.5 (partial RoPE; GLM's routing and shared expert, its
+# Q/K/V biases before its Q/K norms): written in session 37, first run on a GPU in 38
+CUDA_RUNS = frozenset(
+    GQA_FEATURES
+    | {"moe", "attn_sinks", "attn_out_bias", "moe_oai", "nope", "no_pre_norms", "qk_norm_whole"}
     | {"attn_temp", "yarn_full_only", "partial_rope", "moe_routing", "qkv_bias+qk_norm"}
 )
-
-
-def cuda_runs() -> frozenset[str]:
-    """What the device-resident forward runs: :data:`CUDA_RUNS`, and :data:`NEW_FEATURES`
-    with :func:`~.cuda_backend.new_families_on`."""
-    return frozenset(CUDA_RUNS | (NEW_FEATURES if new_families_on() else frozenset()))
 
 
 def cuda_host(ir: ModelIR) -> Decoder:
@@ -40,5 +32,5 @@ def cuda_host(ir: ModelIR) -> Decoder:
         raise UnsupportedError(
             f"{ir.architecture} models do not run on --device cuda yet; use --device cpu"
         )
-    refuse_unsupported(host.spec, "--device cuda", cuda_runs(), "use --device cpu")
+    refuse_unsupported(host.spec, "--device cuda", CUDA_RUNS, "use --device cpu")
     return host

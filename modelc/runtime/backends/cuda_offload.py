@@ -14,7 +14,7 @@ on the CPU, as llama.cpp's ``-ngl`` below every layer does (:func:`head_on_gpu`)
 shared with :func:`build_offload`).
 
 What the fused forward does not run (:func:`fused_lacks`: a part of the description
-outside :func:`~modelc.runtime.backends.cuda_family.cuda_runs`, a head size or width its
+outside :data:`~modelc.runtime.backends.cuda_family.CUDA_RUNS`, a head size or width its
 kernels are not built for, a model that is not the one decoder) runs op by op instead, as
 llama.cpp's scheduler hands a GPU backend's missing ops to the CPU: the model's own
 forward on :class:`~modelc.runtime.backends.cuda.CudaBackend`, whose matrix products,
@@ -40,7 +40,7 @@ from modelc.runtime.arch.longrope import short_factors_ctx
 from modelc.runtime.backend import Backend
 from modelc.runtime.backends.cuda import head_runs, require_cuda
 from modelc.runtime.backends.cuda_backend import CudaBackend
-from modelc.runtime.backends.cuda_family import cuda_host, cuda_runs
+from modelc.runtime.backends.cuda_family import CUDA_RUNS, cuda_host
 from modelc.runtime.backends.cuda_llama import CudaLlama
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVMode
@@ -191,7 +191,7 @@ def fused_lacks(model: Any) -> str:
     if not isinstance(model, Decoder):
         return f"{model.architecture} models"
     sp = model.spec
-    why = [lacks(sp, cuda_runs())]
+    why = [lacks(sp, CUDA_RUNS)]
     heads = sorted(h for h in set(sp.head_dims or (sp.head_dim,)) if not head_runs(h))
     why.append(f"a head size of {heads[0]}" if heads else "")
     mats = [w for b in model.blocks for w in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)]
