@@ -104,14 +104,22 @@ def random_blocks(
     return b.reshape(rows, -1), Q[dtype.name]
 
 
-def flush_subnormals(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """``a`` as the GPU's kernels read it: f32 values below the smallest normal (2^-126) are
-    signed zeros there, for CuPy compiles every kernel with ``-ftz=true`` (NVRTC then
-    flushes each subnormal a float instruction meets; cupy/cupy#9576: a caller's
-    ``-ftz=false`` is overridden). MXFP4's two smallest E8M0 scales (``random_blocks`` makes
-    them) give such weights; the CPU keeps them (tests/test_cuda_quants_host.py)."""
-    small = np.abs(a) < np.finfo(np.float32).tiny
-    return np.where(small, np.copysign(np.zeros_like(a), a), a)
+def as_the_gpu_reads(w: Any) -> np.ndarray[Any, Any]:
+    """The f32 values of ``w`` (a :class:`~modelc.runtime.backend.Weight`) as the GPU's
+    kernels read them: CuPy compiles every kernel with ``-ftz=true`` (a caller's
+    ``-ftz=false`` is overridden: cupy/cupy#9576), so a subnormal operand of a float
+    instruction is a signed zero there. Of the stored types only MXFP4 meets one: its two
+    smallest E8M0 scales (2^-128, 2^-127, which ``random_blocks`` makes on purpose) are
+    subnormal halved, and their blocks read as zeros (the CPU keeps them:
+    tests/test_cuda_quants_host.py). No real model's scale is that small."""
+    from modelc.runtime.backends.numpy_ref import dequantize_weight
+
+    dense = dequantize_weight(w)
+    if w.dtype is DType.MXFP4:
+        blocks = dense.reshape(-1, 32).copy()
+        blocks[np.asarray(w.data).reshape(-1, 17)[:, 0] < 2] = 0.0
+        dense = blocks.reshape(dense.shape)
+    return dense
 
 
 # llama.cpp's Q4_K_M: Q6_K for attn_v, half the layers' ffn_down (its use_more_bits:

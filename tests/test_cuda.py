@@ -32,7 +32,7 @@ from modelc.formats.ir import DType, ModelIR
 from modelc.runtime.backends.cuda import cuda_unavailable
 from modelc.runtime.backends.cuda_step import check_fits
 from modelc.runtime.model import SeqChunk
-from tests.gen_cuda_models import SMALL, flush_subnormals, random_blocks, write_random_llama
+from tests.gen_cuda_models import SMALL, as_the_gpu_reads, random_blocks, write_random_llama
 from tests.runtime_support import LOGPROB_TOL, golden, log_softmax, make_backend, write_alike
 
 WHY = cuda_unavailable()
@@ -174,11 +174,11 @@ def test_matmul_and_rows_match_the_reference(cuda_be: Any, dtype: DType) -> None
                     got = cuda_be.matmul(w, x)
                     assert rel(got, x @ dense.T) < 1e-5, (dtype, rows, n, kind, gmax, split, bl)
             ids = np.array([5, 0, rows - 1, 5])
-            # the rows as the GPU reads them: subnormal weights are zeros there (-ftz=true)
-            want = flush_subnormals(dense[ids].astype(np.float32))
+            want = as_the_gpu_reads(w)[ids]  # MXFP4's subnormal scales flushed (-ftz=true)
             np.testing.assert_allclose(cuda_be.get_rows(w, ids), want, rtol=1e-6, atol=0)
     finally:
-        dev.read_env()  # the kernels the environment asks for (not this test's last)
+        dev.read_env()  # the kernels the environment asks for (not this test's last),
+        dev.exact = True  # in the fixture's exact mode (read_env reads MODELC_MATMUL too)
         dev.blas = blas
 
 

@@ -28,7 +28,7 @@ from modelc.runtime.backends.cuda import cuda_unavailable, device
 from tests.gen_cuda_models import (
     Q4_K_M,
     SMALL,
-    flush_subnormals,
+    as_the_gpu_reads,
     random_blocks,
     write_random_llama,
 )
@@ -65,7 +65,6 @@ def test_deq8_equals_the_first_dequantizer_bit_for_bit(be: Any, dtype: DType) ->
     """Every row, f32 and f16, into a tight matrix (16-byte stores) and into a view one
     column in (scalar stores), picked rows and all rows: the same bits as ``deq_rows``."""
     from modelc.runtime.backend import Weight
-    from modelc.runtime.backends.numpy_ref import dequantize_weight
 
     cp, dev = be.cp, be.dev
     rows, cols = 37, 2304
@@ -73,7 +72,7 @@ def test_deq8_equals_the_first_dequantizer_bit_for_bit(be: Any, dtype: DType) ->
     w = Weight(dtype, (rows, cols), data)
     part = be.weight(w).parts[0]
     ids = cp.asarray(np.array([36, 0, 5, 5, 17], np.int64))
-    want32 = flush_subnormals(dequantize_weight(w))  # as the GPU reads it (-ftz=true)
+    want32 = as_the_gpu_reads(w)  # MXFP4's subnormal scales flushed (-ftz=true)
     try:
         for f16, dt in ((False, np.float32), (True, np.float16)):
             for picked in (None, ids):
