@@ -61,57 +61,6 @@ def test_the_wide_gemv_on_a_capped_grid_gives_the_same_bits(be: Any, dtype: DTyp
         dev.read_env()
 
 
-@gpu
-@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q4_K, DType.Q6_K], ids=lambda d: d.name)
-def test_the_norm_in_the_gemvs_epilogue_equals_its_own_launch(
-    be: Any, dtype: DType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``cuda_norm.matmul_norm`` (``MODELC_CUDA_NORM_TAIL=1``: the residual product's last
-    block norms and quantizes its output for the next GEMV) against the product, then
-    ``norm_q8``'s own launch: x the same bits (the same GEMV), h within 1e-6 (one block of
-    256 threads sums the squares, the norm's launch its own count), the quantized rows the
-    same but for a rare step at a rounding edge; x 2,048 and 4,096 wide, the grid capped
-    (blocks looping over rows) and not, twice in a row (the counter back at zero after each
-    launch); more rows than its kernels are built for (``TAIL_ROWS``): the product alone."""
-    from modelc.runtime.backend import Weight
-    from modelc.runtime.backends.cuda_gemvw import TAIL_ROWS
-    from modelc.runtime.backends.cuda_norm import matmul_norm
-
-    monkeypatch.setenv("MODELC_CUDA_NORM_TAIL", "1")
-    cp, dev, rng = be.cp, be.dev, np.random.default_rng(52)
-    try:
-        dev.exact, dev.gemv_kind = False, "wide"
-        for d, cols in ((2048, 2048), (4096, 14336)):
-            data, _ = random_blocks(rng, dtype, d, cols, 0.05)
-            w = dev.upload([Weight(dtype, (d, cols), data)])
-            wn = cp.asarray(rng.uniform(0.5, 1.5, d).astype(np.float32))
-            for n, waves in ((1, 0), (3, 1), (8, 0), (1, 1)):
-                dev.waves = waves
-                a = cp.asarray(rng.standard_normal((n, cols)).astype(np.float32))
-                base = cp.asarray(rng.standard_normal((n, d)).astype(np.float32))
-                q8 = dev._quant_q8(a, cols, n, cols)
-                q8 = (q8[0].copy(), q8[1].copy())  # apart from the scratch the tail writes
-                want_x, h0 = base.copy(), cp.zeros((n, d), np.float32)
-                dev.matmul(w, a, n, want_x, acc=True, q8=q8)
-                wq, ws = (v.get() for v in dev.norm_q8(want_x, n, wn, 1e-5, h0, d))
-                for _ in range(2):
-                    x, h = base.copy(), cp.full((n, d), 7.0, np.float32)
-                    got = matmul_norm(dev, w, a, n, x, q8, wn, 1e-5, h)
-                    assert x.get().tobytes() == want_x.get().tobytes(), (d, n, waves)
-                    if n > max(TAIL_ROWS):
-                        assert got is None and float(h[0, 0]) == 7.0  # h untouched
-                        continue
-                    assert got is not None, (d, n, waves)
-                    assert rel(h.get(), h0.get()) < 1e-6, (d, n, waves)
-                    gq, gs = got[0].get().view(np.int8), got[1].get()
-                    np.testing.assert_allclose(gs, ws, rtol=1e-6, atol=0)
-                    diff = np.abs(gq.astype(np.int32) - wq.view(np.int8).astype(np.int32))
-                    assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (d, n, waves)
-                    assert int(dev.tail_count().get()[0]) == 0
-    finally:
-        dev.read_env()
-
-
 @pytest.mark.parametrize(
     ("rows", "cols", "want"),
     [(6144, 4096, 2), (4096, 4096, 1), (28672, 4096, 1), (4096, 14336, 4), (2560, 2048, 1),

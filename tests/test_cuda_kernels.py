@@ -594,22 +594,6 @@ def test_small_models_on_the_wide_gemv(tmp_path: Path, dtype: DType | str) -> No
     )
 
 
-@pytest.mark.parametrize("dtype", [DType.Q4_0, Q4_K_M], ids=str)
-def test_small_models_with_the_norms_in_the_gemvs(
-    tmp_path: Path, dtype: DType | str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``MODELC_CUDA_NORM_TAIL=1`` (each decode step's O and down products norm the residual
-    for the next product in their last block: cuda_norm.matmul_norm): held to the numpy
-    twin and the CPU's exact mode as the wide GEMV is."""
-    monkeypatch.setenv("MODELC_CUDA_NORM_TAIL", "1")
-    check_q8_model(
-        load_model(write_random_llama(tmp_path / "m.gguf", dtype, SMALL, seed=3)),
-        list(range(5, 40)),
-        12,
-        kind="wide",
-    )
-
-
 @pytest.mark.parametrize(
     ("bucket", "first", "fixed"),
     [(8, False, False), (32, False, False), (8, True, False), (8, False, True)],

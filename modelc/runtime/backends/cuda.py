@@ -113,7 +113,6 @@ class Device:
         self.sms = int(dev.attributes["MultiProcessorCount"])
         self.pipe_ok = int(dev.compute_capability) >= 90  # gemvp's bulk copies
         self.shared = cuda_gemvp.SharedLimits()
-        self._tail_count: Any = None
         self.read_env()
         self.blas: Blas | None = open_blas(self.cp)
 
@@ -194,23 +193,15 @@ class Device:
         capture)."""
         return self.scratch.get("xq", sum(q8_bytes(n, cols)), np.uint8)
 
-    def q8_views(self, n: int, cols: int) -> tuple[Any, Any]:
-        """n rows of ``cols`` quantized activations in the q8 scratch: (values, scales)."""
+    def _q8_views(self, n: int, cols: int) -> tuple[Any, Any]:
         qb, sb = q8_bytes(n, cols)
         xq = self.reserve_q8(n, cols)
         return xq[:qb], xq[qb : qb + sb]
 
-    def tail_count(self) -> Any:
-        """:mod:`.cuda_norm`'s ``norm_tail`` counter (one uint32, zero between launches),
-        made at the first call (``CudaLlama``'s buffers', before any graph capture)."""
-        if self._tail_count is None:
-            self._tail_count = self.cp.zeros(1, np.uint32)
-        return self._tail_count
-
     def _quant_q8(self, x: Any, ldx: int, n: int, cols: int) -> tuple[Any, Any]:
         """x[:n] (f32, row stride ldx) to 8 bits in groups of 32: (xq (n, cols) int8,
         xs (n, cols / 32, 2) f32 scale and sum), in scratch reused by every product."""
-        xq, xs = self.q8_views(n, cols)
+        xq, xs = self._q8_views(n, cols)
         warps = n * (cols // 32)
         self.fn["quant_q8"](
             ((warps + 7) // 8,), (256,), (x, np.int32(ldx), np.int32(cols), np.int32(n), xq, xs)
@@ -246,15 +237,11 @@ class Device:
             wpr *= 2
         return wpr
 
-    def is_wide(self, p: DevPart) -> bool:
-        """Whether the int8 GEMV of p is :mod:`.cuda_gemvw`'s (repacked, or of its types)."""
-        return bool(p.layout) or (self.gemv_kind in WIDE_KINDS and p.code in cuda_gemvw.WIDE_TYPES)
-
     def _gemv(
         self, p: DevPart, x: Any, ldx: int, n: int, y: Any, ldy: int, acc: bool, q8: Any = None
     ) -> None:
         nr = next(r for r in GEMV_ROWS if r >= n)
-        wide = self.is_wide(p)
+        wide = p.layout or (self.gemv_kind in WIDE_KINDS and p.code in cuda_gemvw.WIDE_TYPES)
         if q8 is not None and wide and cuda_gemvp.pipe_takes(self, None, n):
             cuda_gemvp.launch(self.fn, self.sms, p, q8, n, y, ldy, acc, self.shared)  # bulk copies
             return
@@ -297,7 +284,7 @@ class Device:
 
     def norm_q8(self, x: Any, n: int, wn: Any, eps: float, h: Any, d: int) -> tuple[Any, Any]:
         """``h[:n] = rms_norm(x[:n]) * wn`` and its values quantized for the int8 GEMV."""
-        (xq, xs), nt = self.q8_views(n, d), self._v4(x, h, wn)
+        (xq, xs), nt = self._q8_views(n, d), self._v4(x, h, wn)
         self.fn["rms_norm_q8" if nt is None else "rms_norm_v4_q8"](
             (n,),
             (nt or 256,),
@@ -397,7 +384,7 @@ class Device:
         what :meth:`matmul`'s ``q8`` takes, else None."""
         act = "gelu_mul" if gelu else "silu_mul"
         if then is not None and self._use_q8(then, n) and then.cols == ff:
-            xq, xs = self.q8_views(n, ff)
+            xq, xs = self._q8_views(n, ff)
             warps = n * (ff // 32)
             args = (gu, np.int32(ff), np.int32(n), out, xq, xs)
             self.fn[f"{act}_q8"](((warps + 7) // 8,), (256,), args)
@@ -451,7 +438,7 @@ class Device:
             return None
         q8: Any = None
         if then is not None and 32 % e == 0 and then.cols == nh * hd and self._use_q8(then, n):
-            q8 = self.q8_views(n, nh * hd)
+            q8 = self._q8_views(n, nh * hd)
         self.fn[f"attn_{'f16' if f16 else 'f32'}_{e}"](
             (n, nh, self.attn_split),
             (32 * ATTN_WARPS,),

@@ -352,29 +352,6 @@ def instances(unroll: dict[int, int] | None = None, blocks: int = 0) -> str:
     return "\n".join(out)
 
 
-# rows of x the GEMVs with the norm after them in their epilogue (gemvwt) are built for:
-# batch-1 decode alone while they are opt-in (each instance ~1,700 instructions of norm
-# code more to compile, at every server's first start and in CI)
-TAIL_ROWS = (1,)
-
-
-def tail_instances() -> str:
-    """``gemvwt``: ``gemvw`` whose last block to finish norms and quantizes its output rows
-    for the next int8 GEMV (:mod:`.cuda_norm`'s ``norm_tail``: the norm's launch after a
-    residual product folded into it; after :mod:`.cuda_norm`'s source)."""
-    return "\n".join(
-        f'extern "C" __global__ void __launch_bounds__(256, {WIDE_BLOCKS[nr]}) '
-        f"gemvwt_{t}_{nr}(const u8* W, long long rb, int rows, int cols, const signed char* xq, "
-        "const float2* xs, int nr, float* y, int ldy, int acc, int wpr, const float* nw, "
-        "float eps, float* h, int ldh, signed char* oq, float2* os, unsigned* count) { "
-        "enter_gemv(W, rb, rows, wpr); "
-        f"gemvw<{t}, {nr}, {WIDE_UNROLL[t]}>(W, rb, rows, cols, xq, xs, nr, y, ldy, acc, wpr); "
-        "norm_tail(y, ldy, nr, nw, eps, rows, h, ldh, oq, os, count); }"
-        for t in WIDE_TYPES
-        for nr in TAIL_ROWS
-    )
-
-
 def source(unroll: dict[int, int] | None = None, load: str = LOAD, blocks: int = 0) -> str:
     """This module's CUDA C (after :mod:`.cuda_gemvq`'s, whose ``sub4`` it uses, and
     :mod:`.cuda_gemv`'s ``rows_out``); ``unroll``, ``load`` (a key of :data:`LOADS`) and
@@ -385,7 +362,6 @@ def source(unroll: dict[int, int] | None = None, load: str = LOAD, blocks: int =
 
 def names() -> list[str]:
     gemvw = [f"gemvw_{t}_{nr}" for t in WIDE_TYPES for nr in WIDE_ROWS]
-    gemvw += [f"gemvwt_{t}_{nr}" for t in WIDE_TYPES for nr in TAIL_ROWS]
     return gemvw + [f"deq8w_{t}_{f}" for t in REPACKED for f in (0, 1)]
 
 
@@ -401,20 +377,16 @@ def launch(
     waves: int = 0,
     wpr: int = 0,
     split_k: bool = True,
-    tail: tuple[Any, ...] = (),
 ) -> None:
     """``y[:n] (+)= xq[:n] . p`` by ``gemvw``: n rows of the quantized x (launches of at most
     8); warps a weight row by :func:`split` on ``sms`` multiprocessors (``wpr`` > 0: that
     many; ``split_k`` False: one); ``waves``: the grid capped at that many resident waves of
-    blocks, each block taking every grid-th group of rows (0: a block a group). ``tail``:
-    ``gemvwt``'s arguments after ``wpr`` (n <= 8: one launch), y's rows normed and
-    quantized by its last block."""
+    blocks, each block taking every grid-th group of rows (0: a block a group)."""
     for nr, args in passes(p, q8, n, y, ldy, acc):
         w = wpr or (split(p.code, p.rows, p.cols, nr, sms) if split_k else 1)
         groups = (p.rows + 8 // w - 1) // (8 // w)
         cap = sms * WIDE_BLOCKS[nr] * waves if sms and waves else groups
-        name = f"gemvw{'t' if tail else ''}_{p.code}_{nr}"
-        fn[name]((min(groups, cap),), (256,), (*args, np.int32(w), *tail))
+        fn[f"gemvw_{p.code}_{nr}"]((min(groups, cap),), (256,), (*args, np.int32(w)))
 
 
 def split(code: int, rows: int, cols: int, nr: int, sms: int) -> int:

@@ -13,7 +13,6 @@ from modelc.runtime.arch.decoder_block import block_mats
 from modelc.runtime.arch.moe import Experts, route_logits
 from modelc.runtime.arch.moe_oai import OaiBiases, swiglu_oai
 from modelc.runtime.backends.cuda_backend import CudaBackend
-from modelc.runtime.backends.cuda_norm import matmul_norm
 
 
 class DevLayer:
@@ -184,32 +183,23 @@ def blocks_bytes(blocks: Sequence[DecoderBlock]) -> int:
     return n
 
 
-def pre_matmul(
-    dev: Any, x: Any, h: Any, eps: float, n: int, norm: Any, w: Any, y: Any, ready: Any = None
-) -> None:
+def pre_matmul(dev: Any, x: Any, h: Any, eps: float, n: int, norm: Any, w: Any, y: Any) -> None:
     """y[:n] = rms_norm(x) * norm @ w.T (through h), or x @ w.T where the layer has no
-    pre-norm (olmo2: its norms come after attention and the FFN); ``ready``: h and its
-    quantized rows already made by the product before (:func:`residual`'s ``then_norm``)."""
+    pre-norm (olmo2: its norms come after attention and the FFN)."""
     if norm is None:
         dev.matmul(w, x, n, y)
-    elif ready is not None:
-        dev.matmul(w, h, n, y, q8=ready)
     else:
         dev.norm_matmul(x, n, norm, eps, h, w, y)
 
 
 def residual(
     dev: Any, x: Any, h: Any, eps: float, prod: tuple[Any, Any, int], post_norm: Any,
-    q8: Any = None, bias: Any = None, then_norm: Any = None,
-) -> Any:  # fmt: skip
+    q8: Any = None, bias: Any = None,
+) -> None:  # fmt: skip
     """x += a @ w.T (+ bias: gpt-oss's attention output), or x += post_norm(a @ w.T (+ bias))
     (gemma; through h, free by then), for ``prod`` (w, a, n); ``q8``: a already quantized
-    for the int8 GEMV. ``then_norm``: the next product's pre-norm, which the GEMV's last
-    block may run (:func:`.cuda_norm.matmul_norm`): its quantized rows for
-    :func:`pre_matmul`'s ``ready``, or None."""
+    for the int8 GEMV."""
     w, a, n = prod
-    if post_norm is None and bias is None and then_norm is not None:
-        return matmul_norm(dev, w, a, n, x, q8, then_norm, eps, h)
     if post_norm is None:
         dev.matmul(w, a, n, x, acc=True, q8=q8)
         if bias is not None:
@@ -219,4 +209,3 @@ def residual(
         if bias is not None:
             h[:n] += bias
         dev.rms_norm(h, None, n, post_norm, eps, x, acc=True)
-    return None

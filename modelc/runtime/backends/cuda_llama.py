@@ -195,7 +195,6 @@ class CudaLlama(CausalLM):
             self.temp = cp.zeros(m, np.float32)  # the rows' query scales (attn_temperature)
             self.io = cuda_io.StepIO(cp, m, len(self.meta)) if self.step_io else None
             self.dev.reserve_q8(m, max(self.d, self.nh * self.hd, self.ff))  # q8 GEMV's x
-            self.dev.tail_count()  # the norms in GEMVs' epilogues (cuda_norm.matmul_norm)
             self.reset_graphs()
 
     def reset_graphs(self) -> None:
@@ -292,9 +291,8 @@ class CudaLlama(CausalLM):
         if any(self.temp_layers):
             temp = attn_temperature(kvmeta[0][:n], *self.temp_args, self.temp[:n], self.cp)
             temp = temp.reshape(n, 1)
-        pend = None  # h and its quantized rows, made by the product before (then_norm)
         for li, ly in enumerate(self.layers):
-            pre_matmul(dev, self.x, self.h, self.eps, n, ly.attn_norm, ly.wqkv, self.qkv, pend)
+            pre_matmul(dev, self.x, self.h, self.eps, n, ly.attn_norm, ly.wqkv, self.qkv)
             bias = ly.bias if ly.bias is not None else np.uint64(0)
             if ly.bias is not None and ly.q_norm is not None:  # the biases before the norms
                 self.qkv[:n] += ly.bias  # (glm4moe), so not again in RoPE
@@ -317,9 +315,9 @@ class CudaLlama(CausalLM):
                 self.q, kvmeta, n, self.nh, self.nkv, self.hd, f16, self.scale, ly.window, li,
                 self.attn, self.attn_softcap, then=ly.wo, tiles=tiles, rope=ra, sinks=ly.sinks,
             )  # fmt: skip
-            then = ly.ffn_norm if ly.experts is None else None  # gate+up's norm, in O's GEMV
-            o = (ly.wo, self.attn, n)
-            pend = residual(dev, self.x, self.h, self.eps, o, ly.post_attn_norm, q8, ly.bo, then)
+            residual(
+                dev, self.x, self.h, self.eps, (ly.wo, self.attn, n), ly.post_attn_norm, q8, ly.bo
+            )
             if ly.experts is not None:
                 assert ly.ffn_norm is not None  # a mixture with its norm (the spec's)
                 dev.rms_norm(self.x, None, n, ly.ffn_norm, self.eps, self.h)
@@ -329,11 +327,9 @@ class CudaLlama(CausalLM):
             gu, g = self.gu[:, : 2 * ly.ff], self.g[:, : ly.ff]
             if ly.ff != self.ff:
                 gu, g = self.cp.ascontiguousarray(gu), self.cp.ascontiguousarray(g)
-            pre_matmul(dev, self.x, self.h, self.eps, n, ly.ffn_norm, ly.wgu, gu, pend)
+            pre_matmul(dev, self.x, self.h, self.eps, n, ly.ffn_norm, ly.wgu, gu)
             q8 = dev.act_mul(gu, n, ly.ff, g, self.gelu, then=ly.wdown)
-            then = self.layers[li + 1].attn_norm if li + 1 < len(self.layers) else None
-            down = (ly.wdown, g, n)
-            pend = residual(dev, self.x, self.h, self.eps, down, ly.post_ffw_norm, q8, None, then)
+            residual(dev, self.x, self.h, self.eps, (ly.wdown, g, n), ly.post_ffw_norm, q8)
         if r and self.ends and self.output is not None:
             dev.rms_norm(self.x, rows_d, r, self.output_norm, self.eps, self.h)
             dev.matmul(self.output, self.h, r, self.logits)

@@ -13,35 +13,25 @@ these where rows, weights and outputs are 16-byte aligned, ``rms_norm`` elsewher
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
-import numpy as np
-
 NV4 = 4  # float4s a thread at most
 MAX_THREADS = 1024
 
 SOURCE = r"""
 #define NV4 4
 // a thread's float4s of the row r (d, 16-byte aligned): t, t + blockDim.x, ...; zeros past it
-// (CG: through L2 alone, for a row other blocks of this grid wrote: norm_tail's)
-template <bool CG = false>
 __device__ __forceinline__ void load_v4(const float* __restrict__ r, int d, float4* v) {
 #pragma unroll
   for (int k = 0; k < NV4; k++) {
     int i = threadIdx.x + k * blockDim.x;
-    float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (CG) v[k] = i < (d >> 2) ? __ldcg((const float4*)r + i) : z;
-    else v[k] = i < (d >> 2) ? ((const float4*)r)[i] : z;
+    v[k] = i < (d >> 2) ? ((const float4*)r)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
 // 1 / rms of the row xr (d, 16-byte aligned) for the whole block, its float4s left in v
 // (load_v4's); a norm's weights loaded before it are in flight with x's
-template <bool CG = false>
 __device__ __forceinline__ float row_scale_v4(const float* __restrict__ xr, int d, float eps, float4* v) {
   double s = 0.0;
-  load_v4<CG>(xr, d, v);
+  load_v4(xr, d, v);
 #pragma unroll
   for (int k = 0; k < NV4; k++) {
     double a = v[k].x, b = v[k].y, c = v[k].z, e = v[k].w;
@@ -76,15 +66,14 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_v4(const float* __re
 
 // a row xr (d, 16-byte aligned) / rms * w into out (null: not written) and quantized for the
 // int8 GEMV into xq / xs (as quant_q8: scale amax / 127 a group of 32, the group's float sum),
-// by the whole block (rms_norm_v4_q8's work; CG: xr read through L2 alone)
-template <bool CG = false>
+// by the whole block (rms_norm_v4_q8's work)
 __device__ __forceinline__ void norm_q8_v4(const float* __restrict__ xr, const float* __restrict__ w,
                                            float eps, int d, float* __restrict__ out,
                                            signed char* xq, float2* xs) {
   int n4 = d >> 2, lane = threadIdx.x & 31;
   float4 v[NV4], wv[NV4];
   load_v4(w, d, wv);
-  float s = row_scale_v4<CG>(xr, d, eps, v);
+  float s = row_scale_v4(xr, d, eps, v);
 #pragma unroll
   for (int k = 0; k < NV4; k++) {
     int j = threadIdx.x + k * blockDim.x;
@@ -117,28 +106,6 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_v4_q8(const float* _
   int i = blockIdx.x;
   norm_q8_v4(x + (size_t)i * ldx, w, eps, d, out + (size_t)i * ldo, xq + (size_t)i * d, xs + (size_t)i * (d >> 5));
 }
-
-// a GEMV's epilogue in place of rms_norm_v4_q8's launch after it (cuda_gemvw's gemvwt): the
-// last block of the grid to finish (count: a device counter, zero between launches; the
-// last block puts it back) norms rows 0..n-1 of y, which the grid's blocks wrote, into out
-// and quantizes them into xq / xs, as rms_norm_v4_q8 does; d <= NV4 * 4 * blockDim.x
-__device__ __forceinline__ void norm_tail(const float* y, int ldy, int n, const float* __restrict__ w,
-                                          float eps, int d, float* out, int ldo, signed char* xq,
-                                          float2* xs, unsigned* count) {
-  __shared__ unsigned ticket;
-  __threadfence();  // this thread's writes of y seen by the grid before its ticket is
-  __syncthreads();
-  if (threadIdx.x == 0) ticket = atomicAdd(count, 1u);
-  __syncthreads();
-  if (ticket != gridDim.x - 1) return;
-  __threadfence();  // every other block's writes before its ticket, seen here
-  for (int i = 0; i < n; i++) {
-    norm_q8_v4<true>(y + (size_t)i * ldy, w, eps, d, out + (size_t)i * ldo, xq + (size_t)i * d,
-                     xs + (size_t)i * (d >> 5));
-    __syncthreads();  // block_sum's slots free for the next row
-  }
-  if (threadIdx.x == 0) *count = 0u;
-}
 """
 
 
@@ -163,42 +130,3 @@ def threads(d: int) -> int | None:
 def aligned(*arrays_and_strides: int) -> bool:
     """Every pointer and row stride (bytes) a multiple of 16."""
     return all(v % 16 == 0 for v in arrays_and_strides)
-
-
-TAIL_THREADS = 256  # the wide GEMV's block: norm_tail's rows up to NV4 * 4 * 256 wide
-
-
-def tail_on() -> bool:
-    """Whether a residual product's GEMV norms its output for the next one in its epilogue
-    (``MODELC_CUDA_NORM_TAIL=1``; opt-in until a GPU has measured it)."""
-    return os.environ.get("MODELC_CUDA_NORM_TAIL", "0") == "1"
-
-
-def matmul_norm(
-    dev: Any, w: Any, a: Any, n: int, x: Any, q8: Any, wn: Any, eps: float, h: Any
-) -> tuple[Any, Any] | None:
-    """``x[:n] += a[:n] @ w.T`` (``q8``: a quantized for the int8 GEMV), and, where the wide
-    GEMV takes it in one launch (one part, up to 8 rows, x at most 4,096 wide and aligned),
-    ``h[:n] = rms_norm(x[:n]) * wn`` quantized for the next int8 GEMV by that launch's last
-    block (``gemvwt``): those quantized rows, for :meth:`.cuda.Device.matmul`'s ``q8``. None
-    where it did not (x updated alone: the next product norms it itself)."""
-    from modelc.runtime.backends import cuda_gemvp, cuda_gemvw
-
-    p = w.parts[0]
-    d = p.rows
-    fits = d % 32 == 0 and d // 4 <= NV4 * TAIL_THREADS and int(wn.shape[0]) == d
-    ptrs = (x.data.ptr, x.strides[0], h.data.ptr, h.strides[0], wn.data.ptr)
-    if not (
-        tail_on() and q8 is not None and len(w.parts) == 1 and fits and dev.is_wide(p)
-        and n <= min(max(cuda_gemvw.TAIL_ROWS), dev.gemv_max)
-        and not cuda_gemvp.pipe_takes(dev, None, n) and aligned(*(int(v) for v in ptrs))
-    ):  # fmt: skip
-        dev.matmul(w, a, n, x, acc=True, q8=q8)
-        return None
-    oq, os_ = dev.q8_views(n, d)
-    ldx, ldh = int(x.strides[0]) // 4, int(h.strides[0]) // 4
-    tail = (wn, np.float32(eps), h, np.int32(ldh), oq, os_, dev.tail_count())
-    cuda_gemvw.launch(
-        dev.fn, p, q8, n, x, ldx, True, dev.sms, dev.waves, dev.wpr, dev.split_k, tail=tail
-    )
-    return oq, os_

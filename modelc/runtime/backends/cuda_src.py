@@ -397,6 +397,5 @@ def source() -> str:
     gemvq = cuda_gemvq.SOURCE + cuda_gemvq.KERNELS + cuda_gemvq.instances() + cuda_gemvw.source()
     gemvq += cuda_gemvp.source()
     attn = cuda_attn.source()
-    tail = cuda_norm.source() + cuda_gemvw.tail_instances() + cuda_sampler.SOURCE
-    tail += cuda_argmax.SOURCE
+    tail = cuda_norm.source() + cuda_sampler.SOURCE + cuda_argmax.SOURCE
     return body + attn + gemv + cuda_gemv.instances(TYPES) + deq + gemvq + tail
