@@ -67,8 +67,8 @@ def test_what_the_fused_forward_lacks(family: str, lacking: str) -> None:
 def test_a_family_the_fused_forward_lacks_runs_op_by_op(caplog: pytest.LogCaptureFixture) -> None:
     """The tiny gpt-oss (head size 16, which the fused kernels are not built for): the model's
     own forward on the GPU's op-level backend, one warning line saying so and why, the CPU
-    backend's greedy tokens and log-probs; with ``--n-gpu-layers 1`` its first layer there and the rest on the CPU; with ``--device
-    auto`` (fused only) the CPU runs it."""
+    backend's greedy tokens and log-probs; with ``--n-gpu-layers 1`` its first layer there
+    and the rest on the CPU; with ``--device auto`` (fused only) the CPU runs it."""
     ir = load_model(TINY["gptoss"]())
     with caplog.at_level(logging.WARNING, logger="modelc"):
         model = _gpu(ir)

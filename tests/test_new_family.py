@@ -10,7 +10,8 @@ under another name: logits equal bit for bit on the CPU); WebGPU (lavapipe in CI
 without an adapter unless ``MODELC_REQUIRE_WEBGPU``) agrees within the log-prob tolerance;
 the CUDA path is the one ``--device cuda`` takes (the device-resident forward: OLMo 2's
 post-norms alone and whole-projection Q/K norms are among what it runs), checked without a
-GPU; the compiled program's forward equals the runtime's bit for bit (tests/compile_support.py).  Cost: ~20 s, most
+GPU; the compiled program's forward equals the runtime's bit for bit
+(tests/compile_support.py).  Cost: ~20 s, most
 of it building the program's Cython forward.
 """
 

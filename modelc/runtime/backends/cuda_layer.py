@@ -118,13 +118,19 @@ class DevExperts:
                 dev.matmul(self.down[ex], g, m, y)
                 y += oai.down[ex]
             else:
-                g = cp.empty((m, self.ff), np.float32)
-                dev.act_mul(gu, m, self.ff, g)
-                dev.matmul(self.down[ex], g, m, y)
+                swiglu_down(dev, cp, gu, m, self.ff, self.down[ex], y)
             y *= w[rd, cp.asarray(slot)][:, None]
             x[rd] += y  # rows are distinct within one expert
         if self.shared is not None:
             self.shared.run(dev, cp, h, n, x)
+
+
+def swiglu_down(dev: Any, cp: Any, gu: Any, m: int, ff: int, down: Any, y: Any) -> None:
+    """y[:m] = (silu(gate) * up) @ down.T for the gate+up product ``gu`` (m, 2 ff): a routed
+    expert's and a shared expert's FFN after their gate+up product."""
+    g = cp.empty((m, ff), np.float32)
+    dev.act_mul(gu, m, ff, g)
+    dev.matmul(down, g, m, y)
 
 
 class DevShared:
@@ -146,10 +152,8 @@ class DevShared:
         """x[:n] += the shared experts' SwiGLU of h[:n]."""
         gu = cp.empty((n, 2 * self.ff), np.float32)
         dev.matmul(self.gu, h, n, gu)
-        g = cp.empty((n, self.ff), np.float32)
-        dev.act_mul(gu, n, self.ff, g)
         y = cp.empty((n, h.shape[1]), np.float32)
-        dev.matmul(self.down, g, n, y)
+        swiglu_down(dev, cp, gu, n, self.ff, self.down, y)
         if self.gate is not None:
             s = cp.empty((n, 1), np.float32)
             dev.matmul(self.gate, h, n, s)

@@ -254,9 +254,10 @@ template <> __device__ __forceinline__ float load_kv<u16>(const u16* p) { return
 
 // RoPE's rotation of the pair (x0, x1) at position p, frequency f: (y0, y1); sincosf within
 // 2 ulp (the CPU rounds double cos/sin of the same angle)
-__device__ __forceinline__ float2 rope_rot(float x0, float x1, long long p, float f) {
+__device__ __forceinline__ float2 rope_rot(float x0, float x1, long long p, float f, float ms = 1.f) {
   float cs, sn;
   sincosf((float)p * f, &sn, &cs);
+  if (ms != 1.f) { cs *= ms; sn *= ms; }  // the CPU's scaled tables (YaRN / LongRoPE: rope_store's ms)
   return make_float2(x0 * cs - x1 * sn, x0 * sn + x1 * cs);
 }
 
@@ -282,13 +283,7 @@ __device__ __forceinline__ void rope_store(const float* __restrict__ qkv, const 
     int b = j >= half ? a + 1 : neox ? j + half : 2 * j + 1;
     float x0 = r[h * hd + a], x1 = r[h * hd + b];
     if (bias) { x0 += bias[h * hd + a]; x1 += bias[h * hd + b]; }
-    float2 y = make_float2(x0, x1);
-    if (j < half) {
-      float cs, sn;
-      sincosf((float)p * inv_freq[j], &sn, &cs);
-      if (ms != 1.f) { cs *= ms; sn *= ms; }  // the CPU's scaled tables
-      y = make_float2(x0 * cs - x1 * sn, x0 * sn + x1 * cs);
-    }
+    float2 y = j < half ? rope_rot(x0, x1, p, inv_freq[j], ms) : make_float2(x0, x1);
     if (h < nh) { qo[(size_t)i * nh * hd + h * hd + a] = y.x; qo[(size_t)i * nh * hd + h * hd + b] = y.y; }
     else { int k = h - nh; store_kv<KV>(kc + k * hd + a, y.x); store_kv<KV>(kc + k * hd + b, y.y); }
   }
