@@ -146,6 +146,36 @@ def test_rows_with_infinite_logits_as_the_host(rows: np.ndarray[Any, Any]) -> No
     run_both(params, rows[:1].repeat(3, axis=0), 8, prompt)
 
 
+def test_greedy_rows_with_bans_as_the_host(rows: np.ndarray[Any, Any]) -> None:
+    """A greedy step whose only edits are bans (``ignore_eos``) takes the raw argmax and
+    edits only the rows whose pick is banned: rows banning their best token, their best
+    two, one tied with their best (whole-number logits), a token they never pick, nothing,
+    and every token; log-probabilities asked by some, as the host samples them."""
+    tied = np.round(rows[:6] / 4).astype(np.float32)
+    best = np.argsort(-tied, axis=1, kind="stable")
+    ties = [int(np.flatnonzero(r == r.max())[0]) for r in tied]
+    n_vocab = rows.shape[1]
+    bans = [
+        [int(best[0, 0])],
+        [int(best[1, 0]), int(best[1, 1]), 3],
+        [ties[2]],
+        [int(best[3, -1])],
+        [],
+        list(range(n_vocab)),
+    ]
+    params = [
+        SamplingParams(temperature=0.0, banned_token_ids=b, logprobs=None if i % 2 else 3)
+        for i, b in enumerate(bans)
+    ]
+    host = [Sampler(p, n_vocab) for p in params]
+    want = [s.sample(x) for s, x in zip(host, tied, strict=True)]
+    bp = BatchParams.gather([Sampler(p, n_vocab) for p in params])
+    got = sample_batch(np, tied, bp).samples(bp)
+    assert all(same(w, g) for w, g in zip(want, got, strict=True)), (want, got)
+    assert got[0].token != best[0, 0] and got[1].token not in (best[1, 0], best[1, 1])
+    assert got[3].token == best[3, 0] and got[4].token == best[4, 0]
+
+
 def test_ties_as_the_host(rows: np.ndarray[Any, Any]) -> None:
     """Logits rounded to whole numbers: ties at the k-th token (top-k keeps them all, so
     top-p sorts the whole row) and inside the nucleus (kept in id order)."""

@@ -294,8 +294,15 @@ def sample_batch(xp: Any, logits: Any, bp: BatchParams) -> Drawn:
     if len(bp.rows) != logits.shape[0]:
         logits = logits[xp.asarray(bp.rows)]
     b = len(bp.rows)
-    x = apply_edits(xp, logits, bp)
     sampled = np.flatnonzero(bp.temperature > 0)  # the others are greedy
+    if not len(sampled) and not (len(bp.bias.rows) or len(bp.repeat.rows) or len(bp.penalty.rows)):
+        picks = _greedy_banned(xp, logits, bp.banned)
+        tokens = xp.asarray(picks) if (bp.n_logprobs >= 0).any() else None
+        with np.errstate(all="ignore"):
+            logprob, top_ids, top_lps = _logprobs(xp, logits, tokens, bp.n_logprobs)
+        rest = host if host is not None else np.zeros((0, v), np.float32)
+        return Drawn(picks, logprob, top_ids, top_lps, rest)
+    x = apply_edits(xp, logits, bp)
     with np.errstate(all="ignore"):  # inf - inf in a row of +inf logits: replaced
         if len(sampled) == b:
             tokens = _draw(xp, _probs(xp, x, bp, sampled), bp.uniform)
@@ -307,6 +314,25 @@ def sample_batch(xp: Any, logits: Any, bp: BatchParams) -> Drawn:
         logprob, top_ids, top_lps = _logprobs(xp, logits, tokens, bp.n_logprobs)
     rest = host if host is not None else np.zeros((0, v), np.float32)
     return Drawn(_host(xp, tokens).astype(np.int64), logprob, top_ids, top_lps, rest)
+
+
+def _greedy_banned(xp: Any, logits: Any, banned: Edits) -> IntArray:
+    """Each row's argmax with its ``banned`` ids at -inf, on the host, without editing a
+    copy of the logits: the raw argmax is that token unless it is banned (no token before it
+    ties it, or the raw argmax would be that one), so only rows whose raw pick is banned
+    are edited and chosen again.  A greedy step with bans alone (``ignore_eos``: every
+    benchmark's request) otherwise copied its whole logits to set one id a row."""
+    picks = _host(xp, xp.argmax(logits, axis=1)).astype(np.int64)
+    if not len(banned.rows):
+        return picks  # type: ignore[no-any-return]
+    hit = np.unique(banned.rows[picks[banned.rows] == banned.toks])
+    if len(hit):  # x: those rows' logits (a copy), their bans at -inf
+        x = logits[xp.asarray(hit)]
+        mine = np.isin(banned.rows, hit)
+        local = np.searchsorted(hit, banned.rows[mine])
+        x[xp.asarray(local), xp.asarray(banned.toks[mine])] = -np.inf
+        picks[hit] = _host(xp, xp.argmax(x, axis=1))
+    return picks  # type: ignore[no-any-return]
 
 
 def _logprobs(xp: Any, logits: Any, tokens: Any, n: IntArray) -> tuple[Any, Any, Any]:
