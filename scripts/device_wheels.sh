@@ -23,7 +23,9 @@ done
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
   -d "$tmp" gguf msgspec zstandard platformdirs trio hypercorn quart-trio structlog llguidance \
   pytest-trio py-spy wgpu==0.32.0 "huggingface_hub>=2.4"
-# only what the image (KINDS.md's package list) lacks: a second numpy, say, would shadow CuPy's
+# only what the image (KINDS.md's package list) lacks: a second numpy, say, would shadow CuPy's;
+# the last run's wheels go (two versions of one package stop the GPU machine's pip install)
+rm -rf .whl
 mkdir -p .whl
 for p in gguf msgspec zstandard platformdirs trio hypercorn quart- quart_trio structlog llguidance \
   pytest_trio py_spy wgpu rendercanvas cffi pycparser h2- hpack hyperframe priority wsproto outcome \

@@ -114,6 +114,8 @@ def test_device_kv_cache_behaves_as_the_host_cache() -> None:
         for layer, (k, v) in enumerate(whole):
             np.testing.assert_array_equal(k, host.read(layer, host.n)[0])
             np.testing.assert_array_equal(v, host.read(layer, host.n)[1])
+        # the prefix cache's blocks, ordered on the device (one copy), as the host's
+        np.testing.assert_array_equal(dev.read_blocks(384, 64, 32), host.read_blocks(384, 64, 32))
         again = CudaKVCache(cp, shape, 1024, mode, budget=KVBudget(1 << 30))
         again.fill(dev.n, lambda layer, first, w=whole: w[layer])  # a prefix-cache hit
         same_kv(host, again)

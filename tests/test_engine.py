@@ -703,6 +703,52 @@ def test_prefix_blocks_round_trip_every_layer(mode: KVMode) -> None:
             np.testing.assert_array_equal(got_v, want_v)
 
 
+def test_prefix_blocks_share_one_read_out_and_free_it_with_the_last() -> None:
+    """A sequence's new blocks are views of one array read out at once (``read_blocks``),
+    counted once; evicting one of them frees nothing until its siblings go too, and a
+    referenced sibling keeps the whole array (an insert that needs its room adds nothing)."""
+    from modelc.engine.prefix_cache import PrefixCache
+    from modelc.runtime.kv_cache import KVCache, KVShape
+
+    shape = KVShape(n_layer=2, n_head_kv=1, head_dim=16)
+    bt = 8
+    per_block = 2 * 2 * bt * 16 * 4  # keys and values, two layers, f32
+
+    def cache(seed: int) -> KVCache:
+        c = KVCache(shape, 64, KVMode.F32)
+        c.reserve(17)
+        for layer in range(2):
+            x = np.random.default_rng(seed).standard_normal((17, 1, 16)).astype(np.float32)
+            c.write(layer, 0, x + layer, -x)
+        c.advance(17)
+        return c
+
+    a, b, c = cache(1), cache(2), cache(3)
+    toks = {s: [s * 100 + i for i in range(17)] for s in (1, 2, 3)}
+    pc = PrefixCache(shape, 2 * per_block, block_tokens=bt)
+    assert pc.insert(toks[1], a) == 2 and pc.bytes_used == 2 * per_block
+    first = pc.match(toks[1])
+    arena = first[0].arena
+    assert arena is not None and first[1].arena is arena and arena.live == 2
+    assert first[0].k.base is first[1].k.base  # views of one array: no copy a block
+    np.testing.assert_array_equal(first[1].k[1], a.read(1, 16)[0][8:16])
+    np.testing.assert_array_equal(first[1].v[0], a.read(0, 16)[1][8:16])
+    # sequence 1's blocks referenced: its array stays whole, so sequence 2 finds no room
+    assert pc.insert(toks[2], b) == 0 and pc.bytes_used == 2 * per_block
+    pc.release(first)
+    # unreferenced: room for one block evicts the leaf (which frees nothing) and the root
+    # (which frees the array), where blocks counted alone would have cost the leaf only
+    assert pc.insert(toks[3][:9], c) == 1
+    assert pc.stats.evicted_blocks == 2 and arena.live == 0
+    assert pc.bytes_used == per_block and len(pc.blocks) == 1
+    got = pc.match(toks[3][:9])
+    dst = KVCache(shape, 64, KVMode.F32)
+    assert pc.load(got, dst) == 8
+    for layer in range(2):
+        for want, have in zip(c.read(layer, 8), dst.read(layer, 8), strict=True):
+            np.testing.assert_array_equal(have, want)
+
+
 async def test_unread_stream_pauses_then_is_cancelled(ir: ModelIR) -> None:
     """A request whose reader falls max_unread events behind stops costing compute (no
     tokens while paused, others keep going), resumes when read, and is cancelled after

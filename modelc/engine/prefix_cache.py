@@ -50,6 +50,16 @@ from modelc.runtime.kv_cache import KVCache, KVShape
 
 
 @dataclass(slots=True, eq=False)
+class Arena:
+    """One host array several blocks are views of (:meth:`KVCache.read_blocks`: a
+    sequence's new blocks read out at once); its bytes are counted once and freed with
+    its last block."""
+
+    nbytes: int
+    live: int = 0  # its blocks still in the cache
+
+
+@dataclass(slots=True, eq=False)
 class Block:
     key: bytes
     k: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
@@ -59,10 +69,14 @@ class Block:
     gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
     # a recurrent model's state after the block's last token (layer -> arrays), if kept
     state: dict[int, dict[str, np.ndarray[Any, Any]]] | None = None
+    arena: Arena | None = None  # k and v are views of it (its bytes counted there)
 
     @property
     def nbytes(self) -> int:
+        """The bytes this block alone holds (its arena's counted with the arena)."""
         held = sum(a.nbytes for d in (self.state or {}).values() for a in d.values())
+        if self.arena is not None:
+            return held
         return int(self.k.nbytes + (0 if self.v is self.k else self.v.nbytes) + held)
 
 
@@ -202,30 +216,29 @@ class PrefixCache:
         dtype = cache.dtype
         per_block = sh.kinds * sh.n_layer * bt * sh.n_head_kv * sh.head_dim * dtype.itemsize
         new: dict[bytes, Block] = {}
-        for i in missing:
+        arena = None
+        if missing and not patch and self._make_room((n_blocks - missing[0]) * per_block):
+            # the blocks from the first new one on, read out at once (a GPU cache: one
+            # copy to the host), each new block a view of that array: no copy a block
+            held_blocks = cache.read_blocks(n_blocks * bt, missing[0] * bt, bt)
+            if held_blocks is not None:
+                arena = Arena(int(held_blocks.nbytes), len(missing))
+                for i in missing:
+                    k = held_blocks[i - missing[0], 0]
+                    v = k if sh.kinds == 1 else held_blocks[i - missing[0], 1]
+                    new[keys[i]] = Block(keys[i], k, v, arena=arena)
+        for i in missing if arena is None else ():
             if not self._make_room(per_block + len(new) * per_block):
                 break
             blk = (sh.n_layer, bt, sh.n_head_kv, sh.head_dim)
             k = np.empty(blk, dtype)
             new[keys[i]] = Block(keys[i], k, k if sh.shared_values else np.empty(blk, dtype))
-        if new or patch:
+        if (new and arena is None) or patch:
             # each layer copied out before the next is read: an int8 cache dequantizes every
-            # layer into the same scratch buffer (a GPU cache: one copy to the host); from
-            # the first block written on (a finished sequence: its new blocks only)
+            # layer into the same scratch buffer; from the first block written on (a
+            # finished sequence: its new blocks only)
             lo = min(i for i, key in enumerate(keys) if key in new or key in patch) * bt
-            # a cache holding every layer's positions in one array (a GPU's): two numpy
-            # copies a block, not two a layer (the event loop of a 64-stream GPU server
-            # spent ~10 % of its time inserting finished sequences layer by layer)
-            stack = None if patch else cache.read_stack(n_blocks * bt, lo)
-            if stack is not None:
-                for i, key in enumerate(keys):
-                    if (b := new.get(key)) is not None:
-                        b.k[...] = stack[:, 0, i * bt - lo : (i + 1) * bt - lo]
-                        if b.v is not b.k:
-                            b.v[...] = stack[:, 1, i * bt - lo : (i + 1) * bt - lo]
-            for layer, (kk, vv) in enumerate(
-                () if stack is not None else cache.read_all(n_blocks * bt, lo)
-            ):
+            for layer, (kk, vv) in enumerate(cache.read_all(n_blocks * bt, lo)):
                 h0 = held[layer]  # a windowed layer holds positions h0 .. only
                 at = max(lo, h0)  # kk, vv: positions at .. n - 1
                 for i, key in enumerate(keys):
@@ -243,6 +256,7 @@ class PrefixCache:
                     else:
                         b.gaps.pop(layer, None)
         self._keep_state(keys, cache, new)
+        self.bytes_used += arena.nbytes if arena is not None else 0
         for key in reversed(keys):  # deepest first, so the root ends up most recent
             if key in new:
                 self.blocks[key] = new[key]
@@ -279,13 +293,21 @@ class PrefixCache:
         if over <= 0:
             return True
         victims = []
+        left: dict[int, int] = {}  # an arena's blocks left once these victims go
         for k, b in self.blocks.items():  # oldest first
             if b.refs == 0:
                 victims.append(k)
                 over -= b.nbytes
+                if (a := b.arena) is not None:
+                    left[id(a)] = left.get(id(a), a.live) - 1
+                    over -= a.nbytes if left[id(a)] == 0 else 0
                 if over <= 0:
                     break
         for k in victims:
-            self.bytes_used -= self.blocks.pop(k).nbytes
+            b = self.blocks.pop(k)
+            self.bytes_used -= b.nbytes
+            if (a := b.arena) is not None:
+                a.live -= 1
+                self.bytes_used -= a.nbytes if a.live == 0 else 0
             self.stats.evicted_blocks += 1
         return over <= 0

@@ -29,23 +29,13 @@ exact rows are re-keyed to their new rows; the dequantization scratch holds the 
 rows any layer does); a cache made with ``windows=None`` (``full=True`` in
 ``new_cache``) keeps every position of every layer.
 
-Storage modes (:class:`KVMode`):
-
-* ``f32``: exact.
-* ``f16``: IEEE half precision (round to nearest even on write), 2 bytes an element,
-  llama.cpp's and Ollama's default.  :meth:`KVCache.read` returns the float16 storage
-  itself; the attention kernels read it directly (widening each element exactly), so
-  decode attention reads half the bytes of ``f32``.  Values beyond +-65504 would
-  become infinite; keys and values of the supported models are far below that.
-* ``int8``: every token's key/value vector is stored per head as int8 with one f32
-  scale per group of ``GROUP`` (32) elements, symmetric (``scale = max|x| / 127``):
-  ``(slots, n_head_kv, head_dim)`` int8 plus ``(slots, n_head_kv, head_dim/32)`` f32, the
-  granularity of GGML's Q8_0 (one scale per whole head was measured to flip far more
-  greedy tokens: keys have outlier channels).  Attention reads the dequantized values,
-  including for the tokens written in the same step.
-* ``mixed``: int8 for everything plus an f32 ring buffer holding the most recent
-  ``hot_window`` tokens exactly; attention reads exact values for the hot window and
-  dequantized ones for older tokens.
+Storage modes (:class:`KVMode`): ``f32`` exact; ``f16`` (llama.cpp's and Ollama's
+default) IEEE half precision rounded to nearest even, read by the attention kernels
+directly (half the bytes of ``f32``); ``int8`` a key/value vector per head as int8 with an
+f32 scale a group of ``GROUP`` (32) elements, symmetric, GGML Q8_0's granularity (one
+scale a head flipped far more greedy tokens: keys have outlier channels), read
+dequantized; ``mixed`` int8 plus an f32 ring of the latest ``hot_window`` tokens read
+exactly.
 
 Storage grows in blocks of ``BLOCK`` tokens up to ``max_tokens``.  If a
 :class:`KVBudget` is given, every growth is charged to it (a windowed layer's shrink, and
@@ -305,14 +295,24 @@ class KVCache:
             self.write(li, self.held_from(li), k, v)
         self.advance(n)
 
-    def read_stack(self, n: int, start: int = 0) -> KVArray | None:
-        """Every layer's positions start..n-1 in one host array: a GPU cache's; else None."""
-        return None
+    def read_blocks(self, n: int, start: int, bt: int) -> KVArray | None:
+        """Positions ``start`` .. ``n`` - 1 (whole ``bt``-token blocks) of every layer in one
+        new host array ``(blocks, kinds, n_layer, bt, n_head_kv, head_dim)``: each block's
+        keys and values contiguous views, kept by the prefix cache uncopied; None where a
+        windowed layer no longer holds ``start``."""
+        s, nb = self.shape, (n - start) // bt
+        if any(self.held_from(li) > start for li in range(s.n_layer)):
+            return None
+        out = np.empty((nb, s.kinds, s.n_layer, bt, s.n_head_kv, s.head_dim), self.dtype)
+        for li, kv in enumerate(self.read_all(nb * bt + start, start)):
+            for kind in range(s.kinds):
+                out[:, kind, li] = kv[kind].reshape(nb, bt, s.n_head_kv, s.head_dim)
+        return out
 
     def read_all(self, n: int, start: int = 0) -> Iterator[tuple[KVArray, KVArray]]:
         """:meth:`read` of every layer in turn, positions ``max(start, held_from(layer))``
         .. ``n`` - 1 (none where a windowed layer holds none); a pair is good until the next
-        is taken (an int8 cache's scratch; a device cache: :meth:`read_stack`'s views)."""
+        is taken (an int8 cache's scratch; a device cache: one copy's views)."""
         s = self.shape
         for li in range(s.n_layer):
             h0 = self.held_from(li)

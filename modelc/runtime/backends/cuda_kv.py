@@ -98,6 +98,16 @@ class CudaKVCache(DeviceKVCache):
             return None
         return self.cp.asnumpy(self.buf[:, :, start:n])  # type: ignore[no-any-return]
 
+    def read_blocks(self, n: int, start: int, bt: int) -> KVArray | None:
+        """As :meth:`KVCache.read_blocks`, ordered block by block on the device and
+        copied to the host in one copy (a call each, where per-block copies on the host
+        held a loaded server's step thread ~8 % of its time, session 39)."""
+        s = self.shape
+        x = self.buf[:, : s.kinds, start:n].reshape(
+            s.n_layer, s.kinds, (n - start) // bt, bt, s.n_head_kv, s.head_dim
+        )
+        return self.cp.asnumpy(self.cp.ascontiguousarray(x.transpose(2, 1, 0, 3, 4, 5)))  # type: ignore[no-any-return]
+
     def read_all(self, n: int, start: int = 0) -> Iterator[tuple[KVArray, KVArray]]:
         """As :meth:`KVCache.read_all`, every layer copied to the host at once (each holds
         every position: :class:`DeviceKVCache`)."""
