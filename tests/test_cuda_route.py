@@ -289,7 +289,8 @@ class NumpyAsCupy:
 
 def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
     """The prefix cache's insert reads a GPU cache with one copy to the host
-    (:meth:`CudaKVCache.read_all`, not two a layer), from its first new block on (a
+    (:meth:`CudaKVCache.read_blocks`: ordered block by block on the device, not two copies
+    a layer), from its first new block on (a
     sequence that grew: the new blocks only), and a hit fills one with one copy to the
     device (:meth:`CudaKVCache.fill`); the blocks it stores and the cache it fills hold
     what the host :class:`KVCache` given the same rows holds (CuPy's calls on numpy)."""
@@ -309,7 +310,7 @@ def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
             before = cp.copies
             assert pc.insert(tokens[: n0 + n], c) == 2  # 32 of 40 tokens, then 64 of 72
             if c is dev:  # one copy, of the new blocks' positions only
-                assert cp.copies - before == 1 and cp.copied[-1] == (3, 2, 32, 2, 32), cp.copied
+                assert cp.copies - before == 1 and cp.copied[-1] == (2, 2, 3, 16, 2, 32), cp.copied
     for pc in stores:
         blocks = pc.match(tokens)
         assert len(blocks) == 4

@@ -106,7 +106,7 @@ class CudaKVCache(DeviceKVCache):
         x = self.buf[:, : s.kinds, start:n].reshape(
             s.n_layer, s.kinds, (n - start) // bt, bt, s.n_head_kv, s.head_dim
         )
-        return self.cp.asnumpy(self.cp.ascontiguousarray(x.transpose(2, 1, 0, 3, 4, 5)))  # type: ignore[no-any-return]
+        return self.cp.asnumpy(x.transpose(2, 1, 0, 3, 4, 5).copy())  # type: ignore[no-any-return]
 
     def read_all(self, n: int, start: int = 0) -> Iterator[tuple[KVArray, KVArray]]:
         """As :meth:`KVCache.read_all`, every layer copied to the host at once (each holds
