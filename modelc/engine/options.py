@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +22,9 @@ DEVICE_SAMPLING = ("auto", "on", "off")
 # tokens in hand-offs of at least 2, each holding tokens until the oldest has waited
 # AUTO_STREAM_HOLD seconds (or AUTO_STREAM_MAX are held): a fast batch (a GPU's few ms a
 # step) hands out a frame every ~20 ms instead of one a token, a slow one 2 at a time
+# (MODELC_STREAM_HOLD_MS: another hold, for measurements)
 AUTO_STREAM_BUSY = 4
-AUTO_STREAM_HOLD = 0.02
+AUTO_STREAM_HOLD = float(os.environ.get("MODELC_STREAM_HOLD_MS", "20")) / 1000
 AUTO_STREAM_MAX = 16
 
 
