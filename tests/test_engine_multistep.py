@@ -7,6 +7,7 @@ cache keeps of a finished request is the same."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,9 +108,15 @@ async def test_n_steps_a_batch_equal_one(ir: ModelIR, steps: int) -> None:
     many = build_engine(
         ir, EngineOptions(speculative=False, max_concurrent=16, scheduler_steps=steps)
     )
+    t0 = time.perf_counter()
     want, st1 = await serve(one, requests(one))
+    wall = time.perf_counter() - t0
     got, stn = await serve(many, requests(many))
     assert got == want
+    # /metrics' split of the busy time: the step thread's, the scheduler's wake-up after
+    # it, its delivery and planning before the next batch: within the wall time
+    split = [st1[k] for k in ("step_seconds", "wake_seconds", "plan_seconds")]
+    assert split[0] > 0 and min(split) >= 0 and sum(split) <= wall, (split, wall)
     # the references: greedy alone, the stop id, the stop strings, the seeded pair differ
     for i, text in enumerate(PROMPTS):
         p = params(one, max_tokens=(5, 12, 23, 9)[i % 4])
@@ -220,16 +227,26 @@ def test_auto_depth_pays_the_gap_within_the_latency_budget() -> None:
         (0.0005, 0.01, 8),  # at most MAX_AUTO
         (0.03, 0.05, 1),  # one step is already past the budget
     ]
+    clock = [0.0]  # the last batch's end
+
+    def batch(d: BatchDepth, step: float, gap: float | None) -> None:
+        """A batch of one ``step``-second step, ``gap`` after the last one's end (None:
+        after an idle wait)."""
+        called = clock[0] + (1.0 if gap is None else gap)
+        clock[0] = called + step
+        d.observe(called, called, clock[0], 1, gap is not None)
+
     for step, gap, want in cases:
         d = BatchDepth(0)
-        d.observe(step, gap)
+        batch(d, step, gap)
         assert d.steps() == want, (step, gap)
     d = BatchDepth(0)
-    d.observe(0.005, None)  # after an idle wait: no gap measured
-    assert d.steps() == 1
+    batch(d, 0.005, None)  # after an idle wait: no gap measured
+    assert d.steps() == 1 and d.secs["plan_seconds"] == 0
     for _ in range(60):  # the averages follow a change
-        d.observe(0.005, 0.007)
+        batch(d, 0.005, 0.007)
     assert d.steps() == 4
+    assert d.secs["step_seconds"] == pytest.approx(61 * 0.005)
     assert BatchDepth(3).steps() == 3  # fixed
 
 

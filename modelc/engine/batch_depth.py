@@ -18,6 +18,7 @@ steps), several on a fast device.
 from __future__ import annotations
 
 import math
+import time
 
 GAP_SHARE = 0.1  # the gap's share of a batch's steps that auto aims for at most
 LATENCY_BUDGET = 0.02  # seconds of steps a batch (auto): a new request waits at most this
@@ -33,13 +34,26 @@ class BatchDepth:
         self.fixed = fixed
         self.step_s = 0.0  # a model step's wall time (moving average)
         self.gap_s = 0.0  # the time from one batch's end to the next one's start
+        # seconds summed over batches that followed one another (/metrics): the step
+        # thread's; from its end to the scheduler running again (behind the event loop's
+        # HTTP work); from then to the next batch's start (delivering, planning)
+        self.secs = {"step_seconds": 0.0, "wake_seconds": 0.0, "plan_seconds": 0.0}
+        self._ended = self._woke = 0.0
 
-    def observe(self, step_s: float, gap_s: float | None) -> None:
-        """A batch ran, ``step_s`` seconds a step; ``gap_s``: since the one before ended
-        (None: the engine was idle in between, which says nothing of the gap)."""
+    def observe(self, called: float, started: float, ended: float, steps: int, busy: bool) -> None:
+        """A batch of ``steps`` steps ran: the scheduler handed it to the step thread at
+        ``called``, which ran it from ``started`` to ``ended`` (``time.perf_counter``), and
+        runs again now; ``busy``: a batch ran before it with no idle wait between (else
+        the gap since says nothing)."""
+        woke, step_s = time.perf_counter(), (ended - started) / steps
         self.step_s = step_s if self.step_s == 0 else self.step_s + ALPHA * (step_s - self.step_s)
-        if gap_s is not None:
+        if busy:
+            gap_s = called - self._ended
             self.gap_s = gap_s if self.gap_s == 0 else self.gap_s + ALPHA * (gap_s - self.gap_s)
+            self.secs["plan_seconds"] += called - self._woke
+        self.secs["step_seconds"] += ended - started
+        self.secs["wake_seconds"] += woke - ended
+        self._ended, self._woke = ended, woke
 
     def steps(self) -> int:
         if self.fixed:
@@ -48,4 +62,4 @@ class BatchDepth:
         if s <= 0 or g <= GAP_SHARE * s:
             return 1
         want = math.ceil(g / (GAP_SHARE * s))
-        return max(1, min(want, int(LATENCY_BUDGET / s), MAX_AUTO))
+        return max(1, min(want, int(LATENCY_BUDGET / s + 1e-9), MAX_AUTO))

@@ -128,7 +128,7 @@ class LLMEngine:
         if self.runner is not None:
             s.running, s.waiting = len(self.policy.running), len(self.policy.waiting)
             self.runner.report(s)
-            s.extra["batch_depth"] = self.depth.steps()  # steps a batch now (--scheduler-steps)
+            s.extra.update(batch_depth=self.depth.steps(), **self.depth.secs)  # see BatchDepth
         return s
 
     async def load_lora(self, path: Path, scale: float = 1.0) -> None:
@@ -313,9 +313,9 @@ class LLMEngine:
             assert self.runner is not None  # several steps a batch, unless one is being let in
             k = 1 if self.policy.admitting else self.runner.steps_for(plan, self.depth.steps())
             st, self._busy, busy = self._stepper, True, self._busy
-            gap = time.perf_counter() - st.ended_at if busy else None  # since the last batch
+            called = time.perf_counter()
             out = await st.run(self.runner.execute, plan, self._n_dec, k)
-            self.depth.observe((st.ended_at - st.started_at) / self.runner.last_steps, gap)
+            self.depth.observe(called, st.started_at, st.ended_at, self.runner.last_steps, busy)
             return out
         finally:
             self._lock.release()
