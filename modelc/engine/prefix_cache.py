@@ -221,7 +221,8 @@ class PrefixCache:
             # the blocks from the first new one on, read out at once (a GPU cache: one
             # copy to the host), each new block a view of that array: no copy a block
             held_blocks = cache.read_blocks(n_blocks * bt, missing[0] * bt, bt)
-            if held_blocks is not None:
+            if held_blocks is not None:  # the room made may have evicted later ones too
+                missing = [i for i in range(missing[0], n_blocks) if keys[i] not in self.blocks]
                 arena = Arena(int(held_blocks.nbytes), len(missing))
                 for i in missing:
                     k = held_blocks[i - missing[0], 0]
