@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import math
+import os
 import signal
 import socket
 import sys
@@ -220,8 +221,15 @@ def check_bind(host: str, port: int) -> None:
 
 
 def serve(opts: ServeOptions) -> int:
-    """Run until SIGINT/SIGTERM; 0 after a clean shutdown."""
+    """Run until SIGINT/SIGTERM; 0 after a clean shutdown.  ``MODELC_SWITCH_INTERVAL_MS``
+    (for measurements): Python's switch interval, the longest a thread waiting for the GIL
+    (the step thread after each CUDA call) waits on one running Python (the event loop)."""
     slog.configure()
+    if ms := os.environ.get("MODELC_SWITCH_INTERVAL_MS"):
+        try:
+            sys.setswitchinterval(float(ms) / 1000)
+        except ValueError as e:
+            raise UsageError(f"MODELC_SWITCH_INTERVAL_MS={ms!r}: give milliseconds > 0") from e
     try:
         trio.run(serve_async, opts)
     except BaseExceptionGroup as eg:  # a load error surfaces as itself (one line, exit 2)
