@@ -99,9 +99,9 @@ class CudaKVCache(DeviceKVCache):
         return self.cp.asnumpy(self.buf[:, :, start:n])  # type: ignore[no-any-return]
 
     def read_blocks(self, n: int, start: int, bt: int) -> KVArray | None:
-        """As :meth:`KVCache.read_blocks`, ordered block by block on the device and
-        copied to the host in one copy (a call each, where per-block copies on the host
-        held a loaded server's step thread ~8 % of its time, session 39)."""
+        """As :meth:`KVCache.read_blocks`: ordered block by block on the device, then one
+        copy to the host (copying each block out of a stacked array on the host took ~8 %
+        of a loaded GPU server's step thread, session 39)."""
         s = self.shape
         x = self.buf[:, : s.kinds, start:n].reshape(
             s.n_layer, s.kinds, (n - start) // bt, bt, s.n_head_kv, s.head_dim
