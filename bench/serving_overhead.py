@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from modelc.bench.procs import ServerStartError, wait_healthy
@@ -129,6 +130,19 @@ def _device(stats: Path) -> tuple[int, float]:
     return int(steps), float(busy)
 
 
+def _split(port: int) -> dict[str, float]:
+    """The server's batches and its busy time's split so far (``/metrics``: the step
+    thread's seconds, the wake-up after each step, delivering and planning)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    keys = ("scheduled_batches", "step_seconds", "wake_seconds", "plan_seconds")
+    out = dict.fromkeys(keys, 0.0)
+    for line in text.splitlines():
+        for k in keys:
+            if line.startswith(f"modelc_engine_{k}{{"):
+                out[k] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def _pinned(cpus: str) -> list[str]:
     """``taskset -c CPUS`` before a command (nothing for ``""``)."""
     return ["taskset", "-c", cpus] if cpus else []
@@ -146,7 +160,7 @@ def _load(port: int, a: argparse.Namespace, requests: int) -> dict[str, Any]:
     return level
 
 
-def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, float]]:
+def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, Any]]:
     cmd = [*_pinned(a.server_cpus), sys.executable, "-m", "bench.serving_overhead"]
     cmd += ["--serve", str(port)]
     cmd += ["--device-ms", str(a.device_ms), "--token-ms", str(a.token_ms)]
@@ -165,10 +179,12 @@ def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, f
             _load(port, a, a.streams)  # warm-up
             rows = []
             for _ in range(a.reps):
-                c0, d0 = _cpu(proc.pid), _device(stats)
+                c0, d0, m0 = _cpu(proc.pid), _device(stats), _split(port)
                 lv = _load(port, a, a.requests)
-                c1, d1 = _cpu(proc.pid), _device(stats)
+                c1, d1, m1 = _cpu(proc.pid), _device(stats), _split(port)
                 n = lv["output_tokens"]
+                nb = max(m1["scheduled_batches"] - m0["scheduled_batches"], 1)
+                ms = {k: 1000 * (m1[k] - m0[k]) / nb for k in m0 if k.endswith("seconds")}
                 rows.append(
                     {
                         "tok/s": lv["output_tps"],
@@ -177,6 +193,9 @@ def measure(a: argparse.Namespace, switch: float, port: int) -> list[dict[str, f
                         "other threads µs/tok": 1e6 * (c1[1] - c0[1]) / n,
                         "device busy": (d1[1] - d0[1]) / lv["wall_s"],
                         "ms a step": 1000 * lv["wall_s"] / max(d1[0] - d0[0], 1),
+                        "split": "{step_seconds:.2f} / {wake_seconds:.2f} / {plan_seconds:.2f}".format(
+                            **ms
+                        ),
                     }
                 )
         finally:
@@ -216,9 +235,9 @@ def main() -> None:
         print(f"simulated device {a.device_ms} ms a step: at most {ceiling:,.0f} tok/s")
         print(
             "| switch interval | rep | tok/s | of the ceiling | TPOT p50 ms | ms a step "
-            "| device busy | main µs/tok | other µs/tok |"
+            "| device busy | main µs/tok | other µs/tok | ms a batch: step / wake / plan |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for switch in (float(s) for s in a.switch_interval.split(",")):
             rows = measure(a, switch, a.port)
             for i, r in enumerate(rows):
@@ -226,7 +245,7 @@ def main() -> None:
                     f"| {switch * 1000:g} ms | {i + 1} | {r['tok/s']:,.0f} | "
                     f"{r['tok/s'] / ceiling:.0%} | {r['TPOT p50 ms']:.1f} | "
                     f"{r['ms a step']:.1f} | {r['device busy']:.0%} | "
-                    f"{r['main µs/tok']:.0f} | {r['other threads µs/tok']:.0f} |"
+                    f"{r['main µs/tok']:.0f} | {r['other threads µs/tok']:.0f} | {r['split']} |"
                 )
             med = statistics.median(r["tok/s"] for r in rows)
             print(f"| {switch * 1000:g} ms | median | {med:,.0f} | {med / ceiling:.0%} |||||")
