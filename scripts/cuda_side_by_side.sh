@@ -42,7 +42,8 @@
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
 #       (scripts/device_wheels.sh OLD), this checkout, and with MODELC_CUDA_SAMPLER=batch;
-#       GILRUN=1: the kernel tests and a server with MODELC_CUDA_LAUNCH=gil too; the engine
+#       TRACE=1: a server under bench.wake_trace (what runs between a step's end and the
+#       scheduler's turn); GILRUN=1: the kernel tests and a server with MODELC_CUDA_LAUNCH=gil too; the engine
 #       in process; PROFILE=1: a py-spy profile; LLAMA=1 builds llama.cpp at nice 19
 #       beside and ends with llama-server; QUICK=1: no kernel tests, no batched-sampler
 #       server, no engine in process: ~3 min; IORUN=1: the tests with MODELC_CUDA_STEP_IO=graph,
@@ -290,6 +291,11 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
       2>&1 | tail -5
   fi
   [ -n "${PROFILE:-}" ] && serve prof "$PWD" MODELC_CUDA_SAMPLER=$FUSED
+  if [ -n "${TRACE:-}" ]; then  # TRACE=1: a server under bench.wake_trace: what the event loop
+    # runs from each step's end to the scheduler's turn
+    LAUNCH="-m bench.wake_trace --out $OUT/wake_trace.txt --" serve trace "$PWD"
+    sleep 3; cat "$OUT/wake_trace.txt"
+  fi
   [ -n "${LLAMA:-}" ] && llama_server
   at "end"
   exit 0
