@@ -42,6 +42,7 @@
 #       with LLAMA=1: the GPU tests, then HTTP at 64 streams, greedy and sampled as
 #       llama-server's defaults: each commit in .devrun/old_$OLD.tar.zst
 #       (scripts/device_wheels.sh OLD), this checkout, and with MODELC_CUDA_SAMPLER=batch;
+#       SPLITLOAD=1: each server's warm load again from two client processes;
 #       TRACE=1: a server under bench.wake_trace (what runs between a step's end and the
 #       scheduler's turn); GILRUN=1: the kernel tests and a server with MODELC_CUDA_LAUNCH=gil too; the engine
 #       in process; PROFILE=1: a py-spy profile; LLAMA=1 builds llama.cpp at nice 19
@@ -144,6 +145,20 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
     [ -n "$GW" ] && wait "$GW" && cat "$OUT/gil_$L.md"
     graphs  # so far: a load's own eager steps and captures are the difference from the last
   done
+  if [ -n "${SPLITLOAD:-}" ]; then  # SPLITLOAD=1: the warm load from two client processes of
+    # 32 streams each: more than the one client's tok/s says that client was a limit
+    echo "-- $L, 64 streams from two clients"
+    local pids=()  # never a bare wait: the server (and llama.cpp's build) run beside
+    for c in 1 2; do
+      timeout 60 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 32 --requests 64 \
+        --prompt-len 32 --max-tokens 64 --json >"$OUT/split_$L$c.json" 2>/dev/null &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    python3 -c "import json, sys; ls = [json.load(open(f))['levels'][0] for f in sys.argv[1:]]; \
+print(f\"{sum(x['output_tokens'] for x in ls) / max(x['wall_s'] for x in ls):,.1f} tok/s together\")" \
+      "$OUT/split_${L}1.json" "$OUT/split_${L}2.json"
+  fi
   # the steps its graphs replayed / captured / ran eagerly (CudaLlama.graph_steps)
   curl -s http://127.0.0.1:18070/metrics | grep -E "^modelc_engine_(graph_steps|batch_depth|scheduled_batches)" | tr '\n' ' '; echo
   echo "-- $L, 1 stream"
