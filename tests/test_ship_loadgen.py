@@ -101,3 +101,53 @@ def test_turns_reach_the_prefix_cache_of_a_real_server(smol_server: Server) -> N
     single, multi = cached_after(1), cached_after(3)
     # 2 conversations x 2 later turns, each resending >= 64 tokens of history
     assert multi >= single + 4 * 64, (single, multi)
+
+
+class _Chunked(http.server.BaseHTTPRequestHandler):
+    """Streams each answer chunked, as an SSE server does: its tokens, ``[DONE]``, and the
+    body's end a moment later; counts the connections it is opened."""
+
+    connections: ClassVar[int] = 0
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        type(self).connections += 1
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}
+        for data in ('{"choices": [{"index": 0, "text": "a", "finish_reason": null}]}',
+                     json.dumps(usage), "[DONE]"):  # fmt: skip
+            frame = f"data: {data}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+            self.wfile.flush()
+        threading.Event().wait(0.05)  # the terminating chunk after [DONE], as Hypercorn's
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_streamed_answer_read_to_its_end_keeps_the_connection() -> None:
+    """The load reads each stream past ``[DONE]`` to the body's end, as the openai client
+    does, so its connections are reused: 12 requests, 3 at a time, over 3 connections
+    (breaking off at ``[DONE]`` opened one a request, for the server a new HTTP connection
+    each: more of its time than real clients cost it)."""
+    _Chunked.connections = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chunked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+        res = trio.run(lambda: run_load(url, concurrency=[3], requests=12, max_tokens=2, model="m"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.levels[0].completed == 12 and res.levels[0].errors == 0
+    assert res.levels[0].output_tokens == 24
+    assert _Chunked.connections == 3

@@ -201,12 +201,17 @@ async def one_request(
                 text = (await r.aread()).decode(errors="replace")
                 tr.error = f"HTTP {r.status_code}: {text[:200]}"
                 return tr
+            done = False
             async for line in r.aiter_lines():
-                if not line.startswith("data:"):
+                if done or not line.startswith("data:"):
                     continue  # blank lines, ': ping' comments, event: lines
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
+                    # read on to the body's end, as the openai client does: the connection
+                    # goes back to the pool, where breaking off closed it (a new TCP and
+                    # HTTP connection a request, for the client and for the server)
+                    done = True
+                    continue
                 obj = json.loads(data)
                 if "error" in obj:
                     tr.error = f"stream error: {str(obj['error'])[:200]}"
