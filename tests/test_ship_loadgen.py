@@ -108,14 +108,20 @@ class _Chunked(http.server.BaseHTTPRequestHandler):
     body's end a moment later; counts the connections it is opened."""
 
     connections: ClassVar[int] = 0
+    drop_second: ClassVar[bool] = False  # a connection's second request closes it unanswered
     protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
         super().setup()
         type(self).connections += 1
+        self.served = 0
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
+        self.served += 1
+        if self.drop_second and self.served > 1:
+            self.close_connection = True  # gone without a word, as llama.cpp's server goes
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -151,3 +157,21 @@ def test_a_streamed_answer_read_to_its_end_keeps_the_connection() -> None:
     assert res.levels[0].completed == 12 and res.levels[0].errors == 0
     assert res.levels[0].output_tokens == 24
     assert _Chunked.connections == 3
+
+
+def test_a_kept_connection_the_server_closed_is_tried_once_more() -> None:
+    """A server that closes a connection after its answer without saying so (llama.cpp's):
+    the next request on that connection meets no answer and goes once more on a new
+    connection, as the openai client retries; none fails."""
+    _Chunked.connections, _Chunked.drop_second = 0, True
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chunked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+        res = trio.run(lambda: run_load(url, concurrency=[2], requests=6, max_tokens=2, model="m"))
+    finally:
+        _Chunked.drop_second = False
+        server.shutdown()
+        server.server_close()
+    assert res.levels[0].completed == 6 and res.levels[0].errors == 0, res.levels[0].error_samples
+    assert _Chunked.connections > 2  # the dropped ones were replaced

@@ -193,41 +193,23 @@ async def one_request(
     headers: dict[str, str] | None = None,
 ) -> RequestTrace:
     tr = RequestTrace(ok=False, start=time.perf_counter(), end=0.0)
-    chunks = 0
     pieces: list[str] = []
     try:
-        async with client.stream("POST", url, json=body, timeout=timeout, headers=headers) as r:
-            if r.status_code != 200:
-                text = (await r.aread()).decode(errors="replace")
-                tr.error = f"HTTP {r.status_code}: {text[:200]}"
-                return tr
-            done = False
-            async for line in r.aiter_lines():
-                if done or not line.startswith("data:"):
-                    continue  # blank lines, ': ping' comments, event: lines
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    # read on to the body's end, as the openai client does: the connection
-                    # goes back to the pool, where breaking off closed it (a new TCP and
-                    # HTTP connection a request, for the client and for the server)
-                    done = True
-                    continue
-                obj = json.loads(data)
-                if "error" in obj:
-                    tr.error = f"stream error: {str(obj['error'])[:200]}"
-                    return tr
-                usage = obj.get("usage")
-                if usage:
-                    tr.output_tokens = int(usage.get("completion_tokens") or 0)
-                    tr.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                for ch in obj.get("choices") or []:
-                    piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
-                    if ch.get("finish_reason") is None or piece:
-                        tr.stamps.append(time.perf_counter())
-                        chunks += 1
-                    if piece:
-                        pieces.append(str(piece))
-        tr.ok = True
+        for attempt in (0, 1):
+            answered = False
+            try:
+                async with client.stream(
+                    "POST", url, json=body, timeout=timeout, headers=headers
+                ) as r:
+                    answered = True
+                    tr.ok = await _read_stream(r, tr, chat, pieces)
+                break
+            except httpx.RemoteProtocolError:
+                # a kept-alive connection the server closed after its last answer (llama.cpp's
+                # server does): once more on a new one, as the openai client retries; never
+                # a request the server began answering
+                if attempt or answered:
+                    raise
     except httpx.HTTPError as e:
         tr.error = f"{type(e).__name__}: {e}"[:200]
     except (ValueError, KeyError) as e:
@@ -236,8 +218,43 @@ async def one_request(
         tr.end = time.perf_counter()
         tr.text = "".join(pieces)
         if tr.output_tokens == 0:
-            tr.output_tokens = chunks
+            tr.output_tokens = len(tr.stamps)
     return tr
+
+
+async def _read_stream(r: httpx.Response, tr: RequestTrace, chat: bool, pieces: list[str]) -> bool:
+    """One streamed answer into ``tr`` (each token chunk's arrival, the usage) and its text
+    into ``pieces``; False with ``tr.error`` where the server answered with an error."""
+    if r.status_code != 200:
+        text = (await r.aread()).decode(errors="replace")
+        tr.error = f"HTTP {r.status_code}: {text[:200]}"
+        return False
+    done = False
+    async for line in r.aiter_lines():
+        if done or not line.startswith("data:"):
+            continue  # blank lines, ': ping' comments, event: lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            # read on to the body's end, as the openai client does: the connection goes
+            # back to the pool, where breaking off closed it (a new TCP and HTTP
+            # connection a request, for the client and for the server)
+            done = True
+            continue
+        obj = json.loads(data)
+        if "error" in obj:
+            tr.error = f"stream error: {str(obj['error'])[:200]}"
+            return False
+        usage = obj.get("usage")
+        if usage:
+            tr.output_tokens = int(usage.get("completion_tokens") or 0)
+            tr.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        for ch in obj.get("choices") or []:
+            piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+            if ch.get("finish_reason") is None or piece:
+                tr.stamps.append(time.perf_counter())
+            if piece:
+                pieces.append(str(piece))
+    return True
 
 
 def summarize(c: int, n: int, traces: list[RequestTrace], wall: float) -> LevelResult:
