@@ -140,22 +140,32 @@ class _Chunked(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def _chunked_load(concurrency: int, requests: int, drop_second: bool = False) -> Any:
+    """:func:`run_load` against a :class:`_Chunked` server on 127.0.0.1: the level's result."""
+    _Chunked.connections, _Chunked.drop_second = 0, drop_second
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chunked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+        res = trio.run(
+            lambda: run_load(
+                url, concurrency=[concurrency], requests=requests, max_tokens=2, model="m"
+            )
+        )
+    finally:
+        _Chunked.drop_second = False
+        server.shutdown()
+        server.server_close()
+    return res.levels[0]
+
+
 def test_a_streamed_answer_read_to_its_end_keeps_the_connection() -> None:
     """The load reads each stream past ``[DONE]`` to the body's end, as the openai client
     does, so its connections are reused: 12 requests, 3 at a time, over 3 connections
     (breaking off at ``[DONE]`` opened one a request, for the server a new HTTP connection
     each: more of its time than real clients cost it)."""
-    _Chunked.connections = 0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chunked)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
-        res = trio.run(lambda: run_load(url, concurrency=[3], requests=12, max_tokens=2, model="m"))
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert res.levels[0].completed == 12 and res.levels[0].errors == 0
-    assert res.levels[0].output_tokens == 24
+    level = _chunked_load(3, 12)
+    assert level.completed == 12 and level.errors == 0 and level.output_tokens == 24
     assert _Chunked.connections == 3
 
 
@@ -163,15 +173,6 @@ def test_a_kept_connection_the_server_closed_is_tried_once_more() -> None:
     """A server that closes a connection after its answer without saying so (llama.cpp's):
     the next request on that connection meets no answer and goes once more on a new
     connection, as the openai client retries; none fails."""
-    _Chunked.connections, _Chunked.drop_second = 0, True
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chunked)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
-        res = trio.run(lambda: run_load(url, concurrency=[2], requests=6, max_tokens=2, model="m"))
-    finally:
-        _Chunked.drop_second = False
-        server.shutdown()
-        server.server_close()
-    assert res.levels[0].completed == 6 and res.levels[0].errors == 0, res.levels[0].error_samples
+    level = _chunked_load(2, 6, drop_second=True)
+    assert level.completed == 6 and level.errors == 0, level.error_samples
     assert _Chunked.connections > 2  # the dropped ones were replaced
