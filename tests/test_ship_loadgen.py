@@ -4,11 +4,13 @@ loopback fleet (bench/fleet.py) drives nginx's consistent hashing with."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import itertools
 import json
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import trio
@@ -46,20 +48,26 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_conversations_resend_history_under_one_header() -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+@contextlib.contextmanager
+def _serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served on 127.0.0.1 for the block: its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
-        res = trio.run(
-            lambda: run_load(
-                url, concurrency=[2], requests=7, prompt_len=16, max_tokens=2, turns=3,
-                header="X-Conversation-Id",
-            )
-        )  # fmt: skip
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_conversations_resend_history_under_one_header() -> None:
+    with _serving(_Recorder) as base:
+        res = trio.run(
+            lambda: run_load(
+                f"{base}/v1/chat/completions", concurrency=[2], requests=7, prompt_len=16,
+                max_tokens=2, turns=3, header="X-Conversation-Id",
+            )
+        )  # fmt: skip
     assert res.levels[0].completed == 7
     convs: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     for key, body in _Recorder.seen:
@@ -143,19 +151,16 @@ class _Chunked(http.server.BaseHTTPRequestHandler):
 def _chunked_load(concurrency: int, requests: int, drop_second: bool = False) -> Any:
     """:func:`run_load` against a :class:`_Chunked` server on 127.0.0.1: the level's result."""
     _Chunked.connections, _Chunked.drop_second = 0, drop_second
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chunked)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
-        res = trio.run(
-            lambda: run_load(
-                url, concurrency=[concurrency], requests=requests, max_tokens=2, model="m"
-            )
-        )
+        with _serving(_Chunked) as base:
+            res = trio.run(
+                lambda: run_load(
+                    f"{base}/v1/completions", concurrency=[concurrency], requests=requests,
+                    max_tokens=2, model="m",
+                )
+            )  # fmt: skip
     finally:
         _Chunked.drop_second = False
-        server.shutdown()
-        server.server_close()
     return res.levels[0]
 
 
