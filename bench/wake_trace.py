@@ -3,7 +3,7 @@
     python -m bench.wake_trace --out trace.txt -- run MODEL --device cuda --max-concurrent 64 ...
 
 runs ``modelc`` with these arguments (a server, say) with a Trio instrument timing every
-task step, and the step thread noting when each step ends.  When the process exits
+task step, and each step's end as the scheduler learns it.  When the process exits
 (a server: SIGINT or SIGTERM), ``--out`` gets, over the steps after the first third (the warm-up),
 the mean time from a step's end until the scheduler's task runs again, split by the tasks
 that ran in it -- by task name and, for steps over 0.3 ms, where the step stopped (the
@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import outcome
 import trio
 
-from modelc.engine import step_thread
+from modelc.engine.batch_depth import BatchDepth
 
 LONG = 0.0003  # a task step longer than this (seconds) is named by where it stopped
 
@@ -103,16 +102,15 @@ def main() -> None:
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     ins = _Steps()
 
-    def work(self: step_thread.StepThread) -> None:  # StepThread._work, noting each end
-        while (job := self._jobs.get()) is not None:
-            fn, report = job
-            self.started_at = time.perf_counter()
-            result = outcome.capture(fn)
-            self.ended_at = time.perf_counter()
-            ins.ends.append(self.ended_at)
-            report(result)
+    observe = BatchDepth.observe  # the scheduler hands it each batch's end as it resumes
 
-    step_thread.StepThread._work = work  # type: ignore[method-assign]
+    def noted(
+        self: BatchDepth, called: float, started: float, ended: float, steps: int, busy: bool
+    ) -> None:
+        ins.ends.append(ended)
+        observe(self, called, started, ended, steps, busy)
+
+    BatchDepth.observe = noted  # type: ignore[method-assign]
     real_run = trio.run
 
     def run(fn: Any, *rest: Any, **kw: Any) -> Any:

@@ -109,10 +109,10 @@ tbs() { awk -v b="$1" 'BEGIN { printf "device copy: %.2f TB/s\n", b / 1e12 }'; }
 graphs() {  # the server's steps so far: replayed / captured / eager (CudaLlama.graph_steps);
   # its batches and their seconds so far: the step thread's, the scheduler's wake-up after
   # each, its delivery and planning before the next (BatchDepth.secs)
-  curl -s http://127.0.0.1:18070/metrics | sed -n 's/^modelc_engine_graph_steps_\([a-z]*\){.*} \([0-9]*\).*/\1 \2/p' \
-    | tr '\n' ' '
   curl -s http://127.0.0.1:18070/metrics | sed -n \
-    's/^modelc_engine_\(scheduled_batches\|[a-z]*_seconds\){.*} \([0-9.e+-]*\)$/\1 \2/p' | tr '\n' ' '; echo
+    -e 's/^modelc_engine_graph_steps_\([a-z]*\){.*} \([0-9]*\).*/\1 \2/p' \
+    -e 's/^modelc_engine_\(scheduled_batches\|[a-z]*_seconds\){.*} \([0-9.e+-]*\)$/\1 \2/p' \
+    | tr '\n' ' '; echo
 }
 serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
   # $ARGS: more arguments for modelc run; $LAUNCH: what runs it (python3 LAUNCH run ...);
