@@ -91,7 +91,12 @@ class BatchParams:
     @property
     def edited(self) -> bool:
         """Whether any row has banned ids, a bias or penalties (:func:`apply_edits`)."""
-        return any(len(e.rows) for e in (self.banned, self.bias, self.repeat, self.penalty))
+        return bool(len(self.banned.rows)) or self.reweighted
+
+    @property
+    def reweighted(self) -> bool:
+        """Whether any row has a bias or penalties: edits beyond bans."""
+        return any(len(e.rows) for e in (self.bias, self.repeat, self.penalty))
 
     @classmethod
     def gather(
@@ -295,7 +300,7 @@ def sample_batch(xp: Any, logits: Any, bp: BatchParams) -> Drawn:
         logits = logits[xp.asarray(bp.rows)]
     b = len(bp.rows)
     sampled = np.flatnonzero(bp.temperature > 0)  # the others are greedy
-    if not len(sampled) and not (len(bp.bias.rows) or len(bp.repeat.rows) or len(bp.penalty.rows)):
+    if not len(sampled) and not bp.reweighted:
         picks = _greedy_banned(xp, logits, bp.banned)
         tokens = xp.asarray(picks) if (bp.n_logprobs >= 0).any() else None
         with np.errstate(all="ignore"):
