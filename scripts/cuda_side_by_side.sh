@@ -53,8 +53,13 @@
 #       bucket; the graph steps after each load); FAMILIES=1: every tiny family on CUDA
 #       against the CPU (tests/test_cuda_families.py, ~2 min); STEPS="1 4": a server with --scheduler-steps N
 #       for each N (multi-step batches; 0 is auto, "now" the default 1), and with the step I/O
-#       too where IORUN's tests passed); REPEAT=2: the old commits, this checkout and its
-#       step I/O server twice, in turn)
+#       too where IORUN's tests passed); REPEAT=2: the old commits, this checkout, its
+#       step I/O server and SERVE_SETS' servers twice, in turn; SERVE_SETS="lbl:A=1 --flag=v;..."
+#       a server of this checkout with those env assignments and modelc run flags in each
+#       round; RUNS="cold warm warm2": each server's loads; NO1=1: no one-stream load;
+#       PRIME=1: a first server of this checkout compiling its kernels into CuPy's cache
+#       (unprimed, the first one pays NVRTC in its cold and sampled loads); PACK=1: every log
+#       in one logs.tgz (a call brings back 8 files at most))
 # Here, once a checkout: bash scripts/device_wheels.sh [OLD_COMMIT] (the .whl, .devrun and .gl
 # folders below, from the registries), or by hand:
 # scripts/llamacpp_cuda.sh pack <sdist>/vendor/llama.cpp .devrun/llama_src.tar.zst
@@ -107,31 +112,43 @@ alternate() {  # $1 streams, $2 settings ("A=1 B=2;A=0": env assignments, ";" ap
 }
 tbs() { awk -v b="$1" 'BEGIN { printf "device copy: %.2f TB/s\n", b / 1e12 }'; }
 graphs() {  # the server's steps so far: replayed / captured / eager (CudaLlama.graph_steps);
-  # its batches and their seconds so far: the step thread's, the scheduler's wake-up after
-  # each, its delivery and planning before the next (BatchDepth.secs)
-  curl -s http://127.0.0.1:18070/metrics | sed -n \
-    -e 's/^modelc_engine_graph_steps_\([a-z]*\){.*} \([0-9]*\).*/\1 \2/p' \
-    -e 's/^modelc_engine_\(scheduled_batches\|[a-z]*_seconds\){.*} \([0-9.e+-]*\)$/\1 \2/p' \
-    | tr '\n' ' '; echo
+  # its batches since the last call and their ms a batch: the step thread's, the
+  # scheduler's wake-up after each, its delivery and planning before the next (BatchDepth)
+  curl -s http://127.0.0.1:18070/metrics | OUT="$OUT" python3 -c "
+import json, os, re, sys
+f = os.environ['OUT'] + '/.metrics_prev'
+now = {m[1]: float(m[2]) for m in re.finditer(r'^modelc_engine_(graph_steps_[a-z]+|scheduled_batches|[a-z]+_seconds)[{ ].*?([0-9.e+-]+)$', sys.stdin.read(), re.M)}
+prev = json.load(open(f)) if os.path.exists(f) else {}
+json.dump(now, open(f, 'w'))
+d = {k: v - prev.get(k, 0.0) for k, v in now.items()}
+n = max(d.get('scheduled_batches', 0.0), 1.0)
+g = ' '.join(f'{k[12:]} {int(v)}' for k, v in now.items() if k.startswith('graph_steps'))
+ms = ' / '.join(f\"{1e3 * d.get(k + '_seconds', 0.0) / n:.2f}\" for k in ('step', 'wake', 'plan'))
+print(f'{g}; {int(n)} batches, ms a batch step / wake / plan {ms}')
+"
 }
 serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold, warm), 1 stream;
   # $ARGS: more arguments for modelc run; $LAUNCH: what runs it (python3 LAUNCH run ...);
   # $SAMPLED: a third load sampled as llama-server's defaults; $REQS: requests a load (128);
   # $PROFILE: one more load
   # under py-spy (bench/gil_wait.py: $OUT/gil_$1.md)
-  local L=$1 R=$2; shift 2
+  local L=$1 R=$2 a; shift 2
+  local ev=() xa=()  # env assignments; "--flag=value" items go to modelc run
+  for a in "$@"; do case $a in --*) xa+=("$a") ;; *) ev+=("$a") ;; esac; done
+  rm -f "$OUT/.metrics_prev"
   # shellcheck disable=SC2086
-  (cd "$R" && env "$@" PYTHONPATH=/tmp/site:$R python3 ${LAUNCH:--m modelc} run $M/llama1b-q4_0.gguf --device cuda \
-    --max-concurrent 64 --max-context 256 --speculate off --port 18070 ${ARGS:-} >"$OUT/server_$L.log" 2>&1) &
+  (cd "$R" && env "${ev[@]}" PYTHONPATH=/tmp/site:$R python3 ${LAUNCH:--m modelc} run $M/llama1b-q4_0.gguf --device cuda \
+    --max-concurrent 64 --max-context 256 --speculate off --port 18070 ${ARGS:-} "${xa[@]}" >"$OUT/server_$L.log" 2>&1) &
   for _ in $(seq 1 90); do curl -sf http://127.0.0.1:18070/health >/dev/null && break; sleep 1; done
-  local runs="cold warm ${SAMPLED:+sampled}"
-  [ -n "${PROFILE:-}" ] && [ -x /tmp/site/bin/py-spy ] && runs="$runs profiled"
+  local runs=${RUNS:-"cold warm ${SAMPLED:+sampled}"}  # RUNS: the loads (cold warm sampled)
+  # PROFILE=1: the last server (prof) one more load, under py-spy
+  [ -n "${PROFILE:-}" ] && [ "$L" = prof ] && [ -x /tmp/site/bin/py-spy ] && runs="$runs profiled"
   for run in $runs; do
     echo "-- $L, 64 streams, $run"
     local GW='' how='' n=${REQS:-128}
     # llama-server's defaults: every step samples 64 rows (the batched sampler's many
     # device calls) where the greedy loads take the argmax
-    [ $run = sampled ] && how="--temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05"
+    case $run in sampled*) how="--temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05" ;; esac
     [ $run = profiled ] && n=512  # outlasts py-spy's 5 s (128 requests take ~2 s on an H100)
     if [ $run = profiled ]; then  # native stacks, idle included: each thread's share running /
       # waiting for the GIL / idle, and the raw profile for the Python-level view
@@ -158,11 +175,11 @@ serve() {  # $1 label, $2 checkout, then env assignments; 64 streams twice (cold
     python3 -c "import json, sys; ls = [json.load(open(f))['levels'][0] for f in sys.argv[1:]]; \
 print(f\"{sum(x['output_tokens'] for x in ls) / max(x['wall_s'] for x in ls):,.1f} tok/s together\")" \
       "$OUT/split_${L}1.json" "$OUT/split_${L}2.json"
+    rm -f "$OUT/split_${L}1.json" "$OUT/split_${L}2.json"
+    graphs
   fi
-  # the steps its graphs replayed / captured / ran eagerly (CudaLlama.graph_steps)
-  curl -s http://127.0.0.1:18070/metrics | grep -E "^modelc_engine_(graph_steps|batch_depth|scheduled_batches)" | tr '\n' ' '; echo
-  echo "-- $L, 1 stream"
-  timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 1 --requests 12 \
+  [ -n "${NO1:-}" ] || echo "-- $L, 1 stream"  # NO1=1: no one-stream load
+  [ -n "${NO1:-}" ] || timeout 40 python3 -m modelc bench --url http://127.0.0.1:18070 --concurrency 1 --requests 12 \
     --prompt-len 32 --max-tokens 64 --markdown 2>&1 | tail -1
   pkill -f "run $M/llama1b-q4_0.gguf"; sleep 2
 }
@@ -271,18 +288,21 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   at "HTTP, alternated"
   IOOK=1
   grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels.log" "$OUT/tests_cuda.log" 2>/dev/null && IOOK=
-  for rep in $(seq 1 "${REPEAT:-1}"); do  # REPEAT=2: the first servers twice, in turn
+  # PRIME=1: a server of this checkout first, its few loads compiling the kernels into
+  # CuPy's cache (else the first server of this checkout pays NVRTC in its cold and sampled loads)
+  [ -n "${PRIME:-}" ] && REQS=32 RUNS="cold sampled" NO1=1 serve prime "$PWD" >/dev/null
+  # SERVE_SETS="label:A=1 B=2 --flag=v;label2:C=3": a server of this checkout with each set
+  # of env assignments (and modelc run's --flags), in every round after this checkout's
+  for rep in $(seq 1 "${REPEAT:-1}"); do  # REPEAT=2: every server twice, in turn
     for o in $OLD; do serve "old_$o$rep" "/tmp/old_$o"; done
     serve "now$rep" "$PWD"
     [ -n "${IORUN:-}" ] && [ -n "$IOOK" ] && serve "io$rep" "$PWD" MODELC_CUDA_STEP_IO=graph
+    while IFS= read -r set; do
+      [ -n "$set" ] || continue
+      # shellcheck disable=SC2086
+      serve "${set%%:*}$rep" "$PWD" ${set#*:}
+    done <<<"${SERVE_SETS//;/$'\n'}"
   done
-  # SERVE_SETS="label:A=1 B=2;label2:C=3": a server of this checkout with each set of env
-  # assignments, after the first round
-  while IFS= read -r set; do
-    [ -n "$set" ] || continue
-    # shellcheck disable=SC2086
-    serve "${set%%:*}" "$PWD" ${set#*:}
-  done <<<"${SERVE_SETS//;/$'\n'}"
   for k in ${STEPS:-}; do  # multi-step batches (--scheduler-steps), alone and with the step I/O
     ARGS="--scheduler-steps $k" serve "steps$k" "$PWD"
     if [ -n "${IORUN:-}" ] && [ -n "$IOOK" ]; then
@@ -313,6 +333,11 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   fi
   [ -n "${LLAMA:-}" ] && llama_server
   at "end"
+  # PACK=1: every log in one archive (at most 8 files come back from a call)
+  if [ -n "${PACK:-}" ]; then
+    (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=.metrics_prev . && find . -type f -delete \
+      && mv /tmp/logs.tgz logs.tgz)
+  fi
   exit 0
 fi
 

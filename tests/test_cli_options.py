@@ -74,7 +74,7 @@ ENGINE_FLAGS = [
     *("--kv-cache", "int8", "--device", "cpu", "--max-context", "512", "--threads", "2"),
     *("--anchor-tokens", "8", "--prefill-chunk", "64", "--context-shift", "--swa-full"),
     *("--speculate", "fixed", "--spec-max", "4", "--spec-min-prompt", "32"),
-    *("--device-sampling", "on", "--no-mmproj"),
+    *("--device-sampling", "on", "--no-mmproj", "--cache-ram", "64"),
 ]
 EXPECTED = {
     "kv_cache": "int8",
@@ -91,6 +91,7 @@ EXPECTED = {
     "spec_min_prompt": 32,
     "device_sampling": "on",
     "no_mmproj": True,
+    "prefix_cache_bytes": 64 << 20,
 }
 
 
@@ -115,6 +116,18 @@ def test_run_only_flags_do_not_reach_other_commands_engines() -> None:
     assert "max_tokens" not in engine_given(_parse("generate", "m", "p", "--max-tokens", "7"))
     with pytest.raises(SystemExit):
         _parse("generate", "m", "p", "--max-concurrent", "2")
+
+
+def test_cache_ram_sets_the_prefix_cache_in_mib() -> None:
+    """``--cache-ram MIB`` as llama-server's (0 turns the prefix cache off); left out, the
+    engine's default; anything but a count of MiB is refused by the parser."""
+    from modelc.engine.options import EngineOptions
+
+    assert engine_options(_parse("run", "--cache-ram", "0")).prefix_cache_bytes == 0
+    assert engine_options(_parse("run")).prefix_cache_bytes == EngineOptions().prefix_cache_bytes
+    for bad in ("-1", "1.5", "1G"):
+        with pytest.raises(SystemExit):
+            _parse("run", "--cache-ram", bad)
 
 
 def test_sampling_flags_mean_the_same_in_generate_and_chat() -> None:

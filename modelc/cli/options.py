@@ -99,6 +99,13 @@ def _layers(v: str) -> int:
     raise argparse.ArgumentTypeError(f"{v!r} is not a number of layers")
 
 
+def _mib(v: str) -> int:
+    """--cache-ram: MiB (0 or more), as bytes."""
+    if v.strip().isdigit():
+        return int(v.strip()) << 20
+    raise argparse.ArgumentTypeError(f"{v!r} is not a number of MiB (0 turns the cache off)")
+
+
 def _speculate(v: str) -> dict[str, Any]:
     return {"speculative": v != "off", "spec_adaptive": v == "auto"}
 
@@ -237,6 +244,7 @@ OPTIONS: list[Opt] = [
     _opt("--anchor-tokens", ENGINE, "tokens kept at the start on a context shift", type=int, metavar="N", engine="anchor_tokens"),
     _opt("--context-shift", ENGINE, "drop old tokens instead of stopping at the context", action="store_true", engine="context_shift"),
     _opt("--swa-full", ENGINE, "sliding-window layers keep every position in the KV cache (more memory; as llama.cpp's --swa-full)", action="store_true", engine="swa_full"),
+    _opt("--cache-ram", ENGINE, "MiB of host memory the prefix cache keeps finished sequences' KV in, so a prompt that starts as an earlier one did is not computed again (as llama-server's --cache-ram); 0 = off (default 256)", type=_mib, metavar="MIB", engine="prefix_cache_bytes"),
     _opt("--prefill-chunk", ENGINE, "prompt tokens per sequence per step (0 = whole prompt)", type=int, metavar="N", engine="prefill_chunk"),
     _opt("--threads", f"{ENGINE} bench", "kernel threads (default: all cores)", type=int, metavar="N", env="MODELC_THREADS", engine="threads"),
     _opt("--speculate", ENGINE, "speculative decoding by prompt lookup: auto (default) drafts for prompts of --spec-min-prompt tokens or more, as many tokens as the measured acceptance makes worth verifying, none when it does not pay; fixed always drafts --spec-max tokens when the prompt has them; off never (a request can opt out with \"speculative\": false)", default="auto", choices=SPECULATE, engine=_speculate),
