@@ -282,8 +282,6 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cold.log" | head -5
     grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_cold.log" && COLDOK=
   fi
-  FUSED=fused  # its GPU test needs SmolLM2's logits: .gpuA (scripts/device_wheels.sh)
-  grep -qE "^(FAILED|ERROR) tests/test_cuda_sampler" "$OUT/tests_cuda.log" && FUSED='batch'
   [ ${#OB[@]} -gt 0 ] && wait "${OB[@]}"  # never a bare wait: llama.cpp's build runs beside
   at "HTTP, alternated"
   IOOK=1
@@ -325,7 +323,7 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
       --real-forward --streams 64 --requests 128 --tokens 64,64 --prompt-len 32 --reps 1 \
       2>&1 | tail -5
   fi
-  [ -n "${PROFILE:-}" ] && serve prof "$PWD" MODELC_CUDA_SAMPLER=$FUSED
+  [ -n "${PROFILE:-}" ] && serve prof "$PWD"  # the defaults, profiled
   if [ -n "${TRACE:-}" ]; then  # TRACE=1: a server under bench.wake_trace: what the event loop
     # runs from each step's end to the scheduler's turn
     LAUNCH="-m bench.wake_trace --out $OUT/wake_trace.txt --" serve trace "$PWD"
