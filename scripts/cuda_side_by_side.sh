@@ -265,8 +265,9 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
     grep -qE "^(FAILED|ERROR)| failed| error" "$OUT/tests_kernels_gil.log" || GIL=gil
   fi
   [ -f .gpuA/smollm2_rows.npy ] && export MODELC_TEST_LOGITS=$PWD/.gpuA/smollm2_rows.npy
+  # ABK="expr": those GPU tests alone (pytest -k)
   [ -z "${NOTESTS:-}" ] && env "${IO[@]}" MODELC_MATMUL=exact timeout 150 python3 -m pytest -q \
-    --noconftest -p no:cacheprovider -rfEs tests/test_cuda.py tests/test_cuda_route.py \
+    --noconftest -p no:cacheprovider -rfEs ${ABK:+-k "$ABK"} tests/test_cuda.py tests/test_cuda_route.py \
     tests/test_cuda_sampler.py tests/test_cuda_io.py >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12
   grep -E "^E |^[a-z_/]+\.py:[0-9]+: " "$OUT/tests_cuda.log" | head -30  # why, where one failed

@@ -116,6 +116,23 @@ def test_device_kv_cache_behaves_as_the_host_cache() -> None:
             np.testing.assert_array_equal(v, host.read(layer, host.n)[1])
         # the prefix cache's blocks, ordered on the device (one copy), as the host's
         np.testing.assert_array_equal(dev.read_blocks(384, 64, 32), host.read_blocks(384, 64, 32))
+        # kept in GPU memory (MODELC_CUDA_PREFIX=device), on the model's stream: the same
+        # blocks, and a cache filled from them on the device holds what the host's holds
+        side = cp.cuda.Stream(non_blocking=True)
+        on_dev = CudaKVCache(cp, shape, 1024, mode, budget=KVBudget(1 << 30), stream=side)
+        on_dev.device_blocks = True
+        on_dev.fill(dev.n, lambda layer, first, w=whole: w[layer])
+        kept = on_dev.read_blocks(384, 0, 32)
+        assert isinstance(kept, cp.ndarray)
+        np.testing.assert_array_equal(kept.get(), host.read_blocks(384, 0, 32))
+        filled = CudaKVCache(cp, shape, 1024, mode, budget=KVBudget(1 << 30), stream=side)
+        filled.fill_blocks(384, [(kept[i, 0], kept[i, 1]) for i in range(12)])
+        side.synchronize()
+        for layer in range(shape.n_layer):
+            for a, b in zip(filled.read(layer, 384), host.read(layer, 384), strict=True):
+                np.testing.assert_array_equal(a, b[:384])
+        on_dev.free()
+        filled.free()
         again = CudaKVCache(cp, shape, 1024, mode, budget=KVBudget(1 << 30))
         again.fill(dev.n, lambda layer, first, w=whole: w[layer])  # a prefix-cache hit
         same_kv(host, again)
@@ -656,6 +673,51 @@ def test_engine_batches_cancels_and_frees_kv_on_gpu(model: str) -> None:
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+@gpu
+def test_prefix_hits_kept_on_the_gpu_answer_as_a_fresh_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MODELC_CUDA_PREFIX=device``: a finished request's blocks stay in GPU memory (the
+    prefix cache holds CuPy arrays) and the same prompt again loads them on the device
+    (``cached_tokens``) and answers token for token as the first run did."""
+    import cupy as cp
+
+    from modelc.engine import EngineOptions, build_engine
+    from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+    from modelc.runtime.sampling import SamplingParams
+
+    d = os.environ.get("MODELC_CUDA_1B_DIR")
+    if not d or not (Path(d) / "llama1b-q4_0.gguf").exists():
+        pytest.skip("no 1B model: set MODELC_CUDA_1B_DIR (python -m tests.gen_cuda_models DIR)")
+    monkeypatch.setenv("MODELC_MATMUL", "exact")
+    monkeypatch.setenv("MODELC_CUDA_PREFIX", "device")
+    opts = EngineOptions(device="cuda", speculative=False, max_context=512)
+    eng = build_engine(Path(d) / "llama1b-q4_0.gguf", opts)
+    assert eng.runner is not None
+    prompt = np.random.default_rng(9).integers(0, 32000, 100).tolist()
+    p = SamplingParams(temperature=0.0, max_tokens=16)
+
+    async def main() -> list[tuple[list[int], int]]:
+        runs = []
+        async with trio.open_nursery() as n:
+            await n.start(eng.run)
+            for i in range(2):
+                toks, cached = [], -1
+                req = GenerationRequest(f"r{i}", prompt, p, ignore_eos=True)
+                async for ev in eng.submit(req):
+                    if isinstance(ev, TokenEvent):
+                        toks.append(ev.token_id)
+                    elif isinstance(ev, FinishEvent):
+                        cached = ev.cached_tokens
+                runs.append((toks, cached))
+            n.cancel_scope.cancel()
+        return runs
+
+    (first, c0), (again, c1) = trio.run(main)
+    blocks = list(eng.runner.prefix.blocks.values())
+    assert blocks and all(b.on_device and isinstance(b.k, cp.ndarray) for b in blocks)
+    assert c0 == 0 and c1 >= len(prompt) // 32 * 32 - 32, (c0, c1)
+    assert again == first
 
 
 @pytest.mark.skipif(WHY is None, reason="CUDA is usable here")

@@ -325,6 +325,38 @@ def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
         pc.release(blocks)
 
 
+def test_device_resident_prefix_blocks_never_touch_the_host() -> None:
+    """With ``MODELC_CUDA_PREFIX=device`` a GPU cache's blocks stay where they were read
+    out (no copy to the host at an insert, none at a hit: :meth:`CudaKVCache.fill_blocks`),
+    and what a hit loads equals the host cache's rows; the same blocks load into a host
+    cache through the host (CuPy's calls on numpy)."""
+    from modelc.engine.prefix_cache import PrefixCache
+    from modelc.runtime.backends.cuda_kv import CudaKVCache
+    from modelc.runtime.kv_cache import KVCache, KVShape
+
+    shape, rng = KVShape(3, 2, 32), np.random.default_rng(4)
+    tokens = rng.integers(0, 1000, 72).tolist()
+    cp = NumpyAsCupy()
+    host, dev = KVCache(shape, 256, "f16"), CudaKVCache(cp, shape, 256, "f16")
+    dev.device_blocks = True
+    write_alike((host, dev), 0, 72, rng)
+    for c in (host, dev):
+        c.advance(72)
+    pc = PrefixCache(shape, 1 << 24, block_tokens=16)
+    before = cp.copies
+    assert pc.insert(tokens, dev) == 4
+    assert cp.copies == before and all(b.on_device for b in pc.blocks.values())
+    blocks = pc.match(tokens)
+    for c in (CudaKVCache(cp, shape, 256, "f16"), KVCache(shape, 256, "f16")):
+        before = cp.copies
+        assert pc.load(blocks, c) == 64
+        assert cp.copies == before  # the device cache: on the device; the host one: no GPU
+        for layer in range(3):
+            for a, b in zip(c.read(layer, 64), host.read(layer, 64), strict=True):
+                np.testing.assert_array_equal(a, b[:64])
+    pc.release(blocks)
+
+
 def test_kernel_arguments_pack_as_the_kernel_reads_them() -> None:
     """:func:`cuda_launch.pack`: a device array as its pointer, each numpy scalar as its own
     bytes, one 8-byte slot each (what ``cuLaunchKernel`` reads through the slot's address);

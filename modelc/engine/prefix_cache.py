@@ -17,7 +17,9 @@ otherwise).
   its prefill completes and prompt + answer when the request finishes, so the next
   turn of a chat reuses both.
 * Unreferenced blocks are evicted least-recently-used first when the RAM budget
-  would be exceeded.  A match touches the deepest block first and the root last, so
+  would be exceeded.
+* A GPU cache's blocks stay in GPU memory with ``MODELC_CUDA_PREFIX=device``
+  (:class:`BlockFill`: read out and loaded on the device, nothing copied to the host).  A match touches the deepest block first and the root last, so
   leaves age out before the prefixes they hang from.
 
 At least one prompt token is always left to compute, since the step needs that
@@ -41,7 +43,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -62,14 +64,17 @@ class Arena:
 @dataclass(slots=True, eq=False)
 class Block:
     key: bytes
-    k: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim)
-    v: KVArray  # (n_layer, block_tokens, n_head_kv, head_dim); k itself: shared values
+    # (n_layer, block_tokens, n_head_kv, head_dim) host arrays, or a GPU cache's device
+    # arrays (MODELC_CUDA_PREFIX=device: BlockFill); v is k itself: shared values
+    k: Any
+    v: Any
     refs: int = 0
     # windowed layers whose rows are not all held: layer -> (window, first row held)
     gaps: dict[int, tuple[int, int]] = field(default_factory=dict)
     # a recurrent model's state after the block's last token (layer -> arrays), if kept
     state: dict[int, dict[str, np.ndarray[Any, Any]]] | None = None
     arena: Arena | None = None  # k and v are views of it (its bytes counted there)
+    on_device: bool = False  # k and v in a GPU's memory (BlockFill)
 
     @property
     def nbytes(self) -> int:
@@ -87,6 +92,23 @@ class PrefixStats:
     hit_tokens: int = 0
     inserted_blocks: int = 0
     evicted_blocks: int = 0
+
+
+@runtime_checkable
+class BlockFill(Protocol):
+    """A cache whose :meth:`KVCache.read_blocks` hands back device arrays where
+    ``device_blocks`` (a GPU's with ``MODELC_CUDA_PREFIX=device``), and that loads such
+    blocks on the device."""
+
+    device_blocks: bool
+
+    def fill_blocks(self, n: int, blocks: Sequence[tuple[Any, Any]]) -> None: ...
+
+
+def _host(a: Any) -> KVArray:
+    """A block's array on the host (a device array copied: a block kept by a GPU cache
+    loading into another kind of cache)."""
+    return a if isinstance(a, np.ndarray) else a.get()
 
 
 P = ParamSpec("P")
@@ -179,6 +201,9 @@ class PrefixCache:
         assert cache.n == 0 and self._loadable(blocks)
         bt = self.block_tokens
         n = len(blocks) * bt
+        if all(b.on_device for b in blocks) and isinstance(cache, BlockFill):
+            cache.fill_blocks(n, [(b.k, b.v) for b in blocks])
+            return n
 
         def rows(layer: int, first: int) -> tuple[KVArray, KVArray]:
             """Positions first .. n-1 (n_rows, n_head_kv, head_dim)."""
@@ -186,8 +211,8 @@ class PrefixCache:
                 empty = np.zeros((0, *blocks[0].k.shape[2:]), blocks[0].k.dtype)
                 return empty, empty
             some = blocks[first // bt :]
-            k = np.concatenate([b.k[layer] for b in some])[first % bt :]
-            v = np.concatenate([b.v[layer] for b in some])[first % bt :]
+            k = np.concatenate([_host(b.k[layer]) for b in some])[first % bt :]
+            v = np.concatenate([_host(b.v[layer]) for b in some])[first % bt :]
             return k, v
 
         cache.fill(n, rows)
@@ -224,10 +249,11 @@ class PrefixCache:
             if held_blocks is not None:  # the room made may have evicted later ones too
                 missing = [i for i in range(missing[0], n_blocks) if keys[i] not in self.blocks]
                 arena = Arena(int(held_blocks.nbytes), len(missing))
+                dev = isinstance(cache, BlockFill) and cache.device_blocks
                 for i in missing:
                     k = held_blocks[i - missing[0], 0]
                     v = k if sh.kinds == 1 else held_blocks[i - missing[0], 1]
-                    new[keys[i]] = Block(keys[i], k, v, arena=arena)
+                    new[keys[i]] = Block(keys[i], k, v, arena=arena, on_device=dev)
         for i in missing if arena is None else ():
             if not self._make_room(per_block + len(new) * per_block):
                 break

@@ -214,7 +214,7 @@ class CudaLlama(CausalLM):
         """A GPU cache: every layer keeps every position (``full`` or not; a sliding
         window only masks)."""
         n = min(max_tokens or self.n_ctx, self.n_ctx)
-        return CudaKVCache(self.cp, self.kv_shape, n, mode, budget=budget)
+        return CudaKVCache(self.cp, self.kv_shape, n, mode, budget=budget, stream=self.stream)
 
     # -- the step --------------------------------------------------------------------------
     def _pad_cache(self) -> tuple[int, int]:
