@@ -17,10 +17,10 @@ otherwise).
   its prefill completes and prompt + answer when the request finishes, so the next
   turn of a chat reuses both.
 * Unreferenced blocks are evicted least-recently-used first when the RAM budget
-  would be exceeded.
-* A GPU cache's blocks stay in GPU memory with ``MODELC_CUDA_PREFIX=device``
-  (:class:`BlockFill`: read out and loaded on the device, nothing copied to the host).  A match touches the deepest block first and the root last, so
+  would be exceeded.  A match touches the deepest block first and the root last, so
   leaves age out before the prefixes they hang from.
+* A GPU cache's blocks stay in GPU memory with ``MODELC_CUDA_PREFIX=device``
+  (:class:`BlockFill`: read out and loaded on the device, nothing copied to the host).
 
 At least one prompt token is always left to compute, since the step needs that
 token's logits.
