@@ -683,8 +683,9 @@ def test_prefix_hits_kept_on_the_gpu_answer_as_a_fresh_run(monkeypatch: pytest.M
     import cupy as cp
 
     from modelc.engine import EngineOptions, build_engine
-    from modelc.engine.api import FinishEvent, GenerationRequest, TokenEvent
+    from modelc.engine.api import GenerationRequest
     from modelc.runtime.sampling import SamplingParams
+    from tests.runtime_support import engine_in_turn
 
     d = os.environ.get("MODELC_CUDA_1B_DIR")
     if not d or not (Path(d) / "llama1b-q4_0.gguf").exists():
@@ -697,23 +698,8 @@ def test_prefix_hits_kept_on_the_gpu_answer_as_a_fresh_run(monkeypatch: pytest.M
     prompt = np.random.default_rng(9).integers(0, 32000, 100).tolist()
     p = SamplingParams(temperature=0.0, max_tokens=16)
 
-    async def main() -> list[tuple[list[int], int]]:
-        runs = []
-        async with trio.open_nursery() as n:
-            await n.start(eng.run)
-            for i in range(2):
-                toks, cached = [], -1
-                req = GenerationRequest(f"r{i}", prompt, p, ignore_eos=True)
-                async for ev in eng.submit(req):
-                    if isinstance(ev, TokenEvent):
-                        toks.append(ev.token_id)
-                    elif isinstance(ev, FinishEvent):
-                        cached = ev.cached_tokens
-                runs.append((toks, cached))
-            n.cancel_scope.cancel()
-        return runs
-
-    (first, c0), (again, c1) = trio.run(main)
+    reqs = [GenerationRequest(f"r{i}", prompt, p, ignore_eos=True) for i in range(2)]
+    (first, c0), (again, c1) = trio.run(engine_in_turn, eng, reqs)
     blocks = list(eng.runner.prefix.blocks.values())
     assert blocks and all(b.on_device and isinstance(b.k, cp.ndarray) for b in blocks)
     assert c0 == 0 and c1 >= len(prompt) // 32 * 32 - 32, (c0, c1)
