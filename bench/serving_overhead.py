@@ -49,6 +49,7 @@ import httpx
 import numpy as np
 
 from modelc.bench.procs import ServerStartError, wait_healthy
+from modelc.ship.sizing import metric
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,12 +136,7 @@ def _split(port: int) -> dict[str, float]:
     thread's seconds, the wake-up after each step, delivering and planning)."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     keys = ("scheduled_batches", "step_seconds", "wake_seconds", "plan_seconds")
-    out = dict.fromkeys(keys, 0.0)
-    for line in text.splitlines():
-        for k in keys:
-            if line.startswith(f"modelc_engine_{k}{{"):
-                out[k] = float(line.rsplit(" ", 1)[1])
-    return out
+    return {k: metric(text, f"modelc_engine_{k}") for k in keys}
 
 
 def _pinned(cpus: str) -> list[str]:

@@ -114,7 +114,7 @@ tbs() { awk -v b="$1" 'BEGIN { printf "device copy: %.2f TB/s\n", b / 1e12 }'; }
 graphs() {  # the server's steps so far: replayed / captured / eager (CudaLlama.graph_steps);
   # its batches since the last call and their ms a batch: the step thread's, the
   # scheduler's wake-up after each, its delivery and planning before the next (BatchDepth)
-  curl -s http://127.0.0.1:18070/metrics | OUT="$OUT" python3 -c "
+  curl -s http://127.0.0.1:18070/metrics | python3 -c "
 import json, os, re, sys
 f = os.environ['OUT'] + '/.metrics_prev'
 now = {m[1]: float(m[2]) for m in re.finditer(r'^modelc_engine_(graph_steps_[a-z]+|scheduled_batches|[a-z]+_seconds)[{ ].*?([0-9.e+-]+)$', sys.stdin.read(), re.M)}
