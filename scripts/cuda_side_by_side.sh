@@ -266,7 +266,7 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   fi
   [ -f .gpuA/smollm2_rows.npy ] && export MODELC_TEST_LOGITS=$PWD/.gpuA/smollm2_rows.npy
   # ABK="expr": those GPU tests alone (pytest -k)
-  [ -z "${NOTESTS:-}" ] && env "${IO[@]}" MODELC_MATMUL=exact timeout 150 python3 -m pytest -q \
+  [ -z "${NOTESTS:-}" ] && env "${IO[@]}" MODELC_MATMUL=exact MODELC_CUDA_1B_DIR=$M timeout 150 python3 -m pytest -q \
     --noconftest -p no:cacheprovider -rfEs ${ABK:+-k "$ABK"} tests/test_cuda.py tests/test_cuda_route.py \
     tests/test_cuda_sampler.py tests/test_cuda_io.py >"$OUT/tests_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_cuda.log" | head -12

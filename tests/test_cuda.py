@@ -115,12 +115,14 @@ def test_device_kv_cache_behaves_as_the_host_cache() -> None:
             np.testing.assert_array_equal(k, host.read(layer, host.n)[0])
             np.testing.assert_array_equal(v, host.read(layer, host.n)[1])
         # the prefix cache's blocks, ordered on the device (one copy), as the host's
+        # (MODELC_CUDA_PREFIX=host: copied to the host)
+        dev.device_blocks = False
         np.testing.assert_array_equal(dev.read_blocks(384, 64, 32), host.read_blocks(384, 64, 32))
-        # kept in GPU memory (MODELC_CUDA_PREFIX=device), on the model's stream: the same
-        # blocks, and a cache filled from them on the device holds what the host's holds
+        # kept in GPU memory (the default), on the model's stream: the same blocks, and a
+        # cache filled from them on the device holds what the host's holds
         side = cp.cuda.Stream(non_blocking=True)
         on_dev = CudaKVCache(cp, shape, 1024, mode, budget=KVBudget(1 << 30), stream=side)
-        on_dev.device_blocks = True
+        assert on_dev.device_blocks
         on_dev.fill(dev.n, lambda layer, first, w=whole: w[layer])
         kept = on_dev.read_blocks(384, 0, 32)
         assert isinstance(kept, cp.ndarray)
@@ -677,8 +679,8 @@ def test_engine_batches_cancels_and_frees_kv_on_gpu(model: str) -> None:
 
 @gpu
 def test_prefix_hits_kept_on_the_gpu_answer_as_a_fresh_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``MODELC_CUDA_PREFIX=device``: a finished request's blocks stay in GPU memory (the
-    prefix cache holds CuPy arrays) and the same prompt again loads them on the device
+    """A finished request's blocks stay in GPU memory (the default,
+    ``MODELC_CUDA_PREFIX=device``: the prefix cache holds CuPy arrays) and the same prompt again loads them on the device
     (``cached_tokens``) and answers token for token as the first run did."""
     import cupy as cp
 
@@ -691,7 +693,7 @@ def test_prefix_hits_kept_on_the_gpu_answer_as_a_fresh_run(monkeypatch: pytest.M
     if not d or not (Path(d) / "llama1b-q4_0.gguf").exists():
         pytest.skip("no 1B model: set MODELC_CUDA_1B_DIR (python -m tests.gen_cuda_models DIR)")
     monkeypatch.setenv("MODELC_MATMUL", "exact")
-    monkeypatch.setenv("MODELC_CUDA_PREFIX", "device")
+    monkeypatch.delenv("MODELC_CUDA_PREFIX", raising=False)
     opts = EngineOptions(device="cuda", speculative=False, max_context=512)
     eng = build_engine(Path(d) / "llama1b-q4_0.gguf", opts)
     assert eng.runner is not None

@@ -287,8 +287,9 @@ class NumpyAsCupy:
         return np.array(a)
 
 
-def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
-    """The prefix cache's insert reads a GPU cache with one copy to the host
+def test_device_kv_cache_moves_a_prefix_in_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``MODELC_CUDA_PREFIX=host`` the prefix cache's insert reads a GPU cache with one
+    copy to the host
     (:meth:`CudaKVCache.read_blocks`: ordered block by block on the device, not two copies
     a layer), from its first new block on (a
     sequence that grew: the new blocks only), and a hit fills one with one copy to the
@@ -298,10 +299,12 @@ def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
     from modelc.runtime.backends.cuda_kv import CudaKVCache
     from modelc.runtime.kv_cache import KVCache, KVShape
 
+    monkeypatch.setenv("MODELC_CUDA_PREFIX", "host")
     shape, rng = KVShape(3, 2, 32), np.random.default_rng(3)
     tokens = rng.integers(0, 1000, 72).tolist()
     cp = NumpyAsCupy()
     host, dev = KVCache(shape, 256, "f16"), CudaKVCache(cp, shape, 256, "f16")
+    assert not dev.device_blocks
     stores = [PrefixCache(shape, 1 << 24, block_tokens=16) for _ in (host, dev)]
     for n0, n in ((0, 40), (40, 32)):  # a prompt of 40, then 32 generated tokens
         write_alike((host, dev), n0, n, rng)
@@ -326,9 +329,9 @@ def test_device_kv_cache_moves_a_prefix_in_one_copy() -> None:
 
 
 def test_device_resident_prefix_blocks_never_touch_the_host() -> None:
-    """With ``MODELC_CUDA_PREFIX=device`` a GPU cache's blocks stay where they were read
-    out (no copy to the host at an insert, none at a hit: :meth:`CudaKVCache.fill_blocks`),
-    and what a hit loads equals the host cache's rows; the same blocks load into a host
+    """A GPU cache's blocks stay where they were read out (the default,
+    ``MODELC_CUDA_PREFIX=device``): no copy to the host at an insert, none at a hit
+    (:meth:`CudaKVCache.fill_blocks`), and what a hit loads equals the host cache's rows; the same blocks load into a host
     cache through the host (CuPy's calls on numpy)."""
     from modelc.engine.prefix_cache import PrefixCache
     from modelc.runtime.backends.cuda_kv import CudaKVCache
@@ -338,7 +341,7 @@ def test_device_resident_prefix_blocks_never_touch_the_host() -> None:
     tokens = rng.integers(0, 1000, 72).tolist()
     cp = NumpyAsCupy()
     host, dev = KVCache(shape, 256, "f16"), CudaKVCache(cp, shape, 256, "f16")
-    dev.device_blocks = True
+    assert dev.device_blocks  # the default
     write_alike((host, dev), 0, 72, rng)
     for c in (host, dev):
         c.advance(72)

@@ -134,6 +134,38 @@ def test_auto_layers_take_what_the_gpu_has_left() -> None:
     assert plan("b", bigger, [], limit=64 * G, base=G, gpu_limit=10 * G) == Plan((), None, None)
 
 
+def test_a_whole_gpu_models_prefix_cache_is_planned_in_gpu_memory() -> None:
+    """A model wholly on the GPU keeps its prefix blocks there (``MODELC_CUDA_PREFIX``):
+    the cache's limit moves from the host's budget to the GPU's; a split, CPU or
+    ``MODELC_CUDA_PREFIX=host`` model keeps it on the host."""
+    split = memory.prefix_split
+    prefix = 256 * M
+    assert split(prefix, 4 * G, "all", 32, 10 * G, device_blocks=True) == (0, prefix)
+    assert split(prefix, 4 * G, 32, 32, 10 * G, device_blocks=True) == (0, prefix)
+    assert split(prefix, 4 * G, 16, 32, 10 * G, device_blocks=True) == (prefix, 0)  # split
+    assert split(prefix, 4 * G, "all", 32, 10 * G, device_blocks=False) == (prefix, 0)
+    assert split(prefix, 0, "auto", 32, 0, device_blocks=True) == (prefix, 0)  # a CPU server
+    assert split(0, 4 * G, "all", 32, 10 * G, device_blocks=True) == (0, 0)  # --cache-ram 0
+    # auto: whole (blocks on the GPU) only when the layers, KV and blocks fit its budget
+    assert split(prefix, 4 * G, "auto", 32, 10 * G, device_blocks=True) == (0, prefix)
+    assert split(prefix, 10 * G - M, "auto", 32, 10 * G, device_blocks=True) == (prefix, 0)
+    # what that changes in the plan: the host budget that had no room for the blocks fits
+    # the model, and the GPU budget counts them
+    host_only = Need(G, 1000, G, prefix, 8192, gpu=4 * G)
+    on_gpu = Need(G, 1000, G, 0, 8192, gpu=4 * G + prefix)
+    limit, base = 2 * G + G // 8, G // 16  # 2.06 G for models: weights and KV, not the blocks
+    assert isinstance(plan("b", host_only, [], limit=limit, base=base, gpu_limit=10 * G), Plan)
+    assert plan("b", host_only, [], limit=limit, base=base, gpu_limit=10 * G).kv_budget
+    assert plan("b", on_gpu, [], limit=limit, base=base, gpu_limit=10 * G) == Plan((), None, None)
+    # a pinned neighbour leaves room for the layers and KV but not the blocks as well
+    pinned = [Loaded("a", G, False, True, 1.0, gpu=6 * G - prefix // 2)]
+    assert plan("b", host_only, pinned, limit=64 * G, base=G, gpu_limit=10 * G) == Plan(
+        (), None, None
+    )
+    refused = plan("b", on_gpu, pinned, limit=64 * G, base=G, gpu_limit=10 * G)
+    assert isinstance(refused, Refuse) and "does not fit on the GPU" in refused.reason
+
+
 S = memory.GPU_SCRATCH
 
 

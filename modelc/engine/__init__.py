@@ -64,6 +64,7 @@ def _cuda_runtime(ir: ModelIR, opt: EngineOptions) -> Any:
         kv_budget_bytes=opt.kv_budget_bytes,
         fused_only=auto,
         n_cpu_moe=opt.n_cpu_moe,
+        prefix_bytes=opt.prefix_cache_bytes,
     )
 
 

@@ -137,6 +137,29 @@ def gpu_need(
     return ends_bytes + int(rest * (k / layers)) + on_gpu + scratch
 
 
+def prefix_split(
+    prefix: int,
+    gpu: int,
+    n_gpu_layers: int | str,
+    n_layer: int,
+    gpu_limit: int,
+    *,
+    device_blocks: bool,
+) -> tuple[int, int]:
+    """Where a model's prefix cache (``prefix`` bytes at most) lives, as (host bytes, GPU
+    bytes): a model wholly on the GPU keeps its blocks in GPU memory (``device_blocks``:
+    ``MODELC_CUDA_PREFIX`` is not ``host``), ``--n-gpu-layers auto`` only when its layers
+    and KV (``gpu`` bytes, :func:`gpu_need`) and the blocks fit ``gpu_limit`` (else it
+    splits, and a split model's blocks are the host's), a CPU model's on the host."""
+    if not gpu or not prefix or not device_blocks:
+        return prefix, 0
+    if n_gpu_layers == "auto":
+        whole = gpu + prefix <= gpu_limit
+    else:
+        whole = n_gpu_layers == "all" or int(n_gpu_layers) >= n_layer
+    return (0, prefix) if whole else (prefix, 0)
+
+
 @dataclass(frozen=True, slots=True)
 class Need:
     """What one model asks of the budget before it loads."""

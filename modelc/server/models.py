@@ -288,7 +288,7 @@ class ModelRegistry:
             path = await self.path(slot)
             info = await trio.to_thread.run_sync(load_model_info, path, slot.name)
             async with self._load_lock:
-                options, gpu_want = await self._make_room(slot, info)
+                options, gpu_want, gpu_prefix = await self._make_room(slot, info)
                 before, gpu_before = memory.rss(), self._gpu_free()
                 engine = await trio.to_thread.run_sync(
                     partial(self.make_engine, path, slot.name, options)
@@ -296,10 +296,12 @@ class ModelRegistry:
                 # what the load took, and what the engine may still take: its KV budget
                 # and prefix cache
                 kv = engine.stats().kv_bytes_budget
-                slot.cost = max(0, memory.rss() - before) + kv + self._prefix_bytes(info)
+                host_prefix = self._prefix_bytes(info) - gpu_prefix
+                slot.cost = max(0, memory.rss() - before) + kv + host_prefix
                 if gpu_before is not None:  # what its load took of the GPU (at least the
-                    # estimate of what it reserves when all its layers went there)
-                    took = max(0, gpu_before - (self._gpu_free() or gpu_before))
+                    # estimate of what it reserves when all its layers went there) and
+                    # the prefix blocks it may keep there
+                    took = max(0, gpu_before - (self._gpu_free() or gpu_before)) + gpu_prefix
                     slot.gpu_cost = took if options.n_gpu_layers == "auto" else max(took, gpu_want)
             if options.max_context:
                 info.n_ctx = min(info.n_ctx, options.max_context)
@@ -350,11 +352,25 @@ class ModelRegistry:
     def _prefix_bytes(self, info: ModelInfo) -> int:
         return self.options.prefix_cache_bytes if info.generates else 0
 
-    async def _make_room(self, slot: ModelSlot, info: ModelInfo) -> tuple[EngineOptions, int]:
+    def _prefix_split(self, info: ModelInfo, gpu: int) -> tuple[int, int]:
+        """The prefix cache's limit as (host bytes, GPU bytes) (:func:`memory.prefix_split`)."""
+        from modelc.runtime.backends.cuda_kv import device_prefix
+
+        return memory.prefix_split(
+            self._prefix_bytes(info),
+            gpu,
+            self.options.n_gpu_layers,
+            info.kv_dims[0],
+            self.limits.gpu_limit,
+            device_blocks=device_prefix(),
+        )
+
+    async def _make_room(self, slot: ModelSlot, info: ModelInfo) -> tuple[EngineOptions, int, int]:
         """Unload idle models until ``slot`` fits the budget (waiting for busy ones, at most
         MEMORY_WAIT seconds); its engine options, with the KV budget (and, with
         ``--max-context auto``, the context) fitted to the room it has, and the GPU memory
-        it was planned to take."""
+        it was planned to take (its prefix cache's blocks included, the last figure, where
+        they stay there)."""
         opt, lim = self.options, self.limits
         n_ctx = min(info.n_ctx, opt.max_context or info.n_ctx)
         per_token = memory.kv_bytes_per_token(*info.kv_dims, opt.kv_cache, generates=info.generates)
@@ -362,9 +378,10 @@ class ModelRegistry:
         if kv_default is None:
             kv_default = opt.max_concurrent * per_token * n_ctx
         gpu = self._gpu_need(info, kv_default)
+        host_prefix, gpu_prefix = self._prefix_split(info, gpu)
         auto = opt.n_gpu_layers == "auto"
         need = memory.Need(
-            info.file_size, per_token, kv_default, self._prefix_bytes(info), n_ctx, gpu, auto
+            info.file_size, per_token, kv_default, host_prefix, n_ctx, gpu + gpu_prefix, auto
         )
         with trio.move_on_after(MEMORY_WAIT):
             while True:
@@ -403,7 +420,7 @@ class ModelRegistry:
             opt = dataclasses.replace(opt, kv_budget_bytes=step.kv_budget)
         if step.n_ctx is not None:
             opt = dataclasses.replace(opt, max_context=step.n_ctx)
-        return opt, gpu
+        return opt, gpu + gpu_prefix, gpu_prefix
 
     async def _run_engine(
         self,

@@ -41,6 +41,7 @@ from modelc.runtime.backend import Backend
 from modelc.runtime.backends.cuda import head_runs, require_cuda
 from modelc.runtime.backends.cuda_backend import CudaBackend
 from modelc.runtime.backends.cuda_family import CUDA_RUNS, cuda_host
+from modelc.runtime.backends.cuda_kv import device_prefix
 from modelc.runtime.backends.cuda_llama import CudaLlama
 from modelc.runtime.backends.numpy_ref import NumpyBackend
 from modelc.runtime.kv_cache import KVMode
@@ -104,12 +105,15 @@ def build_offload(
     max_concurrent: int,
     kv_budget_bytes: int | None,
     host: Decoder | None = None,
+    prefix_bytes: int = 0,
 ) -> CausalLM | None:
     """The model for ``--device cuda`` with ``n_gpu_layers`` (as
     :func:`~modelc.runtime.backends.cuda_llama.build_cuda`, the same checks): the GPU's
     :class:`CudaLlama` when every layer goes there, None when none does (the CPU runs it
     all), else a :class:`SplitLM` of the first layers on the GPU and the rest on
-    ``cpu()``, the output head on the GPU (:func:`head_on_gpu`)."""
+    ``cpu()``, the output head on the GPU (:func:`head_on_gpu`).  ``auto`` leaves
+    ``prefix_bytes`` free beside the layers: the prefix cache's blocks of a GPU cache
+    stay in GPU memory (:func:`~modelc.runtime.backends.cuda_kv.device_prefix`)."""
 
     host, ctx = cuda_plan(ir, kv_mode, max_context, host)
     head_first = head_on_gpu()
@@ -120,6 +124,7 @@ def build_offload(
         kv_layer = kv_budget_bytes // n
     if n_gpu_layers == "auto":
         free = int(require_cuda().cuda.runtime.memGetInfo()[0])
+        free -= prefix_bytes if device_prefix() else 0
         tied = host.output is host.tok_embd
         k = plan_gpu_layers(
             [_bytes(b) for b in host.blocks],
@@ -255,6 +260,7 @@ def build_gpu(
     kv_budget_bytes: int | None,
     fused_only: bool = False,
     n_cpu_moe: int = 0,
+    prefix_bytes: int = 0,
 ) -> Any:
     """The model for ``--device cuda`` (``n_gpu_layers`` of it): device-resident
     (:func:`build_offload`) where :func:`fused_lacks` finds nothing, else op by op on
@@ -289,4 +295,5 @@ def build_gpu(
         max_concurrent=max_concurrent,
         kv_budget_bytes=kv_budget_bytes,
         host=host,
+        prefix_bytes=prefix_bytes,
     )
