@@ -107,11 +107,10 @@ def _load_tokenizer(path: Path) -> None:
 
 
 def _template_seed(_tmp: Path) -> bytes:
-    from gguf import GGUFReader
-
+    from modelc.formats.gguf import open_reader
     from tests.assets import smollm2_gguf
 
-    field = GGUFReader(smollm2_gguf()).fields["tokenizer.chat_template"]
+    field = open_reader(smollm2_gguf()).fields["tokenizer.chat_template"]
     return bytes(field.parts[field.data[0]])
 
 

@@ -182,6 +182,13 @@ def _split_parts(p: Path, meta: dict[str, Any]) -> list[Path]:
     return parts
 
 
+def open_reader(path: str | Path) -> Any:
+    """gguf's ``GGUFReader`` over ``path`` with modelc's checks (a bad file is a
+    ``FormatError``) and each array field in one piece (``field.parts[field.data[0]]``: a
+    numeric array, or an object array of strings), seconds faster on a large vocabulary."""
+    return _open(Path(path))
+
+
 def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """A single GGUF's metadata and tensors (memory-mapped), for a file that is no model
     of a family (a vision projector, ``mmproj``)."""
