@@ -18,7 +18,12 @@ one's bytes):
   each barrier a block either does nothing (``wait``), prefetches its first 16 KB of the next
   matrix into L2 (``l2``), or loads them into registers (``regs``: a GEMV's weights do not
   depend on the barrier, only its x does) -- the "megakernel" whose overlap across matrices
-  the kernel-a-step design lacks.
+  the kernel-a-step design lacks; or (``smem``) copies as many of its chunks of the next
+  matrix as ``--stage-kb`` of shared memory holds (``cp.async``, not waited for), so the
+  weights stream on through the barrier and the small ops: the whole of a layer's QKV or
+  O at 2 blocks an SM and ~100 KB a block (~26 MB on 132 SMs), the first part of gate+up
+  and down -- what a megakernel could reach if its barriers were hidden by the next
+  matrix's reads.
 
 Usage (on the GPU machine): ``python -m bench.cuda_floor --gguf llama8b-q4_k_m.gguf``.
 """
@@ -77,6 +82,39 @@ __device__ __forceinline__ unsigned read_chunks(const uint4* p, long long n16, l
   }
   return s;
 }
+__device__ __forceinline__ void cp_async16(uint4* smem, const uint4* gmem) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(gmem) : "memory");
+}
+// this block's first (at most m) chunks of p into st, in flight when it returns; how many
+__device__ __forceinline__ int stage_chunks(const uint4* p, long long n16, int m, uint4* st) {
+  long long nc = (n16 + CH - 1) / CH;
+  int got = 0;
+  for (long long c = blockIdx.x; c < nc && got < m; c += gridDim.x, got++) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      long long i = c * CH + j * 256 + threadIdx.x;
+      if (i < n16) cp_async16(st + got * CH + j * 256 + threadIdx.x, p + i);
+    }
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  return got;
+}
+// the g staged chunks, once landed
+__device__ __forceinline__ unsigned fold_staged(const uint4* st, int g) {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  unsigned s = 0;
+  for (int c = 0; c < g; c++) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      uint4 v = st[c * CH + j * 256 + threadIdx.x];
+      s ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  __syncthreads();  // the stage is free for the next matrix
+  return s;
+}
 // a 16 KB vector read, reduced over the block, written (a small op's dependent chain)
 __device__ __forceinline__ void small_op(const float* in, float* out, int n) {
   __shared__ float red[8];
@@ -104,13 +142,17 @@ extern "C" __global__ void small_k(const float* __restrict__ in, float* __restri
 // the whole step: phase k reads [off[k], off[k] + n16[k]) of p, or (n16 0) is a small op of
 // the first 32 blocks; a phase after a norm (norm[k]) has every block read and reduce the
 // 16 KB vector first (a norm each block does itself: no barrier of its own); a grid barrier
-// after each phase; mode 0 wait, 1 L2 prefetch, 2 registers
+// after each phase; mode 0 wait, 1 L2 prefetch, 2 registers, 3 shared memory (stage_chunks:
+// the dynamic shared memory's stage16 uint4s, whole chunks of CH)
 extern "C" __global__ void persist(const uint4* __restrict__ p, const long long* __restrict__ off,
                                    const long long* __restrict__ n16, const int* __restrict__ norm,
-                                   int phases, int mode, unsigned* bar, float* vec, unsigned* out) {
+                                   int phases, int mode, unsigned* bar, float* vec, unsigned* out,
+                                   int stage16) {
   __shared__ float red[8];
+  extern __shared__ uint4 stage[];
   uint4 v[4];
-  int have = -1;  // the phase whose first chunk v holds
+  int have = -1;  // the phase whose first chunk v holds (mode 2) or whose chunks stage does (3)
+  int staged = 0;  // mode 3: how many chunks
   unsigned s = 0;
   for (int k = 0; k < phases; k++) {
     long long n = n16[k];
@@ -123,7 +165,14 @@ extern "C" __global__ void persist(const uint4* __restrict__ p, const long long*
       if (red[0] == -1.f) s ^= 1u;  // uses the sum
       __syncthreads();
     }
-    if (n) s ^= read_chunks(p + off[k], n, blockIdx.x, gridDim.x, v, have == k);
+    if (n && mode == 3) {
+      long long c0 = blockIdx.x;
+      if (have == k) {
+        s ^= fold_staged(stage, staged);
+        c0 += (long long)staged * gridDim.x;
+      }
+      s ^= read_chunks(p + off[k], n, c0, gridDim.x, v, false);
+    } else if (n) s ^= read_chunks(p + off[k], n, blockIdx.x, gridDim.x, v, have == k);
     else if (blockIdx.x < 32) small_op(vec + (k & 1) * 4096, vec + ((k + 1) & 1) * 4096, 4096);
     // the next read phase's first chunk, before the barrier (it does not depend on it)
     int nk = k + 1;
@@ -132,6 +181,10 @@ extern "C" __global__ void persist(const uint4* __restrict__ p, const long long*
       if (mode == 1) pf_chunk(p + off[nk], blockIdx.x, n16[nk]);
       if (mode == 2 && blockIdx.x < (n16[nk] + CH - 1) / CH) {
         load_chunk(p + off[nk], blockIdx.x, n16[nk], v);
+        have = nk;
+      }
+      if (mode == 3) {
+        staged = stage_chunks(p + off[nk], n16[nk], stage16 / CH, stage);
         have = nk;
       }
     }
@@ -201,6 +254,9 @@ def main() -> None:
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--small", default="0,5", help="small kernels a layer, for 'kernels'")
     ap.add_argument("--blocks-per-sm", default="2,4", help="the persistent kernel's")
+    ap.add_argument(
+        "--stage-kb", default="96,48", help="the smem mode's stage a block, at 2 and 4 blocks an SM"
+    )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -280,16 +336,32 @@ def main() -> None:
             cp.asarray(cols[1]),
             cp.asarray(cols[2].astype(np.int32)),
         )
-        for bpsm in (min(int(v), fit) for v in args.blocks_per_sm.split(",")):
-            for mode, name in ((0, "wait"), (1, "l2"), (2, "regs")):
+        stage_kb = [int(v) for v in args.stage_kb.split(",")]
+        for i, bpsm in enumerate(min(int(v), fit) for v in args.blocks_per_sm.split(",")):
+            kb = stage_kb[min(i, len(stage_kb) - 1)]
+            smem = kb * 1024 // (CHUNK16 * 16) * CHUNK16 * 16  # whole 16 KB chunks
+            persist.fn.max_dynamic_shared_size_bytes = max(smem, 1)
+            for mode, name in ((0, "wait"), (1, "l2"), (2, "regs"), (3, f"smem {kb} KB")):
 
                 def persistent(mode: int = mode, bpsm: int = bpsm, d_n: Any = d_n, d_off: Any = d_off,
-                               d_norm: Any = d_norm, nph: int = len(ph)) -> None:  # fmt: skip
+                               d_norm: Any = d_norm, nph: int = len(ph), smem: int = smem) -> None:  # fmt: skip
                     bar.fill(0)
                     persist(
                         (sms * bpsm,),
                         (256,),
-                        (buf, d_off, d_n, d_norm, np.int32(nph), np.int32(mode), bar, vec, out),
+                        (
+                            buf,
+                            d_off,
+                            d_n,
+                            d_norm,
+                            np.int32(nph),
+                            np.int32(mode),
+                            bar,
+                            vec,
+                            out,
+                            np.int32(smem // 16 if mode == 3 else 0),
+                        ),
+                        shared_mem=smem if mode == 3 else 0,
                     )
 
                 ms = timed(persistent)
