@@ -508,7 +508,8 @@ if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows
   if [ -n "${FLOOR:-}" ]; then  # FLOOR=1: each model's bytes read with no arithmetic, a kernel
     # a matrix against one persistent kernel (bench/cuda_floor.py)
     at "the step's floor: pure reads, kernels against a persistent kernel"
-    for m in $MS1; do timeout 120 python3 -m bench.cuda_floor --gguf $M/$m.gguf 2>&1 | tail -22; done
+    for m in $MS1; do timeout 120 python3 -m bench.cuda_floor --gguf $M/$m.gguf 2>&1 | tail -30; done
+    [ -n "${FLOOR_ONLY:-}" ] && { at "end"; exit 0; }  # FLOOR_ONLY=1: the floor alone
   fi
   at "modelc decode, one stream (llama.cpp building beside)"
   # shellcheck disable=SC2086
