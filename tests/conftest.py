@@ -12,7 +12,9 @@ Session-scoped (one process for the whole run, stopped at its end):
   chat templates (``/api/create``); a module may create more models from ``smol``
   (:func:`tests.server_fixtures.create_from`) under names no other module uses.
 * ``llamacpp``: llama.cpp's own server (the ``xllamacpp`` wheel, :mod:`modelc.bench.llamacpp`)
-  on the same GGUF; the fixture's value has ``url``.
+  on the same GGUF; the fixture's value has ``url``.  Every llama.cpp peer of a worker
+  without an environment of its own starts in one host process
+  (``LlamaCppServer.shared``, set below; ``tests/test_llamacpp_host.py``).
 
 Module-scoped, because their store (what /api/pull, /api/copy, /api/create and /api/delete
 change) must be private to the module using them: ``smol_minilm_server``,
@@ -39,6 +41,9 @@ from tests.server_fixtures import FORMATS, STARTED, TEMPLATES, Server, create_fr
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
+
+# llama.cpp's servers (~100 a run) start in one host process a worker, not a process each
+LlamaCppServer.shared = True
 
 
 @pytest.fixture(scope="session")

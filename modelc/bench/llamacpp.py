@@ -10,6 +10,13 @@ and serves until its standard input closes.  :class:`LlamaCppClient` measures th
 the server's native ``/completion`` endpoint, reading llama.cpp's own ``timings``
 (prompt and generation speed as llama.cpp itself counts them); the HTTP load test
 uses its OpenAI-compatible ``/v1/completions`` like any other server.
+
+With ``LlamaCppServer.shared = True`` (the test session sets it) servers without an
+environment of their own are started by one host process instead
+(``python -m modelc.bench.llamacpp --host``: a JSON line a command on its standard input,
+one back on its output), each with its log on the process's standard error while it
+starts: ~100 peers a test run each paid ~0.4 s of a fresh interpreter's start-up.  A host
+that dies (llama.cpp aborted) is replaced at the next start.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -108,6 +116,7 @@ class LlamaCppServer:
     """
 
     started = 0
+    shared = False  # start servers through one host process (:class:`PeerHost`)
 
     def __init__(
         self,
@@ -137,12 +146,20 @@ class LlamaCppServer:
             *(["--mmproj", str(mmproj)] if mmproj else []),
         ]
         self.log = log
+        self.own_env = env is not None
         self.env = {**os.environ, **(env or {})}
         self.url = ""
         self.pid = 0
+        self.hosted: int | None = None  # this server's id in the host process
 
     def __enter__(self) -> LlamaCppServer:
         LlamaCppServer.started += 1
+        if LlamaCppServer.shared and not self.own_env:
+            got = PeerHost.get().ask({"start": self.cmd[3:], "log": str(self.log or os.devnull)})
+            if "error" in got:
+                raise RuntimeError(f"llama.cpp server failed: {got['error']} (log: {self.log})")
+            self.url, self.pid, self.hosted = str(got["url"]), int(got["pid"]), int(got["id"])
+            return self
         err = self.log.open("wb") if self.log else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             self.cmd,
@@ -170,6 +187,9 @@ class LlamaCppServer:
     def __exit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self.hosted is not None:
+            PeerHost.get().ask({"stop": self.hosted})
+            return
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         try:
@@ -177,6 +197,74 @@ class LlamaCppServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+_HOST_LOCK = threading.Lock()
+
+
+class PeerHost:
+    """The process :class:`LlamaCppServer` starts shared servers in (one an interpreter)."""
+
+    _one: PeerHost | None = None
+
+    @classmethod
+    def get(cls) -> PeerHost:
+        with _HOST_LOCK:
+            if cls._one is None or cls._one.proc.poll() is not None:
+                cls._one = PeerHost()
+            return cls._one
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # one command and its answer at a time
+        cmd = [sys.executable, "-m", "modelc.bench.llamacpp", "--host"]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+
+    def ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps(msg) + "\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                pass
+            line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait(30)
+            raise RuntimeError(f"the llama.cpp host process exited ({code}) at {msg}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+
+def _host() -> None:
+    """``--host``: ``{"start": [GGUF, --flags...], "log": PATH}`` starts a server (its log
+    on standard error while it starts) and answers ``{"id", "url", "pid"}`` once it is
+    ready (``{"error"}`` if it is not); ``{"stop": id}`` stops one and answers ``{}``."""
+    servers: dict[int, Any] = {}
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # llama.cpp's prints stay off the replies
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if "stop" in msg:
+            servers.pop(int(msg["stop"]), None)  # its destructor stops and joins it
+            reply: dict[str, Any] = {}
+        else:
+            fd = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 2)
+            os.close(fd)
+            a = _parser().parse_args(msg["start"])
+            try:
+                server, url = _ready(a.gguf, a.threads, a.parallel, a.ctx, a.embedding,
+                                     a.chat_template_file, a.mmproj)  # fmt: skip
+            except Exception as e:  # a bad file or template: this server, not the host
+                reply = {"error": f"{type(e).__name__}: {e}"}
+            else:
+                key = max(servers, default=0) + 1
+                servers[key] = server
+                reply = {"id": key, "url": url, "pid": os.getpid()}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
 
 
 def _start(
@@ -207,6 +295,30 @@ def _start(
     return x.Server(p)
 
 
+def _ready(
+    gguf: str,
+    threads: int,
+    n_parallel: int,
+    n_ctx: int,
+    embedding: bool,
+    chat_template: str | None = None,
+    mmproj: str | None = None,
+) -> tuple[Any, str]:
+    """A started server and its URL, once ``/health`` answers (the model loads in the
+    background)."""
+    server = _start(gguf, threads, n_parallel, n_ctx, embedding, chat_template, mmproj)
+    url = str(server.listening_address).rstrip("/")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    return server, url
+
+
 def _serve(
     gguf: str,
     threads: int,
@@ -216,23 +328,14 @@ def _serve(
     chat_template: str | None = None,
     mmproj: str | None = None,
 ) -> None:
-    server = _start(gguf, threads, n_parallel, n_ctx, embedding, chat_template, mmproj)
-    url = str(server.listening_address).rstrip("/")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # the model loads in the background
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
+    server, url = _ready(gguf, threads, n_parallel, n_ctx, embedding, chat_template, mmproj)
     sys.stdout.write(json.dumps({"url": url, "pid": os.getpid()}) + "\n")
     sys.stdout.flush()
     sys.stdin.read()  # serve until the parent closes our stdin
     del server
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="llama.cpp's server (xllamacpp) in this process")
     ap.add_argument("gguf")
     ap.add_argument("--threads", type=int, default=2)
@@ -243,7 +346,14 @@ def main() -> None:
     )
     ap.add_argument("--chat-template-file", help="a Jinja chat template (llama-server --jinja)")
     ap.add_argument("--mmproj", help="a vision projector GGUF (llama-server --mmproj)")
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--host"]:
+        _host()
+        return
+    a = _parser().parse_args()
     _serve(a.gguf, a.threads, a.parallel, a.ctx, a.embedding, a.chat_template_file, a.mmproj)
 
 
