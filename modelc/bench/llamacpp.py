@@ -15,7 +15,7 @@ With ``LlamaCppServer.shared = True`` (the test session sets it) servers without
 environment of their own are started by one host process instead
 (``python -m modelc.bench.llamacpp --host``: a JSON line a command on its standard input,
 one back on its output), each with its log on the process's standard error while it
-starts: ~100 peers a test run each paid ~0.4 s of a fresh interpreter's start-up.  A host
+starts: ~100 peers a test run each paid ~0.9 s of CPU for a fresh interpreter's start-up.  A host
 that dies (llama.cpp aborted) is replaced at the next start.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import itertools
 import json
 import os
 import subprocess
@@ -242,6 +243,7 @@ def _host() -> None:
     on standard error while it starts) and answers ``{"id", "url", "pid"}`` once it is
     ready (``{"error"}`` if it is not); ``{"stop": id}`` stops one and answers ``{}``."""
     servers: dict[int, Any] = {}
+    ids = itertools.count(1)  # never one a stopped server had
     out = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # llama.cpp's prints stay off the replies
     for line in sys.stdin:
@@ -260,7 +262,7 @@ def _host() -> None:
             except Exception as e:  # a bad file or template: this server, not the host
                 reply = {"error": f"{type(e).__name__}: {e}"}
             else:
-                key = max(servers, default=0) + 1
+                key = next(ids)
                 servers[key] = server
                 reply = {"id": key, "url": url, "pid": os.getpid()}
         out.write(json.dumps(reply) + "\n")
