@@ -257,8 +257,7 @@ def _host() -> None:
             os.close(fd)
             a = _parser().parse_args(msg["start"])
             try:
-                server, url = _ready(a.gguf, a.threads, a.parallel, a.ctx, a.embedding,
-                                     a.chat_template_file, a.mmproj)  # fmt: skip
+                server, url = _ready(a)
             except Exception as e:  # a bad file or template: this server, not the host
                 reply = {"error": f"{type(e).__name__}: {e}"}
             else:
@@ -297,18 +296,11 @@ def _start(
     return x.Server(p)
 
 
-def _ready(
-    gguf: str,
-    threads: int,
-    n_parallel: int,
-    n_ctx: int,
-    embedding: bool,
-    chat_template: str | None = None,
-    mmproj: str | None = None,
-) -> tuple[Any, str]:
-    """A started server and its URL, once ``/health`` answers (the model loads in the
-    background)."""
-    server = _start(gguf, threads, n_parallel, n_ctx, embedding, chat_template, mmproj)
+def _ready(a: argparse.Namespace) -> tuple[Any, str]:
+    """A server started as the command line ``a`` (:func:`_parser`'s) asks and its URL, once
+    ``/health`` answers (the model loads in the background)."""
+    server = _start(a.gguf, a.threads, a.parallel, a.ctx, a.embedding, a.chat_template_file,
+                    a.mmproj)  # fmt: skip
     url = str(server.listening_address).rstrip("/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -319,22 +311,6 @@ def _ready(
             pass
         time.sleep(0.05)
     return server, url
-
-
-def _serve(
-    gguf: str,
-    threads: int,
-    n_parallel: int,
-    n_ctx: int,
-    embedding: bool,
-    chat_template: str | None = None,
-    mmproj: str | None = None,
-) -> None:
-    server, url = _ready(gguf, threads, n_parallel, n_ctx, embedding, chat_template, mmproj)
-    sys.stdout.write(json.dumps({"url": url, "pid": os.getpid()}) + "\n")
-    sys.stdout.flush()
-    sys.stdin.read()  # serve until the parent closes our stdin
-    del server
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -355,8 +331,11 @@ def main() -> None:
     if sys.argv[1:] == ["--host"]:
         _host()
         return
-    a = _parser().parse_args()
-    _serve(a.gguf, a.threads, a.parallel, a.ctx, a.embedding, a.chat_template_file, a.mmproj)
+    server, url = _ready(_parser().parse_args())
+    sys.stdout.write(json.dumps({"url": url, "pid": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    sys.stdin.read()  # serve until the parent closes our stdin
+    del server
 
 
 if __name__ == "__main__":

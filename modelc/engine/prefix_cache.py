@@ -19,7 +19,7 @@ otherwise).
 * Unreferenced blocks are evicted least-recently-used first when the RAM budget
   would be exceeded.  A match touches the deepest block first and the root last, so
   leaves age out before the prefixes they hang from.
-* A GPU cache's blocks stay in GPU memory with ``MODELC_CUDA_PREFIX=device``
+* A GPU cache's blocks stay in GPU memory unless ``MODELC_CUDA_PREFIX=host``
   (:attr:`Block.on_device`: read out and loaded on the device, nothing copied to the host).
 
 At least one prompt token is always left to compute, since the step needs that
@@ -74,8 +74,8 @@ class Block:
     # a recurrent model's state after the block's last token (layer -> arrays), if kept
     state: dict[int, dict[str, np.ndarray[Any, Any]]] | None = None
     arena: Arena | None = None  # k and v are views of it (its bytes counted there)
-    # k and v in a GPU's memory: read out by a cache whose ``device_blocks`` is set (a GPU's
-    # with MODELC_CUDA_PREFIX=device), loaded by its ``fill_blocks``
+    # k and v in a GPU's memory: read out by a cache whose ``device_blocks`` is set (a GPU's,
+    # unless MODELC_CUDA_PREFIX=host), loaded by its ``fill_blocks``
     on_device: bool = False
 
     @property
