@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from modelc.net import ssl_context
 from modelc.ship.sizing import metric
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, free_port
@@ -92,7 +93,7 @@ def start_nginx(ports: list[int], hashing: bool, tmp: Path) -> tuple[subprocess.
     )
     for _ in range(100):
         try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, verify=ssl_context())
             return proc, port
         except httpx.HTTPError:
             time.sleep(0.05)
@@ -101,7 +102,7 @@ def start_nginx(ports: list[int], hashing: bool, tmp: Path) -> tuple[subprocess.
 
 
 def replica_stats(srv: Server) -> dict[str, float]:
-    text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+    text = httpx.get(f"{srv.url}/metrics", timeout=10, verify=ssl_context()).text
     reqs = sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()

@@ -46,6 +46,7 @@ from modelc.bench.procs import ServerStartError, wait_healthy
 from modelc.bench.timing import stream_tps
 from modelc.engine import EngineOptions, build_engine
 from modelc.engine.api import GenerationRequest, TokenEvent
+from modelc.net import ssl_context
 from modelc.runtime.sampling import SamplingParams
 from modelc.server.schemas import ENCODER
 from tests.assets import smollm2_gguf
@@ -102,7 +103,7 @@ def http_tps(url: str, messages: list[dict[str, str]], n: int, tokens: int) -> f
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(n):
-                client = httpx.AsyncClient(timeout=600)
+                client = httpx.AsyncClient(timeout=600, verify=ssl_context())
                 nursery.start_soon(one, client)
 
     trio.run(main)

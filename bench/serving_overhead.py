@@ -49,6 +49,7 @@ import httpx
 import numpy as np
 
 from modelc.bench.procs import ServerStartError, wait_healthy
+from modelc.net import ssl_context
 from modelc.ship.sizing import metric
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,7 +135,7 @@ def _device(stats: Path) -> tuple[int, float]:
 def _split(port: int) -> dict[str, float]:
     """The server's batches and its busy time's split so far (``/metrics``: the step
     thread's seconds, the wake-up after each step, delivering and planning)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, verify=ssl_context()).text
     keys = ("scheduled_batches", "step_seconds", "wake_seconds", "plan_seconds")
     return {k: metric(text, f"modelc_engine_{k}") for k in keys}
 

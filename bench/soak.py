@@ -47,6 +47,8 @@ from typing import Any
 import httpx
 import trio
 
+from modelc.net import ssl_context
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -178,7 +180,7 @@ async def _dropped(client: httpx.AsyncClient, url: str, model: str, rng: random.
 
 async def _client(url: str, model: str, seed: int, t_end: float, t0: float, tally: Tally) -> None:
     rng = random.Random(seed)
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=120, verify=ssl_context()) as client:
         while time.monotonic() < t_end:
             x = rng.random()
             if x < 0.05:
@@ -205,7 +207,7 @@ async def _client(url: str, model: str, seed: int, t_end: float, t0: float, tall
 async def _prober(url: str, model: str, t_end: float, t0: float, tally: Tally) -> None:
     """Times first tokens back to back, one probe at a time, until ``t_end``."""
     rng = random.Random(7)
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=120, verify=ssl_context()) as client:
         while time.monotonic() < t_end:
             tally.valid += 1
             try:
@@ -245,7 +247,7 @@ def _gauge(text: str, name: str) -> float:
 
 def _metrics(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", timeout=10, verify=ssl_context()).text.splitlines():
         if line.startswith("modelc_") and " " in line:
             name, _, value = line.rpartition(" ")
             out[name.split("{")[0]] = float(value)
@@ -296,7 +298,7 @@ def soak(
     streams: int,
     rss_tolerance: float = 0.05,
 ) -> dict[str, Any]:
-    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    model = httpx.get(f"{url}/v1/models", timeout=10, verify=ssl_context()).json()["data"][0]["id"]
     kv_before = _metrics(url).get("modelc_kv_cache_used_bytes", 0.0)
     tally = Tally()
     t0 = time.monotonic()
@@ -304,7 +306,7 @@ def soak(
 
     async def main() -> None:
         async def sample_rss() -> None:
-            async with httpx.AsyncClient(timeout=30) as client:
+            async with httpx.AsyncClient(timeout=30, verify=ssl_context()) as client:
                 while time.monotonic() < t_end and pid is not None:
                     text = (await client.get(f"{url}/metrics")).text
                     held = _gauge(text, "modelc_engine_prefix_cache_bytes")

@@ -13,13 +13,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import openai
 
 from modelc.bench.llamacpp import LlamaCppServer
+from modelc.net import ssl_context
 from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.tokenizer import Tokenizer
+from tests import net
 from tests.server_fixtures import Server, start
 
 
@@ -37,7 +38,13 @@ HTTP_TIMEOUT = 300.0
 
 
 def openai_client(srv: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=HTTP_TIMEOUT)
+    return openai.OpenAI(
+        http_client=net.openai_http(),
+        base_url=f"{srv.url}/v1",
+        api_key="x",
+        max_retries=0,
+        timeout=HTTP_TIMEOUT,
+    )
 
 
 def image_question(data: bytes, question: str, kind: str = "png") -> list[dict[str, Any]]:
@@ -74,7 +81,7 @@ def ollama_and_openai_answers(
     token count."""
     import ollama
 
-    oc = ollama.Client(host=srv.url, timeout=HTTP_TIMEOUT)
+    oc = ollama.Client(verify=ssl_context(), host=srv.url, timeout=HTTP_TIMEOUT)
     msg = {"role": "user", "content": question, "images": [image]}
     chat = oc.chat(model=model, messages=[msg], options={"temperature": 0, "num_predict": n})
     parts = image_question(image.read_bytes(), question, kind)
@@ -86,7 +93,7 @@ def ollama_and_openai_answers(
 
 
 def post(url: str, body: dict[str, Any]) -> Any:
-    r = httpx.post(url, json=body, timeout=HTTP_TIMEOUT)
+    r = net.post(url, json=body, timeout=HTTP_TIMEOUT)
     r.raise_for_status()
     return r.json()
 
@@ -152,7 +159,7 @@ def llamacpp_image_answer(
     with LlamaCppServer(
         gguf, threads=1, n_parallel=1, n_ctx=512, log=log, mmproj=mmproj, env=marker
     ) as s:
-        r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
+        r = net.post(f"{s.url}/completion", json=body, timeout=120).json()
     return int(r["tokens_evaluated"]), [int(t) for t in r["tokens"]]
 
 
@@ -165,7 +172,7 @@ def greedy_as_llamacpp(
     them) the same greedy tokens up to a near tie, ours the golden's; how many records
     were compared."""
     with LlamaCppServer(gguf, threads=1, n_parallel=1, n_ctx=256, log=log) as s:
-        theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
+        theirs = net.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
         compared = 0
         for rec in g["records"]:

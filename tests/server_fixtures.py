@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from tests import net
+
 ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ROOT / "tests" / "fixtures" / "formats"
 TEMPLATES = ROOT / "tests" / "fixtures" / "templates"  # real releases' chat templates
@@ -29,7 +31,7 @@ STARTED: Counter[str] = Counter()  # `modelc run` processes started, by argument
 def create_from(srv: Server, name: str, template: str, base: str = "smol") -> None:
     """Ollama's ``/api/create`` on ``srv``: the model ``name``, ``base`` under ``template``."""
     body = {"model": name, "from": base, "template": template, "stream": False}
-    r = httpx.post(f"{srv.url}/api/create", json=body, timeout=300)
+    r = net.post(f"{srv.url}/api/create", json=body, timeout=300)
     assert r.status_code == 200 and r.json()["status"] == "success", r.text
 
 
@@ -86,7 +88,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()[-4000:]}")
             try:
-                r = httpx.get(f"{self.url}/health", timeout=2)
+                r = net.get(f"{self.url}/health", timeout=2)
                 self.health.append((r.status_code, r.json()["status"]))
                 if r.status_code == 200:
                     return
@@ -109,7 +111,7 @@ class Server:
         return self.proc.returncode
 
     def metric(self, name: str) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        text = net.get(f"{self.url}/metrics", timeout=10).text
         m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
         if m is None:
             raise KeyError(f"no metric {name}")

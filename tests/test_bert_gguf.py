@@ -18,7 +18,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -26,6 +25,7 @@ import pytest
 from modelc.bench.llamacpp import LlamaCppServer
 from modelc.formats import load_model
 from modelc.runtime.arch import Bert, build
+from tests import net
 from tests.assets import minilm_dir
 from tests.gen_bert_gguf import write, write_nomic
 from tests.runtime_support import make_backend
@@ -61,14 +61,16 @@ def pair(
 
 
 def embeddings(url: str, texts: list[str]) -> np.ndarray:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        http_client=net.openai_http(), base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120
+    )
     model = client.models.list().data[0].id
     out = client.embeddings.create(model=model, input=texts)
     return np.asarray([d.embedding for d in sorted(out.data, key=lambda d: d.index)])
 
 
 def tokens(url: str, text: str) -> list[int]:
-    r = httpx.post(f"{url}/tokenize", json={"content": text, "add_special": True}, timeout=60)
+    r = net.post(f"{url}/tokenize", json={"content": text, "add_special": True}, timeout=60)
     r.raise_for_status()
     return [int(t) for t in r.json()["tokens"]]
 
@@ -123,7 +125,7 @@ def test_llamacpp_embedding_route(pair: tuple[str, Server, LlamaCppServer], norm
     3 a p-norm)."""
     ftype, srv, peer = pair
     req = {"content": SENTENCES[:3] + SPECIAL_TEXTS[:1], "embd_normalize": norm}
-    got = [httpx.post(f"{u}/embedding", json=req, timeout=60) for u in (srv.url, peer.url)]
+    got = [net.post(f"{u}/embedding", json=req, timeout=60) for u in (srv.url, peer.url)]
     ours, theirs = (r.raise_for_status().json() for r in got)
     assert [sorted(e) for e in ours] == [sorted(e) for e in theirs] == [["embedding", "index"]] * 4
     assert [e["index"] for e in ours] == [e["index"] for e in theirs] == [0, 1, 2, 3]
@@ -150,11 +152,11 @@ def test_llamacpp_embedding_route(pair: tuple[str, Server, LlamaCppServer], norm
 
 def test_embedding_route_errors(pair: tuple[str, Server, LlamaCppServer]) -> None:
     _, srv, _ = pair
-    r = httpx.post(f"{srv.url}/embedding", json={"embd_normalize": 2}, timeout=60)
+    r = net.post(f"{srv.url}/embedding", json={"embd_normalize": 2}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "content", r.text
-    r = httpx.post(f"{srv.url}/embedding", json={"content": [[10**7]]}, timeout=60)
+    r = net.post(f"{srv.url}/embedding", json={"content": [[10**7]]}, timeout=60)
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"], r.text
-    assert httpx.get(f"{srv.url}/health", timeout=60).status_code == 200  # still serving
+    assert net.get(f"{srv.url}/health", timeout=60).status_code == 200  # still serving
 
 
 def test_ollama_embed_truncates_as_transformers(pair: tuple[str, Server, LlamaCppServer]) -> None:
@@ -170,18 +172,23 @@ def test_ollama_embed_truncates_as_transformers(pair: tuple[str, Server, LlamaCp
     cut = hf.encode(text).ids
     ids = tokens(srv.url, text)
     assert len(ids) == 802 and len(cut) == 512 and cut == [*ids[:511], 102]
-    model = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x").models.list().data[0].id
-    r = httpx.post(f"{srv.url}/api/embed", json={"model": model, "input": text}, timeout=60)
+    model = (
+        openai.OpenAI(http_client=net.openai_http(), base_url=f"{srv.url}/v1", api_key="x")
+        .models.list()
+        .data[0]
+        .id
+    )
+    r = net.post(f"{srv.url}/api/embed", json={"model": model, "input": text}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == 512
     ref = np.asarray(
-        httpx.post(f"{srv.url}/v1/embeddings", json={"model": model, "input": [cut]}, timeout=60)
+        net.post(f"{srv.url}/v1/embeddings", json={"model": model, "input": [cut]}, timeout=60)
         .raise_for_status()
         .json()["data"][0]["embedding"]
     )
     np.testing.assert_array_equal(np.asarray(r.json()["embeddings"][0]), ref)
     body = {"model": model, "input": text, "truncate": False}
-    r = httpx.post(f"{srv.url}/api/embed", json=body, timeout=60)
+    r = net.post(f"{srv.url}/api/embed", json=body, timeout=60)
     assert r.status_code == 400 and "512" in r.json()["error"], r.text
 
 
@@ -218,7 +225,7 @@ def test_nomic_bert_matches_llamacpp(nomic_pair: tuple[str, Server, LlamaCppServ
     assert cos.min() >= MIN_COS[ftype], f"{ftype}: {np.round(cos, 6)}"
     if ftype != "q8_0":
         assert np.abs(ours - theirs).max() <= 1e-3
-    info = httpx.get(f"{srv.url}/info", timeout=60).json()
+    info = net.get(f"{srv.url}/info", timeout=60).json()
     assert "nomic-bert" in str(info)
 
 

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import ollama
 import openai
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
+from modelc.net import ssl_context
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.peers import HTTP_TIMEOUT, openai_client, post
 from tests.server_fixtures import ROOT, Server
@@ -76,7 +77,7 @@ def gather(fn: Callable[[T], R], items: Iterable[T], workers: int = 4) -> list[R
 
 
 def model_id(srv: Server) -> str:
-    r = httpx.get(f"{srv.url}/v1/models", timeout=HTTP_TIMEOUT)
+    r = net.get(f"{srv.url}/v1/models", timeout=HTTP_TIMEOUT)
     r.raise_for_status()
     return str(r.json()["data"][0]["id"])
 
@@ -274,7 +275,7 @@ def test_prompt_ids_match_references(
     assert post(f"{smol_server.url}/tokenize", {"messages": messages})["tokens"] == want
     text = post(f"{smol_server.url}/apply-template", {"messages": messages})["prompt"]
     assert text == gold["prompt"]
-    oll = ollama.Client(host=smol_server.url, timeout=HTTP_TIMEOUT).chat(
+    oll = ollama.Client(verify=ssl_context(), host=smol_server.url, timeout=HTTP_TIMEOUT).chat(
         model=model,
         messages=messages,
         options={"temperature": 0, "num_predict": 1},

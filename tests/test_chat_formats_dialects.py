@@ -10,9 +10,9 @@ import json
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
+from tests import net
 from tests.peers import openai_client
 from tests.server_fixtures import Server
 from tests.test_chat_formats import CASES, TOOLS
@@ -35,7 +35,9 @@ def forced(text: str) -> dict[str, Any]:
 
 # --- Anthropic Messages ------------------------------------------------------------------
 def _claude(srv: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0, timeout=120)
+    return anthropic.Anthropic(
+        http_client=net.anthropic_http(), base_url=srv.url, api_key="x", max_retries=0, timeout=120
+    )
 
 
 def _blocks(content: list[Any]) -> list[tuple[str, Any]]:
@@ -105,7 +107,7 @@ def _messages(srv: Server, **kw: Any) -> tuple[list[tuple[str, Any]], list[tuple
 
 def _json_pieces(srv: Server, body: dict[str, Any]) -> list[list[str]]:
     """Each ``tool_use`` block's ``partial_json`` pieces on the wire."""
-    raw = httpx.post(f"{srv.url}/v1/messages", json={**body, "stream": True}, timeout=300).text
+    raw = net.post(f"{srv.url}/v1/messages", json={**body, "stream": True}, timeout=300).text
     events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
     out: dict[int, list[str]] = {}
     for ev in events:
@@ -276,7 +278,7 @@ def test_responses_function_call_streams_its_arguments(srv: Server, case: Any) -
     whole, streamed = _responses(srv, **kw, extra_body=forced(case.text))
     want = [("reasoning", case.reasoning)] if case.reasoning else [("message", case.content)]
     assert whole == [*want, *(("function_call", c) for c in case.calls)] and streamed == whole
-    raw = httpx.post(
+    raw = net.post(
         f"{srv.url}/v1/responses", json={**kw, **forced(case.text), "stream": True}, timeout=300
     ).text
     deltas: dict[int, int] = {}
@@ -291,7 +293,7 @@ def test_responses_count_reasoning_tokens(srv: Server) -> None:
     """``usage.output_tokens_details.reasoning_tokens`` counts the tokens that wrote the
     trace (its markers included), whole and streamed: the tokens the chat route lists
     (``logprobs``) for the same forced output, up to the one that ends ``</think>``."""
-    ref = httpx.post(
+    ref = net.post(
         f"{srv.url}/v1/chat/completions",
         json={"model": "qwen3", "messages": USER, "max_tokens": 40, "logprobs": True}
         | forced(TRACE),

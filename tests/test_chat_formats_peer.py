@@ -23,11 +23,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
 from modelc.chat import StreamParser, detect
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.test_chat_formats import CASES, TEMPLATES, TOOLS, parser, prompt
 
@@ -89,7 +89,7 @@ def peer(name: str, log_dir: Path) -> LlamaCppServer:
 
 
 def chat(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+    r = net.post(f"{url}/v1/chat/completions", json=body, timeout=300)
     r.raise_for_status()
     msg: dict[str, Any] = r.json()["choices"][0]["message"]
     return msg

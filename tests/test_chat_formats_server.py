@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.peers import openai_client
 from tests.server_fixtures import Server
@@ -110,7 +110,7 @@ def test_ollama_thinking(srv: Server) -> None:
 
     def ollama(think: Any) -> int:
         body = {"model": "qwen3", "messages": USER, "stream": False, "options": {"num_predict": 1}}
-        r = httpx.post(f"{srv.url}/api/chat", json={**body, "think": think}, timeout=300)
+        r = net.post(f"{srv.url}/api/chat", json={**body, "think": think}, timeout=300)
         r.raise_for_status()
         return int(r.json()["prompt_eval_count"])
 
@@ -128,7 +128,7 @@ def test_ollama_thinking(srv: Server) -> None:
 
 
 def ollama_lines(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    with httpx.stream("POST", url, json=body, timeout=300) as r:
+    with net.stream("POST", url, json=body, timeout=300) as r:
         return [json.loads(line) for line in r.iter_lines() if line]
 
 
@@ -188,7 +188,7 @@ def _json_answers(srv: Server, model: str, max_tokens: int) -> dict[str, tuple[s
         "format": SCHEMA,
         "options": {"num_predict": max_tokens, "temperature": 0},
     }
-    got = httpx.post(f"{srv.url}/api/chat", json=body, timeout=300).json()["message"]
+    got = net.post(f"{srv.url}/api/chat", json=body, timeout=300).json()["message"]
     out["ollama"] = (got.get("thinking", ""), got["content"])
     fmt: Any = {"format": {"type": "json_schema", "name": "w", "schema": SCHEMA}}
     kw: Any = {"model": model, "input": USER, "max_output_tokens": max_tokens, "text": fmt}
@@ -278,19 +278,19 @@ def test_prompt_ids_equal_llamacpp(srv: Server, name: str, tmp_path: Path) -> No
         texts = set()
         for extra in extras:
             body = {"messages": USER, **extra}  # extra may set other messages
-            text = httpx.post(f"{peer.url}/apply-template", json=body, timeout=60).json()["prompt"]
-            theirs = httpx.post(
+            text = net.post(f"{peer.url}/apply-template", json=body, timeout=60).json()["prompt"]
+            theirs = net.post(
                 f"{peer.url}/tokenize",
                 json={"content": text, "add_special": True, "parse_special": True},
                 timeout=60,
             ).json()["tokens"]
-            mine = httpx.post(
+            mine = net.post(
                 f"{srv.url}/v1/chat/completions",
                 json={"model": model, **body, "max_tokens": 1, "return_token_ids": True},
                 timeout=300,
             ).json()["prompt_token_ids"]
             assert mine == theirs, extra
-            mine_text = httpx.post(
+            mine_text = net.post(
                 f"{srv.url}/apply-template", json={"model": model, **body}, timeout=60
             ).json()["prompt"]
             assert mine_text == text, extra

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import net
 from tests.chat_page_support import Page, open_page, send, stored, wait_idle
 from tests.server_fixtures import Server
 
@@ -64,7 +64,7 @@ def test_trace_streams_open_then_folds(page: Page, srv: Server) -> None:
     """The trace streams into an open "Thinking…" block above the answer; the block
     folds when the answer starts, and is kept with the reply (saved, and shown after a
     reload)."""
-    ref = httpx.post(
+    ref = net.post(
         f"{srv.url}/v1/chat/completions",
         json={
             "model": "qwen3",

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
@@ -20,6 +19,7 @@ from modelc.engine import EngineOptions, build_engine
 from modelc.errors import UsageError
 from modelc.formats.ir import ModelIR
 from modelc.resolve import load_ir
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import ROOT
 from tests.test_chat_formats import TEMPLATES, TOOLS
@@ -77,11 +77,11 @@ def ir() -> ModelIR:
 
 def llamacpp_ids(url: str, body: dict[str, Any]) -> list[int] | None:
     """llama.cpp's prompt ids for a conversation (None: its template refuses it)."""
-    r = httpx.post(f"{url}/apply-template", json=body, timeout=60)
+    r = net.post(f"{url}/apply-template", json=body, timeout=60)
     if r.status_code != 200:
         return None
     text = r.json()["prompt"]
-    tokens = httpx.post(
+    tokens = net.post(
         f"{url}/tokenize",
         json={"content": text, "add_special": True, "parse_special": True},
         timeout=60,
@@ -205,7 +205,7 @@ def dialect_counts(url: str) -> dict[str, int]:
     }
 
     def post(path: str, body: dict[str, Any]) -> Any:
-        r = httpx.post(f"{url}{path}", json=body, timeout=300)
+        r = net.post(f"{url}{path}", json=body, timeout=300)
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -225,7 +225,7 @@ FORCED = "root ::= " + json.dumps(
 def responses(url: str, body: dict[str, Any]) -> Any:
     tools = [{"type": "function", "name": "get_weather", "parameters": PARAMS}]
     full = {"model": "m", "tools": tools, "max_output_tokens": 80, "temperature": 0, **body}
-    r = httpx.post(f"{url}/v1/responses", json=full, timeout=300)
+    r = net.post(f"{url}/v1/responses", json=full, timeout=300)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -246,7 +246,7 @@ def test_served_template_file_and_thinking_turns(tmp_path: Path) -> None:
     try:
 
         def ids(messages: list[dict[str, Any]]) -> list[int]:
-            r = httpx.post(
+            r = net.post(
                 f"{srv.url}/v1/chat/completions",
                 json={"model": "m", "messages": messages, "tools": TOOLS}
                 | {"max_tokens": 1, "return_token_ids": True},

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from modelc.cli.chat_session import ChatState, Entry, read_entry, run_command
 from modelc.runtime.prompt import SamplingDefaults
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import ROOT, Server
 
@@ -153,7 +153,7 @@ def first_answer(env: dict[str, str]) -> str:
 
 def served(server: Server, messages: list[dict[str, str]]) -> str:
     """The server's greedy answer to a conversation, at MAX_TOKENS."""
-    r = httpx.post(
+    r = net.post(
         f"{server.url}/v1/chat/completions",
         json={"messages": messages, "temperature": 0, "max_tokens": MAX_TOKENS},
         timeout=120,

@@ -25,10 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
+from tests import net
 from tests.assets import minilm_dir, smollm2_gguf
 from tests.compile_support import (
     ROOT,
@@ -174,7 +174,7 @@ PROMPTS = [
 
 
 def _chat(url: str, prompt: str) -> dict[str, object]:
-    r = httpx.post(
+    r = net.post(
         f"{url}/v1/chat/completions",
         json={
             "messages": [{"role": "user", "content": prompt}],
@@ -221,7 +221,7 @@ def test_chat_same_as_modelc_run(programs: tuple[Server, Program]) -> None:
     assert all(g["lp"] for g in got)
     body = {"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}
     texts = [
-        httpx.post(f"{u}/v1/completions", json=body, timeout=300).json()["choices"][0]["text"]
+        net.post(f"{u}/v1/completions", json=body, timeout=300).json()["choices"][0]["text"]
         for u in (ref.url, prog.url)
     ]
     assert texts[0] == texts[1] and texts[0]
@@ -232,12 +232,12 @@ def test_program_health_and_metrics(programs: tuple[Server, Program]) -> None:
     ref, prog = programs
 
     def families(url: str) -> set[str]:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
+        text = net.get(f"{url}/metrics", timeout=10).text
         return {ln.split()[2] for ln in text.splitlines() if ln.startswith("# TYPE")}
 
-    assert httpx.get(f"{prog.url}/health").json() == httpx.get(f"{ref.url}/health").json()
+    assert net.get(f"{prog.url}/health").json() == net.get(f"{ref.url}/health").json()
     assert families(prog.url) == families(ref.url)
-    ids = {m["id"] for m in httpx.get(f"{prog.url}/v1/models").json()["data"]}
+    ids = {m["id"] for m in net.get(f"{prog.url}/v1/models").json()["data"]}
     assert ids == {"smol"}
 
 
@@ -309,8 +309,8 @@ def test_bert_embeddings_equal_modelc_run(
     prog = start_program([str(builds.smol.python), "-m", package], free_port(), tmp_path, env)
     try:
         body = {"input": ["a compiled encoder", "embeddings, exactly", "x"]}
-        got = httpx.post(f"{prog.url}/v1/embeddings", json=body, timeout=60).json()
-        want = httpx.post(f"{minilm_server.url}/v1/embeddings", json=body, timeout=60).json()
+        got = net.post(f"{prog.url}/v1/embeddings", json=body, timeout=60).json()
+        want = net.post(f"{minilm_server.url}/v1/embeddings", json=body, timeout=60).json()
     finally:
         assert prog.stop() == 0
     assert [d["embedding"] for d in got["data"]] == [d["embedding"] for d in want["data"]]
@@ -331,7 +331,7 @@ def test_mlp_infer_equals_runtime(
     env = {**_env(), "PYTHONPATH": str(out)}
     prog = start_program([str(builds.smol.python), "-m", package], free_port(), tmp_path, env)
     try:
-        r = httpx.post(f"{prog.url}/infer", json={"inputs": x.tolist()}, timeout=60)
+        r = net.post(f"{prog.url}/infer", json={"inputs": x.tolist()}, timeout=60)
     finally:
         assert prog.stop() == 0
     assert np.array_equal(np.asarray(r.json()["outputs"], np.float32), want)

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from modelc.runtime.backends.cuda import cuda_unavailable
+from tests import net
 from tests.server_fixtures import ROOT, Server, start
 
 WHY = cuda_unavailable()
@@ -46,13 +46,13 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _ask(srv: Server, model: str) -> str:
     body = {"model": model, "prompt": "The capital of France is", "max_tokens": 6}
-    r = httpx.post(f"{srv.url}/v1/completions", json={**body, "temperature": 0}, timeout=300)
+    r = net.post(f"{srv.url}/v1/completions", json={**body, "temperature": 0}, timeout=300)
     assert r.status_code == 200, r.text
     return str(r.json()["choices"][0]["text"])
 
 
 def _ps(srv: Server) -> dict[str, dict[str, Any]]:
-    models = httpx.get(f"{srv.url}/api/ps", timeout=10).json()["models"]
+    models = net.get(f"{srv.url}/api/ps", timeout=10).json()["models"]
     return {m["name"]: m for m in models}
 
 

@@ -31,6 +31,7 @@ from modelc.runtime.model import LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
+from tests import net
 from tests.cli_support import Cli
 from tests.gen_families import ensure_family
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
@@ -249,7 +250,6 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     ``ignore_eos`` bans those ids, transformers does not.
     """
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
@@ -261,7 +261,7 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     model = lm(ir)
     gguf = source(family, "gguf")
     with LlamaCppServer(gguf, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
-        theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
+        theirs = net.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
         compared = 0
         for rec in g["records"]:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import httpx
 import numpy as np
 import pytest
 import trio
@@ -34,6 +33,7 @@ from modelc.runtime.model import LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
+from tests import net
 from tests.cli_support import Cli
 from tests.gen_gemma4 import ensure_gemma4, make_weights, manifest, write_gguf
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
@@ -316,16 +316,16 @@ def test_llamacpp_runs_the_gguf_the_same(variant: str, tmp_path: Path) -> None:
     log = tmp_path / "lc.log"
     with LlamaCppServer(source("gguf", variant), threads=1, n_parallel=1, n_ctx=256, log=log) as s:
         body = {"content": g["text"], "add_special": True}
-        theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
+        theirs = net.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
         assert theirs == tok.encode(g["text"], add_special=True) == g["text_ids"]
-        r = httpx.post(f"{s.url}/apply-template", json={"messages": g["chat"]}, timeout=30)
+        r = net.post(f"{s.url}/apply-template", json={"messages": g["chat"]}, timeout=30)
         body = {"content": r.json()["prompt"], "add_special": True, "parse_special": True}
-        theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
+        theirs = net.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
         assert theirs == g["chat_ids_thinking"]  # enable_thinking true, as modelc renders
         fmt = PromptFormat.build(ir.tokenizer, ir.chat_template)
-        r = httpx.post(f"{s.url}/apply-template", json=TOOL_TURN, timeout=30)
+        r = net.post(f"{s.url}/apply-template", json=TOOL_TURN, timeout=30)
         body = {"content": r.json()["prompt"], "add_special": True, "parse_special": True}
-        theirs = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
+        theirs = net.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
         ours = fmt.chat(TOOL_TURN["messages"], tools=TOOL_TURN["tools"]).ids
         assert theirs == ours  # a tool call and its result, rendered with the tools
         compared = 0
@@ -457,9 +457,9 @@ def test_an_older_gemma4_template_renders_tool_turns_as_llamacpp(tmp_path: Path)
         source("gguf"), threads=1, n_parallel=1, n_ctx=256, log=log, chat_template=tpl
     ) as s:
         for body in (turn, TOOL_TURN):
-            r = httpx.post(f"{s.url}/apply-template", json=body, timeout=30)
+            r = net.post(f"{s.url}/apply-template", json=body, timeout=30)
             text = r.json()["prompt"]
             assert "<|tool_response>" in text
             tok = {"content": text, "add_special": True, "parse_special": True}
-            theirs = httpx.post(f"{s.url}/tokenize", json=tok, timeout=30).json()["tokens"]
+            theirs = net.post(f"{s.url}/tokenize", json=tok, timeout=30).json()["tokens"]
             assert fmt.chat(body["messages"], tools=body["tools"]).ids == theirs, text

@@ -29,6 +29,7 @@ from modelc.runtime.model import LanguageModel
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
+from tests import net
 from tests.gen_gptoss import KINDS, ensure_gptoss
 from tests.peers import greedy_to_near_tie, llamacpp_greedy
 from tests.runtime_support import LOGPROB_TOL, check_record, decode_alone, golden, make_backend
@@ -180,7 +181,6 @@ def test_llamacpp_runs_the_gguf_the_same(kind: str, tmp_path: Path) -> None:
     same greedy continuations up to a near tie (llama.cpp's f16 KV cache, its int8
     activations against MXFP4, and its YaRN ramp rounded to whole dimensions may flip one)."""
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
@@ -192,7 +192,7 @@ def test_llamacpp_runs_the_gguf_the_same(kind: str, tmp_path: Path) -> None:
     ours_chat = _chat(ir)
     gg = source(kind, "gguf")
     with LlamaCppServer(gg, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
-        theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
+        theirs = net.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
         msgs = [
             {"role": "system", "content": "Be brief."},
@@ -200,9 +200,9 @@ def test_llamacpp_runs_the_gguf_the_same(kind: str, tmp_path: Path) -> None:
             {"role": "assistant", "content": "Everything."},
             {"role": "user", "content": "Really?"},
         ]
-        text = httpx.post(f"{s.url}/apply-template", json={"messages": msgs}, timeout=30)
+        text = net.post(f"{s.url}/apply-template", json={"messages": msgs}, timeout=30)
         body = {"content": text.json()["prompt"], "add_special": True, "parse_special": True}
-        theirs_chat = httpx.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
+        theirs_chat = net.post(f"{s.url}/tokenize", json=body, timeout=30).json()["tokens"]
         assert theirs_chat == ours_chat
         compared = 0
         for rec in g["records"]:

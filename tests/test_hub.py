@@ -26,6 +26,8 @@ from gguf import GGUFValueType, GGUFWriter
 from modelc.errors import ModelNotFoundError
 from modelc.formats.gguf import open_reader
 from modelc.hub import parse_hub_ref, pick_gguf, pick_mmproj
+from modelc.net import ssl_context
+from tests import net
 from tests.assets import gemma3_gguf, smollm2_gguf
 from tests.cli_support import Cli
 from tests.gen_families import ensure_family
@@ -234,7 +236,7 @@ def test_run_pulls_serves_and_restarts_offline(
 
     cli.env["HF_HUB_OFFLINE"] = "1"  # and HF_ENDPOINT still names the stopped hub
     with pytest.raises(httpx.ConnectError):
-        httpx.get(hub.url, timeout=5)
+        net.get(hub.url, timeout=5)
     assert _generate(cli, f"hf.co/{SMOL}:Q4_1") == want
     fresh = _cli(tmp_path / "fresh", hub, hf_home=tmp_path / "hf")
     fresh.env["HF_HUB_OFFLINE"] = "1"
@@ -258,7 +260,7 @@ def _serve(
     srv = Server(model, home=home, env={k: env[k] for k in keys if k in env})
     try:
         srv.wait_ready(300)
-        r = httpx.post(
+        r = net.post(
             f"{srv.url}/v1/completions",
             json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0},
             timeout=120,
@@ -266,9 +268,9 @@ def _serve(
         assert r.status_code == 200, r.text
         if pull is None:
             return str(r.json()["choices"][0]["text"]), []
-        lines = list(ollama.Client(srv.url).pull(pull, stream=True))
+        lines = list(ollama.Client(srv.url, verify=ssl_context()).pull(pull, stream=True))
         # then a request may name the model as it was pulled (loaded from the store)
-        answer = ollama.Client(srv.url).generate(
+        answer = ollama.Client(srv.url, verify=ssl_context()).generate(
             pull, PROMPT, raw=True, options={"temperature": 0, "num_predict": 12}
         )
         return str(r.json()["choices"][0]["text"]), [*lines, answer]

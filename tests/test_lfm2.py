@@ -26,6 +26,7 @@ from modelc.runtime.backend import Weight
 from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
+from tests import net
 from tests.cli_support import Cli
 from tests.gen_lfm2 import TEMPLATE, ensure_model, ensure_q8, ensure_release_pre
 from tests.gen_lfm2moe import ensure_model as ensure_moe
@@ -164,7 +165,6 @@ def test_the_releases_pretokenizer_splits_as_llamacpp(tmp_path: Path) -> None:
     ``default`` modelc fell back to); the tiny vocabulary cannot tell those regexes apart,
     so this holds the name's reading and the ids llama.cpp's server gives."""
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
     from modelc.runtime.tokenizer_models import IGNORE_MERGES, PRE_REGEXES
@@ -178,7 +178,7 @@ def test_the_releases_pretokenizer_splits_as_llamacpp(tmp_path: Path) -> None:
         ensure_release_pre(), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
     ) as s:
         for t in texts:
-            got = httpx.post(f"{s.url}/tokenize", json={"content": t}, timeout=30).json()
+            got = net.post(f"{s.url}/tokenize", json={"content": t}, timeout=30).json()
             assert got["tokens"] == ours.encode(t, add_special=True), t
 
 

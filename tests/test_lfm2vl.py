@@ -25,6 +25,7 @@ from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import Tiles, VisionModel
+from tests import net
 from tests.gen_lfm2vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest, unnamed
 from tests.peers import (
@@ -222,7 +223,6 @@ def test_llamacpp_counts_the_same_prompt_and_answers_alike(
     one (three tiles as they are, and a thumbnail): the same prompt token count and
     transformers' greedy answer, which modelc gives above."""
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
@@ -242,7 +242,7 @@ def test_llamacpp_counts_the_same_prompt_and_answers_alike(
     with LlamaCppServer(
         gg, threads=1, n_parallel=1, n_ctx=2048, log=tmp_path / "lc.log", mmproj=mm, env=MARKER
     ) as s:
-        r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
+        r = net.post(f"{s.url}/completion", json=body, timeout=120).json()
     assert r["tokens_evaluated"] == len(case["prompt_ids"]), r.get("tokens_evaluated")
     assert r["tokens"] == case["greedy"]
 

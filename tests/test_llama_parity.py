@@ -30,10 +30,10 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
+from tests import net
 from tests.server_fixtures import ROOT, Server
 from tests.test_chat_fidelity import Answer, check_against_golden
 
@@ -97,7 +97,7 @@ def gather(fn: Callable[[T], R], items: Iterable[T], workers: int = 4) -> list[R
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> Any:
-    r = httpx.post(f"{url}{path}", json=body, timeout=HTTP_TIMEOUT)
+    r = net.post(f"{url}{path}", json=body, timeout=HTTP_TIMEOUT)
     assert r.status_code == 200, (url, path, body, r.status_code, r.text)
     return r.json()
 
@@ -109,7 +109,7 @@ def both(llama: LlamaCppServer, srv: Server, path: str, body: dict[str, Any]) ->
 
 def stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """A streamed ``/completion``'s chunks: ``data:`` lines only, the last one ``stop``."""
-    with httpx.stream(
+    with net.stream(
         "POST", f"{url}/completion", json={**body, "stream": True}, timeout=HTTP_TIMEOUT
     ) as r:
         assert r.status_code == 200, (url, body, r.status_code, r.read())
@@ -548,8 +548,8 @@ def test_infill_refused_without_fim_tokens(
     streamed: bool, llamacpp: LlamaCppServer, smol_server: Server
 ) -> None:
     body = {**INFILL, "stream": streamed}
-    ref = httpx.post(f"{llamacpp.url}/infill", json=body, timeout=HTTP_TIMEOUT)
-    got = httpx.post(f"{smol_server.url}/infill", json=body, timeout=HTTP_TIMEOUT)
+    ref = net.post(f"{llamacpp.url}/infill", json=body, timeout=HTTP_TIMEOUT)
+    got = net.post(f"{smol_server.url}/infill", json=body, timeout=HTTP_TIMEOUT)
     assert got.status_code == ref.status_code == 501
     theirs, ours = ref.json()["error"], got.json()["error"]
     # llama.cpp: {"code": 501, "message": ..., "type": "not_supported_error"}; modelc: an
@@ -561,8 +561,8 @@ def test_infill_refused_without_fim_tokens(
 
 
 def test_slots_fields(llamacpp: LlamaCppServer, smol_server: Server) -> None:
-    ref = httpx.get(f"{llamacpp.url}/slots", timeout=HTTP_TIMEOUT).json()
-    got = httpx.get(f"{smol_server.url}/slots", timeout=HTTP_TIMEOUT).json()
+    ref = net.get(f"{llamacpp.url}/slots", timeout=HTTP_TIMEOUT).json()
+    got = net.get(f"{smol_server.url}/slots", timeout=HTTP_TIMEOUT).json()
     assert isinstance(ref, list) and isinstance(got, list) and ref and got
     for slots in (ref, got):
         assert [s["id"] for s in slots] == list(range(len(slots)))

@@ -10,10 +10,10 @@ import os
 import signal
 from pathlib import Path
 
-import httpx
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer, PeerHost
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.test_chat_formats import TEMPLATES
 
@@ -21,7 +21,7 @@ MSG = {"messages": [{"role": "user", "content": "Hi"}]}
 
 
 def _applied(srv: LlamaCppServer) -> str:
-    r = httpx.post(f"{srv.url}/apply-template", json=MSG, timeout=60)
+    r = net.post(f"{srv.url}/apply-template", json=MSG, timeout=60)
     r.raise_for_status()
     return str(r.json()["prompt"])
 

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from gguf import GGUFReader
 
@@ -30,6 +29,7 @@ from modelc.server import memory
 from modelc.server.memory import Loaded, Need, Plan, Refuse, Wait, gpu_need, parse_size, plan
 from modelc.server.models import MemoryLimits, ModelRegistry, ModelSlot
 from modelc.server.state import load_model_info
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.gen_deepseek2 import ensure_model as ensure_deepseek2
 from tests.gen_families import ensure_family
@@ -318,12 +318,12 @@ def _rss(pid: int) -> int:
 
 
 def _loaded(srv: Server) -> set[str]:
-    return {m["name"] for m in httpx.get(f"{srv.url}/api/ps", timeout=10).json()["models"]}
+    return {m["name"] for m in net.get(f"{srv.url}/api/ps", timeout=10).json()["models"]}
 
 
 def _ask(srv: Server, model: str) -> str:
     body = {"model": model, "prompt": "The capital of France is", "max_tokens": 6}
-    r = httpx.post(f"{srv.url}/v1/completions", json={**body, "temperature": 0}, timeout=300)
+    r = net.post(f"{srv.url}/v1/completions", json={**body, "temperature": 0}, timeout=300)
     assert r.status_code == 200, r.text
     return str(r.json()["choices"][0]["text"])
 
@@ -356,7 +356,7 @@ def measured(home: Path) -> tuple[int, int, str]:
     try:
         base = _rss(probe.proc.pid)
         first = _ask(probe, "smol-a")
-        models = httpx.get(f"{probe.url}/api/ps", timeout=10).json()["models"]
+        models = net.get(f"{probe.url}/api/ps", timeout=10).json()["models"]
         (cost,) = [m["size"] for m in models if m["name"] == "smol-a"]
     finally:
         probe.stop()
@@ -411,7 +411,7 @@ def test_a_model_that_cannot_fit_is_a_clear_503(home: Path, measured: tuple[int,
     base, cost, _ = measured
     srv = _server(home, "--max-memory", str(base + cost // 2))
     try:
-        r = httpx.post(
+        r = net.post(
             f"{srv.url}/v1/completions",
             json={"model": "smol-a", "prompt": "Hi", "max_tokens": 1},
             timeout=60,
@@ -433,7 +433,7 @@ def test_max_context_auto_fits_the_context_to_the_room(
         assert _ask(srv, "smol-a") == first
         (ctx,) = [
             m["context_length"]
-            for m in httpx.get(f"{srv.url}/api/ps", timeout=10).json()["models"]
+            for m in net.get(f"{srv.url}/api/ps", timeout=10).json()["models"]
             if m["name"] == "smol-a"
         ]
         assert memory.MIN_CONTEXT < ctx < 8192, ctx  # fitted below the model's own 8192

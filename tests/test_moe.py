@@ -30,6 +30,7 @@ from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.sampling import SamplingParams
 from modelc.runtime.tokenizer import Tokenizer
 from tests import gen_families as gf
+from tests import net
 from tests.assets import cache_lock
 from tests.cli_support import Cli
 from tests.gen_families import ensure_family
@@ -74,7 +75,6 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path, family: str) -> None:
     after each of 8 prompts (up to a near tie, which llama.cpp's f16 KV cache may flip).
     Mixtral is a ``llama`` GGUF with stacked experts (interleaved RoPE, no Q/K norms)."""
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
@@ -88,7 +88,7 @@ def test_llamacpp_runs_the_gguf_the_same(tmp_path: Path, family: str) -> None:
     with LlamaCppServer(
         moe_gguf(family=family), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "l.log"
     ) as s:
-        theirs = httpx.post(f"{s.url}/tokenize", json={"content": text}, timeout=30)
+        theirs = net.post(f"{s.url}/tokenize", json={"content": text}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(text, add_special=True)
         for k in range(8):
             ids = tok.encode(text)[: 3 + k] + rng.integers(0, 256, 4 + 3 * k).tolist()

@@ -23,12 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import ollama
 import openai
 import pytest
 
+from modelc.net import ssl_context
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import FORMATS, ROOT, Server
 
@@ -51,19 +52,23 @@ def system(text: str) -> dict[str, str]:
 # --- clients and small helpers ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def oc(smol_minilm_server: Server) -> ollama.Client:
-    return ollama.Client(host=smol_minilm_server.url, timeout=300)
+    return ollama.Client(verify=ssl_context(), host=smol_minilm_server.url, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def oa(smol_minilm_server: Server) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=f"{smol_minilm_server.url}/v1", api_key="unused", timeout=300, max_retries=0
+        http_client=net.openai_http(),
+        base_url=f"{smol_minilm_server.url}/v1",
+        api_key="unused",
+        timeout=300,
+        max_retries=0,
     )
 
 
 @pytest.fixture(scope="module")
 def props(smol_minilm_server: Server) -> dict[str, Any]:
-    r = httpx.get(f"{smol_minilm_server.url}/props", timeout=30)
+    r = net.get(f"{smol_minilm_server.url}/props", timeout=30)
     r.raise_for_status()
     return dict(r.json())
 
@@ -120,7 +125,7 @@ def parameters(text: str) -> dict[str, list[str]]:
 
 def show_json(server: Server, model: str) -> dict[str, Any]:
     """The raw ``/api/show`` body (the client's ShowResponse drops ``system``)."""
-    r = httpx.post(f"{server.url}/api/show", json={"model": model}, timeout=60)
+    r = net.post(f"{server.url}/api/show", json={"model": model}, timeout=60)
     r.raise_for_status()
     return dict(r.json())
 
@@ -243,7 +248,7 @@ def test_ps_and_list_name_the_served_models(oc: ollama.Client, smol_minilm_serve
     assert by_name["minilm"].details is not None and by_name["minilm"].details.family == "bert"
     # command-line models never expire: as Ollama, now + the longest Go duration (2**63 ns,
     # ~292 years), which `ollama ps` shows as "Forever"
-    raw = httpx.get(f"{smol_minilm_server.url}/api/ps", timeout=30).json()["models"]
+    raw = net.get(f"{smol_minilm_server.url}/api/ps", timeout=30).json()["models"]
     sent = {m["name"]: datetime.fromisoformat(m["expires_at"]) for m in raw}
     ahead = sent["smol"] - datetime.now(UTC)
     assert 292 * 365 < ahead.days < 293 * 366 and sent["minilm"].year == sent["smol"].year
@@ -348,7 +353,7 @@ def test_create_from_an_older_clients_modelfile(
     modelfile = (
         f'FROM {pulled}\nPARAMETER temperature 0\nPARAMETER top_k 5\nSYSTEM """{FRENCH}"""\n'
     )
-    with httpx.stream(
+    with net.stream(
         "POST",
         f"{smol_minilm_server.url}/api/create",
         json={"model": "smolmf", "modelfile": modelfile},
@@ -558,8 +563,14 @@ def alone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def two(two_text_server: Server) -> tuple[ollama.Client, openai.OpenAI]:
     url = two_text_server.url
-    oa2 = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=300, max_retries=0)
-    return ollama.Client(host=url, timeout=300), oa2
+    oa2 = openai.OpenAI(
+        http_client=net.openai_http(),
+        base_url=f"{url}/v1",
+        api_key="unused",
+        timeout=300,
+        max_retries=0,
+    )
+    return ollama.Client(verify=ssl_context(), host=url, timeout=300), oa2
 
 
 @pytest.mark.slow
@@ -630,7 +641,7 @@ def test_every_name_of_a_model_routes_to_it(
             if got != alone[f"{model} chat"]:
                 wrong[name] = got
     assert not wrong, "\n".join(f"{k!r} -> {v[:90]!r}" for k, v in wrong.items())
-    nameless = httpx.post(
+    nameless = net.post(
         f"{two_text_server.url}/v1/chat/completions",
         json={"messages": [user(Q)], "temperature": 0, "max_tokens": N},
         timeout=120,

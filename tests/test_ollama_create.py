@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import ollama
 import pytest
 
+from modelc.net import ssl_context
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.gen_families import ensure_family
 from tests.server_fixtures import Server
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def oc(smol_minilm_server: Server) -> ollama.Client:
-    return ollama.Client(host=smol_minilm_server.url, timeout=300)
+    return ollama.Client(verify=ssl_context(), host=smol_minilm_server.url, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def answer(oc: ollama.Client, model: str, messages: list[dict[str, str]], **opts
 
 
 def statuses(url: str, body: dict[str, Any]) -> list[str]:
-    with httpx.stream("POST", f"{url}/api/create", json=body, timeout=300) as r:
+    with net.stream("POST", f"{url}/api/create", json=body, timeout=300) as r:
         assert r.status_code == 200
         return [json.loads(line)["status"] for line in r.iter_lines() if line]
 
@@ -88,20 +89,20 @@ def test_blobs_head_push_and_refuse_a_wrong_hash(
     oc: ollama.Client, url: str, smol_blob: str, smol_minilm_server: Server
 ) -> None:
     assert smol_blob == sha256(smollm2_gguf())  # the client's digest is the file's SHA-256
-    assert httpx.head(f"{url}/api/blobs/{smol_blob}").status_code == 200
-    assert httpx.head(f"{url}/api/blobs/{UNKNOWN}").status_code == 404
+    assert net.head(f"{url}/api/blobs/{smol_blob}").status_code == 200
+    assert net.head(f"{url}/api/blobs/{UNKNOWN}").status_code == 404
     # bytes that hash to something else: 400, Ollama's message, nothing kept
-    r = httpx.post(f"{url}/api/blobs/{UNKNOWN}", content=b"not those bytes")
+    r = net.post(f"{url}/api/blobs/{UNKNOWN}", content=b"not those bytes")
     want = hashlib.sha256(b"not those bytes").hexdigest()
     assert r.status_code == 400
     assert r.json() == {"error": f'digest mismatch, expected "{UNKNOWN}", got "sha256:{want}"'}
-    assert httpx.head(f"{url}/api/blobs/{UNKNOWN}").status_code == 404
+    assert net.head(f"{url}/api/blobs/{UNKNOWN}").status_code == 404
     assert store_leftovers(smol_minilm_server) == []
-    r = httpx.head(f"{url}/api/blobs/sha256:abc")  # not a digest
+    r = net.head(f"{url}/api/blobs/sha256:abc")  # not a digest
     assert r.status_code == 400
     # pushing a blob that is there already: 200, as Ollama answers; the body is read to its
     # end, so the client's kept-alive connection serves its next request
-    assert httpx.post(f"{url}/api/blobs/{smol_blob}", content=b"").status_code == 200
+    assert net.post(f"{url}/api/blobs/{smol_blob}", content=b"").status_code == 200
     assert oc.create_blob(smollm2_gguf()) == smol_blob
     assert "smol" in listed(oc)
 
@@ -118,10 +119,10 @@ def test_an_upload_cut_short_leaves_nothing(url: str, smol_minilm_server: Server
     while store_leftovers(smol_minilm_server) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert store_leftovers(smol_minilm_server) == []
-    assert httpx.head(f"{url}/api/blobs/{digest}").status_code == 404
+    assert net.head(f"{url}/api/blobs/{digest}").status_code == 404
     # the whole file then goes in, and is there
-    assert httpx.post(f"{url}/api/blobs/{digest}", content=data).status_code == 201
-    assert httpx.head(f"{url}/api/blobs/{digest}").status_code == 200
+    assert net.post(f"{url}/api/blobs/{digest}", content=data).status_code == 201
+    assert net.head(f"{url}/api/blobs/{digest}").status_code == 200
 
 
 def test_create_again_replaces_a_loaded_model(oc: ollama.Client, url: str, smol_blob: str) -> None:
@@ -135,7 +136,7 @@ def test_create_again_replaces_a_loaded_model(oc: ollama.Client, url: str, smol_
     oc.create("smolre", files={"smol.gguf": smol_blob}, system=systems[0])
     assert answer(oc, "smolre", hi, **GREEDY) == want[0]  # loaded now
     long = {"model": "smolre", "messages": hi, "options": {"temperature": 0, "num_predict": 48}}
-    with httpx.stream("POST", f"{url}/api/chat", json=long, timeout=300) as r:
+    with net.stream("POST", f"{url}/api/chat", json=long, timeout=300) as r:
         lines = r.iter_lines()
         first = json.loads(next(lines))
         oc.create("smolre", files={"smol.gguf": smol_blob}, system=systems[1])
@@ -173,7 +174,7 @@ def test_create_from_a_pushed_gguf(oc: ollama.Client, url: str, smol_blob: str) 
     assert "smolblob" in listed(oc)
     shown = oc.show("smolblob")
     assert shown.license == "MIT\nApache-2.0"
-    raw = httpx.post(f"{url}/api/show", json={"model": "smolblob"}).json()
+    raw = net.post(f"{url}/api/show", json={"model": "smolblob"}).json()
     assert raw["system"] == FRENCH and raw["messages"] == OPENING
     params = dict(line.split(None, 1) for line in str(shown.parameters).splitlines())
     assert params["temperature"] == "0.0" and params["num_predict"] == str(N)
@@ -191,9 +192,9 @@ def test_create_from_a_pushed_gguf(oc: ollama.Client, url: str, smol_blob: str) 
     modelfile = str(shown.modelfile)
     assert 'MESSAGE assistant """Bonjour! Comment puis-je vous aider?"""' in modelfile
     body = {"model": "smolmf", "modelfile": modelfile, "stream": False}
-    r = httpx.post(f"{url}/api/create", json=body, timeout=300)
+    r = net.post(f"{url}/api/create", json=body, timeout=300)
     assert r.status_code == 200, r.text
-    again = httpx.post(f"{url}/api/show", json={"model": "smolmf"}).json()
+    again = net.post(f"{url}/api/show", json={"model": "smolmf"}).json()
     for key in ("system", "messages", "license", "parameters", "template"):
         assert again[key] == raw[key], key
 
@@ -277,7 +278,7 @@ def test_bad_create_is_one_400_line(
     oc: ollama.Client, url: str, body: dict[str, Any], says: str
 ) -> None:
     for stream in (False, True):
-        r = httpx.post(f"{url}/api/create", json={"model": "bad", **body, "stream": stream})
+        r = net.post(f"{url}/api/create", json={"model": "bad", **body, "stream": stream})
         assert r.status_code == 400, r.text
         assert says in r.json()["error"] and "\n" not in r.text.strip()
     assert "bad" not in listed(oc)
@@ -315,7 +316,7 @@ def test_create_with_a_lora_adapter_matches_peft(oc: ollama.Client, url: str) ->
 
 def top_logprobs(url: str, model: str, tokens: list[int]) -> list[float]:
     """Top-5 next-token log-probabilities after a token-id prompt, best first."""
-    r = httpx.post(
+    r = net.post(
         f"{url}/v1/completions",
         json={"model": model, "prompt": tokens, "max_tokens": 1, "temperature": 0, "logprobs": 5},
         timeout=60,

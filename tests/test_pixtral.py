@@ -21,6 +21,7 @@ from modelc.engine import EngineOptions, build_engine
 from modelc.errors import UsageError
 from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.vision import VisionModel
+from tests import net
 from tests.gen_pixtral import IMG, IMG_BREAK, ensure_model, make_weights
 from tests.gguf_support import manifest, unnamed
 from tests.runtime_support import (
@@ -167,7 +168,6 @@ def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path) -> No
     own bicubic would give other pixels): the same prompt token count and transformers'
     greedy answer, which modelc gives above."""
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
@@ -190,7 +190,7 @@ def test_llamacpp_counts_the_same_prompt_and_answers_alike(tmp_path: Path) -> No
     with LlamaCppServer(
         gg, threads=1, n_parallel=1, n_ctx=512, log=tmp_path / "lc.log", mmproj=mm, env=marker
     ) as s:
-        r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
+        r = net.post(f"{s.url}/completion", json=body, timeout=120).json()
     assert r["tokens_evaluated"] == len(case["prompt_ids"]), r.get("tokens_evaluated")
     assert r["tokens"] == case["greedy"]
 

@@ -24,6 +24,7 @@ from modelc.formats import load_model
 from modelc.runtime.model import ImageSpan, LanguageModel
 from modelc.runtime.sampling import SamplingParams
 from modelc.vision import ImageError, VisionModel
+from tests import net
 from tests.cli_support import Cli
 from tests.gen_qwen25vl import SPECIAL, ensure_model
 from tests.gguf_support import manifest, unnamed
@@ -284,7 +285,6 @@ def test_llamacpp_runs_the_text_the_same(lm: LanguageModel, tmp_path: Path) -> N
     """llama.cpp's server on our model GGUF, no image: the same prompt ids and greedy
     tokens (up to a near tie)."""
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
     from tests.peers import greedy_to_near_tie, llamacpp_greedy
@@ -292,7 +292,7 @@ def test_llamacpp_runs_the_text_the_same(lm: LanguageModel, tmp_path: Path) -> N
     t = GOLD["text"]
     gg = ensure_model()[1]
     with LlamaCppServer(gg, threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log") as s:
-        ids = httpx.post(f"{s.url}/tokenize", json={"content": t["prompt"]}, timeout=30).json()
+        ids = net.post(f"{s.url}/tokenize", json={"content": t["prompt"]}, timeout=30).json()
         got = llamacpp_greedy(s.url, t["prompt_ids"], len(t["greedy"]))
     assert ids["tokens"] == t["prompt_ids"]
     ours, cut = greedy_to_near_tie(lm, t["prompt_ids"], len(t["greedy"]))

@@ -25,6 +25,7 @@ from modelc.runtime.backend import Weight
 from modelc.runtime.model import LanguageModel, SeqChunk
 from modelc.runtime.prompt import PromptFormat
 from modelc.runtime.tokenizer import Tokenizer
+from tests import net
 from tests.cli_support import Cli
 from tests.gen_qwen35 import ensure_qwen35, ensure_qwen35_q8
 from tests.gguf_support import manifest
@@ -191,7 +192,6 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     Q8_0 (modelc's cpu and cpu-exact backends already disagree that much), more than its
     top-2 margins, so llama.cpp's int8 activations flip its greedy tokens."""
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
@@ -203,7 +203,7 @@ def test_llamacpp_runs_the_gguf_the_same(family: str, tmp_path: Path) -> None:
     with LlamaCppServer(
         gguf_file(family), threads=1, n_parallel=1, n_ctx=256, log=tmp_path / "lc.log"
     ) as s:
-        theirs = httpx.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
+        theirs = net.post(f"{s.url}/tokenize", json={"content": g["text"]}, timeout=30)
         assert theirs.json()["tokens"] == tok.encode(g["text"], add_special=True)
         compared = 0
         for rec in g["records"]:

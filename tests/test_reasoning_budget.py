@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
 from modelc.runtime.reasoning_budget import BudgetSampler, BudgetState, ReasoningBudget
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, start
 from tests.test_chat_formats import TEMPLATES
@@ -72,7 +72,7 @@ def body(budget: int | None, **kw: Any) -> dict[str, Any]:
 
 
 def content(url: str, b: dict[str, Any]) -> tuple[str, list[int], list[int]]:
-    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", **b}, timeout=300)
+    r = net.post(f"{url}/v1/chat/completions", json={"model": "m", **b}, timeout=300)
     assert r.status_code == 200, r.text
     got = r.json()
     choice = got["choices"][0]
@@ -94,10 +94,10 @@ def test_budget_ends_the_trace_as_llamacpp(srv: Server, tmp_path: Path) -> None:
     ) as peer:
         theirs = {}
         for n in (0, 1):
-            r = httpx.post(f"{peer.url}/v1/chat/completions", json=body(n), timeout=300)
+            r = net.post(f"{peer.url}/v1/chat/completions", json=body(n), timeout=300)
             theirs[n] = r.json()["choices"][0]["message"]["content"]
-        text = httpx.post(f"{peer.url}/apply-template", json={"messages": USER}, timeout=60)
-        their_ids = httpx.post(
+        text = net.post(f"{peer.url}/apply-template", json={"messages": USER}, timeout=60)
+        their_ids = net.post(
             f"{peer.url}/tokenize",
             json={"content": text.json()["prompt"], "add_special": True, "parse_special": True},
             timeout=60,
@@ -121,13 +121,13 @@ def test_budget_known_answer_with_a_message(srv: Server) -> None:
     forced = [  # the message's tokens, then the end tag's (as llama.cpp)
         t
         for text in ("Done.", "\n</think>")
-        for t in httpx.post(f"{srv.url}/tokenize", json={"model": "m", "content": text}).json()[
+        for t in net.post(f"{srv.url}/tokenize", json={"model": "m", "content": text}).json()[
             "tokens"
         ]
     ]
     _, _, ids = content(srv.url, body(3, return_token_ids=True, reasoning_budget_message="Done."))
     assert ids[: 2 + len(forced)] == free[:2] + forced
-    r = httpx.post(
+    r = net.post(
         f"{srv.url}/v1/chat/completions",
         json={
             "model": "m",
@@ -142,12 +142,12 @@ def test_budget_known_answer_with_a_message(srv: Server) -> None:
 def test_messages_thinking_budget_tokens(srv: Server) -> None:
     """Messages' ``thinking.budget_tokens`` is the same budget: its ``thinking`` block is
     the chat route's ``reasoning_content`` for that budget."""
-    chat = httpx.post(
+    chat = net.post(
         f"{srv.url}/v1/chat/completions",
         json={"model": "m", **body(4)} | {"reasoning_format": "auto"},
         timeout=300,
     ).json()["choices"][0]["message"]
-    msg = httpx.post(
+    msg = net.post(
         f"{srv.url}/v1/messages",
         json={
             "model": "m",
@@ -166,13 +166,13 @@ def test_ollama_gets_the_server_budget(srv: Server) -> None:
     """Ollama's routes take the server's ``--reasoning-budget`` (1 here): the trace ends
     after one token, so 12 tokens reach an answer, as on the chat route (unbudgeted,
     they are all trace)."""
-    chat = httpx.post(
+    chat = net.post(
         f"{srv.url}/v1/chat/completions",
         json={"model": "m", **body(None)} | {"reasoning_format": "auto"},
         timeout=300,
     ).json()["choices"][0]["message"]
     opts = {"num_predict": 12, "temperature": 0}
-    got = httpx.post(
+    got = net.post(
         f"{srv.url}/api/chat",
         json={"model": "m", "messages": USER, "stream": False, "options": opts},
         timeout=300,
@@ -209,20 +209,20 @@ def test_json_answer_after_a_trace_the_model_wrote(srv4: Server) -> None:
     ``/api/chat`` (``format``) and Responses (``text.format``)."""
     srv = srv4
     rf = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
-    chat = httpx.post(
+    chat = net.post(
         f"{srv.url}/v1/chat/completions",
         json={"model": "m", **body(None, response_format=rf, max_tokens=40)}
         | {"reasoning_format": "auto"},
         timeout=300,
     ).json()["choices"][0]["message"]
     opts = {"num_predict": 40, "temperature": 0}
-    ollama = httpx.post(
+    ollama = net.post(
         f"{srv.url}/api/chat",
         json={"model": "m", "messages": USER, "stream": False, "format": SCHEMA, "options": opts},
         timeout=300,
     ).json()["message"]
     fmt = {"format": {"type": "json_schema", "name": "w", "schema": SCHEMA}}
-    resp = httpx.post(
+    resp = net.post(
         f"{srv.url}/v1/responses",
         json={"model": "m", "input": USER, "max_output_tokens": 40, "temperature": 0, "text": fmt},
         timeout=300,

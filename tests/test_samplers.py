@@ -14,6 +14,7 @@ from modelc.engine.speculative import verify
 from modelc.errors import UsageError
 from modelc.runtime import samplers
 from modelc.runtime.sampling import Sampler, SamplingParams
+from tests import net
 from tests.server_fixtures import Server
 
 # a distribution over 4 tokens whose surprises are 1, 2, 3 and 3 bits
@@ -145,7 +146,7 @@ def test_a_samplers_list_turns_off_the_stages_it_leaves_out() -> None:
 
 @pytest.fixture(scope="module")
 def c(smol_server: Server) -> httpx.Client:
-    return httpx.Client(base_url=smol_server.url, timeout=180)
+    return net.client(base_url=smol_server.url, timeout=180)
 
 
 @pytest.mark.slow
@@ -240,7 +241,7 @@ def test_dry_greedy_as_llama_server(llamacpp: LlamaCppServer, smol_server: Serve
     tokens = {}
     for name, url in (("llama", llamacpp.url), ("modelc", smol_server.url)):
         for dry in (0.0, 1.5):
-            r = httpx.post(f"{url}/completion", json={**body, "dry_multiplier": dry}, timeout=180)
+            r = net.post(f"{url}/completion", json={**body, "dry_multiplier": dry}, timeout=180)
             assert r.status_code == 200, r.text
             tokens[name, dry] = r.json()["tokens"]
     assert tokens["modelc", 0.0] == tokens["llama", 0.0]  # the same greedy loop

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import httpx
 import jsonschema
 import openai
 import pytest
 
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, start
 
@@ -54,12 +54,24 @@ def server() -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def client(server: Server) -> anthropic.Anthropic:
     # the client sends the key as x-api-key
-    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+    return anthropic.Anthropic(
+        http_client=net.anthropic_http(),
+        base_url=server.url,
+        api_key=KEY,
+        max_retries=0,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
 def chat(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai.OpenAI(
+        http_client=net.openai_http(),
+        base_url=f"{server.url}/v1",
+        api_key=KEY,
+        max_retries=0,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +132,7 @@ def test_stream_events_and_text(server: Server, client: anthropic.Anthropic, mod
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(kinds[2:-3]) == {"content_block_delta"}
     # on the wire (the client drops pings): named events, a ping after message_start
-    raw = httpx.post(
+    raw = net.post(
         f"{server.url}/v1/messages",
         headers={"x-api-key": KEY},
         json={"model": model, "max_tokens": 32, "messages": msgs, "stream": True, **GREEDY},
@@ -242,12 +254,14 @@ def test_errors_in_anthropic_shape(server: Server, client: anthropic.Anthropic, 
         body["error"]["type"] == "invalid_request_error"
         and "max_tokens" in body["error"]["message"]
     )
-    bad = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
+    bad = anthropic.Anthropic(
+        http_client=net.anthropic_http(), base_url=server.url, api_key="wrong", max_retries=0
+    )
     with pytest.raises(anthropic.AuthenticationError) as e2:
         bad.messages.create(model=model, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert e2.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
     # the same route with the key as a bearer token
-    r = httpx.post(
+    r = net.post(
         f"{server.url}/v1/messages/count_tokens",
         headers={"Authorization": f"Bearer {KEY}"},
         json={"model": model, "messages": [{"role": "user", "content": "hi"}]},

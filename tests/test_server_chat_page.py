@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.chat_page_support import (
     PHONE,
@@ -37,7 +37,7 @@ SAMPLING = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max
 
 
 def api_reply(srv: Server, messages: list[dict[str, str]], **params: Any) -> dict[str, Any]:
-    r = httpx.post(
+    r = net.post(
         f"{srv.url}/v1/chat/completions", json={"messages": messages, **params}, timeout=120
     )
     assert r.status_code == 200, r.text
@@ -56,11 +56,11 @@ def test_static_files_served_with_types(smol_server: Server) -> None:
         ("/static/vendor/marked.esm.js", "text/javascript"),
         ("/static/vendor/LICENSE.dompurify.txt", "text/plain"),
     ]:
-        r = httpx.get(smol_server.url + path)
+        r = net.get(smol_server.url + path)
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind), path
         assert "cache-control" in r.headers
     for bad in ["/static/../app.py", "/static/js/../../app.py", "/static/nope.js"]:
-        assert httpx.get(smol_server.url + bad).status_code == 404
+        assert net.get(smol_server.url + bad).status_code == 404
 
 
 @pytest.mark.slow
@@ -70,7 +70,7 @@ def test_streamed_answer_equals_api(
     bodies = chat_bodies(page)
     open_page(page, smol_server.url)
     # the server's defaults are the settings' placeholders; nothing unset is sent
-    props = httpx.get(f"{smol_server.url}/props").json()["default_generation_settings"]["params"]
+    props = net.get(f"{smol_server.url}/props").json()["default_generation_settings"]["params"]
     page.click("#settings-btn")
     for name, key in [
         ("temperature", "temperature"),
@@ -103,8 +103,8 @@ def test_streamed_answer_equals_api(
     )
     # the page's conversation is fed to the model as llama.cpp's server feeds it (its
     # template and tokenizer on the same GGUF): the prompt tokens the page shows
-    text = httpx.post(f"{llamacpp.url}/apply-template", json={"messages": messages}).json()
-    ids = httpx.post(
+    text = net.post(f"{llamacpp.url}/apply-template", json={"messages": messages}).json()
+    ids = net.post(
         f"{llamacpp.url}/tokenize",
         json={"content": text["prompt"], "add_special": True, "parse_special": True},
     ).json()["tokens"]
@@ -409,7 +409,7 @@ def test_api_key_flow(page: Page, key_server: Server) -> None:
     open_page(page, key_server.url)
     assert page.is_visible("#key-banner")
     assert page.inner_text("#model") == "model: ?"
-    model_id = httpx.get(
+    model_id = net.get(
         f"{key_server.url}/v1/models", headers={"Authorization": "Bearer sekret-key"}
     ).json()["data"][0]["id"]
     page.fill("#key-input", "sekret-key")
@@ -434,7 +434,7 @@ def test_api_key_flow(page: Page, key_server: Server) -> None:
 def test_model_picker(page: Page, two_text_server: Server) -> None:
     bodies = chat_bodies(page)
     open_page(page, two_text_server.url)
-    ids = [m["id"] for m in httpx.get(f"{two_text_server.url}/v1/models").json()["data"]]
+    ids = [m["id"] for m in net.get(f"{two_text_server.url}/v1/models").json()["data"]]
     assert len(ids) == 2 and page.is_visible("#model-select")
     options = page.eval_on_selector_all("#model-select option", "os => os.map(o => o.value)")
     assert options == ids

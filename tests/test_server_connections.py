@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, start
 
@@ -120,7 +121,13 @@ def test_idle_and_slow_clients_are_shed_while_others_are_served(server: Server) 
     slow = [_connect(server) for _ in range(50)]
     for s in slow:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30)
+    client = openai.OpenAI(
+        http_client=net.openai_http(),
+        base_url=f"{server.url}/v1",
+        api_key="x",
+        max_retries=0,
+        timeout=30,
+    )
     reply = client.chat.completions.create(
         model="SmolLM2-135M-Instruct.Q4_1",
         messages=[{"role": "user", "content": "What is the capital of France? Answer briefly."}],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from modelc.server.app import create_app
 from modelc.server.state import ServerState
+from tests import net
 
 SITE = "https://chat.example.com"
 
@@ -50,21 +51,20 @@ async def test_any_origin_and_off_by_default() -> None:
 def test_cors_origins_flag_on_a_real_server() -> None:
     """``modelc run --cors-origins``: a browser's preflight and request to the running server
     get the Fetch standard's answer; another origin gets no CORS headers."""
-    import httpx
 
     from tests.assets import smollm2_gguf
     from tests.server_fixtures import start
 
     srv = start(str(smollm2_gguf()), "--cors-origins", f"{SITE}, https://b.example")
     try:
-        pre = httpx.options(
+        pre = net.options(
             f"{srv.url}/v1/chat/completions",
             headers={"Origin": SITE, "Access-Control-Request-Method": "POST"},
         )
         assert pre.status_code == 200 and pre.headers["Access-Control-Allow-Origin"] == SITE
-        r = httpx.get(f"{srv.url}/v1/models", headers={"Origin": "https://b.example"})
+        r = net.get(f"{srv.url}/v1/models", headers={"Origin": "https://b.example"})
         assert r.headers["Access-Control-Allow-Origin"] == "https://b.example"
-        r = httpx.get(f"{srv.url}/v1/models", headers={"Origin": "https://other.example"})
+        r = net.get(f"{srv.url}/v1/models", headers={"Origin": "https://other.example"})
         assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
     finally:
         srv.stop()

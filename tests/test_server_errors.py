@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import net
 from tests.server_fixtures import Server
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -222,7 +223,7 @@ def check_error(r: httpx.Response, param: str | None) -> None:
 def test_malformed_requests(smol_server: Server) -> None:
     url = smol_server.url
     n = 0
-    with httpx.Client(base_url=url, timeout=60) as c:
+    with net.client(base_url=url, timeout=60) as c:
 
         def valid() -> None:
             r = c.post("/v1/chat/completions", json=_with(CHAT, temperature=0))
@@ -264,7 +265,7 @@ def test_error_names_field_in_message(smol_server: Server, param: str) -> None:
         if param == "temperature"
         else _with(CHAT, messages=[{"role": "x"}])
     )
-    r = httpx.post(f"{smol_server.url}/v1/chat/completions", json=body)
+    r = net.post(f"{smol_server.url}/v1/chat/completions", json=body)
     assert r.status_code == 400
     assert param in r.json()["error"]["message"]
 
@@ -286,8 +287,8 @@ def test_schema_valid_extremes_are_served(smol_server: Server, extreme: dict[str
     """Every value the schema admits is served (issue 15: repetition_penalty 1e-300 was a
     500 'Probabilities contain NaN'); the same body twice with a seed answers the same."""
     body = {"prompt": "The capital of France is", "max_tokens": 4, "seed": 3, **extreme}
-    r = httpx.post(f"{smol_server.url}/v1/completions", json=body, timeout=60)
+    r = net.post(f"{smol_server.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    again = httpx.post(f"{smol_server.url}/v1/completions", json=body, timeout=60).json()
+    again = net.post(f"{smol_server.url}/v1/completions", json=body, timeout=60).json()
     assert again["choices"][0]["text"] == r.json()["choices"][0]["text"]
     assert r.json()["usage"]["completion_tokens"] in range(1, 5)

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, free_port, start
 
@@ -45,7 +46,7 @@ def test_sigterm_lets_four_streams_finish() -> None:
             res = results[i]
             text, finish, done, got_first = "", None, False, False
             try:
-                with httpx.stream(
+                with net.stream(
                     "POST", f"{srv.url}/v1/chat/completions", json=_stream_body(48), timeout=120
                 ) as r:
                     res["status"] = r.status_code
@@ -69,14 +70,14 @@ def test_sigterm_lets_four_streams_finish() -> None:
         threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
-        idle = httpx.Client()  # a keep-alive connection left open must not hold the exit
+        idle = net.client()  # a keep-alive connection left open must not hold the exit
         assert idle.get(f"{srv.url}/health").status_code == 200
         first.wait()  # all four are streaming
         srv.proc.send_signal(signal.SIGTERM)
         refused_while_streaming = False
         while any(t.is_alive() for t in threads):
             try:
-                httpx.get(f"{srv.url}/health", timeout=1)
+                net.get(f"{srv.url}/health", timeout=1)
             except httpx.ConnectError:
                 refused_while_streaming = any(t.is_alive() for t in threads)
                 break
@@ -143,7 +144,7 @@ def test_client_disconnect_frees_slot(smol_server: Server) -> None:
     generated = smol_server.metric("modelc_tokens_generated_total") - before
     assert generated < 400  # cancelled, not run to max_tokens
     # the server still answers
-    r = httpx.post(
+    r = net.post(
         f"{smol_server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60
     )
     assert r.status_code == 200
@@ -173,21 +174,21 @@ AUTH = {"Authorization": "Bearer s3cret"}
 
 def test_lora_only_from_allowed_dirs(guarded: Server) -> None:
     url = guarded.url
-    r = httpx.post(f"{url}/lora/load", json={"path": "/etc"}, headers=AUTH)
+    r = net.post(f"{url}/lora/load", json={"path": "/etc"}, headers=AUTH)
     assert r.status_code == 403 and "outside the allowed" in r.json()["error"]["message"]
-    r = httpx.post(
+    r = net.post(
         f"{url}/lora/load",
         json={"path": str(LORA_DIR / "llama" / ".." / ".." / "..")},
         headers=AUTH,
     )
     assert r.status_code == 403  # no escaping with ..
-    r = httpx.post(f"{url}/lora/load", json={"path": str(LORA_DIR / "missing")}, headers=AUTH)
+    r = net.post(f"{url}/lora/load", json={"path": str(LORA_DIR / "missing")}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == "path"
     # an adapter made for another model: a clear 400 naming the mismatch, not a crash
-    r = httpx.post(f"{url}/lora/load", json={"path": str(LORA_DIR / "llama")}, headers=AUTH)
+    r = net.post(f"{url}/lora/load", json={"path": str(LORA_DIR / "llama")}, headers=AUTH)
     assert r.status_code == 400, r.text
     assert "made for a different base model" in r.json()["error"]["message"]
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=AUTH)
+    r = net.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=AUTH)
     assert r.status_code == 200
 
 
@@ -199,19 +200,19 @@ def test_health_is_503_while_loading(guarded: Server) -> None:
 
 def test_api_key(guarded: Server) -> None:
     url = guarded.url
-    r = httpx.get(f"{url}/v1/models")
+    r = net.get(f"{url}/v1/models")
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    r = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"})
+    r = net.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
-    assert httpx.get(f"{url}/v1/models", headers=AUTH).status_code == 200
-    assert httpx.get(f"{url}/health").status_code == 200  # probes are exempt
-    assert httpx.get(f"{url}/metrics").status_code == 200
+    assert net.get(f"{url}/v1/models", headers=AUTH).status_code == 200
+    assert net.get(f"{url}/health").status_code == 200  # probes are exempt
+    assert net.get(f"{url}/metrics").status_code == 200
 
 
 def test_backpressure_503(guarded: Server) -> None:
     s = _open_stream_auth(guarded.url)
     try:
-        r = httpx.post(
+        r = net.post(
             f"{guarded.url}/v1/completions",
             json={"prompt": "Hi", "max_tokens": 1},
             headers=AUTH,
@@ -243,21 +244,19 @@ def _open_stream_auth(url: str) -> socket.socket:
 
 
 def test_rate_limit_429(guarded: Server) -> None:
-    codes = [httpx.get(f"{guarded.url}/v1/models", headers=AUTH).status_code for _ in range(14)]
+    codes = [net.get(f"{guarded.url}/v1/models", headers=AUTH).status_code for _ in range(14)]
     assert 429 in codes and codes[0] == 200
-    r = httpx.get(f"{guarded.url}/v1/models", headers=AUTH)
+    r = net.get(f"{guarded.url}/v1/models", headers=AUTH)
     assert r.status_code == 429
     assert int(r.headers["Retry-After"]) >= 1
     assert r.json()["error"]["type"] == "rate_limit_error"
-    assert httpx.get(f"{guarded.url}/health").status_code == 200  # probes are exempt
+    assert net.get(f"{guarded.url}/health").status_code == 200  # probes are exempt
 
 
 def test_ping_comments_while_prompt_is_processed(smol_server: Server) -> None:
     long_prompt = "Summarize this. " + "The quick brown fox jumps over the lazy dog. " * 40
     body = {"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 2, "stream": True}
-    with httpx.stream(
-        "POST", f"{smol_server.url}/v1/chat/completions", json=body, timeout=120
-    ) as r:
+    with net.stream("POST", f"{smol_server.url}/v1/chat/completions", json=body, timeout=120) as r:
         lines = [x for x in r.iter_lines() if x]
     first_content = next(
         i for i, x in enumerate(lines) if '"content":"' in x and '"content":""' not in x
@@ -270,10 +269,10 @@ def test_run_without_model_serves_default() -> None:
     smollm2_gguf()  # sets MODELC_CACHE to the test cache, where the pinned wheel already is
     srv = start(None)  # fresh MODELC_HOME: an empty store
     try:
-        models = httpx.get(f"{srv.url}/v1/models").json()["data"]
+        models = net.get(f"{srv.url}/v1/models").json()["data"]
         assert models[0]["id"] == "smollm2-135m"
         assert "/models/smollm2-135m/" in models[0]["root"]  # pulled into the store
-        r = httpx.post(
+        r = net.post(
             f"{srv.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60
         )
         assert r.status_code == 200

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
+from tests import net
 from tests.server_fixtures import Server, start
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -24,7 +24,7 @@ def tiny() -> Iterator[Server]:
 
 def _first_token_logprobs(url: str, tokens: list[int]) -> list[float]:
     """Top-5 next-token log-probabilities after ``tokens`` (a token-id prompt), best first."""
-    r = httpx.post(
+    r = net.post(
         f"{url}/v1/completions",
         json={"prompt": tokens, "max_tokens": 1, "temperature": 0, "logprobs": 5},
         timeout=60,
@@ -47,14 +47,14 @@ def test_lora_hot_swap_matches_peft_and_unloads_exactly(tiny: Server) -> None:
     base = _first_token_logprobs(tiny.url, tokens)
     np.testing.assert_allclose(base, _golden_top(golden["base_0"][-1]), atol=1e-3)
 
-    r = httpx.post(f"{tiny.url}/lora/load", json={"path": str(ADAPTER)}, timeout=60)
+    r = net.post(f"{tiny.url}/lora/load", json={"path": str(ADAPTER)}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["adapters"] == [str(ADAPTER.resolve())]
     merged = _first_token_logprobs(tiny.url, tokens)
     np.testing.assert_allclose(merged, _golden_top(golden["merged_0"][-1]), atol=1e-3)
     assert max(abs(a - b) for a, b in zip(merged, base, strict=True)) > 1e-3  # it changed something
 
-    r = httpx.post(f"{tiny.url}/lora/unload", json={"path": str(ADAPTER)}, timeout=60)
+    r = net.post(f"{tiny.url}/lora/unload", json={"path": str(ADAPTER)}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["adapters"] == []
     again = _first_token_logprobs(tiny.url, tokens)

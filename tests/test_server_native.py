@@ -10,12 +10,13 @@ import pytest
 
 from modelc.artifact import load_artifact
 from modelc.runtime.tokenizer import Tokenizer
+from tests import net
 from tests.server_fixtures import Server
 
 
 @pytest.fixture(scope="module")
 def c(smol_server: Server) -> httpx.Client:
-    return httpx.Client(base_url=smol_server.url, timeout=120)
+    return net.client(base_url=smol_server.url, timeout=120)
 
 
 def test_tokenize_detokenize_both_field_names(c: httpx.Client) -> None:
@@ -182,22 +183,20 @@ def test_chat_page_served(c: httpx.Client) -> None:
 def test_native_and_ollama_embeddings(minilm_server: Server) -> None:
     url = minilm_server.url
     texts = ["a red apple", "a green apple"]
-    oa = httpx.post(f"{url}/v1/embeddings", json={"input": texts}).json()
+    oa = net.post(f"{url}/v1/embeddings", json={"input": texts}).json()
     ref = np.array([d["embedding"] for d in oa["data"]])
-    native = httpx.post(f"{url}/embeddings", json={"content": texts}).json()
+    native = net.post(f"{url}/embeddings", json={"content": texts}).json()
     assert np.allclose(native["embeddings"], ref, atol=1e-6)
-    name = httpx.get(f"{url}/api/tags").json()["models"][0]["name"]
-    ol = httpx.post(f"{url}/api/embed", json={"model": name, "input": texts}).json()
+    name = net.get(f"{url}/api/tags").json()["models"][0]["name"]
+    ol = net.post(f"{url}/api/embed", json={"model": name, "input": texts}).json()
     assert np.allclose(ol["embeddings"], ref, atol=1e-6) and ol["prompt_eval_count"] > 0
     # llama.cpp's add_special (default false): [CLS] ... [SEP] as an embedding request adds
-    ids = httpx.post(f"{url}/tokenize", json={"content": texts[0], "add_special": True}).json()[
+    ids = net.post(f"{url}/tokenize", json={"content": texts[0], "add_special": True}).json()[
         "tokens"
     ]
-    by_ids = httpx.post(f"{url}/v1/embeddings", json={"input": [ids]}).json()["data"][0][
-        "embedding"
-    ]
+    by_ids = net.post(f"{url}/v1/embeddings", json={"input": [ids]}).json()["data"][0]["embedding"]
     assert np.allclose(by_ids, ref[0], atol=1e-6)
-    dims = httpx.post(f"{url}/v1/embeddings", json={"input": texts[0], "dimensions": 64}).json()
+    dims = net.post(f"{url}/v1/embeddings", json={"input": texts[0], "dimensions": 64}).json()
     v = np.array(dims["data"][0]["embedding"])
     assert v.shape == (64,) and abs(np.linalg.norm(v) - 1) < 1e-4
 
@@ -212,15 +211,15 @@ def test_infer_mlp_batch() -> None:
     golden = np.load(fixtures / "mlp_golden.npz")
     srv = start(str(fixtures / "mlp.safetensors"))
     try:
-        r = httpx.post(f"{srv.url}/infer", json={"inputs": golden["x"].tolist()}, timeout=60)
+        r = net.post(f"{srv.url}/infer", json={"inputs": golden["x"].tolist()}, timeout=60)
         assert r.status_code == 200, r.text
         assert np.allclose(r.json()["outputs"], golden["y"], atol=1e-5)
-        assert httpx.get(f"{srv.url}/info").json()["capabilities"] == ["infer"]
-        bad = httpx.post(f"{srv.url}/infer", json={"inputs": [[1.0, 2.0]]})
+        assert net.get(f"{srv.url}/info").json()["capabilities"] == ["infer"]
+        bad = net.post(f"{srv.url}/infer", json={"inputs": [[1.0, 2.0]]})
         assert bad.status_code == 400 and "8 features" in bad.json()["error"]["message"]
-        ragged = httpx.post(f"{srv.url}/infer", json={"inputs": [[1.0] * 8, [1.0]]})
+        ragged = net.post(f"{srv.url}/infer", json={"inputs": [[1.0] * 8, [1.0]]})
         assert ragged.status_code == 400 and ragged.json()["error"]["param"] == "inputs"
-        chat = httpx.post(
+        chat = net.post(
             f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
         )
         assert chat.status_code == 400

@@ -6,12 +6,12 @@ import base64
 import json
 from typing import Any
 
-import httpx
 import numpy as np
 import openai
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
+from tests import net
 from tests.server_fixtures import Server
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -20,7 +20,11 @@ MSG = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def client(smol_server: Server) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0, timeout=120
+        http_client=net.openai_http(),
+        base_url=f"{smol_server.url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=120,
     )
 
 
@@ -47,7 +51,7 @@ def test_chat_plain(client: openai.OpenAI, model_id: str, llamacpp: LlamaCppServ
     assert r.object == "chat.completion" and len(r.choices) == 1
     c = r.choices[0]
     # llama.cpp's server on the same GGUF answers the same, and stops at the end of the turn
-    ref = httpx.post(
+    ref = net.post(
         f"{llamacpp.url}/v1/chat/completions",
         json={"messages": msg, "max_tokens": 32, "temperature": 0},
         timeout=120,
@@ -253,7 +257,7 @@ def test_json_schema_objects_closed_as_llamacpps(
         max_tokens=80,
         temperature=0,  # type: ignore[arg-type]
     )
-    ref = httpx.post(
+    ref = net.post(
         f"{llamacpp.url}/v1/chat/completions",
         json={"messages": msg, "max_tokens": 80, "temperature": 0, "response_format": fmt},
         timeout=120,
@@ -349,7 +353,7 @@ def test_completions_batch_and_token_prompt(
         model=model_id, prompt="One, two,", max_tokens=3, temperature=0
     )
     assert r.choices[1].text == single.choices[0].text
-    ids = httpx.post(f"{smol_server.url}/tokenize", json={"content": "One, two,"}).json()["tokens"]
+    ids = net.post(f"{smol_server.url}/tokenize", json={"content": "One, two,"}).json()["tokens"]
     by_ids = client.completions.create(model=model_id, prompt=ids, max_tokens=3, temperature=0)
     assert by_ids.choices[0].text == single.choices[0].text
 
@@ -398,7 +402,11 @@ def test_embeddings_refused_for_llm(client: openai.OpenAI, model_id: str) -> Non
 @pytest.fixture(scope="module")
 def eclient(minilm_server: Server) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=f"{minilm_server.url}/v1", api_key="unused", max_retries=0, timeout=120
+        http_client=net.openai_http(),
+        base_url=f"{minilm_server.url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=120,
     )
 
 
@@ -443,7 +451,7 @@ def test_stop_and_logit_bias(client: openai.OpenAI, model_id: str, smol_server: 
     cut = client.completions.create(stop=[stop], **kw).choices[0]
     assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
     # a +100 bias on one token makes greedy decoding pick it every time
-    tid = httpx.post(f"{smol_server.url}/tokenize", json={"content": " banana"}).json()["tokens"]
+    tid = net.post(f"{smol_server.url}/tokenize", json={"content": " banana"}).json()["tokens"]
     assert len(tid) == 1
     r = client.chat.completions.create(
         model=model_id,
@@ -472,9 +480,7 @@ def test_chat_stream_prompt_progress(smol_server: Server) -> None:
         "return_progress": True,
     }
     events = []
-    with httpx.stream(
-        "POST", f"{smol_server.url}/v1/chat/completions", json=body, timeout=120
-    ) as r:
+    with net.stream("POST", f"{smol_server.url}/v1/chat/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 events.append(json.loads(line[6:]))

@@ -15,6 +15,7 @@ import jsonschema
 import openai
 import pytest
 
+from tests import net
 from tests.server_fixtures import Server
 
 Q = "What is the capital of France? Answer briefly."
@@ -38,7 +39,11 @@ CHAT_TOOL = {
 @pytest.fixture(scope="module")
 def client(smol_server: Server) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0, timeout=120
+        http_client=net.openai_http(),
+        base_url=f"{smol_server.url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=120,
     )
 
 

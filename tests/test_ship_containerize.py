@@ -21,13 +21,13 @@ import time
 import zipfile
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 from dockerfile_parse import DockerfileParser
 
 from modelc.resolve import packed_cache_path
 from modelc.ship import file_sha256
+from tests import net
 from tests.assets import smollm2_gguf
 from tests.server_fixtures import Server, free_port
 
@@ -148,15 +148,15 @@ def test_entrypoint_serves_the_artifact_and_drains(
         # `exec`: the entrypoint's process is modelc run itself, with the baked artifact
         cmd = psutil.Process(proc.pid).cmdline()
         assert "run" in cmd and str(ctx / "model" / "smol.modelc") in cmd, cmd
-        assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["smol"]
-        ours = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "model": "smol"}, timeout=60)
-        ref = httpx.post(f"{smol_server.url}/v1/chat/completions", json=CHAT, timeout=60)
+        assert [m["id"] for m in net.get(f"{url}/v1/models").json()["data"]] == ["smol"]
+        ours = net.post(f"{url}/v1/chat/completions", json={**CHAT, "model": "smol"}, timeout=60)
+        ref = net.post(f"{smol_server.url}/v1/chat/completions", json=CHAT, timeout=60)
         assert ours.status_code == ref.status_code == 200
         text = ours.json()["choices"][0]["message"]["content"]
         assert text == ref.json()["choices"][0]["message"]["content"] and text
         body = {**CHAT, "model": "smol", "stream": True, "ignore_eos": True, "max_tokens": 32}
         chunks, finish = 0, None
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as s:
+        with net.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as s:
             for line in s.iter_lines():
                 if not line.startswith("data:") or line.endswith("[DONE]"):
                     continue

@@ -29,6 +29,7 @@ from modelc.runtime.sampling import SamplingParams
 from modelc.vision import VisionModel
 from modelc.vision.idefics3 import sizes, tile_texts, tiles
 from modelc.vision.pieces import Tiles
+from tests import net
 from tests.gen_smolvlm import SPECIAL, TOKENS_PER_TILE, ensure_model
 from tests.gguf_support import manifest, unnamed
 from tests.peers import (
@@ -192,7 +193,6 @@ def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> N
     gives above (llama.cpp's own Lanczos resizes move its pixels a little); its chat
     route counts the prompt modelc's chat route makes (``User: `` with the space)."""
     pytest.importorskip("xllamacpp")
-    import httpx
 
     from modelc.bench.llamacpp import LlamaCppServer
 
@@ -214,7 +214,7 @@ def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> N
             data = base64.b64encode(_bytes(case)).decode()
             text = case["prompt_text"].replace("<image>", "<__media__>")
             body = {"prompt": {"prompt_string": text, "multimodal_data": [data]}, **base}
-            r = httpx.post(f"{s.url}/completion", json=body, timeout=120).json()
+            r = net.post(f"{s.url}/completion", json=body, timeout=120).json()
             assert r["tokens_evaluated"] == len(case["prompt_ids"]), case["image"]
             got, want = r["tokens"], case["greedy"]
             cut = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), 12)
@@ -224,7 +224,7 @@ def test_llamacpp_counts_the_same_prompts_and_answers_alike(tmp_path: Path) -> N
         case = GOLD["cases"][-1]
         parts = _question(FIX / case["image"])
         chat = {"messages": [{"role": "user", "content": parts}], "max_tokens": 1}
-        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=120).json()
+        r = net.post(f"{s.url}/v1/chat/completions", json=chat, timeout=120).json()
     assert r["usage"]["prompt_tokens"] == len(case["chat"]["prompt_ids"])
 
 

@@ -420,3 +420,19 @@ def test_planted_symlinks_are_never_followed(store: Store, src: Path, tmp_path: 
     assert (outside / "latest.modelc").exists() and list(outside.iterdir()) == [
         outside / "latest.modelc"
     ]
+
+
+def test_an_extracted_catalog_model_is_used_without_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog model extracted before (from its checked package, renamed into place
+    whole) is the answer: the package is neither hashed again nor fetched."""
+    from modelc import catalog
+
+    monkeypatch.setenv("MODELC_CACHE", str(tmp_path))
+    entry = catalog.CATALOG["smollm2-135m"]
+    final = tmp_path / "sources" / entry.name / Path(entry.member).name
+    final.parent.mkdir(parents=True)
+    final.write_bytes(b"GGUF")
+    assert catalog.resolve_catalog("smollm2-135m", quiet=True) == final
+    assert not (tmp_path / "packages").exists()  # no package looked for, none fetched

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import net
 from tests.gen_gemma3vl import ensure_model
 from tests.peers import HTTP_TIMEOUT
 from tests.server_fixtures import Server, start
@@ -265,7 +266,7 @@ def still_serving(client: httpx.Client) -> int:
 def test_fifty_hostile_images_each_get_a_400(vlm: Server) -> None:
     cases = refused()
     assert len(cases) >= 50 and len({what for what, _, _ in cases}) == len(cases)
-    with httpx.Client(base_url=vlm.url, timeout=HTTP_TIMEOUT) as client:
+    with net.client(base_url=vlm.url, timeout=HTTP_TIMEOUT) as client:
         for k in range(0, len(cases), 20):
             batch = cases[k : k + 20]
             for (what, _, _), r in zip(batch, run_all(client, batch), strict=True):
@@ -281,7 +282,7 @@ def test_fifty_hostile_images_each_get_a_400(vlm: Server) -> None:
 
 def test_odd_but_valid_images_are_answered(vlm: Server) -> None:
     images = accepted()
-    with httpx.Client(base_url=vlm.url, timeout=HTTP_TIMEOUT) as client:
+    with net.client(base_url=vlm.url, timeout=HTTP_TIMEOUT) as client:
         tokens = still_serving(client)
         cases = [(what, *chat(data_url(data))) for what, data in images.items()]
         answers = {}

@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import ollama
 import openai
 import pytest
 
 from modelc.bench.llamacpp import LlamaCppServer
+from modelc.net import ssl_context
+from tests import net
 from tests.gen_gemma3vl import ensure_model
 from tests.peers import HTTP_TIMEOUT, openai_client
 from tests.server_fixtures import Server, start
@@ -88,11 +89,11 @@ def test_openai_image_url_answers_as_llamacpp(vlm: Server, oa: openai.OpenAI, na
         "top_logprobs": 2,
     }
     with LlamaCppServer(gg, threads=1, n_parallel=1, n_ctx=512, mmproj=mm) as peer:
-        r = httpx.post(f"{peer.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
+        r = net.post(f"{peer.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
         r.raise_for_status()
         theirs = r.json()
-        modalities = httpx.get(f"{peer.url}/props", timeout=HTTP_TIMEOUT).json()["modalities"]
-    ours_props = httpx.get(f"{vlm.url}/props", timeout=HTTP_TIMEOUT).json()["modalities"]
+        modalities = net.get(f"{peer.url}/props", timeout=HTTP_TIMEOUT).json()["modalities"]
+    ours_props = net.get(f"{vlm.url}/props", timeout=HTTP_TIMEOUT).json()["modalities"]
     assert ours_props["vision"] == modalities["vision"]  # llama.cpp's also says video: true
     assert ours.usage.prompt_tokens == theirs["usage"]["prompt_tokens"]
     steps = theirs["choices"][0]["logprobs"]["content"]
@@ -112,7 +113,7 @@ def test_openai_image_url_answers_as_llamacpp(vlm: Server, oa: openai.OpenAI, na
 def test_ollama_images_answer_as_openai(vlm: Server, oa: openai.OpenAI) -> None:
     path = IMAGES / "wide.png"
     want = ask(oa, data_url(path.read_bytes())).choices[0].message.content
-    oc = ollama.Client(host=vlm.url, timeout=HTTP_TIMEOUT)
+    oc = ollama.Client(verify=ssl_context(), host=vlm.url, timeout=HTTP_TIMEOUT)
     opts = {"temperature": 0, "num_predict": N}
     chat = oc.chat(
         model="gemma3vl",
@@ -134,7 +135,13 @@ def test_anthropic_and_responses_images_answer_as_openai(vlm: Server, oa: openai
     data = (IMAGES / "tall.jpg").read_bytes()
     url = data_url(data, "jpeg")
     want = ask(oa, url, ignore_eos=False)
-    ac = anthropic.Anthropic(base_url=vlm.url, api_key="x", max_retries=0, timeout=HTTP_TIMEOUT)
+    ac = anthropic.Anthropic(
+        http_client=net.anthropic_http(),
+        base_url=vlm.url,
+        api_key="x",
+        max_retries=0,
+        timeout=HTTP_TIMEOUT,
+    )
     b64 = base64.b64encode(data).decode()
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64}}
     msg = ac.messages.create(
@@ -174,16 +181,16 @@ def test_routes_without_images_refuse_them(vlm: Server) -> None:
     png = (IMAGES / "wide.png").read_bytes()
     body = {"messages": messages(data_url(png))}
     for route in ("/chat", "/tokenize"):
-        r = httpx.post(f"{vlm.url}{route}", json=body, timeout=HTTP_TIMEOUT)
+        r = net.post(f"{vlm.url}{route}", json=body, timeout=HTTP_TIMEOUT)
         assert r.status_code == 400, (route, r.text)
         assert "takes no images" in r.text
     b64 = base64.b64encode(png).decode()
     raw = {"model": "gemma3vl", "prompt": "x", "raw": True, "images": [b64], "stream": False}
-    r = httpx.post(f"{vlm.url}/api/generate", json=raw, timeout=HTTP_TIMEOUT)
+    r = net.post(f"{vlm.url}/api/generate", json=raw, timeout=HTTP_TIMEOUT)
     assert r.status_code == 400 and "leave raw off" in r.text
     parts = [{"type": "image_url", "image_url": {"url": data_url(png)}}] * 17
     many = {"model": "gemma3vl", "messages": [{"role": "user", "content": parts}]}
-    r = httpx.post(f"{vlm.url}/v1/chat/completions", json=many, timeout=HTTP_TIMEOUT)
+    r = net.post(f"{vlm.url}/v1/chat/completions", json=many, timeout=HTTP_TIMEOUT)
     assert r.status_code == 400 and "at most 16" in r.text
 
 
@@ -225,7 +232,7 @@ def test_a_model_without_mmproj_refuses_images() -> None:
                 messages=messages(data_url((IMAGES / "wide.png").read_bytes())),
                 max_tokens=2,
             )
-        caps = ollama.Client(host=srv.url).show("qwen3").capabilities or []
+        caps = ollama.Client(verify=ssl_context(), host=srv.url).show("qwen3").capabilities or []
         assert "completion" in caps and "vision" not in caps
     finally:
         srv.stop()
@@ -336,10 +343,10 @@ def test_image_urls_are_fetched_where_the_server_allows(
     for path, says in (("/missing", "HTTP 404"), ("/huge", "larger than 20 MiB"),
                        ("/slow", "did not arrive within 2 s")):  # fmt: skip
         body = {"model": "gemma3vl", "messages": messages(image_host + path), "max_tokens": 2}
-        r = httpx.post(f"{vlm.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
+        r = net.post(f"{vlm.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
         assert r.status_code == 400 and says in r.text, (path, r.text)
     assert ask(oa, image_host + "/wide.png").choices[0].message.content == want.message.content
-    name = httpx.get(f"{smol_server.url}/v1/models", timeout=HTTP_TIMEOUT).json()["data"][0]["id"]
+    name = net.get(f"{smol_server.url}/v1/models", timeout=HTTP_TIMEOUT).json()["data"][0]["id"]
     body = {"model": name, "messages": messages(image_host + "/wide.png")}
-    r = httpx.post(f"{smol_server.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
+    r = net.post(f"{smol_server.url}/v1/chat/completions", json=body, timeout=HTTP_TIMEOUT)
     assert r.status_code == 400 and "start the server with --allow-image-urls" in r.text

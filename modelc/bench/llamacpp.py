@@ -36,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from modelc.net import ssl_context
+
 
 class LlamaCppClient:
     """Measurements through llama.cpp's ``/completion`` (greedy, ``ignore_eos``, no prompt cache)."""
@@ -51,7 +53,7 @@ class LlamaCppClient:
             "ignore_eos": True,
             "cache_prompt": False,
         }
-        r = httpx.post(f"{self.url}/completion", json=body, timeout=600)
+        r = httpx.post(f"{self.url}/completion", json=body, timeout=600, verify=ssl_context())
         r.raise_for_status()
         out: dict[str, Any] = r.json()
         return out
@@ -305,7 +307,7 @@ def _ready(a: argparse.Namespace) -> tuple[Any, str]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=2, verify=ssl_context()).status_code == 200:
                 break
         except httpx.HTTPError:
             pass

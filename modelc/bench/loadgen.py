@@ -39,6 +39,7 @@ import trio
 
 from modelc.bench.offline import WORDS
 from modelc.errors import ModelcError, UsageError
+from modelc.net import ssl_context
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -180,7 +181,7 @@ async def discover_model(client: httpx.AsyncClient, base: str) -> str:
 async def probe(url: str, timeout: float = 10.0) -> str:
     """Check ``url`` is a reachable loopback server; the model id it lists first."""
     base, _ = _check_loopback(url)
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with httpx.AsyncClient(timeout=timeout, verify=ssl_context()) as client:
         return await discover_model(client, base)
 
 
@@ -408,7 +409,7 @@ async def run_load(
     def next_user() -> str:
         return make_prompt(max(8, prompt_len // 4), rng)
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, verify=ssl_context()) as client:
         name = model or await discover_model(client, base)
         for c in concurrency:
             lvl = await run_level(

@@ -144,11 +144,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
     import httpx
 
     from modelc.cli.common import _config, human_bytes
+    from modelc.net import ssl_context
 
     cfg = _config()
     url = (args.url or f"http://{cfg.server.host}:{cfg.server.port}").rstrip("/")
     try:
-        r = httpx.get(f"{url}/api/ps", timeout=10)
+        r = httpx.get(f"{url}/api/ps", timeout=10, verify=ssl_context())
         r.raise_for_status()
     except httpx.HTTPError as e:
         raise UsageError(

@@ -23,6 +23,7 @@ import httpx
 import msgspec
 import trio
 
+from modelc.net import ssl_context
 from modelc.server.images import part_url
 from modelc.vision import ImageError
 from modelc.vision.preprocess import MAX_BYTES
@@ -59,7 +60,9 @@ async def fetch_image_urls(messages: Sequence[Any], allow: bool) -> list[Any]:
             "(data:image/png;base64,...), or start the server with --allow-image-urls",
             param=f"messages[{i}].content[{j}].image_url",
         )
-    async with httpx.AsyncClient(follow_redirects=True, max_redirects=MAX_REDIRECTS) as client:
+    async with httpx.AsyncClient(
+        follow_redirects=True, max_redirects=MAX_REDIRECTS, verify=ssl_context()
+    ) as client:
         for i, j, url in found:
             param = f"messages[{i}].content[{j}].image_url"
             data = await _fetch(client, url, param)

@@ -31,6 +31,7 @@ import httpx
 
 from modelc.bench.procs import ServerStartError, wait_healthy
 from modelc.errors import ModelcError
+from modelc.net import ssl_context
 
 HEADROOM = 1.10
 MIB = 1 << 20
@@ -110,7 +111,7 @@ def measure(
         with log.open("wb") as out:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            with httpx.Client(timeout=120) as client:
+            with httpx.Client(timeout=120, verify=ssl_context()) as client:
                 try:
                     wait_healthy(url, proc, timeout, client=client)
                 except ServerStartError as e:
