@@ -248,7 +248,7 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   export SAMPLED=1
   setup ${LLAMA:+19}
   OB=()
-  for o in $OLD; do old_checkout "$o" & OB+=($!); done  # OLD: one commit or several
+  for o in ${OLD:-}; do old_checkout "$o" & OB+=($!); done  # OLD: one commit or several
   at "GPU tests${IORUN:+ (MODELC_CUDA_STEP_IO=graph)}"
   IO=()  # IORUN=1: the tests with each step's own I/O (cuda_io), and a server so
   [ -n "${IORUN:-}" ] && IO=(MODELC_CUDA_STEP_IO=graph)
@@ -293,7 +293,7 @@ if [ "${1:-}" = ab ]; then  # ~8 min with LLAMA=1 (its build beside the tests)
   # SERVE_SETS="label:A=1 B=2 --flag=v;label2:C=3": a server of this checkout with each set
   # of env assignments (and modelc run's --flags), in every round after this checkout's
   for rep in $(seq 1 "${REPEAT:-1}"); do  # REPEAT=2: every server twice, in turn
-    for o in $OLD; do serve "old_$o$rep" "/tmp/old_$o"; done
+    for o in ${OLD:-}; do serve "old_$o$rep" "/tmp/old_$o"; done
     serve "now$rep" "$PWD"
     [ -n "${IORUN:-}" ] && [ -n "$IOOK" ] && serve "io$rep" "$PWD" MODELC_CUDA_STEP_IO=graph
     while IFS= read -r set; do
