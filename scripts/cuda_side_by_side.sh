@@ -33,7 +33,8 @@
 #                                              files; MS1_MODELS: which; MS1_SETS, OLD, MS1_TESTS:
 #                                              settings / old code alternated, the GPU tests first;
 #                                              FLOOR=1: bench/cuda_floor.py on each model;
-#                                              NO_LLAMA=1: no llama.cpp, ~4 min)
+#                                              NO_LLAMA=1: no llama.cpp, ~4 min; FLOOR_ARGS:
+#                                              cuda_floor.py's arguments)
 #   bash scripts/cuda_side_by_side.sh tests37 (~4 min: session 37's GPU tests alone)
 #   bash scripts/cuda_side_by_side.sh depth   (~8 min: decode after a DEPTH-token prompt (4000),
 #                                              modelc's attention unsplit and split
@@ -508,7 +509,9 @@ if [ "${1:-}" = ms1 ]; then  # ~8 min from a bare machine: issue 35's must-shows
   if [ -n "${FLOOR:-}" ]; then  # FLOOR=1: each model's bytes read with no arithmetic, a kernel
     # a matrix against one persistent kernel (bench/cuda_floor.py)
     at "the step's floor: pure reads, kernels against a persistent kernel"
-    for m in $MS1; do timeout 120 python3 -m bench.cuda_floor --gguf $M/$m.gguf 2>&1 | tail -30; done
+    # FLOOR_ARGS: bench/cuda_floor.py's own (--small 0,1,2,5: small kernels a layer)
+    # shellcheck disable=SC2086
+    for m in $MS1; do timeout 120 python3 -m bench.cuda_floor --gguf $M/$m.gguf ${FLOOR_ARGS:-} 2>&1 | tail -30; done
     [ -n "${FLOOR_ONLY:-}" ] && { at "end"; exit 0; }  # FLOOR_ONLY=1: the floor alone
   fi
   at "modelc decode, one stream (llama.cpp building beside)"
