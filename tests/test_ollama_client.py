@@ -31,6 +31,7 @@ import pytest
 from modelc.net import ssl_context
 from tests import net
 from tests.assets import smollm2_gguf
+from tests.peers import HTTP_TIMEOUT, openai_client
 from tests.server_fixtures import FORMATS, ROOT, Server
 
 N = 16  # tokens per greedy answer: enough to tell answers apart, cheap on 2 shared cores
@@ -52,18 +53,12 @@ def system(text: str) -> dict[str, str]:
 # --- clients and small helpers ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def oc(smol_minilm_server: Server) -> ollama.Client:
-    return ollama.Client(verify=ssl_context(), host=smol_minilm_server.url, timeout=300)
+    return ollama.Client(verify=ssl_context(), host=smol_minilm_server.url, timeout=HTTP_TIMEOUT)
 
 
 @pytest.fixture(scope="module")
 def oa(smol_minilm_server: Server) -> openai.OpenAI:
-    return openai.OpenAI(
-        http_client=net.openai_http(),
-        base_url=f"{smol_minilm_server.url}/v1",
-        api_key="unused",
-        timeout=300,
-        max_retries=0,
-    )
+    return openai_client(smol_minilm_server)
 
 
 @pytest.fixture(scope="module")
@@ -562,15 +557,8 @@ def alone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def two(two_text_server: Server) -> tuple[ollama.Client, openai.OpenAI]:
-    url = two_text_server.url
-    oa2 = openai.OpenAI(
-        http_client=net.openai_http(),
-        base_url=f"{url}/v1",
-        api_key="unused",
-        timeout=300,
-        max_retries=0,
-    )
-    return ollama.Client(verify=ssl_context(), host=url, timeout=300), oa2
+    client = ollama.Client(verify=ssl_context(), host=two_text_server.url, timeout=HTTP_TIMEOUT)
+    return client, openai_client(two_text_server)
 
 
 @pytest.mark.slow
